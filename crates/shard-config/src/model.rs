@@ -1,0 +1,241 @@
+//! The typed configuration: what the parser produces and everything downstream reads.
+//!
+//! Values here are final: inheritance (http -> server -> location) is already applied and
+//! relative paths are already joined to the prefix, so no consumer has to know nginx's
+//! merge rules. This module owns no parsing and no I/O.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Where a directive was written: shown in errors as `file:line`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    pub file: String,
+    pub line: usize,
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.file, self.line)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The prefix (`-p`), against which relative paths were resolved.
+    pub prefix: PathBuf,
+    pub main: MainConf,
+    pub events: EventsConf,
+    /// `None` when the file has no `http` block.
+    pub http: Option<HttpConf>,
+    /// Every distinct listening address of every `http` server, in order of first appearance,
+    /// with its socket options merged (see [`Listener`]).
+    pub listeners: Vec<Listener>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerProcesses {
+    /// `auto`: resolved by the server from affinity and cgroup quota.
+    Auto,
+    Fixed(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Notice,
+    Warn,
+    Error,
+    Crit,
+    Alert,
+    Emerg,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogTarget {
+    Stderr,
+    File(PathBuf),
+}
+
+#[derive(Debug, Clone)]
+pub struct ErrorLog {
+    pub target: LogTarget,
+    /// Messages below this level are dropped. Default `error`.
+    pub level: LogLevel,
+}
+
+#[derive(Debug, Clone)]
+pub struct MainConf {
+    /// Default `1`, as nginx.
+    pub worker_processes: WorkerProcesses,
+    /// Default none: no pid file is written unless configured.
+    pub pid: Option<PathBuf>,
+    /// Default `logs/error.log error` under the prefix; `stderr` is accepted as a target.
+    pub error_log: ErrorLog,
+    pub worker_rlimit_nofile: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct EventsConf {
+    /// Default 512.
+    pub worker_connections: usize,
+    /// Default off (nginx >= 1.11.3).
+    pub accept_mutex: bool,
+    /// Default 500 ms.
+    pub accept_mutex_delay_ms: u64,
+    /// Default off.
+    pub multi_accept: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SoKeepalive {
+    On,
+    Off,
+}
+
+/// The socket-level options of one listening address. Two `listen` directives for the same
+/// address must carry identical options, or only one of them may carry any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenOpts {
+    pub reuseport: bool,
+    /// Default 511 (nginx's NGX_LISTEN_BACKLOG on Linux).
+    pub backlog: i32,
+    pub rcvbuf: Option<usize>,
+    pub sndbuf: Option<usize>,
+    pub deferred: bool,
+    pub bind: bool,
+    /// Only meaningful for IPv6 addresses. Default on.
+    pub ipv6only: bool,
+    pub so_keepalive: Option<SoKeepalive>,
+}
+
+impl Default for ListenOpts {
+    fn default() -> Self {
+        ListenOpts {
+            reuseport: false,
+            backlog: 511,
+            rcvbuf: None,
+            sndbuf: None,
+            deferred: false,
+            bind: false,
+            ipv6only: true,
+            so_keepalive: None,
+        }
+    }
+}
+
+/// One listening address after merging every `listen` that names it.
+#[derive(Debug, Clone)]
+pub struct Listener {
+    pub addr: SocketAddr,
+    pub opts: ListenOpts,
+    /// Indices into `HttpConf::servers` of the servers listening here, in file order.
+    pub servers: Vec<usize>,
+    /// Index into `HttpConf::servers`: the one marked `default_server`, else the first.
+    pub default_server: usize,
+    /// Where the options were given (or the first `listen` when none were).
+    pub place: Place,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerName {
+    /// `example.com` (stored lowercase). Also `""` and `_`, which match nothing special.
+    Exact(String),
+    /// `*.example.com`: stored as the suffix `.example.com`; matches `a.example.com`, not `example.com`.
+    WildcardPrefix(String),
+    /// `www.example.*`: stored as the prefix `www.example.`.
+    WildcardSuffix(String),
+    /// `.example.com`: stored as `example.com`; matches `example.com` and `*.example.com`.
+    Dot(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocationKind {
+    /// `location /path`
+    Prefix,
+    /// `location = /path`
+    Exact,
+    /// `location ^~ /path`: a prefix match that, when longest, stops the search.
+    PrefixNoRegex,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Return {
+    pub code: u16,
+    /// Body text for codes other than 301/302/303/307/308, the URL for those.
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusHandler {
+    /// `stub_status`: nginx's text format.
+    Stub,
+    /// `shard_status`: JSON, or Prometheus text with `?format=prometheus`.
+    Shard,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessLog {
+    pub path: PathBuf,
+    /// Only `combined` exists today.
+    pub format: String,
+}
+
+/// Everything a request needs once its location is chosen. The server-level defaults are a
+/// `LocationConf` too (`ServerConf::base`) with `path = ""`, used when no location matches.
+#[derive(Debug, Clone)]
+pub struct LocationConf {
+    pub kind: LocationKind,
+    pub path: String,
+    pub place: Place,
+    pub ret: Option<Return>,
+    pub handler: Option<StatusHandler>,
+    /// Default `html` under the prefix.
+    pub root: PathBuf,
+    pub alias: Option<PathBuf>,
+    /// Default `["index.html"]`.
+    pub index: Vec<String>,
+    /// Default `text/plain`.
+    pub default_type: String,
+    /// Extension (lowercase, no dot) to MIME type. Default: the bundled `mime.types`.
+    pub types: std::sync::Arc<std::collections::HashMap<String, String>>,
+    /// Default 75 s; 0 disables keep-alive.
+    pub keepalive_timeout_ms: u64,
+    /// Default 1000.
+    pub keepalive_requests: u64,
+    /// Default 1 MiB; 0 means unlimited.
+    pub client_max_body_size: u64,
+    /// Default 60 s.
+    pub send_timeout_ms: u64,
+    /// Default off, as nginx.
+    pub sendfile: bool,
+    /// Default on.
+    pub tcp_nodelay: bool,
+    /// `None` is `access_log off`. Default `logs/access.log combined` under the prefix.
+    pub access_log: Option<AccessLog>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConf {
+    pub place: Place,
+    /// Addresses this server listens on (each appears in `Config::listeners`).
+    /// A server with no `listen` listens on `*:80`, as nginx (as root) does.
+    pub listen: Vec<SocketAddr>,
+    pub server_names: Vec<ServerName>,
+    /// Default 60 s.
+    pub client_header_timeout_ms: u64,
+    /// Default 1 KiB.
+    pub client_header_buffer_size: usize,
+    /// Default 4 buffers of 8 KiB.
+    pub large_client_header_buffers: (usize, usize),
+    /// Server-level settings, used when no location matches.
+    pub base: LocationConf,
+    /// In file order.
+    pub locations: Vec<LocationConf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpConf {
+    pub servers: Vec<ServerConf>,
+}

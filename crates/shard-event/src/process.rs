@@ -1,0 +1,235 @@
+//! Processes and signals: fork, wait, kill, signal masks and signalfd, rlimits, CPU counts.
+//!
+//! shard never installs signal handlers: the master blocks the signals it cares about and reads
+//! them from a signalfd, so no code runs in signal context. The mask is inherited by `fork`, and
+//! a worker reads its own signals from its own signalfd the same way.
+
+use std::io;
+use std::mem::{size_of, MaybeUninit};
+use std::os::fd::RawFd;
+
+use crate::{cvt, cvt_size};
+
+/// The signals shard handles through signalfd.
+pub const HANDLED_SIGNALS: [libc::c_int; 8] = [
+    libc::SIGCHLD,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGWINCH,
+];
+
+fn handled_set() -> libc::sigset_t {
+    let mut set = MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigemptyset initialises the set; sigaddset only writes into it.
+    unsafe {
+        libc::sigemptyset(set.as_mut_ptr());
+        for s in HANDLED_SIGNALS {
+            libc::sigaddset(set.as_mut_ptr(), s);
+        }
+        set.assume_init()
+    }
+}
+
+/// Blocks [`HANDLED_SIGNALS`] and ignores `SIGPIPE` (a write to a closed socket must return
+/// `EPIPE`, not kill the worker).
+pub fn block_signals() -> io::Result<()> {
+    let set = handled_set();
+    // SAFETY: `set` is initialised; SIG_IGN is a valid disposition for SIGPIPE.
+    unsafe {
+        cvt(libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()))?;
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    Ok(())
+}
+
+/// Restores the default mask (before `exec`, so that a new binary starts clean).
+pub fn unblock_signals() -> io::Result<()> {
+    let set = handled_set();
+    // SAFETY: `set` is initialised.
+    cvt(unsafe { libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) })?;
+    Ok(())
+}
+
+/// A non-blocking signalfd for [`HANDLED_SIGNALS`]; they must already be blocked.
+pub struct SignalFd {
+    fd: RawFd,
+}
+
+impl SignalFd {
+    pub fn new() -> io::Result<SignalFd> {
+        let set = handled_set();
+        // SAFETY: `set` is initialised.
+        let fd = cvt(unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) })?;
+        Ok(SignalFd { fd })
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// The next pending signal and its sender's pid, or `None` when none is pending.
+    pub fn read(&self) -> Option<(libc::c_int, libc::pid_t)> {
+        let mut info = MaybeUninit::<libc::signalfd_siginfo>::zeroed();
+        // SAFETY: info is valid for writes of its size.
+        let n = cvt_size(unsafe {
+            libc::read(
+                self.fd,
+                info.as_mut_ptr() as *mut libc::c_void,
+                size_of::<libc::signalfd_siginfo>(),
+            )
+        });
+        match n {
+            Ok(n) if n == size_of::<libc::signalfd_siginfo>() => {
+                // SAFETY: the kernel wrote a whole siginfo.
+                let info = unsafe { info.assume_init() };
+                Some((info.ssi_signo as libc::c_int, info.ssi_pid as libc::pid_t))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Drop for SignalFd {
+    fn drop(&mut self) {
+        // SAFETY: we own fd.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+pub enum Fork {
+    Parent(libc::pid_t),
+    Child,
+}
+
+/// `fork(2)`. Only sound while the calling process has a single thread, which the master
+/// guarantees (architecture invariant: the master is single-threaded).
+pub fn fork() -> io::Result<Fork> {
+    // SAFETY: the master is single-threaded, so the child inherits no lock held by another thread.
+    let pid = cvt(unsafe { libc::fork() })?;
+    Ok(if pid == 0 {
+        Fork::Child
+    } else {
+        Fork::Parent(pid)
+    })
+}
+
+/// How a reaped child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+/// Reaps one exited child without blocking.
+pub fn reap() -> Option<(libc::pid_t, Exit)> {
+    let mut status = 0;
+    // SAFETY: status is a valid int for the kernel to write.
+    let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+    if pid <= 0 {
+        return None;
+    }
+    let exit = if libc::WIFSIGNALED(status) {
+        Exit::Signal(libc::WTERMSIG(status))
+    } else {
+        Exit::Code(libc::WEXITSTATUS(status))
+    };
+    Some((pid, exit))
+}
+
+pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: plain system call.
+    cvt(unsafe { libc::kill(pid, sig) })?;
+    Ok(())
+}
+
+pub fn getpid() -> libc::pid_t {
+    // SAFETY: always succeeds.
+    unsafe { libc::getpid() }
+}
+
+/// Asks the kernel to send `sig` to this process when its parent (the master) dies, so that
+/// workers never outlive a master killed with `SIGKILL`.
+pub fn set_parent_death_signal(sig: libc::c_int) {
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) };
+}
+
+pub fn set_nofile_limit(n: u64) -> io::Result<()> {
+    let lim = libc::rlimit {
+        rlim_cur: n as libc::rlim_t,
+        rlim_max: n as libc::rlim_t,
+    };
+    // SAFETY: `lim` is a valid rlimit.
+    cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
+    Ok(())
+}
+
+/// User plus system CPU time of the calling process, in milliseconds.
+pub fn cpu_time_ms() -> u64 {
+    let mut ru = MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: ru is valid for writes.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
+    // SAFETY: zeroed and filled by the kernel.
+    let ru = unsafe { ru.assume_init() };
+    let ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
+    ms(ru.ru_utime) + ms(ru.ru_stime)
+}
+
+/// CPUs this process may run on: its affinity mask, further limited by a cgroup CPU quota
+/// (v2 `cpu.max`, v1 `cpu.cfs_quota_us`), rounded up, at least 1. nginx's `auto` counts only
+/// online CPUs, which overcommits workers inside containers.
+pub fn available_cpus() -> usize {
+    let mut set = MaybeUninit::<libc::cpu_set_t>::zeroed();
+    // SAFETY: set is valid for writes of its size.
+    let rc = unsafe {
+        libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), set.as_mut_ptr())
+    };
+    let mut n = if rc == 0 {
+        // SAFETY: initialised by the kernel.
+        let set = unsafe { set.assume_init() };
+        // SAFETY: CPU_COUNT reads the set.
+        (unsafe { libc::CPU_COUNT(&set) }) as usize
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    };
+    if let Some(q) = cgroup_quota_cpus() {
+        n = n.min(q);
+    }
+    n.max(1)
+}
+
+fn cgroup_quota_cpus() -> Option<usize> {
+    if let Ok(s) = std::fs::read_to_string("/sys/fs/cgroup/cpu.max") {
+        let mut it = s.split_whitespace();
+        let quota = it.next()?;
+        let period: u64 = it.next()?.parse().ok()?;
+        if quota == "max" || period == 0 {
+            return None;
+        }
+        let quota: u64 = quota.parse().ok()?;
+        return Some(quota.div_ceil(period) as usize);
+    }
+    let quota: i64 = std::fs::read_to_string("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let period: i64 = std::fs::read_to_string("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    if quota <= 0 || period <= 0 {
+        return None;
+    }
+    Some((quota as u64).div_ceil(period as u64) as usize)
+}
+
+pub fn getppid() -> libc::pid_t {
+    // SAFETY: always succeeds.
+    unsafe { libc::getppid() }
+}

@@ -1,0 +1,159 @@
+//! Data-path socket calls on raw descriptors: one system call each, no hidden retries.
+//!
+//! The worker keeps connections as raw fds in a slab, so these take `RawFd` rather than owned
+//! types. Listener creation (bind, options) is done with `socket2` in `shard-server`.
+
+use std::io;
+use std::mem::{size_of, MaybeUninit};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::RawFd;
+
+use crate::{cvt, cvt_size};
+
+fn sockaddr_to_std(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match storage.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let a = unsafe { &*(storage as *const _ as *const libc::sockaddr_in) };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(a.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let a = unsafe { &*(storage as *const _ as *const libc::sockaddr_in6) };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// `accept4(SOCK_NONBLOCK | SOCK_CLOEXEC)`: the new descriptor and the peer address.
+pub fn accept(listen_fd: RawFd) -> io::Result<(RawFd, Option<SocketAddr>)> {
+    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: storage and len are valid for writes of the sizes given.
+    let fd = cvt(unsafe {
+        libc::accept4(
+            listen_fd,
+            storage.as_mut_ptr() as *mut libc::sockaddr,
+            &mut len,
+            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
+    })?;
+    // SAFETY: accept4 initialised the storage (zeroed before, so any unwritten tail is valid).
+    let storage = unsafe { storage.assume_init() };
+    Ok((fd, sockaddr_to_std(&storage)))
+}
+
+/// `read(2)` into `buf`; `Ok(0)` is end of stream.
+pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: buf is valid for writes of buf.len() bytes.
+    cvt_size(unsafe { libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) })
+}
+
+/// Reads into the spare capacity of `buf`, extending its length by what was read.
+pub fn read_into(fd: RawFd, buf: &mut Vec<u8>) -> io::Result<usize> {
+    let spare = buf.spare_capacity_mut();
+    // SAFETY: spare capacity is valid for writes; we only expose bytes the kernel wrote.
+    let n = cvt_size(unsafe {
+        libc::read(fd, spare.as_mut_ptr() as *mut libc::c_void, spare.len())
+    })?;
+    // SAFETY: the kernel initialised `n` bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
+/// `write(2)`.
+pub fn write(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: buf is valid for reads of buf.len() bytes.
+    cvt_size(unsafe { libc::write(fd, buf.as_ptr() as *const libc::c_void, buf.len()) })
+}
+
+/// `sendfile(2)` from `file_fd` at `*offset`, advancing it.
+pub fn sendfile(sock_fd: RawFd, file_fd: RawFd, offset: &mut u64, count: usize) -> io::Result<usize> {
+    let mut off = *offset as libc::off_t;
+    // SAFETY: `off` is a valid off_t the kernel updates.
+    let n = cvt_size(unsafe { libc::sendfile(sock_fd, file_fd, &mut off, count) })?;
+    *offset = off as u64;
+    Ok(n)
+}
+
+/// `pread(2)`.
+pub fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    // SAFETY: buf is valid for writes of buf.len() bytes.
+    cvt_size(unsafe {
+        libc::pread(
+            fd,
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            offset as libc::off_t,
+        )
+    })
+}
+
+pub fn close(fd: RawFd) {
+    // SAFETY: the caller owns `fd` and never uses it again.
+    unsafe { libc::close(fd) };
+}
+
+/// `shutdown(SHUT_WR)`: sends FIN, keeps reading possible (lingering close).
+pub fn shutdown_write(fd: RawFd) {
+    // SAFETY: plain system call.
+    unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+}
+
+fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> io::Result<()> {
+    // SAFETY: `val` lives across the call and its size is given.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &val as *const _ as *const libc::c_void,
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })?;
+    Ok(())
+}
+
+pub fn set_nodelay(fd: RawFd, on: bool) -> io::Result<()> {
+    setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, on as libc::c_int)
+}
+
+/// The accept queue of a listening TCP socket, from `TCP_INFO`: for a socket in LISTEN state
+/// Linux reports the current queue length in `tcpi_unacked` and the backlog limit in
+/// `tcpi_sacked` (net/ipv4/tcp.c, tcp_get_info).
+pub fn listen_queue(fd: RawFd) -> io::Result<(u32, u32)> {
+    let mut info = MaybeUninit::<libc::tcp_info>::zeroed();
+    let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: info and len are valid for writes of the sizes given.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr() as *mut libc::c_void,
+            &mut len,
+        )
+    })?;
+    // SAFETY: zeroed then (partly) written by the kernel: every bit pattern is a valid tcp_info.
+    let info = unsafe { info.assume_init() };
+    Ok((info.tcpi_unacked, info.tcpi_sacked))
+}
+
+/// `getsockname(2)`: the bound address (a port-0 bind resolves to the real port).
+pub fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: storage and len are valid for writes of the sizes given.
+    cvt(unsafe { libc::getsockname(fd, storage.as_mut_ptr() as *mut libc::sockaddr, &mut len) })?;
+    // SAFETY: zeroed, then written by the kernel.
+    let storage = unsafe { storage.assume_init() };
+    sockaddr_to_std(&storage).ok_or_else(|| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))
+}

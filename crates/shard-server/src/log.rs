@@ -1,0 +1,138 @@
+//! The error log: nginx's line format, levels, one `write(2)` per line with `O_APPEND`.
+//!
+//! `2026/11/22 10:00:00 [notice] 1234#0: message`. The master opens the file and workers
+//! inherit the descriptor, so every process appends to the same file; one write per line keeps
+//! lines whole. Reopening (`SIGUSR1`) swaps the descriptor in place.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::{IntoRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicI32, AtomicU8, Ordering::Relaxed};
+
+use shard_config::{LogLevel, LogTarget};
+
+static FD: AtomicI32 = AtomicI32::new(2);
+static LEVEL: AtomicU8 = AtomicU8::new(LogLevel::Notice as u8);
+static mut TARGET: Option<LogTarget> = None;
+
+pub fn level_name(l: LogLevel) -> &'static str {
+    match l {
+        LogLevel::Debug => "debug",
+        LogLevel::Info => "info",
+        LogLevel::Notice => "notice",
+        LogLevel::Warn => "warn",
+        LogLevel::Error => "error",
+        LogLevel::Crit => "crit",
+        LogLevel::Alert => "alert",
+        LogLevel::Emerg => "emerg",
+    }
+}
+
+fn open_target(target: &LogTarget) -> io::Result<RawFd> {
+    match target {
+        LogTarget::Stderr => Ok(2),
+        LogTarget::File(path) => {
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let f = OpenOptions::new()
+                .append(true)
+                .create(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(path)
+                .map_err(|e| io::Error::new(e.kind(), format!("open() \"{}\" failed ({e})", path.display())))?;
+            Ok(f.into_raw_fd())
+        }
+    }
+}
+
+/// Opens the configured log. Until this is called, messages go to stderr at `notice`.
+pub fn init(target: &LogTarget, level: LogLevel) -> io::Result<()> {
+    let fd = open_target(target)?;
+    let old = FD.swap(fd, Relaxed);
+    if old > 2 {
+        shard_event::sock::close(old);
+    }
+    LEVEL.store(level as u8, Relaxed);
+    // SAFETY: processes are single-threaded; TARGET is only touched from the main thread.
+    unsafe { TARGET = Some(target.clone()) };
+    Ok(())
+}
+
+/// Reopens the log file (after rotation).
+pub fn reopen() -> io::Result<()> {
+    // SAFETY: single-threaded, see `init`.
+    let target = unsafe { (*std::ptr::addr_of!(TARGET)).clone() };
+    if let Some(t) = target {
+        let level = LEVEL.load(Relaxed);
+        let fd = open_target(&t)?;
+        let old = FD.swap(fd, Relaxed);
+        if old > 2 {
+            shard_event::sock::close(old);
+        }
+        LEVEL.store(level, Relaxed);
+    }
+    Ok(())
+}
+
+pub fn enabled(level: LogLevel) -> bool {
+    level as u8 >= LEVEL.load(Relaxed)
+}
+
+/// `YYYY/MM/DD HH:MM:SS` in UTC.
+pub fn timestamp(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}/{m:02}/{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+/// Howard Hinnant's days-to-civil algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+pub fn write(level: LogLevel, msg: std::fmt::Arguments<'_>) {
+    if !enabled(level) {
+        return;
+    }
+    let line = format!(
+        "{} [{}] {}#0: {}\n",
+        timestamp(shard_event::unix_secs()),
+        level_name(level),
+        shard_event::process::getpid(),
+        msg
+    );
+    let _ = shard_event::sock::write(FD.load(Relaxed), line.as_bytes());
+}
+
+#[macro_export]
+macro_rules! log {
+    ($level:ident, $($arg:tt)*) => {
+        $crate::log::write(shard_config::LogLevel::$level, format_args!($($arg)*))
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn timestamp_format() {
+        assert_eq!(super::timestamp(0), "1970/01/01 00:00:00");
+        assert_eq!(super::timestamp(1_795_000_000), "2026/11/18 11:06:40");
+    }
+}

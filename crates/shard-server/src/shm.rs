@@ -1,0 +1,96 @@
+//! The shared-memory region: per-worker counters and heartbeats, and the accept mutex.
+//!
+//! The master maps it before forking any worker; every worker and every respawned worker sees
+//! the same bytes. Each `WorkerSlot` has exactly one writer (its worker), so its counters are
+//! updated with plain relaxed loads and stores rather than read-modify-write instructions;
+//! readers (status pages in any worker, the master) may see a slightly stale value, never a
+//! torn one.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Upper bound of `worker_processes` (and of the config check).
+pub const MAX_WORKERS: usize = 1024;
+
+/// One worker's numbers. 128-byte aligned so that two workers never share a cache line
+/// (or an adjacent-line prefetch pair).
+#[repr(C, align(128))]
+#[derive(Default)]
+pub struct WorkerSlot {
+    pub pid: AtomicU64,
+    pub accepted: AtomicU64,
+    pub handled: AtomicU64,
+    pub requests: AtomicU64,
+    pub active: AtomicU64,
+    pub reading: AtomicU64,
+    pub writing: AtomicU64,
+    pub waiting: AtomicU64,
+    /// `CLOCK_MONOTONIC` milliseconds of the last loop iteration.
+    pub heartbeat_ms: AtomicU64,
+    pub cpu_ms: AtomicU64,
+}
+
+impl WorkerSlot {
+    /// Single-writer increment (see the module doc).
+    #[inline]
+    pub fn bump(counter: &AtomicU64, by: u64) {
+        counter.store(counter.load(Relaxed).wrapping_add(by), Relaxed);
+    }
+
+    #[inline]
+    pub fn drop_one(counter: &AtomicU64) {
+        counter.store(counter.load(Relaxed).saturating_sub(1), Relaxed);
+    }
+}
+
+#[repr(C)]
+pub struct Region {
+    /// Configuration generation: 1 at start, +1 per reload.
+    pub generation: AtomicU64,
+    /// Number of worker slots in use.
+    pub n_workers: AtomicU64,
+    /// Accept mutex: 0 when free, else the holder's pid.
+    pub accept_mutex: AtomicU64,
+    _pad: [u64; 13],
+    pub workers: [WorkerSlot; MAX_WORKERS],
+}
+
+impl Region {
+    pub fn worker(&self, idx: usize) -> &WorkerSlot {
+        &self.workers[idx]
+    }
+
+    /// Takes the accept mutex for `pid` if it is free (nginx's ngx_shmtx_trylock).
+    pub fn try_lock_accept(&self, pid: u64) -> bool {
+        self.accept_mutex.load(Relaxed) == 0
+            && self
+                .accept_mutex
+                .compare_exchange(0, pid, std::sync::atomic::Ordering::Acquire, Relaxed)
+                .is_ok()
+    }
+
+    pub fn unlock_accept(&self, pid: u64) {
+        let _ = self.accept_mutex.compare_exchange(
+            pid,
+            0,
+            std::sync::atomic::Ordering::Release,
+            Relaxed,
+        );
+    }
+
+    /// Frees the mutex if a dead worker held it (the master calls this on every reaped worker).
+    pub fn force_unlock_accept(&self, dead_pid: u64) -> bool {
+        self.accept_mutex
+            .compare_exchange(dead_pid, 0, std::sync::atomic::Ordering::AcqRel, Relaxed)
+            .is_ok()
+    }
+}
+
+pub type SharedRegion = shard_event::shm::Shared<Region>;
+
+pub fn create() -> std::io::Result<SharedRegion> {
+    // SAFETY: `Region` is made only of atomics and padding: all-zero is valid, and it is
+    // mutated only through atomics.
+    let r = unsafe { shard_event::shm::Shared::<Region>::new_zeroed()? };
+    r.generation.store(1, Relaxed);
+    Ok(r)
+}

@@ -1,0 +1,223 @@
+//! The status pages: `stub_status` (nginx's exact text) and `shard_status` (JSON or Prometheus).
+//!
+//! Rendering only: the numbers come from the shared region and from `TCP_INFO` on the listening
+//! sockets, read by the caller. Any worker can answer for all workers because the counters live
+//! in shared memory.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::shm::Region;
+
+/// One listening socket as the status pages show it.
+pub struct ListenerRow {
+    pub address: String,
+    /// Shard index, or `None` for a shared socket.
+    pub shard: Option<usize>,
+    /// Owning worker, or `None` for a shared socket.
+    pub worker: Option<usize>,
+    pub queue: u32,
+    pub backlog: u32,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Totals {
+    accepted: u64,
+    handled: u64,
+    requests: u64,
+    active: u64,
+    reading: u64,
+    writing: u64,
+    waiting: u64,
+}
+
+fn totals(region: &Region) -> Totals {
+    let n = region.n_workers.load(Relaxed) as usize;
+    let mut t = Totals::default();
+    for w in region.workers.iter().take(n) {
+        t.accepted += w.accepted.load(Relaxed);
+        t.handled += w.handled.load(Relaxed);
+        t.requests += w.requests.load(Relaxed);
+        t.active += w.active.load(Relaxed);
+        t.reading += w.reading.load(Relaxed);
+        t.writing += w.writing.load(Relaxed);
+        t.waiting += w.waiting.load(Relaxed);
+    }
+    t
+}
+
+/// nginx's `stub_status` text, byte for byte (including its trailing spaces), so that existing
+/// scrapers such as the Prometheus nginx exporter parse it.
+pub fn stub(region: &Region, out: &mut Vec<u8>) {
+    let t = totals(region);
+    let mut s = String::with_capacity(128);
+    let _ = write!(
+        s,
+        "Active connections: {} \nserver accepts handled requests\n {} {} {} \nReading: {} Writing: {} Waiting: {} \n",
+        t.active, t.accepted, t.handled, t.requests, t.reading, t.writing, t.waiting
+    );
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn opt(v: Option<usize>) -> String {
+    v.map_or_else(|| "null".to_string(), |v| v.to_string())
+}
+
+/// `shard_status` as JSON.
+pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut Vec<u8>) {
+    let n = region.n_workers.load(Relaxed) as usize;
+    let mut s = String::with_capacity(256 + 200 * n + 120 * listeners.len());
+    let _ = write!(s, "{{\"generation\":{},\"workers\":[", region.generation.load(Relaxed));
+    for (i, w) in region.workers.iter().take(n).enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(
+            s,
+            "{{\"idx\":{i},\"pid\":{},\"accepted\":{},\"handled\":{},\"requests\":{},\"active\":{},\
+             \"reading\":{},\"writing\":{},\"waiting\":{},\"cpu_ms\":{},\"heartbeat_age_ms\":{}}}",
+            w.pid.load(Relaxed),
+            w.accepted.load(Relaxed),
+            w.handled.load(Relaxed),
+            w.requests.load(Relaxed),
+            w.active.load(Relaxed),
+            w.reading.load(Relaxed),
+            w.writing.load(Relaxed),
+            w.waiting.load(Relaxed),
+            w.cpu_ms.load(Relaxed),
+            now_ms.saturating_sub(w.heartbeat_ms.load(Relaxed)),
+        );
+    }
+    s.push_str("],\"listeners\":[");
+    for (i, l) in listeners.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(
+            s,
+            "{{\"address\":\"{}\",\"shard\":{},\"worker\":{},\"queue\":{},\"backlog\":{}}}",
+            l.address,
+            opt(l.shard),
+            opt(l.worker),
+            l.queue,
+            l.backlog
+        );
+    }
+    s.push_str("]}\n");
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn label(v: Option<usize>) -> String {
+    v.map_or_else(String::new, |v| v.to_string())
+}
+
+/// `shard_status?format=prometheus`: the same numbers in Prometheus text exposition format.
+pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut Vec<u8>) {
+    let n = region.n_workers.load(Relaxed) as usize;
+    let mut s = String::with_capacity(2048 + 600 * n);
+    let _ = writeln!(s, "# HELP shard_generation Configuration generation (1 at start, +1 per reload).");
+    let _ = writeln!(s, "# TYPE shard_generation gauge");
+    let _ = writeln!(s, "shard_generation {}", region.generation.load(Relaxed));
+    type Field = fn(&crate::shm::WorkerSlot) -> u64;
+    let metrics: [(&str, &str, &str, Field); 9] = [
+        ("shard_worker_accepted_total", "counter", "Connections accepted by the worker.", |w| w.accepted.load(Relaxed)),
+        ("shard_worker_handled_total", "counter", "Connections handled by the worker.", |w| w.handled.load(Relaxed)),
+        ("shard_worker_requests_total", "counter", "Requests served by the worker.", |w| w.requests.load(Relaxed)),
+        ("shard_worker_active", "gauge", "Open client connections of the worker.", |w| w.active.load(Relaxed)),
+        ("shard_worker_reading", "gauge", "Connections reading a request.", |w| w.reading.load(Relaxed)),
+        ("shard_worker_writing", "gauge", "Connections writing a response.", |w| w.writing.load(Relaxed)),
+        ("shard_worker_waiting", "gauge", "Idle keep-alive connections.", |w| w.waiting.load(Relaxed)),
+        ("shard_worker_cpu_seconds_total", "counter", "Worker CPU time (user + system), milliseconds / 1000.", |w| w.cpu_ms.load(Relaxed)),
+        ("shard_worker_heartbeat_age_seconds", "gauge", "Time since the worker's loop last ran, milliseconds / 1000.", |w| w.heartbeat_ms.load(Relaxed)),
+    ];
+    for (name, kind, help, f) in metrics {
+        let _ = writeln!(s, "# HELP {name} {help}");
+        let _ = writeln!(s, "# TYPE {name} {kind}");
+        for (i, w) in region.workers.iter().take(n).enumerate() {
+            let pid = w.pid.load(Relaxed);
+            let v = f(w);
+            if name.ends_with("cpu_seconds_total") {
+                let _ = writeln!(s, "{name}{{worker=\"{i}\",pid=\"{pid}\"}} {:.3}", v as f64 / 1000.0);
+            } else if name.ends_with("heartbeat_age_seconds") {
+                let age = now_ms.saturating_sub(v);
+                let _ = writeln!(s, "{name}{{worker=\"{i}\",pid=\"{pid}\"}} {:.3}", age as f64 / 1000.0);
+            } else {
+                let _ = writeln!(s, "{name}{{worker=\"{i}\",pid=\"{pid}\"}} {v}");
+            }
+        }
+    }
+    for (name, help, pick) in [
+        ("shard_listener_queue", "Connections waiting in the kernel accept queue of the socket.", true),
+        ("shard_listener_backlog", "Accept queue limit of the socket.", false),
+    ] {
+        let _ = writeln!(s, "# HELP {name} {help}");
+        let _ = writeln!(s, "# TYPE {name} gauge");
+        for l in listeners {
+            let _ = writeln!(
+                s,
+                "{name}{{address=\"{}\",shard=\"{}\",worker=\"{}\"}} {}",
+                l.address,
+                label(l.shard),
+                label(l.worker),
+                if pick { l.queue } else { l.backlog }
+            );
+        }
+    }
+    out.extend_from_slice(s.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region() -> crate::shm::SharedRegion {
+        let r = crate::shm::create().unwrap();
+        r.n_workers.store(2, Relaxed);
+        r.workers[0].accepted.store(3, Relaxed);
+        r.workers[1].accepted.store(4, Relaxed);
+        r.workers[0].handled.store(3, Relaxed);
+        r.workers[1].handled.store(4, Relaxed);
+        r.workers[0].requests.store(10, Relaxed);
+        r.workers[1].active.store(2, Relaxed);
+        r.workers[1].waiting.store(1, Relaxed);
+        r.workers[1].writing.store(1, Relaxed);
+        r
+    }
+
+    #[test]
+    fn stub_matches_nginx_format() {
+        let r = region();
+        let mut out = Vec::new();
+        stub(&r, &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "Active connections: 2 \nserver accepts handled requests\n 7 7 10 \nReading: 0 Writing: 1 Waiting: 1 \n"
+        );
+    }
+
+    #[test]
+    fn json_has_workers_and_listeners() {
+        let r = region();
+        let rows = [
+            ListenerRow { address: "127.0.0.1:80".into(), shard: Some(1), worker: Some(1), queue: 0, backlog: 511 },
+            ListenerRow { address: "127.0.0.1:81".into(), shard: None, worker: None, queue: 2, backlog: 511 },
+        ];
+        let mut out = Vec::new();
+        json(&r, &rows, 0, &mut out);
+        let s = String::from_utf8(out).unwrap();
+        assert!(s.starts_with("{\"generation\":1,\"workers\":[{\"idx\":0,"), "{s}");
+        assert!(s.contains("{\"address\":\"127.0.0.1:80\",\"shard\":1,\"worker\":1,\"queue\":0,\"backlog\":511}"), "{s}");
+        assert!(s.contains("\"shard\":null,\"worker\":null,\"queue\":2"), "{s}");
+    }
+
+    #[test]
+    fn prometheus_labels() {
+        let r = region();
+        let rows = [ListenerRow { address: "127.0.0.1:80".into(), shard: Some(0), worker: Some(0), queue: 5, backlog: 511 }];
+        let mut out = Vec::new();
+        prometheus(&r, &rows, 0, &mut out);
+        let s = String::from_utf8(out).unwrap();
+        assert!(s.contains("shard_worker_accepted_total{worker=\"1\",pid=\"0\"} 4\n"), "{s}");
+        assert!(s.contains("shard_listener_queue{address=\"127.0.0.1:80\",shard=\"0\",worker=\"0\"} 5\n"), "{s}");
+    }
+}

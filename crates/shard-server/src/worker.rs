@@ -1,0 +1,499 @@
+//! A worker process: one thread, one epoll loop, every connection it accepted.
+//!
+//! The loop owns accepting (by strategy, per listener), connection I/O, timers and the worker's
+//! counters in shared memory. HTTP decisions (parsing, routing, what to answer) are delegated to
+//! `shard-http`; this module only moves bytes and files.
+//!
+//! System calls are the product's cost model, so the data path is written to the floor of what
+//! the kernel needs:
+//! - a new connection is read from at once, before it is added to epoll: on loopback and with
+//!   `deferred` the request is usually already there, and a connection answered and closed in
+//!   that first pass never costs an `epoll_ctl`;
+//! - connections are registered once, edge-triggered for read and write, and never modified;
+//! - a read that returns less than the free buffer space means the socket is drained (the same
+//!   rule as nginx's `ngx_unix_recv`), so no read is spent to learn `EAGAIN`;
+//! - pipelined responses are gathered into one buffer and written with one `write`.
+
+mod conn;
+mod respond;
+
+use std::collections::{BinaryHeap, HashMap};
+use std::cmp::Reverse;
+use std::os::fd::RawFd;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+
+use shard_config::Config;
+use shard_event::process::SignalFd;
+use shard_event::{Events, Interest, Poll};
+use slab::Slab;
+
+use crate::listen::OpenListener;
+use crate::shm::{Region, WorkerSlot};
+use conn::Conn;
+
+/// Token of the worker's signalfd.
+const SIGNAL_TOKEN: u64 = u64::MAX;
+/// Listener tokens are `LISTENER_BASE + index`; connection tokens are slab keys below it.
+const LISTENER_BASE: u64 = 1 << 48;
+/// Connections accepted per readiness report when `multi_accept` is off. Small, so that with a
+/// shared socket the next worker gets a turn, and above 1, so that under load one
+/// `epoll_wait` is shared by several connections.
+const ACCEPT_BATCH: usize = 8;
+/// nginx re-adds an `EPOLLEXCLUSIVE` listener every 16 accepts (1.21.6) so that the worker
+/// registered first does not take most connections; so does shard.
+const EXCLUSIVE_REARM_EVERY: u64 = 16;
+/// Upper bound of the epoll_wait timeout: the heartbeat and CPU time are refreshed at least
+/// this often.
+const HEARTBEAT_MS: u64 = 1000;
+/// Events taken per `epoll_wait`.
+const EVENTS_MAX: usize = 512;
+/// Access-log bytes buffered per file before a write (nginx's `buffer=64k`).
+const ACCESS_LOG_BUFFER_BYTES: usize = 64 * 1024;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum AcceptMode {
+    /// Our own reuseport shard: polled by this worker only.
+    Shard,
+    /// Shared socket, `accept_mutex off`: `EPOLLEXCLUSIVE`, re-armed periodically.
+    Exclusive,
+    /// Shared socket, `accept_mutex on`: polled only while this worker holds the mutex.
+    Mutex,
+}
+
+struct WListener {
+    fd: RawFd,
+    conf_idx: usize,
+    mode: AcceptMode,
+    registered: bool,
+    accepts: u64,
+}
+
+/// One access log file: a descriptor inherited from the master (reopened on `SIGUSR1`) and a
+/// bounded buffer flushed when full, once a second and at exit.
+struct AccessLogFile {
+    path: PathBuf,
+    fd: RawFd,
+    buf: Vec<u8>,
+}
+
+pub(crate) struct Worker<'a> {
+    idx: usize,
+    pid: u64,
+    cfg: &'a Config,
+    listeners_open: &'a [OpenListener],
+    region: &'a Region,
+    slot: &'a WorkerSlot,
+    poll: Poll,
+    signals: SignalFd,
+    listeners: Vec<WListener>,
+    conns: Slab<Conn>,
+    conns_max: usize,
+    next_conn_id: u64,
+    /// `(deadline_ms, slab key, conn id)`: at most one entry per connection; a popped entry
+    /// whose connection has a later deadline is pushed again (lazy re-arming keeps the hot path
+    /// free of heap operations).
+    timers: BinaryHeap<Reverse<(u64, usize, u64)>>,
+    now_ms: u64,
+    now_secs: u64,
+    date: Vec<u8>,
+    log_time: String,
+    shutting_down: bool,
+    accept_mutex: bool,
+    mutex_held: bool,
+    accept_disabled: i64,
+    multi_accept: bool,
+    access_logs: Vec<AccessLogFile>,
+    access_log_idx: HashMap<PathBuf, usize>,
+    /// Spare buffers, so that connections do not allocate per request.
+    pool: Vec<Vec<u8>>,
+    last_heartbeat_ms: u64,
+}
+
+pub(crate) struct WorkerArgs<'a> {
+    pub idx: usize,
+    pub n_workers: usize,
+    pub cfg: &'a Config,
+    pub listeners: &'a [OpenListener],
+    pub region: &'a Region,
+    pub access_logs: &'a HashMap<PathBuf, RawFd>,
+}
+
+/// Runs worker `idx` until it is told to stop; returns the process exit code.
+pub(crate) fn run(args: WorkerArgs<'_>) -> i32 {
+    let mut w = match Worker::new(args) {
+        Ok(w) => w,
+        Err(e) => {
+            crate::log!(Emerg, "worker initialisation failed: {e}");
+            // 2 tells the master not to respawn (nginx's fatal exit code).
+            return 2;
+        }
+    };
+    w.run_loop();
+    w.flush_access_logs();
+    0
+}
+
+impl<'a> Worker<'a> {
+    fn new(a: WorkerArgs<'a>) -> std::io::Result<Worker<'a>> {
+        let poll = Poll::new()?;
+        let signals = SignalFd::new()?;
+        poll.add(signals.fd(), SIGNAL_TOKEN, Interest::READ)?;
+        let ev = &a.cfg.events;
+        // nginx: reuseport disables the accept mutex for that socket; one worker needs no mutex.
+        let use_mutex = ev.accept_mutex && a.n_workers > 1;
+        let mut listeners = Vec::new();
+        for l in a.listeners {
+            let mode = if l.reuseport {
+                AcceptMode::Shard
+            } else if use_mutex {
+                AcceptMode::Mutex
+            } else {
+                AcceptMode::Exclusive
+            };
+            listeners.push(WListener {
+                fd: l.fd_for_worker(a.idx),
+                conf_idx: l.conf_idx,
+                mode,
+                registered: false,
+                accepts: 0,
+            });
+        }
+        let mut access_logs = Vec::new();
+        let mut access_log_idx = HashMap::new();
+        for (path, fd) in a.access_logs {
+            access_log_idx.insert(path.clone(), access_logs.len());
+            access_logs.push(AccessLogFile {
+                path: path.clone(),
+                fd: *fd,
+                buf: Vec::with_capacity(ACCESS_LOG_BUFFER_BYTES),
+            });
+        }
+        let pid = shard_event::process::getpid() as u64;
+        let slot = a.region.worker(a.idx);
+        slot.pid.store(pid, Relaxed);
+        // The previous holder of this slot (a dead worker) left its connections behind.
+        for c in [&slot.active, &slot.reading, &slot.writing, &slot.waiting] {
+            c.store(0, Relaxed);
+        }
+        let now_ms = shard_event::monotonic_ms();
+        slot.heartbeat_ms.store(now_ms, Relaxed);
+        let mut w = Worker {
+            idx: a.idx,
+            pid,
+            cfg: a.cfg,
+            listeners_open: a.listeners,
+            region: a.region,
+            slot,
+            poll,
+            signals,
+            listeners,
+            conns: Slab::with_capacity(ev.worker_connections.min(4096)),
+            conns_max: ev.worker_connections,
+            next_conn_id: 0,
+            timers: BinaryHeap::new(),
+            now_ms,
+            now_secs: 0,
+            date: Vec::new(),
+            log_time: String::new(),
+            shutting_down: false,
+            accept_mutex: use_mutex,
+            mutex_held: false,
+            accept_disabled: 0,
+            multi_accept: ev.multi_accept,
+            access_logs,
+            access_log_idx,
+            pool: Vec::new(),
+            last_heartbeat_ms: now_ms,
+        };
+        w.update_time();
+        for i in 0..w.listeners.len() {
+            if w.listeners[i].mode != AcceptMode::Mutex {
+                w.register_listener(i)?;
+            }
+        }
+        crate::log!(Info, "worker {} started", w.idx);
+        Ok(w)
+    }
+
+    fn register_listener(&mut self, i: usize) -> std::io::Result<()> {
+        let l = &mut self.listeners[i];
+        if l.registered {
+            return Ok(());
+        }
+        // Level-triggered: a batch that stops before EAGAIN is reported again by the next wait.
+        let interest = match l.mode {
+            AcceptMode::Exclusive => Interest::READ | Interest::EXCLUSIVE,
+            _ => Interest::READ,
+        };
+        self.poll.add(l.fd, LISTENER_BASE + i as u64, interest)?;
+        l.registered = true;
+        Ok(())
+    }
+
+    fn unregister_listener(&mut self, i: usize) {
+        let l = &mut self.listeners[i];
+        if l.registered {
+            let _ = self.poll.delete(l.fd);
+            l.registered = false;
+        }
+    }
+
+    fn update_time(&mut self) {
+        self.now_ms = shard_event::monotonic_ms();
+        let secs = shard_event::unix_secs();
+        if secs != self.now_secs {
+            self.now_secs = secs;
+            self.date = shard_http::http_date(secs).into_bytes();
+            self.log_time = shard_http::log_time(secs);
+        }
+    }
+
+    fn run_loop(&mut self) {
+        let mut events = Events::with_capacity(EVENTS_MAX);
+        loop {
+            if self.shutting_down && self.conns.is_empty() {
+                crate::log!(Info, "worker {} exiting", self.idx);
+                return;
+            }
+            let mut timeout = HEARTBEAT_MS;
+            if self.accept_mutex && !self.shutting_down {
+                if self.accept_disabled > 0 {
+                    self.accept_disabled -= 1;
+                } else {
+                    self.try_accept_mutex();
+                }
+                if !self.mutex_held {
+                    timeout = timeout.min(self.cfg.events.accept_mutex_delay_ms.max(1));
+                }
+            }
+            if let Some(Reverse((deadline, _, _))) = self.timers.peek() {
+                timeout = timeout.min(deadline.saturating_sub(self.now_ms));
+            }
+            let n = match self.poll.wait(&mut events, timeout as i32) {
+                Ok(n) => n,
+                Err(e) => {
+                    crate::log!(Alert, "epoll_wait() failed ({e})");
+                    0
+                }
+            };
+            self.update_time();
+            // Accept events first, then release the mutex before connection work, as nginx
+            // posts accept events: the lock is held only for accepting.
+            for i in 0..n {
+                let ev = events.get(i);
+                if ev.token >= LISTENER_BASE && ev.token != SIGNAL_TOKEN {
+                    self.accept_on((ev.token - LISTENER_BASE) as usize);
+                }
+            }
+            if self.mutex_held {
+                self.region.unlock_accept(self.pid);
+            }
+            for i in 0..n {
+                let ev = events.get(i);
+                if ev.token == SIGNAL_TOKEN {
+                    self.on_signals();
+                } else if ev.token < LISTENER_BASE {
+                    self.on_conn_event(ev.token as usize, ev);
+                }
+            }
+            self.expire_timers();
+            if self.now_ms.saturating_sub(self.last_heartbeat_ms) >= HEARTBEAT_MS {
+                self.last_heartbeat_ms = self.now_ms;
+                self.slot.cpu_ms.store(shard_event::process::cpu_time_ms(), Relaxed);
+                self.flush_access_logs();
+            }
+            self.slot.heartbeat_ms.store(self.now_ms, Relaxed);
+        }
+    }
+
+    /// nginx's ngx_trylock_accept_mutex: keep the listeners registered while we keep winning,
+    /// drop them when another worker holds the lock.
+    fn try_accept_mutex(&mut self) {
+        if self.region.try_lock_accept(self.pid) {
+            if !self.mutex_held {
+                for i in 0..self.listeners.len() {
+                    if self.listeners[i].mode == AcceptMode::Mutex {
+                        if let Err(e) = self.register_listener(i) {
+                            crate::log!(Alert, "epoll_ctl() failed ({e})");
+                        }
+                    }
+                }
+                self.mutex_held = true;
+            }
+        } else if self.mutex_held {
+            for i in 0..self.listeners.len() {
+                if self.listeners[i].mode == AcceptMode::Mutex {
+                    self.unregister_listener(i);
+                }
+            }
+            self.mutex_held = false;
+        }
+    }
+
+    fn accept_on(&mut self, li: usize) {
+        if li >= self.listeners.len() || self.shutting_down {
+            return;
+        }
+        let batch = if self.multi_accept { usize::MAX } else { ACCEPT_BATCH };
+        let fd = self.listeners[li].fd;
+        for _ in 0..batch {
+            if self.conns.len() >= self.conns_max {
+                crate::log!(Alert, "{} worker_connections are not enough", self.conns_max);
+                break;
+            }
+            let (cfd, peer) = match shard_event::sock::accept(fd) {
+                Ok(x) => x,
+                Err(e) => {
+                    match e.raw_os_error() {
+                        Some(libc::EAGAIN) | Some(libc::ECONNABORTED) | Some(libc::EINTR) => {}
+                        _ => crate::log!(Alert, "accept4() failed ({e})"),
+                    }
+                    break;
+                }
+            };
+            WorkerSlot::bump(&self.slot.accepted, 1);
+            WorkerSlot::bump(&self.slot.handled, 1);
+            WorkerSlot::bump(&self.slot.active, 1);
+            let l = &mut self.listeners[li];
+            l.accepts += 1;
+            let conf_idx = l.conf_idx;
+            let id = self.next_conn_id;
+            self.next_conn_id += 1;
+            let key = self.conns.insert(Conn::new(cfd, peer, conf_idx, id));
+            self.start_reading(key, true);
+            self.timers.push(Reverse((self.conns[key].deadline_ms, key, id)));
+            self.drive(key);
+        }
+        if self.accept_mutex {
+            // nginx: ngx_accept_disabled = connection_n / 8 - free_connection_n.
+            let free = self.conns_max as i64 - self.conns.len() as i64;
+            self.accept_disabled = self.conns_max as i64 / 8 - free;
+        }
+        let l = &mut self.listeners[li];
+        if l.mode == AcceptMode::Exclusive && l.accepts >= EXCLUSIVE_REARM_EVERY {
+            l.accepts = 0;
+            self.unregister_listener(li);
+            if let Err(e) = self.register_listener(li) {
+                crate::log!(Alert, "epoll_ctl() failed ({e})");
+            }
+        }
+    }
+
+    fn on_signals(&mut self) {
+        while let Some((sig, _)) = self.signals.read() {
+            match sig {
+                libc::SIGQUIT => self.begin_graceful_stop(),
+                libc::SIGTERM | libc::SIGINT => {
+                    crate::log!(Notice, "worker {} exiting (fast stop)", self.idx);
+                    self.flush_access_logs();
+                    std::process::exit(0);
+                }
+                libc::SIGUSR1 => self.reopen_access_logs(),
+                _ => {}
+            }
+        }
+    }
+
+    fn begin_graceful_stop(&mut self) {
+        if self.shutting_down {
+            return;
+        }
+        crate::log!(Notice, "worker {} gracefully shutting down", self.idx);
+        self.shutting_down = true;
+        for i in 0..self.listeners.len() {
+            self.unregister_listener(i);
+        }
+        if self.mutex_held {
+            self.region.unlock_accept(self.pid);
+            self.mutex_held = false;
+        }
+        self.accept_mutex = false;
+        // Idle keep-alive connections go now; busy ones close after their current response.
+        let idle: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.is_idle())
+            .map(|(k, _)| k)
+            .collect();
+        for k in idle {
+            self.close(k);
+        }
+    }
+
+    fn reopen_access_logs(&mut self) {
+        self.flush_access_logs();
+        let _ = crate::log::reopen();
+        for f in &mut self.access_logs {
+            match crate::master::open_append(&f.path) {
+                Ok(fd) => {
+                    shard_event::sock::close(f.fd);
+                    f.fd = fd;
+                }
+                Err(e) => crate::log!(Alert, "{e}"),
+            }
+        }
+    }
+
+    fn flush_access_logs(&mut self) {
+        for f in &mut self.access_logs {
+            if !f.buf.is_empty() {
+                let _ = shard_event::sock::write(f.fd, &f.buf);
+                f.buf.clear();
+            }
+        }
+    }
+
+    fn expire_timers(&mut self) {
+        while let Some(&Reverse((deadline, key, id))) = self.timers.peek() {
+            if deadline > self.now_ms {
+                break;
+            }
+            self.timers.pop();
+            let Some(c) = self.conns.get(key) else { continue };
+            if c.id != id {
+                continue;
+            }
+            if c.deadline_ms > self.now_ms {
+                self.timers.push(Reverse((c.deadline_ms, key, id)));
+                continue;
+            }
+            self.on_timeout(key);
+            if let Some(c) = self.conns.get(key) {
+                if c.id == id {
+                    self.timers.push(Reverse((c.deadline_ms, key, id)));
+                }
+            }
+        }
+    }
+
+    fn take_buf(&mut self, cap: usize) -> Vec<u8> {
+        match self.pool.pop() {
+            Some(mut b) => {
+                b.clear();
+                if b.capacity() < cap {
+                    b.reserve(cap);
+                }
+                b
+            }
+            None => Vec::with_capacity(cap),
+        }
+    }
+
+    fn give_buf(&mut self, mut b: Vec<u8>) {
+        // Keep only ordinary-size buffers, and a bounded number of them.
+        if b.capacity() > 0 && b.capacity() <= 64 * 1024 && self.pool.len() < 256 {
+            b.clear();
+            self.pool.push(b);
+        }
+    }
+}
+
+/// The `WorkerSlot` counter a connection phase is counted in.
+fn phase_counter(slot: &WorkerSlot, phase: conn::Phase) -> &std::sync::atomic::AtomicU64 {
+    match phase {
+        conn::Phase::Reading => &slot.reading,
+        conn::Phase::Writing => &slot.writing,
+        conn::Phase::Waiting => &slot.waiting,
+    }
+}

@@ -1,0 +1,664 @@
+//! One client connection of a worker: its buffers, its phase, and the loop that drives it.
+//!
+//! `drive` is the only place that reads, writes and closes a connection. It runs until the
+//! connection must wait for the kernel (socket drained, send buffer full) and then makes sure the
+//! connection is registered in epoll, once, edge-triggered.
+
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+
+use shard_config::LocationConf;
+use shard_http::body::ChunkedDecoder;
+
+use super::{phase_counter, Worker};
+use crate::shm::WorkerSlot;
+
+/// After a close with unread input, keep reading (and discarding) for at most this long so the
+/// peer sees our response and not a reset (nginx's `lingering_timeout`/`lingering_time`).
+const LINGERING_MS: u64 = 5_000;
+/// Bound on waiting for the next chunk of a request body (nginx's `client_body_timeout`).
+const CLIENT_BODY_TIMEOUT_MS: u64 = 60_000;
+/// First read buffer of a connection. Larger heads grow it up to the
+/// `large_client_header_buffers` total.
+const READ_BUFFER_BYTES: usize = 4096;
+/// Bytes of a static file copied per `pread` when `sendfile` is off.
+const FILE_CHUNK_BYTES: usize = 32 * 1024;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Phase {
+    /// Reading a request head.
+    Reading,
+    /// Processing a request: writing its response and discarding its body.
+    Writing,
+    /// Idle keep-alive.
+    Waiting,
+}
+
+enum BodyLeft {
+    None,
+    Length(u64),
+    Chunked(ChunkedDecoder),
+}
+
+struct FileBody {
+    fd: RawFd,
+    offset: u64,
+    remaining: u64,
+    sendfile: bool,
+}
+
+pub(super) struct Conn {
+    pub(super) fd: RawFd,
+    pub(super) id: u64,
+    peer: Option<SocketAddr>,
+    /// Index into `Config::listeners`.
+    listener: usize,
+    phase: Phase,
+    registered: bool,
+    /// The socket may have unread bytes (set by an event or at accept, cleared on a short read).
+    readable: bool,
+    writable: bool,
+    eof: bool,
+    inbuf: Vec<u8>,
+    out: Vec<u8>,
+    out_pos: usize,
+    file: Option<FileBody>,
+    body: BodyLeft,
+    body_bytes_max: u64,
+    body_bytes: u64,
+    requests: u64,
+    pub(super) deadline_ms: u64,
+    close_after: bool,
+    lingering: bool,
+    send_timeout_ms: u64,
+    keepalive_timeout_ms: u64,
+}
+
+impl Conn {
+    pub(super) fn new(fd: RawFd, peer: Option<SocketAddr>, listener: usize, id: u64) -> Conn {
+        Conn {
+            fd,
+            id,
+            peer,
+            listener,
+            phase: Phase::Reading,
+            registered: false,
+            readable: true,
+            writable: true,
+            eof: false,
+            inbuf: Vec::new(),
+            out: Vec::new(),
+            out_pos: 0,
+            file: None,
+            body: BodyLeft::None,
+            body_bytes_max: 0,
+            body_bytes: 0,
+            requests: 0,
+            deadline_ms: 0,
+            close_after: false,
+            lingering: false,
+            send_timeout_ms: 60_000,
+            keepalive_timeout_ms: 75_000,
+        }
+    }
+
+    pub(super) fn is_idle(&self) -> bool {
+        self.phase == Phase::Waiting && self.inbuf.is_empty() && self.out_pos >= self.out.len()
+    }
+
+    fn has_output(&self) -> bool {
+        self.out_pos < self.out.len() || self.file.is_some()
+    }
+
+    fn body_pending(&self) -> bool {
+        !matches!(self.body, BodyLeft::None)
+    }
+}
+
+enum Flush {
+    Done,
+    Blocked,
+    Failed,
+}
+
+/// What the HTTP layer decided for one request, before the worker moves any byte.
+pub(super) struct Reply {
+    pub status: u16,
+    pub body_bytes: u64,
+}
+
+impl Worker<'_> {
+    fn set_phase(&mut self, key: usize, phase: Phase) {
+        let c = &mut self.conns[key];
+        if c.phase != phase {
+            WorkerSlot::drop_one(phase_counter(self.slot, c.phase));
+            WorkerSlot::bump(phase_counter(self.slot, phase), 1);
+            c.phase = phase;
+        }
+    }
+
+    /// Puts a connection into the request-head phase (at accept or after a keep-alive wait).
+    pub(super) fn start_reading(&mut self, key: usize, fresh: bool) {
+        let timeout = self.header_timeout_ms(self.conns[key].listener);
+        if fresh {
+            WorkerSlot::bump(&self.slot.reading, 1);
+        } else {
+            self.set_phase(key, Phase::Reading);
+        }
+        self.conns[key].deadline_ms = self.now_ms + timeout;
+    }
+
+    fn header_timeout_ms(&self, listener: usize) -> u64 {
+        let l = &self.cfg.listeners[listener];
+        self.cfg
+            .http
+            .as_ref()
+            .map_or(60_000, |h| h.servers[l.default_server].client_header_timeout_ms)
+    }
+
+    pub(super) fn on_conn_event(&mut self, key: usize, ev: shard_event::Event) {
+        let Some(c) = self.conns.get_mut(key) else { return };
+        if ev.readable() {
+            c.readable = true;
+        }
+        if ev.writable() {
+            c.writable = true;
+        }
+        self.drive(key);
+    }
+
+    fn ensure_registered(&mut self, key: usize) -> bool {
+        let c = &mut self.conns[key];
+        if c.registered {
+            return true;
+        }
+        let interest = shard_event::Interest::READ
+            | shard_event::Interest::WRITE
+            | shard_event::Interest::RDHUP
+            | shard_event::Interest::EDGE;
+        match self.poll.add(c.fd, key as u64, interest) {
+            Ok(()) => {
+                c.registered = true;
+                true
+            }
+            Err(e) => {
+                crate::log!(Alert, "epoll_ctl(ADD) failed ({e})");
+                false
+            }
+        }
+    }
+
+    pub(super) fn close(&mut self, key: usize) {
+        if !self.conns.contains(key) {
+            return;
+        }
+        let mut c = self.conns.remove(key);
+        // close() removes the descriptor from epoll; no EPOLL_CTL_DEL needed.
+        shard_event::sock::close(c.fd);
+        if let Some(f) = c.file.take() {
+            shard_event::sock::close(f.fd);
+        }
+        WorkerSlot::drop_one(phase_counter(self.slot, c.phase));
+        WorkerSlot::drop_one(&self.slot.active);
+        let inbuf = std::mem::take(&mut c.inbuf);
+        let out = std::mem::take(&mut c.out);
+        self.give_buf(inbuf);
+        self.give_buf(out);
+    }
+
+    pub(super) fn on_timeout(&mut self, key: usize) {
+        let c = &self.conns[key];
+        if c.lingering {
+            self.close(key);
+            return;
+        }
+        match c.phase {
+            Phase::Reading if !c.inbuf.is_empty() && !c.has_output() => {
+                crate::log!(Info, "client timed out (110: Connection timed out) while reading client request headers");
+                self.error_reply(key, 408, "");
+                self.drive(key);
+            }
+            Phase::Reading | Phase::Waiting => self.close(key),
+            Phase::Writing => {
+                crate::log!(Info, "client timed out (110: Connection timed out) while sending response to client");
+                self.close(key);
+            }
+        }
+    }
+
+    fn flush(&mut self, key: usize) -> Flush {
+        let c = &mut self.conns[key];
+        while c.out_pos < c.out.len() {
+            if !c.writable {
+                return Flush::Blocked;
+            }
+            match shard_event::sock::write(c.fd, &c.out[c.out_pos..]) {
+                Ok(n) => {
+                    c.out_pos += n;
+                    c.deadline_ms = self.now_ms + c.send_timeout_ms;
+                    if c.out_pos < c.out.len() {
+                        c.writable = false;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    c.writable = false;
+                    return Flush::Blocked;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Flush::Failed,
+            }
+        }
+        c.out.clear();
+        c.out_pos = 0;
+        while let Some(f) = c.file.as_mut() {
+            if f.remaining == 0 {
+                shard_event::sock::close(f.fd);
+                c.file = None;
+                break;
+            }
+            if !c.writable {
+                return Flush::Blocked;
+            }
+            let want = f.remaining.min(1 << 30) as usize;
+            let res = if f.sendfile {
+                shard_event::sock::sendfile(c.fd, f.fd, &mut f.offset, want)
+            } else {
+                // Copy a chunk into the output buffer, then write it on the next pass.
+                c.out.resize(want.min(FILE_CHUNK_BYTES), 0);
+                match shard_event::sock::pread(f.fd, &mut c.out, f.offset) {
+                    Ok(0) => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+                    Ok(n) => {
+                        c.out.truncate(n);
+                        f.offset += n as u64;
+                        f.remaining -= n as u64;
+                        return self.flush(key);
+                    }
+                    Err(e) => Err(e),
+                }
+            };
+            match res {
+                Ok(0) => {
+                    // The file shrank under us: the promised Content-Length cannot be met.
+                    return Flush::Failed;
+                }
+                Ok(n) => {
+                    f.remaining -= n as u64;
+                    c.deadline_ms = self.now_ms + c.send_timeout_ms;
+                    if (n as u64) < want as u64 && f.remaining > 0 {
+                        c.writable = false;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    c.writable = false;
+                    return Flush::Blocked;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Flush::Failed,
+            }
+        }
+        Flush::Done
+    }
+
+    /// Runs the connection until it must wait for the kernel, or is closed.
+    pub(super) fn drive(&mut self, key: usize) {
+        loop {
+            if !self.conns.contains(key) {
+                return;
+            }
+            if self.conns[key].has_output() {
+                match self.flush(key) {
+                    Flush::Done => {}
+                    Flush::Blocked => {
+                        self.ensure_registered(key);
+                        return;
+                    }
+                    Flush::Failed => {
+                        self.close(key);
+                        return;
+                    }
+                }
+            }
+            let c = &mut self.conns[key];
+            if c.lingering {
+                if !self.discard_input(key) {
+                    return;
+                }
+                continue;
+            }
+            if c.close_after {
+                if c.body_pending() || !c.inbuf.is_empty() || (c.readable && !c.eof) {
+                    // Unread input would make close() send a reset that can destroy the
+                    // response in flight: send FIN, then read and discard for a while.
+                    shard_event::sock::shutdown_write(c.fd);
+                    c.lingering = true;
+                    c.deadline_ms = self.now_ms + LINGERING_MS;
+                    c.inbuf.clear();
+                    continue;
+                }
+                self.close(key);
+                return;
+            }
+            // Discard what remains of the request body.
+            if c.body_pending() {
+                if self.consume_body(key) {
+                    continue;
+                }
+                if !self.read_more(key) {
+                    return;
+                }
+                continue;
+            }
+            let c = &mut self.conns[key];
+            if c.phase == Phase::Writing {
+                // The response and the body are done: keep-alive.
+                if c.inbuf.is_empty() {
+                    c.deadline_ms = self.now_ms + c.keepalive_timeout_ms;
+                    let inbuf = std::mem::take(&mut c.inbuf);
+                    let out = std::mem::take(&mut c.out);
+                    c.out_pos = 0;
+                    self.give_buf(inbuf);
+                    self.give_buf(out);
+                    self.set_phase(key, Phase::Waiting);
+                    if self.shutting_down {
+                        self.close(key);
+                        return;
+                    }
+                } else {
+                    self.start_reading(key, false);
+                }
+            }
+            let c = &self.conns[key];
+            if !c.inbuf.is_empty() {
+                let http = self.cfg.http.as_ref();
+                let limits = self.limits(c.listener);
+                match shard_http::request::parse(&c.inbuf, &limits) {
+                    shard_http::request::Parse::Complete { req, head_len } => {
+                        let c = &mut self.conns[key];
+                        c.inbuf.drain(..head_len);
+                        let _ = http;
+                        self.handle(key, req);
+                        continue;
+                    }
+                    shard_http::request::Parse::Partial => {}
+                    shard_http::request::Parse::Error(rej) => {
+                        crate::log!(Info, "client sent invalid request: {} ({})", rej.reason, rej.status);
+                        let status = rej.status;
+                        self.error_reply(key, status, "");
+                        continue;
+                    }
+                }
+            }
+            if !self.read_more(key) {
+                return;
+            }
+        }
+    }
+
+    fn limits(&self, listener: usize) -> shard_http::request::Limits {
+        let l = &self.cfg.listeners[listener];
+        let s = &self.cfg.http.as_ref().expect("http listener without http").servers[l.default_server];
+        shard_http::request::Limits {
+            header_buffer_size: s.client_header_buffer_size,
+            large_buffers: s.large_client_header_buffers.0,
+            large_buffer_size: s.large_client_header_buffers.1,
+        }
+    }
+
+    /// Reads once into the input buffer. Returns false when the connection must wait (it is
+    /// registered) or was closed; true when bytes arrived.
+    fn read_more(&mut self, key: usize) -> bool {
+        if !self.conns[key].readable {
+            self.ensure_registered(key);
+            return false;
+        }
+        if self.conns[key].inbuf.capacity() == 0 {
+            let b = self.take_buf(READ_BUFFER_BYTES);
+            self.conns[key].inbuf = b;
+        }
+        let limit = {
+            let l = self.limits(self.conns[key].listener);
+            (l.large_buffers * l.large_buffer_size).max(READ_BUFFER_BYTES)
+        };
+        let c = &mut self.conns[key];
+        if c.inbuf.len() == c.inbuf.capacity() {
+            if c.inbuf.len() >= limit && !c.body_pending() {
+                // The parser already had the whole allowance and still wants more: it will
+                // report 431 or 414 on this buffer, so stop reading.
+                return false;
+            }
+            let grow = c.inbuf.capacity().max(READ_BUFFER_BYTES);
+            c.inbuf.reserve(grow);
+        }
+        let spare = c.inbuf.capacity() - c.inbuf.len();
+        match shard_event::sock::read_into(c.fd, &mut c.inbuf) {
+            Ok(0) => {
+                c.eof = true;
+                c.readable = false;
+                self.close(key);
+                false
+            }
+            Ok(n) => {
+                if n < spare {
+                    c.readable = false;
+                }
+                if c.phase == Phase::Waiting {
+                    self.start_reading(key, false);
+                } else if c.body_pending() {
+                    c.deadline_ms = self.now_ms + CLIENT_BODY_TIMEOUT_MS;
+                }
+                true
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                c.readable = false;
+                self.ensure_registered(key);
+                false
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => true,
+            Err(_) => {
+                self.close(key);
+                false
+            }
+        }
+    }
+
+    /// Lingering close: read and drop input until end of stream or the lingering deadline.
+    fn discard_input(&mut self, key: usize) -> bool {
+        let c = &mut self.conns[key];
+        if !c.readable {
+            self.ensure_registered(key);
+            return false;
+        }
+        let mut scratch = [0u8; 4096];
+        match shard_event::sock::read(c.fd, &mut scratch) {
+            Ok(0) => {
+                self.close(key);
+                false
+            }
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                c.readable = false;
+                self.ensure_registered(key);
+                false
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => true,
+            Err(_) => {
+                self.close(key);
+                false
+            }
+        }
+    }
+
+    /// Consumes body bytes from the input buffer. Returns true when the body is complete (or
+    /// the connection got an error reply), false when more input is needed.
+    fn consume_body(&mut self, key: usize) -> bool {
+        let c = &mut self.conns[key];
+        let (used, data, done, bad) = match &mut c.body {
+            BodyLeft::None => return true,
+            BodyLeft::Length(left) => {
+                let take = (*left).min(c.inbuf.len() as u64);
+                *left -= take;
+                (take as usize, take, *left == 0, None)
+            }
+            BodyLeft::Chunked(dec) => match dec.feed(&c.inbuf) {
+                Ok(f) => (f.consumed, f.data, dec.is_done(), None),
+                Err(rej) => (c.inbuf.len(), 0, true, Some(rej)),
+            },
+        };
+        c.inbuf.drain(..used);
+        c.body_bytes += data;
+        if done {
+            c.body = BodyLeft::None;
+        }
+        if let Some(rej) = bad {
+            crate::log!(Info, "client sent invalid chunked body: {}", rej.reason);
+            c.close_after = true;
+            c.body = BodyLeft::None;
+            return true;
+        }
+        if c.body_bytes_max > 0 && c.body_bytes > c.body_bytes_max {
+            // Chunked bodies learn their size as they go. The response was already sent, so
+            // the only honest thing left is to stop reading and close.
+            crate::log!(Error, "client intended to send too large chunked body: {} bytes", c.body_bytes);
+            c.close_after = true;
+            c.body = BodyLeft::None;
+            return true;
+        }
+        done
+    }
+
+    /// Queues an error page and marks the connection to close after it.
+    pub(super) fn error_reply(&mut self, key: usize, status: u16, request_line: &str) {
+        let date = std::mem::take(&mut self.date);
+        {
+            let c = &mut self.conns[key];
+            if c.out.capacity() == 0 {
+                c.out = self.pool.pop().unwrap_or_default();
+                c.out.clear();
+            }
+            let body = shard_http::response::error_body(status);
+            shard_http::response::write_head(
+                &mut c.out,
+                &shard_http::response::Head {
+                    status,
+                    date: &date,
+                    content_type: Some("text/html"),
+                    content_length: Some(body.len() as u64),
+                    keep_alive: false,
+                    ..Default::default()
+                },
+            );
+            c.out.extend_from_slice(body);
+            c.close_after = true;
+            c.body = BodyLeft::None;
+        }
+        self.date = date;
+        if self.conns[key].phase != Phase::Writing {
+            self.set_phase(key, Phase::Writing);
+        }
+        if !request_line.is_empty() {
+            let _ = request_line;
+        }
+    }
+
+    fn handle(&mut self, key: usize, req: shard_http::request::Request) {
+        WorkerSlot::bump(&self.slot.requests, 1);
+        self.set_phase(key, Phase::Writing);
+        let cfg = self.cfg;
+        let Some(http) = cfg.http.as_ref() else {
+            self.error_reply(key, 500, "");
+            return;
+        };
+        let listener = &cfg.listeners[self.conns[key].listener];
+        let server = &http.servers[shard_http::route::select_server(http, listener, req.host.as_deref())];
+        let loc = shard_http::route::find_location(server, &req.path);
+
+        let c = &mut self.conns[key];
+        c.requests += 1;
+        c.send_timeout_ms = loc.send_timeout_ms;
+        c.keepalive_timeout_ms = loc.keepalive_timeout_ms;
+        c.body_bytes = 0;
+        c.body_bytes_max = loc.client_max_body_size;
+        let keep_alive = req.keep_alive
+            && !self.shutting_down
+            && loc.keepalive_timeout_ms > 0
+            && c.requests < loc.keepalive_requests;
+
+        // Body: refuse what announces itself too large before reading any of it.
+        match req.body {
+            shard_http::request::Body::Length(n) if loc.client_max_body_size > 0 && n > loc.client_max_body_size => {
+                crate::log!(Error, "client intended to send too large body: {n} bytes");
+                self.error_reply(key, 413, &req.request_line);
+                self.log_access(key, loc, &req, 413, shard_http::response::error_body(413).len() as u64);
+                return;
+            }
+            shard_http::request::Body::Length(0) | shard_http::request::Body::None => c.body = BodyLeft::None,
+            shard_http::request::Body::Length(n) => c.body = BodyLeft::Length(n),
+            shard_http::request::Body::Chunked => c.body = BodyLeft::Chunked(ChunkedDecoder::new()),
+        }
+        if c.out.capacity() == 0 {
+            c.out = self.pool.pop().unwrap_or_default();
+            c.out.clear();
+        }
+        let reply = self.respond(key, server, loc, &req, keep_alive);
+        let c = &mut self.conns[key];
+        if !keep_alive {
+            c.close_after = true;
+        }
+        self.log_access(key, loc, &req, reply.status, reply.body_bytes);
+    }
+
+    fn log_access(&mut self, key: usize, loc: &LocationConf, req: &shard_http::request::Request, status: u16, bytes: u64) {
+        let Some(al) = &loc.access_log else { return };
+        let Some(&i) = self.access_log_idx.get(&al.path) else { return };
+        let peer = self.conns[key]
+            .peer
+            .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |p| p.ip());
+        let f = &mut self.access_logs[i];
+        shard_http::access_log::write_combined(
+            &mut f.buf,
+            peer,
+            &self.log_time,
+            &req.request_line,
+            status,
+            bytes,
+            req.referer.as_deref(),
+            req.user_agent.as_deref(),
+        );
+        if f.buf.len() >= super::ACCESS_LOG_BUFFER_BYTES - 2048 {
+            let _ = shard_event::sock::write(f.fd, &f.buf);
+            f.buf.clear();
+        }
+    }
+
+    /// Writes the response head (and small bodies) into the output buffer, or sets up a file
+    /// body. Returns what the access log needs.
+    fn respond(
+        &mut self,
+        key: usize,
+        server: &shard_config::ServerConf,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        keep_alive: bool,
+    ) -> Reply {
+        let _ = server;
+        super::respond::respond(self, key, loc, req, keep_alive)
+    }
+
+    pub(super) fn out_buf(&mut self, key: usize) -> &mut Vec<u8> {
+        &mut self.conns[key].out
+    }
+
+    pub(super) fn set_file_body(&mut self, key: usize, fd: RawFd, offset: u64, len: u64, sendfile: bool) {
+        let c = &mut self.conns[key];
+        if len == 0 {
+            shard_event::sock::close(fd);
+            return;
+        }
+        c.file = Some(FileBody {
+            fd,
+            offset,
+            remaining: len,
+            sendfile,
+        });
+    }
+}

@@ -1,0 +1,204 @@
+//! Turning a routed request into bytes: status pages, `return`, and static files.
+//!
+//! `shard-http` decides (status, headers, byte ranges); this module does the I/O those decisions
+//! need (`open`, `fstat`, reading the shared counters and `TCP_INFO`) and fills the
+//! connection's output buffer or file body.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use shard_config::{LocationConf, StatusHandler};
+use shard_http::request::{Method, Request};
+use shard_http::response::{write_head, Head};
+use shard_http::static_file::{FileMeta, Plan};
+
+use super::conn::Reply;
+use super::Worker;
+use crate::status::{self, ListenerRow};
+
+pub(super) fn respond(w: &mut Worker<'_>, key: usize, loc: &LocationConf, req: &Request, keep_alive: bool) -> Reply {
+    if let Some(h) = loc.handler {
+        return status_page(w, key, h, req, keep_alive);
+    }
+    if let Some(ret) = &loc.ret {
+        return simple(w, key, req, keep_alive, shard_http::response::return_reply(ret, &loc.default_type));
+    }
+    static_file(w, key, loc, req, keep_alive)
+}
+
+/// A complete in-memory response.
+fn simple(w: &mut Worker<'_>, key: usize, req: &Request, keep_alive: bool, r: shard_http::response::Simple) -> Reply {
+    let date = std::mem::take(&mut w.date);
+    let out = w.out_buf(key);
+    write_head(
+        out,
+        &Head {
+            status: r.status,
+            date: &date,
+            content_type: r.content_type.as_deref(),
+            content_length: Some(r.body.len() as u64),
+            keep_alive,
+            location: r.location.as_deref(),
+            ..Default::default()
+        },
+    );
+    let sent = if req.method == Method::Head {
+        0
+    } else {
+        out.extend_from_slice(&r.body);
+        r.body.len() as u64
+    };
+    w.date = date;
+    Reply {
+        status: r.status,
+        body_bytes: sent,
+    }
+}
+
+fn listener_rows(w: &Worker<'_>) -> Vec<ListenerRow> {
+    let mut rows = Vec::new();
+    for l in w.listeners_open {
+        for (k, &fd) in l.fds.iter().enumerate() {
+            let (queue, backlog) = shard_event::sock::listen_queue(fd).unwrap_or((0, l.backlog.max(0) as u32));
+            let address = shard_event::sock::local_addr(fd).map_or(l.addr.to_string(), |a| a.to_string());
+            rows.push(ListenerRow {
+                address,
+                shard: l.reuseport.then_some(k),
+                worker: l.reuseport.then_some(k),
+                queue,
+                backlog,
+            });
+        }
+    }
+    rows
+}
+
+fn status_page(w: &mut Worker<'_>, key: usize, h: StatusHandler, req: &Request, keep_alive: bool) -> Reply {
+    if !matches!(req.method, Method::Get | Method::Head) {
+        return simple(w, key, req, keep_alive, shard_http::response::error_simple(405));
+    }
+    let mut body = Vec::with_capacity(1024);
+    let content_type = match h {
+        StatusHandler::Stub => {
+            status::stub(w.region, &mut body);
+            "text/plain"
+        }
+        StatusHandler::Shard => {
+            // Refresh our own CPU time so the page is current for at least the answering worker.
+            w.slot.cpu_ms.store(shard_event::process::cpu_time_ms(), std::sync::atomic::Ordering::Relaxed);
+            let rows = listener_rows(w);
+            let prom = req
+                .query
+                .as_deref()
+                .is_some_and(|q| q.split('&').any(|kv| kv == "format=prometheus"));
+            if prom {
+                status::prometheus(w.region, &rows, w.now_ms, &mut body);
+                "text/plain; version=0.0.4"
+            } else {
+                status::json(w.region, &rows, w.now_ms, &mut body);
+                "application/json"
+            }
+        }
+    };
+    simple(
+        w,
+        key,
+        req,
+        keep_alive,
+        shard_http::response::Simple {
+            status: 200,
+            content_type: Some(content_type.to_string()),
+            location: None,
+            body,
+        },
+    )
+}
+
+enum Opened {
+    File(i32, FileMeta),
+    Missing,
+    Forbidden,
+}
+
+fn open_file(path: &Path) -> Opened {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else { return Opened::Missing };
+    match shard_event::fs::open_stat(&c) {
+        Ok((fd, st)) => Opened::File(
+            fd,
+            FileMeta {
+                size: st.size,
+                mtime_secs: st.mtime_secs,
+                is_dir: st.is_dir,
+                is_file: st.is_file,
+            },
+        ),
+        Err(e) => match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => Opened::Forbidden,
+            _ => Opened::Missing,
+        },
+    }
+}
+
+fn static_file(w: &mut Worker<'_>, key: usize, loc: &LocationConf, req: &Request, keep_alive: bool) -> Reply {
+    let mut path = shard_http::static_file::map_path(loc, &req.path);
+    let mut opened = open_file(&path);
+    // A directory request ending in '/' is served by its first existing index file.
+    if req.path.ends_with('/') {
+        if let Opened::File(fd, meta) = &opened {
+            if meta.is_dir {
+                shard_event::sock::close(*fd);
+                opened = Opened::Forbidden;
+                for cand in shard_http::static_file::index_candidates(loc, &path) {
+                    match open_file(&cand) {
+                        Opened::File(fd, m) if m.is_file => {
+                            path = cand;
+                            opened = Opened::File(fd, m);
+                            break;
+                        }
+                        Opened::File(fd, _) => shard_event::sock::close(fd),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    let (fd, meta) = match opened {
+        Opened::File(fd, m) => (fd, m),
+        Opened::Missing => return simple(w, key, req, keep_alive, shard_http::response::error_simple(404)),
+        Opened::Forbidden => return simple(w, key, req, keep_alive, shard_http::response::error_simple(403)),
+    };
+    let content_type = shard_http::static_file::content_type(loc, &path).to_string();
+    match shard_http::static_file::plan(req, &meta) {
+        Plan::Send { status, offset, len, headers } => {
+            let date = std::mem::take(&mut w.date);
+            let out = w.out_buf(key);
+            write_head(
+                out,
+                &Head {
+                    status,
+                    date: &date,
+                    content_type: Some(&content_type),
+                    content_length: Some(len),
+                    keep_alive,
+                    last_modified: headers.last_modified.as_deref(),
+                    etag: headers.etag.as_deref(),
+                    accept_ranges: true,
+                    content_range: headers.content_range.as_deref(),
+                    ..Default::default()
+                },
+            );
+            w.date = date;
+            if req.method == Method::Head {
+                shard_event::sock::close(fd);
+                return Reply { status, body_bytes: 0 };
+            }
+            w.set_file_body(key, fd, offset, len, loc.sendfile);
+            Reply { status, body_bytes: len }
+        }
+        Plan::Reply(s) => {
+            shard_event::sock::close(fd);
+            simple(w, key, req, keep_alive, s)
+        }
+    }
+}

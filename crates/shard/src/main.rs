@@ -1,0 +1,191 @@
+//! The `shard` binary: nginx's command line, then either a master process or a signal sender.
+//!
+//! `main` calls `run`, which returns an exit code; errors are printed nginx-style
+//! (`shard: [emerg] ...`). This file owns argument handling and the choice of configuration
+//! (a file, or the embedded default); everything else lives in the library crates.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Where shard looks for its configuration when `-c` is not given, relative to the prefix.
+const DEFAULT_CONF_PATH: &str = "conf/shard.conf";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "shard",
+    disable_version_flag = true,
+    disable_help_flag = true,
+    about = "shard: a web server whose point is how connections are spread over workers"
+)]
+struct Cli {
+    /// Show version and exit.
+    #[arg(short = 'v')]
+    version: bool,
+    /// Show version and build information and exit.
+    #[arg(short = 'V')]
+    version_full: bool,
+    /// Test the configuration and exit (binds no socket).
+    #[arg(short = 't')]
+    test: bool,
+    /// Suppress non-error messages during the configuration test.
+    #[arg(short = 'q')]
+    quiet: bool,
+    /// Send a signal to the master process: reload, quit, stop, reopen.
+    #[arg(short = 's', value_name = "SIGNAL")]
+    signal: Option<String>,
+    /// Set the prefix path (default: the current directory).
+    #[arg(short = 'p', value_name = "PREFIX")]
+    prefix: Option<PathBuf>,
+    /// Use this configuration file (default: PREFIX/conf/shard.conf, else the embedded default).
+    #[arg(short = 'c', value_name = "FILE")]
+    conf: Option<PathBuf>,
+    /// Set global directives out of the configuration file.
+    #[arg(short = 'g', value_name = "DIRECTIVES")]
+    directives: Option<String>,
+    /// Print help.
+    #[arg(short = 'h', short_alias = '?', action = clap::ArgAction::Help)]
+    help: Option<bool>,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 1 } else { 0 });
+        }
+    };
+    ExitCode::from(run(cli) as u8)
+}
+
+/// The configuration to use and how to name it in messages.
+struct Source {
+    path: Option<PathBuf>,
+    name: String,
+}
+
+fn choose_source(cli: &Cli, prefix: &Path) -> Source {
+    match &cli.conf {
+        Some(c) => {
+            let path = if c.is_absolute() { c.clone() } else { prefix.join(c) };
+            Source {
+                name: c.display().to_string(),
+                path: Some(path),
+            }
+        }
+        None => {
+            let p = prefix.join(DEFAULT_CONF_PATH);
+            if p.exists() {
+                Source {
+                    name: p.display().to_string(),
+                    path: Some(p),
+                }
+            } else {
+                Source {
+                    path: None,
+                    name: "(embedded default)".to_string(),
+                }
+            }
+        }
+    }
+}
+
+fn load(src: &Source, prefix: &Path, extra: Option<&str>) -> Result<shard_config::Config, shard_config::ConfigError> {
+    match &src.path {
+        Some(p) => shard_config::load(p, prefix, extra),
+        None => shard_config::parse_str(shard_config::DEFAULT_CONFIG, &src.name, prefix, prefix, extra),
+    }
+}
+
+fn run(cli: Cli) -> i32 {
+    if cli.version || cli.version_full {
+        eprintln!("shard version: shard/{}", env!("CARGO_PKG_VERSION"));
+        if cli.version_full {
+            eprintln!("built with Rust; accept strategies: reuseport, accept_mutex, EPOLLEXCLUSIVE");
+            eprintln!("default configuration path: PREFIX/{DEFAULT_CONF_PATH} (else the embedded default)");
+        }
+        if !cli.test && cli.signal.is_none() {
+            return 0;
+        }
+    }
+    let prefix = match &cli.prefix {
+        Some(p) => p.clone(),
+        None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+    };
+    let src = choose_source(&cli, &prefix);
+    let cfg = match load(&src, &prefix, cli.directives.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("shard: [emerg] {e}");
+            if cli.test {
+                eprintln!("shard: configuration file {} test failed", src.name);
+            }
+            return 1;
+        }
+    };
+    if cli.test {
+        if !cli.quiet {
+            eprintln!("shard: the configuration file {} syntax is ok", src.name);
+            eprintln!("shard: configuration file {} test is successful", src.name);
+        }
+        return 0;
+    }
+    if let Some(sig) = &cli.signal {
+        return send_signal(&cfg, sig);
+    }
+    match shard_server::run(shard_server::RunOptions {
+        config: cfg,
+        conf_name: src.name,
+    }) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("shard: [emerg] {e:#}");
+            1
+        }
+    }
+}
+
+/// `-s SIGNAL`: read the pid file named by the configuration and signal that master.
+fn send_signal(cfg: &shard_config::Config, name: &str) -> i32 {
+    let sig = match name {
+        "stop" => libc::SIGTERM,
+        "quit" => libc::SIGQUIT,
+        "reopen" => libc::SIGUSR1,
+        "reload" => libc::SIGHUP,
+        _ => {
+            eprintln!("shard: invalid option: \"-s {name}\" (expected stop, quit, reopen or reload)");
+            return 1;
+        }
+    };
+    let Some(pid_path) = &cfg.main.pid else {
+        eprintln!("shard: [error] no \"pid\" directive in the configuration: cannot find the master to signal");
+        return 1;
+    };
+    let text = match std::fs::read_to_string(pid_path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("shard: [error] open() \"{}\" failed ({e})", pid_path.display());
+            return 1;
+        }
+    };
+    let pid: libc::pid_t = match text.trim().parse() {
+        Ok(p) if p > 0 => p,
+        _ => {
+            eprintln!("shard: [error] invalid PID number \"{}\" in \"{}\"", text.trim(), pid_path.display());
+            return 1;
+        }
+    };
+    // SAFETY-free: kill through the event crate would add a dependency for one call; libc::kill
+    // takes plain integers.
+    if let Err(e) = shard_event_kill(pid, sig) {
+        eprintln!("shard: [error] kill({pid}, {sig}) failed ({e})");
+        return 1;
+    }
+    0
+}
+
+fn shard_event_kill(pid: libc::pid_t, sig: libc::c_int) -> std::io::Result<()> {
+    shard_server::signal(pid, sig)
+}

@@ -1,0 +1,298 @@
+//! Test support: start the real `shard` binary with a configuration on free loopback ports,
+//! talk HTTP/1.1 to it over real sockets, and wait on conditions with deadlines (never sleeps
+//! used as synchronisation).
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_shard");
+
+/// Polls `f` until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A port that was free a moment ago (bound to port 0 and released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A fresh, empty directory for one test.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "shard-test-{}-{}-{}",
+        tag,
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(d.join("conf")).unwrap();
+    std::fs::create_dir_all(d.join("logs")).unwrap();
+    d
+}
+
+pub struct Server {
+    pub child: Option<Child>,
+    pub dir: PathBuf,
+    pub port: u16,
+}
+
+impl Server {
+    /// Starts shard with `conf`, where every `{port}` is replaced by a free port and `{dir}` by
+    /// the prefix. Waits until `/status` (which the caller must configure at
+    /// `location = /status { shard_status; }`) reports `workers` live workers.
+    pub fn start(tag: &str, conf: &str, workers: usize) -> Server {
+        Self::start_env(tag, conf, workers, &[])
+    }
+
+    pub fn start_env(tag: &str, conf: &str, workers: usize, env: &[(&str, &str)]) -> Server {
+        let dir = temp_dir(tag);
+        let port = free_port();
+        let text = conf.replace("{port}", &port.to_string()).replace("{dir}", dir.to_str().unwrap());
+        std::fs::write(dir.join("conf/shard.conf"), text).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.arg("-p").arg(&dir).arg("-c").arg("conf/shard.conf");
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::from(
+            std::fs::File::create(dir.join("logs/stderr.log")).unwrap(),
+        ));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn shard");
+        let mut s = Server {
+            child: Some(child),
+            dir,
+            port,
+        };
+        s.wait_workers(workers);
+        s
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("logs/stderr.log")).unwrap_or_default()
+    }
+
+    /// Waits until the status page lists `n` workers, each with a live pid.
+    pub fn wait_workers(&mut self, n: usize) -> Vec<Worker> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(st)) = child.try_wait() {
+                    panic!("shard exited early with {st}: {}", self.stderr());
+                }
+            }
+            if let Ok(resp) = try_get(self.addr(), "/status") {
+                let ws = parse_workers(&resp.body_str());
+                if ws.len() == n && ws.iter().all(|w| w.pid > 0 && pid_alive(w.pid as i32)) {
+                    return ws;
+                }
+            }
+            if Instant::now() > deadline {
+                panic!("shard did not become ready: {}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn workers(&self) -> Vec<Worker> {
+        parse_workers(&get(self.addr(), "/status").body_str())
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// Waits for the master to exit and returns its exit code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> i32 {
+        let mut child = self.child.take().unwrap();
+        let st = wait_for(timeout, "shard to exit", || child.try_wait().unwrap());
+        st.code().unwrap_or(-1)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: plain kill(2) on our child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn pid_alive(pid: i32) -> bool {
+    // A zombie still answers kill(0); look at /proc state too.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Worker {
+    pub idx: usize,
+    pub pid: u64,
+    pub accepted: u64,
+    pub requests: u64,
+    pub active: u64,
+}
+
+fn json_u64(obj: &str, key: &str) -> u64 {
+    let pat = format!("\"{key}\":");
+    let i = obj.find(&pat).unwrap_or_else(|| panic!("no {key} in {obj}")) + pat.len();
+    obj[i..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().unwrap()
+}
+
+/// Minimal reader of the `workers` array of `/status` (the format is ours and flat).
+pub fn parse_workers(json: &str) -> Vec<Worker> {
+    let Some(start) = json.find("\"workers\":[") else { return Vec::new() };
+    let rest = &json[start + 11..];
+    let end = rest.find(']').unwrap_or(rest.len());
+    rest[..end]
+        .split("},")
+        .filter(|o| o.contains("\"idx\""))
+        .map(|o| Worker {
+            idx: json_u64(o, "idx") as usize,
+            pid: json_u64(o, "pid"),
+            accepted: json_u64(o, "accepted"),
+            requests: json_u64(o, "requests"),
+            active: json_u64(o, "active"),
+        })
+        .collect()
+}
+
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn body_str(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Reads one response from `s`. `head_only` for responses to HEAD (no body despite length).
+pub fn read_response(s: &mut TcpStream, head_only: bool) -> std::io::Result<Response> {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 16384];
+    let head_end = loop {
+        if let Some(i) = find(&buf, b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut tmp)?;
+        if n == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof before head"));
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or("");
+    let status: u16 = status_line.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let headers: Vec<(String, String)> = lines
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_string(), v.trim().to_string())))
+        .collect();
+    let mut body = buf[head_end..].to_vec();
+    let len = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.parse::<usize>().ok());
+    if head_only || status == 304 || status == 204 {
+        body.clear();
+    } else if let Some(len) = len {
+        while body.len() < len {
+            let n = s.read(&mut tmp)?;
+            if n == 0 {
+                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof in body"));
+            }
+            body.extend_from_slice(&tmp[..n]);
+        }
+        body.truncate(len);
+    } else {
+        loop {
+            let n = s.read(&mut tmp)?;
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&tmp[..n]);
+        }
+    }
+    Ok(Response { status, headers, body })
+}
+
+pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+pub fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// Sends raw bytes on a new connection and reads one response.
+pub fn raw(addr: SocketAddr, req: &[u8]) -> Response {
+    let mut s = connect(addr);
+    s.write_all(req).unwrap();
+    read_response(&mut s, req.starts_with(b"HEAD")).expect("response")
+}
+
+pub fn try_get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    read_response(&mut s, false)
+}
+
+pub fn get(addr: SocketAddr, path: &str) -> Response {
+    try_get(addr, path).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+pub fn write_file(dir: &Path, rel: &str, data: &[u8]) {
+    let p = dir.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, data).unwrap();
+}
