@@ -4,9 +4,16 @@
 //! and every configuration error message. It reads files only to follow `include`; it binds
 //! no socket and resolves no CPU count (`worker_processes auto` stays [`WorkerProcesses::Auto`]).
 
+mod lexer;
 mod model;
+mod parse;
+mod units;
+
+#[cfg(test)]
+mod tests;
 
 pub use model::*;
+pub use units::{parse_size, parse_time_ms};
 
 use std::path::Path;
 
@@ -28,11 +35,19 @@ pub struct ConfigError {
 /// `includes` resolve against the directory holding `path`, as nginx's conf prefix.
 /// `extra` is the text of `-g` (main-context directives), parsed as if it followed the file.
 pub fn load(path: &Path, prefix: &Path, extra: Option<&str>) -> Result<Config, ConfigError> {
-    let _ = (path, prefix, extra);
-    todo!()
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        message: parse::open_failed(path, &e),
+    })?;
+    let conf_dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    parse::parse(&text, &path.display().to_string(), conf_dir, prefix, extra)
 }
 
 /// Parses `text` as if read from a file named `name` in directory `conf_dir`.
+///
+/// Errors name `name` (or an included file) and the line; `-g` text is named `command line`.
 pub fn parse_str(
     text: &str,
     name: &str,
@@ -40,6 +55,5 @@ pub fn parse_str(
     prefix: &Path,
     extra: Option<&str>,
 ) -> Result<Config, ConfigError> {
-    let _ = (text, name, conf_dir, prefix, extra);
-    todo!()
+    parse::parse(text, name, conf_dir, prefix, extra)
 }

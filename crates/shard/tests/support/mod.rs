@@ -296,3 +296,92 @@ pub fn write_file(dir: &Path, rel: &str, data: &[u8]) {
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
     std::fs::write(p, data).unwrap();
 }
+
+/// A configuration with every endpoint the tests use. `{listen_opts}` is replaced by the
+/// caller's listen options, `{events}` by extra `events` directives, `{workers}` by the count.
+pub const BASE_CONF: &str = r#"
+worker_processes {workers};
+error_log logs/error.log info;
+pid logs/shard.pid;
+events {
+    worker_connections 1024;
+    {events}
+}
+http {
+    access_log logs/access.log combined;
+    server {
+        listen 127.0.0.1:{port} {listen_opts};
+        root {dir}/html;
+        location = /status { shard_status; }
+        location = /stub { stub_status; }
+        location = /ok { return 200 "OK"; }
+        location / { }
+    }
+}
+"#;
+
+pub fn base_conf(workers: usize, listen_opts: &str, events: &str) -> String {
+    BASE_CONF
+        .replace("{workers}", &workers.to_string())
+        .replace("{listen_opts}", listen_opts)
+        .replace("{events}", events)
+}
+
+/// Runs the binary with `args` and returns (exit code, stderr).
+pub fn run_cli(args: &[&str]) -> (i32, String) {
+    let out = Command::new(BIN).args(args).output().expect("run shard");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Sums the `accepted` counters of a worker list.
+pub fn total_accepted(ws: &[Worker]) -> u64 {
+    ws.iter().map(|w| w.accepted).sum()
+}
+
+/// Splits `buf` into the complete responses it holds (by `Content-Length`), in order.
+pub fn parse_responses(buf: &[u8]) -> Vec<Response> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(end) = find(&buf[at..], b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&buf[at..at + end]).into_owned();
+        let mut lines = head.split("\r\n");
+        let status = lines.next().unwrap_or("").split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_string(), v.trim().to_string())))
+            .collect();
+        let len = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        let body_at = at + end + 4;
+        if buf.len() < body_at + len {
+            break;
+        }
+        out.push(Response {
+            status,
+            headers,
+            body: buf[body_at..body_at + len].to_vec(),
+        });
+        at = body_at + len;
+    }
+    out
+}
+
+/// Reads from `s` until `n` complete responses have arrived.
+pub fn read_responses(s: &mut TcpStream, n: usize) -> Vec<Response> {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 16384];
+    loop {
+        let rs = parse_responses(&buf);
+        if rs.len() >= n {
+            return rs;
+        }
+        let got = s.read(&mut tmp).expect("read responses");
+        assert!(got > 0, "connection closed after {} of {n} responses", rs.len());
+        buf.extend_from_slice(&tmp[..got]);
+    }
+}

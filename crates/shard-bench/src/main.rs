@@ -1,0 +1,296 @@
+//! `shard-bench`: runs shard and, when installed, nginx with the same workload and the same
+//! number of workers, and prints what does not drift on a noisy machine: system calls per
+//! request (`strace -c -f` on the workers), worker CPU time per request, and worker memory per
+//! idle keep-alive connection.
+//!
+//! This crate owns the servers' start-up for measurement, the load (wrk when installed, else a
+//! small built-in closed-loop client) and the report. It is a benchmark, not a test: CI runs it
+//! only as `--smoke`, which checks that every step works on tiny numbers.
+
+mod load;
+mod procfs;
+mod servers;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+use servers::{Kind, Running};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "shard-bench",
+    about = "shard vs nginx: syscalls, CPU and memory per request"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// `return 200 "OK"`: syscalls/request (keep-alive and a connection per request), worker
+    /// CPU per request, worker memory per idle keep-alive connection.
+    Speed(SpeedArgs),
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SpeedArgs {
+    /// Worker processes for both servers.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Seconds per load run.
+    #[arg(long, default_value_t = 5)]
+    duration: u64,
+    /// Concurrent client connections per load run.
+    #[arg(long, default_value_t = 50)]
+    connections: usize,
+    /// Idle keep-alive connections for the memory measurement.
+    #[arg(long, default_value_t = 10_000)]
+    idle: usize,
+    /// The shard binary (default: next to this one).
+    #[arg(long)]
+    shard: Option<PathBuf>,
+    /// The nginx binary (default: `nginx` on PATH or /usr/sbin/nginx).
+    #[arg(long)]
+    nginx: Option<PathBuf>,
+    /// Skip nginx even when it is installed.
+    #[arg(long)]
+    no_nginx: bool,
+    /// Use the built-in load generator even when wrk is installed.
+    #[arg(long)]
+    builtin_load: bool,
+    /// Tiny numbers, to check that the bench works (CI).
+    #[arg(long)]
+    smoke: bool,
+    /// Also write the report here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Speed(a) => speed(a),
+    };
+    if let Err(e) = res {
+        eprintln!("shard-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// One server's results.
+#[derive(Default, Debug)]
+struct Row {
+    name: String,
+    syscalls_keepalive: Option<f64>,
+    syscalls_close: Option<f64>,
+    cpu_us_per_req: Option<f64>,
+    rps: Option<f64>,
+    idle_bytes_per_conn: Option<f64>,
+}
+
+fn speed(mut a: SpeedArgs) -> Result<()> {
+    if a.smoke {
+        a.duration = 1;
+        a.connections = a.connections.min(8);
+        a.idle = a.idle.min(200);
+    }
+    procfs::raise_nofile_limit();
+    let shard = match &a.shard {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("shard"),
+    };
+    anyhow::ensure!(
+        shard.exists(),
+        "no shard binary at {} (build it: cargo build --release -p shard)",
+        shard.display()
+    );
+    let nginx = if a.no_nginx {
+        None
+    } else {
+        servers::find_nginx(a.nginx.as_deref())
+    };
+    let strace = servers::which("strace");
+    let wrk = if a.builtin_load {
+        None
+    } else {
+        servers::which("wrk")
+    };
+    let mut notes = Vec::new();
+    if nginx.is_none() && !a.no_nginx {
+        notes.push(
+            "nginx not found: measuring shard alone (install: apt-get install nginx-light)"
+                .to_string(),
+        );
+    }
+    if strace.is_none() {
+        notes.push(
+            "strace not found: no syscall counts (install: apt-get install strace)".to_string(),
+        );
+    }
+    if wrk.is_none() {
+        notes.push(
+            "wrk not used: built-in load generator (install: apt-get install wrk)".to_string(),
+        );
+    }
+    for n in &notes {
+        eprintln!("shard-bench: {n}");
+    }
+
+    let mut kinds = vec![Kind::Shard(shard)];
+    if let Some(n) = nginx {
+        kinds.push(Kind::Nginx(n));
+    }
+    let mut rows = Vec::new();
+    for kind in kinds {
+        let name = kind.name();
+        eprintln!("shard-bench: measuring {name} with {} workers", a.workers);
+        let srv =
+            servers::start(&kind, a.workers, a.idle).with_context(|| format!("starting {name}"))?;
+        let mut row = Row {
+            name: name.to_string(),
+            ..Default::default()
+        };
+        if let Some(strace) = &strace {
+            row.syscalls_keepalive = Some(syscalls_per_request(
+                &srv,
+                strace,
+                wrk.as_deref(),
+                &a,
+                true,
+            )?);
+            row.syscalls_close = Some(syscalls_per_request(
+                &srv,
+                strace,
+                wrk.as_deref(),
+                &a,
+                false,
+            )?);
+        }
+        let (cpu, rps) = cpu_per_request(&srv, wrk.as_deref(), &a)?;
+        row.cpu_us_per_req = Some(cpu);
+        row.rps = Some(rps);
+        row.idle_bytes_per_conn = Some(idle_memory(&srv, a.idle)?);
+        srv.stop();
+        rows.push(row);
+    }
+    let report = render(&a, &rows, &notes);
+    print!("{report}");
+    if let Some(out) = &a.out {
+        if let Some(d) = out.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::File::create(out)?.write_all(report.as_bytes())?;
+    }
+    Ok(())
+}
+
+fn run_load(
+    srv: &Running,
+    wrk: Option<&std::path::Path>,
+    a: &SpeedArgs,
+    keepalive: bool,
+) -> Result<()> {
+    let d = Duration::from_secs(a.duration);
+    match wrk {
+        Some(w) => load::wrk(w, srv.port, "/ok", a.connections, d, keepalive).map(|_| ()),
+        None => load::builtin(srv.port, "/ok", a.connections, d, keepalive).map(|_| ()),
+    }
+}
+
+fn syscalls_per_request(
+    srv: &Running,
+    strace: &std::path::Path,
+    wrk: Option<&std::path::Path>,
+    a: &SpeedArgs,
+    keepalive: bool,
+) -> Result<f64> {
+    let pids = srv.worker_pids()?;
+    let tracer = procfs::Strace::attach(strace, &pids)?;
+    let before = srv.requests()?;
+    run_load(srv, wrk, a, keepalive)?;
+    let after = srv.requests()?;
+    let calls = tracer.finish()?;
+    // The second status request is counted in `after` and was served while traced.
+    let requests = after.saturating_sub(before).max(1);
+    Ok(calls as f64 / requests as f64)
+}
+
+fn cpu_per_request(
+    srv: &Running,
+    wrk: Option<&std::path::Path>,
+    a: &SpeedArgs,
+) -> Result<(f64, f64)> {
+    let pids = srv.worker_pids()?;
+    let cpu0 = procfs::cpu_ticks(&pids)?;
+    let r0 = srv.requests()?;
+    let t0 = std::time::Instant::now();
+    run_load(srv, wrk, a, true)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let r1 = srv.requests()?;
+    let cpu1 = procfs::cpu_ticks(&pids)?;
+    let requests = r1.saturating_sub(r0).max(1) as f64;
+    let ticks = (cpu1 - cpu0) as f64;
+    let us = ticks * 1e6 / procfs::ticks_per_sec() / requests;
+    Ok((us, requests / secs))
+}
+
+fn idle_memory(srv: &Running, n: usize) -> Result<f64> {
+    let pids = srv.worker_pids()?;
+    // Warm up: the first connections allocate what every connection then reuses.
+    drop(load::idle_connections(srv.port, "/ok", 100.min(n))?);
+    let m0 = procfs::rss_bytes(&pids)?;
+    let conns = load::idle_connections(srv.port, "/ok", n)?;
+    let m1 = procfs::rss_bytes(&pids)?;
+    drop(conns);
+    Ok((m1 as f64 - m0 as f64) / n as f64)
+}
+
+fn fmt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".to_string(), |x| format!("{x:.digits$}"))
+}
+
+fn render(a: &SpeedArgs, rows: &[Row], notes: &[String]) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "# shard-bench speed: return 200 \"OK\", {} workers, {} connections, {} s per run, {} idle connections{}\n\n",
+        a.workers,
+        a.connections,
+        a.duration,
+        a.idle,
+        if a.smoke { " (smoke: numbers are not meaningful)" } else { "" }
+    ));
+    s.push_str("| server | syscalls/req keep-alive | syscalls/req new conn | worker CPU µs/req | req/s (keep-alive) | worker bytes/idle conn |\n");
+    s.push_str("|---|---|---|---|---|---|\n");
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            r.name,
+            fmt(r.syscalls_keepalive, 3),
+            fmt(r.syscalls_close, 3),
+            fmt(r.cpu_us_per_req, 2),
+            fmt(r.rps, 0),
+            fmt(r.idle_bytes_per_conn, 0)
+        ));
+    }
+    if rows.len() == 2 {
+        let (x, y) = (&rows[0], &rows[1]);
+        if let (Some(a), Some(b)) = (x.cpu_us_per_req, y.cpu_us_per_req) {
+            s.push_str(&format!("\nCPU per request, shard/nginx: {:.2}\n", a / b));
+        }
+        if let (Some(a), Some(b)) = (x.idle_bytes_per_conn, y.idle_bytes_per_conn) {
+            s.push_str(&format!(
+                "Memory per idle connection, shard/nginx: {:.2}\n",
+                a / b.max(1.0)
+            ));
+        }
+    }
+    for n in notes {
+        s.push_str(&format!("\nnote: {n}\n"));
+    }
+    s
+}

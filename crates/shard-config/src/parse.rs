@@ -1,0 +1,1356 @@
+//! The directive table, `include`, and the walk from the directive tree to a [`Config`].
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use crate::lexer::{parse_tree, Directive, Item};
+use crate::model::*;
+use crate::units::{parse_size, parse_time_ms};
+use crate::{ConfigError, MIME_TYPES};
+
+/// The display name of `-g` text.
+pub(crate) const COMMAND_LINE: &str = "command line";
+
+pub(crate) fn is_command_line(file: &str) -> bool {
+    file == COMMAND_LINE
+}
+
+fn where_(file: &str, line: usize) -> String {
+    if is_command_line(file) {
+        COMMAND_LINE.to_string()
+    } else {
+        format!("{file}:{line}")
+    }
+}
+
+/// `MSG in FILE:LINE` (or `MSG in command line`).
+pub(crate) fn err(file: &str, line: usize, msg: impl std::fmt::Display) -> ConfigError {
+    ConfigError {
+        message: format!("{msg} in {}", where_(file, line)),
+    }
+}
+
+fn derr(d: &Directive, file: &str, msg: impl std::fmt::Display) -> ConfigError {
+    err(file, d.line, msg)
+}
+
+fn place(d: &Directive, file: &str) -> Place {
+    Place {
+        file: file.to_string(),
+        line: d.line,
+    }
+}
+
+/// `open() "PATH" failed (2: No such file or directory)`, as nginx words it.
+pub(crate) fn open_failed(path: &Path, e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let text = match text.find(" (os error") {
+        Some(i) => text[..i].to_string(),
+        None => text,
+    };
+    match e.raw_os_error() {
+        Some(n) => format!("open() \"{}\" failed ({n}: {text})", path.display()),
+        None => format!("open() \"{}\" failed ({text})", path.display()),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ctx {
+    Main,
+    Events,
+    Http,
+    Server,
+    Location,
+    Types,
+}
+
+const M: u8 = 1;
+const E: u8 = 2;
+const H: u8 = 4;
+const S: u8 = 8;
+const L: u8 = 16;
+const T: u8 = 32;
+const ANY: u8 = M | E | H | S | L | T;
+const MANY: usize = usize::MAX;
+
+impl Ctx {
+    fn bit(self) -> u8 {
+        match self {
+            Ctx::Main => M,
+            Ctx::Events => E,
+            Ctx::Http => H,
+            Ctx::Server => S,
+            Ctx::Location => L,
+            Ctx::Types => T,
+        }
+    }
+}
+
+struct Spec {
+    name: &'static str,
+    ctx: u8,
+    min: usize,
+    max: usize,
+    block: bool,
+}
+
+const fn d(name: &'static str, ctx: u8, min: usize, max: usize) -> Spec {
+    Spec {
+        name,
+        ctx,
+        min,
+        max,
+        block: false,
+    }
+}
+
+const fn b(name: &'static str, ctx: u8, min: usize, max: usize) -> Spec {
+    Spec {
+        name,
+        ctx,
+        min,
+        max,
+        block: true,
+    }
+}
+
+const HSL: u8 = H | S | L;
+
+static TABLE: &[Spec] = &[
+    d("include", ANY, 1, 1),
+    // main
+    d("worker_processes", M, 1, 1),
+    d("pid", M, 1, 1),
+    d("error_log", M | HSL, 1, 2),
+    d("worker_rlimit_nofile", M, 1, 1),
+    b("events", M, 0, 0),
+    b("http", M, 0, 0),
+    // events
+    d("worker_connections", E, 1, 1),
+    d("accept_mutex", E, 1, 1),
+    d("accept_mutex_delay", E, 1, 1),
+    d("multi_accept", E, 1, 1),
+    d("use", E, 1, 1),
+    // http
+    b("server", H, 0, 0),
+    d("listen", S, 1, MANY),
+    d("server_name", S, 1, MANY),
+    b("location", S | L, 1, 2),
+    d("return", S | L, 1, 2),
+    d("root", HSL, 1, 1),
+    d("alias", L, 1, 1),
+    d("index", HSL, 1, MANY),
+    d("default_type", HSL, 1, 1),
+    b("types", HSL, 0, 0),
+    d("keepalive_timeout", HSL, 1, 2),
+    d("keepalive_requests", HSL, 1, 1),
+    d("client_header_timeout", H | S, 1, 1),
+    d("client_header_buffer_size", H | S, 1, 1),
+    d("large_client_header_buffers", H | S, 2, 2),
+    d("client_max_body_size", HSL, 1, 1),
+    d("send_timeout", HSL, 1, 1),
+    d("sendfile", HSL, 1, 1),
+    d("tcp_nodelay", HSL, 1, 1),
+    d("access_log", HSL, 1, MANY),
+    d("stub_status", L, 0, 1),
+    d("shard_status", L, 0, 0),
+];
+
+/// How deep `include` may nest (guards against a file including itself).
+const MAX_INCLUDE_DEPTH: usize = 32;
+
+struct Env {
+    prefix: PathBuf,
+    conf_dir: PathBuf,
+    depth: Cell<usize>,
+}
+
+type Handler<'h> = dyn FnMut(&Directive, &str) -> Result<(), ConfigError> + 'h;
+
+// ---------------------------------------------------------------------------------------
+// Partial (unmerged) state.
+
+#[derive(Default)]
+struct MainP {
+    worker_processes: Option<WorkerProcesses>,
+    pid: Option<PathBuf>,
+    error_log: Option<ErrorLog>,
+    worker_rlimit_nofile: Option<u64>,
+}
+
+#[derive(Default)]
+struct EventsP {
+    worker_connections: Option<usize>,
+    accept_mutex: Option<bool>,
+    accept_mutex_delay_ms: Option<u64>,
+    multi_accept: Option<bool>,
+    use_: Option<String>,
+}
+
+/// Settings that merge http -> server -> location. `None` is "not set in this block".
+#[derive(Default, Clone)]
+struct Settings {
+    root: Option<PathBuf>,
+    index: Option<Vec<String>>,
+    default_type: Option<String>,
+    types: Option<Arc<HashMap<String, String>>>,
+    keepalive_timeout_ms: Option<u64>,
+    keepalive_requests: Option<u64>,
+    client_max_body_size: Option<u64>,
+    send_timeout_ms: Option<u64>,
+    sendfile: Option<bool>,
+    tcp_nodelay: Option<bool>,
+    access_log: Option<Option<AccessLog>>,
+    client_header_timeout_ms: Option<u64>,
+    client_header_buffer_size: Option<usize>,
+    large_client_header_buffers: Option<(usize, usize)>,
+}
+
+/// Settings after merging: every value known.
+#[derive(Clone)]
+struct Eff {
+    root: PathBuf,
+    index: Vec<String>,
+    default_type: String,
+    types: Arc<HashMap<String, String>>,
+    keepalive_timeout_ms: u64,
+    keepalive_requests: u64,
+    client_max_body_size: u64,
+    send_timeout_ms: u64,
+    sendfile: bool,
+    tcp_nodelay: bool,
+    access_log: Option<AccessLog>,
+    client_header_timeout_ms: u64,
+    client_header_buffer_size: usize,
+    large_client_header_buffers: (usize, usize),
+}
+
+impl Eff {
+    fn defaults(prefix: &Path) -> Eff {
+        Eff {
+            root: prefix.join("html"),
+            index: vec!["index.html".to_string()],
+            default_type: "text/plain".to_string(),
+            types: bundled_types(),
+            keepalive_timeout_ms: 75_000,
+            keepalive_requests: 1000,
+            client_max_body_size: 1 << 20,
+            send_timeout_ms: 60_000,
+            sendfile: false,
+            tcp_nodelay: true,
+            access_log: Some(AccessLog {
+                path: prefix.join("logs/access.log"),
+                format: "combined".to_string(),
+            }),
+            client_header_timeout_ms: 60_000,
+            client_header_buffer_size: 1024,
+            large_client_header_buffers: (4, 8192),
+        }
+    }
+
+    fn merge(&self, s: &Settings) -> Eff {
+        Eff {
+            root: s.root.clone().unwrap_or_else(|| self.root.clone()),
+            index: s.index.clone().unwrap_or_else(|| self.index.clone()),
+            default_type: s
+                .default_type
+                .clone()
+                .unwrap_or_else(|| self.default_type.clone()),
+            types: s.types.clone().unwrap_or_else(|| self.types.clone()),
+            keepalive_timeout_ms: s.keepalive_timeout_ms.unwrap_or(self.keepalive_timeout_ms),
+            keepalive_requests: s.keepalive_requests.unwrap_or(self.keepalive_requests),
+            client_max_body_size: s.client_max_body_size.unwrap_or(self.client_max_body_size),
+            send_timeout_ms: s.send_timeout_ms.unwrap_or(self.send_timeout_ms),
+            sendfile: s.sendfile.unwrap_or(self.sendfile),
+            tcp_nodelay: s.tcp_nodelay.unwrap_or(self.tcp_nodelay),
+            access_log: s
+                .access_log
+                .clone()
+                .unwrap_or_else(|| self.access_log.clone()),
+            client_header_timeout_ms: s
+                .client_header_timeout_ms
+                .unwrap_or(self.client_header_timeout_ms),
+            client_header_buffer_size: s
+                .client_header_buffer_size
+                .unwrap_or(self.client_header_buffer_size),
+            large_client_header_buffers: s
+                .large_client_header_buffers
+                .unwrap_or(self.large_client_header_buffers),
+        }
+    }
+
+    fn location(&self, kind: LocationKind, path: String, place: Place) -> LocationConf {
+        LocationConf {
+            kind,
+            path,
+            place,
+            ret: None,
+            handler: None,
+            root: self.root.clone(),
+            alias: None,
+            index: self.index.clone(),
+            default_type: self.default_type.clone(),
+            types: self.types.clone(),
+            keepalive_timeout_ms: self.keepalive_timeout_ms,
+            keepalive_requests: self.keepalive_requests,
+            client_max_body_size: self.client_max_body_size,
+            send_timeout_ms: self.send_timeout_ms,
+            sendfile: self.sendfile,
+            tcp_nodelay: self.tcp_nodelay,
+            access_log: self.access_log.clone(),
+        }
+    }
+}
+
+struct LocP {
+    kind: LocationKind,
+    path: String,
+    place: Place,
+    ret: Option<Return>,
+    handler: Option<StatusHandler>,
+    alias: Option<PathBuf>,
+    settings: Settings,
+    nested: Vec<LocP>,
+}
+
+struct ServerP {
+    place: Place,
+    listen: Vec<SocketAddr>,
+    names: Vec<ServerName>,
+    ret: Option<Return>,
+    settings: Settings,
+    locations: Vec<LocP>,
+}
+
+struct ListenerP {
+    addr: SocketAddr,
+    opts: ListenOpts,
+    /// Where socket options were first given, if any were.
+    opts_place: Option<Place>,
+    first_place: Place,
+    servers: Vec<usize>,
+    default_server: Option<usize>,
+}
+
+#[derive(Default)]
+struct HttpP {
+    settings: Settings,
+    servers: Vec<ServerP>,
+    listeners: Vec<ListenerP>,
+}
+
+#[derive(Default)]
+struct State {
+    main: MainP,
+    events: Option<EventsP>,
+    http: Option<HttpP>,
+}
+
+/// One parsed `listen`.
+#[derive(Debug, Clone)]
+struct ListenSpec {
+    addr: SocketAddr,
+    default_server: bool,
+    opts: ListenOpts,
+    opts_set: bool,
+}
+
+// ---------------------------------------------------------------------------------------
+// Entry point.
+
+pub(crate) fn parse(
+    text: &str,
+    name: &str,
+    conf_dir: &Path,
+    prefix: &Path,
+    extra: Option<&str>,
+) -> Result<Config, ConfigError> {
+    let env = Env {
+        prefix: prefix.to_path_buf(),
+        conf_dir: conf_dir.to_path_buf(),
+        depth: Cell::new(0),
+    };
+    let mut st = State::default();
+    let items = parse_tree(text, name);
+    env.walk(&items, name, Ctx::Main, &mut |d, f| {
+        env.main_dir(&mut st, d, f)
+    })?;
+    if let Some(extra) = extra {
+        let items = parse_tree(extra, COMMAND_LINE);
+        env.walk(&items, COMMAND_LINE, Ctx::Main, &mut |d, f| {
+            env.main_dir(&mut st, d, f)
+        })?;
+    }
+    env.finish(st)
+}
+
+impl Env {
+    fn resolve(&self, p: &str) -> PathBuf {
+        self.prefix.join(p)
+    }
+
+    /// Runs `f` on every directive of `items` valid in `ctx`, following `include`.
+    fn walk(
+        &self,
+        items: &[Item],
+        file: &str,
+        ctx: Ctx,
+        f: &mut Handler<'_>,
+    ) -> Result<(), ConfigError> {
+        for item in items {
+            let d = match item {
+                Item::Error(e) => return Err(e.clone()),
+                Item::Dir(d) => d,
+            };
+            if ctx == Ctx::Types {
+                if d.name == "include" && d.block.is_none() {
+                    if d.args.len() != 1 {
+                        return Err(derr(
+                            d,
+                            file,
+                            "invalid number of arguments in \"include\" directive",
+                        ));
+                    }
+                    self.include(d, file, ctx, f)?;
+                    continue;
+                }
+                if d.block.is_some() {
+                    return Err(derr(d, file, "unexpected \"{\""));
+                }
+                f(d, file)?;
+                continue;
+            }
+            let Some(spec) = TABLE.iter().find(|s| s.name == d.name) else {
+                return Err(derr(d, file, format!("unknown directive \"{}\"", d.name)));
+            };
+            if spec.ctx & ctx.bit() == 0 {
+                return Err(derr(
+                    d,
+                    file,
+                    format!("\"{}\" directive is not allowed here", d.name),
+                ));
+            }
+            if !spec.block && d.block.is_some() {
+                return Err(derr(
+                    d,
+                    file,
+                    format!("directive \"{}\" is not terminated by \";\"", d.name),
+                ));
+            }
+            if spec.block && d.block.is_none() {
+                return Err(derr(
+                    d,
+                    file,
+                    format!("directive \"{}\" has no opening \"{{\"", d.name),
+                ));
+            }
+            if d.args.len() < spec.min || d.args.len() > spec.max {
+                return Err(derr(
+                    d,
+                    file,
+                    format!("invalid number of arguments in \"{}\" directive", d.name),
+                ));
+            }
+            if d.name == "include" {
+                self.include(d, file, ctx, f)?;
+                continue;
+            }
+            if d.name == "error_log" && ctx != Ctx::Main {
+                // Accepted for nginx compatibility; shard has one error log.
+                parse_error_log(d, file, &self.prefix)?;
+                continue;
+            }
+            f(d, file)?;
+        }
+        Ok(())
+    }
+
+    fn include(
+        &self,
+        d: &Directive,
+        file: &str,
+        ctx: Ctx,
+        f: &mut Handler<'_>,
+    ) -> Result<(), ConfigError> {
+        let arg = &d.args[0];
+        let pattern = if Path::new(arg).is_absolute() {
+            PathBuf::from(arg)
+        } else {
+            self.conf_dir.join(arg)
+        };
+        let wildcard = arg.contains(['*', '?', '[']);
+        let files: Vec<PathBuf> = if wildcard {
+            // The directory part is literal; only the argument is a pattern.
+            let pat = if Path::new(arg).is_absolute() {
+                arg.clone()
+            } else {
+                let dir = glob::Pattern::escape(&self.conf_dir.to_string_lossy());
+                format!("{}/{arg}", dir.trim_end_matches('/'))
+            };
+            let paths = glob::glob(&pat)
+                .map_err(|e| derr(d, file, format!("glob() \"{pat}\" failed ({e})")))?;
+            let mut v: Vec<PathBuf> = paths
+                .filter_map(Result::ok)
+                .filter(|p| p.is_file())
+                .collect();
+            v.sort();
+            v
+        } else {
+            vec![pattern]
+        };
+        if self.depth.get() >= MAX_INCLUDE_DEPTH {
+            return Err(derr(
+                d,
+                file,
+                format!("too deep include nesting of \"{arg}\""),
+            ));
+        }
+        for path in files {
+            let name = path.display().to_string();
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) => {
+                    if !wildcard
+                        && e.kind() == std::io::ErrorKind::NotFound
+                        && path.file_name().is_some_and(|n| n == "mime.types")
+                        && Path::new(arg)
+                            .parent()
+                            .is_none_or(|p| p.as_os_str().is_empty())
+                    {
+                        // No mime.types beside the configuration: use the bundled one.
+                        MIME_TYPES.to_string()
+                    } else {
+                        return Err(derr(d, file, open_failed(&path, &e)));
+                    }
+                }
+            };
+            let items = parse_tree(&text, &name);
+            self.depth.set(self.depth.get() + 1);
+            let r = self.walk(&items, &name, ctx, f);
+            self.depth.set(self.depth.get() - 1);
+            r?;
+        }
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // main
+
+    fn main_dir(&self, st: &mut State, d: &Directive, file: &str) -> Result<(), ConfigError> {
+        let m = &mut st.main;
+        match d.name.as_str() {
+            "worker_processes" => {
+                if m.worker_processes.is_some() {
+                    return Err(dup(d, file));
+                }
+                let a = &d.args[0];
+                m.worker_processes = Some(if a == "auto" {
+                    WorkerProcesses::Auto
+                } else {
+                    match a.parse::<usize>() {
+                        Ok(n) if (1..=1024).contains(&n) && is_digits(a) => {
+                            WorkerProcesses::Fixed(n)
+                        }
+                        _ => return Err(invalid(d, file, a)),
+                    }
+                });
+            }
+            "pid" => {
+                if m.pid.is_some() {
+                    return Err(dup(d, file));
+                }
+                m.pid = Some(self.resolve(&d.args[0]));
+            }
+            "error_log" => {
+                m.error_log = Some(parse_error_log(d, file, &self.prefix)?);
+            }
+            "worker_rlimit_nofile" => {
+                if m.worker_rlimit_nofile.is_some() {
+                    return Err(dup(d, file));
+                }
+                m.worker_rlimit_nofile = Some(num::<u64>(d, file, &d.args[0])?);
+            }
+            "events" => {
+                if st.events.is_some() {
+                    return Err(dup(d, file));
+                }
+                let mut ev = EventsP::default();
+                let items = d.block.as_deref().unwrap_or_default();
+                self.walk(items, file, Ctx::Events, &mut |d, f| {
+                    events_dir(&mut ev, d, f)
+                })?;
+                st.events = Some(ev);
+            }
+            "http" => {
+                if st.http.is_some() {
+                    return Err(dup(d, file));
+                }
+                let mut h = HttpP::default();
+                let items = d.block.as_deref().unwrap_or_default();
+                self.walk(items, file, Ctx::Http, &mut |d, f| {
+                    self.http_dir(&mut h, d, f)
+                })?;
+                st.http = Some(h);
+            }
+            other => unreachable!("main directive {other}"),
+        }
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // http / server / location
+
+    fn http_dir(&self, h: &mut HttpP, d: &Directive, file: &str) -> Result<(), ConfigError> {
+        if d.name != "server" {
+            return self.settings_dir(&mut h.settings, d, file);
+        }
+        let idx = h.servers.len();
+        let mut s = ServerP {
+            place: place(d, file),
+            listen: Vec::new(),
+            names: Vec::new(),
+            ret: None,
+            settings: Settings::default(),
+            locations: Vec::new(),
+        };
+        let items = d.block.as_deref().unwrap_or_default();
+        let listeners = &mut h.listeners;
+        self.walk(items, file, Ctx::Server, &mut |d, f| {
+            self.server_dir(&mut s, listeners, idx, d, f)
+        })?;
+        if s.listen.is_empty() {
+            let spec = ListenSpec {
+                addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 80),
+                default_server: false,
+                opts: ListenOpts::default(),
+                opts_set: false,
+            };
+            add_listen(&mut h.listeners, idx, &spec, s.place.clone())?;
+            s.listen.push(spec.addr);
+        }
+        h.servers.push(s);
+        Ok(())
+    }
+
+    fn server_dir(
+        &self,
+        s: &mut ServerP,
+        listeners: &mut Vec<ListenerP>,
+        idx: usize,
+        d: &Directive,
+        file: &str,
+    ) -> Result<(), ConfigError> {
+        match d.name.as_str() {
+            "listen" => {
+                let spec = parse_listen(d, file)?;
+                add_listen(listeners, idx, &spec, place(d, file))?;
+                s.listen.push(spec.addr);
+            }
+            "server_name" => {
+                for a in &d.args {
+                    s.names.push(parse_server_name(d, file, a)?);
+                }
+            }
+            "location" => {
+                let loc = self.location(d, file, None)?;
+                s.locations.push(loc);
+            }
+            "return" => {
+                let r = parse_return(d, file)?;
+                s.ret.get_or_insert(r);
+            }
+            _ => return self.settings_dir(&mut s.settings, d, file),
+        }
+        Ok(())
+    }
+
+    fn location(
+        &self,
+        d: &Directive,
+        file: &str,
+        parent: Option<(LocationKind, &str)>,
+    ) -> Result<LocP, ConfigError> {
+        let (kind, path) = if d.args.len() == 2 {
+            let kind = match d.args[0].as_str() {
+                "=" => LocationKind::Exact,
+                "^~" => LocationKind::PrefixNoRegex,
+                "~" | "~*" => return Err(derr(d, file, "regex locations are not supported")),
+                m => return Err(derr(d, file, format!("invalid location modifier \"{m}\""))),
+            };
+            (kind, d.args[1].clone())
+        } else {
+            let a = &d.args[0];
+            if let Some(rest) = a.strip_prefix("^~") {
+                (LocationKind::PrefixNoRegex, rest.to_string())
+            } else if a.starts_with('~') {
+                return Err(derr(d, file, "regex locations are not supported"));
+            } else if let Some(rest) = a.strip_prefix('=') {
+                (LocationKind::Exact, rest.to_string())
+            } else if a.starts_with('@') {
+                return Err(derr(d, file, "named locations are not supported"));
+            } else {
+                (LocationKind::Prefix, a.clone())
+            }
+        };
+        if let Some((pkind, ppath)) = parent {
+            if pkind == LocationKind::Exact {
+                return Err(derr(
+                    d,
+                    file,
+                    format!("location \"{path}\" cannot be inside the exact location \"{ppath}\""),
+                ));
+            }
+            if !path.starts_with(ppath) {
+                return Err(derr(
+                    d,
+                    file,
+                    format!("location \"{path}\" is outside location \"{ppath}\""),
+                ));
+            }
+        }
+        let mut loc = LocP {
+            kind,
+            path,
+            place: place(d, file),
+            ret: None,
+            handler: None,
+            alias: None,
+            settings: Settings::default(),
+            nested: Vec::new(),
+        };
+        let items = d.block.as_deref().unwrap_or_default();
+        self.walk(items, file, Ctx::Location, &mut |d, f| {
+            self.loc_dir(&mut loc, d, f)
+        })?;
+        Ok(loc)
+    }
+
+    fn loc_dir(&self, loc: &mut LocP, d: &Directive, file: &str) -> Result<(), ConfigError> {
+        match d.name.as_str() {
+            "location" => {
+                let path = loc.path.clone();
+                let nested = self.location(d, file, Some((loc.kind, &path)))?;
+                loc.nested.push(nested);
+            }
+            "return" => {
+                let r = parse_return(d, file)?;
+                loc.ret.get_or_insert(r);
+            }
+            "stub_status" => loc.handler = Some(StatusHandler::Stub),
+            "shard_status" => loc.handler = Some(StatusHandler::Shard),
+            "alias" => {
+                if loc.alias.is_some() {
+                    return Err(dup(d, file));
+                }
+                if loc.settings.root.is_some() {
+                    return Err(derr(
+                        d,
+                        file,
+                        "\"alias\" directive is duplicate, \"root\" directive was specified earlier",
+                    ));
+                }
+                loc.alias = Some(self.resolve(&d.args[0]));
+            }
+            "root" if loc.alias.is_some() => {
+                return Err(derr(
+                    d,
+                    file,
+                    "\"root\" directive is duplicate, \"alias\" directive was specified earlier",
+                ));
+            }
+            _ => return self.settings_dir(&mut loc.settings, d, file),
+        }
+        Ok(())
+    }
+
+    fn settings_dir(&self, s: &mut Settings, d: &Directive, file: &str) -> Result<(), ConfigError> {
+        let a0 = d.args.first().map(String::as_str).unwrap_or("");
+        macro_rules! once {
+            ($field:expr, $value:expr) => {{
+                if $field.is_some() {
+                    return Err(dup(d, file));
+                }
+                $field = Some($value);
+            }};
+        }
+        match d.name.as_str() {
+            "root" => once!(s.root, self.resolve(a0)),
+            "index" => {
+                s.index
+                    .get_or_insert_with(Vec::new)
+                    .extend(d.args.iter().cloned());
+            }
+            "default_type" => once!(s.default_type, a0.to_string()),
+            "types" => {
+                let mut map: HashMap<String, String> = match s.types.take() {
+                    Some(m) => Arc::try_unwrap(m).unwrap_or_else(|m| (*m).clone()),
+                    None => HashMap::new(),
+                };
+                let items = d.block.as_deref().unwrap_or_default();
+                self.walk(items, file, Ctx::Types, &mut |d, _f| {
+                    for ext in &d.args {
+                        map.insert(ext.to_ascii_lowercase(), d.name.clone());
+                    }
+                    Ok(())
+                })?;
+                s.types = Some(Arc::new(map));
+            }
+            "keepalive_timeout" => once!(s.keepalive_timeout_ms, time(d, file, a0)?),
+            "keepalive_requests" => once!(s.keepalive_requests, num::<u64>(d, file, a0)?),
+            "client_max_body_size" => once!(s.client_max_body_size, size(d, file, a0)?),
+            "send_timeout" => once!(s.send_timeout_ms, time(d, file, a0)?),
+            "sendfile" => once!(s.sendfile, flag(d, file, a0)?),
+            "tcp_nodelay" => once!(s.tcp_nodelay, flag(d, file, a0)?),
+            "client_header_timeout" => once!(s.client_header_timeout_ms, time(d, file, a0)?),
+            "client_header_buffer_size" => {
+                let v = size(d, file, a0)?;
+                if v == 0 {
+                    return Err(invalid(d, file, a0));
+                }
+                once!(s.client_header_buffer_size, v as usize)
+            }
+            "large_client_header_buffers" => {
+                let n = num::<usize>(d, file, a0)?;
+                let sz = size(d, file, &d.args[1])?;
+                if n == 0 {
+                    return Err(invalid(d, file, a0));
+                }
+                if sz == 0 {
+                    return Err(invalid(d, file, &d.args[1]));
+                }
+                once!(s.large_client_header_buffers, (n, sz as usize))
+            }
+            "access_log" => {
+                let v = if a0 == "off" {
+                    if d.args.len() != 1 {
+                        return Err(derr(
+                            d,
+                            file,
+                            "invalid number of arguments in \"access_log\" directive",
+                        ));
+                    }
+                    None
+                } else {
+                    let format = match d.args.get(1) {
+                        None => "combined".to_string(),
+                        Some(f) if f == "combined" => f.clone(),
+                        Some(f) if f.contains('=') => "combined".to_string(),
+                        Some(f) => {
+                            return Err(derr(d, file, format!("unknown log format \"{f}\"")))
+                        }
+                    };
+                    Some(AccessLog {
+                        path: self.resolve(a0),
+                        format,
+                    })
+                };
+                // shard keeps one access log per block: the first given.
+                if s.access_log.is_none() {
+                    s.access_log = Some(v);
+                }
+            }
+            other => unreachable!("http directive {other}"),
+        }
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // The final, merged configuration.
+
+    fn finish(&self, st: State) -> Result<Config, ConfigError> {
+        let Some(ev) = st.events else {
+            return Err(ConfigError {
+                message: "no \"events\" section in configuration".to_string(),
+            });
+        };
+        let _ = ev.use_;
+        let main = MainConf {
+            worker_processes: st
+                .main
+                .worker_processes
+                .unwrap_or(WorkerProcesses::Fixed(1)),
+            pid: st.main.pid,
+            error_log: st.main.error_log.unwrap_or_else(|| ErrorLog {
+                target: LogTarget::File(self.prefix.join("logs/error.log")),
+                level: LogLevel::Error,
+            }),
+            worker_rlimit_nofile: st.main.worker_rlimit_nofile,
+        };
+        let events = EventsConf {
+            worker_connections: ev.worker_connections.unwrap_or(512),
+            accept_mutex: ev.accept_mutex.unwrap_or(false),
+            accept_mutex_delay_ms: ev.accept_mutex_delay_ms.unwrap_or(500),
+            multi_accept: ev.multi_accept.unwrap_or(false),
+        };
+        let mut listeners = Vec::new();
+        let http = st.http.map(|h| {
+            let http_eff = Eff::defaults(&self.prefix).merge(&h.settings);
+            let servers = h
+                .servers
+                .into_iter()
+                .map(|s| finish_server(s, &http_eff))
+                .collect();
+            listeners = h
+                .listeners
+                .into_iter()
+                .map(|l| Listener {
+                    addr: l.addr,
+                    default_server: l.default_server.unwrap_or(l.servers[0]),
+                    servers: l.servers,
+                    opts: l.opts,
+                    place: l.opts_place.unwrap_or(l.first_place),
+                })
+                .collect();
+            HttpConf { servers }
+        });
+        Ok(Config {
+            prefix: self.prefix.clone(),
+            main,
+            events,
+            http,
+            listeners,
+        })
+    }
+}
+
+fn finish_server(s: ServerP, http_eff: &Eff) -> ServerConf {
+    let eff = http_eff.merge(&s.settings);
+    let mut base = eff.location(LocationKind::Prefix, String::new(), s.place.clone());
+    base.ret = s.ret.clone();
+    let mut locations = Vec::new();
+    for l in s.locations {
+        flatten(l, &eff, &mut locations);
+    }
+    if let Some(r) = &s.ret {
+        // A server-level `return` runs before any location is chosen, as in nginx.
+        for l in &mut locations {
+            l.ret = Some(r.clone());
+            l.handler = None;
+        }
+    }
+    ServerConf {
+        place: s.place,
+        listen: s.listen,
+        server_names: if s.names.is_empty() {
+            vec![ServerName::Exact(String::new())]
+        } else {
+            s.names
+        },
+        client_header_timeout_ms: eff.client_header_timeout_ms,
+        client_header_buffer_size: eff.client_header_buffer_size,
+        large_client_header_buffers: eff.large_client_header_buffers,
+        base,
+        locations,
+    }
+}
+
+/// Nested locations become siblings of their parent, having inherited from it.
+fn flatten(l: LocP, parent: &Eff, out: &mut Vec<LocationConf>) {
+    let eff = parent.merge(&l.settings);
+    let mut conf = eff.location(l.kind, l.path, l.place);
+    conf.ret = l.ret;
+    conf.handler = l.handler;
+    conf.alias = l.alias;
+    out.push(conf);
+    for n in l.nested {
+        flatten(n, &eff, out);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// events
+
+fn events_dir(ev: &mut EventsP, d: &Directive, file: &str) -> Result<(), ConfigError> {
+    let a0 = &d.args[0];
+    match d.name.as_str() {
+        "worker_connections" => {
+            if ev.worker_connections.is_some() {
+                return Err(dup(d, file));
+            }
+            let n = num::<usize>(d, file, a0)?;
+            if n == 0 {
+                return Err(invalid(d, file, a0));
+            }
+            ev.worker_connections = Some(n);
+        }
+        "accept_mutex" => {
+            if ev.accept_mutex.is_some() {
+                return Err(dup(d, file));
+            }
+            ev.accept_mutex = Some(flag(d, file, a0)?);
+        }
+        "accept_mutex_delay" => {
+            if ev.accept_mutex_delay_ms.is_some() {
+                return Err(dup(d, file));
+            }
+            ev.accept_mutex_delay_ms = Some(time(d, file, a0)?);
+        }
+        "multi_accept" => {
+            if ev.multi_accept.is_some() {
+                return Err(dup(d, file));
+            }
+            ev.multi_accept = Some(flag(d, file, a0)?);
+        }
+        "use" => {
+            if ev.use_.is_some() {
+                return Err(dup(d, file));
+            }
+            if a0 != "epoll" {
+                return Err(derr(d, file, format!("invalid event type \"{a0}\"")));
+            }
+            ev.use_ = Some(a0.clone());
+        }
+        other => unreachable!("events directive {other}"),
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Value parsers.
+
+fn dup(d: &Directive, file: &str) -> ConfigError {
+    derr(d, file, format!("\"{}\" directive is duplicate", d.name))
+}
+
+fn invalid(d: &Directive, file: &str, v: &str) -> ConfigError {
+    derr(
+        d,
+        file,
+        format!("invalid value \"{v}\" in \"{}\" directive", d.name),
+    )
+}
+
+fn is_digits(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn num<N: std::str::FromStr>(d: &Directive, file: &str, v: &str) -> Result<N, ConfigError> {
+    if !is_digits(v) {
+        return Err(invalid(d, file, v));
+    }
+    v.parse::<N>().map_err(|_| invalid(d, file, v))
+}
+
+fn size(d: &Directive, file: &str, v: &str) -> Result<u64, ConfigError> {
+    parse_size(v).ok_or_else(|| invalid(d, file, v))
+}
+
+fn time(d: &Directive, file: &str, v: &str) -> Result<u64, ConfigError> {
+    parse_time_ms(v).ok_or_else(|| invalid(d, file, v))
+}
+
+fn flag(d: &Directive, file: &str, v: &str) -> Result<bool, ConfigError> {
+    if v.eq_ignore_ascii_case("on") {
+        Ok(true)
+    } else if v.eq_ignore_ascii_case("off") {
+        Ok(false)
+    } else {
+        Err(derr(
+            d,
+            file,
+            format!(
+                "invalid value \"{v}\" in \"{}\" directive, it must be \"on\" or \"off\"",
+                d.name
+            ),
+        ))
+    }
+}
+
+fn parse_error_log(d: &Directive, file: &str, prefix: &Path) -> Result<ErrorLog, ConfigError> {
+    let target = if d.args[0] == "stderr" {
+        LogTarget::Stderr
+    } else {
+        LogTarget::File(prefix.join(&d.args[0]))
+    };
+    let level = match d.args.get(1).map(String::as_str) {
+        None | Some("error") => LogLevel::Error,
+        Some("debug") => LogLevel::Debug,
+        Some("info") => LogLevel::Info,
+        Some("notice") => LogLevel::Notice,
+        Some("warn") => LogLevel::Warn,
+        Some("crit") => LogLevel::Crit,
+        Some("alert") => LogLevel::Alert,
+        Some("emerg") => LogLevel::Emerg,
+        Some(other) => return Err(derr(d, file, format!("invalid log level \"{other}\""))),
+    };
+    Ok(ErrorLog { target, level })
+}
+
+fn parse_return(d: &Directive, file: &str) -> Result<Return, ConfigError> {
+    let a0 = &d.args[0];
+    let code = if is_digits(a0) {
+        a0.parse::<u16>().ok().filter(|c| *c <= 999)
+    } else {
+        None
+    };
+    match (code, d.args.get(1)) {
+        (Some(code), text) => Ok(Return {
+            code,
+            text: text.cloned(),
+        }),
+        (None, None)
+            if a0.starts_with("http://")
+                || a0.starts_with("https://")
+                || a0.starts_with("$scheme") =>
+        {
+            Ok(Return {
+                code: 302,
+                text: Some(a0.clone()),
+            })
+        }
+        (None, _) => Err(derr(d, file, format!("invalid return code \"{a0}\""))),
+    }
+}
+
+fn parse_server_name(d: &Directive, file: &str, a: &str) -> Result<ServerName, ConfigError> {
+    let n = a.to_ascii_lowercase();
+    if n.starts_with('~') {
+        return Err(derr(d, file, "regex server names are not supported"));
+    }
+    let bad = || derr(d, file, format!("invalid server name or wildcard \"{a}\""));
+    let name = if let Some(rest) = n.strip_prefix('*') {
+        if !rest.starts_with('.') || rest.len() < 2 {
+            return Err(bad());
+        }
+        ServerName::WildcardPrefix(rest.to_string())
+    } else if let Some(rest) = n.strip_suffix('*') {
+        if !rest.ends_with('.') || rest.len() < 2 {
+            return Err(bad());
+        }
+        ServerName::WildcardSuffix(rest.to_string())
+    } else if let Some(rest) = n.strip_prefix('.') {
+        if rest.is_empty() {
+            return Err(bad());
+        }
+        ServerName::Dot(rest.to_string())
+    } else {
+        ServerName::Exact(n.clone())
+    };
+    let inner = match &name {
+        ServerName::Exact(s)
+        | ServerName::WildcardPrefix(s)
+        | ServerName::WildcardSuffix(s)
+        | ServerName::Dot(s) => s,
+    };
+    if inner.contains('*') {
+        return Err(bad());
+    }
+    Ok(name)
+}
+
+fn parse_listen_addr(d: &Directive, file: &str, a: &str) -> Result<SocketAddr, ConfigError> {
+    let not_found = || {
+        derr(
+            d,
+            file,
+            format!("host not found in \"{a}\" of the \"listen\" directive"),
+        )
+    };
+    let bad_port = || {
+        derr(
+            d,
+            file,
+            format!("invalid port in \"{a}\" of the \"listen\" directive"),
+        )
+    };
+    let port_of = |p: &str| -> Result<u16, ConfigError> {
+        if !is_digits(p) {
+            return Err(bad_port());
+        }
+        match p.parse::<u16>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(bad_port()),
+        }
+    };
+    if a.starts_with("unix:") {
+        return Err(derr(
+            d,
+            file,
+            format!("unix domain sockets are not supported in \"{a}\" of the \"listen\" directive"),
+        ));
+    }
+    if let Some(rest) = a.strip_prefix('[') {
+        let Some(end) = rest.find(']') else {
+            return Err(not_found());
+        };
+        let ip: Ipv6Addr = rest[..end].parse().map_err(|_| not_found())?;
+        let after = &rest[end + 1..];
+        let port = if after.is_empty() {
+            80
+        } else if let Some(p) = after.strip_prefix(':') {
+            port_of(p)?
+        } else {
+            return Err(not_found());
+        };
+        return Ok(SocketAddr::new(IpAddr::V6(ip), port));
+    }
+    if is_digits(a) {
+        return Ok(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            port_of(a)?,
+        ));
+    }
+    let (host, port) = match a.rsplit_once(':') {
+        Some((h, p)) => (h, port_of(p)?),
+        None => (a, 80),
+    };
+    let ip = match host {
+        "*" => Ipv4Addr::UNSPECIFIED,
+        h if h.eq_ignore_ascii_case("localhost") => Ipv4Addr::LOCALHOST,
+        h => h.parse::<Ipv4Addr>().map_err(|_| not_found())?,
+    };
+    Ok(SocketAddr::new(IpAddr::V4(ip), port))
+}
+
+fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, ConfigError> {
+    let addr = parse_listen_addr(d, file, &d.args[0])?;
+    let mut spec = ListenSpec {
+        addr,
+        default_server: false,
+        opts: ListenOpts::default(),
+        opts_set: false,
+    };
+    for p in &d.args[1..] {
+        let (key, val) = match p.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (p.as_str(), None),
+        };
+        let o = &mut spec.opts;
+        match (key, val) {
+            ("default_server" | "default", None) => spec.default_server = true,
+            ("reuseport", None) => o.reuseport = true,
+            ("deferred", None) => o.deferred = true,
+            ("bind", None) => o.bind = true,
+            ("backlog", Some(v)) => {
+                o.backlog = v
+                    .parse::<i32>()
+                    .ok()
+                    .filter(|n| *n != 0 && (*n > 0 || *n == -1))
+                    .ok_or_else(|| derr(d, file, format!("invalid backlog \"{v}\"")))?;
+            }
+            ("rcvbuf", Some(v)) => {
+                o.rcvbuf = Some(
+                    parse_size(v).ok_or_else(|| derr(d, file, format!("invalid rcvbuf \"{v}\"")))?
+                        as usize,
+                );
+            }
+            ("sndbuf", Some(v)) => {
+                o.sndbuf = Some(
+                    parse_size(v).ok_or_else(|| derr(d, file, format!("invalid sndbuf \"{v}\"")))?
+                        as usize,
+                );
+            }
+            ("ipv6only", Some(v)) => {
+                o.ipv6only = match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(derr(d, file, format!("invalid ipv6only flags \"{v}\""))),
+                };
+            }
+            ("so_keepalive", Some(v)) => {
+                o.so_keepalive = Some(match v {
+                    "on" => SoKeepalive::On,
+                    "off" => SoKeepalive::Off,
+                    // `idle:intvl:cnt`: shard keeps only "on".
+                    _ if v.contains(':')
+                        && v.split(':')
+                            .all(|x| x.is_empty() || parse_time_ms(x).is_some()) =>
+                    {
+                        SoKeepalive::On
+                    }
+                    _ => {
+                        return Err(derr(
+                            d,
+                            file,
+                            format!("invalid so_keepalive value: \"{p}\""),
+                        ))
+                    }
+                });
+            }
+            _ => return Err(derr(d, file, format!("invalid parameter \"{p}\""))),
+        }
+        if key != "default_server" && key != "default" {
+            spec.opts_set = true;
+        }
+    }
+    Ok(spec)
+}
+
+fn add_listen(
+    listeners: &mut Vec<ListenerP>,
+    server: usize,
+    spec: &ListenSpec,
+    at: Place,
+) -> Result<(), ConfigError> {
+    let here = |msg: String| ConfigError {
+        message: format!("{msg} in {}", where_(&at.file, at.line)),
+    };
+    let Some(l) = listeners.iter_mut().find(|l| l.addr == spec.addr) else {
+        listeners.push(ListenerP {
+            addr: spec.addr,
+            opts: spec.opts.clone(),
+            opts_place: spec.opts_set.then(|| at.clone()),
+            first_place: at.clone(),
+            servers: vec![server],
+            default_server: spec.default_server.then_some(server),
+        });
+        return Ok(());
+    };
+    if l.servers.contains(&server) {
+        return Err(here(format!("a duplicate listen {}", spec.addr)));
+    }
+    if spec.opts_set {
+        match &l.opts_place {
+            Some(first) if l.opts != spec.opts => {
+                return Err(ConfigError {
+                    message: format!(
+                        "duplicate listen options for {} in {} (first given in {})",
+                        spec.addr,
+                        where_(&at.file, at.line),
+                        where_(&first.file, first.line)
+                    ),
+                });
+            }
+            Some(_) => {}
+            None => {
+                l.opts = spec.opts.clone();
+                l.opts_place = Some(at.clone());
+            }
+        }
+    }
+    if spec.default_server {
+        if l.default_server.is_some() {
+            return Err(here(format!(
+                "a duplicate default server for {}",
+                spec.addr
+            )));
+        }
+        l.default_server = Some(server);
+    }
+    l.servers.push(server);
+    Ok(())
+}
+
+/// The bundled `mime.types` as a map, parsed once.
+pub(crate) fn bundled_types() -> Arc<HashMap<String, String>> {
+    static MAP: OnceLock<Arc<HashMap<String, String>>> = OnceLock::new();
+    MAP.get_or_init(|| {
+        let mut map = HashMap::new();
+        for item in parse_tree(MIME_TYPES, "mime.types") {
+            if let Item::Dir(t) = item {
+                for entry in t.block.unwrap_or_default() {
+                    if let Item::Dir(e) = entry {
+                        for ext in e.args {
+                            map.insert(ext.to_ascii_lowercase(), e.name.clone());
+                        }
+                    }
+                }
+            }
+        }
+        Arc::new(map)
+    })
+    .clone()
+}

@@ -1,0 +1,829 @@
+use super::*;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+const EV: &str = "events {}\n";
+
+fn parse(text: &str) -> Config {
+    match parse_str(
+        text,
+        "t.conf",
+        Path::new("/nonexistent-conf"),
+        Path::new("/pfx"),
+        None,
+    ) {
+        Ok(c) => c,
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+fn error(text: &str) -> String {
+    parse_str(
+        text,
+        "t.conf",
+        Path::new("/nonexistent-conf"),
+        Path::new("/pfx"),
+        None,
+    )
+    .expect_err("expected an error")
+    .message
+}
+
+fn http(body: &str) -> Config {
+    parse(&format!("{EV}http {{\n{body}\n}}\n"))
+}
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "shard-config-test-{tag}-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn write(&self, rel: &str, text: &str) -> PathBuf {
+        let p = self.0.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The embedded default.
+
+#[test]
+fn default_conf_parses() {
+    let c = parse_str(
+        DEFAULT_CONFIG,
+        "(embedded default)",
+        Path::new("/p"),
+        Path::new("/p"),
+        None,
+    )
+    .unwrap();
+    assert_eq!(c.main.worker_processes, WorkerProcesses::Auto);
+    assert_eq!(c.main.error_log.target, LogTarget::Stderr);
+    assert_eq!(c.main.error_log.level, LogLevel::Notice);
+    assert_eq!(c.events.worker_connections, 1024);
+    let h = c.http.as_ref().unwrap();
+    assert_eq!(h.servers.len(), 1);
+    let s = &h.servers[0];
+    assert_eq!(s.listen, vec![sa("127.0.0.1:8080")]);
+    assert_eq!(s.locations.len(), 4);
+    assert_eq!(s.locations[0].kind, LocationKind::Exact);
+    assert_eq!(s.locations[0].path, "/");
+    let r = s.locations[0].ret.as_ref().unwrap();
+    assert_eq!(r.code, 200);
+    assert!(r
+        .text
+        .as_ref()
+        .unwrap()
+        .starts_with("shard is running.\nSee /status"));
+    assert_eq!(s.locations[1].handler, Some(StatusHandler::Shard));
+    assert_eq!(s.locations[2].handler, Some(StatusHandler::Stub));
+    assert_eq!(s.locations[3].kind, LocationKind::Prefix);
+    assert_eq!(
+        s.locations[3].ret,
+        Some(Return {
+            code: 404,
+            text: None
+        })
+    );
+    assert!(s.locations.iter().all(|l| l.access_log.is_none()));
+    assert_eq!(c.listeners.len(), 1);
+    assert_eq!(c.listeners[0].addr, sa("127.0.0.1:8080"));
+    assert!(c.listeners[0].opts.reuseport);
+    assert_eq!(c.listeners[0].default_server, 0);
+    assert_eq!(
+        c.listeners[0].place,
+        Place {
+            file: "(embedded default)".into(),
+            line: 14
+        }
+    );
+}
+
+#[test]
+fn defaults() {
+    let c = http("server {}");
+    assert_eq!(c.main.worker_processes, WorkerProcesses::Fixed(1));
+    assert_eq!(c.main.pid, None);
+    assert_eq!(
+        c.main.error_log.target,
+        LogTarget::File("/pfx/logs/error.log".into())
+    );
+    assert_eq!(c.main.error_log.level, LogLevel::Error);
+    assert_eq!(c.events.worker_connections, 512);
+    assert!(!c.events.accept_mutex);
+    assert_eq!(c.events.accept_mutex_delay_ms, 500);
+    assert!(!c.events.multi_accept);
+    let s = &c.http.as_ref().unwrap().servers[0];
+    assert_eq!(s.listen, vec![sa("0.0.0.0:80")]);
+    assert_eq!(s.server_names, vec![ServerName::Exact(String::new())]);
+    assert_eq!(s.client_header_timeout_ms, 60_000);
+    assert_eq!(s.client_header_buffer_size, 1024);
+    assert_eq!(s.large_client_header_buffers, (4, 8192));
+    let b = &s.base;
+    assert_eq!(b.root, PathBuf::from("/pfx/html"));
+    assert_eq!(b.index, vec!["index.html".to_string()]);
+    assert_eq!(b.default_type, "text/plain");
+    assert_eq!(b.keepalive_timeout_ms, 75_000);
+    assert_eq!(b.keepalive_requests, 1000);
+    assert_eq!(b.client_max_body_size, 1 << 20);
+    assert_eq!(b.send_timeout_ms, 60_000);
+    assert!(!b.sendfile);
+    assert!(b.tcp_nodelay);
+    assert_eq!(
+        b.access_log,
+        Some(AccessLog {
+            path: "/pfx/logs/access.log".into(),
+            format: "combined".into()
+        })
+    );
+    // The bundled MIME types apply with no include.
+    assert_eq!(b.types.get("html").map(String::as_str), Some("text/html"));
+    assert_eq!(b.types.get("css").map(String::as_str), Some("text/css"));
+    assert_eq!(b.types.get("png").map(String::as_str), Some("image/png"));
+    assert_eq!(
+        b.types.get("wasm").map(String::as_str),
+        Some("application/wasm")
+    );
+    assert_eq!(b.types.get("woff2").map(String::as_str), Some("font/woff2"));
+    assert_eq!(
+        b.types.get("bin").map(String::as_str),
+        Some("application/octet-stream")
+    );
+    assert!(b.types.len() >= 60);
+    assert_eq!(c.listeners.len(), 1);
+    assert_eq!(c.listeners[0].opts, ListenOpts::default());
+    assert_eq!(
+        c.listeners[0].place,
+        Place {
+            file: "t.conf".into(),
+            line: 3
+        }
+    );
+}
+
+#[test]
+fn no_http_block() {
+    let c = parse("events {}");
+    assert!(c.http.is_none());
+    assert!(c.listeners.is_empty());
+}
+
+#[test]
+fn main_and_events_directives() {
+    let c = parse(
+        "worker_processes 4;\npid run/shard.pid;\nerror_log /var/log/e.log warn;\n\
+         worker_rlimit_nofile 65536;\n\
+         events { worker_connections 2048; accept_mutex on; accept_mutex_delay 100ms; multi_accept on; }",
+    );
+    assert_eq!(c.main.worker_processes, WorkerProcesses::Fixed(4));
+    assert_eq!(c.main.pid, Some("/pfx/run/shard.pid".into()));
+    assert_eq!(
+        c.main.error_log.target,
+        LogTarget::File("/var/log/e.log".into())
+    );
+    assert_eq!(c.main.error_log.level, LogLevel::Warn);
+    assert_eq!(c.main.worker_rlimit_nofile, Some(65536));
+    assert_eq!(c.events.worker_connections, 2048);
+    assert!(c.events.accept_mutex);
+    assert_eq!(c.events.accept_mutex_delay_ms, 100);
+    assert!(c.events.multi_accept);
+    assert_eq!(
+        parse("worker_processes 1024; events{}")
+            .main
+            .worker_processes,
+        WorkerProcesses::Fixed(1024)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Lexer.
+
+#[test]
+fn quotes_escapes_comments() {
+    let c = http(
+        r#"# a comment line
+        server { # trailing comment
+            server_name 'single quoted' "double \"quoted\"" plain\"x;
+            location = "/a b" { return 200 "line\n\ttab\r\\ 'it\'s' $uri #not-a-comment"; }
+            location = /c#d { return 200 'x\y'; }
+            location = /v { return 200 ${var}x; }
+        }"#,
+    );
+    let s = &c.http.unwrap().servers[0];
+    assert_eq!(
+        s.server_names,
+        vec![
+            ServerName::Exact("single quoted".into()),
+            ServerName::Exact("double \"quoted\"".into()),
+            ServerName::Exact("plain\"x".into()),
+        ]
+    );
+    assert_eq!(s.locations[0].path, "/a b");
+    assert_eq!(
+        s.locations[0].ret.as_ref().unwrap().text.as_deref(),
+        Some("line\n\ttab\r\\ 'it's' $uri #not-a-comment")
+    );
+    assert_eq!(s.locations[1].path, "/c#d");
+    assert_eq!(
+        s.locations[1].ret.as_ref().unwrap().text.as_deref(),
+        Some("x\\y")
+    );
+    assert_eq!(
+        s.locations[2].ret.as_ref().unwrap().text.as_deref(),
+        Some("${var}x")
+    );
+    // Places track lines.
+    assert_eq!(s.place.line, 4);
+    assert_eq!(s.locations[0].place.line, 6);
+    assert_eq!(s.locations[2].place.line, 8);
+}
+
+#[test]
+fn syntax_errors() {
+    assert_eq!(error("events {}\n}\n"), r#"unexpected "}" in t.conf:2"#);
+    assert_eq!(
+        error("events {}\nhttp {\n server {\n"),
+        r#"unexpected end of file, expecting ";" or "}" in t.conf:4"#
+    );
+    assert_eq!(
+        error("events {}\nworker_processes 2"),
+        r#"unexpected end of file, expecting ";" or "}" in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nworker_processes \"2;\n"),
+        r#"unexpected end of file, expecting ";" or "}" in t.conf:3"#
+    );
+    assert_eq!(error("events {}\n{\n}"), r#"unexpected "{" in t.conf:2"#);
+    assert_eq!(error("events {}\n;"), r#"unexpected ";" in t.conf:2"#);
+    assert_eq!(
+        error("events {}\nworker_processes \"2\"x;"),
+        r#"unexpected "x" in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { server { listen 80 }"),
+        r#"unexpected "}" in t.conf:2"#
+    );
+    // Errors come in file order: a directive error before a later syntax error wins.
+    assert_eq!(
+        error("lisen 80;\n}"),
+        r#"unknown directive "lisen" in t.conf:1"#
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Directive errors, exact text.
+
+#[test]
+fn directive_errors() {
+    assert_eq!(
+        error("events {}\nhttp {\n server {\n  lisen 80;\n }\n}"),
+        r#"unknown directive "lisen" in t.conf:4"#
+    );
+    assert_eq!(
+        error("events {}\nlisten 80;"),
+        r#""listen" directive is not allowed here in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { listen 80; }"),
+        r#""listen" directive is not allowed here in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { server { alias /x; } }"),
+        r#""alias" directive is not allowed here in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { server { stub_status; } }"),
+        r#""stub_status" directive is not allowed here in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { server { location / { return 200 a b; } } }"),
+        r#"invalid number of arguments in "return" directive in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { server { location / { return; } } }"),
+        r#"invalid number of arguments in "return" directive in t.conf:2"#
+    );
+    assert_eq!(
+        error("worker_processes 2;\nworker_processes 3;\nevents {}"),
+        r#""worker_processes" directive is duplicate in t.conf:2"#
+    );
+    assert_eq!(
+        error("events { worker_connections 1; worker_connections 2; }"),
+        r#""worker_connections" directive is duplicate in t.conf:1"#
+    );
+    assert_eq!(
+        error("events {}\nevents {}"),
+        r#""events" directive is duplicate in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { root /a; root /b; }"),
+        r#""root" directive is duplicate in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {\n worker_connections xyz;\n}"),
+        r#"invalid value "xyz" in "worker_connections" directive in t.conf:2"#
+    );
+    assert_eq!(
+        error("worker_processes 0;\nevents {}"),
+        r#"invalid value "0" in "worker_processes" directive in t.conf:1"#
+    );
+    assert_eq!(
+        error("worker_processes 1025;\nevents {}"),
+        r#"invalid value "1025" in "worker_processes" directive in t.conf:1"#
+    );
+    assert_eq!(
+        error("events { accept_mutex maybe; }"),
+        r#"invalid value "maybe" in "accept_mutex" directive, it must be "on" or "off" in t.conf:1"#
+    );
+    assert_eq!(
+        error("events { accept_mutex_delay 5x; }"),
+        r#"invalid value "5x" in "accept_mutex_delay" directive in t.conf:1"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { client_max_body_size 10q; }"),
+        r#"invalid value "10q" in "client_max_body_size" directive in t.conf:2"#
+    );
+    assert_eq!(error("http {}"), r#"no "events" section in configuration"#);
+    assert_eq!(error(""), r#"no "events" section in configuration"#);
+    assert_eq!(
+        error("events {}\nhttp { server { location ~ \\.php$ { } } }"),
+        r#"regex locations are not supported in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { server { location ~* \\.PHP$ { } } }"),
+        r#"regex locations are not supported in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { server { location / { root /a; alias /b; } } }"),
+        r#""alias" directive is duplicate, "root" directive was specified earlier in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { server { return abc; } }"),
+        r#"invalid return code "abc" in t.conf:2"#
+    );
+    assert_eq!(
+        error("events;"),
+        r#"directive "events" has no opening "{" in t.conf:1"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { sendfile on { } }"),
+        r#"directive "sendfile" is not terminated by ";" in t.conf:2"#
+    );
+    assert_eq!(
+        error("error_log x.log loud;\nevents {}"),
+        r#"invalid log level "loud" in t.conf:1"#
+    );
+}
+
+#[test]
+fn listen_errors() {
+    let srv = |l: &str| {
+        error(&format!(
+            "events {{}}\nhttp {{\nserver {{\nlisten {l};\n}}\n}}"
+        ))
+    };
+    assert_eq!(
+        srv("foo:80"),
+        r#"host not found in "foo:80" of the "listen" directive in t.conf:4"#
+    );
+    assert_eq!(
+        srv("[::zz]:80"),
+        r#"host not found in "[::zz]:80" of the "listen" directive in t.conf:4"#
+    );
+    assert_eq!(
+        srv("1.2.3.4:99999"),
+        r#"invalid port in "1.2.3.4:99999" of the "listen" directive in t.conf:4"#
+    );
+    assert_eq!(srv("80 ssl"), r#"invalid parameter "ssl" in t.conf:4"#);
+    assert_eq!(srv("80 backlog=x"), r#"invalid backlog "x" in t.conf:4"#);
+    assert_eq!(srv("80 rcvbuf=1q"), r#"invalid rcvbuf "1q" in t.conf:4"#);
+    assert_eq!(
+        srv("80 ipv6only=maybe"),
+        r#"invalid ipv6only flags "maybe" in t.conf:4"#
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// listen.
+
+#[test]
+fn listen_variants() {
+    let c = http(
+        "server { listen 8080; listen 127.0.0.1; listen 10.0.0.1:81; listen *:82; \
+         listen [::1]:83; listen [::]; listen localhost:84; listen *; }\n\
+         server { listen localhost; }",
+    );
+    let h = c.http.as_ref().unwrap();
+    assert_eq!(
+        h.servers[0].listen,
+        vec![
+            sa("0.0.0.0:8080"),
+            sa("127.0.0.1:80"),
+            sa("10.0.0.1:81"),
+            sa("0.0.0.0:82"),
+            sa("[::1]:83"),
+            sa("[::]:80"),
+            sa("127.0.0.1:84"),
+            sa("0.0.0.0:80"),
+        ]
+    );
+    assert_eq!(h.servers[1].listen, vec![sa("127.0.0.1:80")]);
+    assert_eq!(c.listeners.len(), 8);
+    assert_eq!(c.listeners[1].servers, vec![0, 1]);
+}
+
+#[test]
+fn listen_options() {
+    let c = http(
+        "server { listen 127.0.0.1:8080 default_server reuseport backlog=1024 rcvbuf=64k \
+         sndbuf=1m deferred bind so_keepalive=on; listen [::]:8080 ipv6only=off so_keepalive=off; }",
+    );
+    let l = &c.listeners[0];
+    assert_eq!(
+        l.opts,
+        ListenOpts {
+            reuseport: true,
+            backlog: 1024,
+            rcvbuf: Some(65536),
+            sndbuf: Some(1 << 20),
+            deferred: true,
+            bind: true,
+            ipv6only: true,
+            so_keepalive: Some(SoKeepalive::On),
+        }
+    );
+    assert!(!c.listeners[1].opts.ipv6only);
+    assert_eq!(c.listeners[1].opts.so_keepalive, Some(SoKeepalive::Off));
+}
+
+#[test]
+fn listeners_group_servers_and_default() {
+    let c = http(
+        "server { listen 8080; server_name a; }\n\
+         server { listen 8080 default_server; listen 9090; server_name b; }\n\
+         server { listen 9090; server_name c; }\n\
+         server { server_name d; }",
+    );
+    assert_eq!(c.listeners.len(), 3);
+    assert_eq!(c.listeners[0].addr, sa("0.0.0.0:8080"));
+    assert_eq!(c.listeners[0].servers, vec![0, 1]);
+    assert_eq!(c.listeners[0].default_server, 1);
+    assert_eq!(c.listeners[1].addr, sa("0.0.0.0:9090"));
+    assert_eq!(c.listeners[1].servers, vec![1, 2]);
+    assert_eq!(c.listeners[1].default_server, 1);
+    assert_eq!(c.listeners[2].addr, sa("0.0.0.0:80"));
+    assert_eq!(c.listeners[2].servers, vec![3]);
+    assert_eq!(c.listeners[0].place.line, 3);
+}
+
+#[test]
+fn duplicate_listen_options() {
+    // Identical options on two listens: accepted.
+    let c = http(
+        "server { listen 127.0.0.1:8080 reuseport backlog=100; }\n\
+         server { listen 127.0.0.1:8080 reuseport backlog=100; }",
+    );
+    assert_eq!(c.listeners.len(), 1);
+    assert!(c.listeners[0].opts.reuseport);
+    assert_eq!(c.listeners[0].place.line, 3);
+    // Options on only one of them: they apply to the address.
+    let c = http(
+        "server { listen 127.0.0.1:8080; }\n\
+         server { listen 127.0.0.1:8080 reuseport; }",
+    );
+    assert!(c.listeners[0].opts.reuseport);
+    assert_eq!(c.listeners[0].place.line, 4);
+    // Conflicting: both places named.
+    assert_eq!(
+        error(
+            "events {}\nhttp {\nserver { listen 127.0.0.1:8080 reuseport; }\n\
+             server { listen 127.0.0.1:8080 backlog=10; }\n}"
+        ),
+        "duplicate listen options for 127.0.0.1:8080 in t.conf:4 (first given in t.conf:3)"
+    );
+    assert_eq!(
+        error(
+            "events {}\nhttp {\nserver { listen 127.0.0.1:8080 default_server; }\n\
+             server { listen 127.0.0.1:8080 default_server; }\n}"
+        ),
+        "a duplicate default server for 127.0.0.1:8080 in t.conf:4"
+    );
+    assert_eq!(
+        error("events {}\nhttp {\nserver { listen 80; listen 80; }\n}"),
+        "a duplicate listen 0.0.0.0:80 in t.conf:3"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// server_name, location, return.
+
+#[test]
+fn server_names() {
+    let c = http(
+        r#"server { server_name Example.COM *.example.com .example.org www.example.* "" _; }"#,
+    );
+    assert_eq!(
+        c.http.unwrap().servers[0].server_names,
+        vec![
+            ServerName::Exact("example.com".into()),
+            ServerName::WildcardPrefix(".example.com".into()),
+            ServerName::Dot("example.org".into()),
+            ServerName::WildcardSuffix("www.example.".into()),
+            ServerName::Exact(String::new()),
+            ServerName::Exact("_".into()),
+        ]
+    );
+    assert_eq!(
+        error("events {}\nhttp { server { server_name a.*.b; } }"),
+        r#"invalid server name or wildcard "a.*.b" in t.conf:2"#
+    );
+}
+
+#[test]
+fn locations_and_returns() {
+    let c = http(
+        "server {\n\
+           location = /exact { return 301 https://example.com/; }\n\
+           location ^~ /static/ { root /srv; }\n\
+           location /p { return https://elsewhere/; }\n\
+           location /t { return 403 \"no\"; }\n\
+           location /a { alias data/; }\n\
+           location =/b { }\n\
+           location /outer/ { index o.html; location /outer/inner/ { sendfile on; } }\n\
+         }",
+    );
+    let s = &c.http.unwrap().servers[0];
+    let l = &s.locations;
+    assert_eq!(
+        (l[0].kind, l[0].path.as_str()),
+        (LocationKind::Exact, "/exact")
+    );
+    assert_eq!(
+        l[0].ret,
+        Some(Return {
+            code: 301,
+            text: Some("https://example.com/".into())
+        })
+    );
+    assert_eq!(
+        (l[1].kind, l[1].path.as_str()),
+        (LocationKind::PrefixNoRegex, "/static/")
+    );
+    assert_eq!(l[1].root, PathBuf::from("/srv"));
+    assert_eq!(
+        l[2].ret,
+        Some(Return {
+            code: 302,
+            text: Some("https://elsewhere/".into())
+        })
+    );
+    assert_eq!(
+        l[3].ret,
+        Some(Return {
+            code: 403,
+            text: Some("no".into())
+        })
+    );
+    assert_eq!(l[4].alias, Some(PathBuf::from("/pfx/data/")));
+    assert_eq!((l[5].kind, l[5].path.as_str()), (LocationKind::Exact, "/b"));
+    assert_eq!(l[6].path, "/outer/");
+    assert_eq!(l[7].path, "/outer/inner/");
+    assert_eq!(l[7].index, vec!["o.html".to_string()]);
+    assert!(l[7].sendfile);
+    assert!(!l[6].sendfile);
+    assert_eq!(
+        error("events {}\nhttp { server { location /a { location /b { } } } }"),
+        r#"location "/b" is outside location "/a" in t.conf:2"#
+    );
+}
+
+#[test]
+fn server_level_return_applies_to_locations() {
+    let c = http("server { return 301 https://x/; location /s { stub_status; } }");
+    let s = &c.http.unwrap().servers[0];
+    let r = Some(Return {
+        code: 301,
+        text: Some("https://x/".into()),
+    });
+    assert_eq!(s.base.ret, r);
+    assert_eq!(s.locations[0].ret, r);
+    assert_eq!(s.locations[0].handler, None);
+}
+
+// ---------------------------------------------------------------------------------------
+// Inheritance.
+
+#[test]
+fn inheritance_http_server_location() {
+    let c = http(
+        "root www;\n\
+         index a.html b.html;\n\
+         keepalive_timeout 10s;\n\
+         client_max_body_size 0;\n\
+         sendfile on;\n\
+         access_log logs/h.log combined;\n\
+         default_type application/octet-stream;\n\
+         client_header_timeout 5s;\n\
+         large_client_header_buffers 8 16k;\n\
+         server {\n\
+           keepalive_timeout 20s;\n\
+           tcp_nodelay off;\n\
+           client_header_buffer_size 2k;\n\
+           location /x { keepalive_timeout 30; access_log off; root /abs; }\n\
+           location /y { index y.html; send_timeout 1m30s; types { text/x-y y; } }\n\
+         }\n\
+         server { listen 81; sendfile off; keepalive_requests 5; }",
+    );
+    let h = c.http.unwrap();
+    let s0 = &h.servers[0];
+    assert_eq!(s0.client_header_timeout_ms, 5000);
+    assert_eq!(s0.client_header_buffer_size, 2048);
+    assert_eq!(s0.large_client_header_buffers, (8, 16384));
+    assert_eq!(s0.base.root, PathBuf::from("/pfx/www"));
+    assert_eq!(s0.base.keepalive_timeout_ms, 20_000);
+    assert!(!s0.base.tcp_nodelay);
+    assert!(s0.base.sendfile);
+    assert_eq!(s0.base.client_max_body_size, 0);
+    assert_eq!(s0.base.default_type, "application/octet-stream");
+    let x = &s0.locations[0];
+    assert_eq!(x.keepalive_timeout_ms, 30_000);
+    assert_eq!(x.access_log, None);
+    assert_eq!(x.root, PathBuf::from("/abs"));
+    assert!(!x.tcp_nodelay);
+    assert_eq!(x.index, vec!["a.html".to_string(), "b.html".to_string()]);
+    assert_eq!(
+        x.access_log.clone().or(s0.base.access_log.clone()),
+        Some(AccessLog {
+            path: "/pfx/logs/h.log".into(),
+            format: "combined".into()
+        })
+    );
+    let y = &s0.locations[1];
+    assert_eq!(y.keepalive_timeout_ms, 20_000);
+    assert_eq!(y.index, vec!["y.html".to_string()]);
+    assert_eq!(y.send_timeout_ms, 90_000);
+    // A types block replaces the inherited map.
+    assert_eq!(y.types.get("y").map(String::as_str), Some("text/x-y"));
+    assert_eq!(y.types.get("html"), None);
+    assert_eq!(x.types.get("html").map(String::as_str), Some("text/html"));
+    let s1 = &h.servers[1];
+    assert!(!s1.base.sendfile);
+    assert_eq!(s1.base.keepalive_requests, 5);
+    assert_eq!(s1.base.keepalive_timeout_ms, 10_000);
+    assert!(s1.base.tcp_nodelay);
+}
+
+#[test]
+fn http_level_types_replace_bundled() {
+    let c = http("types { text/html html; image/png PNG; }\nserver { }");
+    let b = &c.http.unwrap().servers[0].base;
+    assert_eq!(b.types.len(), 2);
+    assert_eq!(b.types.get("png").map(String::as_str), Some("image/png"));
+}
+
+// ---------------------------------------------------------------------------------------
+// include and -g.
+
+#[test]
+fn include_glob_and_errors() {
+    let t = TempDir::new("inc");
+    t.write("conf.d/b.conf", "server { listen 8082; }\n");
+    t.write("conf.d/a.conf", "server { listen 8081; }\n");
+    t.write("conf.d/ignored.txt", "garbage");
+    t.write("events.conf", "worker_connections 77;\n");
+    let main = t.write(
+        "shard.conf",
+        "events { include events.conf; }\nhttp {\n include conf.d/*.conf;\n include none.d/*.conf;\n}\n",
+    );
+    let c = load(&main, Path::new("/pfx"), None).unwrap();
+    assert_eq!(c.events.worker_connections, 77);
+    let h = c.http.unwrap();
+    assert_eq!(h.servers.len(), 2);
+    assert_eq!(h.servers[0].listen, vec![sa("0.0.0.0:8081")]);
+    assert_eq!(h.servers[1].listen, vec![sa("0.0.0.0:8082")]);
+    let a = t.0.join("conf.d/a.conf").display().to_string();
+    assert_eq!(h.servers[0].place, Place { file: a, line: 1 });
+
+    // A missing file without wildcards is an error naming the including file.
+    let bad = t.write("bad.conf", "events {}\ninclude missing.conf;\n");
+    let e = load(&bad, Path::new("/pfx"), None).unwrap_err();
+    assert_eq!(
+        e.message,
+        format!(
+            "open() \"{}\" failed (2: No such file or directory) in {}:2",
+            t.0.join("missing.conf").display(),
+            bad.display()
+        )
+    );
+
+    // Errors inside an included file name that file.
+    t.write("broken.d/x.conf", "\n\nlisen 80;\n");
+    let inc = t.write(
+        "inc-broken.conf",
+        "events {}\nhttp { server { include broken.d/*.conf; } }\n",
+    );
+    let e = load(&inc, Path::new("/pfx"), None).unwrap_err();
+    assert_eq!(
+        e.message,
+        format!(
+            "unknown directive \"lisen\" in {}:3",
+            t.0.join("broken.d/x.conf").display()
+        )
+    );
+}
+
+#[test]
+fn include_mime_types_falls_back_to_bundled() {
+    let t = TempDir::new("mime");
+    let main = t.write(
+        "shard.conf",
+        "events {}\nhttp { include mime.types; server {} }\n",
+    );
+    let c = load(&main, Path::new("/pfx"), None).unwrap();
+    let b = &c.http.unwrap().servers[0].base;
+    assert_eq!(
+        b.types.get("js").map(String::as_str),
+        Some("application/javascript")
+    );
+    // A local mime.types wins.
+    t.write("mime.types", "types { text/x-local loc; }\n");
+    let c = load(&main, Path::new("/pfx"), None).unwrap();
+    let b = &c.http.unwrap().servers[0].base;
+    assert_eq!(b.types.len(), 1);
+    assert_eq!(b.types.get("loc").map(String::as_str), Some("text/x-local"));
+}
+
+#[test]
+fn load_missing_file() {
+    let e = load(
+        Path::new("/nonexistent-dir/shard.conf"),
+        Path::new("/pfx"),
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.message,
+        "open() \"/nonexistent-dir/shard.conf\" failed (2: No such file or directory)"
+    );
+}
+
+#[test]
+fn command_line_directives() {
+    let c = parse_str(
+        "events {}",
+        "t.conf",
+        Path::new("/x"),
+        Path::new("/pfx"),
+        Some("worker_processes 3; pid /run/s.pid;"),
+    )
+    .unwrap();
+    assert_eq!(c.main.worker_processes, WorkerProcesses::Fixed(3));
+    assert_eq!(c.main.pid, Some("/run/s.pid".into()));
+    let e = |conf: &str, g: &str| {
+        parse_str(conf, "t.conf", Path::new("/x"), Path::new("/pfx"), Some(g))
+            .unwrap_err()
+            .message
+    };
+    assert_eq!(
+        e("events {}\nworker_processes 2;", "worker_processes 3;"),
+        r#""worker_processes" directive is duplicate in command line"#
+    );
+    assert_eq!(
+        e("events {}", "lisen 1;"),
+        r#"unknown directive "lisen" in command line"#
+    );
+    assert_eq!(
+        e("events {}", "worker_processes 3"),
+        r#"unexpected end of parameter, expecting ";" in command line"#
+    );
+}
+
+#[test]
+fn bundled_mime_file_matches_conf_copy() {
+    let copy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conf/mime.types");
+    if let Ok(text) = std::fs::read_to_string(copy) {
+        assert_eq!(text, MIME_TYPES);
+    }
+}

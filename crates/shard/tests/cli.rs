@@ -1,0 +1,141 @@
+//! The command line: `-t`, `-g`, `-v`, configuration errors with their exact messages.
+
+mod support;
+
+use support::*;
+
+/// Writes `conf` into a fresh prefix and runs `shard -p PREFIX -c conf/shard.conf ARGS`.
+fn with_conf(tag: &str, conf: &str, args: &[&str]) -> (i32, String) {
+    let dir = temp_dir(tag);
+    std::fs::write(dir.join("conf/shard.conf"), conf).unwrap();
+    let prefix = dir.to_str().unwrap().to_string();
+    let mut all = vec!["-p", prefix.as_str(), "-c", "conf/shard.conf"];
+    all.extend_from_slice(args);
+    run_cli(&all)
+}
+
+const GOOD: &str = "events {}\nhttp {\n    server {\n        listen 127.0.0.1:{port};\n        location / { return 200 \"hi\"; }\n    }\n}\n";
+
+#[test]
+fn test_flag_accepts_a_good_config_without_binding() {
+    // Hold the port: `-t` must not try to bind it.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (code, err) = with_conf("tok", &GOOD.replace("{port}", &port.to_string()), &["-t"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("shard: the configuration file conf/shard.conf syntax is ok"), "{err}");
+    assert!(err.contains("shard: configuration file conf/shard.conf test is successful"), "{err}");
+}
+
+#[test]
+fn test_flag_with_no_config_checks_the_embedded_default() {
+    let dir = temp_dir("tdefault");
+    let (code, err) = run_cli(&["-p", dir.to_str().unwrap(), "-t"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("(embedded default) syntax is ok"), "{err}");
+}
+
+/// Runs `-t` on `conf` and returns the `[emerg]` line.
+fn emerg(tag: &str, conf: &str) -> String {
+    let (code, err) = with_conf(tag, conf, &["-t"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("shard: configuration file conf/shard.conf test failed"), "{err}");
+    err.lines()
+        .find(|l| l.starts_with("shard: [emerg] "))
+        .unwrap_or_else(|| panic!("no emerg line in {err}"))
+        .to_string()
+}
+
+#[test]
+fn config_errors_have_nginx_shape_and_name_the_place() {
+    let cases: Vec<(&str, String, &str, &str)> = vec![
+        (
+            "unknown",
+            "events {}\nhttp {\n    server {\n        lisen 80;\n    }\n}\n".to_string(),
+            "unknown directive \"lisen\" in ",
+            "conf/shard.conf:4",
+        ),
+        (
+            "notallowed",
+            "events {}\nlisten 80;\n".to_string(),
+            "\"listen\" directive is not allowed here in ",
+            "conf/shard.conf:2",
+        ),
+        (
+            "nargs",
+            "events {}\nhttp {\n server {\n  location / {\n   return;\n  }\n }\n}\n".to_string(),
+            "invalid number of arguments in \"return\" directive in ",
+            "conf/shard.conf:5",
+        ),
+        (
+            "duplistenopts",
+            "events {}\nhttp {\n server { listen 127.0.0.1:8080 reuseport; }\n server { listen 127.0.0.1:8080 backlog=10; }\n}\n"
+                .to_string(),
+            "duplicate listen options for 127.0.0.1:8080 in ",
+            "conf/shard.conf:4 (first given in ",
+        ),
+        (
+            "dupdefault",
+            "events {}\nhttp {\n server { listen 8081 default_server; }\n server { listen 8081 default_server; }\n}\n".to_string(),
+            "a duplicate default server for 0.0.0.0:8081 in ",
+            "conf/shard.conf:4",
+        ),
+        (
+            "unclosed",
+            "events {}\nhttp {\n server {\n".to_string(),
+            "unexpected end of file, expecting \";\" or \"}\" in ",
+            "conf/shard.conf:4",
+        ),
+        (
+            "badflag",
+            "events { accept_mutex maybe; }\n".to_string(),
+            "invalid value \"maybe\" in \"accept_mutex\" directive, it must be \"on\" or \"off\" in ",
+            "conf/shard.conf:1",
+        ),
+    ];
+    for (tag, conf, starts, ends) in cases {
+        let line = emerg(tag, &conf);
+        let msg = line.trim_start_matches("shard: [emerg] ");
+        assert!(msg.starts_with(starts), "{tag}: {msg}");
+        assert!(msg.contains(ends), "{tag}: {msg}");
+    }
+}
+
+#[test]
+fn identical_listen_options_may_repeat() {
+    let conf = "events {}\nhttp {\n server { listen 127.0.0.1:8080 reuseport; server_name a; }\n server { listen 127.0.0.1:8080 reuseport; server_name b; }\n}\n";
+    let (code, err) = with_conf("samelisten", conf, &["-t"]);
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn dash_g_adds_main_directives_and_its_errors_say_command_line() {
+    let port = free_port().to_string();
+    let conf = GOOD.replace("{port}", &port);
+    let (code, err) = with_conf("g1", &conf, &["-t", "-g", "worker_processes 3;"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = with_conf("g2", &conf, &["-t", "-g", "lisen 1;"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("unknown directive \"lisen\" in command line"), "{err}");
+}
+
+#[test]
+fn version_and_bad_signal() {
+    let (code, err) = run_cli(&["-v"]);
+    assert_eq!(code, 0);
+    assert!(err.starts_with("shard version: shard/"), "{err}");
+    let dir = temp_dir("badsig");
+    let (code, err) = run_cli(&["-p", dir.to_str().unwrap(), "-s", "explode"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("invalid option: \"-s explode\""), "{err}");
+}
+
+#[test]
+fn a_port_in_use_is_a_clear_startup_error() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let conf = format!("error_log stderr;\n{}", GOOD.replace("{port}", &port.to_string()));
+    let (code, err) = with_conf("inuse", &conf, &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(&format!("bind() to 127.0.0.1:{port} failed (98: Address already in use)")), "{err}");
+}

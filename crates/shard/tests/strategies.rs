@@ -1,0 +1,114 @@
+//! Every accept strategy serves, and reuseport spreads new connections over every worker.
+
+mod support;
+
+use std::io::Write;
+
+use support::*;
+
+/// Sends `n` requests for `/ok`, each on a new connection, and checks every answer.
+fn hammer(s: &Server, n: usize) {
+    for i in 0..n {
+        let r = get(s.addr(), "/ok");
+        assert_eq!(r.status, 200, "request {i}");
+        assert_eq!(r.body_str(), "OK");
+    }
+}
+
+fn listener_rows(s: &Server) -> String {
+    get(s.addr(), "/status").body_str()
+}
+
+#[test]
+fn reuseport_serves_and_lists_one_shard_per_worker() {
+    let s = Server::start("reuseport", &base_conf(2, "reuseport", ""), 2);
+    hammer(&s, 50);
+    let status = listener_rows(&s);
+    assert!(status.contains("\"shard\":0,\"worker\":0"), "{status}");
+    assert!(status.contains("\"shard\":1,\"worker\":1"), "{status}");
+    assert!(total_accepted(&s.workers()) >= 50);
+}
+
+#[test]
+fn shared_socket_with_epollexclusive_serves() {
+    let s = Server::start("exclusive", &base_conf(2, "", "accept_mutex off;"), 2);
+    hammer(&s, 50);
+    let status = listener_rows(&s);
+    assert!(status.contains("\"shard\":null,\"worker\":null"), "{status}");
+    assert!(total_accepted(&s.workers()) >= 50);
+}
+
+#[test]
+fn shared_socket_with_accept_mutex_serves() {
+    let s = Server::start(
+        "mutex",
+        &base_conf(2, "", "accept_mutex on; accept_mutex_delay 20ms;"),
+        2,
+    );
+    hammer(&s, 50);
+    assert!(total_accepted(&s.workers()) >= 50);
+}
+
+#[test]
+fn multi_accept_and_deferred_serve() {
+    let s = Server::start(
+        "multi",
+        &base_conf(2, "reuseport deferred backlog=64", "multi_accept on;"),
+        2,
+    );
+    hammer(&s, 30);
+    let status = listener_rows(&s);
+    assert!(status.contains("\"backlog\":64"), "{status}");
+}
+
+#[test]
+fn reuseport_spreads_400_connections_over_4_workers() {
+    let s = Server::start("spread", &base_conf(4, "reuseport", ""), 4);
+    let before = s.workers();
+    hammer(&s, 400);
+    let after = s.workers();
+    for (b, a) in before.iter().zip(&after) {
+        let got = a.accepted - b.accepted;
+        assert!(
+            got >= 40,
+            "worker {} accepted {got} of 400 connections (< 10%): {after:?}",
+            a.idx
+        );
+    }
+}
+
+#[test]
+fn refused_reuseport_falls_back_to_a_shared_socket_and_says_so_once() {
+    let s = Server::start_env(
+        "noreuse",
+        &base_conf(2, "reuseport", ""),
+        2,
+        &[("SHARD_TEST_NO_REUSEPORT", "1")],
+    );
+    hammer(&s, 20);
+    let status = listener_rows(&s);
+    assert!(status.contains("\"shard\":null"), "{status}");
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert_eq!(log.matches("SO_REUSEPORT").count(), 1, "{log}");
+}
+
+#[test]
+fn stub_status_has_nginx_format() {
+    let s = Server::start("stub", &base_conf(1, "reuseport", ""), 1);
+    // One idle keep-alive connection shows as waiting.
+    let mut idle = connect(s.addr());
+    idle.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    read_response(&mut idle, false).unwrap();
+    let body = get(s.addr(), "/stub").body_str();
+    let lines: Vec<&str> = body.lines().collect();
+    assert_eq!(lines.len(), 4, "{body}");
+    assert!(lines[0].starts_with("Active connections: "), "{body}");
+    assert_eq!(lines[1], "server accepts handled requests");
+    let nums: Vec<u64> = lines[2].split_whitespace().map(|n| n.parse().unwrap()).collect();
+    assert_eq!(nums.len(), 3);
+    assert!(nums[0] >= 2 && nums[1] == nums[0] && nums[2] >= 2, "{body}");
+    assert!(lines[3].starts_with("Reading: ") && lines[3].contains(" Writing: ") && lines[3].contains(" Waiting: 1"), "{body}");
+    let prom = get(s.addr(), "/status?format=prometheus").body_str();
+    assert!(prom.contains("shard_worker_accepted_total{worker=\"0\""), "{prom}");
+    drop(idle);
+}
