@@ -20,7 +20,12 @@ pub struct Stat {
 /// metadata describes exactly the file that will be sent.
 pub fn open_stat(path: &CStr) -> io::Result<(RawFd, Stat)> {
     // SAFETY: path is a valid NUL-terminated string.
-    let fd = cvt(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) })?;
+    let fd = cvt(unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    })?;
     let mut st = MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: st is valid for writes.
     if let Err(e) = cvt(unsafe { libc::fstat(fd, st.as_mut_ptr()) }) {

@@ -56,3 +56,17 @@ pub fn unix_secs() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
     ts.tv_sec as u64
 }
+
+/// An error as nginx prints it: `98: Address already in use` (errno and its text), or the
+/// error's own text when it carries no errno.
+pub fn os_error_text(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(code) => {
+            let full = io::Error::from_raw_os_error(code).to_string();
+            // std renders "Address already in use (os error 98)".
+            let text = full.split(" (os error").next().unwrap_or(&full);
+            format!("{code}: {text}")
+        }
+        None => e.to_string(),
+    }
+}

@@ -40,7 +40,11 @@ pub fn block_signals() -> io::Result<()> {
     let set = handled_set();
     // SAFETY: `set` is initialised; SIG_IGN is a valid disposition for SIGPIPE.
     unsafe {
-        cvt(libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()))?;
+        cvt(libc::sigprocmask(
+            libc::SIG_BLOCK,
+            &set,
+            std::ptr::null_mut(),
+        ))?;
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
     Ok(())
@@ -185,9 +189,7 @@ pub fn cpu_time_ms() -> u64 {
 pub fn available_cpus() -> usize {
     let mut set = MaybeUninit::<libc::cpu_set_t>::zeroed();
     // SAFETY: set is valid for writes of its size.
-    let rc = unsafe {
-        libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), set.as_mut_ptr())
-    };
+    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), set.as_mut_ptr()) };
     let mut n = if rc == 0 {
         // SAFETY: initialised by the kernel.
         let set = unsafe { set.assume_init() };

@@ -16,7 +16,10 @@ fn sockaddr_to_std(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
             // SAFETY: the family says the storage holds a sockaddr_in.
             let a = unsafe { &*(storage as *const _ as *const libc::sockaddr_in) };
             let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
-            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(a.sin_port))))
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(a.sin_port),
+            )))
         }
         libc::AF_INET6 => {
             // SAFETY: the family says the storage holds a sockaddr_in6.
@@ -61,9 +64,8 @@ pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 pub fn read_into(fd: RawFd, buf: &mut Vec<u8>) -> io::Result<usize> {
     let spare = buf.spare_capacity_mut();
     // SAFETY: spare capacity is valid for writes; we only expose bytes the kernel wrote.
-    let n = cvt_size(unsafe {
-        libc::read(fd, spare.as_mut_ptr() as *mut libc::c_void, spare.len())
-    })?;
+    let n =
+        cvt_size(unsafe { libc::read(fd, spare.as_mut_ptr() as *mut libc::c_void, spare.len()) })?;
     // SAFETY: the kernel initialised `n` bytes of the spare capacity.
     unsafe { buf.set_len(buf.len() + n) };
     Ok(n)
@@ -76,7 +78,12 @@ pub fn write(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
 }
 
 /// `sendfile(2)` from `file_fd` at `*offset`, advancing it.
-pub fn sendfile(sock_fd: RawFd, file_fd: RawFd, offset: &mut u64, count: usize) -> io::Result<usize> {
+pub fn sendfile(
+    sock_fd: RawFd,
+    file_fd: RawFd,
+    offset: &mut u64,
+    count: usize,
+) -> io::Result<usize> {
     let mut off = *offset as libc::off_t;
     // SAFETY: `off` is a valid off_t the kernel updates.
     let n = cvt_size(unsafe { libc::sendfile(sock_fd, file_fd, &mut off, count) })?;
@@ -108,7 +115,12 @@ pub fn shutdown_write(fd: RawFd) {
     unsafe { libc::shutdown(fd, libc::SHUT_WR) };
 }
 
-fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> io::Result<()> {
+fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    val: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: `val` lives across the call and its size is given.
     cvt(unsafe {
         libc::setsockopt(
@@ -124,6 +136,12 @@ fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, val: libc::c
 
 pub fn set_nodelay(fd: RawFd, on: bool) -> io::Result<()> {
     setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, on as libc::c_int)
+}
+
+/// `TCP_DEFER_ACCEPT`: the kernel reports a connection to `accept` only once data arrived (or
+/// after `secs`).
+pub fn set_defer_accept(fd: RawFd, secs: i32) -> io::Result<()> {
+    setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, secs)
 }
 
 /// The accept queue of a listening TCP socket, from `TCP_INFO`: for a socket in LISTEN state

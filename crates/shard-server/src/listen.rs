@@ -47,7 +47,11 @@ impl OpenListener {
 static REUSEPORT_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn socket_for(addr: &SocketAddr, opts: &ListenOpts, tcp_nodelay: bool) -> io::Result<Socket> {
-    let s = Socket::new(Domain::for_address(*addr), Type::STREAM.cloexec().nonblocking(), Some(Protocol::TCP))?;
+    let s = Socket::new(
+        Domain::for_address(*addr),
+        Type::STREAM.cloexec().nonblocking(),
+        Some(Protocol::TCP),
+    )?;
     s.set_reuse_address(true)?;
     if addr.is_ipv6() {
         s.set_only_v6(opts.ipv6only)?;
@@ -72,14 +76,37 @@ fn socket_for(addr: &SocketAddr, opts: &ListenOpts, tcp_nodelay: bool) -> io::Re
 }
 
 fn bind_listen(s: &Socket, addr: &SocketAddr, opts: &ListenOpts) -> io::Result<()> {
-    s.bind(&(*addr).into())
-        .map_err(|e| io::Error::new(e.kind(), format!("bind() to {addr} failed ({e})")))?;
-    s.listen(opts.backlog)
-        .map_err(|e| io::Error::new(e.kind(), format!("listen() to {addr} failed ({e})")))?;
+    s.bind(&(*addr).into()).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "bind() to {addr} failed ({})",
+                shard_event::os_error_text(&e)
+            ),
+        )
+    })?;
+    s.listen(opts.backlog).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "listen() to {addr} failed ({})",
+                shard_event::os_error_text(&e)
+            ),
+        )
+    })?;
     if opts.deferred {
         // TCP_DEFER_ACCEPT: seconds to wait for data before accept() reports the connection.
-        s.set_tcp_deferaccept(1)
-            .map_err(|e| io::Error::new(e.kind(), format!("setsockopt(TCP_DEFER_ACCEPT) for {addr} failed ({e})")))?;
+        shard_event::sock::set_defer_accept(std::os::fd::AsRawFd::as_raw_fd(s), 1).map_err(
+            |e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "setsockopt(TCP_DEFER_ACCEPT) for {addr} failed ({})",
+                        shard_event::os_error_text(&e)
+                    ),
+                )
+            },
+        )?;
     }
     Ok(())
 }
@@ -90,7 +117,12 @@ fn reuseport_disabled_for_test() -> bool {
 }
 
 /// Opens `l` for `n_workers` workers.
-pub fn open(conf_idx: usize, l: &Listener, n_workers: usize, tcp_nodelay: bool) -> io::Result<OpenListener> {
+pub fn open(
+    conf_idx: usize,
+    l: &Listener,
+    n_workers: usize,
+    tcp_nodelay: bool,
+) -> io::Result<OpenListener> {
     if l.opts.reuseport {
         match open_shards(l, n_workers, tcp_nodelay) {
             Ok(fds) => {
@@ -106,8 +138,9 @@ pub fn open(conf_idx: usize, l: &Listener, n_workers: usize, tcp_nodelay: bool) 
                 if !REUSEPORT_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
                     crate::log!(
                         Warn,
-                        "setsockopt(SO_REUSEPORT) failed ({e}), reuseport is not supported here: \
+                        "setsockopt(SO_REUSEPORT) failed ({}), reuseport is not supported here: \
                          falling back to a shared socket for {} and every other reuseport listener",
+                        shard_event::os_error_text(&e),
                         l.addr
                     );
                 }
@@ -136,7 +169,9 @@ fn open_shards(l: &Listener, n: usize, tcp_nodelay: bool) -> Result<Vec<RawFd>, 
     for _ in 0..n {
         let s = socket_for(&l.addr, &l.opts, tcp_nodelay).map_err(ShardError::Io)?;
         if reuseport_disabled_for_test() {
-            return Err(ShardError::Refused(io::Error::from_raw_os_error(libc::ENOPROTOOPT)));
+            return Err(ShardError::Refused(io::Error::from_raw_os_error(
+                libc::ENOPROTOOPT,
+            )));
         }
         s.set_reuse_port(true).map_err(ShardError::Refused)?;
         bind_listen(&s, &l.addr, &l.opts).map_err(ShardError::Io)?;
@@ -145,4 +180,3 @@ fn open_shards(l: &Listener, n: usize, tcp_nodelay: bool) -> Result<Vec<RawFd>, 
     // Shards join the reuseport group in index order, so shard k is slot k in the group.
     Ok(socks.into_iter().map(|s| s.into_raw_fd()).collect())
 }
-

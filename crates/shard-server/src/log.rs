@@ -41,7 +41,16 @@ fn open_target(target: &LogTarget) -> io::Result<RawFd> {
                 .create(true)
                 .custom_flags(libc::O_CLOEXEC)
                 .open(path)
-                .map_err(|e| io::Error::new(e.kind(), format!("open() \"{}\" failed ({e})", path.display())))?;
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!(
+                            "open() \"{}\" failed ({})",
+                            path.display(),
+                            shard_event::os_error_text(&e)
+                        ),
+                    )
+                })?;
             Ok(f.into_raw_fd())
         }
     }

@@ -49,7 +49,16 @@ pub fn open_append(path: &Path) -> io::Result<RawFd> {
         .custom_flags(libc::O_CLOEXEC)
         .open(path)
         .map(|f| f.into_raw_fd())
-        .map_err(|e| io::Error::new(e.kind(), format!("open() \"{}\" failed ({e})", path.display())))
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "open() \"{}\" failed ({})",
+                    path.display(),
+                    shard_event::os_error_text(&e)
+                ),
+            )
+        })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -82,7 +91,8 @@ pub fn run(opts: RunOptions) -> Result<i32> {
     process::block_signals().context("sigprocmask")?;
     let signals = SignalFd::new().context("signalfd")?;
     let poll = Poll::new().context("epoll_create")?;
-    poll.add(signals.fd(), 0, Interest::READ).context("epoll_ctl")?;
+    poll.add(signals.fd(), 0, Interest::READ)
+        .context("epoll_ctl")?;
 
     let tcp_nodelay = cfg
         .http
@@ -119,7 +129,8 @@ pub fn run(opts: RunOptions) -> Result<i32> {
     let shown: Vec<String> = listeners
         .iter()
         .map(|l| {
-            let addr = shard_event::sock::local_addr(l.fds[0]).map_or(l.addr.to_string(), |a| a.to_string());
+            let addr = shard_event::sock::local_addr(l.fds[0])
+                .map_or(l.addr.to_string(), |a| a.to_string());
             if l.reuseport {
                 format!("{addr} (reuseport, {} shards)", l.fds.len())
             } else {
@@ -133,7 +144,11 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         env!("CARGO_PKG_VERSION"),
         opts.conf_name,
         n_workers,
-        if shown.is_empty() { "nothing".to_string() } else { shown.join(", ") }
+        if shown.is_empty() {
+            "nothing".to_string()
+        } else {
+            shown.join(", ")
+        }
     );
 
     let mut m = Master {
@@ -176,7 +191,11 @@ impl Master {
                 }
                 if let Some(n) = self.cfg.main.worker_rlimit_nofile {
                     if let Err(e) = process::set_nofile_limit(n) {
-                        crate::log!(Alert, "setrlimit(RLIMIT_NOFILE, {n}) failed ({e})");
+                        crate::log!(
+                            Alert,
+                            "setrlimit(RLIMIT_NOFILE, {n}) failed ({})",
+                            shard_event::os_error_text(&e)
+                        );
                     }
                 }
                 let code = worker::run(WorkerArgs {
@@ -202,7 +221,9 @@ impl Master {
         let mut events = Events::with_capacity(8);
         loop {
             let timeout = match self.stopping {
-                Stopping::Fast { kill_at_ms } => kill_at_ms.saturating_sub(shard_event::monotonic_ms()) as i32,
+                Stopping::Fast { kill_at_ms } => {
+                    kill_at_ms.saturating_sub(shard_event::monotonic_ms()) as i32
+                }
                 _ => -1,
             };
             let _ = self.poll.wait(&mut events, timeout);
@@ -213,7 +234,9 @@ impl Master {
                 if shard_event::monotonic_ms() >= kill_at_ms {
                     crate::log!(Alert, "workers did not stop in time, sending SIGKILL");
                     self.signal_workers(libc::SIGKILL);
-                    self.stopping = Stopping::Fast { kill_at_ms: u64::MAX };
+                    self.stopping = Stopping::Fast {
+                        kill_at_ms: u64::MAX,
+                    };
                 }
             }
             if self.stopping != Stopping::No && self.workers.iter().all(Option::is_none) {
@@ -227,13 +250,24 @@ impl Master {
             libc::SIGCHLD => self.reap(),
             libc::SIGQUIT => {
                 if self.stopping == Stopping::No {
-                    crate::log!(Notice, "signal {sig} (SIGQUIT) received, shutting down gracefully");
+                    crate::log!(
+                        Notice,
+                        "signal {sig} (SIGQUIT) received, shutting down gracefully"
+                    );
                     self.stopping = Stopping::Graceful;
                     self.signal_workers(libc::SIGQUIT);
                 }
             }
             libc::SIGTERM | libc::SIGINT => {
-                crate::log!(Notice, "signal {sig} ({}) received, exiting", if sig == libc::SIGTERM { "SIGTERM" } else { "SIGINT" });
+                crate::log!(
+                    Notice,
+                    "signal {sig} ({}) received, exiting",
+                    if sig == libc::SIGTERM {
+                        "SIGTERM"
+                    } else {
+                        "SIGINT"
+                    }
+                );
                 if !matches!(self.stopping, Stopping::Fast { .. }) {
                     self.stopping = Stopping::Fast {
                         kill_at_ms: shard_event::monotonic_ms() + FAST_STOP_GRACE_MS,
@@ -261,10 +295,15 @@ impl Master {
 
     fn reap(&mut self) {
         while let Some((pid, exit)) = process::reap() {
-            let Some(idx) = self.workers.iter().position(|w| *w == Some(pid)) else { continue };
+            let Some(idx) = self.workers.iter().position(|w| *w == Some(pid)) else {
+                continue;
+            };
             self.workers[idx] = None;
             if self.region.force_unlock_accept(pid as u64) {
-                crate::log!(Alert, "worker process {pid} held the accept mutex; released");
+                crate::log!(
+                    Alert,
+                    "worker process {pid} held the accept mutex; released"
+                );
             }
             let how = match exit {
                 Exit::Code(c) => format!("exited with code {c}"),
@@ -275,10 +314,16 @@ impl Master {
                 continue;
             }
             if exit == Exit::Code(2) {
-                crate::log!(Alert, "worker process {pid} (worker {idx}) {how}: fatal, not respawning");
+                crate::log!(
+                    Alert,
+                    "worker process {pid} (worker {idx}) {how}: fatal, not respawning"
+                );
                 continue;
             }
-            crate::log!(Alert, "worker process {pid} (worker {idx}) {how}, respawning");
+            crate::log!(
+                Alert,
+                "worker process {pid} (worker {idx}) {how}, respawning"
+            );
             if let Err(e) = self.spawn(idx) {
                 crate::log!(Alert, "could not respawn worker {idx}: {e:#}");
             }

@@ -67,7 +67,11 @@ fn opt(v: Option<usize>) -> String {
 pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut Vec<u8>) {
     let n = region.n_workers.load(Relaxed) as usize;
     let mut s = String::with_capacity(256 + 200 * n + 120 * listeners.len());
-    let _ = write!(s, "{{\"generation\":{},\"workers\":[", region.generation.load(Relaxed));
+    let _ = write!(
+        s,
+        "{{\"generation\":{},\"workers\":[",
+        region.generation.load(Relaxed)
+    );
     for (i, w) in region.workers.iter().take(n).enumerate() {
         if i > 0 {
             s.push(',');
@@ -115,20 +119,68 @@ fn label(v: Option<usize>) -> String {
 pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut Vec<u8>) {
     let n = region.n_workers.load(Relaxed) as usize;
     let mut s = String::with_capacity(2048 + 600 * n);
-    let _ = writeln!(s, "# HELP shard_generation Configuration generation (1 at start, +1 per reload).");
+    let _ = writeln!(
+        s,
+        "# HELP shard_generation Configuration generation (1 at start, +1 per reload)."
+    );
     let _ = writeln!(s, "# TYPE shard_generation gauge");
     let _ = writeln!(s, "shard_generation {}", region.generation.load(Relaxed));
     type Field = fn(&crate::shm::WorkerSlot) -> u64;
     let metrics: [(&str, &str, &str, Field); 9] = [
-        ("shard_worker_accepted_total", "counter", "Connections accepted by the worker.", |w| w.accepted.load(Relaxed)),
-        ("shard_worker_handled_total", "counter", "Connections handled by the worker.", |w| w.handled.load(Relaxed)),
-        ("shard_worker_requests_total", "counter", "Requests served by the worker.", |w| w.requests.load(Relaxed)),
-        ("shard_worker_active", "gauge", "Open client connections of the worker.", |w| w.active.load(Relaxed)),
-        ("shard_worker_reading", "gauge", "Connections reading a request.", |w| w.reading.load(Relaxed)),
-        ("shard_worker_writing", "gauge", "Connections writing a response.", |w| w.writing.load(Relaxed)),
-        ("shard_worker_waiting", "gauge", "Idle keep-alive connections.", |w| w.waiting.load(Relaxed)),
-        ("shard_worker_cpu_seconds_total", "counter", "Worker CPU time (user + system), milliseconds / 1000.", |w| w.cpu_ms.load(Relaxed)),
-        ("shard_worker_heartbeat_age_seconds", "gauge", "Time since the worker's loop last ran, milliseconds / 1000.", |w| w.heartbeat_ms.load(Relaxed)),
+        (
+            "shard_worker_accepted_total",
+            "counter",
+            "Connections accepted by the worker.",
+            |w| w.accepted.load(Relaxed),
+        ),
+        (
+            "shard_worker_handled_total",
+            "counter",
+            "Connections handled by the worker.",
+            |w| w.handled.load(Relaxed),
+        ),
+        (
+            "shard_worker_requests_total",
+            "counter",
+            "Requests served by the worker.",
+            |w| w.requests.load(Relaxed),
+        ),
+        (
+            "shard_worker_active",
+            "gauge",
+            "Open client connections of the worker.",
+            |w| w.active.load(Relaxed),
+        ),
+        (
+            "shard_worker_reading",
+            "gauge",
+            "Connections reading a request.",
+            |w| w.reading.load(Relaxed),
+        ),
+        (
+            "shard_worker_writing",
+            "gauge",
+            "Connections writing a response.",
+            |w| w.writing.load(Relaxed),
+        ),
+        (
+            "shard_worker_waiting",
+            "gauge",
+            "Idle keep-alive connections.",
+            |w| w.waiting.load(Relaxed),
+        ),
+        (
+            "shard_worker_cpu_seconds_total",
+            "counter",
+            "Worker CPU time (user + system), milliseconds / 1000.",
+            |w| w.cpu_ms.load(Relaxed),
+        ),
+        (
+            "shard_worker_heartbeat_age_seconds",
+            "gauge",
+            "Time since the worker's loop last ran, milliseconds / 1000.",
+            |w| w.heartbeat_ms.load(Relaxed),
+        ),
     ];
     for (name, kind, help, f) in metrics {
         let _ = writeln!(s, "# HELP {name} {help}");
@@ -137,18 +189,34 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             let pid = w.pid.load(Relaxed);
             let v = f(w);
             if name.ends_with("cpu_seconds_total") {
-                let _ = writeln!(s, "{name}{{worker=\"{i}\",pid=\"{pid}\"}} {:.3}", v as f64 / 1000.0);
+                let _ = writeln!(
+                    s,
+                    "{name}{{worker=\"{i}\",pid=\"{pid}\"}} {:.3}",
+                    v as f64 / 1000.0
+                );
             } else if name.ends_with("heartbeat_age_seconds") {
                 let age = now_ms.saturating_sub(v);
-                let _ = writeln!(s, "{name}{{worker=\"{i}\",pid=\"{pid}\"}} {:.3}", age as f64 / 1000.0);
+                let _ = writeln!(
+                    s,
+                    "{name}{{worker=\"{i}\",pid=\"{pid}\"}} {:.3}",
+                    age as f64 / 1000.0
+                );
             } else {
                 let _ = writeln!(s, "{name}{{worker=\"{i}\",pid=\"{pid}\"}} {v}");
             }
         }
     }
     for (name, help, pick) in [
-        ("shard_listener_queue", "Connections waiting in the kernel accept queue of the socket.", true),
-        ("shard_listener_backlog", "Accept queue limit of the socket.", false),
+        (
+            "shard_listener_queue",
+            "Connections waiting in the kernel accept queue of the socket.",
+            true,
+        ),
+        (
+            "shard_listener_backlog",
+            "Accept queue limit of the socket.",
+            false,
+        ),
     ] {
         let _ = writeln!(s, "# HELP {name} {help}");
         let _ = writeln!(s, "# TYPE {name} gauge");
@@ -199,25 +267,57 @@ mod tests {
     fn json_has_workers_and_listeners() {
         let r = region();
         let rows = [
-            ListenerRow { address: "127.0.0.1:80".into(), shard: Some(1), worker: Some(1), queue: 0, backlog: 511 },
-            ListenerRow { address: "127.0.0.1:81".into(), shard: None, worker: None, queue: 2, backlog: 511 },
+            ListenerRow {
+                address: "127.0.0.1:80".into(),
+                shard: Some(1),
+                worker: Some(1),
+                queue: 0,
+                backlog: 511,
+            },
+            ListenerRow {
+                address: "127.0.0.1:81".into(),
+                shard: None,
+                worker: None,
+                queue: 2,
+                backlog: 511,
+            },
         ];
         let mut out = Vec::new();
         json(&r, &rows, 0, &mut out);
         let s = String::from_utf8(out).unwrap();
-        assert!(s.starts_with("{\"generation\":1,\"workers\":[{\"idx\":0,"), "{s}");
+        assert!(
+            s.starts_with("{\"generation\":1,\"workers\":[{\"idx\":0,"),
+            "{s}"
+        );
         assert!(s.contains("{\"address\":\"127.0.0.1:80\",\"shard\":1,\"worker\":1,\"queue\":0,\"backlog\":511}"), "{s}");
-        assert!(s.contains("\"shard\":null,\"worker\":null,\"queue\":2"), "{s}");
+        assert!(
+            s.contains("\"shard\":null,\"worker\":null,\"queue\":2"),
+            "{s}"
+        );
     }
 
     #[test]
     fn prometheus_labels() {
         let r = region();
-        let rows = [ListenerRow { address: "127.0.0.1:80".into(), shard: Some(0), worker: Some(0), queue: 5, backlog: 511 }];
+        let rows = [ListenerRow {
+            address: "127.0.0.1:80".into(),
+            shard: Some(0),
+            worker: Some(0),
+            queue: 5,
+            backlog: 511,
+        }];
         let mut out = Vec::new();
         prometheus(&r, &rows, 0, &mut out);
         let s = String::from_utf8(out).unwrap();
-        assert!(s.contains("shard_worker_accepted_total{worker=\"1\",pid=\"0\"} 4\n"), "{s}");
-        assert!(s.contains("shard_listener_queue{address=\"127.0.0.1:80\",shard=\"0\",worker=\"0\"} 5\n"), "{s}");
+        assert!(
+            s.contains("shard_worker_accepted_total{worker=\"1\",pid=\"0\"} 4\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains(
+                "shard_listener_queue{address=\"127.0.0.1:80\",shard=\"0\",worker=\"0\"} 5\n"
+            ),
+            "{s}"
+        );
     }
 }

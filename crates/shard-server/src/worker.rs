@@ -17,8 +17,8 @@
 mod conn;
 mod respond;
 
-use std::collections::{BinaryHeap, HashMap};
 use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
@@ -273,7 +273,11 @@ impl<'a> Worker<'a> {
             let n = match self.poll.wait(&mut events, timeout as i32) {
                 Ok(n) => n,
                 Err(e) => {
-                    crate::log!(Alert, "epoll_wait() failed ({e})");
+                    crate::log!(
+                        Alert,
+                        "epoll_wait() failed ({})",
+                        shard_event::os_error_text(&e)
+                    );
                     0
                 }
             };
@@ -300,7 +304,9 @@ impl<'a> Worker<'a> {
             self.expire_timers();
             if self.now_ms.saturating_sub(self.last_heartbeat_ms) >= HEARTBEAT_MS {
                 self.last_heartbeat_ms = self.now_ms;
-                self.slot.cpu_ms.store(shard_event::process::cpu_time_ms(), Relaxed);
+                self.slot
+                    .cpu_ms
+                    .store(shard_event::process::cpu_time_ms(), Relaxed);
                 self.flush_access_logs();
             }
             self.slot.heartbeat_ms.store(self.now_ms, Relaxed);
@@ -315,7 +321,11 @@ impl<'a> Worker<'a> {
                 for i in 0..self.listeners.len() {
                     if self.listeners[i].mode == AcceptMode::Mutex {
                         if let Err(e) = self.register_listener(i) {
-                            crate::log!(Alert, "epoll_ctl() failed ({e})");
+                            crate::log!(
+                                Alert,
+                                "epoll_ctl() failed ({})",
+                                shard_event::os_error_text(&e)
+                            );
                         }
                     }
                 }
@@ -335,11 +345,19 @@ impl<'a> Worker<'a> {
         if li >= self.listeners.len() || self.shutting_down {
             return;
         }
-        let batch = if self.multi_accept { usize::MAX } else { ACCEPT_BATCH };
+        let batch = if self.multi_accept {
+            usize::MAX
+        } else {
+            ACCEPT_BATCH
+        };
         let fd = self.listeners[li].fd;
         for _ in 0..batch {
             if self.conns.len() >= self.conns_max {
-                crate::log!(Alert, "{} worker_connections are not enough", self.conns_max);
+                crate::log!(
+                    Alert,
+                    "{} worker_connections are not enough",
+                    self.conns_max
+                );
                 break;
             }
             let (cfd, peer) = match shard_event::sock::accept(fd) {
@@ -347,7 +365,11 @@ impl<'a> Worker<'a> {
                 Err(e) => {
                     match e.raw_os_error() {
                         Some(libc::EAGAIN) | Some(libc::ECONNABORTED) | Some(libc::EINTR) => {}
-                        _ => crate::log!(Alert, "accept4() failed ({e})"),
+                        _ => crate::log!(
+                            Alert,
+                            "accept4() failed ({})",
+                            shard_event::os_error_text(&e)
+                        ),
                     }
                     break;
                 }
@@ -362,7 +384,8 @@ impl<'a> Worker<'a> {
             self.next_conn_id += 1;
             let key = self.conns.insert(Conn::new(cfd, peer, conf_idx, id));
             self.start_reading(key, true);
-            self.timers.push(Reverse((self.conns[key].deadline_ms, key, id)));
+            self.timers
+                .push(Reverse((self.conns[key].deadline_ms, key, id)));
             self.drive(key);
         }
         if self.accept_mutex {
@@ -375,7 +398,11 @@ impl<'a> Worker<'a> {
             l.accepts = 0;
             self.unregister_listener(li);
             if let Err(e) = self.register_listener(li) {
-                crate::log!(Alert, "epoll_ctl() failed ({e})");
+                crate::log!(
+                    Alert,
+                    "epoll_ctl() failed ({})",
+                    shard_event::os_error_text(&e)
+                );
             }
         }
     }
@@ -450,7 +477,9 @@ impl<'a> Worker<'a> {
                 break;
             }
             self.timers.pop();
-            let Some(c) = self.conns.get(key) else { continue };
+            let Some(c) = self.conns.get(key) else {
+                continue;
+            };
             if c.id != id {
                 continue;
             }

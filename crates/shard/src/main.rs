@@ -69,7 +69,11 @@ struct Source {
 fn choose_source(cli: &Cli, prefix: &Path) -> Source {
     match &cli.conf {
         Some(c) => {
-            let path = if c.is_absolute() { c.clone() } else { prefix.join(c) };
+            let path = if c.is_absolute() {
+                c.clone()
+            } else {
+                prefix.join(c)
+            };
             Source {
                 name: c.display().to_string(),
                 path: Some(path),
@@ -92,10 +96,20 @@ fn choose_source(cli: &Cli, prefix: &Path) -> Source {
     }
 }
 
-fn load(src: &Source, prefix: &Path, extra: Option<&str>) -> Result<shard_config::Config, shard_config::ConfigError> {
+fn load(
+    src: &Source,
+    prefix: &Path,
+    extra: Option<&str>,
+) -> Result<shard_config::Config, shard_config::ConfigError> {
     match &src.path {
         Some(p) => shard_config::load(p, prefix, extra),
-        None => shard_config::parse_str(shard_config::DEFAULT_CONFIG, &src.name, prefix, prefix, extra),
+        None => shard_config::parse_str(
+            shard_config::DEFAULT_CONFIG,
+            &src.name,
+            prefix,
+            prefix,
+            extra,
+        ),
     }
 }
 
@@ -103,7 +117,9 @@ fn run(cli: Cli) -> i32 {
     if cli.version || cli.version_full {
         eprintln!("shard version: shard/{}", env!("CARGO_PKG_VERSION"));
         if cli.version_full {
-            eprintln!("built with Rust; accept strategies: reuseport, accept_mutex, EPOLLEXCLUSIVE");
+            eprintln!(
+                "built with Rust; accept strategies: reuseport, accept_mutex, EPOLLEXCLUSIVE"
+            );
             eprintln!("default configuration path: PREFIX/{DEFAULT_CONF_PATH} (else the embedded default)");
         }
         if !cli.test && cli.signal.is_none() {
@@ -155,7 +171,9 @@ fn send_signal(cfg: &shard_config::Config, name: &str) -> i32 {
         "reopen" => libc::SIGUSR1,
         "reload" => libc::SIGHUP,
         _ => {
-            eprintln!("shard: invalid option: \"-s {name}\" (expected stop, quit, reopen or reload)");
+            eprintln!(
+                "shard: invalid option: \"-s {name}\" (expected stop, quit, reopen or reload)"
+            );
             return 1;
         }
     };
@@ -166,26 +184,27 @@ fn send_signal(cfg: &shard_config::Config, name: &str) -> i32 {
     let text = match std::fs::read_to_string(pid_path) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("shard: [error] open() \"{}\" failed ({e})", pid_path.display());
+            eprintln!(
+                "shard: [error] open() \"{}\" failed ({e})",
+                pid_path.display()
+            );
             return 1;
         }
     };
     let pid: libc::pid_t = match text.trim().parse() {
         Ok(p) if p > 0 => p,
         _ => {
-            eprintln!("shard: [error] invalid PID number \"{}\" in \"{}\"", text.trim(), pid_path.display());
+            eprintln!(
+                "shard: [error] invalid PID number \"{}\" in \"{}\"",
+                text.trim(),
+                pid_path.display()
+            );
             return 1;
         }
     };
-    // SAFETY-free: kill through the event crate would add a dependency for one call; libc::kill
-    // takes plain integers.
-    if let Err(e) = shard_event_kill(pid, sig) {
+    if let Err(e) = shard_server::signal(pid, sig) {
         eprintln!("shard: [error] kill({pid}, {sig}) failed ({e})");
         return 1;
     }
     0
-}
-
-fn shard_event_kill(pid: libc::pid_t, sig: libc::c_int) -> std::io::Result<()> {
-    shard_server::signal(pid, sig)
 }

@@ -23,8 +23,14 @@ fn test_flag_accepts_a_good_config_without_binding() {
     let port = l.local_addr().unwrap().port();
     let (code, err) = with_conf("tok", &GOOD.replace("{port}", &port.to_string()), &["-t"]);
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("shard: the configuration file conf/shard.conf syntax is ok"), "{err}");
-    assert!(err.contains("shard: configuration file conf/shard.conf test is successful"), "{err}");
+    assert!(
+        err.contains("shard: the configuration file conf/shard.conf syntax is ok"),
+        "{err}"
+    );
+    assert!(
+        err.contains("shard: configuration file conf/shard.conf test is successful"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -39,7 +45,10 @@ fn test_flag_with_no_config_checks_the_embedded_default() {
 fn emerg(tag: &str, conf: &str) -> String {
     let (code, err) = with_conf(tag, conf, &["-t"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("shard: configuration file conf/shard.conf test failed"), "{err}");
+    assert!(
+        err.contains("shard: configuration file conf/shard.conf test failed"),
+        "{err}"
+    );
     err.lines()
         .find(|l| l.starts_with("shard: [emerg] "))
         .unwrap_or_else(|| panic!("no emerg line in {err}"))
@@ -116,7 +125,10 @@ fn dash_g_adds_main_directives_and_its_errors_say_command_line() {
     assert_eq!(code, 0, "{err}");
     let (code, err) = with_conf("g2", &conf, &["-t", "-g", "lisen 1;"]);
     assert_eq!(code, 1);
-    assert!(err.contains("unknown directive \"lisen\" in command line"), "{err}");
+    assert!(
+        err.contains("unknown directive \"lisen\" in command line"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -134,8 +146,16 @@ fn version_and_bad_signal() {
 fn a_port_in_use_is_a_clear_startup_error() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    let conf = format!("error_log stderr;\n{}", GOOD.replace("{port}", &port.to_string()));
+    let conf = format!(
+        "error_log stderr;\n{}",
+        GOOD.replace("{port}", &port.to_string())
+    );
     let (code, err) = with_conf("inuse", &conf, &[]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains(&format!("bind() to 127.0.0.1:{port} failed (98: Address already in use)")), "{err}");
+    assert!(
+        err.contains(&format!(
+            "bind() to 127.0.0.1:{port} failed (98: Address already in use)"
+        )),
+        "{err}"
+    );
 }

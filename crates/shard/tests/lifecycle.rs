@@ -30,7 +30,9 @@ fn killed_worker_is_respawned_with_its_index_and_no_waiting_connection_is_lost()
             }
         })
     };
-    wait_for(Duration::from_secs(5), "client traffic", || (ok.load(Ordering::Relaxed) > 50).then_some(()));
+    wait_for(Duration::from_secs(5), "client traffic", || {
+        (ok.load(Ordering::Relaxed) > 50).then_some(())
+    });
     // SAFETY: plain kill(2).
     unsafe { libc::kill(victim, libc::SIGKILL) };
     let after = wait_for(Duration::from_secs(10), "worker 1 respawned", || {
@@ -49,9 +51,18 @@ fn killed_worker_is_respawned_with_its_index_and_no_waiting_connection_is_lost()
     assert_eq!(after[0].pid, before[0].pid, "the other worker is untouched");
     // The client is sequential: only the one request inside the killed worker may fail.
     let failed = failed.load(Ordering::Relaxed);
-    assert!(failed <= 1, "{failed} requests failed ({} ok)", ok.load(Ordering::Relaxed));
+    assert!(
+        failed <= 1,
+        "{failed} requests failed ({} ok)",
+        ok.load(Ordering::Relaxed)
+    );
     let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
-    assert!(log.contains(&format!("worker process {victim} (worker 1) exited on signal 9, respawning")), "{log}");
+    assert!(
+        log.contains(&format!(
+            "worker process {victim} (worker 1) exited on signal 9, respawning"
+        )),
+        "{log}"
+    );
     s.signal(libc::SIGQUIT);
     assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
 }
@@ -65,7 +76,8 @@ fn quit_lets_an_in_flight_download_finish_with_every_byte() {
     write_file(&s.dir, "html/big.bin", &data);
 
     let mut c = connect(s.addr());
-    c.write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    c.write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     // Read only the start, so the rest is still in flight when the stop begins.
     let mut first = vec![0u8; 64 * 1024];
     c.read_exact(&mut first).unwrap();
@@ -74,7 +86,10 @@ fn quit_lets_an_in_flight_download_finish_with_every_byte() {
     // The listener closes: new connections are refused (or reset) once the stop has begun.
     let log_path = s.dir.join("logs/error.log");
     wait_for(Duration::from_secs(5), "graceful stop logged", || {
-        std::fs::read_to_string(&log_path).ok()?.contains("gracefully shutting down").then_some(())
+        std::fs::read_to_string(&log_path)
+            .ok()?
+            .contains("gracefully shutting down")
+            .then_some(())
     });
 
     let mut rest = Vec::new();
@@ -131,8 +146,15 @@ fn usr1_reopens_the_access_log() {
     let moved = s.dir.join("logs/access.log.1");
     std::fs::rename(&log, &moved).unwrap();
     s.signal(libc::SIGUSR1);
-    wait_for(Duration::from_secs(10), "access.log reopened and written", || {
-        let _ = try_get(s.addr(), "/ok");
-        std::fs::read_to_string(&log).ok()?.contains("GET /ok HTTP/1.1").then_some(())
-    });
+    wait_for(
+        Duration::from_secs(10),
+        "access.log reopened and written",
+        || {
+            let _ = try_get(s.addr(), "/ok");
+            std::fs::read_to_string(&log)
+                .ok()?
+                .contains("GET /ok HTTP/1.1")
+                .then_some(())
+        },
+    );
 }

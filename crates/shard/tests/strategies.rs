@@ -34,7 +34,10 @@ fn shared_socket_with_epollexclusive_serves() {
     let s = Server::start("exclusive", &base_conf(2, "", "accept_mutex off;"), 2);
     hammer(&s, 50);
     let status = listener_rows(&s);
-    assert!(status.contains("\"shard\":null,\"worker\":null"), "{status}");
+    assert!(
+        status.contains("\"shard\":null,\"worker\":null"),
+        "{status}"
+    );
     assert!(total_accepted(&s.workers()) >= 50);
 }
 
@@ -97,18 +100,30 @@ fn stub_status_has_nginx_format() {
     let s = Server::start("stub", &base_conf(1, "reuseport", ""), 1);
     // One idle keep-alive connection shows as waiting.
     let mut idle = connect(s.addr());
-    idle.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    idle.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     read_response(&mut idle, false).unwrap();
     let body = get(s.addr(), "/stub").body_str();
     let lines: Vec<&str> = body.lines().collect();
     assert_eq!(lines.len(), 4, "{body}");
     assert!(lines[0].starts_with("Active connections: "), "{body}");
     assert_eq!(lines[1], "server accepts handled requests");
-    let nums: Vec<u64> = lines[2].split_whitespace().map(|n| n.parse().unwrap()).collect();
+    let nums: Vec<u64> = lines[2]
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
     assert_eq!(nums.len(), 3);
     assert!(nums[0] >= 2 && nums[1] == nums[0] && nums[2] >= 2, "{body}");
-    assert!(lines[3].starts_with("Reading: ") && lines[3].contains(" Writing: ") && lines[3].contains(" Waiting: 1"), "{body}");
+    assert!(
+        lines[3].starts_with("Reading: ")
+            && lines[3].contains(" Writing: ")
+            && lines[3].contains(" Waiting: 1"),
+        "{body}"
+    );
     let prom = get(s.addr(), "/status?format=prometheus").body_str();
-    assert!(prom.contains("shard_worker_accepted_total{worker=\"0\""), "{prom}");
+    assert!(
+        prom.contains("shard_worker_accepted_total{worker=\"0\""),
+        "{prom}"
+    );
     drop(idle);
 }

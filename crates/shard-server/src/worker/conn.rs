@@ -23,6 +23,8 @@ const CLIENT_BODY_TIMEOUT_MS: u64 = 60_000;
 const READ_BUFFER_BYTES: usize = 4096;
 /// Bytes of a static file copied per `pread` when `sendfile` is off.
 const FILE_CHUNK_BYTES: usize = 32 * 1024;
+/// Pipelined responses gathered before a write.
+const PIPELINE_GATHER_BYTES: usize = 64 * 1024;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Phase {
@@ -110,6 +112,17 @@ impl Conn {
         self.out_pos < self.out.len() || self.file.is_some()
     }
 
+    /// Output waits only while more complete requests may sit in the input buffer, so that
+    /// pipelined responses leave in one `write`; everything else is written at once.
+    fn must_flush_now(&self) -> bool {
+        self.has_output()
+            && (self.inbuf.is_empty()
+                || self.file.is_some()
+                || self.close_after
+                || self.lingering
+                || self.out.len() >= PIPELINE_GATHER_BYTES)
+    }
+
     fn body_pending(&self) -> bool {
         !matches!(self.body, BodyLeft::None)
     }
@@ -150,14 +163,15 @@ impl Worker<'_> {
 
     fn header_timeout_ms(&self, listener: usize) -> u64 {
         let l = &self.cfg.listeners[listener];
-        self.cfg
-            .http
-            .as_ref()
-            .map_or(60_000, |h| h.servers[l.default_server].client_header_timeout_ms)
+        self.cfg.http.as_ref().map_or(60_000, |h| {
+            h.servers[l.default_server].client_header_timeout_ms
+        })
     }
 
     pub(super) fn on_conn_event(&mut self, key: usize, ev: shard_event::Event) {
-        let Some(c) = self.conns.get_mut(key) else { return };
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
         if ev.readable() {
             c.readable = true;
         }
@@ -182,7 +196,11 @@ impl Worker<'_> {
                 true
             }
             Err(e) => {
-                crate::log!(Alert, "epoll_ctl(ADD) failed ({e})");
+                crate::log!(
+                    Alert,
+                    "epoll_ctl(ADD) failed ({})",
+                    shard_event::os_error_text(&e)
+                );
                 false
             }
         }
@@ -220,7 +238,10 @@ impl Worker<'_> {
             }
             Phase::Reading | Phase::Waiting => self.close(key),
             Phase::Writing => {
-                crate::log!(Info, "client timed out (110: Connection timed out) while sending response to client");
+                crate::log!(
+                    Info,
+                    "client timed out (110: Connection timed out) while sending response to client"
+                );
                 self.close(key);
             }
         }
@@ -305,18 +326,8 @@ impl Worker<'_> {
             if !self.conns.contains(key) {
                 return;
             }
-            if self.conns[key].has_output() {
-                match self.flush(key) {
-                    Flush::Done => {}
-                    Flush::Blocked => {
-                        self.ensure_registered(key);
-                        return;
-                    }
-                    Flush::Failed => {
-                        self.close(key);
-                        return;
-                    }
-                }
+            if self.conns[key].must_flush_now() && !self.flush_or_wait(key) {
+                return;
             }
             let c = &mut self.conns[key];
             if c.lingering {
@@ -343,7 +354,7 @@ impl Worker<'_> {
                 if self.consume_body(key) {
                     continue;
                 }
-                if !self.read_more(key) {
+                if !self.flush_or_wait(key) || !self.read_more(key) {
                     return;
                 }
                 continue;
@@ -381,22 +392,51 @@ impl Worker<'_> {
                     }
                     shard_http::request::Parse::Partial => {}
                     shard_http::request::Parse::Error(rej) => {
-                        crate::log!(Info, "client sent invalid request: {} ({})", rej.reason, rej.status);
+                        crate::log!(
+                            Info,
+                            "client sent invalid request: {} ({})",
+                            rej.reason,
+                            rej.status
+                        );
                         let status = rej.status;
                         self.error_reply(key, status, "");
                         continue;
                     }
                 }
             }
-            if !self.read_more(key) {
+            if !self.flush_or_wait(key) || !self.read_more(key) {
                 return;
+            }
+        }
+    }
+
+    /// Writes pending output. Returns false when the connection must wait for the kernel (it is
+    /// then registered) or was closed.
+    fn flush_or_wait(&mut self, key: usize) -> bool {
+        if !self.conns[key].has_output() {
+            return true;
+        }
+        match self.flush(key) {
+            Flush::Done => true,
+            Flush::Blocked => {
+                self.ensure_registered(key);
+                false
+            }
+            Flush::Failed => {
+                self.close(key);
+                false
             }
         }
     }
 
     fn limits(&self, listener: usize) -> shard_http::request::Limits {
         let l = &self.cfg.listeners[listener];
-        let s = &self.cfg.http.as_ref().expect("http listener without http").servers[l.default_server];
+        let s = &self
+            .cfg
+            .http
+            .as_ref()
+            .expect("http listener without http")
+            .servers[l.default_server];
         shard_http::request::Limits {
             header_buffer_size: s.client_header_buffer_size,
             large_buffers: s.large_client_header_buffers.0,
@@ -518,7 +558,11 @@ impl Worker<'_> {
         if c.body_bytes_max > 0 && c.body_bytes > c.body_bytes_max {
             // Chunked bodies learn their size as they go. The response was already sent, so
             // the only honest thing left is to stop reading and close.
-            crate::log!(Error, "client intended to send too large chunked body: {} bytes", c.body_bytes);
+            crate::log!(
+                Error,
+                "client intended to send too large chunked body: {} bytes",
+                c.body_bytes
+            );
             c.close_after = true;
             c.body = BodyLeft::None;
             return true;
@@ -569,7 +613,8 @@ impl Worker<'_> {
             return;
         };
         let listener = &cfg.listeners[self.conns[key].listener];
-        let server = &http.servers[shard_http::route::select_server(http, listener, req.host.as_deref())];
+        let server =
+            &http.servers[shard_http::route::select_server(http, listener, req.host.as_deref())];
         let loc = shard_http::route::find_location(server, &req.path);
 
         let c = &mut self.conns[key];
@@ -585,13 +630,23 @@ impl Worker<'_> {
 
         // Body: refuse what announces itself too large before reading any of it.
         match req.body {
-            shard_http::request::Body::Length(n) if loc.client_max_body_size > 0 && n > loc.client_max_body_size => {
+            shard_http::request::Body::Length(n)
+                if loc.client_max_body_size > 0 && n > loc.client_max_body_size =>
+            {
                 crate::log!(Error, "client intended to send too large body: {n} bytes");
                 self.error_reply(key, 413, &req.request_line);
-                self.log_access(key, loc, &req, 413, shard_http::response::error_body(413).len() as u64);
+                self.log_access(
+                    key,
+                    loc,
+                    &req,
+                    413,
+                    shard_http::response::error_body(413).len() as u64,
+                );
                 return;
             }
-            shard_http::request::Body::Length(0) | shard_http::request::Body::None => c.body = BodyLeft::None,
+            shard_http::request::Body::Length(0) | shard_http::request::Body::None => {
+                c.body = BodyLeft::None
+            }
             shard_http::request::Body::Length(n) => c.body = BodyLeft::Length(n),
             shard_http::request::Body::Chunked => c.body = BodyLeft::Chunked(ChunkedDecoder::new()),
         }
@@ -607,12 +662,23 @@ impl Worker<'_> {
         self.log_access(key, loc, &req, reply.status, reply.body_bytes);
     }
 
-    fn log_access(&mut self, key: usize, loc: &LocationConf, req: &shard_http::request::Request, status: u16, bytes: u64) {
+    fn log_access(
+        &mut self,
+        key: usize,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        status: u16,
+        bytes: u64,
+    ) {
         let Some(al) = &loc.access_log else { return };
-        let Some(&i) = self.access_log_idx.get(&al.path) else { return };
+        let Some(&i) = self.access_log_idx.get(&al.path) else {
+            return;
+        };
         let peer = self.conns[key]
             .peer
-            .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |p| p.ip());
+            .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |p| {
+                p.ip()
+            });
         let f = &mut self.access_logs[i];
         shard_http::access_log::write_combined(
             &mut f.buf,
@@ -648,7 +714,14 @@ impl Worker<'_> {
         &mut self.conns[key].out
     }
 
-    pub(super) fn set_file_body(&mut self, key: usize, fd: RawFd, offset: u64, len: u64, sendfile: bool) {
+    pub(super) fn set_file_body(
+        &mut self,
+        key: usize,
+        fd: RawFd,
+        offset: u64,
+        len: u64,
+        sendfile: bool,
+    ) {
         let c = &mut self.conns[key];
         if len == 0 {
             shard_event::sock::close(fd);

@@ -17,18 +17,36 @@ use super::conn::Reply;
 use super::Worker;
 use crate::status::{self, ListenerRow};
 
-pub(super) fn respond(w: &mut Worker<'_>, key: usize, loc: &LocationConf, req: &Request, keep_alive: bool) -> Reply {
+pub(super) fn respond(
+    w: &mut Worker<'_>,
+    key: usize,
+    loc: &LocationConf,
+    req: &Request,
+    keep_alive: bool,
+) -> Reply {
     if let Some(h) = loc.handler {
         return status_page(w, key, h, req, keep_alive);
     }
     if let Some(ret) = &loc.ret {
-        return simple(w, key, req, keep_alive, shard_http::response::return_reply(ret, &loc.default_type));
+        return simple(
+            w,
+            key,
+            req,
+            keep_alive,
+            shard_http::response::return_reply(ret, &loc.default_type),
+        );
     }
     static_file(w, key, loc, req, keep_alive)
 }
 
 /// A complete in-memory response.
-fn simple(w: &mut Worker<'_>, key: usize, req: &Request, keep_alive: bool, r: shard_http::response::Simple) -> Reply {
+fn simple(
+    w: &mut Worker<'_>,
+    key: usize,
+    req: &Request,
+    keep_alive: bool,
+    r: shard_http::response::Simple,
+) -> Reply {
     let date = std::mem::take(&mut w.date);
     let out = w.out_buf(key);
     write_head(
@@ -60,8 +78,10 @@ fn listener_rows(w: &Worker<'_>) -> Vec<ListenerRow> {
     let mut rows = Vec::new();
     for l in w.listeners_open {
         for (k, &fd) in l.fds.iter().enumerate() {
-            let (queue, backlog) = shard_event::sock::listen_queue(fd).unwrap_or((0, l.backlog.max(0) as u32));
-            let address = shard_event::sock::local_addr(fd).map_or(l.addr.to_string(), |a| a.to_string());
+            let (queue, backlog) =
+                shard_event::sock::listen_queue(fd).unwrap_or((0, l.backlog.max(0) as u32));
+            let address =
+                shard_event::sock::local_addr(fd).map_or(l.addr.to_string(), |a| a.to_string());
             rows.push(ListenerRow {
                 address,
                 shard: l.reuseport.then_some(k),
@@ -74,9 +94,21 @@ fn listener_rows(w: &Worker<'_>) -> Vec<ListenerRow> {
     rows
 }
 
-fn status_page(w: &mut Worker<'_>, key: usize, h: StatusHandler, req: &Request, keep_alive: bool) -> Reply {
+fn status_page(
+    w: &mut Worker<'_>,
+    key: usize,
+    h: StatusHandler,
+    req: &Request,
+    keep_alive: bool,
+) -> Reply {
     if !matches!(req.method, Method::Get | Method::Head) {
-        return simple(w, key, req, keep_alive, shard_http::response::error_simple(405));
+        return simple(
+            w,
+            key,
+            req,
+            keep_alive,
+            shard_http::response::error_simple(405),
+        );
     }
     let mut body = Vec::with_capacity(1024);
     let content_type = match h {
@@ -86,7 +118,10 @@ fn status_page(w: &mut Worker<'_>, key: usize, h: StatusHandler, req: &Request, 
         }
         StatusHandler::Shard => {
             // Refresh our own CPU time so the page is current for at least the answering worker.
-            w.slot.cpu_ms.store(shard_event::process::cpu_time_ms(), std::sync::atomic::Ordering::Relaxed);
+            w.slot.cpu_ms.store(
+                shard_event::process::cpu_time_ms(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             let rows = listener_rows(w);
             let prom = req
                 .query
@@ -122,7 +157,9 @@ enum Opened {
 }
 
 fn open_file(path: &Path) -> Opened {
-    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else { return Opened::Missing };
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return Opened::Missing;
+    };
     match shard_event::fs::open_stat(&c) {
         Ok((fd, st)) => Opened::File(
             fd,
@@ -140,7 +177,13 @@ fn open_file(path: &Path) -> Opened {
     }
 }
 
-fn static_file(w: &mut Worker<'_>, key: usize, loc: &LocationConf, req: &Request, keep_alive: bool) -> Reply {
+fn static_file(
+    w: &mut Worker<'_>,
+    key: usize,
+    loc: &LocationConf,
+    req: &Request,
+    keep_alive: bool,
+) -> Reply {
     let mut path = shard_http::static_file::map_path(loc, &req.path);
     let mut opened = open_file(&path);
     // A directory request ending in '/' is served by its first existing index file.
@@ -165,12 +208,33 @@ fn static_file(w: &mut Worker<'_>, key: usize, loc: &LocationConf, req: &Request
     }
     let (fd, meta) = match opened {
         Opened::File(fd, m) => (fd, m),
-        Opened::Missing => return simple(w, key, req, keep_alive, shard_http::response::error_simple(404)),
-        Opened::Forbidden => return simple(w, key, req, keep_alive, shard_http::response::error_simple(403)),
+        Opened::Missing => {
+            return simple(
+                w,
+                key,
+                req,
+                keep_alive,
+                shard_http::response::error_simple(404),
+            )
+        }
+        Opened::Forbidden => {
+            return simple(
+                w,
+                key,
+                req,
+                keep_alive,
+                shard_http::response::error_simple(403),
+            )
+        }
     };
     let content_type = shard_http::static_file::content_type(loc, &path).to_string();
     match shard_http::static_file::plan(req, &meta) {
-        Plan::Send { status, offset, len, headers } => {
+        Plan::Send {
+            status,
+            offset,
+            len,
+            headers,
+        } => {
             let date = std::mem::take(&mut w.date);
             let out = w.out_buf(key);
             write_head(
@@ -191,10 +255,16 @@ fn static_file(w: &mut Worker<'_>, key: usize, loc: &LocationConf, req: &Request
             w.date = date;
             if req.method == Method::Head {
                 shard_event::sock::close(fd);
-                return Reply { status, body_bytes: 0 };
+                return Reply {
+                    status,
+                    body_bytes: 0,
+                };
             }
             w.set_file_body(key, fd, offset, len, loc.sendfile);
-            Reply { status, body_bytes: len }
+            Reply {
+                status,
+                body_bytes: len,
+            }
         }
         Plan::Reply(s) => {
             shard_event::sock::close(fd);

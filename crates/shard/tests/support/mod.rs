@@ -29,7 +29,11 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
 
 /// A port that was free a moment ago (bound to port 0 and released).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A fresh, empty directory for one test.
@@ -64,13 +68,17 @@ impl Server {
     pub fn start_env(tag: &str, conf: &str, workers: usize, env: &[(&str, &str)]) -> Server {
         let dir = temp_dir(tag);
         let port = free_port();
-        let text = conf.replace("{port}", &port.to_string()).replace("{dir}", dir.to_str().unwrap());
+        let text = conf
+            .replace("{port}", &port.to_string())
+            .replace("{dir}", dir.to_str().unwrap());
         std::fs::write(dir.join("conf/shard.conf"), text).unwrap();
         let mut cmd = Command::new(BIN);
         cmd.arg("-p").arg(&dir).arg("-c").arg("conf/shard.conf");
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::from(
-            std::fs::File::create(dir.join("logs/stderr.log")).unwrap(),
-        ));
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(dir.join("logs/stderr.log")).unwrap(),
+            ));
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -156,7 +164,12 @@ impl Drop for Server {
 pub fn pid_alive(pid: i32) -> bool {
     // A zombie still answers kill(0); look at /proc state too.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
         Err(_) => false,
     }
 }
@@ -172,13 +185,23 @@ pub struct Worker {
 
 fn json_u64(obj: &str, key: &str) -> u64 {
     let pat = format!("\"{key}\":");
-    let i = obj.find(&pat).unwrap_or_else(|| panic!("no {key} in {obj}")) + pat.len();
-    obj[i..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().unwrap()
+    let i = obj
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key} in {obj}"))
+        + pat.len();
+    obj[i..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect::<String>()
+        .parse()
+        .unwrap()
 }
 
 /// Minimal reader of the `workers` array of `/status` (the format is ours and flat).
 pub fn parse_workers(json: &str) -> Vec<Worker> {
-    let Some(start) = json.find("\"workers\":[") else { return Vec::new() };
+    let Some(start) = json.find("\"workers\":[") else {
+        return Vec::new();
+    };
     let rest = &json[start + 11..];
     let end = rest.find(']').unwrap_or(rest.len());
     rest[..end]
@@ -223,17 +246,27 @@ pub fn read_response(s: &mut TcpStream, head_only: bool) -> std::io::Result<Resp
         }
         let n = s.read(&mut tmp)?;
         if n == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof before head"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "eof before head",
+            ));
         }
         buf.extend_from_slice(&tmp[..n]);
     };
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
     let mut lines = head.split("\r\n");
     let status_line = lines.next().unwrap_or("");
-    let status: u16 = status_line.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let status: u16 = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let headers: Vec<(String, String)> = lines
         .filter(|l| !l.is_empty())
-        .filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_string(), v.trim().to_string())))
+        .filter_map(|l| {
+            l.split_once(':')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        })
         .collect();
     let mut body = buf[head_end..].to_vec();
     let len = headers
@@ -246,7 +279,10 @@ pub fn read_response(s: &mut TcpStream, head_only: bool) -> std::io::Result<Resp
         while body.len() < len {
             let n = s.read(&mut tmp)?;
             if n == 0 {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof in body"));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "eof in body",
+                ));
             }
             body.extend_from_slice(&tmp[..n]);
         }
@@ -260,7 +296,11 @@ pub fn read_response(s: &mut TcpStream, head_only: bool) -> std::io::Result<Resp
             body.extend_from_slice(&tmp[..n]);
         }
     }
-    Ok(Response { status, headers, body })
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
 }
 
 pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -283,7 +323,10 @@ pub fn raw(addr: SocketAddr, req: &[u8]) -> Response {
 pub fn try_get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )?;
     read_response(&mut s, false)
 }
 
@@ -348,9 +391,18 @@ pub fn parse_responses(buf: &[u8]) -> Vec<Response> {
     while let Some(end) = find(&buf[at..], b"\r\n\r\n") {
         let head = String::from_utf8_lossy(&buf[at..at + end]).into_owned();
         let mut lines = head.split("\r\n");
-        let status = lines.next().unwrap_or("").split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let status = lines
+            .next()
+            .unwrap_or("")
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
         let headers: Vec<(String, String)> = lines
-            .filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_string(), v.trim().to_string())))
+            .filter_map(|l| {
+                l.split_once(':')
+                    .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            })
             .collect();
         let len = headers
             .iter()
@@ -381,7 +433,11 @@ pub fn read_responses(s: &mut TcpStream, n: usize) -> Vec<Response> {
             return rs;
         }
         let got = s.read(&mut tmp).expect("read responses");
-        assert!(got > 0, "connection closed after {} of {n} responses", rs.len());
+        assert!(
+            got > 0,
+            "connection closed after {} of {n} responses",
+            rs.len()
+        );
         buf.extend_from_slice(&tmp[..got]);
     }
 }

@@ -1,0 +1,99 @@
+//! The access-log line: nginx's `combined` format, escaped as nginx escapes variables.
+//!
+//! `$remote_addr - - [$time_local] "$request" $status $body_bytes_sent "$http_referer"
+//! "$http_user_agent"`. This module formats one line into a caller's buffer; buffering,
+//! flushing and files belong to the caller.
+
+use std::io::Write;
+use std::net::IpAddr;
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+/// Appends `s` with `"`, `\`, control bytes and bytes >= 0x7f written as `\xHH`.
+fn push_escaped(out: &mut Vec<u8>, s: &str) {
+    for &b in s.as_bytes() {
+        if b == b'"' || b == b'\\' || !(0x20..0x7f).contains(&b) {
+            out.extend_from_slice(&[
+                b'\\',
+                b'x',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 15)],
+            ]);
+        } else {
+            out.push(b);
+        }
+    }
+}
+
+fn push_opt(out: &mut Vec<u8>, v: Option<&str>) {
+    out.push(b'"');
+    match v {
+        Some(s) => push_escaped(out, s),
+        None => out.push(b'-'),
+    }
+    out.push(b'"');
+}
+
+/// Appends one `combined` line, newline included.
+#[allow(clippy::too_many_arguments)]
+pub fn write_combined(
+    out: &mut Vec<u8>,
+    addr: IpAddr,
+    time_local: &str,
+    request_line: &str,
+    status: u16,
+    bytes: u64,
+    referer: Option<&str>,
+    user_agent: Option<&str>,
+) {
+    let _ = write!(out, "{addr} - - [{time_local}] \"");
+    push_escaped(out, request_line);
+    let _ = write!(out, "\" {status} {bytes} ");
+    push_opt(out, referer);
+    out.push(b' ');
+    push_opt(out, user_agent);
+    out.push(b'\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn combined_line() {
+        let mut out = Vec::new();
+        write_combined(
+            &mut out,
+            "127.0.0.1".parse().unwrap(),
+            "06/Nov/1994:08:49:37 +0000",
+            "GET /ok?x=1 HTTP/1.1",
+            200,
+            2,
+            None,
+            Some("test \"agent\""),
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "127.0.0.1 - - [06/Nov/1994:08:49:37 +0000] \"GET /ok?x=1 HTTP/1.1\" 200 2 \"-\" \"test \\x22agent\\x22\"\n"
+        );
+    }
+
+    #[test]
+    fn escaping() {
+        let mut out = Vec::new();
+        write_combined(
+            &mut out,
+            "::1".parse().unwrap(),
+            "t",
+            "a\\b\tc\x7fé",
+            404,
+            0,
+            Some(""),
+            None,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "::1 - - [t] \"a\\x5Cb\\x09c\\x7F\\xC3\\xA9\" 404 0 \"\" \"-\"\n"
+        );
+    }
+}

@@ -1,0 +1,289 @@
+//! Request bodies sent with `Transfer-Encoding: chunked`: a bounded, byte-driven state machine.
+//!
+//! The decoder only walks the framing (chunk sizes, extensions, CRLFs and trailers) and counts
+//! payload bytes; it never buffers or returns payload, since shard only discards bodies. It
+//! keeps a few counters of state, so memory is constant whatever the input. Limits on the total
+//! body size (`client_max_body_size`) belong to the caller, which sees the running count.
+
+use crate::request::Reject;
+
+/// Longest chunk extension accepted on one size line.
+const MAX_EXTENSION: usize = 4096;
+/// Most trailer bytes accepted after the last chunk.
+const MAX_TRAILERS: usize = 16 * 1024;
+/// Largest chunk size accepted (nginx refuses sizes beyond `off_t`).
+const MAX_CHUNK: u64 = i64::MAX as u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Expecting the first hex digit of a chunk size.
+    SizeStart,
+    Size,
+    /// After the digits: whitespace and `;name=value` extensions until the line ends.
+    Extension,
+    SizeLf,
+    Data,
+    /// After chunk data: CRLF (or a bare LF).
+    DataCr,
+    DataLf,
+    /// At the start of a trailer line (or the final empty line).
+    TrailerStart,
+    TrailerLine,
+    TrailerEndLf,
+    Done,
+}
+
+/// What one [`ChunkedDecoder::feed`] call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Feed {
+    /// Input bytes used. Less than the input only when the body ended inside it.
+    pub consumed: usize,
+    /// Payload bytes among them.
+    pub data: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChunkedDecoder {
+    state: State,
+    /// The chunk size being read, then the payload bytes left in the chunk.
+    size: u64,
+    extension: usize,
+    trailers: usize,
+}
+
+impl Default for ChunkedDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+const fn bad(reason: &'static str) -> Reject {
+    Reject {
+        status: 400,
+        reason,
+    }
+}
+
+fn hex(b: u8) -> Option<u64> {
+    match b {
+        b'0'..=b'9' => Some(u64::from(b - b'0')),
+        b'a'..=b'f' => Some(u64::from(b - b'a' + 10)),
+        b'A'..=b'F' => Some(u64::from(b - b'A' + 10)),
+        _ => None,
+    }
+}
+
+impl ChunkedDecoder {
+    pub fn new() -> ChunkedDecoder {
+        ChunkedDecoder {
+            state: State::SizeStart,
+            size: 0,
+            extension: 0,
+            trailers: 0,
+        }
+    }
+
+    /// True once the last chunk and the trailers have been read.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    fn end_of_size_line(&mut self) {
+        self.state = if self.size == 0 {
+            State::TrailerStart
+        } else {
+            State::Data
+        };
+    }
+
+    /// Walks `input`, which continues where the previous call stopped. Stops at the end of the
+    /// body, leaving any following bytes (a pipelined request) unconsumed. A malformed body is
+    /// a 400; the decoder must not be fed again after an error.
+    pub fn feed(&mut self, input: &[u8]) -> Result<Feed, Reject> {
+        let mut i = 0;
+        let mut data = 0u64;
+        while i < input.len() {
+            if self.state == State::Data {
+                let take = self.size.min((input.len() - i) as u64);
+                i += take as usize;
+                data += take;
+                self.size -= take;
+                if self.size == 0 {
+                    self.state = State::DataCr;
+                }
+                continue;
+            }
+            let b = input[i];
+            match self.state {
+                State::Done => break,
+                State::SizeStart => {
+                    let d = hex(b).ok_or(bad("invalid chunk size"))?;
+                    self.size = d;
+                    self.extension = 0;
+                    self.state = State::Size;
+                }
+                State::Size => match b {
+                    b'\r' => self.state = State::SizeLf,
+                    b'\n' => self.end_of_size_line(),
+                    b';' | b' ' | b'\t' => self.state = State::Extension,
+                    _ => {
+                        let d = hex(b).ok_or(bad("invalid chunk size"))?;
+                        if self.size > MAX_CHUNK >> 4 {
+                            return Err(bad("chunk size too large"));
+                        }
+                        self.size = self.size << 4 | d;
+                    }
+                },
+                State::Extension => match b {
+                    b'\r' => self.state = State::SizeLf,
+                    b'\n' => self.end_of_size_line(),
+                    b'\t' => {}
+                    c if c < 0x20 || c == 0x7f => return Err(bad("invalid chunk extension")),
+                    _ => {
+                        self.extension += 1;
+                        if self.extension > MAX_EXTENSION {
+                            return Err(bad("chunk extension too long"));
+                        }
+                    }
+                },
+                State::SizeLf => {
+                    if b != b'\n' {
+                        return Err(bad("invalid chunk size line"));
+                    }
+                    self.end_of_size_line();
+                }
+                State::DataCr => match b {
+                    b'\r' => self.state = State::DataLf,
+                    b'\n' => self.state = State::SizeStart,
+                    _ => return Err(bad("chunk data longer than its size")),
+                },
+                State::DataLf => {
+                    if b != b'\n' {
+                        return Err(bad("invalid chunk terminator"));
+                    }
+                    self.state = State::SizeStart;
+                }
+                State::TrailerStart => match b {
+                    b'\r' => self.state = State::TrailerEndLf,
+                    b'\n' => self.state = State::Done,
+                    _ => self.state = State::TrailerLine,
+                },
+                State::TrailerLine => {
+                    if b == b'\n' {
+                        self.state = State::TrailerStart;
+                    }
+                }
+                State::TrailerEndLf => {
+                    if b != b'\n' {
+                        return Err(bad("invalid end of chunked body"));
+                    }
+                    self.state = State::Done;
+                }
+                // Handled above, before a byte is taken.
+                State::Data => {}
+            }
+            if matches!(
+                self.state,
+                State::TrailerStart | State::TrailerLine | State::TrailerEndLf
+            ) {
+                self.trailers += 1;
+                if self.trailers > MAX_TRAILERS {
+                    return Err(bad("trailers too large"));
+                }
+            }
+            i += 1;
+        }
+        Ok(Feed { consumed: i, data })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(input: &[u8]) -> Result<(Feed, bool), Reject> {
+        let mut d = ChunkedDecoder::new();
+        let f = d.feed(input)?;
+        Ok((f, d.is_done()))
+    }
+
+    #[test]
+    fn whole_body() {
+        let b = b"5\r\nhello\r\n0\r\n\r\nGET /";
+        let (f, done) = all(b).unwrap();
+        assert!(done);
+        assert_eq!(
+            f,
+            Feed {
+                consumed: b.len() - 5,
+                data: 5
+            }
+        );
+    }
+
+    #[test]
+    fn byte_by_byte_with_extensions_and_trailers() {
+        let b = b"A;name=\"v\"\r\n0123456789\r\n1 ; x\n!\n0\r\nX-T: 1\r\nY: 2\r\n\r\n";
+        let mut d = ChunkedDecoder::new();
+        let mut data = 0;
+        for (i, c) in b.iter().enumerate() {
+            assert!(!d.is_done(), "done early at {i}");
+            let f = d.feed(std::slice::from_ref(c)).unwrap();
+            assert_eq!(f.consumed, 1);
+            data += f.data;
+        }
+        assert!(d.is_done());
+        assert_eq!(data, 11);
+        assert_eq!(
+            d.feed(b"more").unwrap(),
+            Feed {
+                consumed: 0,
+                data: 0
+            }
+        );
+    }
+
+    #[test]
+    fn split_data() {
+        let mut d = ChunkedDecoder::new();
+        assert_eq!(
+            d.feed(b"10\r\n0123").unwrap(),
+            Feed {
+                consumed: 8,
+                data: 4
+            }
+        );
+        assert_eq!(d.feed(b"456789abcdef\r\n0\r\n").unwrap().data, 12);
+        assert!(!d.is_done());
+        d.feed(b"\r\n").unwrap();
+        assert!(d.is_done());
+    }
+
+    #[test]
+    fn malformed_is_400() {
+        for b in [
+            &b"x\r\n"[..],
+            b"\r\n",
+            b"5\rX",
+            b"5\r\nhelloX",
+            b"5\r\nhello\rX",
+            b"0\r\n\rX",
+            b"5 \x01\r\n",
+            b"-1\r\n",
+            b"8000000000000000\r\n",
+            b"ffffffffffffffffffff\r\n",
+        ] {
+            let r = all(b).unwrap_err();
+            assert_eq!(r.status, 400, "{:?}", String::from_utf8_lossy(b));
+        }
+        assert!(all(b"7fffffffffffffff\r\n").is_ok());
+        assert!(
+            all(b"000000000000000000000001\r\nx").is_ok(),
+            "leading zeros are fine"
+        );
+        let long_ext = format!("1;{}\r\n", "a".repeat(5000));
+        assert!(all(long_ext.as_bytes()).is_err());
+        let trailers = format!("0\r\n{}", "X: y\r\n".repeat(5000));
+        assert!(all(trailers.as_bytes()).is_err());
+    }
+}

@@ -1,0 +1,901 @@
+//! Request heads: bytes in, a validated [`Request`] (or the nginx status to refuse it) out.
+//!
+//! This module owns the request line, the header section, their size limits
+//! (`client_header_buffer_size` / `large_client_header_buffers`), URI decoding and
+//! normalization, `Host` validation, keep-alive and body framing decisions. It does not read
+//! bodies (see [`crate::body`]), choose servers or locations (see [`crate::route`]) or enforce
+//! `client_max_body_size` (the caller knows the location).
+//!
+//! Statuses follow nginx: malformed input is 400, a request line that does not fit in one large
+//! buffer is 414, a header line or section that does not fit is 431 (nginx says 400 "Request
+//! Header Or Cookie Too Large"), an unsupported HTTP major version is 505 and an unknown
+//! `Transfer-Encoding` is 501.
+
+use memchr::memchr;
+
+/// Most header lines one request may carry; more is 431.
+pub const MAX_HEADERS: usize = 100;
+/// Longest method accepted.
+const MAX_METHOD: usize = 32;
+
+/// Header size limits, as configured per server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `client_header_buffer_size`.
+    pub header_buffer_size: usize,
+    /// `large_client_header_buffers` count.
+    pub large_buffers: usize,
+    /// `large_client_header_buffers` size: the longest request line or header line.
+    pub large_buffer_size: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_buffer_size: 1024,
+            large_buffers: 4,
+            large_buffer_size: 8192,
+        }
+    }
+}
+
+impl Limits {
+    /// Longest single line (request line or header line, terminator included).
+    fn line_max(&self) -> usize {
+        if self.large_buffer_size == 0 {
+            self.header_buffer_size.max(1)
+        } else {
+            self.large_buffer_size
+        }
+    }
+
+    /// Longest head. The caller stops reading at `large_buffers * large_buffer_size`, so a head
+    /// still incomplete at that size must be refused here rather than waited for.
+    pub fn head_max(&self) -> usize {
+        let large = self.large_buffers.saturating_mul(self.large_buffer_size);
+        if large == 0 {
+            self.header_buffer_size.max(1)
+        } else {
+            large
+        }
+    }
+}
+
+/// Why a request was refused: the status to answer with and a short text for the error log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reject {
+    pub status: u16,
+    pub reason: &'static str,
+}
+
+const fn reject(status: u16, reason: &'static str) -> Reject {
+    Reject { status, reason }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Head,
+    Post,
+    Put,
+    Delete,
+    Options,
+    Patch,
+    Other(String),
+}
+
+impl Method {
+    fn from_bytes(b: &[u8]) -> Method {
+        match b {
+            b"GET" => Method::Get,
+            b"HEAD" => Method::Head,
+            b"POST" => Method::Post,
+            b"PUT" => Method::Put,
+            b"DELETE" => Method::Delete,
+            b"OPTIONS" => Method::Options,
+            b"PATCH" => Method::Patch,
+            // Only A-Z, '_' and '-' get here: always ASCII.
+            other => Method::Other(String::from_utf8_lossy(other).into_owned()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            Method::Get => "GET",
+            Method::Head => "HEAD",
+            Method::Post => "POST",
+            Method::Put => "PUT",
+            Method::Delete => "DELETE",
+            Method::Options => "OPTIONS",
+            Method::Patch => "PATCH",
+            Method::Other(s) => s,
+        }
+    }
+}
+
+/// How the request body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// A parsed, validated request head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub method: Method,
+    /// The request line as received, without its line terminator (`$request`).
+    pub request_line: String,
+    /// The request target as received.
+    pub target: String,
+    /// Percent-decoded, dot segments resolved, slashes merged; always starts with `/`.
+    pub path: String,
+    /// The raw query string, without `?`.
+    pub query: Option<String>,
+    /// `1` for HTTP/1.1, `0` for HTTP/1.0.
+    pub minor_version: u8,
+    /// From an absolute-form target, else the `Host` header: lowercase, port and trailing dot
+    /// removed.
+    pub host: Option<String>,
+    pub keep_alive: bool,
+    pub body: Body,
+    pub if_modified_since: Option<String>,
+    pub if_none_match: Option<String>,
+    pub range: Option<String>,
+    pub user_agent: Option<String>,
+    pub referer: Option<String>,
+}
+
+// `Complete` is much larger than the others; the caller takes the request by value and
+// parse results are short-lived, so boxing would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Parse {
+    /// A whole head: the request and how many bytes of the buffer it used.
+    Complete {
+        req: Request,
+        head_len: usize,
+    },
+    /// Not enough bytes yet, and still within the limits.
+    Partial,
+    Error(Reject),
+}
+
+fn is_method_byte(b: u8) -> bool {
+    b.is_ascii_uppercase() || b == b'_' || b == b'-'
+}
+
+fn is_target_byte(b: u8) -> bool {
+    b > 0x20 && b != 0x7f
+}
+
+/// Checks the start of a request line that has no terminator yet, so garbage is refused at
+/// once instead of after a timeout.
+fn check_partial_line(line: &[u8]) -> Result<(), Reject> {
+    let mut i = 0;
+    while i < line.len() && is_method_byte(line[i]) {
+        i += 1;
+    }
+    if i > MAX_METHOD {
+        return Err(reject(400, "invalid method"));
+    }
+    if i == line.len() {
+        return Ok(());
+    }
+    if line[i] != b' ' || i == 0 {
+        return Err(reject(400, "invalid method"));
+    }
+    while i < line.len() && line[i] == b' ' {
+        i += 1;
+    }
+    while i < line.len() && line[i] != b' ' {
+        let final_cr = line[i] == b'\r' && i + 1 == line.len();
+        if !is_target_byte(line[i]) && !final_cr {
+            return Err(reject(400, "invalid request target"));
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+struct Line<'a> {
+    method: &'a [u8],
+    target: &'a [u8],
+    minor: u8,
+}
+
+fn parse_version(v: &[u8]) -> Result<u8, Reject> {
+    let bad = reject(400, "invalid HTTP version");
+    let Some(rest) = v.strip_prefix(b"HTTP/") else {
+        return Err(bad);
+    };
+    let Some(dot) = memchr(b'.', rest) else {
+        return Err(bad);
+    };
+    let (maj, min) = (&rest[..dot], &rest[dot + 1..]);
+    let num = |d: &[u8]| -> Option<u32> {
+        if d.is_empty() || d.len() > 3 || !d.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        Some(d.iter().fold(0u32, |a, &c| a * 10 + u32::from(c - b'0')))
+    };
+    let (Some(maj), Some(min)) = (num(maj), num(min)) else {
+        return Err(bad);
+    };
+    if maj != 1 {
+        return Err(reject(505, "unsupported HTTP version"));
+    }
+    if min > 99 {
+        return Err(bad);
+    }
+    Ok(min as u8)
+}
+
+fn parse_line(line: &[u8]) -> Result<Line<'_>, Reject> {
+    let mut i = 0;
+    while i < line.len() && is_method_byte(line[i]) {
+        i += 1;
+    }
+    if i == 0 || i > MAX_METHOD || i == line.len() || line[i] != b' ' {
+        return Err(reject(400, "invalid method"));
+    }
+    let method = &line[..i];
+    while i < line.len() && line[i] == b' ' {
+        i += 1;
+    }
+    let t0 = i;
+    while i < line.len() && line[i] != b' ' {
+        if !is_target_byte(line[i]) {
+            return Err(reject(400, "invalid request target"));
+        }
+        i += 1;
+    }
+    let target = &line[t0..i];
+    if target.is_empty() {
+        return Err(reject(400, "invalid request target"));
+    }
+    while i < line.len() && line[i] == b' ' {
+        i += 1;
+    }
+    let mut end = line.len();
+    while end > i && line[end - 1] == b' ' {
+        end -= 1;
+    }
+    let version = &line[i..end];
+    if version.is_empty() {
+        return Err(reject(505, "HTTP/0.9 is not supported"));
+    }
+    Ok(Line {
+        method,
+        target,
+        minor: parse_version(version)?,
+    })
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Percent-decodes `raw` (which starts with `/`) and resolves `.`, `..` and empty segments.
+pub fn normalize_path(raw: &[u8]) -> Result<String, Reject> {
+    let mut dec = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        let b = raw[i];
+        if b == b'%' {
+            let (Some(h), Some(l)) = (
+                raw.get(i + 1).copied().and_then(hex),
+                raw.get(i + 2).copied().and_then(hex),
+            ) else {
+                return Err(reject(400, "invalid percent-encoding in URI"));
+            };
+            let v = h << 4 | l;
+            if v == 0 {
+                return Err(reject(400, "NUL in URI"));
+            }
+            dec.push(v);
+            i += 3;
+        } else {
+            if b == 0 {
+                return Err(reject(400, "NUL in URI"));
+            }
+            dec.push(b);
+            i += 1;
+        }
+    }
+    let mut out: Vec<u8> = Vec::with_capacity(dec.len() + 1);
+    let mut starts: Vec<usize> = Vec::new();
+    let mut trailing = false;
+    for seg in dec.split(|&c| c == b'/') {
+        match seg {
+            b"" | b"." => trailing = true,
+            b".." => {
+                let Some(s) = starts.pop() else {
+                    return Err(reject(400, "URI escapes the root"));
+                };
+                out.truncate(s);
+                trailing = true;
+            }
+            _ => {
+                starts.push(out.len());
+                out.push(b'/');
+                out.extend_from_slice(seg);
+                trailing = false;
+            }
+        }
+    }
+    if trailing || out.is_empty() {
+        out.push(b'/');
+    }
+    String::from_utf8(out).map_err(|_| reject(400, "URI is not UTF-8"))
+}
+
+/// nginx's `ngx_http_validate_host`: lowercase, strip the port and a trailing dot, refuse `..`,
+/// `/`, control bytes and an empty name.
+pub fn validate_host(v: &[u8]) -> Option<String> {
+    let mut host_len = v.len();
+    let mut in_literal = false;
+    let mut dot_pos = usize::MAX;
+    for (i, &c) in v.iter().enumerate() {
+        match c {
+            b'.' => {
+                if dot_pos != usize::MAX && dot_pos + 1 == i {
+                    return None;
+                }
+                dot_pos = i;
+            }
+            b':' if !in_literal => {
+                host_len = i;
+                break;
+            }
+            b'[' if i == 0 => in_literal = true,
+            b']' if in_literal => in_literal = false,
+            b'/' | b'\\' | b'[' | b']' | b'@' => return None,
+            c if c < 0x21 || c == 0x7f => return None,
+            _ => {}
+        }
+    }
+    if in_literal {
+        return None;
+    }
+    if host_len > 0 && dot_pos == host_len - 1 {
+        host_len -= 1;
+    }
+    if host_len == 0 {
+        return None;
+    }
+    let h = std::str::from_utf8(&v[..host_len]).ok()?;
+    Some(h.to_ascii_lowercase())
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    let mut s = 0;
+    let mut e = v.len();
+    while s < e && (v[s] == b' ' || v[s] == b'\t') {
+        s += 1;
+    }
+    while e > s && (v[e - 1] == b' ' || v[e - 1] == b'\t') {
+        e -= 1;
+    }
+    &v[s..e]
+}
+
+fn text(v: &[u8]) -> String {
+    String::from_utf8_lossy(trim(v)).into_owned()
+}
+
+fn parse_length(v: &[u8]) -> Option<u64> {
+    let v = trim(v);
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = v.iter().fold(0u64, |a, &c| a * 10 + u64::from(c - b'0'));
+    (n <= i64::MAX as u64).then_some(n)
+}
+
+/// The target split into host (absolute form only), raw path and raw query.
+/// (host of an absolute-form target, raw path, raw query).
+type Target<'a> = (Option<&'a [u8]>, &'a [u8], Option<&'a [u8]>);
+
+fn split_target(t: &[u8]) -> Result<Target<'_>, Reject> {
+    let (host, rest): (Option<&[u8]>, &[u8]) = if t.first() == Some(&b'/') {
+        (None, t)
+    } else {
+        let after = if t.len() >= 7 && t[..7].eq_ignore_ascii_case(b"http://") {
+            &t[7..]
+        } else if t.len() >= 8 && t[..8].eq_ignore_ascii_case(b"https://") {
+            &t[8..]
+        } else {
+            return Err(reject(400, "invalid request target"));
+        };
+        let end = after
+            .iter()
+            .position(|&c| c == b'/' || c == b'?' || c == b'#')
+            .unwrap_or(after.len());
+        (Some(&after[..end]), &after[end..])
+    };
+    // A fragment is never sent by conforming clients; drop it as nginx does.
+    let rest = match memchr(b'#', rest) {
+        Some(i) => &rest[..i],
+        None => rest,
+    };
+    let (path, query) = match memchr(b'?', rest) {
+        Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+        None => (rest, None),
+    };
+    let path: &[u8] = if path.is_empty() { b"/" } else { path };
+    Ok((host, path, query))
+}
+
+/// Parses one request head from the start of `buf`.
+pub fn parse(buf: &[u8], limits: &Limits) -> Parse {
+    match parse_inner(buf, limits) {
+        Ok(Some((req, head_len))) => Parse::Complete { req, head_len },
+        Ok(None) => Parse::Partial,
+        Err(r) => Parse::Error(r),
+    }
+}
+
+fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, Reject> {
+    let line_max = limits.line_max();
+    let head_max = limits.head_max();
+
+    // Empty lines before the request line are ignored (RFC 9112 2.2).
+    let start = buf
+        .iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(buf.len());
+    if start == buf.len() {
+        return if buf.len() >= head_max {
+            Err(reject(400, "no request line"))
+        } else {
+            Ok(None)
+        };
+    }
+    let rest = &buf[start..];
+    let Some(nl) = memchr(b'\n', rest) else {
+        check_partial_line(rest)?;
+        if rest.len() >= line_max || buf.len() >= head_max {
+            return Err(reject(414, "request line too long"));
+        }
+        return Ok(None);
+    };
+    let line = if nl > 0 && rest[nl - 1] == b'\r' {
+        &rest[..nl - 1]
+    } else {
+        &rest[..nl]
+    };
+    check_partial_line(line)?;
+    if nl >= line_max {
+        return Err(reject(414, "request line too long"));
+    }
+    let rl = parse_line(line)?;
+    let hdr_start = start + nl + 1;
+
+    // Header line lengths and the end of the head.
+    let hb = &buf[hdr_start..];
+    let mut pos = 0;
+    let mut head_end = None;
+    loop {
+        match memchr(b'\n', &hb[pos..]) {
+            Some(i) => {
+                if i == 0 || (i == 1 && hb[pos] == b'\r') {
+                    head_end = Some(pos + i + 1);
+                    break;
+                }
+                if i >= line_max {
+                    return Err(reject(431, "header line too long"));
+                }
+                pos += i + 1;
+            }
+            None => {
+                if hb.len() - pos >= line_max {
+                    return Err(reject(431, "header line too long"));
+                }
+                break;
+            }
+        }
+    }
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let Some(end) = head_end else {
+        // Incomplete: still refuse what is already malformed or too large.
+        match httparse::parse_headers(hb, &mut headers) {
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(reject(431, "too many header lines"))
+            }
+            Err(_) => return Err(reject(400, "invalid header line")),
+            Ok(_) => {}
+        }
+        if buf.len() >= head_max {
+            return Err(reject(431, "request header too large"));
+        }
+        return Ok(None);
+    };
+    let head_len = hdr_start + end;
+    if head_len > head_max {
+        return Err(reject(431, "request header too large"));
+    }
+    let hs = match httparse::parse_headers(&hb[..end], &mut headers) {
+        Ok(httparse::Status::Complete((_, hs))) => hs,
+        Ok(httparse::Status::Partial) => return Err(reject(400, "invalid header line")),
+        Err(httparse::Error::TooManyHeaders) => return Err(reject(431, "too many header lines")),
+        Err(_) => return Err(reject(400, "invalid header line")),
+    };
+
+    let (uri_host, raw_path, raw_query) = split_target(rl.target)?;
+    let path = normalize_path(raw_path)?;
+    let mut host = match uri_host {
+        Some(h) => Some(validate_host(h).ok_or(reject(400, "invalid host in request line"))?),
+        None => None,
+    };
+
+    let mut header_host: Option<String> = None;
+    let mut seen_host = false;
+    let mut conn_close = false;
+    let mut conn_keep = false;
+    let mut content_length: Option<u64> = None;
+    let mut transfer_encoding: Option<&[u8]> = None;
+    let mut if_modified_since = None;
+    let mut if_none_match = None;
+    let mut range = None;
+    let mut user_agent = None;
+    let mut referer = None;
+    for h in hs.iter() {
+        let name = h.name.as_bytes();
+        let v = h.value;
+        if name.eq_ignore_ascii_case(b"host") {
+            if seen_host {
+                return Err(reject(400, "duplicate Host header"));
+            }
+            seen_host = true;
+            header_host = Some(validate_host(trim(v)).ok_or(reject(400, "invalid Host header"))?);
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for tok in v.split(|&c| c == b',') {
+                let tok = trim(tok);
+                if tok.eq_ignore_ascii_case(b"close") {
+                    conn_close = true;
+                } else if tok.eq_ignore_ascii_case(b"keep-alive") {
+                    conn_keep = true;
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            if content_length.is_some() {
+                return Err(reject(400, "duplicate Content-Length header"));
+            }
+            content_length =
+                Some(parse_length(v).ok_or(reject(400, "invalid Content-Length header"))?);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            if transfer_encoding.is_some() {
+                return Err(reject(400, "duplicate Transfer-Encoding header"));
+            }
+            transfer_encoding = Some(trim(v));
+        } else if name.eq_ignore_ascii_case(b"if-modified-since") {
+            if_modified_since.get_or_insert_with(|| text(v));
+        } else if name.eq_ignore_ascii_case(b"if-none-match") {
+            if_none_match.get_or_insert_with(|| text(v));
+        } else if name.eq_ignore_ascii_case(b"range") {
+            range.get_or_insert_with(|| text(v));
+        } else if name.eq_ignore_ascii_case(b"user-agent") {
+            user_agent.get_or_insert_with(|| text(v));
+        } else if name.eq_ignore_ascii_case(b"referer") {
+            referer.get_or_insert_with(|| text(v));
+        }
+    }
+
+    let body = match (transfer_encoding, content_length) {
+        (Some(_), _) if rl.minor == 0 => {
+            return Err(reject(400, "HTTP/1.0 request with Transfer-Encoding"));
+        }
+        (Some(_), Some(_)) => {
+            return Err(reject(400, "both Content-Length and Transfer-Encoding"));
+        }
+        (Some(te), None) => {
+            if !te.eq_ignore_ascii_case(b"chunked") {
+                return Err(reject(501, "unknown Transfer-Encoding"));
+            }
+            Body::Chunked
+        }
+        (None, Some(n)) => Body::Length(n),
+        (None, None) => Body::None,
+    };
+    if host.is_none() {
+        host = header_host;
+    }
+    if host.is_none() && rl.minor >= 1 {
+        return Err(reject(400, "HTTP/1.1 request without Host header"));
+    }
+    let keep_alive = if rl.minor >= 1 {
+        !conn_close
+    } else {
+        conn_keep && !conn_close
+    };
+
+    let req = Request {
+        method: Method::from_bytes(rl.method),
+        request_line: String::from_utf8_lossy(line).into_owned(),
+        target: String::from_utf8_lossy(rl.target).into_owned(),
+        path,
+        query: raw_query.map(|q| String::from_utf8_lossy(q).into_owned()),
+        minor_version: rl.minor,
+        host,
+        keep_alive,
+        body,
+        if_modified_since,
+        if_none_match,
+        range,
+        user_agent,
+        referer,
+    };
+    Ok(Some((req, head_len)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lim() -> Limits {
+        Limits {
+            header_buffer_size: 1024,
+            large_buffers: 4,
+            large_buffer_size: 2048,
+        }
+    }
+
+    fn ok(s: &[u8]) -> (Request, usize) {
+        match parse(s, &lim()) {
+            Parse::Complete { req, head_len } => (req, head_len),
+            other => panic!("{:?}: {other:?}", String::from_utf8_lossy(s)),
+        }
+    }
+
+    fn status(s: &[u8]) -> u16 {
+        match parse(s, &lim()) {
+            Parse::Error(r) => r.status,
+            Parse::Partial => 0,
+            Parse::Complete { .. } => 200,
+        }
+    }
+
+    #[test]
+    fn simple_get() {
+        let raw = b"GET /a/b.txt?x=1&y HTTP/1.1\r\nHost: Example.COM:8080\r\nUser-Agent: ua\r\nReferer: r\r\n\r\nNEXT";
+        let (r, n) = ok(raw);
+        assert_eq!(n, raw.len() - 4);
+        assert_eq!(r.method, Method::Get);
+        assert_eq!(r.request_line, "GET /a/b.txt?x=1&y HTTP/1.1");
+        assert_eq!(r.target, "/a/b.txt?x=1&y");
+        assert_eq!(r.path, "/a/b.txt");
+        assert_eq!(r.query.as_deref(), Some("x=1&y"));
+        assert_eq!(r.minor_version, 1);
+        assert_eq!(r.host.as_deref(), Some("example.com"));
+        assert!(r.keep_alive);
+        assert_eq!(r.body, Body::None);
+        assert_eq!(r.user_agent.as_deref(), Some("ua"));
+        assert_eq!(r.referer.as_deref(), Some("r"));
+    }
+
+    #[test]
+    fn bare_lf_and_leading_empty_lines() {
+        let (r, n) = ok(b"\r\n\r\nHEAD / HTTP/1.0\nX: y\n\n");
+        assert_eq!(n, 26);
+        assert_eq!(r.method, Method::Head);
+        assert!(!r.keep_alive);
+        assert_eq!(r.host, None);
+    }
+
+    #[test]
+    fn keep_alive_rules() {
+        assert!(!ok(b"GET / HTTP/1.0\r\n\r\n").0.keep_alive);
+        assert!(
+            ok(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n")
+                .0
+                .keep_alive
+        );
+        assert!(ok(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").0.keep_alive);
+        assert!(
+            !ok(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: foo, close\r\n\r\n")
+                .0
+                .keep_alive
+        );
+    }
+
+    #[test]
+    fn partial_heads() {
+        for s in [
+            &b""[..],
+            b"G",
+            b"GET",
+            b"GET /",
+            b"GET / HTTP/1.1",
+            b"GET / HTTP/1.1\r\n",
+            b"GET / HTTP/1.1\r\nHo",
+            b"GET / HTTP/1.1\r\nHost: x\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r",
+            b"\r\n",
+        ] {
+            assert!(
+                matches!(parse(s, &lim()), Parse::Partial),
+                "{:?}",
+                String::from_utf8_lossy(s)
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_is_400() {
+        for s in [
+            &b"\x16\x03\x01\x02\x00\r\n\r\n"[..],
+            b"\x16\x03\x01",
+            b"get / HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /a b HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost x\r\n\r\n",
+            b"GET / HTTP/1.1\r\n\r\n",
+            b"GET / HTTX/1.1\r\nHost: x\r\n\r\n",
+            b"GET / HTTP/1.100\r\nHost: x\r\n\r\n",
+            b"GET foo HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /\x01 HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a..b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: \r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: \r\n\r\n",
+            b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"GET /../secret.txt HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /a/../../b HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /%2e%2e/secret.txt HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /dir%2f..%2f..%2fsecret.txt HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /a.txt%00.html HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /%zz HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /%4 HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /%ff HTTP/1.1\r\nHost: x\r\n\r\n",
+        ] {
+            assert_eq!(status(s), 400, "{:?}", String::from_utf8_lossy(s));
+        }
+    }
+
+    #[test]
+    fn version_505() {
+        assert_eq!(status(b"GET / HTTP/2.0\r\nHost: x\r\n\r\n"), 505);
+        assert_eq!(status(b"GET / HTTP/3.1\r\nHost: x\r\n\r\n"), 505);
+        assert_eq!(status(b"GET / HTTP/0.9\r\n\r\n"), 505);
+        assert_eq!(status(b"GET /\r\n\r\n"), 505);
+        let (r, _) = ok(b"GET / HTTP/1.2\r\nHost: x\r\n\r\n");
+        assert_eq!(r.minor_version, 2);
+    }
+
+    #[test]
+    fn transfer_encoding() {
+        assert_eq!(
+            status(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            501
+        );
+        assert_eq!(
+            status(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            501
+        );
+        let (r, _) = ok(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n");
+        assert_eq!(r.body, Body::Chunked);
+        let (r, _) = ok(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length:  42 \r\n\r\n");
+        assert_eq!(r.body, Body::Length(42));
+    }
+
+    #[test]
+    fn size_limits() {
+        let long_uri = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(3000));
+        assert_eq!(status(long_uri.as_bytes()), 414);
+        assert_eq!(
+            status(&long_uri.as_bytes()[..2500]),
+            414,
+            "partial long line"
+        );
+        assert_eq!(
+            status(&long_uri.as_bytes()[..2000]),
+            0,
+            "partial, within limits"
+        );
+        let big = format!(
+            "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "b".repeat(3000)
+        );
+        assert_eq!(status(big.as_bytes()), 431);
+        assert_eq!(status(&big.as_bytes()[..2500]), 431);
+        let many = format!(
+            "GET / HTTP/1.1\r\nHost: x\r\n{}\r\n",
+            (0..200)
+                .map(|i| format!("X-H{i}: {}\r\n", "v".repeat(60)))
+                .collect::<String>()
+        );
+        assert_eq!(status(many.as_bytes()), 431);
+        assert_eq!(status(&many.as_bytes()[..8192]), 431);
+        // Many small headers, under the count but over the total.
+        let total = format!(
+            "GET / HTTP/1.1\r\nHost: x\r\n{}\r\n",
+            (0..90)
+                .map(|i| format!("X-H{i}: {}\r\n", "v".repeat(100)))
+                .collect::<String>()
+        );
+        assert_eq!(status(total.as_bytes()), 431);
+        assert_eq!(status(&total.as_bytes()[..8192]), 431);
+        assert_eq!(status(&total.as_bytes()[..8000]), 0);
+        let max = format!(
+            "GET / HTTP/1.1\r\nHost: x\r\n{}\r\n",
+            "X-A: b\r\n".repeat(99)
+        );
+        assert_eq!(status(max.as_bytes()), 200);
+        let over = format!(
+            "GET / HTTP/1.1\r\nHost: x\r\n{}\r\n",
+            "X-A: b\r\n".repeat(100)
+        );
+        assert_eq!(status(over.as_bytes()), 431);
+    }
+
+    #[test]
+    fn paths_are_normalized() {
+        let p = |t: &str| {
+            ok(format!("GET {t} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .0
+                .path
+        };
+        assert_eq!(p("/"), "/");
+        assert_eq!(p("//a///b"), "/a/b");
+        assert_eq!(p("/dir/../a.txt"), "/a.txt");
+        assert_eq!(p("/a/./b/"), "/a/b/");
+        assert_eq!(p("/a/b/.."), "/a/");
+        assert_eq!(p("/a/.."), "/");
+        assert_eq!(p("/a/."), "/a/");
+        assert_eq!(p("/%61.txt"), "/a.txt");
+        assert_eq!(p("/a%20b%2Fc"), "/a b/c");
+        assert_eq!(p("/caf%C3%A9"), "/café");
+        assert_eq!(p("/a#frag"), "/a");
+        assert_eq!(p("/..a/b..c"), "/..a/b..c");
+    }
+
+    #[test]
+    fn absolute_form_uses_its_host() {
+        let (r, _) = ok(b"GET http://Other.Test:81/p/q?z HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(r.host.as_deref(), Some("other.test"));
+        assert_eq!(r.path, "/p/q");
+        assert_eq!(r.query.as_deref(), Some("z"));
+        let (r, _) = ok(b"GET http://h.test HTTP/1.1\r\n\r\n");
+        assert_eq!((r.host.as_deref(), r.path.as_str()), (Some("h.test"), "/"));
+    }
+
+    #[test]
+    fn hosts() {
+        assert_eq!(
+            validate_host(b"EXACT.example.com:80").as_deref(),
+            Some("exact.example.com")
+        );
+        assert_eq!(
+            validate_host(b"example.com.").as_deref(),
+            Some("example.com")
+        );
+        assert_eq!(validate_host(b"[::1]:8080").as_deref(), Some("[::1]"));
+        assert_eq!(validate_host(b":80"), None);
+        assert_eq!(validate_host(b"[::1"), None);
+        assert_eq!(validate_host(b"a b"), None);
+    }
+
+    #[test]
+    fn methods_and_conditionals() {
+        let (r, _) = ok(b"BREW /pot HTTP/1.1\r\nHost: x\r\nIf-None-Match: \"e\"\r\nIf-Modified-Since: d\r\nRange: bytes=1-2\r\n\r\n");
+        assert_eq!(r.method, Method::Other("BREW".into()));
+        assert_eq!(r.method.as_str(), "BREW");
+        assert_eq!(r.if_none_match.as_deref(), Some("\"e\""));
+        assert_eq!(r.if_modified_since.as_deref(), Some("d"));
+        assert_eq!(r.range.as_deref(), Some("bytes=1-2"));
+    }
+}

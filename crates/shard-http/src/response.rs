@@ -1,0 +1,414 @@
+//! Response heads and the small in-memory responses: error pages and `return`.
+//!
+//! [`write_head`] appends a status line and headers to a caller's buffer; it always writes
+//! `Server: shard`, `Date` and `Connection`, and leaves out what a status forbids
+//! (`Content-Length` on 1xx/204, body headers on 304, as nginx). [`Simple`] is a complete
+//! response held in memory. This module does not decide keep-alive, read files or write to
+//! sockets.
+
+use shard_config::Return;
+
+/// A response head. `date` is the preformatted IMF-fixdate of the current second.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head<'a> {
+    pub status: u16,
+    pub date: &'a [u8],
+    pub content_type: Option<&'a str>,
+    pub content_length: Option<u64>,
+    pub keep_alive: bool,
+    pub location: Option<&'a str>,
+    pub last_modified: Option<&'a str>,
+    pub etag: Option<&'a str>,
+    /// Writes `Accept-Ranges: bytes`.
+    pub accept_ranges: bool,
+    pub content_range: Option<&'a str>,
+}
+
+impl Default for Head<'_> {
+    fn default() -> Self {
+        Head {
+            status: 200,
+            date: b"",
+            content_type: None,
+            content_length: None,
+            keep_alive: false,
+            location: None,
+            last_modified: None,
+            etag: None,
+            accept_ranges: false,
+            content_range: None,
+        }
+    }
+}
+
+/// A complete response held in memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Simple {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub location: Option<String>,
+    pub body: Vec<u8>,
+}
+
+/// The reason phrase for `status` (nginx's wording), or `""` for codes without one.
+pub fn status_text(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        101 => "Switching Protocols",
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        204 => "No Content",
+        206 => "Partial Content",
+        301 => "Moved Permanently",
+        302 => "Moved Temporarily",
+        303 => "See Other",
+        304 => "Not Modified",
+        307 => "Temporary Redirect",
+        308 => "Permanent Redirect",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        402 => "Payment Required",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Not Allowed",
+        406 => "Not Acceptable",
+        408 => "Request Time-out",
+        409 => "Conflict",
+        410 => "Gone",
+        411 => "Length Required",
+        412 => "Precondition Failed",
+        413 => "Request Entity Too Large",
+        414 => "Request-URI Too Large",
+        415 => "Unsupported Media Type",
+        416 => "Requested Range Not Satisfiable",
+        421 => "Misdirected Request",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Temporarily Unavailable",
+        504 => "Gateway Time-out",
+        505 => "HTTP Version Not Supported",
+        507 => "Insufficient Storage",
+        _ => "",
+    }
+}
+
+macro_rules! page {
+    ($title:literal) => {
+        concat!(
+            "<html>\r\n<head><title>",
+            $title,
+            "</title></head>\r\n<body>\r\n<center><h1>",
+            $title,
+            "</h1></center>\r\n<hr><center>shard</center>\r\n</body>\r\n</html>\r\n"
+        )
+        .as_bytes()
+    };
+}
+
+/// nginx's built-in HTML page for `status`, or empty for codes that have none.
+pub fn error_body(status: u16) -> &'static [u8] {
+    match status {
+        301 => page!("301 Moved Permanently"),
+        302 => page!("302 Found"),
+        303 => page!("303 See Other"),
+        307 => page!("307 Temporary Redirect"),
+        308 => page!("308 Permanent Redirect"),
+        400 => page!("400 Bad Request"),
+        401 => page!("401 Authorization Required"),
+        402 => page!("402 Payment Required"),
+        403 => page!("403 Forbidden"),
+        404 => page!("404 Not Found"),
+        405 => page!("405 Not Allowed"),
+        406 => page!("406 Not Acceptable"),
+        408 => page!("408 Request Time-out"),
+        409 => page!("409 Conflict"),
+        410 => page!("410 Gone"),
+        411 => page!("411 Length Required"),
+        412 => page!("412 Precondition Failed"),
+        413 => page!("413 Request Entity Too Large"),
+        414 => page!("414 Request-URI Too Large"),
+        415 => page!("415 Unsupported Media Type"),
+        416 => page!("416 Requested Range Not Satisfiable"),
+        421 => page!("421 Misdirected Request"),
+        429 => page!("429 Too Many Requests"),
+        431 => page!("431 Request Header Fields Too Large"),
+        500 => page!("500 Internal Server Error"),
+        501 => page!("501 Not Implemented"),
+        502 => page!("502 Bad Gateway"),
+        503 => page!("503 Service Temporarily Unavailable"),
+        504 => page!("504 Gateway Time-out"),
+        505 => page!("505 HTTP Version Not Supported"),
+        507 => page!("507 Insufficient Storage"),
+        _ => b"",
+    }
+}
+
+/// The error page for `status` as a [`Simple`] (`text/html`, or no type when there is no page).
+pub fn error_simple(status: u16) -> Simple {
+    let body = error_body(status);
+    Simple {
+        status,
+        content_type: (!body.is_empty()).then(|| "text/html".to_string()),
+        location: None,
+        body: body.to_vec(),
+    }
+}
+
+fn is_redirect(code: u16) -> bool {
+    matches!(code, 301 | 302 | 303 | 307 | 308)
+}
+
+/// nginx's `return`: redirects carry their text as `Location` and an HTML page; other codes
+/// with text send it as the body with `default_type`; a bare code sends its error page (>= 400)
+/// or nothing.
+pub fn return_reply(ret: &Return, default_type: &str) -> Simple {
+    match &ret.text {
+        Some(url) if is_redirect(ret.code) => Simple {
+            location: Some(url.clone()),
+            ..error_simple(ret.code)
+        },
+        Some(text) => Simple {
+            status: ret.code,
+            content_type: Some(default_type.to_string()),
+            location: None,
+            body: text.as_bytes().to_vec(),
+        },
+        None if ret.code >= 400 || is_redirect(ret.code) => error_simple(ret.code),
+        None => Simple {
+            status: ret.code,
+            content_type: None,
+            location: None,
+            body: Vec::new(),
+        },
+    }
+}
+
+/// Appends the decimal digits of `n`.
+pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// Appends a header value, dropping CR and LF so no value can split the head.
+fn push_value(out: &mut Vec<u8>, v: &[u8]) {
+    if memchr::memchr2(b'\r', b'\n', v).is_none() {
+        out.extend_from_slice(v);
+    } else {
+        out.extend(v.iter().copied().filter(|&b| b != b'\r' && b != b'\n'));
+    }
+}
+
+fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    push_value(out, value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the status line and headers of `head`, ending with the empty line.
+pub fn write_head(out: &mut Vec<u8>, head: &Head<'_>) {
+    let s = head.status;
+    let not_modified = s == 304;
+    let no_length = s < 200 || s == 204 || not_modified;
+    out.extend_from_slice(b"HTTP/1.1 ");
+    push_u64(out, u64::from(s));
+    out.push(b' ');
+    out.extend_from_slice(status_text(s).as_bytes());
+    out.extend_from_slice(b"\r\nServer: shard\r\n");
+    header(out, b"Date: ", head.date);
+    if let Some(ct) = head.content_type.filter(|_| !not_modified) {
+        header(out, b"Content-Type: ", ct.as_bytes());
+    }
+    if let Some(n) = head.content_length.filter(|_| !no_length) {
+        out.extend_from_slice(b"Content-Length: ");
+        push_u64(out, n);
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(lm) = head.last_modified {
+        header(out, b"Last-Modified: ", lm.as_bytes());
+    }
+    out.extend_from_slice(if head.keep_alive {
+        b"Connection: keep-alive\r\n"
+    } else {
+        b"Connection: close\r\n"
+    });
+    if let Some(loc) = head.location {
+        header(out, b"Location: ", loc.as_bytes());
+    }
+    if let Some(etag) = head.etag {
+        header(out, b"ETag: ", etag.as_bytes());
+    }
+    if head.accept_ranges && !not_modified {
+        out.extend_from_slice(b"Accept-Ranges: bytes\r\n");
+    }
+    if let Some(cr) = head.content_range {
+        header(out, b"Content-Range: ", cr.as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head_text(h: &Head<'_>) -> String {
+        let mut out = Vec::new();
+        write_head(&mut out, h);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn full_head() {
+        let t = head_text(&Head {
+            status: 206,
+            date: b"Sun, 06 Nov 1994 08:49:37 GMT",
+            content_type: Some("text/plain"),
+            content_length: Some(3),
+            keep_alive: true,
+            location: None,
+            last_modified: Some("Sat, 05 Nov 1994 08:49:37 GMT"),
+            etag: Some("\"1-a\""),
+            accept_ranges: true,
+            content_range: Some("bytes 2-4/10"),
+        });
+        assert_eq!(
+            t,
+            "HTTP/1.1 206 Partial Content\r\nServer: shard\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\
+             Content-Type: text/plain\r\nContent-Length: 3\r\nLast-Modified: Sat, 05 Nov 1994 08:49:37 GMT\r\n\
+             Connection: keep-alive\r\nETag: \"1-a\"\r\nAccept-Ranges: bytes\r\nContent-Range: bytes 2-4/10\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn minimal_and_special_heads() {
+        let t = head_text(&Head {
+            status: 404,
+            date: b"D",
+            content_length: Some(0),
+            ..Default::default()
+        });
+        assert_eq!(t, "HTTP/1.1 404 Not Found\r\nServer: shard\r\nDate: D\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        let t = head_text(&Head {
+            status: 304,
+            date: b"D",
+            content_type: Some("text/plain"),
+            content_length: Some(0),
+            etag: Some("\"e\""),
+            accept_ranges: true,
+            keep_alive: true,
+            ..Default::default()
+        });
+        assert_eq!(t, "HTTP/1.1 304 Not Modified\r\nServer: shard\r\nDate: D\r\nConnection: keep-alive\r\nETag: \"e\"\r\n\r\n");
+        let t = head_text(&Head {
+            status: 299,
+            date: b"D",
+            location: Some("/x\r\nSet-Cookie: a"),
+            ..Default::default()
+        });
+        assert_eq!(t, "HTTP/1.1 299 \r\nServer: shard\r\nDate: D\r\nConnection: close\r\nLocation: /xSet-Cookie: a\r\n\r\n");
+    }
+
+    #[test]
+    fn numbers() {
+        for n in [0u64, 7, 10, 99, 12345, u64::MAX] {
+            let mut v = Vec::new();
+            push_u64(&mut v, n);
+            assert_eq!(v, n.to_string().into_bytes());
+        }
+    }
+
+    #[test]
+    fn error_pages() {
+        assert_eq!(
+            error_body(404),
+            b"<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>shard</center>\r\n</body>\r\n</html>\r\n"
+        );
+        assert!(error_body(299).is_empty());
+        assert_eq!(error_simple(299).content_type, None);
+        assert_eq!(error_simple(431).content_type.as_deref(), Some("text/html"));
+        for code in [400, 403, 405, 408, 413, 414, 416, 431, 500, 501, 505] {
+            let b = String::from_utf8(error_body(code).to_vec()).unwrap();
+            assert!(b.contains(&format!("<title>{code} ")), "{code}");
+            assert!(!status_text(code).is_empty());
+        }
+    }
+
+    #[test]
+    fn returns() {
+        let r = return_reply(
+            &Return {
+                code: 301,
+                text: Some("/ok".into()),
+            },
+            "text/plain",
+        );
+        assert_eq!(
+            (r.status, r.location.as_deref(), r.content_type.as_deref()),
+            (301, Some("/ok"), Some("text/html"))
+        );
+        assert_eq!(r.body, error_body(301));
+        let r = return_reply(
+            &Return {
+                code: 200,
+                text: Some("OK".into()),
+            },
+            "text/plain",
+        );
+        assert_eq!(
+            r,
+            Simple {
+                status: 200,
+                content_type: Some("text/plain".into()),
+                location: None,
+                body: b"OK".to_vec()
+            }
+        );
+        let r = return_reply(
+            &Return {
+                code: 403,
+                text: None,
+            },
+            "text/plain",
+        );
+        assert_eq!(r, error_simple(403));
+        let r = return_reply(
+            &Return {
+                code: 204,
+                text: None,
+            },
+            "text/plain",
+        );
+        assert_eq!(
+            r,
+            Simple {
+                status: 204,
+                content_type: None,
+                location: None,
+                body: vec![]
+            }
+        );
+        let r = return_reply(
+            &Return {
+                code: 404,
+                text: Some("nope".into()),
+            },
+            "text/x",
+        );
+        assert_eq!(
+            (r.status, r.body.as_slice(), r.content_type.as_deref()),
+            (404, &b"nope"[..], Some("text/x"))
+        );
+    }
+}

@@ -1,0 +1,235 @@
+//! Choosing the virtual server and the location for a request, by nginx's rules.
+//!
+//! Server: among the servers on the connection's listening address, an exact name wins, then
+//! the longest wildcard starting with `*` (or `.name`), then the longest wildcard ending with
+//! `*`, else the address's default server. Location: an `=` match wins at once, otherwise the
+//! longest prefix (`^~` or not; shard has no regex locations, so `^~` changes nothing), else
+//! the server's own settings. This module does not look at methods, files or the network.
+
+use shard_config::{HttpConf, Listener, LocationConf, LocationKind, ServerConf, ServerName};
+
+/// Index into `http.servers` of the server for `host` (lowercase, without port) on `listener`.
+/// A request without a host matches only `server_name ""`.
+pub fn select_server(http: &HttpConf, listener: &Listener, host: Option<&str>) -> usize {
+    let host = host.unwrap_or("");
+    let candidates = || {
+        listener
+            .servers
+            .iter()
+            .copied()
+            .filter_map(|i| http.servers.get(i).map(|s| (i, s)))
+    };
+    for (i, s) in candidates() {
+        if s.server_names
+            .iter()
+            .any(|n| matches!(n, ServerName::Exact(e) if e == host))
+        {
+            return i;
+        }
+    }
+    if host.is_empty() {
+        return listener.default_server;
+    }
+    // Longest wildcard starting with '*' (or a '.name' form), measured as "*.name" would be.
+    let mut best: Option<(usize, usize)> = None;
+    for (i, s) in candidates() {
+        for n in &s.server_names {
+            let len = match n {
+                ServerName::WildcardPrefix(suffix)
+                    if host.len() > suffix.len() && host.ends_with(suffix.as_str()) =>
+                {
+                    suffix.len()
+                }
+                ServerName::Dot(name)
+                    if host == name
+                        || (host.len() > name.len()
+                            && host.ends_with(name.as_str())
+                            && host.as_bytes()[host.len() - name.len() - 1] == b'.') =>
+                {
+                    name.len() + 1
+                }
+                _ => continue,
+            };
+            if best.map(|(_, l)| l) < Some(len) {
+                best = Some((i, len));
+            }
+        }
+    }
+    if let Some((i, _)) = best {
+        return i;
+    }
+    for (i, s) in candidates() {
+        for n in &s.server_names {
+            if let ServerName::WildcardSuffix(prefix) = n {
+                if host.len() > prefix.len() && host.starts_with(prefix.as_str()) {
+                    let len = prefix.len();
+                    if best.map(|(_, l)| l) < Some(len) {
+                        best = Some((i, len));
+                    }
+                }
+            }
+        }
+    }
+    best.map_or(listener.default_server, |(i, _)| i)
+}
+
+/// The location of `server` for the normalized `path`, or `server.base` when none matches.
+pub fn find_location<'a>(server: &'a ServerConf, path: &str) -> &'a LocationConf {
+    let mut best: Option<&LocationConf> = None;
+    for loc in &server.locations {
+        match loc.kind {
+            LocationKind::Exact => {
+                if loc.path == path {
+                    return loc;
+                }
+            }
+            LocationKind::Prefix | LocationKind::PrefixNoRegex => {
+                if path.starts_with(loc.path.as_str())
+                    && best.map(|b| b.path.len()) < Some(loc.path.len())
+                {
+                    best = Some(loc);
+                }
+            }
+        }
+    }
+    best.unwrap_or(&server.base)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use shard_config::{ListenOpts, Place};
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    pub(crate) fn loc(kind: LocationKind, path: &str) -> LocationConf {
+        let mut types = HashMap::new();
+        types.insert("html".to_string(), "text/html".to_string());
+        types.insert("css".to_string(), "text/css".to_string());
+        LocationConf {
+            kind,
+            path: path.to_string(),
+            place: Place {
+                file: "t.conf".into(),
+                line: 1,
+            },
+            ret: None,
+            handler: None,
+            root: PathBuf::from("/srv/html"),
+            alias: None,
+            index: vec!["index.html".into()],
+            default_type: "text/plain".into(),
+            types: Arc::new(types),
+            keepalive_timeout_ms: 75_000,
+            keepalive_requests: 1000,
+            client_max_body_size: 1 << 20,
+            send_timeout_ms: 60_000,
+            sendfile: false,
+            tcp_nodelay: true,
+            access_log: None,
+        }
+    }
+
+    fn server(names: Vec<ServerName>, locations: Vec<LocationConf>) -> ServerConf {
+        ServerConf {
+            place: Place {
+                file: "t.conf".into(),
+                line: 1,
+            },
+            listen: vec![],
+            server_names: names,
+            client_header_timeout_ms: 60_000,
+            client_header_buffer_size: 1024,
+            large_client_header_buffers: (4, 8192),
+            base: loc(LocationKind::Prefix, ""),
+            locations,
+        }
+    }
+
+    fn setup() -> (HttpConf, Listener) {
+        use ServerName::*;
+        let http = HttpConf {
+            servers: vec![
+                server(vec![Exact("default.test".into())], vec![]),
+                server(vec![WildcardPrefix(".example.com".into())], vec![]),
+                server(vec![Exact("exact.example.com".into())], vec![]),
+                server(vec![WildcardPrefix(".deep.example.com".into())], vec![]),
+                server(vec![WildcardSuffix("www.example.".into())], vec![]),
+                server(vec![Dot("dot.test".into())], vec![]),
+                server(vec![Exact("".into())], vec![]),
+                server(vec![Exact("elsewhere.test".into())], vec![]),
+            ],
+        };
+        let listener = Listener {
+            addr: "127.0.0.1:80".parse().unwrap(),
+            opts: ListenOpts::default(),
+            servers: vec![0, 1, 2, 3, 4, 5, 6],
+            default_server: 0,
+            place: Place {
+                file: "t.conf".into(),
+                line: 1,
+            },
+        };
+        (http, listener)
+    }
+
+    #[test]
+    fn server_selection() {
+        let (http, l) = setup();
+        let s = |h: Option<&str>| select_server(&http, &l, h);
+        assert_eq!(s(Some("exact.example.com")), 2);
+        assert_eq!(s(Some("other.example.com")), 1);
+        assert_eq!(s(Some("a.deep.example.com")), 3, "longest leading wildcard");
+        assert_eq!(
+            s(Some("example.com")),
+            0,
+            "*.example.com does not match example.com"
+        );
+        assert_eq!(s(Some("www.example.org")), 4);
+        assert_eq!(
+            s(Some("www.example.com")),
+            1,
+            "leading wildcards before trailing ones"
+        );
+        assert_eq!(s(Some("dot.test")), 5);
+        assert_eq!(s(Some("a.dot.test")), 5);
+        assert_eq!(s(Some("adot.test")), 0);
+        assert_eq!(s(Some("unknown.test")), 0);
+        assert_eq!(s(Some("elsewhere.test")), 0, "server not on this listener");
+        assert_eq!(s(None), 6, "server_name \"\" takes requests without Host");
+        let mut l2 = l.clone();
+        l2.servers = vec![0, 1];
+        l2.default_server = 1;
+        assert_eq!(select_server(&http, &l2, None), 1);
+        assert_eq!(select_server(&http, &l2, Some("zzz")), 1);
+    }
+
+    #[test]
+    fn location_selection() {
+        use LocationKind::*;
+        let srv = server(
+            vec![],
+            vec![
+                loc(Exact, "/status"),
+                loc(Prefix, "/"),
+                loc(PrefixNoRegex, "/static/"),
+                loc(Prefix, "/static/deeper/"),
+                loc(Prefix, "/files/"),
+                loc(Prefix, "/status"),
+            ],
+        );
+        let f = |p: &str| {
+            let l = find_location(&srv, p);
+            (l.kind, l.path.clone())
+        };
+        assert_eq!(f("/status"), (Exact, "/status".into()));
+        assert_eq!(f("/status/x"), (Prefix, "/status".into()));
+        assert_eq!(f("/static/a"), (PrefixNoRegex, "/static/".into()));
+        assert_eq!(f("/static/deeper/a"), (Prefix, "/static/deeper/".into()));
+        assert_eq!(f("/files/x"), (Prefix, "/files/".into()));
+        assert_eq!(f("/other"), (Prefix, "/".into()));
+        let none = server(vec![], vec![loc(Prefix, "/only/")]);
+        assert_eq!(find_location(&none, "/x").path, "");
+    }
+}

@@ -1,0 +1,521 @@
+//! Static files: mapping a URI to a filesystem path and deciding what to send for a file.
+//!
+//! This module owns `root`/`alias` mapping, index candidates, MIME types, validators
+//! (`Last-Modified`, nginx-style `ETag`), conditional requests (`If-None-Match`, nginx's exact
+//! `If-Modified-Since`), single byte ranges, the redirect of a directory requested without its
+//! trailing slash, and the 405 for methods other than GET and HEAD. It performs no I/O: the
+//! caller opens and `fstat`s the file, passes a [`FileMeta`], and sends the bytes a [`Plan`]
+//! names.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use shard_config::LocationConf;
+
+use crate::request::{Method, Request};
+use crate::response::{error_body, error_simple, Simple};
+
+/// What `fstat` said about an opened path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileMeta {
+    pub size: u64,
+    pub mtime_secs: i64,
+    pub is_dir: bool,
+    pub is_file: bool,
+}
+
+/// Headers a file response carries beyond the common ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StaticHeaders {
+    pub last_modified: Option<String>,
+    pub etag: Option<String>,
+    pub content_range: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Send `len` bytes of the file from `offset` after a head with `status` (200, 206; also
+    /// 304 and 416 with `len == 0`, which carry validators or `Content-Range` and no body).
+    Send {
+        status: u16,
+        offset: u64,
+        len: u64,
+        headers: StaticHeaders,
+    },
+    /// Answer with an in-memory response instead of the file (redirect, 404, 405).
+    Reply(Simple),
+}
+
+/// The filesystem path for the normalized URI `path`: `root` + path, or with `alias`, the
+/// location's prefix replaced by the alias (plain string replacement, as nginx).
+pub fn map_path(loc: &LocationConf, path: &str) -> PathBuf {
+    let mut s: OsString;
+    match &loc.alias {
+        Some(alias) => {
+            let rest = path.strip_prefix(loc.path.as_str()).unwrap_or(path);
+            s = alias.as_os_str().to_owned();
+            s.push(rest);
+        }
+        None => {
+            s = loc.root.as_os_str().to_owned();
+            s.push(path);
+        }
+    }
+    PathBuf::from(s)
+}
+
+/// The MIME type for `path` by its (case-insensitive) extension, else `default_type`.
+pub fn content_type<'a>(loc: &'a LocationConf, path: &Path) -> &'a str {
+    let Some(ext) = path.extension().and_then(|e| e.to_str()) else {
+        return &loc.default_type;
+    };
+    if let Some(t) = loc.types.get(ext) {
+        return t;
+    }
+    if ext.bytes().any(|b| b.is_ascii_uppercase()) {
+        if let Some(t) = loc.types.get(&ext.to_ascii_lowercase()) {
+            return t;
+        }
+    }
+    &loc.default_type
+}
+
+/// The files to try, in order, for the directory `dir` (a path from [`map_path`] ending in
+/// `/`). An index starting with `/` is taken from the location's root.
+pub fn index_candidates(loc: &LocationConf, dir: &Path) -> std::vec::IntoIter<PathBuf> {
+    loc.index
+        .iter()
+        .filter(|i| !i.is_empty())
+        .map(|i| {
+            if i.starts_with('/') {
+                let mut s = loc.root.as_os_str().to_owned();
+                s.push(i);
+                PathBuf::from(s)
+            } else {
+                dir.join(i)
+            }
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+}
+
+/// nginx's ETag: `"<mtime hex>-<size hex>"`.
+pub fn etag(meta: &FileMeta) -> String {
+    format!("\"{:x}-{:x}\"", meta.mtime_secs.max(0), meta.size)
+}
+
+fn etag_matches(list: &str, etag: &str) -> bool {
+    let strip = |t: &str| t.strip_prefix("W/").unwrap_or(t).to_string();
+    let ours = strip(etag);
+    list.split(',')
+        .map(str::trim)
+        .any(|t| t == "*" || strip(t) == ours)
+}
+
+fn not_modified(req: &Request, meta: &FileMeta, etag: &str) -> bool {
+    if let Some(inm) = &req.if_none_match {
+        return etag_matches(inm, etag);
+    }
+    let Some(ims) = &req.if_modified_since else {
+        return false;
+    };
+    let Ok(t) = httpdate::parse_http_date(ims) else {
+        return false;
+    };
+    let secs = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(_) => return false,
+    };
+    secs == meta.mtime_secs
+}
+
+/// A byte range decision: `None` ignores the header (send the whole file).
+enum RangeResult {
+    Satisfiable(u64, u64),
+    Unsatisfiable,
+}
+
+fn number(s: &str) -> Option<u64> {
+    let s = s.trim();
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn parse_range(h: &str, size: u64) -> Option<RangeResult> {
+    let h = h.trim();
+    if h.len() < 6 || !h.as_bytes()[..6].eq_ignore_ascii_case(b"bytes=") {
+        return None;
+    }
+    let spec = &h[6..];
+    if spec.contains(',') {
+        // Several ranges would need multipart/byteranges: send the whole file instead.
+        return None;
+    }
+    let Some((a, b)) = spec.split_once('-') else {
+        return Some(RangeResult::Unsatisfiable);
+    };
+    let r = if a.trim().is_empty() {
+        match number(b) {
+            Some(n) if n > 0 && size > 0 => {
+                RangeResult::Satisfiable(size.saturating_sub(n), size - 1)
+            }
+            _ => RangeResult::Unsatisfiable,
+        }
+    } else {
+        let Some(start) = number(a) else {
+            return Some(RangeResult::Unsatisfiable);
+        };
+        let end = if b.trim().is_empty() {
+            Some(u64::MAX)
+        } else {
+            number(b)
+        };
+        match end {
+            Some(end) if start < size && start <= end => {
+                RangeResult::Satisfiable(start, end.min(size - 1))
+            }
+            _ => RangeResult::Unsatisfiable,
+        }
+    };
+    Some(r)
+}
+
+/// Escapes a path for a `Location` header.
+fn escape_uri(path: &str, out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in path.as_bytes() {
+        let keep = b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&b);
+        if keep {
+            out.push(b as char);
+        } else {
+            out.push('%');
+            out.push(HEX[usize::from(b >> 4)] as char);
+            out.push(HEX[usize::from(b & 15)] as char);
+        }
+    }
+}
+
+/// Decides the response for the opened `meta` of `req.path`.
+pub fn plan(req: &Request, meta: &FileMeta) -> Plan {
+    if !matches!(req.method, Method::Get | Method::Head) {
+        return Plan::Reply(error_simple(405));
+    }
+    if meta.is_dir {
+        let mut location = String::with_capacity(req.path.len() + 1);
+        escape_uri(&req.path, &mut location);
+        if !location.ends_with('/') {
+            location.push('/');
+        }
+        if let Some(q) = &req.query {
+            location.push('?');
+            location.push_str(q);
+        }
+        return Plan::Reply(Simple {
+            status: 301,
+            content_type: Some("text/html".to_string()),
+            location: Some(location),
+            body: error_body(301).to_vec(),
+        });
+    }
+    if !meta.is_file {
+        return Plan::Reply(error_simple(404));
+    }
+    let etag = etag(meta);
+    let last_modified = crate::http_date(meta.mtime_secs.max(0) as u64);
+    if not_modified(req, meta, &etag) {
+        return Plan::Send {
+            status: 304,
+            offset: 0,
+            len: 0,
+            headers: StaticHeaders {
+                last_modified: Some(last_modified),
+                etag: Some(etag),
+                content_range: None,
+            },
+        };
+    }
+    let range = req.range.as_deref().and_then(|r| parse_range(r, meta.size));
+    let headers = StaticHeaders {
+        last_modified: Some(last_modified),
+        etag: Some(etag),
+        content_range: None,
+    };
+    match range {
+        None => Plan::Send {
+            status: 200,
+            offset: 0,
+            len: meta.size,
+            headers,
+        },
+        Some(RangeResult::Satisfiable(a, b)) => Plan::Send {
+            status: 206,
+            offset: a,
+            len: b - a + 1,
+            headers: StaticHeaders {
+                content_range: Some(format!("bytes {a}-{b}/{}", meta.size)),
+                ..headers
+            },
+        },
+        Some(RangeResult::Unsatisfiable) => Plan::Send {
+            status: 416,
+            offset: 0,
+            len: 0,
+            headers: StaticHeaders {
+                last_modified: None,
+                etag: None,
+                content_range: Some(format!("bytes */{}", meta.size)),
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::{parse, Limits, Parse};
+    use crate::route::tests::loc;
+    use shard_config::LocationKind;
+
+    fn req(extra: &str) -> Request {
+        req_m("GET", "/a.txt", extra)
+    }
+
+    fn req_m(method: &str, path: &str, extra: &str) -> Request {
+        let raw = format!("{method} {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n");
+        match parse(raw.as_bytes(), &Limits::default()) {
+            Parse::Complete { req, .. } => req,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    const MTIME: i64 = 784_111_777;
+
+    fn file(size: u64) -> FileMeta {
+        FileMeta {
+            size,
+            mtime_secs: MTIME,
+            is_dir: false,
+            is_file: true,
+        }
+    }
+
+    fn status(p: &Plan) -> u16 {
+        match p {
+            Plan::Send { status, .. } => *status,
+            Plan::Reply(s) => s.status,
+        }
+    }
+
+    #[test]
+    fn full_file() {
+        let p = plan(&req(""), &file(10));
+        assert_eq!(
+            p,
+            Plan::Send {
+                status: 200,
+                offset: 0,
+                len: 10,
+                headers: StaticHeaders {
+                    last_modified: Some("Sun, 06 Nov 1994 08:49:37 GMT".into()),
+                    etag: Some("\"2ebc98a1-a\"".into()),
+                    content_range: None,
+                },
+            }
+        );
+    }
+
+    #[test]
+    fn conditionals() {
+        let lm = "Sun, 06 Nov 1994 08:49:37 GMT";
+        let tag = "\"2ebc98a1-a\"";
+        assert_eq!(
+            status(&plan(&req(&format!("If-None-Match: {tag}\r\n")), &file(10))),
+            304
+        );
+        assert_eq!(
+            status(&plan(
+                &req(&format!("If-None-Match: \"x\", W/{tag}\r\n")),
+                &file(10)
+            )),
+            304
+        );
+        assert_eq!(status(&plan(&req("If-None-Match: *\r\n"), &file(10))), 304);
+        assert_eq!(
+            status(&plan(&req("If-None-Match: \"other\"\r\n"), &file(10))),
+            200
+        );
+        assert_eq!(
+            status(&plan(
+                &req(&format!("If-Modified-Since: {lm}\r\n")),
+                &file(10)
+            )),
+            304
+        );
+        assert_eq!(
+            status(&plan(
+                &req("If-Modified-Since: Mon, 01 Jan 2001 00:00:00 GMT\r\n"),
+                &file(10)
+            )),
+            200,
+            "nginx compares exactly"
+        );
+        assert_eq!(
+            status(&plan(&req("If-Modified-Since: garbage\r\n"), &file(10))),
+            200
+        );
+        assert_eq!(
+            status(&plan(
+                &req(&format!(
+                    "If-None-Match: \"other\"\r\nIf-Modified-Since: {lm}\r\n"
+                )),
+                &file(10)
+            )),
+            200,
+            "If-None-Match takes precedence"
+        );
+        let Plan::Send { len, headers, .. } =
+            plan(&req(&format!("If-None-Match: {tag}\r\n")), &file(10))
+        else {
+            panic!()
+        };
+        assert_eq!((len, headers.etag.as_deref()), (0, Some(tag)));
+    }
+
+    fn range(r: &str, size: u64) -> (u16, u64, u64, Option<String>) {
+        match plan(&req(&format!("Range: {r}\r\n")), &file(size)) {
+            Plan::Send {
+                status,
+                offset,
+                len,
+                headers,
+            } => (status, offset, len, headers.content_range),
+            Plan::Reply(s) => (s.status, 0, 0, None),
+        }
+    }
+
+    #[test]
+    fn ranges() {
+        assert_eq!(
+            range("bytes=2-4", 10),
+            (206, 2, 3, Some("bytes 2-4/10".into()))
+        );
+        assert_eq!(
+            range("bytes=-3", 10),
+            (206, 7, 3, Some("bytes 7-9/10".into()))
+        );
+        assert_eq!(
+            range("bytes=7-", 10),
+            (206, 7, 3, Some("bytes 7-9/10".into()))
+        );
+        assert_eq!(
+            range("bytes=5-100", 10),
+            (206, 5, 5, Some("bytes 5-9/10".into()))
+        );
+        assert_eq!(
+            range("bytes=-100", 10),
+            (206, 0, 10, Some("bytes 0-9/10".into()))
+        );
+        assert_eq!(
+            range("BYTES= 0 - 0 ", 10),
+            (206, 0, 1, Some("bytes 0-0/10".into()))
+        );
+        assert_eq!(
+            range("bytes=20-30", 10),
+            (416, 0, 0, Some("bytes */10".into()))
+        );
+        assert_eq!(
+            range("bytes=10-", 10),
+            (416, 0, 0, Some("bytes */10".into()))
+        );
+        assert_eq!(
+            range("bytes=4-2", 10),
+            (416, 0, 0, Some("bytes */10".into()))
+        );
+        assert_eq!(
+            range("bytes=-0", 10),
+            (416, 0, 0, Some("bytes */10".into()))
+        );
+        assert_eq!(range("bytes=0-", 0), (416, 0, 0, Some("bytes */0".into())));
+        assert_eq!(
+            range("bytes=x-y", 10),
+            (416, 0, 0, Some("bytes */10".into()))
+        );
+        assert_eq!(range("bytes=99999999999999999999999-", 10).0, 416);
+        assert_eq!(
+            range("bytes=0-1,3-4", 10),
+            (200, 0, 10, None),
+            "multiple ranges: whole file"
+        );
+        assert_eq!(range("items=0-1", 10), (200, 0, 10, None));
+        let p = plan(&req("Range: bytes=0-1\r\nIf-None-Match: *\r\n"), &file(10));
+        assert_eq!(status(&p), 304);
+    }
+
+    #[test]
+    fn methods_dirs_and_specials() {
+        assert_eq!(status(&plan(&req_m("POST", "/a.txt", ""), &file(1))), 405);
+        assert_eq!(status(&plan(&req_m("DELETE", "/a.txt", ""), &file(1))), 405);
+        assert_eq!(status(&plan(&req_m("HEAD", "/a.txt", ""), &file(1))), 200);
+        let dir = FileMeta {
+            is_dir: true,
+            is_file: false,
+            ..file(0)
+        };
+        match plan(&req_m("GET", "/my%20dir?q=1", ""), &dir) {
+            Plan::Reply(s) => {
+                assert_eq!(s.status, 301);
+                assert_eq!(s.location.as_deref(), Some("/my%20dir/?q=1"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let fifo = FileMeta {
+            is_file: false,
+            ..file(0)
+        };
+        assert_eq!(status(&plan(&req(""), &fifo)), 404);
+    }
+
+    #[test]
+    fn paths_and_types() {
+        let mut l = loc(LocationKind::Prefix, "/");
+        assert_eq!(map_path(&l, "/a/b.txt"), PathBuf::from("/srv/html/a/b.txt"));
+        l.path = "/files/".into();
+        l.alias = Some(PathBuf::from("/data/other/"));
+        assert_eq!(
+            map_path(&l, "/files/x.json"),
+            PathBuf::from("/data/other/x.json")
+        );
+        assert_eq!(map_path(&l, "/files/"), PathBuf::from("/data/other/"));
+        let mut e = loc(LocationKind::Exact, "/f");
+        e.alias = Some(PathBuf::from("/data/file.txt"));
+        assert_eq!(map_path(&e, "/f"), PathBuf::from("/data/file.txt"));
+
+        assert_eq!(content_type(&l, Path::new("/x/a.html")), "text/html");
+        assert_eq!(content_type(&l, Path::new("/x/a.CSS")), "text/css");
+        assert_eq!(content_type(&l, Path::new("/x/a.bin")), "text/plain");
+        assert_eq!(content_type(&l, Path::new("/x/noext")), "text/plain");
+
+        let mut i = loc(LocationKind::Prefix, "/");
+        i.index = vec!["index.html".into(), "/abs.html".into(), "".into()];
+        let mut path = map_path(&i, "/dir/");
+        // The consumer's pattern: reassign the path inside the loop over candidates.
+        for cand in index_candidates(&i, &path) {
+            if cand.ends_with("abs.html") {
+                path = cand;
+                break;
+            }
+        }
+        assert_eq!(path, PathBuf::from("/srv/html/abs.html"));
+        let all: Vec<_> = index_candidates(&i, Path::new("/srv/html/dir/")).collect();
+        assert_eq!(
+            all,
+            vec![
+                PathBuf::from("/srv/html/dir/index.html"),
+                PathBuf::from("/srv/html/abs.html")
+            ]
+        );
+    }
+}
