@@ -8,6 +8,7 @@ use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::{IntoRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicI32, AtomicU8, Ordering::Relaxed};
 
 use shard_config::{LogLevel, LogTarget};
@@ -32,27 +33,7 @@ pub fn level_name(l: LogLevel) -> &'static str {
 fn open_target(target: &LogTarget) -> io::Result<RawFd> {
     match target {
         LogTarget::Stderr => Ok(2),
-        LogTarget::File(path) => {
-            if let Some(dir) = path.parent() {
-                let _ = std::fs::create_dir_all(dir);
-            }
-            let f = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(path)
-                .map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!(
-                            "open() \"{}\" failed ({})",
-                            path.display(),
-                            shard_event::os_error_text(&e)
-                        ),
-                    )
-                })?;
-            Ok(f.into_raw_fd())
-        }
+        LogTarget::File(path) => open_append(path),
     }
 }
 
@@ -144,4 +125,25 @@ mod tests {
         assert_eq!(super::timestamp(0), "1970/01/01 00:00:00");
         assert_eq!(super::timestamp(1_795_000_000), "2026/11/18 11:06:40");
     }
+}
+
+/// Opens a file for appending, creating it (and its directory) if needed; errors read as
+/// nginx's (`open() "logs/access.log" failed (13: Permission denied)`).
+pub fn open_append(path: &Path) -> io::Result<RawFd> {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map(|f| f.into_raw_fd())
+        .map_err(|e| {
+            let text = shard_event::os_error_text(&e);
+            io::Error::new(
+                e.kind(),
+                format!("open() \"{}\" failed ({text})", path.display()),
+            )
+        })
 }

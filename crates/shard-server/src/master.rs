@@ -5,11 +5,8 @@
 //! reads signals from a signalfd in a plain epoll loop; nothing runs in signal context.
 
 use std::collections::HashMap;
-use std::fs::OpenOptions;
-use std::io;
-use std::os::fd::{IntoRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::RawFd;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 
 use anyhow::{Context, Result};
@@ -36,29 +33,6 @@ pub fn resolve_workers(wp: WorkerProcesses) -> usize {
         WorkerProcesses::Fixed(n) => n.clamp(1, MAX_WORKERS),
         WorkerProcesses::Auto => process::available_cpus().min(MAX_WORKERS),
     }
-}
-
-/// Opens a file for appending, creating it (and its directory) if needed.
-pub fn open_append(path: &Path) -> io::Result<RawFd> {
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    OpenOptions::new()
-        .append(true)
-        .create(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(path)
-        .map(|f| f.into_raw_fd())
-        .map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "open() \"{}\" failed ({})",
-                    path.display(),
-                    shard_event::os_error_text(&e)
-                ),
-            )
-        })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -110,7 +84,8 @@ pub fn run(opts: RunOptions) -> Result<i32> {
             for loc in std::iter::once(&s.base).chain(s.locations.iter()) {
                 if let Some(al) = &loc.access_log {
                     if !access_logs.contains_key(&al.path) {
-                        let fd = open_append(&al.path).map_err(|e| anyhow::anyhow!("{e}"))?;
+                        let fd = crate::log::open_append(&al.path)
+                            .map_err(|e| anyhow::anyhow!("{e}"))?;
                         access_logs.insert(al.path.clone(), fd);
                     }
                 }

@@ -452,7 +452,7 @@ impl<'a> Worker<'a> {
         self.flush_access_logs();
         let _ = crate::log::reopen();
         for f in &mut self.access_logs {
-            match crate::master::open_append(&f.path) {
+            match crate::log::open_append(&f.path) {
                 Ok(fd) => {
                     shard_event::sock::close(f.fd);
                     f.fd = fd;

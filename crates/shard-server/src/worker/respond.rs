@@ -208,23 +208,14 @@ fn static_file(
     }
     let (fd, meta) = match opened {
         Opened::File(fd, m) => (fd, m),
-        Opened::Missing => {
-            return simple(
-                w,
-                key,
-                req,
-                keep_alive,
-                shard_http::response::error_simple(404),
-            )
-        }
-        Opened::Forbidden => {
-            return simple(
-                w,
-                key,
-                req,
-                keep_alive,
-                shard_http::response::error_simple(403),
-            )
+        Opened::Missing | Opened::Forbidden => {
+            let status = if matches!(opened, Opened::Missing) {
+                404
+            } else {
+                403
+            };
+            let reply = shard_http::response::error_simple(status);
+            return simple(w, key, req, keep_alive, reply);
         }
     };
     let content_type = shard_http::static_file::content_type(loc, &path).to_string();
