@@ -118,15 +118,6 @@ macro_rules! log {
     };
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn timestamp_format() {
-        assert_eq!(super::timestamp(0), "1970/01/01 00:00:00");
-        assert_eq!(super::timestamp(1_795_000_000), "2026/11/18 11:06:40");
-    }
-}
-
 /// Opens a file for appending, creating it (and its directory) if needed; errors read as
 /// nginx's (`open() "logs/access.log" failed (13: Permission denied)`).
 pub fn open_append(path: &Path) -> io::Result<RawFd> {
@@ -146,4 +137,13 @@ pub fn open_append(path: &Path) -> io::Result<RawFd> {
                 format!("open() \"{}\" failed ({text})", path.display()),
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn timestamp_format() {
+        assert_eq!(super::timestamp(0), "1970/01/01 00:00:00");
+        assert_eq!(super::timestamp(1_795_000_000), "2026/11/18 11:06:40");
+    }
 }
