@@ -57,3 +57,33 @@ pub fn parse_str(
 ) -> Result<Config, ConfigError> {
     parse::parse(text, name, conf_dir, prefix, extra)
 }
+
+impl Config {
+    /// Checks what depends on the resolved number of workers (`worker_processes auto` is
+    /// resolved by the server): `shards=N` may not exceed it. `cpus` resolves `shards=auto`.
+    pub fn check_workers(&self, n_workers: usize) -> Result<(), ConfigError> {
+        for l in &self.listeners {
+            if let Some(Shards::Count(n)) = l.opts.shards {
+                if n > n_workers {
+                    return Err(ConfigError {
+                        message: format!(
+                            "\"shards={n}\" of {} is more than the {n_workers} worker processes in {}",
+                            l.addr, l.place
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How many `SO_REUSEPORT` sockets a `reuseport` listener gets with `n_workers` workers on a
+/// machine where the process may use `cpus` CPUs.
+pub fn shard_count(shards: Option<Shards>, n_workers: usize, cpus: usize) -> usize {
+    match shards {
+        None => n_workers,
+        Some(Shards::Count(n)) => n.min(n_workers),
+        Some(Shards::Auto) => (cpus / 8).clamp(1, n_workers.max(1)),
+    }
+}

@@ -108,6 +108,20 @@ pub struct ListenOpts {
     /// Only meaningful for IPv6 addresses. Default on.
     pub ipv6only: bool,
     pub so_keepalive: Option<SoKeepalive>,
+    /// `shards=N|auto` (with `reuseport`): how many `SO_REUSEPORT` sockets the master creates
+    /// for the address. `None`: one per worker, as nginx.
+    pub shards: Option<Shards>,
+}
+
+/// Upper bound of `shards=N`.
+pub const MAX_SHARDS: usize = 1024;
+
+/// The `shards=` parameter of `listen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shards {
+    /// CPUs available to the process / 8, at least 1 (the nginx-devel proposal's ratio).
+    Auto,
+    Count(usize),
 }
 
 impl Default for ListenOpts {
@@ -121,6 +135,7 @@ impl Default for ListenOpts {
             bind: false,
             ipv6only: true,
             so_keepalive: None,
+            shards: None,
         }
     }
 }

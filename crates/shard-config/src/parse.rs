@@ -1223,6 +1223,15 @@ fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, ConfigError> {
             ("default_server" | "default", None) => spec.default_server = true,
             ("reuseport", None) => o.reuseport = true,
             ("deferred", None) => o.deferred = true,
+            ("shards", Some("auto")) => o.shards = Some(Shards::Auto),
+            ("shards", Some(v)) => {
+                let n = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_SHARDS).contains(n))
+                    .ok_or_else(|| derr(d, file, format!("invalid shards \"{v}\"")))?;
+                o.shards = Some(Shards::Count(n));
+            }
             ("bind", None) => o.bind = true,
             ("backlog", Some(v)) => {
                 o.backlog = v
@@ -1275,6 +1284,13 @@ fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, ConfigError> {
         if key != "default_server" && key != "default" {
             spec.opts_set = true;
         }
+    }
+    if spec.opts.shards.is_some() && !spec.opts.reuseport {
+        return Err(derr(
+            d,
+            file,
+            "the \"shards\" parameter requires \"reuseport\"".to_string(),
+        ));
     }
     Ok(spec)
 }

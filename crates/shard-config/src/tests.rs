@@ -458,7 +458,7 @@ fn listen_variants() {
 fn listen_options() {
     let c = http(
         "server { listen 127.0.0.1:8080 default_server reuseport backlog=1024 rcvbuf=64k \
-         sndbuf=1m deferred bind so_keepalive=on; listen [::]:8080 ipv6only=off so_keepalive=off; }",
+         sndbuf=1m deferred bind so_keepalive=on shards=2; listen [::]:8080 ipv6only=off so_keepalive=off; }",
     );
     let l = &c.listeners[0];
     assert_eq!(
@@ -472,6 +472,7 @@ fn listen_options() {
             bind: true,
             ipv6only: true,
             so_keepalive: Some(SoKeepalive::On),
+            shards: Some(Shards::Count(2)),
         }
     );
     assert!(!c.listeners[1].opts.ipv6only);

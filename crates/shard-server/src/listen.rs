@@ -27,12 +27,26 @@ pub struct OpenListener {
     pub conf_idx: usize,
     /// `true` when `reuseport` was asked for and the kernel accepted it.
     pub reuseport: bool,
-    /// One shared socket, or one shard per worker (index = shard index = worker index).
+    /// One shared socket, or the shards: one per worker (index = shard index = worker index),
+    /// or fewer with `shards=N`, where worker k polls shard `k mod N`.
     pub fds: Vec<RawFd>,
     pub backlog: i32,
+    pub n_workers: usize,
 }
 
 impl OpenListener {
+    /// Whether worker `idx` is the only one polling its socket (a per-worker shard).
+    pub fn owned_by_one(&self) -> bool {
+        self.reuseport && self.fds.len() >= self.n_workers
+    }
+
+    /// The workers that poll socket `k` of this listener.
+    pub fn pollers(&self, k: usize) -> Vec<usize> {
+        (0..self.n_workers)
+            .filter(|w| !self.reuseport || w % self.fds.len() == k)
+            .collect()
+    }
+
     /// The socket worker `idx` polls.
     pub fn fd_for_worker(&self, idx: usize) -> RawFd {
         if self.reuseport {
@@ -116,7 +130,7 @@ fn reuseport_disabled_for_test() -> bool {
     std::env::var_os("SHARD_TEST_NO_REUSEPORT").is_some()
 }
 
-/// Opens `l` for `n_workers` workers.
+/// Opens `l` for `n_workers` workers: one shared socket, or `shard_count` shards.
 pub fn open(
     conf_idx: usize,
     l: &Listener,
@@ -124,7 +138,9 @@ pub fn open(
     tcp_nodelay: bool,
 ) -> io::Result<OpenListener> {
     if l.opts.reuseport {
-        match open_shards(l, n_workers, tcp_nodelay) {
+        let cpus = shard_event::process::available_cpus();
+        let n = shard_config::shard_count(l.opts.shards, n_workers, cpus);
+        match open_shards(l, n, tcp_nodelay) {
             Ok(fds) => {
                 return Ok(OpenListener {
                     addr: l.addr,
@@ -132,6 +148,7 @@ pub fn open(
                     reuseport: true,
                     fds,
                     backlog: l.opts.backlog,
+                    n_workers,
                 })
             }
             Err(ShardError::Refused(e)) => {
@@ -156,6 +173,7 @@ pub fn open(
         reuseport: false,
         fds: vec![s.into_raw_fd()],
         backlog: l.opts.backlog,
+        n_workers,
     })
 }
 

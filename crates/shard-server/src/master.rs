@@ -61,6 +61,8 @@ pub fn run(opts: RunOptions) -> Result<i32> {
     crate::log::init(&cfg.main.error_log.target, cfg.main.error_log.level)
         .context("cannot open the error log")?;
     let n_workers = resolve_workers(cfg.main.worker_processes);
+    cfg.check_workers(n_workers)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
 
     process::block_signals().context("sigprocmask")?;
     let signals = SignalFd::new().context("signalfd")?;

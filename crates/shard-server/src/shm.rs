@@ -42,15 +42,22 @@ impl WorkerSlot {
     }
 }
 
+/// Accept locks for shards shared by several workers (`shards=N` with `accept_mutex on`): shard
+/// k of every such listener uses lock `1 + k mod SHARD_LOCKS`. Lock 0 is nginx's one accept
+/// mutex, for plain shared sockets.
+pub const SHARD_LOCKS: usize = 64;
+
 #[repr(C)]
 pub struct Region {
     /// Configuration generation: 1 at start, +1 per reload.
     pub generation: AtomicU64,
     /// Number of worker slots in use.
     pub n_workers: AtomicU64,
-    /// Accept mutex: 0 when free, else the holder's pid.
+    /// Accept mutex (lock 0): 0 when free, else the holder's pid.
     pub accept_mutex: AtomicU64,
     _pad: [u64; 13],
+    /// Locks 1..=SHARD_LOCKS, same encoding as `accept_mutex`.
+    pub shard_locks: [AtomicU64; SHARD_LOCKS],
     pub workers: [WorkerSlot; MAX_WORKERS],
 }
 
@@ -59,29 +66,41 @@ impl Region {
         &self.workers[idx]
     }
 
-    /// Takes the accept mutex for `pid` if it is free (nginx's ngx_shmtx_trylock).
-    pub fn try_lock_accept(&self, pid: u64) -> bool {
-        self.accept_mutex.load(Relaxed) == 0
-            && self
-                .accept_mutex
-                .compare_exchange(0, pid, std::sync::atomic::Ordering::Acquire, Relaxed)
+    /// The lock a shared socket is guarded by: 0 for a plain shared socket, `1 + k` for shard k.
+    pub fn lock_id(shard: Option<usize>) -> usize {
+        shard.map_or(0, |k| 1 + k % SHARD_LOCKS)
+    }
+
+    fn lock(&self, id: usize) -> &AtomicU64 {
+        match id {
+            0 => &self.accept_mutex,
+            k => &self.shard_locks[(k - 1) % SHARD_LOCKS],
+        }
+    }
+
+    /// Takes lock `id` for `pid` if it is free (nginx's ngx_shmtx_trylock).
+    pub fn try_lock_accept(&self, id: usize, pid: u64) -> bool {
+        let l = self.lock(id);
+        l.load(Relaxed) == 0
+            && l.compare_exchange(0, pid, std::sync::atomic::Ordering::Acquire, Relaxed)
                 .is_ok()
     }
 
-    pub fn unlock_accept(&self, pid: u64) {
-        let _ = self.accept_mutex.compare_exchange(
-            pid,
-            0,
-            std::sync::atomic::Ordering::Release,
-            Relaxed,
-        );
+    pub fn unlock_accept(&self, id: usize, pid: u64) {
+        let _ =
+            self.lock(id)
+                .compare_exchange(pid, 0, std::sync::atomic::Ordering::Release, Relaxed);
     }
 
-    /// Frees the mutex if a dead worker held it (the master calls this on every reaped worker).
+    /// Frees every lock a dead worker held (the master calls this on every reaped worker).
     pub fn force_unlock_accept(&self, dead_pid: u64) -> bool {
-        self.accept_mutex
-            .compare_exchange(dead_pid, 0, std::sync::atomic::Ordering::AcqRel, Relaxed)
-            .is_ok()
+        let mut freed = false;
+        for l in std::iter::once(&self.accept_mutex).chain(self.shard_locks.iter()) {
+            freed |= l
+                .compare_exchange(dead_pid, 0, std::sync::atomic::Ordering::AcqRel, Relaxed)
+                .is_ok();
+        }
+        freed
     }
 }
 

@@ -14,8 +14,11 @@ pub struct ListenerRow {
     pub address: String,
     /// Shard index, or `None` for a shared socket.
     pub shard: Option<usize>,
-    /// Owning worker, or `None` for a shared socket.
+    /// Owning worker: `Some` only when exactly one worker polls the socket (a per-worker shard).
     pub worker: Option<usize>,
+    /// Every worker that polls the socket (all of them for a shared socket; `k mod N` for a
+    /// shard of `shards=N`).
+    pub workers: Vec<usize>,
     pub queue: u32,
     pub backlog: u32,
 }
@@ -99,16 +102,21 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
         }
         let _ = write!(
             s,
-            "{{\"address\":\"{}\",\"shard\":{},\"worker\":{},\"queue\":{},\"backlog\":{}}}",
+            "{{\"address\":\"{}\",\"shard\":{},\"worker\":{},\"workers\":[{}],\"queue\":{},\"backlog\":{}}}",
             l.address,
             opt(l.shard),
             opt(l.worker),
+            join(&l.workers),
             l.queue,
             l.backlog
         );
     }
     s.push_str("]}\n");
     out.extend_from_slice(s.as_bytes());
+}
+
+fn join(v: &[usize]) -> String {
+    v.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
 }
 
 fn label(v: Option<usize>) -> String {
@@ -223,10 +231,11 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
         for l in listeners {
             let _ = writeln!(
                 s,
-                "{name}{{address=\"{}\",shard=\"{}\",worker=\"{}\"}} {}",
+                "{name}{{address=\"{}\",shard=\"{}\",worker=\"{}\",workers=\"{}\"}} {}",
                 l.address,
                 label(l.shard),
                 label(l.worker),
+                join(&l.workers),
                 if pick { l.queue } else { l.backlog }
             );
         }
@@ -271,6 +280,7 @@ mod tests {
                 address: "127.0.0.1:80".into(),
                 shard: Some(1),
                 worker: Some(1),
+                workers: vec![1],
                 queue: 0,
                 backlog: 511,
             },
@@ -278,6 +288,7 @@ mod tests {
                 address: "127.0.0.1:81".into(),
                 shard: None,
                 worker: None,
+                workers: vec![0, 1],
                 queue: 2,
                 backlog: 511,
             },
@@ -289,9 +300,9 @@ mod tests {
             s.starts_with("{\"generation\":1,\"workers\":[{\"idx\":0,"),
             "{s}"
         );
-        assert!(s.contains("{\"address\":\"127.0.0.1:80\",\"shard\":1,\"worker\":1,\"queue\":0,\"backlog\":511}"), "{s}");
+        assert!(s.contains("{\"address\":\"127.0.0.1:80\",\"shard\":1,\"worker\":1,\"workers\":[1],\"queue\":0,\"backlog\":511}"), "{s}");
         assert!(
-            s.contains("\"shard\":null,\"worker\":null,\"queue\":2"),
+            s.contains("\"shard\":null,\"worker\":null,\"workers\":[0,1],\"queue\":2"),
             "{s}"
         );
     }
@@ -302,7 +313,8 @@ mod tests {
         let rows = [ListenerRow {
             address: "127.0.0.1:80".into(),
             shard: Some(0),
-            worker: Some(0),
+            worker: None,
+            workers: vec![0, 2],
             queue: 5,
             backlog: 511,
         }];
@@ -315,7 +327,7 @@ mod tests {
         );
         assert!(
             s.contains(
-                "shard_listener_queue{address=\"127.0.0.1:80\",shard=\"0\",worker=\"0\"} 5\n"
+                "shard_listener_queue{address=\"127.0.0.1:80\",shard=\"0\",worker=\"\",workers=\"0,2\"} 5\n"
             ),
             "{s}"
         );

@@ -55,9 +55,10 @@ const ACCESS_LOG_BUFFER_BYTES: usize = 64 * 1024;
 enum AcceptMode {
     /// Our own reuseport shard: polled by this worker only.
     Shard,
-    /// Shared socket, `accept_mutex off`: `EPOLLEXCLUSIVE`, re-armed periodically.
+    /// A socket polled by several workers (a shared socket, or a shard of `shards=N` with
+    /// fewer shards than workers), `accept_mutex off`: `EPOLLEXCLUSIVE`, re-armed periodically.
     Exclusive,
-    /// Shared socket, `accept_mutex on`: polled only while this worker holds the mutex.
+    /// The same with `accept_mutex on`: polled only while this worker holds the socket's lock.
     Mutex,
 }
 
@@ -65,6 +66,8 @@ struct WListener {
     fd: RawFd,
     conf_idx: usize,
     mode: AcceptMode,
+    /// The accept lock guarding this socket in `Mutex` mode (see `Region::lock_id`).
+    lock: usize,
     registered: bool,
     accepts: u64,
 }
@@ -100,7 +103,8 @@ pub(crate) struct Worker<'a> {
     log_time: String,
     shutting_down: bool,
     accept_mutex: bool,
-    mutex_held: bool,
+    /// The accept locks this worker's `Mutex` listeners use, and whether it holds each.
+    locks: Vec<(usize, bool)>,
     accept_disabled: i64,
     multi_accept: bool,
     access_logs: Vec<AccessLogFile>,
@@ -143,18 +147,25 @@ impl<'a> Worker<'a> {
         // nginx: reuseport disables the accept mutex for that socket; one worker needs no mutex.
         let use_mutex = ev.accept_mutex && a.n_workers > 1;
         let mut listeners = Vec::new();
+        let mut locks: Vec<(usize, bool)> = Vec::new();
         for l in a.listeners {
-            let mode = if l.reuseport {
+            let mode = if l.owned_by_one() {
                 AcceptMode::Shard
             } else if use_mutex {
                 AcceptMode::Mutex
             } else {
                 AcceptMode::Exclusive
             };
+            let shard = l.reuseport.then(|| a.idx % l.fds.len());
+            let lock = Region::lock_id(shard);
+            if mode == AcceptMode::Mutex && !locks.iter().any(|&(id, _)| id == lock) {
+                locks.push((lock, false));
+            }
             listeners.push(WListener {
                 fd: l.fd_for_worker(a.idx),
                 conf_idx: l.conf_idx,
                 mode,
+                lock,
                 registered: false,
                 accepts: 0,
             });
@@ -197,8 +208,8 @@ impl<'a> Worker<'a> {
             date: Vec::new(),
             log_time: String::new(),
             shutting_down: false,
-            accept_mutex: use_mutex,
-            mutex_held: false,
+            accept_mutex: use_mutex && !locks.is_empty(),
+            locks,
             accept_disabled: 0,
             multi_accept: ev.multi_accept,
             access_logs,
@@ -263,7 +274,7 @@ impl<'a> Worker<'a> {
                 } else {
                     self.try_accept_mutex();
                 }
-                if !self.mutex_held {
+                if self.locks.iter().any(|&(_, held)| !held) {
                     timeout = timeout.min(self.cfg.events.accept_mutex_delay_ms.max(1));
                 }
             }
@@ -290,9 +301,7 @@ impl<'a> Worker<'a> {
                     self.accept_on((ev.token - LISTENER_BASE) as usize);
                 }
             }
-            if self.mutex_held {
-                self.region.unlock_accept(self.pid);
-            }
+            self.release_accept_locks();
             for i in 0..n {
                 let ev = events.get(i);
                 if ev.token == SIGNAL_TOKEN {
@@ -313,31 +322,43 @@ impl<'a> Worker<'a> {
         }
     }
 
-    /// nginx's ngx_trylock_accept_mutex: keep the listeners registered while we keep winning,
-    /// drop them when another worker holds the lock.
+    /// nginx's ngx_trylock_accept_mutex, per lock: keep a lock's listeners registered while we
+    /// keep winning it, drop them when another worker holds it.
     fn try_accept_mutex(&mut self) {
-        if self.region.try_lock_accept(self.pid) {
-            if !self.mutex_held {
-                for i in 0..self.listeners.len() {
-                    if self.listeners[i].mode == AcceptMode::Mutex {
-                        if let Err(e) = self.register_listener(i) {
-                            crate::log!(
-                                Alert,
-                                "epoll_ctl() failed ({})",
-                                shard_event::os_error_text(&e)
-                            );
-                        }
-                    }
-                }
-                self.mutex_held = true;
+        for j in 0..self.locks.len() {
+            let (id, held) = self.locks[j];
+            let won = self.region.try_lock_accept(id, self.pid);
+            if won == held {
+                continue;
             }
-        } else if self.mutex_held {
             for i in 0..self.listeners.len() {
-                if self.listeners[i].mode == AcceptMode::Mutex {
+                let l = &self.listeners[i];
+                if l.mode != AcceptMode::Mutex || l.lock != id {
+                    continue;
+                }
+                if won {
+                    if let Err(e) = self.register_listener(i) {
+                        crate::log!(
+                            Alert,
+                            "epoll_ctl() failed ({})",
+                            shard_event::os_error_text(&e)
+                        );
+                    }
+                } else {
                     self.unregister_listener(i);
                 }
             }
-            self.mutex_held = false;
+            self.locks[j].1 = won;
+        }
+    }
+
+    /// Unlocks what this worker holds; `held` stays set, as nginx's `ngx_accept_mutex_held`,
+    /// so the listeners stay registered while the next `try_accept_mutex` wins again.
+    fn release_accept_locks(&self) {
+        for &(id, held) in &self.locks {
+            if held {
+                self.region.unlock_accept(id, self.pid);
+            }
         }
     }
 
@@ -431,9 +452,9 @@ impl<'a> Worker<'a> {
         for i in 0..self.listeners.len() {
             self.unregister_listener(i);
         }
-        if self.mutex_held {
-            self.region.unlock_accept(self.pid);
-            self.mutex_held = false;
+        self.release_accept_locks();
+        for l in &mut self.locks {
+            l.1 = false;
         }
         self.accept_mutex = false;
         // Idle keep-alive connections go now; busy ones close after their current response.

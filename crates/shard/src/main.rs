@@ -131,7 +131,11 @@ fn run(cli: Cli) -> i32 {
         None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
     };
     let src = choose_source(&cli, &prefix);
-    let cfg = match load(&src, &prefix, cli.directives.as_deref()) {
+    let n_workers =
+        |c: &shard_config::Config| shard_server::master::resolve_workers(c.main.worker_processes);
+    let cfg = match load(&src, &prefix, cli.directives.as_deref())
+        .and_then(|c| c.check_workers(n_workers(&c)).map(|()| c))
+    {
         Ok(c) => c,
         Err(e) => {
             eprintln!("shard: [emerg] {e}");

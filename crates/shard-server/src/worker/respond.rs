@@ -85,7 +85,8 @@ fn listener_rows(w: &Worker<'_>) -> Vec<ListenerRow> {
             rows.push(ListenerRow {
                 address,
                 shard: l.reuseport.then_some(k),
-                worker: l.reuseport.then_some(k),
+                worker: l.owned_by_one().then_some(k),
+                workers: l.pollers(k),
                 queue,
                 backlog,
             });
