@@ -74,6 +74,13 @@ pub struct MainConf {
     /// Default `logs/error.log error` under the prefix; `stderr` is accepted as a target.
     pub error_log: ErrorLog,
     pub worker_rlimit_nofile: Option<u64>,
+    /// `worker_shutdown_timeout`: how long a gracefully stopping worker may keep serving its
+    /// open connections before it closes them. Default none (wait as long as they need).
+    pub worker_shutdown_timeout_ms: Option<u64>,
+    /// `user USER [GROUP]`: workers drop to these after the master bound every socket.
+    /// Default none (workers keep the master's identity; nginx's default `nobody` applies only
+    /// when started as root, which shard does not assume).
+    pub user: Option<(String, Option<String>)>,
 }
 
 #[derive(Debug, Clone)]

@@ -126,6 +126,8 @@ static TABLE: &[Spec] = &[
     d("pid", M, 1, 1),
     d("error_log", M | HSL, 1, 2),
     d("worker_rlimit_nofile", M, 1, 1),
+    d("worker_shutdown_timeout", M, 1, 1),
+    d("user", M, 1, 2),
     b("events", M, 0, 0),
     b("http", M, 0, 0),
     // events
@@ -179,6 +181,8 @@ struct MainP {
     pid: Option<PathBuf>,
     error_log: Option<ErrorLog>,
     worker_rlimit_nofile: Option<u64>,
+    worker_shutdown_timeout_ms: Option<u64>,
+    user: Option<(String, Option<String>)>,
 }
 
 #[derive(Default)]
@@ -573,6 +577,18 @@ impl Env {
                 }
                 m.worker_rlimit_nofile = Some(num::<u64>(d, file, &d.args[0])?);
             }
+            "worker_shutdown_timeout" => {
+                if m.worker_shutdown_timeout_ms.is_some() {
+                    return Err(dup(d, file));
+                }
+                m.worker_shutdown_timeout_ms = Some(time(d, file, &d.args[0])?);
+            }
+            "user" => {
+                if m.user.is_some() {
+                    return Err(dup(d, file));
+                }
+                m.user = Some((d.args[0].clone(), d.args.get(1).cloned()));
+            }
             "events" => {
                 if st.events.is_some() {
                     return Err(dup(d, file));
@@ -878,6 +894,8 @@ impl Env {
                 level: LogLevel::Error,
             }),
             worker_rlimit_nofile: st.main.worker_rlimit_nofile,
+            worker_shutdown_timeout_ms: st.main.worker_shutdown_timeout_ms,
+            user: st.main.user,
         };
         let events = EventsConf {
             worker_connections: ev.worker_connections.unwrap_or(512),
