@@ -236,6 +236,42 @@ pub struct LocationConf {
     pub tcp_nodelay: bool,
     /// `None` is `access_log off`. Default `logs/access.log combined` under the prefix.
     pub access_log: Option<AccessLog>,
+    /// The `gzip*` directives.
+    pub gzip: GzipConf,
+}
+
+/// nginx's `ngx_http_gzip_module` settings of one location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GzipConf {
+    /// `gzip on|off`. Default off.
+    pub enabled: bool,
+    /// `gzip_comp_level 1..9`. Default 1.
+    pub comp_level: u32,
+    /// `gzip_types`: lowercase MIME types, always including `text/html`. Default `text/html`.
+    pub types: Vec<String>,
+    /// `gzip_types *`: any type.
+    pub any_type: bool,
+    /// `gzip_min_length`: responses whose `Content-Length` is below this are sent as they are.
+    /// Default 20.
+    pub min_length: u64,
+    /// `gzip_vary on|off`: `Vary: Accept-Encoding` on responses gzip applies to. Default off.
+    pub vary: bool,
+    /// `gzip_http_version 1.0|1.1`: the lowest HTTP/1.x minor version compressed. Default 1.
+    pub http_version_minor: u8,
+}
+
+impl Default for GzipConf {
+    fn default() -> Self {
+        GzipConf {
+            enabled: false,
+            comp_level: 1,
+            types: vec!["text/html".to_string()],
+            any_type: false,
+            min_length: 20,
+            vary: false,
+            http_version_minor: 1,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -159,6 +159,13 @@ static TABLE: &[Spec] = &[
     d("access_log", HSL, 1, MANY),
     d("stub_status", L, 0, 1),
     d("shard_status", L, 0, 0),
+    // gzip
+    d("gzip", HSL, 1, 1),
+    d("gzip_comp_level", HSL, 1, 1),
+    d("gzip_types", HSL, 1, MANY),
+    d("gzip_min_length", HSL, 1, 1),
+    d("gzip_vary", HSL, 1, 1),
+    d("gzip_http_version", HSL, 1, 1),
 ];
 
 /// How deep `include` may nest (guards against a file including itself).
@@ -211,6 +218,36 @@ struct Settings {
     client_header_timeout_ms: Option<u64>,
     client_header_buffer_size: Option<usize>,
     large_client_header_buffers: Option<(usize, usize)>,
+    gzip: GzipP,
+}
+
+/// The `gzip*` directives of one block. `types` is (types, `*` given).
+#[derive(Default, Clone)]
+struct GzipP {
+    enabled: Option<bool>,
+    comp_level: Option<u32>,
+    types: Option<(Vec<String>, bool)>,
+    min_length: Option<u64>,
+    vary: Option<bool>,
+    http_version_minor: Option<u8>,
+}
+
+impl GzipP {
+    fn merge(&self, parent: &GzipConf) -> GzipConf {
+        let (types, any_type) = match &self.types {
+            Some((t, any)) => (t.clone(), *any),
+            None => (parent.types.clone(), parent.any_type),
+        };
+        GzipConf {
+            enabled: self.enabled.unwrap_or(parent.enabled),
+            comp_level: self.comp_level.unwrap_or(parent.comp_level),
+            types,
+            any_type,
+            min_length: self.min_length.unwrap_or(parent.min_length),
+            vary: self.vary.unwrap_or(parent.vary),
+            http_version_minor: self.http_version_minor.unwrap_or(parent.http_version_minor),
+        }
+    }
 }
 
 /// Settings after merging: every value known.
@@ -230,6 +267,7 @@ struct Eff {
     client_header_timeout_ms: u64,
     client_header_buffer_size: usize,
     large_client_header_buffers: (usize, usize),
+    gzip: GzipConf,
 }
 
 impl Eff {
@@ -252,6 +290,7 @@ impl Eff {
             client_header_timeout_ms: 60_000,
             client_header_buffer_size: 1024,
             large_client_header_buffers: (4, 8192),
+            gzip: GzipConf::default(),
         }
     }
 
@@ -283,6 +322,7 @@ impl Eff {
             large_client_header_buffers: s
                 .large_client_header_buffers
                 .unwrap_or(self.large_client_header_buffers),
+            gzip: s.gzip.merge(&self.gzip),
         }
     }
 
@@ -305,6 +345,7 @@ impl Eff {
             sendfile: self.sendfile,
             tcp_nodelay: self.tcp_nodelay,
             access_log: self.access_log.clone(),
+            gzip: self.gzip.clone(),
         }
     }
 }
@@ -867,6 +908,41 @@ impl Env {
                 if s.access_log.is_none() {
                     s.access_log = Some(v);
                 }
+            }
+            "gzip" => once!(s.gzip.enabled, flag(d, file, a0)?),
+            "gzip_comp_level" => {
+                let n = num::<u32>(d, file, a0)?;
+                if !(1..=9).contains(&n) {
+                    return Err(derr(d, file, "value must be between 1 and 9"));
+                }
+                once!(s.gzip.comp_level, n)
+            }
+            "gzip_types" => {
+                // As nginx: repeated in one block, the lists add up; `text/html` is implied.
+                let (types, any) = s
+                    .gzip
+                    .types
+                    .get_or_insert_with(|| (vec!["text/html".to_string()], false));
+                for a in &d.args {
+                    if a == "*" {
+                        *any = true;
+                    } else {
+                        let t = a.to_ascii_lowercase();
+                        if !types.contains(&t) {
+                            types.push(t);
+                        }
+                    }
+                }
+            }
+            "gzip_min_length" => once!(s.gzip.min_length, size(d, file, a0)?),
+            "gzip_vary" => once!(s.gzip.vary, flag(d, file, a0)?),
+            "gzip_http_version" => {
+                let minor = match a0 {
+                    "1.0" => 0,
+                    "1.1" => 1,
+                    _ => return Err(invalid(d, file, a0)),
+                };
+                once!(s.gzip.http_version_minor, minor)
             }
             other => unreachable!("http directive {other}"),
         }

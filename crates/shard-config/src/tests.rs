@@ -828,3 +828,123 @@ fn bundled_mime_file_matches_conf_copy() {
         assert_eq!(text, MIME_TYPES);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// gzip
+
+#[test]
+fn gzip_defaults() {
+    let c = http("server { location /a {} }");
+    let s = &c.http.as_ref().unwrap().servers[0];
+    for g in [&s.base.gzip, &s.locations[0].gzip] {
+        assert_eq!(*g, GzipConf::default());
+        assert!(!g.enabled);
+        assert_eq!(g.comp_level, 1);
+        assert_eq!(g.types, vec!["text/html".to_string()]);
+        assert!(!g.any_type);
+        assert_eq!(g.min_length, 20);
+        assert!(!g.vary);
+        assert_eq!(g.http_version_minor, 1);
+    }
+}
+
+#[test]
+fn gzip_inheritance() {
+    let c = http(
+        "gzip on; gzip_comp_level 6; gzip_types text/plain Application/JSON;\n\
+         gzip_min_length 1k; gzip_vary on;\n\
+         server {\n\
+           gzip_comp_level 9;\n\
+           location /a { }\n\
+           location /b { gzip off; gzip_types *; gzip_http_version 1.0;\n\
+             location /b/c { gzip on; gzip_min_length 0; gzip_types text/css; gzip_types text/xml; }\n\
+           }\n\
+         }\n\
+         server { listen 81; }",
+    );
+    let h = c.http.as_ref().unwrap();
+    let s = &h.servers[0];
+    let want = GzipConf {
+        enabled: true,
+        comp_level: 9,
+        types: vec![
+            "text/html".to_string(),
+            "text/plain".to_string(),
+            "application/json".to_string(),
+        ],
+        any_type: false,
+        min_length: 1024,
+        vary: true,
+        http_version_minor: 1,
+    };
+    assert_eq!(s.base.gzip, want);
+    assert_eq!(s.locations[0].gzip, want);
+    let b = &s.locations[1].gzip;
+    assert!(!b.enabled && b.any_type && b.comp_level == 9 && b.http_version_minor == 0);
+    assert_eq!(b.types, vec!["text/html".to_string()]);
+    let bc = &s.locations[2];
+    assert_eq!(bc.path, "/b/c");
+    assert!(bc.gzip.enabled && !bc.gzip.any_type);
+    assert_eq!(bc.gzip.min_length, 0);
+    assert_eq!(bc.gzip.http_version_minor, 0);
+    assert_eq!(
+        bc.gzip.types,
+        vec![
+            "text/html".to_string(),
+            "text/css".to_string(),
+            "text/xml".to_string()
+        ]
+    );
+    // The other server inherits from http only.
+    assert_eq!(h.servers[1].base.gzip.comp_level, 6);
+    assert!(h.servers[1].base.gzip.enabled);
+}
+
+#[test]
+fn gzip_errors() {
+    let e = |body: &str| error(&format!("{EV}http {{\n{body}\n}}\n"));
+    assert_eq!(
+        e("gzip_comp_level 12;"),
+        "value must be between 1 and 9 in t.conf:3"
+    );
+    assert_eq!(
+        e("gzip_comp_level 0;"),
+        "value must be between 1 and 9 in t.conf:3"
+    );
+    assert_eq!(
+        e("gzip_comp_level x;"),
+        r#"invalid value "x" in "gzip_comp_level" directive in t.conf:3"#
+    );
+    assert_eq!(
+        e("gzip maybe;"),
+        r#"invalid value "maybe" in "gzip" directive, it must be "on" or "off" in t.conf:3"#
+    );
+    assert_eq!(
+        e("gzip_vary yes;"),
+        r#"invalid value "yes" in "gzip_vary" directive, it must be "on" or "off" in t.conf:3"#
+    );
+    assert_eq!(
+        e("gzip_min_length 1q;"),
+        r#"invalid value "1q" in "gzip_min_length" directive in t.conf:3"#
+    );
+    assert_eq!(
+        e("gzip_http_version 2.0;"),
+        r#"invalid value "2.0" in "gzip_http_version" directive in t.conf:3"#
+    );
+    assert_eq!(
+        e("gzip on; gzip off;"),
+        r#""gzip" directive is duplicate in t.conf:3"#
+    );
+    assert_eq!(
+        e("gzip on off;"),
+        r#"invalid number of arguments in "gzip" directive in t.conf:3"#
+    );
+    assert_eq!(
+        e("gzip_types;"),
+        r#"invalid number of arguments in "gzip_types" directive in t.conf:3"#
+    );
+    assert_eq!(
+        error("gzip on;\nevents {}\n"),
+        r#""gzip" directive is not allowed here in t.conf:1"#
+    );
+}

@@ -3,13 +3,15 @@
 //! This crate owns request-head parsing ([`request`]), chunked request bodies ([`body`]),
 //! server and location selection ([`route`]), response heads and canned pages ([`response`]),
 //! static-file decisions such as conditional requests and byte ranges ([`static_file`]), the
-//! combined access-log line ([`access_log`]) and the two date formats HTTP and nginx logs use.
+//! combined access-log line ([`access_log`]), gzip decisions and compression ([`gzip`]) and the two
+//! date formats HTTP and nginx logs use.
 //!
 //! It owns no sockets, no file descriptors and no clock: callers pass bytes, `stat` results and
 //! the current time in, and get decisions and bytes out. Nothing here panics on any input.
 
 pub mod access_log;
 pub mod body;
+pub mod gzip;
 pub mod request;
 pub mod response;
 pub mod route;

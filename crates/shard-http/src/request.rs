@@ -145,6 +145,8 @@ pub struct Request {
     pub range: Option<String>,
     pub user_agent: Option<String>,
     pub referer: Option<String>,
+    /// `Accept-Encoding`, the first one received.
+    pub accept_encoding: Option<String>,
 }
 
 // `Complete` is much larger than the others; the caller takes the request by value and
@@ -546,6 +548,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
     let mut range = None;
     let mut user_agent = None;
     let mut referer = None;
+    let mut accept_encoding = None;
     for h in hs.iter() {
         let name = h.name.as_bytes();
         let v = h.value;
@@ -585,6 +588,8 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
             user_agent.get_or_insert_with(|| text(v));
         } else if name.eq_ignore_ascii_case(b"referer") {
             referer.get_or_insert_with(|| text(v));
+        } else if name.eq_ignore_ascii_case(b"accept-encoding") {
+            accept_encoding.get_or_insert_with(|| text(v));
         }
     }
 
@@ -631,6 +636,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         range,
         user_agent,
         referer,
+        accept_encoding,
     };
     Ok(Some((req, head_len)))
 }

@@ -22,6 +22,10 @@ pub struct Head<'a> {
     /// Writes `Accept-Ranges: bytes`.
     pub accept_ranges: bool,
     pub content_range: Option<&'a str>,
+    /// `Content-Encoding` (`gzip`).
+    pub content_encoding: Option<&'a str>,
+    /// `Vary` (`Accept-Encoding` with `gzip_vary on`).
+    pub vary: Option<&'a str>,
 }
 
 impl Default for Head<'_> {
@@ -37,6 +41,8 @@ impl Default for Head<'_> {
             etag: None,
             accept_ranges: false,
             content_range: None,
+            content_encoding: None,
+            vary: None,
         }
     }
 }
@@ -247,6 +253,9 @@ pub fn write_head(out: &mut Vec<u8>, head: &Head<'_>) {
     if let Some(loc) = head.location {
         header(out, b"Location: ", loc.as_bytes());
     }
+    if let Some(v) = head.vary {
+        header(out, b"Vary: ", v.as_bytes());
+    }
     if let Some(etag) = head.etag {
         header(out, b"ETag: ", etag.as_bytes());
     }
@@ -255,6 +264,9 @@ pub fn write_head(out: &mut Vec<u8>, head: &Head<'_>) {
     }
     if let Some(cr) = head.content_range {
         header(out, b"Content-Range: ", cr.as_bytes());
+    }
+    if let Some(ce) = head.content_encoding.filter(|_| !not_modified) {
+        header(out, b"Content-Encoding: ", ce.as_bytes());
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -282,6 +294,8 @@ mod tests {
             etag: Some("\"1-a\""),
             accept_ranges: true,
             content_range: Some("bytes 2-4/10"),
+            content_encoding: None,
+            vary: None,
         });
         assert_eq!(
             t,

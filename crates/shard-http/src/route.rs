@@ -128,6 +128,7 @@ pub(crate) mod tests {
             sendfile: false,
             tcp_nodelay: true,
             access_log: None,
+            gzip: Default::default(),
         }
     }
 

@@ -8,7 +8,8 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use shard_config::{LocationConf, StatusHandler};
+use shard_config::{GzipConf, LocationConf, StatusHandler};
+use shard_http::gzip;
 use shard_http::request::{Method, Request};
 use shard_http::response::{write_head, Head};
 use shard_http::static_file::{FileMeta, Plan};
@@ -25,7 +26,7 @@ pub(super) fn respond(
     keep_alive: bool,
 ) -> Reply {
     if let Some(h) = loc.handler {
-        return status_page(w, key, h, req, keep_alive);
+        return status_page(w, key, h, loc, req, keep_alive);
     }
     if let Some(ret) = &loc.ret {
         return simple(
@@ -33,20 +34,32 @@ pub(super) fn respond(
             key,
             req,
             keep_alive,
+            &loc.gzip,
             shard_http::response::return_reply(ret, &loc.default_type),
         );
     }
     static_file(w, key, loc, req, keep_alive)
 }
 
-/// A complete in-memory response.
+/// A complete in-memory response, gzipped when `gz` says so (only 200s ever are).
 fn simple(
     w: &mut Worker<'_>,
     key: usize,
     req: &Request,
     keep_alive: bool,
-    r: shard_http::response::Simple,
+    gz: &GzipConf,
+    mut r: shard_http::response::Simple,
 ) -> Reply {
+    let g = gzip::decide(
+        gz,
+        req,
+        r.status,
+        r.content_type.as_deref(),
+        r.body.len() as u64,
+    );
+    if g.compress {
+        r.body = gzip::compress(gz.comp_level, &r.body);
+    }
     let date = std::mem::take(&mut w.date);
     let out = w.out_buf(key);
     write_head(
@@ -58,6 +71,8 @@ fn simple(
             content_length: Some(r.body.len() as u64),
             keep_alive,
             location: r.location.as_deref(),
+            content_encoding: g.compress.then_some(gzip::ENCODING),
+            vary: g.vary.then_some(gzip::VARY),
             ..Default::default()
         },
     );
@@ -99,6 +114,7 @@ fn status_page(
     w: &mut Worker<'_>,
     key: usize,
     h: StatusHandler,
+    loc: &LocationConf,
     req: &Request,
     keep_alive: bool,
 ) -> Reply {
@@ -108,6 +124,7 @@ fn status_page(
             key,
             req,
             keep_alive,
+            &loc.gzip,
             shard_http::response::error_simple(405),
         );
     }
@@ -142,6 +159,7 @@ fn status_page(
         key,
         req,
         keep_alive,
+        &loc.gzip,
         shard_http::response::Simple {
             status: 200,
             content_type: Some(content_type.to_string()),
@@ -216,7 +234,7 @@ fn static_file(
                 403
             };
             let reply = shard_http::response::error_simple(status);
-            return simple(w, key, req, keep_alive, reply);
+            return simple(w, key, req, keep_alive, &loc.gzip, reply);
         }
     };
     let content_type = shard_http::static_file::content_type(loc, &path).to_string();
@@ -227,6 +245,26 @@ fn static_file(
             len,
             headers,
         } => {
+            // gzip sees the full file as a 200: a compressed answer ignores `Range`.
+            let g = if matches!(status, 200 | 206 | 416) {
+                gzip::decide(&loc.gzip, req, 200, Some(&content_type), meta.size)
+            } else {
+                gzip::Decision::default()
+            };
+            if g.compress {
+                return gzip_file(
+                    w,
+                    key,
+                    loc,
+                    req,
+                    keep_alive,
+                    fd,
+                    &path,
+                    &meta,
+                    &content_type,
+                    g,
+                );
+            }
             let date = std::mem::take(&mut w.date);
             let out = w.out_buf(key);
             write_head(
@@ -241,6 +279,7 @@ fn static_file(
                     etag: headers.etag.as_deref(),
                     accept_ranges: true,
                     content_range: headers.content_range.as_deref(),
+                    vary: g.vary.then_some(gzip::VARY),
                     ..Default::default()
                 },
             );
@@ -260,7 +299,66 @@ fn static_file(
         }
         Plan::Reply(s) => {
             shard_event::sock::close(fd);
-            simple(w, key, req, keep_alive, s)
+            simple(w, key, req, keep_alive, &loc.gzip, s)
         }
+    }
+}
+
+/// A whole file, read with `pread` and gzipped in memory (at most
+/// [`gzip::GZIP_MAX_FILE_BYTES`] of input), sent as a 200 with the compressed length.
+#[allow(clippy::too_many_arguments)]
+fn gzip_file(
+    w: &mut Worker<'_>,
+    key: usize,
+    loc: &LocationConf,
+    req: &Request,
+    keep_alive: bool,
+    fd: i32,
+    path: &Path,
+    meta: &FileMeta,
+    content_type: &str,
+    g: gzip::Decision,
+) -> Reply {
+    let body = gzip::compress_with(loc.gzip.comp_level, meta.size, |buf, off| {
+        shard_event::sock::pread(fd, buf, off)
+    });
+    shard_event::sock::close(fd);
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => {
+            crate::log!(
+                Crit,
+                "pread() \"{}\" failed ({})",
+                path.display(),
+                shard_event::os_error_text(&e)
+            );
+            let reply = shard_http::response::error_simple(500);
+            return simple(w, key, req, keep_alive, &loc.gzip, reply);
+        }
+    };
+    let etag = gzip::weak_etag(&shard_http::static_file::etag(meta));
+    let last_modified = shard_http::http_date(meta.mtime_secs.max(0) as u64);
+    let date = std::mem::take(&mut w.date);
+    let out = w.out_buf(key);
+    write_head(
+        out,
+        &Head {
+            status: 200,
+            date: &date,
+            content_type: Some(content_type),
+            content_length: Some(body.len() as u64),
+            keep_alive,
+            last_modified: Some(&last_modified),
+            etag: Some(&etag),
+            content_encoding: Some(gzip::ENCODING),
+            vary: g.vary.then_some(gzip::VARY),
+            ..Default::default()
+        },
+    );
+    out.extend_from_slice(&body);
+    w.date = date;
+    Reply {
+        status: 200,
+        body_bytes: body.len() as u64,
     }
 }
