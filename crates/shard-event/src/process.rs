@@ -235,3 +235,57 @@ pub fn getppid() -> libc::pid_t {
     // SAFETY: always succeeds.
     unsafe { libc::getppid() }
 }
+
+/// Whether the process runs as root (the `user` directive only applies then, as in nginx).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no failure mode and no memory effects.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Switches to `user` and `group` (default: the user's primary group) for good: supplementary
+/// groups are reset, then gid, then uid. A worker calls this after the master bound every socket.
+pub fn drop_privileges(user: &str, group: Option<&str>) -> Result<(), String> {
+    if !is_root() {
+        return Ok(());
+    }
+    let cuser = std::ffi::CString::new(user).map_err(|_| format!("invalid user \"{user}\""))?;
+    // SAFETY: getpwnam returns a pointer into static storage or null; read before other calls.
+    let pw = unsafe { libc::getpwnam(cuser.as_ptr()) };
+    if pw.is_null() {
+        return Err(format!("getpwnam(\"{user}\") failed"));
+    }
+    // SAFETY: `pw` is non-null and points at a valid passwd entry.
+    let (uid, mut gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+    if let Some(g) = group {
+        let cgroup = std::ffi::CString::new(g).map_err(|_| format!("invalid group \"{g}\""))?;
+        // SAFETY: as above, for group entries.
+        let gr = unsafe { libc::getgrnam(cgroup.as_ptr()) };
+        if gr.is_null() {
+            return Err(format!("getgrnam(\"{g}\") failed"));
+        }
+        // SAFETY: `gr` is non-null.
+        gid = unsafe { (*gr).gr_gid };
+    }
+    // SAFETY: plain system calls with integer arguments and a valid list.
+    unsafe {
+        if libc::setgroups(1, &gid) == -1 {
+            return Err(format!(
+                "setgroups({gid}) failed ({})",
+                io::Error::last_os_error()
+            ));
+        }
+        if libc::setgid(gid) == -1 {
+            return Err(format!(
+                "setgid({gid}) failed ({})",
+                io::Error::last_os_error()
+            ));
+        }
+        if libc::setuid(uid) == -1 {
+            return Err(format!(
+                "setuid({uid}) failed ({})",
+                io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}

@@ -175,3 +175,115 @@ pub fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
     let storage = unsafe { storage.assume_init() };
     sockaddr_to_std(&storage).ok_or_else(|| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))
 }
+
+// ---------------------------------------------------------------------------------------
+// Listener management on descriptors the master already holds (reload, upgrade).
+
+/// Sets an integer socket option at `SOL_SOCKET` or `IPPROTO_TCP` level.
+pub fn set_opt(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    val: libc::c_int,
+) -> io::Result<()> {
+    setsockopt_int(fd, level, name, val)
+}
+
+/// Reads an integer socket option.
+pub fn get_opt(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut val: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `val` and `len` are valid for writes of the sizes given.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            &mut val as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    })?;
+    Ok(val)
+}
+
+/// `listen(2)` again on a listening socket: Linux updates the backlog in place.
+pub fn relisten(fd: RawFd, backlog: i32) -> io::Result<()> {
+    // SAFETY: plain system call on an integer descriptor.
+    cvt(unsafe { libc::listen(fd, backlog) }).map(|_| ())
+}
+
+/// Whether `fd` is a listening TCP socket (for descriptors handed over by a previous master
+/// or by systemd).
+pub fn is_listening_tcp(fd: RawFd) -> bool {
+    get_opt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).is_ok_and(|v| v == 1)
+        && get_opt(fd, libc::SOL_SOCKET, libc::SO_TYPE).is_ok_and(|v| v == libc::SOCK_STREAM)
+}
+
+/// Steers a reuseport group's new connections to its first `n` sockets, at random, with a
+/// classic BPF program (`SO_ATTACH_REUSEPORT_CBPF`); the program's return value is the index
+/// of the chosen socket in the group. `n == 0` detaches the program (back to the kernel's hash).
+pub fn steer_reuseport(fd: RawFd, n: u32) -> io::Result<()> {
+    if n == 0 {
+        let zero: libc::c_int = 0;
+        // SAFETY: the option takes no meaningful value; a valid int is passed.
+        return cvt(unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_DETACH_REUSEPORT_BPF,
+                &zero as *const _ as *const libc::c_void,
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        })
+        .map(|_| ());
+    }
+    const BPF_LD_W_ABS: u16 = 0x20;
+    const BPF_ALU_MOD_K: u16 = 0x94;
+    const BPF_RET_A: u16 = 0x16;
+    const BPF_RET_K: u16 = 0x06;
+    // SKF_AD_OFF + SKF_AD_RANDOM: a random 32-bit number.
+    const AD_RANDOM: u32 = (-0x1000i32) as u32 + 56;
+    let ins = |code, k| libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let prog: Vec<libc::sock_filter> = if n == 1 {
+        vec![ins(BPF_RET_K, 0)]
+    } else {
+        vec![
+            ins(BPF_LD_W_ABS, AD_RANDOM),
+            ins(BPF_ALU_MOD_K, n),
+            ins(BPF_RET_A, 0),
+        ]
+    };
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `fprog` points at `prog`, which outlives the call; the kernel copies it.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            &fprog as *const _ as *const libc::c_void,
+            size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+/// Clears or sets `FD_CLOEXEC` (descriptors handed to a new binary must survive `exec`).
+pub fn set_cloexec(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: fcntl on an integer descriptor with integer arguments.
+    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    let flags = if on {
+        flags | libc::FD_CLOEXEC
+    } else {
+        flags & !libc::FD_CLOEXEC
+    };
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, flags) }).map(|_| ())
+}

@@ -2,16 +2,26 @@
 //!
 //! A listener is one configured address. Without `reuseport` it is one shared socket that every
 //! worker polls. With `reuseport` it is a group of `SO_REUSEPORT` sockets, one *shard* per
-//! worker: shard k is polled only by worker k. The master creates every shard before forking and
-//! never closes one while the address is configured, for two reasons that come from Linux:
+//! worker (or `shards=N`): shard k is polled by worker k (or by workers `k mod N`). The master
+//! creates every shard before forking and never closes one while the address is configured,
+//! for two reasons that come from Linux:
 //! - closing one socket of a reuseport group resets the connections queued on it (unless
 //!   `net.ipv4.tcp_migrate_req=1`, Linux 5.14+), so a dying worker must not take its shard with it;
 //! - the kernel picks a socket by index in the group (`reuseport_select_sock`), and closing
 //!   one moves the last socket into its slot, so keeping all of them open keeps indices stable.
 //!
+//! Reload and upgrade follow from the same rule. Sockets are matched by address and reused as
+//! they are, shards by index; changed options are re-applied. A group that needs more shards
+//! grows by binding new ones; one that needs fewer keeps its extra shards open, steers new
+//! connections away from them with a reuseport BPF program, and has workers drain what was
+//! already queued on them, so no reload resets a connection whatever `tcp_migrate_req` says.
+//! Turning `reuseport` on makes the shared socket shard 0 of a new group; turning it off steers
+//! every new connection to shard 0, which then serves as the shared socket.
+//!
 //! Every worker inherits every shard's descriptor, so a sibling could take over a stalled
 //! worker's queue later; this module only creates and describes them.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{IntoRawFd, RawFd};
@@ -25,40 +35,69 @@ pub struct OpenListener {
     pub addr: SocketAddr,
     /// Index into `Config::listeners`.
     pub conf_idx: usize,
-    /// `true` when `reuseport` was asked for and the kernel accepted it.
+    /// The sockets form a `SO_REUSEPORT` group (even when the configuration no longer asks for
+    /// `reuseport`: a group is never dissolved while its address lives).
     pub reuseport: bool,
-    /// One shared socket, or the shards: one per worker (index = shard index = worker index),
-    /// or fewer with `shards=N`, where worker k polls shard `k mod N`.
+    /// Every socket of the address, in group order.
     pub fds: Vec<RawFd>,
+    /// New connections go to `fds[..active]` only; the rest are drained.
+    pub active: usize,
+    /// Each worker polls its own shard alone (`reuseport` with one shard per worker).
+    pub per_worker: bool,
     pub backlog: i32,
     pub n_workers: usize,
+    pub opts: ListenOpts,
+    /// A steering program is attached to the group.
+    steered: bool,
 }
 
 impl OpenListener {
     /// Whether worker `idx` is the only one polling its socket (a per-worker shard).
     pub fn owned_by_one(&self) -> bool {
-        self.reuseport && self.fds.len() >= self.n_workers
+        self.per_worker
     }
 
     /// The workers that poll socket `k` of this listener.
     pub fn pollers(&self, k: usize) -> Vec<usize> {
+        if k >= self.active {
+            return vec![k % self.n_workers.max(1)];
+        }
         (0..self.n_workers)
-            .filter(|w| !self.reuseport || w % self.fds.len() == k)
+            .filter(|w| w % self.active == k)
             .collect()
     }
 
-    /// The socket worker `idx` polls.
+    /// The socket worker `idx` accepts new connections from.
     pub fn fd_for_worker(&self, idx: usize) -> RawFd {
-        if self.reuseport {
-            self.fds[idx % self.fds.len()]
-        } else {
-            self.fds[0]
+        self.fds[idx % self.active.max(1)]
+    }
+
+    /// Sockets no longer chosen by the kernel that worker `idx` drains (after a reload lowered
+    /// the number of shards).
+    pub fn draining_for_worker(&self, idx: usize) -> Vec<RawFd> {
+        (self.active..self.fds.len())
+            .filter(|j| j % self.n_workers.max(1) == idx)
+            .map(|j| self.fds[j])
+            .collect()
+    }
+
+    /// Closes every socket (the address left the configuration).
+    pub fn close(self) {
+        for fd in self.fds {
+            shard_event::sock::close(fd);
         }
     }
 }
 
 /// Set when the kernel refused `SO_REUSEPORT` once, so it is reported only once.
 static REUSEPORT_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn os_err(what: &str, addr: &SocketAddr, e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!("{what} {addr} failed ({})", shard_event::os_error_text(&e)),
+    )
+}
 
 fn socket_for(addr: &SocketAddr, opts: &ListenOpts, tcp_nodelay: bool) -> io::Result<Socket> {
     let s = Socket::new(
@@ -70,17 +109,6 @@ fn socket_for(addr: &SocketAddr, opts: &ListenOpts, tcp_nodelay: bool) -> io::Re
     if addr.is_ipv6() {
         s.set_only_v6(opts.ipv6only)?;
     }
-    if let Some(n) = opts.rcvbuf {
-        s.set_recv_buffer_size(n)?;
-    }
-    if let Some(n) = opts.sndbuf {
-        s.set_send_buffer_size(n)?;
-    }
-    match opts.so_keepalive {
-        Some(SoKeepalive::On) => s.set_keepalive(true)?,
-        Some(SoKeepalive::Off) => s.set_keepalive(false)?,
-        None => {}
-    }
     // Accepted sockets inherit TCP_NODELAY from the listener on Linux (the child socket is a
     // clone of the listener), which saves one setsockopt per connection.
     if tcp_nodelay {
@@ -89,40 +117,41 @@ fn socket_for(addr: &SocketAddr, opts: &ListenOpts, tcp_nodelay: bool) -> io::Re
     Ok(s)
 }
 
-fn bind_listen(s: &Socket, addr: &SocketAddr, opts: &ListenOpts) -> io::Result<()> {
-    s.bind(&(*addr).into()).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!(
-                "bind() to {addr} failed ({})",
-                shard_event::os_error_text(&e)
-            ),
-        )
-    })?;
-    s.listen(opts.backlog).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!(
-                "listen() to {addr} failed ({})",
-                shard_event::os_error_text(&e)
-            ),
-        )
-    })?;
-    if opts.deferred {
-        // TCP_DEFER_ACCEPT: seconds to wait for data before accept() reports the connection.
-        shard_event::sock::set_defer_accept(std::os::fd::AsRawFd::as_raw_fd(s), 1).map_err(
-            |e| {
-                io::Error::new(
-                    e.kind(),
-                    format!(
-                        "setsockopt(TCP_DEFER_ACCEPT) for {addr} failed ({})",
-                        shard_event::os_error_text(&e)
-                    ),
-                )
-            },
-        )?;
+/// Options that may change on a live socket: applied at creation and again on every reload.
+fn apply_opts(fd: RawFd, addr: &SocketAddr, opts: &ListenOpts) -> io::Result<()> {
+    use shard_event::sock::set_opt;
+    if let Some(n) = opts.rcvbuf {
+        set_opt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, n as i32)
+            .map_err(|e| os_err("setsockopt(SO_RCVBUF) for", addr, e))?;
     }
+    if let Some(n) = opts.sndbuf {
+        set_opt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, n as i32)
+            .map_err(|e| os_err("setsockopt(SO_SNDBUF) for", addr, e))?;
+    }
+    match opts.so_keepalive {
+        Some(SoKeepalive::On) => set_opt(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?,
+        Some(SoKeepalive::Off) => set_opt(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 0)?,
+        None => {}
+    }
+    // TCP_DEFER_ACCEPT: seconds to wait for data before accept() reports the connection.
+    set_opt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_DEFER_ACCEPT,
+        opts.deferred as i32,
+    )
+    .map_err(|e| os_err("setsockopt(TCP_DEFER_ACCEPT) for", addr, e))?;
     Ok(())
+}
+
+fn bind_listen(s: &Socket, addr: &SocketAddr, opts: &ListenOpts) -> io::Result<RawFd> {
+    s.bind(&(*addr).into())
+        .map_err(|e| os_err("bind() to", addr, e))?;
+    s.listen(opts.backlog)
+        .map_err(|e| os_err("listen() to", addr, e))?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(s);
+    apply_opts(fd, addr, opts)?;
+    Ok(fd)
 }
 
 /// Whether tests asked to simulate a kernel without `SO_REUSEPORT` (see docs/directives.md).
@@ -130,51 +159,36 @@ fn reuseport_disabled_for_test() -> bool {
     std::env::var_os("SHARD_TEST_NO_REUSEPORT").is_some()
 }
 
-/// Opens `l` for `n_workers` workers: one shared socket, or `shard_count` shards.
-pub fn open(
-    conf_idx: usize,
-    l: &Listener,
-    n_workers: usize,
-    tcp_nodelay: bool,
-) -> io::Result<OpenListener> {
-    if l.opts.reuseport {
-        let cpus = shard_event::process::available_cpus();
-        let n = shard_config::shard_count(l.opts.shards, n_workers, cpus);
-        match open_shards(l, n, tcp_nodelay) {
-            Ok(fds) => {
-                return Ok(OpenListener {
-                    addr: l.addr,
-                    conf_idx,
-                    reuseport: true,
-                    fds,
-                    backlog: l.opts.backlog,
-                    n_workers,
-                })
-            }
-            Err(ShardError::Refused(e)) => {
-                if !REUSEPORT_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                    crate::log!(
-                        Warn,
-                        "setsockopt(SO_REUSEPORT) failed ({}), reuseport is not supported here: \
-                         falling back to a shared socket for {} and every other reuseport listener",
-                        shard_event::os_error_text(&e),
-                        l.addr
-                    );
-                }
-            }
-            Err(ShardError::Io(e)) => return Err(e),
-        }
+fn warn_refused(addr: &SocketAddr, e: &io::Error) {
+    if !REUSEPORT_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        crate::log!(
+            Warn,
+            "setsockopt(SO_REUSEPORT) failed ({}), reuseport is not supported here: \
+             falling back to a shared socket for {} and every other reuseport listener",
+            shard_event::os_error_text(e),
+            addr
+        );
     }
-    let s = socket_for(&l.addr, &l.opts, tcp_nodelay)?;
-    bind_listen(&s, &l.addr, &l.opts)?;
-    Ok(OpenListener {
-        addr: l.addr,
-        conf_idx,
-        reuseport: false,
-        fds: vec![s.into_raw_fd()],
-        backlog: l.opts.backlog,
-        n_workers,
-    })
+}
+
+/// One new socket, in the address's reuseport group when `group`.
+fn new_socket(
+    addr: &SocketAddr,
+    opts: &ListenOpts,
+    tcp_nodelay: bool,
+    group: bool,
+) -> Result<RawFd, ShardError> {
+    let s = socket_for(addr, opts, tcp_nodelay).map_err(ShardError::Io)?;
+    if group {
+        if reuseport_disabled_for_test() {
+            return Err(ShardError::Refused(io::Error::from_raw_os_error(
+                libc::ENOPROTOOPT,
+            )));
+        }
+        s.set_reuse_port(true).map_err(ShardError::Refused)?;
+    }
+    bind_listen(&s, addr, opts).map_err(ShardError::Io)?;
+    Ok(s.into_raw_fd())
 }
 
 enum ShardError {
@@ -182,19 +196,254 @@ enum ShardError {
     Io(io::Error),
 }
 
-fn open_shards(l: &Listener, n: usize, tcp_nodelay: bool) -> Result<Vec<RawFd>, ShardError> {
-    let mut socks: Vec<Socket> = Vec::with_capacity(n);
-    for _ in 0..n {
-        let s = socket_for(&l.addr, &l.opts, tcp_nodelay).map_err(ShardError::Io)?;
-        if reuseport_disabled_for_test() {
-            return Err(ShardError::Refused(io::Error::from_raw_os_error(
-                libc::ENOPROTOOPT,
-            )));
+/// Sockets the master starts with instead of binding: from a previous master (binary upgrade,
+/// `SHARD_INHERIT`) or from systemd (`LISTEN_FDS`). Keyed by address, in group order.
+#[derive(Default, Debug)]
+pub struct Inherited {
+    by_addr: HashMap<SocketAddr, Vec<(usize, RawFd)>>,
+}
+
+/// The environment variable a master hands its sockets to a new binary with:
+/// `fd:index:address` entries separated by `;`.
+pub const INHERIT_ENV: &str = "SHARD_INHERIT";
+
+impl Inherited {
+    /// Reads `SHARD_INHERIT`, or systemd's `LISTEN_FDS` when `LISTEN_PID` is this process.
+    /// Descriptors that are not listening TCP sockets are ignored.
+    pub fn from_env() -> Inherited {
+        let mut inh = Inherited::default();
+        if let Ok(v) = std::env::var(INHERIT_ENV) {
+            for entry in v.split(';').filter(|e| !e.is_empty()) {
+                let mut it = entry.splitn(3, ':');
+                let (Some(fd), Some(idx), Some(addr)) = (it.next(), it.next(), it.next()) else {
+                    continue;
+                };
+                let (Ok(fd), Ok(idx), Ok(addr)) = (
+                    fd.parse::<RawFd>(),
+                    idx.parse::<usize>(),
+                    addr.parse::<SocketAddr>(),
+                ) else {
+                    continue;
+                };
+                if shard_event::sock::is_listening_tcp(fd) {
+                    inh.by_addr.entry(addr).or_default().push((idx, fd));
+                }
+            }
         }
-        s.set_reuse_port(true).map_err(ShardError::Refused)?;
-        bind_listen(&s, &l.addr, &l.opts).map_err(ShardError::Io)?;
-        socks.push(s);
+        let systemd = std::env::var("LISTEN_PID")
+            .ok()
+            .and_then(|p| p.parse::<u32>().ok())
+            == Some(std::process::id());
+        if systemd {
+            let n: RawFd = std::env::var("LISTEN_FDS")
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            for fd in 3..3 + n {
+                if !shard_event::sock::is_listening_tcp(fd) {
+                    continue;
+                }
+                if let Ok(addr) = shard_event::sock::local_addr(fd) {
+                    let v = inh.by_addr.entry(addr).or_default();
+                    let idx = v.len();
+                    v.push((idx, fd));
+                }
+            }
+        }
+        for v in inh.by_addr.values_mut() {
+            v.sort_unstable();
+        }
+        std::env::remove_var(INHERIT_ENV);
+        inh
     }
-    // Shards join the reuseport group in index order, so shard k is slot k in the group.
-    Ok(socks.into_iter().map(|s| s.into_raw_fd()).collect())
+
+    pub fn is_empty(&self) -> bool {
+        self.by_addr.is_empty()
+    }
+
+    fn take(&mut self, addr: &SocketAddr) -> Vec<RawFd> {
+        self.by_addr
+            .remove(addr)
+            .map(|v| v.into_iter().map(|(_, fd)| fd).collect())
+            .unwrap_or_default()
+    }
+
+    /// Closes what no listener claimed; returns the addresses.
+    pub fn close_unclaimed(self) -> Vec<SocketAddr> {
+        let mut gone = Vec::new();
+        for (addr, v) in self.by_addr {
+            for (_, fd) in v {
+                shard_event::sock::close(fd);
+            }
+            gone.push(addr);
+        }
+        gone
+    }
+}
+
+/// The `SHARD_INHERIT` value describing `listeners`.
+pub fn inherit_env_value(listeners: &[OpenListener]) -> String {
+    let mut s = String::new();
+    for l in listeners {
+        for (k, fd) in l.fds.iter().enumerate() {
+            s.push_str(&format!("{fd}:{k}:{};", l.addr));
+        }
+    }
+    s
+}
+
+/// Opens `l` for `n_workers` workers: one shared socket, or a group of shards. Sockets of the
+/// same address in `inherited` are adopted instead of bound.
+pub fn open(
+    conf_idx: usize,
+    l: &Listener,
+    n_workers: usize,
+    tcp_nodelay: bool,
+    inherited: &mut Inherited,
+) -> io::Result<OpenListener> {
+    let fds = inherited.take(&l.addr);
+    let group = fds.first().is_some_and(|&fd| {
+        shard_event::sock::get_opt(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT).is_ok_and(|v| v == 1)
+    });
+    let existing = OpenListener {
+        addr: l.addr,
+        conf_idx,
+        reuseport: group,
+        active: fds.len(),
+        fds,
+        per_worker: false,
+        backlog: l.opts.backlog,
+        n_workers,
+        opts: l.opts.clone(),
+        // A previous master may have steered the group; re-steering below resets it.
+        steered: group,
+    };
+    reconcile(existing, conf_idx, l, n_workers, tcp_nodelay)
+}
+
+/// Makes `old` (the sockets of the same address) serve `l` with `n_workers` workers: reuses
+/// every socket, re-applies options, grows the group if needed and steers it.
+pub fn reconcile(
+    old: OpenListener,
+    conf_idx: usize,
+    l: &Listener,
+    n_workers: usize,
+    tcp_nodelay: bool,
+) -> io::Result<OpenListener> {
+    let mut fds = old.fds;
+    let mut group = old.reuseport;
+    let mut want_group = l.opts.reuseport;
+    let cpus = shard_event::process::available_cpus();
+    let n_target = if want_group {
+        shard_config::shard_count(l.opts.shards, n_workers, cpus)
+    } else {
+        1
+    };
+
+    for &fd in &fds {
+        shard_event::sock::relisten(fd, l.opts.backlog)
+            .map_err(|e| os_err("listen() to", &l.addr, e))?;
+        apply_opts(fd, &l.addr, &l.opts)?;
+    }
+    if want_group && !fds.is_empty() && !group {
+        // Turning reuseport on: the shared socket becomes shard 0 of a new group.
+        let res = if reuseport_disabled_for_test() {
+            Err(io::Error::from_raw_os_error(libc::ENOPROTOOPT))
+        } else {
+            shard_event::sock::set_opt(fds[0], libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)
+        };
+        match res {
+            Ok(()) => group = true,
+            Err(e) => {
+                warn_refused(&l.addr, &e);
+                want_group = false;
+            }
+        }
+    }
+    if fds.is_empty() && !want_group {
+        fds.push(
+            new_socket(&l.addr, &l.opts, tcp_nodelay, false).map_err(|e| match e {
+                ShardError::Io(e) | ShardError::Refused(e) => e,
+            })?,
+        );
+    }
+    let preexisting = fds.len();
+    while want_group && fds.len() < n_target {
+        match new_socket(&l.addr, &l.opts, tcp_nodelay, true) {
+            Ok(fd) => {
+                fds.push(fd);
+                group = true;
+            }
+            Err(ShardError::Refused(e)) if fds.is_empty() => {
+                warn_refused(&l.addr, &e);
+                want_group = false;
+                fds.push(new_socket(&l.addr, &l.opts, tcp_nodelay, false).map_err(
+                    |e| match e {
+                        ShardError::Io(e) | ShardError::Refused(e) => e,
+                    },
+                )?);
+            }
+            Err(ShardError::Refused(e) | ShardError::Io(e)) => {
+                for fd in fds.drain(preexisting..) {
+                    shard_event::sock::close(fd);
+                }
+                return Err(e);
+            }
+        }
+    }
+    let active = if want_group {
+        n_target.min(fds.len())
+    } else {
+        1
+    };
+    let mut ol = OpenListener {
+        addr: l.addr,
+        conf_idx,
+        reuseport: group,
+        per_worker: want_group && l.opts.shards.is_none() && active >= n_workers,
+        active,
+        fds,
+        backlog: l.opts.backlog,
+        n_workers,
+        opts: l.opts.clone(),
+        steered: old.steered,
+    };
+    steer(&mut ol);
+    Ok(ol)
+}
+
+/// Attaches (or detaches) the steering program so new connections go to `fds[..active]`.
+fn steer(l: &mut OpenListener) {
+    if !l.reuseport {
+        return;
+    }
+    let need = l.active < l.fds.len();
+    if !need && !l.steered {
+        return;
+    }
+    let n = if need { l.active as u32 } else { 0 };
+    match shard_event::sock::steer_reuseport(l.fds[0], n) {
+        Ok(()) => {
+            if need {
+                crate::log!(
+                    Notice,
+                    "{}: {} of {} shards take new connections; the other {} are steered out of the kernel's \
+                     choice by a reuseport BPF program and drained by workers (none is closed, so no queued \
+                     connection is reset, whatever net.ipv4.tcp_migrate_req says)",
+                    l.addr,
+                    l.active,
+                    l.fds.len(),
+                    l.fds.len() - l.active
+                );
+            }
+            l.steered = need;
+        }
+        Err(e) => crate::log!(
+            Alert,
+            "setsockopt(SO_ATTACH_REUSEPORT_CBPF) for {} failed ({}): surplus shards keep receiving \
+             connections and are still drained by workers",
+            l.addr,
+            shard_event::os_error_text(&e)
+        ),
+    }
 }

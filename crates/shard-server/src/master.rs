@@ -1,10 +1,17 @@
 //! The master process: opens every listener and shard, forks the workers, respawns the ones
-//! that die, and turns signals into actions.
+//! that die, reloads the configuration, hands its sockets to a new binary, and turns signals
+//! into actions.
 //!
 //! The master never serves traffic and stays single-threaded (so that `fork` is sound). It
 //! reads signals from a signalfd in a plain epoll loop; nothing runs in signal context.
+//!
+//! Workers belong to a *generation* (1 at start, +1 per reload). Only the current generation is
+//! respawned; older ones are stopping gracefully. Each worker writes its counters into a slot of
+//! the shared region; slots are allocated so that an old generation still finishing its
+//! requests keeps its own while the new one starts.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
@@ -14,17 +21,21 @@ use shard_config::{Config, WorkerProcesses};
 use shard_event::process::{self, Exit, Fork, SignalFd};
 use shard_event::{Events, Interest, Poll};
 
-use crate::listen::{self, OpenListener};
+use crate::listen::{self, Inherited, OpenListener};
 use crate::shm::{self, SharedRegion, MAX_WORKERS};
 use crate::worker::{self, WorkerArgs};
 
 /// How long a fast stop (`TERM`/`INT`) waits for workers before `SIGKILL`.
 const FAST_STOP_GRACE_MS: u64 = 5_000;
 
+/// Re-reads the configuration from where it came from (same file, prefix and `-g`).
+pub type Reloader = Box<dyn FnMut() -> Result<Config, String>>;
+
 pub struct RunOptions {
     pub config: Config,
     /// Shown in log lines: the configuration file, or "(embedded default)".
     pub conf_name: String,
+    pub reload: Reloader,
 }
 
 /// The number of workers `worker_processes` asks for on this machine.
@@ -42,17 +53,79 @@ enum Stopping {
     Fast { kill_at_ms: u64 },
 }
 
+/// A live worker process.
+struct Proc {
+    idx: usize,
+    slot: usize,
+    generation: u64,
+}
+
 struct Master {
     cfg: Config,
     n_workers: usize,
     listeners: Vec<OpenListener>,
     region: SharedRegion,
     access_logs: HashMap<PathBuf, RawFd>,
-    /// pid of worker k, or None while it is not running.
-    workers: Vec<Option<libc::pid_t>>,
+    procs: HashMap<libc::pid_t, Proc>,
+    generation: u64,
+    /// Slot of each worker index of the current generation.
+    slots: Vec<usize>,
     poll: Poll,
     signals: SignalFd,
     stopping: Stopping,
+    reload: Reloader,
+    /// `SIGWINCH` stopped the workers (binary upgrade); `SIGHUP` brings them back.
+    workers_stopped: bool,
+    /// A new binary started by `SIGUSR2`, while it runs.
+    upgrade_child: Option<libc::pid_t>,
+    /// The pid file this master owns: `pid`, or `pid.oldbin` after an upgrade started.
+    pid_path: Option<PathBuf>,
+    exe: PathBuf,
+    args: Vec<OsString>,
+}
+
+fn tcp_nodelay(cfg: &Config) -> bool {
+    cfg.http
+        .as_ref()
+        .is_none_or(|h| h.servers.iter().all(|s| s.base.tcp_nodelay))
+}
+
+fn access_log_paths(cfg: &Config) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if let Some(http) = &cfg.http {
+        for s in &http.servers {
+            for loc in std::iter::once(&s.base).chain(s.locations.iter()) {
+                if let Some(al) = &loc.access_log {
+                    if !v.contains(&al.path) {
+                        v.push(al.path.clone());
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+fn describe(listeners: &[OpenListener]) -> String {
+    let shown: Vec<String> = listeners
+        .iter()
+        .map(|l| {
+            let addr = shard_event::sock::local_addr(l.fds[0])
+                .map_or(l.addr.to_string(), |a| a.to_string());
+            if l.per_worker {
+                format!("{addr} (reuseport, {} shards)", l.active)
+            } else if l.reuseport && l.active > 1 {
+                format!("{addr} (reuseport, {} shared shards)", l.active)
+            } else {
+                format!("{addr} (shared)")
+            }
+        })
+        .collect();
+    if shown.is_empty() {
+        "nothing".to_string()
+    } else {
+        shown.join(", ")
+    }
 }
 
 /// Runs the master until it stops; returns the process exit code.
@@ -70,29 +143,36 @@ pub fn run(opts: RunOptions) -> Result<i32> {
     poll.add(signals.fd(), 0, Interest::READ)
         .context("epoll_ctl")?;
 
-    let tcp_nodelay = cfg
-        .http
-        .as_ref()
-        .is_none_or(|h| h.servers.iter().all(|s| s.base.tcp_nodelay));
+    // Sockets handed over by a previous master or systemd are adopted before anything binds.
+    let mut inherited = Inherited::from_env();
+    let adopting = !inherited.is_empty();
+    let nodelay = tcp_nodelay(&cfg);
     let mut listeners = Vec::with_capacity(cfg.listeners.len());
     for (i, l) in cfg.listeners.iter().enumerate() {
-        let ol = listen::open(i, l, n_workers, tcp_nodelay).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let ol = listen::open(i, l, n_workers, nodelay, &mut inherited)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         listeners.push(ol);
+    }
+    if adopting {
+        crate::log!(Notice, "using inherited sockets");
+    }
+    if cfg.main.user.is_some() && !process::is_root() {
+        crate::log!(
+            Warn,
+            "the \"user\" directive makes sense only if the master process runs with super-user privileges, ignored"
+        );
+    }
+    for addr in inherited.close_unclaimed() {
+        crate::log!(
+            Notice,
+            "closing inherited sockets of {addr}: no longer configured"
+        );
     }
 
     let mut access_logs = HashMap::new();
-    if let Some(http) = &cfg.http {
-        for s in &http.servers {
-            for loc in std::iter::once(&s.base).chain(s.locations.iter()) {
-                if let Some(al) = &loc.access_log {
-                    if !access_logs.contains_key(&al.path) {
-                        let fd = crate::log::open_append(&al.path)
-                            .map_err(|e| anyhow::anyhow!("{e}"))?;
-                        access_logs.insert(al.path.clone(), fd);
-                    }
-                }
-            }
-        }
+    for path in access_log_paths(&cfg) {
+        let fd = crate::log::open_append(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
+        access_logs.insert(path, fd);
     }
 
     let region = shm::create().context("cannot map the shared-memory region")?;
@@ -103,47 +183,37 @@ pub fn run(opts: RunOptions) -> Result<i32> {
             .with_context(|| format!("open() \"{}\" failed", pid_path.display()))?;
     }
 
-    let shown: Vec<String> = listeners
-        .iter()
-        .map(|l| {
-            let addr = shard_event::sock::local_addr(l.fds[0])
-                .map_or(l.addr.to_string(), |a| a.to_string());
-            if l.reuseport {
-                format!("{addr} (reuseport, {} shards)", l.fds.len())
-            } else {
-                format!("{addr} (shared)")
-            }
-        })
-        .collect();
     crate::log!(
         Notice,
         "shard/{} started with {}: {} worker processes, listening on {}",
         env!("CARGO_PKG_VERSION"),
         opts.conf_name,
         n_workers,
-        if shown.is_empty() {
-            "nothing".to_string()
-        } else {
-            shown.join(", ")
-        }
+        describe(&listeners)
     );
 
     let mut m = Master {
+        pid_path: cfg.main.pid.clone(),
         cfg,
         n_workers,
         listeners,
         region,
         access_logs,
-        workers: vec![None; n_workers],
+        procs: HashMap::new(),
+        generation: 1,
+        slots: Vec::new(),
         poll,
         signals,
         stopping: Stopping::No,
+        reload: opts.reload,
+        workers_stopped: false,
+        upgrade_child: None,
+        exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("shard")),
+        args: std::env::args_os().skip(1).collect(),
     };
-    for idx in 0..n_workers {
-        m.spawn(idx)?;
-    }
+    m.start_generation()?;
     let code = m.run_loop();
-    if let Some(pid_path) = &m.cfg.main.pid {
+    if let Some(pid_path) = &m.pid_path {
         let _ = std::fs::remove_file(pid_path);
     }
     crate::log!(Notice, "exit");
@@ -151,19 +221,77 @@ pub fn run(opts: RunOptions) -> Result<i32> {
 }
 
 impl Master {
+    fn slot_free(&self, s: usize) -> bool {
+        !self.procs.values().any(|p| p.slot == s)
+    }
+
+    /// Allocates slots and starts every worker of the current generation.
+    fn start_generation(&mut self) -> Result<()> {
+        let mut slots = Vec::with_capacity(self.n_workers);
+        let mut s = 0;
+        while slots.len() < self.n_workers {
+            if s >= MAX_WORKERS {
+                anyhow::bail!(
+                    "no free worker slot: too many workers of older generations are still stopping"
+                );
+            }
+            if self.slot_free(s) {
+                slots.push(s);
+            }
+            s += 1;
+        }
+        for (i, &s) in slots.iter().enumerate() {
+            let w = self.region.worker(s);
+            for c in [
+                &w.pid,
+                &w.accepted,
+                &w.handled,
+                &w.requests,
+                &w.active,
+                &w.reading,
+                &w.writing,
+                &w.waiting,
+                &w.cpu_ms,
+            ] {
+                c.store(0, Relaxed);
+            }
+            w.generation.store(self.generation, Relaxed);
+            self.region.slot_of[i].store(s as u64, Relaxed);
+        }
+        self.region.n_workers.store(self.n_workers as u64, Relaxed);
+        self.region.generation.store(self.generation, Relaxed);
+        self.slots = slots;
+        for idx in 0..self.n_workers {
+            self.spawn(idx)?;
+        }
+        Ok(())
+    }
+
     fn spawn(&mut self, idx: usize) -> Result<()> {
         let master_pid = process::getpid();
+        let slot = self.slots[idx];
         match process::fork().context("fork() failed")? {
             Fork::Parent(pid) => {
-                self.workers[idx] = Some(pid);
-                crate::log!(Notice, "start worker process {pid} (worker {idx})");
+                self.procs.insert(
+                    pid,
+                    Proc {
+                        idx,
+                        slot,
+                        generation: self.generation,
+                    },
+                );
+                crate::log!(
+                    Notice,
+                    "start worker process {pid} (worker {idx}, generation {})",
+                    self.generation
+                );
                 Ok(())
             }
             Fork::Child => {
                 // A worker never outlives its master: if the master is killed, workers stop
                 // gracefully instead of holding the port forever.
                 process::set_parent_death_signal(libc::SIGQUIT);
-                if libc_getppid() != master_pid {
+                if process::getppid() != master_pid {
                     std::process::exit(0);
                 }
                 if let Some(n) = self.cfg.main.worker_rlimit_nofile {
@@ -175,8 +303,15 @@ impl Master {
                         );
                     }
                 }
+                if let Some((user, group)) = &self.cfg.main.user {
+                    if let Err(e) = process::drop_privileges(user, group.as_deref()) {
+                        crate::log!(Emerg, "{e}");
+                        std::process::exit(2);
+                    }
+                }
                 let code = worker::run(WorkerArgs {
                     idx,
+                    slot,
                     n_workers: self.n_workers,
                     cfg: &self.cfg,
                     listeners: &self.listeners,
@@ -188,9 +323,11 @@ impl Master {
         }
     }
 
-    fn signal_workers(&self, sig: libc::c_int) {
-        for pid in self.workers.iter().flatten() {
-            let _ = process::kill(*pid, sig);
+    fn signal_workers(&self, sig: libc::c_int, only_generation: Option<u64>) {
+        for (pid, p) in &self.procs {
+            if only_generation.is_none_or(|g| g == p.generation) {
+                let _ = process::kill(*pid, sig);
+            }
         }
     }
 
@@ -210,13 +347,13 @@ impl Master {
             if let Stopping::Fast { kill_at_ms } = self.stopping {
                 if shard_event::monotonic_ms() >= kill_at_ms {
                     crate::log!(Alert, "workers did not stop in time, sending SIGKILL");
-                    self.signal_workers(libc::SIGKILL);
+                    self.signal_workers(libc::SIGKILL, None);
                     self.stopping = Stopping::Fast {
                         kill_at_ms: u64::MAX,
                     };
                 }
             }
-            if self.stopping != Stopping::No && self.workers.iter().all(Option::is_none) {
+            if self.stopping != Stopping::No && self.procs.is_empty() {
                 return 0;
             }
         }
@@ -232,7 +369,7 @@ impl Master {
                         "signal {sig} (SIGQUIT) received, shutting down gracefully"
                     );
                     self.stopping = Stopping::Graceful;
-                    self.signal_workers(libc::SIGQUIT);
+                    self.signal_workers(libc::SIGQUIT, None);
                 }
             }
             libc::SIGTERM | libc::SIGINT => {
@@ -249,7 +386,7 @@ impl Master {
                     self.stopping = Stopping::Fast {
                         kill_at_ms: shard_event::monotonic_ms() + FAST_STOP_GRACE_MS,
                     };
-                    self.signal_workers(libc::SIGTERM);
+                    self.signal_workers(libc::SIGTERM, None);
                 }
             }
             libc::SIGUSR1 => {
@@ -257,37 +394,256 @@ impl Master {
                 if let Err(e) = crate::log::reopen() {
                     crate::log!(Alert, "{e}");
                 }
-                self.signal_workers(libc::SIGUSR1);
+                self.signal_workers(libc::SIGUSR1, None);
             }
-            libc::SIGHUP => {
+            libc::SIGHUP if self.stopping == Stopping::No => {
+                if self.workers_stopped {
+                    crate::log!(
+                        Notice,
+                        "signal {sig} (SIGHUP) received, starting workers again"
+                    );
+                    self.workers_stopped = false;
+                    self.generation += 1;
+                    if let Err(e) = self.start_generation() {
+                        crate::log!(Alert, "{e:#}");
+                    }
+                } else {
+                    crate::log!(Notice, "signal {sig} (SIGHUP) received, reconfiguring");
+                    self.reconfigure();
+                }
+            }
+            libc::SIGUSR2 if self.stopping == Stopping::No => self.upgrade(),
+            libc::SIGWINCH if self.stopping == Stopping::No => {
                 crate::log!(
-                    Warn,
-                    "signal {sig} (SIGHUP) received: configuration reload is not implemented yet, \
-                     keeping the running configuration"
+                    Notice,
+                    "signal {sig} (SIGWINCH) received, gracefully stopping workers"
                 );
+                self.workers_stopped = true;
+                self.signal_workers(libc::SIGQUIT, None);
             }
             _ => crate::log!(Info, "signal {sig} ignored"),
         }
     }
 
+    /// `SIGHUP`: re-read the configuration; on success start a new generation on the same
+    /// sockets and stop the old one gracefully; on failure keep everything as it is.
+    fn reconfigure(&mut self) {
+        let cfg = match (self.reload)() {
+            Ok(c) => c,
+            Err(e) => {
+                crate::log!(Emerg, "{e}");
+                crate::log!(Alert, "reload failed: keeping the running configuration");
+                return;
+            }
+        };
+        let n_workers = resolve_workers(cfg.main.worker_processes);
+        if let Err(e) = cfg.check_workers(n_workers) {
+            crate::log!(Emerg, "{e}");
+            crate::log!(Alert, "reload failed: keeping the running configuration");
+            return;
+        }
+        let nodelay = tcp_nodelay(&cfg);
+        // New addresses first: a bind that fails leaves the running set untouched.
+        let mut fresh: HashMap<usize, OpenListener> = HashMap::new();
+        for (i, l) in cfg.listeners.iter().enumerate() {
+            if self.listeners.iter().any(|o| o.addr == l.addr) {
+                continue;
+            }
+            match listen::open(i, l, n_workers, nodelay, &mut Inherited::default()) {
+                Ok(ol) => {
+                    fresh.insert(i, ol);
+                }
+                Err(e) => {
+                    crate::log!(Emerg, "{e}");
+                    crate::log!(Alert, "reload failed: keeping the running configuration");
+                    for (_, ol) in fresh {
+                        ol.close();
+                    }
+                    return;
+                }
+            }
+        }
+        let mut access_logs = HashMap::new();
+        for path in access_log_paths(&cfg) {
+            let fd = match self.access_logs.remove(&path) {
+                Some(fd) => fd,
+                None => match crate::log::open_append(&path) {
+                    Ok(fd) => fd,
+                    Err(e) => {
+                        crate::log!(Alert, "{e}");
+                        continue;
+                    }
+                },
+            };
+            access_logs.insert(path, fd);
+        }
+        for (_, fd) in self.access_logs.drain() {
+            shard_event::sock::close(fd);
+        }
+        self.access_logs = access_logs;
+
+        let mut old: Vec<Option<OpenListener>> = std::mem::take(&mut self.listeners)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut listeners = Vec::with_capacity(cfg.listeners.len());
+        for (i, l) in cfg.listeners.iter().enumerate() {
+            if let Some(ol) = fresh.remove(&i) {
+                listeners.push(ol);
+                continue;
+            }
+            let prev = old
+                .iter_mut()
+                .find(|o| o.as_ref().is_some_and(|o| o.addr == l.addr))
+                .and_then(Option::take)
+                .expect("matched above");
+            match listen::reconcile(prev, i, l, n_workers, nodelay) {
+                Ok(ol) => listeners.push(ol),
+                Err(e) => crate::log!(Alert, "{e}: {} is no longer served", l.addr),
+            }
+        }
+        for ol in old.into_iter().flatten() {
+            crate::log!(Notice, "closing {}: no longer configured", ol.addr);
+            ol.close();
+        }
+        if cfg.main.error_log.target != self.cfg.main.error_log.target
+            || cfg.main.error_log.level != self.cfg.main.error_log.level
+        {
+            if let Err(e) = crate::log::init(&cfg.main.error_log.target, cfg.main.error_log.level) {
+                crate::log!(
+                    Alert,
+                    "cannot open the new error log ({e}): keeping the old one"
+                );
+            }
+        }
+        let old_generation = self.generation;
+        self.cfg = cfg;
+        self.listeners = listeners;
+        self.n_workers = n_workers;
+        self.generation += 1;
+        crate::log!(
+            Notice,
+            "reconfigured: generation {}, {} worker processes, listening on {}",
+            self.generation,
+            n_workers,
+            describe(&self.listeners)
+        );
+        if let Err(e) = self.start_generation() {
+            crate::log!(Alert, "{e:#}");
+        }
+        // Old workers stop accepting, finish what they have and exit.
+        for (pid, p) in &self.procs {
+            if p.generation <= old_generation {
+                let _ = process::kill(*pid, libc::SIGQUIT);
+            }
+        }
+    }
+
+    /// `SIGUSR2`: start the binary at our own path with every listening socket inherited. The
+    /// new master adopts them by address and shard index; this one keeps serving until told
+    /// otherwise (`SIGWINCH`, `SIGQUIT`), and takes its pid file back if the new one fails.
+    fn upgrade(&mut self) {
+        if let Some(pid) = self.upgrade_child {
+            crate::log!(
+                Alert,
+                "an upgrade is already running (new master {pid}): ignoring SIGUSR2"
+            );
+            return;
+        }
+        if let Some(p) = &self.pid_path {
+            let old = oldbin(p);
+            if let Err(e) = std::fs::rename(p, &old) {
+                crate::log!(
+                    Alert,
+                    "rename() \"{}\" to \"{}\" failed ({e}): upgrade cancelled",
+                    p.display(),
+                    old.display()
+                );
+                return;
+            }
+            self.pid_path = Some(old);
+        }
+        let fds: Vec<RawFd> = self
+            .listeners
+            .iter()
+            .flat_map(|l| l.fds.iter().copied())
+            .collect();
+        for &fd in &fds {
+            let _ = shard_event::sock::set_cloexec(fd, false);
+        }
+        let res = std::process::Command::new(&self.exe)
+            .args(&self.args)
+            .env(
+                listen::INHERIT_ENV,
+                listen::inherit_env_value(&self.listeners),
+            )
+            .spawn();
+        for &fd in &fds {
+            let _ = shard_event::sock::set_cloexec(fd, true);
+        }
+        match res {
+            Ok(child) => {
+                let pid = child.id() as libc::pid_t;
+                crate::log!(
+                    Notice,
+                    "signal SIGUSR2 received: started new binary {} as pid {pid}",
+                    self.exe.display()
+                );
+                self.upgrade_child = Some(pid);
+            }
+            Err(e) => {
+                crate::log!(
+                    Alert,
+                    "execve() \"{}\" failed ({e}): upgrade cancelled, keeping serving",
+                    self.exe.display()
+                );
+                self.restore_pid_file();
+            }
+        }
+    }
+
+    fn restore_pid_file(&mut self) {
+        if let (Some(cur), Some(orig)) = (&self.pid_path, &self.cfg.main.pid) {
+            if cur != orig {
+                let _ = std::fs::rename(cur, orig);
+                self.pid_path = Some(orig.clone());
+            }
+        }
+    }
+
     fn reap(&mut self) {
         while let Some((pid, exit)) = process::reap() {
-            let Some(idx) = self.workers.iter().position(|w| *w == Some(pid)) else {
+            let how = match exit {
+                Exit::Code(c) => format!("exited with code {c}"),
+                Exit::Signal(s) => format!("exited on signal {s}"),
+            };
+            if self.upgrade_child == Some(pid) {
+                self.upgrade_child = None;
+                crate::log!(
+                    Alert,
+                    "new binary (pid {pid}) {how}: keeping serving with this one"
+                );
+                self.restore_pid_file();
+                continue;
+            }
+            let Some(p) = self.procs.remove(&pid) else {
                 continue;
             };
-            self.workers[idx] = None;
             if self.region.force_unlock_accept(pid as u64) {
                 crate::log!(
                     Alert,
                     "worker process {pid} held the accept mutex; released"
                 );
             }
-            let how = match exit {
-                Exit::Code(c) => format!("exited with code {c}"),
-                Exit::Signal(s) => format!("exited on signal {s}"),
-            };
-            if self.stopping != Stopping::No {
-                crate::log!(Notice, "worker process {pid} (worker {idx}) {how}");
+            let (idx, generation) = (p.idx, p.generation);
+            if self.stopping != Stopping::No
+                || generation != self.generation
+                || self.workers_stopped
+            {
+                crate::log!(
+                    Notice,
+                    "worker process {pid} (worker {idx}, generation {generation}) {how}"
+                );
                 continue;
             }
             if exit == Exit::Code(2) {
@@ -308,6 +664,9 @@ impl Master {
     }
 }
 
-fn libc_getppid() -> libc::pid_t {
-    shard_event::process::getppid()
+/// nginx's name for the pid file of a master being replaced.
+fn oldbin(p: &std::path::Path) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push(".oldbin");
+    PathBuf::from(s)
 }

@@ -27,6 +27,8 @@ pub struct WorkerSlot {
     /// `CLOCK_MONOTONIC` milliseconds of the last loop iteration.
     pub heartbeat_ms: AtomicU64,
     pub cpu_ms: AtomicU64,
+    /// The configuration generation the worker runs.
+    pub generation: AtomicU64,
 }
 
 impl WorkerSlot {
@@ -58,12 +60,26 @@ pub struct Region {
     _pad: [u64; 13],
     /// Locks 1..=SHARD_LOCKS, same encoding as `accept_mutex`.
     pub shard_locks: [AtomicU64; SHARD_LOCKS],
+    /// The slot of worker index `i` of the current generation. During a reload, workers of an
+    /// older generation keep their own slots until they exit, so slots are allocated, not
+    /// equal to the worker index.
+    pub slot_of: [AtomicU64; MAX_WORKERS],
     pub workers: [WorkerSlot; MAX_WORKERS],
 }
 
 impl Region {
-    pub fn worker(&self, idx: usize) -> &WorkerSlot {
-        &self.workers[idx]
+    /// A slot by slot number.
+    pub fn worker(&self, slot: usize) -> &WorkerSlot {
+        &self.workers[slot]
+    }
+
+    /// The current generation's workers, in index order.
+    pub fn current(&self) -> impl Iterator<Item = &WorkerSlot> {
+        let n = (self.n_workers.load(Relaxed) as usize).min(MAX_WORKERS);
+        self.slot_of
+            .iter()
+            .take(n)
+            .map(|s| &self.workers[(s.load(Relaxed) as usize).min(MAX_WORKERS - 1)])
     }
 
     /// The lock a shared socket is guarded by: 0 for a plain shared socket, `1 + k` for shard k.

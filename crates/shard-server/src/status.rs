@@ -35,9 +35,8 @@ struct Totals {
 }
 
 fn totals(region: &Region) -> Totals {
-    let n = region.n_workers.load(Relaxed) as usize;
     let mut t = Totals::default();
-    for w in region.workers.iter().take(n) {
+    for w in region.current() {
         t.accepted += w.accepted.load(Relaxed);
         t.handled += w.handled.load(Relaxed);
         t.requests += w.requests.load(Relaxed);
@@ -68,14 +67,15 @@ fn opt(v: Option<usize>) -> String {
 
 /// `shard_status` as JSON.
 pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut Vec<u8>) {
-    let n = region.n_workers.load(Relaxed) as usize;
-    let mut s = String::with_capacity(256 + 200 * n + 120 * listeners.len());
+    let mut s = String::with_capacity(
+        256 + 200 * region.n_workers.load(Relaxed) as usize + 120 * listeners.len(),
+    );
     let _ = write!(
         s,
         "{{\"generation\":{},\"workers\":[",
         region.generation.load(Relaxed)
     );
-    for (i, w) in region.workers.iter().take(n).enumerate() {
+    for (i, w) in region.current().enumerate() {
         if i > 0 {
             s.push(',');
         }
@@ -125,8 +125,7 @@ fn label(v: Option<usize>) -> String {
 
 /// `shard_status?format=prometheus`: the same numbers in Prometheus text exposition format.
 pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut Vec<u8>) {
-    let n = region.n_workers.load(Relaxed) as usize;
-    let mut s = String::with_capacity(2048 + 600 * n);
+    let mut s = String::with_capacity(2048 + 600 * region.n_workers.load(Relaxed) as usize);
     let _ = writeln!(
         s,
         "# HELP shard_generation Configuration generation (1 at start, +1 per reload)."
@@ -193,7 +192,7 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
     for (name, kind, help, f) in metrics {
         let _ = writeln!(s, "# HELP {name} {help}");
         let _ = writeln!(s, "# TYPE {name} {kind}");
-        for (i, w) in region.workers.iter().take(n).enumerate() {
+        for (i, w) in region.current().enumerate() {
             let pid = w.pid.load(Relaxed);
             let v = f(w);
             if name.ends_with("cpu_seconds_total") {
@@ -250,6 +249,7 @@ mod tests {
     fn region() -> crate::shm::SharedRegion {
         let r = crate::shm::create().unwrap();
         r.n_workers.store(2, Relaxed);
+        r.slot_of[1].store(1, Relaxed);
         r.workers[0].accepted.store(3, Relaxed);
         r.workers[1].accepted.store(4, Relaxed);
         r.workers[0].handled.store(3, Relaxed);

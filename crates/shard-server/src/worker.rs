@@ -102,6 +102,8 @@ pub(crate) struct Worker<'a> {
     date: Vec<u8>,
     log_time: String,
     shutting_down: bool,
+    /// `worker_shutdown_timeout`: when a graceful stop closes whatever is still open.
+    shutdown_deadline_ms: Option<u64>,
     accept_mutex: bool,
     /// The accept locks this worker's `Mutex` listeners use, and whether it holds each.
     locks: Vec<(usize, bool)>,
@@ -116,6 +118,8 @@ pub(crate) struct Worker<'a> {
 
 pub(crate) struct WorkerArgs<'a> {
     pub idx: usize,
+    /// The worker's slot in the shared region.
+    pub slot: usize,
     pub n_workers: usize,
     pub cfg: &'a Config,
     pub listeners: &'a [OpenListener],
@@ -156,7 +160,7 @@ impl<'a> Worker<'a> {
             } else {
                 AcceptMode::Exclusive
             };
-            let shard = l.reuseport.then(|| a.idx % l.fds.len());
+            let shard = l.reuseport.then(|| a.idx % l.active.max(1));
             let lock = Region::lock_id(shard);
             if mode == AcceptMode::Mutex && !locks.iter().any(|&(id, _)| id == lock) {
                 locks.push((lock, false));
@@ -169,6 +173,17 @@ impl<'a> Worker<'a> {
                 registered: false,
                 accepts: 0,
             });
+            // Shards a reload took out of the kernel's choice: drain what was queued on them.
+            for fd in l.draining_for_worker(a.idx) {
+                listeners.push(WListener {
+                    fd,
+                    conf_idx: l.conf_idx,
+                    mode: AcceptMode::Shard,
+                    lock: 0,
+                    registered: false,
+                    accepts: 0,
+                });
+            }
         }
         let mut access_logs = Vec::new();
         let mut access_log_idx = HashMap::new();
@@ -181,7 +196,7 @@ impl<'a> Worker<'a> {
             });
         }
         let pid = shard_event::process::getpid() as u64;
-        let slot = a.region.worker(a.idx);
+        let slot = a.region.worker(a.slot);
         slot.pid.store(pid, Relaxed);
         // The previous holder of this slot (a dead worker) left its connections behind.
         for c in [&slot.active, &slot.reading, &slot.writing, &slot.waiting] {
@@ -208,6 +223,7 @@ impl<'a> Worker<'a> {
             date: Vec::new(),
             log_time: String::new(),
             shutting_down: false,
+            shutdown_deadline_ms: None,
             accept_mutex: use_mutex && !locks.is_empty(),
             locks,
             accept_disabled: 0,
@@ -280,6 +296,22 @@ impl<'a> Worker<'a> {
             }
             if let Some(Reverse((deadline, _, _))) = self.timers.peek() {
                 timeout = timeout.min(deadline.saturating_sub(self.now_ms));
+            }
+            if let Some(deadline) = self.shutdown_deadline_ms {
+                if self.now_ms >= deadline {
+                    crate::log!(
+                        Notice,
+                        "worker {}: worker_shutdown_timeout expired, closing {} connections",
+                        self.idx,
+                        self.conns.len()
+                    );
+                    let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+                    for k in keys {
+                        self.close(k);
+                    }
+                    continue;
+                }
+                timeout = timeout.min(deadline - self.now_ms);
             }
             let n = match self.poll.wait(&mut events, timeout as i32) {
                 Ok(n) => n,
@@ -371,6 +403,11 @@ impl<'a> Worker<'a> {
         } else {
             ACCEPT_BATCH
         };
+        self.accept_batch(li, batch);
+    }
+
+    /// Accepts up to `batch` connections from listener `li` and starts serving them.
+    fn accept_batch(&mut self, li: usize, batch: usize) {
         let fd = self.listeners[li].fd;
         for _ in 0..batch {
             if self.conns.len() >= self.conns_max {
@@ -449,6 +486,18 @@ impl<'a> Worker<'a> {
         }
         crate::log!(Notice, "worker {} gracefully shutting down", self.idx);
         self.shutting_down = true;
+        // Take what is already queued on our sockets: for an address the new configuration
+        // dropped, nobody else will. The answers carry `Connection: close`.
+        for i in 0..self.listeners.len() {
+            if self.listeners[i].registered {
+                self.accept_batch(i, usize::MAX);
+            }
+        }
+        self.shutdown_deadline_ms = self
+            .cfg
+            .main
+            .worker_shutdown_timeout_ms
+            .map(|t| self.now_ms + t);
         for i in 0..self.listeners.len() {
             self.unregister_listener(i);
         }

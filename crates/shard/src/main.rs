@@ -61,6 +61,7 @@ fn main() -> ExitCode {
 }
 
 /// The configuration to use and how to name it in messages.
+#[derive(Clone)]
 struct Source {
     path: Option<PathBuf>,
     name: String,
@@ -155,9 +156,13 @@ fn run(cli: Cli) -> i32 {
     if let Some(sig) = &cli.signal {
         return send_signal(&cfg, sig);
     }
+    let conf_name = src.name.clone();
+    let extra = cli.directives.clone();
+    let reload = Box::new(move || load(&src, &prefix, extra.as_deref()).map_err(|e| e.to_string()));
     match shard_server::run(shard_server::RunOptions {
         config: cfg,
-        conf_name: src.name,
+        conf_name,
+        reload,
     }) {
         Ok(code) => code,
         Err(e) => {
