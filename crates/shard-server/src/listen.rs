@@ -438,6 +438,8 @@ fn steer(l: &mut OpenListener) {
             }
             l.steered = need;
         }
+        // Nothing was attached (a group adopted from a previous master that never steered).
+        Err(e) if !need && e.raw_os_error() == Some(libc::ENOENT) => l.steered = false,
         Err(e) => crate::log!(
             Alert,
             "setsockopt(SO_ATTACH_REUSEPORT_CBPF) for {} failed ({}): surplus shards keep receiving \

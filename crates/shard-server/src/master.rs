@@ -528,14 +528,16 @@ impl Master {
             n_workers,
             describe(&self.listeners)
         );
-        if let Err(e) = self.start_generation() {
-            crate::log!(Alert, "{e:#}");
-        }
-        // Old workers stop accepting, finish what they have and exit.
+        // Old workers stop accepting first, then finish what they have and exit; whatever
+        // arrives meanwhile waits in the sockets (all held here) for the new generation, so
+        // no request after the reload is answered with the old configuration.
         for (pid, p) in &self.procs {
             if p.generation <= old_generation {
                 let _ = process::kill(*pid, libc::SIGQUIT);
             }
+        }
+        if let Err(e) = self.start_generation() {
+            crate::log!(Alert, "{e:#}");
         }
     }
 

@@ -1,0 +1,382 @@
+//! Reload, binary upgrade and respawn under load: nothing lost.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::*;
+
+fn conf(workers: usize, listen_opts: &str, text: &str) -> String {
+    format!(
+        r#"
+worker_processes {workers};
+error_log logs/error.log info;
+pid logs/shard.pid;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    server {{
+        listen 127.0.0.1:{{port}} {listen_opts};
+        root {{dir}}/html;
+        sendfile on;
+        location = /status {{ shard_status; }}
+        location = /ok {{ return 200 "{text}"; }}
+        location / {{ }}
+    }}
+}}
+"#
+    )
+}
+
+/// Writes the configuration and sends SIGHUP; waits until `generation` runs `workers` live
+/// workers.
+fn reload(s: &Server, text: String, generation: u64, workers: usize) {
+    reload_pid(s, s.pid(), text, generation, workers);
+}
+
+/// `reload` for a master that is not the test's child (after a binary upgrade).
+fn reload_pid(s: &Server, master: i32, text: String, generation: u64, workers: usize) {
+    std::fs::write(
+        s.dir.join("conf/shard.conf"),
+        text.replace("{port}", &s.port.to_string())
+            .replace("{dir}", s.dir.to_str().unwrap()),
+    )
+    .unwrap();
+    let old: Vec<u64> = parse_workers(&get(s.addr(), "/status").body_str())
+        .iter()
+        .map(|w| w.pid)
+        .collect();
+    unsafe { libc::kill(master, libc::SIGHUP) };
+    wait_generation(s, generation, workers);
+    // The reload is complete once every old worker has stopped accepting.
+    let log = s.dir.join("logs/error.log");
+    wait_for(Duration::from_secs(10), "old workers stopping", || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        old.iter()
+            .all(|&p| {
+                !pid_alive(p as i32)
+                    || text.lines().any(|l| {
+                        l.contains(&format!(" {p}#0: worker "))
+                            && l.contains("gracefully shutting down")
+                    })
+            })
+            .then_some(())
+    });
+}
+
+fn wait_generation(s: &Server, generation: u64, workers: usize) {
+    wait_for(
+        Duration::from_secs(15),
+        &format!("generation {generation}"),
+        || {
+            let body = try_get(s.addr(), "/status").ok()?.body_str();
+            let g: u64 = body
+                .split("\"generation\":")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            let ws = parse_workers(&body);
+            (g == generation
+                && ws.len() == workers
+                && ws.iter().all(|w| w.pid > 0 && pid_alive(w.pid as i32)))
+            .then_some(())
+        },
+    );
+}
+
+/// Clients that open a new connection per request until stopped, checking every answer.
+struct Load {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    failures: Arc<Mutex<Vec<String>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(addr: std::net::SocketAddr, n: usize, bodies: &'static [&'static str]) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let threads = (0..n)
+            .map(|_| {
+                let (stop, ok, failures) = (stop.clone(), ok.clone(), failures.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        match try_get(addr, "/ok") {
+                            Ok(r) if r.status == 200 && bodies.contains(&r.body_str().as_str()) => {
+                                ok.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(r) => failures.lock().unwrap().push(format!(
+                                "status {} body {:?}",
+                                r.status,
+                                r.body_str()
+                            )),
+                            Err(e) => failures.lock().unwrap().push(format!("{e}")),
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            ok,
+            failures,
+            threads,
+        }
+    }
+
+    fn ok(&self) -> u64 {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    fn wait_progress(&self, more: u64) {
+        let at = self.ok();
+        wait_for(Duration::from_secs(10), "client progress", || {
+            (self.ok() >= at + more).then_some(())
+        });
+    }
+
+    fn finish(self) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        let f = self.failures.lock().unwrap().clone();
+        (self.ok.load(Ordering::Relaxed), f)
+    }
+}
+
+#[test]
+fn reload_applies_a_new_configuration_and_keeps_the_old_one_when_invalid() {
+    let s = Server::start("reloadbasic", &conf(2, "reuseport", "one"), 2);
+    assert_eq!(get(s.addr(), "/ok").body_str(), "one");
+    reload(&s, conf(3, "reuseport", "two"), 2, 3);
+    assert_eq!(get(s.addr(), "/ok").body_str(), "two");
+
+    std::fs::write(
+        s.dir.join("conf/shard.conf"),
+        "events {}\nhttp { server { lisen 1; } }\n",
+    )
+    .unwrap();
+    s.signal(libc::SIGHUP);
+    let log = s.dir.join("logs/error.log");
+    wait_for(Duration::from_secs(10), "reload failure logged", || {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains("reload failed: keeping the running configuration")
+            .then_some(())
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("unknown directive \"lisen\" in "), "{text}");
+    assert_eq!(get(s.addr(), "/ok").body_str(), "two");
+    let body = get(s.addr(), "/status").body_str();
+    assert!(body.contains("\"generation\":2"), "{body}");
+}
+
+#[test]
+fn reloads_that_change_workers_and_reuseport_lose_no_connection() {
+    let s = Server::start("reloadload", &conf(2, "reuseport", "a"), 2);
+    let size = 16 << 20;
+    let data: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
+    write_file(&s.dir, "html/big.bin", &data);
+    // A slow download started before the reloads must finish with every byte.
+    let mut slow = connect(s.addr());
+    slow.write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut first = vec![0u8; 4096];
+    slow.read_exact(&mut first).unwrap();
+
+    let load = Load::start(s.addr(), 2, &["a", "b"]);
+    load.wait_progress(100);
+    let plans: [(usize, &str); 10] = [
+        (4, "reuseport"),
+        (1, "reuseport"),
+        (3, ""),
+        (2, "reuseport"),
+        (4, "reuseport shards=2"),
+        (2, ""),
+        (3, "reuseport"),
+        (1, ""),
+        (4, "reuseport"),
+        (2, "reuseport"),
+    ];
+    for (i, (workers, opts)) in plans.iter().enumerate() {
+        let text = if i % 2 == 0 { "b" } else { "a" };
+        reload(&s, conf(*workers, opts, text), i as u64 + 2, *workers);
+        load.wait_progress(50);
+    }
+    let (ok, failures) = load.finish();
+    assert!(
+        failures.is_empty(),
+        "{} failed of {}: {:?}",
+        failures.len(),
+        ok + failures.len() as u64,
+        &failures[..failures.len().min(10)]
+    );
+    assert_eq!(
+        get(s.addr(), "/ok").body_str(),
+        "a",
+        "the last configuration serves"
+    );
+
+    let mut rest = Vec::new();
+    slow.read_to_end(&mut rest).unwrap();
+    let mut all = first;
+    all.extend_from_slice(&rest);
+    let head_end = find(&all, b"\r\n\r\n").unwrap() + 4;
+    assert_eq!(all.len() - head_end, size);
+    assert!(all[head_end..] == data[..]);
+}
+
+#[test]
+fn binary_upgrade_hands_every_socket_to_the_new_master() {
+    let mut s = Server::start("upgrade", &conf(2, "reuseport", "a"), 2);
+    let pid_file = s.dir.join("logs/shard.pid");
+    let load = Load::start(s.addr(), 2, &["a"]);
+    load.wait_progress(100);
+    let old = s.pid();
+    s.signal(libc::SIGUSR2);
+    let new: i32 = wait_for(Duration::from_secs(10), "new master's pid file", || {
+        let p: i32 = std::fs::read_to_string(&pid_file)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        (p != old && pid_alive(p)).then_some(p)
+    });
+    assert!(s.dir.join("logs/shard.pid.oldbin").exists());
+    load.wait_progress(100);
+    // Old workers stop, then the old master.
+    s.signal(libc::SIGWINCH);
+    load.wait_progress(100);
+    s.signal(libc::SIGQUIT);
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+    load.wait_progress(200);
+    let (ok, failures) = load.finish();
+    assert!(
+        failures.is_empty(),
+        "{} failed of {}: {:?}",
+        failures.len(),
+        ok,
+        &failures[..failures.len().min(10)]
+    );
+    // The new master serves alone; stop it.
+    unsafe { libc::kill(new, libc::SIGQUIT) };
+    wait_for(Duration::from_secs(10), "new master exit", || {
+        (!pid_alive(new)).then_some(())
+    });
+}
+
+/// The lifecycle issue's proof, bounded: a client opening a new connection per request the
+/// whole time while 50 reloads (workers up and down, reuseport toggled, shards changed) and 5
+/// binary upgrades happen: no request fails. Then 20 `kill -9` of random workers: only the
+/// requests inside a killed worker may fail (one client, so at most one per kill).
+#[test]
+fn fifty_reloads_five_upgrades_and_twenty_kills_under_load() {
+    let mut s = Server::start("stress", &conf(2, "reuseport", "a"), 2);
+    let pid_file = s.dir.join("logs/shard.pid");
+    let load = Load::start(s.addr(), 2, &["a", "b"]);
+    load.wait_progress(50);
+    let shapes: [(usize, &str); 6] = [
+        (3, "reuseport"),
+        (1, ""),
+        (4, "reuseport shards=2"),
+        (2, ""),
+        (4, "reuseport"),
+        (2, "reuseport"),
+    ];
+    let mut master = s.pid();
+    let mut generation = 1;
+    let mut upgrades = 0;
+    for i in 0..50 {
+        let (workers, opts) = shapes[i % shapes.len()];
+        generation += 1;
+        reload_pid(
+            &s,
+            master,
+            conf(workers, opts, if i % 2 == 0 { "b" } else { "a" }),
+            generation,
+            workers,
+        );
+        load.wait_progress(20);
+        if i % 10 == 9 {
+            // Binary upgrade: USR2, then WINCH and QUIT to the old master.
+            unsafe { libc::kill(master, libc::SIGUSR2) };
+            let new: i32 = wait_for(Duration::from_secs(10), "new master's pid file", || {
+                let p: i32 = std::fs::read_to_string(&pid_file)
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()?;
+                (p != master && pid_alive(p)).then_some(p)
+            });
+            generation = 1;
+            wait_generation(&s, 1, workers);
+            unsafe { libc::kill(master, libc::SIGWINCH) };
+            load.wait_progress(20);
+            unsafe { libc::kill(master, libc::SIGQUIT) };
+            if s.child.is_some() && master == s.pid() {
+                assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+            } else {
+                let old = master;
+                wait_for(Duration::from_secs(10), "old master exit", || {
+                    (!pid_alive(old)).then_some(())
+                });
+            }
+            master = new;
+            upgrades += 1;
+            load.wait_progress(20);
+        }
+    }
+    let (ok, failures) = load.finish();
+    assert_eq!(upgrades, 5);
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed during reloads and upgrades: {:?}",
+        failures.len(),
+        ok + failures.len() as u64,
+        &failures[..failures.len().min(10)]
+    );
+
+    let load = Load::start(s.addr(), 1, &["a", "b"]);
+    load.wait_progress(20);
+    let mut seed = 0x9e37_79b9_u64;
+    for _ in 0..20 {
+        let ws = wait_for(Duration::from_secs(10), "workers", || {
+            let ws = parse_workers(&try_get(s.addr(), "/status").ok()?.body_str());
+            (!ws.is_empty() && ws.iter().all(|w| w.pid > 0 && pid_alive(w.pid as i32)))
+                .then_some(ws)
+        });
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let victim = ws[(seed % ws.len() as u64) as usize].pid as i32;
+        unsafe { libc::kill(victim, libc::SIGKILL) };
+        wait_for(Duration::from_secs(10), "respawn", || {
+            (!pid_alive(victim)).then_some(())
+        });
+        load.wait_progress(10);
+    }
+    let (ok, failures) = load.finish();
+    assert!(
+        failures.len() <= 20,
+        "{} of {} failed across 20 kills: {:?}",
+        failures.len(),
+        ok,
+        failures
+    );
+    eprintln!(
+        "kill -9 phase: {} ok, {} failed (requests inside killed workers)",
+        ok,
+        failures.len()
+    );
+    unsafe { libc::kill(master, libc::SIGQUIT) };
+    wait_for(Duration::from_secs(10), "master exit", || {
+        (!pid_alive(master)).then_some(())
+    });
+}
