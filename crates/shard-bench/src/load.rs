@@ -1,12 +1,10 @@
-//! Load: wrk when installed, else a small closed-loop client; and idle keep-alive connections.
+//! Load through wrk (the built-in generator is `loadgen`), and idle keep-alive connections.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
@@ -59,47 +57,6 @@ fn read_one(s: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
             Ok(n) => buf.extend_from_slice(&tmp[..n]),
         }
     }
-}
-
-/// A closed loop of `conns` clients for `d`; returns requests per second.
-pub fn builtin(port: u16, path: &str, conns: usize, d: Duration, keepalive: bool) -> Result<f64> {
-    let done = Arc::new(AtomicU64::new(0));
-    let end = Instant::now() + d;
-    let req = if keepalive {
-        format!("GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n")
-    } else {
-        format!("GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
-    };
-    let threads: Vec<_> = (0..conns.max(1))
-        .map(|_| {
-            let (done, req) = (done.clone(), req.clone());
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut conn: Option<TcpStream> = None;
-                while Instant::now() < end {
-                    let s = match conn.as_mut() {
-                        Some(s) => s,
-                        None => match TcpStream::connect(("127.0.0.1", port)) {
-                            Ok(s) => conn.insert(s),
-                            Err(_) => continue,
-                        },
-                    };
-                    if s.write_all(req.as_bytes()).is_err() || !read_one(s, &mut buf) {
-                        conn = None;
-                        continue;
-                    }
-                    done.fetch_add(1, Ordering::Relaxed);
-                    if !keepalive {
-                        conn = None;
-                    }
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        let _ = t.join();
-    }
-    Ok(done.load(Ordering::Relaxed) as f64 / d.as_secs_f64())
 }
 
 /// Opens `n` connections, makes one request on each and keeps them open and idle.

@@ -3,13 +3,17 @@
 //! request (`strace -c -f` on the workers), worker CPU time per request, and worker memory per
 //! idle keep-alive connection.
 //!
-//! This crate owns the servers' start-up for measurement, the load (wrk when installed, else a
-//! small built-in closed-loop client) and the report. It is a benchmark, not a test: CI runs it
+//! This crate owns the servers' start-up for measurement, the load (wrk when installed, else
+//! the built-in load generator of `loadgen`, which `shard-bench load URL` also runs on its own)
+//! and the report. It is a benchmark, not a test: CI runs it
 //! only as `--smoke`, which checks that every step works on tiny numbers.
 
+mod experiments;
 mod load;
+pub mod loadgen;
 mod procfs;
 mod servers;
+mod svg;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -35,6 +39,13 @@ enum Cmd {
     /// `return 200 "OK"`: syscalls/request (keep-alive and a connection per request), worker
     /// CPU per request, worker memory per idle keep-alive connection.
     Speed(SpeedArgs),
+    /// Load generator: closed loop (-c, -d or -n) or open loop (-R, latency from the intended
+    /// send time), keep-alive or --close; latency percentiles, errors and a log2 histogram.
+    Load(loadgen::LoadArgs),
+    /// Re-run the articles' experiments (E1-E5 of EXPERIMENTS.md) against shard in every
+    /// accept strategy and, when installed, nginx; writes report.md, SVG charts, results.json
+    /// and the configurations used into --out.
+    Experiment(experiments::ExperimentArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -75,6 +86,8 @@ fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Speed(a) => speed(a),
+        Cmd::Load(a) => loadgen::command(a),
+        Cmd::Experiment(a) => experiments::run(a),
     };
     if let Err(e) = res {
         eprintln!("shard-bench: {e:#}");
@@ -198,7 +211,22 @@ fn run_load(
     let d = Duration::from_secs(a.duration);
     match wrk {
         Some(w) => load::wrk(w, srv.port, "/ok", a.connections, d, keepalive).map(|_| ()),
-        None => load::builtin(srv.port, "/ok", a.connections, d, keepalive).map(|_| ()),
+        None => {
+            let target = loadgen::Target::parse(&format!("http://127.0.0.1:{}/ok", srv.port))?;
+            let spec = loadgen::LoadSpec {
+                connections: a.connections,
+                duration: d,
+                close: !keepalive,
+                ..loadgen::LoadSpec::new(target)
+            };
+            let r = loadgen::run(&spec)?;
+            anyhow::ensure!(
+                r.requests > 0,
+                "built-in load: no responses ({:?})",
+                r.errors
+            );
+            Ok(())
+        }
     }
 }
 

@@ -47,42 +47,91 @@ pub struct Running {
     pub dir: PathBuf,
 }
 
-const HTTP_BLOCK: &str = r#"
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    keepalive_timeout 300s;
-    server {
-        listen 127.0.0.1:{port} reuseport;
-        location = /ok { return 200 "OK"; }
-        location = /stub_status { stub_status; }
+/// What a bench server runs: the same shape for shard and nginx.
+pub struct Spec {
+    pub workers: usize,
+    /// Parameters after `listen 127.0.0.1:PORT`, e.g. `reuseport` or `reuseport shards=2`.
+    pub listen_opts: String,
+    /// Extra directives inside `events {}`, e.g. `accept_mutex on;`.
+    pub events: String,
+    /// Extra directives inside `server {}`, e.g. more locations.
+    pub server_extra: String,
+    /// Room for this many idle connections on top of the load.
+    pub idle: usize,
+    /// A name for the prefix directory.
+    pub tag: String,
+}
+
+impl Spec {
+    /// The configuration text for `kind` on `port` with prefix `dir`.
+    pub fn conf(&self, kind: &Kind, port: u16, dir: &Path) -> String {
+        // Every idle connection may hash to the same worker; leave room for the load too.
+        let conns = self.idle + 1024;
+        let mut c = String::new();
+        if matches!(kind, Kind::Nginx(_)) {
+            c.push_str("daemon off;\nmaster_process on;\n");
+        }
+        c.push_str(&format!(
+            "worker_processes {};\nworker_rlimit_nofile {};\npid {d}/logs/bench.pid;\n\
+             error_log {d}/logs/error.log error;\nevents {{\n    worker_connections {conns};\n    {}\n}}\n",
+            self.workers,
+            conns * 2 + 64,
+            self.events,
+            d = dir.display()
+        ));
+        let status = if matches!(kind, Kind::Shard(_)) {
+            "location = /status { shard_status; }"
+        } else {
+            ""
+        };
+        c.push_str(&format!(
+            "http {{\n    access_log off;\n    keepalive_requests 1000000;\n    keepalive_timeout 300s;\n\
+             server {{\n        listen 127.0.0.1:{port} {};\n        root {}/html;\n\
+             location = /ok {{ return 200 \"OK\"; }}\n        location = /stub_status {{ stub_status; }}\n\
+             {status}\n        {}\n    }}\n}}\n",
+            self.listen_opts,
+            dir.display(),
+            self.server_extra
+        ));
+        c
     }
 }
-"#;
 
 pub fn start(kind: &Kind, workers: usize, idle: usize) -> Result<Running> {
+    let spec = Spec {
+        workers,
+        listen_opts: "reuseport".into(),
+        events: String::new(),
+        server_extra: String::new(),
+        idle,
+        tag: "speed".into(),
+    };
+    start_with(kind, &spec, |_| Ok(()))
+}
+
+/// Starts `kind` with `spec`; `prepare` may put files under the prefix (`html/`) first.
+pub fn start_with(
+    kind: &Kind,
+    spec: &Spec,
+    prepare: impl FnOnce(&Path) -> Result<()>,
+) -> Result<Running> {
+    let workers = spec.workers;
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let dir = std::env::temp_dir().join(format!(
-        "shard-bench-{}-{}",
+        "shard-bench-{}-{}-{}",
         std::process::id(),
-        kind.name()
+        kind.name(),
+        spec.tag
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("conf"))?;
     std::fs::create_dir_all(dir.join("logs"))?;
-    // Every idle connection may hash to the same worker; leave room for the load too.
-    let conns = idle + 1024;
-    let head = format!(
-        "worker_processes {workers};\nworker_rlimit_nofile {};\npid {}/logs/bench.pid;\nerror_log {}/logs/error.log error;\nevents {{ worker_connections {conns}; }}\n",
-        conns * 2 + 64,
-        dir.display(),
-        dir.display()
-    );
-    let mut conf = head + &HTTP_BLOCK.replace("{port}", &port.to_string());
+    std::fs::create_dir_all(dir.join("html"))?;
+    prepare(&dir)?;
+    let conf = spec.conf(kind, port, &dir);
     let mut cmd = match kind {
         Kind::Shard(bin) => Command::new(bin),
         Kind::Nginx(bin) => {
-            conf = format!("daemon off;\nmaster_process on;\n{conf}");
             let mut c = Command::new(bin);
             c.arg("-e").arg(dir.join("logs/error.log"));
             c
@@ -117,6 +166,62 @@ pub fn start(kind: &Kind, workers: usize, idle: usize) -> Result<Running> {
 }
 
 impl Running {
+    pub fn master_pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// The configuration file the server runs.
+    pub fn conf_path(&self) -> PathBuf {
+        self.dir.join("conf/bench.conf")
+    }
+
+    /// Per-worker `accepted` from `shard_status` (shard only), in worker-index order.
+    pub fn accepted_per_worker(&self) -> Result<Vec<u64>> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /status HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        let workers = body.split("\"listeners\"").next().unwrap_or("");
+        Ok(workers
+            .match_indices("\"accepted\":")
+            .filter_map(|(i, m)| {
+                let rest = &workers[i + m.len()..];
+                rest[..rest
+                    .find(|c: char| !c.is_ascii_digit())
+                    .unwrap_or(rest.len())]
+                    .parse()
+                    .ok()
+            })
+            .collect())
+    }
+
+    /// The worker (index into `worker_pids`) that holds the server side of the connection
+    /// whose client port is `client_port`, found through /proc/net/tcp and each worker's fds.
+    pub fn worker_holding(&self, client_port: u16) -> Result<Option<usize>> {
+        let table = std::fs::read_to_string("/proc/net/tcp")?;
+        let local = format!(":{:04X}", self.port);
+        let remote = format!(":{client_port:04X}");
+        let inode = table.lines().skip(1).find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 9 && f[1].ends_with(&local) && f[2].ends_with(&remote))
+                .then(|| f[9].to_string())
+        });
+        let Some(inode) = inode else { return Ok(None) };
+        let want = format!("socket:[{inode}]");
+        for (i, pid) in self.worker_pids()?.iter().enumerate() {
+            let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+                continue;
+            };
+            for fd in fds.flatten() {
+                if std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy() == want) {
+                    return Ok(Some(i));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// The master's children: the workers.
     pub fn worker_pids(&self) -> Result<Vec<i32>> {
         let pid = self.child.id();

@@ -39,3 +39,62 @@ fn speed_smoke_runs_and_reports_every_column_for_shard() {
     assert!(cols[5].parse::<f64>().unwrap() > 0.0, "{row}");
     assert!(cols[6].parse::<f64>().is_ok(), "{row}");
 }
+
+#[test]
+fn experiments_smoke_writes_the_report_charts_and_configurations() {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let out = std::env::temp_dir().join(format!("shard-bench-smoke-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let res = Command::new(bench)
+        .args([
+            "experiment",
+            "all",
+            "--smoke",
+            "--workers",
+            "2",
+            "--nginx",
+            "off",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for e in ["## E1.", "## E2.", "## E3.", "## E4.", "## E5."] {
+        assert!(report.contains(e), "{e} missing: {report}");
+    }
+    for strategy in [
+        "| shard | accept_mutex on |",
+        "| shard | accept_mutex off |",
+        "| shard | reuseport |",
+        "| shard | reuseport shards=auto |",
+    ] {
+        assert!(report.contains(strategy), "{strategy} missing: {report}");
+    }
+    for svg in [
+        "e1-rps.svg",
+        "e1-cpu-share.svg",
+        "e2-cpu-share.svg",
+        "e3-latency.svg",
+        "e4-latency.svg",
+        "e5-cpu-share.svg",
+    ] {
+        let text = std::fs::read_to_string(out.join(svg)).unwrap();
+        assert!(
+            text.starts_with("<svg") && text.trim_end().ends_with("</svg>"),
+            "{svg}"
+        );
+    }
+    let json = std::fs::read_to_string(out.join("results.json")).unwrap();
+    assert!(json.trim_start().starts_with('[') && json.contains("\"experiment\":\"E4\""));
+    let confs = std::fs::read_dir(out.join("confs")).unwrap().count();
+    assert!(confs >= 14, "{confs} configurations kept");
+    // Every run served without errors (E2's probe found a worker for each connection).
+    assert!(!report.contains("| ? "), "{report}");
+    let _ = std::fs::remove_dir_all(&out);
+}

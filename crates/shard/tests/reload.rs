@@ -89,6 +89,24 @@ fn wait_generation(s: &Server, generation: u64, workers: usize) {
     );
 }
 
+/// Kills whatever masters the pid files name when a test ends (a failed test must not leave
+/// an upgraded master, which is not the test's child, running).
+struct ReapMasters(std::path::PathBuf);
+
+impl Drop for ReapMasters {
+    fn drop(&mut self) {
+        for name in ["logs/shard.pid", "logs/shard.pid.oldbin"] {
+            if let Some(pid) = std::fs::read_to_string(self.0.join(name))
+                .ok()
+                .and_then(|t| t.trim().parse::<i32>().ok())
+            {
+                // SAFETY: plain kill(2); workers follow their master (parent-death signal).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
 /// Clients that open a new connection per request until stopped, checking every answer.
 struct Load {
     stop: Arc<AtomicBool>,
@@ -236,6 +254,7 @@ fn reloads_that_change_workers_and_reuseport_lose_no_connection() {
 #[test]
 fn binary_upgrade_hands_every_socket_to_the_new_master() {
     let mut s = Server::start("upgrade", &conf(2, "reuseport", "a"), 2);
+    let _reap = ReapMasters(s.dir.clone());
     let pid_file = s.dir.join("logs/shard.pid");
     let load = Load::start(s.addr(), 2, &["a"]);
     load.wait_progress(100);
@@ -279,6 +298,7 @@ fn binary_upgrade_hands_every_socket_to_the_new_master() {
 #[test]
 fn fifty_reloads_five_upgrades_and_twenty_kills_under_load() {
     let mut s = Server::start("stress", &conf(2, "reuseport", "a"), 2);
+    let _reap = ReapMasters(s.dir.clone());
     let pid_file = s.dir.join("logs/shard.pid");
     let load = Load::start(s.addr(), 2, &["a", "b"]);
     load.wait_progress(50);

@@ -1,0 +1,920 @@
+//! The articles' experiments (`../shared/EXPERIMENTS.md`, E1-E5), re-run on this machine against
+//! shard in every accept strategy and, when installed, nginx with the same settings.
+//!
+//! This module owns the experiment plans (which configurations, which load, what to disturb),
+//! the per-worker measurements (CPU from /proc for both servers, accepted connections from
+//! `shard_status` for shard) and the output directory: `report.md`, SVG charts, `results.json`
+//! and every configuration used (`confs/`), so that a user can re-run any row by hand.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::procfs;
+use crate::servers::{self, Kind, Running, Spec};
+use crate::svg;
+
+/// What the experiment runner needs from the load generator, in milliseconds.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    pub requests: u64,
+    pub errors: u64,
+    pub rps: f64,
+    pub min_ms: f64,
+    pub mean_ms: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub stdev_ms: f64,
+    /// Requests per log2 bucket of microseconds: bucket i is `[2^i, 2^(i+1))` µs.
+    pub log2_us: Vec<u64>,
+}
+
+/// One load run's shape.
+#[derive(Debug, Clone)]
+pub struct Load {
+    pub path: String,
+    pub conns: usize,
+    pub close: bool,
+    pub duration: Option<Duration>,
+    pub requests: Option<u64>,
+    pub headers: Vec<(String, String)>,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExperimentArgs {
+    /// e1, e2, e3, e4, e5, e6 or all.
+    pub which: String,
+    /// Worker processes (E2 always uses 3, as the article).
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Seconds per load run.
+    #[arg(long, default_value_t = 5)]
+    pub duration: u64,
+    /// auto (use nginx when installed), off, or the path of an nginx binary.
+    #[arg(long, default_value = "auto")]
+    pub nginx: String,
+    /// Output directory.
+    #[arg(long, default_value = "bench/out")]
+    pub out: PathBuf,
+    /// The shard binary (default: next to this one).
+    #[arg(long)]
+    pub shard: Option<PathBuf>,
+    /// Tiny counts and durations: checks the pipeline end to end (CI).
+    #[arg(long)]
+    pub smoke: bool,
+}
+
+/// An accept strategy as configuration.
+#[derive(Clone)]
+struct Strategy {
+    name: &'static str,
+    listen: &'static str,
+    events: &'static str,
+    /// nginx has no `shards=`: such strategies run on shard only.
+    shard_only: bool,
+}
+
+const MUTEX_ON: Strategy = Strategy {
+    name: "accept_mutex on",
+    listen: "",
+    events: "accept_mutex on;",
+    shard_only: false,
+};
+const MUTEX_OFF: Strategy = Strategy {
+    name: "accept_mutex off",
+    listen: "",
+    events: "accept_mutex off;",
+    shard_only: false,
+};
+const REUSEPORT: Strategy = Strategy {
+    name: "reuseport",
+    listen: "reuseport",
+    events: "",
+    shard_only: false,
+};
+const SHARDS_1: Strategy = Strategy {
+    name: "reuseport shards=1",
+    listen: "reuseport shards=1",
+    events: "",
+    shard_only: true,
+};
+const SHARDS_AUTO: Strategy = Strategy {
+    name: "reuseport shards=auto",
+    listen: "reuseport shards=auto",
+    events: "",
+    shard_only: true,
+};
+
+/// One server run of an experiment.
+struct Run<'a> {
+    exp: &'a str,
+    kind: &'a Kind,
+    st: &'a Strategy,
+    workers: usize,
+    server_extra: &'a str,
+}
+
+/// One row of a table: one server in one strategy.
+#[derive(Debug, Clone, Default)]
+struct Row {
+    experiment: String,
+    server: String,
+    strategy: String,
+    load: Measured,
+
+    /// Share of the workers' CPU time per worker (sums to 1).
+    cpu_share: Vec<f64>,
+    /// Share of accepted connections per worker (shard only).
+    accepted_share: Option<Vec<f64>>,
+    syscalls_per_request: Option<f64>,
+    /// E2's probe: the worker that took each of six sequential connections.
+    probe: Option<Vec<Option<usize>>>,
+}
+
+impl Row {
+    fn spread(v: &[f64]) -> String {
+        let max = v.iter().copied().fold(0.0, f64::max);
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        if v.is_empty() {
+            "-".into()
+        } else if min <= 0.0 {
+            "∞".into()
+        } else {
+            format!("{:.2}", max / min)
+        }
+    }
+}
+
+fn pct(v: &[f64]) -> String {
+    v.iter()
+        .map(|x| format!("{:.0}%", x * 100.0))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+fn shares(v: &[u64]) -> Vec<f64> {
+    let total = v.iter().sum::<u64>().max(1) as f64;
+    v.iter().map(|&x| x as f64 / total).collect()
+}
+
+struct Ctx {
+    args: ExperimentArgs,
+    shard: PathBuf,
+    nginx: Option<PathBuf>,
+    strace: Option<PathBuf>,
+    rows: Vec<Row>,
+    notes: Vec<String>,
+}
+
+impl Ctx {
+    fn kinds(&self, s: &Strategy) -> Vec<Kind> {
+        let mut k = vec![Kind::Shard(self.shard.clone())];
+        if let (Some(n), false) = (&self.nginx, s.shard_only) {
+            k.push(Kind::Nginx(n.clone()));
+        }
+        k
+    }
+
+    fn dur(&self, secs: u64) -> Duration {
+        if self.args.smoke {
+            Duration::from_millis(500)
+        } else {
+            Duration::from_secs(secs)
+        }
+    }
+
+    /// Starts `kind` in `strategy`, keeps its configuration, runs `body`, stops it.
+    fn with_server<T>(
+        &mut self,
+        run: Run<'_>,
+        prepare: impl FnOnce(&Path) -> Result<()>,
+        body: impl FnOnce(&mut Ctx, &Running) -> Result<T>,
+    ) -> Result<T> {
+        let Run {
+            exp,
+            kind,
+            st,
+            workers,
+            server_extra,
+        } = run;
+        let spec = Spec {
+            workers,
+            listen_opts: st.listen.to_string(),
+            events: st.events.to_string(),
+            server_extra: server_extra.to_string(),
+            idle: 0,
+            tag: format!("{exp}-{}", st.name.replace([' ', '='], "_")),
+        };
+        let srv = servers::start_with(kind, &spec, prepare)
+            .with_context(|| format!("{exp}: starting {} ({})", kind.name(), st.name))?;
+        let confs = self.args.out.join("confs");
+        std::fs::create_dir_all(&confs)?;
+        let keep = confs.join(format!(
+            "{exp}-{}-{}.conf",
+            kind.name(),
+            st.name.replace([' ', '='], "_")
+        ));
+        std::fs::copy(srv.conf_path(), keep)?;
+        let res = body(self, &srv);
+        srv.stop();
+        res
+    }
+}
+
+/// Runs the load on `srv` and measures the workers around it. `during` runs alongside the
+/// load (E4's stall) with the worker pids.
+fn measure(
+    srv: &Running,
+    load: &Load,
+    during: Option<&(dyn Fn(Vec<i32>) + Sync)>,
+) -> Result<(Measured, Vec<f64>, Option<Vec<f64>>)> {
+    let pids = srv.worker_pids()?;
+    let cpu0: Vec<u64> = pids
+        .iter()
+        .map(|p| procfs::cpu_ticks(&[*p]).unwrap_or(0))
+        .collect();
+    let acc0 = srv.accepted_per_worker().ok().filter(|v| !v.is_empty());
+    let m = std::thread::scope(|sc| {
+        if let Some(f) = during {
+            let pids = pids.clone();
+            sc.spawn(move || f(pids));
+        }
+        drive(srv.port, load)
+    })?;
+    let cpu1: Vec<u64> = pids
+        .iter()
+        .map(|p| procfs::cpu_ticks(&[*p]).unwrap_or(0))
+        .collect();
+    let cpu: Vec<u64> = cpu1
+        .iter()
+        .zip(&cpu0)
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect();
+    let acc = match (acc0, srv.accepted_per_worker().ok()) {
+        (Some(a0), Some(a1)) if a0.len() == a1.len() => Some(shares(
+            &a1.iter()
+                .zip(&a0)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect::<Vec<_>>(),
+        )),
+        _ => None,
+    };
+    Ok((m, shares(&cpu), acc))
+}
+
+/// The load generator, through its library interface.
+pub fn drive(port: u16, load: &Load) -> Result<Measured> {
+    let target = crate::loadgen::Target::parse(&format!("http://127.0.0.1:{port}{}", load.path))?;
+    let mut spec = crate::loadgen::LoadSpec::new(target);
+    spec.connections = load.conns.max(1);
+    spec.threads = 2.min(spec.connections);
+    spec.close = load.close;
+    spec.headers = load.headers.clone();
+    spec.requests = load.requests;
+    spec.duration = load.duration.unwrap_or(crate::loadgen::MAX_DURATION);
+    let r = crate::loadgen::run(&spec)?;
+    let h = &r.histogram;
+    let ms = |us: u64| us as f64 / 1000.0;
+    let mut log2_us = Vec::new();
+    for v in h.iter_recorded() {
+        let low = h.lowest_equivalent(v.value_iterated_to()).max(1);
+        let i = 63 - low.leading_zeros() as usize;
+        if log2_us.len() <= i {
+            log2_us.resize(i + 1, 0);
+        }
+        log2_us[i] += v.count_at_value();
+    }
+    let empty = h.is_empty();
+    Ok(Measured {
+        requests: r.requests,
+        errors: r.errors.total(),
+        rps: r.rps,
+        min_ms: if empty { 0.0 } else { ms(h.min()) },
+        mean_ms: h.mean() / 1000.0,
+        p50_ms: ms(h.value_at_quantile(0.5)),
+        p90_ms: ms(h.value_at_quantile(0.9)),
+        p99_ms: ms(h.value_at_quantile(0.99)),
+        max_ms: ms(h.max()),
+        stdev_ms: h.stdev() / 1000.0,
+        log2_us,
+    })
+}
+
+pub fn run(args: ExperimentArgs) -> Result<()> {
+    procfs::raise_nofile_limit();
+    let shard = match &args.shard {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("shard"),
+    };
+    anyhow::ensure!(
+        shard.exists(),
+        "no shard binary at {} (cargo build --release -p shard)",
+        shard.display()
+    );
+    let nginx = match args.nginx.as_str() {
+        "off" => None,
+        "auto" => servers::find_nginx(None),
+        p => Some(
+            servers::find_nginx(Some(Path::new(p))).with_context(|| format!("no nginx at {p}"))?,
+        ),
+    };
+    let mut notes = Vec::new();
+    if nginx.is_none() && args.nginx == "auto" {
+        notes.push(
+            "nginx not found: shard rows only (install: apt-get install nginx-light)".to_string(),
+        );
+    }
+    let strace = servers::which("strace");
+    if strace.is_none() {
+        notes.push(
+            "strace not found: no syscall counts in E1 (install: apt-get install strace)"
+                .to_string(),
+        );
+    }
+    std::fs::create_dir_all(&args.out)?;
+    let which = args.which.to_ascii_lowercase();
+    let mut cx = Ctx {
+        args,
+        shard,
+        nginx,
+        strace,
+        rows: Vec::new(),
+        notes,
+    };
+    let all = which == "all";
+    let mut ran = false;
+    for (name, f) in [
+        ("e1", e1 as fn(&mut Ctx) -> Result<()>),
+        ("e2", e2),
+        ("e3", e3),
+        ("e4", e4),
+        ("e5", e5),
+        ("e6", e6),
+    ] {
+        if all || which == name {
+            eprintln!("shard-bench: experiment {name}");
+            f(&mut cx)?;
+            ran = true;
+        }
+    }
+    anyhow::ensure!(
+        ran,
+        "unknown experiment {which:?}: e1, e2, e3, e4, e5, e6 or all"
+    );
+    write_outputs(&cx)?;
+    eprintln!(
+        "shard-bench: report written to {}",
+        cx.args.out.join("report.md").display()
+    );
+    Ok(())
+}
+
+fn ok_load(cx: &Ctx, close: bool, conns: usize, secs: u64) -> Load {
+    Load {
+        path: "/ok".into(),
+        conns: if cx.args.smoke { conns.min(8) } else { conns },
+        close,
+        duration: Some(cx.dur(secs)),
+        requests: None,
+        headers: Vec::new(),
+    }
+}
+
+/// E1: requests/s and latency by accept strategy, `return 200 "OK"`, keep-alive.
+fn e1(cx: &mut Ctx) -> Result<()> {
+    let workers = cx.args.workers;
+    let load = ok_load(cx, false, 50, cx.args.duration);
+    for st in [MUTEX_ON, MUTEX_OFF, REUSEPORT] {
+        for kind in cx.kinds(&st) {
+            let row = cx.with_server(
+                Run {
+                    exp: "e1",
+                    kind: &kind,
+                    st: &st,
+                    workers,
+                    server_extra: "",
+                },
+                |_| Ok(()),
+                |cx, srv| {
+                    let (m, cpu, acc) = measure(srv, &load, None)?;
+                    let mut row = Row {
+                        experiment: "E1".into(),
+                        server: kind.name().into(),
+                        strategy: st.name.into(),
+                        load: m,
+                        cpu_share: cpu,
+                        accepted_share: acc,
+                        ..Default::default()
+                    };
+                    if let Some(strace) = cx.strace.clone() {
+                        let pids = srv.worker_pids()?;
+                        let tracer = procfs::Strace::attach(&strace, &pids)?;
+                        let r0 = srv.requests()?;
+                        let traced = Load {
+                            duration: Some(cx.dur(2)),
+                            ..load.clone()
+                        };
+                        drive(srv.port, &traced)?;
+                        let r1 = srv.requests()?;
+                        let calls = tracer.finish()?;
+                        row.syscalls_per_request =
+                            Some(calls as f64 / r1.saturating_sub(r0).max(1) as f64);
+                    }
+                    Ok(row)
+                },
+            )?;
+            cx.rows.push(row);
+        }
+    }
+    Ok(())
+}
+
+/// E2: who gets the connection. 3 workers; six sequential connections (kept open so the
+/// holder can be found), then a per-worker load share under a connection-per-request run.
+fn e2(cx: &mut Ctx) -> Result<()> {
+    let load = ok_load(cx, true, 6, cx.args.duration);
+    for st in [MUTEX_ON, MUTEX_OFF, REUSEPORT] {
+        for kind in cx.kinds(&st) {
+            let row = cx.with_server(
+                Run {
+                    exp: "e2",
+                    kind: &kind,
+                    st: &st,
+                    workers: 3,
+                    server_extra: "",
+                },
+                |_| Ok(()),
+                |_, srv| {
+                    let mut probe = Vec::new();
+                    let mut held = Vec::new();
+                    for _ in 0..6 {
+                        let mut s = std::net::TcpStream::connect(("127.0.0.1", srv.port))?;
+                        use std::io::{Read, Write};
+                        s.write_all(b"GET /ok HTTP/1.1\r\nHost: bench\r\n\r\n")?;
+                        let mut b = [0u8; 512];
+                        let _ = s.read(&mut b)?;
+                        probe.push(srv.worker_holding(s.local_addr()?.port())?);
+                        held.push(s);
+                    }
+                    drop(held);
+                    let (m, cpu, acc) = measure(srv, &load, None)?;
+                    Ok(Row {
+                        experiment: "E2".into(),
+                        server: kind.name().into(),
+                        strategy: st.name.into(),
+                        load: m,
+                        cpu_share: cpu,
+                        accepted_share: acc,
+                        probe: Some(probe),
+                        ..Default::default()
+                    })
+                },
+            )?;
+            cx.rows.push(row);
+        }
+    }
+    Ok(())
+}
+
+/// Size of E3's compressible file: gzip of it costs the worker real CPU per request.
+const E3_FILE_BYTES: usize = 256 * 1024;
+
+fn e3_file(dir: &Path) -> Result<()> {
+    let mut text = String::with_capacity(E3_FILE_BYTES + 128);
+    let mut i = 0u64;
+    while text.len() < E3_FILE_BYTES {
+        let _ = writeln!(
+            text,
+            "line {i}: the quick brown fox jumps over the lazy dog {}",
+            i * 7919 % 1000
+        );
+        i += 1;
+    }
+    std::fs::write(dir.join("html/big.txt"), text)?;
+    Ok(())
+}
+
+/// E3: latency distribution under CPU-heavy requests (gzip), a connection per request.
+fn e3(cx: &mut Ctx) -> Result<()> {
+    let workers = cx.args.workers;
+    let load = Load {
+        path: "/big.txt".into(),
+        conns: if cx.args.smoke { 8 } else { 200 },
+        close: true,
+        duration: None,
+        requests: Some(if cx.args.smoke { 200 } else { 20_000 }),
+        headers: vec![("Accept-Encoding".into(), "gzip".into())],
+    };
+    let extra = "gzip on; gzip_comp_level 6; gzip_types text/plain;";
+    for st in [MUTEX_OFF, REUSEPORT] {
+        for kind in cx.kinds(&st) {
+            let row = cx.with_server(
+                Run {
+                    exp: "e3",
+                    kind: &kind,
+                    st: &st,
+                    workers,
+                    server_extra: extra,
+                },
+                e3_file,
+                |_, srv| {
+                    let (m, cpu, acc) = measure(srv, &load, None)?;
+                    Ok(Row {
+                        experiment: "E3".into(),
+                        server: kind.name().into(),
+                        strategy: st.name.into(),
+                        load: m,
+                        cpu_share: cpu,
+                        accepted_share: acc,
+                        ..Default::default()
+                    })
+                },
+            )?;
+            cx.rows.push(row);
+        }
+    }
+    Ok(())
+}
+
+/// E4: one worker stopped (SIGSTOP) for a while during a connection-per-request run.
+fn e4(cx: &mut Ctx) -> Result<()> {
+    let workers = cx.args.workers.max(2);
+    let secs = cx.args.duration.max(3);
+    let load = ok_load(cx, true, 20, secs);
+    let (start, stall) = if cx.args.smoke {
+        (Duration::from_millis(100), Duration::from_millis(200))
+    } else {
+        (Duration::from_secs(1), Duration::from_secs(1))
+    };
+    // The schedule is the experiment: stop worker 0 at `start` for `stall`.
+    let stall_fn = move |pids: Vec<i32>| {
+        std::thread::sleep(start);
+        let t = Instant::now();
+        // SAFETY-free: kill(2) with plain integers.
+        unsafe { libc::kill(pids[0], libc::SIGSTOP) };
+        std::thread::sleep(stall.saturating_sub(t.elapsed()));
+        unsafe { libc::kill(pids[0], libc::SIGCONT) };
+    };
+    for st in [MUTEX_ON, MUTEX_OFF, REUSEPORT] {
+        for kind in cx.kinds(&st) {
+            let row = cx.with_server(
+                Run {
+                    exp: "e4",
+                    kind: &kind,
+                    st: &st,
+                    workers,
+                    server_extra: "",
+                },
+                |_| Ok(()),
+                |_, srv| {
+                    let (m, cpu, acc) = measure(srv, &load, Some(&stall_fn))?;
+                    Ok(Row {
+                        experiment: "E4".into(),
+                        server: kind.name().into(),
+                        strategy: st.name.into(),
+                        load: m,
+                        cpu_share: cpu,
+                        accepted_share: acc,
+                        ..Default::default()
+                    })
+                },
+            )?;
+            cx.rows.push(row);
+        }
+    }
+    cx.notes.push(format!(
+        "E4: worker 0 stopped with SIGSTOP {:.1} s into each run for {:.1} s",
+        start.as_secs_f64(),
+        stall.as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// E5: fewer shards than workers: shards=auto, shards=1 and one shard per worker.
+fn e5(cx: &mut Ctx) -> Result<()> {
+    let workers = cx.args.workers;
+    let load = ok_load(cx, true, 50, cx.args.duration);
+    for st in [SHARDS_AUTO, SHARDS_1, REUSEPORT, MUTEX_OFF] {
+        for kind in cx.kinds(&st) {
+            let row = cx.with_server(
+                Run {
+                    exp: "e5",
+                    kind: &kind,
+                    st: &st,
+                    workers,
+                    server_extra: "",
+                },
+                |_| Ok(()),
+                |_, srv| {
+                    let (m, cpu, acc) = measure(srv, &load, None)?;
+                    Ok(Row {
+                        experiment: "E5".into(),
+                        server: kind.name().into(),
+                        strategy: st.name.into(),
+                        load: m,
+                        cpu_share: cpu,
+                        accepted_share: acc,
+                        ..Default::default()
+                    })
+                },
+            )?;
+            cx.rows.push(row);
+        }
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cx.notes.push(format!(
+        "E5: shards=auto is {} shard(s) here ({cpus} CPUs / 8, at least 1)",
+        (cpus / 8).clamp(1, workers)
+    ));
+    Ok(())
+}
+
+/// E6: reloads that change `worker_processes` (2 <-> 4) under a connection-per-request load,
+/// `reuseport`: every failed request is a connection lost by the reload.
+fn e6(cx: &mut Ctx) -> Result<()> {
+    let reloads = if cx.args.smoke { 4 } else { 30 };
+    let gap = if cx.args.smoke {
+        Duration::from_millis(150)
+    } else {
+        Duration::from_millis(300)
+    };
+    let mut load = ok_load(cx, true, 20, 1);
+    load.duration = Some(gap * (reloads + 2));
+    let st = REUSEPORT;
+    for kind in cx.kinds(&st) {
+        let row = cx.with_server(
+            Run {
+                exp: "e6",
+                kind: &kind,
+                st: &st,
+                workers: 2,
+                server_extra: "",
+            },
+            |_| Ok(()),
+            |_, srv| {
+                let (port, dir, master) = (srv.port, srv.dir.clone(), srv.master_pid());
+                let conf_path = srv.conf_path();
+                let kind_ref = &kind;
+                let reloader = move |_pids: Vec<i32>| {
+                    for i in 0..reloads {
+                        std::thread::sleep(gap);
+                        let spec = Spec {
+                            workers: if i % 2 == 0 { 4 } else { 2 },
+                            listen_opts: st.listen.to_string(),
+                            events: st.events.to_string(),
+                            server_extra: String::new(),
+                            idle: 0,
+                            tag: String::new(),
+                        };
+                        let _ = std::fs::write(&conf_path, spec.conf(kind_ref, port, &dir));
+                        // SAFETY-free: kill(2) with plain integers.
+                        unsafe { libc::kill(master, libc::SIGHUP) };
+                    }
+                };
+                let (m, cpu, acc) = measure(srv, &load, Some(&reloader))?;
+                Ok(Row {
+                    experiment: "E6".into(),
+                    server: kind.name().into(),
+                    strategy: format!("{} ({reloads} reloads, workers 2 <-> 4)", st.name),
+                    load: m,
+                    cpu_share: cpu,
+                    accepted_share: acc,
+                    ..Default::default()
+                })
+            },
+        )?;
+        cx.rows.push(row);
+    }
+    Ok(())
+}
+
+const TITLES: [(&str, &str); 6] = [
+    ("E1", "Throughput and latency by accept strategy (NGINX 1.9.1 article): return 200 \"OK\", keep-alive, 50 connections"),
+    ("E2", "Who gets the connection (Cloudflare): 3 workers, six sequential connections, then a connection-per-request run"),
+    ("E3", "Latency under CPU-heavy requests (Cloudflare): gzip of a 256 KiB text file, a connection per request, 200 connections"),
+    ("E4", "A stalled worker (Cloudflare): one worker SIGSTOPped during a connection-per-request run"),
+    ("E5", "Fewer shards than workers (Intel, nginx-devel): return 200 \"OK\", a connection per request"),
+    ("E6", "Sockets survive reloads (nginx-devel): worker_processes 2 <-> 4 under a connection-per-request load; errors are lost connections"),
+];
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let migrate = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req").unwrap_or_default();
+    format!(
+        "{cpus} CPUs available to the process, Linux {}, net.ipv4.tcp_migrate_req={}",
+        kernel.trim(),
+        migrate.trim()
+    )
+}
+
+fn nginx_version(bin: &Path) -> String {
+    std::process::Command::new(bin)
+        .arg("-v")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn report(cx: &Ctx) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# shard-bench experiments\n");
+    let _ = writeln!(s, "- machine: {}", machine());
+    let _ = writeln!(s, "- shard: {}", cx.shard.display());
+    if let Some(n) = &cx.nginx {
+        let _ = writeln!(s, "- nginx: {} ({})", n.display(), nginx_version(n));
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let _ = writeln!(s, "- command: `{}`", args.join(" "));
+    let _ = writeln!(s, "- configurations: `confs/` (run any of them by hand with `shard -p DIR -c FILE` or `nginx -p DIR -c FILE`)");
+    if cx.args.smoke {
+        let _ = writeln!(
+            s,
+            "- **smoke run: tiny durations, the numbers mean nothing**"
+        );
+    }
+    for (exp, title) in TITLES {
+        let rows: Vec<&Row> = cx.rows.iter().filter(|r| r.experiment == exp).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let _ = writeln!(s, "\n## {exp}. {title}\n");
+        let _ = writeln!(s, "| server | strategy | req/s | mean ms | p50 | p90 | p99 | max | stdev ms | errors | CPU share per worker | max/min CPU | accepted share | max/min accepted |{}",
+            if exp == "E1" { " syscalls/req |" } else if exp == "E2" { " six connections went to |" } else { "" });
+        let _ = writeln!(
+            s,
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|{}",
+            if exp == "E1" || exp == "E2" {
+                "---|"
+            } else {
+                ""
+            }
+        );
+        for r in rows {
+            let m = &r.load;
+            let acc = r.accepted_share.as_deref();
+            let _ = write!(
+                s,
+                "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
+                r.server,
+                r.strategy,
+                m.rps,
+                m.mean_ms,
+                m.p50_ms,
+                m.p90_ms,
+                m.p99_ms,
+                m.max_ms,
+                m.stdev_ms,
+                m.errors,
+                pct(&r.cpu_share),
+                Row::spread(&r.cpu_share),
+                acc.map_or("-".into(), pct),
+                acc.map_or("-".into(), Row::spread),
+            );
+            if exp == "E1" {
+                let _ = write!(
+                    s,
+                    " {} |",
+                    r.syscalls_per_request
+                        .map_or("-".into(), |v| format!("{v:.3}"))
+                );
+            }
+            if exp == "E2" {
+                let p = r.probe.as_deref().unwrap_or(&[]);
+                let txt: Vec<String> = p
+                    .iter()
+                    .map(|w| w.map_or("?".into(), |w| format!("w{w}")))
+                    .collect();
+                let _ = write!(s, " {} |", txt.join(" "));
+            }
+            s.push('\n');
+        }
+        for chart in charts_for(exp) {
+            let _ = writeln!(s, "\n![{exp} {chart}]({chart})");
+        }
+    }
+    if !cx.notes.is_empty() {
+        let _ = writeln!(s, "\n## Notes\n");
+        for n in &cx.notes {
+            let _ = writeln!(s, "- {n}");
+        }
+    }
+    s
+}
+
+fn charts_for(exp: &str) -> Vec<String> {
+    let e = exp.to_ascii_lowercase();
+    match exp {
+        "E1" => vec![format!("{e}-rps.svg"), format!("{e}-cpu-share.svg")],
+        "E2" | "E5" => vec![format!("{e}-cpu-share.svg")],
+        "E6" => Vec::new(),
+        _ => vec![format!("{e}-latency.svg")],
+    }
+}
+
+fn label(r: &Row) -> String {
+    format!("{} {}", r.server, r.strategy)
+}
+
+fn write_outputs(cx: &Ctx) -> Result<()> {
+    let out = &cx.args.out;
+    std::fs::write(out.join("report.md"), report(cx))?;
+    for (exp, title) in TITLES {
+        let rows: Vec<&Row> = cx.rows.iter().filter(|r| r.experiment == exp).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let e = exp.to_ascii_lowercase();
+        let short_title = title.split(':').next().unwrap_or(title);
+        if exp == "E1" {
+            let groups: Vec<(String, Vec<f64>)> =
+                rows.iter().map(|r| (label(r), vec![r.load.rps])).collect();
+            std::fs::write(
+                out.join(format!("{e}-rps.svg")),
+                svg::grouped_bars(
+                    &format!("{exp}: requests/s"),
+                    "requests/s",
+                    &["req/s".into()],
+                    &groups,
+                ),
+            )?;
+        }
+        if matches!(exp, "E1" | "E2" | "E5") {
+            let n = rows.iter().map(|r| r.cpu_share.len()).max().unwrap_or(0);
+            let series: Vec<String> = (0..n).map(|i| format!("worker {i}")).collect();
+            let groups: Vec<(String, Vec<f64>)> = rows
+                .iter()
+                .map(|r| (label(r), r.cpu_share.iter().map(|x| x * 100.0).collect()))
+                .collect();
+            std::fs::write(
+                out.join(format!("{e}-cpu-share.svg")),
+                svg::grouped_bars(
+                    &format!("{exp}: {short_title}: CPU share per worker"),
+                    "% of worker CPU",
+                    &series,
+                    &groups,
+                ),
+            )?;
+        }
+        if matches!(exp, "E3" | "E4") {
+            let series: Vec<(String, Vec<u64>)> = rows
+                .iter()
+                .map(|r| (label(r), r.load.log2_us.clone()))
+                .collect();
+            std::fs::write(
+                out.join(format!("{e}-latency.svg")),
+                svg::log2_histograms(&format!("{exp}: {short_title}: latency"), &series),
+            )?;
+        }
+    }
+    std::fs::write(out.join("results.json"), json(cx))?;
+    Ok(())
+}
+
+fn json(cx: &Ctx) -> String {
+    let f = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.4}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut s = String::from("[\n");
+    for (i, r) in cx.rows.iter().enumerate() {
+        let m = &r.load;
+        let _ = write!(
+            s,
+            "{{\"experiment\":\"{}\",\"server\":\"{}\",\"strategy\":\"{}\",\"requests\":{},\"errors\":{},\"rps\":{:.1},\
+             \"latency_ms\":{{\"min\":{:.3},\"mean\":{:.3},\"p50\":{:.3},\"p90\":{:.3},\"p99\":{:.3},\"max\":{:.3},\"stdev\":{:.3}}},\
+             \"log2_us\":[{}],\"cpu_share\":[{}],\"accepted_share\":{},\"syscalls_per_request\":{},\"probe\":{}}}{}",
+            r.experiment,
+            r.server,
+            r.strategy,
+            m.requests,
+            m.errors,
+            m.rps,
+            m.min_ms,
+            m.mean_ms,
+            m.p50_ms,
+            m.p90_ms,
+            m.p99_ms,
+            m.max_ms,
+            m.stdev_ms,
+            m.log2_us.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+            f(&r.cpu_share),
+            r.accepted_share.as_deref().map_or("null".into(), |v| format!("[{}]", f(v))),
+            r.syscalls_per_request.map_or("null".into(), |v| format!("{v:.3}")),
+            r.probe.as_deref().map_or("null".into(), |p| format!(
+                "[{}]",
+                p.iter().map(|w| w.map_or("null".into(), |w| w.to_string())).collect::<Vec<_>>().join(",")
+            )),
+            if i + 1 < cx.rows.len() { "," } else { "" }
+        );
+        s.push('\n');
+    }
+    s.push_str("]\n");
+    s
+}

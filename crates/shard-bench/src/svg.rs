@@ -1,0 +1,256 @@
+//! Charts as standalone SVG files: grouped bars (per-worker shares, requests/s) and log2
+//! latency histograms. Hand-written, no dependency: the charts are simple and must open in any
+//! browser without scripts.
+
+use std::fmt::Write;
+
+const W: f64 = 760.0;
+const BAR_AREA_H: f64 = 260.0;
+const TOP: f64 = 50.0;
+const LEFT: f64 = 60.0;
+const PALETTE: [&str; 8] = [
+    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f",
+];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Groups of bars: `groups[i] = (label, values)`; every group has one bar per series name.
+pub fn grouped_bars(
+    title: &str,
+    unit: &str,
+    series: &[String],
+    groups: &[(String, Vec<f64>)],
+) -> String {
+    let max = groups
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .fold(0.0_f64, f64::max)
+        .max(1e-9);
+    let n_groups = groups.len().max(1) as f64;
+    let group_w = (W - LEFT - 20.0) / n_groups;
+    let n_series = series.len().max(1) as f64;
+    let bar_w = (group_w * 0.8 / n_series).max(1.0);
+    let h = TOP + BAR_AREA_H + 70.0 + 18.0 * series.len().div_ceil(4) as f64;
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"24\" font-size=\"15\" text-anchor=\"middle\">{}</text>\n",
+        W / 2.0,
+        esc(title)
+    );
+    let base = TOP + BAR_AREA_H;
+    let _ = writeln!(
+        s,
+        "<line x1=\"{LEFT}\" y1=\"{base}\" x2=\"{}\" y2=\"{base}\" stroke=\"black\"/>",
+        W - 10.0
+    );
+    for t in 0..=4 {
+        let v = max * t as f64 / 4.0;
+        let y = base - BAR_AREA_H * t as f64 / 4.0;
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text><line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>",
+            LEFT - 4.0,
+            y + 4.0,
+            short(v),
+            W - 10.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">{}</text>",
+        TOP + BAR_AREA_H / 2.0,
+        TOP + BAR_AREA_H / 2.0,
+        esc(unit)
+    );
+    for (gi, (label, values)) in groups.iter().enumerate() {
+        let gx = LEFT + gi as f64 * group_w + group_w * 0.1;
+        for (si, v) in values.iter().enumerate() {
+            let bh = BAR_AREA_H * v / max;
+            let x = gx + si as f64 * bar_w;
+            let _ = writeln!(
+                s,
+                "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{bh:.1}\" fill=\"{}\"><title>{}: {}</title></rect>",
+                base - bh,
+                (bar_w - 1.0).max(1.0),
+                PALETTE[si % PALETTE.len()],
+                esc(series.get(si).map_or("", String::as_str)),
+                short(*v)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+            gx + group_w * 0.4,
+            base + 16.0,
+            esc(label)
+        );
+    }
+    legend(&mut s, series, base + 40.0);
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Log2 latency histograms, one line per series: `buckets[i]` counts requests whose latency in
+/// microseconds is in `[2^i, 2^(i+1))`. Shown as the share of requests per bucket.
+pub fn log2_histograms(title: &str, series: &[(String, Vec<u64>)]) -> String {
+    let n_buckets = series
+        .iter()
+        .map(|(_, b)| b.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let shares: Vec<Vec<f64>> = series
+        .iter()
+        .map(|(_, b)| {
+            let total = b.iter().sum::<u64>().max(1) as f64;
+            b.iter().map(|&c| c as f64 / total).collect()
+        })
+        .collect();
+    let max = shares
+        .iter()
+        .flatten()
+        .copied()
+        .fold(0.0_f64, f64::max)
+        .max(1e-9);
+    let step = (W - LEFT - 20.0) / n_buckets as f64;
+    let base = TOP + BAR_AREA_H;
+    let h = base + 70.0 + 18.0 * series.len().div_ceil(4) as f64;
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"24\" font-size=\"15\" text-anchor=\"middle\">{}</text>\n",
+        W / 2.0,
+        esc(title)
+    );
+    let _ = writeln!(
+        s,
+        "<line x1=\"{LEFT}\" y1=\"{base}\" x2=\"{}\" y2=\"{base}\" stroke=\"black\"/>",
+        W - 10.0
+    );
+    for t in 0..=4 {
+        let v = max * t as f64 / 4.0;
+        let y = base - BAR_AREA_H * t as f64 / 4.0;
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}%</text><line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>",
+            LEFT - 4.0,
+            y + 4.0,
+            v * 100.0,
+            W - 10.0
+        );
+    }
+    for i in (0..n_buckets).step_by(2) {
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\" font-size=\"10\">{}</text>",
+            LEFT + (i as f64 + 0.5) * step,
+            base + 14.0,
+            duration_label(1u64 << i)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">latency (log2 buckets)</text>",
+        W / 2.0,
+        base + 30.0
+    );
+    for (si, sh) in shares.iter().enumerate() {
+        let pts: Vec<String> = sh
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                format!(
+                    "{:.1},{:.1}",
+                    LEFT + (i as f64 + 0.5) * step,
+                    base - BAR_AREA_H * v / max
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>",
+            PALETTE[si % PALETTE.len()],
+            pts.join(" ")
+        );
+    }
+    let names: Vec<String> = series.iter().map(|(n, _)| n.clone()).collect();
+    legend(&mut s, &names, base + 48.0);
+    s.push_str("</svg>\n");
+    s
+}
+
+fn legend(s: &mut String, names: &[String], y0: f64) {
+    for (i, name) in names.iter().enumerate() {
+        let x = LEFT + (i % 4) as f64 * 170.0;
+        let y = y0 + (i / 4) as f64 * 18.0;
+        let _ = writeln!(
+            s,
+            "<rect x=\"{x}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{y}\">{}</text>",
+            y - 10.0,
+            PALETTE[i % PALETTE.len()],
+            x + 16.0,
+            esc(name)
+        );
+    }
+}
+
+fn short(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.1}M", v / 1e6)
+    } else if v >= 1e4 {
+        format!("{:.0}k", v / 1e3)
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// `1us`, `512us`, `1ms`, `1s` for a power of two of microseconds.
+pub fn duration_label(us: u64) -> String {
+    if us >= 1_000_000 {
+        format!("{}s", us / 1_000_000)
+    } else if us >= 1000 {
+        format!("{}ms", us / 1000)
+    } else {
+        format!("{us}us")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charts_are_well_formed_svg() {
+        let bars = grouped_bars(
+            "t <&>",
+            "req/s",
+            &["w0".into(), "w1".into()],
+            &[
+                ("reuseport".into(), vec![1.0, 2.0]),
+                ("mutex".into(), vec![0.0, 3.0]),
+            ],
+        );
+        assert!(bars.starts_with("<svg") && bars.trim_end().ends_with("</svg>"));
+        assert!(bars.contains("t &lt;&amp;&gt;"));
+        assert_eq!(
+            bars.matches("<rect x=").count(),
+            4 + 2,
+            "4 bars and 2 legend keys"
+        );
+        let h = log2_histograms("h", &[("a".into(), vec![0, 5, 5]), ("b".into(), vec![])]);
+        assert_eq!(h.matches("<polyline").count(), 2);
+        assert_eq!(duration_label(2048), "2ms");
+    }
+}
