@@ -506,7 +506,7 @@ fn e3(cx: &mut Ctx) -> Result<()> {
         conns: if cx.args.smoke { 8 } else { 200 },
         close: true,
         duration: None,
-        requests: Some(if cx.args.smoke { 200 } else { 20_000 }),
+        requests: Some(if cx.args.smoke { 50 } else { 20_000 }),
         headers: vec![("Accept-Encoding".into(), "gzip".into())],
     };
     let extra = "gzip on; gzip_comp_level 6; gzip_types text/plain;";

@@ -8,6 +8,7 @@
 //! and the report. It is a benchmark, not a test: CI runs it
 //! only as `--smoke`, which checks that every step works on tiny numbers.
 
+mod compare;
 mod experiments;
 mod load;
 pub mod loadgen;
@@ -46,6 +47,9 @@ enum Cmd {
     /// accept strategy and, when installed, nginx; writes report.md, SVG charts, results.json
     /// and the configurations used into --out.
     Experiment(experiments::ExperimentArgs),
+    /// Run your own configuration under each accept strategy with the same load and say which
+    /// wins on requests/s, on p99 and on the spread between workers, and why.
+    Compare(compare::CompareArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -88,6 +92,7 @@ fn main() {
         Cmd::Speed(a) => speed(a),
         Cmd::Load(a) => loadgen::command(a),
         Cmd::Experiment(a) => experiments::run(a),
+        Cmd::Compare(a) => compare::run(a),
     };
     if let Err(e) = res {
         eprintln!("shard-bench: {e:#}");

@@ -287,3 +287,12 @@ pub fn set_cloexec(fd: RawFd, on: bool) -> io::Result<()> {
     // SAFETY: as above.
     cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, flags) }).map(|_| ())
 }
+
+/// Sets `O_NONBLOCK` (descriptors handed over by systemd are usually blocking, and a worker
+/// must never block in `accept`).
+pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on an integer descriptor with integer arguments.
+    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }).map(|_| ())
+}

@@ -225,7 +225,7 @@ impl Inherited {
                 ) else {
                     continue;
                 };
-                if shard_event::sock::is_listening_tcp(fd) {
+                if shard_event::sock::is_listening_tcp(fd) && adopt(fd) {
                     inh.by_addr.entry(addr).or_default().push((idx, fd));
                 }
             }
@@ -240,7 +240,7 @@ impl Inherited {
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0);
             for fd in 3..3 + n {
-                if !shard_event::sock::is_listening_tcp(fd) {
+                if !shard_event::sock::is_listening_tcp(fd) || !adopt(fd) {
                     continue;
                 }
                 if let Ok(addr) = shard_event::sock::local_addr(fd) {
@@ -279,6 +279,17 @@ impl Inherited {
         }
         gone
     }
+}
+
+/// Makes an inherited descriptor fit for workers: non-blocking (a worker must never block in
+/// `accept`) and closed on `exec` like every socket shard opens itself.
+fn adopt(fd: RawFd) -> bool {
+    let ok = shard_event::sock::set_nonblocking(fd).is_ok()
+        && shard_event::sock::set_cloexec(fd, true).is_ok();
+    if !ok {
+        crate::log!(Alert, "cannot adopt inherited descriptor {fd}: ignored");
+    }
+    ok
 }
 
 /// The `SHARD_INHERIT` value describing `listeners`.

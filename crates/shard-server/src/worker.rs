@@ -102,6 +102,8 @@ pub(crate) struct Worker<'a> {
     date: Vec<u8>,
     log_time: String,
     shutting_down: bool,
+    /// Connections accepted under the accept mutex, served once it is released.
+    posted: Vec<usize>,
     /// `worker_shutdown_timeout`: when a graceful stop closes whatever is still open.
     shutdown_deadline_ms: Option<u64>,
     accept_mutex: bool,
@@ -223,6 +225,7 @@ impl<'a> Worker<'a> {
             date: Vec::new(),
             log_time: String::new(),
             shutting_down: false,
+            posted: Vec::new(),
             shutdown_deadline_ms: None,
             accept_mutex: use_mutex && !locks.is_empty(),
             locks,
@@ -334,6 +337,9 @@ impl<'a> Worker<'a> {
                 }
             }
             self.release_accept_locks();
+            for key in std::mem::take(&mut self.posted) {
+                self.drive(key);
+            }
             for i in 0..n {
                 let ev = events.get(i);
                 if ev.token == SIGNAL_TOKEN {
@@ -444,7 +450,13 @@ impl<'a> Worker<'a> {
             self.start_reading(key, true);
             self.timers
                 .push(Reverse((self.conns[key].deadline_ms, key, id)));
-            self.drive(key);
+            if self.listeners[li].mode == AcceptMode::Mutex {
+                // As nginx posts accept events: the lock is held for accepting only; the new
+                // connections are served after it is released.
+                self.posted.push(key);
+            } else {
+                self.drive(key);
+            }
         }
         if self.accept_mutex {
             // nginx: ngx_accept_disabled = connection_n / 8 - free_connection_n.
@@ -515,6 +527,9 @@ impl<'a> Worker<'a> {
             .collect();
         for k in idle {
             self.close(k);
+        }
+        for key in std::mem::take(&mut self.posted) {
+            self.drive(key);
         }
     }
 

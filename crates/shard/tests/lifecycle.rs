@@ -158,3 +158,51 @@ fn usr1_reopens_the_access_log() {
         },
     );
 }
+
+#[test]
+fn a_request_finished_during_a_graceful_stop_is_answered_with_connection_close() {
+    let mut s = Server::start("quitclose", &base_conf(1, "reuseport", ""), 1);
+    let mut c = connect(s.addr());
+    // Half of the request head before the stop, the rest after it.
+    c.write_all(b"GET /ok HTTP/1.1\r\nHo").unwrap();
+    let log = s.dir.join("logs/error.log");
+    wait_for(Duration::from_secs(5), "connection accepted", || {
+        let ws = parse_workers(&try_get(s.addr(), "/status").ok()?.body_str());
+        (ws[0].active >= 2).then_some(())
+    });
+    s.signal(libc::SIGQUIT);
+    wait_for(Duration::from_secs(5), "graceful stop logged", || {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains("gracefully shutting down")
+            .then_some(())
+    });
+    c.write_all(b"st: x\r\n\r\n").unwrap();
+    let mut all = Vec::new();
+    c.read_to_end(&mut all).unwrap();
+    let text = String::from_utf8_lossy(&all);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("Connection: close\r\n"), "{text}");
+    assert!(text.ends_with("OK"), "{text}");
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+}
+
+#[test]
+fn user_directive_drops_worker_privileges_when_root() {
+    // SAFETY: geteuid has no failure mode.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: the user directive is ignored (and says so); nothing to check");
+        return;
+    }
+    let conf = format!("user nobody;\n{}", base_conf(1, "reuseport", ""));
+    let s = Server::start("user", &conf, 1);
+    let pid = s.workers()[0].pid;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(uid.split_whitespace().nth(1) == Some("65534"), "{uid}");
+    assert_eq!(
+        get(s.addr(), "/ok").status,
+        200,
+        "the worker serves on sockets bound by root"
+    );
+}

@@ -400,3 +400,127 @@ fn fifty_reloads_five_upgrades_and_twenty_kills_under_load() {
         (!pid_alive(master)).then_some(())
     });
 }
+
+#[test]
+fn a_new_binary_that_fails_leaves_the_old_master_serving_and_winch_then_hup_restarts_workers() {
+    let mut s = Server::start("upgradefail", &conf(2, "reuseport", "a"), 2);
+    let _reap = ReapMasters(s.dir.clone());
+    let pid_file = s.dir.join("logs/shard.pid");
+    let log = s.dir.join("logs/error.log");
+    let good = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
+    // The new binary reads the configuration at start: a broken one makes it exit.
+    std::fs::write(
+        s.dir.join("conf/shard.conf"),
+        "events {}\nhttp { server { lisen 1; } }\n",
+    )
+    .unwrap();
+    s.signal(libc::SIGUSR2);
+    wait_for(Duration::from_secs(10), "failed upgrade logged", || {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains("keeping serving with this one")
+            .then_some(())
+    });
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(pid, s.pid(), "the pid file is back");
+    assert!(!s.dir.join("logs/shard.pid.oldbin").exists());
+    assert_eq!(get(s.addr(), "/ok").body_str(), "a");
+
+    // WINCH stops the workers (the sockets stay open in the master); HUP brings them back.
+    std::fs::write(s.dir.join("conf/shard.conf"), good).unwrap();
+    let before = s.workers();
+    s.signal(libc::SIGWINCH);
+    for w in &before {
+        let pid = w.pid as i32;
+        wait_for(Duration::from_secs(10), "old workers gone", || {
+            (!pid_alive(pid)).then_some(())
+        });
+    }
+    s.signal(libc::SIGHUP);
+    wait_generation(&s, 2, 2);
+    assert_eq!(get(s.addr(), "/ok").body_str(), "a");
+    s.signal(libc::SIGQUIT);
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+}
+
+#[test]
+fn worker_shutdown_timeout_bounds_a_graceful_stop() {
+    let text =
+        conf(1, "reuseport", "a").replace("events {", "worker_shutdown_timeout 500ms;\nevents {");
+    let mut s = Server::start("shutdowntimeout", &text, 1);
+    write_file(&s.dir, "html/big.bin", &vec![7u8; 32 << 20]);
+    // A client that never reads: the download cannot finish.
+    let mut c = connect(s.addr());
+    c.write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut head = [0u8; 1024];
+    let _ = c.read(&mut head).unwrap();
+    let t0 = std::time::Instant::now();
+    s.signal(libc::SIGQUIT);
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(
+        log.contains("worker_shutdown_timeout expired, closing 1 connections"),
+        "{log}"
+    );
+}
+
+#[test]
+fn systemd_socket_activation_is_adopted() {
+    use std::os::unix::process::CommandExt;
+    let dir = temp_dir("systemd");
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let text = conf(1, "", "socket-activated")
+        .replace("{port}", &port.to_string())
+        .replace("{dir}", dir.to_str().unwrap());
+    std::fs::write(dir.join("conf/shard.conf"), text).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&l);
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.args([
+        "-c",
+        "export LISTEN_PID=$$ LISTEN_FDS=1; exec \"$0\" \"$@\"",
+        BIN,
+        "-p",
+        dir.to_str().unwrap(),
+        "-c",
+        "conf/shard.conf",
+    ]);
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("logs/stderr.log")).unwrap());
+    // SAFETY: dup2 and fcntl are async-signal-safe; they make the listener descriptor 3
+    // without FD_CLOEXEC, as systemd passes it.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself would keep FD_CLOEXEC: clear it instead.
+            let r = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if r == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    let mut s = Server {
+        child: Some(child),
+        dir: dir.clone(),
+        port,
+    };
+    // The socket was bound by us, not by shard: the port cannot have been bound twice.
+    s.wait_workers(1);
+    assert_eq!(get(s.addr(), "/ok").body_str(), "socket-activated");
+    let log = std::fs::read_to_string(dir.join("logs/error.log")).unwrap();
+    assert!(log.contains("using inherited sockets"), "{log}");
+    drop(l);
+    s.signal(libc::SIGQUIT);
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+}
