@@ -133,10 +133,12 @@ pub fn run(a: CompareArgs) -> Result<()> {
         Some(p) => p.clone(),
         None => std::env::current_exe()?.with_file_name("shard"),
     };
-    let text = std::fs::read_to_string(&a.conf)
-        .with_context(|| format!("reading {}", a.conf.display()))?;
+    let conf =
+        std::fs::canonicalize(&a.conf).with_context(|| format!("reading {}", a.conf.display()))?;
+    let text =
+        std::fs::read_to_string(&conf).with_context(|| format!("reading {}", a.conf.display()))?;
     let port = first_port(&text)?;
-    let prefix = a.prefix.clone().unwrap_or_else(|| default_prefix(&a.conf));
+    let prefix = a.prefix.clone().unwrap_or_else(|| default_prefix(&conf));
     let close = match a.workload.as_str() {
         "close" => true,
         "keepalive" => false,
@@ -152,7 +154,7 @@ pub fn run(a: CompareArgs) -> Result<()> {
     };
     let mut outcomes = Vec::new();
     for (name, reuseport, mutex) in STRATEGIES {
-        let path = a.conf.with_file_name(format!(
+        let path = conf.with_file_name(format!(
             ".shard-compare-{}.conf",
             name.split(' ').next().unwrap_or("x")
         ));
@@ -174,6 +176,8 @@ fn run_one(
     port: u16,
     load: &Load,
 ) -> Result<(Measured, Vec<u64>)> {
+    let errlog =
+        std::env::temp_dir().join(format!("shard-bench-compare-{}.stderr", std::process::id()));
     let mut child = std::process::Command::new(shard)
         .arg("-p")
         .arg(prefix)
@@ -181,12 +185,14 @@ fn run_one(
         .arg(conf)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&errlog)?)
         .spawn()?;
     let result = (|| {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if let Ok(Some(st)) = child.try_wait() {
-                bail!("shard exited with {st}");
+                let err = std::fs::read_to_string(&errlog).unwrap_or_default();
+                bail!("shard exited with {st}: {}", err.trim());
             }
             anyhow::ensure!(
                 std::time::Instant::now() < deadline,
@@ -216,6 +222,7 @@ fn run_one(
     // SAFETY-free: kill(2) with plain integers.
     unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) };
     let _ = child.wait();
+    let _ = std::fs::remove_file(&errlog);
     result
 }
 

@@ -98,3 +98,43 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
     assert!(!report.contains("| ? "), "{report}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn compare_runs_a_user_configuration_under_each_strategy() {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let dir = std::env::temp_dir().join(format!("shard-bench-compare-test-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("conf")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let conf = format!(
+        "worker_processes 2;\nerror_log stderr;\nevents {{\n    accept_mutex on;\n}}\nhttp {{\n    access_log off;\n    server {{\n        listen 127.0.0.1:{port};\n        location / {{ return 200 \"hi\"; }}\n    }}\n}}\n"
+    );
+    std::fs::write(dir.join("conf/mine.conf"), conf).unwrap();
+    let out = Command::new(bench)
+        .args(["compare", "--duration", "1", "--connections", "4", "-c"])
+        .arg(dir.join("conf/mine.conf"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for row in [
+        "| reuseport |",
+        "| accept_mutex off (EPOLLEXCLUSIVE) |",
+        "| accept_mutex on |",
+        "- requests/s: **",
+        "Why:",
+    ] {
+        assert!(text.contains(row), "{row} missing: {text}");
+    }
+    // The rewritten configurations are removed; the user's file is untouched.
+    let left: Vec<_> = std::fs::read_dir(dir.join("conf")).unwrap().collect();
+    assert_eq!(left.len(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
