@@ -225,6 +225,48 @@ impl Ctx {
     }
 }
 
+/// An experiment whose rows need nothing but the load and the measurements around it.
+struct Plan<'a> {
+    exp: &'a str,
+    strategies: &'a [Strategy],
+    workers: usize,
+    server_extra: &'a str,
+    prepare: fn(&Path) -> Result<()>,
+    load: &'a Load,
+    during: Option<&'a (dyn Fn(Vec<i32>) + Sync)>,
+}
+
+impl Ctx {
+    /// Runs `plan.load` on every server in every strategy of the plan and records a row each.
+    fn measured_rows(&mut self, plan: Plan<'_>) -> Result<()> {
+        for st in plan.strategies {
+            for kind in self.kinds(st) {
+                let run = Run {
+                    exp: plan.exp,
+                    kind: &kind,
+                    st,
+                    workers: plan.workers,
+                    server_extra: plan.server_extra,
+                };
+                let row = self.with_server(run, plan.prepare, |_, srv| {
+                    let (m, cpu, acc) = measure(srv, plan.load, plan.during)?;
+                    Ok(Row {
+                        experiment: plan.exp.to_ascii_uppercase(),
+                        server: kind.name().into(),
+                        strategy: st.name.into(),
+                        load: m,
+                        cpu_share: cpu,
+                        accepted_share: acc,
+                        ..Default::default()
+                    })
+                })?;
+                self.rows.push(row);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Runs the load on `srv` and measures the workers around it. `during` runs alongside the
 /// load (E4's stall) with the worker pids.
 fn measure(
@@ -509,35 +551,15 @@ fn e3(cx: &mut Ctx) -> Result<()> {
         requests: Some(if cx.args.smoke { 50 } else { 20_000 }),
         headers: vec![("Accept-Encoding".into(), "gzip".into())],
     };
-    let extra = "gzip on; gzip_comp_level 6; gzip_types text/plain;";
-    for st in [MUTEX_OFF, REUSEPORT] {
-        for kind in cx.kinds(&st) {
-            let row = cx.with_server(
-                Run {
-                    exp: "e3",
-                    kind: &kind,
-                    st: &st,
-                    workers,
-                    server_extra: extra,
-                },
-                e3_file,
-                |_, srv| {
-                    let (m, cpu, acc) = measure(srv, &load, None)?;
-                    Ok(Row {
-                        experiment: "E3".into(),
-                        server: kind.name().into(),
-                        strategy: st.name.into(),
-                        load: m,
-                        cpu_share: cpu,
-                        accepted_share: acc,
-                        ..Default::default()
-                    })
-                },
-            )?;
-            cx.rows.push(row);
-        }
-    }
-    Ok(())
+    cx.measured_rows(Plan {
+        exp: "e3",
+        strategies: &[MUTEX_OFF, REUSEPORT],
+        workers,
+        server_extra: "gzip on; gzip_comp_level 6; gzip_types text/plain;",
+        prepare: e3_file,
+        load: &load,
+        during: None,
+    })
 }
 
 /// E4: one worker stopped (SIGSTOP) for a while during a connection-per-request run.
@@ -559,33 +581,15 @@ fn e4(cx: &mut Ctx) -> Result<()> {
         std::thread::sleep(stall.saturating_sub(t.elapsed()));
         unsafe { libc::kill(pids[0], libc::SIGCONT) };
     };
-    for st in [MUTEX_ON, MUTEX_OFF, REUSEPORT] {
-        for kind in cx.kinds(&st) {
-            let row = cx.with_server(
-                Run {
-                    exp: "e4",
-                    kind: &kind,
-                    st: &st,
-                    workers,
-                    server_extra: "",
-                },
-                |_| Ok(()),
-                |_, srv| {
-                    let (m, cpu, acc) = measure(srv, &load, Some(&stall_fn))?;
-                    Ok(Row {
-                        experiment: "E4".into(),
-                        server: kind.name().into(),
-                        strategy: st.name.into(),
-                        load: m,
-                        cpu_share: cpu,
-                        accepted_share: acc,
-                        ..Default::default()
-                    })
-                },
-            )?;
-            cx.rows.push(row);
-        }
-    }
+    cx.measured_rows(Plan {
+        exp: "e4",
+        strategies: &[MUTEX_ON, MUTEX_OFF, REUSEPORT],
+        workers,
+        server_extra: "",
+        prepare: |_| Ok(()),
+        load: &load,
+        during: Some(&stall_fn),
+    })?;
     cx.notes.push(format!(
         "E4: worker 0 stopped with SIGSTOP {:.1} s into each run for {:.1} s",
         start.as_secs_f64(),
@@ -598,33 +602,15 @@ fn e4(cx: &mut Ctx) -> Result<()> {
 fn e5(cx: &mut Ctx) -> Result<()> {
     let workers = cx.args.workers;
     let load = ok_load(cx, true, 50, cx.args.duration);
-    for st in [SHARDS_AUTO, SHARDS_1, REUSEPORT, MUTEX_OFF] {
-        for kind in cx.kinds(&st) {
-            let row = cx.with_server(
-                Run {
-                    exp: "e5",
-                    kind: &kind,
-                    st: &st,
-                    workers,
-                    server_extra: "",
-                },
-                |_| Ok(()),
-                |_, srv| {
-                    let (m, cpu, acc) = measure(srv, &load, None)?;
-                    Ok(Row {
-                        experiment: "E5".into(),
-                        server: kind.name().into(),
-                        strategy: st.name.into(),
-                        load: m,
-                        cpu_share: cpu,
-                        accepted_share: acc,
-                        ..Default::default()
-                    })
-                },
-            )?;
-            cx.rows.push(row);
-        }
-    }
+    cx.measured_rows(Plan {
+        exp: "e5",
+        strategies: &[SHARDS_AUTO, SHARDS_1, REUSEPORT, MUTEX_OFF],
+        workers,
+        server_extra: "",
+        prepare: |_| Ok(()),
+        load: &load,
+        during: None,
+    })?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     cx.notes.push(format!(
         "E5: shards=auto is {} shard(s) here ({cpus} CPUs / 8, at least 1)",
