@@ -28,8 +28,11 @@ pub struct Config {
     pub events: EventsConf,
     /// `None` when the file has no `http` block.
     pub http: Option<HttpConf>,
+    /// `None` when the file has no `stream` block.
+    pub stream: Option<StreamConf>,
     /// Every distinct listening address of every `http` server, in order of first appearance,
-    /// with its socket options merged (see [`Listener`]).
+    /// with its socket options merged (see [`Listener`]), then every `stream` server's
+    /// addresses. One address belongs to one kind only.
     pub listeners: Vec<Listener>,
 }
 
@@ -147,14 +150,27 @@ impl Default for ListenOpts {
     }
 }
 
+/// What a listener's connections are: HTTP requests or a `stream` TCP relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenerKind {
+    Http,
+    /// Index into `StreamConf::servers`.
+    Stream {
+        server: usize,
+    },
+}
+
 /// One listening address after merging every `listen` that names it.
 #[derive(Debug, Clone)]
 pub struct Listener {
     pub addr: SocketAddr,
     pub opts: ListenOpts,
-    /// Indices into `HttpConf::servers` of the servers listening here, in file order.
+    pub kind: ListenerKind,
+    /// Indices into `HttpConf::servers` of the servers listening here, in file order
+    /// (empty for a stream listener).
     pub servers: Vec<usize>,
-    /// Index into `HttpConf::servers`: the one marked `default_server`, else the first.
+    /// Index into `HttpConf::servers`: the one marked `default_server`, else the first
+    /// (0 and meaningless for a stream listener).
     pub default_server: usize,
     /// Where the options were given (or the first `listen` when none were).
     pub place: Place,
@@ -296,4 +312,53 @@ pub struct ServerConf {
 #[derive(Debug, Clone)]
 pub struct HttpConf {
     pub servers: Vec<ServerConf>,
+}
+
+/// The `stream` block (nginx's `ngx_stream_proxy_module` subset): TCP relays.
+#[derive(Debug, Clone)]
+pub struct StreamConf {
+    /// Named `upstream` blocks, then one implicit upstream per `proxy_pass ADDR`.
+    pub upstreams: Vec<UpstreamConf>,
+    pub servers: Vec<StreamServerConf>,
+}
+
+/// One `upstream NAME { ... }` block (or the implicit upstream of `proxy_pass HOST:PORT`).
+#[derive(Debug, Clone)]
+pub struct UpstreamConf {
+    /// The block's name, or the `proxy_pass` argument for an implicit upstream.
+    pub name: String,
+    pub place: Place,
+    /// Primaries and backups in file order (`PeerConf::backup` tells them apart).
+    pub peers: Vec<PeerConf>,
+}
+
+/// One address of an upstream `server` (a host name resolving to several addresses gives
+/// one peer per address).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerConf {
+    pub addr: SocketAddr,
+    /// The `server` argument as written (shown in logs: nginx shows the address).
+    pub name: String,
+    /// Default 1.
+    pub weight: u32,
+    /// Default 1; 0 disables failure accounting.
+    pub max_fails: u32,
+    /// Default 10 s.
+    pub fail_timeout_ms: u64,
+    pub backup: bool,
+    pub down: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct StreamServerConf {
+    pub place: Place,
+    pub listen: Vec<SocketAddr>,
+    /// Index into `StreamConf::upstreams`.
+    pub upstream: usize,
+    /// `proxy_connect_timeout`. Default 60 s.
+    pub connect_timeout_ms: u64,
+    /// `proxy_timeout`: between two successive reads or writes. Default 10 min.
+    pub timeout_ms: u64,
+    /// `proxy_buffer_size`: each direction's buffer. Default 16 KiB.
+    pub buffer_size: usize,
 }

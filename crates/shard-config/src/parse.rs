@@ -65,19 +65,28 @@ enum Ctx {
     Server,
     Location,
     Types,
+    Stream,
+    StreamServer,
+    Upstream,
 }
 
-const M: u8 = 1;
-const E: u8 = 2;
-const H: u8 = 4;
-const S: u8 = 8;
-const L: u8 = 16;
-const T: u8 = 32;
-const ANY: u8 = M | E | H | S | L | T;
+const M: u16 = 1;
+const E: u16 = 2;
+const H: u16 = 4;
+const S: u16 = 8;
+const L: u16 = 16;
+const T: u16 = 32;
+/// `stream` (main of the stream module).
+const SM: u16 = 64;
+/// `server` inside `stream`.
+const SS: u16 = 128;
+/// `upstream` inside `stream`.
+const U: u16 = 256;
+const ANY: u16 = M | E | H | S | L | T | SM | SS | U;
 const MANY: usize = usize::MAX;
 
 impl Ctx {
-    fn bit(self) -> u8 {
+    fn bit(self) -> u16 {
         match self {
             Ctx::Main => M,
             Ctx::Events => E,
@@ -85,19 +94,22 @@ impl Ctx {
             Ctx::Server => S,
             Ctx::Location => L,
             Ctx::Types => T,
+            Ctx::Stream => SM,
+            Ctx::StreamServer => SS,
+            Ctx::Upstream => U,
         }
     }
 }
 
 struct Spec {
     name: &'static str,
-    ctx: u8,
+    ctx: u16,
     min: usize,
     max: usize,
     block: bool,
 }
 
-const fn d(name: &'static str, ctx: u8, min: usize, max: usize) -> Spec {
+const fn d(name: &'static str, ctx: u16, min: usize, max: usize) -> Spec {
     Spec {
         name,
         ctx,
@@ -107,7 +119,7 @@ const fn d(name: &'static str, ctx: u8, min: usize, max: usize) -> Spec {
     }
 }
 
-const fn b(name: &'static str, ctx: u8, min: usize, max: usize) -> Spec {
+const fn b(name: &'static str, ctx: u16, min: usize, max: usize) -> Spec {
     Spec {
         name,
         ctx,
@@ -117,7 +129,7 @@ const fn b(name: &'static str, ctx: u8, min: usize, max: usize) -> Spec {
     }
 }
 
-const HSL: u8 = H | S | L;
+const HSL: u16 = H | S | L;
 
 static TABLE: &[Spec] = &[
     d("include", ANY, 1, 1),
@@ -130,6 +142,7 @@ static TABLE: &[Spec] = &[
     d("user", M, 1, 2),
     b("events", M, 0, 0),
     b("http", M, 0, 0),
+    b("stream", M, 0, 0),
     // events
     d("worker_connections", E, 1, 1),
     d("accept_mutex", E, 1, 1),
@@ -137,8 +150,8 @@ static TABLE: &[Spec] = &[
     d("multi_accept", E, 1, 1),
     d("use", E, 1, 1),
     // http
-    b("server", H, 0, 0),
-    d("listen", S, 1, MANY),
+    b("server", H | SM, 0, 0),
+    d("listen", S | SS, 1, MANY),
     d("server_name", S, 1, MANY),
     b("location", S | L, 1, 2),
     d("return", S | L, 1, 2),
@@ -166,6 +179,13 @@ static TABLE: &[Spec] = &[
     d("gzip_min_length", HSL, 1, 1),
     d("gzip_vary", HSL, 1, 1),
     d("gzip_http_version", HSL, 1, 1),
+    // stream
+    b("upstream", SM, 1, 1),
+    d("server", U, 1, MANY),
+    d("proxy_pass", SS, 1, 1),
+    d("proxy_connect_timeout", SM | SS, 1, 1),
+    d("proxy_timeout", SM | SS, 1, 1),
+    d("proxy_buffer_size", SM | SS, 1, 1),
 ];
 
 /// How deep `include` may nest (guards against a file including itself).
@@ -392,6 +412,31 @@ struct State {
     main: MainP,
     events: Option<EventsP>,
     http: Option<HttpP>,
+    stream: Option<StreamP>,
+}
+
+/// The `proxy_*` settings of the stream module, merged stream -> server.
+#[derive(Default, Clone)]
+struct StreamSettings {
+    connect_timeout_ms: Option<u64>,
+    timeout_ms: Option<u64>,
+    buffer_size: Option<usize>,
+}
+
+struct StreamServerP {
+    place: Place,
+    listen: Vec<SocketAddr>,
+    /// The `proxy_pass` argument and where it was written.
+    pass: Option<(String, Place)>,
+    settings: StreamSettings,
+}
+
+#[derive(Default)]
+struct StreamP {
+    settings: StreamSettings,
+    upstreams: Vec<UpstreamConf>,
+    servers: Vec<StreamServerP>,
+    listeners: Vec<ListenerP>,
 }
 
 /// One parsed `listen`.
@@ -468,9 +513,13 @@ impl Env {
                 f(d, file)?;
                 continue;
             }
-            let Some(spec) = TABLE.iter().find(|s| s.name == d.name) else {
+            // A name may have several entries (`server` is a block in `http` and `stream`, a
+            // simple directive in `upstream`): the one valid here wins.
+            let mut named = TABLE.iter().filter(|s| s.name == d.name).peekable();
+            let Some(&first) = named.peek() else {
                 return Err(derr(d, file, format!("unknown directive \"{}\"", d.name)));
             };
+            let spec = named.find(|s| s.ctx & ctx.bit() != 0).unwrap_or(first);
             if spec.ctx & ctx.bit() == 0 {
                 return Err(derr(
                     d,
@@ -651,6 +700,17 @@ impl Env {
                     self.http_dir(&mut h, d, f)
                 })?;
                 st.http = Some(h);
+            }
+            "stream" => {
+                if st.stream.is_some() {
+                    return Err(dup(d, file));
+                }
+                let mut sp = StreamP::default();
+                let items = d.block.as_deref().unwrap_or_default();
+                self.walk(items, file, Ctx::Stream, &mut |d, f| {
+                    self.stream_dir(&mut sp, d, f)
+                })?;
+                st.stream = Some(sp);
             }
             other => unreachable!("main directive {other}"),
         }
@@ -950,6 +1010,92 @@ impl Env {
     }
 
     // -----------------------------------------------------------------------------------
+    // stream / upstream / server (stream)
+
+    fn stream_dir(&self, sp: &mut StreamP, d: &Directive, file: &str) -> Result<(), ConfigError> {
+        match d.name.as_str() {
+            "upstream" => {
+                let name = d.args[0].clone();
+                if sp.upstreams.iter().any(|u| u.name == name) {
+                    return Err(derr(d, file, format!("duplicate upstream \"{name}\"")));
+                }
+                let mut peers = Vec::new();
+                let items = d.block.as_deref().unwrap_or_default();
+                self.walk(items, file, Ctx::Upstream, &mut |d, f| {
+                    peers.extend(parse_upstream_server(d, f)?);
+                    Ok(())
+                })?;
+                if peers.is_empty() {
+                    return Err(derr(d, file, "no servers are inside upstream"));
+                }
+                sp.upstreams.push(UpstreamConf {
+                    name,
+                    place: place(d, file),
+                    peers,
+                });
+            }
+            "server" => {
+                let idx = sp.servers.len();
+                let mut s = StreamServerP {
+                    place: place(d, file),
+                    listen: Vec::new(),
+                    pass: None,
+                    settings: StreamSettings::default(),
+                };
+                let items = d.block.as_deref().unwrap_or_default();
+                let listeners = &mut sp.listeners;
+                self.walk(
+                    items,
+                    file,
+                    Ctx::StreamServer,
+                    &mut |d, f| match d.name.as_str() {
+                        "listen" => {
+                            let spec = parse_listen(d, f)?;
+                            if spec.default_server {
+                                return Err(derr(d, f, "invalid parameter \"default_server\""));
+                            }
+                            if listeners.iter().any(|l| l.addr == spec.addr) {
+                                return Err(derr(
+                                    d,
+                                    f,
+                                    format!("a duplicate listen {}", spec.addr),
+                                ));
+                            }
+                            listeners.push(ListenerP {
+                                addr: spec.addr,
+                                opts: spec.opts.clone(),
+                                opts_place: spec.opts_set.then(|| place(d, f)),
+                                first_place: place(d, f),
+                                servers: vec![idx],
+                                default_server: None,
+                            });
+                            s.listen.push(spec.addr);
+                            Ok(())
+                        }
+                        "proxy_pass" => {
+                            if s.pass.is_some() {
+                                return Err(dup(d, f));
+                            }
+                            s.pass = Some((d.args[0].clone(), place(d, f)));
+                            Ok(())
+                        }
+                        _ => stream_settings_dir(&mut s.settings, d, f),
+                    },
+                )?;
+                if s.listen.is_empty() {
+                    return Err(derr(d, file, "no \"listen\" is defined for server"));
+                }
+                if s.pass.is_none() {
+                    return Err(derr(d, file, "no handler for server"));
+                }
+                sp.servers.push(s);
+            }
+            _ => return stream_settings_dir(&mut sp.settings, d, file),
+        }
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------
     // The final, merged configuration.
 
     fn finish(&self, st: State) -> Result<Config, ConfigError> {
@@ -992,6 +1138,7 @@ impl Env {
                 .into_iter()
                 .map(|l| Listener {
                     addr: l.addr,
+                    kind: ListenerKind::Http,
                     default_server: l.default_server.unwrap_or(l.servers[0]),
                     servers: l.servers,
                     opts: l.opts,
@@ -1000,11 +1147,16 @@ impl Env {
                 .collect();
             HttpConf { servers }
         });
+        let stream = match st.stream {
+            Some(sp) => Some(finish_stream(sp, &mut listeners)?),
+            None => None,
+        };
         Ok(Config {
             prefix: self.prefix.clone(),
             main,
             events,
             http,
+            stream,
             listeners,
         })
     }
@@ -1463,4 +1615,203 @@ pub(crate) fn bundled_types() -> Arc<HashMap<String, String>> {
         Arc::new(map)
     })
     .clone()
+}
+
+// ---------------------------------------------------------------------------------------
+// stream
+
+fn stream_settings_dir(
+    s: &mut StreamSettings,
+    d: &Directive,
+    file: &str,
+) -> Result<(), ConfigError> {
+    let v = &d.args[0];
+    match d.name.as_str() {
+        "proxy_connect_timeout" => {
+            if s.connect_timeout_ms.is_some() {
+                return Err(dup(d, file));
+            }
+            s.connect_timeout_ms = Some(time(d, file, v)?);
+        }
+        "proxy_timeout" => {
+            if s.timeout_ms.is_some() {
+                return Err(dup(d, file));
+            }
+            s.timeout_ms = Some(time(d, file, v)?);
+        }
+        "proxy_buffer_size" => {
+            if s.buffer_size.is_some() {
+                return Err(dup(d, file));
+            }
+            let n = size(d, file, v)?;
+            if n == 0 || n > (1 << 30) {
+                return Err(invalid(d, file, v));
+            }
+            s.buffer_size = Some(n as usize);
+        }
+        other => unreachable!("stream directive {other}"),
+    }
+    Ok(())
+}
+
+/// Resolves an upstream address `HOST:PORT` / `[V6]:PORT` (at configuration time, as nginx).
+/// `at` builds the error (nginx words these `... in upstream "ADDR"`).
+fn resolve_upstream(a: &str) -> Result<Vec<SocketAddr>, String> {
+    if a.starts_with("unix:") {
+        return Err(format!(
+            "unix domain sockets are not supported in upstream \"{a}\""
+        ));
+    }
+    let (host, port) = if let Some(rest) = a.strip_prefix('[') {
+        let Some(end) = rest.find(']') else {
+            return Err(format!("invalid IPv6 address in upstream \"{a}\""));
+        };
+        match rest[end + 1..].strip_prefix(':') {
+            Some(p) => (&rest[..end], p),
+            None if rest[end + 1..].is_empty() => {
+                return Err(format!("no port in upstream \"{a}\""))
+            }
+            None => return Err(format!("invalid port in upstream \"{a}\"")),
+        }
+    } else {
+        match a.rsplit_once(':') {
+            Some((h, p)) => (h, p),
+            None => return Err(format!("no port in upstream \"{a}\"")),
+        }
+    };
+    let port = match port.parse::<u16>() {
+        Ok(n) if n > 0 && is_digits(port) => n,
+        _ => return Err(format!("invalid port in upstream \"{a}\"")),
+    };
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let not_found = || format!("host not found in upstream \"{a}\"");
+    if host.is_empty() || host.contains(['/', ' ']) {
+        return Err(not_found());
+    }
+    use std::net::ToSocketAddrs;
+    let mut v: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|_| not_found())?
+        .collect();
+    v.dedup();
+    if v.is_empty() {
+        return Err(not_found());
+    }
+    Ok(v)
+}
+
+/// `server ADDR [weight=N] [max_fails=N] [fail_timeout=T] [backup] [down];` in `upstream`.
+fn parse_upstream_server(d: &Directive, file: &str) -> Result<Vec<PeerConf>, ConfigError> {
+    let name = d.args[0].clone();
+    let addrs = resolve_upstream(&name).map_err(|m| derr(d, file, m))?;
+    let mut weight = 1u32;
+    let mut max_fails = 1u32;
+    let mut fail_timeout_ms = 10_000u64;
+    let mut backup = false;
+    let mut down = false;
+    for p in &d.args[1..] {
+        let bad = || derr(d, file, format!("invalid parameter \"{p}\""));
+        match p.split_once('=') {
+            Some(("weight", v)) => {
+                weight = v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| *n > 0 && is_digits(v))
+                    .ok_or_else(bad)?;
+            }
+            Some(("max_fails", v)) => {
+                max_fails = v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|_| is_digits(v))
+                    .ok_or_else(bad)?;
+            }
+            Some(("fail_timeout", v)) => fail_timeout_ms = parse_time_ms(v).ok_or_else(bad)?,
+            None if p == "backup" => backup = true,
+            None if p == "down" => down = true,
+            _ => return Err(bad()),
+        }
+    }
+    Ok(addrs
+        .into_iter()
+        .map(|addr| PeerConf {
+            addr,
+            name: if addr.to_string() == name {
+                name.clone()
+            } else {
+                addr.to_string()
+            },
+            weight,
+            max_fails,
+            fail_timeout_ms,
+            backup,
+            down,
+        })
+        .collect())
+}
+
+/// Merges the stream block, resolves `proxy_pass` and appends the stream listeners to the
+/// http ones (an address may serve one kind only).
+fn finish_stream(sp: StreamP, listeners: &mut Vec<Listener>) -> Result<StreamConf, ConfigError> {
+    let mut upstreams = sp.upstreams;
+    let mut servers = Vec::with_capacity(sp.servers.len());
+    for s in sp.servers {
+        let (target, at) = s.pass.expect("checked when the server was parsed");
+        let upstream = match upstreams.iter().position(|u| u.name == target) {
+            Some(i) => i,
+            None => {
+                let addrs = resolve_upstream(&target).map_err(|m| err(&at.file, at.line, m))?;
+                upstreams.push(UpstreamConf {
+                    name: target.clone(),
+                    place: at.clone(),
+                    peers: addrs
+                        .into_iter()
+                        .map(|addr| PeerConf {
+                            addr,
+                            name: addr.to_string(),
+                            weight: 1,
+                            max_fails: 1,
+                            fail_timeout_ms: 10_000,
+                            backup: false,
+                            down: false,
+                        })
+                        .collect(),
+                });
+                upstreams.len() - 1
+            }
+        };
+        let get = |f: fn(&StreamSettings) -> Option<u64>, dflt: u64| {
+            f(&s.settings).or(f(&sp.settings)).unwrap_or(dflt)
+        };
+        servers.push(StreamServerConf {
+            place: s.place,
+            listen: s.listen,
+            upstream,
+            connect_timeout_ms: get(|x| x.connect_timeout_ms, 60_000),
+            timeout_ms: get(|x| x.timeout_ms, 600_000),
+            buffer_size: get(|x| x.buffer_size.map(|n| n as u64), 16 * 1024) as usize,
+        });
+    }
+    for l in sp.listeners {
+        if listeners.iter().any(|h| h.addr == l.addr) {
+            return Err(err(
+                &l.first_place.file,
+                l.first_place.line,
+                format!("a duplicate listen {} (already used by http)", l.addr),
+            ));
+        }
+        listeners.push(Listener {
+            addr: l.addr,
+            opts: l.opts,
+            kind: ListenerKind::Stream {
+                server: l.servers[0],
+            },
+            servers: Vec::new(),
+            default_server: 0,
+            place: l.opts_place.unwrap_or(l.first_place),
+        });
+    }
+    Ok(StreamConf { upstreams, servers })
 }

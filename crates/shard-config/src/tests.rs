@@ -948,3 +948,219 @@ fn gzip_errors() {
         r#""gzip" directive is not allowed here in t.conf:1"#
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// stream.
+
+fn stream(body: &str) -> Config {
+    parse(&format!("{EV}stream {{\n{body}\n}}\n"))
+}
+
+fn stream_error(body: &str) -> String {
+    error(&format!("{EV}stream {{\n{body}\n}}\n"))
+}
+
+#[test]
+fn stream_upstreams_servers_and_defaults() {
+    let c = stream(
+        "upstream be {\n\
+         server 10.0.0.1:5432 weight=3 max_fails=2 fail_timeout=5s;\n\
+         server [::1]:5433 backup;\n\
+         server 10.0.0.2:5432 down;\n\
+         }\n\
+         proxy_timeout 1m;\n\
+         server { listen 127.0.0.1:9000 reuseport backlog=64 shards=2; proxy_pass be; proxy_buffer_size 4k; }\n\
+         server { listen 9001; proxy_pass 10.0.0.9:80; proxy_connect_timeout 3s; proxy_timeout 7s; }",
+    );
+    assert!(c.http.is_none());
+    let s = c.stream.as_ref().unwrap();
+    assert_eq!(s.upstreams.len(), 2);
+    let be = &s.upstreams[0];
+    assert_eq!(be.name, "be");
+    assert_eq!(be.peers.len(), 3);
+    assert_eq!(be.peers[0].addr, sa("10.0.0.1:5432"));
+    assert_eq!(
+        (
+            be.peers[0].weight,
+            be.peers[0].max_fails,
+            be.peers[0].fail_timeout_ms
+        ),
+        (3, 2, 5000)
+    );
+    assert!(!be.peers[0].backup && !be.peers[0].down);
+    assert_eq!(be.peers[1].addr, sa("[::1]:5433"));
+    assert!(be.peers[1].backup);
+    assert_eq!(
+        (
+            be.peers[1].weight,
+            be.peers[1].max_fails,
+            be.peers[1].fail_timeout_ms
+        ),
+        (1, 1, 10_000)
+    );
+    assert!(be.peers[2].down);
+    // The implicit upstream of `proxy_pass ADDR`.
+    assert_eq!(s.upstreams[1].name, "10.0.0.9:80");
+    assert_eq!(s.upstreams[1].peers[0].addr, sa("10.0.0.9:80"));
+
+    let a = &s.servers[0];
+    assert_eq!(a.upstream, 0);
+    assert_eq!(
+        (a.connect_timeout_ms, a.timeout_ms, a.buffer_size),
+        (60_000, 60_000, 4096)
+    );
+    let b = &s.servers[1];
+    assert_eq!(b.upstream, 1);
+    assert_eq!(
+        (b.connect_timeout_ms, b.timeout_ms, b.buffer_size),
+        (3000, 7000, 16 * 1024)
+    );
+
+    assert_eq!(c.listeners.len(), 2);
+    let l = &c.listeners[0];
+    assert_eq!(l.addr, sa("127.0.0.1:9000"));
+    assert_eq!(l.kind, ListenerKind::Stream { server: 0 });
+    assert!(l.opts.reuseport);
+    assert_eq!(l.opts.backlog, 64);
+    assert_eq!(l.opts.shards, Some(Shards::Count(2)));
+    assert_eq!(c.listeners[1].addr, sa("0.0.0.0:9001"));
+    assert_eq!(c.listeners[1].kind, ListenerKind::Stream { server: 1 });
+}
+
+#[test]
+fn stream_defaults_and_upstream_defined_after_use() {
+    let c =
+        stream("server { listen 9000; proxy_pass later; }\nupstream later { server 127.0.0.1:1; }");
+    let s = c.stream.unwrap();
+    assert_eq!(s.upstreams.len(), 1);
+    let srv = &s.servers[0];
+    assert_eq!(srv.upstream, 0);
+    assert_eq!(
+        (srv.connect_timeout_ms, srv.timeout_ms, srv.buffer_size),
+        (60_000, 600_000, 16 * 1024)
+    );
+    let c = stream("upstream l { server localhost:7; }\nserver { listen 9000; proxy_pass l; }");
+    let peers = &c.stream.unwrap().upstreams[0].peers;
+    assert!(
+        peers.iter().any(|p| p.addr == sa("127.0.0.1:7")),
+        "{peers:?}"
+    );
+}
+
+#[test]
+fn stream_and_http_listeners_together() {
+    let c = parse(&format!(
+        "{EV}http {{ server {{ listen 8080; }} }}\nstream {{ server {{ listen 8081; proxy_pass 127.0.0.1:1; }} }}\n"
+    ));
+    assert_eq!(c.listeners.len(), 2);
+    assert_eq!(c.listeners[0].kind, ListenerKind::Http);
+    assert_eq!(c.listeners[1].kind, ListenerKind::Stream { server: 0 });
+    assert_eq!(
+        error(&format!(
+            "{EV}http {{ server {{ listen 8080; }} }}\nstream {{\nserver {{\nlisten 8080;\nproxy_pass 127.0.0.1:1; }} }}\n"
+        )),
+        "a duplicate listen 0.0.0.0:8080 (already used by http) in t.conf:5"
+    );
+}
+
+#[test]
+fn stream_errors() {
+    assert_eq!(
+        stream_error("upstream u { server 10.0.0.1; }"),
+        r#"no port in upstream "10.0.0.1" in t.conf:3"#
+    );
+    assert_eq!(
+        stream_error("upstream u { server bad/host:80; }"),
+        r#"host not found in upstream "bad/host:80" in t.conf:3"#
+    );
+    assert_eq!(
+        stream_error("upstream u { server 10.0.0.1:0; }"),
+        r#"invalid port in upstream "10.0.0.1:0" in t.conf:3"#
+    );
+    assert_eq!(
+        stream_error("upstream u { server 10.0.0.1:1 weight=0; }"),
+        r#"invalid parameter "weight=0" in t.conf:3"#
+    );
+    assert_eq!(
+        stream_error("upstream u { server 10.0.0.1:1 slow_start=1s; }"),
+        r#"invalid parameter "slow_start=1s" in t.conf:3"#
+    );
+    assert_eq!(
+        stream_error("upstream u { }"),
+        "no servers are inside upstream in t.conf:3"
+    );
+    assert_eq!(
+        stream_error("upstream u { server 10.0.0.1:1; }\nupstream u { server 10.0.0.1:2; }"),
+        r#"duplicate upstream "u" in t.conf:4"#
+    );
+    assert_eq!(
+        stream_error("upstream u { listen 80; }"),
+        r#""listen" directive is not allowed here in t.conf:3"#
+    );
+    assert_eq!(
+        stream_error("upstream u { least_conn; }"),
+        r#"unknown directive "least_conn" in t.conf:3"#
+    );
+    assert_eq!(
+        stream_error("server {\nlisten 9000;\nproxy_pass nowhere;\n}"),
+        r#"no port in upstream "nowhere" in t.conf:5"#
+    );
+    assert_eq!(
+        stream_error("server {\nlisten 9000;\n}"),
+        "no handler for server in t.conf:3"
+    );
+    assert_eq!(
+        stream_error("server {\nproxy_pass 127.0.0.1:1;\n}"),
+        r#"no "listen" is defined for server in t.conf:3"#
+    );
+    assert_eq!(
+        stream_error("server {\nlisten 9000 default_server;\nproxy_pass 127.0.0.1:1;\n}"),
+        r#"invalid parameter "default_server" in t.conf:4"#
+    );
+    assert_eq!(
+        stream_error(
+            "server { listen 9000; proxy_pass 127.0.0.1:1; }\nserver { listen 9000; proxy_pass 127.0.0.1:2; }"
+        ),
+        "a duplicate listen 0.0.0.0:9000 in t.conf:4"
+    );
+    assert_eq!(
+        stream_error("server { listen 9000; proxy_pass 127.0.0.1:1; proxy_pass 127.0.0.1:2; }"),
+        r#""proxy_pass" directive is duplicate in t.conf:3"#
+    );
+    assert_eq!(
+        stream_error("proxy_timeout forever;"),
+        r#"invalid value "forever" in "proxy_timeout" directive in t.conf:3"#
+    );
+    assert_eq!(
+        stream_error("proxy_buffer_size 0;"),
+        r#"invalid value "0" in "proxy_buffer_size" directive in t.conf:3"#
+    );
+    assert_eq!(
+        stream_error("proxy_pass 127.0.0.1:1;"),
+        r#""proxy_pass" directive is not allowed here in t.conf:3"#
+    );
+    assert_eq!(
+        stream_error("location / { }"),
+        r#""location" directive is not allowed here in t.conf:3"#
+    );
+    assert_eq!(
+        error(&format!(
+            "{EV}http {{\nserver {{\nlisten 80;\nproxy_pass 127.0.0.1:1;\n}}\n}}"
+        )),
+        r#""proxy_pass" directive is not allowed here in t.conf:5"#
+    );
+    assert_eq!(
+        error(&format!(
+            "{EV}http {{\nupstream u {{ server 127.0.0.1:1; }}\n}}"
+        )),
+        r#""upstream" directive is not allowed here in t.conf:3"#
+    );
+    assert_eq!(
+        error(&format!("{EV}stream {{ }}\nstream {{ }}")),
+        r#""stream" directive is duplicate in t.conf:3"#
+    );
+    assert_eq!(
+        stream_error("server { listen 9000 shards=2; proxy_pass 127.0.0.1:1; }"),
+        r#"the "shards" parameter requires "reuseport" in t.conf:3"#
+    );
+}

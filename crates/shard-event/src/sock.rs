@@ -296,3 +296,87 @@ pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     // SAFETY: as above.
     cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }).map(|_| ())
 }
+
+// ---------------------------------------------------------------------------------------
+// Outgoing connections (the stream module's upstreams).
+
+fn std_to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: an all-zero sockaddr_storage is a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            let sin = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            let sin6 = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in6) };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            sin6.sin6_flowinfo = a.flowinfo();
+            sin6.sin6_scope_id = a.scope_id();
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+/// The outcome of starting a nonblocking `connect`.
+#[derive(Debug)]
+pub enum Connect {
+    /// Connected at once (possible on loopback).
+    Done(RawFd),
+    /// `EINPROGRESS`: wait for writability, then check [`take_error`].
+    InProgress(RawFd),
+}
+
+/// A new nonblocking, close-on-exec TCP socket connecting to `addr`. On an immediate failure
+/// the socket is closed and the error returned.
+pub fn connect_nonblocking(addr: &SocketAddr) -> io::Result<Connect> {
+    let domain = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain system call without pointers.
+    let fd = cvt(unsafe {
+        libc::socket(
+            domain,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_TCP,
+        )
+    })?;
+    let (storage, len) = std_to_sockaddr(addr);
+    // SAFETY: `storage` holds a valid sockaddr of `len` bytes for the duration of the call.
+    let r = cvt(unsafe { libc::connect(fd, &storage as *const _ as *const libc::sockaddr, len) });
+    match r {
+        Ok(_) => Ok(Connect::Done(fd)),
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(Connect::InProgress(fd)),
+        Err(e) => {
+            close(fd);
+            Err(e)
+        }
+    }
+}
+
+/// `SO_ERROR`: the pending error of a socket (a finished nonblocking `connect`), cleared.
+pub fn take_error(fd: RawFd) -> io::Result<Option<io::Error>> {
+    let v = get_opt(fd, libc::SOL_SOCKET, libc::SO_ERROR)?;
+    Ok((v != 0).then(|| io::Error::from_raw_os_error(v)))
+}
+
+/// `getpeername(2)`: the connected peer (`ENOTCONN` while a `connect` is still in progress).
+pub fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: storage and len are valid for writes of the sizes given.
+    cvt(unsafe { libc::getpeername(fd, storage.as_mut_ptr() as *mut libc::sockaddr, &mut len) })?;
+    // SAFETY: zeroed, then written by the kernel.
+    let storage = unsafe { storage.assume_init() };
+    sockaddr_to_std(&storage).ok_or_else(|| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))
+}

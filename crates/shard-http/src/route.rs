@@ -163,6 +163,7 @@ pub(crate) mod tests {
             ],
         };
         let listener = Listener {
+            kind: shard_config::ListenerKind::Http,
             addr: "127.0.0.1:80".parse().unwrap(),
             opts: ListenOpts::default(),
             servers: vec![0, 1, 2, 3, 4, 5, 6],

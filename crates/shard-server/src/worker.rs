@@ -15,6 +15,7 @@
 //! - pipelined responses are gathered into one buffer and written with one `write`.
 
 mod conn;
+mod relay;
 mod respond;
 
 use std::cmp::Reverse;
@@ -31,10 +32,12 @@ use slab::Slab;
 use crate::listen::OpenListener;
 use crate::shm::{Region, WorkerSlot};
 use conn::Conn;
+use relay::{PeerState, Relay, RELAY_BASE};
 
 /// Token of the worker's signalfd.
 const SIGNAL_TOKEN: u64 = u64::MAX;
-/// Listener tokens are `LISTENER_BASE + index`; connection tokens are slab keys below it.
+/// Listener tokens are `LISTENER_BASE + index`; stream relays use `[RELAY_BASE, LISTENER_BASE)`
+/// (see `relay.rs`); HTTP connection tokens are slab keys below `RELAY_BASE`.
 const LISTENER_BASE: u64 = 1 << 48;
 /// Connections accepted per readiness report when `multi_accept` is off. Small, so that with a
 /// shared socket the next worker gets a turn, and above 1, so that under load one
@@ -91,6 +94,12 @@ pub(crate) struct Worker<'a> {
     signals: SignalFd,
     listeners: Vec<WListener>,
     conns: Slab<Conn>,
+    /// Stream relays (`relay.rs`): each counts as two connections against `conns_max`.
+    relays: Slab<Relay>,
+    /// `(deadline_ms, relay key, relay id)`, re-armed lazily as `timers`.
+    relay_timers: BinaryHeap<Reverse<(u64, usize, u64)>>,
+    /// Per upstream, per peer: failures and round-robin weights (this worker's view).
+    peer_state: Vec<Vec<PeerState>>,
     conns_max: usize,
     next_conn_id: u64,
     /// `(deadline_ms, slab key, conn id)`: at most one entry per connection; a popped entry
@@ -217,6 +226,14 @@ impl<'a> Worker<'a> {
             signals,
             listeners,
             conns: Slab::with_capacity(ev.worker_connections.min(4096)),
+            relays: Slab::new(),
+            relay_timers: BinaryHeap::new(),
+            peer_state: a.cfg.stream.as_ref().map_or(Vec::new(), |s| {
+                s.upstreams
+                    .iter()
+                    .map(|u| vec![PeerState::default(); u.peers.len()])
+                    .collect()
+            }),
             conns_max: ev.worker_connections,
             next_conn_id: 0,
             timers: BinaryHeap::new(),
@@ -282,7 +299,7 @@ impl<'a> Worker<'a> {
     fn run_loop(&mut self) {
         let mut events = Events::with_capacity(EVENTS_MAX);
         loop {
-            if self.shutting_down && self.conns.is_empty() {
+            if self.shutting_down && self.conns.is_empty() && self.relays.is_empty() {
                 crate::log!(Info, "worker {} exiting", self.idx);
                 return;
             }
@@ -300,18 +317,22 @@ impl<'a> Worker<'a> {
             if let Some(Reverse((deadline, _, _))) = self.timers.peek() {
                 timeout = timeout.min(deadline.saturating_sub(self.now_ms));
             }
+            if let Some(Reverse((deadline, _, _))) = self.relay_timers.peek() {
+                timeout = timeout.min(deadline.saturating_sub(self.now_ms));
+            }
             if let Some(deadline) = self.shutdown_deadline_ms {
                 if self.now_ms >= deadline {
                     crate::log!(
                         Notice,
                         "worker {}: worker_shutdown_timeout expired, closing {} connections",
                         self.idx,
-                        self.conns.len()
+                        self.conns.len() + self.relays.len()
                     );
                     let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
                     for k in keys {
                         self.close(k);
                     }
+                    self.close_all_relays();
                     continue;
                 }
                 timeout = timeout.min(deadline - self.now_ms);
@@ -344,11 +365,14 @@ impl<'a> Worker<'a> {
                 let ev = events.get(i);
                 if ev.token == SIGNAL_TOKEN {
                     self.on_signals();
-                } else if ev.token < LISTENER_BASE {
+                } else if ev.token >= RELAY_BASE && ev.token < LISTENER_BASE {
+                    self.on_relay_event(ev.token, ev);
+                } else if ev.token < RELAY_BASE {
                     self.on_conn_event(ev.token as usize, ev);
                 }
             }
             self.expire_timers();
+            self.expire_relay_timers();
             if self.now_ms.saturating_sub(self.last_heartbeat_ms) >= HEARTBEAT_MS {
                 self.last_heartbeat_ms = self.now_ms;
                 self.slot
@@ -416,7 +440,7 @@ impl<'a> Worker<'a> {
     fn accept_batch(&mut self, li: usize, batch: usize) {
         let fd = self.listeners[li].fd;
         for _ in 0..batch {
-            if self.conns.len() >= self.conns_max {
+            if self.connections_used() + 1 > self.conns_max {
                 crate::log!(
                     Alert,
                     "{} worker_connections are not enough",
@@ -444,6 +468,12 @@ impl<'a> Worker<'a> {
             let l = &mut self.listeners[li];
             l.accepts += 1;
             let conf_idx = l.conf_idx;
+            let conf_l = &self.cfg.listeners[conf_idx];
+            if let shard_config::ListenerKind::Stream { server } = conf_l.kind {
+                let listen = conf_l.addr;
+                self.start_relay(cfd, peer, listen, server);
+                continue;
+            }
             let id = self.next_conn_id;
             self.next_conn_id += 1;
             let key = self.conns.insert(Conn::new(cfd, peer, conf_idx, id));
@@ -460,7 +490,7 @@ impl<'a> Worker<'a> {
         }
         if self.accept_mutex {
             // nginx: ngx_accept_disabled = connection_n / 8 - free_connection_n.
-            let free = self.conns_max as i64 - self.conns.len() as i64;
+            let free = self.conns_max as i64 - self.connections_used() as i64;
             self.accept_disabled = self.conns_max as i64 / 8 - free;
         }
         let l = &mut self.listeners[li];

@@ -1,0 +1,575 @@
+//! The `stream` module's TCP relay: one accepted client, one upstream, bytes both ways.
+//!
+//! This module owns, per relay: choosing an upstream peer (smooth weighted round robin as
+//! nginx's, `down` skipped, `backup` only when no primary is left, a peer that failed
+//! `max_fails` times within `fail_timeout` skipped for `fail_timeout`; the failure state is
+//! per worker), the nonblocking `connect` with `proxy_connect_timeout` and the move to the next
+//! peer, then the relay itself: two bounded buffers of `proxy_buffer_size` (client → upstream
+//! and upstream → client) with backpressure (a side is not read while its buffer to the other
+//! side is full), half-close (end of stream on one side becomes `shutdown(SHUT_WR)` on the
+//! other once its buffer is flushed) and `proxy_timeout` between successive reads or writes.
+//! A relay closes when both directions are done, on an error, or on a timeout.
+//!
+//! Both descriptors sit in the worker's epoll, registered once, edge-triggered, with the token
+//! `RELAY_BASE + key * 2 + side` (side 0: client, 1: upstream), a range apart from HTTP
+//! connections and listeners. A relay counts as one connection in `accepted`/`handled`/`active`
+//! (as nginx counts the client connection) and as two against `worker_connections` (the client
+//! and the upstream socket, as nginx spends two connection structures).
+
+use std::cmp::Reverse;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+
+use shard_config::StreamServerConf;
+use shard_event::sock::Connect;
+
+use super::Worker;
+use crate::shm::WorkerSlot;
+
+/// First relay token; relay tokens stay below the listener tokens.
+pub(super) const RELAY_BASE: u64 = 1 << 47;
+
+const CLIENT: u64 = 0;
+const UPSTREAM: u64 = 1;
+
+/// Per-worker failure accounting and round-robin weight of one upstream peer.
+#[derive(Default, Clone)]
+pub(super) struct PeerState {
+    current: i64,
+    fails: u32,
+    last_fail_ms: u64,
+}
+
+struct Side {
+    fd: RawFd,
+    readable: bool,
+    writable: bool,
+    /// End of stream read from this side.
+    eof: bool,
+    /// We sent FIN to this side (`shutdown(SHUT_WR)`).
+    shut: bool,
+}
+
+impl Side {
+    fn new(fd: RawFd) -> Side {
+        Side {
+            fd,
+            readable: true,
+            writable: true,
+            eof: false,
+            shut: false,
+        }
+    }
+}
+
+/// A bounded byte queue: `buf[start..end]` waits to be written.
+struct Pipe {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl Pipe {
+    fn new(size: usize) -> Pipe {
+        Pipe {
+            buf: vec![0u8; size].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+    /// Room to read into, compacting first when the tail is full.
+    fn make_room(&mut self) -> bool {
+        if self.end < self.buf.len() {
+            return true;
+        }
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            return true;
+        }
+        false
+    }
+}
+
+pub(super) struct Relay {
+    pub(super) id: u64,
+    client: Side,
+    /// `fd == -1` while no upstream socket exists.
+    upstream: Side,
+    /// Client to upstream, and upstream to client; allocated once connected.
+    up: Option<Pipe>,
+    down: Option<Pipe>,
+    peer: Option<SocketAddr>,
+    /// Index into `StreamConf::servers`.
+    server: usize,
+    /// The listening address (nginx's `server:` in log lines).
+    listen: SocketAddr,
+    /// While connecting: which peers this relay already tried, and the one in progress.
+    tried: Vec<bool>,
+    current_peer: Option<usize>,
+    connecting: bool,
+    pub(super) deadline_ms: u64,
+    /// The earliest deadline queued in the timer heap for this relay.
+    timer_at: u64,
+}
+
+impl Worker<'_> {
+    fn stream_server(&self, server: usize) -> &StreamServerConf {
+        &self
+            .cfg
+            .stream
+            .as_ref()
+            .expect("stream listener without stream")
+            .servers[server]
+    }
+
+    /// Connections counted against `worker_connections`: a relay is two.
+    pub(super) fn connections_used(&self) -> usize {
+        self.conns.len() + 2 * self.relays.len()
+    }
+
+    /// Takes an accepted client of the stream server `server` (already counted as accepted,
+    /// handled and active) and starts connecting to its upstream.
+    pub(super) fn start_relay(
+        &mut self,
+        fd: RawFd,
+        peer: Option<SocketAddr>,
+        listen: SocketAddr,
+        server: usize,
+    ) {
+        let id = self.next_conn_id;
+        self.next_conn_id += 1;
+        let n_peers = self
+            .cfg
+            .stream
+            .as_ref()
+            .map_or(0, |s| s.upstreams[s.servers[server].upstream].peers.len());
+        let key = self.relays.insert(Relay {
+            id,
+            client: Side::new(fd),
+            upstream: Side::new(-1),
+            up: None,
+            down: None,
+            peer,
+            server,
+            listen,
+            tried: vec![false; n_peers],
+            current_peer: None,
+            connecting: true,
+            deadline_ms: u64::MAX,
+            timer_at: u64::MAX,
+        });
+        if let Err(e) = self.poll.add(fd, token(key, CLIENT), relay_interest()) {
+            crate::log!(
+                Alert,
+                "epoll_ctl(ADD) failed ({})",
+                shard_event::os_error_text(&e)
+            );
+            self.close_relay(key);
+            return;
+        }
+        self.connect_next(key);
+    }
+
+    fn set_relay_deadline(&mut self, key: usize, deadline: u64) {
+        let r = &mut self.relays[key];
+        r.deadline_ms = deadline;
+        if deadline < r.timer_at {
+            r.timer_at = deadline;
+            self.relay_timers.push(Reverse((deadline, key, r.id)));
+        }
+    }
+
+    /// Smooth weighted round robin over the peers not yet tried by this relay, primaries
+    /// first, then backups.
+    fn pick_peer(&mut self, upstream: usize, tried: &[bool]) -> Option<usize> {
+        let now = self.now_ms;
+        let peers = &self.cfg.stream.as_ref()?.upstreams[upstream].peers;
+        let state = &mut self.peer_state[upstream];
+        // As nginx: a lone peer is always tried (max_fails does not apply to it).
+        let single = peers.len() == 1;
+        for backup in [false, true] {
+            let mut total = 0i64;
+            let mut best: Option<usize> = None;
+            for (i, p) in peers.iter().enumerate() {
+                if p.backup != backup || p.down || tried.get(i).copied().unwrap_or(true) {
+                    continue;
+                }
+                let st = &mut state[i];
+                if !single
+                    && p.max_fails > 0
+                    && st.fails >= p.max_fails
+                    && now.saturating_sub(st.last_fail_ms) < p.fail_timeout_ms
+                {
+                    continue;
+                }
+                st.current += p.weight as i64;
+                total += p.weight as i64;
+                let cur = st.current;
+                if best.is_none_or(|b| cur > state[b].current) {
+                    best = Some(i);
+                }
+            }
+            if let Some(b) = best {
+                state[b].current -= total;
+                return Some(b);
+            }
+        }
+        None
+    }
+
+    fn peer_failed(&mut self, upstream: usize, peer: usize) {
+        let now = self.now_ms;
+        let Some(p) = self
+            .cfg
+            .stream
+            .as_ref()
+            .map(|s| &s.upstreams[upstream].peers[peer])
+        else {
+            return;
+        };
+        let st = &mut self.peer_state[upstream][peer];
+        // Failures count within `fail_timeout` of the previous one.
+        if now.saturating_sub(st.last_fail_ms) >= p.fail_timeout_ms {
+            st.fails = 0;
+        }
+        st.fails += 1;
+        st.last_fail_ms = now;
+    }
+
+    fn log_upstream_error(&self, key: usize, what: &str) {
+        let r = &self.relays[key];
+        let s = self.stream_server(r.server);
+        let up = &self.cfg.stream.as_ref().expect("stream").upstreams[s.upstream];
+        let addr = r
+            .current_peer
+            .map_or(String::new(), |p| up.peers[p].addr.to_string());
+        crate::log!(
+            Info,
+            "{what} while connecting to upstream, client: {}, server: {}, upstream: \"{addr}\"",
+            r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
+            r.listen
+        );
+    }
+
+    /// Drops the failed upstream socket (if any) and connects to the next peer; closes the
+    /// relay when no peer is left.
+    fn connect_next(&mut self, key: usize) {
+        let server = self.relays[key].server;
+        let (upstream, connect_timeout) = {
+            let s = self.stream_server(server);
+            (s.upstream, s.connect_timeout_ms)
+        };
+        loop {
+            let r = &mut self.relays[key];
+            if r.upstream.fd >= 0 {
+                shard_event::sock::close(r.upstream.fd);
+                r.upstream = Side::new(-1);
+            }
+            let first = r.current_peer.is_none();
+            let tried = std::mem::take(&mut r.tried);
+            let pick = self.pick_peer(upstream, &tried);
+            let r = &mut self.relays[key];
+            r.tried = tried;
+            let Some(p) = pick else {
+                // As nginx: with every peer failed, mark them all live again for quick
+                // recovery; this connection is closed all the same.
+                for st in &mut self.peer_state[upstream] {
+                    st.fails = 0;
+                }
+                let r = &self.relays[key];
+                if first {
+                    crate::log!(
+                        Error,
+                        "no live upstreams while connecting to upstream, client: {}, server: {}",
+                        r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
+                        r.listen
+                    );
+                }
+                self.close_relay(key);
+                return;
+            };
+            r.tried[p] = true;
+            r.current_peer = Some(p);
+            let addr = self.cfg.stream.as_ref().expect("stream").upstreams[upstream].peers[p].addr;
+            let (fd, done) = match shard_event::sock::connect_nonblocking(&addr) {
+                Ok(Connect::Done(fd)) => (fd, true),
+                Ok(Connect::InProgress(fd)) => (fd, false),
+                Err(e) => {
+                    self.log_upstream_error(
+                        key,
+                        &format!("connect() failed ({})", shard_event::os_error_text(&e)),
+                    );
+                    self.peer_failed(upstream, p);
+                    continue;
+                }
+            };
+            let r = &mut self.relays[key];
+            r.upstream = Side::new(fd);
+            r.upstream.writable = done;
+            if let Err(e) = self.poll.add(fd, token(key, UPSTREAM), relay_interest()) {
+                crate::log!(
+                    Alert,
+                    "epoll_ctl(ADD) failed ({})",
+                    shard_event::os_error_text(&e)
+                );
+                self.close_relay(key);
+                return;
+            }
+            if done {
+                self.connected(key);
+            } else {
+                self.set_relay_deadline(key, self.now_ms + connect_timeout);
+            }
+            return;
+        }
+    }
+
+    /// The upstream socket reported writability while connecting: finished, failed or
+    /// spurious (an event of a previous attempt's socket).
+    fn check_connect(&mut self, key: usize) {
+        let r = &mut self.relays[key];
+        if !r.upstream.writable || r.upstream.fd < 0 {
+            return;
+        }
+        let fd = r.upstream.fd;
+        let failure = match shard_event::sock::take_error(fd) {
+            Ok(Some(e)) | Err(e) => Some(e),
+            Ok(None) => match shard_event::sock::peer_addr(fd) {
+                Ok(_) => None,
+                Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                    r.upstream.writable = false;
+                    return;
+                }
+                Err(e) => Some(e),
+            },
+        };
+        match failure {
+            None => self.connected(key),
+            Some(e) => {
+                self.log_upstream_error(
+                    key,
+                    &format!("connect() failed ({})", shard_event::os_error_text(&e)),
+                );
+                self.fail_current_peer(key);
+                self.connect_next(key);
+            }
+        }
+    }
+
+    fn fail_current_peer(&mut self, key: usize) {
+        let r = &self.relays[key];
+        let upstream = self.stream_server(r.server).upstream;
+        if let Some(p) = r.current_peer {
+            self.peer_failed(upstream, p);
+        }
+    }
+
+    fn connected(&mut self, key: usize) {
+        let (upstream, size, timeout) = {
+            let s = self.stream_server(self.relays[key].server);
+            (s.upstream, s.buffer_size, s.timeout_ms)
+        };
+        let r = &mut self.relays[key];
+        r.connecting = false;
+        r.up = Some(Pipe::new(size));
+        r.down = Some(Pipe::new(size));
+        if let Some(p) = r.current_peer {
+            self.peer_state[upstream][p].fails = 0;
+        }
+        self.set_relay_deadline(key, self.now_ms + timeout);
+        self.pump(key);
+    }
+
+    pub(super) fn on_relay_event(&mut self, token: u64, ev: shard_event::Event) {
+        let n = token - RELAY_BASE;
+        let key = (n / 2) as usize;
+        let Some(r) = self.relays.get_mut(key) else {
+            return;
+        };
+        let side = if n % 2 == CLIENT {
+            &mut r.client
+        } else {
+            &mut r.upstream
+        };
+        if ev.readable() {
+            side.readable = true;
+        }
+        if ev.writable() {
+            side.writable = true;
+        }
+        if r.connecting {
+            if n % 2 == UPSTREAM {
+                self.check_connect(key);
+            }
+            return;
+        }
+        self.pump(key);
+    }
+
+    /// Moves bytes both ways until both sides must wait; closes when done or failed.
+    fn pump(&mut self, key: usize) {
+        let timeout = self.stream_server(self.relays[key].server).timeout_ms;
+        let r = &mut self.relays[key];
+        let (Some(up), Some(down)) = (r.up.as_mut(), r.down.as_mut()) else {
+            return;
+        };
+        let mut moved = false;
+        let result = loop {
+            let a = move_bytes(&mut r.client, &mut r.upstream, up);
+            let b = move_bytes(&mut r.upstream, &mut r.client, down);
+            match (a, b) {
+                (Err(e), _) | (_, Err(e)) => break Err(e),
+                (Ok(false), Ok(false)) => break Ok(()),
+                _ => moved = true,
+            }
+        };
+        let done = r.upstream.shut && r.client.shut;
+        if let Err((op, e)) = result {
+            crate::log!(
+                Info,
+                "{op} failed ({}) while proxying connection, client: {}, server: {}",
+                shard_event::os_error_text(&e),
+                r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
+                r.listen
+            );
+            self.close_relay(key);
+            return;
+        }
+        if done {
+            self.close_relay(key);
+            return;
+        }
+        if moved {
+            self.set_relay_deadline(key, self.now_ms + timeout);
+        }
+    }
+
+    pub(super) fn close_relay(&mut self, key: usize) {
+        if !self.relays.contains(key) {
+            return;
+        }
+        let r = self.relays.remove(key);
+        // close() removes the descriptors from epoll.
+        shard_event::sock::close(r.client.fd);
+        if r.upstream.fd >= 0 {
+            shard_event::sock::close(r.upstream.fd);
+        }
+        WorkerSlot::drop_one(&self.slot.active);
+    }
+
+    fn on_relay_timeout(&mut self, key: usize) {
+        let r = &self.relays[key];
+        if r.connecting {
+            self.log_upstream_error(key, "upstream timed out (110: Connection timed out)");
+            self.fail_current_peer(key);
+            self.connect_next(key);
+        } else {
+            crate::log!(
+                Info,
+                "timed out (110: Connection timed out) while proxying connection, client: {}, server: {}",
+                r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
+                r.listen
+            );
+            self.close_relay(key);
+        }
+    }
+
+    pub(super) fn expire_relay_timers(&mut self) {
+        while let Some(&Reverse((deadline, key, id))) = self.relay_timers.peek() {
+            if deadline > self.now_ms {
+                break;
+            }
+            self.relay_timers.pop();
+            let Some(r) = self.relays.get_mut(key) else {
+                continue;
+            };
+            if r.id != id || deadline != r.timer_at {
+                continue;
+            }
+            if r.deadline_ms > self.now_ms {
+                r.timer_at = r.deadline_ms;
+                self.relay_timers.push(Reverse((r.deadline_ms, key, id)));
+                continue;
+            }
+            r.timer_at = u64::MAX;
+            r.deadline_ms = u64::MAX;
+            self.on_relay_timeout(key);
+        }
+    }
+
+    /// Closes every relay (`worker_shutdown_timeout` expired).
+    pub(super) fn close_all_relays(&mut self) {
+        let keys: Vec<usize> = self.relays.iter().map(|(k, _)| k).collect();
+        for k in keys {
+            self.close_relay(k);
+        }
+    }
+}
+
+fn token(key: usize, side: u64) -> u64 {
+    RELAY_BASE + key as u64 * 2 + side
+}
+
+fn relay_interest() -> shard_event::Interest {
+    shard_event::Interest::READ
+        | shard_event::Interest::WRITE
+        | shard_event::Interest::RDHUP
+        | shard_event::Interest::EDGE
+}
+
+fn would_block(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+}
+
+/// One step from `src` to `dst` through `pipe`: a read when there is room, a write when there
+/// is data, FIN to `dst` once `src` ended and `pipe` is flushed. Returns whether anything
+/// happened.
+fn move_bytes(
+    src: &mut Side,
+    dst: &mut Side,
+    pipe: &mut Pipe,
+) -> Result<bool, (&'static str, io::Error)> {
+    let mut progress = false;
+    if !src.eof && src.readable && pipe.make_room() {
+        match shard_event::sock::read(src.fd, &mut pipe.buf[pipe.end..]) {
+            Ok(0) => {
+                src.eof = true;
+                progress = true;
+            }
+            Ok(n) => {
+                pipe.end += n;
+                progress = true;
+            }
+            Err(e) if would_block(&e) => src.readable = false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => progress = true,
+            Err(e) => return Err(("recv()", e)),
+        }
+    }
+    if !pipe.is_empty() && dst.writable {
+        match shard_event::sock::write(dst.fd, &pipe.buf[pipe.start..pipe.end]) {
+            Ok(n) => {
+                pipe.start += n;
+                if pipe.is_empty() {
+                    pipe.start = 0;
+                    pipe.end = 0;
+                }
+                progress = true;
+            }
+            Err(e) if would_block(&e) => dst.writable = false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => progress = true,
+            Err(e) => return Err(("send()", e)),
+        }
+    }
+    if src.eof && pipe.is_empty() && !dst.shut {
+        shard_event::sock::shutdown_write(dst.fd);
+        dst.shut = true;
+        progress = true;
+    }
+    Ok(progress)
+}

@@ -1,0 +1,476 @@
+//! The `stream` module as a TCP client and a test upstream see it: byte-exact relaying,
+//! half-close, failover, backup and down peers, max_fails, proxy_timeout, status listing.
+//!
+//! Every upstream is a std `TcpListener` with a thread in this process; a refusing upstream is
+//! a port nothing listens on.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// An upstream on a free loopback port; `serve` runs on its own thread for each connection.
+/// Returns the port and the number of connections accepted so far.
+fn upstream(serve: fn(TcpStream)) -> (u16, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let n = Arc::new(AtomicUsize::new(0));
+    let count = n.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { continue };
+            count.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || serve(s));
+        }
+    });
+    (port, n)
+}
+
+/// Echoes until end of stream, then sends FIN.
+fn echo(mut s: TcpStream) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if s.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = s.shutdown(Shutdown::Write);
+}
+
+/// Reads to end of stream, then answers `got N` and closes.
+fn count_then_reply(mut s: TcpStream) {
+    let mut v = Vec::new();
+    let _ = s.read_to_end(&mut v);
+    let _ = s.write_all(format!("got {}", v.len()).as_bytes());
+}
+
+fn says_p(mut s: TcpStream) {
+    let _ = s.write_all(b"P");
+}
+fn says_q(mut s: TcpStream) {
+    let _ = s.write_all(b"Q");
+}
+fn says_b(mut s: TcpStream) {
+    let _ = s.write_all(b"B");
+}
+
+/// A port with nothing listening (connect() is refused).
+fn refused_port() -> u16 {
+    free_port()
+}
+
+fn local(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// The common head: an http server for `/status` on `{port}`, then `stream` as given.
+fn conf(workers: usize, stream: &str) -> String {
+    format!(
+        "worker_processes {workers};\nerror_log logs/error.log info;\n\
+         events {{ worker_connections 256; }}\n\
+         http {{ access_log off; server {{ listen 127.0.0.1:{{port}}; \
+         location = /status {{ shard_status; }} }} }}\n\
+         stream {{\n{stream}\n}}\n"
+    )
+}
+
+/// Connects, sends nothing, reads everything until end of stream.
+fn read_all(port: u16) -> String {
+    let mut s = TcpStream::connect(local(port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut v = Vec::new();
+    s.read_to_end(&mut v).unwrap();
+    String::from_utf8_lossy(&v).into_owned()
+}
+
+fn error_log(s: &Server) -> String {
+    std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap_or_default()
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn relays_8mib_both_ways_through_reuseport_shards() {
+    let (echo_port, _) = upstream(echo);
+    let sp = free_port();
+    let s = Server::start(
+        "stream-echo",
+        &conf(
+            2,
+            &format!(
+                "upstream echo {{ server 127.0.0.1:{echo_port}; }}\n\
+                 server {{ listen 127.0.0.1:{sp} reuseport backlog=128; proxy_pass echo; \
+                 proxy_buffer_size 8k; }}"
+            ),
+        ),
+        2,
+    );
+    let clients: Vec<_> = (0..3u64)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let data = pattern(8 << 20, 0x9e37_79b9 + i);
+                let mut c = TcpStream::connect(local(sp)).unwrap();
+                c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                let mut w = c.try_clone().unwrap();
+                let sent = data.clone();
+                let writer = std::thread::spawn(move || {
+                    w.write_all(&sent).unwrap();
+                    w.shutdown(Shutdown::Write).unwrap();
+                });
+                let mut got = Vec::with_capacity(data.len());
+                c.read_to_end(&mut got).unwrap();
+                writer.join().unwrap();
+                assert_eq!(got.len(), data.len());
+                assert!(got == data, "relayed bytes differ");
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    // The stream listener is one of the master's listeners: two shards in shard_status.
+    let body = get(s.addr(), "/status").body_str();
+    let needle = format!("\"address\":\"127.0.0.1:{sp}\"");
+    assert_eq!(body.matches(&needle).count(), 2, "{body}");
+    // The relays were counted, and are gone.
+    let ws = wait_for(Duration::from_secs(5), "relays to close", || {
+        let ws = s.workers();
+        (ws.iter().map(|w| w.active).sum::<u64>() <= 1).then_some(ws)
+    });
+    assert!(
+        total_accepted(&ws) >= 4,
+        "accepted: {}",
+        total_accepted(&ws)
+    );
+}
+
+#[test]
+fn half_close_reaches_upstream_and_reply_comes_back() {
+    let (up, _) = upstream(count_then_reply);
+    let sp = free_port();
+    let _s = Server::start(
+        "stream-half",
+        &conf(
+            1,
+            &format!("server {{ listen 127.0.0.1:{sp}; proxy_pass 127.0.0.1:{up}; }}"),
+        ),
+        1,
+    );
+    let mut c = TcpStream::connect(local(sp)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(&[7u8; 100_000]).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let mut v = Vec::new();
+    c.read_to_end(&mut v).unwrap();
+    assert_eq!(String::from_utf8_lossy(&v), "got 100000");
+}
+
+#[test]
+fn failover_to_the_next_upstream() {
+    let (good, n) = upstream(says_p);
+    let bad = refused_port();
+    let sp = free_port();
+    let s = Server::start(
+        "stream-failover",
+        &conf(
+            1,
+            &format!(
+                "upstream u {{ server 127.0.0.1:{bad}; server 127.0.0.1:{good}; }}\n\
+                 server {{ listen 127.0.0.1:{sp}; proxy_pass u; }}"
+            ),
+        ),
+        1,
+    );
+    for _ in 0..10 {
+        assert_eq!(read_all(sp), "P");
+    }
+    assert_eq!(n.load(Ordering::SeqCst), 10);
+    let line = format!(
+        "connect() failed (111: Connection refused) while connecting to upstream, \
+         client: 127.0.0.1, server: 127.0.0.1:{sp}, upstream: \"127.0.0.1:{bad}\""
+    );
+    wait_for(Duration::from_secs(5), "the connect() failed line", || {
+        error_log(&s).contains(&line).then_some(())
+    });
+}
+
+#[test]
+fn all_upstreams_refusing_closes_the_client() {
+    let (a, b) = (refused_port(), refused_port());
+    let sp = free_port();
+    let s = Server::start(
+        "stream-refused",
+        &conf(
+            1,
+            &format!(
+                "upstream u {{ server 127.0.0.1:{a}; server 127.0.0.1:{b}; }}\n\
+                 server {{ listen 127.0.0.1:{sp}; proxy_pass u; }}"
+            ),
+        ),
+        1,
+    );
+    let start = Instant::now();
+    let mut c = TcpStream::connect(local(sp)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 16];
+    match c.read(&mut buf) {
+        Ok(0) => {}
+        Ok(n) => panic!("unexpected {n} bytes"),
+        Err(e) => assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "hung: {e}"
+        ),
+    }
+    assert!(start.elapsed() < Duration::from_secs(5));
+    wait_for(Duration::from_secs(5), "connect() failed lines", || {
+        let log = error_log(&s);
+        (log.contains(&format!(
+            "connect() failed (111: Connection refused) while connecting to upstream, \
+             client: 127.0.0.1, server: 127.0.0.1:{sp}, upstream: \"127.0.0.1:{a}\""
+        )) && log.contains(&format!("upstream: \"127.0.0.1:{b}\"")))
+        .then_some(())
+    });
+    // The relay is gone: only the status request itself is active.
+    wait_for(Duration::from_secs(5), "the relay to close", || {
+        (s.workers().iter().map(|w| w.active).sum::<u64>() <= 1).then_some(())
+    });
+}
+
+#[test]
+fn backup_only_when_primaries_are_unavailable_and_down_is_skipped() {
+    let (p, np) = upstream(says_p);
+    let (q, nq) = upstream(says_q);
+    let (b, nb) = upstream(says_b);
+    let bad = refused_port();
+    let (s1, s2, s3) = (free_port(), free_port(), free_port());
+    let _s = Server::start(
+        "stream-backup",
+        &conf(
+            1,
+            &format!(
+                "upstream healthy {{ server 127.0.0.1:{p}; server 127.0.0.1:{b} backup; }}\n\
+                 upstream broken {{ server 127.0.0.1:{bad}; server 127.0.0.1:{b} backup; }}\n\
+                 upstream withdown {{ server 127.0.0.1:{p} down; server 127.0.0.1:{q}; \
+                 server 127.0.0.1:{b} backup; }}\n\
+                 server {{ listen 127.0.0.1:{s1}; proxy_pass healthy; }}\n\
+                 server {{ listen 127.0.0.1:{s2}; proxy_pass broken; }}\n\
+                 server {{ listen 127.0.0.1:{s3}; proxy_pass withdown; }}"
+            ),
+        ),
+        1,
+    );
+    for _ in 0..5 {
+        assert_eq!(read_all(s1), "P");
+    }
+    assert_eq!(
+        nb.load(Ordering::SeqCst),
+        0,
+        "backup used while the primary is up"
+    );
+    for _ in 0..5 {
+        assert_eq!(read_all(s2), "B");
+    }
+    assert_eq!(nb.load(Ordering::SeqCst), 5);
+    for _ in 0..5 {
+        assert_eq!(read_all(s3), "Q");
+    }
+    assert_eq!(np.load(Ordering::SeqCst), 5, "a down peer was used");
+    assert_eq!(nq.load(Ordering::SeqCst), 5);
+}
+
+#[test]
+fn max_fails_skips_a_failed_peer_for_fail_timeout() {
+    let (good, n) = upstream(says_p);
+    let (bad1, bad2) = (refused_port(), refused_port());
+    let (s1, s2) = (free_port(), free_port());
+    let s = Server::start(
+        "stream-maxfails",
+        &conf(
+            1,
+            &format!(
+                "upstream skip {{ server 127.0.0.1:{bad1} max_fails=1 fail_timeout=60s; \
+                 server 127.0.0.1:{good}; }}\n\
+                 upstream noskip {{ server 127.0.0.1:{bad2} max_fails=0; \
+                 server 127.0.0.1:{good}; }}\n\
+                 server {{ listen 127.0.0.1:{s1}; proxy_pass skip; }}\n\
+                 server {{ listen 127.0.0.1:{s2}; proxy_pass noskip; }}"
+            ),
+        ),
+        1,
+    );
+    for _ in 0..10 {
+        assert_eq!(read_all(s1), "P");
+    }
+    for _ in 0..10 {
+        assert_eq!(read_all(s2), "P");
+    }
+    assert_eq!(n.load(Ordering::SeqCst), 20);
+    let failures = |port: u16| {
+        error_log(&s)
+            .matches(&format!("upstream: \"127.0.0.1:{port}\""))
+            .count()
+    };
+    // One failure takes the peer out for 60 s; without max_fails it is tried every round.
+    assert_eq!(failures(bad1), 1, "{}", error_log(&s));
+    assert!(failures(bad2) >= 4, "{}", error_log(&s));
+}
+
+#[test]
+fn proxy_timeout_closes_an_idle_relay() {
+    let (up, _) = upstream(echo);
+    let sp = free_port();
+    let _s = Server::start(
+        "stream-timeout",
+        &conf(
+            1,
+            &format!(
+                "proxy_timeout 500ms;\n\
+                 server {{ listen 127.0.0.1:{sp}; proxy_pass 127.0.0.1:{up}; }}"
+            ),
+        ),
+        1,
+    );
+    let mut c = TcpStream::connect(local(sp)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // Activity keeps it open past one timeout.
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(250));
+        c.write_all(b"ping").unwrap();
+        let mut b = [0u8; 4];
+        c.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"ping");
+    }
+    let start = Instant::now();
+    let mut b = [0u8; 4];
+    let r = c.read(&mut b);
+    assert!(matches!(r, Ok(0)), "{r:?}");
+    let t = start.elapsed();
+    assert!(
+        t >= Duration::from_millis(300) && t < Duration::from_secs(5),
+        "{t:?}"
+    );
+}
+
+#[test]
+fn stream_only_configuration_runs() {
+    let (up, _) = upstream(says_p);
+    let sp = free_port();
+    let dir = temp_dir("stream-only");
+    std::fs::write(
+        dir.join("conf/shard.conf"),
+        format!(
+            "error_log logs/error.log info;\nevents {{ }}\n\
+             stream {{ server {{ listen 127.0.0.1:{sp}; proxy_pass 127.0.0.1:{up}; }} }}\n"
+        ),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(BIN)
+        .arg("-p")
+        .arg(&dir)
+        .arg("-c")
+        .arg("conf/shard.conf")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let got = wait_for(Duration::from_secs(10), "the stream listener", || {
+        let mut c = TcpStream::connect(local(sp)).ok()?;
+        c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        let mut v = Vec::new();
+        c.read_to_end(&mut v).ok()?;
+        (!v.is_empty()).then_some(v)
+    });
+    assert_eq!(got, b"P");
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) };
+    let st = wait_for(Duration::from_secs(10), "shard to exit", || {
+        child.try_wait().unwrap()
+    });
+    assert_eq!(st.code(), Some(0));
+}
+
+#[test]
+fn graceful_stop_lets_an_open_relay_finish() {
+    let (up, _) = upstream(echo);
+    let sp = free_port();
+    let mut s = Server::start(
+        "stream-quit",
+        &conf(
+            1,
+            &format!("server {{ listen 127.0.0.1:{sp}; proxy_pass 127.0.0.1:{up}; }}"),
+        ),
+        1,
+    );
+    let mut c = TcpStream::connect(local(sp)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"one").unwrap();
+    let mut b = [0u8; 3];
+    c.read_exact(&mut b).unwrap();
+    s.signal(libc::SIGQUIT);
+    // The worker stops accepting but keeps relaying.
+    wait_for(Duration::from_secs(5), "the graceful stop", || {
+        error_log(&s)
+            .contains("gracefully shutting down")
+            .then_some(())
+    });
+    c.write_all(b"two").unwrap();
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"two");
+    c.shutdown(Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+}
+
+#[test]
+fn a_lone_peer_is_tried_every_time() {
+    let bad = refused_port();
+    let sp = free_port();
+    let s = Server::start(
+        "stream-lone",
+        &conf(
+            1,
+            &format!("server {{ listen 127.0.0.1:{sp}; proxy_pass 127.0.0.1:{bad}; }}"),
+        ),
+        1,
+    );
+    for _ in 0..3 {
+        assert_eq!(read_all(sp), "");
+    }
+    wait_for(
+        Duration::from_secs(5),
+        "three connect() failed lines",
+        || {
+            (error_log(&s)
+                .matches(&format!("upstream: \"127.0.0.1:{bad}\""))
+                .count()
+                == 3)
+                .then_some(())
+        },
+    );
+}
