@@ -254,6 +254,140 @@ pub struct LocationConf {
     pub access_log: Option<AccessLog>,
     /// The `gzip*` directives.
     pub gzip: GzipConf,
+    /// `proxy_pass`, only on the location that names it (not inherited).
+    pub proxy_pass: Option<ProxyPass>,
+    /// The other `proxy_*` directives, inherited http -> server -> location.
+    pub proxy: ProxyConf,
+}
+
+/// `proxy_pass http://NAME|HOST:PORT[/URI]` of one location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyPass {
+    /// Index into `HttpConf::upstreams` (a named block, or the implicit upstream of a host).
+    pub upstream: usize,
+    /// The URI part, when given (`proxy_pass http://b/x/` gives `Some("/x/")`): the part of
+    /// the normalized request path that matched the location is replaced by it. `None` passes
+    /// the request target as the client sent it.
+    pub uri: Option<String>,
+    /// `$proxy_host`: the upstream name, or `host[:port]` as written (port omitted when 80).
+    pub proxy_host: String,
+    /// `$proxy_port`: the port written, 80 when none (an upstream name gives 80).
+    pub proxy_port: u16,
+}
+
+/// One variable usable in `proxy_set_header` values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Var {
+    /// `$host`: the request's host (from the request line or `Host`), else the server name.
+    Host,
+    /// `$remote_addr`, `$remote_port`.
+    RemoteAddr,
+    RemotePort,
+    /// `$server_addr`, `$server_port`, `$server_name`.
+    ServerAddr,
+    ServerPort,
+    ServerName,
+    /// `$scheme`: always `http`.
+    Scheme,
+    /// `$request_uri`: the target as received; `$uri`: the normalized path; `$args`, `$is_args`.
+    RequestUri,
+    Uri,
+    Args,
+    IsArgs,
+    RequestMethod,
+    /// `$proxy_host`, `$proxy_port` (see [`ProxyPass`]).
+    ProxyHost,
+    ProxyPort,
+    /// `$proxy_add_x_forwarded_for`: the client's `X-Forwarded-For` with `, $remote_addr`
+    /// appended, or `$remote_addr` alone.
+    ProxyAddXForwardedFor,
+    /// `$http_NAME`: the request header NAME (lowercase, `_` standing for `-`); every value of
+    /// a repeated header joined with `, `.
+    Http(String),
+}
+
+/// A `proxy_set_header` value: literal text and variables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    Lit(String),
+    Var(Var),
+}
+
+/// Which failures send a request to the next upstream peer (`proxy_next_upstream`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextUpstream {
+    pub error: bool,
+    pub timeout: bool,
+    pub invalid_header: bool,
+    /// `http_500`, `http_502`, ...: the statuses that are retried.
+    pub statuses: &'static [u16],
+    /// Retry also POST, LOCK and PATCH (`non_idempotent`).
+    pub non_idempotent: bool,
+}
+
+impl NextUpstream {
+    /// nginx's default: `error timeout`.
+    pub const DEFAULT: NextUpstream = NextUpstream {
+        error: true,
+        timeout: true,
+        invalid_header: false,
+        statuses: &[],
+        non_idempotent: false,
+    };
+    pub const OFF: NextUpstream = NextUpstream {
+        error: false,
+        timeout: false,
+        invalid_header: false,
+        statuses: &[],
+        non_idempotent: false,
+    };
+    pub fn retries_status(&self, status: u16) -> bool {
+        self.statuses.contains(&status)
+    }
+}
+
+/// The `proxy_*` settings of a location (nginx's `ngx_http_proxy_module`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyConf {
+    /// `proxy_set_header NAME VALUE`, in order, after nginx's defaults were merged in: `Host
+    /// $proxy_host` and `Connection close` unless set. An empty value removes the header.
+    /// As nginx, a level that sets any header does not inherit its parent's list.
+    pub set_headers: Vec<(String, Vec<Part>)>,
+    /// `proxy_http_version 1.0|1.1`: the minor version. Default 0, as nginx.
+    pub http_version_minor: u8,
+    /// `proxy_connect_timeout`, `proxy_read_timeout`, `proxy_send_timeout`. Default 60 s each.
+    pub connect_timeout_ms: u64,
+    pub read_timeout_ms: u64,
+    pub send_timeout_ms: u64,
+    /// `proxy_next_upstream`. Default `error timeout`.
+    pub next_upstream: NextUpstream,
+    /// `proxy_next_upstream_tries`: most peers tried per request, 0 = no limit. Default 0.
+    pub next_upstream_tries: u32,
+    /// `proxy_buffering on|off`. Default on.
+    pub buffering: bool,
+    /// `proxy_buffer_size`: the largest upstream response head, and the whole response
+    /// buffer when buffering is off. Default 4 KiB (nginx: one memory page).
+    pub buffer_size: usize,
+    /// `proxy_buffers NUMBER SIZE`: with buffering on, the response buffer holds
+    /// `buffer_size + NUMBER * SIZE` bytes. Default 8 x 4 KiB.
+    pub buffers: (usize, usize),
+}
+
+impl Default for ProxyConf {
+    fn default() -> Self {
+        ProxyConf {
+            set_headers: Vec::new(),
+            http_version_minor: 0,
+            connect_timeout_ms: 60_000,
+            read_timeout_ms: 60_000,
+            send_timeout_ms: 60_000,
+            next_upstream: NextUpstream::DEFAULT,
+            next_upstream_tries: 0,
+            buffering: true,
+            buffer_size: 4096,
+            buffers: (8, 4096),
+        }
+    }
 }
 
 /// nginx's `ngx_http_gzip_module` settings of one location.
@@ -312,6 +446,9 @@ pub struct ServerConf {
 #[derive(Debug, Clone)]
 pub struct HttpConf {
     pub servers: Vec<ServerConf>,
+    /// Named `upstream` blocks of `http`, then one implicit upstream per distinct
+    /// `proxy_pass http://HOST:PORT` (named by `HOST:PORT` as written).
+    pub upstreams: Vec<UpstreamConf>,
 }
 
 /// The `stream` block (nginx's `ngx_stream_proxy_module` subset): TCP relays.
@@ -330,6 +467,13 @@ pub struct UpstreamConf {
     pub place: Place,
     /// Primaries and backups in file order (`PeerConf::backup` tells them apart).
     pub peers: Vec<PeerConf>,
+    /// `keepalive N` (http only): idle connections to this upstream each worker keeps.
+    /// Default 0: no pool, a connection per request.
+    pub keepalive: usize,
+    /// `keepalive_timeout` (http only): how long an idle pooled connection is kept. Default 60 s.
+    pub keepalive_timeout_ms: u64,
+    /// `keepalive_requests` (http only): requests per pooled connection. Default 1000.
+    pub keepalive_requests: u64,
 }
 
 /// One address of an upstream `server` (a host name resolving to several addresses gives

@@ -366,6 +366,8 @@ impl Eff {
             tcp_nodelay: self.tcp_nodelay,
             access_log: self.access_log.clone(),
             gzip: self.gzip.clone(),
+            proxy_pass: None,
+            proxy: ProxyConf::default(),
         }
     }
 }
@@ -1032,6 +1034,9 @@ impl Env {
                     name,
                     place: place(d, file),
                     peers,
+                    keepalive: 0,
+                    keepalive_timeout_ms: 60_000,
+                    keepalive_requests: 1000,
                 });
             }
             "server" => {
@@ -1145,7 +1150,10 @@ impl Env {
                     place: l.opts_place.unwrap_or(l.first_place),
                 })
                 .collect();
-            HttpConf { servers }
+            HttpConf {
+                servers,
+                upstreams: Vec::new(),
+            }
         });
         let stream = match st.stream {
             Some(sp) => Some(finish_stream(sp, &mut listeners)?),
@@ -1778,6 +1786,9 @@ fn finish_stream(sp: StreamP, listeners: &mut Vec<Listener>) -> Result<StreamCon
                             down: false,
                         })
                         .collect(),
+                    keepalive: 0,
+                    keepalive_timeout_ms: 60_000,
+                    keepalive_requests: 1000,
                 });
                 upstreams.len() - 1
             }

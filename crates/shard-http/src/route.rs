@@ -129,6 +129,8 @@ pub(crate) mod tests {
             tcp_nodelay: true,
             access_log: None,
             gzip: Default::default(),
+            proxy_pass: None,
+            proxy: Default::default(),
         }
     }
 
@@ -161,6 +163,7 @@ pub(crate) mod tests {
                 server(vec![Exact("".into())], vec![]),
                 server(vec![Exact("elsewhere.test".into())], vec![]),
             ],
+            upstreams: vec![],
         };
         let listener = Listener {
             kind: shard_config::ListenerKind::Http,
