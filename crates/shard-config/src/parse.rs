@@ -68,6 +68,7 @@ enum Ctx {
     Stream,
     StreamServer,
     Upstream,
+    HttpUpstream,
 }
 
 const M: u16 = 1;
@@ -82,7 +83,9 @@ const SM: u16 = 64;
 const SS: u16 = 128;
 /// `upstream` inside `stream`.
 const U: u16 = 256;
-const ANY: u16 = M | E | H | S | L | T | SM | SS | U;
+/// `upstream` inside `http`.
+const HU: u16 = 512;
+const ANY: u16 = M | E | H | S | L | T | SM | SS | U | HU;
 const MANY: usize = usize::MAX;
 
 impl Ctx {
@@ -97,6 +100,7 @@ impl Ctx {
             Ctx::Stream => SM,
             Ctx::StreamServer => SS,
             Ctx::Upstream => U,
+            Ctx::HttpUpstream => HU,
         }
     }
 }
@@ -179,13 +183,28 @@ static TABLE: &[Spec] = &[
     d("gzip_min_length", HSL, 1, 1),
     d("gzip_vary", HSL, 1, 1),
     d("gzip_http_version", HSL, 1, 1),
-    // stream
-    b("upstream", SM, 1, 1),
-    d("server", U, 1, MANY),
-    d("proxy_pass", SS, 1, 1),
-    d("proxy_connect_timeout", SM | SS, 1, 1),
+    // upstream (stream and http); `keepalive*` exist in http upstreams only, as nginx. The
+    // http-only entries come after the http/server/location ones of the same name, so a
+    // stream upstream reports them as not allowed there.
+    b("upstream", SM | H, 1, 1),
+    d("server", U | HU, 1, MANY),
+    d("keepalive", HU, 1, 1),
+    d("keepalive_timeout", HU, 1, 1),
+    d("keepalive_requests", HU, 1, 1),
+    // proxy (stream: server; http: location)
+    d("proxy_pass", SS | L, 1, 1),
+    d("proxy_connect_timeout", SM | SS | HSL, 1, 1),
     d("proxy_timeout", SM | SS, 1, 1),
-    d("proxy_buffer_size", SM | SS, 1, 1),
+    d("proxy_buffer_size", SM | SS | HSL, 1, 1),
+    // http proxy
+    d("proxy_set_header", HSL, 2, 2),
+    d("proxy_http_version", HSL, 1, 1),
+    d("proxy_read_timeout", HSL, 1, 1),
+    d("proxy_send_timeout", HSL, 1, 1),
+    d("proxy_next_upstream", HSL, 1, MANY),
+    d("proxy_next_upstream_tries", HSL, 1, 1),
+    d("proxy_buffering", HSL, 1, 1),
+    d("proxy_buffers", HSL, 2, 2),
 ];
 
 /// How deep `include` may nest (guards against a file including itself).
@@ -239,6 +258,7 @@ struct Settings {
     client_header_buffer_size: Option<usize>,
     large_client_header_buffers: Option<(usize, usize)>,
     gzip: GzipP,
+    proxy: ProxyP,
 }
 
 /// The `gzip*` directives of one block. `types` is (types, `*` given).
@@ -270,6 +290,64 @@ impl GzipP {
     }
 }
 
+/// The `proxy_*` directives of one http/server/location block.
+#[derive(Default, Clone)]
+struct ProxyP {
+    /// Every `proxy_set_header` of this block, in order; `Some` replaces the parent's list.
+    set_headers: Option<Vec<(String, Vec<Part>)>>,
+    http_version_minor: Option<u8>,
+    connect_timeout_ms: Option<u64>,
+    read_timeout_ms: Option<u64>,
+    send_timeout_ms: Option<u64>,
+    next_upstream: Option<NextUpstream>,
+    next_upstream_tries: Option<u32>,
+    buffering: Option<bool>,
+    buffer_size: Option<usize>,
+    buffers: Option<(usize, usize)>,
+}
+
+impl ProxyP {
+    /// `parent.set_headers` is the inherited user list, without nginx's defaults (they are
+    /// added per location by [`with_default_headers`]).
+    fn merge(&self, parent: &ProxyConf) -> ProxyConf {
+        ProxyConf {
+            set_headers: self
+                .set_headers
+                .clone()
+                .unwrap_or_else(|| parent.set_headers.clone()),
+            http_version_minor: self.http_version_minor.unwrap_or(parent.http_version_minor),
+            connect_timeout_ms: self.connect_timeout_ms.unwrap_or(parent.connect_timeout_ms),
+            read_timeout_ms: self.read_timeout_ms.unwrap_or(parent.read_timeout_ms),
+            send_timeout_ms: self.send_timeout_ms.unwrap_or(parent.send_timeout_ms),
+            next_upstream: self.next_upstream.unwrap_or(parent.next_upstream),
+            next_upstream_tries: self
+                .next_upstream_tries
+                .unwrap_or(parent.next_upstream_tries),
+            buffering: self.buffering.unwrap_or(parent.buffering),
+            buffer_size: self.buffer_size.unwrap_or(parent.buffer_size),
+            buffers: self.buffers.unwrap_or(parent.buffers),
+        }
+    }
+}
+
+/// nginx's default request headers, appended after the user's unless the user set them:
+/// `Host $proxy_host`, `Connection close`.
+fn with_default_headers(mut p: ProxyConf) -> ProxyConf {
+    let has =
+        |h: &[(String, Vec<Part>)], name: &str| h.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
+    if !has(&p.set_headers, "Host") {
+        p.set_headers
+            .push(("Host".to_string(), vec![Part::Var(Var::ProxyHost)]));
+    }
+    if !has(&p.set_headers, "Connection") {
+        p.set_headers.push((
+            "Connection".to_string(),
+            vec![Part::Lit("close".to_string())],
+        ));
+    }
+    p
+}
+
 /// Settings after merging: every value known.
 #[derive(Clone)]
 struct Eff {
@@ -288,6 +366,8 @@ struct Eff {
     client_header_buffer_size: usize,
     large_client_header_buffers: (usize, usize),
     gzip: GzipConf,
+    /// `set_headers` without nginx's defaults (see [`with_default_headers`]).
+    proxy: ProxyConf,
 }
 
 impl Eff {
@@ -311,6 +391,7 @@ impl Eff {
             client_header_buffer_size: 1024,
             large_client_header_buffers: (4, 8192),
             gzip: GzipConf::default(),
+            proxy: ProxyConf::default(),
         }
     }
 
@@ -343,6 +424,7 @@ impl Eff {
                 .large_client_header_buffers
                 .unwrap_or(self.large_client_header_buffers),
             gzip: s.gzip.merge(&self.gzip),
+            proxy: s.proxy.merge(&self.proxy),
         }
     }
 
@@ -367,7 +449,7 @@ impl Eff {
             access_log: self.access_log.clone(),
             gzip: self.gzip.clone(),
             proxy_pass: None,
-            proxy: ProxyConf::default(),
+            proxy: with_default_headers(self.proxy.clone()),
         }
     }
 }
@@ -379,8 +461,21 @@ struct LocP {
     ret: Option<Return>,
     handler: Option<StatusHandler>,
     alias: Option<PathBuf>,
+    /// `proxy_pass`, resolved to an upstream once the whole `http` block is read.
+    pass: Option<PassP>,
     settings: Settings,
     nested: Vec<LocP>,
+}
+
+/// A parsed `proxy_pass http://HOST[:PORT][/URI]`. It is resolved to an upstream only when
+/// the whole `http` block was read: an `upstream` may follow the location that names it.
+struct PassP {
+    /// As written (an IPv6 address keeps its brackets).
+    host: String,
+    /// The port and its text as written, when one was written.
+    port: Option<(u16, String)>,
+    uri: Option<String>,
+    place: Place,
 }
 
 struct ServerP {
@@ -407,6 +502,8 @@ struct HttpP {
     settings: Settings,
     servers: Vec<ServerP>,
     listeners: Vec<ListenerP>,
+    /// The named `upstream` blocks, in file order.
+    upstreams: Vec<UpstreamConf>,
 }
 
 #[derive(Default)]
@@ -723,6 +820,11 @@ impl Env {
     // http / server / location
 
     fn http_dir(&self, h: &mut HttpP, d: &Directive, file: &str) -> Result<(), ConfigError> {
+        if d.name == "upstream" {
+            let u = self.upstream(d, file, Ctx::HttpUpstream, &h.upstreams)?;
+            h.upstreams.push(u);
+            return Ok(());
+        }
         if d.name != "server" {
             return self.settings_dir(&mut h.settings, d, file);
         }
@@ -837,6 +939,7 @@ impl Env {
             ret: None,
             handler: None,
             alias: None,
+            pass: None,
             settings: Settings::default(),
             nested: Vec::new(),
         };
@@ -857,6 +960,12 @@ impl Env {
             "return" => {
                 let r = parse_return(d, file)?;
                 loc.ret.get_or_insert(r);
+            }
+            "proxy_pass" => {
+                if loc.pass.is_some() {
+                    return Err(dup(d, file));
+                }
+                loc.pass = Some(parse_proxy_pass(d, file)?);
             }
             "stub_status" => loc.handler = Some(StatusHandler::Stub),
             "shard_status" => loc.handler = Some(StatusHandler::Shard),
@@ -1006,6 +1115,47 @@ impl Env {
                 };
                 once!(s.gzip.http_version_minor, minor)
             }
+            "proxy_set_header" => {
+                // As nginx: repeats add up; a block with any replaces the inherited list.
+                let value = parse_header_value(d, file, &d.args[1])?;
+                s.proxy
+                    .set_headers
+                    .get_or_insert_with(Vec::new)
+                    .push((a0.to_string(), value));
+            }
+            "proxy_http_version" => {
+                let minor = match a0 {
+                    "1.0" => 0,
+                    "1.1" => 1,
+                    _ => return Err(invalid(d, file, a0)),
+                };
+                once!(s.proxy.http_version_minor, minor)
+            }
+            "proxy_connect_timeout" => once!(s.proxy.connect_timeout_ms, time(d, file, a0)?),
+            "proxy_read_timeout" => once!(s.proxy.read_timeout_ms, time(d, file, a0)?),
+            "proxy_send_timeout" => once!(s.proxy.send_timeout_ms, time(d, file, a0)?),
+            "proxy_next_upstream" => once!(s.proxy.next_upstream, parse_next_upstream(d, file)?),
+            "proxy_next_upstream_tries" => {
+                once!(s.proxy.next_upstream_tries, num::<u32>(d, file, a0)?)
+            }
+            "proxy_buffering" => once!(s.proxy.buffering, flag(d, file, a0)?),
+            "proxy_buffer_size" => once!(s.proxy.buffer_size, buffer_size(d, file, a0)?),
+            "proxy_buffers" => {
+                let n = num::<usize>(d, file, a0)?;
+                let size = buffer_size(d, file, &d.args[1])?;
+                if n == 0 {
+                    return Err(invalid(d, file, a0));
+                }
+                if n < 2 {
+                    return Err(derr(d, file, "there must be at least 2 \"proxy_buffers\""));
+                }
+                // The buffers are memory a worker holds per proxied response: bounded like
+                // one buffer.
+                if n.checked_mul(size).is_none_or(|t| t > MAX_PROXY_BUFFER) {
+                    return Err(invalid(d, file, a0));
+                }
+                once!(s.proxy.buffers, (n, size))
+            }
             other => unreachable!("http directive {other}"),
         }
         Ok(())
@@ -1017,27 +1167,8 @@ impl Env {
     fn stream_dir(&self, sp: &mut StreamP, d: &Directive, file: &str) -> Result<(), ConfigError> {
         match d.name.as_str() {
             "upstream" => {
-                let name = d.args[0].clone();
-                if sp.upstreams.iter().any(|u| u.name == name) {
-                    return Err(derr(d, file, format!("duplicate upstream \"{name}\"")));
-                }
-                let mut peers = Vec::new();
-                let items = d.block.as_deref().unwrap_or_default();
-                self.walk(items, file, Ctx::Upstream, &mut |d, f| {
-                    peers.extend(parse_upstream_server(d, f)?);
-                    Ok(())
-                })?;
-                if peers.is_empty() {
-                    return Err(derr(d, file, "no servers are inside upstream"));
-                }
-                sp.upstreams.push(UpstreamConf {
-                    name,
-                    place: place(d, file),
-                    peers,
-                    keepalive: 0,
-                    keepalive_timeout_ms: 60_000,
-                    keepalive_requests: 1000,
-                });
+                let u = self.upstream(d, file, Ctx::Upstream, &sp.upstreams)?;
+                sp.upstreams.push(u);
             }
             "server" => {
                 let idx = sp.servers.len();
@@ -1100,6 +1231,77 @@ impl Env {
         Ok(())
     }
 
+    /// `upstream NAME { ... }` of `stream` (`ctx` [`Ctx::Upstream`]) or `http`
+    /// ([`Ctx::HttpUpstream`]: `keepalive*` allowed, a `server` without a port gets 80 and
+    /// names compare without case, as nginx). `existing`: the blocks already read.
+    fn upstream(
+        &self,
+        d: &Directive,
+        file: &str,
+        ctx: Ctx,
+        existing: &[UpstreamConf],
+    ) -> Result<UpstreamConf, ConfigError> {
+        let http = ctx == Ctx::HttpUpstream;
+        let name = d.args[0].clone();
+        let same = |u: &UpstreamConf| {
+            if http {
+                u.name.eq_ignore_ascii_case(&name)
+            } else {
+                u.name == name
+            }
+        };
+        if existing.iter().any(same) {
+            return Err(derr(d, file, format!("duplicate upstream \"{name}\"")));
+        }
+        let mut peers = Vec::new();
+        let mut keepalive: Option<usize> = None;
+        let mut keepalive_timeout_ms: Option<u64> = None;
+        let mut keepalive_requests: Option<u64> = None;
+        let default_port = http.then_some(80);
+        let items = d.block.as_deref().unwrap_or_default();
+        self.walk(items, file, ctx, &mut |d, f| {
+            let a0 = &d.args[0];
+            match d.name.as_str() {
+                "server" => peers.extend(parse_upstream_server(d, f, default_port)?),
+                "keepalive" => {
+                    if keepalive.is_some() {
+                        return Err(dup(d, f));
+                    }
+                    let n = num::<usize>(d, f, a0)?;
+                    if n == 0 {
+                        return Err(invalid(d, f, a0));
+                    }
+                    keepalive = Some(n);
+                }
+                "keepalive_timeout" => {
+                    if keepalive_timeout_ms.is_some() {
+                        return Err(dup(d, f));
+                    }
+                    keepalive_timeout_ms = Some(time(d, f, a0)?);
+                }
+                "keepalive_requests" => {
+                    if keepalive_requests.is_some() {
+                        return Err(dup(d, f));
+                    }
+                    keepalive_requests = Some(num::<u64>(d, f, a0)?);
+                }
+                other => unreachable!("upstream directive {other}"),
+            }
+            Ok(())
+        })?;
+        if peers.is_empty() {
+            return Err(derr(d, file, "no servers are inside upstream"));
+        }
+        Ok(UpstreamConf {
+            name,
+            place: place(d, file),
+            peers,
+            keepalive: keepalive.unwrap_or(0),
+            keepalive_timeout_ms: keepalive_timeout_ms.unwrap_or(60_000),
+            keepalive_requests: keepalive_requests.unwrap_or(1000),
+        })
+    }
+
     // -----------------------------------------------------------------------------------
     // The final, merged configuration.
 
@@ -1131,30 +1333,10 @@ impl Env {
             multi_accept: ev.multi_accept.unwrap_or(false),
         };
         let mut listeners = Vec::new();
-        let http = st.http.map(|h| {
-            let http_eff = Eff::defaults(&self.prefix).merge(&h.settings);
-            let servers = h
-                .servers
-                .into_iter()
-                .map(|s| finish_server(s, &http_eff))
-                .collect();
-            listeners = h
-                .listeners
-                .into_iter()
-                .map(|l| Listener {
-                    addr: l.addr,
-                    kind: ListenerKind::Http,
-                    default_server: l.default_server.unwrap_or(l.servers[0]),
-                    servers: l.servers,
-                    opts: l.opts,
-                    place: l.opts_place.unwrap_or(l.first_place),
-                })
-                .collect();
-            HttpConf {
-                servers,
-                upstreams: Vec::new(),
-            }
-        });
+        let http = match st.http {
+            Some(h) => Some(self.finish_http(h, &mut listeners)?),
+            None => None,
+        };
         let stream = match st.stream {
             Some(sp) => Some(finish_stream(sp, &mut listeners)?),
             None => None,
@@ -1168,15 +1350,115 @@ impl Env {
             listeners,
         })
     }
+
+    /// Merges the http block, resolves every `proxy_pass` (named upstreams first, then
+    /// implicit ones in order of first use) and fills `listeners` with the http addresses.
+    fn finish_http(
+        &self,
+        h: HttpP,
+        listeners: &mut Vec<Listener>,
+    ) -> Result<HttpConf, ConfigError> {
+        let http_eff = Eff::defaults(&self.prefix).merge(&h.settings);
+        let mut ups = HttpUpstreams {
+            named: h.upstreams.len(),
+            list: h.upstreams,
+        };
+        let servers = h
+            .servers
+            .into_iter()
+            .map(|s| finish_server(s, &http_eff, &mut ups))
+            .collect::<Result<Vec<_>, _>>()?;
+        *listeners = h
+            .listeners
+            .into_iter()
+            .map(|l| Listener {
+                addr: l.addr,
+                kind: ListenerKind::Http,
+                default_server: l.default_server.unwrap_or(l.servers[0]),
+                servers: l.servers,
+                opts: l.opts,
+                place: l.opts_place.unwrap_or(l.first_place),
+            })
+            .collect();
+        Ok(HttpConf {
+            servers,
+            upstreams: ups.list,
+        })
+    }
 }
 
-fn finish_server(s: ServerP, http_eff: &Eff) -> ServerConf {
+/// The upstreams of `http` while `proxy_pass` directives are resolved.
+struct HttpUpstreams {
+    /// Named blocks (the first `named`), then implicit ones.
+    list: Vec<UpstreamConf>,
+    named: usize,
+}
+
+impl HttpUpstreams {
+    /// The upstream `p` names: a named block (whose name compares without case, as a host),
+    /// else the implicit upstream `HOST:PORT`, created (resolved) on first use.
+    fn pass(&mut self, p: &PassP) -> Result<ProxyPass, ConfigError> {
+        let at = |m: String| err(&p.place.file, p.place.line, m);
+        let named = &self.list[..self.named];
+        if let Some(i) = named
+            .iter()
+            .position(|u| u.name.eq_ignore_ascii_case(&p.host))
+        {
+            if let Some((port, _)) = &p.port {
+                return Err(at(format!(
+                    "upstream \"{}\" may not have port {port}",
+                    p.host
+                )));
+            }
+            return Ok(ProxyPass {
+                upstream: i,
+                uri: p.uri.clone(),
+                proxy_host: p.host.clone(),
+                proxy_port: 80,
+            });
+        }
+        let port = p.port.as_ref().map_or(80, |(n, _)| *n);
+        let proxy_host = match &p.port {
+            Some((n, text)) if *n != 80 => format!("{}:{text}", p.host),
+            _ => p.host.clone(),
+        };
+        let name = format!("{}:{port}", p.host);
+        let implicit = &self.list[self.named..];
+        let upstream = match implicit
+            .iter()
+            .position(|u| u.name.eq_ignore_ascii_case(&name))
+        {
+            Some(i) => self.named + i,
+            None => {
+                // nginx names the host alone here (`host not found in upstream "backend"`),
+                // the usual sign of a misspelt or missing `upstream` block.
+                let addrs = resolve_upstream(&name, None)
+                    .map_err(|_| at(format!("host not found in upstream \"{}\"", p.host)))?;
+                self.list
+                    .push(implicit_upstream(name, p.place.clone(), addrs));
+                self.list.len() - 1
+            }
+        };
+        Ok(ProxyPass {
+            upstream,
+            uri: p.uri.clone(),
+            proxy_host,
+            proxy_port: port,
+        })
+    }
+}
+
+fn finish_server(
+    s: ServerP,
+    http_eff: &Eff,
+    ups: &mut HttpUpstreams,
+) -> Result<ServerConf, ConfigError> {
     let eff = http_eff.merge(&s.settings);
     let mut base = eff.location(LocationKind::Prefix, String::new(), s.place.clone());
     base.ret = s.ret.clone();
     let mut locations = Vec::new();
     for l in s.locations {
-        flatten(l, &eff, &mut locations);
+        flatten(l, &eff, ups, &mut locations)?;
     }
     if let Some(r) = &s.ret {
         // A server-level `return` runs before any location is chosen, as in nginx.
@@ -1185,7 +1467,7 @@ fn finish_server(s: ServerP, http_eff: &Eff) -> ServerConf {
             l.handler = None;
         }
     }
-    ServerConf {
+    Ok(ServerConf {
         place: s.place,
         listen: s.listen,
         server_names: if s.names.is_empty() {
@@ -1198,20 +1480,31 @@ fn finish_server(s: ServerP, http_eff: &Eff) -> ServerConf {
         large_client_header_buffers: eff.large_client_header_buffers,
         base,
         locations,
-    }
+    })
 }
 
-/// Nested locations become siblings of their parent, having inherited from it.
-fn flatten(l: LocP, parent: &Eff, out: &mut Vec<LocationConf>) {
+/// Nested locations become siblings of their parent, having inherited from it (all but
+/// `proxy_pass`, which belongs to its own location only, as nginx).
+fn flatten(
+    l: LocP,
+    parent: &Eff,
+    ups: &mut HttpUpstreams,
+    out: &mut Vec<LocationConf>,
+) -> Result<(), ConfigError> {
     let eff = parent.merge(&l.settings);
     let mut conf = eff.location(l.kind, l.path, l.place);
     conf.ret = l.ret;
     conf.handler = l.handler;
     conf.alias = l.alias;
+    conf.proxy_pass = match &l.pass {
+        Some(p) => Some(ups.pass(p)?),
+        None => None,
+    };
     out.push(conf);
     for n in l.nested {
-        flatten(n, &eff, out);
+        flatten(n, &eff, ups, out)?;
     }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1663,33 +1956,36 @@ fn stream_settings_dir(
 }
 
 /// Resolves an upstream address `HOST:PORT` / `[V6]:PORT` (at configuration time, as nginx).
-/// `at` builds the error (nginx words these `... in upstream "ADDR"`).
-fn resolve_upstream(a: &str) -> Result<Vec<SocketAddr>, String> {
+/// Without a port, `default_port` applies (80 in http), else it is an error. The error is
+/// the message without its place (nginx words these `... in upstream "ADDR"`).
+fn resolve_upstream(a: &str, default_port: Option<u16>) -> Result<Vec<SocketAddr>, String> {
     if a.starts_with("unix:") {
         return Err(format!(
             "unix domain sockets are not supported in upstream \"{a}\""
         ));
     }
+    let no_port = || match default_port {
+        Some(p) => Ok(p),
+        None => Err(format!("no port in upstream \"{a}\"")),
+    };
+    let port_of = |p: &str| match p.parse::<u16>() {
+        Ok(n) if n > 0 && is_digits(p) => Ok(n),
+        _ => Err(format!("invalid port in upstream \"{a}\"")),
+    };
     let (host, port) = if let Some(rest) = a.strip_prefix('[') {
         let Some(end) = rest.find(']') else {
             return Err(format!("invalid IPv6 address in upstream \"{a}\""));
         };
         match rest[end + 1..].strip_prefix(':') {
-            Some(p) => (&rest[..end], p),
-            None if rest[end + 1..].is_empty() => {
-                return Err(format!("no port in upstream \"{a}\""))
-            }
+            Some(p) => (&rest[..end], port_of(p)?),
+            None if rest[end + 1..].is_empty() => (&rest[..end], no_port()?),
             None => return Err(format!("invalid port in upstream \"{a}\"")),
         }
     } else {
         match a.rsplit_once(':') {
-            Some((h, p)) => (h, p),
-            None => return Err(format!("no port in upstream \"{a}\"")),
+            Some((h, p)) => (h, port_of(p)?),
+            None => (a, no_port()?),
         }
-    };
-    let port = match port.parse::<u16>() {
-        Ok(n) if n > 0 && is_digits(port) => n,
-        _ => return Err(format!("invalid port in upstream \"{a}\"")),
     };
     if let Ok(ip) = host.parse::<IpAddr>() {
         return Ok(vec![SocketAddr::new(ip, port)]);
@@ -1711,9 +2007,14 @@ fn resolve_upstream(a: &str) -> Result<Vec<SocketAddr>, String> {
 }
 
 /// `server ADDR [weight=N] [max_fails=N] [fail_timeout=T] [backup] [down];` in `upstream`.
-fn parse_upstream_server(d: &Directive, file: &str) -> Result<Vec<PeerConf>, ConfigError> {
+/// `default_port`: the port of an `ADDR` without one (80 in http, none in stream).
+fn parse_upstream_server(
+    d: &Directive,
+    file: &str,
+    default_port: Option<u16>,
+) -> Result<Vec<PeerConf>, ConfigError> {
     let name = d.args[0].clone();
-    let addrs = resolve_upstream(&name).map_err(|m| derr(d, file, m))?;
+    let addrs = resolve_upstream(&name, default_port).map_err(|m| derr(d, file, m))?;
     let mut weight = 1u32;
     let mut max_fails = 1u32;
     let mut fail_timeout_ms = 10_000u64;
@@ -1760,6 +2061,29 @@ fn parse_upstream_server(d: &Directive, file: &str) -> Result<Vec<PeerConf>, Con
         .collect())
 }
 
+/// The one-group upstream of a `proxy_pass` naming an address: nginx's defaults per peer.
+fn implicit_upstream(name: String, at: Place, addrs: Vec<SocketAddr>) -> UpstreamConf {
+    UpstreamConf {
+        name,
+        place: at,
+        peers: addrs
+            .into_iter()
+            .map(|addr| PeerConf {
+                addr,
+                name: addr.to_string(),
+                weight: 1,
+                max_fails: 1,
+                fail_timeout_ms: 10_000,
+                backup: false,
+                down: false,
+            })
+            .collect(),
+        keepalive: 0,
+        keepalive_timeout_ms: 60_000,
+        keepalive_requests: 1000,
+    }
+}
+
 /// Merges the stream block, resolves `proxy_pass` and appends the stream listeners to the
 /// http ones (an address may serve one kind only).
 fn finish_stream(sp: StreamP, listeners: &mut Vec<Listener>) -> Result<StreamConf, ConfigError> {
@@ -1770,26 +2094,9 @@ fn finish_stream(sp: StreamP, listeners: &mut Vec<Listener>) -> Result<StreamCon
         let upstream = match upstreams.iter().position(|u| u.name == target) {
             Some(i) => i,
             None => {
-                let addrs = resolve_upstream(&target).map_err(|m| err(&at.file, at.line, m))?;
-                upstreams.push(UpstreamConf {
-                    name: target.clone(),
-                    place: at.clone(),
-                    peers: addrs
-                        .into_iter()
-                        .map(|addr| PeerConf {
-                            addr,
-                            name: addr.to_string(),
-                            weight: 1,
-                            max_fails: 1,
-                            fail_timeout_ms: 10_000,
-                            backup: false,
-                            down: false,
-                        })
-                        .collect(),
-                    keepalive: 0,
-                    keepalive_timeout_ms: 60_000,
-                    keepalive_requests: 1000,
-                });
+                let addrs =
+                    resolve_upstream(&target, None).map_err(|m| err(&at.file, at.line, m))?;
+                upstreams.push(implicit_upstream(target.clone(), at.clone(), addrs));
                 upstreams.len() - 1
             }
         };
@@ -1825,4 +2132,210 @@ fn finish_stream(sp: StreamP, listeners: &mut Vec<Listener>) -> Result<StreamCon
         });
     }
     Ok(StreamConf { upstreams, servers })
+}
+
+// ---------------------------------------------------------------------------------------
+// http proxy
+
+/// The largest `proxy_buffer_size`, and the largest `proxy_buffers` total: memory a worker
+/// holds for one proxied response.
+const MAX_PROXY_BUFFER: usize = 1 << 30;
+
+fn buffer_size(d: &Directive, file: &str, v: &str) -> Result<usize, ConfigError> {
+    match size(d, file, v)? {
+        n if n == 0 || n > MAX_PROXY_BUFFER as u64 => Err(invalid(d, file, v)),
+        n => Ok(n as usize),
+    }
+}
+
+/// `proxy_pass http://HOST[:PORT][/URI]` (nginx's `ngx_parse_url` with a URI part; errors
+/// worded as nginx's, `... in upstream "REST"` with REST the text after the scheme).
+fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, ConfigError> {
+    let url = d.args[0].as_str();
+    let starts = |p: &str| {
+        url.len() >= p.len() && url.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes())
+    };
+    if !starts("http://") {
+        if starts("https://") {
+            return Err(derr(d, file, "https protocol requires SSL support"));
+        }
+        return Err(derr(d, file, format!("invalid URL prefix in \"{url}\"")));
+    }
+    if url.contains('$') {
+        return Err(derr(
+            d,
+            file,
+            "variables in \"proxy_pass\" are not supported",
+        ));
+    }
+    // The scheme is ASCII, so byte 7 is a character boundary.
+    let rest = &url[7..];
+    let bad = |what: &str| derr(d, file, format!("{what} in upstream \"{rest}\""));
+    let port_of = |p: &str| -> Result<(u16, String), ConfigError> {
+        match p.parse::<u16>() {
+            Ok(n) if n > 0 && is_digits(p) => Ok((n, p.to_string())),
+            _ => Err(bad("invalid port")),
+        }
+    };
+    let (host, port, uri) = if let Some(v6) = rest.strip_prefix('[') {
+        let Some(close) = v6.find(']') else {
+            return Err(bad("invalid host"));
+        };
+        let after = &v6[close + 1..];
+        let (port_part, uri) = match after.find('/') {
+            Some(i) => (&after[..i], Some(&after[i..])),
+            None => (after, None),
+        };
+        let port = match port_part.strip_prefix(':') {
+            Some(p) => Some(port_of(p)?),
+            None if port_part.is_empty() => None,
+            None => return Err(bad("invalid host")),
+        };
+        let addr = &v6[..close];
+        if addr.is_empty() {
+            return Err(bad("no host"));
+        }
+        if addr.parse::<Ipv6Addr>().is_err() {
+            return Err(bad("invalid IPv6 address"));
+        }
+        (&rest[..close + 2], port, uri)
+    } else {
+        // As nginx, the URI part starts at the first `/`, or at a `?` before it.
+        let (host_port, uri) = match rest.find(['/', '?']) {
+            Some(i) => (&rest[..i], Some(&rest[i..])),
+            None => (rest, None),
+        };
+        let (host, port) = match host_port.split_once(':') {
+            Some((h, p)) => (h, Some(port_of(p)?)),
+            None => (host_port, None),
+        };
+        if host.is_empty() {
+            return Err(bad("no host"));
+        }
+        (host, port, uri)
+    };
+    Ok(PassP {
+        host: host.to_string(),
+        port,
+        uri: uri.map(str::to_string),
+        place: place(d, file),
+    })
+}
+
+/// A `proxy_set_header` value: literal text, `$name` and `${name}`. A `$` not followed by a
+/// name character is literal text.
+fn parse_header_value(d: &Directive, file: &str, v: &str) -> Result<Vec<Part>, ConfigError> {
+    let is_name = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let b = v.as_bytes();
+    let mut parts = Vec::new();
+    // Every split is at an ASCII byte (`$`, `{`, `}`, name characters): slicing `v` is safe.
+    let mut lit_start = 0;
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'$' {
+            i += 1;
+            continue;
+        }
+        let bracket = b.get(i + 1) == Some(&b'{');
+        let start = if bracket { i + 2 } else { i + 1 };
+        let mut end = start;
+        while end < b.len() && is_name(b[end]) {
+            end += 1;
+        }
+        if end == start {
+            i += 1;
+            continue;
+        }
+        let name = &v[start..end];
+        if bracket && b.get(end) != Some(&b'}') {
+            return Err(derr(
+                d,
+                file,
+                format!("the closing bracket in \"{name}\" variable is missing"),
+            ));
+        }
+        if lit_start < i {
+            parts.push(Part::Lit(v[lit_start..i].to_string()));
+        }
+        parts.push(Part::Var(variable(d, file, name)?));
+        i = if bracket { end + 1 } else { end };
+        lit_start = i;
+    }
+    if lit_start < b.len() {
+        parts.push(Part::Lit(v[lit_start..].to_string()));
+    }
+    Ok(parts)
+}
+
+/// The variables shard knows (names compare without case, as nginx's).
+fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, ConfigError> {
+    let name = name.to_ascii_lowercase();
+    Ok(match name.as_str() {
+        "host" => Var::Host,
+        "remote_addr" => Var::RemoteAddr,
+        "remote_port" => Var::RemotePort,
+        "server_addr" => Var::ServerAddr,
+        "server_port" => Var::ServerPort,
+        "server_name" => Var::ServerName,
+        "scheme" => Var::Scheme,
+        "request_uri" => Var::RequestUri,
+        "uri" => Var::Uri,
+        "args" => Var::Args,
+        "is_args" => Var::IsArgs,
+        "request_method" => Var::RequestMethod,
+        "proxy_host" => Var::ProxyHost,
+        "proxy_port" => Var::ProxyPort,
+        "proxy_add_x_forwarded_for" => Var::ProxyAddXForwardedFor,
+        n if n.starts_with("http_") => Var::Http(n["http_".len()..].replace('_', "-")),
+        n => return Err(derr(d, file, format!("unknown \"{n}\" variable"))),
+    })
+}
+
+/// The `http_NNN` values of `proxy_next_upstream`, ascending; bit i of a mask is entry i.
+const NEXT_STATUSES: [u16; 7] = [403, 404, 429, 500, 502, 503, 504];
+
+/// The statuses of `mask` as a `&'static` slice (`NextUpstream::statuses` is `&'static` so
+/// the model stays `Copy`). All 128 combinations are built, and leaked, once per process
+/// (well under 1 KiB), so parsing again on every reload leaks nothing more.
+fn next_statuses(mask: u8) -> &'static [u16] {
+    static ALL: OnceLock<Vec<&'static [u16]>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        (0..1u16 << NEXT_STATUSES.len())
+            .map(|m| {
+                let v: Vec<u16> = NEXT_STATUSES
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| m & (1 << i) != 0)
+                    .map(|(_, c)| *c)
+                    .collect();
+                &*Box::leak(v.into_boxed_slice())
+            })
+            .collect()
+    })[mask as usize]
+}
+
+/// `proxy_next_upstream error | timeout | invalid_header | http_NNN | non_idempotent ... | off`.
+fn parse_next_upstream(d: &Directive, file: &str) -> Result<NextUpstream, ConfigError> {
+    let mut nu = NextUpstream::OFF;
+    let mut mask = 0u8;
+    for a in &d.args {
+        let v = a.to_ascii_lowercase();
+        match v.as_str() {
+            "error" => nu.error = true,
+            "timeout" => nu.timeout = true,
+            "invalid_header" => nu.invalid_header = true,
+            "non_idempotent" => nu.non_idempotent = true,
+            // `off` stands alone (nginx lets it override the others silently).
+            "off" if d.args.len() == 1 => {}
+            _ => {
+                let code = v.strip_prefix("http_").filter(|c| is_digits(c));
+                let i = code
+                    .and_then(|c| NEXT_STATUSES.iter().position(|s| s.to_string() == c))
+                    .ok_or_else(|| invalid(d, file, a))?;
+                mask |= 1 << i;
+            }
+        }
+    }
+    nu.statuses = next_statuses(mask);
+    Ok(nu)
 }

@@ -1151,9 +1151,9 @@ fn stream_errors() {
     );
     assert_eq!(
         error(&format!(
-            "{EV}http {{\nupstream u {{ server 127.0.0.1:1; }}\n}}"
+            "{EV}http {{\nserver {{\nupstream u {{ server 127.0.0.1:1; }}\n}}\n}}"
         )),
-        r#""upstream" directive is not allowed here in t.conf:3"#
+        r#""upstream" directive is not allowed here in t.conf:4"#
     );
     assert_eq!(
         error(&format!("{EV}stream {{ }}\nstream {{ }}")),
@@ -1162,5 +1162,764 @@ fn stream_errors() {
     assert_eq!(
         stream_error("server { listen 9000 shards=2; proxy_pass 127.0.0.1:1; }"),
         r#"the "shards" parameter requires "reuseport" in t.conf:3"#
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// http proxy.
+
+fn http_error(body: &str) -> String {
+    error(&format!("{EV}http {{\n{body}\n}}\n"))
+}
+
+/// The single location of the first server.
+fn only_loc(c: &Config) -> &LocationConf {
+    &c.http.as_ref().unwrap().servers[0].locations[0]
+}
+
+fn hdr(name: &str, parts: Vec<Part>) -> (String, Vec<Part>) {
+    (name.to_string(), parts)
+}
+
+fn lit(s: &str) -> Part {
+    Part::Lit(s.to_string())
+}
+
+fn defaults_headers() -> Vec<(String, Vec<Part>)> {
+    vec![
+        hdr("Host", vec![Part::Var(Var::ProxyHost)]),
+        hdr("Connection", vec![lit("close")]),
+    ]
+}
+
+#[test]
+fn proxy_full_config() {
+    let c = http(
+        "upstream backend {\n\
+             server 127.0.0.1:8081 weight=2 max_fails=3 fail_timeout=5s;\n\
+             server 127.0.0.1:8082 backup;\n\
+             server 127.0.0.1 down;\n\
+             keepalive 16;\n\
+             keepalive_timeout 30s;\n\
+             keepalive_requests 500;\n\
+         }\n\
+         proxy_http_version 1.1;\n\
+         proxy_set_header Host $host;\n\
+         proxy_set_header X-Real-IP $remote_addr;\n\
+         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
+         proxy_set_header Connection \"\";\n\
+         proxy_read_timeout 30s;\n\
+         server {\n\
+             listen 8080;\n\
+             location /api/ {\n\
+                 proxy_pass http://backend/v1/;\n\
+                 proxy_next_upstream error timeout http_503 http_502 non_idempotent;\n\
+                 proxy_next_upstream_tries 3;\n\
+             }\n\
+             location / {\n\
+                 proxy_pass http://backend;\n\
+                 proxy_buffering off;\n\
+                 proxy_buffer_size 8k;\n\
+                 proxy_buffers 4 16k;\n\
+                 proxy_connect_timeout 2s;\n\
+                 proxy_send_timeout 5s;\n\
+             }\n\
+         }",
+    );
+    let h = c.http.as_ref().unwrap();
+    assert_eq!(h.upstreams.len(), 1);
+    let u = &h.upstreams[0];
+    assert_eq!(u.name, "backend");
+    assert_eq!(u.place.line, 3);
+    assert_eq!(
+        (u.keepalive, u.keepalive_timeout_ms, u.keepalive_requests),
+        (16, 30_000, 500)
+    );
+    assert_eq!(u.peers.len(), 3);
+    assert_eq!(u.peers[0].addr, sa("127.0.0.1:8081"));
+    assert_eq!(
+        (
+            u.peers[0].weight,
+            u.peers[0].max_fails,
+            u.peers[0].fail_timeout_ms
+        ),
+        (2, 3, 5000)
+    );
+    assert!(u.peers[1].backup);
+    // A `server` without a port gets 80 in http.
+    assert_eq!(u.peers[2].addr, sa("127.0.0.1:80"));
+    assert!(u.peers[2].down);
+
+    let s = &h.servers[0];
+    let api = &s.locations[0];
+    assert_eq!(
+        api.proxy_pass,
+        Some(ProxyPass {
+            upstream: 0,
+            uri: Some("/v1/".into()),
+            proxy_host: "backend".into(),
+            proxy_port: 80,
+        })
+    );
+    let user_headers = vec![
+        hdr("Host", vec![Part::Var(Var::Host)]),
+        hdr("X-Real-IP", vec![Part::Var(Var::RemoteAddr)]),
+        hdr(
+            "X-Forwarded-For",
+            vec![Part::Var(Var::ProxyAddXForwardedFor)],
+        ),
+        hdr("Connection", vec![]),
+    ];
+    let p = &api.proxy;
+    assert_eq!(p.set_headers, user_headers);
+    assert_eq!(p.http_version_minor, 1);
+    assert_eq!(
+        (p.connect_timeout_ms, p.read_timeout_ms, p.send_timeout_ms),
+        (60_000, 30_000, 60_000)
+    );
+    assert_eq!(
+        p.next_upstream,
+        NextUpstream {
+            error: true,
+            timeout: true,
+            invalid_header: false,
+            statuses: &[502, 503],
+            non_idempotent: true,
+        }
+    );
+    assert!(p.next_upstream.retries_status(502));
+    assert!(!p.next_upstream.retries_status(500));
+    assert_eq!(p.next_upstream_tries, 3);
+    assert!(p.buffering);
+    assert_eq!((p.buffer_size, p.buffers), (4096, (8, 4096)));
+
+    let root = &s.locations[1];
+    assert_eq!(
+        root.proxy_pass,
+        Some(ProxyPass {
+            upstream: 0,
+            uri: None,
+            proxy_host: "backend".into(),
+            proxy_port: 80,
+        })
+    );
+    let p = &root.proxy;
+    assert_eq!(p.set_headers, user_headers);
+    assert_eq!(p.next_upstream, NextUpstream::DEFAULT);
+    assert!(!p.buffering);
+    assert_eq!((p.buffer_size, p.buffers), (8192, (4, 16 * 1024)));
+    assert_eq!(
+        (p.connect_timeout_ms, p.read_timeout_ms, p.send_timeout_ms),
+        (2000, 30_000, 5000)
+    );
+    // The server's base location inherits the proxy settings but has no proxy_pass.
+    assert_eq!(s.base.proxy_pass, None);
+    assert_eq!(s.base.proxy.set_headers, user_headers);
+    assert_eq!(s.base.proxy.http_version_minor, 1);
+}
+
+#[test]
+fn proxy_defaults_and_default_headers() {
+    let c = http("server { location / { proxy_pass http://127.0.0.1:8081; } }");
+    let l = only_loc(&c);
+    let want = ProxyConf {
+        set_headers: defaults_headers(),
+        ..ProxyConf::default()
+    };
+    assert_eq!(l.proxy, want);
+    assert_eq!(l.proxy.http_version_minor, 0);
+    assert_eq!(l.proxy.next_upstream, NextUpstream::DEFAULT);
+    assert_eq!(l.proxy.next_upstream_tries, 0);
+    assert!(l.proxy.buffering);
+    // Locations without proxy_pass carry the same defaults.
+    let c = http("server { location / { } }");
+    assert_eq!(only_loc(&c).proxy, want);
+    assert_eq!(c.http.as_ref().unwrap().servers[0].base.proxy, want);
+    assert!(c.http.as_ref().unwrap().upstreams.is_empty());
+
+    // A user `host` (any case) replaces the default Host; Connection is still added, after
+    // the user's entries.
+    let c = http(
+        "proxy_set_header host $http_host;\n\
+         proxy_set_header X-A a;\n\
+         server { location / { proxy_pass http://127.0.0.1:8081; } }",
+    );
+    assert_eq!(
+        only_loc(&c).proxy.set_headers,
+        vec![
+            hdr("host", vec![Part::Var(Var::Http("host".into()))]),
+            hdr("X-A", vec![lit("a")]),
+            hdr("Connection", vec![lit("close")]),
+        ]
+    );
+    let c = http(
+        "server { location / { proxy_set_header CONNECTION upgrade; proxy_pass http://127.0.0.1:1; } }",
+    );
+    assert_eq!(
+        only_loc(&c).proxy.set_headers,
+        vec![
+            hdr("CONNECTION", vec![lit("upgrade")]),
+            hdr("Host", vec![Part::Var(Var::ProxyHost)]),
+        ]
+    );
+}
+
+#[test]
+fn proxy_upstream_keepalive_defaults() {
+    let c = http(
+        "upstream a { server 127.0.0.1:1; }\n\
+         upstream b { server 127.0.0.1:2; keepalive 4; }\n\
+         server { location / { proxy_pass http://a; } location /b { proxy_pass http://b; } }",
+    );
+    let ups = &c.http.as_ref().unwrap().upstreams;
+    assert_eq!(ups.len(), 2);
+    assert_eq!(
+        (
+            ups[0].keepalive,
+            ups[0].keepalive_timeout_ms,
+            ups[0].keepalive_requests
+        ),
+        (0, 60_000, 1000)
+    );
+    assert_eq!(
+        (
+            ups[1].keepalive,
+            ups[1].keepalive_timeout_ms,
+            ups[1].keepalive_requests
+        ),
+        (4, 60_000, 1000)
+    );
+    // An upstream nobody uses is kept.
+    let c = http("upstream idle { server 127.0.0.1:1; }\nserver { }");
+    assert_eq!(c.http.unwrap().upstreams[0].name, "idle");
+}
+
+#[test]
+fn proxy_pass_uri_host_and_port() {
+    let pass = |url: &str| -> ProxyPass {
+        let c = http(&format!("server {{ location / {{ proxy_pass {url}; }} }}"));
+        only_loc(&c).proxy_pass.clone().unwrap()
+    };
+    let p = pass("http://127.0.0.1:8081");
+    assert_eq!(p.uri, None);
+    assert_eq!(
+        (p.proxy_host.as_str(), p.proxy_port),
+        ("127.0.0.1:8081", 8081)
+    );
+    assert_eq!(pass("http://127.0.0.1:8081/").uri, Some("/".into()));
+    assert_eq!(pass("http://127.0.0.1:8081/x/y").uri, Some("/x/y".into()));
+    assert_eq!(pass("http://127.0.0.1:8081?a=1").uri, Some("?a=1".into()));
+    // The scheme compares without case.
+    assert_eq!(pass("HTTP://127.0.0.1:8081/a").uri, Some("/a".into()));
+    // Port 80, written or not, is left out of $proxy_host.
+    let p = pass("http://127.0.0.1");
+    assert_eq!(
+        (p.proxy_host.as_str(), p.proxy_port, p.uri),
+        ("127.0.0.1", 80, None)
+    );
+    let p = pass("http://127.0.0.1:80/");
+    assert_eq!((p.proxy_host.as_str(), p.proxy_port), ("127.0.0.1", 80));
+    let p = pass("http://[::1]:8081/");
+    assert_eq!((p.proxy_host.as_str(), p.proxy_port), ("[::1]:8081", 8081));
+    let p = pass("http://[::1]");
+    assert_eq!((p.proxy_host.as_str(), p.proxy_port), ("[::1]", 80));
+
+    let c = http("server { location / { proxy_pass http://[::1]:8081/; } }");
+    let u = &c.http.as_ref().unwrap().upstreams[0];
+    assert_eq!(u.name, "[::1]:8081");
+    assert_eq!(u.peers[0].addr, sa("[::1]:8081"));
+    let c = http("server { location / { proxy_pass http://localhost:8081; } }");
+    let h = c.http.as_ref().unwrap();
+    assert_eq!(h.upstreams[0].name, "localhost:8081");
+    assert!(
+        h.upstreams[0]
+            .peers
+            .iter()
+            .any(|p| p.addr == sa("127.0.0.1:8081")),
+        "{:?}",
+        h.upstreams[0].peers
+    );
+    assert_eq!(
+        only_loc(&c).proxy_pass.as_ref().unwrap().proxy_host,
+        "localhost:8081"
+    );
+}
+
+#[test]
+fn proxy_implicit_upstreams_are_shared_and_follow_named_ones() {
+    let c = http(
+        "server {\n\
+             location /a { proxy_pass http://127.0.0.1:9000/a; }\n\
+             location /b { proxy_pass http://127.0.0.1:9000/b; }\n\
+             location /c { proxy_pass http://127.0.0.1; }\n\
+             location /d { proxy_pass http://127.0.0.1:80/d; }\n\
+             location /e { proxy_pass http://named; }\n\
+         }\n\
+         server { listen 81; location / { proxy_pass http://127.0.0.1:9000; } }\n\
+         upstream named { server 127.0.0.1:7000; }",
+    );
+    let h = c.http.as_ref().unwrap();
+    let names: Vec<&str> = h.upstreams.iter().map(|u| u.name.as_str()).collect();
+    assert_eq!(names, ["named", "127.0.0.1:9000", "127.0.0.1:80"]);
+    let implicit = &h.upstreams[1];
+    assert_eq!(implicit.place.line, 4);
+    assert_eq!(
+        implicit.peers,
+        vec![PeerConf {
+            addr: sa("127.0.0.1:9000"),
+            name: "127.0.0.1:9000".into(),
+            weight: 1,
+            max_fails: 1,
+            fail_timeout_ms: 10_000,
+            backup: false,
+            down: false,
+        }]
+    );
+    assert_eq!(
+        (
+            implicit.keepalive,
+            implicit.keepalive_timeout_ms,
+            implicit.keepalive_requests
+        ),
+        (0, 60_000, 1000)
+    );
+    let up = |s: usize, l: usize| {
+        h.servers[s].locations[l]
+            .proxy_pass
+            .as_ref()
+            .unwrap()
+            .upstream
+    };
+    assert_eq!(
+        [up(0, 0), up(0, 1), up(0, 2), up(0, 3), up(0, 4), up(1, 0)],
+        [1, 1, 2, 2, 0, 1]
+    );
+}
+
+#[test]
+fn proxy_upstream_defined_after_use() {
+    let c = http(
+        "server { location / { proxy_pass http://Later/x; } }\n\
+         upstream later { server 127.0.0.1:1; }",
+    );
+    let h = c.http.as_ref().unwrap();
+    assert_eq!(h.upstreams.len(), 1);
+    let p = only_loc(&c).proxy_pass.as_ref().unwrap();
+    assert_eq!(p.upstream, 0);
+    // $proxy_host is the name as proxy_pass writes it.
+    assert_eq!(p.proxy_host, "Later");
+    assert_eq!(p.uri, Some("/x".into()));
+}
+
+#[test]
+fn proxy_pass_is_not_inherited_by_nested_locations() {
+    let c = http("server { location /a/ { proxy_pass http://127.0.0.1:1; location /a/b/ { } } }");
+    let s = &c.http.as_ref().unwrap().servers[0];
+    assert_eq!(s.locations[0].path, "/a/");
+    assert!(s.locations[0].proxy_pass.is_some());
+    assert_eq!(s.locations[1].path, "/a/b/");
+    assert_eq!(s.locations[1].proxy_pass, None);
+    // With return, both are kept; the request decides.
+    let c = http("server { location / { return 204; proxy_pass http://127.0.0.1:1; } }");
+    assert!(only_loc(&c).proxy_pass.is_some());
+    assert_eq!(only_loc(&c).ret.as_ref().unwrap().code, 204);
+}
+
+#[test]
+fn proxy_unknown_upstream_host() {
+    assert_eq!(
+        http_error("server {\nlocation / {\nproxy_pass http://nosuch.invalid;\n}\n}"),
+        r#"host not found in upstream "nosuch.invalid" in t.conf:5"#
+    );
+    assert_eq!(
+        http_error("server { location / { proxy_pass http://nosuch.invalid:8080/x; } }"),
+        r#"host not found in upstream "nosuch.invalid" in t.conf:3"#
+    );
+    assert_eq!(
+        http_error("upstream u {\nserver nosuch.invalid;\n}"),
+        r#"host not found in upstream "nosuch.invalid" in t.conf:4"#
+    );
+    // A named upstream takes no port.
+    assert_eq!(
+        http_error(
+            "upstream backend { server 127.0.0.1:1; }\nserver { location / {\nproxy_pass http://backend:8080; } }"
+        ),
+        r#"upstream "backend" may not have port 8080 in t.conf:5"#
+    );
+}
+
+#[test]
+fn proxy_set_header_variables() {
+    let value = |v: &str| -> Vec<Part> {
+        let c = http(&format!(
+            "server {{ location / {{ proxy_set_header X '{v}'; }} }}"
+        ));
+        only_loc(&c).proxy.set_headers[0].1.clone()
+    };
+    use Var::*;
+    assert_eq!(
+        value("a $host b ${uri}c $ d$"),
+        vec![
+            lit("a "),
+            Part::Var(Host),
+            lit(" b "),
+            Part::Var(Uri),
+            lit("c $ d$"),
+        ]
+    );
+    assert_eq!(value(""), vec![]);
+    assert_eq!(value("plain"), vec![lit("plain")]);
+    assert_eq!(value("${}"), vec![lit("${}")]);
+    assert_eq!(value("$-x"), vec![lit("$-x")]);
+    assert_eq!(
+        value("$request_method$args$is_args"),
+        vec![Part::Var(RequestMethod), Part::Var(Args), Part::Var(IsArgs)]
+    );
+    assert_eq!(
+        value("$HTTP_X_Forwarded_Proto"),
+        vec![Part::Var(Http("x-forwarded-proto".into()))]
+    );
+    assert_eq!(
+        value("$remote_addr:$remote_port $server_addr:$server_port $server_name"),
+        vec![
+            Part::Var(RemoteAddr),
+            lit(":"),
+            Part::Var(RemotePort),
+            lit(" "),
+            Part::Var(ServerAddr),
+            lit(":"),
+            Part::Var(ServerPort),
+            lit(" "),
+            Part::Var(ServerName),
+        ]
+    );
+    assert_eq!(
+        value("$scheme://$proxy_host:$proxy_port$request_uri"),
+        vec![
+            Part::Var(Scheme),
+            lit("://"),
+            Part::Var(ProxyHost),
+            lit(":"),
+            Part::Var(ProxyPort),
+            Part::Var(RequestUri),
+        ]
+    );
+    assert_eq!(value("é$uri é"), vec![lit("é"), Part::Var(Uri), lit(" é")]);
+    assert_eq!(
+        http_error("server {\nlocation / {\nproxy_set_header X \"a $foo\";\n}\n}"),
+        r#"unknown "foo" variable in t.conf:5"#
+    );
+    assert_eq!(
+        http_error("proxy_set_header X $Bar_Baz;"),
+        r#"unknown "bar_baz" variable in t.conf:3"#
+    );
+    assert_eq!(
+        http_error("proxy_set_header X ${uri;"),
+        r#"the closing bracket in "uri" variable is missing in t.conf:3"#
+    );
+}
+
+#[test]
+fn proxy_inheritance() {
+    let c = http(
+        "proxy_set_header X-Http 1;\n\
+         proxy_read_timeout 11s;\n\
+         proxy_http_version 1.1;\n\
+         server {\n\
+             proxy_set_header X-Server 2;\n\
+             proxy_set_header X-Server2 2;\n\
+             proxy_connect_timeout 12s;\n\
+             location /a/ {\n\
+                 proxy_send_timeout 13s;\n\
+                 location /a/b/ { proxy_set_header X-Loc 3; proxy_read_timeout 14s; }\n\
+             }\n\
+         }\n\
+         server { listen 81; location / { proxy_buffering off; } }",
+    );
+    let h = c.http.as_ref().unwrap();
+    let s0 = &h.servers[0];
+    let with_defaults = |mut v: Vec<(String, Vec<Part>)>| {
+        v.extend(defaults_headers());
+        v
+    };
+    let server_headers = with_defaults(vec![
+        hdr("X-Server", vec![lit("2")]),
+        hdr("X-Server2", vec![lit("2")]),
+    ]);
+    // The server's list replaces the http one (not merged).
+    assert_eq!(s0.base.proxy.set_headers, server_headers);
+    let a = &s0.locations[0].proxy;
+    assert_eq!(a.set_headers, server_headers);
+    assert_eq!(
+        (a.connect_timeout_ms, a.read_timeout_ms, a.send_timeout_ms),
+        (12_000, 11_000, 13_000)
+    );
+    assert_eq!(a.http_version_minor, 1);
+    let b = &s0.locations[1].proxy;
+    assert_eq!(
+        b.set_headers,
+        with_defaults(vec![hdr("X-Loc", vec![lit("3")])])
+    );
+    assert_eq!(
+        (b.connect_timeout_ms, b.read_timeout_ms, b.send_timeout_ms),
+        (12_000, 14_000, 13_000)
+    );
+    assert_eq!(b.http_version_minor, 1);
+    // The other server inherits from http only.
+    let s1 = &h.servers[1];
+    let p = &s1.locations[0].proxy;
+    assert_eq!(
+        p.set_headers,
+        with_defaults(vec![hdr("X-Http", vec![lit("1")])])
+    );
+    assert_eq!(
+        (p.connect_timeout_ms, p.read_timeout_ms, p.send_timeout_ms),
+        (60_000, 11_000, 60_000)
+    );
+    assert!(!p.buffering);
+    assert!(s1.base.proxy.buffering);
+}
+
+#[test]
+fn proxy_next_upstream_values() {
+    let nu = |v: &str| {
+        let c = http(&format!("proxy_next_upstream {v};\nserver {{ }}"));
+        c.http.unwrap().servers[0].base.proxy.next_upstream
+    };
+    assert_eq!(nu("off"), NextUpstream::OFF);
+    assert_eq!(nu("error timeout"), NextUpstream::DEFAULT);
+    let n = nu("HTTP_504 http_500 http_403 http_404 http_429 http_502 http_503 invalid_header");
+    assert_eq!(n.statuses, &[403, 404, 429, 500, 502, 503, 504]);
+    assert!(n.invalid_header && !n.error && !n.timeout && !n.non_idempotent);
+    // Repeated values are accepted.
+    assert_eq!(nu("http_500 http_500").statuses, &[500]);
+}
+
+#[test]
+fn proxy_errors() {
+    let loc = |d: &str| http_error(&format!("server {{\nlocation / {{\n{d}\n}}\n}}"));
+    let cases: &[(&str, &str)] = &[
+        (
+            "proxy_pass https://127.0.0.1:1;",
+            "https protocol requires SSL support",
+        ),
+        ("proxy_pass ftp://x;", r#"invalid URL prefix in "ftp://x""#),
+        ("proxy_pass backend;", r#"invalid URL prefix in "backend""#),
+        ("proxy_pass http://;", r#"no host in upstream """#),
+        ("proxy_pass http:///x;", r#"no host in upstream "/x""#),
+        (
+            "proxy_pass http://a:0/;",
+            r#"invalid port in upstream "a:0/""#,
+        ),
+        (
+            "proxy_pass http://a:/;",
+            r#"invalid port in upstream "a:/""#,
+        ),
+        (
+            "proxy_pass http://a:70000;",
+            r#"invalid port in upstream "a:70000""#,
+        ),
+        (
+            "proxy_pass http://[::1;",
+            r#"invalid host in upstream "[::1""#,
+        ),
+        (
+            "proxy_pass http://[zz]:1;",
+            r#"invalid IPv6 address in upstream "[zz]:1""#,
+        ),
+        (
+            "proxy_pass http://$backend;",
+            r#"variables in "proxy_pass" are not supported"#,
+        ),
+        (
+            "proxy_pass http://127.0.0.1:1; proxy_pass http://127.0.0.1:2;",
+            r#""proxy_pass" directive is duplicate"#,
+        ),
+        (
+            "proxy_pass http://127.0.0.1:1 x;",
+            r#"invalid number of arguments in "proxy_pass" directive"#,
+        ),
+        (
+            "proxy_http_version 2.0;",
+            r#"invalid value "2.0" in "proxy_http_version" directive"#,
+        ),
+        (
+            "proxy_http_version 1.1; proxy_http_version 1.1;",
+            r#""proxy_http_version" directive is duplicate"#,
+        ),
+        (
+            "proxy_connect_timeout soon;",
+            r#"invalid value "soon" in "proxy_connect_timeout" directive"#,
+        ),
+        (
+            "proxy_read_timeout 1s; proxy_read_timeout 2s;",
+            r#""proxy_read_timeout" directive is duplicate"#,
+        ),
+        (
+            "proxy_send_timeout -1;",
+            r#"invalid value "-1" in "proxy_send_timeout" directive"#,
+        ),
+        (
+            "proxy_next_upstream error foo;",
+            r#"invalid value "foo" in "proxy_next_upstream" directive"#,
+        ),
+        (
+            "proxy_next_upstream http_501;",
+            r#"invalid value "http_501" in "proxy_next_upstream" directive"#,
+        ),
+        (
+            "proxy_next_upstream off error;",
+            r#"invalid value "off" in "proxy_next_upstream" directive"#,
+        ),
+        (
+            "proxy_next_upstream error; proxy_next_upstream timeout;",
+            r#""proxy_next_upstream" directive is duplicate"#,
+        ),
+        (
+            "proxy_next_upstream_tries many;",
+            r#"invalid value "many" in "proxy_next_upstream_tries" directive"#,
+        ),
+        (
+            "proxy_buffering maybe;",
+            r#"invalid value "maybe" in "proxy_buffering" directive, it must be "on" or "off""#,
+        ),
+        (
+            "proxy_buffer_size 0;",
+            r#"invalid value "0" in "proxy_buffer_size" directive"#,
+        ),
+        (
+            "proxy_buffer_size 2g;",
+            r#"invalid value "2g" in "proxy_buffer_size" directive"#,
+        ),
+        (
+            "proxy_buffers 1 4k;",
+            r#"there must be at least 2 "proxy_buffers""#,
+        ),
+        (
+            "proxy_buffers 0 4k;",
+            r#"invalid value "0" in "proxy_buffers" directive"#,
+        ),
+        (
+            "proxy_buffers 4 0;",
+            r#"invalid value "0" in "proxy_buffers" directive"#,
+        ),
+        (
+            "proxy_buffers 4 4x;",
+            r#"invalid value "4x" in "proxy_buffers" directive"#,
+        ),
+        (
+            "proxy_buffers 4096 1m;",
+            r#"invalid value "4096" in "proxy_buffers" directive"#,
+        ),
+        (
+            "proxy_set_header X;",
+            r#"invalid number of arguments in "proxy_set_header" directive"#,
+        ),
+        (
+            "upstream u { server 127.0.0.1:1; }",
+            r#""upstream" directive is not allowed here"#,
+        ),
+        (
+            "keepalive 4;",
+            r#""keepalive" directive is not allowed here"#,
+        ),
+        (
+            "proxy_timeout 1s;",
+            r#""proxy_timeout" directive is not allowed here"#,
+        ),
+    ];
+    for (d, want) in cases {
+        assert_eq!(loc(d), format!("{want} in t.conf:5"), "{d}");
+    }
+}
+
+#[test]
+fn proxy_upstream_errors() {
+    assert_eq!(
+        http_error("upstream u { server 127.0.0.1:1; }\nupstream U { server 127.0.0.1:2; }"),
+        r#"duplicate upstream "U" in t.conf:4"#
+    );
+    assert_eq!(
+        http_error("upstream u {\n}"),
+        "no servers are inside upstream in t.conf:3"
+    );
+    let up = |d: &str| http_error(&format!("upstream u {{\nserver 127.0.0.1:1;\n{d}\n}}"));
+    let cases: &[(&str, &str)] = &[
+        (
+            "keepalive 0;",
+            r#"invalid value "0" in "keepalive" directive"#,
+        ),
+        (
+            "keepalive 1; keepalive 2;",
+            r#""keepalive" directive is duplicate"#,
+        ),
+        (
+            "keepalive_timeout 1s 2s;",
+            r#"invalid number of arguments in "keepalive_timeout" directive"#,
+        ),
+        (
+            "keepalive_timeout x;",
+            r#"invalid value "x" in "keepalive_timeout" directive"#,
+        ),
+        (
+            "keepalive_requests 1; keepalive_requests 2;",
+            r#""keepalive_requests" directive is duplicate"#,
+        ),
+        (
+            "keepalive_requests -1;",
+            r#"invalid value "-1" in "keepalive_requests" directive"#,
+        ),
+        (
+            "server 127.0.0.1:2 slow_start=1s;",
+            r#"invalid parameter "slow_start=1s""#,
+        ),
+        (
+            "proxy_pass http://127.0.0.1:1;",
+            r#""proxy_pass" directive is not allowed here"#,
+        ),
+        (
+            "location / { }",
+            r#""location" directive is not allowed here"#,
+        ),
+    ];
+    for (d, want) in cases {
+        assert_eq!(up(d), format!("{want} in t.conf:5"), "{d}");
+    }
+}
+
+#[test]
+fn proxy_pass_outside_location() {
+    assert_eq!(
+        http_error("server {\nproxy_pass http://127.0.0.1:1;\n}"),
+        r#""proxy_pass" directive is not allowed here in t.conf:4"#
+    );
+    assert_eq!(
+        http_error("proxy_pass http://127.0.0.1:1;"),
+        r#""proxy_pass" directive is not allowed here in t.conf:3"#
+    );
+}
+
+#[test]
+fn keepalive_in_stream_upstream_is_rejected() {
+    for d in [
+        "keepalive 4;",
+        "keepalive_timeout 10s;",
+        "keepalive_requests 10;",
+    ] {
+        let name = d.split(' ').next().unwrap();
+        assert_eq!(
+            stream_error(&format!("upstream u {{\nserver 127.0.0.1:1;\n{d}\n}}")),
+            format!("\"{name}\" directive is not allowed here in t.conf:5")
+        );
+    }
+    // The http-only proxy directives are not stream ones.
+    assert_eq!(
+        stream_error("proxy_set_header X y;"),
+        r#""proxy_set_header" directive is not allowed here in t.conf:3"#
+    );
+    // A stream `server` still needs its port.
+    assert_eq!(
+        stream_error("upstream u { server 127.0.0.1; }"),
+        r#"no port in upstream "127.0.0.1" in t.conf:3"#
     );
 }
