@@ -1,9 +1,13 @@
-//! Request bodies sent with `Transfer-Encoding: chunked`: a bounded, byte-driven state machine.
+//! Bodies sent with `Transfer-Encoding: chunked`: a bounded, byte-driven state machine.
 //!
-//! The decoder only walks the framing (chunk sizes, extensions, CRLFs and trailers) and counts
-//! payload bytes; it never buffers or returns payload, since shard only discards bodies. It
-//! keeps a few counters of state, so memory is constant whatever the input. Limits on the total
-//! body size (`client_max_body_size`) belong to the caller, which sees the running count.
+//! The decoder walks the framing (chunk sizes, extensions, CRLFs and trailers) and counts
+//! payload bytes. [`ChunkedDecoder::feed`] only counts them, for bodies shard discards;
+//! [`ChunkedDecoder::feed_into`] also appends them to a caller's buffer, for request bodies the
+//! HTTP proxy holds de-chunked and for chunked upstream responses. Both run the same state
+//! machine. The decoder itself keeps a few counters of state, so its memory is constant
+//! whatever the input; trailers are checked and dropped, never returned. Limits on the total
+//! body size (`client_max_body_size`, the proxy's buffers) belong to the caller, which sees the
+//! running count and owns the output buffer.
 
 use crate::request::Reject;
 
@@ -33,7 +37,7 @@ enum State {
     Done,
 }
 
-/// What one [`ChunkedDecoder::feed`] call did.
+/// What one [`ChunkedDecoder::feed`] or [`ChunkedDecoder::feed_into`] call did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Feed {
     /// Input bytes used. Less than the input only when the body ended inside it.
@@ -100,11 +104,25 @@ impl ChunkedDecoder {
     /// body, leaving any following bytes (a pipelined request) unconsumed. A malformed body is
     /// a 400; the decoder must not be fed again after an error.
     pub fn feed(&mut self, input: &[u8]) -> Result<Feed, Reject> {
+        self.walk(input, None)
+    }
+
+    /// As [`feed`](Self::feed), and appends the payload bytes of `input` to `out` (`Feed::data`
+    /// of them). On an error, `out` may already hold payload that preceded the malformed byte.
+    pub fn feed_into(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<Feed, Reject> {
+        self.walk(input, Some(out))
+    }
+
+    /// The one state machine behind `feed` and `feed_into`: `sink` receives the payload.
+    fn walk(&mut self, input: &[u8], mut sink: Option<&mut Vec<u8>>) -> Result<Feed, Reject> {
         let mut i = 0;
         let mut data = 0u64;
         while i < input.len() {
             if self.state == State::Data {
                 let take = self.size.min((input.len() - i) as u64);
+                if let Some(out) = sink.as_deref_mut() {
+                    out.extend_from_slice(&input[i..i + take as usize]);
+                }
                 i += take as usize;
                 data += take;
                 self.size -= take;
@@ -285,5 +303,78 @@ mod tests {
         assert!(all(long_ext.as_bytes()).is_err());
         let trailers = format!("0\r\n{}", "X: y\r\n".repeat(5000));
         assert!(all(trailers.as_bytes()).is_err());
+    }
+
+    /// Feeds `body` to one decoder in pieces of `step` bytes through `feed_into`; returns the
+    /// payload, the bytes consumed and whether the body ended.
+    fn decode_in_steps(body: &[u8], step: usize) -> (Vec<u8>, usize, bool) {
+        let mut d = ChunkedDecoder::new();
+        let mut out = Vec::new();
+        let mut consumed = 0;
+        for piece in body.chunks(step) {
+            let before = out.len();
+            let f = d.feed_into(piece, &mut out).unwrap();
+            assert_eq!(
+                f.data,
+                (out.len() - before) as u64,
+                "data counts what was appended"
+            );
+            consumed += f.consumed;
+            if f.consumed < piece.len() {
+                break;
+            }
+        }
+        (out, consumed, d.is_done())
+    }
+
+    #[test]
+    fn feed_into_collects_payload_across_splits() {
+        let body: &[u8] =
+            b"5\r\nhello\r\n1;ext=1\r\n \r\nA\n0123456789\n0\r\nX-T: 1\r\n\r\nGET / HTTP/1.1\r\n";
+        let end = body.len() - b"GET / HTTP/1.1\r\n".len();
+        for step in 1..=body.len() {
+            let (out, consumed, done) = decode_in_steps(body, step);
+            assert_eq!(out, b"hello 0123456789", "step {step}");
+            assert_eq!(consumed, end, "step {step}: the pipelined request is left");
+            assert!(done, "step {step}");
+        }
+    }
+
+    #[test]
+    fn feed_into_appends_and_agrees_with_feed() {
+        let body = b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n";
+        let mut out = b"kept:".to_vec();
+        let mut d = ChunkedDecoder::new();
+        let f = d.feed_into(&body[..9], &mut out).unwrap();
+        assert_eq!(out, b"kept:abc");
+        assert_eq!(f, ChunkedDecoder::new().feed(&body[..9]).unwrap());
+        let f = d.feed_into(&body[9..13], &mut out).unwrap();
+        assert_eq!((f.consumed, f.data), (4, 2));
+        assert_eq!(out, b"kept:abcde");
+        d.feed_into(&body[13..], &mut out).unwrap();
+        assert!(d.is_done());
+        assert_eq!(out, b"kept:abcdefg");
+        assert_eq!(
+            d.feed_into(b"more", &mut out).unwrap(),
+            Feed {
+                consumed: 0,
+                data: 0
+            }
+        );
+        assert_eq!(out, b"kept:abcdefg", "nothing after the end");
+    }
+
+    #[test]
+    fn feed_into_rejects_like_feed() {
+        let mut out = Vec::new();
+        let r = ChunkedDecoder::new()
+            .feed_into(b"2\r\nabc\r\n", &mut out)
+            .unwrap_err();
+        assert_eq!(r.status, 400);
+        assert_eq!(out, b"ab", "payload before the error stays");
+        let r = ChunkedDecoder::new()
+            .feed_into(b"zz\r\n", &mut out)
+            .unwrap_err();
+        assert_eq!(r, ChunkedDecoder::new().feed(b"zz\r\n").unwrap_err());
     }
 }

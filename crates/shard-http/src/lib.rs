@@ -12,6 +12,7 @@
 pub mod access_log;
 pub mod body;
 pub mod gzip;
+pub mod proxy;
 pub mod request;
 pub mod response;
 pub mod route;

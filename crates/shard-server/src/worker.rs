@@ -15,6 +15,7 @@
 //! - pipelined responses are gathered into one buffer and written with one `write`.
 
 mod conn;
+mod proxy;
 mod relay;
 mod respond;
 
@@ -32,6 +33,7 @@ use slab::Slab;
 use crate::listen::OpenListener;
 use crate::shm::{Region, WorkerSlot};
 use conn::Conn;
+use proxy::{UpConn, UPCONN_BASE};
 use relay::{PeerState, Relay, RELAY_BASE};
 
 /// Token of the worker's signalfd.
@@ -100,6 +102,12 @@ pub(crate) struct Worker<'a> {
     relay_timers: BinaryHeap<Reverse<(u64, usize, u64)>>,
     /// Per upstream, per peer: failures and round-robin weights (this worker's view).
     peer_state: Vec<Vec<PeerState>>,
+    /// Upstream connections of the HTTP proxy (`proxy.rs`), busy or pooled.
+    upconns: Slab<UpConn>,
+    /// Per http upstream: idle pooled connections (keys into `upconns`), oldest first.
+    pools: Vec<Vec<usize>>,
+    /// Per http upstream, per peer: this worker's failures and round-robin weights.
+    http_peer_state: Vec<Vec<PeerState>>,
     conns_max: usize,
     next_conn_id: u64,
     /// `(deadline_ms, slab key, conn id)`: at most one entry per connection; a popped entry
@@ -230,6 +238,18 @@ impl<'a> Worker<'a> {
             relay_timers: BinaryHeap::new(),
             peer_state: a.cfg.stream.as_ref().map_or(Vec::new(), |s| {
                 s.upstreams
+                    .iter()
+                    .map(|u| vec![PeerState::default(); u.peers.len()])
+                    .collect()
+            }),
+            upconns: Slab::new(),
+            pools: a
+                .cfg
+                .http
+                .as_ref()
+                .map_or(Vec::new(), |h| vec![Vec::new(); h.upstreams.len()]),
+            http_peer_state: a.cfg.http.as_ref().map_or(Vec::new(), |h| {
+                h.upstreams
                     .iter()
                     .map(|u| vec![PeerState::default(); u.peers.len()])
                     .collect()
@@ -367,7 +387,9 @@ impl<'a> Worker<'a> {
                     self.on_signals();
                 } else if ev.token >= RELAY_BASE && ev.token < LISTENER_BASE {
                     self.on_relay_event(ev.token, ev);
-                } else if ev.token < RELAY_BASE {
+                } else if ev.token >= UPCONN_BASE && ev.token < RELAY_BASE {
+                    self.on_upconn_event(ev.token, ev);
+                } else if ev.token < UPCONN_BASE {
                     self.on_conn_event(ev.token as usize, ev);
                 }
             }
@@ -379,6 +401,7 @@ impl<'a> Worker<'a> {
                     .cpu_ms
                     .store(shard_event::process::cpu_time_ms(), Relaxed);
                 self.flush_access_logs();
+                self.expire_pools();
             }
             self.slot.heartbeat_ms.store(self.now_ms, Relaxed);
         }
@@ -478,8 +501,8 @@ impl<'a> Worker<'a> {
             self.next_conn_id += 1;
             let key = self.conns.insert(Conn::new(cfd, peer, conf_idx, id));
             self.start_reading(key, true);
-            self.timers
-                .push(Reverse((self.conns[key].deadline_ms, key, id)));
+            let deadline = self.conns[key].deadline_ms;
+            self.set_conn_deadline(key, deadline);
             if self.listeners[li].mode == AcceptMode::Mutex {
                 // As nginx posts accept events: the lock is held for accepting only; the new
                 // connections are served after it is released.
@@ -548,6 +571,7 @@ impl<'a> Worker<'a> {
             l.1 = false;
         }
         self.accept_mutex = false;
+        self.expire_pools();
         // Idle keep-alive connections go now; busy ones close after their current response.
         let idle: Vec<usize> = self
             .conns
@@ -592,20 +616,24 @@ impl<'a> Worker<'a> {
                 break;
             }
             self.timers.pop();
-            let Some(c) = self.conns.get(key) else {
+            let Some(c) = self.conns.get_mut(key) else {
                 continue;
             };
-            if c.id != id {
+            if c.id != id || deadline != c.timer_at {
+                // A connection closed, or an entry superseded by an earlier one.
                 continue;
             }
+            c.timer_at = u64::MAX;
             if c.deadline_ms > self.now_ms {
-                self.timers.push(Reverse((c.deadline_ms, key, id)));
+                let d = c.deadline_ms;
+                self.set_conn_deadline(key, d);
                 continue;
             }
             self.on_timeout(key);
             if let Some(c) = self.conns.get(key) {
                 if c.id == id {
-                    self.timers.push(Reverse((c.deadline_ms, key, id)));
+                    let d = c.deadline_ms;
+                    self.set_conn_deadline(key, d);
                 }
             }
         }

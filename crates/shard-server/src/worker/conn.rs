@@ -52,28 +52,32 @@ struct FileBody {
 pub(super) struct Conn {
     pub(super) fd: RawFd,
     pub(super) id: u64,
-    peer: Option<SocketAddr>,
+    pub(super) peer: Option<SocketAddr>,
     /// Index into `Config::listeners`.
-    listener: usize,
-    phase: Phase,
-    registered: bool,
+    pub(super) listener: usize,
+    pub(super) phase: Phase,
+    pub(super) registered: bool,
     /// The socket may have unread bytes (set by an event or at accept, cleared on a short read).
-    readable: bool,
-    writable: bool,
-    eof: bool,
-    inbuf: Vec<u8>,
-    out: Vec<u8>,
-    out_pos: usize,
+    pub(super) readable: bool,
+    pub(super) writable: bool,
+    pub(super) eof: bool,
+    pub(super) inbuf: Vec<u8>,
+    pub(super) out: Vec<u8>,
+    pub(super) out_pos: usize,
     file: Option<FileBody>,
     body: BodyLeft,
-    body_bytes_max: u64,
-    body_bytes: u64,
-    requests: u64,
+    pub(super) body_bytes_max: u64,
+    pub(super) body_bytes: u64,
+    pub(super) requests: u64,
     pub(super) deadline_ms: u64,
-    close_after: bool,
-    lingering: bool,
-    send_timeout_ms: u64,
-    keepalive_timeout_ms: u64,
+    pub(super) close_after: bool,
+    pub(super) lingering: bool,
+    pub(super) send_timeout_ms: u64,
+    pub(super) keepalive_timeout_ms: u64,
+    /// The request being proxied (`proxy.rs`).
+    pub(super) proxy: Option<Box<super::proxy::Proxy>>,
+    /// The earliest deadline queued in the timer heap for this connection.
+    pub(super) timer_at: u64,
 }
 
 impl Conn {
@@ -101,6 +105,8 @@ impl Conn {
             lingering: false,
             send_timeout_ms: 60_000,
             keepalive_timeout_ms: 75_000,
+            proxy: None,
+            timer_at: u64::MAX,
         }
     }
 
@@ -108,7 +114,7 @@ impl Conn {
         self.phase == Phase::Waiting && self.inbuf.is_empty() && self.out_pos >= self.out.len()
     }
 
-    fn has_output(&self) -> bool {
+    pub(super) fn has_output(&self) -> bool {
         self.out_pos < self.out.len() || self.file.is_some()
     }
 
@@ -123,12 +129,12 @@ impl Conn {
                 || self.out.len() >= PIPELINE_GATHER_BYTES)
     }
 
-    fn body_pending(&self) -> bool {
+    pub(super) fn body_pending(&self) -> bool {
         !matches!(self.body, BodyLeft::None)
     }
 }
 
-enum Flush {
+pub(super) enum Flush {
     Done,
     Blocked,
     Failed,
@@ -181,7 +187,7 @@ impl Worker<'_> {
         self.drive(key);
     }
 
-    fn ensure_registered(&mut self, key: usize) -> bool {
+    pub(super) fn ensure_registered(&mut self, key: usize) -> bool {
         let c = &mut self.conns[key];
         if c.registered {
             return true;
@@ -216,6 +222,9 @@ impl Worker<'_> {
         if let Some(f) = c.file.take() {
             shard_event::sock::close(f.fd);
         }
+        if let Some(u) = c.proxy.take().and_then(|p| p.upstream_conn()) {
+            self.close_upconn(u);
+        }
         WorkerSlot::drop_one(phase_counter(self.slot, c.phase));
         WorkerSlot::drop_one(&self.slot.active);
         let inbuf = std::mem::take(&mut c.inbuf);
@@ -225,6 +234,9 @@ impl Worker<'_> {
     }
 
     pub(super) fn on_timeout(&mut self, key: usize) {
+        if self.proxy_timeout(key) {
+            return;
+        }
         let c = &self.conns[key];
         if c.lingering {
             self.close(key);
@@ -247,7 +259,7 @@ impl Worker<'_> {
         }
     }
 
-    fn flush(&mut self, key: usize) -> Flush {
+    pub(super) fn flush(&mut self, key: usize) -> Flush {
         let c = &mut self.conns[key];
         while c.out_pos < c.out.len() {
             if !c.writable {
@@ -326,6 +338,12 @@ impl Worker<'_> {
             if !self.conns.contains(key) {
                 return;
             }
+            if self.conns[key].proxy.is_some() {
+                match self.drive_proxy(key) {
+                    super::proxy::Step::Done => continue,
+                    super::proxy::Step::Wait => return,
+                }
+            }
             if self.conns[key].must_flush_now() && !self.flush_or_wait(key) {
                 return;
             }
@@ -384,10 +402,8 @@ impl Worker<'_> {
                 let limits = self.limits(c.listener);
                 match shard_http::request::parse(&c.inbuf, &limits) {
                     shard_http::request::Parse::Complete { req, head_len } => {
-                        let c = &mut self.conns[key];
-                        c.inbuf.drain(..head_len);
                         let _ = http;
-                        self.handle(key, req);
+                        self.handle(key, req, head_len);
                         continue;
                     }
                     shard_http::request::Parse::Partial => {}
@@ -412,7 +428,7 @@ impl Worker<'_> {
 
     /// Writes pending output. Returns false when the connection must wait for the kernel (it is
     /// then registered) or was closed.
-    fn flush_or_wait(&mut self, key: usize) -> bool {
+    pub(super) fn flush_or_wait(&mut self, key: usize) -> bool {
         if !self.conns[key].has_output() {
             return true;
         }
@@ -446,7 +462,7 @@ impl Worker<'_> {
 
     /// Reads once into the input buffer. Returns false when the connection must wait (it is
     /// registered) or was closed; true when bytes arrived.
-    fn read_more(&mut self, key: usize) -> bool {
+    pub(super) fn read_more(&mut self, key: usize) -> bool {
         if !self.conns[key].readable {
             self.ensure_registered(key);
             return false;
@@ -530,19 +546,28 @@ impl Worker<'_> {
 
     /// Consumes body bytes from the input buffer. Returns true when the body is complete (or
     /// the connection got an error reply), false when more input is needed.
-    fn consume_body(&mut self, key: usize) -> bool {
+    pub(super) fn consume_body(&mut self, key: usize) -> bool {
         let c = &mut self.conns[key];
         let (used, data, done, bad) = match &mut c.body {
             BodyLeft::None => return true,
             BodyLeft::Length(left) => {
                 let take = (*left).min(c.inbuf.len() as u64);
                 *left -= take;
+                if let Some(p) = c.proxy.as_mut() {
+                    p.body_mut().extend_from_slice(&c.inbuf[..take as usize]);
+                }
                 (take as usize, take, *left == 0, None)
             }
-            BodyLeft::Chunked(dec) => match dec.feed(&c.inbuf) {
-                Ok(f) => (f.consumed, f.data, dec.is_done(), None),
-                Err(rej) => (c.inbuf.len(), 0, true, Some(rej)),
-            },
+            BodyLeft::Chunked(dec) => {
+                let fed = match c.proxy.as_mut() {
+                    Some(p) => dec.feed_into(&c.inbuf, p.body_mut()),
+                    None => dec.feed(&c.inbuf),
+                };
+                match fed {
+                    Ok(f) => (f.consumed, f.data, dec.is_done(), None),
+                    Err(rej) => (c.inbuf.len(), 0, true, Some(rej)),
+                }
+            }
         };
         c.inbuf.drain(..used);
         c.body_bytes += data;
@@ -604,7 +629,8 @@ impl Worker<'_> {
         }
     }
 
-    fn handle(&mut self, key: usize, req: shard_http::request::Request) {
+    /// Answers the request whose head is the first `head_len` bytes of the input buffer.
+    fn handle(&mut self, key: usize, req: shard_http::request::Request, head_len: usize) {
         WorkerSlot::bump(&self.slot.requests, 1);
         self.set_phase(key, Phase::Writing);
         let cfg = self.cfg;
@@ -613,9 +639,13 @@ impl Worker<'_> {
             return;
         };
         let listener = &cfg.listeners[self.conns[key].listener];
-        let server =
-            &http.servers[shard_http::route::select_server(http, listener, req.host.as_deref())];
+        let server_idx = shard_http::route::select_server(http, listener, req.host.as_deref());
+        let server = &http.servers[server_idx];
         let loc = shard_http::route::find_location(server, &req.path);
+        let proxied = loc.proxy_pass.is_some() && loc.ret.is_none() && loc.handler.is_none();
+        if !proxied {
+            self.conns[key].inbuf.drain(..head_len);
+        }
 
         let c = &mut self.conns[key];
         c.requests += 1;
@@ -631,8 +661,12 @@ impl Worker<'_> {
         // Body: refuse what announces itself too large before reading any of it.
         match req.body {
             shard_http::request::Body::Length(n)
-                if loc.client_max_body_size > 0 && n > loc.client_max_body_size =>
+                if (loc.client_max_body_size > 0 && n > loc.client_max_body_size)
+                    || (proxied && n > super::proxy::BODY_MEMORY_MAX) =>
             {
+                if proxied {
+                    c.inbuf.drain(..head_len);
+                }
                 crate::log!(Error, "client intended to send too large body: {n} bytes");
                 self.error_reply(key, 413, &req.request_line);
                 self.log_access(
@@ -654,6 +688,12 @@ impl Worker<'_> {
             c.out = self.pool.pop().unwrap_or_default();
             c.out.clear();
         }
+        if proxied {
+            // The access log line is written when the proxied response ends.
+            self.start_proxy(key, server_idx, loc, req, head_len, keep_alive);
+            self.conns[key].inbuf.drain(..head_len);
+            return;
+        }
         let reply = self.respond(key, server, loc, &req, keep_alive);
         let c = &mut self.conns[key];
         if !keep_alive {
@@ -662,7 +702,7 @@ impl Worker<'_> {
         self.log_access(key, loc, &req, reply.status, reply.body_bytes);
     }
 
-    fn log_access(
+    pub(super) fn log_access(
         &mut self,
         key: usize,
         loc: &LocationConf,
@@ -708,6 +748,17 @@ impl Worker<'_> {
     ) -> Reply {
         let _ = server;
         super::respond::respond(self, key, loc, req, keep_alive)
+    }
+
+    /// Sets the connection's deadline and queues a timer when it is earlier than the one
+    /// already queued (later deadlines are re-armed lazily by `expire_timers`).
+    pub(super) fn set_conn_deadline(&mut self, key: usize, deadline: u64) {
+        let c = &mut self.conns[key];
+        c.deadline_ms = deadline;
+        if deadline < c.timer_at {
+            c.timer_at = deadline;
+            self.timers.push(std::cmp::Reverse((deadline, key, c.id)));
+        }
     }
 
     pub(super) fn out_buf(&mut self, key: usize) -> &mut Vec<u8> {

@@ -21,7 +21,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
-use shard_config::StreamServerConf;
+use shard_config::{PeerConf, StreamServerConf};
 use shard_event::sock::Connect;
 
 use super::Worker;
@@ -130,7 +130,7 @@ impl Worker<'_> {
 
     /// Connections counted against `worker_connections`: a relay is two.
     pub(super) fn connections_used(&self) -> usize {
-        self.conns.len() + 2 * self.relays.len()
+        self.conns.len() + 2 * self.relays.len() + self.upconns_used()
     }
 
     /// Takes an accepted client of the stream server `server` (already counted as accepted,
@@ -185,46 +185,13 @@ impl Worker<'_> {
         }
     }
 
-    /// Smooth weighted round robin over the peers not yet tried by this relay, primaries
-    /// first, then backups.
+    /// Smooth weighted round robin over the peers not yet tried by this relay.
     fn pick_peer(&mut self, upstream: usize, tried: &[bool]) -> Option<usize> {
-        let now = self.now_ms;
         let peers = &self.cfg.stream.as_ref()?.upstreams[upstream].peers;
-        let state = &mut self.peer_state[upstream];
-        // As nginx: a lone peer is always tried (max_fails does not apply to it).
-        let single = peers.len() == 1;
-        for backup in [false, true] {
-            let mut total = 0i64;
-            let mut best: Option<usize> = None;
-            for (i, p) in peers.iter().enumerate() {
-                if p.backup != backup || p.down || tried.get(i).copied().unwrap_or(true) {
-                    continue;
-                }
-                let st = &mut state[i];
-                if !single
-                    && p.max_fails > 0
-                    && st.fails >= p.max_fails
-                    && now.saturating_sub(st.last_fail_ms) < p.fail_timeout_ms
-                {
-                    continue;
-                }
-                st.current += p.weight as i64;
-                total += p.weight as i64;
-                let cur = st.current;
-                if best.is_none_or(|b| cur > state[b].current) {
-                    best = Some(i);
-                }
-            }
-            if let Some(b) = best {
-                state[b].current -= total;
-                return Some(b);
-            }
-        }
-        None
+        pick_peer(peers, &mut self.peer_state[upstream], tried, self.now_ms)
     }
 
     fn peer_failed(&mut self, upstream: usize, peer: usize) {
-        let now = self.now_ms;
         let Some(p) = self
             .cfg
             .stream
@@ -233,13 +200,7 @@ impl Worker<'_> {
         else {
             return;
         };
-        let st = &mut self.peer_state[upstream][peer];
-        // Failures count within `fail_timeout` of the previous one.
-        if now.saturating_sub(st.last_fail_ms) >= p.fail_timeout_ms {
-            st.fails = 0;
-        }
-        st.fails += 1;
-        st.last_fail_ms = now;
+        record_failure(p, &mut self.peer_state[upstream][peer], self.now_ms);
     }
 
     fn log_upstream_error(&self, key: usize, what: &str) {
@@ -572,4 +533,61 @@ fn move_bytes(
         progress = true;
     }
     Ok(progress)
+}
+
+/// Smooth weighted round robin (nginx's) over the peers not in `tried`, primaries first, then
+/// backups; `down` peers and peers that failed `max_fails` times within `fail_timeout` are
+/// skipped. Shared by the stream relay and the HTTP proxy.
+pub(super) fn pick_peer(
+    peers: &[PeerConf],
+    state: &mut [PeerState],
+    tried: &[bool],
+    now: u64,
+) -> Option<usize> {
+    // As nginx: a lone peer is always tried (max_fails does not apply to it).
+    let single = peers.len() == 1;
+    for backup in [false, true] {
+        let mut total = 0i64;
+        let mut best: Option<usize> = None;
+        for (i, p) in peers.iter().enumerate() {
+            if p.backup != backup || p.down || tried.get(i).copied().unwrap_or(true) {
+                continue;
+            }
+            let st = &mut state[i];
+            if !single
+                && p.max_fails > 0
+                && st.fails >= p.max_fails
+                && now.saturating_sub(st.last_fail_ms) < p.fail_timeout_ms
+            {
+                continue;
+            }
+            st.current += p.weight as i64;
+            total += p.weight as i64;
+            let cur = st.current;
+            if best.is_none_or(|b| cur > state[b].current) {
+                best = Some(i);
+            }
+        }
+        if let Some(b) = best {
+            state[b].current -= total;
+            return Some(b);
+        }
+    }
+    None
+}
+
+/// Counts one failure of a peer; failures count within `fail_timeout` of the previous one.
+pub(super) fn record_failure(p: &PeerConf, st: &mut PeerState, now: u64) {
+    if now.saturating_sub(st.last_fail_ms) >= p.fail_timeout_ms {
+        st.fails = 0;
+    }
+    st.fails += 1;
+    st.last_fail_ms = now;
+}
+
+impl PeerState {
+    /// A success clears the failure count.
+    pub(super) fn succeeded(&mut self) {
+        self.fails = 0;
+    }
 }

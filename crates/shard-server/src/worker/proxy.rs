@@ -1,0 +1,1201 @@
+//! The HTTP reverse proxy's I/O: one client request relayed to an upstream peer and its
+//! response streamed back.
+//!
+//! This module owns, per proxied request ([`Proxy`], hung on the client's `Conn`): reading the
+//! whole request body into memory (nginx's `proxy_request_buffering on`, bounded by
+//! `client_max_body_size`), choosing a peer (the stream module's smooth weighted round robin
+//! with `max_fails`/`fail_timeout`, state kept per worker), taking a pooled connection or
+//! connecting without blocking, sending the request, reading the response head, and moving the
+//! body to the client through a bounded buffer (`proxy_buffer_size`, plus `proxy_buffers` when
+//! `proxy_buffering on`): the upstream is not read while that much waits for the client.
+//! Failures before the response head reached the client become another peer
+//! (`proxy_next_upstream`), a 502 or a 504; after it, the client connection is closed so it
+//! sees a truncated response rather than a wrong one.
+//!
+//! It also owns the upstream connections ([`UpConn`]) and the per-upstream keep-alive pools
+//! (`keepalive N`): idle connections stay in epoll, and any event on one (the peer closed it or
+//! sent bytes nobody asked for) closes it. What to send and how to read a head are decided by
+//! `shard_http::proxy`; this module moves bytes.
+//!
+//! Upstream sockets sit in the worker's epoll, registered once, edge-triggered, with the token
+//! `UPCONN_BASE + key`, a range between client connections and stream relays.
+
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+
+use shard_config::{HttpConf, LocationConf, ProxyPass, ServerName};
+use shard_event::sock::Connect;
+use shard_http::body::ChunkedDecoder;
+use shard_http::proxy::{Framing, ResponseParse};
+use shard_http::request::{Body, Method, Request};
+
+use super::relay::{pick_peer, record_failure};
+use super::Worker;
+
+/// First upstream-connection token; they stay below the stream relays' tokens.
+pub(super) const UPCONN_BASE: u64 = 1 << 46;
+/// Largest request body held in memory when `client_max_body_size 0` sets no limit.
+pub(super) const BODY_MEMORY_MAX: u64 = 64 << 20;
+/// Smallest read from an upstream.
+const READ_MIN_BYTES: usize = 4096;
+
+/// One connection to an upstream peer: serving a request, or idle in its upstream's pool.
+pub(super) struct UpConn {
+    fd: RawFd,
+    upstream: usize,
+    peer: usize,
+    readable: bool,
+    writable: bool,
+    /// Still connecting (non-blocking `connect` in progress).
+    connecting: bool,
+    /// The peer's end of stream (or an error) was reported: a read must follow even after a
+    /// short read, since no further edge will come.
+    hup: bool,
+    /// The client connection `(key, id)` this connection serves; `None` while pooled.
+    owner: Option<(usize, u64)>,
+    /// Requests sent on this connection.
+    requests: u64,
+    /// When it went idle in the pool.
+    idle_since_ms: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    /// Reading the client's request body into memory.
+    ReadBody,
+    /// Choosing a peer and getting a connection to it.
+    Connect,
+    /// Waiting for a non-blocking connect.
+    Connecting,
+    /// Writing the request.
+    Sending,
+    /// Reading the response head.
+    ReadingHead,
+    /// Streaming the response body.
+    ReadingBody,
+}
+
+/// How the upstream response body is being read.
+enum UpBody {
+    None,
+    Length(u64),
+    Chunked(ChunkedDecoder),
+    Close,
+}
+
+/// Why an attempt failed, in `proxy_next_upstream` terms.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Failure {
+    Error,
+    Timeout,
+    InvalidHeader,
+    Status(u16),
+}
+
+pub(super) struct Proxy {
+    server: usize,
+    /// Index into the server's `locations`; `None` is the server's base settings.
+    location: Option<usize>,
+    req: Request,
+    /// The request head as received.
+    head: Vec<u8>,
+    /// The request body, de-chunked.
+    body: Vec<u8>,
+    has_body: bool,
+    state: State,
+    /// The last attempt's failure: when no peer is left, a timeout answers 504, else 502.
+    last_failure: Option<Failure>,
+    /// The request to write upstream and how much of it is written.
+    upreq: Vec<u8>,
+    upreq_pos: usize,
+    up: Option<usize>,
+    /// Whether `up` came from the pool (a failure on it before any response byte is retried
+    /// on a fresh connection, as the peer may have closed it while idle).
+    reused: bool,
+    tried: Vec<bool>,
+    tries: u32,
+    /// Bytes read from the upstream and not yet passed on.
+    rbuf: Vec<u8>,
+    scratch: Vec<u8>,
+    upbody: UpBody,
+    upstream_reusable: bool,
+    /// The client is sent chunked encoding.
+    client_chunked: bool,
+    keep_alive: bool,
+    /// The response head went to the client: no retry and no error page any more.
+    head_sent: bool,
+    status: u16,
+    body_sent: u64,
+}
+
+impl Proxy {
+    fn new(
+        server: usize,
+        location: Option<usize>,
+        req: Request,
+        head: Vec<u8>,
+        keep_alive: bool,
+        n_peers: usize,
+    ) -> Proxy {
+        let has_body = !matches!(req.body, Body::None);
+        Proxy {
+            server,
+            location,
+            req,
+            head,
+            body: Vec::new(),
+            has_body,
+            state: State::ReadBody,
+            last_failure: None,
+            upreq: Vec::new(),
+            upreq_pos: 0,
+            up: None,
+            reused: false,
+            tried: vec![false; n_peers],
+            tries: 0,
+            rbuf: Vec::new(),
+            scratch: Vec::new(),
+            upbody: UpBody::None,
+            upstream_reusable: false,
+            client_chunked: false,
+            keep_alive,
+            head_sent: false,
+            status: 0,
+            body_sent: 0,
+        }
+    }
+
+    /// The upstream connection in use, if any.
+    pub(super) fn upstream_conn(&self) -> Option<usize> {
+        self.up
+    }
+
+    /// Body bytes to append while reading the request body.
+    pub(super) fn body_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.body
+    }
+}
+
+/// What `drive_proxy` tells the connection loop.
+pub(super) enum Step {
+    /// The request is finished (answered or failed with an error page): go on as after any
+    /// response.
+    Done,
+    /// Waiting for the kernel, or the connection was closed.
+    Wait,
+}
+
+fn upconn_interest() -> shard_event::Interest {
+    shard_event::Interest::READ
+        | shard_event::Interest::WRITE
+        | shard_event::Interest::RDHUP
+        | shard_event::Interest::EDGE
+}
+
+fn idempotent(m: &Method) -> bool {
+    !matches!(m, Method::Post | Method::Patch) && !matches!(m, Method::Other(s) if s == "LOCK")
+}
+
+/// `Expect: 100-continue` in a request head (HTTP/1.1 only, checked by the caller).
+fn expects_continue(head: &[u8]) -> bool {
+    head.split(|&b| b == b'\n').any(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            return false;
+        };
+        line[..colon].eq_ignore_ascii_case(b"expect")
+            && line[colon + 1..]
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"100-continue")
+    })
+}
+
+impl<'a> Worker<'a> {
+    fn http(&self) -> &'a HttpConf {
+        self.cfg.http.as_ref().expect("proxy without http")
+    }
+
+    fn proxy_location(&self, p: &Proxy) -> &'a LocationConf {
+        let s = &self.http().servers[p.server];
+        p.location.map_or(&s.base, |i| &s.locations[i])
+    }
+
+    fn proxy_pass(&self, p: &Proxy) -> &'a ProxyPass {
+        self.proxy_location(p)
+            .proxy_pass
+            .as_ref()
+            .expect("proxied location has proxy_pass")
+    }
+
+    /// Connections counted against `worker_connections` by the proxy.
+    pub(super) fn upconns_used(&self) -> usize {
+        self.upconns.len()
+    }
+
+    /// Starts proxying the request just parsed on connection `key` (its head is the first
+    /// `head_len` bytes of the input buffer, still there).
+    pub(super) fn start_proxy(
+        &mut self,
+        key: usize,
+        server: usize,
+        loc: &'a LocationConf,
+        req: Request,
+        head_len: usize,
+        keep_alive: bool,
+    ) {
+        let srv = &self.http().servers[server];
+        let location = srv
+            .locations
+            .iter()
+            .position(|l| std::ptr::eq(l, loc))
+            .filter(|_| !std::ptr::eq(&srv.base, loc));
+        let pass = loc.proxy_pass.as_ref().expect("checked by the caller");
+        let n_peers = self.http().upstreams[pass.upstream].peers.len();
+        let c = &mut self.conns[key];
+        let head = c.inbuf[..head_len].to_vec();
+        let cont = req.minor_version >= 1 && req.body != Body::None && expects_continue(&head);
+        c.proxy = Some(Box::new(Proxy::new(
+            server, location, req, head, keep_alive, n_peers,
+        )));
+        if cont && c.inbuf.len() == head_len {
+            c.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+        }
+    }
+
+    /// Runs the proxied request of connection `key` until it must wait or is finished.
+    pub(super) fn drive_proxy(&mut self, key: usize) -> Step {
+        loop {
+            let Some(c) = self.conns.get_mut(key) else {
+                return Step::Wait;
+            };
+            let Some(p) = c.proxy.as_mut() else {
+                return Step::Done;
+            };
+            match p.state {
+                State::ReadBody => {
+                    if !self.read_request_body(key) {
+                        return Step::Wait;
+                    }
+                }
+                State::Connect => self.proxy_connect(key),
+                State::Connecting => {
+                    if !self.check_upstream_connect(key) {
+                        return Step::Wait;
+                    }
+                }
+                State::Sending => {
+                    if !self.send_request(key) {
+                        return Step::Wait;
+                    }
+                }
+                State::ReadingHead => {
+                    if !self.read_response_head(key) {
+                        return Step::Wait;
+                    }
+                }
+                State::ReadingBody => {
+                    if !self.relay_response_body(key) {
+                        return Step::Wait;
+                    }
+                }
+            }
+            // A finished request leaves `proxy` empty.
+            if self.conns.get(key).is_some_and(|c| c.proxy.is_none()) {
+                return Step::Done;
+            }
+        }
+    }
+
+    /// Reads the request body into memory. Returns false when it must wait.
+    fn read_request_body(&mut self, key: usize) -> bool {
+        // A pending `100 Continue` goes out first.
+        if self.conns[key].has_output() && !self.flush_or_wait(key) {
+            return false;
+        }
+        let (max, limit) = {
+            let c = &self.conns[key];
+            let max = c.body_bytes_max;
+            (max, if max == 0 { BODY_MEMORY_MAX } else { max })
+        };
+        loop {
+            let c = &mut self.conns[key];
+            if !c.body_pending() {
+                let p = c.proxy.as_mut().expect("proxy");
+                p.state = State::Connect;
+                return true;
+            }
+            let done = self.consume_body(key);
+            let c = &mut self.conns[key];
+            if c.close_after {
+                // Malformed or too large chunked body: nothing was sent upstream.
+                let status = if c.body_bytes > max && max > 0 {
+                    413
+                } else {
+                    400
+                };
+                self.proxy_fail_reply(key, status);
+                return true;
+            }
+            if c.body_bytes > limit {
+                crate::log!(
+                    Error,
+                    "client intended to send too large body: {} bytes",
+                    c.body_bytes
+                );
+                self.proxy_fail_reply(key, 413);
+                return true;
+            }
+            if done {
+                continue;
+            }
+            if !self.read_more(key) {
+                return false;
+            }
+        }
+    }
+
+    /// Chooses a connection for the next attempt: pooled, or a new non-blocking connect.
+    fn proxy_connect(&mut self, key: usize) {
+        let (upstream, conn_id) = {
+            let c = &self.conns[key];
+            let p = c.proxy.as_ref().expect("proxy");
+            (self.proxy_pass(p).upstream, c.id)
+        };
+        let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
+        if self.conns[key]
+            .proxy
+            .as_ref()
+            .expect("proxy")
+            .upreq
+            .is_empty()
+        {
+            self.build_upstream_request(key);
+        }
+        let ups = &self.http().upstreams[upstream];
+        // The pool first: a kept-alive connection skips the connect and the peer choice, as
+        // nginx's keepalive module does.
+        while let Some(u) = self.pools[upstream].pop() {
+            let uc = &self.upconns[u];
+            if self.now_ms.saturating_sub(uc.idle_since_ms) >= ups.keepalive_timeout_ms {
+                self.close_upconn(u);
+                continue;
+            }
+            let uc = &mut self.upconns[u];
+            uc.owner = Some((key, conn_id));
+            uc.writable = true;
+            uc.requests += 1;
+            let p = self.conns[key].proxy.as_mut().expect("proxy");
+            p.up = Some(u);
+            p.reused = true;
+            p.upreq_pos = 0;
+            p.state = State::Sending;
+            self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
+            return;
+        }
+        let p = self.conns[key].proxy.as_mut().expect("proxy");
+        let tries_max = loc.proxy.next_upstream_tries;
+        if tries_max > 0 && p.tries >= tries_max {
+            self.no_more_peers(key, 502);
+            return;
+        }
+        let tried = std::mem::take(&mut p.tried);
+        let pick = pick_peer(
+            &ups.peers,
+            &mut self.http_peer_state[upstream],
+            &tried,
+            self.now_ms,
+        );
+        let p = self.conns[key].proxy.as_mut().expect("proxy");
+        p.tried = tried;
+        let Some(peer) = pick else {
+            if p.tries == 0 {
+                crate::log!(
+                    Error,
+                    "no live upstreams while connecting to upstream, upstream: \"{}\"",
+                    ups.name
+                );
+            }
+            // As nginx: with every peer failed, mark them all live again.
+            for st in &mut self.http_peer_state[upstream] {
+                *st = Default::default();
+            }
+            self.no_more_peers(key, 502);
+            return;
+        };
+        p.tried[peer] = true;
+        p.tries += 1;
+        p.reused = false;
+        p.upreq_pos = 0;
+        let addr = ups.peers[peer].addr;
+        let (fd, done) = match shard_event::sock::connect_nonblocking(&addr) {
+            Ok(Connect::Done(fd)) => (fd, true),
+            Ok(Connect::InProgress(fd)) => (fd, false),
+            Err(e) => {
+                self.log_proxy_error(
+                    key,
+                    &format!("connect() failed ({}) while connecting to upstream", os(&e)),
+                    Some(&addr),
+                );
+                self.proxy_peer_failed(upstream, peer);
+                // The next attempt, or the error page.
+                self.retry_or_fail(key, Failure::Error, false);
+                return;
+            }
+        };
+        let u = self.upconns.insert(UpConn {
+            fd,
+            upstream,
+            peer,
+            readable: false,
+            writable: done,
+            connecting: !done,
+            hup: false,
+            owner: Some((key, conn_id)),
+            requests: 1,
+            idle_since_ms: 0,
+        });
+        if let Err(e) = self.poll.add(fd, UPCONN_BASE + u as u64, upconn_interest()) {
+            crate::log!(Alert, "epoll_ctl(ADD) failed ({})", os(&e));
+            self.close_upconn(u);
+            self.proxy_fail_reply(key, 500);
+            return;
+        }
+        let _ = shard_event::sock::set_nodelay(fd, true);
+        let p = self.conns[key].proxy.as_mut().expect("proxy");
+        p.up = Some(u);
+        if done {
+            p.state = State::Sending;
+            self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
+        } else {
+            p.state = State::Connecting;
+            self.set_proxy_deadline(key, loc.proxy.connect_timeout_ms);
+        }
+    }
+
+    fn build_upstream_request(&mut self, key: usize) {
+        let cfg_http = self.http();
+        let c = &mut self.conns[key];
+        let listener = &self.cfg.listeners[c.listener];
+        let peer = c.peer;
+        let p = c.proxy.as_mut().expect("proxy");
+        let srv = &cfg_http.servers[p.server];
+        let loc = p.location.map_or(&srv.base, |i| &srv.locations[i]);
+        let pass = loc.proxy_pass.as_ref().expect("proxy_pass");
+        let server_name = srv
+            .server_names
+            .iter()
+            .find_map(|n| match n {
+                ServerName::Exact(e) => Some(e.as_str()),
+                _ => None,
+            })
+            .unwrap_or("");
+        let body_len = p.has_body.then_some(p.body.len() as u64);
+        let mut out = Vec::with_capacity(p.head.len() + 128 + p.body.len());
+        shard_http::proxy::write_request(
+            &mut out,
+            &shard_http::proxy::RequestCtx {
+                req: &p.req,
+                head: &p.head,
+                location: loc,
+                pass,
+                client: peer,
+                server_addr: listener.addr,
+                server_name,
+                body_len,
+            },
+        );
+        out.extend_from_slice(&p.body);
+        p.upreq = out;
+        p.body = Vec::new();
+    }
+
+    fn check_upstream_connect(&mut self, key: usize) -> bool {
+        let p = self.conns[key].proxy.as_ref().expect("proxy");
+        let Some(u) = p.up else {
+            return true;
+        };
+        let uc = &mut self.upconns[u];
+        if !uc.writable {
+            return false;
+        }
+        // Writability of a socket that only ever had this connect: `SO_ERROR` says it all.
+        let failure = match shard_event::sock::take_error(uc.fd) {
+            Ok(Some(e)) | Err(e) => Some(e),
+            Ok(None) => None,
+        };
+        if let Some(e) = failure {
+            self.attempt_failed(
+                key,
+                Failure::Error,
+                &format!("connect() failed ({})", os(&e)),
+            );
+            return true;
+        }
+        self.upconns[u].connecting = false;
+        let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
+        self.conns[key].proxy.as_mut().expect("proxy").state = State::Sending;
+        self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
+        true
+    }
+
+    fn send_request(&mut self, key: usize) -> bool {
+        let p = self.conns[key].proxy.as_mut().expect("proxy");
+        let u = p.up.expect("sending without a connection");
+        let uc = &mut self.upconns[u];
+        while p.upreq_pos < p.upreq.len() {
+            if !uc.writable {
+                return false;
+            }
+            match shard_event::sock::write(uc.fd, &p.upreq[p.upreq_pos..]) {
+                Ok(n) => {
+                    p.upreq_pos += n;
+                    if p.upreq_pos < p.upreq.len() {
+                        uc.writable = false;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    uc.writable = false;
+                    return false;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let msg = format!(
+                        "writev() failed ({}) while sending request to upstream",
+                        os(&e)
+                    );
+                    self.attempt_failed(key, Failure::Error, &msg);
+                    return true;
+                }
+            }
+        }
+        let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
+        let p = self.conns[key].proxy.as_mut().expect("proxy");
+        p.state = State::ReadingHead;
+        p.rbuf.clear();
+        self.set_proxy_deadline(key, loc.proxy.read_timeout_ms);
+        true
+    }
+
+    /// One read from the upstream into `rbuf`, at most `room` bytes. `Ok(None)`: must wait.
+    fn read_upstream(&mut self, key: usize, room: usize) -> std::io::Result<Option<usize>> {
+        let p = self.conns[key].proxy.as_mut().expect("proxy");
+        let uc = &mut self.upconns[p.up.expect("reading without a connection")];
+        if !uc.readable && !uc.hup {
+            return Ok(None);
+        }
+        let want = room.max(1);
+        if p.rbuf.capacity() - p.rbuf.len() < want {
+            p.rbuf.reserve(want);
+        }
+        let spare = p.rbuf.capacity() - p.rbuf.len();
+        loop {
+            match shard_event::sock::read_into(uc.fd, &mut p.rbuf) {
+                Ok(n) => {
+                    // A short read drained the socket, unless the peer also ended the stream.
+                    uc.readable = n >= spare || uc.hup;
+                    return Ok(Some(n));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    uc.readable = false;
+                    return Ok(None);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn read_response_head(&mut self, key: usize) -> bool {
+        let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
+        let max = loc.proxy.buffer_size;
+        loop {
+            let p = self.conns[key].proxy.as_mut().expect("proxy");
+            let head_request = p.req.method == Method::Head;
+            match shard_http::proxy::parse_response(&p.rbuf, max, head_request) {
+                ResponseParse::Interim { head_len } => {
+                    p.rbuf.drain(..head_len);
+                    continue;
+                }
+                ResponseParse::Invalid(why) => {
+                    self.attempt_failed(key, Failure::InvalidHeader, why);
+                    return true;
+                }
+                ResponseParse::Complete { head, head_len } => {
+                    let nu = loc.proxy.next_upstream;
+                    if nu.retries_status(head.status) && self.may_retry(key, true) {
+                        let msg = format!("upstream returned {}", head.status);
+                        self.attempt_failed(key, Failure::Status(head.status), &msg);
+                        return true;
+                    }
+                    self.start_response(key, head, head_len);
+                    return true;
+                }
+                ResponseParse::Partial => {}
+            }
+            let room = max.saturating_sub(p.rbuf.len()).max(READ_MIN_BYTES);
+            match self.read_upstream(key, room) {
+                Ok(None) => return false,
+                Ok(Some(0)) => {
+                    self.attempt_failed(
+                        key,
+                        Failure::Error,
+                        "upstream prematurely closed connection while reading response header from upstream",
+                    );
+                    return true;
+                }
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    let msg = format!(
+                        "recv() failed ({}) while reading response header from upstream",
+                        os(&e)
+                    );
+                    self.attempt_failed(key, Failure::Error, &msg);
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// The response head is accepted: write the client's head and start the body.
+    fn start_response(
+        &mut self,
+        key: usize,
+        head: shard_http::proxy::ResponseHead,
+        head_len: usize,
+    ) {
+        let date = std::mem::take(&mut self.date);
+        let c = &mut self.conns[key];
+        let p = c.proxy.as_mut().expect("proxy");
+        if let Some(u) = p.up {
+            let (upstream, peer) = (self.upconns[u].upstream, self.upconns[u].peer);
+            self.http_peer_state[upstream][peer].succeeded();
+        }
+        p.rbuf.drain(..head_len);
+        let client_http11 = p.req.minor_version >= 1;
+        let client_framing = match head.framing {
+            Framing::None => Framing::None,
+            Framing::Length(n) => Framing::Length(n),
+            Framing::Chunked | Framing::Close if client_http11 => Framing::Chunked,
+            Framing::Chunked | Framing::Close => {
+                p.keep_alive = false;
+                Framing::Close
+            }
+        };
+        p.client_chunked = client_framing == Framing::Chunked;
+        p.upbody = match head.framing {
+            Framing::None => UpBody::None,
+            Framing::Length(n) => UpBody::Length(n),
+            Framing::Chunked => UpBody::Chunked(ChunkedDecoder::new()),
+            Framing::Close => UpBody::Close,
+        };
+        p.upstream_reusable = head.reusable;
+        p.status = head.status;
+        p.head_sent = true;
+        if c.out_pos > 0 && c.out_pos >= c.out.len() {
+            c.out.clear();
+            c.out_pos = 0;
+        }
+        shard_http::proxy::write_client_head(
+            &mut c.out,
+            &head,
+            &date,
+            client_framing,
+            p.keep_alive,
+        );
+        p.state = State::ReadingBody;
+        self.date = date;
+    }
+
+    /// Moves response body bytes from `rbuf` to the client's output; reads more while the
+    /// output holds less than the buffer bound. Returns false when it must wait.
+    fn relay_response_body(&mut self, key: usize) -> bool {
+        let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
+        let pc = &loc.proxy;
+        let bound = if pc.buffering {
+            pc.buffer_size + pc.buffers.0 * pc.buffers.1
+        } else {
+            pc.buffer_size
+        };
+        loop {
+            // Pass on what was read.
+            let finished = match self.pass_body(key) {
+                Ok(f) => f,
+                Err(why) => {
+                    self.log_proxy_error_current(key, why);
+                    self.abort_response(key);
+                    return true;
+                }
+            };
+            if finished {
+                self.finish_response(key);
+                return true;
+            }
+            // Write what waits for the client.
+            let c = &self.conns[key];
+            if c.out_pos < c.out.len() {
+                match self.flush(key) {
+                    super::conn::Flush::Failed => {
+                        self.close(key);
+                        return false;
+                    }
+                    super::conn::Flush::Blocked => {
+                        self.ensure_registered(key);
+                    }
+                    super::conn::Flush::Done => {}
+                }
+            }
+            let c = &mut self.conns[key];
+            let pending = c.out.len() - c.out_pos;
+            if pending >= bound {
+                // Backpressure: the client's send timeout runs.
+                return false;
+            }
+            if c.out_pos > 0 {
+                c.out.drain(..c.out_pos);
+                c.out_pos = 0;
+            }
+            let room = (bound - pending).max(READ_MIN_BYTES);
+            match self.read_upstream(key, room) {
+                Ok(None) => {
+                    if self.conns[key].out.is_empty() {
+                        self.set_proxy_deadline(key, pc.read_timeout_ms);
+                    }
+                    return false;
+                }
+                Ok(Some(0)) => {
+                    let p = self.conns[key].proxy.as_mut().expect("proxy");
+                    if matches!(p.upbody, UpBody::Close) {
+                        p.upstream_reusable = false;
+                        if p.client_chunked {
+                            self.conns[key]
+                                .out
+                                .extend_from_slice(shard_http::proxy::LAST_CHUNK);
+                        }
+                        self.finish_response(key);
+                        return true;
+                    }
+                    self.log_proxy_error_current(
+                        key,
+                        "upstream prematurely closed connection while reading upstream",
+                    );
+                    self.abort_response(key);
+                    return true;
+                }
+                Ok(Some(_)) => {
+                    self.set_proxy_deadline(key, pc.read_timeout_ms);
+                }
+                Err(e) => {
+                    let msg = format!("recv() failed ({}) while reading upstream", os(&e));
+                    self.log_proxy_error_current(key, &msg);
+                    self.abort_response(key);
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// Moves `rbuf` into the client's output per the framings. `Ok(true)`: the upstream body
+    /// is complete.
+    fn pass_body(&mut self, key: usize) -> Result<bool, &'static str> {
+        let c = &mut self.conns[key];
+        let p = c.proxy.as_mut().expect("proxy");
+        match &mut p.upbody {
+            UpBody::None => {
+                if !p.rbuf.is_empty() {
+                    p.upstream_reusable = false;
+                }
+                Ok(true)
+            }
+            UpBody::Length(left) => {
+                let take = (*left).min(p.rbuf.len() as u64) as usize;
+                c.out.extend_from_slice(&p.rbuf[..take]);
+                p.body_sent += take as u64;
+                *left -= take as u64;
+                p.rbuf.drain(..take);
+                if *left == 0 {
+                    if !p.rbuf.is_empty() {
+                        p.upstream_reusable = false;
+                    }
+                    return Ok(true);
+                }
+                Ok(false)
+            }
+            UpBody::Chunked(dec) => {
+                p.scratch.clear();
+                let feed = dec
+                    .feed_into(&p.rbuf, &mut p.scratch)
+                    .map_err(|_| "upstream sent invalid chunked response")?;
+                p.rbuf.drain(..feed.consumed);
+                if !p.scratch.is_empty() {
+                    p.body_sent += p.scratch.len() as u64;
+                    if p.client_chunked {
+                        shard_http::proxy::write_chunk(&mut c.out, &p.scratch);
+                    } else {
+                        c.out.extend_from_slice(&p.scratch);
+                    }
+                }
+                if dec.is_done() {
+                    if p.client_chunked {
+                        c.out.extend_from_slice(shard_http::proxy::LAST_CHUNK);
+                    }
+                    if !p.rbuf.is_empty() {
+                        p.upstream_reusable = false;
+                    }
+                    return Ok(true);
+                }
+                Ok(false)
+            }
+            UpBody::Close => {
+                p.body_sent += p.rbuf.len() as u64;
+                if p.client_chunked {
+                    shard_http::proxy::write_chunk(&mut c.out, &p.rbuf);
+                } else {
+                    c.out.extend_from_slice(&p.rbuf);
+                }
+                p.rbuf.clear();
+                Ok(false)
+            }
+        }
+    }
+
+    /// The upstream response is complete: release the upstream connection, log, and hand the
+    /// client connection back to the keep-alive logic.
+    fn finish_response(&mut self, key: usize) {
+        let c = &mut self.conns[key];
+        let p = c.proxy.take().expect("proxy");
+        if !p.keep_alive {
+            c.close_after = true;
+        }
+        if let Some(u) = p.up {
+            if p.upstream_reusable {
+                self.pool_upconn(u);
+            } else {
+                self.close_upconn(u);
+            }
+        }
+        self.log_proxy_access(key, &p, p.status, p.body_sent);
+        self.give_proxy_bufs(p);
+    }
+
+    /// A failure after the head reached the client: the client sees a truncated response.
+    fn abort_response(&mut self, key: usize) {
+        let c = &mut self.conns[key];
+        let p = c.proxy.take().expect("proxy");
+        if let Some(u) = p.up {
+            self.close_upconn(u);
+        }
+        self.log_proxy_access(key, &p, p.status, p.body_sent);
+        let c = &mut self.conns[key];
+        c.close_after = true;
+        // What was already received still goes out; nothing more will follow it.
+        self.give_proxy_bufs(p);
+    }
+
+    fn give_proxy_bufs(&mut self, p: Box<Proxy>) {
+        let Proxy {
+            rbuf,
+            scratch,
+            head,
+            ..
+        } = *p;
+        self.give_buf(rbuf);
+        self.give_buf(scratch);
+        self.give_buf(head);
+    }
+
+    /// Whether a failed attempt may go to another peer: nothing reached the client, and a
+    /// non-idempotent request is retried only before it was sent (or with `non_idempotent`).
+    fn may_retry(&self, key: usize, sent: bool) -> bool {
+        let p = self.conns[key].proxy.as_ref().expect("proxy");
+        let loc = self.proxy_location(p);
+        !p.head_sent
+            && (!sent || idempotent(&p.req.method) || loc.proxy.next_upstream.non_idempotent)
+    }
+
+    /// The current attempt failed before the response head went to the client.
+    fn attempt_failed(&mut self, key: usize, why: Failure, msg: &str) {
+        self.log_proxy_error_current(key, msg);
+        let p = self.conns[key].proxy.as_mut().expect("proxy");
+        let reused = p.reused;
+        let sent = p.upreq_pos > 0 || matches!(p.state, State::ReadingHead);
+        let nothing_back = p.rbuf.is_empty();
+        let up = p.up.take();
+        p.reused = false;
+        let mut counted = false;
+        if let Some(u) = up {
+            let (upstream, peer) = (self.upconns[u].upstream, self.upconns[u].peer);
+            self.close_upconn(u);
+            // A pooled connection the peer closed while idle says nothing about the peer: try
+            // again on a fresh connection, whatever the method (nothing was processed).
+            if reused && why == Failure::Error && nothing_back {
+                let p = self.conns[key].proxy.as_mut().expect("proxy");
+                p.state = State::Connect;
+                p.rbuf.clear();
+                return;
+            }
+            if !matches!(why, Failure::Status(403 | 404)) {
+                self.proxy_peer_failed(upstream, peer);
+                counted = true;
+            }
+        }
+        let _ = counted;
+        self.retry_or_fail(key, why, sent);
+    }
+
+    fn retry_or_fail(&mut self, key: usize, why: Failure, sent: bool) {
+        self.conns[key].proxy.as_mut().expect("proxy").last_failure = Some(why);
+        let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
+        let nu = loc.proxy.next_upstream;
+        let wanted = match why {
+            Failure::Error => nu.error,
+            Failure::Timeout => nu.timeout,
+            Failure::InvalidHeader => nu.invalid_header,
+            Failure::Status(s) => nu.retries_status(s),
+        };
+        if wanted && self.may_retry(key, sent) {
+            let p = self.conns[key].proxy.as_mut().expect("proxy");
+            p.state = State::Connect;
+            p.rbuf.clear();
+            return;
+        }
+        let status = match why {
+            Failure::Timeout => 504,
+            _ => 502,
+        };
+        self.no_more_peers(key, status);
+    }
+
+    fn no_more_peers(&mut self, key: usize, status: u16) {
+        let last = self.conns[key].proxy.as_ref().and_then(|p| p.last_failure);
+        let status = match last {
+            Some(Failure::Timeout) => 504,
+            Some(_) => 502,
+            None => status,
+        };
+        self.proxy_fail_reply(key, status);
+    }
+
+    /// Ends the proxied request with an error page (nothing of a response was sent yet).
+    fn proxy_fail_reply(&mut self, key: usize, status: u16) {
+        let c = &mut self.conns[key];
+        let Some(p) = c.proxy.take() else {
+            return;
+        };
+        if let Some(u) = p.up {
+            self.close_upconn(u);
+        }
+        // As nginx: a 502 or 504 after a fully read request keeps the client connection; a
+        // refused body (400, 413) closes it.
+        if p.keep_alive && !self.conns[key].body_pending() && matches!(status, 502 | 504) {
+            let date = std::mem::take(&mut self.date);
+            let c = &mut self.conns[key];
+            let body = shard_http::response::error_body(status);
+            shard_http::response::write_head(
+                &mut c.out,
+                &shard_http::response::Head {
+                    status,
+                    date: &date,
+                    content_type: Some("text/html"),
+                    content_length: Some(body.len() as u64),
+                    keep_alive: true,
+                    ..Default::default()
+                },
+            );
+            c.out.extend_from_slice(body);
+            self.date = date;
+        } else {
+            self.error_reply(key, status, "");
+        }
+        let len = shard_http::response::error_body(status).len() as u64;
+        self.log_proxy_access(key, &p, status, len);
+        self.give_proxy_bufs(p);
+    }
+
+    fn log_proxy_access(&mut self, key: usize, p: &Proxy, status: u16, bytes: u64) {
+        let loc = self.proxy_location(p);
+        self.log_access(key, loc, &p.req, status, bytes);
+    }
+
+    fn set_proxy_deadline(&mut self, key: usize, timeout_ms: u64) {
+        let t = self.now_ms + timeout_ms;
+        self.set_conn_deadline(key, t);
+    }
+
+    /// The connection's deadline passed while proxying. Returns true when it was handled.
+    pub(super) fn proxy_timeout(&mut self, key: usize) -> bool {
+        let Some(p) = self.conns[key].proxy.as_ref() else {
+            return false;
+        };
+        match p.state {
+            State::ReadBody => false,
+            State::Connect => {
+                self.drive(key);
+                true
+            }
+            State::Connecting | State::Sending | State::ReadingHead => {
+                let what = match p.state {
+                    State::Connecting => "upstream timed out (110: Connection timed out) while connecting to upstream",
+                    State::Sending => "upstream timed out (110: Connection timed out) while sending request to upstream",
+                    _ => "upstream timed out (110: Connection timed out) while reading response header from upstream",
+                };
+                // A timeout is never a stale pooled connection.
+                self.conns[key].proxy.as_mut().expect("proxy").reused = false;
+                self.attempt_failed(key, Failure::Timeout, what);
+                self.drive(key);
+                true
+            }
+            State::ReadingBody => {
+                let c = &self.conns[key];
+                if c.out_pos < c.out.len() {
+                    crate::log!(
+                        Info,
+                        "client timed out (110: Connection timed out) while sending to client"
+                    );
+                } else {
+                    self.log_proxy_error_current(
+                        key,
+                        "upstream timed out (110: Connection timed out) while reading upstream",
+                    );
+                }
+                let p = self.conns[key].proxy.take().expect("proxy");
+                if let Some(u) = p.up {
+                    self.close_upconn(u);
+                }
+                self.log_proxy_access(key, &p, p.status, p.body_sent);
+                self.close(key);
+                true
+            }
+        }
+    }
+
+    fn proxy_peer_failed(&mut self, upstream: usize, peer: usize) {
+        let p = &self.http().upstreams[upstream].peers[peer];
+        record_failure(p, &mut self.http_peer_state[upstream][peer], self.now_ms);
+    }
+
+    /// An error-log line in nginx's shape: `MSG, client: A, server: NAME, request: "LINE",
+    /// upstream: "http://PEER/URI", host: "HOST"`.
+    fn log_proxy_error(&self, key: usize, msg: &str, addr: Option<&SocketAddr>) {
+        let c = &self.conns[key];
+        let p = c.proxy.as_ref().expect("proxy");
+        let srv = &self.http().servers[p.server];
+        let server_name = srv
+            .server_names
+            .iter()
+            .find_map(|n| match n {
+                ServerName::Exact(e) => Some(e.as_str()),
+                _ => None,
+            })
+            .unwrap_or("");
+        let upstream = addr.map_or(String::new(), |a| {
+            let uri =
+                shard_http::proxy::upstream_uri(&p.req, self.proxy_location(p), self.proxy_pass(p));
+            format!(", upstream: \"http://{a}{uri}\"")
+        });
+        let host = p
+            .req
+            .host
+            .as_deref()
+            .map_or(String::new(), |h| format!(", host: \"{h}\""));
+        crate::log!(
+            Error,
+            "{msg}, client: {}, server: {server_name}, request: \"{}\"{upstream}{host}",
+            c.peer.map_or("-".to_string(), |a| a.ip().to_string()),
+            p.req.request_line,
+        );
+    }
+
+    fn log_proxy_error_current(&self, key: usize, msg: &str) {
+        let p = self.conns[key].proxy.as_ref().expect("proxy");
+        let addr = p.up.map(|u| {
+            let uc = &self.upconns[u];
+            self.http().upstreams[uc.upstream].peers[uc.peer].addr
+        });
+        self.log_proxy_error(key, msg, addr.as_ref());
+    }
+
+    /// An event on an upstream connection.
+    pub(super) fn on_upconn_event(&mut self, token: u64, ev: shard_event::Event) {
+        let u = (token - UPCONN_BASE) as usize;
+        let Some(uc) = self.upconns.get_mut(u) else {
+            return;
+        };
+        if ev.readable() {
+            uc.readable = true;
+        }
+        if ev.writable() {
+            uc.writable = true;
+        }
+        if ev.hup() {
+            uc.hup = true;
+        }
+        match uc.owner {
+            Some((key, id)) => {
+                if self.conns.get(key).is_some_and(|c| c.id == id) {
+                    self.drive(key);
+                }
+            }
+            None => {
+                // Idle in the pool: the peer closed it, or sent something unasked.
+                if ev.readable() || ev.hup() {
+                    let upstream = uc.upstream;
+                    self.pools[upstream].retain(|&k| k != u);
+                    self.close_upconn(u);
+                }
+            }
+        }
+    }
+
+    /// Keeps an upstream connection for the next request, within `keepalive` and
+    /// `keepalive_requests`; otherwise closes it.
+    fn pool_upconn(&mut self, u: usize) {
+        let uc = &self.upconns[u];
+        let ups = &self.http().upstreams[uc.upstream];
+        if ups.keepalive == 0 || uc.requests >= ups.keepalive_requests || self.shutting_down {
+            self.close_upconn(u);
+            return;
+        }
+        let upstream = uc.upstream;
+        let pool = &mut self.pools[upstream];
+        if pool.len() >= ups.keepalive {
+            // The least recently used goes, as nginx's cache queue.
+            let old = pool.remove(0);
+            self.close_upconn(old);
+        }
+        let uc = &mut self.upconns[u];
+        uc.owner = None;
+        uc.idle_since_ms = self.now_ms;
+        uc.readable = false;
+        self.pools[upstream].push(u);
+    }
+
+    pub(super) fn close_upconn(&mut self, u: usize) {
+        if let Some(uc) = self.upconns.try_remove(u) {
+            shard_event::sock::close(uc.fd);
+        }
+    }
+
+    /// Closes pooled connections idle for longer than their upstream's `keepalive_timeout`
+    /// (all of them when the worker is stopping).
+    pub(super) fn expire_pools(&mut self) {
+        let Some(http) = self.cfg.http.as_ref() else {
+            return;
+        };
+        for (i, ups) in http.upstreams.iter().enumerate() {
+            let now = self.now_ms;
+            let stopping = self.shutting_down;
+            let upconns = &self.upconns;
+            let (old, keep): (Vec<usize>, Vec<usize>) = self.pools[i].iter().partition(|&&u| {
+                stopping || now.saturating_sub(upconns[u].idle_since_ms) >= ups.keepalive_timeout_ms
+            });
+            self.pools[i] = keep;
+            for u in old {
+                self.close_upconn(u);
+            }
+        }
+    }
+}
+
+fn os(e: &std::io::Error) -> String {
+    shard_event::os_error_text(e)
+}
