@@ -206,6 +206,10 @@ impl Ctx {
             listen_opts: st.listen.to_string(),
             events: st.events.to_string(),
             server_extra: server_extra.to_string(),
+            ok: None,
+            http_extra: String::new(),
+            stream: None,
+            main_extra: String::new(),
             idle: 0,
             tag: format!("{exp}-{}", st.name.replace([' ', '='], "_")),
         };
@@ -653,6 +657,10 @@ fn e6(cx: &mut Ctx) -> Result<()> {
                             listen_opts: st.listen.to_string(),
                             events: st.events.to_string(),
                             server_extra: String::new(),
+                            ok: None,
+                            http_extra: String::new(),
+                            stream: None,
+                            main_extra: String::new(),
                             idle: 0,
                             tag: String::new(),
                         };

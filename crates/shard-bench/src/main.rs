@@ -1,7 +1,8 @@
 //! `shard-bench`: runs shard and, when installed, nginx with the same workload and the same
 //! number of workers, and prints what does not drift on a noisy machine: system calls per
 //! request (`strace -c -f` on the workers), worker CPU time per request, and worker memory per
-//! idle keep-alive connection.
+//! idle keep-alive connection; and, with `proxy`, the same for shard and nginx as reverse
+//! proxies (HTTP with keep-alive to the upstream, and the `stream` TCP relay's throughput).
 //!
 //! This crate owns the servers' start-up for measurement, the load (wrk when installed, else
 //! the built-in load generator of `loadgen`, which `shard-bench load URL` also runs on its own)
@@ -13,6 +14,7 @@ mod experiments;
 mod load;
 pub mod loadgen;
 mod procfs;
+mod proxy;
 mod servers;
 mod svg;
 
@@ -50,6 +52,10 @@ enum Cmd {
     /// Run your own configuration under each accept strategy with the same load and say which
     /// wins on requests/s, on p99 and on the spread between workers, and why.
     Compare(compare::CompareArgs),
+    /// Reverse proxy, shard and nginx side by side: proxied requests/s, syscalls and worker CPU
+    /// per proxied request, backend connections opened (keep-alive reuse), and the stream
+    /// relay's MB/s in both directions.
+    Proxy(proxy::ProxyArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -93,6 +99,7 @@ fn main() {
         Cmd::Load(a) => loadgen::command(a),
         Cmd::Experiment(a) => experiments::run(a),
         Cmd::Compare(a) => compare::run(a),
+        Cmd::Proxy(a) => proxy::run(a),
     };
     if let Err(e) = res {
         eprintln!("shard-bench: {e:#}");
@@ -118,46 +125,13 @@ fn speed(mut a: SpeedArgs) -> Result<()> {
         a.idle = a.idle.min(200);
     }
     procfs::raise_nofile_limit();
-    let shard = match &a.shard {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?.with_file_name("shard"),
-    };
-    anyhow::ensure!(
-        shard.exists(),
-        "no shard binary at {} (build it: cargo build --release -p shard)",
-        shard.display()
-    );
-    let nginx = if a.no_nginx {
-        None
-    } else {
-        servers::find_nginx(a.nginx.as_deref())
-    };
-    let strace = servers::which("strace");
-    let wrk = if a.builtin_load {
-        None
-    } else {
-        servers::which("wrk")
-    };
-    let mut notes = Vec::new();
-    if nginx.is_none() && !a.no_nginx {
-        notes.push(
-            "nginx not found: measuring shard alone (install: apt-get install nginx-light)"
-                .to_string(),
-        );
-    }
-    if strace.is_none() {
-        notes.push(
-            "strace not found: no syscall counts (install: apt-get install strace)".to_string(),
-        );
-    }
-    if wrk.is_none() {
-        notes.push(
-            "wrk not used: built-in load generator (install: apt-get install wrk)".to_string(),
-        );
-    }
-    for n in &notes {
-        eprintln!("shard-bench: {n}");
-    }
+    let shard = shard_binary(a.shard.as_deref())?;
+    let Tools {
+        nginx,
+        strace,
+        wrk,
+        notes,
+    } = Tools::find(a.nginx.as_deref(), a.no_nginx, a.builtin_load);
 
     let mut kinds = vec![Kind::Shard(shard)];
     if let Some(n) = nginx {
@@ -207,19 +181,85 @@ fn speed(mut a: SpeedArgs) -> Result<()> {
     Ok(())
 }
 
+/// The shard binary: `given`, or the one next to this binary.
+fn shard_binary(given: Option<&std::path::Path>) -> Result<PathBuf> {
+    let shard = match given {
+        Some(p) => p.to_path_buf(),
+        None => std::env::current_exe()?.with_file_name("shard"),
+    };
+    anyhow::ensure!(
+        shard.exists(),
+        "no shard binary at {} (build it: cargo build --release -p shard)",
+        shard.display()
+    );
+    Ok(shard)
+}
+
+/// The optional tools, found once per run, and a note for each one that is missing.
+struct Tools {
+    nginx: Option<PathBuf>,
+    strace: Option<PathBuf>,
+    wrk: Option<PathBuf>,
+    notes: Vec<String>,
+}
+
+impl Tools {
+    fn find(nginx: Option<&std::path::Path>, no_nginx: bool, builtin_load: bool) -> Tools {
+        let nginx = if no_nginx {
+            None
+        } else {
+            servers::find_nginx(nginx)
+        };
+        let strace = servers::which("strace");
+        let wrk = if builtin_load {
+            None
+        } else {
+            servers::which("wrk")
+        };
+        let mut notes = Vec::new();
+        if nginx.is_none() && !no_nginx {
+            notes.push(
+                "nginx not found: measuring shard alone (install: apt-get install nginx-light)"
+                    .to_string(),
+            );
+        }
+        if strace.is_none() {
+            notes.push(
+                "strace not found: no syscall counts (install: apt-get install strace)".to_string(),
+            );
+        }
+        if wrk.is_none() {
+            notes.push(
+                "wrk not used: built-in load generator (install: apt-get install wrk)".to_string(),
+            );
+        }
+        for n in &notes {
+            eprintln!("shard-bench: {n}");
+        }
+        Tools {
+            nginx,
+            strace,
+            wrk,
+            notes,
+        }
+    }
+}
+
+/// A keep-alive (or connection-per-request) load on `GET /ok` at `port`: wrk when given, else
+/// the built-in load generator.
 fn run_load(
-    srv: &Running,
+    port: u16,
     wrk: Option<&std::path::Path>,
-    a: &SpeedArgs,
+    connections: usize,
+    d: Duration,
     keepalive: bool,
 ) -> Result<()> {
-    let d = Duration::from_secs(a.duration);
     match wrk {
-        Some(w) => load::wrk(w, srv.port, "/ok", a.connections, d, keepalive).map(|_| ()),
+        Some(w) => load::wrk(w, port, "/ok", connections, d, keepalive).map(|_| ()),
         None => {
-            let target = loadgen::Target::parse(&format!("http://127.0.0.1:{}/ok", srv.port))?;
+            let target = loadgen::Target::parse(&format!("http://127.0.0.1:{port}/ok"))?;
             let spec = loadgen::LoadSpec {
-                connections: a.connections,
+                connections,
                 duration: d,
                 close: !keepalive,
                 ..loadgen::LoadSpec::new(target)
@@ -245,7 +285,13 @@ fn syscalls_per_request(
     let pids = srv.worker_pids()?;
     let tracer = procfs::Strace::attach(strace, &pids)?;
     let before = srv.requests()?;
-    run_load(srv, wrk, a, keepalive)?;
+    run_load(
+        srv.port,
+        wrk,
+        a.connections,
+        Duration::from_secs(a.duration),
+        keepalive,
+    )?;
     let after = srv.requests()?;
     let calls = tracer.finish()?;
     // The second status request is counted in `after` and was served while traced.
@@ -262,7 +308,13 @@ fn cpu_per_request(
     let cpu0 = procfs::cpu_ticks(&pids)?;
     let r0 = srv.requests()?;
     let t0 = std::time::Instant::now();
-    run_load(srv, wrk, a, true)?;
+    run_load(
+        srv.port,
+        wrk,
+        a.connections,
+        Duration::from_secs(a.duration),
+        true,
+    )?;
     let secs = t0.elapsed().as_secs_f64();
     let r1 = srv.requests()?;
     let cpu1 = procfs::cpu_ticks(&pids)?;

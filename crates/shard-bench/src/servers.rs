@@ -2,7 +2,9 @@
 //!
 //! Both servers get the same workload shape: `worker_processes N`, one `reuseport` listener on
 //! a free loopback port, `location = /ok { return 200 "OK"; }`, `stub_status`, no access log,
-//! and keep-alive limits high enough that no load run closes a connection on its own.
+//! and keep-alive limits high enough that no load run closes a connection on its own. The
+//! proxy bench changes only what `Spec` leaves open: what `/ok` does, an `upstream` in `http`,
+//! a `stream {}` block and a `load_module` line.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -41,6 +43,30 @@ pub fn find_nginx(given: Option<&Path>) -> Option<PathBuf> {
     }
 }
 
+/// Counters summed over a shard's workers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StatusTotals {
+    pub accepted: u64,
+    pub requests: u64,
+}
+
+/// `"field":N` of each worker in a `shard_status` JSON body, in worker-index order.
+fn per_worker(body: &str, field: &str) -> Vec<u64> {
+    let workers = body.split("\"listeners\"").next().unwrap_or("");
+    let key = format!("\"{field}\":");
+    workers
+        .match_indices(&key)
+        .filter_map(|(i, m)| {
+            let rest = &workers[i + m.len()..];
+            rest[..rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len())]
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
 pub struct Running {
     child: Child,
     pub port: u16,
@@ -56,6 +82,14 @@ pub struct Spec {
     pub events: String,
     /// Extra directives inside `server {}`, e.g. more locations.
     pub server_extra: String,
+    /// Directives of `location = /ok` instead of `return 200 "OK";`, e.g. a `proxy_pass`.
+    pub ok: Option<String>,
+    /// Extra directives inside `http {}` before the server, e.g. an `upstream` block.
+    pub http_extra: String,
+    /// The body of a `stream {}` block, when there is one.
+    pub stream: Option<String>,
+    /// Extra main-context directives at the top, e.g. nginx's `load_module`.
+    pub main_extra: String,
     /// Room for this many idle connections on top of the load.
     pub idle: usize,
     /// A name for the prefix directory.
@@ -71,6 +105,8 @@ impl Spec {
         if matches!(kind, Kind::Nginx(_)) {
             c.push_str("daemon off;\nmaster_process on;\n");
         }
+        // `load_module` must come before the blocks that use the module.
+        c.push_str(&self.main_extra);
         c.push_str(&format!(
             "worker_processes {};\nworker_rlimit_nofile {};\npid {d}/logs/bench.pid;\n\
              error_log {d}/logs/error.log error;\nevents {{\n    worker_connections {conns};\n    {}\n}}\n",
@@ -84,15 +120,20 @@ impl Spec {
         } else {
             ""
         };
+        let ok = self.ok.as_deref().unwrap_or("return 200 \"OK\";");
         c.push_str(&format!(
             "http {{\n    access_log off;\n    keepalive_requests 1000000;\n    keepalive_timeout 300s;\n\
-             server {{\n        listen 127.0.0.1:{port} {};\n        root {}/html;\n\
-             location = /ok {{ return 200 \"OK\"; }}\n        location = /stub_status {{ stub_status; }}\n\
+             {}\n    server {{\n        listen 127.0.0.1:{port} {};\n        root {}/html;\n\
+             location = /ok {{ {ok} }}\n        location = /stub_status {{ stub_status; }}\n\
              {status}\n        {}\n    }}\n}}\n",
+            self.http_extra,
             self.listen_opts,
             dir.display(),
             self.server_extra
         ));
+        if let Some(stream) = &self.stream {
+            c.push_str(&format!("stream {{\n{stream}\n}}\n"));
+        }
         c
     }
 }
@@ -103,10 +144,19 @@ pub fn start(kind: &Kind, workers: usize, idle: usize) -> Result<Running> {
         listen_opts: "reuseport".into(),
         events: String::new(),
         server_extra: String::new(),
+        ok: None,
+        http_extra: String::new(),
+        stream: None,
+        main_extra: String::new(),
         idle,
         tag: "speed".into(),
     };
     start_with(kind, &spec, |_| Ok(()))
+}
+
+/// A loopback port that was free a moment ago (the kernel does not hand it out again at once).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// Starts `kind` with `spec`; `prepare` may put files under the prefix (`html/`) first.
@@ -116,7 +166,7 @@ pub fn start_with(
     prepare: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<Running> {
     let workers = spec.workers;
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = free_port()?;
     let dir = std::env::temp_dir().join(format!(
         "shard-bench-{}-{}-{}",
         std::process::id(),
@@ -177,23 +227,26 @@ impl Running {
 
     /// Per-worker `accepted` from `shard_status` (shard only), in worker-index order.
     pub fn accepted_per_worker(&self) -> Result<Vec<u64>> {
+        Ok(per_worker(&self.shard_status()?, "accepted"))
+    }
+
+    /// `accepted` and `requests` summed over the workers, from one `shard_status` read (shard
+    /// only). The read is itself one accepted connection and one request.
+    pub fn status_totals(&self) -> Result<StatusTotals> {
+        let body = self.shard_status()?;
+        Ok(StatusTotals {
+            accepted: per_worker(&body, "accepted").iter().sum(),
+            requests: per_worker(&body, "requests").iter().sum(),
+        })
+    }
+
+    fn shard_status(&self) -> Result<String> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         s.write_all(b"GET /status HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")?;
         let mut body = String::new();
         s.read_to_string(&mut body)?;
-        let workers = body.split("\"listeners\"").next().unwrap_or("");
-        Ok(workers
-            .match_indices("\"accepted\":")
-            .filter_map(|(i, m)| {
-                let rest = &workers[i + m.len()..];
-                rest[..rest
-                    .find(|c: char| !c.is_ascii_digit())
-                    .unwrap_or(rest.len())]
-                    .parse()
-                    .ok()
-            })
-            .collect())
+        Ok(body)
     }
 
     /// The worker (index into `worker_pids`) that holds the server side of the connection

@@ -41,6 +41,47 @@ fn speed_smoke_runs_and_reports_every_column_for_shard() {
 }
 
 #[test]
+fn proxy_smoke_measures_the_http_proxy_and_the_stream_relay_for_shard() {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let out = Command::new(bench)
+        .args([
+            "proxy",
+            "--smoke",
+            "--workers",
+            "2",
+            "--no-nginx",
+            "--builtin-load",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| shard |"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let cols: Vec<&str> = row.split('|').map(str::trim).collect();
+    let num = |i: usize| -> f64 {
+        cols[i]
+            .parse()
+            .unwrap_or_else(|_| panic!("column {i} not measured: {text}"))
+    };
+    // Proxied req/s, worker CPU, backend connections and both stream directions are measured
+    // without optional tools; syscalls need strace.
+    assert!(num(2) > 0.0, "{text}");
+    assert!(num(4) >= 0.0, "{text}");
+    // Keep-alive to the backend: 4 client connections and one check request need a handful
+    // of upstream connections, not one per request.
+    assert!((1.0..=16.0).contains(&num(5)), "{text}");
+    assert!(num(6) > 0.0, "{text}");
+    assert!(num(7) > 0.0, "{text}");
+}
+
+#[test]
 fn experiments_smoke_writes_the_report_charts_and_configurations() {
     let bench = env!("CARGO_BIN_EXE_shard-bench");
     let out = std::env::temp_dir().join(format!("shard-bench-smoke-{}", std::process::id()));
