@@ -159,3 +159,28 @@ fn a_port_in_use_is_a_clear_startup_error() {
         "{err}"
     );
 }
+
+/// Every configuration shipped under `conf/examples/` passes `shard -t`, so the examples the
+/// docs point at never rot.
+#[test]
+fn every_example_configuration_passes_the_test_flag() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = root.join("conf/examples");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).expect("conf/examples") {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("conf") {
+            continue;
+        }
+        let (code, err) = run_cli(&[
+            "-p",
+            root.to_str().unwrap(),
+            "-t",
+            "-c",
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{}: {err}", path.display());
+        seen += 1;
+    }
+    assert!(seen >= 4, "only {seen} examples found in {}", dir.display());
+}
