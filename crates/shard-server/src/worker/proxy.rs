@@ -524,11 +524,8 @@ impl<'a> Worker<'a> {
             Ok(None) => None,
         };
         if let Some(e) = failure {
-            self.attempt_failed(
-                key,
-                Failure::Error,
-                &format!("connect() failed ({})", os(&e)),
-            );
+            let msg = format!("connect() failed ({}) while connecting to upstream", os(&e));
+            self.attempt_failed(key, Failure::Error, &msg);
             return true;
         }
         self.upconns[u].connecting = false;

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod upstream;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
