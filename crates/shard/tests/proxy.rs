@@ -1657,3 +1657,93 @@ fn shard_status_counts_proxied_requests() {
     assert!(after >= before + 5, "requests {before} -> {after}");
     assert_eq!(up.requests(), 5);
 }
+
+/// nginx as the upstream, when it is installed (the bench's peer; `apt-get install
+/// nginx-light`): a 3 MiB static file and a small `return` through a keep-alive pool arrive
+/// byte for byte, and nginx's access log (`$connection`) shows the pool reusing connections.
+/// Without nginx the test says so and checks nothing else.
+#[test]
+fn nginx_as_the_upstream_when_installed() {
+    let Some(nginx) = ["/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"]
+        .iter()
+        .map(std::path::Path::new)
+        .find(|p| p.is_file())
+    else {
+        eprintln!("nginx not installed: skipping the nginx-upstream test");
+        return;
+    };
+    let dir = temp_dir("proxy-nginx-upstream");
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    let big = pattern(3 << 20, 7);
+    write_file(&dir, "html/big.bin", &big);
+    let port = free_port();
+    let nconf = format!(
+        "daemon off;\nmaster_process on;\nworker_processes 1;\npid {d}/logs/nginx.pid;\n\
+         error_log {d}/logs/nginx-error.log;\nevents {{ worker_connections 64; }}\n\
+         http {{\n  log_format conn '$connection $request';\n\
+         access_log {d}/logs/nginx-access.log conn;\n\
+         server {{ listen 127.0.0.1:{port}; root {d}/html;\n\
+         location = /hello {{ return 200 \"hello from nginx\"; }} }}\n}}\n",
+        d = dir.display()
+    );
+    std::fs::write(dir.join("nginx.conf"), nconf).unwrap();
+    let mut child = std::process::Command::new(nginx)
+        .arg("-p")
+        .arg(&dir)
+        .arg("-e")
+        .arg(dir.join("logs/nginx-error.log"))
+        .arg("-c")
+        .arg(dir.join("nginx.conf"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start nginx");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    wait_for(Duration::from_secs(10), "nginx listening", || {
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("nginx exited: {st}");
+        }
+        TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+    let _nginx = Kill(child);
+
+    let s = Server::start(
+        "proxy-nginx-front",
+        &conf(
+            &upstream_block("ngx", &[(port, "")], "keepalive 2;"),
+            "location / { proxy_pass http://ngx; proxy_http_version 1.1; \
+             proxy_set_header Connection \"\"; }",
+        ),
+        1,
+    );
+    let mut c = Client::new(s.addr());
+    for i in 0..10 {
+        let r = c.get("/hello");
+        assert_eq!(
+            (r.status, r.text().as_str()),
+            (200, "hello from nginx"),
+            "request {i}"
+        );
+        let r = c.get("/big.bin");
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.len(), big.len());
+        assert_eq!(checksum(&r.body), checksum(&big), "big body {i}");
+    }
+    let log = wait_for(Duration::from_secs(5), "nginx access log", || {
+        let l = std::fs::read_to_string(dir.join("logs/nginx-access.log")).ok()?;
+        (l.lines().count() >= 20).then_some(l)
+    });
+    let conns: std::collections::HashSet<&str> =
+        log.lines().filter_map(|l| l.split(' ').next()).collect();
+    assert!(
+        conns.len() <= 2,
+        "20 requests over {} nginx connections: {log}",
+        conns.len()
+    );
+}
