@@ -597,6 +597,13 @@ impl Worker<'_> {
 
     /// Queues an error page and marks the connection to close after it.
     pub(super) fn error_reply(&mut self, key: usize, status: u16, request_line: &str) {
+        let _ = request_line;
+        self.error_page(key, status, false);
+    }
+
+    /// Queues an error page; without `keep_alive` the connection closes after it and any
+    /// unread body is abandoned.
+    pub(super) fn error_page(&mut self, key: usize, status: u16, keep_alive: bool) {
         let date = std::mem::take(&mut self.date);
         {
             let c = &mut self.conns[key];
@@ -612,20 +619,19 @@ impl Worker<'_> {
                     date: &date,
                     content_type: Some("text/html"),
                     content_length: Some(body.len() as u64),
-                    keep_alive: false,
+                    keep_alive,
                     ..Default::default()
                 },
             );
             c.out.extend_from_slice(body);
-            c.close_after = true;
-            c.body = BodyLeft::None;
+            if !keep_alive {
+                c.close_after = true;
+                c.body = BodyLeft::None;
+            }
         }
         self.date = date;
         if self.conns[key].phase != Phase::Writing {
             self.set_phase(key, Phase::Writing);
-        }
-        if !request_line.is_empty() {
-            let _ = request_line;
         }
     }
 

@@ -481,14 +481,7 @@ impl<'a> Worker<'a> {
         let srv = &cfg_http.servers[p.server];
         let loc = p.location.map_or(&srv.base, |i| &srv.locations[i]);
         let pass = loc.proxy_pass.as_ref().expect("proxy_pass");
-        let server_name = srv
-            .server_names
-            .iter()
-            .find_map(|n| match n {
-                ServerName::Exact(e) => Some(e.as_str()),
-                _ => None,
-            })
-            .unwrap_or("");
+        let server_name = first_server_name(srv);
         let body_len = p.has_body.then_some(p.body.len() as u64);
         let mut out = Vec::with_capacity(p.head.len() + 128 + p.body.len());
         shard_http::proxy::write_request(
@@ -983,26 +976,8 @@ impl<'a> Worker<'a> {
         }
         // As nginx: a 502 or 504 after a fully read request keeps the client connection; a
         // refused body (400, 413) closes it.
-        if p.keep_alive && !self.conns[key].body_pending() && matches!(status, 502 | 504) {
-            let date = std::mem::take(&mut self.date);
-            let c = &mut self.conns[key];
-            let body = shard_http::response::error_body(status);
-            shard_http::response::write_head(
-                &mut c.out,
-                &shard_http::response::Head {
-                    status,
-                    date: &date,
-                    content_type: Some("text/html"),
-                    content_length: Some(body.len() as u64),
-                    keep_alive: true,
-                    ..Default::default()
-                },
-            );
-            c.out.extend_from_slice(body);
-            self.date = date;
-        } else {
-            self.error_reply(key, status, "");
-        }
+        let keep = p.keep_alive && !self.conns[key].body_pending() && matches!(status, 502 | 504);
+        self.error_page(key, status, keep);
         let len = shard_http::response::error_body(status).len() as u64;
         self.log_proxy_access(key, &p, status, len);
         self.give_proxy_bufs(p);
@@ -1076,14 +1051,7 @@ impl<'a> Worker<'a> {
         let c = &self.conns[key];
         let p = c.proxy.as_ref().expect("proxy");
         let srv = &self.http().servers[p.server];
-        let server_name = srv
-            .server_names
-            .iter()
-            .find_map(|n| match n {
-                ServerName::Exact(e) => Some(e.as_str()),
-                _ => None,
-            })
-            .unwrap_or("");
+        let server_name = first_server_name(srv);
         let upstream = addr.map_or(String::new(), |a| {
             let uri =
                 shard_http::proxy::upstream_uri(&p.req, self.proxy_location(p), self.proxy_pass(p));
@@ -1191,6 +1159,17 @@ impl<'a> Worker<'a> {
             }
         }
     }
+}
+
+/// `$server_name`: the server's first exact name, or "".
+fn first_server_name(srv: &shard_config::ServerConf) -> &str {
+    srv.server_names
+        .iter()
+        .find_map(|n| match n {
+            ServerName::Exact(e) => Some(e.as_str()),
+            _ => None,
+        })
+        .unwrap_or("")
 }
 
 fn os(e: &std::io::Error) -> String {
