@@ -46,8 +46,6 @@ pub(super) struct UpConn {
     peer: usize,
     readable: bool,
     writable: bool,
-    /// Still connecting (non-blocking `connect` in progress).
-    connecting: bool,
     /// The peer's end of stream (or an error) was reported: a read must follow even after a
     /// short read, since no further edge will come.
     hup: bool,
@@ -101,7 +99,6 @@ pub(super) struct Proxy {
     head: Vec<u8>,
     /// The request body, de-chunked.
     body: Vec<u8>,
-    has_body: bool,
     state: State,
     /// The last attempt's failure: when no peer is left, a timeout answers 504, else 502.
     last_failure: Option<Failure>,
@@ -137,14 +134,12 @@ impl Proxy {
         keep_alive: bool,
         n_peers: usize,
     ) -> Proxy {
-        let has_body = !matches!(req.body, Body::None);
         Proxy {
             server,
             location,
             req,
             head,
             body: Vec::new(),
-            has_body,
             state: State::ReadBody,
             last_failure: None,
             upreq: Vec::new(),
@@ -225,11 +220,6 @@ impl<'a> Worker<'a> {
             .proxy_pass
             .as_ref()
             .expect("proxied location has proxy_pass")
-    }
-
-    /// Connections counted against `worker_connections` by the proxy.
-    pub(super) fn upconns_used(&self) -> usize {
-        self.upconns.len()
     }
 
     /// Starts proxying the request just parsed on connection `key` (its head is the first
@@ -448,7 +438,6 @@ impl<'a> Worker<'a> {
             peer,
             readable: false,
             writable: done,
-            connecting: !done,
             hup: false,
             owner: Some((key, conn_id)),
             requests: 1,
@@ -482,7 +471,7 @@ impl<'a> Worker<'a> {
         let loc = p.location.map_or(&srv.base, |i| &srv.locations[i]);
         let pass = loc.proxy_pass.as_ref().expect("proxy_pass");
         let server_name = first_server_name(srv);
-        let body_len = p.has_body.then_some(p.body.len() as u64);
+        let body_len = (p.req.body != Body::None).then_some(p.body.len() as u64);
         let mut out = Vec::with_capacity(p.head.len() + 128 + p.body.len());
         shard_http::proxy::write_request(
             &mut out,
@@ -521,7 +510,6 @@ impl<'a> Worker<'a> {
             self.attempt_failed(key, Failure::Error, &msg);
             return true;
         }
-        self.upconns[u].connecting = false;
         let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
         self.conns[key].proxy.as_mut().expect("proxy").state = State::Sending;
         self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
@@ -911,7 +899,6 @@ impl<'a> Worker<'a> {
         let nothing_back = p.rbuf.is_empty();
         let up = p.up.take();
         p.reused = false;
-        let mut counted = false;
         if let Some(u) = up {
             let (upstream, peer) = (self.upconns[u].upstream, self.upconns[u].peer);
             self.close_upconn(u);
@@ -925,10 +912,8 @@ impl<'a> Worker<'a> {
             }
             if !matches!(why, Failure::Status(403 | 404)) {
                 self.proxy_peer_failed(upstream, peer);
-                counted = true;
             }
         }
-        let _ = counted;
         self.retry_or_fail(key, why, sent);
     }
 
@@ -1029,11 +1014,7 @@ impl<'a> Worker<'a> {
                         "upstream timed out (110: Connection timed out) while reading upstream",
                     );
                 }
-                let p = self.conns[key].proxy.take().expect("proxy");
-                if let Some(u) = p.up {
-                    self.close_upconn(u);
-                }
-                self.log_proxy_access(key, &p, p.status, p.body_sent);
+                self.abort_response(key);
                 self.close(key);
                 true
             }

@@ -128,9 +128,10 @@ impl Worker<'_> {
             .servers[server]
     }
 
-    /// Connections counted against `worker_connections`: a relay is two.
+    /// Connections counted against `worker_connections`: a relay is two, an upstream
+    /// connection of the HTTP proxy (busy or pooled) one.
     pub(super) fn connections_used(&self) -> usize {
-        self.conns.len() + 2 * self.relays.len() + self.upconns_used()
+        self.conns.len() + 2 * self.relays.len() + self.upconns.len()
     }
 
     /// Takes an accepted client of the stream server `server` (already counted as accepted,
