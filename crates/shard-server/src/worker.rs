@@ -14,6 +14,7 @@
 //!   rule as nginx's `ngx_unix_recv`), so no read is spent to learn `EAGAIN`;
 //! - pipelined responses are gathered into one buffer and written with one `write`.
 
+mod balance;
 mod conn;
 mod proxy;
 mod relay;
@@ -32,9 +33,10 @@ use slab::Slab;
 
 use crate::listen::OpenListener;
 use crate::shm::{Region, WorkerSlot};
+use balance::PeerState;
 use conn::Conn;
 use proxy::{UpConn, UPCONN_BASE};
-use relay::{PeerState, Relay, RELAY_BASE};
+use relay::{Relay, RELAY_BASE};
 
 /// Token of the worker's signalfd.
 const SIGNAL_TOKEN: u64 = u64::MAX;
@@ -239,7 +241,7 @@ impl<'a> Worker<'a> {
             peer_state: a.cfg.stream.as_ref().map_or(Vec::new(), |s| {
                 s.upstreams
                     .iter()
-                    .map(|u| vec![PeerState::default(); u.peers.len()])
+                    .map(|u| PeerState::table(&u.peers))
                     .collect()
             }),
             upconns: Slab::new(),
@@ -251,7 +253,7 @@ impl<'a> Worker<'a> {
             http_peer_state: a.cfg.http.as_ref().map_or(Vec::new(), |h| {
                 h.upstreams
                     .iter()
-                    .map(|u| vec![PeerState::default(); u.peers.len()])
+                    .map(|u| PeerState::table(&u.peers))
                     .collect()
             }),
             conns_max: ev.worker_connections,

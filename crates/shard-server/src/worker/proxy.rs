@@ -29,8 +29,7 @@ use shard_http::body::ChunkedDecoder;
 use shard_http::proxy::{Framing, ResponseParse};
 use shard_http::request::{Body, Method, Request};
 
-use super::relay::{pick_peer, record_failure};
-use super::Worker;
+use super::{balance, Worker};
 
 /// First upstream-connection token; they stay below the stream relays' tokens.
 pub(super) const UPCONN_BASE: u64 = 1 << 46;
@@ -389,7 +388,7 @@ impl<'a> Worker<'a> {
             return;
         }
         let tried = std::mem::take(&mut p.tried);
-        let pick = pick_peer(
+        let pick = balance::pick(
             &ups.peers,
             &mut self.http_peer_state[upstream],
             &tried,
@@ -405,10 +404,7 @@ impl<'a> Worker<'a> {
                     ups.name
                 );
             }
-            // As nginx: with every peer failed, mark them all live again.
-            for st in &mut self.http_peer_state[upstream] {
-                *st = Default::default();
-            }
+            // `balance::pick` marked every peer live again.
             self.no_more_peers(key, 502);
             return;
         };
@@ -646,7 +642,7 @@ impl<'a> Worker<'a> {
         let p = c.proxy.as_mut().expect("proxy");
         if let Some(u) = p.up {
             let (upstream, peer) = (self.upconns[u].upstream, self.upconns[u].peer);
-            self.http_peer_state[upstream][peer].succeeded();
+            balance::succeeded(&mut self.http_peer_state[upstream], peer);
         }
         p.rbuf.drain(..head_len);
         let client_http11 = p.req.minor_version >= 1;
@@ -1022,8 +1018,14 @@ impl<'a> Worker<'a> {
     }
 
     fn proxy_peer_failed(&mut self, upstream: usize, peer: usize) {
-        let p = &self.http().upstreams[upstream].peers[peer];
-        record_failure(p, &mut self.http_peer_state[upstream][peer], self.now_ms);
+        let peers = &self.http().upstreams[upstream].peers;
+        if balance::failed(peers, &mut self.http_peer_state[upstream], peer, self.now_ms) {
+            crate::log!(
+                Warn,
+                "upstream server temporarily disabled, upstream: \"{}\"",
+                peers[peer].addr
+            );
+        }
     }
 
     /// An error-log line in nginx's shape: `MSG, client: A, server: NAME, request: "LINE",

@@ -21,10 +21,10 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
-use shard_config::{PeerConf, StreamServerConf};
+use shard_config::StreamServerConf;
 use shard_event::sock::Connect;
 
-use super::Worker;
+use super::{balance, Worker};
 use crate::shm::WorkerSlot;
 
 /// First relay token; relay tokens stay below the listener tokens.
@@ -32,14 +32,6 @@ pub(super) const RELAY_BASE: u64 = 1 << 47;
 
 const CLIENT: u64 = 0;
 const UPSTREAM: u64 = 1;
-
-/// Per-worker failure accounting and round-robin weight of one upstream peer.
-#[derive(Default, Clone)]
-pub(super) struct PeerState {
-    current: i64,
-    fails: u32,
-    last_fail_ms: u64,
-}
 
 struct Side {
     fd: RawFd,
@@ -189,19 +181,25 @@ impl Worker<'_> {
     /// Smooth weighted round robin over the peers not yet tried by this relay.
     fn pick_peer(&mut self, upstream: usize, tried: &[bool]) -> Option<usize> {
         let peers = &self.cfg.stream.as_ref()?.upstreams[upstream].peers;
-        pick_peer(peers, &mut self.peer_state[upstream], tried, self.now_ms)
+        balance::pick(peers, &mut self.peer_state[upstream], tried, self.now_ms)
     }
 
     fn peer_failed(&mut self, upstream: usize, peer: usize) {
-        let Some(p) = self
+        let Some(peers) = self
             .cfg
             .stream
             .as_ref()
-            .map(|s| &s.upstreams[upstream].peers[peer])
+            .map(|s| &s.upstreams[upstream].peers)
         else {
             return;
         };
-        record_failure(p, &mut self.peer_state[upstream][peer], self.now_ms);
+        if balance::failed(peers, &mut self.peer_state[upstream], peer, self.now_ms) {
+            crate::log!(
+                Warn,
+                "upstream server temporarily disabled, upstream: \"{}\"",
+                peers[peer].addr
+            );
+        }
     }
 
     fn log_upstream_error(&self, key: usize, what: &str) {
@@ -239,11 +237,7 @@ impl Worker<'_> {
             let r = &mut self.relays[key];
             r.tried = tried;
             let Some(p) = pick else {
-                // As nginx: with every peer failed, mark them all live again for quick
-                // recovery; this connection is closed all the same.
-                for st in &mut self.peer_state[upstream] {
-                    st.fails = 0;
-                }
+                // `balance::pick` marked every peer live again; this connection closes.
                 let r = &self.relays[key];
                 if first {
                     crate::log!(
@@ -342,7 +336,7 @@ impl Worker<'_> {
         r.up = Some(Pipe::new(size));
         r.down = Some(Pipe::new(size));
         if let Some(p) = r.current_peer {
-            self.peer_state[upstream][p].fails = 0;
+            balance::succeeded(&mut self.peer_state[upstream], p);
         }
         self.set_relay_deadline(key, self.now_ms + timeout);
         self.pump(key);
@@ -534,61 +528,4 @@ fn move_bytes(
         progress = true;
     }
     Ok(progress)
-}
-
-/// Smooth weighted round robin (nginx's) over the peers not in `tried`, primaries first, then
-/// backups; `down` peers and peers that failed `max_fails` times within `fail_timeout` are
-/// skipped. Shared by the stream relay and the HTTP proxy.
-pub(super) fn pick_peer(
-    peers: &[PeerConf],
-    state: &mut [PeerState],
-    tried: &[bool],
-    now: u64,
-) -> Option<usize> {
-    // As nginx: a lone peer is always tried (max_fails does not apply to it).
-    let single = peers.len() == 1;
-    for backup in [false, true] {
-        let mut total = 0i64;
-        let mut best: Option<usize> = None;
-        for (i, p) in peers.iter().enumerate() {
-            if p.backup != backup || p.down || tried.get(i).copied().unwrap_or(true) {
-                continue;
-            }
-            let st = &mut state[i];
-            if !single
-                && p.max_fails > 0
-                && st.fails >= p.max_fails
-                && now.saturating_sub(st.last_fail_ms) < p.fail_timeout_ms
-            {
-                continue;
-            }
-            st.current += p.weight as i64;
-            total += p.weight as i64;
-            let cur = st.current;
-            if best.is_none_or(|b| cur > state[b].current) {
-                best = Some(i);
-            }
-        }
-        if let Some(b) = best {
-            state[b].current -= total;
-            return Some(b);
-        }
-    }
-    None
-}
-
-/// Counts one failure of a peer; failures count within `fail_timeout` of the previous one.
-pub(super) fn record_failure(p: &PeerConf, st: &mut PeerState, now: u64) {
-    if now.saturating_sub(st.last_fail_ms) >= p.fail_timeout_ms {
-        st.fails = 0;
-    }
-    st.fails += 1;
-    st.last_fail_ms = now;
-}
-
-impl PeerState {
-    /// A success clears the failure count.
-    pub(super) fn succeeded(&mut self) {
-        self.fails = 0;
-    }
 }
