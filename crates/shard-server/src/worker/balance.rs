@@ -123,8 +123,8 @@ pub(super) fn failed(
     st.accessed_ms = now_ms;
     st.checked_ms = now_ms;
     let mut disabled = false;
-    if p.max_fails > 0 {
-        st.effective_weight -= (p.weight / p.max_fails) as i64;
+    if let Some(share) = p.weight.checked_div(p.max_fails) {
+        st.effective_weight -= share as i64;
         disabled = st.fails >= p.max_fails;
     }
     if st.effective_weight < 0 {
