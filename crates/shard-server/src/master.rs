@@ -60,6 +60,21 @@ struct Proc {
     generation: u64,
 }
 
+/// A worker of the current generation to start again at `at_ms`.
+struct Respawn {
+    idx: usize,
+    generation: u64,
+    at_ms: u64,
+}
+
+/// A worker that dies before it finished starting (it never wrote its pid into its slot) is
+/// respawned after a delay that doubles each time, from `RESPAWN_DELAY_MIN_MS` to
+/// `RESPAWN_DELAY_MAX_MS`, so a worker that cannot start does not become a fork loop; one that
+/// ran is respawned at once, as nginx does. A failed `fork` is retried with the same delays.
+/// Meanwhile its siblings serve its shard (`Worker::adopt_orphaned_shards`).
+const RESPAWN_DELAY_MIN_MS: u64 = 100;
+const RESPAWN_DELAY_MAX_MS: u64 = 5000;
+
 struct Master {
     cfg: Config,
     n_workers: usize,
@@ -82,6 +97,9 @@ struct Master {
     pid_path: Option<PathBuf>,
     exe: PathBuf,
     args: Vec<OsString>,
+    /// Workers waiting to be started again, and the current delay per worker index.
+    respawns: Vec<Respawn>,
+    respawn_delay_ms: HashMap<usize, u64>,
 }
 
 fn tcp_nodelay(cfg: &Config) -> bool {
@@ -210,6 +228,8 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         upgrade_child: None,
         exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("shard")),
         args: std::env::args_os().skip(1).collect(),
+        respawns: Vec::new(),
+        respawn_delay_ms: HashMap::new(),
     };
     m.start_generation()?;
     let code = m.run_loop();
@@ -261,10 +281,54 @@ impl Master {
         self.region.n_workers.store(self.n_workers as u64, Relaxed);
         self.region.generation.store(self.generation, Relaxed);
         self.slots = slots;
+        self.respawns.clear();
+        self.respawn_delay_ms.clear();
         for idx in 0..self.n_workers {
-            self.spawn(idx)?;
+            if let Err(e) = self.spawn(idx) {
+                // The shard is not lost: its siblings serve it until the retry succeeds.
+                crate::log!(Alert, "could not start worker {idx}: {e:#}");
+                self.schedule_respawn(idx);
+            }
         }
         Ok(())
+    }
+
+    /// Starts worker `idx` again after its current delay, doubling the delay.
+    fn schedule_respawn(&mut self, idx: usize) {
+        let d = self.respawn_delay_ms.entry(idx).or_insert(0);
+        *d = (*d * 2).clamp(RESPAWN_DELAY_MIN_MS, RESPAWN_DELAY_MAX_MS);
+        let at_ms = shard_event::monotonic_ms() + *d;
+        crate::log!(Notice, "respawning worker {idx} in {} ms", *d);
+        self.respawns.push(Respawn {
+            idx,
+            generation: self.generation,
+            at_ms,
+        });
+    }
+
+    /// Runs the respawns that are due; returns the time until the next one.
+    fn run_respawns(&mut self) -> Option<u64> {
+        let now = shard_event::monotonic_ms();
+        let due: Vec<Respawn>;
+        (due, self.respawns) = std::mem::take(&mut self.respawns)
+            .into_iter()
+            .partition(|r| r.at_ms <= now);
+        for r in due {
+            if r.generation != self.generation
+                || self.stopping != Stopping::No
+                || self.workers_stopped
+            {
+                continue;
+            }
+            if let Err(e) = self.spawn(r.idx) {
+                crate::log!(Alert, "could not respawn worker {}: {e:#}", r.idx);
+                self.schedule_respawn(r.idx);
+            }
+        }
+        self.respawns
+            .iter()
+            .map(|r| r.at_ms.saturating_sub(now))
+            .min()
     }
 
     fn spawn(&mut self, idx: usize) -> Result<()> {
@@ -334,12 +398,16 @@ impl Master {
     fn run_loop(&mut self) -> i32 {
         let mut events = Events::with_capacity(8);
         loop {
-            let timeout = match self.stopping {
+            let mut timeout = match self.stopping {
                 Stopping::Fast { kill_at_ms } => {
                     kill_at_ms.saturating_sub(shard_event::monotonic_ms()) as i32
                 }
                 _ => -1,
             };
+            if let Some(next) = self.run_respawns() {
+                let next = next.min(i32::MAX as u64) as i32;
+                timeout = if timeout < 0 { next } else { timeout.min(next) };
+            }
             let _ = self.poll.wait(&mut events, timeout);
             while let Some((sig, _from)) = self.signals.read() {
                 self.on_signal(sig);
@@ -637,6 +705,11 @@ impl Master {
                     "worker process {pid} held the accept mutex; released"
                 );
             }
+            // A worker writes its pid into its slot once it is set up; then siblings see at
+            // once that its shard has nobody serving it.
+            let slot_pid = &self.region.worker(p.slot).pid;
+            let started = slot_pid.load(Relaxed) == pid as u64;
+            slot_pid.store(0, Relaxed);
             let (idx, generation) = (p.idx, p.generation);
             if self.stopping != Stopping::No
                 || generation != self.generation
@@ -659,8 +732,14 @@ impl Master {
                 Alert,
                 "worker process {pid} (worker {idx}) {how}, respawning"
             );
+            if !started {
+                self.schedule_respawn(idx);
+                continue;
+            }
+            self.respawn_delay_ms.remove(&idx);
             if let Err(e) = self.spawn(idx) {
                 crate::log!(Alert, "could not respawn worker {idx}: {e:#}");
+                self.schedule_respawn(idx);
             }
         }
     }

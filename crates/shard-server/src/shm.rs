@@ -29,6 +29,13 @@ pub struct WorkerSlot {
     pub cpu_ms: AtomicU64,
     /// The configuration generation the worker runs.
     pub generation: AtomicU64,
+    /// Turns a connection ended because it used up its budget (`TURN_ROUNDS_MAX`).
+    pub budget_yields: AtomicU64,
+    /// Connections accepted from a sibling's shard while that worker was not serving it.
+    pub adopted: AtomicU64,
+    /// Times the worker reached `worker_connections` (or the descriptor limit) and paused
+    /// accepting.
+    pub accept_pauses: AtomicU64,
 }
 
 impl WorkerSlot {
@@ -80,6 +87,17 @@ impl Region {
             .iter()
             .take(n)
             .map(|s| &self.workers[(s.load(Relaxed) as usize).min(MAX_WORKERS - 1)])
+    }
+
+    /// Whether worker `idx` of the current generation is serving: it has a pid and its loop
+    /// ran within `stale_ms`. A dead worker not yet respawned, a stopped one and one stuck in
+    /// a long computation all read as not serving.
+    pub fn serving(&self, idx: usize, now_ms: u64, stale_ms: u64) -> bool {
+        if idx >= MAX_WORKERS || idx >= self.n_workers.load(Relaxed) as usize {
+            return false;
+        }
+        let w = &self.workers[(self.slot_of[idx].load(Relaxed) as usize).min(MAX_WORKERS - 1)];
+        w.pid.load(Relaxed) != 0 && now_ms.saturating_sub(w.heartbeat_ms.load(Relaxed)) < stale_ms
     }
 
     /// The lock a shared socket is guarded by: 0 for a plain shared socket, `1 + k` for shard k.

@@ -82,7 +82,8 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
         let _ = write!(
             s,
             "{{\"idx\":{i},\"pid\":{},\"accepted\":{},\"handled\":{},\"requests\":{},\"active\":{},\
-             \"reading\":{},\"writing\":{},\"waiting\":{},\"cpu_ms\":{},\"heartbeat_age_ms\":{}}}",
+             \"reading\":{},\"writing\":{},\"waiting\":{},\"cpu_ms\":{},\"heartbeat_age_ms\":{},\
+             \"budget_yields\":{},\"adopted\":{},\"accept_pauses\":{}}}",
             w.pid.load(Relaxed),
             w.accepted.load(Relaxed),
             w.handled.load(Relaxed),
@@ -93,6 +94,9 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
             w.waiting.load(Relaxed),
             w.cpu_ms.load(Relaxed),
             now_ms.saturating_sub(w.heartbeat_ms.load(Relaxed)),
+            w.budget_yields.load(Relaxed),
+            w.adopted.load(Relaxed),
+            w.accept_pauses.load(Relaxed),
         );
     }
     s.push_str("],\"listeners\":[");
@@ -133,7 +137,7 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
     let _ = writeln!(s, "# TYPE shard_generation gauge");
     let _ = writeln!(s, "shard_generation {}", region.generation.load(Relaxed));
     type Field = fn(&crate::shm::WorkerSlot) -> u64;
-    let metrics: [(&str, &str, &str, Field); 9] = [
+    let metrics: [(&str, &str, &str, Field); 12] = [
         (
             "shard_worker_accepted_total",
             "counter",
@@ -181,6 +185,24 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             "counter",
             "Worker CPU time (user + system), milliseconds / 1000.",
             |w| w.cpu_ms.load(Relaxed),
+        ),
+        (
+            "shard_worker_budget_yields_total",
+            "counter",
+            "Turns a connection ended because it used up its budget of rounds per wake-up.",
+            |w| w.budget_yields.load(Relaxed),
+        ),
+        (
+            "shard_worker_adopted_total",
+            "counter",
+            "Connections accepted from a sibling's shard while its worker was not serving.",
+            |w| w.adopted.load(Relaxed),
+        ),
+        (
+            "shard_worker_accept_pauses_total",
+            "counter",
+            "Times accepting paused at worker_connections or the descriptor limit.",
+            |w| w.accept_pauses.load(Relaxed),
         ),
         (
             "shard_worker_heartbeat_age_seconds",

@@ -19,6 +19,7 @@ mod conn;
 mod proxy;
 mod relay;
 mod respond;
+mod token;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -35,14 +36,10 @@ use crate::listen::OpenListener;
 use crate::shm::{Region, WorkerSlot};
 use balance::PeerState;
 use conn::Conn;
-use proxy::{UpConn, UPCONN_BASE};
-use relay::{Relay, RELAY_BASE};
+use proxy::UpConn;
+use relay::Relay;
+use token::Token;
 
-/// Token of the worker's signalfd.
-const SIGNAL_TOKEN: u64 = u64::MAX;
-/// Listener tokens are `LISTENER_BASE + index`; stream relays use `[RELAY_BASE, LISTENER_BASE)`
-/// (see `relay.rs`); HTTP connection tokens are slab keys below `RELAY_BASE`.
-const LISTENER_BASE: u64 = 1 << 48;
 /// Connections accepted per readiness report when `multi_accept` is off. Small, so that with a
 /// shared socket the next worker gets a turn, and above 1, so that under load one
 /// `epoll_wait` is shared by several connections.
@@ -55,6 +52,16 @@ const EXCLUSIVE_REARM_EVERY: u64 = 16;
 const HEARTBEAT_MS: u64 = 1000;
 /// Events taken per `epoll_wait`.
 const EVENTS_MAX: usize = 512;
+/// Rounds of a connection's state machine per wake-up (sozu's `MAX_LOOP_ITERATIONS` habit): a
+/// connection that still has work after this many takes its next turn after every other
+/// ready connection, so one fast pipelining client cannot keep the worker to itself.
+const TURN_ROUNDS_MAX: usize = 64;
+/// A sibling whose loop has not run for this long is not serving: its shard is adopted.
+/// Several heartbeats (`HEARTBEAT_MS`), so an idle worker is never taken for a stuck one.
+const ORPHANED_AFTER_MS: u64 = 3 * HEARTBEAT_MS;
+/// Idle keep-alive connections closed at most per attempt to make room at the connection cap
+/// (nginx's `ngx_drain_connections`).
+const IDLE_DRAIN_MAX: usize = 32;
 /// Access-log bytes buffered per file before a write (nginx's `buffer=64k`).
 const ACCESS_LOG_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -77,6 +84,11 @@ struct WListener {
     lock: usize,
     registered: bool,
     accepts: u64,
+    /// A sibling's shard, polled (with `EPOLLEXCLUSIVE`) only while that worker is not
+    /// serving; `None` for this worker's own sockets.
+    adopted_from: Option<usize>,
+    /// Polled now. Own sockets always are; an adopted shard while its worker is away.
+    enabled: bool,
 }
 
 /// One access log file: a descriptor inherited from the master (reopened on `SIGUSR1`) and a
@@ -123,12 +135,22 @@ pub(crate) struct Worker<'a> {
     shutting_down: bool,
     /// Connections accepted under the accept mutex, served once it is released.
     posted: Vec<usize>,
+    /// Connections and relays that used up their turn's budget with work left: driven again
+    /// after the next (non-blocking) `epoll_wait`.
+    ready: Vec<Token>,
     /// `worker_shutdown_timeout`: when a graceful stop closes whatever is still open.
     shutdown_deadline_ms: Option<u64>,
     accept_mutex: bool,
     /// The accept locks this worker's `Mutex` listeners use, and whether it holds each.
     locks: Vec<(usize, bool)>,
     accept_disabled: i64,
+    /// Accepting is paused (at `worker_connections`, or on `EMFILE`/`ENFILE`) until a
+    /// connection closes or this time passes: the listeners are out of epoll meanwhile, so a
+    /// level-triggered listener cannot spin the loop.
+    accept_paused_until: Option<u64>,
+    /// The pause's alert was logged; cleared by the next successful accept, so a shortage
+    /// that lasts is logged once, not once per `accept_mutex_delay`.
+    accept_pause_logged: bool,
     multi_accept: bool,
     access_logs: Vec<AccessLogFile>,
     access_log_idx: HashMap<PathBuf, usize>,
@@ -167,7 +189,7 @@ impl<'a> Worker<'a> {
     fn new(a: WorkerArgs<'a>) -> std::io::Result<Worker<'a>> {
         let poll = Poll::new()?;
         let signals = SignalFd::new()?;
-        poll.add(signals.fd(), SIGNAL_TOKEN, Interest::READ)?;
+        poll.add(signals.fd(), Token::Signal.encode(), Interest::READ)?;
         let ev = &a.cfg.events;
         // nginx: reuseport disables the accept mutex for that socket; one worker needs no mutex.
         let use_mutex = ev.accept_mutex && a.n_workers > 1;
@@ -193,7 +215,24 @@ impl<'a> Worker<'a> {
                 lock,
                 registered: false,
                 accepts: 0,
+                adopted_from: None,
+                enabled: true,
             });
+            // The siblings' shards, for when their worker is not serving them.
+            if mode == AcceptMode::Shard {
+                for j in (0..l.active.min(a.n_workers)).filter(|&j| j != a.idx) {
+                    listeners.push(WListener {
+                        fd: l.fds[j],
+                        conf_idx: l.conf_idx,
+                        mode: AcceptMode::Exclusive,
+                        lock: 0,
+                        registered: false,
+                        accepts: 0,
+                        adopted_from: Some(j),
+                        enabled: false,
+                    });
+                }
+            }
             // Shards a reload took out of the kernel's choice: drain what was queued on them.
             for fd in l.draining_for_worker(a.idx) {
                 listeners.push(WListener {
@@ -203,6 +242,8 @@ impl<'a> Worker<'a> {
                     lock: 0,
                     registered: false,
                     accepts: 0,
+                    adopted_from: None,
+                    enabled: true,
                 });
             }
         }
@@ -256,7 +297,7 @@ impl<'a> Worker<'a> {
                     .map(|u| PeerState::table(&u.peers))
                     .collect()
             }),
-            conns_max: ev.worker_connections,
+            conns_max: ev.worker_connections.min(token::KEY_MAX),
             next_conn_id: 0,
             timers: BinaryHeap::new(),
             now_ms,
@@ -265,10 +306,13 @@ impl<'a> Worker<'a> {
             log_time: String::new(),
             shutting_down: false,
             posted: Vec::new(),
+            ready: Vec::new(),
             shutdown_deadline_ms: None,
             accept_mutex: use_mutex && !locks.is_empty(),
             locks,
             accept_disabled: 0,
+            accept_paused_until: None,
+            accept_pause_logged: false,
             multi_accept: ev.multi_accept,
             access_logs,
             access_log_idx,
@@ -277,7 +321,7 @@ impl<'a> Worker<'a> {
         };
         w.update_time();
         for i in 0..w.listeners.len() {
-            if w.listeners[i].mode != AcceptMode::Mutex {
+            if w.listeners[i].mode != AcceptMode::Mutex && w.listeners[i].enabled {
                 w.register_listener(i)?;
             }
         }
@@ -295,7 +339,7 @@ impl<'a> Worker<'a> {
             AcceptMode::Exclusive => Interest::READ | Interest::EXCLUSIVE,
             _ => Interest::READ,
         };
-        self.poll.add(l.fd, LISTENER_BASE + i as u64, interest)?;
+        self.poll.add(l.fd, Token::Listener(i).encode(), interest)?;
         l.registered = true;
         Ok(())
     }
@@ -326,7 +370,14 @@ impl<'a> Worker<'a> {
                 return;
             }
             let mut timeout = HEARTBEAT_MS;
-            if self.accept_mutex && !self.shutting_down {
+            if let Some(until) = self.accept_paused_until {
+                if self.connections_used() < self.conns_max || self.now_ms >= until {
+                    self.resume_accepting();
+                } else {
+                    timeout = timeout.min(until - self.now_ms);
+                }
+            }
+            if self.accept_mutex && !self.shutting_down && self.accept_paused_until.is_none() {
                 if self.accept_disabled > 0 {
                     self.accept_disabled -= 1;
                 } else {
@@ -335,6 +386,9 @@ impl<'a> Worker<'a> {
                 if self.locks.iter().any(|&(_, held)| !held) {
                     timeout = timeout.min(self.cfg.events.accept_mutex_delay_ms.max(1));
                 }
+            }
+            if !self.ready.is_empty() {
+                timeout = 0;
             }
             if let Some(Reverse((deadline, _, _))) = self.timers.peek() {
                 timeout = timeout.min(deadline.saturating_sub(self.now_ms));
@@ -374,9 +428,8 @@ impl<'a> Worker<'a> {
             // Accept events first, then release the mutex before connection work, as nginx
             // posts accept events: the lock is held only for accepting.
             for i in 0..n {
-                let ev = events.get(i);
-                if ev.token >= LISTENER_BASE && ev.token != SIGNAL_TOKEN {
-                    self.accept_on((ev.token - LISTENER_BASE) as usize);
+                if let Some(Token::Listener(li)) = Token::decode(events.get(i).token) {
+                    self.accept_on(li);
                 }
             }
             self.release_accept_locks();
@@ -385,16 +438,24 @@ impl<'a> Worker<'a> {
             }
             for i in 0..n {
                 let ev = events.get(i);
-                if ev.token == SIGNAL_TOKEN {
-                    self.on_signals();
-                } else if ev.token >= RELAY_BASE && ev.token < LISTENER_BASE {
-                    self.on_relay_event(ev.token, ev);
-                } else if ev.token >= UPCONN_BASE && ev.token < RELAY_BASE {
-                    self.on_upconn_event(ev.token, ev);
-                } else if ev.token < UPCONN_BASE {
-                    self.on_conn_event(ev.token as usize, ev);
+                match Token::decode(ev.token) {
+                    Some(Token::Signal) => self.on_signals(),
+                    Some(Token::Conn { key, generation }) => {
+                        self.on_conn_event(key, generation, ev)
+                    }
+                    Some(Token::Upstream { key, generation }) => {
+                        self.on_upconn_event(key, generation, ev)
+                    }
+                    Some(Token::RelayClient { key, generation }) => {
+                        self.on_relay_event(key, generation, false, ev)
+                    }
+                    Some(Token::RelayUpstream { key, generation }) => {
+                        self.on_relay_event(key, generation, true, ev)
+                    }
+                    Some(Token::Listener(_)) | None => {}
                 }
             }
+            self.run_ready();
             self.expire_timers();
             self.expire_relay_timers();
             if self.now_ms.saturating_sub(self.last_heartbeat_ms) >= HEARTBEAT_MS {
@@ -404,8 +465,85 @@ impl<'a> Worker<'a> {
                     .store(shard_event::process::cpu_time_ms(), Relaxed);
                 self.flush_access_logs();
                 self.expire_pools();
+                self.adopt_orphaned_shards();
             }
             self.slot.heartbeat_ms.store(self.now_ms, Relaxed);
+        }
+    }
+
+    /// Polls the shards of siblings that are not serving (dead and not yet respawned, stopped,
+    /// or stuck), and stops polling them once their worker is back: the master keeps every
+    /// shard open and every worker inherited every shard, so a queue never waits for one
+    /// worker. Checked once per heartbeat.
+    fn adopt_orphaned_shards(&mut self) {
+        if self.shutting_down {
+            return;
+        }
+        for i in 0..self.listeners.len() {
+            let Some(j) = self.listeners[i].adopted_from else {
+                continue;
+            };
+            let orphaned = !self.region.serving(j, self.now_ms, ORPHANED_AFTER_MS);
+            let l = &mut self.listeners[i];
+            if orphaned == l.enabled {
+                continue;
+            }
+            l.enabled = orphaned;
+            if orphaned {
+                crate::log!(
+                    Notice,
+                    "worker {} is not serving: worker {} polls its shard of {}",
+                    j,
+                    self.idx,
+                    self.cfg.listeners[l.conf_idx].addr
+                );
+                if self.accept_paused_until.is_none() {
+                    if let Err(e) = self.register_listener(i) {
+                        crate::log!(
+                            Alert,
+                            "epoll_ctl() failed ({})",
+                            shard_event::os_error_text(&e)
+                        );
+                    }
+                }
+            } else {
+                self.unregister_listener(i);
+            }
+        }
+    }
+
+    /// Queues a connection or relay that used up its turn; it is driven again after the next
+    /// `epoll_wait`, which then does not block.
+    fn yield_turn(&mut self, t: Token) {
+        WorkerSlot::bump(&self.slot.budget_yields, 1);
+        self.ready.push(t);
+    }
+
+    /// Gives every connection that yielded its next turn (those closed since are skipped by
+    /// their generation).
+    fn run_ready(&mut self) {
+        for t in std::mem::take(&mut self.ready) {
+            match t {
+                Token::Conn { key, generation } => {
+                    if self
+                        .conns
+                        .get(key)
+                        .is_some_and(|c| token::generation(c.id) == generation)
+                    {
+                        self.drive(key);
+                    }
+                }
+                Token::RelayClient { key, generation } => {
+                    if self
+                        .relays
+                        .get(key)
+                        .is_some_and(|r| token::generation(r.id) == generation)
+                    {
+                        self.pump(key);
+                    }
+                }
+                _ => debug_assert!(false, "only connections and relays yield: {t:?}"),
+            }
         }
     }
 
@@ -461,16 +599,86 @@ impl<'a> Worker<'a> {
         self.accept_batch(li, batch);
     }
 
+    /// Whether `n` more connections fit under `worker_connections`, after closing idle
+    /// keep-alive connections if that is what it takes (nginx's `ngx_drain_connections`).
+    pub(super) fn room_for_connections(&mut self, n: usize) -> bool {
+        if self.connections_used() + n <= self.conns_max {
+            return true;
+        }
+        let mut idle: Vec<(u64, usize)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.is_idle())
+            .map(|(k, c)| (c.deadline_ms, k))
+            .collect();
+        if idle.is_empty() {
+            return false;
+        }
+        // The longest idle first (the earliest keep-alive deadline); as nginx, an eighth of
+        // them and at most 32 at a time, at least one.
+        idle.sort_unstable();
+        let drain = (idle.len() / 8)
+            .clamp(n, IDLE_DRAIN_MAX.max(n))
+            .min(idle.len());
+        for &(_, k) in &idle[..drain] {
+            self.close(k);
+        }
+        self.connections_used() + n <= self.conns_max
+    }
+
+    /// Stops polling every listener until a connection closes or `accept_mutex_delay`
+    /// passes; logs `alert` once per shortage.
+    fn pause_accepting(&mut self, alert: std::fmt::Arguments<'_>) {
+        if !self.accept_pause_logged {
+            self.accept_pause_logged = true;
+            crate::log!(Alert, "{alert}");
+            WorkerSlot::bump(&self.slot.accept_pauses, 1);
+        }
+        let delay = self.cfg.events.accept_mutex_delay_ms.max(1);
+        self.accept_paused_until = Some(self.now_ms + delay);
+        for i in 0..self.listeners.len() {
+            self.unregister_listener(i);
+        }
+        if self.accept_mutex {
+            self.release_accept_locks();
+            for l in &mut self.locks {
+                l.1 = false;
+            }
+        }
+    }
+
+    fn resume_accepting(&mut self) {
+        self.accept_paused_until = None;
+        if self.shutting_down {
+            return;
+        }
+        for i in 0..self.listeners.len() {
+            // `Mutex` listeners come back through `try_accept_mutex`.
+            if self.listeners[i].mode != AcceptMode::Mutex && self.listeners[i].enabled {
+                if let Err(e) = self.register_listener(i) {
+                    crate::log!(
+                        Alert,
+                        "epoll_ctl() failed ({})",
+                        shard_event::os_error_text(&e)
+                    );
+                }
+            }
+        }
+    }
+
     /// Accepts up to `batch` connections from listener `li` and starts serving them.
     fn accept_batch(&mut self, li: usize, batch: usize) {
         let fd = self.listeners[li].fd;
+        // A stream relay needs its upstream socket too: two connections, as in nginx.
+        let stream = matches!(
+            self.cfg.listeners[self.listeners[li].conf_idx].kind,
+            shard_config::ListenerKind::Stream { .. }
+        );
+        let need = if stream { 2 } else { 1 };
         for _ in 0..batch {
-            if self.connections_used() + 1 > self.conns_max {
-                crate::log!(
-                    Alert,
-                    "{} worker_connections are not enough",
-                    self.conns_max
-                );
+            if !self.room_for_connections(need) {
+                let n = self.conns_max;
+                self.pause_accepting(format_args!("{n} worker_connections are not enough"));
                 break;
             }
             let (cfd, peer) = match shard_event::sock::accept(fd) {
@@ -478,6 +686,12 @@ impl<'a> Worker<'a> {
                 Err(e) => {
                     match e.raw_os_error() {
                         Some(libc::EAGAIN) | Some(libc::ECONNABORTED) | Some(libc::EINTR) => {}
+                        // Out of descriptors: as nginx, stop accepting for a while instead
+                        // of being woken for the same queued connection again and again.
+                        Some(libc::EMFILE) | Some(libc::ENFILE) => {
+                            let text = shard_event::os_error_text(&e);
+                            self.pause_accepting(format_args!("accept4() failed ({text})"));
+                        }
                         _ => crate::log!(
                             Alert,
                             "accept4() failed ({})",
@@ -487,11 +701,15 @@ impl<'a> Worker<'a> {
                     break;
                 }
             };
+            self.accept_pause_logged = false;
             WorkerSlot::bump(&self.slot.accepted, 1);
             WorkerSlot::bump(&self.slot.handled, 1);
             WorkerSlot::bump(&self.slot.active, 1);
             let l = &mut self.listeners[li];
             l.accepts += 1;
+            if l.adopted_from.is_some() {
+                WorkerSlot::bump(&self.slot.adopted, 1);
+            }
             let conf_idx = l.conf_idx;
             let conf_l = &self.cfg.listeners[conf_idx];
             if let shard_config::ListenerKind::Stream { server } = conf_l.kind {

@@ -23,6 +23,9 @@ const CLIENT_BODY_TIMEOUT_MS: u64 = 60_000;
 const READ_BUFFER_BYTES: usize = 4096;
 /// Bytes of a static file copied per `pread` when `sendfile` is off.
 const FILE_CHUNK_BYTES: usize = 32 * 1024;
+/// File chunks (`pread` + `write`, or one `sendfile`) moved per `flush` call: a client that
+/// reads fast enough does not keep the worker to itself for a whole large file.
+const FLUSH_CHUNKS_MAX: usize = 16;
 /// Pipelined responses gathered before a write.
 const PIPELINE_GATHER_BYTES: usize = 64 * 1024;
 
@@ -136,7 +139,10 @@ impl Conn {
 
 pub(super) enum Flush {
     Done,
+    /// The socket's send buffer is full: wait for the kernel.
     Blocked,
+    /// The call moved its share of a file: take another turn later.
+    Yield,
     Failed,
 }
 
@@ -174,10 +180,13 @@ impl Worker<'_> {
         })
     }
 
-    pub(super) fn on_conn_event(&mut self, key: usize, ev: shard_event::Event) {
+    pub(super) fn on_conn_event(&mut self, key: usize, generation: u32, ev: shard_event::Event) {
         let Some(c) = self.conns.get_mut(key) else {
             return;
         };
+        if super::token::generation(c.id) != generation {
+            return; // registered for a connection that closed since
+        }
         if ev.readable() {
             c.readable = true;
         }
@@ -196,7 +205,11 @@ impl Worker<'_> {
             | shard_event::Interest::WRITE
             | shard_event::Interest::RDHUP
             | shard_event::Interest::EDGE;
-        match self.poll.add(c.fd, key as u64, interest) {
+        let token = super::token::Token::Conn {
+            key,
+            generation: super::token::generation(c.id),
+        };
+        match self.poll.add(c.fd, token.encode(), interest) {
             Ok(()) => {
                 c.registered = true;
                 true
@@ -259,65 +272,76 @@ impl Worker<'_> {
         }
     }
 
+    /// Writes the output buffer, then the file body, until done, blocked, failed, or
+    /// [`FLUSH_CHUNKS_MAX`] file chunks were moved in this call (then `Flush::Yield`: the
+    /// connection takes its next turn after the worker's other connections).
     pub(super) fn flush(&mut self, key: usize) -> Flush {
+        let now_ms = self.now_ms;
         let c = &mut self.conns[key];
-        while c.out_pos < c.out.len() {
-            if !c.writable {
-                return Flush::Blocked;
-            }
-            match shard_event::sock::write(c.fd, &c.out[c.out_pos..]) {
-                Ok(n) => {
-                    c.out_pos += n;
-                    c.deadline_ms = self.now_ms + c.send_timeout_ms;
-                    if c.out_pos < c.out.len() {
-                        c.writable = false;
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    c.writable = false;
+        let mut chunks = 0;
+        loop {
+            while c.out_pos < c.out.len() {
+                if !c.writable {
                     return Flush::Blocked;
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return Flush::Failed,
+                match shard_event::sock::write(c.fd, &c.out[c.out_pos..]) {
+                    Ok(n) => {
+                        debug_assert!(n <= c.out.len() - c.out_pos);
+                        c.out_pos += n;
+                        c.deadline_ms = now_ms + c.send_timeout_ms;
+                        if c.out_pos < c.out.len() {
+                            c.writable = false;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        c.writable = false;
+                        return Flush::Blocked;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => return Flush::Failed,
+                }
             }
-        }
-        c.out.clear();
-        c.out_pos = 0;
-        while let Some(f) = c.file.as_mut() {
+            c.out.clear();
+            c.out_pos = 0;
+            let Some(f) = c.file.as_mut() else {
+                return Flush::Done;
+            };
             if f.remaining == 0 {
                 shard_event::sock::close(f.fd);
                 c.file = None;
-                break;
+                return Flush::Done;
             }
             if !c.writable {
                 return Flush::Blocked;
             }
+            if chunks == FLUSH_CHUNKS_MAX {
+                return Flush::Yield;
+            }
+            chunks += 1;
             let want = f.remaining.min(1 << 30) as usize;
-            let res = if f.sendfile {
-                shard_event::sock::sendfile(c.fd, f.fd, &mut f.offset, want)
-            } else {
-                // Copy a chunk into the output buffer, then write it on the next pass.
+            if !f.sendfile {
+                // Copy a chunk into the output buffer; the next pass writes it.
                 c.out.resize(want.min(FILE_CHUNK_BYTES), 0);
                 match shard_event::sock::pread(f.fd, &mut c.out, f.offset) {
-                    Ok(0) => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+                    // The file shrank under us: the promised Content-Length cannot be met.
+                    Ok(0) => return Flush::Failed,
                     Ok(n) => {
                         c.out.truncate(n);
                         f.offset += n as u64;
                         f.remaining -= n as u64;
-                        return self.flush(key);
                     }
-                    Err(e) => Err(e),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => c.out.clear(),
+                    Err(_) => return Flush::Failed,
                 }
-            };
-            match res {
-                Ok(0) => {
-                    // The file shrank under us: the promised Content-Length cannot be met.
-                    return Flush::Failed;
-                }
+                continue;
+            }
+            match shard_event::sock::sendfile(c.fd, f.fd, &mut f.offset, want) {
+                Ok(0) => return Flush::Failed,
                 Ok(n) => {
+                    debug_assert!(n as u64 <= f.remaining);
                     f.remaining -= n as u64;
-                    c.deadline_ms = self.now_ms + c.send_timeout_ms;
-                    if (n as u64) < want as u64 && f.remaining > 0 {
+                    c.deadline_ms = now_ms + c.send_timeout_ms;
+                    if n < want && f.remaining > 0 {
                         c.writable = false;
                     }
                 }
@@ -329,13 +353,20 @@ impl Worker<'_> {
                 Err(_) => return Flush::Failed,
             }
         }
-        Flush::Done
     }
 
-    /// Runs the connection until it must wait for the kernel, or is closed.
+    /// Runs the connection until it must wait for the kernel, is closed, or used up its turn
+    /// (`TURN_ROUNDS_MAX` rounds; then it is queued to go on after the other connections).
     pub(super) fn drive(&mut self, key: usize) {
+        let mut rounds = 0;
         loop {
-            if !self.conns.contains(key) {
+            let Some(c) = self.conns.get(key) else {
+                return;
+            };
+            rounds += 1;
+            if rounds > super::TURN_ROUNDS_MAX {
+                let generation = super::token::generation(c.id);
+                self.yield_turn(super::token::Token::Conn { key, generation });
                 return;
             }
             if self.conns[key].proxy.is_some() {
@@ -436,6 +467,11 @@ impl Worker<'_> {
             Flush::Done => true,
             Flush::Blocked => {
                 self.ensure_registered(key);
+                false
+            }
+            Flush::Yield => {
+                let generation = super::token::generation(self.conns[key].id);
+                self.yield_turn(super::token::Token::Conn { key, generation });
                 false
             }
             Flush::Failed => {

@@ -17,8 +17,8 @@
 //! sent bytes nobody asked for) closes it. What to send and how to read a head are decided by
 //! `shard_http::proxy`; this module moves bytes.
 //!
-//! Upstream sockets sit in the worker's epoll, registered once, edge-triggered, with the token
-//! `UPCONN_BASE + key`, a range between client connections and stream relays.
+//! Upstream sockets sit in the worker's epoll, registered once, edge-triggered, with a
+//! `Token::Upstream` carrying the connection's key and generation.
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -29,10 +29,9 @@ use shard_http::body::ChunkedDecoder;
 use shard_http::proxy::{Framing, ResponseParse};
 use shard_http::request::{Body, Method, Request};
 
+use super::token::{self, Token};
 use super::{balance, Worker};
 
-/// First upstream-connection token; they stay below the stream relays' tokens.
-pub(super) const UPCONN_BASE: u64 = 1 << 46;
 /// Largest request body held in memory when `client_max_body_size 0` sets no limit.
 pub(super) const BODY_MEMORY_MAX: u64 = 64 << 20;
 /// Smallest read from an upstream.
@@ -41,6 +40,9 @@ const READ_MIN_BYTES: usize = 4096;
 /// One connection to an upstream peer: serving a request, or idle in its upstream's pool.
 pub(super) struct UpConn {
     fd: RawFd,
+    /// Unique in the worker (from the same counter as client connections): the token's
+    /// generation.
+    id: u64,
     upstream: usize,
     peer: usize,
     readable: bool,
@@ -253,7 +255,16 @@ impl<'a> Worker<'a> {
 
     /// Runs the proxied request of connection `key` until it must wait or is finished.
     pub(super) fn drive_proxy(&mut self, key: usize) -> Step {
+        let mut rounds = 0;
         loop {
+            rounds += 1;
+            if rounds > super::TURN_ROUNDS_MAX {
+                if let Some(c) = self.conns.get(key) {
+                    let generation = token::generation(c.id);
+                    self.yield_turn(Token::Conn { key, generation });
+                }
+                return Step::Wait;
+            }
             let Some(c) = self.conns.get_mut(key) else {
                 return Step::Wait;
             };
@@ -412,6 +423,17 @@ impl<'a> Worker<'a> {
         p.tries += 1;
         p.reused = false;
         p.upreq_pos = 0;
+        // An upstream connection counts against worker_connections as in nginx, where
+        // `ngx_event_connect_peer` fails and the request ends with a 500.
+        if !self.room_for_connections(1) {
+            crate::log!(
+                Alert,
+                "{} worker_connections are not enough while connecting to upstream",
+                self.conns_max
+            );
+            self.proxy_fail_reply(key, 500);
+            return;
+        }
         let addr = ups.peers[peer].addr;
         let (fd, done) = match shard_event::sock::connect_nonblocking(&addr) {
             Ok(Connect::Done(fd)) => (fd, true),
@@ -428,8 +450,11 @@ impl<'a> Worker<'a> {
                 return;
             }
         };
+        let id = self.next_conn_id;
+        self.next_conn_id += 1;
         let u = self.upconns.insert(UpConn {
             fd,
+            id,
             upstream,
             peer,
             readable: false,
@@ -439,7 +464,11 @@ impl<'a> Worker<'a> {
             requests: 1,
             idle_since_ms: 0,
         });
-        if let Err(e) = self.poll.add(fd, UPCONN_BASE + u as u64, upconn_interest()) {
+        let token = Token::Upstream {
+            key: u,
+            generation: token::generation(id),
+        };
+        if let Err(e) = self.poll.add(fd, token.encode(), upconn_interest()) {
             crate::log!(Alert, "epoll_ctl(ADD) failed ({})", os(&e));
             self.close_upconn(u);
             self.proxy_fail_reply(key, 500);
@@ -690,7 +719,15 @@ impl<'a> Worker<'a> {
         } else {
             pc.buffer_size
         };
+        let mut rounds = 0;
         loop {
+            rounds += 1;
+            if rounds > super::TURN_ROUNDS_MAX {
+                // Upstream and client both keep up: go on after the other connections.
+                let generation = token::generation(self.conns[key].id);
+                self.yield_turn(Token::Conn { key, generation });
+                return false;
+            }
             // Pass on what was read.
             let finished = match self.pass_body(key) {
                 Ok(f) => f,
@@ -712,7 +749,7 @@ impl<'a> Worker<'a> {
                         self.close(key);
                         return false;
                     }
-                    super::conn::Flush::Blocked => {
+                    super::conn::Flush::Blocked | super::conn::Flush::Yield => {
                         self.ensure_registered(key);
                     }
                     super::conn::Flush::Done => {}
@@ -1019,7 +1056,12 @@ impl<'a> Worker<'a> {
 
     fn proxy_peer_failed(&mut self, upstream: usize, peer: usize) {
         let peers = &self.http().upstreams[upstream].peers;
-        if balance::failed(peers, &mut self.http_peer_state[upstream], peer, self.now_ms) {
+        if balance::failed(
+            peers,
+            &mut self.http_peer_state[upstream],
+            peer,
+            self.now_ms,
+        ) {
             crate::log!(
                 Warn,
                 "upstream server temporarily disabled, upstream: \"{}\"",
@@ -1063,11 +1105,13 @@ impl<'a> Worker<'a> {
     }
 
     /// An event on an upstream connection.
-    pub(super) fn on_upconn_event(&mut self, token: u64, ev: shard_event::Event) {
-        let u = (token - UPCONN_BASE) as usize;
+    pub(super) fn on_upconn_event(&mut self, u: usize, generation: u32, ev: shard_event::Event) {
         let Some(uc) = self.upconns.get_mut(u) else {
             return;
         };
+        if token::generation(uc.id) != generation {
+            return; // registered for a connection that closed since
+        }
         if ev.readable() {
             uc.readable = true;
         }

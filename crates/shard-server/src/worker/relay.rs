@@ -10,9 +10,8 @@
 //! other once its buffer is flushed) and `proxy_timeout` between successive reads or writes.
 //! A relay closes when both directions are done, on an error, or on a timeout.
 //!
-//! Both descriptors sit in the worker's epoll, registered once, edge-triggered, with the token
-//! `RELAY_BASE + key * 2 + side` (side 0: client, 1: upstream), a range apart from HTTP
-//! connections and listeners. A relay counts as one connection in `accepted`/`handled`/`active`
+//! Both descriptors sit in the worker's epoll, registered once, edge-triggered, with a
+//! `Token::RelayClient` or `Token::RelayUpstream` carrying the relay's key and generation. A relay counts as one connection in `accepted`/`handled`/`active`
 //! (as nginx counts the client connection) and as two against `worker_connections` (the client
 //! and the upstream socket, as nginx spends two connection structures).
 
@@ -24,14 +23,9 @@ use std::os::fd::RawFd;
 use shard_config::StreamServerConf;
 use shard_event::sock::Connect;
 
+use super::token::{self, Token};
 use super::{balance, Worker};
 use crate::shm::WorkerSlot;
-
-/// First relay token; relay tokens stay below the listener tokens.
-pub(super) const RELAY_BASE: u64 = 1 << 47;
-
-const CLIENT: u64 = 0;
-const UPSTREAM: u64 = 1;
 
 struct Side {
     fd: RawFd,
@@ -157,7 +151,7 @@ impl Worker<'_> {
             deadline_ms: u64::MAX,
             timer_at: u64::MAX,
         });
-        if let Err(e) = self.poll.add(fd, token(key, CLIENT), relay_interest()) {
+        if let Err(e) = self.poll.add(fd, token(key, id, false), relay_interest()) {
             crate::log!(
                 Alert,
                 "epoll_ctl(ADD) failed ({})",
@@ -268,7 +262,7 @@ impl Worker<'_> {
             let r = &mut self.relays[key];
             r.upstream = Side::new(fd);
             r.upstream.writable = done;
-            if let Err(e) = self.poll.add(fd, token(key, UPSTREAM), relay_interest()) {
+            if let Err(e) = self.poll.add(fd, token(key, r.id, true), relay_interest()) {
                 crate::log!(
                     Alert,
                     "epoll_ctl(ADD) failed ({})",
@@ -342,16 +336,23 @@ impl Worker<'_> {
         self.pump(key);
     }
 
-    pub(super) fn on_relay_event(&mut self, token: u64, ev: shard_event::Event) {
-        let n = token - RELAY_BASE;
-        let key = (n / 2) as usize;
+    pub(super) fn on_relay_event(
+        &mut self,
+        key: usize,
+        generation: u32,
+        upstream: bool,
+        ev: shard_event::Event,
+    ) {
         let Some(r) = self.relays.get_mut(key) else {
             return;
         };
-        let side = if n % 2 == CLIENT {
-            &mut r.client
-        } else {
+        if token::generation(r.id) != generation {
+            return; // registered for a relay that closed since
+        }
+        let side = if upstream {
             &mut r.upstream
+        } else {
+            &mut r.client
         };
         if ev.readable() {
             side.readable = true;
@@ -360,7 +361,7 @@ impl Worker<'_> {
             side.writable = true;
         }
         if r.connecting {
-            if n % 2 == UPSTREAM {
+            if upstream {
                 self.check_connect(key);
             }
             return;
@@ -369,14 +370,22 @@ impl Worker<'_> {
     }
 
     /// Moves bytes both ways until both sides must wait; closes when done or failed.
-    fn pump(&mut self, key: usize) {
+    pub(super) fn pump(&mut self, key: usize) {
         let timeout = self.stream_server(self.relays[key].server).timeout_ms;
         let r = &mut self.relays[key];
         let (Some(up), Some(down)) = (r.up.as_mut(), r.down.as_mut()) else {
             return;
         };
         let mut moved = false;
+        let mut rounds = 0;
+        let mut yielded = false;
         let result = loop {
+            rounds += 1;
+            if rounds > super::TURN_ROUNDS_MAX {
+                // Both sides keep up: go on after the worker's other connections.
+                yielded = true;
+                break Ok(());
+            }
             let a = move_bytes(&mut r.client, &mut r.upstream, up);
             let b = move_bytes(&mut r.upstream, &mut r.client, down);
             match (a, b) {
@@ -386,6 +395,7 @@ impl Worker<'_> {
             }
         };
         let done = r.upstream.shut && r.client.shut;
+        let generation = token::generation(r.id);
         if let Err((op, e)) = result {
             crate::log!(
                 Info,
@@ -403,6 +413,9 @@ impl Worker<'_> {
         }
         if moved {
             self.set_relay_deadline(key, self.now_ms + timeout);
+        }
+        if yielded {
+            self.yield_turn(Token::RelayClient { key, generation });
         }
     }
 
@@ -468,8 +481,13 @@ impl Worker<'_> {
     }
 }
 
-fn token(key: usize, side: u64) -> u64 {
-    RELAY_BASE + key as u64 * 2 + side
+fn token(key: usize, id: u64, upstream: bool) -> u64 {
+    let generation = token::generation(id);
+    if upstream {
+        Token::RelayUpstream { key, generation }.encode()
+    } else {
+        Token::RelayClient { key, generation }.encode()
+    }
 }
 
 fn relay_interest() -> shard_event::Interest {

@@ -1,0 +1,275 @@
+//! What a handful of hostile or unlucky clients must not be able to do to a worker: spin it at
+//! the connection cap, overflow its stack with a large file, starve the other connections with
+//! one fast pipelining client, or strand a shard's queue when its worker stops serving.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+fn conf_with(workers: usize, listen_opts: &str, events: &str, http_extra: &str) -> String {
+    format!(
+        r#"
+worker_processes {workers};
+error_log logs/error.log info;
+pid logs/shard.pid;
+events {{ {events} }}
+http {{
+    {http_extra}
+    server {{
+        listen 127.0.0.1:{{port}} {listen_opts};
+        root {{dir}}/html;
+        location = /status {{ shard_status; }}
+        location = /ok {{ return 200 "OK"; }}
+        location / {{ }}
+    }}
+}}
+"#
+    )
+}
+
+fn error_log(s: &Server) -> String {
+    std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap_or_default()
+}
+
+/// User + system CPU time of a process, from /proc/PID/stat, in milliseconds.
+fn cpu_ms(pid: u64) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    ticks * 1000 / hz
+}
+
+fn status_field(s: &Server, key: &str) -> u64 {
+    let body = get(s.addr(), "/status").body_str();
+    let pat = format!("\"{key}\":");
+    body.match_indices(&pat)
+        .map(|(i, _)| {
+            body[i + pat.len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit())
+                .collect::<String>()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum()
+}
+
+/// Regression: at the `worker_connections` cap the level-triggered listener was neither
+/// accepted from nor unregistered, so the worker spun at 100% CPU and wrote one alert line per
+/// loop (205,576 lines in 0.5 s).
+#[test]
+fn the_connection_cap_backs_off_instead_of_spinning() {
+    let mut s = Server::start(
+        "cap-spin",
+        &conf_with(1, "", "worker_connections 4;", ""),
+        1,
+    );
+    let pid = s.wait_workers(1)[0].pid;
+    // Four silent connections fill the cap; two more wait in the kernel's queue.
+    let held: Vec<TcpStream> = (0..6).map(|_| connect(s.addr())).collect();
+    wait_for(Duration::from_secs(5), "the cap to be reported", || {
+        error_log(&s)
+            .contains("4 worker_connections are not enough")
+            .then_some(())
+    });
+    let cpu_before = cpu_ms(pid);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_millis(1200)); // a measurement window, not a wait
+    let cpu = cpu_ms(pid) - cpu_before;
+    let wall = t0.elapsed().as_millis() as u64;
+    assert!(
+        cpu * 4 < wall,
+        "worker used {cpu} ms of CPU in {wall} ms at the connection cap"
+    );
+    let lines = error_log(&s)
+        .matches("worker_connections are not enough")
+        .count();
+    assert!(lines <= 2, "{lines} cap lines: logged once per episode");
+    // Freed slots are used again: the queued connections and then a new one are served.
+    drop(held);
+    wait_for(Duration::from_secs(5), "service after the cap", || {
+        try_get(s.addr(), "/ok").ok().filter(|r| r.status == 200)
+    });
+}
+
+/// At the cap, idle keep-alive connections make room for new ones (nginx's
+/// `ngx_drain_connections`) instead of the new ones waiting for `keepalive_timeout`.
+#[test]
+fn idle_keepalive_connections_make_room_at_the_cap() {
+    let s = Server::start(
+        "cap-drain",
+        &conf_with(1, "", "worker_connections 4;", "keepalive_timeout 75s;"),
+        1,
+    );
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        let mut c = connect(s.addr());
+        c.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        assert_eq!(read_response(&mut c, false).unwrap().status, 200);
+        idle.push(c);
+    }
+    let t0 = Instant::now();
+    let r = get(s.addr(), "/ok");
+    assert_eq!(r.status, 200);
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    // The oldest idle connection was closed to make room.
+    let mut buf = [0u8; 1];
+    idle[0]
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(idle[0].read(&mut buf).unwrap_or(0), 0);
+}
+
+/// Regression: with `sendfile off` each 32 KiB chunk recursed once, and a debug build
+/// overflowed its stack after 590 MB of a 1 GiB file.
+#[test]
+fn a_large_file_without_sendfile_is_sent_whole() {
+    let s = Server::start("big-nosendfile", &conf_with(1, "", "", "sendfile off;"), 1);
+    let size: u64 = 1 << 30;
+    std::fs::create_dir_all(s.dir.join("html")).unwrap();
+    let f = std::fs::File::create(s.dir.join("html/big")).unwrap();
+    f.set_len(size).unwrap(); // sparse: no disk used
+    drop(f);
+    let mut c = connect(s.addr());
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    c.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    let mut head_end = None;
+    let mut head = Vec::new();
+    loop {
+        let n = c.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        if head_end.is_none() {
+            head.extend_from_slice(&buf[..n]);
+            if let Some(i) = find(&head, b"\r\n\r\n") {
+                head_end = Some(i + 4);
+                total = (head.len() - i - 4) as u64;
+                head.truncate(i);
+            }
+        } else {
+            total += n as u64;
+        }
+    }
+    assert!(String::from_utf8_lossy(&head).starts_with("HTTP/1.1 200"));
+    assert_eq!(total, size, "truncated body");
+    assert!(
+        !error_log(&s).contains("exited on signal"),
+        "{}",
+        error_log(&s)
+    );
+}
+
+/// One client that pipelines as fast as it can must not starve the worker's other
+/// connections: every wake-up of a connection has a budget, and a connection that uses it up
+/// waits for its next turn (counted as `budget_yields` in `/status`).
+#[test]
+fn a_pipelining_client_does_not_starve_the_others() {
+    let s = Server::start("fair", &conf_with(1, "", "", ""), 1);
+    let addr = s.addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
+    let hog = {
+        let stop = stop.clone();
+        let answered = answered.clone();
+        let mut w = connect(addr);
+        let mut r = w.try_clone().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 16];
+            while let Ok(n) = r.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                answered.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        });
+        let batch = b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n".repeat(256);
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if w.write_all(&batch).is_err() {
+                    break;
+                }
+            }
+            let _ = w.shutdown(std::net::Shutdown::Both);
+            let _ = reader.join();
+        })
+    };
+    // Let the hog get going.
+    wait_for(Duration::from_secs(5), "the pipelining client", || {
+        (answered.load(Ordering::Relaxed) > 100_000).then_some(())
+    });
+    let mut worst = Duration::ZERO;
+    for _ in 0..30 {
+        let t0 = Instant::now();
+        let mut c = connect(addr);
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let r = read_response(&mut c, false);
+        let took = t0.elapsed();
+        assert!(r.is_ok(), "a normal client got no answer in 10 s");
+        worst = worst.max(took);
+    }
+    stop.store(true, Ordering::Relaxed);
+    hog.join().unwrap();
+    assert!(
+        worst < Duration::from_millis(1500),
+        "worst latency beside a pipelining client: {worst:?}"
+    );
+    assert!(status_field(&s, "budget_yields") > 0);
+}
+
+/// A reuseport shard whose worker stops serving (stopped, stuck or dead and not yet
+/// respawned) is adopted by its siblings, which already hold its descriptor: the connections
+/// the kernel queued on it are served instead of waiting for that worker.
+#[test]
+fn a_shard_without_a_live_worker_is_served_by_its_siblings() {
+    let mut s = Server::start(
+        "orphan",
+        &conf_with(2, "reuseport", "", "keepalive_timeout 0;"),
+        2,
+    );
+    let ws = s.wait_workers(2);
+    let stopped = ws[1].pid as i32;
+    unsafe { libc::kill(stopped, libc::SIGSTOP) };
+    struct Cont(i32);
+    impl Drop for Cont {
+        fn drop(&mut self) {
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+    let _cont = Cont(stopped);
+    // Some of these hash to the stopped worker's shard.
+    let addr = s.addr();
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..16)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = connect(addr);
+                c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+                c.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+                read_response(&mut c, false).map(|r| r.status).ok()
+            })
+        })
+        .collect();
+    let statuses: Vec<Option<u16>> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let took = t0.elapsed();
+    assert!(
+        statuses.iter().all(|&st| st == Some(200)),
+        "{statuses:?} after {took:?}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(status_field(&s, "adopted") > 0);
+}
