@@ -437,6 +437,11 @@ pub struct ServerConf {
     pub client_header_buffer_size: usize,
     /// Default 4 buffers of 8 KiB.
     pub large_client_header_buffers: (usize, usize),
+    /// `underscores_in_headers`: a `_` in a header name is valid. Default off.
+    pub underscores_in_headers: bool,
+    /// `ignore_invalid_headers`: header lines with an invalid name are dropped (neither
+    /// interpreted nor proxied). Default on.
+    pub ignore_invalid_headers: bool,
     /// Server-level settings, used when no location matches.
     pub base: LocationConf,
     /// In file order.

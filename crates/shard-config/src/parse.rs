@@ -169,6 +169,8 @@ static TABLE: &[Spec] = &[
     d("client_header_timeout", H | S, 1, 1),
     d("client_header_buffer_size", H | S, 1, 1),
     d("large_client_header_buffers", H | S, 2, 2),
+    d("underscores_in_headers", H | S, 1, 1),
+    d("ignore_invalid_headers", H | S, 1, 1),
     d("client_max_body_size", HSL, 1, 1),
     d("send_timeout", HSL, 1, 1),
     d("sendfile", HSL, 1, 1),
@@ -257,6 +259,8 @@ struct Settings {
     client_header_timeout_ms: Option<u64>,
     client_header_buffer_size: Option<usize>,
     large_client_header_buffers: Option<(usize, usize)>,
+    underscores_in_headers: Option<bool>,
+    ignore_invalid_headers: Option<bool>,
     gzip: GzipP,
     proxy: ProxyP,
 }
@@ -365,6 +369,8 @@ struct Eff {
     client_header_timeout_ms: u64,
     client_header_buffer_size: usize,
     large_client_header_buffers: (usize, usize),
+    underscores_in_headers: bool,
+    ignore_invalid_headers: bool,
     gzip: GzipConf,
     /// `set_headers` without nginx's defaults (see [`with_default_headers`]).
     proxy: ProxyConf,
@@ -390,6 +396,8 @@ impl Eff {
             client_header_timeout_ms: 60_000,
             client_header_buffer_size: 1024,
             large_client_header_buffers: (4, 8192),
+            underscores_in_headers: false,
+            ignore_invalid_headers: true,
             gzip: GzipConf::default(),
             proxy: ProxyConf::default(),
         }
@@ -423,6 +431,12 @@ impl Eff {
             large_client_header_buffers: s
                 .large_client_header_buffers
                 .unwrap_or(self.large_client_header_buffers),
+            underscores_in_headers: s
+                .underscores_in_headers
+                .unwrap_or(self.underscores_in_headers),
+            ignore_invalid_headers: s
+                .ignore_invalid_headers
+                .unwrap_or(self.ignore_invalid_headers),
             gzip: s.gzip.merge(&self.gzip),
             proxy: s.proxy.merge(&self.proxy),
         }
@@ -1040,6 +1054,8 @@ impl Env {
                 }
                 once!(s.client_header_buffer_size, v as usize)
             }
+            "underscores_in_headers" => once!(s.underscores_in_headers, flag(d, file, a0)?),
+            "ignore_invalid_headers" => once!(s.ignore_invalid_headers, flag(d, file, a0)?),
             "large_client_header_buffers" => {
                 let n = num::<usize>(d, file, a0)?;
                 let sz = size(d, file, &d.args[1])?;
@@ -1478,6 +1494,8 @@ fn finish_server(
         client_header_timeout_ms: eff.client_header_timeout_ms,
         client_header_buffer_size: eff.client_header_buffer_size,
         large_client_header_buffers: eff.large_client_header_buffers,
+        underscores_in_headers: eff.underscores_in_headers,
+        ignore_invalid_headers: eff.ignore_invalid_headers,
         base,
         locations,
     })

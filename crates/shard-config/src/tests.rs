@@ -648,8 +648,10 @@ fn inheritance_http_server_location() {
          default_type application/octet-stream;\n\
          client_header_timeout 5s;\n\
          large_client_header_buffers 8 16k;\n\
+         underscores_in_headers on;\n\
          server {\n\
            keepalive_timeout 20s;\n\
+           ignore_invalid_headers off;\n\
            tcp_nodelay off;\n\
            client_header_buffer_size 2k;\n\
            location /x { keepalive_timeout 30; access_log off; root /abs; }\n\
@@ -662,6 +664,8 @@ fn inheritance_http_server_location() {
     assert_eq!(s0.client_header_timeout_ms, 5000);
     assert_eq!(s0.client_header_buffer_size, 2048);
     assert_eq!(s0.large_client_header_buffers, (8, 16384));
+    assert!(s0.underscores_in_headers && !s0.ignore_invalid_headers);
+    assert!(h.servers[1].underscores_in_headers && h.servers[1].ignore_invalid_headers);
     assert_eq!(s0.base.root, PathBuf::from("/pfx/www"));
     assert_eq!(s0.base.keepalive_timeout_ms, 20_000);
     assert!(!s0.base.tcp_nodelay);

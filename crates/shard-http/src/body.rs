@@ -33,6 +33,8 @@ enum State {
     /// At the start of a trailer line (or the final empty line).
     TrailerStart,
     TrailerLine,
+    /// After a CR inside a trailer line: only LF may follow.
+    TrailerLineLf,
     TrailerEndLf,
     Done,
 }
@@ -186,10 +188,18 @@ impl ChunkedDecoder {
                     b'\n' => self.state = State::Done,
                     _ => self.state = State::TrailerLine,
                 },
-                State::TrailerLine => {
-                    if b == b'\n' {
-                        self.state = State::TrailerStart;
+                State::TrailerLine => match b {
+                    b'\n' => self.state = State::TrailerStart,
+                    // A CR ends the line only before LF, as in nginx; a bare CR is refused.
+                    b'\r' => self.state = State::TrailerLineLf,
+                    0 => return Err(bad("NUL in trailer")),
+                    _ => {}
+                },
+                State::TrailerLineLf => {
+                    if b != b'\n' {
+                        return Err(bad("bare CR in trailer"));
                     }
+                    self.state = State::TrailerStart;
                 }
                 State::TrailerEndLf => {
                     if b != b'\n' {
@@ -202,7 +212,10 @@ impl ChunkedDecoder {
             }
             if matches!(
                 self.state,
-                State::TrailerStart | State::TrailerLine | State::TrailerEndLf
+                State::TrailerStart
+                    | State::TrailerLine
+                    | State::TrailerLineLf
+                    | State::TrailerEndLf
             ) {
                 self.trailers += 1;
                 if self.trailers > MAX_TRAILERS {
@@ -212,6 +225,31 @@ impl ChunkedDecoder {
             i += 1;
         }
         Ok(Feed { consumed: i, data })
+    }
+}
+
+#[cfg(test)]
+mod trailer_tests {
+    use super::*;
+
+    #[test]
+    fn trailers_as_nginx() {
+        for (body, ok) in [
+            (&b"0\r\nX: a\r\n\r\n"[..], true),
+            (b"0\r\nX: a\n\n", true),
+            (b"0\r\nnocolon\r\n\r\n", true),
+            (b"0\r\nX: a\rb\r\n\r\n", false),
+            (b"0\r\nX: a\0b\r\n\r\n", false),
+        ] {
+            let mut d = ChunkedDecoder::new();
+            let r = d.feed(body);
+            assert_eq!(
+                r.is_ok() && d.is_done(),
+                ok,
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 }
 

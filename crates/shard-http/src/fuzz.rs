@@ -2,7 +2,7 @@
 //! checking that nothing panics and that the documented invariants hold.
 
 use crate::body::ChunkedDecoder;
-use crate::request::{parse, Limits, Parse};
+use crate::request::{parse, Limits, NamePolicy, Parse};
 use crate::static_file::{plan, FileMeta};
 
 struct Rng(u64);
@@ -74,11 +74,16 @@ fn parse_never_panics() {
             header_buffer_size: 64,
             large_buffers: 2,
             large_buffer_size: 128,
+            names: NamePolicy {
+                underscores: true,
+                ignore_invalid: false,
+            },
         },
         Limits {
             header_buffer_size: 0,
             large_buffers: 0,
             large_buffer_size: 0,
+            names: NamePolicy::default(),
         },
     ];
     for round in 0..30_000 {

@@ -408,7 +408,8 @@ fn push_var(out: &mut Vec<u8>, var: &Var, ctx: &RequestCtx<'_>, hs: &[httparse::
 /// The request line (`HTTP/1.<proxy_http_version>`), then every `proxy_set_header` in order
 /// (one whose value comes out empty is not sent, as nginx; `Content-Length` and
 /// `Transfer-Encoding` are never taken from it), then the client's headers in order except
-/// those named by `proxy_set_header`, the hop-by-hop ones (see `REQUEST_DROPPED`) and those
+/// those named by `proxy_set_header`, those with an invalid name under
+/// `ignore_invalid_headers on`, the hop-by-hop ones (see `REQUEST_DROPPED`) and those
 /// the client's `Connection` lists, then `Content-Length` when there is a body.
 pub fn write_request(out: &mut Vec<u8>, ctx: &RequestCtx<'_>) {
     let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -447,7 +448,10 @@ pub fn write_request(out: &mut Vec<u8>, ctx: &RequestCtx<'_>) {
     }
 
     for h in hs {
-        if is_in(h.name, &REQUEST_DROPPED)
+        // An invalid name (`X_Forwarded_For` with underscores off) never reaches the upstream,
+        // where a CGI-style backend would read it as the real header.
+        if !crate::request::header_name_forwarded(h.name.as_bytes(), ctx.req.names)
+            || is_in(h.name, &REQUEST_DROPPED)
             || conf
                 .set_headers
                 .iter()
@@ -865,6 +869,45 @@ mod tests {
             "GET /p?q HTTP/1.0\r\nHost: backend\r\nConnection: close\r\nAccept: */*\r\n\
              X-Forwarded-For: 10.0.0.1\r\nCookie: a=1\r\nCookie: b=2\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn invalid_header_names_are_not_forwarded() {
+        let raw = "GET / HTTP/1.1\r\nHost: x\r\nX_Forwarded_For: 6.6.6.6\r\n\
+                   Transfer_Encoding: chunked\r\nContent_Length: 5\r\nX-Ok: 1\r\n\r\n";
+        let t = sent_default(raw, &[]);
+        assert!(!t.contains('_'), "{t}");
+        assert!(t.contains("X-Ok: 1\r\n"), "{t}");
+        // With `ignore_invalid_headers off` they are ordinary unknown headers, as in nginx.
+        let limits = Limits {
+            names: crate::request::NamePolicy {
+                underscores: false,
+                ignore_invalid: false,
+            },
+            ..Limits::default()
+        };
+        let Parse::Complete { req: r, head_len } = parse(raw.as_bytes(), &limits) else {
+            panic!()
+        };
+        assert_eq!(r.invalid_headers, 3);
+        assert_eq!(r.body, crate::request::Body::None);
+        let mut out = Vec::new();
+        let l = location(LocationKind::Prefix, "/", &defaults());
+        write_request(
+            &mut out,
+            &RequestCtx {
+                req: &r,
+                head: &raw.as_bytes()[..head_len],
+                location: &l,
+                pass: &pass(None),
+                client: None,
+                server_addr: "127.0.0.1:8080".parse().unwrap(),
+                server_name: "example.com",
+                body_len: None,
+            },
+        );
+        let t = String::from_utf8(out).unwrap();
+        assert!(t.contains("X_Forwarded_For: 6.6.6.6\r\n"), "{t}");
     }
 
     #[test]

@@ -8,8 +8,22 @@
 //!
 //! Statuses follow nginx: malformed input is 400, a request line that does not fit in one large
 //! buffer is 414, a header line or section that does not fit is 431 (nginx says 400 "Request
-//! Header Or Cookie Too Large"), an unsupported HTTP major version is 505 and an unknown
-//! `Transfer-Encoding` is 501.
+//! Header Or Cookie Too Large"), an unsupported HTTP major version is 505, an unknown
+//! `Transfer-Encoding` is 501, and `TRACE` or `CONNECT` is 405.
+//!
+//! `httparse` tokenizes the header section; nginx is stricter than it in places, and this
+//! module tightens after it, so that nothing nginx refuses is served or proxied:
+//! - a header whose name nginx calls invalid (anything but `[A-Za-z0-9-]`, plus `_` with
+//!   `underscores_in_headers on`) is never interpreted, and with `ignore_invalid_headers on`
+//!   (the default) it is dropped: `Transfer_Encoding` never frames a body nor reaches an
+//!   upstream ([`header_name_forwarded`]);
+//! - headers nginx keeps once (`Host`, `Content-Length`, `Transfer-Encoding`, `Expect`,
+//!   `Authorization`, `Content-Range`, the `If-*` preconditions) are refused when repeated;
+//! - `Content-Length` and `Transfer-Encoding` values are trimmed of spaces only: a tab left in
+//!   them is refused (400 and 501), whatever `httparse` trimmed;
+//! - an absolute-form target's authority must be `[A-Za-z0-9.-]+` or an IP literal, with an
+//!   optional numeric port;
+//! - the version's major number must not start with `0`.
 
 use memchr::memchr;
 
@@ -18,7 +32,7 @@ pub const MAX_HEADERS: usize = 100;
 /// Longest method accepted.
 const MAX_METHOD: usize = 32;
 
-/// Header size limits, as configured per server.
+/// Header size limits and header-name rules, as configured per server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// `client_header_buffer_size`.
@@ -27,6 +41,23 @@ pub struct Limits {
     pub large_buffers: usize,
     /// `large_client_header_buffers` size: the longest request line or header line.
     pub large_buffer_size: usize,
+    pub names: NamePolicy,
+}
+
+/// `underscores_in_headers` and `ignore_invalid_headers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamePolicy {
+    pub underscores: bool,
+    pub ignore_invalid: bool,
+}
+
+impl Default for NamePolicy {
+    fn default() -> Self {
+        NamePolicy {
+            underscores: false,
+            ignore_invalid: true,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -35,9 +66,40 @@ impl Default for Limits {
             header_buffer_size: 1024,
             large_buffers: 4,
             large_buffer_size: 8192,
+            names: NamePolicy::default(),
         }
     }
 }
+
+/// Whether nginx calls a header name valid: letters, digits and `-`, and `_` when
+/// `underscores_in_headers` is on.
+pub fn header_name_valid(name: &[u8], underscores: bool) -> bool {
+    !name.is_empty()
+        && name
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && underscores))
+}
+
+/// Whether a client header line is passed on (to an upstream): not when its name is invalid
+/// and `ignore_invalid_headers` is on.
+pub fn header_name_forwarded(name: &[u8], policy: NamePolicy) -> bool {
+    !policy.ignore_invalid || header_name_valid(name, policy.underscores)
+}
+
+/// Headers nginx refuses to see twice (`ngx_http_process_unique_header_line`, and Host).
+const UNIQUE_HEADERS: [&str; 11] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "expect",
+    "authorization",
+    "content-range",
+    "if-modified-since",
+    "if-unmodified-since",
+    "if-match",
+    "if-none-match",
+    "if-range",
+];
 
 impl Limits {
     /// Longest single line (request line or header line, terminator included).
@@ -147,6 +209,11 @@ pub struct Request {
     pub referer: Option<String>,
     /// `Accept-Encoding`, the first one received.
     pub accept_encoding: Option<String>,
+    /// Header lines whose name is invalid (see [`header_name_valid`]): not interpreted, and
+    /// dropped when `names.ignore_invalid`. The caller logs them.
+    pub invalid_headers: usize,
+    /// The rules the head was read with; the proxy filters the raw head with them.
+    pub names: NamePolicy,
 }
 
 // `Complete` is much larger than the others; the caller takes the request by value and
@@ -216,6 +283,11 @@ fn parse_version(v: &[u8]) -> Result<u8, Reject> {
         return Err(bad);
     };
     let (maj, min) = (&rest[..dot], &rest[dot + 1..]);
+    // As nginx: the major number starts with 1-9 (`HTTP/01.1` and `HTTP/0.9` are 400); the
+    // minor may have leading zeros.
+    if !matches!(maj.first(), Some(b'1'..=b'9')) {
+        return Err(bad);
+    }
     let num = |d: &[u8]| -> Option<u32> {
         if d.is_empty() || d.len() > 3 || !d.iter().all(u8::is_ascii_digit) {
             return None;
@@ -228,6 +300,7 @@ fn parse_version(v: &[u8]) -> Result<u8, Reject> {
     if maj != 1 {
         return Err(reject(505, "unsupported HTTP version"));
     }
+    // nginx takes minor versions up to 999; shard refuses those above 99 (stricter).
     if min > 99 {
         return Err(bad);
     }
@@ -392,8 +465,54 @@ fn text(v: &[u8]) -> String {
     String::from_utf8_lossy(trim(v)).into_owned()
 }
 
+/// Trims spaces only, as nginx trims header values: a tab stays in the value.
+fn trim_spaces(v: &[u8]) -> &[u8] {
+    let s = v.iter().position(|&c| c != b' ').unwrap_or(v.len());
+    let e = v.iter().rposition(|&c| c != b' ').map_or(s, |e| e + 1);
+    &v[s..e.max(s)]
+}
+
+/// The value of a raw header line (`name: value`, without its terminator), as nginx sees it.
+fn raw_value(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    match memchr(b':', line) {
+        Some(i) => trim_spaces(&line[i + 1..]),
+        None => b"",
+    }
+}
+
+/// An absolute-form target's authority as nginx's request-line parser accepts it: a name of
+/// `[A-Za-z0-9.-]` or a bracketed IP literal, then an optional `:` and digits.
+fn valid_authority(a: &[u8]) -> bool {
+    let rest = if a.first() == Some(&b'[') {
+        let Some(close) = memchr(b']', a) else {
+            return false;
+        };
+        if !a[1..close]
+            .iter()
+            .all(|&c| c.is_ascii_hexdigit() || c == b':' || c == b'.')
+        {
+            return false;
+        }
+        &a[close + 1..]
+    } else {
+        let end = a.iter().position(|&c| c == b':').unwrap_or(a.len());
+        if !a[..end]
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || c == b'.' || c == b'-')
+        {
+            return false;
+        }
+        &a[end..]
+    };
+    match rest.split_first() {
+        None => true,
+        Some((b':', port)) => port.iter().all(u8::is_ascii_digit),
+        Some(_) => false,
+    }
+}
+
 fn parse_length(v: &[u8]) -> Option<u64> {
-    let v = trim(v);
     if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
         return None;
     }
@@ -505,6 +624,9 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         }
     }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    // The raw header lines, in order: httparse returns one header per line (it refuses
+    // obs-fold), so header i is line i.
+    let mut lines = [(0usize, 0usize); MAX_HEADERS];
     let Some(end) = head_end else {
         // Incomplete: still refuse what is already malformed or too large.
         match httparse::parse_headers(hb, &mut headers) {
@@ -529,8 +651,24 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         Err(httparse::Error::TooManyHeaders) => return Err(reject(431, "too many header lines")),
         Err(_) => return Err(reject(400, "invalid header line")),
     };
+    let mut n_lines = 0;
+    let mut at = 0;
+    while n_lines < hs.len() {
+        let Some(i) = memchr(b'\n', &hb[at..end]) else {
+            break;
+        };
+        lines[n_lines] = (at, at + i);
+        n_lines += 1;
+        at += i + 1;
+    }
+    debug_assert_eq!(n_lines, hs.len(), "one header per line");
 
     let (uri_host, raw_path, raw_query) = split_target(rl.target)?;
+    if let Some(a) = uri_host {
+        if !valid_authority(a) {
+            return Err(reject(400, "invalid host in request line"));
+        }
+    }
     let path = normalize_path(raw_path)?;
     let mut host = match uri_host {
         Some(h) => Some(validate_host(h).ok_or(reject(400, "invalid host in request line"))?),
@@ -538,7 +676,6 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
     };
 
     let mut header_host: Option<String> = None;
-    let mut seen_host = false;
     let mut conn_close = false;
     let mut conn_keep = false;
     let mut content_length: Option<u64> = None;
@@ -549,15 +686,27 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
     let mut user_agent = None;
     let mut referer = None;
     let mut accept_encoding = None;
-    for h in hs.iter() {
+    let mut invalid_headers = 0;
+    let mut seen_unique = [false; UNIQUE_HEADERS.len()];
+    for (i, h) in hs.iter().enumerate() {
         let name = h.name.as_bytes();
         let v = h.value;
-        if name.eq_ignore_ascii_case(b"host") {
-            if seen_host {
-                return Err(reject(400, "duplicate Host header"));
+        if !header_name_valid(name, limits.names.underscores) {
+            // Never interpreted; dropped (or passed on as an unknown header) by the proxy.
+            invalid_headers += 1;
+            continue;
+        }
+        if let Some(u) = UNIQUE_HEADERS
+            .iter()
+            .position(|u| name.eq_ignore_ascii_case(u.as_bytes()))
+        {
+            if std::mem::replace(&mut seen_unique[u], true) {
+                return Err(reject(400, "duplicate header line"));
             }
-            seen_host = true;
-            header_host = Some(validate_host(trim(v)).ok_or(reject(400, "invalid Host header"))?);
+        }
+        let raw = lines.get(i).map_or(v, |&(s, e)| raw_value(&hb[s..e]));
+        if name.eq_ignore_ascii_case(b"host") {
+            header_host = Some(validate_host(raw).ok_or(reject(400, "invalid Host header"))?);
         } else if name.eq_ignore_ascii_case(b"connection") {
             for tok in v.split(|&c| c == b',') {
                 let tok = trim(tok);
@@ -568,16 +717,10 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
                 }
             }
         } else if name.eq_ignore_ascii_case(b"content-length") {
-            if content_length.is_some() {
-                return Err(reject(400, "duplicate Content-Length header"));
-            }
             content_length =
-                Some(parse_length(v).ok_or(reject(400, "invalid Content-Length header"))?);
+                Some(parse_length(raw).ok_or(reject(400, "invalid Content-Length header"))?);
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            if transfer_encoding.is_some() {
-                return Err(reject(400, "duplicate Transfer-Encoding header"));
-            }
-            transfer_encoding = Some(trim(v));
+            transfer_encoding = Some(raw);
         } else if name.eq_ignore_ascii_case(b"if-modified-since") {
             if_modified_since.get_or_insert_with(|| text(v));
         } else if name.eq_ignore_ascii_case(b"if-none-match") {
@@ -615,6 +758,12 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
     if host.is_none() && rl.minor >= 1 {
         return Err(reject(400, "HTTP/1.1 request without Host header"));
     }
+    // After the headers, as nginx (a missing Host is reported first).
+    match rl.method {
+        b"CONNECT" => return Err(reject(405, "CONNECT method")),
+        b"TRACE" => return Err(reject(405, "TRACE method")),
+        _ => {}
+    }
     let keep_alive = if rl.minor >= 1 {
         !conn_close
     } else {
@@ -637,6 +786,8 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         user_agent,
         referer,
         accept_encoding,
+        invalid_headers,
+        names: limits.names,
     };
     Ok(Some((req, head_len)))
 }
@@ -650,6 +801,7 @@ mod tests {
             header_buffer_size: 1024,
             large_buffers: 4,
             large_buffer_size: 2048,
+            names: NamePolicy::default(),
         }
     }
 
@@ -772,11 +924,137 @@ mod tests {
         }
     }
 
+    /// One row per class of hostile request found by a differential run against nginx 1.22:
+    /// (request, the status nginx gives, or 200 where it serves it).
+    #[test]
+    fn hostile_requests_as_nginx() {
+        let get = |hdrs: &str| format!("GET / HTTP/1.1\r\nHost: x\r\n{hdrs}\r\n");
+        let post = |hdrs: &str| format!("POST / HTTP/1.1\r\nHost: x\r\n{hdrs}\r\n");
+        let mut table: Vec<(String, u16)> = vec![
+            // Invalid header names: ignored, the request is served.
+            (get("Transfer_Encoding: chunked\r\n"), 200),
+            (get("Content_Length: 5\r\n"), 200),
+            (get("X_Forwarded_For: 1.2.3.4\r\n"), 200),
+            // Hard header errors.
+            (get("Foo Bar: x\r\n"), 400),
+            (get(": novalue\r\n"), 400),
+            (get("Foo\x01: x\r\n"), 400),
+            (get("X: a\0b\r\n"), 400),
+            (get("X: a\rb\r\n"), 400),
+            // Absolute-form authorities.
+            (
+                "GET http://localhost/ HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                200,
+            ),
+            (
+                "GET http://localhost:80/ HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                200,
+            ),
+            ("GET http://[::1]/ HTTP/1.1\r\nHost: x\r\n\r\n".into(), 200),
+            (
+                "GET http://localhost:/ HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                200,
+            ),
+            (
+                "GET http://localhost:80x/ HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                400,
+            ),
+            (
+                "GET http://localhost::80/ HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                400,
+            ),
+            (
+                "GET http://foo_bar/ HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                400,
+            ),
+            (
+                "GET http://%6cocalhost/ HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                400,
+            ),
+            ("GET http://[::1/ HTTP/1.1\r\nHost: x\r\n\r\n".into(), 400),
+            ("GET http://a@b/ HTTP/1.1\r\nHost: x\r\n\r\n".into(), 400),
+            ("GET http:/// HTTP/1.1\r\nHost: x\r\n\r\n".into(), 400),
+            // Methods.
+            ("TRACE / HTTP/1.1\r\nHost: x\r\n\r\n".into(), 405),
+            ("CONNECT /x HTTP/1.1\r\nHost: x\r\n\r\n".into(), 405),
+            (
+                "CONNECT localhost:80 HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                400,
+            ),
+            ("TRACE / HTTP/1.1\r\n\r\n".into(), 400),
+            ("get / HTTP/1.1\r\nHost: x\r\n\r\n".into(), 400),
+            ("FOO / HTTP/1.1\r\nHost: x\r\n\r\n".into(), 200),
+            // Versions.
+            ("GET / HTTP/01.1\r\nHost: x\r\n\r\n".into(), 400),
+            ("GET / HTTP/1.01\r\nHost: x\r\n\r\n".into(), 200),
+            ("GET / HTTP/1.1x\r\nHost: x\r\n\r\n".into(), 400),
+            ("GET / http/1.1\r\nHost: x\r\n\r\n".into(), 400),
+            ("GET / HTTP/1\r\nHost: x\r\n\r\n".into(), 400),
+            ("GET / HTTP/10.0\r\nHost: x\r\n\r\n".into(), 505),
+            // Content-Length: spaces are trimmed, tabs are not.
+            (post("Content-Length: 5 \r\n"), 200),
+            (post("Content-Length:  5\r\n"), 200),
+            (post("Content-Length: 5\t\r\n"), 400),
+            (post("Content-Length: \t5\r\n"), 400),
+            (post("Content-Length: +5\r\n"), 400),
+            (post("Content-Length: 5,5\r\n"), 400),
+            (post("Content-Length: 5 5\r\n"), 400),
+            (post("Content-Length: 05\r\n"), 200),
+            // Transfer-Encoding: exactly `chunked`, any case, spaces trimmed.
+            (post("Transfer-Encoding: Chunked\r\n"), 200),
+            (post("Transfer-Encoding: chunked \r\n"), 200),
+            (post("Transfer-Encoding: chunked\t\r\n"), 501),
+            (post("Transfer-Encoding: \tchunked\r\n"), 501),
+            (post("Transfer-Encoding: gzip, chunked\r\n"), 501),
+            (post("Transfer-Encoding: chunked,\r\n"), 501),
+            (post("Transfer-Encoding: identity\r\n"), 501),
+            (
+                post("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n"),
+                400,
+            ),
+            // Host header values.
+            ("GET / HTTP/1.1\r\nHost: a_b\r\n\r\n".into(), 200),
+            ("GET / HTTP/1.1\r\nHost: a..b\r\n\r\n".into(), 400),
+            ("GET / HTTP/1.1\r\nHost: a/b\r\n\r\n".into(), 400),
+            ("GET / HTTP/1.1\r\nHost: a\tb\r\n\r\n".into(), 400),
+            ("GET / HTTP/1.1\r\n\r\n".into(), 400),
+            ("GET / HTTP/1.0\r\n\r\n".into(), 200),
+        ];
+        // Headers nginx keeps once: a repeat is 400 even with the same value.
+        for name in UNIQUE_HEADERS {
+            let v = if name == "content-length" { "0" } else { "x" };
+            table.push((
+                format!("GET / HTTP/1.1\r\n{name}: {v}\r\n{name}: {v}\r\n\r\n"),
+                400,
+            ));
+        }
+        // Repeats nginx allows.
+        for name in [
+            "Content-Type",
+            "User-Agent",
+            "Referer",
+            "Accept",
+            "Cookie",
+            "Range",
+            "Via",
+        ] {
+            table.push((get(&format!("{name}: a\r\n{name}: a\r\n")), 200));
+        }
+        for (raw, want) in &table {
+            assert_eq!(status(raw.as_bytes()), *want, "{raw:?}");
+        }
+        // Invalid names are counted (for the log) and never frame a body.
+        let (r, _) = ok(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer_Encoding: chunked\r\nContent_Length: 5\r\n\r\n");
+        assert_eq!((r.invalid_headers, r.body), (2, Body::None));
+    }
+
     #[test]
     fn version_505() {
         assert_eq!(status(b"GET / HTTP/2.0\r\nHost: x\r\n\r\n"), 505);
         assert_eq!(status(b"GET / HTTP/3.1\r\nHost: x\r\n\r\n"), 505);
-        assert_eq!(status(b"GET / HTTP/0.9\r\n\r\n"), 505);
+        // As nginx: a major version starting with 0 is malformed, not unsupported.
+        assert_eq!(status(b"GET / HTTP/0.9\r\n\r\n"), 400);
+        assert_eq!(status(b"GET / HTTP/01.1\r\nHost: x\r\n\r\n"), 400);
         assert_eq!(status(b"GET /\r\n\r\n"), 505);
         let (r, _) = ok(b"GET / HTTP/1.2\r\nHost: x\r\n\r\n");
         assert_eq!(r.minor_version, 2);

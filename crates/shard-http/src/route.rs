@@ -145,6 +145,8 @@ pub(crate) mod tests {
             client_header_timeout_ms: 60_000,
             client_header_buffer_size: 1024,
             large_client_header_buffers: (4, 8192),
+            underscores_in_headers: false,
+            ignore_invalid_headers: true,
             base: loc(LocationKind::Prefix, ""),
             locations,
         }

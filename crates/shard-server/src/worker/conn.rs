@@ -493,6 +493,10 @@ impl Worker<'_> {
             header_buffer_size: s.client_header_buffer_size,
             large_buffers: s.large_client_header_buffers.0,
             large_buffer_size: s.large_client_header_buffers.1,
+            names: shard_http::request::NamePolicy {
+                underscores: s.underscores_in_headers,
+                ignore_invalid: s.ignore_invalid_headers,
+            },
         }
     }
 
@@ -674,6 +678,14 @@ impl Worker<'_> {
     /// Answers the request whose head is the first `head_len` bytes of the input buffer.
     fn handle(&mut self, key: usize, req: shard_http::request::Request, head_len: usize) {
         WorkerSlot::bump(&self.slot.requests, 1);
+        if req.invalid_headers > 0 {
+            crate::log!(
+                Info,
+                "client sent {} invalid header line(s) (ignored), request: \"{}\"",
+                req.invalid_headers,
+                req.request_line
+            );
+        }
         self.set_phase(key, Phase::Writing);
         let cfg = self.cfg;
         let Some(http) = cfg.http.as_ref() else {
