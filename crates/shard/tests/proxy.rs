@@ -1669,7 +1669,10 @@ fn nginx_as_the_upstream_when_installed() {
         .map(std::path::Path::new)
         .find(|p| p.is_file())
     else {
-        eprintln!("nginx not installed: skipping the nginx-upstream test");
+        skipped(
+            "nginx_as_the_upstream_when_installed",
+            "nginx is not installed (apt-get install nginx-light; .ci/run does when root)",
+        );
         return;
     };
     let dir = temp_dir("proxy-nginx-upstream");
@@ -1698,9 +1701,20 @@ fn nginx_as_the_upstream_when_installed() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start nginx");
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
+    /// Stops nginx as its documentation says (QUIT to the master, which stops its workers)
+    /// and waits for it; SIGKILL to the master would orphan its worker.
+    struct Quit(std::process::Child);
+    impl Drop for Quit {
         fn drop(&mut self) {
+            // SAFETY: plain kill(2) on our child.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGQUIT) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
             let _ = self.0.kill();
             let _ = self.0.wait();
         }
@@ -1711,7 +1725,7 @@ fn nginx_as_the_upstream_when_installed() {
         }
         TcpStream::connect(("127.0.0.1", port)).ok()
     });
-    let _nginx = Kill(child);
+    let _nginx = Quit(child);
 
     let s = Server::start(
         "proxy-nginx-front",

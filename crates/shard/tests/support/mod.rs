@@ -38,8 +38,55 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A fresh, empty directory for one test.
-pub fn temp_dir(tag: &str) -> PathBuf {
+/// A test's directory, removed when dropped unless the test is failing (then it is kept, with
+/// its logs, for whoever reads the failure).
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Hands the directory to an owner that removes it itself.
+    fn keep(mut self) -> PathBuf {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for TempDir {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        remove_unless_panicking(&self.0);
+    }
+}
+
+fn remove_unless_panicking(dir: &Path) {
+    if dir.as_os_str().is_empty() {
+        return;
+    }
+    if std::thread::panicking() {
+        eprintln!("kept for inspection: {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// A fresh, empty directory for one test, with `conf/` and `logs/`.
+pub fn temp_dir(tag: &str) -> TempDir {
     static N: AtomicUsize = AtomicUsize::new(0);
     let d = std::env::temp_dir().join(format!(
         "shard-test-{}-{}-{}",
@@ -50,11 +97,18 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(d.join("conf")).unwrap();
     std::fs::create_dir_all(d.join("logs")).unwrap();
-    d
+    TempDir(d)
+}
+
+/// Says loudly that a test checked nothing because a tool is missing, and how to get it.
+pub fn skipped(test: &str, why: &str) {
+    eprintln!("SKIPPED: {test}: {why}");
+    println!("SKIPPED: {test}: {why}");
 }
 
 pub struct Server {
     pub child: Option<Child>,
+    /// The prefix; removed when the server is dropped (kept if the test failed).
     pub dir: PathBuf,
     pub port: u16,
 }
@@ -68,7 +122,25 @@ impl Server {
     }
 
     pub fn start_env(tag: &str, conf: &str, workers: usize, env: &[(&str, &str)]) -> Server {
-        let dir = temp_dir(tag);
+        // `free_port` can race with another test taking the same port between our probe and
+        // shard's bind: start again on a new port when that is what happened.
+        for _ in 0..3 {
+            match Self::try_start(tag, conf, workers, env) {
+                Ok(s) => return s,
+                Err(stderr) if stderr.contains("Address already in use") => continue,
+                Err(stderr) => panic!("shard did not become ready: {stderr}"),
+            }
+        }
+        panic!("shard could not bind a free port three times");
+    }
+
+    fn try_start(
+        tag: &str,
+        conf: &str,
+        workers: usize,
+        env: &[(&str, &str)],
+    ) -> Result<Server, String> {
+        let dir = temp_dir(tag).keep();
         let port = free_port();
         let text = conf
             .replace("{port}", &port.to_string())
@@ -90,8 +162,25 @@ impl Server {
             dir,
             port,
         };
-        s.wait_workers(workers);
-        s
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(child) = s.child.as_mut() {
+                if let Ok(Some(_)) = child.try_wait() {
+                    s.child = None;
+                    return Err(s.stderr());
+                }
+            }
+            if let Ok(resp) = try_get(s.addr(), "/status") {
+                let ws = parse_workers(&resp.body_str());
+                if ws.len() == workers && ws.iter().all(|w| w.pid > 0 && pid_alive(w.pid as i32)) {
+                    return Ok(s);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(s.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -160,6 +249,7 @@ impl Drop for Server {
             let _ = c.kill();
             let _ = c.wait();
         }
+        remove_unless_panicking(&self.dir);
     }
 }
 
