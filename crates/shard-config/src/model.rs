@@ -246,6 +246,9 @@ pub struct LocationConf {
     pub client_max_body_size: u64,
     /// Default 60 s.
     pub send_timeout_ms: u64,
+    /// `client_body_timeout`: the longest wait between two reads of a request body. Default
+    /// 60 s; then 408.
+    pub client_body_timeout_ms: u64,
     /// Default off, as nginx.
     pub sendfile: bool,
     /// Default on.

@@ -173,6 +173,7 @@ static TABLE: &[Spec] = &[
     d("ignore_invalid_headers", H | S, 1, 1),
     d("client_max_body_size", HSL, 1, 1),
     d("send_timeout", HSL, 1, 1),
+    d("client_body_timeout", HSL, 1, 1),
     d("sendfile", HSL, 1, 1),
     d("tcp_nodelay", HSL, 1, 1),
     d("access_log", HSL, 1, MANY),
@@ -253,6 +254,7 @@ struct Settings {
     keepalive_requests: Option<u64>,
     client_max_body_size: Option<u64>,
     send_timeout_ms: Option<u64>,
+    client_body_timeout_ms: Option<u64>,
     sendfile: Option<bool>,
     tcp_nodelay: Option<bool>,
     access_log: Option<Option<AccessLog>>,
@@ -363,6 +365,7 @@ struct Eff {
     keepalive_requests: u64,
     client_max_body_size: u64,
     send_timeout_ms: u64,
+    client_body_timeout_ms: u64,
     sendfile: bool,
     tcp_nodelay: bool,
     access_log: Option<AccessLog>,
@@ -387,6 +390,7 @@ impl Eff {
             keepalive_requests: 1000,
             client_max_body_size: 1 << 20,
             send_timeout_ms: 60_000,
+            client_body_timeout_ms: 60_000,
             sendfile: false,
             tcp_nodelay: true,
             access_log: Some(AccessLog {
@@ -416,6 +420,9 @@ impl Eff {
             keepalive_requests: s.keepalive_requests.unwrap_or(self.keepalive_requests),
             client_max_body_size: s.client_max_body_size.unwrap_or(self.client_max_body_size),
             send_timeout_ms: s.send_timeout_ms.unwrap_or(self.send_timeout_ms),
+            client_body_timeout_ms: s
+                .client_body_timeout_ms
+                .unwrap_or(self.client_body_timeout_ms),
             sendfile: s.sendfile.unwrap_or(self.sendfile),
             tcp_nodelay: s.tcp_nodelay.unwrap_or(self.tcp_nodelay),
             access_log: s
@@ -458,6 +465,7 @@ impl Eff {
             keepalive_requests: self.keepalive_requests,
             client_max_body_size: self.client_max_body_size,
             send_timeout_ms: self.send_timeout_ms,
+            client_body_timeout_ms: self.client_body_timeout_ms,
             sendfile: self.sendfile,
             tcp_nodelay: self.tcp_nodelay,
             access_log: self.access_log.clone(),
@@ -1044,6 +1052,7 @@ impl Env {
             "keepalive_requests" => once!(s.keepalive_requests, num::<u64>(d, file, a0)?),
             "client_max_body_size" => once!(s.client_max_body_size, size(d, file, a0)?),
             "send_timeout" => once!(s.send_timeout_ms, time(d, file, a0)?),
+            "client_body_timeout" => once!(s.client_body_timeout_ms, time(d, file, a0)?),
             "sendfile" => once!(s.sendfile, flag(d, file, a0)?),
             "tcp_nodelay" => once!(s.tcp_nodelay, flag(d, file, a0)?),
             "client_header_timeout" => once!(s.client_header_timeout_ms, time(d, file, a0)?),

@@ -125,6 +125,7 @@ pub(crate) mod tests {
             keepalive_requests: 1000,
             client_max_body_size: 1 << 20,
             send_timeout_ms: 60_000,
+            client_body_timeout_ms: 60_000,
             sendfile: false,
             tcp_nodelay: true,
             access_log: None,

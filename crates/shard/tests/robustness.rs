@@ -26,6 +26,8 @@ http {{
         root {{dir}}/html;
         location = /status {{ shard_status; }}
         location = /ok {{ return 200 "OK"; }}
+        # Never contacted by these tests: a body is read whole before connecting.
+        location /up {{ proxy_pass http://127.0.0.1:9; }}
         location / {{ }}
     }}
 }}
@@ -272,4 +274,118 @@ fn a_shard_without_a_live_worker_is_served_by_its_siblings() {
     );
     assert!(took < Duration::from_secs(10), "{took:?}");
     assert!(status_field(&s, "adopted") > 0);
+}
+
+fn error_log_has(s: &Server, what: &str) -> bool {
+    error_log(s).contains(what)
+}
+
+/// Slowloris: connections that trickle header bytes are cut at `client_header_timeout`
+/// (408 for a started head), and a normal client is served meanwhile.
+#[test]
+fn slowloris_is_cut_at_client_header_timeout() {
+    let s = Server::start(
+        "slowloris",
+        &conf_with(1, "", "", "client_header_timeout 1s;"),
+        1,
+    );
+    let addr = s.addr();
+    let t0 = Instant::now();
+    let trickles: Vec<_> = (0..20)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = connect(addr);
+                c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                let head =
+                    b"GET /ok HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+                let mut got = Vec::new();
+                for &b in head.iter() {
+                    if c.write_all(&[b]).is_err() {
+                        break;
+                    }
+                    let mut buf = [0u8; 512];
+                    match c.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                        Err(_) => {}
+                    }
+                    if t0.elapsed() > Duration::from_secs(8) {
+                        break;
+                    }
+                }
+                (t0.elapsed(), String::from_utf8_lossy(&got).into_owned())
+            })
+        })
+        .collect();
+    // Served while 20 connections trickle.
+    let r = get(addr, "/ok");
+    assert_eq!(r.status, 200);
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    for t in trickles {
+        let (took, got) = t.join().unwrap();
+        assert!(
+            took < Duration::from_secs(4),
+            "a trickling client lasted {took:?}"
+        );
+        assert!(got.starts_with("HTTP/1.1 408"), "{got:?}");
+    }
+    assert!(error_log_has(&s, "while reading client request headers"));
+}
+
+/// A request body that stops coming is cut at `client_body_timeout` with a 408 and a close,
+/// and the log says so (it said "while sending response to client"); other clients are
+/// served meanwhile. The upstream is never contacted: the body is read first.
+#[test]
+fn a_stalled_request_body_is_cut_at_client_body_timeout() {
+    let s = Server::start(
+        "slowbody",
+        &conf_with(1, "", "", "client_body_timeout 1s;"),
+        1,
+    );
+    let mut c = connect(s.addr());
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t0 = Instant::now();
+    c.write_all(b"POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+        .unwrap();
+    // The stalled body does not hold up anybody else.
+    assert_eq!(get(s.addr(), "/ok").status, 200);
+    let r = read_response(&mut c, false).unwrap();
+    let took = t0.elapsed();
+    assert_eq!(r.status, 408);
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    let mut rest = [0u8; 16];
+    assert_eq!(c.read(&mut rest).unwrap_or(0), 0, "closed after the 408");
+    assert!(
+        error_log_has(&s, "while reading client request body"),
+        "{}",
+        error_log(&s)
+    );
+}
+
+/// A client that stops reading a large response is closed at `send_timeout`, and others are
+/// served meanwhile.
+#[test]
+fn a_client_that_stops_reading_is_cut_at_send_timeout() {
+    let s = Server::start(
+        "slowreader",
+        &conf_with(1, "", "", "send_timeout 1s; sendfile on;"),
+        1,
+    );
+    std::fs::create_dir_all(s.dir.join("html")).unwrap();
+    let f = std::fs::File::create(s.dir.join("html/big")).unwrap();
+    f.set_len(256 << 20).unwrap();
+    drop(f);
+    let mut c = connect(s.addr());
+    c.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    // Never read: the kernel's buffers fill, then send_timeout runs.
+    assert_eq!(get(s.addr(), "/ok").status, 200);
+    wait_for(Duration::from_secs(6), "the send timeout", || {
+        error_log_has(&s, "while sending response to client").then_some(())
+    });
+    assert_eq!(get(s.addr(), "/ok").status, 200);
+    drop(c);
 }

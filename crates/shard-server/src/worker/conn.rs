@@ -16,8 +16,6 @@ use crate::shm::WorkerSlot;
 /// After a close with unread input, keep reading (and discarding) for at most this long so the
 /// peer sees our response and not a reset (nginx's `lingering_timeout`/`lingering_time`).
 const LINGERING_MS: u64 = 5_000;
-/// Bound on waiting for the next chunk of a request body (nginx's `client_body_timeout`).
-const CLIENT_BODY_TIMEOUT_MS: u64 = 60_000;
 /// First read buffer of a connection. Larger heads grow it up to the
 /// `large_client_header_buffers` total.
 const READ_BUFFER_BYTES: usize = 4096;
@@ -76,6 +74,8 @@ pub(super) struct Conn {
     pub(super) close_after: bool,
     pub(super) lingering: bool,
     pub(super) send_timeout_ms: u64,
+    /// `client_body_timeout` of the request's location.
+    pub(super) body_timeout_ms: u64,
     pub(super) keepalive_timeout_ms: u64,
     /// The request being proxied (`proxy.rs`).
     pub(super) proxy: Option<Box<super::proxy::Proxy>>,
@@ -107,6 +107,7 @@ impl Conn {
             close_after: false,
             lingering: false,
             send_timeout_ms: 60_000,
+            body_timeout_ms: 60_000,
             keepalive_timeout_ms: 75_000,
             proxy: None,
             timer_at: u64::MAX,
@@ -262,6 +263,14 @@ impl Worker<'_> {
                 self.drive(key);
             }
             Phase::Reading | Phase::Waiting => self.close(key),
+            // The response went out; the rest of the body stopped coming.
+            Phase::Writing if c.body_pending() && !c.has_output() => {
+                crate::log!(
+                    Info,
+                    "client timed out (110: Connection timed out) while reading client request body"
+                );
+                self.close(key);
+            }
             Phase::Writing => {
                 crate::log!(
                     Info,
@@ -356,8 +365,23 @@ impl Worker<'_> {
     }
 
     /// Runs the connection until it must wait for the kernel, is closed, or used up its turn
-    /// (`TURN_ROUNDS_MAX` rounds; then it is queued to go on after the other connections).
+    /// (`TURN_ROUNDS_MAX` rounds; then it is queued to go on after the other connections),
+    /// then makes sure its deadline is queued: the steps move `deadline_ms` freely (send,
+    /// body, keep-alive timeouts), and an earlier one than the queued timer must be queued
+    /// too, or a 1 s `send_timeout` would wait for a 60 s header timer.
     pub(super) fn drive(&mut self, key: usize) {
+        let Some(id) = self.conns.get(key).map(|c| c.id) else {
+            return;
+        };
+        self.drive_turn(key);
+        if let Some(c) = self.conns.get(key).filter(|c| c.id == id) {
+            let d = c.deadline_ms;
+            self.set_conn_deadline(key, d);
+            debug_assert!(self.conns[key].timer_at <= self.conns[key].deadline_ms);
+        }
+    }
+
+    fn drive_turn(&mut self, key: usize) {
         let mut rounds = 0;
         loop {
             let Some(c) = self.conns.get(key) else {
@@ -540,7 +564,7 @@ impl Worker<'_> {
                 if c.phase == Phase::Waiting {
                     self.start_reading(key, false);
                 } else if c.body_pending() {
-                    c.deadline_ms = self.now_ms + CLIENT_BODY_TIMEOUT_MS;
+                    c.deadline_ms = self.now_ms + c.body_timeout_ms;
                 }
                 true
             }
@@ -704,6 +728,7 @@ impl Worker<'_> {
         let c = &mut self.conns[key];
         c.requests += 1;
         c.send_timeout_ms = loc.send_timeout_ms;
+        c.body_timeout_ms = loc.client_body_timeout_ms;
         c.keepalive_timeout_ms = loc.keepalive_timeout_ms;
         c.body_bytes = 0;
         c.body_bytes_max = loc.client_max_body_size;
@@ -738,6 +763,11 @@ impl Worker<'_> {
             shard_http::request::Body::Length(n) => c.body = BodyLeft::Length(n),
             shard_http::request::Body::Chunked => c.body = BodyLeft::Chunked(ChunkedDecoder::new()),
         }
+        if c.body_pending() {
+            let deadline = self.now_ms + c.body_timeout_ms;
+            self.set_conn_deadline(key, deadline);
+        }
+        let c = &mut self.conns[key];
         if c.out.capacity() == 0 {
             c.out = self.pool.pop().unwrap_or_default();
             c.out.clear();

@@ -1017,7 +1017,16 @@ impl<'a> Worker<'a> {
             return false;
         };
         match p.state {
-            State::ReadBody => false,
+            State::ReadBody => {
+                // `client_body_timeout` passed between two reads of the body.
+                crate::log!(
+                    Info,
+                    "client timed out (110: Connection timed out) while reading client request body"
+                );
+                self.proxy_fail_reply(key, 408);
+                self.drive(key);
+                true
+            }
             State::Connect => {
                 self.drive(key);
                 true
