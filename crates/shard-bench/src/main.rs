@@ -16,6 +16,7 @@ pub mod loadgen;
 mod procfs;
 mod proxy;
 mod servers;
+mod soak;
 mod svg;
 
 use std::io::Write;
@@ -56,6 +57,10 @@ enum Cmd {
     /// per proxied request, backend connections opened (keep-alive reuse), and the stream
     /// relay's MB/s in both directions.
     Proxy(proxy::ProxyArgs),
+    /// Keep-alive, close, pipelined, slow, aborted, static and proxied clients for --minutes;
+    /// every worker's RSS and descriptors sampled each second, reported as growth per 100k
+    /// requests.
+    Soak(soak::SoakArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -100,6 +105,7 @@ fn main() {
         Cmd::Experiment(a) => experiments::run(a),
         Cmd::Compare(a) => compare::run(a),
         Cmd::Proxy(a) => proxy::run(a),
+        Cmd::Soak(a) => soak::run(a),
     };
     if let Err(e) = res {
         eprintln!("shard-bench: {e:#}");

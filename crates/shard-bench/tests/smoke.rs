@@ -179,3 +179,19 @@ fn compare_runs_a_user_configuration_under_each_strategy() {
     assert_eq!(left.len(), 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn soak_smoke_answers_every_kind_of_client_and_leaks_no_descriptor() {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let out = Command::new(bench)
+        .args(["soak", "--smoke", "--workers", "2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("growth per 100k requests"), "{text}");
+}

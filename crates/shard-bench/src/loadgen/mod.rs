@@ -17,7 +17,7 @@
 //! figures, one per thread, merged at the end.
 
 mod report;
-mod response;
+pub(crate) mod response;
 mod worker;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};

@@ -62,6 +62,9 @@ pub(super) struct Conn {
     pub(super) readable: bool,
     pub(super) writable: bool,
     pub(super) eof: bool,
+    /// The peer's end of stream (or an error) was reported with an event: a short read then
+    /// does not mean drained, since the edge that reported the FIN will not come again.
+    pub(super) hup: bool,
     pub(super) inbuf: Vec<u8>,
     pub(super) out: Vec<u8>,
     pub(super) out_pos: usize,
@@ -95,6 +98,7 @@ impl Conn {
             readable: true,
             writable: true,
             eof: false,
+            hup: false,
             inbuf: Vec::new(),
             out: Vec::new(),
             out_pos: 0,
@@ -193,6 +197,9 @@ impl Worker<'_> {
         }
         if ev.writable() {
             c.writable = true;
+        }
+        if ev.hup() {
+            c.hup = true;
         }
         self.drive(key);
     }
@@ -558,7 +565,11 @@ impl Worker<'_> {
                 false
             }
             Ok(n) => {
-                if n < spare {
+                debug_assert!(n <= spare);
+                // A short read means drained (no read is spent on EAGAIN), unless the FIN was
+                // reported: then the next read returns 0 and the connection is closed now
+                // instead of at its timeout.
+                if n < spare && !c.hup {
                     c.readable = false;
                 }
                 if c.phase == Phase::Waiting {
