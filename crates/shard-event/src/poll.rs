@@ -4,7 +4,7 @@
 //! exposed as-is because the accept strategies are built from it (Linux 4.5+).
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use crate::cvt;
 
@@ -85,13 +85,15 @@ impl Events {
 
 /// An epoll instance, closed on drop.
 pub struct Poll {
-    epfd: RawFd,
+    epfd: OwnedFd,
 }
 
 impl Poll {
     pub fn new() -> io::Result<Poll> {
         // SAFETY: plain system call without pointers.
         let epfd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        // SAFETY: a new descriptor that nothing else owns.
+        let epfd = unsafe { OwnedFd::from_raw_fd(epfd) };
         Ok(Poll { epfd })
     }
 
@@ -101,7 +103,7 @@ impl Poll {
             u64: token,
         };
         // SAFETY: `ev` is a valid epoll_event for the duration of the call.
-        cvt(unsafe { libc::epoll_ctl(self.epfd, op, fd, &mut ev) })?;
+        cvt(unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), op, fd, &mut ev) })?;
         Ok(())
     }
 
@@ -122,7 +124,7 @@ impl Poll {
         // SAFETY: the buffer holds `buf.len()` writable epoll_event slots.
         let n = unsafe {
             libc::epoll_wait(
-                self.epfd,
+                self.epfd.as_raw_fd(),
                 events.buf.as_mut_ptr(),
                 events.buf.len() as libc::c_int,
                 timeout_ms,
@@ -138,12 +140,5 @@ impl Poll {
         }
         events.len = n as usize;
         Ok(events.len)
-    }
-}
-
-impl Drop for Poll {
-    fn drop(&mut self) {
-        // SAFETY: we own `epfd`.
-        unsafe { libc::close(self.epfd) };
     }
 }

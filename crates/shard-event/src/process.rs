@@ -109,10 +109,14 @@ pub enum Fork {
     Child,
 }
 
-/// `fork(2)`. Only sound while the calling process has a single thread, which the master
-/// guarantees (architecture invariant: the master is single-threaded).
-pub fn fork() -> io::Result<Fork> {
-    // SAFETY: the master is single-threaded, so the child inherits no lock held by another thread.
+/// `fork(2)`.
+///
+/// # Safety
+/// The calling process must have a single thread: the child gets a copy of every lock and
+/// allocator state, and a lock held by another thread at the time would never be released in
+/// it. (shard's master is single-threaded: an architecture invariant.)
+pub unsafe fn fork() -> io::Result<Fork> {
+    // SAFETY: the caller guarantees a single-threaded process (see above).
     let pid = cvt(unsafe { libc::fork() })?;
     Ok(if pid == 0 {
         Fork::Child

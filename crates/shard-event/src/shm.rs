@@ -9,17 +9,16 @@ use std::ptr::NonNull;
 
 /// A `MAP_SHARED | MAP_ANONYMOUS` mapping holding one `T`.
 ///
-/// `T` must be valid when all-zero and must only be mutated through atomics, since several
-/// processes see it at once; `shard-server` uses structs of `AtomicU64`.
+/// `T` must be valid when all-zero (`bytemuck::Zeroable`, derived, so the compiler checks it
+/// field by field) and is shared by several processes, so it is only mutated through atomics:
+/// `shard-server` uses structs of `AtomicU64`, and `Sync` is required so that only types safe
+/// to share by reference can be mapped.
 pub struct Shared<T> {
     ptr: NonNull<T>,
 }
 
-impl<T> Shared<T> {
-    /// # Safety
-    /// The all-zero bit pattern must be a valid `T`, and `T` must have interior mutability
-    /// only through atomics.
-    pub unsafe fn new_zeroed() -> io::Result<Shared<T>> {
+impl<T: bytemuck::Zeroable + Sync> Shared<T> {
+    pub fn new_zeroed() -> io::Result<Shared<T>> {
         let len = std::mem::size_of::<T>().max(1);
         // SAFETY: anonymous mapping with no address hint; the result is checked.
         let p = unsafe {

@@ -1,12 +1,14 @@
 //! Data-path socket calls on raw descriptors: one system call each, no hidden retries.
 //!
-//! The worker keeps connections as raw fds in a slab, so these take `RawFd` rather than owned
-//! types. Listener creation (bind, options) is done with `socket2` in `shard-server`.
+//! Calls that create a descriptor return it owned (`OwnedFd`: closed when dropped, so a
+//! connection's socket is closed exactly once, by dropping the connection). Calls on an
+//! existing descriptor take `RawFd`, borrowed for the call. Listener creation (bind, options)
+//! is done with `socket2` in `shard-server`.
 
 use std::io;
 use std::mem::{size_of, MaybeUninit};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::RawFd;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 use crate::{cvt, cvt_size};
 
@@ -37,7 +39,7 @@ fn sockaddr_to_std(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
 }
 
 /// `accept4(SOCK_NONBLOCK | SOCK_CLOEXEC)`: the new descriptor and the peer address.
-pub fn accept(listen_fd: RawFd) -> io::Result<(RawFd, Option<SocketAddr>)> {
+pub fn accept(listen_fd: RawFd) -> io::Result<(OwnedFd, Option<SocketAddr>)> {
     let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
     let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     // SAFETY: storage and len are valid for writes of the sizes given.
@@ -51,6 +53,8 @@ pub fn accept(listen_fd: RawFd) -> io::Result<(RawFd, Option<SocketAddr>)> {
     })?;
     // SAFETY: accept4 initialised the storage (zeroed before, so any unwritten tail is valid).
     let storage = unsafe { storage.assume_init() };
+    // SAFETY: accept4 returned a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     Ok((fd, sockaddr_to_std(&storage)))
 }
 
@@ -330,9 +334,9 @@ fn std_to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_
 #[derive(Debug)]
 pub enum Connect {
     /// Connected at once (possible on loopback).
-    Done(RawFd),
+    Done(OwnedFd),
     /// `EINPROGRESS`: wait for writability, then check [`take_error`].
-    InProgress(RawFd),
+    InProgress(OwnedFd),
 }
 
 /// A new nonblocking, close-on-exec TCP socket connecting to `addr`. On an immediate failure
@@ -351,16 +355,16 @@ pub fn connect_nonblocking(addr: &SocketAddr) -> io::Result<Connect> {
             libc::IPPROTO_TCP,
         )
     })?;
+    // SAFETY: socket returned a new descriptor that nothing else owns; dropping it on an
+    // error below closes it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     let (storage, len) = std_to_sockaddr(addr);
     // SAFETY: `storage` holds a valid sockaddr of `len` bytes for the duration of the call.
     let r = cvt(unsafe { libc::connect(fd, &storage as *const _ as *const libc::sockaddr, len) });
     match r {
-        Ok(_) => Ok(Connect::Done(fd)),
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(Connect::InProgress(fd)),
-        Err(e) => {
-            close(fd);
-            Err(e)
-        }
+        Ok(_) => Ok(Connect::Done(owned)),
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(Connect::InProgress(owned)),
+        Err(e) => Err(e),
     }
 }
 

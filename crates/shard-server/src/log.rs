@@ -10,12 +10,15 @@ use std::os::fd::{IntoRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, AtomicU8, Ordering::Relaxed};
+use std::sync::Mutex;
 
 use shard_config::{LogLevel, LogTarget};
 
 static FD: AtomicI32 = AtomicI32::new(2);
 static LEVEL: AtomicU8 = AtomicU8::new(LogLevel::Notice as u8);
-static mut TARGET: Option<LogTarget> = None;
+/// What `reopen` opens again. A mutex, not a `static mut`: processes are single-threaded, so
+/// it is never contended, and no `unsafe` is needed outside `shard-event`.
+static TARGET: Mutex<Option<LogTarget>> = Mutex::new(None);
 
 pub fn level_name(l: LogLevel) -> &'static str {
     match l {
@@ -45,15 +48,13 @@ pub fn init(target: &LogTarget, level: LogLevel) -> io::Result<()> {
         shard_event::sock::close(old);
     }
     LEVEL.store(level as u8, Relaxed);
-    // SAFETY: processes are single-threaded; TARGET is only touched from the main thread.
-    unsafe { TARGET = Some(target.clone()) };
+    *TARGET.lock().unwrap_or_else(|e| e.into_inner()) = Some(target.clone());
     Ok(())
 }
 
 /// Reopens the log file (after rotation).
 pub fn reopen() -> io::Result<()> {
-    // SAFETY: single-threaded, see `init`.
-    let target = unsafe { (*std::ptr::addr_of!(TARGET)).clone() };
+    let target = TARGET.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if let Some(t) = target {
         let level = LEVEL.load(Relaxed);
         let fd = open_target(&t)?;

@@ -334,7 +334,9 @@ impl Master {
     fn spawn(&mut self, idx: usize) -> Result<()> {
         let master_pid = process::getpid();
         let slot = self.slots[idx];
-        match process::fork().context("fork() failed")? {
+        // SAFETY: the master is single-threaded (ARCHITECTURE.md invariant): nothing in it
+        // starts a thread, so the child inherits no lock another thread holds.
+        match unsafe { process::fork() }.context("fork() failed")? {
             Fork::Parent(pid) => {
                 self.procs.insert(
                     pid,

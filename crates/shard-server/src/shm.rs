@@ -14,7 +14,7 @@ pub const MAX_WORKERS: usize = 1024;
 /// One worker's numbers. 128-byte aligned so that two workers never share a cache line
 /// (or an adjacent-line prefetch pair).
 #[repr(C, align(128))]
-#[derive(Default)]
+#[derive(Default, bytemuck::Zeroable)]
 pub struct WorkerSlot {
     pub pid: AtomicU64,
     pub accepted: AtomicU64,
@@ -57,6 +57,7 @@ impl WorkerSlot {
 pub const SHARD_LOCKS: usize = 64;
 
 #[repr(C)]
+#[derive(bytemuck::Zeroable)]
 pub struct Region {
     /// Configuration generation: 1 at start, +1 per reload.
     pub generation: AtomicU64,
@@ -141,9 +142,8 @@ impl Region {
 pub type SharedRegion = shard_event::shm::Shared<Region>;
 
 pub fn create() -> std::io::Result<SharedRegion> {
-    // SAFETY: `Region` is made only of atomics and padding: all-zero is valid, and it is
-    // mutated only through atomics.
-    let r = unsafe { shard_event::shm::Shared::<Region>::new_zeroed()? };
+    // `Region` derives `Zeroable`: made only of atomics, so all-zero is valid.
+    let r = shard_event::shm::Shared::<Region>::new_zeroed()?;
     r.generation.store(1, Relaxed);
     Ok(r)
 }

@@ -5,7 +5,7 @@
 //! connection is registered in epoll, once, edge-triggered.
 
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use shard_config::LocationConf;
 use shard_http::body::ChunkedDecoder;
@@ -44,14 +44,15 @@ enum BodyLeft {
 }
 
 struct FileBody {
-    fd: RawFd,
+    fd: OwnedFd,
     offset: u64,
     remaining: u64,
     sendfile: bool,
 }
 
 pub(super) struct Conn {
-    pub(super) fd: RawFd,
+    /// Closed when the connection is dropped (`close`); closing also removes it from epoll.
+    pub(super) fd: OwnedFd,
     pub(super) id: u64,
     pub(super) peer: Option<SocketAddr>,
     /// Index into `Config::listeners`.
@@ -87,7 +88,7 @@ pub(super) struct Conn {
 }
 
 impl Conn {
-    pub(super) fn new(fd: RawFd, peer: Option<SocketAddr>, listener: usize, id: u64) -> Conn {
+    pub(super) fn new(fd: OwnedFd, peer: Option<SocketAddr>, listener: usize, id: u64) -> Conn {
         Conn {
             fd,
             id,
@@ -217,7 +218,7 @@ impl Worker<'_> {
             key,
             generation: super::token::generation(c.id),
         };
-        match self.poll.add(c.fd, token.encode(), interest) {
+        match self.poll.add(c.fd.as_raw_fd(), token.encode(), interest) {
             Ok(()) => {
                 c.registered = true;
                 true
@@ -238,11 +239,8 @@ impl Worker<'_> {
             return;
         }
         let mut c = self.conns.remove(key);
-        // close() removes the descriptor from epoll; no EPOLL_CTL_DEL needed.
-        shard_event::sock::close(c.fd);
-        if let Some(f) = c.file.take() {
-            shard_event::sock::close(f.fd);
-        }
+        // Dropping `c` closes its socket (which removes it from epoll; no EPOLL_CTL_DEL
+        // needed) and its file.
         if let Some(u) = c.proxy.take().and_then(|p| p.upstream_conn()) {
             self.close_upconn(u);
         }
@@ -300,7 +298,7 @@ impl Worker<'_> {
                 if !c.writable {
                     return Flush::Blocked;
                 }
-                match shard_event::sock::write(c.fd, &c.out[c.out_pos..]) {
+                match shard_event::sock::write(c.fd.as_raw_fd(), &c.out[c.out_pos..]) {
                     Ok(n) => {
                         debug_assert!(n <= c.out.len() - c.out_pos);
                         c.out_pos += n;
@@ -323,7 +321,6 @@ impl Worker<'_> {
                 return Flush::Done;
             };
             if f.remaining == 0 {
-                shard_event::sock::close(f.fd);
                 c.file = None;
                 return Flush::Done;
             }
@@ -338,7 +335,7 @@ impl Worker<'_> {
             if !f.sendfile {
                 // Copy a chunk into the output buffer; the next pass writes it.
                 c.out.resize(want.min(FILE_CHUNK_BYTES), 0);
-                match shard_event::sock::pread(f.fd, &mut c.out, f.offset) {
+                match shard_event::sock::pread(f.fd.as_raw_fd(), &mut c.out, f.offset) {
                     // The file shrank under us: the promised Content-Length cannot be met.
                     Ok(0) => return Flush::Failed,
                     Ok(n) => {
@@ -351,7 +348,12 @@ impl Worker<'_> {
                 }
                 continue;
             }
-            match shard_event::sock::sendfile(c.fd, f.fd, &mut f.offset, want) {
+            match shard_event::sock::sendfile(
+                c.fd.as_raw_fd(),
+                f.fd.as_raw_fd(),
+                &mut f.offset,
+                want,
+            ) {
                 Ok(0) => return Flush::Failed,
                 Ok(n) => {
                     debug_assert!(n as u64 <= f.remaining);
@@ -420,7 +422,7 @@ impl Worker<'_> {
                 if c.body_pending() || !c.inbuf.is_empty() || (c.readable && !c.eof) {
                     // Unread input would make close() send a reset that can destroy the
                     // response in flight: send FIN, then read and discard for a while.
-                    shard_event::sock::shutdown_write(c.fd);
+                    shard_event::sock::shutdown_write(c.fd.as_raw_fd());
                     c.lingering = true;
                     c.deadline_ms = self.now_ms + LINGERING_MS;
                     c.inbuf.clear();
@@ -557,7 +559,7 @@ impl Worker<'_> {
             c.inbuf.reserve(grow);
         }
         let spare = c.inbuf.capacity() - c.inbuf.len();
-        match shard_event::sock::read_into(c.fd, &mut c.inbuf) {
+        match shard_event::sock::read_into(c.fd.as_raw_fd(), &mut c.inbuf) {
             Ok(0) => {
                 c.eof = true;
                 c.readable = false;
@@ -600,7 +602,7 @@ impl Worker<'_> {
             return false;
         }
         let mut scratch = [0u8; 4096];
-        match shard_event::sock::read(c.fd, &mut scratch) {
+        match shard_event::sock::read(c.fd.as_raw_fd(), &mut scratch) {
             Ok(0) => {
                 self.close(key);
                 false
@@ -863,14 +865,13 @@ impl Worker<'_> {
     pub(super) fn set_file_body(
         &mut self,
         key: usize,
-        fd: RawFd,
+        fd: OwnedFd,
         offset: u64,
         len: u64,
         sendfile: bool,
     ) {
         let c = &mut self.conns[key];
         if len == 0 {
-            shard_event::sock::close(fd);
             return;
         }
         c.file = Some(FileBody {

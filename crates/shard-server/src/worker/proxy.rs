@@ -21,7 +21,7 @@
 //! `Token::Upstream` carrying the connection's key and generation.
 
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use shard_config::{HttpConf, LocationConf, ProxyPass, ServerName};
 use shard_event::sock::Connect;
@@ -39,7 +39,8 @@ const READ_MIN_BYTES: usize = 4096;
 
 /// One connection to an upstream peer: serving a request, or idle in its upstream's pool.
 pub(super) struct UpConn {
-    fd: RawFd,
+    /// Closed when the connection is dropped (`close_upconn`).
+    fd: OwnedFd,
     /// Unique in the worker (from the same counter as client connections): the token's
     /// generation.
     id: u64,
@@ -452,6 +453,7 @@ impl<'a> Worker<'a> {
         };
         let id = self.next_conn_id;
         self.next_conn_id += 1;
+        let raw = fd.as_raw_fd();
         let u = self.upconns.insert(UpConn {
             fd,
             id,
@@ -468,13 +470,13 @@ impl<'a> Worker<'a> {
             key: u,
             generation: token::generation(id),
         };
-        if let Err(e) = self.poll.add(fd, token.encode(), upconn_interest()) {
+        if let Err(e) = self.poll.add(raw, token.encode(), upconn_interest()) {
             crate::log!(Alert, "epoll_ctl(ADD) failed ({})", os(&e));
             self.close_upconn(u);
             self.proxy_fail_reply(key, 500);
             return;
         }
-        let _ = shard_event::sock::set_nodelay(fd, true);
+        let _ = shard_event::sock::set_nodelay(raw, true);
         let p = self.conns[key].proxy.as_mut().expect("proxy");
         p.up = Some(u);
         if done {
@@ -526,7 +528,7 @@ impl<'a> Worker<'a> {
             return false;
         }
         // Writability of a socket that only ever had this connect: `SO_ERROR` says it all.
-        let failure = match shard_event::sock::take_error(uc.fd) {
+        let failure = match shard_event::sock::take_error(uc.fd.as_raw_fd()) {
             Ok(Some(e)) | Err(e) => Some(e),
             Ok(None) => None,
         };
@@ -549,7 +551,7 @@ impl<'a> Worker<'a> {
             if !uc.writable {
                 return false;
             }
-            match shard_event::sock::write(uc.fd, &p.upreq[p.upreq_pos..]) {
+            match shard_event::sock::write(uc.fd.as_raw_fd(), &p.upreq[p.upreq_pos..]) {
                 Ok(n) => {
                     p.upreq_pos += n;
                     if p.upreq_pos < p.upreq.len() {
@@ -592,7 +594,7 @@ impl<'a> Worker<'a> {
         }
         let spare = p.rbuf.capacity() - p.rbuf.len();
         loop {
-            match shard_event::sock::read_into(uc.fd, &mut p.rbuf) {
+            match shard_event::sock::read_into(uc.fd.as_raw_fd(), &mut p.rbuf) {
                 Ok(n) => {
                     // A short read drained the socket, unless the peer also ended the stream.
                     uc.readable = n >= spare || uc.hup;
@@ -1171,9 +1173,8 @@ impl<'a> Worker<'a> {
     }
 
     pub(super) fn close_upconn(&mut self, u: usize) {
-        if let Some(uc) = self.upconns.try_remove(u) {
-            shard_event::sock::close(uc.fd);
-        }
+        // Dropping it closes the socket, which removes it from epoll.
+        drop(self.upconns.try_remove(u));
     }
 
     /// Closes pooled connections idle for longer than their upstream's `keepalive_timeout`

@@ -18,7 +18,7 @@
 use std::cmp::Reverse;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use shard_config::StreamServerConf;
 use shard_event::sock::Connect;
@@ -28,7 +28,8 @@ use super::{balance, Worker};
 use crate::shm::WorkerSlot;
 
 struct Side {
-    fd: RawFd,
+    /// `None` while no upstream socket exists; closed when dropped.
+    fd: Option<OwnedFd>,
     readable: bool,
     writable: bool,
     /// End of stream read from this side.
@@ -38,7 +39,12 @@ struct Side {
 }
 
 impl Side {
-    fn new(fd: RawFd) -> Side {
+    /// The descriptor for a system call (-1 when there is none: the call fails with EBADF).
+    fn raw(&self) -> RawFd {
+        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+    }
+
+    fn new(fd: Option<OwnedFd>) -> Side {
         Side {
             fd,
             readable: true,
@@ -124,7 +130,7 @@ impl Worker<'_> {
     /// handled and active) and starts connecting to its upstream.
     pub(super) fn start_relay(
         &mut self,
-        fd: RawFd,
+        fd: OwnedFd,
         peer: Option<SocketAddr>,
         listen: SocketAddr,
         server: usize,
@@ -136,10 +142,11 @@ impl Worker<'_> {
             .stream
             .as_ref()
             .map_or(0, |s| s.upstreams[s.servers[server].upstream].peers.len());
+        let raw = fd.as_raw_fd();
         let key = self.relays.insert(Relay {
             id,
-            client: Side::new(fd),
-            upstream: Side::new(-1),
+            client: Side::new(Some(fd)),
+            upstream: Side::new(None),
             up: None,
             down: None,
             peer,
@@ -151,7 +158,7 @@ impl Worker<'_> {
             deadline_ms: u64::MAX,
             timer_at: u64::MAX,
         });
-        if let Err(e) = self.poll.add(fd, token(key, id, false), relay_interest()) {
+        if let Err(e) = self.poll.add(raw, token(key, id, false), relay_interest()) {
             crate::log!(
                 Alert,
                 "epoll_ctl(ADD) failed ({})",
@@ -221,10 +228,8 @@ impl Worker<'_> {
         };
         loop {
             let r = &mut self.relays[key];
-            if r.upstream.fd >= 0 {
-                shard_event::sock::close(r.upstream.fd);
-                r.upstream = Side::new(-1);
-            }
+            // Dropping the failed attempt's socket closes it.
+            r.upstream = Side::new(None);
             let first = r.current_peer.is_none();
             let tried = std::mem::take(&mut r.tried);
             let pick = self.pick_peer(upstream, &tried);
@@ -259,10 +264,11 @@ impl Worker<'_> {
                     continue;
                 }
             };
+            let raw = fd.as_raw_fd();
             let r = &mut self.relays[key];
-            r.upstream = Side::new(fd);
+            r.upstream = Side::new(Some(fd));
             r.upstream.writable = done;
-            if let Err(e) = self.poll.add(fd, token(key, r.id, true), relay_interest()) {
+            if let Err(e) = self.poll.add(raw, token(key, r.id, true), relay_interest()) {
                 crate::log!(
                     Alert,
                     "epoll_ctl(ADD) failed ({})",
@@ -284,10 +290,10 @@ impl Worker<'_> {
     /// spurious (an event of a previous attempt's socket).
     fn check_connect(&mut self, key: usize) {
         let r = &mut self.relays[key];
-        if !r.upstream.writable || r.upstream.fd < 0 {
+        if !r.upstream.writable || r.upstream.fd.is_none() {
             return;
         }
-        let fd = r.upstream.fd;
+        let fd = r.upstream.raw();
         let failure = match shard_event::sock::take_error(fd) {
             Ok(Some(e)) | Err(e) => Some(e),
             Ok(None) => match shard_event::sock::peer_addr(fd) {
@@ -423,12 +429,8 @@ impl Worker<'_> {
         if !self.relays.contains(key) {
             return;
         }
-        let r = self.relays.remove(key);
-        // close() removes the descriptors from epoll.
-        shard_event::sock::close(r.client.fd);
-        if r.upstream.fd >= 0 {
-            shard_event::sock::close(r.upstream.fd);
-        }
+        // Dropping the relay closes both sockets, which removes them from epoll.
+        drop(self.relays.remove(key));
         WorkerSlot::drop_one(&self.slot.active);
     }
 
@@ -511,7 +513,7 @@ fn move_bytes(
 ) -> Result<bool, (&'static str, io::Error)> {
     let mut progress = false;
     if !src.eof && src.readable && pipe.make_room() {
-        match shard_event::sock::read(src.fd, &mut pipe.buf[pipe.end..]) {
+        match shard_event::sock::read(src.raw(), &mut pipe.buf[pipe.end..]) {
             Ok(0) => {
                 src.eof = true;
                 progress = true;
@@ -526,7 +528,7 @@ fn move_bytes(
         }
     }
     if !pipe.is_empty() && dst.writable {
-        match shard_event::sock::write(dst.fd, &pipe.buf[pipe.start..pipe.end]) {
+        match shard_event::sock::write(dst.raw(), &pipe.buf[pipe.start..pipe.end]) {
             Ok(n) => {
                 pipe.start += n;
                 if pipe.is_empty() {
@@ -541,7 +543,7 @@ fn move_bytes(
         }
     }
     if src.eof && pipe.is_empty() && !dst.shut {
-        shard_event::sock::shutdown_write(dst.fd);
+        shard_event::sock::shutdown_write(dst.raw());
         dst.shut = true;
         progress = true;
     }

@@ -5,6 +5,7 @@
 //! connection's output buffer or file body.
 
 use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -170,7 +171,7 @@ fn status_page(
 }
 
 enum Opened {
-    File(i32, FileMeta),
+    File(OwnedFd, FileMeta),
     Missing,
     Forbidden,
 }
@@ -207,9 +208,8 @@ fn static_file(
     let mut opened = open_file(&path);
     // A directory request ending in '/' is served by its first existing index file.
     if req.path.ends_with('/') {
-        if let Opened::File(fd, meta) = &opened {
+        if let Opened::File(_, meta) = &opened {
             if meta.is_dir {
-                shard_event::sock::close(*fd);
                 opened = Opened::Forbidden;
                 for cand in shard_http::static_file::index_candidates(loc, &path) {
                     match open_file(&cand) {
@@ -218,7 +218,6 @@ fn static_file(
                             opened = Opened::File(fd, m);
                             break;
                         }
-                        Opened::File(fd, _) => shard_event::sock::close(fd),
                         _ => {}
                     }
                 }
@@ -285,7 +284,6 @@ fn static_file(
             );
             w.date = date;
             if req.method == Method::Head {
-                shard_event::sock::close(fd);
                 return Reply {
                     status,
                     body_bytes: 0,
@@ -298,7 +296,7 @@ fn static_file(
             }
         }
         Plan::Reply(s) => {
-            shard_event::sock::close(fd);
+            drop(fd);
             simple(w, key, req, keep_alive, &loc.gzip, s)
         }
     }
@@ -313,16 +311,16 @@ fn gzip_file(
     loc: &LocationConf,
     req: &Request,
     keep_alive: bool,
-    fd: i32,
+    fd: OwnedFd,
     path: &Path,
     meta: &FileMeta,
     content_type: &str,
     g: gzip::Decision,
 ) -> Reply {
     let body = gzip::compress_with(loc.gzip.comp_level, meta.size, |buf, off| {
-        shard_event::sock::pread(fd, buf, off)
+        shard_event::sock::pread(fd.as_raw_fd(), buf, off)
     });
-    shard_event::sock::close(fd);
+    drop(fd);
     let body = match body {
         Ok(b) => b,
         Err(e) => {
