@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 
 use shard_config::{LocationConf, LocationKind, Part, ProxyPass, Var};
 
-use crate::request::{Request, MAX_HEADERS};
+use crate::request::{Method, Request, MAX_HEADERS};
 use crate::response::{push_u64, status_text};
 
 /// Everything needed to build the upstream request.
@@ -40,6 +40,73 @@ pub struct RequestCtx<'a> {
     /// Length of the request body shard will send (already fully read and de-chunked), or
     /// `None` when the request has no body.
     pub body_len: Option<u64>,
+}
+
+/// Why an attempt at an upstream failed, in `proxy_next_upstream` terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    Error,
+    Timeout,
+    InvalidHeader,
+    /// The upstream answered with a status `proxy_next_upstream` may retry (`http_5xx` ...).
+    Status(u16),
+}
+
+impl Failure {
+    /// Whether `proxy_next_upstream` asks for another peer after this failure.
+    pub fn retried_by(self, nu: &shard_config::NextUpstream) -> bool {
+        match self {
+            Failure::Error => nu.error,
+            Failure::Timeout => nu.timeout,
+            Failure::InvalidHeader => nu.invalid_header,
+            Failure::Status(s) => nu.retries_status(s),
+        }
+    }
+
+    /// The answer when no peer is left: 504 after a timeout, else 502.
+    pub fn status(self) -> u16 {
+        match self {
+            Failure::Timeout => 504,
+            _ => 502,
+        }
+    }
+
+    /// Whether the failure counts against the peer (`max_fails`): not a 403 or 404, which
+    /// say nothing about the peer's health (nginx's `http_403`/`http_404` are not failures).
+    pub fn counts_against_peer(self) -> bool {
+        !matches!(self, Failure::Status(403 | 404))
+    }
+}
+
+/// Whether a failed attempt may go to another peer: never once the response head reached the
+/// client; a non-idempotent request (POST, LOCK, PATCH) only before it was sent, unless
+/// `proxy_next_upstream non_idempotent`.
+pub fn may_retry(
+    head_sent: bool,
+    request_sent: bool,
+    method: &Method,
+    non_idempotent: bool,
+) -> bool {
+    !head_sent && (!request_sent || method.is_idempotent() || non_idempotent)
+}
+
+/// Whether the client connection stays open after a proxy error page: a 502 or 504 after a
+/// fully read request keeps it, as nginx does; a refused or timed-out request (400, 408, 413,
+/// 500) closes it.
+pub fn error_keeps_connection(status: u16, keep_alive: bool, body_pending: bool) -> bool {
+    keep_alive && !body_pending && matches!(status, 502 | 504)
+}
+
+/// How the response body is framed for the client, from the upstream's framing: a length is
+/// kept; a chunked or close-delimited body is re-chunked for an HTTP/1.1 client, and sent
+/// until close to an HTTP/1.0 client (then the connection cannot be kept: the second value).
+pub fn client_framing(upstream: Framing, client_http11: bool) -> (Framing, bool) {
+    match upstream {
+        Framing::None => (Framing::None, true),
+        Framing::Length(n) => (Framing::Length(n), true),
+        Framing::Chunked | Framing::Close if client_http11 => (Framing::Chunked, true),
+        Framing::Chunked | Framing::Close => (Framing::Close, false),
+    }
 }
 
 /// How a message body is delimited.
@@ -868,6 +935,41 @@ mod tests {
             t,
             "GET /p?q HTTP/1.0\r\nHost: backend\r\nConnection: close\r\nAccept: */*\r\n\
              X-Forwarded-For: 10.0.0.1\r\nCookie: a=1\r\nCookie: b=2\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn retry_and_error_decisions() {
+        use shard_config::NextUpstream;
+        let nu = NextUpstream::DEFAULT;
+        assert!(Failure::Error.retried_by(&nu) && Failure::Timeout.retried_by(&nu));
+        assert!(!Failure::InvalidHeader.retried_by(&nu) && !Failure::Status(502).retried_by(&nu));
+        assert_eq!(
+            (Failure::Timeout.status(), Failure::Error.status()),
+            (504, 502)
+        );
+        assert!(!Failure::Status(404).counts_against_peer());
+        assert!(Failure::Status(502).counts_against_peer());
+        // Not once the head went out; POST only before it was sent.
+        assert!(!may_retry(true, false, &Method::Get, true));
+        assert!(may_retry(false, true, &Method::Get, false));
+        assert!(!may_retry(false, true, &Method::Post, false));
+        assert!(may_retry(false, false, &Method::Post, false));
+        assert!(may_retry(false, true, &Method::Post, true));
+        assert!(error_keeps_connection(502, true, false));
+        assert!(!error_keeps_connection(502, true, true));
+        assert!(!error_keeps_connection(408, true, false));
+        assert_eq!(
+            client_framing(Framing::Close, true),
+            (Framing::Chunked, true)
+        );
+        assert_eq!(
+            client_framing(Framing::Chunked, false),
+            (Framing::Close, false)
+        );
+        assert_eq!(
+            client_framing(Framing::Length(3), false),
+            (Framing::Length(3), true)
         );
     }
 

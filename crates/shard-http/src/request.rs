@@ -161,6 +161,13 @@ impl Method {
         }
     }
 
+    /// Whether a request may be sent again after it reached an upstream (nginx: everything
+    /// but POST, LOCK and PATCH).
+    pub fn is_idempotent(&self) -> bool {
+        !matches!(self, Method::Post | Method::Patch)
+            && !matches!(self, Method::Other(s) if s == "LOCK")
+    }
+
     pub fn as_str(&self) -> &str {
         match self {
             Method::Get => "GET",
@@ -209,6 +216,9 @@ pub struct Request {
     pub referer: Option<String>,
     /// `Accept-Encoding`, the first one received.
     pub accept_encoding: Option<String>,
+    /// `Expect: 100-continue` on an HTTP/1.1 request with a body: the client waits for a
+    /// `100 Continue` before it sends the body.
+    pub expect_continue: bool,
     /// Header lines whose name is invalid (see [`header_name_valid`]): not interpreted, and
     /// dropped when `names.ignore_invalid`. The caller logs them.
     pub invalid_headers: usize,
@@ -687,6 +697,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
     let mut referer = None;
     let mut accept_encoding = None;
     let mut invalid_headers = 0;
+    let mut expect_continue = false;
     let mut seen_unique = [false; UNIQUE_HEADERS.len()];
     for (i, h) in hs.iter().enumerate() {
         let name = h.name.as_bytes();
@@ -721,6 +732,8 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
                 Some(parse_length(raw).ok_or(reject(400, "invalid Content-Length header"))?);
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             transfer_encoding = Some(raw);
+        } else if name.eq_ignore_ascii_case(b"expect") {
+            expect_continue = raw.eq_ignore_ascii_case(b"100-continue");
         } else if name.eq_ignore_ascii_case(b"if-modified-since") {
             if_modified_since.get_or_insert_with(|| text(v));
         } else if name.eq_ignore_ascii_case(b"if-none-match") {
@@ -786,6 +799,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         user_agent,
         referer,
         accept_encoding,
+        expect_continue: expect_continue && rl.minor >= 1 && body != Body::None,
         invalid_headers,
         names: limits.names,
     };
@@ -1046,6 +1060,23 @@ mod tests {
         // Invalid names are counted (for the log) and never frame a body.
         let (r, _) = ok(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer_Encoding: chunked\r\nContent_Length: 5\r\n\r\n");
         assert_eq!((r.invalid_headers, r.body), (2, Body::None));
+    }
+
+    #[test]
+    fn expect_continue_only_with_a_body_on_http_1_1() {
+        let e = |raw: &[u8]| ok(raw).0.expect_continue;
+        assert!(e(
+            b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\n"
+        ));
+        assert!(!e(
+            b"GET / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n"
+        ));
+        assert!(!e(
+            b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n"
+        ));
+        assert!(!e(
+            b"POST / HTTP/1.1\r\nHost: x\r\nExpect: other\r\nContent-Length: 1\r\n\r\n"
+        ));
     }
 
     #[test]

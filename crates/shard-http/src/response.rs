@@ -271,9 +271,44 @@ pub fn write_head(out: &mut Vec<u8>, head: &Head<'_>) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Whether the connection is kept open after this response: the client asked for it, the
+/// location allows keep-alive (`keepalive_timeout` > 0), the connection is under
+/// `keepalive_requests` (counting this request), and the worker is not stopping.
+pub fn keep_alive(
+    req: &crate::request::Request,
+    loc: &shard_config::LocationConf,
+    requests_on_connection: u64,
+    stopping: bool,
+) -> bool {
+    req.keep_alive
+        && !stopping
+        && loc.keepalive_timeout_ms > 0
+        && requests_on_connection < loc.keepalive_requests
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keep_alive_rules() {
+        use crate::request::{parse, Limits, Parse};
+        let Parse::Complete { req, .. } =
+            parse(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", &Limits::default())
+        else {
+            panic!()
+        };
+        let mut loc = crate::route::tests::loc(shard_config::LocationKind::Prefix, "/");
+        loc.keepalive_requests = 3;
+        assert!(keep_alive(&req, &loc, 2, false));
+        assert!(
+            !keep_alive(&req, &loc, 3, false),
+            "keepalive_requests reached"
+        );
+        assert!(!keep_alive(&req, &loc, 0, true), "stopping");
+        loc.keepalive_timeout_ms = 0;
+        assert!(!keep_alive(&req, &loc, 0, false), "keepalive_timeout 0");
+    }
 
     fn head_text(h: &Head<'_>) -> String {
         let mut out = Vec::new();

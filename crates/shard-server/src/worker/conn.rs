@@ -745,10 +745,8 @@ impl Worker<'_> {
         c.keepalive_timeout_ms = loc.keepalive_timeout_ms;
         c.body_bytes = 0;
         c.body_bytes_max = loc.client_max_body_size;
-        let keep_alive = req.keep_alive
-            && !self.shutting_down
-            && loc.keepalive_timeout_ms > 0
-            && c.requests < loc.keepalive_requests;
+        let keep_alive =
+            shard_http::response::keep_alive(&req, loc, c.requests, self.shutting_down);
 
         // Body: refuse what announces itself too large before reading any of it.
         match req.body {

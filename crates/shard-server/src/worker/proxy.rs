@@ -26,7 +26,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use shard_config::{HttpConf, LocationConf, ProxyPass, ServerName};
 use shard_event::sock::Connect;
 use shard_http::body::ChunkedDecoder;
-use shard_http::proxy::{Framing, ResponseParse};
+use shard_http::proxy::{Failure, Framing, ResponseParse};
 use shard_http::request::{Body, Method, Request};
 
 use super::token::{self, Token};
@@ -81,15 +81,6 @@ enum UpBody {
     Length(u64),
     Chunked(ChunkedDecoder),
     Close,
-}
-
-/// Why an attempt failed, in `proxy_next_upstream` terms.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Failure {
-    Error,
-    Timeout,
-    InvalidHeader,
-    Status(u16),
 }
 
 pub(super) struct Proxy {
@@ -189,24 +180,6 @@ fn upconn_interest() -> shard_event::Interest {
         | shard_event::Interest::EDGE
 }
 
-fn idempotent(m: &Method) -> bool {
-    !matches!(m, Method::Post | Method::Patch) && !matches!(m, Method::Other(s) if s == "LOCK")
-}
-
-/// `Expect: 100-continue` in a request head (HTTP/1.1 only, checked by the caller).
-fn expects_continue(head: &[u8]) -> bool {
-    head.split(|&b| b == b'\n').any(|line| {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(colon) = line.iter().position(|&b| b == b':') else {
-            return false;
-        };
-        line[..colon].eq_ignore_ascii_case(b"expect")
-            && line[colon + 1..]
-                .trim_ascii()
-                .eq_ignore_ascii_case(b"100-continue")
-    })
-}
-
 impl<'a> Worker<'a> {
     fn http(&self) -> &'a HttpConf {
         self.cfg.http.as_ref().expect("proxy without http")
@@ -245,7 +218,7 @@ impl<'a> Worker<'a> {
         let n_peers = self.http().upstreams[pass.upstream].peers.len();
         let c = &mut self.conns[key];
         let head = c.inbuf[..head_len].to_vec();
-        let cont = req.minor_version >= 1 && req.body != Body::None && expects_continue(&head);
+        let cont = req.expect_continue;
         c.proxy = Some(Box::new(Proxy::new(
             server, location, req, head, keep_alive, n_peers,
         )));
@@ -676,16 +649,9 @@ impl<'a> Worker<'a> {
             balance::succeeded(&mut self.http_peer_state[upstream], peer);
         }
         p.rbuf.drain(..head_len);
-        let client_http11 = p.req.minor_version >= 1;
-        let client_framing = match head.framing {
-            Framing::None => Framing::None,
-            Framing::Length(n) => Framing::Length(n),
-            Framing::Chunked | Framing::Close if client_http11 => Framing::Chunked,
-            Framing::Chunked | Framing::Close => {
-                p.keep_alive = false;
-                Framing::Close
-            }
-        };
+        let (client_framing, reusable) =
+            shard_http::proxy::client_framing(head.framing, p.req.minor_version >= 1);
+        p.keep_alive &= reusable;
         p.client_chunked = client_framing == Framing::Chunked;
         p.upbody = match head.framing {
             Framing::None => UpBody::None,
@@ -921,8 +887,12 @@ impl<'a> Worker<'a> {
     fn may_retry(&self, key: usize, sent: bool) -> bool {
         let p = self.conns[key].proxy.as_ref().expect("proxy");
         let loc = self.proxy_location(p);
-        !p.head_sent
-            && (!sent || idempotent(&p.req.method) || loc.proxy.next_upstream.non_idempotent)
+        shard_http::proxy::may_retry(
+            p.head_sent,
+            sent,
+            &p.req.method,
+            loc.proxy.next_upstream.non_idempotent,
+        )
     }
 
     /// The current attempt failed before the response head went to the client.
@@ -945,7 +915,7 @@ impl<'a> Worker<'a> {
                 p.rbuf.clear();
                 return;
             }
-            if !matches!(why, Failure::Status(403 | 404)) {
+            if why.counts_against_peer() {
                 self.proxy_peer_failed(upstream, peer);
             }
         }
@@ -955,33 +925,18 @@ impl<'a> Worker<'a> {
     fn retry_or_fail(&mut self, key: usize, why: Failure, sent: bool) {
         self.conns[key].proxy.as_mut().expect("proxy").last_failure = Some(why);
         let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
-        let nu = loc.proxy.next_upstream;
-        let wanted = match why {
-            Failure::Error => nu.error,
-            Failure::Timeout => nu.timeout,
-            Failure::InvalidHeader => nu.invalid_header,
-            Failure::Status(s) => nu.retries_status(s),
-        };
-        if wanted && self.may_retry(key, sent) {
+        if why.retried_by(&loc.proxy.next_upstream) && self.may_retry(key, sent) {
             let p = self.conns[key].proxy.as_mut().expect("proxy");
             p.state = State::Connect;
             p.rbuf.clear();
             return;
         }
-        let status = match why {
-            Failure::Timeout => 504,
-            _ => 502,
-        };
-        self.no_more_peers(key, status);
+        self.no_more_peers(key, why.status());
     }
 
     fn no_more_peers(&mut self, key: usize, status: u16) {
         let last = self.conns[key].proxy.as_ref().and_then(|p| p.last_failure);
-        let status = match last {
-            Some(Failure::Timeout) => 504,
-            Some(_) => 502,
-            None => status,
-        };
+        let status = last.map_or(status, Failure::status);
         self.proxy_fail_reply(key, status);
     }
 
@@ -994,9 +949,11 @@ impl<'a> Worker<'a> {
         if let Some(u) = p.up {
             self.close_upconn(u);
         }
-        // As nginx: a 502 or 504 after a fully read request keeps the client connection; a
-        // refused body (400, 413) closes it.
-        let keep = p.keep_alive && !self.conns[key].body_pending() && matches!(status, 502 | 504);
+        let keep = shard_http::proxy::error_keeps_connection(
+            status,
+            p.keep_alive,
+            self.conns[key].body_pending(),
+        );
         self.error_page(key, status, keep);
         let len = shard_http::response::error_body(status).len() as u64;
         self.log_proxy_access(key, &p, status, len);
