@@ -4,6 +4,8 @@
 //! and every configuration error message. It reads files only to follow `include`; it binds
 //! no socket and resolves no CPU count (`worker_processes auto` stays [`WorkerProcesses::Auto`]).
 
+#[doc(hidden)]
+pub mod fuzz;
 mod lexer;
 mod model;
 mod parse;

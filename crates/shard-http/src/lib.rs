@@ -126,5 +126,5 @@ mod tests {
     }
 }
 
-#[cfg(test)]
-mod fuzz;
+#[doc(hidden)]
+pub mod fuzz;
