@@ -143,6 +143,20 @@ impl Conn {
     }
 }
 
+/// What an I/O step on a client connection decided. The step never closes the connection:
+/// its caller (`drive_turn`, or `drive_proxy`'s end of turn) does, so no caller has to ask
+/// whether its connection still exists.
+#[must_use]
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Io {
+    /// Done, or bytes arrived: go on.
+    Ready,
+    /// Wait for the kernel (the connection is registered) or for the next turn (queued).
+    Wait,
+    /// End of stream or an error: the connection must close.
+    Close,
+}
+
 pub(super) enum Flush {
     Done,
     /// The socket's send buffer is full: wait for the kernel.
@@ -391,6 +405,19 @@ impl Worker<'_> {
     }
 
     fn drive_turn(&mut self, key: usize) {
+        // The one place a step's `Io::Close` closes the connection.
+        macro_rules! step {
+            ($io:expr) => {
+                match $io {
+                    Io::Ready => {}
+                    Io::Wait => return,
+                    Io::Close => {
+                        self.close(key);
+                        return;
+                    }
+                }
+            };
+        }
         let mut rounds = 0;
         loop {
             let Some(c) = self.conns.get(key) else {
@@ -408,14 +435,12 @@ impl Worker<'_> {
                     super::proxy::Step::Wait => return,
                 }
             }
-            if self.conns[key].must_flush_now() && !self.flush_or_wait(key) {
-                return;
+            if self.conns[key].must_flush_now() {
+                step!(self.flush_or_wait(key));
             }
             let c = &mut self.conns[key];
             if c.lingering {
-                if !self.discard_input(key) {
-                    return;
-                }
+                step!(self.discard_input(key));
                 continue;
             }
             if c.close_after {
@@ -433,12 +458,11 @@ impl Worker<'_> {
             }
             // Discard what remains of the request body.
             if c.body_pending() {
-                if self.consume_body(key) {
+                if self.consume_body(key, None) {
                     continue;
                 }
-                if !self.flush_or_wait(key) || !self.read_more(key) {
-                    return;
-                }
+                step!(self.flush_or_wait(key));
+                step!(self.read_more(key));
                 continue;
             }
             let c = &mut self.conns[key];
@@ -484,33 +508,29 @@ impl Worker<'_> {
                     }
                 }
             }
-            if !self.flush_or_wait(key) || !self.read_more(key) {
-                return;
-            }
+            step!(self.flush_or_wait(key));
+            step!(self.read_more(key));
         }
     }
 
-    /// Writes pending output. Returns false when the connection must wait for the kernel (it is
-    /// then registered) or was closed.
-    pub(super) fn flush_or_wait(&mut self, key: usize) -> bool {
+    /// Writes pending output; when it cannot all go, the connection is registered (send
+    /// buffer full) or queued for its next turn (its share of a file moved).
+    pub(super) fn flush_or_wait(&mut self, key: usize) -> Io {
         if !self.conns[key].has_output() {
-            return true;
+            return Io::Ready;
         }
         match self.flush(key) {
-            Flush::Done => true,
+            Flush::Done => Io::Ready,
             Flush::Blocked => {
                 self.ensure_registered(key);
-                false
+                Io::Wait
             }
             Flush::Yield => {
                 let generation = super::token::generation(self.conns[key].id);
                 self.yield_turn(super::token::Token::Conn { key, generation });
-                false
+                Io::Wait
             }
-            Flush::Failed => {
-                self.close(key);
-                false
-            }
+            Flush::Failed => Io::Close,
         }
     }
 
@@ -533,12 +553,12 @@ impl Worker<'_> {
         }
     }
 
-    /// Reads once into the input buffer. Returns false when the connection must wait (it is
-    /// registered) or was closed; true when bytes arrived.
-    pub(super) fn read_more(&mut self, key: usize) -> bool {
+    /// Reads once into the input buffer: `Ready` when bytes arrived, `Wait` when the socket is
+    /// drained (the connection is then registered), `Close` at end of stream or on an error.
+    pub(super) fn read_more(&mut self, key: usize) -> Io {
         if !self.conns[key].readable {
             self.ensure_registered(key);
-            return false;
+            return Io::Wait;
         }
         if self.conns[key].inbuf.capacity() == 0 {
             let b = self.take_buf(READ_BUFFER_BYTES);
@@ -553,7 +573,7 @@ impl Worker<'_> {
             if c.inbuf.len() >= limit && !c.body_pending() {
                 // The parser already had the whole allowance and still wants more: it will
                 // report 431 or 414 on this buffer, so stop reading.
-                return false;
+                return Io::Wait;
             }
             let grow = c.inbuf.capacity().max(READ_BUFFER_BYTES);
             c.inbuf.reserve(grow);
@@ -563,8 +583,7 @@ impl Worker<'_> {
             Ok(0) => {
                 c.eof = true;
                 c.readable = false;
-                self.close(key);
-                false
+                Io::Close
             }
             Ok(n) => {
                 debug_assert!(n <= spare);
@@ -579,65 +598,57 @@ impl Worker<'_> {
                 } else if c.body_pending() {
                     c.deadline_ms = self.now_ms + c.body_timeout_ms;
                 }
-                true
+                Io::Ready
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 c.readable = false;
                 self.ensure_registered(key);
-                false
+                Io::Wait
             }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => true,
-            Err(_) => {
-                self.close(key);
-                false
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Io::Ready,
+            Err(_) => Io::Close,
         }
     }
 
     /// Lingering close: read and drop input until end of stream or the lingering deadline.
-    fn discard_input(&mut self, key: usize) -> bool {
+    fn discard_input(&mut self, key: usize) -> Io {
         let c = &mut self.conns[key];
         if !c.readable {
             self.ensure_registered(key);
-            return false;
+            return Io::Wait;
         }
         let mut scratch = [0u8; 4096];
         match shard_event::sock::read(c.fd.as_raw_fd(), &mut scratch) {
-            Ok(0) => {
-                self.close(key);
-                false
-            }
-            Ok(_) => true,
+            Ok(0) => Io::Close,
+            Ok(_) => Io::Ready,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 c.readable = false;
                 self.ensure_registered(key);
-                false
+                Io::Wait
             }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => true,
-            Err(_) => {
-                self.close(key);
-                false
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Io::Ready,
+            Err(_) => Io::Close,
         }
     }
 
-    /// Consumes body bytes from the input buffer. Returns true when the body is complete (or
-    /// the connection got an error reply), false when more input is needed.
-    pub(super) fn consume_body(&mut self, key: usize) -> bool {
+    /// Consumes body bytes from the input buffer, appending them to `sink` (the proxy's body)
+    /// or discarding them. Returns true when the body is complete (or the connection got an
+    /// error reply), false when more input is needed.
+    pub(super) fn consume_body(&mut self, key: usize, mut sink: Option<&mut Vec<u8>>) -> bool {
         let c = &mut self.conns[key];
         let (used, data, done, bad) = match &mut c.body {
             BodyLeft::None => return true,
             BodyLeft::Length(left) => {
                 let take = (*left).min(c.inbuf.len() as u64);
                 *left -= take;
-                if let Some(p) = c.proxy.as_mut() {
-                    p.body_mut().extend_from_slice(&c.inbuf[..take as usize]);
+                if let Some(s) = sink.as_deref_mut() {
+                    s.extend_from_slice(&c.inbuf[..take as usize]);
                 }
                 (take as usize, take, *left == 0, None)
             }
             BodyLeft::Chunked(dec) => {
-                let fed = match c.proxy.as_mut() {
-                    Some(p) => dec.feed_into(&c.inbuf, p.body_mut()),
+                let fed = match sink {
+                    Some(s) => dec.feed_into(&c.inbuf, s),
                     None => dec.feed(&c.inbuf),
                 };
                 match fed {

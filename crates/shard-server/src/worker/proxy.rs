@@ -29,6 +29,7 @@ use shard_http::body::ChunkedDecoder;
 use shard_http::proxy::{Failure, Framing, ResponseParse};
 use shard_http::request::{Body, Method, Request};
 
+use super::conn::Io;
 use super::token::{self, Token};
 use super::{balance, Worker};
 
@@ -157,11 +158,6 @@ impl Proxy {
     pub(super) fn upstream_conn(&self) -> Option<usize> {
         self.up
     }
-
-    /// Body bytes to append while reading the request body.
-    pub(super) fn body_mut(&mut self) -> &mut Vec<u8> {
-        &mut self.body
-    }
 }
 
 /// What `drive_proxy` tells the connection loop.
@@ -173,6 +169,25 @@ pub(super) enum Step {
     Wait,
 }
 
+/// What one step of a proxied request decided; `drive_proxy` alone acts on it (answers,
+/// finishes, truncates or closes), so no step ends the request or the connection itself.
+#[derive(Debug)]
+enum Flow {
+    /// The state moved on: run the next step.
+    Next,
+    /// Wait for the kernel (the client or the upstream socket).
+    Wait,
+    /// Answer with this error page; nothing of a response was sent yet.
+    Fail(u16),
+    /// The upstream response is complete.
+    Finished,
+    /// The upstream failed after the response head reached the client (already logged): the
+    /// client gets what arrived, then a close.
+    Abort,
+    /// The client connection failed: close it.
+    Close,
+}
+
 fn upconn_interest() -> shard_event::Interest {
     shard_event::Interest::READ
         | shard_event::Interest::WRITE
@@ -181,8 +196,13 @@ fn upconn_interest() -> shard_event::Interest {
 }
 
 impl<'a> Worker<'a> {
+    /// The `http` block. A proxied request exists only when there is one (it was parsed by an
+    /// HTTP listener), so this never fails at run time.
     fn http(&self) -> &'a HttpConf {
-        self.cfg.http.as_ref().expect("proxy without http")
+        self.cfg
+            .http
+            .as_ref()
+            .expect("an HTTP listener implies an http block")
     }
 
     fn proxy_location(&self, p: &Proxy) -> &'a LocationConf {
@@ -190,15 +210,12 @@ impl<'a> Worker<'a> {
         p.location.map_or(&s.base, |i| &s.locations[i])
     }
 
-    fn proxy_pass(&self, p: &Proxy) -> &'a ProxyPass {
-        self.proxy_location(p)
-            .proxy_pass
-            .as_ref()
-            .expect("proxied location has proxy_pass")
+    fn proxy_pass(&self, p: &Proxy) -> Option<&'a ProxyPass> {
+        self.proxy_location(p).proxy_pass.as_ref()
     }
 
     /// Starts proxying the request just parsed on connection `key` (its head is the first
-    /// `head_len` bytes of the input buffer, still there).
+    /// `head_len` bytes of the input buffer, still there). `loc` has a `proxy_pass`.
     pub(super) fn start_proxy(
         &mut self,
         key: usize,
@@ -214,8 +231,10 @@ impl<'a> Worker<'a> {
             .iter()
             .position(|l| std::ptr::eq(l, loc))
             .filter(|_| !std::ptr::eq(&srv.base, loc));
-        let pass = loc.proxy_pass.as_ref().expect("checked by the caller");
-        let n_peers = self.http().upstreams[pass.upstream].peers.len();
+        let n_peers = loc
+            .proxy_pass
+            .as_ref()
+            .map_or(0, |pass| self.http().upstreams[pass.upstream].peers.len());
         let c = &mut self.conns[key];
         let head = c.inbuf[..head_len].to_vec();
         let cont = req.expect_continue;
@@ -228,63 +247,91 @@ impl<'a> Worker<'a> {
     }
 
     /// Runs the proxied request of connection `key` until it must wait or is finished.
+    ///
+    /// The request's state is taken off the connection for the turn and handed to each step
+    /// as `&mut Proxy`, so the type says it is there; the steps return a [`Flow`] and only
+    /// [`Worker::end_proxy_turn`] puts the state back, answers, finishes or closes.
     pub(super) fn drive_proxy(&mut self, key: usize) -> Step {
+        let Some(c) = self.conns.get_mut(key) else {
+            return Step::Wait;
+        };
+        let id = c.id;
+        let Some(mut p) = c.proxy.take() else {
+            return Step::Done;
+        };
         let mut rounds = 0;
-        loop {
+        let flow = loop {
             rounds += 1;
             if rounds > super::TURN_ROUNDS_MAX {
-                if let Some(c) = self.conns.get(key) {
-                    let generation = token::generation(c.id);
-                    self.yield_turn(Token::Conn { key, generation });
-                }
-                return Step::Wait;
+                self.yield_turn(Token::Conn {
+                    key,
+                    generation: token::generation(id),
+                });
+                break Flow::Wait;
             }
-            let Some(c) = self.conns.get_mut(key) else {
-                return Step::Wait;
+            let flow = match p.state {
+                State::ReadBody => self.read_request_body(key, &mut p),
+                State::Connect => self.proxy_connect(key, &mut p),
+                State::Connecting => self.check_upstream_connect(key, &mut p),
+                State::Sending => self.send_request(key, &mut p),
+                State::ReadingHead => self.read_response_head(key, &mut p),
+                State::ReadingBody => self.relay_response_body(key, &mut p),
             };
-            let Some(p) = c.proxy.as_mut() else {
-                return Step::Done;
-            };
-            match p.state {
-                State::ReadBody => {
-                    if !self.read_request_body(key) {
-                        return Step::Wait;
-                    }
-                }
-                State::Connect => self.proxy_connect(key),
-                State::Connecting => {
-                    if !self.check_upstream_connect(key) {
-                        return Step::Wait;
-                    }
-                }
-                State::Sending => {
-                    if !self.send_request(key) {
-                        return Step::Wait;
-                    }
-                }
-                State::ReadingHead => {
-                    if !self.read_response_head(key) {
-                        return Step::Wait;
-                    }
-                }
-                State::ReadingBody => {
-                    if !self.relay_response_body(key) {
-                        return Step::Wait;
-                    }
-                }
+            if !matches!(flow, Flow::Next) {
+                break flow;
             }
-            // A finished request leaves `proxy` empty.
-            if self.conns.get(key).is_some_and(|c| c.proxy.is_none()) {
-                return Step::Done;
+        };
+        self.end_proxy_turn(key, id, p, flow)
+    }
+
+    /// Acts on what the steps decided: the one place a proxied request is put back on its
+    /// connection, answered with an error page, finished, truncated or closed.
+    fn end_proxy_turn(&mut self, key: usize, id: u64, mut p: Box<Proxy>, flow: Flow) -> Step {
+        if self.conns.get(key).is_none_or(|c| c.id != id) {
+            // The client connection closed during the turn (a failed read or write).
+            if let Some(u) = p.up.take() {
+                self.close_upconn(u);
+            }
+            self.give_proxy_bufs(p);
+            return Step::Wait;
+        }
+        match flow {
+            Flow::Next | Flow::Wait => {
+                self.conns[key].proxy = Some(p);
+                Step::Wait
+            }
+            Flow::Fail(status) => {
+                self.proxy_fail_reply(key, p, status);
+                Step::Done
+            }
+            Flow::Finished => {
+                self.finish_response(key, p);
+                Step::Done
+            }
+            Flow::Abort => {
+                self.abort_response(key, p);
+                Step::Done
+            }
+            Flow::Close => {
+                if let Some(u) = p.up.take() {
+                    self.close_upconn(u);
+                }
+                self.give_proxy_bufs(p);
+                self.close(key);
+                Step::Wait
             }
         }
     }
 
-    /// Reads the request body into memory. Returns false when it must wait.
-    fn read_request_body(&mut self, key: usize) -> bool {
+    /// Reads the request body into memory.
+    fn read_request_body(&mut self, key: usize, p: &mut Proxy) -> Flow {
         // A pending `100 Continue` goes out first.
-        if self.conns[key].has_output() && !self.flush_or_wait(key) {
-            return false;
+        if self.conns[key].has_output() {
+            match self.flush_or_wait(key) {
+                Io::Ready => {}
+                Io::Wait => return Flow::Wait,
+                Io::Close => return Flow::Close,
+            }
         }
         let (max, limit) = {
             let c = &self.conns[key];
@@ -292,14 +339,12 @@ impl<'a> Worker<'a> {
             (max, if max == 0 { BODY_MEMORY_MAX } else { max })
         };
         loop {
-            let c = &mut self.conns[key];
-            if !c.body_pending() {
-                let p = c.proxy.as_mut().expect("proxy");
+            if !self.conns[key].body_pending() {
                 p.state = State::Connect;
-                return true;
+                return Flow::Next;
             }
-            let done = self.consume_body(key);
-            let c = &mut self.conns[key];
+            let done = self.consume_body(key, Some(&mut p.body));
+            let c = &self.conns[key];
             if c.close_after {
                 // Malformed or too large chunked body: nothing was sent upstream.
                 let status = if c.body_bytes > max && max > 0 {
@@ -307,8 +352,7 @@ impl<'a> Worker<'a> {
                 } else {
                     400
                 };
-                self.proxy_fail_reply(key, status);
-                return true;
+                return Flow::Fail(status);
             }
             if c.body_bytes > limit {
                 crate::log!(
@@ -316,34 +360,29 @@ impl<'a> Worker<'a> {
                     "client intended to send too large body: {} bytes",
                     c.body_bytes
                 );
-                self.proxy_fail_reply(key, 413);
-                return true;
+                return Flow::Fail(413);
             }
             if done {
                 continue;
             }
-            if !self.read_more(key) {
-                return false;
+            match self.read_more(key) {
+                Io::Ready => {}
+                Io::Wait => return Flow::Wait,
+                Io::Close => return Flow::Close,
             }
         }
     }
 
     /// Chooses a connection for the next attempt: pooled, or a new non-blocking connect.
-    fn proxy_connect(&mut self, key: usize) {
-        let (upstream, conn_id) = {
-            let c = &self.conns[key];
-            let p = c.proxy.as_ref().expect("proxy");
-            (self.proxy_pass(p).upstream, c.id)
+    fn proxy_connect(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        let Some(pass) = self.proxy_pass(p) else {
+            return Flow::Fail(500);
         };
-        let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
-        if self.conns[key]
-            .proxy
-            .as_ref()
-            .expect("proxy")
-            .upreq
-            .is_empty()
-        {
-            self.build_upstream_request(key);
+        let upstream = pass.upstream;
+        let conn_id = self.conns[key].id;
+        let loc = self.proxy_location(p);
+        if p.upreq.is_empty() {
+            self.build_upstream_request(key, p, pass);
         }
         let ups = &self.http().upstreams[upstream];
         // The pool first: a kept-alive connection skips the connect and the peer choice, as
@@ -358,29 +397,23 @@ impl<'a> Worker<'a> {
             uc.owner = Some((key, conn_id));
             uc.writable = true;
             uc.requests += 1;
-            let p = self.conns[key].proxy.as_mut().expect("proxy");
             p.up = Some(u);
             p.reused = true;
             p.upreq_pos = 0;
             p.state = State::Sending;
             self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
-            return;
+            return Flow::Next;
         }
-        let p = self.conns[key].proxy.as_mut().expect("proxy");
         let tries_max = loc.proxy.next_upstream_tries;
         if tries_max > 0 && p.tries >= tries_max {
-            self.no_more_peers(key, 502);
-            return;
+            return no_more_peers(p, 502);
         }
-        let tried = std::mem::take(&mut p.tried);
         let pick = balance::pick(
             &ups.peers,
             &mut self.http_peer_state[upstream],
-            &tried,
+            &p.tried,
             self.now_ms,
         );
-        let p = self.conns[key].proxy.as_mut().expect("proxy");
-        p.tried = tried;
         let Some(peer) = pick else {
             if p.tries == 0 {
                 crate::log!(
@@ -390,8 +423,7 @@ impl<'a> Worker<'a> {
                 );
             }
             // `balance::pick` marked every peer live again.
-            self.no_more_peers(key, 502);
-            return;
+            return no_more_peers(p, 502);
         };
         p.tried[peer] = true;
         p.tries += 1;
@@ -405,8 +437,7 @@ impl<'a> Worker<'a> {
                 "{} worker_connections are not enough while connecting to upstream",
                 self.conns_max
             );
-            self.proxy_fail_reply(key, 500);
-            return;
+            return Flow::Fail(500);
         }
         let addr = ups.peers[peer].addr;
         let (fd, done) = match shard_event::sock::connect_nonblocking(&addr) {
@@ -415,13 +446,13 @@ impl<'a> Worker<'a> {
             Err(e) => {
                 self.log_proxy_error(
                     key,
+                    p,
                     &format!("connect() failed ({}) while connecting to upstream", os(&e)),
                     Some(&addr),
                 );
                 self.proxy_peer_failed(upstream, peer);
                 // The next attempt, or the error page.
-                self.retry_or_fail(key, Failure::Error, false);
-                return;
+                return retry_or_fail(p, loc, Failure::Error, false);
             }
         };
         let id = self.next_conn_id;
@@ -446,11 +477,9 @@ impl<'a> Worker<'a> {
         if let Err(e) = self.poll.add(raw, token.encode(), upconn_interest()) {
             crate::log!(Alert, "epoll_ctl(ADD) failed ({})", os(&e));
             self.close_upconn(u);
-            self.proxy_fail_reply(key, 500);
-            return;
+            return Flow::Fail(500);
         }
         let _ = shard_event::sock::set_nodelay(raw, true);
-        let p = self.conns[key].proxy.as_mut().expect("proxy");
         p.up = Some(u);
         if done {
             p.state = State::Sending;
@@ -459,17 +488,14 @@ impl<'a> Worker<'a> {
             p.state = State::Connecting;
             self.set_proxy_deadline(key, loc.proxy.connect_timeout_ms);
         }
+        Flow::Next
     }
 
-    fn build_upstream_request(&mut self, key: usize) {
-        let cfg_http = self.http();
-        let c = &mut self.conns[key];
+    fn build_upstream_request(&mut self, key: usize, p: &mut Proxy, pass: &ProxyPass) {
+        let srv = &self.http().servers[p.server];
+        let loc = self.proxy_location(p);
+        let c = &self.conns[key];
         let listener = &self.cfg.listeners[c.listener];
-        let peer = c.peer;
-        let p = c.proxy.as_mut().expect("proxy");
-        let srv = &cfg_http.servers[p.server];
-        let loc = p.location.map_or(&srv.base, |i| &srv.locations[i]);
-        let pass = loc.proxy_pass.as_ref().expect("proxy_pass");
         let server_name = first_server_name(srv);
         let body_len = (p.req.body != Body::None).then_some(p.body.len() as u64);
         let mut out = Vec::with_capacity(p.head.len() + 128 + p.body.len());
@@ -480,7 +506,7 @@ impl<'a> Worker<'a> {
                 head: &p.head,
                 location: loc,
                 pass,
-                client: peer,
+                client: c.peer,
                 server_addr: listener.addr,
                 server_name,
                 body_len,
@@ -491,14 +517,14 @@ impl<'a> Worker<'a> {
         p.body = Vec::new();
     }
 
-    fn check_upstream_connect(&mut self, key: usize) -> bool {
-        let p = self.conns[key].proxy.as_ref().expect("proxy");
+    fn check_upstream_connect(&mut self, key: usize, p: &mut Proxy) -> Flow {
         let Some(u) = p.up else {
-            return true;
+            p.state = State::Connect;
+            return Flow::Next;
         };
         let uc = &mut self.upconns[u];
         if !uc.writable {
-            return false;
+            return Flow::Wait;
         }
         // Writability of a socket that only ever had this connect: `SO_ERROR` says it all.
         let failure = match shard_event::sock::take_error(uc.fd.as_raw_fd()) {
@@ -507,25 +533,27 @@ impl<'a> Worker<'a> {
         };
         if let Some(e) = failure {
             let msg = format!("connect() failed ({}) while connecting to upstream", os(&e));
-            self.attempt_failed(key, Failure::Error, &msg);
-            return true;
+            return self.attempt_failed(key, p, Failure::Error, &msg);
         }
-        let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
-        self.conns[key].proxy.as_mut().expect("proxy").state = State::Sending;
+        let loc = self.proxy_location(p);
+        p.state = State::Sending;
         self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
-        true
+        Flow::Next
     }
 
-    fn send_request(&mut self, key: usize) -> bool {
-        let p = self.conns[key].proxy.as_mut().expect("proxy");
-        let u = p.up.expect("sending without a connection");
+    fn send_request(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        let Some(u) = p.up else {
+            p.state = State::Connect;
+            return Flow::Next;
+        };
         let uc = &mut self.upconns[u];
         while p.upreq_pos < p.upreq.len() {
             if !uc.writable {
-                return false;
+                return Flow::Wait;
             }
             match shard_event::sock::write(uc.fd.as_raw_fd(), &p.upreq[p.upreq_pos..]) {
                 Ok(n) => {
+                    debug_assert!(n <= p.upreq.len() - p.upreq_pos);
                     p.upreq_pos += n;
                     if p.upreq_pos < p.upreq.len() {
                         uc.writable = false;
@@ -533,7 +561,7 @@ impl<'a> Worker<'a> {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     uc.writable = false;
-                    return false;
+                    return Flow::Wait;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -541,23 +569,22 @@ impl<'a> Worker<'a> {
                         "writev() failed ({}) while sending request to upstream",
                         os(&e)
                     );
-                    self.attempt_failed(key, Failure::Error, &msg);
-                    return true;
+                    return self.attempt_failed(key, p, Failure::Error, &msg);
                 }
             }
         }
-        let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
-        let p = self.conns[key].proxy.as_mut().expect("proxy");
+        let loc = self.proxy_location(p);
         p.state = State::ReadingHead;
         p.rbuf.clear();
         self.set_proxy_deadline(key, loc.proxy.read_timeout_ms);
-        true
+        Flow::Next
     }
 
     /// One read from the upstream into `rbuf`, at most `room` bytes. `Ok(None)`: must wait.
-    fn read_upstream(&mut self, key: usize, room: usize) -> std::io::Result<Option<usize>> {
-        let p = self.conns[key].proxy.as_mut().expect("proxy");
-        let uc = &mut self.upconns[p.up.expect("reading without a connection")];
+    fn read_upstream(&mut self, p: &mut Proxy, room: usize) -> std::io::Result<Option<usize>> {
+        let Some(uc) = p.up.and_then(|u| self.upconns.get_mut(u)) else {
+            return Err(std::io::Error::from_raw_os_error(libc::EBADF));
+        };
         if !uc.readable && !uc.hup {
             return Ok(None);
         }
@@ -569,6 +596,7 @@ impl<'a> Worker<'a> {
         loop {
             match shard_event::sock::read_into(uc.fd.as_raw_fd(), &mut p.rbuf) {
                 Ok(n) => {
+                    debug_assert!(n <= spare);
                     // A short read drained the socket, unless the peer also ended the stream.
                     uc.readable = n >= spare || uc.hup;
                     return Ok(Some(n));
@@ -583,11 +611,10 @@ impl<'a> Worker<'a> {
         }
     }
 
-    fn read_response_head(&mut self, key: usize) -> bool {
-        let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
+    fn read_response_head(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        let loc = self.proxy_location(p);
         let max = loc.proxy.buffer_size;
         loop {
-            let p = self.conns[key].proxy.as_mut().expect("proxy");
             let head_request = p.req.method == Method::Head;
             match shard_http::proxy::parse_response(&p.rbuf, max, head_request) {
                 ResponseParse::Interim { head_len } => {
@@ -595,31 +622,29 @@ impl<'a> Worker<'a> {
                     continue;
                 }
                 ResponseParse::Invalid(why) => {
-                    self.attempt_failed(key, Failure::InvalidHeader, why);
-                    return true;
+                    return self.attempt_failed(key, p, Failure::InvalidHeader, why);
                 }
                 ResponseParse::Complete { head, head_len } => {
                     let nu = loc.proxy.next_upstream;
-                    if nu.retries_status(head.status) && self.may_retry(key, true) {
+                    if nu.retries_status(head.status) && may_retry(p, loc, true) {
                         let msg = format!("upstream returned {}", head.status);
-                        self.attempt_failed(key, Failure::Status(head.status), &msg);
-                        return true;
+                        return self.attempt_failed(key, p, Failure::Status(head.status), &msg);
                     }
-                    self.start_response(key, head, head_len);
-                    return true;
+                    self.start_response(key, p, head, head_len);
+                    return Flow::Next;
                 }
                 ResponseParse::Partial => {}
             }
             let room = max.saturating_sub(p.rbuf.len()).max(READ_MIN_BYTES);
-            match self.read_upstream(key, room) {
-                Ok(None) => return false,
+            match self.read_upstream(p, room) {
+                Ok(None) => return Flow::Wait,
                 Ok(Some(0)) => {
-                    self.attempt_failed(
+                    return self.attempt_failed(
                         key,
+                        p,
                         Failure::Error,
                         "upstream prematurely closed connection while reading response header from upstream",
                     );
-                    return true;
                 }
                 Ok(Some(_)) => {}
                 Err(e) => {
@@ -627,8 +652,7 @@ impl<'a> Worker<'a> {
                         "recv() failed ({}) while reading response header from upstream",
                         os(&e)
                     );
-                    self.attempt_failed(key, Failure::Error, &msg);
-                    return true;
+                    return self.attempt_failed(key, p, Failure::Error, &msg);
                 }
             }
         }
@@ -638,12 +662,10 @@ impl<'a> Worker<'a> {
     fn start_response(
         &mut self,
         key: usize,
+        p: &mut Proxy,
         head: shard_http::proxy::ResponseHead,
         head_len: usize,
     ) {
-        let date = std::mem::take(&mut self.date);
-        let c = &mut self.conns[key];
-        let p = c.proxy.as_mut().expect("proxy");
         if let Some(u) = p.up {
             let (upstream, peer) = (self.upconns[u].upstream, self.upconns[u].peer);
             balance::succeeded(&mut self.http_peer_state[upstream], peer);
@@ -662,6 +684,7 @@ impl<'a> Worker<'a> {
         p.upstream_reusable = head.reusable;
         p.status = head.status;
         p.head_sent = true;
+        let c = &mut self.conns[key];
         if c.out_pos > 0 && c.out_pos >= c.out.len() {
             c.out.clear();
             c.out_pos = 0;
@@ -669,18 +692,17 @@ impl<'a> Worker<'a> {
         shard_http::proxy::write_client_head(
             &mut c.out,
             &head,
-            &date,
+            &self.date,
             client_framing,
             p.keep_alive,
         );
         p.state = State::ReadingBody;
-        self.date = date;
     }
 
     /// Moves response body bytes from `rbuf` to the client's output; reads more while the
-    /// output holds less than the buffer bound. Returns false when it must wait.
-    fn relay_response_body(&mut self, key: usize) -> bool {
-        let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
+    /// output holds less than the buffer bound.
+    fn relay_response_body(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        let loc = self.proxy_location(p);
         let pc = &loc.proxy;
         let bound = if pc.buffering {
             pc.buffer_size + pc.buffers.0 * pc.buffers.1
@@ -694,29 +716,22 @@ impl<'a> Worker<'a> {
                 // Upstream and client both keep up: go on after the other connections.
                 let generation = token::generation(self.conns[key].id);
                 self.yield_turn(Token::Conn { key, generation });
-                return false;
+                return Flow::Wait;
             }
             // Pass on what was read.
-            let finished = match self.pass_body(key) {
-                Ok(f) => f,
+            match self.pass_body(key, p) {
+                Ok(true) => return Flow::Finished,
+                Ok(false) => {}
                 Err(why) => {
-                    self.log_proxy_error_current(key, why);
-                    self.abort_response(key);
-                    return true;
+                    self.log_proxy_error_current(key, p, why);
+                    return Flow::Abort;
                 }
-            };
-            if finished {
-                self.finish_response(key);
-                return true;
             }
             // Write what waits for the client.
             let c = &self.conns[key];
             if c.out_pos < c.out.len() {
                 match self.flush(key) {
-                    super::conn::Flush::Failed => {
-                        self.close(key);
-                        return false;
-                    }
+                    super::conn::Flush::Failed => return Flow::Close,
                     super::conn::Flush::Blocked | super::conn::Flush::Yield => {
                         self.ensure_registered(key);
                     }
@@ -727,22 +742,21 @@ impl<'a> Worker<'a> {
             let pending = c.out.len() - c.out_pos;
             if pending >= bound {
                 // Backpressure: the client's send timeout runs.
-                return false;
+                return Flow::Wait;
             }
             if c.out_pos > 0 {
                 c.out.drain(..c.out_pos);
                 c.out_pos = 0;
             }
             let room = (bound - pending).max(READ_MIN_BYTES);
-            match self.read_upstream(key, room) {
+            match self.read_upstream(p, room) {
                 Ok(None) => {
                     if self.conns[key].out.is_empty() {
                         self.set_proxy_deadline(key, pc.read_timeout_ms);
                     }
-                    return false;
+                    return Flow::Wait;
                 }
                 Ok(Some(0)) => {
-                    let p = self.conns[key].proxy.as_mut().expect("proxy");
                     if matches!(p.upbody, UpBody::Close) {
                         p.upstream_reusable = false;
                         if p.client_chunked {
@@ -750,24 +764,22 @@ impl<'a> Worker<'a> {
                                 .out
                                 .extend_from_slice(shard_http::proxy::LAST_CHUNK);
                         }
-                        self.finish_response(key);
-                        return true;
+                        return Flow::Finished;
                     }
                     self.log_proxy_error_current(
                         key,
+                        p,
                         "upstream prematurely closed connection while reading upstream",
                     );
-                    self.abort_response(key);
-                    return true;
+                    return Flow::Abort;
                 }
                 Ok(Some(_)) => {
                     self.set_proxy_deadline(key, pc.read_timeout_ms);
                 }
                 Err(e) => {
                     let msg = format!("recv() failed ({}) while reading upstream", os(&e));
-                    self.log_proxy_error_current(key, &msg);
-                    self.abort_response(key);
-                    return true;
+                    self.log_proxy_error_current(key, p, &msg);
+                    return Flow::Abort;
                 }
             }
         }
@@ -775,9 +787,8 @@ impl<'a> Worker<'a> {
 
     /// Moves `rbuf` into the client's output per the framings. `Ok(true)`: the upstream body
     /// is complete.
-    fn pass_body(&mut self, key: usize) -> Result<bool, &'static str> {
+    fn pass_body(&mut self, key: usize, p: &mut Proxy) -> Result<bool, &'static str> {
         let c = &mut self.conns[key];
-        let p = c.proxy.as_mut().expect("proxy");
         match &mut p.upbody {
             UpBody::None => {
                 if !p.rbuf.is_empty() {
@@ -839,11 +850,9 @@ impl<'a> Worker<'a> {
 
     /// The upstream response is complete: release the upstream connection, log, and hand the
     /// client connection back to the keep-alive logic.
-    fn finish_response(&mut self, key: usize) {
-        let c = &mut self.conns[key];
-        let p = c.proxy.take().expect("proxy");
+    fn finish_response(&mut self, key: usize, p: Box<Proxy>) {
         if !p.keep_alive {
-            c.close_after = true;
+            self.conns[key].close_after = true;
         }
         if let Some(u) = p.up {
             if p.upstream_reusable {
@@ -856,17 +865,14 @@ impl<'a> Worker<'a> {
         self.give_proxy_bufs(p);
     }
 
-    /// A failure after the head reached the client: the client sees a truncated response.
-    fn abort_response(&mut self, key: usize) {
-        let c = &mut self.conns[key];
-        let p = c.proxy.take().expect("proxy");
+    /// A failure after the head reached the client: the client sees a truncated response
+    /// (what was already received still goes out; nothing more follows it).
+    fn abort_response(&mut self, key: usize, p: Box<Proxy>) {
         if let Some(u) = p.up {
             self.close_upconn(u);
         }
         self.log_proxy_access(key, &p, p.status, p.body_sent);
-        let c = &mut self.conns[key];
-        c.close_after = true;
-        // What was already received still goes out; nothing more will follow it.
+        self.conns[key].close_after = true;
         self.give_proxy_bufs(p);
     }
 
@@ -882,70 +888,33 @@ impl<'a> Worker<'a> {
         self.give_buf(head);
     }
 
-    /// Whether a failed attempt may go to another peer: nothing reached the client, and a
-    /// non-idempotent request is retried only before it was sent (or with `non_idempotent`).
-    fn may_retry(&self, key: usize, sent: bool) -> bool {
-        let p = self.conns[key].proxy.as_ref().expect("proxy");
-        let loc = self.proxy_location(p);
-        shard_http::proxy::may_retry(
-            p.head_sent,
-            sent,
-            &p.req.method,
-            loc.proxy.next_upstream.non_idempotent,
-        )
-    }
-
     /// The current attempt failed before the response head went to the client.
-    fn attempt_failed(&mut self, key: usize, why: Failure, msg: &str) {
-        self.log_proxy_error_current(key, msg);
-        let p = self.conns[key].proxy.as_mut().expect("proxy");
+    fn attempt_failed(&mut self, key: usize, p: &mut Proxy, why: Failure, msg: &str) -> Flow {
+        self.log_proxy_error_current(key, p, msg);
         let reused = p.reused;
         let sent = p.upreq_pos > 0 || matches!(p.state, State::ReadingHead);
         let nothing_back = p.rbuf.is_empty();
-        let up = p.up.take();
         p.reused = false;
-        if let Some(u) = up {
+        if let Some(u) = p.up.take() {
             let (upstream, peer) = (self.upconns[u].upstream, self.upconns[u].peer);
             self.close_upconn(u);
             // A pooled connection the peer closed while idle says nothing about the peer: try
             // again on a fresh connection, whatever the method (nothing was processed).
             if reused && why == Failure::Error && nothing_back {
-                let p = self.conns[key].proxy.as_mut().expect("proxy");
                 p.state = State::Connect;
                 p.rbuf.clear();
-                return;
+                return Flow::Next;
             }
             if why.counts_against_peer() {
                 self.proxy_peer_failed(upstream, peer);
             }
         }
-        self.retry_or_fail(key, why, sent);
-    }
-
-    fn retry_or_fail(&mut self, key: usize, why: Failure, sent: bool) {
-        self.conns[key].proxy.as_mut().expect("proxy").last_failure = Some(why);
-        let loc = self.proxy_location(self.conns[key].proxy.as_ref().expect("proxy"));
-        if why.retried_by(&loc.proxy.next_upstream) && self.may_retry(key, sent) {
-            let p = self.conns[key].proxy.as_mut().expect("proxy");
-            p.state = State::Connect;
-            p.rbuf.clear();
-            return;
-        }
-        self.no_more_peers(key, why.status());
-    }
-
-    fn no_more_peers(&mut self, key: usize, status: u16) {
-        let last = self.conns[key].proxy.as_ref().and_then(|p| p.last_failure);
-        let status = last.map_or(status, Failure::status);
-        self.proxy_fail_reply(key, status);
+        let loc = self.proxy_location(p);
+        retry_or_fail(p, loc, why, sent)
     }
 
     /// Ends the proxied request with an error page (nothing of a response was sent yet).
-    fn proxy_fail_reply(&mut self, key: usize, status: u16) {
-        let c = &mut self.conns[key];
-        let Some(p) = c.proxy.take() else {
-            return;
-        };
+    fn proxy_fail_reply(&mut self, key: usize, p: Box<Proxy>, status: u16) {
         if let Some(u) = p.up {
             self.close_upconn(u);
         }
@@ -972,24 +941,21 @@ impl<'a> Worker<'a> {
 
     /// The connection's deadline passed while proxying. Returns true when it was handled.
     pub(super) fn proxy_timeout(&mut self, key: usize) -> bool {
-        let Some(p) = self.conns[key].proxy.as_ref() else {
+        let c = &mut self.conns[key];
+        let id = c.id;
+        let Some(mut p) = c.proxy.take() else {
             return false;
         };
-        match p.state {
+        let flow = match p.state {
             State::ReadBody => {
                 // `client_body_timeout` passed between two reads of the body.
                 crate::log!(
                     Info,
                     "client timed out (110: Connection timed out) while reading client request body"
                 );
-                self.proxy_fail_reply(key, 408);
-                self.drive(key);
-                true
+                Flow::Fail(408)
             }
-            State::Connect => {
-                self.drive(key);
-                true
-            }
+            State::Connect => Flow::Next,
             State::Connecting | State::Sending | State::ReadingHead => {
                 let what = match p.state {
                     State::Connecting => "upstream timed out (110: Connection timed out) while connecting to upstream",
@@ -997,10 +963,8 @@ impl<'a> Worker<'a> {
                     _ => "upstream timed out (110: Connection timed out) while reading response header from upstream",
                 };
                 // A timeout is never a stale pooled connection.
-                self.conns[key].proxy.as_mut().expect("proxy").reused = false;
-                self.attempt_failed(key, Failure::Timeout, what);
-                self.drive(key);
-                true
+                p.reused = false;
+                self.attempt_failed(key, &mut p, Failure::Timeout, what)
             }
             State::ReadingBody => {
                 let c = &self.conns[key];
@@ -1012,14 +976,23 @@ impl<'a> Worker<'a> {
                 } else {
                     self.log_proxy_error_current(
                         key,
+                        &p,
                         "upstream timed out (110: Connection timed out) while reading upstream",
                     );
                 }
-                self.abort_response(key);
-                self.close(key);
-                true
+                // Truncated: the client gets nothing more.
+                Flow::Close
             }
+        };
+        let close_after_abort = matches!(flow, Flow::Close);
+        let flow = if close_after_abort { Flow::Abort } else { flow };
+        self.end_proxy_turn(key, id, p, flow);
+        if close_after_abort {
+            self.close(key);
+        } else {
+            self.drive(key);
         }
+        true
     }
 
     fn proxy_peer_failed(&mut self, upstream: usize, peer: usize) {
@@ -1040,16 +1013,17 @@ impl<'a> Worker<'a> {
 
     /// An error-log line in nginx's shape: `MSG, client: A, server: NAME, request: "LINE",
     /// upstream: "http://PEER/URI", host: "HOST"`.
-    fn log_proxy_error(&self, key: usize, msg: &str, addr: Option<&SocketAddr>) {
+    fn log_proxy_error(&self, key: usize, p: &Proxy, msg: &str, addr: Option<&SocketAddr>) {
         let c = &self.conns[key];
-        let p = c.proxy.as_ref().expect("proxy");
         let srv = &self.http().servers[p.server];
         let server_name = first_server_name(srv);
-        let upstream = addr.map_or(String::new(), |a| {
-            let uri =
-                shard_http::proxy::upstream_uri(&p.req, self.proxy_location(p), self.proxy_pass(p));
-            format!(", upstream: \"http://{a}{uri}\"")
-        });
+        let upstream = match (addr, self.proxy_pass(p)) {
+            (Some(a), Some(pass)) => {
+                let uri = shard_http::proxy::upstream_uri(&p.req, self.proxy_location(p), pass);
+                format!(", upstream: \"http://{a}{uri}\"")
+            }
+            _ => String::new(),
+        };
         let host = p
             .req
             .host
@@ -1063,13 +1037,12 @@ impl<'a> Worker<'a> {
         );
     }
 
-    fn log_proxy_error_current(&self, key: usize, msg: &str) {
-        let p = self.conns[key].proxy.as_ref().expect("proxy");
-        let addr = p.up.map(|u| {
-            let uc = &self.upconns[u];
-            self.http().upstreams[uc.upstream].peers[uc.peer].addr
+    fn log_proxy_error_current(&self, key: usize, p: &Proxy, msg: &str) {
+        let addr = p.up.and_then(|u| {
+            let uc = self.upconns.get(u)?;
+            Some(self.http().upstreams[uc.upstream].peers[uc.peer].addr)
         });
-        self.log_proxy_error(key, msg, addr.as_ref());
+        self.log_proxy_error(key, p, msg, addr.as_ref());
     }
 
     /// An event on an upstream connection.
@@ -1153,6 +1126,34 @@ impl<'a> Worker<'a> {
             }
         }
     }
+}
+
+/// Whether a failed attempt may go to another peer (see `shard_http::proxy::may_retry`).
+fn may_retry(p: &Proxy, loc: &LocationConf, sent: bool) -> bool {
+    shard_http::proxy::may_retry(
+        p.head_sent,
+        sent,
+        &p.req.method,
+        loc.proxy.next_upstream.non_idempotent,
+    )
+}
+
+/// After a failed attempt: another peer when `proxy_next_upstream` asks for one and the
+/// request may be retried, else the error page.
+fn retry_or_fail(p: &mut Proxy, loc: &LocationConf, why: Failure, sent: bool) -> Flow {
+    p.last_failure = Some(why);
+    if why.retried_by(&loc.proxy.next_upstream) && may_retry(p, loc, sent) {
+        p.state = State::Connect;
+        p.rbuf.clear();
+        return Flow::Next;
+    }
+    no_more_peers(p, why.status())
+}
+
+/// No peer is left: 504 when the last attempt timed out, 502 after any other failure, else
+/// `status`.
+fn no_more_peers(p: &Proxy, status: u16) -> Flow {
+    Flow::Fail(p.last_failure.map_or(status, Failure::status))
 }
 
 /// `$server_name`: the server's first exact name, or "".
