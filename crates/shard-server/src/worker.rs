@@ -669,12 +669,17 @@ impl<'a> Worker<'a> {
     /// Accepts up to `batch` connections from listener `li` and starts serving them.
     fn accept_batch(&mut self, li: usize, batch: usize) {
         let fd = self.listeners[li].fd;
+        let cfg = self.cfg;
+        let conf_l = &cfg.listeners[self.listeners[li].conf_idx];
+        // An HTTP connection starts with its default server's settings (timeouts); an HTTP
+        // listener always has an http block, the check only keeps this free of a panic.
+        let http_server = match (conf_l.kind, cfg.http.as_ref()) {
+            (shard_config::ListenerKind::Http, Some(h)) => Some(&h.servers[conf_l.default_server]),
+            (shard_config::ListenerKind::Http, None) => return,
+            (shard_config::ListenerKind::Stream { .. }, _) => None,
+        };
         // A stream relay needs its upstream socket too: two connections, as in nginx.
-        let stream = matches!(
-            self.cfg.listeners[self.listeners[li].conf_idx].kind,
-            shard_config::ListenerKind::Stream { .. }
-        );
-        let need = if stream { 2 } else { 1 };
+        let need = if http_server.is_some() { 1 } else { 2 };
         for _ in 0..batch {
             if !self.room_for_connections(need) {
                 let n = self.conns_max;
@@ -711,15 +716,15 @@ impl<'a> Worker<'a> {
                 WorkerSlot::bump(&self.slot.adopted, 1);
             }
             let conf_idx = l.conf_idx;
-            let conf_l = &self.cfg.listeners[conf_idx];
-            if let shard_config::ListenerKind::Stream { server } = conf_l.kind {
-                let listen = conf_l.addr;
-                self.start_relay(cfd, peer, listen, server);
+            let Some(srv) = http_server else {
+                if let shard_config::ListenerKind::Stream { server } = conf_l.kind {
+                    self.start_relay(cfd, peer, conf_l.addr, server);
+                }
                 continue;
-            }
+            };
             let id = self.next_conn_id;
             self.next_conn_id += 1;
-            let key = self.conns.insert(Conn::new(cfd, peer, conf_idx, id));
+            let key = self.conns.insert(Conn::new(cfd, peer, conf_idx, id, srv));
             self.start_reading(key, true);
             let deadline = self.conns[key].deadline_ms;
             self.set_conn_deadline(key, deadline);

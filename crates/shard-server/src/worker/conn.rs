@@ -80,6 +80,8 @@ pub(super) struct Conn {
     pub(super) send_timeout_ms: u64,
     /// `client_body_timeout` of the request's location.
     pub(super) body_timeout_ms: u64,
+    /// `client_header_timeout` of the listener's default server.
+    header_timeout_ms: u64,
     pub(super) keepalive_timeout_ms: u64,
     /// The request being proxied (`proxy.rs`).
     pub(super) proxy: Option<Box<super::proxy::Proxy>>,
@@ -88,7 +90,15 @@ pub(super) struct Conn {
 }
 
 impl Conn {
-    pub(super) fn new(fd: OwnedFd, peer: Option<SocketAddr>, listener: usize, id: u64) -> Conn {
+    /// A connection accepted on an HTTP listener whose default server is `srv`: its timeouts
+    /// are that server's until a request picks a location.
+    pub(super) fn new(
+        fd: OwnedFd,
+        peer: Option<SocketAddr>,
+        listener: usize,
+        id: u64,
+        srv: &shard_config::ServerConf,
+    ) -> Conn {
         Conn {
             fd,
             id,
@@ -111,9 +121,10 @@ impl Conn {
             deadline_ms: 0,
             close_after: false,
             lingering: false,
-            send_timeout_ms: 60_000,
-            body_timeout_ms: 60_000,
-            keepalive_timeout_ms: 75_000,
+            send_timeout_ms: srv.base.send_timeout_ms,
+            body_timeout_ms: srv.base.client_body_timeout_ms,
+            keepalive_timeout_ms: srv.base.keepalive_timeout_ms,
+            header_timeout_ms: srv.client_header_timeout_ms,
             proxy: None,
             timer_at: u64::MAX,
         }
@@ -184,20 +195,13 @@ impl Worker<'_> {
 
     /// Puts a connection into the request-head phase (at accept or after a keep-alive wait).
     pub(super) fn start_reading(&mut self, key: usize, fresh: bool) {
-        let timeout = self.header_timeout_ms(self.conns[key].listener);
+        let timeout = self.conns[key].header_timeout_ms;
         if fresh {
             WorkerSlot::bump(&self.slot.reading, 1);
         } else {
             self.set_phase(key, Phase::Reading);
         }
         self.conns[key].deadline_ms = self.now_ms + timeout;
-    }
-
-    fn header_timeout_ms(&self, listener: usize) -> u64 {
-        let l = &self.cfg.listeners[listener];
-        self.cfg.http.as_ref().map_or(60_000, |h| {
-            h.servers[l.default_server].client_header_timeout_ms
-        })
     }
 
     pub(super) fn on_conn_event(&mut self, key: usize, generation: u32, ev: shard_event::Event) {
