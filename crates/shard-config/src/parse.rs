@@ -833,7 +833,7 @@ impl Env {
                 })?;
                 st.stream = Some(sp);
             }
-            other => unreachable!("main directive {other}"),
+            _ => return Err(not_handled(d, file)),
         }
         Ok(())
     }
@@ -1181,7 +1181,7 @@ impl Env {
                 }
                 once!(s.proxy.buffers, (n, size))
             }
-            other => unreachable!("http directive {other}"),
+            _ => return Err(not_handled(d, file)),
         }
         Ok(())
     }
@@ -1310,7 +1310,7 @@ impl Env {
                     }
                     keepalive_requests = Some(num::<u64>(d, f, a0)?);
                 }
-                other => unreachable!("upstream directive {other}"),
+                _ => return Err(not_handled(d, f)),
             }
             Ok(())
         })?;
@@ -1577,13 +1577,24 @@ fn events_dir(ev: &mut EventsP, d: &Directive, file: &str) -> Result<(), ConfigE
             }
             ev.use_ = Some(a0.clone());
         }
-        other => unreachable!("events directive {other}"),
+        _ => return Err(not_handled(d, file)),
     }
     Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
 // Value parsers.
+
+/// A directive the table admits in this context but no handler of the context takes: a
+/// mismatch between `TABLE` and a handler, reported as nginx reports a directive it does not
+/// know here rather than a panic (configuration text never panics the parser).
+fn not_handled(d: &Directive, file: &str) -> ConfigError {
+    derr(
+        d,
+        file,
+        format!("\"{}\" directive is not allowed here", d.name),
+    )
+}
 
 fn dup(d: &Directive, file: &str) -> ConfigError {
     derr(d, file, format!("\"{}\" directive is duplicate", d.name))
@@ -1977,7 +1988,7 @@ fn stream_settings_dir(
             }
             s.buffer_size = Some(n as usize);
         }
-        other => unreachable!("stream directive {other}"),
+        _ => return Err(not_handled(d, file)),
     }
     Ok(())
 }

@@ -45,9 +45,13 @@ impl WorkerSlot {
         counter.store(counter.load(Relaxed).wrapping_add(by), Relaxed);
     }
 
+    /// Single-writer decrement of a gauge. A gauge never goes below zero: every decrement
+    /// pairs with an earlier increment, and debug builds (the integration tests) check it.
     #[inline]
     pub fn drop_one(counter: &AtomicU64) {
-        counter.store(counter.load(Relaxed).saturating_sub(1), Relaxed);
+        let v = counter.load(Relaxed);
+        debug_assert!(v > 0, "a gauge went below zero");
+        counter.store(v.saturating_sub(1), Relaxed);
     }
 }
 

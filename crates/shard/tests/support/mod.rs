@@ -249,6 +249,13 @@ impl Drop for Server {
             let _ = c.kill();
             let _ = c.wait();
         }
+        // A worker that panicked (a debug assertion, an unexpected state) is respawned by the
+        // master, so a test could pass without seeing it: look for it here.
+        let stderr = self.stderr();
+        if !std::thread::panicking() && stderr.contains("panicked at") {
+            let dir = std::mem::take(&mut self.dir);
+            panic!("a shard process panicked ({}): {stderr}", dir.display());
+        }
         remove_unless_panicking(&self.dir);
     }
 }
