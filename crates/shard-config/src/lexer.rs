@@ -34,11 +34,11 @@ impl<'a> Lexer<'a> {
     }
 
     fn err(&self, msg: String) -> ConfigError {
-        crate::parse::err(self.file, self.line, msg)
+        ConfigError::at(self.file, self.line, msg)
     }
 
     fn eof_in_directive(&self) -> ConfigError {
-        if crate::parse::is_command_line(self.file) {
+        if crate::is_command_line(self.file) {
             self.err("unexpected end of parameter, expecting \";\"".into())
         } else {
             self.err("unexpected end of file, expecting \";\" or \"}\"".into())

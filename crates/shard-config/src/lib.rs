@@ -33,6 +33,32 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// The display name of `-g` text in error messages.
+pub(crate) const COMMAND_LINE: &str = "command line";
+
+pub(crate) fn is_command_line(file: &str) -> bool {
+    file == COMMAND_LINE
+}
+
+/// `FILE:LINE`, or `command line` for `-g` text.
+pub(crate) fn where_(file: &str, line: usize) -> String {
+    if is_command_line(file) {
+        COMMAND_LINE.to_string()
+    } else {
+        format!("{file}:{line}")
+    }
+}
+
+impl ConfigError {
+    /// `MSG in FILE:LINE` (or `MSG in command line`), nginx's shape. Shared by the lexer and
+    /// the parser, so neither depends on the other for it.
+    pub(crate) fn at(file: &str, line: usize, msg: impl std::fmt::Display) -> ConfigError {
+        ConfigError {
+            message: format!("{msg} in {}", where_(file, line)),
+        }
+    }
+}
+
 /// Parses the file at `path`. `prefix` resolves relative paths (`pid`, logs, `root`);
 /// `includes` resolve against the directory holding `path`, as nginx's conf prefix.
 /// `extra` is the text of `-g` (main-context directives), parsed as if it followed the file.

@@ -9,28 +9,10 @@ use std::sync::{Arc, OnceLock};
 use crate::lexer::{parse_tree, Directive, Item};
 use crate::model::*;
 use crate::units::{parse_size, parse_time_ms};
-use crate::{ConfigError, MIME_TYPES};
+use crate::{where_, ConfigError, COMMAND_LINE, MIME_TYPES};
 
-/// The display name of `-g` text.
-pub(crate) const COMMAND_LINE: &str = "command line";
-
-pub(crate) fn is_command_line(file: &str) -> bool {
-    file == COMMAND_LINE
-}
-
-fn where_(file: &str, line: usize) -> String {
-    if is_command_line(file) {
-        COMMAND_LINE.to_string()
-    } else {
-        format!("{file}:{line}")
-    }
-}
-
-/// `MSG in FILE:LINE` (or `MSG in command line`).
-pub(crate) fn err(file: &str, line: usize, msg: impl std::fmt::Display) -> ConfigError {
-    ConfigError {
-        message: format!("{msg} in {}", where_(file, line)),
-    }
+fn err(file: &str, line: usize, msg: impl std::fmt::Display) -> ConfigError {
+    ConfigError::at(file, line, msg)
 }
 
 fn derr(d: &Directive, file: &str, msg: impl std::fmt::Display) -> ConfigError {

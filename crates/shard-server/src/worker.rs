@@ -19,6 +19,7 @@ mod conn;
 mod proxy;
 mod relay;
 mod respond;
+mod step;
 mod token;
 
 use std::cmp::Reverse;

@@ -10,6 +10,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use shard_config::LocationConf;
 use shard_http::body::ChunkedDecoder;
 
+use super::step::{Flush, Io, Reply, Step};
 use super::{phase_counter, Worker};
 use crate::shm::WorkerSlot;
 
@@ -152,35 +153,6 @@ impl Conn {
     pub(super) fn body_pending(&self) -> bool {
         !matches!(self.body, BodyLeft::None)
     }
-}
-
-/// What an I/O step on a client connection decided. The step never closes the connection:
-/// its caller (`drive_turn`, or `drive_proxy`'s end of turn) does, so no caller has to ask
-/// whether its connection still exists.
-#[must_use]
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Io {
-    /// Done, or bytes arrived: go on.
-    Ready,
-    /// Wait for the kernel (the connection is registered) or for the next turn (queued).
-    Wait,
-    /// End of stream or an error: the connection must close.
-    Close,
-}
-
-pub(super) enum Flush {
-    Done,
-    /// The socket's send buffer is full: wait for the kernel.
-    Blocked,
-    /// The call moved its share of a file: take another turn later.
-    Yield,
-    Failed,
-}
-
-/// What the HTTP layer decided for one request, before the worker moves any byte.
-pub(super) struct Reply {
-    pub status: u16,
-    pub body_bytes: u64,
 }
 
 impl Worker<'_> {
@@ -435,8 +407,8 @@ impl Worker<'_> {
             }
             if self.conns[key].proxy.is_some() {
                 match self.drive_proxy(key) {
-                    super::proxy::Step::Done => continue,
-                    super::proxy::Step::Wait => return,
+                    Step::Done => continue,
+                    Step::Wait => return,
                 }
             }
             if self.conns[key].must_flush_now() {

@@ -29,7 +29,7 @@ use shard_http::body::ChunkedDecoder;
 use shard_http::proxy::{Failure, Framing, ResponseParse};
 use shard_http::request::{Body, Method, Request};
 
-use super::conn::Io;
+use super::step::{Flush, Io, Step};
 use super::token::{self, Token};
 use super::{balance, Worker};
 
@@ -158,15 +158,6 @@ impl Proxy {
     pub(super) fn upstream_conn(&self) -> Option<usize> {
         self.up
     }
-}
-
-/// What `drive_proxy` tells the connection loop.
-pub(super) enum Step {
-    /// The request is finished (answered or failed with an error page): go on as after any
-    /// response.
-    Done,
-    /// Waiting for the kernel, or the connection was closed.
-    Wait,
 }
 
 /// What one step of a proxied request decided; `drive_proxy` alone acts on it (answers,
@@ -731,11 +722,11 @@ impl<'a> Worker<'a> {
             let c = &self.conns[key];
             if c.out_pos < c.out.len() {
                 match self.flush(key) {
-                    super::conn::Flush::Failed => return Flow::Close,
-                    super::conn::Flush::Blocked | super::conn::Flush::Yield => {
+                    Flush::Failed => return Flow::Close,
+                    Flush::Blocked | Flush::Yield => {
                         self.ensure_registered(key);
                     }
-                    super::conn::Flush::Done => {}
+                    Flush::Done => {}
                 }
             }
             let c = &mut self.conns[key];

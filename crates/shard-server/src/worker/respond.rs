@@ -15,7 +15,7 @@ use shard_http::request::{Method, Request};
 use shard_http::response::{write_head, Head};
 use shard_http::static_file::{FileMeta, Plan};
 
-use super::conn::Reply;
+use super::step::Reply;
 use super::Worker;
 use crate::status::{self, ListenerRow};
 
