@@ -87,110 +87,413 @@ impl Ctx {
     }
 }
 
+/// What handles a directive: a function of the block state the directive is read into.
+/// Each row of [`TABLE`] names its handler, as nginx's `ngx_command_t` names its `set`.
+#[derive(Clone, Copy)]
+enum Set {
+    /// `include`, and `error_log` below the main context: the walk handles these itself.
+    Walk,
+    Main(fn(&Env, &mut State, &Directive, &str) -> R),
+    Events(fn(&mut EventsP, &Directive, &str) -> R),
+    Http(fn(&Env, &mut HttpP, &Directive, &str) -> R),
+    Server(fn(&Env, &mut ServerCx<'_>, &Directive, &str) -> R),
+    Location(fn(&Env, &mut LocP, &Directive, &str) -> R),
+    /// The settings every http level has (http, server, location), merged downwards.
+    Settings(fn(&Env, &mut Settings, &Directive, &str) -> R),
+    Stream(fn(&Env, &mut StreamP, &Directive, &str) -> R),
+    StreamServer(fn(&mut StreamServerCx<'_>, &Directive, &str) -> R),
+    /// The `proxy_*` settings of `stream` and its servers.
+    StreamSettings(fn(&mut StreamSettings, &Directive, &str) -> R),
+    Upstream(fn(&mut UpstreamP, &Directive, &str) -> R),
+}
+
+type R = Result<(), ConfigError>;
+
 struct Spec {
     name: &'static str,
     ctx: u16,
     min: usize,
     max: usize,
     block: bool,
+    set: Set,
 }
 
-const fn d(name: &'static str, ctx: u16, min: usize, max: usize) -> Spec {
+const fn d(name: &'static str, ctx: u16, min: usize, max: usize, set: Set) -> Spec {
     Spec {
         name,
         ctx,
         min,
         max,
         block: false,
+        set,
     }
 }
 
-const fn b(name: &'static str, ctx: u16, min: usize, max: usize) -> Spec {
+const fn b(name: &'static str, ctx: u16, min: usize, max: usize, set: Set) -> Spec {
     Spec {
         name,
         ctx,
         min,
         max,
         block: true,
+        set,
     }
 }
 
 const HSL: u16 = H | S | L;
 
+/// Every directive shard knows: name, contexts, arity, block or not, handler. A name valid in
+/// several contexts with different meanings has one row per meaning (`server` is a block in
+/// `http` and `stream`, a peer in `upstream`). Defaults are not here: each lives once, in the
+/// merge of its context (`Eff::defaults`, `finish`, `finish_stream`, `finish_upstream`).
 static TABLE: &[Spec] = &[
-    d("include", ANY, 1, 1),
+    d("include", ANY, 1, 1, Set::Walk),
     // main
-    d("worker_processes", M, 1, 1),
-    d("pid", M, 1, 1),
-    d("error_log", M | HSL, 1, 2),
-    d("worker_rlimit_nofile", M, 1, 1),
-    d("worker_shutdown_timeout", M, 1, 1),
-    d("user", M, 1, 2),
-    b("events", M, 0, 0),
-    b("http", M, 0, 0),
-    b("stream", M, 0, 0),
+    d(
+        "worker_processes",
+        M,
+        1,
+        1,
+        Set::Main(main_worker_processes),
+    ),
+    d("pid", M, 1, 1, Set::Main(main_pid)),
+    d("error_log", M, 1, 2, Set::Main(main_error_log)),
+    d("error_log", HSL, 1, 2, Set::Walk),
+    d(
+        "worker_rlimit_nofile",
+        M,
+        1,
+        1,
+        Set::Main(main_worker_rlimit_nofile),
+    ),
+    d(
+        "worker_shutdown_timeout",
+        M,
+        1,
+        1,
+        Set::Main(main_worker_shutdown_timeout),
+    ),
+    d("user", M, 1, 2, Set::Main(main_user)),
+    b("events", M, 0, 0, Set::Main(main_events)),
+    b("http", M, 0, 0, Set::Main(main_http)),
+    b("stream", M, 0, 0, Set::Main(main_stream)),
     // events
-    d("worker_connections", E, 1, 1),
-    d("accept_mutex", E, 1, 1),
-    d("accept_mutex_delay", E, 1, 1),
-    d("multi_accept", E, 1, 1),
-    d("use", E, 1, 1),
+    d(
+        "worker_connections",
+        E,
+        1,
+        1,
+        Set::Events(events_worker_connections),
+    ),
+    d("accept_mutex", E, 1, 1, Set::Events(events_accept_mutex)),
+    d(
+        "accept_mutex_delay",
+        E,
+        1,
+        1,
+        Set::Events(events_accept_mutex_delay),
+    ),
+    d("multi_accept", E, 1, 1, Set::Events(events_multi_accept)),
+    d("use", E, 1, 1, Set::Events(events_use)),
     // http
-    b("server", H | SM, 0, 0),
-    d("listen", S | SS, 1, MANY),
-    d("server_name", S, 1, MANY),
-    b("location", S | L, 1, 2),
-    d("return", S | L, 1, 2),
-    d("root", HSL, 1, 1),
-    d("alias", L, 1, 1),
-    d("index", HSL, 1, MANY),
-    d("default_type", HSL, 1, 1),
-    b("types", HSL, 0, 0),
-    d("keepalive_timeout", HSL, 1, 2),
-    d("keepalive_requests", HSL, 1, 1),
-    d("client_header_timeout", H | S, 1, 1),
-    d("client_header_buffer_size", H | S, 1, 1),
-    d("large_client_header_buffers", H | S, 2, 2),
-    d("underscores_in_headers", H | S, 1, 1),
-    d("ignore_invalid_headers", H | S, 1, 1),
-    d("client_max_body_size", HSL, 1, 1),
-    d("send_timeout", HSL, 1, 1),
-    d("client_body_timeout", HSL, 1, 1),
-    d("sendfile", HSL, 1, 1),
-    d("tcp_nodelay", HSL, 1, 1),
-    d("access_log", HSL, 1, MANY),
-    d("stub_status", L, 0, 1),
-    d("shard_status", L, 0, 0),
+    b("server", H, 0, 0, Set::Http(http_server)),
+    b("server", SM, 0, 0, Set::Stream(stream_server)),
+    d("listen", S, 1, MANY, Set::Server(server_listen)),
+    d(
+        "listen",
+        SS,
+        1,
+        MANY,
+        Set::StreamServer(stream_server_listen),
+    ),
+    d("server_name", S, 1, MANY, Set::Server(server_server_name)),
+    b("location", S, 1, 2, Set::Server(server_location)),
+    b("location", L, 1, 2, Set::Location(location_location)),
+    d("return", S, 1, 2, Set::Server(server_return)),
+    d("return", L, 1, 2, Set::Location(location_return)),
+    d("root", H | S, 1, 1, Set::Settings(set_root)),
+    d("root", L, 1, 1, Set::Location(location_root)),
+    d("alias", L, 1, 1, Set::Location(location_alias)),
+    d("index", HSL, 1, MANY, Set::Settings(set_index)),
+    d("default_type", HSL, 1, 1, Set::Settings(set_default_type)),
+    b("types", HSL, 0, 0, Set::Settings(set_types)),
+    d(
+        "keepalive_timeout",
+        HSL,
+        1,
+        2,
+        Set::Settings(set_keepalive_timeout),
+    ),
+    d(
+        "keepalive_requests",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_keepalive_requests),
+    ),
+    d(
+        "client_header_timeout",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_client_header_timeout),
+    ),
+    d(
+        "client_header_buffer_size",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_client_header_buffer_size),
+    ),
+    d(
+        "large_client_header_buffers",
+        H | S,
+        2,
+        2,
+        Set::Settings(set_large_client_header_buffers),
+    ),
+    d(
+        "underscores_in_headers",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_underscores_in_headers),
+    ),
+    d(
+        "ignore_invalid_headers",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_ignore_invalid_headers),
+    ),
+    d(
+        "client_max_body_size",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_client_max_body_size),
+    ),
+    d("send_timeout", HSL, 1, 1, Set::Settings(set_send_timeout)),
+    d(
+        "client_body_timeout",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_client_body_timeout),
+    ),
+    d("sendfile", HSL, 1, 1, Set::Settings(set_sendfile)),
+    d("tcp_nodelay", HSL, 1, 1, Set::Settings(set_tcp_nodelay)),
+    d("access_log", HSL, 1, MANY, Set::Settings(set_access_log)),
+    d("stub_status", L, 0, 1, Set::Location(location_stub_status)),
+    d(
+        "shard_status",
+        L,
+        0,
+        0,
+        Set::Location(location_shard_status),
+    ),
     // gzip
-    d("gzip", HSL, 1, 1),
-    d("gzip_comp_level", HSL, 1, 1),
-    d("gzip_types", HSL, 1, MANY),
-    d("gzip_min_length", HSL, 1, 1),
-    d("gzip_vary", HSL, 1, 1),
-    d("gzip_http_version", HSL, 1, 1),
+    d("gzip", HSL, 1, 1, Set::Settings(set_gzip)),
+    d(
+        "gzip_comp_level",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_gzip_comp_level),
+    ),
+    d("gzip_types", HSL, 1, MANY, Set::Settings(set_gzip_types)),
+    d(
+        "gzip_min_length",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_gzip_min_length),
+    ),
+    d("gzip_vary", HSL, 1, 1, Set::Settings(set_gzip_vary)),
+    d(
+        "gzip_http_version",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_gzip_http_version),
+    ),
     // upstream (stream and http); `keepalive*` exist in http upstreams only, as nginx. The
     // http-only entries come after the http/server/location ones of the same name, so a
     // stream upstream reports them as not allowed there.
-    b("upstream", SM | H, 1, 1),
-    d("server", U | HU, 1, MANY),
-    d("keepalive", HU, 1, 1),
-    d("keepalive_timeout", HU, 1, 1),
-    d("keepalive_requests", HU, 1, 1),
+    b("upstream", H, 1, 1, Set::Http(http_upstream)),
+    b("upstream", SM, 1, 1, Set::Stream(stream_upstream)),
+    d("server", U | HU, 1, MANY, Set::Upstream(upstream_server)),
+    d("keepalive", HU, 1, 1, Set::Upstream(upstream_keepalive)),
+    d(
+        "keepalive_timeout",
+        HU,
+        1,
+        1,
+        Set::Upstream(upstream_keepalive_timeout),
+    ),
+    d(
+        "keepalive_requests",
+        HU,
+        1,
+        1,
+        Set::Upstream(upstream_keepalive_requests),
+    ),
     // proxy (stream: server; http: location)
-    d("proxy_pass", SS | L, 1, 1),
-    d("proxy_connect_timeout", SM | SS | HSL, 1, 1),
-    d("proxy_timeout", SM | SS, 1, 1),
-    d("proxy_buffer_size", SM | SS | HSL, 1, 1),
+    d(
+        "proxy_pass",
+        SS,
+        1,
+        1,
+        Set::StreamServer(stream_server_proxy_pass),
+    ),
+    d("proxy_pass", L, 1, 1, Set::Location(location_proxy_pass)),
+    d(
+        "proxy_connect_timeout",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_proxy_connect_timeout),
+    ),
+    d(
+        "proxy_connect_timeout",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_connect_timeout),
+    ),
+    d(
+        "proxy_timeout",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_proxy_timeout),
+    ),
+    d(
+        "proxy_buffer_size",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_proxy_buffer_size),
+    ),
+    d(
+        "proxy_buffer_size",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_buffer_size),
+    ),
     // http proxy
-    d("proxy_set_header", HSL, 2, 2),
-    d("proxy_http_version", HSL, 1, 1),
-    d("proxy_read_timeout", HSL, 1, 1),
-    d("proxy_send_timeout", HSL, 1, 1),
-    d("proxy_next_upstream", HSL, 1, MANY),
-    d("proxy_next_upstream_tries", HSL, 1, 1),
-    d("proxy_buffering", HSL, 1, 1),
-    d("proxy_buffers", HSL, 2, 2),
+    d(
+        "proxy_set_header",
+        HSL,
+        2,
+        2,
+        Set::Settings(set_proxy_set_header),
+    ),
+    d(
+        "proxy_http_version",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_http_version),
+    ),
+    d(
+        "proxy_read_timeout",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_read_timeout),
+    ),
+    d(
+        "proxy_send_timeout",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_send_timeout),
+    ),
+    d(
+        "proxy_next_upstream",
+        HSL,
+        1,
+        MANY,
+        Set::Settings(set_proxy_next_upstream),
+    ),
+    d(
+        "proxy_next_upstream_tries",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_next_upstream_tries),
+    ),
+    d(
+        "proxy_buffering",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_buffering),
+    ),
+    d("proxy_buffers", HSL, 2, 2, Set::Settings(set_proxy_buffers)),
 ];
+
+/// The block a walk reads directives into: the state [`Set`] handlers take.
+enum Target<'t> {
+    Main(&'t mut State),
+    Events(&'t mut EventsP),
+    Http(&'t mut HttpP),
+    Server(ServerCx<'t>),
+    Location(&'t mut LocP),
+    Stream(&'t mut StreamP),
+    StreamServer(StreamServerCx<'t>),
+    Upstream(&'t mut UpstreamP),
+    /// `types { MIME EXT ...; }`: every line is a mapping, not a directive.
+    Types(&'t mut HashMap<String, String>),
+}
+
+/// A `server` of `http` being read: its state, and the http block's listeners it adds to.
+struct ServerCx<'t> {
+    s: &'t mut ServerP,
+    listeners: &'t mut Vec<ListenerP>,
+    idx: usize,
+}
+
+/// A `server` of `stream` being read.
+struct StreamServerCx<'t> {
+    s: &'t mut StreamServerP,
+    listeners: &'t mut Vec<ListenerP>,
+    idx: usize,
+}
+
+/// An `upstream` block being read.
+struct UpstreamP {
+    /// `http` (a `server` without a port gets 80) or `stream`.
+    http: bool,
+    peers: Vec<PeerConf>,
+    keepalive: Option<usize>,
+    keepalive_timeout_ms: Option<u64>,
+    keepalive_requests: Option<u64>,
+}
+
+/// Runs the handler a row names on the block being read. A row whose handler does not take
+/// this block (a mismatch between the table and the contexts it lists) is an error, never a
+/// panic.
+fn dispatch(env: &Env, set: Set, target: &mut Target<'_>, d: &Directive, file: &str) -> R {
+    match (set, target) {
+        (Set::Main(f), Target::Main(st)) => f(env, st, d, file),
+        (Set::Events(f), Target::Events(ev)) => f(ev, d, file),
+        (Set::Http(f), Target::Http(h)) => f(env, h, d, file),
+        (Set::Server(f), Target::Server(cx)) => f(env, cx, d, file),
+        (Set::Location(f), Target::Location(l)) => f(env, l, d, file),
+        (Set::Settings(f), Target::Http(h)) => f(env, &mut h.settings, d, file),
+        (Set::Settings(f), Target::Server(cx)) => f(env, &mut cx.s.settings, d, file),
+        (Set::Settings(f), Target::Location(l)) => f(env, &mut l.settings, d, file),
+        (Set::Stream(f), Target::Stream(sp)) => f(env, sp, d, file),
+        (Set::StreamServer(f), Target::StreamServer(cx)) => f(cx, d, file),
+        (Set::StreamSettings(f), Target::Stream(sp)) => f(&mut sp.settings, d, file),
+        (Set::StreamSettings(f), Target::StreamServer(cx)) => f(&mut cx.s.settings, d, file),
+        (Set::Upstream(f), Target::Upstream(u)) => f(u, d, file),
+        _ => Err(not_handled(d, file)),
+    }
+}
 
 /// How deep `include` may nest (guards against a file including itself).
 const MAX_INCLUDE_DEPTH: usize = 32;
@@ -200,8 +503,6 @@ struct Env {
     conf_dir: PathBuf,
     depth: Cell<usize>,
 }
-
-type Handler<'h> = dyn FnMut(&Directive, &str) -> Result<(), ConfigError> + 'h;
 
 // ---------------------------------------------------------------------------------------
 // Partial (unmerged) state.
@@ -568,14 +869,10 @@ pub(crate) fn parse(
     };
     let mut st = State::default();
     let items = parse_tree(text, name);
-    env.walk(&items, name, Ctx::Main, &mut |d, f| {
-        env.main_dir(&mut st, d, f)
-    })?;
+    env.walk(&items, name, Ctx::Main, &mut Target::Main(&mut st))?;
     if let Some(extra) = extra {
         let items = parse_tree(extra, COMMAND_LINE);
-        env.walk(&items, COMMAND_LINE, Ctx::Main, &mut |d, f| {
-            env.main_dir(&mut st, d, f)
-        })?;
+        env.walk(&items, COMMAND_LINE, Ctx::Main, &mut Target::Main(&mut st))?;
     }
     env.finish(st)
 }
@@ -585,13 +882,14 @@ impl Env {
         self.prefix.join(p)
     }
 
-    /// Runs `f` on every directive of `items` valid in `ctx`, following `include`.
+    /// Reads every directive of `items` into `target` with the handler its table row names,
+    /// after checking the row's context, arity and block; follows `include`.
     fn walk(
         &self,
         items: &[Item],
         file: &str,
         ctx: Ctx,
-        f: &mut Handler<'_>,
+        target: &mut Target<'_>,
     ) -> Result<(), ConfigError> {
         for item in items {
             let d = match item {
@@ -607,13 +905,17 @@ impl Env {
                             "invalid number of arguments in \"include\" directive",
                         ));
                     }
-                    self.include(d, file, ctx, f)?;
+                    self.include(d, file, ctx, target)?;
                     continue;
                 }
                 if d.block.is_some() {
                     return Err(derr(d, file, "unexpected \"{\""));
                 }
-                f(d, file)?;
+                if let Target::Types(map) = target {
+                    for ext in &d.args {
+                        map.insert(ext.to_ascii_lowercase(), d.name.clone());
+                    }
+                }
                 continue;
             }
             // A name may have several entries (`server` is a block in `http` and `stream`, a
@@ -651,16 +953,15 @@ impl Env {
                     format!("invalid number of arguments in \"{}\" directive", d.name),
                 ));
             }
-            if d.name == "include" {
-                self.include(d, file, ctx, f)?;
-                continue;
+            match spec.set {
+                Set::Walk if d.name == "include" => self.include(d, file, ctx, target)?,
+                // `error_log` below main: checked, accepted for nginx compatibility; shard
+                // has one error log.
+                Set::Walk => {
+                    parse_error_log(d, file, &self.prefix)?;
+                }
+                set => dispatch(self, set, target, d, file)?,
             }
-            if d.name == "error_log" && ctx != Ctx::Main {
-                // Accepted for nginx compatibility; shard has one error log.
-                parse_error_log(d, file, &self.prefix)?;
-                continue;
-            }
-            f(d, file)?;
         }
         Ok(())
     }
@@ -670,7 +971,7 @@ impl Env {
         d: &Directive,
         file: &str,
         ctx: Ctx,
-        f: &mut Handler<'_>,
+        target: &mut Target<'_>,
     ) -> Result<(), ConfigError> {
         let arg = &d.args[0];
         let pattern = if Path::new(arg).is_absolute() {
@@ -726,587 +1027,11 @@ impl Env {
             };
             let items = parse_tree(&text, &name);
             self.depth.set(self.depth.get() + 1);
-            let r = self.walk(&items, &name, ctx, f);
+            let r = self.walk(&items, &name, ctx, target);
             self.depth.set(self.depth.get() - 1);
             r?;
         }
         Ok(())
-    }
-
-    // -----------------------------------------------------------------------------------
-    // main
-
-    fn main_dir(&self, st: &mut State, d: &Directive, file: &str) -> Result<(), ConfigError> {
-        let m = &mut st.main;
-        match d.name.as_str() {
-            "worker_processes" => {
-                if m.worker_processes.is_some() {
-                    return Err(dup(d, file));
-                }
-                let a = &d.args[0];
-                m.worker_processes = Some(if a == "auto" {
-                    WorkerProcesses::Auto
-                } else {
-                    match a.parse::<usize>() {
-                        Ok(n) if (1..=1024).contains(&n) && is_digits(a) => {
-                            WorkerProcesses::Fixed(n)
-                        }
-                        _ => return Err(invalid(d, file, a)),
-                    }
-                });
-            }
-            "pid" => {
-                if m.pid.is_some() {
-                    return Err(dup(d, file));
-                }
-                m.pid = Some(self.resolve(&d.args[0]));
-            }
-            "error_log" => {
-                m.error_log = Some(parse_error_log(d, file, &self.prefix)?);
-            }
-            "worker_rlimit_nofile" => {
-                if m.worker_rlimit_nofile.is_some() {
-                    return Err(dup(d, file));
-                }
-                m.worker_rlimit_nofile = Some(num::<u64>(d, file, &d.args[0])?);
-            }
-            "worker_shutdown_timeout" => {
-                if m.worker_shutdown_timeout_ms.is_some() {
-                    return Err(dup(d, file));
-                }
-                m.worker_shutdown_timeout_ms = Some(time(d, file, &d.args[0])?);
-            }
-            "user" => {
-                if m.user.is_some() {
-                    return Err(dup(d, file));
-                }
-                m.user = Some((d.args[0].clone(), d.args.get(1).cloned()));
-            }
-            "events" => {
-                if st.events.is_some() {
-                    return Err(dup(d, file));
-                }
-                let mut ev = EventsP::default();
-                let items = d.block.as_deref().unwrap_or_default();
-                self.walk(items, file, Ctx::Events, &mut |d, f| {
-                    events_dir(&mut ev, d, f)
-                })?;
-                st.events = Some(ev);
-            }
-            "http" => {
-                if st.http.is_some() {
-                    return Err(dup(d, file));
-                }
-                let mut h = HttpP::default();
-                let items = d.block.as_deref().unwrap_or_default();
-                self.walk(items, file, Ctx::Http, &mut |d, f| {
-                    self.http_dir(&mut h, d, f)
-                })?;
-                st.http = Some(h);
-            }
-            "stream" => {
-                if st.stream.is_some() {
-                    return Err(dup(d, file));
-                }
-                let mut sp = StreamP::default();
-                let items = d.block.as_deref().unwrap_or_default();
-                self.walk(items, file, Ctx::Stream, &mut |d, f| {
-                    self.stream_dir(&mut sp, d, f)
-                })?;
-                st.stream = Some(sp);
-            }
-            _ => return Err(not_handled(d, file)),
-        }
-        Ok(())
-    }
-
-    // -----------------------------------------------------------------------------------
-    // http / server / location
-
-    fn http_dir(&self, h: &mut HttpP, d: &Directive, file: &str) -> Result<(), ConfigError> {
-        if d.name == "upstream" {
-            let u = self.upstream(d, file, Ctx::HttpUpstream, &h.upstreams)?;
-            h.upstreams.push(u);
-            return Ok(());
-        }
-        if d.name != "server" {
-            return self.settings_dir(&mut h.settings, d, file);
-        }
-        let idx = h.servers.len();
-        let mut s = ServerP {
-            place: place(d, file),
-            listen: Vec::new(),
-            names: Vec::new(),
-            ret: None,
-            settings: Settings::default(),
-            locations: Vec::new(),
-        };
-        let items = d.block.as_deref().unwrap_or_default();
-        let listeners = &mut h.listeners;
-        self.walk(items, file, Ctx::Server, &mut |d, f| {
-            self.server_dir(&mut s, listeners, idx, d, f)
-        })?;
-        if s.listen.is_empty() {
-            let spec = ListenSpec {
-                addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 80),
-                default_server: false,
-                opts: ListenOpts::default(),
-                opts_set: false,
-            };
-            add_listen(&mut h.listeners, idx, &spec, s.place.clone())?;
-            s.listen.push(spec.addr);
-        }
-        h.servers.push(s);
-        Ok(())
-    }
-
-    fn server_dir(
-        &self,
-        s: &mut ServerP,
-        listeners: &mut Vec<ListenerP>,
-        idx: usize,
-        d: &Directive,
-        file: &str,
-    ) -> Result<(), ConfigError> {
-        match d.name.as_str() {
-            "listen" => {
-                let spec = parse_listen(d, file)?;
-                add_listen(listeners, idx, &spec, place(d, file))?;
-                s.listen.push(spec.addr);
-            }
-            "server_name" => {
-                for a in &d.args {
-                    s.names.push(parse_server_name(d, file, a)?);
-                }
-            }
-            "location" => {
-                let loc = self.location(d, file, None)?;
-                s.locations.push(loc);
-            }
-            "return" => {
-                let r = parse_return(d, file)?;
-                s.ret.get_or_insert(r);
-            }
-            _ => return self.settings_dir(&mut s.settings, d, file),
-        }
-        Ok(())
-    }
-
-    fn location(
-        &self,
-        d: &Directive,
-        file: &str,
-        parent: Option<(LocationKind, &str)>,
-    ) -> Result<LocP, ConfigError> {
-        let (kind, path) = if d.args.len() == 2 {
-            let kind = match d.args[0].as_str() {
-                "=" => LocationKind::Exact,
-                "^~" => LocationKind::PrefixNoRegex,
-                "~" | "~*" => return Err(derr(d, file, "regex locations are not supported")),
-                m => return Err(derr(d, file, format!("invalid location modifier \"{m}\""))),
-            };
-            (kind, d.args[1].clone())
-        } else {
-            let a = &d.args[0];
-            if let Some(rest) = a.strip_prefix("^~") {
-                (LocationKind::PrefixNoRegex, rest.to_string())
-            } else if a.starts_with('~') {
-                return Err(derr(d, file, "regex locations are not supported"));
-            } else if let Some(rest) = a.strip_prefix('=') {
-                (LocationKind::Exact, rest.to_string())
-            } else if a.starts_with('@') {
-                return Err(derr(d, file, "named locations are not supported"));
-            } else {
-                (LocationKind::Prefix, a.clone())
-            }
-        };
-        if let Some((pkind, ppath)) = parent {
-            if pkind == LocationKind::Exact {
-                return Err(derr(
-                    d,
-                    file,
-                    format!("location \"{path}\" cannot be inside the exact location \"{ppath}\""),
-                ));
-            }
-            if !path.starts_with(ppath) {
-                return Err(derr(
-                    d,
-                    file,
-                    format!("location \"{path}\" is outside location \"{ppath}\""),
-                ));
-            }
-        }
-        let mut loc = LocP {
-            kind,
-            path,
-            place: place(d, file),
-            ret: None,
-            handler: None,
-            alias: None,
-            pass: None,
-            settings: Settings::default(),
-            nested: Vec::new(),
-        };
-        let items = d.block.as_deref().unwrap_or_default();
-        self.walk(items, file, Ctx::Location, &mut |d, f| {
-            self.loc_dir(&mut loc, d, f)
-        })?;
-        Ok(loc)
-    }
-
-    fn loc_dir(&self, loc: &mut LocP, d: &Directive, file: &str) -> Result<(), ConfigError> {
-        match d.name.as_str() {
-            "location" => {
-                let path = loc.path.clone();
-                let nested = self.location(d, file, Some((loc.kind, &path)))?;
-                loc.nested.push(nested);
-            }
-            "return" => {
-                let r = parse_return(d, file)?;
-                loc.ret.get_or_insert(r);
-            }
-            "proxy_pass" => {
-                if loc.pass.is_some() {
-                    return Err(dup(d, file));
-                }
-                loc.pass = Some(parse_proxy_pass(d, file)?);
-            }
-            "stub_status" => loc.handler = Some(StatusHandler::Stub),
-            "shard_status" => loc.handler = Some(StatusHandler::Shard),
-            "alias" => {
-                if loc.alias.is_some() {
-                    return Err(dup(d, file));
-                }
-                if loc.settings.root.is_some() {
-                    return Err(derr(
-                        d,
-                        file,
-                        "\"alias\" directive is duplicate, \"root\" directive was specified earlier",
-                    ));
-                }
-                loc.alias = Some(self.resolve(&d.args[0]));
-            }
-            "root" if loc.alias.is_some() => {
-                return Err(derr(
-                    d,
-                    file,
-                    "\"root\" directive is duplicate, \"alias\" directive was specified earlier",
-                ));
-            }
-            _ => return self.settings_dir(&mut loc.settings, d, file),
-        }
-        Ok(())
-    }
-
-    fn settings_dir(&self, s: &mut Settings, d: &Directive, file: &str) -> Result<(), ConfigError> {
-        let a0 = d.args.first().map(String::as_str).unwrap_or("");
-        macro_rules! once {
-            ($field:expr, $value:expr) => {{
-                if $field.is_some() {
-                    return Err(dup(d, file));
-                }
-                $field = Some($value);
-            }};
-        }
-        match d.name.as_str() {
-            "root" => once!(s.root, self.resolve(a0)),
-            "index" => {
-                s.index
-                    .get_or_insert_with(Vec::new)
-                    .extend(d.args.iter().cloned());
-            }
-            "default_type" => once!(s.default_type, a0.to_string()),
-            "types" => {
-                let mut map: HashMap<String, String> = match s.types.take() {
-                    Some(m) => Arc::try_unwrap(m).unwrap_or_else(|m| (*m).clone()),
-                    None => HashMap::new(),
-                };
-                let items = d.block.as_deref().unwrap_or_default();
-                self.walk(items, file, Ctx::Types, &mut |d, _f| {
-                    for ext in &d.args {
-                        map.insert(ext.to_ascii_lowercase(), d.name.clone());
-                    }
-                    Ok(())
-                })?;
-                s.types = Some(Arc::new(map));
-            }
-            "keepalive_timeout" => once!(s.keepalive_timeout_ms, time(d, file, a0)?),
-            "keepalive_requests" => once!(s.keepalive_requests, num::<u64>(d, file, a0)?),
-            "client_max_body_size" => once!(s.client_max_body_size, size(d, file, a0)?),
-            "send_timeout" => once!(s.send_timeout_ms, time(d, file, a0)?),
-            "client_body_timeout" => once!(s.client_body_timeout_ms, time(d, file, a0)?),
-            "sendfile" => once!(s.sendfile, flag(d, file, a0)?),
-            "tcp_nodelay" => once!(s.tcp_nodelay, flag(d, file, a0)?),
-            "client_header_timeout" => once!(s.client_header_timeout_ms, time(d, file, a0)?),
-            "client_header_buffer_size" => {
-                let v = size(d, file, a0)?;
-                if v == 0 {
-                    return Err(invalid(d, file, a0));
-                }
-                once!(s.client_header_buffer_size, v as usize)
-            }
-            "underscores_in_headers" => once!(s.underscores_in_headers, flag(d, file, a0)?),
-            "ignore_invalid_headers" => once!(s.ignore_invalid_headers, flag(d, file, a0)?),
-            "large_client_header_buffers" => {
-                let n = num::<usize>(d, file, a0)?;
-                let sz = size(d, file, &d.args[1])?;
-                if n == 0 {
-                    return Err(invalid(d, file, a0));
-                }
-                if sz == 0 {
-                    return Err(invalid(d, file, &d.args[1]));
-                }
-                once!(s.large_client_header_buffers, (n, sz as usize))
-            }
-            "access_log" => {
-                let v = if a0 == "off" {
-                    if d.args.len() != 1 {
-                        return Err(derr(
-                            d,
-                            file,
-                            "invalid number of arguments in \"access_log\" directive",
-                        ));
-                    }
-                    None
-                } else {
-                    let format = match d.args.get(1) {
-                        None => "combined".to_string(),
-                        Some(f) if f == "combined" => f.clone(),
-                        Some(f) if f.contains('=') => "combined".to_string(),
-                        Some(f) => {
-                            return Err(derr(d, file, format!("unknown log format \"{f}\"")))
-                        }
-                    };
-                    Some(AccessLog {
-                        path: self.resolve(a0),
-                        format,
-                    })
-                };
-                // shard keeps one access log per block: the first given.
-                if s.access_log.is_none() {
-                    s.access_log = Some(v);
-                }
-            }
-            "gzip" => once!(s.gzip.enabled, flag(d, file, a0)?),
-            "gzip_comp_level" => {
-                let n = num::<u32>(d, file, a0)?;
-                if !(1..=9).contains(&n) {
-                    return Err(derr(d, file, "value must be between 1 and 9"));
-                }
-                once!(s.gzip.comp_level, n)
-            }
-            "gzip_types" => {
-                // As nginx: repeated in one block, the lists add up; `text/html` is implied.
-                let (types, any) = s
-                    .gzip
-                    .types
-                    .get_or_insert_with(|| (vec!["text/html".to_string()], false));
-                for a in &d.args {
-                    if a == "*" {
-                        *any = true;
-                    } else {
-                        let t = a.to_ascii_lowercase();
-                        if !types.contains(&t) {
-                            types.push(t);
-                        }
-                    }
-                }
-            }
-            "gzip_min_length" => once!(s.gzip.min_length, size(d, file, a0)?),
-            "gzip_vary" => once!(s.gzip.vary, flag(d, file, a0)?),
-            "gzip_http_version" => {
-                let minor = match a0 {
-                    "1.0" => 0,
-                    "1.1" => 1,
-                    _ => return Err(invalid(d, file, a0)),
-                };
-                once!(s.gzip.http_version_minor, minor)
-            }
-            "proxy_set_header" => {
-                // As nginx: repeats add up; a block with any replaces the inherited list.
-                let value = parse_header_value(d, file, &d.args[1])?;
-                s.proxy
-                    .set_headers
-                    .get_or_insert_with(Vec::new)
-                    .push((a0.to_string(), value));
-            }
-            "proxy_http_version" => {
-                let minor = match a0 {
-                    "1.0" => 0,
-                    "1.1" => 1,
-                    _ => return Err(invalid(d, file, a0)),
-                };
-                once!(s.proxy.http_version_minor, minor)
-            }
-            "proxy_connect_timeout" => once!(s.proxy.connect_timeout_ms, time(d, file, a0)?),
-            "proxy_read_timeout" => once!(s.proxy.read_timeout_ms, time(d, file, a0)?),
-            "proxy_send_timeout" => once!(s.proxy.send_timeout_ms, time(d, file, a0)?),
-            "proxy_next_upstream" => once!(s.proxy.next_upstream, parse_next_upstream(d, file)?),
-            "proxy_next_upstream_tries" => {
-                once!(s.proxy.next_upstream_tries, num::<u32>(d, file, a0)?)
-            }
-            "proxy_buffering" => once!(s.proxy.buffering, flag(d, file, a0)?),
-            "proxy_buffer_size" => once!(s.proxy.buffer_size, buffer_size(d, file, a0)?),
-            "proxy_buffers" => {
-                let n = num::<usize>(d, file, a0)?;
-                let size = buffer_size(d, file, &d.args[1])?;
-                if n == 0 {
-                    return Err(invalid(d, file, a0));
-                }
-                if n < 2 {
-                    return Err(derr(d, file, "there must be at least 2 \"proxy_buffers\""));
-                }
-                // The buffers are memory a worker holds per proxied response: bounded like
-                // one buffer.
-                if n.checked_mul(size).is_none_or(|t| t > MAX_PROXY_BUFFER) {
-                    return Err(invalid(d, file, a0));
-                }
-                once!(s.proxy.buffers, (n, size))
-            }
-            _ => return Err(not_handled(d, file)),
-        }
-        Ok(())
-    }
-
-    // -----------------------------------------------------------------------------------
-    // stream / upstream / server (stream)
-
-    fn stream_dir(&self, sp: &mut StreamP, d: &Directive, file: &str) -> Result<(), ConfigError> {
-        match d.name.as_str() {
-            "upstream" => {
-                let u = self.upstream(d, file, Ctx::Upstream, &sp.upstreams)?;
-                sp.upstreams.push(u);
-            }
-            "server" => {
-                let idx = sp.servers.len();
-                let mut s = StreamServerP {
-                    place: place(d, file),
-                    listen: Vec::new(),
-                    pass: None,
-                    settings: StreamSettings::default(),
-                };
-                let items = d.block.as_deref().unwrap_or_default();
-                let listeners = &mut sp.listeners;
-                self.walk(
-                    items,
-                    file,
-                    Ctx::StreamServer,
-                    &mut |d, f| match d.name.as_str() {
-                        "listen" => {
-                            let spec = parse_listen(d, f)?;
-                            if spec.default_server {
-                                return Err(derr(d, f, "invalid parameter \"default_server\""));
-                            }
-                            if listeners.iter().any(|l| l.addr == spec.addr) {
-                                return Err(derr(
-                                    d,
-                                    f,
-                                    format!("a duplicate listen {}", spec.addr),
-                                ));
-                            }
-                            listeners.push(ListenerP {
-                                addr: spec.addr,
-                                opts: spec.opts.clone(),
-                                opts_place: spec.opts_set.then(|| place(d, f)),
-                                first_place: place(d, f),
-                                servers: vec![idx],
-                                default_server: None,
-                            });
-                            s.listen.push(spec.addr);
-                            Ok(())
-                        }
-                        "proxy_pass" => {
-                            if s.pass.is_some() {
-                                return Err(dup(d, f));
-                            }
-                            s.pass = Some((d.args[0].clone(), place(d, f)));
-                            Ok(())
-                        }
-                        _ => stream_settings_dir(&mut s.settings, d, f),
-                    },
-                )?;
-                if s.listen.is_empty() {
-                    return Err(derr(d, file, "no \"listen\" is defined for server"));
-                }
-                if s.pass.is_none() {
-                    return Err(derr(d, file, "no handler for server"));
-                }
-                sp.servers.push(s);
-            }
-            _ => return stream_settings_dir(&mut sp.settings, d, file),
-        }
-        Ok(())
-    }
-
-    /// `upstream NAME { ... }` of `stream` (`ctx` [`Ctx::Upstream`]) or `http`
-    /// ([`Ctx::HttpUpstream`]: `keepalive*` allowed, a `server` without a port gets 80 and
-    /// names compare without case, as nginx). `existing`: the blocks already read.
-    fn upstream(
-        &self,
-        d: &Directive,
-        file: &str,
-        ctx: Ctx,
-        existing: &[UpstreamConf],
-    ) -> Result<UpstreamConf, ConfigError> {
-        let http = ctx == Ctx::HttpUpstream;
-        let name = d.args[0].clone();
-        let same = |u: &UpstreamConf| {
-            if http {
-                u.name.eq_ignore_ascii_case(&name)
-            } else {
-                u.name == name
-            }
-        };
-        if existing.iter().any(same) {
-            return Err(derr(d, file, format!("duplicate upstream \"{name}\"")));
-        }
-        let mut peers = Vec::new();
-        let mut keepalive: Option<usize> = None;
-        let mut keepalive_timeout_ms: Option<u64> = None;
-        let mut keepalive_requests: Option<u64> = None;
-        let default_port = http.then_some(80);
-        let items = d.block.as_deref().unwrap_or_default();
-        self.walk(items, file, ctx, &mut |d, f| {
-            let a0 = &d.args[0];
-            match d.name.as_str() {
-                "server" => peers.extend(parse_upstream_server(d, f, default_port)?),
-                "keepalive" => {
-                    if keepalive.is_some() {
-                        return Err(dup(d, f));
-                    }
-                    let n = num::<usize>(d, f, a0)?;
-                    if n == 0 {
-                        return Err(invalid(d, f, a0));
-                    }
-                    keepalive = Some(n);
-                }
-                "keepalive_timeout" => {
-                    if keepalive_timeout_ms.is_some() {
-                        return Err(dup(d, f));
-                    }
-                    keepalive_timeout_ms = Some(time(d, f, a0)?);
-                }
-                "keepalive_requests" => {
-                    if keepalive_requests.is_some() {
-                        return Err(dup(d, f));
-                    }
-                    keepalive_requests = Some(num::<u64>(d, f, a0)?);
-                }
-                _ => return Err(not_handled(d, f)),
-            }
-            Ok(())
-        })?;
-        if peers.is_empty() {
-            return Err(derr(d, file, "no servers are inside upstream"));
-        }
-        Ok(UpstreamConf {
-            name,
-            place: place(d, file),
-            peers,
-            keepalive: keepalive.unwrap_or(0),
-            keepalive_timeout_ms: keepalive_timeout_ms.unwrap_or(60_000),
-            keepalive_requests: keepalive_requests.unwrap_or(1000),
-        })
     }
 
     // -----------------------------------------------------------------------------------
@@ -1516,52 +1241,725 @@ fn flatten(
     Ok(())
 }
 
+/// Sets a directive that may appear once per block (nginx: "is duplicate").
+fn once<T>(slot: &mut Option<T>, value: T, d: &Directive, file: &str) -> R {
+    if slot.is_some() {
+        return Err(dup(d, file));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+fn a0(d: &Directive) -> &str {
+    d.args.first().map_or("", String::as_str)
+}
+
+// ---------------------------------------------------------------------------------------
+// main
+
+fn main_worker_processes(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let a = a0(d);
+    let v = if a == "auto" {
+        WorkerProcesses::Auto
+    } else {
+        match a.parse::<usize>() {
+            Ok(n) if (1..=1024).contains(&n) && is_digits(a) => WorkerProcesses::Fixed(n),
+            _ => return Err(invalid(d, file, a)),
+        }
+    };
+    once(&mut st.main.worker_processes, v, d, file)
+}
+
+fn main_pid(env: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    once(&mut st.main.pid, env.resolve(a0(d)), d, file)
+}
+
+fn main_error_log(env: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    st.main.error_log = Some(parse_error_log(d, file, &env.prefix)?);
+    Ok(())
+}
+
+fn main_worker_rlimit_nofile(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let n = num::<u64>(d, file, a0(d))?;
+    once(&mut st.main.worker_rlimit_nofile, n, d, file)
+}
+
+fn main_worker_shutdown_timeout(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut st.main.worker_shutdown_timeout_ms, t, d, file)
+}
+
+fn main_user(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let user = (d.args[0].clone(), d.args.get(1).cloned());
+    once(&mut st.main.user, user, d, file)
+}
+
+fn main_events(env: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    if st.events.is_some() {
+        return Err(dup(d, file));
+    }
+    let mut ev = EventsP::default();
+    env.walk(block(d), file, Ctx::Events, &mut Target::Events(&mut ev))?;
+    st.events = Some(ev);
+    Ok(())
+}
+
+fn main_http(env: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    if st.http.is_some() {
+        return Err(dup(d, file));
+    }
+    let mut h = HttpP::default();
+    env.walk(block(d), file, Ctx::Http, &mut Target::Http(&mut h))?;
+    st.http = Some(h);
+    Ok(())
+}
+
+fn main_stream(env: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    if st.stream.is_some() {
+        return Err(dup(d, file));
+    }
+    let mut sp = StreamP::default();
+    env.walk(block(d), file, Ctx::Stream, &mut Target::Stream(&mut sp))?;
+    st.stream = Some(sp);
+    Ok(())
+}
+
+fn block(d: &Directive) -> &[Item] {
+    d.block.as_deref().unwrap_or_default()
+}
+
 // ---------------------------------------------------------------------------------------
 // events
 
-fn events_dir(ev: &mut EventsP, d: &Directive, file: &str) -> Result<(), ConfigError> {
-    let a0 = &d.args[0];
-    match d.name.as_str() {
-        "worker_connections" => {
-            if ev.worker_connections.is_some() {
-                return Err(dup(d, file));
-            }
-            let n = num::<usize>(d, file, a0)?;
-            if n == 0 {
-                return Err(invalid(d, file, a0));
-            }
-            ev.worker_connections = Some(n);
+fn events_worker_connections(ev: &mut EventsP, d: &Directive, file: &str) -> R {
+    let n = num::<usize>(d, file, a0(d))?;
+    if n == 0 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut ev.worker_connections, n, d, file)
+}
+
+fn events_accept_mutex(ev: &mut EventsP, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut ev.accept_mutex, v, d, file)
+}
+
+fn events_accept_mutex_delay(ev: &mut EventsP, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut ev.accept_mutex_delay_ms, t, d, file)
+}
+
+fn events_multi_accept(ev: &mut EventsP, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut ev.multi_accept, v, d, file)
+}
+
+fn events_use(ev: &mut EventsP, d: &Directive, file: &str) -> R {
+    if ev.use_.is_some() {
+        return Err(dup(d, file));
+    }
+    if a0(d) != "epoll" {
+        return Err(derr(d, file, format!("invalid event type \"{}\"", a0(d))));
+    }
+    ev.use_ = Some(a0(d).to_string());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// http, server, location
+
+fn http_upstream(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
+    let u = read_upstream(env, d, file, Ctx::HttpUpstream, &h.upstreams)?;
+    h.upstreams.push(u);
+    Ok(())
+}
+
+fn http_server(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
+    let idx = h.servers.len();
+    let mut s = ServerP {
+        place: place(d, file),
+        listen: Vec::new(),
+        names: Vec::new(),
+        ret: None,
+        settings: Settings::default(),
+        locations: Vec::new(),
+    };
+    let mut cx = ServerCx {
+        s: &mut s,
+        listeners: &mut h.listeners,
+        idx,
+    };
+    env.walk(
+        block(d),
+        file,
+        Ctx::Server,
+        &mut Target::Server(cx.reborrow()),
+    )?;
+    if s.listen.is_empty() {
+        let spec = ListenSpec {
+            addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 80),
+            default_server: false,
+            opts: ListenOpts::default(),
+            opts_set: false,
+        };
+        add_listen(&mut h.listeners, idx, &spec, s.place.clone())?;
+        s.listen.push(spec.addr);
+    }
+    h.servers.push(s);
+    Ok(())
+}
+
+impl ServerCx<'_> {
+    fn reborrow(&mut self) -> ServerCx<'_> {
+        ServerCx {
+            s: self.s,
+            listeners: self.listeners,
+            idx: self.idx,
         }
-        "accept_mutex" => {
-            if ev.accept_mutex.is_some() {
-                return Err(dup(d, file));
-            }
-            ev.accept_mutex = Some(flag(d, file, a0)?);
-        }
-        "accept_mutex_delay" => {
-            if ev.accept_mutex_delay_ms.is_some() {
-                return Err(dup(d, file));
-            }
-            ev.accept_mutex_delay_ms = Some(time(d, file, a0)?);
-        }
-        "multi_accept" => {
-            if ev.multi_accept.is_some() {
-                return Err(dup(d, file));
-            }
-            ev.multi_accept = Some(flag(d, file, a0)?);
-        }
-        "use" => {
-            if ev.use_.is_some() {
-                return Err(dup(d, file));
-            }
-            if a0 != "epoll" {
-                return Err(derr(d, file, format!("invalid event type \"{a0}\"")));
-            }
-            ev.use_ = Some(a0.clone());
-        }
-        _ => return Err(not_handled(d, file)),
+    }
+}
+
+fn server_listen(_: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
+    let spec = parse_listen(d, file)?;
+    add_listen(cx.listeners, cx.idx, &spec, place(d, file))?;
+    cx.s.listen.push(spec.addr);
+    Ok(())
+}
+
+fn server_server_name(_: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
+    for a in &d.args {
+        cx.s.names.push(parse_server_name(d, file, a)?);
     }
     Ok(())
+}
+
+fn server_location(env: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
+    let loc = read_location(env, d, file, None)?;
+    cx.s.locations.push(loc);
+    Ok(())
+}
+
+fn server_return(_: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
+    let r = parse_return(d, file)?;
+    cx.s.ret.get_or_insert(r);
+    Ok(())
+}
+
+fn read_location(
+    env: &Env,
+    d: &Directive,
+    file: &str,
+    parent: Option<(LocationKind, &str)>,
+) -> Result<LocP, ConfigError> {
+    let (kind, path) = if d.args.len() == 2 {
+        let kind = match d.args[0].as_str() {
+            "=" => LocationKind::Exact,
+            "^~" => LocationKind::PrefixNoRegex,
+            "~" | "~*" => return Err(derr(d, file, "regex locations are not supported")),
+            m => return Err(derr(d, file, format!("invalid location modifier \"{m}\""))),
+        };
+        (kind, d.args[1].clone())
+    } else {
+        let a = &d.args[0];
+        if let Some(rest) = a.strip_prefix("^~") {
+            (LocationKind::PrefixNoRegex, rest.to_string())
+        } else if a.starts_with('~') {
+            return Err(derr(d, file, "regex locations are not supported"));
+        } else if let Some(rest) = a.strip_prefix('=') {
+            (LocationKind::Exact, rest.to_string())
+        } else if a.starts_with('@') {
+            return Err(derr(d, file, "named locations are not supported"));
+        } else {
+            (LocationKind::Prefix, a.clone())
+        }
+    };
+    if let Some((pkind, ppath)) = parent {
+        if pkind == LocationKind::Exact {
+            return Err(derr(
+                d,
+                file,
+                format!("location \"{path}\" cannot be inside the exact location \"{ppath}\""),
+            ));
+        }
+        if !path.starts_with(ppath) {
+            return Err(derr(
+                d,
+                file,
+                format!("location \"{path}\" is outside location \"{ppath}\""),
+            ));
+        }
+    }
+    let mut loc = LocP {
+        kind,
+        path,
+        place: place(d, file),
+        ret: None,
+        handler: None,
+        alias: None,
+        pass: None,
+        settings: Settings::default(),
+        nested: Vec::new(),
+    };
+    env.walk(
+        block(d),
+        file,
+        Ctx::Location,
+        &mut Target::Location(&mut loc),
+    )?;
+    Ok(loc)
+}
+
+fn location_location(env: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
+    let path = loc.path.clone();
+    let nested = read_location(env, d, file, Some((loc.kind, &path)))?;
+    loc.nested.push(nested);
+    Ok(())
+}
+
+fn location_return(_: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
+    let r = parse_return(d, file)?;
+    loc.ret.get_or_insert(r);
+    Ok(())
+}
+
+fn location_proxy_pass(_: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
+    let pass = parse_proxy_pass(d, file)?;
+    once(&mut loc.pass, pass, d, file)
+}
+
+fn location_stub_status(_: &Env, loc: &mut LocP, _: &Directive, _: &str) -> R {
+    loc.handler = Some(StatusHandler::Stub);
+    Ok(())
+}
+
+fn location_shard_status(_: &Env, loc: &mut LocP, _: &Directive, _: &str) -> R {
+    loc.handler = Some(StatusHandler::Shard);
+    Ok(())
+}
+
+fn location_alias(env: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
+    if loc.alias.is_some() {
+        return Err(dup(d, file));
+    }
+    if loc.settings.root.is_some() {
+        return Err(derr(
+            d,
+            file,
+            "\"alias\" directive is duplicate, \"root\" directive was specified earlier",
+        ));
+    }
+    loc.alias = Some(env.resolve(a0(d)));
+    Ok(())
+}
+
+fn location_root(env: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
+    if loc.alias.is_some() {
+        return Err(derr(
+            d,
+            file,
+            "\"root\" directive is duplicate, \"alias\" directive was specified earlier",
+        ));
+    }
+    set_root(env, &mut loc.settings, d, file)
+}
+
+// The settings of every http level.
+
+fn set_root(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    once(&mut s.root, env.resolve(a0(d)), d, file)
+}
+
+fn set_index(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
+    s.index
+        .get_or_insert_with(Vec::new)
+        .extend(d.args.iter().cloned());
+    Ok(())
+}
+
+fn set_default_type(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    once(&mut s.default_type, a0(d).to_string(), d, file)
+}
+
+fn set_types(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut map: HashMap<String, String> = match s.types.take() {
+        Some(m) => Arc::try_unwrap(m).unwrap_or_else(|m| (*m).clone()),
+        None => HashMap::new(),
+    };
+    env.walk(block(d), file, Ctx::Types, &mut Target::Types(&mut map))?;
+    s.types = Some(Arc::new(map));
+    Ok(())
+}
+
+fn set_keepalive_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.keepalive_timeout_ms, t, d, file)
+}
+
+fn set_keepalive_requests(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = num::<u64>(d, file, a0(d))?;
+    once(&mut s.keepalive_requests, n, d, file)
+}
+
+fn set_client_max_body_size(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = size(d, file, a0(d))?;
+    once(&mut s.client_max_body_size, n, d, file)
+}
+
+fn set_send_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.send_timeout_ms, t, d, file)
+}
+
+fn set_client_body_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.client_body_timeout_ms, t, d, file)
+}
+
+fn set_sendfile(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.sendfile, v, d, file)
+}
+
+fn set_tcp_nodelay(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.tcp_nodelay, v, d, file)
+}
+
+fn set_client_header_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.client_header_timeout_ms, t, d, file)
+}
+
+fn set_client_header_buffer_size(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = size(d, file, a0(d))?;
+    if v == 0 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut s.client_header_buffer_size, v as usize, d, file)
+}
+
+fn set_underscores_in_headers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.underscores_in_headers, v, d, file)
+}
+
+fn set_ignore_invalid_headers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.ignore_invalid_headers, v, d, file)
+}
+
+fn set_large_client_header_buffers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = num::<usize>(d, file, a0(d))?;
+    let sz = size(d, file, &d.args[1])?;
+    if n == 0 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    if sz == 0 {
+        return Err(invalid(d, file, &d.args[1]));
+    }
+    once(
+        &mut s.large_client_header_buffers,
+        (n, sz as usize),
+        d,
+        file,
+    )
+}
+
+fn set_access_log(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let a = a0(d);
+    let v = if a == "off" {
+        if d.args.len() != 1 {
+            return Err(derr(
+                d,
+                file,
+                "invalid number of arguments in \"access_log\" directive",
+            ));
+        }
+        None
+    } else {
+        let format = match d.args.get(1) {
+            None => "combined".to_string(),
+            Some(f) if f == "combined" => f.clone(),
+            Some(f) if f.contains('=') => "combined".to_string(),
+            Some(f) => return Err(derr(d, file, format!("unknown log format \"{f}\""))),
+        };
+        Some(AccessLog {
+            path: env.resolve(a),
+            format,
+        })
+    };
+    // shard keeps one access log per block: the first given.
+    if s.access_log.is_none() {
+        s.access_log = Some(v);
+    }
+    Ok(())
+}
+
+fn set_gzip(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.gzip.enabled, v, d, file)
+}
+
+fn set_gzip_comp_level(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = num::<u32>(d, file, a0(d))?;
+    if !(1..=9).contains(&n) {
+        return Err(derr(d, file, "value must be between 1 and 9"));
+    }
+    once(&mut s.gzip.comp_level, n, d, file)
+}
+
+fn set_gzip_types(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
+    // As nginx: repeated in one block, the lists add up; `text/html` is implied.
+    let (types, any) = s
+        .gzip
+        .types
+        .get_or_insert_with(|| (vec!["text/html".to_string()], false));
+    for a in &d.args {
+        if a == "*" {
+            *any = true;
+        } else {
+            let t = a.to_ascii_lowercase();
+            if !types.contains(&t) {
+                types.push(t);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn set_gzip_min_length(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = size(d, file, a0(d))?;
+    once(&mut s.gzip.min_length, n, d, file)
+}
+
+fn set_gzip_vary(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.gzip.vary, v, d, file)
+}
+
+/// `1.0` or `1.1`: the minor version.
+fn http_minor(d: &Directive, file: &str) -> Result<u8, ConfigError> {
+    match a0(d) {
+        "1.0" => Ok(0),
+        "1.1" => Ok(1),
+        a => Err(invalid(d, file, a)),
+    }
+}
+
+fn set_gzip_http_version(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let minor = http_minor(d, file)?;
+    once(&mut s.gzip.http_version_minor, minor, d, file)
+}
+
+fn set_proxy_set_header(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    // As nginx: repeats add up; a block with any replaces the inherited list.
+    let value = parse_header_value(d, file, &d.args[1])?;
+    s.proxy
+        .set_headers
+        .get_or_insert_with(Vec::new)
+        .push((a0(d).to_string(), value));
+    Ok(())
+}
+
+fn set_proxy_http_version(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let minor = http_minor(d, file)?;
+    once(&mut s.proxy.http_version_minor, minor, d, file)
+}
+
+fn set_proxy_connect_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.proxy.connect_timeout_ms, t, d, file)
+}
+
+fn set_proxy_read_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.proxy.read_timeout_ms, t, d, file)
+}
+
+fn set_proxy_send_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.proxy.send_timeout_ms, t, d, file)
+}
+
+fn set_proxy_next_upstream(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let nu = parse_next_upstream(d, file)?;
+    once(&mut s.proxy.next_upstream, nu, d, file)
+}
+
+fn set_proxy_next_upstream_tries(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = num::<u32>(d, file, a0(d))?;
+    once(&mut s.proxy.next_upstream_tries, n, d, file)
+}
+
+fn set_proxy_buffering(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.proxy.buffering, v, d, file)
+}
+
+fn set_proxy_buffer_size(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = buffer_size(d, file, a0(d))?;
+    once(&mut s.proxy.buffer_size, n, d, file)
+}
+
+fn set_proxy_buffers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = num::<usize>(d, file, a0(d))?;
+    let size = buffer_size(d, file, &d.args[1])?;
+    if n == 0 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    if n < 2 {
+        return Err(derr(d, file, "there must be at least 2 \"proxy_buffers\""));
+    }
+    // The buffers are memory a worker holds per proxied response: bounded like one buffer.
+    if n.checked_mul(size).is_none_or(|t| t > MAX_PROXY_BUFFER) {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut s.proxy.buffers, (n, size), d, file)
+}
+
+// ---------------------------------------------------------------------------------------
+// stream
+
+fn stream_upstream(env: &Env, sp: &mut StreamP, d: &Directive, file: &str) -> R {
+    let u = read_upstream(env, d, file, Ctx::Upstream, &sp.upstreams)?;
+    sp.upstreams.push(u);
+    Ok(())
+}
+
+fn stream_server(env: &Env, sp: &mut StreamP, d: &Directive, file: &str) -> R {
+    let idx = sp.servers.len();
+    let mut s = StreamServerP {
+        place: place(d, file),
+        listen: Vec::new(),
+        pass: None,
+        settings: StreamSettings::default(),
+    };
+    let cx = StreamServerCx {
+        s: &mut s,
+        listeners: &mut sp.listeners,
+        idx,
+    };
+    env.walk(
+        block(d),
+        file,
+        Ctx::StreamServer,
+        &mut Target::StreamServer(cx),
+    )?;
+    if s.listen.is_empty() {
+        return Err(derr(d, file, "no \"listen\" is defined for server"));
+    }
+    if s.pass.is_none() {
+        return Err(derr(d, file, "no handler for server"));
+    }
+    sp.servers.push(s);
+    Ok(())
+}
+
+fn stream_server_listen(cx: &mut StreamServerCx<'_>, d: &Directive, file: &str) -> R {
+    let spec = parse_listen(d, file)?;
+    if spec.default_server {
+        return Err(derr(d, file, "invalid parameter \"default_server\""));
+    }
+    if cx.listeners.iter().any(|l| l.addr == spec.addr) {
+        return Err(derr(d, file, format!("a duplicate listen {}", spec.addr)));
+    }
+    cx.listeners.push(ListenerP {
+        addr: spec.addr,
+        opts: spec.opts.clone(),
+        opts_place: spec.opts_set.then(|| place(d, file)),
+        first_place: place(d, file),
+        servers: vec![cx.idx],
+        default_server: None,
+    });
+    cx.s.listen.push(spec.addr);
+    Ok(())
+}
+
+fn stream_server_proxy_pass(cx: &mut StreamServerCx<'_>, d: &Directive, file: &str) -> R {
+    let pass = (a0(d).to_string(), place(d, file));
+    once(&mut cx.s.pass, pass, d, file)
+}
+
+fn stream_proxy_connect_timeout(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.connect_timeout_ms, t, d, file)
+}
+
+fn stream_proxy_timeout(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.timeout_ms, t, d, file)
+}
+
+fn stream_proxy_buffer_size(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let n = size(d, file, a0(d))?;
+    if n == 0 || n > (1 << 30) {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut s.buffer_size, n as usize, d, file)
+}
+
+// ---------------------------------------------------------------------------------------
+// upstream (http and stream)
+
+/// `upstream NAME { ... }` of `stream` (`ctx` [`Ctx::Upstream`]) or `http`
+/// ([`Ctx::HttpUpstream`]: `keepalive*` allowed, a `server` without a port gets 80 and names
+/// compare without case, as nginx). `existing`: the blocks already read.
+fn read_upstream(
+    env: &Env,
+    d: &Directive,
+    file: &str,
+    ctx: Ctx,
+    existing: &[UpstreamConf],
+) -> Result<UpstreamConf, ConfigError> {
+    let http = ctx == Ctx::HttpUpstream;
+    let name = d.args[0].clone();
+    let same = |u: &UpstreamConf| {
+        if http {
+            u.name.eq_ignore_ascii_case(&name)
+        } else {
+            u.name == name
+        }
+    };
+    if existing.iter().any(same) {
+        return Err(derr(d, file, format!("duplicate upstream \"{name}\"")));
+    }
+    let mut u = UpstreamP {
+        http,
+        peers: Vec::new(),
+        keepalive: None,
+        keepalive_timeout_ms: None,
+        keepalive_requests: None,
+    };
+    env.walk(block(d), file, ctx, &mut Target::Upstream(&mut u))?;
+    if u.peers.is_empty() {
+        return Err(derr(d, file, "no servers are inside upstream"));
+    }
+    Ok(finish_upstream(name, place(d, file), u))
+}
+
+fn upstream_server(u: &mut UpstreamP, d: &Directive, file: &str) -> R {
+    let default_port = u.http.then_some(80);
+    u.peers
+        .extend(parse_upstream_server(d, file, default_port)?);
+    Ok(())
+}
+
+fn upstream_keepalive(u: &mut UpstreamP, d: &Directive, file: &str) -> R {
+    let n = num::<usize>(d, file, a0(d))?;
+    if n == 0 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut u.keepalive, n, d, file)
+}
+
+fn upstream_keepalive_timeout(u: &mut UpstreamP, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut u.keepalive_timeout_ms, t, d, file)
+}
+
+fn upstream_keepalive_requests(u: &mut UpstreamP, d: &Directive, file: &str) -> R {
+    let n = num::<u64>(d, file, a0(d))?;
+    once(&mut u.keepalive_requests, n, d, file)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1941,40 +2339,6 @@ pub(crate) fn bundled_types() -> Arc<HashMap<String, String>> {
 // ---------------------------------------------------------------------------------------
 // stream
 
-fn stream_settings_dir(
-    s: &mut StreamSettings,
-    d: &Directive,
-    file: &str,
-) -> Result<(), ConfigError> {
-    let v = &d.args[0];
-    match d.name.as_str() {
-        "proxy_connect_timeout" => {
-            if s.connect_timeout_ms.is_some() {
-                return Err(dup(d, file));
-            }
-            s.connect_timeout_ms = Some(time(d, file, v)?);
-        }
-        "proxy_timeout" => {
-            if s.timeout_ms.is_some() {
-                return Err(dup(d, file));
-            }
-            s.timeout_ms = Some(time(d, file, v)?);
-        }
-        "proxy_buffer_size" => {
-            if s.buffer_size.is_some() {
-                return Err(dup(d, file));
-            }
-            let n = size(d, file, v)?;
-            if n == 0 || n > (1 << 30) {
-                return Err(invalid(d, file, v));
-            }
-            s.buffer_size = Some(n as usize);
-        }
-        _ => return Err(not_handled(d, file)),
-    }
-    Ok(())
-}
-
 /// Resolves an upstream address `HOST:PORT` / `[V6]:PORT` (at configuration time, as nginx).
 /// Without a port, `default_port` applies (80 in http), else it is an error. The error is
 /// the message without its place (nginx words these `... in upstream "ADDR"`).
@@ -2035,31 +2399,34 @@ fn parse_upstream_server(
 ) -> Result<Vec<PeerConf>, ConfigError> {
     let name = d.args[0].clone();
     let addrs = resolve_upstream(&name, default_port).map_err(|m| derr(d, file, m))?;
-    let mut weight = 1u32;
-    let mut max_fails = 1u32;
-    let mut fail_timeout_ms = 10_000u64;
-    let mut backup = false;
-    let mut down = false;
+    let Some(&first) = addrs.first() else {
+        return Err(derr(
+            d,
+            file,
+            format!("host not found in upstream \"{name}\""),
+        ));
+    };
+    let mut peer = default_peer(first);
     for p in &d.args[1..] {
         let bad = || derr(d, file, format!("invalid parameter \"{p}\""));
         match p.split_once('=') {
             Some(("weight", v)) => {
-                weight = v
+                peer.weight = v
                     .parse::<u32>()
                     .ok()
                     .filter(|n| *n > 0 && is_digits(v))
                     .ok_or_else(bad)?;
             }
             Some(("max_fails", v)) => {
-                max_fails = v
+                peer.max_fails = v
                     .parse::<u32>()
                     .ok()
                     .filter(|_| is_digits(v))
                     .ok_or_else(bad)?;
             }
-            Some(("fail_timeout", v)) => fail_timeout_ms = parse_time_ms(v).ok_or_else(bad)?,
-            None if p == "backup" => backup = true,
-            None if p == "down" => down = true,
+            Some(("fail_timeout", v)) => peer.fail_timeout_ms = parse_time_ms(v).ok_or_else(bad)?,
+            None if p == "backup" => peer.backup = true,
+            None if p == "down" => peer.down = true,
             _ => return Err(bad()),
         }
     }
@@ -2072,36 +2439,48 @@ fn parse_upstream_server(
             } else {
                 addr.to_string()
             },
-            weight,
-            max_fails,
-            fail_timeout_ms,
-            backup,
-            down,
+            ..peer.clone()
         })
         .collect())
 }
 
-/// The one-group upstream of a `proxy_pass` naming an address: nginx's defaults per peer.
-fn implicit_upstream(name: String, at: Place, addrs: Vec<SocketAddr>) -> UpstreamConf {
+/// A peer with nginx's defaults: `weight=1 max_fails=1 fail_timeout=10s`. The one place these
+/// defaults live.
+fn default_peer(addr: SocketAddr) -> PeerConf {
+    PeerConf {
+        addr,
+        name: addr.to_string(),
+        weight: 1,
+        max_fails: 1,
+        fail_timeout_ms: 10_000,
+        backup: false,
+        down: false,
+    }
+}
+
+/// An upstream block's defaults (`keepalive` off, `keepalive_timeout 60s`,
+/// `keepalive_requests 1000`), in one place.
+fn finish_upstream(name: String, place: Place, u: UpstreamP) -> UpstreamConf {
     UpstreamConf {
         name,
-        place: at,
-        peers: addrs
-            .into_iter()
-            .map(|addr| PeerConf {
-                addr,
-                name: addr.to_string(),
-                weight: 1,
-                max_fails: 1,
-                fail_timeout_ms: 10_000,
-                backup: false,
-                down: false,
-            })
-            .collect(),
-        keepalive: 0,
-        keepalive_timeout_ms: 60_000,
-        keepalive_requests: 1000,
+        place,
+        peers: u.peers,
+        keepalive: u.keepalive.unwrap_or(0),
+        keepalive_timeout_ms: u.keepalive_timeout_ms.unwrap_or(60_000),
+        keepalive_requests: u.keepalive_requests.unwrap_or(1000),
     }
+}
+
+/// The one-group upstream of a `proxy_pass` naming an address: nginx's defaults per peer.
+fn implicit_upstream(name: String, at: Place, addrs: Vec<SocketAddr>) -> UpstreamConf {
+    let u = UpstreamP {
+        http: false,
+        peers: addrs.into_iter().map(default_peer).collect(),
+        keepalive: None,
+        keepalive_timeout_ms: None,
+        keepalive_requests: None,
+    };
+    finish_upstream(name, at, u)
 }
 
 /// Merges the stream block, resolves `proxy_pass` and appends the stream listeners to the
