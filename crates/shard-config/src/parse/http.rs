@@ -1,0 +1,1103 @@
+//! The http module: its block state (settings merged http -> server -> location, servers,
+//! locations, listeners), the handlers of its directives, and the merge into [`HttpConf`]
+//! (`Eff::defaults` holds every default of an http level, once).
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Settings that merge http -> server -> location. `None` is "not set in this block".
+#[derive(Default, Clone)]
+pub(super) struct Settings {
+    pub(super) root: Option<PathBuf>,
+    pub(super) index: Option<Vec<String>>,
+    pub(super) default_type: Option<String>,
+    pub(super) types: Option<Arc<HashMap<String, String>>>,
+    pub(super) keepalive_timeout_ms: Option<u64>,
+    pub(super) keepalive_requests: Option<u64>,
+    pub(super) client_max_body_size: Option<u64>,
+    pub(super) send_timeout_ms: Option<u64>,
+    pub(super) client_body_timeout_ms: Option<u64>,
+    pub(super) sendfile: Option<bool>,
+    pub(super) tcp_nodelay: Option<bool>,
+    pub(super) access_log: Option<Option<AccessLog>>,
+    pub(super) client_header_timeout_ms: Option<u64>,
+    pub(super) client_header_buffer_size: Option<usize>,
+    pub(super) large_client_header_buffers: Option<(usize, usize)>,
+    pub(super) underscores_in_headers: Option<bool>,
+    pub(super) ignore_invalid_headers: Option<bool>,
+    pub(super) gzip: GzipP,
+    pub(super) proxy: ProxyP,
+}
+
+/// The `gzip*` directives of one block. `types` is (types, `*` given).
+#[derive(Default, Clone)]
+pub(super) struct GzipP {
+    pub(super) enabled: Option<bool>,
+    pub(super) comp_level: Option<u32>,
+    pub(super) types: Option<(Vec<String>, bool)>,
+    pub(super) min_length: Option<u64>,
+    pub(super) vary: Option<bool>,
+    pub(super) http_version_minor: Option<u8>,
+}
+
+impl GzipP {
+    pub(super) fn merge(&self, parent: &GzipConf) -> GzipConf {
+        let (types, any_type) = match &self.types {
+            Some((t, any)) => (t.clone(), *any),
+            None => (parent.types.clone(), parent.any_type),
+        };
+        GzipConf {
+            enabled: self.enabled.unwrap_or(parent.enabled),
+            comp_level: self.comp_level.unwrap_or(parent.comp_level),
+            types,
+            any_type,
+            min_length: self.min_length.unwrap_or(parent.min_length),
+            vary: self.vary.unwrap_or(parent.vary),
+            http_version_minor: self.http_version_minor.unwrap_or(parent.http_version_minor),
+        }
+    }
+}
+
+/// The `proxy_*` directives of one http/server/location block.
+#[derive(Default, Clone)]
+pub(super) struct ProxyP {
+    /// Every `proxy_set_header` of this block, in order; `Some` replaces the parent's list.
+    pub(super) set_headers: Option<Vec<(String, Vec<Part>)>>,
+    pub(super) http_version_minor: Option<u8>,
+    pub(super) connect_timeout_ms: Option<u64>,
+    pub(super) read_timeout_ms: Option<u64>,
+    pub(super) send_timeout_ms: Option<u64>,
+    pub(super) next_upstream: Option<NextUpstream>,
+    pub(super) next_upstream_tries: Option<u32>,
+    pub(super) buffering: Option<bool>,
+    pub(super) buffer_size: Option<usize>,
+    pub(super) buffers: Option<(usize, usize)>,
+}
+
+impl ProxyP {
+    /// `parent.set_headers` is the inherited user list, without nginx's defaults (they are
+    /// added per location by [`with_default_headers`]).
+    pub(super) fn merge(&self, parent: &ProxyConf) -> ProxyConf {
+        ProxyConf {
+            set_headers: self
+                .set_headers
+                .clone()
+                .unwrap_or_else(|| parent.set_headers.clone()),
+            http_version_minor: self.http_version_minor.unwrap_or(parent.http_version_minor),
+            connect_timeout_ms: self.connect_timeout_ms.unwrap_or(parent.connect_timeout_ms),
+            read_timeout_ms: self.read_timeout_ms.unwrap_or(parent.read_timeout_ms),
+            send_timeout_ms: self.send_timeout_ms.unwrap_or(parent.send_timeout_ms),
+            next_upstream: self.next_upstream.unwrap_or(parent.next_upstream),
+            next_upstream_tries: self
+                .next_upstream_tries
+                .unwrap_or(parent.next_upstream_tries),
+            buffering: self.buffering.unwrap_or(parent.buffering),
+            buffer_size: self.buffer_size.unwrap_or(parent.buffer_size),
+            buffers: self.buffers.unwrap_or(parent.buffers),
+        }
+    }
+}
+
+/// nginx's default request headers, appended after the user's unless the user set them:
+/// `Host $proxy_host`, `Connection close`.
+pub(super) fn with_default_headers(mut p: ProxyConf) -> ProxyConf {
+    let has =
+        |h: &[(String, Vec<Part>)], name: &str| h.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
+    if !has(&p.set_headers, "Host") {
+        p.set_headers
+            .push(("Host".to_string(), vec![Part::Var(Var::ProxyHost)]));
+    }
+    if !has(&p.set_headers, "Connection") {
+        p.set_headers.push((
+            "Connection".to_string(),
+            vec![Part::Lit("close".to_string())],
+        ));
+    }
+    p
+}
+
+/// Settings after merging: every value known.
+#[derive(Clone)]
+pub(super) struct Eff {
+    pub(super) root: PathBuf,
+    pub(super) index: Vec<String>,
+    pub(super) default_type: String,
+    pub(super) types: Arc<HashMap<String, String>>,
+    pub(super) keepalive_timeout_ms: u64,
+    pub(super) keepalive_requests: u64,
+    pub(super) client_max_body_size: u64,
+    pub(super) send_timeout_ms: u64,
+    pub(super) client_body_timeout_ms: u64,
+    pub(super) sendfile: bool,
+    pub(super) tcp_nodelay: bool,
+    pub(super) access_log: Option<AccessLog>,
+    pub(super) client_header_timeout_ms: u64,
+    pub(super) client_header_buffer_size: usize,
+    pub(super) large_client_header_buffers: (usize, usize),
+    pub(super) underscores_in_headers: bool,
+    pub(super) ignore_invalid_headers: bool,
+    pub(super) gzip: GzipConf,
+    /// `set_headers` without nginx's defaults (see [`with_default_headers`]).
+    pub(super) proxy: ProxyConf,
+}
+
+impl Eff {
+    pub(super) fn defaults(prefix: &Path) -> Eff {
+        Eff {
+            root: prefix.join("html"),
+            index: vec!["index.html".to_string()],
+            default_type: "text/plain".to_string(),
+            types: bundled_types(),
+            keepalive_timeout_ms: 75_000,
+            keepalive_requests: 1000,
+            client_max_body_size: 1 << 20,
+            send_timeout_ms: 60_000,
+            client_body_timeout_ms: 60_000,
+            sendfile: false,
+            tcp_nodelay: true,
+            access_log: Some(AccessLog {
+                path: prefix.join("logs/access.log"),
+                format: "combined".to_string(),
+            }),
+            client_header_timeout_ms: 60_000,
+            client_header_buffer_size: 1024,
+            large_client_header_buffers: (4, 8192),
+            underscores_in_headers: false,
+            ignore_invalid_headers: true,
+            gzip: GzipConf::default(),
+            proxy: ProxyConf::default(),
+        }
+    }
+
+    pub(super) fn merge(&self, s: &Settings) -> Eff {
+        Eff {
+            root: s.root.clone().unwrap_or_else(|| self.root.clone()),
+            index: s.index.clone().unwrap_or_else(|| self.index.clone()),
+            default_type: s
+                .default_type
+                .clone()
+                .unwrap_or_else(|| self.default_type.clone()),
+            types: s.types.clone().unwrap_or_else(|| self.types.clone()),
+            keepalive_timeout_ms: s.keepalive_timeout_ms.unwrap_or(self.keepalive_timeout_ms),
+            keepalive_requests: s.keepalive_requests.unwrap_or(self.keepalive_requests),
+            client_max_body_size: s.client_max_body_size.unwrap_or(self.client_max_body_size),
+            send_timeout_ms: s.send_timeout_ms.unwrap_or(self.send_timeout_ms),
+            client_body_timeout_ms: s
+                .client_body_timeout_ms
+                .unwrap_or(self.client_body_timeout_ms),
+            sendfile: s.sendfile.unwrap_or(self.sendfile),
+            tcp_nodelay: s.tcp_nodelay.unwrap_or(self.tcp_nodelay),
+            access_log: s
+                .access_log
+                .clone()
+                .unwrap_or_else(|| self.access_log.clone()),
+            client_header_timeout_ms: s
+                .client_header_timeout_ms
+                .unwrap_or(self.client_header_timeout_ms),
+            client_header_buffer_size: s
+                .client_header_buffer_size
+                .unwrap_or(self.client_header_buffer_size),
+            large_client_header_buffers: s
+                .large_client_header_buffers
+                .unwrap_or(self.large_client_header_buffers),
+            underscores_in_headers: s
+                .underscores_in_headers
+                .unwrap_or(self.underscores_in_headers),
+            ignore_invalid_headers: s
+                .ignore_invalid_headers
+                .unwrap_or(self.ignore_invalid_headers),
+            gzip: s.gzip.merge(&self.gzip),
+            proxy: s.proxy.merge(&self.proxy),
+        }
+    }
+
+    pub(super) fn location(&self, kind: LocationKind, path: String, place: Place) -> LocationConf {
+        LocationConf {
+            kind,
+            path,
+            place,
+            ret: None,
+            handler: None,
+            root: self.root.clone(),
+            alias: None,
+            index: self.index.clone(),
+            default_type: self.default_type.clone(),
+            types: self.types.clone(),
+            keepalive_timeout_ms: self.keepalive_timeout_ms,
+            keepalive_requests: self.keepalive_requests,
+            client_max_body_size: self.client_max_body_size,
+            send_timeout_ms: self.send_timeout_ms,
+            client_body_timeout_ms: self.client_body_timeout_ms,
+            sendfile: self.sendfile,
+            tcp_nodelay: self.tcp_nodelay,
+            access_log: self.access_log.clone(),
+            gzip: self.gzip.clone(),
+            proxy_pass: None,
+            proxy: with_default_headers(self.proxy.clone()),
+        }
+    }
+}
+
+pub(super) struct LocP {
+    pub(super) kind: LocationKind,
+    pub(super) path: String,
+    pub(super) place: Place,
+    pub(super) ret: Option<Return>,
+    pub(super) handler: Option<StatusHandler>,
+    pub(super) alias: Option<PathBuf>,
+    /// `proxy_pass`, resolved to an upstream once the whole `http` block is read.
+    pub(super) pass: Option<PassP>,
+    pub(super) settings: Settings,
+    pub(super) nested: Vec<LocP>,
+}
+
+/// A parsed `proxy_pass http://HOST[:PORT][/URI]`. It is resolved to an upstream only when
+/// the whole `http` block was read: an `upstream` may follow the location that names it.
+pub(super) struct PassP {
+    /// As written (an IPv6 address keeps its brackets).
+    pub(super) host: String,
+    /// The port and its text as written, when one was written.
+    pub(super) port: Option<(u16, String)>,
+    pub(super) uri: Option<String>,
+    pub(super) place: Place,
+}
+
+pub(super) struct ServerP {
+    pub(super) place: Place,
+    pub(super) listen: Vec<SocketAddr>,
+    pub(super) names: Vec<ServerName>,
+    pub(super) ret: Option<Return>,
+    pub(super) settings: Settings,
+    pub(super) locations: Vec<LocP>,
+}
+
+#[derive(Default)]
+pub(super) struct HttpP {
+    pub(super) settings: Settings,
+    pub(super) servers: Vec<ServerP>,
+    pub(super) listeners: Vec<ListenerP>,
+    /// The named `upstream` blocks, in file order.
+    pub(super) upstreams: Vec<UpstreamConf>,
+}
+
+/// The upstreams of `http` while `proxy_pass` directives are resolved.
+pub(super) struct HttpUpstreams {
+    /// Named blocks (the first `named`), then implicit ones.
+    pub(super) list: Vec<UpstreamConf>,
+    pub(super) named: usize,
+}
+
+impl HttpUpstreams {
+    /// The upstream `p` names: a named block (whose name compares without case, as a host),
+    /// else the implicit upstream `HOST:PORT`, created (resolved) on first use.
+    pub(super) fn pass(&mut self, p: &PassP) -> Result<ProxyPass, ConfigError> {
+        let at = |m: String| err(&p.place.file, p.place.line, m);
+        let named = &self.list[..self.named];
+        if let Some(i) = named
+            .iter()
+            .position(|u| u.name.eq_ignore_ascii_case(&p.host))
+        {
+            if let Some((port, _)) = &p.port {
+                return Err(at(format!(
+                    "upstream \"{}\" may not have port {port}",
+                    p.host
+                )));
+            }
+            return Ok(ProxyPass {
+                upstream: i,
+                uri: p.uri.clone(),
+                proxy_host: p.host.clone(),
+                proxy_port: 80,
+            });
+        }
+        let port = p.port.as_ref().map_or(80, |(n, _)| *n);
+        let proxy_host = match &p.port {
+            Some((n, text)) if *n != 80 => format!("{}:{text}", p.host),
+            _ => p.host.clone(),
+        };
+        let name = format!("{}:{port}", p.host);
+        let implicit = &self.list[self.named..];
+        let upstream = match implicit
+            .iter()
+            .position(|u| u.name.eq_ignore_ascii_case(&name))
+        {
+            Some(i) => self.named + i,
+            None => {
+                // nginx names the host alone here (`host not found in upstream "backend"`),
+                // the usual sign of a misspelt or missing `upstream` block.
+                let addrs = resolve_upstream(&name, None)
+                    .map_err(|_| at(format!("host not found in upstream \"{}\"", p.host)))?;
+                self.list
+                    .push(implicit_upstream(name, p.place.clone(), addrs));
+                self.list.len() - 1
+            }
+        };
+        Ok(ProxyPass {
+            upstream,
+            uri: p.uri.clone(),
+            proxy_host,
+            proxy_port: port,
+        })
+    }
+}
+
+pub(super) fn finish_server(
+    s: ServerP,
+    http_eff: &Eff,
+    ups: &mut HttpUpstreams,
+) -> Result<ServerConf, ConfigError> {
+    let eff = http_eff.merge(&s.settings);
+    let mut base = eff.location(LocationKind::Prefix, String::new(), s.place.clone());
+    base.ret = s.ret.clone();
+    let mut locations = Vec::new();
+    for l in s.locations {
+        flatten(l, &eff, ups, &mut locations)?;
+    }
+    if let Some(r) = &s.ret {
+        // A server-level `return` runs before any location is chosen, as in nginx.
+        for l in &mut locations {
+            l.ret = Some(r.clone());
+            l.handler = None;
+        }
+    }
+    Ok(ServerConf {
+        place: s.place,
+        listen: s.listen,
+        server_names: if s.names.is_empty() {
+            vec![ServerName::Exact(String::new())]
+        } else {
+            s.names
+        },
+        client_header_timeout_ms: eff.client_header_timeout_ms,
+        client_header_buffer_size: eff.client_header_buffer_size,
+        large_client_header_buffers: eff.large_client_header_buffers,
+        underscores_in_headers: eff.underscores_in_headers,
+        ignore_invalid_headers: eff.ignore_invalid_headers,
+        base,
+        locations,
+    })
+}
+
+/// Nested locations become siblings of their parent, having inherited from it (all but
+/// `proxy_pass`, which belongs to its own location only, as nginx).
+pub(super) fn flatten(
+    l: LocP,
+    parent: &Eff,
+    ups: &mut HttpUpstreams,
+    out: &mut Vec<LocationConf>,
+) -> Result<(), ConfigError> {
+    let eff = parent.merge(&l.settings);
+    let mut conf = eff.location(l.kind, l.path, l.place);
+    conf.ret = l.ret;
+    conf.handler = l.handler;
+    conf.alias = l.alias;
+    conf.proxy_pass = match &l.pass {
+        Some(p) => Some(ups.pass(p)?),
+        None => None,
+    };
+    out.push(conf);
+    for n in l.nested {
+        flatten(n, &eff, ups, out)?;
+    }
+    Ok(())
+}
+
+pub(super) fn http_upstream(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
+    let u = read_upstream(env, d, file, Ctx::HttpUpstream, &h.upstreams)?;
+    h.upstreams.push(u);
+    Ok(())
+}
+
+pub(super) fn http_server(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
+    let idx = h.servers.len();
+    let mut s = ServerP {
+        place: place(d, file),
+        listen: Vec::new(),
+        names: Vec::new(),
+        ret: None,
+        settings: Settings::default(),
+        locations: Vec::new(),
+    };
+    let mut cx = ServerCx {
+        s: &mut s,
+        listeners: &mut h.listeners,
+        idx,
+    };
+    env.walk(
+        block(d),
+        file,
+        Ctx::Server,
+        &mut Target::Server(cx.reborrow()),
+    )?;
+    if s.listen.is_empty() {
+        let spec = ListenSpec {
+            addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 80),
+            default_server: false,
+            opts: ListenOpts::default(),
+            opts_set: false,
+        };
+        add_listen(&mut h.listeners, idx, &spec, s.place.clone())?;
+        s.listen.push(spec.addr);
+    }
+    h.servers.push(s);
+    Ok(())
+}
+
+impl ServerCx<'_> {
+    pub(super) fn reborrow(&mut self) -> ServerCx<'_> {
+        ServerCx {
+            s: self.s,
+            listeners: self.listeners,
+            idx: self.idx,
+        }
+    }
+}
+
+pub(super) fn server_listen(_: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
+    let spec = parse_listen(d, file)?;
+    add_listen(cx.listeners, cx.idx, &spec, place(d, file))?;
+    cx.s.listen.push(spec.addr);
+    Ok(())
+}
+
+pub(super) fn server_server_name(_: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
+    for a in &d.args {
+        cx.s.names.push(parse_server_name(d, file, a)?);
+    }
+    Ok(())
+}
+
+pub(super) fn server_location(env: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
+    let loc = read_location(env, d, file, None)?;
+    cx.s.locations.push(loc);
+    Ok(())
+}
+
+pub(super) fn server_return(_: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
+    let r = parse_return(d, file)?;
+    cx.s.ret.get_or_insert(r);
+    Ok(())
+}
+
+pub(super) fn read_location(
+    env: &Env,
+    d: &Directive,
+    file: &str,
+    parent: Option<(LocationKind, &str)>,
+) -> Result<LocP, ConfigError> {
+    let (kind, path) = if d.args.len() == 2 {
+        let kind = match d.args[0].as_str() {
+            "=" => LocationKind::Exact,
+            "^~" => LocationKind::PrefixNoRegex,
+            "~" | "~*" => return Err(derr(d, file, "regex locations are not supported")),
+            m => return Err(derr(d, file, format!("invalid location modifier \"{m}\""))),
+        };
+        (kind, d.args[1].clone())
+    } else {
+        let a = &d.args[0];
+        if let Some(rest) = a.strip_prefix("^~") {
+            (LocationKind::PrefixNoRegex, rest.to_string())
+        } else if a.starts_with('~') {
+            return Err(derr(d, file, "regex locations are not supported"));
+        } else if let Some(rest) = a.strip_prefix('=') {
+            (LocationKind::Exact, rest.to_string())
+        } else if a.starts_with('@') {
+            return Err(derr(d, file, "named locations are not supported"));
+        } else {
+            (LocationKind::Prefix, a.clone())
+        }
+    };
+    if let Some((pkind, ppath)) = parent {
+        if pkind == LocationKind::Exact {
+            return Err(derr(
+                d,
+                file,
+                format!("location \"{path}\" cannot be inside the exact location \"{ppath}\""),
+            ));
+        }
+        if !path.starts_with(ppath) {
+            return Err(derr(
+                d,
+                file,
+                format!("location \"{path}\" is outside location \"{ppath}\""),
+            ));
+        }
+    }
+    let mut loc = LocP {
+        kind,
+        path,
+        place: place(d, file),
+        ret: None,
+        handler: None,
+        alias: None,
+        pass: None,
+        settings: Settings::default(),
+        nested: Vec::new(),
+    };
+    env.walk(
+        block(d),
+        file,
+        Ctx::Location,
+        &mut Target::Location(&mut loc),
+    )?;
+    Ok(loc)
+}
+
+pub(super) fn location_location(env: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
+    let path = loc.path.clone();
+    let nested = read_location(env, d, file, Some((loc.kind, &path)))?;
+    loc.nested.push(nested);
+    Ok(())
+}
+
+pub(super) fn location_return(_: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
+    let r = parse_return(d, file)?;
+    loc.ret.get_or_insert(r);
+    Ok(())
+}
+
+pub(super) fn location_proxy_pass(_: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
+    let pass = parse_proxy_pass(d, file)?;
+    once(&mut loc.pass, pass, d, file)
+}
+
+pub(super) fn location_stub_status(_: &Env, loc: &mut LocP, _: &Directive, _: &str) -> R {
+    loc.handler = Some(StatusHandler::Stub);
+    Ok(())
+}
+
+pub(super) fn location_shard_status(_: &Env, loc: &mut LocP, _: &Directive, _: &str) -> R {
+    loc.handler = Some(StatusHandler::Shard);
+    Ok(())
+}
+
+pub(super) fn location_alias(env: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
+    if loc.alias.is_some() {
+        return Err(dup(d, file));
+    }
+    if loc.settings.root.is_some() {
+        return Err(derr(
+            d,
+            file,
+            "\"alias\" directive is duplicate, \"root\" directive was specified earlier",
+        ));
+    }
+    loc.alias = Some(env.resolve(a0(d)));
+    Ok(())
+}
+
+pub(super) fn location_root(env: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
+    if loc.alias.is_some() {
+        return Err(derr(
+            d,
+            file,
+            "\"root\" directive is duplicate, \"alias\" directive was specified earlier",
+        ));
+    }
+    set_root(env, &mut loc.settings, d, file)
+}
+
+pub(super) fn set_root(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    once(&mut s.root, env.resolve(a0(d)), d, file)
+}
+
+pub(super) fn set_index(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
+    s.index
+        .get_or_insert_with(Vec::new)
+        .extend(d.args.iter().cloned());
+    Ok(())
+}
+
+pub(super) fn set_default_type(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    once(&mut s.default_type, a0(d).to_string(), d, file)
+}
+
+pub(super) fn set_types(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut map: HashMap<String, String> = match s.types.take() {
+        Some(m) => Arc::try_unwrap(m).unwrap_or_else(|m| (*m).clone()),
+        None => HashMap::new(),
+    };
+    env.walk(block(d), file, Ctx::Types, &mut Target::Types(&mut map))?;
+    s.types = Some(Arc::new(map));
+    Ok(())
+}
+
+pub(super) fn set_keepalive_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.keepalive_timeout_ms, t, d, file)
+}
+
+pub(super) fn set_keepalive_requests(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = num::<u64>(d, file, a0(d))?;
+    once(&mut s.keepalive_requests, n, d, file)
+}
+
+pub(super) fn set_client_max_body_size(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = size(d, file, a0(d))?;
+    once(&mut s.client_max_body_size, n, d, file)
+}
+
+pub(super) fn set_send_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.send_timeout_ms, t, d, file)
+}
+
+pub(super) fn set_client_body_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.client_body_timeout_ms, t, d, file)
+}
+
+pub(super) fn set_sendfile(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.sendfile, v, d, file)
+}
+
+pub(super) fn set_tcp_nodelay(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.tcp_nodelay, v, d, file)
+}
+
+pub(super) fn set_client_header_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.client_header_timeout_ms, t, d, file)
+}
+
+pub(super) fn set_client_header_buffer_size(
+    _: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let v = size(d, file, a0(d))?;
+    if v == 0 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut s.client_header_buffer_size, v as usize, d, file)
+}
+
+pub(super) fn set_underscores_in_headers(
+    _: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.underscores_in_headers, v, d, file)
+}
+
+pub(super) fn set_ignore_invalid_headers(
+    _: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.ignore_invalid_headers, v, d, file)
+}
+
+pub(super) fn set_large_client_header_buffers(
+    _: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let n = num::<usize>(d, file, a0(d))?;
+    let sz = size(d, file, &d.args[1])?;
+    if n == 0 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    if sz == 0 {
+        return Err(invalid(d, file, &d.args[1]));
+    }
+    once(
+        &mut s.large_client_header_buffers,
+        (n, sz as usize),
+        d,
+        file,
+    )
+}
+
+pub(super) fn set_access_log(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let a = a0(d);
+    let v = if a == "off" {
+        if d.args.len() != 1 {
+            return Err(derr(
+                d,
+                file,
+                "invalid number of arguments in \"access_log\" directive",
+            ));
+        }
+        None
+    } else {
+        let format = match d.args.get(1) {
+            None => "combined".to_string(),
+            Some(f) if f == "combined" => f.clone(),
+            Some(f) if f.contains('=') => "combined".to_string(),
+            Some(f) => return Err(derr(d, file, format!("unknown log format \"{f}\""))),
+        };
+        Some(AccessLog {
+            path: env.resolve(a),
+            format,
+        })
+    };
+    // shard keeps one access log per block: the first given.
+    if s.access_log.is_none() {
+        s.access_log = Some(v);
+    }
+    Ok(())
+}
+
+pub(super) fn set_gzip(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.gzip.enabled, v, d, file)
+}
+
+pub(super) fn set_gzip_comp_level(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = num::<u32>(d, file, a0(d))?;
+    if !(1..=9).contains(&n) {
+        return Err(derr(d, file, "value must be between 1 and 9"));
+    }
+    once(&mut s.gzip.comp_level, n, d, file)
+}
+
+pub(super) fn set_gzip_types(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
+    // As nginx: repeated in one block, the lists add up; `text/html` is implied.
+    let (types, any) = s
+        .gzip
+        .types
+        .get_or_insert_with(|| (vec!["text/html".to_string()], false));
+    for a in &d.args {
+        if a == "*" {
+            *any = true;
+        } else {
+            let t = a.to_ascii_lowercase();
+            if !types.contains(&t) {
+                types.push(t);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn set_gzip_min_length(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = size(d, file, a0(d))?;
+    once(&mut s.gzip.min_length, n, d, file)
+}
+
+pub(super) fn set_gzip_vary(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.gzip.vary, v, d, file)
+}
+
+/// `1.0` or `1.1`: the minor version.
+pub(super) fn http_minor(d: &Directive, file: &str) -> Result<u8, ConfigError> {
+    match a0(d) {
+        "1.0" => Ok(0),
+        "1.1" => Ok(1),
+        a => Err(invalid(d, file, a)),
+    }
+}
+
+pub(super) fn set_gzip_http_version(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let minor = http_minor(d, file)?;
+    once(&mut s.gzip.http_version_minor, minor, d, file)
+}
+
+pub(super) fn set_proxy_set_header(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    // As nginx: repeats add up; a block with any replaces the inherited list.
+    let value = parse_header_value(d, file, &d.args[1])?;
+    s.proxy
+        .set_headers
+        .get_or_insert_with(Vec::new)
+        .push((a0(d).to_string(), value));
+    Ok(())
+}
+
+pub(super) fn set_proxy_http_version(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let minor = http_minor(d, file)?;
+    once(&mut s.proxy.http_version_minor, minor, d, file)
+}
+
+pub(super) fn set_proxy_connect_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.proxy.connect_timeout_ms, t, d, file)
+}
+
+pub(super) fn set_proxy_read_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.proxy.read_timeout_ms, t, d, file)
+}
+
+pub(super) fn set_proxy_send_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.proxy.send_timeout_ms, t, d, file)
+}
+
+pub(super) fn set_proxy_next_upstream(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let nu = parse_next_upstream(d, file)?;
+    once(&mut s.proxy.next_upstream, nu, d, file)
+}
+
+pub(super) fn set_proxy_next_upstream_tries(
+    _: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let n = num::<u32>(d, file, a0(d))?;
+    once(&mut s.proxy.next_upstream_tries, n, d, file)
+}
+
+pub(super) fn set_proxy_buffering(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.proxy.buffering, v, d, file)
+}
+
+pub(super) fn set_proxy_buffer_size(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = buffer_size(d, file, a0(d))?;
+    once(&mut s.proxy.buffer_size, n, d, file)
+}
+
+pub(super) fn set_proxy_buffers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = num::<usize>(d, file, a0(d))?;
+    let size = buffer_size(d, file, &d.args[1])?;
+    if n == 0 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    if n < 2 {
+        return Err(derr(d, file, "there must be at least 2 \"proxy_buffers\""));
+    }
+    // The buffers are memory a worker holds per proxied response: bounded like one buffer.
+    if n.checked_mul(size).is_none_or(|t| t > MAX_PROXY_BUFFER) {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut s.proxy.buffers, (n, size), d, file)
+}
+
+/// The bundled `mime.types` as a map, parsed once.
+pub(crate) fn bundled_types() -> Arc<HashMap<String, String>> {
+    static MAP: OnceLock<Arc<HashMap<String, String>>> = OnceLock::new();
+    MAP.get_or_init(|| {
+        let mut map = HashMap::new();
+        for item in parse_tree(MIME_TYPES, "mime.types") {
+            if let Item::Dir(t) = item {
+                for entry in t.block.unwrap_or_default() {
+                    if let Item::Dir(e) = entry {
+                        for ext in e.args {
+                            map.insert(ext.to_ascii_lowercase(), e.name.clone());
+                        }
+                    }
+                }
+            }
+        }
+        Arc::new(map)
+    })
+    .clone()
+}
+
+/// The largest `proxy_buffer_size`, and the largest `proxy_buffers` total: memory a worker
+/// holds for one proxied response.
+pub(super) const MAX_PROXY_BUFFER: usize = 1 << 30;
+
+pub(super) fn buffer_size(d: &Directive, file: &str, v: &str) -> Result<usize, ConfigError> {
+    match size(d, file, v)? {
+        n if n == 0 || n > MAX_PROXY_BUFFER as u64 => Err(invalid(d, file, v)),
+        n => Ok(n as usize),
+    }
+}
+
+/// `proxy_pass http://HOST[:PORT][/URI]` (nginx's `ngx_parse_url` with a URI part; errors
+/// worded as nginx's, `... in upstream "REST"` with REST the text after the scheme).
+pub(super) fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, ConfigError> {
+    let url = d.args[0].as_str();
+    let starts = |p: &str| {
+        url.len() >= p.len() && url.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes())
+    };
+    if !starts("http://") {
+        if starts("https://") {
+            return Err(derr(d, file, "https protocol requires SSL support"));
+        }
+        return Err(derr(d, file, format!("invalid URL prefix in \"{url}\"")));
+    }
+    if url.contains('$') {
+        return Err(derr(
+            d,
+            file,
+            "variables in \"proxy_pass\" are not supported",
+        ));
+    }
+    // The scheme is ASCII, so byte 7 is a character boundary.
+    let rest = &url[7..];
+    let bad = |what: &str| derr(d, file, format!("{what} in upstream \"{rest}\""));
+    let port_of = |p: &str| -> Result<(u16, String), ConfigError> {
+        match p.parse::<u16>() {
+            Ok(n) if n > 0 && is_digits(p) => Ok((n, p.to_string())),
+            _ => Err(bad("invalid port")),
+        }
+    };
+    let (host, port, uri) = if let Some(v6) = rest.strip_prefix('[') {
+        let Some(close) = v6.find(']') else {
+            return Err(bad("invalid host"));
+        };
+        let after = &v6[close + 1..];
+        let (port_part, uri) = match after.find('/') {
+            Some(i) => (&after[..i], Some(&after[i..])),
+            None => (after, None),
+        };
+        let port = match port_part.strip_prefix(':') {
+            Some(p) => Some(port_of(p)?),
+            None if port_part.is_empty() => None,
+            None => return Err(bad("invalid host")),
+        };
+        let addr = &v6[..close];
+        if addr.is_empty() {
+            return Err(bad("no host"));
+        }
+        if addr.parse::<Ipv6Addr>().is_err() {
+            return Err(bad("invalid IPv6 address"));
+        }
+        (&rest[..close + 2], port, uri)
+    } else {
+        // As nginx, the URI part starts at the first `/`, or at a `?` before it.
+        let (host_port, uri) = match rest.find(['/', '?']) {
+            Some(i) => (&rest[..i], Some(&rest[i..])),
+            None => (rest, None),
+        };
+        let (host, port) = match host_port.split_once(':') {
+            Some((h, p)) => (h, Some(port_of(p)?)),
+            None => (host_port, None),
+        };
+        if host.is_empty() {
+            return Err(bad("no host"));
+        }
+        (host, port, uri)
+    };
+    Ok(PassP {
+        host: host.to_string(),
+        port,
+        uri: uri.map(str::to_string),
+        place: place(d, file),
+    })
+}
+
+/// A `proxy_set_header` value: literal text, `$name` and `${name}`. A `$` not followed by a
+/// name character is literal text.
+pub(super) fn parse_header_value(
+    d: &Directive,
+    file: &str,
+    v: &str,
+) -> Result<Vec<Part>, ConfigError> {
+    let is_name = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let b = v.as_bytes();
+    let mut parts = Vec::new();
+    // Every split is at an ASCII byte (`$`, `{`, `}`, name characters): slicing `v` is safe.
+    let mut lit_start = 0;
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'$' {
+            i += 1;
+            continue;
+        }
+        let bracket = b.get(i + 1) == Some(&b'{');
+        let start = if bracket { i + 2 } else { i + 1 };
+        let mut end = start;
+        while end < b.len() && is_name(b[end]) {
+            end += 1;
+        }
+        if end == start {
+            i += 1;
+            continue;
+        }
+        let name = &v[start..end];
+        if bracket && b.get(end) != Some(&b'}') {
+            return Err(derr(
+                d,
+                file,
+                format!("the closing bracket in \"{name}\" variable is missing"),
+            ));
+        }
+        if lit_start < i {
+            parts.push(Part::Lit(v[lit_start..i].to_string()));
+        }
+        parts.push(Part::Var(variable(d, file, name)?));
+        i = if bracket { end + 1 } else { end };
+        lit_start = i;
+    }
+    if lit_start < b.len() {
+        parts.push(Part::Lit(v[lit_start..].to_string()));
+    }
+    Ok(parts)
+}
+
+/// The variables shard knows (names compare without case, as nginx's).
+pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, ConfigError> {
+    let name = name.to_ascii_lowercase();
+    Ok(match name.as_str() {
+        "host" => Var::Host,
+        "remote_addr" => Var::RemoteAddr,
+        "remote_port" => Var::RemotePort,
+        "server_addr" => Var::ServerAddr,
+        "server_port" => Var::ServerPort,
+        "server_name" => Var::ServerName,
+        "scheme" => Var::Scheme,
+        "request_uri" => Var::RequestUri,
+        "uri" => Var::Uri,
+        "args" => Var::Args,
+        "is_args" => Var::IsArgs,
+        "request_method" => Var::RequestMethod,
+        "proxy_host" => Var::ProxyHost,
+        "proxy_port" => Var::ProxyPort,
+        "proxy_add_x_forwarded_for" => Var::ProxyAddXForwardedFor,
+        n if n.starts_with("http_") => Var::Http(n["http_".len()..].replace('_', "-")),
+        n => return Err(derr(d, file, format!("unknown \"{n}\" variable"))),
+    })
+}
+
+/// The `http_NNN` values of `proxy_next_upstream`, ascending; bit i of a mask is entry i.
+pub(super) const NEXT_STATUSES: [u16; 7] = [403, 404, 429, 500, 502, 503, 504];
+
+/// The statuses of `mask` as a `&'static` slice (`NextUpstream::statuses` is `&'static` so
+/// the model stays `Copy`). All 128 combinations are built, and leaked, once per process
+/// (well under 1 KiB), so parsing again on every reload leaks nothing more.
+pub(super) fn next_statuses(mask: u8) -> &'static [u16] {
+    static ALL: OnceLock<Vec<&'static [u16]>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        (0..1u16 << NEXT_STATUSES.len())
+            .map(|m| {
+                let v: Vec<u16> = NEXT_STATUSES
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| m & (1 << i) != 0)
+                    .map(|(_, c)| *c)
+                    .collect();
+                &*Box::leak(v.into_boxed_slice())
+            })
+            .collect()
+    })[mask as usize]
+}
+
+/// `proxy_next_upstream error | timeout | invalid_header | http_NNN | non_idempotent ... | off`.
+pub(super) fn parse_next_upstream(d: &Directive, file: &str) -> Result<NextUpstream, ConfigError> {
+    let mut nu = NextUpstream::OFF;
+    let mut mask = 0u8;
+    for a in &d.args {
+        let v = a.to_ascii_lowercase();
+        match v.as_str() {
+            "error" => nu.error = true,
+            "timeout" => nu.timeout = true,
+            "invalid_header" => nu.invalid_header = true,
+            "non_idempotent" => nu.non_idempotent = true,
+            // `off` stands alone (nginx lets it override the others silently).
+            "off" if d.args.len() == 1 => {}
+            _ => {
+                let code = v.strip_prefix("http_").filter(|c| is_digits(c));
+                let i = code
+                    .and_then(|c| NEXT_STATUSES.iter().position(|s| s.to_string() == c))
+                    .ok_or_else(|| invalid(d, file, a))?;
+                mask |= 1 << i;
+            }
+        }
+    }
+    nu.statuses = next_statuses(mask);
+    Ok(nu)
+}

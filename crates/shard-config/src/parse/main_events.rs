@@ -1,0 +1,111 @@
+//! Handlers of the main context (`worker_processes`, `pid`, `user`, the `events`, `http` and
+//! `stream` blocks) and of `events`.
+
+#[allow(unused_imports)]
+use super::*;
+
+pub(super) fn main_worker_processes(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let a = a0(d);
+    let v = if a == "auto" {
+        WorkerProcesses::Auto
+    } else {
+        match a.parse::<usize>() {
+            Ok(n) if (1..=1024).contains(&n) && is_digits(a) => WorkerProcesses::Fixed(n),
+            _ => return Err(invalid(d, file, a)),
+        }
+    };
+    once(&mut st.main.worker_processes, v, d, file)
+}
+
+pub(super) fn main_pid(env: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    once(&mut st.main.pid, env.resolve(a0(d)), d, file)
+}
+
+pub(super) fn main_error_log(env: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    st.main.error_log = Some(parse_error_log(d, file, &env.prefix)?);
+    Ok(())
+}
+
+pub(super) fn main_worker_rlimit_nofile(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let n = num::<u64>(d, file, a0(d))?;
+    once(&mut st.main.worker_rlimit_nofile, n, d, file)
+}
+
+pub(super) fn main_worker_shutdown_timeout(
+    _: &Env,
+    st: &mut State,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut st.main.worker_shutdown_timeout_ms, t, d, file)
+}
+
+pub(super) fn main_user(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let user = (d.args[0].clone(), d.args.get(1).cloned());
+    once(&mut st.main.user, user, d, file)
+}
+
+pub(super) fn main_events(env: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    if st.events.is_some() {
+        return Err(dup(d, file));
+    }
+    let mut ev = EventsP::default();
+    env.walk(block(d), file, Ctx::Events, &mut Target::Events(&mut ev))?;
+    st.events = Some(ev);
+    Ok(())
+}
+
+pub(super) fn main_http(env: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    if st.http.is_some() {
+        return Err(dup(d, file));
+    }
+    let mut h = HttpP::default();
+    env.walk(block(d), file, Ctx::Http, &mut Target::Http(&mut h))?;
+    st.http = Some(h);
+    Ok(())
+}
+
+pub(super) fn main_stream(env: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    if st.stream.is_some() {
+        return Err(dup(d, file));
+    }
+    let mut sp = StreamP::default();
+    env.walk(block(d), file, Ctx::Stream, &mut Target::Stream(&mut sp))?;
+    st.stream = Some(sp);
+    Ok(())
+}
+
+pub(super) fn events_worker_connections(ev: &mut EventsP, d: &Directive, file: &str) -> R {
+    let n = num::<usize>(d, file, a0(d))?;
+    if n == 0 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut ev.worker_connections, n, d, file)
+}
+
+pub(super) fn events_accept_mutex(ev: &mut EventsP, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut ev.accept_mutex, v, d, file)
+}
+
+pub(super) fn events_accept_mutex_delay(ev: &mut EventsP, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut ev.accept_mutex_delay_ms, t, d, file)
+}
+
+pub(super) fn events_multi_accept(ev: &mut EventsP, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut ev.multi_accept, v, d, file)
+}
+
+pub(super) fn events_use(ev: &mut EventsP, d: &Directive, file: &str) -> R {
+    if ev.use_.is_some() {
+        return Err(dup(d, file));
+    }
+    if a0(d) != "epoll" {
+        return Err(derr(d, file, format!("invalid event type \"{}\"", a0(d))));
+    }
+    ev.use_ = Some(a0(d).to_string());
+    Ok(())
+}

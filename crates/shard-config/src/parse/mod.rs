@@ -1,0 +1,437 @@
+//! From the directive tree to a [`Config`]: the walk (context, arity and block checks,
+//! `include`), the entry point, and the final merge of the main and events contexts.
+//!
+//! By context: `table.rs` (every directive and its handler), `main_events.rs`, `http.rs`
+//! (http, server, location, and the http proxy's settings), `stream.rs`, `upstream.rs` (both
+//! modules' upstream blocks), `values.rs` (value parsers and error shapes shared by all).
+//! The parser reads no socket and starts nothing; the lexer (`lexer.rs`) does not depend on
+//! it.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use crate::lexer::{parse_tree, Directive, Item};
+use crate::model::*;
+use crate::units::{parse_size, parse_time_ms};
+use crate::{where_, ConfigError, COMMAND_LINE, MIME_TYPES};
+
+mod http;
+mod main_events;
+mod stream;
+mod table;
+mod upstream;
+mod values;
+
+use http::*;
+use main_events::*;
+use stream::*;
+use table::*;
+use upstream::*;
+use values::*;
+
+fn err(file: &str, line: usize, msg: impl std::fmt::Display) -> ConfigError {
+    ConfigError::at(file, line, msg)
+}
+
+fn derr(d: &Directive, file: &str, msg: impl std::fmt::Display) -> ConfigError {
+    err(file, d.line, msg)
+}
+
+fn place(d: &Directive, file: &str) -> Place {
+    Place {
+        file: file.to_string(),
+        line: d.line,
+    }
+}
+
+/// `open() "PATH" failed (2: No such file or directory)`, as nginx words it.
+pub(crate) fn open_failed(path: &Path, e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let text = match text.find(" (os error") {
+        Some(i) => text[..i].to_string(),
+        None => text,
+    };
+    match e.raw_os_error() {
+        Some(n) => format!("open() \"{}\" failed ({n}: {text})", path.display()),
+        None => format!("open() \"{}\" failed ({text})", path.display()),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ctx {
+    Main,
+    Events,
+    Http,
+    Server,
+    Location,
+    Types,
+    Stream,
+    StreamServer,
+    Upstream,
+    HttpUpstream,
+}
+
+const M: u16 = 1;
+
+const E: u16 = 2;
+
+const H: u16 = 4;
+
+const S: u16 = 8;
+
+const L: u16 = 16;
+
+const T: u16 = 32;
+
+/// `stream` (main of the stream module).
+const SM: u16 = 64;
+
+/// `server` inside `stream`.
+const SS: u16 = 128;
+
+/// `upstream` inside `stream`.
+const U: u16 = 256;
+
+/// `upstream` inside `http`.
+const HU: u16 = 512;
+
+const ANY: u16 = M | E | H | S | L | T | SM | SS | U | HU;
+
+const MANY: usize = usize::MAX;
+
+impl Ctx {
+    fn bit(self) -> u16 {
+        match self {
+            Ctx::Main => M,
+            Ctx::Events => E,
+            Ctx::Http => H,
+            Ctx::Server => S,
+            Ctx::Location => L,
+            Ctx::Types => T,
+            Ctx::Stream => SM,
+            Ctx::StreamServer => SS,
+            Ctx::Upstream => U,
+            Ctx::HttpUpstream => HU,
+        }
+    }
+}
+
+/// How deep `include` may nest (guards against a file including itself).
+const MAX_INCLUDE_DEPTH: usize = 32;
+
+struct Env {
+    prefix: PathBuf,
+    conf_dir: PathBuf,
+    depth: Cell<usize>,
+}
+
+#[derive(Default)]
+struct MainP {
+    worker_processes: Option<WorkerProcesses>,
+    pid: Option<PathBuf>,
+    error_log: Option<ErrorLog>,
+    worker_rlimit_nofile: Option<u64>,
+    worker_shutdown_timeout_ms: Option<u64>,
+    user: Option<(String, Option<String>)>,
+}
+
+#[derive(Default)]
+struct EventsP {
+    worker_connections: Option<usize>,
+    accept_mutex: Option<bool>,
+    accept_mutex_delay_ms: Option<u64>,
+    multi_accept: Option<bool>,
+    use_: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    main: MainP,
+    events: Option<EventsP>,
+    http: Option<HttpP>,
+    stream: Option<StreamP>,
+}
+
+pub(crate) fn parse(
+    text: &str,
+    name: &str,
+    conf_dir: &Path,
+    prefix: &Path,
+    extra: Option<&str>,
+) -> Result<Config, ConfigError> {
+    let env = Env {
+        prefix: prefix.to_path_buf(),
+        conf_dir: conf_dir.to_path_buf(),
+        depth: Cell::new(0),
+    };
+    let mut st = State::default();
+    let items = parse_tree(text, name);
+    env.walk(&items, name, Ctx::Main, &mut Target::Main(&mut st))?;
+    if let Some(extra) = extra {
+        let items = parse_tree(extra, COMMAND_LINE);
+        env.walk(&items, COMMAND_LINE, Ctx::Main, &mut Target::Main(&mut st))?;
+    }
+    env.finish(st)
+}
+
+impl Env {
+    fn resolve(&self, p: &str) -> PathBuf {
+        self.prefix.join(p)
+    }
+
+    /// Reads every directive of `items` into `target` with the handler its table row names,
+    /// after checking the row's context, arity and block; follows `include`.
+    fn walk(
+        &self,
+        items: &[Item],
+        file: &str,
+        ctx: Ctx,
+        target: &mut Target<'_>,
+    ) -> Result<(), ConfigError> {
+        for item in items {
+            let d = match item {
+                Item::Error(e) => return Err(e.clone()),
+                Item::Dir(d) => d,
+            };
+            if ctx == Ctx::Types {
+                if d.name == "include" && d.block.is_none() {
+                    if d.args.len() != 1 {
+                        return Err(derr(
+                            d,
+                            file,
+                            "invalid number of arguments in \"include\" directive",
+                        ));
+                    }
+                    self.include(d, file, ctx, target)?;
+                    continue;
+                }
+                if d.block.is_some() {
+                    return Err(derr(d, file, "unexpected \"{\""));
+                }
+                if let Target::Types(map) = target {
+                    for ext in &d.args {
+                        map.insert(ext.to_ascii_lowercase(), d.name.clone());
+                    }
+                }
+                continue;
+            }
+            // A name may have several entries (`server` is a block in `http` and `stream`, a
+            // simple directive in `upstream`): the one valid here wins.
+            let mut named = TABLE.iter().filter(|s| s.name == d.name).peekable();
+            let Some(&first) = named.peek() else {
+                return Err(derr(d, file, format!("unknown directive \"{}\"", d.name)));
+            };
+            let spec = named.find(|s| s.ctx & ctx.bit() != 0).unwrap_or(first);
+            if spec.ctx & ctx.bit() == 0 {
+                return Err(derr(
+                    d,
+                    file,
+                    format!("\"{}\" directive is not allowed here", d.name),
+                ));
+            }
+            if !spec.block && d.block.is_some() {
+                return Err(derr(
+                    d,
+                    file,
+                    format!("directive \"{}\" is not terminated by \";\"", d.name),
+                ));
+            }
+            if spec.block && d.block.is_none() {
+                return Err(derr(
+                    d,
+                    file,
+                    format!("directive \"{}\" has no opening \"{{\"", d.name),
+                ));
+            }
+            if d.args.len() < spec.min || d.args.len() > spec.max {
+                return Err(derr(
+                    d,
+                    file,
+                    format!("invalid number of arguments in \"{}\" directive", d.name),
+                ));
+            }
+            match spec.set {
+                Set::Walk if d.name == "include" => self.include(d, file, ctx, target)?,
+                // `error_log` below main: checked, accepted for nginx compatibility; shard
+                // has one error log.
+                Set::Walk => {
+                    parse_error_log(d, file, &self.prefix)?;
+                }
+                set => dispatch(self, set, target, d, file)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn include(
+        &self,
+        d: &Directive,
+        file: &str,
+        ctx: Ctx,
+        target: &mut Target<'_>,
+    ) -> Result<(), ConfigError> {
+        let arg = &d.args[0];
+        let pattern = if Path::new(arg).is_absolute() {
+            PathBuf::from(arg)
+        } else {
+            self.conf_dir.join(arg)
+        };
+        let wildcard = arg.contains(['*', '?', '[']);
+        let files: Vec<PathBuf> = if wildcard {
+            // The directory part is literal; only the argument is a pattern.
+            let pat = if Path::new(arg).is_absolute() {
+                arg.clone()
+            } else {
+                let dir = glob::Pattern::escape(&self.conf_dir.to_string_lossy());
+                format!("{}/{arg}", dir.trim_end_matches('/'))
+            };
+            let paths = glob::glob(&pat)
+                .map_err(|e| derr(d, file, format!("glob() \"{pat}\" failed ({e})")))?;
+            let mut v: Vec<PathBuf> = paths
+                .filter_map(Result::ok)
+                .filter(|p| p.is_file())
+                .collect();
+            v.sort();
+            v
+        } else {
+            vec![pattern]
+        };
+        if self.depth.get() >= MAX_INCLUDE_DEPTH {
+            return Err(derr(
+                d,
+                file,
+                format!("too deep include nesting of \"{arg}\""),
+            ));
+        }
+        for path in files {
+            let name = path.display().to_string();
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) => {
+                    if !wildcard
+                        && e.kind() == std::io::ErrorKind::NotFound
+                        && path.file_name().is_some_and(|n| n == "mime.types")
+                        && Path::new(arg)
+                            .parent()
+                            .is_none_or(|p| p.as_os_str().is_empty())
+                    {
+                        // No mime.types beside the configuration: use the bundled one.
+                        MIME_TYPES.to_string()
+                    } else {
+                        return Err(derr(d, file, open_failed(&path, &e)));
+                    }
+                }
+            };
+            let items = parse_tree(&text, &name);
+            self.depth.set(self.depth.get() + 1);
+            let r = self.walk(&items, &name, ctx, target);
+            self.depth.set(self.depth.get() - 1);
+            r?;
+        }
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // The final, merged configuration.
+
+    fn finish(&self, st: State) -> Result<Config, ConfigError> {
+        let Some(ev) = st.events else {
+            return Err(ConfigError {
+                message: "no \"events\" section in configuration".to_string(),
+            });
+        };
+        let _ = ev.use_;
+        let main = MainConf {
+            worker_processes: st
+                .main
+                .worker_processes
+                .unwrap_or(WorkerProcesses::Fixed(1)),
+            pid: st.main.pid,
+            error_log: st.main.error_log.unwrap_or_else(|| ErrorLog {
+                target: LogTarget::File(self.prefix.join("logs/error.log")),
+                level: LogLevel::Error,
+            }),
+            worker_rlimit_nofile: st.main.worker_rlimit_nofile,
+            worker_shutdown_timeout_ms: st.main.worker_shutdown_timeout_ms,
+            user: st.main.user,
+        };
+        let events = EventsConf {
+            worker_connections: ev.worker_connections.unwrap_or(512),
+            accept_mutex: ev.accept_mutex.unwrap_or(false),
+            accept_mutex_delay_ms: ev.accept_mutex_delay_ms.unwrap_or(500),
+            multi_accept: ev.multi_accept.unwrap_or(false),
+        };
+        let mut listeners = Vec::new();
+        let http = match st.http {
+            Some(h) => Some(self.finish_http(h, &mut listeners)?),
+            None => None,
+        };
+        let stream = match st.stream {
+            Some(sp) => Some(finish_stream(sp, &mut listeners)?),
+            None => None,
+        };
+        Ok(Config {
+            prefix: self.prefix.clone(),
+            main,
+            events,
+            http,
+            stream,
+            listeners,
+        })
+    }
+
+    /// Merges the http block, resolves every `proxy_pass` (named upstreams first, then
+    /// implicit ones in order of first use) and fills `listeners` with the http addresses.
+    fn finish_http(
+        &self,
+        h: HttpP,
+        listeners: &mut Vec<Listener>,
+    ) -> Result<HttpConf, ConfigError> {
+        let http_eff = Eff::defaults(&self.prefix).merge(&h.settings);
+        let mut ups = HttpUpstreams {
+            named: h.upstreams.len(),
+            list: h.upstreams,
+        };
+        let servers = h
+            .servers
+            .into_iter()
+            .map(|s| finish_server(s, &http_eff, &mut ups))
+            .collect::<Result<Vec<_>, _>>()?;
+        *listeners = h
+            .listeners
+            .into_iter()
+            .map(|l| Listener {
+                addr: l.addr,
+                kind: ListenerKind::Http,
+                default_server: l.default_server.unwrap_or(l.servers[0]),
+                servers: l.servers,
+                opts: l.opts,
+                place: l.opts_place.unwrap_or(l.first_place),
+            })
+            .collect();
+        Ok(HttpConf {
+            servers,
+            upstreams: ups.list,
+        })
+    }
+}
+
+/// Sets a directive that may appear once per block (nginx: "is duplicate").
+fn once<T>(slot: &mut Option<T>, value: T, d: &Directive, file: &str) -> R {
+    if slot.is_some() {
+        return Err(dup(d, file));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+fn a0(d: &Directive) -> &str {
+    d.args.first().map_or("", String::as_str)
+}
+
+fn block(d: &Directive) -> &[Item] {
+    d.block.as_deref().unwrap_or_default()
+}

@@ -1,0 +1,164 @@
+//! The stream module: its block state, the handlers of `stream`, `server` and the stream
+//! `proxy_*` settings, and the merge into [`StreamConf`].
+
+#[allow(unused_imports)]
+use super::*;
+
+/// The `proxy_*` settings of the stream module, merged stream -> server.
+#[derive(Default, Clone)]
+pub(super) struct StreamSettings {
+    pub(super) connect_timeout_ms: Option<u64>,
+    pub(super) timeout_ms: Option<u64>,
+    pub(super) buffer_size: Option<usize>,
+}
+
+pub(super) struct StreamServerP {
+    pub(super) place: Place,
+    pub(super) listen: Vec<SocketAddr>,
+    /// The `proxy_pass` argument and where it was written.
+    pub(super) pass: Option<(String, Place)>,
+    pub(super) settings: StreamSettings,
+}
+
+#[derive(Default)]
+pub(super) struct StreamP {
+    pub(super) settings: StreamSettings,
+    pub(super) upstreams: Vec<UpstreamConf>,
+    pub(super) servers: Vec<StreamServerP>,
+    pub(super) listeners: Vec<ListenerP>,
+}
+
+pub(super) fn stream_upstream(env: &Env, sp: &mut StreamP, d: &Directive, file: &str) -> R {
+    let u = read_upstream(env, d, file, Ctx::Upstream, &sp.upstreams)?;
+    sp.upstreams.push(u);
+    Ok(())
+}
+
+pub(super) fn stream_server(env: &Env, sp: &mut StreamP, d: &Directive, file: &str) -> R {
+    let idx = sp.servers.len();
+    let mut s = StreamServerP {
+        place: place(d, file),
+        listen: Vec::new(),
+        pass: None,
+        settings: StreamSettings::default(),
+    };
+    let cx = StreamServerCx {
+        s: &mut s,
+        listeners: &mut sp.listeners,
+        idx,
+    };
+    env.walk(
+        block(d),
+        file,
+        Ctx::StreamServer,
+        &mut Target::StreamServer(cx),
+    )?;
+    if s.listen.is_empty() {
+        return Err(derr(d, file, "no \"listen\" is defined for server"));
+    }
+    if s.pass.is_none() {
+        return Err(derr(d, file, "no handler for server"));
+    }
+    sp.servers.push(s);
+    Ok(())
+}
+
+pub(super) fn stream_server_listen(cx: &mut StreamServerCx<'_>, d: &Directive, file: &str) -> R {
+    let spec = parse_listen(d, file)?;
+    if spec.default_server {
+        return Err(derr(d, file, "invalid parameter \"default_server\""));
+    }
+    if cx.listeners.iter().any(|l| l.addr == spec.addr) {
+        return Err(derr(d, file, format!("a duplicate listen {}", spec.addr)));
+    }
+    cx.listeners.push(ListenerP {
+        addr: spec.addr,
+        opts: spec.opts.clone(),
+        opts_place: spec.opts_set.then(|| place(d, file)),
+        first_place: place(d, file),
+        servers: vec![cx.idx],
+        default_server: None,
+    });
+    cx.s.listen.push(spec.addr);
+    Ok(())
+}
+
+pub(super) fn stream_server_proxy_pass(
+    cx: &mut StreamServerCx<'_>,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let pass = (a0(d).to_string(), place(d, file));
+    once(&mut cx.s.pass, pass, d, file)
+}
+
+pub(super) fn stream_proxy_connect_timeout(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.connect_timeout_ms, t, d, file)
+}
+
+pub(super) fn stream_proxy_timeout(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.timeout_ms, t, d, file)
+}
+
+pub(super) fn stream_proxy_buffer_size(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let n = size(d, file, a0(d))?;
+    if n == 0 || n > (1 << 30) {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut s.buffer_size, n as usize, d, file)
+}
+
+/// Merges the stream block, resolves `proxy_pass` and appends the stream listeners to the
+/// http ones (an address may serve one kind only).
+pub(super) fn finish_stream(
+    sp: StreamP,
+    listeners: &mut Vec<Listener>,
+) -> Result<StreamConf, ConfigError> {
+    let mut upstreams = sp.upstreams;
+    let mut servers = Vec::with_capacity(sp.servers.len());
+    for s in sp.servers {
+        let (target, at) = s.pass.expect("checked when the server was parsed");
+        let upstream = match upstreams.iter().position(|u| u.name == target) {
+            Some(i) => i,
+            None => {
+                let addrs =
+                    resolve_upstream(&target, None).map_err(|m| err(&at.file, at.line, m))?;
+                upstreams.push(implicit_upstream(target.clone(), at.clone(), addrs));
+                upstreams.len() - 1
+            }
+        };
+        let get = |f: fn(&StreamSettings) -> Option<u64>, dflt: u64| {
+            f(&s.settings).or(f(&sp.settings)).unwrap_or(dflt)
+        };
+        servers.push(StreamServerConf {
+            place: s.place,
+            listen: s.listen,
+            upstream,
+            connect_timeout_ms: get(|x| x.connect_timeout_ms, 60_000),
+            timeout_ms: get(|x| x.timeout_ms, 600_000),
+            buffer_size: get(|x| x.buffer_size.map(|n| n as u64), 16 * 1024) as usize,
+        });
+    }
+    for l in sp.listeners {
+        if listeners.iter().any(|h| h.addr == l.addr) {
+            return Err(err(
+                &l.first_place.file,
+                l.first_place.line,
+                format!("a duplicate listen {} (already used by http)", l.addr),
+            ));
+        }
+        listeners.push(Listener {
+            addr: l.addr,
+            opts: l.opts,
+            kind: ListenerKind::Stream {
+                server: l.servers[0],
+            },
+            servers: Vec::new(),
+            default_server: 0,
+            place: l.opts_place.unwrap_or(l.first_place),
+        });
+    }
+    Ok(StreamConf { upstreams, servers })
+}

@@ -1,0 +1,213 @@
+//! `upstream` blocks of both modules, peers (`server ADDR [weight=N] ...`), address
+//! resolution at load time, and the upstream and peer defaults (once).
+
+#[allow(unused_imports)]
+use super::*;
+
+/// `upstream NAME { ... }` of `stream` (`ctx` [`Ctx::Upstream`]) or `http`
+/// ([`Ctx::HttpUpstream`]: `keepalive*` allowed, a `server` without a port gets 80 and names
+/// compare without case, as nginx). `existing`: the blocks already read.
+pub(super) fn read_upstream(
+    env: &Env,
+    d: &Directive,
+    file: &str,
+    ctx: Ctx,
+    existing: &[UpstreamConf],
+) -> Result<UpstreamConf, ConfigError> {
+    let http = ctx == Ctx::HttpUpstream;
+    let name = d.args[0].clone();
+    let same = |u: &UpstreamConf| {
+        if http {
+            u.name.eq_ignore_ascii_case(&name)
+        } else {
+            u.name == name
+        }
+    };
+    if existing.iter().any(same) {
+        return Err(derr(d, file, format!("duplicate upstream \"{name}\"")));
+    }
+    let mut u = UpstreamP {
+        http,
+        peers: Vec::new(),
+        keepalive: None,
+        keepalive_timeout_ms: None,
+        keepalive_requests: None,
+    };
+    env.walk(block(d), file, ctx, &mut Target::Upstream(&mut u))?;
+    if u.peers.is_empty() {
+        return Err(derr(d, file, "no servers are inside upstream"));
+    }
+    Ok(finish_upstream(name, place(d, file), u))
+}
+
+pub(super) fn upstream_server(u: &mut UpstreamP, d: &Directive, file: &str) -> R {
+    let default_port = u.http.then_some(80);
+    u.peers
+        .extend(parse_upstream_server(d, file, default_port)?);
+    Ok(())
+}
+
+pub(super) fn upstream_keepalive(u: &mut UpstreamP, d: &Directive, file: &str) -> R {
+    let n = num::<usize>(d, file, a0(d))?;
+    if n == 0 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut u.keepalive, n, d, file)
+}
+
+pub(super) fn upstream_keepalive_timeout(u: &mut UpstreamP, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut u.keepalive_timeout_ms, t, d, file)
+}
+
+pub(super) fn upstream_keepalive_requests(u: &mut UpstreamP, d: &Directive, file: &str) -> R {
+    let n = num::<u64>(d, file, a0(d))?;
+    once(&mut u.keepalive_requests, n, d, file)
+}
+
+/// Resolves an upstream address `HOST:PORT` / `[V6]:PORT` (at configuration time, as nginx).
+/// Without a port, `default_port` applies (80 in http), else it is an error. The error is
+/// the message without its place (nginx words these `... in upstream "ADDR"`).
+pub(super) fn resolve_upstream(
+    a: &str,
+    default_port: Option<u16>,
+) -> Result<Vec<SocketAddr>, String> {
+    if a.starts_with("unix:") {
+        return Err(format!(
+            "unix domain sockets are not supported in upstream \"{a}\""
+        ));
+    }
+    let no_port = || match default_port {
+        Some(p) => Ok(p),
+        None => Err(format!("no port in upstream \"{a}\"")),
+    };
+    let port_of = |p: &str| match p.parse::<u16>() {
+        Ok(n) if n > 0 && is_digits(p) => Ok(n),
+        _ => Err(format!("invalid port in upstream \"{a}\"")),
+    };
+    let (host, port) = if let Some(rest) = a.strip_prefix('[') {
+        let Some(end) = rest.find(']') else {
+            return Err(format!("invalid IPv6 address in upstream \"{a}\""));
+        };
+        match rest[end + 1..].strip_prefix(':') {
+            Some(p) => (&rest[..end], port_of(p)?),
+            None if rest[end + 1..].is_empty() => (&rest[..end], no_port()?),
+            None => return Err(format!("invalid port in upstream \"{a}\"")),
+        }
+    } else {
+        match a.rsplit_once(':') {
+            Some((h, p)) => (h, port_of(p)?),
+            None => (a, no_port()?),
+        }
+    };
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let not_found = || format!("host not found in upstream \"{a}\"");
+    if host.is_empty() || host.contains(['/', ' ']) {
+        return Err(not_found());
+    }
+    use std::net::ToSocketAddrs;
+    let mut v: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|_| not_found())?
+        .collect();
+    v.dedup();
+    if v.is_empty() {
+        return Err(not_found());
+    }
+    Ok(v)
+}
+
+/// `server ADDR [weight=N] [max_fails=N] [fail_timeout=T] [backup] [down];` in `upstream`.
+/// `default_port`: the port of an `ADDR` without one (80 in http, none in stream).
+pub(super) fn parse_upstream_server(
+    d: &Directive,
+    file: &str,
+    default_port: Option<u16>,
+) -> Result<Vec<PeerConf>, ConfigError> {
+    let name = d.args[0].clone();
+    let addrs = resolve_upstream(&name, default_port).map_err(|m| derr(d, file, m))?;
+    let Some(&first) = addrs.first() else {
+        return Err(derr(
+            d,
+            file,
+            format!("host not found in upstream \"{name}\""),
+        ));
+    };
+    let mut peer = default_peer(first);
+    for p in &d.args[1..] {
+        let bad = || derr(d, file, format!("invalid parameter \"{p}\""));
+        match p.split_once('=') {
+            Some(("weight", v)) => {
+                peer.weight = v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| *n > 0 && is_digits(v))
+                    .ok_or_else(bad)?;
+            }
+            Some(("max_fails", v)) => {
+                peer.max_fails = v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|_| is_digits(v))
+                    .ok_or_else(bad)?;
+            }
+            Some(("fail_timeout", v)) => peer.fail_timeout_ms = parse_time_ms(v).ok_or_else(bad)?,
+            None if p == "backup" => peer.backup = true,
+            None if p == "down" => peer.down = true,
+            _ => return Err(bad()),
+        }
+    }
+    Ok(addrs
+        .into_iter()
+        .map(|addr| PeerConf {
+            addr,
+            name: if addr.to_string() == name {
+                name.clone()
+            } else {
+                addr.to_string()
+            },
+            ..peer.clone()
+        })
+        .collect())
+}
+
+/// A peer with nginx's defaults: `weight=1 max_fails=1 fail_timeout=10s`. The one place these
+/// defaults live.
+pub(super) fn default_peer(addr: SocketAddr) -> PeerConf {
+    PeerConf {
+        addr,
+        name: addr.to_string(),
+        weight: 1,
+        max_fails: 1,
+        fail_timeout_ms: 10_000,
+        backup: false,
+        down: false,
+    }
+}
+
+/// An upstream block's defaults (`keepalive` off, `keepalive_timeout 60s`,
+/// `keepalive_requests 1000`), in one place.
+pub(super) fn finish_upstream(name: String, place: Place, u: UpstreamP) -> UpstreamConf {
+    UpstreamConf {
+        name,
+        place,
+        peers: u.peers,
+        keepalive: u.keepalive.unwrap_or(0),
+        keepalive_timeout_ms: u.keepalive_timeout_ms.unwrap_or(60_000),
+        keepalive_requests: u.keepalive_requests.unwrap_or(1000),
+    }
+}
+
+/// The one-group upstream of a `proxy_pass` naming an address: nginx's defaults per peer.
+pub(super) fn implicit_upstream(name: String, at: Place, addrs: Vec<SocketAddr>) -> UpstreamConf {
+    let u = UpstreamP {
+        http: false,
+        peers: addrs.into_iter().map(default_peer).collect(),
+        keepalive: None,
+        keepalive_timeout_ms: None,
+        keepalive_requests: None,
+    };
+    finish_upstream(name, at, u)
+}
