@@ -191,7 +191,10 @@ fn a_request_finished_during_a_graceful_stop_is_answered_with_connection_close()
 fn user_directive_drops_worker_privileges_when_root() {
     // SAFETY: geteuid has no failure mode.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("not root: the user directive is ignored (and says so); nothing to check");
+        skipped(
+            "user_directive_drops_worker_privileges_when_root",
+            "not running as root: the user directive cannot switch users (run the tests as root)",
+        );
         return;
     }
     let conf = format!("user nobody;\n{}", base_conf(1, "reuseport", ""));
