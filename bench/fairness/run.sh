@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One client pipelining as fast as it can beside 50 ordinary keep-alive clients, on one worker:
+# the ordinary clients' latency and throughput show whether the pipeliner starves them.
+# usage: bench/fairness/run.sh [SHARD_BIN] [LABEL]   (needs python3; builds nothing)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+BIN=${1:-$root/target/release/shard}
+LABEL=${2:-shard}
+BENCH=$root/target/release/shard-bench
+PORT=$((20000 + RANDOM % 20000))
+D=$(mktemp -d)
+trap 'kill $(cat "$D/logs/f.pid" 2>/dev/null) 2>/dev/null || true; rm -rf "$D"' EXIT
+mkdir -p "$D/conf" "$D/logs"
+cat > "$D/conf/f.conf" <<CONF
+worker_processes 1;
+error_log logs/error.log error;
+pid logs/f.pid;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    keepalive_requests 100000000;   # the pipeliner is never cut off by keepalive_requests
+    server { listen 127.0.0.1:$PORT; location = /ok { return 200 "OK"; } }
+}
+CONF
+"$BIN" -p "$D" -c conf/f.conf &
+for _ in $(seq 50); do [ -s "$D/logs/f.pid" ] && break; sleep 0.1; done
+timeout 20 python3 "$here/hog.py" "$PORT" 8 > "$D/hog.txt" &
+hog=$!
+sleep 1
+echo "== $LABEL: 50 keep-alive clients for 5 s beside one pipelining client"
+timeout 20 "$BENCH" load -c 50 -d 5 "http://127.0.0.1:$PORT/ok" | grep -E "requests/s|latency µs|errors"
+wait "$hog" || true
+cat "$D/hog.txt"
