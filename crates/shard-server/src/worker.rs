@@ -149,6 +149,10 @@ pub(crate) struct Worker<'a> {
     /// connection closes or this time passes: the listeners are out of epoll meanwhile, so a
     /// level-triggered listener cannot spin the loop.
     accept_paused_until: Option<u64>,
+    /// The pause is for `worker_connections` (a closed connection ends it early), not for
+    /// descriptors (only the delay ends it: connections closing in this worker say nothing
+    /// about the system's file table, and resuming at once would spin on `EMFILE`).
+    accept_paused_for_cap: bool,
     /// The pause's alert was logged; cleared by the next successful accept, so a shortage
     /// that lasts is logged once, not once per `accept_mutex_delay`.
     accept_pause_logged: bool,
@@ -313,6 +317,7 @@ impl<'a> Worker<'a> {
             locks,
             accept_disabled: 0,
             accept_paused_until: None,
+            accept_paused_for_cap: false,
             accept_pause_logged: false,
             multi_accept: ev.multi_accept,
             access_logs,
@@ -345,6 +350,18 @@ impl<'a> Worker<'a> {
         Ok(())
     }
 
+    /// Registers listener `i`; a failure is logged (the listener stays out of epoll until the
+    /// next attempt: a re-arm, a resumed pause, a mutex won).
+    fn poll_listener(&mut self, i: usize) {
+        if let Err(e) = self.register_listener(i) {
+            crate::log!(
+                Alert,
+                "epoll_ctl() failed ({})",
+                shard_event::os_error_text(&e)
+            );
+        }
+    }
+
     fn unregister_listener(&mut self, i: usize) {
         let l = &mut self.listeners[i];
         if l.registered {
@@ -372,7 +389,8 @@ impl<'a> Worker<'a> {
             }
             let mut timeout = HEARTBEAT_MS;
             if let Some(until) = self.accept_paused_until {
-                if self.connections_used() < self.conns_max || self.now_ms >= until {
+                let room = self.accept_paused_for_cap && self.connections_used() < self.conns_max;
+                if room || self.now_ms >= until {
                     self.resume_accepting();
                 } else {
                     timeout = timeout.min(until - self.now_ms);
@@ -499,13 +517,7 @@ impl<'a> Worker<'a> {
                     self.cfg.listeners[l.conf_idx].addr
                 );
                 if self.accept_paused_until.is_none() {
-                    if let Err(e) = self.register_listener(i) {
-                        crate::log!(
-                            Alert,
-                            "epoll_ctl() failed ({})",
-                            shard_event::os_error_text(&e)
-                        );
-                    }
+                    self.poll_listener(i);
                 }
             } else {
                 self.unregister_listener(i);
@@ -563,13 +575,7 @@ impl<'a> Worker<'a> {
                     continue;
                 }
                 if won {
-                    if let Err(e) = self.register_listener(i) {
-                        crate::log!(
-                            Alert,
-                            "epoll_ctl() failed ({})",
-                            shard_event::os_error_text(&e)
-                        );
-                    }
+                    self.poll_listener(i);
                 } else {
                     self.unregister_listener(i);
                 }
@@ -629,7 +635,8 @@ impl<'a> Worker<'a> {
 
     /// Stops polling every listener until a connection closes or `accept_mutex_delay`
     /// passes; logs `alert` once per shortage.
-    fn pause_accepting(&mut self, alert: std::fmt::Arguments<'_>) {
+    fn pause_accepting(&mut self, for_cap: bool, alert: std::fmt::Arguments<'_>) {
+        self.accept_paused_for_cap = for_cap;
         if !self.accept_pause_logged {
             self.accept_pause_logged = true;
             crate::log!(Alert, "{alert}");
@@ -656,13 +663,7 @@ impl<'a> Worker<'a> {
         for i in 0..self.listeners.len() {
             // `Mutex` listeners come back through `try_accept_mutex`.
             if self.listeners[i].mode != AcceptMode::Mutex && self.listeners[i].enabled {
-                if let Err(e) = self.register_listener(i) {
-                    crate::log!(
-                        Alert,
-                        "epoll_ctl() failed ({})",
-                        shard_event::os_error_text(&e)
-                    );
-                }
+                self.poll_listener(i);
             }
         }
     }
@@ -684,7 +685,7 @@ impl<'a> Worker<'a> {
         for _ in 0..batch {
             if !self.room_for_connections(need) {
                 let n = self.conns_max;
-                self.pause_accepting(format_args!("{n} worker_connections are not enough"));
+                self.pause_accepting(true, format_args!("{n} worker_connections are not enough"));
                 break;
             }
             let (cfd, peer) = match shard_event::sock::accept(fd) {
@@ -696,7 +697,7 @@ impl<'a> Worker<'a> {
                         // of being woken for the same queued connection again and again.
                         Some(libc::EMFILE) | Some(libc::ENFILE) => {
                             let text = shard_event::os_error_text(&e);
-                            self.pause_accepting(format_args!("accept4() failed ({text})"));
+                            self.pause_accepting(false, format_args!("accept4() failed ({text})"));
                         }
                         _ => crate::log!(
                             Alert,
@@ -746,13 +747,7 @@ impl<'a> Worker<'a> {
         if l.mode == AcceptMode::Exclusive && l.accepts >= EXCLUSIVE_REARM_EVERY {
             l.accepts = 0;
             self.unregister_listener(li);
-            if let Err(e) = self.register_listener(li) {
-                crate::log!(
-                    Alert,
-                    "epoll_ctl() failed ({})",
-                    shard_event::os_error_text(&e)
-                );
-            }
+            self.poll_listener(li);
         }
     }
 

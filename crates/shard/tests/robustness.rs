@@ -426,3 +426,41 @@ fn a_client_gone_after_half_a_head_is_closed_at_once() {
         (status_field(&s, "active") == 1).then_some(())
     });
 }
+
+/// Out of descriptors (`EMFILE`, here from `worker_rlimit_nofile`): the worker stops polling
+/// its listeners for `accept_mutex_delay` instead of being woken for the same queued
+/// connection again and again, logs once, and serves again once descriptors are free.
+#[test]
+fn out_of_descriptors_backs_off_instead_of_spinning() {
+    let mut s = Server::start(
+        "emfile",
+        &conf_with(1, "", "worker_connections 1024;", "").replace(
+            "pid logs/shard.pid;",
+            "pid logs/shard.pid;\nworker_rlimit_nofile 48;",
+        ),
+        1,
+    );
+    let pid = s.wait_workers(1)[0].pid;
+    // Far more silent connections than the worker has descriptors for.
+    let held: Vec<TcpStream> = (0..80).map(|_| connect(s.addr())).collect();
+    wait_for(Duration::from_secs(5), "EMFILE to be reported", || {
+        error_log(&s).contains("Too many open files").then_some(())
+    });
+    let cpu_before = cpu_ms(pid);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_millis(1200)); // a measurement window, not a wait
+    let cpu = cpu_ms(pid) - cpu_before;
+    let wall = t0.elapsed().as_millis() as u64;
+    assert!(
+        cpu * 4 < wall,
+        "worker used {cpu} ms of CPU in {wall} ms out of descriptors"
+    );
+    let lines = error_log(&s).matches("Too many open files").count();
+    assert!(lines <= 2, "{lines} EMFILE lines: logged once per shortage");
+    drop(held);
+    wait_for(
+        Duration::from_secs(5),
+        "service once descriptors are free",
+        || try_get(s.addr(), "/ok").ok().filter(|r| r.status == 200),
+    );
+}
