@@ -153,6 +153,9 @@ pub(crate) struct Worker<'a> {
     /// descriptors (only the delay ends it: connections closing in this worker say nothing
     /// about the system's file table, and resuming at once would spin on `EMFILE`).
     accept_paused_for_cap: bool,
+    /// Connections the accept that paused needed (2 for a stream relay): a cap pause ends
+    /// when that many fit again, not one.
+    accept_pause_need: usize,
     /// The pause's alert was logged; cleared by the next successful accept, so a shortage
     /// that lasts is logged once, not once per `accept_mutex_delay`.
     accept_pause_logged: bool,
@@ -318,6 +321,7 @@ impl<'a> Worker<'a> {
             accept_disabled: 0,
             accept_paused_until: None,
             accept_paused_for_cap: false,
+            accept_pause_need: 1,
             accept_pause_logged: false,
             multi_accept: ev.multi_accept,
             access_logs,
@@ -389,7 +393,8 @@ impl<'a> Worker<'a> {
             }
             let mut timeout = HEARTBEAT_MS;
             if let Some(until) = self.accept_paused_until {
-                let room = self.accept_paused_for_cap && self.connections_used() < self.conns_max;
+                let room = self.accept_paused_for_cap
+                    && self.connections_used() + self.accept_pause_need <= self.conns_max;
                 if room || self.now_ms >= until {
                     self.resume_accepting();
                 } else {
@@ -595,7 +600,8 @@ impl<'a> Worker<'a> {
     }
 
     fn accept_on(&mut self, li: usize) {
-        if li >= self.listeners.len() || self.shutting_down {
+        // A pause taken for an earlier listener of the same batch holds for this one too.
+        if li >= self.listeners.len() || self.shutting_down || self.accept_paused_until.is_some() {
             return;
         }
         let batch = if self.multi_accept {
@@ -635,8 +641,9 @@ impl<'a> Worker<'a> {
 
     /// Stops polling every listener until a connection closes or `accept_mutex_delay`
     /// passes; logs `alert` once per shortage.
-    fn pause_accepting(&mut self, for_cap: bool, alert: std::fmt::Arguments<'_>) {
+    fn pause_accepting(&mut self, need: usize, for_cap: bool, alert: std::fmt::Arguments<'_>) {
         self.accept_paused_for_cap = for_cap;
+        self.accept_pause_need = need;
         if !self.accept_pause_logged {
             self.accept_pause_logged = true;
             crate::log!(Alert, "{alert}");
@@ -685,7 +692,11 @@ impl<'a> Worker<'a> {
         for _ in 0..batch {
             if !self.room_for_connections(need) {
                 let n = self.conns_max;
-                self.pause_accepting(true, format_args!("{n} worker_connections are not enough"));
+                self.pause_accepting(
+                    need,
+                    true,
+                    format_args!("{n} worker_connections are not enough"),
+                );
                 break;
             }
             let (cfd, peer) = match shard_event::sock::accept(fd) {
@@ -697,7 +708,11 @@ impl<'a> Worker<'a> {
                         // of being woken for the same queued connection again and again.
                         Some(libc::EMFILE) | Some(libc::ENFILE) => {
                             let text = shard_event::os_error_text(&e);
-                            self.pause_accepting(false, format_args!("accept4() failed ({text})"));
+                            self.pause_accepting(
+                                need,
+                                false,
+                                format_args!("accept4() failed ({text})"),
+                            );
                         }
                         _ => crate::log!(
                             Alert,
@@ -744,7 +759,11 @@ impl<'a> Worker<'a> {
             self.accept_disabled = self.conns_max as i64 / 8 - free;
         }
         let l = &mut self.listeners[li];
-        if l.mode == AcceptMode::Exclusive && l.accepts >= EXCLUSIVE_REARM_EVERY {
+        // Not while paused: the pause took the listener out of epoll on purpose.
+        if l.mode == AcceptMode::Exclusive
+            && l.accepts >= EXCLUSIVE_REARM_EVERY
+            && self.accept_paused_until.is_none()
+        {
             l.accepts = 0;
             self.unregister_listener(li);
             self.poll_listener(li);

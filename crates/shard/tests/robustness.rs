@@ -464,3 +464,76 @@ fn out_of_descriptors_backs_off_instead_of_spinning() {
         || try_get(s.addr(), "/ok").ok().filter(|r| r.status == 200),
     );
 }
+
+/// Regression (found in review): a stream relay needs two connections, and a pause at the cap
+/// ended as soon as one was free, so with one slot left the worker resumed, was woken for the
+/// queued client, paused again, and spun.
+#[test]
+fn the_cap_with_one_slot_short_for_a_relay_does_not_spin() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let held_port = held.local_addr().unwrap().port();
+    let holder = std::thread::spawn(move || {
+        // The upstream: accepts and keeps what it accepted until the test ends.
+        let mut keep = Vec::new();
+        for s in held.incoming().take(1) {
+            keep.push(s);
+        }
+        std::thread::sleep(Duration::from_secs(4)); // keeps the relay busy, not a sync
+        drop(keep);
+    });
+    let stream_port = free_port();
+    let conf = conf_with(1, "", "worker_connections 4;", "").replace(
+        "http {",
+        &format!(
+            "stream {{ server {{ listen 127.0.0.1:{stream_port}; \
+             proxy_pass 127.0.0.1:{held_port}; }} }}\nhttp {{"
+        ),
+    );
+    let mut s = Server::start("cap-relay", &conf, 1);
+    let pid = s.wait_workers(1)[0].pid;
+    let stream_addr = std::net::SocketAddr::from(([127, 0, 0, 1], stream_port));
+    // One relay (2 slots) and one idle HTTP connection (1 slot): one slot left, a relay needs 2.
+    let _relay = connect(stream_addr);
+    let _http = connect(s.addr());
+    wait_for(
+        Duration::from_secs(5),
+        "the relay and the connection",
+        || (status_field_quiet(&s, "active") >= 2).then_some(()),
+    );
+    let _second = connect(stream_addr);
+    wait_for(Duration::from_secs(5), "the cap to be reported", || {
+        error_log(&s)
+            .contains("worker_connections are not enough")
+            .then_some(())
+    });
+    let cpu_before = cpu_ms(pid);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_millis(1200)); // a measurement window, not a wait
+    let cpu = cpu_ms(pid) - cpu_before;
+    let wall = t0.elapsed().as_millis() as u64;
+    assert!(
+        cpu * 4 < wall,
+        "worker used {cpu} ms of CPU in {wall} ms one slot short for a relay"
+    );
+    holder.join().unwrap();
+}
+
+/// `active` summed over workers, or 0 when the status page cannot be had (at the cap the
+/// status request itself may have to wait).
+fn status_field_quiet(s: &Server, key: &str) -> u64 {
+    let Ok(r) = try_get(s.addr(), "/status") else {
+        return 0;
+    };
+    let body = r.body_str();
+    let pat = format!("\"{key}\":");
+    body.match_indices(&pat)
+        .filter_map(|(i, _)| {
+            body[i + pat.len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit())
+                .collect::<String>()
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}

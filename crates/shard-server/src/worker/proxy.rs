@@ -886,8 +886,10 @@ impl<'a> Worker<'a> {
         let sent = p.upreq_pos > 0 || matches!(p.state, State::ReadingHead);
         let nothing_back = p.rbuf.is_empty();
         p.reused = false;
-        if let Some(u) = p.up.take() {
-            let (upstream, peer) = (self.upconns[u].upstream, self.upconns[u].peer);
+        if let Some((u, upstream, peer)) =
+            p.up.take()
+                .and_then(|u| self.upconns.get(u).map(|uc| (u, uc.upstream, uc.peer)))
+        {
             self.close_upconn(u);
             // A pooled connection the peer closed while idle says nothing about the peer: try
             // again on a fresh connection, whatever the method (nothing was processed).
@@ -1075,7 +1077,13 @@ impl<'a> Worker<'a> {
     fn pool_upconn(&mut self, u: usize) {
         let uc = &self.upconns[u];
         let ups = &self.http().upstreams[uc.upstream];
-        if ups.keepalive == 0 || uc.requests >= ups.keepalive_requests || self.shutting_down {
+        // A connection whose FIN came with the response is done: no further edge would tell
+        // the pool, and the next request would find it closed.
+        if ups.keepalive == 0
+            || uc.requests >= ups.keepalive_requests
+            || self.shutting_down
+            || uc.hup
+        {
             self.close_upconn(u);
             return;
         }
