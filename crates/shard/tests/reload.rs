@@ -514,6 +514,7 @@ fn systemd_socket_activation_is_adopted() {
         child: Some(child),
         dir: dir.clone(),
         port,
+        ports: Vec::new(),
     };
     // The socket was bound by us, not by shard: the port cannot have been bound twice.
     s.wait_workers(1);

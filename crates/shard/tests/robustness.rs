@@ -481,17 +481,16 @@ fn the_cap_with_one_slot_short_for_a_relay_does_not_spin() {
         std::thread::sleep(Duration::from_secs(4)); // keeps the relay busy, not a sync
         drop(keep);
     });
-    let stream_port = free_port();
     let conf = conf_with(1, "", "worker_connections 4;", "").replace(
         "http {",
         &format!(
-            "stream {{ server {{ listen 127.0.0.1:{stream_port}; \
+            "stream {{ server {{ listen 127.0.0.1:{{port1}}; \
              proxy_pass 127.0.0.1:{held_port}; }} }}\nhttp {{"
         ),
     );
-    let mut s = Server::start("cap-relay", &conf, 1);
+    let mut s = Server::start_ports("cap-relay", &conf, 1, 1);
     let pid = s.wait_workers(1)[0].pid;
-    let stream_addr = std::net::SocketAddr::from(([127, 0, 0, 1], stream_port));
+    let stream_addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
     // One relay (2 slots) and one idle HTTP connection (1 slot): one slot left, a relay needs 2.
     let _relay = connect(stream_addr);
     let _http = connect(s.addr());

@@ -112,19 +112,20 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 #[test]
 fn relays_8mib_both_ways_through_reuseport_shards() {
     let (echo_port, _) = upstream(echo);
-    let sp = free_port();
-    let s = Server::start(
+    let s = Server::start_ports(
         "stream-echo",
         &conf(
             2,
             &format!(
                 "upstream echo {{ server 127.0.0.1:{echo_port}; }}\n\
-                 server {{ listen 127.0.0.1:{sp} reuseport backlog=128; proxy_pass echo; \
+                 server {{ listen 127.0.0.1:{{port1}} reuseport backlog=128; proxy_pass echo; \
                  proxy_buffer_size 8k; }}"
             ),
         ),
         2,
+        1,
     );
+    let sp = s.ports[0];
     let clients: Vec<_> = (0..3u64)
         .map(|i| {
             std::thread::spawn(move || {
@@ -167,15 +168,16 @@ fn relays_8mib_both_ways_through_reuseport_shards() {
 #[test]
 fn half_close_reaches_upstream_and_reply_comes_back() {
     let (up, _) = upstream(count_then_reply);
-    let sp = free_port();
-    let _s = Server::start(
+    let _s = Server::start_ports(
         "stream-half",
         &conf(
             1,
-            &format!("server {{ listen 127.0.0.1:{sp}; proxy_pass 127.0.0.1:{up}; }}"),
+            &format!("server {{ listen 127.0.0.1:{{port1}}; proxy_pass 127.0.0.1:{up}; }}"),
         ),
         1,
+        1,
     );
+    let sp = _s.ports[0];
     let mut c = TcpStream::connect(local(sp)).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     c.write_all(&[7u8; 100_000]).unwrap();
@@ -189,18 +191,19 @@ fn half_close_reaches_upstream_and_reply_comes_back() {
 fn failover_to_the_next_upstream() {
     let (good, n) = upstream(says_p);
     let bad = refused_port();
-    let sp = free_port();
-    let s = Server::start(
+    let s = Server::start_ports(
         "stream-failover",
         &conf(
             1,
             &format!(
                 "upstream u {{ server 127.0.0.1:{bad}; server 127.0.0.1:{good}; }}\n\
-                 server {{ listen 127.0.0.1:{sp}; proxy_pass u; }}"
+                 server {{ listen 127.0.0.1:{{port1}}; proxy_pass u; }}"
             ),
         ),
         1,
+        1,
     );
+    let sp = s.ports[0];
     for _ in 0..10 {
         assert_eq!(read_all(sp), "P");
     }
@@ -217,18 +220,19 @@ fn failover_to_the_next_upstream() {
 #[test]
 fn all_upstreams_refusing_closes_the_client() {
     let (a, b) = (refused_port(), refused_port());
-    let sp = free_port();
-    let s = Server::start(
+    let s = Server::start_ports(
         "stream-refused",
         &conf(
             1,
             &format!(
                 "upstream u {{ server 127.0.0.1:{a}; server 127.0.0.1:{b}; }}\n\
-                 server {{ listen 127.0.0.1:{sp}; proxy_pass u; }}"
+                 server {{ listen 127.0.0.1:{{port1}}; proxy_pass u; }}"
             ),
         ),
         1,
+        1,
     );
+    let sp = s.ports[0];
     let start = Instant::now();
     let mut c = TcpStream::connect(local(sp)).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -265,8 +269,7 @@ fn backup_only_when_primaries_are_unavailable_and_down_is_skipped() {
     let (q, nq) = upstream(says_q);
     let (b, nb) = upstream(says_b);
     let bad = refused_port();
-    let (s1, s2, s3) = (free_port(), free_port(), free_port());
-    let _s = Server::start(
+    let _s = Server::start_ports(
         "stream-backup",
         &conf(
             1,
@@ -275,13 +278,17 @@ fn backup_only_when_primaries_are_unavailable_and_down_is_skipped() {
                  upstream broken {{ server 127.0.0.1:{bad}; server 127.0.0.1:{b} backup; }}\n\
                  upstream withdown {{ server 127.0.0.1:{p} down; server 127.0.0.1:{q}; \
                  server 127.0.0.1:{b} backup; }}\n\
-                 server {{ listen 127.0.0.1:{s1}; proxy_pass healthy; }}\n\
-                 server {{ listen 127.0.0.1:{s2}; proxy_pass broken; }}\n\
-                 server {{ listen 127.0.0.1:{s3}; proxy_pass withdown; }}"
+                 server {{ listen 127.0.0.1:{{port1}}; proxy_pass healthy; }}\n\
+                 server {{ listen 127.0.0.1:{{port2}}; proxy_pass broken; }}\n\
+                 server {{ listen 127.0.0.1:{{port3}}; proxy_pass withdown; }}"
             ),
         ),
         1,
+        3,
     );
+    let s1 = _s.ports[0];
+    let s2 = _s.ports[1];
+    let s3 = _s.ports[2];
     for _ in 0..5 {
         assert_eq!(read_all(s1), "P");
     }
@@ -305,8 +312,7 @@ fn backup_only_when_primaries_are_unavailable_and_down_is_skipped() {
 fn max_fails_skips_a_failed_peer_for_fail_timeout() {
     let (good, n) = upstream(says_p);
     let (bad1, bad2) = (refused_port(), refused_port());
-    let (s1, s2) = (free_port(), free_port());
-    let s = Server::start(
+    let s = Server::start_ports(
         "stream-maxfails",
         &conf(
             1,
@@ -315,12 +321,15 @@ fn max_fails_skips_a_failed_peer_for_fail_timeout() {
                  server 127.0.0.1:{good}; }}\n\
                  upstream noskip {{ server 127.0.0.1:{bad2} max_fails=0; \
                  server 127.0.0.1:{good}; }}\n\
-                 server {{ listen 127.0.0.1:{s1}; proxy_pass skip; }}\n\
-                 server {{ listen 127.0.0.1:{s2}; proxy_pass noskip; }}"
+                 server {{ listen 127.0.0.1:{{port1}}; proxy_pass skip; }}\n\
+                 server {{ listen 127.0.0.1:{{port2}}; proxy_pass noskip; }}"
             ),
         ),
         1,
+        2,
     );
+    let s1 = s.ports[0];
+    let s2 = s.ports[1];
     for _ in 0..10 {
         assert_eq!(read_all(s1), "P");
     }
@@ -343,18 +352,19 @@ fn max_fails_skips_a_failed_peer_for_fail_timeout() {
 #[test]
 fn proxy_timeout_closes_an_idle_relay() {
     let (up, _) = upstream(echo);
-    let sp = free_port();
-    let _s = Server::start(
+    let _s = Server::start_ports(
         "stream-timeout",
         &conf(
             1,
             &format!(
                 "proxy_timeout 500ms;\n\
-                 server {{ listen 127.0.0.1:{sp}; proxy_pass 127.0.0.1:{up}; }}"
+                 server {{ listen 127.0.0.1:{{port1}}; proxy_pass 127.0.0.1:{up}; }}"
             ),
         ),
         1,
+        1,
     );
+    let sp = _s.ports[0];
     let mut c = TcpStream::connect(local(sp)).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     // Activity keeps it open past one timeout.
@@ -418,15 +428,16 @@ fn stream_only_configuration_runs() {
 #[test]
 fn graceful_stop_lets_an_open_relay_finish() {
     let (up, _) = upstream(echo);
-    let sp = free_port();
-    let mut s = Server::start(
+    let mut s = Server::start_ports(
         "stream-quit",
         &conf(
             1,
-            &format!("server {{ listen 127.0.0.1:{sp}; proxy_pass 127.0.0.1:{up}; }}"),
+            &format!("server {{ listen 127.0.0.1:{{port1}}; proxy_pass 127.0.0.1:{up}; }}"),
         ),
         1,
+        1,
     );
+    let sp = s.ports[0];
     let mut c = TcpStream::connect(local(sp)).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     c.write_all(b"one").unwrap();
@@ -452,15 +463,16 @@ fn graceful_stop_lets_an_open_relay_finish() {
 #[test]
 fn a_lone_peer_is_tried_every_time() {
     let bad = refused_port();
-    let sp = free_port();
-    let s = Server::start(
+    let s = Server::start_ports(
         "stream-lone",
         &conf(
             1,
-            &format!("server {{ listen 127.0.0.1:{sp}; proxy_pass 127.0.0.1:{bad}; }}"),
+            &format!("server {{ listen 127.0.0.1:{{port1}}; proxy_pass 127.0.0.1:{bad}; }}"),
         ),
         1,
+        1,
     );
+    let sp = s.ports[0];
     for _ in 0..3 {
         assert_eq!(read_all(sp), "");
     }

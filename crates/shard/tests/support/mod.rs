@@ -111,6 +111,8 @@ pub struct Server {
     /// The prefix; removed when the server is dropped (kept if the test failed).
     pub dir: PathBuf,
     pub port: u16,
+    /// The ports that replaced `{port1}`, `{port2}`, ... (see [`Server::start_ports`]).
+    pub ports: Vec<u16>,
 }
 
 impl Server {
@@ -122,10 +124,22 @@ impl Server {
     }
 
     pub fn start_env(tag: &str, conf: &str, workers: usize, env: &[(&str, &str)]) -> Server {
+        Self::start_full(tag, conf, workers, env, 0)
+    }
+
+    /// Like `start`, and `{port1}` .. `{portN}` are replaced by `n` more free ports (listeners
+    /// of other server blocks), read back from `ports`. A test never writes a port it probed
+    /// itself into a listen directive: when another test takes it first, the start is retried
+    /// on new ports here.
+    pub fn start_ports(tag: &str, conf: &str, workers: usize, n: usize) -> Server {
+        Self::start_full(tag, conf, workers, &[], n)
+    }
+
+    fn start_full(tag: &str, conf: &str, workers: usize, env: &[(&str, &str)], n: usize) -> Server {
         // `free_port` can race with another test taking the same port between our probe and
-        // shard's bind: start again on a new port when that is what happened.
+        // shard's bind: start again on new ports when that is what happened.
         for _ in 0..3 {
-            match Self::try_start(tag, conf, workers, env) {
+            match Self::try_start(tag, conf, workers, env, n) {
                 Ok(s) => return s,
                 Err(stderr) if stderr.contains("Address already in use") => continue,
                 Err(stderr) => panic!("shard did not become ready: {stderr}"),
@@ -139,12 +153,18 @@ impl Server {
         conf: &str,
         workers: usize,
         env: &[(&str, &str)],
+        n: usize,
     ) -> Result<Server, String> {
         let dir = temp_dir(tag).keep();
         let port = free_port();
-        let text = conf
+        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let mut text = conf
             .replace("{port}", &port.to_string())
             .replace("{dir}", dir.to_str().unwrap());
+        // From the highest, so that `{port1}` does not match the start of `{port12}`.
+        for (i, p) in ports.iter().enumerate().rev() {
+            text = text.replace(&format!("{{port{}}}", i + 1), &p.to_string());
+        }
         std::fs::write(dir.join("conf/shard.conf"), text).unwrap();
         let mut cmd = Command::new(BIN);
         cmd.arg("-p").arg(&dir).arg("-c").arg("conf/shard.conf");
@@ -161,6 +181,7 @@ impl Server {
             child: Some(child),
             dir,
             port,
+            ports,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
