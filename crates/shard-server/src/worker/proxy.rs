@@ -188,12 +188,13 @@ fn upconn_interest() -> shard_event::Interest {
 
 impl<'a> Worker<'a> {
     /// The `http` block. A proxied request exists only when there is one (it was parsed by an
-    /// HTTP listener), so this never fails at run time.
+    /// HTTP listener); without one this is an empty block rather than a panic.
     fn http(&self) -> &'a HttpConf {
-        self.cfg
-            .http
-            .as_ref()
-            .expect("an HTTP listener implies an http block")
+        static NONE: HttpConf = HttpConf {
+            servers: Vec::new(),
+            upstreams: Vec::new(),
+        };
+        self.cfg.http.as_ref().unwrap_or(&NONE)
     }
 
     fn proxy_location(&self, p: &Proxy) -> &'a LocationConf {

@@ -20,7 +20,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
-use shard_config::StreamServerConf;
+use shard_config::{StreamConf, StreamServerConf};
 use shard_event::sock::Connect;
 
 use super::token::{self, Token};
@@ -111,13 +111,18 @@ pub(super) struct Relay {
 }
 
 impl Worker<'_> {
+    /// The `stream` block. A relay exists only when there is one (it was accepted on a stream
+    /// listener); without one this is an empty block rather than a panic.
+    fn stream(&self) -> &StreamConf {
+        static NONE: StreamConf = StreamConf {
+            upstreams: Vec::new(),
+            servers: Vec::new(),
+        };
+        self.cfg.stream.as_ref().unwrap_or(&NONE)
+    }
+
     fn stream_server(&self, server: usize) -> &StreamServerConf {
-        &self
-            .cfg
-            .stream
-            .as_ref()
-            .expect("stream listener without stream")
-            .servers[server]
+        &self.stream().servers[server]
     }
 
     /// Connections counted against `worker_connections`: a relay is two, an upstream
@@ -206,7 +211,7 @@ impl Worker<'_> {
     fn log_upstream_error(&self, key: usize, what: &str) {
         let r = &self.relays[key];
         let s = self.stream_server(r.server);
-        let up = &self.cfg.stream.as_ref().expect("stream").upstreams[s.upstream];
+        let up = &self.stream().upstreams[s.upstream];
         let addr = r
             .current_peer
             .map_or(String::new(), |p| up.peers[p].addr.to_string());
@@ -251,7 +256,7 @@ impl Worker<'_> {
             };
             r.tried[p] = true;
             r.current_peer = Some(p);
-            let addr = self.cfg.stream.as_ref().expect("stream").upstreams[upstream].peers[p].addr;
+            let addr = self.stream().upstreams[upstream].peers[p].addr;
             let (fd, done) = match shard_event::sock::connect_nonblocking(&addr) {
                 Ok(Connect::Done(fd)) => (fd, true),
                 Ok(Connect::InProgress(fd)) => (fd, false),
