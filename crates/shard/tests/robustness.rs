@@ -50,8 +50,14 @@ fn cpu_ms(pid: u64) -> u64 {
     ticks * 1000 / hz
 }
 
+/// `key` of `/status` summed over the workers.
 fn status_field(s: &Server, key: &str) -> u64 {
-    let body = get(s.addr(), "/status").body_str();
+    try_status_field(s, key).unwrap_or_else(|| panic!("no /status answer for {key}"))
+}
+
+/// The same, `None` when the status page cannot be had (at the cap its request may wait).
+fn try_status_field(s: &Server, key: &str) -> Option<u64> {
+    let body = try_get(s.addr(), "/status").ok()?.body_str();
     let pat = format!("\"{key}\":");
     body.match_indices(&pat)
         .map(|(i, _)| {
@@ -60,9 +66,23 @@ fn status_field(s: &Server, key: &str) -> u64 {
                 .take_while(|c| c.is_ascii_digit())
                 .collect::<String>()
                 .parse::<u64>()
-                .unwrap()
+                .ok()
         })
         .sum()
+}
+
+/// Asserts that worker `pid` uses less than a quarter of a CPU over a 1.2 s window (a
+/// measurement window, not a wait): what a worker that backs off costs while it waits.
+fn assert_worker_idle(pid: u64, situation: &str) {
+    let cpu_before = cpu_ms(pid);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_millis(1200));
+    let cpu = cpu_ms(pid) - cpu_before;
+    let wall = t0.elapsed().as_millis() as u64;
+    assert!(
+        cpu * 4 < wall,
+        "worker used {cpu} ms of CPU in {wall} ms {situation}"
+    );
 }
 
 /// Regression: at the `worker_connections` cap the level-triggered listener was neither
@@ -83,15 +103,7 @@ fn the_connection_cap_backs_off_instead_of_spinning() {
             .contains("4 worker_connections are not enough")
             .then_some(())
     });
-    let cpu_before = cpu_ms(pid);
-    let t0 = Instant::now();
-    std::thread::sleep(Duration::from_millis(1200)); // a measurement window, not a wait
-    let cpu = cpu_ms(pid) - cpu_before;
-    let wall = t0.elapsed().as_millis() as u64;
-    assert!(
-        cpu * 4 < wall,
-        "worker used {cpu} ms of CPU in {wall} ms at the connection cap"
-    );
+    assert_worker_idle(pid, "at the connection cap");
     let lines = error_log(&s)
         .matches("worker_connections are not enough")
         .count();
@@ -446,15 +458,7 @@ fn out_of_descriptors_backs_off_instead_of_spinning() {
     wait_for(Duration::from_secs(5), "EMFILE to be reported", || {
         error_log(&s).contains("Too many open files").then_some(())
     });
-    let cpu_before = cpu_ms(pid);
-    let t0 = Instant::now();
-    std::thread::sleep(Duration::from_millis(1200)); // a measurement window, not a wait
-    let cpu = cpu_ms(pid) - cpu_before;
-    let wall = t0.elapsed().as_millis() as u64;
-    assert!(
-        cpu * 4 < wall,
-        "worker used {cpu} ms of CPU in {wall} ms out of descriptors"
-    );
+    assert_worker_idle(pid, "out of descriptors");
     let lines = error_log(&s).matches("Too many open files").count();
     assert!(lines <= 2, "{lines} EMFILE lines: logged once per shortage");
     drop(held);
@@ -497,7 +501,7 @@ fn the_cap_with_one_slot_short_for_a_relay_does_not_spin() {
     wait_for(
         Duration::from_secs(5),
         "the relay and the connection",
-        || (status_field_quiet(&s, "active") >= 2).then_some(()),
+        || (try_status_field(&s, "active")? >= 2).then_some(()),
     );
     let _second = connect(stream_addr);
     wait_for(Duration::from_secs(5), "the cap to be reported", || {
@@ -505,34 +509,6 @@ fn the_cap_with_one_slot_short_for_a_relay_does_not_spin() {
             .contains("worker_connections are not enough")
             .then_some(())
     });
-    let cpu_before = cpu_ms(pid);
-    let t0 = Instant::now();
-    std::thread::sleep(Duration::from_millis(1200)); // a measurement window, not a wait
-    let cpu = cpu_ms(pid) - cpu_before;
-    let wall = t0.elapsed().as_millis() as u64;
-    assert!(
-        cpu * 4 < wall,
-        "worker used {cpu} ms of CPU in {wall} ms one slot short for a relay"
-    );
+    assert_worker_idle(pid, "one slot short for a relay");
     holder.join().unwrap();
-}
-
-/// `active` summed over workers, or 0 when the status page cannot be had (at the cap the
-/// status request itself may have to wait).
-fn status_field_quiet(s: &Server, key: &str) -> u64 {
-    let Ok(r) = try_get(s.addr(), "/status") else {
-        return 0;
-    };
-    let body = r.body_str();
-    let pat = format!("\"{key}\":");
-    body.match_indices(&pat)
-        .filter_map(|(i, _)| {
-            body[i + pat.len()..]
-                .chars()
-                .take_while(|c| c.is_ascii_digit())
-                .collect::<String>()
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
 }
