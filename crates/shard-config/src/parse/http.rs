@@ -622,45 +622,32 @@ pub(super) fn set_types(env: &Env, s: &mut Settings, d: &Directive, file: &str) 
     Ok(())
 }
 
-pub(super) fn set_keepalive_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let t = time(d, file, a0(d))?;
-    once(&mut s.keepalive_timeout_ms, t, d, file)
+/// A setter for a field set once per block from one argument by a value parser: the shape of
+/// most http settings (nginx's `ngx_conf_set_msec_slot`, `..._flag_slot`, `..._size_slot`).
+macro_rules! slot {
+    ($name:ident, $($field:ident).+, $parse:expr) => {
+        pub(super) fn $name(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+            let v = $parse(d, file, a0(d))?;
+            once(&mut s.$($field).+, v, d, file)
+        }
+    };
 }
 
-pub(super) fn set_keepalive_requests(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let n = num::<u64>(d, file, a0(d))?;
-    once(&mut s.keepalive_requests, n, d, file)
-}
+slot!(set_keepalive_timeout, keepalive_timeout_ms, time);
 
-pub(super) fn set_client_max_body_size(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let n = size(d, file, a0(d))?;
-    once(&mut s.client_max_body_size, n, d, file)
-}
+slot!(set_keepalive_requests, keepalive_requests, num::<u64>);
 
-pub(super) fn set_send_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let t = time(d, file, a0(d))?;
-    once(&mut s.send_timeout_ms, t, d, file)
-}
+slot!(set_client_max_body_size, client_max_body_size, size);
 
-pub(super) fn set_client_body_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let t = time(d, file, a0(d))?;
-    once(&mut s.client_body_timeout_ms, t, d, file)
-}
+slot!(set_send_timeout, send_timeout_ms, time);
 
-pub(super) fn set_sendfile(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let v = flag(d, file, a0(d))?;
-    once(&mut s.sendfile, v, d, file)
-}
+slot!(set_client_body_timeout, client_body_timeout_ms, time);
 
-pub(super) fn set_tcp_nodelay(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let v = flag(d, file, a0(d))?;
-    once(&mut s.tcp_nodelay, v, d, file)
-}
+slot!(set_sendfile, sendfile, flag);
 
-pub(super) fn set_client_header_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let t = time(d, file, a0(d))?;
-    once(&mut s.client_header_timeout_ms, t, d, file)
-}
+slot!(set_tcp_nodelay, tcp_nodelay, flag);
+
+slot!(set_client_header_timeout, client_header_timeout_ms, time);
 
 pub(super) fn set_client_header_buffer_size(
     _: &Env,
@@ -675,25 +662,9 @@ pub(super) fn set_client_header_buffer_size(
     once(&mut s.client_header_buffer_size, v as usize, d, file)
 }
 
-pub(super) fn set_underscores_in_headers(
-    _: &Env,
-    s: &mut Settings,
-    d: &Directive,
-    file: &str,
-) -> R {
-    let v = flag(d, file, a0(d))?;
-    once(&mut s.underscores_in_headers, v, d, file)
-}
+slot!(set_underscores_in_headers, underscores_in_headers, flag);
 
-pub(super) fn set_ignore_invalid_headers(
-    _: &Env,
-    s: &mut Settings,
-    d: &Directive,
-    file: &str,
-) -> R {
-    let v = flag(d, file, a0(d))?;
-    once(&mut s.ignore_invalid_headers, v, d, file)
-}
+slot!(set_ignore_invalid_headers, ignore_invalid_headers, flag);
 
 pub(super) fn set_large_client_header_buffers(
     _: &Env,
@@ -747,10 +718,7 @@ pub(super) fn set_access_log(env: &Env, s: &mut Settings, d: &Directive, file: &
     Ok(())
 }
 
-pub(super) fn set_gzip(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let v = flag(d, file, a0(d))?;
-    once(&mut s.gzip.enabled, v, d, file)
-}
+slot!(set_gzip, gzip.enabled, flag);
 
 pub(super) fn set_gzip_comp_level(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let n = num::<u32>(d, file, a0(d))?;
@@ -779,15 +747,9 @@ pub(super) fn set_gzip_types(_: &Env, s: &mut Settings, d: &Directive, _: &str) 
     Ok(())
 }
 
-pub(super) fn set_gzip_min_length(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let n = size(d, file, a0(d))?;
-    once(&mut s.gzip.min_length, n, d, file)
-}
+slot!(set_gzip_min_length, gzip.min_length, size);
 
-pub(super) fn set_gzip_vary(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let v = flag(d, file, a0(d))?;
-    once(&mut s.gzip.vary, v, d, file)
-}
+slot!(set_gzip_vary, gzip.vary, flag);
 
 /// `1.0` or `1.1`: the minor version.
 pub(super) fn http_minor(d: &Directive, file: &str) -> Result<u8, ConfigError> {
@@ -818,45 +780,26 @@ pub(super) fn set_proxy_http_version(_: &Env, s: &mut Settings, d: &Directive, f
     once(&mut s.proxy.http_version_minor, minor, d, file)
 }
 
-pub(super) fn set_proxy_connect_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let t = time(d, file, a0(d))?;
-    once(&mut s.proxy.connect_timeout_ms, t, d, file)
-}
+slot!(set_proxy_connect_timeout, proxy.connect_timeout_ms, time);
 
-pub(super) fn set_proxy_read_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let t = time(d, file, a0(d))?;
-    once(&mut s.proxy.read_timeout_ms, t, d, file)
-}
+slot!(set_proxy_read_timeout, proxy.read_timeout_ms, time);
 
-pub(super) fn set_proxy_send_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let t = time(d, file, a0(d))?;
-    once(&mut s.proxy.send_timeout_ms, t, d, file)
-}
+slot!(set_proxy_send_timeout, proxy.send_timeout_ms, time);
 
 pub(super) fn set_proxy_next_upstream(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let nu = parse_next_upstream(d, file)?;
     once(&mut s.proxy.next_upstream, nu, d, file)
 }
 
-pub(super) fn set_proxy_next_upstream_tries(
-    _: &Env,
-    s: &mut Settings,
-    d: &Directive,
-    file: &str,
-) -> R {
-    let n = num::<u32>(d, file, a0(d))?;
-    once(&mut s.proxy.next_upstream_tries, n, d, file)
-}
+slot!(
+    set_proxy_next_upstream_tries,
+    proxy.next_upstream_tries,
+    num::<u32>
+);
 
-pub(super) fn set_proxy_buffering(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let v = flag(d, file, a0(d))?;
-    once(&mut s.proxy.buffering, v, d, file)
-}
+slot!(set_proxy_buffering, proxy.buffering, flag);
 
-pub(super) fn set_proxy_buffer_size(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let n = buffer_size(d, file, a0(d))?;
-    once(&mut s.proxy.buffer_size, n, d, file)
-}
+slot!(set_proxy_buffer_size, proxy.buffer_size, buffer_size);
 
 pub(super) fn set_proxy_buffers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let n = num::<usize>(d, file, a0(d))?;
