@@ -489,7 +489,7 @@ impl<'a> Worker<'a> {
                         .get(key)
                         .is_some_and(|r| token::generation(r.id) == generation)
                     {
-                        self.pump(key);
+                        self.resume_relay(key);
                     }
                 }
                 _ => debug_assert!(false, "only connections and relays yield: {t:?}"),

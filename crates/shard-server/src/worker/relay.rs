@@ -23,6 +23,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use shard_config::{StreamConf, StreamServerConf};
 use shard_event::sock::Connect;
 
+use super::step::Io;
 use super::token::{self, Token};
 use super::{balance, Worker};
 use crate::shm::WorkerSlot;
@@ -172,7 +173,16 @@ impl Worker<'_> {
             self.close_relay(key);
             return;
         }
-        self.connect_next(key);
+        let io = self.connect_next(key);
+        self.end_relay_turn(key, io);
+    }
+
+    /// Acts on what a relay step decided: the one place a relay closes, apart from the
+    /// worker's shutdown.
+    fn end_relay_turn(&mut self, key: usize, io: Io) {
+        if io == Io::Close {
+            self.close_relay(key);
+        }
     }
 
     fn set_relay_deadline(&mut self, key: usize, deadline: u64) {
@@ -223,9 +233,9 @@ impl Worker<'_> {
         );
     }
 
-    /// Drops the failed upstream socket (if any) and connects to the next peer; closes the
-    /// relay when no peer is left.
-    fn connect_next(&mut self, key: usize) {
+    /// Drops the failed upstream socket (if any) and connects to the next peer; `Close` when
+    /// no peer is left.
+    fn connect_next(&mut self, key: usize) -> Io {
         let server = self.relays[key].server;
         let (upstream, connect_timeout) = {
             let s = self.stream_server(server);
@@ -251,8 +261,7 @@ impl Worker<'_> {
                         r.listen
                     );
                 }
-                self.close_relay(key);
-                return;
+                return Io::Close;
             };
             r.tried[p] = true;
             r.current_peer = Some(p);
@@ -279,24 +288,22 @@ impl Worker<'_> {
                     "epoll_ctl(ADD) failed ({})",
                     shard_event::os_error_text(&e)
                 );
-                self.close_relay(key);
-                return;
+                return Io::Close;
             }
             if done {
-                self.connected(key);
-            } else {
-                self.set_relay_deadline(key, self.now_ms + connect_timeout);
+                return self.connected(key);
             }
-            return;
+            self.set_relay_deadline(key, self.now_ms + connect_timeout);
+            return Io::Wait;
         }
     }
 
     /// The upstream socket reported writability while connecting: finished, failed or
     /// spurious (an event of a previous attempt's socket).
-    fn check_connect(&mut self, key: usize) {
+    fn check_connect(&mut self, key: usize) -> Io {
         let r = &mut self.relays[key];
         if !r.upstream.writable || r.upstream.fd.is_none() {
-            return;
+            return Io::Wait;
         }
         let fd = r.upstream.raw();
         let failure = match shard_event::sock::take_error(fd) {
@@ -305,7 +312,7 @@ impl Worker<'_> {
                 Ok(_) => None,
                 Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
                     r.upstream.writable = false;
-                    return;
+                    return Io::Wait;
                 }
                 Err(e) => Some(e),
             },
@@ -318,7 +325,7 @@ impl Worker<'_> {
                     &format!("connect() failed ({})", shard_event::os_error_text(&e)),
                 );
                 self.fail_current_peer(key);
-                self.connect_next(key);
+                self.connect_next(key)
             }
         }
     }
@@ -331,7 +338,7 @@ impl Worker<'_> {
         }
     }
 
-    fn connected(&mut self, key: usize) {
+    fn connected(&mut self, key: usize) -> Io {
         let (upstream, size, timeout) = {
             let s = self.stream_server(self.relays[key].server);
             (s.upstream, s.buffer_size, s.timeout_ms)
@@ -344,7 +351,7 @@ impl Worker<'_> {
             balance::succeeded(&mut self.peer_state[upstream], p);
         }
         self.set_relay_deadline(key, self.now_ms + timeout);
-        self.pump(key);
+        self.pump(key)
     }
 
     pub(super) fn on_relay_event(
@@ -371,21 +378,21 @@ impl Worker<'_> {
         if ev.writable() {
             side.writable = true;
         }
-        if r.connecting {
-            if upstream {
-                self.check_connect(key);
-            }
-            return;
-        }
-        self.pump(key);
+        let io = match (r.connecting, upstream) {
+            (true, true) => self.check_connect(key),
+            (true, false) => Io::Wait,
+            (false, _) => self.pump(key),
+        };
+        self.end_relay_turn(key, io);
     }
 
-    /// Moves bytes both ways until both sides must wait; closes when done or failed.
-    pub(super) fn pump(&mut self, key: usize) {
+    /// Moves bytes both ways until both sides must wait or the turn's budget is used; `Close`
+    /// when both directions are done or one failed.
+    fn pump(&mut self, key: usize) -> Io {
         let timeout = self.stream_server(self.relays[key].server).timeout_ms;
         let r = &mut self.relays[key];
         let (Some(up), Some(down)) = (r.up.as_mut(), r.down.as_mut()) else {
-            return;
+            return Io::Wait;
         };
         let mut moved = false;
         let mut rounds = 0;
@@ -415,12 +422,10 @@ impl Worker<'_> {
                 r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
                 r.listen
             );
-            self.close_relay(key);
-            return;
+            return Io::Close;
         }
         if done {
-            self.close_relay(key);
-            return;
+            return Io::Close;
         }
         if moved {
             self.set_relay_deadline(key, self.now_ms + timeout);
@@ -428,6 +433,13 @@ impl Worker<'_> {
         if yielded {
             self.yield_turn(Token::RelayClient { key, generation });
         }
+        Io::Wait
+    }
+
+    /// The next turn of a relay that used up its budget.
+    pub(super) fn resume_relay(&mut self, key: usize) {
+        let io = self.pump(key);
+        self.end_relay_turn(key, io);
     }
 
     pub(super) fn close_relay(&mut self, key: usize) {
@@ -439,21 +451,20 @@ impl Worker<'_> {
         WorkerSlot::drop_one(&self.slot.active);
     }
 
-    fn on_relay_timeout(&mut self, key: usize) {
+    fn on_relay_timeout(&mut self, key: usize) -> Io {
         let r = &self.relays[key];
         if r.connecting {
             self.log_upstream_error(key, "upstream timed out (110: Connection timed out)");
             self.fail_current_peer(key);
-            self.connect_next(key);
-        } else {
-            crate::log!(
-                Info,
-                "timed out (110: Connection timed out) while proxying connection, client: {}, server: {}",
-                r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
-                r.listen
-            );
-            self.close_relay(key);
+            return self.connect_next(key);
         }
+        crate::log!(
+            Info,
+            "timed out (110: Connection timed out) while proxying connection, client: {}, server: {}",
+            r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
+            r.listen
+        );
+        Io::Close
     }
 
     pub(super) fn expire_relay_timers(&mut self) {
@@ -475,7 +486,8 @@ impl Worker<'_> {
             }
             r.timer_at = u64::MAX;
             r.deadline_ms = u64::MAX;
-            self.on_relay_timeout(key);
+            let io = self.on_relay_timeout(key);
+            self.end_relay_turn(key, io);
         }
     }
 
