@@ -83,9 +83,6 @@ pub(super) struct Conn {
     pub(super) body_timeout_ms: u64,
     /// `client_header_timeout` of the listener's default server.
     header_timeout_ms: u64,
-    /// The header limits and name rules of the listener's default server (nginx reads the
-    /// head with the default server's settings, before the Host header chose one).
-    limits: shard_http::request::Limits,
     pub(super) keepalive_timeout_ms: u64,
     /// The request being proxied (`proxy.rs`).
     pub(super) proxy: Option<Box<super::proxy::Proxy>>,
@@ -129,15 +126,6 @@ impl Conn {
             body_timeout_ms: srv.base.client_body_timeout_ms,
             keepalive_timeout_ms: srv.base.keepalive_timeout_ms,
             header_timeout_ms: srv.client_header_timeout_ms,
-            limits: shard_http::request::Limits {
-                header_buffer_size: srv.client_header_buffer_size,
-                large_buffers: srv.large_client_header_buffers.0,
-                large_buffer_size: srv.large_client_header_buffers.1,
-                names: shard_http::request::NamePolicy {
-                    underscores: srv.underscores_in_headers,
-                    ignore_invalid: srv.ignore_invalid_headers,
-                },
-            },
             proxy: None,
             timer_at: u64::MAX,
         }
@@ -475,7 +463,7 @@ impl Worker<'_> {
             let c = &self.conns[key];
             if !c.inbuf.is_empty() {
                 let http = self.cfg.http.as_ref();
-                let limits = c.limits;
+                let limits = self.limits(c.listener);
                 match shard_http::request::parse(&c.inbuf, &limits) {
                     shard_http::request::Parse::Complete { req, head_len } => {
                         let _ = http;
@@ -522,6 +510,26 @@ impl Worker<'_> {
         }
     }
 
+    /// The header limits and name rules of a listener's default server: nginx reads a head
+    /// with the default server's settings, before its Host header chose one. Looked up rather
+    /// than kept on the connection, which would cost every idle connection 32 bytes.
+    fn limits(&self, listener: usize) -> shard_http::request::Limits {
+        let l = &self.cfg.listeners[listener];
+        // An HTTP listener always has an http block; without one, shard-http's defaults.
+        let Some(s) = self.cfg.http.as_ref().map(|h| &h.servers[l.default_server]) else {
+            return shard_http::request::Limits::default();
+        };
+        shard_http::request::Limits {
+            header_buffer_size: s.client_header_buffer_size,
+            large_buffers: s.large_client_header_buffers.0,
+            large_buffer_size: s.large_client_header_buffers.1,
+            names: shard_http::request::NamePolicy {
+                underscores: s.underscores_in_headers,
+                ignore_invalid: s.ignore_invalid_headers,
+            },
+        }
+    }
+
     /// Reads once into the input buffer: `Ready` when bytes arrived, `Wait` when the socket is
     /// drained (the connection is then registered), `Close` at end of stream or on an error.
     pub(super) fn read_more(&mut self, key: usize) -> Io {
@@ -534,7 +542,7 @@ impl Worker<'_> {
             self.conns[key].inbuf = b;
         }
         let limit = {
-            let l = self.conns[key].limits;
+            let l = self.limits(self.conns[key].listener);
             (l.large_buffers * l.large_buffer_size).max(READ_BUFFER_BYTES)
         };
         let c = &mut self.conns[key];
