@@ -469,6 +469,14 @@ impl<'a> Worker<'a> {
         self.ready.push(t);
     }
 
+    /// Queues client connection `key` for its next turn (see `yield_turn`).
+    fn yield_conn(&mut self, key: usize) {
+        if let Some(c) = self.conns.get(key) {
+            let generation = token::generation(c.id);
+            self.yield_turn(Token::Conn { key, generation });
+        }
+    }
+
     /// Gives every connection that yielded its next turn (those closed since are skipped by
     /// their generation).
     fn run_ready(&mut self) {

@@ -396,13 +396,12 @@ impl Worker<'_> {
         }
         let mut rounds = 0;
         loop {
-            let Some(c) = self.conns.get(key) else {
+            if !self.conns.contains(key) {
                 return;
-            };
+            }
             rounds += 1;
             if rounds > super::TURN_ROUNDS_MAX {
-                let generation = super::token::generation(c.id);
-                self.yield_turn(super::token::Token::Conn { key, generation });
+                self.yield_conn(key);
                 return;
             }
             if self.conns[key].proxy.is_some() {
@@ -462,11 +461,9 @@ impl Worker<'_> {
             }
             let c = &self.conns[key];
             if !c.inbuf.is_empty() {
-                let http = self.cfg.http.as_ref();
                 let limits = self.limits(c.listener);
                 match shard_http::request::parse(&c.inbuf, &limits) {
                     shard_http::request::Parse::Complete { req, head_len } => {
-                        let _ = http;
                         self.handle(key, req, head_len);
                         continue;
                     }
@@ -502,8 +499,7 @@ impl Worker<'_> {
                 Io::Wait
             }
             Flush::Yield => {
-                let generation = super::token::generation(self.conns[key].id);
-                self.yield_turn(super::token::Token::Conn { key, generation });
+                self.yield_conn(key);
                 Io::Wait
             }
             Flush::Failed => Io::Close,

@@ -255,10 +255,7 @@ impl<'a> Worker<'a> {
         let flow = loop {
             rounds += 1;
             if rounds > super::TURN_ROUNDS_MAX {
-                self.yield_turn(Token::Conn {
-                    key,
-                    generation: token::generation(id),
-                });
+                self.yield_conn(key);
                 break Flow::Wait;
             }
             let flow = match p.state {
@@ -706,8 +703,7 @@ impl<'a> Worker<'a> {
             rounds += 1;
             if rounds > super::TURN_ROUNDS_MAX {
                 // Upstream and client both keep up: go on after the other connections.
-                let generation = token::generation(self.conns[key].id);
-                self.yield_turn(Token::Conn { key, generation });
+                self.yield_conn(key);
                 return Flow::Wait;
             }
             // Pass on what was read.
