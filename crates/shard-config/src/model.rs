@@ -249,6 +249,11 @@ pub struct LocationConf {
     /// `client_body_timeout`: the longest wait between two reads of a request body. Default
     /// 60 s; then 408.
     pub client_body_timeout_ms: u64,
+    /// How a request body is kept: `client_body_buffer_size`, `client_body_temp_path`,
+    /// `client_body_in_file_only`, `client_body_in_single_buffer`.
+    pub body: BodyConf,
+    /// `lingering_close`, `lingering_time`, `lingering_timeout`.
+    pub lingering: Lingering,
     /// Default off, as nginx.
     pub sendfile: bool,
     /// Default on.
@@ -261,6 +266,68 @@ pub struct LocationConf {
     pub proxy_pass: Option<ProxyPass>,
     /// The other `proxy_*` directives, inherited http -> server -> location.
     pub proxy: ProxyConf,
+}
+
+/// Where a request body that does not fit in memory goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyConf {
+    /// `client_body_buffer_size`: body bytes kept in memory; a larger body is written to a
+    /// temporary file. Default 8 KiB (nginx: two memory pages).
+    pub buffer_size: usize,
+    /// `client_body_temp_path`. Default `client_body_temp` under the prefix.
+    pub temp_path: TempPath,
+    /// `client_body_in_file_only clean`: every body goes to a temporary file. (`on`, which
+    /// keeps the files, is refused: shard unlinks a temporary file as soon as it is opened.)
+    pub in_file_only: bool,
+    /// `client_body_in_single_buffer`: accepted; shard has no `$request_body`, so it changes
+    /// nothing.
+    pub in_single_buffer: bool,
+}
+
+/// A temporary-file directory and its `levels` (nginx's `ngx_path_t`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TempPath {
+    pub path: PathBuf,
+    /// Digits per subdirectory level, at most three levels of 1 or 2 digits.
+    pub levels: Vec<u8>,
+}
+
+impl TempPath {
+    /// The path of temporary file number `n`: ten digits, under one directory per level named
+    /// by the name's last digits, as nginx (`levels 1 2` puts `0000012345` in `5/34/`).
+    pub fn file(&self, n: u64) -> PathBuf {
+        let name = format!("{:010}", n % 10_000_000_000);
+        let mut p = self.path.clone();
+        let mut end = name.len();
+        for &l in &self.levels {
+            let l = usize::from(l);
+            p.push(&name[end - l..end]);
+            end -= l;
+        }
+        p.push(name);
+        p
+    }
+}
+
+/// `lingering_close off|on|always`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LingeringClose {
+    Off,
+    /// When the client may still be sending (unread input, a body not read to its end).
+    On,
+    Always,
+}
+
+/// How a connection that is closed (or a body that is discarded) keeps reading what the
+/// client still sends, so the client sees the response rather than a reset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lingering {
+    /// Default `on`.
+    pub close: LingeringClose,
+    /// `lingering_time`: the most time spent reading and discarding. Default 30 s.
+    pub time_ms: u64,
+    /// `lingering_timeout`: the longest wait for more client data. Default 5 s.
+    pub timeout_ms: u64,
 }
 
 /// `proxy_pass http://NAME|HOST:PORT[/URI]` of one location.
@@ -374,6 +441,9 @@ pub struct ProxyConf {
     /// `proxy_buffers NUMBER SIZE`: with buffering on, the response buffer holds
     /// `buffer_size + NUMBER * SIZE` bytes. Default 8 x 4 KiB.
     pub buffers: (usize, usize),
+    /// `proxy_request_buffering on|off`: read the whole request body before the upstream
+    /// sees the request (default), or send it as it arrives.
+    pub request_buffering: bool,
 }
 
 impl Default for ProxyConf {
@@ -389,6 +459,7 @@ impl Default for ProxyConf {
             buffering: true,
             buffer_size: 4096,
             buffers: (8, 4096),
+            request_buffering: true,
         }
     }
 }
@@ -457,6 +528,21 @@ pub struct HttpConf {
     /// Named `upstream` blocks of `http`, then one implicit upstream per distinct
     /// `proxy_pass http://HOST:PORT` (named by `HOST:PORT` as written).
     pub upstreams: Vec<UpstreamConf>,
+}
+
+impl HttpConf {
+    /// Every `client_body_temp_path` in use, once each: the master creates them at start.
+    pub fn client_body_temp_paths(&self) -> Vec<&TempPath> {
+        let mut out: Vec<&TempPath> = Vec::new();
+        for s in &self.servers {
+            for l in std::iter::once(&s.base).chain(&s.locations) {
+                if !out.contains(&&l.body.temp_path) {
+                    out.push(&l.body.temp_path);
+                }
+            }
+        }
+        out
+    }
 }
 
 /// The `stream` block (nginx's `ngx_stream_proxy_module` subset): TCP relays.

@@ -1927,3 +1927,79 @@ fn keepalive_in_stream_upstream_is_rejected() {
         r#"no port in upstream "127.0.0.1" in t.conf:3"#
     );
 }
+
+#[test]
+fn request_body_and_lingering_directives() {
+    let c = http(
+        "client_body_buffer_size 16k;\n\
+         client_body_temp_path /var/spool/body 1 2;\n\
+         lingering_timeout 2s;\n\
+         server {\n\
+             listen 8080;\n\
+             lingering_close always;\n\
+             location /up { proxy_pass http://127.0.0.1:8081; proxy_request_buffering off;\n\
+                 client_body_in_file_only clean; client_body_in_single_buffer on;\n\
+                 lingering_time 10s; client_body_temp_path tmp; }\n\
+             location / { }\n\
+         }",
+    );
+    let s = &c.http.as_ref().unwrap().servers[0];
+    let (up, root) = (&s.locations[0], &s.locations[1]);
+    assert_eq!(root.body.buffer_size, 16384);
+    assert_eq!(root.body.temp_path.path, PathBuf::from("/var/spool/body"));
+    assert_eq!(root.body.temp_path.levels, vec![1, 2]);
+    assert_eq!(
+        root.body.temp_path.file(12345),
+        PathBuf::from("/var/spool/body/5/34/0000012345")
+    );
+    assert!(!root.body.in_file_only && !root.body.in_single_buffer);
+    assert!(root.proxy.request_buffering);
+    assert_eq!(
+        root.lingering,
+        Lingering {
+            close: LingeringClose::Always,
+            time_ms: 30_000,
+            timeout_ms: 2_000
+        }
+    );
+    assert!(!up.proxy.request_buffering);
+    assert!(up.body.in_file_only && up.body.in_single_buffer);
+    assert_eq!(up.lingering.time_ms, 10_000);
+    assert_eq!(up.body.temp_path.path, PathBuf::from("/pfx/tmp"));
+    assert!(up.body.temp_path.levels.is_empty());
+    let paths = c.http.as_ref().unwrap().client_body_temp_paths();
+    assert_eq!(paths.len(), 2);
+
+    // Defaults, as nginx on x86-64.
+    let d = http("server { listen 8080; }");
+    let b = &d.http.as_ref().unwrap().servers[0].base;
+    assert_eq!(b.body.buffer_size, 8192);
+    assert_eq!(
+        b.body.temp_path.path,
+        PathBuf::from("/pfx/client_body_temp")
+    );
+    assert_eq!(b.lingering.close, LingeringClose::On);
+    assert_eq!(
+        (b.lingering.time_ms, b.lingering.timeout_ms),
+        (30_000, 5_000)
+    );
+
+    let e = |t: &str| error(&format!("{EV}http {{\nserver {{\n{t}\n}}\n}}\n"));
+    assert_eq!(
+        e("client_body_temp_path /x 3;"),
+        r#"invalid value "3" in "client_body_temp_path" directive in t.conf:4"#
+    );
+    assert_eq!(
+        e("client_body_temp_path /x 1 1 1 1;"),
+        r#"invalid number of arguments in "client_body_temp_path" directive in t.conf:4"#
+    );
+    assert_eq!(
+        e("lingering_close sometimes;"),
+        r#"invalid value "sometimes" in "lingering_close" directive in t.conf:4"#
+    );
+    assert!(e("client_body_in_file_only on;").contains("not supported"));
+    assert_eq!(
+        e("proxy_request_buffering maybe;"),
+        r#"invalid value "maybe" in "proxy_request_buffering" directive, it must be "on" or "off" in t.conf:4"#
+    );
+}

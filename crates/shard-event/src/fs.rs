@@ -1,4 +1,6 @@
-//! Files for static responses: one `open` and one `fstat`; the descriptor is returned owned.
+//! Files: for static responses one `open` and one `fstat`, and the request-body temporary
+//! files, which never have a name for longer than one system call. Descriptors are returned
+//! owned.
 
 use std::ffi::CStr;
 use std::io;
@@ -43,4 +45,62 @@ pub fn open_stat(path: &CStr) -> io::Result<(OwnedFd, Stat)> {
             is_file: fmt == libc::S_IFREG,
         },
     ))
+}
+
+/// Creates a temporary file that has no name: `O_TMPFILE` in `dir`, or, where the file system
+/// lacks it, `path` created exclusively and unlinked at once. Either way nothing is left on
+/// disk when the descriptor closes, whatever happens to the process. `Err(AlreadyExists)`: the
+/// fallback found `path` taken; the caller picks another name.
+pub fn create_unlinked(dir: &CStr, path: &CStr) -> io::Result<OwnedFd> {
+    // SAFETY: dir is a valid NUL-terminated string.
+    let r = unsafe {
+        libc::open(
+            dir.as_ptr(),
+            libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    };
+    match cvt(r) {
+        // SAFETY: open returned a new descriptor that nothing else owns.
+        Ok(fd) => return Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+            ) => {}
+        Err(e) => return Err(e),
+    }
+    // SAFETY: path is a valid NUL-terminated string.
+    let fd = cvt(unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    })?;
+    // SAFETY: as above.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: path is a valid NUL-terminated string.
+    cvt(unsafe { libc::unlink(path.as_ptr()) })?;
+    Ok(owned)
+}
+
+/// `write(2)` of all of `buf` to a file (a regular file never writes short but on an error).
+pub fn write_all(fd: std::os::fd::RawFd, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: buf is valid for reads of buf.len() bytes.
+        let n = unsafe { libc::write(fd, buf.as_ptr() as *const libc::c_void, buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
 }

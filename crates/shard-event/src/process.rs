@@ -246,12 +246,9 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Switches to `user` and `group` (default: the user's primary group) for good: supplementary
-/// groups are reset, then gid, then uid. A worker calls this after the master bound every socket.
-pub fn drop_privileges(user: &str, group: Option<&str>) -> Result<(), String> {
-    if !is_root() {
-        return Ok(());
-    }
+/// The uid and gid of `user` (and `group`, else the user's primary group), as nginx's `user`
+/// directive resolves them.
+pub fn lookup_user(user: &str, group: Option<&str>) -> Result<(u32, u32), String> {
     let cuser = std::ffi::CString::new(user).map_err(|_| format!("invalid user \"{user}\""))?;
     // SAFETY: getpwnam returns a pointer into static storage or null; read before other calls.
     let pw = unsafe { libc::getpwnam(cuser.as_ptr()) };
@@ -270,6 +267,16 @@ pub fn drop_privileges(user: &str, group: Option<&str>) -> Result<(), String> {
         // SAFETY: `gr` is non-null.
         gid = unsafe { (*gr).gr_gid };
     }
+    Ok((uid, gid))
+}
+
+/// Switches to `user` and `group` (default: the user's primary group) for good: supplementary
+/// groups are reset, then gid, then uid. A worker calls this after the master bound every socket.
+pub fn drop_privileges(user: &str, group: Option<&str>) -> Result<(), String> {
+    if !is_root() {
+        return Ok(());
+    }
+    let (uid, gid) = lookup_user(user, group)?;
     // SAFETY: plain system calls with integer arguments and a valid list.
     unsafe {
         if libc::setgroups(1, &gid) == -1 {

@@ -126,6 +126,20 @@ pub(crate) mod tests {
             client_max_body_size: 1 << 20,
             send_timeout_ms: 60_000,
             client_body_timeout_ms: 60_000,
+            body: shard_config::BodyConf {
+                buffer_size: 8192,
+                temp_path: shard_config::TempPath {
+                    path: PathBuf::from("/tmp"),
+                    levels: Vec::new(),
+                },
+                in_file_only: false,
+                in_single_buffer: false,
+            },
+            lingering: shard_config::Lingering {
+                close: shard_config::LingeringClose::On,
+                time_ms: 30_000,
+                timeout_ms: 5_000,
+            },
             sendfile: false,
             tcp_nodelay: true,
             access_log: None,

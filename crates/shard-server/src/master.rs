@@ -124,6 +124,34 @@ fn access_log_paths(cfg: &Config) -> Vec<PathBuf> {
     v
 }
 
+/// Creates every `client_body_temp_path` (mode 0700, owned by the `user` the workers run as
+/// when the master is root), as nginx's `ngx_create_paths`. Level directories are the
+/// workers' to create.
+fn create_temp_paths(cfg: &Config) -> Result<(), String> {
+    let Some(http) = cfg.http.as_ref() else {
+        return Ok(());
+    };
+    let owner = match &cfg.main.user {
+        Some((user, group)) if process::is_root() => {
+            Some(process::lookup_user(user, group.as_deref())?)
+        }
+        _ => None,
+    };
+    for tp in http.client_body_temp_paths() {
+        let p = &tp.path;
+        let mut b = std::fs::DirBuilder::new();
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        if let Err(e) = b.recursive(true).create(p) {
+            return Err(format!("mkdir() \"{}\" failed ({e})", p.display()));
+        }
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(p, Some(uid), Some(gid))
+                .map_err(|e| format!("chown(\"{}\", {uid}) failed ({e})", p.display()))?;
+        }
+    }
+    Ok(())
+}
+
 fn describe(listeners: &[OpenListener]) -> String {
     let shown: Vec<String> = listeners
         .iter()
@@ -187,6 +215,7 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         );
     }
 
+    create_temp_paths(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut access_logs = HashMap::new();
     for path in access_log_paths(&cfg) {
         let fd = crate::log::open_append(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -508,6 +537,11 @@ impl Master {
         };
         let n_workers = resolve_workers(cfg.main.worker_processes);
         if let Err(e) = cfg.check_workers(n_workers) {
+            crate::log!(Emerg, "{e}");
+            crate::log!(Alert, "reload failed: keeping the running configuration");
+            return;
+        }
+        if let Err(e) = create_temp_paths(&cfg) {
             crate::log!(Emerg, "{e}");
             crate::log!(Alert, "reload failed: keeping the running configuration");
             return;

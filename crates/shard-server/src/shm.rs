@@ -36,6 +36,12 @@ pub struct WorkerSlot {
     /// Times the worker reached `worker_connections` (or the descriptor limit) and paused
     /// accepting.
     pub accept_pauses: AtomicU64,
+    /// Request-body bytes held in memory now (gauge).
+    pub body_mem_bytes: AtomicU64,
+    /// Request-body bytes written to temporary files, ever.
+    pub body_spooled_bytes: AtomicU64,
+    /// Request-body temporary files open now (gauge).
+    pub body_temp_files: AtomicU64,
 }
 
 impl WorkerSlot {

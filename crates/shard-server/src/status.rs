@@ -83,7 +83,8 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
             s,
             "{{\"idx\":{i},\"pid\":{},\"accepted\":{},\"handled\":{},\"requests\":{},\"active\":{},\
              \"reading\":{},\"writing\":{},\"waiting\":{},\"cpu_ms\":{},\"heartbeat_age_ms\":{},\
-             \"budget_yields\":{},\"adopted\":{},\"accept_pauses\":{}}}",
+             \"budget_yields\":{},\"adopted\":{},\"accept_pauses\":{},\"body_mem_bytes\":{},\
+             \"body_spooled_bytes\":{},\"body_temp_files\":{}}}",
             w.pid.load(Relaxed),
             w.accepted.load(Relaxed),
             w.handled.load(Relaxed),
@@ -97,6 +98,9 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
             w.budget_yields.load(Relaxed),
             w.adopted.load(Relaxed),
             w.accept_pauses.load(Relaxed),
+            w.body_mem_bytes.load(Relaxed),
+            w.body_spooled_bytes.load(Relaxed),
+            w.body_temp_files.load(Relaxed),
         );
     }
     s.push_str("],\"listeners\":[");
@@ -137,7 +141,7 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
     let _ = writeln!(s, "# TYPE shard_generation gauge");
     let _ = writeln!(s, "shard_generation {}", region.generation.load(Relaxed));
     type Field = fn(&crate::shm::WorkerSlot) -> u64;
-    let metrics: [(&str, &str, &str, Field); 12] = [
+    let metrics: [(&str, &str, &str, Field); 15] = [
         (
             "shard_worker_accepted_total",
             "counter",
@@ -203,6 +207,24 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             "counter",
             "Times accepting paused at worker_connections or the descriptor limit.",
             |w| w.accept_pauses.load(Relaxed),
+        ),
+        (
+            "shard_worker_body_memory_bytes",
+            "gauge",
+            "Request-body bytes held in memory.",
+            |w| w.body_mem_bytes.load(Relaxed),
+        ),
+        (
+            "shard_worker_body_spooled_bytes_total",
+            "counter",
+            "Request-body bytes written to temporary files.",
+            |w| w.body_spooled_bytes.load(Relaxed),
+        ),
+        (
+            "shard_worker_body_temp_files",
+            "gauge",
+            "Request-body temporary files open.",
+            |w| w.body_temp_files.load(Relaxed),
         ),
         (
             "shard_worker_heartbeat_age_seconds",

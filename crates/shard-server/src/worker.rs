@@ -17,6 +17,7 @@
 
 mod accept;
 mod balance;
+mod body;
 mod conn;
 mod proxy;
 mod relay;
@@ -166,6 +167,10 @@ pub(crate) struct Worker<'a> {
     access_log_idx: HashMap<PathBuf, usize>,
     /// Spare buffers, so that connections do not allocate per request.
     pool: Vec<Vec<u8>>,
+    /// Request-body bytes this worker holds in memory (`body.rs`).
+    body_mem: usize,
+    /// The last temporary-file number used.
+    temp_seq: u64,
     last_heartbeat_ms: u64,
 }
 
@@ -271,7 +276,14 @@ impl<'a> Worker<'a> {
         let slot = a.region.worker(a.slot);
         slot.pid.store(pid, Relaxed);
         // The previous holder of this slot (a dead worker) left its connections behind.
-        for c in [&slot.active, &slot.reading, &slot.writing, &slot.waiting] {
+        for c in [
+            &slot.active,
+            &slot.reading,
+            &slot.writing,
+            &slot.waiting,
+            &slot.body_mem_bytes,
+            &slot.body_temp_files,
+        ] {
             c.store(0, Relaxed);
         }
         let now_ms = shard_event::monotonic_ms();
@@ -329,6 +341,9 @@ impl<'a> Worker<'a> {
             access_logs,
             access_log_idx,
             pool: Vec::new(),
+            body_mem: 0,
+            // Apart from other workers' numbers, for the named fallback of `O_TMPFILE`.
+            temp_seq: pid.wrapping_mul(100_000),
             last_heartbeat_ms: now_ms,
         };
         w.update_time();

@@ -17,6 +17,13 @@ pub(super) struct Settings {
     pub(super) client_max_body_size: Option<u64>,
     pub(super) send_timeout_ms: Option<u64>,
     pub(super) client_body_timeout_ms: Option<u64>,
+    pub(super) client_body_buffer_size: Option<usize>,
+    pub(super) client_body_temp_path: Option<TempPath>,
+    pub(super) client_body_in_file_only: Option<bool>,
+    pub(super) client_body_in_single_buffer: Option<bool>,
+    pub(super) lingering_close: Option<LingeringClose>,
+    pub(super) lingering_time_ms: Option<u64>,
+    pub(super) lingering_timeout_ms: Option<u64>,
     pub(super) sendfile: Option<bool>,
     pub(super) tcp_nodelay: Option<bool>,
     pub(super) access_log: Option<Option<AccessLog>>,
@@ -72,6 +79,7 @@ pub(super) struct ProxyP {
     pub(super) buffering: Option<bool>,
     pub(super) buffer_size: Option<usize>,
     pub(super) buffers: Option<(usize, usize)>,
+    pub(super) request_buffering: Option<bool>,
 }
 
 impl ProxyP {
@@ -94,6 +102,7 @@ impl ProxyP {
             buffering: self.buffering.unwrap_or(parent.buffering),
             buffer_size: self.buffer_size.unwrap_or(parent.buffer_size),
             buffers: self.buffers.unwrap_or(parent.buffers),
+            request_buffering: self.request_buffering.unwrap_or(parent.request_buffering),
         }
     }
 }
@@ -128,6 +137,8 @@ pub(super) struct Eff {
     pub(super) client_max_body_size: u64,
     pub(super) send_timeout_ms: u64,
     pub(super) client_body_timeout_ms: u64,
+    pub(super) body: BodyConf,
+    pub(super) lingering: Lingering,
     pub(super) sendfile: bool,
     pub(super) tcp_nodelay: bool,
     pub(super) access_log: Option<AccessLog>,
@@ -153,6 +164,20 @@ impl Eff {
             client_max_body_size: 1 << 20,
             send_timeout_ms: 60_000,
             client_body_timeout_ms: 60_000,
+            body: BodyConf {
+                buffer_size: CLIENT_BODY_BUFFER_DEFAULT,
+                temp_path: TempPath {
+                    path: prefix.join("client_body_temp"),
+                    levels: Vec::new(),
+                },
+                in_file_only: false,
+                in_single_buffer: false,
+            },
+            lingering: Lingering {
+                close: LingeringClose::On,
+                time_ms: 30_000,
+                timeout_ms: 5_000,
+            },
             sendfile: false,
             tcp_nodelay: true,
             access_log: Some(AccessLog {
@@ -185,6 +210,22 @@ impl Eff {
             client_body_timeout_ms: s
                 .client_body_timeout_ms
                 .unwrap_or(self.client_body_timeout_ms),
+            body: BodyConf {
+                buffer_size: s.client_body_buffer_size.unwrap_or(self.body.buffer_size),
+                temp_path: s
+                    .client_body_temp_path
+                    .clone()
+                    .unwrap_or_else(|| self.body.temp_path.clone()),
+                in_file_only: s.client_body_in_file_only.unwrap_or(self.body.in_file_only),
+                in_single_buffer: s
+                    .client_body_in_single_buffer
+                    .unwrap_or(self.body.in_single_buffer),
+            },
+            lingering: Lingering {
+                close: s.lingering_close.unwrap_or(self.lingering.close),
+                time_ms: s.lingering_time_ms.unwrap_or(self.lingering.time_ms),
+                timeout_ms: s.lingering_timeout_ms.unwrap_or(self.lingering.timeout_ms),
+            },
             sendfile: s.sendfile.unwrap_or(self.sendfile),
             tcp_nodelay: s.tcp_nodelay.unwrap_or(self.tcp_nodelay),
             access_log: s
@@ -228,6 +269,8 @@ impl Eff {
             client_max_body_size: self.client_max_body_size,
             send_timeout_ms: self.send_timeout_ms,
             client_body_timeout_ms: self.client_body_timeout_ms,
+            body: self.body.clone(),
+            lingering: self.lingering,
             sendfile: self.sendfile,
             tcp_nodelay: self.tcp_nodelay,
             access_log: self.access_log.clone(),
@@ -643,6 +686,84 @@ slot!(set_send_timeout, send_timeout_ms, time);
 
 slot!(set_client_body_timeout, client_body_timeout_ms, time);
 
+/// `client_body_buffer_size`'s default: two memory pages of x86-64, as nginx there.
+pub(super) const CLIENT_BODY_BUFFER_DEFAULT: usize = 8192;
+
+pub(super) fn set_client_body_buffer_size(
+    _: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let v = size(d, file, a0(d))?;
+    let v = usize::try_from(v).map_err(|_| invalid(d, file, a0(d)))?;
+    once(&mut s.client_body_buffer_size, v, d, file)
+}
+
+/// `client_body_temp_path PATH [LEVEL1 [LEVEL2 [LEVEL3]]]`, as nginx's `ngx_conf_set_path_slot`.
+pub(super) fn set_client_body_temp_path(
+    env: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let mut levels = Vec::new();
+    for a in &d.args[1..] {
+        match num::<u8>(d, file, a) {
+            Ok(l @ 1..=2) => levels.push(l),
+            _ => return Err(invalid(d, file, a)),
+        }
+    }
+    let path = TempPath {
+        path: env.resolve(&d.args[0]),
+        levels,
+    };
+    once(&mut s.client_body_temp_path, path, d, file)
+}
+
+/// `client_body_in_file_only on|clean|off`: `on` keeps every body file after the request,
+/// which shard never does (a temporary file is unlinked as soon as it is opened).
+pub(super) fn set_client_body_in_file_only(
+    _: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let v = match a0(d) {
+        "off" => false,
+        "clean" => true,
+        "on" => {
+            return Err(derr(
+                d,
+                file,
+                "\"client_body_in_file_only on\" is not supported: shard removes every request body file at once; use \"clean\"".to_string(),
+            ))
+        }
+        other => return Err(invalid(d, file, other)),
+    };
+    once(&mut s.client_body_in_file_only, v, d, file)
+}
+
+slot!(
+    set_client_body_in_single_buffer,
+    client_body_in_single_buffer,
+    flag
+);
+
+pub(super) fn set_lingering_close(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = match a0(d) {
+        "off" => LingeringClose::Off,
+        "on" => LingeringClose::On,
+        "always" => LingeringClose::Always,
+        other => return Err(invalid(d, file, other)),
+    };
+    once(&mut s.lingering_close, v, d, file)
+}
+
+slot!(set_lingering_time, lingering_time_ms, time);
+
+slot!(set_lingering_timeout, lingering_timeout_ms, time);
+
 slot!(set_sendfile, sendfile, flag);
 
 slot!(set_tcp_nodelay, tcp_nodelay, flag);
@@ -798,6 +919,8 @@ slot!(
 );
 
 slot!(set_proxy_buffering, proxy.buffering, flag);
+
+slot!(set_proxy_request_buffering, proxy.request_buffering, flag);
 
 slot!(set_proxy_buffer_size, proxy.buffer_size, buffer_size);
 

@@ -178,7 +178,7 @@ pub(crate) fn parse(
 }
 
 impl Env {
-    fn resolve(&self, p: &str) -> PathBuf {
+    pub(super) fn resolve(&self, p: &str) -> PathBuf {
         self.prefix.join(p)
     }
 

@@ -231,8 +231,11 @@ impl Worker<'_> {
         let mut c = self.conns.remove(key);
         // Dropping `c` closes its socket (which removes it from epoll; no EPOLL_CTL_DEL
         // needed) and its file.
-        if let Some(u) = c.proxy.take().and_then(|p| p.upstream_conn()) {
-            self.close_upconn(u);
+        if let Some(p) = c.proxy.take() {
+            if let Some(u) = p.upstream_conn() {
+                self.close_upconn(u);
+            }
+            self.give_proxy_bufs(p);
         }
         WorkerSlot::drop_one(phase_counter(self.slot, c.phase));
         WorkerSlot::drop_one(&self.slot.active);
@@ -735,8 +738,7 @@ impl Worker<'_> {
         // Body: refuse what announces itself too large before reading any of it.
         match req.body {
             shard_http::request::Body::Length(n)
-                if (loc.client_max_body_size > 0 && n > loc.client_max_body_size)
-                    || (proxied && n > super::proxy::BODY_MEMORY_MAX) =>
+                if loc.client_max_body_size > 0 && n > loc.client_max_body_size =>
             {
                 if proxied {
                     c.inbuf.drain(..head_len);

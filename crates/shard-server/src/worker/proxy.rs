@@ -29,14 +29,15 @@ use shard_http::body::ChunkedDecoder;
 use shard_http::proxy::{Failure, Framing, ResponseParse};
 use shard_http::request::{Body, Method, Request};
 
+use super::body::Spool;
 use super::step::{Flush, Io, Step};
 use super::token::{self, Token};
 use super::{balance, Worker};
 
-/// Largest request body held in memory when `client_max_body_size 0` sets no limit.
-pub(super) const BODY_MEMORY_MAX: u64 = 64 << 20;
 /// Smallest read from an upstream.
 const READ_MIN_BYTES: usize = 4096;
+/// Most bytes of a request body file handed to one `sendfile`.
+const SENDFILE_CHUNK_BYTES: u64 = 1 << 20;
 
 /// One connection to an upstream peer: serving a request, or idle in its upstream's pool.
 pub(super) struct UpConn {
@@ -91,8 +92,10 @@ pub(super) struct Proxy {
     req: Request,
     /// The request head as received.
     head: Vec<u8>,
-    /// The request body, de-chunked.
-    body: Vec<u8>,
+    /// The request body, de-chunked: in memory, or in a temporary file (`body.rs`).
+    body: Spool,
+    /// How much of a body file went to the current upstream attempt.
+    file_pos: u64,
     state: State,
     /// The last attempt's failure: when no peer is left, a timeout answers 504, else 502.
     last_failure: Option<Failure>,
@@ -133,7 +136,8 @@ impl Proxy {
             location,
             req,
             head,
-            body: Vec::new(),
+            body: Spool::default(),
+            file_pos: 0,
             state: State::ReadBody,
             last_failure: None,
             upreq: Vec::new(),
@@ -312,7 +316,8 @@ impl<'a> Worker<'a> {
         }
     }
 
-    /// Reads the request body into memory.
+    /// Reads the request body: into memory up to `client_body_buffer_size`, then into a
+    /// temporary file.
     fn read_request_body(&mut self, key: usize, p: &mut Proxy) -> Flow {
         // A pending `100 Continue` goes out first.
         if self.conns[key].has_output() {
@@ -322,20 +327,17 @@ impl<'a> Worker<'a> {
                 Io::Close => return Flow::Close,
             }
         }
-        let (max, limit) = {
-            let c = &self.conns[key];
-            let max = c.body_bytes_max;
-            (max, if max == 0 { BODY_MEMORY_MAX } else { max })
-        };
+        let conf = &self.proxy_location(p).body;
         loop {
-            if !self.conns[key].body_pending() {
-                p.state = State::Connect;
-                return Flow::Next;
-            }
-            let done = self.consume_body(key, Some(&mut p.body));
+            let pending = self.conns[key].body_pending();
+            // Grown by what was read, not doubled: a stalled body holds about
+            // `client_body_buffer_size` plus one read.
+            p.body.mem.reserve_exact(self.conns[key].inbuf.len());
+            let done = !pending || self.consume_body(key, Some(&mut p.body.mem));
             let c = &self.conns[key];
             if c.close_after {
                 // Malformed or too large chunked body: nothing was sent upstream.
+                let max = c.body_bytes_max;
                 let status = if c.body_bytes > max && max > 0 {
                     413
                 } else {
@@ -343,16 +345,12 @@ impl<'a> Worker<'a> {
                 };
                 return Flow::Fail(status);
             }
-            if c.body_bytes > limit {
-                crate::log!(
-                    Error,
-                    "client intended to send too large body: {} bytes",
-                    c.body_bytes
-                );
-                return Flow::Fail(413);
+            if self.spool_settle(&mut p.body, conf, done).is_err() {
+                return Flow::Fail(500);
             }
             if done {
-                continue;
+                p.state = State::Connect;
+                return Flow::Next;
             }
             match self.read_more(key) {
                 Io::Ready => {}
@@ -389,6 +387,7 @@ impl<'a> Worker<'a> {
             p.up = Some(u);
             p.reused = true;
             p.upreq_pos = 0;
+            p.file_pos = 0;
             p.state = State::Sending;
             self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
             return Flow::Next;
@@ -418,6 +417,7 @@ impl<'a> Worker<'a> {
         p.tries += 1;
         p.reused = false;
         p.upreq_pos = 0;
+        p.file_pos = 0;
         // An upstream connection counts against worker_connections as in nginx, where
         // `ngx_event_connect_peer` fails and the request ends with a 500.
         if !self.room_for_connections(1) {
@@ -486,8 +486,13 @@ impl<'a> Worker<'a> {
         let c = &self.conns[key];
         let listener = &self.cfg.listeners[c.listener];
         let server_name = first_server_name(srv);
-        let body_len = (p.req.body != Body::None).then_some(p.body.len() as u64);
-        let mut out = Vec::with_capacity(p.head.len() + 128 + p.body.len());
+        let body_len = (p.req.body != Body::None).then_some(p.body.len());
+        let in_memory = if p.body.file().is_some() {
+            0
+        } else {
+            p.body.mem.len()
+        };
+        let mut out = Vec::with_capacity(p.head.len() + 128 + in_memory);
         shard_http::proxy::write_request(
             &mut out,
             &shard_http::proxy::RequestCtx {
@@ -501,9 +506,14 @@ impl<'a> Worker<'a> {
                 body_len,
             },
         );
-        out.extend_from_slice(&p.body);
+        if p.body.file().is_none() {
+            // A body that fits in memory leaves with the head, in one write; it is kept there
+            // for another attempt, and its buffer goes back.
+            out.extend_from_slice(&p.body.mem);
+            p.body.mem = Vec::new();
+            self.recharge(&mut p.body);
+        }
         p.upreq = out;
-        p.body = Vec::new();
     }
 
     fn check_upstream_connect(&mut self, key: usize, p: &mut Proxy) -> Flow {
@@ -559,6 +569,42 @@ impl<'a> Worker<'a> {
                         os(&e)
                     );
                     return self.attempt_failed(key, p, Failure::Error, &msg);
+                }
+            }
+        }
+        if let Some((file, len)) = p.body.file() {
+            while p.file_pos < len {
+                if !uc.writable {
+                    return Flow::Wait;
+                }
+                let want = (len - p.file_pos).min(SENDFILE_CHUNK_BYTES) as usize;
+                match shard_event::sock::sendfile(
+                    uc.fd.as_raw_fd(),
+                    file.as_raw_fd(),
+                    &mut p.file_pos,
+                    want,
+                ) {
+                    Ok(0) => {
+                        let msg = "sendfile() reported that the request body file was truncated while sending request to upstream";
+                        return self.attempt_failed(key, p, Failure::Error, msg);
+                    }
+                    Ok(n) => {
+                        if n < want {
+                            uc.writable = false;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        uc.writable = false;
+                        return Flow::Wait;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        let msg = format!(
+                            "sendfile() failed ({}) while sending request to upstream",
+                            os(&e)
+                        );
+                        return self.attempt_failed(key, p, Failure::Error, &msg);
+                    }
                 }
             }
         }
@@ -864,13 +910,16 @@ impl<'a> Worker<'a> {
         self.give_proxy_bufs(p);
     }
 
-    fn give_proxy_bufs(&mut self, p: Box<Proxy>) {
+    /// Gives back a proxied request's buffers and its body (memory and temporary file).
+    pub(super) fn give_proxy_bufs(&mut self, p: Box<Proxy>) {
         let Proxy {
             rbuf,
             scratch,
             head,
+            body,
             ..
         } = *p;
+        self.spool_release(body);
         self.give_buf(rbuf);
         self.give_buf(scratch);
         self.give_buf(head);

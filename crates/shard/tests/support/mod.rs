@@ -301,6 +301,9 @@ pub struct Worker {
     pub accepted: u64,
     pub requests: u64,
     pub active: u64,
+    pub body_mem_bytes: u64,
+    pub body_spooled_bytes: u64,
+    pub body_temp_files: u64,
 }
 
 fn json_u64(obj: &str, key: &str) -> u64 {
@@ -333,6 +336,9 @@ pub fn parse_workers(json: &str) -> Vec<Worker> {
             accepted: json_u64(o, "accepted"),
             requests: json_u64(o, "requests"),
             active: json_u64(o, "active"),
+            body_mem_bytes: json_u64(o, "body_mem_bytes"),
+            body_spooled_bytes: json_u64(o, "body_spooled_bytes"),
+            body_temp_files: json_u64(o, "body_temp_files"),
         })
         .collect()
 }

@@ -1,0 +1,148 @@
+//! Request bodies held for the proxy, nginx's way: the first `client_body_buffer_size` bytes
+//! in memory, and a body that outgrows them in a temporary file under `client_body_temp_path`.
+//!
+//! This module owns the [`Spool`] (memory part, file part), the temporary files (created with
+//! no name, or unlinked as soon as they are opened, so a crash, a `kill -9` or a reload leaves
+//! nothing on disk) and the worker's accounting of body memory: the gauges `body_mem_bytes`
+//! and `body_temp_files`, the counter `body_spooled_bytes`, and the per-worker ceiling
+//! [`BODY_MEMORY_WORKER_MAX`] past which even small bodies go to a file. It does not read the
+//! client (that is `conn.rs`) nor write the upstream (`proxy.rs`).
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use shard_config::{BodyConf, TempPath};
+
+use super::Worker;
+use crate::shm::WorkerSlot;
+
+/// Most request-body bytes a worker keeps in memory, over all its connections; past it every
+/// body is written to its temporary file as it arrives. 200 connections each holding a full
+/// default buffer (8 KiB) stay well under it.
+pub(super) const BODY_MEMORY_WORKER_MAX: usize = 16 << 20;
+
+/// One request body: `mem` holds what is not in the file (the whole body while there is no
+/// file).
+#[derive(Default)]
+pub(super) struct Spool {
+    pub(super) mem: Vec<u8>,
+    file: Option<OwnedFd>,
+    file_len: u64,
+    /// Bytes of memory charged to the worker for `mem` (its capacity when last counted).
+    charged: usize,
+}
+
+impl Spool {
+    /// The file and the body bytes in it, once the body went to a file.
+    pub(super) fn file(&self) -> Option<(&OwnedFd, u64)> {
+        self.file.as_ref().map(|f| (f, self.file_len))
+    }
+
+    pub(super) fn len(&self) -> u64 {
+        self.file_len + self.mem.len() as u64
+    }
+}
+
+impl Worker<'_> {
+    /// After body bytes were appended to `s.mem`: writes them to the temporary file when the
+    /// body outgrew `client_body_buffer_size`, when `client_body_in_file_only` asks for it, or
+    /// when the worker holds too much body memory; with `last`, the whole body is then in the
+    /// file. Errors are logged here; the request then fails with 500, as nginx's.
+    pub(super) fn spool_settle(
+        &mut self,
+        s: &mut Spool,
+        conf: &BodyConf,
+        last: bool,
+    ) -> std::io::Result<()> {
+        let over_cap = self.body_mem > BODY_MEMORY_WORKER_MAX;
+        let to_file =
+            s.file.is_some() || conf.in_file_only || s.mem.len() > conf.buffer_size || over_cap;
+        let batch_full = s.mem.len() >= conf.buffer_size || last || over_cap;
+        if to_file && batch_full && (!s.mem.is_empty() || (last && conf.in_file_only)) {
+            if s.file.is_none() {
+                let fd = self.create_temp(&conf.temp_path)?;
+                s.file = Some(fd);
+                WorkerSlot::bump(&self.slot.body_temp_files, 1);
+            }
+            let fd = s.file.as_ref().map_or(-1, |f| f.as_raw_fd());
+            if let Err(e) = shard_event::fs::write_all(fd, &s.mem) {
+                crate::log!(
+                    Crit,
+                    "write() to a client request body file in \"{}\" failed ({})",
+                    conf.temp_path.path.display(),
+                    shard_event::os_error_text(&e)
+                );
+                return Err(e);
+            }
+            s.file_len += s.mem.len() as u64;
+            WorkerSlot::bump(&self.slot.body_spooled_bytes, s.mem.len() as u64);
+            s.mem.clear();
+            if over_cap || last {
+                // Memory is short, or nothing more comes: the buffer itself goes.
+                s.mem = Vec::new();
+            }
+        }
+        self.recharge(s);
+        Ok(())
+    }
+
+    /// Brings the worker's body-memory gauge up to date with `s.mem`'s capacity.
+    pub(super) fn recharge(&mut self, s: &mut Spool) {
+        let now = s.mem.capacity();
+        self.body_mem = self.body_mem + now - s.charged;
+        s.charged = now;
+        self.slot
+            .body_mem_bytes
+            .store(self.body_mem as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The body is done with: its memory and its file are given back.
+    pub(super) fn spool_release(&mut self, mut s: Spool) {
+        s.mem = Vec::new();
+        self.recharge(&mut s);
+        if s.file.take().is_some() {
+            WorkerSlot::drop_one(&self.slot.body_temp_files);
+        }
+    }
+
+    /// A new temporary file under `tp`, with no name left on disk. The level directories are
+    /// created on first use, as nginx's `ngx_create_temp_file`.
+    fn create_temp(&mut self, tp: &TempPath) -> std::io::Result<OwnedFd> {
+        let mut created_dirs = false;
+        self.temp_seq = self.temp_seq.wrapping_add(1);
+        loop {
+            let path = tp.file(self.temp_seq);
+            let dir = path.parent().unwrap_or(&tp.path);
+            let (Ok(cdir), Ok(cpath)) = (
+                CString::new(dir.as_os_str().as_bytes()),
+                CString::new(path.as_os_str().as_bytes()),
+            ) else {
+                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+            };
+            match shard_event::fs::create_unlinked(&cdir, &cpath) {
+                Ok(fd) => return Ok(fd),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    self.temp_seq = self.temp_seq.wrapping_add(1);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !created_dirs => {
+                    // The level directories of this name; the open is then tried once more
+                    // and reports its own error if they could not be made.
+                    created_dirs = true;
+                    let mut b = std::fs::DirBuilder::new();
+                    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+                    let _ = b.recursive(true).create(dir);
+                }
+                Err(e) => {
+                    crate::log!(
+                        Crit,
+                        "open() a client request body file in \"{}\" failed ({})",
+                        dir.display(),
+                        shard_event::os_error_text(&e)
+                    );
+                    return Err(e);
+                }
+            }
+        }
+    }
+}

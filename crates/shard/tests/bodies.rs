@@ -1,0 +1,364 @@
+//! Request bodies as a client, an upstream and the file system see them: bodies below and above
+//! `client_body_buffer_size` reach the upstream byte-exact, the larger ones through a temporary
+//! file that never has a name on disk (not during the request, not after a `kill -9`), worker
+//! memory stays bounded with many stalled uploads, a body over `client_max_body_size` is
+//! refused before it is read, a slow body is cut at `client_body_timeout`, a body nobody needs
+//! is discarded under `lingering_timeout`/`lingering_time`, and `proxy_request_buffering off`
+//! streams a body to the upstream while it arrives.
+//!
+//! `worker_processes 1` everywhere: the status counters read are that worker's.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use support::upstream::{pattern, Reply, Upstream};
+use support::*;
+
+fn conf(http_extra: &str, server_extra: &str) -> String {
+    format!(
+        "worker_processes 1;\n\
+         error_log logs/error.log info;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{\n\
+         access_log off;\n\
+         proxy_connect_timeout 2s; proxy_read_timeout 5s; proxy_send_timeout 5s;\n\
+         {http_extra}\n\
+         server {{\n\
+         listen 127.0.0.1:{{port}};\n\
+         location = /status {{ shard_status; }}\n\
+         {server_extra}\n\
+         }}\n\
+         }}\n"
+    )
+}
+
+fn error_log(s: &Server) -> String {
+    std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap_or_default()
+}
+
+fn worker(s: &Server) -> Worker {
+    let r = get(s.addr(), "/status");
+    let mut ws = parse_workers(&r.body_str());
+    assert_eq!(ws.len(), 1, "{}", r.body_str());
+    ws.remove(0)
+}
+
+/// Every file under `dir`, recursively (directories themselves are not listed).
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p.display().to_string());
+        }
+    }
+    out
+}
+
+fn chunked(data: &[u8], piece: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for c in data.chunks(piece.max(1)) {
+        out.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+        out.extend_from_slice(c);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"0\r\n\r\n");
+    out
+}
+
+fn client(addr: SocketAddr) -> TcpStream {
+    let c = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    c
+}
+
+fn rss_kib(pid: u64) -> u64 {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    st.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn bodies_below_and_above_the_buffer_reach_the_upstream_byte_exact() {
+    let up = Upstream::start(|_| Reply::Echo);
+    let s = Server::start(
+        "body-sizes",
+        &conf(
+            "client_max_body_size 10m; client_body_buffer_size 8k;",
+            &format!("location / {{ proxy_pass http://127.0.0.1:{}; }}", up.port),
+        ),
+        1,
+    );
+    let mut spooled_before = worker(&s).body_spooled_bytes;
+    for (i, &len) in [1usize, 8191, 8192, 8193, 65_537, 3_000_001]
+        .iter()
+        .enumerate()
+    {
+        for chunk in [false, true] {
+            let data = pattern(len, i as u64 + 1);
+            let mut c = client(s.addr());
+            if chunk {
+                c.write_all(b"POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    .unwrap();
+                c.write_all(&chunked(&data, 5000)).unwrap();
+            } else {
+                c.write_all(
+                    format!("POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n")
+                        .as_bytes(),
+                )
+                .unwrap();
+                c.write_all(&data).unwrap();
+            }
+            let r = read_response(&mut c, false).expect("response");
+            assert_eq!(r.status, 200, "{len} bytes, chunked {chunk}");
+            assert!(r.body == data, "{len} bytes (chunked {chunk}) echoed wrong");
+            let u = up.last();
+            assert!(
+                u.body == data,
+                "{len} bytes (chunked {chunk}) reached the upstream wrong"
+            );
+            assert_eq!(u.header("content-length"), Some(len.to_string().as_str()));
+            let w = worker(&s);
+            let spooled = w.body_spooled_bytes - spooled_before;
+            spooled_before = w.body_spooled_bytes;
+            if len > 8192 {
+                assert_eq!(spooled, len as u64, "{len} bytes were not spooled whole");
+            } else {
+                assert_eq!(spooled, 0, "{len} bytes went to a file");
+            }
+            assert_eq!(w.body_temp_files, 0, "a body file stays open");
+            assert_eq!(w.body_mem_bytes, 0, "body memory stays charged");
+        }
+    }
+    let left = files_under(&s.dir.join("client_body_temp"));
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+}
+
+/// The body file of an upload in progress: the descriptor the worker holds, its name, and
+/// whether that name still exists.
+fn body_fds(pid: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        if let Ok(t) = std::fs::read_link(e.path()) {
+            let t = t.display().to_string();
+            if t.contains("body_temp") {
+                out.push(t);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_body_file_has_no_name_on_disk_during_the_upload_nor_after_kill_9() {
+    let up = Upstream::text("ok");
+    let mut s = Server::start(
+        "body-nofile",
+        &conf(
+            "client_max_body_size 10m; client_body_temp_path body_temp 1 2;",
+            &format!("location / {{ proxy_pass http://127.0.0.1:{}; }}", up.port),
+        ),
+        1,
+    );
+    let pid = worker(&s).pid;
+    let mut c = client(s.addr());
+    c.write_all(b"POST /u HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+        .unwrap();
+    c.write_all(&pattern(900_000, 3)).unwrap();
+    wait_for(Duration::from_secs(5), "the body to be spooled", || {
+        let w = worker(&s);
+        (w.body_temp_files == 1 && w.body_spooled_bytes >= 880_000).then_some(())
+    });
+    let fds = body_fds(pid);
+    assert_eq!(fds.len(), 1, "{fds:?}");
+    assert!(
+        fds[0].ends_with("(deleted)"),
+        "the body file has a name: {fds:?}"
+    );
+    let dir = s.dir.join("body_temp");
+    assert!(files_under(&dir).is_empty(), "{:?}", files_under(&dir));
+    // A crash leaves nothing behind either; the respawned worker starts from zero.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let ws = wait_for(Duration::from_secs(10), "a respawned worker", || {
+        let ws = s.workers();
+        (ws.len() == 1 && ws[0].pid != pid && ws[0].pid > 0).then_some(ws)
+    });
+    let w = worker(&s);
+    assert_eq!((w.body_temp_files, w.body_mem_bytes), (0, 0), "{ws:?}");
+    assert!(files_under(&dir).is_empty(), "{:?}", files_under(&dir));
+    drop(c);
+    let _ = s.wait_workers(1);
+}
+
+#[test]
+fn stalled_uploads_hold_little_worker_memory() {
+    const CLIENTS: usize = 50;
+    let up = Upstream::text("ok");
+    let s = Server::start(
+        "body-stalled",
+        &conf(
+            "client_max_body_size 10m;",
+            &format!("location / {{ proxy_pass http://127.0.0.1:{}; }}", up.port),
+        ),
+        1,
+    );
+    let pid = worker(&s).pid;
+    // Warm the worker's allocator and buffers with one complete upload.
+    let mut c = client(s.addr());
+    c.write_all(b"POST /u HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n")
+        .unwrap();
+    c.write_all(&pattern(900_000, 1)).unwrap();
+    assert_eq!(read_response(&mut c, false).unwrap().status, 200);
+    drop(c);
+    let before = rss_kib(pid);
+    let data = pattern(900_000, 2);
+    let mut held = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut c = client(s.addr());
+        c.write_all(b"POST /u HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+            .unwrap();
+        c.write_all(&data).unwrap();
+        held.push(c);
+    }
+    let w = wait_for(Duration::from_secs(20), "every upload to be read", || {
+        let w = worker(&s);
+        (w.body_temp_files == CLIENTS as u64
+            && w.body_spooled_bytes >= 900_000 + (CLIENTS as u64) * 880_000)
+            .then_some(w)
+    });
+    let after = rss_kib(pid);
+    let per_conn = (after.saturating_sub(before)) * 1024 / CLIENTS as u64;
+    eprintln!(
+        "{CLIENTS} stalled 900 KB uploads: worker RSS {before} -> {after} KiB, {per_conn} B per \
+         connection, body memory {} B",
+        w.body_mem_bytes
+    );
+    assert!(
+        per_conn <= 64 * 1024,
+        "{per_conn} bytes of worker memory per stalled upload"
+    );
+    assert!(
+        w.body_mem_bytes <= (CLIENTS as u64) * 16 * 1024,
+        "body memory {}",
+        w.body_mem_bytes
+    );
+    drop(held);
+}
+
+#[test]
+fn a_body_over_client_max_body_size_gets_413_before_it_is_read_and_no_100_continue() {
+    let up = Upstream::text("ok");
+    let s = Server::start(
+        "body-413",
+        &conf(
+            "client_max_body_size 1k;",
+            &format!(
+                "location / {{ proxy_pass http://127.0.0.1:{}; }}\n\
+                 location /static/ {{ root html; }}",
+                up.port
+            ),
+        ),
+        1,
+    );
+    for path in ["/p", "/static/x"] {
+        let mut c = client(s.addr());
+        c.write_all(
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\
+                 Expect: 100-continue\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        // Nothing of the body was sent: the answer comes anyway, and it is the final one.
+        let r = read_response(&mut c, false).expect("response");
+        assert_eq!(r.status, 413, "{path}");
+        assert_eq!(r.header("connection"), Some("close"), "{path}");
+    }
+    assert_eq!(up.requests(), 0);
+    assert!(error_log(&s).contains("client intended to send too large body: 5000 bytes"));
+}
+
+#[test]
+fn a_failed_attempt_resends_a_spooled_body_to_the_next_peer() {
+    // The first peer answers 502 to everything; the second echoes. The body (on file) must
+    // reach the second one whole.
+    let bad = Upstream::start(|_| Reply::text(502, "bad"));
+    let good = Upstream::start(|_| Reply::Echo);
+    let s = Server::start(
+        "body-retry",
+        &conf(
+            &format!(
+                "client_max_body_size 10m;\n\
+                 upstream pair {{ server 127.0.0.1:{}; server 127.0.0.1:{}; }}",
+                bad.port, good.port
+            ),
+            "location / { proxy_pass http://pair; \
+             proxy_next_upstream error timeout http_502 non_idempotent; }",
+        ),
+        1,
+    );
+    for i in 0..2 {
+        let data = pattern(200_000 + i, 9);
+        let mut c = client(s.addr());
+        c.write_all(
+            format!(
+                "POST /r HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+                data.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        c.write_all(&data).unwrap();
+        let r = read_response(&mut c, false).expect("response");
+        assert_eq!(r.status, 200);
+        assert!(
+            r.body == data,
+            "attempt {i}: the body reached the next peer wrong"
+        );
+    }
+    assert!(bad.requests() >= 1 && good.requests() == 2);
+    assert!(bad.received().iter().all(|u| u.body.len() >= 200_000));
+}
+
+/// Reads until `n` bytes arrived or the deadline passed.
+#[allow(dead_code)]
+fn read_at_least(s: &mut TcpStream, n: usize, within: Duration) -> Vec<u8> {
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    while got.len() < n && Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => got.extend_from_slice(&buf[..k]),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    got
+}
+
+#[allow(dead_code)]
+fn raw_upstream() -> (TcpListener, u16) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    (l, port)
+}
