@@ -362,3 +362,118 @@ fn raw_upstream() -> (TcpListener, u16) {
     let port = l.local_addr().unwrap().port();
     (l, port)
 }
+
+/// Reads until end of stream (or a reset); how long that took.
+fn time_to_close(c: &mut TcpStream, limit: Duration) -> Duration {
+    let t = Instant::now();
+    c.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => return t.elapsed(),
+            Ok(_) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                panic!("still open after {limit:?}")
+            }
+            Err(_) => return t.elapsed(),
+        }
+    }
+}
+
+#[test]
+fn a_slow_body_is_cut_at_client_body_timeout_with_408_while_others_are_served() {
+    let up = Upstream::text("ok");
+    let s = Server::start(
+        "body-timeout",
+        &conf(
+            "client_body_timeout 1s;",
+            &format!("location / {{ proxy_pass http://127.0.0.1:{}; }}", up.port),
+        ),
+        1,
+    );
+    let mut c = client(s.addr());
+    c.write_all(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
+        .unwrap();
+    let t = Instant::now();
+    // Others are served meanwhile.
+    for _ in 0..5 {
+        assert_eq!(get(s.addr(), "/status").status, 200);
+    }
+    let r = read_response(&mut c, false).expect("a 408");
+    let took = t.elapsed();
+    assert_eq!(r.status, 408);
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(2500),
+        "408 after {took:?}"
+    );
+    assert!(time_to_close(&mut c, Duration::from_secs(3)) < Duration::from_secs(3));
+    assert_eq!(up.requests(), 0);
+    let log = error_log(&s);
+    assert!(
+        log.contains(
+            "client timed out (110: Connection timed out) while reading client request body"
+        ),
+        "{log}"
+    );
+}
+
+#[test]
+fn an_unneeded_body_is_discarded_under_lingering_timeout_and_lingering_time() {
+    let s = Server::start(
+        "body-linger",
+        &conf(
+            "lingering_timeout 1s; lingering_time 3s;",
+            "location /static/ { root html; }",
+        ),
+        1,
+    );
+    write_file(&s.dir, "html/static/x", b"a static file");
+    // Silence after part of the body: closed lingering_timeout after the last byte.
+    let mut c = client(s.addr());
+    c.write_all(b"POST /static/x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+        .unwrap();
+    c.write_all(&pattern(100_000, 1)).unwrap();
+    let r = read_response(&mut c, false).expect("a 405");
+    assert_eq!(r.status, 405);
+    let took = time_to_close(&mut c, Duration::from_secs(10));
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_millis(2500),
+        "closed {took:?} after the response"
+    );
+
+    // A trickle that never ends: closed at lingering_time.
+    let mut c = client(s.addr());
+    c.write_all(b"POST /static/x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nab")
+        .unwrap();
+    let r = read_response(&mut c, false).expect("a 405");
+    assert_eq!(r.status, 405);
+    let t = Instant::now();
+    let mut w = c.try_clone().unwrap();
+    let trickle = std::thread::spawn(move || {
+        for _ in 0..40 {
+            std::thread::sleep(Duration::from_millis(250));
+            if w.write_all(b"x").is_err() {
+                return;
+            }
+        }
+    });
+    let took = time_to_close(&mut c, Duration::from_secs(10));
+    let _ = t;
+    assert!(
+        took >= Duration::from_millis(2500) && took < Duration::from_millis(4500),
+        "closed {took:?} after the response"
+    );
+    trickle.join().unwrap();
+
+    // A whole body is discarded and the connection goes on.
+    let mut c = client(s.addr());
+    c.write_all(b"POST /static/x HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+        .unwrap();
+    assert_eq!(read_response(&mut c, false).unwrap().status, 405);
+    c.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_response(&mut c, false).unwrap().status, 200);
+}

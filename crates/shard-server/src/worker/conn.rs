@@ -7,16 +7,13 @@
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use shard_config::LocationConf;
+use shard_config::{LingeringClose, LocationConf};
 use shard_http::body::ChunkedDecoder;
 
 use super::step::{Flush, Io, Reply, Step};
 use super::{phase_counter, Worker};
 use crate::shm::WorkerSlot;
 
-/// After a close with unread input, keep reading (and discarding) for at most this long so the
-/// peer sees our response and not a reset (nginx's `lingering_timeout`/`lingering_time`).
-const LINGERING_MS: u64 = 5_000;
 /// First read buffer of a connection. Larger heads grow it up to the
 /// `large_client_header_buffers` total.
 const READ_BUFFER_BYTES: usize = 4096;
@@ -77,7 +74,14 @@ pub(super) struct Conn {
     pub(super) requests: u64,
     pub(super) deadline_ms: u64,
     pub(super) close_after: bool,
+    /// Closing: the write side is shut and input is read and dropped until end of stream or
+    /// the lingering deadline, so the peer sees our response and not a reset.
     pub(super) lingering: bool,
+    /// `lingering_close`, `lingering_time`, `lingering_timeout` of the request's location.
+    pub(super) linger: shard_config::Lingering,
+    /// When reading to discard (a body nobody needs, or input before a close) must end: the
+    /// start of that reading plus `lingering_time`; 0 while not discarding.
+    pub(super) linger_until_ms: u64,
     pub(super) send_timeout_ms: u64,
     /// `client_body_timeout` of the request's location.
     pub(super) body_timeout_ms: u64,
@@ -122,6 +126,8 @@ impl Conn {
             deadline_ms: 0,
             close_after: false,
             lingering: false,
+            linger: srv.base.lingering,
+            linger_until_ms: 0,
             send_timeout_ms: srv.base.send_timeout_ms,
             body_timeout_ms: srv.base.client_body_timeout_ms,
             keepalive_timeout_ms: srv.base.keepalive_timeout_ms,
@@ -148,6 +154,12 @@ impl Conn {
                 || self.close_after
                 || self.lingering
                 || self.out.len() >= PIPELINE_GATHER_BYTES)
+    }
+
+    /// The next deadline while reading to discard: `lingering_timeout` from now, but never past
+    /// `lingering_time` from the start (nginx's `ngx_http_lingering_close_handler`).
+    fn linger_deadline(&self, now_ms: u64) -> u64 {
+        (now_ms + self.linger.timeout_ms).min(self.linger_until_ms)
     }
 
     pub(super) fn body_pending(&self) -> bool {
@@ -261,14 +273,10 @@ impl Worker<'_> {
                 self.drive(key);
             }
             Phase::Reading | Phase::Waiting => self.close(key),
-            // The response went out; the rest of the body stopped coming.
-            Phase::Writing if c.body_pending() && !c.has_output() => {
-                crate::log!(
-                    Info,
-                    "client timed out (110: Connection timed out) while reading client request body"
-                );
-                self.close(key);
-            }
+            // The response went out and the rest of the body, being discarded, stopped
+            // coming for `lingering_timeout` (or `lingering_time` passed): nginx closes
+            // without a word.
+            Phase::Writing if c.body_pending() && !c.has_output() => self.close(key),
             Phase::Writing => {
                 crate::log!(
                     Info,
@@ -422,20 +430,32 @@ impl Worker<'_> {
                 continue;
             }
             if c.close_after {
-                if c.body_pending() || !c.inbuf.is_empty() || (c.readable && !c.eof) {
+                let unread = c.body_pending() || !c.inbuf.is_empty() || (c.readable && !c.eof);
+                let linger = match c.linger.close {
+                    LingeringClose::Off => false,
+                    LingeringClose::On => unread,
+                    LingeringClose::Always => !c.eof,
+                };
+                if linger {
                     // Unread input would make close() send a reset that can destroy the
                     // response in flight: send FIN, then read and discard for a while.
                     shard_event::sock::shutdown_write(c.fd.as_raw_fd());
                     c.lingering = true;
-                    c.deadline_ms = self.now_ms + LINGERING_MS;
-                    c.inbuf.clear();
+                    c.linger_until_ms = self.now_ms + c.linger.time_ms;
+                    c.deadline_ms = c.linger_deadline(self.now_ms);
+                    self.conns[key].inbuf.clear();
                     continue;
                 }
                 self.close(key);
                 return;
             }
-            // Discard what remains of the request body.
+            // Discard what remains of the request body: each read may wait
+            // `lingering_timeout`, and all of it `lingering_time`.
             if c.body_pending() {
+                if c.linger_until_ms == 0 {
+                    c.linger_until_ms = self.now_ms + c.linger.time_ms;
+                    c.deadline_ms = c.linger_deadline(self.now_ms);
+                }
                 if self.consume_body(key, None) {
                     continue;
                 }
@@ -571,6 +591,8 @@ impl Worker<'_> {
                 }
                 if c.phase == Phase::Waiting {
                     self.start_reading(key, false);
+                } else if c.linger_until_ms != 0 {
+                    c.deadline_ms = c.linger_deadline(self.now_ms);
                 } else if c.body_pending() {
                     c.deadline_ms = self.now_ms + c.body_timeout_ms;
                 }
@@ -596,7 +618,11 @@ impl Worker<'_> {
         let mut scratch = [0u8; 4096];
         match shard_event::sock::read(c.fd.as_raw_fd(), &mut scratch) {
             Ok(0) => Io::Close,
-            Ok(_) => Io::Ready,
+            Ok(_) => {
+                let c = &mut self.conns[key];
+                c.deadline_ms = c.linger_deadline(self.now_ms);
+                Io::Ready
+            }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 c.readable = false;
                 self.ensure_registered(key);
@@ -730,6 +756,8 @@ impl Worker<'_> {
         c.send_timeout_ms = loc.send_timeout_ms;
         c.body_timeout_ms = loc.client_body_timeout_ms;
         c.keepalive_timeout_ms = loc.keepalive_timeout_ms;
+        c.linger = loc.lingering;
+        c.linger_until_ms = 0;
         c.body_bytes = 0;
         c.body_bytes_max = loc.client_max_body_size;
         let keep_alive =
