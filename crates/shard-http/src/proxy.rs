@@ -37,9 +37,12 @@ pub struct RequestCtx<'a> {
     pub server_addr: SocketAddr,
     /// The first `server_name` of the chosen server ("" when none).
     pub server_name: &'a str,
-    /// Length of the request body shard will send (already fully read and de-chunked), or
-    /// `None` when the request has no body.
+    /// Length of the request body shard will send (already fully read and de-chunked, or
+    /// announced by the client when it is streamed), or `None` when the request has no body.
     pub body_len: Option<u64>,
+    /// The body is streamed to the upstream in chunked encoding as it arrives (a chunked
+    /// request body with `proxy_request_buffering off` and `proxy_http_version 1.1`).
+    pub body_chunked: bool,
 }
 
 /// Why an attempt at an upstream failed, in `proxy_next_upstream` terms.
@@ -533,7 +536,9 @@ pub fn write_request(out: &mut Vec<u8>, ctx: &RequestCtx<'_>) {
         out.extend_from_slice(b"\r\n");
     }
 
-    if let Some(n) = ctx.body_len {
+    if ctx.body_chunked {
+        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+    } else if let Some(n) = ctx.body_len {
         out.extend_from_slice(b"Content-Length: ");
         push_u64(out, n);
         out.extend_from_slice(b"\r\n");
@@ -835,6 +840,7 @@ mod tests {
                 server_addr: "127.0.0.1:8080".parse().unwrap(),
                 server_name: "example.com",
                 body_len: s.body_len,
+                body_chunked: false,
             },
         );
         let text = String::from_utf8(out).unwrap();
@@ -854,6 +860,7 @@ mod tests {
             pass: &pass(None),
             client: Some("192.0.2.7:5555"),
             body_len: None,
+            body_chunked: false,
         })
     }
 
@@ -1006,6 +1013,7 @@ mod tests {
                 server_addr: "127.0.0.1:8080".parse().unwrap(),
                 server_name: "example.com",
                 body_len: None,
+                body_chunked: false,
             },
         );
         let t = String::from_utf8(out).unwrap();
@@ -1032,6 +1040,7 @@ mod tests {
             pass: l.proxy_pass.as_ref().unwrap(),
             client: Some("192.0.2.7:5555"),
             body_len: None,
+            body_chunked: false,
         });
         let (host, conn) = (
             t.find("\r\nHost: 127.0.0.1:9000\r\n"),
@@ -1104,6 +1113,7 @@ mod tests {
             pass: &p,
             client: Some("192.0.2.7:5555"),
             body_len: Some(3),
+            body_chunked: false,
         });
         assert_eq!(
             t,
@@ -1134,6 +1144,7 @@ mod tests {
                 pass: &pass(None),
                 client: None,
                 body_len: None,
+                body_chunked: false,
             })
         };
         assert_eq!(
@@ -1161,6 +1172,7 @@ mod tests {
                 pass: &pass(None),
                 client,
                 body_len: None,
+                body_chunked: false,
             })
         };
         let plain = "GET / HTTP/1.1\r\nHost: h\r\n\r\n";
@@ -1209,6 +1221,7 @@ mod tests {
             pass: &pass(None),
             client: None,
             body_len: None,
+            body_chunked: false,
         });
         assert_eq!(t, "GET / HTTP/1.0\r\nHost: h\r\n\r\n");
     }
@@ -1275,6 +1288,7 @@ mod tests {
             pass: &pass(None),
             client: None,
             body_len: Some(2),
+            body_chunked: false,
         });
         assert_eq!(t, "PUT / HTTP/1.0\r\nContent-Length: 2\r\n\r\n");
     }
@@ -1289,6 +1303,7 @@ mod tests {
             pass: &pass(None),
             client: None,
             body_len: None,
+            body_chunked: false,
         });
         assert_eq!(t, "BREW /pot HTTP/1.1\r\nX: y\r\n\r\n");
     }
@@ -1310,6 +1325,7 @@ mod tests {
             pass: &pass(None),
             client: None,
             body_len: None,
+            body_chunked: false,
         });
         assert_eq!(
             t,
@@ -1697,6 +1713,7 @@ mod tests {
                     server_addr: "127.0.0.1:80".parse().unwrap(),
                     server_name: "s",
                     body_len: (i % 2 == 0).then_some(7),
+                    body_chunked: false,
                 },
             );
             let mut hs = [httparse::EMPTY_HEADER; 128];

@@ -338,7 +338,6 @@ fn a_failed_attempt_resends_a_spooled_body_to_the_next_peer() {
 }
 
 /// Reads until `n` bytes arrived or the deadline passed.
-#[allow(dead_code)]
 fn read_at_least(s: &mut TcpStream, n: usize, within: Duration) -> Vec<u8> {
     let deadline = Instant::now() + within;
     let mut got = Vec::new();
@@ -356,7 +355,6 @@ fn read_at_least(s: &mut TcpStream, n: usize, within: Duration) -> Vec<u8> {
     got
 }
 
-#[allow(dead_code)]
 fn raw_upstream() -> (TcpListener, u16) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
@@ -476,4 +474,114 @@ fn an_unneeded_body_is_discarded_under_lingering_timeout_and_lingering_time() {
     c.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
     assert_eq!(read_response(&mut c, false).unwrap().status, 200);
+}
+
+#[test]
+fn a_streamed_body_reaches_the_upstream_before_the_client_finished_with_back_pressure() {
+    let (l, port) = raw_upstream();
+    let s = Server::start(
+        "body-stream",
+        &conf(
+            "client_max_body_size 100m;",
+            &format!(
+                "location / {{ proxy_pass http://127.0.0.1:{port}; proxy_request_buffering off; }}"
+            ),
+        ),
+        1,
+    );
+    const LEN: usize = 8_000_000;
+    let data = pattern(LEN, 4);
+    let mut c = client(s.addr());
+    c.write_all(format!("POST /s HTTP/1.1\r\nHost: x\r\nContent-Length: {LEN}\r\n\r\n").as_bytes())
+        .unwrap();
+    c.write_all(&data[..300_000]).unwrap();
+    // The upstream sees the head and the first part while the client holds the rest.
+    l.set_nonblocking(false).unwrap();
+    let (mut up, _) = l.accept().unwrap();
+    up.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let first = read_at_least(&mut up, 250_000, Duration::from_secs(5));
+    let head_end = first
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a request head")
+        + 4;
+    let head = String::from_utf8_lossy(&first[..head_end]).to_string();
+    assert!(head.contains(&format!("Content-Length: {LEN}")), "{head}");
+    assert!(
+        first.len() - head_end >= 200_000,
+        "only {} body bytes",
+        first.len() - head_end
+    );
+    // The rest, while the upstream reads nothing: the client blocks, the worker holds a
+    // bounded buffer.
+    let mut w = c.try_clone().unwrap();
+    let rest = data[300_000..].to_vec();
+    let writer = std::thread::spawn(move || w.write_all(&rest).is_ok());
+    let mut peak = 0;
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(25));
+        peak = peak.max(worker(&s).body_mem_bytes);
+    }
+    assert!(
+        peak <= 64 * 1024,
+        "{peak} bytes of body memory while the upstream stalls"
+    );
+    up.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = first[head_end..].to_vec();
+    got.extend(read_at_least(
+        &mut up,
+        LEN - got.len(),
+        Duration::from_secs(20),
+    ));
+    assert!(writer.join().unwrap(), "the client could not send its body");
+    assert_eq!(got.len(), LEN);
+    assert!(got == data, "the streamed body differs");
+    up.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        .unwrap();
+    let r = read_response(&mut c, false).expect("response");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "ok"));
+}
+
+#[test]
+fn a_chunked_body_streams_chunked_to_http_1_1_and_is_buffered_for_http_1_0() {
+    let up = Upstream::start(|_| Reply::Echo);
+    let s = Server::start(
+        "body-stream-chunked",
+        &conf(
+            "client_max_body_size 100m;",
+            &format!(
+                "location /v11 {{ proxy_pass http://127.0.0.1:{0}; proxy_request_buffering off;\n\
+                     proxy_http_version 1.1; }}\n\
+                 location /v10 {{ proxy_pass http://127.0.0.1:{0}; proxy_request_buffering off; }}",
+                up.port
+            ),
+        ),
+        1,
+    );
+    for (path, streamed) in [("/v11", true), ("/v10", false)] {
+        let data = pattern(500_003, 6);
+        let mut c = client(s.addr());
+        c.write_all(
+            format!("POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .as_bytes(),
+        )
+        .unwrap();
+        c.write_all(&chunked(&data, 7000)).unwrap();
+        let r = read_response(&mut c, false).expect("response");
+        assert_eq!(r.status, 200, "{path}");
+        assert!(r.body == data, "{path}: echoed body differs");
+        let u = up.last();
+        assert!(u.body == data, "{path}: the upstream got another body");
+        assert_eq!(u.chunked, streamed, "{path}");
+        if !streamed {
+            assert_eq!(u.header("content-length"), Some("500003"));
+        }
+        // The connection goes on.
+        c.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        assert_eq!(read_response(&mut c, false).unwrap().status, 200);
+    }
+    let w = worker(&s);
+    assert_eq!((w.body_mem_bytes, w.body_temp_files), (0, 0));
 }

@@ -69,8 +69,10 @@ enum State {
     Connect,
     /// Waiting for a non-blocking connect.
     Connecting,
-    /// Writing the request.
+    /// Writing the request (with a buffered body).
     Sending,
+    /// Streaming the body as it arrives (`proxy_request_buffering off`), after the head.
+    StreamBody,
     /// Reading the response head.
     ReadingHead,
     /// Streaming the response body.
@@ -96,6 +98,15 @@ pub(super) struct Proxy {
     body: Spool,
     /// How much of a body file went to the current upstream attempt.
     file_pos: u64,
+    /// The body goes upstream as it arrives (`proxy_request_buffering off`): `body.mem` is
+    /// then the bounded buffer between client and upstream, `stream_pos` how much of it was
+    /// written.
+    streaming: bool,
+    /// A streamed body is re-chunked for the upstream.
+    stream_chunked: bool,
+    stream_pos: usize,
+    /// The upstream answered before the whole body was sent: its connection is not reused.
+    body_cut: bool,
     state: State,
     /// The last attempt's failure: when no peer is left, a timeout answers 504, else 502.
     last_failure: Option<Failure>,
@@ -138,6 +149,10 @@ impl Proxy {
             head,
             body: Spool::default(),
             file_pos: 0,
+            streaming: false,
+            stream_chunked: false,
+            stream_pos: 0,
+            body_cut: false,
             state: State::ReadBody,
             last_failure: None,
             upreq: Vec::new(),
@@ -267,6 +282,7 @@ impl<'a> Worker<'a> {
                 State::Connect => self.proxy_connect(key, &mut p),
                 State::Connecting => self.check_upstream_connect(key, &mut p),
                 State::Sending => self.send_request(key, &mut p),
+                State::StreamBody => self.stream_body(key, &mut p),
                 State::ReadingHead => self.read_response_head(key, &mut p),
                 State::ReadingBody => self.relay_response_body(key, &mut p),
             };
@@ -327,7 +343,18 @@ impl<'a> Worker<'a> {
                 Io::Close => return Flow::Close,
             }
         }
-        let conf = &self.proxy_location(p).body;
+        let loc = self.proxy_location(p);
+        let conf = &loc.body;
+        if !loc.proxy.request_buffering && self.conns[key].body_pending() {
+            // nginx streams a chunked body only to an HTTP/1.1 upstream; to 1.0 it buffers.
+            let chunked = p.req.body == Body::Chunked;
+            if !chunked || loc.proxy.http_version_minor >= 1 {
+                p.streaming = true;
+                p.stream_chunked = chunked;
+                p.state = State::Connect;
+                return Flow::Next;
+            }
+        }
         loop {
             let pending = self.conns[key].body_pending();
             // Grown by what was read, not doubled: a stalled body holds about
@@ -486,7 +513,11 @@ impl<'a> Worker<'a> {
         let c = &self.conns[key];
         let listener = &self.cfg.listeners[c.listener];
         let server_name = first_server_name(srv);
-        let body_len = (p.req.body != Body::None).then_some(p.body.len());
+        let body_len = match p.req.body {
+            Body::None => None,
+            Body::Length(n) if p.streaming => Some(n),
+            _ => Some(p.body.len()),
+        };
         let in_memory = if p.body.file().is_some() {
             0
         } else {
@@ -504,9 +535,10 @@ impl<'a> Worker<'a> {
                 server_addr: listener.addr,
                 server_name,
                 body_len,
+                body_chunked: p.stream_chunked,
             },
         );
-        if p.body.file().is_none() {
+        if p.body.file().is_none() && !p.streaming {
             // A body that fits in memory leaves with the head, in one write; it is kept there
             // for another attempt, and its buffer goes back.
             out.extend_from_slice(&p.body.mem);
@@ -572,6 +604,10 @@ impl<'a> Worker<'a> {
                 }
             }
         }
+        if p.streaming {
+            p.state = State::StreamBody;
+            return Flow::Next;
+        }
         if let Some((file, len)) = p.body.file() {
             while p.file_pos < len {
                 if !uc.writable {
@@ -608,6 +644,107 @@ impl<'a> Worker<'a> {
                 }
             }
         }
+        self.body_sent(key, p)
+    }
+
+    /// Moves the body from the client to the upstream as it arrives, through `body.mem`
+    /// (at most `client_body_buffer_size` plus one read): the client is not read while the
+    /// upstream does not take what waits, and nothing is written while the client sends
+    /// nothing. An upstream that answers before the body is all sent is read at once.
+    fn stream_body(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        let loc = self.proxy_location(p);
+        let bound = loc.body.buffer_size.max(1);
+        let Some(u) = p.up else {
+            return Flow::Fail(502);
+        };
+        loop {
+            if self.upconns[u].readable || self.upconns[u].hup {
+                // An early response (or a close): the rest of the body is not sent; the
+                // client connection discards it once the response is done.
+                if self.conns[key].body_pending() || p.stream_pos < p.body.mem.len() {
+                    p.body_cut = true;
+                }
+                return self.body_sent(key, p);
+            }
+            // Write what waits.
+            let uc = &mut self.upconns[u];
+            while p.stream_pos < p.body.mem.len() && uc.writable {
+                match shard_event::sock::write(uc.fd.as_raw_fd(), &p.body.mem[p.stream_pos..]) {
+                    Ok(n) => {
+                        p.stream_pos += n;
+                        if p.stream_pos < p.body.mem.len() {
+                            uc.writable = false;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        uc.writable = false;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        let msg = format!(
+                            "writev() failed ({}) while sending request to upstream",
+                            os(&e)
+                        );
+                        return self.attempt_failed(key, p, Failure::Error, &msg);
+                    }
+                }
+            }
+            if p.stream_pos < p.body.mem.len() {
+                // Back-pressure: the upstream's send timeout runs; the client is not read.
+                self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
+                return Flow::Wait;
+            }
+            p.body.mem.clear();
+            p.stream_pos = 0;
+            if !self.conns[key].body_pending() {
+                return self.body_sent(key, p);
+            }
+            // Fill from what the client sent, up to the bound or until it has no more.
+            while p.body.mem.len() < bound && self.conns[key].body_pending() {
+                if self.conns[key].inbuf.is_empty() {
+                    match self.read_more(key) {
+                        Io::Ready => {}
+                        Io::Wait if !p.body.mem.is_empty() => break,
+                        Io::Wait => {
+                            let t = self.now_ms + self.conns[key].body_timeout_ms;
+                            self.set_conn_deadline(key, t);
+                            return Flow::Wait;
+                        }
+                        Io::Close => return Flow::Close,
+                    }
+                }
+                let more = self.conns[key].inbuf.len();
+                p.body.mem.reserve_exact(more);
+                if p.stream_chunked {
+                    p.scratch.clear();
+                    let done = self.consume_body(key, Some(&mut p.scratch));
+                    if !p.scratch.is_empty() {
+                        shard_http::proxy::write_chunk(&mut p.body.mem, &p.scratch);
+                    }
+                    if done && !self.conns[key].close_after {
+                        p.body.mem.extend_from_slice(shard_http::proxy::LAST_CHUNK);
+                    }
+                } else {
+                    self.consume_body(key, Some(&mut p.body.mem));
+                }
+                if self.conns[key].close_after {
+                    // A malformed or too large chunked body, after part of it went upstream.
+                    self.recharge(&mut p.body);
+                    let c = &self.conns[key];
+                    let max = c.body_bytes_max;
+                    return Flow::Fail(if max > 0 && c.body_bytes > max {
+                        413
+                    } else {
+                        400
+                    });
+                }
+            }
+            self.recharge(&mut p.body);
+        }
+    }
+
+    /// The request (or what the upstream wanted of it) is sent: wait for the response head.
+    fn body_sent(&mut self, key: usize, p: &mut Proxy) -> Flow {
         let loc = self.proxy_location(p);
         p.state = State::ReadingHead;
         p.rbuf.clear();
@@ -889,7 +1026,7 @@ impl<'a> Worker<'a> {
             self.conns[key].close_after = true;
         }
         if let Some(u) = p.up {
-            if p.upstream_reusable {
+            if p.upstream_reusable && !p.body_cut {
                 self.pool_upconn(u);
             } else {
                 self.close_upconn(u);
@@ -928,8 +1065,11 @@ impl<'a> Worker<'a> {
     /// The current attempt failed before the response head went to the client.
     fn attempt_failed(&mut self, key: usize, p: &mut Proxy, why: Failure, msg: &str) -> Flow {
         self.log_proxy_error_current(key, p, msg);
-        let reused = p.reused;
         let sent = p.upreq_pos > 0 || matches!(p.state, State::ReadingHead);
+        // A streamed body that began to be read cannot be sent again: no other attempt, as
+        // nginx (`request_sent && request_body_no_buffering`).
+        let spent = p.streaming && (sent || self.conns[key].body_bytes > 0);
+        let reused = p.reused && !spent;
         let nothing_back = p.rbuf.is_empty();
         p.reused = false;
         if let Some((u, upstream, peer)) =
@@ -949,6 +1089,10 @@ impl<'a> Worker<'a> {
             }
         }
         let loc = self.proxy_location(p);
+        if spent {
+            p.last_failure = Some(why);
+            return no_more_peers(p, why.status());
+        }
         retry_or_fail(p, loc, why, sent)
     }
 
@@ -995,10 +1139,17 @@ impl<'a> Worker<'a> {
                 Flow::Fail(408)
             }
             State::Connect => Flow::Next,
-            State::Connecting | State::Sending | State::ReadingHead => {
+            State::StreamBody if p.stream_pos >= p.body.mem.len() => {
+                crate::log!(
+                    Info,
+                    "client timed out (110: Connection timed out) while reading client request body"
+                );
+                Flow::Fail(408)
+            }
+            State::Connecting | State::Sending | State::StreamBody | State::ReadingHead => {
                 let what = match p.state {
                     State::Connecting => "upstream timed out (110: Connection timed out) while connecting to upstream",
-                    State::Sending => "upstream timed out (110: Connection timed out) while sending request to upstream",
+                    State::Sending | State::StreamBody => "upstream timed out (110: Connection timed out) while sending request to upstream",
                     _ => "upstream timed out (110: Connection timed out) while reading response header from upstream",
                 };
                 // A timeout is never a stale pooled connection.
