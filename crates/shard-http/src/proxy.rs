@@ -860,7 +860,6 @@ mod tests {
             pass: &pass(None),
             client: Some("192.0.2.7:5555"),
             body_len: None,
-            body_chunked: false,
         })
     }
 
@@ -1040,7 +1039,6 @@ mod tests {
             pass: l.proxy_pass.as_ref().unwrap(),
             client: Some("192.0.2.7:5555"),
             body_len: None,
-            body_chunked: false,
         });
         let (host, conn) = (
             t.find("\r\nHost: 127.0.0.1:9000\r\n"),
@@ -1113,7 +1111,6 @@ mod tests {
             pass: &p,
             client: Some("192.0.2.7:5555"),
             body_len: Some(3),
-            body_chunked: false,
         });
         assert_eq!(
             t,
@@ -1144,7 +1141,6 @@ mod tests {
                 pass: &pass(None),
                 client: None,
                 body_len: None,
-                body_chunked: false,
             })
         };
         assert_eq!(
@@ -1172,7 +1168,6 @@ mod tests {
                 pass: &pass(None),
                 client,
                 body_len: None,
-                body_chunked: false,
             })
         };
         let plain = "GET / HTTP/1.1\r\nHost: h\r\n\r\n";
@@ -1221,7 +1216,6 @@ mod tests {
             pass: &pass(None),
             client: None,
             body_len: None,
-            body_chunked: false,
         });
         assert_eq!(t, "GET / HTTP/1.0\r\nHost: h\r\n\r\n");
     }
@@ -1288,7 +1282,6 @@ mod tests {
             pass: &pass(None),
             client: None,
             body_len: Some(2),
-            body_chunked: false,
         });
         assert_eq!(t, "PUT / HTTP/1.0\r\nContent-Length: 2\r\n\r\n");
     }
@@ -1303,7 +1296,6 @@ mod tests {
             pass: &pass(None),
             client: None,
             body_len: None,
-            body_chunked: false,
         });
         assert_eq!(t, "BREW /pot HTTP/1.1\r\nX: y\r\n\r\n");
     }
@@ -1325,7 +1317,6 @@ mod tests {
             pass: &pass(None),
             client: None,
             body_len: None,
-            body_chunked: false,
         });
         assert_eq!(
             t,
