@@ -9,6 +9,7 @@
 //! and the report. It is a benchmark, not a test: CI runs it
 //! only as `--smoke`, which checks that every step works on tiny numbers.
 
+mod bodies;
 mod compare;
 mod experiments;
 mod load;
@@ -61,6 +62,10 @@ enum Cmd {
     /// every worker's RSS and descriptors sampled each second, reported as growth per 100k
     /// requests.
     Soak(soak::SoakArgs),
+    /// Request bodies through the proxy, shard and nginx side by side: worker memory per
+    /// stalled upload, MB/s of a large upload buffered and streamed, temporary files left
+    /// after the runs, a worker SIGKILL and a reload.
+    Bodies(bodies::BodiesArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -106,6 +111,7 @@ fn main() {
         Cmd::Compare(a) => compare::run(a),
         Cmd::Proxy(a) => proxy::run(a),
         Cmd::Soak(a) => soak::run(a),
+        Cmd::Bodies(a) => bodies::run(a),
     };
     if let Err(e) = res {
         eprintln!("shard-bench: {e:#}");

@@ -214,3 +214,29 @@ fn soak_smoke_answers_every_kind_of_client_and_leaks_no_descriptor() {
     );
     assert!(text.contains("growth per 100k requests"), "{text}");
 }
+
+#[test]
+fn bodies_smoke_measures_uploads_and_shard_leaves_no_temporary_file() {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let out = Command::new(bench)
+        .args(["bodies", "--smoke", "--no-nginx"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // In --smoke the bench itself fails unless every shard number was measured and no
+    // temporary file was left after the runs, a worker SIGKILL and a reload.
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| shard |"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let cols: Vec<&str> = row.split('|').map(str::trim).collect();
+    for i in [2, 3, 5] {
+        assert!(cols[i].parse::<f64>().unwrap() > 0.0, "column {i}: {text}");
+    }
+    assert_eq!(&cols[7..10], ["0", "0", "0"], "{text}");
+}

@@ -75,6 +75,19 @@ pub fn read_into(fd: RawFd, buf: &mut Vec<u8>) -> io::Result<usize> {
     Ok(n)
 }
 
+/// Reads at most `max` bytes into the spare capacity of `buf` (reserving room first),
+/// extending its length by what was read.
+pub fn read_into_max(fd: RawFd, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+    buf.reserve_exact(max);
+    let spare = &mut buf.spare_capacity_mut()[..max];
+    // SAFETY: spare capacity is valid for writes of `max` bytes; we only expose bytes the
+    // kernel wrote.
+    let n = cvt_size(unsafe { libc::read(fd, spare.as_mut_ptr() as *mut libc::c_void, max) })?;
+    // SAFETY: the kernel initialised `n` bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
 /// `write(2)`.
 pub fn write(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
     // SAFETY: buf is valid for reads of buf.len() bytes.

@@ -608,6 +608,55 @@ impl Worker<'_> {
         }
     }
 
+    /// Reads body bytes of a `Content-Length` body straight into `sink`, at most `room`, when the
+    /// input buffer holds none (one copy less, and reads as large as the body buffer rather
+    /// than the head buffer). `None`: not applicable, use the input buffer.
+    pub(super) fn read_body_direct(
+        &mut self,
+        key: usize,
+        sink: &mut Vec<u8>,
+        room: usize,
+    ) -> Option<Io> {
+        let c = &mut self.conns[key];
+        let BodyLeft::Length(left) = &mut c.body else {
+            return None;
+        };
+        if !c.inbuf.is_empty() || room == 0 {
+            return None;
+        }
+        if !c.readable {
+            self.ensure_registered(key);
+            return Some(Io::Wait);
+        }
+        let want = (*left).min(room as u64) as usize;
+        match shard_event::sock::read_into_max(c.fd.as_raw_fd(), sink, want) {
+            Ok(0) => {
+                c.eof = true;
+                c.readable = false;
+                Some(Io::Close)
+            }
+            Ok(n) => {
+                *left -= n as u64;
+                c.body_bytes += n as u64;
+                if *left == 0 {
+                    c.body = BodyLeft::None;
+                }
+                if n < want && !c.hup {
+                    c.readable = false;
+                }
+                c.deadline_ms = self.now_ms + c.body_timeout_ms;
+                Some(Io::Ready)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                c.readable = false;
+                self.ensure_registered(key);
+                Some(Io::Wait)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Some(Io::Ready),
+            Err(_) => Some(Io::Close),
+        }
+    }
+
     /// Lingering close: read and drop input until end of stream or the lingering deadline.
     fn discard_input(&mut self, key: usize) -> Io {
         let c = &mut self.conns[key];

@@ -379,7 +379,12 @@ impl<'a> Worker<'a> {
                 p.state = State::Connect;
                 return Flow::Next;
             }
-            match self.read_more(key) {
+            let room = conf.buffer_size.saturating_sub(p.body.mem.len());
+            let io = match self.read_body_direct(key, &mut p.body.mem, room) {
+                Some(io) => io,
+                None => self.read_more(key),
+            };
+            match io {
                 Io::Ready => {}
                 Io::Wait => return Flow::Wait,
                 Io::Close => return Flow::Close,
@@ -701,6 +706,20 @@ impl<'a> Worker<'a> {
             }
             // Fill from what the client sent, up to the bound or until it has no more.
             while p.body.mem.len() < bound && self.conns[key].body_pending() {
+                if !p.stream_chunked {
+                    let room = bound - p.body.mem.len();
+                    match self.read_body_direct(key, &mut p.body.mem, room) {
+                        Some(Io::Ready) => continue,
+                        Some(Io::Wait) if !p.body.mem.is_empty() => break,
+                        Some(Io::Wait) => {
+                            let t = self.now_ms + self.conns[key].body_timeout_ms;
+                            self.set_conn_deadline(key, t);
+                            return Flow::Wait;
+                        }
+                        Some(Io::Close) => return Flow::Close,
+                        None => {}
+                    }
+                }
                 if self.conns[key].inbuf.is_empty() {
                     match self.read_more(key) {
                         Io::Ready => {}
