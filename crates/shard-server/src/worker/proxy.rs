@@ -2,8 +2,9 @@
 //! response streamed back.
 //!
 //! This module owns, per proxied request ([`Proxy`], hung on the client's `Conn`): reading the
-//! whole request body into memory (nginx's `proxy_request_buffering on`, bounded by
-//! `client_max_body_size`), choosing a peer (the stream module's smooth weighted round robin
+//! request body before the upstream is contacted (`proxy_request_buffering on`; where it is
+//! kept is `body.rs`'s) or streaming it through one bounded buffer as it arrives (`off`),
+//! choosing a peer (the stream module's smooth weighted round robin
 //! with `max_fails`/`fail_timeout`, state kept per worker), taking a pooled connection or
 //! connecting without blocking, sending the request, reading the response head, and moving the
 //! body to the client through a bounded buffer (`proxy_buffer_size`, plus `proxy_buffers` when
