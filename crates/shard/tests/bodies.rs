@@ -40,6 +40,14 @@ fn error_log(s: &Server) -> String {
     std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap_or_default()
 }
 
+/// No request-body file is left anywhere under the prefix.
+fn assert_no_body_files(s: &Server) {
+    for d in ["client_body_temp", "body_temp", "spool"] {
+        let left = files_under(&s.dir.join(d));
+        assert!(left.is_empty(), "temporary files left: {left:?}");
+    }
+}
+
 fn worker(s: &Server) -> Worker {
     let r = get(s.addr(), "/status");
     let mut ws = parse_workers(&r.body_str());
@@ -145,6 +153,7 @@ fn bodies_below_and_above_the_buffer_reach_the_upstream_byte_exact() {
     }
     let left = files_under(&s.dir.join("client_body_temp"));
     assert!(left.is_empty(), "temporary files left: {left:?}");
+    assert_no_body_files(&s);
 }
 
 /// The body file of an upload in progress: the descriptor the worker holds, its name, and
@@ -204,6 +213,7 @@ fn a_body_file_has_no_name_on_disk_during_the_upload_nor_after_kill_9() {
     assert!(files_under(&dir).is_empty(), "{:?}", files_under(&dir));
     drop(c);
     let _ = s.wait_workers(1);
+    assert_no_body_files(&s);
 }
 
 #[test]
@@ -259,6 +269,7 @@ fn stalled_uploads_hold_little_worker_memory() {
         w.body_mem_bytes
     );
     drop(held);
+    assert_no_body_files(&s);
 }
 
 #[test]
@@ -293,6 +304,7 @@ fn a_body_over_client_max_body_size_gets_413_before_it_is_read_and_no_100_contin
     }
     assert_eq!(up.requests(), 0);
     assert!(error_log(&s).contains("client intended to send too large body: 5000 bytes"));
+    assert_no_body_files(&s);
 }
 
 #[test]
@@ -335,6 +347,7 @@ fn a_failed_attempt_resends_a_spooled_body_to_the_next_peer() {
     }
     assert!(bad.requests() >= 1 && good.requests() == 2);
     assert!(bad.received().iter().all(|u| u.body.len() >= 200_000));
+    assert_no_body_files(&s);
 }
 
 /// Reads until `n` bytes arrived or the deadline passed.
@@ -416,6 +429,7 @@ fn a_slow_body_is_cut_at_client_body_timeout_with_408_while_others_are_served() 
         ),
         "{log}"
     );
+    assert_no_body_files(&s);
 }
 
 #[test]
@@ -474,6 +488,7 @@ fn an_unneeded_body_is_discarded_under_lingering_timeout_and_lingering_time() {
     c.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
     assert_eq!(read_response(&mut c, false).unwrap().status, 200);
+    assert_no_body_files(&s);
 }
 
 #[test]
@@ -541,6 +556,7 @@ fn a_streamed_body_reaches_the_upstream_before_the_client_finished_with_back_pre
         .unwrap();
     let r = read_response(&mut c, false).expect("response");
     assert_eq!((r.status, r.body_str().as_str()), (200, "ok"));
+    assert_no_body_files(&s);
 }
 
 #[test]
@@ -584,4 +600,87 @@ fn a_chunked_body_streams_chunked_to_http_1_1_and_is_buffered_for_http_1_0() {
     }
     let w = worker(&s);
     assert_eq!((w.body_mem_bytes, w.body_temp_files), (0, 0));
+    assert_no_body_files(&s);
+}
+
+#[test]
+fn an_upstream_answering_before_the_streamed_body_ends_is_passed_on_and_the_rest_discarded() {
+    let (l, port) = raw_upstream();
+    let s = Server::start(
+        "body-stream-early",
+        &conf(
+            "client_max_body_size 100m;",
+            &format!(
+                "location / {{ proxy_pass http://127.0.0.1:{port}; proxy_request_buffering off; }}"
+            ),
+        ),
+        1,
+    );
+    let upstream = std::thread::spawn(move || {
+        let (mut up, _) = l.accept().unwrap();
+        up.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let head = read_at_least(&mut up, 1, Duration::from_secs(5));
+        assert!(head.starts_with(b"POST /s HTTP/1.0\r\n"), "{head:?}");
+        up.write_all(b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbig!")
+            .unwrap();
+        up.shutdown(std::net::Shutdown::Write).unwrap();
+        // Reads what still comes, until shard closes its side.
+        let mut buf = [0u8; 65536];
+        while matches!(up.read(&mut buf), Ok(n) if n > 0) {}
+    });
+    const LEN: usize = 2_000_000;
+    let data = pattern(LEN, 8);
+    let mut c = client(s.addr());
+    c.write_all(format!("POST /s HTTP/1.1\r\nHost: x\r\nContent-Length: {LEN}\r\n\r\n").as_bytes())
+        .unwrap();
+    c.write_all(&data[..100_000]).unwrap();
+    let r = read_response(&mut c, false).expect("the upstream's answer");
+    assert_eq!((r.status, r.body_str().as_str()), (413, "big!"));
+    // The rest of the body is read and dropped; the connection then serves the next request.
+    c.write_all(&data[100_000..]).unwrap();
+    c.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_response(&mut c, false).unwrap().status, 200);
+    upstream.join().unwrap();
+    assert_eq!(worker(&s).body_mem_bytes, 0);
+    assert_no_body_files(&s);
+}
+
+#[test]
+fn workers_running_as_nobody_can_write_body_files() {
+    if unsafe { libc::geteuid() } != 0 {
+        skipped(
+            "workers_running_as_nobody_can_write_body_files",
+            "needs root to run workers as another user",
+        );
+        return;
+    }
+    let up = Upstream::start(|_| Reply::Echo);
+    let s = Server::start(
+        "body-nobody",
+        &format!(
+            "user nobody nogroup;\n{}",
+            conf(
+                "client_max_body_size 10m; client_body_temp_path spool 2;",
+                &format!("location / {{ proxy_pass http://127.0.0.1:{}; }}", up.port),
+            )
+        ),
+        1,
+    );
+    let meta = std::fs::metadata(s.dir.join("spool")).unwrap();
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::mode(&meta) & 0o777,
+        0o700,
+        "the temporary directory's mode"
+    );
+    let data = pattern(100_000, 5);
+    let mut c = client(s.addr());
+    c.write_all(b"POST /n HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+        .unwrap();
+    c.write_all(&data).unwrap();
+    let r = read_response(&mut c, false).expect("response");
+    assert_eq!(r.status, 200, "{}", error_log(&s));
+    assert!(r.body == data);
+    assert_eq!(worker(&s).body_spooled_bytes, 100_000);
+    assert_no_body_files(&s);
 }

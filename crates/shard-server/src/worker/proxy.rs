@@ -686,6 +686,18 @@ impl<'a> Worker<'a> {
                         uc.writable = false;
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e)
+                        if p.upreq_pos > 0
+                            && matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) =>
+                    {
+                        // The upstream stopped reading, most likely after answering early
+                        // (a 413 of its own): its response, if any, is read next; without
+                        // one the read fails and the attempt with it.
+                        uc.readable = true;
+                        uc.hup = true;
+                        p.body_cut = true;
+                        return self.body_sent(key, p);
+                    }
                     Err(e) => {
                         let msg = format!(
                             "writev() failed ({}) while sending request to upstream",
