@@ -80,10 +80,19 @@ pub struct MainConf {
     /// `worker_shutdown_timeout`: how long a gracefully stopping worker may keep serving its
     /// open connections before it closes them. Default none (wait as long as they need).
     pub worker_shutdown_timeout_ms: Option<u64>,
-    /// `user USER [GROUP]`: workers drop to these after the master bound every socket.
-    /// Default none (workers keep the master's identity; nginx's default `nobody` applies only
-    /// when started as root, which shard does not assume).
-    pub user: Option<(String, Option<String>)>,
+    /// `user USER [GROUP]`: workers switch to these after the master opened what only root
+    /// can open. `None` when not written; a master running as root then uses nginx's default,
+    /// `nobody` (see `shard_server::privilege`).
+    pub user: Option<User>,
+}
+
+/// The `user` directive as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    pub name: String,
+    /// `None`: a group named as the user, as nginx.
+    pub group: Option<String>,
+    pub place: Place,
 }
 
 #[derive(Debug, Clone)]

@@ -246,38 +246,49 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// The uid and gid of `user` (and `group`, else the user's primary group), as nginx's `user`
-/// directive resolves them.
-pub fn lookup_user(user: &str, group: Option<&str>) -> Result<(u32, u32), String> {
-    let cuser = std::ffi::CString::new(user).map_err(|_| format!("invalid user \"{user}\""))?;
+/// The uid and primary gid of user `name` (`getpwnam`); `None` when there is no such user.
+pub fn user_ids(name: &str) -> Option<(u32, u32)> {
+    let c = std::ffi::CString::new(name).ok()?;
     // SAFETY: getpwnam returns a pointer into static storage or null; read before other calls.
-    let pw = unsafe { libc::getpwnam(cuser.as_ptr()) };
+    let pw = unsafe { libc::getpwnam(c.as_ptr()) };
     if pw.is_null() {
-        return Err(format!("getpwnam(\"{user}\") failed"));
+        return None;
     }
     // SAFETY: `pw` is non-null and points at a valid passwd entry.
-    let (uid, mut gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
-    if let Some(g) = group {
-        let cgroup = std::ffi::CString::new(g).map_err(|_| format!("invalid group \"{g}\""))?;
-        // SAFETY: as above, for group entries.
-        let gr = unsafe { libc::getgrnam(cgroup.as_ptr()) };
-        if gr.is_null() {
-            return Err(format!("getgrnam(\"{g}\") failed"));
-        }
-        // SAFETY: `gr` is non-null.
-        gid = unsafe { (*gr).gr_gid };
-    }
-    Ok((uid, gid))
+    Some(unsafe { ((*pw).pw_uid, (*pw).pw_gid) })
 }
 
-/// Switches to `user` and `group` (default: the user's primary group) for good: supplementary
-/// groups are reset, then gid, then uid. A worker calls this after the master bound every socket.
-pub fn drop_privileges(user: &str, group: Option<&str>) -> Result<(), String> {
-    if !is_root() {
-        return Ok(());
+/// The gid of group `name` (`getgrnam`); `None` when there is no such group.
+pub fn group_id(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: as above, for group entries.
+    let gr = unsafe { libc::getgrnam(c.as_ptr()) };
+    if gr.is_null() {
+        return None;
     }
-    let (uid, gid) = lookup_user(user, group)?;
-    // SAFETY: plain system calls with integer arguments and a valid list.
+    // SAFETY: `gr` is non-null.
+    Some(unsafe { (*gr).gr_gid })
+}
+
+/// Switches a root process to `uid`/`gid` for good, keeping no privilege: the capability
+/// bounding set is emptied (while still root, which may), supplementary groups are reset,
+/// then gid, then uid, then the ambient set is cleared; the result is checked.
+pub fn drop_to(uid: u32, gid: u32) -> Result<(), String> {
+    let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::c_ulong>().ok())
+        .unwrap_or(63);
+    for cap in 0..=last_cap {
+        // SAFETY: prctl with integer arguments. EINVAL past the kernel's last capability.
+        let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+        if r == -1 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return Err(format!(
+                "prctl(PR_CAPBSET_DROP, {cap}) failed ({})",
+                io::Error::last_os_error()
+            ));
+        }
+    }
+    // SAFETY: plain system calls with integer arguments and a valid one-element list.
     unsafe {
         if libc::setgroups(1, &gid) == -1 {
             return Err(format!(
@@ -297,6 +308,34 @@ pub fn drop_privileges(user: &str, group: Option<&str>) -> Result<(), String> {
                 io::Error::last_os_error()
             ));
         }
+        // Ambient capabilities (Linux 4.3+); EINVAL on older kernels means there are none.
+        let r = libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        if r == -1 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return Err(format!(
+                "prctl(PR_CAP_AMBIENT_CLEAR_ALL) failed ({})",
+                io::Error::last_os_error()
+            ));
+        }
+        // Nothing may bring root back.
+        if uid != 0 && (libc::setuid(0) != -1 || libc::geteuid() == 0) {
+            return Err("setuid(0) succeeded after dropping privileges".to_string());
+        }
+    }
+    Ok(())
+}
+
+/// `PR_SET_NO_NEW_PRIVS`: no program this process runs can gain privileges (set-user-ID
+/// bits, file capabilities), for the rest of its life.
+pub fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } == -1 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }

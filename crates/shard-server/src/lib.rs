@@ -9,6 +9,7 @@
 pub mod listen;
 pub mod log;
 pub mod master;
+pub mod privilege;
 pub mod shm;
 pub mod status;
 mod worker;

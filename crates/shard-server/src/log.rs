@@ -52,6 +52,14 @@ pub fn init(target: &LogTarget, level: LogLevel) -> io::Result<()> {
     Ok(())
 }
 
+/// The error log's path, when it is a file.
+pub fn path() -> Option<std::path::PathBuf> {
+    match TARGET.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        Some(LogTarget::File(p)) => Some(p.clone()),
+        _ => None,
+    }
+}
+
 /// Reopens the log file (after rotation).
 pub fn reopen() -> io::Result<()> {
     let target = TARGET.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -22,6 +22,7 @@ use shard_event::process::{self, Exit, Fork, SignalFd};
 use shard_event::{Events, Interest, Poll};
 
 use crate::listen::{self, Inherited, OpenListener};
+use crate::privilege::{self, Identity};
 use crate::shm::{self, SharedRegion, MAX_WORKERS};
 use crate::worker::{self, WorkerArgs};
 
@@ -77,6 +78,8 @@ const RESPAWN_DELAY_MAX_MS: u64 = 5000;
 
 struct Master {
     cfg: Config,
+    /// Who the workers of the current configuration run as (`None`: the master is not root).
+    identity: Option<Identity>,
     n_workers: usize,
     listeners: Vec<OpenListener>,
     region: SharedRegion,
@@ -124,18 +127,12 @@ fn access_log_paths(cfg: &Config) -> Vec<PathBuf> {
     v
 }
 
-/// Creates every `client_body_temp_path` (mode 0700, owned by the `user` the workers run as
-/// when the master is root), as nginx's `ngx_create_paths`. Level directories are the
-/// workers' to create.
-fn create_temp_paths(cfg: &Config) -> Result<(), String> {
+/// Creates every `client_body_temp_path` (mode 0700, owned by the workers' identity when the
+/// master is root), as nginx's `ngx_create_paths`. Level directories are the workers' to
+/// create.
+fn create_temp_paths(cfg: &Config, owner: Option<&Identity>) -> Result<(), String> {
     let Some(http) = cfg.http.as_ref() else {
         return Ok(());
-    };
-    let owner = match &cfg.main.user {
-        Some((user, group)) if process::is_root() => {
-            Some(process::lookup_user(user, group.as_deref())?)
-        }
-        _ => None,
     };
     for tp in http.client_body_temp_paths() {
         let p = &tp.path;
@@ -144,12 +141,32 @@ fn create_temp_paths(cfg: &Config) -> Result<(), String> {
         if let Err(e) = b.recursive(true).create(p) {
             return Err(format!("mkdir() \"{}\" failed ({e})", p.display()));
         }
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(p, Some(uid), Some(gid))
-                .map_err(|e| format!("chown(\"{}\", {uid}) failed ({e})", p.display()))?;
+        if let Some(id) = owner {
+            std::os::unix::fs::chown(p, Some(id.uid), Some(id.gid))
+                .map_err(|e| format!("chown(\"{}\", {}) failed ({e})", p.display(), id.uid))?;
         }
     }
     Ok(())
+}
+
+/// The workers' identity for `cfg`, with nginx's warning when `user` is ignored and a notice
+/// when the default identity had to take another group than `nobody`.
+fn identity_for(cfg: &Config) -> Result<Option<Identity>, String> {
+    if let Some(w) = privilege::ignored_user_warning(cfg) {
+        crate::log!(Warn, "{w}");
+    }
+    let id = privilege::worker_identity(cfg)?;
+    if let Some(id) = &id {
+        if cfg.main.user.is_none() && id.group != "nobody" {
+            crate::log!(
+                Notice,
+                "no \"user\" directive: workers run as \"{}\", group \"{}\" (there is no group \"nobody\")",
+                id.user,
+                id.group
+            );
+        }
+    }
+    Ok(id)
 }
 
 fn describe(listeners: &[OpenListener]) -> String {
@@ -202,12 +219,6 @@ pub fn run(opts: RunOptions) -> Result<i32> {
     if adopting {
         crate::log!(Notice, "using inherited sockets");
     }
-    if cfg.main.user.is_some() && !process::is_root() {
-        crate::log!(
-            Warn,
-            "the \"user\" directive makes sense only if the master process runs with super-user privileges, ignored"
-        );
-    }
     for addr in inherited.close_unclaimed() {
         crate::log!(
             Notice,
@@ -215,7 +226,8 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         );
     }
 
-    create_temp_paths(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let identity = identity_for(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+    create_temp_paths(&cfg, identity.as_ref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut access_logs = HashMap::new();
     for path in access_log_paths(&cfg) {
         let fd = crate::log::open_append(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -242,6 +254,7 @@ pub fn run(opts: RunOptions) -> Result<i32> {
     let mut m = Master {
         pid_path: cfg.main.pid.clone(),
         cfg,
+        identity,
         n_workers,
         listeners,
         region,
@@ -398,11 +411,11 @@ impl Master {
                         );
                     }
                 }
-                if let Some((user, group)) = &self.cfg.main.user {
-                    if let Err(e) = process::drop_privileges(user, group.as_deref()) {
-                        crate::log!(Emerg, "{e}");
-                        std::process::exit(2);
-                    }
+                // No silent root worker: one that cannot give up its privileges exits with 2,
+                // which is never respawned.
+                if let Err(e) = privilege::enter_worker(self.identity.as_ref()) {
+                    crate::log!(Emerg, "{e}");
+                    std::process::exit(2);
                 }
                 let code = worker::run(WorkerArgs {
                     idx,
@@ -490,9 +503,7 @@ impl Master {
             }
             libc::SIGUSR1 => {
                 crate::log!(Notice, "signal {sig} (SIGUSR1) received, reopening logs");
-                if let Err(e) = crate::log::reopen() {
-                    crate::log!(Alert, "{e}");
-                }
+                self.reopen_logs();
                 self.signal_workers(libc::SIGUSR1, None);
             }
             libc::SIGHUP if self.stopping == Stopping::No => {
@@ -541,11 +552,16 @@ impl Master {
             crate::log!(Alert, "reload failed: keeping the running configuration");
             return;
         }
-        if let Err(e) = create_temp_paths(&cfg) {
-            crate::log!(Emerg, "{e}");
-            crate::log!(Alert, "reload failed: keeping the running configuration");
-            return;
-        }
+        let identity = match identity_for(&cfg)
+            .and_then(|id| create_temp_paths(&cfg, id.as_ref()).map(|()| id))
+        {
+            Ok(id) => id,
+            Err(e) => {
+                crate::log!(Emerg, "{e}");
+                crate::log!(Alert, "reload failed: keeping the running configuration");
+                return;
+            }
+        };
         let nodelay = tcp_nodelay(&cfg);
         // New addresses first: a bind that fails leaves the running set untouched.
         let mut fresh: HashMap<usize, OpenListener> = HashMap::new();
@@ -622,6 +638,7 @@ impl Master {
         }
         let old_generation = self.generation;
         self.cfg = cfg;
+        self.identity = identity;
         self.listeners = listeners;
         self.n_workers = n_workers;
         self.generation += 1;
@@ -642,6 +659,38 @@ impl Master {
         }
         if let Err(e) = self.start_generation() {
             crate::log!(Alert, "{e:#}");
+        }
+    }
+
+    /// `SIGUSR1`: the master opens every log file again first (creating the new files of a
+    /// rotation) and gives them to the workers' user, as nginx's `ngx_reopen_files`, so that
+    /// workers that are no longer root can open them in turn.
+    fn reopen_logs(&mut self) {
+        if let Err(e) = crate::log::reopen() {
+            crate::log!(Alert, "{e}");
+        }
+        let mut paths: Vec<PathBuf> = self.access_logs.keys().cloned().collect();
+        paths.extend(crate::log::path());
+        for path in &paths {
+            if let Some(fd) = self.access_logs.get_mut(path) {
+                match crate::log::open_append(path) {
+                    Ok(new) => {
+                        shard_event::sock::close(*fd);
+                        *fd = new;
+                    }
+                    Err(e) => crate::log!(Alert, "{e}"),
+                }
+            }
+            if let Some(id) = &self.identity {
+                if let Err(e) = std::os::unix::fs::chown(path, Some(id.uid), None) {
+                    crate::log!(
+                        Alert,
+                        "chown(\"{}\", {}) failed ({e})",
+                        path.display(),
+                        id.uid
+                    );
+                }
+            }
         }
     }
 

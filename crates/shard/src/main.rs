@@ -147,6 +147,16 @@ fn run(cli: Cli) -> i32 {
         }
     };
     if cli.test {
+        // The workers' identity is part of the configuration: an unknown user or group fails
+        // the test, as nginx's `ngx_set_user` does when run as root.
+        if let Some(w) = shard_server::privilege::ignored_user_warning(&cfg) {
+            eprintln!("shard: [warn] {w}");
+        }
+        if let Err(e) = shard_server::privilege::worker_identity(&cfg) {
+            eprintln!("shard: [emerg] {e}");
+            eprintln!("shard: configuration file {} test failed", src.name);
+            return 1;
+        }
         if !cli.quiet {
             eprintln!("shard: the configuration file {} syntax is ok", src.name);
             eprintln!("shard: configuration file {} test is successful", src.name);

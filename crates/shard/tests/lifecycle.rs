@@ -186,26 +186,3 @@ fn a_request_finished_during_a_graceful_stop_is_answered_with_connection_close()
     assert!(text.ends_with("OK"), "{text}");
     assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
 }
-
-#[test]
-fn user_directive_drops_worker_privileges_when_root() {
-    // SAFETY: geteuid has no failure mode.
-    if unsafe { libc::geteuid() } != 0 {
-        skipped(
-            "user_directive_drops_worker_privileges_when_root",
-            "not running as root: the user directive cannot switch users (run the tests as root)",
-        );
-        return;
-    }
-    let conf = format!("user nobody;\n{}", base_conf(1, "reuseport", ""));
-    let s = Server::start("user", &conf, 1);
-    let pid = s.workers()[0].pid;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
-    assert!(uid.split_whitespace().nth(1) == Some("65534"), "{uid}");
-    assert_eq!(
-        get(s.addr(), "/ok").status,
-        200,
-        "the worker serves on sockets bound by root"
-    );
-}

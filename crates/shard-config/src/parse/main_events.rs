@@ -42,7 +42,11 @@ pub(super) fn main_worker_shutdown_timeout(
 }
 
 pub(super) fn main_user(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
-    let user = (d.args[0].clone(), d.args.get(1).cloned());
+    let user = User {
+        name: d.args[0].clone(),
+        group: d.args.get(1).cloned(),
+        place: place(d, file),
+    };
     once(&mut st.main.user, user, d, file)
 }
 

@@ -135,7 +135,7 @@ struct MainP {
     error_log: Option<ErrorLog>,
     worker_rlimit_nofile: Option<u64>,
     worker_shutdown_timeout_ms: Option<u64>,
-    user: Option<(String, Option<String>)>,
+    user: Option<User>,
 }
 
 #[derive(Default)]

@@ -1,0 +1,168 @@
+//! Who the workers run as: nginx's default `nobody` when the master is root and no `user` is
+//! written, the `user` directive's user and group, no capability in any set and
+//! `NoNewPrivs: 1` in every worker, and nginx's errors for an unknown user or group at `-t`
+//! and at start. Everything here needs root and says SKIPPED without it.
+
+mod support;
+
+use support::*;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no failure mode.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A `/proc/PID/status` field's first value.
+fn field(pid: u64, name: &str) -> String {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    st.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name} in {st}"))
+        .trim()
+        .to_string()
+}
+
+fn group_exists(name: &str) -> bool {
+    std::fs::read_to_string("/etc/group")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(':').next() == Some(name))
+}
+
+fn id_of(db: &str, name: &str) -> String {
+    std::fs::read_to_string(db)
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.split(':').next() == Some(name))
+        .and_then(|l| l.split(':').nth(2).map(str::to_string))
+        .unwrap_or_else(|| panic!("no {name} in {db}"))
+}
+
+/// Every worker has `uid`/`gid` in all four slots, no capability and no way to regain one.
+fn assert_unprivileged(s: &Server, uid: &str, gid: &str) {
+    for w in s.workers() {
+        let uids: Vec<String> = field(w.pid, "Uid")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        let gids: Vec<String> = field(w.pid, "Gid")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(uids, vec![uid; 4], "worker {} uids", w.pid);
+        assert_eq!(gids, vec![gid; 4], "worker {} gids", w.pid);
+        assert_eq!(field(w.pid, "Groups"), gid, "supplementary groups");
+        for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+            assert_eq!(
+                field(w.pid, cap),
+                "0000000000000000",
+                "worker {} {cap}",
+                w.pid
+            );
+        }
+        assert_eq!(field(w.pid, "NoNewPrivs"), "1");
+    }
+}
+
+#[test]
+fn without_a_user_line_a_root_master_runs_its_workers_as_nobody() {
+    if !is_root() {
+        skipped(
+            "without_a_user_line_a_root_master_runs_its_workers_as_nobody",
+            "needs root (run the tests as root)",
+        );
+        return;
+    }
+    let s = Server::start("priv-default", &base_conf(2, "reuseport", ""), 2);
+    let group = ["nobody", "nogroup"]
+        .into_iter()
+        .find(|g| group_exists(g))
+        .expect("a group nobody or nogroup");
+    assert_unprivileged(
+        &s,
+        &id_of("/etc/passwd", "nobody"),
+        &id_of("/etc/group", group),
+    );
+    assert_eq!(
+        get(s.addr(), "/ok").status,
+        200,
+        "serving on root-bound sockets"
+    );
+    // The master itself keeps root: it must reopen logs and bind new addresses on reload.
+    assert_eq!(
+        field(s.pid() as u64, "Uid").split_whitespace().next(),
+        Some("0")
+    );
+}
+
+#[test]
+fn the_user_directive_picks_user_and_group_as_nginx() {
+    if !is_root() {
+        skipped(
+            "the_user_directive_picks_user_and_group_as_nginx",
+            "needs root (run the tests as root)",
+        );
+        return;
+    }
+    let group = if group_exists("nogroup") {
+        "nogroup"
+    } else {
+        "nobody"
+    };
+    let conf = format!("user nobody {group};\n{}", base_conf(1, "reuseport", ""));
+    let s = Server::start("priv-user", &conf, 1);
+    assert_unprivileged(
+        &s,
+        &id_of("/etc/passwd", "nobody"),
+        &id_of("/etc/group", group),
+    );
+    assert_eq!(get(s.addr(), "/ok").status, 200);
+}
+
+#[test]
+fn an_unknown_user_or_group_fails_the_test_and_the_start_in_nginx_words() {
+    if !is_root() {
+        skipped(
+            "an_unknown_user_or_group_fails_the_test_and_the_start_in_nginx_words",
+            "needs root: without it nginx (and shard) ignore \"user\" with a warning",
+        );
+        return;
+    }
+    let dir = temp_dir("priv-unknown");
+    let mut cases = vec![
+        (
+            "user shard-no-such-user;",
+            "getpwnam(\"shard-no-such-user\") failed",
+        ),
+        (
+            "user nobody shard-no-such-group;",
+            "getgrnam(\"shard-no-such-group\") failed",
+        ),
+    ];
+    // With one name, the group is named as the user (nginx): Debian has no group nobody.
+    if !group_exists("nobody") {
+        cases.push(("user nobody;", "getgrnam(\"nobody\") failed"));
+    }
+    for (line, want) in cases {
+        let conf = dir.join("conf/u.conf");
+        std::fs::create_dir_all(conf.parent().unwrap()).unwrap();
+        std::fs::write(
+            &conf,
+            format!("{line}\n{}", base_conf(1, "", ""))
+                .replace("{port}", "1")
+                .replace("{dir}", dir.to_str().unwrap()),
+        )
+        .unwrap();
+        let conf = conf.to_str().unwrap();
+        let (code, err) = run_cli(&["-p", dir.to_str().unwrap(), "-t", "-c", conf]);
+        assert_eq!(code, 1, "{line}: {err}");
+        assert!(
+            err.contains(&format!("[emerg] {want} in {conf}:1")),
+            "{line}: {err}"
+        );
+        assert!(err.contains("test failed"), "{err}");
+        let (code, err) = run_cli(&["-p", dir.to_str().unwrap(), "-c", conf]);
+        assert_ne!(code, 0, "{line} started: {err}");
+        assert!(err.contains(want), "{line}: {err}");
+    }
+}
