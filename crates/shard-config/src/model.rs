@@ -263,6 +263,8 @@ pub struct LocationConf {
     pub body: BodyConf,
     /// `lingering_close`, `lingering_time`, `lingering_timeout`.
     pub lingering: Lingering,
+    /// `disable_symlinks`. Default off.
+    pub disable_symlinks: DisableSymlinks,
     /// Default off, as nginx.
     pub sendfile: bool,
     /// Default on.
@@ -316,6 +318,31 @@ impl TempPath {
         p.push(name);
         p
     }
+}
+
+/// `disable_symlinks off | on [from=PART] | if_not_owner [from=PART]`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DisableSymlinks {
+    pub check: SymlinkCheck,
+    /// The leading part of a file's path that is not checked; `None`: every component is.
+    pub from: Option<SymlinksFrom>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SymlinkCheck {
+    #[default]
+    Off,
+    /// Any symbolic link in the checked part refuses the file (403).
+    On,
+    /// A symbolic link is followed only when it and its target have the same owner.
+    IfNotOwner,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SymlinksFrom {
+    /// `from=$document_root`: the location's `root` or `alias`.
+    DocumentRoot,
+    Path(PathBuf),
 }
 
 /// `lingering_close off|on|always`.

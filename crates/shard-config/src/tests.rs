@@ -2003,3 +2003,40 @@ fn request_body_and_lingering_directives() {
         r#"invalid value "maybe" in "proxy_request_buffering" directive, it must be "on" or "off" in t.conf:4"#
     );
 }
+
+#[test]
+fn disable_symlinks_parses_as_nginx() {
+    let c = http(
+        "disable_symlinks on;\n\
+         server { listen 8080;\n\
+             location /a { disable_symlinks if_not_owner from=$document_root; }\n\
+             location /b { disable_symlinks on from=/srv; }\n\
+             location /c { disable_symlinks off; }\n\
+             location /d { }\n\
+         }",
+    );
+    let l = &c.http.as_ref().unwrap().servers[0].locations;
+    assert_eq!(
+        l[0].disable_symlinks,
+        DisableSymlinks {
+            check: SymlinkCheck::IfNotOwner,
+            from: Some(SymlinksFrom::DocumentRoot)
+        }
+    );
+    assert_eq!(
+        l[1].disable_symlinks.from,
+        Some(SymlinksFrom::Path(PathBuf::from("/srv")))
+    );
+    assert_eq!(l[2].disable_symlinks.check, SymlinkCheck::Off);
+    assert_eq!(l[3].disable_symlinks.check, SymlinkCheck::On);
+    let e = |t: &str| error(&format!("{EV}http {{\nserver {{\n{t}\n}}\n}}\n"));
+    assert_eq!(
+        e("disable_symlinks off from=/x;"),
+        r#""from=" cannot be used with "off" parameter in t.conf:4"#
+    );
+    assert_eq!(
+        e("disable_symlinks sometimes;"),
+        r#"invalid parameter "sometimes" in t.conf:4"#
+    );
+    assert!(e("disable_symlinks on from=$realpath_root;").contains("not supported"));
+}

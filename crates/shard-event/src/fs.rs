@@ -5,7 +5,7 @@
 use std::ffi::CStr;
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use crate::cvt;
 
@@ -103,4 +103,106 @@ pub fn write_all(fd: std::os::fd::RawFd, mut buf: &[u8]) -> io::Result<()> {
         buf = &buf[n as usize..];
     }
     Ok(())
+}
+
+/// How [`open_stat_checked`] treats symbolic links below the unchecked part (nginx's
+/// `disable_symlinks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Symlinks {
+    /// Any symbolic link is refused.
+    Refuse,
+    /// A symbolic link is followed only when it and what it points to have the same owner.
+    SameOwner,
+}
+
+fn stat_at(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<libc::stat> {
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: name is NUL-terminated; st is valid for writes.
+    cvt(unsafe { libc::fstatat(dir, name.as_ptr(), st.as_mut_ptr(), flags) })?;
+    // SAFETY: fstatat filled it.
+    Ok(unsafe { st.assume_init() })
+}
+
+fn open_at(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: name is NUL-terminated.
+    let fd = cvt(unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC) })?;
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens `base` + `rest` like [`open_stat`], with `base` resolved as usual and every component
+/// of `rest` checked for symbolic links one `openat` at a time, as nginx's
+/// `ngx_open_file_wrapper` with `disable_symlinks`: a refused link is `ELOOP`.
+pub fn open_stat_checked(base: &CStr, rest: &[u8], mode: Symlinks) -> io::Result<(OwnedFd, Stat)> {
+    let mut dir = open_at(libc::AT_FDCWD, base, libc::O_PATH | libc::O_DIRECTORY)?;
+    let parts: Vec<&[u8]> = rest
+        .split(|&b| b == b'/')
+        .filter(|p| !p.is_empty())
+        .collect();
+    let (last, dirs) = parts
+        .split_last()
+        .map_or((&b"."[..], &[][..]), |(l, d)| (*l, d));
+    for part in dirs {
+        dir = open_component(&dir, part, libc::O_PATH | libc::O_DIRECTORY, mode)?;
+    }
+    finish_open(open_component(
+        &dir,
+        last,
+        libc::O_RDONLY | libc::O_NONBLOCK,
+        mode,
+    )?)
+}
+
+/// Opens one path component under `dir` with `flags`, refusing a symbolic link per `mode`.
+fn open_component(
+    dir: &OwnedFd,
+    part: &[u8],
+    flags: libc::c_int,
+    mode: Symlinks,
+) -> io::Result<OwnedFd> {
+    let name =
+        std::ffi::CString::new(part).map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
+    let link = stat_at(dir.as_raw_fd(), &name, libc::AT_SYMLINK_NOFOLLOW)?;
+    if link.st_mode & libc::S_IFMT != libc::S_IFLNK {
+        // Not a link when checked: with O_NOFOLLOW, one swapped in since then fails.
+        return match open_at(dir.as_raw_fd(), &name, flags | libc::O_NOFOLLOW) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) && flags & libc::O_PATH != 0 => {
+                Err(io::Error::from_raw_os_error(libc::ELOOP))
+            }
+            r => r,
+        };
+    }
+    let target = stat_at(dir.as_raw_fd(), &name, 0)?;
+    if mode == Symlinks::Refuse || target.st_uid != link.st_uid {
+        return Err(io::Error::from_raw_os_error(libc::ELOOP));
+    }
+    let fd = open_at(dir.as_raw_fd(), &name, flags)?;
+    // What was opened must be what was checked (the link may have changed meanwhile).
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: st is valid for writes.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstat filled it.
+    let st = unsafe { st.assume_init() };
+    if st.st_ino != target.st_ino || st.st_dev != target.st_dev {
+        return Err(io::Error::from_raw_os_error(libc::ELOOP));
+    }
+    Ok(fd)
+}
+
+fn finish_open(owned: OwnedFd) -> io::Result<(OwnedFd, Stat)> {
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: st is valid for writes.
+    cvt(unsafe { libc::fstat(owned.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstat filled it.
+    let st = unsafe { st.assume_init() };
+    let fmt = st.st_mode & libc::S_IFMT;
+    Ok((
+        owned,
+        Stat {
+            size: st.st_size as u64,
+            mtime_secs: st.st_mtime,
+            is_dir: fmt == libc::S_IFDIR,
+            is_file: fmt == libc::S_IFREG,
+        },
+    ))
 }

@@ -140,6 +140,7 @@ pub(crate) mod tests {
                 time_ms: 30_000,
                 timeout_ms: 5_000,
             },
+            disable_symlinks: Default::default(),
             sendfile: false,
             tcp_nodelay: true,
             access_log: None,

@@ -166,3 +166,79 @@ fn an_unknown_user_or_group_fails_the_test_and_the_start_in_nginx_words() {
         assert!(err.contains(want), "{line}: {err}");
     }
 }
+
+#[test]
+fn disable_symlinks_refuses_links_as_nginx() {
+    use std::os::unix::fs::symlink;
+    let conf = "worker_processes 1;\n\
+         error_log logs/error.log info;\n\
+         events {}\n\
+         http {\n\
+         access_log off;\n\
+         server {\n\
+         listen 127.0.0.1:{port};\n\
+         location = /status { shard_status; }\n\
+         location /a/ { root {dir}/site; }\n\
+         location /on/ { root {dir}/site; disable_symlinks on; }\n\
+         location /from/ { root {dir}/rootlink; disable_symlinks on from=$document_root; }\n\
+         location /nofrom/ { root {dir}/rootlink; disable_symlinks on; }\n\
+         location /owner/ { root {dir}/site; disable_symlinks if_not_owner; }\n\
+         }\n\
+         }\n";
+    let s = Server::start("symlinks", conf, 1);
+    let d = &s.dir;
+    for sub in ["a", "on", "from", "nofrom", "owner"] {
+        write_file(d, &format!("site/{sub}/real.txt"), b"real");
+        write_file(d, &format!("site/{sub}/dir/x.txt"), b"x");
+        symlink(
+            d.join(format!("site/{sub}/real.txt")),
+            d.join(format!("site/{sub}/link.txt")),
+        )
+        .unwrap();
+        symlink("/etc/passwd", d.join(format!("site/{sub}/out.txt"))).unwrap();
+        symlink(
+            d.join(format!("site/{sub}/dir")),
+            d.join(format!("site/{sub}/dirlink")),
+        )
+        .unwrap();
+    }
+    symlink(d.join("site"), d.join("rootlink")).unwrap();
+    let cases = [
+        ("/a/real.txt", 200),
+        ("/a/link.txt", 200),
+        ("/a/out.txt", 200),
+        ("/a/dirlink/x.txt", 200),
+        ("/on/real.txt", 200),
+        ("/on/dir/x.txt", 200),
+        ("/on/link.txt", 403),
+        ("/on/out.txt", 403),
+        ("/on/dirlink/x.txt", 403),
+        ("/on/missing.txt", 404),
+        // The root itself is a link: not checked with from=$document_root, checked without.
+        ("/from/real.txt", 200),
+        ("/from/link.txt", 403),
+        ("/nofrom/real.txt", 403),
+        // Same owner (root made both, or the test user did): followed.
+        ("/owner/link.txt", 200),
+    ];
+    for (path, want) in cases {
+        assert_eq!(get(s.addr(), path).status, want, "{path}");
+    }
+    let log = std::fs::read_to_string(d.join("logs/error.log")).unwrap();
+    assert!(
+        log.contains("/on/link.txt\" failed (40: Too many levels of symbolic links)"),
+        "{log}"
+    );
+    if is_root() {
+        // A link owned by someone else than its target is refused.
+        let theirs = d.join("site/owner/theirs.txt");
+        symlink(d.join("site/owner/real.txt"), &theirs).unwrap();
+        std::os::unix::fs::lchown(&theirs, Some(65534), Some(65534)).unwrap();
+        assert_eq!(get(s.addr(), "/owner/theirs.txt").status, 403);
+    } else {
+        skipped(
+            "disable_symlinks_refuses_links_as_nginx (if_not_owner part)",
+            "needs root to give a link another owner",
+        );
+    }
+}

@@ -24,6 +24,7 @@ pub(super) struct Settings {
     pub(super) lingering_close: Option<LingeringClose>,
     pub(super) lingering_time_ms: Option<u64>,
     pub(super) lingering_timeout_ms: Option<u64>,
+    pub(super) disable_symlinks: Option<DisableSymlinks>,
     pub(super) sendfile: Option<bool>,
     pub(super) tcp_nodelay: Option<bool>,
     pub(super) access_log: Option<Option<AccessLog>>,
@@ -139,6 +140,7 @@ pub(super) struct Eff {
     pub(super) client_body_timeout_ms: u64,
     pub(super) body: BodyConf,
     pub(super) lingering: Lingering,
+    pub(super) disable_symlinks: DisableSymlinks,
     pub(super) sendfile: bool,
     pub(super) tcp_nodelay: bool,
     pub(super) access_log: Option<AccessLog>,
@@ -178,6 +180,7 @@ impl Eff {
                 time_ms: 30_000,
                 timeout_ms: 5_000,
             },
+            disable_symlinks: DisableSymlinks::default(),
             sendfile: false,
             tcp_nodelay: true,
             access_log: Some(AccessLog {
@@ -226,6 +229,10 @@ impl Eff {
                 time_ms: s.lingering_time_ms.unwrap_or(self.lingering.time_ms),
                 timeout_ms: s.lingering_timeout_ms.unwrap_or(self.lingering.timeout_ms),
             },
+            disable_symlinks: s
+                .disable_symlinks
+                .clone()
+                .unwrap_or_else(|| self.disable_symlinks.clone()),
             sendfile: s.sendfile.unwrap_or(self.sendfile),
             tcp_nodelay: s.tcp_nodelay.unwrap_or(self.tcp_nodelay),
             access_log: s
@@ -271,6 +278,7 @@ impl Eff {
             client_body_timeout_ms: self.client_body_timeout_ms,
             body: self.body.clone(),
             lingering: self.lingering,
+            disable_symlinks: self.disable_symlinks.clone(),
             sendfile: self.sendfile,
             tcp_nodelay: self.tcp_nodelay,
             access_log: self.access_log.clone(),
@@ -758,6 +766,46 @@ pub(super) fn set_lingering_close(_: &Env, s: &mut Settings, d: &Directive, file
         other => return Err(invalid(d, file, other)),
     };
     once(&mut s.lingering_close, v, d, file)
+}
+
+/// `disable_symlinks off | on [from=PART] | if_not_owner [from=PART]`, in nginx's words.
+pub(super) fn set_disable_symlinks(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut v = DisableSymlinks::default();
+    let mut from_given = false;
+    for a in &d.args {
+        match a.as_str() {
+            "off" => v.check = SymlinkCheck::Off,
+            "on" => v.check = SymlinkCheck::On,
+            "if_not_owner" => v.check = SymlinkCheck::IfNotOwner,
+            _ => {
+                let Some(part) = a.strip_prefix("from=") else {
+                    return Err(derr(d, file, format!("invalid parameter \"{a}\"")));
+                };
+                from_given = true;
+                v.from = Some(if part.eq_ignore_ascii_case("$document_root") {
+                    SymlinksFrom::DocumentRoot
+                } else if part.contains('$') {
+                    return Err(derr(
+                        d,
+                        file,
+                        format!(
+                            "variables other than $document_root in \"from=\" are not supported: \"{part}\""
+                        ),
+                    ));
+                } else {
+                    SymlinksFrom::Path(env.resolve(part))
+                });
+            }
+        }
+    }
+    if from_given && v.check == SymlinkCheck::Off {
+        return Err(derr(
+            d,
+            file,
+            "\"from=\" cannot be used with \"off\" parameter",
+        ));
+    }
+    once(&mut s.disable_symlinks, v, d, file)
 }
 
 slot!(set_lingering_time, lingering_time_ms, time);

@@ -248,6 +248,13 @@ pub(super) static TABLE: &[Spec] = &[
         1,
         Set::Settings(set_lingering_timeout),
     ),
+    d(
+        "disable_symlinks",
+        HSL,
+        1,
+        2,
+        Set::Settings(set_disable_symlinks),
+    ),
     d("sendfile", HSL, 1, 1, Set::Settings(set_sendfile)),
     d("tcp_nodelay", HSL, 1, 1, Set::Settings(set_tcp_nodelay)),
     d("access_log", HSL, 1, MANY, Set::Settings(set_access_log)),

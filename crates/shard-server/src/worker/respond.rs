@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use shard_config::{GzipConf, LocationConf, StatusHandler};
+use shard_config::{GzipConf, LocationConf, StatusHandler, SymlinkCheck, SymlinksFrom};
 use shard_http::gzip;
 use shard_http::request::{Method, Request};
 use shard_http::response::{write_head, Head};
@@ -176,11 +176,16 @@ enum Opened {
     Forbidden,
 }
 
-fn open_file(path: &Path) -> Opened {
-    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
-        return Opened::Missing;
+fn open_file(path: &Path, loc: &LocationConf) -> Opened {
+    let res = match symlink_check(path, loc) {
+        None => CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::ENOENT))
+            .and_then(|c| shard_event::fs::open_stat(&c)),
+        Some((base, rest, mode)) => CString::new(base.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::ENOENT))
+            .and_then(|b| shard_event::fs::open_stat_checked(&b, rest, mode)),
     };
-    match shard_event::fs::open_stat(&c) {
+    match res {
         Ok((fd, st)) => Opened::File(
             fd,
             FileMeta {
@@ -192,9 +197,43 @@ fn open_file(path: &Path) -> Opened {
         ),
         Err(e) => match e.raw_os_error() {
             Some(libc::EACCES) | Some(libc::EPERM) => Opened::Forbidden,
+            Some(libc::ELOOP) => {
+                crate::log!(
+                    Error,
+                    "open() \"{}\" failed ({})",
+                    path.display(),
+                    shard_event::os_error_text(&e)
+                );
+                Opened::Forbidden
+            }
             _ => Opened::Missing,
         },
     }
+}
+
+/// Under `disable_symlinks`: the part of `path` opened as usual (the `from=` part when `path`
+/// lies under it, else `/`), the rest to check component by component, and how.
+fn symlink_check<'p>(
+    path: &'p Path,
+    loc: &LocationConf,
+) -> Option<(&'p Path, &'p [u8], shard_event::fs::Symlinks)> {
+    let mode = match loc.disable_symlinks.check {
+        SymlinkCheck::Off => return None,
+        SymlinkCheck::On => shard_event::fs::Symlinks::Refuse,
+        SymlinkCheck::IfNotOwner => shard_event::fs::Symlinks::SameOwner,
+    };
+    let from = match &loc.disable_symlinks.from {
+        Some(SymlinksFrom::DocumentRoot) => Some(loc.alias.as_deref().unwrap_or(&loc.root)),
+        Some(SymlinksFrom::Path(p)) => Some(p.as_path()),
+        None => None,
+    };
+    let root = Path::new("/");
+    let base = from
+        .filter(|f| path.starts_with(f))
+        .and_then(|f| path.ancestors().find(|a| *a == f))
+        .unwrap_or(root);
+    let rest = path.strip_prefix(base).unwrap_or(path);
+    Some((base, rest.as_os_str().as_bytes(), mode))
 }
 
 fn static_file(
@@ -205,14 +244,14 @@ fn static_file(
     keep_alive: bool,
 ) -> Reply {
     let mut path = shard_http::static_file::map_path(loc, &req.path);
-    let mut opened = open_file(&path);
+    let mut opened = open_file(&path, loc);
     // A directory request ending in '/' is served by its first existing index file.
     if req.path.ends_with('/') {
         if let Opened::File(_, meta) = &opened {
             if meta.is_dir {
                 opened = Opened::Forbidden;
                 for cand in shard_http::static_file::index_candidates(loc, &path) {
-                    match open_file(&cand) {
+                    match open_file(&cand, loc) {
                         Opened::File(fd, m) if m.is_file => {
                             path = cand;
                             opened = Opened::File(fd, m);
