@@ -136,10 +136,18 @@ fn create_temp_paths(cfg: &Config, owner: Option<&Identity>) -> Result<(), Strin
     };
     for tp in http.client_body_temp_paths() {
         let p = &tp.path;
+        // Missing parents as `mkdir -p` makes them (searchable by the workers); the directory
+        // itself 0700, and only it changes owner.
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("mkdir() \"{}\" failed ({e})", parent.display()))?;
+        }
         let mut b = std::fs::DirBuilder::new();
         std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
-        if let Err(e) = b.recursive(true).create(p) {
-            return Err(format!("mkdir() \"{}\" failed ({e})", p.display()));
+        match b.create(p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && p.is_dir() => {}
+            Err(e) => return Err(format!("mkdir() \"{}\" failed ({e})", p.display())),
         }
         if let Some(id) = owner {
             std::os::unix::fs::chown(p, Some(id.uid), Some(id.gid))

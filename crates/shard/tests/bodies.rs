@@ -42,7 +42,7 @@ fn error_log(s: &Server) -> String {
 
 /// No request-body file is left anywhere under the prefix.
 fn assert_no_body_files(s: &Server) {
-    for d in ["client_body_temp", "body_temp", "spool"] {
+    for d in ["client_body_temp", "body_temp", "var/spool"] {
         let left = files_under(&s.dir.join(d));
         assert!(left.is_empty(), "temporary files left: {left:?}");
     }
@@ -661,13 +661,13 @@ fn workers_running_as_nobody_can_write_body_files() {
         &format!(
             "user nobody nogroup;\n{}",
             conf(
-                "client_max_body_size 10m; client_body_temp_path spool 2;",
+                "client_max_body_size 10m; client_body_temp_path var/spool 2;",
                 &format!("location / {{ proxy_pass http://127.0.0.1:{}; }}", up.port),
             )
         ),
         1,
     );
-    let meta = std::fs::metadata(s.dir.join("spool")).unwrap();
+    let meta = std::fs::metadata(s.dir.join("var/spool")).unwrap();
     assert_eq!(
         std::os::unix::fs::MetadataExt::mode(&meta) & 0o777,
         0o700,
@@ -682,5 +682,119 @@ fn workers_running_as_nobody_can_write_body_files() {
     assert_eq!(r.status, 200, "{}", error_log(&s));
     assert!(r.body == data);
     assert_eq!(worker(&s).body_spooled_bytes, 100_000);
+    assert_no_body_files(&s);
+}
+
+#[test]
+fn proxy_send_timeout_is_between_two_writes_not_the_whole_upload() {
+    let (l, port) = raw_upstream();
+    // A small receive buffer, so the upload waits on the upstream's reading.
+    let small: libc::c_int = 32 * 1024;
+    // SAFETY: setsockopt on a valid socket with a valid int.
+    unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&l),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &small as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+    let s = Server::start(
+        "body-send-timeout",
+        &conf(
+            "client_max_body_size 100m;",
+            &format!("location / {{ proxy_pass http://127.0.0.1:{port}; proxy_send_timeout 1s; }}"),
+        ),
+        1,
+    );
+    const LEN: usize = 6_000_000;
+    let upstream = std::thread::spawn(move || {
+        let (mut up, _) = l.accept().unwrap();
+        up.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        // About 2 MB/s: the whole body takes 3 s, each wait far less than 1 s.
+        let mut got = 0;
+        let mut buf = [0u8; 40_000];
+        let t = Instant::now();
+        while got < LEN {
+            match up.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ =
+            up.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        (got, t.elapsed())
+    });
+    let mut c = client(s.addr());
+    c.write_all(
+        format!("POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: {LEN}\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    c.write_all(&pattern(LEN, 3)).unwrap();
+    let r = read_response(&mut c, false).expect("response");
+    let (got, took) = upstream.join().unwrap();
+    assert!(
+        took > Duration::from_millis(1500),
+        "the upstream read it all in {took:?}"
+    );
+    assert_eq!(
+        (r.status, got > LEN - 1000),
+        (200, true),
+        "{}",
+        error_log(&s)
+    );
+    assert_no_body_files(&s);
+}
+
+#[test]
+fn a_streamed_request_passes_the_upstreams_error_on_rather_than_retrying() {
+    let bad = Upstream::start(|_| Reply::text(500, "mine"));
+    let good = Upstream::start(|_| Reply::Echo);
+    let s = Server::start(
+        "body-stream-500",
+        &conf(
+            &format!(
+                "upstream pair {{ server 127.0.0.1:{}; server 127.0.0.1:{}; }}",
+                bad.port, good.port
+            ),
+            "location / { proxy_pass http://pair; proxy_request_buffering off;\n\
+                 proxy_next_upstream error timeout http_500; }",
+        ),
+        1,
+    );
+    let mut c = client(s.addr());
+    c.write_all(b"PUT /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+        .unwrap();
+    let r = read_response(&mut c, false).expect("response");
+    assert_eq!((r.status, r.body_str().as_str()), (500, "mine"));
+    assert_eq!(
+        good.requests(),
+        0,
+        "the streamed body went to a second peer"
+    );
+    assert_no_body_files(&s);
+}
+
+#[test]
+fn after_a_discarded_body_the_next_head_has_client_header_timeout() {
+    let s = Server::start(
+        "body-linger-next",
+        &conf(
+            "lingering_timeout 500ms; lingering_time 1s; client_header_timeout 30s;",
+            "location /static/ { root html; }",
+        ),
+        1,
+    );
+    write_file(&s.dir, "html/static/x", b"a static file");
+    let mut c = client(s.addr());
+    c.write_all(b"POST /static/x HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloGET /status HTTP/1.1\r\nHo")
+        .unwrap();
+    assert_eq!(read_response(&mut c, false).unwrap().status, 405);
+    // A pause past both lingering limits, inside the header timeout.
+    std::thread::sleep(Duration::from_millis(1300));
+    c.write_all(b"st: x\r\n\r\n").unwrap();
+    assert_eq!(read_response(&mut c, false).unwrap().status, 200);
     assert_no_body_files(&s);
 }

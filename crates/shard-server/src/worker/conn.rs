@@ -466,6 +466,7 @@ impl Worker<'_> {
             let c = &mut self.conns[key];
             if c.phase == Phase::Writing {
                 // The response and the body are done: keep-alive.
+                c.linger_until_ms = 0;
                 if c.inbuf.is_empty() {
                     c.deadline_ms = self.now_ms + c.keepalive_timeout_ms;
                     let inbuf = std::mem::take(&mut c.inbuf);
@@ -591,7 +592,7 @@ impl Worker<'_> {
                 }
                 if c.phase == Phase::Waiting {
                     self.start_reading(key, false);
-                } else if c.linger_until_ms != 0 {
+                } else if c.linger_until_ms != 0 && (c.body_pending() || c.lingering) {
                     c.deadline_ms = c.linger_deadline(self.now_ms);
                 } else if c.body_pending() {
                     c.deadline_ms = self.now_ms + c.body_timeout_ms;

@@ -39,6 +39,8 @@ use super::{balance, Worker};
 const READ_MIN_BYTES: usize = 4096;
 /// Most bytes of a request body file handed to one `sendfile`.
 const SENDFILE_CHUNK_BYTES: u64 = 1 << 20;
+/// `sendfile` calls of a request body per turn of its connection.
+const SENDFILE_CHUNKS_MAX: usize = 16;
 
 /// One connection to an upstream peer: serving a request, or idle in its upstream's pool.
 pub(super) struct UpConn {
@@ -356,7 +358,14 @@ impl<'a> Worker<'a> {
                 return Flow::Next;
             }
         }
+        let mut rounds = 0;
         loop {
+            rounds += 1;
+            if rounds > super::TURN_ROUNDS_MAX {
+                // A fast client does not keep the worker to itself for a whole body.
+                self.yield_conn(key);
+                return Flow::Wait;
+            }
             let pending = self.conns[key].body_pending();
             // Grown by what was read, not doubled: a stalled body holds about
             // `client_body_buffer_size` plus one read.
@@ -373,7 +382,7 @@ impl<'a> Worker<'a> {
                 };
                 return Flow::Fail(status);
             }
-            if self.spool_settle(&mut p.body, conf, done).is_err() {
+            if p.req.body != Body::None && self.spool_settle(&mut p.body, conf, done).is_err() {
                 return Flow::Fail(500);
             }
             if done {
@@ -578,7 +587,19 @@ impl<'a> Worker<'a> {
         Flow::Next
     }
 
+    /// Writes the request head and a buffered body. `proxy_send_timeout` is the time between
+    /// two writes that make progress, as nginx, not the whole upload.
     fn send_request(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        let mut progressed = false;
+        let flow = self.send_request_io(key, p, &mut progressed);
+        if progressed && matches!(flow, Flow::Wait) && p.state == State::Sending {
+            let loc = self.proxy_location(p);
+            self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
+        }
+        flow
+    }
+
+    fn send_request_io(&mut self, key: usize, p: &mut Proxy, progressed: &mut bool) -> Flow {
         let Some(u) = p.up else {
             p.state = State::Connect;
             return Flow::Next;
@@ -591,6 +612,7 @@ impl<'a> Worker<'a> {
             match shard_event::sock::write(uc.fd.as_raw_fd(), &p.upreq[p.upreq_pos..]) {
                 Ok(n) => {
                     debug_assert!(n <= p.upreq.len() - p.upreq_pos);
+                    *progressed |= n > 0;
                     p.upreq_pos += n;
                     if p.upreq_pos < p.upreq.len() {
                         uc.writable = false;
@@ -615,8 +637,15 @@ impl<'a> Worker<'a> {
             return Flow::Next;
         }
         if let Some((file, len)) = p.body.file() {
+            let mut chunks = 0;
             while p.file_pos < len {
                 if !uc.writable {
+                    return Flow::Wait;
+                }
+                chunks += 1;
+                if chunks > SENDFILE_CHUNKS_MAX {
+                    // A fast upstream does not keep the worker to itself for a whole body.
+                    self.yield_conn(key);
                     return Flow::Wait;
                 }
                 let want = (len - p.file_pos).min(SENDFILE_CHUNK_BYTES) as usize;
@@ -631,6 +660,7 @@ impl<'a> Worker<'a> {
                         return self.attempt_failed(key, p, Failure::Error, msg);
                     }
                     Ok(n) => {
+                        *progressed = true;
                         if n < want {
                             uc.writable = false;
                         }
@@ -663,7 +693,13 @@ impl<'a> Worker<'a> {
         let Some(u) = p.up else {
             return Flow::Fail(502);
         };
+        let mut rounds = 0;
         loop {
+            rounds += 1;
+            if rounds > super::TURN_ROUNDS_MAX {
+                self.yield_conn(key);
+                return Flow::Wait;
+            }
             if self.upconns[u].readable || self.upconns[u].hup {
                 // An early response (or a close): the rest of the body is not sent; the
                 // client connection discards it once the response is done.
@@ -830,7 +866,10 @@ impl<'a> Worker<'a> {
                 }
                 ResponseParse::Complete { head, head_len } => {
                     let nu = loc.proxy.next_upstream;
-                    if nu.retries_status(head.status) && may_retry(p, loc, true) {
+                    if nu.retries_status(head.status)
+                        && may_retry(p, loc, true)
+                        && !self.stream_spent(key, p)
+                    {
                         let msg = format!("upstream returned {}", head.status);
                         return self.attempt_failed(key, p, Failure::Status(head.status), &msg);
                     }
@@ -1094,13 +1133,21 @@ impl<'a> Worker<'a> {
         self.give_buf(head);
     }
 
+    /// A streamed body that began to be sent or read cannot be sent again: no other attempt,
+    /// and an upstream's error status is passed on, as nginx (`request_sent &&
+    /// request_body_no_buffering`).
+    fn stream_spent(&self, key: usize, p: &Proxy) -> bool {
+        p.streaming
+            && (p.upreq_pos > 0
+                || matches!(p.state, State::ReadingHead)
+                || self.conns[key].body_bytes > 0)
+    }
+
     /// The current attempt failed before the response head went to the client.
     fn attempt_failed(&mut self, key: usize, p: &mut Proxy, why: Failure, msg: &str) -> Flow {
         self.log_proxy_error_current(key, p, msg);
         let sent = p.upreq_pos > 0 || matches!(p.state, State::ReadingHead);
-        // A streamed body that began to be read cannot be sent again: no other attempt, as
-        // nginx (`request_sent && request_body_no_buffering`).
-        let spent = p.streaming && (sent || self.conns[key].body_bytes > 0);
+        let spent = self.stream_spent(key, p);
         let reused = p.reused && !spent;
         let nothing_back = p.rbuf.is_empty();
         p.reused = false;
