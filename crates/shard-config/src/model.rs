@@ -34,6 +34,8 @@ pub struct Config {
     /// with its socket options merged (see [`Listener`]), then every `stream` server's
     /// addresses. One address belongs to one kind only.
     pub listeners: Vec<Listener>,
+    /// Every file `include` read, in the order read (the main file is the caller's).
+    pub included: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +86,9 @@ pub struct MainConf {
     /// can open. `None` when not written; a master running as root then uses nginx's default,
     /// `nobody` (see `shard_server::privilege`).
     pub user: Option<User>,
+    /// `worker_sandbox on|off`: each worker confines itself with Landlock and seccomp after
+    /// start-up (beyond nginx). Default off.
+    pub worker_sandbox: bool,
 }
 
 /// The `user` directive as written.

@@ -10,6 +10,7 @@ pub mod listen;
 pub mod log;
 pub mod master;
 pub mod privilege;
+pub mod sandbox;
 pub mod shm;
 pub mod status;
 mod worker;

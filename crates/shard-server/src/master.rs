@@ -157,6 +157,26 @@ fn create_temp_paths(cfg: &Config, owner: Option<&Identity>) -> Result<(), Strin
     Ok(())
 }
 
+/// `worker_sandbox on` on a kernel without Landlock or seccomp: said once, by the master.
+fn sandbox_notice(cfg: &Config) {
+    if !cfg.main.worker_sandbox {
+        return;
+    }
+    let (landlock, seccomp) = crate::sandbox::kernel_support();
+    if landlock.is_none() {
+        crate::log!(
+            Notice,
+            "worker_sandbox: the kernel has no Landlock: workers are not confined to their files"
+        );
+    }
+    if !seccomp {
+        crate::log!(
+            Notice,
+            "worker_sandbox: the kernel has no seccomp: workers' system calls are not filtered"
+        );
+    }
+}
+
 /// The workers' identity for `cfg`, with nginx's warning when `user` is ignored and a notice
 /// when the default identity had to take another group than `nobody`.
 fn identity_for(cfg: &Config) -> Result<Option<Identity>, String> {
@@ -235,6 +255,7 @@ pub fn run(opts: RunOptions) -> Result<i32> {
     }
 
     let identity = identity_for(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+    sandbox_notice(&cfg);
     create_temp_paths(&cfg, identity.as_ref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut access_logs = HashMap::new();
     for path in access_log_paths(&cfg) {
@@ -570,6 +591,9 @@ impl Master {
                 return;
             }
         };
+        if !self.cfg.main.worker_sandbox {
+            sandbox_notice(&cfg);
+        }
         let nodelay = tcp_nodelay(&cfg);
         // New addresses first: a bind that fails leaves the running set untouched.
         let mut fresh: HashMap<usize, OpenListener> = HashMap::new();

@@ -187,6 +187,7 @@ pub(crate) struct WorkerArgs<'a> {
 
 /// Runs worker `idx` until it is told to stop; returns the process exit code.
 pub(crate) fn run(args: WorkerArgs<'_>) -> i32 {
+    let cfg = args.cfg;
     let mut w = match Worker::new(args) {
         Ok(w) => w,
         Err(e) => {
@@ -195,6 +196,14 @@ pub(crate) fn run(args: WorkerArgs<'_>) -> i32 {
             return 2;
         }
     };
+    // Set up: from here on the worker needs only its roots, logs, temporary directories and
+    // the loop's system calls.
+    if cfg.main.worker_sandbox {
+        if let Err(e) = crate::sandbox::enter(&crate::sandbox::Plan::from_config(cfg)) {
+            crate::log!(Emerg, "worker_sandbox: {e}");
+            return 2;
+        }
+    }
     w.run_loop();
     w.flush_access_logs();
     0

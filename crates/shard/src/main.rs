@@ -29,6 +29,10 @@ struct Cli {
     /// Test the configuration and exit (binds no socket).
     #[arg(short = 't')]
     test: bool,
+    /// Test the configuration, dump it (every file read, and what a sandboxed worker may
+    /// open) and exit.
+    #[arg(short = 'T')]
+    dump: bool,
     /// Suppress non-error messages during the configuration test.
     #[arg(short = 'q')]
     quiet: bool,
@@ -123,7 +127,7 @@ fn run(cli: Cli) -> i32 {
             );
             eprintln!("default configuration path: PREFIX/{DEFAULT_CONF_PATH} (else the embedded default)");
         }
-        if !cli.test && cli.signal.is_none() {
+        if !cli.test && !cli.dump && cli.signal.is_none() {
             return 0;
         }
     }
@@ -140,13 +144,13 @@ fn run(cli: Cli) -> i32 {
         Ok(c) => c,
         Err(e) => {
             eprintln!("shard: [emerg] {e}");
-            if cli.test {
+            if cli.test || cli.dump {
                 eprintln!("shard: configuration file {} test failed", src.name);
             }
             return 1;
         }
     };
-    if cli.test {
+    if cli.test || cli.dump {
         // The workers' identity is part of the configuration: an unknown user or group fails
         // the test, as nginx's `ngx_set_user` does when run as root.
         if let Some(w) = shard_server::privilege::ignored_user_warning(&cfg) {
@@ -160,6 +164,9 @@ fn run(cli: Cli) -> i32 {
         if !cli.quiet {
             eprintln!("shard: the configuration file {} syntax is ok", src.name);
             eprintln!("shard: configuration file {} test is successful", src.name);
+        }
+        if cli.dump {
+            print!("{}", dump(&src, &cfg));
         }
         return 0;
     }
@@ -180,6 +187,32 @@ fn run(cli: Cli) -> i32 {
             1
         }
     }
+}
+
+/// `-T`: every configuration file as read, as nginx prints them, then what a sandboxed
+/// worker may open under this configuration.
+fn dump(src: &Source, cfg: &shard_config::Config) -> String {
+    let mut out = String::new();
+    let main = match &src.path {
+        Some(p) => std::fs::read_to_string(p).unwrap_or_default(),
+        None => shard_config::DEFAULT_CONFIG.to_string(),
+    };
+    let mut files = vec![(src.name.clone(), main)];
+    for p in &cfg.included {
+        files.push((
+            p.display().to_string(),
+            std::fs::read_to_string(p).unwrap_or_default(),
+        ));
+    }
+    for (name, text) in files {
+        out.push_str(&format!("# configuration file {name}:\n{text}"));
+        if !text.ends_with('\n') {
+            out.push('\n');
+        }
+        out.push('\n');
+    }
+    out.push_str(&shard_server::sandbox::Plan::from_config(cfg).render(cfg.main.worker_sandbox));
+    out
 }
 
 /// `-s SIGNAL`: read the pid file named by the configuration and signal that master.

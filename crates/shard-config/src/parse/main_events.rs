@@ -50,6 +50,11 @@ pub(super) fn main_user(_: &Env, st: &mut State, d: &Directive, file: &str) -> R
     once(&mut st.main.user, user, d, file)
 }
 
+pub(super) fn main_worker_sandbox(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut st.main.worker_sandbox, v, d, file)
+}
+
 pub(super) fn main_events(env: &Env, st: &mut State, d: &Directive, file: &str) -> R {
     if st.events.is_some() {
         return Err(dup(d, file));

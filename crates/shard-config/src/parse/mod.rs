@@ -126,6 +126,8 @@ struct Env {
     prefix: PathBuf,
     conf_dir: PathBuf,
     depth: Cell<usize>,
+    /// Files read by `include`, in order.
+    included: std::cell::RefCell<Vec<PathBuf>>,
 }
 
 #[derive(Default)]
@@ -136,6 +138,7 @@ struct MainP {
     worker_rlimit_nofile: Option<u64>,
     worker_shutdown_timeout_ms: Option<u64>,
     user: Option<User>,
+    worker_sandbox: Option<bool>,
 }
 
 #[derive(Default)]
@@ -166,6 +169,7 @@ pub(crate) fn parse(
         prefix: prefix.to_path_buf(),
         conf_dir: conf_dir.to_path_buf(),
         depth: Cell::new(0),
+        included: std::cell::RefCell::new(Vec::new()),
     };
     let mut st = State::default();
     let items = parse_tree(text, name);
@@ -325,6 +329,9 @@ impl Env {
                     }
                 }
             };
+            if std::fs::metadata(&path).is_ok() {
+                self.included.borrow_mut().push(path.clone());
+            }
             let items = parse_tree(&text, &name);
             self.depth.set(self.depth.get() + 1);
             let r = self.walk(&items, &name, ctx, target);
@@ -357,6 +364,7 @@ impl Env {
             worker_rlimit_nofile: st.main.worker_rlimit_nofile,
             worker_shutdown_timeout_ms: st.main.worker_shutdown_timeout_ms,
             user: st.main.user,
+            worker_sandbox: st.main.worker_sandbox.unwrap_or(false),
         };
         let events = EventsConf {
             worker_connections: ev.worker_connections.unwrap_or(512),
@@ -380,6 +388,7 @@ impl Env {
             http,
             stream,
             listeners,
+            included: self.included.take(),
         })
     }
 

@@ -92,6 +92,7 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Main(main_worker_shutdown_timeout),
     ),
     d("user", M, 1, 2, Set::Main(main_user)),
+    d("worker_sandbox", M, 1, 1, Set::Main(main_worker_sandbox)),
     b("events", M, 0, 0, Set::Main(main_events)),
     b("http", M, 0, 0, Set::Main(main_http)),
     b("stream", M, 0, 0, Set::Main(main_stream)),

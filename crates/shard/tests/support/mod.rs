@@ -85,7 +85,7 @@ fn remove_unless_panicking(dir: &Path) {
     }
 }
 
-/// A fresh, empty directory for one test, with `conf/` and `logs/`.
+/// A fresh, empty directory for one test, with `conf/`, `logs/` and `html/`.
 pub fn temp_dir(tag: &str) -> TempDir {
     static N: AtomicUsize = AtomicUsize::new(0);
     let d = std::env::temp_dir().join(format!(
@@ -97,6 +97,9 @@ pub fn temp_dir(tag: &str) -> TempDir {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(d.join("conf")).unwrap();
     std::fs::create_dir_all(d.join("logs")).unwrap();
+    // The default root exists before a server starts, as in an installation (a sandboxed
+    // worker can only be granted a root that exists when it starts).
+    std::fs::create_dir_all(d.join("html")).unwrap();
     TempDir(d)
 }
 
@@ -165,8 +168,25 @@ impl Server {
         for (i, p) in ports.iter().enumerate().rev() {
             text = text.replace(&format!("{{port{}}}", i + 1), &p.to_string());
         }
+        // `SHARD_TEST_SANDBOX=1` runs every server with `worker_sandbox on` (the whole suite
+        // then checks that the sandbox lets through everything shard does).
+        if std::env::var_os("SHARD_TEST_SANDBOX").is_some_and(|v| v == "1")
+            && !text.contains("worker_sandbox")
+        {
+            text = format!("worker_sandbox on;\n{text}");
+        }
         std::fs::write(dir.join("conf/shard.conf"), text).unwrap();
-        let mut cmd = Command::new(BIN);
+        // `SHARD_TEST_WRAP="strace -f -o FILE"` runs every server under that command (how
+        // the sandbox's system-call table was measured).
+        let mut cmd = match std::env::var("SHARD_TEST_WRAP") {
+            Ok(w) if !w.trim().is_empty() => {
+                let mut parts = w.split_whitespace();
+                let mut c = Command::new(parts.next().unwrap_or("env"));
+                c.args(parts).arg(BIN);
+                c
+            }
+            _ => Command::new(BIN),
+        };
         cmd.arg("-p").arg(&dir).arg("-c").arg("conf/shard.conf");
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())

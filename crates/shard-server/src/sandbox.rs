@@ -1,0 +1,283 @@
+//! `worker_sandbox on` (beyond nginx): a worker confines itself once it is set up, so that a
+//! logic bug in the data path can reach neither files nor system calls the configuration does
+//! not need.
+//!
+//! This module owns what a worker may open ([`Plan`], computed from the configuration and
+//! printed by `shard -T`), the Landlock ruleset that enforces it, and the one table of system
+//! calls the worker loop makes ([`SYSCALLS`]), enforced with seccomp: any other call fails with
+//! `EPERM`. It does not decide who the worker runs as (`privilege.rs`), and it never confines
+//! the master, which must bind, re-read the configuration and exec a new binary.
+//!
+//! A kernel without Landlock or seccomp gets a notice from the master, once, and the rest of
+//! the sandbox still applies.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    Access, AccessFs, BitFlags, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    RulesetStatus, ABI,
+};
+use shard_config::{Config, LogTarget};
+
+/// What a sandboxed worker may open, from the configuration.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Read (files and directory listings): every `root` and `alias`.
+    pub read: Vec<PathBuf>,
+    /// Write to existing files (log reopening after rotation: the master creates the new file):
+    /// the directories of the error and access logs.
+    pub append: Vec<PathBuf>,
+    /// Read, write, create and remove beneath: the request-body temporary directories.
+    pub temp: Vec<PathBuf>,
+}
+
+fn push_once(v: &mut Vec<PathBuf>, p: &Path) {
+    if !v.iter().any(|q| q == p) {
+        v.push(p.to_path_buf());
+    }
+}
+
+impl Plan {
+    pub fn from_config(cfg: &Config) -> Plan {
+        let mut plan = Plan::default();
+        if let LogTarget::File(p) = &cfg.main.error_log.target {
+            if let Some(d) = p.parent() {
+                push_once(&mut plan.append, d);
+            }
+        }
+        if let Some(http) = &cfg.http {
+            for s in &http.servers {
+                for l in std::iter::once(&s.base).chain(&s.locations) {
+                    push_once(&mut plan.read, l.alias.as_deref().unwrap_or(&l.root));
+                    if let Some(al) = &l.access_log {
+                        if let Some(d) = al.path.parent() {
+                            push_once(&mut plan.append, d);
+                        }
+                    }
+                }
+            }
+            for tp in http.client_body_temp_paths() {
+                push_once(&mut plan.temp, &tp.path);
+            }
+        }
+        plan
+    }
+
+    /// The plan as `shard -T` prints it, one path per line.
+    pub fn render(&self, on: bool) -> String {
+        let mut s = format!(
+            "# worker_sandbox {}: what a worker may open{}\n",
+            if on { "on" } else { "off" },
+            if on { "" } else { " once it is on" }
+        );
+        for (what, v) in [
+            ("read", &self.read),
+            ("write to existing files", &self.append),
+            ("read, write, create, remove", &self.temp),
+        ] {
+            for p in v {
+                s.push_str(&format!("#   {what}: {}\n", p.display()));
+            }
+        }
+        s.push_str(&format!(
+            "#   system calls: {} (any other fails with EPERM)\n",
+            SYSCALLS.len()
+        ));
+        s
+    }
+}
+
+/// Every system call a worker makes after it is set up, found by tracing the whole test suite
+/// (`SHARD_TEST_WRAP="strace -f -ff -o DIR/t"`) and kept here, in one table. A sandboxed test
+/// that needs one more fails (`tests/sandbox.rs`).
+pub const SYSCALLS: &[(&str, i64)] = &[
+    // The loop, sockets and files.
+    ("read", libc::SYS_read),
+    ("readv", libc::SYS_readv),
+    ("write", libc::SYS_write),
+    ("writev", libc::SYS_writev),
+    ("pread64", libc::SYS_pread64),
+    ("sendfile", libc::SYS_sendfile),
+    ("close", libc::SYS_close),
+    ("fcntl", libc::SYS_fcntl),
+    ("lseek", libc::SYS_lseek),
+    ("fstat", libc::SYS_fstat),
+    ("newfstatat", libc::SYS_newfstatat),
+    ("statx", libc::SYS_statx),
+    ("openat", libc::SYS_openat),
+    ("mkdirat", libc::SYS_mkdirat),
+    ("unlinkat", libc::SYS_unlinkat),
+    // The same calls by their older names, which std uses where they exist.
+    #[cfg(target_arch = "x86_64")]
+    ("open", libc::SYS_open),
+    #[cfg(target_arch = "x86_64")]
+    ("stat", libc::SYS_stat),
+    #[cfg(target_arch = "x86_64")]
+    ("lstat", libc::SYS_lstat),
+    #[cfg(target_arch = "x86_64")]
+    ("mkdir", libc::SYS_mkdir),
+    #[cfg(target_arch = "x86_64")]
+    ("unlink", libc::SYS_unlink),
+    #[cfg(target_arch = "x86_64")]
+    ("epoll_wait", libc::SYS_epoll_wait),
+    ("epoll_pwait", libc::SYS_epoll_pwait),
+    ("epoll_ctl", libc::SYS_epoll_ctl),
+    ("accept4", libc::SYS_accept4),
+    ("socket", libc::SYS_socket),
+    ("connect", libc::SYS_connect),
+    ("shutdown", libc::SYS_shutdown),
+    ("getsockopt", libc::SYS_getsockopt),
+    ("setsockopt", libc::SYS_setsockopt),
+    ("getsockname", libc::SYS_getsockname),
+    ("getpeername", libc::SYS_getpeername),
+    ("recvfrom", libc::SYS_recvfrom),
+    ("sendto", libc::SYS_sendto),
+    // Time, identity, accounting.
+    ("clock_gettime", libc::SYS_clock_gettime),
+    ("gettimeofday", libc::SYS_gettimeofday),
+    ("getrusage", libc::SYS_getrusage),
+    ("getpid", libc::SYS_getpid),
+    ("getppid", libc::SYS_getppid),
+    ("gettid", libc::SYS_gettid),
+    ("geteuid", libc::SYS_geteuid),
+    ("getuid", libc::SYS_getuid),
+    // Memory.
+    ("brk", libc::SYS_brk),
+    ("mmap", libc::SYS_mmap),
+    ("munmap", libc::SYS_munmap),
+    ("mremap", libc::SYS_mremap),
+    ("madvise", libc::SYS_madvise),
+    ("mprotect", libc::SYS_mprotect),
+    // Threads' runtime, signals and the way out (a panic aborts through these).
+    ("futex", libc::SYS_futex),
+    ("sched_yield", libc::SYS_sched_yield),
+    ("rt_sigprocmask", libc::SYS_rt_sigprocmask),
+    ("rt_sigreturn", libc::SYS_rt_sigreturn),
+    ("rt_sigaction", libc::SYS_rt_sigaction),
+    ("sigaltstack", libc::SYS_sigaltstack),
+    ("tgkill", libc::SYS_tgkill),
+    ("getrandom", libc::SYS_getrandom),
+    ("restart_syscall", libc::SYS_restart_syscall),
+    ("exit", libc::SYS_exit),
+    ("exit_group", libc::SYS_exit_group),
+];
+
+/// What the running kernel offers, for the master's notice.
+pub fn kernel_support() -> (Option<i64>, bool) {
+    // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) only returns
+    // the ABI version; prctl(PR_GET_SECCOMP) only reads.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            1u32,
+        )
+    };
+    let seccomp = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) } >= 0;
+    ((abi > 0).then_some(abi), seccomp)
+}
+
+/// What was applied.
+#[derive(Debug, Clone, Copy)]
+pub struct Applied {
+    pub landlock: bool,
+    pub seccomp: bool,
+}
+
+/// Confines the calling worker: Landlock to `plan`, then the seccomp allowlist. Paths that do
+/// not exist are left out (nothing under them can be opened anyway). Errors other than a
+/// kernel without support are returned: the worker must then not serve.
+pub fn enter(plan: &Plan) -> Result<Applied, String> {
+    let landlock = landlock(plan).map_err(|e| format!("landlock: {e}"))?;
+    let seccomp = seccomp()?;
+    Ok(Applied { landlock, seccomp })
+}
+
+fn landlock(plan: &Plan) -> Result<bool, landlock::RulesetError> {
+    let abi = ABI::V5;
+    let all = AccessFs::from_all(abi);
+    let append: BitFlags<AccessFs> = AccessFs::WriteFile.into();
+    let mut rs = Ruleset::default().handle_access(all)?.create()?;
+    for (paths, access) in [
+        (&plan.read, AccessFs::from_read(abi)),
+        (&plan.append, append),
+        (&plan.temp, all),
+    ] {
+        for p in paths {
+            if let Ok(fd) = PathFd::new(p) {
+                rs = rs.add_rule(PathBeneath::new(fd, access))?;
+            }
+        }
+    }
+    let status = rs.restrict_self()?;
+    Ok(status.ruleset != RulesetStatus::NotEnforced)
+}
+
+fn seccomp() -> Result<bool, String> {
+    let (_, supported) = kernel_support();
+    if !supported {
+        return Ok(false);
+    }
+    let arch = seccompiler::TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|e| format!("seccomp: {e}"))?;
+    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> = SYSCALLS
+        .iter()
+        .map(|&(_, nr)| (nr, Vec::new()))
+        .collect();
+    let filter = seccompiler::SeccompFilter::new(
+        rules,
+        seccompiler::SeccompAction::Errno(libc::EPERM as u32),
+        seccompiler::SeccompAction::Allow,
+        arch,
+    )
+    .map_err(|e| format!("seccomp: {e}"))?;
+    let prog: seccompiler::BpfProgram = filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| format!("seccomp: {e}"))?;
+    seccompiler::apply_filter(&prog).map_err(|e| format!("seccomp: {e}"))?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_names_roots_logs_and_temporary_directories() {
+        let text = "error_log /var/log/shard/error.log;\nevents {}\nhttp {\n\
+             access_log /var/log/shard/access.log;\n\
+             server { listen 127.0.0.1:8080; root /srv/www;\n\
+               location /img/ { alias /srv/images/; }\n\
+               location /up { client_body_temp_path /var/spool/shard; } }\n}\n";
+        let cfg = shard_config::parse_str(
+            text,
+            "t.conf",
+            Path::new("/nonexistent"),
+            Path::new("/pfx"),
+            None,
+        )
+        .unwrap();
+        let plan = Plan::from_config(&cfg);
+        assert_eq!(
+            plan.read,
+            vec![PathBuf::from("/srv/www"), PathBuf::from("/srv/images/")]
+        );
+        assert_eq!(plan.append, vec![PathBuf::from("/var/log/shard")]);
+        assert_eq!(
+            plan.temp,
+            vec![
+                PathBuf::from("/pfx/client_body_temp"),
+                PathBuf::from("/var/spool/shard")
+            ]
+        );
+        let text = plan.render(true);
+        assert!(text.contains("#   read: /srv/images/\n"), "{text}");
+        // Every syscall of the table once.
+        let mut nrs: Vec<_> = SYSCALLS.iter().map(|s| s.1).collect();
+        nrs.sort_unstable();
+        nrs.dedup();
+        assert_eq!(nrs.len(), SYSCALLS.len());
+    }
+}

@@ -1,0 +1,212 @@
+//! `worker_sandbox on`: a sandboxed worker serves everything its configuration names (static
+//! files with and without sendfile, gzip, an alias, proxied requests with spooled and streamed
+//! bodies, the status pages, a log rotation, a reload that adds a root) and nothing else (a
+//! symbolic link out of its root, `/proc/self/environ` through an `alias` mistake, a file the
+//! configuration does not name), with `NoNewPrivs: 1` and `Seccomp: 2`. A system call missing
+//! from the sandbox's table fails a request or logs `Operation not permitted`, and so fails
+//! here; `.ci/run` also runs the proxy, stream, bodies and robustness suites sandboxed.
+
+mod support;
+
+use std::io::Write;
+use std::os::unix::fs::symlink;
+use std::time::Duration;
+
+use support::upstream::{pattern, Reply, Upstream};
+use support::*;
+
+fn status_field(pid: u64, name: &str) -> String {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    st.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name}"))
+        .trim()
+        .to_string()
+}
+
+/// Landlock and seccomp, or a loud skip.
+fn kernel_has_sandbox() -> bool {
+    let (landlock, seccomp) = shard_server_probe();
+    if !(landlock && seccomp) {
+        skipped(
+            "sandbox",
+            "the kernel lacks Landlock or seccomp (Linux 5.13+ with Landlock enabled)",
+        );
+    }
+    landlock && seccomp
+}
+
+fn shard_server_probe() -> (bool, bool) {
+    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns the ABI version;
+    // prctl(PR_GET_SECCOMP) only reads.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            1u32,
+        )
+    };
+    let seccomp = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) } >= 0;
+    (abi > 0, seccomp)
+}
+
+fn conf(site: &std::path::Path, up: u16, extra: &str) -> String {
+    format!(
+        "worker_sandbox on;\n\
+         worker_processes 1;\n\
+         error_log logs/error.log info;\n\
+         events {{}}\n\
+         http {{\n\
+         access_log logs/access.log;\n\
+         client_max_body_size 10m;\n\
+         server {{\n\
+         listen 127.0.0.1:{{port}};\n\
+         root {site}/html;\n\
+         location = /status {{ shard_status; }}\n\
+         location /files/ {{ alias {site}/other/; }}\n\
+         location /sf/ {{ sendfile on; }}\n\
+         location /gz/ {{ gzip on; gzip_types text/plain; gzip_min_length 1; }}\n\
+         location = /env {{ alias /proc/self/environ; }}\n\
+         location /up {{ proxy_pass http://127.0.0.1:{up}; }}\n\
+         location /stream {{ proxy_pass http://127.0.0.1:{up}; proxy_request_buffering off; }}\n\
+         {extra}\n\
+         }}\n\
+         }}\n",
+        site = site.display()
+    )
+}
+
+#[test]
+fn a_sandboxed_worker_serves_what_its_configuration_names_and_nothing_else() {
+    if !kernel_has_sandbox() {
+        return;
+    }
+    let site = temp_dir("sandbox-site");
+    write_file(&site, "html/index.html", b"<p>home</p>");
+    write_file(&site, "html/sf/big.bin", &pattern(300_000, 1));
+    write_file(&site, "html/gz/t.txt", &b"gzip me ".repeat(500));
+    write_file(&site, "other/x.txt", b"aliased");
+    write_file(&site, "secret.txt", b"not for the web");
+    symlink(site.join("secret.txt"), site.join("html/leak.txt")).unwrap();
+    symlink("/etc/passwd", site.join("html/passwd")).unwrap();
+    let up = Upstream::start(|_| Reply::Echo);
+    let s = Server::start("sandbox", &conf(&site, up.port, ""), 1);
+    let pid = parse_workers(&get(s.addr(), "/status").body_str())[0].pid;
+    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+
+    // What the configuration names.
+    let r = get(s.addr(), "/");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "<p>home</p>"));
+    assert_eq!(get(s.addr(), "/files/x.txt").body_str(), "aliased");
+    let r = get(s.addr(), "/sf/big.bin");
+    assert!(r.status == 200 && r.body == pattern(300_000, 1));
+    let r = raw(
+        s.addr(),
+        b"GET /gz/t.txt HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    assert_eq!(get(s.addr(), "/status?format=prometheus").status, 200);
+    for path in ["/up", "/stream"] {
+        let body = pattern(200_000, 2);
+        let mut c = connect(s.addr());
+        c.write_all(
+            format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+        c.write_all(&body).unwrap();
+        let r = read_response(&mut c, false).unwrap();
+        assert!(r.status == 200 && r.body == body, "{path}: {}", r.status);
+    }
+
+    // What it does not.
+    for path in ["/leak.txt", "/passwd", "/env"] {
+        assert_eq!(get(s.addr(), path).status, 403, "{path}");
+    }
+
+    // A log rotation: the master makes the new file, the sandboxed worker opens it.
+    std::fs::rename(
+        s.dir.join("logs/access.log"),
+        s.dir.join("logs/access.log.1"),
+    )
+    .unwrap();
+    s.signal(libc::SIGUSR1);
+    wait_for(Duration::from_secs(5), "the access log reopened", || {
+        get(s.addr(), "/files/x.txt");
+        std::fs::read_to_string(s.dir.join("logs/access.log"))
+            .ok()
+            .filter(|t| t.contains("GET /files/x.txt"))
+    });
+
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(
+        !log.contains("Operation not permitted") && !log.contains("[emerg]"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_reload_under_the_sandbox_serves_a_newly_added_root() {
+    if !kernel_has_sandbox() {
+        return;
+    }
+    let site = temp_dir("sandbox-reload");
+    write_file(&site, "html/index.html", b"one");
+    let up = Upstream::text("ok");
+    let s = Server::start("sandbox-reload", &conf(&site, up.port, ""), 1);
+    let added = temp_dir("sandbox-added");
+    write_file(&added, "new/page.txt", b"added root");
+    assert_eq!(get(s.addr(), "/new/page.txt").status, 404);
+    let text = conf(
+        &site,
+        up.port,
+        &format!("location /new/ {{ root {}; }}", added.display()),
+    )
+    .replace("{port}", &s.port.to_string());
+    std::fs::write(s.dir.join("conf/shard.conf"), text).unwrap();
+    s.signal(libc::SIGHUP);
+    wait_for(Duration::from_secs(10), "the new root served", || {
+        let r = get(s.addr(), "/new/page.txt");
+        (r.status == 200 && r.body_str() == "added root").then_some(())
+    });
+}
+
+#[test]
+fn shard_dash_capital_t_prints_the_files_and_what_a_worker_may_open() {
+    let dir = temp_dir("sandbox-dump");
+    write_file(
+        &dir,
+        "conf/extra.conf",
+        b"server { listen 127.0.0.1:1; root /srv/www; }\n",
+    );
+    write_file(
+        &dir,
+        "conf/shard.conf",
+        b"worker_sandbox on;\nevents {}\nhttp { include extra.conf; }\n",
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shard"))
+        .args(["-p", dir.to_str().unwrap(), "-T", "-c", "conf/shard.conf"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("# configuration file conf/shard.conf:\nworker_sandbox on;"),
+        "{text}"
+    );
+    assert!(
+        text.contains("extra.conf:\nserver { listen 127.0.0.1:1;"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# worker_sandbox on: what a worker may open"),
+        "{text}"
+    );
+    assert!(text.contains("#   read: /srv/www\n"), "{text}");
+    assert!(text.contains("client_body_temp\n"), "{text}");
+}
