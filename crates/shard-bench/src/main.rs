@@ -94,6 +94,12 @@ pub struct SpeedArgs {
     /// Use the built-in load generator even when wrk is installed.
     #[arg(long)]
     builtin_load: bool,
+    /// The URL path to load: `/ok` (`return 200 "OK"`) or `/static.html` (a 4 KiB file).
+    #[arg(long, default_value = "/ok")]
+    path: String,
+    /// Also measure shard with `worker_sandbox on` (a row of its own).
+    #[arg(long)]
+    sandbox: bool,
     /// Tiny numbers, to check that the bench works (CI).
     #[arg(long)]
     smoke: bool,
@@ -145,16 +151,18 @@ fn speed(mut a: SpeedArgs) -> Result<()> {
         notes,
     } = Tools::find(a.nginx.as_deref(), a.no_nginx, a.builtin_load);
 
-    let mut kinds = vec![Kind::Shard(shard)];
+    let mut kinds = vec![(Kind::Shard(shard.clone()), "shard", "")];
+    if a.sandbox {
+        kinds.push((Kind::Shard(shard), "shard (worker_sandbox on)", "worker_sandbox on;\n"));
+    }
     if let Some(n) = nginx {
-        kinds.push(Kind::Nginx(n));
+        kinds.push((Kind::Nginx(n), "nginx", ""));
     }
     let mut rows = Vec::new();
-    for kind in kinds {
-        let name = kind.name();
+    for (kind, name, main_extra) in kinds {
         eprintln!("shard-bench: measuring {name} with {} workers", a.workers);
-        let srv =
-            servers::start(&kind, a.workers, a.idle).with_context(|| format!("starting {name}"))?;
+        let srv = servers::start_speed(&kind, a.workers, a.idle, main_extra)
+            .with_context(|| format!("starting {name}"))?;
         let mut row = Row {
             name: name.to_string(),
             ..Default::default()
@@ -261,15 +269,16 @@ impl Tools {
 /// the built-in load generator.
 fn run_load(
     port: u16,
+    path: &str,
     wrk: Option<&std::path::Path>,
     connections: usize,
     d: Duration,
     keepalive: bool,
 ) -> Result<()> {
     match wrk {
-        Some(w) => load::wrk(w, port, "/ok", connections, d, keepalive).map(|_| ()),
+        Some(w) => load::wrk(w, port, path, connections, d, keepalive).map(|_| ()),
         None => {
-            let target = loadgen::Target::parse(&format!("http://127.0.0.1:{port}/ok"))?;
+            let target = loadgen::Target::parse(&format!("http://127.0.0.1:{port}{path}"))?;
             let spec = loadgen::LoadSpec {
                 connections,
                 duration: d,
@@ -299,6 +308,7 @@ fn syscalls_per_request(
     let before = srv.requests()?;
     run_load(
         srv.port,
+        &a.path,
         wrk,
         a.connections,
         Duration::from_secs(a.duration),
@@ -322,6 +332,7 @@ fn cpu_per_request(
     let t0 = std::time::Instant::now();
     run_load(
         srv.port,
+        &a.path,
         wrk,
         a.connections,
         Duration::from_secs(a.duration),
@@ -354,7 +365,9 @@ fn fmt(v: Option<f64>, digits: usize) -> String {
 fn render(a: &SpeedArgs, rows: &[Row], notes: &[String]) -> String {
     let mut s = String::new();
     s.push_str(&format!(
-        "# shard-bench speed: return 200 \"OK\", {} workers, {} connections, {} s per run, {} idle connections{}\n\n",
+        "# shard-bench speed: GET {} ({}), {} workers, {} connections, {} s per run, {} idle connections{}\n\n",
+        a.path,
+        if a.path == "/ok" { "return 200 \"OK\"" } else { "a static file" },
         a.workers,
         a.connections,
         a.duration,

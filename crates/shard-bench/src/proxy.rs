@@ -281,7 +281,7 @@ fn measure_http(
         let pids = front.worker_pids()?;
         let tracer = procfs::Strace::attach(strace, &pids)?;
         let r0 = backend.totals()?.requests;
-        let load = crate::run_load(front.port, wrk, a.connections, d, true);
+        let load = crate::run_load(front.port, "/ok", wrk, a.connections, d, true);
         let r1 = backend.totals();
         // Detach before any error is returned: a tracer left behind slows the next front.
         let calls = tracer.finish()?;
@@ -295,7 +295,7 @@ fn measure_http(
     let cpu0 = procfs::cpu_ticks(&pids)?;
     let r0 = backend.totals()?.requests;
     let t0 = Instant::now();
-    crate::run_load(front.port, wrk, a.connections, d, true)?;
+    crate::run_load(front.port, "/ok", wrk, a.connections, d, true)?;
     let secs = t0.elapsed().as_secs_f64();
     let r1 = backend.totals()?.requests;
     let cpu1 = procfs::cpu_ticks(&pids)?;

@@ -138,7 +138,8 @@ impl Spec {
     }
 }
 
-pub fn start(kind: &Kind, workers: usize, idle: usize) -> Result<Running> {
+/// The `speed` server: `/ok` and a 4 KiB `/static.html`, with `main_extra` at the top.
+pub fn start_speed(kind: &Kind, workers: usize, idle: usize, main_extra: &str) -> Result<Running> {
     let spec = Spec {
         workers,
         listen_opts: "reuseport".into(),
@@ -147,11 +148,14 @@ pub fn start(kind: &Kind, workers: usize, idle: usize) -> Result<Running> {
         ok: None,
         http_extra: String::new(),
         stream: None,
-        main_extra: String::new(),
+        main_extra: main_extra.to_string(),
         idle,
         tag: "speed".into(),
     };
-    start_with(kind, &spec, |_| Ok(()))
+    start_with(kind, &spec, |dir| {
+        std::fs::write(dir.join("html/static.html"), vec![b'x'; 4096])?;
+        Ok(())
+    })
 }
 
 /// A loopback port that was free a moment ago (the kernel does not hand it out again at once).
