@@ -196,7 +196,11 @@ pub fn enter(plan: &Plan) -> Result<Applied, String> {
 }
 
 fn landlock(plan: &Plan) -> Result<bool, landlock::RulesetError> {
-    let abi = ABI::V5;
+    // The rights of ABI 2: read, write, make, remove, refer. Truncation (ABI 3) and device
+    // ioctls (ABI 5) are left to seccomp, which refuses `truncate`, `ftruncate` and `ioctl`
+    // outright: handled by Landlock, each `open` would walk the whole path up to `/` to
+    // learn that they are not granted (measured: +8% CPU per static request).
+    let abi = ABI::V2;
     let all = AccessFs::from_all(abi);
     let append: BitFlags<AccessFs> = AccessFs::WriteFile.into();
     let mut rs = Ruleset::default().handle_access(all)?.create()?;
