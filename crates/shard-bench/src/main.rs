@@ -153,7 +153,11 @@ fn speed(mut a: SpeedArgs) -> Result<()> {
 
     let mut kinds = vec![(Kind::Shard(shard.clone()), "shard", "")];
     if a.sandbox {
-        kinds.push((Kind::Shard(shard), "shard (worker_sandbox on)", "worker_sandbox on;\n"));
+        kinds.push((
+            Kind::Shard(shard),
+            "shard (worker_sandbox on)",
+            "worker_sandbox on;\n",
+        ));
     }
     if let Some(n) = nginx {
         kinds.push((Kind::Nginx(n), "nginx", ""));

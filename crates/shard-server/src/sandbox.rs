@@ -226,10 +226,8 @@ fn seccomp() -> Result<bool, String> {
     }
     let arch = seccompiler::TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|e| format!("seccomp: {e}"))?;
-    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> = SYSCALLS
-        .iter()
-        .map(|&(_, nr)| (nr, Vec::new()))
-        .collect();
+    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> =
+        SYSCALLS.iter().map(|&(_, nr)| (nr, Vec::new())).collect();
     let filter = seccompiler::SeccompFilter::new(
         rules,
         seccompiler::SeccompAction::Errno(libc::EPERM as u32),

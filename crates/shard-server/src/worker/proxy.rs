@@ -110,6 +110,8 @@ pub(super) struct Proxy {
     stream_pos: usize,
     /// The upstream answered before the whole body was sent: its connection is not reused.
     body_cut: bool,
+    /// The next attempt goes to this peer on a fresh connection (its pooled one was closed).
+    retry_peer: Option<usize>,
     state: State,
     /// The last attempt's failure: when no peer is left, a timeout answers 504, else 502.
     last_failure: Option<Failure>,
@@ -156,6 +158,7 @@ impl Proxy {
             stream_chunked: false,
             stream_pos: 0,
             body_cut: false,
+            retry_peer: None,
             state: State::ReadBody,
             last_failure: None,
             upreq: Vec::new(),
@@ -414,49 +417,52 @@ impl<'a> Worker<'a> {
             self.build_upstream_request(key, p, pass);
         }
         let ups = &self.http().upstreams[upstream];
-        // The pool first: a kept-alive connection skips the connect and the peer choice, as
-        // nginx's keepalive module does.
-        while let Some(u) = self.pools[upstream].pop() {
-            let uc = &self.upconns[u];
-            if self.now_ms.saturating_sub(uc.idle_since_ms) >= ups.keepalive_timeout_ms {
-                self.close_upconn(u);
-                continue;
-            }
-            let uc = &mut self.upconns[u];
-            uc.owner = Some((key, conn_id));
-            uc.writable = true;
-            uc.requests += 1;
-            p.up = Some(u);
-            p.reused = true;
-            p.upreq_pos = 0;
-            p.file_pos = 0;
-            p.state = State::Sending;
-            self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
-            return Flow::Next;
-        }
-        let tries_max = loc.proxy.next_upstream_tries;
-        if tries_max > 0 && p.tries >= tries_max {
-            return no_more_peers(p, 502);
-        }
-        let pick = balance::pick(
-            &ups.peers,
-            &mut self.http_peer_state[upstream],
-            &p.tried,
-            self.now_ms,
-        );
-        let Some(peer) = pick else {
-            if p.tries == 0 {
-                crate::log!(
-                    Error,
-                    "no live upstreams while connecting to upstream, upstream: \"{}\"",
-                    ups.name
+        let peer = match p.retry_peer.take() {
+            // A pooled connection the peer had closed: the same peer again, on a fresh
+            // connection (it already counted as a try).
+            Some(peer) => peer,
+            None => {
+                let tries_max = loc.proxy.next_upstream_tries;
+                if tries_max > 0 && p.tries >= tries_max {
+                    return no_more_peers(p, 502);
+                }
+                let pick = balance::pick(
+                    &ups.peers,
+                    &mut self.http_peer_state[upstream],
+                    &p.tried,
+                    self.now_ms,
                 );
+                let Some(peer) = pick else {
+                    if p.tries == 0 {
+                        crate::log!(
+                            Error,
+                            "no live upstreams while connecting to upstream, upstream: \"{}\"",
+                            ups.name
+                        );
+                    }
+                    // `balance::pick` marked every peer live again.
+                    return no_more_peers(p, 502);
+                };
+                p.tried[peer] = true;
+                p.tries += 1;
+                // The balancer chose; a kept-alive connection to that peer only saves the
+                // connect, as nginx's keepalive module wraps the balancer.
+                if let Some(u) = self.take_pooled(upstream, peer) {
+                    let uc = &mut self.upconns[u];
+                    uc.owner = Some((key, conn_id));
+                    uc.writable = true;
+                    uc.requests += 1;
+                    p.up = Some(u);
+                    p.reused = true;
+                    p.upreq_pos = 0;
+                    p.file_pos = 0;
+                    p.state = State::Sending;
+                    self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
+                    return Flow::Next;
+                }
+                peer
             }
-            // `balance::pick` marked every peer live again.
-            return no_more_peers(p, 502);
         };
-        p.tried[peer] = true;
-        p.tries += 1;
         p.reused = false;
         p.upreq_pos = 0;
         p.file_pos = 0;
@@ -866,9 +872,12 @@ impl<'a> Worker<'a> {
                 }
                 ResponseParse::Complete { head, head_len } => {
                     let nu = loc.proxy.next_upstream;
+                    // With no peer left to try, the last peer's answer goes to the client
+                    // as it is, as nginx (`peer.tries > 1` in `ngx_http_upstream_test_next`).
                     if nu.retries_status(head.status)
                         && may_retry(p, loc, true)
                         && !self.stream_spent(key, p)
+                        && self.peer_left(p)
                     {
                         let msg = format!("upstream returned {}", head.status);
                         return self.attempt_failed(key, p, Failure::Status(head.status), &msg);
@@ -1133,6 +1142,23 @@ impl<'a> Worker<'a> {
         self.give_buf(head);
     }
 
+    /// Whether another attempt could go to a peer not tried yet (within
+    /// `proxy_next_upstream_tries`), whatever their failure state.
+    fn peer_left(&self, p: &Proxy) -> bool {
+        let Some(pass) = self.proxy_pass(p) else {
+            return false;
+        };
+        let tries_max = self.proxy_location(p).proxy.next_upstream_tries;
+        if tries_max > 0 && p.tries >= tries_max {
+            return false;
+        }
+        let peers = &self.http().upstreams[pass.upstream].peers;
+        peers
+            .iter()
+            .zip(&p.tried)
+            .any(|(peer, &tried)| !tried && !peer.down)
+    }
+
     /// A streamed body that began to be sent or read cannot be sent again: no other attempt,
     /// and an upstream's error status is passed on, as nginx (`request_sent &&
     /// request_body_no_buffering`).
@@ -1160,6 +1186,7 @@ impl<'a> Worker<'a> {
             // again on a fresh connection, whatever the method (nothing was processed).
             if reused && why == Failure::Error && nothing_back {
                 p.state = State::Connect;
+                p.retry_peer = Some(peer);
                 p.rbuf.clear();
                 return Flow::Next;
             }
@@ -1346,6 +1373,23 @@ impl<'a> Worker<'a> {
                 }
             }
         }
+    }
+
+    /// The most recently pooled connection to `peer` of `upstream` that is still within
+    /// `keepalive_timeout` (older ones met on the way are closed), taken out of the pool.
+    fn take_pooled(&mut self, upstream: usize, peer: usize) -> Option<usize> {
+        let timeout = self.http().upstreams[upstream].keepalive_timeout_ms;
+        while let Some(i) = self.pools[upstream]
+            .iter()
+            .rposition(|&u| self.upconns[u].peer == peer)
+        {
+            let u = self.pools[upstream].remove(i);
+            if self.now_ms.saturating_sub(self.upconns[u].idle_since_ms) < timeout {
+                return Some(u);
+            }
+            self.close_upconn(u);
+        }
+        None
     }
 
     /// Keeps an upstream connection for the next request, within `keepalive` and
