@@ -1,4 +1,4 @@
-//! The articles' experiments (`../shared/EXPERIMENTS.md`, E1-E5), re-run on this machine against
+//! The articles' experiments (E1-E6, described in docs/bench.md), re-run on this machine against
 //! shard in every accept strategy and, when installed, nginx with the same settings.
 //!
 //! This module owns the experiment plans (which configurations, which load, what to disturb),

@@ -47,7 +47,7 @@ enum Cmd {
     /// Load generator: closed loop (-c, -d or -n) or open loop (-R, latency from the intended
     /// send time), keep-alive or --close; latency percentiles, errors and a log2 histogram.
     Load(loadgen::LoadArgs),
-    /// Re-run the articles' experiments (E1-E5 of EXPERIMENTS.md) against shard in every
+    /// Re-run the articles' experiments (E1-E6, see docs/bench.md) against shard in every
     /// accept strategy and, when installed, nginx; writes report.md, SVG charts, results.json
     /// and the configurations used into --out.
     Experiment(experiments::ExperimentArgs),

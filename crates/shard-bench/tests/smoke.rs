@@ -240,3 +240,60 @@ fn bodies_smoke_measures_uploads_and_shard_leaves_no_temporary_file() {
     }
     assert_eq!(&cols[7..10], ["0", "0", "0"], "{text}");
 }
+
+#[test]
+fn load_with_a_host_header_benchmarks_a_name_based_virtual_host() {
+    // A shard whose default server answers 404 and whose `b.test` answers 200.
+    let dir = std::env::temp_dir().join(format!("shard-bench-vhost-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        dir.join("shard.conf"),
+        format!(
+            "worker_processes 1;\nerror_log logs/error.log;\nevents {{}}\nhttp {{ access_log off;\n\
+             server {{ listen 127.0.0.1:{port}; return 404; }}\n\
+             server {{ listen 127.0.0.1:{port}; server_name b.test; return 200 \"b\"; }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let shard = std::path::Path::new(env!("CARGO_BIN_EXE_shard-bench")).with_file_name("shard");
+    let mut child = Command::new(&shard)
+        .arg("-p")
+        .arg(&dir)
+        .arg("-c")
+        .arg(dir.join("shard.conf"))
+        .spawn()
+        .expect("start shard");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "shard did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_shard-bench"))
+        .args([
+            "load",
+            "-c",
+            "2",
+            "-n",
+            "40",
+            "--json",
+            "-H",
+            "Host: b.test",
+        ])
+        .arg(format!("http://127.0.0.1:{port}/"))
+        .output()
+        .unwrap();
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) };
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("\"requests\":40,"), "{text}");
+    assert!(text.contains("\"errors\":{\"total\":0,"), "{text}");
+}

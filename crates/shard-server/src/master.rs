@@ -205,8 +205,11 @@ fn describe(listeners: &[OpenListener]) -> String {
                 .map_or(l.addr.to_string(), |a| a.to_string());
             if l.per_worker {
                 format!("{addr} (reuseport, {} shards)", l.active)
-            } else if l.reuseport && l.active > 1 {
-                format!("{addr} (reuseport, {} shared shards)", l.active)
+            } else if l.reuseport {
+                // As `/status` reports it: shard 0 (of 1) polled by every worker.
+                let n = l.active;
+                let s = if n == 1 { "" } else { "s" };
+                format!("{addr} (reuseport, {n} shared shard{s})")
             } else {
                 format!("{addr} (shared)")
             }

@@ -169,6 +169,9 @@ pub(crate) struct Worker<'a> {
     pool: Vec<Vec<u8>>,
     /// Request-body bytes this worker holds in memory (`body.rs`).
     body_mem: usize,
+    /// `cpu_ms` of the slot when this worker took it: a respawned worker continues the dead
+    /// one's count, as every counter of the slot.
+    cpu_base_ms: u64,
     /// The last temporary-file number used.
     temp_seq: u64,
     last_heartbeat_ms: u64,
@@ -351,6 +354,7 @@ impl<'a> Worker<'a> {
             access_log_idx,
             pool: Vec::new(),
             body_mem: 0,
+            cpu_base_ms: slot.cpu_ms.load(Relaxed),
             // Apart from other workers' numbers, for the named fallback of `O_TMPFILE`.
             temp_seq: pid.wrapping_mul(100_000),
             last_heartbeat_ms: now_ms,
@@ -475,9 +479,7 @@ impl<'a> Worker<'a> {
             self.expire_relay_timers();
             if self.now_ms.saturating_sub(self.last_heartbeat_ms) >= HEARTBEAT_MS {
                 self.last_heartbeat_ms = self.now_ms;
-                self.slot
-                    .cpu_ms
-                    .store(shard_event::process::cpu_time_ms(), Relaxed);
+                self.publish_cpu();
                 self.flush_access_logs();
                 self.expire_pools();
                 self.adopt_orphaned_shards();
@@ -491,6 +493,14 @@ impl<'a> Worker<'a> {
     fn yield_turn(&mut self, t: Token) {
         WorkerSlot::bump(&self.slot.budget_yields, 1);
         self.ready.push(t);
+    }
+
+    /// Publishes the worker's CPU time in its slot, continuing the slot's count.
+    pub(crate) fn publish_cpu(&self) {
+        self.slot.cpu_ms.store(
+            self.cpu_base_ms + shard_event::process::cpu_time_ms(),
+            Relaxed,
+        );
     }
 
     /// Queues client connection `key` for its next turn (see `yield_turn`).

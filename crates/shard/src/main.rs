@@ -79,8 +79,9 @@ fn choose_source(cli: &Cli, prefix: &Path) -> Source {
             } else {
                 prefix.join(c)
             };
+            // Named by the path that is read, as nginx and as the errors about it do.
             Source {
-                name: c.display().to_string(),
+                name: path.display().to_string(),
                 path: Some(path),
             }
         }

@@ -798,3 +798,29 @@ fn after_a_discarded_body_the_next_head_has_client_header_timeout() {
     assert_eq!(read_response(&mut c, false).unwrap().status, 200);
     assert_no_body_files(&s);
 }
+
+#[test]
+fn a_chunked_body_to_a_location_that_does_not_read_it_is_not_refused() {
+    let s = Server::start(
+        "body-chunked-return",
+        &conf(
+            "client_max_body_size 1k;",
+            "location /r { return 200 \"answered\"; }",
+        ),
+        1,
+    );
+    // The length is not known in advance: `return` answers, as nginx, without reading the
+    // body for the location (its size never reaches a check that would give 413).
+    let mut c = client(s.addr());
+    c.write_all(b"POST /r HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .unwrap();
+    c.write_all(&chunked(&pattern(5000, 1), 1000)).unwrap();
+    let r = read_response(&mut c, false).expect("response");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "answered"));
+    // A Content-Length above the limit is refused before anything is read, in any location.
+    let mut c = client(s.addr());
+    c.write_all(b"POST /r HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_response(&mut c, false).unwrap().status, 413);
+    assert_no_body_files(&s);
+}

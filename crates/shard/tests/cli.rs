@@ -23,12 +23,18 @@ fn test_flag_accepts_a_good_config_without_binding() {
     let port = l.local_addr().unwrap().port();
     let (code, err) = with_conf("tok", &GOOD.replace("{port}", &port.to_string()), &["-t"]);
     assert_eq!(code, 0, "{err}");
+    // The file is named as the error messages name it: by the path that was read.
+    let full = format!("{prefix}/conf/shard.conf", prefix = err_prefix(&err));
     assert!(
-        err.contains("shard: the configuration file conf/shard.conf syntax is ok"),
+        err.contains(&format!(
+            "shard: the configuration file {full} syntax is ok"
+        )),
         "{err}"
     );
     assert!(
-        err.contains("shard: configuration file conf/shard.conf test is successful"),
+        err.contains(&format!(
+            "shard: configuration file {full} test is successful"
+        )),
         "{err}"
     );
 }
@@ -41,12 +47,25 @@ fn test_flag_with_no_config_checks_the_embedded_default() {
     assert!(err.contains("(embedded default) syntax is ok"), "{err}");
 }
 
+/// The prefix directory named in `-t`'s output (the temp dir of the test).
+fn err_prefix(err: &str) -> String {
+    let i = err.find("file /").expect("an absolute path") + 5;
+    let rest = &err[i..];
+    rest[..rest.find("/conf/shard.conf").expect("conf/shard.conf")].to_string()
+}
+
 /// Runs `-t` on `conf` and returns the `[emerg]` line.
 fn emerg(tag: &str, conf: &str) -> String {
     let (code, err) = with_conf(tag, conf, &["-t"]);
     assert_eq!(code, 1, "{err}");
+    // The same absolute path in the error and in the last line.
+    let last = err.lines().last().unwrap_or("");
+    let path = last
+        .strip_prefix("shard: configuration file ")
+        .and_then(|l| l.strip_suffix(" test failed"))
+        .unwrap_or_else(|| panic!("{err}"));
     assert!(
-        err.contains("shard: configuration file conf/shard.conf test failed"),
+        path.starts_with('/') && path.ends_with("/conf/shard.conf"),
         "{err}"
     );
     err.lines()

@@ -186,3 +186,34 @@ fn a_request_finished_during_a_graceful_stop_is_answered_with_connection_close()
     assert!(text.ends_with("OK"), "{text}");
     assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
 }
+
+#[test]
+fn a_respawned_worker_continues_its_slots_counters_cpu_included() {
+    let s = Server::start("respawn-counters", &base_conf(1, "reuseport", ""), 1);
+    // Some CPU time on the worker's clock (status refreshes the answering worker's own).
+    let before = wait_for(Duration::from_secs(20), "20 ms of worker CPU", || {
+        for _ in 0..200 {
+            get(s.addr(), "/ok");
+        }
+        let w = parse_workers(&get(s.addr(), "/status").body_str()).remove(0);
+        (w.cpu_ms >= 20).then_some(w)
+    });
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(before.pid as i32, libc::SIGKILL) };
+    let after = wait_for(Duration::from_secs(10), "the worker respawned", || {
+        let w = parse_workers(&try_get(s.addr(), "/status").ok()?.body_str()).remove(0);
+        (w.pid != before.pid && w.pid > 0).then_some(w)
+    });
+    assert!(
+        after.accepted > before.accepted,
+        "{after:?} after {before:?}"
+    );
+    assert!(
+        after.requests > before.requests,
+        "{after:?} after {before:?}"
+    );
+    assert!(
+        after.cpu_ms >= before.cpu_ms,
+        "cpu_ms restarted: {after:?} after {before:?}"
+    );
+}

@@ -196,7 +196,7 @@ fn shard_dash_capital_t_prints_the_files_and_what_a_worker_may_open() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        text.contains("# configuration file conf/shard.conf:\nworker_sandbox on;"),
+        text.contains("/conf/shard.conf:\nworker_sandbox on;"),
         "{text}"
     );
     assert!(

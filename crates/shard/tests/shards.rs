@@ -95,6 +95,12 @@ fn one_shard_behaves_as_a_shared_socket() {
     for _ in 0..50 {
         assert_eq!(get(s.addr(), "/ok").status, 200);
     }
+    // The start-up line says what /status says: one shard, shared by the workers.
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(
+        log.contains(&format!("127.0.0.1:{} (reuseport, 1 shared shard)", s.port)),
+        "{log}"
+    );
 }
 
 #[test]

@@ -88,19 +88,22 @@ impl Target {
         })
     }
 
-    /// The request bytes every connection sends, with `headers` after `Host`.
+    /// The request bytes every connection sends: `Host`, the user's `headers`, `User-Agent`
+    /// and, with `close`, `Connection: close`; a user's header replaces the default of the
+    /// same name (`-H 'Host: b.test'` benchmarks a name-based virtual host).
     pub fn request(&self, close: bool, headers: &[(String, String)]) -> Vec<u8> {
-        let mut r = format!("GET {} HTTP/1.1\r\nHost: {}\r\n", self.path, self.host);
+        let given = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
+        let mut r = format!("GET {} HTTP/1.1\r\n", self.path);
+        if !given("host") {
+            r.push_str(&format!("Host: {}\r\n", self.host));
+        }
         for (k, v) in headers {
             r.push_str(&format!("{k}: {v}\r\n"));
         }
-        if !headers
-            .iter()
-            .any(|(k, _)| k.eq_ignore_ascii_case("user-agent"))
-        {
+        if !given("user-agent") {
             r.push_str("User-Agent: shard-bench\r\n");
         }
-        if close {
+        if close && !given("connection") {
             r.push_str("Connection: close\r\n");
         }
         r.push_str("\r\n");

@@ -137,10 +137,7 @@ fn status_page(
         }
         StatusHandler::Shard => {
             // Refresh our own CPU time so the page is current for at least the answering worker.
-            w.slot.cpu_ms.store(
-                shard_event::process::cpu_time_ms(),
-                std::sync::atomic::Ordering::Relaxed,
-            );
+            w.publish_cpu();
             let rows = listener_rows(w);
             let prom = req
                 .query

@@ -324,6 +324,7 @@ pub struct Worker {
     pub body_mem_bytes: u64,
     pub body_spooled_bytes: u64,
     pub body_temp_files: u64,
+    pub cpu_ms: u64,
 }
 
 fn json_u64(obj: &str, key: &str) -> u64 {
@@ -359,6 +360,7 @@ pub fn parse_workers(json: &str) -> Vec<Worker> {
             body_mem_bytes: json_u64(o, "body_mem_bytes"),
             body_spooled_bytes: json_u64(o, "body_spooled_bytes"),
             body_temp_files: json_u64(o, "body_temp_files"),
+            cpu_ms: json_u64(o, "cpu_ms"),
         })
         .collect()
 }
