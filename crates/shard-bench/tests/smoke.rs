@@ -195,7 +195,10 @@ fn compare_runs_a_user_configuration_under_each_strategy() {
         assert!(text.contains(row), "{row} missing: {text}");
     }
     // Two rounds by default: the noise is measured and named in the verdict.
-    assert!(text.contains("by which rounds of one strategy differed"), "{text}");
+    assert!(
+        text.contains("by which rounds of one strategy differed"),
+        "{text}"
+    );
     // The rewritten configurations are removed; the user's file is untouched.
     let left: Vec<_> = std::fs::read_dir(dir.join("conf")).unwrap().collect();
     assert_eq!(left.len(), 1);

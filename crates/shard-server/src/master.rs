@@ -336,19 +336,9 @@ impl Master {
         }
         for (i, &s) in slots.iter().enumerate() {
             let w = self.region.worker(s);
-            for c in [
-                &w.pid,
-                &w.accepted,
-                &w.handled,
-                &w.requests,
-                &w.active,
-                &w.reading,
-                &w.writing,
-                &w.waiting,
-                &w.cpu_ms,
-            ] {
-                c.store(0, Relaxed);
-            }
+            // A new generation's worker starts from zero in every number, whatever an older
+            // worker left in the slot (a respawn, unlike this, continues them).
+            w.reset();
             w.generation.store(self.generation, Relaxed);
             self.region.slot_of[i].store(s as u64, Relaxed);
         }

@@ -45,6 +45,51 @@ pub struct WorkerSlot {
 }
 
 impl WorkerSlot {
+    /// Every number back to zero, for a worker of a new generation taking this slot. Listed
+    /// field by field through a destructuring, so a new field cannot be forgotten here.
+    pub fn reset(&self) {
+        let WorkerSlot {
+            pid,
+            accepted,
+            handled,
+            requests,
+            active,
+            reading,
+            writing,
+            waiting,
+            heartbeat_ms,
+            cpu_ms,
+            generation,
+            budget_yields,
+            adopted,
+            accept_pauses,
+            body_mem_bytes,
+            body_spooled_bytes,
+            body_temp_files,
+        } = self;
+        for c in [
+            pid,
+            accepted,
+            handled,
+            requests,
+            active,
+            reading,
+            writing,
+            waiting,
+            heartbeat_ms,
+            cpu_ms,
+            generation,
+            budget_yields,
+            adopted,
+            accept_pauses,
+            body_mem_bytes,
+            body_spooled_bytes,
+            body_temp_files,
+        ] {
+            c.store(0, Relaxed);
+        }
+    }
+
     /// Single-writer increment (see the module doc).
     #[inline]
     pub fn bump(counter: &AtomicU64, by: u64) {

@@ -824,3 +824,32 @@ fn a_chunked_body_to_a_location_that_does_not_read_it_is_not_refused() {
     assert_eq!(read_response(&mut c, false).unwrap().status, 413);
     assert_no_body_files(&s);
 }
+
+#[test]
+fn the_workers_a_reload_starts_begin_with_every_counter_at_zero() {
+    let up = Upstream::text("ok");
+    let s = Server::start(
+        "body-reload-counters",
+        &conf(
+            "client_max_body_size 10m;",
+            &format!("location / {{ proxy_pass http://127.0.0.1:{}; }}", up.port),
+        ),
+        1,
+    );
+    let mut c = client(s.addr());
+    c.write_all(b"POST /u HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+        .unwrap();
+    c.write_all(&pattern(100_000, 1)).unwrap();
+    assert_eq!(read_response(&mut c, false).unwrap().status, 200);
+    drop(c);
+    let old = worker(&s);
+    assert_eq!(old.body_spooled_bytes, 100_000);
+    s.signal(libc::SIGHUP);
+    let new = wait_for(Duration::from_secs(10), "the new generation", || {
+        let w = worker(&s);
+        (w.pid != old.pid && w.pid > 0).then_some(w)
+    });
+    assert_eq!(new.body_spooled_bytes, 0, "{new:?}");
+    assert!(new.requests <= 2 && new.accepted <= 2, "{new:?}");
+    assert_no_body_files(&s);
+}

@@ -203,3 +203,20 @@ fn every_example_configuration_passes_the_test_flag() {
     }
     assert!(seen >= 4, "only {seen} examples found in {}", dir.display());
 }
+
+#[test]
+fn quiet_test_prints_only_errors_and_capital_v_prints_build_information() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (code, err) = with_conf(
+        "tq",
+        &GOOD.replace("{port}", &port.to_string()),
+        &["-t", "-q"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(err.trim().is_empty(), "-q printed: {err}");
+    let (code, err) = run_cli(&["-V"]);
+    assert_eq!(code, 0);
+    assert!(err.contains("shard version: shard/"), "{err}");
+    assert!(err.contains("default configuration path:"), "{err}");
+}

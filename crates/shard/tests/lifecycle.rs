@@ -217,3 +217,47 @@ fn a_respawned_worker_continues_its_slots_counters_cpu_included() {
         "cpu_ms restarted: {after:?} after {before:?}"
     );
 }
+
+#[test]
+fn dash_s_reload_reopen_and_stop_signal_the_master() {
+    let mut s = Server::start("dashs-all", &base_conf(1, "reuseport", ""), 1);
+    let prefix = s.dir.to_str().unwrap().to_string();
+    let cli = |sig: &str| run_cli(&["-p", &prefix, "-c", "conf/shard.conf", "-s", sig]);
+    // reload: a changed `return` text is served by generation 2.
+    let conf = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
+    std::fs::write(
+        s.dir.join("conf/shard.conf"),
+        conf.replace("return 200 \"OK\";", "return 200 \"reloaded\";"),
+    )
+    .unwrap();
+    let (code, err) = cli("reload");
+    assert_eq!(code, 0, "{err}");
+    wait_for(Duration::from_secs(10), "the reloaded text", || {
+        (try_get(s.addr(), "/ok").ok()?.body_str() == "reloaded").then_some(())
+    });
+    // reopen: a rotated error log is created again, and what follows is written there.
+    std::fs::rename(s.dir.join("logs/error.log"), s.dir.join("logs/error.log.1")).unwrap();
+    let (code, err) = cli("reopen");
+    assert_eq!(code, 0, "{err}");
+    wait_for(Duration::from_secs(10), "error.log reopened", || {
+        s.dir.join("logs/error.log").exists().then_some(())
+    });
+    // stop: a fast stop, the pid file removed, its lines in the new error log.
+    let (code, err) = cli("stop");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+    assert!(!s.dir.join("logs/shard.pid").exists());
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(log.contains("(SIGTERM) received, exiting"), "{log}");
+}
+
+#[test]
+fn int_stops_fast_as_term_does() {
+    let mut s = Server::start("int-stop", &base_conf(1, "reuseport", ""), 1);
+    let t = std::time::Instant::now();
+    s.signal(libc::SIGINT);
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(log.contains("(SIGINT) received, exiting"), "{log}");
+}

@@ -125,5 +125,30 @@ fn stub_status_has_nginx_format() {
         prom.contains("shard_worker_accepted_total{worker=\"0\""),
         "{prom}"
     );
+    // Every name docs/metrics.md lists, with its TYPE line.
+    for (name, kind) in [
+        ("shard_worker_accepted_total", "counter"),
+        ("shard_worker_requests_total", "counter"),
+        ("shard_worker_active", "gauge"),
+        ("shard_worker_cpu_seconds_total", "counter"),
+        ("shard_worker_heartbeat_age_seconds", "gauge"),
+        ("shard_worker_budget_yields_total", "counter"),
+        ("shard_worker_adopted_total", "counter"),
+        ("shard_worker_accept_pauses_total", "counter"),
+        ("shard_worker_body_memory_bytes", "gauge"),
+        ("shard_worker_body_spooled_bytes_total", "counter"),
+        ("shard_worker_body_temp_files", "gauge"),
+        ("shard_listener_queue", "gauge"),
+        ("shard_listener_backlog", "gauge"),
+    ] {
+        assert!(
+            prom.contains(&format!("# TYPE {name} {kind}\n")),
+            "{name}: {prom}"
+        );
+        assert!(
+            prom.contains(&format!("\n{name}{{")),
+            "{name} has no sample: {prom}"
+        );
+    }
     drop(idle);
 }
