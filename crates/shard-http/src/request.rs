@@ -955,6 +955,13 @@ mod tests {
             (get("Foo\x01: x\r\n"), 400),
             (get("X: a\0b\r\n"), 400),
             (get("X: a\rb\r\n"), 400),
+            // Stricter than nginx (docs/directives.md lists both).
+            (get("NoColonHere\r\n"), 400),
+            (get("Foo@: x\r\n"), 400),
+            (
+                "GET ftp://localhost/ HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                400,
+            ),
             // Absolute-form authorities.
             (
                 "GET http://localhost/ HTTP/1.1\r\nHost: x\r\n\r\n".into(),

@@ -1,0 +1,161 @@
+//! Claims of docs/directives.md and docs/metrics.md that no other test held: what
+//! `lingering_close on` and `off` do with what a client sends after a close, the 500 of a
+//! proxied request with no room for its upstream connection, the access log flushed at a
+//! graceful stop, the `reading` gauge, and `heartbeat_age_ms` growing while a worker is
+//! stopped.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use support::upstream::Upstream;
+use support::*;
+
+fn conf(events: &str, http_extra: &str, server_extra: &str, workers: usize) -> String {
+    format!(
+        "worker_processes {workers};\n\
+         error_log logs/error.log info;\n\
+         events {{ {events} }}\n\
+         http {{\n\
+         access_log logs/access.log;\n\
+         {http_extra}\n\
+         server {{\n\
+         listen 127.0.0.1:{{port}};\n\
+         location = /status {{ shard_status; }}\n\
+         location = /ok {{ return 200 \"OK\"; }}\n\
+         {server_extra}\n\
+         }}\n\
+         }}\n"
+    )
+}
+
+/// Sends a request that gets a 400 with more input behind it and reads the response; then,
+/// after the server's FIN, writes more: a lingering server reads and drops it (the client then
+/// still reads end of stream), a closed one answers it with a reset. True when reset.
+fn reset_after_400(addr: std::net::SocketAddr) -> bool {
+    let mut c = connect(addr);
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(
+        b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabcEXTRA",
+    )
+    .unwrap();
+    let r = read_response(&mut c, false).expect("a 400");
+    assert_eq!(r.status, 400);
+    // The pause is the scenario (a client still sending after the response), not a wait
+    // for the server.
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = c.write_all(b"more bytes the server never asked for");
+    std::thread::sleep(Duration::from_millis(200));
+    // A second write sees the reset of the first, if there was one.
+    if let Err(e) = c.write_all(b"and more") {
+        return matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        );
+    }
+    let mut buf = [0u8; 256];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => return false,
+            Ok(_) => {}
+            Err(e) => {
+                return matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+                )
+            }
+        }
+    }
+}
+
+#[test]
+fn lingering_close_on_reads_what_still_comes_and_off_resets_it() {
+    let on = Server::start(
+        "claims-linger-on",
+        &conf("", "lingering_close on; lingering_timeout 5s;", "", 1),
+        1,
+    );
+    assert!(
+        !reset_after_400(on.addr()),
+        "on: the late bytes were answered with a reset"
+    );
+    let off = Server::start(
+        "claims-linger-off",
+        &conf("", "lingering_close off;", "", 1),
+        1,
+    );
+    assert!(reset_after_400(off.addr()), "off: the connection lingered");
+}
+
+#[test]
+fn a_proxied_request_with_no_room_for_its_upstream_connection_gets_500() {
+    let up = Upstream::text("up");
+    let s = Server::start(
+        "claims-500",
+        &conf(
+            "worker_connections 1;",
+            "",
+            &format!("location /p {{ proxy_pass http://127.0.0.1:{}; }}", up.port),
+            1,
+        ),
+        1,
+    );
+    assert_eq!(get(s.addr(), "/p").status, 500);
+    assert_eq!(up.accepted(), 0);
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(
+        log.contains("1 worker_connections are not enough while connecting to upstream"),
+        "{log}"
+    );
+}
+
+#[test]
+fn the_access_log_is_flushed_when_the_server_stops() {
+    let mut s = Server::start("claims-flush", &conf("", "", "", 1), 1);
+    assert_eq!(get(s.addr(), "/ok").status, 200);
+    // At once: the 64k buffer and the one-second flush have not written it yet.
+    s.signal(libc::SIGQUIT);
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+    let log = std::fs::read_to_string(s.dir.join("logs/access.log")).unwrap();
+    assert!(log.contains("\"GET /ok HTTP/1.1\" 200"), "{log:?}");
+}
+
+fn field(body: &str, key: &str) -> Vec<u64> {
+    let pat = format!("\"{key}\":");
+    body.match_indices(&pat)
+        .map(|(i, _)| {
+            body[i + pat.len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+#[test]
+fn reading_counts_a_half_sent_head_and_heartbeat_age_grows_while_a_worker_is_stopped() {
+    // Two workers on a shared socket: the one left running answers /status.
+    let s = Server::start("claims-gauges", &conf("", "", "", 2), 2);
+    let mut half = connect(s.addr());
+    half.write_all(b"GET /ok HTTP/1.1\r\nHo").unwrap();
+    wait_for(Duration::from_secs(5), "reading 1", || {
+        let body = get(s.addr(), "/status").body_str();
+        (field(&body, "reading").iter().sum::<u64>() == 1).then_some(())
+    });
+    drop(half);
+    let ws = s.workers();
+    let victim = ws[0].pid as i32;
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(victim, libc::SIGSTOP) };
+    let aged = wait_for(Duration::from_secs(10), "a growing heartbeat age", || {
+        let body = try_get(s.addr(), "/status").ok()?.body_str();
+        let ages = field(&body, "heartbeat_age_ms");
+        (ages.first().copied().unwrap_or(0) >= 1500).then_some(ages)
+    });
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(victim, libc::SIGCONT) };
+    assert!(aged[1] < 1500, "the running worker's age: {aged:?}");
+}
