@@ -125,7 +125,7 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
         String::from_utf8_lossy(&res.stderr)
     );
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
-    for e in ["## E1.", "## E2.", "## E3.", "## E4.", "## E5."] {
+    for e in ["## E1.", "## E2.", "## E3.", "## E4.", "## E5.", "## E6."] {
         assert!(report.contains(e), "{e} missing: {report}");
     }
     for strategy in [
@@ -152,6 +152,10 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
     }
     let json = std::fs::read_to_string(out.join("results.json")).unwrap();
     assert!(json.trim_start().starts_with('[') && json.contains("\"experiment\":\"E4\""));
+    // E6: the reloads under load lost no connection.
+    let e6 = &json[json.find("\"experiment\":\"E6\"").expect("an E6 row")..];
+    let e6 = &e6[..e6[1..].find("\"experiment\"").map_or(e6.len(), |i| i + 1)];
+    assert!(e6.contains("\"errors\":0,"), "E6 lost connections: {e6}");
     let confs = std::fs::read_dir(out.join("confs")).unwrap().count();
     assert!(confs >= 14, "{confs} configurations kept");
     // Every run served without errors (E2's probe found a worker for each connection).
