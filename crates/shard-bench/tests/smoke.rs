@@ -26,6 +26,7 @@ fn speed_smoke_runs_and_reports_every_column_for_shard() {
             "2",
             "--no-nginx",
             "--builtin-load",
+            "--sandbox",
         ])
         .output()
         .unwrap();
@@ -48,6 +49,13 @@ fn speed_smoke_runs_and_reports_every_column_for_shard() {
         println!("SKIPPED: syscalls/request: strace is not installed (apt-get install strace)");
     }
     assert!(cols[4].parse::<f64>().is_ok(), "{row}");
+    // --sandbox adds a measured row of its own.
+    let sandboxed = text
+        .lines()
+        .find(|l| l.starts_with("| shard (worker_sandbox on) |"))
+        .unwrap_or_else(|| panic!("no sandbox row: {text}"));
+    let c: Vec<&str> = sandboxed.split('|').map(str::trim).collect();
+    assert!(c[4].parse::<f64>().unwrap() > 0.0, "{sandboxed}");
     assert!(cols[5].parse::<f64>().unwrap() > 0.0, "{row}");
     assert!(cols[6].parse::<f64>().is_ok(), "{row}");
 }

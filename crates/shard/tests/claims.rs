@@ -159,3 +159,39 @@ fn reading_counts_a_half_sent_head_and_heartbeat_age_grows_while_a_worker_is_sto
     unsafe { libc::kill(victim, libc::SIGCONT) };
     assert!(aged[1] < 1500, "the running worker's age: {aged:?}");
 }
+
+#[test]
+fn a_dropped_invalid_header_is_logged_at_info() {
+    let s = Server::start("claims-invalid-header", &conf("", "", "", 1), 1);
+    let r = raw(
+        s.addr(),
+        b"GET /ok HTTP/1.1\r\nHost: x\r\nX_Under: 1\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 200);
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(
+        log.contains("[info]") && log.contains("client sent 1 invalid header line(s) (ignored)"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_reload_to_fewer_workers_says_which_shards_are_steered() {
+    let four = conf("", "", "", 4).replace(
+        "listen 127.0.0.1:{port};",
+        "listen 127.0.0.1:{port} reuseport;",
+    );
+    let s = Server::start("claims-steer", &four, 4);
+    let two = four
+        .replace("worker_processes 4;", "worker_processes 2;")
+        .replace("{port}", &s.port.to_string());
+    std::fs::write(s.dir.join("conf/shard.conf"), two).unwrap();
+    s.signal(libc::SIGHUP);
+    wait_for(Duration::from_secs(10), "the steering notice", || {
+        std::fs::read_to_string(s.dir.join("logs/error.log"))
+            .ok()?
+            .contains("2 of 4 shards take new connections")
+            .then_some(())
+    });
+    assert_eq!(get(s.addr(), "/ok").status, 200);
+}

@@ -113,6 +113,15 @@ fn the_connection_cap_backs_off_instead_of_spinning() {
     wait_for(Duration::from_secs(5), "service after the cap", || {
         try_get(s.addr(), "/ok").ok().filter(|r| r.status == 200)
     });
+    // The shortages are counted, as metrics.md says, one per alert line.
+    let pauses = status_field(&s, "accept_pauses") as usize;
+    let lines = error_log(&s)
+        .matches("worker_connections are not enough")
+        .count();
+    assert!(
+        pauses >= 1 && pauses == lines,
+        "{pauses} pauses, {lines} lines"
+    );
 }
 
 /// At the cap, idle keep-alive connections make room for new ones (nginx's

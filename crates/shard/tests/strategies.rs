@@ -30,6 +30,20 @@ fn reuseport_serves_and_lists_one_shard_per_worker() {
 }
 
 #[test]
+fn the_accept_mutex_is_ignored_for_reuseport_listeners() {
+    // As nginx: a reuseport socket belongs to one worker, so there is nothing to lock.
+    let s = Server::start(
+        "reuseport-mutex",
+        &base_conf(2, "reuseport", "accept_mutex on;"),
+        2,
+    );
+    hammer(&s, 50);
+    let status = listener_rows(&s);
+    assert!(status.contains("\"shard\":0,\"worker\":0"), "{status}");
+    assert!(status.contains("\"shard\":1,\"worker\":1"), "{status}");
+}
+
+#[test]
 fn shared_socket_with_epollexclusive_serves() {
     let s = Server::start("exclusive", &base_conf(2, "", "accept_mutex off;"), 2);
     hammer(&s, 50);
