@@ -211,6 +211,30 @@ fn compare_runs_a_user_configuration_under_each_strategy() {
         text.contains("by which rounds of one strategy differed"),
         "{text}"
     );
+    // The keep-alive workload, one round: the noise is said to be unmeasured.
+    let out = Command::new(bench)
+        .args([
+            "compare",
+            "--workload",
+            "keepalive",
+            "--rounds",
+            "1",
+            "--duration",
+            "1",
+            "--connections",
+            "4",
+            "-c",
+        ])
+        .arg(dir.join("conf/mine.conf"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("keepalive load"), "{text}");
+    assert!(
+        text.contains("the run-to-run noise was not measured"),
+        "{text}"
+    );
     // The rewritten configurations are removed; the user's file is untouched.
     let left: Vec<_> = std::fs::read_dir(dir.join("conf")).unwrap().collect();
     assert_eq!(left.len(), 1);

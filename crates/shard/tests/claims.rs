@@ -195,3 +195,67 @@ fn a_reload_to_fewer_workers_says_which_shards_are_steered() {
     });
     assert_eq!(get(s.addr(), "/ok").status, 200);
 }
+
+#[test]
+fn a_worker_that_exits_with_code_2_is_not_respawned() {
+    // `worker_rlimit_nofile 4` leaves a new worker no descriptor for its epoll: it cannot
+    // start, and says so with exit code 2, which the master never respawns (nginx's rule).
+    let dir = temp_dir("claims-exit2");
+    let port = free_port();
+    std::fs::write(
+        dir.join("conf/shard.conf"),
+        format!(
+            "worker_processes 1;\nworker_rlimit_nofile 4;\nerror_log logs/error.log info;\n\
+             events {{}}\nhttp {{ access_log off; server {{ listen 127.0.0.1:{port}; return 200; }} }}\n"
+        ),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_shard"))
+        .arg("-p")
+        .arg(&*dir)
+        .arg("-c")
+        .arg("conf/shard.conf")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let log = dir.join("logs/error.log");
+    wait_for(Duration::from_secs(10), "the worker's exit with 2", || {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains("exited with code 2: fatal, not respawning")
+            .then_some(())
+    });
+    // A window in which a respawn (at once, or after 100 ms of back-off) would show.
+    std::thread::sleep(Duration::from_millis(600));
+    let text = std::fs::read_to_string(&log).unwrap();
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    assert_eq!(text.matches("start worker process").count(), 1, "{text}");
+}
+
+#[test]
+fn a_reload_that_removes_an_address_closes_it_and_keeps_the_others() {
+    let text = "worker_processes 1;\nerror_log logs/error.log info;\nevents {}\n\
+         http { access_log off;\n\
+         server { listen 127.0.0.1:{port}; location = /status { shard_status; }\n\
+             location = /ok { return 200 \"OK\"; } }\n\
+         server { listen 127.0.0.1:{port1}; return 200 \"second\"; }\n}\n";
+    let s = Server::start_ports("claims-remove-addr", text, 1, 1);
+    let second = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    assert_eq!(get(second, "/").body_str(), "second");
+    let without: String = text
+        .lines()
+        .filter(|l| !l.contains("{port1}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("{port}", &s.port.to_string());
+    std::fs::write(s.dir.join("conf/shard.conf"), without).unwrap();
+    s.signal(libc::SIGHUP);
+    wait_for(Duration::from_secs(10), "the address closed", || {
+        std::net::TcpStream::connect(second).is_err().then_some(())
+    });
+    assert_eq!(get(s.addr(), "/ok").status, 200);
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(log.contains("no longer configured"), "{log}");
+}

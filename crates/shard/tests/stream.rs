@@ -387,6 +387,47 @@ fn proxy_timeout_closes_an_idle_relay() {
 }
 
 #[test]
+fn a_relay_counts_once_in_accepted_and_active_and_in_no_http_phase() {
+    let (up, _) = upstream(echo);
+    let s = Server::start_ports(
+        "stream-count",
+        &conf(
+            1,
+            &format!("server {{ listen 127.0.0.1:{{port1}}; proxy_pass 127.0.0.1:{up}; }}"),
+        ),
+        1,
+        1,
+    );
+    let field = |body: &str, key: &str| -> u64 {
+        let pat = format!("\"{key}\":");
+        let i = body.find(&pat).unwrap() + pat.len();
+        body[i..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap()
+    };
+    let before = get(s.addr(), "/status").body_str();
+    let mut c = TcpStream::connect(local(s.ports[0])).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    c.read_exact(&mut b).unwrap();
+    // The relay is open; the status request itself is the other active connection.
+    let during = get(s.addr(), "/status").body_str();
+    assert_eq!(field(&during, "active"), 2, "{during}");
+    assert_eq!(
+        field(&during, "accepted"),
+        field(&before, "accepted") + 2,
+        "{before} / {during}"
+    );
+    // The status request is the only one in an HTTP phase (writing its own answer).
+    let phases = field(&during, "reading") + field(&during, "writing") + field(&during, "waiting");
+    assert_eq!(phases, 1, "{during}");
+}
+
+#[test]
 fn stream_only_configuration_runs() {
     let (up, _) = upstream(says_p);
     let sp = free_port();
