@@ -27,6 +27,8 @@ fn speed_smoke_runs_and_reports_every_column_for_shard() {
             "--no-nginx",
             "--builtin-load",
             "--sandbox",
+            "--path",
+            "/static.html",
         ])
         .output()
         .unwrap();
@@ -49,6 +51,8 @@ fn speed_smoke_runs_and_reports_every_column_for_shard() {
         println!("SKIPPED: syscalls/request: strace is not installed (apt-get install strace)");
     }
     assert!(cols[4].parse::<f64>().is_ok(), "{row}");
+    // --path loads the bench's 4 KiB static file (the E1 experiment covers `/ok`).
+    assert!(text.contains("GET /static.html (a static file)"), "{text}");
     // --sandbox adds a measured row of its own.
     let sandboxed = text
         .lines()
