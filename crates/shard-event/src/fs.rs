@@ -29,22 +29,7 @@ pub fn open_stat(path: &CStr) -> io::Result<(OwnedFd, Stat)> {
         )
     })?;
     // SAFETY: open returned a new descriptor that nothing else owns.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut st = MaybeUninit::<libc::stat>::zeroed();
-    // SAFETY: st is valid for writes.
-    cvt(unsafe { libc::fstat(fd, st.as_mut_ptr()) })?;
-    // SAFETY: fstat filled it.
-    let st = unsafe { st.assume_init() };
-    let fmt = st.st_mode & libc::S_IFMT;
-    Ok((
-        owned,
-        Stat {
-            size: st.st_size as u64,
-            mtime_secs: st.st_mtime,
-            is_dir: fmt == libc::S_IFDIR,
-            is_file: fmt == libc::S_IFREG,
-        },
-    ))
+    finish_open(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Creates a temporary file that has no name: `O_TMPFILE` in `dir`, or, where the file system
@@ -189,6 +174,7 @@ fn open_component(
     Ok(fd)
 }
 
+/// Stats an open descriptor, so the metadata describes exactly the file that was opened.
 fn finish_open(owned: OwnedFd) -> io::Result<(OwnedFd, Stat)> {
     let mut st = MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: st is valid for writes.

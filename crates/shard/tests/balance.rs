@@ -7,7 +7,7 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::upstream::{Reply, Upstream};
 use support::*;
@@ -101,11 +101,7 @@ fn a_keepalive_pool_never_changes_which_peer_the_balancer_chooses() {
 
 #[test]
 fn nginx_splits_the_same_upstream_blocks_the_same_way() {
-    let Some(nginx) = ["/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"]
-        .iter()
-        .map(std::path::Path::new)
-        .find(|p| p.is_file())
-    else {
+    let Some(nginx) = nginx_binary() else {
         skipped(
             "nginx_splits_the_same_upstream_blocks_the_same_way",
             "nginx is not installed (apt-get install nginx-light; .ci/run does when root)",
@@ -134,7 +130,7 @@ fn nginx_splits_the_same_upstream_blocks_the_same_way() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start nginx");
-    let mut quit = Quit(child);
+    let mut quit = Nginx(child);
     let front = SocketAddr::from(([127, 0, 0, 1], port));
     wait_for(Duration::from_secs(10), "nginx listening", || {
         if let Ok(Some(st)) = quit.0.try_wait() {
@@ -143,25 +139,6 @@ fn nginx_splits_the_same_upstream_blocks_the_same_way() {
         std::net::TcpStream::connect(front).ok()
     });
     assert_eq!(scenarios(front, &peers), WANT, "nginx");
-}
-
-/// Stops nginx as its documentation says (QUIT to the master) and waits for it.
-struct Quit(std::process::Child);
-
-impl Drop for Quit {
-    fn drop(&mut self) {
-        // SAFETY: plain kill(2) on our child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGQUIT) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]

@@ -1664,11 +1664,7 @@ fn shard_status_counts_proxied_requests() {
 /// Without nginx the test says so and checks nothing else.
 #[test]
 fn nginx_as_the_upstream_when_installed() {
-    let Some(nginx) = ["/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"]
-        .iter()
-        .map(std::path::Path::new)
-        .find(|p| p.is_file())
-    else {
+    let Some(nginx) = nginx_binary() else {
         skipped(
             "nginx_as_the_upstream_when_installed",
             "nginx is not installed (apt-get install nginx-light; .ci/run does when root)",
@@ -1701,31 +1697,13 @@ fn nginx_as_the_upstream_when_installed() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start nginx");
-    /// Stops nginx as its documentation says (QUIT to the master, which stops its workers)
-    /// and waits for it; SIGKILL to the master would orphan its worker.
-    struct Quit(std::process::Child);
-    impl Drop for Quit {
-        fn drop(&mut self) {
-            // SAFETY: plain kill(2) on our child.
-            unsafe { libc::kill(self.0.id() as i32, libc::SIGQUIT) };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.0.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     wait_for(Duration::from_secs(10), "nginx listening", || {
         if let Ok(Some(st)) = child.try_wait() {
             panic!("nginx exited: {st}");
         }
         TcpStream::connect(("127.0.0.1", port)).ok()
     });
-    let _nginx = Quit(child);
+    let _nginx = Nginx(child);
 
     let s = Server::start(
         "proxy-nginx-front",

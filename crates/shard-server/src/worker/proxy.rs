@@ -64,6 +64,34 @@ pub(super) struct UpConn {
     idle_since_ms: u64,
 }
 
+impl UpConn {
+    /// Writes `buf[*pos..]` while the socket takes it. `Ok(true)`: all of it is written;
+    /// `Ok(false)`: the socket is full (it is then marked not writable until its next event).
+    fn write_from(&mut self, buf: &[u8], pos: &mut usize) -> std::io::Result<bool> {
+        while *pos < buf.len() {
+            if !self.writable {
+                return Ok(false);
+            }
+            match shard_event::sock::write(self.fd.as_raw_fd(), &buf[*pos..]) {
+                Ok(n) => {
+                    debug_assert!(n <= buf.len() - *pos);
+                    *pos += n;
+                    if *pos < buf.len() {
+                        self.writable = false;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.writable = false;
+                    return Ok(false);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {
     /// Reading the client's request body into memory.
@@ -611,31 +639,18 @@ impl<'a> Worker<'a> {
             return Flow::Next;
         };
         let uc = &mut self.upconns[u];
-        while p.upreq_pos < p.upreq.len() {
-            if !uc.writable {
-                return Flow::Wait;
-            }
-            match shard_event::sock::write(uc.fd.as_raw_fd(), &p.upreq[p.upreq_pos..]) {
-                Ok(n) => {
-                    debug_assert!(n <= p.upreq.len() - p.upreq_pos);
-                    *progressed |= n > 0;
-                    p.upreq_pos += n;
-                    if p.upreq_pos < p.upreq.len() {
-                        uc.writable = false;
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    uc.writable = false;
-                    return Flow::Wait;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    let msg = format!(
-                        "writev() failed ({}) while sending request to upstream",
-                        os(&e)
-                    );
-                    return self.attempt_failed(key, p, Failure::Error, &msg);
-                }
+        let before = p.upreq_pos;
+        let written = uc.write_from(&p.upreq, &mut p.upreq_pos);
+        *progressed |= p.upreq_pos > before;
+        match written {
+            Ok(true) => {}
+            Ok(false) => return Flow::Wait,
+            Err(e) => {
+                let msg = format!(
+                    "writev() failed ({}) while sending request to upstream",
+                    os(&e)
+                );
+                return self.attempt_failed(key, p, Failure::Error, &msg);
             }
         }
         if p.streaming {
@@ -716,37 +731,23 @@ impl<'a> Worker<'a> {
             }
             // Write what waits.
             let uc = &mut self.upconns[u];
-            while p.stream_pos < p.body.mem.len() && uc.writable {
-                match shard_event::sock::write(uc.fd.as_raw_fd(), &p.body.mem[p.stream_pos..]) {
-                    Ok(n) => {
-                        p.stream_pos += n;
-                        if p.stream_pos < p.body.mem.len() {
-                            uc.writable = false;
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        uc.writable = false;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e)
-                        if p.upreq_pos > 0
-                            && matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) =>
-                    {
-                        // The upstream stopped reading, most likely after answering early
-                        // (a 413 of its own): its response, if any, is read next; without
-                        // one the read fails and the attempt with it.
-                        uc.readable = true;
-                        uc.hup = true;
-                        p.body_cut = true;
-                        return self.body_sent(key, p);
-                    }
-                    Err(e) => {
-                        let msg = format!(
-                            "writev() failed ({}) while sending request to upstream",
-                            os(&e)
-                        );
-                        return self.attempt_failed(key, p, Failure::Error, &msg);
-                    }
+            match uc.write_from(&p.body.mem, &mut p.stream_pos) {
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => {
+                    // The upstream stopped reading, most likely after answering early (a 413
+                    // of its own): its response, if any, is read next; without one the read
+                    // fails and the attempt with it.
+                    uc.readable = true;
+                    uc.hup = true;
+                    p.body_cut = true;
+                    return self.body_sent(key, p);
+                }
+                Err(e) => {
+                    let msg = format!(
+                        "writev() failed ({}) while sending request to upstream",
+                        os(&e)
+                    );
+                    return self.attempt_failed(key, p, Failure::Error, &msg);
                 }
             }
             if p.stream_pos < p.body.mem.len() {

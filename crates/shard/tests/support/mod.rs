@@ -589,3 +589,32 @@ pub fn read_responses(s: &mut TcpStream, n: usize) -> Vec<Response> {
         buf.extend_from_slice(&tmp[..got]);
     }
 }
+
+/// The installed nginx, if any (the tests that compare with it say SKIPPED without it).
+pub fn nginx_binary() -> Option<&'static Path> {
+    ["/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"]
+        .iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+}
+
+/// An nginx started by a test, stopped as its documentation says (QUIT to the master, which
+/// stops its workers) when dropped, and waited for; SIGKILL to the master would orphan its
+/// workers.
+pub struct Nginx(pub Child);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGQUIT) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
