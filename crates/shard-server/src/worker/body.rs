@@ -87,6 +87,29 @@ impl Worker<'_> {
         Ok(())
     }
 
+    /// The client has nothing more to send for now: what is in memory goes to the file (there
+    /// is one) and the buffer is given back.
+    pub(super) fn spool_idle(&mut self, s: &mut Spool, conf: &BodyConf) -> std::io::Result<()> {
+        if let Some(f) = &s.file {
+            if !s.mem.is_empty() {
+                if let Err(e) = shard_event::fs::write_all(f.as_raw_fd(), &s.mem) {
+                    crate::log!(
+                        Crit,
+                        "write() to a client request body file in \"{}\" failed ({})",
+                        conf.temp_path.path.display(),
+                        shard_event::os_error_text(&e)
+                    );
+                    return Err(e);
+                }
+                s.file_len += s.mem.len() as u64;
+                WorkerSlot::bump(&self.slot.body_spooled_bytes, s.mem.len() as u64);
+            }
+            s.mem = Vec::new();
+            self.recharge(s);
+        }
+        Ok(())
+    }
+
     /// Brings the worker's body-memory gauge up to date with `s.mem`'s capacity.
     pub(super) fn recharge(&mut self, s: &mut Spool) {
         let now = s.mem.capacity();

@@ -39,6 +39,8 @@ use super::{balance, Worker};
 const READ_MIN_BYTES: usize = 4096;
 /// Most bytes of a request body file handed to one `sendfile`.
 const SENDFILE_CHUNK_BYTES: u64 = 1 << 20;
+/// Bytes read per `read` of a body that already goes to a file.
+const SPOOL_READ_BYTES: usize = 64 * 1024;
 /// `sendfile` calls of a request body per turn of its connection.
 const SENDFILE_CHUNKS_MAX: usize = 16;
 
@@ -420,14 +422,27 @@ impl<'a> Worker<'a> {
                 p.state = State::Connect;
                 return Flow::Next;
             }
-            let room = conf.buffer_size.saturating_sub(p.body.mem.len());
+            // Once the body goes to a file it is read in larger pieces, each written at once;
+            // the buffer is given back whenever the client has sent all it has, so a stalled
+            // upload holds none.
+            let piece = if p.body.file().is_some() {
+                conf.buffer_size.max(SPOOL_READ_BYTES)
+            } else {
+                conf.buffer_size
+            };
+            let room = piece.saturating_sub(p.body.mem.len());
             let io = match self.read_body_direct(key, &mut p.body.mem, room) {
                 Some(io) => io,
                 None => self.read_more(key),
             };
             match io {
                 Io::Ready => {}
-                Io::Wait => return Flow::Wait,
+                Io::Wait => {
+                    if p.body.file().is_some() && self.spool_idle(&mut p.body, conf).is_err() {
+                        return Flow::Fail(500);
+                    }
+                    return Flow::Wait;
+                }
                 Io::Close => return Flow::Close,
             }
         }
