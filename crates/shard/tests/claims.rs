@@ -259,3 +259,37 @@ fn a_reload_that_removes_an_address_closes_it_and_keeps_the_others() {
     let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
     assert!(log.contains("no longer configured"), "{log}");
 }
+
+#[test]
+fn queue_shows_connections_waiting_on_a_stopped_workers_shard() {
+    // Two reuseport shards; worker 0 stopped. Connections the kernel hashes to shard 0 wait in
+    // its queue, and /status (answered by worker 1, on a connection hashed to shard 1) shows
+    // them, before the 3 s after which worker 1 adopts the shard.
+    let s = Server::start(
+        "claims-queue",
+        &conf("", "", "", 2).replace(
+            "listen 127.0.0.1:{port};",
+            "listen 127.0.0.1:{port} reuseport;",
+        ),
+        2,
+    );
+    let w0 = s.workers().into_iter().find(|w| w.idx == 0).unwrap().pid as i32;
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(w0, libc::SIGSTOP) };
+    let held: Vec<std::net::TcpStream> = (0..16).map(|_| connect(s.addr())).collect();
+    let queued = wait_for(Duration::from_secs(3), "a status answer", || {
+        // A connection hashed to the stopped shard gets no answer: try another.
+        let mut c = connect(s.addr());
+        c.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        c.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let body = read_response(&mut c, false).ok()?.body_str();
+        let shard0 = body.split("\"shard\":0,").nth(1)?;
+        field(shard0, "queue").first().copied()
+    });
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(w0, libc::SIGCONT) };
+    drop(held);
+    assert!(queued >= 1, "shard 0's queue: {queued}");
+}
