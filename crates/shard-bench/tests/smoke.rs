@@ -343,3 +343,81 @@ fn load_with_a_host_header_benchmarks_a_name_based_virtual_host() {
     assert!(text.contains("\"requests\":40,"), "{text}");
     assert!(text.contains("\"errors\":{\"total\":0,"), "{text}");
 }
+
+#[test]
+fn experiment_with_nginx_auto_runs_nginx_beside_shard_when_installed() {
+    let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"]
+        .iter()
+        .any(|p| std::path::Path::new(p).is_file());
+    if !nginx {
+        println!(
+            "SKIPPED: experiment --nginx auto: nginx is not installed (apt-get install nginx-light)"
+        );
+        return;
+    }
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let out = std::env::temp_dir().join(format!("shard-bench-smoke-auto-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let res = Command::new(bench)
+        .args([
+            "experiment",
+            "e1",
+            "--smoke",
+            "--workers",
+            "2",
+            "--nginx",
+            "auto",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for strategy in ["accept_mutex on", "accept_mutex off", "reuseport"] {
+        for server in ["shard", "nginx"] {
+            let row = format!("| {server} | {strategy} |");
+            assert!(report.contains(&row), "{row} missing: {report}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn the_fairness_script_runs_the_pipeliner_beside_ordinary_clients() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        println!("SKIPPED: bench/fairness/run.sh: python3 is not installed");
+        return;
+    }
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let shard = std::path::Path::new(bench).with_file_name("shard");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/fairness/run.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(&shard)
+        .arg("smoke")
+        .env("FAIRNESS_SECONDS", "1")
+        .env("SHARD_BENCH", bench)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("50 keep-alive clients for 1 s"), "{text}");
+    assert!(text.contains("requests/s"), "{text}");
+    assert!(text.contains("errors      0 "), "{text}");
+    let hog: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("hog responses: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(hog > 0, "{text}");
+}

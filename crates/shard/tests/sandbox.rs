@@ -210,3 +210,109 @@ fn shard_dash_capital_t_prints_the_files_and_what_a_worker_may_open() {
     assert!(text.contains("#   read: /srv/www\n"), "{text}");
     assert!(text.contains("client_body_temp\n"), "{text}");
 }
+
+#[test]
+fn on_a_kernel_without_landlock_the_master_says_so_once_and_seccomp_still_applies() {
+    use std::os::unix::process::CommandExt;
+    if !kernel_has_sandbox() {
+        return;
+    }
+    // A kernel without Landlock, as the process sees it: a seccomp filter installed before
+    // exec makes the three Landlock calls fail with ENOSYS (inherited by every worker).
+    fn hide_landlock() -> std::io::Result<()> {
+        let ld = |k: u32| libc::sock_filter {
+            code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+            jt: 0,
+            jf: 0,
+            k,
+        };
+        let jeq = |k: libc::c_long, jt: u8| libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt,
+            jf: 0,
+            k: k as u32,
+        };
+        let ret = |k: u32| libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k,
+        };
+        let mut f = [
+            ld(0),
+            jeq(libc::SYS_landlock_create_ruleset, 3),
+            jeq(libc::SYS_landlock_add_rule, 2),
+            jeq(libc::SYS_landlock_restrict_self, 1),
+            ret(libc::SECCOMP_RET_ALLOW),
+            ret(libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+        ];
+        let prog = libc::sock_fprog {
+            len: f.len() as u16,
+            filter: f.as_mut_ptr(),
+        };
+        // SAFETY: prctl and seccomp with a valid program, in the child before exec.
+        unsafe {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::syscall(
+                    libc::SYS_seccomp,
+                    1u32,
+                    0u32,
+                    &prog as *const libc::sock_fprog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+    let dir = temp_dir("sandbox-nolandlock");
+    write_file(&dir, "html/index.html", b"served");
+    let port = free_port();
+    std::fs::write(
+        dir.join("conf/shard.conf"),
+        format!(
+            "worker_sandbox on;\nworker_processes 2;\nerror_log logs/error.log info;\nevents {{}}\n\
+             http {{ access_log off; server {{ listen 127.0.0.1:{port}; root {}/html; }} }}\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_shard"));
+    cmd.arg("-p").arg(&*dir).arg("-c").arg("conf/shard.conf");
+    cmd.stderr(std::process::Stdio::null());
+    // SAFETY: the closure only makes two system calls, async-signal-safe.
+    unsafe { cmd.pre_exec(hide_landlock) };
+    let mut child = cmd.spawn().unwrap();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let r = wait_for(Duration::from_secs(10), "the sandboxed server", || {
+        try_get(addr, "/index.html").ok()
+    });
+    let pid = child.id();
+    // Each worker adds its own filter to the inherited one once it is set up.
+    let filters = wait_for(Duration::from_secs(10), "both workers confined", || {
+        let workers: Vec<u64> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .ok()?
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        let f: Vec<String> = workers
+            .iter()
+            .map(|w| status_field(*w, "Seccomp_filters"))
+            .collect();
+        (f.len() == 2 && f.iter().all(|x| x == "2")).then_some(f)
+    });
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(pid as i32, libc::SIGQUIT) };
+    let _ = child.wait();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body_str(), "served");
+    assert_eq!(filters, vec!["2".to_string(); 2]);
+    let log = std::fs::read_to_string(dir.join("logs/error.log")).unwrap();
+    assert_eq!(
+        log.matches("worker_sandbox: the kernel has no Landlock")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(!log.contains("[emerg]"), "{log}");
+}

@@ -273,9 +273,7 @@ impl Worker<'_> {
             }
         }
         if self.accept_mutex {
-            // nginx: ngx_accept_disabled = connection_n / 8 - free_connection_n.
-            let free = self.conns_max as i64 - self.connections_used() as i64;
-            self.accept_disabled = self.conns_max as i64 / 8 - free;
+            self.accept_disabled = accept_disabled(self.conns_max, self.connections_used());
         }
         let l = &mut self.listeners[li];
         // Not while paused: the pause took the listener out of epoll on purpose.
@@ -287,5 +285,30 @@ impl Worker<'_> {
             self.unregister_listener(li);
             self.poll_listener(li);
         }
+    }
+}
+
+/// nginx's `ngx_accept_disabled = connection_n / 8 - free_connection_n`: positive once more than
+/// 7/8 of a worker's connections are in use, the number of loop iterations it then sits out the
+/// accept mutex so that a fuller worker leaves new connections to the others.
+fn accept_disabled(conns_max: usize, used: usize) -> i64 {
+    let free = conns_max as i64 - used as i64;
+    conns_max as i64 / 8 - free
+}
+
+#[cfg(test)]
+mod tests {
+    use super::accept_disabled;
+
+    #[test]
+    fn a_worker_more_than_seven_eighths_full_sits_out_the_accept_mutex() {
+        // 512 connections: 448 used is exactly 7/8, still competing; one more sits out.
+        assert_eq!(accept_disabled(512, 0), -448);
+        assert_eq!(accept_disabled(512, 448), 0);
+        assert_eq!(accept_disabled(512, 449), 1);
+        assert_eq!(accept_disabled(512, 512), 64);
+        // nginx's integer division: 16 connections, 14 used is 7/8.
+        assert_eq!(accept_disabled(16, 14), 0);
+        assert_eq!(accept_disabled(16, 15), 1);
     }
 }
