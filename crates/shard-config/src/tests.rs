@@ -2040,3 +2040,13 @@ fn disable_symlinks_parses_as_nginx() {
     );
     assert!(e("disable_symlinks on from=$realpath_root;").contains("not supported"));
 }
+
+#[test]
+fn defaults_the_directive_reference_states() {
+    let c = http("server { listen 127.0.0.1:8080; }");
+    let b = &c.http.as_ref().unwrap().servers[0].base;
+    assert_eq!(b.client_body_timeout_ms, 60_000);
+    assert!(!c.main.worker_sandbox);
+    assert_eq!(c.main.worker_shutdown_timeout_ms, None);
+    assert_eq!(c.listeners[0].opts.backlog, 511);
+}

@@ -293,3 +293,126 @@ fn queue_shows_connections_waiting_on_a_stopped_workers_shard() {
     drop(held);
     assert!(queued >= 1, "shard 0's queue: {queued}");
 }
+
+#[test]
+fn no_100_continue_for_a_body_that_is_only_discarded() {
+    let s = Server::start(
+        "claims-no-continue",
+        &conf("", "", "location = /r { return 204; }", 1),
+        1,
+    );
+    let mut c = connect(s.addr());
+    c.write_all(
+        b"POST /r HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .unwrap();
+    // The final answer comes first, not an interim 100.
+    let r = read_response(&mut c, false).expect("an answer");
+    assert_eq!(r.status, 204);
+}
+
+#[test]
+fn upstream_names_compare_without_case_and_http_404_is_retried_at_runtime() {
+    let missing = Upstream::start(|_| support::upstream::Reply::text(404, "not here"));
+    let found = Upstream::text("found");
+    let s = Server::start(
+        "claims-upstream-case",
+        &conf(
+            "",
+            &format!(
+                "upstream Backend {{ server 127.0.0.1:{}; server 127.0.0.1:{}; }}",
+                missing.port, found.port
+            ),
+            "location /p { proxy_pass http://backend; proxy_next_upstream error http_404; }",
+            1,
+        ),
+        1,
+    );
+    // Both peers are used through the block named with another case; a 404 goes on to the
+    // next peer, and the client sees the found page each time.
+    for _ in 0..4 {
+        let r = get(s.addr(), "/p");
+        assert_eq!((r.status, r.body_str().as_str()), (200, "found"));
+    }
+    assert!(missing.requests() >= 2 && found.requests() == 4);
+}
+
+#[test]
+fn patch_is_retried_only_with_non_idempotent() {
+    // The first peer resets every request after reading it; only `non_idempotent` lets a
+    // PATCH go on to the second.
+    let reset = Upstream::start(|_| support::upstream::Reply::ResetNow);
+    let good = Upstream::text("patched");
+    // One block per location: a failure marks the peer down in its own block only.
+    let block = format!(
+        "upstream plain {{ server 127.0.0.1:{0}; server 127.0.0.1:{1}; }}\n\
+         upstream nonid {{ server 127.0.0.1:{0}; server 127.0.0.1:{1}; }}",
+        reset.port, good.port
+    );
+    let s = Server::start(
+        "claims-patch",
+        &conf(
+            "",
+            &block,
+            "location /plain { proxy_pass http://plain; proxy_next_upstream error; }\n\
+             location /nonid { proxy_pass http://nonid; proxy_next_upstream error non_idempotent; }",
+            1,
+        ),
+        1,
+    );
+    let patch = |path: &str| {
+        let mut c = connect(s.addr());
+        c.write_all(
+            format!("PATCH {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nab").as_bytes(),
+        )
+        .unwrap();
+        read_response(&mut c, false).expect("an answer")
+    };
+    // Round robin starts at the first peer for the first request of each location.
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        statuses.push(patch("/plain").status);
+    }
+    assert!(
+        statuses.contains(&502),
+        "a PATCH was retried without non_idempotent: {statuses:?}"
+    );
+    for _ in 0..2 {
+        let r = patch("/nonid");
+        assert_eq!((r.status, r.body_str().as_str()), (200, "patched"));
+    }
+}
+
+#[test]
+fn the_access_log_is_written_within_a_second_or_so_while_running() {
+    let s = Server::start("claims-log-second", &conf("", "", "", 1), 1);
+    assert_eq!(get(s.addr(), "/ok").status, 200);
+    wait_for(Duration::from_secs(3), "the buffered line written", || {
+        std::fs::read_to_string(s.dir.join("logs/access.log"))
+            .ok()?
+            .contains("\"GET /ok HTTP/1.1\" 200")
+            .then_some(())
+    });
+}
+
+#[test]
+fn client_body_in_file_only_clean_spools_even_a_small_body() {
+    let up = Upstream::text("ok");
+    let s = Server::start(
+        "claims-file-only",
+        &conf(
+            "",
+            "client_body_in_file_only clean;",
+            &format!("location /p {{ proxy_pass http://127.0.0.1:{}; }}", up.port),
+            1,
+        ),
+        1,
+    );
+    let mut c = connect(s.addr());
+    c.write_all(b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789")
+        .unwrap();
+    assert_eq!(read_response(&mut c, false).unwrap().status, 200);
+    let body = get(s.addr(), "/status").body_str();
+    assert_eq!(field(&body, "body_spooled_bytes"), vec![10], "{body}");
+    assert_eq!(up.last().body, b"0123456789");
+}

@@ -209,6 +209,13 @@ fn shard_dash_capital_t_prints_the_files_and_what_a_worker_may_open() {
     );
     assert!(text.contains("#   read: /srv/www\n"), "{text}");
     assert!(text.contains("client_body_temp\n"), "{text}");
+    // The seccomp table's size, which directives.md points to instead of a number.
+    let n: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("#   system calls: "))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(n > 20, "{text}");
 }
 
 #[test]
