@@ -416,3 +416,147 @@ fn client_body_in_file_only_clean_spools_even_a_small_body() {
     assert_eq!(field(&body, "body_spooled_bytes"), vec![10], "{body}");
     assert_eq!(up.last().body, b"0123456789");
 }
+
+/// Starts shard with `conf` in `dir` through `pre_exec` (run in the child before exec), and
+/// waits until `port` accepts.
+fn spawn_with(
+    dir: &std::path::Path,
+    conf: &str,
+    port: u16,
+    pre: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
+) -> support::Nginx {
+    use std::os::unix::process::CommandExt;
+    std::fs::write(dir.join("conf/shard.conf"), conf).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_shard"));
+    cmd.arg("-p").arg(dir).arg("-c").arg("conf/shard.conf");
+    cmd.stderr(std::process::Stdio::null());
+    // SAFETY: the closures passed here only make async-signal-safe system calls.
+    unsafe { cmd.pre_exec(pre) };
+    let child = cmd.spawn().unwrap();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    wait_for(Duration::from_secs(10), "shard listening", || {
+        std::net::TcpStream::connect(addr).ok()
+    });
+    // The same QUIT-and-wait guard the nginx tests use.
+    support::Nginx(child)
+}
+
+fn worker_pids(master: u32) -> Vec<u64> {
+    wait_for(Duration::from_secs(10), "the workers", || {
+        let v: Vec<u64> = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children"))
+            .ok()?
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        (!v.is_empty()).then_some(v)
+    })
+}
+
+#[test]
+fn worker_processes_auto_counts_the_cpus_of_the_affinity_mask() {
+    let dir = temp_dir("claims-auto");
+    let port = free_port();
+    let conf = format!(
+        "worker_processes auto;\nerror_log logs/error.log info;\nevents {{}}\n\
+         http {{ access_log off; server {{ listen 127.0.0.1:{port}; return 200; }} }}\n"
+    );
+    // One CPU in the mask: one worker, whatever the machine has.
+    let s = spawn_with(&dir, &conf, port, || {
+        // SAFETY: a zeroed cpu_set_t with one bit set, passed by pointer.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    });
+    let log = wait_for(Duration::from_secs(10), "the start-up line", || {
+        std::fs::read_to_string(dir.join("logs/error.log"))
+            .ok()
+            .filter(|t| t.contains(" worker processes, listening on"))
+    });
+    assert!(log.contains(": 1 worker processes, listening on"), "{log}");
+    assert_eq!(worker_pids(s.0.id()).len(), 1);
+}
+
+#[test]
+fn a_user_line_under_a_non_root_master_is_ignored_with_nginxs_warning() {
+    if unsafe { libc::geteuid() } != 0 {
+        skipped(
+            "a_user_line_under_a_non_root_master_is_ignored_with_nginxs_warning",
+            "needs root to start the master as another user",
+        );
+        return;
+    }
+    let dir = temp_dir("claims-nonroot");
+    // The master runs as nobody: it must be able to write its logs and temp directory.
+    for d in ["", "conf", "logs", "html"] {
+        let p = dir.join(d);
+        std::os::unix::fs::chown(&p, Some(65534), None).unwrap();
+    }
+    let port = free_port();
+    let conf = format!(
+        "user www-data;\nworker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\n\
+         http {{ access_log off; server {{ listen 127.0.0.1:{port}; return 200; }} }}\n"
+    );
+    std::fs::write(dir.join("conf/shard.conf"), &conf).unwrap();
+    std::os::unix::fs::chown(dir.join("conf/shard.conf"), Some(65534), None).unwrap();
+    let s = spawn_with(&dir, &conf, port, || {
+        // SAFETY: plain system calls with integer arguments, before exec.
+        unsafe {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(65534) != 0
+                || libc::setuid(65534) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    });
+    let worker = worker_pids(s.0.id())[0];
+    let st = std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap();
+    let uid = st.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(uid.split_whitespace().nth(1) == Some("65534"), "{uid}");
+    let log = std::fs::read_to_string(dir.join("logs/error.log")).unwrap();
+    assert!(
+        log.contains("the \"user\" directive makes sense only if the master process runs with super-user privileges, ignored"),
+        "{log}"
+    );
+}
+
+#[test]
+fn underscores_in_headers_is_the_listener_default_servers_as_in_nginx() {
+    let up = Upstream::text("ok");
+    // The head is read before Host picks a server: the default server's rule applies.
+    let text = |default_on: bool| {
+        let (a, b) = if default_on {
+            ("on", "off")
+        } else {
+            ("off", "on")
+        };
+        format!(
+            "worker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\n\
+             http {{ access_log off;\n\
+             server {{ listen 127.0.0.1:{{port}} default_server; underscores_in_headers {a};\n\
+                 location = /status {{ shard_status; }} }}\n\
+             server {{ listen 127.0.0.1:{{port}}; server_name b.test; underscores_in_headers {b};\n\
+                 location / {{ proxy_pass http://127.0.0.1:{}; }} }}\n}}\n",
+            up.port
+        )
+    };
+    for default_on in [true, false] {
+        let s = Server::start("claims-underscores", &text(default_on), 1);
+        let r = raw(
+            s.addr(),
+            b"GET /h HTTP/1.1\r\nHost: b.test\r\nX_Foo: 1\r\nConnection: close\r\n\r\n",
+        );
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            up.last().header("x_foo").is_some(),
+            default_on,
+            "default server's underscores_in_headers {default_on}"
+        );
+    }
+}

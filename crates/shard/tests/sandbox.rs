@@ -323,3 +323,26 @@ fn on_a_kernel_without_landlock_the_master_says_so_once_and_seccomp_still_applie
     );
     assert!(!log.contains("[emerg]"), "{log}");
 }
+
+#[test]
+fn a_root_created_after_a_sandboxed_worker_started_is_served_after_a_reload() {
+    if !kernel_has_sandbox() {
+        return;
+    }
+    let site = temp_dir("sandbox-late-root");
+    write_file(&site, "html/index.html", b"one");
+    let late = site.join("lateroot");
+    let up = Upstream::text("ok");
+    let extra = format!("location /late/ {{ root {}; }}", late.display());
+    let s = Server::start("sandbox-late", &conf(&site, up.port, &extra), 1);
+    // The root did not exist when the worker confined itself: not granted.
+    write_file(&site, "lateroot/late/page.txt", b"late page");
+    assert!(late.is_dir());
+    assert_eq!(get(s.addr(), "/late/page.txt").status, 403);
+    // A reload forks workers confined to what exists now.
+    s.signal(libc::SIGHUP);
+    wait_for(Duration::from_secs(10), "the late root served", || {
+        let r = get(s.addr(), "/late/page.txt");
+        (r.status == 200 && r.body_str() == "late page").then_some(())
+    });
+}
