@@ -560,3 +560,56 @@ fn underscores_in_headers_is_the_listener_default_servers_as_in_nginx() {
         );
     }
 }
+
+#[test]
+fn at_the_cap_an_eighth_of_the_idle_connections_close_the_oldest_first() {
+    let s = Server::start(
+        "claims-drain",
+        &conf("worker_connections 64;", "keepalive_timeout 75s;", "", 1),
+        1,
+    );
+    // 64 idle keep-alive connections, oldest first, fill the cap.
+    let mut idle: Vec<std::net::TcpStream> = Vec::new();
+    for _ in 0..64 {
+        let mut c = connect(s.addr());
+        c.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        assert_eq!(read_response(&mut c, false).unwrap().status, 200);
+        idle.push(c);
+    }
+    // One more: the worker makes room by closing 64/8 = 8 idle ones, the longest idle.
+    let r = get(s.addr(), "/ok");
+    assert_eq!(r.status, 200);
+    // A non-blocking read tells closed (end of stream) from open; the FINs may take a moment.
+    for c in &idle {
+        c.set_nonblocking(true).unwrap();
+    }
+    let mut closed = vec![false; idle.len()];
+    let _ = wait_for_or_none(Duration::from_secs(2), || {
+        for (i, c) in idle.iter_mut().enumerate() {
+            let mut b = [0u8; 1];
+            if matches!(c.read(&mut b), Ok(0)) {
+                closed[i] = true;
+            }
+        }
+        (closed.iter().filter(|&&x| x).count() >= 7).then_some(())
+    });
+    let n = closed.iter().filter(|&&x| x).count();
+    // An eighth of the idle ones, as nginx's ngx_drain_connections: 8 of 64, or 7 when the
+    // newest was still finishing its response and not yet idle.
+    assert!((7..=8).contains(&n), "{n} closed: {closed:?}");
+    assert!(closed[..n].iter().all(|&x| x), "not the oldest: {closed:?}");
+}
+
+/// Polls `f` until it gives a value or `limit` passes (then `None`: the caller asserts).
+fn wait_for_or_none<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if std::time::Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
