@@ -613,3 +613,58 @@ fn wait_for_or_none<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Opt
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+#[test]
+fn a_worker_that_dies_while_starting_is_respawned_after_a_growing_delay() {
+    // Every worker is killed (SIGSYS) by its first system call after fork, the parent-death
+    // signal it sets before anything else: a seccomp filter installed before exec, which the
+    // master never trips. Respawned at once, that would be thousands of starts a second; with
+    // the back-off doubling from 100 ms, a handful in two and a half seconds.
+    fn kill_on_pdeathsig() -> std::io::Result<()> {
+        let f = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+            code: code as u16,
+            jt,
+            jf,
+            k,
+        };
+        let (ld, jeq, ret) = (
+            libc::BPF_LD | libc::BPF_W | libc::BPF_ABS,
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            libc::BPF_RET | libc::BPF_K,
+        );
+        let mut prog = [
+            f(ld, 0, 0, 0),
+            f(jeq, 0, 3, libc::SYS_prctl as u32),
+            f(ld, 0, 0, 16), // args[0], low half
+            f(jeq, 0, 1, libc::PR_SET_PDEATHSIG as u32),
+            f(ret, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+            f(ret, 0, 0, libc::SECCOMP_RET_ALLOW),
+        ];
+        let p = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_mut_ptr(),
+        };
+        // SAFETY: prctl and seccomp with a valid program, in the child before exec.
+        unsafe {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::syscall(libc::SYS_seccomp, 1u32, 0u32, &p as *const libc::sock_fprog) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+    let dir = temp_dir("claims-backoff");
+    let port = free_port();
+    let conf = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\n\
+         http {{ access_log off; server {{ listen 127.0.0.1:{port}; return 200; }} }}\n"
+    );
+    let s = spawn_with(&dir, &conf, port, kill_on_pdeathsig);
+    std::thread::sleep(Duration::from_millis(2500)); // the window measured, not a wait
+    let log = std::fs::read_to_string(dir.join("logs/error.log")).unwrap();
+    drop(s);
+    let starts = log.matches("start worker process").count();
+    // 0, 0.1, 0.3, 0.7, 1.5 s (and 3.1 s, outside the window): about 5.
+    assert!((3..=8).contains(&starts), "{starts} starts in 2.5 s: {log}");
+}

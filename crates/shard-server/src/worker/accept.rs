@@ -118,12 +118,7 @@ impl Worker<'_> {
         if li >= self.listeners.len() || self.shutting_down || self.accept_paused_until.is_some() {
             return;
         }
-        let batch = if self.multi_accept {
-            usize::MAX
-        } else {
-            ACCEPT_BATCH
-        };
-        self.accept_batch(li, batch);
+        self.accept_batch(li, batch_size(self.multi_accept));
     }
 
     /// Whether `n` more connections fit under `worker_connections`, after closing idle
@@ -288,6 +283,16 @@ impl Worker<'_> {
     }
 }
 
+/// Connections accepted per readiness report: all that are queued with `multi_accept on`,
+/// at most [`ACCEPT_BATCH`] with it off.
+fn batch_size(multi_accept: bool) -> usize {
+    if multi_accept {
+        usize::MAX
+    } else {
+        ACCEPT_BATCH
+    }
+}
+
 /// nginx's `ngx_accept_disabled = connection_n / 8 - free_connection_n`: positive once more than
 /// 7/8 of a worker's connections are in use, the number of loop iterations it then sits out the
 /// accept mutex so that a fuller worker leaves new connections to the others.
@@ -298,7 +303,13 @@ fn accept_disabled(conns_max: usize, used: usize) -> i64 {
 
 #[cfg(test)]
 mod tests {
-    use super::accept_disabled;
+    use super::{accept_disabled, batch_size};
+
+    #[test]
+    fn multi_accept_off_takes_at_most_eight_per_readiness_report() {
+        assert_eq!(batch_size(false), 8);
+        assert_eq!(batch_size(true), usize::MAX);
+    }
 
     #[test]
     fn a_worker_more_than_seven_eighths_full_sits_out_the_accept_mutex() {
