@@ -668,3 +668,69 @@ fn a_worker_that_dies_while_starting_is_respawned_after_a_growing_delay() {
     // 0, 0.1, 0.3, 0.7, 1.5 s (and 3.1 s, outside the window): about 5.
     assert!((3..=8).contains(&starts), "{starts} starts in 2.5 s: {log}");
 }
+
+#[test]
+fn an_invalid_upstream_header_goes_to_the_next_peer_with_invalid_header() {
+    let bad = Upstream::start(|_| {
+        support::upstream::Reply::Raw(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\nok"
+                .to_vec(),
+        )
+    });
+    let good = Upstream::text("good");
+    let s = Server::start(
+        "claims-invalid-header-next",
+        &conf(
+            "",
+            &format!(
+                "upstream a {{ server 127.0.0.1:{0}; server 127.0.0.1:{1}; }}\n\
+                 upstream b {{ server 127.0.0.1:{0}; server 127.0.0.1:{1}; }}",
+                bad.port, good.port
+            ),
+            "location /next { proxy_pass http://a; proxy_next_upstream error invalid_header; }\n\
+             location /stop { proxy_pass http://b; proxy_next_upstream error; }",
+            1,
+        ),
+        1,
+    );
+    // Each block starts with the bad peer.
+    let r = get(s.addr(), "/next");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "good"));
+    assert_eq!(get(s.addr(), "/stop").status, 502);
+}
+
+#[test]
+fn lingering_close_always_lingers_even_with_nothing_unread() {
+    // A `Connection: close` request with nothing behind it: `on` closes at once (late bytes
+    // then meet a reset), `always` still reads what comes.
+    let late_bytes_reset = |addr: std::net::SocketAddr| -> bool {
+        let mut c = connect(addr);
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        assert_eq!(read_response(&mut c, false).unwrap().status, 200);
+        // The pause is the scenario: a client still sending after the response.
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = c.write_all(b"late");
+        std::thread::sleep(Duration::from_millis(200));
+        c.write_all(b"later").is_err()
+    };
+    let always = Server::start(
+        "claims-linger-always",
+        &conf("", "lingering_close always; lingering_timeout 5s;", "", 1),
+        1,
+    );
+    assert!(
+        !late_bytes_reset(always.addr()),
+        "always: the late bytes met a reset"
+    );
+    let on = Server::start(
+        "claims-linger-on2",
+        &conf("", "lingering_close on;", "", 1),
+        1,
+    );
+    assert!(
+        late_bytes_reset(on.addr()),
+        "on: it lingered with nothing unread"
+    );
+}
