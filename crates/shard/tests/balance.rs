@@ -7,7 +7,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use support::upstream::{Reply, Upstream};
 use support::*;
@@ -118,26 +117,8 @@ fn nginx_splits_the_same_upstream_blocks_the_same_way() {
          http {{\n access_log off;\n{ups}server {{ listen 127.0.0.1:{port};\n{locs}}}\n}}\n",
         d = dir.display()
     );
-    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
-    let child = std::process::Command::new(nginx)
-        .arg("-p")
-        .arg(&*dir)
-        .arg("-e")
-        .arg(dir.join("logs/nginx-error.log"))
-        .arg("-c")
-        .arg(dir.join("nginx.conf"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start nginx");
-    let mut quit = Nginx(child);
+    let _nginx = start_nginx(nginx, &dir, &conf, port);
     let front = SocketAddr::from(([127, 0, 0, 1], port));
-    wait_for(Duration::from_secs(10), "nginx listening", || {
-        if let Ok(Some(st)) = quit.0.try_wait() {
-            panic!("nginx exited: {st}");
-        }
-        std::net::TcpStream::connect(front).ok()
-    });
     assert_eq!(scenarios(front, &peers), WANT, "nginx");
 }
 

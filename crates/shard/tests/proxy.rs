@@ -1685,25 +1685,7 @@ fn nginx_as_the_upstream_when_installed() {
          location = /hello {{ return 200 \"hello from nginx\"; }} }}\n}}\n",
         d = dir.display()
     );
-    std::fs::write(dir.join("nginx.conf"), nconf).unwrap();
-    let mut child = std::process::Command::new(nginx)
-        .arg("-p")
-        .arg(&dir)
-        .arg("-e")
-        .arg(dir.join("logs/nginx-error.log"))
-        .arg("-c")
-        .arg(dir.join("nginx.conf"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start nginx");
-    wait_for(Duration::from_secs(10), "nginx listening", || {
-        if let Ok(Some(st)) = child.try_wait() {
-            panic!("nginx exited: {st}");
-        }
-        TcpStream::connect(("127.0.0.1", port)).ok()
-    });
-    let _nginx = Nginx(child);
+    let _nginx = start_nginx(nginx, &dir, &nconf, port);
 
     let s = Server::start(
         "proxy-nginx-front",

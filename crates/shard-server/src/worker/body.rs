@@ -65,19 +65,7 @@ impl Worker<'_> {
                 s.file = Some(fd);
                 WorkerSlot::bump(&self.slot.body_temp_files, 1);
             }
-            let fd = s.file.as_ref().map_or(-1, |f| f.as_raw_fd());
-            if let Err(e) = shard_event::fs::write_all(fd, &s.mem) {
-                crate::log!(
-                    Crit,
-                    "write() to a client request body file in \"{}\" failed ({})",
-                    conf.temp_path.path.display(),
-                    shard_event::os_error_text(&e)
-                );
-                return Err(e);
-            }
-            s.file_len += s.mem.len() as u64;
-            WorkerSlot::bump(&self.slot.body_spooled_bytes, s.mem.len() as u64);
-            s.mem.clear();
+            self.mem_to_file(s, conf)?;
             if over_cap || last {
                 // Memory is short, or nothing more comes: the buffer itself goes.
                 s.mem = Vec::new();
@@ -90,23 +78,32 @@ impl Worker<'_> {
     /// The client has nothing more to send for now: what is in memory goes to the file (there
     /// is one) and the buffer is given back.
     pub(super) fn spool_idle(&mut self, s: &mut Spool, conf: &BodyConf) -> std::io::Result<()> {
-        if let Some(f) = &s.file {
-            if !s.mem.is_empty() {
-                if let Err(e) = shard_event::fs::write_all(f.as_raw_fd(), &s.mem) {
-                    crate::log!(
-                        Crit,
-                        "write() to a client request body file in \"{}\" failed ({})",
-                        conf.temp_path.path.display(),
-                        shard_event::os_error_text(&e)
-                    );
-                    return Err(e);
-                }
-                s.file_len += s.mem.len() as u64;
-                WorkerSlot::bump(&self.slot.body_spooled_bytes, s.mem.len() as u64);
-            }
+        if s.file.is_some() {
+            self.mem_to_file(s, conf)?;
             s.mem = Vec::new();
             self.recharge(s);
         }
+        Ok(())
+    }
+
+    /// Appends what `s.mem` holds to the body's file (which exists) and empties `s.mem`.
+    fn mem_to_file(&mut self, s: &mut Spool, conf: &BodyConf) -> std::io::Result<()> {
+        if s.mem.is_empty() {
+            return Ok(());
+        }
+        let fd = s.file.as_ref().map_or(-1, |f| f.as_raw_fd());
+        if let Err(e) = shard_event::fs::write_all(fd, &s.mem) {
+            crate::log!(
+                Crit,
+                "write() to a client request body file in \"{}\" failed ({})",
+                conf.temp_path.path.display(),
+                shard_event::os_error_text(&e)
+            );
+            return Err(e);
+        }
+        s.file_len += s.mem.len() as u64;
+        WorkerSlot::bump(&self.slot.body_spooled_bytes, s.mem.len() as u64);
+        s.mem.clear();
         Ok(())
     }
 

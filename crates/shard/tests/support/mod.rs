@@ -598,6 +598,32 @@ pub fn nginx_binary() -> Option<&'static Path> {
         .find(|p| p.is_file())
 }
 
+/// Starts `nginx` with `conf` written to `dir/nginx.conf` (prefix `dir`, error log in
+/// `dir/logs`) and waits until it accepts on `port`.
+pub fn start_nginx(nginx: &Path, dir: &Path, conf: &str, port: u16) -> Nginx {
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+    let child = Command::new(nginx)
+        .arg("-p")
+        .arg(dir)
+        .arg("-e")
+        .arg(dir.join("logs/nginx-error.log"))
+        .arg("-c")
+        .arg(dir.join("nginx.conf"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start nginx");
+    let mut n = Nginx(child);
+    wait_for(Duration::from_secs(10), "nginx listening", || {
+        if let Ok(Some(st)) = n.0.try_wait() {
+            panic!("nginx exited: {st}");
+        }
+        TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+    n
+}
+
 /// An nginx started by a test, stopped as its documentation says (QUIT to the master, which
 /// stops its workers) when dropped, and waited for; SIGKILL to the master would orphan its
 /// workers.
