@@ -110,6 +110,12 @@ pub struct EventsConf {
     pub accept_mutex_delay_ms: u64,
     /// Default off.
     pub multi_accept: bool,
+    /// shard's own: steer new connections away from a stalled worker's reuseport shard, and
+    /// let its siblings drain it. Default on; `off` is nginx's behaviour.
+    pub reuseport_steering: bool,
+    /// shard's own: how long a worker's loop may not turn, with work waiting, before it is
+    /// stalled. Default 20 ms.
+    pub reuseport_stall_threshold_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -135,6 +135,8 @@ fn defaults() {
     assert!(!c.events.accept_mutex);
     assert_eq!(c.events.accept_mutex_delay_ms, 500);
     assert!(!c.events.multi_accept);
+    assert!(c.events.reuseport_steering);
+    assert_eq!(c.events.reuseport_stall_threshold_ms, 20);
     let s = &c.http.as_ref().unwrap().servers[0];
     assert_eq!(s.listen, vec![sa("0.0.0.0:80")]);
     assert_eq!(s.server_names, vec![ServerName::Exact(String::new())]);
@@ -361,6 +363,29 @@ fn directive_errors() {
         error("events { accept_mutex_delay 5x; }"),
         r#"invalid value "5x" in "accept_mutex_delay" directive in t.conf:1"#
     );
+    assert_eq!(
+        error("events { reuseport_steering sometimes; }"),
+        r#"invalid value "sometimes" in "reuseport_steering" directive, it must be "on" or "off" in t.conf:1"#
+    );
+    assert_eq!(
+        error("events { reuseport_stall_threshold 0; }"),
+        r#"invalid value "0" in "reuseport_stall_threshold" directive in t.conf:1"#
+    );
+    assert_eq!(
+        error("events { reuseport_stall_threshold 20ms 30ms; }"),
+        r#"invalid number of arguments in "reuseport_stall_threshold" directive in t.conf:1"#
+    );
+    assert_eq!(
+        error("events { reuseport_steering on; reuseport_steering off; }"),
+        r#""reuseport_steering" directive is duplicate in t.conf:1"#
+    );
+    assert_eq!(
+        error("http { reuseport_steering on; }"),
+        r#""reuseport_steering" directive is not allowed here in t.conf:1"#
+    );
+    let c = parse("events { reuseport_steering off; reuseport_stall_threshold 1s; }");
+    assert!(!c.events.reuseport_steering);
+    assert_eq!(c.events.reuseport_stall_threshold_ms, 1000);
     assert_eq!(
         error("events {}\nhttp { client_max_body_size 10q; }"),
         r#"invalid value "10q" in "client_max_body_size" directive in t.conf:2"#

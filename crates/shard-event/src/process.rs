@@ -10,8 +10,10 @@ use std::os::fd::RawFd;
 
 use crate::{cvt, cvt_size};
 
-/// The signals shard handles through signalfd.
-pub const HANDLED_SIGNALS: [libc::c_int; 8] = [
+/// The signals shard handles through signalfd. `SIGCONT` wakes a worker that was stopped while
+/// waiting for events, so that its heartbeat moves at once; `SIGURG` is the master's "the
+/// steering changed" to its workers.
+pub const HANDLED_SIGNALS: [libc::c_int; 10] = [
     libc::SIGCHLD,
     libc::SIGHUP,
     libc::SIGQUIT,
@@ -20,6 +22,8 @@ pub const HANDLED_SIGNALS: [libc::c_int; 8] = [
     libc::SIGUSR1,
     libc::SIGUSR2,
     libc::SIGWINCH,
+    libc::SIGCONT,
+    libc::SIGURG,
 ];
 
 fn handled_set() -> libc::sigset_t {

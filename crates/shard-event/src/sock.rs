@@ -240,7 +240,15 @@ pub fn is_listening_tcp(fd: RawFd) -> bool {
 /// classic BPF program (`SO_ATTACH_REUSEPORT_CBPF`); the program's return value is the index
 /// of the chosen socket in the group. `n == 0` detaches the program (back to the kernel's hash).
 pub fn steer_reuseport(fd: RawFd, n: u32) -> io::Result<()> {
-    if n == 0 {
+    let live: Vec<u32> = (0..n).collect();
+    steer_reuseport_to(fd, &live)
+}
+
+/// Steers a reuseport group's new connections to the sockets at the group indices in `live`,
+/// spread at random; an empty `live` detaches the program. Attaching to any socket of the group
+/// replaces the group's program.
+pub fn steer_reuseport_to(fd: RawFd, live: &[u32]) -> io::Result<()> {
+    if live.is_empty() {
         let zero: libc::c_int = 0;
         // SAFETY: the option takes no meaningful value; a valid int is passed.
         return cvt(unsafe {
@@ -254,27 +262,7 @@ pub fn steer_reuseport(fd: RawFd, n: u32) -> io::Result<()> {
         })
         .map(|_| ());
     }
-    const BPF_LD_W_ABS: u16 = 0x20;
-    const BPF_ALU_MOD_K: u16 = 0x94;
-    const BPF_RET_A: u16 = 0x16;
-    const BPF_RET_K: u16 = 0x06;
-    // SKF_AD_OFF + SKF_AD_RANDOM: a random 32-bit number.
-    const AD_RANDOM: u32 = (-0x1000i32) as u32 + 56;
-    let ins = |code, k| libc::sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    };
-    let prog: Vec<libc::sock_filter> = if n == 1 {
-        vec![ins(BPF_RET_K, 0)]
-    } else {
-        vec![
-            ins(BPF_LD_W_ABS, AD_RANDOM),
-            ins(BPF_ALU_MOD_K, n),
-            ins(BPF_RET_A, 0),
-        ]
-    };
+    let prog = steering_program(live);
     let fprog = libc::sock_fprog {
         len: prog.len() as u16,
         filter: prog.as_ptr() as *mut libc::sock_filter,
@@ -290,6 +278,48 @@ pub fn steer_reuseport(fd: RawFd, n: u32) -> io::Result<()> {
         )
     })
     .map(|_| ())
+}
+
+/// Most sockets a steering program can choose among: two instructions per entry of its jump
+/// table keep it far below cBPF's 4096-instruction limit.
+pub const STEER_MAX: usize = 1024;
+
+pub(crate) const BPF_LD_W_ABS: u16 = 0x20;
+pub(crate) const BPF_ALU_MOD_K: u16 = 0x94;
+pub(crate) const BPF_JMP_JEQ_K: u16 = 0x15;
+pub(crate) const BPF_RET_A: u16 = 0x16;
+pub(crate) const BPF_RET_K: u16 = 0x06;
+/// `SKF_AD_OFF + SKF_AD_RANDOM`: a random 32-bit number. Random rather than the flow hash
+/// (`SKF_AD_RXHASH`): a NIC without receive hashing leaves the hash 0 for every SYN, which
+/// would send every connection to one socket.
+pub(crate) const AD_RANDOM: u32 = (-0x1000i32) as u32 + 56;
+
+/// The classic BPF program that maps every new connection to one of `live` (group indices),
+/// uniformly at random: `A = random % live.len()`, then, when `live` is not simply
+/// `0..live.len()`, a jump table from `A` to `live[A]`. Every path returns an entry of `live`;
+/// `live` must be non-empty and hold at most [`STEER_MAX`] entries.
+pub fn steering_program(live: &[u32]) -> Vec<libc::sock_filter> {
+    assert!(!live.is_empty() && live.len() <= STEER_MAX);
+    let ins = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    if live.len() == 1 {
+        return vec![ins(BPF_RET_K, 0, 0, live[0])];
+    }
+    let mut prog = vec![
+        ins(BPF_LD_W_ABS, 0, 0, AD_RANDOM),
+        ins(BPF_ALU_MOD_K, 0, 0, live.len() as u32),
+    ];
+    if live.iter().enumerate().all(|(k, &v)| v == k as u32) {
+        prog.push(ins(BPF_RET_A, 0, 0, 0));
+        return prog;
+    }
+    // `if A == k return live[k]`: on a match fall through to the return, else skip it. The
+    // last entry needs no test: `A` is below `live.len()`.
+    for (k, &idx) in live.iter().enumerate().take(live.len() - 1) {
+        prog.push(ins(BPF_JMP_JEQ_K, 0, 1, k as u32));
+        prog.push(ins(BPF_RET_K, 0, 0, idx));
+    }
+    prog.push(ins(BPF_RET_K, 0, 0, live[live.len() - 1]));
+    prog
 }
 
 /// Clears or sets `FD_CLOEXEC` (descriptors handed to a new binary must survive `exec`).
@@ -396,4 +426,77 @@ pub fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
     // SAFETY: zeroed, then written by the kernel.
     let storage = unsafe { storage.assume_init() };
     sockaddr_to_std(&storage).ok_or_else(|| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model of the kernel's cBPF interpreter for the instructions a steering program uses;
+    /// `random` is what `SKF_AD_RANDOM` would load.
+    fn run(prog: &[libc::sock_filter], random: u32) -> u32 {
+        let (mut a, mut pc) = (0u32, 0usize);
+        loop {
+            let i = prog[pc];
+            pc += 1;
+            match i.code {
+                BPF_LD_W_ABS => {
+                    assert_eq!(i.k, AD_RANDOM, "only the random ancillary load is used");
+                    a = random;
+                }
+                BPF_ALU_MOD_K => {
+                    assert_ne!(i.k, 0, "the kernel rejects a modulo by zero");
+                    a %= i.k;
+                }
+                BPF_JMP_JEQ_K => pc += usize::from(if a == i.k { i.jt } else { i.jf }),
+                BPF_RET_A => return a,
+                BPF_RET_K => return i.k,
+                c => panic!("unexpected opcode {c:#x}"),
+            }
+            assert!(pc < prog.len(), "fell off the end of the program");
+        }
+    }
+
+    fn check(live: &[u32]) {
+        let prog = steering_program(live);
+        assert!(prog.len() <= 4096);
+        let n = live.len() as u32;
+        // Every residue of the random input reaches a different live socket, so the spread
+        // over the live sockets is as even as the random numbers.
+        let mut hit = vec![0u32; live.len()];
+        for r in (0..3 * n).chain([u32::MAX, u32::MAX - 1, u32::MAX / 2, 0x8000_0000]) {
+            let out = run(&prog, r);
+            let k = live
+                .iter()
+                .position(|&v| v == out)
+                .unwrap_or_else(|| panic!("{live:?}: input {r} went to {out}, not a live shard"));
+            assert_eq!(k as u32, r % n, "{live:?}: input {r}");
+            hit[k] += 1;
+        }
+        assert!(hit.iter().all(|&h| h > 0), "{live:?}: {hit:?}");
+    }
+
+    #[test]
+    fn every_live_set_of_up_to_64_shards_gets_every_connection() {
+        // Every subset of up to 12 shards, then many random subsets of up to 64.
+        for mask in 1u32..(1 << 12) {
+            let live: Vec<u32> = (0..12).filter(|b| mask & (1 << b) != 0).collect();
+            check(&live);
+        }
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let live: Vec<u32> = (0..64).filter(|b| x & (1 << b) != 0).collect();
+            if !live.is_empty() {
+                check(&live);
+            }
+        }
+        for n in 1..=64 {
+            check(&(0..n).collect::<Vec<_>>());
+            check(&[n - 1]);
+        }
+        check(&(0..STEER_MAX as u32).rev().collect::<Vec<_>>());
+    }
 }

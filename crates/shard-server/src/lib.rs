@@ -13,6 +13,7 @@ pub mod privilege;
 pub mod sandbox;
 pub mod shm;
 pub mod status;
+mod steer;
 mod worker;
 
 pub use master::{run, RunOptions};

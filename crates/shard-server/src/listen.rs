@@ -47,8 +47,11 @@ pub struct OpenListener {
     pub backlog: i32,
     pub n_workers: usize,
     pub opts: ListenOpts,
-    /// A steering program is attached to the group.
-    steered: bool,
+    /// The group indices the attached steering program sends new connections to; `None`
+    /// when no program is attached (the kernel's hash over every socket).
+    program: Option<Vec<u32>>,
+    /// The kernel refused a program once (logged once per address).
+    steer_refused: bool,
 }
 
 impl OpenListener {
@@ -327,7 +330,8 @@ pub fn open(
         n_workers,
         opts: l.opts.clone(),
         // A previous master may have steered the group; re-steering below resets it.
-        steered: group,
+        program: group.then(Vec::new),
+        steer_refused: false,
     };
     reconcile(existing, conf_idx, l, n_workers, tcp_nodelay)
 }
@@ -417,46 +421,61 @@ pub fn reconcile(
         backlog: l.opts.backlog,
         n_workers,
         opts: l.opts.clone(),
-        steered: old.steered,
+        program: old.program,
+        steer_refused: old.steer_refused,
     };
-    steer(&mut ol);
+    if steer(&mut ol, &[]) && ol.active < ol.fds.len() {
+        crate::log!(
+            Notice,
+            "{}: {} of {} shards take new connections; the other {} are steered out of the kernel's \
+             choice by a reuseport BPF program and drained by workers (none is closed, so no queued \
+             connection is reset, whatever net.ipv4.tcp_migrate_req says)",
+            ol.addr,
+            ol.active,
+            ol.fds.len(),
+            ol.fds.len() - ol.active
+        );
+    }
     Ok(ol)
 }
 
-/// Attaches (or detaches) the steering program so new connections go to `fds[..active]`.
-fn steer(l: &mut OpenListener) {
+/// Attaches (or detaches) the steering program so that new connections go to `fds[..active]`
+/// less the shards of stalled workers (`away[j]` for worker `j`'s shard of a per-worker
+/// group): the one place both facts, a reload's surplus shards and a stall, meet. Returns
+/// whether the group's program now follows `away` (false where the kernel refused it).
+pub fn steer(l: &mut OpenListener, away: &[bool]) -> bool {
     if !l.reuseport {
-        return;
+        return false;
     }
-    let need = l.active < l.fds.len();
-    if !need && !l.steered {
-        return;
+    let away = if l.per_worker { away } else { &[] };
+    let live = crate::steer::live_shards(l.active, away);
+    let want = (live.len() < l.fds.len()).then_some(live);
+    if want == l.program {
+        return true;
     }
-    let n = if need { l.active as u32 } else { 0 };
-    match shard_event::sock::steer_reuseport(l.fds[0], n) {
+    let res = shard_event::sock::steer_reuseport_to(l.fds[0], want.as_deref().unwrap_or(&[]));
+    match res {
         Ok(()) => {
-            if need {
-                crate::log!(
-                    Notice,
-                    "{}: {} of {} shards take new connections; the other {} are steered out of the kernel's \
-                     choice by a reuseport BPF program and drained by workers (none is closed, so no queued \
-                     connection is reset, whatever net.ipv4.tcp_migrate_req says)",
-                    l.addr,
-                    l.active,
-                    l.fds.len(),
-                    l.fds.len() - l.active
-                );
-            }
-            l.steered = need;
+            l.program = want;
+            true
         }
         // Nothing was attached (a group adopted from a previous master that never steered).
-        Err(e) if !need && e.raw_os_error() == Some(libc::ENOENT) => l.steered = false,
-        Err(e) => crate::log!(
-            Alert,
-            "setsockopt(SO_ATTACH_REUSEPORT_CBPF) for {} failed ({}): surplus shards keep receiving \
-             connections and are still drained by workers",
-            l.addr,
-            shard_event::os_error_text(&e)
-        ),
+        Err(e) if want.is_none() && e.raw_os_error() == Some(libc::ENOENT) => {
+            l.program = None;
+            true
+        }
+        Err(e) => {
+            if !l.steer_refused {
+                l.steer_refused = true;
+                crate::log!(
+                    Alert,
+                    "setsockopt(SO_ATTACH_REUSEPORT_CBPF) for {} failed ({}): new connections are not \
+                     steered away from surplus or stalled shards; workers still drain them",
+                    l.addr,
+                    shard_event::os_error_text(&e)
+                );
+            }
+            false
+        }
     }
 }

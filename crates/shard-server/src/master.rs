@@ -23,7 +23,8 @@ use shard_event::{Events, Interest, Poll};
 
 use crate::listen::{self, Inherited, OpenListener};
 use crate::privilege::{self, Identity};
-use crate::shm::{self, SharedRegion, MAX_WORKERS};
+use crate::shm::{self, SharedRegion, WorkerSlot, MAX_WORKERS};
+use crate::steer;
 use crate::worker::{self, WorkerArgs};
 
 /// How long a fast stop (`TERM`/`INT`) waits for workers before `SIGKILL`.
@@ -103,6 +104,11 @@ struct Master {
     /// Workers waiting to be started again, and the current delay per worker index.
     respawns: Vec<Respawn>,
     respawn_delay_ms: HashMap<usize, u64>,
+    /// Per worker index of the current generation: what the stall detector remembers
+    /// (`steer.rs`); empty while steering is off or not needed.
+    judges: Vec<steer::Judge>,
+    /// When the next steering tick is due.
+    next_steer_ms: u64,
 }
 
 fn tcp_nodelay(cfg: &Config) -> bool {
@@ -304,6 +310,8 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         args: std::env::args_os().skip(1).collect(),
         respawns: Vec::new(),
         respawn_delay_ms: HashMap::new(),
+        judges: Vec::new(),
+        next_steer_ms: 0,
     };
     m.start_generation()?;
     let code = m.run_loop();
@@ -345,6 +353,8 @@ impl Master {
         self.region.n_workers.store(self.n_workers as u64, Relaxed);
         self.region.generation.store(self.generation, Relaxed);
         self.slots = slots;
+        // The new generation's workers are judged afresh, each after a grace period.
+        self.stop_steering();
         self.respawns.clear();
         self.respawn_delay_ms.clear();
         for idx in 0..self.n_workers {
@@ -471,6 +481,10 @@ impl Master {
                 _ => -1,
             };
             if let Some(next) = self.run_respawns() {
+                let next = next.min(i32::MAX as u64) as i32;
+                timeout = if timeout < 0 { next } else { timeout.min(next) };
+            }
+            if let Some(next) = self.steer_tick() {
                 let next = next.min(i32::MAX as u64) as i32;
                 timeout = if timeout < 0 { next } else { timeout.min(next) };
             }
@@ -789,6 +803,127 @@ impl Master {
                 self.pid_path = Some(orig.clone());
             }
         }
+    }
+
+    /// Whether the stall detector runs: steering is on, the server runs normally (not stopping,
+    /// not handing over to a new binary, whose master steers the same groups) and some
+    /// reuseport group has a shard per worker, at least two of them.
+    fn steering_wanted(&self) -> bool {
+        self.cfg.events.reuseport_steering
+            && self.stopping == Stopping::No
+            && !self.workers_stopped
+            && self.upgrade_child.is_none()
+            && self.n_workers >= 2
+            && self
+                .listeners
+                .iter()
+                .any(|l| l.reuseport && l.per_worker && l.active >= 2)
+    }
+
+    /// Forgets every verdict, clears the workers' steering bits and gives each group back the
+    /// program of its surplus shards alone.
+    fn stop_steering(&mut self) {
+        if self.judges.is_empty() {
+            return;
+        }
+        self.judges.clear();
+        let mut changed = false;
+        for j in 0..MAX_WORKERS {
+            changed |= steer::publish(&self.region, j, false, false, false);
+        }
+        for l in &mut self.listeners {
+            listen::steer(l, &[]);
+        }
+        if changed {
+            self.region.steer_epoch.fetch_add(1, Relaxed);
+            self.signal_workers(libc::SIGURG, Some(self.generation));
+        }
+    }
+
+    /// Judges every worker when a tick is due (`steer.rs`), steers each reuseport group to the
+    /// shards of live workers, and tells the workers which shards to help drain. Returns the
+    /// time until the next tick.
+    fn steer_tick(&mut self) -> Option<u64> {
+        if !self.steering_wanted() {
+            self.stop_steering();
+            return None;
+        }
+        let thr = self.cfg.events.reuseport_stall_threshold_ms;
+        let now = shard_event::monotonic_ms();
+        if now < self.next_steer_ms {
+            return Some(self.next_steer_ms - now);
+        }
+        self.next_steer_ms = now + steer::tick_ms(thr);
+        let n = self.n_workers.min(MAX_WORKERS);
+        if self.judges.len() != n {
+            self.judges = (0..n).map(|_| steer::Judge::new(now, thr)).collect();
+        }
+        let mut queued = vec![0u32; n];
+        for l in self
+            .listeners
+            .iter()
+            .filter(|l| l.reuseport && l.per_worker)
+        {
+            for (j, q) in queued.iter_mut().enumerate().take(l.active) {
+                *q += shard_event::sock::listen_queue(l.fds[j]).map_or(0, |(q, _)| q);
+            }
+        }
+        for (j, w) in self.region.current().enumerate().take(n) {
+            let o = steer::Observation {
+                alive: w.pid.load(Relaxed) != 0,
+                heartbeat_ms: w.heartbeat_ms.load(Relaxed),
+                idle: w.idle.load(Relaxed) == 1,
+                queued: queued[j],
+            };
+            match self.judges[j].observe(o, now, thr) {
+                Some(steer::Change::Stalled { idle, silent_ms }) => {
+                    WorkerSlot::bump(&w.stalls, 1);
+                    let why = if !o.alive {
+                        "it is not running".to_string()
+                    } else if idle {
+                        format!("{} connections wait in its queue", o.queued)
+                    } else {
+                        format!("its loop has not turned for {silent_ms} ms")
+                    };
+                    crate::log!(
+                        Notice,
+                        "worker {j} (pid {}) stalled: {why}; new connections are steered to its \
+                         siblings, which drain its queue",
+                        w.pid.load(Relaxed)
+                    );
+                }
+                Some(steer::Change::Live { stalled_ms }) => crate::log!(
+                    Notice,
+                    "worker {j} is live again after {stalled_ms} ms stalled: new connections are \
+                     steered back to it"
+                ),
+                None => {}
+            }
+        }
+        let away: Vec<bool> = self.judges.iter().map(steer::Judge::stalled).collect();
+        let mut followed = true;
+        for l in &mut self.listeners {
+            followed &= listen::steer(l, &away);
+        }
+        let all_stalled = away.iter().all(|&a| a);
+        let mut changed = false;
+        for j in 0..n {
+            let sibling_empty = (0..n).any(|k| k != j && !away[k] && queued[k] == 0);
+            let backlogged = self.judges[j].judge_backlog(queued[j], sibling_empty);
+            let stalled = away[j];
+            changed |= steer::publish(
+                &self.region,
+                j,
+                stalled,
+                stalled || backlogged,
+                stalled && followed && !all_stalled,
+            );
+        }
+        if changed {
+            self.region.steer_epoch.fetch_add(1, Relaxed);
+            self.signal_workers(libc::SIGURG, Some(self.generation));
+        }
+        Some(steer::tick_ms(thr))
     }
 
     fn reap(&mut self) {

@@ -42,6 +42,14 @@ pub struct WorkerSlot {
     pub body_spooled_bytes: AtomicU64,
     /// Request-body temporary files open now (gauge).
     pub body_temp_files: AtomicU64,
+    /// 1 while the worker waits in `epoll_wait`, 0 while its loop runs (with `heartbeat_ms`,
+    /// what the master judges a stall by).
+    pub idle: AtomicU64,
+    /// Connections accepted from a sibling's shard (stalled, backlogged or without a worker).
+    pub stolen: AtomicU64,
+    /// Times the master found this worker stalled. Written by the master, the one exception to
+    /// the single-writer rule of this struct: the worker never writes it.
+    pub stalls: AtomicU64,
 }
 
 impl WorkerSlot {
@@ -66,6 +74,9 @@ impl WorkerSlot {
             body_mem_bytes,
             body_spooled_bytes,
             body_temp_files,
+            idle,
+            stolen,
+            stalls,
         } = self;
         for c in [
             pid,
@@ -85,6 +96,9 @@ impl WorkerSlot {
             body_mem_bytes,
             body_spooled_bytes,
             body_temp_files,
+            idle,
+            stolen,
+            stalls,
         ] {
             c.store(0, Relaxed);
         }
@@ -123,6 +137,11 @@ pub struct Region {
     _pad: [u64; 13],
     /// Locks 1..=SHARD_LOCKS, same encoding as `accept_mutex`.
     pub shard_locks: [AtomicU64; SHARD_LOCKS],
+    /// Bumped by the master whenever a bit of `steer` changes (workers compare it once per
+    /// loop turn; `SIGURG` wakes those that wait).
+    pub steer_epoch: AtomicU64,
+    /// Per worker index of the current generation: the master's `STEER_*` bits.
+    pub steer: [AtomicU64; MAX_WORKERS],
     /// The slot of worker index `i` of the current generation. During a reload, workers of an
     /// older generation keep their own slots until they exit, so slots are allocated, not
     /// equal to the worker index.
@@ -130,7 +149,21 @@ pub struct Region {
     pub workers: [WorkerSlot; MAX_WORKERS],
 }
 
+/// `Region::steer` bit: the worker's loop has not turned for `reuseport_stall_threshold` with
+/// work waiting (or it is dead and not yet back).
+pub const STEER_STALLED: u64 = 1;
+/// `Region::steer` bit: siblings poll this worker's shards (it is stalled, or its queue is
+/// long while theirs are empty).
+pub const STEER_HELP: u64 = 2;
+/// `Region::steer` bit: the reuseport program sends this worker's shards no new connection.
+pub const STEER_AWAY: u64 = 4;
+
 impl Region {
+    /// Worker `idx`'s `STEER_*` bits.
+    pub fn steer_bits(&self, idx: usize) -> u64 {
+        self.steer.get(idx).map_or(0, |b| b.load(Relaxed))
+    }
+
     /// A slot by slot number.
     pub fn worker(&self, slot: usize) -> &WorkerSlot {
         &self.workers[slot]

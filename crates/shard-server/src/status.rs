@@ -7,7 +7,7 @@
 use std::fmt::Write;
 use std::sync::atomic::Ordering::Relaxed;
 
-use crate::shm::Region;
+use crate::shm::{Region, STEER_STALLED};
 
 /// One listening socket as the status pages show it.
 pub struct ListenerRow {
@@ -21,6 +21,10 @@ pub struct ListenerRow {
     pub workers: Vec<usize>,
     pub queue: u32,
     pub backlog: u32,
+    /// The owning worker is stalled (`reuseport_steering`).
+    pub stalled: bool,
+    /// The group's program sends this shard no new connection because its worker stalled.
+    pub steered_away: bool,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -84,7 +88,8 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
             "{{\"idx\":{i},\"pid\":{},\"accepted\":{},\"handled\":{},\"requests\":{},\"active\":{},\
              \"reading\":{},\"writing\":{},\"waiting\":{},\"cpu_ms\":{},\"heartbeat_age_ms\":{},\
              \"budget_yields\":{},\"adopted\":{},\"accept_pauses\":{},\"body_mem_bytes\":{},\
-             \"body_spooled_bytes\":{},\"body_temp_files\":{}}}",
+             \"body_spooled_bytes\":{},\"body_temp_files\":{},\"stolen\":{},\"stalls\":{},\
+             \"stalled\":{}}}",
             w.pid.load(Relaxed),
             w.accepted.load(Relaxed),
             w.handled.load(Relaxed),
@@ -101,6 +106,9 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
             w.body_mem_bytes.load(Relaxed),
             w.body_spooled_bytes.load(Relaxed),
             w.body_temp_files.load(Relaxed),
+            w.stolen.load(Relaxed),
+            w.stalls.load(Relaxed),
+            region.steer_bits(i) & STEER_STALLED != 0,
         );
     }
     s.push_str("],\"listeners\":[");
@@ -110,13 +118,16 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
         }
         let _ = write!(
             s,
-            "{{\"address\":\"{}\",\"shard\":{},\"worker\":{},\"workers\":[{}],\"queue\":{},\"backlog\":{}}}",
+            "{{\"address\":\"{}\",\"shard\":{},\"worker\":{},\"workers\":[{}],\"queue\":{},\"backlog\":{},\
+             \"stalled\":{},\"steered_away\":{}}}",
             l.address,
             opt(l.shard),
             opt(l.worker),
             join(&l.workers),
             l.queue,
-            l.backlog
+            l.backlog,
+            l.stalled,
+            l.steered_away
         );
     }
     s.push_str("]}\n");
@@ -141,7 +152,7 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
     let _ = writeln!(s, "# TYPE shard_generation gauge");
     let _ = writeln!(s, "shard_generation {}", region.generation.load(Relaxed));
     type Field = fn(&crate::shm::WorkerSlot) -> u64;
-    let metrics: [(&str, &str, &str, Field); 15] = [
+    let metrics: [(&str, &str, &str, Field); 17] = [
         (
             "shard_worker_accepted_total",
             "counter",
@@ -203,6 +214,18 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             |w| w.adopted.load(Relaxed),
         ),
         (
+            "shard_worker_stolen_total",
+            "counter",
+            "Connections accepted from a sibling's shard (stalled, backlogged or without a worker).",
+            |w| w.stolen.load(Relaxed),
+        ),
+        (
+            "shard_worker_stalls_total",
+            "counter",
+            "Times the master found the worker stalled (reuseport_steering).",
+            |w| w.stalls.load(Relaxed),
+        ),
+        (
             "shard_worker_accept_pauses_total",
             "counter",
             "Times accepting paused at worker_connections or the descriptor limit.",
@@ -257,18 +280,43 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             }
         }
     }
-    for (name, help, pick) in [
+    let _ = writeln!(
+        s,
+        "# HELP shard_worker_stalled Whether the master finds the worker stalled now (reuseport_steering)."
+    );
+    let _ = writeln!(s, "# TYPE shard_worker_stalled gauge");
+    for (i, w) in region.current().enumerate() {
+        let _ = writeln!(
+            s,
+            "shard_worker_stalled{{worker=\"{i}\",pid=\"{}\"}} {}",
+            w.pid.load(Relaxed),
+            u8::from(region.steer_bits(i) & STEER_STALLED != 0)
+        );
+    }
+    type Pick = fn(&ListenerRow) -> u32;
+    let rows: [(&str, &str, Pick); 4] = [
         (
             "shard_listener_queue",
             "Connections waiting in the kernel accept queue of the socket.",
-            true,
+            |l| l.queue,
         ),
         (
             "shard_listener_backlog",
             "Accept queue limit of the socket.",
-            false,
+            |l| l.backlog,
         ),
-    ] {
+        (
+            "shard_listener_stalled",
+            "Whether the shard's worker is stalled (reuseport_steering).",
+            |l| u32::from(l.stalled),
+        ),
+        (
+            "shard_listener_steered_away",
+            "Whether the reuseport program sends the shard no new connection (its worker stalled).",
+            |l| u32::from(l.steered_away),
+        ),
+    ];
+    for (name, help, pick) in rows {
         let _ = writeln!(s, "# HELP {name} {help}");
         let _ = writeln!(s, "# TYPE {name} gauge");
         for l in listeners {
@@ -279,7 +327,7 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
                 label(l.shard),
                 label(l.worker),
                 join(&l.workers),
-                if pick { l.queue } else { l.backlog }
+                pick(l)
             );
         }
     }
@@ -327,6 +375,8 @@ mod tests {
                 workers: vec![1],
                 queue: 0,
                 backlog: 511,
+                stalled: false,
+                steered_away: false,
             },
             ListenerRow {
                 address: "127.0.0.1:81".into(),
@@ -335,6 +385,8 @@ mod tests {
                 workers: vec![0, 1],
                 queue: 2,
                 backlog: 511,
+                stalled: false,
+                steered_away: false,
             },
         ];
         let mut out = Vec::new();
@@ -344,7 +396,7 @@ mod tests {
             s.starts_with("{\"generation\":1,\"workers\":[{\"idx\":0,"),
             "{s}"
         );
-        assert!(s.contains("{\"address\":\"127.0.0.1:80\",\"shard\":1,\"worker\":1,\"workers\":[1],\"queue\":0,\"backlog\":511}"), "{s}");
+        assert!(s.contains("{\"address\":\"127.0.0.1:80\",\"shard\":1,\"worker\":1,\"workers\":[1],\"queue\":0,\"backlog\":511,\"stalled\":false,\"steered_away\":false}"), "{s}");
         assert!(
             s.contains("\"shard\":null,\"worker\":null,\"workers\":[0,1],\"queue\":2"),
             "{s}"
@@ -361,6 +413,8 @@ mod tests {
             workers: vec![0, 2],
             queue: 5,
             backlog: 511,
+            stalled: false,
+            steered_away: false,
         }];
         let mut out = Vec::new();
         prometheus(&r, &rows, 0, &mut out);

@@ -175,6 +175,8 @@ pub(crate) struct Worker<'a> {
     /// The last temporary-file number used.
     temp_seq: u64,
     last_heartbeat_ms: u64,
+    /// `Region::steer_epoch` when this worker last looked at its siblings' steering bits.
+    steer_epoch: u64,
 }
 
 pub(crate) struct WorkerArgs<'a> {
@@ -358,6 +360,7 @@ impl<'a> Worker<'a> {
             // Apart from other workers' numbers, for the named fallback of `O_TMPFILE`.
             temp_seq: pid.wrapping_mul(100_000),
             last_heartbeat_ms: now_ms,
+            steer_epoch: 0,
         };
         w.update_time();
         for i in 0..w.listeners.len() {
@@ -432,6 +435,10 @@ impl<'a> Worker<'a> {
                 }
                 timeout = timeout.min(deadline - self.now_ms);
             }
+            // With `heartbeat_ms`, what the master tells a waiting worker from a stalled one.
+            if timeout > 0 {
+                self.slot.idle.store(1, Relaxed);
+            }
             let n = match self.poll.wait(&mut events, timeout as i32) {
                 Ok(n) => n,
                 Err(e) => {
@@ -444,6 +451,8 @@ impl<'a> Worker<'a> {
                 }
             };
             self.update_time();
+            self.slot.heartbeat_ms.store(self.now_ms, Relaxed);
+            self.slot.idle.store(0, Relaxed);
             // Accept events first, then release the mutex before connection work, as nginx
             // posts accept events: the lock is held only for accepting.
             for i in 0..n {
@@ -482,6 +491,11 @@ impl<'a> Worker<'a> {
                 self.publish_cpu();
                 self.flush_access_logs();
                 self.expire_pools();
+                self.adopt_orphaned_shards();
+            }
+            let epoch = self.region.steer_epoch.load(Relaxed);
+            if epoch != self.steer_epoch {
+                self.steer_epoch = epoch;
                 self.adopt_orphaned_shards();
             }
             self.slot.heartbeat_ms.store(self.now_ms, Relaxed);

@@ -264,10 +264,11 @@ fn a_reload_that_removes_an_address_closes_it_and_keeps_the_others() {
 fn queue_shows_connections_waiting_on_a_stopped_workers_shard() {
     // Two reuseport shards; worker 0 stopped. Connections the kernel hashes to shard 0 wait in
     // its queue, and /status (answered by worker 1, on a connection hashed to shard 1) shows
-    // them, before the 3 s after which worker 1 adopts the shard.
+    // them, before the 3 s after which worker 1 adopts the shard. Steering off: it would
+    // drain them within a few tens of milliseconds (tests/steering.rs).
     let s = Server::start(
         "claims-queue",
-        &conf("", "", "", 2).replace(
+        &conf("reuseport_steering off;", "", "", 2).replace(
             "listen 127.0.0.1:{port};",
             "listen 127.0.0.1:{port} reuseport;",
         ),

@@ -108,6 +108,20 @@ pub(super) fn events_multi_accept(ev: &mut EventsP, d: &Directive, file: &str) -
     once(&mut ev.multi_accept, v, d, file)
 }
 
+pub(super) fn events_reuseport_steering(ev: &mut EventsP, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut ev.reuseport_steering, v, d, file)
+}
+
+pub(super) fn events_reuseport_stall_threshold(ev: &mut EventsP, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    // A zero threshold would take every worker between two loop turns for a stalled one.
+    if t == 0 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut ev.reuseport_stall_threshold_ms, t, d, file)
+}
+
 pub(super) fn events_use(ev: &mut EventsP, d: &Directive, file: &str) -> R {
     if ev.use_.is_some() {
         return Err(dup(d, file));

@@ -147,6 +147,8 @@ struct EventsP {
     accept_mutex: Option<bool>,
     accept_mutex_delay_ms: Option<u64>,
     multi_accept: Option<bool>,
+    reuseport_steering: Option<bool>,
+    reuseport_stall_threshold_ms: Option<u64>,
     use_: Option<String>,
 }
 
@@ -371,6 +373,8 @@ impl Env {
             accept_mutex: ev.accept_mutex.unwrap_or(false),
             accept_mutex_delay_ms: ev.accept_mutex_delay_ms.unwrap_or(500),
             multi_accept: ev.multi_accept.unwrap_or(false),
+            reuseport_steering: ev.reuseport_steering.unwrap_or(true),
+            reuseport_stall_threshold_ms: ev.reuseport_stall_threshold_ms.unwrap_or(20),
         };
         let mut listeners = Vec::new();
         let http = match st.http {

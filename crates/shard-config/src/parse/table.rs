@@ -113,6 +113,20 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Events(events_accept_mutex_delay),
     ),
     d("multi_accept", E, 1, 1, Set::Events(events_multi_accept)),
+    d(
+        "reuseport_steering",
+        E,
+        1,
+        1,
+        Set::Events(events_reuseport_steering),
+    ),
+    d(
+        "reuseport_stall_threshold",
+        E,
+        1,
+        1,
+        Set::Events(events_reuseport_stall_threshold),
+    ),
     d("use", E, 1, 1, Set::Events(events_use)),
     // http
     b("server", H, 0, 0, Set::Http(http_server)),

@@ -7,6 +7,7 @@
 //! to `conn.rs` (HTTP) or `relay.rs` (stream) at once.
 
 use super::*;
+use crate::shm::STEER_HELP;
 
 impl Worker<'_> {
     pub(super) fn register_listener(&mut self, i: usize) -> std::io::Result<()> {
@@ -44,10 +45,13 @@ impl Worker<'_> {
         }
     }
 
-    /// Polls the shards of siblings that are not serving (dead and not yet respawned, stopped,
-    /// or stuck), and stops polling them once their worker is back: the master keeps every
-    /// shard open and every worker inherited every shard, so a queue never waits for one
-    /// worker. Checked once per heartbeat.
+    /// Polls the shards of siblings that the master asks help for (`STEER_HELP`: stalled, or
+    /// backlogged while this worker's shard is empty) or that are not serving at all (dead
+    /// and not yet respawned, stopped or stuck for `ORPHANED_AFTER_MS`, which holds with
+    /// `reuseport_steering off` too), and stops polling them once their worker is back: the
+    /// master keeps every shard open and every worker inherited every shard, so a queue never
+    /// waits for one worker. Checked once per heartbeat and whenever the master's steering
+    /// epoch moves.
     pub(super) fn adopt_orphaned_shards(&mut self) {
         if self.shutting_down {
             return;
@@ -56,7 +60,8 @@ impl Worker<'_> {
             let Some(j) = self.listeners[i].adopted_from else {
                 continue;
             };
-            let orphaned = !self.region.serving(j, self.now_ms, ORPHANED_AFTER_MS);
+            let orphaned = self.region.steer_bits(j) & STEER_HELP != 0
+                || !self.region.serving(j, self.now_ms, ORPHANED_AFTER_MS);
             let l = &mut self.listeners[i];
             if orphaned == l.enabled {
                 continue;
@@ -64,7 +69,7 @@ impl Worker<'_> {
             l.enabled = orphaned;
             if orphaned {
                 crate::log!(
-                    Notice,
+                    Info,
                     "worker {} is not serving: worker {} polls its shard of {}",
                     j,
                     self.idx,
@@ -118,7 +123,14 @@ impl Worker<'_> {
         if li >= self.listeners.len() || self.shutting_down || self.accept_paused_until.is_some() {
             return;
         }
-        self.accept_batch(li, batch_size(self.multi_accept));
+        // A sibling's shard is helped a batch at a time, whatever `multi_accept` says: what
+        // this worker takes it must serve promptly, or it only moves the queue.
+        let batch = if self.listeners[li].adopted_from.is_some() {
+            ACCEPT_BATCH
+        } else {
+            batch_size(self.multi_accept)
+        };
+        self.accept_batch(li, batch);
     }
 
     /// Whether `n` more connections fit under `worker_connections`, after closing idle
@@ -245,6 +257,7 @@ impl Worker<'_> {
             l.accepts += 1;
             if l.adopted_from.is_some() {
                 WorkerSlot::bump(&self.slot.adopted, 1);
+                WorkerSlot::bump(&self.slot.stolen, 1);
             }
             let conf_idx = l.conf_idx;
             let Some(srv) = http_server else {

@@ -17,6 +17,7 @@ use shard_http::static_file::{FileMeta, Plan};
 
 use super::step::Reply;
 use super::Worker;
+use crate::shm::{STEER_AWAY, STEER_STALLED};
 use crate::status::{self, ListenerRow};
 
 pub(super) fn respond(
@@ -96,6 +97,12 @@ fn listener_rows(w: &Worker<'_>) -> Vec<ListenerRow> {
         for (k, &fd) in l.fds.iter().enumerate() {
             let (queue, backlog) =
                 shard_event::sock::listen_queue(fd).unwrap_or((0, l.backlog.max(0) as u32));
+            // A per-worker shard's steering bits are its worker's (see `steer.rs`).
+            let bits = if l.owned_by_one() && k < l.active {
+                w.region.steer_bits(k)
+            } else {
+                0
+            };
             let address =
                 shard_event::sock::local_addr(fd).map_or(l.addr.to_string(), |a| a.to_string());
             rows.push(ListenerRow {
@@ -105,6 +112,8 @@ fn listener_rows(w: &Worker<'_>) -> Vec<ListenerRow> {
                 workers: l.pollers(k),
                 queue,
                 backlog,
+                stalled: bits & STEER_STALLED != 0,
+                steered_away: bits & STEER_AWAY != 0,
             });
         }
     }

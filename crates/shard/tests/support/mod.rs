@@ -325,6 +325,8 @@ pub struct Worker {
     pub body_spooled_bytes: u64,
     pub body_temp_files: u64,
     pub cpu_ms: u64,
+    pub stolen: u64,
+    pub stalls: u64,
 }
 
 fn json_u64(obj: &str, key: &str) -> u64 {
@@ -361,6 +363,8 @@ pub fn parse_workers(json: &str) -> Vec<Worker> {
             body_spooled_bytes: json_u64(o, "body_spooled_bytes"),
             body_temp_files: json_u64(o, "body_temp_files"),
             cpu_ms: json_u64(o, "cpu_ms"),
+            stolen: json_u64(o, "stolen"),
+            stalls: json_u64(o, "stalls"),
         })
         .collect()
 }

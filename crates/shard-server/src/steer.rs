@@ -1,0 +1,260 @@
+//! Steering, the master's side: which workers are stalled or backlogged, judged every few
+//! milliseconds from their heartbeats and their shards' accept queues, and what follows from
+//! it: the `STEER_*` bits the workers read from the shared region, and the set of shards each
+//! reuseport group's program sends new connections to (`listen::steer`).
+//!
+//! It does not accept anything: the workers poll a sibling's shard while its `STEER_HELP` bit
+//! is set (`worker/accept.rs`). It never closes a shard (a closed listener resets what waits in
+//! its queue and reorders the group's indices).
+//!
+//! What a stalled worker is: one whose loop has not turned for `reuseport_stall_threshold`
+//! while it had work, that is while it was not waiting in `epoll_wait` (busy: a long request,
+//! a blocking disk read, a `SIGSTOP` in the middle of a turn), or while connections waited in
+//! its shard's queue (stopped while waiting), or one that is dead and not yet respawned. An
+//! idle worker is never stalled, however old its heartbeat. It is live again as soon as its
+//! heartbeat moves.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::shm::{Region, STEER_AWAY, STEER_HELP, STEER_STALLED};
+
+/// A live worker whose shard holds at least this many connections, while a sibling's shard is
+/// empty, is helped by its siblings (work stealing across shards) without being steered away.
+pub(crate) const STEAL_QUEUE_MIN: u32 = 16;
+
+/// How often the master judges the workers: a quarter of the threshold, so a stall is seen
+/// within 1.25 thresholds, and at least every 10 ms.
+pub(crate) fn tick_ms(threshold_ms: u64) -> u64 {
+    (threshold_ms / 4).clamp(1, 10)
+}
+
+/// What the master reads of one worker at a tick.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Observation {
+    /// The worker has a pid (it started and was not reaped since).
+    pub alive: bool,
+    pub heartbeat_ms: u64,
+    /// Waiting in `epoll_wait`.
+    pub idle: bool,
+    /// Connections waiting in its shards' accept queues.
+    pub queued: u32,
+}
+
+/// The master's memory of one worker between ticks.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Judge {
+    /// The heartbeat it had when it was found stalled; `None` while it is live.
+    stalled_at: Option<(u64, u64)>,
+    last_heartbeat: u64,
+    /// First tick that saw connections queued while the worker waited, the heartbeat unchanged.
+    queued_since: Option<u64>,
+    /// No verdict before this (a worker just started has not written its heartbeat yet).
+    grace_until: u64,
+    backlogged: bool,
+}
+
+/// A change of verdict, for the error log.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Change {
+    Stalled { idle: bool, silent_ms: u64 },
+    Live { stalled_ms: u64 },
+}
+
+impl Judge {
+    pub(crate) fn new(now_ms: u64, threshold_ms: u64) -> Judge {
+        Judge {
+            grace_until: now_ms + threshold_ms,
+            ..Judge::default()
+        }
+    }
+
+    pub(crate) fn stalled(&self) -> bool {
+        self.stalled_at.is_some()
+    }
+
+    /// Takes one tick's observation; returns the change of verdict, if any.
+    pub(crate) fn observe(
+        &mut self,
+        o: Observation,
+        now: u64,
+        threshold_ms: u64,
+    ) -> Option<Change> {
+        if o.heartbeat_ms != self.last_heartbeat {
+            self.last_heartbeat = o.heartbeat_ms;
+            self.queued_since = None;
+        }
+        if let Some((hb, since)) = self.stalled_at {
+            if o.alive && o.heartbeat_ms != hb {
+                self.stalled_at = None;
+                return Some(Change::Live {
+                    stalled_ms: now.saturating_sub(since),
+                });
+            }
+            return None;
+        }
+        if now < self.grace_until {
+            return None;
+        }
+        let silent = now.saturating_sub(o.heartbeat_ms);
+        let stalled = if !o.alive || !o.idle {
+            self.queued_since = None;
+            silent >= threshold_ms
+        } else if o.queued > 0 {
+            let since = *self.queued_since.get_or_insert(now);
+            now.saturating_sub(since.max(o.heartbeat_ms)) >= threshold_ms
+        } else {
+            self.queued_since = None;
+            false
+        };
+        if !stalled {
+            return None;
+        }
+        self.stalled_at = Some((o.heartbeat_ms, now));
+        self.backlogged = false;
+        Some(Change::Stalled {
+            idle: o.alive && o.idle,
+            silent_ms: silent,
+        })
+    }
+
+    /// Work stealing for a live worker: helped while its queue is long and a sibling's is empty;
+    /// the help stops once its queue is down to a quarter of that.
+    pub(crate) fn judge_backlog(&mut self, queued: u32, sibling_empty: bool) -> bool {
+        self.backlogged = !self.stalled()
+            && if self.backlogged {
+                queued >= STEAL_QUEUE_MIN / 4
+            } else {
+                queued >= STEAL_QUEUE_MIN && sibling_empty
+            };
+        self.backlogged
+    }
+}
+
+/// The group indices that take new connections: the first `active` shards less those of
+/// stalled workers (`away[j]`), or all `active` when every one of them is stalled (a server
+/// whose workers are all stuck is no worse than nginx; it must not refuse everything).
+pub(crate) fn live_shards(active: usize, away: &[bool]) -> Vec<u32> {
+    let live: Vec<u32> = (0..active)
+        .filter(|&j| !away.get(j).copied().unwrap_or(false))
+        .map(|j| j as u32)
+        .collect();
+    if live.is_empty() {
+        (0..active as u32).collect()
+    } else {
+        live
+    }
+}
+
+/// Publishes worker `idx`'s bits; returns whether they changed (the epoch is then bumped by
+/// the caller, once per tick).
+pub(crate) fn publish(region: &Region, idx: usize, stalled: bool, help: bool, away: bool) -> bool {
+    let bits = (if stalled { STEER_STALLED } else { 0 })
+        | (if help { STEER_HELP } else { 0 })
+        | (if away { STEER_AWAY } else { 0 });
+    let Some(slot) = region.steer.get(idx) else {
+        return false;
+    };
+    slot.swap(bits, Relaxed) != bits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: u64 = 20;
+
+    fn obs(alive: bool, heartbeat_ms: u64, idle: bool, queued: u32) -> Observation {
+        Observation {
+            alive,
+            heartbeat_ms,
+            idle,
+            queued,
+        }
+    }
+
+    #[test]
+    fn an_idle_worker_is_never_stalled_however_old_its_heartbeat() {
+        let mut j = Judge::new(0, T);
+        for now in (100..5000).step_by(5) {
+            assert_eq!(j.observe(obs(true, 50, true, 0), now, T), None);
+        }
+    }
+
+    #[test]
+    fn a_busy_worker_is_stalled_after_the_threshold_and_live_when_its_heartbeat_moves() {
+        let mut j = Judge::new(0, T);
+        assert_eq!(j.observe(obs(true, 100, false, 0), 110, T), None);
+        assert_eq!(j.observe(obs(true, 100, false, 0), 119, T), None);
+        assert_eq!(
+            j.observe(obs(true, 100, false, 0), 120, T),
+            Some(Change::Stalled {
+                idle: false,
+                silent_ms: 20
+            })
+        );
+        assert!(j.stalled());
+        // Still stuck, then idle (a SIGCONT woke it into epoll_wait): live only once the
+        // heartbeat moved.
+        assert_eq!(j.observe(obs(true, 100, false, 0), 500, T), None);
+        assert_eq!(
+            j.observe(obs(true, 510, true, 0), 515, T),
+            Some(Change::Live { stalled_ms: 395 })
+        );
+        assert!(!j.stalled());
+    }
+
+    #[test]
+    fn a_worker_stopped_while_waiting_is_stalled_once_its_queue_waited_the_threshold() {
+        let mut j = Judge::new(0, T);
+        // Idle since 100, a connection queued at about 1000.
+        assert_eq!(j.observe(obs(true, 100, true, 0), 995, T), None);
+        assert_eq!(j.observe(obs(true, 100, true, 1), 1000, T), None);
+        assert_eq!(j.observe(obs(true, 100, true, 3), 1015, T), None);
+        assert!(matches!(
+            j.observe(obs(true, 100, true, 5), 1020, T),
+            Some(Change::Stalled { idle: true, .. })
+        ));
+        // A worker that woke and took its queue is not stalled: the queue emptied.
+        let mut k = Judge::new(0, T);
+        assert_eq!(k.observe(obs(true, 100, true, 1), 1000, T), None);
+        assert_eq!(k.observe(obs(true, 100, true, 0), 1005, T), None);
+        assert_eq!(k.observe(obs(true, 100, true, 1), 1015, T), None);
+        assert_eq!(k.observe(obs(true, 100, true, 1), 1030, T), None);
+    }
+
+    #[test]
+    fn a_dead_worker_is_stalled_until_its_successor_runs() {
+        let mut j = Judge::new(0, T);
+        assert!(j.observe(obs(false, 100, false, 0), 130, T).is_some());
+        // Respawned: the new worker's heartbeat differs.
+        assert!(matches!(
+            j.observe(obs(true, 140, true, 0), 145, T),
+            Some(Change::Live { .. })
+        ));
+    }
+
+    #[test]
+    fn a_worker_just_started_gets_a_grace_period() {
+        let mut j = Judge::new(1000, T);
+        assert_eq!(j.observe(obs(false, 0, false, 0), 1005, T), None);
+        assert_eq!(j.observe(obs(true, 1010, true, 0), 1015, T), None);
+    }
+
+    #[test]
+    fn backlog_help_has_hysteresis_and_needs_an_empty_sibling() {
+        let mut j = Judge::new(0, T);
+        assert!(!j.judge_backlog(STEAL_QUEUE_MIN, false));
+        assert!(j.judge_backlog(STEAL_QUEUE_MIN, true));
+        assert!(j.judge_backlog(STEAL_QUEUE_MIN / 4, false));
+        assert!(!j.judge_backlog(STEAL_QUEUE_MIN / 4 - 1, true));
+    }
+
+    #[test]
+    fn live_shards_never_empty() {
+        assert_eq!(live_shards(3, &[false, true, false]), vec![0, 2]);
+        assert_eq!(live_shards(2, &[true, true]), vec![0, 1]);
+        assert_eq!(live_shards(2, &[]), vec![0, 1]);
+        // A shard beyond `active` (drained after a reload) is never live.
+        assert_eq!(live_shards(2, &[false, false, false]), vec![0, 1]);
+    }
+}

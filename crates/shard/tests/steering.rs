@@ -1,0 +1,250 @@
+//! `reuseport_steering`: a stopped worker's shard gets no new connection and its queue is
+//! drained by its siblings; `off` is nginx's behaviour (connections wait for the stopped
+//! worker); the spread comes back when the worker does; reload and respawn keep all of it.
+
+mod support;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+fn conf(workers: usize, events: &str) -> String {
+    format!(
+        r#"
+worker_processes {workers};
+error_log logs/error.log info;
+pid logs/shard.pid;
+events {{ {events} }}
+http {{
+    keepalive_timeout 0;
+    server {{
+        listen 127.0.0.1:{{port}} reuseport;
+        location = /status {{ shard_status; }}
+        location = /metrics {{ shard_status; }}
+        location = /ok {{ return 200 "OK"; }}
+    }}
+}}
+"#
+    )
+}
+
+/// Resumes a stopped process when the test ends, however it ends.
+struct Cont(i32);
+impl Drop for Cont {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+fn stop(pid: u64) -> Cont {
+    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    Cont(pid as i32)
+}
+
+/// One new connection, one request: how long the answer took, or `None` past `limit`.
+fn one(addr: SocketAddr, limit: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    let mut c = std::net::TcpStream::connect_timeout(&addr, limit).ok()?;
+    c.set_read_timeout(Some(limit)).unwrap();
+    c.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let r = read_response(&mut c, false).ok()?;
+    (r.status == 200).then(|| t0.elapsed())
+}
+
+/// `n` new connections from `threads` clients at once; each one's answer time (`None`: no
+/// answer within `limit`).
+fn burst(addr: SocketAddr, n: usize, threads: usize, limit: Duration) -> Vec<Option<Duration>> {
+    let per = n / threads;
+    let hs: Vec<_> = (0..threads)
+        .map(|_| std::thread::spawn(move || (0..per).map(|_| one(addr, limit)).collect::<Vec<_>>()))
+        .collect();
+    hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+}
+
+fn status(s: &Server) -> String {
+    get(s.addr(), "/status").body_str()
+}
+
+fn error_log(s: &Server) -> String {
+    std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap_or_default()
+}
+
+/// Polls `/status` until worker `idx` reads stalled (`true`) or not.
+fn wait_stalled(s: &Server, idx: usize, want: bool) {
+    let pat = format!("\"stalled\":{want}");
+    wait_for(Duration::from_secs(10), "the master's verdict", || {
+        let st = try_get(s.addr(), "/status").ok()?.body_str();
+        let w = st.split("{\"idx\":").nth(idx + 1)?;
+        let w = &w[..w.find('}')?];
+        w.contains(&pat).then_some(())
+    });
+}
+
+#[test]
+fn a_stopped_workers_shard_gets_no_new_connection() {
+    let mut s = Server::start("steer-on", &conf(2, ""), 2);
+    let ws = s.wait_workers(2);
+    let _cont = stop(ws[1].pid);
+    let t0 = Instant::now();
+    let took = burst(s.addr(), 200, 10, Duration::from_secs(1));
+    let late = took.iter().filter(|t| t.is_none()).count();
+    assert_eq!(
+        late,
+        0,
+        "{late} of 200 new connections got no answer within 1 s ({:?} in all)",
+        t0.elapsed()
+    );
+    let worst = took.iter().flatten().max().unwrap();
+    // The stalled worker is noticed within about 25 ms; what the kernel queued on its shard
+    // before that is drained by its sibling.
+    assert!(*worst < Duration::from_secs(1), "{worst:?}");
+    let st = status(&s);
+    assert!(st.contains("\"stalled\":true"), "{st}");
+    assert!(st.contains("\"steered_away\":true"), "{st}");
+    let m = get(s.addr(), "/metrics?format=prometheus").body_str();
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("shard_worker_stalled{worker=\"1\"") && l.ends_with(" 1")),
+        "{m}"
+    );
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("shard_listener_steered_away{")
+                && l.contains("shard=\"1\"")
+                && l.ends_with(" 1")),
+        "{m}"
+    );
+    let w = parse_workers(&st);
+    assert_eq!(w[1].stalls, 1, "{st}");
+    assert!(
+        error_log(&s).contains("worker 1 (pid "),
+        "{}",
+        error_log(&s)
+    );
+}
+
+/// The same test with `reuseport_steering off` shows what it prevents: connections the kernel
+/// hashed to the stopped worker wait for it (or, after 3 s, for a sibling's adoption).
+#[test]
+fn with_steering_off_connections_wait_for_the_stopped_worker() {
+    let mut s = Server::start("steer-off", &conf(2, "reuseport_steering off;"), 2);
+    let ws = s.wait_workers(2);
+    let cont = stop(ws[1].pid);
+    let took = burst(s.addr(), 200, 10, Duration::from_secs(1));
+    let late = took.iter().filter(|t| t.is_none()).count();
+    drop(cont);
+    assert!(
+        late > 0,
+        "every connection was answered within 1 s with steering off: the steering test proves nothing"
+    );
+    assert!(!error_log(&s).contains("stalled"));
+}
+
+/// Connections the kernel queued on the shard before the stall was noticed (a long threshold
+/// makes that window wide) are served by the sibling, which counts them as `stolen`.
+#[test]
+fn a_stopped_workers_queue_is_drained_by_its_sibling() {
+    let mut s = Server::start(
+        "steer-drain",
+        &conf(2, "reuseport_stall_threshold 300ms;"),
+        2,
+    );
+    let ws = s.wait_workers(2);
+    let _cont = stop(ws[1].pid);
+    let addr = s.addr();
+    // All connected and sent at once, well within the 300 ms: about half land on shard 1,
+    // fewer than the queue that makes siblings help a live worker (`STEAL_QUEUE_MIN`), so
+    // only the stall verdict frees them.
+    let mut conns: Vec<_> = (0..12)
+        .map(|_| {
+            let mut c = connect(addr);
+            c.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            c
+        })
+        .collect();
+    let t0 = Instant::now();
+    for c in &mut conns {
+        c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let r = read_response(c, false).expect("a queued connection was not served");
+        assert_eq!(r.status, 200);
+    }
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    let w = parse_workers(&status(&s));
+    assert!(w[0].stolen > 0, "{w:?}");
+    // Stopped while it waited ("connections wait in its queue") or, when the stop caught the
+    // end of its last turn, mid-turn ("its loop has not turned").
+    let log = error_log(&s);
+    assert!(log.contains(") stalled: "), "{log}");
+}
+
+/// After `SIGCONT` the worker is live again and takes its share of new connections.
+#[test]
+fn recovery_restores_the_spread() {
+    let mut s = Server::start("steer-back", &conf(2, ""), 2);
+    let ws = s.wait_workers(2);
+    let cont = stop(ws[1].pid);
+    let took = burst(s.addr(), 40, 4, Duration::from_secs(2));
+    assert!(took.iter().all(Option::is_some));
+    wait_stalled(&s, 1, true);
+    drop(cont);
+    wait_stalled(&s, 1, false);
+    let st = status(&s);
+    assert!(!st.contains("\"steered_away\":true"), "{st}");
+    let before = parse_workers(&st);
+    for _ in 0..400 {
+        assert!(one(s.addr(), Duration::from_secs(2)).is_some());
+    }
+    let after = parse_workers(&status(&s));
+    for i in 0..2 {
+        // The status requests themselves count too: a handful.
+        let share = (after[i].accepted - before[i].accepted) as f64 / 402.0;
+        assert!(
+            share >= 0.30,
+            "worker {i} took {share:.2} of 400: {after:?}"
+        );
+    }
+    assert!(error_log(&s).contains("worker 1 is live again after"));
+}
+
+/// A reload while a worker is stopped: the new generation serves every shard (the stopped old
+/// worker holds only what it had accepted), and a stall in the new generation is steered too.
+#[test]
+fn reload_while_a_worker_is_stopped_loses_nothing() {
+    let mut s = Server::start("steer-reload", &conf(2, ""), 2);
+    let ws = s.wait_workers(2);
+    let _old = stop(ws[1].pid);
+    s.signal(libc::SIGHUP);
+    let fresh = wait_for(Duration::from_secs(10), "the new generation", || {
+        let w = parse_workers(&try_get(s.addr(), "/status").ok()?.body_str());
+        (w.len() == 2
+            && w.iter()
+                .all(|w| w.pid != 0 && w.pid != ws[0].pid && w.pid != ws[1].pid))
+        .then_some(w)
+    });
+    let took = burst(s.addr(), 200, 10, Duration::from_secs(1));
+    assert!(took.iter().all(Option::is_some), "{took:?}");
+    let _new = stop(fresh[0].pid);
+    let took = burst(s.addr(), 200, 10, Duration::from_secs(1));
+    assert_eq!(took.iter().filter(|t| t.is_none()).count(), 0);
+    wait_stalled(&s, 0, true);
+}
+
+/// A worker killed while its sibling is stopped: for a moment nobody serves, then the
+/// respawned worker takes every new connection and drains the stopped one's shard.
+#[test]
+fn respawn_while_a_worker_is_stopped_loses_nothing() {
+    let mut s = Server::start("steer-respawn", &conf(2, ""), 2);
+    let ws = s.wait_workers(2);
+    let _cont = stop(ws[1].pid);
+    unsafe { libc::kill(ws[0].pid as i32, libc::SIGKILL) };
+    wait_for(Duration::from_secs(10), "the respawned worker", || {
+        let w = parse_workers(&try_get(s.addr(), "/status").ok()?.body_str());
+        (w.len() == 2 && w[0].pid != ws[0].pid && w[0].pid != 0).then_some(())
+    });
+    let took = burst(s.addr(), 200, 10, Duration::from_secs(1));
+    assert_eq!(took.iter().filter(|t| t.is_none()).count(), 0);
+}
