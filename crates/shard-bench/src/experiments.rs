@@ -63,6 +63,13 @@ pub struct ExperimentArgs {
     /// The shard binary (default: next to this one).
     #[arg(long)]
     pub shard: Option<PathBuf>,
+    /// E4: how long worker 0 stays stopped, in seconds (30 shows a long stall end to end).
+    #[arg(long, default_value_t = 1.0)]
+    pub stall: f64,
+    /// E4: the open-loop arrival rate in requests/s; default: half of what shard serves here
+    /// with a new connection per request, measured first.
+    #[arg(long)]
+    pub rate: Option<f64>,
     /// Tiny counts and durations: checks the pipeline end to end (CI).
     #[arg(long)]
     pub smoke: bool,
@@ -95,6 +102,13 @@ const REUSEPORT: Strategy = Strategy {
     listen: "reuseport",
     events: "",
     shard_only: false,
+};
+/// shard's reuseport as nginx has it: no steering away from a stalled worker.
+const REUSEPORT_NO_STEERING: Strategy = Strategy {
+    name: "reuseport, steering off",
+    listen: "reuseport",
+    events: "reuseport_steering off;",
+    shard_only: true,
 };
 const SHARDS_1: Strategy = Strategy {
     name: "reuseport shards=1",
@@ -133,7 +147,34 @@ struct Row {
     syscalls_per_request: Option<f64>,
     /// E2's probe: the worker that took each of six sequential connections.
     probe: Option<Vec<Option<usize>>>,
+    /// E4: what the stall did.
+    stall: Option<StallStats>,
 }
+
+/// E4's numbers for one row, from every request's start and end.
+#[derive(Debug, Clone, Default)]
+struct StallStats {
+    workers: usize,
+    rate: f64,
+    /// Completions per second during the stall as a share of the second before it.
+    served_share: f64,
+    /// Requests whose (intended) start fell in the stall window.
+    arrived: u64,
+    /// Of those, answered after more than 100 ms or not at all.
+    slow: u64,
+    p99_ms: f64,
+    p999_ms: f64,
+    failed: u64,
+    /// Completions per `TIMELINE_BIN_MS` over the whole run.
+    timeline: Vec<u64>,
+    /// The stall window, in milliseconds from the start.
+    window_ms: (u64, u64),
+}
+
+/// Width of a bin of E4's time series.
+const TIMELINE_BIN_MS: u64 = 50;
+/// E4 counts a request slower than this as caught by the stall.
+const SLOW_MS: u64 = 100;
 
 impl Row {
     fn spread(v: &[f64]) -> String {
@@ -194,6 +235,26 @@ impl Ctx {
         prepare: impl FnOnce(&Path) -> Result<()>,
         body: impl FnOnce(&mut Ctx, &Running) -> Result<T>,
     ) -> Result<T> {
+        self.with_server_full(run, 0, prepare, body)
+    }
+
+    /// The same with room for `idle` more connections per worker.
+    fn with_server_idle<T>(
+        &mut self,
+        run: Run<'_>,
+        idle: usize,
+        body: impl FnOnce(&mut Ctx, &Running) -> Result<T>,
+    ) -> Result<T> {
+        self.with_server_full(run, idle, |_| Ok(()), body)
+    }
+
+    fn with_server_full<T>(
+        &mut self,
+        run: Run<'_>,
+        idle: usize,
+        prepare: impl FnOnce(&Path) -> Result<()>,
+        body: impl FnOnce(&mut Ctx, &Running) -> Result<T>,
+    ) -> Result<T> {
         let Run {
             exp,
             kind,
@@ -210,8 +271,8 @@ impl Ctx {
             http_extra: String::new(),
             stream: None,
             main_extra: String::new(),
-            idle: 0,
-            tag: format!("{exp}-{}", st.name.replace([' ', '='], "_")),
+            idle,
+            tag: format!("{exp}-{}", st.name.replace([' ', '=', ','], "_")),
         };
         let srv = servers::start_with(kind, &spec, prepare)
             .with_context(|| format!("{exp}: starting {} ({})", kind.name(), st.name))?;
@@ -220,7 +281,7 @@ impl Ctx {
         let keep = confs.join(format!(
             "{exp}-{}-{}.conf",
             kind.name(),
-            st.name.replace([' ', '='], "_")
+            st.name.replace([' ', '=', ','], "_")
         ));
         std::fs::copy(srv.conf_path(), keep)?;
         let res = body(self, &srv);
@@ -257,7 +318,7 @@ impl Ctx {
                     Ok(Row {
                         experiment: plan.exp.to_ascii_uppercase(),
                         server: kind.name().into(),
-                        strategy: st.name.into(),
+                        strategy: strategy_label(&kind, st),
                         load: m,
                         cpu_share: cpu,
                         accepted_share: acc,
@@ -323,6 +384,11 @@ pub fn drive(port: u16, load: &Load) -> Result<Measured> {
     spec.requests = load.requests;
     spec.duration = load.duration.unwrap_or(crate::loadgen::MAX_DURATION);
     let r = crate::loadgen::run(&spec)?;
+    Ok(measured(&r))
+}
+
+/// The latency summary of a load report.
+fn measured(r: &crate::loadgen::LoadReport) -> Measured {
     let h = &r.histogram;
     let ms = |us: u64| us as f64 / 1000.0;
     let mut log2_us = Vec::new();
@@ -335,7 +401,7 @@ pub fn drive(port: u16, load: &Load) -> Result<Measured> {
         log2_us[i] += v.count_at_value();
     }
     let empty = h.is_empty();
-    Ok(Measured {
+    Measured {
         requests: r.requests,
         errors: r.errors.total(),
         rps: r.rps,
@@ -347,7 +413,7 @@ pub fn drive(port: u16, load: &Load) -> Result<Measured> {
         max_ms: ms(h.max()),
         stdev_ms: h.stdev() / 1000.0,
         log2_us,
-    })
+    }
 }
 
 pub fn run(args: ExperimentArgs) -> Result<()> {
@@ -434,8 +500,8 @@ fn ok_load(cx: &Ctx, close: bool, conns: usize, secs: u64) -> Load {
 fn e1(cx: &mut Ctx) -> Result<()> {
     let workers = cx.args.workers;
     let load = ok_load(cx, false, 50, cx.args.duration);
-    for st in [MUTEX_ON, MUTEX_OFF, REUSEPORT] {
-        for kind in cx.kinds(&st) {
+    for st in &[MUTEX_ON, MUTEX_OFF, REUSEPORT, REUSEPORT_NO_STEERING] {
+        for kind in cx.kinds(st) {
             let row = cx.with_server(
                 Run {
                     exp: "e1",
@@ -450,7 +516,7 @@ fn e1(cx: &mut Ctx) -> Result<()> {
                     let mut row = Row {
                         experiment: "E1".into(),
                         server: kind.name().into(),
-                        strategy: st.name.into(),
+                        strategy: strategy_label(&kind, st),
                         load: m,
                         cpu_share: cpu,
                         accepted_share: acc,
@@ -511,7 +577,7 @@ fn e2(cx: &mut Ctx) -> Result<()> {
                     Ok(Row {
                         experiment: "E2".into(),
                         server: kind.name().into(),
-                        strategy: st.name.into(),
+                        strategy: strategy_label(&kind, &st),
                         load: m,
                         cpu_share: cpu,
                         accepted_share: acc,
@@ -557,7 +623,7 @@ fn e3(cx: &mut Ctx) -> Result<()> {
     };
     cx.measured_rows(Plan {
         exp: "e3",
-        strategies: &[MUTEX_OFF, REUSEPORT],
+        strategies: &[MUTEX_OFF, REUSEPORT, REUSEPORT_NO_STEERING],
         workers,
         server_extra: "gzip on; gzip_comp_level 6; gzip_types text/plain;",
         prepare: e3_file,
@@ -566,40 +632,204 @@ fn e3(cx: &mut Ctx) -> Result<()> {
     })
 }
 
-/// E4: one worker stopped (SIGSTOP) for a while during a connection-per-request run.
+/// E4: one worker stopped (SIGSTOP) for `--stall` seconds during an open-loop,
+/// connection-per-request run at a fixed arrival rate, with 2 and `--workers` workers.
 fn e4(cx: &mut Ctx) -> Result<()> {
-    let workers = cx.args.workers.max(2);
-    let secs = cx.args.duration.max(3);
-    let load = ok_load(cx, true, 20, secs);
-    let (start, stall) = if cx.args.smoke {
-        (Duration::from_millis(100), Duration::from_millis(200))
+    let mut counts = vec![2, cx.args.workers.max(2)];
+    counts.dedup();
+    let (warm, stall, after) = if cx.args.smoke {
+        (
+            Duration::from_millis(300),
+            Duration::from_millis(300),
+            Duration::from_millis(300),
+        )
     } else {
-        (Duration::from_secs(1), Duration::from_secs(1))
+        (
+            Duration::from_millis(1500),
+            Duration::from_secs_f64(cx.args.stall.clamp(0.05, 120.0)),
+            Duration::from_millis(1500),
+        )
     };
-    // The schedule is the experiment: stop worker 0 at `start` for `stall`.
-    let stall_fn = move |pids: Vec<i32>| {
-        std::thread::sleep(start);
-        let t = Instant::now();
-        // SAFETY-free: kill(2) with plain integers.
-        unsafe { libc::kill(pids[0], libc::SIGSTOP) };
-        std::thread::sleep(stall.saturating_sub(t.elapsed()));
-        unsafe { libc::kill(pids[0], libc::SIGCONT) };
-    };
-    cx.measured_rows(Plan {
-        exp: "e4",
-        strategies: &[MUTEX_ON, MUTEX_OFF, REUSEPORT],
-        workers,
-        server_extra: "",
-        prepare: |_| Ok(()),
-        load: &load,
-        during: Some(&stall_fn),
-    })?;
+    let strategies = [REUSEPORT, REUSEPORT_NO_STEERING, MUTEX_ON, MUTEX_OFF];
+    for workers in counts {
+        let rate = match cx.args.rate {
+            Some(r) => r,
+            None => e4_calibrate(cx, workers)? / 2.0,
+        };
+        // Enough connections that those the stall holds do not throttle the arrivals: an
+        // open loop sends on time only from a free connection.
+        let conns = if cx.args.smoke {
+            16
+        } else {
+            ((rate * (stall.as_secs_f64() + 0.5)) as usize).clamp(200, 4000)
+        };
+        let load = Load {
+            path: "/ok".into(),
+            conns,
+            close: true,
+            duration: Some(warm + stall + after),
+            requests: None,
+            headers: Vec::new(),
+        };
+        for st in &strategies {
+            for kind in cx.kinds(st) {
+                let tag = format!("e4-{workers}w");
+                let run = Run {
+                    exp: &tag,
+                    kind: &kind,
+                    st,
+                    workers,
+                    server_extra: "",
+                };
+                let row = cx.with_server_idle(run, conns, |_, srv| {
+                    let pids = srv.worker_pids()?;
+                    let victim = *pids.first().context("no worker")?;
+                    let acc0 = srv.accepted_per_worker().ok();
+                    let r = std::thread::scope(|sc| {
+                        sc.spawn(move || {
+                            std::thread::sleep(warm);
+                            let t = Instant::now();
+                            // kill(2) with plain integers.
+                            unsafe { libc::kill(victim, libc::SIGSTOP) };
+                            std::thread::sleep(stall.saturating_sub(t.elapsed()));
+                            unsafe { libc::kill(victim, libc::SIGCONT) };
+                        });
+                        drive_open(srv.port, &load, rate)
+                    })?;
+                    let acc = match (acc0, srv.accepted_per_worker().ok()) {
+                        (Some(a0), Some(a1)) if a0.len() == a1.len() => Some(shares(
+                            &a1.iter()
+                                .zip(&a0)
+                                .map(|(a, b)| a.saturating_sub(*b))
+                                .collect::<Vec<_>>(),
+                        )),
+                        _ => None,
+                    };
+                    let window = (warm.as_millis() as u64, (warm + stall).as_millis() as u64);
+                    let stats = stall_stats(&r.samples, window, workers, rate);
+                    Ok(Row {
+                        experiment: "E4".into(),
+                        server: kind.name().into(),
+                        strategy: format!("{} ({workers} workers)", strategy_label(&kind, st)),
+                        load: measured(&r),
+                        accepted_share: acc,
+                        stall: Some(stats),
+                        ..Default::default()
+                    })
+                })?;
+                cx.rows.push(row);
+            }
+        }
+    }
     cx.notes.push(format!(
-        "E4: worker 0 stopped with SIGSTOP {:.1} s into each run for {:.1} s",
-        start.as_secs_f64(),
+        "E4: open loop (arrivals on schedule whatever the answers; latency counted from the intended start), \
+         a new connection per request; worker 0 stopped with SIGSTOP {:.1} s into each run for {:.1} s; \
+         a request is slow past {SLOW_MS} ms",
+        warm.as_secs_f64(),
         stall.as_secs_f64()
     ));
     Ok(())
+}
+
+/// shard's reuseport rows say whether steering is on; nginx's have none.
+fn strategy_label(kind: &Kind, st: &Strategy) -> String {
+    if matches!(kind, Kind::Shard(_)) && st.name == REUSEPORT.name {
+        "reuseport, steering on".to_string()
+    } else {
+        st.name.to_string()
+    }
+}
+
+/// What shard serves here, closed loop, a new connection per request, reuseport (requests/s).
+fn e4_calibrate(cx: &mut Ctx, workers: usize) -> Result<f64> {
+    let load = ok_load(cx, true, 50, 2);
+    let kind = Kind::Shard(cx.shard.clone());
+    let run = Run {
+        exp: "e4-calibrate",
+        kind: &kind,
+        st: &REUSEPORT,
+        workers,
+        server_extra: "",
+    };
+    let rps = cx.with_server(run, |_| Ok(()), |_, srv| Ok(drive(srv.port, &load)?.rps))?;
+    anyhow::ensure!(rps > 0.0, "E4: the calibration run served nothing");
+    cx.notes.push(format!(
+        "E4 ({workers} workers): shard served {rps:.0} requests/s closed loop with a new connection \
+         per request; the open loop runs at half of that unless --rate says otherwise"
+    ));
+    Ok(rps)
+}
+
+/// E4's numbers from a recorded run: the stall window is `window` (ms from the start).
+fn stall_stats(
+    samples: &[crate::loadgen::Sample],
+    window: (u64, u64),
+    workers: usize,
+    rate: f64,
+) -> StallStats {
+    let (w0, w1) = (window.0 * 1000, window.1 * 1000);
+    let before_from = w0.saturating_sub(1_000_000);
+    let done_in = |a: u64, b: u64| {
+        samples
+            .iter()
+            .filter(|s| s.ok && s.done_us >= a && s.done_us < b)
+            .count() as f64
+    };
+    let before = done_in(before_from, w0) / ((w0 - before_from).max(1) as f64 / 1e6);
+    let during = done_in(w0, w1) / ((w1 - w0).max(1) as f64 / 1e6);
+    let arrived: Vec<_> = samples
+        .iter()
+        .filter(|s| s.start_us >= w0 && s.start_us < w1)
+        .collect();
+    let slow = arrived
+        .iter()
+        .filter(|s| !s.ok || s.done_us.saturating_sub(s.start_us) > SLOW_MS * 1000)
+        .count() as u64;
+    let mut lat: Vec<u64> = samples
+        .iter()
+        .filter(|s| s.ok)
+        .map(|s| s.done_us.saturating_sub(s.start_us))
+        .collect();
+    lat.sort_unstable();
+    let q = |p: f64| {
+        if lat.is_empty() {
+            0.0
+        } else {
+            lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)] as f64 / 1000.0
+        }
+    };
+    let end = samples.iter().map(|s| s.done_us).max().unwrap_or(0);
+    let bins = (end / (TIMELINE_BIN_MS * 1000) + 1) as usize;
+    let mut timeline = vec![0u64; bins];
+    for s in samples.iter().filter(|s| s.ok) {
+        timeline[(s.done_us / (TIMELINE_BIN_MS * 1000)) as usize] += 1;
+    }
+    StallStats {
+        workers,
+        rate,
+        served_share: if before > 0.0 { during / before } else { 0.0 },
+        arrived: arrived.len() as u64,
+        slow,
+        p99_ms: q(0.99),
+        p999_ms: q(0.999),
+        failed: samples.iter().filter(|s| !s.ok).count() as u64,
+        timeline,
+        window_ms: window,
+    }
+}
+
+/// An open-loop run at `rate` requests/s that keeps every request's start and end.
+fn drive_open(port: u16, load: &Load, rate: f64) -> Result<crate::loadgen::LoadReport> {
+    let target = crate::loadgen::Target::parse(&format!("http://127.0.0.1:{port}{}", load.path))?;
+    let mut spec = crate::loadgen::LoadSpec::new(target);
+    spec.connections = load.conns.max(1);
+    spec.threads = 2.min(spec.connections);
+    spec.close = load.close;
+    spec.rate = Some(rate);
+    spec.record = true;
+    spec.duration = load.duration.unwrap_or(crate::loadgen::MAX_DURATION);
+    spec.timeout = Duration::from_secs(60).max(spec.duration);
+    crate::loadgen::run(&spec)
 }
 
 /// E5: fewer shards than workers: shards=auto, shards=1 and one shard per worker.
@@ -737,6 +967,10 @@ fn report(cx: &Ctx) -> String {
             continue;
         }
         let _ = writeln!(s, "\n## {exp}. {title}\n");
+        if exp == "E4" {
+            e4_report(&mut s, &rows);
+            continue;
+        }
         let _ = writeln!(s, "| server | strategy | req/s | mean ms | p50 | p90 | p99 | max | stdev ms | errors | CPU share per worker | max/min CPU | accepted share | max/min accepted |{}",
             if exp == "E1" { " syscalls/req |" } else if exp == "E2" { " six connections went to |" } else { "" });
         let _ = writeln!(
@@ -800,6 +1034,68 @@ fn report(cx: &Ctx) -> String {
     s
 }
 
+/// E4's table, its goals and charts (per worker count).
+fn e4_report(s: &mut String, rows: &[&Row]) {
+    let _ = writeln!(
+        s,
+        "| server | strategy | arrivals/s | served during the stall / before | arrived in the stall | \
+         slower than {SLOW_MS} ms or failed | p99 ms | p99.9 ms | failed | accepted share |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let Some(st) = &r.stall else { continue };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.0} | {:.2} | {} | {} ({:.1}%) | {:.1} | {:.1} | {} | {} |",
+            r.server,
+            r.strategy,
+            st.rate,
+            st.served_share,
+            st.arrived,
+            st.slow,
+            100.0 * st.slow as f64 / st.arrived.max(1) as f64,
+            st.p99_ms,
+            st.p999_ms,
+            st.failed,
+            r.accepted_share.as_deref().map_or("-".into(), pct),
+        );
+    }
+    let mut counts: Vec<usize> = rows.iter().filter_map(|r| r.stall.as_ref()).map(|x| x.workers).collect();
+    counts.dedup();
+    let _ = writeln!(s, "\nGoals (issue 11), same run:\n");
+    for w in &counts {
+        let pick = |server: &str, strategy: &str| {
+            rows.iter().find(|r| {
+                r.server == server
+                    && r.strategy == format!("{strategy} ({w} workers)")
+                    && r.stall.is_some()
+            })
+        };
+        let (Some(steer), Some(shared)) = (
+            pick("shard", "reuseport, steering on"),
+            pick("shard", "accept_mutex off"),
+        ) else {
+            continue;
+        };
+        let (a, b) = (steer.stall.as_ref().unwrap(), shared.stall.as_ref().unwrap());
+        let ratio = a.served_share / b.served_share.max(1e-9);
+        let slow = 100.0 * a.slow as f64 / a.arrived.max(1) as f64;
+        let _ = writeln!(
+            s,
+            "- {w} workers: served rate during the stall with steering = {ratio:.2} x the shared socket's \
+             (goal >= 0.9: {}); {slow:.2}% of the requests that arrived during the stall were slower than \
+             {SLOW_MS} ms or failed (goal <= 1%: {}); {} failed",
+            if ratio >= 0.9 { "met" } else { "missed" },
+            if slow <= 1.0 { "met" } else { "missed" },
+            a.failed
+        );
+    }
+    for w in counts {
+        let _ = writeln!(s, "\n![E4 {w} workers, time series](e4-timeline-{w}w.svg)");
+        let _ = writeln!(s, "\n![E4 {w} workers, latency](e4-latency-{w}w.svg)");
+    }
+}
+
 fn charts_for(exp: &str) -> Vec<String> {
     let e = exp.to_ascii_lowercase();
     match exp {
@@ -854,7 +1150,47 @@ fn write_outputs(cx: &Ctx) -> Result<()> {
                 ),
             )?;
         }
-        if matches!(exp, "E3" | "E4") {
+        if exp == "E4" {
+            let mut counts: Vec<usize> = rows
+                .iter()
+                .filter_map(|r| r.stall.as_ref())
+                .map(|x| x.workers)
+                .collect();
+            counts.dedup();
+            for w in counts {
+                let mine: Vec<&&Row> = rows
+                    .iter()
+                    .filter(|r| r.stall.as_ref().is_some_and(|x| x.workers == w))
+                    .collect();
+                let window = mine[0].stall.as_ref().unwrap().window_ms;
+                let bin = TIMELINE_BIN_MS as f64;
+                let series: Vec<(String, Vec<u64>)> = mine
+                    .iter()
+                    .map(|r| (label(r), r.stall.as_ref().unwrap().timeline.clone()))
+                    .collect();
+                std::fs::write(
+                    out.join(format!("e4-timeline-{w}w.svg")),
+                    svg::timeseries(
+                        &format!("E4, {w} workers: responses per {TIMELINE_BIN_MS} ms, one worker stopped"),
+                        TIMELINE_BIN_MS,
+                        &series,
+                        Some((window.0 as f64 / bin, window.1 as f64 / bin)),
+                    ),
+                )?;
+                let hist: Vec<(String, Vec<u64>)> = mine
+                    .iter()
+                    .map(|r| (label(r), r.load.log2_us.clone()))
+                    .collect();
+                std::fs::write(
+                    out.join(format!("e4-latency-{w}w.svg")),
+                    svg::log2_histograms_log_count(
+                        &format!("E4, {w} workers: latency from the intended start"),
+                        &hist,
+                    ),
+                )?;
+            }
+        }
+        if exp == "E3" {
             let series: Vec<(String, Vec<u64>)> = rows
                 .iter()
                 .map(|r| (label(r), r.load.log2_us.clone()))
@@ -883,7 +1219,7 @@ fn json(cx: &Ctx) -> String {
             s,
             "{{\"experiment\":\"{}\",\"server\":\"{}\",\"strategy\":\"{}\",\"requests\":{},\"errors\":{},\"rps\":{:.1},\
              \"latency_ms\":{{\"min\":{:.3},\"mean\":{:.3},\"p50\":{:.3},\"p90\":{:.3},\"p99\":{:.3},\"max\":{:.3},\"stdev\":{:.3}}},\
-             \"log2_us\":[{}],\"cpu_share\":[{}],\"accepted_share\":{},\"syscalls_per_request\":{},\"probe\":{}}}{}",
+             \"log2_us\":[{}],\"cpu_share\":[{}],\"accepted_share\":{},\"syscalls_per_request\":{},\"probe\":{},\"stall\":{}}}{}",
             r.experiment,
             r.server,
             r.strategy,
@@ -904,6 +1240,13 @@ fn json(cx: &Ctx) -> String {
             r.probe.as_deref().map_or("null".into(), |p| format!(
                 "[{}]",
                 p.iter().map(|w| w.map_or("null".into(), |w| w.to_string())).collect::<Vec<_>>().join(",")
+            )),
+            r.stall.as_ref().map_or("null".into(), |x| format!(
+                "{{\"workers\":{},\"rate\":{:.1},\"served_share\":{:.4},\"arrived\":{},\"slow\":{},\"p99_ms\":{:.3},\
+                 \"p999_ms\":{:.3},\"failed\":{},\"window_ms\":[{},{}],\"per_50ms\":[{}]}}",
+                x.workers, x.rate, x.served_share, x.arrived, x.slow, x.p99_ms, x.p999_ms, x.failed,
+                x.window_ms.0, x.window_ms.1,
+                x.timeline.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
             )),
             if i + 1 < cx.rows.len() { "," } else { "" }
         );

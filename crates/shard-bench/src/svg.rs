@@ -189,6 +189,191 @@ pub fn log2_histograms(title: &str, series: &[(String, Vec<u64>)]) -> String {
     s
 }
 
+fn header(s: &mut String, h: f64, title: &str) {
+    let _ = write!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"24\" font-size=\"15\" text-anchor=\"middle\">{}</text>\n",
+        W / 2.0,
+        esc(title)
+    );
+}
+
+/// Completions per time bin, one line per series, with the window `shade` (bin indices,
+/// start inclusive, end exclusive) shaded: where a stall shows as a dip.
+pub fn timeseries(
+    title: &str,
+    bin_ms: u64,
+    series: &[(String, Vec<u64>)],
+    shade: Option<(f64, f64)>,
+) -> String {
+    let n = series.iter().map(|(_, v)| v.len()).max().unwrap_or(1).max(2);
+    let max = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let step = (W - LEFT - 20.0) / (n - 1) as f64;
+    let base = TOP + BAR_AREA_H;
+    let h = base + 70.0 + 18.0 * series.len().div_ceil(4) as f64;
+    let mut s = String::new();
+    header(&mut s, h, title);
+    if let Some((a, b)) = shade {
+        let _ = writeln!(
+            s,
+            "<rect x=\"{:.1}\" y=\"{TOP}\" width=\"{:.1}\" height=\"{BAR_AREA_H}\" fill=\"#f4d7d7\"/>\
+             <text x=\"{:.1}\" y=\"{}\" font-size=\"11\" fill=\"#a33\">worker stopped</text>",
+            LEFT + a * step,
+            ((b - a) * step).max(1.0),
+            LEFT + a * step + 4.0,
+            TOP + 14.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<line x1=\"{LEFT}\" y1=\"{base}\" x2=\"{}\" y2=\"{base}\" stroke=\"black\"/>",
+        W - 10.0
+    );
+    for t in 0..=4 {
+        let v = max * t as f64 / 4.0;
+        let y = base - BAR_AREA_H * t as f64 / 4.0;
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text><line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>",
+            LEFT - 4.0,
+            y + 4.0,
+            short(v),
+            W - 10.0
+        );
+    }
+    let every = (n / 10).max(1);
+    for i in (0..n).step_by(every) {
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\" font-size=\"10\">{:.1}s</text>",
+            LEFT + i as f64 * step,
+            base + 14.0,
+            (i as u64 * bin_ms) as f64 / 1000.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">time; responses completed per {bin_ms} ms</text>",
+        W / 2.0,
+        base + 30.0
+    );
+    for (si, (_, v)) in series.iter().enumerate() {
+        let pts: Vec<String> = v
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| {
+                format!(
+                    "{:.1},{:.1}",
+                    LEFT + i as f64 * step,
+                    base - BAR_AREA_H * c as f64 / max
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>",
+            PALETTE[si % PALETTE.len()],
+            pts.join(" ")
+        );
+    }
+    let names: Vec<String> = series.iter().map(|(n, _)| n.clone()).collect();
+    legend(&mut s, &names, base + 48.0);
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Log2 latency histograms with a logarithmic count axis (Cloudflare's mmhistogram style):
+/// a handful of requests at 1 s stays visible beside thousands at 100 us, which a linear
+/// percentage axis flattens to nothing.
+pub fn log2_histograms_log_count(title: &str, series: &[(String, Vec<u64>)]) -> String {
+    let n_buckets = series
+        .iter()
+        .map(|(_, b)| b.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let max = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let decades = max.log10().ceil().max(1.0);
+    let y_of = |c: u64| {
+        if c == 0 {
+            0.0
+        } else {
+            // 1 request sits just above the axis; `max` at the top.
+            BAR_AREA_H * (0.04 + 0.96 * (c as f64).log10() / decades)
+        }
+    };
+    let step = (W - LEFT - 20.0) / n_buckets as f64;
+    let base = TOP + BAR_AREA_H;
+    let h = base + 70.0 + 18.0 * series.len().div_ceil(4) as f64;
+    let mut s = String::new();
+    header(&mut s, h, title);
+    let _ = writeln!(
+        s,
+        "<line x1=\"{LEFT}\" y1=\"{base}\" x2=\"{}\" y2=\"{base}\" stroke=\"black\"/>",
+        W - 10.0
+    );
+    for d in 0..=decades as u32 {
+        let c = 10u64.pow(d);
+        let y = base - y_of(c);
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text><line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>",
+            LEFT - 4.0,
+            y + 4.0,
+            short(c as f64),
+            W - 10.0
+        );
+    }
+    for i in (0..n_buckets).step_by(2) {
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\" font-size=\"10\">{}</text>",
+            LEFT + (i as f64 + 0.5) * step,
+            base + 14.0,
+            duration_label(1u64 << i)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">latency (log2 buckets); requests, log scale</text>",
+        W / 2.0,
+        base + 30.0
+    );
+    let n = series.len().max(1) as f64;
+    for (si, (_, b)) in series.iter().enumerate() {
+        let bw = (step * 0.8 / n).max(1.0);
+        for (i, &c) in b.iter().enumerate() {
+            if c == 0 {
+                continue;
+            }
+            let hgt = y_of(c);
+            let _ = writeln!(
+                s,
+                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{bw:.1}\" height=\"{hgt:.1}\" fill=\"{}\"><title>{c}</title></rect>",
+                LEFT + i as f64 * step + step * 0.1 + si as f64 * bw,
+                base - hgt,
+                PALETTE[si % PALETTE.len()]
+            );
+        }
+    }
+    let names: Vec<String> = series.iter().map(|(n, _)| n.clone()).collect();
+    legend(&mut s, &names, base + 48.0);
+    s.push_str("</svg>\n");
+    s
+}
+
 fn legend(s: &mut String, names: &[String], y0: f64) {
     for (i, name) in names.iter().enumerate() {
         let x = LEFT + (i % 4) as f64 * 170.0;
@@ -252,5 +437,17 @@ mod tests {
         let h = log2_histograms("h", &[("a".into(), vec![0, 5, 5]), ("b".into(), vec![])]);
         assert_eq!(h.matches("<polyline").count(), 2);
         assert_eq!(duration_label(2048), "2ms");
+        let t = timeseries(
+            "t",
+            50,
+            &[("a".into(), vec![5, 0, 5]), ("b".into(), vec![1])],
+            Some((1.0, 2.0)),
+        );
+        assert_eq!(t.matches("<polyline").count(), 2);
+        assert!(t.contains("worker stopped"));
+        let l = log2_histograms_log_count("l", &[("a".into(), vec![1000, 0, 1])]);
+        // Two non-empty buckets, and the single slow request is still a visible bar.
+        assert_eq!(l.matches("<title>").count(), 2);
+        assert!(l.contains("<title>1</title>"));
     }
 }

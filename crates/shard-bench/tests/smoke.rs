@@ -143,7 +143,9 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
     for strategy in [
         "| shard | accept_mutex on |",
         "| shard | accept_mutex off |",
-        "| shard | reuseport |",
+        "| shard | reuseport, steering on |",
+        "| shard | reuseport, steering off |",
+        "| shard | reuseport, steering on (2 workers) |",
         "| shard | reuseport shards=auto |",
     ] {
         assert!(report.contains(strategy), "{strategy} missing: {report}");
@@ -153,7 +155,8 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
         "e1-cpu-share.svg",
         "e2-cpu-share.svg",
         "e3-latency.svg",
-        "e4-latency.svg",
+        "e4-latency-2w.svg",
+        "e4-timeline-2w.svg",
         "e5-cpu-share.svg",
     ] {
         let text = std::fs::read_to_string(out.join(svg)).unwrap();
@@ -164,6 +167,8 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
     }
     let json = std::fs::read_to_string(out.join("results.json")).unwrap();
     assert!(json.trim_start().starts_with('[') && json.contains("\"experiment\":\"E4\""));
+    assert!(json.contains("\"stall\":{\"workers\":2,"), "{json}");
+    assert!(report.contains("Goals (issue 11)"), "{report}");
     // E6: the reloads under load lost no connection.
     let e6 = &json[json.find("\"experiment\":\"E6\"").expect("an E6 row")..];
     let e6 = &e6[..e6[1..].find("\"experiment\"").map_or(e6.len(), |i| i + 1)];

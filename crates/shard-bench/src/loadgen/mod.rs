@@ -132,6 +132,8 @@ pub struct LoadSpec {
     pub timeout: Duration,
     /// Extra request headers (name, value), e.g. `Accept-Encoding`.
     pub headers: Vec<(String, String)>,
+    /// Keep every request's start and end (`LoadReport::samples`), for time series.
+    pub record: bool,
 }
 
 impl LoadSpec {
@@ -148,6 +150,7 @@ impl LoadSpec {
             rate: None,
             timeout: Duration::from_secs(5),
             headers: Vec::new(),
+            record: false,
         }
     }
 
@@ -241,6 +244,19 @@ pub struct LoadReport {
     pub errors: Errors,
     /// Latency of every complete response, in microseconds.
     pub histogram: Histogram<u64>,
+    /// Every request, complete or failed, by start time (only with `LoadSpec::record`).
+    pub samples: Vec<Sample>,
+}
+
+/// One request of a recorded run, in microseconds from the start of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Sample {
+    /// When the request started: its intended send time in an open loop.
+    pub start_us: u64,
+    /// When its response completed, or when it failed.
+    pub done_us: u64,
+    /// A complete 2xx or 3xx response.
+    pub ok: bool,
 }
 
 pub(crate) fn new_histogram() -> Histogram<u64> {
@@ -284,6 +300,7 @@ pub fn run(spec: &LoadSpec) -> Result<LoadReport> {
         bytes: 0,
         errors: Errors::default(),
         histogram: new_histogram(),
+        samples: Vec::new(),
     };
     let mut end = shared.start;
     for r in results {
@@ -296,7 +313,9 @@ pub fn run(spec: &LoadSpec) -> Result<LoadReport> {
             .add(&r.histogram)
             .context("merging histograms")?;
         end = end.max(r.end);
+        report.samples.extend(r.samples);
     }
+    report.samples.sort_unstable();
     report.elapsed = end.saturating_duration_since(shared.start);
     let secs = report.elapsed.as_secs_f64();
     report.rps = if secs > 0.0 {
@@ -361,6 +380,7 @@ pub fn command(a: LoadArgs) -> Result<()> {
         requests: a.requests,
         close: a.close,
         rate: a.rate,
+        record: false,
         timeout: Duration::from_secs_f64(a.timeout),
         headers: a
             .headers

@@ -37,6 +37,7 @@ pub struct Shared {
     close: bool,
     timeout: Duration,
     addr: SocketAddr,
+    record: bool,
 }
 
 impl Shared {
@@ -58,6 +59,7 @@ impl Shared {
             close: spec.close,
             timeout: spec.timeout,
             addr: spec.target.addr,
+            record: spec.record,
         }
     }
 }
@@ -70,6 +72,8 @@ pub struct Outcome {
     pub histogram: Histogram<u64>,
     /// When this thread stopped.
     pub end: Instant,
+    /// Every request (`LoadSpec::record`).
+    pub samples: Vec<super::Sample>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +168,7 @@ pub fn run(sh: &Shared, req: &[u8], slots: Range<usize>) -> Result<Outcome> {
             errors: Errors::default(),
             histogram: new_histogram(),
             end: now,
+            samples: Vec::new(),
         },
     };
     for (i, global) in slots.enumerate() {
@@ -431,8 +436,16 @@ impl Worker<'_> {
             .histogram
             .saturating_record(u64::try_from(us).unwrap_or(u64::MAX));
         self.out.requests += 1;
-        if !(200..400).contains(&c.reader.status) {
+        let ok = (200..400).contains(&c.reader.status);
+        if !ok {
             self.out.errors.status += 1;
+        }
+        if self.sh.record {
+            self.out.samples.push(super::Sample {
+                start_us: micros(t0.saturating_duration_since(self.sh.start)),
+                done_us: micros(now.saturating_duration_since(self.sh.start)),
+                ok,
+            });
         }
         self.active -= 1;
         c.served += 1;
@@ -492,6 +505,14 @@ impl Worker<'_> {
         }
         self.active -= 1;
         let c = &mut self.conns[slot];
+        if self.sh.record {
+            let now = Instant::now();
+            self.out.samples.push(super::Sample {
+                start_us: micros(c.t0.unwrap_or(now).saturating_duration_since(self.sh.start)),
+                done_us: micros(now.saturating_duration_since(self.sh.start)),
+                ok: false,
+            });
+        }
         c.sock = None;
         c.served = 0;
         c.st = St::Free;
@@ -520,6 +541,10 @@ impl Worker<'_> {
         }
         self.draining.retain(|_, (_, until)| *until > now);
     }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 fn classify(e: &io::Error) -> Kind {
