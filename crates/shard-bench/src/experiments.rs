@@ -506,7 +506,7 @@ fn e1(cx: &mut Ctx) -> Result<()> {
                 Run {
                     exp: "e1",
                     kind: &kind,
-                    st: &st,
+                    st,
                     workers,
                     server_extra: "",
                 },
@@ -1060,7 +1060,11 @@ fn e4_report(s: &mut String, rows: &[&Row]) {
             r.accepted_share.as_deref().map_or("-".into(), pct),
         );
     }
-    let mut counts: Vec<usize> = rows.iter().filter_map(|r| r.stall.as_ref()).map(|x| x.workers).collect();
+    let mut counts: Vec<usize> = rows
+        .iter()
+        .filter_map(|r| r.stall.as_ref())
+        .map(|x| x.workers)
+        .collect();
     counts.dedup();
     let _ = writeln!(s, "\nGoals (issue 11), same run:\n");
     for w in &counts {
@@ -1077,7 +1081,10 @@ fn e4_report(s: &mut String, rows: &[&Row]) {
         ) else {
             continue;
         };
-        let (a, b) = (steer.stall.as_ref().unwrap(), shared.stall.as_ref().unwrap());
+        let (a, b) = (
+            steer.stall.as_ref().unwrap(),
+            shared.stall.as_ref().unwrap(),
+        );
         let ratio = a.served_share / b.served_share.max(1e-9);
         let slow = 100.0 * a.slow as f64 / a.arrived.max(1) as f64;
         let _ = writeln!(

@@ -35,7 +35,7 @@ pub fn grouped_bars(
     let group_w = (W - LEFT - 20.0) / n_groups;
     let n_series = series.len().max(1) as f64;
     let bar_w = (group_w * 0.8 / n_series).max(1.0);
-    let h = TOP + BAR_AREA_H + 70.0 + 18.0 * series.len().div_ceil(4) as f64;
+    let h = TOP + BAR_AREA_H + 70.0 + legend_height(series.iter().map(String::len));
     let mut s = String::new();
     let _ = write!(
         s,
@@ -122,7 +122,7 @@ pub fn log2_histograms(title: &str, series: &[(String, Vec<u64>)]) -> String {
         .max(1e-9);
     let step = (W - LEFT - 20.0) / n_buckets as f64;
     let base = TOP + BAR_AREA_H;
-    let h = base + 70.0 + 18.0 * series.len().div_ceil(4) as f64;
+    let h = base + 70.0 + legend_height(series.iter().map(|x| x.0.len()));
     let mut s = String::new();
     let _ = write!(
         s,
@@ -208,7 +208,12 @@ pub fn timeseries(
     series: &[(String, Vec<u64>)],
     shade: Option<(f64, f64)>,
 ) -> String {
-    let n = series.iter().map(|(_, v)| v.len()).max().unwrap_or(1).max(2);
+    let n = series
+        .iter()
+        .map(|(_, v)| v.len())
+        .max()
+        .unwrap_or(1)
+        .max(2);
     let max = series
         .iter()
         .flat_map(|(_, v)| v.iter().copied())
@@ -217,7 +222,7 @@ pub fn timeseries(
         .max(1) as f64;
     let step = (W - LEFT - 20.0) / (n - 1) as f64;
     let base = TOP + BAR_AREA_H;
-    let h = base + 70.0 + 18.0 * series.len().div_ceil(4) as f64;
+    let h = base + 70.0 + legend_height(series.iter().map(|x| x.0.len()));
     let mut s = String::new();
     header(&mut s, h, title);
     if let Some((a, b)) = shade {
@@ -316,7 +321,7 @@ pub fn log2_histograms_log_count(title: &str, series: &[(String, Vec<u64>)]) -> 
     };
     let step = (W - LEFT - 20.0) / n_buckets as f64;
     let base = TOP + BAR_AREA_H;
-    let h = base + 70.0 + 18.0 * series.len().div_ceil(4) as f64;
+    let h = base + 70.0 + legend_height(series.iter().map(|x| x.0.len()));
     let mut s = String::new();
     header(&mut s, h, title);
     let _ = writeln!(
@@ -332,7 +337,7 @@ pub fn log2_histograms_log_count(title: &str, series: &[(String, Vec<u64>)]) -> 
             "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text><line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>",
             LEFT - 4.0,
             y + 4.0,
-            short(c as f64),
+            if c >= 10_000 { short(c as f64) } else { c.to_string() },
             W - 10.0
         );
     }
@@ -374,10 +379,26 @@ pub fn log2_histograms_log_count(title: &str, series: &[(String, Vec<u64>)]) -> 
     s
 }
 
+/// Legend columns: four short names a row, two long ones.
+fn legend_columns(longest: usize) -> usize {
+    if longest > 22 {
+        2
+    } else {
+        4
+    }
+}
+
+fn legend_height(names: impl Iterator<Item = usize> + Clone) -> f64 {
+    let cols = legend_columns(names.clone().max().unwrap_or(0));
+    18.0 * names.count().div_ceil(cols) as f64
+}
+
 fn legend(s: &mut String, names: &[String], y0: f64) {
+    let cols = legend_columns(names.iter().map(String::len).max().unwrap_or(0));
+    let col_w = (W - LEFT) / cols as f64;
     for (i, name) in names.iter().enumerate() {
-        let x = LEFT + (i % 4) as f64 * 170.0;
-        let y = y0 + (i / 4) as f64 * 18.0;
+        let x = LEFT + (i % cols) as f64 * col_w;
+        let y = y0 + (i / cols) as f64 * 18.0;
         let _ = writeln!(
             s,
             "<rect x=\"{x}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{y}\">{}</text>",

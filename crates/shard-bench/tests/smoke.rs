@@ -385,7 +385,12 @@ fn experiment_with_nginx_auto_runs_nginx_beside_shard_when_installed() {
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     for strategy in ["accept_mutex on", "accept_mutex off", "reuseport"] {
         for server in ["shard", "nginx"] {
-            let row = format!("| {server} | {strategy} |");
+            // shard's reuseport rows say whether steering is on.
+            let row = if server == "shard" && strategy == "reuseport" {
+                "| shard | reuseport, steering on |".to_string()
+            } else {
+                format!("| {server} | {strategy} |")
+            };
             assert!(report.contains(&row), "{row} missing: {report}");
         }
     }

@@ -162,6 +162,11 @@ fn reuseport_disabled_for_test() -> bool {
     std::env::var_os("SHARD_TEST_NO_REUSEPORT").is_some()
 }
 
+/// A kernel that refuses reuseport programs (`SO_ATTACH_REUSEPORT_CBPF`), for the tests.
+fn cbpf_disabled_for_test() -> bool {
+    std::env::var_os("SHARD_TEST_NO_CBPF").is_some()
+}
+
 fn warn_refused(addr: &SocketAddr, e: &io::Error) {
     if !REUSEPORT_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
         crate::log!(
@@ -453,7 +458,11 @@ pub fn steer(l: &mut OpenListener, away: &[bool]) -> bool {
     if want == l.program {
         return true;
     }
-    let res = shard_event::sock::steer_reuseport_to(l.fds[0], want.as_deref().unwrap_or(&[]));
+    let res = if want.is_some() && cbpf_disabled_for_test() {
+        Err(io::Error::from_raw_os_error(libc::EPERM))
+    } else {
+        shard_event::sock::steer_reuseport_to(l.fds[0], want.as_deref().unwrap_or(&[]))
+    };
     match res {
         Ok(()) => {
             l.program = want;

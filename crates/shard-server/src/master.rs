@@ -109,6 +109,8 @@ struct Master {
     judges: Vec<steer::Judge>,
     /// When the next steering tick is due.
     next_steer_ms: u64,
+    /// What a backlogged (busy, not stalled) worker gets (`steer::Backlog`).
+    backlog: steer::Backlog,
 }
 
 fn tcp_nodelay(cfg: &Config) -> bool {
@@ -312,6 +314,7 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         respawn_delay_ms: HashMap::new(),
         judges: Vec::new(),
         next_steer_ms: 0,
+        backlog: steer::Backlog::from_env(),
     };
     m.start_generation()?;
     let code = m.run_loop();
@@ -900,23 +903,34 @@ impl Master {
                 None => {}
             }
         }
-        let away: Vec<bool> = self.judges.iter().map(steer::Judge::stalled).collect();
+        let stalled: Vec<bool> = self.judges.iter().map(steer::Judge::stalled).collect();
+        let mut backlogged = vec![false; n];
+        if self.backlog != steer::Backlog::Off {
+            let live: Vec<usize> = (0..n).filter(|&k| !stalled[k]).collect();
+            let mean = (live.len() >= 2).then(|| {
+                live.iter().map(|&k| f64::from(queued[k])).sum::<f64>() / live.len() as f64
+            });
+            for j in 0..n {
+                backlogged[j] = self.judges[j].judge_backlog(queued[j], mean);
+            }
+        }
+        let steer_backlog = self.backlog == steer::Backlog::Steer;
+        let away: Vec<bool> = (0..n)
+            .map(|j| stalled[j] || (steer_backlog && backlogged[j]))
+            .collect();
         let mut followed = true;
         for l in &mut self.listeners {
             followed &= listen::steer(l, &away);
         }
-        let all_stalled = away.iter().all(|&a| a);
+        let all_away = away.iter().all(|&a| a);
         let mut changed = false;
         for j in 0..n {
-            let sibling_empty = (0..n).any(|k| k != j && !away[k] && queued[k] == 0);
-            let backlogged = self.judges[j].judge_backlog(queued[j], sibling_empty);
-            let stalled = away[j];
             changed |= steer::publish(
                 &self.region,
                 j,
-                stalled,
-                stalled || backlogged,
-                stalled && followed && !all_stalled,
+                stalled[j],
+                stalled[j] || (backlogged[j] && !steer_backlog),
+                away[j] && followed && !all_away,
             );
         }
         if changed {

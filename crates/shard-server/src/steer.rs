@@ -18,9 +18,33 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use crate::shm::{Region, STEER_AWAY, STEER_HELP, STEER_STALLED};
 
-/// A live worker whose shard holds at least this many connections, while a sibling's shard is
-/// empty, is helped by its siblings (work stealing across shards) without being steered away.
-pub(crate) const STEAL_QUEUE_MIN: u32 = 16;
+/// A live worker whose queue is this many connections (or a sixteenth, when more) above the
+/// mean queue of the live workers is backlogged (a busy worker: long requests, many
+/// connections, less CPU); it stops being so once its queue is back at the mean.
+pub(crate) const BACKLOG_GAP_MIN: u32 = 4;
+
+/// What the master does about a backlogged worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backlog {
+    /// Its siblings also accept from its shard (work stealing); the program is unchanged.
+    Steal,
+    /// The program sends it no new connection until its queue is back in line.
+    Steer,
+    /// Nothing: only stalls count.
+    Off,
+}
+
+impl Backlog {
+    /// `SHARD_STEER_BACKLOG=steal|steer|off`, for measuring the alternatives (docs/bench.md);
+    /// the default is the one the measurement chose.
+    pub(crate) fn from_env() -> Backlog {
+        match std::env::var("SHARD_STEER_BACKLOG").as_deref() {
+            Ok("steal") => Backlog::Steal,
+            Ok("off") => Backlog::Off,
+            _ => Backlog::Steer,
+        }
+    }
+}
 
 /// How often the master judges the workers: a quarter of the threshold, so a stall is seen
 /// within 1.25 thresholds, and at least every 10 ms.
@@ -117,15 +141,20 @@ impl Judge {
         })
     }
 
-    /// Work stealing for a live worker: helped while its queue is long and a sibling's is empty;
-    /// the help stops once its queue is down to a quarter of that.
-    pub(crate) fn judge_backlog(&mut self, queued: u32, sibling_empty: bool) -> bool {
+    /// Whether a live worker with `queued` connections waiting is backlogged, given the mean
+    /// queue of the live workers (itself included; `None`: it has no live sibling). It
+    /// becomes so at `mean + max(BACKLOG_GAP_MIN, mean / 16)` and stays so until its queue
+    /// is back at the mean.
+    pub(crate) fn judge_backlog(&mut self, queued: u32, mean: Option<f64>) -> bool {
         self.backlogged = !self.stalled()
-            && if self.backlogged {
-                queued >= STEAL_QUEUE_MIN / 4
-            } else {
-                queued >= STEAL_QUEUE_MIN && sibling_empty
-            };
+            && mean.is_some_and(|mean| {
+                let q = f64::from(queued);
+                if self.backlogged {
+                    q > mean
+                } else {
+                    q >= mean + f64::from(BACKLOG_GAP_MIN).max(mean / 16.0)
+                }
+            });
         self.backlogged
     }
 }
@@ -241,12 +270,25 @@ mod tests {
     }
 
     #[test]
-    fn backlog_help_has_hysteresis_and_needs_an_empty_sibling() {
+    fn a_backlog_is_a_gap_above_the_mean_queue_with_hysteresis() {
         let mut j = Judge::new(0, T);
-        assert!(!j.judge_backlog(STEAL_QUEUE_MIN, false));
-        assert!(j.judge_backlog(STEAL_QUEUE_MIN, true));
-        assert!(j.judge_backlog(STEAL_QUEUE_MIN / 4, false));
-        assert!(!j.judge_backlog(STEAL_QUEUE_MIN / 4 - 1, true));
+        assert!(!j.judge_backlog(100, None));
+        assert!(!j.judge_backlog(3, Some(0.0)));
+        assert!(j.judge_backlog(4, Some(0.0)));
+        assert!(
+            j.judge_backlog(101, Some(100.0)),
+            "stays until back at the mean"
+        );
+        assert!(!j.judge_backlog(100, Some(100.0)));
+        assert!(!j.judge_backlog(106, Some(100.0)));
+        assert!(
+            j.judge_backlog(107, Some(100.0)),
+            "a sixteenth above a long mean"
+        );
+        // A stalled worker is not "backlogged": it is steered and helped as stalled.
+        j.observe(obs(true, 0, false, 0), 100, T);
+        assert!(j.stalled());
+        assert!(!j.judge_backlog(100, Some(0.0)));
     }
 
     #[test]

@@ -248,3 +248,62 @@ fn respawn_while_a_worker_is_stopped_loses_nothing() {
     let took = burst(s.addr(), 200, 10, Duration::from_secs(1));
     assert_eq!(took.iter().filter(|t| t.is_none()).count(), 0);
 }
+
+/// A kernel that refuses reuseport programs: the master says so once, new connections keep
+/// reaching the stopped worker's shard, and its sibling still drains it.
+#[test]
+fn without_cbpf_the_sibling_still_drains_a_stopped_workers_shard() {
+    let mut s = Server::start_env(
+        "steer-nocbpf",
+        &conf(2, ""),
+        2,
+        &[("SHARD_TEST_NO_CBPF", "1")],
+    );
+    let ws = s.wait_workers(2);
+    let _cont = stop(ws[1].pid);
+    let took = burst(s.addr(), 200, 10, Duration::from_secs(1));
+    assert_eq!(took.iter().filter(|t| t.is_none()).count(), 0);
+    wait_stalled(&s, 1, true);
+    let st = status(&s);
+    assert!(!st.contains("\"steered_away\":true"), "{st}");
+    let log = error_log(&s);
+    assert_eq!(
+        log.matches("setsockopt(SO_ATTACH_REUSEPORT_CBPF) for")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(parse_workers(&st)[0].stolen > 0);
+}
+
+/// Busy, not stalled yet (a threshold of 10 s): a worker whose queue grows past the others' is
+/// steered away for as long as it is longer, so new connections do not join it.
+#[test]
+fn a_backlogged_worker_gets_no_new_connection_before_it_counts_as_stalled() {
+    let mut s = Server::start(
+        "steer-backlog",
+        &conf(2, "reuseport_stall_threshold 10s;"),
+        2,
+    );
+    let ws = s.wait_workers(2);
+    let _cont = stop(ws[1].pid);
+    let addr = s.addr();
+    // About half of these queue on the stopped worker's shard.
+    let _held: Vec<_> = (0..24)
+        .map(|_| {
+            let mut c = connect(addr);
+            c.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            c
+        })
+        .collect();
+    wait_for(Duration::from_secs(5), "worker 1 steered away", || {
+        let st = try_get(addr, "/status").ok()?.body_str();
+        st.contains("\"steered_away\":true").then_some(())
+    });
+    let took = burst(addr, 100, 10, Duration::from_secs(1));
+    assert_eq!(took.iter().filter(|t| t.is_none()).count(), 0);
+    let st = status(&s);
+    assert!(!st.contains("\"stalled\":true"), "{st}");
+    assert_eq!(parse_workers(&st)[1].stalls, 0);
+}
