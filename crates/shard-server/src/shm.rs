@@ -152,10 +152,11 @@ pub struct Region {
 /// `Region::steer` bit: the worker's loop has not turned for `reuseport_stall_threshold` with
 /// work waiting (or it is dead and not yet back).
 pub const STEER_STALLED: u64 = 1;
-/// `Region::steer` bit: siblings poll this worker's shards (it is stalled, or its queue is
-/// long while theirs are empty).
+/// `Region::steer` bit: siblings poll this worker's shards (it is stalled; with
+/// `SHARD_STEER_BACKLOG=steal`, also while it is backlogged).
 pub const STEER_HELP: u64 = 2;
-/// `Region::steer` bit: the reuseport program sends this worker's shards no new connection.
+/// `Region::steer` bit: the reuseport program sends this worker's shards no new connection
+/// (stalled, or backlogged: its queue is longer than the live workers' mean).
 pub const STEER_AWAY: u64 = 4;
 
 impl Region {

@@ -23,7 +23,8 @@ pub struct ListenerRow {
     pub backlog: u32,
     /// The owning worker is stalled (`reuseport_steering`).
     pub stalled: bool,
-    /// The group's program sends this shard no new connection because its worker stalled.
+    /// The group's program sends this shard no new connection: its worker is stalled, or its
+    /// queue is longer than the others'.
     pub steered_away: bool,
 }
 
@@ -312,7 +313,7 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
         ),
         (
             "shard_listener_steered_away",
-            "Whether the reuseport program sends the shard no new connection (its worker stalled).",
+            "Whether the reuseport program sends the shard no new connection (stalled or backlogged worker).",
             |l| u32::from(l.steered_away),
         ),
     ];

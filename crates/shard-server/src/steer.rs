@@ -13,6 +13,11 @@
 //! its shard's queue (stopped while waiting), or one that is dead and not yet respawned. An
 //! idle worker is never stalled, however old its heartbeat. It is live again as soon as its
 //! heartbeat moves.
+//!
+//! What a backlogged worker is: a live one whose accept queue is longer than the mean of the
+//! live workers' queues by `BACKLOG_GAP_MIN` or a sixteenth; it leaves the program (not its
+//! siblings' help: it is working) until its queue is back at the mean. ARCHITECTURE.md says
+//! why steering rather than stealing.
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -45,6 +50,9 @@ impl Backlog {
         }
     }
 }
+
+/// The longest wait between two looks while every worker waits with nothing queued.
+pub(crate) const QUIET_TICK_MAX_MS: u64 = 50;
 
 /// How often the master judges the workers: a quarter of the threshold, so a stall is seen
 /// within 1.25 thresholds, and at least every 10 ms.
