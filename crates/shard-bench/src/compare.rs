@@ -1,18 +1,24 @@
 //! `shard-bench compare`: the user's own configuration under each accept strategy, with the
 //! same load, and a verdict in a few lines.
 //!
-//! This module owns the rewriting of a configuration per strategy (the `listen` parameters
-//! `reuseport`/`shards=` and `events { accept_mutex }`, nothing else) and the verdict. The
-//! rewritten files are written next to the original (so that relative `include`s still work)
-//! under hidden names, and removed afterwards.
+//! This module owns the changes made to a configuration per strategy and the verdict. The
+//! configuration is read with shard's own parser (`shard_config::tree`: every `include`
+//! followed), changed in the tree (every `listen` gets or loses `reuseport`/`shards=`,
+//! `events` gets `accept_mutex` and `reuseport_steering`; what shard would write goes to a
+//! private directory, relative read paths become absolute against the user's prefix) and
+//! written as one file into that directory, which is removed afterwards. The user's files are
+//! only read.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::experiments::{drive, Load, Measured};
+use shard_config::tree::Node;
+
+use crate::experiments::{drive_addr, Load, Measured};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct CompareArgs {
@@ -42,49 +48,234 @@ pub struct CompareArgs {
     /// The shard binary (default: next to this one).
     #[arg(long)]
     pub shard: Option<PathBuf>,
+    /// The address to load (as in `listen`, e.g. `127.0.0.1:8080` or `8080`); default: the
+    /// first HTTP address of the configuration.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// The `Host` header sent; default: the first name of the server that answers on that
+    /// address.
+    #[arg(long)]
+    pub host: Option<String>,
 }
 
-/// The strategies compared, as (name, reuseport, accept_mutex).
-const STRATEGIES: [(&str, bool, bool); 3] = [
-    ("reuseport", true, false),
-    ("accept_mutex off (EPOLLEXCLUSIVE)", false, false),
-    ("accept_mutex on", false, true),
-];
+/// One accept strategy as the changes it makes to a configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strategy {
+    pub name: &'static str,
+    /// `listen ... reuseport`, with `shards=auto` when set.
+    pub reuseport: bool,
+    pub shards_auto: bool,
+    pub accept_mutex: bool,
+    pub steering: bool,
+}
 
-/// Rewrites `text` for one strategy: every `listen` gets or loses `reuseport` (and any
-/// `shards=`), and `events` gets `accept_mutex on|off`.
-pub fn rewrite(text: &str, reuseport: bool, accept_mutex: bool) -> String {
-    let mut out = String::with_capacity(text.len() + 64);
-    for line in text.lines() {
-        let trimmed = line.trim_start();
-        if trimmed.starts_with("listen ") || trimmed.starts_with("listen\t") {
-            if let Some(end) = trimmed.find(';') {
-                let indent = &line[..line.len() - trimmed.len()];
-                let mut words: Vec<&str> = trimmed[..end]
-                    .split_whitespace()
-                    .filter(|w| *w != "reuseport" && !w.starts_with("shards="))
-                    .collect();
-                if reuseport {
-                    words.push("reuseport");
+const fn strategy(
+    name: &'static str,
+    reuseport: bool,
+    shards_auto: bool,
+    accept_mutex: bool,
+    steering: bool,
+) -> Strategy {
+    Strategy {
+        name,
+        reuseport,
+        shards_auto,
+        accept_mutex,
+        steering,
+    }
+}
+
+/// Every strategy shard has; `shards=auto` is added where it differs from both a shared
+/// socket and one shard per worker (see `strategies`).
+const STRATEGIES: [Strategy; 4] = [
+    strategy("reuseport, steering on", true, false, false, true),
+    strategy("reuseport, steering off", true, false, false, false),
+    strategy(
+        "accept_mutex off (EPOLLEXCLUSIVE)",
+        false,
+        false,
+        false,
+        true,
+    ),
+    strategy("accept_mutex on", false, false, true, true),
+];
+const SHARDS_AUTO: Strategy = strategy("reuseport shards=auto", true, true, false, true);
+
+/// The strategies for `n_workers` workers on `cpus` CPUs.
+fn strategies(n_workers: usize, cpus: usize) -> Vec<Strategy> {
+    let mut v = STRATEGIES.to_vec();
+    let auto = shard_config::shard_count(Some(shard_config::Shards::Auto), n_workers, cpus);
+    if auto > 1 && auto < n_workers {
+        v.push(SHARDS_AUTO);
+    }
+    v
+}
+
+/// Where a rewritten configuration lives and reads from.
+struct Paths<'a> {
+    /// The user's prefix: relative read paths (`root`, `alias`, `disable_symlinks from=`)
+    /// resolve against it.
+    prefix: &'a Path,
+    /// The private directory shard runs in (`-p`): every file it writes goes here.
+    work: &'a Path,
+}
+
+/// What the baseline rewrite left out, for the report.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct LeftOut {
+    ssl_listens: usize,
+    unix_listens: usize,
+    ssl_directives: usize,
+}
+
+/// The user's tree made runnable in `paths.work` without touching anything of the user's:
+/// `ssl` and `unix:` listeners (which shard does not serve) and `ssl_*` directives removed,
+/// write paths moved into the work directory, read paths made absolute, an `events` block
+/// where there is none.
+fn baseline(tree: &[Node], paths: &Paths<'_>) -> (Vec<Node>, LeftOut) {
+    let mut left = LeftOut::default();
+    let mut logs = 0usize;
+    let mut out = base_walk(tree, paths, &mut left, &mut logs);
+    if !out.iter().any(|n| n.name == "events") {
+        out.push(Node {
+            block: Some(Vec::new()),
+            ..Node::new("events", &[])
+        });
+    }
+    out.retain(|n| n.name != "pid");
+    out.insert(
+        0,
+        Node::new(
+            "pid",
+            &[&paths.work.join("logs/shard.pid").to_string_lossy()],
+        ),
+    );
+    (out, left)
+}
+
+fn base_walk(nodes: &[Node], paths: &Paths<'_>, left: &mut LeftOut, logs: &mut usize) -> Vec<Node> {
+    let mut out = Vec::with_capacity(nodes.len());
+    let absolute = |p: &str| -> String {
+        if Path::new(p).is_absolute() || p.starts_with('$') {
+            p.to_string()
+        } else {
+            paths.prefix.join(p).to_string_lossy().into_owned()
+        }
+    };
+    for n in nodes {
+        let mut n = n.clone();
+        match n.name.as_str() {
+            "listen" => {
+                if n.args.iter().skip(1).any(|a| a == "ssl") {
+                    left.ssl_listens += 1;
+                    continue;
                 }
-                let _ = writeln!(out, "{indent}{};{}", words.join(" "), &trimmed[end + 1..]);
+                if n.args.first().is_some_and(|a| a.starts_with("unix:")) {
+                    left.unix_listens += 1;
+                    continue;
+                }
+            }
+            name if name.starts_with("ssl_") || name == "ssl" => {
+                left.ssl_directives += 1;
                 continue;
             }
+            "root" | "alias" => {
+                if let Some(a) = n.args.first_mut() {
+                    *a = absolute(a);
+                }
+            }
+            "disable_symlinks" => {
+                for a in n.args.iter_mut() {
+                    if let Some(p) = a.strip_prefix("from=") {
+                        if !p.eq_ignore_ascii_case("$document_root") {
+                            *a = format!("from={}", absolute(p));
+                        }
+                    }
+                }
+            }
+            "error_log" => {
+                if let Some(a) = n.args.first_mut() {
+                    if a != "stderr" && !a.starts_with("syslog:") {
+                        *a = paths
+                            .work
+                            .join("logs/error.log")
+                            .to_string_lossy()
+                            .into_owned();
+                    }
+                }
+            }
+            "access_log" => {
+                if let Some(a) = n.args.first_mut() {
+                    if a != "off" && !a.starts_with("syslog:") {
+                        *logs += 1;
+                        *a = paths
+                            .work
+                            .join(format!("logs/access-{logs}.log"))
+                            .to_string_lossy()
+                            .into_owned();
+                    }
+                }
+            }
+            "client_body_temp_path" => {
+                if let Some(a) = n.args.first_mut() {
+                    *a = paths
+                        .work
+                        .join("client_body_temp")
+                        .to_string_lossy()
+                        .into_owned();
+                }
+            }
+            _ => {}
         }
-        if trimmed.starts_with("accept_mutex ") || trimmed.starts_with("accept_mutex\t") {
-            continue;
+        if let Some(b) = &n.block {
+            let kept = base_walk(b, paths, left, logs);
+            // A server whose every `listen` was left out would listen on nginx's default
+            // `*:80` instead: it is left out whole.
+            let listens = |v: &[Node]| v.iter().filter(|d| d.name == "listen").count();
+            if n.name == "server" && listens(b) > 0 && listens(&kept) == 0 {
+                continue;
+            }
+            n.block = Some(kept);
         }
-        out.push_str(line);
-        out.push('\n');
-        if trimmed.starts_with("events") && trimmed.contains('{') {
-            let _ = writeln!(
-                out,
-                "    accept_mutex {};",
-                if accept_mutex { "on" } else { "off" }
-            );
-        }
+        out.push(n);
     }
     out
+}
+
+/// The baseline under one strategy: every `listen` of every server (http and stream) gets or
+/// loses `reuseport` and `shards=`; `events` gets `accept_mutex` and `reuseport_steering`.
+pub fn apply(tree: &[Node], st: &Strategy) -> Vec<Node> {
+    tree.iter()
+        .map(|n| {
+            let mut n = n.clone();
+            if n.name == "listen" {
+                n.args
+                    .retain(|a| a != "reuseport" && !a.starts_with("shards="));
+                if st.reuseport {
+                    n.args.push("reuseport".into());
+                    if st.shards_auto {
+                        n.args.push("shards=auto".into());
+                    }
+                }
+            }
+            if let Some(b) = &n.block {
+                let mut b = apply(b, st);
+                if n.name == "events" {
+                    b.retain(|d| d.name != "accept_mutex" && d.name != "reuseport_steering");
+                    b.push(Node::new(
+                        "accept_mutex",
+                        &[if st.accept_mutex { "on" } else { "off" }],
+                    ));
+                    b.push(Node::new(
+                        "reuseport_steering",
+                        &[if st.steering { "on" } else { "off" }],
+                    ));
+                }
+                n.block = Some(b);
+            }
+            n
+        })
+        .collect()
 }
 
 fn default_prefix(conf: &Path) -> PathBuf {
@@ -93,25 +284,6 @@ fn default_prefix(conf: &Path) -> PathBuf {
         (Some(n), Some(up)) if n == "conf" => up.to_path_buf(),
         _ => dir.to_path_buf(),
     }
-}
-
-/// The first address the configuration listens on, from shard's own `-t` parse.
-fn first_port(text: &str) -> Result<u16> {
-    for line in text.lines() {
-        let t = line.trim_start();
-        if let Some(rest) = t.strip_prefix("listen") {
-            let addr = rest
-                .split_whitespace()
-                .next()
-                .unwrap_or("")
-                .trim_end_matches(';');
-            let port = addr.rsplit(':').next().unwrap_or(addr);
-            if let Ok(p) = port.parse() {
-                return Ok(p);
-            }
-        }
-    }
-    bail!("no listen directive with a port found")
 }
 
 /// One strategy's rounds.
@@ -235,7 +407,7 @@ fn why(s: &[Summary], rps_noise: Option<f64>, p99_noise: Option<f64>) -> Vec<Str
         high.p99_ms,
         against(d, p99_noise, "steadier")
     ));
-    if p99_beyond && high.name == "reuseport" {
+    if p99_beyond && high.name.starts_with("reuseport") {
         out.push(
             "reuseport had the highest p99, beyond the noise: with per-worker queues a new connection waits              for the worker the kernel hashed it to, even while another worker is free."
                 .into(),
@@ -251,7 +423,7 @@ fn why(s: &[Summary], rps_noise: Option<f64>, p99_noise: Option<f64>) -> Vec<Str
     for x in uneven {
         let why = if x.name == "accept_mutex on" {
             "the worker holding the accept mutex takes the new connections while the others wait for it"
-        } else if x.name == "reuseport" {
+        } else if x.name.starts_with("reuseport") {
             "the kernel's hash gave some workers more connections than others"
         } else {
             "epoll woke some workers more often than others"
@@ -279,6 +451,134 @@ fn spread(v: &[u64]) -> f64 {
     }
 }
 
+/// What is loaded: the address connected to, the `Host` sent, and a description for the
+/// report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    connect: SocketAddr,
+    host: String,
+    listen: SocketAddr,
+    /// Every HTTP address of the configuration, in order.
+    all: Vec<SocketAddr>,
+}
+
+/// Picks the address to load among the configuration's HTTP listeners (`--listen`, else the
+/// first) and the `Host` to send (`--host`, else the first name of the server that answers
+/// there by default); says why when nothing can be measured.
+fn target(
+    cfg: &shard_config::Config,
+    listen: Option<&str>,
+    host: Option<&str>,
+    left: &LeftOut,
+) -> Result<Target> {
+    let http: Vec<&shard_config::Listener> = cfg
+        .listeners
+        .iter()
+        .filter(|l| matches!(l.kind, shard_config::ListenerKind::Http))
+        .collect();
+    if http.is_empty() {
+        let mut why = Vec::new();
+        if cfg
+            .listeners
+            .iter()
+            .any(|l| matches!(l.kind, shard_config::ListenerKind::Stream { .. }))
+        {
+            why.push(
+                "its only listeners are in stream {}, and compare measures HTTP requests"
+                    .to_string(),
+            );
+        }
+        if left.ssl_listens > 0 {
+            why.push(format!(
+                "{} `listen ... ssl` (TLS), which shard does not serve yet",
+                left.ssl_listens
+            ));
+        }
+        if left.unix_listens > 0 {
+            why.push(format!(
+                "{} `listen unix:...`, which shard does not serve",
+                left.unix_listens
+            ));
+        }
+        if why.is_empty() {
+            why.push("it has no HTTP listener".into());
+        }
+        bail!(
+            "compare cannot measure this configuration: {}",
+            why.join("; ")
+        );
+    }
+    let chosen = match listen {
+        None => http[0],
+        Some(want) => {
+            let port_only = want.parse::<u16>().ok();
+            let addr = want.parse::<SocketAddr>().ok();
+            *http
+                .iter()
+                .find(|l| Some(l.addr) == addr || port_only == Some(l.addr.port()))
+                .with_context(|| {
+                    format!(
+                        "--listen {want}: the configuration listens on {}",
+                        http.iter()
+                            .map(|l| l.addr.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })?
+        }
+    };
+    let mut connect = chosen.addr;
+    if connect.ip().is_unspecified() {
+        connect.set_ip(if connect.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    let host = match host {
+        Some(h) => h.to_string(),
+        None => cfg
+            .http
+            .as_ref()
+            .and_then(|h| h.servers.get(chosen.default_server))
+            .and_then(|s| {
+                s.server_names.iter().find_map(|n| match n {
+                    shard_config::ServerName::Exact(n) if !n.is_empty() => Some(n.clone()),
+                    _ => None,
+                })
+            })
+            .unwrap_or_else(|| connect.to_string()),
+    };
+    Ok(Target {
+        connect,
+        host,
+        listen: chosen.addr,
+        all: http.iter().map(|l| l.addr).collect(),
+    })
+}
+
+/// A private directory removed when dropped.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn new() -> Result<WorkDir> {
+        let p = std::env::temp_dir().join(format!("shard-bench-compare-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(p.join("conf"))?;
+        std::fs::create_dir_all(p.join("logs"))?;
+        // Workers that are no longer root write their logs here.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p.join("logs"), std::fs::Permissions::from_mode(0o777))?;
+        Ok(WorkDir(p))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 pub fn run(a: CompareArgs) -> Result<()> {
     crate::procfs::raise_nofile_limit();
     let shard = match &a.shard {
@@ -287,50 +587,72 @@ pub fn run(a: CompareArgs) -> Result<()> {
     };
     let conf =
         std::fs::canonicalize(&a.conf).with_context(|| format!("reading {}", a.conf.display()))?;
-    let text =
-        std::fs::read_to_string(&conf).with_context(|| format!("reading {}", a.conf.display()))?;
-    let port = first_port(&text)?;
     let prefix = a.prefix.clone().unwrap_or_else(|| default_prefix(&conf));
+    let prefix = std::fs::canonicalize(&prefix).unwrap_or(prefix);
     let close = match a.workload.as_str() {
         "close" => true,
         "keepalive" => false,
         w => bail!("unknown workload {w:?}: keepalive or close"),
     };
+    anyhow::ensure!(
+        (1..=20).contains(&a.rounds),
+        "--rounds must be between 1 and 20"
+    );
+    let tree =
+        shard_config::tree::load_expanded(&conf).map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let work = WorkDir::new()?;
+    let paths = Paths {
+        prefix: &prefix,
+        work: &work.0,
+    };
+    let (base, left) = baseline(&tree, &paths);
+    // The parser decides what the configuration listens on, as `shard -t` would.
+    let probe = work.0.join("conf/shard.conf");
+    std::fs::write(
+        &probe,
+        shard_config::tree::render(&apply(&base, &STRATEGIES[2])),
+    )?;
+    let cfg = shard_config::load(&probe, &work.0, None).map_err(|e| {
+        anyhow::anyhow!(
+            "shard refuses this configuration (as rewritten for compare): {}",
+            e.message
+        )
+    })?;
+    let tgt = target(&cfg, a.listen.as_deref(), a.host.as_deref(), &left)?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // As the server resolves it (`auto`: the CPUs available to the process).
+    let n_workers = match cfg.main.worker_processes {
+        shard_config::WorkerProcesses::Fixed(n) => n.max(1),
+        shard_config::WorkerProcesses::Auto => cpus,
+    };
+    let strategies = strategies(n_workers, cpus);
     let load = Load {
         path: a.path.clone(),
         conns: a.connections,
         close,
         duration: Some(Duration::from_secs(a.duration)),
         requests: None,
-        headers: Vec::new(),
+        headers: vec![("Host".into(), tgt.host.clone())],
     };
-    anyhow::ensure!(
-        (1..=20).contains(&a.rounds),
-        "--rounds must be between 1 and 20"
-    );
-    let mut outcomes: Vec<Outcome> = STRATEGIES
+    let mut outcomes: Vec<Outcome> = strategies
         .iter()
-        .map(|&(name, _, _)| Outcome {
-            name,
+        .map(|st| Outcome {
+            name: st.name,
             rounds: Vec::new(),
         })
         .collect();
     // Interleaved, so that a drift of the machine spreads over every strategy.
     for round in 0..a.rounds {
-        for (i, (name, reuseport, mutex)) in STRATEGIES.into_iter().enumerate() {
-            let path = conf.with_file_name(format!(
-                ".shard-compare-{}.conf",
-                name.split(' ').next().unwrap_or("x")
-            ));
-            std::fs::write(&path, rewrite(&text, reuseport, mutex))?;
-            eprintln!("shard-bench compare: {name}, round {}", round + 1);
-            let res = run_one(&shard, &prefix, &path, port, &load);
-            let _ = std::fs::remove_file(&path);
-            let r = res.with_context(|| format!("running {name}"))?;
+        for (i, st) in strategies.iter().enumerate() {
+            let path = work.0.join(format!("conf/strategy-{i}.conf"));
+            std::fs::write(&path, shard_config::tree::render(&apply(&base, st)))?;
+            eprintln!("shard-bench compare: {}, round {}", st.name, round + 1);
+            let r = run_one(&shard, &work.0, &path, tgt.connect, &load)
+                .with_context(|| format!("running {}", st.name))?;
             outcomes[i].rounds.push(r);
         }
     }
-    print!("{}", verdict(&a, &outcomes));
+    print!("{}", verdict(&a, &tgt, &left, n_workers, &outcomes));
     Ok(())
 }
 
@@ -338,11 +660,10 @@ fn run_one(
     shard: &Path,
     prefix: &Path,
     conf: &Path,
-    port: u16,
+    addr: SocketAddr,
     load: &Load,
 ) -> Result<(Measured, Vec<u64>)> {
-    let errlog =
-        std::env::temp_dir().join(format!("shard-bench-compare-{}.stderr", std::process::id()));
+    let errlog = prefix.join("logs/stderr.log");
     let mut child = std::process::Command::new(shard)
         .arg("-p")
         .arg(prefix)
@@ -354,14 +675,14 @@ fn run_one(
         .spawn()?;
     let result = (|| {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while std::net::TcpStream::connect(addr).is_err() {
             if let Ok(Some(st)) = child.try_wait() {
                 let err = std::fs::read_to_string(&errlog).unwrap_or_default();
                 bail!("shard exited with {st}: {}", err.trim());
             }
             anyhow::ensure!(
                 std::time::Instant::now() < deadline,
-                "shard did not listen on port {port} within 10 s"
+                "shard did not listen on {addr} within 10 s"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -370,7 +691,7 @@ fn run_one(
             .iter()
             .map(|p| crate::procfs::cpu_ticks(&[*p]).unwrap_or(0))
             .collect();
-        let m = drive(port, load)?;
+        let m = drive_addr(addr, load)?;
         let cpu1: Vec<u64> = pids
             .iter()
             .map(|p| crate::procfs::cpu_ticks(&[*p]).unwrap_or(0))
@@ -387,7 +708,6 @@ fn run_one(
     // SAFETY-free: kill(2) with plain integers.
     unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) };
     let _ = child.wait();
-    let _ = std::fs::remove_file(&errlog);
     result
 }
 
@@ -399,7 +719,7 @@ fn children(pid: u32) -> Result<Vec<i32>> {
         .collect())
 }
 
-fn verdict(a: &CompareArgs, o: &[Outcome]) -> String {
+fn verdict(a: &CompareArgs, t: &Target, left: &LeftOut, n_workers: usize, o: &[Outcome]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -410,6 +730,29 @@ fn verdict(a: &CompareArgs, o: &[Outcome]) -> String {
         a.duration,
         a.rounds
     );
+    let _ = writeln!(
+        s,
+        "Loaded {} (connecting to {}) with `Host: {}`, path {}; {n_workers} worker processes. \
+         Every `listen` of every server was switched (HTTP addresses: {}).",
+        t.listen,
+        t.connect,
+        t.host,
+        a.path,
+        t.all
+            .iter()
+            .map(SocketAddr::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if *left != LeftOut::default() {
+        let _ = writeln!(
+            s,
+            "Left out (shard does not serve them): {} `ssl` listener(s), {} `unix:` listener(s), \
+             {} `ssl_*` directive(s).",
+            left.ssl_listens, left.unix_listens, left.ssl_directives
+        );
+    }
+    s.push('\n');
     let _ = writeln!(
         s,
         "| strategy | req/s | p50 ms | p99 ms | max ms | errors | worker CPU max/min |"
@@ -440,23 +783,99 @@ fn verdict(a: &CompareArgs, o: &[Outcome]) -> String {
 mod tests {
     use super::*;
 
+    fn tree_of(text: &str) -> Vec<Node> {
+        let dir = std::env::temp_dir().join(format!(
+            "shard-compare-unit-{}-{}",
+            std::process::id(),
+            text.len()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("t.conf"), text).unwrap();
+        let t = shard_config::tree::load_expanded(&dir.join("t.conf")).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        t
+    }
+
+    fn find<'a>(t: &'a [Node], name: &str, out: &mut Vec<&'a Node>) {
+        for n in t {
+            if n.name == name {
+                out.push(n);
+            }
+            if let Some(b) = &n.block {
+                find(b, name, out);
+            }
+        }
+    }
+
     #[test]
-    fn rewrite_toggles_listen_parameters_and_the_accept_mutex() {
-        let conf = "events {\n    accept_mutex on;\n}\nhttp {\n  server {\n    listen 127.0.0.1:80 reuseport shards=2 backlog=10; # x\n  }\n}\n";
-        let r = rewrite(conf, false, false);
-        assert!(r.contains("listen 127.0.0.1:80 backlog=10; # x"), "{r}");
-        assert!(r.contains("events {\n    accept_mutex off;\n}"), "{r}");
-        let r = rewrite(conf, true, true);
-        assert!(
-            r.contains("listen 127.0.0.1:80 backlog=10 reuseport;"),
-            "{r}"
+    fn apply_switches_every_listen_and_the_events_block() {
+        let t = tree_of(
+            "events { accept_mutex on; worker_connections 64; } http { server { listen 127.0.0.1:80 reuseport shards=2 backlog=10; } \
+             server { listen 81 default_server; } } stream { server { listen 82; proxy_pass 127.0.0.1:9; } }",
         );
-        assert_eq!(r.matches("accept_mutex").count(), 1, "{r}");
-        assert_eq!(first_port(conf).unwrap(), 80);
+        let r = apply(&t, &STRATEGIES[0]);
+        let mut l = Vec::new();
+        find(&r, "listen", &mut l);
+        assert_eq!(l.len(), 3);
+        assert_eq!(l[0].args, ["127.0.0.1:80", "backlog=10", "reuseport"]);
+        assert_eq!(l[1].args, ["81", "default_server", "reuseport"]);
+        assert_eq!(l[2].args, ["82", "reuseport"]);
+        let text = shard_config::tree::render(&apply(&t, &STRATEGIES[3]));
+        assert!(text.contains("listen 127.0.0.1:80 backlog=10;"), "{text}");
+        assert_eq!(text.matches("accept_mutex").count(), 1, "{text}");
+        assert!(
+            text.contains("accept_mutex on;") && text.contains("reuseport_steering on;"),
+            "{text}"
+        );
+        let text = shard_config::tree::render(&apply(&t, &SHARDS_AUTO));
+        assert!(
+            text.contains("listen 81 default_server reuseport shards=auto;"),
+            "{text}"
+        );
         assert_eq!(
             default_prefix(Path::new("/a/conf/x.conf")),
             PathBuf::from("/a")
         );
+    }
+
+    #[test]
+    fn the_baseline_writes_nothing_of_the_users_and_reads_from_their_prefix() {
+        let t = tree_of(
+            "pid /run/nginx.pid; error_log /var/log/nginx/error.log warn; http { access_log logs/a.log combined; \
+             server { listen 80; listen 443 ssl; ssl_certificate c.pem; listen unix:/run/x.sock; root html; \
+             location /a { alias /abs/a; access_log off; } location /b { alias rel/b; } \
+             disable_symlinks on from=html; client_body_temp_path tmp 1 2; } }",
+        );
+        let paths = Paths {
+            prefix: Path::new("/user/prefix"),
+            work: Path::new("/work/dir"),
+        };
+        let (b, left) = baseline(&t, &paths);
+        assert_eq!(
+            left,
+            LeftOut {
+                ssl_listens: 1,
+                unix_listens: 1,
+                ssl_directives: 1
+            }
+        );
+        let text = shard_config::tree::render(&b);
+        for want in [
+            "pid /work/dir/logs/shard.pid;",
+            "error_log /work/dir/logs/error.log warn;",
+            "access_log /work/dir/logs/access-1.log combined;",
+            "access_log off;",
+            "root /user/prefix/html;",
+            "alias /abs/a;",
+            "alias /user/prefix/rel/b;",
+            "disable_symlinks on from=/user/prefix/html;",
+            "client_body_temp_path /work/dir/client_body_temp 1 2;",
+            "events {\n}",
+        ] {
+            assert!(text.contains(want), "{want} missing: {text}");
+        }
+        assert!(!text.contains("ssl") && !text.contains("unix:"), "{text}");
+        assert_eq!(text.matches("pid ").count(), 1, "{text}");
     }
 
     fn sum(name: &'static str, rps: f64, p99_ms: f64, spread: f64) -> Summary {

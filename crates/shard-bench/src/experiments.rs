@@ -375,7 +375,12 @@ fn measure(
 
 /// The load generator, through its library interface.
 pub fn drive(port: u16, load: &Load) -> Result<Measured> {
-    let target = crate::loadgen::Target::parse(&format!("http://127.0.0.1:{port}{}", load.path))?;
+    drive_addr(std::net::SocketAddr::from(([127, 0, 0, 1], port)), load)
+}
+
+/// The same against any address (IPv6 included).
+pub fn drive_addr(addr: std::net::SocketAddr, load: &Load) -> Result<Measured> {
+    let target = crate::loadgen::Target::parse(&format!("http://{addr}{}", load.path))?;
     let mut spec = crate::loadgen::LoadSpec::new(target);
     spec.connections = load.conns.max(1);
     spec.threads = 2.min(spec.connections);

@@ -206,7 +206,8 @@ fn compare_runs_a_user_configuration_under_each_strategy() {
         String::from_utf8_lossy(&out.stderr)
     );
     for row in [
-        "| reuseport |",
+        "| reuseport, steering on |",
+        "| reuseport, steering off |",
         "| accept_mutex off (EPOLLEXCLUSIVE) |",
         "| accept_mutex on |",
         "Why (each line from the numbers above):",
@@ -244,9 +245,213 @@ fn compare_runs_a_user_configuration_under_each_strategy() {
         text.contains("the run-to-run noise was not measured"),
         "{text}"
     );
-    // The rewritten configurations are removed; the user's file is untouched.
+    // Nothing is written beside the user's file.
     let left: Vec<_> = std::fs::read_dir(dir.join("conf")).unwrap().collect();
     assert_eq!(left.len(), 1);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every file under `dir` (path, bytes, permissions), sorted: two equal snapshots mean nothing
+/// was written, added or removed.
+fn snapshot(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            if meta.is_dir() {
+                stack.push(p.clone());
+                out.push((p, Vec::new(), meta.permissions().mode()));
+            } else {
+                let bytes = std::fs::read(&p).unwrap_or_default();
+                out.push((p, bytes, meta.permissions().mode()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs `compare` (one round of 1 s, 4 connections, plus `extra`) on `conf` and checks that
+/// it gives a verdict and leaves the directory `dir` byte-identical; returns the report.
+fn compare_shape(dir: &std::path::Path, conf: &str, extra: &[&str]) -> String {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let shard = std::path::Path::new(bench).with_file_name("shard");
+    let t = Command::new(&shard)
+        .arg("-t")
+        .arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(dir.join(conf))
+        .output()
+        .unwrap();
+    assert!(
+        t.status.success(),
+        "shard -t refuses the test's configuration: {}",
+        String::from_utf8_lossy(&t.stderr)
+    );
+    let before = snapshot(dir);
+    let out = Command::new(bench)
+        .args([
+            "compare",
+            "--rounds",
+            "1",
+            "--duration",
+            "1",
+            "--connections",
+            "4",
+        ])
+        .args(extra)
+        .arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(dir.join(conf))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("| reuseport, steering on |"), "{text}");
+    assert!(
+        text.contains("Why (each line from the numbers above):"),
+        "{text}"
+    );
+    assert!(text.contains("| 0 |"), "a strategy had errors: {text}");
+    assert!(before == snapshot(dir), "compare changed {}", dir.display());
+    text
+}
+
+fn shape_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("shard-bench-shape-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("html")).unwrap();
+    std::fs::write(dir.join("html/index.html"), "hello\n").unwrap();
+    dir
+}
+
+#[test]
+fn compare_runs_configurations_in_the_shapes_people_write() {
+    // One-line blocks.
+    let dir = shape_dir("oneline");
+    let port = free_port();
+    std::fs::write(
+        dir.join("one.conf"),
+        format!("worker_processes 2; events {{ worker_connections 1024; }} http {{ access_log off; server {{ listen 127.0.0.1:{port}; root html; }} }}\n"),
+    )
+    .unwrap();
+    let r = compare_shape(&dir, "one.conf", &[]);
+    assert!(r.contains(&format!("Loaded 127.0.0.1:{port}")), "{r}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Debian-like: nginx.conf + conf.d/*.conf + sites-enabled/default, with `listen` only in
+    // the site, write paths outside the prefix, and mime.types from the bundle.
+    let dir = shape_dir("debian");
+    let port = free_port();
+    std::fs::create_dir_all(dir.join("conf.d")).unwrap();
+    std::fs::create_dir_all(dir.join("sites-enabled")).unwrap();
+    std::fs::write(
+        dir.join("nginx.conf"),
+        "worker_processes 2;\npid /run/shard-compare-test-never.pid;\nerror_log /var/log/shard-compare-test-never/error.log;\n\
+         events {\n\tworker_connections 768;\n\t# multi_accept on;\n}\n\
+         http {\n\tinclude mime.types;\n\tdefault_type application/octet-stream;\n\
+         \taccess_log /var/log/shard-compare-test-never/access.log;\n\tinclude conf.d/*.conf;\n\tinclude sites-enabled/*;\n}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("conf.d/gzip.conf"), "gzip on;\n").unwrap();
+    std::fs::write(
+        dir.join("sites-enabled/default"),
+        format!(
+            "server {{\n\tlisten 127.0.0.1:{port} default_server;\n\tserver_name example.test www.example.test;\n\
+             \troot {};\n\tindex index.html;\n\tlocation / {{\n\t}}\n}}\n",
+            dir.join("html").display()
+        ),
+    )
+    .unwrap();
+    let r = compare_shape(&dir, "nginx.conf", &[]);
+    assert!(r.contains("`Host: example.test`"), "{r}");
+    assert!(!std::path::Path::new("/var/log/shard-compare-test-never").exists());
+    assert!(!std::path::Path::new("/run/shard-compare-test-never.pid").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Comments, `default_server`, `backlog=`, a commented-out listen; two servers on two
+    // ports, the second chosen with --listen; `include` with a glob.
+    let dir = shape_dir("two");
+    let (p1, p2) = (free_port(), free_port());
+    std::fs::create_dir_all(dir.join("conf/servers")).unwrap();
+    std::fs::write(
+        dir.join("conf/main.conf"),
+        "worker_processes 2; # two\nevents {\n    accept_mutex on; # will be switched\n}\nhttp {\n    access_log off;\n    include servers/*.conf;\n}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("conf/servers/a.conf"),
+        format!("server {{\n    # listen 80;\n    listen 127.0.0.1:{p1} default_server backlog=128; # first\n    server_name a.test;\n    root html;\n}}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("conf/servers/b.conf"),
+        format!("server {{\n    listen 127.0.0.1:{p2};\n    server_name b.test;\n    location / {{ return 200 \"b\"; }}\n}}\n"),
+    )
+    .unwrap();
+    let r = compare_shape(&dir, "conf/main.conf", &["--listen", &p2.to_string()]);
+    assert!(r.contains(&format!("Loaded 127.0.0.1:{p2}")), "{r}");
+    assert!(r.contains("`Host: b.test`"), "{r}");
+    assert!(
+        r.contains(&format!("127.0.0.1:{p1}, 127.0.0.1:{p2}")),
+        "{r}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn compare_says_why_it_cannot_measure_a_configuration() {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let dir = shape_dir("cannot");
+    for (conf, why) in [
+        (
+            "events {}\nstream { server { listen 127.0.0.1:1; proxy_pass 127.0.0.1:9; } }\n",
+            "its only listeners are in stream {}",
+        ),
+        (
+            "events {}\nhttp { server { listen 127.0.0.1:1 ssl; ssl_certificate c.pem; } }\n",
+            "`listen ... ssl` (TLS), which shard does not serve yet",
+        ),
+        (
+            "events {}\nhttp { server { listen unix:/tmp/x.sock; } }\n",
+            "`listen unix:...`",
+        ),
+    ] {
+        std::fs::write(dir.join("x.conf"), conf).unwrap();
+        let before = snapshot(&dir);
+        let out = Command::new(bench)
+            .args(["compare", "--rounds", "1", "--duration", "1", "-c"])
+            .arg(dir.join("x.conf"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains("compare cannot measure this configuration") && err.contains(why),
+            "{err}"
+        );
+        // One sentence, not a stack of contexts.
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(before == snapshot(&dir));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

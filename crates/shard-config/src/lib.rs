@@ -9,6 +9,7 @@ pub mod fuzz;
 mod lexer;
 mod model;
 mod parse;
+pub mod tree;
 mod units;
 
 #[cfg(test)]

@@ -120,7 +120,66 @@ impl Ctx {
 }
 
 /// How deep `include` may nest (guards against a file including itself).
-const MAX_INCLUDE_DEPTH: usize = 32;
+pub(crate) const MAX_INCLUDE_DEPTH: usize = 32;
+
+/// The files an `include` directive names, each with its text, in nginx's order: a pattern's
+/// matches sorted by name (none is no error), a plain name that must exist. A relative name
+/// resolves against `conf_dir`; a missing `mime.types` beside the configuration is the
+/// bundled one.
+pub(crate) fn include_sources(
+    conf_dir: &Path,
+    d: &Directive,
+    file: &str,
+) -> Result<Vec<(PathBuf, String)>, ConfigError> {
+    let arg = &d.args[0];
+    let pattern = if Path::new(arg).is_absolute() {
+        PathBuf::from(arg)
+    } else {
+        conf_dir.join(arg)
+    };
+    let wildcard = arg.contains(['*', '?', '[']);
+    let files: Vec<PathBuf> = if wildcard {
+        // The directory part is literal; only the argument is a pattern.
+        let pat = if Path::new(arg).is_absolute() {
+            arg.clone()
+        } else {
+            let dir = glob::Pattern::escape(&conf_dir.to_string_lossy());
+            format!("{}/{arg}", dir.trim_end_matches('/'))
+        };
+        let paths = glob::glob(&pat)
+            .map_err(|e| derr(d, file, format!("glob() \"{pat}\" failed ({e})")))?;
+        let mut v: Vec<PathBuf> = paths
+            .filter_map(Result::ok)
+            .filter(|p| p.is_file())
+            .collect();
+        v.sort();
+        v
+    } else {
+        vec![pattern]
+    };
+    let mut out = Vec::with_capacity(files.len());
+    for path in files {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                if !wildcard
+                    && e.kind() == std::io::ErrorKind::NotFound
+                    && path.file_name().is_some_and(|n| n == "mime.types")
+                    && Path::new(arg)
+                        .parent()
+                        .is_none_or(|p| p.as_os_str().is_empty())
+                {
+                    // No mime.types beside the configuration: use the bundled one.
+                    MIME_TYPES.to_string()
+                } else {
+                    return Err(derr(d, file, open_failed(&path, &e)));
+                }
+            }
+        };
+        out.push((path, text));
+    }
+    Ok(out)
+}
 
 struct Env {
     prefix: PathBuf,
@@ -279,61 +338,18 @@ impl Env {
         ctx: Ctx,
         target: &mut Target<'_>,
     ) -> Result<(), ConfigError> {
-        let arg = &d.args[0];
-        let pattern = if Path::new(arg).is_absolute() {
-            PathBuf::from(arg)
-        } else {
-            self.conf_dir.join(arg)
-        };
-        let wildcard = arg.contains(['*', '?', '[']);
-        let files: Vec<PathBuf> = if wildcard {
-            // The directory part is literal; only the argument is a pattern.
-            let pat = if Path::new(arg).is_absolute() {
-                arg.clone()
-            } else {
-                let dir = glob::Pattern::escape(&self.conf_dir.to_string_lossy());
-                format!("{}/{arg}", dir.trim_end_matches('/'))
-            };
-            let paths = glob::glob(&pat)
-                .map_err(|e| derr(d, file, format!("glob() \"{pat}\" failed ({e})")))?;
-            let mut v: Vec<PathBuf> = paths
-                .filter_map(Result::ok)
-                .filter(|p| p.is_file())
-                .collect();
-            v.sort();
-            v
-        } else {
-            vec![pattern]
-        };
         if self.depth.get() >= MAX_INCLUDE_DEPTH {
             return Err(derr(
                 d,
                 file,
-                format!("too deep include nesting of \"{arg}\""),
+                format!("too deep include nesting of \"{}\"", d.args[0]),
             ));
         }
-        for path in files {
-            let name = path.display().to_string();
-            let text = match std::fs::read_to_string(&path) {
-                Ok(t) => t,
-                Err(e) => {
-                    if !wildcard
-                        && e.kind() == std::io::ErrorKind::NotFound
-                        && path.file_name().is_some_and(|n| n == "mime.types")
-                        && Path::new(arg)
-                            .parent()
-                            .is_none_or(|p| p.as_os_str().is_empty())
-                    {
-                        // No mime.types beside the configuration: use the bundled one.
-                        MIME_TYPES.to_string()
-                    } else {
-                        return Err(derr(d, file, open_failed(&path, &e)));
-                    }
-                }
-            };
+        for (path, text) in include_sources(&self.conf_dir, d, file)? {
             if std::fs::metadata(&path).is_ok() {
                 self.included.borrow_mut().push(path.clone());
             }
+            let name = path.display().to_string();
             let items = parse_tree(&text, &name);
             self.depth.set(self.depth.get() + 1);
             let r = self.walk(&items, &name, ctx, target);
