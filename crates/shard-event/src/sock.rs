@@ -94,6 +94,20 @@ pub fn write(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
     cvt_size(unsafe { libc::write(fd, buf.as_ptr() as *const libc::c_void, buf.len()) })
 }
 
+/// `send(2)` with `MSG_MORE`: more data (a file by `sendfile`) follows, so the kernel holds a
+/// partial segment back to fill it (nginx's `tcp_nopush`, per call).
+pub fn send_more(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: buf is valid for reads of buf.len() bytes.
+    cvt_size(unsafe {
+        libc::send(
+            fd,
+            buf.as_ptr() as *const libc::c_void,
+            buf.len(),
+            libc::MSG_MORE | libc::MSG_NOSIGNAL,
+        )
+    })
+}
+
 /// `sendfile(2)` from `file_fd` at `*offset`, advancing it.
 pub fn sendfile(
     sock_fd: RawFd,

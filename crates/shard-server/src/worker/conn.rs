@@ -22,6 +22,9 @@ const FILE_CHUNK_BYTES: usize = 32 * 1024;
 /// File chunks (`pread` + `write`, or one `sendfile`) moved per `flush` call: a client that
 /// reads fast enough does not keep the worker to itself for a whole large file.
 const FLUSH_CHUNKS_MAX: usize = 16;
+/// A file body up to this size, without `sendfile`, is read into the output buffer behind its
+/// head (one `pread`), so that both leave in one write.
+const INLINE_BODY_BYTES: u64 = 32 * 1024;
 /// Pipelined responses gathered before a write.
 const PIPELINE_GATHER_BYTES: usize = 64 * 1024;
 
@@ -295,11 +298,21 @@ impl Worker<'_> {
         let c = &mut self.conns[key];
         let mut chunks = 0;
         loop {
+            // A head followed by a file sent with `sendfile`: one segment, not two.
+            let more = c
+                .file
+                .as_ref()
+                .is_some_and(|f| f.sendfile && f.remaining > 0);
             while c.out_pos < c.out.len() {
                 if !c.writable {
                     return Flush::Blocked;
                 }
-                match shard_event::sock::write(c.fd.as_raw_fd(), &c.out[c.out_pos..]) {
+                let res = if more {
+                    shard_event::sock::send_more(c.fd.as_raw_fd(), &c.out[c.out_pos..])
+                } else {
+                    shard_event::sock::write(c.fd.as_raw_fd(), &c.out[c.out_pos..])
+                };
+                match res {
                     Ok(n) => {
                         debug_assert!(n <= c.out.len() - c.out_pos);
                         c.out_pos += n;
@@ -935,6 +948,27 @@ impl Worker<'_> {
         let c = &mut self.conns[key];
         if len == 0 {
             return;
+        }
+        let (mut offset, mut len) = (offset, len);
+        // A small body without `sendfile` is read behind its head now: head and body leave
+        // in one write (with the other pipelined responses), and the descriptor closes at
+        // once. A short read (the file shrank) leaves the rest to `flush`, which fails it.
+        if !sendfile && len <= INLINE_BODY_BYTES && c.out.len() < PIPELINE_GATHER_BYTES {
+            let start = c.out.len();
+            c.out.resize(start + len as usize, 0);
+            let n = loop {
+                match shard_event::sock::pread(fd.as_raw_fd(), &mut c.out[start..], offset) {
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break 0,
+                }
+            };
+            c.out.truncate(start + n);
+            offset += n as u64;
+            len -= n as u64;
+            if len == 0 {
+                return;
+            }
         }
         c.file = Some(FileBody {
             fd,
