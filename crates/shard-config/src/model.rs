@@ -278,6 +278,8 @@ pub struct LocationConf {
     pub disable_symlinks: DisableSymlinks,
     /// Default off, as nginx.
     pub sendfile: bool,
+    /// `open_file_cache` and its companions. Default off.
+    pub open_file_cache: OpenFileCache,
     /// Default on.
     pub tcp_nodelay: bool,
     /// `None` is `access_log off`. Default `logs/access.log combined` under the prefix.
@@ -646,4 +648,32 @@ pub struct StreamServerConf {
     pub timeout_ms: u64,
     /// `proxy_buffer_size`: each direction's buffer. Default 16 KiB.
     pub buffer_size: usize,
+}
+
+/// nginx's `open_file_cache`, `open_file_cache_valid`, `open_file_cache_min_uses` and
+/// `open_file_cache_errors`: descriptors and metadata of opened files, kept per worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFileCache {
+    /// Most entries; `None` is `open_file_cache off` (the default).
+    pub max: Option<usize>,
+    /// An entry not used for this long is removed. Default 60 s.
+    pub inactive_ms: u64,
+    /// An entry is checked again (opened anew) after this long. Default 60 s.
+    pub valid_ms: u64,
+    /// Uses within `inactive` before a descriptor is kept. Default 1.
+    pub min_uses: u32,
+    /// Cache lookup errors (not found, forbidden) too. Default off.
+    pub errors: bool,
+}
+
+impl Default for OpenFileCache {
+    fn default() -> Self {
+        OpenFileCache {
+            max: None,
+            inactive_ms: 60_000,
+            valid_ms: 60_000,
+            min_uses: 1,
+            errors: false,
+        }
+    }
 }

@@ -2075,3 +2075,46 @@ fn defaults_the_directive_reference_states() {
     assert_eq!(c.main.worker_shutdown_timeout_ms, None);
     assert_eq!(c.listeners[0].opts.backlog, 511);
 }
+
+#[test]
+fn open_file_cache_directives_follow_nginx() {
+    let c = http("server { location / { } }");
+    let l = &c.http.as_ref().unwrap().servers[0].locations[0];
+    assert_eq!(l.open_file_cache, OpenFileCache::default());
+    assert_eq!(l.open_file_cache.max, None);
+    let c = http(
+        "open_file_cache max=100 inactive=20s; open_file_cache_valid 30s; open_file_cache_min_uses 2; \
+         open_file_cache_errors on; server { location / { } location /off { open_file_cache off; } }",
+    );
+    let s = &c.http.as_ref().unwrap().servers[0];
+    let on = s.locations.iter().find(|l| l.path == "/").unwrap();
+    assert_eq!(
+        on.open_file_cache,
+        OpenFileCache {
+            max: Some(100),
+            inactive_ms: 20_000,
+            valid_ms: 30_000,
+            min_uses: 2,
+            errors: true
+        }
+    );
+    let off = s.locations.iter().find(|l| l.path == "/off").unwrap();
+    assert_eq!(off.open_file_cache.max, None);
+    assert_eq!(off.open_file_cache.valid_ms, 30_000);
+    assert_eq!(
+        error("events {}\nhttp { open_file_cache inactive=10s; }"),
+        r#""open_file_cache" must have the "max" parameter in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { open_file_cache max=x; }"),
+        r#"invalid "open_file_cache" parameter "max=x" in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { open_file_cache max=10 size=3; }"),
+        r#"invalid "open_file_cache" parameter "size=3" in t.conf:2"#
+    );
+    assert_eq!(
+        error("events {}\nhttp { open_file_cache_errors maybe; }"),
+        r#"invalid value "maybe" in "open_file_cache_errors" directive, it must be "on" or "off" in t.conf:2"#
+    );
+}

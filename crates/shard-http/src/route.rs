@@ -142,6 +142,7 @@ pub(crate) mod tests {
             },
             disable_symlinks: Default::default(),
             sendfile: false,
+            open_file_cache: Default::default(),
             tcp_nodelay: true,
             access_log: None,
             gzip: Default::default(),

@@ -50,6 +50,12 @@ pub struct WorkerSlot {
     /// Times the master found this worker stalled. Written by the master, the one exception to
     /// the single-writer rule of this struct: the worker never writes it.
     pub stalls: AtomicU64,
+    /// `open_file_cache` lookups answered from the cache.
+    pub file_cache_hits: AtomicU64,
+    /// `open_file_cache` lookups that opened the file (not cached, too old, or too few uses).
+    pub file_cache_misses: AtomicU64,
+    /// Entries in the worker's `open_file_cache`s now (gauge).
+    pub file_cache_entries: AtomicU64,
 }
 
 impl WorkerSlot {
@@ -77,6 +83,9 @@ impl WorkerSlot {
             idle,
             stolen,
             stalls,
+            file_cache_hits,
+            file_cache_misses,
+            file_cache_entries,
         } = self;
         for c in [
             pid,
@@ -99,6 +108,9 @@ impl WorkerSlot {
             idle,
             stolen,
             stalls,
+            file_cache_hits,
+            file_cache_misses,
+            file_cache_entries,
         ] {
             c.store(0, Relaxed);
         }

@@ -90,7 +90,7 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
              \"reading\":{},\"writing\":{},\"waiting\":{},\"cpu_ms\":{},\"heartbeat_age_ms\":{},\
              \"budget_yields\":{},\"adopted\":{},\"accept_pauses\":{},\"body_mem_bytes\":{},\
              \"body_spooled_bytes\":{},\"body_temp_files\":{},\"stolen\":{},\"stalls\":{},\
-             \"stalled\":{}}}",
+             \"stalled\":{},\"file_cache_hits\":{},\"file_cache_misses\":{},\"file_cache_entries\":{}}}",
             w.pid.load(Relaxed),
             w.accepted.load(Relaxed),
             w.handled.load(Relaxed),
@@ -110,6 +110,9 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
             w.stolen.load(Relaxed),
             w.stalls.load(Relaxed),
             region.steer_bits(i) & STEER_STALLED != 0,
+            w.file_cache_hits.load(Relaxed),
+            w.file_cache_misses.load(Relaxed),
+            w.file_cache_entries.load(Relaxed),
         );
     }
     s.push_str("],\"listeners\":[");
@@ -153,7 +156,7 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
     let _ = writeln!(s, "# TYPE shard_generation gauge");
     let _ = writeln!(s, "shard_generation {}", region.generation.load(Relaxed));
     type Field = fn(&crate::shm::WorkerSlot) -> u64;
-    let metrics: [(&str, &str, &str, Field); 17] = [
+    let metrics: [(&str, &str, &str, Field); 20] = [
         (
             "shard_worker_accepted_total",
             "counter",
@@ -225,6 +228,24 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             "counter",
             "Times the master found the worker stalled (reuseport_steering).",
             |w| w.stalls.load(Relaxed),
+        ),
+        (
+            "shard_worker_file_cache_hits_total",
+            "counter",
+            "open_file_cache lookups answered from the cache.",
+            |w| w.file_cache_hits.load(Relaxed),
+        ),
+        (
+            "shard_worker_file_cache_misses_total",
+            "counter",
+            "open_file_cache lookups that opened the file.",
+            |w| w.file_cache_misses.load(Relaxed),
+        ),
+        (
+            "shard_worker_file_cache_entries",
+            "gauge",
+            "Entries in the worker's open_file_caches.",
+            |w| w.file_cache_entries.load(Relaxed),
         ),
         (
             "shard_worker_accept_pauses_total",

@@ -19,6 +19,7 @@ mod accept;
 mod balance;
 mod body;
 mod conn;
+mod files;
 mod proxy;
 mod relay;
 mod respond;
@@ -177,6 +178,10 @@ pub(crate) struct Worker<'a> {
     last_heartbeat_ms: u64,
     /// `Region::steer_epoch` when this worker last looked at its siblings' steering bits.
     steer_epoch: u64,
+    /// Per location (by address) with `open_file_cache`: the cache and its `inactive`.
+    file_caches: HashMap<usize, (files::FileCache, u64)>,
+    /// Entries in all of them.
+    file_cache_entries: usize,
 }
 
 pub(crate) struct WorkerArgs<'a> {
@@ -361,6 +366,8 @@ impl<'a> Worker<'a> {
             temp_seq: pid.wrapping_mul(100_000),
             last_heartbeat_ms: now_ms,
             steer_epoch: 0,
+            file_caches: HashMap::new(),
+            file_cache_entries: 0,
         };
         w.update_time();
         for i in 0..w.listeners.len() {
@@ -491,6 +498,7 @@ impl<'a> Worker<'a> {
                 self.publish_cpu();
                 self.flush_access_logs();
                 self.expire_pools();
+                self.expire_file_caches();
                 self.adopt_orphaned_shards();
             }
             let epoch = self.region.steer_epoch.load(Relaxed);
@@ -507,6 +515,18 @@ impl<'a> Worker<'a> {
     fn yield_turn(&mut self, t: Token) {
         WorkerSlot::bump(&self.slot.budget_yields, 1);
         self.ready.push(t);
+    }
+
+    /// Drops `open_file_cache` entries unused for their location's `inactive`.
+    fn expire_file_caches(&mut self) {
+        let now = self.now_ms;
+        let mut total = 0;
+        for (cache, inactive) in self.file_caches.values_mut() {
+            cache.expire(now, *inactive);
+            total += cache.len();
+        }
+        self.file_cache_entries = total;
+        self.slot.file_cache_entries.store(total as u64, Relaxed);
     }
 
     /// Publishes the worker's CPU time in its slot, continuing the slot's count.

@@ -26,6 +26,11 @@ pub(super) struct Settings {
     pub(super) lingering_timeout_ms: Option<u64>,
     pub(super) disable_symlinks: Option<DisableSymlinks>,
     pub(super) sendfile: Option<bool>,
+    /// `open_file_cache`: `Some(None)` is `off`, else (max, inactive).
+    pub(super) open_file_cache: Option<Option<(usize, u64)>>,
+    pub(super) open_file_cache_valid_ms: Option<u64>,
+    pub(super) open_file_cache_min_uses: Option<u32>,
+    pub(super) open_file_cache_errors: Option<bool>,
     pub(super) tcp_nodelay: Option<bool>,
     pub(super) access_log: Option<Option<AccessLog>>,
     pub(super) client_header_timeout_ms: Option<u64>,
@@ -142,6 +147,7 @@ pub(super) struct Eff {
     pub(super) lingering: Lingering,
     pub(super) disable_symlinks: DisableSymlinks,
     pub(super) sendfile: bool,
+    pub(super) open_file_cache: OpenFileCache,
     pub(super) tcp_nodelay: bool,
     pub(super) access_log: Option<AccessLog>,
     pub(super) client_header_timeout_ms: u64,
@@ -182,6 +188,7 @@ impl Eff {
             },
             disable_symlinks: DisableSymlinks::default(),
             sendfile: false,
+            open_file_cache: OpenFileCache::default(),
             tcp_nodelay: true,
             access_log: Some(AccessLog {
                 path: prefix.join("logs/access.log"),
@@ -234,6 +241,21 @@ impl Eff {
                 .clone()
                 .unwrap_or_else(|| self.disable_symlinks.clone()),
             sendfile: s.sendfile.unwrap_or(self.sendfile),
+            open_file_cache: {
+                let p = &self.open_file_cache;
+                let (max, inactive_ms) = match s.open_file_cache {
+                    Some(Some((max, inactive))) => (Some(max).filter(|&m| m > 0), inactive),
+                    Some(None) => (None, p.inactive_ms),
+                    None => (p.max, p.inactive_ms),
+                };
+                OpenFileCache {
+                    max,
+                    inactive_ms,
+                    valid_ms: s.open_file_cache_valid_ms.unwrap_or(p.valid_ms),
+                    min_uses: s.open_file_cache_min_uses.unwrap_or(p.min_uses),
+                    errors: s.open_file_cache_errors.unwrap_or(p.errors),
+                }
+            },
             tcp_nodelay: s.tcp_nodelay.unwrap_or(self.tcp_nodelay),
             access_log: s
                 .access_log
@@ -280,6 +302,7 @@ impl Eff {
             lingering: self.lingering,
             disable_symlinks: self.disable_symlinks.clone(),
             sendfile: self.sendfile,
+            open_file_cache: self.open_file_cache,
             tcp_nodelay: self.tcp_nodelay,
             access_log: self.access_log.clone(),
             gzip: self.gzip.clone(),
@@ -813,6 +836,54 @@ slot!(set_lingering_time, lingering_time_ms, time);
 slot!(set_lingering_timeout, lingering_timeout_ms, time);
 
 slot!(set_sendfile, sendfile, flag);
+
+/// `open_file_cache off | max=N [inactive=TIME]`, nginx's parameters and messages.
+pub(super) fn set_open_file_cache(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut max: Option<usize> = None;
+    let mut inactive = 60_000;
+    let mut off = false;
+    for a in &d.args {
+        let bad = || {
+            derr(
+                d,
+                file,
+                format!("invalid \"open_file_cache\" parameter \"{a}\""),
+            )
+        };
+        if let Some(v) = a.strip_prefix("max=") {
+            max = Some(v.parse().map_err(|_| bad())?);
+        } else if let Some(v) = a.strip_prefix("inactive=") {
+            inactive = crate::parse_time_ms(v).ok_or_else(bad)?;
+        } else if a == "off" {
+            off = true;
+        } else {
+            return Err(bad());
+        }
+    }
+    let v = if off {
+        None
+    } else {
+        let Some(max) = max else {
+            return Err(derr(
+                d,
+                file,
+                "\"open_file_cache\" must have the \"max\" parameter",
+            ));
+        };
+        Some((max, inactive))
+    };
+    once(&mut s.open_file_cache, v, d, file)
+}
+
+slot!(set_open_file_cache_valid, open_file_cache_valid_ms, time);
+
+slot!(
+    set_open_file_cache_min_uses,
+    open_file_cache_min_uses,
+    num::<u32>
+);
+
+slot!(set_open_file_cache_errors, open_file_cache_errors, flag);
 
 slot!(set_tcp_nodelay, tcp_nodelay, flag);
 

@@ -45,7 +45,8 @@ enum BodyLeft {
 }
 
 struct FileBody {
-    fd: OwnedFd,
+    /// Shared with `open_file_cache` when the location has one.
+    fd: std::rc::Rc<OwnedFd>,
     offset: u64,
     remaining: u64,
     sendfile: bool,
@@ -940,7 +941,7 @@ impl Worker<'_> {
     pub(super) fn set_file_body(
         &mut self,
         key: usize,
-        fd: OwnedFd,
+        fd: std::rc::Rc<OwnedFd>,
         offset: u64,
         len: u64,
         sendfile: bool,

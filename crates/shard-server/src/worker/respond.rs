@@ -15,8 +15,10 @@ use shard_http::request::{Method, Request};
 use shard_http::response::{write_head, Head};
 use shard_http::static_file::{FileMeta, Plan};
 
+use super::files::{FileCache, Opened};
 use super::step::Reply;
 use super::Worker;
+use crate::shm::WorkerSlot;
 use crate::shm::{STEER_AWAY, STEER_STALLED};
 use crate::status::{self, ListenerRow};
 
@@ -176,12 +178,6 @@ fn status_page(
     )
 }
 
-enum Opened {
-    File(OwnedFd, FileMeta),
-    Missing,
-    Forbidden,
-}
-
 fn open_file(path: &Path, loc: &LocationConf) -> Opened {
     let res = match symlink_check(path, loc) {
         None => CString::new(path.as_os_str().as_bytes())
@@ -193,7 +189,7 @@ fn open_file(path: &Path, loc: &LocationConf) -> Opened {
     };
     match res {
         Ok((fd, st)) => Opened::File(
-            fd,
+            std::rc::Rc::new(fd),
             FileMeta {
                 size: st.size,
                 mtime_secs: st.mtime_secs,
@@ -242,6 +238,41 @@ fn symlink_check<'p>(
     Some((base, rest.as_os_str().as_bytes(), mode))
 }
 
+/// `open_file` through the location's `open_file_cache`, when it has one. Paths checked for
+/// symbolic links (`disable_symlinks`) are not cached: the check is made on every open.
+fn open_cached(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
+    let ofc = &loc.open_file_cache;
+    let Some(max) = ofc.max else {
+        return open_file(path, loc);
+    };
+    if loc.disable_symlinks.check != SymlinkCheck::Off {
+        return open_file(path, loc);
+    }
+    // One cache per location, as nginx keeps one per configuration that sets it; the
+    // configuration outlives the worker's loop, so its address names the location.
+    let id = loc as *const LocationConf as usize;
+    let now = w.now_ms;
+    let cache = w
+        .file_caches
+        .entry(id)
+        .or_insert_with(|| (FileCache::new(max), ofc.inactive_ms));
+    if let Some(hit) = cache.0.get(path, now, ofc) {
+        WorkerSlot::bump(&w.slot.file_cache_hits, 1);
+        return hit;
+    }
+    WorkerSlot::bump(&w.slot.file_cache_misses, 1);
+    let opened = open_file(path, loc);
+    let before = cache.0.len();
+    cache.0.put(path, &opened, now, ofc);
+    let after = cache.0.len();
+    w.file_cache_entries = w.file_cache_entries + after - before;
+    w.slot.file_cache_entries.store(
+        w.file_cache_entries as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    opened
+}
+
 fn static_file(
     w: &mut Worker<'_>,
     key: usize,
@@ -250,14 +281,14 @@ fn static_file(
     keep_alive: bool,
 ) -> Reply {
     let mut path = shard_http::static_file::map_path(loc, &req.path);
-    let mut opened = open_file(&path, loc);
+    let mut opened = open_cached(w, &path, loc);
     // A directory request ending in '/' is served by its first existing index file.
     if req.path.ends_with('/') {
         if let Opened::File(_, meta) = &opened {
             if meta.is_dir {
                 opened = Opened::Forbidden;
                 for cand in shard_http::static_file::index_candidates(loc, &path) {
-                    match open_file(&cand, loc) {
+                    match open_cached(w, &cand, loc) {
                         Opened::File(fd, m) if m.is_file => {
                             path = cand;
                             opened = Opened::File(fd, m);
@@ -356,7 +387,7 @@ fn gzip_file(
     loc: &LocationConf,
     req: &Request,
     keep_alive: bool,
-    fd: OwnedFd,
+    fd: std::rc::Rc<OwnedFd>,
     path: &Path,
     meta: &FileMeta,
     content_type: &str,

@@ -1,0 +1,204 @@
+//! `open_file_cache`: the descriptors and metadata of files a worker opened for static
+//! responses, kept per worker and per location (nginx keeps one cache per configuration that
+//! sets it), bounded by `max`, looked at again after `open_file_cache_valid`, dropped after
+//! `inactive` without use.
+//!
+//! It owns when a path is opened again. It does not open (`respond::open_file` does) and it
+//! does not decide anything about a response. A cached descriptor is shared (`Rc`) with the
+//! responses that read from it, so an entry evicted or replaced while a large file is being
+//! sent stays open until that response ends.
+//!
+//! Correctness across changes of the file: an entry older than `open_file_cache_valid` is
+//! never used; the path is opened anew, so a file replaced by `rename` is the new file, a
+//! deleted one is 404 (or its error is cached, with `open_file_cache_errors on`), and a
+//! truncated one has its new size (the open descriptor of a file truncated in place sees the
+//! new size at once; its `Content-Length` is that of the last `fstat`, and a response that
+//! finds fewer bytes than it promised closes the connection, as without the cache).
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use shard_config::OpenFileCache;
+use shard_http::static_file::FileMeta;
+
+/// What opening a path gave.
+#[derive(Clone)]
+pub(super) enum Opened {
+    File(Rc<OwnedFd>, FileMeta),
+    Missing,
+    Forbidden,
+}
+
+enum State {
+    Open(Rc<OwnedFd>, FileMeta),
+    /// A lookup error, kept with `open_file_cache_errors on`.
+    Error(Opened),
+    /// Used fewer than `open_file_cache_min_uses` times: counted, no descriptor kept.
+    Counted,
+}
+
+struct Entry {
+    state: State,
+    uses: u32,
+    /// When the path was last opened: the entry is used until `valid` after it.
+    opened_ms: u64,
+    used_ms: u64,
+}
+
+/// One location's cache.
+pub(super) struct FileCache {
+    max: usize,
+    map: HashMap<PathBuf, Entry>,
+}
+
+impl FileCache {
+    pub(super) fn new(max: usize) -> FileCache {
+        FileCache {
+            max,
+            map: HashMap::new(),
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// A fresh entry's result, or `None`: not cached, too old, or not used often enough yet
+    /// (the caller opens the path and calls [`FileCache::put`]).
+    pub(super) fn get(&mut self, path: &Path, now_ms: u64, conf: &OpenFileCache) -> Option<Opened> {
+        let e = self.map.get_mut(path)?;
+        if now_ms.saturating_sub(e.opened_ms) >= conf.valid_ms {
+            return None;
+        }
+        let hit = match &e.state {
+            State::Open(fd, meta) => Opened::File(fd.clone(), *meta),
+            State::Error(o) => o.clone(),
+            State::Counted => return None,
+        };
+        e.uses = e.uses.saturating_add(1);
+        e.used_ms = now_ms;
+        Some(hit)
+    }
+
+    /// Records what opening `path` gave: a descriptor once the path was used
+    /// `min_uses` times, an error with `errors on`; otherwise only the use is counted.
+    pub(super) fn put(&mut self, path: &Path, opened: &Opened, now_ms: u64, conf: &OpenFileCache) {
+        let uses = self.map.get(path).map_or(0, |e| e.uses).saturating_add(1);
+        let state = match opened {
+            Opened::File(fd, meta) if uses >= conf.min_uses => State::Open(fd.clone(), *meta),
+            Opened::File(..) => State::Counted,
+            err if conf.errors => State::Error(err.clone()),
+            _ => State::Counted,
+        };
+        if !self.map.contains_key(path) && self.map.len() >= self.max {
+            self.evict_least_recent();
+        }
+        if self.max == 0 {
+            return;
+        }
+        self.map.insert(
+            path.to_path_buf(),
+            Entry {
+                state,
+                uses,
+                opened_ms: now_ms,
+                used_ms: now_ms,
+            },
+        );
+    }
+
+    fn evict_least_recent(&mut self) {
+        if let Some(k) = self
+            .map
+            .iter()
+            .min_by_key(|(_, e)| e.used_ms)
+            .map(|(k, _)| k.clone())
+        {
+            self.map.remove(&k);
+        }
+    }
+
+    /// Drops the entries not used for `inactive_ms` (their uses start again from zero).
+    pub(super) fn expire(&mut self, now_ms: u64, inactive_ms: u64) {
+        self.map
+            .retain(|_, e| now_ms.saturating_sub(e.used_ms) < inactive_ms);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conf(max: usize, min_uses: u32, errors: bool) -> OpenFileCache {
+        OpenFileCache {
+            max: Some(max),
+            inactive_ms: 1000,
+            valid_ms: 100,
+            min_uses,
+            errors,
+        }
+    }
+
+    fn file() -> Opened {
+        let fd: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        Opened::File(
+            Rc::new(fd),
+            FileMeta {
+                size: 1,
+                mtime_secs: 0,
+                is_dir: false,
+                is_file: true,
+            },
+        )
+    }
+
+    #[test]
+    fn an_entry_is_used_until_valid_passes_then_opened_again() {
+        let c = conf(4, 1, false);
+        let mut fc = FileCache::new(4);
+        let p = Path::new("/a");
+        assert!(fc.get(p, 0, &c).is_none());
+        fc.put(p, &file(), 0, &c);
+        assert!(matches!(fc.get(p, 99, &c), Some(Opened::File(..))));
+        assert!(fc.get(p, 100, &c).is_none());
+    }
+
+    #[test]
+    fn min_uses_and_errors_decide_what_is_kept() {
+        let c = conf(4, 2, false);
+        let mut fc = FileCache::new(4);
+        let p = Path::new("/a");
+        fc.put(p, &file(), 0, &c);
+        assert!(fc.get(p, 1, &c).is_none(), "one use is not enough");
+        fc.put(p, &file(), 1, &c);
+        assert!(matches!(fc.get(p, 2, &c), Some(Opened::File(..))));
+        // Errors: kept only with `errors on`.
+        let q = Path::new("/missing");
+        fc.put(q, &Opened::Missing, 0, &c);
+        assert!(fc.get(q, 1, &c).is_none());
+        let e = conf(4, 1, true);
+        fc.put(q, &Opened::Missing, 0, &e);
+        assert!(matches!(fc.get(q, 1, &e), Some(Opened::Missing)));
+    }
+
+    #[test]
+    fn never_more_than_max_entries_least_recent_out_first() {
+        let c = conf(3, 1, false);
+        let mut fc = FileCache::new(3);
+        for (i, p) in ["/a", "/b", "/c"].iter().enumerate() {
+            fc.put(Path::new(p), &file(), i as u64, &c);
+        }
+        assert!(fc.get(Path::new("/a"), 10, &c).is_some());
+        fc.put(Path::new("/d"), &file(), 11, &c);
+        assert_eq!(fc.len(), 3);
+        assert!(
+            fc.get(Path::new("/b"), 12, &c).is_none(),
+            "/b was the least recent"
+        );
+        assert!(fc.get(Path::new("/a"), 12, &c).is_some());
+        fc.expire(2000, 1000);
+        assert_eq!(fc.len(), 0);
+    }
+}

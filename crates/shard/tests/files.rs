@@ -1,0 +1,239 @@
+//! `open_file_cache`: correct after a file is replaced, truncated or deleted once
+//! `open_file_cache_valid` has passed (and at once without the cache), errors cached only with
+//! `open_file_cache_errors on`, never more than `max` entries, and the same bytes on the wire
+//! with and without it; pipelined static responses complete and in order.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+fn conf(cache: &str) -> String {
+    format!(
+        r#"
+worker_processes 1;
+error_log logs/error.log info;
+events {{ }}
+http {{
+    access_log off;
+    {cache}
+    server {{
+        listen 127.0.0.1:{{port}};
+        root {{dir}}/html;
+        location = /status {{ shard_status; }}
+    }}
+}}
+"#
+    )
+}
+
+const CACHE: &str = "open_file_cache max=2 inactive=20s; open_file_cache_valid 1s;";
+
+fn body(s: &Server, path: &str) -> (u16, String) {
+    let r = get(s.addr(), path);
+    (r.status, r.body_str())
+}
+
+fn status_num(s: &Server, key: &str) -> u64 {
+    let body = get(s.addr(), "/status").body_str();
+    let pat = format!("\"{key}\":");
+    let i = body
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key}: {body}"))
+        + pat.len();
+    body[i..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap()
+}
+
+/// Polls until `path` answers `want`; returns how long that took.
+fn until(s: &Server, path: &str, want: (u16, &str)) -> Duration {
+    let t0 = Instant::now();
+    wait_for(Duration::from_secs(5), "the file's new state", || {
+        // Within the validity a truncated file's cached size is more than it holds: that
+        // response ends early (the connection closes), which is not the new state yet.
+        let r = try_get(s.addr(), path).ok()?;
+        (r.status == want.0 && r.body_str() == want.1).then_some(())
+    });
+    t0.elapsed()
+}
+
+#[test]
+fn a_file_replaced_by_rename_is_served_new_once_valid_passed() {
+    let s = Server::start("ofc-rename", &conf(CACHE), 1);
+    let html = s.dir.join("html");
+    std::fs::write(html.join("a.txt"), "one").unwrap();
+    assert_eq!(body(&s, "/a.txt"), (200, "one".into()));
+    std::fs::write(html.join("a.new"), "two-two").unwrap();
+    std::fs::rename(html.join("a.new"), html.join("a.txt")).unwrap();
+    // Within the validity the cached descriptor (the old file) answers.
+    assert_eq!(body(&s, "/a.txt"), (200, "one".into()));
+    let took = until(&s, "/a.txt", (200, "two-two"));
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert!(status_num(&s, "file_cache_hits") >= 1);
+    assert!(status_num(&s, "file_cache_misses") >= 2);
+
+    // Without the cache, at once.
+    let s = Server::start("ofc-rename-off", &conf(""), 1);
+    let html = s.dir.join("html");
+    std::fs::write(html.join("a.txt"), "one").unwrap();
+    assert_eq!(body(&s, "/a.txt"), (200, "one".into()));
+    std::fs::write(html.join("a.new"), "two-two").unwrap();
+    std::fs::rename(html.join("a.new"), html.join("a.txt")).unwrap();
+    assert_eq!(body(&s, "/a.txt"), (200, "two-two".into()));
+    assert_eq!(status_num(&s, "file_cache_hits"), 0);
+}
+
+#[test]
+fn truncated_and_deleted_files_are_served_as_they_are_once_valid_passed() {
+    let s = Server::start("ofc-trunc", &conf(CACHE), 1);
+    let html = s.dir.join("html");
+    std::fs::write(html.join("t.txt"), "abcdefgh").unwrap();
+    assert_eq!(body(&s, "/t.txt"), (200, "abcdefgh".into()));
+    std::fs::write(html.join("t.txt"), "abc").unwrap();
+    until(&s, "/t.txt", (200, "abc"));
+    std::fs::remove_file(html.join("t.txt")).unwrap();
+    // The cached descriptor still reads the deleted file's bytes for at most the validity.
+    wait_for(Duration::from_secs(5), "404 after the delete", || {
+        (try_get(s.addr(), "/t.txt").ok()?.status == 404).then_some(())
+    });
+}
+
+#[test]
+fn errors_are_cached_only_with_open_file_cache_errors_on() {
+    let on = Server::start(
+        "ofc-errors-on",
+        &conf(&format!("{CACHE} open_file_cache_errors on;")),
+        1,
+    );
+    assert_eq!(get(on.addr(), "/late.txt").status, 404);
+    std::fs::write(on.dir.join("html/late.txt"), "here").unwrap();
+    // The cached 404 holds for the validity, then the file is found.
+    assert_eq!(get(on.addr(), "/late.txt").status, 404);
+    let took = until(&on, "/late.txt", (200, "here"));
+    assert!(took < Duration::from_secs(3), "{took:?}");
+
+    let off = Server::start("ofc-errors-off", &conf(CACHE), 1);
+    assert_eq!(get(off.addr(), "/late.txt").status, 404);
+    std::fs::write(off.dir.join("html/late.txt"), "here").unwrap();
+    assert_eq!(body(&off, "/late.txt"), (200, "here".into()));
+}
+
+#[test]
+fn the_cache_never_holds_more_than_max_entries() {
+    let s = Server::start("ofc-max", &conf(CACHE), 1);
+    for i in 0..6 {
+        std::fs::write(s.dir.join(format!("html/f{i}.txt")), format!("{i}")).unwrap();
+    }
+    for round in 0..3 {
+        for i in 0..6 {
+            assert_eq!(
+                body(&s, &format!("/f{i}.txt")),
+                (200, i.to_string()),
+                "round {round}"
+            );
+            assert!(status_num(&s, "file_cache_entries") <= 2);
+        }
+    }
+    assert_eq!(status_num(&s, "file_cache_entries"), 2);
+}
+
+/// The bytes of a response, its `Date` line blanked.
+fn wire(addr: std::net::SocketAddr, req: &[u8]) -> Vec<u8> {
+    let mut c = connect(addr);
+    c.write_all(req).unwrap();
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    text.lines()
+        .map(|l| {
+            if l.starts_with("Date: ") {
+                "Date: -"
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        .into_bytes()
+}
+
+#[test]
+fn the_bytes_on_the_wire_are_the_same_with_and_without_the_cache() {
+    let on = Server::start("ofc-wire-on", &conf(CACHE), 1);
+    let off = Server::start("ofc-wire-off", &conf(""), 1);
+    let big: Vec<u8> = (0..100_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    for s in [&on, &off] {
+        std::fs::write(s.dir.join("html/small.txt"), "small body\n").unwrap();
+        std::fs::write(s.dir.join("html/big.txt"), &big).unwrap();
+    }
+    for req in [
+        &b"GET /small.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"[..],
+        b"GET /big.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /big.txt HTTP/1.1\r\nHost: x\r\nRange: bytes=10-20\r\nConnection: close\r\n\r\n",
+        b"HEAD /small.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /nope.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    ] {
+        // Twice: a miss, then a hit.
+        for _ in 0..2 {
+            assert_eq!(
+                wire(on.addr(), req),
+                wire(off.addr(), req),
+                "{}",
+                String::from_utf8_lossy(req)
+            );
+        }
+    }
+    assert!(status_num(&on, "file_cache_hits") > 0);
+}
+
+#[test]
+fn pipelined_static_responses_arrive_complete_and_in_order() {
+    for cache in [CACHE, ""] {
+        let s = Server::start("ofc-pipeline", &conf(cache), 1);
+        std::fs::write(s.dir.join("html/a.txt"), "aaa").unwrap();
+        std::fs::write(s.dir.join("html/b.txt"), "bbbb").unwrap();
+        let mut c = connect(s.addr());
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let reqs = "GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n\
+                    HEAD /b.txt HTTP/1.1\r\nHost: x\r\n\r\n\
+                    GET /missing.txt HTTP/1.1\r\nHost: x\r\n\r\n\
+                    GET /b.txt HTTP/1.1\r\nHost: x\r\n\r\n\
+                    GET /a.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        c.write_all(reqs.as_bytes()).unwrap();
+        let mut buf = Vec::new();
+        c.read_to_end(&mut buf).unwrap();
+        // Read in order, the HEAD response without its body.
+        let mut at = 0;
+        let mut got = Vec::new();
+        for head_only in [false, true, false, false, false] {
+            let end = find(&buf[at..], b"\r\n\r\n").expect("a complete head") + at;
+            let head = String::from_utf8_lossy(&buf[at..end]).into_owned();
+            let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            let body_len = if head_only { 0 } else { len };
+            got.push((
+                status,
+                String::from_utf8_lossy(&buf[end + 4..end + 4 + body_len]).into_owned(),
+            ));
+            at = end + 4 + body_len;
+        }
+        assert_eq!(at, buf.len(), "bytes after the last response");
+        assert_eq!(got[0], (200, "aaa".into()));
+        assert_eq!(got[1], (200, String::new()));
+        assert_eq!(got[2].0, 404);
+        assert_eq!(got[3], (200, "bbbb".into()));
+        assert_eq!(got[4], (200, "aaa".into()));
+    }
+}
