@@ -18,6 +18,7 @@ mod procfs;
 mod proxy;
 mod servers;
 mod soak;
+mod statics;
 mod svg;
 
 use std::io::Write;
@@ -66,6 +67,9 @@ enum Cmd {
     /// stalled upload, MB/s of a large upload buffered and streamed, temporary files left
     /// after the runs, a worker SIGKILL and a reload.
     Bodies(bodies::BodiesArgs),
+    /// Static files of 33 B, 16 KiB and 1 MiB, sendfile off and on, open_file_cache off and
+    /// on, pipelined: syscalls and worker CPU per request, shard and nginx in the same run.
+    Static(statics::StaticArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -112,6 +116,7 @@ fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Speed(a) => speed(a),
+        Cmd::Static(a) => statics::run(a),
         Cmd::Load(a) => loadgen::command(a),
         Cmd::Experiment(a) => experiments::run(a),
         Cmd::Compare(a) => compare::run(a),

@@ -636,3 +636,35 @@ fn the_fairness_script_runs_the_pipeliner_beside_ordinary_clients() {
         .unwrap_or_else(|| panic!("{text}"));
     assert!(hog > 0, "{text}");
 }
+
+#[test]
+fn static_smoke_reports_syscalls_and_cpu_per_static_request() {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let out = Command::new(bench)
+        .args(["static", "--smoke", "--no-nginx"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| 33 B | off | off | no |"))
+        .unwrap_or_else(|| panic!("no 33 B row: {text}"));
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    // CPU µs per request and requests/s are measured.
+    assert!(cells[7].parse::<f64>().unwrap() > 0.0, "{row}");
+    assert!(cells[10].parse::<f64>().unwrap() > 0.0, "{row}");
+    let wrk = ["/usr/bin/wrk", "/usr/local/bin/wrk"]
+        .iter()
+        .any(|p| std::path::Path::new(p).is_file());
+    if wrk {
+        assert!(text.contains("| 10 per write |"), "{text}");
+    } else {
+        println!("SKIPPED: the pipelined static rows: wrk is not installed (apt-get install wrk)");
+        assert!(text.contains("pipelined cases skipped"), "{text}");
+    }
+}

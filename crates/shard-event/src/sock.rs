@@ -122,6 +122,26 @@ pub fn sendfile(
     Ok(n)
 }
 
+/// `pread(2)` of up to `max` bytes appended to `buf`, into its spare capacity: nothing is
+/// zero-filled first. Returns the bytes read.
+pub fn pread_append(fd: RawFd, buf: &mut Vec<u8>, max: usize, offset: u64) -> io::Result<usize> {
+    buf.reserve(max);
+    let spare = buf.spare_capacity_mut();
+    let max = max.min(spare.len());
+    // SAFETY: `spare` is valid for writes of `max` bytes; the kernel writes at most that.
+    let n = cvt_size(unsafe {
+        libc::pread(
+            fd,
+            spare.as_mut_ptr() as *mut libc::c_void,
+            max,
+            offset as libc::off_t,
+        )
+    })?;
+    // SAFETY: the kernel initialised `n` bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
 /// `pread(2)`.
 pub fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     // SAFETY: buf is valid for writes of buf.len() bytes.

@@ -25,6 +25,11 @@ const FLUSH_CHUNKS_MAX: usize = 16;
 /// A file body up to this size, without `sendfile`, is read into the output buffer behind its
 /// head (one `pread`), so that both leave in one write.
 const INLINE_BODY_BYTES: u64 = 32 * 1024;
+/// A head is sent with `MSG_MORE` (held back to share a segment with the file) only before a
+/// `sendfile` body up to this size. Measured on loopback: 18% less worker CPU per request for
+/// 33 B and 16 KiB files, but 4.5 times more for a 1 MiB file, whose `sendfile` then builds
+/// its segments the slow way.
+const CORK_FILE_MAX_BYTES: u64 = 64 * 1024;
 /// Pipelined responses gathered before a write.
 const PIPELINE_GATHER_BYTES: usize = 64 * 1024;
 
@@ -299,11 +304,10 @@ impl Worker<'_> {
         let c = &mut self.conns[key];
         let mut chunks = 0;
         loop {
-            // A head followed by a file sent with `sendfile`: one segment, not two.
-            let more = c
-                .file
-                .as_ref()
-                .is_some_and(|f| f.sendfile && f.remaining > 0);
+            // A head followed by a small file sent with `sendfile`: one segment, not two.
+            let more = c.file.as_ref().is_some_and(|f| {
+                f.sendfile && f.remaining > 0 && f.remaining <= CORK_FILE_MAX_BYTES
+            });
             while c.out_pos < c.out.len() {
                 if !c.writable {
                     return Flush::Blocked;
@@ -349,16 +353,19 @@ impl Worker<'_> {
             let want = f.remaining.min(1 << 30) as usize;
             if !f.sendfile {
                 // Copy a chunk into the output buffer; the next pass writes it.
-                c.out.resize(want.min(FILE_CHUNK_BYTES), 0);
-                match shard_event::sock::pread(f.fd.as_raw_fd(), &mut c.out, f.offset) {
+                match shard_event::sock::pread_append(
+                    f.fd.as_raw_fd(),
+                    &mut c.out,
+                    want.min(FILE_CHUNK_BYTES),
+                    f.offset,
+                ) {
                     // The file shrank under us: the promised Content-Length cannot be met.
                     Ok(0) => return Flush::Failed,
                     Ok(n) => {
-                        c.out.truncate(n);
                         f.offset += n as u64;
                         f.remaining -= n as u64;
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => c.out.clear(),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(_) => return Flush::Failed,
                 }
                 continue;
@@ -955,16 +962,18 @@ impl Worker<'_> {
         // in one write (with the other pipelined responses), and the descriptor closes at
         // once. A short read (the file shrank) leaves the rest to `flush`, which fails it.
         if !sendfile && len <= INLINE_BODY_BYTES && c.out.len() < PIPELINE_GATHER_BYTES {
-            let start = c.out.len();
-            c.out.resize(start + len as usize, 0);
             let n = loop {
-                match shard_event::sock::pread(fd.as_raw_fd(), &mut c.out[start..], offset) {
+                match shard_event::sock::pread_append(
+                    fd.as_raw_fd(),
+                    &mut c.out,
+                    len as usize,
+                    offset,
+                ) {
                     Ok(n) => break n,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(_) => break 0,
                 }
             };
-            c.out.truncate(start + n);
             offset += n as u64;
             len -= n as u64;
             if len == 0 {
