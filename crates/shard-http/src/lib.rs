@@ -62,16 +62,41 @@ fn civil(unix_secs: u64) -> Civil {
 /// `Sun, 06 Nov 1994 08:49:37 GMT`.
 pub fn http_date(unix_secs: u64) -> String {
     let c = civil(unix_secs);
-    format!(
-        "{}, {:02} {} {:04} {:02}:{:02}:{:02} GMT",
-        WEEKDAYS[c.weekday],
-        c.day,
-        MONTHS[c.month - 1],
-        c.year,
-        c.hour,
-        c.min,
-        c.sec
-    )
+    // Written byte by byte: `format!` costs about ten times as much, once per static response
+    // (`Last-Modified`).
+    let mut b = Vec::with_capacity(29);
+    b.extend_from_slice(WEEKDAYS[c.weekday].as_bytes());
+    b.extend_from_slice(b", ");
+    two_digits(&mut b, c.day);
+    b.push(b' ');
+    b.extend_from_slice(MONTHS[c.month - 1].as_bytes());
+    b.push(b' ');
+    four_digits(&mut b, c.year);
+    b.push(b' ');
+    two_digits(&mut b, c.hour);
+    b.push(b':');
+    two_digits(&mut b, c.min);
+    b.push(b':');
+    two_digits(&mut b, c.sec);
+    b.extend_from_slice(b" GMT");
+    // Only ASCII was written.
+    String::from_utf8(b).unwrap_or_default()
+}
+
+fn two_digits(b: &mut Vec<u8>, v: u32) {
+    b.push(b'0' + (v / 10 % 10) as u8);
+    b.push(b'0' + (v % 10) as u8);
+}
+
+/// Years 0..=9999 as four digits (nginx's `%4d`); beyond that, every digit.
+fn four_digits(b: &mut Vec<u8>, y: i64) {
+    if (0..=9999).contains(&y) {
+        let y = y as u32;
+        two_digits(b, y / 100);
+        two_digits(b, y % 100);
+    } else {
+        b.extend_from_slice(y.to_string().as_bytes());
+    }
 }
 
 /// nginx's `$time_local` for `unix_secs`, always in UTC: `06/Nov/1994:08:49:37 +0000`.
@@ -100,6 +125,7 @@ mod tests {
         assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
         assert_eq!(http_date(1_795_000_000), "Wed, 18 Nov 2026 11:06:40 GMT");
         assert_eq!(http_date(951_782_400), "Tue, 29 Feb 2000 00:00:00 GMT");
+        assert_eq!(http_date(253_402_300_799), "Fri, 31 Dec 9999 23:59:59 GMT");
     }
 
     #[test]

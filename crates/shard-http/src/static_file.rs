@@ -102,7 +102,14 @@ pub fn index_candidates(loc: &LocationConf, dir: &Path) -> std::vec::IntoIter<Pa
 
 /// nginx's ETag: `"<mtime hex>-<size hex>"`.
 pub fn etag(meta: &FileMeta) -> String {
-    format!("\"{:x}-{:x}\"", meta.mtime_secs.max(0), meta.size)
+    // nginx's `"%xT-%xO"`, written without `format!` (once per static response).
+    let mut e = String::with_capacity(24);
+    e.push('"');
+    push_hex(&mut e, meta.mtime_secs.max(0) as u64);
+    e.push('-');
+    push_hex(&mut e, meta.size);
+    e.push('"');
+    e
 }
 
 fn etag_matches(list: &str, etag: &str) -> bool {
@@ -517,5 +524,42 @@ mod tests {
                 PathBuf::from("/srv/html/abs.html")
             ]
         );
+    }
+}
+
+/// Lower-case hexadecimal of `v`, without leading zeros ("0" for zero).
+fn push_hex(s: &mut String, v: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 16];
+    let mut i = buf.len();
+    let mut v = v;
+    loop {
+        i -= 1;
+        buf[i] = HEX[(v & 15) as usize];
+        v >>= 4;
+        if v == 0 {
+            break;
+        }
+    }
+    for &c in &buf[i..] {
+        s.push(c as char);
+    }
+}
+
+#[cfg(test)]
+mod etag_tests {
+    use super::*;
+
+    #[test]
+    fn etag_is_nginxs_hex_pair() {
+        let m = |mtime_secs, size| FileMeta {
+            size,
+            mtime_secs,
+            is_dir: false,
+            is_file: true,
+        };
+        assert_eq!(etag(&m(0x6560_1a2b, 33)), "\"65601a2b-21\"");
+        assert_eq!(etag(&m(0, 0)), "\"0-0\"");
+        assert_eq!(etag(&m(-5, u64::MAX)), "\"0-ffffffffffffffff\"");
     }
 }
