@@ -361,7 +361,14 @@ fn measure(
         .zip(&cpu0)
         .map(|(a, b)| a.saturating_sub(*b))
         .collect();
-    let acc = match (acc0, srv.accepted_per_worker().ok()) {
+    let acc = accepted_since(srv, acc0);
+    Ok((m, shares(&cpu), acc))
+}
+
+/// Each worker's share of the connections accepted since `before` (read from `shard_status`
+/// before the load); `None` when either read failed or the workers changed.
+fn accepted_since(srv: &Running, before: Option<Vec<u64>>) -> Option<Vec<f64>> {
+    match (before, srv.accepted_per_worker().ok()) {
         (Some(a0), Some(a1)) if a0.len() == a1.len() => Some(shares(
             &a1.iter()
                 .zip(&a0)
@@ -369,8 +376,7 @@ fn measure(
                 .collect::<Vec<_>>(),
         )),
         _ => None,
-    };
-    Ok((m, shares(&cpu), acc))
+    }
 }
 
 /// The load generator, through its library interface.
@@ -701,15 +707,7 @@ fn e4(cx: &mut Ctx) -> Result<()> {
                         });
                         drive_open(srv.port, &load, rate)
                     })?;
-                    let acc = match (acc0, srv.accepted_per_worker().ok()) {
-                        (Some(a0), Some(a1)) if a0.len() == a1.len() => Some(shares(
-                            &a1.iter()
-                                .zip(&a0)
-                                .map(|(a, b)| a.saturating_sub(*b))
-                                .collect::<Vec<_>>(),
-                        )),
-                        _ => None,
-                    };
+                    let acc = accepted_since(srv, acc0);
                     let window = (warm.as_millis() as u64, (warm + stall).as_millis() as u64);
                     let stats = stall_stats(&r.samples, window, workers, rate);
                     Ok(Row {

@@ -54,14 +54,7 @@ pub fn grouped_bars(
     for t in 0..=4 {
         let v = max * t as f64 / 4.0;
         let y = base - BAR_AREA_H * t as f64 / 4.0;
-        let _ = writeln!(
-            s,
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text><line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>",
-            LEFT - 4.0,
-            y + 4.0,
-            short(v),
-            W - 10.0
-        );
+        grid_line(&mut s, y, &short(v));
     }
     let _ = writeln!(
         s,
@@ -140,30 +133,9 @@ pub fn log2_histograms(title: &str, series: &[(String, Vec<u64>)]) -> String {
     for t in 0..=4 {
         let v = max * t as f64 / 4.0;
         let y = base - BAR_AREA_H * t as f64 / 4.0;
-        let _ = writeln!(
-            s,
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}%</text><line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>",
-            LEFT - 4.0,
-            y + 4.0,
-            v * 100.0,
-            W - 10.0
-        );
+        grid_line(&mut s, y, &format!("{:.0}%", v * 100.0));
     }
-    for i in (0..n_buckets).step_by(2) {
-        let _ = writeln!(
-            s,
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\" font-size=\"10\">{}</text>",
-            LEFT + (i as f64 + 0.5) * step,
-            base + 14.0,
-            duration_label(1u64 << i)
-        );
-    }
-    let _ = writeln!(
-        s,
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">latency (log2 buckets)</text>",
-        W / 2.0,
-        base + 30.0
-    );
+    log2_x_axis(&mut s, n_buckets, step, base, "latency (log2 buckets)");
     for (si, sh) in shares.iter().enumerate() {
         let pts: Vec<String> = sh
             .iter()
@@ -187,6 +159,36 @@ pub fn log2_histograms(title: &str, series: &[(String, Vec<u64>)]) -> String {
     legend(&mut s, &names, base + 48.0);
     s.push_str("</svg>\n");
     s
+}
+
+/// A horizontal grid line at `y` with its value on the left.
+fn grid_line(s: &mut String, y: f64, label: &str) {
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{label}</text><line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>",
+        LEFT - 4.0,
+        y + 4.0,
+        W - 10.0
+    );
+}
+
+/// The x axis of a log2 latency histogram: every other bucket's lower bound, and `caption`.
+fn log2_x_axis(s: &mut String, n_buckets: usize, step: f64, base: f64, caption: &str) {
+    for i in (0..n_buckets).step_by(2) {
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\" font-size=\"10\">{}</text>",
+            LEFT + (i as f64 + 0.5) * step,
+            base + 14.0,
+            duration_label(1u64 << i)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{caption}</text>",
+        W / 2.0,
+        base + 30.0
+    );
 }
 
 fn header(s: &mut String, h: f64, title: &str) {
@@ -244,14 +246,7 @@ pub fn timeseries(
     for t in 0..=4 {
         let v = max * t as f64 / 4.0;
         let y = base - BAR_AREA_H * t as f64 / 4.0;
-        let _ = writeln!(
-            s,
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text><line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>",
-            LEFT - 4.0,
-            y + 4.0,
-            short(v),
-            W - 10.0
-        );
+        grid_line(&mut s, y, &short(v));
     }
     let every = (n / 10).max(1);
     for i in (0..n).step_by(every) {
@@ -332,29 +327,19 @@ pub fn log2_histograms_log_count(title: &str, series: &[(String, Vec<u64>)]) -> 
     for d in 0..=decades as u32 {
         let c = 10u64.pow(d);
         let y = base - y_of(c);
-        let _ = writeln!(
-            s,
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text><line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>",
-            LEFT - 4.0,
-            y + 4.0,
-            if c >= 10_000 { short(c as f64) } else { c.to_string() },
-            W - 10.0
-        );
+        let label = if c >= 10_000 {
+            short(c as f64)
+        } else {
+            c.to_string()
+        };
+        grid_line(&mut s, y, &label);
     }
-    for i in (0..n_buckets).step_by(2) {
-        let _ = writeln!(
-            s,
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\" font-size=\"10\">{}</text>",
-            LEFT + (i as f64 + 0.5) * step,
-            base + 14.0,
-            duration_label(1u64 << i)
-        );
-    }
-    let _ = writeln!(
-        s,
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">latency (log2 buckets); requests, log scale</text>",
-        W / 2.0,
-        base + 30.0
+    log2_x_axis(
+        &mut s,
+        n_buckets,
+        step,
+        base,
+        "latency (log2 buckets); requests, log scale",
     );
     let n = series.len().max(1) as f64;
     for (si, (_, b)) in series.iter().enumerate() {
