@@ -1044,6 +1044,17 @@ fn report(cx: &Ctx) -> String {
     s
 }
 
+/// The worker counts E4 ran with, in run order.
+fn e4_worker_counts(rows: &[&Row]) -> Vec<usize> {
+    let mut counts: Vec<usize> = rows
+        .iter()
+        .filter_map(|r| r.stall.as_ref())
+        .map(|x| x.workers)
+        .collect();
+    counts.dedup();
+    counts
+}
+
 /// E4's table, its goals and charts (per worker count).
 fn e4_report(s: &mut String, rows: &[&Row]) {
     let _ = writeln!(
@@ -1070,12 +1081,7 @@ fn e4_report(s: &mut String, rows: &[&Row]) {
             r.accepted_share.as_deref().map_or("-".into(), pct),
         );
     }
-    let mut counts: Vec<usize> = rows
-        .iter()
-        .filter_map(|r| r.stall.as_ref())
-        .map(|x| x.workers)
-        .collect();
-    counts.dedup();
+    let counts = e4_worker_counts(rows);
     let _ = writeln!(s, "\nGoals (issue 11), same run:\n");
     for w in &counts {
         let pick = |server: &str, strategy: &str| {
@@ -1168,13 +1174,7 @@ fn write_outputs(cx: &Ctx) -> Result<()> {
             )?;
         }
         if exp == "E4" {
-            let mut counts: Vec<usize> = rows
-                .iter()
-                .filter_map(|r| r.stall.as_ref())
-                .map(|x| x.workers)
-                .collect();
-            counts.dedup();
-            for w in counts {
+            for w in e4_worker_counts(&rows) {
                 let mine: Vec<&&Row> = rows
                     .iter()
                     .filter(|r| r.stall.as_ref().is_some_and(|x| x.workers == w))

@@ -74,6 +74,7 @@ pub struct Running {
 }
 
 /// What a bench server runs: the same shape for shard and nginx.
+#[derive(Default)]
 pub struct Spec {
     pub workers: usize,
     /// Parameters after `listen 127.0.0.1:PORT`, e.g. `reuseport` or `reuseport shards=2`.

@@ -243,9 +243,6 @@ pub fn run(mut a: StaticArgs) -> Result<()> {
             let spec = Spec {
                 workers: a.workers,
                 listen_opts: "reuseport".into(),
-                events: String::new(),
-                server_extra: String::new(),
-                ok: None,
                 http_extra: format!(
                     "sendfile {};\n{}",
                     if case.sendfile { "on" } else { "off" },
@@ -255,10 +252,8 @@ pub fn run(mut a: StaticArgs) -> Result<()> {
                         ""
                     }
                 ),
-                stream: None,
-                main_extra: String::new(),
-                idle: 0,
                 tag: "static".into(),
+                ..Spec::default()
             };
             let srv = servers::start_with(kind, &spec, |dir| {
                 for (f, size) in FILES {

@@ -94,12 +94,7 @@ pub fn grouped_bars(
 /// Log2 latency histograms, one line per series: `buckets[i]` counts requests whose latency in
 /// microseconds is in `[2^i, 2^(i+1))`. Shown as the share of requests per bucket.
 pub fn log2_histograms(title: &str, series: &[(String, Vec<u64>)]) -> String {
-    let n_buckets = series
-        .iter()
-        .map(|(_, b)| b.len())
-        .max()
-        .unwrap_or(1)
-        .max(1);
+    let n_buckets = longest(series).max(1);
     let shares: Vec<Vec<f64>> = series
         .iter()
         .map(|(_, b)| {
@@ -161,6 +156,21 @@ pub fn log2_histograms(title: &str, series: &[(String, Vec<u64>)]) -> String {
     s
 }
 
+/// The length of the longest series (1 when there is none).
+fn longest(series: &[(String, Vec<u64>)]) -> usize {
+    series.iter().map(|(_, v)| v.len()).max().unwrap_or(1)
+}
+
+/// The largest value of any series, at least 1 (a scale's top).
+fn largest(series: &[(String, Vec<u64>)]) -> u64 {
+    series
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
 /// A horizontal grid line at `y` with its value on the left.
 fn grid_line(s: &mut String, y: f64, label: &str) {
     let _ = writeln!(
@@ -210,18 +220,8 @@ pub fn timeseries(
     series: &[(String, Vec<u64>)],
     shade: Option<(f64, f64)>,
 ) -> String {
-    let n = series
-        .iter()
-        .map(|(_, v)| v.len())
-        .max()
-        .unwrap_or(1)
-        .max(2);
-    let max = series
-        .iter()
-        .flat_map(|(_, v)| v.iter().copied())
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64;
+    let n = longest(series).max(2);
+    let max = largest(series) as f64;
     let step = (W - LEFT - 20.0) / (n - 1) as f64;
     let base = TOP + BAR_AREA_H;
     let h = base + 70.0 + legend_height(series.iter().map(|x| x.0.len()));
@@ -293,18 +293,8 @@ pub fn timeseries(
 /// a handful of requests at 1 s stays visible beside thousands at 100 us, which a linear
 /// percentage axis flattens to nothing.
 pub fn log2_histograms_log_count(title: &str, series: &[(String, Vec<u64>)]) -> String {
-    let n_buckets = series
-        .iter()
-        .map(|(_, b)| b.len())
-        .max()
-        .unwrap_or(1)
-        .max(1);
-    let max = series
-        .iter()
-        .flat_map(|(_, v)| v.iter().copied())
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64;
+    let n_buckets = longest(series).max(1);
+    let max = largest(series) as f64;
     let decades = max.log10().ceil().max(1.0);
     let y_of = |c: u64| {
         if c == 0 {

@@ -270,14 +270,6 @@ pub fn is_listening_tcp(fd: RawFd) -> bool {
         && get_opt(fd, libc::SOL_SOCKET, libc::SO_TYPE).is_ok_and(|v| v == libc::SOCK_STREAM)
 }
 
-/// Steers a reuseport group's new connections to its first `n` sockets, at random, with a
-/// classic BPF program (`SO_ATTACH_REUSEPORT_CBPF`); the program's return value is the index
-/// of the chosen socket in the group. `n == 0` detaches the program (back to the kernel's hash).
-pub fn steer_reuseport(fd: RawFd, n: u32) -> io::Result<()> {
-    let live: Vec<u32> = (0..n).collect();
-    steer_reuseport_to(fd, &live)
-}
-
 /// Steers a reuseport group's new connections to the sockets at the group indices in `live`,
 /// spread at random; an empty `live` detaches the program. Attaching to any socket of the group
 /// replaces the group's program.

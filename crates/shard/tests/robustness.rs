@@ -50,27 +50,6 @@ fn cpu_ms(pid: u64) -> u64 {
     ticks * 1000 / hz
 }
 
-/// `key` of `/status` summed over the workers.
-fn status_field(s: &Server, key: &str) -> u64 {
-    try_status_field(s, key).unwrap_or_else(|| panic!("no /status answer for {key}"))
-}
-
-/// The same, `None` when the status page cannot be had (at the cap its request may wait).
-fn try_status_field(s: &Server, key: &str) -> Option<u64> {
-    let body = try_get(s.addr(), "/status").ok()?.body_str();
-    let pat = format!("\"{key}\":");
-    body.match_indices(&pat)
-        .map(|(i, _)| {
-            body[i + pat.len()..]
-                .chars()
-                .take_while(|c| c.is_ascii_digit())
-                .collect::<String>()
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 /// Asserts that worker `pid` uses less than a quarter of a CPU over a 1.2 s window (a
 /// measurement window, not a wait): what a worker that backs off costs while it waits.
 fn assert_worker_idle(pid: u64, situation: &str) {

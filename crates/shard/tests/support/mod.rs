@@ -648,3 +648,24 @@ impl Drop for Nginx {
         let _ = self.0.wait();
     }
 }
+
+/// `key` of `/status` summed over the workers.
+pub fn status_field(s: &Server, key: &str) -> u64 {
+    try_status_field(s, key).unwrap_or_else(|| panic!("no /status answer for {key}"))
+}
+
+/// The same, `None` when the status page cannot be had (at the cap its request may wait).
+pub fn try_status_field(s: &Server, key: &str) -> Option<u64> {
+    let body = try_get(s.addr(), "/status").ok()?.body_str();
+    let pat = format!("\"{key}\":");
+    body.match_indices(&pat)
+        .map(|(i, _)| {
+            body[i + pat.len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit())
+                .collect::<String>()
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
