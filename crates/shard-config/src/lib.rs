@@ -31,7 +31,11 @@ pub const MIME_TYPES: &str = include_str!("mime.types");
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ConfigError {
+    /// The first error, as nginx would report it.
     pub message: String,
+    /// Every further error found in the same run (`shard -t` lists them all; nginx stops
+    /// at the first). Not part of `Display`.
+    pub more: Vec<String>,
 }
 
 /// The display name of `-g` text in error messages.
@@ -51,12 +55,22 @@ pub(crate) fn where_(file: &str, line: usize) -> String {
 }
 
 impl ConfigError {
+    pub fn new(message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            message: message.into(),
+            more: Vec::new(),
+        }
+    }
+
+    /// Every message: the first, then the others in the order found.
+    pub fn all(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.message.as_str()).chain(self.more.iter().map(String::as_str))
+    }
+
     /// `MSG in FILE:LINE` (or `MSG in command line`), nginx's shape. Shared by the lexer and
     /// the parser, so neither depends on the other for it.
     pub(crate) fn at(file: &str, line: usize, msg: impl std::fmt::Display) -> ConfigError {
-        ConfigError {
-            message: format!("{msg} in {}", where_(file, line)),
-        }
+        ConfigError::new(format!("{msg} in {}", where_(file, line)))
     }
 }
 
@@ -64,9 +78,8 @@ impl ConfigError {
 /// `includes` resolve against the directory holding `path`, as nginx's conf prefix.
 /// `extra` is the text of `-g` (main-context directives), parsed as if it followed the file.
 pub fn load(path: &Path, prefix: &Path, extra: Option<&str>) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        message: parse::open_failed(path, &e),
-    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new(parse::open_failed(path, &e)))?;
     let conf_dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -94,12 +107,10 @@ impl Config {
         for l in &self.listeners {
             if let Some(Shards::Count(n)) = l.opts.shards {
                 if n > n_workers {
-                    return Err(ConfigError {
-                        message: format!(
-                            "\"shards={n}\" of {} is more than the {n_workers} worker processes in {}",
-                            l.addr, l.place
-                        ),
-                    });
+                    return Err(ConfigError::new(format!(
+                        "\"shards={n}\" of {} is more than the {n_workers} worker processes in {}",
+                        l.addr, l.place
+                    )));
                 }
             }
         }

@@ -36,6 +36,9 @@ pub struct Config {
     pub listeners: Vec<Listener>,
     /// Every file `include` read, in the order read (the main file is the caller's).
     pub included: Vec<PathBuf>,
+    /// `[warn]` messages of the parse (`FILE:LINE` included), in order: shown by `-t` and
+    /// logged at start and reload.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

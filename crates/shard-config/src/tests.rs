@@ -1128,7 +1128,7 @@ fn stream_errors() {
     );
     assert_eq!(
         stream_error("upstream u { least_conn; }"),
-        r#"unknown directive "least_conn" in t.conf:3"#
+        r#""least_conn" is an nginx directive that shard does not support in t.conf:3"#
     );
     assert_eq!(
         stream_error("server {\nlisten 9000;\nproxy_pass nowhere;\n}"),
@@ -2117,4 +2117,127 @@ fn open_file_cache_directives_follow_nginx() {
         error("events {}\nhttp { open_file_cache_errors maybe; }"),
         r#"invalid value "maybe" in "open_file_cache_errors" directive, it must be "on" or "off" in t.conf:2"#
     );
+}
+
+#[test]
+fn every_error_in_one_run() {
+    let e = parse_str(
+        "events {}\nhttp {\n lisen 80;\n server { listen 80; try_files $uri =404; \
+         keepalive_timeout x; }\n}\nworker_processes none;\n",
+        "t.conf",
+        Path::new("/nonexistent-conf"),
+        Path::new("/pfx"),
+        None,
+    )
+    .expect_err("expected errors");
+    let all: Vec<&str> = e.all().collect();
+    assert_eq!(
+        all,
+        [
+            "unknown directive \"lisen\" in t.conf:3",
+            "\"try_files\" is an nginx directive that shard does not support in t.conf:4",
+            "invalid value \"x\" in \"keepalive_timeout\" directive in t.conf:4",
+            "invalid value \"none\" in \"worker_processes\" directive in t.conf:6",
+        ],
+        "{all:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        all[0],
+        "Display is the first error, as nginx"
+    );
+    // A syntax error ends its file: nothing after it is reported.
+    let e = parse_str(
+        "events {}\nfoo;\nhttp { server { listen 80 } \nbar;\n",
+        "t.conf",
+        Path::new("/nonexistent-conf"),
+        Path::new("/pfx"),
+        None,
+    )
+    .expect_err("expected errors");
+    assert_eq!(e.all().count(), 2, "{:?}", e.all().collect::<Vec<_>>());
+}
+
+#[test]
+fn nginx_directives_shard_lacks_say_so() {
+    assert!(parse::NGINX_ONLY_IS_SORTED());
+    assert_eq!(
+        error(&format!(
+            "{EV}http {{ server {{ location / {{ fastcgi_pass 127.0.0.1:9000; }} }} }}"
+        )),
+        "\"fastcgi_pass\" is an nginx directive that shard does not support in t.conf:2"
+    );
+    assert_eq!(
+        error(&format!("{EV}http {{ sever {{ }} }}")),
+        "unknown directive \"sever\" in t.conf:2"
+    );
+}
+
+#[test]
+fn tuning_directives_warn() {
+    let c = parse(&format!(
+        "daemon off;\nmaster_process on;\n{EV}http {{\n tcp_nopush on;\n \
+         types_hash_max_size 2048;\n server_names_hash_bucket_size 64;\n \
+         output_buffers 2 32k;\n gzip_buffers 16 8k;\n proxy_temp_path /tmp/p 1 2;\n \
+         server {{ listen 80; postpone_output 1460; location / {{ send_lowat 0; }} }}\n}}\n"
+    ));
+    assert_eq!(c.warnings.len(), 10, "{:?}", c.warnings);
+    assert_eq!(
+        c.warnings[0],
+        "\"daemon\" is accepted and has no effect in shard in t.conf:1"
+    );
+    assert_eq!(
+        c.warnings[2],
+        "\"tcp_nopush\" is accepted and has no effect in shard in t.conf:5"
+    );
+    // Their values are still checked, as nginx checks them.
+    assert_eq!(
+        error(&format!("{EV}http {{ tcp_nopush maybe; }}")),
+        "invalid value \"maybe\" in \"tcp_nopush\" directive, it must be \"on\" or \"off\" in t.conf:2"
+    );
+    assert_eq!(
+        error(&format!("{EV}http {{ types_hash_max_size lots; }}")),
+        "invalid value \"lots\" in \"types_hash_max_size\" directive in t.conf:2"
+    );
+    assert_eq!(
+        error(&format!("{EV}tcp_nopush on;")),
+        "\"tcp_nopush\" directive is not allowed here in t.conf:2"
+    );
+}
+
+#[test]
+fn duplicate_locations() {
+    assert_eq!(
+        error(&format!(
+            "{EV}http {{ server {{\nlocation /a {{ }}\nlocation ^~ /a {{ }}\n}} }}"
+        )),
+        "duplicate location \"/a\" in t.conf:4"
+    );
+    assert_eq!(
+        error(&format!(
+            "{EV}http {{ server {{\nlocation = /a {{ }}\nlocation /b {{ location = /b/c {{ }} location = /b/c {{ }} }}\n}} }}"
+        )),
+        "duplicate location \"/b/c\" in t.conf:4"
+    );
+    // An exact and a prefix location of one path are two locations, as in nginx.
+    let c = http("server { location = /a { } location /a { } }");
+    assert_eq!(c.http.unwrap().servers[0].locations.len(), 2);
+}
+
+#[test]
+fn include_glob_skips_dot_files() {
+    let t = TempDir::new("dotfiles");
+    t.write("conf.d/a.conf", "server { listen 8081; }\n");
+    t.write("conf.d/.disabled.conf", "this is not a configuration\n");
+    let main = t.write("nginx.conf", "events {}\nhttp { include conf.d/*.conf; }\n");
+    let c = load(&main, &t.0, None).unwrap();
+    assert_eq!(c.http.unwrap().servers.len(), 1);
+    assert_eq!(c.included.len(), 1);
+    // Named explicitly, a dot-file is read.
+    t.write(
+        "nginx2.conf",
+        "events {}\nhttp { include conf.d/.*.conf; }\n",
+    );
+    let e = load(&t.0.join("nginx2.conf"), &t.0, None).unwrap_err();
+    assert!(e.message.contains(".disabled.conf:"), "{}", e.message);
 }

@@ -41,9 +41,8 @@ impl Node {
 /// (relative to the directory of `path`, patterns sorted, the bundled `mime.types` when none
 /// is beside the configuration), into one tree.
 pub fn load_expanded(path: &Path) -> Result<Vec<Node>, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        message: open_failed(path, &e),
-    })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| ConfigError::new(open_failed(path, &e)))?;
     let conf_dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

@@ -585,6 +585,9 @@ impl Master {
                 return;
             }
         };
+        for w in &cfg.warnings {
+            crate::log!(Warn, "{w}");
+        }
         let n_workers = resolve_workers(cfg.main.worker_processes);
         if let Err(e) = cfg.check_workers(n_workers) {
             crate::log!(Emerg, "{e}");

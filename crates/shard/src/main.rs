@@ -144,13 +144,19 @@ fn run(cli: Cli) -> i32 {
     {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("shard: [emerg] {e}");
+            for m in e.all() {
+                eprintln!("shard: [emerg] {m}");
+            }
             if cli.test || cli.dump {
                 eprintln!("shard: configuration file {} test failed", src.name);
             }
             return 1;
         }
     };
+    // As nginx, `-q` silences only the "syntax is ok" lines, not warnings.
+    for w in &cfg.warnings {
+        eprintln!("shard: [warn] {w}");
+    }
     if cli.test || cli.dump {
         // The workers' identity is part of the configuration: an unknown user or group fails
         // the test, as nginx's `ngx_set_user` does when run as root.

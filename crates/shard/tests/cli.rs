@@ -220,3 +220,33 @@ fn quiet_test_prints_only_errors_and_capital_v_prints_build_information() {
     assert!(err.contains("shard version: shard/"), "{err}");
     assert!(err.contains("default configuration path:"), "{err}");
 }
+
+#[test]
+fn test_flag_lists_every_error_and_warns_about_tuning_directives() {
+    let conf = "events {}\nhttp {\n    tcp_nopush on;\n    server {\n        lisen 80;\n        \
+                location / { try_files $uri =404; }\n    }\n}\n";
+    let (code, err) = with_conf("allerrs", conf, &["-t"]);
+    assert_eq!(code, 1, "{err}");
+    let emerg: Vec<&str> = err.lines().filter(|l| l.contains("[emerg]")).collect();
+    assert_eq!(emerg.len(), 2, "{err}");
+    assert!(
+        emerg[0].contains("unknown directive \"lisen\" in /"),
+        "{err}"
+    );
+    assert!(
+        emerg[1].contains("\"try_files\" is an nginx directive that shard does not support in /"),
+        "{err}"
+    );
+    // Fixed, the configuration passes with one warning per tuning directive.
+    let conf = "events {}\nhttp {\n    tcp_nopush on;\n    server {\n        listen 127.0.0.1:1;\n    }\n}\n";
+    let (code, err) = with_conf("warns", conf, &["-t"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("shard: [warn] \"tcp_nopush\" is accepted and has no effect in shard in /"),
+        "{err}"
+    );
+    // As nginx's `-q`: the "syntax is ok" lines go, warnings stay.
+    let (code, err) = with_conf("warnsq", conf, &["-t", "-q"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -543,7 +543,25 @@ pub(super) fn server_server_name(_: &Env, cx: &mut ServerCx<'_>, d: &Directive, 
 
 pub(super) fn server_location(env: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
     let loc = read_location(env, d, file, None)?;
+    no_duplicate(&cx.s.locations, &loc, d, file)?;
     cx.s.locations.push(loc);
+    Ok(())
+}
+
+/// nginx's `duplicate location "/a"`: two locations of one level with the same path, both
+/// exact or both prefix (`^~` or not); an exact and a prefix location of one path coexist.
+fn no_duplicate(siblings: &[LocP], loc: &LocP, d: &Directive, file: &str) -> R {
+    let exact = |k: LocationKind| k == LocationKind::Exact;
+    if siblings
+        .iter()
+        .any(|o| o.path == loc.path && exact(o.kind) == exact(loc.kind))
+    {
+        return Err(derr(
+            d,
+            file,
+            format!("duplicate location \"{}\"", loc.path),
+        ));
+    }
     Ok(())
 }
 
@@ -620,6 +638,7 @@ pub(super) fn read_location(
 pub(super) fn location_location(env: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
     let path = loc.path.clone();
     let nested = read_location(env, d, file, Some((loc.kind, &path)))?;
+    no_duplicate(&loc.nested, &nested, d, file)?;
     loc.nested.push(nested);
     Ok(())
 }

@@ -10,6 +10,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -150,7 +151,7 @@ pub(crate) fn include_sources(
             .map_err(|e| derr(d, file, format!("glob() \"{pat}\" failed ({e})")))?;
         let mut v: Vec<PathBuf> = paths
             .filter_map(Result::ok)
-            .filter(|p| p.is_file())
+            .filter(|p| p.is_file() && !hidden_match(Path::new(&pat), p))
             .collect();
         v.sort();
         v
@@ -181,13 +182,38 @@ pub(crate) fn include_sources(
     Ok(out)
 }
 
+/// glob(3) without GLOB_PERIOD: a wildcard does not match a name's leading dot, so
+/// `.site.conf` stays out of `conf.d/*.conf` (a common way to disable a site), while
+/// `conf.d/.*.conf` names it. (The `glob` crate's `require_literal_leading_dot` also refuses
+/// the explicit `.*`, so the rule is applied here, component by component.)
+fn hidden_match(pattern: &Path, path: &Path) -> bool {
+    pattern.components().zip(path.components()).any(|(p, m)| {
+        let (p, m) = (p.as_os_str().as_bytes(), m.as_os_str().as_bytes());
+        m.first() == Some(&b'.') && p.first() != Some(&b'.')
+    })
+}
+
 struct Env {
     prefix: PathBuf,
     conf_dir: PathBuf,
     depth: Cell<usize>,
     /// Files read by `include`, in order.
     included: std::cell::RefCell<Vec<PathBuf>>,
+    /// Every error found so far (see `walk`).
+    errors: std::cell::RefCell<Vec<ConfigError>>,
+    /// `[warn]` messages, in order.
+    warnings: std::cell::RefCell<Vec<String>>,
 }
+
+/// `NGINX_ONLY` is sorted, as its binary search needs (a test checks it).
+#[cfg(test)]
+#[allow(non_snake_case)]
+pub(crate) fn NGINX_ONLY_IS_SORTED() -> bool {
+    NGINX_ONLY.windows(2).all(|w| w[0] < w[1])
+}
+
+/// The most errors one run reports.
+const MAX_ERRORS: usize = 100;
 
 #[derive(Default)]
 struct MainP {
@@ -231,6 +257,8 @@ pub(crate) fn parse(
         conf_dir: conf_dir.to_path_buf(),
         depth: Cell::new(0),
         included: std::cell::RefCell::new(Vec::new()),
+        errors: std::cell::RefCell::new(Vec::new()),
+        warnings: std::cell::RefCell::new(Vec::new()),
     };
     let mut st = State::default();
     let items = parse_tree(text, name);
@@ -238,6 +266,11 @@ pub(crate) fn parse(
     if let Some(extra) = extra {
         let items = parse_tree(extra, COMMAND_LINE);
         env.walk(&items, COMMAND_LINE, Ctx::Main, &mut Target::Main(&mut st))?;
+    }
+    let mut errors = env.errors.take().into_iter();
+    if let Some(mut first) = errors.next() {
+        first.more.extend(errors.map(|e| e.message));
+        return Err(first);
     }
     env.finish(st)
 }
@@ -249,6 +282,10 @@ impl Env {
 
     /// Reads every directive of `items` into `target` with the handler its table row names,
     /// after checking the row's context, arity and block; follows `include`.
+    ///
+    /// An error in one directive is recorded and the walk goes on with the next, so one run
+    /// reports every error of the configuration (nginx stops at the first). A syntax error
+    /// ends the walk of its file: what follows it cannot be read reliably.
     fn walk(
         &self,
         items: &[Item],
@@ -258,77 +295,123 @@ impl Env {
     ) -> Result<(), ConfigError> {
         for item in items {
             let d = match item {
-                Item::Error(e) => return Err(e.clone()),
+                Item::Error(e) => {
+                    self.fail(e.clone());
+                    break;
+                }
                 Item::Dir(d) => d,
             };
-            if ctx == Ctx::Types {
-                if d.name == "include" && d.block.is_none() {
-                    if d.args.len() != 1 {
-                        return Err(derr(
-                            d,
-                            file,
-                            "invalid number of arguments in \"include\" directive",
-                        ));
-                    }
-                    self.include(d, file, ctx, target)?;
-                    continue;
-                }
-                if d.block.is_some() {
-                    return Err(derr(d, file, "unexpected \"{\""));
-                }
-                if let Target::Types(map) = target {
-                    for ext in &d.args {
-                        map.insert(ext.to_ascii_lowercase(), d.name.clone());
-                    }
-                }
-                continue;
-            }
-            // A name may have several entries (`server` is a block in `http` and `stream`, a
-            // simple directive in `upstream`): the one valid here wins.
-            let mut named = TABLE.iter().filter(|s| s.name == d.name).peekable();
-            let Some(&first) = named.peek() else {
-                return Err(derr(d, file, format!("unknown directive \"{}\"", d.name)));
-            };
-            let spec = named.find(|s| s.ctx & ctx.bit() != 0).unwrap_or(first);
-            if spec.ctx & ctx.bit() == 0 {
-                return Err(derr(
-                    d,
-                    file,
-                    format!("\"{}\" directive is not allowed here", d.name),
-                ));
-            }
-            if !spec.block && d.block.is_some() {
-                return Err(derr(
-                    d,
-                    file,
-                    format!("directive \"{}\" is not terminated by \";\"", d.name),
-                ));
-            }
-            if spec.block && d.block.is_none() {
-                return Err(derr(
-                    d,
-                    file,
-                    format!("directive \"{}\" has no opening \"{{\"", d.name),
-                ));
-            }
-            if d.args.len() < spec.min || d.args.len() > spec.max {
-                return Err(derr(
-                    d,
-                    file,
-                    format!("invalid number of arguments in \"{}\" directive", d.name),
-                ));
-            }
-            match spec.set {
-                Set::Walk if d.name == "include" => self.include(d, file, ctx, target)?,
-                // `error_log` below main: checked, accepted for nginx compatibility; shard
-                // has one error log.
-                Set::Walk => {
-                    parse_error_log(d, file, &self.prefix)?;
-                }
-                set => dispatch(self, set, target, d, file)?,
+            if let Err(e) = self.directive(d, file, ctx, target) {
+                self.fail(e);
             }
         }
         Ok(())
+    }
+
+    /// Records an error; the parse fails once the whole configuration was read.
+    fn fail(&self, e: ConfigError) {
+        let mut errors = self.errors.borrow_mut();
+        if errors.len() < MAX_ERRORS {
+            errors.push(e);
+        }
+    }
+
+    /// Records a warning (`[warn]` at `-t` and at start).
+    pub(super) fn warn(&self, d: &Directive, file: &str, msg: impl std::fmt::Display) {
+        self.warnings
+            .borrow_mut()
+            .push(format!("{msg} in {}", where_(file, d.line)));
+    }
+
+    fn directive(
+        &self,
+        d: &Directive,
+        file: &str,
+        ctx: Ctx,
+        target: &mut Target<'_>,
+    ) -> Result<(), ConfigError> {
+        if ctx == Ctx::Types {
+            if d.name == "include" && d.block.is_none() {
+                if d.args.len() != 1 {
+                    return Err(derr(
+                        d,
+                        file,
+                        "invalid number of arguments in \"include\" directive",
+                    ));
+                }
+                return self.include(d, file, ctx, target);
+            }
+            if d.block.is_some() {
+                return Err(derr(d, file, "unexpected \"{\""));
+            }
+            if let Target::Types(map) = target {
+                for ext in &d.args {
+                    map.insert(ext.to_ascii_lowercase(), d.name.clone());
+                }
+            }
+            return Ok(());
+        }
+        // A name may have several entries (`server` is a block in `http` and `stream`, a
+        // simple directive in `upstream`): the one valid here wins.
+        let mut named = TABLE.iter().filter(|s| s.name == d.name).peekable();
+        let Some(&first) = named.peek() else {
+            if NGINX_ONLY.binary_search(&d.name.as_str()).is_ok() {
+                return Err(derr(
+                    d,
+                    file,
+                    format!(
+                        "\"{}\" is an nginx directive that shard does not support",
+                        d.name
+                    ),
+                ));
+            }
+            return Err(derr(d, file, format!("unknown directive \"{}\"", d.name)));
+        };
+        let spec = named.find(|s| s.ctx & ctx.bit() != 0).unwrap_or(first);
+        if spec.ctx & ctx.bit() == 0 {
+            return Err(derr(
+                d,
+                file,
+                format!("\"{}\" directive is not allowed here", d.name),
+            ));
+        }
+        if !spec.block && d.block.is_some() {
+            return Err(derr(
+                d,
+                file,
+                format!("directive \"{}\" is not terminated by \";\"", d.name),
+            ));
+        }
+        if spec.block && d.block.is_none() {
+            return Err(derr(
+                d,
+                file,
+                format!("directive \"{}\" has no opening \"{{\"", d.name),
+            ));
+        }
+        if d.args.len() < spec.min || d.args.len() > spec.max {
+            return Err(derr(
+                d,
+                file,
+                format!("invalid number of arguments in \"{}\" directive", d.name),
+            ));
+        }
+        match spec.set {
+            Set::Walk if d.name == "include" => self.include(d, file, ctx, target),
+            // `error_log` below main: checked, accepted for nginx compatibility; shard
+            // has one error log.
+            Set::Walk => parse_error_log(d, file, &self.prefix).map(|_| ()),
+            Set::NoEffect(check) => {
+                check(d, file)?;
+                self.warn(
+                    d,
+                    file,
+                    format!("\"{}\" is accepted and has no effect in shard", d.name),
+                );
+                Ok(())
+            }
+            set => dispatch(self, set, target, d, file),
+        }
     }
 
     fn include(
@@ -364,9 +447,9 @@ impl Env {
 
     fn finish(&self, st: State) -> Result<Config, ConfigError> {
         let Some(ev) = st.events else {
-            return Err(ConfigError {
-                message: "no \"events\" section in configuration".to_string(),
-            });
+            return Err(ConfigError::new(
+                "no \"events\" section in configuration".to_string(),
+            ));
         };
         let _ = ev.use_;
         let main = MainConf {
@@ -409,6 +492,7 @@ impl Env {
             stream,
             listeners,
             included: self.included.take(),
+            warnings: self.warnings.take(),
         })
     }
 

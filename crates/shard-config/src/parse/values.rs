@@ -340,9 +340,7 @@ pub(super) fn add_listen(
     spec: &ListenSpec,
     at: Place,
 ) -> Result<(), ConfigError> {
-    let here = |msg: String| ConfigError {
-        message: format!("{msg} in {}", where_(&at.file, at.line)),
-    };
+    let here = |msg: String| ConfigError::new(format!("{msg} in {}", where_(&at.file, at.line)));
     let Some(l) = listeners.iter_mut().find(|l| l.addr == spec.addr) else {
         listeners.push(ListenerP {
             addr: spec.addr,
@@ -360,14 +358,12 @@ pub(super) fn add_listen(
     if spec.opts_set {
         match &l.opts_place {
             Some(first) if l.opts != spec.opts => {
-                return Err(ConfigError {
-                    message: format!(
-                        "duplicate listen options for {} in {} (first given in {})",
-                        spec.addr,
-                        where_(&at.file, at.line),
-                        where_(&first.file, first.line)
-                    ),
-                });
+                return Err(ConfigError::new(format!(
+                    "duplicate listen options for {} in {} (first given in {})",
+                    spec.addr,
+                    where_(&at.file, at.line),
+                    where_(&first.file, first.line)
+                )));
             }
             Some(_) => {}
             None => {
