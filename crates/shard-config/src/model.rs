@@ -223,10 +223,16 @@ pub enum LocationKind {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Return {
+    /// `444` closes the connection without a response, as nginx.
     pub code: u16,
-    /// Body text for codes other than 301/302/303/307/308, the URL for those.
+    /// Body text for codes other than 301/302/303/307/308, the URL for those, as written.
     pub text: Option<String>,
+    /// `text` split into literal text and variables (empty when `text` is `None`).
+    pub parts: Vec<Part>,
 }
+
+/// nginx's non-standard code: close the connection without sending anything.
+pub const CLOSE_WITHOUT_RESPONSE: u16 = 444;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusHandler {
@@ -397,7 +403,8 @@ pub struct ProxyPass {
     pub proxy_port: u16,
 }
 
-/// One variable usable in `proxy_set_header` values.
+/// One nginx variable (names as nginx's `ngx_http_core_module`, `..._proxy_module`,
+/// `..._log_module` and `..._upstream_module` define them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Var {
     /// `$host`: the request's host (from the request line or `Host`), else the server name.
@@ -405,27 +412,83 @@ pub enum Var {
     /// `$remote_addr`, `$remote_port`.
     RemoteAddr,
     RemotePort,
+    /// `$remote_user`: always empty (shard has no basic authentication).
+    RemoteUser,
     /// `$server_addr`, `$server_port`, `$server_name`.
     ServerAddr,
     ServerPort,
     ServerName,
+    /// `$server_protocol`: `HTTP/1.0` or `HTTP/1.1`.
+    ServerProtocol,
     /// `$scheme`: always `http`.
     Scheme,
-    /// `$request_uri`: the target as received; `$uri`: the normalized path; `$args`, `$is_args`.
+    /// `$https`: always empty (no TLS yet).
+    Https,
+    /// `$request_uri`: the target as received; `$uri` (`$document_uri`): the normalized path;
+    /// `$args` (`$query_string`), `$is_args`.
     RequestUri,
     Uri,
     Args,
     IsArgs,
+    /// `$arg_NAME`: the first `NAME=` argument's value, as received (name compared without case).
+    Arg(String),
+    /// `$request`: the request line; `$request_method`.
+    Request,
     RequestMethod,
+    /// `$request_length`: bytes of the request head (and body, once read).
+    RequestLength,
+    /// `$content_type`, `$content_length`: the request's headers.
+    ContentType,
+    ContentLength,
+    /// `$cookie_NAME`: the value of cookie NAME.
+    Cookie(String),
+    /// `$document_root`: the location's `root` (or `alias`); `$request_filename`: the file
+    /// the URI maps to; `$realpath_root`: the root with symbolic links resolved.
+    DocumentRoot,
+    RealpathRoot,
+    RequestFilename,
+    /// `$status`, `$body_bytes_sent`, `$bytes_sent` (head and body): the response's.
+    Status,
+    BodyBytesSent,
+    BytesSent,
+    /// `$request_time`: seconds since the request began, with milliseconds.
+    RequestTime,
+    /// `$msec`, `$time_local`, `$time_iso8601`: now.
+    Msec,
+    TimeLocal,
+    TimeIso8601,
+    /// `$request_id`: 32 hex digits, unique per request.
+    RequestId,
+    /// `$connection` (serial number), `$connection_requests`.
+    Connection,
+    ConnectionRequests,
+    /// `$pid` (of the worker), `$hostname`, `$nginx_version` (shard's version).
+    Pid,
+    Hostname,
+    NginxVersion,
     /// `$proxy_host`, `$proxy_port` (see [`ProxyPass`]).
     ProxyHost,
     ProxyPort,
     /// `$proxy_add_x_forwarded_for`: the client's `X-Forwarded-For` with `, $remote_addr`
     /// appended, or `$remote_addr` alone.
     ProxyAddXForwardedFor,
+    /// `$upstream_addr`, `$upstream_status`, `$upstream_response_time`,
+    /// `$upstream_connect_time`, `$upstream_header_time`: one entry per peer tried, joined
+    /// with `, ` as nginx.
+    UpstreamAddr,
+    UpstreamStatus,
+    UpstreamResponseTime,
+    UpstreamConnectTime,
+    UpstreamHeaderTime,
     /// `$http_NAME`: the request header NAME (lowercase, `_` standing for `-`); every value of
     /// a repeated header joined with `, `.
     Http(String),
+    /// `$0`..`$9`: a capture of the last regular expression that matched (a regex location).
+    Capture(u8),
+    /// `$sent_http_NAME`: a header of the response (only those shard writes itself:
+    /// `content_type`, `content_length`, `location`, `last_modified`, `etag`,
+    /// `content_encoding`, `connection`, `cache_control`, `expires`).
+    SentHttp(String),
 }
 
 /// A `proxy_set_header` value: literal text and variables.

@@ -100,13 +100,8 @@ fn default_conf_parses() {
     assert_eq!(s.locations[1].handler, Some(StatusHandler::Shard));
     assert_eq!(s.locations[2].handler, Some(StatusHandler::Stub));
     assert_eq!(s.locations[3].kind, LocationKind::Prefix);
-    assert_eq!(
-        s.locations[3].ret,
-        Some(Return {
-            code: 404,
-            text: None
-        })
-    );
+    let r = s.locations[3].ret.as_ref().unwrap();
+    assert_eq!((r.code, r.text.as_deref()), (404, None));
     assert!(s.locations.iter().all(|l| l.access_log.is_none()));
     assert_eq!(c.listeners.len(), 1);
     assert_eq!(c.listeners[0].addr, sa("127.0.0.1:8080"));
@@ -230,7 +225,7 @@ fn quotes_escapes_comments() {
             server_name 'single quoted' "double \"quoted\"" plain\"x;
             location = "/a b" { return 200 "line\n\ttab\r\\ 'it\'s' $uri #not-a-comment"; }
             location = /c#d { return 200 'x\y'; }
-            location = /v { return 200 ${var}x; }
+            location = /v { return 200 ${host}x; }
         }"#,
     );
     let s = &c.http.unwrap().servers[0];
@@ -254,7 +249,7 @@ fn quotes_escapes_comments() {
     );
     assert_eq!(
         s.locations[2].ret.as_ref().unwrap().text.as_deref(),
-        Some("${var}x")
+        Some("${host}x")
     );
     // Places track lines.
     assert_eq!(s.place.line, 4);
@@ -606,12 +601,10 @@ fn locations_and_returns() {
         (l[0].kind, l[0].path.as_str()),
         (LocationKind::Exact, "/exact")
     );
+    let r = l[0].ret.as_ref().unwrap();
     assert_eq!(
-        l[0].ret,
-        Some(Return {
-            code: 301,
-            text: Some("https://example.com/".into())
-        })
+        (r.code, r.text.as_deref()),
+        (301, Some("https://example.com/"))
     );
     assert_eq!(
         (l[1].kind, l[1].path.as_str()),
@@ -622,14 +615,16 @@ fn locations_and_returns() {
         l[2].ret,
         Some(Return {
             code: 302,
-            text: Some("https://elsewhere/".into())
+            text: Some("https://elsewhere/".into()),
+            parts: vec![Part::Lit("https://elsewhere/".into())],
         })
     );
     assert_eq!(
         l[3].ret,
         Some(Return {
             code: 403,
-            text: Some("no".into())
+            text: Some("no".into()),
+            parts: vec![Part::Lit("no".into())],
         })
     );
     assert_eq!(l[4].alias, Some(PathBuf::from("/pfx/data/")));
@@ -652,6 +647,7 @@ fn server_level_return_applies_to_locations() {
     let r = Some(Return {
         code: 301,
         text: Some("https://x/".into()),
+        parts: vec![Part::Lit("https://x/".into())],
     });
     assert_eq!(s.base.ret, r);
     assert_eq!(s.locations[0].ret, r);

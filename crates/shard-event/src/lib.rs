@@ -47,6 +47,17 @@ pub fn monotonic_ms() -> u64 {
 }
 
 /// Seconds since the Unix epoch, from `CLOCK_REALTIME` (vDSO).
+/// Milliseconds since the epoch (`CLOCK_REALTIME`).
+pub fn unix_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
 pub fn unix_secs() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

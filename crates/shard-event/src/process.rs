@@ -343,3 +343,30 @@ pub fn set_no_new_privs() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// The machine's host name (`gethostname`), "" when it cannot be read.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its whole length; the name is NUL-terminated within it
+    // or truncated, and only the bytes before the first NUL are read.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// 64 random bits from the kernel (`getrandom`); the time and pid if it fails.
+pub fn random_u64() -> u64 {
+    let mut v = [0u8; 8];
+    // SAFETY: the buffer is valid for 8 bytes.
+    let n = unsafe { libc::getrandom(v.as_mut_ptr().cast(), v.len(), 0) };
+    if n == 8 {
+        return u64::from_ne_bytes(v);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 32)
+}

@@ -17,6 +17,7 @@ pub mod request;
 pub mod response;
 pub mod route;
 pub mod static_file;
+pub mod vars;
 
 const WEEKDAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
 const MONTHS: [&str; 12] = [
@@ -113,6 +114,15 @@ pub fn log_time(unix_secs: u64) -> String {
     )
 }
 
+/// nginx's `$time_iso8601` for `unix_secs`, in UTC: `1994-11-06T08:49:37+00:00`.
+pub fn iso8601_time(unix_secs: u64) -> String {
+    let c = civil(unix_secs);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}+00:00",
+        c.year, c.month, c.day, c.hour, c.min, c.sec
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +132,7 @@ mod tests {
     fn known_dates() {
         assert_eq!(http_date(784_111_777), "Sun, 06 Nov 1994 08:49:37 GMT");
         assert_eq!(log_time(784_111_777), "06/Nov/1994:08:49:37 +0000");
+        assert_eq!(iso8601_time(784_111_777), "1994-11-06T08:49:37+00:00");
         assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
         assert_eq!(http_date(1_795_000_000), "Wed, 18 Nov 2026 11:06:40 GMT");
         assert_eq!(http_date(951_782_400), "Tue, 29 Feb 2000 00:00:00 GMT");

@@ -16,10 +16,9 @@
 //! decisions in. Nothing here panics on any input, and every header written is a single line:
 //! CR, LF and NUL are dropped from every value, whatever its source.
 
-use std::io::Write as _;
 use std::net::SocketAddr;
 
-use shard_config::{LocationConf, LocationKind, Part, ProxyPass, Var};
+use shard_config::{LocationConf, LocationKind, ProxyPass};
 
 use crate::request::{Method, Request, MAX_HEADERS};
 use crate::response::{push_u64, status_text};
@@ -43,6 +42,8 @@ pub struct RequestCtx<'a> {
     /// The body is streamed to the upstream in chunked encoding as it arrives (a chunked
     /// request body with `proxy_request_buffering off` and `proxy_http_version 1.1`).
     pub body_chunked: bool,
+    /// For `$request_id`, `$connection` and the other variables of the connection.
+    pub conn: crate::vars::Conn<'a>,
 }
 
 /// Why an attempt at an upstream failed, in `proxy_next_upstream` terms.
@@ -390,89 +391,6 @@ pub fn upstream_uri(req: &Request, location: &LocationConf, pass: &ProxyPass) ->
     String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
-/// The client's header lines from `head` (request line through the empty line). The worker
-/// parsed this very head with the same `httparse` call, so failure means an empty list.
-fn request_headers<'b, 'h>(
-    head: &'b [u8],
-    storage: &'h mut [httparse::Header<'b>],
-) -> &'h [httparse::Header<'b>] {
-    // Empty lines before the request line are allowed (RFC 9112 2.2), as in `request::parse`.
-    let start = head
-        .iter()
-        .position(|&b| b != b'\r' && b != b'\n')
-        .unwrap_or(head.len());
-    let Some(nl) = memchr::memchr(b'\n', &head[start..]) else {
-        return &[];
-    };
-    match httparse::parse_headers(&head[start + nl + 1..], storage) {
-        Ok(httparse::Status::Complete((_, hs))) => hs,
-        _ => &[],
-    }
-}
-
-/// Appends every value of the request header `name`, joined with `, `; true if there was one.
-fn push_joined(out: &mut Vec<u8>, name: &str, hs: &[httparse::Header<'_>]) -> bool {
-    let mut any = false;
-    for h in hs.iter().filter(|h| h.name.eq_ignore_ascii_case(name)) {
-        if any {
-            out.extend_from_slice(b", ");
-        }
-        out.extend_from_slice(h.value);
-        any = true;
-    }
-    any
-}
-
-/// Appends the value of `var`. Writing to a `Vec` cannot fail, so `write!`'s result is moot.
-fn push_var(out: &mut Vec<u8>, var: &Var, ctx: &RequestCtx<'_>, hs: &[httparse::Header<'_>]) {
-    let req = ctx.req;
-    match var {
-        Var::Host => {
-            let host = req.host.as_deref().unwrap_or(ctx.server_name);
-            out.extend_from_slice(host.as_bytes());
-        }
-        Var::RemoteAddr => {
-            if let Some(c) = ctx.client {
-                let _ = write!(out, "{}", c.ip());
-            }
-        }
-        Var::RemotePort => {
-            if let Some(c) = ctx.client {
-                push_u64(out, u64::from(c.port()));
-            }
-        }
-        Var::ServerAddr => {
-            let _ = write!(out, "{}", ctx.server_addr.ip());
-        }
-        Var::ServerPort => push_u64(out, u64::from(ctx.server_addr.port())),
-        Var::ServerName => out.extend_from_slice(ctx.server_name.as_bytes()),
-        Var::Scheme => out.extend_from_slice(b"http"),
-        Var::RequestUri => out.extend_from_slice(req.target.as_bytes()),
-        Var::Uri => out.extend_from_slice(req.path.as_bytes()),
-        Var::Args => out.extend_from_slice(req.query.as_deref().unwrap_or("").as_bytes()),
-        Var::IsArgs => {
-            if req.query.as_deref().is_some_and(|q| !q.is_empty()) {
-                out.push(b'?');
-            }
-        }
-        Var::RequestMethod => out.extend_from_slice(req.method.as_str().as_bytes()),
-        Var::ProxyHost => out.extend_from_slice(ctx.pass.proxy_host.as_bytes()),
-        Var::ProxyPort => push_u64(out, u64::from(ctx.pass.proxy_port)),
-        Var::ProxyAddXForwardedFor => {
-            let had = push_joined(out, "x-forwarded-for", hs);
-            if let Some(c) = ctx.client {
-                if had {
-                    out.extend_from_slice(b", ");
-                }
-                let _ = write!(out, "{}", c.ip());
-            }
-        }
-        Var::Http(name) => {
-            push_joined(out, name, hs);
-        }
-    }
-}
-
 /// Appends the upstream request head to `out`.
 ///
 /// The request line (`HTTP/1.<proxy_http_version>`), then every `proxy_set_header` in order
@@ -483,8 +401,21 @@ fn push_var(out: &mut Vec<u8>, var: &Var, ctx: &RequestCtx<'_>, hs: &[httparse::
 /// the client's `Connection` lists, then `Content-Length` when there is a body.
 pub fn write_request(out: &mut Vec<u8>, ctx: &RequestCtx<'_>) {
     let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let hs = request_headers(ctx.head, &mut storage);
+    let hs = crate::vars::request_headers(ctx.head, &mut storage);
     let conf = &ctx.location.proxy;
+    let vc = crate::vars::Ctx {
+        req: ctx.req,
+        headers: hs,
+        client: ctx.client,
+        server_addr: ctx.server_addr,
+        server_name: ctx.server_name,
+        location: ctx.location,
+        pass: Some(ctx.pass),
+        conn: ctx.conn,
+        captures: &[],
+        capture_text: "",
+        done: None,
+    };
 
     out.extend_from_slice(ctx.req.method.as_str().as_bytes());
     out.push(b' ');
@@ -503,12 +434,7 @@ pub fn write_request(out: &mut Vec<u8>, ctx: &RequestCtx<'_>) {
         push_clean(out, name.as_bytes());
         out.extend_from_slice(b": ");
         let value = out.len();
-        for part in parts {
-            match part {
-                Part::Lit(s) => out.extend_from_slice(s.as_bytes()),
-                Part::Var(v) => push_var(out, v, ctx, hs),
-            }
-        }
+        crate::vars::push_parts(out, parts, &vc);
         strip_controls(out, value);
         if out.len() == value {
             out.truncate(line);
@@ -763,7 +689,17 @@ mod tests {
     use super::*;
     use crate::request::{parse, Limits, Parse};
     use crate::route::tests::loc;
+    use shard_config::{Part, Var};
     use std::path::Path;
+
+    const CONN: crate::vars::Conn<'static> = crate::vars::Conn {
+        connection: 7,
+        requests: 1,
+        now_ms: 1_000_000,
+        started_ms: 999_990,
+        request_id: 0xabc,
+        hostname: "testhost",
+    };
 
     fn req(raw: &str) -> (Request, Vec<u8>) {
         match parse(raw.as_bytes(), &Limits::default()) {
@@ -841,6 +777,7 @@ mod tests {
                 server_name: "example.com",
                 body_len: s.body_len,
                 body_chunked: false,
+                conn: CONN,
             },
         );
         let text = String::from_utf8(out).unwrap();
@@ -1013,6 +950,7 @@ mod tests {
                 server_name: "example.com",
                 body_len: None,
                 body_chunked: false,
+                conn: CONN,
             },
         );
         let t = String::from_utf8(out).unwrap();
@@ -1705,6 +1643,7 @@ mod tests {
                     server_name: "s",
                     body_len: (i % 2 == 0).then_some(7),
                     body_chunked: false,
+                    conn: CONN,
                 },
             );
             let mut hs = [httparse::EMPTY_HEADER; 128];

@@ -6,8 +6,6 @@
 //! response held in memory. This module does not decide keep-alive, read files or write to
 //! sockets.
 
-use shard_config::Return;
-
 /// A response head. `date` is the preformatted IMF-fixdate of the current second.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head<'a> {
@@ -170,27 +168,45 @@ fn is_redirect(code: u16) -> bool {
 
 /// nginx's `return`: redirects carry their text as `Location` and an HTML page; other codes
 /// with text send it as the body with `default_type`; a bare code sends its error page (>= 400)
-/// or nothing.
-pub fn return_reply(ret: &Return, default_type: &str) -> Simple {
-    match &ret.text {
-        Some(url) if is_redirect(ret.code) => Simple {
-            location: Some(url.clone()),
-            ..error_simple(ret.code)
+/// or nothing. `text` is the directive's text with its variables already expanded.
+pub fn return_reply(code: u16, text: Option<String>, default_type: &str) -> Simple {
+    match text {
+        Some(url) if is_redirect(code) => Simple {
+            location: Some(url),
+            ..error_simple(code)
         },
         Some(text) => Simple {
-            status: ret.code,
+            status: code,
             content_type: Some(default_type.to_string()),
             location: None,
-            body: text.as_bytes().to_vec(),
+            body: text.into_bytes(),
         },
-        None if ret.code >= 400 || is_redirect(ret.code) => error_simple(ret.code),
+        None if code >= 400 || is_redirect(code) => error_simple(code),
         None => Simple {
-            status: ret.code,
+            status: code,
             content_type: None,
             location: None,
             body: Vec::new(),
         },
     }
+}
+
+/// nginx's `absolute_redirect on` (the default): a `Location` that starts with `/` is sent as
+/// `http://HOST[:PORT]/...`, HOST being the request's host (else the server's name) and PORT
+/// the listening port unless it is 80 (`port_in_redirect on`).
+pub fn absolute_location(location: &str, host: &str, port: u16) -> String {
+    if !location.starts_with('/') {
+        return location.to_string();
+    }
+    let mut s = String::with_capacity(location.len() + host.len() + 14);
+    s.push_str("http://");
+    s.push_str(host);
+    if port != 80 {
+        s.push(':');
+        s.push_str(&port.to_string());
+    }
+    s.push_str(location);
+    s
 }
 
 /// Appends the decimal digits of `n`.
@@ -396,25 +412,13 @@ mod tests {
 
     #[test]
     fn returns() {
-        let r = return_reply(
-            &Return {
-                code: 301,
-                text: Some("/ok".into()),
-            },
-            "text/plain",
-        );
+        let r = return_reply(301, Some("/ok".into()), "text/plain");
         assert_eq!(
             (r.status, r.location.as_deref(), r.content_type.as_deref()),
             (301, Some("/ok"), Some("text/html"))
         );
         assert_eq!(r.body, error_body(301));
-        let r = return_reply(
-            &Return {
-                code: 200,
-                text: Some("OK".into()),
-            },
-            "text/plain",
-        );
+        let r = return_reply(200, Some("OK".into()), "text/plain");
         assert_eq!(
             r,
             Simple {
@@ -424,21 +428,8 @@ mod tests {
                 body: b"OK".to_vec()
             }
         );
-        let r = return_reply(
-            &Return {
-                code: 403,
-                text: None,
-            },
-            "text/plain",
-        );
-        assert_eq!(r, error_simple(403));
-        let r = return_reply(
-            &Return {
-                code: 204,
-                text: None,
-            },
-            "text/plain",
-        );
+        assert_eq!(return_reply(403, None, "text/plain"), error_simple(403));
+        let r = return_reply(204, None, "text/plain");
         assert_eq!(
             r,
             Simple {
@@ -448,16 +439,20 @@ mod tests {
                 body: vec![]
             }
         );
-        let r = return_reply(
-            &Return {
-                code: 404,
-                text: Some("nope".into()),
-            },
-            "text/x",
-        );
+        let r = return_reply(404, Some("nope".into()), "text/x");
         assert_eq!(
             (r.status, r.body.as_slice(), r.content_type.as_deref()),
             (404, &b"nope"[..], Some("text/x"))
         );
+    }
+
+    #[test]
+    fn absolute_locations() {
+        assert_eq!(absolute_location("/a?b", "h.test", 80), "http://h.test/a?b");
+        assert_eq!(
+            absolute_location("/a", "h.test", 8080),
+            "http://h.test:8080/a"
+        );
+        assert_eq!(absolute_location("https://x/", "h", 8080), "https://x/");
     }
 }

@@ -73,6 +73,17 @@ pub fn select_server(http: &HttpConf, listener: &Listener, host: Option<&str>) -
     best.map_or(listener.default_server, |(i, _)| i)
 }
 
+/// `$server_name`: the server's first exact name, or "".
+pub fn server_name(srv: &ServerConf) -> &str {
+    srv.server_names
+        .iter()
+        .find_map(|n| match n {
+            ServerName::Exact(e) => Some(e.as_str()),
+            _ => None,
+        })
+        .unwrap_or("")
+}
+
 /// The location of `server` for the normalized `path`, or `server.base` when none matches.
 pub fn find_location<'a>(server: &'a ServerConf, path: &str) -> &'a LocationConf {
     let mut best: Option<&LocationConf> = None;

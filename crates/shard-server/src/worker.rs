@@ -182,6 +182,11 @@ pub(crate) struct Worker<'a> {
     file_caches: HashMap<usize, (files::FileCache, u64)>,
     /// Entries in all of them.
     file_cache_entries: usize,
+    /// `$hostname`, read once.
+    hostname: String,
+    /// Requests this worker has begun, and a random key: together they make `$request_id`.
+    request_seq: u64,
+    request_id_key: u64,
 }
 
 pub(crate) struct WorkerArgs<'a> {
@@ -368,6 +373,9 @@ impl<'a> Worker<'a> {
             steer_epoch: 0,
             file_caches: HashMap::new(),
             file_cache_entries: 0,
+            hostname: shard_event::process::hostname(),
+            request_seq: 0,
+            request_id_key: shard_event::process::random_u64(),
         };
         w.update_time();
         for i in 0..w.listeners.len() {

@@ -1236,24 +1236,67 @@ pub(super) fn parse_header_value(
 /// The variables shard knows (names compare without case, as nginx's).
 pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, ConfigError> {
     let name = name.to_ascii_lowercase();
+    let prefixed = |p: &str| name.strip_prefix(p).filter(|n| !n.is_empty());
     Ok(match name.as_str() {
         "host" => Var::Host,
         "remote_addr" => Var::RemoteAddr,
         "remote_port" => Var::RemotePort,
+        "remote_user" => Var::RemoteUser,
         "server_addr" => Var::ServerAddr,
         "server_port" => Var::ServerPort,
         "server_name" => Var::ServerName,
+        "server_protocol" => Var::ServerProtocol,
         "scheme" => Var::Scheme,
+        "https" => Var::Https,
         "request_uri" => Var::RequestUri,
-        "uri" => Var::Uri,
-        "args" => Var::Args,
+        "uri" | "document_uri" => Var::Uri,
+        "args" | "query_string" => Var::Args,
         "is_args" => Var::IsArgs,
+        "request" => Var::Request,
         "request_method" => Var::RequestMethod,
+        "request_length" => Var::RequestLength,
+        "content_type" => Var::ContentType,
+        "content_length" => Var::ContentLength,
+        "document_root" => Var::DocumentRoot,
+        "realpath_root" => Var::RealpathRoot,
+        "request_filename" => Var::RequestFilename,
+        "status" => Var::Status,
+        "body_bytes_sent" => Var::BodyBytesSent,
+        "bytes_sent" => Var::BytesSent,
+        "request_time" => Var::RequestTime,
+        "msec" => Var::Msec,
+        "time_local" => Var::TimeLocal,
+        "time_iso8601" => Var::TimeIso8601,
+        "request_id" => Var::RequestId,
+        "connection" => Var::Connection,
+        "connection_requests" => Var::ConnectionRequests,
+        "pid" => Var::Pid,
+        "hostname" => Var::Hostname,
+        "nginx_version" => Var::NginxVersion,
         "proxy_host" => Var::ProxyHost,
         "proxy_port" => Var::ProxyPort,
         "proxy_add_x_forwarded_for" => Var::ProxyAddXForwardedFor,
-        n if n.starts_with("http_") => Var::Http(n["http_".len()..].replace('_', "-")),
-        n => return Err(derr(d, file, format!("unknown \"{n}\" variable"))),
+        "upstream_addr" => Var::UpstreamAddr,
+        "upstream_status" => Var::UpstreamStatus,
+        "upstream_response_time" => Var::UpstreamResponseTime,
+        "upstream_connect_time" => Var::UpstreamConnectTime,
+        "upstream_header_time" => Var::UpstreamHeaderTime,
+        n if n.len() == 1 && n.as_bytes()[0].is_ascii_digit() => {
+            Var::Capture(n.as_bytes()[0] - b'0')
+        }
+        _ => {
+            if let Some(n) = prefixed("http_") {
+                Var::Http(n.replace('_', "-"))
+            } else if let Some(n) = prefixed("sent_http_") {
+                Var::SentHttp(n.replace('_', "-"))
+            } else if let Some(n) = prefixed("arg_") {
+                Var::Arg(n.to_string())
+            } else if let Some(n) = prefixed("cookie_") {
+                Var::Cookie(n.to_string())
+            } else {
+                return Err(derr(d, file, format!("unknown \"{name}\" variable")));
+            }
+        }
     })
 }
 

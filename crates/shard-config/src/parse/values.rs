@@ -117,10 +117,15 @@ pub(super) fn parse_return(d: &Directive, file: &str) -> Result<Return, ConfigEr
     } else {
         None
     };
+    let parts = |t: Option<&String>| match t {
+        Some(t) => parse_header_value(d, file, t),
+        None => Ok(Vec::new()),
+    };
     match (code, d.args.get(1)) {
         (Some(code), text) => Ok(Return {
             code,
             text: text.cloned(),
+            parts: parts(text)?,
         }),
         (None, None)
             if a0.starts_with("http://")
@@ -130,6 +135,7 @@ pub(super) fn parse_return(d: &Directive, file: &str) -> Result<Return, ConfigEr
             Ok(Return {
                 code: 302,
                 text: Some(a0.clone()),
+                parts: parts(Some(a0))?,
             })
         }
         (None, _) => Err(derr(d, file, format!("invalid return code \"{a0}\""))),

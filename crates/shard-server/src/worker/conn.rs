@@ -81,6 +81,11 @@ pub(super) struct Conn {
     pub(super) body_bytes_max: u64,
     pub(super) body_bytes: u64,
     pub(super) requests: u64,
+    /// The current request's `$request_id` and when it began (monotonic ms).
+    pub(super) request_id: u128,
+    pub(super) request_started_ms: u64,
+    /// Index into `HttpConf::servers` of the current request's server.
+    pub(super) server: usize,
     pub(super) deadline_ms: u64,
     pub(super) close_after: bool,
     /// Closing: the write side is shut and input is read and dropped until end of stream or
@@ -101,6 +106,28 @@ pub(super) struct Conn {
     pub(super) proxy: Option<Box<super::proxy::Proxy>>,
     /// The earliest deadline queued in the timer heap for this connection.
     pub(super) timer_at: u64,
+}
+
+/// Whether answering in `loc` needs the request's header lines after its head was consumed
+/// (a variable that reads them, in `return`).
+fn needs_head(loc: &LocationConf) -> bool {
+    loc.ret
+        .as_ref()
+        .is_some_and(|r| shard_http::vars::needs_headers(&r.parts))
+}
+
+/// `$request_id` of request number `seq` of this worker: 128 bits no other request shares,
+/// from a random per-worker key mixed (splitmix64) with the sequence number.
+fn request_id(key: u64, seq: u64) -> u128 {
+    fn mix(mut z: u64) -> u64 {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    let hi = mix(key ^ seq);
+    let lo = mix(key.rotate_left(32) ^ seq.wrapping_mul(0xD6E8_FEB8_6659_FD93));
+    (u128::from(hi) << 64) | u128::from(lo)
 }
 
 impl Conn {
@@ -132,6 +159,9 @@ impl Conn {
             body_bytes_max: 0,
             body_bytes: 0,
             requests: 0,
+            request_id: 0,
+            request_started_ms: 0,
+            server: 0,
             deadline_ms: 0,
             close_after: false,
             lingering: false,
@@ -818,12 +848,18 @@ impl Worker<'_> {
         let server = &http.servers[server_idx];
         let loc = shard_http::route::find_location(server, &req.path);
         let proxied = loc.proxy_pass.is_some() && loc.ret.is_none() && loc.handler.is_none();
+        let head_copy = needs_head(loc).then(|| self.conns[key].inbuf[..head_len].to_vec());
         if !proxied {
             self.conns[key].inbuf.drain(..head_len);
         }
 
+        self.request_seq += 1;
+        let request_id = request_id(self.request_id_key, self.request_seq);
         let c = &mut self.conns[key];
         c.requests += 1;
+        c.request_id = request_id;
+        c.request_started_ms = self.now_ms;
+        c.server = server_idx;
         c.send_timeout_ms = loc.send_timeout_ms;
         c.body_timeout_ms = loc.client_body_timeout_ms;
         c.keepalive_timeout_ms = loc.keepalive_timeout_ms;
@@ -874,7 +910,8 @@ impl Worker<'_> {
             self.conns[key].inbuf.drain(..head_len);
             return;
         }
-        let reply = self.respond(key, server, loc, &req, keep_alive);
+        let head = head_copy.as_deref().unwrap_or(&[]);
+        let reply = self.respond(key, server, loc, &req, keep_alive, head);
         let c = &mut self.conns[key];
         if !keep_alive {
             c.close_after = true;
@@ -925,9 +962,62 @@ impl Worker<'_> {
         loc: &LocationConf,
         req: &shard_http::request::Request,
         keep_alive: bool,
+        head: &[u8],
     ) -> Reply {
         let _ = server;
-        super::respond::respond(self, key, loc, req, keep_alive)
+        super::respond::respond(self, key, loc, req, keep_alive, head)
+    }
+
+    /// The server of the current request on `key`.
+    pub(super) fn server_of(&self, key: usize) -> &shard_config::ServerConf {
+        &self.http().servers[self.conns[key].server]
+    }
+
+    /// The variables of the current request on `key`, before its response.
+    pub(super) fn var_ctx<'v>(
+        &'v self,
+        key: usize,
+        req: &'v shard_http::request::Request,
+        headers: &'v [shard_http::vars::Header<'v>],
+        loc: &'v LocationConf,
+    ) -> shard_http::vars::Ctx<'v> {
+        let c = &self.conns[key];
+        let srv = self.server_of(key);
+        shard_http::vars::Ctx {
+            req,
+            headers,
+            client: c.peer,
+            server_addr: self.cfg.listeners[c.listener].addr,
+            server_name: shard_http::route::server_name(srv),
+            location: loc,
+            pass: loc.proxy_pass.as_ref(),
+            conn: self.var_conn(key),
+            captures: &[],
+            capture_text: "",
+            done: None,
+        }
+    }
+
+    /// nginx's `return 444`: the connection closes with nothing sent.
+    pub(super) fn close_without_response(&mut self, key: usize) {
+        let c = &mut self.conns[key];
+        c.out.clear();
+        c.close_after = true;
+        c.body = BodyLeft::None;
+    }
+
+    /// What the variables of the current request on `key` need from the connection.
+    pub(super) fn var_conn(&self, key: usize) -> shard_http::vars::Conn<'_> {
+        let c = &self.conns[key];
+        let now = shard_event::unix_ms();
+        shard_http::vars::Conn {
+            connection: c.id,
+            requests: c.requests,
+            now_ms: now,
+            started_ms: now.saturating_sub(self.now_ms.saturating_sub(c.request_started_ms)),
+            request_id: c.request_id,
+            hostname: &self.hostname,
+        }
     }
 
     /// Sets the connection's deadline and queues a timer when it is earlier than the one

@@ -24,7 +24,7 @@
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use shard_config::{HttpConf, LocationConf, ProxyPass, ServerName};
+use shard_config::{HttpConf, LocationConf, ProxyPass};
 use shard_event::sock::Connect;
 use shard_http::body::ChunkedDecoder;
 use shard_http::proxy::{Failure, Framing, ResponseParse};
@@ -244,7 +244,7 @@ fn upconn_interest() -> shard_event::Interest {
 impl<'a> Worker<'a> {
     /// The `http` block. A proxied request exists only when there is one (it was parsed by an
     /// HTTP listener); without one this is an empty block rather than a panic.
-    fn http(&self) -> &'a HttpConf {
+    pub(super) fn http(&self) -> &'a HttpConf {
         static NONE: HttpConf = HttpConf {
             servers: Vec::new(),
             upstreams: Vec::new(),
@@ -576,7 +576,7 @@ impl<'a> Worker<'a> {
         let loc = self.proxy_location(p);
         let c = &self.conns[key];
         let listener = &self.cfg.listeners[c.listener];
-        let server_name = first_server_name(srv);
+        let server_name = shard_http::route::server_name(srv);
         let body_len = match p.req.body {
             Body::None => None,
             Body::Length(n) if p.streaming => Some(n),
@@ -600,6 +600,7 @@ impl<'a> Worker<'a> {
                 server_name,
                 body_len,
                 body_chunked: p.stream_chunked,
+                conn: self.var_conn(key),
             },
         );
         if p.body.file().is_none() && !p.streaming {
@@ -1328,7 +1329,7 @@ impl<'a> Worker<'a> {
     fn log_proxy_error(&self, key: usize, p: &Proxy, msg: &str, addr: Option<&SocketAddr>) {
         let c = &self.conns[key];
         let srv = &self.http().servers[p.server];
-        let server_name = first_server_name(srv);
+        let server_name = shard_http::route::server_name(srv);
         let upstream = match (addr, self.proxy_pass(p)) {
             (Some(a), Some(pass)) => {
                 let uri = shard_http::proxy::upstream_uri(&p.req, self.proxy_location(p), pass);
@@ -1489,17 +1490,6 @@ fn retry_or_fail(p: &mut Proxy, loc: &LocationConf, why: Failure, sent: bool) ->
 /// `status`.
 fn no_more_peers(p: &Proxy, status: u16) -> Flow {
     Flow::Fail(p.last_failure.map_or(status, Failure::status))
-}
-
-/// `$server_name`: the server's first exact name, or "".
-fn first_server_name(srv: &shard_config::ServerConf) -> &str {
-    srv.server_names
-        .iter()
-        .find_map(|n| match n {
-            ServerName::Exact(e) => Some(e.as_str()),
-            _ => None,
-        })
-        .unwrap_or("")
 }
 
 fn os(e: &std::io::Error) -> String {

@@ -9,7 +9,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use shard_config::{GzipConf, LocationConf, StatusHandler, SymlinkCheck, SymlinksFrom};
+use shard_config::{
+    GzipConf, LocationConf, StatusHandler, SymlinkCheck, SymlinksFrom, CLOSE_WITHOUT_RESPONSE,
+};
 use shard_http::gzip;
 use shard_http::request::{Method, Request};
 use shard_http::response::{write_head, Head};
@@ -28,18 +30,32 @@ pub(super) fn respond(
     loc: &LocationConf,
     req: &Request,
     keep_alive: bool,
+    head: &[u8],
 ) -> Reply {
     if let Some(h) = loc.handler {
         return status_page(w, key, h, loc, req, keep_alive);
     }
     if let Some(ret) = &loc.ret {
+        if ret.code == CLOSE_WITHOUT_RESPONSE {
+            w.close_without_response(key);
+            return Reply {
+                status: CLOSE_WITHOUT_RESPONSE,
+                body_bytes: 0,
+            };
+        }
+        let text = ret.text.as_ref().map(|_| {
+            let mut storage = shard_http::vars::header_storage();
+            let headers = shard_http::vars::request_headers(head, &mut storage);
+            let ctx = w.var_ctx(key, req, headers, loc);
+            shard_http::vars::render(&ret.parts, &ctx)
+        });
         return simple(
             w,
             key,
             req,
             keep_alive,
             &loc.gzip,
-            shard_http::response::return_reply(ret, &loc.default_type),
+            shard_http::response::return_reply(ret.code, text, &loc.default_type),
         );
     }
     static_file(w, key, loc, req, keep_alive)
@@ -63,6 +79,14 @@ fn simple(
     );
     if g.compress {
         r.body = gzip::compress(gz.comp_level, &r.body);
+    }
+    if let Some(l) = r.location.as_deref().filter(|l| l.starts_with('/')) {
+        let host = req
+            .host
+            .as_deref()
+            .unwrap_or_else(|| shard_http::route::server_name(w.server_of(key)));
+        let port = w.cfg.listeners[w.conns[key].listener].addr.port();
+        r.location = Some(shard_http::response::absolute_location(l, host, port));
     }
     let date = std::mem::take(&mut w.date);
     let out = w.out_buf(key);

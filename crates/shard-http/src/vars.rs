@@ -1,0 +1,371 @@
+//! nginx's variables: the value of a [`Var`] for one request, and templates (literal text and
+//! variables, [`Part`]) written out with them.
+//!
+//! This module owns what a variable means; the caller owns what it knows about the request
+//! (the [`Ctx`] it fills: the parsed request, its raw header lines, addresses, times, the
+//! response once there is one). Values are appended as bytes, unescaped: escaping belongs to
+//! the consumer (the access log escapes, a `Location` header drops CR and LF). The one
+//! filesystem call is `$realpath_root`'s `realpath`.
+
+use std::io::Write;
+use std::net::SocketAddr;
+
+use shard_config::{LocationConf, Part, ProxyPass, Var};
+
+use crate::request::{Body, Request, MAX_HEADERS};
+use crate::response::push_u64;
+
+/// One peer a proxied request went to, for `$upstream_*`.
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamTry {
+    pub addr: String,
+    /// `None` while no status was read (nginx logs `502` for a failed peer it gave up on, and
+    /// `-` for a time not measured).
+    pub status: Option<u16>,
+    pub connect_ms: Option<u64>,
+    pub header_ms: Option<u64>,
+    pub response_ms: Option<u64>,
+}
+
+/// What is known of the response, for `$status`, `$body_bytes_sent` and the like.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Done<'a> {
+    pub status: u16,
+    pub body_bytes: u64,
+    /// Head and body bytes.
+    pub bytes: u64,
+    pub content_type: Option<&'a str>,
+    pub location: Option<&'a str>,
+    pub upstream: &'a [UpstreamTry],
+}
+
+/// What the worker knows of the connection and the clock.
+#[derive(Debug, Clone, Copy)]
+pub struct Conn<'a> {
+    /// The connection's serial number and how many requests it has carried (this one too).
+    pub connection: u64,
+    pub requests: u64,
+    /// Milliseconds since the epoch, now and when the request began.
+    pub now_ms: u64,
+    pub started_ms: u64,
+    /// Unique per request: `$request_id` is its 32 hex digits.
+    pub request_id: u128,
+    /// `$hostname`: the caller reads it once (`gethostname`).
+    pub hostname: &'a str,
+}
+
+/// Everything a variable's value may come from.
+pub struct Ctx<'a> {
+    pub req: &'a Request,
+    /// The request's header lines (see [`request_headers`]).
+    pub headers: &'a [httparse::Header<'a>],
+    pub client: Option<SocketAddr>,
+    pub server_addr: SocketAddr,
+    /// The first `server_name` of the chosen server ("" when none).
+    pub server_name: &'a str,
+    pub location: &'a LocationConf,
+    pub pass: Option<&'a ProxyPass>,
+    pub conn: Conn<'a>,
+    /// Regular-expression captures of the last match (`$1`..`$9`), as byte ranges of `text`.
+    pub captures: &'a [Option<(usize, usize)>],
+    pub capture_text: &'a str,
+    /// Set once the response is known (the access log); `None` before.
+    pub done: Option<Done<'a>>,
+}
+
+pub use httparse::Header;
+
+/// Room for a request's header lines, for [`request_headers`].
+pub fn header_storage<'b>() -> [Header<'b>; MAX_HEADERS] {
+    [httparse::EMPTY_HEADER; MAX_HEADERS]
+}
+
+/// The header lines of `head` (request line through the empty line). The worker parsed this
+/// very head with the same `httparse` call, so failure means an empty list.
+pub fn request_headers<'b, 'h>(
+    head: &'b [u8],
+    storage: &'h mut [httparse::Header<'b>; MAX_HEADERS],
+) -> &'h [httparse::Header<'b>] {
+    // Empty lines before the request line are allowed (RFC 9112 2.2), as in `request::parse`.
+    let start = head
+        .iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(head.len());
+    let Some(nl) = memchr::memchr(b'\n', &head[start..]) else {
+        return &[];
+    };
+    match httparse::parse_headers(&head[start + nl + 1..], storage) {
+        Ok(httparse::Status::Complete((_, hs))) => hs,
+        _ => &[],
+    }
+}
+
+/// Appends every value of the request header `name`, joined with `, `; true if there was one.
+pub fn push_joined(out: &mut Vec<u8>, name: &str, hs: &[httparse::Header<'_>]) -> bool {
+    let mut any = false;
+    for h in hs.iter().filter(|h| h.name.eq_ignore_ascii_case(name)) {
+        if any {
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(h.value);
+        any = true;
+    }
+    any
+}
+
+/// Appends `ms` as seconds with three decimals (`0.012`), nginx's time format.
+pub fn push_secs(out: &mut Vec<u8>, ms: u64) {
+    push_u64(out, ms / 1000);
+    out.push(b'.');
+    let frac = ms % 1000;
+    out.push(b'0' + (frac / 100) as u8);
+    out.push(b'0' + (frac / 10 % 10) as u8);
+    out.push(b'0' + (frac % 10) as u8);
+}
+
+/// The value of `name` among `key=value` pairs separated by `sep` (arguments by `&`, cookies
+/// by `;`), the first one; the name compares without case for arguments, as nginx.
+fn find_pair<'s>(s: &'s str, sep: char, name: &str, ignore_case: bool) -> Option<&'s str> {
+    s.split(sep).find_map(|kv| {
+        let kv = kv.trim_start_matches(' ');
+        let (k, v) = kv.split_once('=')?;
+        let same = if ignore_case {
+            k.eq_ignore_ascii_case(name)
+        } else {
+            k == name
+        };
+        same.then_some(v)
+    })
+}
+
+/// Appends the value of `var`; a variable with no value appends nothing (the access log
+/// writes such a value as `-`, see [`is_empty`]).
+pub fn push(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>) {
+    let req = c.req;
+    match var {
+        Var::Host => {
+            let host = req.host.as_deref().unwrap_or(c.server_name);
+            out.extend_from_slice(host.as_bytes());
+        }
+        Var::RemoteAddr => {
+            if let Some(a) = c.client {
+                let _ = write!(out, "{}", a.ip());
+            }
+        }
+        Var::RemotePort => {
+            if let Some(a) = c.client {
+                push_u64(out, u64::from(a.port()));
+            }
+        }
+        Var::RemoteUser | Var::Https => {}
+        Var::ServerAddr => {
+            let _ = write!(out, "{}", c.server_addr.ip());
+        }
+        Var::ServerPort => push_u64(out, u64::from(c.server_addr.port())),
+        Var::ServerName => out.extend_from_slice(c.server_name.as_bytes()),
+        Var::ServerProtocol => {
+            out.extend_from_slice(b"HTTP/1.");
+            push_u64(out, u64::from(req.minor_version));
+        }
+        Var::Scheme => out.extend_from_slice(b"http"),
+        Var::RequestUri => out.extend_from_slice(req.target.as_bytes()),
+        Var::Uri => out.extend_from_slice(req.path.as_bytes()),
+        Var::Args => out.extend_from_slice(req.query.as_deref().unwrap_or("").as_bytes()),
+        Var::IsArgs => {
+            if req.query.as_deref().is_some_and(|q| !q.is_empty()) {
+                out.push(b'?');
+            }
+        }
+        Var::Arg(name) => {
+            if let Some(v) = req
+                .query
+                .as_deref()
+                .and_then(|q| find_pair(q, '&', name, true))
+            {
+                out.extend_from_slice(v.as_bytes());
+            }
+        }
+        Var::Request => out.extend_from_slice(req.request_line.as_bytes()),
+        Var::RequestMethod => out.extend_from_slice(req.method.as_str().as_bytes()),
+        Var::RequestLength => {
+            let head: usize = req.request_line.len()
+                + 2
+                + c.headers
+                    .iter()
+                    .map(|h| h.name.len() + 2 + h.value.len() + 2)
+                    .sum::<usize>()
+                + 2;
+            let body = match req.body {
+                Body::Length(n) => n,
+                _ => 0,
+            };
+            push_u64(out, head as u64 + body);
+        }
+        Var::ContentType => {
+            push_joined(out, "content-type", c.headers);
+        }
+        Var::ContentLength => {
+            push_joined(out, "content-length", c.headers);
+        }
+        Var::Cookie(name) => {
+            for h in c
+                .headers
+                .iter()
+                .filter(|h| h.name.eq_ignore_ascii_case("cookie"))
+            {
+                let v = String::from_utf8_lossy(h.value);
+                if let Some(v) = find_pair(&v, ';', name, false) {
+                    out.extend_from_slice(v.as_bytes());
+                    return;
+                }
+            }
+        }
+        Var::DocumentRoot | Var::RealpathRoot => {
+            let root = c.location.alias.as_deref().unwrap_or(&c.location.root);
+            if matches!(var, Var::RealpathRoot) {
+                if let Ok(p) = std::fs::canonicalize(root) {
+                    out.extend_from_slice(p.as_os_str().as_encoded_bytes());
+                    return;
+                }
+            }
+            out.extend_from_slice(root.as_os_str().as_encoded_bytes());
+        }
+        Var::RequestFilename => {
+            let p = crate::static_file::map_path(c.location, &req.path);
+            out.extend_from_slice(p.as_os_str().as_encoded_bytes());
+        }
+        Var::Status => {
+            if let Some(d) = &c.done {
+                push_u64(out, u64::from(d.status));
+            } else {
+                out.extend_from_slice(b"000");
+            }
+        }
+        Var::BodyBytesSent => push_u64(out, c.done.map_or(0, |d| d.body_bytes)),
+        Var::BytesSent => push_u64(out, c.done.map_or(0, |d| d.bytes)),
+        Var::RequestTime => push_secs(out, c.conn.now_ms.saturating_sub(c.conn.started_ms)),
+        Var::Msec => push_secs(out, c.conn.now_ms),
+        Var::TimeLocal => out.extend_from_slice(crate::log_time(c.conn.now_ms / 1000).as_bytes()),
+        Var::TimeIso8601 => {
+            out.extend_from_slice(crate::iso8601_time(c.conn.now_ms / 1000).as_bytes())
+        }
+        Var::RequestId => {
+            let _ = write!(out, "{:032x}", c.conn.request_id);
+        }
+        Var::Connection => push_u64(out, c.conn.connection),
+        Var::ConnectionRequests => push_u64(out, c.conn.requests),
+        Var::Pid => push_u64(out, u64::from(std::process::id())),
+        Var::Hostname => out.extend_from_slice(c.conn.hostname.as_bytes()),
+        Var::NginxVersion => out.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes()),
+        Var::ProxyHost => {
+            if let Some(p) = c.pass {
+                out.extend_from_slice(p.proxy_host.as_bytes());
+            }
+        }
+        Var::ProxyPort => {
+            if let Some(p) = c.pass {
+                push_u64(out, u64::from(p.proxy_port));
+            }
+        }
+        Var::ProxyAddXForwardedFor => {
+            let had = push_joined(out, "x-forwarded-for", c.headers);
+            if let Some(a) = c.client {
+                if had {
+                    out.extend_from_slice(b", ");
+                }
+                let _ = write!(out, "{}", a.ip());
+            }
+        }
+        Var::UpstreamAddr
+        | Var::UpstreamStatus
+        | Var::UpstreamResponseTime
+        | Var::UpstreamConnectTime
+        | Var::UpstreamHeaderTime => {
+            let tries = c.done.map_or(&[][..], |d| d.upstream);
+            for (i, t) in tries.iter().enumerate() {
+                if i > 0 {
+                    out.extend_from_slice(b", ");
+                }
+                let ms = match var {
+                    Var::UpstreamAddr => {
+                        out.extend_from_slice(t.addr.as_bytes());
+                        continue;
+                    }
+                    Var::UpstreamStatus => {
+                        match t.status {
+                            Some(s) => push_u64(out, u64::from(s)),
+                            None => out.extend_from_slice(b"502"),
+                        }
+                        continue;
+                    }
+                    Var::UpstreamResponseTime => t.response_ms,
+                    Var::UpstreamConnectTime => t.connect_ms,
+                    _ => t.header_ms,
+                };
+                match ms {
+                    Some(ms) => push_secs(out, ms),
+                    None => out.push(b'-'),
+                }
+            }
+        }
+        Var::Http(name) => {
+            push_joined(out, name, c.headers);
+        }
+        Var::Capture(n) => {
+            if let Some(Some((a, b))) = c.captures.get(usize::from(*n)) {
+                if let Some(t) = c.capture_text.get(*a..*b) {
+                    out.extend_from_slice(t.as_bytes());
+                }
+            }
+        }
+        Var::SentHttp(name) => {
+            let Some(d) = &c.done else { return };
+            let v = match name.as_str() {
+                "content-type" => d.content_type,
+                "location" => d.location,
+                _ => None,
+            };
+            if let Some(v) = v {
+                out.extend_from_slice(v.as_bytes());
+            }
+        }
+    }
+}
+
+/// Appends a template: its literal text and the values of its variables.
+pub fn push_parts(out: &mut Vec<u8>, parts: &[Part], c: &Ctx<'_>) {
+    for p in parts {
+        match p {
+            Part::Lit(s) => out.extend_from_slice(s.as_bytes()),
+            Part::Var(v) => push(out, v, c),
+        }
+    }
+}
+
+/// A template's text, as a `String` (a value that is not UTF-8 is kept, lossily).
+pub fn render(parts: &[Part], c: &Ctx<'_>) -> String {
+    if let [Part::Lit(s)] = parts {
+        return s.clone();
+    }
+    let mut out = Vec::new();
+    push_parts(&mut out, parts, c);
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// Whether a template needs the request's header lines (any `$http_*`, `$cookie_*`,
+/// `$content_*`, `$request_length`, `$proxy_add_x_forwarded_for`).
+pub fn needs_headers(parts: &[Part]) -> bool {
+    parts.iter().any(|p| {
+        matches!(
+            p,
+            Part::Var(
+                Var::Http(_)
+                    | Var::Cookie(_)
+                    | Var::ContentType
+                    | Var::ContentLength
+                    | Var::RequestLength
+                    | Var::ProxyAddXForwardedFor
+            )
+        )
+    })
+}
