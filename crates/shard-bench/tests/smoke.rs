@@ -296,10 +296,17 @@ fn compare_shape(dir: &std::path::Path, conf: &str, extra: &[&str]) -> String {
         .arg(dir.join(conf))
         .output()
         .unwrap();
+    // Valid as written; the one failure allowed is `-t` opening a log under the test's
+    // never-created absolute paths, as `nginx -t` would (compare must not need them).
+    let stderr = String::from_utf8_lossy(&t.stderr);
     assert!(
-        t.status.success(),
+        t.status.success()
+            || stderr
+                .lines()
+                .filter(|l| l.contains("[emerg]"))
+                .all(|l| l.contains("open() \"/var/log/shard-compare-test-never")),
         "shard -t refuses the test's configuration: {}",
-        String::from_utf8_lossy(&t.stderr)
+        stderr
     );
     let before = snapshot(dir);
     let out = Command::new(bench)

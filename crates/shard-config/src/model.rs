@@ -242,11 +242,39 @@ pub enum StatusHandler {
     Shard,
 }
 
+/// One `access_log PATH [FORMAT [buffer=SIZE] [flush=TIME] [if=CONDITION]]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AccessLog {
     pub path: PathBuf,
-    /// Only `combined` exists today.
-    pub format: String,
+    pub format: std::sync::Arc<LogFormat>,
+    /// `if=`: the line is written only when this comes out neither empty nor `0`.
+    pub condition: Option<Vec<Part>>,
+}
+
+/// A `log_format NAME [escape=...] STRING ...` (or the predefined `combined`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogFormat {
+    pub name: String,
+    pub escape: LogEscape,
+    pub parts: Vec<Part>,
+}
+
+impl LogFormat {
+    /// nginx's predefined format: `$remote_addr - $remote_user [$time_local] "$request"
+    /// $status $body_bytes_sent "$http_referer" "$http_user_agent"`.
+    pub const COMBINED: &'static str = "combined";
+}
+
+/// `log_format ... escape=`: how variable values are written into a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogEscape {
+    /// `"`, `\`, bytes below 0x20 and from 0x7f as `\xHH`; an empty value as `-`.
+    #[default]
+    Default,
+    /// JSON string escapes; an empty value stays empty.
+    Json,
+    /// As they are; an empty value as `-`.
+    None,
 }
 
 /// Everything a request needs once its location is chosen. The server-level defaults are a
@@ -291,14 +319,43 @@ pub struct LocationConf {
     pub open_file_cache: OpenFileCache,
     /// Default on.
     pub tcp_nodelay: bool,
-    /// `None` is `access_log off`. Default `logs/access.log combined` under the prefix.
-    pub access_log: Option<AccessLog>,
+    /// Every `access_log` of the level that set them (all are written); empty is
+    /// `access_log off`. Default `logs/access.log combined` under the prefix.
+    pub access_logs: Vec<AccessLog>,
     /// The `gzip*` directives.
     pub gzip: GzipConf,
+    /// `add_header NAME VALUE [always]` of the level that set any (nginx's inheritance).
+    pub add_headers: Vec<AddHeader>,
+    /// `expires`. Default off.
+    pub expires: Option<Expires>,
+    /// `server_tokens on|off`: `Server: shard/VERSION` or `Server: shard`. Default on.
+    pub server_tokens: bool,
     /// `proxy_pass`, only on the location that names it (not inherited).
     pub proxy_pass: Option<ProxyPass>,
     /// The other `proxy_*` directives, inherited http -> server -> location.
     pub proxy: ProxyConf,
+}
+
+/// One `add_header NAME VALUE [always]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddHeader {
+    pub name: String,
+    pub value: Vec<Part>,
+    /// Also on error responses (any status), not only on 200, 201, 204, 206, 301, 302, 303,
+    /// 304, 307 and 308.
+    pub always: bool,
+}
+
+/// `expires [modified] TIME | epoch | max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expires {
+    /// `Expires: Thu, 01 Jan 1970 00:00:01 GMT`, `Cache-Control: no-cache`.
+    Epoch,
+    /// `Expires: Thu, 31 Dec 2037 23:55:55 GMT`, `Cache-Control: max-age=315360000`.
+    Max,
+    /// Seconds after the request (or, `modified`, after the file's modification time); a
+    /// negative value gives `Cache-Control: no-cache`.
+    After { secs: i64, modified: bool },
 }
 
 /// Where a request body that does not fit in memory goes.

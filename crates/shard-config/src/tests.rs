@@ -102,7 +102,7 @@ fn default_conf_parses() {
     assert_eq!(s.locations[3].kind, LocationKind::Prefix);
     let r = s.locations[3].ret.as_ref().unwrap();
     assert_eq!((r.code, r.text.as_deref()), (404, None));
-    assert!(s.locations.iter().all(|l| l.access_log.is_none()));
+    assert!(s.locations.iter().all(|l| l.access_logs.is_empty()));
     assert_eq!(c.listeners.len(), 1);
     assert_eq!(c.listeners[0].addr, sa("127.0.0.1:8080"));
     assert!(c.listeners[0].opts.reuseport);
@@ -148,13 +148,9 @@ fn defaults() {
     assert_eq!(b.send_timeout_ms, 60_000);
     assert!(!b.sendfile);
     assert!(b.tcp_nodelay);
-    assert_eq!(
-        b.access_log,
-        Some(AccessLog {
-            path: "/pfx/logs/access.log".into(),
-            format: "combined".into()
-        })
-    );
+    assert_eq!(b.access_logs.len(), 1);
+    assert_eq!(b.access_logs[0].path, PathBuf::from("/pfx/logs/access.log"));
+    assert_eq!(b.access_logs[0].format.name, "combined");
     // The bundled MIME types apply with no include.
     assert_eq!(b.types.get("html").map(String::as_str), Some("text/html"));
     assert_eq!(b.types.get("css").map(String::as_str), Some("text/css"));
@@ -695,16 +691,13 @@ fn inheritance_http_server_location() {
     assert_eq!(s0.base.default_type, "application/octet-stream");
     let x = &s0.locations[0];
     assert_eq!(x.keepalive_timeout_ms, 30_000);
-    assert_eq!(x.access_log, None);
+    assert!(x.access_logs.is_empty());
     assert_eq!(x.root, PathBuf::from("/abs"));
     assert!(!x.tcp_nodelay);
     assert_eq!(x.index, vec!["a.html".to_string(), "b.html".to_string()]);
     assert_eq!(
-        x.access_log.clone().or(s0.base.access_log.clone()),
-        Some(AccessLog {
-            path: "/pfx/logs/h.log".into(),
-            format: "combined".into()
-        })
+        s0.base.access_logs[0].path,
+        PathBuf::from("/pfx/logs/h.log")
     );
     let y = &s0.locations[1];
     assert_eq!(y.keepalive_timeout_ms, 20_000);
@@ -2236,4 +2229,54 @@ fn include_glob_skips_dot_files() {
     );
     let e = load(&t.0.join("nginx2.conf"), &t.0, None).unwrap_err();
     assert!(e.message.contains(".disabled.conf:"), "{}", e.message);
+}
+
+#[test]
+fn log_formats_and_several_access_logs() {
+    let c = http(
+        "log_format main '$remote_addr \"$request\" $status'\n  ' $request_time';\n\
+         log_format js escape=json '{\"u\":\"$uri\"}';\n\
+         access_log logs/a.log main buffer=32k flush=5s;\n\
+         access_log logs/b.log js if=$arg_log;\n\
+         access_log logs/c.log;\n\
+         server { location /q { access_log off; access_log logs/x.log; } location /r { } }",
+    );
+    let s = &c.http.unwrap().servers[0];
+    let logs = &s.base.access_logs;
+    assert_eq!(logs.len(), 3);
+    assert_eq!(logs[0].format.name, "main");
+    assert_eq!(
+        logs[0].format.parts.last(),
+        Some(&Part::Var(Var::RequestTime))
+    );
+    assert_eq!(logs[1].format.escape, LogEscape::Json);
+    assert_eq!(
+        logs[1].condition,
+        Some(vec![Part::Var(Var::Arg("log".into()))])
+    );
+    assert_eq!(logs[2].format.name, "combined");
+    assert!(
+        s.locations[0].access_logs.is_empty(),
+        "off wins at its level"
+    );
+    assert_eq!(s.locations[1].access_logs.len(), 3, "inherited");
+    assert_eq!(
+        error(&format!(
+            "{EV}http {{ access_log logs/a.log main; log_format main x; }}"
+        )),
+        "unknown log format \"main\" in t.conf:2"
+    );
+    assert_eq!(
+        error(&format!("{EV}http {{ log_format combined x; }}")),
+        "duplicate \"log_format\" name \"combined\" in t.conf:2"
+    );
+    assert_eq!(
+        error(&format!("{EV}http {{ log_format m escape=xml x; }}")),
+        "unknown log format escaping \"xml\" in t.conf:2"
+    );
+    assert!(error(&format!(
+        "{EV}http {{ access_log syslog:server=unix:/dev/log combined; }}"
+    ))
+    .contains("syslog"));
+    assert!(error(&format!("{EV}error_log syslog:server=10.0.0.1 warn;")).contains("syslog"));
 }

@@ -1,4 +1,5 @@
-//! The access-log line: nginx's `combined` format, escaped as nginx escapes variables.
+//! The access-log line: nginx's `combined` format (a fast path), and any `log_format`,
+//! escaped as nginx escapes variables.
 //!
 //! `$remote_addr - - [$time_local] "$request" $status $body_bytes_sent "$http_referer"
 //! "$http_user_agent"`. This module formats one line into a caller's buffer; buffering,
@@ -7,11 +8,19 @@
 use std::io::Write;
 use std::net::IpAddr;
 
+use shard_config::{LogEscape, LogFormat, Part};
+
+use crate::vars;
+
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 /// Appends `s` with `"`, `\`, control bytes and bytes >= 0x7f written as `\xHH`.
 fn push_escaped(out: &mut Vec<u8>, s: &str) {
-    for &b in s.as_bytes() {
+    push_escaped_bytes(out, s.as_bytes());
+}
+
+fn push_escaped_bytes(out: &mut Vec<u8>, s: &[u8]) {
+    for &b in s {
         if b == b'"' || b == b'\\' || !(0x20..0x7f).contains(&b) {
             out.extend_from_slice(&[
                 b'\\',
@@ -53,6 +62,57 @@ pub fn write_combined(
     out.push(b' ');
     push_opt(out, user_agent);
     out.push(b'\n');
+}
+
+/// Appends `v` as a JSON string's content (nginx's `escape=json`).
+fn push_json(out: &mut Vec<u8>, v: &[u8]) {
+    for &b in v {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x0c => out.extend_from_slice(b"\\f"),
+            b if b < 0x20 => {
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 15)]);
+            }
+            b => out.push(b),
+        }
+    }
+}
+
+/// Appends one line of `format` for the request in `ctx`, newline included: literal text as
+/// written, each variable's value escaped as the format says (an empty value is `-`, except
+/// with `escape=json`).
+pub fn write_format(out: &mut Vec<u8>, format: &LogFormat, ctx: &vars::Ctx<'_>) {
+    let mut v = Vec::new();
+    for p in &format.parts {
+        match p {
+            Part::Lit(s) => out.extend_from_slice(s.as_bytes()),
+            Part::Var(var) => {
+                v.clear();
+                vars::push(&mut v, var, ctx);
+                match format.escape {
+                    LogEscape::Json => push_json(out, &v),
+                    _ if v.is_empty() => out.push(b'-'),
+                    LogEscape::None => out.extend_from_slice(&v),
+                    LogEscape::Default => push_escaped_bytes(out, &v),
+                }
+            }
+        }
+    }
+    out.push(b'\n');
+}
+
+/// `access_log ... if=CONDITION`: the line is written unless the value is empty or `0`.
+pub fn condition_holds(parts: &[Part], ctx: &vars::Ctx<'_>) -> bool {
+    let mut v = Vec::new();
+    vars::push_parts(&mut v, parts, ctx);
+    !(v.is_empty() || v == b"0")
 }
 
 #[cfg(test)]

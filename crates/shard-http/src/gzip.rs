@@ -1,6 +1,6 @@
 //! nginx's `ngx_http_gzip_module`: whether a response is compressed, and the compressor.
 //!
-//! [`decide`] applies nginx's header-filter rules (`gzip`, status 200, not HEAD,
+//! [`decide`] applies nginx's header-filter rules (`gzip`, status 200 (a HEAD as its GET),
 //! `gzip_min_length` against the uncompressed `Content-Length`, `gzip_types`, then the
 //! request's `Accept-Encoding` and `gzip_http_version`). [`compress_with`] deflates a body the
 //! caller reads in bounded chunks through a closure (for files: `pread`), so this module still
@@ -14,7 +14,7 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use shard_config::GzipConf;
 
-use crate::request::{Method, Request};
+use crate::request::Request;
 
 /// Largest uncompressed body shard compresses (it holds the compressed copy in memory).
 pub const GZIP_MAX_FILE_BYTES: u64 = 16 << 20;
@@ -47,7 +47,6 @@ pub fn decide(
 ) -> Decision {
     if !conf.enabled
         || status != 200
-        || req.method == Method::Head
         || len < conf.min_length
         || !content_type.is_some_and(|t| type_matches(conf, t))
     {
@@ -226,8 +225,9 @@ mod tests {
         assert_eq!(decide(&on(), &g, 200, None, 100), Decision::default());
         assert_eq!(decide(&on(), &g, 200, html, 19), Decision::default());
         assert_eq!(decide(&on(), &g, 200, html, 20), YES);
+        // HEAD gets the headers a GET gets (issue 12).
         let h = req("HEAD / HTTP/1.1\r\nAccept-Encoding: gzip");
-        assert_eq!(decide(&on(), &h, 200, html, 100), Decision::default());
+        assert_eq!(decide(&on(), &h, 200, html, 100), YES);
         let n = req("GET / HTTP/1.1");
         assert_eq!(decide(&on(), &n, 200, html, 100), Decision::default());
         let old = req("GET / HTTP/1.0\r\nAccept-Encoding: gzip");
@@ -330,7 +330,7 @@ mod tests {
         );
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "HTTP/1.1 200 OK\r\nServer: shard\r\nDate: D\r\nContent-Length: 5\r\n\
+            "HTTP/1.1 200 OK\r\nServer: shard/0.1.0\r\nDate: D\r\nContent-Length: 5\r\n\
              Connection: close\r\nVary: Accept-Encoding\r\nETag: W/\"e\"\r\nContent-Encoding: gzip\r\n\r\n"
         );
     }

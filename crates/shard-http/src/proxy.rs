@@ -625,12 +625,16 @@ pub fn write_client_head(
     date: &[u8],
     client_framing: Framing,
     keep_alive: bool,
+    server: &[u8],
+    extra: &[u8],
 ) {
     out.extend_from_slice(b"HTTP/1.1 ");
     push_u64(out, u64::from(head.status));
     out.push(b' ');
     out.extend_from_slice(status_text(head.status).as_bytes());
-    out.extend_from_slice(b"\r\nServer: shard\r\nDate: ");
+    out.extend_from_slice(b"\r\nServer: ");
+    push_clean(out, server);
+    out.extend_from_slice(b"\r\nDate: ");
     push_clean(out, date);
     out.extend_from_slice(b"\r\n");
     for (name, value) in &head.headers {
@@ -653,6 +657,7 @@ pub fn write_client_head(
     } else {
         b"Connection: close\r\n"
     });
+    out.extend_from_slice(extra);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -1507,6 +1512,8 @@ mod tests {
             b"Sun, 06 Nov 1994 08:49:37 GMT",
             framing,
             keep_alive,
+            b"shard",
+            b"",
         );
         String::from_utf8(out).unwrap()
     }

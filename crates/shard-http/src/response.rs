@@ -24,6 +24,89 @@ pub struct Head<'a> {
     pub content_encoding: Option<&'a str>,
     /// `Vary` (`Accept-Encoding` with `gzip_vary on`).
     pub vary: Option<&'a str>,
+    /// The `Server` value (`server_tokens`).
+    pub server: &'a [u8],
+    /// Header lines written last, each ending in CRLF (`expires`, `add_header`).
+    pub extra: &'a [u8],
+}
+
+/// `Server` with `server_tokens on` (nginx's default) and `off`.
+pub const SERVER_TOKENS_ON: &[u8] = concat!("shard/", env!("CARGO_PKG_VERSION")).as_bytes();
+pub const SERVER_TOKENS_OFF: &[u8] = b"shard";
+
+/// The `Server` value of a location.
+pub fn server_value(loc: &shard_config::LocationConf) -> &'static [u8] {
+    if loc.server_tokens {
+        SERVER_TOKENS_ON
+    } else {
+        SERVER_TOKENS_OFF
+    }
+}
+
+/// The statuses `add_header` (without `always`) and `expires` apply to, as nginx's.
+pub fn headers_apply(status: u16) -> bool {
+    matches!(
+        status,
+        200 | 201 | 204 | 206 | 301 | 302 | 303 | 304 | 307 | 308
+    )
+}
+
+/// `expires` and `add_header` of `loc` for a response with `status`, as header lines. `now`
+/// and `mtime` are Unix seconds (`mtime`: the file's, for `expires modified`); `ctx` gives
+/// the variables' values.
+pub fn write_extra(
+    out: &mut Vec<u8>,
+    loc: &shard_config::LocationConf,
+    status: u16,
+    now: u64,
+    mtime: Option<i64>,
+    ctx: Option<&crate::vars::Ctx<'_>>,
+) {
+    use shard_config::Expires;
+    let applies = headers_apply(status);
+    if let (Some(e), true) = (loc.expires, applies) {
+        match e {
+            Expires::Epoch => out.extend_from_slice(
+                b"Expires: Thu, 01 Jan 1970 00:00:01 GMT\r\nCache-Control: no-cache\r\n",
+            ),
+            Expires::Max => out.extend_from_slice(
+                b"Expires: Thu, 31 Dec 2037 23:55:55 GMT\r\nCache-Control: max-age=315360000\r\n",
+            ),
+            Expires::After { secs, modified } => {
+                let base = if modified {
+                    mtime.unwrap_or(now as i64)
+                } else {
+                    now as i64
+                };
+                let at = base.saturating_add(secs).max(0);
+                header(out, b"Expires: ", crate::http_date(at as u64).as_bytes());
+                let max_age = at - now as i64;
+                if max_age < 0 {
+                    out.extend_from_slice(b"Cache-Control: no-cache\r\n");
+                } else {
+                    out.extend_from_slice(b"Cache-Control: max-age=");
+                    push_u64(out, max_age as u64);
+                    out.extend_from_slice(b"\r\n");
+                }
+            }
+        }
+    }
+    let mut value = Vec::new();
+    for h in loc.add_headers.iter().filter(|h| h.always || applies) {
+        value.clear();
+        match (ctx, h.value.as_slice()) {
+            (_, [shard_config::Part::Lit(v)]) => value.extend_from_slice(v.as_bytes()),
+            (Some(c), parts) => crate::vars::push_parts(&mut value, parts, c),
+            (None, _) => {}
+        }
+        // An empty value adds nothing, as nginx.
+        if !value.is_empty() {
+            out.extend_from_slice(h.name.as_bytes());
+            out.extend_from_slice(b": ");
+            push_value(out, &value);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
 }
 
 impl Default for Head<'_> {
@@ -41,6 +124,8 @@ impl Default for Head<'_> {
             content_range: None,
             content_encoding: None,
             vary: None,
+            server: SERVER_TOKENS_ON,
+            extra: b"",
         }
     }
 }
@@ -248,7 +333,8 @@ pub fn write_head(out: &mut Vec<u8>, head: &Head<'_>) {
     push_u64(out, u64::from(s));
     out.push(b' ');
     out.extend_from_slice(status_text(s).as_bytes());
-    out.extend_from_slice(b"\r\nServer: shard\r\n");
+    out.extend_from_slice(b"\r\n");
+    header(out, b"Server: ", head.server);
     header(out, b"Date: ", head.date);
     if let Some(ct) = head.content_type.filter(|_| !not_modified) {
         header(out, b"Content-Type: ", ct.as_bytes());
@@ -284,6 +370,7 @@ pub fn write_head(out: &mut Vec<u8>, head: &Head<'_>) {
     if let Some(ce) = head.content_encoding.filter(|_| !not_modified) {
         header(out, b"Content-Encoding: ", ce.as_bytes());
     }
+    out.extend_from_slice(head.extra);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -347,10 +434,12 @@ mod tests {
             content_range: Some("bytes 2-4/10"),
             content_encoding: None,
             vary: None,
+            server: SERVER_TOKENS_ON,
+            extra: b"",
         });
         assert_eq!(
             t,
-            "HTTP/1.1 206 Partial Content\r\nServer: shard\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\
+            "HTTP/1.1 206 Partial Content\r\nServer: shard/0.1.0\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\
              Content-Type: text/plain\r\nContent-Length: 3\r\nLast-Modified: Sat, 05 Nov 1994 08:49:37 GMT\r\n\
              Connection: keep-alive\r\nETag: \"1-a\"\r\nAccept-Ranges: bytes\r\nContent-Range: bytes 2-4/10\r\n\r\n"
         );
@@ -364,7 +453,7 @@ mod tests {
             content_length: Some(0),
             ..Default::default()
         });
-        assert_eq!(t, "HTTP/1.1 404 Not Found\r\nServer: shard\r\nDate: D\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        assert_eq!(t, "HTTP/1.1 404 Not Found\r\nServer: shard/0.1.0\r\nDate: D\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
         let t = head_text(&Head {
             status: 304,
             date: b"D",
@@ -375,14 +464,14 @@ mod tests {
             keep_alive: true,
             ..Default::default()
         });
-        assert_eq!(t, "HTTP/1.1 304 Not Modified\r\nServer: shard\r\nDate: D\r\nConnection: keep-alive\r\nETag: \"e\"\r\n\r\n");
+        assert_eq!(t, "HTTP/1.1 304 Not Modified\r\nServer: shard/0.1.0\r\nDate: D\r\nConnection: keep-alive\r\nETag: \"e\"\r\n\r\n");
         let t = head_text(&Head {
             status: 299,
             date: b"D",
             location: Some("/x\r\nSet-Cookie: a"),
             ..Default::default()
         });
-        assert_eq!(t, "HTTP/1.1 299 \r\nServer: shard\r\nDate: D\r\nConnection: close\r\nLocation: /xSet-Cookie: a\r\n\r\n");
+        assert_eq!(t, "HTTP/1.1 299 \r\nServer: shard/0.1.0\r\nDate: D\r\nConnection: close\r\nLocation: /xSet-Cookie: a\r\n\r\n");
     }
 
     #[test]

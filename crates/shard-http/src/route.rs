@@ -155,8 +155,11 @@ pub(crate) mod tests {
             sendfile: false,
             open_file_cache: Default::default(),
             tcp_nodelay: true,
-            access_log: None,
+            access_logs: Vec::new(),
             gzip: Default::default(),
+            add_headers: Vec::new(),
+            expires: None,
+            server_tokens: true,
             proxy_pass: None,
             proxy: Default::default(),
         }

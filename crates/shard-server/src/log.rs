@@ -40,6 +40,38 @@ fn open_target(target: &LogTarget) -> io::Result<RawFd> {
     }
 }
 
+/// Creates `PREFIX/logs` when it is missing: the one directory an nginx installation has for
+/// its default logs (`make install` creates it), so the embedded default configuration runs in
+/// an empty directory. No other log directory is ever created.
+pub fn make_prefix_logs_dir(prefix: &Path) {
+    let _ = std::fs::create_dir(prefix.join("logs"));
+}
+
+/// Every log file `cfg` names (the error log, then each access log once) opened as the
+/// server would open it, and closed: `-t` fails where the start would.
+pub fn check_files(cfg: &shard_config::Config) -> Result<(), String> {
+    let mut paths: Vec<&Path> = Vec::new();
+    if let LogTarget::File(p) = &cfg.main.error_log.target {
+        paths.push(p);
+    }
+    if let Some(http) = &cfg.http {
+        for s in &http.servers {
+            for l in std::iter::once(&s.base).chain(&s.locations) {
+                for al in &l.access_logs {
+                    if !paths.contains(&al.path.as_path()) {
+                        paths.push(&al.path);
+                    }
+                }
+            }
+        }
+    }
+    for p in paths {
+        let fd = open_append(p).map_err(|e| e.to_string())?;
+        shard_event::sock::close(fd);
+    }
+    Ok(())
+}
+
 /// Opens the configured log. Until this is called, messages go to stderr at `notice`.
 pub fn init(target: &LogTarget, level: LogLevel) -> io::Result<()> {
     let fd = open_target(target)?;
@@ -129,10 +161,10 @@ macro_rules! log {
 
 /// Opens a file for appending, creating it (and its directory) if needed; errors read as
 /// nginx's (`open() "logs/access.log" failed (13: Permission denied)`).
+/// Opens a log file for appending, creating the file but no directory: a log in a directory
+/// that does not exist is an error, as in nginx (`open() "/x/y.log" failed (2: No such file
+/// or directory)`).
 pub fn open_append(path: &Path) -> io::Result<RawFd> {
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
     OpenOptions::new()
         .append(true)
         .create(true)

@@ -124,7 +124,7 @@ fn access_log_paths(cfg: &Config) -> Vec<PathBuf> {
     if let Some(http) = &cfg.http {
         for s in &http.servers {
             for loc in std::iter::once(&s.base).chain(s.locations.iter()) {
-                if let Some(al) = &loc.access_log {
+                for al in &loc.access_logs {
                     if !v.contains(&al.path) {
                         v.push(al.path.clone());
                     }
@@ -233,6 +233,7 @@ fn describe(listeners: &[OpenListener]) -> String {
 /// Runs the master until it stops; returns the process exit code.
 pub fn run(opts: RunOptions) -> Result<i32> {
     let cfg = opts.config;
+    crate::log::make_prefix_logs_dir(&cfg.prefix);
     crate::log::init(&cfg.main.error_log.target, cfg.main.error_log.level)
         .context("cannot open the error log")?;
     let n_workers = resolve_workers(cfg.main.worker_processes);

@@ -50,7 +50,7 @@ impl Plan {
             for s in &http.servers {
                 for l in std::iter::once(&s.base).chain(&s.locations) {
                     push_once(&mut plan.read, l.alias.as_deref().unwrap_or(&l.root));
-                    if let Some(al) = &l.access_log {
+                    for al in &l.access_logs {
                         if let Some(d) = al.path.parent() {
                             push_once(&mut plan.append, d);
                         }

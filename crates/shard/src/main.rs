@@ -168,6 +168,14 @@ fn run(cli: Cli) -> i32 {
             eprintln!("shard: configuration file {} test failed", src.name);
             return 1;
         }
+        // As nginx's test, the log files are opened (and created): a log in a missing
+        // directory fails here, not at start.
+        shard_server::log::make_prefix_logs_dir(&cfg.prefix);
+        if let Err(e) = shard_server::log::check_files(&cfg) {
+            eprintln!("shard: [emerg] {e}");
+            eprintln!("shard: configuration file {} test failed", src.name);
+            return 1;
+        }
         if !cli.quiet {
             eprintln!("shard: the configuration file {} syntax is ok", src.name);
             eprintln!("shard: configuration file {} test is successful", src.name);

@@ -250,3 +250,17 @@ fn test_flag_lists_every_error_and_warns_about_tuning_directives() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+#[test]
+fn test_flag_fails_where_start_would_on_a_log_it_cannot_open() {
+    let conf =
+        "error_log logs/error.log;\nevents {}\nhttp {\n    access_log nodir/sub/a.log;\n    \
+                server { listen 127.0.0.1:1; }\n}\n";
+    let (code, err) = with_conf("logdir", conf, &["-t"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("[emerg] open() \"")
+            && err.contains("/nodir/sub/a.log\" failed (2: No such file or directory)"),
+        "{err}"
+    );
+}

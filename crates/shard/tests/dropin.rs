@@ -107,3 +107,140 @@ fn relative_redirects_become_absolute_as_in_nginx() {
         Some(format!("http://default.test:{}/elsewhere?x=1", a.port()))
     );
 }
+
+const LOG_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    log_format main '$remote_addr "$request" $status $body_bytes_sent "$http_x_trace" $request_time';
+    log_format js escape=json '{"uri":"$uri","ua":"$http_user_agent","q":"$arg_q"}';
+    access_log logs/access.log;
+    access_log logs/main.log main;
+    access_log logs/json.log js if=$arg_log;
+    server {
+        listen 127.0.0.1:{port};
+        location = /status { shard_status; }
+        location / { return 200 "hi"; }
+        location /quiet/ { access_log off; return 204; }
+    }
+}
+"#;
+
+#[test]
+fn log_formats_and_several_access_logs_are_all_written() {
+    let s = Server::start("logfmt", LOG_CONF, 1);
+    let a = s.addr();
+    let r = raw(
+        a,
+        b"GET /a?log=1&q=x%22y HTTP/1.1\r\nHost: h\r\nX-Trace: t-1\r\nUser-Agent: ua \"quoted\"\r\n\
+          Connection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(get(a, "/b?log=0").status, 200);
+    assert_eq!(get(a, "/quiet/x?log=1").status, 204);
+    let read = |name: &str, lines: usize| {
+        let p = s.dir.join("logs").join(name);
+        wait_for(Duration::from_secs(5), name, || {
+            std::fs::read_to_string(&p)
+                .ok()
+                .filter(|t| t.lines().filter(|l| !l.contains("/status")).count() >= lines)
+        })
+        .lines()
+        .filter(|l| !l.contains("/status"))
+        .map(str::to_string)
+        .collect::<Vec<_>>()
+    };
+    let combined = read("access.log", 2);
+    assert!(
+        combined[0]
+            .contains("\"GET /a?log=1&q=x%22y HTTP/1.1\" 200 2 \"-\" \"ua \\x22quoted\\x22\""),
+        "{combined:?}"
+    );
+    let main = read("main.log", 2);
+    assert!(
+        main[0].starts_with("127.0.0.1 \"GET /a?log=1&q=x%22y HTTP/1.1\" 200 2 \"t-1\" 0."),
+        "{main:?}"
+    );
+    assert!(
+        main[1].contains(" 200 2 \"-\" "),
+        "an empty value is '-': {main:?}"
+    );
+    let json = read("json.log", 1);
+    assert_eq!(
+        json.len(),
+        1,
+        "if=$arg_log drops log=0 and no log: {json:?}"
+    );
+    assert_eq!(json[0], r#"{"uri":"/a","ua":"ua \"quoted\"","q":"x%22y"}"#);
+    assert!(!std::fs::read_to_string(s.dir.join("logs/access.log"))
+        .unwrap()
+        .contains("/quiet/"));
+}
+
+const HEADERS_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    add_header X-Frame-Options SAMEORIGIN;
+    add_header X-Served-By $hostname-$server_port always;
+    server {
+        listen 127.0.0.1:{port};
+        root {dir}/html;
+        location = /status { shard_status; }
+        location /static/ { expires 1h; }
+        location /epoch/ { expires epoch; }
+        location /max/ { expires max; }
+        location /own/ {
+            server_tokens off;
+            add_header Cache-Control "public" always;
+            add_header X-Empty "$http_x_none";
+            return 200 "own";
+        }
+        location / { }
+    }
+}
+"#;
+
+#[test]
+fn add_header_expires_and_server_tokens_as_nginx() {
+    let s = Server::start("headers", HEADERS_CONF, 1);
+    write_file(&s.dir, "html/static/a.css", b"body{}");
+    write_file(&s.dir, "html/epoch/a.txt", b"x");
+    write_file(&s.dir, "html/max/a.txt", b"x");
+    let a = s.addr();
+    let r = get(a, "/static/a.css");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("X-Frame-Options"), Some("SAMEORIGIN"), "inherited");
+    assert_eq!(r.header("Cache-Control"), Some("max-age=3600"));
+    let exp = r.header("Expires").expect("Expires");
+    assert!(exp.ends_with(" GMT"), "{exp}");
+    assert!(
+        r.header("Server").unwrap().starts_with("shard/"),
+        "server_tokens on by default"
+    );
+    assert!(r
+        .header("X-Served-By")
+        .unwrap()
+        .ends_with(&format!("-{}", a.port())));
+    // Not on a 404 without `always`; with it, yes.
+    let r = get(a, "/static/missing.css");
+    assert_eq!(r.status, 404);
+    assert_eq!(r.header("X-Frame-Options"), None);
+    assert_eq!(r.header("Expires"), None);
+    assert!(r.header("X-Served-By").is_some());
+    let r = get(a, "/epoch/a.txt");
+    assert_eq!(r.header("Expires"), Some("Thu, 01 Jan 1970 00:00:01 GMT"));
+    assert_eq!(r.header("Cache-Control"), Some("no-cache"));
+    let r = get(a, "/max/a.txt");
+    assert_eq!(r.header("Expires"), Some("Thu, 31 Dec 2037 23:55:55 GMT"));
+    assert_eq!(r.header("Cache-Control"), Some("max-age=315360000"));
+    // A level with its own add_header inherits none; an empty value adds nothing.
+    let r = get(a, "/own/x");
+    assert_eq!(r.body_str(), "own");
+    assert_eq!(r.header("Server"), Some("shard"));
+    assert_eq!(r.header("Cache-Control"), Some("public"));
+    assert_eq!(r.header("X-Frame-Options"), None);
+    assert_eq!(r.header("X-Served-By"), None);
+    assert_eq!(r.header("X-Empty"), None);
+}

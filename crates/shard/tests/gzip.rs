@@ -204,14 +204,21 @@ fn not_gzipped_without_accept_encoding_or_when_refused() {
         let r = req(&s, "GET", "/big.txt", &format!("Accept-Encoding: {ae}\r\n"));
         assert_plain(&r, &big);
     }
-    // HEAD is answered as the uncompressed file.
+    // HEAD gets the head of the GET (compressed length, Content-Encoding, Vary), no body.
+    let g = req(&s, "GET", "/big.txt", "Accept-Encoding: gzip\r\n");
     let h = req(&s, "HEAD", "/big.txt", "Accept-Encoding: gzip\r\n");
     assert_eq!(h.status, 200);
-    assert_eq!(h.header("content-encoding"), None);
-    assert_eq!(
-        h.header("content-length"),
-        Some(big.len().to_string().as_str())
-    );
+    assert!(h.body.is_empty());
+    for name in [
+        "content-encoding",
+        "content-length",
+        "vary",
+        "etag",
+        "content-type",
+    ] {
+        assert_eq!(h.header(name), g.header(name), "{name}");
+    }
+    assert_eq!(h.header("content-encoding"), Some("gzip"));
     // HTTP/1.0 is not compressed unless gzip_http_version 1.0.
     let old = |path: &str| {
         raw(

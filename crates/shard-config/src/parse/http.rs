@@ -32,7 +32,8 @@ pub(super) struct Settings {
     pub(super) open_file_cache_min_uses: Option<u32>,
     pub(super) open_file_cache_errors: Option<bool>,
     pub(super) tcp_nodelay: Option<bool>,
-    pub(super) access_log: Option<Option<AccessLog>>,
+    /// `access_log`s of this block: (`off` given, the logs).
+    pub(super) access_log: Option<(bool, Vec<AccessLog>)>,
     pub(super) client_header_timeout_ms: Option<u64>,
     pub(super) client_header_buffer_size: Option<usize>,
     pub(super) large_client_header_buffers: Option<(usize, usize)>,
@@ -40,6 +41,11 @@ pub(super) struct Settings {
     pub(super) ignore_invalid_headers: Option<bool>,
     pub(super) gzip: GzipP,
     pub(super) proxy: ProxyP,
+    /// Every `add_header` of this block; `Some` replaces the parent's list.
+    pub(super) add_headers: Option<Vec<AddHeader>>,
+    /// `expires`: `Some(None)` is `off`.
+    pub(super) expires: Option<Option<Expires>>,
+    pub(super) server_tokens: Option<bool>,
 }
 
 /// The `gzip*` directives of one block. `types` is (types, `*` given).
@@ -149,7 +155,7 @@ pub(super) struct Eff {
     pub(super) sendfile: bool,
     pub(super) open_file_cache: OpenFileCache,
     pub(super) tcp_nodelay: bool,
-    pub(super) access_log: Option<AccessLog>,
+    pub(super) access_logs: Vec<AccessLog>,
     pub(super) client_header_timeout_ms: u64,
     pub(super) client_header_buffer_size: usize,
     pub(super) large_client_header_buffers: (usize, usize),
@@ -158,6 +164,9 @@ pub(super) struct Eff {
     pub(super) gzip: GzipConf,
     /// `set_headers` without nginx's defaults (see [`with_default_headers`]).
     pub(super) proxy: ProxyConf,
+    pub(super) add_headers: Vec<AddHeader>,
+    pub(super) expires: Option<Expires>,
+    pub(super) server_tokens: bool,
 }
 
 impl Eff {
@@ -190,10 +199,11 @@ impl Eff {
             sendfile: false,
             open_file_cache: OpenFileCache::default(),
             tcp_nodelay: true,
-            access_log: Some(AccessLog {
+            access_logs: vec![AccessLog {
                 path: prefix.join("logs/access.log"),
-                format: "combined".to_string(),
-            }),
+                format: combined_format(),
+                condition: None,
+            }],
             client_header_timeout_ms: 60_000,
             client_header_buffer_size: 1024,
             large_client_header_buffers: (4, 8192),
@@ -201,6 +211,9 @@ impl Eff {
             ignore_invalid_headers: true,
             gzip: GzipConf::default(),
             proxy: ProxyConf::default(),
+            add_headers: Vec::new(),
+            expires: None,
+            server_tokens: true,
         }
     }
 
@@ -257,10 +270,11 @@ impl Eff {
                 }
             },
             tcp_nodelay: s.tcp_nodelay.unwrap_or(self.tcp_nodelay),
-            access_log: s
-                .access_log
-                .clone()
-                .unwrap_or_else(|| self.access_log.clone()),
+            access_logs: match &s.access_log {
+                Some((true, _)) => Vec::new(),
+                Some((false, logs)) => logs.clone(),
+                None => self.access_logs.clone(),
+            },
             client_header_timeout_ms: s
                 .client_header_timeout_ms
                 .unwrap_or(self.client_header_timeout_ms),
@@ -278,6 +292,12 @@ impl Eff {
                 .unwrap_or(self.ignore_invalid_headers),
             gzip: s.gzip.merge(&self.gzip),
             proxy: s.proxy.merge(&self.proxy),
+            add_headers: s
+                .add_headers
+                .clone()
+                .unwrap_or_else(|| self.add_headers.clone()),
+            expires: s.expires.unwrap_or(self.expires),
+            server_tokens: s.server_tokens.unwrap_or(self.server_tokens),
         }
     }
 
@@ -304,8 +324,11 @@ impl Eff {
             sendfile: self.sendfile,
             open_file_cache: self.open_file_cache,
             tcp_nodelay: self.tcp_nodelay,
-            access_log: self.access_log.clone(),
+            access_logs: self.access_logs.clone(),
             gzip: self.gzip.clone(),
+            add_headers: self.add_headers.clone(),
+            expires: self.expires,
+            server_tokens: self.server_tokens,
             proxy_pass: None,
             proxy: with_default_headers(self.proxy.clone()),
         }
@@ -947,9 +970,82 @@ pub(super) fn set_large_client_header_buffers(
     )
 }
 
+/// nginx's predefined `combined` format.
+pub(super) fn combined_format() -> Arc<LogFormat> {
+    static F: OnceLock<Arc<LogFormat>> = OnceLock::new();
+    F.get_or_init(|| {
+        let d = Directive {
+            name: "log_format".to_string(),
+            args: Vec::new(),
+            line: 0,
+            block: None,
+        };
+        let text = "$remote_addr - $remote_user [$time_local] \"$request\" $status \
+                    $body_bytes_sent \"$http_referer\" \"$http_user_agent\"";
+        Arc::new(LogFormat {
+            name: LogFormat::COMBINED.to_string(),
+            escape: LogEscape::Default,
+            // The text is fixed and valid: this cannot fail.
+            parts: parse_header_value(&d, "", text).unwrap_or_default(),
+        })
+    })
+    .clone()
+}
+
+/// `log_format NAME [escape=default|json|none] STRING ...` (http): the strings are joined.
+/// A format must be defined before an `access_log` names it, as in nginx.
+pub(super) fn http_log_format(env: &Env, _: &mut HttpP, d: &Directive, file: &str) -> R {
+    let name = a0(d).to_string();
+    let mut rest = &d.args[1..];
+    let mut escape = LogEscape::Default;
+    if let Some(e) = rest.first().and_then(|a| a.strip_prefix("escape=")) {
+        escape = match e {
+            "default" => LogEscape::Default,
+            "json" => LogEscape::Json,
+            "none" => LogEscape::None,
+            _ => {
+                return Err(derr(
+                    d,
+                    file,
+                    format!("unknown log format escaping \"{e}\""),
+                ))
+            }
+        };
+        rest = &rest[1..];
+    }
+    if rest.is_empty() {
+        return Err(derr(
+            d,
+            file,
+            "invalid number of arguments in \"log_format\" directive",
+        ));
+    }
+    let mut formats = env.log_formats.borrow_mut();
+    if name == LogFormat::COMBINED || formats.contains_key(&name) {
+        return Err(derr(
+            d,
+            file,
+            format!("duplicate \"log_format\" name \"{name}\""),
+        ));
+    }
+    let parts = parse_header_value(d, file, &rest.concat())?;
+    formats.insert(
+        name.clone(),
+        Arc::new(LogFormat {
+            name,
+            escape,
+            parts,
+        }),
+    );
+    Ok(())
+}
+
+/// `access_log PATH [FORMAT [buffer=SIZE] [gzip[=LEVEL]] [flush=TIME] [if=CONDITION]] | off`.
+/// Several in one block are all written; `off` silences the block.
 pub(super) fn set_access_log(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let a = a0(d);
-    let v = if a == "off" {
+    let entry = s.access_log.get_or_insert_with(|| (false, Vec::new()));
+    if a == "off" {
         if d.args.len() != 1 {
             return Err(derr(
                 d,
@@ -957,27 +1053,122 @@ pub(super) fn set_access_log(env: &Env, s: &mut Settings, d: &Directive, file: &
                 "invalid number of arguments in \"access_log\" directive",
             ));
         }
-        None
-    } else {
-        let format = match d.args.get(1) {
-            None => "combined".to_string(),
-            Some(f) if f == "combined" => f.clone(),
-            Some(f) if f.contains('=') => "combined".to_string(),
-            Some(f) => return Err(derr(d, file, format!("unknown log format \"{f}\""))),
-        };
-        Some(AccessLog {
-            path: env.resolve(a),
-            format,
-        })
-    };
-    // shard keeps one access log per block: the first given.
-    if s.access_log.is_none() {
-        s.access_log = Some(v);
+        entry.0 = true;
+        return Ok(());
     }
+    if a.starts_with("syslog:") {
+        return Err(derr(
+            d,
+            file,
+            "logging to syslog (\"syslog:\") is not supported by shard; log to a file",
+        ));
+    }
+    let format = match d.args.get(1) {
+        None => combined_format(),
+        Some(f) if f == LogFormat::COMBINED => combined_format(),
+        Some(f) => match env.log_formats.borrow().get(f) {
+            Some(lf) => lf.clone(),
+            None => return Err(derr(d, file, format!("unknown log format \"{f}\""))),
+        },
+    };
+    let mut condition = None;
+    for p in d.args.iter().skip(2) {
+        if let Some(v) = p.strip_prefix("buffer=") {
+            parse_size(v).ok_or_else(|| derr(d, file, format!("invalid buffer size \"{v}\"")))?;
+        } else if let Some(v) = p.strip_prefix("flush=") {
+            parse_time_ms(v).ok_or_else(|| derr(d, file, format!("invalid flush time \"{v}\"")))?;
+        } else if p == "gzip" || p.starts_with("gzip=") {
+            return Err(derr(
+                d,
+                file,
+                "\"gzip\" in \"access_log\" is not supported by shard",
+            ));
+        } else if let Some(v) = p.strip_prefix("if=") {
+            condition = Some(parse_header_value(d, file, v)?);
+        } else {
+            return Err(derr(d, file, format!("invalid parameter \"{p}\"")));
+        }
+    }
+    entry.1.push(AccessLog {
+        path: env.resolve(a),
+        format,
+        condition,
+    });
     Ok(())
 }
 
 slot!(set_gzip, gzip.enabled, flag);
+slot!(set_server_tokens, server_tokens, server_tokens_value);
+
+/// `server_tokens on | off` (`build` and a string are nginx Plus's).
+fn server_tokens_value(d: &Directive, file: &str, v: &str) -> Result<bool, ConfigError> {
+    match v {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(invalid(d, file, v)),
+    }
+}
+
+/// `add_header NAME VALUE [always]`: repeatable; a level with any does not inherit its
+/// parent's, as nginx.
+pub(super) fn set_add_header(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let always = match d.args.get(2).map(String::as_str) {
+        None => false,
+        Some("always") => true,
+        Some(p) => return Err(derr(d, file, format!("invalid parameter \"{p}\""))),
+    };
+    let name = a0(d);
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+        return Err(invalid(d, file, name));
+    }
+    let value = parse_header_value(d, file, &d.args[1])?;
+    s.add_headers.get_or_insert_with(Vec::new).push(AddHeader {
+        name: name.to_string(),
+        value,
+        always,
+    });
+    Ok(())
+}
+
+/// `expires [modified] TIME | epoch | max | off`.
+pub(super) fn set_expires(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let (modified, v) = match d.args.as_slice() {
+        [m, v] if m == "modified" => (true, v.as_str()),
+        [v] => (false, v.as_str()),
+        _ => {
+            return Err(derr(
+                d,
+                file,
+                "invalid number of arguments in \"expires\" directive",
+            ))
+        }
+    };
+    let e = match v {
+        "off" if !modified => None,
+        "epoch" if !modified => Some(Expires::Epoch),
+        "max" if !modified => Some(Expires::Max),
+        _ => {
+            let (neg, t) = match v.strip_prefix('-') {
+                Some(t) => (true, t),
+                None => (false, v.strip_prefix('+').unwrap_or(v)),
+            };
+            if t.starts_with('@') {
+                return Err(derr(
+                    d,
+                    file,
+                    "\"expires @TIME\" (a time of day) is not supported by shard",
+                ));
+            }
+            let ms = parse_time_ms(t).ok_or_else(|| derr(d, file, "invalid value"))?;
+            let secs = (ms / 1000) as i64;
+            Some(Expires::After {
+                secs: if neg { -secs } else { secs },
+                modified,
+            })
+        }
+    };
+    once(&mut s.expires, e, d, file)
+}
 
 pub(super) fn set_gzip_comp_level(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let n = num::<u32>(d, file, a0(d))?;

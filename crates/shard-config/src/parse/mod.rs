@@ -203,6 +203,8 @@ struct Env {
     errors: std::cell::RefCell<Vec<ConfigError>>,
     /// `[warn]` messages, in order.
     warnings: std::cell::RefCell<Vec<String>>,
+    /// `log_format`s defined so far, by name.
+    log_formats: std::cell::RefCell<HashMap<String, Arc<LogFormat>>>,
 }
 
 /// `NGINX_ONLY` is sorted, as its binary search needs (a test checks it).
@@ -259,6 +261,7 @@ pub(crate) fn parse(
         included: std::cell::RefCell::new(Vec::new()),
         errors: std::cell::RefCell::new(Vec::new()),
         warnings: std::cell::RefCell::new(Vec::new()),
+        log_formats: std::cell::RefCell::new(HashMap::new()),
     };
     let mut st = State::default();
     let items = parse_tree(text, name);

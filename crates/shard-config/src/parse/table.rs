@@ -399,6 +399,10 @@ pub(super) static TABLE: &[Spec] = &[
     ),
     d("tcp_nodelay", HSL, 1, 1, Set::Settings(set_tcp_nodelay)),
     d("access_log", HSL, 1, MANY, Set::Settings(set_access_log)),
+    d("log_format", H, 2, MANY, Set::Http(http_log_format)),
+    d("add_header", HSL, 2, 3, Set::Settings(set_add_header)),
+    d("expires", HSL, 1, 2, Set::Settings(set_expires)),
+    d("server_tokens", HSL, 1, 1, Set::Settings(set_server_tokens)),
     d("stub_status", L, 0, 1, Set::Location(location_stub_status)),
     d(
         "shard_status",

@@ -91,6 +91,14 @@ pub(super) fn parse_error_log(
     file: &str,
     prefix: &Path,
 ) -> Result<ErrorLog, ConfigError> {
+    if d.args[0].starts_with("syslog:") || d.args[0].starts_with("memory:") {
+        let kind = &d.args[0][..d.args[0].find(':').unwrap_or(0) + 1];
+        return Err(derr(
+            d,
+            file,
+            format!("logging to \"{kind}\" is not supported by shard; log to a file or stderr"),
+        ));
+    }
     let target = if d.args[0] == "stderr" {
         LogTarget::Stderr
     } else {

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use shard_config::{LingeringClose, LocationConf};
+use shard_config::{LingeringClose, LocationConf, LogFormat};
 use shard_http::body::ChunkedDecoder;
 
 use super::step::{Flush, Io, Reply, Step};
@@ -109,11 +109,15 @@ pub(super) struct Conn {
 }
 
 /// Whether answering in `loc` needs the request's header lines after its head was consumed
-/// (a variable that reads them, in `return`).
-fn needs_head(loc: &LocationConf) -> bool {
-    loc.ret
-        .as_ref()
-        .is_some_and(|r| shard_http::vars::needs_headers(&r.parts))
+/// (a variable that reads them, in `return`, `add_header` or a log format).
+pub(super) fn needs_head(loc: &LocationConf) -> bool {
+    use shard_http::vars::needs_headers;
+    loc.ret.as_ref().is_some_and(|r| needs_headers(&r.parts))
+        || loc.add_headers.iter().any(|h| needs_headers(&h.value))
+        || loc.access_logs.iter().any(|al| {
+            al.format.name != LogFormat::COMBINED && needs_headers(&al.format.parts)
+                || al.condition.as_deref().is_some_and(needs_headers)
+        })
 }
 
 /// `$request_id` of request number `seq` of this worker: 128 bits no other request shares,
@@ -886,6 +890,7 @@ impl Worker<'_> {
                     &req,
                     413,
                     shard_http::response::error_body(413).len() as u64,
+                    head_copy.as_deref().unwrap_or(&[]),
                 );
                 return;
             }
@@ -916,9 +921,11 @@ impl Worker<'_> {
         if !keep_alive {
             c.close_after = true;
         }
-        self.log_access(key, loc, &req, reply.status, reply.body_bytes);
+        self.log_access(key, loc, &req, reply.status, reply.body_bytes, head);
     }
 
+    /// Writes the request's line into every `access_log` of `loc`. `head` is the request head
+    /// when a format needs its header lines (see `needs_head`), else may be empty.
     pub(super) fn log_access(
         &mut self,
         key: usize,
@@ -926,30 +933,55 @@ impl Worker<'_> {
         req: &shard_http::request::Request,
         status: u16,
         bytes: u64,
+        head: &[u8],
     ) {
-        let Some(al) = &loc.access_log else { return };
-        let Some(&i) = self.access_log_idx.get(&al.path) else {
-            return;
-        };
-        let peer = self.conns[key]
-            .peer
-            .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |p| {
-                p.ip()
-            });
-        let f = &mut self.access_logs[i];
-        shard_http::access_log::write_combined(
-            &mut f.buf,
-            peer,
-            &self.log_time,
-            &req.request_line,
-            status,
-            bytes,
-            req.referer.as_deref(),
-            req.user_agent.as_deref(),
-        );
-        if f.buf.len() >= super::ACCESS_LOG_BUFFER_BYTES - 2048 {
-            let _ = shard_event::sock::write(f.fd, &f.buf);
-            f.buf.clear();
+        for al in &loc.access_logs {
+            let Some(&i) = self.access_log_idx.get(&al.path) else {
+                continue;
+            };
+            if al.format.name == LogFormat::COMBINED && al.condition.is_none() {
+                let peer = self.conns[key]
+                    .peer
+                    .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |p| {
+                        p.ip()
+                    });
+                let f = &mut self.access_logs[i];
+                shard_http::access_log::write_combined(
+                    &mut f.buf,
+                    peer,
+                    &self.log_time,
+                    &req.request_line,
+                    status,
+                    bytes,
+                    req.referer.as_deref(),
+                    req.user_agent.as_deref(),
+                );
+            } else {
+                let mut storage = shard_http::vars::header_storage();
+                let headers = shard_http::vars::request_headers(head, &mut storage);
+                let mut ctx = self.var_ctx(key, req, headers, loc);
+                ctx.done = Some(shard_http::vars::Done {
+                    status,
+                    body_bytes: bytes,
+                    bytes,
+                    ..Default::default()
+                });
+                if al
+                    .condition
+                    .as_ref()
+                    .is_some_and(|c| !shard_http::access_log::condition_holds(c, &ctx))
+                {
+                    continue;
+                }
+                let mut line = Vec::with_capacity(256);
+                shard_http::access_log::write_format(&mut line, &al.format, &ctx);
+                self.access_logs[i].buf.extend_from_slice(&line);
+            }
+            let f = &mut self.access_logs[i];
+            if f.buf.len() >= super::ACCESS_LOG_BUFFER_BYTES - 2048 {
+                let _ = shard_event::sock::write(f.fd, &f.buf);
+                f.buf.clear();
+            }
         }
     }
 

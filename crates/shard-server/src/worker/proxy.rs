@@ -953,6 +953,26 @@ impl<'a> Worker<'a> {
         p.upstream_reusable = head.reusable;
         p.status = head.status;
         p.head_sent = true;
+        let loc = self.proxy_location(p);
+        let mut extra = Vec::new();
+        if loc.expires.is_some() || !loc.add_headers.is_empty() {
+            let mut storage = shard_http::vars::header_storage();
+            let hs = shard_http::vars::request_headers(&p.head, &mut storage);
+            let mut ctx = self.var_ctx(key, &p.req, hs, loc);
+            ctx.done = Some(shard_http::vars::Done {
+                status: head.status,
+                ..Default::default()
+            });
+            shard_http::response::write_extra(
+                &mut extra,
+                loc,
+                head.status,
+                self.now_secs,
+                None,
+                Some(&ctx),
+            );
+        }
+        let server = shard_http::response::server_value(loc);
         let c = &mut self.conns[key];
         if c.out_pos > 0 && c.out_pos >= c.out.len() {
             c.out.clear();
@@ -964,6 +984,8 @@ impl<'a> Worker<'a> {
             &self.date,
             client_framing,
             p.keep_alive,
+            server,
+            &extra,
         );
         p.state = State::ReadingBody;
     }
@@ -1237,7 +1259,7 @@ impl<'a> Worker<'a> {
 
     fn log_proxy_access(&mut self, key: usize, p: &Proxy, status: u16, bytes: u64) {
         let loc = self.proxy_location(p);
-        self.log_access(key, loc, &p.req, status, bytes);
+        self.log_access(key, loc, &p.req, status, bytes, &p.head);
     }
 
     fn set_proxy_deadline(&mut self, key: usize, timeout_ms: u64) {

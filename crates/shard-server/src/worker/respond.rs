@@ -10,7 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use shard_config::{
-    GzipConf, LocationConf, StatusHandler, SymlinkCheck, SymlinksFrom, CLOSE_WITHOUT_RESPONSE,
+    LocationConf, StatusHandler, SymlinkCheck, SymlinksFrom, CLOSE_WITHOUT_RESPONSE,
 };
 use shard_http::gzip;
 use shard_http::request::{Method, Request};
@@ -33,7 +33,7 @@ pub(super) fn respond(
     head: &[u8],
 ) -> Reply {
     if let Some(h) = loc.handler {
-        return status_page(w, key, h, loc, req, keep_alive);
+        return status_page(w, key, h, loc, req, keep_alive, head);
     }
     if let Some(ret) = &loc.ret {
         if ret.code == CLOSE_WITHOUT_RESPONSE {
@@ -54,22 +54,26 @@ pub(super) fn respond(
             key,
             req,
             keep_alive,
-            &loc.gzip,
+            loc,
+            head,
             shard_http::response::return_reply(ret.code, text, &loc.default_type),
         );
     }
-    static_file(w, key, loc, req, keep_alive)
+    static_file(w, key, loc, req, keep_alive, head)
 }
 
 /// A complete in-memory response, gzipped when `gz` says so (only 200s ever are).
+#[allow(clippy::too_many_arguments)]
 fn simple(
     w: &mut Worker<'_>,
     key: usize,
     req: &Request,
     keep_alive: bool,
-    gz: &GzipConf,
+    loc: &LocationConf,
+    head: &[u8],
     mut r: shard_http::response::Simple,
 ) -> Reply {
+    let gz = &loc.gzip;
     let g = gzip::decide(
         gz,
         req,
@@ -88,6 +92,7 @@ fn simple(
         let port = w.cfg.listeners[w.conns[key].listener].addr.port();
         r.location = Some(shard_http::response::absolute_location(l, host, port));
     }
+    let extra = extra_headers(w, key, req, loc, head, r.status, None);
     let date = std::mem::take(&mut w.date);
     let out = w.out_buf(key);
     write_head(
@@ -101,6 +106,8 @@ fn simple(
             location: r.location.as_deref(),
             content_encoding: g.compress.then_some(gzip::ENCODING),
             vary: g.vary.then_some(gzip::VARY),
+            server: shard_http::response::server_value(loc),
+            extra: &extra,
             ..Default::default()
         },
     );
@@ -115,6 +122,32 @@ fn simple(
         status: r.status,
         body_bytes: sent,
     }
+}
+
+/// `expires` and `add_header` of `loc` for a response with `status` (empty, with no
+/// allocation, when the location has neither).
+fn extra_headers(
+    w: &Worker<'_>,
+    key: usize,
+    req: &Request,
+    loc: &LocationConf,
+    head: &[u8],
+    status: u16,
+    mtime: Option<i64>,
+) -> Vec<u8> {
+    let mut extra = Vec::new();
+    if loc.expires.is_none() && loc.add_headers.is_empty() {
+        return extra;
+    }
+    let mut storage = shard_http::vars::header_storage();
+    let headers = shard_http::vars::request_headers(head, &mut storage);
+    let mut ctx = w.var_ctx(key, req, headers, loc);
+    ctx.done = Some(shard_http::vars::Done {
+        status,
+        ..Default::default()
+    });
+    shard_http::response::write_extra(&mut extra, loc, status, w.now_secs, mtime, Some(&ctx));
+    extra
 }
 
 fn listener_rows(w: &Worker<'_>) -> Vec<ListenerRow> {
@@ -153,6 +186,7 @@ fn status_page(
     loc: &LocationConf,
     req: &Request,
     keep_alive: bool,
+    head: &[u8],
 ) -> Reply {
     if !matches!(req.method, Method::Get | Method::Head) {
         return simple(
@@ -160,7 +194,8 @@ fn status_page(
             key,
             req,
             keep_alive,
-            &loc.gzip,
+            loc,
+            head,
             shard_http::response::error_simple(405),
         );
     }
@@ -192,7 +227,8 @@ fn status_page(
         key,
         req,
         keep_alive,
-        &loc.gzip,
+        loc,
+        head,
         shard_http::response::Simple {
             status: 200,
             content_type: Some(content_type.to_string()),
@@ -303,6 +339,7 @@ fn static_file(
     loc: &LocationConf,
     req: &Request,
     keep_alive: bool,
+    head: &[u8],
 ) -> Reply {
     let mut path = shard_http::static_file::map_path(loc, &req.path);
     let mut opened = open_cached(w, &path, loc);
@@ -333,7 +370,7 @@ fn static_file(
                 403
             };
             let reply = shard_http::response::error_simple(status);
-            return simple(w, key, req, keep_alive, &loc.gzip, reply);
+            return simple(w, key, req, keep_alive, loc, head, reply);
         }
     };
     let content_type = shard_http::static_file::content_type(loc, &path).to_string();
@@ -357,6 +394,7 @@ fn static_file(
                     loc,
                     req,
                     keep_alive,
+                    head,
                     fd,
                     &path,
                     &meta,
@@ -364,6 +402,7 @@ fn static_file(
                     g,
                 );
             }
+            let extra = extra_headers(w, key, req, loc, head, status, Some(meta.mtime_secs));
             let date = std::mem::take(&mut w.date);
             let out = w.out_buf(key);
             write_head(
@@ -379,6 +418,8 @@ fn static_file(
                     accept_ranges: true,
                     content_range: headers.content_range.as_deref(),
                     vary: g.vary.then_some(gzip::VARY),
+                    server: shard_http::response::server_value(loc),
+                    extra: &extra,
                     ..Default::default()
                 },
             );
@@ -397,7 +438,7 @@ fn static_file(
         }
         Plan::Reply(s) => {
             drop(fd);
-            simple(w, key, req, keep_alive, &loc.gzip, s)
+            simple(w, key, req, keep_alive, loc, head, s)
         }
     }
 }
@@ -411,6 +452,7 @@ fn gzip_file(
     loc: &LocationConf,
     req: &Request,
     keep_alive: bool,
+    head: &[u8],
     fd: std::rc::Rc<OwnedFd>,
     path: &Path,
     meta: &FileMeta,
@@ -431,11 +473,12 @@ fn gzip_file(
                 shard_event::os_error_text(&e)
             );
             let reply = shard_http::response::error_simple(500);
-            return simple(w, key, req, keep_alive, &loc.gzip, reply);
+            return simple(w, key, req, keep_alive, loc, head, reply);
         }
     };
     let etag = gzip::weak_etag(&shard_http::static_file::etag(meta));
     let last_modified = shard_http::http_date(meta.mtime_secs.max(0) as u64);
+    let extra = extra_headers(w, key, req, loc, head, 200, Some(meta.mtime_secs));
     let date = std::mem::take(&mut w.date);
     let out = w.out_buf(key);
     write_head(
@@ -450,13 +493,21 @@ fn gzip_file(
             etag: Some(&etag),
             content_encoding: Some(gzip::ENCODING),
             vary: g.vary.then_some(gzip::VARY),
+            server: shard_http::response::server_value(loc),
+            extra: &extra,
             ..Default::default()
         },
     );
-    out.extend_from_slice(&body);
+    // A HEAD gets the head a GET gets (compressed length, `Vary`), without the body.
+    let sent = if req.method == Method::Head {
+        0
+    } else {
+        out.extend_from_slice(&body);
+        body.len() as u64
+    };
     w.date = date;
     Reply {
         status: 200,
-        body_bytes: body.len() as u64,
+        body_bytes: sent,
     }
 }
