@@ -330,10 +330,46 @@ pub struct LocationConf {
     pub expires: Option<Expires>,
     /// `server_tokens on|off`: `Server: shard/VERSION` or `Server: shard`. Default on.
     pub server_tokens: bool,
+    /// `allow` and `deny` of the level that set any, in order: the first that matches the
+    /// client decides; none matching allows.
+    pub access_rules: Vec<AccessRule>,
     /// `proxy_pass`, only on the location that names it (not inherited).
     pub proxy_pass: Option<ProxyPass>,
     /// The other `proxy_*` directives, inherited http -> server -> location.
     pub proxy: ProxyConf,
+}
+
+/// One `allow` or `deny`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AccessRule {
+    pub allow: bool,
+    /// The network (address and prefix length), `None` for `all`.
+    pub net: Option<(std::net::IpAddr, u8)>,
+}
+
+impl AccessRule {
+    /// Whether `ip` is in this rule's network (an IPv4-mapped IPv6 client counts as IPv4).
+    pub fn matches(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        let Some((net, bits)) = self.net else {
+            return true;
+        };
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match (net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
 }
 
 /// One `add_header NAME VALUE [always]`.

@@ -2280,3 +2280,41 @@ fn log_formats_and_several_access_logs() {
     .contains("syslog"));
     assert!(error(&format!("{EV}error_log syslog:server=10.0.0.1 warn;")).contains("syslog"));
 }
+
+#[test]
+fn allow_deny_rules() {
+    let c = http(
+        "allow 10.1.2.3/8; deny 2001:db8::/32; allow 192.168.1.1; deny all;\n\
+         server { location /a { deny 127.0.0.1; } location /b { } }",
+    );
+    let s = &c.http.unwrap().servers[0];
+    let r = &s.locations[1].access_rules;
+    assert_eq!(r.len(), 4);
+    assert_eq!(
+        r[0].net,
+        Some(("10.0.0.0".parse().unwrap(), 8)),
+        "host bits dropped"
+    );
+    assert!(r[0].matches("10.200.0.1".parse().unwrap()));
+    assert!(
+        r[0].matches("::ffff:10.0.0.9".parse().unwrap()),
+        "v4-mapped"
+    );
+    assert!(!r[0].matches("11.0.0.1".parse().unwrap()));
+    assert!(r[1].matches("2001:db8:1::5".parse().unwrap()));
+    assert!(!r[1].matches("10.0.0.1".parse().unwrap()));
+    assert!(r[3].matches("1.2.3.4".parse().unwrap()));
+    assert_eq!(s.locations[0].access_rules.len(), 1, "own rules replace");
+    assert_eq!(
+        c.warnings,
+        ["low address bits of 10.1.2.3/8 are meaningless in t.conf:3"]
+    );
+    assert_eq!(
+        error(&format!("{EV}http {{ allow 10.0.0.0/33; }}")),
+        "invalid value \"10.0.0.0/33\" in \"allow\" directive in t.conf:2"
+    );
+    assert_eq!(
+        error(&format!("{EV}http {{ deny nobody; }}")),
+        "invalid value \"nobody\" in \"deny\" directive in t.conf:2"
+    );
+}

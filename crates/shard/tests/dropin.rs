@@ -244,3 +244,44 @@ fn add_header_expires_and_server_tokens_as_nginx() {
     assert_eq!(r.header("X-Served-By"), None);
     assert_eq!(r.header("X-Empty"), None);
 }
+
+const ACCESS_CONF: &str = r#"
+worker_processes 1;
+error_log logs/error.log;
+events { worker_connections 64; }
+http {
+    access_log off;
+    deny 192.0.2.1;
+    allow 127.0.0.0/8;
+    deny all;
+    server {
+        listen 127.0.0.1:{port};
+        location = /status { shard_status; }
+        location / { return 200 "in"; }
+        location /admin/ { allow 10.0.0.0/8; allow ::1; deny all; return 200 "admin"; }
+        location /open/ { allow all; return 200 "open"; }
+    }
+}
+"#;
+
+#[test]
+fn allow_and_deny_in_order_with_nginx_inheritance() {
+    let s = Server::start("access", ACCESS_CONF, 1);
+    let a = s.addr();
+    assert_eq!(get(a, "/x").body_str(), "in");
+    let r = get(a, "/admin/x");
+    assert_eq!(r.status, 403, "a level with rules replaces its parent's");
+    assert!(r.body_str().contains("403 Forbidden"));
+    assert_eq!(r.header("Connection"), Some("keep-alive"));
+    assert_eq!(get(a, "/open/x").body_str(), "open");
+    let log = s.dir.join("logs/error.log");
+    wait_for(
+        Duration::from_secs(5),
+        "the refusal in the error log",
+        || {
+            std::fs::read_to_string(&log)
+                .ok()
+                .filter(|l| l.contains("access forbidden by rule, client: 127.0.0.1"))
+        },
+    );
+}

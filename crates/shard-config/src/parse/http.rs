@@ -46,6 +46,8 @@ pub(super) struct Settings {
     /// `expires`: `Some(None)` is `off`.
     pub(super) expires: Option<Option<Expires>>,
     pub(super) server_tokens: Option<bool>,
+    /// `allow`/`deny` of this block; `Some` replaces the parent's list.
+    pub(super) access_rules: Option<Vec<AccessRule>>,
 }
 
 /// The `gzip*` directives of one block. `types` is (types, `*` given).
@@ -167,6 +169,7 @@ pub(super) struct Eff {
     pub(super) add_headers: Vec<AddHeader>,
     pub(super) expires: Option<Expires>,
     pub(super) server_tokens: bool,
+    pub(super) access_rules: Vec<AccessRule>,
 }
 
 impl Eff {
@@ -214,6 +217,7 @@ impl Eff {
             add_headers: Vec::new(),
             expires: None,
             server_tokens: true,
+            access_rules: Vec::new(),
         }
     }
 
@@ -298,6 +302,10 @@ impl Eff {
                 .unwrap_or_else(|| self.add_headers.clone()),
             expires: s.expires.unwrap_or(self.expires),
             server_tokens: s.server_tokens.unwrap_or(self.server_tokens),
+            access_rules: s
+                .access_rules
+                .clone()
+                .unwrap_or_else(|| self.access_rules.clone()),
         }
     }
 
@@ -329,6 +337,7 @@ impl Eff {
             add_headers: self.add_headers.clone(),
             expires: self.expires,
             server_tokens: self.server_tokens,
+            access_rules: self.access_rules.clone(),
             proxy_pass: None,
             proxy: with_default_headers(self.proxy.clone()),
         }
@@ -1127,6 +1136,53 @@ pub(super) fn set_add_header(_: &Env, s: &mut Settings, d: &Directive, file: &st
         value,
         always,
     });
+    Ok(())
+}
+
+/// `allow ADDRESS | CIDR | all` and `deny ...`, in order.
+pub(super) fn set_access_rule(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let a = a0(d);
+    let net = if a == "all" {
+        None
+    } else if a.starts_with("unix:") {
+        return Err(derr(d, file, "\"unix:\" rules are not supported by shard"));
+    } else {
+        let (addr, bits) = match a.split_once('/') {
+            Some((addr, bits)) => (addr, Some(bits)),
+            None => (a, None),
+        };
+        let ip: IpAddr = addr.parse().map_err(|_| invalid(d, file, a))?;
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        let bits = match bits {
+            None => max,
+            Some(b) => b
+                .parse::<u8>()
+                .ok()
+                .filter(|&n| n <= max)
+                .ok_or_else(|| invalid(d, file, a))?,
+        };
+        // nginx: "low address bits of 10.0.0.1/8 are meaningless"; the network is used.
+        let base = match ip {
+            IpAddr::V4(v) => {
+                let m = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+                IpAddr::V4((u32::from(v) & m).into())
+            }
+            IpAddr::V6(v) => {
+                let m = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+                IpAddr::V6((u128::from(v) & m).into())
+            }
+        };
+        if base != ip {
+            env.warn(d, file, format!("low address bits of {a} are meaningless"));
+        }
+        Some((base, bits))
+    };
+    s.access_rules
+        .get_or_insert_with(Vec::new)
+        .push(AccessRule {
+            allow: d.name == "allow",
+            net,
+        });
     Ok(())
 }
 

@@ -403,6 +403,8 @@ pub(super) static TABLE: &[Spec] = &[
     d("add_header", HSL, 2, 3, Set::Settings(set_add_header)),
     d("expires", HSL, 1, 2, Set::Settings(set_expires)),
     d("server_tokens", HSL, 1, 1, Set::Settings(set_server_tokens)),
+    d("allow", HSL, 1, 1, Set::Settings(set_access_rule)),
+    d("deny", HSL, 1, 1, Set::Settings(set_access_rule)),
     d("stub_status", L, 0, 1, Set::Location(location_stub_status)),
     d(
         "shard_status",

@@ -851,7 +851,9 @@ impl Worker<'_> {
         let server_idx = shard_http::route::select_server(http, listener, req.host.as_deref());
         let server = &http.servers[server_idx];
         let loc = shard_http::route::find_location(server, &req.path);
-        let proxied = loc.proxy_pass.is_some() && loc.ret.is_none() && loc.handler.is_none();
+        let denied = self.access_denied(key, loc, &req);
+        let proxied =
+            !denied && loc.proxy_pass.is_some() && loc.ret.is_none() && loc.handler.is_none();
         let head_copy = needs_head(loc).then(|| self.conns[key].inbuf[..head_len].to_vec());
         if !proxied {
             self.conns[key].inbuf.drain(..head_len);
@@ -916,7 +918,11 @@ impl Worker<'_> {
             return;
         }
         let head = head_copy.as_deref().unwrap_or(&[]);
-        let reply = self.respond(key, server, loc, &req, keep_alive, head);
+        let reply = if denied {
+            super::respond::status(self, key, loc, &req, keep_alive, head, 403)
+        } else {
+            self.respond(key, server, loc, &req, keep_alive, head)
+        };
         let c = &mut self.conns[key];
         if !keep_alive {
             c.close_after = true;
@@ -1028,6 +1034,35 @@ impl Worker<'_> {
             capture_text: "",
             done: None,
         }
+    }
+
+    /// `allow`/`deny` of `loc` refuse the client (logged as nginx logs it).
+    fn access_denied(
+        &self,
+        key: usize,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+    ) -> bool {
+        if loc.access_rules.is_empty() {
+            return false;
+        }
+        let Some(peer) = self.conns[key].peer else {
+            return false;
+        };
+        let allowed = loc
+            .access_rules
+            .iter()
+            .find(|r| r.matches(peer.ip()))
+            .is_none_or(|r| r.allow);
+        if !allowed {
+            crate::log!(
+                Error,
+                "access forbidden by rule, client: {}, request: \"{}\"",
+                peer.ip(),
+                req.request_line
+            );
+        }
+        !allowed
     }
 
     /// nginx's `return 444`: the connection closes with nothing sent.

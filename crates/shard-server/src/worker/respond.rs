@@ -62,6 +62,20 @@ pub(super) fn respond(
     static_file(w, key, loc, req, keep_alive, head)
 }
 
+/// An error status decided before the content (`deny` gives 403): its page, in `loc`.
+pub(super) fn status(
+    w: &mut Worker<'_>,
+    key: usize,
+    loc: &LocationConf,
+    req: &Request,
+    keep_alive: bool,
+    head: &[u8],
+    status: u16,
+) -> Reply {
+    let reply = shard_http::response::error_simple(status);
+    simple(w, key, req, keep_alive, loc, head, reply)
+}
+
 /// A complete in-memory response, gzipped when `gz` says so (only 200s ever are).
 #[allow(clippy::too_many_arguments)]
 fn simple(
