@@ -160,6 +160,7 @@ pub(crate) mod tests {
             add_headers: Vec::new(),
             expires: None,
             server_tokens: true,
+            access_rules: Vec::new(),
             proxy_pass: None,
             proxy: Default::default(),
         }
