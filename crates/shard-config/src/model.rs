@@ -219,6 +219,10 @@ pub enum LocationKind {
     Exact,
     /// `location ^~ /path`: a prefix match that, when longest, stops the search.
     PrefixNoRegex,
+    /// `location ~ re` and `location ~* re` (case-insensitive): `LocationConf::regex`.
+    Regex,
+    /// `location @name`: only reached by `try_files` and `error_page`.
+    Named,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -282,7 +286,12 @@ pub enum LogEscape {
 #[derive(Debug, Clone)]
 pub struct LocationConf {
     pub kind: LocationKind,
+    /// The prefix, the exact path, the expression as written, or the name with its `@`.
     pub path: String,
+    /// The compiled expression of a regex location.
+    pub regex: Option<regex::Regex>,
+    /// Index into `ServerConf::locations` of the location this one is nested in.
+    pub parent: Option<usize>,
     pub place: Place,
     pub ret: Option<Return>,
     pub handler: Option<StatusHandler>,

@@ -2318,3 +2318,42 @@ fn allow_deny_rules() {
         "invalid value \"nobody\" in \"deny\" directive in t.conf:2"
     );
 }
+
+#[test]
+fn regex_and_named_locations() {
+    let c = http(
+        "server { location ~ \\.php$ { } location ~* ^/A { location ~ b { } } location @fallback { } }",
+    );
+    let s = &c.http.unwrap().servers[0];
+    assert_eq!(s.locations[0].kind, LocationKind::Regex);
+    assert!(s.locations[0].regex.as_ref().unwrap().is_match("/x.php"));
+    assert!(
+        s.locations[1].regex.as_ref().unwrap().is_match("/abc"),
+        "~* ignores case"
+    );
+    assert_eq!(s.locations[2].parent, Some(1));
+    assert_eq!(s.locations[3].kind, LocationKind::Named);
+    assert_eq!(s.locations[3].path, "@fallback");
+    let e = error(&format!(
+        "{EV}http {{ server {{ location ~ ^(?=a)b {{ }} }} }}"
+    ));
+    assert!(
+        e.starts_with("regular expression \"^(?=a)b\" is not supported by shard (")
+            && e.contains("look-around")
+            && e.ends_with(" in t.conf:2"),
+        "{e}"
+    );
+    assert_eq!(
+        error(&format!(
+            "{EV}http {{ server {{ location ~ /a {{ proxy_pass http://127.0.0.1:1/x; }} }} }}"
+        )),
+        "\"proxy_pass\" cannot have URI part in location given by regular expression, or inside \
+         named location, or inside \"if\" statement, or inside \"limit_except\" block in t.conf:2"
+    );
+    assert_eq!(
+        error(&format!(
+            "{EV}http {{ server {{ location /a {{ location @n {{ }} }} }} }}"
+        )),
+        "named location \"@n\" can be on the server level only in t.conf:2"
+    );
+}

@@ -354,6 +354,8 @@ fn after_location<'p>(path: &'p str, location: &LocationConf) -> Option<&'p str>
         LocationKind::Prefix | LocationKind::PrefixNoRegex => {
             path.strip_prefix(location.path.as_str())
         }
+        // The configuration refuses a URI part in these (nginx's rule).
+        LocationKind::Regex | LocationKind::Named => None,
     }
 }
 

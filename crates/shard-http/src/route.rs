@@ -2,9 +2,9 @@
 //!
 //! Server: among the servers on the connection's listening address, an exact name wins, then
 //! the longest wildcard starting with `*` (or `.name`), then the longest wildcard ending with
-//! `*`, else the address's default server. Location: an `=` match wins at once, otherwise the
-//! longest prefix (`^~` or not; shard has no regex locations, so `^~` changes nothing), else
-//! the server's own settings. This module does not look at methods, files or the network.
+//! `*`, else the address's default server. Location: nginx's search (see
+//! [`find_location_index`]): exact, then the longest prefix, then regexes, else the server's
+//! own settings. This module does not look at methods, files or the network.
 
 use shard_config::{HttpConf, Listener, LocationConf, LocationKind, ServerConf, ServerName};
 
@@ -84,26 +84,99 @@ pub fn server_name(srv: &ServerConf) -> &str {
         .unwrap_or("")
 }
 
+/// Byte ranges in the matched path of a regex location's groups (`$0` the whole match, `$1`
+/// ...), `None` for a group that did not take part.
+pub type Captures = Vec<Option<(usize, usize)>>;
+
 /// The location of `server` for the normalized `path`, or `server.base` when none matches.
 pub fn find_location<'a>(server: &'a ServerConf, path: &str) -> &'a LocationConf {
-    let mut best: Option<&LocationConf> = None;
-    for loc in &server.locations {
+    let mut caps = Captures::new();
+    &server.locations[..]
+        .get(find_location_index(server, path, &mut caps).unwrap_or(usize::MAX))
+        .unwrap_or(&server.base)
+}
+
+/// nginx's search, as an index into `server.locations` (`None`: the server's own settings),
+/// with the captures of the regex that chose it in `caps` (cleared otherwise):
+///
+/// an exact location equal to `path` wins at once; else the longest prefix is remembered, and
+/// wins at once when it is `^~`; else the regex locations are tried in file order, those
+/// nested in the remembered prefix first, then outward level by level; the first that
+/// matches wins (and a regex nested in it that matches wins over it); else the prefix.
+/// Named locations are never found here.
+pub fn find_location_index(server: &ServerConf, path: &str, caps: &mut Captures) -> Option<usize> {
+    caps.clear();
+    let locs = &server.locations;
+    let mut best: Option<usize> = None;
+    for (i, loc) in locs.iter().enumerate() {
         match loc.kind {
             LocationKind::Exact => {
                 if loc.path == path {
-                    return loc;
+                    return Some(i);
                 }
             }
             LocationKind::Prefix | LocationKind::PrefixNoRegex => {
                 if path.starts_with(loc.path.as_str())
-                    && best.map(|b| b.path.len()) < Some(loc.path.len())
+                    && best.map(|b| locs[b].path.len()) < Some(loc.path.len())
                 {
-                    best = Some(loc);
+                    best = Some(i);
                 }
             }
+            LocationKind::Regex | LocationKind::Named => {}
         }
     }
-    best.unwrap_or(&server.base)
+    if let Some(b) = best {
+        if locs[b].kind == LocationKind::PrefixNoRegex {
+            return best;
+        }
+    }
+    // Levels from the remembered prefix outward to the server.
+    let mut level = best;
+    loop {
+        if let Some(i) = first_regex(locs, level, path, caps) {
+            // A regex nested in the one that matched is searched too.
+            let mut inner = Captures::new();
+            if let Some(j) = first_regex(locs, Some(i), path, &mut inner) {
+                *caps = inner;
+                return Some(j);
+            }
+            return Some(i);
+        }
+        match level {
+            Some(l) => level = locs[l].parent,
+            None => break,
+        }
+    }
+    best
+}
+
+/// The first regex location whose parent is `parent` and that matches `path`.
+fn first_regex(
+    locs: &[LocationConf],
+    parent: Option<usize>,
+    path: &str,
+    caps: &mut Captures,
+) -> Option<usize> {
+    for (i, loc) in locs.iter().enumerate() {
+        if loc.kind != LocationKind::Regex || loc.parent != parent {
+            continue;
+        }
+        let Some(re) = &loc.regex else { continue };
+        if let Some(c) = re.captures(path) {
+            caps.clear();
+            caps.extend(c.iter().map(|m| m.map(|m| (m.start(), m.end()))));
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// The named location `name` (with its `@`) of `server`.
+pub fn named_location<'a>(server: &'a ServerConf, name: &str) -> Option<&'a LocationConf> {
+    server
+        .locations
+        .iter()
+        .find(|l| l.kind == LocationKind::Named && l.path == name)
 }
 
 #[cfg(test)]
@@ -121,6 +194,8 @@ pub(crate) mod tests {
         LocationConf {
             kind,
             path: path.to_string(),
+            regex: None,
+            parent: None,
             place: Place {
                 file: "t.conf".into(),
                 line: 1,

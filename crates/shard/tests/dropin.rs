@@ -285,3 +285,44 @@ fn allow_and_deny_in_order_with_nginx_inheritance() {
         },
     );
 }
+
+const REGEX_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        location = /status { shard_status; }
+        location / { return 200 "root"; }
+        location = /exact.php { return 200 "exact"; }
+        location ^~ /static/ { return 200 "static"; }
+        location /images/ {
+            location ~ \.png$ { return 200 "nested png"; }
+            return 200 "images";
+        }
+        location ~ \.(php|cgi)$ { return 200 "script $1"; }
+        location ~* \.PNG$ { return 200 "any png"; }
+        location ~ ^/user/(?:id-)?(\d+)/(\w+)$ { return 200 "user $1 does $2 ($0)"; }
+    }
+}
+"#;
+
+#[test]
+fn regex_locations_in_nginx_order_with_captures() {
+    let s = Server::start("regexloc", REGEX_CONF, 1);
+    let a = s.addr();
+    let body = |p: &str| get(a, p).body_str();
+    assert_eq!(body("/x/index.php"), "script php");
+    assert_eq!(body("/exact.php"), "exact", "= beats a regex");
+    assert_eq!(body("/static/a.php"), "static", "^~ stops the regex search");
+    assert_eq!(body("/images/a.png"), "nested png", "nested regexes first");
+    assert_eq!(body("/images/a.gif"), "images");
+    assert_eq!(body("/other/A.Png"), "any png", "~* ignores case");
+    assert_eq!(body("/other/a.PNG"), "any png");
+    assert_eq!(
+        body("/user/id-42/edit"),
+        "user 42 does edit (/user/id-42/edit)"
+    );
+    assert_eq!(body("/user/x/edit"), "root");
+}

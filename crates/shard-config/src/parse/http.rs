@@ -313,6 +313,8 @@ impl Eff {
         LocationConf {
             kind,
             path,
+            regex: None,
+            parent: None,
             place,
             ret: None,
             handler: None,
@@ -347,6 +349,7 @@ impl Eff {
 pub(super) struct LocP {
     pub(super) kind: LocationKind,
     pub(super) path: String,
+    pub(super) regex: Option<regex::Regex>,
     pub(super) place: Place,
     pub(super) ret: Option<Return>,
     pub(super) handler: Option<StatusHandler>,
@@ -457,7 +460,7 @@ pub(super) fn finish_server(
     base.ret = s.ret.clone();
     let mut locations = Vec::new();
     for l in s.locations {
-        flatten(l, &eff, ups, &mut locations)?;
+        flatten(l, &eff, None, ups, &mut locations)?;
     }
     if let Some(r) = &s.ret {
         // A server-level `return` runs before any location is chosen, as in nginx.
@@ -489,21 +492,36 @@ pub(super) fn finish_server(
 pub(super) fn flatten(
     l: LocP,
     parent: &Eff,
+    parent_idx: Option<usize>,
     ups: &mut HttpUpstreams,
     out: &mut Vec<LocationConf>,
 ) -> Result<(), ConfigError> {
     let eff = parent.merge(&l.settings);
     let mut conf = eff.location(l.kind, l.path, l.place);
+    conf.regex = l.regex;
+    conf.parent = parent_idx;
     conf.ret = l.ret;
     conf.handler = l.handler;
     conf.alias = l.alias;
+    if let Some(p) = &l.pass {
+        if p.uri.is_some() && matches!(l.kind, LocationKind::Regex | LocationKind::Named) {
+            return Err(err(
+                &p.place.file,
+                p.place.line,
+                "\"proxy_pass\" cannot have URI part in location given by regular expression, \
+                 or inside named location, or inside \"if\" statement, or inside \
+                 \"limit_except\" block",
+            ));
+        }
+    }
     conf.proxy_pass = match &l.pass {
         Some(p) => Some(ups.pass(p)?),
         None => None,
     };
+    let me = out.len();
     out.push(conf);
     for n in l.nested {
-        flatten(n, &eff, ups, out)?;
+        flatten(n, &eff, Some(me), ups, out)?;
     }
     Ok(())
 }
@@ -580,9 +598,46 @@ pub(super) fn server_location(env: &Env, cx: &mut ServerCx<'_>, d: &Directive, f
     Ok(())
 }
 
+/// Compiles a location's expression with the `regex` crate. What only PCRE has
+/// (look-around, backreferences, possessive quantifiers) is refused with the reason.
+pub(super) fn compile_regex(
+    d: &Directive,
+    file: &str,
+    re: &str,
+    caseless: bool,
+) -> Result<regex::Regex, ConfigError> {
+    regex::RegexBuilder::new(re)
+        .case_insensitive(caseless)
+        .size_limit(REGEX_SIZE_LIMIT)
+        .build()
+        .map_err(|e| {
+            let why = e.to_string();
+            let why = why
+                .lines()
+                .last()
+                .unwrap_or("")
+                .trim()
+                .trim_start_matches("error: ");
+            derr(
+                d,
+                file,
+                format!(
+                    "regular expression \"{re}\" is not supported by shard ({why}; \
+                     look-around, backreferences and other PCRE-only syntax are not available)"
+                ),
+            )
+        })
+}
+
+/// The most memory one compiled expression may take (the `regex` crate's `size_limit`).
+pub(super) const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
 /// nginx's `duplicate location "/a"`: two locations of one level with the same path, both
 /// exact or both prefix (`^~` or not); an exact and a prefix location of one path coexist.
 fn no_duplicate(siblings: &[LocP], loc: &LocP, d: &Directive, file: &str) -> R {
+    if loc.kind == LocationKind::Regex {
+        return Ok(());
+    }
     let exact = |k: LocationKind| k == LocationKind::Exact;
     if siblings
         .iter()
@@ -609,26 +664,47 @@ pub(super) fn read_location(
     file: &str,
     parent: Option<(LocationKind, &str)>,
 ) -> Result<LocP, ConfigError> {
-    let (kind, path) = if d.args.len() == 2 {
-        let kind = match d.args[0].as_str() {
-            "=" => LocationKind::Exact,
-            "^~" => LocationKind::PrefixNoRegex,
-            "~" | "~*" => return Err(derr(d, file, "regex locations are not supported")),
+    let mut regex = None;
+    let (kind, path) = match d.args.as_slice() {
+        [m, p] => match m.as_str() {
+            "=" => (LocationKind::Exact, p.clone()),
+            "^~" => (LocationKind::PrefixNoRegex, p.clone()),
+            "~" | "~*" => {
+                regex = Some(compile_regex(d, file, p, m == "~*")?);
+                (LocationKind::Regex, p.clone())
+            }
             m => return Err(derr(d, file, format!("invalid location modifier \"{m}\""))),
-        };
-        (kind, d.args[1].clone())
-    } else {
-        let a = &d.args[0];
-        if let Some(rest) = a.strip_prefix("^~") {
-            (LocationKind::PrefixNoRegex, rest.to_string())
-        } else if a.starts_with('~') {
-            return Err(derr(d, file, "regex locations are not supported"));
-        } else if let Some(rest) = a.strip_prefix('=') {
-            (LocationKind::Exact, rest.to_string())
-        } else if a.starts_with('@') {
-            return Err(derr(d, file, "named locations are not supported"));
-        } else {
-            (LocationKind::Prefix, a.clone())
+        },
+        [a] => {
+            if let Some(rest) = a.strip_prefix("^~") {
+                (LocationKind::PrefixNoRegex, rest.to_string())
+            } else if let Some(rest) = a.strip_prefix("~*") {
+                regex = Some(compile_regex(d, file, rest, true)?);
+                (LocationKind::Regex, rest.to_string())
+            } else if let Some(rest) = a.strip_prefix('~') {
+                regex = Some(compile_regex(d, file, rest, false)?);
+                (LocationKind::Regex, rest.to_string())
+            } else if let Some(rest) = a.strip_prefix('=') {
+                (LocationKind::Exact, rest.to_string())
+            } else if a.starts_with('@') {
+                if parent.is_some() {
+                    return Err(derr(
+                        d,
+                        file,
+                        format!("named location \"{a}\" can be on the server level only"),
+                    ));
+                }
+                (LocationKind::Named, a.clone())
+            } else {
+                (LocationKind::Prefix, a.clone())
+            }
+        }
+        _ => {
+            return Err(derr(
+                d,
+                file,
+                "invalid number of arguments in \"location\" directive",
+            ))
         }
     };
     if let Some((pkind, ppath)) = parent {
@@ -639,7 +715,16 @@ pub(super) fn read_location(
                 format!("location \"{path}\" cannot be inside the exact location \"{ppath}\""),
             ));
         }
-        if !path.starts_with(ppath) {
+        if pkind == LocationKind::Named {
+            return Err(derr(
+                d,
+                file,
+                format!("location \"{path}\" cannot be inside the named location \"{ppath}\""),
+            ));
+        }
+        // A regex location may nest anything and be nested anywhere; prefixes must extend
+        // their enclosing prefix, as nginx.
+        if kind != LocationKind::Regex && pkind != LocationKind::Regex && !path.starts_with(ppath) {
             return Err(derr(
                 d,
                 file,
@@ -650,6 +735,7 @@ pub(super) fn read_location(
     let mut loc = LocP {
         kind,
         path,
+        regex,
         place: place(d, file),
         ret: None,
         handler: None,

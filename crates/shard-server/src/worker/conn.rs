@@ -86,6 +86,8 @@ pub(super) struct Conn {
     pub(super) request_started_ms: u64,
     /// Index into `HttpConf::servers` of the current request's server.
     pub(super) server: usize,
+    /// The current request's regex captures (`$1`...) in its path.
+    pub(super) captures: shard_http::route::Captures,
     pub(super) deadline_ms: u64,
     pub(super) close_after: bool,
     /// Closing: the write side is shut and input is read and dropped until end of stream or
@@ -166,6 +168,7 @@ impl Conn {
             request_id: 0,
             request_started_ms: 0,
             server: 0,
+            captures: Vec::new(),
             deadline_ms: 0,
             close_after: false,
             lingering: false,
@@ -850,7 +853,10 @@ impl Worker<'_> {
         let listener = &cfg.listeners[self.conns[key].listener];
         let server_idx = shard_http::route::select_server(http, listener, req.host.as_deref());
         let server = &http.servers[server_idx];
-        let loc = shard_http::route::find_location(server, &req.path);
+        let mut captures = std::mem::take(&mut self.conns[key].captures);
+        let loc = shard_http::route::find_location_index(server, &req.path, &mut captures)
+            .map_or(&server.base, |i| &server.locations[i]);
+        self.conns[key].captures = captures;
         let denied = self.access_denied(key, loc, &req);
         let proxied =
             !denied && loc.proxy_pass.is_some() && loc.ret.is_none() && loc.handler.is_none();
@@ -1030,8 +1036,8 @@ impl Worker<'_> {
             location: loc,
             pass: loc.proxy_pass.as_ref(),
             conn: self.var_conn(key),
-            captures: &[],
-            capture_text: "",
+            captures: &c.captures,
+            capture_text: &req.path,
             done: None,
         }
     }
