@@ -91,9 +91,7 @@ pub type Captures = Vec<Option<(usize, usize)>>;
 /// The location of `server` for the normalized `path`, or `server.base` when none matches.
 pub fn find_location<'a>(server: &'a ServerConf, path: &str) -> &'a LocationConf {
     let mut caps = Captures::new();
-    &server.locations[..]
-        .get(find_location_index(server, path, &mut caps).unwrap_or(usize::MAX))
-        .unwrap_or(&server.base)
+    find_location_index(server, path, &mut caps).map_or(&server.base, |i| &server.locations[i])
 }
 
 /// nginx's search, as an index into `server.locations` (`None`: the server's own settings),
