@@ -342,10 +342,56 @@ pub struct LocationConf {
     /// `allow` and `deny` of the level that set any, in order: the first that matches the
     /// client decides; none matching allows.
     pub access_rules: Vec<AccessRule>,
+    /// `error_page`s of the level that set any.
+    pub error_pages: Vec<ErrorPage>,
+    /// `try_files` of this location (not inherited).
+    pub try_files: Option<TryFiles>,
+    /// `internal`: only internal redirects reach this location; a client's request gets 404.
+    pub internal: bool,
+    /// `log_not_found`: a missing file is logged at `error`. Default on.
+    pub log_not_found: bool,
     /// `proxy_pass`, only on the location that names it (not inherited).
     pub proxy_pass: Option<ProxyPass>,
     /// The other `proxy_*` directives, inherited http -> server -> location.
     pub proxy: ProxyConf,
+}
+
+/// One `error_page CODE ... [=[RESPONSE]] URI|@NAME|URL`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorPage {
+    pub codes: Vec<u16>,
+    pub status: ErrorPageStatus,
+    /// The URI (`/50x.html`), named location (`@fallback`) or URL, with variables.
+    pub target: Vec<Part>,
+}
+
+/// What status an error page is sent with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorPageStatus {
+    /// No `=`: the original error's (302 for a URL).
+    Original,
+    /// `=CODE`.
+    Code(u16),
+    /// `=` alone: whatever the target answers.
+    Target,
+}
+
+/// `try_files FILE ... URI|=CODE|@NAME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TryFiles {
+    /// Tried in order under the root (or alias); one ending in `/` must be a directory.
+    pub files: Vec<Vec<Part>>,
+    pub last: TryLast,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TryLast {
+    /// An internal redirect to this URI (its `?` starts the new arguments).
+    Uri(Vec<Part>),
+    /// `@name`.
+    Named(String),
+    /// `=CODE`.
+    Code(u16),
 }
 
 /// One `allow` or `deny`.

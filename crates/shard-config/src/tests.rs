@@ -2111,7 +2111,7 @@ fn open_file_cache_directives_follow_nginx() {
 #[test]
 fn every_error_in_one_run() {
     let e = parse_str(
-        "events {}\nhttp {\n lisen 80;\n server { listen 80; try_files $uri =404; \
+        "events {}\nhttp {\n lisen 80;\n server { listen 80; uwsgi_pass x; \
          keepalive_timeout x; }\n}\nworker_processes none;\n",
         "t.conf",
         Path::new("/nonexistent-conf"),
@@ -2124,7 +2124,7 @@ fn every_error_in_one_run() {
         all,
         [
             "unknown directive \"lisen\" in t.conf:3",
-            "\"try_files\" is an nginx directive that shard does not support in t.conf:4",
+            "\"uwsgi_pass\" is an nginx directive that shard does not support in t.conf:4",
             "invalid value \"x\" in \"keepalive_timeout\" directive in t.conf:4",
             "invalid value \"none\" in \"worker_processes\" directive in t.conf:6",
         ],

@@ -361,6 +361,15 @@ fn after_location<'p>(path: &'p str, location: &LocationConf) -> Option<&'p str>
 
 fn uri_parts<'a>(req: &'a Request, location: &LocationConf, pass: &'a ProxyPass) -> UriParts<'a> {
     let Some(uri) = pass.uri.as_deref() else {
+        if req.uri_changed {
+            // nginx: the full normalized URI of a changed request.
+            return UriParts {
+                head: "",
+                tail: &req.path,
+                escape: true,
+                query: req.query.as_deref().filter(|q| !q.is_empty()),
+            };
+        }
         return origin_form(&req.target);
     };
     let path = req.path.as_str();

@@ -224,6 +224,9 @@ pub struct Request {
     pub invalid_headers: usize,
     /// The rules the head was read with; the proxy filters the raw head with them.
     pub names: NamePolicy,
+    /// `path` (and `query`) were changed by an internal redirect (`try_files`, `error_page`):
+    /// a `proxy_pass` without a URI then sends them, not the target as received.
+    pub uri_changed: bool,
 }
 
 // `Complete` is much larger than the others; the caller takes the request by value and
@@ -802,6 +805,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         expect_continue: expect_continue && rl.minor >= 1 && body != Body::None,
         invalid_headers,
         names: limits.names,
+        uri_changed: false,
     };
     Ok(Some((req, head_len)))
 }

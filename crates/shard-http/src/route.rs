@@ -234,6 +234,10 @@ pub(crate) mod tests {
             expires: None,
             server_tokens: true,
             access_rules: Vec::new(),
+            error_pages: Vec::new(),
+            try_files: None,
+            internal: false,
+            log_not_found: true,
             proxy_pass: None,
             proxy: Default::default(),
         }

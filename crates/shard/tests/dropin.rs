@@ -326,3 +326,93 @@ fn regex_locations_in_nginx_order_with_captures() {
     );
     assert_eq!(body("/user/x/edit"), "root");
 }
+
+const TRY_CONF: &str = r#"
+worker_processes 1;
+error_log logs/error.log;
+events { worker_connections 64; }
+http {
+    access_log logs/access.log;
+    server {
+        listen 127.0.0.1:{port};
+        root {dir}/html;
+        location = /status { shard_status; }
+        error_page 404 /errors/404.html;
+        error_page 500 502 503 504 /errors/50x.html;
+        location /errors/ { internal; }
+        location /spa/ { try_files $uri $uri/ /spa/index.html; }
+        location /strict/ { try_files $uri =404; }
+        location /app/ { try_files $uri @backend; }
+        location @backend { proxy_pass http://127.0.0.1:{port1}; }
+        location /gone/ { error_page 404 =301 https://new.example/; }
+        location /soft/ { error_page 404 =200 /errors/empty.txt; }
+        location /named/ { error_page 404 = @fallback; }
+        location @fallback { return 200 "fallback for $uri"; }
+        location /fail/ { return 503; }
+        location /loop/ { try_files $uri /loop/again; }
+    }
+    server {
+        listen 127.0.0.1:{port1};
+        location / { return 200 "backend saw $request_uri"; }
+    }
+}
+"#;
+
+#[test]
+fn try_files_error_page_named_and_internal_locations() {
+    let s = Server::start_ports("tryfiles", TRY_CONF, 1, 1);
+    write_file(&s.dir, "html/errors/404.html", b"custom 404");
+    write_file(&s.dir, "html/errors/50x.html", b"custom 50x");
+    write_file(&s.dir, "html/errors/empty.txt", b"");
+    write_file(&s.dir, "html/spa/index.html", b"spa shell");
+    write_file(&s.dir, "html/spa/app.js", b"js");
+    write_file(&s.dir, "html/spa/sub/index.html", b"sub index");
+    write_file(&s.dir, "html/strict/here.txt", b"here");
+    write_file(&s.dir, "html/app/static.txt", b"static");
+    let a = s.addr();
+    // SPA fallback.
+    assert_eq!(get(a, "/spa/app.js").body_str(), "js");
+    assert_eq!(get(a, "/spa/sub/").body_str(), "sub index");
+    let r = get(a, "/spa/some/route?x=1");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "spa shell"));
+    // =404 goes through error_page, with the original status.
+    assert_eq!(get(a, "/strict/here.txt").body_str(), "here");
+    let r = get(a, "/strict/nothere.txt");
+    assert_eq!((r.status, r.body_str().as_str()), (404, "custom 404"));
+    // Plain missing files too; the error location is internal.
+    let r = get(a, "/nothing.html");
+    assert_eq!((r.status, r.body_str().as_str()), (404, "custom 404"));
+    let r = get(a, "/errors/404.html");
+    assert_eq!(
+        (r.status, r.body_str().as_str()),
+        (404, "custom 404"),
+        "internal: 404"
+    );
+    // Named location that proxies; the upstream sees the changed URI.
+    assert_eq!(get(a, "/app/static.txt").body_str(), "static");
+    let r = get(a, "/app/dynamic?q=1");
+    assert_eq!(r.body_str(), "backend saw /app/dynamic?q=1");
+    // =301 URL, =200, = @named.
+    let r = get(a, "/gone/x");
+    assert_eq!(r.status, 301);
+    assert_eq!(r.header("Location"), Some("https://new.example/"));
+    let r = get(a, "/soft/x");
+    assert_eq!((r.status, r.body_str().as_str()), (200, ""));
+    let r = get(a, "/named/x");
+    assert_eq!(
+        (r.status, r.body_str().as_str()),
+        (200, "fallback for /named/x")
+    );
+    // return 503 -> error_page 50x.
+    let r = get(a, "/fail/x");
+    assert_eq!((r.status, r.body_str().as_str()), (503, "custom 50x"));
+    // A redirect cycle ends in 500 (whose own error page is not used again).
+    let r = get(a, "/loop/x");
+    assert_eq!(r.status, 500);
+    let log = s.dir.join("logs/error.log");
+    wait_for(Duration::from_secs(5), "the cycle in the error log", || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|l| l.contains("rewrite or internal redirection cycle"))
+    });
+}

@@ -48,6 +48,9 @@ pub(super) struct Settings {
     pub(super) server_tokens: Option<bool>,
     /// `allow`/`deny` of this block; `Some` replaces the parent's list.
     pub(super) access_rules: Option<Vec<AccessRule>>,
+    /// `error_page`s of this block; `Some` replaces the parent's list.
+    pub(super) error_pages: Option<Vec<ErrorPage>>,
+    pub(super) log_not_found: Option<bool>,
 }
 
 /// The `gzip*` directives of one block. `types` is (types, `*` given).
@@ -170,6 +173,8 @@ pub(super) struct Eff {
     pub(super) expires: Option<Expires>,
     pub(super) server_tokens: bool,
     pub(super) access_rules: Vec<AccessRule>,
+    pub(super) error_pages: Vec<ErrorPage>,
+    pub(super) log_not_found: bool,
 }
 
 impl Eff {
@@ -218,6 +223,8 @@ impl Eff {
             expires: None,
             server_tokens: true,
             access_rules: Vec::new(),
+            error_pages: Vec::new(),
+            log_not_found: true,
         }
     }
 
@@ -306,6 +313,11 @@ impl Eff {
                 .access_rules
                 .clone()
                 .unwrap_or_else(|| self.access_rules.clone()),
+            error_pages: s
+                .error_pages
+                .clone()
+                .unwrap_or_else(|| self.error_pages.clone()),
+            log_not_found: s.log_not_found.unwrap_or(self.log_not_found),
         }
     }
 
@@ -340,6 +352,10 @@ impl Eff {
             expires: self.expires,
             server_tokens: self.server_tokens,
             access_rules: self.access_rules.clone(),
+            error_pages: self.error_pages.clone(),
+            try_files: None,
+            internal: false,
+            log_not_found: self.log_not_found,
             proxy_pass: None,
             proxy: with_default_headers(self.proxy.clone()),
         }
@@ -358,6 +374,8 @@ pub(super) struct LocP {
     pub(super) pass: Option<PassP>,
     pub(super) settings: Settings,
     pub(super) nested: Vec<LocP>,
+    pub(super) try_files: Option<TryFiles>,
+    pub(super) internal: bool,
 }
 
 /// A parsed `proxy_pass http://HOST[:PORT][/URI]`. It is resolved to an upstream only when
@@ -372,6 +390,7 @@ pub(super) struct PassP {
 }
 
 pub(super) struct ServerP {
+    pub(super) try_files: Option<TryFiles>,
     pub(super) place: Place,
     pub(super) listen: Vec<SocketAddr>,
     pub(super) names: Vec<ServerName>,
@@ -458,6 +477,7 @@ pub(super) fn finish_server(
     let eff = http_eff.merge(&s.settings);
     let mut base = eff.location(LocationKind::Prefix, String::new(), s.place.clone());
     base.ret = s.ret.clone();
+    base.try_files = s.try_files.clone();
     let mut locations = Vec::new();
     for l in s.locations {
         flatten(l, &eff, None, ups, &mut locations)?;
@@ -501,6 +521,8 @@ pub(super) fn flatten(
     conf.regex = l.regex;
     conf.parent = parent_idx;
     conf.ret = l.ret;
+    conf.try_files = l.try_files;
+    conf.internal = l.internal;
     conf.handler = l.handler;
     conf.alias = l.alias;
     if let Some(p) = &l.pass {
@@ -535,6 +557,7 @@ pub(super) fn http_upstream(env: &Env, h: &mut HttpP, d: &Directive, file: &str)
 pub(super) fn http_server(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
     let idx = h.servers.len();
     let mut s = ServerP {
+        try_files: None,
         place: place(d, file),
         listen: Vec::new(),
         names: Vec::new(),
@@ -733,6 +756,8 @@ pub(super) fn read_location(
         }
     }
     let mut loc = LocP {
+        try_files: None,
+        internal: false,
         kind,
         path,
         regex,
@@ -1222,6 +1247,121 @@ pub(super) fn set_add_header(_: &Env, s: &mut Settings, d: &Directive, file: &st
         value,
         always,
     });
+    Ok(())
+}
+
+slot!(set_log_not_found, log_not_found, flag);
+
+/// `error_page CODE ... [=[RESPONSE]] URI`: codes 300..=599 (not 499), as nginx.
+pub(super) fn set_error_page(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let n = d.args.len();
+    let target = &d.args[n - 1];
+    let mut status = ErrorPageStatus::Original;
+    let mut codes_end = n - 1;
+    if let Some(eq) = d.args[n - 2].strip_prefix('=') {
+        codes_end = n - 2;
+        status = if eq.is_empty() {
+            ErrorPageStatus::Target
+        } else {
+            let c: u16 = num(d, file, eq)
+                .map_err(|_| derr(d, file, format!("invalid value \"{}\"", d.args[n - 2])))?;
+            ErrorPageStatus::Code(c)
+        };
+    } else if n >= 3 {
+        if let Some(eq) = d.args[n - 1].strip_prefix('=') {
+            // `error_page 404 =200` with no URI.
+            let _ = eq;
+            return Err(derr(
+                d,
+                file,
+                "invalid number of arguments in \"error_page\" directive",
+            ));
+        }
+    }
+    if codes_end == 0 {
+        return Err(derr(
+            d,
+            file,
+            "invalid number of arguments in \"error_page\" directive",
+        ));
+    }
+    let mut codes = Vec::new();
+    for a in &d.args[..codes_end] {
+        let c: u16 = a
+            .parse()
+            .ok()
+            .filter(|c| (300..=599).contains(c) && *c != 499)
+            .ok_or_else(|| {
+                derr(
+                    d,
+                    file,
+                    format!("value \"{a}\" must be between 300 and 599"),
+                )
+            })?;
+        codes.push(c);
+    }
+    let target = parse_header_value(d, file, target)?;
+    s.error_pages.get_or_insert_with(Vec::new).push(ErrorPage {
+        codes,
+        status,
+        target,
+    });
+    Ok(())
+}
+
+/// `try_files FILE ... URI | =CODE | @NAME` (location).
+pub(super) fn location_try_files(_: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
+    if loc.try_files.is_some() {
+        return Err(dup(d, file));
+    }
+    let (last, files) = d.args.split_last().unwrap_or((&d.args[0], &[]));
+    let last = if let Some(code) = last.strip_prefix('=') {
+        let c: u16 = code
+            .parse()
+            .ok()
+            .filter(|c| (100..=999).contains(c))
+            .ok_or_else(|| derr(d, file, format!("invalid code \"{last}\"")))?;
+        TryLast::Code(c)
+    } else if last.starts_with('@') {
+        TryLast::Named(last.clone())
+    } else {
+        TryLast::Uri(parse_header_value(d, file, last)?)
+    };
+    let files = files
+        .iter()
+        .map(|f| parse_header_value(d, file, f))
+        .collect::<Result<Vec<_>, _>>()?;
+    loc.try_files = Some(TryFiles { files, last });
+    Ok(())
+}
+
+/// `try_files` in `server`: for requests no location matches (nginx does not merge it into
+/// locations).
+pub(super) fn server_try_files(env: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
+    let mut tmp = LocP {
+        try_files: None,
+        internal: false,
+        kind: LocationKind::Prefix,
+        path: String::new(),
+        regex: None,
+        place: place(d, file),
+        ret: None,
+        handler: None,
+        alias: None,
+        pass: None,
+        settings: Settings::default(),
+        nested: Vec::new(),
+    };
+    if cx.s.try_files.is_some() {
+        return Err(dup(d, file));
+    }
+    location_try_files(env, &mut tmp, d, file)?;
+    cx.s.try_files = tmp.try_files;
+    Ok(())
+}
+
+pub(super) fn location_internal(_: &Env, loc: &mut LocP, _: &Directive, _: &str) -> R {
+    loc.internal = true;
     Ok(())
 }
 

@@ -404,6 +404,11 @@ pub(super) static TABLE: &[Spec] = &[
     d("expires", HSL, 1, 2, Set::Settings(set_expires)),
     d("server_tokens", HSL, 1, 1, Set::Settings(set_server_tokens)),
     d("allow", HSL, 1, 1, Set::Settings(set_access_rule)),
+    d("error_page", HSL, 2, MANY, Set::Settings(set_error_page)),
+    d("log_not_found", HSL, 1, 1, Set::Settings(set_log_not_found)),
+    d("try_files", L, 2, MANY, Set::Location(location_try_files)),
+    d("try_files", S, 2, MANY, Set::Server(server_try_files)),
+    d("internal", L, 0, 0, Set::Location(location_internal)),
     d("deny", HSL, 1, 1, Set::Settings(set_access_rule)),
     d("stub_status", L, 0, 1, Set::Location(location_stub_status)),
     d(

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use shard_config::{LingeringClose, LocationConf, LogFormat};
+use shard_config::{ErrorPageStatus, LingeringClose, LocationConf, LogFormat};
 use shard_http::body::ChunkedDecoder;
 
 use super::step::{Flush, Io, Reply, Step};
@@ -88,6 +88,11 @@ pub(super) struct Conn {
     pub(super) server: usize,
     /// The current request's regex captures (`$1`...) in its path.
     pub(super) captures: shard_http::route::Captures,
+    /// The request is being answered by an `error_page`: no second one replaces its errors.
+    pub(super) in_error_page: bool,
+    /// The status an `error_page` gives a successful answer (`error_page 404 /404.html` sends
+    /// the page with 404).
+    pub(super) status_override: Option<u16>,
     pub(super) deadline_ms: u64,
     pub(super) close_after: bool,
     /// Closing: the write side is shut and input is read and dropped until end of stream or
@@ -120,6 +125,44 @@ pub(super) fn needs_head(loc: &LocationConf) -> bool {
             al.format.name != LogFormat::COMBINED && needs_headers(&al.format.parts)
                 || al.condition.as_deref().is_some_and(needs_headers)
         })
+}
+
+/// How many internal redirects (`try_files`, `error_page`) one request may take; one more is
+/// nginx's "rewrite or internal redirection cycle" (500).
+const MAX_INTERNAL_REDIRECTS: usize = 10;
+
+/// What the phases before the content decided for a request.
+enum Action {
+    /// The location's content: proxy, `return`, status page or static file.
+    Content,
+    /// An error status (`deny`, `internal`, `try_files ... =404`).
+    Status(u16),
+    Redirect(Redirect),
+}
+
+/// Where an internal redirect goes.
+enum Redirect {
+    Named(String),
+    Uri { path: String, query: Option<String> },
+}
+
+impl Redirect {
+    /// `@name`, or a URI whose `?` starts its arguments (none: no arguments, as nginx).
+    fn parse(target: &str) -> Redirect {
+        if target.starts_with('@') {
+            return Redirect::Named(target.to_string());
+        }
+        match target.split_once('?') {
+            Some((p, q)) => Redirect::Uri {
+                path: p.to_string(),
+                query: Some(q.to_string()),
+            },
+            None => Redirect::Uri {
+                path: target.to_string(),
+                query: None,
+            },
+        }
+    }
 }
 
 /// `$request_id` of request number `seq` of this worker: 128 bits no other request shares,
@@ -169,6 +212,8 @@ impl Conn {
             request_started_ms: 0,
             server: 0,
             captures: Vec::new(),
+            in_error_page: false,
+            status_override: None,
             deadline_ms: 0,
             close_after: false,
             lingering: false,
@@ -834,7 +879,7 @@ impl Worker<'_> {
     }
 
     /// Answers the request whose head is the first `head_len` bytes of the input buffer.
-    fn handle(&mut self, key: usize, req: shard_http::request::Request, head_len: usize) {
+    fn handle(&mut self, key: usize, mut req: shard_http::request::Request, head_len: usize) {
         WorkerSlot::bump(&self.slot.requests, 1);
         if req.invalid_headers > 0 {
             crate::log!(
@@ -853,17 +898,21 @@ impl Worker<'_> {
         let listener = &cfg.listeners[self.conns[key].listener];
         let server_idx = shard_http::route::select_server(http, listener, req.host.as_deref());
         let server = &http.servers[server_idx];
-        let mut captures = std::mem::take(&mut self.conns[key].captures);
-        let loc = shard_http::route::find_location_index(server, &req.path, &mut captures)
-            .map_or(&server.base, |i| &server.locations[i]);
-        self.conns[key].captures = captures;
-        let denied = self.access_denied(key, loc, &req);
-        let proxied =
-            !denied && loc.proxy_pass.is_some() && loc.ret.is_none() && loc.handler.is_none();
-        let head_copy = needs_head(loc).then(|| self.conns[key].inbuf[..head_len].to_vec());
-        if !proxied {
-            self.conns[key].inbuf.drain(..head_len);
-        }
+        let first = self.locate(key, server, &req.path);
+        // The head is kept when the request may be proxied, redirected internally, or a
+        // variable needs its header lines; the common static and `return` paths copy nothing.
+        let keep_head = first.proxy_pass.is_some()
+            || !first.error_pages.is_empty()
+            || first.try_files.is_some()
+            || needs_head(first);
+        let c = &mut self.conns[key];
+        let head = if keep_head {
+            c.inbuf[..head_len].to_vec()
+        } else {
+            Vec::new()
+        };
+        let more_input = c.inbuf.len() > head_len;
+        c.inbuf.drain(..head_len);
 
         self.request_seq += 1;
         let request_id = request_id(self.request_id_key, self.request_seq);
@@ -872,33 +921,32 @@ impl Worker<'_> {
         c.request_id = request_id;
         c.request_started_ms = self.now_ms;
         c.server = server_idx;
-        c.send_timeout_ms = loc.send_timeout_ms;
-        c.body_timeout_ms = loc.client_body_timeout_ms;
-        c.keepalive_timeout_ms = loc.keepalive_timeout_ms;
-        c.linger = loc.lingering;
+        c.in_error_page = false;
+        c.status_override = None;
+        c.send_timeout_ms = first.send_timeout_ms;
+        c.body_timeout_ms = first.client_body_timeout_ms;
+        c.keepalive_timeout_ms = first.keepalive_timeout_ms;
+        c.linger = first.lingering;
         c.linger_until_ms = 0;
         c.body_bytes = 0;
-        c.body_bytes_max = loc.client_max_body_size;
+        c.body_bytes_max = first.client_max_body_size;
         let keep_alive =
-            shard_http::response::keep_alive(&req, loc, c.requests, self.shutting_down);
+            shard_http::response::keep_alive(&req, first, c.requests, self.shutting_down);
 
         // Body: refuse what announces itself too large before reading any of it.
         match req.body {
             shard_http::request::Body::Length(n)
-                if loc.client_max_body_size > 0 && n > loc.client_max_body_size =>
+                if first.client_max_body_size > 0 && n > first.client_max_body_size =>
             {
-                if proxied {
-                    c.inbuf.drain(..head_len);
-                }
                 crate::log!(Error, "client intended to send too large body: {n} bytes");
                 self.error_reply(key, 413, &req.request_line);
                 self.log_access(
                     key,
-                    loc,
+                    first,
                     &req,
                     413,
                     shard_http::response::error_body(413).len() as u64,
-                    head_copy.as_deref().unwrap_or(&[]),
+                    &head,
                 );
                 return;
             }
@@ -917,23 +965,191 @@ impl Worker<'_> {
             c.out = self.pool.pop().unwrap_or_default();
             c.out.clear();
         }
-        if proxied {
-            // The access log line is written when the proxied response ends.
-            self.start_proxy(key, server_idx, loc, req, head_len, keep_alive);
-            self.conns[key].inbuf.drain(..head_len);
-            return;
-        }
-        let head = head_copy.as_deref().unwrap_or(&[]);
-        let reply = if denied {
-            super::respond::status(self, key, loc, &req, keep_alive, head, 403)
-        } else {
-            self.respond(key, server, loc, &req, keep_alive, head)
+
+        let mut loc = first;
+        let mut hops = 0;
+        let reply = loop {
+            if hops > MAX_INTERNAL_REDIRECTS {
+                crate::log!(
+                    Error,
+                    "rewrite or internal redirection cycle while internally redirecting to \"{}\"",
+                    req.path
+                );
+                self.conns[key].in_error_page = true;
+                break super::respond::status(self, key, loc, &req, keep_alive, &head, 500);
+            }
+            let action = if loc.internal && hops == 0 {
+                Action::Status(404)
+            } else if self.access_denied(key, loc, &req) {
+                Action::Status(403)
+            } else if let Some(tf) = &loc.try_files {
+                self.try_files(key, loc, tf, &mut req, &head)
+            } else {
+                Action::Content
+            };
+            let proxied = loc.proxy_pass.is_some() && loc.ret.is_none() && loc.handler.is_none();
+            let reply = match action {
+                Action::Redirect(target) => {
+                    hops += 1;
+                    loc = self.redirect(key, server, target, &mut req);
+                    continue;
+                }
+                Action::Status(code) => {
+                    super::respond::status(self, key, loc, &req, keep_alive, &head, code)
+                }
+                Action::Content if proxied => {
+                    // The access log line is written when the proxied response ends.
+                    self.start_proxy(key, server_idx, loc, req, head, more_input, keep_alive);
+                    return;
+                }
+                Action::Content => self.respond(key, server, loc, &req, keep_alive, &head),
+            };
+            let Some(i) = reply.error_page else {
+                break reply;
+            };
+            // `error_page`: the page is requested anew with GET (a HEAD stays HEAD).
+            let ep = &loc.error_pages[i];
+            let target = {
+                let mut storage = shard_http::vars::header_storage();
+                let hs = shard_http::vars::request_headers(&head, &mut storage);
+                let ctx = self.var_ctx(key, &req, hs, loc);
+                shard_http::vars::render(&ep.target, &ctx)
+            };
+            let c = &mut self.conns[key];
+            c.in_error_page = true;
+            if !(target.starts_with('/') || target.starts_with('@')) {
+                // A URL: a redirect, 302 unless `=CODE` says otherwise.
+                let code = match ep.status {
+                    ErrorPageStatus::Code(c) => c,
+                    _ => 302,
+                };
+                let r = shard_http::response::return_reply(code, Some(target), "text/html");
+                break super::respond::simple_reply(self, key, loc, &req, keep_alive, &head, r);
+            }
+            c.status_override = match ep.status {
+                ErrorPageStatus::Original => Some(reply.status),
+                ErrorPageStatus::Code(code) => Some(code),
+                ErrorPageStatus::Target => None,
+            };
+            if req.method != shard_http::request::Method::Head {
+                req.method = shard_http::request::Method::Get;
+            }
+            hops += 1;
+            let next = self.redirect(key, server, Redirect::parse(&target), &mut req);
+            let next_proxied = next.proxy_pass.is_some() && next.ret.is_none();
+            if next_proxied && req.body != shard_http::request::Body::None {
+                // Its body is being discarded: the upstream cannot be given a request whose
+                // body is gone, so the error is sent as it is.
+                break super::respond::status(
+                    self,
+                    key,
+                    loc,
+                    &req,
+                    keep_alive,
+                    &head,
+                    reply.status,
+                );
+            }
+            loc = next;
         };
         let c = &mut self.conns[key];
         if !keep_alive {
             c.close_after = true;
         }
-        self.log_access(key, loc, &req, reply.status, reply.body_bytes, head);
+        self.log_access(key, loc, &req, reply.status, reply.body_bytes, &head);
+    }
+
+    /// The location for `path` in `server`, its captures kept on the connection.
+    fn locate<'s>(
+        &mut self,
+        key: usize,
+        server: &'s shard_config::ServerConf,
+        path: &str,
+    ) -> &'s LocationConf {
+        let mut captures = std::mem::take(&mut self.conns[key].captures);
+        let loc = shard_http::route::find_location_index(server, path, &mut captures)
+            .map_or(&server.base, |i| &server.locations[i]);
+        self.conns[key].captures = captures;
+        loc
+    }
+
+    /// An internal redirect: to a named location, or to a URI (whose `?` starts the new
+    /// arguments) searched anew. An unknown named location is the server's own settings
+    /// with a 500 logged, as nginx finalizes with 500.
+    fn redirect<'s>(
+        &mut self,
+        key: usize,
+        server: &'s shard_config::ServerConf,
+        target: Redirect,
+        req: &mut shard_http::request::Request,
+    ) -> &'s LocationConf {
+        match target {
+            Redirect::Named(name) => match shard_http::route::named_location(server, &name) {
+                Some(l) => {
+                    self.conns[key].captures.clear();
+                    l
+                }
+                None => {
+                    crate::log!(Error, "could not find named location \"{name}\"");
+                    self.conns[key].captures.clear();
+                    &server.base
+                }
+            },
+            Redirect::Uri { path, query } => {
+                req.path = path;
+                req.query = query;
+                req.uri_changed = true;
+                let p = req.path.clone();
+                self.locate(key, server, &p)
+            }
+        }
+    }
+
+    /// `try_files`: the first candidate that exists (a directory for one ending in `/`)
+    /// becomes the URI served here; else the last parameter decides.
+    fn try_files(
+        &mut self,
+        key: usize,
+        loc: &LocationConf,
+        tf: &shard_config::TryFiles,
+        req: &mut shard_http::request::Request,
+        head: &[u8],
+    ) -> Action {
+        let mut storage = shard_http::vars::header_storage();
+        let hs = shard_http::vars::request_headers(head, &mut storage);
+        let mut found = None;
+        let last = {
+            let ctx = self.var_ctx(key, req, hs, loc);
+            for f in &tf.files {
+                let uri = shard_http::vars::render(f, &ctx);
+                let want_dir = uri.ends_with('/');
+                let path = shard_http::static_file::map_path(loc, &uri);
+                match std::fs::metadata(&path) {
+                    Ok(m) if m.is_dir() == want_dir => {
+                        found = Some(uri);
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            match &tf.last {
+                shard_config::TryLast::Uri(parts) => {
+                    Some(Redirect::parse(&shard_http::vars::render(parts, &ctx)))
+                }
+                shard_config::TryLast::Named(n) => Some(Redirect::Named(n.clone())),
+                shard_config::TryLast::Code(_) => None,
+            }
+        };
+        if let Some(uri) = found {
+            req.path = uri;
+            req.uri_changed = true;
+            return Action::Content;
+        }
+        match (last, &tf.last) {
+            (Some(r), _) => Action::Redirect(r),
+            (None, shard_config::TryLast::Code(c)) => Action::Status(*c),
+            (None, _) => Action::Status(500),
+        }
     }
 
     /// Writes the request's line into every `access_log` of `loc`. `head` is the request head

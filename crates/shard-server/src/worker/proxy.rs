@@ -261,15 +261,17 @@ impl<'a> Worker<'a> {
         self.proxy_location(p).proxy_pass.as_ref()
     }
 
-    /// Starts proxying the request just parsed on connection `key` (its head is the first
-    /// `head_len` bytes of the input buffer, still there). `loc` has a `proxy_pass`.
+    /// Starts proxying the request just parsed on connection `key` (`head` is its head as
+    /// received; `more_input`: bytes followed it, a body's start). `loc` has a `proxy_pass`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn start_proxy(
         &mut self,
         key: usize,
         server: usize,
         loc: &'a LocationConf,
         req: Request,
-        head_len: usize,
+        head: Vec<u8>,
+        more_input: bool,
         keep_alive: bool,
     ) {
         let srv = &self.http().servers[server];
@@ -283,12 +285,11 @@ impl<'a> Worker<'a> {
             .as_ref()
             .map_or(0, |pass| self.http().upstreams[pass.upstream].peers.len());
         let c = &mut self.conns[key];
-        let head = c.inbuf[..head_len].to_vec();
         let cont = req.expect_continue;
         c.proxy = Some(Box::new(Proxy::new(
             server, location, req, head, keep_alive, n_peers,
         )));
-        if cont && c.inbuf.len() == head_len {
+        if cont && !more_input {
             c.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
         }
     }

@@ -41,6 +41,7 @@ pub(super) fn respond(
             return Reply {
                 status: CLOSE_WITHOUT_RESPONSE,
                 body_bytes: 0,
+                error_page: None,
             };
         }
         let text = ret.text.as_ref().map(|_| {
@@ -60,6 +61,19 @@ pub(super) fn respond(
         );
     }
     static_file(w, key, loc, req, keep_alive, head)
+}
+
+/// A response built by the caller (an `error_page` redirect), sent as `return` sends one.
+pub(super) fn simple_reply(
+    w: &mut Worker<'_>,
+    key: usize,
+    loc: &LocationConf,
+    req: &Request,
+    keep_alive: bool,
+    head: &[u8],
+    r: shard_http::response::Simple,
+) -> Reply {
+    simple(w, key, req, keep_alive, loc, head, r)
 }
 
 /// An error status decided before the content (`deny` gives 403): its page, in `loc`.
@@ -87,6 +101,29 @@ fn simple(
     head: &[u8],
     mut r: shard_http::response::Simple,
 ) -> Reply {
+    let c = &w.conns[key];
+    // An error page of shard's own may be replaced by the location's `error_page` (once: a
+    // second error while serving one is sent as it is, nginx's `recursive_error_pages off`).
+    if r.status >= 300
+        && !c.in_error_page
+        && !r.body.is_empty()
+        && r.body.as_slice() == shard_http::response::error_body(r.status)
+    {
+        if let Some(i) = loc
+            .error_pages
+            .iter()
+            .position(|e| e.codes.contains(&r.status))
+        {
+            return Reply {
+                status: r.status,
+                body_bytes: 0,
+                error_page: Some(i),
+            };
+        }
+    }
+    if let Some(code) = c.status_override.filter(|_| (200..300).contains(&r.status)) {
+        r.status = code;
+    }
     let gz = &loc.gzip;
     let g = gzip::decide(
         gz,
@@ -135,6 +172,7 @@ fn simple(
     Reply {
         status: r.status,
         body_bytes: sent,
+        error_page: None,
     }
 }
 
@@ -383,6 +421,14 @@ fn static_file(
             } else {
                 403
             };
+            if status == 404 && loc.log_not_found {
+                crate::log!(
+                    Error,
+                    "open() \"{}\" failed (2: No such file or directory), request: \"{}\"",
+                    path.display(),
+                    req.request_line
+                );
+            }
             let reply = shard_http::response::error_simple(status);
             return simple(w, key, req, keep_alive, loc, head, reply);
         }
@@ -390,11 +436,14 @@ fn static_file(
     let content_type = shard_http::static_file::content_type(loc, &path).to_string();
     match shard_http::static_file::plan(req, &meta) {
         Plan::Send {
-            status,
+            mut status,
             offset,
             len,
             headers,
         } => {
+            if let Some(code) = w.conns[key].status_override.filter(|_| status == 200) {
+                status = code;
+            }
             // gzip sees the full file as a 200: a compressed answer ignores `Range`.
             let g = if matches!(status, 200 | 206 | 416) {
                 gzip::decide(&loc.gzip, req, 200, Some(&content_type), meta.size)
@@ -442,12 +491,14 @@ fn static_file(
                 return Reply {
                     status,
                     body_bytes: 0,
+                    error_page: None,
                 };
             }
             w.set_file_body(key, fd, offset, len, loc.sendfile);
             Reply {
                 status,
                 body_bytes: len,
+                error_page: None,
             }
         }
         Plan::Reply(s) => {
@@ -523,5 +574,6 @@ fn gzip_file(
     Reply {
         status: 200,
         body_bytes: sent,
+        error_page: None,
     }
 }

@@ -30,6 +30,9 @@ pub(in crate::worker) enum Flush {
 pub(in crate::worker) struct Reply {
     pub status: u16,
     pub body_bytes: u64,
+    /// Nothing was written: the location's `error_page` number N takes over (an internal
+    /// redirect or a redirect, decided by the caller).
+    pub error_page: Option<usize>,
 }
 
 /// What `drive_proxy` tells the connection loop.
