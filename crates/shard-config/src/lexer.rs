@@ -110,9 +110,10 @@ impl<'a> Lexer<'a> {
                     }
                 }
                 let raw = &self.src[start..self.pos - 1];
-                // After a closing quote nginx wants a separator.
+                // After a closing quote nginx wants a separator, or the `)` that closes an
+                // `if` condition (`if ($a = "")`), which then starts the next word.
                 match self.peek() {
-                    None | Some(b' ' | b'\t' | b'\r' | b'\n' | b';' | b'{' | b'}') => {}
+                    None | Some(b' ' | b'\t' | b'\r' | b'\n' | b';' | b'{' | b'}' | b')') => {}
                     Some(other) => {
                         let ch = self.rest_char(other);
                         return Err(self.err(format!("unexpected \"{ch}\"")));

@@ -350,10 +350,102 @@ pub struct LocationConf {
     pub internal: bool,
     /// `log_not_found`: a missing file is logged at `error`. Default on.
     pub log_not_found: bool,
+    /// The rewrite module's instructions of this location (`rewrite`, `set`, `if`, `return`,
+    /// `break`), in order; empty when `ret` says everything (a location that only returns).
+    pub script: Vec<Instr>,
     /// `proxy_pass`, only on the location that names it (not inherited).
     pub proxy_pass: Option<ProxyPass>,
     /// The other `proxy_*` directives, inherited http -> server -> location.
     pub proxy: ProxyConf,
+}
+
+/// One instruction of nginx's rewrite module, run in order in the server (before the
+/// location is chosen) and in the location.
+#[derive(Debug, Clone)]
+pub enum Instr {
+    /// `return`: the request is answered (`444` closes).
+    Return(Return),
+    /// `rewrite REGEX REPLACEMENT [FLAG]` on the URI.
+    Rewrite {
+        regex: regex::Regex,
+        replacement: Vec<Part>,
+        flag: RewriteFlag,
+        /// The replacement starts with `http://`, `https://` or `$scheme`: a redirect.
+        redirect: bool,
+    },
+    /// `set $NAME VALUE`.
+    Set { name: String, value: Vec<Part> },
+    /// `if (CONDITION) { ... }`: the block's instructions, when the condition holds.
+    If { cond: Cond, then: Vec<Instr> },
+    /// `break`: no more rewrite instructions in this location.
+    Break,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RewriteFlag {
+    /// No flag: the next instructions run on the new URI; the location is searched anew
+    /// at the end.
+    None,
+    /// `last`: stop here and search the location for the new URI.
+    Last,
+    /// `break`: stop here and serve the new URI in this location.
+    Break,
+    /// `redirect` (302), `permanent` (301).
+    Redirect,
+    Permanent,
+}
+
+/// An `if` condition.
+#[derive(Debug, Clone)]
+pub enum Cond {
+    /// `($var)`: true unless empty or `0`.
+    Value(Vec<Part>),
+    /// `($var = text)`, `($var != text)`.
+    Equal {
+        left: Vec<Part>,
+        right: Vec<Part>,
+        negate: bool,
+    },
+    /// `($var ~ re)`, `~*`, `!~`, `!~*`.
+    Match {
+        left: Vec<Part>,
+        regex: regex::Regex,
+        negate: bool,
+    },
+    /// `(-f path)`, `-d`, `-e`, `-x`, and their `!` forms.
+    File {
+        test: FileTest,
+        path: Vec<Part>,
+        negate: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileTest {
+    /// `-f`: a regular file.
+    File,
+    /// `-d`: a directory.
+    Dir,
+    /// `-e`: anything.
+    Exists,
+    /// `-x`: an executable file.
+    Executable,
+}
+
+/// `map SOURCE $NAME { ... }`.
+#[derive(Debug, Clone)]
+pub struct MapConf {
+    /// The variable's name, without `$`.
+    pub name: String,
+    pub source: Vec<Part>,
+    /// `hostnames`: keys may be `*.example.com`, `.example.com`, `www.example.*`.
+    pub hostnames: bool,
+    /// Exact keys (lowercase with `hostnames`), in file order.
+    pub exact: Vec<(String, Vec<Part>)>,
+    /// `~re` / `~*re` keys, tried in file order after the exact ones.
+    pub regexes: Vec<(regex::Regex, Vec<Part>)>,
+    /// `default`, else empty.
+    pub default: Vec<Part>,
 }
 
 /// One `error_page CODE ... [=[RESPONSE]] URI|@NAME|URL`.
@@ -628,6 +720,9 @@ pub enum Var {
     UpstreamResponseTime,
     UpstreamConnectTime,
     UpstreamHeaderTime,
+    /// `$NAME` set by `set` or defined by `map` (resolved by name when the request runs; the
+    /// parse checked that something declares it).
+    User(String),
     /// `$http_NAME`: the request header NAME (lowercase, `_` standing for `-`); every value of
     /// a repeated header joined with `, `.
     Http(String),
@@ -781,6 +876,8 @@ pub struct ServerConf {
     pub ignore_invalid_headers: bool,
     /// Server-level settings, used when no location matches.
     pub base: LocationConf,
+    /// The rewrite module's instructions at the server level, run before a location is chosen.
+    pub script: Vec<Instr>,
     /// In file order.
     pub locations: Vec<LocationConf>,
 }
@@ -788,6 +885,8 @@ pub struct ServerConf {
 #[derive(Debug, Clone)]
 pub struct HttpConf {
     pub servers: Vec<ServerConf>,
+    /// `map` blocks, by variable name.
+    pub maps: Vec<MapConf>,
     /// Named `upstream` blocks of `http`, then one implicit upstream per distinct
     /// `proxy_pass http://HOST:PORT` (named by `HOST:PORT` as written).
     pub upstreams: Vec<UpstreamConf>,

@@ -384,14 +384,6 @@ fn directive_errors() {
     assert_eq!(error("http {}"), r#"no "events" section in configuration"#);
     assert_eq!(error(""), r#"no "events" section in configuration"#);
     assert_eq!(
-        error("events {}\nhttp { server { location ~ \\.php$ { } } }"),
-        r#"regex locations are not supported in t.conf:2"#
-    );
-    assert_eq!(
-        error("events {}\nhttp { server { location ~* \\.PHP$ { } } }"),
-        r#"regex locations are not supported in t.conf:2"#
-    );
-    assert_eq!(
         error("events {}\nhttp { server { location / { root /a; alias /b; } } }"),
         r#""alias" directive is duplicate, "root" directive was specified earlier in t.conf:2"#
     );

@@ -44,6 +44,8 @@ pub struct RequestCtx<'a> {
     pub body_chunked: bool,
     /// For `$request_id`, `$connection` and the other variables of the connection.
     pub conn: crate::vars::Conn<'a>,
+    /// Captures, `set` values and maps.
+    pub scope: crate::vars::Scope<'a>,
 }
 
 /// Why an attempt at an upstream failed, in `proxy_next_upstream` terms.
@@ -423,8 +425,7 @@ pub fn write_request(out: &mut Vec<u8>, ctx: &RequestCtx<'_>) {
         location: ctx.location,
         pass: Some(ctx.pass),
         conn: ctx.conn,
-        captures: &[],
-        capture_text: "",
+        scope: ctx.scope,
         done: None,
     };
 
@@ -794,6 +795,7 @@ mod tests {
                 body_len: s.body_len,
                 body_chunked: false,
                 conn: CONN,
+                scope: Default::default(),
             },
         );
         let text = String::from_utf8(out).unwrap();
@@ -967,6 +969,7 @@ mod tests {
                 body_len: None,
                 body_chunked: false,
                 conn: CONN,
+                scope: Default::default(),
             },
         );
         let t = String::from_utf8(out).unwrap();
@@ -1662,6 +1665,7 @@ mod tests {
                     body_len: (i % 2 == 0).then_some(7),
                     body_chunked: false,
                     conn: CONN,
+                    scope: Default::default(),
                 },
             );
             let mut hs = [httparse::EMPTY_HEADER; 128];

@@ -238,6 +238,7 @@ pub(crate) mod tests {
             try_files: None,
             internal: false,
             log_not_found: true,
+            script: Vec::new(),
             proxy_pass: None,
             proxy: Default::default(),
         }
@@ -258,12 +259,14 @@ pub(crate) mod tests {
             ignore_invalid_headers: true,
             base: loc(LocationKind::Prefix, ""),
             locations,
+            script: Vec::new(),
         }
     }
 
     fn setup() -> (HttpConf, Listener) {
         use ServerName::*;
         let http = HttpConf {
+            maps: vec![],
             servers: vec![
                 server(vec![Exact("default.test".into())], vec![]),
                 server(vec![WildcardPrefix(".example.com".into())], vec![]),

@@ -10,7 +10,7 @@
 use std::io::Write;
 use std::net::SocketAddr;
 
-use shard_config::{LocationConf, Part, ProxyPass, Var};
+use shard_config::{LocationConf, MapConf, Part, ProxyPass, Var};
 
 use crate::request::{Body, Request, MAX_HEADERS};
 use crate::response::push_u64;
@@ -54,6 +54,19 @@ pub struct Conn<'a> {
     pub hostname: &'a str,
 }
 
+/// The variables the configuration and the request's rewrite instructions made.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Scope<'a> {
+    /// Regular-expression captures of the last match (`$0`..`$9`), as byte ranges of
+    /// `capture_text`.
+    pub captures: &'a [Option<(usize, usize)>],
+    pub capture_text: &'a str,
+    /// Variables `set` gave a value, by lowercase name.
+    pub user: &'a [(String, Vec<u8>)],
+    /// The `map` blocks.
+    pub maps: &'a [MapConf],
+}
+
 /// Everything a variable's value may come from.
 pub struct Ctx<'a> {
     pub req: &'a Request,
@@ -66,9 +79,8 @@ pub struct Ctx<'a> {
     pub location: &'a LocationConf,
     pub pass: Option<&'a ProxyPass>,
     pub conn: Conn<'a>,
-    /// Regular-expression captures of the last match (`$1`..`$9`), as byte ranges of `text`.
-    pub captures: &'a [Option<(usize, usize)>],
-    pub capture_text: &'a str,
+    /// Captures, `set` values and maps.
+    pub scope: Scope<'a>,
     /// Set once the response is known (the access log); `None` before.
     pub done: Option<Done<'a>>,
 }
@@ -141,6 +153,13 @@ fn find_pair<'s>(s: &'s str, sep: char, name: &str, ignore_case: bool) -> Option
 /// Appends the value of `var`; a variable with no value appends nothing (the access log
 /// writes such a value as `-`, see [`is_empty`]).
 pub fn push(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>) {
+    push_at(out, var, c, 0)
+}
+
+/// How deep a `map` value may refer to other maps.
+const MAP_DEPTH_MAX: usize = 8;
+
+fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
     let req = c.req;
     match var {
         Var::Host => {
@@ -311,9 +330,31 @@ pub fn push(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>) {
         Var::Http(name) => {
             push_joined(out, name, c.headers);
         }
+        Var::User(name) => {
+            if let Some((_, v)) = c
+                .scope
+                .user
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            {
+                out.extend_from_slice(v);
+            } else if let Some(m) = c
+                .scope
+                .maps
+                .iter()
+                .find(|m| m.name.eq_ignore_ascii_case(name))
+            {
+                if depth < MAP_DEPTH_MAX {
+                    let mut src = Vec::new();
+                    push_parts_at(&mut src, &m.source, c, depth + 1);
+                    let value = map_lookup(m, &String::from_utf8_lossy(&src));
+                    push_parts_at(out, value, c, depth + 1);
+                }
+            }
+        }
         Var::Capture(n) => {
-            if let Some(Some((a, b))) = c.captures.get(usize::from(*n)) {
-                if let Some(t) = c.capture_text.get(*a..*b) {
+            if let Some(Some((a, b))) = c.scope.captures.get(usize::from(*n)) {
+                if let Some(t) = c.scope.capture_text.get(*a..*b) {
                     out.extend_from_slice(t.as_bytes());
                 }
             }
@@ -334,12 +375,59 @@ pub fn push(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>) {
 
 /// Appends a template: its literal text and the values of its variables.
 pub fn push_parts(out: &mut Vec<u8>, parts: &[Part], c: &Ctx<'_>) {
+    push_parts_at(out, parts, c, 0)
+}
+
+fn push_parts_at(out: &mut Vec<u8>, parts: &[Part], c: &Ctx<'_>, depth: usize) {
     for p in parts {
         match p {
             Part::Lit(s) => out.extend_from_slice(s.as_bytes()),
-            Part::Var(v) => push(out, v, c),
+            Part::Var(v) => push_at(out, v, c, depth),
         }
     }
+}
+
+/// nginx's `map` lookup: an exact key (with `hostnames`, also `.name`, `*.name`, `name.*`
+/// keys, case-insensitive), then the regular expressions in order, else `default`.
+pub fn map_lookup<'m>(m: &'m MapConf, value: &str) -> &'m [Part] {
+    let lower;
+    let v = if m.hostnames {
+        lower = value.trim_end_matches('.').to_ascii_lowercase();
+        lower.as_str()
+    } else {
+        value
+    };
+    if let Some((_, p)) = m.exact.iter().find(|(k, _)| k == v) {
+        return p;
+    }
+    if m.hostnames {
+        let mut best: Option<(usize, &[Part])> = None;
+        for (k, p) in &m.exact {
+            let len = if let Some(suffix) = k.strip_prefix('*') {
+                (v.len() > suffix.len() && v.ends_with(suffix)).then_some(suffix.len())
+            } else if let Some(name) = k.strip_prefix('.') {
+                (v == name || v.ends_with(&k[..])).then_some(k.len())
+            } else if let Some(prefix) = k.strip_suffix('*') {
+                (v.len() > prefix.len() && v.starts_with(prefix)).then_some(prefix.len())
+            } else {
+                None
+            };
+            if let Some(len) = len {
+                if best.is_none_or(|(l, _)| len > l) {
+                    best = Some((len, p));
+                }
+            }
+        }
+        if let Some((_, p)) = best {
+            return p;
+        }
+    }
+    for (re, p) in &m.regexes {
+        if re.is_match(value) {
+            return p;
+        }
+    }
+    &m.default
 }
 
 /// A template's text, as a `String` (a value that is not UTF-8 is kept, lossily).

@@ -23,6 +23,7 @@ mod files;
 mod proxy;
 mod relay;
 mod respond;
+mod script;
 mod step;
 mod token;
 

@@ -269,7 +269,7 @@ fn allow_and_deny_in_order_with_nginx_inheritance() {
     let s = Server::start("access", ACCESS_CONF, 1);
     let a = s.addr();
     assert_eq!(get(a, "/x").body_str(), "in");
-    let r = get(a, "/admin/x");
+    let r = raw(a, b"GET /admin/x HTTP/1.1\r\nHost: h\r\n\r\n");
     assert_eq!(r.status, 403, "a level with rules replaces its parent's");
     assert!(r.body_str().contains("403 Forbidden"));
     assert_eq!(r.header("Connection"), Some("keep-alive"));
@@ -415,4 +415,108 @@ fn try_files_error_page_named_and_internal_locations() {
             .ok()
             .filter(|l| l.contains("rewrite or internal redirection cycle"))
     });
+}
+
+const REWRITE_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    map $http_user_agent $kind {
+        default        browser;
+        ~*bot          robot;
+        curl/8.0       exact-curl;
+    }
+    map $host $site {
+        hostnames;
+        default        other;
+        .example.com   example;
+        *.test.org     test-wild;
+    }
+    server {
+        listen 127.0.0.1:{port};
+        server_name rw.test;
+        rewrite ^/old/(.*)$ /new/$1 permanent;
+        if ($http_x_block) { return 403; }
+        location = /status { shard_status; }
+        location /new/ { return 200 "new $uri"; }
+        location /moved/ {
+            rewrite ^/moved/(\w+)/(\w+)$ /target/$2/$1?from=moved last;
+        }
+        location /target/ { return 200 "target $uri args=$args"; }
+        location /brk/ {
+            rewrite ^/brk/(.*)$ /other/$1 break;
+            return 200 "not reached";
+        }
+        location /other/ { return 200 "wrong location"; }
+        location /vars/ {
+            set $greeting "hello";
+            set $who $arg_who;
+            if ($who = "") { set $who world; }
+            if ($request_method = POST) { return 405; }
+            if ($uri ~ ^/vars/(\d+)$) { return 200 "$greeting $who #$1 $kind $site"; }
+            return 200 "$greeting $who $kind $site";
+        }
+        location /files/ {
+            if (-d $request_filename) { return 200 "a directory"; }
+            if (!-f $request_filename) { return 404; }
+        }
+        location /ext/ { rewrite ^ https://elsewhere.example$uri redirect; }
+        location /args/ { rewrite ^ /target/x?only=1? last; }
+    }
+}
+"#;
+
+#[test]
+fn rewrite_if_set_and_map_as_nginx() {
+    let s = Server::start("rewrite", REWRITE_CONF, 1);
+    write_file(&s.dir, "html/files/a.txt", b"a file");
+    std::fs::create_dir_all(s.dir.join("html/files/d")).unwrap();
+    let a = s.addr();
+    let body = |p: &str| get(a, p).body_str();
+    let r = get(a, "/old/page?x=1");
+    assert_eq!(r.status, 301);
+    assert_eq!(
+        r.header("Location").map(str::to_string),
+        Some(format!("http://localhost:{}/new/page?x=1", a.port()))
+    );
+    assert_eq!(
+        body("/moved/a/b?q=2"),
+        "target /target/b/a args=from=moved&q=2"
+    );
+    assert_eq!(body("/args/z?q=2"), "target /target/x args=only=1");
+    let r = get(a, "/brk/zz");
+    assert_eq!(r.status, 404, "break: served as a file in this location");
+    assert_eq!(body("/vars/"), "hello world browser other");
+    assert_eq!(body("/vars/?who=you"), "hello you browser other");
+    assert_eq!(body("/vars/42"), "hello world #42 browser other");
+    let r = raw(
+        a,
+        b"GET /vars/ HTTP/1.1\r\nHost: a.b.example.com\r\nUser-Agent: GoogleBOT/2\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.body_str(), "hello world robot example");
+    let r = raw(
+        a,
+        b"GET /vars/ HTTP/1.1\r\nHost: x.test.org\r\nUser-Agent: curl/8.0\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.body_str(), "hello world exact-curl test-wild");
+    let r = raw(
+        a,
+        b"POST /vars/ HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 405);
+    let r = raw(
+        a,
+        b"GET /new/x HTTP/1.1\r\nHost: h\r\nX-Block: 1\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 403, "server-level if runs before the location");
+    assert_eq!(body("/files/a.txt"), "a file");
+    assert_eq!(get(a, "/files/nope.txt").status, 404);
+    assert_eq!(body("/files/d"), "a directory");
+    let r = get(a, "/ext/p?k=v");
+    assert_eq!(r.status, 302);
+    assert_eq!(
+        r.header("Location"),
+        Some("https://elsewhere.example/ext/p?k=v")
+    );
 }

@@ -356,6 +356,7 @@ impl Eff {
             try_files: None,
             internal: false,
             log_not_found: self.log_not_found,
+            script: Vec::new(),
             proxy_pass: None,
             proxy: with_default_headers(self.proxy.clone()),
         }
@@ -367,7 +368,6 @@ pub(super) struct LocP {
     pub(super) path: String,
     pub(super) regex: Option<regex::Regex>,
     pub(super) place: Place,
-    pub(super) ret: Option<Return>,
     pub(super) handler: Option<StatusHandler>,
     pub(super) alias: Option<PathBuf>,
     /// `proxy_pass`, resolved to an upstream once the whole `http` block is read.
@@ -376,6 +376,7 @@ pub(super) struct LocP {
     pub(super) nested: Vec<LocP>,
     pub(super) try_files: Option<TryFiles>,
     pub(super) internal: bool,
+    pub(super) script: Vec<Instr>,
 }
 
 /// A parsed `proxy_pass http://HOST[:PORT][/URI]`. It is resolved to an upstream only when
@@ -391,10 +392,10 @@ pub(super) struct PassP {
 
 pub(super) struct ServerP {
     pub(super) try_files: Option<TryFiles>,
+    pub(super) script: Vec<Instr>,
     pub(super) place: Place,
     pub(super) listen: Vec<SocketAddr>,
     pub(super) names: Vec<ServerName>,
-    pub(super) ret: Option<Return>,
     pub(super) settings: Settings,
     pub(super) locations: Vec<LocP>,
 }
@@ -406,6 +407,7 @@ pub(super) struct HttpP {
     pub(super) listeners: Vec<ListenerP>,
     /// The named `upstream` blocks, in file order.
     pub(super) upstreams: Vec<UpstreamConf>,
+    pub(super) maps: Vec<MapConf>,
 }
 
 /// The upstreams of `http` while `proxy_pass` directives are resolved.
@@ -476,18 +478,22 @@ pub(super) fn finish_server(
 ) -> Result<ServerConf, ConfigError> {
     let eff = http_eff.merge(&s.settings);
     let mut base = eff.location(LocationKind::Prefix, String::new(), s.place.clone());
-    base.ret = s.ret.clone();
     base.try_files = s.try_files.clone();
     let mut locations = Vec::new();
     for l in s.locations {
         flatten(l, &eff, None, ups, &mut locations)?;
     }
-    if let Some(r) = &s.ret {
-        // A server-level `return` runs before any location is chosen, as in nginx.
+    // A server-level script runs before any location is chosen, as in nginx; one that starts
+    // with `return` is that return, in every location.
+    let mut script = s.script;
+    if let Some(Instr::Return(r)) = script.first() {
+        base.ret = Some(r.clone());
         for l in &mut locations {
             l.ret = Some(r.clone());
+            l.script.clear();
             l.handler = None;
         }
+        script.clear();
     }
     Ok(ServerConf {
         place: s.place,
@@ -504,6 +510,7 @@ pub(super) fn finish_server(
         ignore_invalid_headers: eff.ignore_invalid_headers,
         base,
         locations,
+        script,
     })
 }
 
@@ -520,7 +527,15 @@ pub(super) fn flatten(
     let mut conf = eff.location(l.kind, l.path, l.place);
     conf.regex = l.regex;
     conf.parent = parent_idx;
-    conf.ret = l.ret;
+    // A script that starts with `return` is that return (nothing after it runs): the
+    // common `location /x { return ...; }` needs no script at run time.
+    match l.script.first() {
+        Some(Instr::Return(r)) => conf.ret = Some(r.clone()),
+        _ => {
+            conf.ret = None;
+            conf.script = l.script;
+        }
+    }
     conf.try_files = l.try_files;
     conf.internal = l.internal;
     conf.handler = l.handler;
@@ -558,10 +573,10 @@ pub(super) fn http_server(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -
     let idx = h.servers.len();
     let mut s = ServerP {
         try_files: None,
+        script: Vec::new(),
         place: place(d, file),
         listen: Vec::new(),
         names: Vec::new(),
-        ret: None,
         settings: Settings::default(),
         locations: Vec::new(),
     };
@@ -675,12 +690,6 @@ fn no_duplicate(siblings: &[LocP], loc: &LocP, d: &Directive, file: &str) -> R {
     Ok(())
 }
 
-pub(super) fn server_return(_: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
-    let r = parse_return(d, file)?;
-    cx.s.ret.get_or_insert(r);
-    Ok(())
-}
-
 pub(super) fn read_location(
     env: &Env,
     d: &Directive,
@@ -758,11 +767,11 @@ pub(super) fn read_location(
     let mut loc = LocP {
         try_files: None,
         internal: false,
+        script: Vec::new(),
         kind,
         path,
         regex,
         place: place(d, file),
-        ret: None,
         handler: None,
         alias: None,
         pass: None,
@@ -783,12 +792,6 @@ pub(super) fn location_location(env: &Env, loc: &mut LocP, d: &Directive, file: 
     let nested = read_location(env, d, file, Some((loc.kind, &path)))?;
     no_duplicate(&loc.nested, &nested, d, file)?;
     loc.nested.push(nested);
-    Ok(())
-}
-
-pub(super) fn location_return(_: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
-    let r = parse_return(d, file)?;
-    loc.ret.get_or_insert(r);
     Ok(())
 }
 
@@ -1341,11 +1344,11 @@ pub(super) fn server_try_files(env: &Env, cx: &mut ServerCx<'_>, d: &Directive, 
     let mut tmp = LocP {
         try_files: None,
         internal: false,
+        script: Vec::new(),
         kind: LocationKind::Prefix,
         path: String::new(),
         regex: None,
         place: place(d, file),
-        ret: None,
         handler: None,
         alias: None,
         pass: None,
@@ -1767,7 +1770,7 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
             } else if let Some(n) = prefixed("cookie_") {
                 Var::Cookie(n.to_string())
             } else {
-                return Err(derr(d, file, format!("unknown \"{name}\" variable")));
+                user_variable(d, file, &name)
             }
         }
     })

@@ -21,6 +21,7 @@ use crate::{where_, ConfigError, COMMAND_LINE, MIME_TYPES};
 
 mod http;
 mod main_events;
+mod script;
 mod stream;
 mod table;
 mod upstream;
@@ -28,6 +29,7 @@ mod values;
 
 use http::*;
 use main_events::*;
+use script::*;
 use stream::*;
 use table::*;
 use upstream::*;
@@ -73,6 +75,8 @@ enum Ctx {
     StreamServer,
     Upstream,
     HttpUpstream,
+    /// `if` inside `server` or `location`.
+    If,
 }
 
 const M: u16 = 1;
@@ -99,7 +103,10 @@ const U: u16 = 256;
 /// `upstream` inside `http`.
 const HU: u16 = 512;
 
-const ANY: u16 = M | E | H | S | L | T | SM | SS | U | HU;
+/// `if` inside `server` or `location`.
+const IF: u16 = 1024;
+
+const ANY: u16 = M | E | H | S | L | T | SM | SS | U | HU | IF;
 
 const MANY: usize = usize::MAX;
 
@@ -116,6 +123,7 @@ impl Ctx {
             Ctx::StreamServer => SS,
             Ctx::Upstream => U,
             Ctx::HttpUpstream => HU,
+            Ctx::If => IF,
         }
     }
 }
@@ -263,12 +271,16 @@ pub(crate) fn parse(
         warnings: std::cell::RefCell::new(Vec::new()),
         log_formats: std::cell::RefCell::new(HashMap::new()),
     };
+    reset_names();
     let mut st = State::default();
     let items = parse_tree(text, name);
     env.walk(&items, name, Ctx::Main, &mut Target::Main(&mut st))?;
     if let Some(extra) = extra {
         let items = parse_tree(extra, COMMAND_LINE);
         env.walk(&items, COMMAND_LINE, Ctx::Main, &mut Target::Main(&mut st))?;
+    }
+    if let Err(e) = check_names() {
+        env.fail(e);
     }
     let mut errors = env.errors.take().into_iter();
     if let Some(mut first) = errors.next() {
@@ -371,6 +383,13 @@ impl Env {
             return Err(derr(d, file, format!("unknown directive \"{}\"", d.name)));
         };
         let spec = named.find(|s| s.ctx & ctx.bit() != 0).unwrap_or(first);
+        if spec.ctx & ctx.bit() == 0 && ctx == Ctx::If && spec.ctx & L != 0 {
+            return Err(derr(
+                d,
+                file,
+                format!("\"{}\" inside \"if\" is not supported by shard", d.name),
+            ));
+        }
         if spec.ctx & ctx.bit() == 0 {
             return Err(derr(
                 d,
@@ -529,6 +548,7 @@ impl Env {
             })
             .collect();
         Ok(HttpConf {
+            maps: h.maps,
             servers,
             upstreams: ups.list,
         })

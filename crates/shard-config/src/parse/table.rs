@@ -11,6 +11,8 @@ use super::*;
 pub(super) enum Set {
     /// `include`, and `error_log` below the main context: the walk handles these itself.
     Walk,
+    /// The rewrite module's directives: an instruction list of a server, location or `if`.
+    Script(fn(&Env, &mut Vec<Instr>, &Directive, &str) -> R),
     Main(fn(&Env, &mut State, &Directive, &str) -> R),
     Events(fn(&mut EventsP, &Directive, &str) -> R),
     Http(fn(&Env, &mut HttpP, &Directive, &str) -> R),
@@ -240,8 +242,12 @@ pub(super) static TABLE: &[Spec] = &[
     d("server_name", S, 1, MANY, Set::Server(server_server_name)),
     b("location", S, 1, 2, Set::Server(server_location)),
     b("location", L, 1, 2, Set::Location(location_location)),
-    d("return", S, 1, 2, Set::Server(server_return)),
-    d("return", L, 1, 2, Set::Location(location_return)),
+    d("return", S | L | IF, 1, 2, Set::Script(script_return)),
+    d("rewrite", S | L | IF, 2, 3, Set::Script(script_rewrite)),
+    d("set", S | L | IF, 2, 2, Set::Script(script_set)),
+    d("break", S | L | IF, 0, 0, Set::Script(script_break)),
+    b("if", S | L, 1, MANY, Set::Script(script_if)),
+    b("map", H, 2, 2, Set::Http(http_map)),
     d("root", H | S, 1, 1, Set::Settings(set_root)),
     d("root", L, 1, 1, Set::Location(location_root)),
     d("alias", L, 1, 1, Set::Location(location_alias)),
@@ -578,6 +584,8 @@ pub(super) enum Target<'t> {
     Stream(&'t mut StreamP),
     StreamServer(StreamServerCx<'t>),
     Upstream(&'t mut UpstreamP),
+    /// The instructions of an `if` block.
+    If(&'t mut Vec<Instr>),
     /// `types { MIME EXT ...; }`: every line is a mapping, not a directive.
     Types(&'t mut HashMap<String, String>),
 }
@@ -630,6 +638,10 @@ pub(super) fn dispatch(
         (Set::StreamSettings(f), Target::Stream(sp)) => f(&mut sp.settings, d, file),
         (Set::StreamSettings(f), Target::StreamServer(cx)) => f(&mut cx.s.settings, d, file),
         (Set::Upstream(f), Target::Upstream(u)) => f(u, d, file),
+        (Set::Script(f), t) => match script_of(t) {
+            Some(script) => f(env, script, d, file),
+            None => Err(not_handled(d, file)),
+        },
         _ => Err(not_handled(d, file)),
     }
 }

@@ -10,6 +10,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use shard_config::{ErrorPageStatus, LingeringClose, LocationConf, LogFormat};
 use shard_http::body::ChunkedDecoder;
 
+use super::script::Outcome;
 use super::step::{Flush, Io, Reply, Step};
 use super::{phase_counter, Worker};
 use crate::shm::WorkerSlot;
@@ -86,8 +87,12 @@ pub(super) struct Conn {
     pub(super) request_started_ms: u64,
     /// Index into `HttpConf::servers` of the current request's server.
     pub(super) server: usize,
-    /// The current request's regex captures (`$1`...) in its path.
+    /// The current request's regex captures (`$1`...) in its path, or in `capture_text` when
+    /// a rewrite instruction made them.
     pub(super) captures: shard_http::route::Captures,
+    pub(super) capture_text: Option<String>,
+    /// Values `set` gave the current request's variables.
+    pub(super) user_vars: Vec<(String, Vec<u8>)>,
     /// The request is being answered by an `error_page`: no second one replaces its errors.
     pub(super) in_error_page: bool,
     /// The status an `error_page` gives a successful answer (`error_page 404 /404.html` sends
@@ -137,6 +142,8 @@ enum Action {
     Content,
     /// An error status (`deny`, `internal`, `try_files ... =404`).
     Status(u16),
+    /// A `return` (or redirecting `rewrite`) of the rewrite instructions, its text expanded.
+    Return(u16, Option<String>),
     Redirect(Redirect),
 }
 
@@ -212,6 +219,8 @@ impl Conn {
             request_started_ms: 0,
             server: 0,
             captures: Vec::new(),
+            capture_text: None,
+            user_vars: Vec::new(),
             in_error_page: false,
             status_override: None,
             deadline_ms: 0,
@@ -902,6 +911,8 @@ impl Worker<'_> {
         // The head is kept when the request may be proxied, redirected internally, or a
         // variable needs its header lines; the common static and `return` paths copy nothing.
         let keep_head = first.proxy_pass.is_some()
+            || !server.script.is_empty()
+            || !first.script.is_empty()
             || !first.error_pages.is_empty()
             || first.try_files.is_some()
             || needs_head(first);
@@ -923,6 +934,7 @@ impl Worker<'_> {
         c.server = server_idx;
         c.in_error_page = false;
         c.status_override = None;
+        c.user_vars.clear();
         c.send_timeout_ms = first.send_timeout_ms;
         c.body_timeout_ms = first.client_body_timeout_ms;
         c.keepalive_timeout_ms = first.keepalive_timeout_ms;
@@ -968,6 +980,9 @@ impl Worker<'_> {
 
         let mut loc = first;
         let mut hops = 0;
+        // The rewrite module's phases: the server's instructions (again after each internal
+        // redirect), then the location's (again after each change of location).
+        let mut run_server = !server.script.is_empty();
         let reply = loop {
             if hops > MAX_INTERNAL_REDIRECTS {
                 crate::log!(
@@ -978,7 +993,33 @@ impl Worker<'_> {
                 self.conns[key].in_error_page = true;
                 break super::respond::status(self, key, loc, &req, keep_alive, &head, 500);
             }
-            let action = if loc.internal && hops == 0 {
+            let mut scripted = None;
+            if run_server {
+                run_server = false;
+                let before = req.path.clone();
+                match self.run_script(key, &server.script, &mut req, &head, &server.base) {
+                    Outcome::Return { code, text } => scripted = Some((code, text)),
+                    Outcome::Stay | Outcome::Relocate => {
+                        if req.path != before {
+                            loc = self.locate(key, server, &req.path.clone());
+                        }
+                    }
+                }
+            }
+            if scripted.is_none() && !loc.script.is_empty() {
+                match self.run_script(key, &loc.script, &mut req, &head, loc) {
+                    Outcome::Return { code, text } => scripted = Some((code, text)),
+                    Outcome::Relocate => {
+                        hops += 1;
+                        loc = self.locate(key, server, &req.path.clone());
+                        continue;
+                    }
+                    Outcome::Stay => {}
+                }
+            }
+            let action = if let Some((code, text)) = scripted {
+                Action::Return(code, text)
+            } else if loc.internal && hops == 0 {
                 Action::Status(404)
             } else if self.access_denied(key, loc, &req) {
                 Action::Status(403)
@@ -992,7 +1033,11 @@ impl Worker<'_> {
                 Action::Redirect(target) => {
                     hops += 1;
                     loc = self.redirect(key, server, target, &mut req);
+                    run_server = !server.script.is_empty();
                     continue;
+                }
+                Action::Return(code, text) => {
+                    super::respond::returned(self, key, loc, &req, keep_alive, &head, code, text)
                 }
                 Action::Status(code) => {
                     super::respond::status(self, key, loc, &req, keep_alive, &head, code)
@@ -1036,6 +1081,7 @@ impl Worker<'_> {
             }
             hops += 1;
             let next = self.redirect(key, server, Redirect::parse(&target), &mut req);
+            run_server = !server.script.is_empty();
             let next_proxied = next.proxy_pass.is_some() && next.ret.is_none();
             if next_proxied && req.body != shard_http::request::Body::None {
                 // Its body is being discarded: the upstream cannot be given a request whose
@@ -1069,7 +1115,9 @@ impl Worker<'_> {
         let mut captures = std::mem::take(&mut self.conns[key].captures);
         let loc = shard_http::route::find_location_index(server, path, &mut captures)
             .map_or(&server.base, |i| &server.locations[i]);
-        self.conns[key].captures = captures;
+        let c = &mut self.conns[key];
+        c.captures = captures;
+        c.capture_text = None;
         loc
     }
 
@@ -1252,8 +1300,7 @@ impl Worker<'_> {
             location: loc,
             pass: loc.proxy_pass.as_ref(),
             conn: self.var_conn(key),
-            captures: &c.captures,
-            capture_text: &req.path,
+            scope: self.var_scope(key, req),
             done: None,
         }
     }
@@ -1293,6 +1340,21 @@ impl Worker<'_> {
         c.out.clear();
         c.close_after = true;
         c.body = BodyLeft::None;
+    }
+
+    /// Captures, `set` values and maps of the current request on `key`.
+    pub(super) fn var_scope<'v>(
+        &'v self,
+        key: usize,
+        req: &'v shard_http::request::Request,
+    ) -> shard_http::vars::Scope<'v> {
+        let c = &self.conns[key];
+        shard_http::vars::Scope {
+            captures: &c.captures,
+            capture_text: c.capture_text.as_deref().unwrap_or(&req.path),
+            user: &c.user_vars,
+            maps: self.cfg.http.as_ref().map_or(&[][..], |h| &h.maps),
+        }
     }
 
     /// What the variables of the current request on `key` need from the connection.

@@ -247,6 +247,7 @@ impl<'a> Worker<'a> {
     pub(super) fn http(&self) -> &'a HttpConf {
         static NONE: HttpConf = HttpConf {
             servers: Vec::new(),
+            maps: Vec::new(),
             upstreams: Vec::new(),
         };
         self.cfg.http.as_ref().unwrap_or(&NONE)
@@ -602,6 +603,7 @@ impl<'a> Worker<'a> {
                 body_len,
                 body_chunked: p.stream_chunked,
                 conn: self.var_conn(key),
+                scope: self.var_scope(key, &p.req),
             },
         );
         if p.body.file().is_none() && !p.streaming {

@@ -36,31 +36,39 @@ pub(super) fn respond(
         return status_page(w, key, h, loc, req, keep_alive, head);
     }
     if let Some(ret) = &loc.ret {
-        if ret.code == CLOSE_WITHOUT_RESPONSE {
-            w.close_without_response(key);
-            return Reply {
-                status: CLOSE_WITHOUT_RESPONSE,
-                body_bytes: 0,
-                error_page: None,
-            };
-        }
         let text = ret.text.as_ref().map(|_| {
             let mut storage = shard_http::vars::header_storage();
             let headers = shard_http::vars::request_headers(head, &mut storage);
             let ctx = w.var_ctx(key, req, headers, loc);
             shard_http::vars::render(&ret.parts, &ctx)
         });
-        return simple(
-            w,
-            key,
-            req,
-            keep_alive,
-            loc,
-            head,
-            shard_http::response::return_reply(ret.code, text, &loc.default_type),
-        );
+        return returned(w, key, loc, req, keep_alive, head, ret.code, text);
     }
     static_file(w, key, loc, req, keep_alive, head)
+}
+
+/// nginx's `return CODE [TEXT]`, its text already expanded (`444` closes the connection).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn returned(
+    w: &mut Worker<'_>,
+    key: usize,
+    loc: &LocationConf,
+    req: &Request,
+    keep_alive: bool,
+    head: &[u8],
+    code: u16,
+    text: Option<String>,
+) -> Reply {
+    if code == CLOSE_WITHOUT_RESPONSE {
+        w.close_without_response(key);
+        return Reply {
+            status: CLOSE_WITHOUT_RESPONSE,
+            body_bytes: 0,
+            error_page: None,
+        };
+    }
+    let r = shard_http::response::return_reply(code, text, &loc.default_type);
+    simple(w, key, req, keep_alive, loc, head, r)
 }
 
 /// A response built by the caller (an `error_page` redirect), sent as `return` sends one.

@@ -1,0 +1,231 @@
+//! Running nginx's rewrite module: a server's or location's [`Instr`] list on one request
+//! (`rewrite`, `set`, `if`, `return`, `break`).
+//!
+//! This module changes the request's URI and arguments, the connection's captures and `set`
+//! values, and says what comes next ([`Outcome`]); it writes no response (the caller answers
+//! a `return`) and chooses no location.
+
+use shard_config::{Cond, FileTest, Instr, LocationConf, RewriteFlag};
+use shard_http::request::Request;
+
+use super::Worker;
+
+/// How a script ended.
+pub(super) enum Outcome {
+    /// Ran to its end with the URI unchanged (or `break`): go on in this location.
+    Stay,
+    /// The URI changed (`rewrite ... last`, or without a flag): search the location anew.
+    Relocate,
+    /// `return` (or a redirecting `rewrite`): answer with this code and text.
+    Return { code: u16, text: Option<String> },
+}
+
+/// How deep `if` blocks may run one inside another (the parser allows no nesting; this guards
+/// the recursion all the same).
+const IF_DEPTH_MAX: usize = 8;
+
+impl Worker<'_> {
+    /// Runs `script` for the request on `key`, in `loc` (for `$document_root` and the like).
+    pub(super) fn run_script(
+        &mut self,
+        key: usize,
+        script: &[Instr],
+        req: &mut Request,
+        head: &[u8],
+        loc: &LocationConf,
+    ) -> Outcome {
+        let mut changed = false;
+        match self.run_instrs(key, script, req, head, loc, &mut changed, 0) {
+            Some(o) => o,
+            None if changed => Outcome::Relocate,
+            None => Outcome::Stay,
+        }
+    }
+
+    /// `None`: the list ran to its end.
+    #[allow(clippy::too_many_arguments)]
+    fn run_instrs(
+        &mut self,
+        key: usize,
+        script: &[Instr],
+        req: &mut Request,
+        head: &[u8],
+        loc: &LocationConf,
+        changed: &mut bool,
+        depth: usize,
+    ) -> Option<Outcome> {
+        for instr in script {
+            match instr {
+                Instr::Break => return Some(Outcome::Stay),
+                Instr::Return(r) => {
+                    let text = r
+                        .text
+                        .as_ref()
+                        .map(|_| self.render(key, req, head, loc, &r.parts));
+                    return Some(Outcome::Return { code: r.code, text });
+                }
+                Instr::Set { name, value } => {
+                    let v = self.render(key, req, head, loc, value).into_bytes();
+                    let vars = &mut self.conns[key].user_vars;
+                    match vars.iter_mut().find(|(n, _)| n == name) {
+                        Some(slot) => slot.1 = v,
+                        None => vars.push((name.clone(), v)),
+                    }
+                }
+                Instr::If { cond, then } => {
+                    if depth < IF_DEPTH_MAX && self.holds(key, cond, req, head, loc) {
+                        if let Some(o) =
+                            self.run_instrs(key, then, req, head, loc, changed, depth + 1)
+                        {
+                            return Some(o);
+                        }
+                    }
+                }
+                Instr::Rewrite {
+                    regex,
+                    replacement,
+                    flag,
+                    redirect,
+                } => {
+                    let Some(caps) = regex.captures(&req.path) else {
+                        continue;
+                    };
+                    let c = &mut self.conns[key];
+                    c.captures.clear();
+                    c.captures
+                        .extend(caps.iter().map(|m| m.map(|m| (m.start(), m.end()))));
+                    c.capture_text = Some(req.path.clone());
+                    let new = self.render(key, req, head, loc, replacement);
+                    let code = match flag {
+                        RewriteFlag::Permanent => Some(301),
+                        RewriteFlag::Redirect => Some(302),
+                        _ if *redirect => Some(302),
+                        _ => None,
+                    };
+                    if let Some(code) = code {
+                        // The arguments follow unless the replacement has its own.
+                        let mut url = new;
+                        match (url.contains('?'), req.query.as_deref()) {
+                            (false, Some(q)) if !q.is_empty() => {
+                                url.push('?');
+                                url.push_str(q);
+                            }
+                            _ => {}
+                        }
+                        let url = url.strip_suffix('?').map(str::to_string).unwrap_or(url);
+                        return Some(Outcome::Return {
+                            code,
+                            text: Some(url),
+                        });
+                    }
+                    apply_uri(req, &new);
+                    *changed = true;
+                    match flag {
+                        RewriteFlag::Last => return Some(Outcome::Relocate),
+                        RewriteFlag::Break => return Some(Outcome::Stay),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn render(
+        &self,
+        key: usize,
+        req: &Request,
+        head: &[u8],
+        loc: &LocationConf,
+        parts: &[shard_config::Part],
+    ) -> String {
+        let mut storage = shard_http::vars::header_storage();
+        let hs = shard_http::vars::request_headers(head, &mut storage);
+        let ctx = self.var_ctx(key, req, hs, loc);
+        shard_http::vars::render(parts, &ctx)
+    }
+
+    fn holds(
+        &mut self,
+        key: usize,
+        cond: &Cond,
+        req: &Request,
+        head: &[u8],
+        loc: &LocationConf,
+    ) -> bool {
+        match cond {
+            Cond::Value(v) => {
+                let v = self.render(key, req, head, loc, v);
+                !(v.is_empty() || v == "0")
+            }
+            Cond::Equal {
+                left,
+                right,
+                negate,
+            } => {
+                let l = self.render(key, req, head, loc, left);
+                let r = self.render(key, req, head, loc, right);
+                (l == r) != *negate
+            }
+            Cond::Match {
+                left,
+                regex,
+                negate,
+            } => {
+                let l = self.render(key, req, head, loc, left);
+                match regex.captures(&l) {
+                    Some(caps) => {
+                        if !*negate {
+                            let c = &mut self.conns[key];
+                            c.captures.clear();
+                            c.captures
+                                .extend(caps.iter().map(|m| m.map(|m| (m.start(), m.end()))));
+                            c.capture_text = Some(l.clone());
+                        }
+                        !*negate
+                    }
+                    None => *negate,
+                }
+            }
+            Cond::File { test, path, negate } => {
+                let p = self.render(key, req, head, loc, path);
+                let ok = match std::fs::metadata(&p) {
+                    Ok(m) => match test {
+                        FileTest::File => m.is_file(),
+                        FileTest::Dir => m.is_dir(),
+                        FileTest::Exists => true,
+                        FileTest::Executable => {
+                            use std::os::unix::fs::PermissionsExt;
+                            m.is_file() && m.permissions().mode() & 0o111 != 0
+                        }
+                    },
+                    Err(_) => false,
+                };
+                ok != *negate
+            }
+        }
+    }
+}
+
+/// The URI a `rewrite` made: its `?` starts new arguments, to which the request's own are
+/// added unless it ends with `?` (nginx's rule); without `?` the arguments stay.
+fn apply_uri(req: &mut Request, new: &str) {
+    match new.split_once('?') {
+        Some((path, args)) => {
+            let keep_old = !new.ends_with('?');
+            let mut q = args.strip_suffix('?').unwrap_or(args).to_string();
+            if keep_old {
+                if let Some(old) = req.query.as_deref().filter(|o| !o.is_empty()) {
+                    if !q.is_empty() {
+                        q.push('&');
+                    }
+                    q.push_str(old);
+                }
+            }
+            req.path = path.to_string();
+            req.query = (!q.is_empty()).then_some(q);
+        }
+        None => req.path = new.to_string(),
+    }
+    req.uri_changed = true;
+}
