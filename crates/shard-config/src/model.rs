@@ -350,6 +350,12 @@ pub struct LocationConf {
     pub internal: bool,
     /// `log_not_found`: a missing file is logged at `error`. Default on.
     pub log_not_found: bool,
+    /// `charset`: added to the `Content-Type` of responses whose type is in `charset_types`
+    /// and says no charset. Default off.
+    pub charset: Option<String>,
+    /// `charset_types`. Default nginx's: text/html, text/xml, text/plain, text/vnd.wap.wml,
+    /// application/javascript, application/rss+xml.
+    pub charset_types: Vec<String>,
     /// The rewrite module's instructions of this location (`rewrite`, `set`, `if`, `return`,
     /// `break`), in order; empty when `ret` says everything (a location that only returns).
     pub script: Vec<Instr>,
@@ -802,6 +808,23 @@ pub struct ProxyConf {
     /// `proxy_request_buffering on|off`: read the whole request body before the upstream
     /// sees the request (default), or send it as it arrives.
     pub request_buffering: bool,
+    /// `proxy_hide_header`: more upstream headers not passed (lowercase).
+    pub hide_headers: Vec<String>,
+    /// `proxy_pass_header`: headers hidden by default (`Server`, `Date`, `X-Pad`, `X-Accel-*`)
+    /// that are passed after all (lowercase).
+    pub pass_headers: Vec<String>,
+    /// `proxy_redirect`: how an upstream's `Location` and `Refresh` are rewritten.
+    pub redirect: ProxyRedirect,
+}
+
+/// `proxy_redirect default | off | REDIRECT REPLACEMENT` (several pairs allowed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProxyRedirect {
+    /// `http://PROXY_HOST[:PORT]/URI` of `proxy_pass` becomes the location's prefix.
+    Default,
+    Off,
+    /// Literal prefixes and their replacements (with variables), tried in order.
+    Pairs(Vec<(String, Vec<Part>)>),
 }
 
 impl Default for ProxyConf {
@@ -818,6 +841,9 @@ impl Default for ProxyConf {
             buffer_size: 4096,
             buffers: (8, 4096),
             request_buffering: true,
+            hide_headers: Vec::new(),
+            pass_headers: Vec::new(),
+            redirect: ProxyRedirect::Default,
         }
     }
 }
@@ -840,6 +866,22 @@ pub struct GzipConf {
     pub vary: bool,
     /// `gzip_http_version 1.0|1.1`: the lowest HTTP/1.x minor version compressed. Default 1.
     pub http_version_minor: u8,
+    /// `gzip_proxied`: for requests that came through a proxy (`Via`). Default off.
+    pub proxied: GzipProxied,
+}
+
+/// `gzip_proxied off | any | [expired] [no-cache] [no-store] [private] [no_last_modified]
+/// [no_etag] [auth]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GzipProxied {
+    pub any: bool,
+    pub expired: bool,
+    pub no_cache: bool,
+    pub no_store: bool,
+    pub private: bool,
+    pub no_last_modified: bool,
+    pub no_etag: bool,
+    pub auth: bool,
 }
 
 impl Default for GzipConf {
@@ -852,6 +894,7 @@ impl Default for GzipConf {
             min_length: 20,
             vary: false,
             http_version_minor: 1,
+            proxied: GzipProxied::default(),
         }
     }
 }

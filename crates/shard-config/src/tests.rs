@@ -886,6 +886,7 @@ fn gzip_inheritance() {
         min_length: 1024,
         vary: true,
         http_version_minor: 1,
+        proxied: GzipProxied::default(),
     };
     assert_eq!(s.base.gzip, want);
     assert_eq!(s.locations[0].gzip, want);

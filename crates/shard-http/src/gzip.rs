@@ -45,8 +45,28 @@ pub fn decide(
     content_type: Option<&str>,
     len: u64,
 ) -> Decision {
+    decide_for(
+        conf,
+        req,
+        status,
+        content_type,
+        len,
+        &ResponseTraits::STATIC,
+    )
+}
+
+/// [`decide`] for a response whose `gzip_proxied` traits are `traits`.
+pub fn decide_for(
+    conf: &GzipConf,
+    req: &Request,
+    status: u16,
+    content_type: Option<&str>,
+    len: u64,
+    traits: &ResponseTraits,
+) -> Decision {
     if !conf.enabled
         || status != 200
+        || (req.via && !proxied_allows(conf, req, traits))
         || len < conf.min_length
         || !content_type.is_some_and(|t| type_matches(conf, t))
     {
@@ -59,6 +79,44 @@ pub fn decide(
         vary: conf.vary,
         compress,
     }
+}
+
+/// What `gzip_proxied` looks at in a response.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResponseTraits {
+    pub last_modified: bool,
+    pub etag: bool,
+    /// `Expires` in the past, or `Cache-Control: no-cache` / `no-store` / `private`.
+    pub expired: bool,
+    pub no_cache: bool,
+    pub no_store: bool,
+    pub private: bool,
+}
+
+impl ResponseTraits {
+    /// A static file: it has `Last-Modified` and `ETag`.
+    pub const STATIC: ResponseTraits = ResponseTraits {
+        last_modified: true,
+        etag: true,
+        expired: false,
+        no_cache: false,
+        no_store: false,
+        private: false,
+    };
+}
+
+/// `gzip_proxied`: whether a request that came through a proxy (`Via`) may get a compressed
+/// response with these traits.
+pub fn proxied_allows(conf: &GzipConf, req: &Request, r: &ResponseTraits) -> bool {
+    let p = &conf.proxied;
+    p.any
+        || (p.auth && req.authorization)
+        || (p.no_last_modified && !r.last_modified)
+        || (p.no_etag && !r.etag)
+        || (p.expired && r.expired)
+        || (p.no_cache && r.no_cache)
+        || (p.no_store && r.no_store)
+        || (p.private && r.private)
 }
 
 /// Whether `content_type` (parameters such as `; charset=` ignored) is in `gzip_types`.

@@ -502,6 +502,49 @@ fn is_hidden(name: &str) -> bool {
             .is_some_and(|p| p.eq_ignore_ascii_case("x-accel-"))
 }
 
+/// A default-hidden header `proxy_pass_header` names (never a hop-by-hop one).
+fn passable(name: &str, pass: &[String]) -> bool {
+    let hop = RESPONSE_DROPPED[..8]
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h));
+    !hop && pass.iter().any(|p| name.eq_ignore_ascii_case(p))
+}
+
+/// The `Location` (or `Refresh`) an upstream sent, rewritten by `proxy_redirect`: the first
+/// rule whose prefix starts `value` replaces that prefix. `default` is the rule
+/// `http://PROXY_HOST/URI` (or `.../` without a URI part) to the location's prefix (`/`).
+/// `None`: unchanged.
+pub fn redirect_location(
+    value: &str,
+    location: &LocationConf,
+    pass: &ProxyPass,
+    render: &dyn Fn(&[shard_config::Part]) -> String,
+) -> Option<String> {
+    use shard_config::ProxyRedirect;
+    match &location.proxy.redirect {
+        ProxyRedirect::Off => None,
+        ProxyRedirect::Default => {
+            let uri = pass.uri.as_deref().unwrap_or("/");
+            let from = format!("http://{}{uri}", pass.proxy_host);
+            let to = match (pass.uri.is_some(), location.kind) {
+                (
+                    true,
+                    LocationKind::Prefix | LocationKind::PrefixNoRegex | LocationKind::Exact,
+                ) => location.path.as_str(),
+                _ => "/",
+            };
+            value
+                .strip_prefix(from.as_str())
+                .map(|rest| format!("{to}{rest}"))
+        }
+        ProxyRedirect::Pairs(rules) => rules.iter().find_map(|(from, to)| {
+            value
+                .strip_prefix(from.as_str())
+                .map(|rest| format!("{}{rest}", render(to)))
+        }),
+    }
+}
+
 /// Parses an upstream response head at the start of `buf`. `max` is `proxy_buffer_size`;
 /// `head_request` is true when the request was `HEAD`.
 ///
@@ -512,6 +555,17 @@ fn is_hidden(name: &str) -> bool {
 /// ambiguous (`Transfer-Encoding` with `Content-Length`). For `HEAD`, the upstream's
 /// `Content-Length` is passed on, as nginx does: it is the length a `GET` would have had.
 pub fn parse_response(buf: &[u8], max: usize, head_request: bool) -> ResponseParse {
+    parse_response_passing(buf, max, head_request, &[])
+}
+
+/// [`parse_response`], keeping the default-hidden headers `pass` names (`proxy_pass_header`,
+/// lowercase): `Server`, `Date`, `X-Pad`, `X-Accel-*`; hop-by-hop headers are never kept.
+pub fn parse_response_passing(
+    buf: &[u8],
+    max: usize,
+    head_request: bool,
+    pass: &[String],
+) -> ResponseParse {
     let mut storage = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
     let mut resp = httparse::Response::new(&mut storage);
     let head_len = match resp.parse(buf) {
@@ -607,7 +661,8 @@ pub fn parse_response(buf: &[u8], max: usize, head_request: bool) -> ResponsePar
     for h in hs {
         if pass_length && !length_passed && h.name.eq_ignore_ascii_case("content-length") {
             length_passed = true;
-        } else if is_hidden(h.name) || named_by_connection(h.name, hs) {
+        } else if (is_hidden(h.name) && !passable(h.name, pass)) || named_by_connection(h.name, hs)
+        {
             continue;
         }
         headers.push((h.name.to_string(), h.value.to_vec()));
@@ -644,11 +699,19 @@ pub fn write_client_head(
     push_u64(out, u64::from(head.status));
     out.push(b' ');
     out.extend_from_slice(status_text(head.status).as_bytes());
-    out.extend_from_slice(b"\r\nServer: ");
-    push_clean(out, server);
-    out.extend_from_slice(b"\r\nDate: ");
-    push_clean(out, date);
     out.extend_from_slice(b"\r\n");
+    // A passed upstream `Server` or `Date` (`proxy_pass_header`) replaces shard's own.
+    let has = |n: &str| head.headers.iter().any(|(h, _)| h.eq_ignore_ascii_case(n));
+    if !has("server") {
+        out.extend_from_slice(b"Server: ");
+        push_clean(out, server);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !has("date") {
+        out.extend_from_slice(b"Date: ");
+        push_clean(out, date);
+        out.extend_from_slice(b"\r\n");
+    }
     for (name, value) in &head.headers {
         push_clean(out, name.as_bytes());
         out.extend_from_slice(b": ");

@@ -227,6 +227,10 @@ pub struct Request {
     /// `path` (and `query`) were changed by an internal redirect (`try_files`, `error_page`):
     /// a `proxy_pass` without a URI then sends them, not the target as received.
     pub uri_changed: bool,
+    /// A `Via` header came (the request passed a proxy: `gzip_proxied`).
+    pub via: bool,
+    /// An `Authorization` header came (`gzip_proxied auth`).
+    pub authorization: bool,
 }
 
 // `Complete` is much larger than the others; the caller takes the request by value and
@@ -701,6 +705,8 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
     let mut accept_encoding = None;
     let mut invalid_headers = 0;
     let mut expect_continue = false;
+    let mut via = false;
+    let mut authorization = false;
     let mut seen_unique = [false; UNIQUE_HEADERS.len()];
     for (i, h) in hs.iter().enumerate() {
         let name = h.name.as_bytes();
@@ -749,6 +755,10 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
             referer.get_or_insert_with(|| text(v));
         } else if name.eq_ignore_ascii_case(b"accept-encoding") {
             accept_encoding.get_or_insert_with(|| text(v));
+        } else if name.eq_ignore_ascii_case(b"via") {
+            via = true;
+        } else if name.eq_ignore_ascii_case(b"authorization") {
+            authorization = true;
         }
     }
 
@@ -806,6 +816,8 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         invalid_headers,
         names: limits.names,
         uri_changed: false,
+        via,
+        authorization,
     };
     Ok(Some((req, head_len)))
 }

@@ -28,6 +28,23 @@ pub struct Head<'a> {
     pub server: &'a [u8],
     /// Header lines written last, each ending in CRLF (`expires`, `add_header`).
     pub extra: &'a [u8],
+    /// `charset`: appended to `content_type` as `; charset=NAME` (see [`charset_for`]).
+    pub charset: Option<&'a str>,
+}
+
+/// The `charset` of `loc` for a response of `content_type`: when set, the type is in
+/// `charset_types` (or it is `*`) and the type names no charset yet.
+pub fn charset_for<'l>(loc: &'l shard_config::LocationConf, content_type: &str) -> Option<&'l str> {
+    let cs = loc.charset.as_deref()?;
+    let lower = content_type.to_ascii_lowercase();
+    if lower.contains("charset=") {
+        return None;
+    }
+    let base = lower.split(';').next().unwrap_or("").trim();
+    loc.charset_types
+        .iter()
+        .any(|t| t == "*" || t == base)
+        .then_some(cs)
 }
 
 /// `Server` with `server_tokens on` (nginx's default) and `off`.
@@ -126,6 +143,7 @@ impl Default for Head<'_> {
             vary: None,
             server: SERVER_TOKENS_ON,
             extra: b"",
+            charset: None,
         }
     }
 }
@@ -337,7 +355,13 @@ pub fn write_head(out: &mut Vec<u8>, head: &Head<'_>) {
     header(out, b"Server: ", head.server);
     header(out, b"Date: ", head.date);
     if let Some(ct) = head.content_type.filter(|_| !not_modified) {
-        header(out, b"Content-Type: ", ct.as_bytes());
+        out.extend_from_slice(b"Content-Type: ");
+        push_value(out, ct.as_bytes());
+        if let Some(cs) = head.charset {
+            out.extend_from_slice(b"; charset=");
+            push_value(out, cs.as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
     }
     if let Some(n) = head.content_length.filter(|_| !no_length) {
         out.extend_from_slice(b"Content-Length: ");
@@ -436,6 +460,7 @@ mod tests {
             vary: None,
             server: SERVER_TOKENS_ON,
             extra: b"",
+            charset: None,
         });
         assert_eq!(
             t,

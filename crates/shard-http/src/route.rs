@@ -238,6 +238,8 @@ pub(crate) mod tests {
             try_files: None,
             internal: false,
             log_not_found: true,
+            charset: None,
+            charset_types: vec!["text/html".into()],
             script: Vec::new(),
             proxy_pass: None,
             proxy: Default::default(),

@@ -520,3 +520,99 @@ fn rewrite_if_set_and_map_as_nginx() {
         Some("https://elsewhere.example/ext/p?k=v")
     );
 }
+
+const PROXY_HEADERS_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        location = /status { shard_status; }
+        location /plain/ {
+            proxy_pass http://127.0.0.1:{port1};
+            proxy_hide_header X-Secret;
+            proxy_pass_header Server;
+        }
+        location /app/ {
+            proxy_pass http://127.0.0.1:{port1}/backend/;
+        }
+        location /noredir/ {
+            proxy_pass http://127.0.0.1:{port1};
+            proxy_redirect off;
+        }
+        location /pairs/ {
+            proxy_pass http://127.0.0.1:{port1};
+            proxy_redirect http://127.0.0.1:{port1}/moved/ http://$host/elsewhere/;
+        }
+        location /text.txt { charset utf-8; root {dir}/html; }
+        location /typed { charset utf-8; default_type application/json; return 200 "{}"; }
+        location /gz/ { gzip on; gzip_min_length 1; default_type text/html; return 200 "compressible compressible compressible"; }
+        location /gzany/ { gzip on; gzip_proxied any; gzip_min_length 1; default_type text/html; return 200 "compressible compressible compressible"; }
+    }
+    server {
+        listen 127.0.0.1:{port1};
+        server_tokens off;
+        location / {
+            add_header X-Secret s;
+            add_header X-Accel-Expires 10;
+            add_header X-Kept k;
+            return 200 "backend $uri";
+        }
+        location /backend/go { return 302 /backend/there; }
+        location /noredir/go { return 302 /noredir/there; }
+        location /pairs/go { return 301 /moved/x; }
+    }
+}
+"#;
+
+#[test]
+fn proxy_headers_redirects_charset_and_gzip_proxied() {
+    let s = Server::start_ports("proxyhdr", PROXY_HEADERS_CONF, 1, 1);
+    write_file(&s.dir, "html/text.txt", b"text");
+    let a = s.addr();
+    let r = get(a, "/plain/x");
+    assert_eq!(r.body_str(), "backend /plain/x");
+    assert_eq!(r.header("X-Secret"), None, "proxy_hide_header");
+    assert_eq!(r.header("X-Accel-Expires"), None, "hidden by default");
+    assert_eq!(r.header("X-Kept"), Some("k"));
+    assert_eq!(r.header("Server"), Some("shard"), "the upstream's, passed");
+    // proxy_redirect default: the upstream's URL of proxy_pass becomes the location.
+    let r = get(a, "/app/go");
+    assert_eq!(r.status, 302);
+    assert_eq!(
+        r.header("Location").map(str::to_string),
+        Some(format!("http://localhost:{}/app/there", a.port()))
+    );
+    let port1 = s.ports[0];
+    let r = get(a, "/noredir/go");
+    assert_eq!(
+        r.header("Location").map(str::to_string),
+        Some(format!("http://127.0.0.1:{port1}/noredir/there"))
+    );
+    let r = get(a, "/pairs/go");
+    assert_eq!(r.header("Location"), Some("http://localhost/elsewhere/x"));
+    // charset on the types of charset_types only.
+    let r = get(a, "/text.txt");
+    assert_eq!(r.header("Content-Type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(
+        get(a, "/typed").header("Content-Type"),
+        Some("application/json")
+    );
+    // gzip_proxied off (the default): a request with Via is not compressed.
+    let gz = |path: &str, via: bool| {
+        let extra = if via { "Via: 1.1 cache\r\n" } else { "" };
+        raw(
+            a,
+            format!(
+                "GET {path} HTTP/1.1\r\nHost: h\r\nAccept-Encoding: gzip\r\n{extra}Connection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .header("Content-Encoding")
+        .map(str::to_string)
+    };
+    assert_eq!(gz("/gz/x", false).as_deref(), Some("gzip"));
+    assert_eq!(gz("/gz/x", true), None);
+    assert_eq!(gz("/gzany/x", true).as_deref(), Some("gzip"));
+}

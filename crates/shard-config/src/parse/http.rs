@@ -51,6 +51,10 @@ pub(super) struct Settings {
     /// `error_page`s of this block; `Some` replaces the parent's list.
     pub(super) error_pages: Option<Vec<ErrorPage>>,
     pub(super) log_not_found: Option<bool>,
+    /// `charset`: `Some(None)` is `off`.
+    pub(super) charset: Option<Option<String>>,
+    pub(super) charset_types: Option<Vec<String>>,
+    pub(super) source_charset: Option<(String, Place)>,
 }
 
 /// The `gzip*` directives of one block. `types` is (types, `*` given).
@@ -62,6 +66,7 @@ pub(super) struct GzipP {
     pub(super) min_length: Option<u64>,
     pub(super) vary: Option<bool>,
     pub(super) http_version_minor: Option<u8>,
+    pub(super) proxied: Option<GzipProxied>,
 }
 
 impl GzipP {
@@ -78,6 +83,7 @@ impl GzipP {
             min_length: self.min_length.unwrap_or(parent.min_length),
             vary: self.vary.unwrap_or(parent.vary),
             http_version_minor: self.http_version_minor.unwrap_or(parent.http_version_minor),
+            proxied: self.proxied.unwrap_or(parent.proxied),
         }
     }
 }
@@ -97,6 +103,9 @@ pub(super) struct ProxyP {
     pub(super) buffer_size: Option<usize>,
     pub(super) buffers: Option<(usize, usize)>,
     pub(super) request_buffering: Option<bool>,
+    pub(super) hide_headers: Option<Vec<String>>,
+    pub(super) pass_headers: Option<Vec<String>>,
+    pub(super) redirect: Option<ProxyRedirect>,
 }
 
 impl ProxyP {
@@ -120,6 +129,18 @@ impl ProxyP {
             buffer_size: self.buffer_size.unwrap_or(parent.buffer_size),
             buffers: self.buffers.unwrap_or(parent.buffers),
             request_buffering: self.request_buffering.unwrap_or(parent.request_buffering),
+            hide_headers: self
+                .hide_headers
+                .clone()
+                .unwrap_or_else(|| parent.hide_headers.clone()),
+            pass_headers: self
+                .pass_headers
+                .clone()
+                .unwrap_or_else(|| parent.pass_headers.clone()),
+            redirect: self
+                .redirect
+                .clone()
+                .unwrap_or_else(|| parent.redirect.clone()),
         }
     }
 }
@@ -175,6 +196,9 @@ pub(super) struct Eff {
     pub(super) access_rules: Vec<AccessRule>,
     pub(super) error_pages: Vec<ErrorPage>,
     pub(super) log_not_found: bool,
+    pub(super) charset: Option<String>,
+    pub(super) charset_types: Vec<String>,
+    pub(super) source_charset: Option<(String, Place)>,
 }
 
 impl Eff {
@@ -225,6 +249,9 @@ impl Eff {
             access_rules: Vec::new(),
             error_pages: Vec::new(),
             log_not_found: true,
+            charset: None,
+            charset_types: CHARSET_TYPES.iter().map(|t| t.to_string()).collect(),
+            source_charset: None,
         }
     }
 
@@ -318,6 +345,15 @@ impl Eff {
                 .clone()
                 .unwrap_or_else(|| self.error_pages.clone()),
             log_not_found: s.log_not_found.unwrap_or(self.log_not_found),
+            charset: s.charset.clone().unwrap_or_else(|| self.charset.clone()),
+            charset_types: s
+                .charset_types
+                .clone()
+                .unwrap_or_else(|| self.charset_types.clone()),
+            source_charset: s
+                .source_charset
+                .clone()
+                .or_else(|| self.source_charset.clone()),
         }
     }
 
@@ -356,6 +392,8 @@ impl Eff {
             try_files: None,
             internal: false,
             log_not_found: self.log_not_found,
+            charset: self.charset.clone(),
+            charset_types: self.charset_types.clone(),
             script: Vec::new(),
             proxy_pass: None,
             proxy: with_default_headers(self.proxy.clone()),
@@ -477,6 +515,7 @@ pub(super) fn finish_server(
     ups: &mut HttpUpstreams,
 ) -> Result<ServerConf, ConfigError> {
     let eff = http_eff.merge(&s.settings);
+    check_charsets(&eff)?;
     let mut base = eff.location(LocationKind::Prefix, String::new(), s.place.clone());
     base.try_files = s.try_files.clone();
     let mut locations = Vec::new();
@@ -524,6 +563,7 @@ pub(super) fn flatten(
     out: &mut Vec<LocationConf>,
 ) -> Result<(), ConfigError> {
     let eff = parent.merge(&l.settings);
+    check_charsets(&eff)?;
     let mut conf = eff.location(l.kind, l.path, l.place);
     conf.regex = l.regex;
     conf.parent = parent_idx;
@@ -1255,6 +1295,77 @@ pub(super) fn set_add_header(_: &Env, s: &mut Settings, d: &Directive, file: &st
 
 slot!(set_log_not_found, log_not_found, flag);
 
+/// shard converts no charset: a `source_charset` must be the `charset` in effect (or charset
+/// off), names compared without case (`utf-8`, `UTF-8`).
+pub(super) fn check_charsets(eff: &Eff) -> R {
+    if let (Some((src, at)), Some(cs)) = (&eff.source_charset, &eff.charset) {
+        if !src.eq_ignore_ascii_case(cs) {
+            return Err(err(
+                &at.file,
+                at.line,
+                format!(
+                    "conversion from \"{src}\" to \"{cs}\" is not supported by shard \
+                     (no charset_map): serve the files in \"{cs}\""
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// nginx's default `charset_types`.
+pub(super) const CHARSET_TYPES: [&str; 6] = [
+    "text/html",
+    "text/xml",
+    "text/plain",
+    "text/vnd.wap.wml",
+    "application/javascript",
+    "application/rss+xml",
+];
+
+/// `charset NAME | off`.
+pub(super) fn set_charset(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = (a0(d) != "off").then(|| a0(d).to_string());
+    once(&mut s.charset, v, d, file)
+}
+
+/// `charset_types MIME ...` (`*` for any); `text/html` is always one, as nginx.
+pub(super) fn set_charset_types(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
+    let types = s
+        .charset_types
+        .get_or_insert_with(|| vec!["text/html".to_string()]);
+    for a in &d.args {
+        let t = a.to_ascii_lowercase();
+        if !types.contains(&t) {
+            types.push(t);
+        }
+    }
+    Ok(())
+}
+
+/// `source_charset NAME`: shard converts nothing, so it must name the `charset` (checked
+/// when the levels are merged).
+pub(super) fn set_source_charset(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    once(
+        &mut s.source_charset,
+        (a0(d).to_string(), place(d, file)),
+        d,
+        file,
+    )
+}
+
+/// `override_charset off` (shard never converts a proxied response's charset).
+pub(super) fn set_override_charset(_: &Env, _: &mut Settings, d: &Directive, file: &str) -> R {
+    if flag(d, file, a0(d))? {
+        return Err(derr(
+            d,
+            file,
+            "\"override_charset on\" (charset conversion) is not supported by shard",
+        ));
+    }
+    Ok(())
+}
+
 /// `error_page CODE ... [=[RESPONSE]] URI`: codes 300..=599 (not 499), as nginx.
 pub(super) fn set_error_page(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let n = d.args.len();
@@ -1535,6 +1646,79 @@ slot!(
 slot!(set_proxy_buffering, proxy.buffering, flag);
 
 slot!(set_proxy_request_buffering, proxy.request_buffering, flag);
+
+/// `proxy_hide_header NAME` (repeatable; a level with any replaces its parent's list).
+pub(super) fn set_proxy_hide_header(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
+    s.proxy
+        .hide_headers
+        .get_or_insert_with(Vec::new)
+        .push(a0(d).to_ascii_lowercase());
+    Ok(())
+}
+
+/// `proxy_pass_header NAME`: only headers hidden by default can be passed.
+pub(super) fn set_proxy_pass_header(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
+    s.proxy
+        .pass_headers
+        .get_or_insert_with(Vec::new)
+        .push(a0(d).to_ascii_lowercase());
+    Ok(())
+}
+
+/// `proxy_redirect default | off | REDIRECT REPLACEMENT`.
+pub(super) fn set_proxy_redirect(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = match d.args.as_slice() {
+        [a] if a == "default" => ProxyRedirect::Default,
+        [a] if a == "false" || a == "off" => ProxyRedirect::Off,
+        [a] => return Err(invalid(d, file, a)),
+        [from, _] if from.starts_with('~') => {
+            return Err(derr(
+                d,
+                file,
+                "regular expressions in \"proxy_redirect\" are not supported by shard",
+            ))
+        }
+        [from, to] => {
+            let to = parse_header_value(d, file, to)?;
+            match &mut s.proxy.redirect {
+                Some(ProxyRedirect::Pairs(v)) => {
+                    v.push((from.clone(), to));
+                    return Ok(());
+                }
+                _ => ProxyRedirect::Pairs(vec![(from.clone(), to)]),
+            }
+        }
+        _ => {
+            return Err(derr(
+                d,
+                file,
+                "invalid number of arguments in \"proxy_redirect\" directive",
+            ))
+        }
+    };
+    s.proxy.redirect = Some(v);
+    Ok(())
+}
+
+/// `gzip_proxied off | any | expired no-cache no-store private no_last_modified no_etag auth`.
+pub(super) fn set_gzip_proxied(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut p = GzipProxied::default();
+    for a in &d.args {
+        match a.as_str() {
+            "off" => {}
+            "any" => p.any = true,
+            "expired" => p.expired = true,
+            "no-cache" => p.no_cache = true,
+            "no-store" => p.no_store = true,
+            "private" => p.private = true,
+            "no_last_modified" => p.no_last_modified = true,
+            "no_etag" => p.no_etag = true,
+            "auth" => p.auth = true,
+            _ => return Err(invalid(d, file, a)),
+        }
+    }
+    once(&mut s.gzip.proxied, p, d, file)
+}
 
 slot!(set_proxy_buffer_size, proxy.buffer_size, buffer_size);
 

@@ -882,7 +882,8 @@ impl<'a> Worker<'a> {
         let max = loc.proxy.buffer_size;
         loop {
             let head_request = p.req.method == Method::Head;
-            match shard_http::proxy::parse_response(&p.rbuf, max, head_request) {
+            let pass = &self.proxy_location(p).proxy.pass_headers;
+            match shard_http::proxy::parse_response_passing(&p.rbuf, max, head_request, pass) {
                 ResponseParse::Interim { head_len } => {
                     p.rbuf.drain(..head_len);
                     continue;
@@ -935,9 +936,74 @@ impl<'a> Worker<'a> {
         &mut self,
         key: usize,
         p: &mut Proxy,
-        head: shard_http::proxy::ResponseHead,
+        mut head: shard_http::proxy::ResponseHead,
         head_len: usize,
     ) {
+        let loc = self.proxy_location(p);
+        // `proxy_hide_header`.
+        if !loc.proxy.hide_headers.is_empty() {
+            head.headers.retain(|(n, _)| {
+                !loc.proxy
+                    .hide_headers
+                    .iter()
+                    .any(|h| n.eq_ignore_ascii_case(h))
+            });
+        }
+        // `proxy_redirect`, then nginx's absolute form of a relative `Location`.
+        if let Some(pass) = loc.proxy_pass.as_ref() {
+            let host_port = {
+                let c = &self.conns[key];
+                let srv = &self.http().servers[p.server];
+                let host = p
+                    .req
+                    .host
+                    .clone()
+                    .unwrap_or_else(|| shard_http::route::server_name(srv).to_string());
+                (host, self.cfg.listeners[c.listener].addr.port())
+            };
+            for (name, value) in &mut head.headers {
+                if !(name.eq_ignore_ascii_case("location") || name.eq_ignore_ascii_case("refresh"))
+                {
+                    continue;
+                }
+                let Ok(v) = std::str::from_utf8(value) else {
+                    continue;
+                };
+                let is_location = name.eq_ignore_ascii_case("location");
+                let render = |parts: &[shard_config::Part]| {
+                    let mut storage = shard_http::vars::header_storage();
+                    let hs = shard_http::vars::request_headers(&p.head, &mut storage);
+                    let ctx = self.var_ctx(key, &p.req, hs, loc);
+                    shard_http::vars::render(parts, &ctx)
+                };
+                let mut new = shard_http::proxy::redirect_location(v, loc, pass, &render);
+                if is_location {
+                    let cur = new.as_deref().unwrap_or(v);
+                    if cur.starts_with('/') {
+                        new = Some(shard_http::response::absolute_location(
+                            cur,
+                            &host_port.0,
+                            host_port.1,
+                        ));
+                    }
+                }
+                if let Some(n) = new {
+                    *value = n.into_bytes();
+                }
+            }
+        }
+        // `charset`: added to a proxied Content-Type that has none, as nginx's filter does.
+        if loc.charset.is_some() {
+            for (name, value) in &mut head.headers {
+                if name.eq_ignore_ascii_case("content-type") {
+                    let ct = String::from_utf8_lossy(value).into_owned();
+                    if let Some(cs) = shard_http::response::charset_for(loc, &ct) {
+                        value.extend_from_slice(b"; charset=");
+                        value.extend_from_slice(cs.as_bytes());
+                    }
+                }
+            }
+        }
         if let Some(u) = p.up {
             let (upstream, peer) = (self.upconns[u].upstream, self.upconns[u].peer);
             balance::succeeded(&mut self.http_peer_state[upstream], peer);

@@ -133,12 +133,27 @@ fn simple(
         r.status = code;
     }
     let gz = &loc.gzip;
-    let g = gzip::decide(
+    // A response of shard's own making has no validators; `expires` may make it uncacheable.
+    let neg = matches!(
+        loc.expires,
+        Some(shard_config::Expires::Epoch)
+            | Some(shard_config::Expires::After {
+                secs: i64::MIN..=-1,
+                ..
+            })
+    );
+    let traits = gzip::ResponseTraits {
+        expired: neg,
+        no_cache: neg,
+        ..Default::default()
+    };
+    let g = gzip::decide_for(
         gz,
         req,
         r.status,
         r.content_type.as_deref(),
         r.body.len() as u64,
+        &traits,
     );
     if g.compress {
         r.body = gzip::compress(gz.comp_level, &r.body);
@@ -167,6 +182,10 @@ fn simple(
             vary: g.vary.then_some(gzip::VARY),
             server: shard_http::response::server_value(loc),
             extra: &extra,
+            charset: r
+                .content_type
+                .as_deref()
+                .and_then(|ct| shard_http::response::charset_for(loc, ct)),
             ..Default::default()
         },
     );
@@ -491,6 +510,7 @@ fn static_file(
                     vary: g.vary.then_some(gzip::VARY),
                     server: shard_http::response::server_value(loc),
                     extra: &extra,
+                    charset: shard_http::response::charset_for(loc, &content_type),
                     ..Default::default()
                 },
             );
@@ -568,6 +588,7 @@ fn gzip_file(
             vary: g.vary.then_some(gzip::VARY),
             server: shard_http::response::server_value(loc),
             extra: &extra,
+            charset: shard_http::response::charset_for(loc, content_type),
             ..Default::default()
         },
     );
