@@ -356,6 +356,8 @@ pub struct LocationConf {
     /// `charset_types`. Default nginx's: text/html, text/xml, text/plain, text/vnd.wap.wml,
     /// application/javascript, application/rss+xml.
     pub charset_types: Vec<String>,
+    /// `set_real_ip_from`, `real_ip_header`, `real_ip_recursive`.
+    pub real_ip: RealIp,
     /// The rewrite module's instructions of this location (`rewrite`, `set`, `if`, `return`,
     /// `break`), in order; empty when `ret` says everything (a location that only returns).
     pub script: Vec<Instr>,
@@ -490,6 +492,28 @@ pub enum TryLast {
     Named(String),
     /// `=CODE`.
     Code(u16),
+}
+
+/// nginx's realip module: the client address taken from a header when the connection comes
+/// from a trusted address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RealIp {
+    /// `set_real_ip_from`: trusted networks (empty: the module is off).
+    pub from: Vec<AccessRule>,
+    /// `real_ip_header`, lowercase. Default `x-real-ip`.
+    pub header: String,
+    /// `real_ip_recursive`. Default off.
+    pub recursive: bool,
+}
+
+impl Default for RealIp {
+    fn default() -> Self {
+        RealIp {
+            from: Vec::new(),
+            header: "x-real-ip".to_string(),
+            recursive: false,
+        }
+    }
 }
 
 /// One `allow` or `deny`.

@@ -240,6 +240,7 @@ pub(crate) mod tests {
             log_not_found: true,
             charset: None,
             charset_types: vec!["text/html".into()],
+            real_ip: Default::default(),
             script: Vec::new(),
             proxy_pass: None,
             proxy: Default::default(),

@@ -457,3 +457,41 @@ pub fn needs_headers(parts: &[Part]) -> bool {
         )
     })
 }
+
+/// nginx's realip module: the client address a trusted `peer` reports in `conf.header`;
+/// `None` when the peer is not trusted or the header holds no address.
+pub fn real_ip(
+    peer: std::net::IpAddr,
+    conf: &shard_config::RealIp,
+    headers: &[Header<'_>],
+) -> Option<std::net::IpAddr> {
+    let trusted = |ip: std::net::IpAddr| conf.from.iter().any(|r| r.matches(ip));
+    if conf.from.is_empty() || !trusted(peer) {
+        return None;
+    }
+    let mut value = Vec::new();
+    if !push_joined(&mut value, &conf.header, headers) {
+        return None;
+    }
+    let value = String::from_utf8_lossy(&value);
+    let parse = |s: &str| s.trim().parse::<std::net::IpAddr>().ok();
+    if conf.header != "x-forwarded-for" {
+        return parse(&value);
+    }
+    let addrs: Vec<&str> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    if !conf.recursive {
+        return addrs.last().and_then(|a| parse(a));
+    }
+    // From the right, the first address that is not trusted; all trusted: the leftmost.
+    for a in addrs.iter().rev() {
+        let ip = parse(a)?;
+        if !trusted(ip) {
+            return Some(ip);
+        }
+    }
+    addrs.first().and_then(|a| parse(a))
+}

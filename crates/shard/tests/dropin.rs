@@ -616,3 +616,70 @@ fn proxy_headers_redirects_charset_and_gzip_proxied() {
     assert_eq!(gz("/gz/x", true), None);
     assert_eq!(gz("/gzany/x", true).as_deref(), Some("gzip"));
 }
+
+const REALIP_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log logs/access.log;
+    set_real_ip_from 127.0.0.0/8;
+    server {
+        listen 127.0.0.1:{port};
+        location = /status { shard_status; }
+        location / { return 200 "$remote_addr"; }
+        location /xff/ {
+            real_ip_header X-Forwarded-For;
+            real_ip_recursive on;
+            set_real_ip_from 10.0.0.0/8;
+            set_real_ip_from 127.0.0.1;
+            return 200 "$remote_addr";
+        }
+        location /last/ { real_ip_header X-Forwarded-For; return 200 "$remote_addr"; }
+        location /deny/ { deny 203.0.113.7; return 200 "in"; }
+    }
+}
+"#;
+
+#[test]
+fn real_ip_from_trusted_proxies() {
+    let s = Server::start("realip", REALIP_CONF, 1);
+    let a = s.addr();
+    let ask = |path: &str, hdr: &str| {
+        raw(
+            a,
+            format!("GET {path} HTTP/1.1\r\nHost: h\r\n{hdr}Connection: close\r\n\r\n").as_bytes(),
+        )
+    };
+    assert_eq!(ask("/", "").body_str(), "127.0.0.1");
+    assert_eq!(
+        ask("/", "X-Real-IP: 198.51.100.9\r\n").body_str(),
+        "198.51.100.9"
+    );
+    assert_eq!(ask("/", "X-Real-IP: garbage\r\n").body_str(), "127.0.0.1");
+    let xff = "X-Forwarded-For: 203.0.113.5, 198.51.100.1, 10.1.1.1\r\n";
+    assert_eq!(
+        ask("/xff/", xff).body_str(),
+        "198.51.100.1",
+        "recursive skips trusted"
+    );
+    assert_eq!(
+        ask("/last/", xff).body_str(),
+        "10.1.1.1",
+        "not recursive: the last"
+    );
+    assert_eq!(
+        ask("/deny/", "X-Real-IP: 203.0.113.7\r\n").status,
+        403,
+        "deny sees it"
+    );
+    let log = s.dir.join("logs/access.log");
+    wait_for(
+        Duration::from_secs(5),
+        "the real address in the log",
+        || {
+            std::fs::read_to_string(&log)
+                .ok()
+                .filter(|l| l.lines().any(|l| l.starts_with("198.51.100.9 - - [")))
+        },
+    );
+}

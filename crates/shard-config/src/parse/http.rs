@@ -55,6 +55,9 @@ pub(super) struct Settings {
     pub(super) charset: Option<Option<String>>,
     pub(super) charset_types: Option<Vec<String>>,
     pub(super) source_charset: Option<(String, Place)>,
+    pub(super) real_ip_from: Option<Vec<AccessRule>>,
+    pub(super) real_ip_header: Option<String>,
+    pub(super) real_ip_recursive: Option<bool>,
 }
 
 /// The `gzip*` directives of one block. `types` is (types, `*` given).
@@ -199,6 +202,7 @@ pub(super) struct Eff {
     pub(super) charset: Option<String>,
     pub(super) charset_types: Vec<String>,
     pub(super) source_charset: Option<(String, Place)>,
+    pub(super) real_ip: RealIp,
 }
 
 impl Eff {
@@ -252,6 +256,7 @@ impl Eff {
             charset: None,
             charset_types: CHARSET_TYPES.iter().map(|t| t.to_string()).collect(),
             source_charset: None,
+            real_ip: RealIp::default(),
         }
     }
 
@@ -354,6 +359,17 @@ impl Eff {
                 .source_charset
                 .clone()
                 .or_else(|| self.source_charset.clone()),
+            real_ip: RealIp {
+                from: s
+                    .real_ip_from
+                    .clone()
+                    .unwrap_or_else(|| self.real_ip.from.clone()),
+                header: s
+                    .real_ip_header
+                    .clone()
+                    .unwrap_or_else(|| self.real_ip.header.clone()),
+                recursive: s.real_ip_recursive.unwrap_or(self.real_ip.recursive),
+            },
         }
     }
 
@@ -394,6 +410,7 @@ impl Eff {
             log_not_found: self.log_not_found,
             charset: self.charset.clone(),
             charset_types: self.charset_types.clone(),
+            real_ip: self.real_ip.clone(),
             script: Vec::new(),
             proxy_pass: None,
             proxy: with_default_headers(self.proxy.clone()),
@@ -1479,8 +1496,46 @@ pub(super) fn location_internal(_: &Env, loc: &mut LocP, _: &Directive, _: &str)
     Ok(())
 }
 
+/// `set_real_ip_from ADDRESS | CIDR` (repeatable; `unix:` refused).
+pub(super) fn set_real_ip_from(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    if a0(d) == "all" {
+        return Err(invalid(d, file, "all"));
+    }
+    let net = parse_net(env, d, file)?;
+    s.real_ip_from
+        .get_or_insert_with(Vec::new)
+        .push(AccessRule { allow: true, net });
+    Ok(())
+}
+
+/// `real_ip_header NAME | X-Real-IP | X-Forwarded-For` (`proxy_protocol` refused).
+pub(super) fn set_real_ip_header(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    if a0(d) == "proxy_protocol" {
+        return Err(derr(
+            d,
+            file,
+            "\"proxy_protocol\" is not supported by shard",
+        ));
+    }
+    once(&mut s.real_ip_header, a0(d).to_ascii_lowercase(), d, file)
+}
+
+slot!(set_real_ip_recursive, real_ip_recursive, flag);
+
 /// `allow ADDRESS | CIDR | all` and `deny ...`, in order.
 pub(super) fn set_access_rule(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let net = parse_net(env, d, file)?;
+    s.access_rules
+        .get_or_insert_with(Vec::new)
+        .push(AccessRule {
+            allow: d.name == "allow",
+            net,
+        });
+    Ok(())
+}
+
+/// `ADDRESS`, `CIDR` or `all` (`None`) of `allow`, `deny`, `set_real_ip_from`.
+fn parse_net(env: &Env, d: &Directive, file: &str) -> Result<Option<(IpAddr, u8)>, ConfigError> {
     let a = a0(d);
     let net = if a == "all" {
         None
@@ -1517,13 +1572,7 @@ pub(super) fn set_access_rule(env: &Env, s: &mut Settings, d: &Directive, file: 
         }
         Some((base, bits))
     };
-    s.access_rules
-        .get_or_insert_with(Vec::new)
-        .push(AccessRule {
-            allow: d.name == "allow",
-            net,
-        });
-    Ok(())
+    Ok(net)
 }
 
 /// `expires [modified] TIME | epoch | max | off`.

@@ -414,6 +414,27 @@ pub(super) static TABLE: &[Spec] = &[
     d("log_not_found", HSL, 1, 1, Set::Settings(set_log_not_found)),
     d("charset", HSL, 1, 1, Set::Settings(set_charset)),
     d(
+        "set_real_ip_from",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_real_ip_from),
+    ),
+    d(
+        "real_ip_header",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_real_ip_header),
+    ),
+    d(
+        "real_ip_recursive",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_real_ip_recursive),
+    ),
+    d(
         "proxy_hide_header",
         HSL,
         1,

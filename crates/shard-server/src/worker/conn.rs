@@ -93,6 +93,8 @@ pub(super) struct Conn {
     pub(super) capture_text: Option<String>,
     /// Values `set` gave the current request's variables.
     pub(super) user_vars: Vec<(String, Vec<u8>)>,
+    /// The current request's client: the peer, or what `set_real_ip_from` lets a header say.
+    pub(super) client: Option<SocketAddr>,
     /// The request is being answered by an `error_page`: no second one replaces its errors.
     pub(super) in_error_page: bool,
     /// The status an `error_page` gives a successful answer (`error_page 404 /404.html` sends
@@ -221,6 +223,7 @@ impl Conn {
             captures: Vec::new(),
             capture_text: None,
             user_vars: Vec::new(),
+            client: peer,
             in_error_page: false,
             status_override: None,
             deadline_ms: 0,
@@ -911,6 +914,7 @@ impl Worker<'_> {
         // The head is kept when the request may be proxied, redirected internally, or a
         // variable needs its header lines; the common static and `return` paths copy nothing.
         let keep_head = first.proxy_pass.is_some()
+            || !first.real_ip.from.is_empty()
             || !server.script.is_empty()
             || !first.script.is_empty()
             || !first.error_pages.is_empty()
@@ -935,6 +939,14 @@ impl Worker<'_> {
         c.in_error_page = false;
         c.status_override = None;
         c.user_vars.clear();
+        c.client = c.peer;
+        if let (Some(peer), false) = (c.peer, first.real_ip.from.is_empty()) {
+            let mut storage = shard_http::vars::header_storage();
+            let hs = shard_http::vars::request_headers(&head, &mut storage);
+            if let Some(ip) = shard_http::vars::real_ip(peer.ip(), &first.real_ip, hs) {
+                c.client = Some(SocketAddr::new(ip, peer.port()));
+            }
+        }
         c.send_timeout_ms = first.send_timeout_ms;
         c.body_timeout_ms = first.client_body_timeout_ms;
         c.keepalive_timeout_ms = first.keepalive_timeout_ms;
@@ -1217,7 +1229,7 @@ impl Worker<'_> {
             };
             if al.format.name == LogFormat::COMBINED && al.condition.is_none() {
                 let peer = self.conns[key]
-                    .peer
+                    .client
                     .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |p| {
                         p.ip()
                     });
@@ -1294,7 +1306,7 @@ impl Worker<'_> {
         shard_http::vars::Ctx {
             req,
             headers,
-            client: c.peer,
+            client: c.client,
             server_addr: self.cfg.listeners[c.listener].addr,
             server_name: shard_http::route::server_name(srv),
             location: loc,
@@ -1315,7 +1327,7 @@ impl Worker<'_> {
         if loc.access_rules.is_empty() {
             return false;
         }
-        let Some(peer) = self.conns[key].peer else {
+        let Some(peer) = self.conns[key].client else {
             return false;
         };
         let allowed = loc

@@ -597,7 +597,7 @@ impl<'a> Worker<'a> {
                 head: &p.head,
                 location: loc,
                 pass,
-                client: c.peer,
+                client: c.client,
                 server_addr: listener.addr,
                 server_name,
                 body_len,
