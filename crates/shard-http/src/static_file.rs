@@ -2,7 +2,7 @@
 //!
 //! This module owns `root`/`alias` mapping, index candidates, MIME types, validators
 //! (`Last-Modified`, nginx-style `ETag`), conditional requests (`If-None-Match`, nginx's exact
-//! `If-Modified-Since`), single byte ranges, the redirect of a directory requested without its
+//! `If-Modified-Since`), byte ranges (one, or several as `multipart/byteranges`), the redirect of a directory requested without its
 //! trailing slash, and the 405 for methods other than GET and HEAD. It performs no I/O: the
 //! caller opens and `fstat`s the file, passes a [`FileMeta`], and sends the bytes a [`Plan`]
 //! names.
@@ -45,6 +45,12 @@ pub enum Plan {
     },
     /// Answer with an in-memory response instead of the file (redirect, 404, 405).
     Reply(Simple),
+    /// A 206 `multipart/byteranges` of these ranges (inclusive) of a file of `size` bytes.
+    Multipart {
+        ranges: Vec<(u64, u64)>,
+        size: u64,
+        headers: StaticHeaders,
+    },
 }
 
 /// The filesystem path for the normalized URI `path`: `root` + path, or with `alias`, the
@@ -139,9 +145,17 @@ fn not_modified(req: &Request, meta: &FileMeta, etag: &str) -> bool {
 
 /// A byte range decision: `None` ignores the header (send the whole file).
 enum RangeResult {
-    Satisfiable(u64, u64),
+    /// One or more satisfiable ranges, inclusive, in the order asked.
+    Satisfiable(Vec<(u64, u64)>),
     Unsatisfiable,
 }
+
+/// The most ranges one request may ask for (beyond, the whole file is sent).
+pub const MAX_RANGES: usize = 64;
+
+/// The most bytes a multi-range response carries (it is built in memory); beyond, the whole
+/// file is sent with 200.
+pub const MULTIPART_MAX_BYTES: u64 = 4 << 20;
 
 fn number(s: &str) -> Option<u64> {
     let s = s.trim();
@@ -151,43 +165,75 @@ fn number(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
+/// nginx's range parsing: another unit ignores the header; a malformed range is 416; ranges
+/// that cannot be satisfied are dropped, and none left is 416; ranges whose lengths add up to
+/// more than the file (or too many) send the whole file.
 fn parse_range(h: &str, size: u64) -> Option<RangeResult> {
     let h = h.trim();
     if h.len() < 6 || !h.as_bytes()[..6].eq_ignore_ascii_case(b"bytes=") {
         return None;
     }
-    let spec = &h[6..];
-    if spec.contains(',') {
-        // Several ranges would need multipart/byteranges: send the whole file instead.
+    let bad = Some(RangeResult::Unsatisfiable);
+    let mut ranges = Vec::new();
+    let mut total: u64 = 0;
+    for spec in h[6..].split(',') {
+        let Some((a, b)) = spec.split_once('-') else {
+            return bad;
+        };
+        let r = if a.trim().is_empty() {
+            match number(b) {
+                Some(n) if n > 0 && size > 0 => Some((size.saturating_sub(n), size - 1)),
+                Some(_) => None,
+                None => return bad,
+            }
+        } else {
+            let Some(start) = number(a) else {
+                return bad;
+            };
+            let end = if b.trim().is_empty() {
+                u64::MAX
+            } else {
+                match number(b) {
+                    Some(e) => e,
+                    None => return bad,
+                }
+            };
+            if start > end {
+                return bad;
+            }
+            (start < size).then(|| (start, end.min(size - 1)))
+        };
+        if let Some((x, y)) = r {
+            total = total.saturating_add(y - x + 1);
+            ranges.push((x, y));
+        }
+    }
+    if ranges.is_empty() {
+        return Some(RangeResult::Unsatisfiable);
+    }
+    if ranges.len() > MAX_RANGES || (ranges.len() > 1 && total > size) {
         return None;
     }
-    let Some((a, b)) = spec.split_once('-') else {
-        return Some(RangeResult::Unsatisfiable);
-    };
-    let r = if a.trim().is_empty() {
-        match number(b) {
-            Some(n) if n > 0 && size > 0 => {
-                RangeResult::Satisfiable(size.saturating_sub(n), size - 1)
-            }
-            _ => RangeResult::Unsatisfiable,
-        }
-    } else {
-        let Some(start) = number(a) else {
-            return Some(RangeResult::Unsatisfiable);
-        };
-        let end = if b.trim().is_empty() {
-            Some(u64::MAX)
-        } else {
-            number(b)
-        };
-        match end {
-            Some(end) if start < size && start <= end => {
-                RangeResult::Satisfiable(start, end.min(size - 1))
-            }
-            _ => RangeResult::Unsatisfiable,
-        }
-    };
-    Some(r)
+    Some(RangeResult::Satisfiable(ranges))
+}
+
+/// The boundary of a `multipart/byteranges` response (nginx numbers its own; any token that
+/// cannot occur in the parts' headers will do).
+pub const BOUNDARY: &str = "00000000000000000001";
+
+/// The head of part `(a, b)` of a multipart response, and the closing delimiter.
+pub fn part_head(out: &mut Vec<u8>, content_type: &str, a: u64, b: u64, size: u64) {
+    use std::io::Write;
+    let _ = write!(
+        out,
+        "\r\n--{BOUNDARY}\r\nContent-Type: {content_type}\r\nContent-Range: bytes {a}-{b}/{size}\r\n\r\n"
+    );
+}
+
+pub fn part_end(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"\r\n--");
+    out.extend_from_slice(BOUNDARY.as_bytes());
+    out.extend_from_slice(b"--\r\n");
 }
 
 /// Escapes a path for a `Location` header.
@@ -257,15 +303,35 @@ pub fn plan(req: &Request, meta: &FileMeta) -> Plan {
             len: meta.size,
             headers,
         },
-        Some(RangeResult::Satisfiable(a, b)) => Plan::Send {
-            status: 206,
-            offset: a,
-            len: b - a + 1,
-            headers: StaticHeaders {
-                content_range: Some(format!("bytes {a}-{b}/{}", meta.size)),
-                ..headers
-            },
-        },
+        Some(RangeResult::Satisfiable(r)) if r.len() == 1 => {
+            let (a, b) = r[0];
+            Plan::Send {
+                status: 206,
+                offset: a,
+                len: b - a + 1,
+                headers: StaticHeaders {
+                    content_range: Some(format!("bytes {a}-{b}/{}", meta.size)),
+                    ..headers
+                },
+            }
+        }
+        Some(RangeResult::Satisfiable(r)) => {
+            let total: u64 = r.iter().map(|(a, b)| b - a + 1).sum();
+            if total > MULTIPART_MAX_BYTES {
+                Plan::Send {
+                    status: 200,
+                    offset: 0,
+                    len: meta.size,
+                    headers,
+                }
+            } else {
+                Plan::Multipart {
+                    ranges: r,
+                    size: meta.size,
+                    headers,
+                }
+            }
+        }
         Some(RangeResult::Unsatisfiable) => Plan::Send {
             status: 416,
             offset: 0,
@@ -313,6 +379,7 @@ mod tests {
         match p {
             Plan::Send { status, .. } => *status,
             Plan::Reply(s) => s.status,
+            Plan::Multipart { .. } => 206,
         }
     }
 
@@ -400,6 +467,7 @@ mod tests {
                 headers,
             } => (status, offset, len, headers.content_range),
             Plan::Reply(s) => (s.status, 0, 0, None),
+            Plan::Multipart { ranges, .. } => (206, 0, ranges.len() as u64, None),
         }
     }
 
@@ -453,8 +521,18 @@ mod tests {
         assert_eq!(range("bytes=99999999999999999999999-", 10).0, 416);
         assert_eq!(
             range("bytes=0-1,3-4", 10),
+            (206, 0, 2, None),
+            "multiple ranges: multipart/byteranges"
+        );
+        assert_eq!(
+            range("bytes=0-1,50-60", 10),
+            (206, 0, 2, Some("bytes 0-1/10".into())),
+            "unsatisfiable ranges are dropped"
+        );
+        assert_eq!(
+            range("bytes=0-8,2-9", 10),
             (200, 0, 10, None),
-            "multiple ranges: whole file"
+            "more than the file"
         );
         assert_eq!(range("items=0-1", 10), (200, 0, 10, None));
         let p = plan(&req("Range: bytes=0-1\r\nIf-None-Match: *\r\n"), &file(10));

@@ -683,3 +683,34 @@ fn real_ip_from_trusted_proxies() {
         },
     );
 }
+
+#[test]
+fn several_ranges_get_multipart_byteranges() {
+    let s = Server::start("multirange", CONF, 1);
+    write_file(&s.dir, "html/ten.txt", b"0123456789");
+    let r = raw(
+        s.addr(),
+        b"GET /ten.txt HTTP/1.1\r\nHost: h\r\nRange: bytes=0-1,5-6,40-50\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 206);
+    let ct = r.header("Content-Type").unwrap().to_string();
+    let boundary = ct
+        .strip_prefix("multipart/byteranges; boundary=")
+        .unwrap_or_else(|| panic!("{ct}"));
+    let want = format!(
+        "\r\n--{boundary}\r\nContent-Type: text/plain\r\nContent-Range: bytes 0-1/10\r\n\r\n01\
+         \r\n--{boundary}\r\nContent-Type: text/plain\r\nContent-Range: bytes 5-6/10\r\n\r\n56\
+         \r\n--{boundary}--\r\n"
+    );
+    assert_eq!(r.body_str(), want);
+    assert_eq!(
+        r.header("Content-Length").map(str::to_string),
+        Some(want.len().to_string())
+    );
+    let h = raw(
+        s.addr(),
+        b"HEAD /ten.txt HTTP/1.1\r\nHost: h\r\nRange: bytes=0-1,5-6\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(h.status, 206);
+    assert_eq!(h.header("Content-Type").map(str::to_string), Some(ct));
+}

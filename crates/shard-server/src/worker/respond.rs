@@ -529,6 +529,95 @@ fn static_file(
                 error_page: None,
             }
         }
+        Plan::Multipart {
+            ranges,
+            size,
+            headers,
+        } => {
+            let g = gzip::decide(&loc.gzip, req, 200, Some(&content_type), meta.size);
+            if g.compress {
+                return gzip_file(
+                    w,
+                    key,
+                    loc,
+                    req,
+                    keep_alive,
+                    head,
+                    fd,
+                    &path,
+                    &meta,
+                    &content_type,
+                    g,
+                );
+            }
+            let ct = match shard_http::response::charset_for(loc, &content_type) {
+                Some(cs) => format!("{content_type}; charset={cs}"),
+                None => content_type.clone(),
+            };
+            let mut body = Vec::new();
+            for &(a, b) in &ranges {
+                shard_http::static_file::part_head(&mut body, &ct, a, b, size);
+                let want = (b - a + 1) as usize;
+                let start = body.len();
+                body.resize(start + want, 0);
+                let mut got = 0;
+                while got < want {
+                    match shard_event::sock::pread(
+                        fd.as_raw_fd(),
+                        &mut body[start + got..],
+                        a + got as u64,
+                    ) {
+                        Ok(0) => break,
+                        Ok(n) => got += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+                if got < want {
+                    // The file shrank under us: as a failed read of a file, a 500.
+                    crate::log!(Crit, "pread() \"{}\" failed (short read)", path.display());
+                    let reply = shard_http::response::error_simple(500);
+                    return simple(w, key, req, keep_alive, loc, head, reply);
+                }
+            }
+            shard_http::static_file::part_end(&mut body);
+            let boundary_type = format!(
+                "multipart/byteranges; boundary={}",
+                shard_http::static_file::BOUNDARY
+            );
+            let extra = extra_headers(w, key, req, loc, head, 206, Some(meta.mtime_secs));
+            let date = std::mem::take(&mut w.date);
+            let out = w.out_buf(key);
+            write_head(
+                out,
+                &Head {
+                    status: 206,
+                    date: &date,
+                    content_type: Some(&boundary_type),
+                    content_length: Some(body.len() as u64),
+                    keep_alive,
+                    last_modified: headers.last_modified.as_deref(),
+                    etag: headers.etag.as_deref(),
+                    accept_ranges: true,
+                    vary: g.vary.then_some(gzip::VARY),
+                    server: shard_http::response::server_value(loc),
+                    extra: &extra,
+                    ..Default::default()
+                },
+            );
+            let sent = if req.method == Method::Head {
+                0
+            } else {
+                out.extend_from_slice(&body);
+                body.len() as u64
+            };
+            w.date = date;
+            Reply {
+                status: 206,
+                body_bytes: sent,
+                error_page: None,
+            }
+        }
         Plan::Reply(s) => {
             drop(fd);
             simple(w, key, req, keep_alive, loc, head, s)
