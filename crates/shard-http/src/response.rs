@@ -368,7 +368,9 @@ pub fn write_head(out: &mut Vec<u8>, head: &Head<'_>) {
         push_u64(out, n);
         out.extend_from_slice(b"\r\n");
     }
-    if let Some(lm) = head.last_modified {
+    // As nginx's header filter: validators only on 200, 206 and 304 (an error page served
+    // from a file keeps its ETag, not its Last-Modified).
+    if let Some(lm) = head.last_modified.filter(|_| matches!(s, 200 | 206 | 304)) {
         header(out, b"Last-Modified: ", lm.as_bytes());
     }
     out.extend_from_slice(if head.keep_alive {
@@ -385,7 +387,8 @@ pub fn write_head(out: &mut Vec<u8>, head: &Head<'_>) {
     if let Some(etag) = head.etag {
         header(out, b"ETag: ", etag.as_bytes());
     }
-    if head.accept_ranges && !not_modified {
+    // nginx's range filter announces ranges on 200 only.
+    if head.accept_ranges && s == 200 {
         out.extend_from_slice(b"Accept-Ranges: bytes\r\n");
     }
     if let Some(cr) = head.content_range {
@@ -466,7 +469,8 @@ mod tests {
             t,
             "HTTP/1.1 206 Partial Content\r\nServer: shard/0.1.0\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\
              Content-Type: text/plain\r\nContent-Length: 3\r\nLast-Modified: Sat, 05 Nov 1994 08:49:37 GMT\r\n\
-             Connection: keep-alive\r\nETag: \"1-a\"\r\nAccept-Ranges: bytes\r\nContent-Range: bytes 2-4/10\r\n\r\n"
+             Connection: keep-alive\r\nETag: \"1-a\"\r\nContent-Range: bytes 2-4/10\r\n\r\n",
+            "nginx announces ranges on 200 only"
         );
     }
 

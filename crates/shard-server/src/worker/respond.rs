@@ -471,6 +471,47 @@ fn static_file(
             if let Some(code) = w.conns[key].status_override.filter(|_| status == 200) {
                 status = code;
             }
+            if status == 416
+                && !gzip::decide(&loc.gzip, req, 200, Some(&content_type), meta.size).compress
+            {
+                // nginx's range filter: the 416 page, with `Content-Range: bytes */SIZE`.
+                drop(fd);
+                let body = shard_http::response::error_body(416);
+                let mut extra = extra_headers(w, key, req, loc, head, 416, None);
+                if let Some(cr) = headers.content_range.as_deref() {
+                    extra.extend_from_slice(b"Content-Range: ");
+                    extra.extend_from_slice(cr.as_bytes());
+                    extra.extend_from_slice(b"\r\n");
+                }
+                let date = std::mem::take(&mut w.date);
+                let out = w.out_buf(key);
+                write_head(
+                    out,
+                    &Head {
+                        status: 416,
+                        date: &date,
+                        content_type: Some("text/html"),
+                        content_length: Some(body.len() as u64),
+                        keep_alive,
+                        server: shard_http::response::server_value(loc),
+                        extra: &extra,
+                        charset: shard_http::response::charset_for(loc, "text/html"),
+                        ..Default::default()
+                    },
+                );
+                let sent = if req.method == Method::Head {
+                    0
+                } else {
+                    out.extend_from_slice(body);
+                    body.len() as u64
+                };
+                w.date = date;
+                return Reply {
+                    status: 416,
+                    body_bytes: sent,
+                    error_page: None,
+                };
+            }
             // gzip sees the full file as a 200: a compressed answer ignores `Range`.
             let g = if matches!(status, 200 | 206 | 416) {
                 gzip::decide(&loc.gzip, req, 200, Some(&content_type), meta.size)
