@@ -358,6 +358,14 @@ pub struct LocationConf {
     pub charset_types: Vec<String>,
     /// `set_real_ip_from`, `real_ip_header`, `real_ip_recursive`.
     pub real_ip: RealIp,
+    /// `limit_req` of the level that set any; `limit_req_status`, `limit_req_log_level`.
+    pub limit_req: Vec<LimitReq>,
+    pub limit_req_status: u16,
+    pub limit_req_log_level: LogLevel,
+    /// `limit_conn` of the level that set any; `limit_conn_status`, `limit_conn_log_level`.
+    pub limit_conn: Vec<LimitConn>,
+    pub limit_conn_status: u16,
+    pub limit_conn_log_level: LogLevel,
     /// The rewrite module's instructions of this location (`rewrite`, `set`, `if`, `return`,
     /// `break`), in order; empty when `ret` says everything (a location that only returns).
     pub script: Vec<Instr>,
@@ -454,6 +462,36 @@ pub struct MapConf {
     pub regexes: Vec<(regex::Regex, Vec<Part>)>,
     /// `default`, else empty.
     pub default: Vec<Part>,
+}
+
+/// `limit_req_zone KEY zone=NAME:SIZE rate=RATE` or `limit_conn_zone KEY zone=NAME:SIZE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitZone {
+    pub name: String,
+    pub key: Vec<Part>,
+    /// Bytes of shared memory.
+    pub size: usize,
+    /// Requests per second, in thousandths (`1r/s` is 1000, `30r/m` is 500); `None` for a
+    /// `limit_conn_zone`.
+    pub rate_milli: Option<u64>,
+    pub place: Place,
+}
+
+/// `limit_req zone=NAME [burst=N] [nodelay | delay=N]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitReq {
+    /// Index into `HttpConf::limit_zones`.
+    pub zone: usize,
+    pub burst: u64,
+    /// Requests up to this excess are not delayed (`nodelay`: all of the burst).
+    pub delay: u64,
+}
+
+/// `limit_conn ZONE NUMBER`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitConn {
+    pub zone: usize,
+    pub max: u64,
 }
 
 /// One `error_page CODE ... [=[RESPONSE]] URI|@NAME|URL`.
@@ -682,6 +720,8 @@ pub enum Var {
     /// `$remote_addr`, `$remote_port`.
     RemoteAddr,
     RemotePort,
+    /// `$binary_remote_addr`: the client address as 4 or 16 bytes (zone keys).
+    BinaryRemoteAddr,
     /// `$remote_user`: always empty (shard has no basic authentication).
     RemoteUser,
     /// `$server_addr`, `$server_port`, `$server_name`.
@@ -954,6 +994,9 @@ pub struct HttpConf {
     pub servers: Vec<ServerConf>,
     /// `map` blocks, by variable name.
     pub maps: Vec<MapConf>,
+    /// `limit_req_zone` and `limit_conn_zone`, in file order (`LimitReq::zone` and
+    /// `LimitConn::zone` index them).
+    pub limit_zones: Vec<LimitZone>,
     /// Named `upstream` blocks of `http`, then one implicit upstream per distinct
     /// `proxy_pass http://HOST:PORT` (named by `HOST:PORT` as written).
     pub upstreams: Vec<UpstreamConf>,

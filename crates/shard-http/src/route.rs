@@ -241,6 +241,12 @@ pub(crate) mod tests {
             charset: None,
             charset_types: vec!["text/html".into()],
             real_ip: Default::default(),
+            limit_req: Vec::new(),
+            limit_req_status: 503,
+            limit_req_log_level: shard_config::LogLevel::Error,
+            limit_conn: Vec::new(),
+            limit_conn_status: 503,
+            limit_conn_log_level: shard_config::LogLevel::Error,
             script: Vec::new(),
             proxy_pass: None,
             proxy: Default::default(),
@@ -270,6 +276,7 @@ pub(crate) mod tests {
         use ServerName::*;
         let http = HttpConf {
             maps: vec![],
+            limit_zones: vec![],
             servers: vec![
                 server(vec![Exact("default.test".into())], vec![]),
                 server(vec![WildcardPrefix(".example.com".into())], vec![]),

@@ -176,6 +176,14 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 push_u64(out, u64::from(a.port()));
             }
         }
+        Var::BinaryRemoteAddr => match c.client.map(|a| a.ip()) {
+            Some(std::net::IpAddr::V4(v4)) => out.extend_from_slice(&v4.octets()),
+            Some(std::net::IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
+                Some(v4) => out.extend_from_slice(&v4.octets()),
+                None => out.extend_from_slice(&v6.octets()),
+            },
+            None => {}
+        },
         Var::RemoteUser | Var::Https => {}
         Var::ServerAddr => {
             let _ = write!(out, "{}", c.server_addr.ip());

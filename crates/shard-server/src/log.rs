@@ -159,8 +159,14 @@ macro_rules! log {
     };
 }
 
-/// Opens a file for appending, creating it (and its directory) if needed; errors read as
-/// nginx's (`open() "logs/access.log" failed (13: Permission denied)`).
+/// `log!` with a level known only at run time (`limit_req_log_level`).
+#[macro_export]
+macro_rules! log_at {
+    ($level:expr, $($arg:tt)*) => {
+        $crate::log::write($level, format_args!($($arg)*))
+    };
+}
+
 /// Opens a log file for appending, creating the file but no directory: a log in a directory
 /// that does not exist is an error, as in nginx (`open() "/x/y.log" failed (2: No such file
 /// or directory)`).

@@ -85,6 +85,11 @@ struct Master {
     listeners: Vec<OpenListener>,
     region: SharedRegion,
     access_logs: HashMap<PathBuf, RawFd>,
+    /// Every `limit_*_zone` mapped so far, by name and size (kept across reloads: a zone of
+    /// the same name and size keeps its state, as nginx's).
+    zones_by_name: HashMap<(String, usize), crate::limits::Zone>,
+    /// The zones of the current configuration, in its `limit_zones` order.
+    zones: Vec<crate::limits::Zone>,
     procs: HashMap<libc::pid_t, Proc>,
     generation: u64,
     /// Slot of each worker index of the current generation.
@@ -117,6 +122,32 @@ fn tcp_nodelay(cfg: &Config) -> bool {
     cfg.http
         .as_ref()
         .is_none_or(|h| h.servers.iter().all(|s| s.base.tcp_nodelay))
+}
+
+/// The shared-memory zones of `cfg`'s `limit_req_zone`/`limit_conn_zone`, in order: mapped
+/// anew, or the one of the same name and size already mapped.
+fn map_zones(
+    cfg: &Config,
+    known: &mut HashMap<(String, usize), crate::limits::Zone>,
+) -> Result<Vec<crate::limits::Zone>, String> {
+    let Some(http) = &cfg.http else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(http.limit_zones.len());
+    for z in &http.limit_zones {
+        let key = (z.name.clone(), z.size);
+        let zone = match known.get(&key) {
+            Some(zone) => *zone,
+            None => {
+                let zone = crate::limits::Zone::create(z.size)
+                    .map_err(|e| format!("mmap(MAP_ANON|MAP_SHARED, {}) failed ({e})", z.size))?;
+                known.insert(key, zone);
+                zone
+            }
+        };
+        out.push(zone);
+    }
+    Ok(out)
 }
 
 fn access_log_paths(cfg: &Config) -> Vec<PathBuf> {
@@ -292,7 +323,11 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         describe(&listeners)
     );
 
+    let mut zones_by_name = HashMap::new();
+    let zones = map_zones(&cfg, &mut zones_by_name).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut m = Master {
+        zones_by_name,
+        zones,
         pid_path: cfg.main.pid.clone(),
         cfg,
         identity,
@@ -461,6 +496,7 @@ impl Master {
                     listeners: &self.listeners,
                     region: &self.region,
                     access_logs: &self.access_logs,
+                    zones: &self.zones,
                 });
                 std::process::exit(code);
             }
@@ -629,6 +665,14 @@ impl Master {
                 }
             }
         }
+        let zones = match map_zones(&cfg, &mut self.zones_by_name) {
+            Ok(z) => z,
+            Err(e) => {
+                crate::log!(Emerg, "{e}");
+                crate::log!(Alert, "reload failed: keeping the running configuration");
+                return;
+            }
+        };
         let mut access_logs = HashMap::new();
         for path in access_log_paths(&cfg) {
             let fd = match self.access_logs.remove(&path) {
@@ -684,6 +728,7 @@ impl Master {
         }
         let old_generation = self.generation;
         self.cfg = cfg;
+        self.zones = zones;
         self.identity = identity;
         self.listeners = listeners;
         self.n_workers = n_workers;

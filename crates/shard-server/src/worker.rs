@@ -185,6 +185,8 @@ pub(crate) struct Worker<'a> {
     file_cache_entries: usize,
     /// `$hostname`, read once.
     hostname: String,
+    /// The shared `limit_*` zones (see `WorkerArgs::zones`).
+    zones: &'a [crate::limits::Zone],
     /// Requests this worker has begun, and a random key: together they make `$request_id`.
     request_seq: u64,
     request_id_key: u64,
@@ -199,6 +201,8 @@ pub(crate) struct WorkerArgs<'a> {
     pub listeners: &'a [OpenListener],
     pub region: &'a Region,
     pub access_logs: &'a HashMap<PathBuf, RawFd>,
+    /// `limit_req_zone`/`limit_conn_zone` mappings, in `HttpConf::limit_zones` order.
+    pub zones: &'a [crate::limits::Zone],
 }
 
 /// Runs worker `idx` until it is told to stop; returns the process exit code.
@@ -375,6 +379,7 @@ impl<'a> Worker<'a> {
             file_caches: HashMap::new(),
             file_cache_entries: 0,
             hostname: shard_event::process::hostname(),
+            zones: a.zones,
             request_seq: 0,
             request_id_key: shard_event::process::random_u64(),
         };

@@ -714,3 +714,77 @@ fn several_ranges_get_multipart_byteranges() {
     assert_eq!(h.status, 206);
     assert_eq!(h.header("Content-Type").map(str::to_string), Some(ct));
 }
+
+const LIMITS_CONF: &str = r#"
+worker_processes 2;
+error_log logs/error.log;
+events { worker_connections 64; }
+http {
+    access_log off;
+    limit_req_zone $binary_remote_addr zone=burst:1m rate=1r/s;
+    limit_req_zone $arg_k zone=slow:1m rate=10r/s;
+    limit_conn_zone $remote_addr zone=perip:1m;
+    server {
+        listen 127.0.0.1:{port};
+        root {dir}/html;
+        location = /status { shard_status; }
+        location /api/ { limit_req zone=burst burst=2 nodelay; limit_req_status 429; return 200 "ok"; }
+        location /strict/ { limit_req zone=burst; return 200 "ok"; }
+        location /delay/ { limit_req zone=slow burst=5; return 200 "ok"; }
+        location /big/ { limit_conn perip 1; sendfile on; }
+    }
+}
+"#;
+
+#[test]
+fn limit_req_and_limit_conn_shared_by_all_workers() {
+    let s = Server::start("limits", LIMITS_CONF, 2);
+    let a = s.addr();
+    // 1 r/s with burst=2 nodelay: three pass at once, the fourth is refused, on whichever
+    // worker each connection lands.
+    let codes: Vec<u16> = (0..5).map(|_| get(a, "/api/x").status).collect();
+    assert_eq!(codes, [200, 200, 200, 429, 429], "{codes:?}");
+    let log = s.dir.join("logs/error.log");
+    wait_for(
+        Duration::from_secs(5),
+        "the refusal in the error log",
+        || {
+            std::fs::read_to_string(&log)
+                .ok()
+                .filter(|l| l.contains("limiting requests, excess: 3.000 by zone \"burst\""))
+        },
+    );
+    // Another location sharing the zone, without burst: refused at once (503).
+    assert_eq!(get(a, "/strict/x").status, 503);
+    // Without nodelay the excess waits: 10 r/s, the 4th request ~300 ms after the first.
+    let t = std::time::Instant::now();
+    for _ in 0..4 {
+        assert_eq!(get(a, "/delay/x?k=1").status, 200);
+    }
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    // limit_conn 1: a response in flight (unread) holds the count.
+    write_file(&s.dir, "html/big/f.bin", &vec![7u8; 32 << 20]);
+    let mut hog = connect(a);
+    hog.write_all(b"GET /big/f.bin HTTP/1.1\r\nHost: h\r\n\r\n")
+        .unwrap();
+    let mut first = [0u8; 12];
+    hog.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    let r = wait_for(Duration::from_secs(5), "a second transfer refused", || {
+        let r = get(a, "/big/f.bin");
+        (r.status == 503).then_some(r)
+    });
+    assert_eq!(r.status, 503);
+    drop(hog);
+    wait_for(Duration::from_secs(5), "the count given back", || {
+        let r = raw(
+            a,
+            b"HEAD /big/f.bin HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+        );
+        (r.status == 200).then_some(())
+    });
+}

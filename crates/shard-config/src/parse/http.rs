@@ -58,6 +58,12 @@ pub(super) struct Settings {
     pub(super) real_ip_from: Option<Vec<AccessRule>>,
     pub(super) real_ip_header: Option<String>,
     pub(super) real_ip_recursive: Option<bool>,
+    pub(super) limit_req: Option<Vec<LimitReq>>,
+    pub(super) limit_req_status: Option<u16>,
+    pub(super) limit_req_log_level: Option<LogLevel>,
+    pub(super) limit_conn: Option<Vec<LimitConn>>,
+    pub(super) limit_conn_status: Option<u16>,
+    pub(super) limit_conn_log_level: Option<LogLevel>,
 }
 
 /// The `gzip*` directives of one block. `types` is (types, `*` given).
@@ -203,6 +209,12 @@ pub(super) struct Eff {
     pub(super) charset_types: Vec<String>,
     pub(super) source_charset: Option<(String, Place)>,
     pub(super) real_ip: RealIp,
+    pub(super) limit_req: Vec<LimitReq>,
+    pub(super) limit_req_status: u16,
+    pub(super) limit_req_log_level: LogLevel,
+    pub(super) limit_conn: Vec<LimitConn>,
+    pub(super) limit_conn_status: u16,
+    pub(super) limit_conn_log_level: LogLevel,
 }
 
 impl Eff {
@@ -257,6 +269,12 @@ impl Eff {
             charset_types: CHARSET_TYPES.iter().map(|t| t.to_string()).collect(),
             source_charset: None,
             real_ip: RealIp::default(),
+            limit_req: Vec::new(),
+            limit_req_status: 503,
+            limit_req_log_level: LogLevel::Error,
+            limit_conn: Vec::new(),
+            limit_conn_status: 503,
+            limit_conn_log_level: LogLevel::Error,
         }
     }
 
@@ -370,6 +388,18 @@ impl Eff {
                     .unwrap_or_else(|| self.real_ip.header.clone()),
                 recursive: s.real_ip_recursive.unwrap_or(self.real_ip.recursive),
             },
+            limit_req: s
+                .limit_req
+                .clone()
+                .unwrap_or_else(|| self.limit_req.clone()),
+            limit_req_status: s.limit_req_status.unwrap_or(self.limit_req_status),
+            limit_req_log_level: s.limit_req_log_level.unwrap_or(self.limit_req_log_level),
+            limit_conn: s
+                .limit_conn
+                .clone()
+                .unwrap_or_else(|| self.limit_conn.clone()),
+            limit_conn_status: s.limit_conn_status.unwrap_or(self.limit_conn_status),
+            limit_conn_log_level: s.limit_conn_log_level.unwrap_or(self.limit_conn_log_level),
         }
     }
 
@@ -411,6 +441,12 @@ impl Eff {
             charset: self.charset.clone(),
             charset_types: self.charset_types.clone(),
             real_ip: self.real_ip.clone(),
+            limit_req: self.limit_req.clone(),
+            limit_req_status: self.limit_req_status,
+            limit_req_log_level: self.limit_req_log_level,
+            limit_conn: self.limit_conn.clone(),
+            limit_conn_status: self.limit_conn_status,
+            limit_conn_log_level: self.limit_conn_log_level,
             script: Vec::new(),
             proxy_pass: None,
             proxy: with_default_headers(self.proxy.clone()),
@@ -463,6 +499,7 @@ pub(super) struct HttpP {
     /// The named `upstream` blocks, in file order.
     pub(super) upstreams: Vec<UpstreamConf>,
     pub(super) maps: Vec<MapConf>,
+    pub(super) limit_zones: Vec<LimitZone>,
 }
 
 /// The upstreams of `http` while `proxy_pass` directives are resolved.
@@ -1496,6 +1533,161 @@ pub(super) fn location_internal(_: &Env, loc: &mut LocP, _: &Directive, _: &str)
     Ok(())
 }
 
+/// `zone=NAME:SIZE` of a `limit_*_zone`.
+fn zone_param(d: &Directive, file: &str, v: &str) -> Result<(String, usize), ConfigError> {
+    let (name, size) = v
+        .split_once(':')
+        .ok_or_else(|| derr(d, file, format!("invalid zone size \"{v}\"")))?;
+    let size = parse_size(size)
+        .filter(|&n| n >= 8192)
+        .ok_or_else(|| derr(d, file, format!("zone \"{name}\" is too small")))?;
+    Ok((name.to_string(), size as usize))
+}
+
+/// `limit_req_zone KEY zone=NAME:SIZE rate=N r/s|r/m` and `limit_conn_zone KEY zone=NAME:SIZE`.
+pub(super) fn http_limit_zone(_: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
+    let req = d.name == "limit_req_zone";
+    let key = parse_header_value(d, file, a0(d))?;
+    let mut zone = None;
+    let mut rate = None;
+    for a in &d.args[1..] {
+        if let Some(v) = a.strip_prefix("zone=") {
+            zone = Some(zone_param(d, file, v)?);
+        } else if let Some(v) = a.strip_prefix("rate=").filter(|_| req) {
+            let (n, per) = if let Some(n) = v.strip_suffix("r/s") {
+                (n, 1)
+            } else if let Some(n) = v.strip_suffix("r/m") {
+                (n, 60)
+            } else {
+                return Err(derr(d, file, format!("invalid rate \"{v}\"")));
+            };
+            let n: u64 = n
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| derr(d, file, format!("invalid rate \"{v}\"")))?;
+            rate = Some(n * 1000 / per);
+        } else if a == "sync" {
+            return Err(derr(d, file, "\"sync\" is not supported by shard"));
+        } else {
+            return Err(derr(d, file, format!("invalid parameter \"{a}\"")));
+        }
+    }
+    let Some((name, size)) = zone else {
+        return Err(derr(
+            d,
+            file,
+            format!("\"{}\" must have \"zone\" parameter", d.name),
+        ));
+    };
+    if req && rate.is_none() {
+        // nginx's default rate is 1r/s.
+        rate = Some(1000);
+    }
+    if h.limit_zones.iter().any(|z| z.name == name) {
+        return Err(derr(d, file, format!("duplicate zone \"{name}\"")));
+    }
+    h.limit_zones.push(LimitZone {
+        name,
+        key,
+        size,
+        rate_milli: rate,
+        place: place(d, file),
+    });
+    Ok(())
+}
+
+fn zone_ref(env: &Env, name: &str, d: &Directive, file: &str, req: bool) -> usize {
+    let mut refs = env.zone_refs.borrow_mut();
+    refs.push((name.to_string(), place(d, file), req));
+    refs.len() - 1
+}
+
+/// `limit_req zone=NAME [burst=N] [nodelay | delay=N]` (repeatable).
+pub(super) fn set_limit_req(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut zone = None;
+    let mut burst = 0;
+    let mut delay = 0;
+    let mut nodelay = false;
+    for a in &d.args {
+        if let Some(v) = a.strip_prefix("zone=") {
+            zone = Some(v.to_string());
+        } else if let Some(v) = a.strip_prefix("burst=") {
+            burst = v
+                .parse()
+                .ok()
+                .filter(|&n: &u64| n > 0)
+                .ok_or_else(|| derr(d, file, format!("invalid burst value \"{a}\"")))?;
+        } else if let Some(v) = a.strip_prefix("delay=") {
+            delay = v
+                .parse()
+                .ok()
+                .filter(|&n: &u64| n > 0)
+                .ok_or_else(|| derr(d, file, format!("invalid delay value \"{a}\"")))?;
+        } else if a == "nodelay" {
+            nodelay = true;
+        } else {
+            return Err(derr(d, file, format!("invalid parameter \"{a}\"")));
+        }
+    }
+    let Some(name) = zone else {
+        return Err(derr(d, file, "\"limit_req\" must have \"zone\" parameter"));
+    };
+    let z = zone_ref(env, &name, d, file, true);
+    s.limit_req.get_or_insert_with(Vec::new).push(LimitReq {
+        zone: z,
+        burst,
+        delay: if nodelay { u64::MAX } else { delay },
+    });
+    Ok(())
+}
+
+/// `limit_conn ZONE NUMBER` (repeatable).
+pub(super) fn set_limit_conn(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let max: u64 = d.args[1].parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+        derr(
+            d,
+            file,
+            format!("invalid number of connections \"{}\"", d.args[1]),
+        )
+    })?;
+    let z = zone_ref(env, a0(d), d, file, false);
+    s.limit_conn
+        .get_or_insert_with(Vec::new)
+        .push(LimitConn { zone: z, max });
+    Ok(())
+}
+
+/// `limit_req_status` / `limit_conn_status CODE` (400..=599).
+pub(super) fn set_limit_status(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let c: u16 = a0(d)
+        .parse()
+        .ok()
+        .filter(|c| (400..=599).contains(c))
+        .ok_or_else(|| derr(d, file, "value must be between 400 and 599"))?;
+    if d.name == "limit_req_status" {
+        once(&mut s.limit_req_status, c, d, file)
+    } else {
+        once(&mut s.limit_conn_status, c, d, file)
+    }
+}
+
+/// `limit_req_log_level` / `limit_conn_log_level info | notice | warn | error`.
+pub(super) fn set_limit_log_level(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let l = match a0(d) {
+        "info" => LogLevel::Info,
+        "notice" => LogLevel::Notice,
+        "warn" => LogLevel::Warn,
+        "error" => LogLevel::Error,
+        v => return Err(invalid(d, file, v)),
+    };
+    if d.name == "limit_req_log_level" {
+        once(&mut s.limit_req_log_level, l, d, file)
+    } else {
+        once(&mut s.limit_conn_log_level, l, d, file)
+    }
+}
+
 /// `set_real_ip_from ADDRESS | CIDR` (repeatable; `unix:` refused).
 pub(super) fn set_real_ip_from(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     if a0(d) == "all" {
@@ -1951,6 +2143,7 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "remote_addr" => Var::RemoteAddr,
         "remote_port" => Var::RemotePort,
         "remote_user" => Var::RemoteUser,
+        "binary_remote_addr" => Var::BinaryRemoteAddr,
         "server_addr" => Var::ServerAddr,
         "server_port" => Var::ServerPort,
         "server_name" => Var::ServerName,

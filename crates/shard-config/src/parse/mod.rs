@@ -213,6 +213,10 @@ struct Env {
     warnings: std::cell::RefCell<Vec<String>>,
     /// `log_format`s defined so far, by name.
     log_formats: std::cell::RefCell<HashMap<String, Arc<LogFormat>>>,
+    /// Zones named by `limit_req` and `limit_conn`, in order of first use (their `zone`
+    /// fields index this until `finish_http` resolves them), with where they were named and
+    /// whether as a `limit_req` zone.
+    zone_refs: std::cell::RefCell<Vec<(String, Place, bool)>>,
 }
 
 /// `NGINX_ONLY` is sorted, as its binary search needs (a test checks it).
@@ -270,6 +274,7 @@ pub(crate) fn parse(
         errors: std::cell::RefCell::new(Vec::new()),
         warnings: std::cell::RefCell::new(Vec::new()),
         log_formats: std::cell::RefCell::new(HashMap::new()),
+        zone_refs: std::cell::RefCell::new(Vec::new()),
     };
     reset_names();
     let mut st = State::default();
@@ -530,11 +535,47 @@ impl Env {
             named: h.upstreams.len(),
             list: h.upstreams,
         };
-        let servers = h
+        let mut servers = h
             .servers
             .into_iter()
             .map(|s| finish_server(s, &http_eff, &mut ups))
             .collect::<Result<Vec<_>, _>>()?;
+        // `limit_req`/`limit_conn` named zones by name; a zone may be defined after its use.
+        let refs = self.zone_refs.take();
+        let mut resolved = Vec::with_capacity(refs.len());
+        for (name, at, req) in &refs {
+            let Some(i) = h.limit_zones.iter().position(|z| z.name == *name) else {
+                return Err(err(
+                    &at.file,
+                    at.line,
+                    format!("zero size shared memory zone \"{name}\""),
+                ));
+            };
+            let z = &h.limit_zones[i];
+            if z.rate_milli.is_some() != *req {
+                let want = if *req {
+                    "limit_req_zone"
+                } else {
+                    "limit_conn_zone"
+                };
+                return Err(err(
+                    &at.file,
+                    at.line,
+                    format!("the zone \"{name}\" is not a \"{want}\" zone"),
+                ));
+            }
+            resolved.push(i);
+        }
+        for s in &mut servers {
+            for l in std::iter::once(&mut s.base).chain(s.locations.iter_mut()) {
+                for r in &mut l.limit_req {
+                    r.zone = resolved[r.zone];
+                }
+                for c in &mut l.limit_conn {
+                    c.zone = resolved[c.zone];
+                }
+            }
+        }
         *listeners = h
             .listeners
             .into_iter()
@@ -549,6 +590,7 @@ impl Env {
             .collect();
         Ok(HttpConf {
             maps: h.maps,
+            limit_zones: h.limit_zones,
             servers,
             upstreams: ups.list,
         })

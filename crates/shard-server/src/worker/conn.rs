@@ -95,6 +95,12 @@ pub(super) struct Conn {
     pub(super) user_vars: Vec<(String, Vec<u8>)>,
     /// The current request's client: the peer, or what `set_real_ip_from` lets a header say.
     pub(super) client: Option<SocketAddr>,
+    /// `limit_req` delays the request (still unparsed in `inbuf`) until then (0: not delayed).
+    pub(super) delayed_until: u64,
+    /// The delayed request was counted by `limit_req` already.
+    pub(super) limit_passed: bool,
+    /// `limit_conn` counts this request holds: (zone, key), released when it ends.
+    pub(super) conn_held: Vec<(usize, u128)>,
     /// The request is being answered by an `error_page`: no second one replaces its errors.
     pub(super) in_error_page: bool,
     /// The status an `error_page` gives a successful answer (`error_page 404 /404.html` sends
@@ -137,6 +143,16 @@ pub(super) fn needs_head(loc: &LocationConf) -> bool {
 /// How many internal redirects (`try_files`, `error_page`) one request may take; one more is
 /// nginx's "rewrite or internal redirection cycle" (500).
 const MAX_INTERNAL_REDIRECTS: usize = 10;
+
+/// What `limit_conn` and `limit_req` decided for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Limited {
+    Pass,
+    /// Milliseconds to hold the request back.
+    Delay(u64),
+    /// The status to refuse it with.
+    Refuse(u16),
+}
 
 /// What the phases before the content decided for a request.
 enum Action {
@@ -224,6 +240,9 @@ impl Conn {
             capture_text: None,
             user_vars: Vec::new(),
             client: peer,
+            delayed_until: 0,
+            limit_passed: false,
+            conn_held: Vec::new(),
             in_error_page: false,
             status_override: None,
             deadline_ms: 0,
@@ -343,6 +362,7 @@ impl Worker<'_> {
         if !self.conns.contains(key) {
             return;
         }
+        self.release_limits(key);
         let mut c = self.conns.remove(key);
         // Dropping `c` closes its socket (which removes it from epoll; no EPOLL_CTL_DEL
         // needed) and its file.
@@ -362,6 +382,15 @@ impl Worker<'_> {
 
     pub(super) fn on_timeout(&mut self, key: usize) {
         if self.proxy_timeout(key) {
+            return;
+        }
+        let c = &mut self.conns[key];
+        if c.delayed_until != 0 {
+            // A request `limit_req` delayed: its turn now.
+            c.delayed_until = 0;
+            c.limit_passed = true;
+            c.deadline_ms = self.now_ms + c.header_timeout_ms;
+            self.drive(key);
             return;
         }
         let c = &self.conns[key];
@@ -582,6 +611,10 @@ impl Worker<'_> {
             if c.phase == Phase::Writing {
                 // The response and the body are done: keep-alive.
                 c.linger_until_ms = 0;
+                if !c.conn_held.is_empty() {
+                    self.release_limits(key);
+                }
+                let c = &mut self.conns[key];
                 if c.inbuf.is_empty() {
                     c.deadline_ms = self.now_ms + c.keepalive_timeout_ms;
                     let inbuf = std::mem::take(&mut c.inbuf);
@@ -599,6 +632,10 @@ impl Worker<'_> {
                 }
             }
             let c = &self.conns[key];
+            if c.delayed_until != 0 {
+                // `limit_req` holds the request back; its timer resumes it.
+                return;
+            }
             if !c.inbuf.is_empty() {
                 let limits = self.limits(c.listener);
                 match shard_http::request::parse(&c.inbuf, &limits) {
@@ -892,6 +929,45 @@ impl Worker<'_> {
 
     /// Answers the request whose head is the first `head_len` bytes of the input buffer.
     fn handle(&mut self, key: usize, mut req: shard_http::request::Request, head_len: usize) {
+        let cfg = self.cfg;
+        let Some(http) = cfg.http.as_ref() else {
+            WorkerSlot::bump(&self.slot.requests, 1);
+            self.set_phase(key, Phase::Writing);
+            self.error_reply(key, 500, "");
+            return;
+        };
+        let listener = &cfg.listeners[self.conns[key].listener];
+        let server_idx = shard_http::route::select_server(http, listener, req.host.as_deref());
+        let server = &http.servers[server_idx];
+        self.conns[key].server = server_idx;
+        let first = self.locate(key, server, &req.path);
+        // nginx's post-read phase: the client address a trusted proxy reports.
+        let c = &mut self.conns[key];
+        c.client = c.peer;
+        if let (Some(peer), false) = (c.peer, first.real_ip.from.is_empty()) {
+            let mut storage = shard_http::vars::header_storage();
+            let hs = shard_http::vars::request_headers(&c.inbuf[..head_len], &mut storage);
+            if let Some(ip) = shard_http::vars::real_ip(peer.ip(), &first.real_ip, hs) {
+                c.client = Some(SocketAddr::new(ip, peer.port()));
+            }
+        }
+        // nginx's preaccess phase: `limit_conn`, then `limit_req`, which may delay the request:
+        // it then stays unparsed in the buffer, nothing else changed, until its timer.
+        let mut forced = None;
+        if !first.limit_req.is_empty() || !first.limit_conn.is_empty() {
+            let head = self.conns[key].inbuf[..head_len].to_vec();
+            match self.check_limits(key, first, &req, &head) {
+                Limited::Pass => {}
+                Limited::Delay(ms) => {
+                    let c = &mut self.conns[key];
+                    c.delayed_until = self.now_ms + ms.max(1);
+                    let until = c.delayed_until;
+                    self.set_conn_deadline(key, until);
+                    return;
+                }
+                Limited::Refuse(status) => forced = Some(status),
+            }
+        }
         WorkerSlot::bump(&self.slot.requests, 1);
         if req.invalid_headers > 0 {
             crate::log!(
@@ -902,15 +978,6 @@ impl Worker<'_> {
             );
         }
         self.set_phase(key, Phase::Writing);
-        let cfg = self.cfg;
-        let Some(http) = cfg.http.as_ref() else {
-            self.error_reply(key, 500, "");
-            return;
-        };
-        let listener = &cfg.listeners[self.conns[key].listener];
-        let server_idx = shard_http::route::select_server(http, listener, req.host.as_deref());
-        let server = &http.servers[server_idx];
-        let first = self.locate(key, server, &req.path);
         // The head is kept when the request may be proxied, redirected internally, or a
         // variable needs its header lines; the common static and `return` paths copy nothing.
         let keep_head = first.proxy_pass.is_some()
@@ -939,14 +1006,6 @@ impl Worker<'_> {
         c.in_error_page = false;
         c.status_override = None;
         c.user_vars.clear();
-        c.client = c.peer;
-        if let (Some(peer), false) = (c.peer, first.real_ip.from.is_empty()) {
-            let mut storage = shard_http::vars::header_storage();
-            let hs = shard_http::vars::request_headers(&head, &mut storage);
-            if let Some(ip) = shard_http::vars::real_ip(peer.ip(), &first.real_ip, hs) {
-                c.client = Some(SocketAddr::new(ip, peer.port()));
-            }
-        }
         c.send_timeout_ms = first.send_timeout_ms;
         c.body_timeout_ms = first.client_body_timeout_ms;
         c.keepalive_timeout_ms = first.keepalive_timeout_ms;
@@ -1029,7 +1088,9 @@ impl Worker<'_> {
                     Outcome::Stay => {}
                 }
             }
-            let action = if let Some((code, text)) = scripted {
+            let action = if let Some(code) = forced.take() {
+                Action::Status(code)
+            } else if let Some((code, text)) = scripted {
                 Action::Return(code, text)
             } else if loc.internal && hops == 0 {
                 Action::Status(404)
@@ -1115,6 +1176,108 @@ impl Worker<'_> {
             c.close_after = true;
         }
         self.log_access(key, loc, &req, reply.status, reply.body_bytes, &head);
+    }
+
+    /// `limit_conn` and `limit_req` of `loc` for the request on `key`: counted in the shared
+    /// zones; a refusal is logged at the directive's level, a delay one level lower (nginx).
+    fn check_limits(
+        &mut self,
+        key: usize,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        head: &[u8],
+    ) -> Limited {
+        let http = self.http();
+        let mut storage = shard_http::vars::header_storage();
+        let hs = shard_http::vars::request_headers(head, &mut storage);
+        let now = self.now_ms;
+        let client = self.conns[key]
+            .client
+            .map_or(String::from("-"), |c| c.ip().to_string());
+        let mut held = Vec::new();
+        let mut verdict = Limited::Pass;
+        {
+            let ctx = self.var_ctx(key, req, hs, loc);
+            for lc in &loc.limit_conn {
+                let z = &http.limit_zones[lc.zone];
+                let mut v = Vec::new();
+                shard_http::vars::push_parts(&mut v, &z.key, &ctx);
+                if v.is_empty() {
+                    continue;
+                }
+                let k = crate::limits::key_hash(&v);
+                if self.zones[lc.zone].acquire(k, lc.max, now) {
+                    held.push((lc.zone, k));
+                } else {
+                    crate::log_at!(
+                        loc.limit_conn_log_level,
+                        "limiting connections by zone \"{}\", client: {client}, request: \"{}\"",
+                        z.name,
+                        req.request_line
+                    );
+                    verdict = Limited::Refuse(loc.limit_conn_status);
+                    break;
+                }
+            }
+            if !self.conns[key].limit_passed && verdict == Limited::Pass {
+                let mut delay_ms = 0;
+                for lr in &loc.limit_req {
+                    let z = &http.limit_zones[lr.zone];
+                    let mut v = Vec::new();
+                    shard_http::vars::push_parts(&mut v, &z.key, &ctx);
+                    if v.is_empty() {
+                        continue;
+                    }
+                    let rate = z.rate_milli.unwrap_or(1000).max(1);
+                    let k = crate::limits::key_hash(&v);
+                    match self.zones[lr.zone].request(k, now, rate, lr.burst * 1000) {
+                        crate::limits::ReqVerdict::Pass => {}
+                        crate::limits::ReqVerdict::Excess(excess) => {
+                            if excess > lr.delay.saturating_mul(1000) {
+                                let ms = (excess - lr.delay.saturating_mul(1000)) * 1000 / rate;
+                                delay_ms = delay_ms.max(ms);
+                            }
+                        }
+                        crate::limits::ReqVerdict::Reject(excess) => {
+                            crate::log_at!(
+                                loc.limit_req_log_level,
+                                "limiting requests, excess: {}.{:03} by zone \"{}\", client: {client}, request: \"{}\"",
+                                excess / 1000,
+                                excess % 1000,
+                                z.name,
+                                req.request_line
+                            );
+                            verdict = Limited::Refuse(loc.limit_req_status);
+                            break;
+                        }
+                    }
+                }
+                if verdict == Limited::Pass && delay_ms > 0 {
+                    verdict = Limited::Delay(delay_ms);
+                }
+            }
+        }
+        self.conns[key].limit_passed = false;
+        if verdict != Limited::Pass {
+            // Refused or delayed: this request holds no count yet.
+            for (z, k) in held {
+                self.zones[z].release(k, now);
+            }
+        } else {
+            self.conns[key].conn_held = held;
+        }
+        verdict
+    }
+
+    /// Gives back the `limit_conn` counts the request on `key` holds.
+    pub(super) fn release_limits(&mut self, key: usize) {
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        let now = self.now_ms;
+        for (z, k) in std::mem::take(&mut c.conn_held) {
+            self.zones[z].release(k, now);
+        }
     }
 
     /// The location for `path` in `server`, its captures kept on the connection.

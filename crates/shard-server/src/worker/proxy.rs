@@ -248,6 +248,7 @@ impl<'a> Worker<'a> {
         static NONE: HttpConf = HttpConf {
             servers: Vec::new(),
             maps: Vec::new(),
+            limit_zones: Vec::new(),
             upstreams: Vec::new(),
         };
         self.cfg.http.as_ref().unwrap_or(&NONE)
