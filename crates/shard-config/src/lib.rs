@@ -18,6 +18,12 @@ mod tests;
 pub use model::*;
 pub use units::{parse_size, parse_time_ms};
 
+/// `expires`' arguments read as the directive reads them (`Ok(None)` is `off`): for an
+/// `expires $variable` whose value is known only per response.
+pub fn expires_value(args: &[String]) -> Result<Option<Expires>, String> {
+    parse::expires_value(args)
+}
+
 use std::path::Path;
 
 /// The configuration shard runs when no `-c` is given and no file exists at the default path.

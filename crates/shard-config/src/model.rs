@@ -597,16 +597,21 @@ pub struct AddHeader {
     pub always: bool,
 }
 
-/// `expires [modified] TIME | epoch | max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `expires [modified] TIME | epoch | max`, or a variable (`expires $expires;`, h5bp) whose
+/// value is read as those forms (`off` included) for each response.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expires {
+    Var(Vec<Part>),
     /// `Expires: Thu, 01 Jan 1970 00:00:01 GMT`, `Cache-Control: no-cache`.
     Epoch,
     /// `Expires: Thu, 31 Dec 2037 23:55:55 GMT`, `Cache-Control: max-age=315360000`.
     Max,
     /// Seconds after the request (or, `modified`, after the file's modification time); a
     /// negative value gives `Cache-Control: no-cache`.
-    After { secs: i64, modified: bool },
+    After {
+        secs: i64,
+        modified: bool,
+    },
 }
 
 /// Where a request body that does not fit in memory goes.

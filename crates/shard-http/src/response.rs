@@ -81,8 +81,18 @@ pub fn write_extra(
 ) {
     use shard_config::Expires;
     let applies = headers_apply(status);
-    if let (Some(e), true) = (loc.expires, applies) {
+    let mut expires = loc.expires.clone();
+    if let (Some(Expires::Var(parts)), Some(c)) = (&expires, ctx) {
+        let v = crate::vars::render(parts, c);
+        let args: Vec<String> = v.split_whitespace().map(str::to_string).collect();
+        expires = shard_config::expires_value(&args).ok().flatten();
+        if matches!(expires, Some(Expires::Var(_))) {
+            expires = None;
+        }
+    }
+    if let (Some(e), true) = (expires, applies) {
         match e {
+            Expires::Var(_) => {}
             Expires::Epoch => out.extend_from_slice(
                 b"Expires: Thu, 01 Jan 1970 00:00:01 GMT\r\nCache-Control: no-cache\r\n",
             ),

@@ -357,7 +357,7 @@ impl Eff {
                 .add_headers
                 .clone()
                 .unwrap_or_else(|| self.add_headers.clone()),
-            expires: s.expires.unwrap_or(self.expires),
+            expires: s.expires.clone().unwrap_or_else(|| self.expires.clone()),
             server_tokens: s.server_tokens.unwrap_or(self.server_tokens),
             access_rules: s
                 .access_rules
@@ -431,7 +431,7 @@ impl Eff {
             access_logs: self.access_logs.clone(),
             gzip: self.gzip.clone(),
             add_headers: self.add_headers.clone(),
-            expires: self.expires,
+            expires: self.expires.clone(),
             server_tokens: self.server_tokens,
             access_rules: self.access_rules.clone(),
             error_pages: self.error_pages.clone(),
@@ -1769,16 +1769,20 @@ fn parse_net(env: &Env, d: &Directive, file: &str) -> Result<Option<(IpAddr, u8)
 
 /// `expires [modified] TIME | epoch | max | off`.
 pub(super) fn set_expires(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let (modified, v) = match d.args.as_slice() {
+    if d.args.iter().any(|a| a.contains('$')) {
+        let e = Expires::Var(parse_header_value(d, file, &d.args.join(" "))?);
+        return once(&mut s.expires, Some(e), d, file);
+    }
+    let e = expires_value(&d.args).map_err(|m| derr(d, file, m))?;
+    once(&mut s.expires, e, d, file)
+}
+
+/// The forms of `expires`' arguments (`None` is `off`).
+pub(crate) fn expires_value(args: &[String]) -> Result<Option<Expires>, String> {
+    let (modified, v) = match args {
         [m, v] if m == "modified" => (true, v.as_str()),
         [v] => (false, v.as_str()),
-        _ => {
-            return Err(derr(
-                d,
-                file,
-                "invalid number of arguments in \"expires\" directive",
-            ))
-        }
+        _ => return Err("invalid number of arguments in \"expires\" directive".to_string()),
     };
     let e = match v {
         "off" if !modified => None,
@@ -1790,13 +1794,11 @@ pub(super) fn set_expires(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
                 None => (false, v.strip_prefix('+').unwrap_or(v)),
             };
             if t.starts_with('@') {
-                return Err(derr(
-                    d,
-                    file,
-                    "\"expires @TIME\" (a time of day) is not supported by shard",
-                ));
+                return Err(
+                    "\"expires @TIME\" (a time of day) is not supported by shard".to_string(),
+                );
             }
-            let ms = parse_time_ms(t).ok_or_else(|| derr(d, file, "invalid value"))?;
+            let ms = parse_time_ms(t).ok_or_else(|| "invalid value".to_string())?;
             let secs = (ms / 1000) as i64;
             Some(Expires::After {
                 secs: if neg { -secs } else { secs },
@@ -1804,7 +1806,7 @@ pub(super) fn set_expires(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
             })
         }
     };
-    once(&mut s.expires, e, d, file)
+    Ok(e)
 }
 
 pub(super) fn set_gzip_comp_level(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {

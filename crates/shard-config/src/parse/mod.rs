@@ -27,6 +27,7 @@ mod table;
 mod upstream;
 mod values;
 
+pub(crate) use http::expires_value;
 use http::*;
 use main_events::*;
 use script::*;

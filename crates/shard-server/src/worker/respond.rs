@@ -135,7 +135,7 @@ fn simple(
     let gz = &loc.gzip;
     // A response of shard's own making has no validators; `expires` may make it uncacheable.
     let neg = matches!(
-        loc.expires,
+        &loc.expires,
         Some(shard_config::Expires::Epoch)
             | Some(shard_config::Expires::After {
                 secs: i64::MIN..=-1,
@@ -166,7 +166,16 @@ fn simple(
         let port = w.cfg.listeners[w.conns[key].listener].addr.port();
         r.location = Some(shard_http::response::absolute_location(l, host, port));
     }
-    let extra = extra_headers(w, key, req, loc, head, r.status, None);
+    let extra = extra_headers(
+        w,
+        key,
+        req,
+        loc,
+        head,
+        r.status,
+        None,
+        r.content_type.as_deref(),
+    );
     let date = std::mem::take(&mut w.date);
     let out = w.out_buf(key);
     write_head(
@@ -182,9 +191,11 @@ fn simple(
             vary: g.vary.then_some(gzip::VARY),
             server: shard_http::response::server_value(loc),
             extra: &extra,
+            // nginx's charset filter leaves 301 and 302 alone.
             charset: r
                 .content_type
                 .as_deref()
+                .filter(|_| !matches!(r.status, 301 | 302))
                 .and_then(|ct| shard_http::response::charset_for(loc, ct)),
             ..Default::default()
         },
@@ -205,6 +216,7 @@ fn simple(
 
 /// `expires` and `add_header` of `loc` for a response with `status` (empty, with no
 /// allocation, when the location has neither).
+#[allow(clippy::too_many_arguments)]
 fn extra_headers(
     w: &Worker<'_>,
     key: usize,
@@ -213,6 +225,7 @@ fn extra_headers(
     head: &[u8],
     status: u16,
     mtime: Option<i64>,
+    content_type: Option<&str>,
 ) -> Vec<u8> {
     let mut extra = Vec::new();
     if loc.expires.is_none() && loc.add_headers.is_empty() {
@@ -223,6 +236,7 @@ fn extra_headers(
     let mut ctx = w.var_ctx(key, req, headers, loc);
     ctx.done = Some(shard_http::vars::Done {
         status,
+        content_type,
         ..Default::default()
     });
     shard_http::response::write_extra(&mut extra, loc, status, w.now_secs, mtime, Some(&ctx));
@@ -477,7 +491,7 @@ fn static_file(
                 // nginx's range filter: the 416 page, with `Content-Range: bytes */SIZE`.
                 drop(fd);
                 let body = shard_http::response::error_body(416);
-                let mut extra = extra_headers(w, key, req, loc, head, 416, None);
+                let mut extra = extra_headers(w, key, req, loc, head, 416, None, Some("text/html"));
                 if let Some(cr) = headers.content_range.as_deref() {
                     extra.extend_from_slice(b"Content-Range: ");
                     extra.extend_from_slice(cr.as_bytes());
@@ -533,7 +547,16 @@ fn static_file(
                     g,
                 );
             }
-            let extra = extra_headers(w, key, req, loc, head, status, Some(meta.mtime_secs));
+            let extra = extra_headers(
+                w,
+                key,
+                req,
+                loc,
+                head,
+                status,
+                Some(meta.mtime_secs),
+                Some(&content_type),
+            );
             let date = std::mem::take(&mut w.date);
             let out = w.out_buf(key);
             write_head(
@@ -626,7 +649,16 @@ fn static_file(
                 "multipart/byteranges; boundary={}",
                 shard_http::static_file::BOUNDARY
             );
-            let extra = extra_headers(w, key, req, loc, head, 206, Some(meta.mtime_secs));
+            let extra = extra_headers(
+                w,
+                key,
+                req,
+                loc,
+                head,
+                206,
+                Some(meta.mtime_secs),
+                Some(&boundary_type),
+            );
             let date = std::mem::take(&mut w.date);
             let out = w.out_buf(key);
             write_head(
@@ -701,7 +733,16 @@ fn gzip_file(
     };
     let etag = gzip::weak_etag(&shard_http::static_file::etag(meta));
     let last_modified = shard_http::http_date(meta.mtime_secs.max(0) as u64);
-    let extra = extra_headers(w, key, req, loc, head, 200, Some(meta.mtime_secs));
+    let extra = extra_headers(
+        w,
+        key,
+        req,
+        loc,
+        head,
+        200,
+        Some(meta.mtime_secs),
+        Some(content_type),
+    );
     let date = std::mem::take(&mut w.date);
     let out = w.out_buf(key);
     write_head(
