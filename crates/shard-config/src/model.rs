@@ -1045,6 +1045,23 @@ pub struct UpstreamConf {
     pub keepalive_timeout_ms: u64,
     /// `keepalive_requests` (http only): requests per pooled connection. Default 1000.
     pub keepalive_requests: u64,
+    /// How a peer is chosen. Default weighted round robin.
+    pub balance: Balance,
+}
+
+/// An upstream's balancing method.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Balance {
+    /// nginx's smooth weighted round robin.
+    #[default]
+    RoundRobin,
+    /// `least_conn`: the fewest active connections (per worker, as nginx without a `zone`)
+    /// relative to weight; round robin among equals.
+    LeastConn,
+    /// `ip_hash`: the client's IPv4 /24 (or whole IPv6 address) chooses, as nginx.
+    IpHash,
+    /// `hash KEY [consistent]` (http).
+    Hash { key: Vec<Part>, consistent: bool },
 }
 
 /// One address of an upstream `server` (a host name resolving to several addresses gives

@@ -1109,8 +1109,8 @@ fn stream_errors() {
         r#""listen" directive is not allowed here in t.conf:3"#
     );
     assert_eq!(
-        stream_error("upstream u { least_conn; }"),
-        r#""least_conn" is an nginx directive that shard does not support in t.conf:3"#
+        stream_error("upstream u { random; }"),
+        r#""random" is an nginx directive that shard does not support in t.conf:3"#
     );
     assert_eq!(
         stream_error("server {\nlisten 9000;\nproxy_pass nowhere;\n}"),
@@ -2348,5 +2348,37 @@ fn regex_and_named_locations() {
             "{EV}http {{ server {{ location /a {{ location @n {{ }} }} }} }}"
         )),
         "named location \"@n\" can be on the server level only in t.conf:2"
+    );
+}
+
+#[test]
+fn upstream_balancing_methods() {
+    let c = http(
+        "upstream a { least_conn; server 127.0.0.1:1; }\n\
+         upstream b { hash $request_uri consistent; server 127.0.0.1:1; }\n\
+         upstream c { ip_hash; server 127.0.0.1:1; }\n\
+         server { location / { proxy_pass http://a; } }",
+    );
+    let h = c.http.unwrap();
+    assert_eq!(h.upstreams[0].balance, Balance::LeastConn);
+    assert_eq!(
+        h.upstreams[1].balance,
+        Balance::Hash {
+            key: vec![Part::Var(Var::RequestUri)],
+            consistent: true
+        }
+    );
+    assert_eq!(h.upstreams[2].balance, Balance::IpHash);
+    assert_eq!(
+        error(&format!(
+            "{EV}http {{ upstream a {{ least_conn; ip_hash; server 127.0.0.1:1; }} }}"
+        )),
+        "load balancing method redefined in t.conf:2"
+    );
+    assert_eq!(
+        error(&format!(
+            "{EV}stream {{ upstream a {{ hash $remote_addr; server 127.0.0.1:1; }} }}"
+        )),
+        "\"hash\" in a stream upstream is not supported by shard in t.conf:2"
     );
 }

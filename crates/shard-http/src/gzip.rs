@@ -158,6 +158,15 @@ fn is_zero_quality(q: &str) -> bool {
     }
 }
 
+/// CRC-32 (IEEE), as nginx's `ngx_crc32_long` (the `hash` balancer uses it).
+pub fn crc32(parts: &[&[u8]]) -> u32 {
+    let mut c = flate2::Crc::new();
+    for p in parts {
+        c.update(p);
+    }
+    c.sum()
+}
+
 /// nginx's weak ETag for a compressed body: `"x"` becomes `W/"x"`; a weak one stays.
 pub fn weak_etag(etag: &str) -> String {
     if etag.starts_with("W/") {

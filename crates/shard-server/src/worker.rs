@@ -187,6 +187,8 @@ pub(crate) struct Worker<'a> {
     hostname: String,
     /// The shared `limit_*` zones (see `WorkerArgs::zones`).
     zones: &'a [crate::limits::Zone],
+    /// Consistent-hash rings of http upstreams (`hash ... consistent`), built on first use.
+    rings: HashMap<usize, Vec<(u32, usize)>>,
     /// Requests this worker has begun, and a random key: together they make `$request_id`.
     request_seq: u64,
     request_id_key: u64,
@@ -380,6 +382,7 @@ impl<'a> Worker<'a> {
             file_cache_entries: 0,
             hostname: shard_event::process::hostname(),
             zones: a.zones,
+            rings: HashMap::new(),
             request_seq: 0,
             request_id_key: shard_event::process::random_u64(),
         };

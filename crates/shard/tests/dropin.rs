@@ -788,3 +788,51 @@ fn limit_req_and_limit_conn_shared_by_all_workers() {
         (r.status == 200).then_some(())
     });
 }
+
+const BALANCE_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    upstream by_key { hash $arg_k; server 127.0.0.1:{port1}; server 127.0.0.1:{port2}; }
+    upstream by_ring { hash $arg_k consistent; server 127.0.0.1:{port1}; server 127.0.0.1:{port2}; }
+    upstream by_ip { ip_hash; server 127.0.0.1:{port1}; server 127.0.0.1:{port2}; }
+    upstream fewest { least_conn; server 127.0.0.1:{port1}; server 127.0.0.1:{port2}; }
+    server {
+        listen 127.0.0.1:{port};
+        location = /status { shard_status; }
+        location /k/ { proxy_pass http://by_key; }
+        location /r/ { proxy_pass http://by_ring; }
+        location /ip/ { proxy_pass http://by_ip; }
+        location /lc/ { proxy_pass http://fewest; }
+    }
+    server { listen 127.0.0.1:{port1}; location / { return 200 "one"; } }
+    server { listen 127.0.0.1:{port2}; location / { return 200 "two"; } }
+}
+"#;
+
+#[test]
+fn hash_ip_hash_and_least_conn_upstreams() {
+    let s = Server::start_ports("balance", BALANCE_CONF, 1, 2);
+    let a = s.addr();
+    for prefix in ["/k/", "/r/"] {
+        let mut seen = std::collections::HashSet::new();
+        for k in 0..40 {
+            let first = get(a, &format!("{prefix}x?k=user{k}")).body_str();
+            for _ in 0..3 {
+                assert_eq!(get(a, &format!("{prefix}x?k=user{k}")).body_str(), first);
+            }
+            seen.insert(first);
+        }
+        assert_eq!(seen.len(), 2, "{prefix}: keys spread over both peers");
+    }
+    let first = get(a, "/ip/x").body_str();
+    for _ in 0..5 {
+        assert_eq!(get(a, "/ip/x").body_str(), first, "one client, one peer");
+    }
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..6 {
+        seen.insert(get(a, "/lc/x").body_str());
+    }
+    assert_eq!(seen.len(), 2, "least_conn with nothing in flight rotates");
+}

@@ -559,6 +559,9 @@ pub(super) static TABLE: &[Spec] = &[
     b("upstream", SM, 1, 1, Set::Stream(stream_upstream)),
     d("server", U | HU, 1, MANY, Set::Upstream(upstream_server)),
     d("keepalive", HU, 1, 1, Set::Upstream(upstream_keepalive)),
+    d("least_conn", U | HU, 0, 0, Set::Upstream(upstream_balance)),
+    d("ip_hash", HU, 0, 0, Set::Upstream(upstream_balance)),
+    d("hash", U | HU, 1, 2, Set::Upstream(upstream_balance)),
     d(
         "keepalive_timeout",
         HU,
@@ -715,6 +718,7 @@ pub(super) struct UpstreamP {
     pub(super) keepalive: Option<usize>,
     pub(super) keepalive_timeout_ms: Option<u64>,
     pub(super) keepalive_requests: Option<u64>,
+    pub(super) balance: Option<Balance>,
 }
 
 /// Runs the handler a row names on the block being read. A row whose handler does not take

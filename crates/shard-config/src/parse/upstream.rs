@@ -32,6 +32,7 @@ pub(super) fn read_upstream(
         keepalive: None,
         keepalive_timeout_ms: None,
         keepalive_requests: None,
+        balance: None,
     };
     env.walk(block(d), file, ctx, &mut Target::Upstream(&mut u))?;
     if u.peers.is_empty() {
@@ -44,6 +45,37 @@ pub(super) fn upstream_server(u: &mut UpstreamP, d: &Directive, file: &str) -> R
     let default_port = u.http.then_some(80);
     u.peers
         .extend(parse_upstream_server(d, file, default_port)?);
+    Ok(())
+}
+
+/// `least_conn`, `ip_hash`, `hash KEY [consistent]`: one balancing method per upstream.
+pub(super) fn upstream_balance(u: &mut UpstreamP, d: &Directive, file: &str) -> R {
+    let b = match d.name.as_str() {
+        "least_conn" => Balance::LeastConn,
+        "ip_hash" => Balance::IpHash,
+        _ => {
+            if !u.http {
+                return Err(derr(
+                    d,
+                    file,
+                    "\"hash\" in a stream upstream is not supported by shard",
+                ));
+            }
+            let consistent = match d.args.get(1).map(String::as_str) {
+                None => false,
+                Some("consistent") => true,
+                Some(p) => return Err(derr(d, file, format!("invalid parameter \"{p}\""))),
+            };
+            Balance::Hash {
+                key: parse_header_value(d, file, a0(d))?,
+                consistent,
+            }
+        }
+    };
+    if u.balance.is_some() {
+        return Err(derr(d, file, "load balancing method redefined"));
+    }
+    u.balance = Some(b);
     Ok(())
 }
 
@@ -197,6 +229,7 @@ pub(super) fn finish_upstream(name: String, place: Place, u: UpstreamP) -> Upstr
         keepalive: u.keepalive.unwrap_or(0),
         keepalive_timeout_ms: u.keepalive_timeout_ms.unwrap_or(60_000),
         keepalive_requests: u.keepalive_requests.unwrap_or(1000),
+        balance: u.balance.unwrap_or_default(),
     }
 }
 
@@ -208,6 +241,7 @@ pub(super) fn implicit_upstream(name: String, at: Place, addrs: Vec<SocketAddr>)
         keepalive: None,
         keepalive_timeout_ms: None,
         keepalive_requests: None,
+        balance: None,
     };
     finish_upstream(name, at, u)
 }

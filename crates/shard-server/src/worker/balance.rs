@@ -288,3 +288,271 @@ mod tests {
         assert_eq!(st[0].effective_weight, 3);
     }
 }
+
+/// `least_conn`: the round robin among the usable peers with the fewest `active`
+/// connections relative to their weight (primaries first, then backups), as nginx.
+pub(super) fn pick_least_conn(
+    peers: &[PeerConf],
+    state: &mut [PeerState],
+    tried: &[bool],
+    active: &[u64],
+    now_ms: u64,
+) -> Option<usize> {
+    if is_single(peers) {
+        return pick(peers, state, tried, now_ms);
+    }
+    for backup in [false, true] {
+        let mut best: Option<usize> = None;
+        for (i, p) in peers.iter().enumerate() {
+            if p.backup != backup || p.down || tried.get(i).copied().unwrap_or(true) {
+                continue;
+            }
+            if !usable(p, &state[i], now_ms) {
+                continue;
+            }
+            let better = best.is_none_or(|b| {
+                u128::from(active[i]) * u128::from(peers[b].weight)
+                    < u128::from(active[b]) * u128::from(p.weight)
+            });
+            if better {
+                best = Some(i);
+            }
+        }
+        if let Some(b) = best {
+            // Round robin among the peers as good as the best.
+            let mask: Vec<bool> = (0..peers.len())
+                .map(|i| {
+                    tried.get(i).copied().unwrap_or(true)
+                        || peers[i].backup != backup
+                        || u128::from(active[i]) * u128::from(peers[b].weight)
+                            != u128::from(active[b]) * u128::from(peers[i].weight)
+                })
+                .collect();
+            if let Some(i) = pick(peers, state, &mask, now_ms) {
+                return Some(i);
+            }
+        }
+    }
+    pick(peers, state, tried, now_ms)
+}
+
+/// The peer a weighted draw `w` (below the total weight) lands on, in order.
+fn by_weight(peers: &[PeerConf], mut w: u64) -> usize {
+    for (i, p) in peers.iter().enumerate() {
+        if w < u64::from(p.weight) {
+            return i;
+        }
+        w -= u64::from(p.weight);
+    }
+    peers.len() - 1
+}
+
+/// How many times a hash is drawn again before round robin takes over (nginx's 20).
+const HASH_TRIES: u32 = 20;
+
+fn takes(p: &PeerConf, st: &PeerState, tried: bool, now_ms: u64) -> bool {
+    !tried && !p.down && usable(p, st, now_ms)
+}
+
+/// `ip_hash`: nginx's hash of the client's IPv4 /24 (the first three bytes) or IPv6
+/// address, redrawn while it lands on an unusable peer, then round robin.
+pub(super) fn pick_ip_hash(
+    peers: &[PeerConf],
+    state: &mut [PeerState],
+    tried: &[bool],
+    addr: Option<std::net::IpAddr>,
+    now_ms: u64,
+) -> Option<usize> {
+    let bytes: Vec<u8> = match addr {
+        Some(std::net::IpAddr::V4(v4)) => v4.octets()[..3].to_vec(),
+        Some(std::net::IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.octets()[..3].to_vec(),
+            None => v6.octets().to_vec(),
+        },
+        None => return pick(peers, state, tried, now_ms),
+    };
+    let total: u64 = peers.iter().map(|p| u64::from(p.weight)).sum();
+    if total == 0 || is_single(peers) {
+        return pick(peers, state, tried, now_ms);
+    }
+    let mut hash: u64 = 89;
+    for _ in 0..HASH_TRIES {
+        for &b in &bytes {
+            hash = (hash * 113 + u64::from(b)) % 6271;
+        }
+        let i = by_weight(peers, hash % total);
+        if takes(
+            &peers[i],
+            &state[i],
+            tried.get(i).copied().unwrap_or(true),
+            now_ms,
+        ) {
+            return Some(i);
+        }
+    }
+    pick(peers, state, tried, now_ms)
+}
+
+/// `hash KEY`: nginx's CRC32 draw over the weights, redrawn (with the attempt number mixed
+/// in) while it lands on an unusable peer, then round robin.
+pub(super) fn pick_hash(
+    peers: &[PeerConf],
+    state: &mut [PeerState],
+    tried: &[bool],
+    key: &[u8],
+    now_ms: u64,
+) -> Option<usize> {
+    let total: u64 = peers.iter().map(|p| u64::from(p.weight)).sum();
+    if total == 0 || is_single(peers) {
+        return pick(peers, state, tried, now_ms);
+    }
+    let mut acc: u64 = 0;
+    for rehash in 0..HASH_TRIES {
+        let n = rehash.to_string();
+        let h = if rehash > 0 {
+            shard_http::gzip::crc32(&[n.as_bytes(), key])
+        } else {
+            shard_http::gzip::crc32(&[key])
+        };
+        acc += u64::from((h >> 16) & 0x7fff);
+        let i = by_weight(peers, acc % total);
+        if takes(
+            &peers[i],
+            &state[i],
+            tried.get(i).copied().unwrap_or(true),
+            now_ms,
+        ) {
+            return Some(i);
+        }
+    }
+    pick(peers, state, tried, now_ms)
+}
+
+/// The points of a consistent-hash ring: 160 per unit of weight for each peer, by the CRC32
+/// of its name and the point's number; sorted.
+pub(super) fn ring(peers: &[PeerConf]) -> Vec<(u32, usize)> {
+    let mut pts = Vec::new();
+    for (i, p) in peers.iter().enumerate() {
+        for j in 0..160 * p.weight {
+            let n = j.to_string();
+            pts.push((
+                shard_http::gzip::crc32(&[p.name.as_bytes(), b"-", n.as_bytes()]),
+                i,
+            ));
+        }
+    }
+    pts.sort_unstable();
+    pts
+}
+
+/// `hash KEY consistent`: the first point of `ring` at or after the key's CRC32 whose peer
+/// can take the request; adding or removing a peer moves only its share of keys.
+pub(super) fn pick_consistent(
+    peers: &[PeerConf],
+    state: &mut [PeerState],
+    tried: &[bool],
+    ring: &[(u32, usize)],
+    key: &[u8],
+    now_ms: u64,
+) -> Option<usize> {
+    if ring.is_empty() || is_single(peers) {
+        return pick(peers, state, tried, now_ms);
+    }
+    let h = shard_http::gzip::crc32(&[key]);
+    let start = ring.partition_point(|&(p, _)| p < h);
+    for k in 0..ring.len() {
+        let (_, i) = ring[(start + k) % ring.len()];
+        if takes(
+            &peers[i],
+            &state[i],
+            tried.get(i).copied().unwrap_or(true),
+            now_ms,
+        ) {
+            return Some(i);
+        }
+    }
+    pick(peers, state, tried, now_ms)
+}
+
+#[cfg(test)]
+mod method_tests {
+    use super::*;
+
+    fn peers(n: usize) -> Vec<PeerConf> {
+        (0..n)
+            .map(|i| PeerConf {
+                addr: format!("127.0.0.1:{}", 1000 + i).parse().unwrap(),
+                name: format!("127.0.0.1:{}", 1000 + i),
+                weight: 1,
+                max_fails: 1,
+                fail_timeout_ms: 10_000,
+                backup: false,
+                down: false,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn least_conn_prefers_the_idlest_and_rotates_among_equals() {
+        let p = peers(3);
+        let mut st = PeerState::table(&p);
+        let tried = [false; 3];
+        assert_eq!(pick_least_conn(&p, &mut st, &tried, &[2, 0, 1], 1), Some(1));
+        let picks: Vec<_> = (0..4)
+            .map(|_| pick_least_conn(&p, &mut st, &tried, &[1, 1, 1], 1).unwrap())
+            .collect();
+        let mut seen = picks.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 3, "equals share: {picks:?}");
+        // Weight counts: 2 active on weight 3 beats 1 active on weight 1.
+        let mut w = peers(2);
+        w[0].weight = 3;
+        let mut st = PeerState::table(&w);
+        assert_eq!(
+            pick_least_conn(&w, &mut st, &[false; 2], &[2, 1], 1),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn hashes_are_stable_spread_and_skip_down_peers() {
+        let mut p = peers(4);
+        let mut st = PeerState::table(&p);
+        let tried = [false; 4];
+        let mut counts = [0; 4];
+        for k in 0..400 {
+            let key = format!("user-{k}");
+            let a = pick_hash(&p, &mut st, &tried, key.as_bytes(), 1).unwrap();
+            let b = pick_hash(&p, &mut st, &tried, key.as_bytes(), 1).unwrap();
+            assert_eq!(a, b, "the same key, the same peer");
+            counts[a] += 1;
+        }
+        assert!(counts.iter().all(|&c| c > 50), "{counts:?}");
+        // Consistent: removing a peer moves only that peer's keys.
+        let r4 = ring(&p);
+        let before: Vec<usize> = (0..400)
+            .map(|k| {
+                pick_consistent(&p, &mut st, &tried, &r4, format!("k{k}").as_bytes(), 1).unwrap()
+            })
+            .collect();
+        p[2].down = true;
+        let after: Vec<usize> = (0..400)
+            .map(|k| {
+                pick_consistent(&p, &mut st, &tried, &r4, format!("k{k}").as_bytes(), 1).unwrap()
+            })
+            .collect();
+        for (b, a) in before.iter().zip(&after) {
+            if *b != 2 {
+                assert_eq!(a, b, "a key of a live peer does not move");
+            } else {
+                assert_ne!(*a, 2);
+            }
+        }
+        // ip_hash: one /24, one peer.
+        let ip = |s: &str| Some(s.parse().unwrap());
+        let a = pick_ip_hash(&p, &mut st, &tried, ip("192.0.2.1"), 1);
+        let b = pick_ip_hash(&p, &mut st, &tried, ip("192.0.2.200"), 1);
+        assert_eq!(a, b);
+    }
+}

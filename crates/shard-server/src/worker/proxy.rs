@@ -24,7 +24,7 @@
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use shard_config::{HttpConf, LocationConf, ProxyPass};
+use shard_config::{Balance, HttpConf, LocationConf, ProxyPass};
 use shard_event::sock::Connect;
 use shard_http::body::ChunkedDecoder;
 use shard_http::proxy::{Failure, Framing, ResponseParse};
@@ -254,6 +254,81 @@ impl<'a> Worker<'a> {
         self.cfg.http.as_ref().unwrap_or(&NONE)
     }
 
+    /// The upstream's balancing method for the request on `key`.
+    fn pick_http_peer(&mut self, key: usize, p: &Proxy, upstream: usize) -> Option<usize> {
+        let ups = &self.http().upstreams[upstream];
+        let now = self.now_ms;
+        match &ups.balance {
+            Balance::RoundRobin => balance::pick(
+                &ups.peers,
+                &mut self.http_peer_state[upstream],
+                &p.tried,
+                now,
+            ),
+            Balance::LeastConn => {
+                let mut active = vec![0u64; ups.peers.len()];
+                for (_, uc) in self.upconns.iter() {
+                    if uc.upstream == upstream && uc.owner.is_some() {
+                        active[uc.peer] += 1;
+                    }
+                }
+                balance::pick_least_conn(
+                    &ups.peers,
+                    &mut self.http_peer_state[upstream],
+                    &p.tried,
+                    &active,
+                    now,
+                )
+            }
+            Balance::IpHash => {
+                let ip = self.conns[key].client.map(|c| c.ip());
+                balance::pick_ip_hash(
+                    &ups.peers,
+                    &mut self.http_peer_state[upstream],
+                    &p.tried,
+                    ip,
+                    now,
+                )
+            }
+            Balance::Hash {
+                key: parts,
+                consistent,
+            } => {
+                let loc = self.proxy_location(p);
+                let value = {
+                    let mut storage = shard_http::vars::header_storage();
+                    let hs = shard_http::vars::request_headers(&p.head, &mut storage);
+                    let ctx = self.var_ctx(key, &p.req, hs, loc);
+                    let mut v = Vec::new();
+                    shard_http::vars::push_parts(&mut v, parts, &ctx);
+                    v
+                };
+                if *consistent {
+                    let ring = self
+                        .rings
+                        .entry(upstream)
+                        .or_insert_with(|| balance::ring(&ups.peers));
+                    balance::pick_consistent(
+                        &ups.peers,
+                        &mut self.http_peer_state[upstream],
+                        &p.tried,
+                        ring,
+                        &value,
+                        now,
+                    )
+                } else {
+                    balance::pick_hash(
+                        &ups.peers,
+                        &mut self.http_peer_state[upstream],
+                        &p.tried,
+                        &value,
+                        now,
+                    )
+                }
+            }
+        }
+    }
+
     fn proxy_location(&self, p: &Proxy) -> &'a LocationConf {
         let s = &self.http().servers[p.server];
         p.location.map_or(&s.base, |i| &s.locations[i])
@@ -472,12 +547,7 @@ impl<'a> Worker<'a> {
                 if tries_max > 0 && p.tries >= tries_max {
                     return no_more_peers(p, 502);
                 }
-                let pick = balance::pick(
-                    &ups.peers,
-                    &mut self.http_peer_state[upstream],
-                    &p.tried,
-                    self.now_ms,
-                );
+                let pick = self.pick_http_peer(key, p, upstream);
                 let Some(peer) = pick else {
                     if p.tries == 0 {
                         crate::log!(

@@ -194,10 +194,34 @@ impl Worker<'_> {
         }
     }
 
-    /// Smooth weighted round robin over the peers not yet tried by this relay.
+    /// The upstream's method (smooth weighted round robin, or `least_conn` over this
+    /// worker's relays) over the peers not yet tried by this relay.
     fn pick_peer(&mut self, upstream: usize, tried: &[bool]) -> Option<usize> {
-        let peers = &self.cfg.stream.as_ref()?.upstreams[upstream].peers;
-        balance::pick(peers, &mut self.peer_state[upstream], tried, self.now_ms)
+        let stream = self.cfg.stream.as_ref()?;
+        let ups = &stream.upstreams[upstream];
+        if ups.balance == shard_config::Balance::LeastConn {
+            let mut active = vec![0u64; ups.peers.len()];
+            for (_, r) in self.relays.iter() {
+                if stream.servers[r.server].upstream == upstream {
+                    if let Some(p) = r.current_peer {
+                        active[p] += 1;
+                    }
+                }
+            }
+            return balance::pick_least_conn(
+                &ups.peers,
+                &mut self.peer_state[upstream],
+                tried,
+                &active,
+                self.now_ms,
+            );
+        }
+        balance::pick(
+            &ups.peers,
+            &mut self.peer_state[upstream],
+            tried,
+            self.now_ms,
+        )
     }
 
     fn peer_failed(&mut self, upstream: usize, peer: usize) {
