@@ -386,8 +386,8 @@ fn api_check(p: u16, dir: &Path) {
     );
     let (st, _, body) = ask(p, "GET /nothing HTTP/1.1\r\nHost: api.example.com");
     assert_eq!((st, body.as_str()), (404, r#"{"error":"not found"}"#));
-    // A burst from one client: 2 r/s with burst=3 nodelay lets 4 through (the first earlier
-    // request counted too), then 429.
+    // A burst from one client: 30 r/m with burst=3 nodelay lets 4 through, then 429 (another
+    // would pass only after two seconds).
     let codes: Vec<u16> = (0..6)
         .map(|_| {
             ask(
