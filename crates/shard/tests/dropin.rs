@@ -839,3 +839,56 @@ fn hash_ip_hash_and_least_conn_upstreams() {
     }
     assert_eq!(seen.len(), 2, "least_conn with nothing in flight rotates");
 }
+
+const UPSTREAM_VARS_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    log_format up '$request_uri $status up=$upstream_addr st=$upstream_status rt=$upstream_response_time ct=$upstream_connect_time';
+    access_log logs/up.log up;
+    upstream pair { server 127.0.0.1:{port2}; server 127.0.0.1:{port1}; }
+    server {
+        listen 127.0.0.1:{port};
+        location = /status { shard_status; access_log off; }
+        location / { proxy_pass http://pair; }
+    }
+    server { listen 127.0.0.1:{port1}; access_log off; location / { return 200 "live"; } }
+}
+"#;
+
+#[test]
+fn upstream_variables_in_the_access_log() {
+    // {port2} is a free port nothing listens on: the first try is refused.
+    let s = Server::start_ports("upvars", UPSTREAM_VARS_CONF, 1, 2);
+    let a = s.addr();
+    let (live, dead) = (s.ports[0], s.ports[1]);
+    for _ in 0..2 {
+        assert_eq!(get(a, "/x").body_str(), "live");
+    }
+    let log = s.dir.join("logs/up.log");
+    let text = wait_for(Duration::from_secs(5), "two proxied lines", || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|t| t.lines().count() >= 2)
+    });
+    // The first request tried the refused peer, then the live one; the second only the live
+    // one (the refused peer is out for fail_timeout). Times are seconds with milliseconds; a
+    // refused connect has no connect time.
+    let lines: Vec<&str> = text.lines().collect();
+    let first = format!("/x 200 up=127.0.0.1:{dead}, 127.0.0.1:{live} st=502, 200 rt=");
+    assert!(lines[0].starts_with(&first), "{text}");
+    let rt = lines[0]
+        .split("rt=")
+        .nth(1)
+        .unwrap()
+        .split(" ct=")
+        .next()
+        .unwrap();
+    assert!(
+        rt.split(", ").count() == 2 && rt.split(", ").all(|t| t.len() == 5 && t.contains('.')),
+        "{text}"
+    );
+    assert!(lines[0].contains(" ct=-, 0."), "{text}");
+    let second = format!("/x 200 up=127.0.0.1:{live} st=200 rt=");
+    assert!(lines[1].starts_with(&second), "{text}");
+}

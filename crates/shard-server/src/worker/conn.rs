@@ -1386,6 +1386,21 @@ impl Worker<'_> {
         bytes: u64,
         head: &[u8],
     ) {
+        self.log_access_with(key, loc, req, status, bytes, head, &[]);
+    }
+
+    /// [`Worker::log_access`] of a proxied request, with the peers it tried.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn log_access_with(
+        &mut self,
+        key: usize,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        status: u16,
+        bytes: u64,
+        head: &[u8],
+        upstream: &[shard_http::vars::UpstreamTry],
+    ) {
         for al in &loc.access_logs {
             let Some(&i) = self.access_log_idx.get(&al.path) else {
                 continue;
@@ -1415,6 +1430,7 @@ impl Worker<'_> {
                     status,
                     body_bytes: bytes,
                     bytes,
+                    upstream,
                     ..Default::default()
                 });
                 if al

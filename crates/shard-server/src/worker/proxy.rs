@@ -166,6 +166,10 @@ pub(super) struct Proxy {
     head_sent: bool,
     status: u16,
     body_sent: u64,
+    /// Each peer tried, for `$upstream_addr`, `$upstream_status` and the times; and when the
+    /// current attempt began (monotonic ms).
+    attempts: Vec<shard_http::vars::UpstreamTry>,
+    attempt_started_ms: u64,
 }
 
 impl Proxy {
@@ -197,6 +201,8 @@ impl Proxy {
             reused: false,
             tried: vec![false; n_peers],
             tries: 0,
+            attempts: Vec::new(),
+            attempt_started_ms: 0,
             rbuf: Vec::new(),
             scratch: Vec::new(),
             upbody: UpBody::None,
@@ -561,6 +567,11 @@ impl<'a> Worker<'a> {
                 };
                 p.tried[peer] = true;
                 p.tries += 1;
+                p.attempts.push(shard_http::vars::UpstreamTry {
+                    addr: ups.peers[peer].addr.to_string(),
+                    ..Default::default()
+                });
+                p.attempt_started_ms = self.now_ms;
                 // The balancer chose; a kept-alive connection to that peer only saves the
                 // connect, as nginx's keepalive module wraps the balancer.
                 if let Some(u) = self.take_pooled(upstream, peer) {
@@ -635,6 +646,9 @@ impl<'a> Worker<'a> {
         let _ = shard_event::sock::set_nodelay(raw, true);
         p.up = Some(u);
         if done {
+            if let Some(a) = p.attempts.last_mut() {
+                a.connect_ms = Some(self.now_ms.saturating_sub(p.attempt_started_ms));
+            }
             p.state = State::Sending;
             self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
         } else {
@@ -706,6 +720,9 @@ impl<'a> Worker<'a> {
             return self.attempt_failed(key, p, Failure::Error, &msg);
         }
         let loc = self.proxy_location(p);
+        if let Some(a) = p.attempts.last_mut() {
+            a.connect_ms = Some(self.now_ms.saturating_sub(p.attempt_started_ms));
+        }
         p.state = State::Sending;
         self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
         Flow::Next
@@ -1092,6 +1109,10 @@ impl<'a> Worker<'a> {
         };
         p.upstream_reusable = head.reusable;
         p.status = head.status;
+        if let Some(a) = p.attempts.last_mut() {
+            a.status = Some(head.status);
+            a.header_ms = Some(self.now_ms.saturating_sub(p.attempt_started_ms));
+        }
         p.head_sent = true;
         let loc = self.proxy_location(p);
         let mut extra = Vec::new();
@@ -1350,6 +1371,14 @@ impl<'a> Worker<'a> {
 
     /// The current attempt failed before the response head went to the client.
     fn attempt_failed(&mut self, key: usize, p: &mut Proxy, why: Failure, msg: &str) -> Flow {
+        if let Some(a) = p.attempts.last_mut() {
+            a.response_ms = Some(self.now_ms.saturating_sub(p.attempt_started_ms));
+            if let Failure::Status(st) = why {
+                a.status = Some(st);
+            } else if why == Failure::Timeout {
+                a.status = Some(504);
+            }
+        }
         self.log_proxy_error_current(key, p, msg);
         let sent = p.upreq_pos > 0 || matches!(p.state, State::ReadingHead);
         let spent = self.stream_spent(key, p);
@@ -1399,7 +1428,11 @@ impl<'a> Worker<'a> {
 
     fn log_proxy_access(&mut self, key: usize, p: &Proxy, status: u16, bytes: u64) {
         let loc = self.proxy_location(p);
-        self.log_access(key, loc, &p.req, status, bytes, &p.head);
+        let mut attempts = p.attempts.clone();
+        if let Some(a) = attempts.last_mut().filter(|a| a.response_ms.is_none()) {
+            a.response_ms = Some(self.now_ms.saturating_sub(p.attempt_started_ms));
+        }
+        self.log_access_with(key, loc, &p.req, status, bytes, &p.head, &attempts);
     }
 
     fn set_proxy_deadline(&mut self, key: usize, timeout_ms: u64) {
