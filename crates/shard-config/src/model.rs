@@ -1077,6 +1077,9 @@ pub struct PeerConf {
     pub max_fails: u32,
     /// Default 10 s.
     pub fail_timeout_ms: u64,
+    /// `server unix:/path` (http): the peer is this Unix-domain socket (`addr` is then
+    /// `0.0.0.0:0` and unused).
+    pub unix: Option<PathBuf>,
     pub backup: bool,
     pub down: bool,
 }

@@ -1477,6 +1477,7 @@ fn proxy_implicit_upstreams_are_shared_and_follow_named_ones() {
     assert_eq!(
         implicit.peers,
         vec![PeerConf {
+            unix: None,
             addr: sa("127.0.0.1:9000"),
             name: "127.0.0.1:9000".into(),
             weight: 1,

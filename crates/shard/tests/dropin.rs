@@ -892,3 +892,50 @@ fn upstream_variables_in_the_access_log() {
     let second = format!("/x 200 up=127.0.0.1:{live} st=200 rt=");
     assert!(lines[1].starts_with(&second), "{text}");
 }
+
+const UNIX_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    upstream app { server unix:{dir}/app.sock; }
+    server {
+        listen 127.0.0.1:{port};
+        location = /status { shard_status; }
+        location / { proxy_pass http://app; }
+    }
+}
+"#;
+
+#[test]
+fn upstream_servers_on_unix_sockets() {
+    let s = Server::start("unixup", UNIX_CONF, 1);
+    let l = std::os::unix::net::UnixListener::bind(s.dir.join("app.sock")).unwrap();
+    // Worker processes run as `nobody` under a root master: the socket must let them in.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        s.dir.join("app.sock"),
+        std::fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    let backend = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        let mut buf = Vec::new();
+        let mut tmp = [0u8; 1024];
+        while find(&buf, b"\r\n\r\n").is_none() {
+            let n = c.read(&mut tmp).unwrap();
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&tmp[..n]);
+        }
+        c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nConnection: close\r\n\r\nvia unix!")
+            .unwrap();
+        String::from_utf8_lossy(&buf).into_owned()
+    });
+    let r = get(s.addr(), "/hello?x=1");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "via unix!"));
+    let seen = backend.join().unwrap();
+    assert!(seen.starts_with("GET /hello?x=1 HTTP/1.0\r\n"), "{seen}");
+    assert!(seen.contains("Host: app\r\n"), "{seen}");
+}

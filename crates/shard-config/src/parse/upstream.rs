@@ -159,7 +159,22 @@ pub(super) fn parse_upstream_server(
     default_port: Option<u16>,
 ) -> Result<Vec<PeerConf>, ConfigError> {
     let name = d.args[0].clone();
-    let addrs = resolve_upstream(&name, default_port).map_err(|m| derr(d, file, m))?;
+    let unix = match name.strip_prefix("unix:") {
+        Some(path) if default_port.is_some() && path.starts_with('/') => Some(PathBuf::from(path)),
+        Some(_) if default_port.is_none() => {
+            return Err(derr(
+                d,
+                file,
+                format!("unix domain sockets are not supported in a stream upstream \"{name}\""),
+            ))
+        }
+        Some(_) => return Err(derr(d, file, format!("invalid address \"{name}\""))),
+        None => None,
+    };
+    let addrs = match &unix {
+        Some(_) => vec![SocketAddr::from(([0, 0, 0, 0], 0))],
+        None => resolve_upstream(&name, default_port).map_err(|m| derr(d, file, m))?,
+    };
     let Some(&first) = addrs.first() else {
         return Err(derr(
             d,
@@ -195,7 +210,8 @@ pub(super) fn parse_upstream_server(
         .into_iter()
         .map(|addr| PeerConf {
             addr,
-            name: if addr.to_string() == name {
+            unix: unix.clone(),
+            name: if addr.to_string() == name || unix.is_some() {
                 name.clone()
             } else {
                 addr.to_string()
@@ -210,6 +226,7 @@ pub(super) fn parse_upstream_server(
 pub(super) fn default_peer(addr: SocketAddr) -> PeerConf {
     PeerConf {
         addr,
+        unix: None,
         name: addr.to_string(),
         weight: 1,
         max_fails: 1,

@@ -153,6 +153,7 @@ mod tests {
 
     fn peer(weight: u32, max_fails: u32, fail_timeout_ms: u64) -> PeerConf {
         PeerConf {
+            unix: None,
             addr: "127.0.0.1:1".parse().unwrap(),
             name: String::new(),
             weight,
@@ -481,6 +482,7 @@ mod method_tests {
     fn peers(n: usize) -> Vec<PeerConf> {
         (0..n)
             .map(|i| PeerConf {
+                unix: None,
                 addr: format!("127.0.0.1:{}", 1000 + i).parse().unwrap(),
                 name: format!("127.0.0.1:{}", 1000 + i),
                 weight: 1,

@@ -21,7 +21,6 @@
 //! Upstream sockets sit in the worker's epoll, registered once, edge-triggered, with a
 //! `Token::Upstream` carrying the connection's key and generation.
 
-use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use shard_config::{Balance, HttpConf, LocationConf, ProxyPass};
@@ -568,7 +567,7 @@ impl<'a> Worker<'a> {
                 p.tried[peer] = true;
                 p.tries += 1;
                 p.attempts.push(shard_http::vars::UpstreamTry {
-                    addr: ups.peers[peer].addr.to_string(),
+                    addr: ups.peers[peer].name.clone(),
                     ..Default::default()
                 });
                 p.attempt_started_ms = self.now_ms;
@@ -604,7 +603,11 @@ impl<'a> Worker<'a> {
             return Flow::Fail(500);
         }
         let addr = ups.peers[peer].addr;
-        let (fd, done) = match shard_event::sock::connect_nonblocking(&addr) {
+        let connected = match &ups.peers[peer].unix {
+            Some(path) => shard_event::sock::connect_unix_nonblocking(path),
+            None => shard_event::sock::connect_nonblocking(&addr),
+        };
+        let (fd, done) = match connected {
             Ok(Connect::Done(fd)) => (fd, true),
             Ok(Connect::InProgress(fd)) => (fd, false),
             Err(e) => {
@@ -612,7 +615,7 @@ impl<'a> Worker<'a> {
                     key,
                     p,
                     &format!("connect() failed ({}) while connecting to upstream", os(&e)),
-                    Some(&addr),
+                    Some(&ups.peers[peer].name),
                 );
                 self.proxy_peer_failed(upstream, peer);
                 // The next attempt, or the error page.
@@ -1521,7 +1524,7 @@ impl<'a> Worker<'a> {
 
     /// An error-log line in nginx's shape: `MSG, client: A, server: NAME, request: "LINE",
     /// upstream: "http://PEER/URI", host: "HOST"`.
-    fn log_proxy_error(&self, key: usize, p: &Proxy, msg: &str, addr: Option<&SocketAddr>) {
+    fn log_proxy_error(&self, key: usize, p: &Proxy, msg: &str, addr: Option<&str>) {
         let c = &self.conns[key];
         let srv = &self.http().servers[p.server];
         let server_name = shard_http::route::server_name(srv);
@@ -1548,9 +1551,13 @@ impl<'a> Worker<'a> {
     fn log_proxy_error_current(&self, key: usize, p: &Proxy, msg: &str) {
         let addr = p.up.and_then(|u| {
             let uc = self.upconns.get(u)?;
-            Some(self.http().upstreams[uc.upstream].peers[uc.peer].addr)
+            Some(
+                self.http().upstreams[uc.upstream].peers[uc.peer]
+                    .name
+                    .as_str(),
+            )
         });
-        self.log_proxy_error(key, p, msg, addr.as_ref());
+        self.log_proxy_error(key, p, msg, addr);
     }
 
     /// An event on an upstream connection.
