@@ -2383,3 +2383,18 @@ fn upstream_balancing_methods() {
         "\"hash\" in a stream upstream is not supported by shard in t.conf:2"
     );
 }
+
+#[test]
+fn variables_where_shard_takes_none_are_refused() {
+    for (dir, text) in [
+        ("root", "root /srv/$host;"),
+        ("alias", "location ~ ^/u/(.+)$ { alias /data/$1; }"),
+        ("proxy_pass", "location / { proxy_pass http://$backend; }"),
+        ("access_log", "access_log logs/$host.log;"),
+    ] {
+        assert_eq!(
+            error(&format!("{EV}http {{ server {{ {text} }} }}")),
+            format!("variables in \"{dir}\" are not supported by shard in t.conf:2")
+        );
+    }
+}

@@ -904,7 +904,25 @@ pub(super) fn location_shard_status(_: &Env, loc: &mut LocP, _: &Directive, _: &
     Ok(())
 }
 
+/// nginx takes variables in `root`, `alias`, `access_log` paths and `proxy_pass`; shard does
+/// not yet, and says so rather than using `$name` as text.
+pub(super) fn no_variables(d: &Directive, file: &str, v: &str) -> R {
+    let b = v.as_bytes();
+    let has_var = b
+        .windows(2)
+        .any(|w| w[0] == b'$' && (w[1].is_ascii_alphanumeric() || w[1] == b'_' || w[1] == b'{'));
+    if has_var {
+        return Err(derr(
+            d,
+            file,
+            format!("variables in \"{}\" are not supported by shard", d.name),
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn location_alias(env: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
+    no_variables(d, file, a0(d))?;
     if loc.alias.is_some() {
         return Err(dup(d, file));
     }
@@ -931,6 +949,7 @@ pub(super) fn location_root(env: &Env, loc: &mut LocP, d: &Directive, file: &str
 }
 
 pub(super) fn set_root(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    no_variables(d, file, a0(d))?;
     once(&mut s.root, env.resolve(a0(d)), d, file)
 }
 
@@ -1273,6 +1292,7 @@ pub(super) fn set_access_log(env: &Env, s: &mut Settings, d: &Directive, file: &
         entry.0 = true;
         return Ok(());
     }
+    no_variables(d, file, a)?;
     if a.starts_with("syslog:") {
         return Err(derr(
             d,
@@ -2016,6 +2036,7 @@ pub(super) fn buffer_size(d: &Directive, file: &str, v: &str) -> Result<usize, C
 /// `proxy_pass http://HOST[:PORT][/URI]` (nginx's `ngx_parse_url` with a URI part; errors
 /// worded as nginx's, `... in upstream "REST"` with REST the text after the scheme).
 pub(super) fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, ConfigError> {
+    no_variables(d, file, a0(d))?;
     let url = d.args[0].as_str();
     let starts = |p: &str| {
         url.len() >= p.len() && url.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes())
