@@ -295,9 +295,13 @@ pub struct LocationConf {
     pub place: Place,
     pub ret: Option<Return>,
     pub handler: Option<StatusHandler>,
-    /// Default `html` under the prefix.
+    /// Default `html` under the prefix. With variables (`root /srv/$host`), the part before the
+    /// first variable (what a sandbox may open) and `doc_root_vars` holds the whole template.
     pub root: PathBuf,
     pub alias: Option<PathBuf>,
+    /// `root` or `alias` (whichever this location has) with variables, made absolute against
+    /// the prefix; rendered per request.
+    pub doc_root_vars: Option<Vec<Part>>,
     /// Default `["index.html"]`.
     pub index: Vec<String>,
     /// Default `text/plain`.

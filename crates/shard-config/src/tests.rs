@@ -2386,15 +2386,44 @@ fn upstream_balancing_methods() {
 
 #[test]
 fn variables_where_shard_takes_none_are_refused() {
-    for (dir, text) in [
-        ("root", "root /srv/$host;"),
-        ("alias", "location ~ ^/u/(.+)$ { alias /data/$1; }"),
-        ("proxy_pass", "location / { proxy_pass http://$backend; }"),
-        ("access_log", "access_log logs/$host.log;"),
-    ] {
-        assert_eq!(
-            error(&format!("{EV}http {{ server {{ {text} }} }}")),
-            format!("variables in \"{dir}\" are not supported by shard in t.conf:2")
-        );
-    }
+    assert_eq!(
+        error(&format!(
+            "{EV}http {{ server {{ access_log logs/$host.log; }} }}"
+        )),
+        "variables in \"access_log\" are not supported by shard in t.conf:2"
+    );
+}
+
+#[test]
+fn root_and_alias_with_variables() {
+    let c = http("server { root /srv/$host/www; location ~ ^/u/(.+)$ { alias data/$1; } }");
+    let s = &c.http.unwrap().servers[0];
+    assert_eq!(
+        s.base.root,
+        PathBuf::from("/srv/"),
+        "the part a sandbox may open"
+    );
+    assert_eq!(
+        s.base.doc_root_vars,
+        Some(vec![
+            Part::Lit("/srv/".into()),
+            Part::Var(Var::Host),
+            Part::Lit("/www".into())
+        ])
+    );
+    let l = &s.locations[0];
+    assert_eq!(l.alias, Some(PathBuf::from("/pfx/data/")));
+    assert_eq!(
+        l.doc_root_vars,
+        Some(vec![
+            Part::Lit("/pfx/data/".into()),
+            Part::Var(Var::Capture(1))
+        ])
+    );
+    assert_eq!(
+        error(&format!(
+            "{EV}http {{ server {{ root $document_root/x; }} }}"
+        )),
+        "\"root\" cannot use $document_root, $realpath_root or $request_filename in t.conf:2"
+    );
 }

@@ -202,6 +202,7 @@ pub(crate) mod tests {
             handler: None,
             root: PathBuf::from("/srv/html"),
             alias: None,
+            doc_root_vars: None,
             index: vec!["index.html".into()],
             default_type: "text/plain".into(),
             types: Arc::new(types),

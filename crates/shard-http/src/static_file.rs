@@ -56,15 +56,25 @@ pub enum Plan {
 /// The filesystem path for the normalized URI `path`: `root` + path, or with `alias`, the
 /// location's prefix replaced by the alias (plain string replacement, as nginx).
 pub fn map_path(loc: &LocationConf, path: &str) -> PathBuf {
+    map_path_with(loc, path, None)
+}
+
+/// [`map_path`] with the root (or alias) a template with variables gave for this request.
+/// In a regex location an alias is the whole path (it refers to the location's captures), as
+/// nginx.
+pub fn map_path_with(loc: &LocationConf, path: &str, doc_root: Option<&Path>) -> PathBuf {
     let mut s: OsString;
-    match &loc.alias {
-        Some(alias) => {
+    match (&loc.alias, doc_root) {
+        (Some(alias), _) if loc.kind == shard_config::LocationKind::Regex => {
+            return doc_root.unwrap_or(alias).to_path_buf();
+        }
+        (Some(alias), _) => {
             let rest = path.strip_prefix(loc.path.as_str()).unwrap_or(path);
-            s = alias.as_os_str().to_owned();
+            s = doc_root.unwrap_or(alias).as_os_str().to_owned();
             s.push(rest);
         }
-        None => {
-            s = loc.root.as_os_str().to_owned();
+        (None, _) => {
+            s = doc_root.unwrap_or(&loc.root).as_os_str().to_owned();
             s.push(path);
         }
     }

@@ -248,6 +248,19 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             }
         }
         Var::DocumentRoot | Var::RealpathRoot => {
+            if let Some(t) = &c.location.doc_root_vars {
+                let mut v = Vec::new();
+                push_parts_at(&mut v, t, c, depth + 1);
+                if matches!(var, Var::RealpathRoot) {
+                    let p = std::path::PathBuf::from(String::from_utf8_lossy(&v).into_owned());
+                    if let Ok(p) = std::fs::canonicalize(p) {
+                        out.extend_from_slice(p.as_os_str().as_encoded_bytes());
+                        return;
+                    }
+                }
+                out.extend_from_slice(&v);
+                return;
+            }
             let root = c.location.alias.as_deref().unwrap_or(&c.location.root);
             if matches!(var, Var::RealpathRoot) {
                 if let Ok(p) = std::fs::canonicalize(root) {
@@ -258,7 +271,12 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             out.extend_from_slice(root.as_os_str().as_encoded_bytes());
         }
         Var::RequestFilename => {
-            let p = crate::static_file::map_path(c.location, &req.path);
+            let root = c.location.doc_root_vars.as_ref().map(|t| {
+                let mut v = Vec::new();
+                push_parts_at(&mut v, t, c, depth + 1);
+                std::path::PathBuf::from(String::from_utf8_lossy(&v).into_owned())
+            });
+            let p = crate::static_file::map_path_with(c.location, &req.path, root.as_deref());
             out.extend_from_slice(p.as_os_str().as_encoded_bytes());
         }
         Var::Status => {

@@ -939,3 +939,48 @@ fn upstream_servers_on_unix_sockets() {
     assert!(seen.starts_with("GET /hello?x=1 HTTP/1.0\r\n"), "{seen}");
     assert!(seen.contains("Host: app\r\n"), "{seen}");
 }
+
+const DOCROOT_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        # The literal part of each path exists when the server starts (a sandboxed worker is
+        # granted what exists then).
+        root {dir}/html/$host;
+        location = /status { shard_status; }
+        location ~ ^/u/(\w+)/(.+)$ { alias {dir}/html/user-$1/public/$2; }
+        location /files/ { alias {dir}/html/shared-$arg_v/; }
+        location = /where { return 200 "$document_root|$request_filename"; }
+    }
+}
+"#;
+
+#[test]
+fn root_and_alias_with_variables_and_captures() {
+    let s = Server::start("docroot", DOCROOT_CONF, 1);
+    write_file(&s.dir, "html/a.test/index.html", b"site a");
+    write_file(&s.dir, "html/b.test/index.html", b"site b");
+    write_file(&s.dir, "html/user-ann/public/p.txt", b"ann's page");
+    write_file(&s.dir, "html/shared-v2/f.txt", b"v2 file");
+    let a = s.addr();
+    let host = |h: &str, p: &str| {
+        raw(
+            a,
+            format!("GET {p} HTTP/1.1\r\nHost: {h}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+    };
+    assert_eq!(host("a.test", "/").body_str(), "site a");
+    assert_eq!(host("b.test", "/").body_str(), "site b");
+    assert_eq!(host("c.test", "/").status, 404);
+    assert_eq!(get(a, "/u/ann/p.txt").body_str(), "ann's page");
+    assert_eq!(get(a, "/u/bob/p.txt").status, 404);
+    assert_eq!(get(a, "/files/f.txt?v=v2").body_str(), "v2 file");
+    let d = s.dir.display();
+    assert_eq!(
+        host("a.test", "/where").body_str(),
+        format!("{d}/html/a.test|{d}/html/a.test/where")
+    );
+}

@@ -9,6 +9,8 @@ use super::*;
 #[derive(Default, Clone)]
 pub(super) struct Settings {
     pub(super) root: Option<PathBuf>,
+    /// Set with `root`: its template when it has variables.
+    pub(super) root_vars: Option<Option<Vec<Part>>>,
     pub(super) index: Option<Vec<String>>,
     pub(super) default_type: Option<String>,
     pub(super) types: Option<Arc<HashMap<String, String>>>,
@@ -176,6 +178,7 @@ pub(super) fn with_default_headers(mut p: ProxyConf) -> ProxyConf {
 #[derive(Clone)]
 pub(super) struct Eff {
     pub(super) root: PathBuf,
+    pub(super) root_vars: Option<Vec<Part>>,
     pub(super) index: Vec<String>,
     pub(super) default_type: String,
     pub(super) types: Arc<HashMap<String, String>>,
@@ -221,6 +224,7 @@ impl Eff {
     pub(super) fn defaults(prefix: &Path) -> Eff {
         Eff {
             root: prefix.join("html"),
+            root_vars: None,
             index: vec!["index.html".to_string()],
             default_type: "text/plain".to_string(),
             types: bundled_types(),
@@ -281,6 +285,10 @@ impl Eff {
     pub(super) fn merge(&self, s: &Settings) -> Eff {
         Eff {
             root: s.root.clone().unwrap_or_else(|| self.root.clone()),
+            root_vars: s
+                .root_vars
+                .clone()
+                .unwrap_or_else(|| self.root_vars.clone()),
             index: s.index.clone().unwrap_or_else(|| self.index.clone()),
             default_type: s
                 .default_type
@@ -414,6 +422,7 @@ impl Eff {
             handler: None,
             root: self.root.clone(),
             alias: None,
+            doc_root_vars: self.root_vars.clone(),
             index: self.index.clone(),
             default_type: self.default_type.clone(),
             types: self.types.clone(),
@@ -461,6 +470,7 @@ pub(super) struct LocP {
     pub(super) place: Place,
     pub(super) handler: Option<StatusHandler>,
     pub(super) alias: Option<PathBuf>,
+    pub(super) alias_vars: Option<Vec<Part>>,
     /// `proxy_pass`, resolved to an upstream once the whole `http` block is read.
     pub(super) pass: Option<PassP>,
     pub(super) settings: Settings,
@@ -634,6 +644,11 @@ pub(super) fn flatten(
     conf.internal = l.internal;
     conf.handler = l.handler;
     conf.alias = l.alias;
+    if l.alias_vars.is_some() {
+        conf.doc_root_vars = l.alias_vars;
+    } else if conf.alias.is_some() {
+        conf.doc_root_vars = None;
+    }
     if let Some(p) = &l.pass {
         if p.uri.is_some() && matches!(l.kind, LocationKind::Regex | LocationKind::Named) {
             return Err(err(
@@ -868,6 +883,7 @@ pub(super) fn read_location(
         place: place(d, file),
         handler: None,
         alias: None,
+        alias_vars: None,
         pass: None,
         settings: Settings::default(),
         nested: Vec::new(),
@@ -904,8 +920,8 @@ pub(super) fn location_shard_status(_: &Env, loc: &mut LocP, _: &Directive, _: &
     Ok(())
 }
 
-/// nginx takes variables in `root`, `alias`, `access_log` paths and `proxy_pass`; shard does
-/// not yet, and says so rather than using `$name` as text.
+/// nginx takes variables in `access_log` paths; shard does not yet, and says so rather than
+/// using `$name` as text (`proxy_pass` says so in its own words).
 pub(super) fn no_variables(d: &Directive, file: &str, v: &str) -> R {
     let b = v.as_bytes();
     let has_var = b
@@ -921,8 +937,54 @@ pub(super) fn no_variables(d: &Directive, file: &str, v: &str) -> R {
     Ok(())
 }
 
+/// A `root`/`alias` value with variables: the literal directory before the first variable
+/// (resolved against the prefix) and the whole template, made absolute likewise. `$document_root`
+/// and `$realpath_root` cannot be used in it (nginx refuses them too).
+fn doc_root_template(
+    env: &Env,
+    d: &Directive,
+    file: &str,
+) -> Result<(PathBuf, Vec<Part>), ConfigError> {
+    let v = a0(d);
+    let mut parts = parse_header_value(d, file, v)?;
+    if parts.iter().any(|p| {
+        matches!(
+            p,
+            Part::Var(Var::DocumentRoot | Var::RealpathRoot | Var::RequestFilename)
+        )
+    }) {
+        return Err(derr(
+            d,
+            file,
+            format!(
+                "\"{}\" cannot use $document_root, $realpath_root or $request_filename",
+                d.name
+            ),
+        ));
+    }
+    let literal = v.find('$').map_or(v, |i| &v[..i]);
+    let dir = match literal.rfind('/') {
+        Some(i) => &literal[..=i],
+        None => "",
+    };
+    if !v.starts_with('/') {
+        let prefix = env.prefix.display().to_string();
+        let lead = format!("{}/", prefix.trim_end_matches('/'));
+        match parts.first_mut() {
+            Some(Part::Lit(l)) => l.insert_str(0, &lead),
+            _ => parts.insert(0, Part::Lit(lead)),
+        }
+    }
+    Ok((env.resolve(dir), parts))
+}
+
+pub(super) fn has_variables(v: &str) -> bool {
+    v.as_bytes()
+        .windows(2)
+        .any(|w| w[0] == b'$' && (w[1].is_ascii_alphanumeric() || w[1] == b'_' || w[1] == b'{'))
+}
+
 pub(super) fn location_alias(env: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
-    no_variables(d, file, a0(d))?;
     if loc.alias.is_some() {
         return Err(dup(d, file));
     }
@@ -933,7 +995,13 @@ pub(super) fn location_alias(env: &Env, loc: &mut LocP, d: &Directive, file: &st
             "\"alias\" directive is duplicate, \"root\" directive was specified earlier",
         ));
     }
-    loc.alias = Some(env.resolve(a0(d)));
+    if has_variables(a0(d)) {
+        let (dir, parts) = doc_root_template(env, d, file)?;
+        loc.alias = Some(dir);
+        loc.alias_vars = Some(parts);
+    } else {
+        loc.alias = Some(env.resolve(a0(d)));
+    }
     Ok(())
 }
 
@@ -949,7 +1017,12 @@ pub(super) fn location_root(env: &Env, loc: &mut LocP, d: &Directive, file: &str
 }
 
 pub(super) fn set_root(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    no_variables(d, file, a0(d))?;
+    if has_variables(a0(d)) {
+        let (dir, parts) = doc_root_template(env, d, file)?;
+        s.root_vars = Some(Some(parts));
+        return once(&mut s.root, dir, d, file);
+    }
+    s.root_vars = Some(None);
     once(&mut s.root, env.resolve(a0(d)), d, file)
 }
 
@@ -1536,6 +1609,7 @@ pub(super) fn server_try_files(env: &Env, cx: &mut ServerCx<'_>, d: &Directive, 
         place: place(d, file),
         handler: None,
         alias: None,
+        alias_vars: None,
         pass: None,
         settings: Settings::default(),
         nested: Vec::new(),
@@ -2036,7 +2110,6 @@ pub(super) fn buffer_size(d: &Directive, file: &str, v: &str) -> Result<usize, C
 /// `proxy_pass http://HOST[:PORT][/URI]` (nginx's `ngx_parse_url` with a URI part; errors
 /// worded as nginx's, `... in upstream "REST"` with REST the text after the scheme).
 pub(super) fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, ConfigError> {
-    no_variables(d, file, a0(d))?;
     let url = d.args[0].as_str();
     let starts = |p: &str| {
         url.len() >= p.len() && url.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes())

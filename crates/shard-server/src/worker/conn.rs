@@ -981,6 +981,7 @@ impl Worker<'_> {
         // The head is kept when the request may be proxied, redirected internally, or a
         // variable needs its header lines; the common static and `return` paths copy nothing.
         let keep_head = first.proxy_pass.is_some()
+            || first.doc_root_vars.is_some()
             || !first.real_ip.from.is_empty()
             || !server.script.is_empty()
             || !first.script.is_empty()
@@ -1346,7 +1347,11 @@ impl Worker<'_> {
             for f in &tf.files {
                 let uri = shard_http::vars::render(f, &ctx);
                 let want_dir = uri.ends_with('/');
-                let path = shard_http::static_file::map_path(loc, &uri);
+                let root = loc
+                    .doc_root_vars
+                    .as_ref()
+                    .map(|t| std::path::PathBuf::from(shard_http::vars::render(t, &ctx)));
+                let path = shard_http::static_file::map_path_with(loc, &uri, root.as_deref());
                 match std::fs::metadata(&path) {
                     Ok(m) if m.is_dir() == want_dir => {
                         found = Some(uri);
@@ -1523,6 +1528,21 @@ impl Worker<'_> {
             );
         }
         !allowed
+    }
+
+    /// The root or alias of `loc` for this request when it has variables (`root /srv/$host`).
+    pub(super) fn doc_root(
+        &self,
+        key: usize,
+        req: &shard_http::request::Request,
+        loc: &LocationConf,
+        head: &[u8],
+    ) -> Option<std::path::PathBuf> {
+        let t = loc.doc_root_vars.as_ref()?;
+        let mut storage = shard_http::vars::header_storage();
+        let hs = shard_http::vars::request_headers(head, &mut storage);
+        let ctx = self.var_ctx(key, req, hs, loc);
+        Some(std::path::PathBuf::from(shard_http::vars::render(t, &ctx)))
     }
 
     /// nginx's `return 444`: the connection closes with nothing sent.

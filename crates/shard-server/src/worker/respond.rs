@@ -434,7 +434,8 @@ fn static_file(
     keep_alive: bool,
     head: &[u8],
 ) -> Reply {
-    let mut path = shard_http::static_file::map_path(loc, &req.path);
+    let root = w.doc_root(key, req, loc, head);
+    let mut path = shard_http::static_file::map_path_with(loc, &req.path, root.as_deref());
     let mut opened = open_cached(w, &path, loc);
     // A directory request ending in '/' is served by its first existing index file.
     if req.path.ends_with('/') {
