@@ -399,6 +399,9 @@ pub enum Instr {
     If { cond: Cond, then: Vec<Instr> },
     /// `break`: no more rewrite instructions in this location.
     Break,
+    /// `add_header` inside `if`: when the `if` holds, the response takes the `if`'s headers
+    /// instead of the location's (nginx makes the `if` a location of its own).
+    AddHeader(AddHeader),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

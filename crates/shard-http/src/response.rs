@@ -74,6 +74,7 @@ pub fn headers_apply(status: u16) -> bool {
 pub fn write_extra(
     out: &mut Vec<u8>,
     loc: &shard_config::LocationConf,
+    if_headers: Option<&[shard_config::AddHeader]>,
     status: u16,
     now: u64,
     mtime: Option<i64>,
@@ -119,7 +120,8 @@ pub fn write_extra(
         }
     }
     let mut value = Vec::new();
-    for h in loc.add_headers.iter().filter(|h| h.always || applies) {
+    let headers = if_headers.unwrap_or(&loc.add_headers);
+    for h in headers.iter().filter(|h| h.always || applies) {
         value.clear();
         match (ctx, h.value.as_slice()) {
             (_, [shard_config::Part::Lit(v)]) => value.extend_from_slice(v.as_bytes()),

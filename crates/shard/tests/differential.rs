@@ -62,6 +62,14 @@ const HTTP: &str = r#"
         location /gz/ { gzip on; gzip_min_length 1; gzip_types text/plain; gzip_vary on; }
         location /hdr/ { add_header X-Frame-Options SAMEORIGIN; add_header X-Always a always; }
         location = /close { return 444; }
+        location /cors/ {
+            add_header X-Location loc;
+            if ($request_method = OPTIONS) {
+                add_header Access-Control-Allow-Origin *;
+                return 204;
+            }
+            return 200 "cors";
+        }
         location /p/ {
             proxy_pass http://127.0.0.1:{port1};
             proxy_hide_header X-Secret;
@@ -141,6 +149,8 @@ const REQUESTS: &[&str] = &[
     "GET /hdr/h.txt HTTP/1.1\r\nHost: h",
     "GET /hdr/none.txt HTTP/1.1\r\nHost: h",
     "GET /close HTTP/1.1\r\nHost: h",
+    "OPTIONS /cors/x HTTP/1.1\r\nHost: h",
+    "GET /cors/x HTTP/1.1\r\nHost: h",
     "GET /spa HTTP/1.1\r\nHost: h",
     "POST /ten.txt HTTP/1.1\r\nHost: h\r\nContent-Length: 0",
     "HEAD /ten.txt HTTP/1.1\r\nHost: h",
@@ -166,6 +176,8 @@ const HEADERS: &[&str] = &[
     "etag",
     "last-modified",
     "accept-ranges",
+    "access-control-allow-origin",
+    "x-location",
 ];
 
 #[derive(PartialEq)]

@@ -984,3 +984,49 @@ fn root_and_alias_with_variables_and_captures() {
         format!("{d}/html/a.test|{d}/html/a.test/where")
     );
 }
+
+const CORS_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        location = /status { shard_status; }
+        location /api/ {
+            add_header X-Location loc;
+            if ($request_method = OPTIONS) {
+                add_header Access-Control-Allow-Origin *;
+                add_header Access-Control-Allow-Methods "GET, POST, OPTIONS";
+                return 204;
+            }
+            return 200 "api";
+        }
+    }
+}
+"#;
+
+#[test]
+fn add_header_inside_if_replaces_the_locations_headers() {
+    let s = Server::start("ifheaders", CORS_CONF, 1);
+    let a = s.addr();
+    let r = raw(
+        a,
+        b"OPTIONS /api/x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 204);
+    assert_eq!(r.header("Access-Control-Allow-Origin"), Some("*"));
+    assert_eq!(
+        r.header("Access-Control-Allow-Methods"),
+        Some("GET, POST, OPTIONS")
+    );
+    assert_eq!(
+        r.header("X-Location"),
+        None,
+        "the if's headers replace the location's"
+    );
+    let r = get(a, "/api/x");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "api"));
+    assert_eq!(r.header("X-Location"), Some("loc"));
+    assert_eq!(r.header("Access-Control-Allow-Origin"), None);
+}

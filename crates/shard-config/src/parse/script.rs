@@ -63,6 +63,21 @@ pub(super) fn script_return(_: &Env, script: &mut Vec<Instr>, d: &Directive, fil
     Ok(())
 }
 
+/// `add_header NAME VALUE [always]` inside `if`.
+pub(super) fn script_add_header(
+    env: &Env,
+    script: &mut Vec<Instr>,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let mut s = Settings::default();
+    set_add_header(env, &mut s, d, file)?;
+    for h in s.add_headers.unwrap_or_default() {
+        script.push(Instr::AddHeader(h));
+    }
+    Ok(())
+}
+
 pub(super) fn script_break(_: &Env, script: &mut Vec<Instr>, _: &Directive, _: &str) -> R {
     script.push(Instr::Break);
     Ok(())

@@ -407,6 +407,7 @@ pub(super) static TABLE: &[Spec] = &[
     d("access_log", HSL, 1, MANY, Set::Settings(set_access_log)),
     d("log_format", H, 2, MANY, Set::Http(http_log_format)),
     d("add_header", HSL, 2, 3, Set::Settings(set_add_header)),
+    d("add_header", IF, 2, 3, Set::Script(script_add_header)),
     d("expires", HSL, 1, 2, Set::Settings(set_expires)),
     d("server_tokens", HSL, 1, 1, Set::Settings(set_server_tokens)),
     d("allow", HSL, 1, 1, Set::Settings(set_access_rule)),

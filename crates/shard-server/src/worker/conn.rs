@@ -93,6 +93,8 @@ pub(super) struct Conn {
     pub(super) capture_text: Option<String>,
     /// Values `set` gave the current request's variables.
     pub(super) user_vars: Vec<(String, Vec<u8>)>,
+    /// `add_header`s of an `if` that held: they replace the location's for this response.
+    pub(super) if_headers: Option<Vec<shard_config::AddHeader>>,
     /// The current request's client: the peer, or what `set_real_ip_from` lets a header say.
     pub(super) client: Option<SocketAddr>,
     /// `limit_req` delays the request (still unparsed in `inbuf`) until then (0: not delayed).
@@ -239,6 +241,7 @@ impl Conn {
             captures: Vec::new(),
             capture_text: None,
             user_vars: Vec::new(),
+            if_headers: None,
             client: peer,
             delayed_until: 0,
             limit_passed: false,
@@ -1007,6 +1010,7 @@ impl Worker<'_> {
         c.in_error_page = false;
         c.status_override = None;
         c.user_vars.clear();
+        c.if_headers = None;
         c.send_timeout_ms = first.send_timeout_ms;
         c.body_timeout_ms = first.client_body_timeout_ms;
         c.keepalive_timeout_ms = first.keepalive_timeout_ms;

@@ -1119,7 +1119,8 @@ impl<'a> Worker<'a> {
         p.head_sent = true;
         let loc = self.proxy_location(p);
         let mut extra = Vec::new();
-        if loc.expires.is_some() || !loc.add_headers.is_empty() {
+        let if_headers = self.conns[key].if_headers.clone();
+        if loc.expires.is_some() || !loc.add_headers.is_empty() || if_headers.is_some() {
             let mut storage = shard_http::vars::header_storage();
             let hs = shard_http::vars::request_headers(&p.head, &mut storage);
             let mut ctx = self.var_ctx(key, &p.req, hs, loc);
@@ -1130,6 +1131,7 @@ impl<'a> Worker<'a> {
             shard_http::response::write_extra(
                 &mut extra,
                 loc,
+                if_headers.as_deref(),
                 head.status,
                 self.now_secs,
                 None,

@@ -228,7 +228,8 @@ fn extra_headers(
     content_type: Option<&str>,
 ) -> Vec<u8> {
     let mut extra = Vec::new();
-    if loc.expires.is_none() && loc.add_headers.is_empty() {
+    let if_headers = w.conns[key].if_headers.as_deref();
+    if loc.expires.is_none() && loc.add_headers.is_empty() && if_headers.is_none() {
         return extra;
     }
     let mut storage = shard_http::vars::header_storage();
@@ -239,7 +240,15 @@ fn extra_headers(
         content_type,
         ..Default::default()
     });
-    shard_http::response::write_extra(&mut extra, loc, status, w.now_secs, mtime, Some(&ctx));
+    shard_http::response::write_extra(
+        &mut extra,
+        loc,
+        if_headers,
+        status,
+        w.now_secs,
+        mtime,
+        Some(&ctx),
+    );
     extra
 }
 

@@ -57,6 +57,12 @@ impl Worker<'_> {
         for instr in script {
             match instr {
                 Instr::Break => return Some(Outcome::Stay),
+                Instr::AddHeader(h) => {
+                    self.conns[key]
+                        .if_headers
+                        .get_or_insert_with(Vec::new)
+                        .push(h.clone());
+                }
                 Instr::Return(r) => {
                     let text = r
                         .text
@@ -74,6 +80,11 @@ impl Worker<'_> {
                 }
                 Instr::If { cond, then } => {
                     if depth < IF_DEPTH_MAX && self.holds(key, cond, req, head, loc) {
+                        // An `if` with headers of its own is the request's configuration from
+                        // here on: its headers replace the location's (and an earlier if's).
+                        if then.iter().any(|i| matches!(i, Instr::AddHeader(_))) {
+                            self.conns[key].if_headers = Some(Vec::new());
+                        }
                         if let Some(o) =
                             self.run_instrs(key, then, req, head, loc, changed, depth + 1)
                         {
