@@ -209,7 +209,22 @@ pub enum ServerName {
     WildcardSuffix(String),
     /// `.example.com`: stored as `example.com`; matches `example.com` and `*.example.com`.
     Dot(String),
+    /// `~^www\.(.+)$`: tried after the wildcards, in file order (case-insensitive, as host
+    /// names are compared lowercase).
+    Regex(NameRegex),
 }
+
+/// A server name's regular expression, compared by its text.
+#[derive(Debug, Clone)]
+pub struct NameRegex(pub regex::Regex);
+
+impl PartialEq for NameRegex {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.as_str() == other.0.as_str()
+    }
+}
+
+impl Eq for NameRegex {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LocationKind {

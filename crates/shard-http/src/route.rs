@@ -2,7 +2,7 @@
 //!
 //! Server: among the servers on the connection's listening address, an exact name wins, then
 //! the longest wildcard starting with `*` (or `.name`), then the longest wildcard ending with
-//! `*`, else the address's default server. Location: nginx's search (see
+//! `*`, then the first regular expression that matches, else the address's default server. Location: nginx's search (see
 //! [`find_location_index`]): exact, then the longest prefix, then regexes, else the server's
 //! own settings. This module does not look at methods, files or the network.
 
@@ -70,7 +70,20 @@ pub fn select_server(http: &HttpConf, listener: &Listener, host: Option<&str>) -
             }
         }
     }
-    best.map_or(listener.default_server, |(i, _)| i)
+    if let Some((i, _)) = best {
+        return i;
+    }
+    // Regular expressions, in the order written.
+    for (i, s) in candidates() {
+        for n in &s.server_names {
+            if let ServerName::Regex(r) = n {
+                if r.0.is_match(host) {
+                    return i;
+                }
+            }
+        }
+    }
+    listener.default_server
 }
 
 /// `$server_name`: the server's first exact name, or "".

@@ -1030,3 +1030,36 @@ fn add_header_inside_if_replaces_the_locations_headers() {
     assert_eq!(r.header("X-Location"), Some("loc"));
     assert_eq!(r.header("Access-Control-Allow-Origin"), None);
 }
+
+const REGEX_NAMES_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    server { listen 127.0.0.1:{port}; location = /status { shard_status; } location / { return 200 "default"; } }
+    server { listen 127.0.0.1:{port}; server_name ~^(www\.)?(?<d>shop)\.test$; return 200 "regex"; }
+    server { listen 127.0.0.1:{port}; server_name *.shop.test; return 200 "wildcard"; }
+}
+"#;
+
+#[test]
+fn regex_server_names_come_after_wildcards() {
+    let s = Server::start("regexnames", REGEX_NAMES_CONF, 1);
+    let a = s.addr();
+    let host = |h: &str| {
+        raw(
+            a,
+            format!("GET / HTTP/1.1\r\nHost: {h}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .body_str()
+    };
+    assert_eq!(host("shop.test"), "regex");
+    assert_eq!(host("api.shop.test"), "wildcard");
+    assert_eq!(
+        host("www.shop.test"),
+        "wildcard",
+        "a wildcard wins over a regex"
+    );
+    assert_eq!(host("WWW2.Shop.Test"), "wildcard");
+    assert_eq!(host("other.test"), "default");
+}

@@ -155,10 +155,11 @@ pub(super) fn parse_server_name(
     file: &str,
     a: &str,
 ) -> Result<ServerName, ConfigError> {
-    let n = a.to_ascii_lowercase();
-    if n.starts_with('~') {
-        return Err(derr(d, file, "regex server names are not supported"));
+    if let Some(re) = a.strip_prefix('~') {
+        let r = compile_regex(d, file, re, true)?;
+        return Ok(ServerName::Regex(NameRegex(r)));
     }
+    let n = a.to_ascii_lowercase();
     let bad = || derr(d, file, format!("invalid server name or wildcard \"{a}\""));
     let name = if let Some(rest) = n.strip_prefix('*') {
         if !rest.starts_with('.') || rest.len() < 2 {
@@ -183,6 +184,7 @@ pub(super) fn parse_server_name(
         | ServerName::WildcardPrefix(s)
         | ServerName::WildcardSuffix(s)
         | ServerName::Dot(s) => s,
+        ServerName::Regex(_) => return Ok(name),
     };
     if inner.contains('*') {
         return Err(bad());
