@@ -11,7 +11,6 @@
 //! A kernel without Landlock or seccomp gets a notice from the master, once, and the rest of
 //! the sandbox still applies.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use landlock::{
@@ -224,27 +223,148 @@ fn seccomp() -> Result<bool, String> {
     if !supported {
         return Ok(false);
     }
-    let arch = seccompiler::TargetArch::try_from(std::env::consts::ARCH)
-        .map_err(|e| format!("seccomp: {e}"))?;
-    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> =
-        SYSCALLS.iter().map(|&(_, nr)| (nr, Vec::new())).collect();
-    let filter = seccompiler::SeccompFilter::new(
-        rules,
-        seccompiler::SeccompAction::Errno(libc::EPERM as u32),
-        seccompiler::SeccompAction::Allow,
-        arch,
-    )
-    .map_err(|e| format!("seccomp: {e}"))?;
-    let prog: seccompiler::BpfProgram = filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| format!("seccomp: {e}"))?;
+    let Some(arch) = audit_arch() else {
+        return Err(format!(
+            "seccomp: no filter for the {} architecture",
+            std::env::consts::ARCH
+        ));
+    };
+    let nrs: Vec<i64> = SYSCALLS.iter().map(|&(_, nr)| nr).collect();
+    let prog = allowlist_program(&nrs, arch)
+        .ok_or_else(|| "seccomp: the allowlist does not fit a filter".to_string())?;
     seccompiler::apply_filter(&prog).map_err(|e| format!("seccomp: {e}"))?;
     Ok(true)
+}
+
+/// The audit architecture seccomp reports for this build's target.
+fn audit_arch() -> Option<u32> {
+    match std::env::consts::ARCH {
+        "x86_64" => Some(62 | 0x8000_0000 | 0x4000_0000),
+        "aarch64" => Some(183 | 0x8000_0000 | 0x4000_0000),
+        _ => None,
+    }
+}
+
+const BPF_LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+const BPF_JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+const BPF_JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+const BPF_RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+const RET_ALLOW: u32 = 0x7fff_0000;
+const RET_EPERM: u32 = 0x0005_0000 | libc::EPERM as u32;
+
+/// Where a jump of the allowlist program goes, before offsets are known.
+#[derive(Clone, Copy)]
+enum To {
+    Next,
+    Allow,
+    Deny,
+    At(usize),
+}
+
+/// The seccomp program: the architecture checked, then a binary search over the sorted
+/// system-call numbers (leaves of at most four equality tests), so a call costs about
+/// log2(N) comparisons where a linear filter (seccompiler's) costs up to N; what is not in
+/// `nrs` (x32 calls included) gets `EPERM`. `None` if a jump would exceed BPF's 255.
+pub(crate) fn allowlist_program(nrs: &[i64], arch: u32) -> Option<seccompiler::BpfProgram> {
+    let mut nums: Vec<u32> = nrs.iter().map(|&n| n as u32).collect();
+    nums.sort_unstable();
+    nums.dedup();
+    // (code, k, jt, jf)
+    let mut ins: Vec<(u16, u32, To, To)> = vec![
+        (BPF_LD_W_ABS, 4, To::Next, To::Next),
+        (BPF_JEQ_K, arch, To::Next, To::Deny),
+        (BPF_LD_W_ABS, 0, To::Next, To::Next),
+    ];
+    fn tree(ins: &mut Vec<(u16, u32, To, To)>, nums: &[u32]) {
+        if nums.len() <= 4 {
+            for (i, &n) in nums.iter().enumerate() {
+                let miss = if i + 1 == nums.len() { To::Deny } else { To::Next };
+                ins.push((BPF_JEQ_K, n, To::Allow, miss));
+            }
+            return;
+        }
+        let mid = nums.len() / 2;
+        let at = ins.len();
+        ins.push((BPF_JGE_K, nums[mid], To::Next, To::Next));
+        tree(ins, &nums[..mid]);
+        let right = ins.len();
+        ins[at].2 = To::At(right);
+        tree(ins, &nums[mid..]);
+    }
+    if nums.is_empty() {
+        ins.push((BPF_RET_K, RET_EPERM, To::Next, To::Next));
+    } else {
+        tree(&mut ins, &nums);
+    }
+    let allow = ins.len();
+    ins.push((BPF_RET_K, RET_ALLOW, To::Next, To::Next));
+    let deny = ins.len();
+    ins.push((BPF_RET_K, RET_EPERM, To::Next, To::Next));
+    let mut prog = Vec::with_capacity(ins.len());
+    for (i, &(code, k, jt, jf)) in ins.iter().enumerate() {
+        let off = |t: To| -> Option<u8> {
+            let target = match t {
+                To::Next => i + 1,
+                To::Allow => allow,
+                To::Deny => deny,
+                To::At(a) => a,
+            };
+            u8::try_from(target.checked_sub(i + 1)?).ok()
+        };
+        let (jt, jf) = if code == BPF_JEQ_K || code == BPF_JGE_K {
+            (off(jt)?, off(jf)?)
+        } else {
+            (0, 0)
+        };
+        prog.push(seccompiler::sock_filter { code, jt, jf, k });
+    }
+    Some(prog)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs the allowlist program on (arch, nr) as the kernel would.
+    fn run(prog: &[seccompiler::sock_filter], arch: u32, nr: u32) -> u32 {
+        let (mut pc, mut a) = (0usize, 0u32);
+        loop {
+            let f = &prog[pc];
+            match f.code {
+                BPF_LD_W_ABS => a = if f.k == 4 { arch } else { nr },
+                BPF_JEQ_K | BPF_JGE_K => {
+                    let hit = if f.code == BPF_JEQ_K { a == f.k } else { a >= f.k };
+                    pc += usize::from(if hit { f.jt } else { f.jf });
+                }
+                BPF_RET_K => return f.k,
+                c => panic!("unexpected code {c}"),
+            }
+            pc += 1;
+        }
+    }
+
+    #[test]
+    fn the_allowlist_program_allows_exactly_its_calls() {
+        let arch = audit_arch().unwrap();
+        let nrs: Vec<i64> = SYSCALLS.iter().map(|&(_, nr)| nr).collect();
+        let prog = allowlist_program(&nrs, arch).expect("fits");
+        for nr in 0..1024u32 {
+            let want = if nrs.contains(&i64::from(nr)) { RET_ALLOW } else { RET_EPERM };
+            assert_eq!(run(&prog, arch, nr), want, "syscall {nr}");
+        }
+        assert_eq!(run(&prog, arch, 0x4000_0000), RET_EPERM, "x32");
+        assert_eq!(run(&prog, arch ^ 1, 0), RET_EPERM, "another architecture");
+        // Every subset size works too (the tree's shapes).
+        for n in 0..nrs.len() {
+            let p = allowlist_program(&nrs[..n], arch).unwrap();
+            for &nr in &nrs {
+                let want = if nrs[..n].contains(&nr) { RET_ALLOW } else { RET_EPERM };
+                assert_eq!(run(&p, arch, nr as u32), want);
+            }
+        }
+        // A lookup takes about log2(N) comparisons: the longest path is short.
+        assert!(prog.len() < nrs.len() * 2, "{}", prog.len());
+    }
 
     #[test]
     fn the_plan_names_roots_logs_and_temporary_directories() {
