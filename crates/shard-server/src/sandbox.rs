@@ -278,7 +278,11 @@ pub(crate) fn allowlist_program(nrs: &[i64], arch: u32) -> Option<seccompiler::B
     fn tree(ins: &mut Vec<(u16, u32, To, To)>, nums: &[u32]) {
         if nums.len() <= 4 {
             for (i, &n) in nums.iter().enumerate() {
-                let miss = if i + 1 == nums.len() { To::Deny } else { To::Next };
+                let miss = if i + 1 == nums.len() {
+                    To::Deny
+                } else {
+                    To::Next
+                };
                 ins.push((BPF_JEQ_K, n, To::Allow, miss));
             }
             return;
@@ -333,7 +337,11 @@ mod tests {
             match f.code {
                 BPF_LD_W_ABS => a = if f.k == 4 { arch } else { nr },
                 BPF_JEQ_K | BPF_JGE_K => {
-                    let hit = if f.code == BPF_JEQ_K { a == f.k } else { a >= f.k };
+                    let hit = if f.code == BPF_JEQ_K {
+                        a == f.k
+                    } else {
+                        a >= f.k
+                    };
                     pc += usize::from(if hit { f.jt } else { f.jf });
                 }
                 BPF_RET_K => return f.k,
@@ -349,7 +357,11 @@ mod tests {
         let nrs: Vec<i64> = SYSCALLS.iter().map(|&(_, nr)| nr).collect();
         let prog = allowlist_program(&nrs, arch).expect("fits");
         for nr in 0..1024u32 {
-            let want = if nrs.contains(&i64::from(nr)) { RET_ALLOW } else { RET_EPERM };
+            let want = if nrs.contains(&i64::from(nr)) {
+                RET_ALLOW
+            } else {
+                RET_EPERM
+            };
             assert_eq!(run(&prog, arch, nr), want, "syscall {nr}");
         }
         assert_eq!(run(&prog, arch, 0x4000_0000), RET_EPERM, "x32");
@@ -358,7 +370,11 @@ mod tests {
         for n in 0..nrs.len() {
             let p = allowlist_program(&nrs[..n], arch).unwrap();
             for &nr in &nrs {
-                let want = if nrs[..n].contains(&nr) { RET_ALLOW } else { RET_EPERM };
+                let want = if nrs[..n].contains(&nr) {
+                    RET_ALLOW
+                } else {
+                    RET_EPERM
+                };
                 assert_eq!(run(&p, arch, nr as u32), want);
             }
         }
