@@ -6,8 +6,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -97,31 +96,10 @@ fn start_shard(dir: &Path, port: u16) -> Running {
     r
 }
 
-/// Status, some headers, and the body of `head` (plus `Connection: close`).
+/// Status, headers, and the body of `head` (plus `Connection: close`).
 fn ask(port: u16, head: &str) -> (u16, Vec<(String, String)>, String) {
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "{head}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let end = find(&raw, b"\r\n\r\n").map_or(raw.len(), |i| i + 4);
-    let text = String::from_utf8_lossy(&raw[..end]).into_owned();
-    let mut lines = text.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let hs = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    (
-        status,
-        hs,
-        String::from_utf8_lossy(&raw[end..]).into_owned(),
-    )
+    let (status, hs, body) = exchange(([127, 0, 0, 1], port).into(), head);
+    (status, hs, String::from_utf8_lossy(&body).into_owned())
 }
 
 fn header<'a>(hs: &'a [(String, String)], name: &str) -> Option<&'a str> {

@@ -5,10 +5,9 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Read;
+use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
 use support::*;
 
@@ -190,26 +189,10 @@ struct Answer {
 }
 
 fn ask(addr: SocketAddr, head: &str) -> Answer {
-    let mut s = TcpStream::connect(addr).unwrap();
-    // `return 444` closes: what was read is then nothing, status 0.
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "{head}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let end = find(&raw, b"\r\n\r\n").map_or(raw.len(), |i| i + 4);
-    let text = String::from_utf8_lossy(&raw[..end]).into_owned();
-    let mut lines = text.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let hs: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
+    // `return 444` closes: the status is then 0 and the body empty.
+    let (status, hs, body) = exchange(addr, head);
     let get = |n: &str| hs.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
-    let mut body = raw[end..].to_vec();
+    let mut body = body;
     if get("transfer-encoding").is_some_and(|t| t.contains("chunked")) {
         body = dechunk(&body);
     }

@@ -372,16 +372,31 @@ pub(super) fn pick_ip_hash(
         },
         None => return pick(peers, state, tried, now_ms),
     };
+    let mut hash: u64 = 89;
+    draw(peers, state, tried, now_ms, || {
+        for &b in &bytes {
+            hash = (hash * 113 + u64::from(b)) % 6271;
+        }
+        hash
+    })
+}
+
+/// nginx's hash balancers' loop: up to [`HASH_TRIES`] draws (`next` gives each, before the
+/// modulo of the total weight) until one lands on a peer that can take the request, then
+/// round robin.
+fn draw(
+    peers: &[PeerConf],
+    state: &mut [PeerState],
+    tried: &[bool],
+    now_ms: u64,
+    mut next: impl FnMut() -> u64,
+) -> Option<usize> {
     let total: u64 = peers.iter().map(|p| u64::from(p.weight)).sum();
     if total == 0 || is_single(peers) {
         return pick(peers, state, tried, now_ms);
     }
-    let mut hash: u64 = 89;
     for _ in 0..HASH_TRIES {
-        for &b in &bytes {
-            hash = (hash * 113 + u64::from(b)) % 6271;
-        }
-        let i = by_weight(peers, hash % total);
+        let i = by_weight(peers, next() % total);
         if takes(
             &peers[i],
             &state[i],
@@ -403,30 +418,19 @@ pub(super) fn pick_hash(
     key: &[u8],
     now_ms: u64,
 ) -> Option<usize> {
-    let total: u64 = peers.iter().map(|p| u64::from(p.weight)).sum();
-    if total == 0 || is_single(peers) {
-        return pick(peers, state, tried, now_ms);
-    }
     let mut acc: u64 = 0;
-    for rehash in 0..HASH_TRIES {
+    let mut rehash = 0u32;
+    draw(peers, state, tried, now_ms, || {
         let n = rehash.to_string();
         let h = if rehash > 0 {
             shard_http::gzip::crc32(&[n.as_bytes(), key])
         } else {
             shard_http::gzip::crc32(&[key])
         };
+        rehash += 1;
         acc += u64::from((h >> 16) & 0x7fff);
-        let i = by_weight(peers, acc % total);
-        if takes(
-            &peers[i],
-            &state[i],
-            tried.get(i).copied().unwrap_or(true),
-            now_ms,
-        ) {
-            return Some(i);
-        }
-    }
-    pick(peers, state, tried, now_ms)
+        acc
+    })
 }
 
 /// The points of a consistent-hash ring: 160 per unit of weight for each peer, by the CRC32

@@ -669,3 +669,27 @@ pub fn try_status_field(s: &Server, key: &str) -> Option<u64> {
         })
         .sum()
 }
+
+/// Sends `head` (a request head without its final empty line) with `Connection: close`
+/// and reads until the server closes: the status (0 when nothing came back, as after
+/// `return 444`), the header lines (names lowercase) and the raw body.
+pub fn exchange(addr: SocketAddr, head: &str) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "{head}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let end = find(&raw, b"\r\n\r\n").map_or(raw.len(), |i| i + 4);
+    let text = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let mut lines = text.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let hs = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status, hs, raw[end..].to_vec())
+}
