@@ -182,6 +182,14 @@ fn first_regex(
     None
 }
 
+/// The names of `re`'s groups (`(?<lang>...)`) by index into `out`; none without a regex.
+pub fn capture_names_into(out: &mut Vec<Option<String>>, re: Option<&regex::Regex>) {
+    out.clear();
+    if let Some(re) = re {
+        out.extend(re.capture_names().map(|n| n.map(str::to_string)));
+    }
+}
+
 /// The named location `name` (with its `@`) of `server`.
 pub fn named_location<'a>(server: &'a ServerConf, name: &str) -> Option<&'a LocationConf> {
     server

@@ -61,6 +61,8 @@ pub struct Scope<'a> {
     /// `capture_text`.
     pub captures: &'a [Option<(usize, usize)>],
     pub capture_text: &'a str,
+    /// The names of those captures (`(?<lang>...)`), by index: variables too.
+    pub capture_names: &'a [Option<String>],
     /// Variables `set` gave a value, by lowercase name.
     pub user: &'a [(String, Vec<u8>)],
     /// The `map` blocks.
@@ -364,6 +366,17 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 .find(|(n, _)| n.eq_ignore_ascii_case(name))
             {
                 out.extend_from_slice(v);
+            } else if let Some(i) = c
+                .scope
+                .capture_names
+                .iter()
+                .position(|n| n.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+            {
+                if let Some(Some((a, b))) = c.scope.captures.get(i) {
+                    if let Some(t) = c.scope.capture_text.get(*a..*b) {
+                        out.extend_from_slice(t.as_bytes());
+                    }
+                }
             } else if let Some(m) = c
                 .scope
                 .maps

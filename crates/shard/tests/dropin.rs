@@ -1063,3 +1063,38 @@ fn regex_server_names_come_after_wildcards() {
     assert_eq!(host("WWW2.Shop.Test"), "wildcard");
     assert_eq!(host("other.test"), "default");
 }
+
+const NAMED_CAPTURES_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        location = /status { shard_status; }
+        location ~ ^/(?<lang>en|fr)/(?<page>\w+)$ { return 200 "lang=$lang page=$page"; }
+        location /r/ {
+            rewrite ^/r/(?<id>\d+)$ /item?id=$id last;
+        }
+        location = /item { return 200 "item $arg_id"; }
+        location /h/ {
+            if ($http_x_v ~ ^v(?<major>\d+)) { return 200 "major $major"; }
+            return 200 "none";
+        }
+    }
+}
+"#;
+
+#[test]
+fn named_captures_are_variables() {
+    let s = Server::start("namedcaps", NAMED_CAPTURES_CONF, 1);
+    let a = s.addr();
+    assert_eq!(get(a, "/fr/accueil").body_str(), "lang=fr page=accueil");
+    assert_eq!(get(a, "/r/42").body_str(), "item 42");
+    let r = raw(
+        a,
+        b"GET /h/x HTTP/1.1\r\nHost: h\r\nX-V: v3.1\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.body_str(), "major 3");
+    assert_eq!(get(a, "/h/x").body_str(), "none");
+}

@@ -753,7 +753,7 @@ pub(super) fn compile_regex(
     re: &str,
     caseless: bool,
 ) -> Result<regex::Regex, ConfigError> {
-    regex::RegexBuilder::new(re)
+    let r = regex::RegexBuilder::new(re)
         .case_insensitive(caseless)
         .size_limit(REGEX_SIZE_LIMIT)
         .build()
@@ -773,7 +773,12 @@ pub(super) fn compile_regex(
                      look-around, backreferences and other PCRE-only syntax are not available)"
                 ),
             )
-        })
+        })?;
+    // Named captures (`(?<lang>..)`) become variables, as nginx's.
+    for name in r.capture_names().flatten() {
+        declare(name);
+    }
+    Ok(r)
 }
 
 /// The most memory one compiled expression may take (the `regex` crate's `size_limit`).

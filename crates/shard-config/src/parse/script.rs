@@ -22,7 +22,7 @@ pub(super) fn reset_names() {
     USED.with(|u| u.borrow_mut().clear());
 }
 
-fn declare(name: &str) {
+pub(super) fn declare(name: &str) {
     DECLARED.with(|d| d.borrow_mut().insert(name.to_ascii_lowercase()));
 }
 

@@ -91,6 +91,8 @@ pub(super) struct Conn {
     /// a rewrite instruction made them.
     pub(super) captures: shard_http::route::Captures,
     pub(super) capture_text: Option<String>,
+    /// The names of `captures` (a regex's `(?<name>...)` groups), by index.
+    pub(super) capture_names: Vec<Option<String>>,
     /// Values `set` gave the current request's variables.
     pub(super) user_vars: Vec<(String, Vec<u8>)>,
     /// `add_header`s of an `if` that held: they replace the location's for this response.
@@ -240,6 +242,7 @@ impl Conn {
             server: 0,
             captures: Vec::new(),
             capture_text: None,
+            capture_names: Vec::new(),
             user_vars: Vec::new(),
             if_headers: None,
             client: peer,
@@ -1298,6 +1301,8 @@ impl Worker<'_> {
         let c = &mut self.conns[key];
         c.captures = captures;
         c.capture_text = None;
+        let re = loc.regex.as_ref().filter(|_| !c.captures.is_empty());
+        shard_http::route::capture_names_into(&mut c.capture_names, re);
         loc
     }
 
@@ -1315,11 +1320,13 @@ impl Worker<'_> {
             Redirect::Named(name) => match shard_http::route::named_location(server, &name) {
                 Some(l) => {
                     self.conns[key].captures.clear();
+                    self.conns[key].capture_names.clear();
                     l
                 }
                 None => {
                     crate::log!(Error, "could not find named location \"{name}\"");
                     self.conns[key].captures.clear();
+                    self.conns[key].capture_names.clear();
                     &server.base
                 }
             },
@@ -1567,6 +1574,7 @@ impl Worker<'_> {
         shard_http::vars::Scope {
             captures: &c.captures,
             capture_text: c.capture_text.as_deref().unwrap_or(&req.path),
+            capture_names: &c.capture_names,
             user: &c.user_vars,
             maps: self.cfg.http.as_ref().map_or(&[][..], |h| &h.maps),
         }

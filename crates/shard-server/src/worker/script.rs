@@ -106,6 +106,7 @@ impl Worker<'_> {
                     c.captures
                         .extend(caps.iter().map(|m| m.map(|m| (m.start(), m.end()))));
                     c.capture_text = Some(req.path.clone());
+                    shard_http::route::capture_names_into(&mut c.capture_names, Some(regex));
                     let new = self.render(key, req, head, loc, replacement);
                     let code = match flag {
                         RewriteFlag::Permanent => Some(301),
@@ -192,6 +193,10 @@ impl Worker<'_> {
                             c.captures
                                 .extend(caps.iter().map(|m| m.map(|m| (m.start(), m.end()))));
                             c.capture_text = Some(l.clone());
+                            shard_http::route::capture_names_into(
+                                &mut c.capture_names,
+                                Some(regex),
+                            );
                         }
                         !*negate
                     }
