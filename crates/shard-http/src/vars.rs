@@ -250,20 +250,11 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             }
         }
         Var::DocumentRoot | Var::RealpathRoot => {
-            if let Some(t) = &c.location.doc_root_vars {
-                let mut v = Vec::new();
-                push_parts_at(&mut v, t, c, depth + 1);
-                if matches!(var, Var::RealpathRoot) {
-                    let p = std::path::PathBuf::from(String::from_utf8_lossy(&v).into_owned());
-                    if let Ok(p) = std::fs::canonicalize(p) {
-                        out.extend_from_slice(p.as_os_str().as_encoded_bytes());
-                        return;
-                    }
-                }
-                out.extend_from_slice(&v);
-                return;
-            }
-            let root = c.location.alias.as_deref().unwrap_or(&c.location.root);
+            let rendered = doc_root_at(c, depth + 1);
+            let root = rendered
+                .as_deref()
+                .or(c.location.alias.as_deref())
+                .unwrap_or(&c.location.root);
             if matches!(var, Var::RealpathRoot) {
                 if let Ok(p) = std::fs::canonicalize(root) {
                     out.extend_from_slice(p.as_os_str().as_encoded_bytes());
@@ -273,11 +264,7 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             out.extend_from_slice(root.as_os_str().as_encoded_bytes());
         }
         Var::RequestFilename => {
-            let root = c.location.doc_root_vars.as_ref().map(|t| {
-                let mut v = Vec::new();
-                push_parts_at(&mut v, t, c, depth + 1);
-                std::path::PathBuf::from(String::from_utf8_lossy(&v).into_owned())
-            });
+            let root = doc_root_at(c, depth + 1);
             let p = crate::static_file::map_path_with(c.location, &req.path, root.as_deref());
             out.extend_from_slice(p.as_os_str().as_encoded_bytes());
         }
@@ -410,6 +397,21 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             }
         }
     }
+}
+
+/// The location's `root` or `alias` rendered for this request when it has variables
+/// (`root /srv/$host`); `None` when it is plain text (then `LocationConf::root`/`alias`).
+pub fn doc_root(c: &Ctx<'_>) -> Option<std::path::PathBuf> {
+    doc_root_at(c, 0)
+}
+
+fn doc_root_at(c: &Ctx<'_>, depth: usize) -> Option<std::path::PathBuf> {
+    let t = c.location.doc_root_vars.as_ref()?;
+    let mut v = Vec::new();
+    push_parts_at(&mut v, t, c, depth);
+    Some(std::path::PathBuf::from(
+        String::from_utf8_lossy(&v).into_owned(),
+    ))
 }
 
 /// Appends a template: its literal text and the values of its variables.

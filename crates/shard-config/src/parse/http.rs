@@ -928,11 +928,7 @@ pub(super) fn location_shard_status(_: &Env, loc: &mut LocP, _: &Directive, _: &
 /// nginx takes variables in `access_log` paths; shard does not yet, and says so rather than
 /// using `$name` as text (`proxy_pass` says so in its own words).
 pub(super) fn no_variables(d: &Directive, file: &str, v: &str) -> R {
-    let b = v.as_bytes();
-    let has_var = b
-        .windows(2)
-        .any(|w| w[0] == b'$' && (w[1].is_ascii_alphanumeric() || w[1] == b'_' || w[1] == b'{'));
-    if has_var {
+    if has_variables(v) {
         return Err(derr(
             d,
             file,
@@ -1989,20 +1985,15 @@ slot!(set_proxy_buffering, proxy.buffering, flag);
 
 slot!(set_proxy_request_buffering, proxy.request_buffering, flag);
 
-/// `proxy_hide_header NAME` (repeatable; a level with any replaces its parent's list).
-pub(super) fn set_proxy_hide_header(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
-    s.proxy
-        .hide_headers
-        .get_or_insert_with(Vec::new)
-        .push(a0(d).to_ascii_lowercase());
-    Ok(())
-}
-
-/// `proxy_pass_header NAME`: only headers hidden by default can be passed.
-pub(super) fn set_proxy_pass_header(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
-    s.proxy
-        .pass_headers
-        .get_or_insert_with(Vec::new)
+/// `proxy_hide_header NAME` and `proxy_pass_header NAME` (only headers hidden by default can
+/// be passed): repeatable, lowercase; a level with any replaces its parent's list.
+pub(super) fn set_proxy_header_list(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
+    let list = if d.name == "proxy_hide_header" {
+        &mut s.proxy.hide_headers
+    } else {
+        &mut s.proxy.pass_headers
+    };
+    list.get_or_insert_with(Vec::new)
         .push(a0(d).to_ascii_lowercase());
     Ok(())
 }

@@ -472,14 +472,14 @@ pub(super) static TABLE: &[Spec] = &[
         HSL,
         1,
         1,
-        Set::Settings(set_proxy_hide_header),
+        Set::Settings(set_proxy_header_list),
     ),
     d(
         "proxy_pass_header",
         HSL,
         1,
         1,
-        Set::Settings(set_proxy_pass_header),
+        Set::Settings(set_proxy_header_list),
     ),
     d(
         "proxy_redirect",

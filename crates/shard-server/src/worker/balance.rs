@@ -305,10 +305,7 @@ pub(super) fn pick_least_conn(
     for backup in [false, true] {
         let mut best: Option<usize> = None;
         for (i, p) in peers.iter().enumerate() {
-            if p.backup != backup || p.down || tried.get(i).copied().unwrap_or(true) {
-                continue;
-            }
-            if !usable(p, &state[i], now_ms) {
+            if p.backup != backup || !takes(peers, state, tried, i, now_ms) {
                 continue;
             }
             let better = best.is_none_or(|b| {
@@ -351,8 +348,10 @@ fn by_weight(peers: &[PeerConf], mut w: u64) -> usize {
 /// How many times a hash is drawn again before round robin takes over (nginx's 20).
 const HASH_TRIES: u32 = 20;
 
-fn takes(p: &PeerConf, st: &PeerState, tried: bool, now_ms: u64) -> bool {
-    !tried && !p.down && usable(p, st, now_ms)
+/// Whether peer `i` can take the request: not tried (out of range counts as tried), not
+/// down, not failed.
+fn takes(peers: &[PeerConf], state: &[PeerState], tried: &[bool], i: usize, now_ms: u64) -> bool {
+    !tried.get(i).copied().unwrap_or(true) && !peers[i].down && usable(&peers[i], &state[i], now_ms)
 }
 
 /// `ip_hash`: nginx's hash of the client's IPv4 /24 (the first three bytes) or IPv6
@@ -397,12 +396,7 @@ fn draw(
     }
     for _ in 0..HASH_TRIES {
         let i = by_weight(peers, next() % total);
-        if takes(
-            &peers[i],
-            &state[i],
-            tried.get(i).copied().unwrap_or(true),
-            now_ms,
-        ) {
+        if takes(peers, state, tried, i, now_ms) {
             return Some(i);
         }
     }
@@ -467,12 +461,7 @@ pub(super) fn pick_consistent(
     let start = ring.partition_point(|&(p, _)| p < h);
     for k in 0..ring.len() {
         let (_, i) = ring[(start + k) % ring.len()];
-        if takes(
-            &peers[i],
-            &state[i],
-            tried.get(i).copied().unwrap_or(true),
-            now_ms,
-        ) {
+        if takes(peers, state, tried, i, now_ms) {
             return Some(i);
         }
     }

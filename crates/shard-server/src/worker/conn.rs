@@ -957,11 +957,26 @@ impl Worker<'_> {
                 c.client = Some(SocketAddr::new(ip, peer.port()));
             }
         }
+        // The head is kept when the request may be proxied, limited, redirected internally, or
+        // a variable needs its header lines; the common static and `return` paths copy nothing.
+        let limited = !first.limit_req.is_empty() || !first.limit_conn.is_empty();
+        let keep_head = limited
+            || first.proxy_pass.is_some()
+            || first.doc_root_vars.is_some()
+            || !server.script.is_empty()
+            || !first.script.is_empty()
+            || !first.error_pages.is_empty()
+            || first.try_files.is_some()
+            || needs_head(first);
+        let head = if keep_head {
+            self.conns[key].inbuf[..head_len].to_vec()
+        } else {
+            Vec::new()
+        };
         // nginx's preaccess phase: `limit_conn`, then `limit_req`, which may delay the request:
         // it then stays unparsed in the buffer, nothing else changed, until its timer.
         let mut forced = None;
-        if !first.limit_req.is_empty() || !first.limit_conn.is_empty() {
-            let head = self.conns[key].inbuf[..head_len].to_vec();
+        if limited {
             match self.check_limits(key, first, &req, &head) {
                 Limited::Pass => {}
                 Limited::Delay(ms) => {
@@ -984,22 +999,7 @@ impl Worker<'_> {
             );
         }
         self.set_phase(key, Phase::Writing);
-        // The head is kept when the request may be proxied, redirected internally, or a
-        // variable needs its header lines; the common static and `return` paths copy nothing.
-        let keep_head = first.proxy_pass.is_some()
-            || first.doc_root_vars.is_some()
-            || !first.real_ip.from.is_empty()
-            || !server.script.is_empty()
-            || !first.script.is_empty()
-            || !first.error_pages.is_empty()
-            || first.try_files.is_some()
-            || needs_head(first);
         let c = &mut self.conns[key];
-        let head = if keep_head {
-            c.inbuf[..head_len].to_vec()
-        } else {
-            Vec::new()
-        };
         let more_input = c.inbuf.len() > head_len;
         c.inbuf.drain(..head_len);
 
@@ -1009,7 +1009,6 @@ impl Worker<'_> {
         c.requests += 1;
         c.request_id = request_id;
         c.request_started_ms = self.now_ms;
-        c.server = server_idx;
         c.in_error_page = false;
         c.status_override = None;
         c.user_vars.clear();
@@ -1355,13 +1354,10 @@ impl Worker<'_> {
         let mut found = None;
         let last = {
             let ctx = self.var_ctx(key, req, hs, loc);
+            let root = shard_http::vars::doc_root(&ctx);
             for f in &tf.files {
                 let uri = shard_http::vars::render(f, &ctx);
                 let want_dir = uri.ends_with('/');
-                let root = loc
-                    .doc_root_vars
-                    .as_ref()
-                    .map(|t| std::path::PathBuf::from(shard_http::vars::render(t, &ctx)));
                 let path = shard_http::static_file::map_path_with(loc, &uri, root.as_deref());
                 match std::fs::metadata(&path) {
                     Ok(m) if m.is_dir() == want_dir => {
@@ -1549,11 +1545,10 @@ impl Worker<'_> {
         loc: &LocationConf,
         head: &[u8],
     ) -> Option<std::path::PathBuf> {
-        let t = loc.doc_root_vars.as_ref()?;
+        loc.doc_root_vars.as_ref()?;
         let mut storage = shard_http::vars::header_storage();
         let hs = shard_http::vars::request_headers(head, &mut storage);
-        let ctx = self.var_ctx(key, req, hs, loc);
-        Some(std::path::PathBuf::from(shard_http::vars::render(t, &ctx)))
+        shard_http::vars::doc_root(&self.var_ctx(key, req, hs, loc))
     }
 
     /// nginx's `return 444`: the connection closes with nothing sent.
