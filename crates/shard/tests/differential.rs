@@ -89,7 +89,9 @@ const HTTP: &str = r#"
 "#;
 
 fn files(dir: &Path) {
-    let types = std::fs::read("/etc/nginx/mime.types").expect("nginx's mime.types");
+    // nginx's own types where it installed them, else shard's bundled copy of them.
+    let types = std::fs::read("/etc/nginx/mime.types")
+        .unwrap_or_else(|_| shard_config::MIME_TYPES.as_bytes().to_vec());
     write_file(dir, "mime.types", &types);
     write_file(dir, "html/index.html", b"<h1>index</h1>");
     write_file(dir, "html/ten.txt", b"0123456789");
