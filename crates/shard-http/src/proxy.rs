@@ -484,6 +484,22 @@ pub fn write_request(out: &mut Vec<u8>, ctx: &RequestCtx<'_>) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Whether an upstream request head (as [`write_request`] wrote it) asks to switch protocols:
+/// HTTP/1.1 with a non-empty `Upgrade` header. Only such a request may be answered with a
+/// `101` that turns the connection into a tunnel; nginx's rule, since its `Upgrade` reaches
+/// the upstream only through an explicit `proxy_set_header Upgrade ...`.
+pub fn upgrade_requested(upstream_head: &[u8]) -> bool {
+    let end = memchr::memmem::find(upstream_head, b"\r\n\r\n").unwrap_or(upstream_head.len());
+    let mut lines = upstream_head[..end]
+        .split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    let http11 = lines.next().is_some_and(|l| l.ends_with(b" HTTP/1.1"));
+    http11
+        && lines.any(|l| {
+            l.len() > 8 && l[..8].eq_ignore_ascii_case(b"upgrade:") && !trim_ows(&l[8..]).is_empty()
+        })
+}
+
 /// A `Content-Length` value: digits only, within `off_t` (nginx's `ngx_atoof`).
 fn parse_length(v: &[u8]) -> Option<u64> {
     let v = trim_ows(v);
@@ -555,16 +571,21 @@ pub fn redirect_location(
 /// ambiguous (`Transfer-Encoding` with `Content-Length`). For `HEAD`, the upstream's
 /// `Content-Length` is passed on, as nginx does: it is the length a `GET` would have had.
 pub fn parse_response(buf: &[u8], max: usize, head_request: bool) -> ResponseParse {
-    parse_response_passing(buf, max, head_request, &[])
+    parse_response_passing(buf, max, head_request, &[], false)
 }
 
 /// [`parse_response`], keeping the default-hidden headers `pass` names (`proxy_pass_header`,
 /// lowercase): `Server`, `Date`, `X-Pad`, `X-Accel-*`; hop-by-hop headers are never kept.
+///
+/// `upgrade`: the request asked the upstream to switch protocols (see [`upgrade_requested`]),
+/// so a `101` is the complete head of an upgraded connection, passed with its `Upgrade`
+/// header; otherwise a `101` nobody asked for is an invalid response.
 pub fn parse_response_passing(
     buf: &[u8],
     max: usize,
     head_request: bool,
     pass: &[String],
+    upgrade: bool,
 ) -> ResponseParse {
     let mut storage = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
     let mut resp = httparse::Response::new(&mut storage);
@@ -588,8 +609,33 @@ pub fn parse_response_passing(
         return ResponseParse::Invalid(INVALID_HEADER);
     }
     if status == 101 {
-        // No upgrade support: the client's Upgrade was never sent, so this is a broken peer.
-        return ResponseParse::Invalid(UNEXPECTED_101);
+        if !upgrade {
+            // The upstream was not asked to switch (the client's `Upgrade` was not forwarded):
+            // tunnelling would hand the client a protocol it did not ask for.
+            return ResponseParse::Invalid(UNEXPECTED_101);
+        }
+        // The connection is the upgraded protocol's from here: no body, never reused. Its
+        // `Upgrade` header goes to the client; `Connection: upgrade` is written by shard.
+        let headers = resp
+            .headers
+            .iter()
+            .filter(|h| {
+                let shown = !is_hidden(h.name) || passable(h.name, pass);
+                h.name.eq_ignore_ascii_case("upgrade")
+                    || (shown && !named_by_connection(h.name, resp.headers))
+            })
+            .map(|h| (h.name.to_string(), h.value.to_vec()))
+            .collect();
+        return ResponseParse::Complete {
+            head: ResponseHead {
+                status,
+                minor,
+                framing: Framing::None,
+                reusable: false,
+                headers,
+            },
+            head_len,
+        };
     }
     if status < 200 {
         return ResponseParse::Interim { head_len };
@@ -727,7 +773,9 @@ pub fn write_client_head(
         Framing::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
         Framing::None | Framing::Close => {}
     }
-    out.extend_from_slice(if keep_alive {
+    out.extend_from_slice(if head.status == 101 {
+        b"Connection: upgrade\r\n"
+    } else if keep_alive {
         b"Connection: keep-alive\r\n"
     } else {
         b"Connection: close\r\n"
@@ -1430,6 +1478,49 @@ mod tests {
             false,
         );
         assert_eq!(h.framing, Framing::Length(i64::MAX as u64));
+    }
+
+    #[test]
+    fn upgrade_only_when_asked() {
+        let raw = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: x\r\nServer: up\r\n\r\nFRAME";
+        let ResponseParse::Complete { head, head_len } =
+            parse_response_passing(raw, 4096, false, &[], true)
+        else {
+            panic!("an asked-for 101 is complete");
+        };
+        assert_eq!(head_len, raw.len() - 5);
+        assert_eq!(
+            (head.status, head.framing, head.reusable),
+            (101, Framing::None, false)
+        );
+        let names: Vec<&str> = head.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["Upgrade", "Sec-WebSocket-Accept"]);
+        let mut out = Vec::new();
+        write_client_head(&mut out, &head, b"D", Framing::None, true, b"shard", b"");
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("\r\nUpgrade: websocket\r\n"), "{text}");
+        assert!(text.contains("\r\nConnection: upgrade\r\n"), "{text}");
+        assert!(
+            !text.contains("Content-Length") && !text.contains("keep-alive"),
+            "{text}"
+        );
+
+        assert!(upgrade_requested(
+            b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"
+        ));
+        assert!(upgrade_requested(
+            b"GET / HTTP/1.1\r\nupgrade:websocket\r\n\r\nbody"
+        ));
+        assert!(!upgrade_requested(
+            b"GET / HTTP/1.0\r\nUpgrade: websocket\r\n\r\n"
+        ));
+        assert!(!upgrade_requested(
+            b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+        ));
+        assert!(!upgrade_requested(b"GET / HTTP/1.1\r\nUpgrade:  \r\n\r\n"));
+        assert!(!upgrade_requested(
+            b"GET / HTTP/1.1\r\nX: 1\r\n\r\nUpgrade: websocket\r\n"
+        ));
     }
 
     #[test]

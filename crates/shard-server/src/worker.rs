@@ -26,6 +26,7 @@ mod respond;
 mod script;
 mod step;
 mod token;
+mod tunnel;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};

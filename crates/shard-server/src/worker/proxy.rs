@@ -32,6 +32,7 @@ use shard_http::request::{Body, Method, Request};
 use super::body::Spool;
 use super::step::{Flush, Io, Step};
 use super::token::{self, Token};
+use super::tunnel::{Pumped, Tunnel, Waiting};
 use super::{balance, Worker};
 
 /// Smallest read from an upstream.
@@ -46,14 +47,14 @@ const SENDFILE_CHUNKS_MAX: usize = 16;
 /// One connection to an upstream peer: serving a request, or idle in its upstream's pool.
 pub(super) struct UpConn {
     /// Closed when the connection is dropped (`close_upconn`).
-    fd: OwnedFd,
+    pub(super) fd: OwnedFd,
     /// Unique in the worker (from the same counter as client connections): the token's
     /// generation.
     id: u64,
     upstream: usize,
     peer: usize,
-    readable: bool,
-    writable: bool,
+    pub(super) readable: bool,
+    pub(super) writable: bool,
     /// The peer's end of stream (or an error) was reported: a read must follow even after a
     /// short read, since no further edge will come.
     hup: bool,
@@ -109,6 +110,8 @@ enum State {
     ReadingHead,
     /// Streaming the response body.
     ReadingBody,
+    /// The upstream switched protocols (`101`): bytes both ways (`tunnel.rs`).
+    Tunnel,
 }
 
 /// How the upstream response body is being read.
@@ -169,6 +172,10 @@ pub(super) struct Proxy {
     /// current attempt began (monotonic ms).
     attempts: Vec<shard_http::vars::UpstreamTry>,
     attempt_started_ms: u64,
+    /// The client asked to switch protocols and the upstream request forwards it: a `101`
+    /// makes the connection a tunnel.
+    upgrade: bool,
+    tunnel: Option<Box<Tunnel>>,
 }
 
 impl Proxy {
@@ -211,6 +218,8 @@ impl Proxy {
             head_sent: false,
             status: 0,
             body_sent: 0,
+            upgrade: false,
+            tunnel: None,
         }
     }
 
@@ -404,6 +413,7 @@ impl<'a> Worker<'a> {
                 State::StreamBody => self.stream_body(key, &mut p),
                 State::ReadingHead => self.read_response_head(key, &mut p),
                 State::ReadingBody => self.relay_response_body(key, &mut p),
+                State::Tunnel => self.run_tunnel(key, &mut p),
             };
             if !matches!(flow, Flow::Next) {
                 break flow;
@@ -701,6 +711,10 @@ impl<'a> Worker<'a> {
             p.body.mem = Vec::new();
             self.recharge(&mut p.body);
         }
+        // nginx tunnels a `101` only for a client that asked to upgrade; shard also wants the
+        // request to have forwarded it (`proxy_set_header Upgrade ...` over HTTP/1.1).
+        p.upgrade = shard_http::proxy::upgrade_requested(&p.head)
+            && shard_http::proxy::upgrade_requested(&out);
         p.upreq = out;
     }
 
@@ -974,7 +988,13 @@ impl<'a> Worker<'a> {
         loop {
             let head_request = p.req.method == Method::Head;
             let pass = &self.proxy_location(p).proxy.pass_headers;
-            match shard_http::proxy::parse_response_passing(&p.rbuf, max, head_request, pass) {
+            match shard_http::proxy::parse_response_passing(
+                &p.rbuf,
+                max,
+                head_request,
+                pass,
+                p.upgrade,
+            ) {
                 ResponseParse::Interim { head_len } => {
                     p.rbuf.drain(..head_len);
                     continue;
@@ -1153,7 +1173,58 @@ impl<'a> Worker<'a> {
             server,
             &extra,
         );
+        if head.status == 101 {
+            // Switched: what either side sent behind the heads starts the pipes.
+            p.keep_alive = false;
+            p.upstream_reusable = false;
+            let t = Tunnel::new(loc.proxy.buffer_size, &c.inbuf, &p.rbuf);
+            c.inbuf.clear();
+            p.rbuf.clear();
+            p.tunnel = Some(Box::new(t));
+            p.state = State::Tunnel;
+            self.set_proxy_deadline(key, loc.proxy.read_timeout_ms);
+            return;
+        }
         p.state = State::ReadingBody;
+    }
+
+    /// One turn of an upgraded connection: bytes both ways, then the timeout that runs now.
+    fn run_tunnel(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        let (Some(u), Some(mut t)) = (p.up, p.tunnel.take()) else {
+            return Flow::Close;
+        };
+        let pumped = self.pump_tunnel(key, u, &mut t);
+        p.body_sent = t.bytes_to_client();
+        let waiting = t.waiting(self.conns[key].writable, self.upconns[u].writable);
+        p.tunnel = Some(t);
+        match pumped {
+            Pumped::Done => Flow::Finished,
+            Pumped::Failed(op, e) => {
+                let msg = format!(
+                    "{op} failed ({}) while proxying upgraded connection",
+                    os(&e)
+                );
+                self.log_proxy_error_current(key, p, &msg);
+                Flow::Abort
+            }
+            Pumped::Wait { moved, yielded } => {
+                if moved {
+                    let pc = &self.proxy_location(p).proxy;
+                    let timeout = match waiting {
+                        Waiting::UpstreamWrite => pc.send_timeout_ms,
+                        Waiting::ClientWrite => self.conns[key].send_timeout_ms,
+                        Waiting::Read => pc.read_timeout_ms,
+                    };
+                    self.set_proxy_deadline(key, timeout);
+                }
+                if yielded {
+                    self.yield_conn(key);
+                } else {
+                    self.ensure_registered(key);
+                }
+                Flow::Wait
+            }
+        }
     }
 
     /// Moves response body bytes from `rbuf` to the client's output; reads more while the
@@ -1478,6 +1549,27 @@ impl<'a> Worker<'a> {
                 // A timeout is never a stale pooled connection.
                 p.reused = false;
                 self.attempt_failed(key, &mut p, Failure::Timeout, what)
+            }
+            State::Tunnel => {
+                let waiting = match (p.tunnel.as_ref(), p.up) {
+                    (Some(t), Some(u)) => {
+                        t.waiting(self.conns[key].writable, self.upconns[u].writable)
+                    }
+                    _ => Waiting::Read,
+                };
+                if waiting == Waiting::ClientWrite {
+                    crate::log!(
+                        Info,
+                        "client timed out (110: Connection timed out) while proxying upgraded connection"
+                    );
+                } else {
+                    self.log_proxy_error_current(
+                        key,
+                        &p,
+                        "upstream timed out (110: Connection timed out) while proxying upgraded connection",
+                    );
+                }
+                Flow::Close
             }
             State::ReadingBody => {
                 let c = &self.conns[key];

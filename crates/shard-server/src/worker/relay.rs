@@ -28,15 +28,22 @@ use super::token::{self, Token};
 use super::{balance, Worker};
 use crate::shm::WorkerSlot;
 
+/// What is known of one side of a relay or tunnel: the socket's readiness (edge-triggered:
+/// set by an event, cleared by `EAGAIN`) and how far its end of stream went.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Ends {
+    pub(super) readable: bool,
+    pub(super) writable: bool,
+    /// End of stream read from this side.
+    pub(super) eof: bool,
+    /// We sent FIN to this side (`shutdown(SHUT_WR)`).
+    pub(super) shut: bool,
+}
+
 struct Side {
     /// `None` while no upstream socket exists; closed when dropped.
     fd: Option<OwnedFd>,
-    readable: bool,
-    writable: bool,
-    /// End of stream read from this side.
-    eof: bool,
-    /// We sent FIN to this side (`shutdown(SHUT_WR)`).
-    shut: bool,
+    e: Ends,
 }
 
 impl Side {
@@ -48,30 +55,42 @@ impl Side {
     fn new(fd: Option<OwnedFd>) -> Side {
         Side {
             fd,
-            readable: true,
-            writable: true,
-            eof: false,
-            shut: false,
+            e: Ends {
+                readable: true,
+                writable: true,
+                eof: false,
+                shut: false,
+            },
         }
     }
 }
 
 /// A bounded byte queue: `buf[start..end]` waits to be written.
-struct Pipe {
+pub(super) struct Pipe {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
+    /// Bytes written out of it, ever.
+    pub(super) written: u64,
 }
 
 impl Pipe {
-    fn new(size: usize) -> Pipe {
+    pub(super) fn new(size: usize) -> Pipe {
         Pipe {
             buf: vec![0u8; size].into_boxed_slice(),
             start: 0,
             end: 0,
+            written: 0,
         }
     }
-    fn is_empty(&self) -> bool {
+    /// A pipe of `size` bytes (more if `first` needs more) holding `first`.
+    pub(super) fn with(size: usize, first: &[u8]) -> Pipe {
+        let mut p = Pipe::new(size.max(first.len()));
+        p.buf[..first.len()].copy_from_slice(first);
+        p.end = first.len();
+        p
+    }
+    pub(super) fn is_empty(&self) -> bool {
         self.start == self.end
     }
     /// Room to read into, compacting first when the tail is full.
@@ -305,7 +324,7 @@ impl Worker<'_> {
             let raw = fd.as_raw_fd();
             let r = &mut self.relays[key];
             r.upstream = Side::new(Some(fd));
-            r.upstream.writable = done;
+            r.upstream.e.writable = done;
             if let Err(e) = self.poll.add(raw, token(key, r.id, true), relay_interest()) {
                 crate::log!(
                     Alert,
@@ -326,7 +345,7 @@ impl Worker<'_> {
     /// spurious (an event of a previous attempt's socket).
     fn check_connect(&mut self, key: usize) -> Io {
         let r = &mut self.relays[key];
-        if !r.upstream.writable || r.upstream.fd.is_none() {
+        if !r.upstream.e.writable || r.upstream.fd.is_none() {
             return Io::Wait;
         }
         let fd = r.upstream.raw();
@@ -335,7 +354,7 @@ impl Worker<'_> {
             Ok(None) => match shard_event::sock::peer_addr(fd) {
                 Ok(_) => None,
                 Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-                    r.upstream.writable = false;
+                    r.upstream.e.writable = false;
                     return Io::Wait;
                 }
                 Err(e) => Some(e),
@@ -397,10 +416,10 @@ impl Worker<'_> {
             &mut r.client
         };
         if ev.readable() {
-            side.readable = true;
+            side.e.readable = true;
         }
         if ev.writable() {
-            side.writable = true;
+            side.e.writable = true;
         }
         let io = match (r.connecting, upstream) {
             (true, true) => self.check_connect(key),
@@ -428,15 +447,16 @@ impl Worker<'_> {
                 yielded = true;
                 break Ok(());
             }
-            let a = move_bytes(&mut r.client, &mut r.upstream, up);
-            let b = move_bytes(&mut r.upstream, &mut r.client, down);
+            let (c, u) = (r.client.raw(), r.upstream.raw());
+            let a = move_bytes(c, &mut r.client.e, u, &mut r.upstream.e, up);
+            let b = move_bytes(u, &mut r.upstream.e, c, &mut r.client.e, down);
             match (a, b) {
                 (Err(e), _) | (_, Err(e)) => break Err(e),
                 (Ok(false), Ok(false)) => break Ok(()),
                 _ => moved = true,
             }
         };
-        let done = r.upstream.shut && r.client.shut;
+        let done = r.upstream.e.shut && r.client.e.shut;
         let generation = token::generation(r.id);
         if let Err((op, e)) = result {
             crate::log!(
@@ -546,15 +566,18 @@ fn would_block(e: &io::Error) -> bool {
 
 /// One step from `src` to `dst` through `pipe`: a read when there is room, a write when there
 /// is data, FIN to `dst` once `src` ended and `pipe` is flushed. Returns whether anything
-/// happened.
-fn move_bytes(
-    src: &mut Side,
-    dst: &mut Side,
+/// happened. Shared by the stream relay and the HTTP proxy's upgraded connections
+/// (`tunnel.rs`).
+pub(super) fn move_bytes(
+    src_fd: RawFd,
+    src: &mut Ends,
+    dst_fd: RawFd,
+    dst: &mut Ends,
     pipe: &mut Pipe,
 ) -> Result<bool, (&'static str, io::Error)> {
     let mut progress = false;
     if !src.eof && src.readable && pipe.make_room() {
-        match shard_event::sock::read(src.raw(), &mut pipe.buf[pipe.end..]) {
+        match shard_event::sock::read(src_fd, &mut pipe.buf[pipe.end..]) {
             Ok(0) => {
                 src.eof = true;
                 progress = true;
@@ -569,9 +592,10 @@ fn move_bytes(
         }
     }
     if !pipe.is_empty() && dst.writable {
-        match shard_event::sock::write(dst.raw(), &pipe.buf[pipe.start..pipe.end]) {
+        match shard_event::sock::write(dst_fd, &pipe.buf[pipe.start..pipe.end]) {
             Ok(n) => {
                 pipe.start += n;
+                pipe.written += n as u64;
                 if pipe.is_empty() {
                     pipe.start = 0;
                     pipe.end = 0;
@@ -584,7 +608,7 @@ fn move_bytes(
         }
     }
     if src.eof && pipe.is_empty() && !dst.shut {
-        shard_event::sock::shutdown_write(dst.raw());
+        shard_event::sock::shutdown_write(dst_fd);
         dst.shut = true;
         progress = true;
     }
