@@ -73,6 +73,9 @@ pub struct ErrorLog {
     pub level: LogLevel,
 }
 
+/// `worker_shutdown_drain`'s default.
+pub const SHUTDOWN_DRAIN_DEFAULT_MS: u64 = 5000;
+
 #[derive(Debug, Clone)]
 pub struct MainConf {
     /// Default `1`, as nginx.
@@ -85,6 +88,12 @@ pub struct MainConf {
     /// `worker_shutdown_timeout`: how long a gracefully stopping worker may keep serving its
     /// open connections before it closes them. Default none (wait as long as they need).
     pub worker_shutdown_timeout_ms: Option<u64>,
+    /// `worker_shutdown_drain` (shard's own): how long a gracefully stopping worker keeps its
+    /// idle keep-alive connections open, answering a request that arrives on one with
+    /// `Connection: close`, before it closes those still idle. nginx closes them at once,
+    /// failing a request the client sent at that moment. Default 5 s; 0 (`off`) is nginx's
+    /// behaviour. Capped by `worker_shutdown_timeout`.
+    pub worker_shutdown_drain_ms: u64,
     /// `user USER [GROUP]`: workers switch to these after the master opened what only root
     /// can open. `None` when not written; a master running as root then uses nginx's default,
     /// `nobody` (see `shard_server::privilege`).

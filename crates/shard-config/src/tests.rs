@@ -2056,7 +2056,29 @@ fn defaults_the_directive_reference_states() {
     assert_eq!(b.client_body_timeout_ms, 60_000);
     assert!(!c.main.worker_sandbox);
     assert_eq!(c.main.worker_shutdown_timeout_ms, None);
+    assert_eq!(c.main.worker_shutdown_drain_ms, 5000);
     assert_eq!(c.listeners[0].opts.backlog, 511);
+}
+
+#[test]
+fn worker_shutdown_drain_takes_a_time_or_off() {
+    assert_eq!(
+        parse(&format!("worker_shutdown_drain 2s;\n{EV}"))
+            .main
+            .worker_shutdown_drain_ms,
+        2000
+    );
+    assert_eq!(
+        parse(&format!("worker_shutdown_drain off;\n{EV}"))
+            .main
+            .worker_shutdown_drain_ms,
+        0
+    );
+    assert_eq!(
+        error(&format!("worker_shutdown_drain soon;\n{EV}")),
+        r#"invalid value "soon" in "worker_shutdown_drain" directive in t.conf:1"#
+    );
+    assert!(error("events { worker_shutdown_drain 1s; }").contains("not allowed here"));
 }
 
 #[test]

@@ -147,6 +147,10 @@ pub(crate) struct Worker<'a> {
     ready: Vec<Token>,
     /// `worker_shutdown_timeout`: when a graceful stop closes whatever is still open.
     shutdown_deadline_ms: Option<u64>,
+    /// `worker_shutdown_drain`: until then a graceful stop leaves idle keep-alive connections
+    /// open (a request arriving on one is answered with `Connection: close`); then those
+    /// still idle are closed.
+    drain_until_ms: Option<u64>,
     accept_mutex: bool,
     /// The accept locks this worker's `Mutex` listeners use, and whether it holds each.
     locks: Vec<(usize, bool)>,
@@ -362,6 +366,7 @@ impl<'a> Worker<'a> {
             posted: Vec::new(),
             ready: Vec::new(),
             shutdown_deadline_ms: None,
+            drain_until_ms: None,
             accept_mutex: use_mutex && !locks.is_empty(),
             locks,
             accept_disabled: 0,
@@ -442,6 +447,14 @@ impl<'a> Worker<'a> {
             }
             if let Some(Reverse((deadline, _, _))) = self.relay_timers.peek() {
                 timeout = timeout.min(deadline.saturating_sub(self.now_ms));
+            }
+            if let Some(until) = self.drain_until_ms {
+                if self.now_ms >= until {
+                    self.drain_until_ms = None;
+                    self.close_idle_connections();
+                    continue;
+                }
+                timeout = timeout.min(until - self.now_ms);
             }
             if let Some(deadline) = self.shutdown_deadline_ms {
                 if self.now_ms >= deadline {
@@ -632,19 +645,53 @@ impl<'a> Worker<'a> {
             l.1 = false;
         }
         self.accept_mutex = false;
+        // Pooled upstream connections go now (no request will be sent on them); busy ones
+        // close after their response instead of returning to the pool.
         self.expire_pools();
-        // Idle keep-alive connections go now; busy ones close after their current response.
+        // Busy client connections close after their current response (`Connection: close`).
+        // Idle keep-alive ones stay for the drain window: closing one at the moment its
+        // client sends the next request would fail that request (nginx's behaviour, kept by
+        // `worker_shutdown_drain off`). A request arriving in the window is served and
+        // answered with `Connection: close`.
+        let drain = self.cfg.main.worker_shutdown_drain_ms;
+        let drain = self
+            .cfg
+            .main
+            .worker_shutdown_timeout_ms
+            .map_or(drain, |t| drain.min(t));
+        if drain == 0 {
+            self.close_idle_connections();
+        } else {
+            self.drain_until_ms = Some(self.now_ms + drain);
+        }
+        for key in std::mem::take(&mut self.posted) {
+            self.drive(key);
+        }
+    }
+
+    /// A graceful stop is in its drain window (idle keep-alive connections stay open).
+    pub(crate) fn draining(&self) -> bool {
+        self.drain_until_ms.is_some()
+    }
+
+    /// Closes the idle keep-alive connections (a graceful stop's drain window ended).
+    fn close_idle_connections(&mut self) {
         let idle: Vec<usize> = self
             .conns
             .iter()
             .filter(|(_, c)| c.is_idle())
             .map(|(k, _)| k)
             .collect();
+        if !idle.is_empty() {
+            crate::log!(
+                Info,
+                "worker {}: closing {} idle keep-alive connections",
+                self.idx,
+                idle.len()
+            );
+        }
         for k in idle {
             self.close(k);
-        }
-        for key in std::mem::take(&mut self.posted) {
-            self.drive(key);
         }
     }
 

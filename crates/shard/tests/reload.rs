@@ -117,6 +117,27 @@ struct Load {
 
 impl Load {
     fn start(addr: std::net::SocketAddr, n: usize, bodies: &'static [&'static str]) -> Load {
+        Self::start_mode(addr, n, bodies, false)
+    }
+
+    /// Clients that keep their connection and send the next request as soon as the answer
+    /// came, in a tight loop; a new connection only after `Connection: close` (or a failure).
+    /// A request written on a connection the server then closed without answering it counts
+    /// as failed, as it does for wrk.
+    fn start_keepalive(
+        addr: std::net::SocketAddr,
+        n: usize,
+        bodies: &'static [&'static str],
+    ) -> Load {
+        Self::start_mode(addr, n, bodies, true)
+    }
+
+    fn start_mode(
+        addr: std::net::SocketAddr,
+        n: usize,
+        bodies: &'static [&'static str],
+        keepalive: bool,
+    ) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let ok = Arc::new(AtomicU64::new(0));
         let failures = Arc::new(Mutex::new(Vec::new()));
@@ -124,17 +145,34 @@ impl Load {
             .map(|_| {
                 let (stop, ok, failures) = (stop.clone(), ok.clone(), failures.clone());
                 std::thread::spawn(move || {
+                    let mut conn: Option<std::net::TcpStream> = None;
                     while !stop.load(Ordering::Relaxed) {
-                        match try_get(addr, "/ok") {
+                        let res = if keepalive {
+                            let c = conn.get_or_insert_with(|| connect(addr));
+                            c.write_all(b"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n")
+                                .and_then(|()| read_response(c, false))
+                        } else {
+                            try_get(addr, "/ok")
+                        };
+                        match res {
                             Ok(r) if r.status == 200 && bodies.contains(&r.body_str().as_str()) => {
                                 ok.fetch_add(1, Ordering::Relaxed);
+                                if r.header("connection") == Some("close") {
+                                    conn = None;
+                                }
                             }
-                            Ok(r) => failures.lock().unwrap().push(format!(
-                                "status {} body {:?}",
-                                r.status,
-                                r.body_str()
-                            )),
-                            Err(e) => failures.lock().unwrap().push(format!("{e}")),
+                            Ok(r) => {
+                                conn = None;
+                                failures.lock().unwrap().push(format!(
+                                    "status {} body {:?}",
+                                    r.status,
+                                    r.body_str()
+                                ))
+                            }
+                            Err(e) => {
+                                conn = None;
+                                failures.lock().unwrap().push(format!("{e}"))
+                            }
                         }
                     }
                 })
@@ -295,6 +333,112 @@ fn binary_upgrade_hands_every_socket_to_the_new_master() {
 /// whole time while 50 reloads (workers up and down, reuseport toggled, shards changed) and 5
 /// binary upgrades happen: no request fails. Then 20 `kill -9` of random workers: only the
 /// requests inside a killed worker may fail (one client, so at most one per kill).
+/// Sends USR2 to `master`, waits for the new master and its generation 1 of `workers`, then
+/// WINCH and QUIT to the old one; returns the new master's pid.
+fn binary_upgrade(s: &mut Server, master: i32, workers: usize) -> i32 {
+    let pid_file = s.dir.join("logs/shard.pid");
+    unsafe { libc::kill(master, libc::SIGUSR2) };
+    let new: i32 = wait_for(Duration::from_secs(10), "new master's pid file", || {
+        let p: i32 = std::fs::read_to_string(&pid_file)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        (p != master && pid_alive(p)).then_some(p)
+    });
+    wait_generation(s, 1, workers);
+    unsafe { libc::kill(master, libc::SIGWINCH) };
+    unsafe { libc::kill(master, libc::SIGQUIT) };
+    if s.child.is_some() && master == s.pid() {
+        assert_eq!(s.wait_exit(Duration::from_secs(15)), 0);
+    } else {
+        wait_for(Duration::from_secs(15), "old master exit", || {
+            (!pid_alive(master)).then_some(())
+        });
+    }
+    new
+}
+
+#[test]
+fn reloads_and_an_upgrade_fail_no_request_on_kept_alive_connections() {
+    // Clients that reuse their connection in a tight loop: nginx's reload closes idle
+    // kept-alive connections at once and fails the request a client sends at that moment;
+    // shard's drain answers it with `Connection: close` instead.
+    let mut s = Server::start("ka-reload", &conf(2, "reuseport", "a"), 2);
+    let _reap = ReapMasters(s.dir.clone());
+    let load = Load::start_keepalive(s.addr(), 4, &["a", "b"]);
+    load.wait_progress(200);
+    for i in 0..5u64 {
+        let text = if i % 2 == 0 { "b" } else { "a" };
+        reload(&s, conf(2, "reuseport", text), i + 2, 2);
+        load.wait_progress(200);
+    }
+    let first = s.pid();
+    let master = binary_upgrade(&mut s, first, 2);
+    load.wait_progress(200);
+    let (ok, failures) = load.finish();
+    assert!(
+        failures.is_empty(),
+        "{} of {} kept-alive requests failed across 5 reloads and an upgrade: {:?}",
+        failures.len(),
+        ok + failures.len() as u64,
+        &failures[..failures.len().min(10)]
+    );
+    unsafe { libc::kill(master, libc::SIGQUIT) };
+    wait_for(Duration::from_secs(15), "master exit", || {
+        (!pid_alive(master)).then_some(())
+    });
+}
+
+#[test]
+fn the_drain_window_closes_idle_connections_and_serves_late_requests_with_close() {
+    let s = Server::start(
+        "ka-window",
+        &conf(1, "", "a").replace("pid logs", "worker_shutdown_drain 1s;\npid logs"),
+        1,
+    );
+    let old = s.workers()[0].pid;
+    // Two idle kept-alive connections on the old worker.
+    let mut late = connect(s.addr());
+    let mut idle = connect(s.addr());
+    for c in [&mut late, &mut idle] {
+        c.write_all(b"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        let r = read_response(c, false).unwrap();
+        assert_eq!(r.header("connection"), Some("keep-alive"));
+    }
+    reload(&s, conf(1, "", "b"), 2, 1);
+    assert!(pid_alive(old as i32), "the old worker waits out its window");
+    // A request inside the window is served by the old worker, then the connection closes.
+    late.write_all(b"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    let r = read_response(&mut late, false).unwrap();
+    assert_eq!((r.status, r.body_str().as_str()), (200, "a"));
+    assert_eq!(r.header("connection"), Some("close"));
+    let mut b = [0u8; 1];
+    assert_eq!(late.read(&mut b).unwrap(), 0);
+    // The idle one is closed when the window ends, and the old worker exits.
+    let t0 = std::time::Instant::now();
+    idle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(
+        idle.read(&mut b).unwrap_or(1),
+        0,
+        "closed at the window's end"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t0.elapsed()
+    );
+    wait_for(Duration::from_secs(5), "the old worker to exit", || {
+        (!pid_alive(old as i32)).then_some(())
+    });
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(
+        log.contains("closing 1 idle keep-alive connections"),
+        "{log}"
+    );
+}
+
 #[test]
 fn fifty_reloads_five_upgrades_and_twenty_kills_under_load() {
     let mut s = Server::start("stress", &conf(2, "reuseport", "a"), 2);

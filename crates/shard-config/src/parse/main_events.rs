@@ -41,6 +41,16 @@ pub(super) fn main_worker_shutdown_timeout(
     once(&mut st.main.worker_shutdown_timeout_ms, t, d, file)
 }
 
+/// `worker_shutdown_drain TIME | off`.
+pub(super) fn main_worker_shutdown_drain(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let t = if a0(d) == "off" {
+        0
+    } else {
+        time(d, file, a0(d))?
+    };
+    once(&mut st.main.worker_shutdown_drain_ms, t, d, file)
+}
+
 pub(super) fn main_user(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
     let user = User {
         name: d.args[0].clone(),

@@ -237,6 +237,7 @@ struct MainP {
     error_log: Option<ErrorLog>,
     worker_rlimit_nofile: Option<u64>,
     worker_shutdown_timeout_ms: Option<u64>,
+    worker_shutdown_drain_ms: Option<u64>,
     user: Option<User>,
     worker_sandbox: Option<bool>,
 }
@@ -492,6 +493,10 @@ impl Env {
             }),
             worker_rlimit_nofile: st.main.worker_rlimit_nofile,
             worker_shutdown_timeout_ms: st.main.worker_shutdown_timeout_ms,
+            worker_shutdown_drain_ms: st
+                .main
+                .worker_shutdown_drain_ms
+                .unwrap_or(crate::model::SHUTDOWN_DRAIN_DEFAULT_MS),
             user: st.main.user,
             worker_sandbox: st.main.worker_sandbox.unwrap_or(false),
         };

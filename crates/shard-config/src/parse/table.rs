@@ -191,6 +191,13 @@ pub(super) static TABLE: &[Spec] = &[
         1,
         Set::Main(main_worker_shutdown_timeout),
     ),
+    d(
+        "worker_shutdown_drain",
+        M,
+        1,
+        1,
+        Set::Main(main_worker_shutdown_drain),
+    ),
     d("user", M, 1, 2, Set::Main(main_user)),
     d("worker_sandbox", M, 1, 1, Set::Main(main_worker_sandbox)),
     b("events", M, 0, 0, Set::Main(main_events)),

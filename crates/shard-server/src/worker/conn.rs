@@ -629,7 +629,9 @@ impl Worker<'_> {
                     self.give_buf(inbuf);
                     self.give_buf(out);
                     self.set_phase(key, Phase::Waiting);
-                    if self.shutting_down {
+                    // A response promised keep-alive before the stop began: the connection
+                    // waits out the drain window like any idle one.
+                    if self.shutting_down && !self.draining() {
                         self.close(key);
                         return;
                     }
