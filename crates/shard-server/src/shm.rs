@@ -191,6 +191,15 @@ impl Region {
             .map(|s| &self.workers[(s.load(Relaxed) as usize).min(MAX_WORKERS - 1)])
     }
 
+    /// Workers of older generations still stopping (a reload's previous workers finishing
+    /// their connections): every slot with a pid and another generation than the current.
+    pub fn stopping(&self) -> impl Iterator<Item = &WorkerSlot> {
+        let current = self.generation.load(Relaxed);
+        self.workers
+            .iter()
+            .filter(move |w| w.pid.load(Relaxed) != 0 && w.generation.load(Relaxed) != current)
+    }
+
     /// Whether worker `idx` of the current generation is serving: it has a pid and its loop
     /// ran within `stale_ms`. A dead worker not yet respawned, a stopped one and one stuck in
     /// a long computation all read as not serving.

@@ -115,6 +115,25 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
             w.file_cache_entries.load(Relaxed),
         );
     }
+    // Workers of older generations still finishing their connections (tunnels, relays,
+    // requests, idle keep-alive connections in their drain window).
+    s.push_str("],\"old_workers\":[");
+    for (i, w) in region.stopping().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(
+            s,
+            "{{\"pid\":{},\"generation\":{},\"active\":{},\"reading\":{},\"writing\":{},\
+             \"waiting\":{}}}",
+            w.pid.load(Relaxed),
+            w.generation.load(Relaxed),
+            w.active.load(Relaxed),
+            w.reading.load(Relaxed),
+            w.writing.load(Relaxed),
+            w.waiting.load(Relaxed),
+        );
+    }
     s.push_str("],\"listeners\":[");
     for (i, l) in listeners.iter().enumerate() {
         if i > 0 {
@@ -313,6 +332,20 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             "shard_worker_stalled{{worker=\"{i}\",pid=\"{}\"}} {}",
             w.pid.load(Relaxed),
             u8::from(region.steer_bits(i) & STEER_STALLED != 0)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "# HELP shard_old_worker_active Open connections of a worker of an older generation that is still stopping."
+    );
+    let _ = writeln!(s, "# TYPE shard_old_worker_active gauge");
+    for w in region.stopping() {
+        let _ = writeln!(
+            s,
+            "shard_old_worker_active{{pid=\"{}\",generation=\"{}\"}} {}",
+            w.pid.load(Relaxed),
+            w.generation.load(Relaxed),
+            w.active.load(Relaxed)
         );
     }
     type Pick = fn(&ListenerRow) -> u32;

@@ -346,3 +346,64 @@ fn a_client_that_stops_reading_costs_a_bounded_amount() {
     }
     assert_eq!(got, sent);
 }
+
+/// The status page's `generation` and its `old_workers` rows as `(pid, active)`.
+fn generations(s: &Server) -> (u64, Vec<(u64, u64)>) {
+    let body = get(s.addr(), "/status").body_str();
+    let num = |obj: &str, key: &str| -> u64 {
+        let i = obj.find(&format!("\"{key}\":")).unwrap() + key.len() + 3;
+        obj[i..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap()
+    };
+    let generation = num(&body, "generation");
+    let old = body.split("\"old_workers\":[").nth(1).unwrap();
+    let old = &old[..old.find(']').unwrap()];
+    let rows = old
+        .split("},")
+        .filter(|o| o.contains("pid"))
+        .map(|o| (num(o, "pid"), num(o, "active")))
+        .collect();
+    (generation, rows)
+}
+
+#[test]
+fn tunnels_outlive_ten_reloads_and_status_shows_the_old_worker_holding_them() {
+    let up = ws::echo_server(false).unwrap();
+    let s = Server::start("ws-reload", &conf(up, ""), 1);
+    let old = s.workers()[0].pid;
+    let mut conns: Vec<ws::Conn> = (0..3).map(|_| open(&s, "/ws/r")).collect();
+    let path = s.dir.join("conf/shard.conf");
+    for g in 2..=11u64 {
+        // The same configuration again: a reload is a reload.
+        std::fs::write(&path, std::fs::read(&path).unwrap()).unwrap();
+        s.signal(libc::SIGHUP);
+        wait_for(TIMEOUT, &format!("generation {g}"), || {
+            (generations(&s).0 == g && s.workers().iter().all(|w| w.pid != old)).then_some(())
+        });
+        for (i, c) in conns.iter_mut().enumerate() {
+            let m = format!("after reload {g} on tunnel {i}");
+            c.send(ws::OP_TEXT, m.as_bytes()).unwrap();
+            assert_eq!(c.recv().unwrap().payload, m.as_bytes());
+        }
+    }
+    let (_, rows) = generations(&s);
+    assert!(
+        rows.contains(&(old, 3)),
+        "the old worker holds the 3 tunnels: {rows:?}"
+    );
+    assert!(support::pid_alive(old as i32));
+    for c in conns {
+        c.close().unwrap();
+    }
+    wait_for(
+        TIMEOUT,
+        "the old worker to exit once its tunnels closed",
+        || (!support::pid_alive(old as i32) && generations(&s).1.is_empty()).then_some(()),
+    );
+    let log = file(&s, "access.log");
+    assert_eq!(log.matches("101 ").count(), 3, "{log}");
+}
