@@ -161,6 +161,7 @@ fn front(kind: &Kind, sink: &Sink, a: &BodiesArgs, row: &mut Row) -> Result<()> 
         main_extra: String::new(),
         idle: a.stalled + 64,
         tag: "bodies".into(),
+        detach: false,
     };
     let srv = servers::start_with(kind, &spec, |_| Ok(()))?;
     let res = measure(&srv, a, row);

@@ -273,6 +273,7 @@ impl Ctx {
             main_extra: String::new(),
             idle,
             tag: format!("{exp}-{}", st.name.replace([' ', '=', ','], "_")),
+            detach: false,
         };
         let srv = servers::start_with(kind, &spec, prepare)
             .with_context(|| format!("{exp}: starting {} ({})", kind.name(), st.name))?;
@@ -903,6 +904,7 @@ fn e6(cx: &mut Ctx) -> Result<()> {
                             main_extra: String::new(),
                             idle: 0,
                             tag: String::new(),
+                            detach: false,
                         };
                         let _ = std::fs::write(&conf_path, spec.conf(kind_ref, port, &dir));
                         // SAFETY-free: kill(2) with plain integers.

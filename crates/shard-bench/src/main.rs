@@ -16,10 +16,12 @@ mod load;
 pub mod loadgen;
 mod procfs;
 mod proxy;
+mod reload;
 mod servers;
 mod soak;
 mod statics;
 mod svg;
+mod ws;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -70,6 +72,10 @@ enum Cmd {
     /// Static files of 33 B, 16 KiB and 1 MiB, sendfile off and on, open_file_cache off and
     /// on, pipelined: syscalls and worker CPU per request, shard and nginx in the same run.
     Static(statics::StaticArgs),
+    /// Reloads and a binary upgrade under keep-alive, connection-per-request and WebSocket
+    /// clients, shard and nginx side by side: failed requests per reload, broken tunnels, and
+    /// the latency of requests that arrived during a reload.
+    Reload(reload::ReloadArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -123,6 +129,7 @@ fn main() {
         Cmd::Proxy(a) => proxy::run(a),
         Cmd::Soak(a) => soak::run(a),
         Cmd::Bodies(a) => bodies::run(a),
+        Cmd::Reload(a) => reload::run(a),
     };
     if let Err(e) = res {
         eprintln!("shard-bench: {e:#}");

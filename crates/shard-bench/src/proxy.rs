@@ -208,6 +208,7 @@ impl Backend {
             main_extra: String::new(),
             idle: 0,
             tag: "proxy-backend".into(),
+            detach: false,
         };
         let srv = servers::start_with(&Kind::Shard(shard.to_path_buf()), &spec, |_| Ok(()))
             .context("starting the backend (shard, 1 worker)")?;
@@ -256,6 +257,7 @@ fn http_front(
         main_extra: String::new(),
         idle: 0,
         tag: "proxy-http".into(),
+        detach: false,
     };
     let front = servers::start_with(kind, &spec, |_| Ok(())).context("starting the front")?;
     let res = measure_http(&front, backend, tools, a, row, notes);
@@ -472,6 +474,7 @@ fn stream_front(
         main_extra: load_module.to_string(),
         idle: 0,
         tag: "proxy-stream".into(),
+        detach: false,
     };
     let front = servers::start_with(kind, &spec, |_| Ok(())).context("starting the front")?;
     let mut measure = || -> Result<()> {

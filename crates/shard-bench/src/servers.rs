@@ -69,6 +69,8 @@ fn per_worker(body: &str, field: &str) -> Vec<u64> {
 
 pub struct Running {
     child: Child,
+    /// The master's pid when it is not `child` (see `Spec::detach`).
+    detached: Option<i32>,
     pub port: u16,
     pub dir: PathBuf,
 }
@@ -95,6 +97,10 @@ pub struct Spec {
     pub idle: usize,
     /// A name for the prefix directory.
     pub tag: String,
+    /// Start the master through a shell that exits at once, so that the master is not this
+    /// process's child. nginx ignores `USR2` while its parent is the process that started it
+    /// (`ngx_parent`), so under `daemon off` a binary upgrade needs this.
+    pub detach: bool,
 }
 
 impl Spec {
@@ -152,6 +158,7 @@ pub fn start_speed(kind: &Kind, workers: usize, idle: usize, main_extra: &str) -
         main_extra: main_extra.to_string(),
         idle,
         tag: "speed".into(),
+        detach: false,
     };
     start_with(kind, &spec, |dir| {
         std::fs::write(dir.join("html/static.html"), vec![b'x'; 4096])?;
@@ -184,14 +191,21 @@ pub fn start_with(
     std::fs::create_dir_all(dir.join("html"))?;
     prepare(&dir)?;
     let conf = spec.conf(kind, port, &dir);
-    let mut cmd = match kind {
-        Kind::Shard(bin) => Command::new(bin),
-        Kind::Nginx(bin) => {
-            let mut c = Command::new(bin);
-            c.arg("-e").arg(dir.join("logs/error.log"));
-            c
-        }
+    let bin = match kind {
+        Kind::Shard(bin) | Kind::Nginx(bin) => bin,
     };
+    let mut cmd = if spec.detach {
+        let mut c = Command::new("/bin/sh");
+        // The shell outlives the start long enough for the master to record it as its
+        // parent (`ngx_parent`), then exits.
+        c.arg("-c").arg("\"$0\" \"$@\" & sleep 0.3").arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    if matches!(kind, Kind::Nginx(_)) {
+        cmd.arg("-e").arg(dir.join("logs/error.log"));
+    }
     let conf_path = dir.join("conf/bench.conf");
     std::fs::write(&conf_path, conf)?;
     cmd.arg("-p").arg(&dir).arg("-c").arg(&conf_path);
@@ -203,14 +217,31 @@ pub fn start_with(
     let child = cmd
         .spawn()
         .with_context(|| format!("spawn {}", kind.name()))?;
-    let mut r = Running { child, port, dir };
+    let mut r = Running {
+        child,
+        detached: None,
+        port,
+        dir,
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Ok(Some(st)) = r.child.try_wait() {
+        if spec.detach && r.detached.is_none() {
+            r.detached = std::fs::read_to_string(r.dir.join("logs/bench.pid"))
+                .ok()
+                .and_then(|t| t.trim().parse().ok());
+            let _ = r.child.try_wait();
+        } else if let Ok(Some(st)) = r.child.try_wait().map(|s| s.filter(|_| !spec.detach)) {
             let err = std::fs::read_to_string(r.dir.join("logs/stderr.log")).unwrap_or_default();
             bail!("{} exited with {st}: {err}", kind.name());
         }
-        if r.requests().is_ok() && r.worker_pids().map(|p| p.len()).unwrap_or(0) == workers {
+        if r.requests().is_ok()
+            && r.worker_pids().map(|p| p.len()).unwrap_or(0) == workers
+            && (!spec.detach || r.detached.is_some())
+        {
+            if spec.detach {
+                // Returns with the master re-parented, ready for `USR2`.
+                let _ = r.child.wait();
+            }
             return Ok(r);
         }
         if Instant::now() > deadline {
@@ -222,7 +253,7 @@ pub fn start_with(
 
 impl Running {
     pub fn master_pid(&self) -> i32 {
-        self.child.id() as i32
+        self.detached.unwrap_or(self.child.id() as i32)
     }
 
     /// The configuration file the server runs.
@@ -282,7 +313,7 @@ impl Running {
 
     /// The master's children: the workers.
     pub fn worker_pids(&self) -> Result<Vec<i32>> {
-        let pid = self.child.id();
+        let pid = self.master_pid();
         let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?;
         Ok(text
             .split_whitespace()
@@ -310,8 +341,28 @@ impl Running {
 
     pub fn stop(mut self) {
         // SAFETY-free: kill(2) through libc with plain integers.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGQUIT) };
+        unsafe { libc::kill(self.master_pid(), libc::SIGQUIT) };
         let deadline = Instant::now() + Duration::from_secs(10);
+        if let Some(pid) = self.detached {
+            let _ = self.child.wait();
+            let gone = || {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+                    s.rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z')
+                })
+            };
+            while Instant::now() < deadline && !gone() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if !gone() {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            let _ = std::fs::remove_dir_all(&self.dir);
+            return;
+        }
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 let _ = std::fs::remove_dir_all(&self.dir);

@@ -111,6 +111,7 @@ pub fn run(a: SoakArgs) -> Result<()> {
         main_extra: String::new(),
         idle: 0,
         tag: "soak".into(),
+        detach: false,
     };
     let server = servers::start_with(&Kind::Shard(shard), &spec, |dir| {
         let files = dir.join("html/files");

@@ -675,3 +675,39 @@ fn static_smoke_reports_syscalls_and_cpu_per_static_request() {
         assert!(text.contains("pipelined cases skipped"), "{text}");
     }
 }
+
+#[test]
+fn reload_smoke_fails_no_request_and_breaks_no_tunnel_for_shard() {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let out = Command::new(bench)
+        .args(["reload", "--smoke", "--no-nginx"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // In --smoke the bench itself fails unless shard answered every request and kept every
+    // tunnel across the reloads and the binary upgrade.
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = |name: &str| -> Vec<String> {
+        text.lines()
+            .find(|l| l.starts_with(&format!("| {name} |")))
+            .unwrap_or_else(|| panic!("no {name} row: {text}"))
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    let shard = row("shard");
+    assert!(shard[2].parse::<u64>().unwrap() > 0, "{text}");
+    assert_eq!((shard[3].as_str(), shard[7].as_str()), ("0", "0"), "{text}");
+    assert!(shard[6].parse::<u64>().unwrap() > 0, "{text}");
+    // The control row (nginx's behaviour) ran too; its failures are timing, not checked.
+    assert!(
+        row("shard, worker_shutdown_drain off")[2]
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+}
