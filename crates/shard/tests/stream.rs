@@ -529,3 +529,46 @@ fn a_lone_peer_is_tried_every_time() {
         },
     );
 }
+
+#[test]
+fn relays_outlive_reloads_in_the_old_worker_and_status_lists_it() {
+    let (up, _) = upstream(echo);
+    let s = Server::start_ports(
+        "stream-reload",
+        &conf(
+            1,
+            &format!("server {{ listen 127.0.0.1:{{port1}}; proxy_pass 127.0.0.1:{up}; }}"),
+        ),
+        1,
+        1,
+    );
+    let old = s.workers()[0].pid;
+    let mut c = TcpStream::connect(local(s.ports[0])).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut b = [0u8; 64];
+    for g in 2..=4u64 {
+        // The same configuration again.
+        let path = s.dir.join("conf/shard.conf");
+        std::fs::write(&path, std::fs::read(&path).unwrap()).unwrap();
+        s.signal(libc::SIGHUP);
+        wait_for(Duration::from_secs(10), &format!("generation {g}"), || {
+            let body = get(s.addr(), "/status").body_str();
+            body.contains(&format!("{{\"generation\":{g},"))
+                .then_some(())
+                .filter(|()| s.workers().iter().all(|w| w.pid != old))
+        });
+        let m = format!("still relayed after reload {g}");
+        c.write_all(m.as_bytes()).unwrap();
+        c.read_exact(&mut b[..m.len()]).unwrap();
+        assert_eq!(&b[..m.len()], m.as_bytes());
+    }
+    let body = get(s.addr(), "/status").body_str();
+    assert!(
+        body.contains(&format!("\"old_workers\":[{{\"pid\":{old},")) && pid_alive(old as i32),
+        "{body}"
+    );
+    drop(c);
+    wait_for(Duration::from_secs(10), "the old worker to exit", || {
+        (!pid_alive(old as i32)).then_some(())
+    });
+}
