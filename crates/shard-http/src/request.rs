@@ -233,6 +233,60 @@ pub struct Request {
     pub authorization: bool,
 }
 
+/// The longest `$request` kept for a request refused before its head was parsed.
+const UNPARSED_LINE_MAX: usize = 8192;
+
+impl Request {
+    /// What the access log sees of a request refused before its head was parsed (nginx logs
+    /// those too): `$request` is its first line as far as it was received, up to CR or LF
+    /// (nginx's `ngx_http_variable_request_line` for such a request); `$uri` is empty.
+    pub fn unparsed(input: &[u8]) -> Request {
+        // Leading empty lines are skipped before a request line, as when parsing.
+        let start = input
+            .iter()
+            .position(|&b| b != b'\r' && b != b'\n')
+            .unwrap_or(input.len());
+        let rest = &input[start..];
+        let end = memchr::memchr2(b'\r', b'\n', rest)
+            .unwrap_or(rest.len())
+            .min(UNPARSED_LINE_MAX);
+        let line = &rest[..end];
+        let method = line.split(|&b| b == b' ').next().unwrap_or(b"");
+        let method = if !method.is_empty()
+            && method
+                .iter()
+                .all(|&b| b.is_ascii_uppercase() || b == b'_' || b == b'-')
+        {
+            Method::from_bytes(method)
+        } else {
+            Method::Other(String::new())
+        };
+        Request {
+            method,
+            request_line: String::from_utf8_lossy(line).into_owned(),
+            target: String::new(),
+            path: String::new(),
+            query: None,
+            minor_version: 0,
+            host: None,
+            keep_alive: false,
+            body: Body::None,
+            if_modified_since: None,
+            if_none_match: None,
+            range: None,
+            user_agent: None,
+            referer: None,
+            accept_encoding: None,
+            expect_continue: false,
+            invalid_headers: 0,
+            names: NamePolicy::default(),
+            uri_changed: false,
+            via: false,
+            authorization: false,
+        }
+    }
+}
+
 // `Complete` is much larger than the others; the caller takes the request by value and
 // parse results are short-lived, so boxing would only add an allocation.
 #[allow(clippy::large_enum_variant)]

@@ -9,12 +9,15 @@ use std::io;
 use std::os::fd::{IntoRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicI32, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use shard_config::{LogLevel, LogTarget};
 
 static FD: AtomicI32 = AtomicI32::new(2);
+/// The number of the connection being served (0: none): lines logged meanwhile carry nginx's
+/// `*N`. Processes are single-threaded, so one value per process is the current one.
+static CONNECTION: AtomicU64 = AtomicU64::new(0);
 static LEVEL: AtomicU8 = AtomicU8::new(LogLevel::Notice as u8);
 /// What `reopen` opens again. A mutex, not a `static mut`: processes are single-threaded, so
 /// it is never contended, and no `unsafe` is needed outside `shard-event`.
@@ -138,17 +141,34 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
+/// Sets the connection whose work follows (0: none) and returns the previous one, for the
+/// caller to restore.
+pub fn set_connection(n: u64) -> u64 {
+    CONNECTION.swap(n, Relaxed)
+}
+
 pub fn write(level: LogLevel, msg: std::fmt::Arguments<'_>) {
     if !enabled(level) {
         return;
     }
-    let line = format!(
-        "{} [{}] {}#0: {}\n",
-        timestamp(shard_event::unix_secs()),
-        level_name(level),
-        shard_event::process::getpid(),
-        msg
-    );
+    let conn = CONNECTION.load(Relaxed);
+    let line = if conn == 0 {
+        format!(
+            "{} [{}] {}#0: {}\n",
+            timestamp(shard_event::unix_secs()),
+            level_name(level),
+            shard_event::process::getpid(),
+            msg
+        )
+    } else {
+        format!(
+            "{} [{}] {}#0: *{conn} {}\n",
+            timestamp(shard_event::unix_secs()),
+            level_name(level),
+            shard_event::process::getpid(),
+            msg
+        )
+    };
     let _ = shard_event::sock::write(FD.load(Relaxed), line.as_bytes());
 }
 

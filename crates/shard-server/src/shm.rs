@@ -146,7 +146,10 @@ pub struct Region {
     pub n_workers: AtomicU64,
     /// Accept mutex (lock 0): 0 when free, else the holder's pid.
     pub accept_mutex: AtomicU64,
-    _pad: [u64; 13],
+    /// Connections accepted by every worker of every generation: each connection's number
+    /// (nginx's `ngx_connection_counter`: `$connection`, the error log's `*N`).
+    pub connections: AtomicU64,
+    _pad: [u64; 12],
     /// Locks 1..=SHARD_LOCKS, same encoding as `accept_mutex`.
     pub shard_locks: [AtomicU64; SHARD_LOCKS],
     /// Bumped by the master whenever a bit of `steer` changes (workers compare it once per

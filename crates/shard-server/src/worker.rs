@@ -737,7 +737,9 @@ impl<'a> Worker<'a> {
                 self.set_conn_deadline(key, d);
                 continue;
             }
+            let outer = crate::log::set_connection(c.number);
             self.on_timeout(key);
+            crate::log::set_connection(outer);
             if let Some(c) = self.conns.get(key) {
                 if c.id == id {
                     let d = c.deadline_ms;

@@ -62,6 +62,8 @@ pub(super) struct Conn {
     /// Closed when the connection is dropped (`close`); closing also removes it from epoll.
     pub(super) fd: OwnedFd,
     pub(super) id: u64,
+    /// Its number among every connection of the server (`$connection`, the error log's `*N`).
+    pub(super) number: u64,
     pub(super) peer: Option<SocketAddr>,
     /// Index into `Config::listeners`.
     pub(super) listener: usize,
@@ -216,11 +218,13 @@ impl Conn {
         peer: Option<SocketAddr>,
         listener: usize,
         id: u64,
+        number: u64,
         srv: &shard_config::ServerConf,
     ) -> Conn {
         Conn {
             fd,
             id,
+            number,
             peer,
             listener,
             phase: Phase::Reading,
@@ -406,8 +410,14 @@ impl Worker<'_> {
         }
         match c.phase {
             Phase::Reading if !c.inbuf.is_empty() && !c.has_output() => {
-                crate::log!(Info, "client timed out (110: Connection timed out) while reading client request headers");
+                let line = shard_http::request::Request::unparsed(&c.inbuf);
+                crate::log!(
+                    Info,
+                    "client timed out (110: Connection timed out) while reading client request headers{}",
+                    self.log_context(key, Some(&line))
+                );
                 self.error_reply(key, 408, "");
+                self.log_refused(key, 408);
                 self.drive(key);
             }
             Phase::Reading | Phase::Waiting => self.close(key),
@@ -418,7 +428,8 @@ impl Worker<'_> {
             Phase::Writing => {
                 crate::log!(
                     Info,
-                    "client timed out (110: Connection timed out) while sending response to client"
+                    "client timed out (110: Connection timed out) while sending response to client{}",
+                    self.log_context(key, None)
                 );
                 self.close(key);
             }
@@ -530,10 +541,12 @@ impl Worker<'_> {
     /// body, keep-alive timeouts), and an earlier one than the queued timer must be queued
     /// too, or a 1 s `send_timeout` would wait for a 60 s header timer.
     pub(super) fn drive(&mut self, key: usize) {
-        let Some(id) = self.conns.get(key).map(|c| c.id) else {
+        let Some((id, number)) = self.conns.get(key).map(|c| (c.id, c.number)) else {
             return;
         };
+        let outer = crate::log::set_connection(number);
         self.drive_turn(key);
+        crate::log::set_connection(outer);
         if let Some(c) = self.conns.get(key).filter(|c| c.id == id) {
             let d = c.deadline_ms;
             self.set_conn_deadline(key, d);
@@ -653,14 +666,27 @@ impl Worker<'_> {
                     }
                     shard_http::request::Parse::Partial => {}
                     shard_http::request::Parse::Error(rej) => {
+                        // nginx's words: which part was being read, and the context.
+                        let part = if ["header", "Host", "Length", "Encoding", "duplicate"]
+                            .iter()
+                            .any(|w| rej.reason.contains(w))
+                        {
+                            "headers"
+                        } else {
+                            "line"
+                        };
+                        let line = shard_http::request::Request::unparsed(&c.inbuf);
+                        self.conns[key].server =
+                            self.cfg.listeners[self.conns[key].listener].default_server;
                         crate::log!(
                             Info,
-                            "client sent invalid request: {} ({})",
+                            "client sent {} while reading client request {part}{}",
                             rej.reason,
-                            rej.status
+                            self.log_context(key, Some(&line))
                         );
                         let status = rej.status;
                         self.error_reply(key, status, "");
+                        self.log_refused(key, status);
                         continue;
                     }
                 }
@@ -895,6 +921,51 @@ impl Worker<'_> {
         done
     }
 
+    /// nginx's context of a per-request error-log line, appended to the message: `, client:
+    /// ADDR, server: NAME, request: "LINE", host: "HOST"` (the request and host when known).
+    pub(super) fn log_context(
+        &self,
+        key: usize,
+        req: Option<&shard_http::request::Request>,
+    ) -> String {
+        let c = &self.conns[key];
+        let server = self
+            .cfg
+            .http
+            .as_ref()
+            .and_then(|h| h.servers.get(c.server))
+            .map_or("", shard_http::route::server_name);
+        let mut s = format!(
+            ", client: {}, server: {server}",
+            c.client.map_or("-".to_string(), |a| a.ip().to_string())
+        );
+        if let Some(r) = req {
+            s.push_str(&format!(", request: \"{}\"", r.request_line));
+            if let Some(h) = &r.host {
+                s.push_str(&format!(", host: \"{h}\""));
+            }
+        }
+        s
+    }
+
+    /// The access-log line of a request refused before its head was parsed (400, 408, 414,
+    /// 431, 501, 505): in the access logs of the listener's default server, as nginx, with
+    /// `$request` as far as it was received.
+    fn log_refused(&mut self, key: usize, status: u16) {
+        let Some(http) = self.cfg.http.as_ref() else {
+            return;
+        };
+        let c = &self.conns[key];
+        let srv = &http.servers[self.cfg.listeners[c.listener].default_server];
+        if srv.base.access_logs.is_empty() {
+            return;
+        }
+        let req = shard_http::request::Request::unparsed(&c.inbuf);
+        self.conns[key].server = self.cfg.listeners[self.conns[key].listener].default_server;
+        let bytes = shard_http::response::error_body(status).len() as u64;
+        self.log_access(key, &srv.base, &req, status, bytes, &[]);
+    }
+
     /// Queues an error page and marks the connection to close after it.
     pub(super) fn error_reply(&mut self, key: usize, status: u16, request_line: &str) {
         let _ = request_line;
@@ -1030,7 +1101,11 @@ impl Worker<'_> {
             shard_http::request::Body::Length(n)
                 if first.client_max_body_size > 0 && n > first.client_max_body_size =>
             {
-                crate::log!(Error, "client intended to send too large body: {n} bytes");
+                crate::log!(
+                    Error,
+                    "client intended to send too large body: {n} bytes{}",
+                    self.log_context(key, Some(&req))
+                );
                 self.error_reply(key, 413, &req.request_line);
                 self.log_access(
                     key,
@@ -1200,9 +1275,6 @@ impl Worker<'_> {
         let mut storage = shard_http::vars::header_storage();
         let hs = shard_http::vars::request_headers(head, &mut storage);
         let now = self.now_ms;
-        let client = self.conns[key]
-            .client
-            .map_or(String::from("-"), |c| c.ip().to_string());
         let mut held = Vec::new();
         let mut verdict = Limited::Pass;
         {
@@ -1220,9 +1292,9 @@ impl Worker<'_> {
                 } else {
                     crate::log_at!(
                         loc.limit_conn_log_level,
-                        "limiting connections by zone \"{}\", client: {client}, request: \"{}\"",
+                        "limiting connections by zone \"{}\"{}",
                         z.name,
-                        req.request_line
+                        self.log_context(key, Some(req))
                     );
                     verdict = Limited::Refuse(loc.limit_conn_status);
                     break;
@@ -1250,11 +1322,11 @@ impl Worker<'_> {
                         crate::limits::ReqVerdict::Reject(excess) => {
                             crate::log_at!(
                                 loc.limit_req_log_level,
-                                "limiting requests, excess: {}.{:03} by zone \"{}\", client: {client}, request: \"{}\"",
+                                "limiting requests, excess: {}.{:03} by zone \"{}\"{}",
                                 excess / 1000,
                                 excess % 1000,
                                 z.name,
-                                req.request_line
+                                self.log_context(key, Some(req))
                             );
                             verdict = Limited::Refuse(loc.limit_req_status);
                             break;
@@ -1531,9 +1603,8 @@ impl Worker<'_> {
         if !allowed {
             crate::log!(
                 Error,
-                "access forbidden by rule, client: {}, request: \"{}\"",
-                peer.ip(),
-                req.request_line
+                "access forbidden by rule{}",
+                self.log_context(key, Some(req))
             );
         }
         !allowed
@@ -1582,7 +1653,7 @@ impl Worker<'_> {
         let c = &self.conns[key];
         let now = shard_event::unix_ms();
         shard_http::vars::Conn {
-            connection: c.id,
+            connection: c.number,
             requests: c.requests,
             now_ms: now,
             started_ms: now.saturating_sub(self.now_ms.saturating_sub(c.request_started_ms)),

@@ -110,6 +110,8 @@ impl Pipe {
 
 pub(super) struct Relay {
     pub(super) id: u64,
+    /// Its number among every connection of the server (the error log's `*N`).
+    number: u64,
     client: Side,
     /// `fd == -1` while no upstream socket exists.
     upstream: Side,
@@ -168,8 +170,15 @@ impl Worker<'_> {
             .as_ref()
             .map_or(0, |s| s.upstreams[s.servers[server].upstream].peers.len());
         let raw = fd.as_raw_fd();
+        let number = self
+            .region
+            .connections
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let outer = crate::log::set_connection(number);
         let key = self.relays.insert(Relay {
             id,
+            number,
             client: Side::new(Some(fd)),
             upstream: Side::new(None),
             up: None,
@@ -190,10 +199,12 @@ impl Worker<'_> {
                 shard_event::os_error_text(&e)
             );
             self.close_relay(key);
+            crate::log::set_connection(outer);
             return;
         }
         let io = self.connect_next(key);
         self.end_relay_turn(key, io);
+        crate::log::set_connection(outer);
     }
 
     /// Acts on what a relay step decided: the one place a relay closes, apart from the
@@ -410,6 +421,7 @@ impl Worker<'_> {
         if token::generation(r.id) != generation {
             return; // registered for a relay that closed since
         }
+        let outer = crate::log::set_connection(r.number);
         let side = if upstream {
             &mut r.upstream
         } else {
@@ -427,6 +439,7 @@ impl Worker<'_> {
             (false, _) => self.pump(key),
         };
         self.end_relay_turn(key, io);
+        crate::log::set_connection(outer);
     }
 
     /// Moves bytes both ways until both sides must wait or the turn's budget is used; `Close`
@@ -530,8 +543,10 @@ impl Worker<'_> {
             }
             r.timer_at = u64::MAX;
             r.deadline_ms = u64::MAX;
+            let outer = crate::log::set_connection(r.number);
             let io = self.on_relay_timeout(key);
             self.end_relay_turn(key, io);
+            crate::log::set_connection(outer);
         }
     }
 

@@ -475,9 +475,9 @@ fn static_file(
             if status == 404 && loc.log_not_found {
                 crate::log!(
                     Error,
-                    "open() \"{}\" failed (2: No such file or directory), request: \"{}\"",
+                    "open() \"{}\" failed (2: No such file or directory){}",
                     path.display(),
-                    req.request_line
+                    w.log_context(key, Some(req))
                 );
             }
             let reply = shard_http::response::error_simple(status);

@@ -1,0 +1,253 @@
+//! What an operator's tools see: log files across rotation, reopen, reload and a worker's
+//! death; counters across reloads; the Prometheus exposition; requests refused before they
+//! were parsed in the access log; nginx's error-log fields.
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use support::*;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+fn conf(workers: usize) -> String {
+    format!(
+        "worker_processes {workers};\n\
+         error_log logs/error.log info;\n\
+         pid logs/shard.pid;\n\
+         events {{ worker_connections 256; }}\n\
+         http {{\n\
+         access_log logs/access.log;\n\
+         server {{\n\
+         listen 127.0.0.1:{{port}};\n\
+         location = /status {{ shard_status; }}\n\
+         location = /stub {{ stub_status; }}\n\
+         location / {{ return 200 \"ok\"; }}\n\
+         }}\n\
+         }}\n"
+    )
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// Each `/r/<tag>-<n>` request line in `text`, with how many times it appears.
+fn tagged(text: &str, tag: &str) -> HashMap<u64, usize> {
+    let mut m = HashMap::new();
+    let pat = format!("GET /r/{tag}-");
+    for line in text.lines() {
+        if let Some(i) = line.find(&pat) {
+            let n: u64 = line[i + pat.len()..]
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            *m.entry(n).or_insert(0) += 1;
+        }
+    }
+    m
+}
+
+/// Sends `n` requests `/r/<tag>-<i>`, each on its own connection.
+fn send(s: &Server, tag: &str, n: u64) {
+    for i in 0..n {
+        let r = get(s.addr(), &format!("/r/{tag}-{i}"));
+        assert_eq!(r.status, 200);
+    }
+}
+
+/// Waits until every request of batch `tag` is in `file`, once each.
+fn wait_logged(file: &Path, tag: &str, n: u64) {
+    wait_for(
+        TIMEOUT,
+        &format!("batch {tag} in {}", file.display()),
+        || {
+            let m = tagged(&read(file), tag);
+            (m.len() as u64 == n && m.values().all(|&c| c == 1)).then_some(())
+        },
+    );
+}
+
+#[test]
+fn no_access_log_line_is_lost_across_rotate_reopen_reload_and_a_killed_worker() {
+    let s = Server::start("ops-rotate", &conf(2), 2);
+    let log = s.dir.join("logs/access.log");
+    let rotated = s.dir.join("logs/access.log.1");
+    send(&s, "a", 50);
+    wait_logged(&log, "a", 50);
+
+    // logrotate: rename, then `shard -s reopen`.
+    std::fs::rename(&log, &rotated).unwrap();
+    let conf_path = s.dir.join("conf/shard.conf");
+    let (code, err) = run_cli(&[
+        "-p",
+        s.dir.to_str().unwrap(),
+        "-c",
+        conf_path.to_str().unwrap(),
+        "-s",
+        "reopen",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    wait_for(TIMEOUT, "the new access.log", || log.exists().then_some(()));
+    // The workers reopen on USR1 too; what they had buffered went to the rotated file first.
+    wait_for(TIMEOUT, "the workers to reopen", || {
+        send(&s, "probe", 1);
+        let probes = tagged(&read(&log), "probe");
+        (!probes.is_empty()).then_some(())
+    });
+    send(&s, "b", 50);
+    wait_logged(&log, "b", 50);
+
+    // A reload: the new generation writes to the new file.
+    let old = s.workers();
+    s.signal(libc::SIGHUP);
+    wait_for(TIMEOUT, "the new generation", || {
+        let now = s.workers();
+        (now.len() == 2 && now.iter().all(|w| old.iter().all(|o| o.pid != w.pid))).then_some(())
+    });
+    send(&s, "c", 50);
+    wait_logged(&log, "c", 50);
+
+    // A worker killed: its replacement writes to the new file too.
+    let victim = s.workers()[0].pid as i32;
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    wait_for(TIMEOUT, "the replacement worker", || {
+        let ws = s.workers();
+        (ws.len() == 2
+            && ws
+                .iter()
+                .all(|w| w.pid as i32 != victim && w.pid > 0 && pid_alive(w.pid as i32)))
+        .then_some(())
+    });
+    send(&s, "d", 50);
+    wait_logged(&log, "d", 50);
+
+    // Nothing of b, c, d went to the rotated file; a is whole there.
+    let old_text = read(&rotated);
+    for tag in ["b", "c", "d"] {
+        assert!(
+            tagged(&old_text, tag).is_empty(),
+            "{tag} in the rotated file"
+        );
+    }
+    let a = tagged(&old_text, "a");
+    assert!(a.len() == 50 && a.values().all(|&c| c == 1));
+    // The error log was reopened too.
+    assert!(s.dir.join("logs/error.log").exists());
+    let _ = std::io::stdout().flush();
+}
+
+/// A raw request on a new connection; the whole answer.
+fn raw_answer(s: &Server, req: &[u8]) -> String {
+    let mut c = connect(s.addr());
+    c.write_all(req).unwrap();
+    let mut v = Vec::new();
+    let _ = c.read_to_end(&mut v);
+    String::from_utf8_lossy(&v).into_owned()
+}
+
+#[test]
+fn refused_requests_reach_the_access_log_as_nginx_logs_them() {
+    let s = Server::start("ops-refused", &conf(1), 1);
+    let long = format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "x".repeat(9000));
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"GET /a b c\r\n\r\n".to_vec(), "400"),
+        (long.into_bytes(), "414"),
+        (b"GET / HTTP/2.0\r\nHost: a\r\n\r\n".to_vec(), "505"),
+        (
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n".to_vec(),
+            "501",
+        ),
+    ];
+    for (req, status) in &cases {
+        let answer = raw_answer(&s, req);
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{status}: {answer}"
+        );
+    }
+    let log = s.dir.join("logs/access.log");
+    let text = wait_for(TIMEOUT, "the refused requests' lines", || {
+        let t = read(&log);
+        cases
+            .iter()
+            .all(|(_, st)| t.contains(&format!("\" {st} ")))
+            .then_some(t)
+    });
+    // nginx's shape: the request line as far as it was read, the status, the bytes sent.
+    assert!(text.contains("\"GET /a b c\" 400 "), "{text}");
+    assert!(text.contains("\"GET / HTTP/2.0\" 505 "), "{text}");
+}
+
+#[test]
+fn error_log_lines_carry_nginx_connection_number_and_context() {
+    let s = Server::start(
+        "ops-errlog",
+        &conf(1).replace(
+            "location / {",
+            "location = /missing { root html; }\n location / {",
+        ),
+        1,
+    );
+    let _ = raw_answer(&s, b"GET /a b c\r\n\r\n");
+    let r = raw(
+        s.addr(),
+        b"GET /missing HTTP/1.1\r\nHost: example.test\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 404);
+    let log = s.dir.join("logs/error.log");
+    let text = wait_for(TIMEOUT, "both error-log lines", || {
+        let t = read(&log);
+        (t.contains("while reading client request line") && t.contains("/html/missing\" failed"))
+            .then_some(t)
+    });
+    let line = |needle: &str| -> String {
+        text.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("{needle}: {text}"))
+            .to_string()
+    };
+    // `... [info] PID#0: *N client sent ... while reading client request line, client: ADDR,
+    // server: NAME, request: "LINE"`: fail2ban's and nginx's parsers read these fields.
+    let bad = line("while reading client request line");
+    let after_pid = bad.split("#0: ").nth(1).unwrap();
+    assert!(after_pid.starts_with('*'), "{bad}");
+    let n: u64 = after_pid[1..].split(' ').next().unwrap().parse().unwrap();
+    assert!(n >= 1, "{bad}");
+    assert!(
+        bad.contains("[info]") && bad.contains(" client sent "),
+        "{bad}"
+    );
+    assert!(
+        bad.ends_with(", client: 127.0.0.1, server: , request: \"GET /a b c\""),
+        "{bad}"
+    );
+    let missing = line("/html/missing\" failed");
+    assert!(
+        missing.contains("[error]") && missing.contains("#0: *"),
+        "{missing}"
+    );
+    assert!(
+        missing.ends_with(
+            "failed (2: No such file or directory), client: 127.0.0.1, server: , \
+             request: \"GET /missing HTTP/1.1\", host: \"example.test\""
+        ),
+        "{missing}"
+    );
+    // Connection numbers grow from one connection to the next.
+    let m: u64 = missing
+        .split("#0: *")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(m > n, "{bad}\n{missing}");
+}
