@@ -108,6 +108,9 @@ struct Master {
     args: Vec<OsString>,
     /// Workers waiting to be started again, and the current delay per worker index.
     respawns: Vec<Respawn>,
+    /// What the master exits with once stopped: 1 when it stopped because no worker of its
+    /// generation could run.
+    exit_code: i32,
     respawn_delay_ms: HashMap<usize, u64>,
     /// Per worker index of the current generation: what the stall detector remembers
     /// (`steer.rs`); empty while steering is off or not needed.
@@ -347,6 +350,7 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("shard")),
         args: std::env::args_os().skip(1).collect(),
         respawns: Vec::new(),
+        exit_code: 0,
         respawn_delay_ms: HashMap::new(),
         judges: Vec::new(),
         next_steer_ms: 0,
@@ -387,6 +391,7 @@ impl Master {
             // worker left in the slot (a respawn, unlike this, continues them).
             w.reset();
             w.generation.store(self.generation, Relaxed);
+            w.idx.store(i as u64, Relaxed);
             self.region.slot_of[i].store(s as u64, Relaxed);
         }
         self.region.n_workers.store(self.n_workers as u64, Relaxed);
@@ -542,7 +547,7 @@ impl Master {
                 }
             }
             if self.stopping != Stopping::No && self.procs.is_empty() {
-                return 0;
+                return self.exit_code;
             }
         }
     }
@@ -1031,6 +1036,15 @@ impl Master {
             let started = slot_pid.load(Relaxed) == pid as u64;
             slot_pid.store(0, Relaxed);
             let (idx, generation) = (p.idx, p.generation);
+            let respawned = !(self.stopping != Stopping::No
+                || generation != self.generation
+                || self.workers_stopped
+                || exit == Exit::Code(2));
+            if !respawned {
+                // Its counts join the index's retired totals: the slot may go to a worker of
+                // another generation, which starts from zero.
+                self.region.fold(p.slot, idx);
+            }
             if self.stopping != Stopping::No
                 || generation != self.generation
                 || self.workers_stopped
@@ -1046,6 +1060,19 @@ impl Master {
                     Alert,
                     "worker process {pid} (worker {idx}) {how}: fatal, not respawning"
                 );
+                let current = self.generation;
+                if !self.procs.values().any(|p| p.generation == current) && self.respawns.is_empty()
+                {
+                    // Holding the sockets with nobody to serve them would queue connections
+                    // for ever: stop, and say so with the exit code (a supervisor restarts).
+                    crate::log!(
+                        Emerg,
+                        "no worker process of generation {current} could run: exiting"
+                    );
+                    self.exit_code = 1;
+                    self.stopping = Stopping::Graceful;
+                    self.signal_workers(libc::SIGQUIT, None);
+                }
                 continue;
             }
             crate::log!(

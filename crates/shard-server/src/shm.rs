@@ -29,6 +29,8 @@ pub struct WorkerSlot {
     pub cpu_ms: AtomicU64,
     /// The configuration generation the worker runs.
     pub generation: AtomicU64,
+    /// The worker index the slot serves (for counters kept per index across generations).
+    pub idx: AtomicU64,
     /// Turns a connection ended because it used up its budget (`TURN_ROUNDS_MAX`).
     pub budget_yields: AtomicU64,
     /// Connections accepted from a sibling's shard while that worker was not serving it.
@@ -74,6 +76,7 @@ impl WorkerSlot {
             heartbeat_ms,
             cpu_ms,
             generation,
+            idx,
             budget_yields,
             adopted,
             accept_pauses,
@@ -99,6 +102,7 @@ impl WorkerSlot {
             heartbeat_ms,
             cpu_ms,
             generation,
+            idx,
             budget_yields,
             adopted,
             accept_pauses,
@@ -114,6 +118,26 @@ impl WorkerSlot {
         ] {
             c.store(0, Relaxed);
         }
+    }
+
+    /// The monotonic counters: `accepted`, `handled`, `requests`, `cpu_ms`, `budget_yields`,
+    /// `adopted`, `accept_pauses`, `body_spooled_bytes`, `stolen`, `stalls`,
+    /// `file_cache_hits`, `file_cache_misses`.
+    pub fn counters(&self) -> [&AtomicU64; COUNTERS] {
+        [
+            &self.accepted,
+            &self.handled,
+            &self.requests,
+            &self.cpu_ms,
+            &self.budget_yields,
+            &self.adopted,
+            &self.accept_pauses,
+            &self.body_spooled_bytes,
+            &self.stolen,
+            &self.stalls,
+            &self.file_cache_hits,
+            &self.file_cache_misses,
+        ]
     }
 
     /// Single-writer increment (see the module doc).
@@ -162,6 +186,23 @@ pub struct Region {
     /// equal to the worker index.
     pub slot_of: [AtomicU64; MAX_WORKERS],
     pub workers: [WorkerSlot; MAX_WORKERS],
+    /// Per worker index, the counters of that index's workers that exited for good (an old
+    /// generation after a reload, a worker stopped by `WINCH`), so that totals survive
+    /// reloads as nginx's shared counters do. Written by the master only, inside `fold_seq`.
+    pub retired: [Retired; MAX_WORKERS],
+    /// Odd while the master moves an exited slot's counters into `retired`: readers retry
+    /// (a sequence lock), so no total is read half moved.
+    pub fold_seq: AtomicU64,
+}
+
+/// The counters (not the gauges) of a [`WorkerSlot`], in the order of [`WorkerSlot::counters`].
+pub const COUNTERS: usize = 12;
+
+/// The counters of exited workers of one index (see `Region::retired`).
+#[repr(C)]
+#[derive(bytemuck::Zeroable)]
+pub struct Retired {
+    pub counters: [AtomicU64; COUNTERS],
 }
 
 /// `Region::steer` bit: the worker's loop has not turned for `reuseport_stall_threshold` with
@@ -201,6 +242,68 @@ impl Region {
         self.workers
             .iter()
             .filter(move |w| w.pid.load(Relaxed) != 0 && w.generation.load(Relaxed) != current)
+    }
+
+    /// Moves the counters of `slot`, whose worker (index `idx`) exited and will not be
+    /// respawned into it, into `retired[idx]`. The master only.
+    pub fn fold(&self, slot: usize, idx: usize) {
+        let (Some(w), Some(r)) = (self.workers.get(slot), self.retired.get(idx)) else {
+            return;
+        };
+        self.fold_seq
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        for (c, total) in w.counters().into_iter().zip(&r.counters) {
+            total.fetch_add(c.swap(0, Relaxed), Relaxed);
+        }
+        self.fold_seq
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Reads through `f` with no fold in progress (retried a few times, then taken as is).
+    pub fn read_consistent<T>(&self, mut f: impl FnMut(&Region) -> T) -> T {
+        for _ in 0..64 {
+            let before = self.fold_seq.load(std::sync::atomic::Ordering::Acquire);
+            if before.is_multiple_of(2) {
+                let v = f(self);
+                if self.fold_seq.load(std::sync::atomic::Ordering::Acquire) == before {
+                    return v;
+                }
+            }
+            std::hint::spin_loop();
+        }
+        f(self)
+    }
+
+    /// Counter `c` (an index into [`WorkerSlot::counters`]) of worker index `idx` over every
+    /// generation: what exited workers of that index counted, and what the live ones (the
+    /// current worker and older ones still stopping) count.
+    pub fn counter_of(&self, idx: usize, c: usize) -> u64 {
+        let retired = self
+            .retired
+            .get(idx)
+            .map_or(0, |r| r.counters[c].load(Relaxed));
+        retired
+            + self
+                .workers
+                .iter()
+                .filter(|w| w.idx.load(Relaxed) == idx as u64)
+                .map(|w| w.counters()[c].load(Relaxed))
+                .sum::<u64>()
+    }
+
+    /// Counter `c` over every worker of every generation.
+    pub fn counter_total(&self, c: usize) -> u64 {
+        let retired: u64 = self
+            .retired
+            .iter()
+            .map(|r| r.counters[c].load(Relaxed))
+            .sum();
+        retired
+            + self
+                .workers
+                .iter()
+                .map(|w| w.counters()[c].load(Relaxed))
+                .sum::<u64>()
     }
 
     /// Whether worker `idx` of the current generation is serving: it has a pid and its loop

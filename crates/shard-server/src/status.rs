@@ -39,12 +39,23 @@ struct Totals {
     waiting: u64,
 }
 
+/// Indices into `WorkerSlot::counters`.
+const C_ACCEPTED: usize = 0;
+const C_HANDLED: usize = 1;
+const C_REQUESTS: usize = 2;
+const C_CPU_MS: usize = 3;
+
+/// stub_status's numbers: the counters over every worker of every generation (they survive
+/// reloads, as nginx's), the gauges over every live worker, old generations' included (nginx
+/// counts their connections too).
 fn totals(region: &Region) -> Totals {
-    let mut t = Totals::default();
-    for w in region.current() {
-        t.accepted += w.accepted.load(Relaxed);
-        t.handled += w.handled.load(Relaxed);
-        t.requests += w.requests.load(Relaxed);
+    let mut t = region.read_consistent(|r| Totals {
+        accepted: r.counter_total(C_ACCEPTED),
+        handled: r.counter_total(C_HANDLED),
+        requests: r.counter_total(C_REQUESTS),
+        ..Totals::default()
+    });
+    for w in region.workers.iter().filter(|w| w.pid.load(Relaxed) != 0) {
         t.active += w.active.load(Relaxed);
         t.reading += w.reading.load(Relaxed);
         t.writing += w.writing.load(Relaxed);
@@ -166,6 +177,11 @@ fn label(v: Option<usize>) -> String {
 }
 
 /// `shard_status?format=prometheus`: the same numbers in Prometheus text exposition format.
+///
+/// Series are labelled by `worker` (the index), never by pid, so a reload or a respawn makes
+/// no new series: `shard_worker_info{worker,pid,generation}` says which process serves an
+/// index. Counters (`_total`) of an index keep what its exited workers counted, so they only
+/// grow across reloads, as nginx's shared counters.
 pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut Vec<u8>) {
     let mut s = String::with_capacity(2048 + 600 * region.n_workers.load(Relaxed) as usize);
     let _ = writeln!(
@@ -174,150 +190,169 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
     );
     let _ = writeln!(s, "# TYPE shard_generation gauge");
     let _ = writeln!(s, "shard_generation {}", region.generation.load(Relaxed));
-    type Field = fn(&crate::shm::WorkerSlot) -> u64;
-    let metrics: [(&str, &str, &str, Field); 20] = [
+    // Totals over every worker of every generation (stub_status's three numbers).
+    let totals = region.read_consistent(|r| {
+        [
+            r.counter_total(C_ACCEPTED),
+            r.counter_total(C_HANDLED),
+            r.counter_total(C_REQUESTS),
+        ]
+    });
+    for (name, help, v) in [
         (
-            "shard_worker_accepted_total",
-            "counter",
-            "Connections accepted by the worker.",
-            |w| w.accepted.load(Relaxed),
+            "shard_connections_accepted_total",
+            "Client connections accepted.",
+            totals[0],
         ),
         (
-            "shard_worker_handled_total",
-            "counter",
-            "Connections handled by the worker.",
-            |w| w.handled.load(Relaxed),
+            "shard_connections_handled_total",
+            "Client connections handled.",
+            totals[1],
+        ),
+        ("shard_requests_total", "Client requests.", totals[2]),
+    ] {
+        let _ = writeln!(s, "# HELP {name} {help}");
+        let _ = writeln!(s, "# TYPE {name} counter");
+        let _ = writeln!(s, "{name} {v}");
+    }
+    let _ = writeln!(
+        s,
+        "# HELP shard_worker_info The process serving each worker index (value always 1)."
+    );
+    let _ = writeln!(s, "# TYPE shard_worker_info gauge");
+    for (i, w) in region.current().enumerate() {
+        let _ = writeln!(
+            s,
+            "shard_worker_info{{worker=\"{i}\",pid=\"{}\",generation=\"{}\"}} 1",
+            w.pid.load(Relaxed),
+            w.generation.load(Relaxed)
+        );
+    }
+    let n = region.current().count();
+    let counters: Vec<Vec<u64>> = region.read_consistent(|r| {
+        (0..n)
+            .map(|i| {
+                (0..crate::shm::COUNTERS)
+                    .map(|c| r.counter_of(i, c))
+                    .collect()
+            })
+            .collect()
+    });
+    // (name, help, counter index): what `WorkerSlot::counters` lists.
+    let counter_rows: [(&str, &str, usize); 12] = [
+        ("shard_worker_accepted_total", "Connections accepted by the worker.", 0),
+        ("shard_worker_handled_total", "Connections handled by the worker.", 1),
+        ("shard_worker_requests_total", "Requests served by the worker.", 2),
+        (
+            "shard_worker_cpu_seconds_total",
+            "Worker CPU time (user + system).",
+            3,
         ),
         (
-            "shard_worker_requests_total",
-            "counter",
-            "Requests served by the worker.",
-            |w| w.requests.load(Relaxed),
+            "shard_worker_budget_yields_total",
+            "Turns a connection ended because it used up its budget of rounds per wake-up.",
+            4,
         ),
+        (
+            "shard_worker_adopted_total",
+            "Connections accepted from a sibling's shard while its worker was not serving.",
+            5,
+        ),
+        (
+            "shard_worker_accept_pauses_total",
+            "Times accepting paused at worker_connections or the descriptor limit.",
+            6,
+        ),
+        (
+            "shard_worker_body_spooled_bytes_total",
+            "Request-body bytes written to temporary files.",
+            7,
+        ),
+        (
+            "shard_worker_stolen_total",
+            "Connections accepted from a sibling's shard (stalled, backlogged or without a worker).",
+            8,
+        ),
+        (
+            "shard_worker_stalls_total",
+            "Times the master found the worker stalled (reuseport_steering).",
+            9,
+        ),
+        (
+            "shard_worker_file_cache_hits_total",
+            "open_file_cache lookups answered from the cache.",
+            10,
+        ),
+        (
+            "shard_worker_file_cache_misses_total",
+            "open_file_cache lookups that opened the file.",
+            11,
+        ),
+    ];
+    for (name, help, c) in counter_rows {
+        let _ = writeln!(s, "# HELP {name} {help}");
+        let _ = writeln!(s, "# TYPE {name} counter");
+        for (i, row) in counters.iter().enumerate() {
+            if c == C_CPU_MS {
+                let _ = writeln!(s, "{name}{{worker=\"{i}\"}} {:.3}", row[c] as f64 / 1000.0);
+            } else {
+                let _ = writeln!(s, "{name}{{worker=\"{i}\"}} {}", row[c]);
+            }
+        }
+    }
+    type Gauge = fn(&crate::shm::WorkerSlot) -> u64;
+    let gauges: [(&str, &str, Gauge); 8] = [
         (
             "shard_worker_active",
-            "gauge",
             "Open client connections of the worker.",
             |w| w.active.load(Relaxed),
         ),
         (
             "shard_worker_reading",
-            "gauge",
             "Connections reading a request.",
             |w| w.reading.load(Relaxed),
         ),
         (
             "shard_worker_writing",
-            "gauge",
             "Connections writing a response.",
             |w| w.writing.load(Relaxed),
         ),
         (
             "shard_worker_waiting",
-            "gauge",
             "Idle keep-alive connections.",
             |w| w.waiting.load(Relaxed),
         ),
         (
-            "shard_worker_cpu_seconds_total",
-            "counter",
-            "Worker CPU time (user + system), milliseconds / 1000.",
-            |w| w.cpu_ms.load(Relaxed),
-        ),
-        (
-            "shard_worker_budget_yields_total",
-            "counter",
-            "Turns a connection ended because it used up its budget of rounds per wake-up.",
-            |w| w.budget_yields.load(Relaxed),
-        ),
-        (
-            "shard_worker_adopted_total",
-            "counter",
-            "Connections accepted from a sibling's shard while its worker was not serving.",
-            |w| w.adopted.load(Relaxed),
-        ),
-        (
-            "shard_worker_stolen_total",
-            "counter",
-            "Connections accepted from a sibling's shard (stalled, backlogged or without a worker).",
-            |w| w.stolen.load(Relaxed),
-        ),
-        (
-            "shard_worker_stalls_total",
-            "counter",
-            "Times the master found the worker stalled (reuseport_steering).",
-            |w| w.stalls.load(Relaxed),
-        ),
-        (
-            "shard_worker_file_cache_hits_total",
-            "counter",
-            "open_file_cache lookups answered from the cache.",
-            |w| w.file_cache_hits.load(Relaxed),
-        ),
-        (
-            "shard_worker_file_cache_misses_total",
-            "counter",
-            "open_file_cache lookups that opened the file.",
-            |w| w.file_cache_misses.load(Relaxed),
-        ),
-        (
             "shard_worker_file_cache_entries",
-            "gauge",
             "Entries in the worker's open_file_caches.",
             |w| w.file_cache_entries.load(Relaxed),
         ),
         (
-            "shard_worker_accept_pauses_total",
-            "counter",
-            "Times accepting paused at worker_connections or the descriptor limit.",
-            |w| w.accept_pauses.load(Relaxed),
-        ),
-        (
             "shard_worker_body_memory_bytes",
-            "gauge",
             "Request-body bytes held in memory.",
             |w| w.body_mem_bytes.load(Relaxed),
         ),
         (
-            "shard_worker_body_spooled_bytes_total",
-            "counter",
-            "Request-body bytes written to temporary files.",
-            |w| w.body_spooled_bytes.load(Relaxed),
-        ),
-        (
             "shard_worker_body_temp_files",
-            "gauge",
             "Request-body temporary files open.",
             |w| w.body_temp_files.load(Relaxed),
         ),
         (
             "shard_worker_heartbeat_age_seconds",
-            "gauge",
-            "Time since the worker's loop last ran, milliseconds / 1000.",
+            "Time since the worker's loop last ran.",
             |w| w.heartbeat_ms.load(Relaxed),
         ),
     ];
-    for (name, kind, help, f) in metrics {
+    for (name, help, f) in gauges {
         let _ = writeln!(s, "# HELP {name} {help}");
-        let _ = writeln!(s, "# TYPE {name} {kind}");
+        let _ = writeln!(s, "# TYPE {name} gauge");
         for (i, w) in region.current().enumerate() {
-            let pid = w.pid.load(Relaxed);
             let v = f(w);
-            if name.ends_with("cpu_seconds_total") {
-                let _ = writeln!(
-                    s,
-                    "{name}{{worker=\"{i}\",pid=\"{pid}\"}} {:.3}",
-                    v as f64 / 1000.0
-                );
-            } else if name.ends_with("heartbeat_age_seconds") {
+            if name.ends_with("heartbeat_age_seconds") {
                 let age = now_ms.saturating_sub(v);
-                let _ = writeln!(
-                    s,
-                    "{name}{{worker=\"{i}\",pid=\"{pid}\"}} {:.3}",
-                    age as f64 / 1000.0
-                );
+                let _ = writeln!(s, "{name}{{worker=\"{i}\"}} {:.3}", age as f64 / 1000.0);
             } else {
-                let _ = writeln!(s, "{name}{{worker=\"{i}\",pid=\"{pid}\"}} {v}");
+                let _ = writeln!(s, "{name}{{worker=\"{i}\"}} {v}");
             }
         }
     }
@@ -326,26 +361,26 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
         "# HELP shard_worker_stalled Whether the master finds the worker stalled now (reuseport_steering)."
     );
     let _ = writeln!(s, "# TYPE shard_worker_stalled gauge");
-    for (i, w) in region.current().enumerate() {
+    for i in 0..n {
         let _ = writeln!(
             s,
-            "shard_worker_stalled{{worker=\"{i}\",pid=\"{}\"}} {}",
-            w.pid.load(Relaxed),
+            "shard_worker_stalled{{worker=\"{i}\"}} {}",
             u8::from(region.steer_bits(i) & STEER_STALLED != 0)
         );
     }
     let _ = writeln!(
         s,
-        "# HELP shard_old_worker_active Open connections of a worker of an older generation that is still stopping."
+        "# HELP shard_old_worker_active Open connections of workers of older generations that are still stopping."
     );
     let _ = writeln!(s, "# TYPE shard_old_worker_active gauge");
+    let mut old: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
     for w in region.stopping() {
+        *old.entry(w.generation.load(Relaxed)).or_insert(0) += w.active.load(Relaxed);
+    }
+    for (generation, active) in old {
         let _ = writeln!(
             s,
-            "shard_old_worker_active{{pid=\"{}\",generation=\"{}\"}} {}",
-            w.pid.load(Relaxed),
-            w.generation.load(Relaxed),
-            w.active.load(Relaxed)
+            "shard_old_worker_active{{generation=\"{generation}\"}} {active}"
         );
     }
     type Pick = fn(&ListenerRow) -> u32;
@@ -397,6 +432,9 @@ mod tests {
         let r = crate::shm::create().unwrap();
         r.n_workers.store(2, Relaxed);
         r.slot_of[1].store(1, Relaxed);
+        r.workers[0].pid.store(100, Relaxed);
+        r.workers[1].pid.store(101, Relaxed);
+        r.workers[1].idx.store(1, Relaxed);
         r.workers[0].accepted.store(3, Relaxed);
         r.workers[1].accepted.store(4, Relaxed);
         r.workers[0].handled.store(3, Relaxed);
@@ -406,6 +444,22 @@ mod tests {
         r.workers[1].waiting.store(1, Relaxed);
         r.workers[1].writing.store(1, Relaxed);
         r
+    }
+
+    #[test]
+    fn totals_survive_a_worker_folded_into_retired() {
+        let r = region();
+        // Worker 1 of an old generation exits: its counts move to index 1's retired totals,
+        // and a new worker takes the slot from zero.
+        r.fold(1, 1);
+        r.workers[1].pid.store(102, Relaxed);
+        r.workers[1].accepted.store(5, Relaxed);
+        let mut out = Vec::new();
+        stub(&r, &mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("\n 12 7 10 \n"), "{text}");
+        assert_eq!(r.counter_of(1, C_ACCEPTED), 9);
+        assert_eq!(r.counter_of(0, C_ACCEPTED), 3);
     }
 
     #[test]
@@ -475,8 +529,16 @@ mod tests {
         prometheus(&r, &rows, 0, &mut out);
         let s = String::from_utf8(out).unwrap();
         assert!(
-            s.contains("shard_worker_accepted_total{worker=\"1\",pid=\"0\"} 4\n"),
+            s.contains("shard_worker_accepted_total{worker=\"1\"} 4\n"),
             "{s}"
+        );
+        assert!(
+            s.contains("shard_worker_info{worker=\"1\",pid=\"101\",generation=\"0\"} 1\n"),
+            "{s}"
+        );
+        assert!(
+            !s.contains("pid=\"100\"}"),
+            "no series is labelled by pid: {s}"
         );
         assert!(
             s.contains(

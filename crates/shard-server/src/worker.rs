@@ -215,6 +215,16 @@ pub(crate) struct WorkerArgs<'a> {
 /// Runs worker `idx` until it is told to stop; returns the process exit code.
 pub(crate) fn run(args: WorkerArgs<'_>) -> i32 {
     let cfg = args.cfg;
+    // Fault injection for the tests of what the master does when no worker can run (a
+    // worker's fatal start-up failures, such as a failed privilege drop, cannot be caused on
+    // purpose in a test). Never set in production.
+    if std::env::var_os("SHARD_TEST_FAIL_WORKER_START").is_some() {
+        crate::log!(
+            Emerg,
+            "worker initialisation failed: SHARD_TEST_FAIL_WORKER_START is set"
+        );
+        return 2;
+    }
     let mut w = match Worker::new(args) {
         Ok(w) => w,
         Err(e) => {

@@ -251,3 +251,152 @@ fn error_log_lines_carry_nginx_connection_number_and_context() {
         .unwrap();
     assert!(m > n, "{bad}\n{missing}");
 }
+
+/// The Prometheus exposition, parsed: every sample line must parse (none skipped), every
+/// family has its HELP, and no series repeats. Returns `(metric{sorted labels}, value)`.
+fn scrape(s: &Server) -> Vec<(String, f64)> {
+    let text = get(s.addr(), "/status?format=prometheus").body_str();
+    let parsed = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .unwrap_or_else(|e| panic!("{e}: {text}"));
+    let sample_lines = text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .count();
+    assert_eq!(
+        parsed.samples.len(),
+        sample_lines,
+        "a line did not parse: {text}"
+    );
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for sm in &parsed.samples {
+        assert!(
+            parsed.docs.contains_key(&sm.metric),
+            "no HELP for {}",
+            sm.metric
+        );
+        let mut labels: Vec<String> = sm.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        labels.sort();
+        let key = format!("{}{{{}}}", sm.metric, labels.join(","));
+        assert!(seen.insert(key.clone()), "duplicate series {key}");
+        let v = match sm.value {
+            prometheus_parse::Value::Counter(v) => {
+                assert!(sm.metric.ends_with("_total"), "{key} is a counter");
+                v
+            }
+            prometheus_parse::Value::Gauge(v) => {
+                assert!(!sm.metric.ends_with("_total"), "{key} is a gauge");
+                v
+            }
+            _ => panic!("{key}: untyped"),
+        };
+        if sm.metric != "shard_worker_info" {
+            assert!(sm.labels.get("pid").is_none(), "{key}: no series by pid");
+        }
+        out.push((key, v));
+    }
+    out
+}
+
+fn stub_numbers(s: &Server) -> [u64; 3] {
+    let body = get(s.addr(), "/stub").body_str();
+    let line = body.lines().nth(2).unwrap();
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    [v[0], v[1], v[2]]
+}
+
+#[test]
+fn counters_only_grow_across_ten_reloads_and_series_do_not_churn() {
+    let s = Server::start("ops-counters", &conf(2), 2);
+    send(&s, "w", 20);
+    let series = |sc: &[(String, f64)]| -> Vec<String> {
+        let mut v: Vec<String> = sc
+            .iter()
+            .map(|(k, _)| k.clone())
+            .filter(|k| !k.starts_with("shard_worker_info") && !k.starts_with("shard_old_worker"))
+            .collect();
+        v.sort();
+        v
+    };
+    let first = scrape(&s);
+    let mut last_stub = stub_numbers(&s);
+    let mut last: HashMap<String, f64> = first.iter().cloned().collect();
+    let mut pids = std::collections::HashSet::new();
+    for g in 2..=11u64 {
+        let old = s.workers();
+        s.signal(libc::SIGHUP);
+        wait_for(TIMEOUT, &format!("generation {g}"), || {
+            let now = s.workers();
+            (now.len() == 2 && now.iter().all(|w| old.iter().all(|o| o.pid != w.pid))).then_some(())
+        });
+        send(&s, "w", 5);
+        let stub = stub_numbers(&s);
+        for i in 0..3 {
+            assert!(
+                stub[i] >= last_stub[i],
+                "stub_status went back: {last_stub:?} -> {stub:?}"
+            );
+        }
+        last_stub = stub;
+        let now = scrape(&s);
+        assert_eq!(series(&now), series(&first), "series changed at reload {g}");
+        for (k, v) in &now {
+            if k.contains("_total") {
+                assert!(
+                    *v >= last[k],
+                    "{k} went back at reload {g}: {} -> {v}",
+                    last[k]
+                );
+            }
+        }
+        for (k, _) in now
+            .iter()
+            .filter(|(k, _)| k.starts_with("shard_worker_info"))
+        {
+            pids.insert(k.clone());
+        }
+        last = now.into_iter().collect();
+    }
+    // 20 + 10 x 5 requests of ours, plus the status reads: all counted.
+    assert!(last_stub[2] >= 70, "{last_stub:?}");
+    assert!(last["shard_requests_total{}"] >= 70.0);
+    // The info metric followed the processes.
+    assert!(pids.len() >= 20, "{pids:?}");
+}
+
+#[test]
+fn a_master_whose_workers_cannot_run_exits_non_zero_and_releases_the_port() {
+    let dir = temp_dir("ops-fatal");
+    let port = free_port();
+    std::fs::write(
+        dir.join("conf/shard.conf"),
+        conf(2).replace("{port}", &port.to_string()),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(BIN)
+        .arg("-p")
+        .arg(&*dir)
+        .args(["-c", "conf/shard.conf"])
+        .env("SHARD_TEST_FAIL_WORKER_START", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = wait_for(TIMEOUT, "the master to give up", || {
+        child.try_wait().unwrap()
+    });
+    assert_eq!(status.code(), Some(1));
+    let log = read(&dir.join("logs/error.log"));
+    assert!(
+        log.contains("no worker process of generation 1 could run: exiting"),
+        "{log}"
+    );
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "nobody holds the port any more"
+    );
+}
