@@ -143,6 +143,9 @@ pub struct ListenOpts {
     pub reuseport: bool,
     /// Default 511 (nginx's NGX_LISTEN_BACKLOG on Linux).
     pub backlog: i32,
+    /// `backlog=` was written. Without it, a socket systemd passed keeps the backlog its
+    /// `.socket` unit gave it.
+    pub backlog_set: bool,
     pub rcvbuf: Option<usize>,
     pub sndbuf: Option<usize>,
     pub deferred: bool,
@@ -171,6 +174,7 @@ impl Default for ListenOpts {
         ListenOpts {
             reuseport: false,
             backlog: 511,
+            backlog_set: false,
             rcvbuf: None,
             sndbuf: None,
             deferred: false,

@@ -191,52 +191,14 @@ pub fn cpu_time_ms() -> u64 {
     ms(ru.ru_utime) + ms(ru.ru_stime)
 }
 
-/// CPUs this process may run on: its affinity mask, further limited by a cgroup CPU quota
-/// (v2 `cpu.max`, v1 `cpu.cfs_quota_us`), rounded up, at least 1. nginx's `auto` counts only
-/// online CPUs, which overcommits workers inside containers.
+/// CPUs this process may run on: `std::thread::available_parallelism`, which takes the
+/// affinity mask (of any size) and the CPU quota of the process's own cgroup and its
+/// ancestors (v2 `cpu.max`, v1 `cpu.cfs_quota_us`, found through `/proc/self/cgroup` and the
+/// mount table), rounded up; at least 1. nginx's `auto` counts only online CPUs, which
+/// overcommits workers inside containers. (An earlier hand-written version read only the
+/// root cgroup's files and a 1024-CPU mask.)
 pub fn available_cpus() -> usize {
-    let mut set = MaybeUninit::<libc::cpu_set_t>::zeroed();
-    // SAFETY: set is valid for writes of its size.
-    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), set.as_mut_ptr()) };
-    let mut n = if rc == 0 {
-        // SAFETY: initialised by the kernel.
-        let set = unsafe { set.assume_init() };
-        // SAFETY: CPU_COUNT reads the set.
-        (unsafe { libc::CPU_COUNT(&set) }) as usize
-    } else {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    };
-    if let Some(q) = cgroup_quota_cpus() {
-        n = n.min(q);
-    }
-    n.max(1)
-}
-
-fn cgroup_quota_cpus() -> Option<usize> {
-    if let Ok(s) = std::fs::read_to_string("/sys/fs/cgroup/cpu.max") {
-        let mut it = s.split_whitespace();
-        let quota = it.next()?;
-        let period: u64 = it.next()?.parse().ok()?;
-        if quota == "max" || period == 0 {
-            return None;
-        }
-        let quota: u64 = quota.parse().ok()?;
-        return Some(quota.div_ceil(period) as usize);
-    }
-    let quota: i64 = std::fs::read_to_string("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let period: i64 = std::fs::read_to_string("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    if quota <= 0 || period <= 0 {
-        return None;
-    }
-    Some((quota as u64).div_ceil(period as u64) as usize)
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 pub fn getppid() -> libc::pid_t {

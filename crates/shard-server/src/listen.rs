@@ -47,6 +47,9 @@ pub struct OpenListener {
     pub backlog: i32,
     pub n_workers: usize,
     pub opts: ListenOpts,
+    /// The sockets came from systemd (`LISTEN_FDS`): without `backlog=` they keep the backlog
+    /// their `.socket` unit gave them.
+    pub systemd: bool,
     /// The group indices the attached steering program sends new connections to; `None`
     /// when no program is attached (the kernel's hash over every socket).
     program: Option<Vec<u32>>,
@@ -209,6 +212,8 @@ enum ShardError {
 #[derive(Default, Debug)]
 pub struct Inherited {
     by_addr: HashMap<SocketAddr, Vec<(usize, RawFd)>>,
+    /// The addresses whose sockets systemd passed.
+    systemd: std::collections::HashSet<SocketAddr>,
 }
 
 /// The environment variable a master hands its sockets to a new binary with:
@@ -252,6 +257,7 @@ impl Inherited {
                     continue;
                 }
                 if let Ok(addr) = shard_event::sock::local_addr(fd) {
+                    inh.systemd.insert(addr);
                     let v = inh.by_addr.entry(addr).or_default();
                     let idx = v.len();
                     v.push((idx, fd));
@@ -320,6 +326,7 @@ pub fn open(
     tcp_nodelay: bool,
     inherited: &mut Inherited,
 ) -> io::Result<OpenListener> {
+    let systemd = inherited.systemd.contains(&l.addr);
     let fds = inherited.take(&l.addr);
     let group = fds.first().is_some_and(|&fd| {
         shard_event::sock::get_opt(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT).is_ok_and(|v| v == 1)
@@ -334,6 +341,7 @@ pub fn open(
         backlog: l.opts.backlog,
         n_workers,
         opts: l.opts.clone(),
+        systemd,
         // A previous master may have steered the group; re-steering below resets it.
         program: group.then(Vec::new),
         steer_refused: false,
@@ -352,6 +360,20 @@ pub fn reconcile(
 ) -> io::Result<OpenListener> {
     let mut fds = old.fds;
     let mut group = old.reuseport;
+    // A systemd socket keeps its unit's backlog unless `backlog=` says otherwise; sockets
+    // added to its group get the same.
+    let mut opts = l.opts.clone();
+    if old.systemd && !l.opts.backlog_set {
+        if let Some(b) = fds
+            .first()
+            .and_then(|&fd| shard_event::sock::listen_queue(fd).ok())
+            .map(|(_, b)| b as i32)
+            .filter(|&b| b > 0)
+        {
+            opts.backlog = b;
+        }
+    }
+    let l = &Listener { opts, ..l.clone() };
     let mut want_group = l.opts.reuseport;
     let cpus = shard_event::process::available_cpus();
     let n_target = if want_group {
@@ -426,6 +448,7 @@ pub fn reconcile(
         backlog: l.opts.backlog,
         n_workers,
         opts: l.opts.clone(),
+        systemd: old.systemd,
         program: old.program,
         steer_refused: old.steer_refused,
     };

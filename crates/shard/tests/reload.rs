@@ -625,6 +625,8 @@ fn systemd_socket_activation_is_adopted() {
         .replace("{dir}", dir.to_str().unwrap());
     std::fs::write(dir.join("conf/shard.conf"), text).unwrap();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&l);
+    // The `.socket` unit's `Backlog=`: kept, since the configuration sets no `backlog=`.
+    assert_eq!(unsafe { libc::listen(fd, 77) }, 0);
     let mut cmd = std::process::Command::new("/bin/sh");
     cmd.args([
         "-c",
@@ -665,6 +667,8 @@ fn systemd_socket_activation_is_adopted() {
     assert_eq!(get(s.addr(), "/ok").body_str(), "socket-activated");
     let log = std::fs::read_to_string(dir.join("logs/error.log")).unwrap();
     assert!(log.contains("using inherited sockets"), "{log}");
+    let status = get(s.addr(), "/status").body_str();
+    assert!(status.contains("\"backlog\":77"), "{status}");
     drop(l);
     s.signal(libc::SIGQUIT);
     assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);

@@ -294,6 +294,7 @@ pub(super) fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, Conf
                     .ok()
                     .filter(|n| *n != 0 && (*n > 0 || *n == -1))
                     .ok_or_else(|| derr(d, file, format!("invalid backlog \"{v}\"")))?;
+                o.backlog_set = true;
             }
             ("rcvbuf", Some(v)) => {
                 o.rcvbuf = Some(
