@@ -474,6 +474,7 @@ fn listen_options() {
         ListenOpts {
             reuseport: true,
             backlog: 1024,
+            backlog_set: true,
             rcvbuf: Some(65536),
             sndbuf: Some(1 << 20),
             deferred: true,
