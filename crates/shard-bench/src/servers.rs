@@ -109,9 +109,8 @@ impl Spec {
         // Every idle connection may hash to the same worker; leave room for the load too.
         let conns = self.idle + 1024;
         let mut c = String::new();
-        if matches!(kind, Kind::Nginx(_)) {
-            c.push_str("daemon off;\nmaster_process on;\n");
-        }
+        // Both in the foreground: the bench waits on the master it starts.
+        c.push_str("daemon off;\nmaster_process on;\n");
         // `load_module` must come before the blocks that use the module.
         c.push_str(&self.main_extra);
         c.push_str(&format!(

@@ -526,6 +526,7 @@ fn load_with_a_host_header_benchmarks_a_name_based_virtual_host() {
     .unwrap();
     let shard = std::path::Path::new(env!("CARGO_BIN_EXE_shard-bench")).with_file_name("shard");
     let mut child = Command::new(&shard)
+        .args(["-g", "daemon off;"])
         .arg("-p")
         .arg(&dir)
         .arg("-c")

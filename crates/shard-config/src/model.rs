@@ -73,6 +73,10 @@ pub struct ErrorLog {
     pub level: LogLevel,
 }
 
+/// The pid file when no `pid` directive names one, relative to the prefix (nginx's
+/// `logs/nginx.pid`).
+pub const DEFAULT_PID_PATH: &str = "logs/shard.pid";
+
 /// `worker_shutdown_drain`'s default.
 pub const SHUTDOWN_DRAIN_DEFAULT_MS: u64 = 5000;
 
@@ -80,7 +84,7 @@ pub const SHUTDOWN_DRAIN_DEFAULT_MS: u64 = 5000;
 pub struct MainConf {
     /// Default `1`, as nginx.
     pub worker_processes: WorkerProcesses,
-    /// Default none: no pid file is written unless configured.
+    /// Default `PREFIX/logs/shard.pid` ([`DEFAULT_PID_PATH`]); always `Some` after parsing.
     pub pid: Option<PathBuf>,
     /// Default `logs/error.log error` under the prefix; `stderr` is accepted as a target.
     pub error_log: ErrorLog,
@@ -88,6 +92,13 @@ pub struct MainConf {
     /// `worker_shutdown_timeout`: how long a gracefully stopping worker may keep serving its
     /// open connections before it closes them. Default none (wait as long as they need).
     pub worker_shutdown_timeout_ms: Option<u64>,
+    /// `daemon`: the master detaches from the terminal (fork, `setsid`, standard input and
+    /// output to `/dev/null`) once its sockets and logs are open. Default on, as nginx; the
+    /// embedded default configuration says `daemon off`.
+    pub daemon: bool,
+    /// `master_process`: off runs one worker loop in the process itself, without a master
+    /// (nginx's single-process mode, for debugging). Default on.
+    pub master_process: bool,
     /// `worker_shutdown_drain` (shard's own): how long a gracefully stopping worker keeps its
     /// idle keep-alive connections open, answering a request that arrives on one with
     /// `Connection: close`, before it closes those still idle. nginx closes them at once,

@@ -111,7 +111,7 @@ fn default_conf_parses() {
         c.listeners[0].place,
         Place {
             file: "(embedded default)".into(),
-            line: 14
+            line: 16
         }
     );
 }
@@ -120,7 +120,7 @@ fn default_conf_parses() {
 fn defaults() {
     let c = http("server {}");
     assert_eq!(c.main.worker_processes, WorkerProcesses::Fixed(1));
-    assert_eq!(c.main.pid, None);
+    assert_eq!(c.main.pid, Some("/pfx/logs/shard.pid".into()));
     assert_eq!(
         c.main.error_log.target,
         LogTarget::File("/pfx/logs/error.log".into())
@@ -2187,13 +2187,11 @@ fn tuning_directives_warn() {
          output_buffers 2 32k;\n gzip_buffers 16 8k;\n proxy_temp_path /tmp/p 1 2;\n \
          server {{ listen 80; postpone_output 1460; location / {{ send_lowat 0; }} }}\n}}\n"
     ));
-    assert_eq!(c.warnings.len(), 10, "{:?}", c.warnings);
+    // `daemon` and `master_process` are real directives now: no warning.
+    assert_eq!(c.warnings.len(), 8, "{:?}", c.warnings);
+    assert!(!c.main.daemon && c.main.master_process);
     assert_eq!(
         c.warnings[0],
-        "\"daemon\" is accepted and has no effect in shard in t.conf:1"
-    );
-    assert_eq!(
-        c.warnings[2],
         "\"tcp_nopush\" is accepted and has no effect in shard in t.conf:5"
     );
     // Their values are still checked, as nginx checks them.

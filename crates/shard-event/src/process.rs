@@ -129,6 +129,30 @@ pub unsafe fn fork() -> io::Result<Fork> {
     })
 }
 
+/// Detaches the calling process from its terminal as a daemon does: a new session
+/// (`setsid`), standard input and output on `/dev/null`, and standard error on `stderr_to`
+/// when given (nginx points it at the error log file; with `error_log stderr` it is left
+/// alone, as nginx's `ngx_daemon`), so that nothing keeps the starter's terminal or pipes.
+pub fn detach(stderr_to: Option<RawFd>) -> io::Result<()> {
+    // SAFETY: plain system calls on descriptors this function opens or on 0 and 1.
+    unsafe {
+        cvt(libc::setsid())?;
+        let fd = cvt(libc::open(
+            c"/dev/null".as_ptr(),
+            libc::O_RDWR | libc::O_CLOEXEC,
+        ))?;
+        let r0 = libc::dup2(fd, 0);
+        let r1 = libc::dup2(fd, 1);
+        libc::close(fd);
+        cvt(r0)?;
+        cvt(r1)?;
+        if let Some(e) = stderr_to {
+            cvt(libc::dup2(e, 2))?;
+        }
+    }
+    Ok(())
+}
+
 /// How a reaped child ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
@@ -331,4 +355,84 @@ pub fn random_u64() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     t ^ (u64::from(std::process::id()) << 32)
+}
+
+/// The memory `ps` reads a process's command line from: the original `argv` strings and, once
+/// the environment strings were moved out of the way, the `environ` area after them (nginx's
+/// `ngx_init_setproctitle`). Titles are written there.
+#[derive(Debug, Clone, Copy)]
+pub struct TitleArea {
+    start: usize,
+    len: usize,
+}
+
+extern "C" {
+    static mut environ: *mut *mut libc::c_char;
+}
+
+/// Prepares process titles: copies every environment string that lies in the kernel's
+/// environment area to the heap (so `getenv` keeps working) and returns the area from the
+/// first argument to the end of the environment. `None` when `/proc/self/stat` cannot be
+/// read; titles are then not set.
+///
+/// Call it once, early, in a single-threaded process, before anything keeps a pointer into
+/// the original argument or environment strings (`std::env::args` copies them on each call).
+pub fn init_title() -> Option<TitleArea> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which may contain spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    // `arg_start` is field 48 of stat(5), `env_end` field 51; `rest` starts at field 3.
+    let num = |n: usize| f.get(n - 3).and_then(|v| v.trim().parse::<usize>().ok());
+    let (arg_start, arg_end, env_start, env_end) = (num(48)?, num(49)?, num(50)?, num(51)?);
+    if arg_start == 0 || arg_end <= arg_start {
+        return None;
+    }
+    let mut end = arg_end;
+    if env_start == arg_end && env_end > env_start {
+        // SAFETY: single-threaded (the caller's contract), so nothing reads `environ` while
+        // its entries are replaced; each entry is a valid C string, and `strdup` returns
+        // another (or null, in which case the entry is left as it was and the area stops
+        // before it).
+        unsafe {
+            let mut p = environ;
+            let mut movable = true;
+            while !p.is_null() && !(*p).is_null() {
+                let s = *p as usize;
+                if (env_start..env_end).contains(&s) {
+                    let copy = libc::strdup(*p);
+                    if copy.is_null() {
+                        movable = false;
+                        break;
+                    }
+                    *p = copy;
+                }
+                p = p.add(1);
+            }
+            if movable {
+                end = env_end;
+            }
+        }
+    }
+    Some(TitleArea {
+        start: arg_start,
+        len: end - arg_start,
+    })
+}
+
+/// Sets the title `ps` shows for this process (`shard: worker process`): written at the start
+/// of the area, cut to fit, the rest zeroed.
+pub fn set_title(area: TitleArea, title: &str) {
+    if area.len < 2 {
+        return;
+    }
+    let n = title.len().min(area.len - 1);
+    // SAFETY: the area is this process's own argument and environment strings (from
+    // /proc/self/stat), writable stack memory that no Rust value refers to: `init_title` moved
+    // the environment strings elsewhere, and the standard library copies arguments when asked.
+    unsafe {
+        let dst = area.start as *mut u8;
+        std::ptr::copy_nonoverlapping(title.as_ptr(), dst, n);
+        std::ptr::write_bytes(dst.add(n), 0, area.len - n);
+    }
 }

@@ -214,6 +214,8 @@ pub struct Inherited {
     by_addr: HashMap<SocketAddr, Vec<(usize, RawFd)>>,
     /// The addresses whose sockets systemd passed.
     systemd: std::collections::HashSet<SocketAddr>,
+    /// The sockets came from a master being upgraded (`SHARD_INHERIT`).
+    pub upgrade: bool,
 }
 
 /// The environment variable a master hands its sockets to a new binary with:
@@ -226,6 +228,7 @@ impl Inherited {
     pub fn from_env() -> Inherited {
         let mut inh = Inherited::default();
         if let Ok(v) = std::env::var(INHERIT_ENV) {
+            inh.upgrade = true;
             for entry in v.split(';').filter(|e| !e.is_empty()) {
                 let mut it = entry.splitn(3, ':');
                 let (Some(fd), Some(idx), Some(addr)) = (it.next(), it.next(), it.next()) else {

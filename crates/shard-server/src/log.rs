@@ -87,6 +87,12 @@ pub fn init(target: &LogTarget, level: LogLevel) -> io::Result<()> {
     Ok(())
 }
 
+/// The error log's descriptor, when it is a file (not standard error).
+pub fn file_fd() -> Option<RawFd> {
+    let fd = FD.load(Relaxed);
+    (fd > 2).then_some(fd)
+}
+
 /// The error log's path, when it is a file.
 pub fn path() -> Option<std::path::PathBuf> {
     match TARGET.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {

@@ -264,25 +264,87 @@ fn describe(listeners: &[OpenListener]) -> String {
     }
 }
 
+/// `master_process off`: the one worker loop runs in this process (nginx's single-process
+/// mode, for debugging): no respawn, no reload, no binary upgrade; `QUIT`, `TERM` and
+/// `USR1` work as for a worker. Privileges are dropped as for any worker.
+#[allow(clippy::too_many_arguments)]
+fn single_process(
+    cfg: &Config,
+    listeners: &[OpenListener],
+    region: &SharedRegion,
+    access_logs: &HashMap<PathBuf, RawFd>,
+    zones: &[crate::limits::Zone],
+    identity: Option<Identity>,
+    poll: Poll,
+    signals: SignalFd,
+) -> i32 {
+    // The worker reads its own signalfd and waits in its own epoll.
+    drop(signals);
+    drop(poll);
+    crate::log!(
+        Notice,
+        "master_process off: serving in this process (no reload, no respawn)"
+    );
+    let w = region.worker(0);
+    w.reset();
+    w.generation.store(1, Relaxed);
+    region.slot_of[0].store(0, Relaxed);
+    region.n_workers.store(1, Relaxed);
+    if let Err(e) = privilege::enter_worker(identity.as_ref()) {
+        crate::log!(Emerg, "{e}");
+        return 1;
+    }
+    let code = worker::run(WorkerArgs {
+        idx: 0,
+        slot: 0,
+        n_workers: 1,
+        cfg,
+        listeners,
+        region,
+        access_logs,
+        zones,
+    });
+    crate::log!(Notice, "exit");
+    code
+}
+
+/// Where process titles are written (see `shard_event::process::init_title`); set once by
+/// the master, inherited by the workers it forks.
+static TITLE: std::sync::OnceLock<Option<process::TitleArea>> = std::sync::OnceLock::new();
+
+/// Sets the title `ps` shows for this process, as nginx's (`shard: worker process`).
+pub(crate) fn set_title(title: &str) {
+    if let Some(Some(area)) = TITLE.get() {
+        process::set_title(*area, title);
+    }
+}
+
 /// Runs the master until it stops; returns the process exit code.
 pub fn run(opts: RunOptions) -> Result<i32> {
     let cfg = opts.config;
     crate::log::make_prefix_logs_dir(&cfg.prefix);
     crate::log::init(&cfg.main.error_log.target, cfg.main.error_log.level)
         .context("cannot open the error log")?;
-    let n_workers = resolve_workers(cfg.main.worker_processes);
+    // `master_process off` serves in this one process: one worker, as nginx's single-process
+    // mode ignores `worker_processes`.
+    let n_workers = if cfg.main.master_process {
+        resolve_workers(cfg.main.worker_processes)
+    } else {
+        1
+    };
     cfg.check_workers(n_workers)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
 
     process::block_signals().context("sigprocmask")?;
-    let signals = SignalFd::new().context("signalfd")?;
-    let poll = Poll::new().context("epoll_create")?;
+    let mut signals = SignalFd::new().context("signalfd")?;
+    let mut poll = Poll::new().context("epoll_create")?;
     poll.add(signals.fd(), 0, Interest::READ)
         .context("epoll_ctl")?;
 
     // Sockets handed over by a previous master or systemd are adopted before anything binds.
     let mut inherited = Inherited::from_env();
     let adopting = !inherited.is_empty();
+    let upgraded = inherited.upgrade;
     let nodelay = tcp_nodelay(&cfg);
     let mut listeners = Vec::with_capacity(cfg.listeners.len());
     for (i, l) in cfg.listeners.iter().enumerate() {
@@ -309,6 +371,25 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         access_logs.insert(path, fd);
     }
 
+    // `daemon on`: everything that can fail at start has been tried and said on the
+    // terminal; now detach. A master started by a binary upgrade is already detached (its
+    // parent is the old master), as nginx skips `ngx_daemon` when it inherits sockets.
+    if cfg.main.daemon && !upgraded {
+        // SAFETY: the master is single-threaded (ARCHITECTURE.md invariant).
+        match unsafe { process::fork() }.context("fork() failed")? {
+            process::Fork::Parent(_) => std::process::exit(0),
+            process::Fork::Child => {
+                process::detach(crate::log::file_fd()).context("setsid() failed")?
+            }
+        }
+        // A signalfd wakes the epoll instances registered by the process that added it: the
+        // daemon makes its own, or no signal would ever wake it.
+        signals = SignalFd::new().context("signalfd")?;
+        poll = Poll::new().context("epoll_create")?;
+        poll.add(signals.fd(), 0, Interest::READ)
+            .context("epoll_ctl")?;
+    }
+
     let region = shm::create().context("cannot map the shared-memory region")?;
     region.n_workers.store(n_workers as u64, Relaxed);
 
@@ -328,6 +409,18 @@ pub fn run(opts: RunOptions) -> Result<i32> {
 
     let mut zones_by_name = HashMap::new();
     let zones = map_zones(&cfg, &mut zones_by_name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !cfg.main.master_process {
+        return Ok(single_process(
+            &cfg,
+            &listeners,
+            &region,
+            &access_logs,
+            &zones,
+            identity,
+            poll,
+            signals,
+        ));
+    }
     let mut m = Master {
         zones_by_name,
         zones,
@@ -356,6 +449,11 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         next_steer_ms: 0,
         backlog: steer::Backlog::from_env(),
     };
+    // `ps` tells the master from its workers, as nginx's titles do. The arguments were copied
+    // (for a binary upgrade) above; the title overwrites the originals.
+    let cmdline: Vec<String> = std::env::args().collect();
+    let _ = TITLE.set(process::init_title());
+    set_title(&format!("shard: master process {}", cmdline.join(" ")));
     m.start_generation()?;
     let code = m.run_loop();
     if let Some(pid_path) = &m.pid_path {

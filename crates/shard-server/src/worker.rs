@@ -225,6 +225,7 @@ pub(crate) fn run(args: WorkerArgs<'_>) -> i32 {
         );
         return 2;
     }
+    crate::master::set_title("shard: worker process");
     let mut w = match Worker::new(args) {
         Ok(w) => w,
         Err(e) => {
@@ -634,6 +635,7 @@ impl<'a> Worker<'a> {
             return;
         }
         crate::log!(Notice, "worker {} gracefully shutting down", self.idx);
+        crate::master::set_title("shard: worker process is shutting down");
         self.shutting_down = true;
         // Take what is already queued on our sockets: for an address the new configuration
         // dropped, nobody else will. The answers carry `Connection: close`.

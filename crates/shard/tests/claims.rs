@@ -211,6 +211,7 @@ fn a_worker_that_exits_with_code_2_is_not_respawned() {
     )
     .unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_shard"))
+        .args(["-g", "daemon off;"])
         .arg("-p")
         .arg(&*dir)
         .arg("-c")
@@ -429,6 +430,7 @@ fn spawn_with(
     use std::os::unix::process::CommandExt;
     std::fs::write(dir.join("conf/shard.conf"), conf).unwrap();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_shard"));
+    cmd.args(["-g", "daemon off;"]);
     cmd.arg("-p").arg(dir).arg("-c").arg("conf/shard.conf");
     cmd.stderr(std::process::Stdio::null());
     // SAFETY: the closures passed here only make async-signal-safe system calls.

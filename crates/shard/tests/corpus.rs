@@ -101,6 +101,7 @@ fn shard_test(dir: &Path) -> (i32, String) {
 
 fn start_shard(dir: &Path, port: u16) -> Running {
     let child = Command::new(BIN)
+        .args(["-g", "daemon off;"])
         .arg("-p")
         .arg(dir)
         .arg("-c")

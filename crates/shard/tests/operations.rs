@@ -377,6 +377,7 @@ fn a_master_whose_workers_cannot_run_exits_non_zero_and_releases_the_port() {
     )
     .unwrap();
     let mut child = std::process::Command::new(BIN)
+        .args(["-g", "daemon off;"])
         .arg("-p")
         .arg(&*dir)
         .args(["-c", "conf/shard.conf"])
@@ -399,4 +400,127 @@ fn a_master_whose_workers_cannot_run_exits_non_zero_and_releases_the_port() {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
         "nobody holds the port any more"
     );
+}
+
+fn cmdline(pid: i32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            String::from_utf8_lossy(&b)
+                .trim_end_matches('\0')
+                .replace('\0', " ")
+        })
+        .unwrap_or_default()
+}
+
+fn ppid(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit(')')
+        .next()
+        .and_then(|r| r.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn daemon_by_default_with_the_default_pid_file_and_nginx_process_titles() {
+    let dir = temp_dir("ops-daemon");
+    let port = free_port();
+    // No `daemon`, no `pid`: nginx's defaults, `daemon on` and `logs/<name>.pid`.
+    let text = conf(2)
+        .replace("pid logs/shard.pid;\n", "")
+        .replace("{port}", &port.to_string());
+    std::fs::write(dir.join("conf/shard.conf"), text).unwrap();
+    let conf_path = dir.join("conf/shard.conf");
+    let args = [
+        "-p",
+        dir.to_str().unwrap(),
+        "-c",
+        conf_path.to_str().unwrap(),
+    ];
+    let out = std::process::Command::new(BIN)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    // The command returns once the daemon runs, as nginx's.
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid_file = dir.join("logs/shard.pid");
+    let master: i32 = wait_for(TIMEOUT, "the default pid file", || {
+        read(&pid_file).trim().parse().ok()
+    });
+    assert!(pid_alive(master));
+    assert_ne!(
+        ppid(master),
+        std::process::id() as i32,
+        "detached from its starter"
+    );
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let ws = wait_for(TIMEOUT, "the workers", || {
+        let ws = parse_workers(&try_get(addr, "/status").ok()?.body_str());
+        (ws.len() == 2 && ws.iter().all(|w| w.pid > 0)).then_some(ws)
+    });
+    // `ps` tells them apart, as nginx's titles.
+    let title = cmdline(master);
+    assert!(
+        title.starts_with("shard: master process ") && title.contains("-c "),
+        "{title:?}"
+    );
+    for w in &ws {
+        assert_eq!(cmdline(w.pid as i32), "shard: worker process");
+    }
+    // `-s reload` and `-s quit` find it through the default pid file.
+    let (code, err) = run_cli(&[args[0], args[1], args[2], args[3], "-s", "reload"]);
+    assert_eq!(code, 0, "{err}");
+    wait_for(TIMEOUT, "new workers", || {
+        let now = parse_workers(&try_get(addr, "/status").ok()?.body_str());
+        (now.len() == 2 && now.iter().all(|n| ws.iter().all(|o| o.pid != n.pid))).then_some(())
+    });
+    let (code, err) = run_cli(&[args[0], args[1], args[2], args[3], "-s", "quit"]);
+    assert_eq!(code, 0, "{err}");
+    wait_for(TIMEOUT, "the daemon to exit", || {
+        (!pid_alive(master)).then_some(())
+    });
+    assert!(!pid_file.exists(), "the pid file is removed at exit");
+}
+
+#[test]
+fn master_process_off_serves_from_the_one_process() {
+    let dir = temp_dir("ops-single");
+    let port = free_port();
+    std::fs::write(
+        dir.join("conf/shard.conf"),
+        conf(4).replace("{port}", &port.to_string()),
+    )
+    .unwrap();
+    // Both directives from the command line, as Docker users type them.
+    let mut child = std::process::Command::new(BIN)
+        .args(["-g", "daemon off; master_process off;"])
+        .arg("-p")
+        .arg(&*dir)
+        .args(["-c", "conf/shard.conf"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let r = wait_for(TIMEOUT, "the single process to answer", || {
+        try_get(addr, "/x").ok()
+    });
+    assert_eq!((r.status, r.body_str().as_str()), (200, "ok"));
+    let pid = child.id() as i32;
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    assert!(
+        children.trim().is_empty(),
+        "no worker processes: {children:?}"
+    );
+    // One worker, whatever `worker_processes` says.
+    assert_eq!(parse_workers(&get(addr, "/status").body_str()).len(), 1);
+    unsafe { libc::kill(pid, libc::SIGQUIT) };
+    let st = wait_for(TIMEOUT, "the process to exit", || child.try_wait().unwrap());
+    assert_eq!(st.code(), Some(0));
 }

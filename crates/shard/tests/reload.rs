@@ -632,6 +632,8 @@ fn systemd_socket_activation_is_adopted() {
         "-c",
         "export LISTEN_PID=$$ LISTEN_FDS=1; exec \"$0\" \"$@\"",
         BIN,
+        "-g",
+        "daemon off;",
         "-p",
         dir.to_str().unwrap(),
         "-c",

@@ -285,6 +285,7 @@ fn on_a_kernel_without_landlock_the_master_says_so_once_and_seccomp_still_applie
     )
     .unwrap();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_shard"));
+    cmd.args(["-g", "daemon off;"]);
     cmd.arg("-p").arg(&*dir).arg("-c").arg("conf/shard.conf");
     cmd.stderr(std::process::Stdio::null());
     // SAFETY: the closure only makes two system calls, async-signal-safe.

@@ -441,6 +441,7 @@ fn stream_only_configuration_runs() {
     )
     .unwrap();
     let mut child = std::process::Command::new(BIN)
+        .args(["-g", "daemon off;"])
         .arg("-p")
         .arg(&dir)
         .arg("-c")

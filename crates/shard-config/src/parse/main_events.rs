@@ -60,6 +60,16 @@ pub(super) fn main_user(_: &Env, st: &mut State, d: &Directive, file: &str) -> R
     once(&mut st.main.user, user, d, file)
 }
 
+pub(super) fn main_daemon(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut st.main.daemon, v, d, file)
+}
+
+pub(super) fn main_master_process(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut st.main.master_process, v, d, file)
+}
+
 pub(super) fn main_worker_sandbox(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
     let v = flag(d, file, a0(d))?;
     once(&mut st.main.worker_sandbox, v, d, file)

@@ -240,6 +240,8 @@ struct MainP {
     worker_shutdown_drain_ms: Option<u64>,
     user: Option<User>,
     worker_sandbox: Option<bool>,
+    daemon: Option<bool>,
+    master_process: Option<bool>,
 }
 
 #[derive(Default)]
@@ -486,7 +488,12 @@ impl Env {
                 .main
                 .worker_processes
                 .unwrap_or(WorkerProcesses::Fixed(1)),
-            pid: st.main.pid,
+            // nginx's compiled-in default is `logs/nginx.pid` under the prefix.
+            pid: Some(
+                st.main
+                    .pid
+                    .unwrap_or_else(|| self.prefix.join(crate::model::DEFAULT_PID_PATH)),
+            ),
             error_log: st.main.error_log.unwrap_or_else(|| ErrorLog {
                 target: LogTarget::File(self.prefix.join("logs/error.log")),
                 level: LogLevel::Error,
@@ -499,6 +506,8 @@ impl Env {
                 .unwrap_or(crate::model::SHUTDOWN_DRAIN_DEFAULT_MS),
             user: st.main.user,
             worker_sandbox: st.main.worker_sandbox.unwrap_or(false),
+            daemon: st.main.daemon.unwrap_or(true),
+            master_process: st.main.master_process.unwrap_or(true),
         };
         let events = EventsConf {
             worker_connections: ev.worker_connections.unwrap_or(512),

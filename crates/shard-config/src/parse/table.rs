@@ -72,8 +72,8 @@ pub(super) const HSL: u16 = H | S | L;
 pub(super) static TABLE: &[Spec] = &[
     d("include", ANY, 1, 1, Set::Walk),
     // nginx's tuning knobs with no meaning in shard: accepted with a warning.
-    d("daemon", M, 1, 1, Set::NoEffect(check_flag)),
-    d("master_process", M, 1, 1, Set::NoEffect(check_flag)),
+    d("daemon", M, 1, 1, Set::Main(main_daemon)),
+    d("master_process", M, 1, 1, Set::Main(main_master_process)),
     d("load_module", M, 1, 1, Set::NoEffect(check_any)),
     d("pcre_jit", M, 1, 1, Set::NoEffect(check_flag)),
     d("tcp_nopush", HSL, 1, 1, Set::NoEffect(check_flag)),

@@ -170,6 +170,11 @@ impl Server {
         }
         // `SHARD_TEST_SANDBOX=1` runs every server with `worker_sandbox on` (the whole suite
         // then checks that the sandbox lets through everything shard does).
+        // In the foreground: the test waits on the master it starts (shard's default, as
+        // nginx's, is `daemon on`).
+        if !text.contains("daemon ") {
+            text = format!("daemon off;\n{text}");
+        }
         if std::env::var_os("SHARD_TEST_SANDBOX").is_some_and(|v| v == "1")
             && !text.contains("worker_sandbox")
         {
