@@ -9,6 +9,20 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// The end of `--help`: the signals the master understands (also `dist/shard.8`).
+const HELP_SIGNALS: &str = "\
+Signals to the master (its pid is in the pid file, default PREFIX/logs/shard.pid):
+  TERM, INT   fast shutdown                  (-s stop)
+  QUIT        graceful shutdown              (-s quit)
+  HUP         reload the configuration       (-s reload)
+  USR1        reopen the log files           (-s reopen)
+  USR2        upgrade the binary: start a new master with the listening sockets
+  WINCH       stop the workers gracefully (after USR2, before QUIT to the old master)
+Signals to a worker: TERM/INT fast stop, QUIT graceful stop, USR1 reopen its access logs.
+
+Files: PREFIX/conf/shard.conf (else the embedded default configuration),
+PREFIX/logs/error.log, PREFIX/logs/shard.pid. Documentation: docs/directives.md, shard(8).";
+
 /// Where shard looks for its configuration when `-c` is not given, relative to the prefix.
 const DEFAULT_CONF_PATH: &str = "conf/shard.conf";
 
@@ -17,7 +31,8 @@ const DEFAULT_CONF_PATH: &str = "conf/shard.conf";
     name = "shard",
     disable_version_flag = true,
     disable_help_flag = true,
-    about = "shard: a web server whose point is how connections are spread over workers"
+    about = "shard: a web server whose point is how connections are spread over workers",
+    after_help = HELP_SIGNALS
 )]
 struct Cli {
     /// Show version and exit.
@@ -49,7 +64,7 @@ struct Cli {
     #[arg(short = 'g', value_name = "DIRECTIVES")]
     directives: Option<String>,
     /// Print help.
-    #[arg(short = 'h', short_alias = '?', action = clap::ArgAction::Help)]
+    #[arg(short = 'h', long = "help", short_alias = '?', action = clap::ArgAction::Help)]
     help: Option<bool>,
 }
 
