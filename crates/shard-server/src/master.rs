@@ -392,6 +392,11 @@ pub fn run(opts: RunOptions) -> Result<i32> {
 
     let region = shm::create().context("cannot map the shared-memory region")?;
     region.n_workers.store(n_workers as u64, Relaxed);
+    // A binary upgrade's counts: counters continue from the old master's (at USR2).
+    if let Some(v) = std::env::var_os(shm::COUNTERS_ENV) {
+        region.seed_counters(&v.to_string_lossy());
+        std::env::remove_var(shm::COUNTERS_ENV);
+    }
 
     if let Some(pid_path) = &cfg.main.pid {
         std::fs::write(pid_path, format!("{}\n", process::getpid()))
@@ -926,6 +931,8 @@ impl Master {
                 listen::INHERIT_ENV,
                 listen::inherit_env_value(&self.listeners),
             )
+            // The counts so far, so the new master's counters go on from them.
+            .env(shm::COUNTERS_ENV, self.region.counters_env())
             .spawn();
         for &fd in &fds {
             let _ = shard_event::sock::set_cloexec(fd, true);

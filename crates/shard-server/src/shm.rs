@@ -195,6 +195,9 @@ pub struct Region {
     pub fold_seq: AtomicU64,
 }
 
+/// The environment variable that hands a binary upgrade's new master the counts so far.
+pub const COUNTERS_ENV: &str = "SHARD_COUNTERS";
+
 /// The counters (not the gauges) of a [`WorkerSlot`], in the order of [`WorkerSlot::counters`].
 pub const COUNTERS: usize = 12;
 
@@ -257,6 +260,39 @@ impl Region {
         }
         self.fold_seq
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Every index's counters over every generation, for a binary upgrade's new master
+    /// (`COUNTERS_ENV`): `IDX:C0,C1,...;` for each index that counted anything.
+    pub fn counters_env(&self) -> String {
+        self.read_consistent(|r| {
+            let mut s = String::new();
+            for idx in 0..MAX_WORKERS {
+                let v: Vec<u64> = (0..COUNTERS).map(|c| r.counter_of(idx, c)).collect();
+                if v.iter().any(|&x| x > 0) {
+                    let list: Vec<String> = v.iter().map(u64::to_string).collect();
+                    s.push_str(&format!("{idx}:{};", list.join(",")));
+                }
+            }
+            s
+        })
+    }
+
+    /// Starts the retired totals from `counters_env`'s text (malformed entries are skipped).
+    pub fn seed_counters(&self, text: &str) {
+        for entry in text.split(';').filter(|e| !e.is_empty()) {
+            let Some((idx, list)) = entry.split_once(':') else {
+                continue;
+            };
+            let Some(r) = idx.parse::<usize>().ok().and_then(|i| self.retired.get(i)) else {
+                continue;
+            };
+            for (c, v) in list.split(',').enumerate().take(COUNTERS) {
+                if let Ok(v) = v.parse::<u64>() {
+                    r.counters[c].store(v, Relaxed);
+                }
+            }
+        }
     }
 
     /// Reads through `f` with no fold in progress (retried a few times, then taken as is).

@@ -524,3 +524,29 @@ fn master_process_off_serves_from_the_one_process() {
     let st = wait_for(TIMEOUT, "the process to exit", || child.try_wait().unwrap());
     assert_eq!(st.code(), Some(0));
 }
+
+#[test]
+fn counters_go_on_across_a_binary_upgrade() {
+    let mut s = Server::start("ops-upgrade-counters", &conf(2), 2);
+    send(&s, "u", 30);
+    let before = stub_numbers(&s);
+    let old = s.pid();
+    let pid_file = s.dir.join("logs/shard.pid");
+    unsafe { libc::kill(old, libc::SIGUSR2) };
+    let new: i32 = wait_for(TIMEOUT, "the new master", || {
+        let p: i32 = read(&pid_file).trim().parse().ok()?;
+        (p != old && pid_alive(p)).then_some(p)
+    });
+    unsafe { libc::kill(old, libc::SIGWINCH) };
+    unsafe { libc::kill(old, libc::SIGQUIT) };
+    assert_eq!(s.wait_exit(TIMEOUT), 0);
+    // Only the new master's workers answer now; its counters start from the old totals.
+    let after = stub_numbers(&s);
+    for i in 0..3 {
+        assert!(after[i] >= before[i], "{before:?} -> {after:?}");
+    }
+    unsafe { libc::kill(new, libc::SIGQUIT) };
+    wait_for(TIMEOUT, "the new master to exit", || {
+        (!pid_alive(new)).then_some(())
+    });
+}
