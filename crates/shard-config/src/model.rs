@@ -157,6 +157,9 @@ pub struct ListenOpts {
     /// `backlog=` was written. Without it, a socket systemd passed keeps the backlog its
     /// `.socket` unit gave it.
     pub backlog_set: bool,
+    /// `ssl`: connections are TLS. As nginx, any `listen` of the address that says `ssl`
+    /// makes the address TLS (it is not compared as the other options are).
+    pub ssl: bool,
     pub rcvbuf: Option<usize>,
     pub sndbuf: Option<usize>,
     pub deferred: bool,
@@ -186,6 +189,7 @@ impl Default for ListenOpts {
             reuseport: false,
             backlog: 511,
             backlog_set: false,
+            ssl: false,
             rcvbuf: None,
             sndbuf: None,
             deferred: false,
@@ -781,10 +785,15 @@ pub enum Var {
     ServerName,
     /// `$server_protocol`: `HTTP/1.0` or `HTTP/1.1`.
     ServerProtocol,
-    /// `$scheme`: always `http`.
+    /// `$scheme`: `https` on a TLS connection, else `http`.
     Scheme,
-    /// `$https`: always empty (no TLS yet).
+    /// `$https`: `on` on a TLS connection, else empty.
     Https,
+    /// `$ssl_protocol` (`TLSv1.3`), `$ssl_cipher` (OpenSSL's name), `$ssl_server_name`
+    /// (the SNI): empty on a plain connection.
+    SslProtocol,
+    SslCipher,
+    SslServerName,
     /// `$request_uri`: the target as received; `$uri` (`$document_uri`): the normalized path;
     /// `$args` (`$query_string`), `$is_args`.
     RequestUri,
@@ -1032,12 +1041,68 @@ pub struct ServerConf {
     /// `ignore_invalid_headers`: header lines with an invalid name are dropped (neither
     /// interpreted nor proxied). Default on.
     pub ignore_invalid_headers: bool,
+    /// `ssl_*` directives (http, server): what a TLS listener of this server presents.
+    pub ssl: SslConf,
     /// Server-level settings, used when no location matches.
     pub base: LocationConf,
     /// The rewrite module's instructions at the server level, run before a location is chosen.
     pub script: Vec<Instr>,
     /// In file order.
     pub locations: Vec<LocationConf>,
+}
+
+/// One `ssl_certificate` with the `ssl_certificate_key` of the same rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertPair {
+    pub certificate: PathBuf,
+    pub key: PathBuf,
+    /// Where the `ssl_certificate` was written (errors name it).
+    pub place: Place,
+}
+
+/// `ssl_session_cache`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionCache {
+    /// `off`: clients are told no session can be reused.
+    Off,
+    /// `none` (nginx's default): sessions are not cached, but clients are not told so.
+    None,
+    /// `builtin[:N]` and/or `shared:NAME:SIZE`: a cache of this many sessions per worker.
+    Cache(usize),
+}
+
+/// The TLS settings of a server (`ssl_*`; nginx's `ngx_http_ssl_module`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SslConf {
+    /// In order: the first pair the client's signature algorithms allow is presented.
+    pub certificates: Vec<CertPair>,
+    /// `ssl_protocols`, as written (`TLSv1.2`, `TLSv1.3`, ...). Default nginx 1.22's
+    /// `TLSv1 TLSv1.1 TLSv1.2 TLSv1.3`; shard speaks TLSv1.2 and TLSv1.3 of them.
+    pub protocols: Vec<String>,
+    /// `ssl_ciphers`, an OpenSSL cipher string. Default `HIGH:!aNULL:!MD5`.
+    pub ciphers: String,
+    pub prefer_server_ciphers: bool,
+    pub session_cache: SessionCache,
+    /// Default 5 minutes.
+    pub session_timeout_ms: u64,
+    /// Default on.
+    pub session_tickets: bool,
+}
+
+impl Default for SslConf {
+    fn default() -> Self {
+        SslConf {
+            certificates: Vec::new(),
+            protocols: ["TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"]
+                .map(String::from)
+                .to_vec(),
+            ciphers: "HIGH:!aNULL:!MD5".into(),
+            prefer_server_ciphers: false,
+            session_cache: SessionCache::None,
+            session_timeout_ms: 300_000,
+            session_tickets: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

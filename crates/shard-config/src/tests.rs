@@ -424,7 +424,7 @@ fn listen_errors() {
         srv("1.2.3.4:99999"),
         r#"invalid port in "1.2.3.4:99999" of the "listen" directive in t.conf:4"#
     );
-    assert_eq!(srv("80 ssl"), r#"invalid parameter "ssl" in t.conf:4"#);
+    assert_eq!(srv("80 ssl foo"), r#"invalid parameter "foo" in t.conf:4"#);
     assert_eq!(srv("80 backlog=x"), r#"invalid backlog "x" in t.conf:4"#);
     assert_eq!(srv("80 rcvbuf=1q"), r#"invalid rcvbuf "1q" in t.conf:4"#);
     assert_eq!(
@@ -475,6 +475,7 @@ fn listen_options() {
             reuseport: true,
             backlog: 1024,
             backlog_set: true,
+            ssl: false,
             rcvbuf: Some(65536),
             sndbuf: Some(1 << 20),
             deferred: true,
@@ -2059,6 +2060,50 @@ fn defaults_the_directive_reference_states() {
     assert_eq!(c.main.worker_shutdown_timeout_ms, None);
     assert_eq!(c.main.worker_shutdown_drain_ms, 5000);
     assert_eq!(c.listeners[0].opts.backlog, 511);
+}
+
+#[test]
+fn ssl_listens_and_directives_as_nginx() {
+    let c = http(
+        "ssl_protocols TLSv1.2 TLSv1.3; ssl_certificate a.pem; ssl_certificate_key a.key;\n\
+         server { listen 127.0.0.1:443 ssl http2; server_name a.test; \
+         ssl_certificate b.pem; ssl_certificate_key b.key; ssl_certificate c.pem; \
+         ssl_certificate_key c.key; ssl_session_cache shared:SSL:10m; ssl_session_timeout 1h; }\n\
+         server { listen 127.0.0.1:443; server_name b.test; ssl_session_tickets off; }",
+    );
+    // `ssl` on one `listen` makes the address TLS; `http2` is accepted.
+    assert!(c.listeners[0].opts.ssl);
+    let h = c.http.as_ref().unwrap();
+    let a = &h.servers[0].ssl;
+    assert_eq!(a.certificates.len(), 2);
+    assert_eq!(
+        a.certificates[0].certificate,
+        Path::new("/nonexistent-conf/b.pem")
+    );
+    assert_eq!(a.certificates[1].key, Path::new("/nonexistent-conf/c.key"));
+    assert_eq!(a.session_cache, SessionCache::Cache(40960));
+    assert_eq!(a.session_timeout_ms, 3_600_000);
+    assert_eq!(a.protocols, ["TLSv1.2", "TLSv1.3"]);
+    // The http level's pair where the server names none.
+    let b = &h.servers[1].ssl;
+    assert_eq!(
+        b.certificates[0].certificate,
+        Path::new("/nonexistent-conf/a.pem")
+    );
+    assert!(!b.session_tickets && a.session_tickets);
+    assert_eq!(
+        error(&format!("{EV}http {{ server {{ ssl_certificate a.pem; }} }}")),
+        "no \"ssl_certificate_key\" is defined for certificate \"/nonexistent-conf/a.pem\" in t.conf:2"
+    );
+    assert!(
+        error(&format!("{EV}http {{ ssl_protocols TLSv9; }}")).contains("invalid value \"TLSv9\"")
+    );
+    assert!(error(&format!("{EV}http {{ ssl_stapling on; }}")).contains("not supported"));
+    assert!(error(&format!("{EV}http {{ ssl_certificate $x.pem; }}")).contains("variables"));
+    assert!(error(&format!(
+        "{EV}stream {{ server {{ listen 1 ssl; proxy_pass a:1; }} }}"
+    ))
+    .contains("not supported yet"));
 }
 
 #[test]

@@ -827,6 +827,7 @@ mod tests {
         started_ms: 999_990,
         request_id: 0xabc,
         hostname: "testhost",
+        tls: None,
     };
 
     fn req(raw: &str) -> (Request, Vec<u8>) {

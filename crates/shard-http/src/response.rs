@@ -231,6 +231,14 @@ macro_rules! page {
 /// nginx's built-in HTML page for `status`, or empty for codes that have none.
 pub fn error_body(status: u16) -> &'static [u8] {
     match status {
+        // nginx's internal code for plain HTTP sent to an HTTPS port: sent as 400.
+        497 => concat!(
+            "<html>\r\n<head><title>400 The plain HTTP request was sent to HTTPS port</title></head>\r\n",
+            "<body>\r\n<center><h1>400 Bad Request</h1></center>\r\n",
+            "<center>The plain HTTP request was sent to HTTPS port</center>\r\n",
+            "<hr><center>shard</center>\r\n</body>\r\n</html>\r\n"
+        )
+        .as_bytes(),
         301 => page!("301 Moved Permanently"),
         302 => page!("302 Found"),
         303 => page!("303 See Other"),

@@ -282,6 +282,7 @@ pub(crate) mod tests {
                 line: 1,
             },
             listen: vec![],
+            ssl: Default::default(),
             server_names: names,
             client_header_timeout_ms: 60_000,
             client_header_buffer_size: 1024,

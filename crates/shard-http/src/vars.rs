@@ -52,6 +52,16 @@ pub struct Conn<'a> {
     pub request_id: u128,
     /// `$hostname`: the caller reads it once (`gethostname`).
     pub hostname: &'a str,
+    /// The connection is TLS: `$scheme`, `$https` and the `$ssl_*` values.
+    pub tls: Option<Tls<'a>>,
+}
+
+/// What a TLS connection negotiated.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tls<'a> {
+    pub protocol: &'a str,
+    pub cipher: &'a str,
+    pub server_name: &'a str,
 }
 
 /// The variables the configuration and the request's rewrite instructions made.
@@ -186,7 +196,17 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             },
             None => {}
         },
-        Var::RemoteUser | Var::Https => {}
+        Var::RemoteUser => {}
+        Var::Https => {
+            if c.conn.tls.is_some() {
+                out.extend_from_slice(b"on");
+            }
+        }
+        Var::SslProtocol => out.extend_from_slice(c.conn.tls.map_or("", |t| t.protocol).as_bytes()),
+        Var::SslCipher => out.extend_from_slice(c.conn.tls.map_or("", |t| t.cipher).as_bytes()),
+        Var::SslServerName => {
+            out.extend_from_slice(c.conn.tls.map_or("", |t| t.server_name).as_bytes())
+        }
         Var::ServerAddr => {
             let _ = write!(out, "{}", c.server_addr.ip());
         }
@@ -196,7 +216,11 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             out.extend_from_slice(b"HTTP/1.");
             push_u64(out, u64::from(req.minor_version));
         }
-        Var::Scheme => out.extend_from_slice(b"http"),
+        Var::Scheme => out.extend_from_slice(if c.conn.tls.is_some() {
+            b"https"
+        } else {
+            b"http"
+        }),
         Var::RequestUri => out.extend_from_slice(req.target.as_bytes()),
         Var::Uri => out.extend_from_slice(req.path.as_bytes()),
         Var::Args => out.extend_from_slice(req.query.as_deref().unwrap_or("").as_bytes()),

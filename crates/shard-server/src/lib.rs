@@ -15,6 +15,7 @@ pub mod sandbox;
 pub mod shm;
 pub mod status;
 mod steer;
+pub mod tls;
 mod worker;
 
 pub use master::{run, RunOptions};

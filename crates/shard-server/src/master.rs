@@ -108,6 +108,10 @@ struct Master {
     args: Vec<OsString>,
     /// Workers waiting to be started again, and the current delay per worker index.
     respawns: Vec<Respawn>,
+    /// What each `ssl` listener presents; rebuilt at reload.
+    tls: crate::tls::TlsContexts,
+    /// Session-ticket keys, made once: every worker of every generation shares them.
+    ticketer: std::sync::Arc<dyn rustls::server::ProducesTickets>,
     /// What the master exits with once stopped: 1 when it stopped because no worker of its
     /// generation could run.
     exit_code: i32,
@@ -274,6 +278,7 @@ fn single_process(
     region: &SharedRegion,
     access_logs: &HashMap<PathBuf, RawFd>,
     zones: &[crate::limits::Zone],
+    tls: &crate::tls::TlsContexts,
     identity: Option<Identity>,
     poll: Poll,
     signals: SignalFd,
@@ -303,6 +308,7 @@ fn single_process(
         region,
         access_logs,
         zones,
+        tls,
     });
     crate::log!(Notice, "exit");
     code
@@ -363,6 +369,10 @@ pub fn run(opts: RunOptions) -> Result<i32> {
     }
 
     let identity = identity_for(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Certificates are read here, as root, before any worker exists; a reload reads them
+    // again and keeps the running generation when one fails.
+    let ticketer = crate::tls::ticketer().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let tls = crate::tls::build(&cfg, &ticketer).map_err(|e| anyhow::anyhow!("{e}"))?;
     sandbox_notice(&cfg);
     create_temp_paths(&cfg, identity.as_ref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut access_logs = HashMap::new();
@@ -421,12 +431,15 @@ pub fn run(opts: RunOptions) -> Result<i32> {
             &region,
             &access_logs,
             &zones,
+            &tls,
             identity,
             poll,
             signals,
         ));
     }
     let mut m = Master {
+        tls,
+        ticketer,
         zones_by_name,
         zones,
         pid_path: cfg.main.pid.clone(),
@@ -605,6 +618,7 @@ impl Master {
                     region: &self.region,
                     access_logs: &self.access_logs,
                     zones: &self.zones,
+                    tls: &self.tls,
                 });
                 std::process::exit(code);
             }
@@ -773,6 +787,17 @@ impl Master {
                 }
             }
         }
+        let tls = match crate::tls::build(&cfg, &self.ticketer) {
+            Ok(t) => t,
+            Err(e) => {
+                crate::log!(Emerg, "{e}");
+                crate::log!(Alert, "reload failed: keeping the running configuration");
+                for (_, ol) in fresh {
+                    ol.close();
+                }
+                return;
+            }
+        };
         let zones = match map_zones(&cfg, &mut self.zones_by_name) {
             Ok(z) => z,
             Err(e) => {
@@ -836,6 +861,7 @@ impl Master {
         }
         let old_generation = self.generation;
         self.cfg = cfg;
+        self.tls = tls;
         self.zones = zones;
         self.identity = identity;
         self.listeners = listeners;

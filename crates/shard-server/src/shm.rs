@@ -58,6 +58,10 @@ pub struct WorkerSlot {
     pub file_cache_misses: AtomicU64,
     /// Entries in the worker's `open_file_cache`s now (gauge).
     pub file_cache_entries: AtomicU64,
+    /// TLS handshakes completed.
+    pub tls_handshakes: AtomicU64,
+    /// Time spent processing TLS handshake messages, microseconds (the handshakes' CPU).
+    pub tls_handshake_us: AtomicU64,
 }
 
 impl WorkerSlot {
@@ -89,6 +93,8 @@ impl WorkerSlot {
             file_cache_hits,
             file_cache_misses,
             file_cache_entries,
+            tls_handshakes,
+            tls_handshake_us,
         } = self;
         for c in [
             pid,
@@ -115,6 +121,8 @@ impl WorkerSlot {
             file_cache_hits,
             file_cache_misses,
             file_cache_entries,
+            tls_handshakes,
+            tls_handshake_us,
         ] {
             c.store(0, Relaxed);
         }
@@ -122,7 +130,7 @@ impl WorkerSlot {
 
     /// The monotonic counters: `accepted`, `handled`, `requests`, `cpu_ms`, `budget_yields`,
     /// `adopted`, `accept_pauses`, `body_spooled_bytes`, `stolen`, `stalls`,
-    /// `file_cache_hits`, `file_cache_misses`.
+    /// `file_cache_hits`, `file_cache_misses`, `tls_handshakes`, `tls_handshake_us`.
     pub fn counters(&self) -> [&AtomicU64; COUNTERS] {
         [
             &self.accepted,
@@ -137,6 +145,8 @@ impl WorkerSlot {
             &self.stalls,
             &self.file_cache_hits,
             &self.file_cache_misses,
+            &self.tls_handshakes,
+            &self.tls_handshake_us,
         ]
     }
 
@@ -199,7 +209,7 @@ pub struct Region {
 pub const COUNTERS_ENV: &str = "SHARD_COUNTERS";
 
 /// The counters (not the gauges) of a [`WorkerSlot`], in the order of [`WorkerSlot::counters`].
-pub const COUNTERS: usize = 12;
+pub const COUNTERS: usize = 14;
 
 /// The counters of exited workers of one index (see `Region::retired`).
 #[repr(C)]

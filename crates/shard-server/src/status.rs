@@ -44,6 +44,7 @@ const C_ACCEPTED: usize = 0;
 const C_HANDLED: usize = 1;
 const C_REQUESTS: usize = 2;
 const C_CPU_MS: usize = 3;
+const C_TLS_US: usize = 13;
 
 /// stub_status's numbers: the counters over every worker of every generation (they survive
 /// reloads, as nginx's), the gauges over every live worker, old generations' included (nginx
@@ -101,7 +102,8 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
              \"reading\":{},\"writing\":{},\"waiting\":{},\"cpu_ms\":{},\"heartbeat_age_ms\":{},\
              \"budget_yields\":{},\"adopted\":{},\"accept_pauses\":{},\"body_mem_bytes\":{},\
              \"body_spooled_bytes\":{},\"body_temp_files\":{},\"stolen\":{},\"stalls\":{},\
-             \"stalled\":{},\"file_cache_hits\":{},\"file_cache_misses\":{},\"file_cache_entries\":{}}}",
+             \"stalled\":{},\"file_cache_hits\":{},\"file_cache_misses\":{},\"file_cache_entries\":{},\
+             \"tls_handshakes\":{},\"tls_handshake_cpu_ms\":{}}}",
             w.pid.load(Relaxed),
             w.accepted.load(Relaxed),
             w.handled.load(Relaxed),
@@ -124,6 +126,8 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
             w.file_cache_hits.load(Relaxed),
             w.file_cache_misses.load(Relaxed),
             w.file_cache_entries.load(Relaxed),
+            w.tls_handshakes.load(Relaxed),
+            w.tls_handshake_us.load(Relaxed) / 1000,
         );
     }
     // Workers of older generations still finishing their connections (tunnels, relays,
@@ -239,7 +243,7 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             .collect()
     });
     // (name, help, counter index): what `WorkerSlot::counters` lists.
-    let counter_rows: [(&str, &str, usize); 12] = [
+    let counter_rows: [(&str, &str, usize); 14] = [
         ("shard_worker_accepted_total", "Connections accepted by the worker.", 0),
         ("shard_worker_handled_total", "Connections handled by the worker.", 1),
         ("shard_worker_requests_total", "Requests served by the worker.", 2),
@@ -288,12 +292,24 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             "open_file_cache lookups that opened the file.",
             11,
         ),
+        (
+            "shard_worker_tls_handshakes_total",
+            "TLS handshakes completed.",
+            12,
+        ),
+        (
+            "shard_worker_tls_handshake_seconds_total",
+            "Time spent processing TLS handshake messages.",
+            13,
+        ),
     ];
     for (name, help, c) in counter_rows {
         let _ = writeln!(s, "# HELP {name} {help}");
         let _ = writeln!(s, "# TYPE {name} counter");
         for (i, row) in counters.iter().enumerate() {
-            if c == C_CPU_MS {
+            if c == C_TLS_US {
+                let _ = writeln!(s, "{name}{{worker=\"{i}\"}} {:.6}", row[c] as f64 / 1e6);
+            } else if c == C_CPU_MS {
                 let _ = writeln!(s, "{name}{{worker=\"{i}\"}} {:.3}", row[c] as f64 / 1000.0);
             } else {
                 let _ = writeln!(s, "{name}{{worker=\"{i}\"}} {}", row[c]);

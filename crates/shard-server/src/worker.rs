@@ -25,6 +25,7 @@ mod relay;
 mod respond;
 mod script;
 mod step;
+mod tls;
 mod token;
 mod tunnel;
 
@@ -192,6 +193,8 @@ pub(crate) struct Worker<'a> {
     hostname: String,
     /// The shared `limit_*` zones (see `WorkerArgs::zones`).
     zones: &'a [crate::limits::Zone],
+    /// The TLS configuration of each `ssl` listener (see `WorkerArgs::tls`).
+    tls: &'a crate::tls::TlsContexts,
     /// Consistent-hash rings of http upstreams (`hash ... consistent`), built on first use.
     rings: HashMap<usize, Vec<(u32, usize)>>,
     /// Requests this worker has begun, and a random key: together they make `$request_id`.
@@ -210,6 +213,8 @@ pub(crate) struct WorkerArgs<'a> {
     pub access_logs: &'a HashMap<PathBuf, RawFd>,
     /// `limit_req_zone`/`limit_conn_zone` mappings, in `HttpConf::limit_zones` order.
     pub zones: &'a [crate::limits::Zone],
+    /// Per `Config::listeners` entry: what an `ssl` listener presents (`crate::tls`).
+    pub tls: &'a crate::tls::TlsContexts,
 }
 
 /// Runs worker `idx` until it is told to stop; returns the process exit code.
@@ -399,6 +404,7 @@ impl<'a> Worker<'a> {
             file_cache_entries: 0,
             hostname: shard_event::process::hostname(),
             zones: a.zones,
+            tls: a.tls,
             rings: HashMap::new(),
             request_seq: 0,
             request_id_key: shard_event::process::random_u64(),

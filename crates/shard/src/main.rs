@@ -191,6 +191,14 @@ fn run(cli: Cli) -> i32 {
             eprintln!("shard: configuration file {} test failed", src.name);
             return 1;
         }
+        // Certificates and keys are read as the start reads them.
+        if let Err(e) =
+            shard_server::tls::ticketer().and_then(|t| shard_server::tls::build(&cfg, &t))
+        {
+            eprintln!("shard: [emerg] {e}");
+            eprintln!("shard: configuration file {} test failed", src.name);
+            return 1;
+        }
         if !cli.quiet {
             eprintln!("shard: the configuration file {} syntax is ok", src.name);
             eprintln!("shard: configuration file {} test is successful", src.name);

@@ -5,9 +5,84 @@
 #[allow(unused_imports)]
 use super::*;
 
+/// The `ssl_*` directives of one block. A block with any `ssl_certificate` (or
+/// `ssl_certificate_key`) replaces its parent's list, as nginx's array directives.
+#[derive(Default, Clone)]
+pub(super) struct SslP {
+    pub(super) certificates: Option<Vec<(PathBuf, Place)>>,
+    pub(super) keys: Option<Vec<(PathBuf, Place)>>,
+    pub(super) protocols: Option<Vec<String>>,
+    pub(super) ciphers: Option<String>,
+    pub(super) prefer_server_ciphers: Option<bool>,
+    pub(super) session_cache: Option<SessionCache>,
+    pub(super) session_timeout_ms: Option<u64>,
+    pub(super) session_tickets: Option<bool>,
+}
+
+/// The merged `ssl_*` directives of a block: the certificate and key lists stay apart
+/// until a server pairs them (`finish_server`).
+#[derive(Default, Clone)]
+pub(super) struct SslEff {
+    pub(super) certificates: Vec<(PathBuf, Place)>,
+    pub(super) keys: Vec<(PathBuf, Place)>,
+    pub(super) conf: SslConf,
+}
+
+impl SslEff {
+    fn merge(&self, p: &SslP) -> SslEff {
+        SslEff {
+            certificates: p
+                .certificates
+                .clone()
+                .unwrap_or_else(|| self.certificates.clone()),
+            keys: p.keys.clone().unwrap_or_else(|| self.keys.clone()),
+            conf: SslConf {
+                certificates: Vec::new(),
+                protocols: p
+                    .protocols
+                    .clone()
+                    .unwrap_or_else(|| self.conf.protocols.clone()),
+                ciphers: p
+                    .ciphers
+                    .clone()
+                    .unwrap_or_else(|| self.conf.ciphers.clone()),
+                prefer_server_ciphers: p
+                    .prefer_server_ciphers
+                    .unwrap_or(self.conf.prefer_server_ciphers),
+                session_cache: p.session_cache.unwrap_or(self.conf.session_cache),
+                session_timeout_ms: p.session_timeout_ms.unwrap_or(self.conf.session_timeout_ms),
+                session_tickets: p.session_tickets.unwrap_or(self.conf.session_tickets),
+            },
+        }
+    }
+
+    /// The server's certificate pairs: each `ssl_certificate` with the
+    /// `ssl_certificate_key` of the same rank.
+    fn pairs(&self) -> Result<Vec<CertPair>, ConfigError> {
+        let mut out = Vec::new();
+        for (i, (cert, place)) in self.certificates.iter().enumerate() {
+            let Some((key, _)) = self.keys.get(i) else {
+                return Err(ConfigError::new(format!(
+                    "no \"ssl_certificate_key\" is defined for certificate \"{}\" in {}",
+                    cert.display(),
+                    where_(&place.file, place.line)
+                )));
+            };
+            out.push(CertPair {
+                certificate: cert.clone(),
+                key: key.clone(),
+                place: place.clone(),
+            });
+        }
+        Ok(out)
+    }
+}
+
 /// Settings that merge http -> server -> location. `None` is "not set in this block".
 #[derive(Default, Clone)]
 pub(super) struct Settings {
+    /// `ssl_*` (http, server).
+    pub(super) ssl: SslP,
     pub(super) root: Option<PathBuf>,
     /// Set with `root`: its template when it has variables.
     pub(super) root_vars: Option<Option<Vec<Part>>>,
@@ -177,6 +252,7 @@ pub(super) fn with_default_headers(mut p: ProxyConf) -> ProxyConf {
 /// Settings after merging: every value known.
 #[derive(Clone)]
 pub(super) struct Eff {
+    pub(super) ssl: SslEff,
     pub(super) root: PathBuf,
     pub(super) root_vars: Option<Vec<Part>>,
     pub(super) index: Vec<String>,
@@ -223,6 +299,7 @@ pub(super) struct Eff {
 impl Eff {
     pub(super) fn defaults(prefix: &Path) -> Eff {
         Eff {
+            ssl: SslEff::default(),
             root: prefix.join("html"),
             root_vars: None,
             index: vec!["index.html".to_string()],
@@ -284,6 +361,7 @@ impl Eff {
 
     pub(super) fn merge(&self, s: &Settings) -> Eff {
         Eff {
+            ssl: self.ssl.merge(&s.ssl),
             root: s.root.clone().unwrap_or_else(|| self.root.clone()),
             root_vars: s
                 .root_vars
@@ -598,7 +676,12 @@ pub(super) fn finish_server(
         }
         script.clear();
     }
+    let ssl = SslConf {
+        certificates: eff.ssl.pairs()?,
+        ..eff.ssl.conf.clone()
+    };
     Ok(ServerConf {
+        ssl,
         place: s.place,
         listen: s.listen,
         server_names: if s.names.is_empty() {
@@ -706,6 +789,7 @@ pub(super) fn http_server(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -
             default_server: false,
             opts: ListenOpts::default(),
             opts_set: false,
+            ssl: false,
         };
         add_listen(&mut h.listeners, idx, &spec, s.place.clone())?;
         s.listen.push(spec.addr);
@@ -2242,6 +2326,9 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "server_protocol" => Var::ServerProtocol,
         "scheme" => Var::Scheme,
         "https" => Var::Https,
+        "ssl_protocol" => Var::SslProtocol,
+        "ssl_cipher" => Var::SslCipher,
+        "ssl_server_name" => Var::SslServerName,
         "request_uri" => Var::RequestUri,
         "uri" | "document_uri" => Var::Uri,
         "args" | "query_string" => Var::Args,
@@ -2341,4 +2428,117 @@ pub(super) fn parse_next_upstream(d: &Directive, file: &str) -> Result<NextUpstr
     }
     nu.statuses = next_statuses(mask);
     Ok(nu)
+}
+
+/// `ssl_certificate FILE` (repeatable: one per key type). Relative to the configuration's
+/// directory, as nginx's; variables (nginx's per-SNI loading) are refused.
+pub(super) fn set_ssl_certificate(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    ssl_path(env, &mut s.ssl.certificates, d, file)
+}
+
+pub(super) fn set_ssl_certificate_key(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    ssl_path(env, &mut s.ssl.keys, d, file)
+}
+
+fn ssl_path(env: &Env, list: &mut Option<Vec<(PathBuf, Place)>>, d: &Directive, file: &str) -> R {
+    let v = a0(d);
+    if has_variables(v) {
+        return Err(derr(
+            d,
+            file,
+            format!("variables in \"{}\" are not supported", d.name),
+        ));
+    }
+    if v.starts_with("data:") || v.starts_with("engine:") {
+        return Err(derr(
+            d,
+            file,
+            format!(
+                "\"{}\" must name a PEM file (\"data:\" and \"engine:\" are not supported)",
+                d.name
+            ),
+        ));
+    }
+    list.get_or_insert_with(Vec::new)
+        .push((env.resolve_conf(v), place(d, file)));
+    Ok(())
+}
+
+/// `ssl_protocols`: nginx's names; shard speaks TLSv1.2 and TLSv1.3 of them.
+pub(super) fn set_ssl_protocols(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    for a in &d.args {
+        if !["SSLv2", "SSLv3", "TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"].contains(&a.as_str()) {
+            return Err(invalid(d, file, a));
+        }
+    }
+    once(&mut s.ssl.protocols, d.args.clone(), d, file)
+}
+
+pub(super) fn set_ssl_ciphers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    once(&mut s.ssl.ciphers, a0(d).to_string(), d, file)
+}
+
+pub(super) fn set_ssl_prefer_server_ciphers(
+    _: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.ssl.prefer_server_ciphers, v, d, file)
+}
+
+/// `ssl_session_cache off | none | [builtin[:size]] [shared:name:size]`: a cache of sessions
+/// per worker (the `shared` size counts as nginx's, about 4000 sessions per megabyte).
+pub(super) fn set_ssl_session_cache(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut sessions = 0usize;
+    let mut v = None;
+    for a in &d.args {
+        match a.as_str() {
+            "off" if d.args.len() == 1 => v = Some(SessionCache::Off),
+            "none" if d.args.len() == 1 => v = Some(SessionCache::None),
+            "builtin" => sessions = sessions.max(20480),
+            b if b.starts_with("builtin:") => {
+                let n: usize = b[8..].parse().map_err(|_| invalid(d, file, a))?;
+                sessions = sessions.max(n);
+            }
+            sh if sh.starts_with("shared:") => {
+                let mut it = sh[7..].splitn(2, ':');
+                let (Some(name), Some(size)) = (it.next(), it.next()) else {
+                    return Err(invalid(d, file, a));
+                };
+                let bytes = parse_size(size).ok_or_else(|| invalid(d, file, a))?;
+                if name.is_empty() || bytes < 8192 {
+                    return Err(invalid(d, file, a));
+                }
+                sessions = sessions.max((bytes / 256) as usize);
+            }
+            _ => return Err(invalid(d, file, a)),
+        }
+    }
+    let v = v.unwrap_or(SessionCache::Cache(sessions.max(1)));
+    once(&mut s.ssl.session_cache, v, d, file)
+}
+
+pub(super) fn set_ssl_session_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = time(d, file, a0(d))?;
+    once(&mut s.ssl.session_timeout_ms, v, d, file)
+}
+
+pub(super) fn set_ssl_session_tickets(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.ssl.session_tickets, v, d, file)
+}
+
+/// `ssl_stapling on` needs OCSP fetching, which shard does not do: refused, so nobody
+/// believes it is stapled; `off` is accepted.
+pub(super) fn set_ssl_stapling(_: &Env, _: &mut Settings, d: &Directive, file: &str) -> R {
+    if flag(d, file, a0(d))? {
+        return Err(derr(
+            d,
+            file,
+            "\"ssl_stapling on\" is not supported: shard does not fetch OCSP responses",
+        ));
+    }
+    Ok(())
 }

@@ -304,6 +304,12 @@ impl Env {
         self.prefix.join(p)
     }
 
+    /// A path relative to the configuration file's directory (nginx's `ngx_conf_full_name`
+    /// with the configuration prefix: `ssl_certificate`, `include`).
+    pub(super) fn resolve_conf(&self, p: &str) -> PathBuf {
+        self.conf_dir.join(p)
+    }
+
     /// Reads every directive of `items` into `target` with the handler its table row names,
     /// after checking the row's context, arity and block; follows `include`.
     ///

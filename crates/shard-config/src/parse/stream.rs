@@ -68,6 +68,14 @@ pub(super) fn stream_server_listen(cx: &mut StreamServerCx<'_>, d: &Directive, f
     if spec.default_server {
         return Err(derr(d, file, "invalid parameter \"default_server\""));
     }
+    if spec.ssl {
+        return Err(derr(
+            d,
+            file,
+            "the \"ssl\" parameter of a stream \"listen\" is not supported yet (TLS is \
+             terminated by http servers only)",
+        ));
+    }
     if cx.listeners.iter().any(|l| l.addr == spec.addr) {
         return Err(derr(d, file, format!("a duplicate listen {}", spec.addr)));
     }

@@ -21,6 +21,8 @@ pub(super) struct ListenSpec {
     pub(super) default_server: bool,
     pub(super) opts: ListenOpts,
     pub(super) opts_set: bool,
+    /// `ssl` was written (OR-ed over the address's `listen`s, as nginx).
+    pub(super) ssl: bool,
 }
 
 /// A directive the table admits in this context but no handler of the context takes: a
@@ -267,6 +269,7 @@ pub(super) fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, Conf
         default_server: false,
         opts: ListenOpts::default(),
         opts_set: false,
+        ssl: false,
     };
     for p in &d.args[1..] {
         let (key, val) = match p.split_once('=') {
@@ -276,6 +279,12 @@ pub(super) fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, Conf
         let o = &mut spec.opts;
         match (key, val) {
             ("default_server" | "default", None) => spec.default_server = true,
+            ("ssl", None) => {
+                spec.ssl = true;
+                continue;
+            }
+            // HTTP/2 is not spoken: ALPN offers http/1.1 only, so clients use it (docs).
+            ("http2", None) => continue,
             ("reuseport", None) => o.reuseport = true,
             ("deferred", None) => o.deferred = true,
             ("shards", Some("auto")) => o.shards = Some(Shards::Auto),
@@ -359,9 +368,11 @@ pub(super) fn add_listen(
 ) -> Result<(), ConfigError> {
     let here = |msg: String| ConfigError::new(format!("{msg} in {}", where_(&at.file, at.line)));
     let Some(l) = listeners.iter_mut().find(|l| l.addr == spec.addr) else {
+        let mut opts = spec.opts.clone();
+        opts.ssl = spec.ssl;
         listeners.push(ListenerP {
             addr: spec.addr,
-            opts: spec.opts.clone(),
+            opts,
             opts_place: spec.opts_set.then(|| at.clone()),
             first_place: at.clone(),
             servers: vec![server],
@@ -374,7 +385,12 @@ pub(super) fn add_listen(
     }
     if spec.opts_set {
         match &l.opts_place {
-            Some(first) if l.opts != spec.opts => {
+            Some(first)
+                if ListenOpts {
+                    ssl: false,
+                    ..l.opts.clone()
+                } != spec.opts =>
+            {
                 return Err(ConfigError::new(format!(
                     "duplicate listen options for {} in {} (first given in {})",
                     spec.addr,
@@ -384,11 +400,14 @@ pub(super) fn add_listen(
             }
             Some(_) => {}
             None => {
+                let ssl = l.opts.ssl;
                 l.opts = spec.opts.clone();
+                l.opts.ssl = ssl;
                 l.opts_place = Some(at.clone());
             }
         }
     }
+    l.opts.ssl |= spec.ssl;
     if spec.default_server {
         if l.default_server.is_some() {
             return Err(here(format!(

@@ -269,9 +269,19 @@ impl Worker<'_> {
             let id = self.next_conn_id;
             self.next_conn_id += 1;
             let number = self.region.connections.fetch_add(1, Relaxed) + 1;
+            let tls = match self.tls.get(conf_idx).map(super::tls::TlsConn::new) {
+                None => None,
+                Some(Ok(t)) => Some(Box::new(t)),
+                Some(Err(e)) => {
+                    crate::log!(Alert, "cannot start TLS ({e})");
+                    WorkerSlot::drop_one(&self.slot.active);
+                    continue;
+                }
+            };
             let key = self
                 .conns
                 .insert(Conn::new(cfd, peer, conf_idx, id, number, srv));
+            self.conns[key].tls = tls;
             self.start_reading(key, true);
             let deadline = self.conns[key].deadline_ms;
             self.set_conn_deadline(key, deadline);

@@ -130,6 +130,11 @@ pub(super) struct Conn {
     pub(super) keepalive_timeout_ms: u64,
     /// The request being proxied (`proxy.rs`).
     pub(super) proxy: Option<Box<super::proxy::Proxy>>,
+    /// TLS records of a connection accepted on an `ssl` listener (`tls.rs`).
+    pub(super) tls: Option<Box<super::tls::TlsConn>>,
+    /// Plain HTTP arrived on an `ssl` listener: its request is answered with nginx's 400
+    /// ("The plain HTTP request was sent to HTTPS port", `error_page 497`).
+    pub(super) plain_on_tls: bool,
     /// The earliest deadline queued in the timer heap for this connection.
     pub(super) timer_at: u64,
 }
@@ -265,7 +270,42 @@ impl Conn {
             keepalive_timeout_ms: srv.base.keepalive_timeout_ms,
             header_timeout_ms: srv.client_header_timeout_ms,
             proxy: None,
+            tls: None,
+            plain_on_tls: false,
             timer_at: u64::MAX,
+        }
+    }
+
+    /// Reads into the spare room of `buf`, at most `max` bytes: from the socket, or through
+    /// TLS. The contract of `read(2)` (`Ok(0)` at end of stream, `WouldBlock`), and a short
+    /// read still means drained. Plain HTTP on a TLS port comes back as its bytes, appended,
+    /// with `plain_on_tls` set (only at the connection's first read, into `inbuf`).
+    pub(super) fn recv(&mut self, buf: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
+        let fd = self.fd.as_raw_fd();
+        let Some(t) = self.tls.as_mut() else {
+            return shard_event::sock::read_into_max(fd, buf, max);
+        };
+        match super::tls::read_into(fd, t, buf, max) {
+            Ok(n) => Ok(n),
+            Err(super::tls::NotTls::Error(e)) => Err(e),
+            Err(super::tls::NotTls::Plain(bytes)) => {
+                self.tls = None;
+                self.plain_on_tls = true;
+                buf.extend_from_slice(&bytes);
+                // More of the request may wait in the socket.
+                self.readable = true;
+                Ok(bytes.len().max(1))
+            }
+        }
+    }
+
+    /// Writes `buf` to the socket, or through TLS.
+    fn send(&mut self, buf: &[u8], more: bool) -> std::io::Result<usize> {
+        let fd = self.fd.as_raw_fd();
+        match self.tls.as_mut() {
+            Some(t) => super::tls::write(fd, t, buf),
+            None if more => shard_event::sock::send_more(fd, buf),
+            None => shard_event::sock::write(fd, buf),
         }
     }
 
@@ -274,7 +314,9 @@ impl Conn {
     }
 
     pub(super) fn has_output(&self) -> bool {
-        self.out_pos < self.out.len() || self.file.is_some()
+        self.out_pos < self.out.len()
+            || self.file.is_some()
+            || self.tls.as_ref().is_some_and(|t| t.has_output())
     }
 
     /// Output waits only while more complete requests may sit in the input buffer, so that
@@ -452,17 +494,17 @@ impl Worker<'_> {
                 if !c.writable {
                     return Flush::Blocked;
                 }
-                let res = if more {
-                    shard_event::sock::send_more(c.fd.as_raw_fd(), &c.out[c.out_pos..])
-                } else {
-                    shard_event::sock::write(c.fd.as_raw_fd(), &c.out[c.out_pos..])
-                };
+                let out = std::mem::take(&mut c.out);
+                let res = c.send(&out[c.out_pos..], more);
+                c.out = out;
                 match res {
                     Ok(n) => {
                         debug_assert!(n <= c.out.len() - c.out_pos);
                         c.out_pos += n;
                         c.deadline_ms = now_ms + c.send_timeout_ms;
-                        if c.out_pos < c.out.len() {
+                        // A short write means the socket is full; through TLS it means
+                        // only that the plaintext buffer was (the next call says).
+                        if c.out_pos < c.out.len() && c.tls.is_none() {
                             c.writable = false;
                         }
                     }
@@ -476,6 +518,19 @@ impl Worker<'_> {
             }
             c.out.clear();
             c.out_pos = 0;
+            if c.file.is_none() {
+                // Records TLS still holds go out before the response counts as written.
+                if let Some(t) = c.tls.as_mut() {
+                    match super::tls::flush(c.fd.as_raw_fd(), t) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            c.writable = false;
+                            return Flush::Blocked;
+                        }
+                        Err(_) => return Flush::Failed,
+                    }
+                }
+            }
             let Some(f) = c.file.as_mut() else {
                 return Flush::Done;
             };
@@ -602,6 +657,9 @@ impl Worker<'_> {
                 if linger {
                     // Unread input would make close() send a reset that can destroy the
                     // response in flight: send FIN, then read and discard for a while.
+                    if let Some(t) = c.tls.as_mut() {
+                        super::tls::close_notify(c.fd.as_raw_fd(), t);
+                    }
                     shard_event::sock::shutdown_write(c.fd.as_raw_fd());
                     c.lingering = true;
                     c.linger_until_ms = self.now_ms + c.linger.time_ms;
@@ -762,14 +820,26 @@ impl Worker<'_> {
             c.inbuf.reserve(grow);
         }
         let spare = c.inbuf.capacity() - c.inbuf.len();
-        match shard_event::sock::read_into(c.fd.as_raw_fd(), &mut c.inbuf) {
+        let mut inbuf = std::mem::take(&mut c.inbuf);
+        let res = c.recv(&mut inbuf, spare);
+        c.inbuf = inbuf;
+        if let Some(t) = c
+            .tls
+            .as_mut()
+            .filter(|t| !t.counted && !t.conn.is_handshaking())
+        {
+            t.counted = true;
+            WorkerSlot::bump(&self.slot.tls_handshakes, 1);
+            WorkerSlot::bump(&self.slot.tls_handshake_us, t.handshake_ns / 1000);
+        }
+        match res {
             Ok(0) => {
                 c.eof = true;
                 c.readable = false;
                 Io::Close
             }
             Ok(n) => {
-                debug_assert!(n <= spare);
+                debug_assert!(n <= spare || c.plain_on_tls);
                 // A short read means drained (no read is spent on EAGAIN), unless the FIN was
                 // reported: then the next read returns 0 and the connection is closed now
                 // instead of at its timeout.
@@ -816,7 +886,11 @@ impl Worker<'_> {
             return Some(Io::Wait);
         }
         let want = (*left).min(room as u64) as usize;
-        match shard_event::sock::read_into_max(c.fd.as_raw_fd(), sink, want) {
+        let res = c.recv(sink, want);
+        let BodyLeft::Length(left) = &mut c.body else {
+            return None;
+        };
+        match res {
             Ok(0) => {
                 c.eof = true;
                 c.readable = false;
@@ -851,8 +925,8 @@ impl Worker<'_> {
             self.ensure_registered(key);
             return Io::Wait;
         }
-        let mut scratch = [0u8; 4096];
-        match shard_event::sock::read(c.fd.as_raw_fd(), &mut scratch) {
+        let mut scratch = Vec::with_capacity(4096);
+        match c.recv(&mut scratch, 4096) {
             Ok(0) => Io::Close,
             Ok(_) => {
                 let c = &mut self.conns[key];
@@ -1048,7 +1122,16 @@ impl Worker<'_> {
         };
         // nginx's preaccess phase: `limit_conn`, then `limit_req`, which may delay the request:
         // it then stays unparsed in the buffer, nothing else changed, until its timer.
-        let mut forced = None;
+        // Plain HTTP on an `ssl` listener: nginx's internal 497, which `error_page 497` may
+        // turn into a redirect to https; the connection closes after the answer.
+        let mut forced = self.conns[key].plain_on_tls.then_some(497);
+        if forced.is_some() {
+            crate::log!(
+                Info,
+                "client sent plain HTTP request to HTTPS port while reading client request headers{}",
+                self.log_context(key, Some(&req))
+            );
+        }
         if limited {
             match self.check_limits(key, first, &req, &head) {
                 Limited::Pass => {}
@@ -1094,7 +1177,8 @@ impl Worker<'_> {
         c.body_bytes = 0;
         c.body_bytes_max = first.client_max_body_size;
         let keep_alive =
-            shard_http::response::keep_alive(&req, first, c.requests, self.shutting_down);
+            shard_http::response::keep_alive(&req, first, c.requests, self.shutting_down)
+                && !c.plain_on_tls;
 
         // Body: refuse what announces itself too large before reading any of it.
         match req.body {
@@ -1659,6 +1743,11 @@ impl Worker<'_> {
             started_ms: now.saturating_sub(self.now_ms.saturating_sub(c.request_started_ms)),
             request_id: c.request_id,
             hostname: &self.hostname,
+            tls: c.tls.as_ref().map(|t| shard_http::vars::Tls {
+                protocol: t.protocol().unwrap_or(""),
+                cipher: t.cipher().unwrap_or(""),
+                server_name: t.server_name().unwrap_or(""),
+            }),
         }
     }
 
@@ -1689,6 +1778,8 @@ impl Worker<'_> {
         if len == 0 {
             return;
         }
+        // TLS encrypts in user space: the file is read and written through it.
+        let sendfile = sendfile && c.tls.is_none();
         let (mut offset, mut len) = (offset, len);
         // A small body without `sendfile` is read behind its head now: head and body leave
         // in one write (with the other pipelined responses), and the descriptor closes at

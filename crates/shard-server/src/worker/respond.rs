@@ -132,6 +132,11 @@ fn simple(
     if let Some(code) = c.status_override.filter(|_| (200..300).contains(&r.status)) {
         r.status = code;
     }
+    // nginx's 497 (plain HTTP to an HTTPS port) goes out as 400 when no `error_page`
+    // took it.
+    if r.status == 497 {
+        r.status = 400;
+    }
     let gz = &loc.gzip;
     // A response of shard's own making has no validators; `expires` may make it uncacheable.
     let neg = matches!(

@@ -1,0 +1,230 @@
+//! TLS records on a client connection: the byte-level shim between a `Conn`'s socket and its
+//! plaintext buffers when it was accepted on an `ssl` listener.
+//!
+//! This module owns one rustls `ServerConnection` per TLS connection and three operations with
+//! the contracts of the plain socket calls they replace, so that `conn.rs`'s edge-triggered
+//! rules hold unchanged: [`read_into`] returns fewer bytes than asked only when the socket is
+//! drained (or at end of stream), [`write`] accepts plaintext while the socket takes the
+//! records, and [`flush`] says whether every record went out (a connection with records
+//! pending has output, so it waits for `EPOLLOUT` like any other). A first record that is not
+//! TLS (plain HTTP sent to the TLS port) hands its bytes back, so the request can be answered
+//! in plain HTTP with nginx's 400. Choosing certificates and building configurations is
+//! `crate::tls`'s; `sendfile` is never used on these connections (the bytes must be
+//! encrypted in user space).
+
+use std::io::{self, Read, Write};
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+/// Plaintext a connection may queue in rustls before `write` says the socket is full.
+const PLAINTEXT_BUFFER_BYTES: usize = 64 * 1024;
+/// Bytes of a first record kept to hand back when it turns out not to be TLS.
+const FIRST_BYTES_MAX: usize = 16 * 1024;
+
+pub(in crate::worker) struct TlsConn {
+    pub(in crate::worker) conn: rustls::ServerConnection,
+    /// The bytes read before the first record was accepted as TLS.
+    first: Option<Vec<u8>>,
+    /// A handshake completed on this connection was counted.
+    pub(in crate::worker) counted: bool,
+    /// Time spent processing handshake messages so far, nanoseconds.
+    pub(in crate::worker) handshake_ns: u64,
+}
+
+/// What [`read_into`] found besides plaintext.
+pub(in crate::worker) enum NotTls {
+    /// The client's first bytes are not a TLS record: here they are, for a plain answer.
+    Plain(Vec<u8>),
+    /// A TLS error (already answered with an alert where possible).
+    Error(io::Error),
+}
+
+impl TlsConn {
+    pub(in crate::worker) fn new(config: &Arc<rustls::ServerConfig>) -> io::Result<TlsConn> {
+        let mut conn = rustls::ServerConnection::new(config.clone())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        conn.set_buffer_limit(Some(PLAINTEXT_BUFFER_BYTES));
+        Ok(TlsConn {
+            conn,
+            first: Some(Vec::new()),
+            counted: false,
+            handshake_ns: 0,
+        })
+    }
+
+    /// Records wait to be written.
+    pub(in crate::worker) fn has_output(&self) -> bool {
+        self.conn.wants_write()
+    }
+
+    /// `$ssl_protocol` (`TLSv1.3`), as OpenSSL names it.
+    pub(in crate::worker) fn protocol(&self) -> Option<&'static str> {
+        Some(match self.conn.protocol_version()? {
+            rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3",
+            rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2",
+            _ => return None,
+        })
+    }
+
+    /// `$ssl_cipher`, in OpenSSL's name (`TLS_AES_128_GCM_SHA256`, `ECDHE-RSA-AES128-GCM-SHA256`).
+    pub(in crate::worker) fn cipher(&self) -> Option<&'static str> {
+        use rustls::CipherSuite as C;
+        Some(match self.conn.negotiated_cipher_suite()?.suite() {
+            C::TLS13_AES_128_GCM_SHA256 => "TLS_AES_128_GCM_SHA256",
+            C::TLS13_AES_256_GCM_SHA384 => "TLS_AES_256_GCM_SHA384",
+            C::TLS13_CHACHA20_POLY1305_SHA256 => "TLS_CHACHA20_POLY1305_SHA256",
+            C::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 => "ECDHE-ECDSA-AES128-GCM-SHA256",
+            C::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384 => "ECDHE-ECDSA-AES256-GCM-SHA384",
+            C::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256 => "ECDHE-ECDSA-CHACHA20-POLY1305",
+            C::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => "ECDHE-RSA-AES128-GCM-SHA256",
+            C::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => "ECDHE-RSA-AES256-GCM-SHA384",
+            C::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => "ECDHE-RSA-CHACHA20-POLY1305",
+            _ => return None,
+        })
+    }
+
+    /// `$ssl_server_name`: the SNI the client sent.
+    pub(in crate::worker) fn server_name(&self) -> Option<&str> {
+        self.conn.server_name()
+    }
+}
+
+/// The socket as rustls reads and writes it; the first record's bytes are kept meanwhile.
+struct Sock<'a> {
+    fd: RawFd,
+    first: Option<&'a mut Vec<u8>>,
+}
+
+impl Read for Sock<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = shard_event::sock::read(self.fd, buf)?;
+        if let Some(f) = self.first.as_mut() {
+            if f.len() + n <= FIRST_BYTES_MAX {
+                f.extend_from_slice(&buf[..n]);
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Write for Sock<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        shard_event::sock::write(self.fd, buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes pending records. `Ok(true)`: none is left; `Ok(false)`: the socket is full.
+pub(in crate::worker) fn flush(fd: RawFd, t: &mut TlsConn) -> io::Result<bool> {
+    while t.conn.wants_write() {
+        match t.conn.write_tls(&mut Sock { fd, first: None }) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Reads plaintext into the spare capacity of `buf`, at most `max` bytes, reading and
+/// decrypting records as needed. `Ok(n)` with `n < max`: the socket is drained (or ended:
+/// then the next call returns `Ok(0)`); `Err(WouldBlock)`: nothing yet.
+pub(in crate::worker) fn read_into(
+    fd: RawFd,
+    t: &mut TlsConn,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> Result<usize, NotTls> {
+    let begin = buf.len();
+    loop {
+        let got = buf.len() - begin;
+        if got >= max {
+            return Ok(got);
+        }
+        let old = buf.len();
+        buf.resize(old + (max - got), 0);
+        match t.conn.reader().read(&mut buf[old..]) {
+            Ok(n) => {
+                buf.truncate(old + n);
+                if n == 0 {
+                    // close_notify: end of stream.
+                    return Ok(got);
+                }
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf.truncate(old),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                // The peer closed without close_notify: an end of stream all the same.
+                buf.truncate(old);
+                return Ok(got);
+            }
+            Err(e) => {
+                buf.truncate(old);
+                return Err(NotTls::Error(e));
+            }
+        }
+        let first = t.first.as_mut();
+        match t.conn.read_tls(&mut Sock { fd, first }) {
+            Ok(0) => return Ok(got),
+            Ok(_) => {
+                let timed = t.conn.is_handshaking().then(std::time::Instant::now);
+                let processed = t.conn.process_new_packets();
+                if let Some(t0) = timed {
+                    t.handshake_ns += t0.elapsed().as_nanos() as u64;
+                }
+                if let Err(e) = processed {
+                    if let Some(bytes) = t.first.take().filter(|b| looks_plain(b)) {
+                        return Err(NotTls::Plain(bytes));
+                    }
+                    // The alert rustls queued goes out if the socket takes it.
+                    let _ = flush(fd, t);
+                    return Err(NotTls::Error(io::Error::new(io::ErrorKind::InvalidData, e)));
+                }
+                if !t.conn.is_handshaking() || t.first.as_ref().is_some_and(|f| f.len() > 5) {
+                    // A record was accepted: the bytes are TLS.
+                    t.first = None;
+                }
+                if let Err(e) = flush(fd, t) {
+                    return Err(NotTls::Error(e));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return if got > 0 {
+                    Ok(got)
+                } else {
+                    Err(NotTls::Error(e))
+                };
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(NotTls::Error(e)),
+        }
+    }
+}
+
+/// A first record that no TLS client sends: it starts with an ASCII letter (a method).
+fn looks_plain(b: &[u8]) -> bool {
+    b.first().is_some_and(u8::is_ascii_uppercase)
+}
+
+/// Queues plaintext and writes what records the socket takes. `Err(WouldBlock)` when records
+/// are still pending from before (the socket is full).
+pub(in crate::worker) fn write(fd: RawFd, t: &mut TlsConn, data: &[u8]) -> io::Result<usize> {
+    if !flush(fd, t)? {
+        return Err(io::ErrorKind::WouldBlock.into());
+    }
+    let n = t.conn.writer().write(data)?;
+    flush(fd, t)?;
+    if n == 0 && !data.is_empty() {
+        return Err(io::ErrorKind::WouldBlock.into());
+    }
+    Ok(n)
+}
+
+/// Sends close_notify (best effort: what the socket does not take is dropped with it).
+pub(in crate::worker) fn close_notify(fd: RawFd, t: &mut TlsConn) {
+    t.conn.send_close_notify();
+    let _ = flush(fd, t);
+}
