@@ -318,13 +318,18 @@ pub fn return_reply(code: u16, text: Option<String>, default_type: &str) -> Simp
 /// `http://HOST[:PORT]/...`, HOST being the request's host (else the server's name) and PORT
 /// the listening port unless it is 80 (`port_in_redirect on`).
 pub fn absolute_location(location: &str, host: &str, port: u16) -> String {
+    absolute_location_scheme(location, host, port, false)
+}
+
+/// [`absolute_location`] on a TLS connection when `https`: `https://`, port 443 left out.
+pub fn absolute_location_scheme(location: &str, host: &str, port: u16, https: bool) -> String {
     if !location.starts_with('/') {
         return location.to_string();
     }
     let mut s = String::with_capacity(location.len() + host.len() + 14);
-    s.push_str("http://");
+    s.push_str(if https { "https://" } else { "http://" });
     s.push_str(host);
-    if port != 80 {
+    if port != if https { 443 } else { 80 } {
         s.push(':');
         s.push_str(&port.to_string());
     }

@@ -1091,10 +1091,11 @@ impl<'a> Worker<'a> {
                 if is_location {
                     let cur = new.as_deref().unwrap_or(v);
                     if cur.starts_with('/') {
-                        new = Some(shard_http::response::absolute_location(
+                        new = Some(shard_http::response::absolute_location_scheme(
                             cur,
                             &host_port.0,
                             host_port.1,
+                            self.conns[key].tls.is_some(),
                         ));
                     }
                 }

@@ -590,9 +590,43 @@ pub(super) fn move_bytes(
     dst: &mut Ends,
     pipe: &mut Pipe,
 ) -> Result<bool, (&'static str, io::Error)> {
+    move_between(&mut Fd(src_fd), src, &mut Fd(dst_fd), dst, pipe)
+}
+
+/// One side of a relay or tunnel as bytes move: a socket, or a TLS connection over one.
+pub(super) trait Endpoint {
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    fn send(&mut self, buf: &[u8]) -> io::Result<usize>;
+    /// End of stream to the peer once everything queued went out.
+    fn shut(&mut self);
+}
+
+/// A plain socket.
+pub(super) struct Fd(pub(super) RawFd);
+
+impl Endpoint for Fd {
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        shard_event::sock::read(self.0, buf)
+    }
+    fn send(&mut self, buf: &[u8]) -> io::Result<usize> {
+        shard_event::sock::write(self.0, buf)
+    }
+    fn shut(&mut self) {
+        shard_event::sock::shutdown_write(self.0);
+    }
+}
+
+/// [`move_bytes`] between any two sides.
+pub(super) fn move_between(
+    src_io: &mut dyn Endpoint,
+    src: &mut Ends,
+    dst_io: &mut dyn Endpoint,
+    dst: &mut Ends,
+    pipe: &mut Pipe,
+) -> Result<bool, (&'static str, io::Error)> {
     let mut progress = false;
     if !src.eof && src.readable && pipe.make_room() {
-        match shard_event::sock::read(src_fd, &mut pipe.buf[pipe.end..]) {
+        match src_io.recv(&mut pipe.buf[pipe.end..]) {
             Ok(0) => {
                 src.eof = true;
                 progress = true;
@@ -607,7 +641,7 @@ pub(super) fn move_bytes(
         }
     }
     if !pipe.is_empty() && dst.writable {
-        match shard_event::sock::write(dst_fd, &pipe.buf[pipe.start..pipe.end]) {
+        match dst_io.send(&pipe.buf[pipe.start..pipe.end]) {
             Ok(n) => {
                 pipe.start += n;
                 pipe.written += n as u64;
@@ -623,7 +657,7 @@ pub(super) fn move_bytes(
         }
     }
     if src.eof && pipe.is_empty() && !dst.shut {
-        shard_event::sock::shutdown_write(dst_fd);
+        dst_io.shut();
         dst.shut = true;
         progress = true;
     }

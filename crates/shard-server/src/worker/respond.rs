@@ -169,7 +169,10 @@ fn simple(
             .as_deref()
             .unwrap_or_else(|| shard_http::route::server_name(w.server_of(key)));
         let port = w.cfg.listeners[w.conns[key].listener].addr.port();
-        r.location = Some(shard_http::response::absolute_location(l, host, port));
+        let https = w.conns[key].tls.is_some();
+        r.location = Some(shard_http::response::absolute_location_scheme(
+            l, host, port, https,
+        ));
     }
     let extra = extra_headers(
         w,

@@ -228,3 +228,30 @@ pub(in crate::worker) fn close_notify(fd: RawFd, t: &mut TlsConn) {
     t.conn.send_close_notify();
     let _ = flush(fd, t);
 }
+
+/// A TLS connection as one side of a tunnel (`relay::move_between`).
+pub(in crate::worker) struct TlsSide<'a> {
+    pub(in crate::worker) fd: RawFd,
+    pub(in crate::worker) t: &'a mut TlsConn,
+}
+
+impl super::relay::Endpoint for TlsSide<'_> {
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut v = Vec::with_capacity(buf.len());
+        match read_into(self.fd, self.t, &mut v, buf.len()) {
+            Ok(n) => {
+                buf[..n].copy_from_slice(&v[..n]);
+                Ok(n)
+            }
+            Err(NotTls::Error(e)) => Err(e),
+            Err(NotTls::Plain(_)) => Err(io::ErrorKind::InvalidData.into()),
+        }
+    }
+    fn send(&mut self, buf: &[u8]) -> io::Result<usize> {
+        write(self.fd, self.t, buf)
+    }
+    fn shut(&mut self) {
+        close_notify(self.fd, self.t);
+        shard_event::sock::shutdown_write(self.fd);
+    }
+}

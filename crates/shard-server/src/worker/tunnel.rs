@@ -19,7 +19,8 @@
 
 use std::os::fd::AsRawFd;
 
-use super::relay::{move_bytes, Ends, Pipe};
+use super::relay::{move_between, Ends, Fd, Pipe};
+use super::tls::TlsSide;
 use super::Worker;
 
 /// One upgraded connection's state between turns.
@@ -109,7 +110,11 @@ impl Worker<'_> {
             // The head first.
             let mut progress = false;
             while c.out_pos < c.out.len() && t.client.writable {
-                match shard_event::sock::write(cfd, &c.out[c.out_pos..]) {
+                let res = match c.tls.as_mut() {
+                    Some(tls) => super::tls::write(cfd, tls, &c.out[c.out_pos..]),
+                    None => shard_event::sock::write(cfd, &c.out[c.out_pos..]),
+                };
+                match res {
                     Ok(n) => {
                         c.out_pos += n;
                         progress = true;
@@ -122,9 +127,31 @@ impl Worker<'_> {
                 }
             }
             let head_out = c.out_pos >= c.out.len();
-            let a = move_bytes(cfd, &mut t.client, ufd, &mut t.upstream, &mut t.up);
+            let mut up_side = Fd(ufd);
+            let mut plain = Fd(cfd);
+            let mut tls_side;
+            let client_side: &mut dyn super::relay::Endpoint = match c.tls.as_mut() {
+                Some(tls) => {
+                    tls_side = TlsSide { fd: cfd, t: tls };
+                    &mut tls_side
+                }
+                None => &mut plain,
+            };
+            let a = move_between(
+                client_side,
+                &mut t.client,
+                &mut up_side,
+                &mut t.upstream,
+                &mut t.up,
+            );
             let b = if head_out {
-                move_bytes(ufd, &mut t.upstream, cfd, &mut t.client, &mut t.down)
+                move_between(
+                    &mut up_side,
+                    &mut t.upstream,
+                    client_side,
+                    &mut t.client,
+                    &mut t.down,
+                )
             } else {
                 Ok(false)
             };
@@ -134,13 +161,25 @@ impl Worker<'_> {
                 _ => moved = true,
             }
         };
+        // Records TLS still holds for the client go out as the socket takes them.
+        let mut tls_pending = false;
+        if let Some(tls) = c.tls.as_mut() {
+            if t.client.writable {
+                match super::tls::flush(cfd, tls) {
+                    Ok(true) => {}
+                    Ok(false) => t.client.writable = false,
+                    Err(e) => return Pumped::Failed("send()", e),
+                }
+            }
+            tls_pending = tls.has_output();
+        }
         c.readable = t.client.readable;
         c.writable = t.client.writable;
         uc.readable = t.upstream.readable;
         uc.writable = t.upstream.writable;
         match result {
             Err((op, e)) => Pumped::Failed(op, e),
-            Ok(_) if t.client.shut && t.upstream.shut => {
+            Ok(_) if t.client.shut && t.upstream.shut && !tls_pending => {
                 c.eof = true;
                 Pumped::Done
             }
