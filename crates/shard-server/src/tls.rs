@@ -37,10 +37,129 @@ impl TlsContexts {
     }
 }
 
-/// Session-ticket keys: made once by the master and inherited by every worker it forks, so
-/// a ticket issued by one worker resumes on any other (and across reloads, which keep it).
+/// Session-ticket keys: a seed the master makes once (kept across reloads) from which every
+/// worker derives the same key for each 6-hour period, so a ticket issued by one worker
+/// resumes on any other, and keys rotate with no coordination (see [`SharedTicketer`]).
 pub fn ticketer() -> Result<Arc<dyn rustls::server::ProducesTickets>, String> {
-    provider::Ticketer::new().map_err(|e| format!("cannot make session ticket keys: {e}"))
+    Ok(Arc::new(SharedTicketer::new()?))
+}
+
+/// How long one ticket key encrypts; tickets are accepted for two periods.
+const TICKET_PERIOD_SECS: u64 = 6 * 3600;
+/// The longest ticket accepted (a session's state is a few hundred bytes): longer ones are
+/// refused before decryption, as rustls's own ticketer does against partitioning oracles.
+const TICKET_MAX_BYTES: usize = 4096;
+
+/// Stateless session tickets shared by every worker: ChaCha20-Poly1305 under a key derived
+/// (HKDF-SHA256) from a random seed and the current period. rustls's own ticketer makes its
+/// keys at random in each process and accepts only tickets no longer than the longest it has
+/// itself issued, so a worker would refuse its siblings' tickets until it issued one.
+pub struct SharedTicketer {
+    seed: ring::hkdf::Prk,
+}
+
+impl std::fmt::Debug for SharedTicketer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedTicketer")
+    }
+}
+
+/// An HKDF output length.
+struct Len(usize);
+
+impl ring::hkdf::KeyType for Len {
+    fn len(&self) -> usize {
+        self.0
+    }
+}
+
+impl SharedTicketer {
+    fn new() -> Result<SharedTicketer, String> {
+        use ring::rand::SecureRandom;
+        let mut seed = [0u8; 32];
+        ring::rand::SystemRandom::new()
+            .fill(&mut seed)
+            .map_err(|_| "cannot make session ticket keys: no randomness".to_string())?;
+        Ok(SharedTicketer {
+            seed: ring::hkdf::Prk::new_less_safe(ring::hkdf::HKDF_SHA256, &seed),
+        })
+    }
+
+    /// The key and its 16-byte name for `period`.
+    fn key(&self, period: u64) -> (ring::aead::LessSafeKey, [u8; 16]) {
+        let p = period.to_be_bytes();
+        let info_key: [&[u8]; 2] = [b"shard ticket key", &p];
+        let info_name: [&[u8]; 2] = [b"shard ticket name", &p];
+        let key: ring::aead::UnboundKey = self
+            .seed
+            .expand(&info_key, &ring::aead::CHACHA20_POLY1305)
+            .expect("HKDF output of the key's length")
+            .into();
+        let mut name = [0u8; 16];
+        self.seed
+            .expand(&info_name, Len(16))
+            .and_then(|okm| okm.fill(&mut name))
+            .expect("HKDF output of 16 bytes");
+        (ring::aead::LessSafeKey::new(key), name)
+    }
+
+    fn period_now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+            / TICKET_PERIOD_SECS
+    }
+}
+
+impl rustls::server::ProducesTickets for SharedTicketer {
+    fn enabled(&self) -> bool {
+        true
+    }
+
+    fn lifetime(&self) -> u32 {
+        TICKET_PERIOD_SECS as u32
+    }
+
+    /// `key_name (16) | nonce (12) | ciphertext | tag (16)`.
+    fn encrypt(&self, message: &[u8]) -> Option<Vec<u8>> {
+        use ring::rand::SecureRandom;
+        let (key, name) = self.key(Self::period_now());
+        let mut nonce = [0u8; 12];
+        ring::rand::SystemRandom::new().fill(&mut nonce).ok()?;
+        let mut out = Vec::with_capacity(16 + 12 + message.len() + 16);
+        out.extend_from_slice(&name);
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(message);
+        let tag = key
+            .seal_in_place_separate_tag(
+                ring::aead::Nonce::assume_unique_for_key(nonce),
+                ring::aead::Aad::from(name),
+                &mut out[28..],
+            )
+            .ok()?;
+        out.extend_from_slice(tag.as_ref());
+        Some(out)
+    }
+
+    fn decrypt(&self, ticket: &[u8]) -> Option<Vec<u8>> {
+        if ticket.len() < 16 + 12 + 16 || ticket.len() > TICKET_MAX_BYTES {
+            return None;
+        }
+        let now = Self::period_now();
+        for period in [now, now.saturating_sub(1)] {
+            let (key, name) = self.key(period);
+            if ticket[..16] != name {
+                continue;
+            }
+            let nonce = ring::aead::Nonce::try_assume_unique_for_key(&ticket[16..28]).ok()?;
+            let mut buf = ticket[28..].to_vec();
+            let plain = key
+                .open_in_place(nonce, ring::aead::Aad::from(name), &mut buf)
+                .ok()?;
+            return Some(plain.to_vec());
+        }
+        None
+    }
 }
 
 /// Builds every TLS listener's configuration; the first error in nginx's shape.
@@ -264,5 +383,58 @@ impl ResolvesServerCert for SniResolver {
             .find(|k| k.key.choose_scheme(schemes).is_some())
             .or_else(|| keys.first())
             .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::server::ProducesTickets;
+
+    #[test]
+    fn tickets_open_in_any_copy_of_the_ticketer_and_nowhere_else() {
+        let t = SharedTicketer::new().unwrap();
+        let ticket = t.encrypt(b"session state").unwrap();
+        // A forked worker has the same seed: its copy opens what another issued, with no
+        // ticket of its own issued first.
+        let copy = SharedTicketer {
+            seed: t.seed.clone(),
+        };
+        assert_eq!(
+            copy.decrypt(&ticket).as_deref(),
+            Some(&b"session state"[..])
+        );
+        let mut bad = ticket.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        assert_eq!(copy.decrypt(&bad), None);
+        let other = SharedTicketer::new().unwrap();
+        assert_eq!(other.decrypt(&ticket), None);
+        assert_eq!(t.decrypt(&vec![0u8; TICKET_MAX_BYTES + 1]), None);
+        // The previous period's key still opens; the period's key names differ.
+        let p = SharedTicketer::period_now();
+        assert_ne!(t.key(p).1, t.key(p - 1).1);
+    }
+
+    #[test]
+    fn cipher_strings_name_suites_or_keep_the_defaults() {
+        let defaults = provider::DEFAULT_CIPHER_SUITES.len();
+        assert_eq!(cipher_suites("HIGH:!aNULL:!MD5").len(), defaults);
+        let s = cipher_suites(
+            "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-AES128-GCM-SHA256:DHE-RSA-AES256-SHA",
+        );
+        let tls12: Vec<_> = s
+            .iter()
+            .filter(|c| c.version() == &rustls::version::TLS12)
+            .map(|c| c.suite())
+            .collect();
+        assert_eq!(
+            tls12,
+            [
+                rustls::CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+                rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+            ]
+        );
+        assert!(s.iter().any(|c| c.version() == &rustls::version::TLS13));
     }
 }

@@ -44,7 +44,7 @@ pub struct TempDir(PathBuf);
 
 impl TempDir {
     /// Hands the directory to an owner that removes it itself.
-    fn keep(mut self) -> PathBuf {
+    pub fn keep(mut self) -> PathBuf {
         std::mem::take(&mut self.0)
     }
 }

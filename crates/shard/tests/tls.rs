@@ -1,0 +1,509 @@
+//! TLS termination as clients see it: certificates made at run time by `rcgen` (a test CA and
+//! leaves for `a.test` and `b.test`), a rustls client in the test for exact checks (SNI,
+//! ALPN, protocol versions, session resumption), and `curl`/`openssl s_client` where they are
+//! installed (SKIPPED otherwise). Also: nginx's 400 for plain HTTP on the TLS port and
+//! `error_page 497`, `-t` and reload with bad certificates, WebSocket over TLS, and hostile
+//! handshakes that must not hurt a worker.
+
+mod support;
+
+#[path = "../../shard-bench/src/ws.rs"]
+mod ws;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::{CertificateDer, ServerName};
+use support::*;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A CA and leaf certificates signed by it, written as PEM files into `dir`.
+struct Pki {
+    /// Where the PEM files are (`conf/NAME.pem`, `conf/NAME.key`).
+    dir: std::path::PathBuf,
+    ca: CertificateDer<'static>,
+    leaves: Vec<(String, CertificateDer<'static>)>,
+}
+
+fn pki(dir: &Path, names: &[&str]) -> Pki {
+    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "shard test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let mut leaves = Vec::new();
+    for name in names {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+        std::fs::write(dir.join(format!("conf/{name}.pem")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("conf/{name}.key")), key.serialize_pem()).unwrap();
+        leaves.push((name.to_string(), cert.der().clone()));
+    }
+    Pki {
+        dir: dir.to_path_buf(),
+        ca: ca.der().clone(),
+        leaves,
+    }
+}
+
+fn client_config(
+    ca: &CertificateDer<'static>,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut c = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions)
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Arc::new(c)
+}
+
+type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+fn connect_tls(
+    addr: SocketAddr,
+    sni: &str,
+    config: &Arc<rustls::ClientConfig>,
+) -> std::io::Result<Tls> {
+    let sock = TcpStream::connect_timeout(&addr, TIMEOUT)?;
+    sock.set_read_timeout(Some(TIMEOUT))?;
+    let name = ServerName::try_from(sni.to_string()).unwrap();
+    let conn = rustls::ClientConnection::new(config.clone(), name).unwrap();
+    let mut s = rustls::StreamOwned::new(conn, sock);
+    // Complete the handshake now, so failures show here.
+    while s.conn.is_handshaking() {
+        s.conn.complete_io(&mut s.sock)?;
+    }
+    Ok(s)
+}
+
+/// One request on `s`; the status, headers and body.
+fn request(s: &mut Tls, host: &str, path: &str) -> (u16, String, Vec<u8>) {
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+    read_one(s)
+}
+
+fn read_one(s: &mut impl Read) -> (u16, String, Vec<u8>) {
+    let mut buf = Vec::new();
+    let mut b = [0u8; 16384];
+    let end = loop {
+        if let Some(i) = find(&buf, b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut b).unwrap();
+        assert!(
+            n > 0,
+            "end of stream before the head: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&b[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().to_string())
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = buf[end..].to_vec();
+    while body.len() < len {
+        let n = s.read(&mut b).unwrap();
+        assert!(n > 0);
+        body.extend_from_slice(&b[..n]);
+    }
+    (status, head, body)
+}
+
+/// Two servers on one TLS address (`a.test` the default), `/status`, static files, and a log
+/// with the TLS variables.
+fn conf(workers: usize, extra_a: &str, http_extra: &str) -> String {
+    format!(
+        "worker_processes {workers};\n\
+         error_log logs/error.log info;\n\
+         pid logs/shard.pid;\n\
+         events {{ worker_connections 256; }}\n\
+         http {{\n\
+         log_format tls '$scheme $https $ssl_protocol $ssl_cipher $ssl_server_name $request';\n\
+         access_log logs/access.log tls;\n\
+         {http_extra}\n\
+         server {{\n\
+           listen 127.0.0.1:{{port}};\n\
+           location = /status {{ shard_status; }}\n\
+         }}\n\
+         server {{\n\
+           listen 127.0.0.1:{{port1}} ssl reuseport;\n\
+           server_name a.test;\n\
+           ssl_certificate a.test.pem; ssl_certificate_key a.test.key;\n\
+           root {{dir}}/html;\n\
+           {extra_a}\n\
+         }}\n\
+         server {{\n\
+           listen 127.0.0.1:{{port1}} ssl;\n\
+           server_name b.test;\n\
+           ssl_certificate b.test.pem; ssl_certificate_key b.test.key;\n\
+           location / {{ return 200 \"b\"; }}\n\
+         }}\n\
+         }}\n"
+    )
+}
+
+/// Starts shard with the test PKI written first.
+fn start(tag: &str, workers: usize, extra_a: &str, http_extra: &str) -> (Server, Pki) {
+    // The server's prefix is made by `Server::start`; the PKI must exist before: write both
+    // into a directory of our own and point the configuration at it.
+    let dir = temp_dir(tag).keep();
+    let p = pki(&dir, &["a.test", "b.test"]);
+    let text = conf(workers, extra_a, http_extra)
+        .replace("a.test.pem", dir.join("conf/a.test.pem").to_str().unwrap());
+    let text = text
+        .replace("a.test.key", dir.join("conf/a.test.key").to_str().unwrap())
+        .replace("b.test.pem", dir.join("conf/b.test.pem").to_str().unwrap())
+        .replace("b.test.key", dir.join("conf/b.test.key").to_str().unwrap());
+    let s = Server::start_ports(tag, &text, workers, 1);
+    (s, p)
+}
+
+fn tls_addr(s: &Server) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], s.ports[0]))
+}
+
+#[test]
+fn serves_over_tls_with_sni_alpn_keepalive_and_the_tls_variables() {
+    let (s, p) = start("tls-basic", 2, "", "");
+    write_file(&s.dir, "html/index.html", b"hello over tls\n");
+    let big: Vec<u8> = (0..3 << 20).map(|i: u32| (i * 31 % 251) as u8).collect();
+    write_file(&s.dir, "html/big.bin", &big);
+    let cfg = client_config(&p.ca, &[&rustls::version::TLS13, &rustls::version::TLS12]);
+
+    let mut c = connect_tls(tls_addr(&s), "a.test", &cfg).unwrap();
+    assert_eq!(
+        c.conn.alpn_protocol(),
+        Some(&b"http/1.1"[..]),
+        "h2 is not offered back"
+    );
+    assert_eq!(
+        c.conn.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_3)
+    );
+    let (st, _, body) = request(&mut c, "a.test", "/index.html");
+    assert_eq!((st, body.as_slice()), (200, &b"hello over tls\n"[..]));
+    // Kept alive: a 3 MiB file on the same connection, byte for byte.
+    let (st, head, body) = request(&mut c, "a.test", "/big.bin");
+    assert_eq!(st, 200, "{head}");
+    assert!(body == big, "3 MiB through TLS intact");
+
+    // SNI chooses the certificate (and the server by Host as ever).
+    let mut b = connect_tls(tls_addr(&s), "b.test", &cfg).unwrap();
+    let presented = b.conn.peer_certificates().unwrap()[0].clone();
+    assert_eq!(presented, p.leaves[1].1);
+    let (_, _, body) = request(&mut b, "b.test", "/");
+    assert_eq!(body, b"b");
+
+    // A name no server has: the default server's certificate (which the client then
+    // refuses, as it would refuse nginx's).
+    let err = connect_tls(tls_addr(&s), "c.test", &cfg)
+        .map(|_| ())
+        .expect_err("name mismatch");
+    assert!(
+        err.to_string().contains("NotValidForName") || err.to_string().contains("certificate"),
+        "{err}"
+    );
+
+    let line = wait_for(TIMEOUT, "the TLS access-log line", || {
+        std::fs::read_to_string(s.dir.join("logs/access.log"))
+            .ok()?
+            .lines()
+            .find(|l| l.ends_with("GET /index.html HTTP/1.1"))
+            .map(str::to_string)
+    });
+    assert!(
+        line.starts_with("https on TLSv1.3 TLS_") && line.contains(" a.test GET"),
+        "{line}"
+    );
+    // Counted per worker.
+    let status = get(s.addr(), "/status").body_str();
+    let handshakes: u64 = status
+        .split("\"tls_handshakes\":")
+        .skip(1)
+        .map(|v| v.split(',').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(handshakes >= 2, "{status}");
+}
+
+#[test]
+fn plain_http_on_the_tls_port_gets_nginx_400_or_error_page_497() {
+    let (s, _) = start("tls-plain", 1, "", "");
+    let mut c = connect(tls_addr(&s));
+    c.write_all(b"GET /x HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .unwrap();
+    let r = read_response(&mut c, false).unwrap();
+    assert_eq!(r.status, 400);
+    assert!(r
+        .body_str()
+        .contains("The plain HTTP request was sent to HTTPS port"));
+    assert_eq!(r.header("connection"), Some("close"));
+
+    // The common redirect: `error_page 497 https://$host:$server_port$request_uri;`.
+    let (s2, _) = start(
+        "tls-497",
+        1,
+        "error_page 497 https://$host:$server_port$request_uri;",
+        "",
+    );
+    let mut c = connect(tls_addr(&s2));
+    c.write_all(b"GET /y?z=1 HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .unwrap();
+    let r = read_response(&mut c, false).unwrap();
+    assert_eq!(r.status, 302);
+    assert_eq!(
+        r.header("location").unwrap(),
+        format!("https://a.test:{}/y?z=1", s2.ports[0])
+    );
+}
+
+#[test]
+fn tickets_resume_on_any_worker_and_protocols_are_honoured() {
+    let (s, p) = start("tls-resume", 2, "", "");
+    for versions in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        let cfg = client_config(&p.ca, &[versions]);
+        let mut resumed = 0;
+        for _ in 0..8 {
+            let mut c = connect_tls(tls_addr(&s), "b.test", &cfg).unwrap();
+            let (st, _, _) = request(&mut c, "b.test", "/");
+            assert_eq!(st, 200);
+            if c.conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+                resumed += 1;
+            }
+        }
+        // Every connection after the first resumes, whichever worker took it.
+        assert!(resumed >= 7, "{versions:?}: {resumed} of 7 resumed");
+    }
+    // `ssl_protocols TLSv1.3`: a TLS 1.2-only client is refused.
+    let (s13, p13) = start("tls-13only", 1, "", "ssl_protocols TLSv1.3;");
+    let only12 = client_config(&p13.ca, &[&rustls::version::TLS12]);
+    assert!(connect_tls(tls_addr(&s13), "a.test", &only12).is_err());
+    let only13 = client_config(&p13.ca, &[&rustls::version::TLS13]);
+    assert!(connect_tls(tls_addr(&s13), "a.test", &only13).is_ok());
+}
+
+#[test]
+fn bad_certificates_fail_the_test_and_a_reload_keeps_the_old_generation() {
+    let (s, p) = start("tls-bad", 1, "", "");
+    let conf_path = s.dir.join("conf/shard.conf");
+    let good = std::fs::read_to_string(&conf_path).unwrap();
+    let test = |text: &str| {
+        std::fs::write(&conf_path, text).unwrap();
+        run_cli(&[
+            "-t",
+            "-p",
+            s.dir.to_str().unwrap(),
+            "-c",
+            conf_path.to_str().unwrap(),
+        ])
+    };
+    // A missing key file, a key of another certificate, an ssl listener without certificate.
+    let a_key = p.dir.join("conf/a.test.key");
+    let b_key = p.dir.join("conf/b.test.key");
+    let (code, err) = test(&good.replace(a_key.to_str().unwrap(), "/nonexistent/a.key"));
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("cannot load certificate key \"/nonexistent/a.key\""),
+        "{err}"
+    );
+    let (code, err) = test(&good.replacen(a_key.to_str().unwrap(), b_key.to_str().unwrap(), 1));
+    assert_eq!(code, 1);
+    assert!(err.contains("does not match certificate"), "{err}");
+    let no_cert = good.replacen(
+        &format!(
+            "ssl_certificate {}; ssl_certificate_key {};",
+            p.dir.join("conf/a.test.pem").display(),
+            a_key.display()
+        ),
+        "",
+        1,
+    );
+    let (code, err) = test(&no_cert);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive"),
+        "{err}"
+    );
+
+    // A reload with the broken key keeps serving with the running configuration.
+    std::fs::write(
+        &conf_path,
+        good.replace(a_key.to_str().unwrap(), "/nonexistent/a.key"),
+    )
+    .unwrap();
+    let before = s.workers();
+    s.signal(libc::SIGHUP);
+    wait_for(TIMEOUT, "the reload to fail", || {
+        std::fs::read_to_string(s.dir.join("logs/error.log"))
+            .ok()?
+            .contains("reload failed: keeping the running configuration")
+            .then_some(())
+    });
+    assert_eq!(s.workers()[0].pid, before[0].pid);
+    let cfg = client_config(&p.ca, &[&rustls::version::TLS13]);
+    let mut c = connect_tls(tls_addr(&s), "b.test", &cfg).unwrap();
+    assert_eq!(request(&mut c, "b.test", "/").0, 200);
+}
+
+#[test]
+fn hostile_handshakes_are_closed_and_no_worker_dies() {
+    let (s, p) = start("tls-hostile", 1, "", "client_header_timeout 1s;");
+    let pid = s.workers()[0].pid;
+    // A truncated ClientHello, then silence: closed at client_header_timeout.
+    let mut c = connect(tls_addr(&s));
+    c.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01])
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t0 = std::time::Instant::now();
+    let mut b = [0u8; 64];
+    assert_eq!(c.read(&mut b).unwrap_or(0), 0);
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    // A record of garbage: an alert or a close, never a hang.
+    let mut c = connect(tls_addr(&s));
+    c.write_all(&[0x16, 0x03, 0x03, 0x00, 0x05, 1, 2, 3, 4, 5])
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = c.read_to_end(&mut got);
+    assert!(got.len() < 64, "at most an alert: {got:?}");
+    // Garbage after a good handshake.
+    let cfg = client_config(&p.ca, &[&rustls::version::TLS13]);
+    let mut t = connect_tls(tls_addr(&s), "b.test", &cfg).unwrap();
+    t.sock.write_all(&[0x17, 0x03, 0x03, 0x00, 0x10]).unwrap();
+    t.sock.write_all(&[0xAB; 16]).unwrap();
+    let mut rest = Vec::new();
+    let _ = t.sock.read_to_end(&mut rest);
+    // The worker lives and serves.
+    let mut t = connect_tls(tls_addr(&s), "b.test", &cfg).unwrap();
+    assert_eq!(request(&mut t, "b.test", "/").0, 200);
+    assert_eq!(s.workers()[0].pid, pid);
+}
+
+#[test]
+fn websocket_through_a_tls_front() {
+    let up = ws::echo_server(false).unwrap();
+    let extra = format!(
+        "location /ws/ {{ proxy_pass http://{up}; proxy_http_version 1.1; \
+         proxy_set_header Upgrade $http_upgrade; proxy_set_header Connection \"upgrade\"; }}"
+    );
+    let (s, p) = start("tls-ws", 1, &extra, "");
+    let cfg = client_config(&p.ca, &[&rustls::version::TLS13]);
+    let mut c = connect_tls(tls_addr(&s), "a.test", &cfg).unwrap();
+    c.write_all(
+        b"GET /ws/x HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .unwrap();
+    let (st, head, _) = read_one(&mut c);
+    assert_eq!(st, 101, "{head}");
+    for msg in [&b"over tls"[..], &vec![7u8; 200_000][..]] {
+        let mut frame = Vec::new();
+        ws::encode(&mut frame, ws::OP_BINARY, msg, Some([1, 2, 3, 4]));
+        c.write_all(&frame).unwrap();
+        let mut buf = Vec::new();
+        let f = loop {
+            if let Some((f, _)) = ws::decode(&buf).unwrap() {
+                break f;
+            }
+            let mut b = [0u8; 16384];
+            let n = c.read(&mut b).unwrap();
+            assert!(n > 0);
+            buf.extend_from_slice(&b[..n]);
+        };
+        assert_eq!(f.payload, msg);
+    }
+}
+
+fn have(tool: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn curl_and_openssl_interoperate() {
+    let (s, _) = start("tls-interop", 1, "", "");
+    let ca_pem = s.dir.join("ca.pem");
+    // The CA is not written by `pki`: trust the leaves' issuer through curl's -k and check
+    // negotiation only.
+    let _ = ca_pem;
+    write_file(&s.dir, "html/index.html", b"curl ok\n");
+    let port = s.ports[0];
+    if have("curl") {
+        let out = std::process::Command::new("curl")
+            .args(["-sk", "--http1.1", "--resolve"])
+            .arg(format!("a.test:{port}:127.0.0.1"))
+            .arg(format!("https://a.test:{port}/index.html"))
+            .args(["-w", "\n%{http_code} %{ssl_verify_result}"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.starts_with("curl ok\n\n200"), "{text}");
+        let out = std::process::Command::new("curl")
+            .args(["-sk", "--tlsv1.2", "--tls-max", "1.2", "--resolve"])
+            .arg(format!("a.test:{port}:127.0.0.1"))
+            .arg(format!("https://a.test:{port}/index.html"))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "curl ok\n");
+    } else {
+        skipped(
+            "curl over TLS",
+            "curl is not installed (apt-get install curl)",
+        );
+    }
+    if have("openssl") {
+        let mut child = std::process::Command::new("openssl")
+            .args(["s_client", "-connect"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["-servername", "b.test", "-tls1_2", "-alpn", "http/1.1"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"GET / HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("Protocol  : TLSv1.2") || text.contains("TLSv1.2"),
+            "{text}"
+        );
+        assert!(text.contains("ALPN protocol: http/1.1"), "{text}");
+        assert!(
+            text.contains("subject=CN = rcgen self signed cert")
+                || text.contains("b.test")
+                || text.contains("Certificate chain"),
+            "{text}"
+        );
+    } else {
+        skipped(
+            "openssl s_client",
+            "openssl is not installed (apt-get install openssl)",
+        );
+    }
+}
