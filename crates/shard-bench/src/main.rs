@@ -21,6 +21,7 @@ mod servers;
 mod soak;
 mod statics;
 mod svg;
+mod tlsbench;
 mod ws;
 
 use std::io::Write;
@@ -76,6 +77,9 @@ enum Cmd {
     /// clients, shard and nginx side by side: failed requests per reload, broken tunnels, and
     /// the latency of requests that arrived during a reload.
     Reload(reload::ReloadArgs),
+    /// TLS termination, shard and nginx on the same certificate: full and resumed
+    /// handshakes per second and worker CPU per handshake, and a 1 MiB file's MB/s over TLS.
+    Tls(tlsbench::TlsArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -130,6 +134,7 @@ fn main() {
         Cmd::Soak(a) => soak::run(a),
         Cmd::Bodies(a) => bodies::run(a),
         Cmd::Reload(a) => reload::run(a),
+        Cmd::Tls(a) => tlsbench::run(a),
     };
     if let Err(e) = res {
         eprintln!("shard-bench: {e:#}");

@@ -712,3 +712,28 @@ fn reload_smoke_fails_no_request_and_breaks_no_tunnel_for_shard() {
             > 0
     );
 }
+
+#[test]
+fn tls_smoke_measures_handshakes_resumption_and_bulk_for_shard() {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let out = Command::new(bench)
+        .args(["tls", "--smoke", "--no-nginx"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // In --smoke the bench fails unless full, resumed (with tickets) and bulk were measured.
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| shard |"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let cols: Vec<&str> = row.split('|').map(str::trim).collect();
+    for i in [2, 3, 4, 6, 7] {
+        assert!(cols[i].parse::<f64>().unwrap() > 0.0, "column {i}: {text}");
+    }
+    assert_eq!(cols[5], "1.00", "every connection resumed: {text}");
+}

@@ -54,8 +54,13 @@ const TICKET_MAX_BYTES: usize = 4096;
 /// (HKDF-SHA256) from a random seed and the current period. rustls's own ticketer makes its
 /// keys at random in each process and accepts only tickets no longer than the longest it has
 /// itself issued, so a worker would refuse its siblings' tickets until it issued one.
+/// A period's ticket key and its name.
+type TicketKey = Arc<(ring::aead::LessSafeKey, [u8; 16])>;
+
 pub struct SharedTicketer {
     seed: ring::hkdf::Prk,
+    /// The last period's key, derived once (a worker is single-threaded: never contended).
+    cached: std::sync::Mutex<Option<(u64, TicketKey)>>,
 }
 
 impl std::fmt::Debug for SharedTicketer {
@@ -82,11 +87,27 @@ impl SharedTicketer {
             .map_err(|_| "cannot make session ticket keys: no randomness".to_string())?;
         Ok(SharedTicketer {
             seed: ring::hkdf::Prk::new_less_safe(ring::hkdf::HKDF_SHA256, &seed),
+            cached: std::sync::Mutex::new(None),
         })
     }
 
+    /// [`Self::derive`], remembered for the current period.
+    fn key(&self, period: u64) -> TicketKey {
+        let mut c = self.cached.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((p, k)) = c.as_ref() {
+            if *p == period {
+                return k.clone();
+            }
+        }
+        let k = Arc::new(self.derive(period));
+        if period >= c.as_ref().map_or(0, |(p, _)| *p) {
+            *c = Some((period, k.clone()));
+        }
+        k
+    }
+
     /// The key and its 16-byte name for `period`.
-    fn key(&self, period: u64) -> (ring::aead::LessSafeKey, [u8; 16]) {
+    fn derive(&self, period: u64) -> (ring::aead::LessSafeKey, [u8; 16]) {
         let p = period.to_be_bytes();
         let info_key: [&[u8]; 2] = [b"shard ticket key", &p];
         let info_name: [&[u8]; 2] = [b"shard ticket name", &p];
@@ -123,7 +144,8 @@ impl rustls::server::ProducesTickets for SharedTicketer {
     /// `key_name (16) | nonce (12) | ciphertext | tag (16)`.
     fn encrypt(&self, message: &[u8]) -> Option<Vec<u8>> {
         use ring::rand::SecureRandom;
-        let (key, name) = self.key(Self::period_now());
+        let k = self.key(Self::period_now());
+        let (key, name) = (&k.0, k.1);
         let mut nonce = [0u8; 12];
         ring::rand::SystemRandom::new().fill(&mut nonce).ok()?;
         let mut out = Vec::with_capacity(16 + 12 + message.len() + 16);
@@ -147,7 +169,8 @@ impl rustls::server::ProducesTickets for SharedTicketer {
         }
         let now = Self::period_now();
         for period in [now, now.saturating_sub(1)] {
-            let (key, name) = self.key(period);
+            let k = self.key(period);
+            let (key, name) = (&k.0, k.1);
             if ticket[..16] != name {
                 continue;
             }
@@ -243,6 +266,9 @@ fn listener_config(
     };
     if ssl.session_tickets {
         config.ticketer = ticketer.clone();
+        // One ticket per handshake, as OpenSSL sends after a resumption (two after a full
+        // handshake): each costs an encryption and a record.
+        config.send_tls13_tickets = 1;
     } else {
         config.send_tls13_tickets = 0;
     }
@@ -399,6 +425,7 @@ mod tests {
         // ticket of its own issued first.
         let copy = SharedTicketer {
             seed: t.seed.clone(),
+            cached: std::sync::Mutex::new(None),
         };
         assert_eq!(
             copy.decrypt(&ticket).as_deref(),
@@ -414,6 +441,7 @@ mod tests {
         // The previous period's key still opens; the period's key names differ.
         let p = SharedTicketer::period_now();
         assert_ne!(t.key(p).1, t.key(p - 1).1);
+        assert_eq!(t.key(p).1, t.derive(p).1);
     }
 
     #[test]

@@ -1,0 +1,379 @@
+//! `shard-bench tls`: TLS termination, shard and nginx (Debian's, with OpenSSL) side by side
+//! on the same ECDSA P-256 certificate (made at run time with `rcgen`) and the same workers.
+//!
+//! Three loads, each for `--duration` seconds from `--clients` threads in this process (a
+//! rustls client; the same client for both servers, so its own cost weighs the same):
+//! - **full handshakes**: a new connection per request, no resumption;
+//! - **resumed handshakes**: a new connection per request, resuming with session tickets;
+//! - **bulk**: a 1 MiB static file again and again on kept-alive TLS connections.
+//!
+//! Reported per server: connections (or MB) per second, and the workers' CPU per handshake
+//! (or per MB) from `/proc`, which drifts less than throughput on a shared machine. It
+//! measures; it does not judge, except in `--smoke`, where it checks that every shard number
+//! was measured.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use rustls::pki_types::{CertificateDer, ServerName};
+
+use crate::procfs;
+use crate::servers::{self, Kind, Running, Spec};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct TlsArgs {
+    /// Worker processes of each server.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Client threads.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Seconds per load.
+    #[arg(long, default_value_t = 5)]
+    duration: u64,
+    /// The shard binary (default: next to this one).
+    #[arg(long)]
+    shard: Option<PathBuf>,
+    /// The nginx binary (default: `nginx` on PATH or /usr/sbin/nginx).
+    #[arg(long)]
+    nginx: Option<PathBuf>,
+    /// Skip nginx even when it is installed.
+    #[arg(long)]
+    no_nginx: bool,
+    /// Tiny numbers, to check that the bench works (CI).
+    #[arg(long)]
+    smoke: bool,
+    /// Also write the report here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Default, Debug, Clone, Copy)]
+struct Measured {
+    per_sec: f64,
+    /// Worker CPU microseconds per connection (or per MB for bulk).
+    cpu_us: f64,
+    /// Resumed handshakes among all (resumption load only).
+    resumed: f64,
+}
+
+#[derive(Default, Debug)]
+struct Row {
+    name: String,
+    full: Option<Measured>,
+    resumed: Option<Measured>,
+    bulk: Option<Measured>,
+}
+
+const BULK_BYTES: usize = 1 << 20;
+
+pub fn run(mut a: TlsArgs) -> Result<()> {
+    if a.smoke {
+        a.duration = 1;
+        a.clients = a.clients.min(2);
+    }
+    procfs::raise_nofile_limit();
+    let shard = crate::shard_binary(a.shard.as_deref())?;
+    let nginx = if a.no_nginx {
+        None
+    } else {
+        servers::find_nginx(a.nginx.as_deref())
+    };
+    let mut notes = Vec::new();
+    if nginx.is_none() && !a.no_nginx {
+        notes.push(
+            "nginx not found: measuring shard alone (install: apt-get install nginx-light)"
+                .to_string(),
+        );
+    }
+    // One certificate for both: a test CA and a leaf for `bench.test`.
+    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key)?;
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let leaf = rcgen::CertificateParams::new(vec!["bench.test".to_string()])?
+        .signed_by(&key, &ca, &ca_key)?;
+    let pem_dir = std::env::temp_dir().join(format!("shard-bench-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&pem_dir)?;
+    std::fs::write(pem_dir.join("cert.pem"), leaf.pem())?;
+    std::fs::write(pem_dir.join("key.pem"), key.serialize_pem())?;
+    let ca_der = ca.der().clone();
+
+    let mut kinds = vec![Kind::Shard(shard)];
+    if let Some(n) = nginx {
+        kinds.push(Kind::Nginx(n));
+    }
+    let mut rows = Vec::new();
+    for kind in &kinds {
+        eprintln!("shard-bench: {}: TLS", kind.name());
+        let mut row = Row {
+            name: kind.name().to_string(),
+            ..Default::default()
+        };
+        if let Err(e) = front(kind, &pem_dir, &ca_der, &a, &mut row) {
+            notes.push(format!("{}: not all measured: {e:#}", kind.name()));
+        }
+        rows.push(row);
+    }
+    let _ = std::fs::remove_dir_all(&pem_dir);
+    let report = render(&a, &rows, &notes);
+    print!("{report}");
+    if let Some(out) = &a.out {
+        if let Some(d) = out.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::write(out, &report)?;
+    }
+    if a.smoke {
+        let s = &rows[0];
+        ensure!(
+            s.full.is_some_and(|m| m.per_sec > 0.0)
+                && s.resumed
+                    .is_some_and(|m| m.per_sec > 0.0 && m.resumed > 0.5)
+                && s.bulk.is_some_and(|m| m.per_sec > 0.0),
+            "smoke: shard's TLS numbers were not all measured: {s:?} {notes:?}"
+        );
+    }
+    Ok(())
+}
+
+fn front(
+    kind: &Kind,
+    pems: &Path,
+    ca: &CertificateDer<'static>,
+    a: &TlsArgs,
+    row: &mut Row,
+) -> Result<()> {
+    let tls_port = servers::free_port()?;
+    let spec = Spec {
+        workers: a.workers,
+        listen_opts: String::new(),
+        server_extra: format!(
+            "listen 127.0.0.1:{tls_port} ssl reuseport;\n        ssl_certificate {}; ssl_certificate_key {};\n        \
+             ssl_session_cache none; ssl_session_tickets on;",
+            pems.join("cert.pem").display(),
+            pems.join("key.pem").display()
+        ),
+        idle: 256,
+        tag: "tls".into(),
+        ..Default::default()
+    };
+    let srv = servers::start_with(kind, &spec, |dir| {
+        std::fs::write(dir.join("html/big.bin"), vec![b'x'; BULK_BYTES])?;
+        Ok(())
+    })?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], tls_port));
+    let res = (|| -> Result<()> {
+        row.full = Some(measure(&srv, addr, ca, a, Mode::Full)?);
+        row.resumed = Some(measure(&srv, addr, ca, a, Mode::Resumed)?);
+        row.bulk = Some(measure(&srv, addr, ca, a, Mode::Bulk)?);
+        Ok(())
+    })();
+    srv.stop();
+    res
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Full,
+    Resumed,
+    Bulk,
+}
+
+fn client_config(ca: &CertificateDer<'static>, resume: bool) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    let _ = roots.add(ca.clone());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut c = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("rustls's default versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    if !resume {
+        c.resumption = rustls::client::Resumption::disabled();
+    }
+    Arc::new(c)
+}
+
+type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+fn connect(addr: SocketAddr, config: &Arc<rustls::ClientConfig>) -> std::io::Result<Tls> {
+    let sock = TcpStream::connect(addr)?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    sock.set_nodelay(true)?;
+    let conn = rustls::ClientConnection::new(
+        config.clone(),
+        ServerName::try_from("bench.test").expect("a DNS name"),
+    )
+    .map_err(std::io::Error::other)?;
+    Ok(rustls::StreamOwned::new(conn, sock))
+}
+
+/// One `GET`; the body's length.
+fn get(s: &mut Tls, path: &str, close: bool) -> std::io::Result<usize> {
+    let conn = if close { "close" } else { "keep-alive" };
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: bench.test\r\nConnection: {conn}\r\n\r\n"
+    )?;
+    let mut buf = Vec::with_capacity(1024);
+    let mut b = vec![0u8; 64 * 1024];
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut b)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&b[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let mut got = buf.len() - end;
+    while got < len {
+        let n = s.read(&mut b)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        got += n;
+    }
+    Ok(len)
+}
+
+fn measure(
+    srv: &Running,
+    addr: SocketAddr,
+    ca: &CertificateDer<'static>,
+    a: &TlsArgs,
+    mode: Mode,
+) -> Result<Measured> {
+    let config = client_config(ca, mode == Mode::Resumed);
+    if mode == Mode::Resumed {
+        // A first connection per client thread fills the ticket store.
+        let mut s = connect(addr, &config)?;
+        get(&mut s, "/ok", true).context("warm-up")?;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let resumed = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let pids = srv.worker_pids()?;
+    let cpu0 = procfs::cpu_ticks(&pids)?;
+    let t0 = Instant::now();
+    let threads: Vec<_> = (0..a.clients)
+        .map(|_| {
+            let (stop, done, resumed, errors, config) = (
+                stop.clone(),
+                done.clone(),
+                resumed.clone(),
+                errors.clone(),
+                config.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut keep: Option<Tls> = None;
+                while !stop.load(Relaxed) {
+                    let r = if mode == Mode::Bulk {
+                        let s = match keep.as_mut() {
+                            Some(s) => s,
+                            None => match connect(addr, &config) {
+                                Ok(s) => keep.insert(s),
+                                Err(_) => {
+                                    errors.fetch_add(1, Relaxed);
+                                    continue;
+                                }
+                            },
+                        };
+                        get(s, "/big.bin", false).map(|n| n as u64)
+                    } else {
+                        connect(addr, &config).and_then(|mut s| {
+                            get(&mut s, "/ok", true)?;
+                            if s.conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+                                resumed.fetch_add(1, Relaxed);
+                            }
+                            // One connection done.
+                            Ok(1)
+                        })
+                    };
+                    match r {
+                        Ok(n) => {
+                            done.fetch_add(n, Relaxed);
+                        }
+                        Err(_) => {
+                            errors.fetch_add(1, Relaxed);
+                            keep = None;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(a.duration));
+    stop.store(true, Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu1 = procfs::cpu_ticks(&pids)?;
+    let n = done.load(Relaxed);
+    ensure!(n > 0, "nothing completed ({} errors)", errors.load(Relaxed));
+    let cpu_us = (cpu1 - cpu0) as f64 * 1e6 / procfs::ticks_per_sec();
+    Ok(match mode {
+        Mode::Bulk => {
+            let mb = n as f64 / 1e6;
+            Measured {
+                per_sec: mb / secs,
+                cpu_us: cpu_us / mb,
+                resumed: 0.0,
+            }
+        }
+        _ => Measured {
+            per_sec: n as f64 / secs,
+            cpu_us: cpu_us / n as f64,
+            resumed: resumed.load(Relaxed) as f64 / n as f64,
+        },
+    })
+}
+
+fn fmt(m: Option<Measured>, f: impl Fn(Measured) -> String) -> String {
+    m.map_or("-".to_string(), f)
+}
+
+fn render(a: &TlsArgs, rows: &[Row], notes: &[String]) -> String {
+    let mut s = format!(
+        "# shard-bench tls\n\n{} workers, {} client threads (rustls), {} s per load, ECDSA P-256 \
+         certificate; full: a new connection per request without resumption; resumed: with \
+         session tickets; bulk: a 1 MiB file on kept-alive connections.\n\n\
+         | server | full handshakes/s | worker CPU µs/handshake | resumed handshakes/s | resumed share | worker CPU µs/resumption | bulk MB/s | worker CPU ms/MB |\n\
+         |---|---|---|---|---|---|---|---|\n",
+        a.workers, a.clients, a.duration
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.name,
+            fmt(r.full, |m| format!("{:.0}", m.per_sec)),
+            fmt(r.full, |m| format!("{:.0}", m.cpu_us)),
+            fmt(r.resumed, |m| format!("{:.0}", m.per_sec)),
+            fmt(r.resumed, |m| format!("{:.2}", m.resumed)),
+            fmt(r.resumed, |m| format!("{:.0}", m.cpu_us)),
+            fmt(r.bulk, |m| format!("{:.0}", m.per_sec)),
+            fmt(r.bulk, |m| format!("{:.2}", m.cpu_us / 1000.0)),
+        ));
+    }
+    for n in notes {
+        s.push_str(&format!("\nNote: {n}\n"));
+    }
+    s
+}
