@@ -7,6 +7,8 @@
 
 mod support;
 
+use support::upstream::{Reply, Upstream};
+
 #[path = "../../shard-bench/src/ws.rs"]
 mod ws;
 
@@ -504,6 +506,56 @@ fn curl_and_openssl_interoperate() {
         skipped(
             "openssl s_client",
             "openssl is not installed (apt-get install openssl)",
+        );
+    }
+}
+
+#[test]
+fn pipelined_requests_and_proxied_bodies_cross_tls() {
+    let up = Upstream::start(|r| Reply::text(200, &format!("got {} bytes", r.body.len())));
+    let extra = format!(
+        "location /up/ {{ proxy_pass http://127.0.0.1:{}; client_max_body_size 8m; }}\n\
+         location /stream/ {{ proxy_pass http://127.0.0.1:{}; client_max_body_size 8m; \
+         proxy_request_buffering off; }}",
+        up.port, up.port
+    );
+    let (s, p) = start("tls-bodies", 1, &extra, "");
+    write_file(&s.dir, "html/p.txt", b"pipelined\n");
+    let cfg = client_config(&p.ca, &[&rustls::version::TLS13]);
+    let mut c = connect_tls(tls_addr(&s), "a.test", &cfg).unwrap();
+    // Three requests in one write: three answers, in order.
+    c.write_all(
+        b"GET /p.txt HTTP/1.1\r\nHost: a.test\r\n\r\nGET /p.txt HTTP/1.1\r\nHost: a.test\r\n\r\n\
+          GET /p.txt HTTP/1.1\r\nHost: a.test\r\n\r\n",
+    )
+    .unwrap();
+    let mut buf = Vec::new();
+    let mut b = [0u8; 16384];
+    while parse_responses(&buf).len() < 3 {
+        let n = c.read(&mut b).unwrap();
+        assert!(n > 0);
+        buf.extend_from_slice(&b[..n]);
+    }
+    for r in parse_responses(&buf) {
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"pipelined\n"[..]));
+    }
+    // Request bodies through TLS to the upstream, buffered (past the memory buffer, so
+    // spooled) and streamed, on the same kept-alive connection.
+    let body = vec![b'q'; 3 << 20];
+    for path in ["/up/x", "/stream/x"] {
+        write!(
+            c,
+            "POST {path} HTTP/1.1\r\nHost: a.test\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        c.write_all(&body).unwrap();
+        let (st, head, got) = read_one(&mut c);
+        assert_eq!(st, 200, "{path}: {head}");
+        assert_eq!(
+            got,
+            format!("got {} bytes", body.len()).as_bytes(),
+            "{path}"
         );
     }
 }
