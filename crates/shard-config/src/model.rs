@@ -1197,6 +1197,8 @@ pub struct PeerConf {
 
 #[derive(Debug, Clone)]
 pub struct StreamServerConf {
+    /// `ssl_*`: what a `listen ... ssl` of this server presents.
+    pub ssl: SslConf,
     pub place: Place,
     pub listen: Vec<SocketAddr>,
     /// Index into `StreamConf::upstreams`.

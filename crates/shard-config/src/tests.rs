@@ -2100,10 +2100,15 @@ fn ssl_listens_and_directives_as_nginx() {
     );
     assert!(error(&format!("{EV}http {{ ssl_stapling on; }}")).contains("not supported"));
     assert!(error(&format!("{EV}http {{ ssl_certificate $x.pem; }}")).contains("variables"));
-    assert!(error(&format!(
-        "{EV}stream {{ server {{ listen 1 ssl; proxy_pass a:1; }} }}"
-    ))
-    .contains("not supported yet"));
+    // stream: TLS termination in front of a TCP upstream.
+    let c = parse(&format!(
+        "{EV}stream {{ ssl_protocols TLSv1.3; server {{ listen 127.0.0.1:7443 ssl; \
+         ssl_certificate s.pem; ssl_certificate_key s.key; proxy_pass 127.0.0.1:7000; }} }}"
+    ));
+    let st = c.stream.as_ref().unwrap();
+    assert!(c.listeners[0].opts.ssl);
+    assert_eq!(st.servers[0].ssl.certificates.len(), 1);
+    assert_eq!(st.servers[0].ssl.protocols, ["TLSv1.3"]);
 }
 
 #[test]

@@ -192,8 +192,16 @@ pub fn build(
 ) -> Result<TlsContexts, String> {
     let mut per_listener = Vec::with_capacity(cfg.listeners.len());
     for l in &cfg.listeners {
-        if !l.opts.ssl || l.kind != ListenerKind::Http {
+        if !l.opts.ssl {
             per_listener.push(None);
+            continue;
+        }
+        if let ListenerKind::Stream { server } = l.kind {
+            let Some(s) = cfg.stream.as_ref().and_then(|st| st.servers.get(server)) else {
+                per_listener.push(None);
+                continue;
+            };
+            per_listener.push(Some(Arc::new(stream_config(s, l, ticketer)?)));
             continue;
         }
         let Some(http) = cfg.http.as_ref() else {
@@ -228,7 +236,22 @@ fn listener_config(
     }
     // Protocols, ciphers, sessions: the default server's, as nginx takes them from the
     // server whose context the handshake starts in.
-    let ssl = &default.ssl;
+    let resolver = SniResolver {
+        http: Arc::new(http.clone()),
+        listener: Arc::new(l.clone()),
+        keys,
+    };
+    let config = base_config(&default.ssl, l, Arc::new(resolver), ticketer)?;
+    Ok(config)
+}
+
+/// A `ServerConfig` from `ssl_*` settings and a certificate resolver.
+fn base_config(
+    ssl: &shard_config::SslConf,
+    l: &Listener,
+    resolver: Arc<dyn ResolvesServerCert>,
+    ticketer: &Arc<dyn rustls::server::ProducesTickets>,
+) -> Result<ServerConfig, String> {
     let mut versions: Vec<&'static rustls::SupportedProtocolVersion> = Vec::new();
     if ssl.protocols.iter().any(|p| p == "TLSv1.3") {
         versions.push(&rustls::version::TLS13);
@@ -244,17 +267,11 @@ fn listener_config(
     }
     let mut prov = provider::default_provider();
     prov.cipher_suites = cipher_suites(&ssl.ciphers);
-    let builder = ServerConfig::builder_with_provider(Arc::new(prov))
+    let mut config = ServerConfig::builder_with_provider(Arc::new(prov))
         .with_protocol_versions(&versions)
-        .map_err(|e| format!("ssl configuration for {}: {e}", l.addr))?;
-    let resolver = SniResolver {
-        http: Arc::new(http.clone()),
-        listener: Arc::new(l.clone()),
-        keys,
-    };
-    let mut config = builder
+        .map_err(|e| format!("ssl configuration for {}: {e}", l.addr))?
         .with_no_client_auth()
-        .with_cert_resolver(Arc::new(resolver));
+        .with_cert_resolver(resolver);
     // HTTP/2 is not spoken: a client offering h2 and http/1.1 gets http/1.1.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     config.ignore_client_order = ssl.prefer_server_ciphers;
@@ -273,6 +290,46 @@ fn listener_config(
         config.send_tls13_tickets = 0;
     }
     Ok(config)
+}
+
+/// A stream server's TLS configuration: its certificates (no SNI choice: one server per
+/// address) and its `ssl_*` settings.
+fn stream_config(
+    s: &shard_config::StreamServerConf,
+    l: &Listener,
+    ticketer: &Arc<dyn rustls::server::ProducesTickets>,
+) -> Result<ServerConfig, String> {
+    let mut keys = Vec::new();
+    for pair in &s.ssl.certificates {
+        keys.push(load_pair(&pair.certificate, &pair.key, &pair.place)?);
+    }
+    if keys.is_empty() {
+        return Err(format!(
+            "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive in {}:{}",
+            l.place.file, l.place.line
+        ));
+    }
+    let mut config = base_config(&s.ssl, l, Arc::new(FixedResolver { keys }), ticketer)?;
+    // A TCP relay has no ALPN protocol of its own to offer.
+    config.alpn_protocols.clear();
+    Ok(config)
+}
+
+/// The certificates of a stream server: the first the client's signature schemes allow.
+#[derive(Debug)]
+struct FixedResolver {
+    keys: Vec<Arc<CertifiedKey>>,
+}
+
+impl ResolvesServerCert for FixedResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let schemes = hello.signature_schemes();
+        self.keys
+            .iter()
+            .find(|k| k.key.choose_scheme(schemes).is_some())
+            .or_else(|| self.keys.first())
+            .cloned()
+    }
 }
 
 /// The TLS 1.2 suites an OpenSSL cipher string names, in its order, followed by every TLS 1.3

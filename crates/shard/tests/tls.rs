@@ -559,3 +559,55 @@ fn pipelined_requests_and_proxied_bodies_cross_tls() {
         );
     }
 }
+
+#[test]
+fn stream_terminates_tls_in_front_of_a_tcp_upstream() {
+    // A TCP echo upstream.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let up = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut b = vec![0u8; 65536];
+                loop {
+                    match s.read(&mut b) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if s.write_all(&b[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                let _ = s.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    let dir = temp_dir("tls-stream-pki").keep();
+    let p = pki(&dir, &["s.test"]);
+    let conf = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\n\
+         http {{ access_log off; server {{ listen 127.0.0.1:{{port}}; \
+         location = /status {{ shard_status; }} }} }}\n\
+         stream {{ server {{ listen 127.0.0.1:{{port1}} ssl; \
+         ssl_certificate {}; ssl_certificate_key {}; proxy_pass {up}; }} }}\n",
+        dir.join("conf/s.test.pem").display(),
+        dir.join("conf/s.test.key").display()
+    );
+    let s = Server::start_ports("tls-stream", &conf, 1, 1);
+    let cfg = client_config(&p.ca, &[&rustls::version::TLS13, &rustls::version::TLS12]);
+    let mut c = connect_tls(tls_addr(&s), "s.test", &cfg).unwrap();
+    // No ALPN on a TCP relay; bytes both ways, then the client's close_notify and FIN end it.
+    assert_eq!(c.conn.alpn_protocol(), None);
+    let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 253) as u8).collect();
+    c.write_all(&data).unwrap();
+    let mut got = vec![0u8; data.len()];
+    c.read_exact(&mut got).unwrap();
+    assert!(got == data, "1 MiB echoed through TLS and the relay");
+    c.conn.send_close_notify();
+    c.flush().unwrap();
+    c.sock.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+}

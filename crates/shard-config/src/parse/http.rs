@@ -29,7 +29,7 @@ pub(super) struct SslEff {
 }
 
 impl SslEff {
-    fn merge(&self, p: &SslP) -> SslEff {
+    pub(super) fn merge(&self, p: &SslP) -> SslEff {
         SslEff {
             certificates: p
                 .certificates
@@ -58,7 +58,7 @@ impl SslEff {
 
     /// The server's certificate pairs: each `ssl_certificate` with the
     /// `ssl_certificate_key` of the same rank.
-    fn pairs(&self) -> Result<Vec<CertPair>, ConfigError> {
+    pub(super) fn pairs(&self) -> Result<Vec<CertPair>, ConfigError> {
         let mut out = Vec::new();
         for (i, (cert, place)) in self.certificates.iter().enumerate() {
             let Some((key, _)) = self.keys.get(i) else {
@@ -2541,4 +2541,26 @@ pub(super) fn set_ssl_stapling(_: &Env, _: &mut Settings, d: &Directive, file: &
         ));
     }
     Ok(())
+}
+
+/// An `ssl_*` directive applied to `p` (the stream module's; the http module's handlers are
+/// the `set_ssl_*` above, on its settings).
+pub(super) fn apply_ssl(env: &Env, p: &mut SslP, d: &Directive, file: &str) -> R {
+    let mut s = Settings {
+        ssl: std::mem::take(p),
+        ..Settings::default()
+    };
+    let r = match d.name.as_str() {
+        "ssl_certificate" => set_ssl_certificate(env, &mut s, d, file),
+        "ssl_certificate_key" => set_ssl_certificate_key(env, &mut s, d, file),
+        "ssl_protocols" => set_ssl_protocols(env, &mut s, d, file),
+        "ssl_ciphers" => set_ssl_ciphers(env, &mut s, d, file),
+        "ssl_prefer_server_ciphers" => set_ssl_prefer_server_ciphers(env, &mut s, d, file),
+        "ssl_session_cache" => set_ssl_session_cache(env, &mut s, d, file),
+        "ssl_session_timeout" => set_ssl_session_timeout(env, &mut s, d, file),
+        "ssl_session_tickets" => set_ssl_session_tickets(env, &mut s, d, file),
+        _ => Ok(()),
+    };
+    *p = s.ssl;
+    r
 }

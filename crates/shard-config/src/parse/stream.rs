@@ -7,6 +7,7 @@ use super::*;
 /// The `proxy_*` settings of the stream module, merged stream -> server.
 #[derive(Default, Clone)]
 pub(super) struct StreamSettings {
+    pub(super) ssl: super::http::SslP,
     pub(super) connect_timeout_ms: Option<u64>,
     pub(super) timeout_ms: Option<u64>,
     pub(super) buffer_size: Option<usize>,
@@ -68,20 +69,14 @@ pub(super) fn stream_server_listen(cx: &mut StreamServerCx<'_>, d: &Directive, f
     if spec.default_server {
         return Err(derr(d, file, "invalid parameter \"default_server\""));
     }
-    if spec.ssl {
-        return Err(derr(
-            d,
-            file,
-            "the \"ssl\" parameter of a stream \"listen\" is not supported yet (TLS is \
-             terminated by http servers only)",
-        ));
-    }
     if cx.listeners.iter().any(|l| l.addr == spec.addr) {
         return Err(derr(d, file, format!("a duplicate listen {}", spec.addr)));
     }
+    let mut opts = spec.opts.clone();
+    opts.ssl = spec.ssl;
     cx.listeners.push(ListenerP {
         addr: spec.addr,
-        opts: spec.opts.clone(),
+        opts,
         opts_place: spec.opts_set.then(|| place(d, file)),
         first_place: place(d, file),
         servers: vec![cx.idx],
@@ -140,7 +135,15 @@ pub(super) fn finish_stream(
         let get = |f: fn(&StreamSettings) -> Option<u64>, dflt: u64| {
             f(&s.settings).or(f(&sp.settings)).unwrap_or(dflt)
         };
+        let ssl_eff = super::http::SslEff::default()
+            .merge(&sp.settings.ssl)
+            .merge(&s.settings.ssl);
+        let ssl = SslConf {
+            certificates: ssl_eff.pairs()?,
+            ..ssl_eff.conf.clone()
+        };
         servers.push(StreamServerConf {
+            ssl,
             place: s.place,
             listen: s.listen,
             upstream,
@@ -169,4 +172,10 @@ pub(super) fn finish_stream(
         });
     }
     Ok(StreamConf { upstreams, servers })
+}
+
+/// Every `ssl_*` directive of a stream block: the http module's rules on the stream's
+/// settings.
+pub(super) fn stream_ssl(env: &Env, s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    super::http::apply_ssl(env, &mut s.ssl, d, file)
 }

@@ -24,6 +24,8 @@ pub(super) enum Set {
     StreamServer(fn(&mut StreamServerCx<'_>, &Directive, &str) -> R),
     /// The `proxy_*` settings of `stream` and its servers.
     StreamSettings(fn(&mut StreamSettings, &Directive, &str) -> R),
+    /// A stream setting that resolves paths (`ssl_certificate`).
+    StreamSettingsEnv(fn(&Env, &mut StreamSettings, &Directive, &str) -> R),
     Upstream(fn(&mut UpstreamP, &Directive, &str) -> R),
     /// A tuning directive of nginx's that means nothing in shard: its value is checked as
     /// nginx checks it, then it is accepted with a `[warn]`.
@@ -634,6 +636,63 @@ pub(super) static TABLE: &[Spec] = &[
     // http-only entries come after the http/server/location ones of the same name, so a
     // stream upstream reports them as not allowed there.
     b("upstream", H, 1, 1, Set::Http(http_upstream)),
+    // TLS termination in front of a TCP upstream (`ngx_stream_ssl_module`).
+    d(
+        "ssl_certificate",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettingsEnv(stream_ssl),
+    ),
+    d(
+        "ssl_certificate_key",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettingsEnv(stream_ssl),
+    ),
+    d(
+        "ssl_protocols",
+        SM | SS,
+        1,
+        6,
+        Set::StreamSettingsEnv(stream_ssl),
+    ),
+    d(
+        "ssl_ciphers",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettingsEnv(stream_ssl),
+    ),
+    d(
+        "ssl_prefer_server_ciphers",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettingsEnv(stream_ssl),
+    ),
+    d(
+        "ssl_session_cache",
+        SM | SS,
+        1,
+        2,
+        Set::StreamSettingsEnv(stream_ssl),
+    ),
+    d(
+        "ssl_session_timeout",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettingsEnv(stream_ssl),
+    ),
+    d(
+        "ssl_session_tickets",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettingsEnv(stream_ssl),
+    ),
     b("upstream", SM, 1, 1, Set::Stream(stream_upstream)),
     d("server", U | HU, 1, MANY, Set::Upstream(upstream_server)),
     d("keepalive", HU, 1, 1, Set::Upstream(upstream_keepalive)),
@@ -822,6 +881,10 @@ pub(super) fn dispatch(
         (Set::StreamServer(f), Target::StreamServer(cx)) => f(cx, d, file),
         (Set::StreamSettings(f), Target::Stream(sp)) => f(&mut sp.settings, d, file),
         (Set::StreamSettings(f), Target::StreamServer(cx)) => f(&mut cx.s.settings, d, file),
+        (Set::StreamSettingsEnv(f), Target::Stream(sp)) => f(env, &mut sp.settings, d, file),
+        (Set::StreamSettingsEnv(f), Target::StreamServer(cx)) => {
+            f(env, &mut cx.s.settings, d, file)
+        }
         (Set::Upstream(f), Target::Upstream(u)) => f(u, d, file),
         (Set::Script(f), t) => match script_of(t) {
             Some(script) => f(env, script, d, file),

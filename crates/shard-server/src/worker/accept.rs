@@ -260,15 +260,6 @@ impl Worker<'_> {
                 WorkerSlot::bump(&self.slot.stolen, 1);
             }
             let conf_idx = l.conf_idx;
-            let Some(srv) = http_server else {
-                if let shard_config::ListenerKind::Stream { server } = conf_l.kind {
-                    self.start_relay(cfd, peer, conf_l.addr, server);
-                }
-                continue;
-            };
-            let id = self.next_conn_id;
-            self.next_conn_id += 1;
-            let number = self.region.connections.fetch_add(1, Relaxed) + 1;
             let tls = match self.tls.get(conf_idx).map(super::tls::TlsConn::new) {
                 None => None,
                 Some(Ok(t)) => Some(Box::new(t)),
@@ -278,6 +269,15 @@ impl Worker<'_> {
                     continue;
                 }
             };
+            let Some(srv) = http_server else {
+                if let shard_config::ListenerKind::Stream { server } = conf_l.kind {
+                    self.start_relay(cfd, peer, conf_l.addr, server, tls);
+                }
+                continue;
+            };
+            let id = self.next_conn_id;
+            self.next_conn_id += 1;
+            let number = self.region.connections.fetch_add(1, Relaxed) + 1;
             let key = self
                 .conns
                 .insert(Conn::new(cfd, peer, conf_idx, id, number, srv));

@@ -130,6 +130,8 @@ pub(super) struct Relay {
     pub(super) deadline_ms: u64,
     /// The earliest deadline queued in the timer heap for this relay.
     timer_at: u64,
+    /// TLS records of a client accepted on a `listen ... ssl` (`tls.rs`).
+    tls: Option<Box<super::tls::TlsConn>>,
 }
 
 impl Worker<'_> {
@@ -161,6 +163,7 @@ impl Worker<'_> {
         peer: Option<SocketAddr>,
         listen: SocketAddr,
         server: usize,
+        tls: Option<Box<super::tls::TlsConn>>,
     ) {
         let id = self.next_conn_id;
         self.next_conn_id += 1;
@@ -191,6 +194,7 @@ impl Worker<'_> {
             connecting: true,
             deadline_ms: u64::MAX,
             timer_at: u64::MAX,
+            tls,
         });
         if let Err(e) = self.poll.add(raw, token(key, id, false), relay_interest()) {
             crate::log!(
@@ -461,15 +465,43 @@ impl Worker<'_> {
                 break Ok(());
             }
             let (c, u) = (r.client.raw(), r.upstream.raw());
-            let a = move_bytes(c, &mut r.client.e, u, &mut r.upstream.e, up);
-            let b = move_bytes(u, &mut r.upstream.e, c, &mut r.client.e, down);
+            let mut up_side = Fd(u);
+            let mut plain = Fd(c);
+            let mut tls_side;
+            let client: &mut dyn Endpoint = match r.tls.as_mut() {
+                Some(t) => {
+                    tls_side = super::tls::TlsSide { fd: c, t };
+                    &mut tls_side
+                }
+                None => &mut plain,
+            };
+            let a = move_between(client, &mut r.client.e, &mut up_side, &mut r.upstream.e, up);
+            let b = move_between(
+                &mut up_side,
+                &mut r.upstream.e,
+                client,
+                &mut r.client.e,
+                down,
+            );
             match (a, b) {
                 (Err(e), _) | (_, Err(e)) => break Err(e),
                 (Ok(false), Ok(false)) => break Ok(()),
                 _ => moved = true,
             }
         };
-        let done = r.upstream.e.shut && r.client.e.shut;
+        // Records TLS still holds for the client go out as the socket takes them.
+        let mut tls_pending = false;
+        if let Some(t) = r.tls.as_mut() {
+            if r.client.e.writable && t.has_output() {
+                match super::tls::flush(r.client.raw(), t) {
+                    Ok(true) => {}
+                    Ok(false) => r.client.e.writable = false,
+                    Err(_) => return Io::Close,
+                }
+            }
+            tls_pending = t.has_output();
+        }
+        let done = r.upstream.e.shut && r.client.e.shut && !tls_pending;
         let generation = token::generation(r.id);
         if let Err((op, e)) = result {
             crate::log!(
@@ -579,20 +611,6 @@ fn would_block(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::WouldBlock
 }
 
-/// One step from `src` to `dst` through `pipe`: a read when there is room, a write when there
-/// is data, FIN to `dst` once `src` ended and `pipe` is flushed. Returns whether anything
-/// happened. Shared by the stream relay and the HTTP proxy's upgraded connections
-/// (`tunnel.rs`).
-pub(super) fn move_bytes(
-    src_fd: RawFd,
-    src: &mut Ends,
-    dst_fd: RawFd,
-    dst: &mut Ends,
-    pipe: &mut Pipe,
-) -> Result<bool, (&'static str, io::Error)> {
-    move_between(&mut Fd(src_fd), src, &mut Fd(dst_fd), dst, pipe)
-}
-
 /// One side of a relay or tunnel as bytes move: a socket, or a TLS connection over one.
 pub(super) trait Endpoint {
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize>;
@@ -616,7 +634,10 @@ impl Endpoint for Fd {
     }
 }
 
-/// [`move_bytes`] between any two sides.
+/// One step from `src` to `dst` through `pipe`: a read when there is room, a write when there
+/// is data, FIN to `dst` once `src` ended and `pipe` is flushed. Returns whether anything
+/// happened. Shared by the stream relay and the HTTP proxy's upgraded connections
+/// (`tunnel.rs`), over plain sockets or TLS.
 pub(super) fn move_between(
     src_io: &mut dyn Endpoint,
     src: &mut Ends,
