@@ -529,10 +529,30 @@ impl Master {
 
     /// Starts worker `idx` again after its current delay, doubling the delay.
     fn schedule_respawn(&mut self, idx: usize) {
-        let d = self.respawn_delay_ms.entry(idx).or_insert(0);
-        *d = (*d * 2).clamp(RESPAWN_DELAY_MIN_MS, RESPAWN_DELAY_MAX_MS);
-        let at_ms = shard_event::monotonic_ms() + *d;
-        crate::log!(Notice, "respawning worker {idx} in {} ms", *d);
+        let slot = self.respawn_delay_ms.entry(idx).or_insert(0);
+        *slot = (*slot * 2).clamp(RESPAWN_DELAY_MIN_MS, RESPAWN_DELAY_MAX_MS);
+        let d = *slot;
+        let at_ms = shard_event::monotonic_ms() + d;
+        // Every worker of the generation keeps dying before it starts, and none runs:
+        // holding the sockets would queue connections nobody serves.
+        let current = self.generation;
+        if self.respawn_delay_ms.len() >= self.n_workers
+            && self
+                .respawn_delay_ms
+                .values()
+                .all(|&d| d >= RESPAWN_DELAY_MAX_MS)
+            && !self.procs.values().any(|p| p.generation == current)
+        {
+            crate::log!(
+                Emerg,
+                "no worker process of generation {current} could start: exiting"
+            );
+            self.exit_code = 1;
+            self.stopping = Stopping::Graceful;
+            self.signal_workers(libc::SIGQUIT, None);
+            return;
+        }
+        crate::log!(Notice, "respawning worker {idx} in {d} ms");
         self.respawns.push(Respawn {
             idx,
             generation: self.generation,

@@ -223,7 +223,11 @@ pub(crate) fn run(args: WorkerArgs<'_>) -> i32 {
     // Fault injection for the tests of what the master does when no worker can run (a
     // worker's fatal start-up failures, such as a failed privilege drop, cannot be caused on
     // purpose in a test). Never set in production.
-    if std::env::var_os("SHARD_TEST_FAIL_WORKER_START").is_some() {
+    if let Some(how) = std::env::var_os("SHARD_TEST_FAIL_WORKER_START") {
+        if how == "crash" {
+            // Dies as a crash at start-up would: before it is known as started.
+            std::process::abort();
+        }
         crate::log!(
             Emerg,
             "worker initialisation failed: SHARD_TEST_FAIL_WORKER_START is set"

@@ -369,6 +369,20 @@ fn counters_only_grow_across_ten_reloads_and_series_do_not_churn() {
 
 #[test]
 fn a_master_whose_workers_cannot_run_exits_non_zero_and_releases_the_port() {
+    for (how, says) in [
+        ("1", "no worker process of generation 1 could run: exiting"),
+        // Workers that crash before they start are retried with a growing delay (about 11 s
+        // up to 5 s apart), then the master gives up too.
+        (
+            "crash",
+            "no worker process of generation 1 could start: exiting",
+        ),
+    ] {
+        master_gives_up(how, says);
+    }
+}
+
+fn master_gives_up(how: &str, says: &str) {
     let dir = temp_dir("ops-fatal");
     let port = free_port();
     std::fs::write(
@@ -381,21 +395,18 @@ fn a_master_whose_workers_cannot_run_exits_non_zero_and_releases_the_port() {
         .arg("-p")
         .arg(&*dir)
         .args(["-c", "conf/shard.conf"])
-        .env("SHARD_TEST_FAIL_WORKER_START", "1")
+        .env("SHARD_TEST_FAIL_WORKER_START", how)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let status = wait_for(TIMEOUT, "the master to give up", || {
+    let status = wait_for(Duration::from_secs(30), "the master to give up", || {
         child.try_wait().unwrap()
     });
     assert_eq!(status.code(), Some(1));
     let log = read(&dir.join("logs/error.log"));
-    assert!(
-        log.contains("no worker process of generation 1 could run: exiting"),
-        "{log}"
-    );
+    assert!(log.contains(says), "{log}");
     assert!(
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
         "nobody holds the port any more"
