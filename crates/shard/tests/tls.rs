@@ -611,3 +611,36 @@ fn stream_terminates_tls_in_front_of_a_tcp_upstream() {
     let _ = c.read_to_end(&mut rest);
     assert!(rest.is_empty());
 }
+
+#[test]
+fn a_response_that_closes_the_connection_ends_whole_over_tls() {
+    // HTTP/1.0: the connection closes after the response; the last records rustls holds
+    // when the socket is full must still go out before it does.
+    // Without lingering, nothing else flushes before the close.
+    let (s, p) = start("tls-close", 1, "lingering_close off;", "");
+    let big: Vec<u8> = (0..16u32 << 20).map(|i| (i % 241) as u8).collect();
+    write_file(&s.dir, "html/big.bin", &big);
+    let cfg = client_config(&p.ca, &[&rustls::version::TLS13]);
+    for _ in 0..3 {
+        let mut c = connect_tls(tls_addr(&s), "a.test", &cfg).unwrap();
+        c.write_all(b"GET /big.bin HTTP/1.0\r\nHost: a.test\r\n\r\n")
+            .unwrap();
+        let mut all = Vec::new();
+        let mut b = vec![0u8; 4096];
+        loop {
+            match c.read(&mut b) {
+                Ok(0) => break,
+                Ok(n) => all.extend_from_slice(&b[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let end = find(&all, b"\r\n\r\n").unwrap() + 4;
+        assert_eq!(
+            all.len() - end,
+            big.len(),
+            "the whole body before the close"
+        );
+        assert!(all[end..] == big[..]);
+    }
+}

@@ -286,14 +286,23 @@ impl Conn {
             return shard_event::sock::read_into_max(fd, buf, max);
         };
         match super::tls::read_into(fd, t, buf, max) {
-            Ok(n) => Ok(n),
+            Ok(n) => {
+                // close_notify (or the end of stream) came with these bytes: the next read
+                // returns 0 although no event will say so.
+                if t.peer_closed {
+                    self.hup = true;
+                }
+                Ok(n)
+            }
             Err(super::tls::NotTls::Error(e)) => Err(e),
             Err(super::tls::NotTls::Plain(bytes)) => {
                 self.tls = None;
                 self.plain_on_tls = true;
                 buf.extend_from_slice(&bytes);
-                // More of the request may wait in the socket.
+                // More of the request may wait in the socket: read on to `EAGAIN` (rustls
+                // read at most a record's worth, not what the buffer had room for).
                 self.readable = true;
+                self.hup = true;
                 Ok(bytes.len().max(1))
             }
         }
@@ -518,7 +527,8 @@ impl Worker<'_> {
             }
             c.out.clear();
             c.out_pos = 0;
-            if c.file.is_none() {
+            if c.file.as_ref().is_none_or(|f| f.remaining == 0) {
+                c.file = None;
                 // Records TLS still holds go out before the response counts as written.
                 if let Some(t) = c.tls.as_mut() {
                     match super::tls::flush(c.fd.as_raw_fd(), t) {
@@ -530,14 +540,11 @@ impl Worker<'_> {
                         Err(_) => return Flush::Failed,
                     }
                 }
+                return Flush::Done;
             }
             let Some(f) = c.file.as_mut() else {
                 return Flush::Done;
             };
-            if f.remaining == 0 {
-                c.file = None;
-                return Flush::Done;
-            }
             if !c.writable {
                 return Flush::Blocked;
             }
@@ -657,10 +664,14 @@ impl Worker<'_> {
                 if linger {
                     // Unread input would make close() send a reset that can destroy the
                     // response in flight: send FIN, then read and discard for a while.
-                    if let Some(t) = c.tls.as_mut() {
-                        super::tls::close_notify(c.fd.as_raw_fd(), t);
+                    match c.tls.as_mut() {
+                        // close_notify, and the FIN once the records are out.
+                        Some(t) => super::relay::Endpoint::shut(&mut super::tls::TlsSide {
+                            fd: c.fd.as_raw_fd(),
+                            t,
+                        }),
+                        None => shard_event::sock::shutdown_write(c.fd.as_raw_fd()),
                     }
-                    shard_event::sock::shutdown_write(c.fd.as_raw_fd());
                     c.lingering = true;
                     c.linger_until_ms = self.now_ms + c.linger.time_ms;
                     c.deadline_ms = c.linger_deadline(self.now_ms);

@@ -1257,7 +1257,7 @@ impl<'a> Worker<'a> {
             }
             // Write what waits for the client.
             let c = &self.conns[key];
-            if c.out_pos < c.out.len() {
+            if c.has_output() {
                 match self.flush(key) {
                     Flush::Failed => return Flow::Close,
                     Flush::Blocked | Flush::Yield => {
@@ -1574,7 +1574,7 @@ impl<'a> Worker<'a> {
             }
             State::ReadingBody => {
                 let c = &self.conns[key];
-                if c.out_pos < c.out.len() {
+                if c.has_output() {
                     crate::log!(
                         Info,
                         "client timed out (110: Connection timed out) while sending to client"

@@ -29,6 +29,10 @@ pub(in crate::worker) struct TlsConn {
     pub(in crate::worker) counted: bool,
     /// Time spent processing handshake messages so far, nanoseconds.
     pub(in crate::worker) handshake_ns: u64,
+    /// The peer sent close_notify or ended the stream: reads return 0 from now on.
+    pub(in crate::worker) peer_closed: bool,
+    /// Our close_notify is queued and the socket's FIN waits until it is written.
+    fin_pending: bool,
 }
 
 /// What [`read_into`] found besides plaintext.
@@ -49,12 +53,14 @@ impl TlsConn {
             first: Some(Vec::new()),
             counted: false,
             handshake_ns: 0,
+            peer_closed: false,
+            fin_pending: false,
         })
     }
 
-    /// Records wait to be written.
+    /// Records (or the FIN behind them) wait to be written.
     pub(in crate::worker) fn has_output(&self) -> bool {
-        self.conn.wants_write()
+        self.conn.wants_write() || self.fin_pending
     }
 
     /// `$ssl_protocol` (`TLSv1.3`), as OpenSSL names it.
@@ -116,7 +122,8 @@ impl Write for Sock<'_> {
     }
 }
 
-/// Writes pending records. `Ok(true)`: none is left; `Ok(false)`: the socket is full.
+/// Writes pending records (then the FIN a [`TlsSide::shut`] left waiting for them).
+/// `Ok(true)`: none is left; `Ok(false)`: the socket is full.
 pub(in crate::worker) fn flush(fd: RawFd, t: &mut TlsConn) -> io::Result<bool> {
     while t.conn.wants_write() {
         match t.conn.write_tls(&mut Sock { fd, first: None }) {
@@ -125,6 +132,10 @@ pub(in crate::worker) fn flush(fd: RawFd, t: &mut TlsConn) -> io::Result<bool> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
+    }
+    if t.fin_pending {
+        t.fin_pending = false;
+        shard_event::sock::shutdown_write(fd);
     }
     Ok(true)
 }
@@ -151,6 +162,7 @@ pub(in crate::worker) fn read_into(
                 buf.truncate(old + n);
                 if n == 0 {
                     // close_notify: end of stream.
+                    t.peer_closed = true;
                     return Ok(got);
                 }
                 continue;
@@ -159,6 +171,7 @@ pub(in crate::worker) fn read_into(
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 // The peer closed without close_notify: an end of stream all the same.
                 buf.truncate(old);
+                t.peer_closed = true;
                 return Ok(got);
             }
             Err(e) => {
@@ -168,7 +181,10 @@ pub(in crate::worker) fn read_into(
         }
         let first = t.first.as_mut();
         match t.conn.read_tls(&mut Sock { fd, first }) {
-            Ok(0) => return Ok(got),
+            Ok(0) => {
+                t.peer_closed = true;
+                return Ok(got);
+            }
             Ok(_) => {
                 let timed = t.conn.is_handshaking().then(std::time::Instant::now);
                 let processed = t.conn.process_new_packets();
@@ -223,12 +239,6 @@ pub(in crate::worker) fn write(fd: RawFd, t: &mut TlsConn, data: &[u8]) -> io::R
     Ok(n)
 }
 
-/// Sends close_notify (best effort: what the socket does not take is dropped with it).
-pub(in crate::worker) fn close_notify(fd: RawFd, t: &mut TlsConn) {
-    t.conn.send_close_notify();
-    let _ = flush(fd, t);
-}
-
 /// A TLS connection as one side of a tunnel (`relay::move_between`).
 pub(in crate::worker) struct TlsSide<'a> {
     pub(in crate::worker) fd: RawFd,
@@ -250,8 +260,11 @@ impl super::relay::Endpoint for TlsSide<'_> {
     fn send(&mut self, buf: &[u8]) -> io::Result<usize> {
         write(self.fd, self.t, buf)
     }
+    /// close_notify, then the FIN once every record went out (a later `flush` sends it when
+    /// the socket is full now).
     fn shut(&mut self) {
-        close_notify(self.fd, self.t);
-        shard_event::sock::shutdown_write(self.fd);
+        self.t.conn.send_close_notify();
+        self.t.fin_pending = true;
+        let _ = flush(self.fd, self.t);
     }
 }
