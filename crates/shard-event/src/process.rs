@@ -153,6 +153,12 @@ pub fn detach(stderr_to: Option<RawFd>) -> io::Result<()> {
     Ok(())
 }
 
+/// Points standard error at `fd` (`dup2`): a daemon's stderr follows its error log.
+pub fn stderr_to(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain dup2 of descriptors this process owns.
+    cvt(unsafe { libc::dup2(fd, 2) }).map(|_| ())
+}
+
 /// How a reaped child ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {

@@ -18,6 +18,13 @@ static FD: AtomicI32 = AtomicI32::new(2);
 /// The number of the connection being served (0: none): lines logged meanwhile carry nginx's
 /// `*N`. Processes are single-threaded, so one value per process is the current one.
 static CONNECTION: AtomicU64 = AtomicU64::new(0);
+/// Standard error is the error log file (a daemon): a reopen points it at the new file.
+static STDERR_IS_LOG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Says that standard error was pointed at the error log file (`daemon on`).
+pub fn stderr_follows_log() {
+    STDERR_IS_LOG.store(true, Relaxed);
+}
 static LEVEL: AtomicU8 = AtomicU8::new(LogLevel::Notice as u8);
 /// What `reopen` opens again. A mutex, not a `static mut`: processes are single-threaded, so
 /// it is never contended, and no `unsafe` is needed outside `shard-event`.
@@ -110,6 +117,9 @@ pub fn reopen() -> io::Result<()> {
         let old = FD.swap(fd, Relaxed);
         if old > 2 {
             shard_event::sock::close(old);
+        }
+        if fd > 2 && STDERR_IS_LOG.load(Relaxed) {
+            let _ = shard_event::process::stderr_to(fd);
         }
         LEVEL.store(level, Relaxed);
     }

@@ -389,7 +389,10 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         match unsafe { process::fork() }.context("fork() failed")? {
             process::Fork::Parent(_) => std::process::exit(0),
             process::Fork::Child => {
-                process::detach(crate::log::file_fd()).context("setsid() failed")?
+                process::detach(crate::log::file_fd()).context("setsid() failed")?;
+                if crate::log::file_fd().is_some() {
+                    crate::log::stderr_follows_log();
+                }
             }
         }
         // A signalfd wakes the epoll instances registered by the process that added it: the

@@ -1196,7 +1196,11 @@ impl<'a> Worker<'a> {
         };
         let pumped = self.pump_tunnel(key, u, &mut t);
         p.body_sent = t.bytes_to_client();
-        let waiting = t.waiting(self.conns[key].writable, self.upconns[u].writable);
+        let waiting = t.waiting(
+            self.conns[key].writable,
+            self.conns[key].tls.as_ref().is_some_and(|t| t.has_output()),
+            self.upconns[u].writable,
+        );
         p.tunnel = Some(t);
         match pumped {
             Pumped::Done => Flow::Finished,
@@ -1553,9 +1557,11 @@ impl<'a> Worker<'a> {
             }
             State::Tunnel => {
                 let waiting = match (p.tunnel.as_ref(), p.up) {
-                    (Some(t), Some(u)) => {
-                        t.waiting(self.conns[key].writable, self.upconns[u].writable)
-                    }
+                    (Some(t), Some(u)) => t.waiting(
+                        self.conns[key].writable,
+                        self.conns[key].tls.as_ref().is_some_and(|t| t.has_output()),
+                        self.upconns[u].writable,
+                    ),
                     _ => Waiting::Read,
                 };
                 if waiting == Waiting::ClientWrite {

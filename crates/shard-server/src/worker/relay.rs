@@ -500,6 +500,11 @@ impl Worker<'_> {
                 }
             }
             tls_pending = t.has_output();
+            if !t.counted && !t.conn.is_handshaking() {
+                t.counted = true;
+                WorkerSlot::bump(&self.slot.tls_handshakes, 1);
+                WorkerSlot::bump(&self.slot.tls_handshake_us, t.handshake_ns / 1000);
+            }
         }
         let done = r.upstream.e.shut && r.client.e.shut && !tls_pending;
         let generation = token::generation(r.id);

@@ -76,10 +76,16 @@ impl Tunnel {
         self.down.written
     }
 
-    pub(super) fn waiting(&self, client_writable: bool, upstream_writable: bool) -> Waiting {
+    /// `client_pending`: TLS records wait for the client besides the pipe.
+    pub(super) fn waiting(
+        &self,
+        client_writable: bool,
+        client_pending: bool,
+        upstream_writable: bool,
+    ) -> Waiting {
         if !self.up.is_empty() && !upstream_writable {
             Waiting::UpstreamWrite
-        } else if !self.down.is_empty() && !client_writable {
+        } else if (!self.down.is_empty() || client_pending) && !client_writable {
             Waiting::ClientWrite
         } else {
             Waiting::Read
