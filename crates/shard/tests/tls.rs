@@ -565,8 +565,11 @@ fn stream_terminates_tls_in_front_of_a_tcp_upstream() {
     // A TCP echo upstream.
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let up = l.local_addr().unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
     std::thread::spawn(move || {
         for mut s in l.incoming().flatten() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             std::thread::spawn(move || {
                 let mut b = vec![0u8; 65536];
                 loop {
@@ -595,6 +598,10 @@ fn stream_terminates_tls_in_front_of_a_tcp_upstream() {
         dir.join("conf/s.test.key").display()
     );
     let s = Server::start_ports("tls-stream", &conf, 1, 1);
+    // A client that never finishes a handshake costs the upstream nothing: it is contacted
+    // after the handshake, as nginx does.
+    let mut idle = connect(tls_addr(&s));
+    idle.write_all(&[0x16, 0x03, 0x01]).unwrap();
     let cfg = client_config(&p.ca, &[&rustls::version::TLS13, &rustls::version::TLS12]);
     let mut c = connect_tls(tls_addr(&s), "s.test", &cfg).unwrap();
     // No ALPN on a TCP relay; bytes both ways, then the client's close_notify and FIN end it.
@@ -604,6 +611,12 @@ fn stream_terminates_tls_in_front_of_a_tcp_upstream() {
     let mut got = vec![0u8; data.len()];
     c.read_exact(&mut got).unwrap();
     assert!(got == data, "1 MiB echoed through TLS and the relay");
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the unfinished handshake opened no upstream connection"
+    );
+    drop(idle);
     c.conn.send_close_notify();
     c.flush().unwrap();
     c.sock.shutdown(std::net::Shutdown::Write).unwrap();

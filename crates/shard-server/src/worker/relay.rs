@@ -24,6 +24,12 @@ use shard_config::{StreamConf, StreamServerConf};
 use shard_event::sock::Connect;
 
 use super::step::Io;
+
+/// nginx's `ssl_handshake_timeout` default: how long a stream client may take to finish its
+/// TLS handshake before the upstream is contacted.
+const SSL_HANDSHAKE_TIMEOUT_MS: u64 = 60_000;
+/// Plaintext kept from the end of a stream client's handshake until the upstream connects.
+const EARLY_BYTES_MAX: usize = 16 * 1024;
 use super::token::{self, Token};
 use super::{balance, Worker};
 use crate::shm::WorkerSlot;
@@ -132,6 +138,10 @@ pub(super) struct Relay {
     timer_at: u64,
     /// TLS records of a client accepted on a `listen ... ssl` (`tls.rs`).
     tls: Option<Box<super::tls::TlsConn>>,
+    /// The TLS handshake is not done: no upstream is contacted yet (nginx's order).
+    handshaking: bool,
+    /// Plaintext that came with the end of the handshake, for the upstream.
+    early: Vec<u8>,
 }
 
 impl Worker<'_> {
@@ -194,7 +204,9 @@ impl Worker<'_> {
             connecting: true,
             deadline_ms: u64::MAX,
             timer_at: u64::MAX,
+            handshaking: tls.is_some(),
             tls,
+            early: Vec::new(),
         });
         if let Err(e) = self.poll.add(raw, token(key, id, false), relay_interest()) {
             crate::log!(
@@ -206,9 +218,47 @@ impl Worker<'_> {
             crate::log::set_connection(outer);
             return;
         }
-        let io = self.connect_next(key);
+        let io = if self.relays[key].handshaking {
+            // The upstream is contacted once the client finished its handshake, within
+            // `SSL_HANDSHAKE_TIMEOUT_MS` (nginx's `ssl_handshake_timeout` default).
+            self.set_relay_deadline(key, self.now_ms + SSL_HANDSHAKE_TIMEOUT_MS);
+            self.handshake(key)
+        } else {
+            self.connect_next(key)
+        };
         self.end_relay_turn(key, io);
         crate::log::set_connection(outer);
+    }
+
+    /// Drives a TLS client's handshake; connects to the upstream when it is done.
+    fn handshake(&mut self, key: usize) -> Io {
+        let r = &mut self.relays[key];
+        let fd = r.client.raw();
+        let Some(t) = r.tls.as_mut() else {
+            r.handshaking = false;
+            return self.connect_next(key);
+        };
+        let room = EARLY_BYTES_MAX.saturating_sub(r.early.len());
+        if r.client.e.readable && room > 0 {
+            match super::tls::read_into(fd, t, &mut r.early, room) {
+                Ok(0) if t.conn.is_handshaking() => return Io::Close,
+                Ok(_) => {}
+                Err(super::tls::NotTls::Error(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    r.client.e.readable = false;
+                }
+                Err(_) => return Io::Close,
+            }
+        }
+        match super::tls::flush(fd, t) {
+            Ok(true) => {}
+            Ok(false) => r.client.e.writable = false,
+            Err(_) => return Io::Close,
+        }
+        if t.conn.is_handshaking() {
+            return Io::Wait;
+        }
+        r.handshaking = false;
+        self.connect_next(key)
     }
 
     /// Acts on what a relay step decided: the one place a relay closes, apart from the
@@ -403,7 +453,9 @@ impl Worker<'_> {
         };
         let r = &mut self.relays[key];
         r.connecting = false;
-        r.up = Some(Pipe::new(size));
+        // What the client sent with the end of its handshake goes first.
+        let early = std::mem::take(&mut r.early);
+        r.up = Some(Pipe::with(size, &early));
         r.down = Some(Pipe::new(size));
         if let Some(p) = r.current_peer {
             balance::succeeded(&mut self.peer_state[upstream], p);
@@ -438,6 +490,7 @@ impl Worker<'_> {
             side.e.writable = true;
         }
         let io = match (r.connecting, upstream) {
+            (true, false) if r.handshaking => self.handshake(key),
             (true, true) => self.check_connect(key),
             (true, false) => Io::Wait,
             (false, _) => self.pump(key),
@@ -547,6 +600,15 @@ impl Worker<'_> {
 
     fn on_relay_timeout(&mut self, key: usize) -> Io {
         let r = &self.relays[key];
+        if r.handshaking {
+            crate::log!(
+                Info,
+                "SSL handshaking timed out, client: {}, server: {}",
+                r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
+                r.listen
+            );
+            return Io::Close;
+        }
         if r.connecting {
             self.log_upstream_error(key, "upstream timed out (110: Connection timed out)");
             self.fail_current_peer(key);
