@@ -45,6 +45,13 @@ pub struct TlsArgs {
     /// Skip nginx even when it is installed.
     #[arg(long)]
     no_nginx: bool,
+    /// Also run E3 with TLS handshakes as the CPU work: full handshakes from `--e3-clients`
+    /// threads under each accept strategy; latency percentiles, stdev and per-worker spread.
+    #[arg(long)]
+    e3: bool,
+    /// Client threads of the E3 run.
+    #[arg(long, default_value_t = 32)]
+    e3_clients: usize,
     /// Tiny numbers, to check that the bench works (CI).
     #[arg(long)]
     smoke: bool,
@@ -121,8 +128,26 @@ pub fn run(mut a: TlsArgs) -> Result<()> {
         }
         rows.push(row);
     }
+    let mut e3_rows = Vec::new();
+    if a.e3 {
+        for kind in &kinds {
+            for st in &E3_STRATEGIES {
+                if st.shard_only && matches!(kind, Kind::Nginx(_)) {
+                    continue;
+                }
+                eprintln!("shard-bench: {}: E3 over TLS, {}", kind.name(), st.name);
+                match e3_row(kind, st, &pem_dir, &ca_der, &a) {
+                    Ok(r) => e3_rows.push(r),
+                    Err(e) => notes.push(format!("{} E3 {}: {e:#}", kind.name(), st.name)),
+                }
+            }
+        }
+    }
     let _ = std::fs::remove_dir_all(&pem_dir);
-    let report = render(&a, &rows, &notes);
+    let mut report = render(&a, &rows, &notes);
+    if a.e3 {
+        report.push_str(&render_e3(&a, &e3_rows));
+    }
     print!("{report}");
     if let Some(out) = &a.out {
         if let Some(d) = out.parent() {
@@ -344,6 +369,161 @@ fn measure(
             resumed: resumed.load(Relaxed) as f64 / n as f64,
         },
     })
+}
+
+/// An accept strategy of the E3 run: `listen` parameters and `events` directives.
+struct E3Strategy {
+    name: &'static str,
+    listen: &'static str,
+    events: &'static str,
+    shard_only: bool,
+}
+
+const E3_STRATEGIES: [E3Strategy; 3] = [
+    E3Strategy {
+        name: "shared socket (accept_mutex off)",
+        listen: "",
+        events: "accept_mutex off;",
+        shard_only: false,
+    },
+    E3Strategy {
+        name: "reuseport",
+        listen: "reuseport",
+        events: "",
+        shard_only: false,
+    },
+    E3Strategy {
+        name: "reuseport, steering off",
+        listen: "reuseport",
+        events: "reuseport_steering off;",
+        shard_only: true,
+    },
+];
+
+#[derive(Debug)]
+struct E3Row {
+    server: String,
+    strategy: &'static str,
+    handshakes: u64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    stdev_ms: f64,
+    /// Accepted per worker (shard only).
+    spread: Option<Vec<u64>>,
+}
+
+/// Full handshakes (a new TLS connection per request) from `e3_clients` threads for
+/// `duration` s against one accept strategy; each connection's time from connect to the
+/// response's end.
+fn e3_row(
+    kind: &Kind,
+    st: &E3Strategy,
+    pems: &Path,
+    ca: &CertificateDer<'static>,
+    a: &TlsArgs,
+) -> Result<E3Row> {
+    let tls_port = servers::free_port()?;
+    let spec = Spec {
+        workers: a.workers,
+        listen_opts: String::new(),
+        events: st.events.to_string(),
+        server_extra: format!(
+            "listen 127.0.0.1:{tls_port} ssl {};\n        ssl_certificate {}; ssl_certificate_key {};",
+            st.listen,
+            pems.join("cert.pem").display(),
+            pems.join("key.pem").display()
+        ),
+        idle: 256,
+        tag: "tls-e3".into(),
+        ..Default::default()
+    };
+    let srv = servers::start_with(kind, &spec, |_| Ok(()))?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], tls_port));
+    let config = client_config(ca, false);
+    let acc0 = srv.accepted_per_worker().ok();
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = if a.smoke { 2 } else { a.e3_clients };
+    let threads: Vec<_> = (0..clients)
+        .map(|_| {
+            let (stop, config) = (stop.clone(), config.clone());
+            std::thread::spawn(move || {
+                let mut lat = Vec::new();
+                while !stop.load(Relaxed) {
+                    let t0 = Instant::now();
+                    if connect(addr, &config)
+                        .and_then(|mut s| get(&mut s, "/ok", true))
+                        .is_ok()
+                    {
+                        lat.push(t0.elapsed().as_secs_f64() * 1000.0);
+                    }
+                }
+                lat
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(a.duration));
+    stop.store(true, Relaxed);
+    let mut lat: Vec<f64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap_or_default())
+        .collect();
+    let acc1 = srv.accepted_per_worker().ok();
+    srv.stop();
+    ensure!(!lat.is_empty(), "no handshake completed");
+    lat.sort_by(f64::total_cmp);
+    let n = lat.len();
+    let mean = lat.iter().sum::<f64>() / n as f64;
+    let var = lat.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n as f64;
+    let pick = |q: f64| lat[((n as f64 - 1.0) * q).round() as usize];
+    let spread = match (acc0, acc1) {
+        (Some(a0), Some(a1)) if a0.len() == a1.len() && !a0.is_empty() => Some(
+            a1.iter()
+                .zip(&a0)
+                .map(|(b, a)| b.saturating_sub(*a))
+                .collect(),
+        ),
+        _ => None,
+    };
+    Ok(E3Row {
+        server: kind.name().to_string(),
+        strategy: st.name,
+        handshakes: n as u64,
+        p50_ms: pick(0.5),
+        p99_ms: pick(0.99),
+        max_ms: pick(1.0),
+        stdev_ms: var.sqrt(),
+        spread,
+    })
+}
+
+fn render_e3(a: &TlsArgs, rows: &[E3Row]) -> String {
+    let mut s = format!(
+        "\n## E3 with TLS handshakes as the CPU work\n\n{} workers, {} client threads, {} s per \
+         row: every request is a new connection with a full handshake, so the handshake is the \
+         worker's CPU-heavy work (Cloudflare's E3 used a Lua loop).\n\n\
+         | server | strategy | handshakes | p50 ms | p99 ms | max ms | stdev ms | accepted per worker |\n\
+         |---|---|---|---|---|---|---|---|\n",
+        a.workers,
+        if a.smoke { 2 } else { a.e3_clients },
+        a.duration
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |\n",
+            r.server,
+            r.strategy,
+            r.handshakes,
+            r.p50_ms,
+            r.p99_ms,
+            r.max_ms,
+            r.stdev_ms,
+            r.spread.as_ref().map_or("-".to_string(), |v| {
+                v.iter().map(u64::to_string).collect::<Vec<_>>().join(" / ")
+            })
+        ));
+    }
+    s
 }
 
 fn fmt(m: Option<Measured>, f: impl Fn(Measured) -> String) -> String {

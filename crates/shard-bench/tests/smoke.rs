@@ -717,7 +717,7 @@ fn reload_smoke_fails_no_request_and_breaks_no_tunnel_for_shard() {
 fn tls_smoke_measures_handshakes_resumption_and_bulk_for_shard() {
     let bench = env!("CARGO_BIN_EXE_shard-bench");
     let out = Command::new(bench)
-        .args(["tls", "--smoke", "--no-nginx"])
+        .args(["tls", "--smoke", "--no-nginx", "--e3"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -736,4 +736,16 @@ fn tls_smoke_measures_handshakes_resumption_and_bulk_for_shard() {
         assert!(cols[i].parse::<f64>().unwrap() > 0.0, "column {i}: {text}");
     }
     assert_eq!(cols[5], "1.00", "every connection resumed: {text}");
+    // --e3: a latency row per accept strategy, with handshakes counted.
+    let e3: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("| shard | ") && (l.contains("reuseport") || l.contains("shared socket"))
+        })
+        .collect();
+    assert_eq!(e3.len(), 3, "{text}");
+    for row in e3 {
+        let c: Vec<&str> = row.split('|').map(str::trim).collect();
+        assert!(c[3].parse::<u64>().unwrap() > 0, "{row}");
+    }
 }
