@@ -1087,6 +1087,10 @@ pub struct SslConf {
     pub session_timeout_ms: u64,
     /// Default on.
     pub session_tickets: bool,
+    /// `ssl_session_ticket_key FILE` (repeatable): the first file's bytes seed the ticket
+    /// keys, so every shard given the same file (other machines too) resumes the same
+    /// tickets. Empty: a seed the master makes at start.
+    pub session_ticket_keys: Vec<PathBuf>,
 }
 
 impl Default for SslConf {
@@ -1101,6 +1105,7 @@ impl Default for SslConf {
             session_cache: SessionCache::None,
             session_timeout_ms: 300_000,
             session_tickets: true,
+            session_ticket_keys: Vec::new(),
         }
     }
 }

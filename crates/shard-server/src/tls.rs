@@ -91,6 +91,29 @@ impl SharedTicketer {
         })
     }
 
+    /// Keys derived from an `ssl_session_ticket_key` file: nginx's format, 48 or 80 random
+    /// bytes (`openssl rand 80 > ticket.key`), used here as the seed.
+    fn from_key_file(path: &Path) -> Result<SharedTicketer, String> {
+        let bytes = std::fs::read(path).map_err(|e| {
+            format!(
+                "open() \"{}\" failed ({})",
+                path.display(),
+                shard_event::os_error_text(&e)
+            )
+        })?;
+        if bytes.len() != 48 && bytes.len() != 80 {
+            return Err(format!(
+                "\"{}\" must be 48 or 80 bytes (\"ssl_session_ticket_key\")",
+                path.display()
+            ));
+        }
+        Ok(SharedTicketer {
+            seed: ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"shard ticket key file")
+                .extract(&bytes),
+            cached: std::sync::Mutex::new(None),
+        })
+    }
+
     /// [`Self::derive`], remembered for the current period.
     fn key(&self, period: u64) -> TicketKey {
         let mut c = self.cached.lock().unwrap_or_else(|e| e.into_inner());
@@ -282,7 +305,11 @@ fn base_config(
         SessionCache::Cache(n) => rustls::server::ServerSessionMemoryCache::new(n),
     };
     if ssl.session_tickets {
-        config.ticketer = ticketer.clone();
+        config.ticketer = match ssl.session_ticket_keys.first() {
+            // A key file: every shard given it (on any machine) opens the same tickets.
+            Some(path) => Arc::new(SharedTicketer::from_key_file(path)?),
+            None => ticketer.clone(),
+        };
         // One ticket per handshake, as OpenSSL sends after a resumption (two after a full
         // handshake): each costs an encryption and a record.
         config.send_tls13_tickets = 1;
@@ -494,6 +521,22 @@ mod tests {
         assert_eq!(copy.decrypt(&bad), None);
         let other = SharedTicketer::new().unwrap();
         assert_eq!(other.decrypt(&ticket), None);
+        // Two ticketers from the same key file (two machines) open each other's tickets.
+        let dir = std::env::temp_dir().join(format!("shard-ticket-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("ticket.key");
+        std::fs::write(&key, [7u8; 80]).unwrap();
+        let a = SharedTicketer::from_key_file(&key).unwrap();
+        let b = SharedTicketer::from_key_file(&key).unwrap();
+        assert_eq!(
+            b.decrypt(&a.encrypt(b"s").unwrap()).as_deref(),
+            Some(&b"s"[..])
+        );
+        std::fs::write(&key, [7u8; 40]).unwrap();
+        assert!(SharedTicketer::from_key_file(&key)
+            .unwrap_err()
+            .contains("48 or 80 bytes"));
+        let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(t.decrypt(&vec![0u8; TICKET_MAX_BYTES + 1]), None);
         // The previous period's key still opens; the period's key names differ.
         let p = SharedTicketer::period_now();

@@ -657,3 +657,26 @@ fn a_response_that_closes_the_connection_ends_whole_over_tls() {
         assert!(all[end..] == big[..]);
     }
 }
+
+#[test]
+fn a_shared_ticket_key_file_resumes_across_servers() {
+    // Two shard instances (two machines behind a balancer) given the same key file.
+    let key_dir = temp_dir("tls-ticket-key").keep();
+    let key = key_dir.join("ticket.key");
+    std::fs::write(&key, (0..80u8).collect::<Vec<u8>>()).unwrap();
+    let extra = format!("ssl_session_ticket_key {};", key.display());
+    let (s1, p1) = start("tls-key-1", 1, "", &extra);
+    let (s2, _) = start("tls-key-2", 1, "", &extra);
+    let cfg = client_config(&p1.ca, &[&rustls::version::TLS13]);
+    let mut c = connect_tls(tls_addr(&s1), "b.test", &cfg).unwrap();
+    assert_eq!(request(&mut c, "b.test", "/").0, 200);
+    // The second server's certificate is from another CA the client does not trust: only a
+    // resumption (no certificate sent) can succeed there.
+    let mut c2 = connect_tls(tls_addr(&s2), "b.test", &cfg).expect("resumed on the other server");
+    assert_eq!(
+        c2.conn.handshake_kind(),
+        Some(rustls::HandshakeKind::Resumed)
+    );
+    assert_eq!(request(&mut c2, "b.test", "/").0, 200);
+    let _ = std::fs::remove_dir_all(&key_dir);
+}

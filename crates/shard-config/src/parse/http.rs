@@ -17,6 +17,7 @@ pub(super) struct SslP {
     pub(super) session_cache: Option<SessionCache>,
     pub(super) session_timeout_ms: Option<u64>,
     pub(super) session_tickets: Option<bool>,
+    pub(super) session_ticket_keys: Option<Vec<(PathBuf, Place)>>,
 }
 
 /// The merged `ssl_*` directives of a block: the certificate and key lists stay apart
@@ -52,6 +53,10 @@ impl SslEff {
                 session_cache: p.session_cache.unwrap_or(self.conf.session_cache),
                 session_timeout_ms: p.session_timeout_ms.unwrap_or(self.conf.session_timeout_ms),
                 session_tickets: p.session_tickets.unwrap_or(self.conf.session_tickets),
+                session_ticket_keys: p.session_ticket_keys.as_ref().map_or_else(
+                    || self.conf.session_ticket_keys.clone(),
+                    |v| v.iter().map(|(p, _)| p.clone()).collect(),
+                ),
             },
         }
     }
@@ -2525,6 +2530,17 @@ pub(super) fn set_ssl_session_timeout(_: &Env, s: &mut Settings, d: &Directive, 
     once(&mut s.ssl.session_timeout_ms, v, d, file)
 }
 
+/// `ssl_session_ticket_key FILE`: nginx's 48- or 80-byte key files; relative to the
+/// configuration's directory.
+pub(super) fn set_ssl_session_ticket_key(
+    env: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    ssl_path(env, &mut s.ssl.session_ticket_keys, d, file)
+}
+
 pub(super) fn set_ssl_session_tickets(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let v = flag(d, file, a0(d))?;
     once(&mut s.ssl.session_tickets, v, d, file)
@@ -2559,6 +2575,7 @@ pub(super) fn apply_ssl(env: &Env, p: &mut SslP, d: &Directive, file: &str) -> R
         "ssl_session_cache" => set_ssl_session_cache(env, &mut s, d, file),
         "ssl_session_timeout" => set_ssl_session_timeout(env, &mut s, d, file),
         "ssl_session_tickets" => set_ssl_session_tickets(env, &mut s, d, file),
+        "ssl_session_ticket_key" => set_ssl_session_ticket_key(env, &mut s, d, file),
         _ => Ok(()),
     };
     *p = s.ssl;

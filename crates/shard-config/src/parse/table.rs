@@ -144,7 +144,7 @@ pub(super) static TABLE: &[Spec] = &[
         H | S,
         1,
         1,
-        Set::NoEffect(check_any),
+        Set::Settings(set_ssl_session_ticket_key),
     ),
     d("ssl_early_data", H | S, 1, 1, Set::NoEffect(check_flag)),
     d("pcre_jit", M, 1, 1, Set::NoEffect(check_flag)),
@@ -688,6 +688,13 @@ pub(super) static TABLE: &[Spec] = &[
     ),
     d(
         "ssl_session_tickets",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettingsEnv(stream_ssl),
+    ),
+    d(
+        "ssl_session_ticket_key",
         SM | SS,
         1,
         1,
