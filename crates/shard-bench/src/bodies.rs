@@ -86,18 +86,8 @@ pub fn run(mut a: BodiesArgs) -> Result<()> {
     ensure!(a.mbytes >= 1, "--mbytes must be at least 1");
     procfs::raise_nofile_limit();
     let shard = crate::shard_binary(a.shard.as_deref())?;
-    let nginx = if a.no_nginx {
-        None
-    } else {
-        servers::find_nginx(a.nginx.as_deref())
-    };
     let mut notes = Vec::new();
-    if nginx.is_none() && !a.no_nginx {
-        notes.push(
-            "nginx not found: measuring shard alone (install: apt-get install nginx-light)"
-                .to_string(),
-        );
-    }
+    let nginx = servers::nginx_or_note(a.nginx.as_deref(), a.no_nginx, &mut notes);
     let sink = Sink::start()?;
     let mut kinds = vec![Kind::Shard(shard)];
     if let Some(n) = nginx {
@@ -119,12 +109,7 @@ pub fn run(mut a: BodiesArgs) -> Result<()> {
     sink.stop.store(true, Relaxed);
     let report = render(&a, &rows, &notes);
     print!("{report}");
-    if let Some(out) = &a.out {
-        if let Some(d) = out.parent() {
-            std::fs::create_dir_all(d)?;
-        }
-        std::fs::write(out, &report)?;
-    }
+    servers::write_report(a.out.as_deref(), &report)?;
     if a.smoke {
         let s = &rows[0];
         ensure!(

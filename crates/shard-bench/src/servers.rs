@@ -36,6 +36,37 @@ pub fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// The nginx to run beside shard (none with `--no-nginx`); when it is wanted and missing, a
+/// note saying how to install it.
+pub fn nginx_or_note(
+    given: Option<&Path>,
+    no_nginx: bool,
+    notes: &mut Vec<String>,
+) -> Option<PathBuf> {
+    if no_nginx {
+        return None;
+    }
+    let found = find_nginx(given);
+    if found.is_none() {
+        notes.push(
+            "nginx not found: measuring shard alone (install: apt-get install nginx-light)"
+                .to_string(),
+        );
+    }
+    found
+}
+
+/// Writes a report to `--out` when given, creating its directory.
+pub fn write_report(out: Option<&Path>, report: &str) -> anyhow::Result<()> {
+    if let Some(out) = out {
+        if let Some(d) = out.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::write(out, report)?;
+    }
+    Ok(())
+}
+
 pub fn find_nginx(given: Option<&Path>) -> Option<PathBuf> {
     match given {
         Some(p) => p.is_file().then(|| p.to_path_buf()),

@@ -86,18 +86,8 @@ pub fn run(mut a: TlsArgs) -> Result<()> {
     }
     procfs::raise_nofile_limit();
     let shard = crate::shard_binary(a.shard.as_deref())?;
-    let nginx = if a.no_nginx {
-        None
-    } else {
-        servers::find_nginx(a.nginx.as_deref())
-    };
     let mut notes = Vec::new();
-    if nginx.is_none() && !a.no_nginx {
-        notes.push(
-            "nginx not found: measuring shard alone (install: apt-get install nginx-light)"
-                .to_string(),
-        );
-    }
+    let nginx = servers::nginx_or_note(a.nginx.as_deref(), a.no_nginx, &mut notes);
     // One certificate for both: a test CA and a leaf for `bench.test`.
     let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
@@ -149,12 +139,7 @@ pub fn run(mut a: TlsArgs) -> Result<()> {
         report.push_str(&render_e3(&a, &e3_rows));
     }
     print!("{report}");
-    if let Some(out) = &a.out {
-        if let Some(d) = out.parent() {
-            std::fs::create_dir_all(d)?;
-        }
-        std::fs::write(out, &report)?;
-    }
+    servers::write_report(a.out.as_deref(), &report)?;
     if a.smoke {
         let s = &rows[0];
         ensure!(
