@@ -329,13 +329,10 @@ fn binary_upgrade_hands_every_socket_to_the_new_master() {
     });
 }
 
-/// The lifecycle issue's proof, bounded: a client opening a new connection per request the
-/// whole time while 50 reloads (workers up and down, reuseport toggled, shards changed) and 5
-/// binary upgrades happen: no request fails. Then 20 `kill -9` of random workers: only the
-/// requests inside a killed worker may fail (one client, so at most one per kill).
 /// Sends USR2 to `master`, waits for the new master and its generation 1 of `workers`, then
-/// WINCH and QUIT to the old one; returns the new master's pid.
-fn binary_upgrade(s: &mut Server, master: i32, workers: usize) -> i32 {
+/// WINCH, `between` (while only the new workers serve), and QUIT to the old one; waits for it
+/// to exit and returns the new master's pid.
+fn binary_upgrade(s: &mut Server, master: i32, workers: usize, between: impl FnOnce()) -> i32 {
     let pid_file = s.dir.join("logs/shard.pid");
     unsafe { libc::kill(master, libc::SIGUSR2) };
     let new: i32 = wait_for(Duration::from_secs(10), "new master's pid file", || {
@@ -348,16 +345,22 @@ fn binary_upgrade(s: &mut Server, master: i32, workers: usize) -> i32 {
     });
     wait_generation(s, 1, workers);
     unsafe { libc::kill(master, libc::SIGWINCH) };
+    between();
     unsafe { libc::kill(master, libc::SIGQUIT) };
     if s.child.is_some() && master == s.pid() {
-        assert_eq!(s.wait_exit(Duration::from_secs(15)), 0);
+        assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
     } else {
-        wait_for(Duration::from_secs(15), "old master exit", || {
+        wait_for(Duration::from_secs(10), "old master exit", || {
             (!pid_alive(master)).then_some(())
         });
     }
     new
 }
+
+/// The lifecycle issue's proof, bounded: a client opening a new connection per request the
+/// whole time while 50 reloads (workers up and down, reuseport toggled, shards changed) and 5
+/// binary upgrades happen: no request fails. Then 20 `kill -9` of random workers: only the
+/// requests inside a killed worker may fail (one client, so at most one per kill).
 
 #[test]
 fn reloads_and_an_upgrade_fail_no_request_on_kept_alive_connections() {
@@ -374,7 +377,7 @@ fn reloads_and_an_upgrade_fail_no_request_on_kept_alive_connections() {
         load.wait_progress(200);
     }
     let first = s.pid();
-    let master = binary_upgrade(&mut s, first, 2);
+    let master = binary_upgrade(&mut s, first, 2, || {});
     load.wait_progress(200);
     let (ok, failures) = load.finish();
     assert!(
@@ -443,7 +446,6 @@ fn the_drain_window_closes_idle_connections_and_serves_late_requests_with_close(
 fn fifty_reloads_five_upgrades_and_twenty_kills_under_load() {
     let mut s = Server::start("stress", &conf(2, "reuseport", "a"), 2);
     let _reap = ReapMasters(s.dir.clone());
-    let pid_file = s.dir.join("logs/shard.pid");
     let load = Load::start(s.addr(), 2, &["a", "b"]);
     load.wait_progress(50);
     let shapes: [(usize, &str); 6] = [
@@ -469,29 +471,9 @@ fn fifty_reloads_five_upgrades_and_twenty_kills_under_load() {
         );
         load.wait_progress(20);
         if i % 10 == 9 {
-            // Binary upgrade: USR2, then WINCH and QUIT to the old master.
-            unsafe { libc::kill(master, libc::SIGUSR2) };
-            let new: i32 = wait_for(Duration::from_secs(10), "new master's pid file", || {
-                let p: i32 = std::fs::read_to_string(&pid_file)
-                    .ok()?
-                    .trim()
-                    .parse()
-                    .ok()?;
-                (p != master && pid_alive(p)).then_some(p)
-            });
+            // Binary upgrade: USR2, then WINCH, progress on the new workers alone, and QUIT.
+            let new = binary_upgrade(&mut s, master, workers, || load.wait_progress(20));
             generation = 1;
-            wait_generation(&s, 1, workers);
-            unsafe { libc::kill(master, libc::SIGWINCH) };
-            load.wait_progress(20);
-            unsafe { libc::kill(master, libc::SIGQUIT) };
-            if s.child.is_some() && master == s.pid() {
-                assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
-            } else {
-                let old = master;
-                wait_for(Duration::from_secs(10), "old master exit", || {
-                    (!pid_alive(old)).then_some(())
-                });
-            }
             master = new;
             upgrades += 1;
             load.wait_progress(20);
