@@ -41,15 +41,8 @@ pub struct BodiesArgs {
     /// MiB of the one large upload.
     #[arg(long, default_value_t = 100)]
     mbytes: u64,
-    /// The shard binary (default: next to this one).
-    #[arg(long)]
-    shard: Option<PathBuf>,
-    /// The nginx binary (default: `nginx` on PATH or /usr/sbin/nginx).
-    #[arg(long)]
-    nginx: Option<PathBuf>,
-    /// Skip nginx even when it is installed.
-    #[arg(long)]
-    no_nginx: bool,
+    #[command(flatten)]
+    peers: servers::Peers,
     /// Tiny numbers, to check that the bench works (CI).
     #[arg(long)]
     smoke: bool,
@@ -85,9 +78,8 @@ pub fn run(mut a: BodiesArgs) -> Result<()> {
     ensure!(a.workers >= 1, "--workers must be at least 1");
     ensure!(a.mbytes >= 1, "--mbytes must be at least 1");
     procfs::raise_nofile_limit();
-    let shard = crate::shard_binary(a.shard.as_deref())?;
     let mut notes = Vec::new();
-    let nginx = servers::nginx_or_note(a.nginx.as_deref(), a.no_nginx, &mut notes);
+    let (shard, nginx) = a.peers.binaries(&mut notes)?;
     let sink = Sink::start()?;
     let mut kinds = vec![Kind::Shard(shard)];
     if let Some(n) = nginx {

@@ -57,15 +57,8 @@ pub struct ReloadArgs {
     /// Milliseconds between two messages of a WebSocket client.
     #[arg(long, default_value_t = 20)]
     ws_interval_ms: u64,
-    /// The shard binary (default: next to this one).
-    #[arg(long)]
-    shard: Option<PathBuf>,
-    /// The nginx binary (default: `nginx` on PATH or /usr/sbin/nginx).
-    #[arg(long)]
-    nginx: Option<PathBuf>,
-    /// Skip nginx even when it is installed.
-    #[arg(long)]
-    no_nginx: bool,
+    #[command(flatten)]
+    peers: servers::Peers,
     /// Tiny numbers, to check that the bench works (CI).
     #[arg(long)]
     smoke: bool,
@@ -128,9 +121,8 @@ pub fn run(mut a: ReloadArgs) -> Result<()> {
     }
     ensure!(a.workers >= 1, "--workers must be at least 1");
     crate::procfs::raise_nofile_limit();
-    let shard = crate::shard_binary(a.shard.as_deref())?;
     let mut notes = Vec::new();
-    let nginx = servers::nginx_or_note(a.nginx.as_deref(), a.no_nginx, &mut notes);
+    let (shard, nginx) = a.peers.binaries(&mut notes)?;
     let echo = ws::echo_server(false).context("WebSocket echo upstream")?;
     let mut fronts: Vec<(String, Kind, &str)> = vec![
         ("shard".into(), Kind::Shard(shard.clone()), ""),

@@ -36,6 +36,32 @@ pub fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// The servers a side-by-side bench runs: `--shard`, `--nginx`, `--no-nginx`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Peers {
+    /// The shard binary (default: next to this one).
+    #[arg(long)]
+    shard: Option<PathBuf>,
+    /// The nginx binary (default: `nginx` on PATH or /usr/sbin/nginx).
+    #[arg(long)]
+    nginx: Option<PathBuf>,
+    /// Skip nginx even when it is installed.
+    #[arg(long)]
+    no_nginx: bool,
+}
+
+impl Peers {
+    /// shard's binary, and nginx's unless `--no-nginx` (a note in `notes` when it is wanted
+    /// and missing).
+    pub fn binaries(&self, notes: &mut Vec<String>) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
+        let shard = crate::shard_binary(self.shard.as_deref())?;
+        Ok((
+            shard,
+            nginx_or_note(self.nginx.as_deref(), self.no_nginx, notes),
+        ))
+    }
+}
+
 /// The nginx to run beside shard (none with `--no-nginx`); when it is wanted and missing, a
 /// note saying how to install it.
 pub fn nginx_or_note(

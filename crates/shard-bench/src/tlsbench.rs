@@ -36,15 +36,8 @@ pub struct TlsArgs {
     /// Seconds per load.
     #[arg(long, default_value_t = 5)]
     duration: u64,
-    /// The shard binary (default: next to this one).
-    #[arg(long)]
-    shard: Option<PathBuf>,
-    /// The nginx binary (default: `nginx` on PATH or /usr/sbin/nginx).
-    #[arg(long)]
-    nginx: Option<PathBuf>,
-    /// Skip nginx even when it is installed.
-    #[arg(long)]
-    no_nginx: bool,
+    #[command(flatten)]
+    peers: servers::Peers,
     /// Also run E3 with TLS handshakes as the CPU work: full handshakes from `--e3-clients`
     /// threads under each accept strategy; latency percentiles, stdev and per-worker spread.
     #[arg(long)]
@@ -85,9 +78,8 @@ pub fn run(mut a: TlsArgs) -> Result<()> {
         a.clients = a.clients.min(2);
     }
     procfs::raise_nofile_limit();
-    let shard = crate::shard_binary(a.shard.as_deref())?;
     let mut notes = Vec::new();
-    let nginx = servers::nginx_or_note(a.nginx.as_deref(), a.no_nginx, &mut notes);
+    let (shard, nginx) = a.peers.binaries(&mut notes)?;
     // One certificate for both: a test CA and a leaf for `bench.test`.
     let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
