@@ -461,14 +461,14 @@ impl Worker<'_> {
         }
         match c.phase {
             Phase::Reading if !c.inbuf.is_empty() && !c.has_output() => {
-                let line = shard_http::request::Request::unparsed(&c.inbuf);
+                let line = self.unparsed_request(key);
                 crate::log!(
                     Info,
                     "client timed out (110: Connection timed out) while reading client request headers{}",
                     self.log_context(key, Some(&line))
                 );
                 self.error_reply(key, 408, "");
-                self.log_refused(key, 408);
+                self.log_refused(key, 408, &line);
                 self.drive(key);
             }
             Phase::Reading | Phase::Waiting => self.close(key),
@@ -744,9 +744,7 @@ impl Worker<'_> {
                         } else {
                             "line"
                         };
-                        let line = shard_http::request::Request::unparsed(&c.inbuf);
-                        self.conns[key].server =
-                            self.cfg.listeners[self.conns[key].listener].default_server;
+                        let line = self.unparsed_request(key);
                         crate::log!(
                             Info,
                             "client sent {} while reading client request {part}{}",
@@ -755,7 +753,7 @@ impl Worker<'_> {
                         );
                         let status = rej.status;
                         self.error_reply(key, status, "");
-                        self.log_refused(key, status);
+                        self.log_refused(key, status, &line);
                         continue;
                     }
                 }
@@ -1034,21 +1032,26 @@ impl Worker<'_> {
     }
 
     /// The access-log line of a request refused before its head was parsed (400, 408, 414,
-    /// 431, 501, 505): in the access logs of the listener's default server, as nginx, with
-    /// `$request` as far as it was received.
-    fn log_refused(&mut self, key: usize, status: u16) {
+    /// 431, 501, 505; `req` from [`Worker::unparsed_request`]): in the access logs of the
+    /// listener's default server, as nginx, with `$request` as far as it was received.
+    fn log_refused(&mut self, key: usize, status: u16, req: &shard_http::request::Request) {
         let Some(http) = self.cfg.http.as_ref() else {
             return;
         };
-        let c = &self.conns[key];
-        let srv = &http.servers[self.cfg.listeners[c.listener].default_server];
+        let srv = &http.servers[self.conns[key].server];
         if srv.base.access_logs.is_empty() {
             return;
         }
-        let req = shard_http::request::Request::unparsed(&c.inbuf);
-        self.conns[key].server = self.cfg.listeners[self.conns[key].listener].default_server;
         let bytes = shard_http::response::error_body(status).len() as u64;
-        self.log_access(key, &srv.base, &req, status, bytes, &[]);
+        self.log_access(key, &srv.base, req, status, bytes, &[]);
+    }
+
+    /// A request refused before its head was parsed, as the logs see it: its server is the
+    /// listener's default server (nginx), its `$request` the first line as far as received.
+    fn unparsed_request(&mut self, key: usize) -> shard_http::request::Request {
+        let c = &mut self.conns[key];
+        c.server = self.cfg.listeners[c.listener].default_server;
+        shard_http::request::Request::unparsed(&c.inbuf)
     }
 
     /// Queues an error page and marks the connection to close after it.
