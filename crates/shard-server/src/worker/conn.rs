@@ -934,8 +934,13 @@ impl Worker<'_> {
             self.ensure_registered(key);
             return Io::Wait;
         }
-        let mut scratch = Vec::with_capacity(4096);
-        match c.recv(&mut scratch, 4096) {
+        // Into the input buffer (empty while lingering), dropped at once.
+        let mut scratch = std::mem::take(&mut c.inbuf);
+        scratch.clear();
+        let res = c.recv(&mut scratch, 4096);
+        scratch.clear();
+        c.inbuf = scratch;
+        match res {
             Ok(0) => Io::Close,
             Ok(_) => {
                 let c = &mut self.conns[key];

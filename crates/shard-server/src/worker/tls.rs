@@ -33,6 +33,9 @@ pub(in crate::worker) struct TlsConn {
     pub(in crate::worker) peer_closed: bool,
     /// Our close_notify is queued and the socket's FIN waits until it is written.
     fin_pending: bool,
+    /// Plaintext on its way into a tunnel's or relay's pipe (`TlsSide::recv`), kept so that
+    /// no read allocates.
+    scratch: Vec<u8>,
 }
 
 /// What [`read_into`] found besides plaintext.
@@ -55,6 +58,7 @@ impl TlsConn {
             handshake_ns: 0,
             peer_closed: false,
             fin_pending: false,
+            scratch: Vec::new(),
         })
     }
 
@@ -247,15 +251,18 @@ pub(in crate::worker) struct TlsSide<'a> {
 
 impl super::relay::Endpoint for TlsSide<'_> {
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut v = Vec::with_capacity(buf.len());
-        match read_into(self.fd, self.t, &mut v, buf.len()) {
+        let mut v = std::mem::take(&mut self.t.scratch);
+        v.clear();
+        let res = match read_into(self.fd, self.t, &mut v, buf.len()) {
             Ok(n) => {
                 buf[..n].copy_from_slice(&v[..n]);
                 Ok(n)
             }
             Err(NotTls::Error(e)) => Err(e),
             Err(NotTls::Plain(_)) => Err(io::ErrorKind::InvalidData.into()),
-        }
+        };
+        self.t.scratch = v;
+        res
     }
     fn send(&mut self, buf: &[u8]) -> io::Result<usize> {
         write(self.fd, self.t, buf)
