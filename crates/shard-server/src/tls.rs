@@ -364,7 +364,7 @@ impl ResolvesServerCert for FixedResolver {
 /// (`HIGH:!aNULL:!MD5`, nginx's default) or naming no suite shard has gives rustls's
 /// defaults, all of which such strings allow.
 pub fn cipher_suites(ciphers: &str) -> Vec<rustls::SupportedCipherSuite> {
-    use rustls::crypto::ring::cipher_suite as cs;
+    use provider::cipher_suite as cs;
     let named: [(&str, rustls::SupportedCipherSuite); 6] = [
         (
             "ECDHE-ECDSA-AES128-GCM-SHA256",

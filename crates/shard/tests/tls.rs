@@ -39,6 +39,7 @@ fn pki(dir: &Path, names: &[&str]) -> Pki {
         .distinguished_name
         .push(rcgen::DnType::CommonName, "shard test CA");
     let ca = ca_params.self_signed(&ca_key).unwrap();
+    std::fs::write(dir.join("conf/ca.pem"), ca.pem()).unwrap();
     let mut leaves = Vec::new();
     for name in names {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -507,6 +508,107 @@ fn curl_and_openssl_interoperate() {
             "openssl s_client",
             "openssl is not installed (apt-get install openssl)",
         );
+    }
+}
+
+/// Python's `ssl` (OpenSSL 3) as a strict client: certificate and host name checked against
+/// the test CA, SNI, resumption on both protocols (across 2 workers), and no end of stream
+/// without close_notify (`suppress_ragged_eofs=False` turns that into an error).
+const PYTHON_CLIENT: &str = r#"
+import socket, ssl, sys
+port, ca = int(sys.argv[1]), sys.argv[2]
+def get(ctx, host, sess=None):
+    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname=host,
+                        session=sess, suppress_ragged_eofs=False)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: " + host.encode() + b"\r\nConnection: close\r\n\r\n")
+    d = b""
+    while True:
+        x = s.recv(65536)
+        if not x:
+            break
+        d += x
+    head, body = d.split(b"\r\n\r\n", 1)
+    print(host, s.version(), s.session_reused, head.split(b"\r\n")[0].decode(), body.decode().strip())
+    sess = s.session
+    s.close()
+    return sess
+ctx = ssl.create_default_context(cafile=ca)
+get(ctx, "b.test", get(ctx, "b.test"))
+ctx12 = ssl.create_default_context(cafile=ca)
+ctx12.maximum_version = ssl.TLSVersion.TLSv1_2
+get(ctx12, "a.test", get(ctx12, "a.test"))
+"#;
+
+#[test]
+fn python_ssl_and_openssl_resume_verify_and_see_close_notify() {
+    let (s, p) = start("tls-python", 2, "", "");
+    write_file(&s.dir, "html/index.html", b"a index\n");
+    let port = s.ports[0];
+    let ca = p.dir.join("conf/ca.pem");
+    if have("python3") {
+        let out = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(PYTHON_CLIENT)
+            .arg(port.to_string())
+            .arg(&ca)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            text,
+            "b.test TLSv1.3 False HTTP/1.1 200 OK b\n\
+             b.test TLSv1.3 True HTTP/1.1 200 OK b\n\
+             a.test TLSv1.2 False HTTP/1.1 200 OK a index\n\
+             a.test TLSv1.2 True HTTP/1.1 200 OK a index\n"
+        );
+    } else {
+        skipped(
+            "Python's ssl",
+            "python3 is not installed (apt-get install python3)",
+        );
+    }
+    if !have("openssl") {
+        skipped(
+            "openssl s_client resumption",
+            "openssl is not installed (apt-get install openssl)",
+        );
+        return;
+    }
+    // `-sess_out` then `-sess_in`, on each protocol: the second connection is resumed.
+    let sess = s.dir.join("sess.pem");
+    for (flag, proto) in [("-tls1_3", "TLSv1.3"), ("-tls1_2", "TLSv1.2")] {
+        for (arg, want) in [("-sess_out", "New, "), ("-sess_in", "Reused, ")] {
+            let mut child = std::process::Command::new("openssl")
+                .args(["s_client", "-connect"])
+                .arg(format!("127.0.0.1:{port}"))
+                .args(["-servername", "a.test", "-CAfile"])
+                .arg(&ca)
+                .args([flag, "-ign_eof", arg])
+                .arg(&sess)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(text.contains(&format!("{want}{proto}")), "{arg}: {text}");
+            assert!(text.contains("Verify return code: 0 (ok)"), "{text}");
+            assert!(text.contains("a index"), "{text}");
+            assert!(!err.contains("unexpected eof"), "no close_notify: {err}");
+        }
     }
 }
 

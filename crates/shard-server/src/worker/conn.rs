@@ -425,6 +425,9 @@ impl Worker<'_> {
         }
         self.release_limits(key);
         let mut c = self.conns.remove(key);
+        if let Some(t) = c.tls.as_mut() {
+            super::tls::close_notify(c.fd.as_raw_fd(), t);
+        }
         // Dropping `c` closes its socket (which removes it from epoll; no EPOLL_CTL_DEL
         // needed) and its file.
         if let Some(p) = c.proxy.take() {

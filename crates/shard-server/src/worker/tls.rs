@@ -33,6 +33,8 @@ pub(in crate::worker) struct TlsConn {
     pub(in crate::worker) peer_closed: bool,
     /// Our close_notify is queued and the socket's FIN waits until it is written.
     fin_pending: bool,
+    /// Our close_notify was queued.
+    notified: bool,
     /// Plaintext on its way into a tunnel's or relay's pipe (`TlsSide::recv`), kept so that
     /// no read allocates.
     scratch: Vec<u8>,
@@ -58,6 +60,7 @@ impl TlsConn {
             handshake_ns: 0,
             peer_closed: false,
             fin_pending: false,
+            notified: false,
             scratch: Vec::new(),
         })
     }
@@ -142,6 +145,20 @@ pub(in crate::worker) fn flush(fd: RawFd, t: &mut TlsConn) -> io::Result<bool> {
         shard_event::sock::shutdown_write(fd);
     }
     Ok(true)
+}
+
+/// The close of a connection whose handshake completed: close_notify, written now if the
+/// socket takes it (nginx's `ngx_ssl_shutdown` does the same, and OpenSSL 3 clients report an
+/// end of stream without it as an error: Python's `ssl`, curl on a response that ends with the
+/// connection). Nothing when records are still pending (a client that stopped reading) or the
+/// notice went out already; never waits.
+pub(in crate::worker) fn close_notify(fd: RawFd, t: &mut TlsConn) {
+    if t.conn.is_handshaking() || t.notified || t.conn.wants_write() {
+        return;
+    }
+    t.notified = true;
+    t.conn.send_close_notify();
+    let _ = t.conn.write_tls(&mut Sock { fd, first: None });
 }
 
 /// Reads plaintext into the spare capacity of `buf`, at most `max` bytes, reading and
@@ -270,6 +287,7 @@ impl super::relay::Endpoint for TlsSide<'_> {
     /// close_notify, then the FIN once every record went out (a later `flush` sends it when
     /// the socket is full now).
     fn shut(&mut self) {
+        self.t.notified = true;
         self.t.conn.send_close_notify();
         self.t.fin_pending = true;
         let _ = flush(self.fd, self.t);
