@@ -62,6 +62,9 @@ pub struct WorkerSlot {
     pub tls_handshakes: AtomicU64,
     /// Time spent processing TLS handshake messages, microseconds (the handshakes' CPU).
     pub tls_handshake_us: AtomicU64,
+    /// Handshake messages put off to a later loop turn: more than `TLS_HANDSHAKES_PER_TURN`
+    /// were ready in one turn (`worker.rs`).
+    pub tls_handshakes_deferred: AtomicU64,
 }
 
 impl WorkerSlot {
@@ -95,6 +98,7 @@ impl WorkerSlot {
             file_cache_entries,
             tls_handshakes,
             tls_handshake_us,
+            tls_handshakes_deferred,
         } = self;
         for c in [
             pid,
@@ -123,6 +127,7 @@ impl WorkerSlot {
             file_cache_entries,
             tls_handshakes,
             tls_handshake_us,
+            tls_handshakes_deferred,
         ] {
             c.store(0, Relaxed);
         }
@@ -130,7 +135,8 @@ impl WorkerSlot {
 
     /// The monotonic counters: `accepted`, `handled`, `requests`, `cpu_ms`, `budget_yields`,
     /// `adopted`, `accept_pauses`, `body_spooled_bytes`, `stolen`, `stalls`,
-    /// `file_cache_hits`, `file_cache_misses`, `tls_handshakes`, `tls_handshake_us`.
+    /// `file_cache_hits`, `file_cache_misses`, `tls_handshakes`, `tls_handshake_us`,
+    /// `tls_handshakes_deferred`.
     pub fn counters(&self) -> [&AtomicU64; COUNTERS] {
         [
             &self.accepted,
@@ -147,6 +153,7 @@ impl WorkerSlot {
             &self.file_cache_misses,
             &self.tls_handshakes,
             &self.tls_handshake_us,
+            &self.tls_handshakes_deferred,
         ]
     }
 
@@ -209,7 +216,7 @@ pub struct Region {
 pub const COUNTERS_ENV: &str = "SHARD_COUNTERS";
 
 /// The counters (not the gauges) of a [`WorkerSlot`], in the order of [`WorkerSlot::counters`].
-pub const COUNTERS: usize = 14;
+pub const COUNTERS: usize = 15;
 
 /// The counters of exited workers of one index (see `Region::retired`).
 #[repr(C)]

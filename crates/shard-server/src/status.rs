@@ -103,7 +103,7 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
              \"budget_yields\":{},\"adopted\":{},\"accept_pauses\":{},\"body_mem_bytes\":{},\
              \"body_spooled_bytes\":{},\"body_temp_files\":{},\"stolen\":{},\"stalls\":{},\
              \"stalled\":{},\"file_cache_hits\":{},\"file_cache_misses\":{},\"file_cache_entries\":{},\
-             \"tls_handshakes\":{},\"tls_handshake_cpu_ms\":{}}}",
+             \"tls_handshakes\":{},\"tls_handshake_cpu_ms\":{},\"tls_handshakes_deferred\":{}}}",
             w.pid.load(Relaxed),
             w.accepted.load(Relaxed),
             w.handled.load(Relaxed),
@@ -128,6 +128,7 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
             w.file_cache_entries.load(Relaxed),
             w.tls_handshakes.load(Relaxed),
             w.tls_handshake_us.load(Relaxed) / 1000,
+            w.tls_handshakes_deferred.load(Relaxed),
         );
     }
     // Workers of older generations still finishing their connections (tunnels, relays,
@@ -243,7 +244,7 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             .collect()
     });
     // (name, help, counter index): what `WorkerSlot::counters` lists.
-    let counter_rows: [(&str, &str, usize); 14] = [
+    let counter_rows: [(&str, &str, usize); 15] = [
         ("shard_worker_accepted_total", "Connections accepted by the worker.", 0),
         ("shard_worker_handled_total", "Connections handled by the worker.", 1),
         ("shard_worker_requests_total", "Requests served by the worker.", 2),
@@ -301,6 +302,11 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             "shard_worker_tls_handshake_seconds_total",
             "Time spent processing TLS handshake messages.",
             13,
+        ),
+        (
+            "shard_worker_tls_handshakes_deferred_total",
+            "TLS handshake messages put off to a later loop turn (more than 4 ready in one).",
+            14,
         ),
     ];
     for (name, help, c) in counter_rows {

@@ -64,6 +64,12 @@ const EVENTS_MAX: usize = 512;
 /// connection that still has work after this many takes its next turn after every other
 /// ready connection, so one fast pipelining client cannot keep the worker to itself.
 const TURN_ROUNDS_MAX: usize = 64;
+/// TLS handshake messages a worker processes per loop turn (and again per run of the
+/// connections that yielded): a handshake is the most CPU a single read costs (a key
+/// exchange and a signature, 0.1-0.2 ms), so beyond these a connection with a handshake
+/// message waiting takes its turn after the other ready connections, and a burst of new TLS
+/// clients does not hold up requests already being served.
+pub(crate) const TLS_HANDSHAKES_PER_TURN: u32 = 4;
 /// A sibling whose loop has not run for this long is not serving: its shard is adopted.
 /// Several heartbeats (`HEARTBEAT_MS`), so an idle worker is never taken for a stuck one.
 const ORPHANED_AFTER_MS: u64 = 3 * HEARTBEAT_MS;
@@ -146,6 +152,8 @@ pub(crate) struct Worker<'a> {
     /// Connections and relays that used up their turn's budget with work left: driven again
     /// after the next (non-blocking) `epoll_wait`.
     ready: Vec<Token>,
+    /// Handshake messages this turn may still process (`TLS_HANDSHAKES_PER_TURN`).
+    handshakes_left: u32,
     /// `worker_shutdown_timeout`: when a graceful stop closes whatever is still open.
     shutdown_deadline_ms: Option<u64>,
     /// `worker_shutdown_drain`: until then a graceful stop leaves idle keep-alive connections
@@ -385,6 +393,7 @@ impl<'a> Worker<'a> {
             shutting_down: false,
             posted: Vec::new(),
             ready: Vec::new(),
+            handshakes_left: TLS_HANDSHAKES_PER_TURN,
             shutdown_deadline_ms: None,
             drain_until_ms: None,
             accept_mutex: use_mutex && !locks.is_empty(),
@@ -498,6 +507,7 @@ impl<'a> Worker<'a> {
             if timeout > 0 {
                 self.slot.idle.store(1, Relaxed);
             }
+            self.handshakes_left = TLS_HANDSHAKES_PER_TURN;
             let n = match self.poll.wait(&mut events, timeout as i32) {
                 Ok(n) => n,
                 Err(e) => {
@@ -600,6 +610,7 @@ impl<'a> Worker<'a> {
     /// Gives every connection that yielded its next turn (those closed since are skipped by
     /// their generation).
     fn run_ready(&mut self) {
+        self.handshakes_left = TLS_HANDSHAKES_PER_TURN;
         for t in std::mem::take(&mut self.ready) {
             match t {
                 Token::Conn { key, generation } => {

@@ -248,6 +248,42 @@ fn serves_over_tls_with_sni_alpn_keepalive_and_the_tls_variables() {
     assert!(handshakes >= 2, "{status}");
 }
 
+/// A burst of new TLS clients ready at once (their ClientHellos wait while the worker is
+/// stopped): the worker processes at most `TLS_HANDSHAKES_PER_TURN` (4) handshake messages
+/// per loop turn and puts the others off to a later one (counted), and every handshake
+/// completes.
+#[test]
+fn a_burst_of_handshakes_is_spread_over_loop_turns() {
+    struct Cont(i32);
+    impl Drop for Cont {
+        fn drop(&mut self) {
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+    let (s, p) = start("tls-burst", 1, "", "");
+    let cfg = client_config(&p.ca, &[&rustls::version::TLS13]);
+    let cont = Cont(s.workers()[0].pid as i32);
+    unsafe { libc::kill(cont.0, libc::SIGSTOP) };
+    let clients: Vec<Tls> = (0..24)
+        .map(|_| {
+            let sock = TcpStream::connect_timeout(&tls_addr(&s), TIMEOUT).unwrap();
+            sock.set_read_timeout(Some(TIMEOUT)).unwrap();
+            let name = ServerName::try_from("b.test").unwrap();
+            let mut conn = rustls::ClientConnection::new(cfg.clone(), name).unwrap();
+            while conn.wants_write() {
+                conn.write_tls(&mut &sock).unwrap();
+            }
+            rustls::StreamOwned::new(conn, sock)
+        })
+        .collect();
+    drop(cont);
+    for mut c in clients {
+        assert_eq!(request(&mut c, "b.test", "/").2, b"b");
+    }
+    assert_eq!(status_field(&s, "tls_handshakes"), 24);
+    assert!(status_field(&s, "tls_handshakes_deferred") > 0);
+}
+
 #[test]
 fn plain_http_on_the_tls_port_gets_nginx_400_or_error_page_497() {
     let (s, _) = start("tls-plain", 1, "", "");

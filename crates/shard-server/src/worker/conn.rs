@@ -821,6 +821,18 @@ impl Worker<'_> {
             let l = self.limits(self.conns[key].listener);
             (l.large_buffers * l.large_buffer_size).max(READ_BUFFER_BYTES)
         };
+        if self.conns[key]
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.conn.is_handshaking())
+        {
+            if self.handshakes_left == 0 {
+                WorkerSlot::bump(&self.slot.tls_handshakes_deferred, 1);
+                self.yield_conn(key);
+                return Io::Wait;
+            }
+            self.handshakes_left -= 1;
+        }
         let c = &mut self.conns[key];
         if c.inbuf.len() == c.inbuf.capacity() {
             if c.inbuf.len() >= limit && !c.body_pending() {
