@@ -373,6 +373,7 @@ pub fn run(opts: RunOptions) -> Result<i32> {
     // again and keeps the running generation when one fails.
     let ticketer = crate::tls::ticketer().map_err(|e| anyhow::anyhow!("{e}"))?;
     let tls = crate::tls::build(&cfg, &ticketer).map_err(|e| anyhow::anyhow!("{e}"))?;
+    crate::tls::encryption_notice(&tls);
     sandbox_notice(&cfg);
     create_temp_paths(&cfg, identity.as_ref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut access_logs = HashMap::new();

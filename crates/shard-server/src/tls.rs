@@ -37,6 +37,30 @@ impl TlsContexts {
     }
 }
 
+/// Where the kernel lists the TCP upper-layer protocols it can attach (`tls` is kTLS).
+const AVAILABLE_ULP: &str = "/proc/sys/net/ipv4/tcp_available_ulp";
+
+/// Says once, at start, how TLS records are encrypted when a listener is `ssl`: in user space
+/// (rustls), and whether this kernel could do it instead (kTLS, which shard does not use yet:
+/// see docs/directives.md). The notice is the report issue 14 asks for; every TLS connection
+/// is a user-space one.
+pub fn encryption_notice(contexts: &TlsContexts) {
+    if contexts.per_listener.iter().all(Option::is_none) {
+        return;
+    }
+    let ulps = std::fs::read_to_string(AVAILABLE_ULP).unwrap_or_default();
+    let kernel = if ulps.split_whitespace().any(|u| u == "tls") {
+        "the kernel offers kTLS, which shard does not use yet"
+    } else {
+        "the kernel offers no kTLS (no \"tls\" in /proc/sys/net/ipv4/tcp_available_ulp)"
+    };
+    crate::log!(
+        Notice,
+        "TLS records are encrypted in user space (rustls) and files sent over TLS are read, not \
+         sent with sendfile; {kernel}"
+    );
+}
+
 /// Session-ticket keys: a seed the master makes once (kept across reloads) from which every
 /// worker derives the same key for each 6-hour period, so a ticket issued by one worker
 /// resumes on any other, and keys rotate with no coordination (see [`SharedTicketer`]).

@@ -246,6 +246,14 @@ fn serves_over_tls_with_sni_alpn_keepalive_and_the_tls_variables() {
         .map(|v| v.split(',').next().unwrap().parse::<u64>().unwrap())
         .sum();
     assert!(handshakes >= 2, "{status}");
+    // How records are encrypted is said once at start.
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert_eq!(
+        log.matches("TLS records are encrypted in user space (rustls)")
+            .count(),
+        1,
+        "{log}"
+    );
 }
 
 /// A burst of new TLS clients ready at once (their ClientHellos wait while the worker is
