@@ -762,8 +762,10 @@ pub struct ProxyPass {
     pub uri: Option<String>,
     /// `$proxy_host`: the upstream name, or `host[:port]` as written (port omitted when 80).
     pub proxy_host: String,
-    /// `$proxy_port`: the port written, 80 when none (an upstream name gives 80).
+    /// `$proxy_port`: the port written, else the scheme's (80, or 443 for `https://`).
     pub proxy_port: u16,
+    /// `proxy_pass https://...`: TLS to the upstream, set up by the location's `proxy_ssl_*`.
+    pub tls: bool,
 }
 
 /// One nginx variable (names as nginx's `ngx_http_core_module`, `..._proxy_module`,
@@ -939,6 +941,50 @@ pub struct ProxyConf {
     pub pass_headers: Vec<String>,
     /// `proxy_redirect`: how an upstream's `Location` and `Refresh` are rewritten.
     pub redirect: ProxyRedirect,
+    /// `proxy_ssl_*`: TLS to an `https://` upstream.
+    pub ssl: ProxySsl,
+}
+
+/// The `proxy_ssl_*` settings of a location: how shard speaks TLS to an `https://` upstream.
+/// nginx's defaults: no verification, no SNI, sessions reused.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProxySsl {
+    /// `proxy_ssl_verify on|off`. Default off.
+    pub verify: bool,
+    /// `proxy_ssl_trusted_certificate FILE`: the CAs a verified upstream's chain must reach.
+    pub trusted_certificate: Option<PathBuf>,
+    /// `proxy_ssl_server_name on|off`: send SNI. Default off.
+    pub server_name: bool,
+    /// `proxy_ssl_name NAME`: the name verified and sent as SNI; `None` is the `proxy_pass`
+    /// host (`$proxy_host` without its port), nginx's default.
+    pub name: Option<String>,
+    /// `proxy_ssl_session_reuse on|off`. Default on.
+    pub session_reuse: bool,
+    /// `proxy_ssl_protocols`, nginx's names. Default `TLSv1 TLSv1.1 TLSv1.2 TLSv1.3`.
+    pub protocols: Vec<String>,
+    /// `proxy_ssl_ciphers`, an OpenSSL string (as `ssl_ciphers`). Default `DEFAULT`.
+    pub ciphers: String,
+    /// `proxy_ssl_certificate` and `proxy_ssl_certificate_key`: a client certificate.
+    pub certificate: Option<PathBuf>,
+    pub certificate_key: Option<PathBuf>,
+}
+
+impl Default for ProxySsl {
+    fn default() -> Self {
+        ProxySsl {
+            verify: false,
+            trusted_certificate: None,
+            server_name: false,
+            name: None,
+            session_reuse: true,
+            protocols: ["TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"]
+                .map(String::from)
+                .to_vec(),
+            ciphers: "DEFAULT".to_string(),
+            certificate: None,
+            certificate_key: None,
+        }
+    }
 }
 
 /// `proxy_redirect default | off | REDIRECT REPLACEMENT` (several pairs allowed).
@@ -968,6 +1014,7 @@ impl Default for ProxyConf {
             hide_headers: Vec::new(),
             pass_headers: Vec::new(),
             redirect: ProxyRedirect::Default,
+            ssl: ProxySsl::default(),
         }
     }
 }

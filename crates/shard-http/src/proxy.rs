@@ -541,7 +541,8 @@ pub fn redirect_location(
         ProxyRedirect::Off => None,
         ProxyRedirect::Default => {
             let uri = pass.uri.as_deref().unwrap_or("/");
-            let from = format!("http://{}{uri}", pass.proxy_host);
+            let scheme = if pass.tls { "https" } else { "http" };
+            let from = format!("{scheme}://{}{uri}", pass.proxy_host);
             let to = match (pass.uri.is_some(), location.kind) {
                 (
                     true,
@@ -843,6 +844,7 @@ mod tests {
             uri: uri.map(str::to_string),
             proxy_host: "backend".into(),
             proxy_port: 80,
+            tls: false,
         }
     }
 
@@ -1171,6 +1173,7 @@ mod tests {
             uri: Some("/x/".into()),
             proxy_host: "up.test:9000".into(),
             proxy_port: 9000,
+            tls: false,
         };
         let t = sent(Sent {
             raw: "POST /a/%20b?k=v HTTP/1.1\r\nHost: H.test:8080\r\nUser-Agent: ua/1\r\n\

@@ -25,15 +25,24 @@ use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 use shard_config::{Config, HttpConf, Listener, ListenerKind, SessionCache};
 
-/// Per entry of `Config::listeners`: the TLS configuration of an `ssl` listener.
+/// Per entry of `Config::listeners`: the TLS configuration of an `ssl` listener; and per
+/// distinct `proxy_ssl_*` settings of the locations that pass to `https://`, the client
+/// configuration (its session cache, shared by those locations in a worker).
 #[derive(Default)]
 pub struct TlsContexts {
     pub per_listener: Vec<Option<Arc<ServerConfig>>>,
+    pub upstream: std::collections::HashMap<shard_config::ProxySsl, Arc<rustls::ClientConfig>>,
 }
 
 impl TlsContexts {
     pub fn get(&self, listener: usize) -> Option<&Arc<ServerConfig>> {
         self.per_listener.get(listener).and_then(Option::as_ref)
+    }
+
+    /// The client configuration of a location's `proxy_ssl_*` (built for every location
+    /// that passes to `https://`).
+    pub fn upstream(&self, ssl: &shard_config::ProxySsl) -> Option<&Arc<rustls::ClientConfig>> {
+        self.upstream.get(ssl)
     }
 }
 
@@ -257,7 +266,161 @@ pub fn build(
         };
         per_listener.push(Some(Arc::new(listener_config(http, l, ticketer)?)));
     }
-    Ok(TlsContexts { per_listener })
+    let mut upstream = std::collections::HashMap::new();
+    for s in cfg.http.iter().flat_map(|h| &h.servers) {
+        for loc in std::iter::once(&s.base).chain(&s.locations) {
+            if !loc.proxy_pass.as_ref().is_some_and(|p| p.tls)
+                || upstream.contains_key(&loc.proxy.ssl)
+            {
+                continue;
+            }
+            let c = upstream_config(&loc.proxy.ssl, &loc.place)?;
+            upstream.insert(loc.proxy.ssl.clone(), Arc::new(c));
+        }
+    }
+    Ok(TlsContexts {
+        per_listener,
+        upstream,
+    })
+}
+
+/// The client side of `proxy_pass https://`: nginx's `proxy_ssl_*` defaults are no
+/// verification and no SNI.
+fn upstream_config(
+    ssl: &shard_config::ProxySsl,
+    place: &shard_config::Place,
+) -> Result<rustls::ClientConfig, String> {
+    let at = format!("{}:{}", place.file, place.line);
+    let mut versions: Vec<&'static rustls::SupportedProtocolVersion> = Vec::new();
+    if ssl.protocols.iter().any(|p| p == "TLSv1.3") {
+        versions.push(&rustls::version::TLS13);
+    }
+    if ssl.protocols.iter().any(|p| p == "TLSv1.2") {
+        versions.push(&rustls::version::TLS12);
+    }
+    let mut prov = provider::default_provider();
+    prov.cipher_suites = cipher_suites(&ssl.ciphers);
+    let prov = Arc::new(prov);
+    let builder = rustls::ClientConfig::builder_with_provider(prov.clone())
+        .with_protocol_versions(&versions)
+        .map_err(|e| format!("proxy_ssl configuration: {e} in {at}"))?;
+    let builder = if ssl.verify {
+        let Some(ca) = &ssl.trusted_certificate else {
+            return Err(format!(
+                "no proxy_ssl_trusted_certificate for proxy_ssl_verify in {at}"
+            ));
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        let certs = CertificateDer::pem_file_iter(ca)
+            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| {
+                format!(
+                    "cannot load certificate \"{}\": {} in {at}",
+                    ca.display(),
+                    pem_error(&e)
+                )
+            })?;
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(format!(
+                "cannot load certificate \"{}\": no certificate in the file in {at}",
+                ca.display()
+            ));
+        }
+        let verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), prov)
+                .build()
+                .map_err(|e| format!("proxy_ssl_trusted_certificate: {e} in {at}"))?;
+        builder.with_webpki_verifier(verifier)
+    } else {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(prov)))
+    };
+    let mut config = match (&ssl.certificate, &ssl.certificate_key) {
+        (Some(cert), Some(key)) => {
+            let place = shard_config::Place {
+                file: place.file.clone(),
+                line: place.line,
+            };
+            let ck = load_pair(cert, key, &place)?;
+            builder
+                .with_client_auth_cert(
+                    ck.cert.clone(),
+                    PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                        format!(
+                            "cannot load certificate key \"{}\": {} in {at}",
+                            key.display(),
+                            pem_error(&e)
+                        )
+                    })?,
+                )
+                .map_err(|e| format!("proxy_ssl_certificate: {e} in {at}"))?
+        }
+        (Some(cert), None) => {
+            return Err(format!(
+                "no \"proxy_ssl_certificate_key\" is defined for certificate \"{}\" in {at}",
+                cert.display()
+            ))
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    config.enable_sni = ssl.server_name;
+    if !ssl.session_reuse {
+        config.resumption = rustls::client::Resumption::disabled();
+    }
+    Ok(config)
+}
+
+/// `proxy_ssl_verify off` (nginx's default): any certificate is accepted, as OpenSSL does
+/// without verification; the handshake's signatures are still checked, so the peer holds
+/// the key of the certificate it sent.
+#[derive(Debug)]
+struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 fn listener_config(

@@ -826,3 +826,130 @@ fn a_shared_ticket_key_file_resumes_across_servers() {
     assert_eq!(request(&mut c2, "b.test", "/").0, 200);
     let _ = std::fs::remove_dir_all(&key_dir);
 }
+
+/// `proxy_pass https://`: shard's own TLS server (`a.test`, in front of an echo upstream) as
+/// the upstream of a plain front. nginx's defaults (no verification, no SNI), pooled
+/// connections that keep their session, SNI and `proxy_ssl_name`, verification against
+/// `proxy_ssl_trusted_certificate` (and its failure), TLS 1.2 only, and request bodies in
+/// memory and from a temporary file.
+#[test]
+fn proxy_pass_https_speaks_tls_to_the_upstream() {
+    let echo = Upstream::start(|_| Reply::Echo);
+    let dir = temp_dir("tls-upstream").keep();
+    let p = pki(&dir, &["a.test"]);
+    let ca = p.dir.join("conf/ca.pem");
+    let text = format!(
+        "worker_processes 1;\n\
+         error_log logs/error.log info;\n\
+         pid logs/shard.pid;\n\
+         events {{}}\n\
+         http {{\n\
+         upstream tls_up {{ server 127.0.0.1:{{port1}}; keepalive 4; }}\n\
+         server {{\n\
+           listen 127.0.0.1:{{port1}} ssl;\n\
+           server_name a.test;\n\
+           ssl_certificate {cert}; ssl_certificate_key {key};\n\
+           location = /sni {{ return 200 \"sni=$ssl_server_name $ssl_protocol\"; }}\n\
+           location / {{ proxy_pass http://{echo}; }}\n\
+         }}\n\
+         server {{\n\
+           listen 127.0.0.1:{{port}};\n\
+           client_body_buffer_size 8k;\n\
+           location = /status {{ shard_status; }}\n\
+           location /plain/ {{ proxy_pass https://127.0.0.1:{{port1}}/; }}\n\
+           location /pool/ {{ proxy_pass https://tls_up/; proxy_http_version 1.1;\n\
+                             proxy_set_header Connection \"\"; }}\n\
+           location /sni-on/ {{ proxy_pass https://127.0.0.1:{{port1}}/;\n\
+                               proxy_ssl_server_name on; proxy_ssl_name a.test; }}\n\
+           location /verified/ {{ proxy_pass https://127.0.0.1:{{port1}}/; proxy_ssl_verify on;\n\
+                                 proxy_ssl_trusted_certificate {ca}; proxy_ssl_name a.test; }}\n\
+           location /wrong-name/ {{ proxy_pass https://127.0.0.1:{{port1}}/; proxy_ssl_verify on;\n\
+                                   proxy_ssl_trusted_certificate {ca}; proxy_ssl_name b.test; }}\n\
+           location /tls12/ {{ proxy_pass https://127.0.0.1:{{port1}}/;\n\
+                              proxy_ssl_protocols TLSv1.2; }}\n\
+         }}\n\
+         }}\n",
+        cert = dir.join("conf/a.test.pem").display(),
+        key = dir.join("conf/a.test.key").display(),
+        ca = ca.display(),
+        echo = echo.addr(),
+    );
+    let s = Server::start_ports("tls-upstream", &text, 1, 1);
+    let front = s.addr();
+    // nginx's defaults: no SNI, no verification (the test CA is nobody's).
+    let r = get(front, "/plain/sni");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "sni= TLSv1.3"));
+    let r = get(front, "/sni-on/sni");
+    assert_eq!(r.body_str(), "sni=a.test TLSv1.3");
+    let r = get(front, "/tls12/sni");
+    assert_eq!(r.body_str(), "sni= TLSv1.2");
+    let r = get(front, "/verified/sni");
+    assert_eq!(r.status, 200);
+    let r = get(front, "/wrong-name/sni");
+    assert_eq!(r.status, 502);
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(
+        log.contains("SSL_do_handshake() failed")
+            && log.contains("while SSL handshaking to upstream"),
+        "{log}"
+    );
+    // Bodies: in memory, and from a temporary file (over client_body_buffer_size).
+    for len in [100usize, 300 * 1024] {
+        let body: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let mut req = format!(
+            "POST /plain/echo HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+        )
+        .into_bytes();
+        req.extend_from_slice(&body);
+        let r = raw(front, &req);
+        assert_eq!(r.status, 200);
+        assert!(r.body == body, "{len} bytes echoed through TLS");
+    }
+    // Pooled connections: 20 requests, far fewer handshakes.
+    let before = status_field(&s, "tls_handshakes");
+    for _ in 0..20 {
+        let r = get(front, "/pool/sni");
+        assert_eq!(r.body_str(), "sni= TLSv1.3");
+    }
+    let made = status_field(&s, "tls_handshakes") - before;
+    assert!(made <= 4, "{made} handshakes for 20 pooled requests");
+}
+
+/// `proxy_ssl_*` mistakes fail `-t` in nginx's words.
+#[test]
+fn proxy_ssl_mistakes_fail_the_test_as_nginx() {
+    let dir = temp_dir("tls-proxy-t");
+    let cases = [
+        (
+            "proxy_ssl_verify on;",
+            "no proxy_ssl_trusted_certificate for proxy_ssl_verify in",
+        ),
+        (
+            "proxy_ssl_certificate /nonexistent/c.pem;",
+            "no \"proxy_ssl_certificate_key\" is defined for certificate \"/nonexistent/c.pem\" in",
+        ),
+        (
+            "proxy_ssl_verify on; proxy_ssl_trusted_certificate /nonexistent/ca.pem;",
+            "cannot load certificate \"/nonexistent/ca.pem\"",
+        ),
+        (
+            "proxy_ssl_protocols TLSv1;",
+            "names no protocol shard speaks",
+        ),
+        ("proxy_ssl_name $host;", "variables in \"proxy_ssl_name\""),
+    ];
+    for (extra, want) in cases {
+        let conf = dir.join("t.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "events {{}}\nhttp {{ server {{ listen 127.0.0.1:1;\n\
+                 location / {{ proxy_pass https://127.0.0.1:8443; {extra} }} }} }}\n"
+            ),
+        )
+        .unwrap();
+        let (code, out) = run_cli(&["-t", "-c", conf.to_str().unwrap()]);
+        assert_ne!(code, 0, "{extra}: {out}");
+        assert!(out.contains(want), "{extra}: {out}");
+    }
+}

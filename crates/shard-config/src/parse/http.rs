@@ -197,6 +197,15 @@ pub(super) struct ProxyP {
     pub(super) hide_headers: Option<Vec<String>>,
     pub(super) pass_headers: Option<Vec<String>>,
     pub(super) redirect: Option<ProxyRedirect>,
+    pub(super) ssl_verify: Option<bool>,
+    pub(super) ssl_trusted_certificate: Option<PathBuf>,
+    pub(super) ssl_server_name: Option<bool>,
+    pub(super) ssl_name: Option<String>,
+    pub(super) ssl_session_reuse: Option<bool>,
+    pub(super) ssl_protocols: Option<Vec<String>>,
+    pub(super) ssl_ciphers: Option<String>,
+    pub(super) ssl_certificate: Option<PathBuf>,
+    pub(super) ssl_certificate_key: Option<PathBuf>,
 }
 
 impl ProxyP {
@@ -232,6 +241,40 @@ impl ProxyP {
                 .redirect
                 .clone()
                 .unwrap_or_else(|| parent.redirect.clone()),
+            ssl: {
+                let p = &parent.ssl;
+                ProxySsl {
+                    verify: self.ssl_verify.unwrap_or(p.verify),
+                    trusted_certificate: self
+                        .ssl_trusted_certificate
+                        .clone()
+                        .or_else(|| p.trusted_certificate.clone()),
+                    server_name: self.ssl_server_name.unwrap_or(p.server_name),
+                    // `proxy_ssl_name $proxy_host` was stored empty: the default.
+                    name: match &self.ssl_name {
+                        Some(n) if n.is_empty() => None,
+                        Some(n) => Some(n.clone()),
+                        None => p.name.clone(),
+                    },
+                    session_reuse: self.ssl_session_reuse.unwrap_or(p.session_reuse),
+                    protocols: self
+                        .ssl_protocols
+                        .clone()
+                        .unwrap_or_else(|| p.protocols.clone()),
+                    ciphers: self
+                        .ssl_ciphers
+                        .clone()
+                        .unwrap_or_else(|| p.ciphers.clone()),
+                    certificate: self
+                        .ssl_certificate
+                        .clone()
+                        .or_else(|| p.certificate.clone()),
+                    certificate_key: self
+                        .ssl_certificate_key
+                        .clone()
+                        .or_else(|| p.certificate_key.clone()),
+                }
+            },
         }
     }
 }
@@ -572,6 +615,8 @@ pub(super) struct PassP {
     pub(super) port: Option<(u16, String)>,
     pub(super) uri: Option<String>,
     pub(super) place: Place,
+    /// `https://`.
+    pub(super) tls: bool,
 }
 
 pub(super) struct ServerP {
@@ -607,6 +652,7 @@ impl HttpUpstreams {
     /// else the implicit upstream `HOST:PORT`, created (resolved) on first use.
     pub(super) fn pass(&mut self, p: &PassP) -> Result<ProxyPass, ConfigError> {
         let at = |m: String| err(&p.place.file, p.place.line, m);
+        let default_port = if p.tls { 443 } else { 80 };
         let named = &self.list[..self.named];
         if let Some(i) = named
             .iter()
@@ -622,12 +668,13 @@ impl HttpUpstreams {
                 upstream: i,
                 uri: p.uri.clone(),
                 proxy_host: p.host.clone(),
-                proxy_port: 80,
+                proxy_port: default_port,
+                tls: p.tls,
             });
         }
-        let port = p.port.as_ref().map_or(80, |(n, _)| *n);
+        let port = p.port.as_ref().map_or(default_port, |(n, _)| *n);
         let proxy_host = match &p.port {
-            Some((n, text)) if *n != 80 => format!("{}:{text}", p.host),
+            Some((n, text)) if *n != default_port => format!("{}:{text}", p.host),
             _ => p.host.clone(),
         };
         let name = format!("{}:{port}", p.host);
@@ -652,6 +699,7 @@ impl HttpUpstreams {
             uri: p.uri.clone(),
             proxy_host,
             proxy_port: port,
+            tls: p.tls,
         })
     }
 }
@@ -2192,17 +2240,15 @@ pub(super) fn buffer_size(d: &Directive, file: &str, v: &str) -> Result<usize, C
     }
 }
 
-/// `proxy_pass http://HOST[:PORT][/URI]` (nginx's `ngx_parse_url` with a URI part; errors
+/// `proxy_pass http[s]://HOST[:PORT][/URI]` (nginx's `ngx_parse_url` with a URI part; errors
 /// worded as nginx's, `... in upstream "REST"` with REST the text after the scheme).
 pub(super) fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, ConfigError> {
     let url = d.args[0].as_str();
     let starts = |p: &str| {
         url.len() >= p.len() && url.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes())
     };
-    if !starts("http://") {
-        if starts("https://") {
-            return Err(derr(d, file, "https protocol requires SSL support"));
-        }
+    let tls = starts("https://");
+    if !starts("http://") && !tls {
         return Err(derr(d, file, format!("invalid URL prefix in \"{url}\"")));
     }
     if url.contains('$') {
@@ -2212,8 +2258,8 @@ pub(super) fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, Confi
             "variables in \"proxy_pass\" are not supported",
         ));
     }
-    // The scheme is ASCII, so byte 7 is a character boundary.
-    let rest = &url[7..];
+    // The scheme is ASCII, so this is a character boundary.
+    let rest = &url[if tls { 8 } else { 7 }..];
     let bad = |what: &str| derr(d, file, format!("{what} in upstream \"{rest}\""));
     let port_of = |p: &str| -> Result<(u16, String), ConfigError> {
         match p.parse::<u16>() {
@@ -2263,7 +2309,94 @@ pub(super) fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, Confi
         port,
         uri: uri.map(str::to_string),
         place: place(d, file),
+        tls,
     })
+}
+
+// `proxy_ssl_verify`, `proxy_ssl_server_name`, `proxy_ssl_session_reuse`.
+slot!(set_proxy_ssl_verify, proxy.ssl_verify, flag);
+slot!(set_proxy_ssl_server_name, proxy.ssl_server_name, flag);
+slot!(set_proxy_ssl_session_reuse, proxy.ssl_session_reuse, flag);
+
+pub(super) fn set_proxy_ssl_name(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = a0(d);
+    // nginx allows variables here; shard the default's one, `$proxy_host`, and literals.
+    let v = if v == "$proxy_host" {
+        None
+    } else if has_variables(v) {
+        return Err(derr(
+            d,
+            file,
+            "variables in \"proxy_ssl_name\" other than $proxy_host are not supported",
+        ));
+    } else {
+        Some(v.to_string())
+    };
+    once(&mut s.proxy.ssl_name, v.unwrap_or_default(), d, file)
+}
+
+pub(super) fn set_proxy_ssl_protocols(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    for a in &d.args {
+        if !["SSLv2", "SSLv3", "TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"].contains(&a.as_str()) {
+            return Err(invalid(d, file, a));
+        }
+    }
+    if !d.args.iter().any(|a| a == "TLSv1.2" || a == "TLSv1.3") {
+        return Err(derr(
+            d,
+            file,
+            "\"proxy_ssl_protocols\" names no protocol shard speaks (TLSv1.2, TLSv1.3)",
+        ));
+    }
+    once(&mut s.proxy.ssl_protocols, d.args.clone(), d, file)
+}
+
+pub(super) fn set_proxy_ssl_ciphers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    once(&mut s.proxy.ssl_ciphers, a0(d).to_string(), d, file)
+}
+
+/// `proxy_ssl_trusted_certificate`, `proxy_ssl_certificate`, `proxy_ssl_certificate_key`: a
+/// PEM file, relative to the configuration's directory.
+fn proxy_ssl_file(env: &Env, slot: &mut Option<PathBuf>, d: &Directive, file: &str) -> R {
+    let v = a0(d);
+    if has_variables(v) || v.starts_with("data:") || v.starts_with("engine:") {
+        return Err(derr(
+            d,
+            file,
+            format!(
+                "\"{}\" must name a PEM file (no variables, \"data:\" or \"engine:\")",
+                d.name
+            ),
+        ));
+    }
+    once(slot, env.resolve_conf(v), d, file)
+}
+
+pub(super) fn set_proxy_ssl_trusted_certificate(
+    env: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    proxy_ssl_file(env, &mut s.proxy.ssl_trusted_certificate, d, file)
+}
+
+pub(super) fn set_proxy_ssl_certificate(
+    env: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    proxy_ssl_file(env, &mut s.proxy.ssl_certificate, d, file)
+}
+
+pub(super) fn set_proxy_ssl_certificate_key(
+    env: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    proxy_ssl_file(env, &mut s.proxy.ssl_certificate_key, d, file)
 }
 
 /// A `proxy_set_header` value: literal text, `$name` and `${name}`. A `$` not followed by a

@@ -822,6 +822,77 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_proxy_buffering),
     ),
     d("proxy_buffers", HSL, 2, 2, Set::Settings(set_proxy_buffers)),
+    // TLS to `proxy_pass https://` upstreams.
+    d(
+        "proxy_ssl_verify",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_ssl_verify),
+    ),
+    d(
+        "proxy_ssl_trusted_certificate",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_ssl_trusted_certificate),
+    ),
+    d(
+        "proxy_ssl_server_name",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_ssl_server_name),
+    ),
+    d(
+        "proxy_ssl_name",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_ssl_name),
+    ),
+    d(
+        "proxy_ssl_session_reuse",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_ssl_session_reuse),
+    ),
+    d(
+        "proxy_ssl_protocols",
+        HSL,
+        1,
+        MANY,
+        Set::Settings(set_proxy_ssl_protocols),
+    ),
+    d(
+        "proxy_ssl_ciphers",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_ssl_ciphers),
+    ),
+    d(
+        "proxy_ssl_certificate",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_ssl_certificate),
+    ),
+    d(
+        "proxy_ssl_certificate_key",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_ssl_certificate_key),
+    ),
+    d(
+        "proxy_ssl_verify_depth",
+        HSL,
+        1,
+        1,
+        Set::NoEffect(check_number),
+    ),
 ];
 
 /// The block a walk reads directives into: the state [`Set`] handlers take.
@@ -922,6 +993,11 @@ fn check_sizes(d: &Directive, file: &str) -> R {
 
 fn check_any(_: &Directive, _: &str) -> R {
     Ok(())
+}
+
+/// A number (`proxy_ssl_verify_depth 2`).
+fn check_number(d: &Directive, file: &str) -> R {
+    num::<u32>(d, file, a0(d)).map(|_| ())
 }
 
 /// Directive names of nginx (its own modules, as listed in nginx.org's directive index) that
@@ -1274,19 +1350,9 @@ pub(super) static NGINX_ONLY: &[&str] = &[
     "proxy_smtp_auth",
     "proxy_socket_keepalive",
     "proxy_ssl",
-    "proxy_ssl_certificate",
-    "proxy_ssl_certificate_key",
-    "proxy_ssl_ciphers",
     "proxy_ssl_conf_command",
     "proxy_ssl_crl",
-    "proxy_ssl_name",
     "proxy_ssl_password_file",
-    "proxy_ssl_protocols",
-    "proxy_ssl_server_name",
-    "proxy_ssl_session_reuse",
-    "proxy_ssl_trusted_certificate",
-    "proxy_ssl_verify",
-    "proxy_ssl_verify_depth",
     "proxy_store",
     "proxy_store_access",
     "proxy_temp_file_write_size",

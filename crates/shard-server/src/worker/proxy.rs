@@ -20,6 +20,11 @@
 //!
 //! Upstream sockets sit in the worker's epoll, registered once, edge-triggered, with a
 //! `Token::Upstream` carrying the connection's key and generation.
+//!
+//! `proxy_pass https://`: after the connect, the TLS handshake (within
+//! `proxy_connect_timeout`, as nginx), then the same steps with the connection's bytes going
+//! through rustls (`tls.rs`'s client side); a request body file is read and encrypted, not
+//! sent with `sendfile`. Pooled connections keep their TLS session.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -41,6 +46,8 @@ const READ_MIN_BYTES: usize = 4096;
 const SENDFILE_CHUNK_BYTES: u64 = 1 << 20;
 /// Bytes read per `read` of a body that already goes to a file.
 const SPOOL_READ_BYTES: usize = 64 * 1024;
+/// A request body file's bytes read and encrypted at once for an `https://` upstream.
+const TLS_BODY_CHUNK_BYTES: usize = 16 * 1024;
 /// `sendfile` calls of a request body per turn of its connection.
 const SENDFILE_CHUNKS_MAX: usize = 16;
 
@@ -64,12 +71,18 @@ pub(super) struct UpConn {
     requests: u64,
     /// When it went idle in the pool.
     idle_since_ms: u64,
+    /// TLS to the upstream (`proxy_pass https://`).
+    tls: Option<Box<super::tls::UpTls>>,
 }
 
 impl UpConn {
     /// Writes `buf[*pos..]` while the socket takes it. `Ok(true)`: all of it is written;
     /// `Ok(false)`: the socket is full (it is then marked not writable until its next event).
     fn write_from(&mut self, buf: &[u8], pos: &mut usize) -> std::io::Result<bool> {
+        if let Some(t) = self.tls.as_mut() {
+            let fd = self.fd.as_raw_fd();
+            return super::tls::write_up(fd, t, buf, pos, &mut self.writable);
+        }
         while *pos < buf.len() {
             if !self.writable {
                 return Ok(false);
@@ -102,6 +115,8 @@ enum State {
     Connect,
     /// Waiting for a non-blocking connect.
     Connecting,
+    /// The TLS handshake with an `https://` upstream.
+    Handshaking,
     /// Writing the request (with a buffered body).
     Sending,
     /// Streaming the body as it arrives (`proxy_request_buffering off`), after the head.
@@ -409,6 +424,7 @@ impl<'a> Worker<'a> {
                 State::ReadBody => self.read_request_body(key, &mut p),
                 State::Connect => self.proxy_connect(key, &mut p),
                 State::Connecting => self.check_upstream_connect(key, &mut p),
+                State::Handshaking => self.upstream_handshake(key, &mut p),
                 State::Sending => self.send_request(key, &mut p),
                 State::StreamBody => self.stream_body(key, &mut p),
                 State::ReadingHead => self.read_response_head(key, &mut p),
@@ -583,7 +599,16 @@ impl<'a> Worker<'a> {
                 p.attempt_started_ms = self.now_ms;
                 // The balancer chose; a kept-alive connection to that peer only saves the
                 // connect, as nginx's keepalive module wraps the balancer.
-                if let Some(u) = self.take_pooled(upstream, peer) {
+                // A pooled connection speaks what it was opened for: TLS or not.
+                let pooled = self.take_pooled(upstream, peer);
+                let pooled = match pooled {
+                    Some(u) if self.upconns[u].tls.is_some() != pass.tls => {
+                        self.close_upconn(u);
+                        None
+                    }
+                    other => other,
+                };
+                if let Some(u) = pooled {
                     let uc = &mut self.upconns[u];
                     uc.owner = Some((key, conn_id));
                     uc.writable = true;
@@ -646,6 +671,7 @@ impl<'a> Worker<'a> {
             owner: Some((key, conn_id)),
             requests: 1,
             idle_since_ms: 0,
+            tls: None,
         });
         let token = Token::Upstream {
             key: u,
@@ -659,16 +685,84 @@ impl<'a> Worker<'a> {
         let _ = shard_event::sock::set_nodelay(raw, true);
         p.up = Some(u);
         if done {
-            if let Some(a) = p.attempts.last_mut() {
-                a.connect_ms = Some(self.now_ms.saturating_sub(p.attempt_started_ms));
-            }
-            p.state = State::Sending;
-            self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
-        } else {
-            p.state = State::Connecting;
-            self.set_proxy_deadline(key, loc.proxy.connect_timeout_ms);
+            return self.upstream_connected(key, p);
         }
+        p.state = State::Connecting;
+        self.set_proxy_deadline(key, loc.proxy.connect_timeout_ms);
         Flow::Next
+    }
+
+    /// The connect completed: the request is sent next, or first the TLS handshake of
+    /// `proxy_pass https://`, in `proxy_connect_timeout` as nginx times it.
+    fn upstream_connected(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        let loc = self.proxy_location(p);
+        if let Some(a) = p.attempts.last_mut() {
+            a.connect_ms = Some(self.now_ms.saturating_sub(p.attempt_started_ms));
+        }
+        let Some(u) = p.up else {
+            return Flow::Fail(502);
+        };
+        if let Some(pass) = loc.proxy_pass.as_ref().filter(|pass| pass.tls) {
+            let Some(config) = self.tls.upstream(&loc.proxy.ssl) else {
+                // Built by the master for every location that passes to https://.
+                return Flow::Fail(500);
+            };
+            let name = loc
+                .proxy
+                .ssl
+                .name
+                .clone()
+                .unwrap_or_else(|| host_of(&pass.proxy_host).to_string());
+            let conn = rustls::pki_types::ServerName::try_from(name.clone())
+                .map_err(|e| e.to_string())
+                .and_then(|n| {
+                    rustls::ClientConnection::new(config.clone(), n).map_err(|e| e.to_string())
+                });
+            match conn {
+                Ok(c) => self.upconns[u].tls = Some(Box::new(c)),
+                Err(e) => {
+                    let msg = format!(
+                        "SSL to upstream \"{name}\" cannot start ({e}) while SSL handshaking to upstream"
+                    );
+                    self.log_proxy_error_current(key, p, &msg);
+                    return Flow::Fail(502);
+                }
+            }
+            p.state = State::Handshaking;
+            self.set_proxy_deadline(key, loc.proxy.connect_timeout_ms);
+            return Flow::Next;
+        }
+        p.state = State::Sending;
+        self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
+        Flow::Next
+    }
+
+    /// One step of the TLS handshake with an `https://` upstream.
+    fn upstream_handshake(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        let Some(uc) = p.up.and_then(|u| self.upconns.get_mut(u)) else {
+            return Flow::Fail(502);
+        };
+        let fd = uc.fd.as_raw_fd();
+        let mut readable = uc.readable || uc.hup;
+        let Some(t) = uc.tls.as_mut() else {
+            return Flow::Fail(502);
+        };
+        let res = super::tls::handshake_up(fd, t, &mut readable, &mut uc.writable);
+        uc.readable = readable;
+        match res {
+            Ok(true) => {
+                let loc = self.proxy_location(p);
+                p.state = State::Sending;
+                self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
+                Flow::Next
+            }
+            Ok(false) => Flow::Wait,
+            Err(e) => {
+                let msg =
+                    format!("SSL_do_handshake() failed ({e}) while SSL handshaking to upstream");
+                self.attempt_failed(key, p, Failure::Error, &msg)
+            }
+        }
     }
 
     fn build_upstream_request(&mut self, key: usize, p: &mut Proxy, pass: &ProxyPass) {
@@ -713,8 +807,10 @@ impl<'a> Worker<'a> {
         }
         // nginx tunnels a `101` only for a client that asked to upgrade; shard also wants the
         // request to have forwarded it (`proxy_set_header Upgrade ...` over HTTP/1.1).
+        // Not over TLS to the upstream yet: its `101` is then nginx's "unexpected 101", a 502.
         p.upgrade = shard_http::proxy::upgrade_requested(&p.head)
-            && shard_http::proxy::upgrade_requested(&out);
+            && shard_http::proxy::upgrade_requested(&out)
+            && !pass.tls;
         p.upreq = out;
     }
 
@@ -736,13 +832,7 @@ impl<'a> Worker<'a> {
             let msg = format!("connect() failed ({}) while connecting to upstream", os(&e));
             return self.attempt_failed(key, p, Failure::Error, &msg);
         }
-        let loc = self.proxy_location(p);
-        if let Some(a) = p.attempts.last_mut() {
-            a.connect_ms = Some(self.now_ms.saturating_sub(p.attempt_started_ms));
-        }
-        p.state = State::Sending;
-        self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
-        Flow::Next
+        self.upstream_connected(key, p)
     }
 
     /// Writes the request head and a buffered body. `proxy_send_timeout` is the time between
@@ -794,6 +884,41 @@ impl<'a> Worker<'a> {
                     return Flow::Wait;
                 }
                 let want = (len - p.file_pos).min(SENDFILE_CHUNK_BYTES) as usize;
+                if uc.tls.is_some() {
+                    // Encrypted in user space: read, then written through TLS.
+                    let mut chunk = std::mem::take(&mut p.scratch);
+                    chunk.resize(want.min(TLS_BODY_CHUNK_BYTES), 0);
+                    let res = shard_event::sock::pread(file.as_raw_fd(), &mut chunk, p.file_pos)
+                        .and_then(|n| {
+                            if n == 0 {
+                                return Err(std::io::Error::other(
+                                    "the request body file was truncated",
+                                ));
+                            }
+                            let mut pos = 0;
+                            let done = uc.write_from(&chunk[..n], &mut pos)?;
+                            Ok((pos, done))
+                        });
+                    chunk.clear();
+                    p.scratch = chunk;
+                    match res {
+                        Ok((sent, done)) => {
+                            p.file_pos += sent as u64;
+                            *progressed |= sent > 0;
+                            if !done {
+                                return Flow::Wait;
+                            }
+                        }
+                        Err(e) => {
+                            let msg = format!(
+                                "SSL_write() failed ({}) while sending request to upstream",
+                                os(&e)
+                            );
+                            return self.attempt_failed(key, p, Failure::Error, &msg);
+                        }
+                    }
+                    continue;
+                }
                 match shard_event::sock::sendfile(
                     uc.fd.as_raw_fd(),
                     file.as_raw_fd(),
@@ -960,6 +1085,12 @@ impl<'a> Worker<'a> {
             return Ok(None);
         }
         let want = room.max(1);
+        if let Some(t) = uc.tls.as_mut() {
+            let mut readable = uc.readable || uc.hup;
+            let res = super::tls::read_up(uc.fd.as_raw_fd(), t, &mut p.rbuf, want, &mut readable);
+            uc.readable = readable;
+            return res;
+        }
         if p.rbuf.capacity() - p.rbuf.len() < want {
             p.rbuf.reserve(want);
         }
@@ -1545,9 +1676,14 @@ impl<'a> Worker<'a> {
                 );
                 Flow::Fail(408)
             }
-            State::Connecting | State::Sending | State::StreamBody | State::ReadingHead => {
+            State::Connecting
+            | State::Handshaking
+            | State::Sending
+            | State::StreamBody
+            | State::ReadingHead => {
                 let what = match p.state {
                     State::Connecting => "upstream timed out (110: Connection timed out) while connecting to upstream",
+                    State::Handshaking => "upstream timed out (110: Connection timed out) while SSL handshaking to upstream",
                     State::Sending | State::StreamBody => "upstream timed out (110: Connection timed out) while sending request to upstream",
                     _ => "upstream timed out (110: Connection timed out) while reading response header from upstream",
                 };
@@ -1743,7 +1879,11 @@ impl<'a> Worker<'a> {
 
     pub(super) fn close_upconn(&mut self, u: usize) {
         // Dropping it closes the socket, which removes it from epoll.
-        drop(self.upconns.try_remove(u));
+        if let Some(mut uc) = self.upconns.try_remove(u) {
+            if let Some(t) = uc.tls.as_mut() {
+                super::tls::close_up(uc.fd.as_raw_fd(), t);
+            }
+        }
     }
 
     /// Closes pooled connections idle for longer than their upstream's `keepalive_timeout`
@@ -1793,6 +1933,18 @@ fn retry_or_fail(p: &mut Proxy, loc: &LocationConf, why: Failure, sent: bool) ->
 /// `status`.
 fn no_more_peers(p: &Proxy, status: u16) -> Flow {
     Flow::Fail(p.last_failure.map_or(status, Failure::status))
+}
+
+/// `$proxy_host` without its port (`backend:8443` → `backend`), an IPv6 address without
+/// its brackets: the name `proxy_ssl_name` defaults to.
+fn host_of(proxy_host: &str) -> &str {
+    if let Some(v6) = proxy_host.strip_prefix('[') {
+        return v6.split(']').next().unwrap_or(v6);
+    }
+    match proxy_host.rsplit_once(':') {
+        Some((host, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => proxy_host,
+    }
 }
 
 fn os(e: &std::io::Error) -> String {

@@ -293,3 +293,163 @@ impl super::relay::Endpoint for TlsSide<'_> {
         let _ = flush(self.fd, self.t);
     }
 }
+
+/// TLS to an upstream (`proxy_pass https://`): the client side, with the contracts of the
+/// plain upstream socket calls it stands in for in `proxy.rs`. `readable` and `writable` are
+/// the upstream connection's edge-triggered flags: cleared only where the socket said
+/// `EAGAIN`, and `readable` is never cleared while decrypted bytes wait in rustls.
+pub(in crate::worker) type UpTls = rustls::ClientConnection;
+
+/// Writes pending records. `Ok(true)`: none is left; `Ok(false)`: the socket is full.
+pub(in crate::worker) fn flush_up(fd: RawFd, c: &mut UpTls) -> io::Result<bool> {
+    while c.wants_write() {
+        match c.write_tls(&mut Sock { fd, first: None }) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// What one [`read_records`] found.
+#[derive(PartialEq, Eq)]
+enum Records {
+    Read,
+    /// The socket's end of stream (rustls knows it now).
+    End,
+    /// `EAGAIN`.
+    Again,
+}
+
+/// Reads records from the socket into rustls once, and processes them.
+fn read_records(fd: RawFd, c: &mut UpTls) -> io::Result<Records> {
+    loop {
+        match c.read_tls(&mut Sock { fd, first: None }) {
+            Ok(n) => {
+                if let Err(e) = c.process_new_packets() {
+                    // The alert rustls queued, if the socket takes it.
+                    let _ = flush_up(fd, c);
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                }
+                return Ok(if n == 0 { Records::End } else { Records::Read });
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Records::Again),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// One step of the handshake to an upstream. `Ok(true)`: it is complete (the client's last
+/// flight may still wait in rustls: [`write_up`] sends it first); `Ok(false)`: wait.
+pub(in crate::worker) fn handshake_up(
+    fd: RawFd,
+    c: &mut UpTls,
+    readable: &mut bool,
+    writable: &mut bool,
+) -> io::Result<bool> {
+    loop {
+        if *writable && !flush_up(fd, c)? {
+            *writable = false;
+        }
+        if !c.is_handshaking() {
+            return Ok(true);
+        }
+        if !*readable {
+            return Ok(false);
+        }
+        match read_records(fd, c)? {
+            Records::Read => {}
+            Records::Again => *readable = false,
+            Records::End if c.is_handshaking() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the upstream closed the connection in the handshake",
+                ))
+            }
+            Records::End => {}
+        }
+    }
+}
+
+/// Writes `buf[*pos..]` as records while the socket takes them. `Ok(true)`: all of it is
+/// on the wire; `Ok(false)`: the socket is full (`writable` is then cleared).
+pub(in crate::worker) fn write_up(
+    fd: RawFd,
+    c: &mut UpTls,
+    buf: &[u8],
+    pos: &mut usize,
+    writable: &mut bool,
+) -> io::Result<bool> {
+    loop {
+        if !*writable {
+            return Ok(false);
+        }
+        if !flush_up(fd, c)? {
+            *writable = false;
+            return Ok(false);
+        }
+        if *pos >= buf.len() {
+            return Ok(true);
+        }
+        let n = c.writer().write(&buf[*pos..])?;
+        if n == 0 {
+            // rustls took nothing although its records are all out: never expected; wait
+            // rather than spin.
+            return Ok(false);
+        }
+        *pos += n;
+    }
+}
+
+/// Reads plaintext from the upstream into the spare capacity of `buf`, at most `max` bytes.
+/// `Ok(Some(0))`: end of stream (close_notify, or the socket's end without one, which an
+/// upstream body framed by the connection's end also is for nginx); `Ok(None)`: wait.
+pub(in crate::worker) fn read_up(
+    fd: RawFd,
+    c: &mut UpTls,
+    buf: &mut Vec<u8>,
+    max: usize,
+    readable: &mut bool,
+) -> io::Result<Option<usize>> {
+    let start = buf.len();
+    loop {
+        buf.resize(start + max.max(1), 0);
+        let got = c.reader().read(&mut buf[start..]);
+        match got {
+            Ok(n) => {
+                buf.truncate(start + n);
+                return Ok(Some(n));
+            }
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                buf.truncate(start);
+                return Ok(Some(0));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf.truncate(start),
+            Err(e) => {
+                buf.truncate(start);
+                return Err(e);
+            }
+        }
+        if !*readable {
+            return Ok(None);
+        }
+        if read_records(fd, c)? == Records::Again {
+            *readable = false;
+        }
+        // An alert to answer, a key update: best effort, the next write flushes the rest.
+        if c.wants_write() {
+            let _ = flush_up(fd, c);
+        }
+    }
+}
+
+/// close_notify to an upstream whose handshake completed, if the socket takes it now.
+pub(in crate::worker) fn close_up(fd: RawFd, c: &mut UpTls) {
+    if !c.is_handshaking() {
+        c.send_close_notify();
+        let _ = flush_up(fd, c);
+    }
+}
