@@ -1251,6 +1251,8 @@ pub struct PeerConf {
 pub struct StreamServerConf {
     /// `ssl_*`: what a `listen ... ssl` of this server presents.
     pub ssl: SslConf,
+    /// `proxy_ssl on` and its `proxy_ssl_*`: TLS to the upstream. `None`: plain TCP.
+    pub proxy_ssl: Option<ProxySsl>,
     pub place: Place,
     pub listen: Vec<SocketAddr>,
     /// Index into `StreamConf::upstreams`.

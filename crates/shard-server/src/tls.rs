@@ -278,14 +278,24 @@ pub fn build(
             upstream.insert(loc.proxy.ssl.clone(), Arc::new(c));
         }
     }
+    for s in cfg.stream.iter().flat_map(|st| &st.servers) {
+        if let Some(ssl) = s
+            .proxy_ssl
+            .as_ref()
+            .filter(|ssl| !upstream.contains_key(*ssl))
+        {
+            let c = upstream_config(ssl, &s.place)?;
+            upstream.insert(ssl.clone(), Arc::new(c));
+        }
+    }
     Ok(TlsContexts {
         per_listener,
         upstream,
     })
 }
 
-/// The client side of `proxy_pass https://`: nginx's `proxy_ssl_*` defaults are no
-/// verification and no SNI.
+/// The client side of `proxy_pass https://` and stream's `proxy_ssl on`: nginx's
+/// `proxy_ssl_*` defaults are no verification and no SNI.
 fn upstream_config(
     ssl: &shard_config::ProxySsl,
     place: &shard_config::Place,

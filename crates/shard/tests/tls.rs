@@ -953,3 +953,94 @@ fn proxy_ssl_mistakes_fail_the_test_as_nginx() {
         assert!(out.contains(want), "{extra}: {out}");
     }
 }
+
+/// stream's `proxy_ssl on`: plain TCP in, TLS to the upstream (shard's own TLS server in
+/// front of an echo upstream). No SNI by default, SNI with `proxy_ssl_name`, a 1 MiB body
+/// both ways with the client's half-close passed on, and a failed verification closing the
+/// client with nginx's log words.
+#[test]
+fn stream_proxy_ssl_speaks_tls_to_the_upstream() {
+    let echo = Upstream::start(|_| Reply::Echo);
+    let dir = temp_dir("tls-stream-up").keep();
+    let p = pki(&dir, &["a.test"]);
+    let ca = p.dir.join("conf/ca.pem");
+    let text = format!(
+        "worker_processes 1;\n\
+         error_log logs/error.log info;\n\
+         pid logs/shard.pid;\n\
+         events {{}}\n\
+         http {{\n\
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n\
+         server {{\n\
+           listen 127.0.0.1:{{port1}} ssl;\n\
+           ssl_certificate {cert}; ssl_certificate_key {key};\n\
+           location = /sni {{ return 200 \"sni=$ssl_server_name\"; }}\n\
+           location / {{ proxy_pass http://{echo}; }}\n\
+         }}\n\
+         }}\n\
+         stream {{\n\
+         proxy_ssl on;\n\
+         server {{ listen 127.0.0.1:{{port2}}; proxy_pass 127.0.0.1:{{port1}}; }}\n\
+         server {{ listen 127.0.0.1:{{port3}}; proxy_pass 127.0.0.1:{{port1}};\n\
+                  proxy_ssl_server_name on; proxy_ssl_name a.test; }}\n\
+         server {{ listen 127.0.0.1:{{port4}}; proxy_pass 127.0.0.1:{{port1}};\n\
+                  proxy_ssl_verify on; proxy_ssl_trusted_certificate {ca};\n\
+                  proxy_ssl_name b.test; }}\n\
+         }}\n",
+        cert = dir.join("conf/a.test.pem").display(),
+        key = dir.join("conf/a.test.key").display(),
+        ca = ca.display(),
+        echo = echo.addr(),
+    );
+    let s = Server::start_ports("tls-stream-up", &text, 1, 4);
+    let at = |i: usize| SocketAddr::from(([127, 0, 0, 1], s.ports[i]));
+    let sni = |addr| {
+        raw(
+            addr,
+            b"GET /sni HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .body_str()
+    };
+    assert_eq!(sni(at(1)), "sni=");
+    assert_eq!(sni(at(2)), "sni=a.test");
+    // 1 MiB up and back; the client's FIN after the request reaches the upstream as
+    // close_notify and FIN, and the answer still comes back.
+    let body: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 253) as u8).collect();
+    let mut c = connect(at(1));
+    c.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut req = format!(
+        "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&body);
+    let writer = {
+        let mut w = c.try_clone().unwrap();
+        std::thread::spawn(move || {
+            w.write_all(&req).unwrap();
+            w.shutdown(std::net::Shutdown::Write).unwrap();
+        })
+    };
+    let (status, _, got) = read_one(&mut c);
+    writer.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(got == body, "1 MiB echoed through the relay's TLS");
+    // Verification fails: the client is closed, nothing relayed.
+    let mut c = connect(at(3));
+    c.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let _ = c.write_all(b"GET /sni HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut got = Vec::new();
+    let _ = c.read_to_end(&mut got);
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    let line = wait_for(TIMEOUT, "the handshake failure", || {
+        std::fs::read_to_string(s.dir.join("logs/error.log"))
+            .ok()?
+            .lines()
+            .find(|l| l.contains("SSL_do_handshake() failed"))
+            .map(str::to_string)
+    });
+    assert!(
+        line.contains("while SSL handshaking to upstream, client: 127.0.0.1"),
+        "{line}"
+    );
+}

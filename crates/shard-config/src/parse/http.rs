@@ -197,15 +197,78 @@ pub(super) struct ProxyP {
     pub(super) hide_headers: Option<Vec<String>>,
     pub(super) pass_headers: Option<Vec<String>>,
     pub(super) redirect: Option<ProxyRedirect>,
-    pub(super) ssl_verify: Option<bool>,
-    pub(super) ssl_trusted_certificate: Option<PathBuf>,
-    pub(super) ssl_server_name: Option<bool>,
-    pub(super) ssl_name: Option<String>,
-    pub(super) ssl_session_reuse: Option<bool>,
-    pub(super) ssl_protocols: Option<Vec<String>>,
-    pub(super) ssl_ciphers: Option<String>,
-    pub(super) ssl_certificate: Option<PathBuf>,
-    pub(super) ssl_certificate_key: Option<PathBuf>,
+    pub(super) ssl: ProxySslP,
+}
+
+/// The `proxy_ssl_*` directives of one level (http's proxy and stream's), merged downwards.
+#[derive(Default, Clone)]
+pub(super) struct ProxySslP {
+    /// `proxy_ssl on|off` (stream only: http's scheme says it).
+    pub(super) enabled: Option<bool>,
+    pub(super) verify: Option<bool>,
+    pub(super) trusted_certificate: Option<PathBuf>,
+    pub(super) server_name: Option<bool>,
+    /// Empty: `$proxy_host`, the default.
+    pub(super) name: Option<String>,
+    pub(super) session_reuse: Option<bool>,
+    pub(super) protocols: Option<Vec<String>>,
+    pub(super) ciphers: Option<String>,
+    pub(super) certificate: Option<PathBuf>,
+    pub(super) certificate_key: Option<PathBuf>,
+}
+
+impl ProxySslP {
+    pub(super) fn merge(&self, p: &ProxySsl) -> ProxySsl {
+        ProxySsl {
+            verify: self.verify.unwrap_or(p.verify),
+            trusted_certificate: self
+                .trusted_certificate
+                .clone()
+                .or_else(|| p.trusted_certificate.clone()),
+            server_name: self.server_name.unwrap_or(p.server_name),
+            name: match &self.name {
+                Some(n) if n.is_empty() => None,
+                Some(n) => Some(n.clone()),
+                None => p.name.clone(),
+            },
+            session_reuse: self.session_reuse.unwrap_or(p.session_reuse),
+            protocols: self
+                .protocols
+                .clone()
+                .unwrap_or_else(|| p.protocols.clone()),
+            ciphers: self.ciphers.clone().unwrap_or_else(|| p.ciphers.clone()),
+            certificate: self.certificate.clone().or_else(|| p.certificate.clone()),
+            certificate_key: self
+                .certificate_key
+                .clone()
+                .or_else(|| p.certificate_key.clone()),
+        }
+    }
+
+    /// Fills the unset fields from `parent` (stream's two levels).
+    pub(super) fn or(&self, parent: &ProxySslP) -> ProxySslP {
+        ProxySslP {
+            enabled: self.enabled.or(parent.enabled),
+            verify: self.verify.or(parent.verify),
+            trusted_certificate: self
+                .trusted_certificate
+                .clone()
+                .or_else(|| parent.trusted_certificate.clone()),
+            server_name: self.server_name.or(parent.server_name),
+            name: self.name.clone().or_else(|| parent.name.clone()),
+            session_reuse: self.session_reuse.or(parent.session_reuse),
+            protocols: self.protocols.clone().or_else(|| parent.protocols.clone()),
+            ciphers: self.ciphers.clone().or_else(|| parent.ciphers.clone()),
+            certificate: self
+                .certificate
+                .clone()
+                .or_else(|| parent.certificate.clone()),
+            certificate_key: self
+                .certificate_key
+                .clone()
+                .or_else(|| parent.certificate_key.clone()),
+        }
+    }
 }
 
 impl ProxyP {
@@ -241,40 +304,7 @@ impl ProxyP {
                 .redirect
                 .clone()
                 .unwrap_or_else(|| parent.redirect.clone()),
-            ssl: {
-                let p = &parent.ssl;
-                ProxySsl {
-                    verify: self.ssl_verify.unwrap_or(p.verify),
-                    trusted_certificate: self
-                        .ssl_trusted_certificate
-                        .clone()
-                        .or_else(|| p.trusted_certificate.clone()),
-                    server_name: self.ssl_server_name.unwrap_or(p.server_name),
-                    // `proxy_ssl_name $proxy_host` was stored empty: the default.
-                    name: match &self.ssl_name {
-                        Some(n) if n.is_empty() => None,
-                        Some(n) => Some(n.clone()),
-                        None => p.name.clone(),
-                    },
-                    session_reuse: self.ssl_session_reuse.unwrap_or(p.session_reuse),
-                    protocols: self
-                        .ssl_protocols
-                        .clone()
-                        .unwrap_or_else(|| p.protocols.clone()),
-                    ciphers: self
-                        .ssl_ciphers
-                        .clone()
-                        .unwrap_or_else(|| p.ciphers.clone()),
-                    certificate: self
-                        .ssl_certificate
-                        .clone()
-                        .or_else(|| p.certificate.clone()),
-                    certificate_key: self
-                        .ssl_certificate_key
-                        .clone()
-                        .or_else(|| p.certificate_key.clone()),
-                }
-            },
+            ssl: self.ssl.merge(&parent.ssl),
         }
     }
 }
@@ -2313,51 +2343,66 @@ pub(super) fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, Confi
     })
 }
 
-// `proxy_ssl_verify`, `proxy_ssl_server_name`, `proxy_ssl_session_reuse`.
-slot!(set_proxy_ssl_verify, proxy.ssl_verify, flag);
-slot!(set_proxy_ssl_server_name, proxy.ssl_server_name, flag);
-slot!(set_proxy_ssl_session_reuse, proxy.ssl_session_reuse, flag);
+/// Every `proxy_ssl_*` directive of http (`proxy_pass https://`).
+pub(super) fn set_proxy_ssl(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    apply_proxy_ssl(env, &mut s.proxy.ssl, d, file)
+}
 
-pub(super) fn set_proxy_ssl_name(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+/// One `proxy_ssl_*` directive, http's or stream's, by its name.
+pub(super) fn apply_proxy_ssl(env: &Env, p: &mut ProxySslP, d: &Directive, file: &str) -> R {
     let v = a0(d);
-    // nginx allows variables here; shard the default's one, `$proxy_host`, and literals.
-    let v = if v == "$proxy_host" {
-        None
-    } else if has_variables(v) {
-        return Err(derr(
-            d,
-            file,
-            "variables in \"proxy_ssl_name\" other than $proxy_host are not supported",
-        ));
-    } else {
-        Some(v.to_string())
-    };
-    once(&mut s.proxy.ssl_name, v.unwrap_or_default(), d, file)
-}
-
-pub(super) fn set_proxy_ssl_protocols(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    for a in &d.args {
-        if !["SSLv2", "SSLv3", "TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"].contains(&a.as_str()) {
-            return Err(invalid(d, file, a));
+    match d.name.as_str() {
+        "proxy_ssl" => once(&mut p.enabled, flag(d, file, v)?, d, file),
+        "proxy_ssl_verify" => once(&mut p.verify, flag(d, file, v)?, d, file),
+        "proxy_ssl_server_name" => once(&mut p.server_name, flag(d, file, v)?, d, file),
+        "proxy_ssl_session_reuse" => once(&mut p.session_reuse, flag(d, file, v)?, d, file),
+        "proxy_ssl_name" => {
+            // nginx allows variables here; shard the default's one, `$proxy_host` (stored
+            // empty), and literals.
+            let name = if v == "$proxy_host" {
+                String::new()
+            } else if has_variables(v) {
+                return Err(derr(
+                    d,
+                    file,
+                    "variables in \"proxy_ssl_name\" other than $proxy_host are not supported",
+                ));
+            } else {
+                v.to_string()
+            };
+            once(&mut p.name, name, d, file)
         }
+        "proxy_ssl_protocols" => {
+            for a in &d.args {
+                if !["SSLv2", "SSLv3", "TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"]
+                    .contains(&a.as_str())
+                {
+                    return Err(invalid(d, file, a));
+                }
+            }
+            if !d.args.iter().any(|a| a == "TLSv1.2" || a == "TLSv1.3") {
+                return Err(derr(
+                    d,
+                    file,
+                    "\"proxy_ssl_protocols\" names no protocol shard speaks (TLSv1.2, TLSv1.3)",
+                ));
+            }
+            once(&mut p.protocols, d.args.clone(), d, file)
+        }
+        "proxy_ssl_ciphers" => once(&mut p.ciphers, v.to_string(), d, file),
+        "proxy_ssl_trusted_certificate" => {
+            once(&mut p.trusted_certificate, pem_path(env, d, file)?, d, file)
+        }
+        "proxy_ssl_certificate" => once(&mut p.certificate, pem_path(env, d, file)?, d, file),
+        "proxy_ssl_certificate_key" => {
+            once(&mut p.certificate_key, pem_path(env, d, file)?, d, file)
+        }
+        _ => Err(derr(d, file, format!("unknown directive \"{}\"", d.name))),
     }
-    if !d.args.iter().any(|a| a == "TLSv1.2" || a == "TLSv1.3") {
-        return Err(derr(
-            d,
-            file,
-            "\"proxy_ssl_protocols\" names no protocol shard speaks (TLSv1.2, TLSv1.3)",
-        ));
-    }
-    once(&mut s.proxy.ssl_protocols, d.args.clone(), d, file)
 }
 
-pub(super) fn set_proxy_ssl_ciphers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    once(&mut s.proxy.ssl_ciphers, a0(d).to_string(), d, file)
-}
-
-/// `proxy_ssl_trusted_certificate`, `proxy_ssl_certificate`, `proxy_ssl_certificate_key`: a
-/// PEM file, relative to the configuration's directory.
-fn proxy_ssl_file(env: &Env, slot: &mut Option<PathBuf>, d: &Directive, file: &str) -> R {
+/// A PEM file named by a `proxy_ssl_*` directive, relative to the configuration's directory.
+fn pem_path(env: &Env, d: &Directive, file: &str) -> Result<PathBuf, ConfigError> {
     let v = a0(d);
     if has_variables(v) || v.starts_with("data:") || v.starts_with("engine:") {
         return Err(derr(
@@ -2369,34 +2414,7 @@ fn proxy_ssl_file(env: &Env, slot: &mut Option<PathBuf>, d: &Directive, file: &s
             ),
         ));
     }
-    once(slot, env.resolve_conf(v), d, file)
-}
-
-pub(super) fn set_proxy_ssl_trusted_certificate(
-    env: &Env,
-    s: &mut Settings,
-    d: &Directive,
-    file: &str,
-) -> R {
-    proxy_ssl_file(env, &mut s.proxy.ssl_trusted_certificate, d, file)
-}
-
-pub(super) fn set_proxy_ssl_certificate(
-    env: &Env,
-    s: &mut Settings,
-    d: &Directive,
-    file: &str,
-) -> R {
-    proxy_ssl_file(env, &mut s.proxy.ssl_certificate, d, file)
-}
-
-pub(super) fn set_proxy_ssl_certificate_key(
-    env: &Env,
-    s: &mut Settings,
-    d: &Directive,
-    file: &str,
-) -> R {
-    proxy_ssl_file(env, &mut s.proxy.ssl_certificate_key, d, file)
+    Ok(env.resolve_conf(v))
 }
 
 /// A `proxy_set_header` value: literal text, `$name` and `${name}`. A `$` not followed by a

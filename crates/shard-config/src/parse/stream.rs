@@ -8,6 +8,7 @@ use super::*;
 #[derive(Default, Clone)]
 pub(super) struct StreamSettings {
     pub(super) ssl: super::http::SslP,
+    pub(super) proxy_ssl: super::http::ProxySslP,
     pub(super) connect_timeout_ms: Option<u64>,
     pub(super) timeout_ms: Option<u64>,
     pub(super) buffer_size: Option<usize>,
@@ -142,8 +143,13 @@ pub(super) fn finish_stream(
             certificates: ssl_eff.pairs()?,
             ..ssl_eff.conf.clone()
         };
+        let proxy_ssl = s.settings.proxy_ssl.or(&sp.settings.proxy_ssl);
         servers.push(StreamServerConf {
             ssl,
+            proxy_ssl: proxy_ssl
+                .enabled
+                .unwrap_or(false)
+                .then(|| proxy_ssl.merge(&ProxySsl::default())),
             place: s.place,
             listen: s.listen,
             upstream,
@@ -178,4 +184,9 @@ pub(super) fn finish_stream(
 /// settings.
 pub(super) fn stream_ssl(env: &Env, s: &mut StreamSettings, d: &Directive, file: &str) -> R {
     super::http::apply_ssl(env, &mut s.ssl, d, file)
+}
+
+/// `proxy_ssl` and the `proxy_ssl_*` settings of stream and its servers.
+pub(super) fn stream_proxy_ssl(env: &Env, s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    super::http::apply_proxy_ssl(env, &mut s.proxy_ssl, d, file)
 }

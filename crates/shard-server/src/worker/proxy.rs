@@ -1937,7 +1937,7 @@ fn no_more_peers(p: &Proxy, status: u16) -> Flow {
 
 /// `$proxy_host` without its port (`backend:8443` → `backend`), an IPv6 address without
 /// its brackets: the name `proxy_ssl_name` defaults to.
-fn host_of(proxy_host: &str) -> &str {
+pub(super) fn host_of(proxy_host: &str) -> &str {
     if let Some(v6) = proxy_host.strip_prefix('[') {
         return v6.split(']').next().unwrap_or(v6);
     }

@@ -142,6 +142,12 @@ pub(super) struct Relay {
     handshaking: bool,
     /// Plaintext that came with the end of the handshake, for the upstream.
     early: Vec<u8>,
+    /// TLS to the upstream (`proxy_ssl on`), from the connect of the current attempt.
+    up_tls: Option<Box<super::tls::UpTls>>,
+    /// Its handshake is not done: the relay is still connecting.
+    up_handshaking: bool,
+    /// Our close_notify to the upstream is queued; its FIN follows it.
+    up_fin_pending: bool,
 }
 
 impl Worker<'_> {
@@ -207,6 +213,9 @@ impl Worker<'_> {
             handshaking: tls.is_some(),
             tls,
             early: Vec::new(),
+            up_tls: None,
+            up_handshaking: false,
+            up_fin_pending: false,
         });
         if let Err(e) = self.poll.add(raw, token(key, id, false), relay_interest()) {
             crate::log!(
@@ -327,6 +336,11 @@ impl Worker<'_> {
     }
 
     fn log_upstream_error(&self, key: usize, what: &str) {
+        self.log_upstream_error_in(key, what, "connecting to upstream");
+    }
+
+    /// `{what} while {during}, client: ..., server: ..., upstream: "..."`, nginx's shape.
+    fn log_upstream_error_in(&self, key: usize, what: &str, during: &str) {
         let r = &self.relays[key];
         let s = self.stream_server(r.server);
         let up = &self.stream().upstreams[s.upstream];
@@ -335,7 +349,7 @@ impl Worker<'_> {
             .map_or(String::new(), |p| up.peers[p].addr.to_string());
         crate::log!(
             Info,
-            "{what} while connecting to upstream, client: {}, server: {}, upstream: \"{addr}\"",
+            "{what} while {during}, client: {}, server: {}, upstream: \"{addr}\"",
             r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
             r.listen
         );
@@ -353,6 +367,9 @@ impl Worker<'_> {
             let r = &mut self.relays[key];
             // Dropping the failed attempt's socket closes it.
             r.upstream = Side::new(None);
+            r.up_tls = None;
+            r.up_handshaking = false;
+            r.up_fin_pending = false;
             let first = r.current_peer.is_none();
             let tried = std::mem::take(&mut r.tried);
             let pick = self.pick_peer(upstream, &tried);
@@ -447,6 +464,70 @@ impl Worker<'_> {
     }
 
     fn connected(&mut self, key: usize) -> Io {
+        let s = self.stream_server(self.relays[key].server);
+        if let Some(ssl) = s.proxy_ssl.as_ref() {
+            // `proxy_ssl on`: the handshake first, within `proxy_connect_timeout`.
+            let Some(config) = self.tls.upstream(ssl) else {
+                return Io::Close;
+            };
+            let name = ssl.name.clone().unwrap_or_else(|| {
+                super::proxy::host_of(&self.stream().upstreams[s.upstream].name).to_string()
+            });
+            let conn = rustls::pki_types::ServerName::try_from(name)
+                .map_err(|e| e.to_string())
+                .and_then(|n| {
+                    rustls::ClientConnection::new(config.clone(), n).map_err(|e| e.to_string())
+                });
+            let timeout = s.connect_timeout_ms;
+            match conn {
+                Ok(c) => {
+                    let r = &mut self.relays[key];
+                    r.up_tls = Some(Box::new(c));
+                    r.up_handshaking = true;
+                    self.set_relay_deadline(key, self.now_ms + timeout);
+                    return self.up_handshake(key);
+                }
+                Err(e) => {
+                    self.log_upstream_error(
+                        key,
+                        &format!("SSL to the upstream cannot start ({e})"),
+                    );
+                    return Io::Close;
+                }
+            }
+        }
+        self.relay_ready(key)
+    }
+
+    /// One step of the TLS handshake with the upstream; the relay starts when it is done,
+    /// the next peer is tried when it fails.
+    fn up_handshake(&mut self, key: usize) -> Io {
+        let r = &mut self.relays[key];
+        let fd = r.upstream.raw();
+        let Some(c) = r.up_tls.as_mut() else {
+            return Io::Close;
+        };
+        let e = &mut r.upstream.e;
+        match super::tls::handshake_up(fd, c, &mut e.readable, &mut e.writable) {
+            Ok(true) => {
+                r.up_handshaking = false;
+                self.relay_ready(key)
+            }
+            Ok(false) => Io::Wait,
+            Err(e) => {
+                self.log_upstream_error_in(
+                    key,
+                    &format!("SSL_do_handshake() failed ({e})"),
+                    "SSL handshaking to upstream",
+                );
+                self.fail_current_peer(key);
+                self.connect_next(key)
+            }
+        }
+    }
+
+    /// The upstream is connected (and its TLS handshake done): the pipes, then bytes.
+    fn relay_ready(&mut self, key: usize) -> Io {
         let (upstream, size, timeout) = {
             let s = self.stream_server(self.relays[key].server);
             (s.upstream, s.buffer_size, s.timeout_ms)
@@ -491,6 +572,7 @@ impl Worker<'_> {
         }
         let io = match (r.connecting, upstream) {
             (true, false) if r.handshaking => self.handshake(key),
+            (true, true) if r.up_handshaking => self.up_handshake(key),
             (true, true) => self.check_connect(key),
             (true, false) => Io::Wait,
             (false, _) => self.pump(key),
@@ -518,7 +600,19 @@ impl Worker<'_> {
                 break Ok(());
             }
             let (c, u) = (r.client.raw(), r.upstream.raw());
-            let mut up_side = Fd(u);
+            let mut up_plain = Fd(u);
+            let mut up_tls_side;
+            let up_side: &mut dyn Endpoint = match r.up_tls.as_mut() {
+                Some(t) => {
+                    up_tls_side = super::tls::UpTlsSide {
+                        fd: u,
+                        c: t,
+                        fin_pending: &mut r.up_fin_pending,
+                    };
+                    &mut up_tls_side
+                }
+                None => &mut up_plain,
+            };
             let mut plain = Fd(c);
             let mut tls_side;
             let client: &mut dyn Endpoint = match r.tls.as_mut() {
@@ -528,14 +622,8 @@ impl Worker<'_> {
                 }
                 None => &mut plain,
             };
-            let a = move_between(client, &mut r.client.e, &mut up_side, &mut r.upstream.e, up);
-            let b = move_between(
-                &mut up_side,
-                &mut r.upstream.e,
-                client,
-                &mut r.client.e,
-                down,
-            );
+            let a = move_between(client, &mut r.client.e, up_side, &mut r.upstream.e, up);
+            let b = move_between(up_side, &mut r.upstream.e, client, &mut r.client.e, down);
             match (a, b) {
                 (Err(e), _) | (_, Err(e)) => break Err(e),
                 (Ok(false), Ok(false)) => break Ok(()),
@@ -558,6 +646,16 @@ impl Worker<'_> {
                 WorkerSlot::bump(&self.slot.tls_handshakes, 1);
                 WorkerSlot::bump(&self.slot.tls_handshake_us, t.handshake_ns / 1000);
             }
+        }
+        if let Some(t) = r.up_tls.as_mut() {
+            if r.upstream.e.writable && (t.wants_write() || r.up_fin_pending) {
+                match super::tls::finish_up(r.upstream.raw(), t, &mut r.up_fin_pending) {
+                    Ok(true) => {}
+                    Ok(false) => r.upstream.e.writable = false,
+                    Err(_) => return Io::Close,
+                }
+            }
+            tls_pending |= t.wants_write() || r.up_fin_pending;
         }
         let done = r.upstream.e.shut && r.client.e.shut && !tls_pending;
         let generation = token::generation(r.id);

@@ -453,3 +453,63 @@ pub(in crate::worker) fn close_up(fd: RawFd, c: &mut UpTls) {
         let _ = flush_up(fd, c);
     }
 }
+
+/// An upstream's TLS connection as one side of a relay (stream's `proxy_ssl on`).
+pub(in crate::worker) struct UpTlsSide<'a> {
+    pub(in crate::worker) fd: RawFd,
+    pub(in crate::worker) c: &'a mut UpTls,
+    /// Our close_notify is queued and the FIN waits until it is written ([`finish_up`]).
+    pub(in crate::worker) fin_pending: &'a mut bool,
+}
+
+impl super::relay::Endpoint for UpTlsSide<'_> {
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.c.reader().read(buf) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            if read_records(self.fd, self.c)? == Records::Again {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            if self.c.wants_write() {
+                let _ = flush_up(self.fd, self.c);
+            }
+        }
+    }
+    fn send(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if !flush_up(self.fd, self.c)? {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let n = self.c.writer().write(buf)?;
+        flush_up(self.fd, self.c)?;
+        if n == 0 && !buf.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    }
+    fn shut(&mut self) {
+        self.c.send_close_notify();
+        *self.fin_pending = true;
+        let _ = finish_up(self.fd, self.c, self.fin_pending);
+    }
+}
+
+/// Writes an upstream's pending records, then the FIN a [`UpTlsSide::shut`] left waiting.
+/// `Ok(true)`: nothing is left.
+pub(in crate::worker) fn finish_up(
+    fd: RawFd,
+    c: &mut UpTls,
+    fin_pending: &mut bool,
+) -> io::Result<bool> {
+    if !flush_up(fd, c)? {
+        return Ok(false);
+    }
+    if *fin_pending {
+        *fin_pending = false;
+        shard_event::sock::shutdown_write(fd);
+    }
+    Ok(true)
+}
