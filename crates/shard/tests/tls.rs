@@ -454,12 +454,18 @@ fn websocket_through_a_tls_front() {
     let (s, p) = start("tls-ws", 1, &extra, "");
     let cfg = client_config(&p.ca, &[&rustls::version::TLS13]);
     let mut c = connect_tls(tls_addr(&s), "a.test", &cfg).unwrap();
+    websocket_echoes(&mut c);
+}
+
+/// Upgrades `c` at `/ws/x` and sends two messages (a small one, a 200 KB one) through an
+/// echo server behind it.
+fn websocket_echoes(c: &mut (impl Read + Write)) {
     c.write_all(
         b"GET /ws/x HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
           Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
     )
     .unwrap();
-    let (st, head, _) = read_one(&mut c);
+    let (st, head, _) = read_one(c);
     assert_eq!(st, 101, "{head}");
     for msg in [&b"over tls"[..], &vec![7u8; 200_000][..]] {
         let mut frame = Vec::new();
@@ -477,6 +483,37 @@ fn websocket_through_a_tls_front() {
         };
         assert_eq!(f.payload, msg);
     }
+}
+
+/// A WebSocket from a plain front to an `https://` upstream (shard's own TLS server, in
+/// front of the echo server): the tunnel's upstream side is TLS.
+#[test]
+fn websocket_to_an_https_upstream() {
+    let up = ws::echo_server(false).unwrap();
+    let dir = temp_dir("tls-ws-up").keep();
+    pki(&dir, &["a.test"]);
+    let ws_loc = |to: String| {
+        format!(
+            "location /ws/ {{ proxy_pass {to}; proxy_http_version 1.1; \
+             proxy_set_header Upgrade $http_upgrade; proxy_set_header Connection \"upgrade\"; }}"
+        )
+    };
+    let text = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\npid logs/shard.pid;\nevents {{}}\n\
+         http {{\n\
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} {front} }}\n\
+         server {{ listen 127.0.0.1:{{port1}} ssl; ssl_certificate {cert}; \
+         ssl_certificate_key {key}; {back} }}\n\
+         }}\n",
+        front = ws_loc("https://127.0.0.1:{port1}".to_string()),
+        back = ws_loc(format!("http://{up}")),
+        cert = dir.join("conf/a.test.pem").display(),
+        key = dir.join("conf/a.test.key").display(),
+    );
+    let s = Server::start_ports("tls-ws-up", &text, 1, 1);
+    let mut c = connect(s.addr());
+    c.set_read_timeout(Some(TIMEOUT)).unwrap();
+    websocket_echoes(&mut c);
 }
 
 fn have(tool: &str) -> bool {

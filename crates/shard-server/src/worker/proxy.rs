@@ -72,7 +72,9 @@ pub(super) struct UpConn {
     /// When it went idle in the pool.
     idle_since_ms: u64,
     /// TLS to the upstream (`proxy_pass https://`).
-    tls: Option<Box<super::tls::UpTls>>,
+    pub(super) tls: Option<Box<super::tls::UpTls>>,
+    /// A tunnel's close_notify to the upstream is queued; its FIN follows it.
+    pub(super) fin_pending: bool,
 }
 
 impl UpConn {
@@ -672,6 +674,7 @@ impl<'a> Worker<'a> {
             requests: 1,
             idle_since_ms: 0,
             tls: None,
+            fin_pending: false,
         });
         let token = Token::Upstream {
             key: u,
@@ -807,10 +810,8 @@ impl<'a> Worker<'a> {
         }
         // nginx tunnels a `101` only for a client that asked to upgrade; shard also wants the
         // request to have forwarded it (`proxy_set_header Upgrade ...` over HTTP/1.1).
-        // Not over TLS to the upstream yet: its `101` is then nginx's "unexpected 101", a 502.
         p.upgrade = shard_http::proxy::upgrade_requested(&p.head)
-            && shard_http::proxy::upgrade_requested(&out)
-            && !pass.tls;
+            && shard_http::proxy::upgrade_requested(&out);
         p.upreq = out;
     }
 

@@ -133,7 +133,19 @@ impl Worker<'_> {
                 }
             }
             let head_out = c.out_pos >= c.out.len();
-            let mut up_side = Fd(ufd);
+            let mut up_plain = Fd(ufd);
+            let mut up_tls_side;
+            let up_side: &mut dyn super::relay::Endpoint = match uc.tls.as_mut() {
+                Some(tt) => {
+                    up_tls_side = super::tls::UpTlsSide {
+                        fd: ufd,
+                        c: tt,
+                        fin_pending: &mut uc.fin_pending,
+                    };
+                    &mut up_tls_side
+                }
+                None => &mut up_plain,
+            };
             let mut plain = Fd(cfd);
             let mut tls_side;
             let client_side: &mut dyn super::relay::Endpoint = match c.tls.as_mut() {
@@ -146,13 +158,13 @@ impl Worker<'_> {
             let a = move_between(
                 client_side,
                 &mut t.client,
-                &mut up_side,
+                up_side,
                 &mut t.upstream,
                 &mut t.up,
             );
             let b = if head_out {
                 move_between(
-                    &mut up_side,
+                    up_side,
                     &mut t.upstream,
                     client_side,
                     &mut t.client,
@@ -178,6 +190,17 @@ impl Worker<'_> {
                 }
             }
             tls_pending = tls.has_output();
+        }
+        // And those for an `https://` upstream, then its FIN.
+        if let Some(tt) = uc.tls.as_mut() {
+            if t.upstream.writable && (tt.wants_write() || uc.fin_pending) {
+                match super::tls::finish_up(ufd, tt, &mut uc.fin_pending) {
+                    Ok(true) => {}
+                    Ok(false) => t.upstream.writable = false,
+                    Err(e) => return Pumped::Failed("send()", e),
+                }
+            }
+            tls_pending |= tt.wants_write() || uc.fin_pending;
         }
         c.readable = t.client.readable;
         c.writable = t.client.writable;
