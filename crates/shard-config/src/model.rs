@@ -796,6 +796,14 @@ pub enum Var {
     SslProtocol,
     SslCipher,
     SslServerName,
+    /// `$ssl_client_verify` (`SUCCESS`, `FAILED:reason`, `NONE`), `$ssl_client_s_dn`,
+    /// `$ssl_client_i_dn` (RFC 2253), `$ssl_client_serial` (hex), `$ssl_client_fingerprint`
+    /// (SHA-1 of the certificate, hex): the client certificate (`ssl_verify_client`).
+    SslClientVerify,
+    SslClientSDn,
+    SslClientIDn,
+    SslClientSerial,
+    SslClientFingerprint,
     /// `$request_uri`: the target as received; `$uri` (`$document_uri`): the normalized path;
     /// `$args` (`$query_string`), `$is_args`.
     RequestUri,
@@ -1138,6 +1146,26 @@ pub struct SslConf {
     /// keys, so every shard given the same file (other machines too) resumes the same
     /// tickets. Empty: a seed the master makes at start.
     pub session_ticket_keys: Vec<PathBuf>,
+    /// `ssl_verify_client`. Default off.
+    pub verify_client: VerifyClient,
+    /// `ssl_client_certificate FILE`: CAs that verify client certificates, and whose names
+    /// are sent to the client.
+    pub client_certificate: Option<PathBuf>,
+    /// `ssl_trusted_certificate FILE`: more CAs that verify them, not sent.
+    pub trusted_certificate: Option<PathBuf>,
+}
+
+/// `ssl_verify_client on | off | optional | optional_no_ca`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VerifyClient {
+    #[default]
+    Off,
+    /// A verified certificate is required: none is nginx's 496, a bad one 495.
+    On,
+    /// One is asked for; a bad one is 495.
+    Optional,
+    /// One is asked for; one whose issuer is unknown passes (`$ssl_client_verify` says so).
+    OptionalNoCa,
 }
 
 impl Default for SslConf {
@@ -1153,6 +1181,9 @@ impl Default for SslConf {
             session_timeout_ms: 300_000,
             session_tickets: true,
             session_ticket_keys: Vec::new(),
+            verify_client: VerifyClient::Off,
+            client_certificate: None,
+            trusted_certificate: None,
         }
     }
 }

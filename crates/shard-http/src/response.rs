@@ -231,6 +231,21 @@ macro_rules! page {
 /// nginx's built-in HTML page for `status`, or empty for codes that have none.
 pub fn error_body(status: u16) -> &'static [u8] {
     match status {
+        // nginx's internal codes of `ssl_verify_client`: sent as 400.
+        495 => concat!(
+            "<html>\r\n<head><title>400 The SSL certificate error</title></head>\r\n",
+            "<body>\r\n<center><h1>400 Bad Request</h1></center>\r\n",
+            "<center>The SSL certificate error</center>\r\n",
+            "<hr><center>shard</center>\r\n</body>\r\n</html>\r\n"
+        )
+        .as_bytes(),
+        496 => concat!(
+            "<html>\r\n<head><title>400 No required SSL certificate was sent</title></head>\r\n",
+            "<body>\r\n<center><h1>400 Bad Request</h1></center>\r\n",
+            "<center>No required SSL certificate was sent</center>\r\n",
+            "<hr><center>shard</center>\r\n</body>\r\n</html>\r\n"
+        )
+        .as_bytes(),
         // nginx's internal code for plain HTTP sent to an HTTPS port: sent as 400.
         497 => concat!(
             "<html>\r\n<head><title>400 The plain HTTP request was sent to HTTPS port</title></head>\r\n",

@@ -62,6 +62,18 @@ pub struct Tls<'a> {
     pub protocol: &'a str,
     pub cipher: &'a str,
     pub server_name: &'a str,
+    /// The client certificate's variables (`ssl_verify_client`): `$ssl_client_verify`, ...
+    pub client: ClientCert<'a>,
+}
+
+/// The `$ssl_client_*` variables; `verify` is `NONE` without a certificate, the rest empty.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClientCert<'a> {
+    pub verify: &'a str,
+    pub s_dn: &'a str,
+    pub i_dn: &'a str,
+    pub serial: &'a str,
+    pub fingerprint: &'a str,
 }
 
 /// The variables the configuration and the request's rewrite instructions made.
@@ -206,6 +218,21 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::SslCipher => out.extend_from_slice(c.conn.tls.map_or("", |t| t.cipher).as_bytes()),
         Var::SslServerName => {
             out.extend_from_slice(c.conn.tls.map_or("", |t| t.server_name).as_bytes())
+        }
+        Var::SslClientVerify => {
+            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.verify).as_bytes())
+        }
+        Var::SslClientSDn => {
+            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.s_dn).as_bytes())
+        }
+        Var::SslClientIDn => {
+            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.i_dn).as_bytes())
+        }
+        Var::SslClientSerial => {
+            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.serial).as_bytes())
+        }
+        Var::SslClientFingerprint => {
+            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.fingerprint).as_bytes())
         }
         Var::ServerAddr => {
             let _ = write!(out, "{}", c.server_addr.ip());

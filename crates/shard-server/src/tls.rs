@@ -20,6 +20,7 @@ use std::sync::Arc;
 use rustls::crypto::ring as provider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
@@ -32,11 +33,19 @@ use shard_config::{Config, HttpConf, Listener, ListenerKind, SessionCache};
 pub struct TlsContexts {
     pub per_listener: Vec<Option<Arc<ServerConfig>>>,
     pub upstream: std::collections::HashMap<shard_config::ProxySsl, Arc<rustls::ClientConfig>>,
+    /// Per http server: what verifies its clients' certificates (`ssl_verify_client` with
+    /// CAs; `None` when off, or `optional_no_ca` without CAs).
+    pub client_verifiers: Vec<Option<Arc<dyn ClientCertVerifier>>>,
 }
 
 impl TlsContexts {
     pub fn get(&self, listener: usize) -> Option<&Arc<ServerConfig>> {
         self.per_listener.get(listener).and_then(Option::as_ref)
+    }
+
+    /// What verifies client certificates for http server `server`.
+    pub fn client_verifier(&self, server: usize) -> Option<&Arc<dyn ClientCertVerifier>> {
+        self.client_verifiers.get(server).and_then(Option::as_ref)
     }
 
     /// The client configuration of a location's `proxy_ssl_*` (built for every location
@@ -246,6 +255,10 @@ pub fn build(
     cfg: &Config,
     ticketer: &Arc<dyn rustls::server::ProducesTickets>,
 ) -> Result<TlsContexts, String> {
+    let mut client_verifiers = Vec::new();
+    for s in cfg.http.iter().flat_map(|h| &h.servers) {
+        client_verifiers.push(client_verifier(&s.ssl, &s.place)?);
+    }
     let mut per_listener = Vec::with_capacity(cfg.listeners.len());
     for l in &cfg.listeners {
         if !l.opts.ssl {
@@ -291,6 +304,7 @@ pub fn build(
     Ok(TlsContexts {
         per_listener,
         upstream,
+        client_verifiers,
     })
 }
 
@@ -382,6 +396,139 @@ fn upstream_config(
     Ok(config)
 }
 
+/// The CA certificates of a PEM file, and how many there are; nginx's error words.
+fn read_cas(
+    path: &Path,
+    place: &shard_config::Place,
+) -> Result<(usize, Vec<CertificateDer<'static>>), String> {
+    let at = format!("{}:{}", place.file, place.line);
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| {
+            format!(
+                "cannot load certificate \"{}\": {} in {at}",
+                path.display(),
+                pem_error(&e)
+            )
+        })?;
+    if certs.is_empty() {
+        return Err(format!(
+            "cannot load certificate \"{}\": no certificate in the file in {at}",
+            path.display()
+        ));
+    }
+    Ok((certs.len(), certs))
+}
+
+/// What judges a server's client certificates: webpki against `ssl_client_certificate` and
+/// `ssl_trusted_certificate`. nginx's error when `on` or `optional` have no CA.
+fn client_verifier(
+    ssl: &shard_config::SslConf,
+    place: &shard_config::Place,
+) -> Result<Option<Arc<dyn ClientCertVerifier>>, String> {
+    use shard_config::VerifyClient;
+    if ssl.verify_client == VerifyClient::Off {
+        return Ok(None);
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for path in [&ssl.client_certificate, &ssl.trusted_certificate]
+        .into_iter()
+        .flatten()
+    {
+        let (_, certs) = read_cas(path, place)?;
+        roots.add_parsable_certificates(certs);
+    }
+    if roots.is_empty() {
+        if ssl.verify_client == VerifyClient::OptionalNoCa {
+            return Ok(None);
+        }
+        return Err(format!(
+            "no ssl_client_certificate for ssl_verify_client in {}:{}",
+            place.file, place.line
+        ));
+    }
+    let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(provider::default_provider()),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| {
+        format!(
+            "ssl_client_certificate: {e} in {}:{}",
+            place.file, place.line
+        )
+    })?;
+    Ok(Some(v))
+}
+
+/// The listener's side of `ssl_verify_client`: a certificate is asked for (naming the CAs
+/// of `ssl_client_certificate`) but never required, and any is taken once the client proves
+/// it holds its key; the request's server judges it ([`client_verifier`]) and answers 495 or
+/// 496 as nginx, rather than the handshake failing.
+#[derive(Debug)]
+struct AskForCertificate {
+    hints: Vec<rustls::DistinguishedName>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ClientCertVerifier for AskForCertificate {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        &self.hints
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        Ok(rustls::server::danger::ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
 /// `proxy_ssl_verify off` (nginx's default): any certificate is accepted, as OpenSSL does
 /// without verification; the handshake's signatures are still checked, so the peer holds
 /// the key of the certificate it sent.
@@ -461,7 +608,31 @@ fn listener_config(
         listener: Arc::new(l.clone()),
         keys,
     };
-    let config = base_config(&default.ssl, l, Arc::new(resolver), ticketer)?;
+    // A certificate is asked of every client of an address where any server wants one;
+    // each server judges it by its own `ssl_verify_client` once the request names it.
+    let asking: Vec<&shard_config::SslConf> = l
+        .servers
+        .iter()
+        .map(|&i| &http.servers[i].ssl)
+        .filter(|ssl| ssl.verify_client != shard_config::VerifyClient::Off)
+        .collect();
+    let mut client_auth: Option<Arc<dyn ClientCertVerifier>> = None;
+    if !asking.is_empty() {
+        let mut hints = rustls::RootCertStore::empty();
+        for ssl in &asking {
+            if let Some(path) = &ssl.client_certificate {
+                let (_, certs) = read_cas(path, &l.place)?;
+                hints.add_parsable_certificates(certs);
+            }
+        }
+        let prov = Arc::new(provider::default_provider());
+        let asker = AskForCertificate {
+            hints: hints.subjects(),
+            provider: prov,
+        };
+        client_auth = Some(Arc::new(asker));
+    }
+    let config = base_config(&default.ssl, l, Arc::new(resolver), client_auth, ticketer)?;
     Ok(config)
 }
 
@@ -470,6 +641,7 @@ fn base_config(
     ssl: &shard_config::SslConf,
     l: &Listener,
     resolver: Arc<dyn ResolvesServerCert>,
+    client_auth: Option<Arc<dyn ClientCertVerifier>>,
     ticketer: &Arc<dyn rustls::server::ProducesTickets>,
 ) -> Result<ServerConfig, String> {
     let mut versions: Vec<&'static rustls::SupportedProtocolVersion> = Vec::new();
@@ -487,11 +659,14 @@ fn base_config(
     }
     let mut prov = provider::default_provider();
     prov.cipher_suites = cipher_suites(&ssl.ciphers);
-    let mut config = ServerConfig::builder_with_provider(Arc::new(prov))
+    let builder = ServerConfig::builder_with_provider(Arc::new(prov))
         .with_protocol_versions(&versions)
-        .map_err(|e| format!("ssl configuration for {}: {e}", l.addr))?
-        .with_no_client_auth()
-        .with_cert_resolver(resolver);
+        .map_err(|e| format!("ssl configuration for {}: {e}", l.addr))?;
+    let builder = match client_auth {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(resolver);
     // HTTP/2 is not spoken: a client offering h2 and http/1.1 gets http/1.1.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     config.ignore_client_order = ssl.prefer_server_ciphers;
@@ -533,7 +708,7 @@ fn stream_config(
             l.place.file, l.place.line
         ));
     }
-    let mut config = base_config(&s.ssl, l, Arc::new(FixedResolver { keys }), ticketer)?;
+    let mut config = base_config(&s.ssl, l, Arc::new(FixedResolver { keys }), None, ticketer)?;
     // A TCP relay has no ALPN protocol of its own to offer.
     config.alpn_protocols.clear();
     Ok(config)

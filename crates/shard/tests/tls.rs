@@ -974,6 +974,14 @@ fn proxy_ssl_mistakes_fail_the_test_as_nginx() {
             "names no protocol shard speaks",
         ),
         ("proxy_ssl_name $host;", "variables in \"proxy_ssl_name\""),
+        (
+            "} ssl_verify_client on; location /y {",
+            "no ssl_client_certificate for ssl_verify_client in",
+        ),
+        (
+            "} location /x { ssl_verify_client on;",
+            "\"ssl_verify_client\" directive is not allowed here",
+        ),
     ];
     for (extra, want) in cases {
         let conf = dir.join("t.conf");
@@ -1080,4 +1088,150 @@ fn stream_proxy_ssl_speaks_tls_to_the_upstream() {
         line.contains("while SSL handshaking to upstream, client: 127.0.0.1"),
         "{line}"
     );
+}
+
+/// `ssl_verify_client`: a client certificate from the CA passes with the `$ssl_client_*`
+/// variables; none is nginx's 496 and one from elsewhere 495 (both a 400 page, then a
+/// close); `optional_no_ca` lets an unknown issuer through and says so; a server that asks
+/// for none sees `NONE` on the same address.
+#[test]
+fn client_certificates_are_verified_as_nginx() {
+    let dir = temp_dir("tls-mtls").keep();
+    let p = pki(&dir, &["a.test", "b.test", "c.test"]);
+    // The CA that signs clients (the same test CA is simplest: `pki` made it; sign a client
+    // with a CA of our own making, and write it as the trusted file).
+    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name = rcgen::DistinguishedName::new();
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "clients CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    std::fs::write(dir.join("conf/clients.pem"), ca.pem()).unwrap();
+    let client = |signed_by_ca: bool| {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "shard tests");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "client one");
+        params.serial_number = Some(rcgen::SerialNumber::from(vec![0x01, 0x9a]));
+        let cert = if signed_by_ca {
+            params.signed_by(&key, &ca, &ca_key).unwrap()
+        } else {
+            params.self_signed(&key).unwrap()
+        };
+        let der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(p.ca.clone()).unwrap();
+        let c = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(vec![cert.der().clone()], der)
+        .unwrap();
+        Arc::new(c)
+    };
+    let vars = "$ssl_client_verify|$ssl_client_s_dn|$ssl_client_i_dn|$ssl_client_serial|\
+                $ssl_client_fingerprint";
+    let pair = |n: &str| {
+        format!(
+            "ssl_certificate {d}/conf/{n}.pem; ssl_certificate_key {d}/conf/{n}.key;",
+            d = dir.display()
+        )
+    };
+    let text = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\npid logs/shard.pid;\nevents {{}}\n\
+         http {{\n\
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n\
+         server {{ listen 127.0.0.1:{{port1}} ssl; server_name a.test; {a}\n\
+           ssl_verify_client on; ssl_client_certificate {d}/conf/clients.pem;\n\
+           location / {{ return 200 \"{vars}\"; }} }}\n\
+         server {{ listen 127.0.0.1:{{port1}} ssl; server_name b.test; {b}\n\
+           location / {{ return 200 \"b $ssl_client_verify\"; }} }}\n\
+         server {{ listen 127.0.0.1:{{port1}} ssl; server_name c.test; {c}\n\
+           ssl_verify_client optional_no_ca;\n\
+           location / {{ return 200 \"c $ssl_client_verify|$ssl_client_s_dn\"; }} }}\n\
+         }}\n",
+        a = pair("a.test"),
+        b = pair("b.test"),
+        c = pair("c.test"),
+        d = dir.display(),
+    );
+    let s = Server::start_ports("tls-mtls", &text, 1, 1);
+    let good = client(true);
+    let stranger = client(false);
+    let anonymous = client_config(&p.ca, &[&rustls::version::TLS13]);
+
+    let mut t = connect_tls(tls_addr(&s), "a.test", &good).unwrap();
+    let (st, _, body) = request(&mut t, "a.test", "/");
+    let body = String::from_utf8(body).unwrap();
+    let f: Vec<&str> = body.split('|').collect();
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(
+        f[..4],
+        [
+            "SUCCESS",
+            "CN=client one,O=shard tests",
+            "CN=clients CA",
+            "019A"
+        ],
+        "{body}"
+    );
+    assert!(
+        f[4].len() == 40
+            && f[4]
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+        "{body}"
+    );
+    // Kept alive: a second request on the same connection.
+    assert_eq!(request(&mut t, "a.test", "/").0, 200);
+
+    for (cfg, page, log) in [
+        (
+            &anonymous,
+            "No required SSL certificate was sent",
+            "client sent no required SSL certificate while reading client request headers",
+        ),
+        (
+            &stranger,
+            "The SSL certificate error",
+            "client SSL certificate verify error: (20:unable to get local issuer certificate)",
+        ),
+    ] {
+        let mut t = connect_tls(tls_addr(&s), "a.test", cfg).unwrap();
+        write!(t, "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n").unwrap();
+        let mut all = Vec::new();
+        let _ = t.read_to_end(&mut all);
+        let all = String::from_utf8_lossy(&all);
+        assert!(all.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{all}");
+        assert!(
+            all.contains(page) && all.contains("Connection: close"),
+            "{all}"
+        );
+        let text = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+        assert!(text.contains(log), "{text}");
+    }
+    // A server on the same address that asks for nothing.
+    let mut t = connect_tls(tls_addr(&s), "b.test", &good).unwrap();
+    assert_eq!(request(&mut t, "b.test", "/").2, b"b NONE");
+    // optional_no_ca: an unknown issuer passes, and says so.
+    let mut t = connect_tls(tls_addr(&s), "c.test", &stranger).unwrap();
+    let (st, _, body) = request(&mut t, "c.test", "/");
+    assert_eq!(
+        (st, String::from_utf8(body).unwrap().as_str()),
+        (
+            200,
+            "c FAILED:unable to get local issuer certificate|CN=client one,O=shard tests"
+        )
+    );
+    let mut t = connect_tls(tls_addr(&s), "c.test", &anonymous).unwrap();
+    assert_eq!(request(&mut t, "c.test", "/").2, b"c NONE|");
 }

@@ -18,6 +18,9 @@ pub(super) struct SslP {
     pub(super) session_timeout_ms: Option<u64>,
     pub(super) session_tickets: Option<bool>,
     pub(super) session_ticket_keys: Option<Vec<(PathBuf, Place)>>,
+    pub(super) verify_client: Option<VerifyClient>,
+    pub(super) client_certificate: Option<PathBuf>,
+    pub(super) trusted_certificate: Option<PathBuf>,
 }
 
 /// The merged `ssl_*` directives of a block: the certificate and key lists stay apart
@@ -57,6 +60,15 @@ impl SslEff {
                     || self.conf.session_ticket_keys.clone(),
                     |v| v.iter().map(|(p, _)| p.clone()).collect(),
                 ),
+                verify_client: p.verify_client.unwrap_or(self.conf.verify_client),
+                client_certificate: p
+                    .client_certificate
+                    .clone()
+                    .or_else(|| self.conf.client_certificate.clone()),
+                trusted_certificate: p
+                    .trusted_certificate
+                    .clone()
+                    .or_else(|| self.conf.trusted_certificate.clone()),
             },
         }
     }
@@ -2485,6 +2497,11 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "ssl_protocol" => Var::SslProtocol,
         "ssl_cipher" => Var::SslCipher,
         "ssl_server_name" => Var::SslServerName,
+        "ssl_client_verify" => Var::SslClientVerify,
+        "ssl_client_s_dn" => Var::SslClientSDn,
+        "ssl_client_i_dn" => Var::SslClientIDn,
+        "ssl_client_serial" => Var::SslClientSerial,
+        "ssl_client_fingerprint" => Var::SslClientFingerprint,
         "request_uri" => Var::RequestUri,
         "uri" | "document_uri" => Var::Uri,
         "args" | "query_string" => Var::Args,
@@ -2620,6 +2637,35 @@ fn ssl_path(env: &Env, list: &mut Option<Vec<(PathBuf, Place)>>, d: &Directive, 
     Ok(())
 }
 
+/// `ssl_verify_client`, `ssl_client_certificate`, `ssl_trusted_certificate`.
+pub(super) fn set_ssl_client(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = a0(d);
+    match d.name.as_str() {
+        "ssl_verify_client" => {
+            let mode = match v {
+                "off" => VerifyClient::Off,
+                "on" => VerifyClient::On,
+                "optional" => VerifyClient::Optional,
+                "optional_no_ca" => VerifyClient::OptionalNoCa,
+                _ => return Err(invalid(d, file, v)),
+            };
+            once(&mut s.ssl.verify_client, mode, d, file)
+        }
+        "ssl_client_certificate" => once(
+            &mut s.ssl.client_certificate,
+            pem_path(env, d, file)?,
+            d,
+            file,
+        ),
+        _ => once(
+            &mut s.ssl.trusted_certificate,
+            pem_path(env, d, file)?,
+            d,
+            file,
+        ),
+    }
+}
+
 /// `ssl_protocols`: nginx's names; shard speaks TLSv1.2 and TLSv1.3 of them.
 pub(super) fn set_ssl_protocols(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     for a in &d.args {
@@ -2727,6 +2773,9 @@ pub(super) fn apply_ssl(env: &Env, p: &mut SslP, d: &Directive, file: &str) -> R
         "ssl_session_timeout" => set_ssl_session_timeout(env, &mut s, d, file),
         "ssl_session_tickets" => set_ssl_session_tickets(env, &mut s, d, file),
         "ssl_session_ticket_key" => set_ssl_session_ticket_key(env, &mut s, d, file),
+        "ssl_verify_client" | "ssl_client_certificate" | "ssl_trusted_certificate" => {
+            set_ssl_client(env, &mut s, d, file)
+        }
         _ => Ok(()),
     };
     *p = s.ssl;

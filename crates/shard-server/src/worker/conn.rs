@@ -7,11 +7,12 @@
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use shard_config::{ErrorPageStatus, LingeringClose, LocationConf, LogFormat};
+use shard_config::{ErrorPageStatus, LingeringClose, LocationConf, LogFormat, VerifyClient};
 use shard_http::body::ChunkedDecoder;
 
 use super::script::Outcome;
 use super::step::{Flush, Io, Reply, Step};
+use super::tls::ClientOutcome;
 use super::{phase_counter, Worker};
 use crate::shm::WorkerSlot;
 
@@ -1166,6 +1167,37 @@ impl Worker<'_> {
                 self.log_context(key, Some(&req))
             );
         }
+        // `ssl_verify_client` of the request's server, as nginx checks it once the headers
+        // are read: none sent is 496 (`on`), one that does not verify 495.
+        if let (VerifyClient::On | VerifyClient::Optional | VerifyClient::OptionalNoCa, Some(t)) =
+            (server.ssl.verify_client, self.conns[key].tls.as_mut())
+        {
+            let verifier = self.tls.client_verifier(server_idx);
+            let cc = super::tls::client_cert(t, server_idx, verifier);
+            let refuse = match (cc.outcome, server.ssl.verify_client) {
+                (ClientOutcome::None, VerifyClient::On) => Some(496),
+                (ClientOutcome::Failed { issuer: true }, VerifyClient::OptionalNoCa) => None,
+                (ClientOutcome::Failed { .. }, _) => Some(495),
+                _ => None,
+            };
+            if let Some(code) = refuse.filter(|_| forced.is_none()) {
+                let why = if code == 496 {
+                    "client sent no required SSL certificate".to_string()
+                } else {
+                    let why = cc.verify.strip_prefix("FAILED:").unwrap_or(&cc.verify);
+                    format!(
+                        "client SSL certificate verify error: ({}:{why})",
+                        cc.error_code
+                    )
+                };
+                crate::log!(
+                    Info,
+                    "{why} while reading client request headers{}",
+                    self.log_context(key, Some(&req))
+                );
+                forced = Some(code);
+            }
+        }
         if limited {
             match self.check_limits(key, first, &req, &head) {
                 Limited::Pass => {}
@@ -1212,7 +1244,8 @@ impl Worker<'_> {
         c.body_bytes_max = first.client_max_body_size;
         let keep_alive =
             shard_http::response::keep_alive(&req, first, c.requests, self.shutting_down)
-                && !c.plain_on_tls;
+                && !c.plain_on_tls
+                && !matches!(forced, Some(495 | 496));
 
         // Body: refuse what announces itself too large before reading any of it.
         match req.body {
@@ -1781,6 +1814,21 @@ impl Worker<'_> {
                 protocol: t.protocol().unwrap_or(""),
                 cipher: t.cipher().unwrap_or(""),
                 server_name: t.server_name().unwrap_or(""),
+                // Judged for the request's server by `handle` (`ssl_verify_client`); a server
+                // that asks for none has none, as in nginx.
+                client: match t.client_judged(c.server) {
+                    Some(cc) => shard_http::vars::ClientCert {
+                        verify: &cc.verify,
+                        s_dn: &cc.s_dn,
+                        i_dn: &cc.i_dn,
+                        serial: &cc.serial,
+                        fingerprint: &cc.fingerprint,
+                    },
+                    None => shard_http::vars::ClientCert {
+                        verify: "NONE",
+                        ..Default::default()
+                    },
+                },
             }),
         }
     }

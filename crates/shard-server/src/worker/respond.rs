@@ -132,9 +132,9 @@ fn simple(
     if let Some(code) = c.status_override.filter(|_| (200..300).contains(&r.status)) {
         r.status = code;
     }
-    // nginx's 497 (plain HTTP to an HTTPS port) goes out as 400 when no `error_page`
-    // took it.
-    if r.status == 497 {
+    // nginx's 497 (plain HTTP to an HTTPS port), 495 (a client certificate that does not
+    // verify) and 496 (none sent) go out as 400 when no `error_page` took them.
+    if matches!(r.status, 495..=497) {
         r.status = 400;
     }
     let gz = &loc.gzip;

@@ -38,6 +38,8 @@ pub(in crate::worker) struct TlsConn {
     /// Plaintext on its way into a tunnel's or relay's pipe (`TlsSide::recv`), kept so that
     /// no read allocates.
     scratch: Vec<u8>,
+    /// The client certificate as the last request's server judged it ([`client_cert`]).
+    client: Option<Box<ClientCert>>,
 }
 
 /// What [`read_into`] found besides plaintext.
@@ -62,6 +64,7 @@ impl TlsConn {
             fin_pending: false,
             notified: false,
             scratch: Vec::new(),
+            client: None,
         })
     }
 
@@ -99,6 +102,11 @@ impl TlsConn {
     /// `$ssl_server_name`: the SNI the client sent.
     pub(in crate::worker) fn server_name(&self) -> Option<&str> {
         self.conn.server_name()
+    }
+
+    /// The client certificate as `server` judged it, if a request to it did.
+    pub(in crate::worker) fn client_judged(&self, server: usize) -> Option<&ClientCert> {
+        self.client.as_deref().filter(|c| c.server == server)
     }
 }
 
@@ -512,4 +520,267 @@ pub(in crate::worker) fn finish_up(
         shard_event::sock::shutdown_write(fd);
     }
     Ok(true)
+}
+
+/// The client certificate as a request's server judged it (`ssl_verify_client`), and the
+/// `$ssl_client_*` variables; made when a request first needs them.
+pub(in crate::worker) struct ClientCert {
+    /// The http server whose CAs judged it.
+    pub(in crate::worker) server: usize,
+    pub(in crate::worker) outcome: ClientOutcome,
+    /// OpenSSL's `X509_V_ERR_*` number of a failure (0 when it has none), for the log.
+    pub(in crate::worker) error_code: u32,
+    pub(in crate::worker) verify: String,
+    pub(in crate::worker) s_dn: String,
+    pub(in crate::worker) i_dn: String,
+    pub(in crate::worker) serial: String,
+    pub(in crate::worker) fingerprint: String,
+}
+
+/// What verification found.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(in crate::worker) enum ClientOutcome {
+    /// No certificate was sent.
+    None,
+    Success,
+    /// It does not verify; `issuer`: only because its issuer is unknown (which
+    /// `optional_no_ca` lets pass, as nginx's `ngx_ssl_verify_error_optional`).
+    Failed {
+        issuer: bool,
+    },
+}
+
+/// Judges the connection's client certificate for `server` with its CAs (`None`: it has
+/// none, `optional_no_ca`), once per connection and server.
+pub(in crate::worker) fn client_cert<'t>(
+    t: &'t mut TlsConn,
+    server: usize,
+    verifier: Option<&Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+) -> &'t ClientCert {
+    if t.client.as_ref().is_none_or(|c| c.server != server) {
+        t.client = Some(Box::new(judge(t, server, verifier)));
+    }
+    t.client.as_deref().expect("just made")
+}
+
+fn judge(
+    t: &TlsConn,
+    server: usize,
+    verifier: Option<&Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+) -> ClientCert {
+    let mut c = ClientCert {
+        server,
+        outcome: ClientOutcome::None,
+        error_code: 0,
+        verify: "NONE".to_string(),
+        s_dn: String::new(),
+        i_dn: String::new(),
+        serial: String::new(),
+        fingerprint: String::new(),
+    };
+    let Some((ee, rest)) = t.conn.peer_certificates().and_then(<[_]>::split_first) else {
+        return c;
+    };
+    let result = match verifier {
+        Some(v) => v
+            .verify_client_cert(ee, rest, rustls::pki_types::UnixTime::now())
+            .map(|_| ()),
+        None => Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        )),
+    };
+    (c.outcome, c.verify) = match result {
+        Ok(()) => (ClientOutcome::Success, "SUCCESS".to_string()),
+        Err(e) => {
+            // OpenSSL's words and numbers, which nginx's `$ssl_client_verify` and log use.
+            use rustls::CertificateError as E;
+            let (issuer, code, why) = match &e {
+                rustls::Error::InvalidCertificate(E::UnknownIssuer) => (
+                    true,
+                    20,
+                    "unable to get local issuer certificate".to_string(),
+                ),
+                rustls::Error::InvalidCertificate(E::Expired | E::ExpiredContext { .. }) => {
+                    (false, 10, "certificate has expired".to_string())
+                }
+                rustls::Error::InvalidCertificate(
+                    E::NotValidYet | E::NotValidYetContext { .. },
+                ) => (false, 9, "certificate is not yet valid".to_string()),
+                rustls::Error::InvalidCertificate(E::BadSignature) => {
+                    (false, 7, "certificate signature failure".to_string())
+                }
+                rustls::Error::InvalidCertificate(E::Revoked) => {
+                    (false, 23, "certificate revoked".to_string())
+                }
+                other => (false, 0, other.to_string()),
+            };
+            c.error_code = code;
+            (ClientOutcome::Failed { issuer }, format!("FAILED:{why}"))
+        }
+    };
+    if let Ok(cert) = webpki::EndEntityCert::try_from(ee) {
+        c.s_dn = dn_rfc2253(cert.subject());
+        c.i_dn = dn_rfc2253(cert.issuer());
+        c.serial = serial_hex(cert.serial());
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, ee);
+    c.fingerprint = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    c
+}
+
+/// A DER element at the start of `b`: its tag, its content, and what follows it.
+fn der(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, b) = b.split_first()?;
+    let (&l0, mut b) = b.split_first()?;
+    let len = if l0 < 0x80 {
+        usize::from(l0)
+    } else {
+        let n = usize::from(l0 & 0x7f);
+        if n == 0 || n > 4 || b.len() < n {
+            return None;
+        }
+        let len = b[..n].iter().fold(0usize, |a, &x| a << 8 | usize::from(x));
+        b = &b[n..];
+        len
+    };
+    (b.len() >= len).then(|| (tag, &b[..len], &b[len..]))
+}
+
+/// A distinguished name's content (the `SEQUENCE` of `SET`s, without its own tag) as
+/// OpenSSL's `XN_FLAG_RFC2253` prints it, which nginx's `$ssl_client_s_dn` is: the most
+/// specific part first, `,` between parts, `+` inside one, special characters and bytes
+/// above ASCII escaped.
+fn dn_rfc2253(name: &[u8]) -> String {
+    let mut rdns = Vec::new();
+    let mut rest = name;
+    while let Some((0x31, set, r)) = der(rest) {
+        rest = r;
+        let mut attrs = Vec::new();
+        let mut s = set;
+        while let Some((0x30, atv, r2)) = der(s) {
+            s = r2;
+            let Some((0x06, oid, r3)) = der(atv) else {
+                break;
+            };
+            let Some((tag, value, _)) = der(r3) else {
+                break;
+            };
+            attrs.push(format!("{}={}", oid_name(oid), dn_value(tag, value)));
+        }
+        rdns.push(attrs.join("+"));
+    }
+    rdns.reverse();
+    rdns.join(",")
+}
+
+/// OpenSSL's short names of the usual attributes; others in dotted form.
+fn oid_name(oid: &[u8]) -> String {
+    let name = match oid {
+        [0x55, 0x04, 0x03] => "CN",
+        [0x55, 0x04, 0x05] => "serialNumber",
+        [0x55, 0x04, 0x06] => "C",
+        [0x55, 0x04, 0x07] => "L",
+        [0x55, 0x04, 0x08] => "ST",
+        [0x55, 0x04, 0x09] => "street",
+        [0x55, 0x04, 0x0a] => "O",
+        [0x55, 0x04, 0x0b] => "OU",
+        [0x55, 0x04, 0x0c] => "title",
+        [0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x09, 0x01] => "emailAddress",
+        [0x09, 0x92, 0x26, 0x89, 0x93, 0xf2, 0x2c, 0x64, 0x01, 0x19] => "DC",
+        [0x09, 0x92, 0x26, 0x89, 0x93, 0xf2, 0x2c, 0x64, 0x01, 0x01] => "UID",
+        _ => {
+            let mut parts = Vec::new();
+            if let Some((&first, rest)) = oid.split_first() {
+                parts.push(u64::from(first / 40));
+                parts.push(u64::from(first % 40));
+                let mut v = 0u64;
+                for &b in rest {
+                    v = v << 7 | u64::from(b & 0x7f);
+                    if b & 0x80 == 0 {
+                        parts.push(v);
+                        v = 0;
+                    }
+                }
+            }
+            let dotted: Vec<String> = parts.iter().map(u64::to_string).collect();
+            return dotted.join(".");
+        }
+    };
+    name.to_string()
+}
+
+/// An attribute value, RFC 2253-escaped; BMP strings are decoded, other string types are
+/// taken as bytes, anything else is `#` and its hex.
+fn dn_value(tag: u8, value: &[u8]) -> String {
+    let bytes: Vec<u8> = match tag {
+        0x1e => char::decode_utf16(
+            value
+                .chunks_exact(2)
+                .map(|p| u16::from_be_bytes([p[0], p[1]])),
+        )
+        .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+        .collect::<String>()
+        .into_bytes(),
+        0x0c | 0x13 | 0x14 | 0x16 | 0x1c => value.to_vec(),
+        _ => {
+            return std::iter::once("#".to_string())
+                .chain(value.iter().map(|b| format!("{b:02X}")))
+                .collect();
+        }
+    };
+    let mut out = String::with_capacity(bytes.len());
+    let last = bytes.len().saturating_sub(1);
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b',' | b'+' | b'"' | b'\\' | b'<' | b'>' | b';' => {
+                out.push('\\');
+                out.push(char::from(b));
+            }
+            b'#' if i == 0 => out.push_str("\\#"),
+            b' ' if i == 0 || i == last => out.push_str("\\ "),
+            0x20..=0x7e => out.push(char::from(b)),
+            _ => out.push_str(&format!("\\{b:02X}")),
+        }
+    }
+    out
+}
+
+/// A serial number as OpenSSL prints it: uppercase hex, without DER's sign byte.
+fn serial_hex(serial: &[u8]) -> String {
+    let s = match serial {
+        [0, rest @ ..] if !rest.is_empty() => rest,
+        s => s,
+    };
+    s.iter().map(|b| format!("{b:02X}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distinguished_names_print_as_openssl_rfc2253() {
+        // SEQUENCE content: SET{SEQ{C, "US"}}, SET{SEQ{O, "A, B"}}, SET{SEQ{CN, " x#"}}.
+        let atv = |oid: &[u8], tag: u8, v: &[u8]| {
+            let mut seq = vec![0x06, oid.len() as u8];
+            seq.extend_from_slice(oid);
+            seq.extend_from_slice(&[tag, v.len() as u8]);
+            seq.extend_from_slice(v);
+            let mut set = vec![0x30, seq.len() as u8];
+            set.extend_from_slice(&seq);
+            let mut out = vec![0x31, set.len() as u8];
+            out.extend_from_slice(&set);
+            out
+        };
+        let mut name = atv(&[0x55, 4, 6], 0x13, b"US");
+        name.extend(atv(&[0x55, 4, 10], 0x0c, b"A, B"));
+        name.extend(atv(&[0x55, 4, 3], 0x0c, " x#\u{e9}".as_bytes()));
+        name.extend(atv(&[0x2b, 6, 1, 4, 1, 0x82, 0x37], 0x0c, b"v"));
+        assert_eq!(
+            dn_rfc2253(&name),
+            "1.3.6.1.4.1.311=v,CN=\\ x#\\C3\\A9,O=A\\, B,C=US"
+        );
+        assert_eq!(serial_hex(&[0x00, 0x9a, 0x01]), "9A01");
+        assert_eq!(serial_hex(&[0x05]), "05");
+    }
 }
