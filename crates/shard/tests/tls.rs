@@ -902,6 +902,8 @@ fn proxy_pass_https_speaks_tls_to_the_upstream() {
                                  proxy_ssl_trusted_certificate {ca}; proxy_ssl_name a.test; }}\n\
            location /wrong-name/ {{ proxy_pass https://127.0.0.1:{{port1}}/; proxy_ssl_verify on;\n\
                                    proxy_ssl_trusted_certificate {ca}; proxy_ssl_name b.test; }}\n\
+           location /streamed/ {{ proxy_pass https://127.0.0.1:{{port1}}/;\n\
+                                 proxy_request_buffering off; proxy_http_version 1.1; }}\n\
            location /tls12/ {{ proxy_pass https://127.0.0.1:{{port1}}/;\n\
                               proxy_ssl_protocols TLSv1.2; }}\n\
          }}\n\
@@ -930,17 +932,23 @@ fn proxy_pass_https_speaks_tls_to_the_upstream() {
             && log.contains("while SSL handshaking to upstream"),
         "{log}"
     );
-    // Bodies: in memory, and from a temporary file (over client_body_buffer_size).
-    for len in [100usize, 300 * 1024] {
+    // Bodies: in memory, from a temporary file (over client_body_buffer_size), and streamed
+    // as they arrive (where the upstream's session ticket must not pass for its answer).
+    for (loc, len) in [
+        ("plain", 100usize),
+        ("plain", 300 * 1024),
+        ("streamed", 100),
+        ("streamed", 300 * 1024),
+    ] {
         let body: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
         let mut req = format!(
-            "POST /plain/echo HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+            "POST /{loc}/echo HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
         )
         .into_bytes();
         req.extend_from_slice(&body);
         let r = raw(front, &req);
         assert_eq!(r.status, 200);
-        assert!(r.body == body, "{len} bytes echoed through TLS");
+        assert!(r.body == body, "{loc}: {len} bytes echoed through TLS");
     }
     // Pooled connections: 20 requests, far fewer handshakes.
     let before = status_field(&s, "tls_handshakes");

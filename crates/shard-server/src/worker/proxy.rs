@@ -971,11 +971,33 @@ impl<'a> Worker<'a> {
                 self.yield_conn(key);
                 return Flow::Wait;
             }
-            if self.upconns[u].readable || self.upconns[u].hup {
+            let uc = &self.upconns[u];
+            let early = if uc.tls.is_some() && uc.readable && !uc.hup {
+                // Over TLS, readable may be a session ticket and not a response: only
+                // plaintext (or the end of stream) is one. What was read starts the head.
+                p.rbuf.clear();
+                match self.read_upstream(p, loc.proxy.buffer_size) {
+                    Ok(Some(_)) => Some(false),
+                    Ok(None) => None,
+                    Err(e) => {
+                        let msg = format!(
+                            "SSL_read() failed ({}) while sending request to upstream",
+                            os(&e)
+                        );
+                        return self.attempt_failed(key, p, Failure::Error, &msg);
+                    }
+                }
+            } else {
+                (uc.readable || uc.hup).then_some(true)
+            };
+            if let Some(clear) = early {
                 // An early response (or a close): the rest of the body is not sent; the
                 // client connection discards it once the response is done.
                 if self.conns[key].body_pending() || p.stream_pos < p.body.mem.len() {
                     p.body_cut = true;
+                }
+                if !clear {
+                    return self.await_response(key, p);
                 }
                 return self.body_sent(key, p);
             }
@@ -1070,9 +1092,14 @@ impl<'a> Worker<'a> {
 
     /// The request (or what the upstream wanted of it) is sent: wait for the response head.
     fn body_sent(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        p.rbuf.clear();
+        self.await_response(key, p)
+    }
+
+    /// Reads the response head next, from what `rbuf` already holds on.
+    fn await_response(&mut self, key: usize, p: &mut Proxy) -> Flow {
         let loc = self.proxy_location(p);
         p.state = State::ReadingHead;
-        p.rbuf.clear();
         self.set_proxy_deadline(key, loc.proxy.read_timeout_ms);
         Flow::Next
     }
