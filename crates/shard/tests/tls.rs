@@ -7,7 +7,7 @@
 
 mod support;
 
-use support::upstream::{Reply, Upstream};
+use support::upstream::{Gate, Reply, Upstream};
 
 #[path = "../../shard-bench/src/ws.rs"]
 mod ws;
@@ -1242,4 +1242,56 @@ fn client_certificates_are_verified_as_nginx() {
     );
     let mut t = connect_tls(tls_addr(&s), "c.test", &anonymous).unwrap();
     assert_eq!(request(&mut t, "c.test", "/").2, b"c NONE|");
+}
+
+/// An upstream that resets mid-response: the TLS client sees the end of stream without
+/// close_notify, so it can tell the truncation (nginx's quiet shutdown); a whole response
+/// that ends with the connection ends with close_notify.
+#[test]
+fn a_truncated_response_ends_without_close_notify() {
+    const LEN: usize = 1 << 20;
+    let gate = Gate::new();
+    let g = gate.clone();
+    let up = Upstream::start(move |r| {
+        if r.target.contains("/whole") {
+            Reply::CloseDelimited(b"all of it".to_vec())
+        } else {
+            Reply::ResetMid {
+                len: LEN,
+                sent: 64 * 1024,
+                gate: g.clone(),
+            }
+        }
+    });
+    let extra = format!("location / {{ proxy_pass http://{}; }}", up.addr());
+    let (s, p) = start("tls-quiet", 1, &extra, "");
+    let cfg = client_config(&p.ca, &[&rustls::version::TLS13]);
+    let mut t = connect_tls(tls_addr(&s), "a.test", &cfg).unwrap();
+    write!(t, "GET /cut HTTP/1.1\r\nHost: a.test\r\n\r\n").unwrap();
+    let mut got = vec![0u8; 16384];
+    let n = t.read(&mut got).unwrap();
+    assert!(n > 0);
+    gate.open();
+    let end = loop {
+        match t.read(&mut got) {
+            Ok(0) => break Ok(()),
+            Ok(_) => {}
+            Err(e) => break Err(e),
+        }
+    };
+    assert_eq!(
+        end.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::UnexpectedEof),
+        "a truncated response must not end with close_notify"
+    );
+    let mut t = connect_tls(tls_addr(&s), "a.test", &cfg).unwrap();
+    write!(t, "GET /whole HTTP/1.0\r\nHost: a.test\r\n\r\n").unwrap();
+    let mut all = Vec::new();
+    t.read_to_end(&mut all)
+        .expect("close_notify after a whole response");
+    assert!(
+        all.ends_with(b"all of it"),
+        "{}",
+        String::from_utf8_lossy(&all)
+    );
 }

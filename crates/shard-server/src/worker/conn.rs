@@ -486,6 +486,9 @@ impl Worker<'_> {
                     "client timed out (110: Connection timed out) while sending response to client{}",
                     self.log_context(key, None)
                 );
+                if let Some(t) = self.conns[key].tls.as_mut() {
+                    t.quiet = true;
+                }
                 self.close(key);
             }
         }

@@ -1563,7 +1563,12 @@ impl<'a> Worker<'a> {
             self.close_upconn(u);
         }
         self.log_proxy_access(key, &p, p.status, p.body_sent);
-        self.conns[key].close_after = true;
+        let c = &mut self.conns[key];
+        c.close_after = true;
+        // A truncated response must not end with close_notify, which says it is whole.
+        if let Some(t) = c.tls.as_mut() {
+            t.quiet = true;
+        }
         self.give_proxy_bufs(p);
     }
 

@@ -35,6 +35,10 @@ pub(in crate::worker) struct TlsConn {
     fin_pending: bool,
     /// Our close_notify was queued.
     notified: bool,
+    /// The connection ends in an error (a response cut short, a send timeout): it closes
+    /// without close_notify, so the client sees a truncation as one (nginx's quiet
+    /// shutdown when `c->error` or `c->timedout`).
+    pub(in crate::worker) quiet: bool,
     /// Plaintext on its way into a tunnel's or relay's pipe (`TlsSide::recv`), kept so that
     /// no read allocates.
     scratch: Vec<u8>,
@@ -63,6 +67,7 @@ impl TlsConn {
             peer_closed: false,
             fin_pending: false,
             notified: false,
+            quiet: false,
             scratch: Vec::new(),
             client: None,
         })
@@ -158,10 +163,10 @@ pub(in crate::worker) fn flush(fd: RawFd, t: &mut TlsConn) -> io::Result<bool> {
 /// The close of a connection whose handshake completed: close_notify, written now if the
 /// socket takes it (nginx's `ngx_ssl_shutdown` does the same, and OpenSSL 3 clients report an
 /// end of stream without it as an error: Python's `ssl`, curl on a response that ends with the
-/// connection). Nothing when records are still pending (a client that stopped reading) or the
-/// notice went out already; never waits.
+/// connection). Nothing when records are still pending (a client that stopped reading), the
+/// connection ends in an error (`quiet`), or the notice went out already; never waits.
 pub(in crate::worker) fn close_notify(fd: RawFd, t: &mut TlsConn) {
-    if t.conn.is_handshaking() || t.notified || t.conn.wants_write() {
+    if t.conn.is_handshaking() || t.notified || t.quiet || t.conn.wants_write() {
         return;
     }
     t.notified = true;
