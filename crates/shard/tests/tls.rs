@@ -896,6 +896,9 @@ fn proxy_pass_https_speaks_tls_to_the_upstream() {
            location /plain/ {{ proxy_pass https://127.0.0.1:{{port1}}/; }}\n\
            location /pool/ {{ proxy_pass https://tls_up/; proxy_http_version 1.1;\n\
                              proxy_set_header Connection \"\"; }}\n\
+           location /pool-wrong/ {{ proxy_pass https://tls_up/; proxy_http_version 1.1;\n\
+                                   proxy_set_header Connection \"\"; proxy_ssl_verify on;\n\
+                                   proxy_ssl_trusted_certificate {ca}; proxy_ssl_name b.test; }}\n\
            location /sni-on/ {{ proxy_pass https://127.0.0.1:{{port1}}/;\n\
                                proxy_ssl_server_name on; proxy_ssl_name a.test; }}\n\
            location /verified/ {{ proxy_pass https://127.0.0.1:{{port1}}/; proxy_ssl_verify on;\n\
@@ -958,6 +961,8 @@ fn proxy_pass_https_speaks_tls_to_the_upstream() {
     }
     let made = status_field(&s, "tls_handshakes") - before;
     assert!(made <= 4, "{made} handshakes for 20 pooled requests");
+    // A location that verifies never takes a pooled connection that was not verified.
+    assert_eq!(get(front, "/pool-wrong/sni").status, 502);
 }
 
 /// `proxy_ssl_*` mistakes fail `-t` in nginx's words.

@@ -75,6 +75,10 @@ pub(super) struct UpConn {
     pub(super) tls: Option<Box<super::tls::UpTls>>,
     /// A tunnel's close_notify to the upstream is queued; its FIN follows it.
     pub(super) fin_pending: bool,
+    /// Which `proxy_ssl_*` client configuration it was opened with (its address; 0 for
+    /// plain TCP): a pooled connection serves only passes with the same one, so a location
+    /// that verifies never reuses a connection that was not verified.
+    tls_config: usize,
 }
 
 impl UpConn {
@@ -601,10 +605,16 @@ impl<'a> Worker<'a> {
                 p.attempt_started_ms = self.now_ms;
                 // The balancer chose; a kept-alive connection to that peer only saves the
                 // connect, as nginx's keepalive module wraps the balancer.
-                // A pooled connection speaks what it was opened for: TLS or not.
+                // A pooled connection speaks what it was opened for: TLS or not, and TLS
+                // with the same `proxy_ssl_*` settings.
+                let want = if pass.tls {
+                    self.tls.upstream(&loc.proxy.ssl).map_or(0, config_id)
+                } else {
+                    0
+                };
                 let pooled = self.take_pooled(upstream, peer);
                 let pooled = match pooled {
-                    Some(u) if self.upconns[u].tls.is_some() != pass.tls => {
+                    Some(u) if self.upconns[u].tls_config != want => {
                         self.close_upconn(u);
                         None
                     }
@@ -675,6 +685,7 @@ impl<'a> Worker<'a> {
             idle_since_ms: 0,
             tls: None,
             fin_pending: false,
+            tls_config: 0,
         });
         let token = Token::Upstream {
             key: u,
@@ -722,7 +733,11 @@ impl<'a> Worker<'a> {
                     rustls::ClientConnection::new(config.clone(), n).map_err(|e| e.to_string())
                 });
             match conn {
-                Ok(c) => self.upconns[u].tls = Some(Box::new(c)),
+                Ok(c) => {
+                    let uc = &mut self.upconns[u];
+                    uc.tls = Some(Box::new(c));
+                    uc.tls_config = config_id(config);
+                }
                 Err(e) => {
                     let msg = format!(
                         "SSL to upstream \"{name}\" cannot start ({e}) while SSL handshaking to upstream"
@@ -1897,6 +1912,15 @@ impl<'a> Worker<'a> {
             return;
         }
         let upstream = uc.upstream;
+        let fd = uc.fd.as_raw_fd();
+        let readable = uc.readable || uc.hup;
+        if let Some(t) = self.upconns[u].tls.as_mut() {
+            // Bytes behind the response would be read as the next one's start.
+            if !super::tls::up_idle(fd, t, readable) {
+                self.close_upconn(u);
+                return;
+            }
+        }
         let pool = &mut self.pools[upstream];
         if pool.len() >= ups.keepalive {
             // The least recently used goes, as nginx's cache queue.
@@ -1966,6 +1990,11 @@ fn retry_or_fail(p: &mut Proxy, loc: &LocationConf, why: Failure, sent: bool) ->
 /// `status`.
 fn no_more_peers(p: &Proxy, status: u16) -> Flow {
     Flow::Fail(p.last_failure.map_or(status, Failure::status))
+}
+
+/// A client configuration's identity, for matching pooled connections to passes.
+fn config_id(c: &std::sync::Arc<rustls::ClientConfig>) -> usize {
+    std::sync::Arc::as_ptr(c) as usize
 }
 
 /// `$proxy_host` without its port (`backend:8443` → `backend`), an IPv6 address without

@@ -459,6 +459,16 @@ pub(in crate::worker) fn read_up(
     }
 }
 
+/// Whether an upstream connection about to go idle in a pool holds nothing: no plaintext
+/// and no end of stream behind the response, only TLS housekeeping (a session ticket, read
+/// and processed here), and no record left unwritten. Reads until `EAGAIN`, so the pool's
+/// "any event closes it" rule holds from here on.
+pub(in crate::worker) fn up_idle(fd: RawFd, c: &mut UpTls, readable: bool) -> bool {
+    let mut r = readable;
+    let mut one = Vec::new();
+    matches!(read_up(fd, c, &mut one, 1, &mut r), Ok(None)) && flush_up(fd, c).unwrap_or(false)
+}
+
 /// close_notify to an upstream whose handshake completed, if the socket takes it now.
 pub(in crate::worker) fn close_up(fd: RawFd, c: &mut UpTls) {
     if !c.is_handshaking() {
