@@ -82,6 +82,11 @@ pub(super) struct UpConn {
 }
 
 impl UpConn {
+    /// TLS records (or the FIN behind them) wait to be written to the upstream.
+    pub(super) fn tls_pending(&self) -> bool {
+        self.fin_pending || self.tls.as_ref().is_some_and(|t| t.wants_write())
+    }
+
     /// Writes `buf[*pos..]` while the socket takes it. `Ok(true)`: all of it is written;
     /// `Ok(false)`: the socket is full (it is then marked not writable until its next event).
     fn write_from(&mut self, buf: &[u8], pos: &mut usize) -> std::io::Result<bool> {
@@ -1374,6 +1379,7 @@ impl<'a> Worker<'a> {
             self.conns[key].writable,
             self.conns[key].tls.as_ref().is_some_and(|t| t.has_output()),
             self.upconns[u].writable,
+            self.upconns[u].tls_pending(),
         );
         p.tunnel = Some(t);
         match pumped {
@@ -1745,6 +1751,7 @@ impl<'a> Worker<'a> {
                         self.conns[key].writable,
                         self.conns[key].tls.as_ref().is_some_and(|t| t.has_output()),
                         self.upconns[u].writable,
+                        self.upconns[u].tls_pending(),
                     ),
                     _ => Waiting::Read,
                 };

@@ -468,6 +468,8 @@ impl Worker<'_> {
         if let Some(ssl) = s.proxy_ssl.as_ref() {
             // `proxy_ssl on`: the handshake first, within `proxy_connect_timeout`.
             let Some(config) = self.tls.upstream(ssl) else {
+                // Built by the master for every `proxy_ssl on` server.
+                self.log_upstream_error(key, "no TLS client configuration for proxy_ssl");
                 return Io::Close;
             };
             let name = ssl.name.clone().unwrap_or_else(|| {

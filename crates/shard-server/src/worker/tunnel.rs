@@ -82,8 +82,9 @@ impl Tunnel {
         client_writable: bool,
         client_pending: bool,
         upstream_writable: bool,
+        upstream_pending: bool,
     ) -> Waiting {
-        if !self.up.is_empty() && !upstream_writable {
+        if (!self.up.is_empty() || upstream_pending) && !upstream_writable {
             Waiting::UpstreamWrite
         } else if (!self.down.is_empty() || client_pending) && !client_writable {
             Waiting::ClientWrite
