@@ -825,18 +825,19 @@ impl Worker<'_> {
             let l = self.limits(self.conns[key].listener);
             (l.large_buffers * l.large_buffer_size).max(READ_BUFFER_BYTES)
         };
-        if self.conns[key]
-            .tls
-            .as_ref()
-            .is_some_and(|t| t.conn.is_handshaking())
-        {
-            if self.handshakes_left == 0 {
-                WorkerSlot::bump(&self.slot.tls_handshakes_deferred, 1);
-                self.yield_conn(key);
-                return Io::Wait;
+        // Handshake records processed before this read, to charge the turn's budget with
+        // what the read processes (a read that finds nothing costs none of it).
+        let steps_before = match self.conns[key].tls.as_ref() {
+            Some(t) if t.conn.is_handshaking() => {
+                if self.handshakes_left == 0 {
+                    WorkerSlot::bump(&self.slot.tls_handshakes_deferred, 1);
+                    self.yield_conn(key);
+                    return Io::Wait;
+                }
+                Some(t.handshake_steps)
             }
-            self.handshakes_left -= 1;
-        }
+            _ => None,
+        };
         let c = &mut self.conns[key];
         if c.inbuf.len() == c.inbuf.capacity() {
             if c.inbuf.len() >= limit && !c.body_pending() {
@@ -851,6 +852,11 @@ impl Worker<'_> {
         let mut inbuf = std::mem::take(&mut c.inbuf);
         let res = c.recv(&mut inbuf, spare);
         c.inbuf = inbuf;
+        if let (Some(before), Some(t)) = (steps_before, c.tls.as_ref()) {
+            self.handshakes_left = self
+                .handshakes_left
+                .saturating_sub(t.handshake_steps.wrapping_sub(before));
+        }
         if let Some(t) = c
             .tls
             .as_mut()

@@ -29,6 +29,8 @@ pub(in crate::worker) struct TlsConn {
     pub(in crate::worker) counted: bool,
     /// Time spent processing handshake messages so far, nanoseconds.
     pub(in crate::worker) handshake_ns: u64,
+    /// Times handshake records were processed (`TLS_HANDSHAKES_PER_TURN` counts these).
+    pub(in crate::worker) handshake_steps: u32,
     /// The peer sent close_notify or ended the stream: reads return 0 from now on.
     pub(in crate::worker) peer_closed: bool,
     /// Our close_notify is queued and the socket's FIN waits until it is written.
@@ -64,6 +66,7 @@ impl TlsConn {
             first: Some(Vec::new()),
             counted: false,
             handshake_ns: 0,
+            handshake_steps: 0,
             peer_closed: false,
             fin_pending: false,
             notified: false,
@@ -224,6 +227,7 @@ pub(in crate::worker) fn read_into(
                 let processed = t.conn.process_new_packets();
                 if let Some(t0) = timed {
                     t.handshake_ns += t0.elapsed().as_nanos() as u64;
+                    t.handshake_steps = t.handshake_steps.wrapping_add(1);
                 }
                 if let Err(e) = processed {
                     if let Some(bytes) = t.first.take().filter(|b| looks_plain(b)) {
