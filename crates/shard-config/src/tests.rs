@@ -2097,7 +2097,11 @@ fn ssl_listens_and_directives_as_nginx() {
     assert!(
         error(&format!("{EV}http {{ ssl_protocols TLSv9; }}")).contains("invalid value \"TLSv9\"")
     );
-    assert!(error(&format!("{EV}http {{ ssl_stapling on; }}")).contains("not supported"));
+    // `ssl_stapling on` is ignored with a warning, as nginx when it cannot staple.
+    assert_eq!(
+        parse(&format!("{EV}http {{ ssl_stapling on; }}")).warnings,
+        ["\"ssl_stapling\" ignored, shard does not fetch OCSP responses in t.conf:2"]
+    );
     assert!(error(&format!("{EV}http {{ ssl_certificate $x.pem; }}")).contains("variables"));
     // stream: TLS termination in front of a TCP upstream.
     let c = parse(&format!(

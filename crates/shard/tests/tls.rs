@@ -1300,3 +1300,77 @@ fn a_truncated_response_ends_without_close_notify() {
         String::from_utf8_lossy(&all)
     );
 }
+
+/// Mozilla's recommended nginx TLS configuration ("intermediate", ssl-config.mozilla.org),
+/// as generated, with only paths and ports filled in: it passes `-t` (with warnings for what
+/// shard does not do: OCSP stapling, `http2`, `ssl_dhparam`, `resolver`), redirects plain HTTP
+/// to https, and serves TLS 1.2 and 1.3 with its HSTS header.
+#[test]
+fn mozillas_recommended_configuration_runs() {
+    let dir = temp_dir("tls-mozilla").keep();
+    let p = pki(&dir, &["a.test"]);
+    std::fs::write(dir.join("conf/dhparam"), b"not read by shard").unwrap();
+    let text = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\npid logs/shard.pid;\nevents {{}}\n\
+         http {{\n\
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n\
+         server {{\n\
+             listen 127.0.0.1:{{port1}} default_server;\n\
+             return 301 https://$host$request_uri;\n\
+         }}\n\
+         server {{\n\
+             listen 127.0.0.1:{{port2}} ssl;\n\
+             http2 on;\n\
+             ssl_certificate {d}/conf/a.test.pem;\n\
+             ssl_certificate_key {d}/conf/a.test.key;\n\
+             ssl_session_timeout 1d;\n\
+             ssl_session_cache shared:MozSSL:10m;  # about 40000 sessions\n\
+             ssl_session_tickets off;\n\
+             ssl_dhparam {d}/conf/dhparam;\n\
+             ssl_protocols TLSv1.2 TLSv1.3;\n\
+             ssl_ciphers ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305:DHE-RSA-AES128-GCM-SHA256:DHE-RSA-CHACHA20-POLY1305;\n\
+             ssl_prefer_server_ciphers off;\n\
+             add_header Strict-Transport-Security \"max-age=63072000\" always;\n\
+             ssl_stapling on;\n\
+             ssl_stapling_verify on;\n\
+             ssl_trusted_certificate {d}/conf/ca.pem;\n\
+             resolver 127.0.0.1;\n\
+             location / {{ return 200 \"secure\"; }}\n\
+         }}\n\
+         }}\n",
+        d = dir.display()
+    );
+    let s = Server::start_ports("tls-mozilla", &text, 1, 2);
+    let (code, out) = run_cli(&[
+        "-t",
+        "-p",
+        s.dir.to_str().unwrap(),
+        "-c",
+        s.dir.join("conf/shard.conf").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("\"ssl_stapling\" ignored, shard does not fetch OCSP responses"),
+        "{out}"
+    );
+    let plain = SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    let r = raw(
+        plain,
+        b"GET /a?b=c HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(
+        (r.status, r.header("location")),
+        (301, Some("https://site.test/a?b=c"))
+    );
+    let tls = SocketAddr::from(([127, 0, 0, 1], s.ports[1]));
+    for v in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        let cfg = client_config(&p.ca, &[v]);
+        let mut t = connect_tls(tls, "a.test", &cfg).unwrap();
+        let (st, head, body) = request(&mut t, "a.test", "/");
+        assert_eq!((st, body.as_slice()), (200, &b"secure"[..]));
+        assert!(
+            head.contains("Strict-Transport-Security: max-age=63072000"),
+            "{head}"
+        );
+    }
+}

@@ -2743,15 +2743,16 @@ pub(super) fn set_ssl_session_tickets(_: &Env, s: &mut Settings, d: &Directive, 
     once(&mut s.ssl.session_tickets, v, d, file)
 }
 
-/// `ssl_stapling on` needs OCSP fetching, which shard does not do: refused, so nobody
-/// believes it is stapled; `off` is accepted.
-pub(super) fn set_ssl_stapling(_: &Env, _: &mut Settings, d: &Directive, file: &str) -> R {
+/// `ssl_stapling on` needs OCSP fetching, which shard does not do: accepted with a warning,
+/// as nginx itself ignores it with one when it cannot staple (a certificate without an OCSP
+/// responder URL), so Mozilla's recommended configuration runs; `off` is accepted.
+pub(super) fn set_ssl_stapling(env: &Env, _: &mut Settings, d: &Directive, file: &str) -> R {
     if flag(d, file, a0(d))? {
-        return Err(derr(
+        env.warn(
             d,
             file,
-            "\"ssl_stapling on\" is not supported: shard does not fetch OCSP responses",
-        ));
+            "\"ssl_stapling\" ignored, shard does not fetch OCSP responses",
+        );
     }
     Ok(())
 }

@@ -129,6 +129,17 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_ssl_session_tickets),
     ),
     d("ssl_stapling", H | S, 1, 1, Set::Settings(set_ssl_stapling)),
+    // nginx 1.25.1's per-server switch; shard speaks HTTP/1.1 only (ALPN says so).
+    d("http2", H | S, 1, 1, Set::NoEffect(check_flag)),
+    // Names are resolved when the configuration is read; nothing resolves later.
+    d("resolver", H | S | L, 1, MANY, Set::NoEffect(check_any)),
+    d(
+        "resolver_timeout",
+        H | S | L,
+        1,
+        1,
+        Set::NoEffect(check_any),
+    ),
     d(
         "ssl_stapling_verify",
         H | S,
@@ -1246,7 +1257,6 @@ pub(super) static NGINX_ONLY: &[&str] = &[
     "health_check",
     "hls",
     "http",
-    "http2",
     "http2_body_preread_size",
     "http2_chunk_size",
     "http2_idle_timeout",
@@ -1455,8 +1465,6 @@ pub(super) static NGINX_ONLY: &[&str] = &[
     "referer_hash_max_size",
     "request_pool_size",
     "reset_timedout_connection",
-    "resolver",
-    "resolver_timeout",
     "return",
     "rewrite",
     "rewrite_log",
