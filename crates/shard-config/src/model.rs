@@ -1116,14 +1116,18 @@ pub struct CertPair {
 }
 
 /// `ssl_session_cache`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionCache {
     /// `off`: clients are told no session can be reused.
     Off,
     /// `none` (nginx's default): sessions are not cached, but clients are not told so.
     None,
-    /// `builtin[:N]` and/or `shared:NAME:SIZE`: a cache of this many sessions per worker.
+    /// `builtin[:N]`: a cache of this many sessions per worker.
     Cache(usize),
+    /// `shared:NAME:SIZE` (with or without `builtin`): one cache in shared memory that every
+    /// worker reads and writes, so a session resumes on any worker; servers naming the same
+    /// zone share it, and it is kept across reloads while its name and size stay.
+    Shared { name: String, bytes: usize },
 }
 
 /// The TLS settings of a server (`ssl_*`; nginx's `ngx_http_ssl_module`).

@@ -2080,7 +2080,13 @@ fn ssl_listens_and_directives_as_nginx() {
         Path::new("/nonexistent-conf/b.pem")
     );
     assert_eq!(a.certificates[1].key, Path::new("/nonexistent-conf/c.key"));
-    assert_eq!(a.session_cache, SessionCache::Cache(40960));
+    assert_eq!(
+        a.session_cache,
+        SessionCache::Shared {
+            name: "SSL".into(),
+            bytes: 10 << 20
+        }
+    );
     assert_eq!(a.session_timeout_ms, 3_600_000);
     assert_eq!(a.protocols, ["TLSv1.2", "TLSv1.3"]);
     // The http level's pair where the server names none.

@@ -12,6 +12,7 @@ pub mod log;
 pub mod master;
 pub mod privilege;
 pub mod sandbox;
+pub mod sessions;
 pub mod shm;
 pub mod status;
 mod steer;

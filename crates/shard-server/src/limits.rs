@@ -51,8 +51,39 @@ pub enum ReqVerdict {
     Reject(u64),
 }
 
-struct Guard<'z> {
+/// A held shared-memory lock; dropping it releases the lock.
+pub(crate) struct Guard<'z> {
     lock: &'z AtomicU64,
+}
+
+/// Takes a lock word in shared memory (the holder's pid while held). A holder that died (a
+/// killed worker) is detected after a while of spinning and its lock taken over. Also the
+/// lock of `ssl_session_cache shared:` zones (`sessions.rs`).
+pub(crate) fn lock(lock: &AtomicU64) -> Guard<'_> {
+    let me = u64::from(std::process::id());
+    let mut spins = 0u32;
+    loop {
+        match lock.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => return Guard { lock },
+            Err(holder) => {
+                spins += 1;
+                if spins.is_multiple_of(SPINS_BEFORE_CHECK) && holder != 0 {
+                    // SAFETY: kill(2) with signal 0 only checks that the pid exists.
+                    let gone = unsafe { libc::kill(holder as libc::pid_t, 0) } != 0
+                        && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+                    if gone {
+                        let _ =
+                            lock.compare_exchange(holder, 0, Ordering::AcqRel, Ordering::Relaxed);
+                    }
+                }
+                if spins.is_multiple_of(64) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
 }
 
 impl Drop for Guard<'_> {
@@ -96,38 +127,9 @@ impl Zone {
         (self.words - HEADER_WORDS) / ENTRY_WORDS
     }
 
-    /// Takes the zone's lock. A holder that died (a killed worker) is detected after a while
-    /// of spinning and its lock taken over.
+    /// Takes the zone's lock ([`lock`]).
     fn lock(&self) -> Guard<'_> {
-        let lock = self.word(0);
-        let me = u64::from(std::process::id());
-        let mut spins = 0u32;
-        loop {
-            match lock.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return Guard { lock },
-                Err(holder) => {
-                    spins += 1;
-                    if spins.is_multiple_of(SPINS_BEFORE_CHECK) && holder != 0 {
-                        // SAFETY: kill(2) with signal 0 only checks that the pid exists.
-                        let gone = unsafe { libc::kill(holder as libc::pid_t, 0) } != 0
-                            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-                        if gone {
-                            let _ = lock.compare_exchange(
-                                holder,
-                                0,
-                                Ordering::AcqRel,
-                                Ordering::Relaxed,
-                            );
-                        }
-                    }
-                    if spins.is_multiple_of(64) {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
-            }
-        }
+        lock(self.word(0))
     }
 
     /// The entry of `key` (found, or claimed: a free one, else the least recently used of

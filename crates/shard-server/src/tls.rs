@@ -670,11 +670,19 @@ fn base_config(
     // HTTP/2 is not spoken: a client offering h2 and http/1.1 gets http/1.1.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     config.ignore_client_order = ssl.prefer_server_ciphers;
-    config.session_storage = match ssl.session_cache {
+    config.session_storage = match &ssl.session_cache {
         SessionCache::Off | SessionCache::None => {
             Arc::new(rustls::server::NoServerSessionStorage {})
         }
-        SessionCache::Cache(n) => rustls::server::ServerSessionMemoryCache::new(n),
+        SessionCache::Cache(n) => rustls::server::ServerSessionMemoryCache::new(*n),
+        SessionCache::Shared { name, bytes } => {
+            crate::sessions::zone(name, *bytes, ssl.session_timeout_ms).map_err(|e| {
+                format!(
+                    "ssl_session_cache shared:{name}: mmap() failed ({e}) for {}",
+                    l.addr
+                )
+            })?
+        }
     };
     if ssl.session_tickets {
         config.ticketer = match ssl.session_ticket_keys.first() {
@@ -684,6 +692,13 @@ fn base_config(
         };
         // One ticket per handshake, as OpenSSL sends after a resumption (two after a full
         // handshake): each costs an encryption and a record.
+        config.send_tls13_tickets = 1;
+    } else if matches!(
+        ssl.session_cache,
+        SessionCache::Shared { .. } | SessionCache::Cache(_)
+    ) {
+        // No tickets that carry the session: TLS 1.3 resumes from the cache instead, with a
+        // ticket that only names the cached session (what OpenSSL does for nginx then).
         config.send_tls13_tickets = 1;
     } else {
         config.send_tls13_tickets = 0;

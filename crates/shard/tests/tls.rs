@@ -1374,3 +1374,35 @@ fn mozillas_recommended_configuration_runs() {
         );
     }
 }
+
+/// `ssl_session_tickets off` with `ssl_session_cache shared:` (Mozilla's configuration):
+/// sessions live in shared memory, so both protocols resume on either worker.
+#[test]
+fn a_shared_session_cache_resumes_on_any_worker_without_tickets() {
+    let (s, p) = start(
+        "tls-shared-cache",
+        2,
+        "",
+        "ssl_session_tickets off; ssl_session_cache shared:S:1m;",
+    );
+    for versions in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        let cfg = client_config(&p.ca, &[versions]);
+        let mut resumed = 0;
+        for _ in 0..16 {
+            let mut c = connect_tls(tls_addr(&s), "b.test", &cfg).unwrap();
+            assert_eq!(request(&mut c, "b.test", "/").0, 200);
+            if c.conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+                resumed += 1;
+            }
+        }
+        assert!(resumed >= 15, "{versions:?}: {resumed} of 15 resumed");
+    }
+    // Both workers took part (each made handshakes), so resumptions crossed workers.
+    let st = get(s.addr(), "/status").body_str();
+    let per_worker: Vec<u64> = st
+        .split("\"tls_handshakes\":")
+        .skip(1)
+        .map(|v| v.split(',').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(per_worker.iter().filter(|&&n| n > 0).count() == 2, "{st}");
+}

@@ -53,7 +53,10 @@ impl SslEff {
                 prefer_server_ciphers: p
                     .prefer_server_ciphers
                     .unwrap_or(self.conf.prefer_server_ciphers),
-                session_cache: p.session_cache.unwrap_or(self.conf.session_cache),
+                session_cache: p
+                    .session_cache
+                    .clone()
+                    .unwrap_or_else(|| self.conf.session_cache.clone()),
                 session_timeout_ms: p.session_timeout_ms.unwrap_or(self.conf.session_timeout_ms),
                 session_tickets: p.session_tickets.unwrap_or(self.conf.session_tickets),
                 session_ticket_keys: p.session_ticket_keys.as_ref().map_or_else(
@@ -2694,6 +2697,7 @@ pub(super) fn set_ssl_prefer_server_ciphers(
 /// per worker (the `shared` size counts as nginx's, about 4000 sessions per megabyte).
 pub(super) fn set_ssl_session_cache(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let mut sessions = 0usize;
+    let mut shared = None;
     let mut v = None;
     for a in &d.args {
         match a.as_str() {
@@ -2713,12 +2717,16 @@ pub(super) fn set_ssl_session_cache(_: &Env, s: &mut Settings, d: &Directive, fi
                 if name.is_empty() || bytes < 8192 {
                     return Err(invalid(d, file, a));
                 }
-                sessions = sessions.max((bytes / 256) as usize);
+                shared = Some(SessionCache::Shared {
+                    name: name.to_string(),
+                    bytes: bytes as usize,
+                });
             }
             _ => return Err(invalid(d, file, a)),
         }
     }
-    let v = v.unwrap_or(SessionCache::Cache(sessions.max(1)));
+    // With a shared cache, `builtin` adds nothing a worker could not find there.
+    let v = v.or(shared).unwrap_or(SessionCache::Cache(sessions.max(1)));
     once(&mut s.ssl.session_cache, v, d, file)
 }
 
