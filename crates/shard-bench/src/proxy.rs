@@ -144,8 +144,21 @@ pub fn run(mut a: ProxyArgs) -> Result<()> {
             "shard-bench: {name}: HTTP proxy, {} workers, {} connections",
             a.workers, a.connections
         );
-        if let Err(e) = http_front(kind, &backend, &tools, &a, &mut row, &mut notes) {
+        if let Err(e) = http_front(kind, &backend, &tools, &a, &mut row, &mut notes, false) {
             notes.push(format!("{name}: HTTP proxy not measured: {}", one_line(&e)));
+        }
+        // The same through `proxy_pass https://`: TLS to the backend on kept-alive
+        // connections (the handshakes are a few; the records are per request).
+        let mut tls_row = Row {
+            name: format!("{name}, https upstream"),
+            ..Default::default()
+        };
+        eprintln!("shard-bench: {name}: HTTP proxy to an https:// upstream");
+        if let Err(e) = http_front(kind, &backend, &tools, &a, &mut tls_row, &mut notes, true) {
+            notes.push(format!(
+                "{name}: HTTP proxy to https not measured: {}",
+                one_line(&e)
+            ));
         }
         eprintln!(
             "shard-bench: {name}: stream relay, {} MiB each way",
@@ -169,7 +182,9 @@ pub fn run(mut a: ProxyArgs) -> Result<()> {
             Err(why) => notes.push(format!("{name}: no stream module: {why}")),
         }
         rows.push(row);
+        rows.push(tls_row);
     }
+    let _ = std::fs::remove_dir_all(&backend.pems);
     backend.srv.stop();
     for n in &notes[tools.notes.len()..] {
         eprintln!("shard-bench: {n}");
@@ -189,19 +204,34 @@ pub fn run(mut a: ProxyArgs) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // HTTP
 
-/// The shared backend, and how often the bench itself read its status.
+/// The shared backend (plain and TLS listeners), and how often the bench itself read its
+/// status.
 struct Backend {
     srv: Running,
+    /// The backend's `listen ... ssl` (an ECDSA P-256 certificate made at run time).
+    tls_port: u16,
     reads: Cell<u64>,
+    pems: PathBuf,
 }
 
 impl Backend {
     fn start(shard: &Path) -> Result<Backend> {
+        let pems = std::env::temp_dir().join(format!("shard-bench-proxy-{}", std::process::id()));
+        std::fs::create_dir_all(&pems)?;
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let cert = rcgen::CertificateParams::new(vec!["backend".to_string()])?.self_signed(&key)?;
+        std::fs::write(pems.join("cert.pem"), cert.pem())?;
+        std::fs::write(pems.join("key.pem"), key.serialize_pem())?;
+        let tls_port = servers::free_port()?;
         let spec = Spec {
             workers: 1,
             listen_opts: String::new(),
             events: String::new(),
-            server_extra: String::new(),
+            server_extra: format!(
+                "listen 127.0.0.1:{tls_port} ssl; ssl_certificate {}; ssl_certificate_key {};",
+                pems.join("cert.pem").display(),
+                pems.join("key.pem").display()
+            ),
             ok: None,
             http_extra: String::new(),
             stream: None,
@@ -214,7 +244,9 @@ impl Backend {
             .context("starting the backend (shard, 1 worker)")?;
         Ok(Backend {
             srv,
+            tls_port,
             reads: Cell::new(0),
+            pems,
         })
     }
 
@@ -238,20 +270,24 @@ fn http_front(
     a: &ProxyArgs,
     row: &mut Row,
     notes: &mut Vec<String>,
+    tls: bool,
 ) -> Result<()> {
+    let (scheme, port) = if tls {
+        ("https", backend.tls_port)
+    } else {
+        ("http", backend.srv.port)
+    };
     let spec = Spec {
         workers: a.workers,
         listen_opts: "reuseport".into(),
         events: String::new(),
         server_extra: String::new(),
-        ok: Some(
-            "proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\";"
-                .into(),
-        ),
+        ok: Some(format!(
+            "proxy_pass {scheme}://backend; proxy_http_version 1.1; proxy_set_header Connection \"\";"
+        )),
         http_extra: format!(
-            "upstream backend {{ server 127.0.0.1:{}; keepalive {UPSTREAM_KEEPALIVE}; \
-             keepalive_requests 1000000; }}",
-            backend.srv.port
+            "upstream backend {{ server 127.0.0.1:{port}; keepalive {UPSTREAM_KEEPALIVE}; \
+             keepalive_requests 1000000; }}"
         ),
         stream: None,
         main_extra: String::new(),
@@ -604,7 +640,12 @@ fn render(a: &ProxyArgs, rows: &[Row], notes: &[String]) -> String {
             ));
         }
     }
-    if let [x, y] = rows {
+    // shard against nginx, for each way to the backend.
+    let pairs: Vec<(&Row, &Row)> = match rows {
+        [x, xt, y, yt] => vec![(x, y), (xt, yt)],
+        _ => Vec::new(),
+    };
+    for (x, y) in pairs {
         let ratios: [(&str, Metric); 5] = [
             ("Proxied req/s", |r| r.rps),
             ("Syscalls per proxied request", |r| r.syscalls_per_req),

@@ -122,11 +122,26 @@ impl TlsConn {
 struct Sock<'a> {
     fd: RawFd,
     first: Option<&'a mut Vec<u8>>,
+    /// A read returned less than it was offered: the socket is drained for now, so the
+    /// edge-triggered reader may wait for the next edge without a read that says `EAGAIN`
+    /// (the rule `conn.rs` follows for plain sockets).
+    short: bool,
+}
+
+impl Sock<'_> {
+    fn new(fd: RawFd) -> Sock<'static> {
+        Sock {
+            fd,
+            first: None,
+            short: false,
+        }
+    }
 }
 
 impl Read for Sock<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = shard_event::sock::read(self.fd, buf)?;
+        self.short |= n > 0 && n < buf.len();
         if let Some(f) = self.first.as_mut() {
             if f.len() + n <= FIRST_BYTES_MAX {
                 f.extend_from_slice(&buf[..n]);
@@ -149,7 +164,7 @@ impl Write for Sock<'_> {
 /// `Ok(true)`: none is left; `Ok(false)`: the socket is full.
 pub(in crate::worker) fn flush(fd: RawFd, t: &mut TlsConn) -> io::Result<bool> {
     while t.conn.wants_write() {
-        match t.conn.write_tls(&mut Sock { fd, first: None }) {
+        match t.conn.write_tls(&mut Sock::new(fd)) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -174,7 +189,7 @@ pub(in crate::worker) fn close_notify(fd: RawFd, t: &mut TlsConn) {
     }
     t.notified = true;
     t.conn.send_close_notify();
-    let _ = t.conn.write_tls(&mut Sock { fd, first: None });
+    let _ = t.conn.write_tls(&mut Sock::new(fd));
 }
 
 /// Reads plaintext into the spare capacity of `buf`, at most `max` bytes, reading and
@@ -187,6 +202,9 @@ pub(in crate::worker) fn read_into(
     max: usize,
 ) -> Result<usize, NotTls> {
     let begin = buf.len();
+    // A short read of the socket in this call: once rustls has no more plaintext, the
+    // socket is known to be drained without a read that says `EAGAIN`.
+    let mut drained = false;
     loop {
         let got = buf.len() - begin;
         if got >= max {
@@ -204,7 +222,16 @@ pub(in crate::worker) fn read_into(
                 }
                 continue;
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf.truncate(old),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                buf.truncate(old);
+                if drained {
+                    return if got > 0 {
+                        Ok(got)
+                    } else {
+                        Err(NotTls::Error(e))
+                    };
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 // The peer closed without close_notify: an end of stream all the same.
                 buf.truncate(old);
@@ -216,8 +243,14 @@ pub(in crate::worker) fn read_into(
                 return Err(NotTls::Error(e));
             }
         }
-        let first = t.first.as_mut();
-        match t.conn.read_tls(&mut Sock { fd, first }) {
+        let mut sock = Sock {
+            fd,
+            first: t.first.as_mut(),
+            short: false,
+        };
+        let res = t.conn.read_tls(&mut sock);
+        drained |= sock.short;
+        match res {
             Ok(0) => {
                 t.peer_closed = true;
                 return Ok(got);
@@ -320,7 +353,7 @@ pub(in crate::worker) type UpTls = rustls::ClientConnection;
 /// Writes pending records. `Ok(true)`: none is left; `Ok(false)`: the socket is full.
 pub(in crate::worker) fn flush_up(fd: RawFd, c: &mut UpTls) -> io::Result<bool> {
     while c.wants_write() {
-        match c.write_tls(&mut Sock { fd, first: None }) {
+        match c.write_tls(&mut Sock::new(fd)) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -334,6 +367,8 @@ pub(in crate::worker) fn flush_up(fd: RawFd, c: &mut UpTls) -> io::Result<bool> 
 #[derive(PartialEq, Eq)]
 enum Records {
     Read,
+    /// Read, and the socket is drained (a short read): wait for the next edge.
+    Drained,
     /// The socket's end of stream (rustls knows it now).
     End,
     /// `EAGAIN`.
@@ -343,14 +378,19 @@ enum Records {
 /// Reads records from the socket into rustls once, and processes them.
 fn read_records(fd: RawFd, c: &mut UpTls) -> io::Result<Records> {
     loop {
-        match c.read_tls(&mut Sock { fd, first: None }) {
+        let mut sock = Sock::new(fd);
+        match c.read_tls(&mut sock) {
             Ok(n) => {
                 if let Err(e) = c.process_new_packets() {
                     // The alert rustls queued, if the socket takes it.
                     let _ = flush_up(fd, c);
                     return Err(io::Error::new(io::ErrorKind::InvalidData, e));
                 }
-                return Ok(if n == 0 { Records::End } else { Records::Read });
+                return Ok(match (n, sock.short) {
+                    (0, _) => Records::End,
+                    (_, true) => Records::Drained,
+                    _ => Records::Read,
+                });
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Records::Again),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -379,7 +419,7 @@ pub(in crate::worker) fn handshake_up(
         }
         match read_records(fd, c)? {
             Records::Read => {}
-            Records::Again => *readable = false,
+            Records::Drained | Records::Again => *readable = false,
             Records::End if c.is_handshaking() => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -438,6 +478,10 @@ pub(in crate::worker) fn read_up(
         match got {
             Ok(n) => {
                 buf.truncate(start + n);
+                if n == max.max(1) {
+                    // The buffer filled: more may wait in rustls, whatever the socket says.
+                    *readable = true;
+                }
                 return Ok(Some(n));
             }
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
@@ -453,7 +497,7 @@ pub(in crate::worker) fn read_up(
         if !*readable {
             return Ok(None);
         }
-        if read_records(fd, c)? == Records::Again {
+        if matches!(read_records(fd, c)?, Records::Again | Records::Drained) {
             *readable = false;
         }
         // An alert to answer, a key update: best effort, the next write flushes the rest.
@@ -491,6 +535,7 @@ pub(in crate::worker) struct UpTlsSide<'a> {
 
 impl super::relay::Endpoint for UpTlsSide<'_> {
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut drained = false;
         loop {
             match self.c.reader().read(buf) {
                 Ok(n) => return Ok(n),
@@ -498,8 +543,14 @@ impl super::relay::Endpoint for UpTlsSide<'_> {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
-            if read_records(self.fd, self.c)? == Records::Again {
+            if drained {
+                // A short read just now: nothing more until the next edge.
                 return Err(io::ErrorKind::WouldBlock.into());
+            }
+            match read_records(self.fd, self.c)? {
+                Records::Again => return Err(io::ErrorKind::WouldBlock.into()),
+                Records::Drained => drained = true,
+                Records::Read | Records::End => {}
             }
             if self.c.wants_write() {
                 let _ = flush_up(self.fd, self.c);
