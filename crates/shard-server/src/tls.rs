@@ -603,6 +603,30 @@ fn listener_config(
     }
     // Protocols, ciphers, sessions: the default server's, as nginx takes them from the
     // server whose context the handshake starts in.
+    // What a session established here was judged by: it resumes only where that is the same
+    // (nginx's session ID context: certificates and client CA names).
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for &i in &l.servers {
+        let ssl = &http.servers[i].ssl;
+        ctx.update(&[ssl.verify_client as u8]);
+        if ssl.verify_client != shard_config::VerifyClient::Off {
+            for path in [&ssl.client_certificate, &ssl.trusted_certificate]
+                .into_iter()
+                .flatten()
+            {
+                for ca in read_cas(path, &l.place)?.1 {
+                    ctx.update(&ca);
+                }
+            }
+        }
+        for k in &keys[i] {
+            for c in &k.cert {
+                ctx.update(c);
+            }
+        }
+        ctx.update(b"/");
+    }
+    let context = SessionContext::from(ctx.finish());
     let resolver = SniResolver {
         http: Arc::new(http.clone()),
         listener: Arc::new(l.clone()),
@@ -632,7 +656,14 @@ fn listener_config(
         };
         client_auth = Some(Arc::new(asker));
     }
-    let config = base_config(&default.ssl, l, Arc::new(resolver), client_auth, ticketer)?;
+    let config = base_config(
+        &default.ssl,
+        l,
+        Arc::new(resolver),
+        client_auth,
+        ticketer,
+        context,
+    )?;
     Ok(config)
 }
 
@@ -643,6 +674,7 @@ fn base_config(
     resolver: Arc<dyn ResolvesServerCert>,
     client_auth: Option<Arc<dyn ClientCertVerifier>>,
     ticketer: &Arc<dyn rustls::server::ProducesTickets>,
+    context: SessionContext,
 ) -> Result<ServerConfig, String> {
     let mut versions: Vec<&'static rustls::SupportedProtocolVersion> = Vec::new();
     if ssl.protocols.iter().any(|p| p == "TLSv1.3") {
@@ -670,7 +702,7 @@ fn base_config(
     // HTTP/2 is not spoken: a client offering h2 and http/1.1 gets http/1.1.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     config.ignore_client_order = ssl.prefer_server_ciphers;
-    config.session_storage = match &ssl.session_cache {
+    let storage: Arc<dyn rustls::server::StoresServerSessions> = match &ssl.session_cache {
         SessionCache::Off | SessionCache::None => {
             Arc::new(rustls::server::NoServerSessionStorage {})
         }
@@ -684,12 +716,22 @@ fn base_config(
             })?
         }
     };
+    config.session_storage = if storage.can_cache() {
+        Arc::new(ContextStore {
+            inner: storage,
+            context,
+        })
+    } else {
+        storage
+    };
     if ssl.session_tickets {
-        config.ticketer = match ssl.session_ticket_keys.first() {
+        let inner: Arc<dyn rustls::server::ProducesTickets> = match ssl.session_ticket_keys.first()
+        {
             // A key file: every shard given it (on any machine) opens the same tickets.
             Some(path) => Arc::new(SharedTicketer::from_key_file(path)?),
             None => ticketer.clone(),
         };
+        config.ticketer = Arc::new(ContextTicketer { inner, context });
         // One ticket per handshake, as OpenSSL sends after a resumption (two after a full
         // handshake): each costs an encryption and a record.
         config.send_tls13_tickets = 1;
@@ -704,6 +746,76 @@ fn base_config(
         config.send_tls13_tickets = 0;
     }
     Ok(config)
+}
+
+/// A digest of what a listener's sessions were established under: its certificates and,
+/// per server, `ssl_verify_client` and the client CAs. Sessions and tickets carry it, so a
+/// session made where no client certificate was asked for (or under other CAs, or another
+/// certificate) does not resume after a reload changed that, or on another listener sharing
+/// the cache: the client makes a full handshake, as nginx's session ID context makes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SessionContext([u8; 16]);
+
+impl From<ring::digest::Digest> for SessionContext {
+    fn from(d: ring::digest::Digest) -> Self {
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&d.as_ref()[..16]);
+        SessionContext(b)
+    }
+}
+
+/// A session cache whose keys are bound to a [`SessionContext`].
+#[derive(Debug)]
+struct ContextStore {
+    inner: Arc<dyn rustls::server::StoresServerSessions>,
+    context: SessionContext,
+}
+
+impl ContextStore {
+    fn key(&self, key: &[u8]) -> Vec<u8> {
+        let mut d = ring::digest::Context::new(&ring::digest::SHA256);
+        d.update(&self.context.0);
+        d.update(key);
+        d.finish().as_ref().to_vec()
+    }
+}
+
+impl rustls::server::StoresServerSessions for ContextStore {
+    fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
+        self.inner.put(self.key(&key), value)
+    }
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.inner.get(&self.key(key))
+    }
+    fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.inner.take(&self.key(key))
+    }
+    fn can_cache(&self) -> bool {
+        self.inner.can_cache()
+    }
+}
+
+/// Tickets that carry a [`SessionContext`]: one from another context does not open.
+#[derive(Debug)]
+struct ContextTicketer {
+    inner: Arc<dyn rustls::server::ProducesTickets>,
+    context: SessionContext,
+}
+
+impl rustls::server::ProducesTickets for ContextTicketer {
+    fn enabled(&self) -> bool {
+        self.inner.enabled()
+    }
+    fn lifetime(&self) -> u32 {
+        self.inner.lifetime()
+    }
+    fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
+        self.inner.encrypt(&[&self.context.0[..], plain].concat())
+    }
+    fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
+        let plain = self.inner.decrypt(cipher)?;
+        plain.strip_prefix(&self.context.0[..]).map(<[u8]>::to_vec)
+    }
 }
 
 /// A stream server's TLS configuration: its certificates (no SNI choice: one server per
@@ -723,7 +835,21 @@ fn stream_config(
             l.place.file, l.place.line
         ));
     }
-    let mut config = base_config(&s.ssl, l, Arc::new(FixedResolver { keys }), None, ticketer)?;
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for k in &keys {
+        for c in &k.cert {
+            ctx.update(c);
+        }
+    }
+    let context = SessionContext::from(ctx.finish());
+    let mut config = base_config(
+        &s.ssl,
+        l,
+        Arc::new(FixedResolver { keys }),
+        None,
+        ticketer,
+        context,
+    )?;
     // A TCP relay has no ALPN protocol of its own to offer.
     config.alpn_protocols.clear();
     Ok(config)

@@ -1103,26 +1103,33 @@ fn stream_proxy_ssl_speaks_tls_to_the_upstream() {
     );
 }
 
-/// `ssl_verify_client`: a client certificate from the CA passes with the `$ssl_client_*`
-/// variables; none is nginx's 496 and one from elsewhere 495 (both a 400 page, then a
-/// close); `optional_no_ca` lets an unknown issuer through and says so; a server that asks
-/// for none sees `NONE` on the same address.
-#[test]
-fn client_certificates_are_verified_as_nginx() {
-    let dir = temp_dir("tls-mtls").keep();
-    let p = pki(&dir, &["a.test", "b.test", "c.test"]);
-    // The CA that signs clients (the same test CA is simplest: `pki` made it; sign a client
-    // with a CA of our own making, and write it as the trusted file).
-    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params.distinguished_name = rcgen::DistinguishedName::new();
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "clients CA");
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    std::fs::write(dir.join("conf/clients.pem"), ca.pem()).unwrap();
-    let client = |signed_by_ca: bool| {
+/// A CA for client certificates (written to `conf/clients.pem`) and the clients it signs.
+struct ClientCa {
+    ca: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl ClientCa {
+    fn new(dir: &Path) -> ClientCa {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "clients CA");
+        let ca = params.self_signed(&key).unwrap();
+        std::fs::write(dir.join("conf/clients.pem"), ca.pem()).unwrap();
+        ClientCa { ca, key }
+    }
+
+    /// A client trusting `server_ca` with the certificate `O=shard tests, CN=client one`
+    /// (serial 019A), signed by this CA or by itself.
+    fn client(
+        &self,
+        server_ca: &CertificateDer<'static>,
+        signed_by_ca: bool,
+    ) -> Arc<rustls::ClientConfig> {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.distinguished_name = rcgen::DistinguishedName::new();
@@ -1134,13 +1141,13 @@ fn client_certificates_are_verified_as_nginx() {
             .push(rcgen::DnType::CommonName, "client one");
         params.serial_number = Some(rcgen::SerialNumber::from(vec![0x01, 0x9a]));
         let cert = if signed_by_ca {
-            params.signed_by(&key, &ca, &ca_key).unwrap()
+            params.signed_by(&key, &self.ca, &self.key).unwrap()
         } else {
             params.self_signed(&key).unwrap()
         };
         let der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(p.ca.clone()).unwrap();
+        roots.add(server_ca.clone()).unwrap();
         let c = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -1150,7 +1157,19 @@ fn client_certificates_are_verified_as_nginx() {
         .with_client_auth_cert(vec![cert.der().clone()], der)
         .unwrap();
         Arc::new(c)
-    };
+    }
+}
+
+/// `ssl_verify_client`: a client certificate from the CA passes with the `$ssl_client_*`
+/// variables; none is nginx's 496 and one from elsewhere 495 (both a 400 page, then a
+/// close); `optional_no_ca` lets an unknown issuer through and says so; a server that asks
+/// for none sees `NONE` on the same address.
+#[test]
+fn client_certificates_are_verified_as_nginx() {
+    let dir = temp_dir("tls-mtls").keep();
+    let p = pki(&dir, &["a.test", "b.test", "c.test"]);
+    let clients = ClientCa::new(&dir);
+    let client = |signed_by_ca: bool| clients.client(&p.ca, signed_by_ca);
     let vars = "$ssl_client_verify|$ssl_client_s_dn|$ssl_client_i_dn|$ssl_client_serial|\
                 $ssl_client_fingerprint";
     let pair = |n: &str| {
@@ -1235,6 +1254,17 @@ fn client_certificates_are_verified_as_nginx() {
     // A server on the same address that asks for nothing.
     let mut t = connect_tls(tls_addr(&s), "b.test", &good).unwrap();
     assert_eq!(request(&mut t, "b.test", "/").2, b"b NONE");
+    // The request's server judges, not the handshake's: SNI b.test, Host a.test, no
+    // certificate is 496.
+    let mut t = connect_tls(tls_addr(&s), "b.test", &anonymous).unwrap();
+    write!(t, "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n").unwrap();
+    let mut all = Vec::new();
+    let _ = t.read_to_end(&mut all);
+    assert!(
+        String::from_utf8_lossy(&all).contains("No required SSL certificate was sent"),
+        "{}",
+        String::from_utf8_lossy(&all)
+    );
     // optional_no_ca: an unknown issuer passes, and says so.
     let mut t = connect_tls(tls_addr(&s), "c.test", &stranger).unwrap();
     let (st, _, body) = request(&mut t, "c.test", "/");
@@ -1405,4 +1435,46 @@ fn a_shared_session_cache_resumes_on_any_worker_without_tickets() {
         .map(|v| v.split(',').next().unwrap().parse().unwrap())
         .collect();
     assert!(per_worker.iter().filter(|&&n| n > 0).count() == 2, "{st}");
+}
+
+/// A session made where no certificate was asked for does not resume once a reload turned
+/// `ssl_verify_client on` (nginx's session ID context): the client makes a full handshake,
+/// sends its certificate, and is served.
+#[test]
+fn a_reload_that_asks_for_certificates_does_not_resume_old_sessions() {
+    let (s, p) = start(
+        "tls-mtls-reload",
+        1,
+        "location / { return 200 \"$ssl_client_verify\"; }",
+        "",
+    );
+    let clients = ClientCa::new(&p.dir);
+    let good = clients.client(&p.ca, true);
+    for _ in 0..2 {
+        let mut t = connect_tls(tls_addr(&s), "a.test", &good).unwrap();
+        assert_eq!(request(&mut t, "a.test", "/").2, b"NONE");
+    }
+    let conf_path = s.dir.join("conf/shard.conf");
+    let text = std::fs::read_to_string(&conf_path).unwrap().replace(
+        "location / { return 200",
+        &format!(
+            "ssl_verify_client on; ssl_client_certificate {}; location / {{ return 200",
+            p.dir.join("conf/clients.pem").display()
+        ),
+    );
+    std::fs::write(&conf_path, text).unwrap();
+    let before = s.workers()[0].pid;
+    s.signal(libc::SIGHUP);
+    wait_for(TIMEOUT, "the new generation", || {
+        let w = s.workers();
+        (w.len() == 1 && w[0].pid != before && w[0].pid != 0).then_some(())
+    });
+    let mut t = connect_tls(tls_addr(&s), "a.test", &good).unwrap();
+    assert_ne!(
+        t.conn.handshake_kind(),
+        Some(rustls::HandshakeKind::Resumed),
+        "a session from before the reload resumed"
+    );
+    let (st, _, body) = request(&mut t, "a.test", "/");
+    assert_eq!((st, body.as_slice()), (200, &b"SUCCESS"[..]));
 }
