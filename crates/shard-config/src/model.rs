@@ -1157,6 +1157,9 @@ pub struct SslConf {
     pub client_certificate: Option<PathBuf>,
     /// `ssl_trusted_certificate FILE`: more CAs that verify them, not sent.
     pub trusted_certificate: Option<PathBuf>,
+    /// `ssl_verify_depth N`: the client certificate's chain, from it to a trusted CA, has at
+    /// most `N` certificates above it (1: signed by a trusted CA itself). Default 1.
+    pub verify_depth: u32,
 }
 
 /// `ssl_verify_client on | off | optional | optional_no_ca`.
@@ -1188,6 +1191,7 @@ impl Default for SslConf {
             verify_client: VerifyClient::Off,
             client_certificate: None,
             trusted_certificate: None,
+            verify_depth: 1,
         }
     }
 }

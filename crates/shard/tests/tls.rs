@@ -1135,6 +1135,19 @@ impl ClientCa {
         server_ca: &CertificateDer<'static>,
         signed_by_ca: bool,
     ) -> Arc<rustls::ClientConfig> {
+        let how = if signed_by_ca {
+            Signed::ByCa
+        } else {
+            Signed::BySelf
+        };
+        self.client_as(server_ca, how)
+    }
+
+    fn client_as(
+        &self,
+        server_ca: &CertificateDer<'static>,
+        how: Signed,
+    ) -> Arc<rustls::ClientConfig> {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.distinguished_name = rcgen::DistinguishedName::new();
@@ -1145,11 +1158,29 @@ impl ClientCa {
             .distinguished_name
             .push(rcgen::DnType::CommonName, "client one");
         params.serial_number = Some(rcgen::SerialNumber::from(vec![0x01, 0x9a]));
-        let cert = if signed_by_ca {
-            params.signed_by(&key, &self.ca, &self.key).unwrap()
-        } else {
-            params.self_signed(&key).unwrap()
+        let mut chain = Vec::new();
+        let cert = match how {
+            Signed::ByCa => params.signed_by(&key, &self.ca, &self.key).unwrap(),
+            Signed::BySelf => params.self_signed(&key).unwrap(),
+            Signed::Expired => {
+                params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+                params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+                params.signed_by(&key, &self.ca, &self.key).unwrap()
+            }
+            Signed::ViaIntermediate => {
+                let ikey = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+                let mut ip = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+                ip.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+                ip.distinguished_name = rcgen::DistinguishedName::new();
+                ip.distinguished_name
+                    .push(rcgen::DnType::CommonName, "clients intermediate");
+                let inter = ip.signed_by(&ikey, &self.ca, &self.key).unwrap();
+                let cert = params.signed_by(&key, &inter, &ikey).unwrap();
+                chain.push(inter.der().clone());
+                cert
+            }
         };
+        chain.insert(0, cert.der().clone());
         let der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
         let mut roots = rustls::RootCertStore::empty();
         roots.add(server_ca.clone()).unwrap();
@@ -1159,10 +1190,20 @@ impl ClientCa {
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots)
-        .with_client_auth_cert(vec![cert.der().clone()], der)
+        .with_client_auth_cert(chain, der)
         .unwrap();
         Arc::new(c)
     }
+}
+
+/// How [`ClientCa::client_as`] makes the client's certificate.
+enum Signed {
+    ByCa,
+    BySelf,
+    /// By the CA, valid in 2020 only.
+    Expired,
+    /// By an intermediate the CA signed, sent along.
+    ViaIntermediate,
 }
 
 /// `ssl_verify_client`: a client certificate from the CA passes with the `$ssl_client_*`
@@ -1172,7 +1213,7 @@ impl ClientCa {
 #[test]
 fn client_certificates_are_verified_as_nginx() {
     let dir = temp_dir("tls-mtls").keep();
-    let p = pki(&dir, &["a.test", "b.test", "c.test"]);
+    let p = pki(&dir, &["a.test", "b.test", "c.test", "d.test"]);
     let clients = ClientCa::new(&dir);
     let client = |signed_by_ca: bool| clients.client(&p.ca, signed_by_ca);
     let vars = "$ssl_client_verify|$ssl_client_s_dn|$ssl_client_i_dn|$ssl_client_serial|\
@@ -1195,10 +1236,14 @@ fn client_certificates_are_verified_as_nginx() {
          server {{ listen 127.0.0.1:{{port1}} ssl; server_name c.test; {c}\n\
            ssl_verify_client optional_no_ca;\n\
            location / {{ return 200 \"c $ssl_client_verify|$ssl_client_s_dn\"; }} }}\n\
+         server {{ listen 127.0.0.1:{{port1}} ssl; server_name d.test; {dd}\n\
+           ssl_verify_client on; ssl_verify_depth 2; ssl_client_certificate {d}/conf/clients.pem;\n\
+           location / {{ return 200 \"{vars}\"; }} }}\n\
          }}\n",
         a = pair("a.test"),
         b = pair("b.test"),
         c = pair("c.test"),
+        dd = pair("d.test"),
         d = dir.display(),
     );
     let s = Server::start_ports("tls-mtls", &text, 1, 1);
@@ -1240,7 +1285,7 @@ fn client_certificates_are_verified_as_nginx() {
         (
             &stranger,
             "The SSL certificate error",
-            "client SSL certificate verify error: (20:unable to get local issuer certificate)",
+            "client SSL certificate verify error: (18:self-signed certificate)",
         ),
     ] {
         let mut t = connect_tls(tls_addr(&s), "a.test", cfg).unwrap();
@@ -1277,11 +1322,32 @@ fn client_certificates_are_verified_as_nginx() {
         (st, String::from_utf8(body).unwrap().as_str()),
         (
             200,
-            "c FAILED:unable to get local issuer certificate|CN=client one,O=shard tests"
+            "c FAILED:self-signed certificate|CN=client one,O=shard tests"
         )
     );
     let mut t = connect_tls(tls_addr(&s), "c.test", &anonymous).unwrap();
     assert_eq!(request(&mut t, "c.test", "/").2, b"c NONE|");
+    // An expired certificate is 495 even where the issuer does not matter; a chain through
+    // an intermediate is too long for `ssl_verify_depth 1` (nginx's default) and fine with 2.
+    let status = |sni: &str, cfg: &Arc<rustls::ClientConfig>| {
+        let mut t = connect_tls(tls_addr(&s), sni, cfg).unwrap();
+        let (st, _, body) = request(&mut t, sni, "/");
+        (st, String::from_utf8_lossy(&body).into_owned())
+    };
+    let expired = clients.client_as(&p.ca, Signed::Expired);
+    assert_eq!(status("a.test", &expired).0, 400);
+    assert_eq!(status("c.test", &expired).0, 400);
+    let via = clients.client_as(&p.ca, Signed::ViaIntermediate);
+    assert_eq!(status("a.test", &via).0, 400);
+    let (st, body) = status("d.test", &via);
+    assert_eq!(
+        (st, body.split('|').next()),
+        (200, Some("SUCCESS")),
+        "{body}"
+    );
+    let text = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(text.contains("(10:certificate has expired)"), "{text}");
+    assert!(text.contains("(22:certificate chain too long)"), "{text}");
 }
 
 /// An upstream that resets mid-response: the TLS client sees the end of stream without

@@ -21,6 +21,7 @@ pub(super) struct SslP {
     pub(super) verify_client: Option<VerifyClient>,
     pub(super) client_certificate: Option<PathBuf>,
     pub(super) trusted_certificate: Option<PathBuf>,
+    pub(super) verify_depth: Option<u32>,
 }
 
 /// The merged `ssl_*` directives of a block: the certificate and key lists stay apart
@@ -72,6 +73,7 @@ impl SslEff {
                     .trusted_certificate
                     .clone()
                     .or_else(|| self.conf.trusted_certificate.clone()),
+                verify_depth: p.verify_depth.unwrap_or(self.conf.verify_depth),
             },
         }
     }
@@ -2640,7 +2642,8 @@ fn ssl_path(env: &Env, list: &mut Option<Vec<(PathBuf, Place)>>, d: &Directive, 
     Ok(())
 }
 
-/// `ssl_verify_client`, `ssl_client_certificate`, `ssl_trusted_certificate`.
+/// `ssl_verify_client`, `ssl_client_certificate`, `ssl_trusted_certificate`,
+/// `ssl_verify_depth`.
 pub(super) fn set_ssl_client(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let v = a0(d);
     match d.name.as_str() {
@@ -2660,6 +2663,7 @@ pub(super) fn set_ssl_client(env: &Env, s: &mut Settings, d: &Directive, file: &
             d,
             file,
         ),
+        "ssl_verify_depth" => once(&mut s.ssl.verify_depth, num::<u32>(d, file, v)?, d, file),
         _ => once(
             &mut s.ssl.trusted_certificate,
             pem_path(env, d, file)?,
@@ -2782,9 +2786,10 @@ pub(super) fn apply_ssl(env: &Env, p: &mut SslP, d: &Directive, file: &str) -> R
         "ssl_session_timeout" => set_ssl_session_timeout(env, &mut s, d, file),
         "ssl_session_tickets" => set_ssl_session_tickets(env, &mut s, d, file),
         "ssl_session_ticket_key" => set_ssl_session_ticket_key(env, &mut s, d, file),
-        "ssl_verify_client" | "ssl_client_certificate" | "ssl_trusted_certificate" => {
-            set_ssl_client(env, &mut s, d, file)
-        }
+        "ssl_verify_client"
+        | "ssl_client_certificate"
+        | "ssl_trusted_certificate"
+        | "ssl_verify_depth" => set_ssl_client(env, &mut s, d, file),
         _ => Ok(()),
     };
     *p = s.ssl;

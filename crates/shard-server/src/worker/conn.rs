@@ -1182,7 +1182,7 @@ impl Worker<'_> {
             (server.ssl.verify_client, self.conns[key].tls.as_mut())
         {
             let verifier = self.tls.client_verifier(server_idx);
-            let cc = super::tls::client_cert(t, server_idx, verifier);
+            let cc = super::tls::client_cert(t, server_idx, verifier, server.ssl.verify_depth);
             let refuse = match (cc.outcome, server.ssl.verify_client) {
                 (ClientOutcome::None, VerifyClient::On) => Some(496),
                 (ClientOutcome::Failed { issuer: true }, VerifyClient::OptionalNoCa) => None,

@@ -16,6 +16,8 @@ use std::io::{self, Read, Write};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
+use rustls::pki_types::CertificateDer;
+
 /// Plaintext a connection may queue in rustls before `write` says the socket is full.
 const PLAINTEXT_BUFFER_BYTES: usize = 64 * 1024;
 /// Bytes of a first record kept to hand back when it turns out not to be TLS.
@@ -626,9 +628,10 @@ pub(in crate::worker) fn client_cert<'t>(
     t: &'t mut TlsConn,
     server: usize,
     verifier: Option<&Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+    depth: u32,
 ) -> &'t ClientCert {
     if t.client.as_ref().is_none_or(|c| c.server != server) {
-        t.client = Some(Box::new(judge(t, server, verifier)));
+        t.client = Some(Box::new(judge(t, server, verifier, depth)));
     }
     t.client.as_deref().expect("just made")
 }
@@ -637,6 +640,7 @@ fn judge(
     t: &TlsConn,
     server: usize,
     verifier: Option<&Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+    depth: u32,
 ) -> ClientCert {
     let mut c = ClientCert {
         server,
@@ -651,25 +655,42 @@ fn judge(
     let Some((ee, rest)) = t.conn.peer_certificates().and_then(<[_]>::split_first) else {
         return c;
     };
-    let result = match verifier {
-        Some(v) => v
-            .verify_client_cert(ee, rest, rustls::pki_types::UnixTime::now())
-            .map(|_| ()),
+    let parsed = webpki::EndEntityCert::try_from(ee).ok();
+    let now = rustls::pki_types::UnixTime::now();
+    // `ssl_verify_depth`: the client's intermediates the chain may use (depth 1: none, the
+    // certificate is signed by a trusted CA itself).
+    let allowed = &rest[..rest.len().min(depth.saturating_sub(1) as usize)];
+    let verify = |inter: &[CertificateDer<'_>]| match verifier {
+        Some(v) => v.verify_client_cert(ee, inter, now).map(|_| ()),
         None => Err(rustls::Error::InvalidCertificate(
             rustls::CertificateError::UnknownIssuer,
         )),
     };
-    (c.outcome, c.verify) = match result {
-        Ok(()) => (ClientOutcome::Success, "SUCCESS".to_string()),
+    let mut result = verify(allowed);
+    if result.is_err() && allowed.len() < rest.len() && verify(rest).is_ok() {
+        result = Err(rustls::Error::General("chain too long".into()));
+    }
+    // OpenSSL's numbers and words, which nginx's `$ssl_client_verify` and log use.
+    let failure: Option<(bool, u32, String)> = match result {
+        Ok(()) => None,
         Err(e) => {
-            // OpenSSL's words and numbers, which nginx's `$ssl_client_verify` and log use.
             use rustls::CertificateError as E;
-            let (issuer, code, why) = match &e {
-                rustls::Error::InvalidCertificate(E::UnknownIssuer) => (
-                    true,
-                    20,
-                    "unable to get local issuer certificate".to_string(),
-                ),
+            Some(match &e {
+                rustls::Error::InvalidCertificate(E::UnknownIssuer) => {
+                    // Without a known issuer, OpenSSL still judges the dates, and names a
+                    // certificate that signed itself.
+                    match dates(ee, now.as_secs()) {
+                        Some(bad) => bad,
+                        None if parsed.as_ref().is_some_and(|p| p.subject() == p.issuer()) => {
+                            (true, 18, "self-signed certificate".to_string())
+                        }
+                        None => (
+                            true,
+                            20,
+                            "unable to get local issuer certificate".to_string(),
+                        ),
+                    }
+                }
                 rustls::Error::InvalidCertificate(E::Expired | E::ExpiredContext { .. }) => {
                     (false, 10, "certificate has expired".to_string())
                 }
@@ -682,13 +703,21 @@ fn judge(
                 rustls::Error::InvalidCertificate(E::Revoked) => {
                     (false, 23, "certificate revoked".to_string())
                 }
+                rustls::Error::General(g) if g == "chain too long" => {
+                    (false, 22, "certificate chain too long".to_string())
+                }
                 other => (false, 0, other.to_string()),
-            };
+            })
+        }
+    };
+    (c.outcome, c.verify) = match failure {
+        None => (ClientOutcome::Success, "SUCCESS".to_string()),
+        Some((issuer, code, why)) => {
             c.error_code = code;
             (ClientOutcome::Failed { issuer }, format!("FAILED:{why}"))
         }
     };
-    if let Ok(cert) = webpki::EndEntityCert::try_from(ee) {
+    if let Some(cert) = parsed {
         c.s_dn = dn_rfc2253(cert.subject());
         c.i_dn = dn_rfc2253(cert.issuer());
         c.serial = serial_hex(cert.serial());
@@ -696,6 +725,75 @@ fn judge(
     let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, ee);
     c.fingerprint = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     c
+}
+
+/// A certificate's validity against `now` (unix seconds): `None` when within it (or when
+/// the dates cannot be read: webpki judges those certificates), else OpenSSL's error.
+fn dates(cert: &[u8], now: u64) -> Option<(bool, u32, String)> {
+    let (0x30, c, _) = der(cert)? else {
+        return None;
+    };
+    let (0x30, mut tbs, _) = der(c)? else {
+        return None;
+    };
+    if tbs.first() == Some(&0xa0) {
+        tbs = der(tbs)?.2; // [0] version
+    }
+    let rest = der(tbs)?.2; // serial
+    let rest = der(rest)?.2; // signature algorithm
+    let rest = der(rest)?.2; // issuer
+    let (0x30, validity, _) = der(rest)? else {
+        return None;
+    };
+    let (t1, v1, r) = der(validity)?;
+    let (t2, v2, _) = der(r)?;
+    let (not_before, not_after) = (asn1_time(t1, v1)?, asn1_time(t2, v2)?);
+    if now < not_before {
+        Some((false, 9, "certificate is not yet valid".to_string()))
+    } else if now > not_after {
+        Some((false, 10, "certificate has expired".to_string()))
+    } else {
+        None
+    }
+}
+
+/// An X.509 `UTCTime` (`YYMMDDHHMMSSZ`) or `GeneralizedTime` (`YYYYMMDDHHMMSSZ`) as unix
+/// seconds.
+fn asn1_time(tag: u8, v: &[u8]) -> Option<u64> {
+    let digits = |b: &[u8]| -> Option<u64> {
+        b.iter().try_fold(0u64, |a, &d| {
+            d.is_ascii_digit().then(|| a * 10 + u64::from(d - b'0'))
+        })
+    };
+    let (year, rest) = match (tag, v.len()) {
+        (0x17, 13) => {
+            let yy = digits(&v[..2])?;
+            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, &v[2..])
+        }
+        (0x18, 15) => (digits(&v[..4])?, &v[4..]),
+        _ => return None,
+    };
+    let (m, d) = (digits(&rest[..2])?, digits(&rest[2..4])?);
+    let (h, mi, s) = (
+        digits(&rest[4..6])?,
+        digits(&rest[6..8])?,
+        digits(&rest[8..10])?,
+    );
+    if rest[10] != b'Z' || !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    // Days from 1970-01-01 (Howard Hinnant's days_from_civil).
+    let (y, m) = if m <= 2 {
+        (year - 1, m + 9)
+    } else {
+        (year, m - 3)
+    };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = (era * 146_097 + doe).checked_sub(719_468)?;
+    Some(days * 86_400 + h * 3600 + mi * 60 + s)
 }
 
 /// A DER element at the start of `b`: its tag, its content, and what follows it.
@@ -827,6 +925,15 @@ fn serial_hex(serial: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn asn1_times_are_unix_seconds() {
+        assert_eq!(asn1_time(0x17, b"700101000000Z"), Some(0));
+        assert_eq!(asn1_time(0x17, b"491231235959Z"), Some(2_524_607_999));
+        assert_eq!(asn1_time(0x18, b"20261124120000Z"), Some(1_795_521_600));
+        assert_eq!(asn1_time(0x18, b"20261124120000+0100"), None);
+        assert_eq!(asn1_time(0x17, b"2611241200Z"), None);
+    }
 
     #[test]
     fn distinguished_names_print_as_openssl_rfc2253() {
