@@ -947,6 +947,19 @@ fn load_pair(
             cert.display()
         ));
     }
+    // The TLS Feature extension (RFC 7633, "must-staple"): clients that enforce it refuse a
+    // handshake without a stapled OCSP response, which shard never sends.
+    const TLS_FEATURE: [u8; 10] = [0x06, 0x08, 0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x01, 0x18];
+    if chain[0]
+        .windows(TLS_FEATURE.len())
+        .any(|w| w == TLS_FEATURE)
+    {
+        return Err(format!(
+            "certificate \"{}\" requires OCSP stapling (\"must-staple\"), which shard does \
+             not do: clients that enforce it would refuse every connection in {at}",
+            cert.display()
+        ));
+    }
     let der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
         format!(
             "cannot load certificate key \"{}\": {} in {at}",

@@ -391,6 +391,35 @@ fn bad_certificates_fail_the_test_and_a_reload_keeps_the_old_generation() {
         "{err}"
     );
 
+    // A "must-staple" certificate: shard staples nothing, so it is refused.
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["a.test".to_string()]).unwrap();
+    params
+        .custom_extensions
+        .push(rcgen::CustomExtension::from_oid_content(
+            &[1, 3, 6, 1, 5, 5, 7, 1, 24],
+            vec![0x30, 0x03, 0x02, 0x01, 0x05],
+        ));
+    let staple = params.self_signed(&key).unwrap();
+    std::fs::write(p.dir.join("conf/staple.pem"), staple.pem()).unwrap();
+    std::fs::write(p.dir.join("conf/staple.key"), key.serialize_pem()).unwrap();
+    let (code, err) = test(
+        &good
+            .replace(
+                p.dir.join("conf/a.test.pem").to_str().unwrap(),
+                p.dir.join("conf/staple.pem").to_str().unwrap(),
+            )
+            .replace(
+                a_key.to_str().unwrap(),
+                p.dir.join("conf/staple.key").to_str().unwrap(),
+            ),
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("requires OCSP stapling (\"must-staple\")"),
+        "{err}"
+    );
+
     // A reload with the broken key keeps serving with the running configuration.
     std::fs::write(
         &conf_path,

@@ -613,7 +613,10 @@ impl<'a> Worker<'a> {
                 // A pooled connection speaks what it was opened for: TLS or not, and TLS
                 // with the same `proxy_ssl_*` settings.
                 let want = if pass.tls {
-                    self.tls.upstream(&loc.proxy.ssl).map_or(0, config_id)
+                    // No configuration (never expected) matches no pooled connection.
+                    self.tls
+                        .upstream(&loc.proxy.ssl)
+                        .map_or(usize::MAX, config_id)
                 } else {
                     0
                 };

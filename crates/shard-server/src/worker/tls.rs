@@ -815,81 +815,131 @@ fn der(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
 }
 
 /// A distinguished name's content (the `SEQUENCE` of `SET`s, without its own tag) as
-/// OpenSSL's `XN_FLAG_RFC2253` prints it, which nginx's `$ssl_client_s_dn` is: the most
-/// specific part first, `,` between parts, `+` inside one, special characters and bytes
-/// above ASCII escaped.
+/// OpenSSL's `XN_FLAG_RFC2253` prints it, which nginx's `$ssl_client_s_dn` is: every
+/// attribute in reverse order (so the most specific first), `,` between parts, `+` between
+/// the attributes of one part, OpenSSL's short names, an attribute it has no name for as its
+/// dotted OID and `#` with the value's DER in hex, special characters and bytes above ASCII
+/// escaped.
 fn dn_rfc2253(name: &[u8]) -> String {
-    let mut rdns = Vec::new();
+    let mut attrs: Vec<(usize, String)> = Vec::new();
     let mut rest = name;
+    let mut part = 0;
     while let Some((0x31, set, r)) = der(rest) {
         rest = r;
-        let mut attrs = Vec::new();
         let mut s = set;
         while let Some((0x30, atv, r2)) = der(s) {
             s = r2;
             let Some((0x06, oid, r3)) = der(atv) else {
                 break;
             };
-            let Some((tag, value, _)) = der(r3) else {
+            let Some((tag, value, after)) = der(r3) else {
                 break;
             };
-            attrs.push(format!("{}={}", oid_name(oid), dn_value(tag, value)));
+            let text = match short_name(oid) {
+                Some(n) => format!("{n}={}", dn_value(tag, value)),
+                None => {
+                    let tlv = &r3[..r3.len() - after.len()];
+                    let hex: String = tlv.iter().map(|b| format!("{b:02X}")).collect();
+                    format!("{}=#{hex}", dotted(oid))
+                }
+            };
+            attrs.push((part, text));
         }
-        rdns.push(attrs.join("+"));
+        part += 1;
     }
-    rdns.reverse();
-    rdns.join(",")
+    attrs.reverse();
+    let mut out = String::new();
+    for (i, (p, text)) in attrs.iter().enumerate() {
+        if i > 0 {
+            out.push(if attrs[i - 1].0 == *p { '+' } else { ',' });
+        }
+        out.push_str(text);
+    }
+    out
 }
 
-/// OpenSSL's short names of the usual attributes; others in dotted form.
-fn oid_name(oid: &[u8]) -> String {
-    let name = match oid {
-        [0x55, 0x04, 0x03] => "CN",
-        [0x55, 0x04, 0x05] => "serialNumber",
-        [0x55, 0x04, 0x06] => "C",
-        [0x55, 0x04, 0x07] => "L",
-        [0x55, 0x04, 0x08] => "ST",
-        [0x55, 0x04, 0x09] => "street",
-        [0x55, 0x04, 0x0a] => "O",
-        [0x55, 0x04, 0x0b] => "OU",
-        [0x55, 0x04, 0x0c] => "title",
+/// OpenSSL's short name of an attribute type.
+fn short_name(oid: &[u8]) -> Option<&'static str> {
+    const MS_JURISDICTION: [u8; 10] = [0x2b, 0x06, 0x01, 0x04, 0x01, 0x82, 0x37, 0x3c, 0x02, 0x01];
+    Some(match oid {
+        [0x55, 0x04, x] => match x {
+            0x03 => "CN",
+            0x04 => "SN",
+            0x05 => "serialNumber",
+            0x06 => "C",
+            0x07 => "L",
+            0x08 => "ST",
+            0x09 => "street",
+            0x0a => "O",
+            0x0b => "OU",
+            0x0c => "title",
+            0x0d => "description",
+            0x0f => "businessCategory",
+            0x11 => "postalCode",
+            0x2a => "GN",
+            0x2b => "initials",
+            0x2c => "generationQualifier",
+            0x2e => "dnQualifier",
+            0x41 => "pseudonym",
+            0x61 => "organizationIdentifier",
+            _ => return None,
+        },
         [0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x09, 0x01] => "emailAddress",
         [0x09, 0x92, 0x26, 0x89, 0x93, 0xf2, 0x2c, 0x64, 0x01, 0x19] => "DC",
         [0x09, 0x92, 0x26, 0x89, 0x93, 0xf2, 0x2c, 0x64, 0x01, 0x01] => "UID",
-        _ => {
-            let mut parts = Vec::new();
-            if let Some((&first, rest)) = oid.split_first() {
-                parts.push(u64::from(first / 40));
-                parts.push(u64::from(first % 40));
-                let mut v = 0u64;
-                for &b in rest {
-                    v = v << 7 | u64::from(b & 0x7f);
-                    if b & 0x80 == 0 {
-                        parts.push(v);
-                        v = 0;
-                    }
-                }
-            }
-            let dotted: Vec<String> = parts.iter().map(u64::to_string).collect();
-            return dotted.join(".");
-        }
-    };
-    name.to_string()
+        [head @ .., last] if head == MS_JURISDICTION => match last {
+            1 => "jurisdictionL",
+            2 => "jurisdictionST",
+            3 => "jurisdictionC",
+            _ => return None,
+        },
+        _ => return None,
+    })
 }
 
-/// An attribute value, RFC 2253-escaped; BMP strings are decoded, other string types are
-/// taken as bytes, anything else is `#` and its hex.
+/// An OID in dotted decimal.
+fn dotted(oid: &[u8]) -> String {
+    let mut parts = Vec::new();
+    if let Some((&first, rest)) = oid.split_first() {
+        parts.push(u64::from(first / 40));
+        parts.push(u64::from(first % 40));
+        let mut v = 0u64;
+        for &b in rest {
+            v = v << 7 | u64::from(b & 0x7f);
+            if b & 0x80 == 0 {
+                parts.push(v);
+                v = 0;
+            }
+        }
+    }
+    let dotted: Vec<String> = parts.iter().map(u64::to_string).collect();
+    dotted.join(".")
+}
+
+/// An attribute value, RFC 2253-escaped; BMP and universal strings are decoded, other string
+/// types are taken as bytes, anything else is `#` and its hex.
 fn dn_value(tag: u8, value: &[u8]) -> String {
+    let decoded = |chars: &mut dyn Iterator<Item = Option<char>>| -> Vec<u8> {
+        chars
+            .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+            .collect::<String>()
+            .into_bytes()
+    };
     let bytes: Vec<u8> = match tag {
-        0x1e => char::decode_utf16(
-            value
-                .chunks_exact(2)
-                .map(|p| u16::from_be_bytes([p[0], p[1]])),
-        )
-        .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
-        .collect::<String>()
-        .into_bytes(),
-        0x0c | 0x13 | 0x14 | 0x16 | 0x1c => value.to_vec(),
+        0x1e => decoded(
+            &mut char::decode_utf16(
+                value
+                    .chunks_exact(2)
+                    .map(|p| u16::from_be_bytes([p[0], p[1]])),
+            )
+            .map(Result::ok),
+        ),
+        0x1c => decoded(
+            &mut value
+                .chunks_exact(4)
+                .map(|p| char::from_u32(u32::from_be_bytes([p[0], p[1], p[2], p[3]]))),
+        ),
+        0x0c | 0x13 | 0x14 | 0x16 => value.to_vec(),
         _ => {
             return std::iter::once("#".to_string())
                 .chain(value.iter().map(|b| format!("{b:02X}")))
@@ -955,8 +1005,22 @@ mod tests {
         name.extend(atv(&[0x2b, 6, 1, 4, 1, 0x82, 0x37], 0x0c, b"v"));
         assert_eq!(
             dn_rfc2253(&name),
-            "1.3.6.1.4.1.311=v,CN=\\ x#\\C3\\A9,O=A\\, B,C=US"
+            "1.3.6.1.4.1.311=#0C0176,CN=\\ x#\\C3\\A9,O=A\\, B,C=US"
         );
+        // A part with two attributes (SN, GN): reversed inside the part too, joined by `+`.
+        let mut set = Vec::new();
+        for (oid, v) in [([0x55u8, 4, 4], &b"Doe"[..]), ([0x55, 4, 42], &b"Jo"[..])] {
+            let mut seq = vec![0x06, 3];
+            seq.extend_from_slice(&oid);
+            seq.extend_from_slice(&[0x0c, v.len() as u8]);
+            seq.extend_from_slice(v);
+            set.extend_from_slice(&[0x30, seq.len() as u8]);
+            set.extend_from_slice(&seq);
+        }
+        let mut name = atv(&[0x55, 4, 6], 0x13, b"US");
+        name.extend_from_slice(&[0x31, set.len() as u8]);
+        name.extend_from_slice(&set);
+        assert_eq!(dn_rfc2253(&name), "GN=Jo+SN=Doe,C=US");
         assert_eq!(serial_hex(&[0x00, 0x9a, 0x01]), "9A01");
         assert_eq!(serial_hex(&[0x05]), "05");
     }
