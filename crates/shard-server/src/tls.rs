@@ -256,7 +256,30 @@ pub fn build(
     ticketer: &Arc<dyn rustls::server::ProducesTickets>,
 ) -> Result<TlsContexts, String> {
     let mut client_verifiers = Vec::new();
-    for s in cfg.http.iter().flat_map(|h| &h.servers) {
+    let mut zones: Vec<(&str, usize)> = Vec::new();
+    let servers = cfg.http.iter().flat_map(|h| &h.servers);
+    let stream_servers = cfg.stream.iter().flat_map(|s| &s.servers);
+    for (ssl, place) in servers
+        .clone()
+        .map(|s| (&s.ssl, &s.place))
+        .chain(stream_servers.map(|s| (&s.ssl, &s.place)))
+    {
+        // One zone per name, as nginx's shared memory zones.
+        if let SessionCache::Shared { name, bytes } = &ssl.session_cache {
+            match zones.iter().find(|(n, _)| n == name) {
+                Some((_, b)) if b != bytes => {
+                    return Err(format!(
+                        "the size {bytes} of shared memory zone \"{name}\" conflicts with \
+                         already declared size {b} in {}:{}",
+                        place.file, place.line
+                    ))
+                }
+                Some(_) => {}
+                None => zones.push((name, *bytes)),
+            }
+        }
+    }
+    for s in servers {
         client_verifiers.push(client_verifier(&s.ssl, &s.place)?);
     }
     let mut per_listener = Vec::with_capacity(cfg.listeners.len());

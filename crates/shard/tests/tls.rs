@@ -1022,6 +1022,11 @@ fn proxy_ssl_mistakes_fail_the_test_as_nginx() {
         ),
         ("proxy_ssl_name $host;", "variables in \"proxy_ssl_name\""),
         (
+            "} ssl_session_cache shared:Z:2m; } server { listen 127.0.0.1:2; \
+             ssl_session_cache shared:Z:1m; location /a {",
+            "the size 1048576 of shared memory zone \"Z\" conflicts with already declared size 2097152",
+        ),
+        (
             "} ssl_verify_client on; location /y {",
             "no ssl_client_certificate for ssl_verify_client in",
         ),
