@@ -523,12 +523,7 @@ impl ClientCertVerifier for AskForCertificate {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        tls12_signature(&self.provider, message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -537,12 +532,7 @@ impl ClientCertVerifier for AskForCertificate {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        tls13_signature(&self.provider, message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
@@ -550,6 +540,29 @@ impl ClientCertVerifier for AskForCertificate {
             .signature_verification_algorithms
             .supported_schemes()
     }
+}
+
+/// A handshake signature checked with the provider's algorithms: what both verifiers that
+/// take any certificate ([`AskForCertificate`], [`NoVerify`]) still require.
+fn tls12_signature(
+    provider: &rustls::crypto::CryptoProvider,
+    message: &[u8],
+    cert: &CertificateDer<'_>,
+    dss: &rustls::DigitallySignedStruct,
+) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+    let algs = &provider.signature_verification_algorithms;
+    rustls::crypto::verify_tls12_signature(message, cert, dss, algs)
+}
+
+/// The TLS 1.3 form of [`tls12_signature`].
+fn tls13_signature(
+    provider: &rustls::crypto::CryptoProvider,
+    message: &[u8],
+    cert: &CertificateDer<'_>,
+    dss: &rustls::DigitallySignedStruct,
+) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+    let algs = &provider.signature_verification_algorithms;
+    rustls::crypto::verify_tls13_signature(message, cert, dss, algs)
 }
 
 /// `proxy_ssl_verify off` (nginx's default): any certificate is accepted, as OpenSSL does
@@ -576,12 +589,7 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        tls12_signature(&self.0, message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -590,12 +598,7 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        tls13_signature(&self.0, message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {

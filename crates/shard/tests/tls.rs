@@ -545,6 +545,32 @@ fn websocket_to_an_https_upstream() {
     websocket_echoes(&mut c);
 }
 
+/// `openssl s_client -connect 127.0.0.1:PORT ARGS` sending one `GET /` to `host` with
+/// `Connection: close`; its standard output and error.
+fn s_client(port: u16, args: &[&str], host: &str) -> (String, String) {
+    let mut child = std::process::Command::new("openssl")
+        .args(["s_client", "-connect"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(request.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 fn have(tool: &str) -> bool {
     std::process::Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])
@@ -585,23 +611,11 @@ fn curl_and_openssl_interoperate() {
         );
     }
     if have("openssl") {
-        let mut child = std::process::Command::new("openssl")
-            .args(["s_client", "-connect"])
-            .arg(format!("127.0.0.1:{port}"))
-            .args(["-servername", "b.test", "-tls1_2", "-alpn", "http/1.1"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(b"GET / HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
+        let (text, _) = s_client(
+            port,
+            &["-servername", "b.test", "-tls1_2", "-alpn", "http/1.1"],
+            "b.test",
+        );
         assert!(
             text.contains("Protocol  : TLSv1.2") || text.contains("TLSv1.2"),
             "{text}"
@@ -693,27 +707,20 @@ fn python_ssl_and_openssl_resume_verify_and_see_close_notify() {
     let sess = s.dir.join("sess.pem");
     for (flag, proto) in [("-tls1_3", "TLSv1.3"), ("-tls1_2", "TLSv1.2")] {
         for (arg, want) in [("-sess_out", "New, "), ("-sess_in", "Reused, ")] {
-            let mut child = std::process::Command::new("openssl")
-                .args(["s_client", "-connect"])
-                .arg(format!("127.0.0.1:{port}"))
-                .args(["-servername", "a.test", "-CAfile"])
-                .arg(&ca)
-                .args([flag, "-ign_eof", arg])
-                .arg(&sess)
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
-                .unwrap();
-            let out = child.wait_with_output().unwrap();
-            let text = String::from_utf8_lossy(&out.stdout);
-            let err = String::from_utf8_lossy(&out.stderr);
+            let (text, err) = s_client(
+                port,
+                &[
+                    "-servername",
+                    "a.test",
+                    "-CAfile",
+                    ca.to_str().unwrap(),
+                    flag,
+                    "-ign_eof",
+                    arg,
+                    sess.to_str().unwrap(),
+                ],
+                "a.test",
+            );
             assert!(text.contains(&format!("{want}{proto}")), "{arg}: {text}");
             assert!(text.contains("Verify return code: 0 (ok)"), "{text}");
             assert!(text.contains("a index"), "{text}");
