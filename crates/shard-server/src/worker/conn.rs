@@ -1207,7 +1207,9 @@ impl Worker<'_> {
                 forced = Some(code);
             }
         }
-        if limited {
+        // A request refused before the phases (497, 495, 496) is not counted by the limits, as
+        // nginx refuses it in `ngx_http_process_request`, before its preaccess phase.
+        if limited && forced.is_none() {
             match self.check_limits(key, first, &req, &head) {
                 Limited::Pass => {}
                 Limited::Delay(ms) => {
