@@ -641,10 +641,16 @@ fn render(a: &ProxyArgs, rows: &[Row], notes: &[String]) -> String {
         }
     }
     // shard against nginx, for each way to the backend.
-    let pairs: Vec<(&Row, &Row)> = match rows {
-        [x, xt, y, yt] => vec![(x, y), (xt, yt)],
-        _ => Vec::new(),
-    };
+    let pairs: Vec<(&Row, &Row)> = rows
+        .iter()
+        .filter_map(|x| {
+            let twin = x.name.strip_prefix("shard")?;
+            let y = rows
+                .iter()
+                .find(|y| y.name.strip_prefix("nginx") == Some(twin))?;
+            Some((x, y))
+        })
+        .collect();
     for (x, y) in pairs {
         let ratios: [(&str, Metric); 5] = [
             ("Proxied req/s", |r| r.rps),
@@ -737,6 +743,24 @@ mod tests {
         assert!(
             r.contains("| shard | 40000 | 4.000 | 10.00 | 50 | 1000 | - |"),
             "{r}"
+        );
+        // The https-upstream rows pair with each other, not with the plain ones.
+        let row = |name: &str, rps: f64| Row {
+            name: name.into(),
+            rps: Some(rps),
+            ..Default::default()
+        };
+        let four = [
+            row("shard", 10.0),
+            row("shard, https upstream", 3000.0),
+            row("nginx", 10.0),
+            row("nginx, https upstream", 1000.0),
+        ];
+        let r4 = render(&a, &four, &[]);
+        assert!(r4.contains("Proxied req/s, shard/nginx: 1.00"), "{r4}");
+        assert!(
+            r4.contains("Proxied req/s, shard, https upstream/nginx, https upstream: 3.00"),
+            "{r4}"
         );
         assert!(
             r.contains("| nginx | 20000 | - | 20.00 | 60 | 500 | 400 |"),
