@@ -804,6 +804,26 @@ pub enum Var {
     SslClientIDn,
     SslClientSerial,
     SslClientFingerprint,
+    /// `$ssl_client_s_dn_legacy`, `$ssl_client_i_dn_legacy`: OpenSSL's one-line form
+    /// (`/C=US/O=x/CN=y`).
+    SslClientSDnLegacy,
+    SslClientIDnLegacy,
+    /// `$ssl_client_raw_cert` (PEM), `$ssl_client_cert` (PEM, every line but the first
+    /// after a tab), `$ssl_client_escaped_cert` (PEM, URL-encoded).
+    SslClientRawCert,
+    SslClientCert,
+    SslClientEscapedCert,
+    /// `$ssl_client_v_start`, `$ssl_client_v_end` (`Nov 24 12:00:00 2026 GMT`),
+    /// `$ssl_client_v_remain` (whole days left).
+    SslClientVStart,
+    SslClientVEnd,
+    SslClientVRemain,
+    /// `$ssl_session_reused` (`r` or `.`), `$ssl_alpn_protocol`, `$ssl_curve` (the key
+    /// exchange group, OpenSSL's name), `$ssl_early_data` (always empty: no 0-RTT).
+    SslSessionReused,
+    SslAlpnProtocol,
+    SslCurve,
+    SslEarlyData,
     /// `$request_uri`: the target as received; `$uri` (`$document_uri`): the normalized path;
     /// `$args` (`$query_string`), `$is_args`.
     RequestUri,

@@ -62,6 +62,11 @@ pub struct Tls<'a> {
     pub protocol: &'a str,
     pub cipher: &'a str,
     pub server_name: &'a str,
+    /// `$ssl_session_reused`: the handshake resumed a session.
+    pub session_reused: bool,
+    /// `$ssl_alpn_protocol`, `$ssl_curve`.
+    pub alpn: &'a str,
+    pub curve: &'a str,
     /// The client certificate's variables (`ssl_verify_client`): `$ssl_client_verify`, ...
     pub client: ClientCert<'a>,
 }
@@ -74,6 +79,14 @@ pub struct ClientCert<'a> {
     pub i_dn: &'a str,
     pub serial: &'a str,
     pub fingerprint: &'a str,
+    pub s_dn_legacy: &'a str,
+    pub i_dn_legacy: &'a str,
+    /// The certificate in PEM, `$ssl_client_raw_cert`.
+    pub pem: &'a str,
+    pub v_start: &'a str,
+    pub v_end: &'a str,
+    /// When it ends, unix seconds (`$ssl_client_v_remain`); 0 without a certificate.
+    pub v_end_secs: u64,
 }
 
 /// The variables the configuration and the request's rewrite instructions made.
@@ -234,6 +247,58 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::SslClientFingerprint => {
             out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.fingerprint).as_bytes())
         }
+        Var::SslClientSDnLegacy => {
+            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.s_dn_legacy).as_bytes())
+        }
+        Var::SslClientIDnLegacy => {
+            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.i_dn_legacy).as_bytes())
+        }
+        Var::SslClientRawCert => {
+            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.pem).as_bytes())
+        }
+        Var::SslClientCert => {
+            // nginx's deprecated form: a tab after every line break but the last.
+            let pem = c.conn.tls.map_or("", |t| t.client.pem).as_bytes();
+            if let Some((last, body)) = pem.split_last() {
+                for &b in body {
+                    out.push(b);
+                    if b == b'\n' {
+                        out.push(b'\t');
+                    }
+                }
+                out.push(*last);
+            }
+        }
+        Var::SslClientEscapedCert => {
+            // nginx's `NGX_ESCAPE_URI_COMPONENT` of the PEM.
+            for &b in c.conn.tls.map_or("", |t| t.client.pem).as_bytes() {
+                if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                    out.push(b);
+                } else {
+                    let _ = write!(out, "%{b:02X}");
+                }
+            }
+        }
+        Var::SslClientVStart => {
+            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.v_start).as_bytes())
+        }
+        Var::SslClientVEnd => {
+            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.v_end).as_bytes())
+        }
+        Var::SslClientVRemain => {
+            if let Some(t) = c.conn.tls.filter(|t| t.client.v_end_secs > 0) {
+                let now = c.conn.now_ms / 1000;
+                push_u64(out, t.client.v_end_secs.saturating_sub(now) / 86_400);
+            }
+        }
+        Var::SslSessionReused => {
+            if let Some(t) = c.conn.tls {
+                out.push(if t.session_reused { b'r' } else { b'.' });
+            }
+        }
+        Var::SslAlpnProtocol => out.extend_from_slice(c.conn.tls.map_or("", |t| t.alpn).as_bytes()),
+        Var::SslCurve => out.extend_from_slice(c.conn.tls.map_or("", |t| t.curve).as_bytes()),
+        Var::SslEarlyData => {}
         Var::ServerAddr => {
             let _ = write!(out, "{}", c.server_addr.ip());
         }

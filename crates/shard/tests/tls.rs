@@ -141,7 +141,7 @@ fn conf(workers: usize, extra_a: &str, http_extra: &str) -> String {
          pid logs/shard.pid;\n\
          events {{ worker_connections 256; }}\n\
          http {{\n\
-         log_format tls '$scheme $https $ssl_protocol $ssl_cipher $ssl_server_name $request';\n\
+         log_format tls '$ssl_session_reused $scheme $https $ssl_protocol $ssl_cipher $ssl_server_name $request';\n\
          access_log logs/access.log tls;\n\
          {http_extra}\n\
          server {{\n\
@@ -235,7 +235,7 @@ fn serves_over_tls_with_sni_alpn_keepalive_and_the_tls_variables() {
             .map(str::to_string)
     });
     assert!(
-        line.starts_with("https on TLSv1.3 TLS_") && line.contains(" a.test GET"),
+        line.starts_with(". https on TLSv1.3 TLS_") && line.contains(" a.test GET"),
         "{line}"
     );
     // Counted per worker.
@@ -340,6 +340,13 @@ fn tickets_resume_on_any_worker_and_protocols_are_honoured() {
         // Every connection after the first resumes, whichever worker took it.
         assert!(resumed >= 7, "{versions:?}: {resumed} of 7 resumed");
     }
+    // `$ssl_session_reused` says which: `r` for 14 of the 16 lines.
+    let reused = wait_for(TIMEOUT, "16 access-log lines", || {
+        let log = std::fs::read_to_string(s.dir.join("logs/access.log")).ok()?;
+        let lines: Vec<&str> = log.lines().collect();
+        (lines.len() >= 16).then(|| lines.iter().filter(|l| l.starts_with("r https")).count())
+    });
+    assert!(reused >= 14, "{reused} lines say r");
     // `ssl_protocols TLSv1.3`: a TLS 1.2-only client is refused.
     let (s13, p13) = start("tls-13only", 1, "", "ssl_protocols TLSv1.3;");
     let only12 = client_config(&p13.ca, &[&rustls::version::TLS12]);
@@ -1271,6 +1278,10 @@ fn client_certificates_are_verified_as_nginx() {
          server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n\
          server {{ listen 127.0.0.1:{{port1}} ssl; server_name a.test; {a}\n\
            ssl_verify_client on; ssl_client_certificate {d}/conf/clients.pem;\n\
+           location = /more {{ return 200 \"{more}\"; }}\n\
+           location = /pem {{ return 200 \"$ssl_client_raw_cert\"; }}\n\
+           location = /tabbed {{ return 200 \"$ssl_client_cert\"; }}\n\
+           location = /escaped {{ return 200 \"$ssl_client_escaped_cert\"; }}\n\
            location / {{ return 200 \"{vars}\"; }} }}\n\
          server {{ listen 127.0.0.1:{{port1}} ssl; server_name b.test; {b}\n\
            location / {{ return 200 \"b $ssl_client_verify\"; }} }}\n\
@@ -1285,6 +1296,9 @@ fn client_certificates_are_verified_as_nginx() {
         b = pair("b.test"),
         c = pair("c.test"),
         dd = pair("d.test"),
+        more = "$ssl_session_reused|$ssl_alpn_protocol|$ssl_curve|$ssl_early_data|\
+                $ssl_client_s_dn_legacy|$ssl_client_i_dn_legacy|$ssl_client_v_start|\
+                $ssl_client_v_end|$ssl_client_v_remain",
         d = dir.display(),
     );
     let s = Server::start_ports("tls-mtls", &text, 1, 1);
@@ -1316,6 +1330,31 @@ fn client_certificates_are_verified_as_nginx() {
     );
     // Kept alive: a second request on the same connection.
     assert_eq!(request(&mut t, "a.test", "/").0, 200);
+    // The other `$ssl_*` variables nginx has for a connection and its certificate (this
+    // client offers no ALPN; rcgen's default validity: 1975 to 4096).
+    let more = String::from_utf8(request(&mut t, "a.test", "/more").2).unwrap();
+    assert_eq!(
+        more,
+        ".||X25519||/O=shard tests/CN=client one|/CN=clients CA|\
+         Jan  1 00:00:00 1975 GMT|Jan  1 00:00:00 4096 GMT|"
+            .to_string()
+            + more.rsplit('|').next().unwrap(),
+    );
+    let days: u64 = more.rsplit('|').next().unwrap().parse().unwrap();
+    assert!((750_000..760_000).contains(&days), "{more}");
+    let pem = String::from_utf8(request(&mut t, "a.test", "/pem").2).unwrap();
+    assert!(
+        pem.starts_with("-----BEGIN CERTIFICATE-----\nMII")
+            && pem.ends_with("\n-----END CERTIFICATE-----\n"),
+        "{pem}"
+    );
+    let tabbed = String::from_utf8(request(&mut t, "a.test", "/tabbed").2).unwrap();
+    assert_eq!(tabbed, pem.replace('\n', "\n\t").trim_end_matches('\t'));
+    let escaped = String::from_utf8(request(&mut t, "a.test", "/escaped").2).unwrap();
+    assert!(
+        escaped.starts_with("-----BEGIN%20CERTIFICATE-----%0AMII") && !escaped.contains('/'),
+        "{escaped}"
+    );
 
     for (cfg, page, log) in [
         (

@@ -1825,6 +1825,9 @@ impl Worker<'_> {
                 protocol: t.protocol().unwrap_or(""),
                 cipher: t.cipher().unwrap_or(""),
                 server_name: t.server_name().unwrap_or(""),
+                session_reused: t.session_reused(),
+                alpn: t.alpn(),
+                curve: t.curve(),
                 // Judged for the request's server by `handle` (`ssl_verify_client`); a server
                 // that asks for none has none, as in nginx.
                 client: match t.client_judged(c.server) {
@@ -1834,6 +1837,12 @@ impl Worker<'_> {
                         i_dn: &cc.i_dn,
                         serial: &cc.serial,
                         fingerprint: &cc.fingerprint,
+                        s_dn_legacy: &cc.s_dn_legacy,
+                        i_dn_legacy: &cc.i_dn_legacy,
+                        pem: &cc.pem,
+                        v_start: &cc.v_start,
+                        v_end: &cc.v_end,
+                        v_end_secs: cc.v_end_secs,
                     },
                     None => shard_http::vars::ClientCert {
                         verify: "NONE",

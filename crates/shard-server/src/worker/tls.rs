@@ -114,6 +114,32 @@ impl TlsConn {
         self.conn.server_name()
     }
 
+    /// `$ssl_session_reused`.
+    pub(in crate::worker) fn session_reused(&self) -> bool {
+        self.conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
+    }
+
+    /// `$ssl_alpn_protocol`.
+    pub(in crate::worker) fn alpn(&self) -> &str {
+        self.conn
+            .alpn_protocol()
+            .and_then(|p| std::str::from_utf8(p).ok())
+            .unwrap_or("")
+    }
+
+    /// `$ssl_curve`: the key exchange group, in OpenSSL's name.
+    pub(in crate::worker) fn curve(&self) -> &'static str {
+        use rustls::NamedGroup as G;
+        match self.conn.negotiated_key_exchange_group().map(|g| g.name()) {
+            Some(G::X25519) => "X25519",
+            Some(G::secp256r1) => "prime256v1",
+            Some(G::secp384r1) => "secp384r1",
+            Some(G::secp521r1) => "secp521r1",
+            Some(G::X448) => "X448",
+            _ => "",
+        }
+    }
+
     /// The client certificate as `server` judged it, if a request to it did.
     pub(in crate::worker) fn client_judged(&self, server: usize) -> Option<&ClientCert> {
         self.client.as_deref().filter(|c| c.server == server)
@@ -607,6 +633,14 @@ pub(in crate::worker) struct ClientCert {
     pub(in crate::worker) i_dn: String,
     pub(in crate::worker) serial: String,
     pub(in crate::worker) fingerprint: String,
+    pub(in crate::worker) s_dn_legacy: String,
+    pub(in crate::worker) i_dn_legacy: String,
+    /// The certificate in PEM (`$ssl_client_raw_cert`).
+    pub(in crate::worker) pem: String,
+    /// Its validity as OpenSSL prints it, and its end in unix seconds.
+    pub(in crate::worker) v_start: String,
+    pub(in crate::worker) v_end: String,
+    pub(in crate::worker) v_end_secs: u64,
 }
 
 /// What verification found.
@@ -651,6 +685,12 @@ fn judge(
         i_dn: String::new(),
         serial: String::new(),
         fingerprint: String::new(),
+        s_dn_legacy: String::new(),
+        i_dn_legacy: String::new(),
+        pem: String::new(),
+        v_start: String::new(),
+        v_end: String::new(),
+        v_end_secs: 0,
     };
     let Some((ee, rest)) = t.conn.peer_certificates().and_then(<[_]>::split_first) else {
         return c;
@@ -679,7 +719,7 @@ fn judge(
                 rustls::Error::InvalidCertificate(E::UnknownIssuer) => {
                     // Without a known issuer, OpenSSL still judges the dates, and names a
                     // certificate that signed itself.
-                    match dates(ee, now.as_secs()) {
+                    match date_error(ee, now.as_secs()) {
                         Some(bad) => bad,
                         None if parsed.as_ref().is_some_and(|p| p.subject() == p.issuer()) => {
                             (true, 18, "self-signed certificate".to_string())
@@ -720,8 +760,16 @@ fn judge(
     if let Some(cert) = parsed {
         c.s_dn = dn_rfc2253(cert.subject());
         c.i_dn = dn_rfc2253(cert.issuer());
+        c.s_dn_legacy = dn_oneline(cert.subject());
+        c.i_dn_legacy = dn_oneline(cert.issuer());
         c.serial = serial_hex(cert.serial());
     }
+    if let Some((start, end)) = validity(ee) {
+        c.v_start = asn1_print(start);
+        c.v_end = asn1_print(end);
+        c.v_end_secs = end;
+    }
+    c.pem = pem(ee);
     let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, ee);
     c.fingerprint = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     c
@@ -729,7 +777,19 @@ fn judge(
 
 /// A certificate's validity against `now` (unix seconds): `None` when within it (or when
 /// the dates cannot be read: webpki judges those certificates), else OpenSSL's error.
-fn dates(cert: &[u8], now: u64) -> Option<(bool, u32, String)> {
+fn date_error(cert: &[u8], now: u64) -> Option<(bool, u32, String)> {
+    let (not_before, not_after) = validity(cert)?;
+    if now < not_before {
+        Some((false, 9, "certificate is not yet valid".to_string()))
+    } else if now > not_after {
+        Some((false, 10, "certificate has expired".to_string()))
+    } else {
+        None
+    }
+}
+
+/// A certificate's `notBefore` and `notAfter`, unix seconds.
+fn validity(cert: &[u8]) -> Option<(u64, u64)> {
     let (0x30, c, _) = der(cert)? else {
         return None;
     };
@@ -747,14 +807,58 @@ fn dates(cert: &[u8], now: u64) -> Option<(bool, u32, String)> {
     };
     let (t1, v1, r) = der(validity)?;
     let (t2, v2, _) = der(r)?;
-    let (not_before, not_after) = (asn1_time(t1, v1)?, asn1_time(t2, v2)?);
-    if now < not_before {
-        Some((false, 9, "certificate is not yet valid".to_string()))
-    } else if now > not_after {
-        Some((false, 10, "certificate has expired".to_string()))
-    } else {
-        None
+    Some((asn1_time(t1, v1)?, asn1_time(t2, v2)?))
+}
+
+/// Unix seconds as OpenSSL's `ASN1_TIME_print` writes a time: `Nov  4 12:00:00 2026 GMT`.
+fn asn1_print(t: u64) -> String {
+    // Civil date from days (Howard Hinnant's civil_from_days).
+    let z = t / 86_400 + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let secs = t % 86_400;
+    format!(
+        "{} {d:2} {:02}:{:02}:{:02} {y} GMT",
+        MONTHS[(m - 1) as usize],
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+/// A certificate in PEM, as OpenSSL writes it (64 base64 characters a line).
+fn pem(der: &[u8]) -> String {
+    const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut b64 = String::with_capacity(der.len() * 4 / 3 + 4);
+    for chunk in der.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |a, (i, &b)| a | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                b64.push(char::from(B64[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                b64.push('=');
+            }
+        }
     }
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
 }
 
 /// An X.509 `UTCTime` (`YYMMDDHHMMSSZ`) or `GeneralizedTime` (`YYYYMMDDHHMMSSZ`) as unix
@@ -821,7 +925,36 @@ fn der(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
 /// dotted OID and `#` with the value's DER in hex, special characters and bytes above ASCII
 /// escaped.
 fn dn_rfc2253(name: &[u8]) -> String {
-    let mut attrs: Vec<(usize, String)> = Vec::new();
+    let mut attrs = dn_attrs(name);
+    attrs.reverse();
+    let mut out = String::new();
+    for (i, (p, a)) in attrs.iter().enumerate() {
+        if i > 0 {
+            out.push(if attrs[i - 1].0 == *p { '+' } else { ',' });
+        }
+        out.push_str(&a.rfc2253);
+    }
+    out
+}
+
+/// A distinguished name as OpenSSL's `X509_NAME_oneline` prints it, which nginx's
+/// `$ssl_client_s_dn_legacy` is: in DER order, each attribute after a `/`.
+fn dn_oneline(name: &[u8]) -> String {
+    dn_attrs(name)
+        .iter()
+        .map(|(_, a)| format!("/{}", a.oneline))
+        .collect()
+}
+
+/// One attribute of a distinguished name, printed both ways.
+struct DnAttr {
+    rfc2253: String,
+    oneline: String,
+}
+
+/// The attributes of a name in DER order, each with the number of its part (its `SET`).
+fn dn_attrs(name: &[u8]) -> Vec<(usize, DnAttr)> {
+    let mut attrs = Vec::new();
     let mut rest = name;
     let mut part = 0;
     while let Some((0x31, set, r)) = der(rest) {
@@ -835,25 +968,30 @@ fn dn_rfc2253(name: &[u8]) -> String {
             let Some((tag, value, after)) = der(r3) else {
                 break;
             };
-            let text = match short_name(oid) {
-                Some(n) => format!("{n}={}", dn_value(tag, value)),
+            let (rfc2253, name) = match short_name(oid) {
+                Some(n) => (format!("{n}={}", dn_value(tag, value)), n.to_string()),
                 None => {
                     let tlv = &r3[..r3.len() - after.len()];
                     let hex: String = tlv.iter().map(|b| format!("{b:02X}")).collect();
-                    format!("{}=#{hex}", dotted(oid))
+                    (format!("{}=#{hex}", dotted(oid)), dotted(oid))
                 }
             };
-            attrs.push((part, text));
+            let oneline = format!("{name}={}", oneline_value(value));
+            attrs.push((part, DnAttr { rfc2253, oneline }));
         }
         part += 1;
     }
-    attrs.reverse();
-    let mut out = String::new();
-    for (i, (p, text)) in attrs.iter().enumerate() {
-        if i > 0 {
-            out.push(if attrs[i - 1].0 == *p { '+' } else { ',' });
+    attrs
+}
+
+/// A value as `X509_NAME_oneline` writes it: printable ASCII as it is, other bytes `\xHH`.
+fn oneline_value(value: &[u8]) -> String {
+    let mut out = String::with_capacity(value.len());
+    for &b in value {
+        match b {
+            0x20..=0x7e => out.push(char::from(b)),
+            _ => out.push_str(&format!("\\x{b:02X}")),
         }
-        out.push_str(text);
     }
     out
 }
@@ -977,6 +1115,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn times_and_certificates_print_as_openssl() {
+        assert_eq!(asn1_print(0), "Jan  1 00:00:00 1970 GMT");
+        assert_eq!(asn1_print(1_795_521_600), "Nov 24 12:00:00 2026 GMT");
+        assert_eq!(asn1_print(951_782_400), "Feb 29 00:00:00 2000 GMT");
+        assert_eq!(
+            pem(b"any carnal pleas"),
+            "-----BEGIN CERTIFICATE-----\nYW55IGNhcm5hbCBwbGVhcw==\n-----END CERTIFICATE-----\n"
+        );
+        assert_eq!(
+            pem(&[0u8; 48]).lines().nth(1).map(str::len),
+            Some(64),
+            "64 characters a line"
+        );
+    }
+
+    #[test]
     fn asn1_times_are_unix_seconds() {
         assert_eq!(asn1_time(0x17, b"700101000000Z"), Some(0));
         assert_eq!(asn1_time(0x17, b"491231235959Z"), Some(2_524_607_999));
@@ -1021,6 +1175,7 @@ mod tests {
         name.extend_from_slice(&[0x31, set.len() as u8]);
         name.extend_from_slice(&set);
         assert_eq!(dn_rfc2253(&name), "GN=Jo+SN=Doe,C=US");
+        assert_eq!(dn_oneline(&name), "/C=US/SN=Doe/GN=Jo");
         assert_eq!(serial_hex(&[0x00, 0x9a, 0x01]), "9A01");
         assert_eq!(serial_hex(&[0x05]), "05");
     }
