@@ -1177,6 +1177,10 @@ pub struct SslConf {
     pub client_certificate: Option<PathBuf>,
     /// `ssl_trusted_certificate FILE`: more CAs that verify them, not sent.
     pub trusted_certificate: Option<PathBuf>,
+    /// `ssl_crl FILE`: revocation lists (PEM) the client certificates are checked against;
+    /// with one, every certificate of the chain needs its issuer's list, as OpenSSL's
+    /// `X509_V_FLAG_CRL_CHECK_ALL` that nginx sets.
+    pub crl: Option<PathBuf>,
     /// `ssl_verify_depth N`: the client certificate's chain, from it to a trusted CA, has at
     /// most `N` certificates above it (1: signed by a trusted CA itself). Default 1.
     pub verify_depth: u32,
@@ -1211,6 +1215,7 @@ impl Default for SslConf {
             verify_client: VerifyClient::Off,
             client_certificate: None,
             trusted_certificate: None,
+            crl: None,
             verify_depth: 1,
         }
     }

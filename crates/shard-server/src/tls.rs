@@ -470,13 +470,27 @@ fn client_verifier(
             place.file, place.line
         ));
     }
-    let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
+    let mut builder = rustls::server::WebPkiClientVerifier::builder_with_provider(
         Arc::new(roots),
         Arc::new(provider::default_provider()),
     )
-    .allow_unauthenticated()
-    .build()
-    .map_err(|e| {
+    .allow_unauthenticated();
+    if let Some(path) = &ssl.crl {
+        let crls = rustls::pki_types::CertificateRevocationListDer::pem_file_iter(path)
+            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| {
+                format!(
+                    "X509_load_crl_file(\"{}\") failed ({}) in {}:{}",
+                    path.display(),
+                    pem_error(&e),
+                    place.file,
+                    place.line
+                )
+            })?;
+        // As OpenSSL: expired lists count, and a list is wanted for every certificate.
+        builder = builder.with_crls(crls).enforce_revocation_expiration();
+    }
+    let v = builder.build().map_err(|e| {
         format!(
             "ssl_client_certificate: {e} in {}:{}",
             place.file, place.line

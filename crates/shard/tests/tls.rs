@@ -1629,3 +1629,75 @@ fn a_reload_that_asks_for_certificates_does_not_resume_old_sessions() {
     let (st, _, body) = request(&mut t, "a.test", "/");
     assert_eq!((st, body.as_slice()), (200, &b"SUCCESS"[..]));
 }
+
+/// `ssl_crl`: a client certificate its CA revoked is 495 (`23:certificate revoked`); with a
+/// list that does not name it, the same certificate passes.
+#[test]
+fn a_revoked_client_certificate_is_refused() {
+    let (s, p) = start(
+        "tls-crl",
+        1,
+        "location / { return 200 \"$ssl_client_verify\"; }",
+        "",
+    );
+    let clients = ClientCa::new(&p.dir);
+    let crl = |revoked: bool| {
+        let params = rcgen::CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2024, 1, 1),
+            next_update: rcgen::date_time_ymd(2099, 1, 1),
+            crl_number: rcgen::SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: if revoked {
+                vec![rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from(vec![0x01, 0x9a]),
+                    revocation_time: rcgen::date_time_ymd(2024, 6, 1),
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                }]
+            } else {
+                Vec::new()
+            },
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        params
+            .signed_by(&clients.ca, &clients.key)
+            .unwrap()
+            .pem()
+            .unwrap()
+    };
+    std::fs::write(p.dir.join("conf/revoked.crl"), crl(true)).unwrap();
+    std::fs::write(p.dir.join("conf/clean.crl"), crl(false)).unwrap();
+    let good = clients.client(&p.ca, true);
+    let conf_path = s.dir.join("conf/shard.conf");
+    let original = std::fs::read_to_string(&conf_path).unwrap();
+    let mut generation_pid = s.workers()[0].pid;
+    for (list, status, body) in [
+        ("revoked.crl", 400, None),
+        ("clean.crl", 200, Some("SUCCESS")),
+    ] {
+        let text = original.replace(
+            "location / { return 200",
+            &format!(
+                "ssl_verify_client on; ssl_client_certificate {}; ssl_crl {}; \
+                 location / {{ return 200",
+                p.dir.join("conf/clients.pem").display(),
+                p.dir.join("conf").join(list).display()
+            ),
+        );
+        std::fs::write(&conf_path, text).unwrap();
+        s.signal(libc::SIGHUP);
+        wait_for(TIMEOUT, "the new generation", || {
+            let w = s.workers();
+            (w.len() == 1 && w[0].pid != generation_pid && w[0].pid != 0).then_some(())
+        });
+        generation_pid = s.workers()[0].pid;
+        let mut t = connect_tls(tls_addr(&s), "a.test", &good).unwrap();
+        let (st, _, b) = request(&mut t, "a.test", "/");
+        assert_eq!(st, status, "{list}: {}", String::from_utf8_lossy(&b));
+        if let Some(want) = body {
+            assert_eq!(b, want.as_bytes());
+        }
+    }
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(log.contains("(23:certificate revoked)"), "{log}");
+}

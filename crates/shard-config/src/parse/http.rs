@@ -21,6 +21,7 @@ pub(super) struct SslP {
     pub(super) verify_client: Option<VerifyClient>,
     pub(super) client_certificate: Option<PathBuf>,
     pub(super) trusted_certificate: Option<PathBuf>,
+    pub(super) crl: Option<PathBuf>,
     pub(super) verify_depth: Option<u32>,
 }
 
@@ -73,6 +74,7 @@ impl SslEff {
                     .trusted_certificate
                     .clone()
                     .or_else(|| self.conf.trusted_certificate.clone()),
+                crl: p.crl.clone().or_else(|| self.conf.crl.clone()),
                 verify_depth: p.verify_depth.unwrap_or(self.conf.verify_depth),
             },
         }
@@ -2655,7 +2657,7 @@ fn ssl_path(env: &Env, list: &mut Option<Vec<(PathBuf, Place)>>, d: &Directive, 
 }
 
 /// `ssl_verify_client`, `ssl_client_certificate`, `ssl_trusted_certificate`,
-/// `ssl_verify_depth`.
+/// `ssl_verify_depth`, `ssl_crl`.
 pub(super) fn set_ssl_client(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let v = a0(d);
     match d.name.as_str() {
@@ -2676,6 +2678,7 @@ pub(super) fn set_ssl_client(env: &Env, s: &mut Settings, d: &Directive, file: &
             file,
         ),
         "ssl_verify_depth" => once(&mut s.ssl.verify_depth, num::<u32>(d, file, v)?, d, file),
+        "ssl_crl" => once(&mut s.ssl.crl, pem_path(env, d, file)?, d, file),
         _ => once(
             &mut s.ssl.trusted_certificate,
             pem_path(env, d, file)?,
@@ -2801,7 +2804,8 @@ pub(super) fn apply_ssl(env: &Env, p: &mut SslP, d: &Directive, file: &str) -> R
         "ssl_verify_client"
         | "ssl_client_certificate"
         | "ssl_trusted_certificate"
-        | "ssl_verify_depth" => set_ssl_client(env, &mut s, d, file),
+        | "ssl_verify_depth"
+        | "ssl_crl" => set_ssl_client(env, &mut s, d, file),
         _ => Ok(()),
     };
     *p = s.ssl;

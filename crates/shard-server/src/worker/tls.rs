@@ -743,6 +743,12 @@ fn judge(
                 rustls::Error::InvalidCertificate(E::Revoked) => {
                     (false, 23, "certificate revoked".to_string())
                 }
+                rustls::Error::InvalidCertificate(E::UnknownRevocationStatus) => {
+                    (false, 3, "unable to get certificate CRL".to_string())
+                }
+                rustls::Error::InvalidCertificate(
+                    E::ExpiredRevocationList | E::ExpiredRevocationListContext { .. },
+                ) => (false, 12, "CRL has expired".to_string()),
                 rustls::Error::General(g) if g == "chain too long" => {
                     (false, 22, "certificate chain too long".to_string())
                 }
