@@ -159,8 +159,17 @@ impl Server {
         n: usize,
     ) -> Result<Server, String> {
         let dir = temp_dir(tag).keep();
-        let port = free_port();
-        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        // Distinct ports: the kernel may hand the same free port to two probes in a row (CI
+        // once gave an upstream's "dead" peer the live peer's port).
+        let mut taken = vec![free_port()];
+        while taken.len() < n + 1 {
+            let p = free_port();
+            if !taken.contains(&p) {
+                taken.push(p);
+            }
+        }
+        let port = taken[0];
+        let ports: Vec<u16> = taken[1..].to_vec();
         let mut text = conf
             .replace("{port}", &port.to_string())
             .replace("{dir}", dir.to_str().unwrap());
