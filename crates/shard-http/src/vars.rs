@@ -227,34 +227,24 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 out.extend_from_slice(b"on");
             }
         }
-        Var::SslProtocol => out.extend_from_slice(c.conn.tls.map_or("", |t| t.protocol).as_bytes()),
-        Var::SslCipher => out.extend_from_slice(c.conn.tls.map_or("", |t| t.cipher).as_bytes()),
-        Var::SslServerName => {
-            out.extend_from_slice(c.conn.tls.map_or("", |t| t.server_name).as_bytes())
-        }
-        Var::SslClientVerify => {
-            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.verify).as_bytes())
-        }
-        Var::SslClientSDn => {
-            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.s_dn).as_bytes())
-        }
-        Var::SslClientIDn => {
-            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.i_dn).as_bytes())
-        }
-        Var::SslClientSerial => {
-            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.serial).as_bytes())
-        }
-        Var::SslClientFingerprint => {
-            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.fingerprint).as_bytes())
-        }
-        Var::SslClientSDnLegacy => {
-            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.s_dn_legacy).as_bytes())
-        }
-        Var::SslClientIDnLegacy => {
-            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.i_dn_legacy).as_bytes())
-        }
-        Var::SslClientRawCert => {
-            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.pem).as_bytes())
+        Var::SslProtocol
+        | Var::SslCipher
+        | Var::SslServerName
+        | Var::SslClientVerify
+        | Var::SslClientSDn
+        | Var::SslClientIDn
+        | Var::SslClientSerial
+        | Var::SslClientFingerprint
+        | Var::SslClientSDnLegacy
+        | Var::SslClientIDnLegacy
+        | Var::SslClientRawCert
+        | Var::SslClientVStart
+        | Var::SslClientVEnd
+        | Var::SslAlpnProtocol
+        | Var::SslCurve => {
+            if let Some(t) = c.conn.tls {
+                out.extend_from_slice(tls_text(var, &t).as_bytes());
+            }
         }
         Var::SslClientCert => {
             // nginx's deprecated form: a tab after every line break but the last.
@@ -279,12 +269,6 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 }
             }
         }
-        Var::SslClientVStart => {
-            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.v_start).as_bytes())
-        }
-        Var::SslClientVEnd => {
-            out.extend_from_slice(c.conn.tls.map_or("", |t| t.client.v_end).as_bytes())
-        }
         Var::SslClientVRemain => {
             if let Some(t) = c.conn.tls.filter(|t| t.client.v_end_secs > 0) {
                 let now = c.conn.now_ms / 1000;
@@ -296,8 +280,6 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 out.push(if t.session_reused { b'r' } else { b'.' });
             }
         }
-        Var::SslAlpnProtocol => out.extend_from_slice(c.conn.tls.map_or("", |t| t.alpn).as_bytes()),
-        Var::SslCurve => out.extend_from_slice(c.conn.tls.map_or("", |t| t.curve).as_bytes()),
         Var::SslEarlyData => {}
         Var::ServerAddr => {
             let _ = write!(out, "{}", c.server_addr.ip());
@@ -512,6 +494,28 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 out.extend_from_slice(v.as_bytes());
             }
         }
+    }
+}
+
+/// The text of a TLS variable that is one of the connection's [`Tls`] fields as it is.
+fn tls_text<'a>(var: &Var, t: &Tls<'a>) -> &'a str {
+    match var {
+        Var::SslProtocol => t.protocol,
+        Var::SslCipher => t.cipher,
+        Var::SslServerName => t.server_name,
+        Var::SslAlpnProtocol => t.alpn,
+        Var::SslCurve => t.curve,
+        Var::SslClientVerify => t.client.verify,
+        Var::SslClientSDn => t.client.s_dn,
+        Var::SslClientIDn => t.client.i_dn,
+        Var::SslClientSerial => t.client.serial,
+        Var::SslClientFingerprint => t.client.fingerprint,
+        Var::SslClientSDnLegacy => t.client.s_dn_legacy,
+        Var::SslClientIDnLegacy => t.client.i_dn_legacy,
+        Var::SslClientRawCert => t.client.pem,
+        Var::SslClientVStart => t.client.v_start,
+        Var::SslClientVEnd => t.client.v_end,
+        _ => "",
     }
 }
 
