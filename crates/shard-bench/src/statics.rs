@@ -44,6 +44,18 @@ pub struct StaticArgs {
     /// Also write the report here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Only the cases of these file sizes in bytes: 33, 16384, 1048576 (repeatable).
+    #[arg(long)]
+    pub size: Vec<usize>,
+    /// Only the cases with `sendfile` on (true) or off (false).
+    #[arg(long)]
+    pub sendfile: Option<bool>,
+    /// Only the cases with `open_file_cache` on (true) or off (false).
+    #[arg(long)]
+    pub cache: Option<bool>,
+    /// Only the pipelined cases (true) or only the others (false).
+    #[arg(long)]
+    pub pipelined: Option<bool>,
 }
 
 /// Requests per write in the pipelined cases.
@@ -224,6 +236,12 @@ pub fn run(mut a: StaticArgs) -> Result<()> {
     }
     let mut notes = tools.notes.clone();
     let mut cases = cases(a.smoke);
+    cases.retain(|c| {
+        (a.size.is_empty() || a.size.contains(&c.size))
+            && a.sendfile.is_none_or(|v| v == c.sendfile)
+            && a.cache.is_none_or(|v| v == c.cache)
+            && a.pipelined.is_none_or(|v| v == c.pipelined)
+    });
     if tools.wrk.is_none() {
         cases.retain(|c| !c.pipelined);
         notes.push("pipelined cases skipped: they need wrk (apt-get install wrk)".into());

@@ -16,6 +16,50 @@ pub struct Stat {
     pub mtime_secs: i64,
     pub is_dir: bool,
     pub is_file: bool,
+    pub id: FileId,
+}
+
+/// Which file a `stat` saw, and everything about it that decides whether this process may
+/// open it: two equal `FileId`s of a file held open are the same file with the same
+/// permissions (an inode number is not reused while a descriptor keeps the inode alive, and
+/// any change of mode, owner or ACL moves `ctime`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub ctime: (i64, i64),
+}
+
+impl Stat {
+    fn from_raw(st: &libc::stat) -> Stat {
+        let fmt = st.st_mode & libc::S_IFMT;
+        Stat {
+            size: st.st_size as u64,
+            mtime_secs: st.st_mtime,
+            is_dir: fmt == libc::S_IFDIR,
+            is_file: fmt == libc::S_IFREG,
+            id: FileId {
+                dev: st.st_dev,
+                ino: st.st_ino,
+                mode: st.st_mode,
+                uid: st.st_uid,
+                gid: st.st_gid,
+                ctime: (st.st_ctime, st.st_ctime_nsec),
+            },
+        }
+    }
+}
+
+/// Stats `path` (following links, as `open` does) without opening it.
+pub fn stat_path(path: &CStr) -> io::Result<Stat> {
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: path is NUL-terminated and st is valid for writes.
+    cvt(unsafe { libc::stat(path.as_ptr(), st.as_mut_ptr()) })?;
+    // SAFETY: stat filled it.
+    Ok(Stat::from_raw(unsafe { st.assume_init_ref() }))
 }
 
 /// Opens `path` read-only (non-blocking, close-on-exec) and stats the open descriptor, so the
@@ -181,14 +225,5 @@ fn finish_open(owned: OwnedFd) -> io::Result<(OwnedFd, Stat)> {
     cvt(unsafe { libc::fstat(owned.as_raw_fd(), st.as_mut_ptr()) })?;
     // SAFETY: fstat filled it.
     let st = unsafe { st.assume_init() };
-    let fmt = st.st_mode & libc::S_IFMT;
-    Ok((
-        owned,
-        Stat {
-            size: st.st_size as u64,
-            mtime_secs: st.st_mtime,
-            is_dir: fmt == libc::S_IFDIR,
-            is_file: fmt == libc::S_IFREG,
-        },
-    ))
+    Ok((owned, Stat::from_raw(&st)))
 }

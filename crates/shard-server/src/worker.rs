@@ -197,6 +197,8 @@ pub(crate) struct Worker<'a> {
     file_caches: HashMap<usize, (files::FileCache, u64)>,
     /// Entries in all of them.
     file_cache_entries: usize,
+    /// Descriptors kept for locations without `open_file_cache`.
+    reuse: files::Reuse,
     /// `$hostname`, read once.
     hostname: String,
     /// The shared `limit_*` zones (see `WorkerArgs::zones`).
@@ -414,6 +416,7 @@ impl<'a> Worker<'a> {
             last_heartbeat_ms: now_ms,
             steer_epoch: 0,
             file_caches: HashMap::new(),
+            reuse: files::Reuse::default(),
             file_cache_entries: 0,
             hostname: shard_event::process::hostname(),
             zones: a.zones,
@@ -582,6 +585,7 @@ impl<'a> Worker<'a> {
     /// Drops `open_file_cache` entries unused for their location's `inactive`.
     fn expire_file_caches(&mut self) {
         let now = self.now_ms;
+        self.reuse.expire(now);
         let mut total = 0;
         for (cache, inactive) in self.file_caches.values_mut() {
             cache.expire(now, *inactive);

@@ -1,7 +1,8 @@
 //! `open_file_cache`: correct after a file is replaced, truncated or deleted once
 //! `open_file_cache_valid` has passed (and at once without the cache), errors cached only with
 //! `open_file_cache_errors on`, never more than `max` entries, and the same bytes on the wire
-//! with and without it; pipelined static responses complete and in order.
+//! with and without it; pipelined static responses complete and in order. Without the cache,
+//! the descriptors a worker keeps between requests (`files::Reuse`) never show a changed file.
 
 mod support;
 
@@ -221,4 +222,67 @@ fn pipelined_static_responses_arrive_complete_and_in_order() {
         assert_eq!(got[3], (200, "bbbb".into()));
         assert_eq!(got[4], (200, "aaa".into()));
     }
+}
+
+/// Paths the worker `pid` holds open, as `/proc/PID/fd` names them.
+fn held_files(pid: u64) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn without_the_cache_every_change_of_a_file_is_seen_at_once() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut s = Server::start("reuse-changes", &conf(""), 1);
+    let pid = s.wait_workers(1)[0].pid;
+    let html = s.dir.join("html");
+    let a = html.join("a.txt");
+    std::fs::write(&a, "one").unwrap();
+    assert_eq!(body(&s, "/a.txt"), (200, "one".into()));
+    // The worker keeps the descriptor for the next request (so what follows tests it).
+    let name = a.to_string_lossy().into_owned();
+    assert!(held_files(pid).contains(&name), "{:?}", held_files(pid));
+    // Rewritten in place, same size and shorter.
+    std::fs::write(&a, "two").unwrap();
+    assert_eq!(body(&s, "/a.txt"), (200, "two".into()));
+    std::fs::write(&a, "ab").unwrap();
+    assert_eq!(body(&s, "/a.txt"), (200, "ab".into()));
+    // Replaced by rename.
+    std::fs::write(html.join("a.new"), "three").unwrap();
+    std::fs::rename(html.join("a.new"), &a).unwrap();
+    assert_eq!(body(&s, "/a.txt"), (200, "three".into()));
+    // Made unreadable, then readable again (workers never run with root's privileges).
+    std::fs::set_permissions(&a, std::fs::Permissions::from_mode(0o000)).unwrap();
+    assert_eq!(get(s.addr(), "/a.txt").status, 403);
+    std::fs::set_permissions(&a, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(body(&s, "/a.txt"), (200, "three".into()));
+    // Deleted, then created again.
+    std::fs::remove_file(&a).unwrap();
+    assert_eq!(get(s.addr(), "/a.txt").status, 404);
+    std::fs::write(&a, "four").unwrap();
+    assert_eq!(body(&s, "/a.txt"), (200, "four".into()));
+    assert_eq!(status_field(&s, "file_cache_hits"), 0);
+}
+
+#[test]
+fn a_deleted_file_is_not_held_open_for_long() {
+    let mut s = Server::start("reuse-deleted", &conf(""), 1);
+    let pid = s.wait_workers(1)[0].pid;
+    let a = s.dir.join("html/gone.txt");
+    std::fs::write(&a, "bytes").unwrap();
+    assert_eq!(body(&s, "/gone.txt"), (200, "bytes".into()));
+    let name = a.to_string_lossy().into_owned();
+    assert!(held_files(pid).contains(&name));
+    // Deleted and never asked for again: closed once unused for a few seconds.
+    std::fs::remove_file(&a).unwrap();
+    let t0 = Instant::now();
+    wait_for(Duration::from_secs(10), "the deleted file closed", || {
+        (!held_files(pid).iter().any(|p| p.starts_with(&name))).then_some(())
+    });
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
 }

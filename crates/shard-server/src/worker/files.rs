@@ -14,6 +14,13 @@
 //! truncated one has its new size (the open descriptor of a file truncated in place sees the
 //! new size at once; its `Content-Length` is that of the last `fstat`, and a response that
 //! finds fewer bytes than it promised closes the connection, as without the cache).
+//!
+//! Where a location has no `open_file_cache` (nginx's default), [`Reuse`] keeps the
+//! descriptors of the files last served, but never their metadata: every request still
+//! `stat`s its path, and the held descriptor is used only when that `stat` shows the very file
+//! it holds, unchanged in permissions (`FileId`). A request then costs one `stat` where it
+//! cost `open`, `fstat` and `close`, and nothing a client or an operator sees changes: a file
+//! replaced, truncated, deleted or made unreadable is seen at once, as nginx sees it.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -21,7 +28,15 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use shard_config::OpenFileCache;
+use shard_event::fs::FileId;
 use shard_http::static_file::FileMeta;
+
+/// Descriptors [`Reuse`] holds at most, per worker.
+pub(super) const REUSE_MAX: usize = 64;
+
+/// A held descriptor unused this long is closed, so that a deleted file's space or a file
+/// system that is to be unmounted is not held for longer.
+pub(super) const REUSE_INACTIVE_MS: u64 = 5_000;
 
 /// What opening a path gave.
 #[derive(Clone)]
@@ -127,6 +142,77 @@ impl FileCache {
     }
 }
 
+/// Descriptors of regular files kept open between requests of a location without
+/// `open_file_cache` (see the module's documentation), keyed by path.
+#[derive(Default)]
+pub(super) struct Reuse {
+    map: HashMap<PathBuf, Held>,
+}
+
+struct Held {
+    fd: Rc<OwnedFd>,
+    id: FileId,
+    used_ms: u64,
+}
+
+impl Reuse {
+    /// Whether a descriptor of `path` is held (its path is then `stat`ed before the open).
+    pub(super) fn holds(&self, path: &Path) -> bool {
+        self.map.contains_key(path)
+    }
+
+    /// The held descriptor of `path` when `id` (from a `stat` of the path just now) is the
+    /// file it holds; a held descriptor of another file is closed.
+    pub(super) fn get(&mut self, path: &Path, id: &FileId, now_ms: u64) -> Option<Rc<OwnedFd>> {
+        let held = self.map.get_mut(path)?;
+        if held.id == *id {
+            held.used_ms = now_ms;
+            return Some(held.fd.clone());
+        }
+        self.map.remove(path);
+        None
+    }
+
+    /// Keeps `fd`, just opened at `path` and found to be `id`; the least recently used
+    /// descriptor is closed when [`REUSE_MAX`] are held.
+    pub(super) fn put(&mut self, path: &Path, fd: &Rc<OwnedFd>, id: FileId, now_ms: u64) {
+        if !self.map.contains_key(path) && self.map.len() >= REUSE_MAX {
+            if let Some(k) = self
+                .map
+                .iter()
+                .min_by_key(|(_, h)| h.used_ms)
+                .map(|(k, _)| k.clone())
+            {
+                self.map.remove(&k);
+            }
+        }
+        self.map.insert(
+            path.to_path_buf(),
+            Held {
+                fd: fd.clone(),
+                id,
+                used_ms: now_ms,
+            },
+        );
+    }
+
+    /// Closes the descriptor held for `path`, if any.
+    pub(super) fn forget(&mut self, path: &Path) {
+        self.map.remove(path);
+    }
+
+    /// Closes the descriptors unused for [`REUSE_INACTIVE_MS`].
+    pub(super) fn expire(&mut self, now_ms: u64) {
+        self.map
+            .retain(|_, h| now_ms.saturating_sub(h.used_ms) < REUSE_INACTIVE_MS);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,5 +286,51 @@ mod tests {
         assert!(fc.get(Path::new("/a"), 12, &c).is_some());
         fc.expire(2000, 1000);
         assert_eq!(fc.len(), 0);
+    }
+
+    fn id(ino: u64) -> FileId {
+        FileId {
+            dev: 1,
+            ino,
+            mode: 0o100644,
+            uid: 0,
+            gid: 0,
+            ctime: (0, 0),
+        }
+    }
+
+    fn fd() -> Rc<OwnedFd> {
+        Rc::new(std::fs::File::open("/dev/null").unwrap().into())
+    }
+
+    #[test]
+    fn a_held_descriptor_is_used_only_for_the_same_unchanged_file() {
+        let mut r = Reuse::default();
+        let p = Path::new("/a");
+        assert!(!r.holds(p));
+        r.put(p, &fd(), id(7), 0);
+        assert!(r.get(p, &id(7), 1).is_some());
+        let mut chmod = id(7);
+        chmod.mode = 0o100600;
+        assert!(r.get(p, &chmod, 2).is_none(), "permissions changed");
+        assert!(!r.holds(p), "the stale descriptor is closed");
+        r.put(p, &fd(), id(7), 3);
+        assert!(r.get(p, &id(8), 4).is_none(), "another file at the path");
+        assert!(!r.holds(p));
+    }
+
+    #[test]
+    fn reuse_holds_at_most_its_max_and_closes_what_is_unused() {
+        let mut r = Reuse::default();
+        for i in 0..REUSE_MAX as u64 + 10 {
+            r.put(&PathBuf::from(format!("/f{i}")), &fd(), id(i), i);
+        }
+        assert_eq!(r.len(), REUSE_MAX);
+        assert!(!r.holds(Path::new("/f0")), "the least recent went first");
+        let last = REUSE_MAX as u64 + 9;
+        r.expire(last + REUSE_INACTIVE_MS - 1);
+        assert_eq!(r.len(), 1, "only the last one is recent enough");
+        r.expire(last + REUSE_INACTIVE_MS);
+        assert_eq!(r.len(), 0);
     }
 }

@@ -349,6 +349,21 @@ fn status_page(
 }
 
 fn open_file(path: &Path, loc: &LocationConf) -> Opened {
+    open_file_id(path, loc).0
+}
+
+fn file_meta(st: &shard_event::fs::Stat) -> FileMeta {
+    FileMeta {
+        size: st.size,
+        mtime_secs: st.mtime_secs,
+        is_dir: st.is_dir,
+        is_file: st.is_file,
+    }
+}
+
+/// Opens `path` for a static response (under `disable_symlinks`, checked component by
+/// component); with what the open descriptor is, for [`Reuse`](super::files::Reuse).
+fn open_file_id(path: &Path, loc: &LocationConf) -> (Opened, Option<shard_event::fs::FileId>) {
     let res = match symlink_check(path, loc) {
         None => CString::new(path.as_os_str().as_bytes())
             .map_err(|_| std::io::Error::from_raw_os_error(libc::ENOENT))
@@ -357,16 +372,13 @@ fn open_file(path: &Path, loc: &LocationConf) -> Opened {
             .map_err(|_| std::io::Error::from_raw_os_error(libc::ENOENT))
             .and_then(|b| shard_event::fs::open_stat_checked(&b, rest, mode)),
     };
-    match res {
-        Ok((fd, st)) => Opened::File(
-            std::rc::Rc::new(fd),
-            FileMeta {
-                size: st.size,
-                mtime_secs: st.mtime_secs,
-                is_dir: st.is_dir,
-                is_file: st.is_file,
-            },
-        ),
+    let opened = match res {
+        Ok((fd, st)) => {
+            return (
+                Opened::File(std::rc::Rc::new(fd), file_meta(&st)),
+                Some(st.id),
+            )
+        }
         Err(e) => match e.raw_os_error() {
             Some(libc::EACCES) | Some(libc::EPERM) => Opened::Forbidden,
             Some(libc::ELOOP) => {
@@ -380,7 +392,8 @@ fn open_file(path: &Path, loc: &LocationConf) -> Opened {
             }
             _ => Opened::Missing,
         },
-    }
+    };
+    (opened, None)
 }
 
 /// Under `disable_symlinks`: the part of `path` opened as usual (the `from=` part when `path`
@@ -408,16 +421,17 @@ fn symlink_check<'p>(
     Some((base, rest.as_os_str().as_bytes(), mode))
 }
 
-/// `open_file` through the location's `open_file_cache`, when it has one. Paths checked for
-/// symbolic links (`disable_symlinks`) are not cached: the check is made on every open.
+/// `open_file` through the location's `open_file_cache`, when it has one, else through the
+/// worker's [`Reuse`](super::files::Reuse). Paths checked for symbolic links
+/// (`disable_symlinks`) are neither: the check is made on every open.
 fn open_cached(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
-    let ofc = &loc.open_file_cache;
-    let Some(max) = ofc.max else {
-        return open_file(path, loc);
-    };
     if loc.disable_symlinks.check != SymlinkCheck::Off {
         return open_file(path, loc);
     }
+    let ofc = &loc.open_file_cache;
+    let Some(max) = ofc.max else {
+        return open_reused(w, path, loc);
+    };
     // One cache per location, as nginx keeps one per configuration that sets it; the
     // configuration outlives the worker's loop, so its address names the location.
     let id = loc as *const LocationConf as usize;
@@ -440,6 +454,32 @@ fn open_cached(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
         w.file_cache_entries as u64,
         std::sync::atomic::Ordering::Relaxed,
     );
+    opened
+}
+
+/// `open_file` that keeps the descriptor of a regular file for the next request of the same
+/// path, which `stat`s the path and uses it only if it is still that file (see `files.rs`).
+fn open_reused(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
+    let now = w.now_ms;
+    if w.reuse.holds(path) {
+        let st = CString::new(path.as_os_str().as_bytes())
+            .ok()
+            .and_then(|c| shard_event::fs::stat_path(&c).ok());
+        match st {
+            Some(st) => {
+                if let Some(fd) = w.reuse.get(path, &st.id, now) {
+                    return Opened::File(fd, file_meta(&st));
+                }
+            }
+            None => w.reuse.forget(path),
+        }
+    }
+    let (opened, id) = open_file_id(path, loc);
+    if let (Opened::File(fd, meta), Some(id)) = (&opened, id) {
+        if meta.is_file {
+            w.reuse.put(path, fd, id, now);
+        }
+    }
     opened
 }
 
