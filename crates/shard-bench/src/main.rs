@@ -114,6 +114,12 @@ pub struct SpeedArgs {
     /// Also measure shard with `worker_sandbox on` (a row of its own).
     #[arg(long)]
     sandbox: bool,
+    /// Measure the sandbox's cost as N pairs of fresh shard starts with `worker_sandbox` off
+    /// and on, in alternating order, 1 worker pinned to one CPU and the load to another:
+    /// the mean per-pair change of worker CPU per request and its standard error. Run-to-run
+    /// drift cancels within a pair, which a single row cannot give.
+    #[arg(long, default_value_t = 0)]
+    sandbox_pairs: usize,
     /// Tiny numbers, to check that the bench works (CI).
     #[arg(long)]
     smoke: bool,
@@ -211,7 +217,14 @@ fn speed(mut a: SpeedArgs) -> Result<()> {
         srv.stop();
         rows.push(row);
     }
-    let report = render(&a, &rows, &notes);
+    let mut report = render(&a, &rows, &notes);
+    if a.sandbox_pairs > 0 {
+        report.push_str(&sandbox_pairs(
+            &a,
+            &shard_binary(a.shard.as_deref())?,
+            wrk.as_deref(),
+        )?);
+    }
     print!("{report}");
     if let Some(out) = &a.out {
         if let Some(d) = out.parent() {
@@ -366,6 +379,104 @@ fn cpu_per_request(
     let ticks = (cpu1 - cpu0) as f64;
     let us = ticks * 1e6 / procfs::ticks_per_sec() / requests;
     Ok((us, requests / secs))
+}
+
+/// `--sandbox-pairs`: worker CPU per request of shard with `worker_sandbox` off and on, N
+/// pairs of fresh starts in alternating order (off-on, on-off, ...), each run after a 1 s
+/// warm-up. With two CPUs or more the worker runs on the last one and the load on the first,
+/// so neither competes with the other for a CPU.
+fn sandbox_pairs(
+    a: &SpeedArgs,
+    shard: &std::path::Path,
+    wrk: Option<&std::path::Path>,
+) -> Result<String> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pin = cpus >= 2;
+    if pin {
+        procfs::pin(0, &[0])?;
+    }
+    let one = SpeedArgs {
+        workers: 1,
+        ..a.clone()
+    };
+    let mut pairs = Vec::new();
+    let mut lines = String::new();
+    for i in 0..a.sandbox_pairs {
+        let order = if i % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        let mut us = [0.0f64; 2];
+        for on in order {
+            let extra = if on { "worker_sandbox on;\n" } else { "" };
+            let srv = servers::start_speed(&Kind::Shard(shard.to_path_buf()), 1, 0, extra)?;
+            if pin {
+                for pid in srv.worker_pids()? {
+                    procfs::pin(pid, &[cpus - 1])?;
+                }
+            }
+            run_load(
+                srv.port,
+                &a.path,
+                wrk,
+                a.connections,
+                Duration::from_secs(1),
+                true,
+            )?;
+            us[on as usize] = cpu_per_request(&srv, wrk, &one)?.0;
+            srv.stop();
+        }
+        let change = us[1] / us[0] - 1.0;
+        lines.push_str(&format!(
+            "| {} | {} | {:.3} | {:.3} | {:+.2}% |\n",
+            i + 1,
+            if order[0] { "on, off" } else { "off, on" },
+            us[0],
+            us[1],
+            change * 100.0
+        ));
+        pairs.push(change);
+    }
+    if pin {
+        procfs::pin(0, &(0..cpus).collect::<Vec<_>>())?;
+    }
+    let n = pairs.len() as f64;
+    let mean = pairs.iter().sum::<f64>() / n;
+    let sd = if pairs.len() > 1 {
+        (pairs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    let se = sd / n.sqrt();
+    let mut s =
+        format!(
+        "\n## worker_sandbox cost: {} pairs, GET {}, 1 worker{}, {} connections, {} s per run\n\n",
+        pairs.len(),
+        a.path,
+        if pin { " pinned apart from the load" } else { " (1 CPU: not pinned)" },
+        a.connections,
+        a.duration
+    );
+    s.push_str("| pair | order | off µs/req | on µs/req | change |\n|---|---|---|---|---|\n");
+    s.push_str(&lines);
+    s.push_str(&format!(
+        "\nSandbox cost: mean {:+.2}% per request, standard error {:.2}%, median {:+.2}% ({} pairs)\n",
+        mean * 100.0,
+        se * 100.0,
+        median(pairs.clone()) * 100.0,
+        pairs.len()
+    ));
+    Ok(s)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 fn idle_memory(srv: &Running, n: usize) -> Result<f64> {

@@ -22,6 +22,24 @@ pub fn raise_nofile_limit() {
     }
 }
 
+/// Runs `pid` (0: this process; its children inherit it) on `cpus` only.
+pub fn pin(pid: i32, cpus: &[usize]) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes within it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        // SAFETY: set is a valid cpu_set_t.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: set is valid for reads of its size.
+    let rc = unsafe { libc::sched_setaffinity(pid, std::mem::size_of_val(&set), &set) };
+    anyhow::ensure!(
+        rc == 0,
+        "sched_setaffinity({pid}): {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
+}
+
 pub fn ticks_per_sec() -> f64 {
     // SAFETY: sysconf has no memory effects.
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64

@@ -27,6 +27,8 @@ fn speed_smoke_runs_and_reports_every_column_for_shard() {
             "--no-nginx",
             "--builtin-load",
             "--sandbox",
+            "--sandbox-pairs",
+            "2",
             "--path",
             "/static.html",
         ])
@@ -60,6 +62,10 @@ fn speed_smoke_runs_and_reports_every_column_for_shard() {
         .unwrap_or_else(|| panic!("no sandbox row: {text}"));
     let c: Vec<&str> = sandboxed.split('|').map(str::trim).collect();
     assert!(c[4].parse::<f64>().unwrap() > 0.0, "{sandboxed}");
+    // --sandbox-pairs: two pairs in alternating order, and their mean.
+    assert!(text.contains("| 1 | off, on |"), "{text}");
+    assert!(text.contains("| 2 | on, off |"), "{text}");
+    assert!(text.contains("Sandbox cost: mean "), "{text}");
     assert!(cols[5].parse::<f64>().unwrap() > 0.0, "{row}");
     assert!(cols[6].parse::<f64>().is_ok(), "{row}");
 }
