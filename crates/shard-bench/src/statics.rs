@@ -26,8 +26,8 @@ pub struct StaticArgs {
     /// Kept-alive client connections.
     #[arg(long, default_value_t = 20)]
     pub connections: usize,
-    /// Load runs per case and server; the report gives the median.
-    #[arg(long, default_value_t = 3)]
+    /// Load runs per case and server, the servers alternating; the report gives medians.
+    #[arg(long, default_value_t = 5)]
     pub rounds: usize,
     /// The shard binary (default: next to this one).
     #[arg(long)]
@@ -119,6 +119,9 @@ struct Measure {
     syscalls: Option<f64>,
     cpu_us: f64,
     rps: f64,
+    /// Median over the rounds of shard's CPU per request / this server's, each round's pair
+    /// measured back to back (shard's own row: 1).
+    ratio: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -178,47 +181,93 @@ fn load(
     }
 }
 
-fn measure(
+/// Worker CPU µs per request and requests/s of one load run of `d` on `case`'s file.
+fn cpu_round(srv: &Running, case: &Case, a: &StaticArgs, wrk: Option<&Path>) -> Result<(f64, f64)> {
+    let path = format!("/{}", case.file);
+    let d = Duration::from_secs(a.duration.max(1));
+    let pids = srv.worker_pids()?;
+    let cpu0 = procfs::cpu_ticks(&pids)?;
+    let r0 = srv.requests()?;
+    let t0 = std::time::Instant::now();
+    load(srv, wrk, &path, a, case.pipelined, d)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let r1 = srv.requests()?;
+    let cpu1 = procfs::cpu_ticks(&pids)?;
+    let n = r1.saturating_sub(r0).max(1) as f64;
+    Ok((
+        (cpu1 - cpu0) as f64 * 1e6 / procfs::ticks_per_sec() / n,
+        n / secs,
+    ))
+}
+
+/// System calls per request of one traced load run.
+fn syscalls_round(
     srv: &Running,
     case: &Case,
     a: &StaticArgs,
     wrk: Option<&Path>,
-    strace: Option<&Path>,
-) -> Result<Measure> {
+    strace: &Path,
+) -> Result<f64> {
     let path = format!("/{}", case.file);
-    let d = Duration::from_secs(a.duration.max(1));
-    // Warm the page cache, the connections' buffers and open_file_cache.
-    load(srv, wrk, &path, a, case.pipelined, Duration::from_secs(1))?;
     let pids = srv.worker_pids()?;
-    let (mut cpus, mut rpss) = (Vec::new(), Vec::new());
-    for _ in 0..a.rounds.max(1) {
-        let cpu0 = procfs::cpu_ticks(&pids)?;
-        let r0 = srv.requests()?;
-        let t0 = std::time::Instant::now();
-        load(srv, wrk, &path, a, case.pipelined, d)?;
-        let secs = t0.elapsed().as_secs_f64();
-        let r1 = srv.requests()?;
-        let cpu1 = procfs::cpu_ticks(&pids)?;
-        let n = r1.saturating_sub(r0).max(1) as f64;
-        cpus.push((cpu1 - cpu0) as f64 * 1e6 / procfs::ticks_per_sec() / n);
-        rpss.push(n / secs);
+    let tracer = procfs::Strace::attach(strace, &pids)?;
+    let r0 = srv.requests()?;
+    load(
+        srv,
+        wrk,
+        &path,
+        a,
+        case.pipelined,
+        Duration::from_secs(a.duration.max(1)),
+    )?;
+    let r1 = srv.requests()?;
+    let calls = tracer.finish()?;
+    Ok(calls as f64 / r1.saturating_sub(r0).max(1) as f64)
+}
+
+/// Every server of one case, started side by side: a warm-up each (page cache, buffers,
+/// `open_file_cache`), then `--rounds` CPU runs in alternating order (shard, nginx; nginx,
+/// shard; ...), so that the machine's drift falls on both alike, then one traced run each.
+fn measure_case(
+    servers: &[Running],
+    case: &Case,
+    a: &StaticArgs,
+    wrk: Option<&Path>,
+    strace: Option<&Path>,
+) -> Result<Vec<Measure>> {
+    let path = format!("/{}", case.file);
+    for srv in servers {
+        load(srv, wrk, &path, a, case.pipelined, Duration::from_secs(1))?;
     }
-    let syscalls = match strace {
-        Some(st) => {
-            let tracer = procfs::Strace::attach(st, &pids)?;
-            let r0 = srv.requests()?;
-            load(srv, wrk, &path, a, case.pipelined, d)?;
-            let r1 = srv.requests()?;
-            let calls = tracer.finish()?;
-            Some(calls as f64 / r1.saturating_sub(r0).max(1) as f64)
+    let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); servers.len()];
+    for round in 0..a.rounds.max(1) {
+        let mut order: Vec<usize> = (0..servers.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
         }
-        None => None,
-    };
-    Ok(Measure {
-        syscalls,
-        cpu_us: median(cpus),
-        rps: median(rpss),
-    })
+        for i in order {
+            runs[i].push(cpu_round(&servers[i], case, a, wrk)?);
+        }
+    }
+    let mut out = Vec::new();
+    for (i, srv) in servers.iter().enumerate() {
+        let syscalls = match strace {
+            Some(st) => Some(syscalls_round(srv, case, a, wrk, st)?),
+            None => None,
+        };
+        let ratios = runs[0]
+            .iter()
+            .zip(&runs[i])
+            .map(|(s, o)| s.0 / o.0.max(1e-9))
+            .collect();
+        out.push(Measure {
+            syscalls,
+            cpu_us: median(runs[i].iter().map(|r| r.0).collect()),
+            rps: median(runs[i].iter().map(|r| r.1).collect()),
+            ratio: median(ratios),
+        });
+    }
+    Ok(out)
 }
 
 pub fn run(mut a: StaticArgs) -> Result<()> {
@@ -248,31 +297,30 @@ pub fn run(mut a: StaticArgs) -> Result<()> {
     }
     let mut rows: Vec<(Case, Vec<Measure>)> = Vec::new();
     for case in &cases {
-        let mut per = Vec::new();
-        for kind in &kinds {
-            eprintln!(
-                "shard-bench static: {} {}, sendfile {}, open_file_cache {}{}",
-                kind.name(),
-                size_label(case.size),
+        eprintln!(
+            "shard-bench static: {}, sendfile {}, open_file_cache {}{}",
+            size_label(case.size),
+            if case.sendfile { "on" } else { "off" },
+            if case.cache { "on" } else { "off" },
+            if case.pipelined { ", pipelined" } else { "" }
+        );
+        let spec = Spec {
+            workers: a.workers,
+            listen_opts: "reuseport".into(),
+            http_extra: format!(
+                "sendfile {};\n{}",
                 if case.sendfile { "on" } else { "off" },
-                if case.cache { "on" } else { "off" },
-                if case.pipelined { ", pipelined" } else { "" }
-            );
-            let spec = Spec {
-                workers: a.workers,
-                listen_opts: "reuseport".into(),
-                http_extra: format!(
-                    "sendfile {};\n{}",
-                    if case.sendfile { "on" } else { "off" },
-                    if case.cache {
-                        "open_file_cache max=1000 inactive=60s;\n"
-                    } else {
-                        ""
-                    }
-                ),
-                tag: "static".into(),
-                ..Spec::default()
-            };
+                if case.cache {
+                    "open_file_cache max=1000 inactive=60s;\n"
+                } else {
+                    ""
+                }
+            ),
+            tag: "static".into(),
+            ..Spec::default()
+        };
+        let mut servers = Vec::new();
+        for kind in &kinds {
             let srv = servers::start_with(kind, &spec, |dir| {
                 for (f, size) in FILES {
                     let body: Vec<u8> = (0..size).map(|i| b'a' + (i % 26) as u8).collect();
@@ -281,17 +329,19 @@ pub fn run(mut a: StaticArgs) -> Result<()> {
                 Ok(())
             })
             .with_context(|| format!("starting {}", kind.name()))?;
-            let m = measure(
-                &srv,
-                case,
-                &a,
-                tools.wrk.as_deref(),
-                tools.strace.as_deref(),
-            );
-            srv.stop();
-            per.push(m?);
+            servers.push(srv);
         }
-        rows.push((*case, per));
+        let m = measure_case(
+            &servers,
+            case,
+            &a,
+            tools.wrk.as_deref(),
+            tools.strace.as_deref(),
+        );
+        for srv in servers {
+            srv.stop();
+        }
+        rows.push((*case, m?));
     }
     let report = render(&a, &kinds, &rows, &notes);
     print!("{report}");
@@ -317,7 +367,7 @@ fn render(
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "# shard-bench static: {} workers, {} kept-alive connections, {} s x {} rounds per case (medians){}\n",
+        "# shard-bench static: {} workers, {} kept-alive connections, {} s x {} rounds per case, shard and nginx alternating (medians; CPU shard/nginx is the median of each round's ratio){}\n",
         a.workers,
         a.connections,
         a.duration,
@@ -347,7 +397,7 @@ fn render(
             f(n.and_then(|n| n.syscalls), 2),
             m[0].cpu_us,
             f(n.map(|n| n.cpu_us), 2),
-            f(n.map(|n| m[0].cpu_us / n.cpu_us.max(1e-9)), 2),
+            f(n.map(|n| n.ratio), 2),
             m[0].rps,
             f(n.map(|n| n.rps), 0),
         );

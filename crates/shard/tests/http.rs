@@ -192,6 +192,8 @@ fn static_paths_directories_and_methods() {
         r.headers
     );
     assert_eq!(get(a, "/noindex/").status, 403);
+    assert_eq!(get(a, "/missing/").status, 404, "no such directory");
+    assert_eq!(get(a, "/a.txt/").status, 404, "a file is not a directory");
     assert_eq!(get(a, "/missing.txt").status, 404);
     assert_eq!(
         get(a, "/dir/../a.txt").body_str(),

@@ -233,6 +233,8 @@ impl Worker<'_> {
                         // Out of descriptors: as nginx, stop accepting for a while instead
                         // of being woken for the same queued connection again and again.
                         Some(libc::EMFILE) | Some(libc::ENFILE) => {
+                            // The files kept for the next request give theirs back first.
+                            self.reuse.clear();
                             let text = shard_event::os_error_text(&e);
                             self.pause_accepting(
                                 need,

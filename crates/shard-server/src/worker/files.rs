@@ -201,6 +201,11 @@ impl Reuse {
         self.map.remove(path);
     }
 
+    /// Closes every held descriptor (the worker ran out of descriptors).
+    pub(super) fn clear(&mut self) {
+        self.map.clear();
+    }
+
     /// Closes the descriptors unused for [`REUSE_INACTIVE_MS`].
     pub(super) fn expire(&mut self, now_ms: u64) {
         self.map

@@ -493,8 +493,19 @@ fn static_file(
 ) -> Reply {
     let root = w.doc_root(key, req, loc, head);
     let mut path = shard_http::static_file::map_path_with(loc, &req.path, root.as_deref());
+    // A directory request ending in '/' is served by its first existing index file. When that
+    // is the first one named and it lies in the directory, the directory need not be opened
+    // first: its index file existing says it is one.
+    if req.path.ends_with('/') && loc.index.first().is_some_and(|i| !i.starts_with('/')) {
+        if let Some(cand) = shard_http::static_file::index_candidates(loc, &path).next() {
+            if let Opened::File(fd, m) = open_cached(w, &cand, loc) {
+                if m.is_file {
+                    return send_file(w, key, loc, req, keep_alive, head, cand, fd, m);
+                }
+            }
+        }
+    }
     let mut opened = open_cached(w, &path, loc);
-    // A directory request ending in '/' is served by its first existing index file.
     if req.path.ends_with('/') {
         if let Opened::File(_, meta) = &opened {
             if meta.is_dir {
@@ -532,6 +543,23 @@ fn static_file(
             return simple(w, key, req, keep_alive, loc, head, reply);
         }
     };
+    send_file(w, key, loc, req, keep_alive, head, path, fd, meta)
+}
+
+/// The response for the open file at `path`: its head, and its body, ranges or 304 as the
+/// request asks.
+#[allow(clippy::too_many_arguments)]
+fn send_file(
+    w: &mut Worker<'_>,
+    key: usize,
+    loc: &LocationConf,
+    req: &Request,
+    keep_alive: bool,
+    head: &[u8],
+    path: std::path::PathBuf,
+    fd: std::rc::Rc<OwnedFd>,
+    meta: FileMeta,
+) -> Reply {
     let content_type = shard_http::static_file::content_type(loc, &path).to_string();
     match shard_http::static_file::plan(req, &meta) {
         Plan::Send {
