@@ -2185,6 +2185,14 @@ fn open_file_cache_directives_follow_nginx() {
 }
 
 #[test]
+fn an_empty_index_name_is_refused_as_nginx_does() {
+    assert_eq!(
+        error("events {}\nhttp { index \"\" /abs.html; }"),
+        r#"index "" in "index" directive is invalid in t.conf:2"#
+    );
+}
+
+#[test]
 fn every_error_in_one_run() {
     let e = parse_str(
         "events {}\nhttp {\n lisen 80;\n server { listen 80; uwsgi_pass x; \

@@ -53,6 +53,18 @@ impl Stat {
     }
 }
 
+/// The file system type (`statfs`'s `f_type`, a magic number) of the file open at `fd`.
+pub fn fs_type(fd: RawFd) -> io::Result<i64> {
+    let mut st = MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: st is valid for writes.
+    cvt(unsafe { libc::fstatfs(fd, st.as_mut_ptr()) })?;
+    // SAFETY: fstatfs filled it.
+    let f_type = unsafe { st.assume_init_ref() }.f_type;
+    // `f_type`'s width differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    Ok(f_type as i64)
+}
+
 /// Stats `path` (following links, as `open` does) without opening it.
 pub fn stat_path(path: &CStr) -> io::Result<Stat> {
     let mut st = MaybeUninit::<libc::stat>::zeroed();

@@ -104,6 +104,7 @@ pub const SYSCALLS: &[(&str, i64)] = &[
     ("fstat", libc::SYS_fstat),
     ("newfstatat", libc::SYS_newfstatat),
     ("statx", libc::SYS_statx),
+    ("fstatfs", libc::SYS_fstatfs),
     ("openat", libc::SYS_openat),
     ("mkdirat", libc::SYS_mkdirat),
     ("unlinkat", libc::SYS_unlinkat),

@@ -286,3 +286,51 @@ fn a_deleted_file_is_not_held_open_for_long() {
     });
     assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
 }
+
+/// The descriptor numbers of `pid` that name `file`.
+fn fds_of(pid: u64, file: &str) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| {
+                let e = e.ok()?;
+                (std::fs::read_link(e.path()).ok()?.to_string_lossy() == file)
+                    .then(|| e.file_name().to_string_lossy().into_owned())
+            })
+            .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn an_unchanged_file_is_served_from_the_same_descriptor() {
+    let mut s = Server::start("reuse-same", &conf(""), 1);
+    let pid = s.wait_workers(1)[0].pid;
+    let a = s.dir.join("html/same.txt");
+    std::fs::write(&a, "same").unwrap();
+    let name = a.to_string_lossy().into_owned();
+    assert_eq!(body(&s, "/same.txt"), (200, "same".into()));
+    let first = fds_of(pid, &name);
+    assert_eq!(first.len(), 1, "{first:?}");
+    for _ in 0..3 {
+        assert_eq!(body(&s, "/same.txt"), (200, "same".into()));
+        assert_eq!(fds_of(pid, &name), first, "opened again");
+    }
+}
+
+#[test]
+fn an_index_file_is_served_from_a_directory_that_cannot_be_listed() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Server::start("index-noread", &conf(""), 1);
+    let html = s.dir.join("html");
+    for d in ["locked", "empty"] {
+        std::fs::create_dir(html.join(d)).unwrap();
+    }
+    std::fs::write(html.join("locked/index.html"), "inside").unwrap();
+    // Search permission only, for everyone the worker could be (nginx serves this too).
+    for d in ["locked", "empty"] {
+        std::fs::set_permissions(html.join(d), std::fs::Permissions::from_mode(0o311)).unwrap();
+    }
+    assert_eq!(body(&s, "/locked/"), (200, "inside".into()));
+    assert_eq!(get(s.addr(), "/empty/").status, 403, "no index file");
+    assert_eq!(get(s.addr(), "/nothere/").status, 404);
+}

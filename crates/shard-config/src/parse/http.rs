@@ -1213,7 +1213,14 @@ pub(super) fn set_root(env: &Env, s: &mut Settings, d: &Directive, file: &str) -
     once(&mut s.root, env.resolve(a0(d)), d, file)
 }
 
-pub(super) fn set_index(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
+pub(super) fn set_index(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    if let Some(empty) = d.args.iter().find(|a| a.is_empty()) {
+        return Err(derr(
+            d,
+            file,
+            format!("index \"{empty}\" in \"index\" directive is invalid"),
+        ));
+    }
     s.index
         .get_or_insert_with(Vec::new)
         .extend(d.args.iter().cloned());

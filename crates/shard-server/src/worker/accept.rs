@@ -232,9 +232,11 @@ impl Worker<'_> {
                         Some(libc::EAGAIN) | Some(libc::ECONNABORTED) | Some(libc::EINTR) => {}
                         // Out of descriptors: as nginx, stop accepting for a while instead
                         // of being woken for the same queued connection again and again.
+                        // The files kept for the next request give theirs back first.
+                        Some(libc::EMFILE) | Some(libc::ENFILE) if self.reuse.clear() => {
+                            continue;
+                        }
                         Some(libc::EMFILE) | Some(libc::ENFILE) => {
-                            // The files kept for the next request give theirs back first.
-                            self.reuse.clear();
                             let text = shard_event::os_error_text(&e);
                             self.pause_accepting(
                                 need,

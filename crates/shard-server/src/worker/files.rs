@@ -142,11 +142,32 @@ impl FileCache {
     }
 }
 
+/// File systems whose `stat` sees every change at once, so that a held descriptor is kept
+/// only there (`statfs` magic numbers): ext2/3/4, XFS, Btrfs, tmpfs, ramfs, overlayfs, F2FS,
+/// ZFS, bcachefs, SquashFS, EROFS, ISO 9660. A network or FUSE file system answers `stat` from
+/// a cache for seconds, where `open` asks the server: another host's rename would not be seen.
+const LOCAL_FILE_SYSTEMS: [i64; 12] = [
+    0xEF53,
+    0x5846_5342,
+    0x9123_683E,
+    0x0102_1994,
+    0x8584_58f6,
+    0x794c_7630,
+    0xF2F5_2010,
+    0x2fc1_2fc1,
+    0xca45_1a4e,
+    0x7371_7368,
+    0xE0F5_E1E2,
+    0x9660,
+];
+
 /// Descriptors of regular files kept open between requests of a location without
 /// `open_file_cache` (see the module's documentation), keyed by path.
 #[derive(Default)]
 pub(super) struct Reuse {
     map: HashMap<PathBuf, Held>,
+    /// Per device: whether its file system is one of [`LOCAL_FILE_SYSTEMS`].
+    local: HashMap<u64, bool>,
 }
 
 struct Held {
@@ -173,9 +194,16 @@ impl Reuse {
         None
     }
 
-    /// Keeps `fd`, just opened at `path` and found to be `id`; the least recently used
-    /// descriptor is closed when [`REUSE_MAX`] are held.
+    /// Keeps `fd`, just opened at `path` and found to be `id`, when it lies on a local file
+    /// system; the least recently used descriptor is closed when [`REUSE_MAX`] are held.
     pub(super) fn put(&mut self, path: &Path, fd: &Rc<OwnedFd>, id: FileId, now_ms: u64) {
+        use std::os::fd::AsRawFd;
+        let local = *self.local.entry(id.dev).or_insert_with(|| {
+            shard_event::fs::fs_type(fd.as_raw_fd()).is_ok_and(|t| LOCAL_FILE_SYSTEMS.contains(&t))
+        });
+        if !local {
+            return;
+        }
         if !self.map.contains_key(path) && self.map.len() >= REUSE_MAX {
             if let Some(k) = self
                 .map
@@ -201,9 +229,11 @@ impl Reuse {
         self.map.remove(path);
     }
 
-    /// Closes every held descriptor (the worker ran out of descriptors).
-    pub(super) fn clear(&mut self) {
+    /// Closes every held descriptor (the worker ran out of descriptors); whether any was.
+    pub(super) fn clear(&mut self) -> bool {
+        let any = !self.map.is_empty();
         self.map.clear();
+        any
     }
 
     /// Closes the descriptors unused for [`REUSE_INACTIVE_MS`].

@@ -363,7 +363,8 @@ fn file_meta(st: &shard_event::fs::Stat) -> FileMeta {
 
 /// Opens `path` for a static response (under `disable_symlinks`, checked component by
 /// component); with what the open descriptor is, for [`Reuse`](super::files::Reuse).
-fn open_file_id(path: &Path, loc: &LocationConf) -> (Opened, Option<shard_event::fs::FileId>) {
+/// On failure, the `errno` (0 if none).
+fn open_file_id(path: &Path, loc: &LocationConf) -> (Opened, Result<shard_event::fs::FileId, i32>) {
     let res = match symlink_check(path, loc) {
         None => CString::new(path.as_os_str().as_bytes())
             .map_err(|_| std::io::Error::from_raw_os_error(libc::ENOENT))
@@ -376,24 +377,27 @@ fn open_file_id(path: &Path, loc: &LocationConf) -> (Opened, Option<shard_event:
         Ok((fd, st)) => {
             return (
                 Opened::File(std::rc::Rc::new(fd), file_meta(&st)),
-                Some(st.id),
+                Ok(st.id),
             )
         }
-        Err(e) => match e.raw_os_error() {
+        Err(ref e) => match e.raw_os_error() {
             Some(libc::EACCES) | Some(libc::EPERM) => Opened::Forbidden,
             Some(libc::ELOOP) => {
                 crate::log!(
                     Error,
                     "open() \"{}\" failed ({})",
                     path.display(),
-                    shard_event::os_error_text(&e)
+                    shard_event::os_error_text(e)
                 );
                 Opened::Forbidden
             }
             _ => Opened::Missing,
         },
     };
-    (opened, None)
+    (
+        opened,
+        Err(res.err().and_then(|e| e.raw_os_error()).unwrap_or(0)),
+    )
 }
 
 /// Under `disable_symlinks`: the part of `path` opened as usual (the `from=` part when `path`
@@ -474,8 +478,12 @@ fn open_reused(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
             None => w.reuse.forget(path),
         }
     }
-    let (opened, id) = open_file_id(path, loc);
-    if let (Opened::File(fd, meta), Some(id)) = (&opened, id) {
+    let (mut opened, mut id) = open_file_id(path, loc);
+    // Out of descriptors: the held ones go first, then the open is tried again.
+    if matches!(id, Err(libc::EMFILE) | Err(libc::ENFILE)) && w.reuse.clear() {
+        (opened, id) = open_file_id(path, loc);
+    }
+    if let (Opened::File(fd, meta), Ok(id)) = (&opened, id) {
         if meta.is_file {
             w.reuse.put(path, fd, id, now);
         }
@@ -492,37 +500,43 @@ fn static_file(
     head: &[u8],
 ) -> Reply {
     let root = w.doc_root(key, req, loc, head);
-    let mut path = shard_http::static_file::map_path_with(loc, &req.path, root.as_deref());
-    // A directory request ending in '/' is served by its first existing index file. When that
-    // is the first one named and it lies in the directory, the directory need not be opened
-    // first: its index file existing says it is one.
-    if req.path.ends_with('/') && loc.index.first().is_some_and(|i| !i.starts_with('/')) {
-        if let Some(cand) = shard_http::static_file::index_candidates(loc, &path).next() {
-            if let Opened::File(fd, m) = open_cached(w, &cand, loc) {
+    let path = shard_http::static_file::map_path_with(loc, &req.path, root.as_deref());
+    let opened = if req.path.ends_with('/') {
+        // As nginx's index module: the index files are tried before anything is known of the
+        // directory, and one that exists is served (the directory needs search permission
+        // only). Names up to the first absolute one; that one and those after it only in a
+        // directory that exists.
+        let cands: Vec<std::path::PathBuf> =
+            shard_http::static_file::index_candidates(loc, &path).collect();
+        let relative = loc
+            .index
+            .iter()
+            .filter(|i| !i.is_empty())
+            .take_while(|i| !i.starts_with('/'))
+            .count();
+        for cand in &cands[..relative] {
+            if let Opened::File(fd, m) = open_cached(w, cand, loc) {
                 if m.is_file {
-                    return send_file(w, key, loc, req, keep_alive, head, cand, fd, m);
+                    return send_file(w, key, loc, req, keep_alive, head, cand.clone(), fd, m);
                 }
             }
         }
-    }
-    let mut opened = open_cached(w, &path, loc);
-    if req.path.ends_with('/') {
-        if let Opened::File(_, meta) = &opened {
-            if meta.is_dir {
-                opened = Opened::Forbidden;
-                for cand in shard_http::static_file::index_candidates(loc, &path) {
-                    match open_cached(w, &cand, loc) {
-                        Opened::File(fd, m) if m.is_file => {
-                            path = cand;
-                            opened = Opened::File(fd, m);
-                            break;
-                        }
-                        _ => {}
+        // No index file: the directory decides, 403 where it exists, else 404.
+        let mut opened = open_cached(w, &path, loc);
+        if matches!(&opened, Opened::File(_, meta) if meta.is_dir) {
+            opened = Opened::Forbidden;
+            for cand in &cands[relative..] {
+                if let Opened::File(fd, m) = open_cached(w, cand, loc) {
+                    if m.is_file {
+                        return send_file(w, key, loc, req, keep_alive, head, cand.clone(), fd, m);
                     }
                 }
             }
         }
-    }
+        opened
+    } else {
+        open_cached(w, &path, loc)
+    };
     let (fd, meta) = match opened {
         Opened::File(fd, m) => (fd, m),
         Opened::Missing | Opened::Forbidden => {
