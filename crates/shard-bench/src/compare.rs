@@ -19,6 +19,7 @@ use anyhow::{bail, Context, Result};
 use shard_config::tree::Node;
 
 use crate::experiments::{drive_addr, Load, Measured};
+use crate::median;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct CompareArgs {
@@ -293,15 +294,6 @@ struct Outcome {
     name: &'static str,
     /// Each round's measurement and CPU ticks per worker.
     rounds: Vec<(Measured, Vec<u64>)>,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 impl Outcome {

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
+use crate::median;
 use crate::procfs;
 use crate::servers::{self, Kind, Running, Spec};
 
@@ -122,15 +123,6 @@ struct Measure {
     /// Median over the rounds of shard's CPU per request / this server's, each round's pair
     /// measured back to back (shard's own row: 1).
     ratio: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        0.0
-    } else {
-        v[v.len() / 2]
-    }
 }
 
 /// wrk's pipelining script: `PIPELINE` requests for `path` in one write.
