@@ -224,15 +224,26 @@ fn pipelined_static_responses_arrive_complete_and_in_order() {
     }
 }
 
-/// Paths the worker `pid` holds open, as `/proc/PID/fd` names them.
-fn held_files(pid: u64) -> Vec<String> {
+/// The worker `pid`'s descriptors: each number and the path `/proc/PID/fd` gives for it.
+fn fd_links(pid: u64) -> Vec<(String, String)> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| {
-            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-                .map(|p| p.to_string_lossy().into_owned())
-                .collect()
+            d.filter_map(|e| {
+                let e = e.ok()?;
+                let target = std::fs::read_link(e.path()).ok()?;
+                Some((
+                    e.file_name().to_string_lossy().into_owned(),
+                    target.to_string_lossy().into_owned(),
+                ))
+            })
+            .collect()
         })
         .unwrap_or_default()
+}
+
+/// Paths the worker `pid` holds open.
+fn held_files(pid: u64) -> Vec<String> {
+    fd_links(pid).into_iter().map(|(_, p)| p).collect()
 }
 
 #[test]
@@ -289,16 +300,11 @@ fn a_deleted_file_is_not_held_open_for_long() {
 
 /// The descriptor numbers of `pid` that name `file`.
 fn fds_of(pid: u64, file: &str) -> Vec<String> {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| {
-            d.filter_map(|e| {
-                let e = e.ok()?;
-                (std::fs::read_link(e.path()).ok()?.to_string_lossy() == file)
-                    .then(|| e.file_name().to_string_lossy().into_owned())
-            })
-            .collect()
-        })
-        .unwrap_or_default()
+    fd_links(pid)
+        .into_iter()
+        .filter(|(_, p)| p == file)
+        .map(|(n, _)| n)
+        .collect()
 }
 
 #[test]
