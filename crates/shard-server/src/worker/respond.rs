@@ -514,26 +514,18 @@ fn static_file(
             .filter(|i| !i.is_empty())
             .take_while(|i| !i.starts_with('/'))
             .count();
-        for cand in &cands[..relative] {
-            if let Opened::File(fd, m) = open_cached(w, cand, loc) {
-                if m.is_file {
-                    return send_file(w, key, loc, req, keep_alive, head, cand.clone(), fd, m);
-                }
-            }
+        if let Some((cand, fd, m)) = first_file(w, loc, &cands[..relative]) {
+            return send_file(w, key, loc, req, keep_alive, head, cand, fd, m);
         }
         // No index file: the directory decides, 403 where it exists, else 404.
-        let mut opened = open_cached(w, &path, loc);
-        if matches!(&opened, Opened::File(_, meta) if meta.is_dir) {
-            opened = Opened::Forbidden;
-            for cand in &cands[relative..] {
-                if let Opened::File(fd, m) = open_cached(w, cand, loc) {
-                    if m.is_file {
-                        return send_file(w, key, loc, req, keep_alive, head, cand.clone(), fd, m);
-                    }
-                }
-            }
+        let opened = open_cached(w, &path, loc);
+        if !matches!(&opened, Opened::File(_, meta) if meta.is_dir) {
+            opened
+        } else if let Some((cand, fd, m)) = first_file(w, loc, &cands[relative..]) {
+            return send_file(w, key, loc, req, keep_alive, head, cand, fd, m);
+        } else {
+            Opened::Forbidden
         }
-        opened
     } else {
         open_cached(w, &path, loc)
     };
@@ -558,6 +550,22 @@ fn static_file(
         }
     };
     send_file(w, key, loc, req, keep_alive, head, path, fd, meta)
+}
+
+/// The first of `paths` that opens as a regular file.
+fn first_file(
+    w: &mut Worker<'_>,
+    loc: &LocationConf,
+    paths: &[std::path::PathBuf],
+) -> Option<(std::path::PathBuf, std::rc::Rc<OwnedFd>, FileMeta)> {
+    for p in paths {
+        if let Opened::File(fd, m) = open_cached(w, p, loc) {
+            if m.is_file {
+                return Some((p.clone(), fd, m));
+            }
+        }
+    }
+    None
 }
 
 /// The response for the open file at `path`: its head, and its body, ranges or 304 as the
