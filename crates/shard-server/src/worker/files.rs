@@ -338,9 +338,17 @@ mod tests {
         Rc::new(std::fs::File::open("/dev/null").unwrap().into())
     }
 
+    /// A `Reuse` that takes the test's device 1 for a local file system (whatever holds
+    /// /dev/null here).
+    fn reuse() -> Reuse {
+        let mut r = Reuse::default();
+        r.local.insert(1, true);
+        r
+    }
+
     #[test]
     fn a_held_descriptor_is_used_only_for_the_same_unchanged_file() {
-        let mut r = Reuse::default();
+        let mut r = reuse();
         let p = Path::new("/a");
         assert!(!r.holds(p));
         r.put(p, &fd(), id(7), 0);
@@ -356,7 +364,7 @@ mod tests {
 
     #[test]
     fn reuse_holds_at_most_its_max_and_closes_what_is_unused() {
-        let mut r = Reuse::default();
+        let mut r = reuse();
         for i in 0..REUSE_MAX as u64 + 10 {
             r.put(&PathBuf::from(format!("/f{i}")), &fd(), id(i), i);
         }
@@ -367,5 +375,13 @@ mod tests {
         assert_eq!(r.len(), 1, "only the last one is recent enough");
         r.expire(last + REUSE_INACTIVE_MS);
         assert_eq!(r.len(), 0);
+    }
+
+    #[test]
+    fn nothing_is_held_from_a_file_system_that_is_not_local() {
+        let mut r = Reuse::default();
+        r.local.insert(1, false);
+        r.put(Path::new("/nfs/a"), &fd(), id(7), 0);
+        assert!(!r.holds(Path::new("/nfs/a")));
     }
 }
