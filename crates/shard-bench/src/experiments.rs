@@ -70,6 +70,11 @@ pub struct ExperimentArgs {
     /// with a new connection per request, measured first.
     #[arg(long)]
     pub rate: Option<f64>,
+    /// E3: also N pairs of shard's shared socket and reuseport with steering, fresh servers
+    /// in alternating order, and the median of each pair's stdev ratio (drift between two
+    /// rows measured a minute apart moves one ratio by tens of percent on a busy machine).
+    #[arg(long, default_value_t = 0)]
+    pub e3_pairs: usize,
     /// Tiny counts and durations: checks the pipeline end to end (CI).
     #[arg(long)]
     pub smoke: bool,
@@ -633,15 +638,59 @@ fn e3(cx: &mut Ctx) -> Result<()> {
         requests: Some(if cx.args.smoke { 50 } else { 20_000 }),
         headers: vec![("Accept-Encoding".into(), "gzip".into())],
     };
+    let server_extra = "gzip on; gzip_comp_level 6; gzip_types text/plain;";
     cx.measured_rows(Plan {
         exp: "e3",
         strategies: &[MUTEX_OFF, REUSEPORT, REUSEPORT_NO_STEERING],
         workers,
-        server_extra: "gzip on; gzip_comp_level 6; gzip_types text/plain;",
+        server_extra,
         prepare: e3_file,
         load: &load,
         during: None,
-    })
+    })?;
+    if cx.args.e3_pairs == 0 {
+        return Ok(());
+    }
+    let shard = Kind::Shard(cx.shard.clone());
+    let mut ratios = Vec::new();
+    let mut lines = String::new();
+    for i in 0..cx.args.e3_pairs {
+        let order = if i % 2 == 0 {
+            [&MUTEX_OFF, &REUSEPORT]
+        } else {
+            [&REUSEPORT, &MUTEX_OFF]
+        };
+        let mut stdev = [0.0f64; 2];
+        for st in order {
+            let run = Run {
+                exp: "e3",
+                kind: &shard,
+                st,
+                workers,
+                server_extra,
+            };
+            let m = cx.with_server(run, e3_file, |_, srv| Ok(measure(srv, &load, None)?.0))?;
+            stdev[usize::from(st.name == REUSEPORT.name)] = m.stdev_ms;
+        }
+        let ratio = stdev[1] / stdev[0].max(1e-9);
+        let _ = write!(
+            lines,
+            "{}{:.2}/{:.2}={:.2}",
+            if i == 0 { "" } else { ", " },
+            stdev[1],
+            stdev[0],
+            ratio
+        );
+        ratios.push(ratio);
+    }
+    cx.notes.push(format!(
+        "E3 pairs ({workers} workers): latency stdev ms of shard reuseport with steering / shard \
+         shared socket (`accept_mutex off`), fresh servers in alternating order: {lines}; \
+         median ratio {:.2} over {} pairs",
+        crate::median(ratios.clone()),
+        ratios.len()
+    ));
+    Ok(())
 }
 
 /// E4: one worker stopped (SIGSTOP) for `--stall` seconds during an open-loop,

@@ -132,6 +132,8 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
             "2",
             "--nginx",
             "off",
+            "--e3-pairs",
+            "2",
             "--out",
         ])
         .arg(&out)
@@ -146,6 +148,11 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
     for e in ["## E1.", "## E2.", "## E3.", "## E4.", "## E5.", "## E6."] {
         assert!(report.contains(e), "{e} missing: {report}");
     }
+    // --e3-pairs: the pairs and their median ratio, as a note.
+    assert!(
+        report.contains("E3 pairs (2 workers)") && report.contains("median ratio"),
+        "{report}"
+    );
     for strategy in [
         "| shard | accept_mutex on |",
         "| shard | accept_mutex off |",
