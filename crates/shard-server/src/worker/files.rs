@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use shard_config::OpenFileCache;
-use shard_event::fs::FileId;
+use shard_event::fs::{FileId, Stat};
 use shard_http::static_file::FileMeta;
 
 /// Descriptors [`Reuse`] holds at most, per worker.
@@ -177,21 +177,32 @@ struct Held {
 }
 
 impl Reuse {
-    /// Whether a descriptor of `path` is held (its path is then `stat`ed before the open).
-    pub(super) fn holds(&self, path: &Path) -> bool {
+    /// Whether a descriptor of `path` is held.
+    #[cfg(test)]
+    fn holds(&self, path: &Path) -> bool {
         self.map.contains_key(path)
     }
 
-    /// The held descriptor of `path` when `id` (from a `stat` of the path just now) is the
-    /// file it holds; a held descriptor of another file is closed.
-    pub(super) fn get(&mut self, path: &Path, id: &FileId, now_ms: u64) -> Option<Rc<OwnedFd>> {
+    /// The held descriptor of `path` with what `stat` (called only when one is held) says of
+    /// the path now, when that is the file it holds; a held descriptor of another file, or of
+    /// a path `stat` no longer finds, is closed.
+    pub(super) fn get(
+        &mut self,
+        path: &Path,
+        now_ms: u64,
+        stat: impl FnOnce() -> Option<Stat>,
+    ) -> Option<(Rc<OwnedFd>, Stat)> {
         let held = self.map.get_mut(path)?;
-        if held.id == *id {
-            held.used_ms = now_ms;
-            return Some(held.fd.clone());
+        match stat() {
+            Some(st) if st.id == held.id => {
+                held.used_ms = now_ms;
+                Some((held.fd.clone(), st))
+            }
+            _ => {
+                self.map.remove(path);
+                None
+            }
         }
-        self.map.remove(path);
-        None
     }
 
     /// Keeps `fd`, just opened at `path` and found to be `id`, when it lies on a local file
@@ -222,11 +233,6 @@ impl Reuse {
                 used_ms: now_ms,
             },
         );
-    }
-
-    /// Closes the descriptor held for `path`, if any.
-    pub(super) fn forget(&mut self, path: &Path) {
-        self.map.remove(path);
     }
 
     /// Closes every held descriptor (the worker ran out of descriptors); whether any was.
@@ -334,6 +340,16 @@ mod tests {
         }
     }
 
+    fn stat(id: FileId) -> Stat {
+        Stat {
+            size: 1,
+            mtime_secs: 0,
+            is_dir: false,
+            is_file: true,
+            id,
+        }
+    }
+
     fn fd() -> Rc<OwnedFd> {
         Rc::new(std::fs::File::open("/dev/null").unwrap().into())
     }
@@ -352,14 +368,31 @@ mod tests {
         let p = Path::new("/a");
         assert!(!r.holds(p));
         r.put(p, &fd(), id(7), 0);
-        assert!(r.get(p, &id(7), 1).is_some());
+        assert!(r.get(p, 1, || Some(stat(id(7)))).is_some());
         let mut chmod = id(7);
         chmod.mode = 0o100600;
-        assert!(r.get(p, &chmod, 2).is_none(), "permissions changed");
+        assert!(
+            r.get(p, 2, || Some(stat(chmod))).is_none(),
+            "permissions changed"
+        );
         assert!(!r.holds(p), "the stale descriptor is closed");
         r.put(p, &fd(), id(7), 3);
-        assert!(r.get(p, &id(8), 4).is_none(), "another file at the path");
+        assert!(
+            r.get(p, 4, || Some(stat(id(8)))).is_none(),
+            "another file at the path"
+        );
         assert!(!r.holds(p));
+        r.put(p, &fd(), id(7), 5);
+        assert!(r.get(p, 6, || None).is_none(), "the path is gone");
+        assert!(!r.holds(p));
+        let mut called = false;
+        assert!(r
+            .get(Path::new("/b"), 7, || {
+                called = true;
+                None
+            })
+            .is_none());
+        assert!(!called, "no stat for a path nothing is held for");
     }
 
     #[test]

@@ -465,18 +465,13 @@ fn open_cached(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
 /// path, which `stat`s the path and uses it only if it is still that file (see `files.rs`).
 fn open_reused(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
     let now = w.now_ms;
-    if w.reuse.holds(path) {
-        let st = CString::new(path.as_os_str().as_bytes())
+    let stat = || {
+        CString::new(path.as_os_str().as_bytes())
             .ok()
-            .and_then(|c| shard_event::fs::stat_path(&c).ok());
-        match st {
-            Some(st) => {
-                if let Some(fd) = w.reuse.get(path, &st.id, now) {
-                    return Opened::File(fd, file_meta(&st));
-                }
-            }
-            None => w.reuse.forget(path),
-        }
+            .and_then(|c| shard_event::fs::stat_path(&c).ok())
+    };
+    if let Some((fd, st)) = w.reuse.get(path, now, stat) {
+        return Opened::File(fd, file_meta(&st));
     }
     let (mut opened, mut id) = open_file_id(path, loc);
     // Out of descriptors: the held ones go first, then the open is tried again.
