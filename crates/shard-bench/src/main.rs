@@ -24,7 +24,6 @@ mod svg;
 mod tlsbench;
 mod ws;
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -96,15 +95,9 @@ pub struct SpeedArgs {
     /// Idle keep-alive connections for the memory measurement.
     #[arg(long, default_value_t = 10_000)]
     idle: usize,
-    /// The shard binary (default: next to this one).
-    #[arg(long)]
-    shard: Option<PathBuf>,
-    /// The nginx binary (default: `nginx` on PATH or /usr/sbin/nginx).
-    #[arg(long)]
-    nginx: Option<PathBuf>,
-    /// Skip nginx even when it is installed.
-    #[arg(long)]
-    no_nginx: bool,
+    /// `--shard`, `--nginx`, `--no-nginx`.
+    #[command(flatten)]
+    peers: crate::servers::Peers,
     /// Use the built-in load generator even when wrk is installed.
     #[arg(long)]
     builtin_load: bool,
@@ -166,18 +159,18 @@ fn speed(mut a: SpeedArgs) -> Result<()> {
         a.idle = a.idle.min(200);
     }
     procfs::raise_nofile_limit();
-    let shard = shard_binary(a.shard.as_deref())?;
+    let shard = shard_binary(a.peers.shard.as_deref())?;
     let Tools {
         nginx,
         strace,
         wrk,
         notes,
-    } = Tools::find(a.nginx.as_deref(), a.no_nginx, a.builtin_load);
+    } = Tools::find(&a.peers, a.builtin_load);
 
     let mut kinds = vec![(Kind::Shard(shard.clone()), "shard", "")];
     if a.sandbox {
         kinds.push((
-            Kind::Shard(shard),
+            Kind::Shard(shard.clone()),
             "shard (worker_sandbox on)",
             "worker_sandbox on;\n",
         ));
@@ -219,20 +212,10 @@ fn speed(mut a: SpeedArgs) -> Result<()> {
     }
     let mut report = render(&a, &rows, &notes);
     if a.sandbox_pairs > 0 {
-        report.push_str(&sandbox_pairs(
-            &a,
-            &shard_binary(a.shard.as_deref())?,
-            wrk.as_deref(),
-        )?);
+        report.push_str(&sandbox_pairs(&a, &shard, wrk.as_deref())?);
     }
     print!("{report}");
-    if let Some(out) = &a.out {
-        if let Some(d) = out.parent() {
-            std::fs::create_dir_all(d)?;
-        }
-        std::fs::File::create(out)?.write_all(report.as_bytes())?;
-    }
-    Ok(())
+    servers::write_report(a.out.as_deref(), &report)
 }
 
 /// The shard binary: `given`, or the one next to this binary.
@@ -258,25 +241,15 @@ struct Tools {
 }
 
 impl Tools {
-    fn find(nginx: Option<&std::path::Path>, no_nginx: bool, builtin_load: bool) -> Tools {
-        let nginx = if no_nginx {
-            None
-        } else {
-            servers::find_nginx(nginx)
-        };
+    fn find(peers: &servers::Peers, builtin_load: bool) -> Tools {
+        let mut notes = Vec::new();
+        let nginx = servers::nginx_or_note(peers.nginx.as_deref(), peers.no_nginx, &mut notes);
         let strace = servers::which("strace");
         let wrk = if builtin_load {
             None
         } else {
             servers::which("wrk")
         };
-        let mut notes = Vec::new();
-        if nginx.is_none() && !no_nginx {
-            notes.push(
-                "nginx not found: measuring shard alone (install: apt-get install nginx-light)"
-                    .to_string(),
-            );
-        }
         if strace.is_none() {
             notes.push(
                 "strace not found: no syscall counts (install: apt-get install strace)".to_string(),

@@ -59,15 +59,9 @@ pub struct ProxyArgs {
     /// MiB relayed by the stream proxy in each direction, split over 4 connections.
     #[arg(long, default_value_t = 256)]
     mbytes: u64,
-    /// The shard binary (default: next to this one).
-    #[arg(long)]
-    shard: Option<PathBuf>,
-    /// The nginx binary (default: `nginx` on PATH or /usr/sbin/nginx).
-    #[arg(long)]
-    nginx: Option<PathBuf>,
-    /// Skip nginx even when it is installed.
-    #[arg(long)]
-    no_nginx: bool,
+    /// `--shard`, `--nginx`, `--no-nginx`.
+    #[command(flatten)]
+    peers: crate::servers::Peers,
     /// Use the built-in load generator even when wrk is installed.
     #[arg(long)]
     builtin_load: bool,
@@ -122,8 +116,8 @@ pub fn run(mut a: ProxyArgs) -> Result<()> {
         "--mbytes must be between 1 and 1048576"
     );
     procfs::raise_nofile_limit();
-    let shard = crate::shard_binary(a.shard.as_deref())?;
-    let tools = Tools::find(a.nginx.as_deref(), a.no_nginx, a.builtin_load);
+    let shard = crate::shard_binary(a.peers.shard.as_deref())?;
+    let tools = Tools::find(&a.peers, a.builtin_load);
     let mut notes = tools.notes.clone();
 
     let backend = Backend::start(&shard)?;
@@ -192,13 +186,7 @@ pub fn run(mut a: ProxyArgs) -> Result<()> {
 
     let report = render(&a, &rows, &notes);
     print!("{report}");
-    if let Some(out) = &a.out {
-        if let Some(d) = out.parent() {
-            std::fs::create_dir_all(d)?;
-        }
-        std::fs::File::create(out)?.write_all(report.as_bytes())?;
-    }
-    Ok(())
+    crate::servers::write_report(a.out.as_deref(), &report)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -710,9 +698,7 @@ mod tests {
             duration: 5,
             connections: 50,
             mbytes: 256,
-            shard: None,
-            nginx: None,
-            no_nginx: false,
+            peers: Default::default(),
             builtin_load: false,
             smoke: false,
             out: None,

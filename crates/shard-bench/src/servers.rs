@@ -37,17 +37,17 @@ pub fn which(name: &str) -> Option<PathBuf> {
 }
 
 /// The servers a side-by-side bench runs: `--shard`, `--nginx`, `--no-nginx`.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, Default)]
 pub struct Peers {
     /// The shard binary (default: next to this one).
     #[arg(long)]
-    shard: Option<PathBuf>,
+    pub shard: Option<PathBuf>,
     /// The nginx binary (default: `nginx` on PATH or /usr/sbin/nginx).
     #[arg(long)]
-    nginx: Option<PathBuf>,
+    pub nginx: Option<PathBuf>,
     /// Skip nginx even when it is installed.
     #[arg(long)]
-    no_nginx: bool,
+    pub no_nginx: bool,
 }
 
 impl Peers {

@@ -30,15 +30,9 @@ pub struct StaticArgs {
     /// Load runs per case and server, the servers alternating; the report gives medians.
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
-    /// The shard binary (default: next to this one).
-    #[arg(long)]
-    pub shard: Option<PathBuf>,
-    /// The nginx binary (default: `nginx` on PATH or /usr/sbin/nginx).
-    #[arg(long)]
-    pub nginx: Option<PathBuf>,
-    /// Skip nginx even when it is installed.
-    #[arg(long)]
-    pub no_nginx: bool,
+    /// `--shard`, `--nginx`, `--no-nginx`.
+    #[command(flatten)]
+    pub peers: crate::servers::Peers,
     /// Two cases, one round of 1 s: checks that the bench works (CI).
     #[arg(long)]
     pub smoke: bool,
@@ -269,8 +263,8 @@ pub fn run(mut a: StaticArgs) -> Result<()> {
         a.connections = a.connections.min(4);
     }
     procfs::raise_nofile_limit();
-    let shard = crate::shard_binary(a.shard.as_deref())?;
-    let tools = crate::Tools::find(a.nginx.as_deref(), a.no_nginx, false);
+    let shard = crate::shard_binary(a.peers.shard.as_deref())?;
+    let tools = crate::Tools::find(&a.peers, false);
     let mut kinds = vec![Kind::Shard(shard)];
     if let Some(n) = &tools.nginx {
         kinds.push(Kind::Nginx(n.clone()));
@@ -337,13 +331,7 @@ pub fn run(mut a: StaticArgs) -> Result<()> {
     }
     let report = render(&a, &kinds, &rows, &notes);
     print!("{report}");
-    if let Some(out) = &a.out {
-        if let Some(d) = out.parent() {
-            std::fs::create_dir_all(d)?;
-        }
-        std::fs::write(out, &report)?;
-    }
-    Ok(())
+    servers::write_report(a.out.as_deref(), &report)
 }
 
 fn f(v: Option<f64>, digits: usize) -> String {
