@@ -239,3 +239,96 @@ fn finish_open(owned: OwnedFd) -> io::Result<(OwnedFd, Stat)> {
     let st = unsafe { st.assume_init() };
     Ok((owned, Stat::from_raw(&st)))
 }
+
+/// A read-only shared mapping of a whole file, for the kernel to copy from ([`writev_mapped`]):
+/// the file's bytes then cross one copy, page cache to socket, where `pread` and `write` cross
+/// two.
+///
+/// Its bytes are never read in user space, and the type gives no way to: a file truncated
+/// under a mapping raises `SIGBUS` on a user-space read of the lost pages, while the kernel's
+/// own copy from them fails with `EFAULT` (or stops short), which a response handles as it
+/// handles a short `pread`.
+pub struct Mapping {
+    ptr: std::ptr::NonNull<libc::c_void>,
+    len: usize,
+}
+
+impl Mapping {
+    /// Maps the first `len` bytes of `fd` (`len` > 0).
+    pub fn new(fd: RawFd, len: usize) -> io::Result<Mapping> {
+        if len == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: a fresh mapping chosen by the kernel; nothing aliases it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr =
+            std::ptr::NonNull::new(p).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        Ok(Mapping { ptr, len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr(), self.len) };
+    }
+}
+
+/// `writev(2)` of `head` then `len` bytes of `map` from `offset` (clamped to the mapping), in
+/// one call: a response's head and its file leave together. The kernel copies from the
+/// mapping; a part of it beyond a truncated file's end stops the copy (a short count, or
+/// `EFAULT` when nothing was written).
+pub fn writev_mapped(
+    fd: RawFd,
+    head: &[u8],
+    map: &Mapping,
+    offset: usize,
+    len: usize,
+) -> io::Result<usize> {
+    let offset = offset.min(map.len);
+    let len = len.min(map.len - offset);
+    let iov = [
+        libc::iovec {
+            iov_base: head.as_ptr() as *mut libc::c_void,
+            iov_len: head.len(),
+        },
+        libc::iovec {
+            // SAFETY (of the arithmetic): `offset` is within the mapping.
+            iov_base: unsafe { (map.ptr.as_ptr() as *mut u8).add(offset) } as *mut libc::c_void,
+            iov_len: len,
+        },
+    ];
+    let (iov, cnt) = if head.is_empty() {
+        (&iov[1..], 1)
+    } else {
+        (&iov[..], 2)
+    };
+    // SAFETY: both iovecs describe readable memory that outlives the call (the mapping is
+    // borrowed); the kernel only reads them.
+    let n = unsafe { libc::writev(fd, iov.as_ptr(), cnt) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}

@@ -340,3 +340,55 @@ fn an_index_file_is_served_from_a_directory_that_cannot_be_listed() {
     assert_eq!(get(s.addr(), "/empty/").status, 403, "no index file");
     assert_eq!(get(s.addr(), "/nothere/").status, 404);
 }
+
+/// A kept file is sent from its mapping (`files::OpenFile::mapping`). Truncated while a
+/// response is being sent from it, the response stops: the connection closes at once (not at
+/// `send_timeout`), the worker survives (the kernel's copy from the lost pages fails, no
+/// `SIGBUS`), and the file's new state is served next.
+#[test]
+fn a_file_truncated_while_sent_from_its_mapping_ends_that_response_only() {
+    for cache in [CACHE, ""] {
+        let mut s = Server::start("map-truncate", &conf(cache), 1);
+        let pid = s.wait_workers(1)[0].pid;
+        let big: Vec<u8> = (0..4_000_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let path = s.dir.join("html/big.bin");
+        std::fs::write(&path, &big).unwrap();
+        // Served whole twice: kept, then sent from the mapping.
+        for _ in 0..2 {
+            let r = get(s.addr(), "/big.bin");
+            assert_eq!(r.status, 200);
+            assert!(r.body == big, "a whole file, byte for byte");
+        }
+        // A client that reads slowly: most of the file waits behind a full socket.
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.set_recv_buffer_size(16 * 1024).unwrap();
+        sock.connect(&s.addr().into()).unwrap();
+        let mut c: std::net::TcpStream = sock.into();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut got = vec![0u8; 64 * 1024];
+        let mut n = 0;
+        while n < got.len() {
+            n += c.read(&mut got[n..]).unwrap();
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(1000)
+            .unwrap();
+        let t0 = Instant::now();
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest)
+            .expect("the connection closes, it does not hang");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        assert!(n + rest.len() < big.len(), "the response ends early");
+        // The same worker serves the file as it now is (with the cache, once valid passed).
+        let now = String::from_utf8(big[..1000].to_vec()).unwrap();
+        until(&s, "/big.bin", (200, &now));
+        assert!(pid_alive(pid as i32), "the worker survived");
+        assert_eq!(s.workers()[0].pid, pid);
+    }
+}

@@ -32,6 +32,10 @@ const INLINE_BODY_BYTES: u64 = 32 * 1024;
 /// 33 B and 16 KiB files, but 4.5 times more for a 1 MiB file, whose `sendfile` then builds
 /// its segments the slow way.
 const CORK_FILE_MAX_BYTES: u64 = 64 * 1024;
+/// Bytes of a mapped file (`files::OpenFile::mapping`) given to one `writev`, a chunk as
+/// [`FILE_CHUNK_BYTES`]. Measured on loopback, 1 MiB file: 16 KiB costs 1.3 times the worker
+/// CPU per request of 32 KiB, 64 KiB 1.9 times, 256 KiB 1.3 times.
+const MAPPED_WRITE_BYTES: u64 = 32 * 1024;
 /// Pipelined responses gathered before a write.
 const PIPELINE_GATHER_BYTES: usize = 64 * 1024;
 
@@ -53,10 +57,12 @@ enum BodyLeft {
 
 struct FileBody {
     /// Shared with `open_file_cache` when the location has one.
-    fd: std::rc::Rc<OwnedFd>,
+    fd: super::files::FileRef,
     offset: u64,
     remaining: u64,
     sendfile: bool,
+    /// Sent from the file's mapping, with the head in the same `writev`.
+    mapped: bool,
 }
 
 pub(super) struct Conn {
@@ -502,6 +508,47 @@ impl Worker<'_> {
         let c = &mut self.conns[key];
         let mut chunks = 0;
         loop {
+            // A mapped file: what is left of the output buffer and the next part of the file
+            // in one `writev`. A short count is a full socket or a file that shrank under
+            // the mapping; the next call tells which (`EAGAIN`, or `EFAULT` and a failure).
+            if let Some(f) = c.file.as_mut().filter(|f| f.mapped && f.remaining > 0) {
+                let Some(map) = f.fd.mapped() else {
+                    return Flush::Failed;
+                };
+                if !c.writable {
+                    return Flush::Blocked;
+                }
+                if chunks == FLUSH_CHUNKS_MAX {
+                    return Flush::Yield;
+                }
+                chunks += 1;
+                let head = &c.out[c.out_pos..];
+                let want = f.remaining.min(MAPPED_WRITE_BYTES);
+                match shard_event::fs::writev_mapped(
+                    c.fd.as_raw_fd(),
+                    head,
+                    map,
+                    f.offset as usize,
+                    want as usize,
+                ) {
+                    Ok(0) => return Flush::Failed,
+                    Ok(n) => {
+                        let h = n.min(head.len());
+                        let b = (n - h) as u64;
+                        c.out_pos += h;
+                        f.offset += b;
+                        f.remaining -= b;
+                        c.deadline_ms = now_ms + c.send_timeout_ms;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        c.writable = false;
+                        return Flush::Blocked;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => return Flush::Failed,
+                }
+                continue;
+            }
             // A head followed by a small file sent with `sendfile`: one segment, not two.
             let more = c.file.as_ref().is_some_and(|f| {
                 f.sendfile && f.remaining > 0 && f.remaining <= CORK_FILE_MAX_BYTES
@@ -1871,10 +1918,11 @@ impl Worker<'_> {
     pub(super) fn set_file_body(
         &mut self,
         key: usize,
-        fd: std::rc::Rc<OwnedFd>,
+        fd: super::files::FileRef,
         offset: u64,
         len: u64,
         sendfile: bool,
+        file_size: u64,
     ) {
         let c = &mut self.conns[key];
         if len == 0 {
@@ -1883,10 +1931,21 @@ impl Worker<'_> {
         // TLS encrypts in user space: the file is read and written through it.
         let sendfile = sendfile && c.tls.is_none();
         let (mut offset, mut len) = (offset, len);
+        let inline = !sendfile && len <= INLINE_BODY_BYTES && c.out.len() < PIPELINE_GATHER_BYTES;
+        // A kept file is sent from its mapping (never read in user space, where a truncated
+        // file would raise SIGBUS): one copy and, with the head, one `writev`. Not when more
+        // pipelined requests wait: their responses gather behind this one's inline body.
+        let gathering = inline && !c.inbuf.is_empty();
+        let mapped = !sendfile
+            && c.tls.is_none()
+            && !gathering
+            && fd
+                .mapping(file_size)
+                .is_some_and(|m| offset.saturating_add(len) <= m.len() as u64);
         // A small body without `sendfile` is read behind its head now: head and body leave
         // in one write (with the other pipelined responses), and the descriptor closes at
         // once. A short read (the file shrank) leaves the rest to `flush`, which fails it.
-        if !sendfile && len <= INLINE_BODY_BYTES && c.out.len() < PIPELINE_GATHER_BYTES {
+        if inline && !mapped {
             let n = loop {
                 match shard_event::sock::pread_append(
                     fd.as_raw_fd(),
@@ -1910,6 +1969,7 @@ impl Worker<'_> {
             offset,
             remaining: len,
             sendfile,
+            mapped,
         });
     }
 }

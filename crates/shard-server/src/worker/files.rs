@@ -22,13 +22,14 @@
 //! cost `open`, `fstat` and `close`, and nothing a client or an operator sees changes: a file
 //! replaced, truncated, deleted or made unreadable is seen at once, as nginx sees it.
 
+use std::cell::{Cell, OnceCell};
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use shard_config::OpenFileCache;
-use shard_event::fs::{FileId, Stat};
+use shard_event::fs::{FileId, Mapping, Stat};
 use shard_http::static_file::FileMeta;
 
 /// Descriptors [`Reuse`] holds at most, per worker.
@@ -38,16 +39,72 @@ pub(super) const REUSE_MAX: usize = 64;
 /// system that is to be unmounted is not held for longer.
 pub(super) const REUSE_INACTIVE_MS: u64 = 5_000;
 
+/// Files up to this size are mapped once kept (by `open_file_cache` or [`Reuse`]) and sent
+/// from the mapping with `sendfile` off: one copy, page cache to socket, instead of `pread`
+/// and `write`. Larger ones are read in chunks, so that a worker's mappings (which count in
+/// its resident size while their pages are in the page tables) stay small.
+pub(super) const MAP_FILE_MAX_BYTES: u64 = 8 * 1024 * 1024;
+
+/// An open file that responses read from, shared (`Rc`) by them, a location's
+/// `open_file_cache` and [`Reuse`]; and its mapping, made the first time a kept file's body
+/// is sent (a file opened for one response is not worth mapping).
+pub(super) struct OpenFile {
+    fd: OwnedFd,
+    /// A cache or [`Reuse`] keeps it: it is likely sent again.
+    kept: Cell<bool>,
+    map: OnceCell<Option<Mapping>>,
+}
+
+pub(super) type FileRef = Rc<OpenFile>;
+
+impl OpenFile {
+    pub(super) fn new(fd: OwnedFd) -> FileRef {
+        Rc::new(OpenFile {
+            fd,
+            kept: Cell::new(false),
+            map: OnceCell::new(),
+        })
+    }
+
+    /// The mapping of the file's first `size` bytes (its size when first asked), when the file
+    /// is kept, not empty and at most [`MAP_FILE_MAX_BYTES`], and `mmap` succeeded.
+    pub(super) fn mapping(&self, size: u64) -> Option<&Mapping> {
+        if !self.kept.get() {
+            return None;
+        }
+        self.map
+            .get_or_init(|| {
+                (size > 0 && size <= MAP_FILE_MAX_BYTES)
+                    .then(|| Mapping::new(self.fd.as_raw_fd(), size as usize).ok())
+                    .flatten()
+            })
+            .as_ref()
+    }
+}
+
+impl OpenFile {
+    /// The mapping [`OpenFile::mapping`] made, if any.
+    pub(super) fn mapped(&self) -> Option<&Mapping> {
+        self.map.get().and_then(Option::as_ref)
+    }
+}
+
+impl AsRawFd for OpenFile {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 /// What opening a path gave.
 #[derive(Clone)]
 pub(super) enum Opened {
-    File(Rc<OwnedFd>, FileMeta),
+    File(FileRef, FileMeta),
     Missing,
     Forbidden,
 }
 
 enum State {
-    Open(Rc<OwnedFd>, FileMeta),
+    Open(FileRef, FileMeta),
     /// A lookup error, kept with `open_file_cache_errors on`.
     Error(Opened),
     /// Used fewer than `open_file_cache_min_uses` times: counted, no descriptor kept.
@@ -102,7 +159,10 @@ impl FileCache {
     pub(super) fn put(&mut self, path: &Path, opened: &Opened, now_ms: u64, conf: &OpenFileCache) {
         let uses = self.map.get(path).map_or(0, |e| e.uses).saturating_add(1);
         let state = match opened {
-            Opened::File(fd, meta) if uses >= conf.min_uses => State::Open(fd.clone(), *meta),
+            Opened::File(fd, meta) if uses >= conf.min_uses => {
+                fd.kept.set(true);
+                State::Open(fd.clone(), *meta)
+            }
             Opened::File(..) => State::Counted,
             err if conf.errors => State::Error(err.clone()),
             _ => State::Counted,
@@ -165,13 +225,13 @@ const LOCAL_FILE_SYSTEMS: [i64; 12] = [
 /// `open_file_cache` (see the module's documentation), keyed by path.
 #[derive(Default)]
 pub(super) struct Reuse {
-    map: HashMap<PathBuf, Held>,
+    map: HashMap<PathBuf, Kept>,
     /// Per device: whether its file system is one of [`LOCAL_FILE_SYSTEMS`].
     local: HashMap<u64, bool>,
 }
 
-struct Held {
-    fd: Rc<OwnedFd>,
+struct Kept {
+    fd: FileRef,
     id: FileId,
     used_ms: u64,
 }
@@ -191,7 +251,7 @@ impl Reuse {
         path: &Path,
         now_ms: u64,
         stat: impl FnOnce() -> Option<Stat>,
-    ) -> Option<(Rc<OwnedFd>, Stat)> {
+    ) -> Option<(FileRef, Stat)> {
         let held = self.map.get_mut(path)?;
         match stat() {
             Some(st) if st.id == held.id => {
@@ -207,14 +267,14 @@ impl Reuse {
 
     /// Keeps `fd`, just opened at `path` and found to be `id`, when it lies on a local file
     /// system; the least recently used descriptor is closed when [`REUSE_MAX`] are held.
-    pub(super) fn put(&mut self, path: &Path, fd: &Rc<OwnedFd>, id: FileId, now_ms: u64) {
-        use std::os::fd::AsRawFd;
+    pub(super) fn put(&mut self, path: &Path, fd: &FileRef, id: FileId, now_ms: u64) {
         let local = *self.local.entry(id.dev).or_insert_with(|| {
             shard_event::fs::fs_type(fd.as_raw_fd()).is_ok_and(|t| LOCAL_FILE_SYSTEMS.contains(&t))
         });
         if !local {
             return;
         }
+        fd.kept.set(true);
         if !self.map.contains_key(path) && self.map.len() >= REUSE_MAX {
             if let Some(k) = self
                 .map
@@ -227,7 +287,7 @@ impl Reuse {
         }
         self.map.insert(
             path.to_path_buf(),
-            Held {
+            Kept {
                 fd: fd.clone(),
                 id,
                 used_ms: now_ms,
@@ -271,7 +331,7 @@ mod tests {
     fn file() -> Opened {
         let fd: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
         Opened::File(
-            Rc::new(fd),
+            OpenFile::new(fd),
             FileMeta {
                 size: 1,
                 mtime_secs: 0,
@@ -350,8 +410,8 @@ mod tests {
         }
     }
 
-    fn fd() -> Rc<OwnedFd> {
-        Rc::new(std::fs::File::open("/dev/null").unwrap().into())
+    fn fd() -> FileRef {
+        OpenFile::new(std::fs::File::open("/dev/null").unwrap().into())
     }
 
     /// A `Reuse` that takes the test's device 1 for a local file system (whatever holds

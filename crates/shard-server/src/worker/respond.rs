@@ -5,7 +5,7 @@
 //! connection's output buffer or file body.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -376,7 +376,7 @@ fn open_file_id(path: &Path, loc: &LocationConf) -> (Opened, Result<shard_event:
     let opened = match res {
         Ok((fd, st)) => {
             return (
-                Opened::File(std::rc::Rc::new(fd), file_meta(&st)),
+                Opened::File(super::files::OpenFile::new(fd), file_meta(&st)),
                 Ok(st.id),
             )
         }
@@ -552,7 +552,7 @@ fn first_file(
     w: &mut Worker<'_>,
     loc: &LocationConf,
     paths: &[std::path::PathBuf],
-) -> Option<(std::path::PathBuf, std::rc::Rc<OwnedFd>, FileMeta)> {
+) -> Option<(std::path::PathBuf, super::files::FileRef, FileMeta)> {
     for p in paths {
         if let Opened::File(fd, m) = open_cached(w, p, loc) {
             if m.is_file {
@@ -574,7 +574,7 @@ fn send_file(
     keep_alive: bool,
     head: &[u8],
     path: std::path::PathBuf,
-    fd: std::rc::Rc<OwnedFd>,
+    fd: super::files::FileRef,
     meta: FileMeta,
 ) -> Reply {
     let content_type = shard_http::static_file::content_type(loc, &path).to_string();
@@ -689,7 +689,7 @@ fn send_file(
                     error_page: None,
                 };
             }
-            w.set_file_body(key, fd, offset, len, loc.sendfile);
+            w.set_file_body(key, fd, offset, len, loc.sendfile, meta.size);
             Reply {
                 status,
                 body_bytes: len,
@@ -811,7 +811,7 @@ fn gzip_file(
     req: &Request,
     keep_alive: bool,
     head: &[u8],
-    fd: std::rc::Rc<OwnedFd>,
+    fd: super::files::FileRef,
     path: &Path,
     meta: &FileMeta,
     content_type: &str,
