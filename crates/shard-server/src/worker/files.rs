@@ -57,6 +57,24 @@ pub(super) struct OpenFile {
 
 pub(super) type FileRef = Rc<OpenFile>;
 
+/// Files a worker keeps mapped at most. A large `open_file_cache max=` must not bring the
+/// worker near the kernel's `vm.max_map_count` (65530 by default), where `malloc` itself
+/// would fail; past this, kept files are read with `pread`.
+pub(super) const MAPPINGS_MAX: usize = 4096;
+
+thread_local! {
+    /// The mappings alive in this worker (its one thread).
+    static MAPPINGS: Cell<usize> = const { Cell::new(0) };
+}
+
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        if self.mapped().is_some() {
+            MAPPINGS.set(MAPPINGS.get().saturating_sub(1));
+        }
+    }
+}
+
 impl OpenFile {
     pub(super) fn new(fd: OwnedFd) -> FileRef {
         Rc::new(OpenFile {
@@ -69,16 +87,19 @@ impl OpenFile {
     /// The mapping of the file's first `size` bytes (its size when first asked), when the file
     /// is kept, not empty and at most [`MAP_FILE_MAX_BYTES`], and `mmap` succeeded.
     pub(super) fn mapping(&self, size: u64) -> Option<&Mapping> {
-        if !self.kept.get() {
+        if let Some(m) = self.map.get() {
+            return m.as_ref();
+        }
+        if !self.kept.get() || MAPPINGS.get() >= MAPPINGS_MAX {
             return None;
         }
-        self.map
-            .get_or_init(|| {
-                (size > 0 && size <= MAP_FILE_MAX_BYTES)
-                    .then(|| Mapping::new(self.fd.as_raw_fd(), size as usize).ok())
-                    .flatten()
-            })
-            .as_ref()
+        let m = (size > 0 && size <= MAP_FILE_MAX_BYTES)
+            .then(|| Mapping::new(self.fd.as_raw_fd(), size as usize).ok())
+            .flatten();
+        if m.is_some() {
+            MAPPINGS.set(MAPPINGS.get() + 1);
+        }
+        self.map.get_or_init(|| m).as_ref()
     }
 }
 
@@ -476,5 +497,41 @@ mod tests {
         r.local.insert(1, false);
         r.put(Path::new("/nfs/a"), &fd(), id(7), 0);
         assert!(!r.holds(Path::new("/nfs/a")));
+    }
+
+    #[test]
+    fn only_a_kept_file_is_mapped_and_the_mappings_are_counted() {
+        let path = std::env::temp_dir().join(format!("shard-map-{}", std::process::id()));
+        std::fs::write(&path, vec![b'x'; 10_000]).unwrap();
+        let open = || OpenFile::new(std::fs::File::open(&path).unwrap().into());
+        let before = MAPPINGS.get();
+        let once = open();
+        assert!(
+            once.mapping(10_000).is_none(),
+            "a file opened for one response"
+        );
+        let kept = open();
+        kept.kept.set(true);
+        assert_eq!(kept.mapping(10_000).map(Mapping::len), Some(10_000));
+        assert_eq!(kept.mapping(1).map(Mapping::len), Some(10_000), "made once");
+        assert_eq!(MAPPINGS.get(), before + 1);
+        let empty = open();
+        empty.kept.set(true);
+        assert!(empty.mapping(0).is_none());
+        let huge = open();
+        huge.kept.set(true);
+        assert!(
+            huge.mapping(MAP_FILE_MAX_BYTES + 1).is_none(),
+            "read in chunks"
+        );
+        drop(kept);
+        assert_eq!(MAPPINGS.get(), before);
+        // At the bound, a kept file is read with `pread` instead.
+        MAPPINGS.set(MAPPINGS_MAX);
+        let late = open();
+        late.kept.set(true);
+        assert!(late.mapping(10_000).is_none());
+        MAPPINGS.set(before);
+        std::fs::remove_file(&path).unwrap();
     }
 }
