@@ -545,6 +545,11 @@ impl Worker<'_> {
                         return Flush::Blocked;
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    // The file shrank under the mapping, and the kernel dropped what this call
+                    // held, the output buffer's part too: the rest goes the `pread` way, so the
+                    // responses gathered before this one and its head still leave, and the
+                    // short read then ends the connection.
+                    Err(e) if e.raw_os_error() == Some(libc::EFAULT) => f.mapped = false,
                     Err(_) => return Flush::Failed,
                 }
                 continue;
