@@ -65,6 +65,15 @@ pub fn fs_type(fd: RawFd) -> io::Result<i64> {
     Ok(f_type as i64)
 }
 
+/// Stats the file open at `fd`.
+pub fn fstat(fd: RawFd) -> io::Result<Stat> {
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: st is valid for writes.
+    cvt(unsafe { libc::fstat(fd, st.as_mut_ptr()) })?;
+    // SAFETY: fstat filled it.
+    Ok(Stat::from_raw(unsafe { st.assume_init_ref() }))
+}
+
 /// Stats `path` (following links, as `open` does) without opening it.
 pub fn stat_path(path: &CStr) -> io::Result<Stat> {
     let mut st = MaybeUninit::<libc::stat>::zeroed();

@@ -63,6 +63,8 @@ struct FileBody {
     sendfile: bool,
     /// Sent from the file's mapping, with the head in the same `writev`.
     mapped: bool,
+    /// The worker's clock when the file's size was last checked by a `stat`.
+    size_checked_ms: u64,
 }
 
 pub(super) struct Conn {
@@ -521,9 +523,23 @@ impl Worker<'_> {
                 if chunks == FLUSH_CHUNKS_MAX {
                     return Flush::Yield;
                 }
+                let want = f.remaining.min(MAPPED_WRITE_BYTES);
+                // The end of a file that shrank is not always a fault: the rest of the page
+                // that holds its new end reads as zeros. So the response's last chunk goes
+                // from the mapping only when a `stat` in this loop turn says the file still
+                // holds it (an `open_file_cache` entry's size may be old; a large file's
+                // response may span turns); else the `pread` way, whose short read fails it.
+                if want == f.remaining && f.size_checked_ms != now_ms {
+                    match shard_event::fs::fstat(f.fd.as_raw_fd()) {
+                        Ok(st) if st.size >= f.offset + f.remaining => f.size_checked_ms = now_ms,
+                        _ => {
+                            f.mapped = false;
+                            continue;
+                        }
+                    }
+                }
                 chunks += 1;
                 let head = &c.out[c.out_pos..];
-                let want = f.remaining.min(MAPPED_WRITE_BYTES);
                 match shard_event::fs::writev_mapped(
                     c.fd.as_raw_fd(),
                     head,
@@ -1969,12 +1985,14 @@ impl Worker<'_> {
                 return;
             }
         }
+        let size_checked_ms = fd.size_checked_ms();
         c.file = Some(FileBody {
             fd,
             offset,
             remaining: len,
             sendfile,
             mapped,
+            size_checked_ms,
         });
     }
 }

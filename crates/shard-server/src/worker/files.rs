@@ -50,9 +50,15 @@ pub(super) const MAP_FILE_MAX_BYTES: u64 = 8 * 1024 * 1024;
 /// is sent (a file opened for one response is not worth mapping).
 pub(super) struct OpenFile {
     fd: OwnedFd,
-    /// A cache or [`Reuse`] keeps it: it is likely sent again.
+    /// A cache or [`Reuse`] keeps it.
     kept: Cell<bool>,
+    /// It was found kept by a later request: a file asked for again is worth mapping, one
+    /// asked for once is not (`mmap`, faults and `munmap` cost more than one `pread`).
+    reused: Cell<bool>,
     map: OnceCell<Option<Mapping>>,
+    /// The worker's clock (`now_ms`) when a `stat` last gave its size: a response sent from
+    /// the mapping in the same loop turn needs no other look at it (see `conn.rs`'s `flush`).
+    size_checked_ms: Cell<u64>,
 }
 
 pub(super) type FileRef = Rc<OpenFile>;
@@ -62,15 +68,22 @@ pub(super) type FileRef = Rc<OpenFile>;
 /// would fail; past this, kept files are read with `pread`.
 pub(super) const MAPPINGS_MAX: usize = 4096;
 
+/// Bytes of files a worker keeps mapped at most. The pages a mapping was sent from stay in
+/// the worker's page tables and count in its resident size (and in what the OOM killer
+/// weighs); past this, kept files are read with `pread`.
+pub(super) const MAPPED_BYTES_MAX: u64 = 256 * 1024 * 1024;
+
 thread_local! {
-    /// The mappings alive in this worker (its one thread).
+    /// The mappings alive in this worker (its one thread), and their bytes.
     static MAPPINGS: Cell<usize> = const { Cell::new(0) };
+    static MAPPED_BYTES: Cell<u64> = const { Cell::new(0) };
 }
 
 impl Drop for OpenFile {
     fn drop(&mut self) {
-        if self.mapped().is_some() {
+        if let Some(m) = self.mapped() {
             MAPPINGS.set(MAPPINGS.get().saturating_sub(1));
+            MAPPED_BYTES.set(MAPPED_BYTES.get().saturating_sub(m.len() as u64));
         }
     }
 }
@@ -80,8 +93,19 @@ impl OpenFile {
         Rc::new(OpenFile {
             fd,
             kept: Cell::new(false),
+            reused: Cell::new(false),
             map: OnceCell::new(),
+            size_checked_ms: Cell::new(0),
         })
+    }
+
+    /// A `stat` of the path or the descriptor gave the size the response uses, at `now_ms`.
+    pub(super) fn size_checked(&self, now_ms: u64) {
+        self.size_checked_ms.set(now_ms);
+    }
+
+    pub(super) fn size_checked_ms(&self) -> u64 {
+        self.size_checked_ms.get()
     }
 
     /// The mapping of the file's first `size` bytes (its size when first asked), when the file
@@ -90,14 +114,20 @@ impl OpenFile {
         if let Some(m) = self.map.get() {
             return m.as_ref();
         }
-        if !self.kept.get() || MAPPINGS.get() >= MAPPINGS_MAX {
+        if !self.kept.get()
+            || !self.reused.get()
+            || size == 0
+            || size > MAP_FILE_MAX_BYTES
+            || MAPPINGS.get() >= MAPPINGS_MAX
+            || MAPPED_BYTES.get() + size > MAPPED_BYTES_MAX
+        {
+            // Not now; perhaps at a later request (a mapping ended, the file was asked again).
             return None;
         }
-        let m = (size > 0 && size <= MAP_FILE_MAX_BYTES)
-            .then(|| Mapping::new(self.fd.as_raw_fd(), size as usize).ok())
-            .flatten();
+        let m = Mapping::new(self.fd.as_raw_fd(), size as usize).ok();
         if m.is_some() {
             MAPPINGS.set(MAPPINGS.get() + 1);
+            MAPPED_BYTES.set(MAPPED_BYTES.get() + size);
         }
         self.map.get_or_init(|| m).as_ref()
     }
@@ -166,7 +196,10 @@ impl FileCache {
             return None;
         }
         let hit = match &e.state {
-            State::Open(fd, meta) => Opened::File(fd.clone(), *meta),
+            State::Open(fd, meta) => {
+                fd.reused.set(true);
+                Opened::File(fd.clone(), *meta)
+            }
             State::Error(o) => o.clone(),
             State::Counted => return None,
         };
@@ -277,6 +310,7 @@ impl Reuse {
         match stat() {
             Some(st) if st.id == held.id => {
                 held.used_ms = now_ms;
+                held.fd.reused.set(true);
                 Some((held.fd.clone(), st))
             }
             _ => {
@@ -512,14 +546,21 @@ mod tests {
         );
         let kept = open();
         kept.kept.set(true);
+        assert!(
+            kept.mapping(10_000).is_none(),
+            "not before it is asked for again"
+        );
+        kept.reused.set(true);
         assert_eq!(kept.mapping(10_000).map(Mapping::len), Some(10_000));
         assert_eq!(kept.mapping(1).map(Mapping::len), Some(10_000), "made once");
         assert_eq!(MAPPINGS.get(), before + 1);
         let empty = open();
         empty.kept.set(true);
+        empty.reused.set(true);
         assert!(empty.mapping(0).is_none());
         let huge = open();
         huge.kept.set(true);
+        huge.reused.set(true);
         assert!(
             huge.mapping(MAP_FILE_MAX_BYTES + 1).is_none(),
             "read in chunks"
@@ -530,8 +571,20 @@ mod tests {
         MAPPINGS.set(MAPPINGS_MAX);
         let late = open();
         late.kept.set(true);
+        late.reused.set(true);
         assert!(late.mapping(10_000).is_none());
         MAPPINGS.set(before);
+        let bytes = MAPPED_BYTES.get();
+        MAPPED_BYTES.set(MAPPED_BYTES_MAX - 9_999);
+        assert!(late.mapping(10_000).is_none(), "the bytes' bound too");
+        MAPPED_BYTES.set(bytes);
+        assert!(
+            late.mapping(10_000).is_some(),
+            "mapped once below the bounds"
+        );
+        assert_eq!(MAPPED_BYTES.get(), bytes + 10_000);
+        drop(late);
+        assert_eq!((MAPPINGS.get(), MAPPED_BYTES.get()), (before, bytes));
         std::fs::remove_file(&path).unwrap();
     }
 }
