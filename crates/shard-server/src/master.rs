@@ -123,6 +123,9 @@ struct Master {
     next_steer_ms: u64,
     /// What a backlogged (busy, not stalled) worker gets (`steer::Backlog`).
     backlog: steer::Backlog,
+    /// `steer::funnel` is used (`SHARD_STEER_FUNNEL`), and whether it is on now.
+    funnel_enabled: bool,
+    funnel_on: bool,
 }
 
 fn tcp_nodelay(cfg: &Config) -> bool {
@@ -470,6 +473,8 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         judges: Vec::new(),
         next_steer_ms: 0,
         backlog: steer::Backlog::from_env(),
+        funnel_enabled: steer::funnel_from_env(),
+        funnel_on: false,
     };
     // `ps` tells the master from its workers, as nginx's titles do. The arguments were copied
     // (for a binary upgrade) above; the title overwrites the originals.
@@ -1039,9 +1044,10 @@ impl Master {
             return;
         }
         self.judges.clear();
+        self.funnel_on = false;
         let mut changed = false;
         for j in 0..MAX_WORKERS {
-            changed |= steer::publish(&self.region, j, false, false, false);
+            changed |= steer::publish(&self.region, j, false, false, false, false);
         }
         for l in &mut self.listeners {
             listen::steer(l, &[]);
@@ -1127,8 +1133,21 @@ impl Master {
             }
         }
         let steer_backlog = self.backlog == steer::Backlog::Steer;
+        let targets = if self.funnel_enabled {
+            steer::funnel(self.funnel_on, &queued, &stalled)
+        } else {
+            Vec::new()
+        };
+        let funnel_on = !targets.is_empty();
         let away: Vec<bool> = (0..n)
-            .map(|j| stalled[j] || (steer_backlog && backlogged[j]))
+            .map(|j| {
+                stalled[j]
+                    || if funnel_on {
+                        !targets.contains(&j)
+                    } else {
+                        steer_backlog && backlogged[j]
+                    }
+            })
             .collect();
         let mut followed = true;
         for l in &mut self.listeners {
@@ -1143,11 +1162,29 @@ impl Master {
                 stalled[j],
                 stalled[j] || (backlogged[j] && !steer_backlog),
                 away[j] && followed && !all_away,
+                funnel_on && !stalled[j] && (targets.contains(&j) || queued[j] > 0),
             );
         }
         if changed {
             self.region.steer_epoch.fetch_add(1, Relaxed);
             self.signal_workers(libc::SIGURG, Some(self.generation));
+        }
+        // Said once the programs and the bits say it.
+        if funnel_on != self.funnel_on {
+            self.funnel_on = funnel_on;
+            if funnel_on {
+                crate::log!(
+                    Info,
+                    "every worker has {} or more connections queued: new connections go to \
+                     the shards of workers {targets:?}, which their groups serve as one queue",
+                    steer::FUNNEL_ENTER_QUEUE
+                );
+            } else {
+                crate::log!(
+                    Info,
+                    "the queues drained: every worker's shard takes new connections again"
+                );
+            }
         }
         // Every worker waiting with nothing queued: none can be stalled within a threshold
         // from now, so the next look is a threshold away (a stall then shows within two

@@ -18,10 +18,20 @@
 //! live workers' queues by `BACKLOG_GAP_MIN` or a sixteenth; it leaves the program (not its
 //! siblings' help: it is working) until its queue is back at the mean. ARCHITECTURE.md says
 //! why steering rather than stealing.
+//!
+//! The funnel: while every live worker has at least `FUNNEL_ENTER_QUEUE` connections queued
+//! (the server is saturated), each group of `FUNNEL_GROUP` workers takes new connections on
+//! one shard only, its first live worker's, which the whole group polls (`STEER_FUNNEL`), and
+//! the group also drains the other shards' queues. Per-worker queues, however balanced, each
+//! serve their own oldest connection first, so a worker that falls behind for a few
+//! milliseconds leaves its queue's connections older than its siblings'; one queue per group
+//! serves the group's oldest first, as a shared socket does (E3, docs/bench.md). The funnel
+//! ends once its shards hold fewer than `FUNNEL_LEAVE_QUEUE` each; a group of eight, the ratio
+//! Intel measured, bounds how many workers contend for one queue's lock.
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use crate::shm::{Region, STEER_AWAY, STEER_HELP, STEER_STALLED};
+use crate::shm::{Region, STEER_AWAY, STEER_FUNNEL, STEER_HELP, STEER_STALLED};
 
 /// A live worker whose queue is this many connections (or a sixteenth, when more) above the
 /// mean queue of the live workers is backlogged (a busy worker: long requests, many
@@ -48,6 +58,42 @@ impl Backlog {
             Ok("off") => Backlog::Off,
             _ => Backlog::Steer,
         }
+    }
+}
+
+/// Every live worker with at least this many connections queued: the funnel starts.
+pub(crate) const FUNNEL_ENTER_QUEUE: u32 = 4;
+/// The funnel's shards holding fewer than this many each: it ends.
+pub(crate) const FUNNEL_LEAVE_QUEUE: u32 = 2;
+/// Workers per funnel shard.
+pub(crate) const FUNNEL_GROUP: usize = 8;
+
+/// `SHARD_STEER_FUNNEL=off` turns the funnel off, for measuring it (docs/bench.md).
+pub(crate) fn funnel_from_env() -> bool {
+    std::env::var("SHARD_STEER_FUNNEL").as_deref() != Ok("off")
+}
+
+/// The workers whose shards take every new connection under the funnel (see the module's
+/// documentation), from whether it is on now, each worker's queue and which are stalled;
+/// empty when it is off. One per group of [`FUNNEL_GROUP`] workers: the group's first live one.
+pub(crate) fn funnel(on: bool, queued: &[u32], stalled: &[bool]) -> Vec<usize> {
+    let live: Vec<usize> = (0..queued.len())
+        .filter(|&k| !stalled.get(k).copied().unwrap_or(false))
+        .collect();
+    if live.len() < 2 {
+        return Vec::new();
+    }
+    let mut targets: Vec<usize> = live.clone();
+    targets.dedup_by_key(|k| *k / FUNNEL_GROUP);
+    let stays = on && {
+        let held: u32 = targets.iter().map(|&f| queued[f]).sum();
+        held >= FUNNEL_LEAVE_QUEUE * targets.len() as u32
+    };
+    let starts = !on && live.iter().all(|&k| queued[k] >= FUNNEL_ENTER_QUEUE);
+    if stays || starts {
+        targets
+    } else {
+        Vec::new()
     }
 }
 
@@ -184,10 +230,18 @@ pub(crate) fn live_shards(active: usize, away: &[bool]) -> Vec<u32> {
 
 /// Publishes worker `idx`'s bits; returns whether they changed (the epoch is then bumped by
 /// the caller, once per tick).
-pub(crate) fn publish(region: &Region, idx: usize, stalled: bool, help: bool, away: bool) -> bool {
+pub(crate) fn publish(
+    region: &Region,
+    idx: usize,
+    stalled: bool,
+    help: bool,
+    away: bool,
+    funnel: bool,
+) -> bool {
     let bits = (if stalled { STEER_STALLED } else { 0 })
         | (if help { STEER_HELP } else { 0 })
-        | (if away { STEER_AWAY } else { 0 });
+        | (if away { STEER_AWAY } else { 0 })
+        | (if funnel { STEER_FUNNEL } else { 0 });
     let Some(slot) = region.steer.get(idx) else {
         return false;
     };
@@ -297,6 +351,35 @@ mod tests {
         j.observe(obs(true, 0, false, 0), 100, T);
         assert!(j.stalled());
         assert!(!j.judge_backlog(100, Some(0.0)));
+    }
+
+    #[test]
+    fn the_funnel_starts_when_every_live_worker_has_a_queue_and_ends_when_it_drained() {
+        // Not while one live worker has room, nor with fewer than two live workers.
+        assert!(funnel(false, &[9, 3], &[false, false]).is_empty());
+        assert!(funnel(false, &[9, 9], &[false, true]).is_empty());
+        assert!(funnel(false, &[9], &[false]).is_empty());
+        // Every live one at FUNNEL_ENTER_QUEUE: the first live worker's shard; a stalled
+        // worker is no target and its queue does not count.
+        assert_eq!(funnel(false, &[4, 4], &[false, false]), vec![0]);
+        assert_eq!(funnel(false, &[0, 5, 6], &[true, false, false]), vec![1]);
+        // It stays while its shard holds FUNNEL_LEAVE_QUEUE, whatever the others hold.
+        assert_eq!(funnel(true, &[2, 0], &[false, false]), vec![0]);
+        assert!(funnel(true, &[1, 30], &[false, false]).is_empty());
+        // Its worker stalls: the next live one takes over at once.
+        assert_eq!(funnel(true, &[50, 9, 9], &[true, false, false]), vec![1]);
+        // One shard per group of FUNNEL_GROUP workers, each the group's first live one.
+        let q = vec![5u32; 20];
+        let mut st = vec![false; 20];
+        assert_eq!(funnel(false, &q, &st), vec![0, 8, 16]);
+        st[8] = true;
+        assert_eq!(funnel(false, &q, &st), vec![0, 9, 16]);
+        // The funnel's shards together: 3 targets hold 6, so it stays; 5 would end it.
+        let mut q = vec![0u32; 20];
+        q[0] = 6;
+        assert_eq!(funnel(true, &q, &st), vec![0, 9, 16]);
+        q[0] = 5;
+        assert!(funnel(true, &q, &st).is_empty());
     }
 
     #[test]

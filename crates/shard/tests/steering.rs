@@ -313,3 +313,86 @@ fn a_backlogged_worker_gets_no_new_connection_before_it_counts_as_stalled() {
     assert!(!st.contains("\"stalled\":true"), "{st}");
     assert_eq!(parse_workers(&st)[1].stalls, 0);
 }
+
+/// Each listening socket's accept queue on `port` (`/proc/net/tcp`'s `rx_queue` of a socket in
+/// `LISTEN`): one entry per shard.
+fn listen_queues(port: u16) -> Vec<u32> {
+    let want = format!(":{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let listening = f.get(3) == Some(&"0A") && f.get(1)?.ends_with(&want);
+            let rx = f.get(4)?.split(':').nth(1)?;
+            listening
+                .then(|| u32::from_str_radix(rx, 16).ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// Saturated, every worker with connections queued: new connections go to one shard, which
+/// every worker of the group polls, so the group serves one queue in order (E3 in
+/// docs/bench.md). Both workers stopped (not stalled before 10 s) while 64 connections queue:
+/// the next ones join one shard only; resumed, the workers answer every connection, and once
+/// the queues drained each shard takes new connections again.
+#[test]
+fn a_saturated_server_serves_one_queue_and_comes_back_to_per_worker_queues() {
+    let mut s = Server::start(
+        "steer-funnel",
+        &conf(2, "reuseport_stall_threshold 10s;"),
+        2,
+    );
+    let ws = s.wait_workers(2);
+    let addr = s.addr();
+    let conts = [stop(ws[0].pid), stop(ws[1].pid)];
+    let send = |n: usize| -> Vec<std::net::TcpStream> {
+        (0..n)
+            .map(|_| {
+                let mut c = connect(addr);
+                c.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .unwrap();
+                c
+            })
+            .collect()
+    };
+    // About half on each shard: both well past FUNNEL_ENTER_QUEUE (4).
+    let mut held = send(64);
+    wait_for(Duration::from_secs(5), "the funnel", || {
+        error_log(&s)
+            .contains("new connections go to the shards of workers [0]")
+            .then_some(())
+    });
+    let before = listen_queues(addr.port());
+    assert_eq!(before.len(), 2, "{before:?}");
+    held.extend(send(20));
+    let after = wait_for(Duration::from_secs(5), "20 more queued", || {
+        let q = listen_queues(addr.port());
+        (q.iter().sum::<u32>() == before.iter().sum::<u32>() + 20).then_some(q)
+    });
+    let grew: Vec<u32> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert!(
+        grew.contains(&20) && grew.contains(&0),
+        "{before:?} -> {after:?}"
+    );
+    drop(conts);
+    for mut c in held {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        assert_eq!(read_response(&mut c, false).unwrap().status, 200);
+    }
+    wait_for(Duration::from_secs(5), "the funnel's end", || {
+        error_log(&s).contains("the queues drained").then_some(())
+    });
+    let st = status(&s);
+    assert!(!st.contains("\"steered_away\":true"), "{st}");
+    // Per-worker queues again: both workers take new connections.
+    let before: Vec<u64> = parse_workers(&st).iter().map(|w| w.accepted).collect();
+    let took = burst(addr, 200, 4, Duration::from_secs(2));
+    assert!(took.iter().all(Option::is_some));
+    let st = status(&s);
+    for (w, b) in parse_workers(&st).iter().zip(&before) {
+        assert!(w.accepted - b >= 30, "{st}");
+    }
+}

@@ -7,7 +7,7 @@
 //! to `conn.rs` (HTTP) or `relay.rs` (stream) at once.
 
 use super::*;
-use crate::shm::STEER_HELP;
+use crate::shm::{STEER_FUNNEL, STEER_HELP};
 
 impl Worker<'_> {
     pub(super) fn register_listener(&mut self, i: usize) -> std::io::Result<()> {
@@ -46,7 +46,9 @@ impl Worker<'_> {
     }
 
     /// Polls the shards of siblings that the master asks help for (`STEER_HELP`: stalled, or
-    /// backlogged while this worker's shard is empty) or that are not serving at all (dead
+    /// backlogged while this worker's shard is empty; `STEER_FUNNEL`: the funnel's shard of
+    /// this worker's group, or one still holding connections while the funnel is on, see
+    /// `steer.rs`) or that are not serving at all (dead
     /// and not yet respawned, stopped or stuck for `ORPHANED_AFTER_MS`, which holds with
     /// `reuseport_steering off` too), and stops polling them once their worker is back: the
     /// master keeps every shard open and every worker inherited every shard, so a queue never
@@ -60,7 +62,10 @@ impl Worker<'_> {
             let Some(j) = self.listeners[i].adopted_from else {
                 continue;
             };
-            let orphaned = self.region.steer_bits(j) & STEER_HELP != 0
+            let bits = self.region.steer_bits(j);
+            let orphaned = bits & STEER_HELP != 0
+                || (bits & STEER_FUNNEL != 0
+                    && j / crate::steer::FUNNEL_GROUP == self.idx / crate::steer::FUNNEL_GROUP)
                 || !self.region.serving(j, self.now_ms, ORPHANED_AFTER_MS);
             let l = &mut self.listeners[i];
             if orphaned == l.enabled {
