@@ -1139,14 +1139,14 @@ impl Master {
             Vec::new()
         };
         let funnel_on = !targets.is_empty();
+        // Under the funnel a stalled target still takes new connections: its group polls it.
         let away: Vec<bool> = (0..n)
             .map(|j| {
-                stalled[j]
-                    || if funnel_on {
-                        !targets.contains(&j)
-                    } else {
-                        steer_backlog && backlogged[j]
-                    }
+                if funnel_on {
+                    !targets.contains(&j)
+                } else {
+                    stalled[j] || (steer_backlog && backlogged[j])
+                }
             })
             .collect();
         let mut followed = true;
@@ -1162,7 +1162,7 @@ impl Master {
                 stalled[j],
                 stalled[j] || (backlogged[j] && !steer_backlog),
                 away[j] && followed && !all_away,
-                funnel_on && !stalled[j] && (targets.contains(&j) || queued[j] > 0),
+                funnel_on && (targets.contains(&j) || queued[j] > 0),
             );
         }
         if changed {

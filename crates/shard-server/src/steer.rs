@@ -21,13 +21,14 @@
 //!
 //! The funnel: while every live worker has at least `FUNNEL_ENTER_QUEUE` connections queued
 //! (the server is saturated), each group of `FUNNEL_GROUP` workers takes new connections on
-//! one shard only, its first live worker's, which the whole group polls (`STEER_FUNNEL`), and
-//! the group also drains the other shards' queues. Per-worker queues, however balanced, each
-//! serve their own oldest connection first, so a worker that falls behind for a few
-//! milliseconds leaves its queue's connections older than its siblings'; one queue per group
-//! serves the group's oldest first, as a shared socket does (E3, docs/bench.md). The funnel
-//! ends once its shards hold fewer than `FUNNEL_LEAVE_QUEUE` each; a group of eight, the ratio
-//! Intel measured, bounds how many workers contend for one queue's lock.
+//! one shard only, its first worker's, which the whole group polls (`STEER_FUNNEL`), and the
+//! group also drains the other shards' queues; a stalled target stays the target, since the
+//! group polls it. Per-worker queues, however balanced, each serve their own oldest
+//! connection first, so a worker that falls behind for a few milliseconds leaves its queue's
+//! connections older than its siblings'; one queue per group serves the group's oldest first,
+//! as a shared socket does (E3, docs/bench.md). The funnel ends once its shards hold fewer
+//! than `FUNNEL_LEAVE_QUEUE` each; a group of eight, the ratio Intel measured, bounds how many
+//! workers contend for one queue's lock.
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -75,21 +76,28 @@ pub(crate) fn funnel_from_env() -> bool {
 
 /// The workers whose shards take every new connection under the funnel (see the module's
 /// documentation), from whether it is on now, each worker's queue and which are stalled;
-/// empty when it is off. One per group of [`FUNNEL_GROUP`] workers: the group's first live one.
+/// empty when it is off. One per group of [`FUNNEL_GROUP`] workers with a live worker in it:
+/// the group's first, stalled or not, since the group's workers poll it (a target that moved
+/// with every stall would send new connections to a different shard each time a worker of an
+/// oversubscribed machine waits for a CPU beyond the threshold).
 pub(crate) fn funnel(on: bool, queued: &[u32], stalled: &[bool]) -> Vec<usize> {
-    let live: Vec<usize> = (0..queued.len())
-        .filter(|&k| !stalled.get(k).copied().unwrap_or(false))
-        .collect();
-    if live.len() < 2 {
+    let n = queued.len();
+    let live = |k: usize| !stalled.get(k).copied().unwrap_or(false);
+    if (0..n).filter(|&k| live(k)).count() < 2 {
         return Vec::new();
     }
-    let mut targets: Vec<usize> = live.clone();
-    targets.dedup_by_key(|k| *k / FUNNEL_GROUP);
+    let targets: Vec<usize> = (0..n)
+        .step_by(FUNNEL_GROUP)
+        .filter(|&g| (g..n.min(g + FUNNEL_GROUP)).any(live))
+        .collect();
     let stays = on && {
         let held: u32 = targets.iter().map(|&f| queued[f]).sum();
         held >= FUNNEL_LEAVE_QUEUE * targets.len() as u32
     };
-    let starts = !on && live.iter().all(|&k| queued[k] >= FUNNEL_ENTER_QUEUE);
+    let starts = !on
+        && (0..n)
+            .filter(|&k| live(k))
+            .all(|k| queued[k] >= FUNNEL_ENTER_QUEUE);
     if stays || starts {
         targets
     } else {
@@ -359,26 +367,31 @@ mod tests {
         assert!(funnel(false, &[9, 3], &[false, false]).is_empty());
         assert!(funnel(false, &[9, 9], &[false, true]).is_empty());
         assert!(funnel(false, &[9], &[false]).is_empty());
-        // Every live one at FUNNEL_ENTER_QUEUE: the first live worker's shard; a stalled
-        // worker is no target and its queue does not count.
+        // Every live one at FUNNEL_ENTER_QUEUE: the group's first shard; a stalled worker's
+        // queue does not count.
         assert_eq!(funnel(false, &[4, 4], &[false, false]), vec![0]);
-        assert_eq!(funnel(false, &[0, 5, 6], &[true, false, false]), vec![1]);
+        assert_eq!(funnel(false, &[0, 5, 6], &[true, false, false]), vec![0]);
         // It stays while its shard holds FUNNEL_LEAVE_QUEUE, whatever the others hold.
         assert_eq!(funnel(true, &[2, 0], &[false, false]), vec![0]);
         assert!(funnel(true, &[1, 30], &[false, false]).is_empty());
-        // Its worker stalls: the next live one takes over at once.
-        assert_eq!(funnel(true, &[50, 9, 9], &[true, false, false]), vec![1]);
-        // One shard per group of FUNNEL_GROUP workers, each the group's first live one.
+        // Its worker stalls: the target stays (the group polls it).
+        assert_eq!(funnel(true, &[50, 9, 9], &[true, false, false]), vec![0]);
+        // One shard per group of FUNNEL_GROUP workers, each the group's first; a group with
+        // no live worker has none.
         let q = vec![5u32; 20];
         let mut st = vec![false; 20];
         assert_eq!(funnel(false, &q, &st), vec![0, 8, 16]);
         st[8] = true;
-        assert_eq!(funnel(false, &q, &st), vec![0, 9, 16]);
-        // The funnel's shards together: 3 targets hold 6, so it stays; 5 would end it.
+        assert_eq!(funnel(false, &q, &st), vec![0, 8, 16]);
+        for s in &mut st[16..] {
+            *s = true;
+        }
+        assert_eq!(funnel(false, &q, &st), vec![0, 8]);
+        // The funnel's shards together: 2 targets hold 4, so it stays; 3 would end it.
         let mut q = vec![0u32; 20];
-        q[0] = 6;
-        assert_eq!(funnel(true, &q, &st), vec![0, 9, 16]);
-        q[0] = 5;
+        q[0] = 4;
+        assert_eq!(funnel(true, &q, &st), vec![0, 8]);
+        q[0] = 3;
         assert!(funnel(true, &q, &st).is_empty());
     }
 
