@@ -54,7 +54,7 @@ pub struct OpenListener {
     /// when no program is attached (the kernel's hash over every socket).
     program: Option<Vec<u32>>,
     /// The kernel refused a program once (logged once per address).
-    steer_refused: bool,
+    pub steer_refused: bool,
 }
 
 impl OpenListener {
@@ -471,16 +471,20 @@ pub fn reconcile(
 }
 
 /// Attaches (or detaches) the steering program so that new connections go to `fds[..active]`
-/// less the shards of stalled workers (`away[j]` for worker `j`'s shard of a per-worker
-/// group): the one place both facts, a reload's surplus shards and a stall, meet. Returns
-/// whether the group's program now follows `away` (false where the kernel refused it).
-pub fn steer(l: &mut OpenListener, away: &[bool]) -> bool {
+/// in proportion to `weights` (worker `j`'s shard of a per-worker group; 0: stalled,
+/// backlogged or out of the funnel; 1 where it says nothing): the one place the facts, a
+/// reload's surplus shards, stalls and the funnel, meet. Returns whether the group's program
+/// now follows `weights` (false where the kernel refused it, and for a listener without
+/// `reuseport`, which has no program).
+pub fn steer(l: &mut OpenListener, weights: &[u32]) -> bool {
     if !l.reuseport {
         return false;
     }
-    let away = if l.per_worker { away } else { &[] };
-    let live = crate::steer::live_shards(l.active, away);
-    let want = (live.len() < l.fds.len()).then_some(live);
+    let weights = if l.per_worker { weights } else { &[] };
+    let live = crate::steer::live_shards(l.active, weights);
+    // No program where it would choose every socket of the group once, as the kernel does.
+    let plain = live.len() == l.fds.len() && live.iter().enumerate().all(|(k, &v)| v as usize == k);
+    let want = (!plain).then_some(live);
     if want == l.program {
         return true;
     }

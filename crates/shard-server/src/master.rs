@@ -123,8 +123,10 @@ struct Master {
     next_steer_ms: u64,
     /// What a backlogged (busy, not stalled) worker gets (`steer::Backlog`).
     backlog: steer::Backlog,
-    /// `steer::funnel` is used (`SHARD_STEER_FUNNEL`), and whether it is on now.
+    /// `steer::Funnel` is used (`SHARD_STEER_FUNNEL`); its state, and whether the last tick
+    /// had it on (for the log).
     funnel_enabled: bool,
+    funnel: steer::Funnel,
     funnel_on: bool,
 }
 
@@ -474,6 +476,7 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         next_steer_ms: 0,
         backlog: steer::Backlog::from_env(),
         funnel_enabled: steer::funnel_from_env(),
+        funnel: steer::Funnel::default(),
         funnel_on: false,
     };
     // `ps` tells the master from its workers, as nginx's titles do. The arguments were copied
@@ -1044,6 +1047,7 @@ impl Master {
             return;
         }
         self.judges.clear();
+        self.funnel = steer::Funnel::default();
         self.funnel_on = false;
         let mut changed = false;
         for j in 0..MAX_WORKERS {
@@ -1074,8 +1078,13 @@ impl Master {
         // Provisional; a quiet server is looked at less often (below).
         self.next_steer_ms = now + steer::tick_ms(thr);
         let n = self.n_workers.min(MAX_WORKERS);
+        let mut changed = false;
         if self.judges.len() != n {
             self.judges = (0..n).map(|_| steer::Judge::new(now, thr)).collect();
+            // Fewer workers than before (a reload): no bit of a former one stays set.
+            for j in n..MAX_WORKERS {
+                changed |= steer::publish(&self.region, j, false, false, false, false);
+            }
         }
         let mut queued = vec![0u32; n];
         for l in self
@@ -1122,10 +1131,26 @@ impl Master {
             }
         }
         let stalled: Vec<bool> = self.judges.iter().map(steer::Judge::stalled).collect();
+        // The funnel only where every per-worker group's program is in force: without one,
+        // new connections still land on every shard, and each group would poll them all.
+        let programs_work = self
+            .listeners
+            .iter()
+            .filter(|l| l.reuseport && l.per_worker)
+            .all(|l| !l.steer_refused);
+        let targets = if self.funnel_enabled && programs_work {
+            self.funnel.tick(&queued, &stalled)
+        } else {
+            self.funnel = steer::Funnel::default();
+            Vec::new()
+        };
+        let funnel_on = !targets.is_empty();
+        let is_target = |j: usize| targets.iter().any(|t| t.0 == j);
         let mut backlogged = vec![false; n];
         if self.backlog != steer::Backlog::Off {
             let live: Vec<usize> = (0..n).filter(|&k| !stalled[k]).collect();
-            let mean = (live.len() >= 2).then(|| {
+            // Under the funnel its targets hold every queue: none counts as backlogged.
+            let mean = (live.len() >= 2 && !funnel_on).then(|| {
                 live.iter().map(|&k| f64::from(queued[k])).sum::<f64>() / live.len() as f64
             });
             for j in 0..n {
@@ -1133,28 +1158,25 @@ impl Master {
             }
         }
         let steer_backlog = self.backlog == steer::Backlog::Steer;
-        let targets = if self.funnel_enabled {
-            steer::funnel(self.funnel_on, &queued, &stalled)
-        } else {
-            Vec::new()
-        };
-        let funnel_on = !targets.is_empty();
-        // Under the funnel a stalled target still takes new connections: its group polls it.
-        let away: Vec<bool> = (0..n)
+        // Each shard's share of new connections. Under the funnel a target takes its group's
+        // live workers' shares, stalled or not (its group polls it).
+        let weights: Vec<u32> = (0..n)
             .map(|j| {
                 if funnel_on {
-                    !targets.contains(&j)
+                    targets.iter().find(|t| t.0 == j).map_or(0, |t| t.1)
                 } else {
-                    stalled[j] || (steer_backlog && backlogged[j])
+                    u32::from(!(stalled[j] || (steer_backlog && backlogged[j])))
                 }
             })
             .collect();
+        let away: Vec<bool> = weights.iter().map(|&w| w == 0).collect();
         let mut followed = true;
         for l in &mut self.listeners {
-            followed &= listen::steer(l, &away);
+            // A listener without `reuseport` has no program to follow.
+            let ok = listen::steer(l, &weights);
+            followed &= ok || !l.reuseport;
         }
         let all_away = away.iter().all(|&a| a);
-        let mut changed = false;
         for j in 0..n {
             changed |= steer::publish(
                 &self.region,
@@ -1162,7 +1184,7 @@ impl Master {
                 stalled[j],
                 stalled[j] || (backlogged[j] && !steer_backlog),
                 away[j] && followed && !all_away,
-                funnel_on && (targets.contains(&j) || queued[j] > 0),
+                funnel_on && (is_target(j) || queued[j] > 0),
             );
         }
         if changed {
@@ -1172,12 +1194,24 @@ impl Master {
         // Said once the programs and the bits say it.
         if funnel_on != self.funnel_on {
             self.funnel_on = funnel_on;
+            let live = (0..n).filter(|&k| !stalled[k]).count();
             if funnel_on {
+                let ws: Vec<usize> = targets.iter().map(|t| t.0).collect();
                 crate::log!(
                     Info,
                     "every worker has {} or more connections queued: new connections go to \
-                     the shards of workers {targets:?}, which their groups serve as one queue",
+                     the shards of workers {ws:?}, which their groups serve as one queue",
                     steer::FUNNEL_ENTER_QUEUE
+                );
+            } else if live < 2 {
+                crate::log!(
+                    Info,
+                    "one queue per group ends: fewer than two workers are live"
+                );
+            } else if !programs_work {
+                crate::log!(
+                    Info,
+                    "one queue per group ends: the kernel refused the steering program"
                 );
             } else {
                 crate::log!(

@@ -23,11 +23,12 @@
 //! (the server is saturated), each group of `FUNNEL_GROUP` workers takes new connections on
 //! one shard only, its first worker's, which the whole group polls (`STEER_FUNNEL`), and the
 //! group also drains the other shards' queues; a stalled target stays the target, since the
-//! group polls it. Per-worker queues, however balanced, each serve their own oldest
+//! group polls it. Groups are consecutive workers, sizes at most one apart, and each target
+//! takes new connections in proportion to its group's live workers. Per-worker queues, however balanced, each serve their own oldest
 //! connection first, so a worker that falls behind for a few milliseconds leaves its queue's
 //! connections older than its siblings'; one queue per group serves the group's oldest first,
 //! as a shared socket does (E3, docs/bench.md). The funnel ends once its shards hold fewer
-//! than `FUNNEL_LEAVE_QUEUE` each; a group of eight, the ratio Intel measured, bounds how many
+//! than `FUNNEL_LEAVE_QUEUE` each on average (or fewer than two workers are live); a group of eight, the ratio Intel measured, bounds how many
 //! workers contend for one queue's lock.
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -74,34 +75,71 @@ pub(crate) fn funnel_from_env() -> bool {
     std::env::var("SHARD_STEER_FUNNEL").as_deref() != Ok("off")
 }
 
-/// The workers whose shards take every new connection under the funnel (see the module's
-/// documentation), from whether it is on now, each worker's queue and which are stalled;
-/// empty when it is off. One per group of [`FUNNEL_GROUP`] workers with a live worker in it:
-/// the group's first, stalled or not, since the group's workers poll it (a target that moved
-/// with every stall would send new connections to a different shard each time a worker of an
-/// oversubscribed machine waits for a CPU beyond the threshold).
-pub(crate) fn funnel(on: bool, queued: &[u32], stalled: &[bool]) -> Vec<usize> {
-    let n = queued.len();
-    let live = |k: usize| !stalled.get(k).copied().unwrap_or(false);
-    if (0..n).filter(|&k| live(k)).count() < 2 {
-        return Vec::new();
-    }
-    let targets: Vec<usize> = (0..n)
-        .step_by(FUNNEL_GROUP)
-        .filter(|&g| (g..n.min(g + FUNNEL_GROUP)).any(live))
-        .collect();
-    let stays = on && {
-        let held: u32 = targets.iter().map(|&f| queued[f]).sum();
-        held >= FUNNEL_LEAVE_QUEUE * targets.len() as u32
-    };
-    let starts = !on
-        && (0..n)
+/// The funnel group of worker `k` of `n`: `n.div_ceil(FUNNEL_GROUP)` groups of consecutive
+/// workers, their sizes at most one apart (9 workers: 5 and 4, not 8 and 1).
+pub(crate) fn funnel_group(k: usize, n: usize) -> usize {
+    let groups = n.div_ceil(FUNNEL_GROUP).max(1);
+    k * groups / n.max(1)
+}
+
+/// The funnel's state between ticks (see the module's documentation).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Funnel {
+    on: bool,
+    /// The last tick found every live worker with a queue: one more such tick starts it (a
+    /// burst that one tick sees is not saturation).
+    armed: bool,
+}
+
+impl Funnel {
+    /// Takes one tick's queues and stalls; returns the shards that take every new connection,
+    /// each with its weight in the program (its group's live workers), or nothing when the
+    /// funnel is off. One per group with a live worker: the group's first worker's, stalled or
+    /// not, since the group polls it (a target that moved with every stall would send new
+    /// connections to a different shard each time a worker of an oversubscribed machine waits
+    /// for a CPU beyond the threshold).
+    pub(crate) fn tick(&mut self, queued: &[u32], stalled: &[bool]) -> Vec<(usize, u32)> {
+        let n = queued.len();
+        let live = |k: usize| !stalled.get(k).copied().unwrap_or(false);
+        if (0..n).filter(|&k| live(k)).count() < 2 {
+            *self = Funnel::default();
+            return Vec::new();
+        }
+        let mut targets: Vec<(usize, u32)> = Vec::new();
+        for k in 0..n {
+            let g = funnel_group(k, n);
+            if k == 0 || funnel_group(k - 1, n) != g {
+                targets.push((k, 0));
+            }
+            if live(k) {
+                if let Some(t) = targets.last_mut() {
+                    t.1 += 1;
+                }
+            }
+        }
+        targets.retain(|&(_, w)| w > 0);
+        if self.on {
+            let held: u32 = targets.iter().map(|&(f, _)| queued[f]).sum();
+            if held >= FUNNEL_LEAVE_QUEUE * targets.len() as u32 {
+                return targets;
+            }
+            *self = Funnel::default();
+            return Vec::new();
+        }
+        let full = (0..n)
             .filter(|&k| live(k))
             .all(|k| queued[k] >= FUNNEL_ENTER_QUEUE);
-    if stays || starts {
-        targets
-    } else {
+        if full && self.armed {
+            self.on = true;
+            return targets;
+        }
+        self.armed = full;
         Vec::new()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_on(&self) -> bool {
+        self.on
     }
 }
 
@@ -221,14 +259,18 @@ impl Judge {
     }
 }
 
-/// The group indices that take new connections: the first `active` shards less those of
-/// stalled workers (`away[j]`), or all `active` when every one of them is stalled (a server
-/// whose workers are all stuck is no worse than nginx; it must not refuse everything).
-pub(crate) fn live_shards(active: usize, away: &[bool]) -> Vec<u32> {
-    let live: Vec<u32> = (0..active)
-        .filter(|&j| !away.get(j).copied().unwrap_or(false))
-        .map(|j| j as u32)
-        .collect();
+/// The group indices that take new connections, as the steering program's list (an index
+/// repeated `w` times takes `w` shares): each of the first `active` shards `weights[j]` times
+/// (1 where `weights` says nothing; 0: stalled, backlogged, or out of the funnel), or each of
+/// them once when that leaves none (a server whose workers are all stuck is no worse than
+/// nginx; it must not refuse everything).
+pub(crate) fn live_shards(active: usize, weights: &[u32]) -> Vec<u32> {
+    let mut live = Vec::new();
+    for j in 0..active {
+        for _ in 0..weights.get(j).copied().unwrap_or(1) {
+            live.push(j as u32);
+        }
+    }
     if live.is_empty() {
         (0..active as u32).collect()
     } else {
@@ -363,44 +405,81 @@ mod tests {
 
     #[test]
     fn the_funnel_starts_when_every_live_worker_has_a_queue_and_ends_when_it_drained() {
+        /// `ticks` looks in a row at the same queues, from a fresh state.
+        fn after(ticks: usize, q: &[u32], st: &[bool]) -> (Funnel, Vec<(usize, u32)>) {
+            let mut f = Funnel::default();
+            let mut t = Vec::new();
+            for _ in 0..ticks {
+                t = f.tick(q, st);
+            }
+            (f, t)
+        }
         // Not while one live worker has room, nor with fewer than two live workers.
-        assert!(funnel(false, &[9, 3], &[false, false]).is_empty());
-        assert!(funnel(false, &[9, 9], &[false, true]).is_empty());
-        assert!(funnel(false, &[9], &[false]).is_empty());
-        // Every live one at FUNNEL_ENTER_QUEUE: the group's first shard; a stalled worker's
-        // queue does not count.
-        assert_eq!(funnel(false, &[4, 4], &[false, false]), vec![0]);
-        assert_eq!(funnel(false, &[0, 5, 6], &[true, false, false]), vec![0]);
-        // It stays while its shard holds FUNNEL_LEAVE_QUEUE, whatever the others hold.
-        assert_eq!(funnel(true, &[2, 0], &[false, false]), vec![0]);
-        assert!(funnel(true, &[1, 30], &[false, false]).is_empty());
-        // Its worker stalls: the target stays (the group polls it).
-        assert_eq!(funnel(true, &[50, 9, 9], &[true, false, false]), vec![0]);
-        // One shard per group of FUNNEL_GROUP workers, each the group's first; a group with
-        // no live worker has none.
-        let q = vec![5u32; 20];
+        assert!(after(3, &[9, 3], &[false, false]).1.is_empty());
+        assert!(after(3, &[9, 9], &[false, true]).1.is_empty());
+        assert!(after(3, &[9], &[false]).1.is_empty());
+        // Every live one at FUNNEL_ENTER_QUEUE on two looks in a row, not one: the group's
+        // first shard, weighted by the group's live workers; a stalled worker's queue does not
+        // count.
+        assert!(after(1, &[4, 4], &[false, false]).1.is_empty());
+        let mut f = Funnel::default();
+        f.tick(&[4, 4], &[false, false]);
+        assert!(f.tick(&[4, 0], &[false, false]).is_empty(), "a burst");
+        assert!(f.tick(&[4, 4], &[false, false]).is_empty());
+        assert_eq!(f.tick(&[4, 4], &[false, false]), vec![(0, 2)]);
+        assert!(f.is_on());
+        assert_eq!(after(2, &[0, 5, 6], &[true, false, false]).1, vec![(0, 2)]);
+        // It stays while its shard holds FUNNEL_LEAVE_QUEUE, whatever the others hold, and
+        // its worker may stall (the group polls it); below, it ends.
+        assert_eq!(f.tick(&[2, 0], &[false, false]), vec![(0, 2)]);
+        assert_eq!(f.tick(&[50, 9, 9], &[true, false, false]), vec![(0, 2)]);
+        assert!(f.tick(&[1, 30], &[false, false]).is_empty());
+        assert!(!f.is_on());
+        // Groups of at most FUNNEL_GROUP, their sizes at most one apart, each weighted by its
+        // live workers; a group with no live worker has no target.
+        assert_eq!(after(2, &[5; 9], &[false; 9]).1, vec![(0, 5), (5, 4)]);
         let mut st = vec![false; 20];
-        assert_eq!(funnel(false, &q, &st), vec![0, 8, 16]);
-        st[8] = true;
-        assert_eq!(funnel(false, &q, &st), vec![0, 8, 16]);
-        for s in &mut st[16..] {
+        assert_eq!(after(2, &[5; 20], &st).1, vec![(0, 7), (7, 7), (14, 6)]);
+        st[7] = true;
+        assert_eq!(after(2, &[5; 20], &st).1, vec![(0, 7), (7, 6), (14, 6)]);
+        for s in &mut st[14..] {
             *s = true;
         }
-        assert_eq!(funnel(false, &q, &st), vec![0, 8]);
+        let (mut f, t) = after(2, &[5; 20], &st);
+        assert_eq!(t, vec![(0, 7), (7, 6)]);
         // The funnel's shards together: 2 targets hold 4, so it stays; 3 would end it.
         let mut q = vec![0u32; 20];
         q[0] = 4;
-        assert_eq!(funnel(true, &q, &st), vec![0, 8]);
+        assert_eq!(f.tick(&q, &st).len(), 2);
         q[0] = 3;
-        assert!(funnel(true, &q, &st).is_empty());
+        assert!(f.tick(&q, &st).is_empty());
+    }
+
+    #[test]
+    fn funnel_groups_are_at_most_eight_and_even() {
+        for n in 1..=64usize {
+            let mut sizes = vec![0usize; n.div_ceil(FUNNEL_GROUP)];
+            let mut last = 0;
+            for k in 0..n {
+                let g = funnel_group(k, n);
+                assert!(g >= last, "consecutive");
+                last = g;
+                sizes[g] += 1;
+            }
+            let (min, max) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+            assert!(*max <= FUNNEL_GROUP && max - min <= 1, "{n}: {sizes:?}");
+        }
     }
 
     #[test]
     fn live_shards_never_empty() {
-        assert_eq!(live_shards(3, &[false, true, false]), vec![0, 2]);
-        assert_eq!(live_shards(2, &[true, true]), vec![0, 1]);
+        assert_eq!(live_shards(3, &[1, 0, 1]), vec![0, 2]);
+        assert_eq!(live_shards(2, &[0, 0]), vec![0, 1]);
         assert_eq!(live_shards(2, &[]), vec![0, 1]);
         // A shard beyond `active` (drained after a reload) is never live.
-        assert_eq!(live_shards(2, &[false, false, false]), vec![0, 1]);
+        assert_eq!(live_shards(2, &[1, 1, 1]), vec![0, 1]);
+        // Weights repeat an index: the funnel's targets by their groups' sizes.
+        assert_eq!(live_shards(9, &[5, 0, 0, 0, 0, 4, 0, 0, 0]).len(), 9);
+        assert_eq!(live_shards(3, &[2, 0, 1]), vec![0, 0, 2]);
     }
 }

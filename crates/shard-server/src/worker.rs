@@ -115,6 +115,10 @@ struct AccessLogFile {
 
 pub(crate) struct Worker<'a> {
     idx: usize,
+    /// Loop turns so far: what happened in the same turn happened microseconds apart.
+    turn: u64,
+    /// Workers of this generation (`worker_processes`), for the funnel's groups.
+    n_workers: usize,
     pid: u64,
     cfg: &'a Config,
     listeners_open: &'a [OpenListener],
@@ -356,6 +360,8 @@ impl<'a> Worker<'a> {
         slot.heartbeat_ms.store(now_ms, Relaxed);
         let mut w = Worker {
             idx: a.idx,
+            turn: 0,
+            n_workers: a.n_workers,
             pid,
             cfg: a.cfg,
             listeners_open: a.listeners,
@@ -436,6 +442,7 @@ impl<'a> Worker<'a> {
     }
 
     fn update_time(&mut self) {
+        self.turn += 1;
         self.now_ms = shard_event::monotonic_ms();
         let secs = shard_event::unix_secs();
         if secs != self.now_secs {

@@ -63,16 +63,19 @@ impl Worker<'_> {
                 continue;
             };
             let bits = self.region.steer_bits(j);
-            let orphaned = bits & STEER_HELP != 0
-                || (bits & STEER_FUNNEL != 0
-                    && j / crate::steer::FUNNEL_GROUP == self.idx / crate::steer::FUNNEL_GROUP)
-                || !self.region.serving(j, self.now_ms, ORPHANED_AFTER_MS);
+            let not_serving =
+                bits & STEER_HELP != 0 || !self.region.serving(j, self.now_ms, ORPHANED_AFTER_MS);
+            let n = self.n_workers;
+            let funnel = bits & STEER_FUNNEL != 0
+                && crate::steer::funnel_group(j, n) == crate::steer::funnel_group(self.idx, n);
+            let orphaned = not_serving || funnel;
             let l = &mut self.listeners[i];
             if orphaned == l.enabled {
                 continue;
             }
             l.enabled = orphaned;
-            if orphaned {
+            // The funnel's polling is routine under load (the master logs it once).
+            if orphaned && not_serving {
                 crate::log!(
                     Info,
                     "worker {} is not serving: worker {} polls its shard of {}",
@@ -80,6 +83,8 @@ impl Worker<'_> {
                     self.idx,
                     self.cfg.listeners[l.conf_idx].addr
                 );
+            }
+            if orphaned {
                 if self.accept_paused_until.is_none() {
                     self.poll_listener(i);
                 }

@@ -63,8 +63,8 @@ struct FileBody {
     sendfile: bool,
     /// Sent from the file's mapping, with the head in the same `writev`.
     mapped: bool,
-    /// The worker's clock when the file's size was last checked by a `stat`.
-    size_checked_ms: u64,
+    /// The worker's loop turn when the file's size was last checked by a `stat`.
+    size_checked_turn: u64,
 }
 
 pub(super) struct Conn {
@@ -507,6 +507,7 @@ impl Worker<'_> {
     /// connection takes its next turn after the worker's other connections).
     pub(super) fn flush(&mut self, key: usize) -> Flush {
         let now_ms = self.now_ms;
+        let turn = self.turn;
         let c = &mut self.conns[key];
         let mut chunks = 0;
         loop {
@@ -529,9 +530,9 @@ impl Worker<'_> {
                 // from the mapping only when a `stat` in this loop turn says the file still
                 // holds it (an `open_file_cache` entry's size may be old; a large file's
                 // response may span turns); else the `pread` way, whose short read fails it.
-                if want == f.remaining && f.size_checked_ms != now_ms {
+                if want == f.remaining && f.size_checked_turn != turn {
                     match shard_event::fs::fstat(f.fd.as_raw_fd()) {
-                        Ok(st) if st.size >= f.offset + f.remaining => f.size_checked_ms = now_ms,
+                        Ok(st) if st.size >= f.offset + f.remaining => f.size_checked_turn = turn,
                         _ => {
                             f.mapped = false;
                             continue;
@@ -1985,14 +1986,14 @@ impl Worker<'_> {
                 return;
             }
         }
-        let size_checked_ms = fd.size_checked_ms();
+        let size_checked_turn = fd.size_checked_turn();
         c.file = Some(FileBody {
             fd,
             offset,
             remaining: len,
             sendfile,
             mapped,
-            size_checked_ms,
+            size_checked_turn,
         });
     }
 }
