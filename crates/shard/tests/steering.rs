@@ -303,8 +303,15 @@ fn a_backlogged_worker_gets_no_new_connection_before_it_counts_as_stalled() {
             c
         })
         .collect();
+    // A status request the kernel hashes to the stopped worker's shard before the master's
+    // next look (up to 50 ms while every worker seemed idle) waits there: give up on it
+    // quickly and ask again.
     wait_for(Duration::from_secs(5), "worker 1 steered away", || {
-        let st = try_get(addr, "/status").ok()?.body_str();
+        let mut c = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()?;
+        c.set_read_timeout(Some(Duration::from_millis(300))).ok()?;
+        c.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let st = read_response(&mut c, false).ok()?.body_str();
         st.contains("\"steered_away\":true").then_some(())
     });
     // One client at a time: the live worker's queue stays near empty, so the stopped one's
