@@ -123,11 +123,9 @@ struct Master {
     next_steer_ms: u64,
     /// What a backlogged (busy, not stalled) worker gets (`steer::Backlog`).
     backlog: steer::Backlog,
-    /// `steer::Funnel` is used (`SHARD_STEER_FUNNEL`); its state, and whether the last tick
-    /// had it on (for the log).
+    /// `steer::Funnel` is used (`SHARD_STEER_FUNNEL`), and its state.
     funnel_enabled: bool,
     funnel: steer::Funnel,
-    funnel_on: bool,
 }
 
 fn tcp_nodelay(cfg: &Config) -> bool {
@@ -477,7 +475,6 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         backlog: steer::Backlog::from_env(),
         funnel_enabled: steer::funnel_from_env(),
         funnel: steer::Funnel::default(),
-        funnel_on: false,
     };
     // `ps` tells the master from its workers, as nginx's titles do. The arguments were copied
     // (for a binary upgrade) above; the title overwrites the originals.
@@ -1048,7 +1045,6 @@ impl Master {
         }
         self.judges.clear();
         self.funnel = steer::Funnel::default();
-        self.funnel_on = false;
         let mut changed = false;
         for j in 0..MAX_WORKERS {
             changed |= steer::publish(&self.region, j, false, false, false, false);
@@ -1138,6 +1134,7 @@ impl Master {
             .iter()
             .filter(|l| l.reuseport && l.per_worker)
             .all(|l| !l.steer_refused);
+        let was_on = self.funnel.is_on();
         let targets = if self.funnel_enabled && programs_work {
             self.funnel.tick(&queued, &stalled)
         } else {
@@ -1145,7 +1142,6 @@ impl Master {
             Vec::new()
         };
         let funnel_on = !targets.is_empty();
-        let is_target = |j: usize| targets.iter().any(|t| t.0 == j);
         let mut backlogged = vec![false; n];
         if self.backlog != steer::Backlog::Off {
             let live: Vec<usize> = (0..n).filter(|&k| !stalled[k]).collect();
@@ -1184,7 +1180,7 @@ impl Master {
                 stalled[j],
                 stalled[j] || (backlogged[j] && !steer_backlog),
                 away[j] && followed && !all_away,
-                funnel_on && (is_target(j) || queued[j] > 0),
+                funnel_on && (weights[j] > 0 || queued[j] > 0),
             );
         }
         if changed {
@@ -1192,8 +1188,7 @@ impl Master {
             self.signal_workers(libc::SIGURG, Some(self.generation));
         }
         // Said once the programs and the bits say it.
-        if funnel_on != self.funnel_on {
-            self.funnel_on = funnel_on;
+        if funnel_on != was_on {
             let live = (0..n).filter(|&k| !stalled[k]).count();
             if funnel_on {
                 let ws: Vec<usize> = targets.iter().map(|t| t.0).collect();

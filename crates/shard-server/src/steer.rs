@@ -137,7 +137,6 @@ impl Funnel {
         Vec::new()
     }
 
-    #[cfg(test)]
     pub(crate) fn is_on(&self) -> bool {
         self.on
     }

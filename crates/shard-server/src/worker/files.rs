@@ -239,20 +239,24 @@ impl FileCache {
     }
 
     fn evict_least_recent(&mut self) {
-        if let Some(k) = self
-            .map
-            .iter()
-            .min_by_key(|(_, e)| e.used_ms)
-            .map(|(k, _)| k.clone())
-        {
-            self.map.remove(&k);
-        }
+        remove_least_recent(&mut self.map, |e| e.used_ms);
     }
 
     /// Drops the entries not used for `inactive_ms` (their uses start again from zero).
     pub(super) fn expire(&mut self, now_ms: u64, inactive_ms: u64) {
         self.map
             .retain(|_, e| now_ms.saturating_sub(e.used_ms) < inactive_ms);
+    }
+}
+
+/// Removes the entry of `map` whose `used_ms` is the oldest (the caches' eviction).
+fn remove_least_recent<V>(map: &mut HashMap<PathBuf, V>, used_ms: impl Fn(&V) -> u64) {
+    if let Some(k) = map
+        .iter()
+        .min_by_key(|(_, v)| used_ms(v))
+        .map(|(k, _)| k.clone())
+    {
+        map.remove(&k);
     }
 }
 
@@ -331,14 +335,7 @@ impl Reuse {
         }
         fd.kept.set(true);
         if !self.map.contains_key(path) && self.map.len() >= REUSE_MAX {
-            if let Some(k) = self
-                .map
-                .iter()
-                .min_by_key(|(_, h)| h.used_ms)
-                .map(|(k, _)| k.clone())
-            {
-                self.map.remove(&k);
-            }
+            remove_least_recent(&mut self.map, |h| h.used_ms);
         }
         self.map.insert(
             path.to_path_buf(),
