@@ -115,7 +115,8 @@ struct AccessLogFile {
 
 pub(crate) struct Worker<'a> {
     idx: usize,
-    /// Loop turns so far: what happened in the same turn happened microseconds apart.
+    /// Loop turns so far (`epoll_wait` returns). A turn is not an instant: accepting a batch
+    /// serves each connection as it comes, so one turn may span several clients' round trips.
     turn: u64,
     /// Workers of this generation (`worker_processes`), for the funnel's groups.
     n_workers: usize,

@@ -358,10 +358,15 @@ fn short_or_whole(buf: &[u8], data: &[u8]) -> usize {
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let body = &buf[end..];
     assert!(body.len() <= data.len(), "{head}");
-    assert!(
-        body == &data[..body.len()],
-        "the body is the file's bytes, no padding"
-    );
+    if let Some(i) = (0..body.len()).find(|&i| body[i] != data[i]) {
+        panic!(
+            "the body is the file's bytes, no padding: {} bytes, byte {i} is {:?}, not {:?} \
+             ({head})",
+            body.len(),
+            &body[i..body.len().min(i + 16)],
+            &data[i..body.len().min(i + 16)]
+        );
+    }
     body.len()
 }
 

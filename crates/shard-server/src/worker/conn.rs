@@ -63,8 +63,9 @@ struct FileBody {
     sendfile: bool,
     /// Sent from the file's mapping, with the head in the same `writev`.
     mapped: bool,
-    /// The worker's loop turn when the file's size was last checked by a `stat`.
-    size_checked_turn: u64,
+    /// The loop turn in which a `stat` made for this request gave the size the response
+    /// uses; `None` once part of the body left from the mapping (see `flush`).
+    size_checked_turn: Option<u64>,
 }
 
 pub(super) struct Conn {
@@ -510,6 +511,7 @@ impl Worker<'_> {
         let turn = self.turn;
         let c = &mut self.conns[key];
         let mut chunks = 0;
+        let mut size_checked = false;
         loop {
             // A mapped file: what is left of the output buffer and the next part of the file
             // in one `writev`. A short count is a full socket or a file that shrank under
@@ -526,13 +528,16 @@ impl Worker<'_> {
                 }
                 let want = f.remaining.min(MAPPED_WRITE_BYTES);
                 // The end of a file that shrank is not always a fault: the rest of the page
-                // that holds its new end reads as zeros. So the response's last chunk goes
-                // from the mapping only when a `stat` in this loop turn says the file still
-                // holds it (an `open_file_cache` entry's size may be old; a large file's
-                // response may span turns); else the `pread` way, whose short read fails it.
-                if want == f.remaining && f.size_checked_turn != turn {
+                // that holds its new end reads as zeros, and any chunk may cover that page.
+                // So each call sends from the mapping only after a `stat` said the file
+                // still holds all the response owes: the request's own, made in this loop
+                // turn before any of the body left, or an `fstat` now (an `open_file_cache`
+                // entry's size may be old; a loop turn may serve several requests in a row;
+                // a large file's response spans turns). Else the `pread` way, whose short
+                // read fails it. The window left is a truncation within one call.
+                if !size_checked && f.size_checked_turn != Some(turn) {
                     match shard_event::fs::fstat(f.fd.as_raw_fd()) {
-                        Ok(st) if st.size >= f.offset + f.remaining => f.size_checked_turn = turn,
+                        Ok(st) if st.size >= f.offset + f.remaining => size_checked = true,
                         _ => {
                             f.mapped = false;
                             continue;
@@ -550,6 +555,7 @@ impl Worker<'_> {
                 ) {
                     Ok(0) => return Flush::Failed,
                     Ok(n) => {
+                        f.size_checked_turn = None;
                         let h = n.min(head.len());
                         let b = (n - h) as u64;
                         c.out_pos += h;
@@ -1986,7 +1992,7 @@ impl Worker<'_> {
                 return;
             }
         }
-        let size_checked_turn = fd.size_checked_turn();
+        let size_checked_turn = (fd.size_checked_for() == self.request_seq).then_some(self.turn);
         c.file = Some(FileBody {
             fd,
             offset,

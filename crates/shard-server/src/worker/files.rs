@@ -56,9 +56,10 @@ pub(super) struct OpenFile {
     /// asked for once is not (`mmap`, faults and `munmap` cost more than one `pread`).
     reused: Cell<bool>,
     map: OnceCell<Option<Mapping>>,
-    /// The worker's loop turn in which a `stat` last gave its size: a response sent from the
-    /// mapping in the same turn needs no other look at it (see `conn.rs`'s `flush`).
-    size_checked_turn: Cell<u64>,
+    /// The request (the worker's `request_seq`) for which a `stat` last gave its size: that
+    /// request's response, sent from the mapping at once, needs no other look at it (see
+    /// `conn.rs`'s `flush`).
+    size_checked_for: Cell<u64>,
 }
 
 pub(super) type FileRef = Rc<OpenFile>;
@@ -95,17 +96,17 @@ impl OpenFile {
             kept: Cell::new(false),
             reused: Cell::new(false),
             map: OnceCell::new(),
-            size_checked_turn: Cell::new(0),
+            size_checked_for: Cell::new(0),
         })
     }
 
-    /// A `stat` of the path or the descriptor gave the size the response uses, in loop `turn`.
-    pub(super) fn size_checked(&self, turn: u64) {
-        self.size_checked_turn.set(turn);
+    /// A `stat` of the path or the descriptor gave the size that `request`'s response uses.
+    pub(super) fn size_checked(&self, request: u64) {
+        self.size_checked_for.set(request);
     }
 
-    pub(super) fn size_checked_turn(&self) -> u64 {
-        self.size_checked_turn.get()
+    pub(super) fn size_checked_for(&self) -> u64 {
+        self.size_checked_for.get()
     }
 
     /// The mapping of the file's first `size` bytes (its size when first asked), when the file

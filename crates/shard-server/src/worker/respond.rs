@@ -451,7 +451,7 @@ fn open_cached(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
     WorkerSlot::bump(&w.slot.file_cache_misses, 1);
     let opened = open_file(path, loc);
     if let Opened::File(fd, _) = &opened {
-        fd.size_checked(w.turn);
+        fd.size_checked(w.request_seq);
     }
     let before = cache.0.len();
     cache.0.put(path, &opened, now, ofc);
@@ -474,7 +474,7 @@ fn open_reused(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
             .and_then(|c| shard_event::fs::stat_path(&c).ok())
     };
     if let Some((fd, st)) = w.reuse.get(path, now, stat) {
-        fd.size_checked(w.turn);
+        fd.size_checked(w.request_seq);
         return Opened::File(fd, file_meta(&st));
     }
     let (mut opened, mut id) = open_file_id(path, loc);
@@ -483,7 +483,7 @@ fn open_reused(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
         (opened, id) = open_file_id(path, loc);
     }
     if let (Opened::File(fd, meta), Ok(id)) = (&opened, id) {
-        fd.size_checked(w.turn);
+        fd.size_checked(w.request_seq);
         if meta.is_file {
             w.reuse.put(path, fd, id, now);
         }
