@@ -59,44 +59,118 @@ fn civil(unix_secs: u64) -> Civil {
     }
 }
 
+/// A short ASCII string kept inline, never allocated: a `Last-Modified` date or an entity
+/// tag, made once per static response. Longer input is cut at [`InlineStr::CAP`] bytes (no
+/// caller writes that much: a date is at most 37 bytes, an entity tag 35).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct InlineStr {
+    len: u8,
+    buf: [u8; InlineStr::CAP],
+}
+
+impl InlineStr {
+    pub const CAP: usize = 40;
+
+    pub const fn new() -> InlineStr {
+        InlineStr {
+            len: 0,
+            buf: [0; InlineStr::CAP],
+        }
+    }
+
+    /// Appends ASCII bytes (anything else is written as `?`, so the text stays UTF-8).
+    pub fn push_bytes(&mut self, b: &[u8]) {
+        for &c in b {
+            let at = self.len as usize;
+            if at == Self::CAP {
+                return;
+            }
+            self.buf[at] = if c.is_ascii() { c } else { b'?' };
+            self.len += 1;
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        let b = &self.buf[..self.len as usize];
+        debug_assert!(b.is_ascii());
+        // SAFETY: `push_bytes`, the only writer, stores ASCII bytes only, which are UTF-8
+        // (checking it again cost as much as writing the date).
+        unsafe { std::str::from_utf8_unchecked(b) }
+    }
+}
+
+impl From<&str> for InlineStr {
+    fn from(s: &str) -> InlineStr {
+        let mut b = InlineStr::new();
+        b.push_bytes(s.as_bytes());
+        b
+    }
+}
+
+impl Default for InlineStr {
+    fn default() -> Self {
+        InlineStr::new()
+    }
+}
+
+impl std::ops::Deref for InlineStr {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::fmt::Debug for InlineStr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for InlineStr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The IMF-fixdate of `unix_secs`, as sent in `Date` and `Last-Modified`:
 /// `Sun, 06 Nov 1994 08:49:37 GMT`.
 pub fn http_date(unix_secs: u64) -> String {
-    let c = civil(unix_secs);
-    // Written byte by byte: `format!` costs about ten times as much, once per static response
-    // (`Last-Modified`).
-    let mut b = Vec::with_capacity(29);
-    b.extend_from_slice(WEEKDAYS[c.weekday].as_bytes());
-    b.extend_from_slice(b", ");
-    two_digits(&mut b, c.day);
-    b.push(b' ');
-    b.extend_from_slice(MONTHS[c.month - 1].as_bytes());
-    b.push(b' ');
-    four_digits(&mut b, c.year);
-    b.push(b' ');
-    two_digits(&mut b, c.hour);
-    b.push(b':');
-    two_digits(&mut b, c.min);
-    b.push(b':');
-    two_digits(&mut b, c.sec);
-    b.extend_from_slice(b" GMT");
-    // Only ASCII was written.
-    String::from_utf8(b).unwrap_or_default()
+    http_date_inline(unix_secs).as_str().to_string()
 }
 
-fn two_digits(b: &mut Vec<u8>, v: u32) {
-    b.push(b'0' + (v / 10 % 10) as u8);
-    b.push(b'0' + (v % 10) as u8);
+/// [`http_date`] without an allocation (`Last-Modified`, once per static response).
+pub fn http_date_inline(unix_secs: u64) -> InlineStr {
+    let c = civil(unix_secs);
+    let mut b = InlineStr::new();
+    b.push_bytes(WEEKDAYS[c.weekday].as_bytes());
+    b.push_bytes(b", ");
+    two_digits(&mut b, c.day);
+    b.push_bytes(b" ");
+    b.push_bytes(MONTHS[c.month - 1].as_bytes());
+    b.push_bytes(b" ");
+    four_digits(&mut b, c.year);
+    b.push_bytes(b" ");
+    two_digits(&mut b, c.hour);
+    b.push_bytes(b":");
+    two_digits(&mut b, c.min);
+    b.push_bytes(b":");
+    two_digits(&mut b, c.sec);
+    b.push_bytes(b" GMT");
+    b
+}
+
+fn two_digits(b: &mut InlineStr, v: u32) {
+    b.push_bytes(&[b'0' + (v / 10 % 10) as u8, b'0' + (v % 10) as u8]);
 }
 
 /// Years 0..=9999 as four digits (nginx's `%4d`); beyond that, every digit.
-fn four_digits(b: &mut Vec<u8>, y: i64) {
+fn four_digits(b: &mut InlineStr, y: i64) {
     if (0..=9999).contains(&y) {
         let y = y as u32;
         two_digits(b, y / 100);
         two_digits(b, y % 100);
     } else {
-        b.extend_from_slice(y.to_string().as_bytes());
+        b.push_bytes(y.to_string().as_bytes());
     }
 }
 

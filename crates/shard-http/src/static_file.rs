@@ -28,8 +28,8 @@ pub struct FileMeta {
 /// Headers a file response carries beyond the common ones.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StaticHeaders {
-    pub last_modified: Option<String>,
-    pub etag: Option<String>,
+    pub last_modified: Option<crate::InlineStr>,
+    pub etag: Option<crate::InlineStr>,
     pub content_range: Option<String>,
 }
 
@@ -118,13 +118,18 @@ pub fn index_candidates(loc: &LocationConf, dir: &Path) -> std::vec::IntoIter<Pa
 
 /// nginx's ETag: `"<mtime hex>-<size hex>"`.
 pub fn etag(meta: &FileMeta) -> String {
-    // nginx's `"%xT-%xO"`, written without `format!` (once per static response).
-    let mut e = String::with_capacity(24);
-    e.push('"');
+    etag_inline(meta).as_str().to_string()
+}
+
+/// [`etag`] without an allocation (once per static response).
+pub fn etag_inline(meta: &FileMeta) -> crate::InlineStr {
+    // nginx's `"%xT-%xO"`.
+    let mut e = crate::InlineStr::new();
+    e.push_bytes(b"\"");
     push_hex(&mut e, meta.mtime_secs.max(0) as u64);
-    e.push('-');
+    e.push_bytes(b"-");
     push_hex(&mut e, meta.size);
-    e.push('"');
+    e.push_bytes(b"\"");
     e
 }
 
@@ -286,8 +291,8 @@ pub fn plan(req: &Request, meta: &FileMeta) -> Plan {
     if !meta.is_file {
         return Plan::Reply(error_simple(404));
     }
-    let etag = etag(meta);
-    let last_modified = crate::http_date(meta.mtime_secs.max(0) as u64);
+    let etag = etag_inline(meta);
+    let last_modified = crate::http_date_inline(meta.mtime_secs.max(0) as u64);
     if not_modified(req, meta, &etag) {
         return Plan::Send {
             status: 304,
@@ -616,7 +621,7 @@ mod tests {
 }
 
 /// Lower-case hexadecimal of `v`, without leading zeros ("0" for zero).
-fn push_hex(s: &mut String, v: u64) {
+fn push_hex(s: &mut crate::InlineStr, v: u64) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut buf = [0u8; 16];
     let mut i = buf.len();
@@ -629,9 +634,7 @@ fn push_hex(s: &mut String, v: u64) {
             break;
         }
     }
-    for &c in &buf[i..] {
-        s.push(c as char);
-    }
+    s.push_bytes(&buf[i..]);
 }
 
 #[cfg(test)]

@@ -25,7 +25,8 @@
 use std::cell::{Cell, OnceCell};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::path::{Path, PathBuf};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::rc::Rc;
 
 use shard_config::OpenFileCache;
@@ -174,7 +175,7 @@ struct Entry {
 /// One location's cache.
 pub(super) struct FileCache {
     max: usize,
-    map: HashMap<PathBuf, Entry>,
+    map: HashMap<Box<[u8]>, Entry>,
 }
 
 impl FileCache {
@@ -192,7 +193,7 @@ impl FileCache {
     /// A fresh entry's result, or `None`: not cached, too old, or not used often enough yet
     /// (the caller opens the path and calls [`FileCache::put`]).
     pub(super) fn get(&mut self, path: &Path, now_ms: u64, conf: &OpenFileCache) -> Option<Opened> {
-        let e = self.map.get_mut(path)?;
+        let e = self.map.get_mut(key(path))?;
         if now_ms.saturating_sub(e.opened_ms) >= conf.valid_ms {
             return None;
         }
@@ -212,7 +213,11 @@ impl FileCache {
     /// Records what opening `path` gave: a descriptor once the path was used
     /// `min_uses` times, an error with `errors on`; otherwise only the use is counted.
     pub(super) fn put(&mut self, path: &Path, opened: &Opened, now_ms: u64, conf: &OpenFileCache) {
-        let uses = self.map.get(path).map_or(0, |e| e.uses).saturating_add(1);
+        let uses = self
+            .map
+            .get(key(path))
+            .map_or(0, |e| e.uses)
+            .saturating_add(1);
         let state = match opened {
             Opened::File(fd, meta) if uses >= conf.min_uses => {
                 fd.kept.set(true);
@@ -222,14 +227,14 @@ impl FileCache {
             err if conf.errors => State::Error(err.clone()),
             _ => State::Counted,
         };
-        if !self.map.contains_key(path) && self.map.len() >= self.max {
+        if !self.map.contains_key(key(path)) && self.map.len() >= self.max {
             self.evict_least_recent();
         }
         if self.max == 0 {
             return;
         }
         self.map.insert(
-            path.to_path_buf(),
+            key(path).into(),
             Entry {
                 state,
                 uses,
@@ -250,8 +255,15 @@ impl FileCache {
     }
 }
 
+/// The file maps' key: a path's bytes. `Path`'s own hash walks its components, several times
+/// the cost of hashing the bytes (once per static request); the paths come from
+/// `static_file::map_path`, so two spellings of one path do not occur.
+fn key(path: &Path) -> &[u8] {
+    path.as_os_str().as_bytes()
+}
+
 /// Removes the entry of `map` whose `used_ms` is the oldest (the caches' eviction).
-fn remove_least_recent<V>(map: &mut HashMap<PathBuf, V>, used_ms: impl Fn(&V) -> u64) {
+fn remove_least_recent<V>(map: &mut HashMap<Box<[u8]>, V>, used_ms: impl Fn(&V) -> u64) {
     if let Some(k) = map
         .iter()
         .min_by_key(|(_, v)| used_ms(v))
@@ -284,7 +296,7 @@ const LOCAL_FILE_SYSTEMS: [i64; 12] = [
 /// `open_file_cache` (see the module's documentation), keyed by path.
 #[derive(Default)]
 pub(super) struct Reuse {
-    map: HashMap<PathBuf, Kept>,
+    map: HashMap<Box<[u8]>, Kept>,
     /// Per device: whether its file system is one of [`LOCAL_FILE_SYSTEMS`].
     local: HashMap<u64, bool>,
 }
@@ -299,7 +311,7 @@ impl Reuse {
     /// Whether a descriptor of `path` is held.
     #[cfg(test)]
     fn holds(&self, path: &Path) -> bool {
-        self.map.contains_key(path)
+        self.map.contains_key(key(path))
     }
 
     /// The held descriptor of `path` with what `stat` (called only when one is held) says of
@@ -311,7 +323,7 @@ impl Reuse {
         now_ms: u64,
         stat: impl FnOnce() -> Option<Stat>,
     ) -> Option<(FileRef, Stat)> {
-        let held = self.map.get_mut(path)?;
+        let held = self.map.get_mut(key(path))?;
         match stat() {
             Some(st) if st.id == held.id => {
                 held.used_ms = now_ms;
@@ -319,7 +331,7 @@ impl Reuse {
                 Some((held.fd.clone(), st))
             }
             _ => {
-                self.map.remove(path);
+                self.map.remove(key(path));
                 None
             }
         }
@@ -335,11 +347,11 @@ impl Reuse {
             return;
         }
         fd.kept.set(true);
-        if !self.map.contains_key(path) && self.map.len() >= REUSE_MAX {
+        if !self.map.contains_key(key(path)) && self.map.len() >= REUSE_MAX {
             remove_least_recent(&mut self.map, |h| h.used_ms);
         }
         self.map.insert(
-            path.to_path_buf(),
+            key(path).into(),
             Kept {
                 fd: fd.clone(),
                 id,
@@ -512,7 +524,7 @@ mod tests {
     fn reuse_holds_at_most_its_max_and_closes_what_is_unused() {
         let mut r = reuse();
         for i in 0..REUSE_MAX as u64 + 10 {
-            r.put(&PathBuf::from(format!("/f{i}")), &fd(), id(i), i);
+            r.put(&std::path::PathBuf::from(format!("/f{i}")), &fd(), id(i), i);
         }
         assert_eq!(r.len(), REUSE_MAX);
         assert!(!r.holds(Path::new("/f0")), "the least recent went first");
