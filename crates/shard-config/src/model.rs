@@ -7,6 +7,10 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+/// `types`: extension (lowercase, no dot) to MIME type, looked up once per static response
+/// (hence foldhash, keyed per process, not SipHash).
+pub type MimeTypes = std::collections::HashMap<String, String, foldhash::fast::RandomState>;
+
 /// Where a directive was written: shown in errors as `file:line`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Place {
@@ -350,7 +354,7 @@ pub struct LocationConf {
     /// Default `text/plain`.
     pub default_type: String,
     /// Extension (lowercase, no dot) to MIME type. Default: the bundled `mime.types`.
-    pub types: std::sync::Arc<std::collections::HashMap<String, String>>,
+    pub types: std::sync::Arc<MimeTypes>,
     /// Default 75 s; 0 disables keep-alive.
     pub keepalive_timeout_ms: u64,
     /// Default 1000.

@@ -76,10 +76,21 @@ impl Default for Limits {
 /// Whether nginx calls a header name valid: letters, digits and `-`, and `_` when
 /// `underscores_in_headers` is on.
 pub fn header_name_valid(name: &[u8], underscores: bool) -> bool {
-    !name.is_empty()
-        && name
-            .iter()
-            .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && underscores))
+    // One table look per byte (every header line of every request passes here).
+    const fn table(underscores: bool) -> [bool; 256] {
+        let mut t = [false; 256];
+        let mut c = 0;
+        while c < 256 {
+            let b = c as u8;
+            t[c] = b.is_ascii_alphanumeric() || b == b'-' || (b == b'_' && underscores);
+            c += 1;
+        }
+        t
+    }
+    static PLAIN: [bool; 256] = table(false);
+    static UNDERSCORES: [bool; 256] = table(true);
+    let t = if underscores { &UNDERSCORES } else { &PLAIN };
+    !name.is_empty() && name.iter().all(|&c| t[c as usize])
 }
 
 /// Whether a client header line is passed on (to an upstream): not when its name is invalid

@@ -202,12 +202,11 @@ pub fn named_location<'a>(server: &'a ServerConf, name: &str) -> Option<&'a Loca
 pub(crate) mod tests {
     use super::*;
     use shard_config::{ListenOpts, Place};
-    use std::collections::HashMap;
     use std::path::PathBuf;
     use std::sync::Arc;
 
     pub(crate) fn loc(kind: LocationKind, path: &str) -> LocationConf {
-        let mut types = HashMap::new();
+        let mut types = shard_config::MimeTypes::default();
         types.insert("html".to_string(), "text/html".to_string());
         types.insert("css".to_string(), "text/css".to_string());
         LocationConf {

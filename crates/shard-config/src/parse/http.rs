@@ -112,7 +112,7 @@ pub(super) struct Settings {
     pub(super) root_vars: Option<Option<Vec<Part>>>,
     pub(super) index: Option<Vec<String>>,
     pub(super) default_type: Option<String>,
-    pub(super) types: Option<Arc<HashMap<String, String>>>,
+    pub(super) types: Option<Arc<crate::model::MimeTypes>>,
     pub(super) keepalive_timeout_ms: Option<u64>,
     pub(super) keepalive_requests: Option<u64>,
     pub(super) client_max_body_size: Option<u64>,
@@ -354,7 +354,7 @@ pub(super) struct Eff {
     pub(super) root_vars: Option<Vec<Part>>,
     pub(super) index: Vec<String>,
     pub(super) default_type: String,
-    pub(super) types: Arc<HashMap<String, String>>,
+    pub(super) types: Arc<crate::model::MimeTypes>,
     pub(super) keepalive_timeout_ms: u64,
     pub(super) keepalive_requests: u64,
     pub(super) client_max_body_size: u64,
@@ -1232,9 +1232,9 @@ pub(super) fn set_default_type(_: &Env, s: &mut Settings, d: &Directive, file: &
 }
 
 pub(super) fn set_types(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let mut map: HashMap<String, String> = match s.types.take() {
+    let mut map: crate::model::MimeTypes = match s.types.take() {
         Some(m) => Arc::try_unwrap(m).unwrap_or_else(|m| (*m).clone()),
-        None => HashMap::new(),
+        None => crate::model::MimeTypes::default(),
     };
     env.walk(block(d), file, Ctx::Types, &mut Target::Types(&mut map))?;
     s.types = Some(Arc::new(map));
@@ -2265,10 +2265,10 @@ pub(super) fn set_proxy_buffers(_: &Env, s: &mut Settings, d: &Directive, file: 
 }
 
 /// The bundled `mime.types` as a map, parsed once.
-pub(crate) fn bundled_types() -> Arc<HashMap<String, String>> {
-    static MAP: OnceLock<Arc<HashMap<String, String>>> = OnceLock::new();
+pub(crate) fn bundled_types() -> Arc<crate::model::MimeTypes> {
+    static MAP: OnceLock<Arc<crate::model::MimeTypes>> = OnceLock::new();
     MAP.get_or_init(|| {
-        let mut map = HashMap::new();
+        let mut map = crate::model::MimeTypes::default();
         for item in parse_tree(MIME_TYPES, "mime.types") {
             if let Item::Dir(t) = item {
                 for entry in t.block.unwrap_or_default() {

@@ -1007,7 +1007,7 @@ pub(super) enum Target<'t> {
     /// The instructions of an `if` block.
     If(&'t mut Vec<Instr>),
     /// `types { MIME EXT ...; }`: every line is a mapping, not a directive.
-    Types(&'t mut HashMap<String, String>),
+    Types(&'t mut crate::model::MimeTypes),
 }
 
 /// A `server` of `http` being read: its state, and the http block's listeners it adds to.
