@@ -771,3 +771,56 @@ fn tls_smoke_measures_handshakes_resumption_and_bulk_for_shard() {
         assert!(c[3].parse::<u64>().unwrap() > 0, "{row}");
     }
 }
+
+#[test]
+fn the_callgrind_script_counts_instructions_per_static_response() {
+    let have = |tool: &str| {
+        Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !have("valgrind") || !have("python3") {
+        println!(
+            "SKIPPED: bench/callgrind/static.sh: valgrind or python3 is not installed \
+             (apt-get install valgrind python3)"
+        );
+        return;
+    }
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let shard = std::path::Path::new(bench).with_file_name("shard");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/callgrind/static.sh");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // nginx is left out (a path that is not there): the script must say so.
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(&shard)
+        .arg("/nonexistent/nginx")
+        .env("PORT", port.to_string())
+        .env("LOW", "2")
+        .env("HIGH", "6")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for cache in ["on", "off"] {
+        let n: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("shard open_file_cache {cache}: ")))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{text}"));
+        // A debug build: many more than a release build's ~12k, but never none.
+        assert!(n > 1000, "{text}");
+    }
+    assert!(text.contains("SKIPPED nginx"), "{text}");
+}
