@@ -441,7 +441,6 @@ fn hex(b: u8) -> Option<u8> {
     }
 }
 
-/// Percent-decodes `raw` (which starts with `/`) and resolves `.`, `..` and empty segments.
 /// Whether `raw` is already what [`normalize_path`] makes of it: it starts with `/` and holds
 /// no escape, no NUL, no empty segment and no segment that starts with a dot.
 fn plain_path(raw: &[u8]) -> bool {
@@ -460,6 +459,7 @@ fn plain_path(raw: &[u8]) -> bool {
     true
 }
 
+/// Percent-decodes `raw` (which starts with `/`) and resolves `.`, `..` and empty segments.
 pub fn normalize_path(raw: &[u8]) -> Result<String, Reject> {
     // Most paths need nothing done: no escape, no empty, `.` or `..` segment (a segment that
     // starts with a dot takes the long way, whatever it is).
@@ -706,10 +706,12 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
     } else {
         &rest[..nl]
     };
-    check_partial_line(line)?;
     if nl >= line_max {
+        // What is already malformed in it is 400 before its length is 414.
+        check_partial_line(line)?;
         return Err(reject(414, "request line too long"));
     }
+    // `parse_line` refuses, with the same statuses, all that `check_partial_line` would.
     let rl = parse_line(line)?;
     let hdr_start = start + nl + 1;
 
@@ -930,6 +932,33 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_complete_request_line_needs_no_partial_check_first() {
+        // Every line of up to 6 bytes over an alphabet with each case of both checks.
+        let alphabet: &[u8] = b"G /1.\r\x01H";
+        let mut lines: Vec<Vec<u8>> = vec![vec![]];
+        for _ in 0..6 {
+            let mut next = Vec::new();
+            for l in &lines {
+                for &c in alphabet {
+                    let mut m = l.clone();
+                    m.push(c);
+                    let alone = parse_line(&m).err().map(|r| r.status);
+                    let both = check_partial_line(&m)
+                        .and_then(|_| parse_line(&m).map(|_| ()))
+                        .err()
+                        .map(|r| r.status);
+                    assert_eq!(alone, both, "{:?}", String::from_utf8_lossy(&m));
+                    next.push(m);
+                }
+            }
+            lines = next;
+        }
+        // A long method too (MAX_METHOD).
+        let long = [b"G".repeat(40), b" / HTTP/1.1".to_vec()].concat();
+        assert_eq!(parse_line(&long).err().map(|r| r.status), Some(400));
+    }
 
     #[test]
     fn the_plain_path_shortcut_agrees_with_the_long_way() {
