@@ -80,6 +80,12 @@ impl InlineStr {
 
     /// Appends ASCII bytes (anything else is written as `?`, so the text stays UTF-8).
     pub fn push_bytes(&mut self, b: &[u8]) {
+        let at = self.len as usize;
+        if b.is_ascii() && b.len() <= Self::CAP - at {
+            self.buf[at..at + b.len()].copy_from_slice(b);
+            self.len += b.len() as u8;
+            return;
+        }
         for &c in b {
             let at = self.len as usize;
             if at == Self::CAP {
@@ -141,6 +147,31 @@ pub fn http_date(unix_secs: u64) -> String {
 /// [`http_date`] without an allocation (`Last-Modified`, once per static response).
 pub fn http_date_inline(unix_secs: u64) -> InlineStr {
     let c = civil(unix_secs);
+    if !(0..=9999).contains(&c.year) {
+        return http_date_long(&c);
+    }
+    // Each field written in place: pushing field by field cost five times as much.
+    let mut d = *b"Thu, 01 Jan 1970 00:00:00 GMT";
+    let two = |d: &mut [u8; 29], at: usize, v: u32| {
+        d[at] = b'0' + (v / 10 % 10) as u8;
+        d[at + 1] = b'0' + (v % 10) as u8;
+    };
+    d[..3].copy_from_slice(WEEKDAYS[c.weekday].as_bytes());
+    two(&mut d, 5, c.day);
+    d[8..11].copy_from_slice(MONTHS[c.month - 1].as_bytes());
+    let y = c.year as u32;
+    two(&mut d, 12, y / 100);
+    two(&mut d, 14, y % 100);
+    two(&mut d, 17, c.hour);
+    two(&mut d, 20, c.min);
+    two(&mut d, 23, c.sec);
+    let mut b = InlineStr::new();
+    b.push_bytes(&d);
+    b
+}
+
+/// A date whose year has more than four digits (nginx's `%4d` prints them all).
+fn http_date_long(c: &Civil) -> InlineStr {
     let mut b = InlineStr::new();
     b.push_bytes(WEEKDAYS[c.weekday].as_bytes());
     b.push_bytes(b", ");
@@ -148,7 +179,7 @@ pub fn http_date_inline(unix_secs: u64) -> InlineStr {
     b.push_bytes(b" ");
     b.push_bytes(MONTHS[c.month - 1].as_bytes());
     b.push_bytes(b" ");
-    four_digits(&mut b, c.year);
+    b.push_bytes(c.year.to_string().as_bytes());
     b.push_bytes(b" ");
     two_digits(&mut b, c.hour);
     b.push_bytes(b":");
@@ -161,17 +192,6 @@ pub fn http_date_inline(unix_secs: u64) -> InlineStr {
 
 fn two_digits(b: &mut InlineStr, v: u32) {
     b.push_bytes(&[b'0' + (v / 10 % 10) as u8, b'0' + (v % 10) as u8]);
-}
-
-/// Years 0..=9999 as four digits (nginx's `%4d`); beyond that, every digit.
-fn four_digits(b: &mut InlineStr, y: i64) {
-    if (0..=9999).contains(&y) {
-        let y = y as u32;
-        two_digits(b, y / 100);
-        two_digits(b, y % 100);
-    } else {
-        b.push_bytes(y.to_string().as_bytes());
-    }
 }
 
 /// nginx's `$time_local` for `unix_secs`, always in UTC: `06/Nov/1994:08:49:37 +0000`.
