@@ -23,7 +23,10 @@
 //! replaced, truncated, deleted or made unreadable is seen at once, as nginx sees it.
 
 use std::cell::{Cell, OnceCell};
-// Keyed per process as std's, a fraction of SipHash's cost per lookup (one per static request).
+// A fraction of SipHash's cost per lookup (one per static request), seeded per process. Not
+// as flood-proof as SipHash: clients choose the keys (missing paths too, with
+// `open_file_cache_errors on`), but every map here is bounded (`max`, `REUSE_MAX`), so the
+// worst a chosen set of colliding paths costs is a probe among that many.
 use foldhash::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
