@@ -1093,7 +1093,9 @@ impl Master {
             }
         }
         let mut quiet = true;
+        let mut dead = vec![false; n];
         for (j, w) in self.region.current().enumerate().take(n) {
+            dead[j] = w.pid.load(Relaxed) == 0;
             let o = steer::Observation {
                 alive: w.pid.load(Relaxed) != 0,
                 heartbeat_ms: w.heartbeat_ms.load(Relaxed),
@@ -1136,7 +1138,7 @@ impl Master {
             .all(|l| !l.steer_refused);
         let was_on = self.funnel.is_on();
         let targets = if self.funnel_enabled && programs_work {
-            self.funnel.tick(&queued, &stalled)
+            self.funnel.tick(&queued, &stalled, &dead)
         } else {
             self.funnel = steer::Funnel::default();
             Vec::new()
@@ -1189,7 +1191,7 @@ impl Master {
         }
         // Said once the programs and the bits say it.
         if funnel_on != was_on {
-            let live = (0..n).filter(|&k| !stalled[k]).count();
+            let running = dead.iter().filter(|&&d| !d).count();
             if funnel_on {
                 let ws: Vec<usize> = targets.iter().map(|t| t.0).collect();
                 crate::log!(
@@ -1198,10 +1200,10 @@ impl Master {
                      the shards of workers {ws:?}, which their groups serve as one queue",
                     steer::FUNNEL_ENTER_QUEUE
                 );
-            } else if live < 2 {
+            } else if running < 2 {
                 crate::log!(
                     Info,
-                    "one queue per group ends: fewer than two workers are live"
+                    "one queue per group ends: fewer than two workers are running"
                 );
             } else if !programs_work {
                 crate::log!(

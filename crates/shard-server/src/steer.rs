@@ -19,7 +19,8 @@
 //! siblings' help: it is working) until its queue is back at the mean. ARCHITECTURE.md says
 //! why steering rather than stealing.
 //!
-//! The funnel: while every live worker has at least `FUNNEL_ENTER_QUEUE` connections queued
+//! The funnel: while every running worker (or every live one) has at least
+//! `FUNNEL_ENTER_QUEUE` connections queued
 //! (the server is saturated), each group of `FUNNEL_GROUP` workers takes new connections on
 //! one shard only, its first worker's, which the whole group polls (`STEER_FUNNEL`), and the
 //! group also drains the other shards' queues; a stalled target stays the target, since the
@@ -28,8 +29,10 @@
 //! connection first, so a worker that falls behind for a few milliseconds leaves its queue's
 //! connections older than its siblings'; one queue per group serves the group's oldest first,
 //! as a shared socket does (E3, docs/bench.md). The funnel ends once its shards hold fewer
-//! than `FUNNEL_LEAVE_QUEUE` each on average (or fewer than two workers are live); a group of eight, the ratio Intel measured, bounds how many
-//! workers contend for one queue's lock.
+//! than `FUNNEL_LEAVE_QUEUE` each on average (or fewer than two workers are running); a
+//! group of eight, the ratio Intel measured, bounds how many workers contend for one queue's
+//! lock. Stalls neither start nor end it: a saturated server's workers stall too, each loop
+//! turn serving many connections ([`Funnel::tick`]).
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -92,26 +95,42 @@ pub(crate) struct Funnel {
 }
 
 impl Funnel {
-    /// Takes one tick's queues and stalls; returns the shards that take every new connection,
-    /// each with its weight in the program (its group's live workers), or nothing when the
-    /// funnel is off. One per group with a live worker: the group's first worker's, stalled or
-    /// not, since the group polls it (a target that moved with every stall would send new
-    /// connections to a different shard each time a worker of an oversubscribed machine waits
-    /// for a CPU beyond the threshold).
-    pub(crate) fn tick(&mut self, queued: &[u32], stalled: &[bool]) -> Vec<(usize, u32)> {
+    /// Takes one tick's queues, stalls and dead workers; returns the shards that take every
+    /// new connection, each with its weight in the program (its group's live workers), or
+    /// nothing when the funnel is off. One per group with a live worker: the group's first
+    /// worker's, stalled or not, since the group polls it (a target that moved with every
+    /// stall would send new connections to a different shard each time a worker of an
+    /// oversubscribed machine waits for a CPU beyond the threshold).
+    ///
+    /// A saturated server's workers stall too: with CPU-heavy requests one loop turn serves
+    /// many connections and lasts longer than the threshold (E3 on 4 workers: every worker
+    /// judged stalled every few ticks). So stalls neither start nor end the funnel: it starts
+    /// when every running worker's queue is full (or every live one's), it ends on drained
+    /// queues or fewer than two running workers, and while every running worker is stalled
+    /// the groups keep their targets, weighted by their running workers.
+    pub(crate) fn tick(
+        &mut self,
+        queued: &[u32],
+        stalled: &[bool],
+        dead: &[bool],
+    ) -> Vec<(usize, u32)> {
         let n = queued.len();
-        let live = |k: usize| !stalled.get(k).copied().unwrap_or(false);
-        if (0..n).filter(|&k| live(k)).count() < 2 {
+        let running = |k: usize| !dead.get(k).copied().unwrap_or(false);
+        let live = |k: usize| running(k) && !stalled.get(k).copied().unwrap_or(false);
+        if (0..n).filter(|&k| running(k)).count() < 2 {
             *self = Funnel::default();
             return Vec::new();
         }
+        // Weighted by live workers; by running ones while none is live (nobody serves
+        // anything this instant, and the busy groups will serve their targets).
+        let any_live = (0..n).any(live);
         let mut targets: Vec<(usize, u32)> = Vec::new();
         for k in 0..n {
             let g = funnel_group(k, n);
             if k == 0 || funnel_group(k - 1, n) != g {
                 targets.push((k, 0));
             }
-            if live(k) {
+            if live(k) || (!any_live && running(k)) {
                 if let Some(t) = targets.last_mut() {
                     t.1 += 1;
                 }
@@ -126,9 +145,17 @@ impl Funnel {
             *self = Funnel::default();
             return Vec::new();
         }
-        let full = (0..n)
-            .filter(|&k| live(k))
-            .all(|k| queued[k] >= FUNNEL_ENTER_QUEUE);
+        let full_where = |keep: &dyn Fn(usize) -> bool| {
+            let mut any = false;
+            for k in (0..n).filter(|&k| keep(k)) {
+                if queued[k] < FUNNEL_ENTER_QUEUE {
+                    return false;
+                }
+                any = true;
+            }
+            any
+        };
+        let full = full_where(&running) || full_where(&live);
         if full && self.armed {
             self.on = true;
             return targets;
@@ -409,30 +436,36 @@ mod tests {
             let mut f = Funnel::default();
             let mut t = Vec::new();
             for _ in 0..ticks {
-                t = f.tick(q, st);
+                t = f.tick(q, st, &[]);
             }
             (f, t)
         }
-        // Not while one live worker has room, nor with fewer than two live workers.
+        // Not while one live worker has room, nor with fewer than two running workers.
         assert!(after(3, &[9, 3], &[false, false]).1.is_empty());
-        assert!(after(3, &[9, 9], &[false, true]).1.is_empty());
         assert!(after(3, &[9], &[false]).1.is_empty());
+        let mut f = Funnel::default();
+        for _ in 0..3 {
+            assert!(f.tick(&[9, 9], &[false, true], &[false, true]).is_empty());
+        }
         // Every live one at FUNNEL_ENTER_QUEUE on two looks in a row, not one: the group's
         // first shard, weighted by the group's live workers; a stalled worker's queue does not
         // count.
         assert!(after(1, &[4, 4], &[false, false]).1.is_empty());
         let mut f = Funnel::default();
-        f.tick(&[4, 4], &[false, false]);
-        assert!(f.tick(&[4, 0], &[false, false]).is_empty(), "a burst");
-        assert!(f.tick(&[4, 4], &[false, false]).is_empty());
-        assert_eq!(f.tick(&[4, 4], &[false, false]), vec![(0, 2)]);
+        f.tick(&[4, 4], &[false, false], &[]);
+        assert!(f.tick(&[4, 0], &[false, false], &[]).is_empty(), "a burst");
+        assert!(f.tick(&[4, 4], &[false, false], &[]).is_empty());
+        assert_eq!(f.tick(&[4, 4], &[false, false], &[]), vec![(0, 2)]);
         assert!(f.is_on());
         assert_eq!(after(2, &[0, 5, 6], &[true, false, false]).1, vec![(0, 2)]);
         // It stays while its shard holds FUNNEL_LEAVE_QUEUE, whatever the others hold, and
         // its worker may stall (the group polls it); below, it ends.
-        assert_eq!(f.tick(&[2, 0], &[false, false]), vec![(0, 2)]);
-        assert_eq!(f.tick(&[50, 9, 9], &[true, false, false]), vec![(0, 2)]);
-        assert!(f.tick(&[1, 30], &[false, false]).is_empty());
+        assert_eq!(f.tick(&[2, 0], &[false, false], &[]), vec![(0, 2)]);
+        assert_eq!(
+            f.tick(&[50, 9, 9], &[true, false, false], &[]),
+            vec![(0, 2)]
+        );
+        assert!(f.tick(&[1, 30], &[false, false], &[]).is_empty());
         assert!(!f.is_on());
         // Groups of at most FUNNEL_GROUP, their sizes at most one apart, each weighted by its
         // live workers; a group with no live worker has no target.
@@ -449,9 +482,42 @@ mod tests {
         // The funnel's shards together: 2 targets hold 4, so it stays; 3 would end it.
         let mut q = vec![0u32; 20];
         q[0] = 4;
-        assert_eq!(f.tick(&q, &st).len(), 2);
+        assert_eq!(f.tick(&q, &st, &[]).len(), 2);
         q[0] = 3;
-        assert!(f.tick(&q, &st).is_empty());
+        assert!(f.tick(&q, &st, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_saturated_servers_stalls_neither_start_nor_end_the_funnel() {
+        // Every worker busy past the threshold (each loop turn serves many connections), all
+        // queues full: it starts, one target weighted by the running workers.
+        let mut f = Funnel::default();
+        assert!(f.tick(&[6, 5, 7, 4], &[true; 4], &[false; 4]).is_empty());
+        assert_eq!(f.tick(&[6, 5, 7, 4], &[true; 4], &[false; 4]), vec![(0, 4)]);
+        // Stalls come and go: the target stays, weighted by the live workers while any is.
+        assert_eq!(
+            f.tick(&[3, 0, 0, 9], &[false, true, false, true], &[false; 4]),
+            vec![(0, 2)]
+        );
+        assert_eq!(f.tick(&[2, 0, 0, 0], &[true; 4], &[false; 4]), vec![(0, 4)]);
+        // Two groups: one wholly stalled while the other has a live worker gets nothing.
+        let mut st = vec![true; 9];
+        st[6] = false;
+        let mut g = Funnel::default();
+        g.tick(&[5; 9], &st, &[false; 9]);
+        assert_eq!(g.tick(&[5; 9], &st, &[false; 9]), vec![(5, 1)]);
+        // Dead workers do not count: fewer than two running ends it.
+        let mut dead = vec![true; 4];
+        dead[0] = false;
+        assert!(f.tick(&[9; 4], &[false; 4], &dead).is_empty());
+        assert!(!f.is_on());
+        // A stopped worker whose siblings drain its queue does not keep it from starting.
+        let mut h = Funnel::default();
+        h.tick(&[0, 5, 6], &[true, false, false], &[false; 3]);
+        assert_eq!(
+            h.tick(&[0, 5, 6], &[true, false, false], &[false; 3]),
+            vec![(0, 2)]
+        );
     }
 
     #[test]
