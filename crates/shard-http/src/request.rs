@@ -933,28 +933,37 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
 mod tests {
     use super::*;
 
+    /// Calls `f` with every string of 1 to `max` bytes over `alphabet`; returns how many.
+    fn every_string(alphabet: &[u8], max: usize, mut f: impl FnMut(&[u8])) -> usize {
+        let mut strings: Vec<Vec<u8>> = vec![vec![]];
+        let mut n = 0;
+        for _ in 0..max {
+            let mut next = Vec::new();
+            for p in &strings {
+                for &c in alphabet {
+                    let mut q = p.clone();
+                    q.push(c);
+                    f(&q);
+                    n += 1;
+                    next.push(q);
+                }
+            }
+            strings = next;
+        }
+        n
+    }
+
     #[test]
     fn a_complete_request_line_needs_no_partial_check_first() {
         // Every line of up to 6 bytes over an alphabet with each case of both checks.
-        let alphabet: &[u8] = b"G /1.\r\x01H";
-        let mut lines: Vec<Vec<u8>> = vec![vec![]];
-        for _ in 0..6 {
-            let mut next = Vec::new();
-            for l in &lines {
-                for &c in alphabet {
-                    let mut m = l.clone();
-                    m.push(c);
-                    let alone = parse_line(&m).err().map(|r| r.status);
-                    let both = check_partial_line(&m)
-                        .and_then(|_| parse_line(&m).map(|_| ()))
-                        .err()
-                        .map(|r| r.status);
-                    assert_eq!(alone, both, "{:?}", String::from_utf8_lossy(&m));
-                    next.push(m);
-                }
-            }
-            lines = next;
-        }
+        every_string(b"G /1.\r\x01H", 6, |m| {
+            let alone = parse_line(m).err().map(|r| r.status);
+            let both = check_partial_line(m)
+                .and_then(|_| parse_line(m).map(|_| ()))
+                .err()
+                .map(|r| r.status);
+            assert_eq!(alone, both, "{:?}", String::from_utf8_lossy(m));
+        });
         // A long method too (MAX_METHOD).
         let long = [b"G".repeat(40), b" / HTTP/1.1".to_vec()].concat();
         assert_eq!(parse_line(&long).err().map(|r| r.status), Some(400));
@@ -963,24 +972,11 @@ mod tests {
     #[test]
     fn the_plain_path_shortcut_agrees_with_the_long_way() {
         // Every path of up to 6 bytes over an alphabet with each special case.
-        let alphabet: &[u8] = b"/.a%2e\0\xc3";
-        let mut paths: Vec<Vec<u8>> = vec![vec![]];
-        let mut checked = 0;
-        for _ in 0..6 {
-            let mut next = Vec::new();
-            for p in &paths {
-                for &c in alphabet {
-                    let mut q = p.clone();
-                    q.push(c);
-                    let fast = normalize_path(&q).map_err(|r| r.status);
-                    let long = normalize_path_long(&q).map_err(|r| r.status);
-                    assert_eq!(fast, long, "{:?}", String::from_utf8_lossy(&q));
-                    checked += 1;
-                    next.push(q);
-                }
-            }
-            paths = next;
-        }
+        let checked = every_string(b"/.a%2e\0\xc3", 6, |q| {
+            let fast = normalize_path(q).map_err(|r| r.status);
+            let long = normalize_path_long(q).map_err(|r| r.status);
+            assert_eq!(fast, long, "{:?}", String::from_utf8_lossy(q));
+        });
         assert_eq!(checked, 299_592, "8 + 8^2 + ... + 8^6 paths");
     }
 
