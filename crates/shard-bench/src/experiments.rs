@@ -653,6 +653,8 @@ fn e3(cx: &mut Ctx) -> Result<()> {
     }
     let shard = Kind::Shard(cx.shard.clone());
     let mut ratios = Vec::new();
+    // Requests/s of the same pairs: a lower spread bought with less throughput would show.
+    let mut rps_ratios = Vec::new();
     let mut lines = String::new();
     for i in 0..cx.args.e3_pairs {
         let order = if i % 2 == 0 {
@@ -661,6 +663,7 @@ fn e3(cx: &mut Ctx) -> Result<()> {
             [&REUSEPORT, &MUTEX_OFF]
         };
         let mut stdev = [0.0f64; 2];
+        let mut rps = [0.0f64; 2];
         for st in order {
             let run = Run {
                 exp: "e3",
@@ -671,8 +674,10 @@ fn e3(cx: &mut Ctx) -> Result<()> {
             };
             let m = cx.with_server(run, e3_file, |_, srv| Ok(measure(srv, &load, None)?.0))?;
             stdev[usize::from(st.name == REUSEPORT.name)] = m.stdev_ms;
+            rps[usize::from(st.name == REUSEPORT.name)] = m.rps;
         }
         let ratio = stdev[1] / stdev[0].max(1e-9);
+        rps_ratios.push(rps[1] / rps[0].max(1e-9));
         let _ = write!(
             lines,
             "{}{:.2}/{:.2}={:.2}",
@@ -686,9 +691,11 @@ fn e3(cx: &mut Ctx) -> Result<()> {
     cx.notes.push(format!(
         "E3 pairs ({workers} workers): latency stdev ms of shard reuseport with steering / shard \
          shared socket (`accept_mutex off`), fresh servers in alternating order: {lines}; \
-         median ratio {:.2} over {} pairs",
+         median ratio {:.2} over {} pairs; requests/s of the same pairs, steering / shared \
+         socket: median {:.2}",
         crate::median(ratios.clone()),
-        ratios.len()
+        ratios.len(),
+        crate::median(rps_ratios)
     ));
     Ok(())
 }

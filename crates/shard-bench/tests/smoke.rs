@@ -150,7 +150,9 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
     }
     // --e3-pairs: the pairs and their median ratio, as a note.
     assert!(
-        report.contains("E3 pairs (2 workers)") && report.contains("median ratio"),
+        report.contains("E3 pairs (2 workers)")
+            && report.contains("median ratio")
+            && report.contains("requests/s of the same pairs"),
         "{report}"
     );
     for strategy in [
