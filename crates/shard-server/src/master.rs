@@ -1093,7 +1093,8 @@ impl Master {
             }
         }
         let mut quiet = true;
-        let mut dead = vec![false; n];
+        // A slot the region does not list (no worker started there) counts as dead.
+        let mut dead = vec![true; n];
         for (j, w) in self.region.current().enumerate().take(n) {
             dead[j] = w.pid.load(Relaxed) == 0;
             let o = steer::Observation {
@@ -1137,8 +1138,12 @@ impl Master {
             .filter(|l| l.reuseport && l.per_worker)
             .all(|l| !l.steer_refused);
         let was_on = self.funnel.is_on();
+        // Out of the funnel: dead, or stalled too long to be merely busy.
+        let out: Vec<bool> = (0..n)
+            .map(|k| dead[k] || self.judges[k].stalled_for(now) >= steer::FUNNEL_OUT_MS)
+            .collect();
         let targets = if self.funnel_enabled && programs_work {
-            self.funnel.tick(&queued, &stalled, &dead)
+            self.funnel.tick(&queued, &stalled, &out)
         } else {
             self.funnel = steer::Funnel::default();
             Vec::new()
@@ -1191,7 +1196,7 @@ impl Master {
         }
         // Said once the programs and the bits say it.
         if funnel_on != was_on {
-            let running = dead.iter().filter(|&&d| !d).count();
+            let in_funnel = out.iter().filter(|&&o| !o).count();
             if funnel_on {
                 let ws: Vec<usize> = targets.iter().map(|t| t.0).collect();
                 crate::log!(
@@ -1200,10 +1205,12 @@ impl Master {
                      the shards of workers {ws:?}, which their groups serve as one queue",
                     steer::FUNNEL_ENTER_QUEUE
                 );
-            } else if running < 2 {
+            } else if in_funnel < 2 {
                 crate::log!(
                     Info,
-                    "one queue per group ends: fewer than two workers are running"
+                    "one queue per group ends: fewer than two workers are running and not \
+                     stalled for {} ms",
+                    steer::FUNNEL_OUT_MS
                 );
             } else if !programs_work {
                 crate::log!(

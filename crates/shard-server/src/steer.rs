@@ -19,7 +19,7 @@
 //! siblings' help: it is working) until its queue is back at the mean. ARCHITECTURE.md says
 //! why steering rather than stealing.
 //!
-//! The funnel: while every running worker (or every live one) has at least
+//! The funnel: while every worker in it (or every live one) has at least
 //! `FUNNEL_ENTER_QUEUE` connections queued
 //! (the server is saturated), each group of `FUNNEL_GROUP` workers takes new connections on
 //! one shard only, its first worker's, which the whole group polls (`STEER_FUNNEL`), and the
@@ -29,10 +29,11 @@
 //! connection first, so a worker that falls behind for a few milliseconds leaves its queue's
 //! connections older than its siblings'; one queue per group serves the group's oldest first,
 //! as a shared socket does (E3, docs/bench.md). The funnel ends once its shards hold fewer
-//! than `FUNNEL_LEAVE_QUEUE` each on average (or fewer than two workers are running); a
+//! than `FUNNEL_LEAVE_QUEUE` each on average (or fewer than two workers are in it); a
 //! group of eight, the ratio Intel measured, bounds how many workers contend for one queue's
-//! lock. Stalls neither start nor end it: a saturated server's workers stall too, each loop
-//! turn serving many connections ([`Funnel::tick`]).
+//! lock. Short stalls neither start, end nor reweigh it: a saturated server's workers stall
+//! too, each loop turn serving many connections; a worker stalled for `FUNNEL_OUT_MS` is out
+//! ([`Funnel::tick`]).
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -70,6 +71,9 @@ impl Backlog {
 pub(crate) const FUNNEL_ENTER_QUEUE: u32 = 4;
 /// The funnel's shards holding fewer than this many each: it ends.
 pub(crate) const FUNNEL_LEAVE_QUEUE: u32 = 2;
+/// A worker stalled this long is out of the funnel (stopped or blocked, not busy: a
+/// saturated server's loop turns were measured at up to 600 ms on an oversubscribed machine).
+pub(crate) const FUNNEL_OUT_MS: u64 = 1000;
 /// Workers per funnel shard.
 pub(crate) const FUNNEL_GROUP: usize = 8;
 
@@ -95,42 +99,41 @@ pub(crate) struct Funnel {
 }
 
 impl Funnel {
-    /// Takes one tick's queues, stalls and dead workers; returns the shards that take every
-    /// new connection, each with its weight in the program (its group's live workers), or
-    /// nothing when the funnel is off. One per group with a live worker: the group's first
-    /// worker's, stalled or not, since the group polls it (a target that moved with every
-    /// stall would send new connections to a different shard each time a worker of an
-    /// oversubscribed machine waits for a CPU beyond the threshold).
+    /// Takes one tick's queues, stalls and the workers that are out (dead, or stalled for
+    /// [`FUNNEL_OUT_MS`]); returns the shards that take every new connection, each with its
+    /// weight in the program (its group's workers that are not out), or nothing when the
+    /// funnel is off. One per group with such a worker: the group's first worker's, stalled or
+    /// not, since the group polls it (a target that moved with every stall would send new
+    /// connections to a different shard each time a worker of an oversubscribed machine waits
+    /// for a CPU beyond the threshold).
     ///
     /// A saturated server's workers stall too: with CPU-heavy requests one loop turn serves
     /// many connections and lasts longer than the threshold (E3 on 4 workers: every worker
-    /// judged stalled every few ticks). So stalls neither start nor end the funnel: it starts
-    /// when every running worker's queue is full (or every live one's), it ends on drained
-    /// queues or fewer than two running workers, and while every running worker is stalled
-    /// the groups keep their targets, weighted by their running workers.
+    /// judged stalled every few ticks, for up to 600 ms). So short stalls neither start, end
+    /// nor reweigh the funnel: it starts when every worker that is not out has its queue full
+    /// (or every live one), it ends on drained queues or when fewer than two workers are not
+    /// out. A worker stopped for good is out after [`FUNNEL_OUT_MS`]: its group's weight
+    /// drops, and it no longer keeps the funnel from starting (its siblings drain its queue).
     pub(crate) fn tick(
         &mut self,
         queued: &[u32],
         stalled: &[bool],
-        dead: &[bool],
+        out: &[bool],
     ) -> Vec<(usize, u32)> {
         let n = queued.len();
-        let running = |k: usize| !dead.get(k).copied().unwrap_or(false);
-        let live = |k: usize| running(k) && !stalled.get(k).copied().unwrap_or(false);
-        if (0..n).filter(|&k| running(k)).count() < 2 {
+        let counts = |k: usize| !out.get(k).copied().unwrap_or(false);
+        let live = |k: usize| counts(k) && !stalled.get(k).copied().unwrap_or(false);
+        if (0..n).filter(|&k| counts(k)).count() < 2 {
             *self = Funnel::default();
             return Vec::new();
         }
-        // Weighted by live workers; by running ones while none is live (nobody serves
-        // anything this instant, and the busy groups will serve their targets).
-        let any_live = (0..n).any(live);
         let mut targets: Vec<(usize, u32)> = Vec::new();
         for k in 0..n {
             let g = funnel_group(k, n);
             if k == 0 || funnel_group(k - 1, n) != g {
                 targets.push((k, 0));
             }
-            if live(k) || (!any_live && running(k)) {
+            if counts(k) {
                 if let Some(t) = targets.last_mut() {
                     t.1 += 1;
                 }
@@ -155,7 +158,7 @@ impl Funnel {
             }
             any
         };
-        let full = full_where(&running) || full_where(&live);
+        let full = full_where(&counts) || full_where(&live);
         if full && self.armed {
             self.on = true;
             return targets;
@@ -220,6 +223,12 @@ impl Judge {
 
     pub(crate) fn stalled(&self) -> bool {
         self.stalled_at.is_some()
+    }
+
+    /// How long it has been stalled at `now` (0 while live).
+    pub(crate) fn stalled_for(&self, now: u64) -> u64 {
+        self.stalled_at
+            .map_or(0, |(_, since)| now.saturating_sub(since))
     }
 
     /// Takes one tick's observation; returns the change of verdict, if any.
@@ -431,16 +440,17 @@ mod tests {
 
     #[test]
     fn the_funnel_starts_when_every_live_worker_has_a_queue_and_ends_when_it_drained() {
-        /// `ticks` looks in a row at the same queues, from a fresh state.
+        /// `ticks` looks in a row at the same queues, from a fresh state; the stalled workers
+        /// stalled for good (out of the funnel).
         fn after(ticks: usize, q: &[u32], st: &[bool]) -> (Funnel, Vec<(usize, u32)>) {
             let mut f = Funnel::default();
             let mut t = Vec::new();
             for _ in 0..ticks {
-                t = f.tick(q, st, &[]);
+                t = f.tick(q, st, st);
             }
             (f, t)
         }
-        // Not while one live worker has room, nor with fewer than two running workers.
+        // Not while one live worker has room, nor with fewer than two workers in it.
         assert!(after(3, &[9, 3], &[false, false]).1.is_empty());
         assert!(after(3, &[9], &[false]).1.is_empty());
         let mut f = Funnel::default();
@@ -448,7 +458,7 @@ mod tests {
             assert!(f.tick(&[9, 9], &[false, true], &[false, true]).is_empty());
         }
         // Every live one at FUNNEL_ENTER_QUEUE on two looks in a row, not one: the group's
-        // first shard, weighted by the group's live workers; a stalled worker's queue does not
+        // first shard, weighted by the group's workers in it; an out worker's queue does not
         // count.
         assert!(after(1, &[4, 4], &[false, false]).1.is_empty());
         let mut f = Funnel::default();
@@ -459,16 +469,19 @@ mod tests {
         assert!(f.is_on());
         assert_eq!(after(2, &[0, 5, 6], &[true, false, false]).1, vec![(0, 2)]);
         // It stays while its shard holds FUNNEL_LEAVE_QUEUE, whatever the others hold, and
-        // its worker may stall (the group polls it); below, it ends.
+        // its worker may stall (the group polls it; a short stall does not reweigh it, one
+        // for good does); below, it ends.
         assert_eq!(f.tick(&[2, 0], &[false, false], &[]), vec![(0, 2)]);
         assert_eq!(
             f.tick(&[50, 9, 9], &[true, false, false], &[]),
-            vec![(0, 2)]
+            vec![(0, 3)]
         );
+        let stopped = [true, false, false];
+        assert_eq!(f.tick(&[50, 9, 9], &stopped, &stopped), vec![(0, 2)]);
         assert!(f.tick(&[1, 30], &[false, false], &[]).is_empty());
         assert!(!f.is_on());
         // Groups of at most FUNNEL_GROUP, their sizes at most one apart, each weighted by its
-        // live workers; a group with no live worker has no target.
+        // workers in the funnel; a group with none has no target.
         assert_eq!(after(2, &[5; 9], &[false; 9]).1, vec![(0, 5), (5, 4)]);
         let mut st = vec![false; 20];
         assert_eq!(after(2, &[5; 20], &st).1, vec![(0, 7), (7, 7), (14, 6)]);
@@ -482,42 +495,51 @@ mod tests {
         // The funnel's shards together: 2 targets hold 4, so it stays; 3 would end it.
         let mut q = vec![0u32; 20];
         q[0] = 4;
-        assert_eq!(f.tick(&q, &st, &[]).len(), 2);
+        assert_eq!(f.tick(&q, &st, &st).len(), 2);
         q[0] = 3;
-        assert!(f.tick(&q, &st, &[]).is_empty());
+        assert!(f.tick(&q, &st, &st).is_empty());
     }
 
     #[test]
     fn a_saturated_servers_stalls_neither_start_nor_end_the_funnel() {
         // Every worker busy past the threshold (each loop turn serves many connections), all
-        // queues full: it starts, one target weighted by the running workers.
+        // queues full: it starts, one target weighted by the workers in it.
         let mut f = Funnel::default();
         assert!(f.tick(&[6, 5, 7, 4], &[true; 4], &[false; 4]).is_empty());
         assert_eq!(f.tick(&[6, 5, 7, 4], &[true; 4], &[false; 4]), vec![(0, 4)]);
-        // Stalls come and go: the target stays, weighted by the live workers while any is.
+        // Short stalls come and go: the target and its weight stay (the same program).
         assert_eq!(
             f.tick(&[3, 0, 0, 9], &[false, true, false, true], &[false; 4]),
-            vec![(0, 2)]
+            vec![(0, 4)]
         );
         assert_eq!(f.tick(&[2, 0, 0, 0], &[true; 4], &[false; 4]), vec![(0, 4)]);
-        // Two groups: one wholly stalled while the other has a live worker gets nothing.
-        let mut st = vec![true; 9];
-        st[6] = false;
+        // One live worker and one busy one, both queues full: it starts (it did not when
+        // only live workers counted).
         let mut g = Funnel::default();
-        g.tick(&[5; 9], &st, &[false; 9]);
-        assert_eq!(g.tick(&[5; 9], &st, &[false; 9]), vec![(5, 1)]);
-        // Dead workers do not count: fewer than two running ends it.
-        let mut dead = vec![true; 4];
-        dead[0] = false;
-        assert!(f.tick(&[9; 4], &[false; 4], &dead).is_empty());
+        g.tick(&[9, 9], &[false, true], &[false; 2]);
+        assert_eq!(g.tick(&[9, 9], &[false, true], &[false; 2]), vec![(0, 2)]);
+        // Out (dead, or stalled for FUNNEL_OUT_MS): not counted. Fewer than two in it ends
+        // it (all stopped for good: new connections spread over every backlog again).
+        assert!(f
+            .tick(&[9; 4], &[false; 4], &[false, true, true, true])
+            .is_empty());
         assert!(!f.is_on());
-        // A stopped worker whose siblings drain its queue does not keep it from starting.
+        // A worker out with an empty queue (its siblings drain it) does not keep it from
+        // starting, and its group's weight leaves it out.
         let mut h = Funnel::default();
-        h.tick(&[0, 5, 6], &[true, false, false], &[false; 3]);
+        h.tick(&[9, 9, 0], &[false; 3], &[false, false, true]);
         assert_eq!(
-            h.tick(&[0, 5, 6], &[true, false, false], &[false; 3]),
+            h.tick(&[9, 9, 0], &[false; 3], &[false, false, true]),
             vec![(0, 2)]
         );
+        // Two groups, one stopped for good while the other is busy: all to the busy one.
+        let mut out = vec![false; 16];
+        for o in &mut out[..8] {
+            *o = true;
+        }
+        let mut k = Funnel::default();
+        k.tick(&[5; 16], &[true; 16], &out);
+        assert_eq!(k.tick(&[5; 16], &[true; 16], &out), vec![(8, 8)]);
     }
 
     #[test]
