@@ -228,12 +228,8 @@ fn open_component(
     }
     let fd = open_at(dir.as_raw_fd(), &name, flags)?;
     // What was opened must be what was checked (the link may have changed meanwhile).
-    let mut st = MaybeUninit::<libc::stat>::zeroed();
-    // SAFETY: st is valid for writes.
-    cvt(unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) })?;
-    // SAFETY: fstat filled it.
-    let st = unsafe { st.assume_init() };
-    if st.st_ino != target.st_ino || st.st_dev != target.st_dev {
+    let id = fstat(fd.as_raw_fd())?.id;
+    if id.ino != target.st_ino || id.dev != target.st_dev {
         return Err(io::Error::from_raw_os_error(libc::ELOOP));
     }
     Ok(fd)
@@ -241,12 +237,8 @@ fn open_component(
 
 /// Stats an open descriptor, so the metadata describes exactly the file that was opened.
 fn finish_open(owned: OwnedFd) -> io::Result<(OwnedFd, Stat)> {
-    let mut st = MaybeUninit::<libc::stat>::zeroed();
-    // SAFETY: st is valid for writes.
-    cvt(unsafe { libc::fstat(owned.as_raw_fd(), st.as_mut_ptr()) })?;
-    // SAFETY: fstat filled it.
-    let st = unsafe { st.assume_init() };
-    Ok((owned, Stat::from_raw(&st)))
+    let st = fstat(owned.as_raw_fd())?;
+    Ok((owned, st))
 }
 
 /// A read-only shared mapping of a whole file, for the kernel to copy from ([`writev_mapped`]):

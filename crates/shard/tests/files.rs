@@ -129,12 +129,20 @@ fn the_cache_never_holds_more_than_max_entries() {
     assert_eq!(status_field(&s, "file_cache_entries"), 2);
 }
 
-/// The bytes of a response, its `Date` line blanked.
-fn wire(addr: std::net::SocketAddr, req: &[u8]) -> Vec<u8> {
+/// Everything the server sends for `req` on a new connection until it closes it (10 s at
+/// most per read).
+fn until_close(addr: std::net::SocketAddr, req: &[u8]) -> Vec<u8> {
     let mut c = connect(addr);
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     c.write_all(req).unwrap();
     let mut out = Vec::new();
-    c.read_to_end(&mut out).unwrap();
+    c.read_to_end(&mut out).expect("the connection closes");
+    out
+}
+
+/// The bytes of a response, its `Date` line blanked.
+fn wire(addr: std::net::SocketAddr, req: &[u8]) -> Vec<u8> {
+    let out = until_close(addr, req);
     let text = String::from_utf8_lossy(&out).into_owned();
     text.lines()
         .map(|l| {
@@ -427,12 +435,10 @@ fn a_file_truncated_while_sent_from_its_mapping_ends_that_response_only() {
         // A new request: the cache's entry (while valid) still says 4 MB, and the response
         // ends short after its head, as a short `pread` ends it; without the cache, or once
         // the entry is no longer valid, the file as it is now.
-        let mut c = connect(s.addr());
-        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        c.write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        let mut buf = Vec::new();
-        c.read_to_end(&mut buf).expect("the connection closes");
+        let buf = until_close(
+            s.addr(),
+            b"GET /big.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
         assert!(short_or_whole(&buf, &big) <= 1000);
         // The same worker serves the file as it now is (with the cache, once valid passed).
         let now = String::from_utf8(big[..1000].to_vec()).unwrap();
@@ -460,12 +466,10 @@ fn a_file_shrunk_in_place_is_never_padded_from_its_mapping() {
     let name = path.to_string_lossy().into_owned();
     assert!(mapped_files(pid).contains(&name), "{:?}", mapped_files(pid));
     std::fs::write(&path, &data[..2000]).unwrap();
-    let mut c = connect(s.addr());
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    c.write_all(b"GET /s.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut buf = Vec::new();
-    c.read_to_end(&mut buf).expect("the connection closes");
+    let buf = until_close(
+        s.addr(),
+        b"GET /s.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
     assert!(
         String::from_utf8_lossy(&buf).contains("Content-Length: 3000"),
         "the cached size"

@@ -137,9 +137,7 @@ impl OpenFile {
         }
         self.map.get_or_init(|| m).as_ref()
     }
-}
 
-impl OpenFile {
     /// The mapping [`OpenFile::mapping`] made, if any.
     pub(super) fn mapped(&self) -> Option<&Mapping> {
         self.map.get().and_then(Option::as_ref)
