@@ -114,6 +114,17 @@ const UNIQUE_HEADERS: [&str; 11] = [
     "if-range",
 ];
 
+/// Bit `n` set: some name in [`UNIQUE_HEADERS`] is `n` bytes long (all are under 32).
+const UNIQUE_HEADER_LENGTHS: u32 = {
+    let mut m = 0u32;
+    let mut i = 0;
+    while i < UNIQUE_HEADERS.len() {
+        m |= 1 << UNIQUE_HEADERS[i].len();
+        i += 1;
+    }
+    m
+};
+
 impl Limits {
     /// Longest single line (request line or header line, terminator included).
     fn line_max(&self) -> usize {
@@ -820,11 +831,15 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
             invalid_headers += 1;
             continue;
         }
-        // The lengths of `UNIQUE_HEADERS`' names: most other names are passed over at once.
-        if !matches!(name.len(), 4 | 6 | 8 | 13 | 14 | 17 | 19) {
-        } else if let Some(u) = UNIQUE_HEADERS
-            .iter()
-            .position(|u| name.eq_ignore_ascii_case(u.as_bytes()))
+        // A name of no unique header's length is passed over at once (most of them).
+        let maybe_unique = name.len() < 32 && UNIQUE_HEADER_LENGTHS & (1 << name.len()) != 0;
+        if let Some(u) = maybe_unique
+            .then(|| {
+                UNIQUE_HEADERS
+                    .iter()
+                    .position(|u| name.eq_ignore_ascii_case(u.as_bytes()))
+            })
+            .flatten()
         {
             if std::mem::replace(&mut seen_unique[u], true) {
                 return Err(reject(400, "duplicate header line"));

@@ -1098,7 +1098,7 @@ impl Master {
         for (j, w) in self.region.current().enumerate().take(n) {
             dead[j] = w.pid.load(Relaxed) == 0;
             let o = steer::Observation {
-                alive: w.pid.load(Relaxed) != 0,
+                alive: !dead[j],
                 heartbeat_ms: w.heartbeat_ms.load(Relaxed),
                 idle: w.idle.load(Relaxed) == 1,
                 queued: queued[j],
@@ -1161,8 +1161,8 @@ impl Master {
             }
         }
         let steer_backlog = self.backlog == steer::Backlog::Steer;
-        // Each shard's share of new connections. Under the funnel a target takes its group's
-        // live workers' shares, stalled or not (its group polls it).
+        // Each shard's share of new connections. Under the funnel a target takes the shares
+        // of its group's workers in the funnel, itself stalled or not (its group polls it).
         let weights: Vec<u32> = (0..n)
             .map(|j| {
                 if funnel_on {

@@ -234,9 +234,10 @@ pub const STEER_HELP: u64 = 2;
 /// `Region::steer` bit: the reuseport program sends this worker's shards no new connection
 /// (stalled, or backlogged: its queue is longer than the live workers' mean).
 pub const STEER_AWAY: u64 = 4;
-/// `Region::steer` bit: every live worker is backlogged, and this worker's shard takes new
-/// connections for its group of `steer::FUNNEL_GROUP` workers (or still holds some): the
-/// group's other workers poll it too, so the group serves one queue in order (`steer.rs`).
+/// `Region::steer` bit: the server is saturated (the funnel, `steer::Funnel`), and this
+/// worker's shard takes new connections for its group of `steer::FUNNEL_GROUP` workers (or
+/// still holds some): the group's other workers poll it too, so the group serves one queue
+/// in order (`steer.rs`).
 pub const STEER_FUNNEL: u64 = 8;
 
 impl Region {

@@ -20,14 +20,15 @@
 //! why steering rather than stealing.
 //!
 //! The funnel: while every worker in it (or every live one) has at least
-//! `FUNNEL_ENTER_QUEUE` connections queued
-//! (the server is saturated), each group of `FUNNEL_GROUP` workers takes new connections on
-//! one shard only, its first worker's, which the whole group polls (`STEER_FUNNEL`), and the
-//! group also drains the other shards' queues; a stalled target stays the target, since the
-//! group polls it. Groups are consecutive workers, sizes at most one apart, and each target
-//! takes new connections in proportion to its group's live workers. Per-worker queues, however balanced, each serve their own oldest
-//! connection first, so a worker that falls behind for a few milliseconds leaves its queue's
-//! connections older than its siblings'; one queue per group serves the group's oldest first,
+//! `FUNNEL_ENTER_QUEUE` connections queued (the server is saturated), each group of
+//! `FUNNEL_GROUP` workers takes new connections on one shard only, its first worker's, which
+//! the whole group polls (`STEER_FUNNEL`), and the group also drains the other shards'
+//! queues; a stalled target stays the target, since the group polls it. Groups are
+//! consecutive workers, sizes at most one apart, and each target takes new connections in
+//! proportion to its group's workers in the funnel. Per-worker queues, however balanced, each
+//! serve their own oldest connection first, so a worker that falls behind for a few
+//! milliseconds leaves its queue's connections older than its siblings'; one queue per group
+//! serves the group's oldest first,
 //! as a shared socket does (E3, docs/bench.md). The funnel ends once its shards hold fewer
 //! than `FUNNEL_LEAVE_QUEUE` each on average (or fewer than two workers are in it); a
 //! group of eight, the ratio Intel measured, bounds how many workers contend for one queue's
@@ -67,7 +68,8 @@ impl Backlog {
     }
 }
 
-/// Every live worker with at least this many connections queued: the funnel starts.
+/// Every worker in the funnel (or every live one) with at least this many connections
+/// queued, on two looks in a row: the funnel starts.
 pub(crate) const FUNNEL_ENTER_QUEUE: u32 = 4;
 /// The funnel's shards holding fewer than this many each: it ends.
 pub(crate) const FUNNEL_LEAVE_QUEUE: u32 = 2;
@@ -93,7 +95,7 @@ pub(crate) fn funnel_group(k: usize, n: usize) -> usize {
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Funnel {
     on: bool,
-    /// The last tick found every live worker with a queue: one more such tick starts it (a
+    /// The last tick found the workers' queues full: one more such tick starts it (a
     /// burst that one tick sees is not saturation).
     armed: bool,
 }
