@@ -627,6 +627,7 @@ pub fn run(a: CompareArgs) -> Result<()> {
         duration: Some(Duration::from_secs(a.duration)),
         requests: None,
         headers: vec![("Host".into(), tgt.host.clone())],
+        rate: None,
     };
     let mut outcomes: Vec<Outcome> = strategies
         .iter()

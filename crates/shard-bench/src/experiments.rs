@@ -42,6 +42,9 @@ pub struct Load {
     pub duration: Option<Duration>,
     pub requests: Option<u64>,
     pub headers: Vec<(String, String)>,
+    /// Open loop at this many requests/s in total (each connection at its share); `None`:
+    /// closed loop.
+    pub rate: Option<f64>,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -75,6 +78,12 @@ pub struct ExperimentArgs {
     /// rows measured a minute apart moves one ratio by tens of percent on a busy machine).
     #[arg(long, default_value_t = 0)]
     pub e3_pairs: usize,
+    /// E1: also N rounds of shard reuseport with steering on and off, both servers running,
+    /// measured in alternating order each round: the median requests/s ratio and each one's
+    /// CPU max/min, closed loop and at half load (rows measured a minute apart differ by
+    /// 5-15% here from drift alone).
+    #[arg(long, default_value_t = 0)]
+    pub e1_rounds: usize,
     /// Tiny counts and durations: checks the pipeline end to end (CI).
     #[arg(long)]
     pub smoke: bool,
@@ -150,6 +159,9 @@ struct Row {
     /// Share of accepted connections per worker (shard only).
     accepted_share: Option<Vec<f64>>,
     syscalls_per_request: Option<f64>,
+    /// E1: the CPU shares again at half the row's requests/s, open loop (every connection at
+    /// the same rate, so a worker's CPU follows the connections it holds, not the scheduler).
+    half_load_cpu_share: Option<Vec<f64>>,
     /// E2's probe: the worker that took each of six sequential connections.
     probe: Option<Vec<Option<usize>>>,
     /// E4: what the stall did.
@@ -183,14 +195,13 @@ const SLOW_MS: u64 = 100;
 
 impl Row {
     fn spread(v: &[f64]) -> String {
-        let max = v.iter().copied().fold(0.0, f64::max);
-        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let r = spread_of(v);
         if v.is_empty() {
             "-".into()
-        } else if min <= 0.0 {
+        } else if r.is_infinite() {
             "∞".into()
         } else {
-            format!("{:.2}", max / min)
+            format!("{r:.2}")
         }
     }
 }
@@ -400,6 +411,7 @@ pub fn drive_addr(addr: std::net::SocketAddr, load: &Load) -> Result<Measured> {
     spec.headers = load.headers.clone();
     spec.requests = load.requests;
     spec.duration = load.duration.unwrap_or(crate::loadgen::MAX_DURATION);
+    spec.rate = load.rate;
     let r = crate::loadgen::run(&spec)?;
     Ok(measured(&r))
 }
@@ -510,6 +522,7 @@ fn ok_load(cx: &Ctx, close: bool, conns: usize, secs: u64) -> Load {
         duration: Some(cx.dur(secs)),
         requests: None,
         headers: Vec::new(),
+        rate: None,
     }
 }
 
@@ -530,8 +543,10 @@ fn e1(cx: &mut Ctx) -> Result<()> {
                 |_| Ok(()),
                 |cx, srv| {
                     let (m, cpu, acc) = measure(srv, &load, None)?;
+                    let half_cpu = measure_half_load(srv, &load, m.rps)?;
                     let mut row = Row {
                         experiment: "E1".into(),
+                        half_load_cpu_share: Some(half_cpu),
                         server: kind.name().into(),
                         strategy: strategy_label(&kind, st),
                         load: m,
@@ -559,6 +574,94 @@ fn e1(cx: &mut Ctx) -> Result<()> {
             cx.rows.push(row);
         }
     }
+    if cx.args.e1_rounds > 0 {
+        e1_rounds(cx, &load)?;
+    }
+    Ok(())
+}
+
+/// The CPU shares of `load` run again open loop at half of `rps` (what it served closed
+/// loop), on new connections, so the placement is drawn (or dealt) again: every connection
+/// then sends at the same rate, and a worker's CPU follows the connections it holds.
+fn measure_half_load(srv: &Running, load: &Load, rps: f64) -> Result<Vec<f64>> {
+    let half = Load {
+        rate: Some((rps / 2.0).max(100.0)),
+        ..load.clone()
+    };
+    Ok(measure(srv, &half, None)?.1)
+}
+
+/// A ratio of the spread of `shares` (max/min; infinite where a worker had none).
+fn spread_of(shares: &[f64]) -> f64 {
+    let max = shares.iter().copied().fold(0.0, f64::max);
+    let min = shares.iter().copied().fold(f64::INFINITY, f64::min);
+    if min > 0.0 {
+        max / min
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// E1's rounds (`--e1-rounds`): steering on and off side by side, alternating.
+fn e1_rounds(cx: &mut Ctx, load: &Load) -> Result<()> {
+    let workers = cx.args.workers;
+    let rounds = cx.args.e1_rounds;
+    let shard = Kind::Shard(cx.shard.clone());
+    let run = |st| Run {
+        exp: "e1-rounds",
+        kind: &shard,
+        st,
+        workers,
+        server_extra: "",
+    };
+    // Per round, [on, off]: requests/s, CPU max/min closed loop and at half load.
+    let mut rps = Vec::new();
+    let mut cpu = [Vec::new(), Vec::new()];
+    let mut half = [Vec::new(), Vec::new()];
+    cx.with_server(
+        run(&REUSEPORT),
+        |_| Ok(()),
+        |cx, on| {
+            cx.with_server(
+                run(&REUSEPORT_NO_STEERING),
+                |_| Ok(()),
+                |_, off| {
+                    for i in 0..rounds {
+                        let mut r = [0.0f64; 2];
+                        for k in if i % 2 == 0 { [0, 1] } else { [1, 0] } {
+                            let srv = if k == 0 { on } else { off };
+                            let (m, c, _) = measure(srv, load, None)?;
+                            let hc = measure_half_load(srv, load, m.rps)?;
+                            r[k] = m.rps;
+                            cpu[k].push(spread_of(&c));
+                            half[k].push(spread_of(&hc));
+                        }
+                        rps.push(r[0] / r[1].max(1e-9));
+                    }
+                    Ok(())
+                },
+            )
+        },
+    )?;
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    // `a, b, c (median m)`
+    let summed = |v: &[f64]| format!("{} (median {:.2})", list(v), crate::median(v.to_vec()));
+    cx.notes.push(format!(
+        "E1 rounds ({workers} workers, both servers running, alternating order): requests/s \
+         steering on / off per round {}, median **{:.3}**; CPU max/min closed loop, on: {}, \
+         off: {}; at half load (open loop), on: {}, off: {}",
+        list(&rps),
+        crate::median(rps.clone()),
+        summed(&cpu[0]),
+        summed(&cpu[1]),
+        summed(&half[0]),
+        summed(&half[1]),
+    ));
     Ok(())
 }
 
@@ -637,6 +740,7 @@ fn e3(cx: &mut Ctx) -> Result<()> {
         duration: None,
         requests: Some(if cx.args.smoke { 50 } else { 20_000 }),
         headers: vec![("Accept-Encoding".into(), "gzip".into())],
+        rate: None,
     };
     let server_extra = "gzip on; gzip_comp_level 6; gzip_types text/plain;";
     cx.measured_rows(Plan {
@@ -738,6 +842,7 @@ fn e4(cx: &mut Ctx) -> Result<()> {
             duration: Some(warm + stall + after),
             requests: None,
             headers: Vec::new(),
+            rate: None,
         };
         for st in &strategies {
             for kind in cx.kinds(st) {
@@ -1040,11 +1145,13 @@ fn report(cx: &Ctx) -> String {
             continue;
         }
         let _ = writeln!(s, "| server | strategy | req/s | mean ms | p50 | p90 | p99 | max | stdev ms | errors | CPU share per worker | max/min CPU | accepted share | max/min accepted |{}",
-            if exp == "E1" { " syscalls/req |" } else if exp == "E2" { " six connections went to |" } else { "" });
+            if exp == "E1" { " syscalls/req | max/min CPU at half load |" } else if exp == "E2" { " six connections went to |" } else { "" });
         let _ = writeln!(
             s,
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|{}",
-            if exp == "E1" || exp == "E2" {
+            if exp == "E1" {
+                "---|---|"
+            } else if exp == "E2" {
                 "---|"
             } else {
                 ""
@@ -1074,9 +1181,12 @@ fn report(cx: &Ctx) -> String {
             if exp == "E1" {
                 let _ = write!(
                     s,
-                    " {} |",
+                    " {} | {} |",
                     r.syscalls_per_request
-                        .map_or("-".into(), |v| format!("{v:.3}"))
+                        .map_or("-".into(), |v| format!("{v:.3}")),
+                    r.half_load_cpu_share
+                        .as_deref()
+                        .map_or("-".into(), Row::spread)
                 );
             }
             if exp == "E2" {
@@ -1294,7 +1404,7 @@ fn json(cx: &Ctx) -> String {
             s,
             "{{\"experiment\":\"{}\",\"server\":\"{}\",\"strategy\":\"{}\",\"requests\":{},\"errors\":{},\"rps\":{:.1},\
              \"latency_ms\":{{\"min\":{:.3},\"mean\":{:.3},\"p50\":{:.3},\"p90\":{:.3},\"p99\":{:.3},\"max\":{:.3},\"stdev\":{:.3}}},\
-             \"log2_us\":[{}],\"cpu_share\":[{}],\"accepted_share\":{},\"syscalls_per_request\":{},\"probe\":{},\"stall\":{}}}{}",
+             \"log2_us\":[{}],\"cpu_share\":[{}],\"accepted_share\":{},\"syscalls_per_request\":{},\"half_load_cpu_share\":{},\"probe\":{},\"stall\":{}}}{}",
             r.experiment,
             r.server,
             r.strategy,
@@ -1312,6 +1422,7 @@ fn json(cx: &Ctx) -> String {
             f(&r.cpu_share),
             r.accepted_share.as_deref().map_or("null".into(), |v| format!("[{}]", f(v))),
             r.syscalls_per_request.map_or("null".into(), |v| format!("{v:.3}")),
+            r.half_load_cpu_share.as_deref().map_or("null".into(), |v| format!("[{}]", f(v))),
             r.probe.as_deref().map_or("null".into(), |p| format!(
                 "[{}]",
                 p.iter().map(|w| w.map_or("null".into(), |w| w.to_string())).collect::<Vec<_>>().join(",")

@@ -222,9 +222,23 @@ pub fn start_speed(kind: &Kind, workers: usize, idle: usize, main_extra: &str) -
     })
 }
 
-/// A loopback port that was free a moment ago (the kernel does not hand it out again at once).
+/// A loopback port that was free a moment ago, never handed out twice by this process: the
+/// kernel may give one released port to two probes in a row, and two servers that both listen
+/// with `reuseport` on it would share one reuseport group without an error.
 pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    for _ in 0..1000 {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if HANDED_OUT
+            .lock()
+            .map_err(|_| anyhow::anyhow!("port registry poisoned"))?
+            .insert(port)
+        {
+            return Ok(port);
+        }
+    }
+    bail!("no loopback port that this process has not handed out already")
 }
 
 /// Starts `kind` with `spec`; `prepare` may put files under the prefix (`html/`) first.

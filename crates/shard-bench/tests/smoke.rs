@@ -3,6 +3,19 @@
 
 use std::process::Command;
 
+/// Runs `cmd` to its end and returns its standard output; fails the test, showing both
+/// outputs, when it exits unsuccessfully.
+fn stdout_of(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 fn strace_installed() -> bool {
     ["/usr/bin/strace", "/bin/strace", "/usr/local/bin/strace"]
         .iter()
@@ -18,28 +31,19 @@ fn speed_smoke_runs_and_reports_every_column_for_shard() {
         "cargo test builds every workspace binary: {}",
         shard.display()
     );
-    let out = Command::new(bench)
-        .args([
-            "speed",
-            "--smoke",
-            "--workers",
-            "2",
-            "--no-nginx",
-            "--builtin-load",
-            "--sandbox",
-            "--sandbox-pairs",
-            "2",
-            "--path",
-            "/static.html",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of(Command::new(bench).args([
+        "speed",
+        "--smoke",
+        "--workers",
+        "2",
+        "--no-nginx",
+        "--builtin-load",
+        "--sandbox",
+        "--sandbox-pairs",
+        "2",
+        "--path",
+        "/static.html",
+    ]));
     let row = text
         .lines()
         .find(|l| l.starts_with("| shard |"))
@@ -73,23 +77,14 @@ fn speed_smoke_runs_and_reports_every_column_for_shard() {
 #[test]
 fn proxy_smoke_measures_the_http_proxy_and_the_stream_relay_for_shard() {
     let bench = env!("CARGO_BIN_EXE_shard-bench");
-    let out = Command::new(bench)
-        .args([
-            "proxy",
-            "--smoke",
-            "--workers",
-            "2",
-            "--no-nginx",
-            "--builtin-load",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of(Command::new(bench).args([
+        "proxy",
+        "--smoke",
+        "--workers",
+        "2",
+        "--no-nginx",
+        "--builtin-load",
+    ]));
     let row = text
         .lines()
         .find(|l| l.starts_with("| shard |"))
@@ -134,6 +129,8 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
             "off",
             "--e3-pairs",
             "2",
+            "--e1-rounds",
+            "1",
             "--out",
         ])
         .arg(&out)
@@ -153,6 +150,14 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
         report.contains("E3 pairs (2 workers)")
             && report.contains("median ratio")
             && report.contains("requests/s of the same pairs"),
+        "{report}"
+    );
+    // --e1-rounds: steering on and off side by side, and E1's half-load column.
+    assert!(
+        report.contains("E1 rounds (2 workers")
+            && report.contains("requests/s steering on / off per round")
+            && report.contains("at half load (open loop)")
+            && report.contains("max/min CPU at half load"),
         "{report}"
     );
     for strategy in [
@@ -200,25 +205,15 @@ fn compare_runs_a_user_configuration_under_each_strategy() {
     let bench = env!("CARGO_BIN_EXE_shard-bench");
     let dir = std::env::temp_dir().join(format!("shard-bench-compare-test-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("conf")).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let conf = format!(
         "worker_processes 2;\nerror_log stderr;\nevents {{\n    accept_mutex on;\n}}\nhttp {{\n    access_log off;\n    server {{\n        listen 127.0.0.1:{port};\n        location / {{ return 200 \"hi\"; }}\n    }}\n}}\n"
     );
     std::fs::write(dir.join("conf/mine.conf"), conf).unwrap();
-    let out = Command::new(bench)
-        .args(["compare", "--duration", "1", "--connections", "4", "-c"])
-        .arg(dir.join("conf/mine.conf"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = stdout_of(
+        Command::new(bench)
+            .args(["compare", "--duration", "1", "--connections", "4", "-c"])
+            .arg(dir.join("conf/mine.conf")),
     );
     for row in [
         "| reuseport, steering on |",
@@ -290,12 +285,23 @@ fn snapshot(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>, u32)> {
     out
 }
 
+/// A free loopback port never handed to another test of this process: the kernel may give
+/// one released port to two probes in a row, and two servers listening with `reuseport` on it
+/// would share one reuseport group without an error.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    for _ in 0..1000 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if HANDED_OUT.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
+    panic!("no loopback port that this process has not handed out already");
 }
 
 /// Runs `compare` (one round of 1 s, 4 connections, plus `extra`) on `conf` and checks that
@@ -324,28 +330,22 @@ fn compare_shape(dir: &std::path::Path, conf: &str, extra: &[&str]) -> String {
         stderr
     );
     let before = snapshot(dir);
-    let out = Command::new(bench)
-        .args([
-            "compare",
-            "--rounds",
-            "1",
-            "--duration",
-            "1",
-            "--connections",
-            "4",
-        ])
-        .args(extra)
-        .arg("-p")
-        .arg(dir)
-        .arg("-c")
-        .arg(dir.join(conf))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = stdout_of(
+        Command::new(bench)
+            .args([
+                "compare",
+                "--rounds",
+                "1",
+                "--duration",
+                "1",
+                "--connections",
+                "4",
+            ])
+            .args(extra)
+            .arg("-p")
+            .arg(dir)
+            .arg("-c")
+            .arg(dir.join(conf)),
     );
     assert!(text.contains("| reuseport, steering on |"), "{text}");
     assert!(
@@ -480,34 +480,16 @@ fn compare_says_why_it_cannot_measure_a_configuration() {
 #[test]
 fn soak_smoke_answers_every_kind_of_client_and_leaks_no_descriptor() {
     let bench = env!("CARGO_BIN_EXE_shard-bench");
-    let out = Command::new(bench)
-        .args(["soak", "--smoke", "--workers", "2"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of(Command::new(bench).args(["soak", "--smoke", "--workers", "2"]));
     assert!(text.contains("growth per 100k requests"), "{text}");
 }
 
 #[test]
 fn bodies_smoke_measures_uploads_and_shard_leaves_no_temporary_file() {
     let bench = env!("CARGO_BIN_EXE_shard-bench");
-    let out = Command::new(bench)
-        .args(["bodies", "--smoke", "--no-nginx"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
     // In --smoke the bench itself fails unless every shard number was measured and no
     // temporary file was left after the runs, a worker SIGKILL and a reload.
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of(Command::new(bench).args(["bodies", "--smoke", "--no-nginx"]));
     let row = text
         .lines()
         .find(|l| l.starts_with("| shard |"))
@@ -525,11 +507,7 @@ fn load_with_a_host_header_benchmarks_a_name_based_virtual_host() {
     let dir = std::env::temp_dir().join(format!("shard-bench-vhost-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("logs")).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     std::fs::write(
         dir.join("shard.conf"),
         format!(
@@ -635,19 +613,13 @@ fn the_fairness_script_runs_the_pipeliner_beside_ordinary_clients() {
     let shard = std::path::Path::new(bench).with_file_name("shard");
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/fairness/run.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(&shard)
-        .arg("smoke")
-        .env("FAIRNESS_SECONDS", "1")
-        .env("SHARD_BENCH", bench)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = stdout_of(
+        Command::new("bash")
+            .arg(&script)
+            .arg(&shard)
+            .arg("smoke")
+            .env("FAIRNESS_SECONDS", "1")
+            .env("SHARD_BENCH", bench),
     );
     assert!(text.contains("50 keep-alive clients for 1 s"), "{text}");
     assert!(text.contains("requests/s"), "{text}");
@@ -663,16 +635,7 @@ fn the_fairness_script_runs_the_pipeliner_beside_ordinary_clients() {
 #[test]
 fn static_smoke_reports_syscalls_and_cpu_per_static_request() {
     let bench = env!("CARGO_BIN_EXE_shard-bench");
-    let out = Command::new(bench)
-        .args(["static", "--smoke", "--no-nginx"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of(Command::new(bench).args(["static", "--smoke", "--no-nginx"]));
     let row = text
         .lines()
         .find(|l| l.starts_with("| 33 B | off | off | no |"))
@@ -695,18 +658,9 @@ fn static_smoke_reports_syscalls_and_cpu_per_static_request() {
 #[test]
 fn reload_smoke_fails_no_request_and_breaks_no_tunnel_for_shard() {
     let bench = env!("CARGO_BIN_EXE_shard-bench");
-    let out = Command::new(bench)
-        .args(["reload", "--smoke", "--no-nginx"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
     // In --smoke the bench itself fails unless shard answered every request and kept every
     // tunnel across the reloads and the binary upgrade.
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of(Command::new(bench).args(["reload", "--smoke", "--no-nginx"]));
     let row = |name: &str| -> Vec<String> {
         text.lines()
             .find(|l| l.starts_with(&format!("| {name} |")))
@@ -731,17 +685,8 @@ fn reload_smoke_fails_no_request_and_breaks_no_tunnel_for_shard() {
 #[test]
 fn tls_smoke_measures_handshakes_resumption_and_bulk_for_shard() {
     let bench = env!("CARGO_BIN_EXE_shard-bench");
-    let out = Command::new(bench)
-        .args(["tls", "--smoke", "--no-nginx", "--e3"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
     // In --smoke the bench fails unless full, resumed (with tickets) and bulk were measured.
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of(Command::new(bench).args(["tls", "--smoke", "--no-nginx", "--e3"]));
     // A row per protocol; bulk (columns 8 and 9) is measured on TLS 1.3 only.
     for (proto, numbered) in [
         ("TLSv1.3", &[3, 4, 5, 7, 8, 9][..]),
@@ -793,26 +738,16 @@ fn the_callgrind_script_counts_instructions_per_static_response() {
     let shard = std::path::Path::new(bench).with_file_name("shard");
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/callgrind/static.sh");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     // nginx is left out (a path that is not there): the script must say so.
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(&shard)
-        .arg("/nonexistent/nginx")
-        .env("PORT", port.to_string())
-        .env("LOW", "2")
-        .env("HIGH", "6")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = stdout_of(
+        Command::new("bash")
+            .arg(&script)
+            .arg(&shard)
+            .arg("/nonexistent/nginx")
+            .env("PORT", port.to_string())
+            .env("LOW", "2")
+            .env("HIGH", "6"),
     );
     for cache in ["on", "off"] {
         let n: u64 = text

@@ -8,6 +8,7 @@
 //! spurious, and `WouldBlock` is never an error here; it is returned as `io::ErrorKind::WouldBlock`
 //! for the caller to treat as "done for now".
 
+pub mod bpf;
 pub mod fs;
 pub mod poll;
 pub mod process;

@@ -489,7 +489,7 @@ pub fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A model of the kernel's cBPF interpreter for the instructions a steering program uses;
@@ -536,15 +536,15 @@ mod tests {
         assert!(hit.iter().all(|&h| h > 0), "{live:?}: {hit:?}");
     }
 
-    #[test]
-    fn every_live_set_of_up_to_64_shards_gets_every_connection() {
-        // Every subset of up to 12 shards, then many random subsets of up to 64.
-        for mask in 1u32..(1 << 12) {
-            let live: Vec<u32> = (0..12).filter(|b| mask & (1 << b) != 0).collect();
+    /// Calls `check` with every subset of the first `every` shards, `random` pseudo-random
+    /// subsets of 64, `0..n` and `[n - 1]` for every n up to 64, and the longest list.
+    pub(crate) fn each_live_set(every: u32, random: usize, mut check: impl FnMut(&[u32])) {
+        for mask in 1u32..(1 << every) {
+            let live: Vec<u32> = (0..every).filter(|b| mask & (1 << b) != 0).collect();
             check(&live);
         }
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        for _ in 0..20_000 {
+        for _ in 0..random {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -558,5 +558,10 @@ mod tests {
             check(&[n - 1]);
         }
         check(&(0..STEER_MAX as u32).rev().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn every_live_set_of_up_to_64_shards_gets_every_connection() {
+        each_live_set(12, 20_000, check);
     }
 }

@@ -170,28 +170,22 @@ pub fn http_date_inline(unix_secs: u64) -> InlineStr {
     b
 }
 
-/// A date whose year has more than four digits (nginx's `%4d` prints them all).
+/// A date whose year has more than four digits (nginx's `%4d` prints them all): rare enough
+/// for `format!`.
 fn http_date_long(c: &Civil) -> InlineStr {
-    let mut b = InlineStr::new();
-    b.push_bytes(WEEKDAYS[c.weekday].as_bytes());
-    b.push_bytes(b", ");
-    two_digits(&mut b, c.day);
-    b.push_bytes(b" ");
-    b.push_bytes(MONTHS[c.month - 1].as_bytes());
-    b.push_bytes(b" ");
-    b.push_bytes(c.year.to_string().as_bytes());
-    b.push_bytes(b" ");
-    two_digits(&mut b, c.hour);
-    b.push_bytes(b":");
-    two_digits(&mut b, c.min);
-    b.push_bytes(b":");
-    two_digits(&mut b, c.sec);
-    b.push_bytes(b" GMT");
-    b
-}
-
-fn two_digits(b: &mut InlineStr, v: u32) {
-    b.push_bytes(&[b'0' + (v / 10 % 10) as u8, b'0' + (v % 10) as u8]);
+    InlineStr::from(
+        format!(
+            "{}, {:02} {} {} {:02}:{:02}:{:02} GMT",
+            WEEKDAYS[c.weekday],
+            c.day,
+            MONTHS[c.month - 1],
+            c.year,
+            c.hour,
+            c.min,
+            c.sec
+        )
+        .as_str(),
+    )
 }
 
 /// nginx's `$time_local` for `unix_secs`, always in UTC: `06/Nov/1994:08:49:37 +0000`.
@@ -231,6 +225,8 @@ mod tests {
         assert_eq!(http_date(1_795_000_000), "Wed, 18 Nov 2026 11:06:40 GMT");
         assert_eq!(http_date(951_782_400), "Tue, 29 Feb 2000 00:00:00 GMT");
         assert_eq!(http_date(253_402_300_799), "Fri, 31 Dec 9999 23:59:59 GMT");
+        // Five digits and more: every one, as nginx's `%4d`.
+        assert_eq!(http_date(253_402_300_800), "Sat, 01 Jan 10000 00:00:00 GMT");
     }
 
     #[test]

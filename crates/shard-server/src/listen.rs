@@ -50,14 +50,40 @@ pub struct OpenListener {
     /// The sockets came from systemd (`LISTEN_FDS`): without `backlog=` they keep the backlog
     /// their `.socket` unit gave them.
     pub systemd: bool,
-    /// The group indices the attached steering program sends new connections to; `None`
-    /// when no program is attached (the kernel's hash over every socket).
-    program: Option<Vec<u32>>,
+    /// The group indices the attached steering program sends new connections to, and whether
+    /// it deals them in turn (eBPF) rather than at random (cBPF); `None` when no program is
+    /// attached (the kernel's hash over every socket).
+    program: Option<(Vec<u32>, bool)>,
     /// The kernel refused a program once (logged once per address).
     pub steer_refused: bool,
+    /// `bpf(2)` refused the dealing program once: the group falls back to the random one.
+    pub deal_refused: bool,
 }
 
 impl OpenListener {
+    /// Forgets which program the group runs (another master may have replaced it), so that
+    /// the next `steer` attaches one whatever it would be.
+    pub fn forget_program(&mut self) {
+        if self.reuseport {
+            self.program = Some((Vec::new(), false));
+        }
+    }
+
+    /// How this group places new connections, as `shm::PROGRAM_*`: dealt in turn, or at
+    /// random (the kernel's hash, or the classic program's draw).
+    pub fn program_kind(&self) -> u64 {
+        if self.dealt() {
+            crate::shm::PROGRAM_ROUND_ROBIN
+        } else {
+            crate::shm::PROGRAM_RANDOM
+        }
+    }
+
+    /// Whether the group's program deals in turn (kept so through a reload).
+    fn dealt(&self) -> bool {
+        matches!(&self.program, Some((live, true)) if !live.is_empty())
+    }
+
     /// Whether worker `idx` is the only one polling its socket (a per-worker shard).
     pub fn owned_by_one(&self) -> bool {
         self.per_worker
@@ -169,6 +195,15 @@ fn reuseport_disabled_for_test() -> bool {
 fn cbpf_disabled_for_test() -> bool {
     std::env::var_os("SHARD_TEST_NO_CBPF").is_some()
 }
+
+/// A master that may not load eBPF (no `CAP_BPF`), for the tests; implied by a kernel that
+/// refuses every reuseport program.
+fn ebpf_disabled_for_test() -> bool {
+    std::env::var_os("SHARD_TEST_NO_EBPF").is_some() || cbpf_disabled_for_test()
+}
+
+/// Said once per master: every group falls back alike.
+static DEAL_REFUSED_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn warn_refused(addr: &SocketAddr, e: &io::Error) {
     if !REUSEPORT_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -346,21 +381,26 @@ pub fn open(
         opts: l.opts.clone(),
         systemd,
         // A previous master may have steered the group; re-steering below resets it.
-        program: group.then(Vec::new),
+        program: group.then(|| (Vec::new(), false)),
         steer_refused: false,
+        deal_refused: false,
     };
-    reconcile(existing, conf_idx, l, n_workers, tcp_nodelay)
+    reconcile(existing, conf_idx, l, n_workers, tcp_nodelay, true)
 }
 
 /// Makes `old` (the sockets of the same address) serve `l` with `n_workers` workers: reuses
-/// every socket, re-applies options, grows the group if needed and steers it.
+/// every socket, re-applies options, grows the group if needed and steers it (a group dealt in
+/// turn stays so; the next steering tick applies the stalls). Without `steer_now` (a binary
+/// upgrade's new master steers the groups) it leaves the group's program alone.
 pub fn reconcile(
     old: OpenListener,
     conf_idx: usize,
     l: &Listener,
     n_workers: usize,
     tcp_nodelay: bool,
+    steer_now: bool,
 ) -> io::Result<OpenListener> {
+    let old_dealt = old.dealt();
     let mut fds = old.fds;
     let mut group = old.reuseport;
     // A systemd socket keeps its unit's backlog unless `backlog=` says otherwise; sockets
@@ -454,8 +494,13 @@ pub fn reconcile(
         systemd: old.systemd,
         program: old.program,
         steer_refused: old.steer_refused,
+        deal_refused: old.deal_refused,
     };
-    if steer(&mut ol, &[]) && ol.active < ol.fds.len() {
+    if !steer_now {
+        ol.forget_program();
+        return Ok(ol);
+    }
+    if steer(&mut ol, &[], old_dealt) && ol.active < ol.fds.len() {
         crate::log!(
             Notice,
             "{}: {} of {} shards take new connections; the other {} are steered out of the kernel's \
@@ -473,21 +518,62 @@ pub fn reconcile(
 /// Attaches (or detaches) the steering program so that new connections go to `fds[..active]`
 /// in proportion to `weights` (worker `j`'s shard of a per-worker group; 0: stalled,
 /// backlogged or out of the funnel; 1 where it says nothing): the one place the facts, a
-/// reload's surplus shards, stalls and the funnel, meet. Returns whether the group's program
-/// now follows `weights` (false where the kernel refused it, and for a listener without
-/// `reuseport`, which has no program).
-pub fn steer(l: &mut OpenListener, weights: &[u32]) -> bool {
+/// reload's surplus shards, stalls and the funnel, meet. With `deal` (`reuseport_steering on`)
+/// the program deals them in turn (`shard_event::bpf`), every socket live or not, so that the
+/// spread does not depend on the kernel's hash; where `bpf(2)` refuses it, and without `deal`,
+/// a classic program draws at random, and none is attached where it would choose every
+/// socket once, as the kernel's hash does. Returns whether the group's program now follows
+/// `weights` (false where the kernel refused it, and for a listener without `reuseport`, which
+/// has no program).
+pub fn steer(l: &mut OpenListener, weights: &[u32], deal: bool) -> bool {
     if !l.reuseport {
         return false;
     }
-    let weights = if l.per_worker { weights } else { &[] };
-    let live = crate::steer::live_shards(l.active, weights);
-    // No program where it would choose every socket of the group once, as the kernel does.
+    let weights_used = if l.per_worker { weights } else { &[] };
+    let live = crate::steer::live_shards(l.active, weights_used);
+    // Dealt: per-worker groups only; `shards=N` groups are outside steering (directives.md)
+    // and keep the kernel's hash.
+    let deal = deal && l.per_worker && !l.deal_refused && !l.steer_refused;
     let plain = live.len() == l.fds.len() && live.iter().enumerate().all(|(k, &v)| v as usize == k);
-    let want = (!plain).then_some(live);
+    let want = (deal || !plain).then_some((live, deal));
     if want == l.program {
         return true;
     }
+    if let Some((live, true)) = &want {
+        let res = if ebpf_disabled_for_test() {
+            Err(io::Error::from_raw_os_error(libc::EPERM))
+        } else {
+            shard_event::bpf::deal_reuseport_to(l.fds[0], live)
+        };
+        match res {
+            Ok(()) => {
+                if !l.dealt() {
+                    crate::log!(
+                        Info,
+                        "new connections to {} are dealt in turn over its shards (eBPF)",
+                        l.addr
+                    );
+                }
+                l.program = want;
+                return true;
+            }
+            Err(e) => {
+                l.deal_refused = true;
+                if !DEAL_REFUSED_SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    crate::log!(
+                        Notice,
+                        "bpf(2) refused the program that deals new connections to {} in turn \
+                         ({}): reuseport groups spread them at random instead (a master \
+                         needs CAP_BPF, or kernel.unprivileged_bpf_disabled=0, and Linux 5.12)",
+                        l.addr,
+                        shard_event::os_error_text(&e)
+                    );
+                }
+                return steer(l, weights, false);
+            }
+        }
+    }
+    let want = want.map(|(live, _)| live);
     let res = if want.is_some() && cbpf_disabled_for_test() {
         Err(io::Error::from_raw_os_error(libc::EPERM))
     } else {
@@ -495,7 +581,7 @@ pub fn steer(l: &mut OpenListener, weights: &[u32]) -> bool {
     };
     match res {
         Ok(()) => {
-            l.program = want;
+            l.program = want.map(|live| (live, false));
             true
         }
         // Nothing was attached (a group adopted from a previous master that never steered).

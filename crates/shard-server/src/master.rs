@@ -522,8 +522,9 @@ impl Master {
         self.region.n_workers.store(self.n_workers as u64, Relaxed);
         self.region.generation.store(self.generation, Relaxed);
         self.slots = slots;
-        // The new generation's workers are judged afresh, each after a grace period.
-        self.stop_steering();
+        // The new generation's workers are judged afresh, each after a grace period; its
+        // groups stay dealt in turn meanwhile.
+        self.stop_steering(self.cfg.events.reuseport_steering);
         self.respawns.clear();
         self.respawn_delay_ms.clear();
         for idx in 0..self.n_workers {
@@ -869,7 +870,10 @@ impl Master {
                 .find(|o| o.as_ref().is_some_and(|o| o.addr == l.addr))
                 .and_then(Option::take)
                 .expect("matched above");
-            match listen::reconcile(prev, i, l, n_workers, nodelay) {
+            // While a new binary runs, its master steers the groups (a reload here must not
+            // detach its program).
+            let steer_now = self.upgrade_child.is_none();
+            match listen::reconcile(prev, i, l, n_workers, nodelay, steer_now) {
                 Ok(ol) => listeners.push(ol),
                 Err(e) => crate::log!(Alert, "{e}: {} is no longer served", l.addr),
             }
@@ -1038,24 +1042,47 @@ impl Master {
     }
 
     /// Forgets every verdict, clears the workers' steering bits and gives each group back the
-    /// program of its surplus shards alone.
-    fn stop_steering(&mut self) {
-        if self.judges.is_empty() {
+    /// program of its surplus shards alone, dealing new connections in turn over its other
+    /// shards with `deal` (a new generation, steering on), else as the kernel's hash does.
+    /// Cheap when nothing changes: `listen::steer` compares before it attaches.
+    fn stop_steering(&mut self, deal: bool) {
+        if !self.judges.is_empty() {
+            self.judges.clear();
+            self.funnel = steer::Funnel::default();
+            let mut changed = false;
+            for j in 0..MAX_WORKERS {
+                changed |= steer::publish(&self.region, j, false, false, false, false);
+            }
+            if changed {
+                self.region.steer_epoch.fetch_add(1, Relaxed);
+                self.signal_workers(libc::SIGURG, Some(self.generation));
+            }
+        }
+        if self.upgrade_child.is_some() {
+            // The new binary's master steers the same groups, and may have attached its
+            // program already: leave it, and re-attach ours if the upgrade fails.
+            for l in &mut self.listeners {
+                l.forget_program();
+            }
             return;
         }
-        self.judges.clear();
-        self.funnel = steer::Funnel::default();
-        let mut changed = false;
-        for j in 0..MAX_WORKERS {
-            changed |= steer::publish(&self.region, j, false, false, false, false);
-        }
         for l in &mut self.listeners {
-            listen::steer(l, &[]);
+            listen::steer(l, &[], deal);
         }
-        if changed {
-            self.region.steer_epoch.fetch_add(1, Relaxed);
-            self.signal_workers(libc::SIGURG, Some(self.generation));
-        }
+        self.publish_program();
+    }
+
+    /// Tells `/status` how the per-worker groups place new connections: the weakest of them
+    /// (one group at random makes the server's spread random).
+    fn publish_program(&self) {
+        let program = self
+            .listeners
+            .iter()
+            .filter(|l| l.reuseport && l.per_worker)
+            .map(OpenListener::program_kind)
+            .min()
+            .unwrap_or(shm::PROGRAM_RANDOM);
+        self.region.steer_program.store(program, Relaxed);
     }
 
     /// Judges every worker when a tick is due (`steer.rs`), steers each reuseport group to the
@@ -1063,7 +1090,7 @@ impl Master {
     /// time until the next tick.
     fn steer_tick(&mut self) -> Option<u64> {
         if !self.steering_wanted() {
-            self.stop_steering();
+            self.stop_steering(false);
             return None;
         }
         let thr = self.cfg.events.reuseport_stall_threshold_ms;
@@ -1176,9 +1203,10 @@ impl Master {
         let mut followed = true;
         for l in &mut self.listeners {
             // A listener without `reuseport` has no program to follow.
-            let ok = listen::steer(l, &weights);
+            let ok = listen::steer(l, &weights, true);
             followed &= ok || !l.reuseport;
         }
+        self.publish_program();
         let all_away = away.iter().all(|&a| a);
         for j in 0..n {
             changed |= steer::publish(

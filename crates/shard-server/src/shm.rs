@@ -190,7 +190,9 @@ pub struct Region {
     /// Connections accepted by every worker of every generation: each connection's number
     /// (nginx's `ngx_connection_counter`: `$connection`, the error log's `*N`).
     pub connections: AtomicU64,
-    _pad: [u64; 12],
+    /// The program the master's reuseport groups run (`PROGRAM_*`), for `shard_status`.
+    pub steer_program: AtomicU64,
+    _pad: [u64; 11],
     /// Locks 1..=SHARD_LOCKS, same encoding as `accept_mutex`.
     pub shard_locks: [AtomicU64; SHARD_LOCKS],
     /// Bumped by the master whenever a bit of `steer` changes (workers compare it once per
@@ -210,6 +212,21 @@ pub struct Region {
     /// Odd while the master moves an exited slot's counters into `retired`: readers retry
     /// (a sequence lock), so no total is read half moved.
     pub fold_seq: AtomicU64,
+}
+
+/// `Region::steer_program`: new connections land on per-worker shards at random: the kernel's
+/// flow hash (`reuseport_steering off`, or nothing to steer) or the classic program's draw
+/// (`bpf(2)` refused the dealing program).
+pub const PROGRAM_RANDOM: u64 = 0;
+/// Every per-worker group deals new connections in turn (eBPF).
+pub const PROGRAM_ROUND_ROBIN: u64 = 1;
+
+/// The name `shard_status` gives a `Region::steer_program` value.
+pub fn program_name(v: u64) -> &'static str {
+    match v {
+        PROGRAM_ROUND_ROBIN => "round_robin",
+        _ => "random",
+    }
 }
 
 /// The environment variable that hands a binary upgrade's new master the counts so far.

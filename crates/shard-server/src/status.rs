@@ -89,8 +89,9 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
     );
     let _ = write!(
         s,
-        "{{\"generation\":{},\"workers\":[",
-        region.generation.load(Relaxed)
+        "{{\"generation\":{},\"steering_program\":\"{}\",\"workers\":[",
+        region.generation.load(Relaxed),
+        crate::shm::program_name(region.steer_program.load(Relaxed))
     );
     for (i, w) in region.current().enumerate() {
         if i > 0 {
@@ -195,6 +196,17 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
     );
     let _ = writeln!(s, "# TYPE shard_generation gauge");
     let _ = writeln!(s, "shard_generation {}", region.generation.load(Relaxed));
+    let _ = writeln!(
+        s,
+        "# HELP shard_steering_program The program that places new connections on the shards of \
+         per-worker reuseport groups: round_robin (dealt in turn, eBPF) or random (the kernel's hash or a cBPF draw)."
+    );
+    let _ = writeln!(s, "# TYPE shard_steering_program gauge");
+    let _ = writeln!(
+        s,
+        "shard_steering_program{{program=\"{}\"}} 1",
+        crate::shm::program_name(region.steer_program.load(Relaxed))
+    );
     // Totals over every worker of every generation (stub_status's three numbers).
     let totals = region.read_consistent(|r| {
         [
@@ -524,7 +536,9 @@ mod tests {
         json(&r, &rows, 0, &mut out);
         let s = String::from_utf8(out).unwrap();
         assert!(
-            s.starts_with("{\"generation\":1,\"workers\":[{\"idx\":0,"),
+            s.starts_with(
+                "{\"generation\":1,\"steering_program\":\"random\",\"workers\":[{\"idx\":0,"
+            ),
             "{s}"
         );
         assert!(s.contains("{\"address\":\"127.0.0.1:80\",\"shard\":1,\"worker\":1,\"workers\":[1],\"queue\":0,\"backlog\":511,\"stalled\":false,\"steered_away\":false}"), "{s}");

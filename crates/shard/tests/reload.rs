@@ -67,28 +67,6 @@ fn reload_pid(s: &Server, master: i32, text: String, generation: u64, workers: u
     });
 }
 
-fn wait_generation(s: &Server, generation: u64, workers: usize) {
-    wait_for(
-        Duration::from_secs(15),
-        &format!("generation {generation}"),
-        || {
-            let body = try_get(s.addr(), "/status").ok()?.body_str();
-            let g: u64 = body
-                .split("\"generation\":")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            let ws = parse_workers(&body);
-            (g == generation
-                && ws.len() == workers
-                && ws.iter().all(|w| w.pid > 0 && pid_alive(w.pid as i32)))
-            .then_some(())
-        },
-    );
-}
-
 /// Kills whatever masters the pid files name when a test ends (a failed test must not leave
 /// an upgraded master, which is not the test's child, running).
 struct ReapMasters(std::path::PathBuf);
@@ -329,20 +307,25 @@ fn binary_upgrade_hands_every_socket_to_the_new_master() {
     });
 }
 
-/// Sends USR2 to `master`, waits for the new master and its generation 1 of `workers`, then
-/// WINCH, `between` (while only the new workers serve), and QUIT to the old one; waits for it
-/// to exit and returns the new master's pid.
-fn binary_upgrade(s: &mut Server, master: i32, workers: usize, between: impl FnOnce()) -> i32 {
+/// Sends USR2 to `master` and waits for the new master's pid file; returns its pid.
+fn start_new_binary(s: &Server, master: i32) -> i32 {
     let pid_file = s.dir.join("logs/shard.pid");
     unsafe { libc::kill(master, libc::SIGUSR2) };
-    let new: i32 = wait_for(Duration::from_secs(10), "new master's pid file", || {
+    wait_for(Duration::from_secs(10), "new master's pid file", || {
         let p: i32 = std::fs::read_to_string(&pid_file)
             .ok()?
             .trim()
             .parse()
             .ok()?;
         (p != master && pid_alive(p)).then_some(p)
-    });
+    })
+}
+
+/// Sends USR2 to `master`, waits for the new master and its generation 1 of `workers`, then
+/// WINCH, `between` (while only the new workers serve), and QUIT to the old one; waits for it
+/// to exit and returns the new master's pid.
+fn binary_upgrade(s: &mut Server, master: i32, workers: usize, between: impl FnOnce()) -> i32 {
+    let new = start_new_binary(s, master);
     wait_generation(s, 1, workers);
     unsafe { libc::kill(master, libc::SIGWINCH) };
     between();
@@ -656,4 +639,43 @@ fn systemd_socket_activation_is_adopted() {
     drop(l);
     s.signal(libc::SIGQUIT);
     assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+}
+
+/// The new master of a binary upgrade deals new connections in turn as the old one did: the
+/// old master leaves the groups' program to it, even when it is reloaded meanwhile (it used to
+/// detach whatever program the group ran, the new master's included, while the new master went
+/// on believing its program was attached).
+#[test]
+fn after_a_binary_upgrade_new_connections_are_still_dealt_in_turn() {
+    // A long stall threshold: no verdict may re-deal the 40 connections counted below.
+    let text = conf(4, "reuseport", "a").replace(
+        "events { worker_connections 1024; }",
+        "events { worker_connections 1024; reuseport_stall_threshold 10s; }",
+    );
+    let mut s = Server::start("upgrade-deal", &text, 4);
+    let _reap = ReapMasters(s.dir.clone());
+    if !wait_dealt(&s.dir, 1) {
+        return;
+    }
+    let old = s.pid();
+    let new = start_new_binary(&s, old);
+    assert!(wait_dealt(&s.dir, 2), "the new master's program");
+    // The old master reloads while the new one steers; then it stops.
+    unsafe { libc::kill(old, libc::SIGHUP) };
+    let log_path = s.dir.join("logs/error.log");
+    wait_for(Duration::from_secs(10), "the old master's reload", || {
+        std::fs::read_to_string(&log_path)
+            .ok()?
+            .contains("(SIGHUP) received, reconfiguring")
+            .then_some(())
+    });
+    // Read after the reload (one signal at a time, in the master's one thread).
+    unsafe { libc::kill(old, libc::SIGWINCH) };
+    unsafe { libc::kill(old, libc::SIGQUIT) };
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+    assert_dealt_in_turn(&s);
+    unsafe { libc::kill(new, libc::SIGQUIT) };
+    wait_for(Duration::from_secs(10), "new master exit", || {
+        (!pid_alive(new)).then_some(())
+    });
 }

@@ -249,21 +249,24 @@ fn respawn_while_a_worker_is_stopped_loses_nothing() {
     assert_eq!(took.iter().filter(|t| t.is_none()).count(), 0);
 }
 
+/// Two workers with `env` set to 1, worker 1 stopped: 200 new connections are all answered
+/// within 1 s, and the master has judged worker 1 stalled. The stopped worker resumes when the
+/// returned guard drops.
+fn stopped_and_served(name: &str, env: &str) -> (Server, Cont) {
+    let mut s = Server::start_env(name, &conf(2, ""), 2, &[(env, "1")]);
+    let ws = s.wait_workers(2);
+    let cont = stop(ws[1].pid);
+    let took = burst(s.addr(), 200, 10, Duration::from_secs(1));
+    assert_eq!(took.iter().filter(|t| t.is_none()).count(), 0);
+    wait_stalled(&s, 1, true);
+    (s, cont)
+}
+
 /// A kernel that refuses reuseport programs: the master says so once, new connections keep
 /// reaching the stopped worker's shard, and its sibling still drains it.
 #[test]
 fn without_cbpf_the_sibling_still_drains_a_stopped_workers_shard() {
-    let mut s = Server::start_env(
-        "steer-nocbpf",
-        &conf(2, ""),
-        2,
-        &[("SHARD_TEST_NO_CBPF", "1")],
-    );
-    let ws = s.wait_workers(2);
-    let _cont = stop(ws[1].pid);
-    let took = burst(s.addr(), 200, 10, Duration::from_secs(1));
-    assert_eq!(took.iter().filter(|t| t.is_none()).count(), 0);
-    wait_stalled(&s, 1, true);
+    let (s, _cont) = stopped_and_served("steer-nocbpf", "SHARD_TEST_NO_CBPF");
     let st = status(&s);
     assert!(!st.contains("\"steered_away\":true"), "{st}");
     let log = error_log(&s);
@@ -419,4 +422,48 @@ fn a_saturated_server_serves_one_queue_and_comes_back_to_per_worker_queues() {
     for (w, b) in parse_workers(&st).iter().zip(&before) {
         assert!(w.accepted - b >= 30, "{st}");
     }
+}
+
+/// `reuseport_steering on` deals new connections in turn (an eBPF program): 40 connections
+/// one after the other over 4 workers give each 10, where the kernel's hash (or a random draw)
+/// gives a binomial spread. Needs a master that may load eBPF (root here); says SKIPPED where
+/// `bpf(2)` is refused.
+#[test]
+fn new_connections_are_dealt_to_the_workers_in_turn() {
+    // A long stall threshold: no verdict may re-deal the 40 connections counted below.
+    let mut s = Server::start("steer-deal", &conf(4, "reuseport_stall_threshold 10s;"), 4);
+    s.wait_workers(4);
+    if !wait_dealt(&s.dir, 1) {
+        return;
+    }
+    wait_for(Duration::from_secs(10), "round_robin in /status", || {
+        status(&s)
+            .contains("\"steering_program\":\"round_robin\"")
+            .then_some(())
+    });
+    assert_dealt_in_turn(&s);
+    // A reload keeps the groups dealt: the program is not replaced (nor logged again).
+    s.signal(libc::SIGHUP);
+    wait_generation(&s, 2, 4);
+    assert_dealt_in_turn(&s);
+    let log = error_log(&s);
+    assert_eq!(log.matches(DEALT_LINE).count(), 1, "{log}");
+    let metrics = get(s.addr(), "/metrics?format=prometheus").body_str();
+    assert!(
+        metrics.contains("shard_steering_program{program=\"round_robin\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// A master that may not load eBPF says so once and steers with the classic program: a
+/// stopped worker's shard still gets no new connection.
+#[test]
+fn without_ebpf_a_stopped_worker_is_still_steered_around() {
+    let (s, _cont) = stopped_and_served("steer-noebpf", "SHARD_TEST_NO_EBPF");
+    let st = status(&s);
+    assert!(st.contains("\"steered_away\":true"), "{st}");
+    assert!(st.contains("\"steering_program\":\"random\""), "{st}");
+    let log = error_log(&s);
+    assert_eq!(log.matches("bpf(2) refused").count(), 1, "{log}");
+    assert!(!log.contains("are dealt in turn"), "{log}");
 }

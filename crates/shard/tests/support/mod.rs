@@ -29,13 +29,25 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
     }
 }
 
-/// A port that was free a moment ago (bound to port 0 and released).
+/// A port that was free a moment ago (bound to port 0 and released), and never handed to
+/// another test of this process. The kernel may give the same released port to two probes in
+/// a row; two servers that both `listen ... reuseport` on it then join one reuseport group
+/// without an error and answer each other's clients (CI once saw a stopping server answer a
+/// sibling test's requests).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    for _ in 0..1000 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if HANDED_OUT.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
+    panic!("no loopback port that this process has not handed out already");
 }
 
 /// A test's directory, removed when dropped unless the test is failing (then it is kept, with
@@ -159,15 +171,8 @@ impl Server {
         n: usize,
     ) -> Result<Server, String> {
         let dir = temp_dir(tag).keep();
-        // Distinct ports: the kernel may hand the same free port to two probes in a row (CI
-        // once gave an upstream's "dead" peer the live peer's port).
-        let mut taken = vec![free_port()];
-        while taken.len() < n + 1 {
-            let p = free_port();
-            if !taken.contains(&p) {
-                taken.push(p);
-            }
-        }
+        // Distinct ports: `free_port` never hands the same port out twice.
+        let taken: Vec<u16> = (0..=n).map(|_| free_port()).collect();
         let port = taken[0];
         let ports: Vec<u16> = taken[1..].to_vec();
         let mut text = conf
@@ -498,6 +503,70 @@ pub fn try_get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
 
 pub fn get(addr: SocketAddr, path: &str) -> Response {
     try_get(addr, path).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// Waits until `generation` runs `workers` live workers (read from `/status`).
+pub fn wait_generation(s: &Server, generation: u64, workers: usize) {
+    wait_for(
+        Duration::from_secs(15),
+        &format!("generation {generation}"),
+        || {
+            let body = try_get(s.addr(), "/status").ok()?.body_str();
+            let g: u64 = body
+                .split("\"generation\":")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            let ws = parse_workers(&body);
+            (g == generation
+                && ws.len() == workers
+                && ws.iter().all(|w| w.pid > 0 && pid_alive(w.pid as i32)))
+            .then_some(())
+        },
+    );
+}
+
+/// The line a master logs when it attaches the program that deals new connections in turn.
+pub const DEALT_LINE: &str = "are dealt in turn";
+
+/// Waits until `logs/error.log` under `dir` says `times` times that a master deals new
+/// connections in turn (eBPF), or that `bpf(2)` refused it. Returns `false`, after saying
+/// SKIPPED, where it was refused for want of privilege (a master without `CAP_BPF`); any
+/// other refusal (the verifier's) fails the test.
+pub fn wait_dealt(dir: &Path, times: usize) -> bool {
+    let log = || std::fs::read_to_string(dir.join("logs/error.log")).unwrap_or_default();
+    wait_for(Duration::from_secs(10), "the dealing program", || {
+        let t = log();
+        (t.matches(DEALT_LINE).count() >= times || t.contains("bpf(2) refused")).then_some(())
+    });
+    let t = log();
+    if t.contains("bpf(2) refused") && t.contains("Operation not permitted") {
+        eprintln!("SKIPPED: this master may not load eBPF: {t}");
+        return false;
+    }
+    assert!(!t.contains("bpf(2) refused"), "{t}");
+    true
+}
+
+/// 40 new connections, one after the other, to a server of 4 workers that deals them in
+/// turn: each worker takes 10 of them, or 11 with one of the two `/status` requests that
+/// count them.
+pub fn assert_dealt_in_turn(s: &Server) {
+    let accepted = || -> Vec<u64> {
+        parse_workers(&get(s.addr(), "/status").body_str())
+            .iter()
+            .map(|w| w.accepted)
+            .collect()
+    };
+    let before = accepted();
+    for _ in 0..40 {
+        assert_eq!(get(s.addr(), "/ok").status, 200);
+    }
+    let got: Vec<u64> = accepted().iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(got.iter().sum::<u64>(), 41, "{got:?}");
+    assert!(got.iter().all(|&g| (10..=11).contains(&g)), "{got:?}");
 }
 
 pub fn write_file(dir: &Path, rel: &str, data: &[u8]) {
