@@ -248,7 +248,7 @@ impl Ctx {
     fn with_server<T>(
         &mut self,
         run: Run<'_>,
-        prepare: impl FnOnce(&Path) -> Result<()>,
+        prepare: impl Fn(&Path) -> Result<()>,
         body: impl FnOnce(&mut Ctx, &Running) -> Result<T>,
     ) -> Result<T> {
         self.with_server_full(run, 0, prepare, body)
@@ -268,7 +268,7 @@ impl Ctx {
         &mut self,
         run: Run<'_>,
         idle: usize,
-        prepare: impl FnOnce(&Path) -> Result<()>,
+        prepare: impl Fn(&Path) -> Result<()>,
         body: impl FnOnce(&mut Ctx, &Running) -> Result<T>,
     ) -> Result<T> {
         let Run {

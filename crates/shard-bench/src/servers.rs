@@ -242,13 +242,94 @@ pub fn free_port() -> Result<u16> {
 }
 
 /// Starts `kind` with `spec`; `prepare` may put files under the prefix (`html/`) first.
+///
+/// Another process (a second bench, a test) may probe the same free port between our probe
+/// and the server's bind. The server then fails to bind, or, where both listen with
+/// `reuseport`, joins the other's reuseport group without an error and shares its clients:
+/// either way the start is retried on a new port.
 pub fn start_with(
     kind: &Kind,
     spec: &Spec,
-    prepare: impl FnOnce(&Path) -> Result<()>,
+    prepare: impl Fn(&Path) -> Result<()>,
 ) -> Result<Running> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let port = free_port()?;
+        let r = start_on(kind, spec, port, &prepare)?;
+        let foreign = foreign_listeners(port, r.master_pid());
+        let started = match r {
+            Started::Up(r) if foreign.is_empty() => return Ok(r),
+            Started::Up(r) => {
+                r.stop();
+                format!("port {port} is shared with listeners {foreign:?} of another process")
+            }
+            Started::InUse(why) => why,
+        };
+        if tries == 3 {
+            bail!(
+                "{} found no port of its own three times: {started}",
+                kind.name()
+            );
+        }
+    }
+}
+
+/// A start on one port: up, or refused because the port was taken.
+enum Started {
+    Up(Running),
+    InUse(String),
+}
+
+impl Started {
+    fn master_pid(&self) -> i32 {
+        match self {
+            Started::Up(r) => r.master_pid(),
+            Started::InUse(_) => 0,
+        }
+    }
+}
+
+/// Socket inodes listening on loopback `port` that process `pid` does not hold (by
+/// `/proc/net/tcp` and `/proc/PID/fd`; empty where either cannot be read).
+fn foreign_listeners(port: u16, pid: i32) -> Vec<u64> {
+    if pid <= 0 {
+        return Vec::new();
+    }
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return Vec::new();
+    };
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let held: Vec<u64> = fds
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_str()?;
+            l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect();
+    let local = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let listening = f.get(3) == Some(&"0A") && f.get(1)?.ends_with(&local);
+            listening.then(|| f.get(9)?.parse().ok())?
+        })
+        .filter(|inode| !held.contains(inode))
+        .collect()
+}
+
+fn start_on(
+    kind: &Kind,
+    spec: &Spec,
+    port: u16,
+    prepare: &impl Fn(&Path) -> Result<()>,
+) -> Result<Started> {
     let workers = spec.workers;
-    let port = free_port()?;
     let dir = std::env::temp_dir().join(format!(
         "shard-bench-{}-{}-{}",
         std::process::id(),
@@ -302,6 +383,10 @@ pub fn start_with(
             let _ = r.child.try_wait();
         } else if let Ok(Some(st)) = r.child.try_wait().map(|s| s.filter(|_| !spec.detach)) {
             let err = std::fs::read_to_string(r.dir.join("logs/stderr.log")).unwrap_or_default();
+            let log = std::fs::read_to_string(r.dir.join("logs/error.log")).unwrap_or_default();
+            if err.contains("Address already in use") || log.contains("Address already in use") {
+                return Ok(Started::InUse(err));
+            }
             bail!("{} exited with {st}: {err}", kind.name());
         }
         if r.requests().is_ok()
@@ -312,7 +397,7 @@ pub fn start_with(
                 // Returns with the master re-parented, ready for `USR2`.
                 let _ = r.child.wait();
             }
-            return Ok(r);
+            return Ok(Started::Up(r));
         }
         if Instant::now() > deadline {
             bail!("{} did not start within 10 s", kind.name());
@@ -442,5 +527,29 @@ impl Running {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listener_is_foreign_to_every_process_but_its_own() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let me = std::process::id() as i32;
+        assert_eq!(foreign_listeners(port, me), Vec::<u64>::new());
+        // SAFETY: getppid(2) cannot fail.
+        let parent = unsafe { libc::getppid() };
+        assert_eq!(foreign_listeners(port, parent).len(), 1);
+    }
+
+    #[test]
+    fn no_port_is_handed_out_twice() {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..200 {
+            assert!(seen.insert(free_port().unwrap()));
+        }
     }
 }

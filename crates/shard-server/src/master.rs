@@ -1007,12 +1007,12 @@ impl Master {
                 self.upgrade_child = Some(pid);
             }
             Err(e) => {
+                self.restore_pid_file();
                 crate::log!(
                     Alert,
                     "execve() \"{}\" failed ({e}): upgrade cancelled, keeping serving",
                     self.exe.display()
                 );
-                self.restore_pid_file();
             }
         }
     }
@@ -1272,11 +1272,12 @@ impl Master {
             };
             if self.upgrade_child == Some(pid) {
                 self.upgrade_child = None;
+                // The pid file first: whoever reads this line finds the pid file back.
+                self.restore_pid_file();
                 crate::log!(
                     Alert,
                     "new binary (pid {pid}) {how}: keeping serving with this one"
                 );
-                self.restore_pid_file();
                 continue;
             }
             let Some(p) = self.procs.remove(&pid) else {
