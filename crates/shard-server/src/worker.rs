@@ -667,7 +667,6 @@ impl<'a> Worker<'a> {
         if self.shutting_down {
             return;
         }
-        crate::log!(Notice, "worker {} gracefully shutting down", self.idx);
         crate::master::set_title("shard: worker process is shutting down");
         self.shutting_down = true;
         // Take what is already queued on our sockets: for an address the new configuration
@@ -685,6 +684,8 @@ impl<'a> Worker<'a> {
         for i in 0..self.listeners.len() {
             self.unregister_listener(i);
         }
+        // Said once this worker accepts no more: a reader of the line may count on it.
+        crate::log!(Notice, "worker {} gracefully shutting down", self.idx);
         self.release_accept_locks();
         for l in &mut self.locks {
             l.1 = false;

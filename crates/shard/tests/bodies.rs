@@ -406,9 +406,10 @@ fn a_slow_body_is_cut_at_client_body_timeout_with_408_while_others_are_served() 
         1,
     );
     let mut c = client(s.addr());
+    // Before the write: the server's timer cannot start earlier, however late this thread runs.
+    let t = Instant::now();
     c.write_all(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
         .unwrap();
-    let t = Instant::now();
     // Others are served meanwhile.
     for _ in 0..5 {
         assert_eq!(get(s.addr(), "/status").status, 200);

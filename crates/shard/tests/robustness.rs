@@ -464,13 +464,15 @@ fn out_of_descriptors_backs_off_instead_of_spinning() {
 fn the_cap_with_one_slot_short_for_a_relay_does_not_spin() {
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let held_port = held.local_addr().unwrap().port();
+    let (done, ended) = std::sync::mpsc::channel::<()>();
     let holder = std::thread::spawn(move || {
-        // The upstream: accepts and keeps what it accepted until the test ends.
+        // The upstream: accepts and keeps what it accepted until the test says it is done
+        // (or 30 s pass, should the test fail first).
         let mut keep = Vec::new();
         for s in held.incoming().take(1) {
             keep.push(s);
         }
-        std::thread::sleep(Duration::from_secs(4)); // keeps the relay busy, not a sync
+        let _ = ended.recv_timeout(Duration::from_secs(30));
         drop(keep);
     });
     let conf = conf_with(1, "", "worker_connections 4;", "").replace(
@@ -498,5 +500,6 @@ fn the_cap_with_one_slot_short_for_a_relay_does_not_spin() {
             .then_some(())
     });
     assert_worker_idle(pid, "one slot short for a relay");
+    let _ = done.send(());
     holder.join().unwrap();
 }

@@ -443,8 +443,10 @@ fn new_connections_are_dealt_to_the_workers_in_turn() {
     });
     assert_dealt_in_turn(&s);
     // A reload keeps the groups dealt: the program is not replaced (nor logged again).
+    let old: Vec<u64> = s.workers().iter().map(|w| w.pid).collect();
     s.signal(libc::SIGHUP);
     wait_generation(&s, 2, 4);
+    wait_stopped_accepting(&s, &old);
     assert_dealt_in_turn(&s);
     let log = error_log(&s);
     assert_eq!(log.matches(DEALT_LINE).count(), 1, "{log}");

@@ -64,9 +64,9 @@ fn says_b(mut s: TcpStream) {
     let _ = s.write_all(b"B");
 }
 
-/// A port with nothing listening (connect() is refused).
+/// A port with nothing listening (connect() is refused), held so for the whole test.
 fn refused_port() -> u16 {
-    free_port()
+    support::upstream::refusing_port()
 }
 
 fn local(port: u16) -> SocketAddr {

@@ -1620,6 +1620,7 @@ fn a_reload_that_asks_for_certificates_does_not_resume_old_sessions() {
         let w = s.workers();
         (w.len() == 1 && w[0].pid != before && w[0].pid != 0).then_some(())
     });
+    wait_stopped_accepting(&s, &[before]);
     let mut t = connect_tls(tls_addr(&s), "a.test", &good).unwrap();
     assert_ne!(
         t.conn.handshake_kind(),
@@ -1690,6 +1691,7 @@ fn a_revoked_client_certificate_is_refused() {
             let w = s.workers();
             (w.len() == 1 && w[0].pid != generation_pid && w[0].pid != 0).then_some(())
         });
+        wait_stopped_accepting(&s, &[generation_pid]);
         generation_pid = s.workers()[0].pid;
         let mut t = connect_tls(tls_addr(&s), "a.test", &good).unwrap();
         let (st, _, b) = request(&mut t, "a.test", "/");

@@ -528,6 +528,26 @@ pub fn wait_generation(s: &Server, generation: u64, workers: usize) {
     );
 }
 
+/// Waits until every worker pid in `old` accepts no more: it has exited, or logged that it is
+/// gracefully shutting down (a worker says so after it has taken what was queued for it and
+/// left its listeners). Until then an old worker may still take, and answer with the old
+/// configuration, a connection opened after the new generation is up.
+pub fn wait_stopped_accepting(s: &Server, old: &[u64]) {
+    let log = s.dir.join("logs/error.log");
+    wait_for(Duration::from_secs(10), "old workers stopping", || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        old.iter()
+            .all(|&p| {
+                !pid_alive(p as i32)
+                    || text.lines().any(|l| {
+                        l.contains(&format!(" {p}#0: worker "))
+                            && l.contains("gracefully shutting down")
+                    })
+            })
+            .then_some(())
+    });
+}
+
 /// The line a master logs when it attaches the program that deals new connections in turn.
 pub const DEALT_LINE: &str = "are dealt in turn";
 

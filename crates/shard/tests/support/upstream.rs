@@ -222,9 +222,17 @@ impl Upstream {
     }
 }
 
-/// A port that nothing listens on (connect() is refused).
+/// A port that nothing listens on (connect() is refused), for the rest of the test process: a
+/// socket bound to it and never listening holds it, so no other test's port-0 bind or
+/// connect() can take it and start answering there. (A probed and released port could be.)
 pub fn refusing_port() -> u16 {
-    super::free_port()
+    static HELD: std::sync::Mutex<Vec<socket2::Socket>> = std::sync::Mutex::new(Vec::new());
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    let port = sock.local_addr().unwrap().as_socket().unwrap().port();
+    HELD.lock().unwrap().push(sock);
+    port
 }
 
 /// A port where a connect() gets no answer: a listener with a zero backlog whose one-slot accept
