@@ -547,6 +547,11 @@ fn relays_outlive_reloads_in_the_old_worker_and_status_lists_it() {
     let mut c = TcpStream::connect(local(s.ports[0])).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut b = [0u8; 64];
+    // Relayed once before the first reload: until then the connection may still wait in the
+    // queue, where generation 2's worker would take it.
+    c.write_all(b"before").unwrap();
+    c.read_exact(&mut b[..6]).unwrap();
+    assert_eq!(&b[..6], b"before");
     for g in 2..=4u64 {
         // The same configuration again.
         let path = s.dir.join("conf/shard.conf");
