@@ -256,11 +256,12 @@ pub fn start_with(
     loop {
         tries += 1;
         let port = free_port()?;
-        let r = start_on(kind, spec, port, &prepare)?;
-        let foreign = foreign_listeners(port, r.master_pid());
-        let started = match r {
-            Started::Up(r) if foreign.is_empty() => return Ok(r),
+        let started = match start_on(kind, spec, port, &prepare)? {
             Started::Up(r) => {
+                let foreign = foreign_listeners(port, r.master_pid());
+                if foreign.is_empty() {
+                    return Ok(r);
+                }
                 r.stop();
                 format!("port {port} is shared with listeners {foreign:?} of another process")
             }
@@ -281,21 +282,9 @@ enum Started {
     InUse(String),
 }
 
-impl Started {
-    fn master_pid(&self) -> i32 {
-        match self {
-            Started::Up(r) => r.master_pid(),
-            Started::InUse(_) => 0,
-        }
-    }
-}
-
 /// Socket inodes listening on loopback `port` that process `pid` does not hold (by
 /// `/proc/net/tcp` and `/proc/PID/fd`; empty where either cannot be read).
 fn foreign_listeners(port: u16, pid: i32) -> Vec<u64> {
-    if pid <= 0 {
-        return Vec::new();
-    }
     let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
         return Vec::new();
     };

@@ -36,10 +36,6 @@ fn conf(http_extra: &str, server_extra: &str) -> String {
     )
 }
 
-fn error_log(s: &Server) -> String {
-    std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap_or_default()
-}
-
 /// No request-body file is left anywhere under the prefix.
 fn assert_no_body_files(s: &Server) {
     for d in ["client_body_temp", "body_temp", "var/spool"] {

@@ -45,10 +45,6 @@ fn conf(http_extra: &str, server_extra: &str) -> String {
     )
 }
 
-fn error_log(s: &Server) -> String {
-    std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap_or_default()
-}
-
 /// `upstream NAME { server 127.0.0.1:PORT PARAMS; ... }`.
 fn upstream_block(name: &str, servers: &[(u16, &str)], extra: &str) -> String {
     let mut b = format!("upstream {name} {{ ");

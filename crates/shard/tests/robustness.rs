@@ -35,10 +35,6 @@ http {{
     )
 }
 
-fn error_log(s: &Server) -> String {
-    std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap_or_default()
-}
-
 /// User + system CPU time of a process, from /proc/PID/stat, in milliseconds.
 fn cpu_ms(pid: u64) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();

@@ -68,10 +68,6 @@ fn status(s: &Server) -> String {
     get(s.addr(), "/status").body_str()
 }
 
-fn error_log(s: &Server) -> String {
-    std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap_or_default()
-}
-
 /// Polls `/status` until worker `idx` reads stalled (`true`) or not.
 fn wait_stalled(s: &Server, idx: usize, want: bool) {
     let pat = format!("\"stalled\":{want}");

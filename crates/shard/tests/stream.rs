@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use support::upstream::refusing_port;
 use support::*;
 
 /// An upstream on a free loopback port; `serve` runs on its own thread for each connection.
@@ -64,11 +65,6 @@ fn says_b(mut s: TcpStream) {
     let _ = s.write_all(b"B");
 }
 
-/// A port with nothing listening (connect() is refused), held so for the whole test.
-fn refused_port() -> u16 {
-    support::upstream::refusing_port()
-}
-
 fn local(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
@@ -91,10 +87,6 @@ fn read_all(port: u16) -> String {
     let mut v = Vec::new();
     s.read_to_end(&mut v).unwrap();
     String::from_utf8_lossy(&v).into_owned()
-}
-
-fn error_log(s: &Server) -> String {
-    std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap_or_default()
 }
 
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
@@ -190,7 +182,7 @@ fn half_close_reaches_upstream_and_reply_comes_back() {
 #[test]
 fn failover_to_the_next_upstream() {
     let (good, n) = upstream(says_p);
-    let bad = refused_port();
+    let bad = refusing_port();
     let s = Server::start_ports(
         "stream-failover",
         &conf(
@@ -219,7 +211,7 @@ fn failover_to_the_next_upstream() {
 
 #[test]
 fn all_upstreams_refusing_closes_the_client() {
-    let (a, b) = (refused_port(), refused_port());
+    let (a, b) = (refusing_port(), refusing_port());
     let s = Server::start_ports(
         "stream-refused",
         &conf(
@@ -268,7 +260,7 @@ fn backup_only_when_primaries_are_unavailable_and_down_is_skipped() {
     let (p, np) = upstream(says_p);
     let (q, nq) = upstream(says_q);
     let (b, nb) = upstream(says_b);
-    let bad = refused_port();
+    let bad = refusing_port();
     let _s = Server::start_ports(
         "stream-backup",
         &conf(
@@ -311,7 +303,7 @@ fn backup_only_when_primaries_are_unavailable_and_down_is_skipped() {
 #[test]
 fn max_fails_skips_a_failed_peer_for_fail_timeout() {
     let (good, n) = upstream(says_p);
-    let (bad1, bad2) = (refused_port(), refused_port());
+    let (bad1, bad2) = (refusing_port(), refusing_port());
     let s = Server::start_ports(
         "stream-maxfails",
         &conf(
@@ -504,7 +496,7 @@ fn graceful_stop_lets_an_open_relay_finish() {
 
 #[test]
 fn a_lone_peer_is_tried_every_time() {
-    let bad = refused_port();
+    let bad = refusing_port();
     let s = Server::start_ports(
         "stream-lone",
         &conf(

@@ -528,14 +528,18 @@ pub fn wait_generation(s: &Server, generation: u64, workers: usize) {
     );
 }
 
+/// The server's error log so far (empty before it exists).
+pub fn error_log(s: &Server) -> String {
+    std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap_or_default()
+}
+
 /// Waits until every worker pid in `old` accepts no more: it has exited, or logged that it is
 /// gracefully shutting down (a worker says so after it has taken what was queued for it and
 /// left its listeners). Until then an old worker may still take, and answer with the old
 /// configuration, a connection opened after the new generation is up.
 pub fn wait_stopped_accepting(s: &Server, old: &[u64]) {
-    let log = s.dir.join("logs/error.log");
     wait_for(Duration::from_secs(10), "old workers stopping", || {
-        let text = std::fs::read_to_string(&log).ok()?;
+        let text = error_log(s);
         old.iter()
             .all(|&p| {
                 !pid_alive(p as i32)
