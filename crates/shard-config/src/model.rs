@@ -397,6 +397,10 @@ pub struct LocationConf {
     pub error_pages: Vec<ErrorPage>,
     /// `try_files` of this location (not inherited).
     pub try_files: Option<TryFiles>,
+    /// A variable of `return`, `add_header` or an `access_log` (its format, unless
+    /// `combined`, or its `if=`) reads the request's header lines, directly or through a
+    /// `map`: the worker keeps the request head for it. Derived once the maps are known.
+    pub needs_head: bool,
     /// `internal`: only internal redirects reach this location; a client's request gets 404.
     pub internal: bool,
     /// `log_not_found`: a missing file is logged at `error`. Default on.
@@ -571,9 +575,20 @@ pub enum ErrorPageStatus {
 /// `try_files FILE ... URI|=CODE|@NAME`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TryFiles {
-    /// Tried in order under the root (or alias); one ending in `/` must be a directory.
-    pub files: Vec<Vec<Part>>,
+    /// Tried in order under the root (or alias).
+    pub files: Vec<TryFile>,
     pub last: TryLast,
+}
+
+/// One `try_files` candidate before the last parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TryFile {
+    /// The name as written, less a trailing `/`.
+    pub name: Vec<Part>,
+    /// Written with a trailing `/` (`$uri/`): only a directory matches, else only a
+    /// non-directory. Decided by the text, as nginx does, not by what a variable expands to:
+    /// `$uri` with the URI `/` still wants a file.
+    pub dir: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -896,6 +911,48 @@ pub enum Var {
     /// `content_type`, `content_length`, `location`, `last_modified`, `etag`,
     /// `content_encoding`, `connection`, `cache_control`, `expires`).
     SentHttp(String),
+}
+
+impl Var {
+    /// Whether the variable reads the request's header lines (the worker must then keep the
+    /// request head for it).
+    pub fn reads_headers(&self) -> bool {
+        matches!(
+            self,
+            Var::Http(_)
+                | Var::Cookie(_)
+                | Var::ContentType
+                | Var::ContentLength
+                | Var::RequestLength
+                | Var::ProxyAddXForwardedFor
+        )
+    }
+}
+
+/// Whether `parts` read the request's header lines, directly or through a `map` of `maps`
+/// they name (whose source or any value may, through further maps).
+pub fn parts_read_headers(parts: &[Part], maps: &[MapConf]) -> bool {
+    fn walk(parts: &[Part], maps: &[MapConf], seen: &mut Vec<usize>) -> bool {
+        parts.iter().any(|p| match p {
+            Part::Lit(_) => false,
+            Part::Var(Var::User(name)) => {
+                let Some(i) = maps.iter().position(|m| &m.name == name) else {
+                    return false;
+                };
+                if seen.contains(&i) {
+                    return false;
+                }
+                seen.push(i);
+                let m = &maps[i];
+                walk(&m.source, maps, seen)
+                    || walk(&m.default, maps, seen)
+                    || m.exact.iter().any(|(_, v)| walk(v, maps, seen))
+                    || m.regexes.iter().any(|(_, v)| walk(v, maps, seen))
+            }
+            Part::Var(v) => v.reads_headers(),
+        })
+    }
+    walk(parts, maps, &mut Vec::new())
 }
 
 /// A `proxy_set_header` value: literal text and variables.

@@ -231,6 +231,11 @@ pub struct Request {
     /// From an absolute-form target, else the `Host` header: lowercase, port and trailing dot
     /// removed.
     pub host: Option<String>,
+    /// A `Host` header was sent (`host_as_sent`).
+    pub host_header: bool,
+    /// The `Host` header as sent, when that is not `host` (a port, capitals, a trailing dot,
+    /// or an absolute-form target's other host): what nginx's error log writes.
+    pub host_raw: Option<String>,
     pub keep_alive: bool,
     pub body: Body,
     pub if_modified_since: Option<String>,
@@ -264,6 +269,14 @@ impl Request {
     /// What the access log sees of a request refused before its head was parsed (nginx logs
     /// those too): `$request` is its first line as far as it was received, up to CR or LF
     /// (nginx's `ngx_http_variable_request_line` for such a request); `$uri` is empty.
+    /// The `Host` header as the client sent it (nginx's error log writes this), if it sent one.
+    pub fn host_as_sent(&self) -> Option<&str> {
+        if !self.host_header {
+            return None;
+        }
+        self.host_raw.as_deref().or(self.host.as_deref())
+    }
+
     pub fn unparsed(input: &[u8]) -> Request {
         // Leading empty lines are skipped before a request line, as when parsing.
         let start = input
@@ -293,6 +306,8 @@ impl Request {
             query: None,
             minor_version: 0,
             host: None,
+            host_header: false,
+            host_raw: None,
             keep_alive: false,
             body: Body::None,
             if_modified_since: None,
@@ -536,32 +551,91 @@ fn normalize_path_long(raw: &[u8]) -> Result<String, Reject> {
     String::from_utf8(out).map_err(|_| reject(400, "URI is not UTF-8"))
 }
 
-/// nginx's `ngx_http_validate_host`: lowercase, strip the port and a trailing dot, refuse `..`,
-/// `/`, control bytes and an empty name.
+/// nginx's `ngx_http_validate_host` (as tightened in 1.29.4 to RFC 3986's `host [ ":" port ]`):
+/// a registered name of unreserved, sub-delimiter and `%` characters, or a bracketed IP
+/// literal, then an optional `:` and a port of digits up to 65535. Lowercased, the port and a
+/// trailing dot stripped; `..`, an empty name, whitespace, `/`, `@` and anything after the
+/// port refused.
 pub fn validate_host(v: &[u8]) -> Option<String> {
+    #[derive(PartialEq)]
+    enum St {
+        Start,
+        Host,
+        Literal,
+        End,
+        Port,
+    }
+    let name_byte = |c: u8| {
+        c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'-' | b'_'
+                    | b'~'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+                    | b'%'
+            )
+    };
+    let mut st = St::Start;
     let mut host_len = v.len();
-    let mut in_literal = false;
     let mut dot_pos = usize::MAX;
+    let mut port: u32 = 0;
     for (i, &c) in v.iter().enumerate() {
-        match c {
-            b'.' => {
-                if dot_pos != usize::MAX && dot_pos + 1 == i {
+        match st {
+            St::Start if c == b'[' => st = St::Literal,
+            St::Start | St::Host => {
+                st = St::Host;
+                match c {
+                    b':' => {
+                        host_len = i;
+                        st = St::Port;
+                    }
+                    b'.' => {
+                        if dot_pos != usize::MAX && dot_pos + 1 == i {
+                            return None;
+                        }
+                        dot_pos = i;
+                    }
+                    c if name_byte(c) => {}
+                    _ => return None,
+                }
+            }
+            St::Literal => match c {
+                b']' => {
+                    host_len = i + 1;
+                    st = St::End;
+                }
+                b':' => {}
+                b'.' => {
+                    if dot_pos != usize::MAX && dot_pos + 1 == i {
+                        return None;
+                    }
+                    dot_pos = i;
+                }
+                c if name_byte(c) && c != b'%' => {}
+                _ => return None,
+            },
+            St::End if c == b':' => st = St::Port,
+            St::End => return None,
+            St::Port if c.is_ascii_digit() => {
+                port = port * 10 + u32::from(c - b'0');
+                if port > 65535 {
                     return None;
                 }
-                dot_pos = i;
             }
-            b':' if !in_literal => {
-                host_len = i;
-                break;
-            }
-            b'[' if i == 0 => in_literal = true,
-            b']' if in_literal => in_literal = false,
-            b'/' | b'\\' | b'[' | b']' | b'@' => return None,
-            c if c < 0x21 || c == 0x7f => return None,
-            _ => {}
+            St::Port => return None,
         }
     }
-    if in_literal {
+    if st == St::Literal {
         return None;
     }
     if host_len > 0 && dot_pos == host_len - 1 {
@@ -800,6 +874,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
     };
 
     let mut header_host: Option<String> = None;
+    let mut host_sent: Option<&[u8]> = None;
     let mut conn_close = false;
     let mut conn_keep = false;
     let mut content_length: Option<u64> = None;
@@ -848,7 +923,9 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         // The value as sent, for the headers whose spaces and tabs matter.
         let raw = || line.map_or(v, |(s, e)| raw_value(&hb[s..e]));
         if name.eq_ignore_ascii_case(b"host") {
-            header_host = Some(validate_host(raw()).ok_or(reject(400, "invalid Host header"))?);
+            let sent = raw();
+            header_host = Some(validate_host(sent).ok_or(reject(400, "invalid Host header"))?);
+            host_sent = Some(sent);
         } else if name.eq_ignore_ascii_case(b"connection") {
             for tok in v.split(|&c| c == b',') {
                 let tok = trim(tok);
@@ -900,12 +977,16 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         (None, Some(n)) => Body::Length(n),
         (None, None) => Body::None,
     };
+    // nginx asks for the header itself: an absolute-form target does not stand in for it.
+    if header_host.is_none() && rl.minor >= 1 {
+        return Err(reject(400, "HTTP/1.1 request without Host header"));
+    }
     if host.is_none() {
         host = header_host;
     }
-    if host.is_none() && rl.minor >= 1 {
-        return Err(reject(400, "HTTP/1.1 request without Host header"));
-    }
+    let host_raw = host_sent
+        .filter(|&sent| host.as_deref().map(str::as_bytes) != Some(sent))
+        .map(|sent| String::from_utf8_lossy(sent).into_owned());
     // After the headers, as nginx (a missing Host is reported first).
     match rl.method {
         b"CONNECT" => return Err(reject(405, "CONNECT method")),
@@ -926,6 +1007,8 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         query: raw_query.map(|q| String::from_utf8_lossy(q).into_owned()),
         minor_version: rl.minor,
         host,
+        host_header: host_sent.is_some(),
+        host_raw,
         keep_alive,
         body,
         if_modified_since,
@@ -1376,8 +1459,10 @@ mod tests {
         assert_eq!(r.host.as_deref(), Some("other.test"));
         assert_eq!(r.path, "/p/q");
         assert_eq!(r.query.as_deref(), Some("z"));
-        let (r, _) = ok(b"GET http://h.test HTTP/1.1\r\n\r\n");
+        let (r, _) = ok(b"GET http://h.test HTTP/1.0\r\n\r\n");
         assert_eq!((r.host.as_deref(), r.path.as_str()), (Some("h.test"), "/"));
+        // HTTP/1.1 needs the header all the same, as nginx asks for it.
+        assert_eq!(status(b"GET http://h.test HTTP/1.1\r\n\r\n"), 400);
     }
 
     #[test]
@@ -1394,6 +1479,35 @@ mod tests {
         assert_eq!(validate_host(b":80"), None);
         assert_eq!(validate_host(b"[::1"), None);
         assert_eq!(validate_host(b"a b"), None);
+        // nginx 1.29.4's RFC 3986 rule: nothing but a port after the name.
+        for bad in [
+            &b"localhost: evil"[..],
+            b"localhost:a b",
+            b"localhost:80/../x",
+            b"localhost:80:80",
+            b"localhost:65536",
+            b"[::1]x",
+            b"a@b",
+            b"a\tb",
+            b"a..b",
+            b"\xc3\xa9.test",
+        ] {
+            assert_eq!(
+                validate_host(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert_eq!(validate_host(b"localhost:").as_deref(), Some("localhost"));
+        assert_eq!(
+            validate_host(b"a_b~c%41:65535").as_deref(),
+            Some("a_b~c%41")
+        );
+        assert_eq!(
+            validate_host(b"[::FFFF:1.2.3.4]").as_deref(),
+            Some("[::ffff:1.2.3.4]")
+        );
     }
 
     #[test]

@@ -257,6 +257,7 @@ pub(crate) mod tests {
             access_rules: Vec::new(),
             error_pages: Vec::new(),
             try_files: None,
+            needs_head: false,
             internal: false,
             log_not_found: true,
             charset: None,

@@ -604,19 +604,9 @@ pub fn render(parts: &[Part], c: &Ctx<'_>) -> String {
 /// Whether a template needs the request's header lines (any `$http_*`, `$cookie_*`,
 /// `$content_*`, `$request_length`, `$proxy_add_x_forwarded_for`).
 pub fn needs_headers(parts: &[Part]) -> bool {
-    parts.iter().any(|p| {
-        matches!(
-            p,
-            Part::Var(
-                Var::Http(_)
-                    | Var::Cookie(_)
-                    | Var::ContentType
-                    | Var::ContentLength
-                    | Var::RequestLength
-                    | Var::ProxyAddXForwardedFor
-            )
-        )
-    })
+    parts
+        .iter()
+        .any(|p| matches!(p, Part::Var(v) if v.reads_headers()))
 }
 
 /// nginx's realip module: the client address a trusted `peer` reports in `conf.header`;

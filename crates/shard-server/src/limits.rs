@@ -189,10 +189,12 @@ impl Zone {
         let fresh = last == 0;
         let elapsed = now_ms.saturating_sub(last);
         let drained = rate_milli.saturating_mul(elapsed) / 1000;
+        // nginx: `excess - rate * ms / 1000 + 1000`, then at least 0: a bucket that drained
+        // for more than its excess takes this request at 0 (passed at once), not at 1000.
         let new = if fresh {
             0
         } else {
-            (excess.saturating_sub(drained)).saturating_add(1000)
+            excess.saturating_add(1000).saturating_sub(drained)
         };
         if new > burst_milli {
             return ReqVerdict::Reject(new);
@@ -267,8 +269,13 @@ mod tests {
             z.request(key_hash(b"x"), 11_000, rate, burst),
             ReqVerdict::Pass
         );
-        // Long idle: the bucket is empty again.
+        // Long idle: the bucket is empty again, and the next request passes at once.
+        assert_eq!(z.request(k, 20_000, rate, burst), ReqVerdict::Pass);
         assert_eq!(z.request(k, 20_000, rate, burst), ReqVerdict::Excess(1000));
+        // One second drains the one request in excess: the next passes (excess 0), as nginx's
+        // `excess - rate * ms / 1000 + 1000` floored at 0.
+        assert_eq!(z.request(k, 21_000, rate, burst), ReqVerdict::Excess(1000));
+        assert_eq!(z.request(k, 23_000, rate, burst), ReqVerdict::Pass);
     }
 
     #[test]

@@ -27,6 +27,10 @@ const HTTP: &str = r#"
         default other;
         .example.com example;
     }
+    map $http_x_tier $tier {
+        default std;
+        ~^gold  gold;
+    }
     set_real_ip_from 127.0.0.1;
     server {
         listen 127.0.0.1:{port};
@@ -61,6 +65,12 @@ const HTTP: &str = r#"
         location /gz/ { gzip on; gzip_min_length 1; gzip_types text/plain; gzip_vary on; }
         location /hdr/ { add_header X-Frame-Options SAMEORIGIN; add_header X-Always a always; }
         location = /close { return 444; }
+        location /app/ { try_files $uri @app; }
+        location @app { return 200 "app $uri $request_method"; }
+        location /deb/ { try_files $uri $uri/ =404; }
+        location = /tier { return 200 "tier=$tier"; }
+        location /gate/ { deny all; return 301 https://$host$request_uri; }
+        location /cs/ { charset utf-8; client_max_body_size 1; }
         location /cors/ {
             add_header X-Location loc;
             if ($request_method = OPTIONS) {
@@ -110,6 +120,9 @@ fn files(dir: &Path) {
         .collect();
     write_file(dir, "html/gz/big.txt", big.as_bytes());
     write_file(dir, "html/hdr/h.txt", b"h");
+    write_file(dir, "html/app/index.html", b"app index");
+    write_file(dir, "html/app/f.txt", b"app file");
+    write_file(dir, "html/deb/sub/index.html", b"deb sub");
 }
 
 /// The requests, as raw heads (`Connection: close` is added).
@@ -160,6 +173,20 @@ const REQUESTS: &[&str] = &[
     "GET /p/go HTTP/1.1\r\nHost: h",
     "GET /q/go HTTP/1.1\r\nHost: h",
     "GET /q/a%20b HTTP/1.1\r\nHost: h",
+    "GET /app/ HTTP/1.1\r\nHost: h",
+    "GET /app/f.txt HTTP/1.1\r\nHost: h",
+    "POST /app/ HTTP/1.1\r\nHost: h\r\nContent-Length: 0",
+    "GET /deb/sub?a=1 HTTP/1.1\r\nHost: h",
+    "GET /deb/sub/ HTTP/1.1\r\nHost: h",
+    "GET /tier HTTP/1.1\r\nHost: h\r\nX-Tier: golden",
+    "GET /tier HTTP/1.1\r\nHost: h",
+    "GET /gate/x?y HTTP/1.1\r\nHost: h",
+    "POST /cs/x HTTP/1.1\r\nHost: h\r\nContent-Length: 10",
+    "GET /cs/none HTTP/1.1\r\nHost: h",
+    "GET / HTTP/1.1\r\nHost: localhost: evil",
+    "GET / HTTP/1.1\r\nHost: localhost:a b",
+    "GET / HTTP/1.1\r\nHost: localhost:80/../x",
+    "GET http://h/ HTTP/1.1",
 ];
 
 /// The headers compared (besides the status and the body).

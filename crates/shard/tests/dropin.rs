@@ -258,7 +258,9 @@ http {
         listen 127.0.0.1:{port};
         location = /status { shard_status; }
         location / { return 200 "in"; }
-        location /admin/ { allow 10.0.0.0/8; allow ::1; deny all; return 200 "admin"; }
+        # No `return` here: nginx's rewrite phase comes before access, so a `return` would
+        # answer whatever the rules say.
+        location /admin/ { allow 10.0.0.0/8; allow ::1; deny all; }
         location /open/ { allow all; return 200 "open"; }
     }
 }
@@ -635,7 +637,7 @@ http {
             return 200 "$remote_addr";
         }
         location /last/ { real_ip_header X-Forwarded-For; return 200 "$remote_addr"; }
-        location /deny/ { deny 203.0.113.7; return 200 "in"; }
+        location /deny/ { deny 203.0.113.7; }
     }
 }
 "#;
@@ -723,15 +725,20 @@ http {
     access_log off;
     limit_req_zone $binary_remote_addr zone=burst:1m rate=1r/s;
     limit_req_zone $arg_k zone=slow:1m rate=10r/s;
+    limit_req_zone $arg_k zone=drain:1m rate=2r/s;
     limit_conn_zone $remote_addr zone=perip:1m;
     server {
         listen 127.0.0.1:{port};
         root {dir}/html;
         location = /status { shard_status; }
-        location /api/ { limit_req zone=burst burst=2 nodelay; limit_req_status 429; return 200 "ok"; }
-        location /strict/ { limit_req zone=burst; return 200 "ok"; }
-        location /delay/ { limit_req zone=slow burst=5; return 200 "ok"; }
+        location /api/ { limit_req zone=burst burst=2 nodelay; limit_req_status 429; }
+        location /strict/ { limit_req zone=burst; }
+        location /delay/ { limit_req zone=slow burst=5; }
+        location /drain/ { limit_req zone=drain burst=2; }
         location /big/ { limit_conn perip 1; sendfile on; }
+        # nginx's rewrite phase runs before its preaccess and access phases: this `return`
+        # is never limited or denied.
+        location /ret/ { limit_req zone=burst; deny all; return 200 "ret"; }
     }
 }
 "#;
@@ -740,6 +747,9 @@ http {
 fn limit_req_and_limit_conn_shared_by_all_workers() {
     let s = Server::start("limits", LIMITS_CONF, 2);
     let a = s.addr();
+    for f in ["api/x", "strict/x", "delay/x", "drain/x"] {
+        write_file(&s.dir, &format!("html/{f}"), b"ok");
+    }
     // 1 r/s with burst=2 nodelay: three pass at once, the fourth is refused, on whichever
     // worker each connection lands.
     let codes: Vec<u16> = (0..5).map(|_| get(a, "/api/x").status).collect();
@@ -759,6 +769,11 @@ fn limit_req_and_limit_conn_shared_by_all_workers() {
     );
     // Another location sharing the zone, without burst: refused at once (503).
     assert_eq!(get(a, "/strict/x").status, 503);
+    // The same zone, spent, before a `return` and a `deny all`: the return answers.
+    for _ in 0..3 {
+        let r = get(a, "/ret/x");
+        assert_eq!((r.status, r.body_str().as_str()), (200, "ret"));
+    }
     // Without nodelay the excess waits: 10 r/s, the 4th request ~300 ms after the first.
     let t = std::time::Instant::now();
     for _ in 0..4 {
@@ -769,6 +784,31 @@ fn limit_req_and_limit_conn_shared_by_all_workers() {
         took >= Duration::from_millis(250) && took < Duration::from_secs(3),
         "{took:?}"
     );
+    // A bucket that drained passes its next request at once (nginx: the excess is
+    // `excess - drained + 1000`, floored at 0): after one request and 600 ms at 2 r/s, four
+    // parallel requests with burst=2 are one at once, two delayed, one refused, not two
+    // refused.
+    assert_eq!(get(a, "/drain/x?k=d").status, 200);
+    std::thread::sleep(Duration::from_millis(600)); // the drain under test, not a wait
+    let t = std::time::Instant::now();
+    let answers: Vec<(u16, Duration)> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let r = get(a, "/drain/x?k=d");
+                (r.status, t.elapsed())
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    let ok = answers.iter().filter(|(c, _)| *c == 200).count();
+    assert_eq!(ok, 3, "{answers:?}");
+    let fast = answers
+        .iter()
+        .filter(|(c, d)| *c == 200 && *d < Duration::from_millis(400))
+        .count();
+    assert_eq!(fast, 1, "one passes at once: {answers:?}");
     // limit_conn 1: a response in flight (unread) holds the count.
     write_file(&s.dir, "html/big/f.bin", &vec![7u8; 32 << 20]);
     let mut hog = connect(a);
@@ -1097,4 +1137,101 @@ fn named_captures_are_variables() {
     );
     assert_eq!(r.body_str(), "major 3");
     assert_eq!(get(a, "/h/x").body_str(), "none");
+}
+
+const PHASES_CONF: &str = r#"
+worker_processes 1;
+error_log logs/error.log info;
+events { worker_connections 64; }
+http {
+    access_log off;
+    charset utf-8;
+    server_tokens off;
+    map $http_x_tier $tier { default std; ~^gold gold; }
+    map $cookie_plan $plan { default free; pro paid; }
+    map $tier $level { default 0; gold 9; }
+    server {
+        listen 127.0.0.1:{port};
+        root {dir}/html;
+        client_max_body_size 1;
+        location = /status { shard_status; }
+        location / { try_files $uri @app; }
+        location @app { return 200 "app $uri $request_method"; }
+        location /deb/ { try_files $uri $uri/ =404; }
+        location = /tier { return 200 "$tier $plan $level"; }
+        location = /hdr { add_header X-Level $level; }
+    }
+}
+"#;
+
+/// What shard did unlike nginx until issue 35: `try_files` entries match files or (written
+/// with `/`) directories by their text, a directory without its slash is redirected, `map`s
+/// of request headers see the headers, and shard's own error pages carry the settings of the
+/// server they are answered in.
+#[test]
+fn try_files_maps_and_error_pages_as_nginx() {
+    let s = Server::start("phases", PHASES_CONF, 1);
+    let a = s.addr();
+    write_file(&s.dir, "html/index.html", b"index");
+    write_file(&s.dir, "html/sub/index.html", b"sub");
+    write_file(&s.dir, "html/f.txt", b"file");
+    write_file(&s.dir, "html/hdr", b"hdr");
+    write_file(&s.dir, "html/deb/sub/index.html", b"deb sub");
+    // `try_files $uri @app`: a directory is not a file, so `/` and `/sub/` go to the app.
+    assert_eq!(get(a, "/").body_str(), "app / GET");
+    assert_eq!(get(a, "/sub/").body_str(), "app /sub/ GET");
+    assert_eq!(get(a, "/f.txt").body_str(), "file");
+    let r = raw(
+        a,
+        b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!((r.status, r.body_str().as_str()), (200, "app / POST"));
+    // `try_files $uri $uri/ =404` of a directory without its slash: nginx's 301.
+    let r = raw(
+        a,
+        b"GET /deb/sub?x=1 HTTP/1.1\r\nHost: h.test\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 301);
+    let want = format!("http://h.test:{}/deb/sub/?x=1", a.port());
+    assert_eq!(r.header("Location"), Some(want.as_str()));
+    assert_eq!(get(a, "/deb/sub/").body_str(), "deb sub");
+    assert_eq!(get(a, "/deb/none").status, 404);
+    // Maps of headers and cookies, directly and through another map.
+    let r = raw(
+        a,
+        b"GET /tier HTTP/1.1\r\nHost: h\r\nX-Tier: golden\r\nCookie: a=1; plan=pro\r\n\
+          Connection: close\r\n\r\n",
+    );
+    assert_eq!(r.body_str(), "gold paid 9");
+    assert_eq!(get(a, "/tier").body_str(), "std free 0");
+    let r = raw(
+        a,
+        b"GET /hdr HTTP/1.1\r\nHost: h\r\nX-Tier: gold\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.header("X-Level"), Some("9"));
+    // shard's own error pages: `charset` and `server_tokens` of their server, before the
+    // phases (413, a bad Host) as after them.
+    let r = raw(
+        a,
+        b"POST /f.txt HTTP/1.1\r\nHost: Big.Test:8080\r\nContent-Length: 10\r\n\
+          Connection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 413);
+    assert_eq!(r.header("Content-Type"), Some("text/html; charset=utf-8"));
+    assert_eq!(r.header("Server"), Some("shard"));
+    for host in ["a b", "localhost: evil", "localhost:80/../x"] {
+        let head = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let r = raw(a, head.as_bytes());
+        assert_eq!(r.status, 400, "Host: {host}");
+        assert_eq!(r.header("Content-Type"), Some("text/html; charset=utf-8"));
+        assert_eq!(r.header("Server"), Some("shard"));
+    }
+    assert_eq!(raw(a, b"GET http://h/ HTTP/1.1\r\n\r\n").status, 400);
+    // The error log writes the Host header as sent, port and capitals kept.
+    wait_for(Duration::from_secs(5), "the 413 in the error log", || {
+        error_log(&s)
+            .lines()
+            .find(|l| l.contains("client intended to send too large body"))
+            .map(|l| assert!(l.contains(r#"host: "Big.Test:8080""#), "{l}"))
+    });
 }

@@ -620,6 +620,7 @@ impl Eff {
             access_rules: self.access_rules.clone(),
             error_pages: self.error_pages.clone(),
             try_files: None,
+            needs_head: false,
             internal: false,
             log_not_found: self.log_not_found,
             charset: self.charset.clone(),
@@ -1784,7 +1785,16 @@ pub(super) fn location_try_files(_: &Env, loc: &mut LocP, d: &Directive, file: &
     };
     let files = files
         .iter()
-        .map(|f| parse_header_value(d, file, f))
+        .map(|f| {
+            let (text, dir) = match f.strip_suffix('/') {
+                Some(t) => (t, true),
+                None => (f.as_str(), false),
+            };
+            Ok(TryFile {
+                name: parse_header_value(d, file, text)?,
+                dir,
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     loc.try_files = Some(TryFiles { files, last });
     Ok(())

@@ -589,6 +589,13 @@ impl Env {
         }
         for s in &mut servers {
             for l in std::iter::once(&mut s.base).chain(s.locations.iter_mut()) {
+                let reads = |p: &[Part]| parts_read_headers(p, &h.maps);
+                l.needs_head = l.ret.as_ref().is_some_and(|r| reads(&r.parts))
+                    || l.add_headers.iter().any(|a| reads(&a.value))
+                    || l.access_logs.iter().any(|al| {
+                        al.format.name != LogFormat::COMBINED && reads(&al.format.parts)
+                            || al.condition.as_deref().is_some_and(reads)
+                    });
                 for r in &mut l.limit_req {
                     r.zone = resolved[r.zone];
                 }

@@ -149,18 +149,6 @@ pub(super) struct Conn {
     pub(super) timer_at: u64,
 }
 
-/// Whether answering in `loc` needs the request's header lines after its head was consumed
-/// (a variable that reads them, in `return`, `add_header` or a log format).
-pub(super) fn needs_head(loc: &LocationConf) -> bool {
-    use shard_http::vars::needs_headers;
-    loc.ret.as_ref().is_some_and(|r| needs_headers(&r.parts))
-        || loc.add_headers.iter().any(|h| needs_headers(&h.value))
-        || loc.access_logs.iter().any(|al| {
-            al.format.name != LogFormat::COMBINED && needs_headers(&al.format.parts)
-                || al.condition.as_deref().is_some_and(needs_headers)
-        })
-}
-
 /// How many internal redirects (`try_files`, `error_page`) one request may take; one more is
 /// nginx's "rewrite or internal redirection cycle" (500).
 const MAX_INTERNAL_REDIRECTS: usize = 10;
@@ -184,6 +172,19 @@ enum Action {
     /// A `return` (or redirecting `rewrite`) of the rewrite instructions, its text expanded.
     Return(u16, Option<String>),
     Redirect(Redirect),
+}
+
+/// What nginx's rewrite phases decided for a request.
+enum Rewritten {
+    /// Go on in the location found.
+    Stay,
+    /// `return` (or a redirecting `rewrite`), its text expanded.
+    Return(u16, Option<String>),
+    /// The location's instructions are a `return` (`LocationConf::ret`, answered by the
+    /// content step): no limit, access rule or `try_files` applies.
+    Returned,
+    /// More than `MAX_INTERNAL_REDIRECTS` changes of location: nginx's 500.
+    Cycle,
 }
 
 /// Where an internal redirect goes.
@@ -1129,7 +1130,7 @@ impl Worker<'_> {
         );
         if let Some(r) = req {
             s.push_str(&format!(", request: \"{}\"", r.request_line));
-            if let Some(h) = &r.host {
+            if let Some(h) = r.host_as_sent() {
                 s.push_str(&format!(", host: \"{h}\""));
             }
         }
@@ -1168,6 +1169,24 @@ impl Worker<'_> {
     /// Queues an error page; without `keep_alive` the connection closes after it and any
     /// unread body is abandoned.
     pub(super) fn error_page(&mut self, key: usize, status: u16, keep_alive: bool) {
+        self.error_page_in(key, status, keep_alive, None);
+    }
+
+    /// [`Worker::error_page`] with the settings (`server_tokens`, `charset`) of `loc`, else
+    /// of the connection's server: its default server's until a request chose one, as nginx
+    /// answers a request it could not read.
+    pub(super) fn error_page_in(
+        &mut self,
+        key: usize,
+        status: u16,
+        keep_alive: bool,
+        loc: Option<&LocationConf>,
+    ) {
+        let cfg = self.cfg;
+        let loc = loc.or_else(|| {
+            let h = cfg.http.as_ref()?;
+            h.servers.get(self.conns[key].server).map(|s| &s.base)
+        });
         let date = std::mem::take(&mut self.date);
         {
             let c = &mut self.conns[key];
@@ -1184,6 +1203,11 @@ impl Worker<'_> {
                     content_type: Some("text/html"),
                     content_length: Some(body.len() as u64),
                     keep_alive,
+                    server: loc.map_or(
+                        shard_http::response::SERVER_TOKENS_ON,
+                        shard_http::response::server_value,
+                    ),
+                    charset: loc.and_then(|l| shard_http::response::charset_for(l, "text/html")),
                     ..Default::default()
                 },
             );
@@ -1233,7 +1257,7 @@ impl Worker<'_> {
             || !first.script.is_empty()
             || !first.error_pages.is_empty()
             || first.try_files.is_some()
-            || needs_head(first);
+            || first.needs_head;
         let head = if keep_head {
             self.conns[key].inbuf[..head_len].to_vec()
         } else {
@@ -1282,10 +1306,28 @@ impl Worker<'_> {
                 forced = Some(code);
             }
         }
-        // A request refused before the phases (497, 495, 496) is not counted by the limits, as
-        // nginx refuses it in `ngx_http_process_request`, before its preaccess phase.
-        if limited && forced.is_none() {
-            match self.check_limits(key, first, &req, &head) {
+        // nginx's rewrite phases (the server's instructions, then the location's, again after
+        // each change of location) come before its preaccess (limits) and access phases: a
+        // `return` there is never limited or denied. A request refused before the phases
+        // (497, 495, 496) runs none of them, as nginx refuses it in
+        // `ngx_http_process_request`. A delayed request runs them again when it is handled
+        // after its delay, from a clean state.
+        let mut loc = first;
+        let mut hops = 0;
+        self.request_seq += 1;
+        let request_id = request_id(self.request_id_key, self.request_seq);
+        let c = &mut self.conns[key];
+        c.request_id = request_id;
+        c.user_vars.clear();
+        c.if_headers = None;
+        let mut rewritten = Some(if forced.is_none() {
+            self.rewrite_phase(key, server, &mut loc, &mut req, &head, &mut hops)
+        } else {
+            Rewritten::Stay
+        });
+        let limited = !loc.limit_req.is_empty() || !loc.limit_conn.is_empty();
+        if limited && forced.is_none() && matches!(rewritten, Some(Rewritten::Stay)) {
+            match self.check_limits(key, loc, &req, &head) {
                 Limited::Pass => {}
                 Limited::Delay(ms) => {
                     let c = &mut self.conns[key];
@@ -1311,16 +1353,11 @@ impl Worker<'_> {
         let more_input = c.inbuf.len() > head_len;
         c.inbuf.drain(..head_len);
 
-        self.request_seq += 1;
-        let request_id = request_id(self.request_id_key, self.request_seq);
         let c = &mut self.conns[key];
         c.requests += 1;
-        c.request_id = request_id;
         c.request_started_ms = self.now_ms;
         c.in_error_page = false;
         c.status_override = None;
-        c.user_vars.clear();
-        c.if_headers = None;
         c.send_timeout_ms = first.send_timeout_ms;
         c.body_timeout_ms = first.client_body_timeout_ms;
         c.keepalive_timeout_ms = first.keepalive_timeout_ms;
@@ -1343,7 +1380,7 @@ impl Worker<'_> {
                     "client intended to send too large body: {n} bytes{}",
                     self.log_context(key, Some(&req))
                 );
-                self.error_reply(key, 413, &req.request_line);
+                self.error_page_in(key, 413, false, Some(first));
                 self.log_access(
                     key,
                     first,
@@ -1370,51 +1407,39 @@ impl Worker<'_> {
             c.out.clear();
         }
 
-        let mut loc = first;
-        let mut hops = 0;
-        // The rewrite module's phases: the server's instructions (again after each internal
-        // redirect), then the location's (again after each change of location).
-        let mut run_server = !server.script.is_empty();
+        // After an internal redirect the rewrite phases run again: the server's instructions
+        // too, then the new location's.
         let reply = loop {
-            if hops > MAX_INTERNAL_REDIRECTS {
-                crate::log!(
-                    Error,
-                    "rewrite or internal redirection cycle while internally redirecting to \"{}\"",
-                    req.path
-                );
-                self.conns[key].in_error_page = true;
-                break super::respond::status(self, key, loc, &req, keep_alive, &head, 500);
-            }
-            let mut scripted = None;
-            if run_server {
-                run_server = false;
-                let before = req.path.clone();
-                match self.run_script(key, &server.script, &mut req, &head, &server.base) {
-                    Outcome::Return { code, text } => scripted = Some((code, text)),
-                    Outcome::Stay | Outcome::Relocate => {
-                        if req.path != before {
-                            loc = self.locate(key, server, &req.path.clone());
-                        }
-                    }
+            let mut returned = false;
+            let scripted = match rewritten.take().unwrap_or_else(|| {
+                self.rewrite_phase(key, server, &mut loc, &mut req, &head, &mut hops)
+            }) {
+                Rewritten::Stay => None,
+                Rewritten::Return(code, text) => Some((code, text)),
+                Rewritten::Returned => {
+                    returned = true;
+                    None
                 }
-            }
-            if scripted.is_none() && !loc.script.is_empty() {
-                match self.run_script(key, &loc.script, &mut req, &head, loc) {
-                    Outcome::Return { code, text } => scripted = Some((code, text)),
-                    Outcome::Relocate => {
-                        hops += 1;
-                        loc = self.locate(key, server, &req.path.clone());
-                        continue;
-                    }
-                    Outcome::Stay => {}
+                Rewritten::Cycle => {
+                    crate::log!(
+                        Error,
+                        "rewrite or internal redirection cycle while internally redirecting to \"{}\"",
+                        req.path
+                    );
+                    self.conns[key].in_error_page = true;
+                    break super::respond::status(self, key, loc, &req, keep_alive, &head, 500);
                 }
-            }
+            };
+            // nginx's order: `internal` is checked when the location is found, a `return`
+            // ends the rewrite phase, then access (`allow`/`deny`), then `try_files`.
             let action = if let Some(code) = forced.take() {
                 Action::Status(code)
-            } else if let Some((code, text)) = scripted {
-                Action::Return(code, text)
             } else if loc.internal && hops == 0 {
                 Action::Status(404)
+            } else if let Some((code, text)) = scripted {
+                Action::Return(code, text)
+            } else if returned {
+                Action::Content
             } else if self.access_denied(key, loc, &req) {
                 Action::Status(403)
             } else if let Some(tf) = &loc.try_files {
@@ -1427,7 +1452,6 @@ impl Worker<'_> {
                 Action::Redirect(target) => {
                     hops += 1;
                     loc = self.redirect(key, server, target, &mut req);
-                    run_server = !server.script.is_empty();
                     continue;
                 }
                 Action::Return(code, text) => {
@@ -1475,7 +1499,6 @@ impl Worker<'_> {
             }
             hops += 1;
             let next = self.redirect(key, server, Redirect::parse(&target), &mut req);
-            run_server = !server.script.is_empty();
             let next_proxied = next.proxy_pass.is_some() && next.ret.is_none();
             if next_proxied && req.body != shard_http::request::Body::None {
                 // Its body is being discarded: the upstream cannot be given a request whose
@@ -1497,6 +1520,51 @@ impl Worker<'_> {
             c.close_after = true;
         }
         self.log_access(key, loc, &req, reply.status, reply.body_bytes, &head);
+    }
+
+    /// nginx's server rewrite phase (`server`'s instructions), the
+    /// search for the location if they changed the URI, then the location's rewrite phase,
+    /// again after each change of location. Counts each change in `hops`.
+    #[allow(clippy::too_many_arguments)]
+    fn rewrite_phase<'s>(
+        &mut self,
+        key: usize,
+        server: &'s shard_config::ServerConf,
+        loc: &mut &'s LocationConf,
+        req: &mut shard_http::request::Request,
+        head: &[u8],
+        hops: &mut usize,
+    ) -> Rewritten {
+        if !server.script.is_empty() {
+            let before = req.path.clone();
+            match self.run_script(key, &server.script, req, head, &server.base) {
+                Outcome::Return { code, text } => return Rewritten::Return(code, text),
+                Outcome::Stay | Outcome::Relocate => {
+                    if req.path != before {
+                        *loc = self.locate(key, server, &req.path.clone());
+                    }
+                }
+            }
+        }
+        loop {
+            if *hops > MAX_INTERNAL_REDIRECTS {
+                return Rewritten::Cycle;
+            }
+            if loc.ret.is_some() {
+                return Rewritten::Returned;
+            }
+            if loc.script.is_empty() {
+                return Rewritten::Stay;
+            }
+            match self.run_script(key, &loc.script, req, head, loc) {
+                Outcome::Return { code, text } => return Rewritten::Return(code, text),
+                Outcome::Relocate => {
+                    *hops += 1;
+                    *loc = self.locate(key, server, &req.path.clone());
+                }
+                Outcome::Stay => return Rewritten::Stay,
+            }
+        }
     }
 
     /// `limit_conn` and `limit_req` of `loc` for the request on `key`: counted in the shared
@@ -1650,8 +1718,10 @@ impl Worker<'_> {
         }
     }
 
-    /// `try_files`: the first candidate that exists (a directory for one ending in `/`)
-    /// becomes the URI served here; else the last parameter decides.
+    /// `try_files`: the first candidate that exists (a directory for one written with a
+    /// trailing `/`, else anything but a directory) becomes the URI served here, without that
+    /// `/` (so `$uri/` of `/sub` serves nginx's 301 to `/sub/`); else the last parameter
+    /// decides.
     fn try_files(
         &mut self,
         key: usize,
@@ -1667,11 +1737,10 @@ impl Worker<'_> {
             let ctx = self.var_ctx(key, req, hs, loc);
             let root = shard_http::vars::doc_root(&ctx);
             for f in &tf.files {
-                let uri = shard_http::vars::render(f, &ctx);
-                let want_dir = uri.ends_with('/');
+                let uri = shard_http::vars::render(&f.name, &ctx);
                 let path = shard_http::static_file::map_path_with(loc, &uri, root.as_deref());
                 match std::fs::metadata(&path) {
-                    Ok(m) if m.is_dir() == want_dir => {
+                    Ok(m) if m.is_dir() == f.dir => {
                         found = Some(uri);
                         break;
                     }
@@ -1699,7 +1768,7 @@ impl Worker<'_> {
     }
 
     /// Writes the request's line into every `access_log` of `loc`. `head` is the request head
-    /// when a format needs its header lines (see `needs_head`), else may be empty.
+    /// when a format needs its header lines (see `LocationConf::needs_head`), else may be empty.
     pub(super) fn log_access(
         &mut self,
         key: usize,

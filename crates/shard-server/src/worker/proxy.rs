@@ -1689,7 +1689,8 @@ impl<'a> Worker<'a> {
             p.keep_alive,
             self.conns[key].body_pending(),
         );
-        self.error_page(key, status, keep);
+        let loc = self.proxy_location(&p);
+        self.error_page_in(key, status, keep, Some(loc));
         let len = shard_http::response::error_body(status).len() as u64;
         self.log_proxy_access(key, &p, status, len);
         self.give_proxy_bufs(p);
