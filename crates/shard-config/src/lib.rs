@@ -6,6 +6,7 @@
 
 #[doc(hidden)]
 pub mod fuzz;
+pub mod index;
 mod lexer;
 mod model;
 mod parse;

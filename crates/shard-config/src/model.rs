@@ -229,6 +229,9 @@ pub struct Listener {
     pub default_server: usize,
     /// Where the options were given (or the first `listen` when none were).
     pub place: Place,
+    /// The server names of `servers` by nginx's precedence (empty for a stream listener);
+    /// the copies of a listener share one index.
+    pub names: std::sync::Arc<crate::index::ServerIndex>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -520,6 +523,8 @@ pub struct MapConf {
     pub regexes: Vec<(regex::Regex, Vec<Part>)>,
     /// `default`, else empty.
     pub default: Vec<Part>,
+    /// `exact` indexed (with `hostnames`, its wildcard keys apart).
+    pub index: crate::index::MapIndex,
 }
 
 /// `limit_req_zone KEY zone=NAME:SIZE rate=RATE` or `limit_conn_zone KEY zone=NAME:SIZE`.
@@ -1185,6 +1190,8 @@ pub struct ServerConf {
     pub script: Vec<Instr>,
     /// In file order.
     pub locations: Vec<LocationConf>,
+    /// `locations` indexed for nginx's search (built once the list is final).
+    pub index: crate::index::LocationIndex,
 }
 
 /// One `ssl_certificate` with the `ssl_certificate_key` of the same rank.

@@ -6,84 +6,25 @@
 //! [`find_location_index`]): exact, then the longest prefix, then regexes, else the server's
 //! own settings. This module does not look at methods, files or the network.
 
-use shard_config::{HttpConf, Listener, LocationConf, LocationKind, ServerConf, ServerName};
+use shard_config::{Listener, LocationConf, LocationKind, ServerConf, ServerName};
 
-/// Index into `http.servers` of the server for `host` (lowercase, without port) on `listener`.
-/// A request without a host matches only `server_name ""`.
-pub fn select_server(http: &HttpConf, listener: &Listener, host: Option<&str>) -> usize {
+/// Index into `http.servers` of the server for `host` (lowercase, without port) on `listener`:
+/// an exact name, the longest leading wildcard, the longest trailing one, the first regular
+/// expression, else the address's default server (`Listener::names`, built with the
+/// configuration: no scan of the servers). A request without a host matches only
+/// `server_name ""`.
+pub fn select_server(listener: &Listener, host: Option<&str>) -> usize {
     let host = host.unwrap_or("");
-    let candidates = || {
-        listener
-            .servers
-            .iter()
-            .copied()
-            .filter_map(|i| http.servers.get(i).map(|s| (i, s)))
-    };
-    for (i, s) in candidates() {
-        if s.server_names
-            .iter()
-            .any(|n| matches!(n, ServerName::Exact(e) if e == host))
-        {
-            return i;
-        }
+    let ix = &listener.names;
+    if let Some(i) = ix.exact(host) {
+        return i;
     }
     if host.is_empty() {
         return listener.default_server;
     }
-    // Longest wildcard starting with '*' (or a '.name' form), measured as "*.name" would be.
-    let mut best: Option<(usize, usize)> = None;
-    for (i, s) in candidates() {
-        for n in &s.server_names {
-            let len = match n {
-                ServerName::WildcardPrefix(suffix)
-                    if host.len() > suffix.len() && host.ends_with(suffix.as_str()) =>
-                {
-                    suffix.len()
-                }
-                ServerName::Dot(name)
-                    if host == name
-                        || (host.len() > name.len()
-                            && host.ends_with(name.as_str())
-                            && host.as_bytes()[host.len() - name.len() - 1] == b'.') =>
-                {
-                    name.len() + 1
-                }
-                _ => continue,
-            };
-            if best.map(|(_, l)| l) < Some(len) {
-                best = Some((i, len));
-            }
-        }
-    }
-    if let Some((i, _)) = best {
-        return i;
-    }
-    for (i, s) in candidates() {
-        for n in &s.server_names {
-            if let ServerName::WildcardSuffix(prefix) = n {
-                if host.len() > prefix.len() && host.starts_with(prefix.as_str()) {
-                    let len = prefix.len();
-                    if best.map(|(_, l)| l) < Some(len) {
-                        best = Some((i, len));
-                    }
-                }
-            }
-        }
-    }
-    if let Some((i, _)) = best {
-        return i;
-    }
-    // Regular expressions, in the order written.
-    for (i, s) in candidates() {
-        for n in &s.server_names {
-            if let ServerName::Regex(r) = n {
-                if r.0.is_match(host) {
-                    return i;
-                }
-            }
-        }
-    }
-    listener.default_server
+    ix.wildcard(host)
+        .or_else(|| ix.regex(host))
+        .unwrap_or(listener.default_server)
 }
 
 /// `$server_name`: the server's first exact name, or "".
@@ -114,28 +55,16 @@ pub fn find_location<'a>(server: &'a ServerConf, path: &str) -> &'a LocationConf
 /// wins at once when it is `^~`; else the regex locations are tried in file order, those
 /// nested in the remembered prefix first, then outward level by level; the first that
 /// matches wins (and a regex nested in it that matches wins over it); else the prefix.
-/// Named locations are never found here.
+/// Named locations are never found here. Exact and prefix locations are found through
+/// `ServerConf::index` in time proportional to the path's length, whatever their number.
 pub fn find_location_index(server: &ServerConf, path: &str, caps: &mut Captures) -> Option<usize> {
     caps.clear();
     let locs = &server.locations;
-    let mut best: Option<usize> = None;
-    for (i, loc) in locs.iter().enumerate() {
-        match loc.kind {
-            LocationKind::Exact => {
-                if loc.path == path {
-                    return Some(i);
-                }
-            }
-            LocationKind::Prefix | LocationKind::PrefixNoRegex => {
-                if path.starts_with(loc.path.as_str())
-                    && best.map(|b| locs[b].path.len()) < Some(loc.path.len())
-                {
-                    best = Some(i);
-                }
-            }
-            LocationKind::Regex | LocationKind::Named => {}
-        }
+    let ix = &server.index;
+    if let Some(i) = ix.exact(path) {
+        return Some(i);
     }
+    let best = ix.longest_prefix(path);
     if let Some(b) = best {
         if locs[b].kind == LocationKind::PrefixNoRegex {
             return best;
@@ -144,10 +73,10 @@ pub fn find_location_index(server: &ServerConf, path: &str, caps: &mut Captures)
     // Levels from the remembered prefix outward to the server.
     let mut level = best;
     loop {
-        if let Some(i) = first_regex(locs, level, path, caps) {
+        if let Some(i) = first_regex(server, level, path, caps) {
             // A regex nested in the one that matched is searched too.
             let mut inner = Captures::new();
-            if let Some(j) = first_regex(locs, Some(i), path, &mut inner) {
+            if let Some(j) = first_regex(server, Some(i), path, &mut inner) {
                 *caps = inner;
                 return Some(j);
             }
@@ -163,16 +92,16 @@ pub fn find_location_index(server: &ServerConf, path: &str, caps: &mut Captures)
 
 /// The first regex location whose parent is `parent` and that matches `path`.
 fn first_regex(
-    locs: &[LocationConf],
+    server: &ServerConf,
     parent: Option<usize>,
     path: &str,
     caps: &mut Captures,
 ) -> Option<usize> {
-    for (i, loc) in locs.iter().enumerate() {
-        if loc.kind != LocationKind::Regex || loc.parent != parent {
+    for &i in server.index.regexes_in(parent) {
+        let i = i as usize;
+        let Some(re) = &server.locations[i].regex else {
             continue;
-        }
-        let Some(re) = &loc.regex else { continue };
+        };
         if let Some(c) = re.captures(path) {
             caps.clear();
             caps.extend(c.iter().map(|m| m.map(|m| (m.start(), m.end()))));
@@ -192,16 +121,178 @@ pub fn capture_names_into(out: &mut Vec<Option<String>>, re: Option<&regex::Rege
 
 /// The named location `name` (with its `@`) of `server`.
 pub fn named_location<'a>(server: &'a ServerConf, name: &str) -> Option<&'a LocationConf> {
-    server
-        .locations
-        .iter()
-        .find(|l| l.kind == LocationKind::Named && l.path == name)
+    server.index.named(name).map(|i| &server.locations[i])
+}
+
+/// The linear scans the indexes replaced, kept as the oracle of the property tests: what they
+/// choose is the specification the indexes must meet.
+#[cfg(test)]
+pub(crate) mod oracle {
+    use super::*;
+    use shard_config::HttpConf;
+
+    /// Index into `http.servers` of the server for `host` (lowercase, without port) on `listener`.
+    /// A request without a host matches only `server_name ""`.
+    pub fn select_server_scan(http: &HttpConf, listener: &Listener, host: Option<&str>) -> usize {
+        let host = host.unwrap_or("");
+        let candidates = || {
+            listener
+                .servers
+                .iter()
+                .copied()
+                .filter_map(|i| http.servers.get(i).map(|s| (i, s)))
+        };
+        for (i, s) in candidates() {
+            if s.server_names
+                .iter()
+                .any(|n| matches!(n, ServerName::Exact(e) if e == host))
+            {
+                return i;
+            }
+        }
+        if host.is_empty() {
+            return listener.default_server;
+        }
+        // Longest wildcard starting with '*' (or a '.name' form), measured as "*.name" would be.
+        let mut best: Option<(usize, usize)> = None;
+        for (i, s) in candidates() {
+            for n in &s.server_names {
+                let len = match n {
+                    ServerName::WildcardPrefix(suffix)
+                        if host.len() > suffix.len() && host.ends_with(suffix.as_str()) =>
+                    {
+                        suffix.len()
+                    }
+                    ServerName::Dot(name)
+                        if host == name
+                            || (host.len() > name.len()
+                                && host.ends_with(name.as_str())
+                                && host.as_bytes()[host.len() - name.len() - 1] == b'.') =>
+                    {
+                        name.len() + 1
+                    }
+                    _ => continue,
+                };
+                if best.map(|(_, l)| l) < Some(len) {
+                    best = Some((i, len));
+                }
+            }
+        }
+        if let Some((i, _)) = best {
+            return i;
+        }
+        for (i, s) in candidates() {
+            for n in &s.server_names {
+                if let ServerName::WildcardSuffix(prefix) = n {
+                    if host.len() > prefix.len() && host.starts_with(prefix.as_str()) {
+                        let len = prefix.len();
+                        if best.map(|(_, l)| l) < Some(len) {
+                            best = Some((i, len));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some((i, _)) = best {
+            return i;
+        }
+        // Regular expressions, in the order written.
+        for (i, s) in candidates() {
+            for n in &s.server_names {
+                if let ServerName::Regex(r) = n {
+                    if r.0.is_match(host) {
+                        return i;
+                    }
+                }
+            }
+        }
+        listener.default_server
+    }
+
+    /// nginx's search, as an index into `server.locations` (`None`: the server's own settings),
+    /// with the captures of the regex that chose it in `caps` (cleared otherwise):
+    ///
+    /// an exact location equal to `path` wins at once; else the longest prefix is remembered, and
+    /// wins at once when it is `^~`; else the regex locations are tried in file order, those
+    /// nested in the remembered prefix first, then outward level by level; the first that
+    /// matches wins (and a regex nested in it that matches wins over it); else the prefix.
+    /// Named locations are never found here.
+    pub fn find_location_index_scan(
+        server: &ServerConf,
+        path: &str,
+        caps: &mut Captures,
+    ) -> Option<usize> {
+        caps.clear();
+        let locs = &server.locations;
+        let mut best: Option<usize> = None;
+        for (i, loc) in locs.iter().enumerate() {
+            match loc.kind {
+                LocationKind::Exact => {
+                    if loc.path == path {
+                        return Some(i);
+                    }
+                }
+                LocationKind::Prefix | LocationKind::PrefixNoRegex => {
+                    if path.starts_with(loc.path.as_str())
+                        && best.map(|b| locs[b].path.len()) < Some(loc.path.len())
+                    {
+                        best = Some(i);
+                    }
+                }
+                LocationKind::Regex | LocationKind::Named => {}
+            }
+        }
+        if let Some(b) = best {
+            if locs[b].kind == LocationKind::PrefixNoRegex {
+                return best;
+            }
+        }
+        // Levels from the remembered prefix outward to the server.
+        let mut level = best;
+        loop {
+            if let Some(i) = first_regex_scan(locs, level, path, caps) {
+                // A regex nested in the one that matched is searched too.
+                let mut inner = Captures::new();
+                if let Some(j) = first_regex_scan(locs, Some(i), path, &mut inner) {
+                    *caps = inner;
+                    return Some(j);
+                }
+                return Some(i);
+            }
+            match level {
+                Some(l) => level = locs[l].parent,
+                None => break,
+            }
+        }
+        best
+    }
+
+    /// The first regex location whose parent is `parent` and that matches `path`.
+    fn first_regex_scan(
+        locs: &[LocationConf],
+        parent: Option<usize>,
+        path: &str,
+        caps: &mut Captures,
+    ) -> Option<usize> {
+        for (i, loc) in locs.iter().enumerate() {
+            if loc.kind != LocationKind::Regex || loc.parent != parent {
+                continue;
+            }
+            let Some(re) = &loc.regex else { continue };
+            if let Some(c) = re.captures(path) {
+                caps.clear();
+                caps.extend(c.iter().map(|m| m.map(|m| (m.start(), m.end()))));
+                return Some(i);
+            }
+        }
+        None
+    }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use shard_config::{ListenOpts, Place};
+    use shard_config::{HttpConf, ListenOpts, Place};
     use std::path::PathBuf;
     use std::sync::Arc;
 
@@ -290,8 +381,31 @@ pub(crate) mod tests {
             underscores_in_headers: false,
             ignore_invalid_headers: true,
             base: loc(LocationKind::Prefix, ""),
+            index: shard_config::index::LocationIndex::build(&locations),
             locations,
             script: Vec::new(),
+        }
+    }
+
+    pub(crate) fn listener(
+        http: &HttpConf,
+        servers: Vec<usize>,
+        default_server: usize,
+    ) -> Listener {
+        Listener {
+            kind: shard_config::ListenerKind::Http,
+            addr: "127.0.0.1:80".parse().unwrap(),
+            opts: ListenOpts::default(),
+            names: Arc::new(shard_config::index::ServerIndex::build(
+                &http.servers,
+                &servers,
+            )),
+            servers,
+            default_server,
+            place: Place {
+                file: "t.conf".into(),
+                line: 1,
+            },
         }
     }
 
@@ -312,24 +426,14 @@ pub(crate) mod tests {
             ],
             upstreams: vec![],
         };
-        let listener = Listener {
-            kind: shard_config::ListenerKind::Http,
-            addr: "127.0.0.1:80".parse().unwrap(),
-            opts: ListenOpts::default(),
-            servers: vec![0, 1, 2, 3, 4, 5, 6],
-            default_server: 0,
-            place: Place {
-                file: "t.conf".into(),
-                line: 1,
-            },
-        };
+        let listener = listener(&http, vec![0, 1, 2, 3, 4, 5, 6], 0);
         (http, listener)
     }
 
     #[test]
     fn server_selection() {
         let (http, l) = setup();
-        let s = |h: Option<&str>| select_server(&http, &l, h);
+        let s = |h: Option<&str>| select_server(&l, h);
         assert_eq!(s(Some("exact.example.com")), 2);
         assert_eq!(s(Some("other.example.com")), 1);
         assert_eq!(s(Some("a.deep.example.com")), 3, "longest leading wildcard");
@@ -350,11 +454,9 @@ pub(crate) mod tests {
         assert_eq!(s(Some("unknown.test")), 0);
         assert_eq!(s(Some("elsewhere.test")), 0, "server not on this listener");
         assert_eq!(s(None), 6, "server_name \"\" takes requests without Host");
-        let mut l2 = l.clone();
-        l2.servers = vec![0, 1];
-        l2.default_server = 1;
-        assert_eq!(select_server(&http, &l2, None), 1);
-        assert_eq!(select_server(&http, &l2, Some("zzz")), 1);
+        let l2 = listener(&http, vec![0, 1], 1);
+        assert_eq!(select_server(&l2, None), 1);
+        assert_eq!(select_server(&l2, Some("zzz")), 1);
     }
 
     #[test]
@@ -383,5 +485,177 @@ pub(crate) mod tests {
         assert_eq!(f("/other"), (Prefix, "/".into()));
         let none = server(vec![], vec![loc(Prefix, "/only/")]);
         assert_eq!(find_location(&none, "/x").path, "");
+    }
+
+    /// A small deterministic generator for the property tests (xorshift64*).
+    pub(crate) struct Rng(pub u64);
+
+    impl Rng {
+        pub fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        pub fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+        pub fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
+            xs[self.below(xs.len())]
+        }
+    }
+
+    /// A name of 1 to 3 labels from a few, so that names, wildcards and hosts collide often.
+    fn labels(r: &mut Rng, max: usize) -> String {
+        let n = 1 + r.below(max);
+        (0..n)
+            .map(|_| r.pick(&["a", "b", "ex", "www", "com", "x1"]))
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    fn random_name(r: &mut Rng) -> ServerName {
+        use ServerName::*;
+        match r.below(7) {
+            0 | 1 => Exact(labels(r, 3)),
+            2 => WildcardPrefix(format!(".{}", labels(r, 3))),
+            3 => WildcardSuffix(format!("{}.", labels(r, 2))),
+            4 => Dot(labels(r, 3)),
+            5 => Exact(String::new()),
+            _ => {
+                let re = r.pick(&[r"^a\.", r"com$", r"^www\.(.+)$", r"b", r"^x1\.a$"]);
+                Regex(shard_config::NameRegex(
+                    regex::RegexBuilder::new(re)
+                        .case_insensitive(true)
+                        .build()
+                        .unwrap(),
+                ))
+            }
+        }
+    }
+
+    /// Random servers, addresses and hosts: the index chooses what the scan chooses.
+    #[test]
+    fn server_index_chooses_what_the_scan_chooses() {
+        let mut r = Rng(0x5eed_1234_abcd_0001);
+        for _ in 0..3000 {
+            let servers: Vec<ServerConf> = (0..1 + r.below(10))
+                .map(|_| {
+                    let names = (0..1 + r.below(4)).map(|_| random_name(&mut r)).collect();
+                    server(names, vec![])
+                })
+                .collect();
+            let http = HttpConf {
+                maps: vec![],
+                limit_zones: vec![],
+                servers,
+                upstreams: vec![],
+            };
+            let on: Vec<usize> = (0..http.servers.len())
+                .filter(|_| r.below(4) != 0)
+                .collect();
+            if on.is_empty() {
+                continue;
+            }
+            let default = on[r.below(on.len())];
+            let l = listener(&http, on, default);
+            for _ in 0..40 {
+                let host = match r.below(8) {
+                    0 => None,
+                    1 => Some(String::new()),
+                    _ => Some(labels(&mut r, 4)),
+                };
+                let h = host.as_deref();
+                assert_eq!(
+                    select_server(&l, h),
+                    oracle::select_server_scan(&http, &l, h),
+                    "host {h:?} on {:?}",
+                    l.servers
+                        .iter()
+                        .map(|&i| &http.servers[i].server_names)
+                        .collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+
+    /// Random locations (exact, prefix, `^~`, regex, named, nested) and paths: the index
+    /// chooses what the scan chooses, with the same captures.
+    #[test]
+    fn location_index_chooses_what_the_scan_chooses() {
+        use LocationKind::*;
+        let mut r = Rng(0x10c4_7105_0000_0001);
+        let segs = ["/", "a", "b", "ab", "/", "c.css", "x"];
+        let path = |r: &mut Rng| -> String {
+            let mut p = String::from("/");
+            for _ in 0..r.below(6) {
+                p.push_str(r.pick(&segs));
+            }
+            p
+        };
+        for _ in 0..2000 {
+            let mut locs: Vec<LocationConf> = Vec::new();
+            for _ in 0..r.below(14) {
+                // A parent among the prefix and regex locations so far, or none.
+                let parents: Vec<usize> = (0..locs.len())
+                    .filter(|&i| matches!(locs[i].kind, Prefix | PrefixNoRegex | Regex))
+                    .collect();
+                let parent = (!parents.is_empty() && r.below(3) == 0)
+                    .then(|| parents[r.below(parents.len())]);
+                let base = parent
+                    .filter(|&p| locs[p].kind != Regex)
+                    .map_or(String::new(), |p| locs[p].path.clone());
+                let own = |r: &mut Rng| {
+                    if base.is_empty() {
+                        path(r)
+                    } else {
+                        format!("{base}{}", r.pick(&segs))
+                    }
+                };
+                let mut l = match r.below(6) {
+                    0 => loc(Exact, &own(&mut r)),
+                    1 | 2 => loc(Prefix, &own(&mut r)),
+                    3 => loc(PrefixNoRegex, &own(&mut r)),
+                    4 => {
+                        let re =
+                            r.pick(&[r"\.css$", r"^/a", r"/(b)/", r"^/(?<n>[ab]+)", r"x$", r"a"]);
+                        let mut l = loc(Regex, re);
+                        l.regex = Some(regex::Regex::new(re).unwrap());
+                        l
+                    }
+                    _ => loc(Named, r.pick(&["@a", "@b", "@a"])),
+                };
+                if l.kind != Named {
+                    l.parent = parent;
+                }
+                locs.push(l);
+            }
+            let srv = server(vec![], locs);
+            for _ in 0..30 {
+                let p = path(&mut r);
+                let (mut a, mut b) = (Captures::new(), Captures::new());
+                let got = find_location_index(&srv, &p, &mut a);
+                let want = oracle::find_location_index_scan(&srv, &p, &mut b);
+                assert_eq!(
+                    (got, &a),
+                    (want, &b),
+                    "{p} in {:?}",
+                    srv.locations
+                        .iter()
+                        .map(|l| (l.kind, &l.path, l.parent))
+                        .collect::<Vec<_>>()
+                );
+            }
+            for name in ["@a", "@b", "@c"] {
+                let scan = srv
+                    .locations
+                    .iter()
+                    .position(|l| l.kind == Named && l.path == name);
+                assert_eq!(
+                    named_location(&srv, name).map(|l| l as *const LocationConf),
+                    scan.map(|i| &srv.locations[i] as *const LocationConf)
+                );
+            }
+        }
     }
 }

@@ -548,8 +548,10 @@ fn push_parts_at(out: &mut Vec<u8>, parts: &[Part], c: &Ctx<'_>, depth: usize) {
     }
 }
 
-/// nginx's `map` lookup: an exact key (with `hostnames`, also `.name`, `*.name`, `name.*`
-/// keys, case-insensitive), then the regular expressions in order, else `default`.
+/// nginx's `map` lookup: the exact key, else (with `hostnames`, the value compared without
+/// case and a trailing dot) the longest `*.name` or `.name` key, else the longest `name.*`
+/// key, else the regular expressions in order, else `default`. Keys are found through
+/// `MapConf::index`, in time linear in the value's length however many there are.
 pub fn map_lookup<'m>(m: &'m MapConf, value: &str) -> &'m [Part] {
     let lower;
     let v = if m.hostnames {
@@ -558,30 +560,8 @@ pub fn map_lookup<'m>(m: &'m MapConf, value: &str) -> &'m [Part] {
     } else {
         value
     };
-    if let Some((_, p)) = m.exact.iter().find(|(k, _)| k == v) {
-        return p;
-    }
-    if m.hostnames {
-        let mut best: Option<(usize, &[Part])> = None;
-        for (k, p) in &m.exact {
-            let len = if let Some(suffix) = k.strip_prefix('*') {
-                (v.len() > suffix.len() && v.ends_with(suffix)).then_some(suffix.len())
-            } else if let Some(name) = k.strip_prefix('.') {
-                (v == name || v.ends_with(&k[..])).then_some(k.len())
-            } else if let Some(prefix) = k.strip_suffix('*') {
-                (v.len() > prefix.len() && v.starts_with(prefix)).then_some(prefix.len())
-            } else {
-                None
-            };
-            if let Some(len) = len {
-                if best.is_none_or(|(l, _)| len > l) {
-                    best = Some((len, p));
-                }
-            }
-        }
-        if let Some((_, p)) = best {
-            return p;
-        }
+    if let Some(i) = m.index.find(v) {
+        return &m.exact[i].1;
     }
     for (re, p) in &m.regexes {
         if re.is_match(value) {
@@ -645,4 +625,124 @@ pub fn real_ip(
         }
     }
     addrs.first().and_then(|a| parse(a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::tests::Rng;
+
+    /// nginx's `map` order, by a scan of every key: the oracle of [`map_lookup`].
+    fn map_lookup_scan<'m>(m: &'m MapConf, value: &str) -> &'m [Part] {
+        let lower;
+        let v = if m.hostnames {
+            lower = value.trim_end_matches('.').to_ascii_lowercase();
+            lower.as_str()
+        } else {
+            value
+        };
+        let wild = |k: &str| m.hostnames && (k.starts_with(['*', '.']) || k.ends_with('*'));
+        if let Some((_, p)) = m.exact.iter().find(|(k, _)| !wild(k) && k == v) {
+            return p;
+        }
+        if m.hostnames {
+            // The longest leading wildcard, then the longest trailing one; the first written
+            // of one length.
+            let mut best: Option<(usize, &[Part])> = None;
+            for (k, p) in &m.exact {
+                let len = if let Some(suffix) = k.strip_prefix('*') {
+                    (v.len() > suffix.len() && v.ends_with(suffix)).then_some(suffix.len())
+                } else if let Some(name) = k.strip_prefix('.') {
+                    (v == name || v.ends_with(&k[..])).then_some(k.len())
+                } else {
+                    None
+                };
+                if let Some(len) = len {
+                    if best.is_none_or(|(l, _)| len > l) {
+                        best = Some((len, p));
+                    }
+                }
+            }
+            if best.is_none() {
+                for (k, p) in &m.exact {
+                    if let Some(prefix) = k.strip_suffix('*') {
+                        if v.len() > prefix.len() && v.starts_with(prefix) {
+                            let len = prefix.len();
+                            if best.is_none_or(|(l, _)| len > l) {
+                                best = Some((len, p));
+                            }
+                        }
+                    }
+                }
+            }
+            if let Some((_, p)) = best {
+                return p;
+            }
+        }
+        for (re, p) in &m.regexes {
+            if re.is_match(value) {
+                return p;
+            }
+        }
+        &m.default
+    }
+
+    fn labels(r: &mut Rng, max: usize) -> String {
+        (0..1 + r.below(max))
+            .map(|_| r.pick(&["a", "b", "ex", "www", "com"]))
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    /// Random maps (with and without `hostnames`) and values: the index chooses what the
+    /// scan chooses.
+    #[test]
+    fn map_index_chooses_what_the_scan_chooses() {
+        let mut r = Rng(0x3a9_0000_1111_2222);
+        for _ in 0..3000 {
+            let hostnames = r.below(3) != 0;
+            let mut exact: Vec<(String, Vec<Part>)> = Vec::new();
+            for i in 0..r.below(12) {
+                let key = match (hostnames, r.below(5)) {
+                    (true, 0) => format!("*.{}", labels(&mut r, 2)),
+                    (true, 1) => format!(".{}", labels(&mut r, 2)),
+                    (true, 2) => format!("{}.*", labels(&mut r, 2)),
+                    _ => labels(&mut r, 3),
+                };
+                if exact.iter().all(|(k, _)| *k != key) {
+                    exact.push((key, vec![Part::Lit(i.to_string())]));
+                }
+            }
+            let regexes = (0..r.below(3))
+                .map(|i| {
+                    let re = r.pick(&[r"^a", r"com$", r"b\.", r"^www"]);
+                    (
+                        regex::Regex::new(re).unwrap(),
+                        vec![Part::Lit(format!("re{i}"))],
+                    )
+                })
+                .collect();
+            let m = MapConf {
+                name: "m".into(),
+                source: vec![],
+                hostnames,
+                index: shard_config::index::MapIndex::build(&exact, hostnames),
+                exact,
+                regexes,
+                default: vec![Part::Lit("default".into())],
+            };
+            for _ in 0..40 {
+                let mut v = labels(&mut r, 4);
+                if r.below(5) == 0 {
+                    v = v.to_ascii_uppercase() + ".";
+                }
+                assert_eq!(
+                    map_lookup(&m, &v),
+                    map_lookup_scan(&m, &v),
+                    "{v:?} in {:?}",
+                    m.exact.iter().map(|(k, _)| k).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
 }

@@ -668,7 +668,6 @@ fn listener_config(
     }
     let context = SessionContext::from(ctx.finish());
     let resolver = SniResolver {
-        http: Arc::new(http.clone()),
         listener: Arc::new(l.clone()),
         keys,
     };
@@ -1037,7 +1036,6 @@ fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
 /// The certificate for a handshake: the server SNI names (nginx's `server_name` rules, the
 /// default server without SNI), then the first of its pairs the client can verify.
 struct SniResolver {
-    http: Arc<HttpConf>,
     listener: Arc<Listener>,
     /// Per server (index into `HttpConf::servers`): its certificates, in order.
     keys: Vec<Vec<Arc<CertifiedKey>>>,
@@ -1052,7 +1050,7 @@ impl std::fmt::Debug for SniResolver {
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let name = hello.server_name().map(str::to_ascii_lowercase);
-        let server = shard_http::route::select_server(&self.http, &self.listener, name.as_deref());
+        let server = shard_http::route::select_server(&self.listener, name.as_deref());
         let keys = self.keys.get(server).filter(|k| !k.is_empty())?;
         let schemes = hello.signature_schemes();
         keys.iter()

@@ -798,6 +798,7 @@ pub(super) fn finish_server(
         underscores_in_headers: eff.underscores_in_headers,
         ignore_invalid_headers: eff.ignore_invalid_headers,
         base,
+        index: crate::index::LocationIndex::build(&locations),
         locations,
         script,
     })

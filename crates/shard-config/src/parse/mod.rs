@@ -611,6 +611,7 @@ impl Env {
                 addr: l.addr,
                 kind: ListenerKind::Http,
                 default_server: l.default_server.unwrap_or(l.servers[0]),
+                names: Arc::new(crate::index::ServerIndex::build(&servers, &l.servers)),
                 servers: l.servers,
                 opts: l.opts,
                 place: l.opts_place.unwrap_or(l.first_place),

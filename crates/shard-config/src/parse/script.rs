@@ -244,7 +244,9 @@ pub(super) fn http_map(_: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
         exact: Vec::new(),
         regexes: Vec::new(),
         default: Vec::new(),
+        index: Default::default(),
     };
+    let mut seen = std::collections::HashSet::new();
     for item in block(d) {
         let e = match item {
             Item::Error(e) => return Err(e.clone()),
@@ -277,7 +279,14 @@ pub(super) fn http_map(_: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
                     } else {
                         key.to_string()
                     };
-                    if m.exact.iter().any(|(k, _)| *k == key) {
+                    if m.hostnames && !valid_wildcard_key(&key) {
+                        return Err(derr(
+                            e,
+                            file,
+                            format!("invalid hostname or wildcard \"{key}\""),
+                        ));
+                    }
+                    if !seen.insert(key.clone()) {
                         return Err(derr(e, file, format!("conflicting parameter \"{key}\"")));
                     }
                     m.exact.push((key, value));
@@ -286,6 +295,18 @@ pub(super) fn http_map(_: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
             _ => return Err(derr(e, file, "invalid number of the map parameters")),
         }
     }
+    m.index = crate::index::MapIndex::build(&m.exact, m.hostnames);
     h.maps.push(m);
     Ok(())
+}
+
+/// A `map ... { hostnames; }` key as nginx's wildcard hash takes it: a `*` only as a whole
+/// first label (`*.example.com`) or a whole last one (`www.example.*`), never both.
+fn valid_wildcard_key(key: &str) -> bool {
+    match (key.strip_prefix("*."), key.strip_suffix(".*")) {
+        (Some(_), Some(_)) => false,
+        (Some(rest), None) => !rest.is_empty() && !rest.contains('*'),
+        (None, Some(rest)) => !rest.is_empty() && !rest.contains('*'),
+        (None, None) => !key.contains('*'),
+    }
 }

@@ -175,6 +175,7 @@ pub(super) fn finish_stream(
             servers: Vec::new(),
             default_server: 0,
             place: l.opts_place.unwrap_or(l.first_place),
+            names: Default::default(),
         });
     }
     Ok(StreamConf { upstreams, servers })

@@ -1233,7 +1233,7 @@ impl Worker<'_> {
             return;
         };
         let listener = &cfg.listeners[self.conns[key].listener];
-        let server_idx = shard_http::route::select_server(http, listener, req.host.as_deref());
+        let server_idx = shard_http::route::select_server(listener, req.host.as_deref());
         let server = &http.servers[server_idx];
         self.conns[key].server = server_idx;
         let first = self.locate(key, server, &req.path);
