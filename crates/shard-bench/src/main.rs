@@ -17,6 +17,7 @@ pub mod loadgen;
 mod procfs;
 mod proxy;
 mod reload;
+mod routing;
 mod servers;
 mod soak;
 mod statics;
@@ -79,6 +80,11 @@ enum Cmd {
     /// TLS termination, shard and nginx on the same certificate: full and resumed
     /// handshakes per second and worker CPU per handshake, and a 1 MiB file's MB/s over TLS.
     Tls(tlsbench::TlsArgs),
+    /// Routing as the configuration grows: 10 to 50,000 server blocks, 10 to 10,000 prefix
+    /// locations, maps of 10 to 100,000 keys; worker CPU per request for the first, middle,
+    /// last and an unknown entry, `-t` and reload time and worker RSS, shard and nginx in the
+    /// same run.
+    Routing(routing::RoutingArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -134,6 +140,7 @@ fn main() {
         Cmd::Bodies(a) => bodies::run(a),
         Cmd::Reload(a) => reload::run(a),
         Cmd::Tls(a) => tlsbench::run(a),
+        Cmd::Routing(a) => routing::run(a),
     };
     if let Err(e) = res {
         eprintln!("shard-bench: {e:#}");

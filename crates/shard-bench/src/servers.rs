@@ -144,7 +144,8 @@ pub struct Spec {
     pub server_extra: String,
     /// Directives of `location = /ok` instead of `return 200 "OK";`, e.g. a `proxy_pass`.
     pub ok: Option<String>,
-    /// Extra directives inside `http {}` before the server, e.g. an `upstream` block.
+    /// Extra directives inside `http {}` before the server, e.g. an `upstream` block; `{port}`
+    /// stands for the listening port (more servers on the same address).
     pub http_extra: String,
     /// The body of a `stream {}` block, when there is one.
     pub stream: Option<String>,
@@ -189,7 +190,7 @@ impl Spec {
              {}\n    server {{\n        listen 127.0.0.1:{port} {};\n        root {}/html;\n\
              location = /ok {{ {ok} }}\n        location = /stub_status {{ stub_status; }}\n\
              {status}\n        {}\n    }}\n}}\n",
-            self.http_extra,
+            self.http_extra.replace("{port}", &port.to_string()),
             self.listen_opts,
             dir.display(),
             self.server_extra

@@ -761,3 +761,29 @@ fn the_callgrind_script_counts_instructions_per_static_response() {
     }
     assert!(text.contains("SKIPPED nginx"), "{text}");
 }
+
+#[test]
+fn routing_smoke_checks_every_entry_and_reports_cpu_and_load_costs() {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    // The bench itself fails when a server answers a row's request with the wrong entry.
+    let text = stdout_of(Command::new(bench).args(["routing", "--smoke", "--no-nginx"]));
+    for conf in ["10 servers", "10 locations", "map of 10 keys"] {
+        for what in ["first", "middle", "last", "unknown"] {
+            let row = text
+                .lines()
+                .find(|l| l.starts_with(&format!("| {conf} | {what} |")))
+                .unwrap_or_else(|| panic!("no {conf} {what} row: {text}"));
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            assert!(cells[3].parse::<f64>().unwrap() > 0.0, "{row}");
+        }
+        let row = text
+            .lines()
+            .rfind(|l| l.starts_with(&format!("| {conf} |")))
+            .unwrap();
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        // -t time, reload time and worker RSS are measured.
+        assert!(cells[2].parse::<f64>().unwrap() > 0.0, "{row}");
+        assert!(cells[4].parse::<f64>().unwrap() > 0.0, "{row}");
+        assert!(cells[6].parse::<f64>().unwrap() > 0.0, "{row}");
+    }
+}
