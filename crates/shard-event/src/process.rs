@@ -227,6 +227,17 @@ pub fn cpu_time_ms() -> u64 {
 /// mount table), rounded up; at least 1. nginx's `auto` counts only online CPUs, which
 /// overcommits workers inside containers. (An earlier hand-written version read only the
 /// root cgroup's files and a 1024-CPU mask.)
+/// Gives the allocator's free memory back to the kernel (glibc's `malloc_trim`; nothing
+/// elsewhere). A master that has just read a large configuration forks workers that would
+/// otherwise carry the parse's high-water mark as resident pages.
+pub fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 pub fn available_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }

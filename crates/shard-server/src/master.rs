@@ -527,6 +527,9 @@ impl Master {
         self.stop_steering(self.cfg.events.reuseport_steering);
         self.respawns.clear();
         self.respawn_delay_ms.clear();
+        // The configuration's parse left freed memory behind; the workers should not start
+        // with it resident.
+        shard_event::process::trim_heap();
         for idx in 0..self.n_workers {
             if let Err(e) = self.spawn(idx) {
                 // The shard is not lost: its siblings serve it until the retry succeeds.
