@@ -18,6 +18,7 @@ pub mod status;
 mod steer;
 pub mod tls;
 mod worker;
+mod x509;
 
 pub use master::{run, RunOptions};
 

@@ -454,11 +454,13 @@ fn client_verifier(
         return Ok(None);
     }
     let mut roots = rustls::RootCertStore::empty();
+    let mut cas = Vec::new();
     for path in [&ssl.client_certificate, &ssl.trusted_certificate]
         .into_iter()
         .flatten()
     {
         let (_, certs) = read_cas(path, place)?;
+        cas.extend(certs.iter().cloned());
         roots.add_parsable_certificates(certs);
     }
     if roots.is_empty() {
@@ -496,7 +498,12 @@ fn client_verifier(
             place.file, place.line
         )
     })?;
-    Ok(Some(v))
+    Ok(Some(Arc::new(WithV1Leaves {
+        inner: v,
+        cas,
+        crl: ssl.crl.is_some(),
+        provider: Arc::new(provider::default_provider()),
+    })))
 }
 
 /// The listener's side of `ssl_verify_client`: a certificate is asked for (naming the CAs
@@ -557,7 +564,9 @@ impl ClientCertVerifier for AskForCertificate {
 }
 
 /// A handshake signature checked with the provider's algorithms: what both verifiers that
-/// take any certificate ([`AskForCertificate`], [`NoVerify`]) still require.
+/// take any certificate ([`AskForCertificate`], [`NoVerify`]) still require. A certificate
+/// `webpki` cannot read for its version (X.509 v1, which OpenSSL takes) is checked against
+/// the public key [`crate::x509`] reads from it.
 fn tls12_signature(
     provider: &rustls::crypto::CryptoProvider,
     message: &[u8],
@@ -565,6 +574,9 @@ fn tls12_signature(
     dss: &rustls::DigitallySignedStruct,
 ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
     let algs = &provider.signature_verification_algorithms;
+    if webpki_refuses_version(cert) {
+        return raw_key_signature(algs, message, cert, dss, false);
+    }
     rustls::crypto::verify_tls12_signature(message, cert, dss, algs)
 }
 
@@ -576,7 +588,161 @@ fn tls13_signature(
     dss: &rustls::DigitallySignedStruct,
 ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
     let algs = &provider.signature_verification_algorithms;
+    if webpki_refuses_version(cert) {
+        return raw_key_signature(algs, message, cert, dss, true);
+    }
     rustls::crypto::verify_tls13_signature(message, cert, dss, algs)
+}
+
+/// `webpki` reads only X.509 v3 certificates.
+fn webpki_refuses_version(cert: &CertificateDer<'_>) -> bool {
+    matches!(
+        webpki::EndEntityCert::try_from(cert),
+        Err(webpki::Error::UnsupportedCertVersion)
+    )
+}
+
+/// A handshake signature by the key of `cert`, read by [`crate::x509`]: in TLS 1.3 by the
+/// first algorithm of the scheme, in TLS 1.2 by any of them that fits the key, as rustls
+/// checks it with a certificate `webpki` can read.
+fn raw_key_signature(
+    algs: &rustls::crypto::WebPkiSupportedAlgorithms,
+    message: &[u8],
+    cert: &CertificateDer<'_>,
+    dss: &rustls::DigitallySignedStruct,
+    tls13: bool,
+) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+    let unadvertised = || {
+        rustls::Error::PeerMisbehaved(
+            rustls::PeerMisbehaved::SignedHandshakeWithUnadvertisedSigScheme,
+        )
+    };
+    use rustls::SignatureScheme as S;
+    let tls13_scheme = matches!(
+        dss.scheme,
+        S::ECDSA_NISTP256_SHA256
+            | S::ECDSA_NISTP384_SHA384
+            | S::ECDSA_NISTP521_SHA512
+            | S::RSA_PSS_SHA256
+            | S::RSA_PSS_SHA384
+            | S::RSA_PSS_SHA512
+            | S::ED25519
+            | S::ED448
+    );
+    if tls13 && !tls13_scheme {
+        return Err(unadvertised());
+    }
+    let c = crate::x509::parse(cert).ok_or(rustls::Error::InvalidCertificate(
+        rustls::CertificateError::BadEncoding,
+    ))?;
+    let (_, candidates) = algs
+        .mapping
+        .iter()
+        .find(|(scheme, _)| *scheme == dss.scheme)
+        .ok_or_else(unadvertised)?;
+    let candidates = if tls13 {
+        &candidates[..candidates.len().min(1)]
+    } else {
+        candidates
+    };
+    let fits = candidates
+        .iter()
+        .filter(|a| a.public_key_alg_id().as_ref() == c.spki_alg);
+    let mut any = false;
+    for a in fits {
+        any = true;
+        if a.verify_signature(c.public_key, message, dss.signature())
+            .is_ok()
+        {
+            return Ok(rustls::client::danger::HandshakeSignatureValid::assertion());
+        }
+    }
+    Err(if any {
+        rustls::Error::InvalidCertificate(rustls::CertificateError::BadSignature)
+    } else {
+        rustls::Error::General("the signature scheme does not fit the certificate's key".into())
+    })
+}
+
+/// `ssl_verify_client` for the X.509 v1 client certificates `webpki` cannot read and OpenSSL
+/// verifies: one issued by a trusted CA itself (a chain of one, which `ssl_verify_depth 1`,
+/// nginx's default, allows), within its dates. Every other certificate is `inner`'s. With a
+/// CRL configured a v1 certificate is refused as unverifiable (`unable to get certificate
+/// CRL`): shard does not read CRLs itself.
+#[derive(Debug)]
+struct WithV1Leaves {
+    inner: Arc<dyn ClientCertVerifier>,
+    cas: Vec<CertificateDer<'static>>,
+    crl: bool,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ClientCertVerifier for WithV1Leaves {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        use rustls::CertificateError as E;
+        if !webpki_refuses_version(end_entity) {
+            return self
+                .inner
+                .verify_client_cert(end_entity, intermediates, now);
+        }
+        let bad = |e: E| Err(rustls::Error::InvalidCertificate(e));
+        let Some(c) = crate::x509::parse(end_entity) else {
+            return bad(E::BadEncoding);
+        };
+        let algs = self.provider.signature_verification_algorithms.all;
+        if crate::x509::trusted_issuer(&c, &self.cas, algs).is_none() {
+            return bad(E::UnknownIssuer);
+        }
+        match crate::x509::validity(end_entity) {
+            Some((from, _)) if now.as_secs() < from => return bad(E::NotValidYet),
+            Some((_, until)) if now.as_secs() > until => return bad(E::Expired),
+            Some(_) => {}
+            None => return bad(E::BadEncoding),
+        }
+        if self.crl {
+            return bad(E::UnknownRevocationStatus);
+        }
+        Ok(rustls::server::danger::ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        tls12_signature(&self.provider, message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        tls13_signature(&self.provider, message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
 }
 
 /// `proxy_ssl_verify off` (nginx's default): any certificate is accepted, as OpenSSL does
@@ -1013,7 +1179,18 @@ fn load_pair(
         )
     })?;
     let ck = CertifiedKey::new(chain, signing);
-    if let Err(e) = ck.keys_match() {
+    // The key matches the certificate by its public key, as OpenSSL checks it; rustls's own
+    // check reads the certificate with webpki, which takes only X.509 v3.
+    let matched = if webpki_refuses_version(&ck.cert[0]) {
+        match (ck.key.public_key(), crate::x509::parse(&ck.cert[0])) {
+            (Some(k), Some(c)) if k.as_ref() != c.spki => Err("the public keys differ".to_string()),
+            (_, None) => Err("the certificate cannot be read".to_string()),
+            _ => Ok(()),
+        }
+    } else {
+        ck.keys_match().map_err(|e| e.to_string())
+    };
+    if let Err(e) = matched {
         return Err(format!(
             "SSL_CTX_use_PrivateKey(\"{}\") failed: the key does not match certificate \"{}\" ({e}) in {at}",
             key.display(),

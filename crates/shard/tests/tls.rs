@@ -1703,3 +1703,137 @@ fn a_revoked_client_certificate_is_refused() {
     let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
     assert!(log.contains("(23:certificate revoked)"), "{log}");
 }
+
+/// Runs `openssl ARGS` in `dir`; panics with its output when it fails.
+fn openssl_in(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// X.509 version 1 certificates, which `openssl req -x509` and `openssl x509 -req` make
+/// without extensions and OpenSSL (so nginx) takes: a v1 server certificate loads (its key
+/// matched by the public key), and a v1 client certificate issued by the trusted CA
+/// verifies, over TLS 1.3 and 1.2, with its `$ssl_client_*` variables; a v1 certificate that
+/// signed itself is a self-signed one, not a failed handshake.
+#[test]
+fn version_1_certificates_as_openssl_takes_them() {
+    if !have("openssl") || !have("curl") {
+        println!("SKIPPED: version_1_certificates_as_openssl_takes_them needs openssl and curl (apt-get install openssl curl)");
+        return;
+    }
+    let dir = temp_dir("tls-v1").keep();
+    let conf = dir.join("conf");
+    std::fs::create_dir_all(&conf).unwrap();
+    // A configuration without `x509_extensions`: `req -x509` then makes a v1 certificate.
+    std::fs::write(
+        conf.join("v1.cnf"),
+        "[req]\ndistinguished_name = dn\nprompt = no\n[dn]\nCN = v1.test\n",
+    )
+    .unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let mut args = vec!["req", "-x509", "-config", "v1.cnf", "-days", "3650"];
+    args.extend(ec);
+    args.extend(["-keyout", "server.key", "-out", "server.pem"]);
+    openssl_in(&conf, &args);
+    let mut args = vec!["req", "-x509", "-days", "3650", "-subj", "/CN=v1 CA"];
+    args.extend(ec);
+    args.extend(["-addext", "basicConstraints=critical,CA:TRUE"]);
+    args.extend(["-keyout", "ca.key", "-out", "ca.pem"]);
+    openssl_in(&conf, &args);
+    for (name, cn) in [
+        ("client", "/O=shard tests/CN=client v1"),
+        ("stranger", "/CN=stranger"),
+    ] {
+        let mut args = vec!["req", "-new", "-subj", cn];
+        args.extend(ec);
+        let (key, csr) = (format!("{name}.key"), format!("{name}.csr"));
+        args.extend(["-keyout", &key, "-out", &csr]);
+        openssl_in(&conf, &args);
+    }
+    openssl_in(
+        &conf,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "client.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            "0x1a2b",
+            "-days",
+            "3650",
+            "-out",
+            "client.pem",
+        ],
+    );
+    openssl_in(
+        &conf,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "stranger.csr",
+            "-signkey",
+            "stranger.key",
+            "-days",
+            "3650",
+            "-out",
+            "stranger.pem",
+        ],
+    );
+    let text = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\nhttp {{\n\
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n\
+         server {{ listen 127.0.0.1:{{port1}} ssl; server_name v1.test;\n\
+           ssl_certificate {d}/server.pem; ssl_certificate_key {d}/server.key;\n\
+           ssl_verify_client optional_no_ca; ssl_client_certificate {d}/ca.pem;\n\
+           location / {{ return 200 \"$ssl_client_verify|$ssl_client_s_dn|$ssl_client_i_dn|$ssl_client_serial\"; }} }}\n\
+         }}\n",
+        d = conf.display()
+    );
+    let s = Server::start_ports("tls-v1", &text, 1, 1);
+    let port = s.ports[0];
+    let curl = |cert: &str, tls: &str| {
+        let out = std::process::Command::new("curl")
+            .args(["-s", "--http1.1", "--cacert"])
+            .arg(conf.join("server.pem"))
+            .arg("--cert")
+            .arg(conf.join(format!("{cert}.pem")))
+            .arg("--key")
+            .arg(conf.join(format!("{cert}.key")))
+            .args(["--tls-max", tls, "--resolve"])
+            .arg(format!("v1.test:{port}:127.0.0.1"))
+            .arg(format!("https://v1.test:{port}/"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for tls in ["1.3", "1.2"] {
+        assert_eq!(
+            curl("client", tls),
+            "SUCCESS|CN=client v1,O=shard tests|CN=v1 CA|1A2B",
+            "TLS {tls}"
+        );
+    }
+    assert_eq!(
+        curl("stranger", "1.3").split('|').next(),
+        Some("FAILED:self-signed certificate")
+    );
+}

@@ -18,6 +18,8 @@ use std::sync::Arc;
 
 use rustls::pki_types::CertificateDer;
 
+use crate::x509::{der, validity};
+
 /// Plaintext a connection may queue in rustls before `write` says the socket is full.
 const PLAINTEXT_BUFFER_BYTES: usize = 64 * 1024;
 /// Bytes of a first record kept to hand back when it turns out not to be TLS.
@@ -695,7 +697,8 @@ fn judge(
     let Some((ee, rest)) = t.conn.peer_certificates().and_then(<[_]>::split_first) else {
         return c;
     };
-    let parsed = webpki::EndEntityCert::try_from(ee).ok();
+    // Read by shard's own walk, which takes every version (webpki only v3).
+    let parsed = crate::x509::parse(ee);
     let now = rustls::pki_types::UnixTime::now();
     // `ssl_verify_depth`: the client's intermediates the chain may use (depth 1: none, the
     // certificate is signed by a trusted CA itself).
@@ -721,7 +724,7 @@ fn judge(
                     // certificate that signed itself.
                     match date_error(ee, now.as_secs()) {
                         Some(bad) => bad,
-                        None if parsed.as_ref().is_some_and(|p| p.subject() == p.issuer()) => {
+                        None if parsed.as_ref().is_some_and(|p| p.subject == p.issuer) => {
                             (true, 18, "self-signed certificate".to_string())
                         }
                         None => (
@@ -764,11 +767,13 @@ fn judge(
         }
     };
     if let Some(cert) = parsed {
-        c.s_dn = dn_rfc2253(cert.subject());
-        c.i_dn = dn_rfc2253(cert.issuer());
-        c.s_dn_legacy = dn_oneline(cert.subject());
-        c.i_dn_legacy = dn_oneline(cert.issuer());
-        c.serial = serial_hex(cert.serial());
+        let content = |name: &[u8]| der(name).map_or(&[][..], |(_, c, _)| c).to_vec();
+        let (subject, issuer) = (content(cert.subject), content(cert.issuer));
+        c.s_dn = dn_rfc2253(&subject);
+        c.i_dn = dn_rfc2253(&issuer);
+        c.s_dn_legacy = dn_oneline(&subject);
+        c.i_dn_legacy = dn_oneline(&issuer);
+        c.serial = serial_hex(cert.serial);
     }
     if let Some((start, end)) = validity(ee) {
         c.v_start = asn1_print(start);
@@ -792,28 +797,6 @@ fn date_error(cert: &[u8], now: u64) -> Option<(bool, u32, String)> {
     } else {
         None
     }
-}
-
-/// A certificate's `notBefore` and `notAfter`, unix seconds.
-fn validity(cert: &[u8]) -> Option<(u64, u64)> {
-    let (0x30, c, _) = der(cert)? else {
-        return None;
-    };
-    let (0x30, mut tbs, _) = der(c)? else {
-        return None;
-    };
-    if tbs.first() == Some(&0xa0) {
-        tbs = der(tbs)?.2; // [0] version
-    }
-    let rest = der(tbs)?.2; // serial
-    let rest = der(rest)?.2; // signature algorithm
-    let rest = der(rest)?.2; // issuer
-    let (0x30, validity, _) = der(rest)? else {
-        return None;
-    };
-    let (t1, v1, r) = der(validity)?;
-    let (t2, v2, _) = der(r)?;
-    Some((asn1_time(t1, v1)?, asn1_time(t2, v2)?))
 }
 
 /// Unix seconds as OpenSSL's `ASN1_TIME_print` writes a time: `Nov  4 12:00:00 2026 GMT`.
@@ -865,63 +848,6 @@ fn pem(der: &[u8]) -> String {
     }
     out.push_str("-----END CERTIFICATE-----\n");
     out
-}
-
-/// An X.509 `UTCTime` (`YYMMDDHHMMSSZ`) or `GeneralizedTime` (`YYYYMMDDHHMMSSZ`) as unix
-/// seconds.
-fn asn1_time(tag: u8, v: &[u8]) -> Option<u64> {
-    let digits = |b: &[u8]| -> Option<u64> {
-        b.iter().try_fold(0u64, |a, &d| {
-            d.is_ascii_digit().then(|| a * 10 + u64::from(d - b'0'))
-        })
-    };
-    let (year, rest) = match (tag, v.len()) {
-        (0x17, 13) => {
-            let yy = digits(&v[..2])?;
-            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, &v[2..])
-        }
-        (0x18, 15) => (digits(&v[..4])?, &v[4..]),
-        _ => return None,
-    };
-    let (m, d) = (digits(&rest[..2])?, digits(&rest[2..4])?);
-    let (h, mi, s) = (
-        digits(&rest[4..6])?,
-        digits(&rest[6..8])?,
-        digits(&rest[8..10])?,
-    );
-    if rest[10] != b'Z' || !(1..=12).contains(&m) || !(1..=31).contains(&d) {
-        return None;
-    }
-    // Days from 1970-01-01 (Howard Hinnant's days_from_civil).
-    let (y, m) = if m <= 2 {
-        (year - 1, m + 9)
-    } else {
-        (year, m - 3)
-    };
-    let era = y / 400;
-    let yoe = y - era * 400;
-    let doy = (153 * m + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = (era * 146_097 + doe).checked_sub(719_468)?;
-    Some(days * 86_400 + h * 3600 + mi * 60 + s)
-}
-
-/// A DER element at the start of `b`: its tag, its content, and what follows it.
-fn der(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, b) = b.split_first()?;
-    let (&l0, mut b) = b.split_first()?;
-    let len = if l0 < 0x80 {
-        usize::from(l0)
-    } else {
-        let n = usize::from(l0 & 0x7f);
-        if n == 0 || n > 4 || b.len() < n {
-            return None;
-        }
-        let len = b[..n].iter().fold(0usize, |a, &x| a << 8 | usize::from(x));
-        b = &b[n..];
-        len
-    };
-    (b.len() >= len).then(|| (tag, &b[..len], &b[len..]))
 }
 
 /// A distinguished name's content (the `SEQUENCE` of `SET`s, without its own tag) as
@@ -1119,6 +1045,7 @@ fn serial_hex(serial: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::x509::asn1_time;
 
     #[test]
     fn times_and_certificates_print_as_openssl() {
