@@ -9,7 +9,7 @@ _shard() {
             COMPREPLY=($(compgen -W "stop quit reopen reload" -- "$cur"))
             return
             ;;
-        -c)
+        -c|-e)
             COMPREPLY=($(compgen -f -- "$cur"))
             return
             ;;
@@ -22,6 +22,6 @@ _shard() {
             return
             ;;
     esac
-    COMPREPLY=($(compgen -W "-? -h --help -v -V -t -T -q -s -p -c -g" -- "$cur"))
+    COMPREPLY=($(compgen -W "-? -h --help -v -V -t -T -q -s -p -c -e -g" -- "$cur"))
 }
 complete -F _shard shard

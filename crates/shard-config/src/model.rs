@@ -90,8 +90,11 @@ pub struct MainConf {
     pub worker_processes: WorkerProcesses,
     /// Default `PREFIX/logs/shard.pid` ([`DEFAULT_PID_PATH`]); always `Some` after parsing.
     pub pid: Option<PathBuf>,
-    /// Default `logs/error.log error` under the prefix; `stderr` is accepted as a target.
+    /// Default `logs/error.log error` under the prefix (or the command line's `-e`); `stderr`
+    /// is accepted as a target.
     pub error_log: ErrorLog,
+    /// A main-level `error_log` was written (the command line's `-e` then does not apply).
+    pub error_log_configured: bool,
     pub worker_rlimit_nofile: Option<u64>,
     /// `worker_shutdown_timeout`: how long a gracefully stopping worker may keep serving its
     /// open connections before it closes them. Default none (wait as long as they need).

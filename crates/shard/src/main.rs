@@ -63,6 +63,10 @@ struct Cli {
     /// Set global directives out of the configuration file.
     #[arg(short = 'g', value_name = "DIRECTIVES")]
     directives: Option<String>,
+    /// Use this error log instead of the default (`stderr`: standard error) where the
+    /// configuration names none at the main level.
+    #[arg(short = 'e', value_name = "FILE")]
+    error_log: Option<String>,
     /// Print help.
     #[arg(short = 'h', long = "help", short_alias = '?', action = clap::ArgAction::Help)]
     help: Option<bool>,
@@ -121,8 +125,9 @@ fn load(
     src: &Source,
     prefix: &Path,
     extra: Option<&str>,
+    error_log: Option<&str>,
 ) -> Result<shard_config::Config, shard_config::ConfigError> {
-    match &src.path {
+    let mut cfg = match &src.path {
         Some(p) => shard_config::load(p, prefix, extra),
         None => shard_config::parse_str(
             shard_config::DEFAULT_CONFIG,
@@ -131,7 +136,16 @@ fn load(
             prefix,
             extra,
         ),
+    }?;
+    // nginx's `-e`: the error log where the configuration's main level names none.
+    if let (Some(e), false) = (error_log, cfg.main.error_log_configured) {
+        cfg.main.error_log.target = if e == "stderr" {
+            shard_config::LogTarget::Stderr
+        } else {
+            shard_config::LogTarget::File(prefix.join(e))
+        };
     }
+    Ok(cfg)
 }
 
 fn run(cli: Cli) -> i32 {
@@ -154,7 +168,7 @@ fn run(cli: Cli) -> i32 {
     let src = choose_source(&cli, &prefix);
     let n_workers =
         |c: &shard_config::Config| shard_server::master::resolve_workers(c.main.worker_processes);
-    let cfg = match load(&src, &prefix, cli.directives.as_deref())
+    let cfg = match load(&src, &prefix, cli.directives.as_deref(), cli.error_log.as_deref())
         .and_then(|c| c.check_workers(n_workers(&c)).map(|()| c))
     {
         Ok(c) => c,
@@ -213,7 +227,10 @@ fn run(cli: Cli) -> i32 {
     }
     let conf_name = src.name.clone();
     let extra = cli.directives.clone();
-    let reload = Box::new(move || load(&src, &prefix, extra.as_deref()).map_err(|e| e.to_string()));
+    let error_log = cli.error_log.clone();
+    let reload = Box::new(move || {
+        load(&src, &prefix, extra.as_deref(), error_log.as_deref()).map_err(|e| e.to_string())
+    });
     match shard_server::run(shard_server::RunOptions {
         config: cfg,
         conf_name,

@@ -265,3 +265,18 @@ fn test_flag_fails_where_start_would_on_a_log_it_cannot_open() {
         "{err}"
     );
 }
+
+/// nginx's `-e FILE`: the error log where the configuration's main level names none (so a
+/// log that cannot be opened fails `-t`), and nothing where it names one.
+#[test]
+fn dash_e_names_the_error_log_unless_the_configuration_does() {
+    let good = GOOD.replace("{port}", "1");
+    let (code, err) = with_conf("dash-e", &good, &["-t", "-e", "nodir/e.log"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("/nodir/e.log\" failed"), "{err}");
+    let conf = format!("error_log logs/error.log;\n{good}");
+    let (code, err) = with_conf("dash-e-conf", &conf, &["-t", "-e", "nodir/e.log"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = with_conf("dash-e-stderr", &good, &["-t", "-e", "stderr"]);
+    assert_eq!(code, 0, "{err}");
+}

@@ -500,6 +500,7 @@ impl Env {
                     .pid
                     .unwrap_or_else(|| self.prefix.join(crate::model::DEFAULT_PID_PATH)),
             ),
+            error_log_configured: st.main.error_log.is_some(),
             error_log: st.main.error_log.unwrap_or_else(|| ErrorLog {
                 target: LogTarget::File(self.prefix.join("logs/error.log")),
                 level: LogLevel::Error,
