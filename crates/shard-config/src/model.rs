@@ -95,6 +95,9 @@ pub struct MainConf {
     pub error_log: ErrorLog,
     /// A main-level `error_log` was written (the command line's `-e` then does not apply).
     pub error_log_configured: bool,
+    /// `env`: the inherited variables the workers keep (`NAME`) and those they get
+    /// (`NAME=VALUE`), in order; every other one but `TZ` is removed from their environment.
+    pub env: Vec<(String, Option<String>)>,
     pub worker_rlimit_nofile: Option<u64>,
     /// `worker_shutdown_timeout`: how long a gracefully stopping worker may keep serving its
     /// open connections before it closes them. Default none (wait as long as they need).

@@ -238,6 +238,40 @@ pub fn trim_heap() {
     }
 }
 
+/// nginx's `env` for a worker: every inherited variable is removed but `TZ` and the `keep`
+/// names with no value; the names with a value are set to it. For a freshly forked,
+/// single-threaded worker only (the environment is not guarded against other threads).
+pub fn set_environment(vars: &[(String, Option<String>)]) {
+    use std::ffi::CString;
+    let kept: Vec<(CString, CString)> = std::env::vars_os()
+        .filter(|(k, _)| k == "TZ" || vars.iter().any(|(n, v)| v.is_none() && k == n.as_str()))
+        .filter_map(|(k, v)| {
+            use std::os::unix::ffi::OsStrExt;
+            Some((
+                CString::new(k.as_bytes()).ok()?,
+                CString::new(v.as_bytes()).ok()?,
+            ))
+        })
+        .collect();
+    let set: Vec<(CString, CString)> = vars
+        .iter()
+        .filter_map(|(n, v)| {
+            Some((
+                CString::new(n.as_str()).ok()?,
+                CString::new(v.as_deref()?).ok()?,
+            ))
+        })
+        .collect();
+    // SAFETY: called in a single-threaded process (a worker right after fork), so no other
+    // thread reads the environment while it changes; every string is NUL-terminated.
+    unsafe {
+        libc::clearenv();
+        for (k, v) in kept.iter().chain(&set) {
+            libc::setenv(k.as_ptr(), v.as_ptr(), 1);
+        }
+    }
+}
+
 pub fn available_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -451,5 +485,46 @@ pub fn set_title(area: TitleArea, title: &str) {
         let dst = area.start as *mut u8;
         std::ptr::copy_nonoverlapping(title.as_ptr(), dst, n);
         std::ptr::write_bytes(dst.add(n), 0, area.len - n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `set_environment` in a process of its own (this test binary again, with one test).
+    #[test]
+    fn the_environment_keeps_tz_and_the_named_variables() {
+        if std::env::var_os("SHARD_ENV_CHILD").is_some() {
+            set_environment(&[
+                ("KEEP_ME".to_string(), None),
+                ("NEW_ONE".to_string(), Some("three".to_string())),
+                ("ABSENT".to_string(), None),
+            ]);
+            let mut vars: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();
+            vars.sort();
+            println!("VARS:{}", vars.join(","));
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "process::tests::the_environment_keeps_tz_and_the_named_variables",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env_clear()
+            .env("SHARD_ENV_CHILD", "1")
+            .env("KEEP_ME", "one")
+            .env("DROP_ME", "two")
+            .env("TZ", "UTC")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .split("VARS:")
+            .nth(1)
+            .and_then(|rest| rest.lines().next());
+        assert_eq!(line, Some("KEEP_ME=one,NEW_ONE=three,TZ=UTC"), "{text}");
     }
 }

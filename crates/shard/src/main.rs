@@ -168,8 +168,13 @@ fn run(cli: Cli) -> i32 {
     let src = choose_source(&cli, &prefix);
     let n_workers =
         |c: &shard_config::Config| shard_server::master::resolve_workers(c.main.worker_processes);
-    let cfg = match load(&src, &prefix, cli.directives.as_deref(), cli.error_log.as_deref())
-        .and_then(|c| c.check_workers(n_workers(&c)).map(|()| c))
+    let cfg = match load(
+        &src,
+        &prefix,
+        cli.directives.as_deref(),
+        cli.error_log.as_deref(),
+    )
+    .and_then(|c| c.check_workers(n_workers(&c)).map(|()| c))
     {
         Ok(c) => c,
         Err(e) => {

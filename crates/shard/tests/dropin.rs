@@ -1235,3 +1235,17 @@ fn try_files_maps_and_error_pages_as_nginx() {
             .map(|l| assert!(l.contains(r#"host: "Big.Test:8080""#), "{l}"))
     });
 }
+
+/// `env` is accepted as nginx takes it (`NAME`, `NAME=VALUE`, any number); an empty name is
+/// refused. (What it does to a worker's environment is `shard_event::process`'s unit test: a
+/// worker's title overwrites its `/proc/PID/environ`.)
+#[test]
+fn env_is_accepted_as_nginx_takes_it() {
+    let conf = "env KEEP_ME;\nenv NEW_ONE=three;\nenv TZ;\nworker_processes 1;\nevents {}\n\
+                http {\n    server { listen 127.0.0.1:{port}; location = /status { shard_status; } }\n}\n";
+    let s = Server::start("env", conf, 1);
+    assert_eq!(get(s.addr(), "/status").status, 200);
+    let (code, err) = run_cli(&["-t", "-g", "env =x;"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("invalid value \"=x\""), "{err}");
+}

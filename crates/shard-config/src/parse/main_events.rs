@@ -26,6 +26,20 @@ pub(super) fn main_error_log(env: &Env, st: &mut State, d: &Directive, file: &st
     Ok(())
 }
 
+/// `env NAME` or `env NAME=VALUE` (main): what the workers' environment keeps or sets; nginx
+/// removes every other inherited variable but `TZ`.
+pub(super) fn main_env(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let (name, value) = match a0(d).split_once('=') {
+        Some((n, v)) => (n, Some(v.to_string())),
+        None => (a0(d), None),
+    };
+    if name.is_empty() {
+        return Err(invalid(d, file, a0(d)));
+    }
+    st.main.env.push((name.to_string(), value));
+    Ok(())
+}
+
 pub(super) fn main_worker_rlimit_nofile(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
     let n = num::<u64>(d, file, a0(d))?;
     once(&mut st.main.worker_rlimit_nofile, n, d, file)

@@ -235,6 +235,7 @@ struct MainP {
     worker_processes: Option<WorkerProcesses>,
     pid: Option<PathBuf>,
     error_log: Option<ErrorLog>,
+    env: Vec<(String, Option<String>)>,
     worker_rlimit_nofile: Option<u64>,
     worker_shutdown_timeout_ms: Option<u64>,
     worker_shutdown_drain_ms: Option<u64>,
@@ -501,6 +502,7 @@ impl Env {
                     .unwrap_or_else(|| self.prefix.join(crate::model::DEFAULT_PID_PATH)),
             ),
             error_log_configured: st.main.error_log.is_some(),
+            env: st.main.env,
             error_log: st.main.error_log.unwrap_or_else(|| ErrorLog {
                 target: LogTarget::File(self.prefix.join("logs/error.log")),
                 level: LogLevel::Error,

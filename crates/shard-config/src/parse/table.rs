@@ -287,6 +287,7 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Main(main_worker_processes),
     ),
     d("pid", M, 1, 1, Set::Main(main_pid)),
+    d("env", M, 1, 1, Set::Main(main_env)),
     d("error_log", M, 1, 2, Set::Main(main_error_log)),
     d("error_log", HSL, 1, 2, Set::Walk),
     d(
@@ -1163,7 +1164,6 @@ pub(super) static NGINX_ONLY: &[&str] = &[
     "directio_alignment",
     "disable_symlinks",
     "empty_gif",
-    "env",
     "error_log",
     "error_page",
     "etag",
