@@ -360,6 +360,8 @@ pub struct LocationConf {
     pub doc_root_vars: Option<Vec<Part>>,
     /// Default `["index.html"]`.
     pub index: Vec<String>,
+    /// `index` as templates, when any name has a variable (rendered per request).
+    pub index_vars: Option<Vec<Vec<Part>>>,
     /// Default `text/plain`.
     pub default_type: String,
     /// Extension (lowercase, no dot) to MIME type. Default: the bundled `mime.types`.
@@ -406,7 +408,7 @@ pub struct LocationConf {
     pub error_pages: Vec<ErrorPage>,
     /// `try_files` of this location (not inherited).
     pub try_files: Option<TryFiles>,
-    /// A variable of `return`, `add_header` or an `access_log` (its format, unless
+    /// A variable of `return`, `add_header`, `index` or an `access_log` (its format, unless
     /// `combined`, or its `if=`) reads the request's header lines, directly or through a
     /// `map`: the worker keeps the request head for it. Derived once the maps are known.
     pub needs_head: bool,
@@ -531,6 +533,11 @@ pub struct MapConf {
     pub default: Vec<Part>,
     /// `exact` indexed (with `hostnames`, its wildcard keys apart).
     pub index: crate::index::MapIndex,
+    /// `split_clients SOURCE $NAME { ... }` instead of a `map`: the parts, each the upper
+    /// bound (exclusive) of its share of MurmurHash2 values of the source, `0` for the
+    /// share that takes the rest (`*`, or the one that reaches 100%); a hash beyond them
+    /// all is the empty value. `exact`, `regexes` and `default` are empty.
+    pub split: Option<Vec<(u32, Vec<Part>)>>,
 }
 
 /// `limit_req_zone KEY zone=NAME:SIZE rate=RATE` or `limit_conn_zone KEY zone=NAME:SIZE`.

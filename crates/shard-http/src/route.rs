@@ -315,6 +315,7 @@ pub(crate) mod tests {
             alias: None,
             doc_root_vars: None,
             index: vec!["index.html".into()],
+            index_vars: None,
             default_type: "text/plain".into(),
             types: Arc::new(types),
             keepalive_timeout_ms: 75_000,

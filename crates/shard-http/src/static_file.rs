@@ -100,7 +100,16 @@ pub fn content_type<'a>(loc: &'a LocationConf, path: &Path) -> &'a str {
 /// The files to try, in order, for the directory `dir` (a path from [`map_path`] ending in
 /// `/`). An index starting with `/` is taken from the location's root.
 pub fn index_candidates(loc: &LocationConf, dir: &Path) -> std::vec::IntoIter<PathBuf> {
-    loc.index
+    index_candidates_of(loc, &loc.index, dir)
+}
+
+/// [`index_candidates`] of `names` (the location's `index`, rendered when it has variables).
+pub fn index_candidates_of(
+    loc: &LocationConf,
+    names: &[String],
+    dir: &Path,
+) -> std::vec::IntoIter<PathBuf> {
+    names
         .iter()
         .filter(|i| !i.is_empty())
         .map(|i| {

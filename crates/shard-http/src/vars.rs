@@ -553,6 +553,14 @@ fn push_parts_at(out: &mut Vec<u8>, parts: &[Part], c: &Ctx<'_>, depth: usize) {
 /// key, else the regular expressions in order, else `default`. Keys are found through
 /// `MapConf::index`, in time linear in the value's length however many there are.
 pub fn map_lookup<'m>(m: &'m MapConf, value: &str) -> &'m [Part] {
+    if let Some(split) = &m.split {
+        // `split_clients`: the share the value's MurmurHash2 falls in, in order.
+        let h = murmur_hash2(value.as_bytes());
+        return split
+            .iter()
+            .find(|(bound, _)| *bound == 0 || h < *bound)
+            .map_or(&[], |(_, v)| v.as_slice());
+    }
     let lower;
     let v = if m.hostnames {
         lower = value.trim_end_matches('.').to_ascii_lowercase();
@@ -569,6 +577,35 @@ pub fn map_lookup<'m>(m: &'m MapConf, value: &str) -> &'m [Part] {
         }
     }
     &m.default
+}
+
+/// nginx's `ngx_murmur_hash2` (MurmurHash2, seed 0 xor the length), which `split_clients`
+/// draws with.
+pub fn murmur_hash2(data: &[u8]) -> u32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h = data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M) ^ k;
+    }
+    let rest = chunks.remainder();
+    if rest.len() >= 3 {
+        h ^= u32::from(rest[2]) << 16;
+    }
+    if rest.len() >= 2 {
+        h ^= u32::from(rest[1]) << 8;
+    }
+    if !rest.is_empty() {
+        h ^= u32::from(rest[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^ (h >> 15)
 }
 
 /// A template's text, as a `String` (a value that is not UTF-8 is kept, lossily).
@@ -727,6 +764,7 @@ mod tests {
                 source: vec![],
                 hostnames,
                 index: shard_config::index::MapIndex::build(&exact, hostnames),
+                split: None,
                 exact,
                 regexes,
                 default: vec![Part::Lit("default".into())],

@@ -627,7 +627,6 @@ impl Master {
                 if process::getppid() != master_pid {
                     std::process::exit(0);
                 }
-                process::set_environment(&self.cfg.main.env);
                 if let Some(n) = self.cfg.main.worker_rlimit_nofile {
                     if let Err(e) = process::set_nofile_limit(n) {
                         crate::log!(

@@ -249,6 +249,8 @@ pub(crate) fn run(args: WorkerArgs<'_>) -> i32 {
         );
         return 2;
     }
+    // nginx's `env`: the worker's environment, once the hook above was read.
+    shard_event::process::set_environment(&cfg.main.env);
     crate::master::set_title("shard: worker process");
     let mut w = match Worker::new(args) {
         Ok(w) => w,

@@ -27,6 +27,11 @@ const HTTP: &str = r#"
         default other;
         .example.com example;
     }
+    split_clients "${arg_u}x" $variant {
+        10%    a;
+        20.5%  b;
+        *      c;
+    }
     map $http_x_tier $tier {
         default std;
         ~^gold  gold;
@@ -69,6 +74,7 @@ const HTTP: &str = r#"
         location @app { return 200 "app $uri $request_method"; }
         location /deb/ { try_files $uri $uri/ =404; }
         location = /tier { return 200 "tier=$tier"; }
+        location = /split { return 200 "$variant"; }
         location /gate/ { deny all; return 301 https://$host$request_uri; }
         location /cs/ { charset utf-8; client_max_body_size 1; }
         location /cors/ {
@@ -187,6 +193,16 @@ const REQUESTS: &[&str] = &[
     "GET / HTTP/1.1\r\nHost: localhost:a b",
     "GET / HTTP/1.1\r\nHost: localhost:80/../x",
     "GET http://h/ HTTP/1.1",
+    "GET /split?u=1 HTTP/1.1\r\nHost: h",
+    "GET /split?u=7 HTTP/1.1\r\nHost: h",
+    "GET /split?u=42 HTTP/1.1\r\nHost: h",
+    "GET /split?u=alpha HTTP/1.1\r\nHost: h",
+    "GET /split?u=bravo HTTP/1.1\r\nHost: h",
+    "GET /split?u=charlie HTTP/1.1\r\nHost: h",
+    "GET /split?u=delta HTTP/1.1\r\nHost: h",
+    "GET /split?u=echo HTTP/1.1\r\nHost: h",
+    "GET /split?u=foxtrot HTTP/1.1\r\nHost: h",
+    "GET /split?u=0 HTTP/1.1\r\nHost: h",
 ];
 
 /// The headers compared (besides the status and the body).

@@ -1249,3 +1249,93 @@ fn env_is_accepted_as_nginx_takes_it() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("invalid value \"=x\""), "{err}");
 }
+
+const INDEX_CONF: &str = r#"
+worker_processes 1;
+error_log logs/error.log info;
+events { worker_connections 64; }
+http {
+    access_log off;
+    split_clients "${arg_u}" $variant {
+        51.2%  one;
+        10%    two;
+        *      three;
+    }
+    map $arg_k $mapped {
+        default none;
+        include {mapdir}/conf/keys.map;
+    }
+    server {
+        listen 127.0.0.1:{port};
+        server_name localhost;
+        root {dir}/html;
+        add_header X-URI $uri;
+        location = /status { shard_status; }
+        location / { }
+        location /php/ { index index.php index.html; }
+        location ~ \.php$ { return 200 "php $uri $args"; }
+        location /abs/ { index missing.html /target.html; }
+        location /loop/ { index /loop/; }
+        location /var/ { index $server_name.html; }
+        location = /split { return 200 "$variant"; }
+        location = /map { return 200 "$mapped"; }
+    }
+}
+"#;
+
+/// nginx's index module: a found index file is an internal redirect to the URI with its
+/// name (another location may serve it, `$uri` names it), an absolute name is one at its
+/// turn, names may hold variables, and a redirect cycle is a 500. `split_clients` draws as
+/// nginx's MurmurHash2 does, and a `map` may `include` its keys.
+#[test]
+fn index_redirects_split_clients_and_map_include_as_nginx() {
+    let dir = temp_dir("index-conf").keep();
+    std::fs::write(dir.join("conf/keys.map"), "a 1;\nb 2;\n").unwrap();
+    let s = Server::start(
+        "index",
+        &INDEX_CONF.replace("{mapdir}", dir.to_str().unwrap()),
+        1,
+    );
+    let a = s.addr();
+    for (f, body) in [
+        ("html/index.html", "root index"),
+        ("html/php/index.php", "source"),
+        ("html/target.html", "target"),
+        ("html/var/localhost.html", "by name"),
+        ("html/abs/other.txt", "other"),
+    ] {
+        write_file(&s.dir, f, body.as_bytes());
+    }
+    let r = get(a, "/");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "root index"));
+    assert_eq!(r.header("X-URI"), Some("/index.html"));
+    let r = get(a, "/php/?x=1");
+    assert_eq!(r.body_str(), "php /php/index.php x=1");
+    // An absolute name once the relative one before it is missing from a directory that
+    // exists; where the directory is missing, 404.
+    let r = get(a, "/abs/");
+    assert_eq!(
+        (r.body_str().as_str(), r.header("X-URI")),
+        ("target", Some("/target.html"))
+    );
+    assert_eq!(get(a, "/abs/none/").status, 404);
+    assert_eq!(get(a, "/loop/").status, 500);
+    let r = get(a, "/var/");
+    assert_eq!(
+        (r.body_str().as_str(), r.header("X-URI")),
+        ("by name", Some("/var/localhost.html"))
+    );
+    // nginx's draw for these values (the shares of MurmurHash2 over `u`): the same values
+    // always land in the same share.
+    let draws: Vec<String> = (1..=20)
+        .map(|u| get(a, &format!("/split?u={u}")).body_str())
+        .collect();
+    let count = |v: &str| draws.iter().filter(|d| *d == v).count();
+    assert_eq!(
+        (count("one"), count("two"), count("three")),
+        (12, 2, 6),
+        "{draws:?}"
+    );
+    assert_eq!(get(a, "/map?k=b").body_str(), "2");
+    assert_eq!(get(a, "/map?k=c").body_str(), "none");
+}

@@ -598,6 +598,7 @@ impl Eff {
             root: self.root.clone(),
             alias: None,
             doc_root_vars: self.root_vars.clone(),
+            index_vars: index_templates(&self.index),
             index: self.index.clone(),
             default_type: self.default_type.clone(),
             types: self.types.clone(),
@@ -1224,6 +1225,24 @@ pub(super) fn set_root(env: &Env, s: &mut Settings, d: &Directive, file: &str) -
     once(&mut s.root, env.resolve(a0(d)), d, file)
 }
 
+/// The `index` names as templates when any has a variable (`index index${variant}.html`),
+/// rendered per request; `None` when all are literal. Each was checked by [`set_index`].
+fn index_templates(names: &[String]) -> Option<Vec<Vec<Part>>> {
+    if !names.iter().any(|n| has_variables(n)) {
+        return None;
+    }
+    let d = Directive {
+        name: "index".into(),
+        args: Vec::new(),
+        line: 0,
+        block: None,
+    };
+    names
+        .iter()
+        .map(|n| parse_header_value(&d, "", n).ok())
+        .collect()
+}
+
 pub(super) fn set_index(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     if let Some(empty) = d.args.iter().find(|a| a.is_empty()) {
         return Err(derr(
@@ -1231,6 +1250,9 @@ pub(super) fn set_index(_: &Env, s: &mut Settings, d: &Directive, file: &str) ->
             file,
             format!("index \"{empty}\" in \"index\" directive is invalid"),
         ));
+    }
+    for a in d.args.iter().filter(|a| has_variables(a)) {
+        parse_header_value(d, file, a)?;
     }
     s.index
         .get_or_insert_with(Vec::new)

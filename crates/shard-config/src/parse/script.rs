@@ -218,8 +218,52 @@ fn parse_cond(d: &Directive, file: &str) -> Result<Cond, ConfigError> {
     }
 }
 
-/// `map SOURCE $NAME { KEY VALUE; ... default VALUE; hostnames; }` (http).
-pub(super) fn http_map(_: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
+/// The entries of a `map`-like block (`map`, `split_clients`) with the file each was read
+/// from: an `include` among them is replaced by the entries of the files it names, as nginx
+/// reads a `map` (its `include` may name a pattern).
+fn block_entries(
+    env: &Env,
+    d: &Directive,
+    file: &str,
+) -> Result<Vec<(Directive, String)>, ConfigError> {
+    fn collect(
+        env: &Env,
+        items: &[Item],
+        file: &str,
+        depth: usize,
+        out: &mut Vec<(Directive, String)>,
+    ) -> R {
+        for item in items {
+            let e = match item {
+                Item::Error(e) => return Err(e.clone()),
+                Item::Dir(e) => e,
+            };
+            if e.name != "include" || e.block.is_some() || e.args.len() != 1 {
+                out.push((e.clone(), file.to_string()));
+                continue;
+            }
+            if depth >= MAX_INCLUDE_DEPTH {
+                return Err(derr(
+                    e,
+                    file,
+                    format!("too deep include nesting of \"{}\"", e.args[0]),
+                ));
+            }
+            for (path, text) in include_sources(&env.conf_dir, e, file)? {
+                env.included.borrow_mut().push(path.clone());
+                let name = path.display().to_string();
+                collect(env, &parse_tree(&text, &name), &name, depth + 1, out)?;
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    collect(env, block(d), file, 0, &mut out)?;
+    Ok(out)
+}
+
+/// `map SOURCE $NAME { KEY VALUE; ... default VALUE; hostnames; include FILE; }` (http).
+pub(super) fn http_map(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
     let source = parse_header_value(d, file, &d.args[0])?;
     let Some(name) = d.args[1].strip_prefix('$').filter(|n| !n.is_empty()) else {
         return Err(derr(
@@ -245,26 +289,17 @@ pub(super) fn http_map(_: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
         regexes: Vec::new(),
         default: Vec::new(),
         index: Default::default(),
+        split: None,
     };
     let mut seen = std::collections::HashSet::new();
-    for item in block(d) {
-        let e = match item {
-            Item::Error(e) => return Err(e.clone()),
-            Item::Dir(e) => e,
-        };
+    for (e, file) in block_entries(env, d, file)? {
+        let (e, file) = (&e, file.as_str());
         if e.block.is_some() {
             return Err(derr(e, file, "unexpected \"{\""));
         }
         match (e.name.as_str(), e.args.as_slice()) {
             ("hostnames", []) => m.hostnames = true,
             ("volatile", []) => {}
-            ("include", _) => {
-                return Err(derr(
-                    e,
-                    file,
-                    "\"include\" inside \"map\" is not supported by shard",
-                ))
-            }
             ("default", [v]) => m.default = parse_header_value(e, file, v)?,
             (key, [v]) => {
                 let value = parse_header_value(e, file, v)?;
@@ -298,6 +333,89 @@ pub(super) fn http_map(_: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
     m.index = crate::index::MapIndex::build(&m.exact, m.hostnames);
     h.maps.push(m);
     Ok(())
+}
+
+/// `split_clients SOURCE $NAME { PERCENT% VALUE; ... * VALUE; }` (http): nginx's
+/// percentages with up to two decimals, adding up to at most 100%; the value is literal text.
+pub(super) fn http_split_clients(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
+    let source = parse_header_value(d, file, &d.args[0])?;
+    let Some(name) = d.args[1].strip_prefix('$').filter(|n| !n.is_empty()) else {
+        return Err(derr(
+            d,
+            file,
+            format!("invalid variable name \"{}\"", d.args[1]),
+        ));
+    };
+    let name = name.to_ascii_lowercase();
+    if h.maps.iter().any(|m| m.name == name) {
+        return Err(derr(d, file, format!("duplicate variable \"{name}\"")));
+    }
+    declare(&name);
+    // In hundredths of a percent, as nginx's `ngx_atofp(value, len, 2)`.
+    let mut parts: Vec<(u32, String)> = Vec::new();
+    for (e, file) in block_entries(env, d, file)? {
+        let (e, file) = (&e, file.as_str());
+        if e.block.is_some() {
+            return Err(derr(e, file, "unexpected \"{\""));
+        }
+        let [value] = e.args.as_slice() else {
+            return Err(derr(
+                e,
+                file,
+                "invalid number of the split_clients parameters",
+            ));
+        };
+        let share = if e.name == "*" {
+            0
+        } else {
+            e.name
+                .strip_suffix('%')
+                .and_then(hundredths)
+                .filter(|&n| n > 0)
+                .ok_or_else(|| derr(e, file, format!("invalid percent value \"{}\"", e.name)))?
+        };
+        parts.push((share, value.clone()));
+    }
+    let (mut sum, mut last) = (0u32, 0u64);
+    let mut split = Vec::with_capacity(parts.len());
+    for (share, value) in parts {
+        sum = if share == 0 { 10_000 } else { sum + share };
+        if sum > 10_000 {
+            return Err(derr(d, file, "percent total is greater than 100%"));
+        }
+        let bound = if sum == 10_000 {
+            0
+        } else {
+            last += u64::from(share) * 0xffff_ffff / 10_000;
+            last as u32
+        };
+        split.push((bound, vec![Part::Lit(value)]));
+    }
+    h.maps.push(MapConf {
+        name,
+        source,
+        hostnames: false,
+        exact: Vec::new(),
+        regexes: Vec::new(),
+        default: Vec::new(),
+        index: Default::default(),
+        split: Some(split),
+    });
+    Ok(())
+}
+
+/// A percentage's number with up to two decimals, in hundredths (`0.5` is 50, `2` is 200).
+fn hundredths(v: &str) -> Option<u32> {
+    let (int, frac) = v.split_once('.').unwrap_or((v, ""));
+    if int.is_empty() && frac.is_empty()
+        || frac.len() > 2
+        || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let int: u32 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    let frac: u32 = format!("{frac:0<2}").parse().ok()?;
+    int.checked_mul(100)?.checked_add(frac)
 }
 
 /// A `map ... { hostnames; }` key as nginx's wildcard hash takes it: a `*` only as a whole

@@ -1467,6 +1467,13 @@ impl Worker<'_> {
                 }
                 Action::Content => self.respond(key, server, loc, &req, keep_alive, &head),
             };
+            if let Some(uri) = reply.redirect {
+                // The index module's internal redirect: the location is searched anew.
+                hops += 1;
+                let query = req.query.clone();
+                loc = self.redirect(key, server, Redirect::Uri { path: uri, query }, &mut req);
+                continue;
+            }
             let Some(i) = reply.error_page else {
                 break reply;
             };

@@ -65,6 +65,7 @@ pub(super) fn returned(
             status: CLOSE_WITHOUT_RESPONSE,
             body_bytes: 0,
             error_page: None,
+            redirect: None,
         };
     }
     let r = shard_http::response::return_reply(code, text, &loc.default_type);
@@ -126,6 +127,7 @@ fn simple(
                 status: r.status,
                 body_bytes: 0,
                 error_page: Some(i),
+                redirect: None,
             };
         }
     }
@@ -219,6 +221,7 @@ fn simple(
         status: r.status,
         body_bytes: sent,
         error_page: None,
+        redirect: None,
     }
 }
 
@@ -502,29 +505,52 @@ fn static_file(
     let root = w.doc_root(key, req, loc, head);
     let path = shard_http::static_file::map_path_with(loc, &req.path, root.as_deref());
     let opened = if req.path.ends_with('/') {
-        // As nginx's index module: the index files are tried before anything is known of the
-        // directory, and one that exists is served (the directory needs search permission
-        // only). Names up to the first absolute one; that one and those after it only in a
-        // directory that exists.
-        let cands: Vec<std::path::PathBuf> =
-            shard_http::static_file::index_candidates(loc, &path).collect();
-        let relative = loc
-            .index
-            .iter()
-            .filter(|i| !i.is_empty())
-            .take_while(|i| !i.starts_with('/'))
-            .count();
-        if let Some((cand, fd, m)) = first_file(w, loc, &cands[..relative]) {
-            return send_file(w, key, loc, req, keep_alive, head, cand, fd, m);
+        // nginx's index module (GET, HEAD and POST): the index files in order; an absolute
+        // name is an internal redirect at its turn, a relative one that exists is an
+        // internal redirect to the URI with its name (arguments kept), so another location
+        // may serve it. The directory is looked at only when a name is missing: a missing
+        // directory is 404, one with no index file 403.
+        let rendered;
+        let names: &[String] = match &loc.index_vars {
+            Some(t) => {
+                let mut storage = shard_http::vars::header_storage();
+                let hs = shard_http::vars::request_headers(head, &mut storage);
+                let ctx = w.var_ctx(key, req, hs, loc);
+                rendered = t
+                    .iter()
+                    .map(|p| shard_http::vars::render(p, &ctx))
+                    .collect::<Vec<_>>();
+                &rendered
+            }
+            None => &loc.index,
+        };
+        if matches!(req.method, Method::Get | Method::Head | Method::Post) {
+            let mut dir_tested = false;
+            for name in names.iter().filter(|n| !n.is_empty()) {
+                if name.starts_with('/') {
+                    return internal_redirect(name.clone());
+                }
+                let cand = path.join(name);
+                match open_cached(w, &cand, loc) {
+                    Opened::File(..) => return internal_redirect(format!("{}{name}", req.path)),
+                    Opened::Forbidden => {
+                        let reply = shard_http::response::error_simple(403);
+                        return simple(w, key, req, keep_alive, loc, head, reply);
+                    }
+                    Opened::Missing if !dir_tested => {
+                        dir_tested = true;
+                        if !matches!(open_cached(w, &path, loc), Opened::File(_, m) if m.is_dir) {
+                            break;
+                        }
+                    }
+                    Opened::Missing => {}
+                }
+            }
         }
         // No index file: the directory decides, 403 where it exists, else 404.
-        let opened = open_cached(w, &path, loc);
-        if !matches!(&opened, Opened::File(_, meta) if meta.is_dir) {
-            opened
-        } else if let Some((cand, fd, m)) = first_file(w, loc, &cands[relative..]) {
-            return send_file(w, key, loc, req, keep_alive, head, cand, fd, m);
-        } else {
-            Opened::Forbidden
+        match open_cached(w, &path, loc) {
+            Opened::File(_, meta) if meta.is_dir => Opened::Forbidden,
+            other => other,
         }
     } else {
         open_cached(w, &path, loc)
@@ -552,20 +578,15 @@ fn static_file(
     send_file(w, key, loc, req, keep_alive, head, path, fd, meta)
 }
 
-/// The first of `paths` that opens as a regular file.
-fn first_file(
-    w: &mut Worker<'_>,
-    loc: &LocationConf,
-    paths: &[std::path::PathBuf],
-) -> Option<(std::path::PathBuf, super::files::FileRef, FileMeta)> {
-    for p in paths {
-        if let Opened::File(fd, m) = open_cached(w, p, loc) {
-            if m.is_file {
-                return Some((p.clone(), fd, m));
-            }
-        }
+/// An internal redirect to `uri` (the request's arguments kept): the caller searches the
+/// location anew, as nginx's index module redirects to the index file it found.
+fn internal_redirect(uri: String) -> Reply {
+    Reply {
+        status: 0,
+        body_bytes: 0,
+        error_page: None,
+        redirect: Some(uri),
     }
-    None
 }
 
 /// The response for the open file at `path`: its head, and its body, ranges or 304 as the
@@ -632,6 +653,7 @@ fn send_file(
                     status: 416,
                     body_bytes: sent,
                     error_page: None,
+                    redirect: None,
                 };
             }
             // gzip sees the full file as a 200: a compressed answer ignores `Range`.
@@ -692,6 +714,7 @@ fn send_file(
                     status,
                     body_bytes: 0,
                     error_page: None,
+                    redirect: None,
                 };
             }
             w.set_file_body(key, fd, offset, len, loc.sendfile, meta.size);
@@ -699,6 +722,7 @@ fn send_file(
                 status,
                 body_bytes: len,
                 error_page: None,
+                redirect: None,
             }
         }
         Plan::Multipart {
@@ -797,6 +821,7 @@ fn send_file(
                 status: 206,
                 body_bytes: sent,
                 error_page: None,
+                redirect: None,
             }
         }
         Plan::Reply(s) => {
@@ -883,5 +908,6 @@ fn gzip_file(
         status: 200,
         body_bytes: sent,
         error_page: None,
+        redirect: None,
     }
 }

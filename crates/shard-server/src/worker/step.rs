@@ -33,6 +33,9 @@ pub(in crate::worker) struct Reply {
     /// Nothing was written: the location's `error_page` number N takes over (an internal
     /// redirect or a redirect, decided by the caller).
     pub error_page: Option<usize>,
+    /// Nothing was written: an internal redirect to this URI (nginx's index module), the
+    /// request's arguments kept.
+    pub redirect: Option<String>,
 }
 
 /// What `drive_proxy` tells the connection loop.
