@@ -554,12 +554,11 @@ fn push_parts_at(out: &mut Vec<u8>, parts: &[Part], c: &Ctx<'_>, depth: usize) {
 /// `MapConf::index`, in time linear in the value's length however many there are.
 pub fn map_lookup<'m>(m: &'m MapConf, value: &str) -> &'m [Part] {
     if let Some(split) = &m.split {
-        // `split_clients`: the share the value's MurmurHash2 falls in, in order.
+        // `split_clients`: the share the value's MurmurHash2 falls in. The bounds grow (a
+        // cumulative table) up to the catch-all `0`, so a binary search finds it.
         let h = murmur_hash2(value.as_bytes());
-        return split
-            .iter()
-            .find(|(bound, _)| *bound == 0 || h < *bound)
-            .map_or(&[], |(_, v)| v.as_slice());
+        let i = split.partition_point(|(bound, _)| *bound != 0 && h >= *bound);
+        return split.get(i).map_or(&[], |(_, v)| v.as_slice());
     }
     let lower;
     let v = if m.hostnames {
