@@ -370,6 +370,11 @@ pub struct LocationConf {
     pub keepalive_timeout_ms: u64,
     /// Default 1000.
     pub keepalive_requests: u64,
+    /// `keepalive_disable`: the browsers keep-alive is off for. Default `msie6`.
+    pub keepalive_disable: KeepaliveDisable,
+    /// `keepalive_time`: a connection that has lived this long closes after the request
+    /// under way. Default 1 h.
+    pub keepalive_time_ms: u64,
     /// Default 1 MiB; 0 means unlimited.
     pub client_max_body_size: u64,
     /// Default 60 s.
@@ -515,6 +520,15 @@ pub enum FileTest {
     Exists,
     /// `-x`: an executable file.
     Executable,
+}
+
+/// `keepalive_disable`: nginx's browser checks of the `User-Agent`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepaliveDisable {
+    /// MSIE 4 to 6 (not 6 with `SV1`), after a POST.
+    pub msie6: bool,
+    /// Safari on macOS.
+    pub safari: bool,
 }
 
 /// `map SOURCE $NAME { ... }`.
@@ -896,9 +910,11 @@ pub enum Var {
     TimeIso8601,
     /// `$request_id`: 32 hex digits, unique per request.
     RequestId,
-    /// `$connection` (serial number), `$connection_requests`.
+    /// `$connection` (serial number), `$connection_requests`, `$connection_time` (seconds
+    /// since it was accepted, with milliseconds).
     Connection,
     ConnectionRequests,
+    ConnectionTime,
     /// `$pid` (of the worker), `$hostname`, `$nginx_version` (shard's version).
     Pid,
     Hostname,
@@ -1353,6 +1369,9 @@ pub struct UpstreamConf {
     pub keepalive_timeout_ms: u64,
     /// `keepalive_requests` (http only): requests per pooled connection. Default 1000.
     pub keepalive_requests: u64,
+    /// `keepalive_time` (http only): a pooled connection that has lived this long is closed
+    /// instead of kept. Default 1 h.
+    pub keepalive_time_ms: u64,
     /// How a peer is chosen. Default weighted round robin.
     pub balance: Balance,
 }

@@ -826,6 +826,7 @@ mod tests {
         requests: 1,
         now_ms: 1_000_000,
         started_ms: 999_990,
+        opened_ms: 0,
         request_id: 0xabc,
         hostname: "testhost",
         tls: None,

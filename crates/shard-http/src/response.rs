@@ -458,6 +458,37 @@ pub fn keep_alive(
         && !stopping
         && loc.keepalive_timeout_ms > 0
         && requests_on_connection < loc.keepalive_requests
+        && !browser_refuses_keepalive(req, loc)
+}
+
+/// `keepalive_disable`: nginx's reading of the `User-Agent` (`ngx_http_process_user_agent`):
+/// MSIE 4 to 6 (not 6 with `SV1`, not Opera) after a POST, and Safari on macOS.
+fn browser_refuses_keepalive(
+    req: &crate::request::Request,
+    loc: &shard_config::LocationConf,
+) -> bool {
+    let k = loc.keepalive_disable;
+    let Some(ua) = req.user_agent.as_deref().filter(|_| k.msie6 || k.safari) else {
+        return false;
+    };
+    let opera = ua.contains("Opera");
+    let msie_at = ua.find("MSIE ").filter(|&i| i + 7 < ua.len() && !opera);
+    if let Some(i) = msie_at {
+        let b = ua.as_bytes();
+        let msie6 = b[i + 6] == b'.'
+            && match b[i + 5] {
+                b'4' | b'5' => true,
+                b'6' => !ua[i + 8..].contains("SV1"),
+                _ => false,
+            };
+        return k.msie6 && msie6 && req.method == crate::request::Method::Post;
+    }
+    let safari = !opera
+        && !ua.contains("Gecko/")
+        && !ua.contains("Chrome/")
+        && ua.contains("Safari/")
+        && ua.contains("Mac OS X");
+    k.safari && safari
 }
 
 #[cfg(test)]

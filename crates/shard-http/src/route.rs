@@ -320,6 +320,11 @@ pub(crate) mod tests {
             types: Arc::new(types),
             keepalive_timeout_ms: 75_000,
             keepalive_requests: 1000,
+            keepalive_time_ms: 3_600_000,
+            keepalive_disable: shard_config::KeepaliveDisable {
+                msie6: true,
+                safari: false,
+            },
             client_max_body_size: 1 << 20,
             send_timeout_ms: 60_000,
             client_body_timeout_ms: 60_000,

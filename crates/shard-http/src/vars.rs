@@ -48,6 +48,8 @@ pub struct Conn<'a> {
     /// Milliseconds since the epoch, now and when the request began.
     pub now_ms: u64,
     pub started_ms: u64,
+    /// When the connection was accepted, on the same clock (`$connection_time`).
+    pub opened_ms: u64,
     /// Unique per request: `$request_id` is its 32 hex digits.
     pub request_id: u128,
     /// `$hostname`: the caller reads it once (`gethostname`).
@@ -377,6 +379,7 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::BytesSent => push_u64(out, c.done.map_or(0, |d| d.bytes)),
         Var::RequestTime => push_secs(out, c.conn.now_ms.saturating_sub(c.conn.started_ms)),
         Var::Msec => push_secs(out, c.conn.now_ms),
+        Var::ConnectionTime => push_secs(out, c.conn.now_ms.saturating_sub(c.conn.opened_ms)),
         Var::TimeLocal => out.extend_from_slice(crate::log_time(c.conn.now_ms / 1000).as_bytes()),
         Var::TimeIso8601 => {
             out.extend_from_slice(crate::iso8601_time(c.conn.now_ms / 1000).as_bytes())

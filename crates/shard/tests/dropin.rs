@@ -1339,3 +1339,56 @@ fn index_redirects_split_clients_and_map_include_as_nginx() {
     assert_eq!(get(a, "/map?k=b").body_str(), "2");
     assert_eq!(get(a, "/map?k=c").body_str(), "none");
 }
+
+const KEEPALIVE_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        location = /status { shard_status; }
+        location /short/ { keepalive_time 300ms; return 200 "t=$connection_time r=$connection_requests"; }
+        location /safari/ { keepalive_disable safari; return 200 "s"; }
+        location / { return 200 "ok"; }
+    }
+}
+"#;
+
+/// `keepalive_time` closes a connection that has lived too long after its request under way,
+/// `keepalive_disable` turns keep-alive off for nginx's browser list (MSIE 6 after a POST by
+/// default, Safari when asked), `$connection_time` counts from the accept.
+#[test]
+fn keepalive_time_and_keepalive_disable_as_nginx() {
+    let s = Server::start("keepalive-time", KEEPALIVE_CONF, 1);
+    let mut c = connect(s.addr());
+    c.write_all(b"GET /short/ HTTP/1.1\r\nHost: h\r\n\r\n")
+        .unwrap();
+    let r = read_response(&mut c, false).unwrap();
+    assert_eq!(r.header("Connection"), Some("keep-alive"));
+    assert!(r.body_str().starts_with("t=0.0"), "{}", r.body_str());
+    // The time under test passing, not a wait for the server.
+    std::thread::sleep(Duration::from_millis(400));
+    c.write_all(b"GET /short/ HTTP/1.1\r\nHost: h\r\n\r\n")
+        .unwrap();
+    let r = read_response(&mut c, false).unwrap();
+    assert_eq!(r.header("Connection"), Some("close"));
+    let t: f64 = r.body_str()[2..7].parse().unwrap();
+    assert!(t >= 0.4, "{}", r.body_str());
+    let ask = |head: &str| {
+        let mut c = connect(s.addr());
+        c.write_all(head.as_bytes()).unwrap();
+        read_response(&mut c, false).unwrap()
+    };
+    let msie6 = "User-Agent: Mozilla/4.0 (compatible; MSIE 6.0; Windows NT 5.1)\r\n";
+    let safari = "User-Agent: Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) \
+                  AppleWebKit/605.1.15 (KHTML, like Gecko) Version/16.1 Safari/605.1.15\r\n";
+    let post = format!("POST / HTTP/1.1\r\nHost: h\r\n{msie6}Content-Length: 0\r\n\r\n");
+    assert_eq!(ask(&post).header("Connection"), Some("close"));
+    let get = format!("GET / HTTP/1.1\r\nHost: h\r\n{msie6}\r\n");
+    assert_eq!(ask(&get).header("Connection"), Some("keep-alive"));
+    let get = format!("GET /safari/ HTTP/1.1\r\nHost: h\r\n{safari}\r\n");
+    assert_eq!(ask(&get).header("Connection"), Some("close"));
+    let get = format!("GET / HTTP/1.1\r\nHost: h\r\n{safari}\r\n");
+    assert_eq!(ask(&get).header("Connection"), Some("keep-alive"));
+}

@@ -115,6 +115,8 @@ pub(super) struct Settings {
     pub(super) types: Option<Arc<crate::model::MimeTypes>>,
     pub(super) keepalive_timeout_ms: Option<u64>,
     pub(super) keepalive_requests: Option<u64>,
+    pub(super) keepalive_time_ms: Option<u64>,
+    pub(super) keepalive_disable: Option<KeepaliveDisable>,
     pub(super) client_max_body_size: Option<u64>,
     pub(super) send_timeout_ms: Option<u64>,
     pub(super) client_body_timeout_ms: Option<u64>,
@@ -357,6 +359,8 @@ pub(super) struct Eff {
     pub(super) types: Arc<crate::model::MimeTypes>,
     pub(super) keepalive_timeout_ms: u64,
     pub(super) keepalive_requests: u64,
+    pub(super) keepalive_time_ms: u64,
+    pub(super) keepalive_disable: KeepaliveDisable,
     pub(super) client_max_body_size: u64,
     pub(super) send_timeout_ms: u64,
     pub(super) client_body_timeout_ms: u64,
@@ -404,6 +408,11 @@ impl Eff {
             types: bundled_types(),
             keepalive_timeout_ms: 75_000,
             keepalive_requests: 1000,
+            keepalive_time_ms: 3_600_000,
+            keepalive_disable: KeepaliveDisable {
+                msie6: true,
+                safari: false,
+            },
             client_max_body_size: 1 << 20,
             send_timeout_ms: 60_000,
             client_body_timeout_ms: 60_000,
@@ -472,6 +481,8 @@ impl Eff {
             types: s.types.clone().unwrap_or_else(|| self.types.clone()),
             keepalive_timeout_ms: s.keepalive_timeout_ms.unwrap_or(self.keepalive_timeout_ms),
             keepalive_requests: s.keepalive_requests.unwrap_or(self.keepalive_requests),
+            keepalive_time_ms: s.keepalive_time_ms.unwrap_or(self.keepalive_time_ms),
+            keepalive_disable: s.keepalive_disable.unwrap_or(self.keepalive_disable),
             client_max_body_size: s.client_max_body_size.unwrap_or(self.client_max_body_size),
             send_timeout_ms: s.send_timeout_ms.unwrap_or(self.send_timeout_ms),
             client_body_timeout_ms: s
@@ -604,6 +615,8 @@ impl Eff {
             types: self.types.clone(),
             keepalive_timeout_ms: self.keepalive_timeout_ms,
             keepalive_requests: self.keepalive_requests,
+            keepalive_time_ms: self.keepalive_time_ms,
+            keepalive_disable: self.keepalive_disable,
             client_max_body_size: self.client_max_body_size,
             send_timeout_ms: self.send_timeout_ms,
             client_body_timeout_ms: self.client_body_timeout_ms,
@@ -1289,6 +1302,25 @@ slot!(set_keepalive_timeout, keepalive_timeout_ms, time);
 
 slot!(set_keepalive_requests, keepalive_requests, num::<u64>);
 
+slot!(set_keepalive_time, keepalive_time_ms, time);
+
+/// `keepalive_disable none | msie6 | safari ...`: the browsers keep-alive is off for.
+pub(super) fn set_keepalive_disable(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut k = KeepaliveDisable {
+        msie6: false,
+        safari: false,
+    };
+    for a in &d.args {
+        match a.as_str() {
+            "none" => {}
+            "msie6" => k.msie6 = true,
+            "safari" => k.safari = true,
+            _ => return Err(invalid(d, file, a)),
+        }
+    }
+    once(&mut s.keepalive_disable, k, d, file)
+}
+
 slot!(set_client_max_body_size, client_max_body_size, size);
 
 slot!(set_send_timeout, send_timeout_ms, time);
@@ -1640,7 +1672,8 @@ slot!(set_server_tokens, server_tokens, server_tokens_value);
 /// `server_tokens on | off` (`build` and a string are nginx Plus's).
 fn server_tokens_value(d: &Directive, file: &str, v: &str) -> Result<bool, ConfigError> {
     match v {
-        "on" => Ok(true),
+        // `build` adds nginx's `--build` name, which shard has none of: the version alone.
+        "on" | "build" => Ok(true),
         "off" => Ok(false),
         _ => Err(invalid(d, file, v)),
     }
@@ -2593,6 +2626,7 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "request_id" => Var::RequestId,
         "connection" => Var::Connection,
         "connection_requests" => Var::ConnectionRequests,
+        "connection_time" => Var::ConnectionTime,
         "pid" => Var::Pid,
         "hostname" => Var::Hostname,
         "nginx_version" => Var::NginxVersion,
@@ -2612,7 +2646,8 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
                 Var::Http(n.replace('_', "-"))
             } else if let Some(n) = prefixed("sent_http_") {
                 Var::SentHttp(n.replace('_', "-"))
-            } else if let Some(n) = prefixed("arg_") {
+            } else if let Some(n) = name.strip_prefix("arg_") {
+                // `$arg_` alone is the argument with an empty name (`?=x`), as nginx.
                 Var::Arg(n.to_string())
             } else if let Some(n) = prefixed("cookie_") {
                 Var::Cookie(n.to_string())

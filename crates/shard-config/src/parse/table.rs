@@ -229,6 +229,14 @@ pub(super) static TABLE: &[Spec] = &[
     d("map_hash_bucket_size", H, 1, 1, Set::NoEffect(check_size)),
     d("output_buffers", HSL, 2, 2, Set::NoEffect(check_sizes)),
     d("postpone_output", HSL, 1, 1, Set::NoEffect(check_size)),
+    d(
+        "connection_pool_size",
+        H | S,
+        1,
+        1,
+        Set::NoEffect(check_size),
+    ),
+    d("request_pool_size", H | S, 1, 1, Set::NoEffect(check_size)),
     d("send_lowat", HSL, 1, 1, Set::NoEffect(check_size)),
     d("sendfile_max_chunk", HSL, 1, 1, Set::NoEffect(check_size)),
     d(
@@ -388,6 +396,20 @@ pub(super) static TABLE: &[Spec] = &[
         1,
         1,
         Set::Settings(set_keepalive_requests),
+    ),
+    d(
+        "keepalive_time",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_keepalive_time),
+    ),
+    d(
+        "keepalive_disable",
+        HSL,
+        1,
+        MANY,
+        Set::Settings(set_keepalive_disable),
     ),
     d(
         "client_header_timeout",
@@ -762,6 +784,13 @@ pub(super) static TABLE: &[Spec] = &[
         1,
         Set::Upstream(upstream_keepalive_requests),
     ),
+    d(
+        "keepalive_time",
+        HU,
+        1,
+        1,
+        Set::Upstream(upstream_keepalive_time),
+    ),
     // proxy (stream: server; http: location)
     d(
         "proxy_pass",
@@ -1034,6 +1063,7 @@ pub(super) struct UpstreamP {
     pub(super) keepalive: Option<usize>,
     pub(super) keepalive_timeout_ms: Option<u64>,
     pub(super) keepalive_requests: Option<u64>,
+    pub(super) keepalive_time_ms: Option<u64>,
     pub(super) balance: Option<Balance>,
 }
 
@@ -1153,7 +1183,6 @@ pub(super) static NGINX_ONLY: &[&str] = &[
     "client_header_buffer_size",
     "client_header_timeout",
     "client_max_body_size",
-    "connection_pool_size",
     "create_full_put_path",
     "dav_access",
     "dav_methods",
@@ -1311,9 +1340,7 @@ pub(super) static NGINX_ONLY: &[&str] = &[
     "js_set",
     "js_var",
     "keepalive",
-    "keepalive_disable",
     "keepalive_requests",
-    "keepalive_time",
     "keepalive_timeout",
     "large_client_header_buffers",
     "least_conn",
@@ -1471,7 +1498,6 @@ pub(super) static NGINX_ONLY: &[&str] = &[
     "recursive_error_pages",
     "referer_hash_bucket_size",
     "referer_hash_max_size",
-    "request_pool_size",
     "reset_timedout_connection",
     "return",
     "rewrite",

@@ -32,6 +32,7 @@ pub(super) fn read_upstream(
         keepalive: None,
         keepalive_timeout_ms: None,
         keepalive_requests: None,
+        keepalive_time_ms: None,
         balance: None,
     };
     env.walk(block(d), file, ctx, &mut Target::Upstream(&mut u))?;
@@ -90,6 +91,11 @@ pub(super) fn upstream_keepalive(u: &mut UpstreamP, d: &Directive, file: &str) -
 pub(super) fn upstream_keepalive_timeout(u: &mut UpstreamP, d: &Directive, file: &str) -> R {
     let t = time(d, file, a0(d))?;
     once(&mut u.keepalive_timeout_ms, t, d, file)
+}
+
+pub(super) fn upstream_keepalive_time(u: &mut UpstreamP, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut u.keepalive_time_ms, t, d, file)
 }
 
 pub(super) fn upstream_keepalive_requests(u: &mut UpstreamP, d: &Directive, file: &str) -> R {
@@ -246,6 +252,7 @@ pub(super) fn finish_upstream(name: String, place: Place, u: UpstreamP) -> Upstr
         keepalive: u.keepalive.unwrap_or(0),
         keepalive_timeout_ms: u.keepalive_timeout_ms.unwrap_or(60_000),
         keepalive_requests: u.keepalive_requests.unwrap_or(1000),
+        keepalive_time_ms: u.keepalive_time_ms.unwrap_or(3_600_000),
         balance: u.balance.unwrap_or_default(),
     }
 }
@@ -258,6 +265,7 @@ pub(super) fn implicit_upstream(name: String, at: Place, addrs: Vec<SocketAddr>)
         keepalive: None,
         keepalive_timeout_ms: None,
         keepalive_requests: None,
+        keepalive_time_ms: None,
         balance: None,
     };
     finish_upstream(name, at, u)

@@ -292,9 +292,9 @@ impl Worker<'_> {
             let id = self.next_conn_id;
             self.next_conn_id += 1;
             let number = self.region.connections.fetch_add(1, Relaxed) + 1;
-            let key = self
-                .conns
-                .insert(Conn::new(cfd, peer, conf_idx, id, number, srv));
+            let key =
+                self.conns
+                    .insert(Conn::new(cfd, peer, conf_idx, id, number, srv, self.now_ms));
             self.conns[key].tls = tls;
             self.start_reading(key, true);
             let deadline = self.conns[key].deadline_ms;

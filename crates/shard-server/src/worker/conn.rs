@@ -94,6 +94,8 @@ pub(super) struct Conn {
     pub(super) body_bytes_max: u64,
     pub(super) body_bytes: u64,
     pub(super) requests: u64,
+    /// When the connection was accepted (`keepalive_time`).
+    pub(super) opened_ms: u64,
     /// The current request's `$request_id` and when it began (monotonic ms).
     pub(super) request_id: u128,
     pub(super) request_started_ms: u64,
@@ -236,6 +238,7 @@ impl Conn {
         id: u64,
         number: u64,
         srv: &shard_config::ServerConf,
+        now_ms: u64,
     ) -> Conn {
         Conn {
             fd,
@@ -257,6 +260,7 @@ impl Conn {
             body_bytes_max: 0,
             body_bytes: 0,
             requests: 0,
+            opened_ms: now_ms,
             request_id: 0,
             request_started_ms: 0,
             server: 0,
@@ -1367,6 +1371,7 @@ impl Worker<'_> {
         c.body_bytes_max = first.client_max_body_size;
         let keep_alive =
             shard_http::response::keep_alive(&req, first, c.requests, self.shutting_down)
+                && self.now_ms.saturating_sub(c.opened_ms) < first.keepalive_time_ms
                 && !c.plain_on_tls
                 && !matches!(forced, Some(495 | 496));
 
@@ -1970,6 +1975,7 @@ impl Worker<'_> {
             requests: c.requests,
             now_ms: now,
             started_ms: now.saturating_sub(self.now_ms.saturating_sub(c.request_started_ms)),
+            opened_ms: now.saturating_sub(self.now_ms.saturating_sub(c.opened_ms)),
             request_id: c.request_id,
             hostname: &self.hostname,
             tls: c.tls.as_ref().map(|t| shard_http::vars::Tls {

@@ -71,6 +71,8 @@ pub(super) struct UpConn {
     requests: u64,
     /// When it went idle in the pool.
     idle_since_ms: u64,
+    /// When it was opened (the upstream's `keepalive_time`).
+    opened_ms: u64,
     /// TLS to the upstream (`proxy_pass https://`).
     pub(super) tls: Option<Box<super::tls::UpTls>>,
     /// A tunnel's close_notify to the upstream is queued; its FIN follows it.
@@ -691,6 +693,7 @@ impl<'a> Worker<'a> {
             owner: Some((key, conn_id)),
             requests: 1,
             idle_since_ms: 0,
+            opened_ms: self.now_ms,
             tls: None,
             fin_pending: false,
             tls_config: 0,
@@ -1916,6 +1919,7 @@ impl<'a> Worker<'a> {
         // the pool, and the next request would find it closed.
         if ups.keepalive == 0
             || uc.requests >= ups.keepalive_requests
+            || self.now_ms.saturating_sub(uc.opened_ms) >= ups.keepalive_time_ms
             || self.shutting_down
             || uc.hup
         {
