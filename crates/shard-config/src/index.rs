@@ -456,3 +456,187 @@ mod tests {
         assert_eq!(w.trailing("www."), None);
     }
 }
+
+/// `geo`: networks (longest prefix first) or, with `ranges`, address ranges, each to a value.
+#[derive(Debug, Clone, Default)]
+pub struct GeoTable {
+    /// CIDR mode: per prefix length present, longest first, the masked networks.
+    v4: Vec<(u8, Map<u32, u32>)>,
+    v6: Vec<(u8, Map<u128, u32>)>,
+    /// `ranges` mode: sorted, non-overlapping `(first, last, value)`.
+    ranges: Option<Vec<(u32, u32, u32)>>,
+    /// `default`, else empty.
+    pub default: Option<u32>,
+    /// `proxy` networks and `proxy_recursive`: a client in them is replaced by the address
+    /// `X-Forwarded-For` names.
+    pub proxies: Vec<crate::AccessRule>,
+    pub proxy_recursive: bool,
+}
+
+/// A `geo` block while it is read: later entries override earlier ones, `delete` removes.
+#[derive(Debug, Default)]
+pub struct GeoBuilder {
+    v4: std::collections::BTreeMap<(u8, u32), u32>,
+    v6: std::collections::BTreeMap<(u8, u128), u32>,
+    /// `ranges`: start to `(last, value)`, non-overlapping.
+    ranges: Option<std::collections::BTreeMap<u32, (u32, u32)>>,
+    pub default: Option<u32>,
+    pub proxies: Vec<crate::AccessRule>,
+    pub proxy_recursive: bool,
+}
+
+impl GeoBuilder {
+    pub fn set_ranges(&mut self) {
+        self.ranges.get_or_insert_with(Default::default);
+    }
+
+    pub fn is_ranges(&self) -> bool {
+        self.ranges.is_some()
+    }
+
+    /// `NET VALUE` (`value` an index) or `delete NET` (`None`), NET already masked.
+    pub fn net(&mut self, net: std::net::IpAddr, bits: u8, value: Option<u32>) {
+        match net {
+            std::net::IpAddr::V4(a) => {
+                let k = (bits, u32::from(a));
+                match value {
+                    Some(v) => {
+                        self.v4.insert(k, v);
+                    }
+                    None => {
+                        self.v4.remove(&k);
+                    }
+                }
+            }
+            std::net::IpAddr::V6(a) => {
+                let k = (bits, u128::from(a));
+                match value {
+                    Some(v) => {
+                        self.v6.insert(k, v);
+                    }
+                    None => {
+                        self.v6.remove(&k);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `FIRST-LAST VALUE` over what was there (`None`: `delete FIRST-LAST`).
+    pub fn range(&mut self, first: u32, last: u32, value: Option<u32>) {
+        let map = self.ranges.get_or_insert_with(Default::default);
+        let hit: Vec<(u32, u32, u32)> = map
+            .range(..=last)
+            .rev()
+            .take_while(|(_, &(end, _))| end >= first)
+            .map(|(&s, &(e, v))| (s, e, v))
+            .collect();
+        for (s, e, v) in hit {
+            map.remove(&s);
+            if s < first {
+                map.insert(s, (first - 1, v));
+            }
+            if e > last {
+                map.insert(last + 1, (e, v));
+            }
+        }
+        if let Some(v) = value {
+            map.insert(first, (last, v));
+        }
+    }
+
+    pub fn build(self) -> GeoTable {
+        fn by_len<K: Copy + Eq + std::hash::Hash>(
+            entries: impl Iterator<Item = ((u8, K), u32)>,
+        ) -> Vec<(u8, Map<K, u32>)> {
+            let mut out: Vec<(u8, Map<K, u32>)> = Vec::new();
+            for ((len, k), v) in entries {
+                match out.iter_mut().find(|(l, _)| *l == len) {
+                    Some((_, m)) => {
+                        m.insert(k, v);
+                    }
+                    None => {
+                        let mut m = Map::default();
+                        m.insert(k, v);
+                        out.push((len, m));
+                    }
+                }
+            }
+            out.sort_by(|a, b| b.0.cmp(&a.0));
+            out
+        }
+        GeoTable {
+            v4: by_len(self.v4.into_iter()),
+            v6: by_len(self.v6.into_iter()),
+            ranges: self
+                .ranges
+                .map(|m| m.into_iter().map(|(s, (e, v))| (s, e, v)).collect()),
+            default: self.default,
+            proxies: self.proxies,
+            proxy_recursive: self.proxy_recursive,
+        }
+    }
+}
+
+impl GeoTable {
+    /// The value index for `addr` (an IPv4-mapped IPv6 address counts as IPv4): the longest
+    /// network that holds it, or the range, else `default`.
+    pub fn find(&self, addr: std::net::IpAddr) -> Option<u32> {
+        use std::net::IpAddr;
+        let addr = match addr {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(addr, IpAddr::V4),
+            v4 => v4,
+        };
+        let hit = match (addr, &self.ranges) {
+            (IpAddr::V4(a), Some(r)) => {
+                let a = u32::from(a);
+                let i = r.partition_point(|&(s, _, _)| s <= a);
+                i.checked_sub(1)
+                    .map(|i| r[i])
+                    .filter(|&(_, e, _)| a <= e)
+                    .map(|(_, _, v)| v)
+            }
+            (IpAddr::V6(_), Some(_)) => None,
+            (IpAddr::V4(a), None) => {
+                let a = u32::from(a);
+                self.v4.iter().find_map(|(len, m)| {
+                    let mask = u32::MAX.checked_shl(32 - u32::from(*len)).unwrap_or(0);
+                    m.get(&(a & mask)).copied()
+                })
+            }
+            (IpAddr::V6(a), None) => {
+                let a = u128::from(a);
+                self.v6.iter().find_map(|(len, m)| {
+                    let mask = u128::MAX.checked_shl(128 - u32::from(*len)).unwrap_or(0);
+                    m.get(&(a & mask)).copied()
+                })
+            }
+        };
+        hit.or(self.default)
+    }
+
+    /// The address `geo` judges: `client`, or, when it is one of the `proxy` networks, the
+    /// last address of `X-Forwarded-For` (with `proxy_recursive`, the last one that is not a
+    /// proxy). Not an address: 255.255.255.255, as nginx.
+    pub fn address(&self, client: &str, forwarded: Option<&str>) -> std::net::IpAddr {
+        let none = std::net::IpAddr::V4(std::net::Ipv4Addr::BROADCAST);
+        let Ok(mut addr) = client.trim().parse::<std::net::IpAddr>() else {
+            return none;
+        };
+        let proxy = |a: std::net::IpAddr| self.proxies.iter().any(|p| p.matches(a));
+        if !self.proxies.is_empty() && proxy(addr) {
+            if let Some(xff) = forwarded {
+                for part in xff.rsplit(',') {
+                    let Ok(a) = part.trim().parse::<std::net::IpAddr>() else {
+                        break;
+                    };
+                    addr = a;
+                    if !self.proxy_recursive || !proxy(a) {
+                        break;
+                    }
+                }
+            }
+        }
+        addr
+    }
+}

@@ -552,6 +552,19 @@ pub struct MapConf {
     /// share that takes the rest (`*`, or the one that reaches 100%); a hash beyond them
     /// all is the empty value. `exact`, `regexes` and `default` are empty.
     pub split: Option<Vec<(u32, Vec<Part>)>>,
+    /// `geo [ADDRESS] $NAME { ... }` instead of a `map`: `source` renders the address (or,
+    /// without one, the client address, a newline and `X-Forwarded-For`).
+    pub geo: Option<Box<Geo>>,
+}
+
+/// A `geo` block: its table and the values its entries name.
+#[derive(Debug, Clone)]
+pub struct Geo {
+    pub table: crate::index::GeoTable,
+    pub values: Vec<Vec<Part>>,
+    /// An address variable was written (`geo $arg_ip $g`); else the client's address is
+    /// judged, through `proxy` and `X-Forwarded-For`.
+    pub source_given: bool,
 }
 
 /// `limit_req_zone KEY zone=NAME:SIZE rate=RATE` or `limit_conn_zone KEY zone=NAME:SIZE`.

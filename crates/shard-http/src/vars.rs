@@ -556,6 +556,21 @@ fn push_parts_at(out: &mut Vec<u8>, parts: &[Part], c: &Ctx<'_>, depth: usize) {
 /// key, else the regular expressions in order, else `default`. Keys are found through
 /// `MapConf::index`, in time linear in the value's length however many there are.
 pub fn map_lookup<'m>(m: &'m MapConf, value: &str) -> &'m [Part] {
+    if let Some(g) = &m.geo {
+        // `geo`: the address (with no address variable, the client's and its
+        // `X-Forwarded-For`, on two lines).
+        let addr = if g.source_given {
+            g.table.address(value, None)
+        } else {
+            let (client, xff) = value.split_once('\n').unwrap_or((value, ""));
+            g.table.address(client, Some(xff).filter(|x| !x.is_empty()))
+        };
+        return g
+            .table
+            .find(addr)
+            .and_then(|i| g.values.get(i as usize))
+            .map_or(&[], Vec::as_slice);
+    }
     if let Some(split) = &m.split {
         // `split_clients`: the share the value's MurmurHash2 falls in. The bounds grow (a
         // cumulative table) up to the catch-all `0`, so a binary search finds it.
@@ -767,6 +782,7 @@ mod tests {
                 hostnames,
                 index: shard_config::index::MapIndex::build(&exact, hostnames),
                 split: None,
+                geo: None,
                 exact,
                 regexes,
                 default: vec![Part::Lit("default".into())],

@@ -1392,3 +1392,45 @@ fn keepalive_time_and_keepalive_disable_as_nginx() {
     let get = format!("GET / HTTP/1.1\r\nHost: h\r\n{safari}\r\n");
     assert_eq!(ask(&get).header("Connection"), Some("keep-alive"));
 }
+
+const GEO_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    geo $geo { default world; 127.0.0.0/8 loopback; 127.0.0.2/32 two; ::1 six; }
+    geo $arg_ip $from_arg {
+        ranges;
+        default                 none;
+        10.0.0.0-10.0.0.255     ten;
+        10.0.0.100-10.0.0.100   hundred;
+        delete                  10.0.0.200-10.0.0.255;
+    }
+    geo $proxied { default none; proxy 127.0.0.1; 192.0.2.0/24 test; 127.0.0.0/8 local; }
+    server {
+        listen 127.0.0.1:{port};
+        location = /status { shard_status; }
+        location / { return 200 "$geo $from_arg $proxied"; }
+    }
+}
+"#;
+
+/// `geo`: the longest network, ranges where a later one overrides an earlier one and
+/// `delete` cuts, an address variable (not an address: 255.255.255.255), and `proxy` taking
+/// the address from `X-Forwarded-For`.
+#[test]
+fn geo_as_nginx() {
+    let s = Server::start("geo", GEO_CONF, 1);
+    let ask = |q: &str, xff: &str| {
+        let head = format!("GET /?{q} HTTP/1.1\r\nHost: h\r\n{xff}Connection: close\r\n\r\n");
+        raw(s.addr(), head.as_bytes()).body_str()
+    };
+    assert_eq!(ask("ip=10.0.0.1", ""), "loopback ten local");
+    assert_eq!(ask("ip=10.0.0.100", ""), "loopback hundred local");
+    assert_eq!(ask("ip=10.0.0.201", ""), "loopback none local");
+    assert_eq!(ask("ip=nonsense", ""), "loopback none local");
+    assert_eq!(
+        ask("ip=10.0.1.0", "X-Forwarded-For: 10.1.1.1, 192.0.2.7\r\n"),
+        "loopback none test"
+    );
+}

@@ -290,6 +290,7 @@ pub(super) fn http_map(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R
         default: Vec::new(),
         index: Default::default(),
         split: None,
+        geo: None,
     };
     let mut seen = std::collections::HashSet::new();
     for (e, file) in block_entries(env, d, file)? {
@@ -400,8 +401,140 @@ pub(super) fn http_split_clients(env: &Env, h: &mut HttpP, d: &Directive, file: 
         default: Vec::new(),
         index: Default::default(),
         split: Some(split),
+        geo: None,
     });
     Ok(())
+}
+
+/// `geo [ADDRESS] $NAME { default V; NET V; ranges; FIRST-LAST V; delete NET; proxy NET;
+/// proxy_recursive; include FILE; }` (http), as nginx's geo module: the longest network
+/// wins, or with `ranges` the range (a later one overrides an earlier one where they
+/// overlap); values are literal text.
+pub(super) fn http_geo(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
+    let (source, var) = match d.args.as_slice() {
+        [v] => (None, v),
+        [s, v] => (Some(parse_header_value(d, file, s)?), v),
+        _ => {
+            return Err(derr(
+                d,
+                file,
+                "invalid number of arguments in \"geo\" directive",
+            ))
+        }
+    };
+    let Some(name) = var.strip_prefix('$').filter(|n| !n.is_empty()) else {
+        return Err(derr(d, file, format!("invalid variable name \"{var}\"")));
+    };
+    let name = name.to_ascii_lowercase();
+    if h.maps.iter().any(|m| m.name == name) {
+        return Err(derr(d, file, format!("duplicate variable \"{name}\"")));
+    }
+    declare(&name);
+    let mut b = crate::index::GeoBuilder::default();
+    let mut values: Vec<Vec<Part>> = Vec::new();
+    let mut value = |v: &str| -> u32 {
+        values.push(vec![Part::Lit(v.to_string())]);
+        (values.len() - 1) as u32
+    };
+    for (e, file) in block_entries(env, d, file)? {
+        let (e, file) = (&e, file.as_str());
+        let bad = || derr(e, file, format!("invalid parameter \"{}\"", e.name));
+        match (e.name.as_str(), e.args.as_slice()) {
+            ("ranges", []) => b.set_ranges(),
+            ("proxy_recursive", []) => b.proxy_recursive = true,
+            ("default", [v]) => b.default = Some(value(v)),
+            ("proxy", [net]) => {
+                let (ip, bits) = geo_net(net).ok_or_else(|| invalid(e, file, net))?;
+                b.proxies.push(AccessRule {
+                    allow: true,
+                    net: Some((ip, bits)),
+                });
+            }
+            ("delete", [net]) if b.is_ranges() => {
+                let (first, last) = geo_range(net).ok_or_else(|| invalid(e, file, net))?;
+                b.range(first, last, None);
+            }
+            ("delete", [net]) => {
+                let (ip, bits) = geo_net(net).ok_or_else(|| invalid(e, file, net))?;
+                b.net(ip, bits, None);
+            }
+            (net, [v]) if b.is_ranges() => {
+                let (first, last) = geo_range(net).ok_or_else(bad)?;
+                let v = value(v);
+                b.range(first, last, Some(v));
+            }
+            (net, [v]) => {
+                let (ip, bits) = geo_net(net).ok_or_else(bad)?;
+                let v = value(v);
+                b.net(ip, bits, Some(v));
+            }
+            _ => return Err(derr(e, file, "invalid number of the geo parameters")),
+        }
+    }
+    let table = b.build();
+    let source_given = source.is_some();
+    let source = source.unwrap_or_else(|| {
+        let mut s = vec![Part::Var(Var::RemoteAddr)];
+        if !table.proxies.is_empty() {
+            s.push(Part::Lit("\n".into()));
+            s.push(Part::Var(Var::Http("x-forwarded-for".into())));
+        }
+        s
+    });
+    h.maps.push(MapConf {
+        name,
+        source,
+        hostnames: false,
+        exact: Vec::new(),
+        regexes: Vec::new(),
+        default: Vec::new(),
+        index: Default::default(),
+        split: None,
+        geo: Some(Box::new(Geo {
+            table,
+            values,
+            source_given,
+        })),
+    });
+    Ok(())
+}
+
+/// A `geo` network: `ADDRESS`, `ADDRESS/BITS` (masked) or `default` (0.0.0.0/0).
+fn geo_net(v: &str) -> Option<(IpAddr, u8)> {
+    if v == "default" {
+        return Some((IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
+    }
+    let (addr, bits) = match v.split_once('/') {
+        Some((a, b)) => (a, Some(b)),
+        None => (v, None),
+    };
+    let ip: IpAddr = addr.parse().ok()?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let bits = match bits {
+        None => max,
+        Some(b) => b.parse::<u8>().ok().filter(|&n| n <= max)?,
+    };
+    Some(match ip {
+        IpAddr::V4(a) => {
+            let m = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+            (IpAddr::V4((u32::from(a) & m).into()), bits)
+        }
+        IpAddr::V6(a) => {
+            let m = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+            (IpAddr::V6((u128::from(a) & m).into()), bits)
+        }
+    })
+}
+
+/// A `geo ... { ranges; }` range: `FIRST-LAST` of IPv4 addresses, or `default`.
+fn geo_range(v: &str) -> Option<(u32, u32)> {
+    if v == "default" {
+        return Some((0, u32::MAX));
+    }
+    let (a, b) = v.split_once('-')?;
+    let a = u32::from(a.parse::<Ipv4Addr>().ok()?);
+    let b = u32::from(b.parse::<Ipv4Addr>().ok()?);
+    (a <= b).then_some((a, b))
 }
 
 /// A percentage's number with up to two decimals, in hundredths (`0.5` is 50, `2` is 200).
