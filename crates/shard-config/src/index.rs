@@ -562,7 +562,7 @@ impl GeoBuilder {
                     }
                 }
             }
-            out.sort_by(|a, b| b.0.cmp(&a.0));
+            out.sort_by_key(|e| std::cmp::Reverse(e.0));
             out
         }
         GeoTable {
