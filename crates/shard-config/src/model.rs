@@ -409,6 +409,8 @@ pub struct LocationConf {
     /// `allow` and `deny` of the level that set any, in order: the first that matches the
     /// client decides; none matching allows.
     pub access_rules: Vec<AccessRule>,
+    /// `valid_referers` (with `server_names` expanded to the server's names).
+    pub referers: Option<std::sync::Arc<Referers>>,
     /// `error_page`s of the level that set any.
     pub error_pages: Vec<ErrorPage>,
     /// `try_files` of this location (not inherited).
@@ -668,6 +670,96 @@ impl Default for RealIp {
     }
 }
 
+/// `valid_referers`: the `Referer` values `$invalid_referer` leaves empty.
+#[derive(Debug, Clone, Default)]
+pub struct Referers {
+    /// `none`: no `Referer` header.
+    pub none: bool,
+    /// `blocked`: a `Referer` whose value a proxy or firewall removed (no `http://` or
+    /// `https://`).
+    pub blocked: bool,
+    /// `server_names`: the server's names (added to the hosts once the server is known).
+    pub server_names: bool,
+    /// Host names (lowercase) to the URI prefix that must follow them ("" for any).
+    pub exact: std::collections::HashMap<String, String>,
+    /// `*.example.com`, `.example.com`, `www.example.*`, to an index into `wild_uris`.
+    pub wild: crate::index::Wildcards,
+    pub wild_uris: Vec<String>,
+    /// `~REGEX` (without case), matched against the value after its scheme; and regular
+    /// expression server names (`server_names`), against the host.
+    pub regexes: Vec<regex::Regex>,
+    pub host_regexes: Vec<regex::Regex>,
+}
+
+impl Referers {
+    /// Adds a host (lowercase; wildcards as `server_name`'s) that must be followed by `uri`.
+    pub fn add(&mut self, host: &str, uri: &str) {
+        let i = self.wild_uris.len();
+        if let Some(suffix) = host.strip_prefix('*') {
+            self.wild_uris.push(uri.to_string());
+            self.wild.add_star(suffix, i);
+        } else if let Some(name) = host.strip_prefix('.') {
+            self.wild_uris.push(uri.to_string());
+            self.wild.add_dot(name, i);
+        } else if let Some(prefix) = host.strip_suffix('*') {
+            self.wild_uris.push(uri.to_string());
+            self.wild.add_tail(prefix, i);
+        } else {
+            self.exact
+                .entry(host.to_string())
+                .or_insert_with(|| uri.to_string());
+        }
+    }
+
+    /// nginx's `$invalid_referer` for this `Referer` value (`None`: no header): whether it
+    /// is not one of these.
+    pub fn invalid(&self, referer: Option<&str>) -> bool {
+        if self.exact.is_empty()
+            && self.wild.is_empty()
+            && self.regexes.is_empty()
+            && self.host_regexes.is_empty()
+        {
+            return false;
+        }
+        let Some(r) = referer else {
+            return !self.none;
+        };
+        let lower = r.get(..8).map(str::to_ascii_lowercase).unwrap_or_default();
+        let rest = if r.len() < "http://i.ru".len() {
+            None
+        } else if lower.starts_with("http://") {
+            Some(&r[7..])
+        } else if lower.starts_with("https://") {
+            Some(&r[8..])
+        } else {
+            None
+        };
+        let Some(rest) = rest else {
+            return !self.blocked;
+        };
+        let end = rest.find(['/', ':']).unwrap_or(rest.len());
+        if end > 256 {
+            return true;
+        }
+        let host = rest[..end].to_ascii_lowercase();
+        let uri = self.exact.get(&host).map(String::as_str).or_else(|| {
+            self.wild
+                .leading(&host)
+                .or_else(|| self.wild.trailing(&host))
+                .map(|i| self.wild_uris[i].as_str())
+        });
+        if let Some(uri) = uri {
+            // The URI part follows the port, if any.
+            let path = rest[end..].find('/').map_or("", |i| &rest[end + i..]);
+            return !path.starts_with(uri);
+        }
+        if self.host_regexes.iter().any(|re| re.is_match(&host)) {
+            return false;
+        }
+        !self.regexes.iter().any(|re| re.is_match(rest))
+    }
+}
+
 /// One `allow` or `deny`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AccessRule {
@@ -923,6 +1015,8 @@ pub enum Var {
     TimeIso8601,
     /// `$request_id`: 32 hex digits, unique per request.
     RequestId,
+    /// `$invalid_referer`: `1` when the `Referer` is not one `valid_referers` names.
+    InvalidReferer,
     /// `$connection` (serial number), `$connection_requests`, `$connection_time` (seconds
     /// since it was accepted, with milliseconds).
     Connection,

@@ -352,6 +352,7 @@ pub(crate) mod tests {
             expires: None,
             server_tokens: true,
             access_rules: Vec::new(),
+            referers: None,
             error_pages: Vec::new(),
             try_files: None,
             needs_head: false,

@@ -379,6 +379,15 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::BytesSent => push_u64(out, c.done.map_or(0, |d| d.bytes)),
         Var::RequestTime => push_secs(out, c.conn.now_ms.saturating_sub(c.conn.started_ms)),
         Var::Msec => push_secs(out, c.conn.now_ms),
+        Var::InvalidReferer => {
+            if c.location
+                .referers
+                .as_ref()
+                .is_some_and(|r| r.invalid(req.referer.as_deref()))
+            {
+                out.push(b'1');
+            }
+        }
         Var::ConnectionTime => push_secs(out, c.conn.now_ms.saturating_sub(c.conn.opened_ms)),
         Var::TimeLocal => out.extend_from_slice(crate::log_time(c.conn.now_ms / 1000).as_bytes()),
         Var::TimeIso8601 => {

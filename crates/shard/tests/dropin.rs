@@ -1434,3 +1434,42 @@ fn geo_as_nginx() {
         "loopback none test"
     );
 }
+
+const REFERER_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        server_name site.test *.site.test;
+        location = /status { shard_status; }
+        valid_referers none blocked server_names example.com/pics/ *.friend.test ~\.search\.;
+        location / { return 200 "[$invalid_referer]"; }
+    }
+}
+"#;
+
+/// `valid_referers` and `$invalid_referer`, as nginx's referer module.
+#[test]
+fn valid_referers_as_nginx() {
+    let s = Server::start("referer", REFERER_CONF, 1);
+    let ask = |referer: &str| {
+        let head = format!("GET / HTTP/1.1\r\nHost: h\r\n{referer}Connection: close\r\n\r\n");
+        raw(s.addr(), head.as_bytes()).body_str()
+    };
+    for (r, want) in [
+        ("", "[]"),
+        ("Referer: no-scheme.test\r\n", "[]"),
+        ("Referer: http://site.test/a\r\n", "[]"),
+        ("Referer: https://www.site.test:8443/x\r\n", "[]"),
+        ("Referer: http://EXAMPLE.com/pics/cat.png\r\n", "[]"),
+        ("Referer: http://example.com/other\r\n", "[1]"),
+        ("Referer: http://a.b.friend.test/\r\n", "[]"),
+        ("Referer: http://friend.test/\r\n", "[1]"),
+        ("Referer: https://www.search.engine/?q=1\r\n", "[]"),
+        ("Referer: http://evil.test/\r\n", "[1]"),
+    ] {
+        assert_eq!(ask(r), want, "{r:?}");
+    }
+}

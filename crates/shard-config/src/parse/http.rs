@@ -151,6 +151,7 @@ pub(super) struct Settings {
     pub(super) server_tokens: Option<bool>,
     /// `allow`/`deny` of this block; `Some` replaces the parent's list.
     pub(super) access_rules: Option<Vec<AccessRule>>,
+    pub(super) referers: Option<Arc<Referers>>,
     /// `error_page`s of this block; `Some` replaces the parent's list.
     pub(super) error_pages: Option<Vec<ErrorPage>>,
     pub(super) log_not_found: Option<bool>,
@@ -383,6 +384,7 @@ pub(super) struct Eff {
     pub(super) expires: Option<Expires>,
     pub(super) server_tokens: bool,
     pub(super) access_rules: Vec<AccessRule>,
+    pub(super) referers: Option<Arc<Referers>>,
     pub(super) error_pages: Vec<ErrorPage>,
     pub(super) log_not_found: bool,
     pub(super) charset: Option<String>,
@@ -450,6 +452,7 @@ impl Eff {
             expires: None,
             server_tokens: true,
             access_rules: Vec::new(),
+            referers: None,
             error_pages: Vec::new(),
             log_not_found: true,
             charset: None,
@@ -557,6 +560,7 @@ impl Eff {
                 .access_rules
                 .clone()
                 .unwrap_or_else(|| self.access_rules.clone()),
+            referers: s.referers.clone().or_else(|| self.referers.clone()),
             error_pages: s
                 .error_pages
                 .clone()
@@ -632,6 +636,7 @@ impl Eff {
             expires: self.expires.clone(),
             server_tokens: self.server_tokens,
             access_rules: self.access_rules.clone(),
+            referers: self.referers.clone(),
             error_pages: self.error_pages.clone(),
             try_files: None,
             needs_head: false,
@@ -796,6 +801,37 @@ pub(super) fn finish_server(
             l.handler = None;
         }
         script.clear();
+    }
+    // `valid_referers server_names`: this server's names join the valid hosts.
+    let names = if s.names.is_empty() {
+        vec![ServerName::Exact(String::new())]
+    } else {
+        s.names.clone()
+    };
+    let mut expanded: Vec<(*const Referers, Arc<Referers>)> = Vec::new();
+    for l in std::iter::once(&mut base).chain(locations.iter_mut()) {
+        let Some(r) = l.referers.as_ref().filter(|r| r.server_names) else {
+            continue;
+        };
+        let key = Arc::as_ptr(r);
+        if let Some((_, done)) = expanded.iter().find(|(k, _)| *k == key) {
+            l.referers = Some(done.clone());
+            continue;
+        }
+        let mut with = (**r).clone();
+        for n in &names {
+            match n {
+                ServerName::Exact(e) if !e.is_empty() => with.add(e, ""),
+                ServerName::Exact(_) => {}
+                ServerName::WildcardPrefix(suffix) => with.add(&format!("*{suffix}"), ""),
+                ServerName::WildcardSuffix(prefix) => with.add(&format!("{prefix}*"), ""),
+                ServerName::Dot(name) => with.add(&format!(".{name}"), ""),
+                ServerName::Regex(re) => with.host_regexes.push(re.0.clone()),
+            }
+        }
+        let with = Arc::new(with);
+        expanded.push((key, with.clone()));
+        l.referers = Some(with);
     }
     let ssl = SslConf {
         certificates: eff.ssl.pairs()?,
@@ -2090,6 +2126,30 @@ pub(super) fn set_access_rule(env: &Env, s: &mut Settings, d: &Directive, file: 
     Ok(())
 }
 
+/// `valid_referers none | blocked | server_names | NAME[/URI] | ~REGEX ...` (server,
+/// location): what `$invalid_referer` accepts. A level with its own replaces its parent's.
+pub(super) fn set_valid_referers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut r = Referers::default();
+    for a in &d.args {
+        match a.as_str() {
+            "none" => r.none = true,
+            "blocked" => r.blocked = true,
+            "server_names" => r.server_names = true,
+            re if re.starts_with('~') => {
+                r.regexes.push(compile_regex(d, file, &re[1..], true)?);
+            }
+            name => {
+                let (host, uri) = match name.find('/') {
+                    Some(i) => (&name[..i], &name[i..]),
+                    None => (name, ""),
+                };
+                r.add(&host.to_ascii_lowercase(), uri);
+            }
+        }
+    }
+    once(&mut s.referers, Arc::new(r), d, file)
+}
+
 /// `ADDRESS`, `CIDR` or `all` (`None`) of `allow`, `deny`, `set_real_ip_from`.
 fn parse_net(env: &Env, d: &Directive, file: &str) -> Result<Option<(IpAddr, u8)>, ConfigError> {
     let a = a0(d);
@@ -2627,6 +2687,7 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "connection" => Var::Connection,
         "connection_requests" => Var::ConnectionRequests,
         "connection_time" => Var::ConnectionTime,
+        "invalid_referer" => Var::InvalidReferer,
         "pid" => Var::Pid,
         "hostname" => Var::Hostname,
         "nginx_version" => Var::NginxVersion,
