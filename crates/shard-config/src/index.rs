@@ -295,6 +295,9 @@ pub struct LocationIndex {
     regexes: Map<u32, Vec<u32>>,
     /// `location @NAME`, by name with its `@`.
     named: Map<Box<str>, u32>,
+    /// Locations whose path ends in `/` and that pass to an upstream (`proxy_pass`), by
+    /// their path less that `/`: nginx's `auto_redirect`.
+    auto: Map<Box<str>, u32>,
 }
 
 /// The key of the server level in [`LocationIndex::regexes`].
@@ -307,6 +310,13 @@ impl LocationIndex {
             match l.kind {
                 LocationKind::Exact => {
                     ix.exact.entry(l.path.as_str().into()).or_insert(i as u32);
+                }
+                LocationKind::Prefix | LocationKind::PrefixNoRegex
+                    if l.proxy_pass.is_some() && l.path.len() > 1 && l.path.ends_with('/') =>
+                {
+                    ix.prefixes.insert(l.path.as_bytes(), i);
+                    let short = &l.path[..l.path.len() - 1];
+                    ix.auto.entry(short.into()).or_insert(i as u32);
                 }
                 LocationKind::Prefix | LocationKind::PrefixNoRegex => {
                     ix.prefixes.insert(l.path.as_bytes(), i);
@@ -346,6 +356,15 @@ impl LocationIndex {
     /// `location @NAME` (`name` with its `@`).
     pub fn named(&self, name: &str) -> Option<usize> {
         self.named.get(name).map(|&i| i as usize)
+    }
+
+    /// nginx's `auto_redirect`: the location whose path is `path` with a `/` added and that
+    /// passes to an upstream, when no exact location is `path` itself.
+    pub fn auto_redirect(&self, path: &str) -> Option<usize> {
+        if self.auto.is_empty() || self.exact.contains_key(path) {
+            return None;
+        }
+        self.auto.get(path).map(|&i| i as usize)
     }
 }
 

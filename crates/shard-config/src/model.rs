@@ -421,6 +421,11 @@ pub struct LocationConf {
     pub needs_head: bool,
     /// `internal`: only internal redirects reach this location; a client's request gets 404.
     pub internal: bool,
+    /// `absolute_redirect` (default on), `port_in_redirect` (on), `server_name_in_redirect`
+    /// (off): how a redirect to a relative URL is written.
+    pub absolute_redirect: bool,
+    pub port_in_redirect: bool,
+    pub server_name_in_redirect: bool,
     /// `log_not_found`: a missing file is logged at `error`. Default on.
     pub log_not_found: bool,
     /// `charset`: added to the `Content-Type` of responses whose type is in `charset_types`

@@ -261,7 +261,7 @@ pub fn part_end(out: &mut Vec<u8>) {
 }
 
 /// Escapes a path for a `Location` header.
-fn escape_uri(path: &str, out: &mut String) {
+pub fn escape_uri(path: &str, out: &mut String) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &b in path.as_bytes() {
         let keep = b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&b);

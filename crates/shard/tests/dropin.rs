@@ -1473,3 +1473,52 @@ fn valid_referers_as_nginx() {
         assert_eq!(ask(r), want, "{r:?}");
     }
 }
+
+const REDIRECT_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        server_name main.test;
+        location = /status { shard_status; }
+        location /plain { return 301 /to; }
+        location /relative { absolute_redirect off; return 301 /to; }
+        location /noport { port_in_redirect off; return 301 /to; }
+        location /named { server_name_in_redirect on; return 301 /to; }
+        location /up/ { proxy_pass http://127.0.0.1:{port1}; }
+        location = /up2 { return 200 "exact wins"; }
+        location /up2/ { proxy_pass http://127.0.0.1:{port1}; }
+    }
+    server { listen 127.0.0.1:{port1}; location / { return 200 "upstream $uri"; } }
+}
+"#;
+
+/// How a redirect to a relative URL is written (`absolute_redirect`, `port_in_redirect`,
+/// `server_name_in_redirect`), and nginx's automatic 301 from `/dir` to a `location /dir/`
+/// that passes to an upstream.
+#[test]
+fn redirect_forms_and_auto_redirect_as_nginx() {
+    let s = Server::start_ports("redirect-forms", REDIRECT_CONF, 1, 1);
+    let a = s.addr();
+    let loc = |path: &str| {
+        let head = format!("GET {path} HTTP/1.1\r\nHost: Asked.Test\r\nConnection: close\r\n\r\n");
+        let r = raw(a, head.as_bytes());
+        (r.status, r.header("Location").map(str::to_string))
+    };
+    let port = a.port();
+    assert_eq!(
+        loc("/plain").1,
+        Some(format!("http://asked.test:{port}/to"))
+    );
+    assert_eq!(loc("/relative").1.as_deref(), Some("/to"));
+    assert_eq!(loc("/noport").1.as_deref(), Some("http://asked.test/to"));
+    assert_eq!(loc("/named").1, Some(format!("http://main.test:{port}/to")));
+    assert_eq!(
+        loc("/up?a=b"),
+        (301, Some(format!("http://asked.test:{port}/up/?a=b")))
+    );
+    assert_eq!(get(a, "/up/x").body_str(), "upstream /up/x");
+    assert_eq!(get(a, "/up2").body_str(), "exact wins");
+}

@@ -155,6 +155,9 @@ pub(super) struct Settings {
     /// `error_page`s of this block; `Some` replaces the parent's list.
     pub(super) error_pages: Option<Vec<ErrorPage>>,
     pub(super) log_not_found: Option<bool>,
+    pub(super) absolute_redirect: Option<bool>,
+    pub(super) port_in_redirect: Option<bool>,
+    pub(super) server_name_in_redirect: Option<bool>,
     /// `charset`: `Some(None)` is `off`.
     pub(super) charset: Option<Option<String>>,
     pub(super) charset_types: Option<Vec<String>>,
@@ -387,6 +390,9 @@ pub(super) struct Eff {
     pub(super) referers: Option<Arc<Referers>>,
     pub(super) error_pages: Vec<ErrorPage>,
     pub(super) log_not_found: bool,
+    pub(super) absolute_redirect: bool,
+    pub(super) port_in_redirect: bool,
+    pub(super) server_name_in_redirect: bool,
     pub(super) charset: Option<String>,
     pub(super) charset_types: Vec<String>,
     pub(super) source_charset: Option<(String, Place)>,
@@ -455,6 +461,9 @@ impl Eff {
             referers: None,
             error_pages: Vec::new(),
             log_not_found: true,
+            absolute_redirect: true,
+            port_in_redirect: true,
+            server_name_in_redirect: false,
             charset: None,
             charset_types: CHARSET_TYPES.iter().map(|t| t.to_string()).collect(),
             source_charset: None,
@@ -566,6 +575,11 @@ impl Eff {
                 .clone()
                 .unwrap_or_else(|| self.error_pages.clone()),
             log_not_found: s.log_not_found.unwrap_or(self.log_not_found),
+            absolute_redirect: s.absolute_redirect.unwrap_or(self.absolute_redirect),
+            port_in_redirect: s.port_in_redirect.unwrap_or(self.port_in_redirect),
+            server_name_in_redirect: s
+                .server_name_in_redirect
+                .unwrap_or(self.server_name_in_redirect),
             charset: s.charset.clone().unwrap_or_else(|| self.charset.clone()),
             charset_types: s
                 .charset_types
@@ -642,6 +656,9 @@ impl Eff {
             needs_head: false,
             internal: false,
             log_not_found: self.log_not_found,
+            absolute_redirect: self.absolute_redirect,
+            port_in_redirect: self.port_in_redirect,
+            server_name_in_redirect: self.server_name_in_redirect,
             charset: self.charset.clone(),
             charset_types: self.charset_types.clone(),
             real_ip: self.real_ip.clone(),
@@ -1737,6 +1754,12 @@ pub(super) fn set_add_header(_: &Env, s: &mut Settings, d: &Directive, file: &st
 }
 
 slot!(set_log_not_found, log_not_found, flag);
+
+slot!(set_absolute_redirect, absolute_redirect, flag);
+
+slot!(set_port_in_redirect, port_in_redirect, flag);
+
+slot!(set_server_name_in_redirect, server_name_in_redirect, flag);
 
 /// shard converts no charset: a `source_charset` must be the `charset` in effect (or charset
 /// off), names compared without case (`utf-8`, `UTF-8`).

@@ -578,6 +578,27 @@ pub(super) static TABLE: &[Spec] = &[
     d("allow", HSL, 1, 1, Set::Settings(set_access_rule)),
     d("error_page", HSL, 2, MANY, Set::Settings(set_error_page)),
     d("log_not_found", HSL, 1, 1, Set::Settings(set_log_not_found)),
+    d(
+        "absolute_redirect",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_absolute_redirect),
+    ),
+    d(
+        "port_in_redirect",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_port_in_redirect),
+    ),
+    d(
+        "server_name_in_redirect",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_server_name_in_redirect),
+    ),
     d("charset", HSL, 1, 1, Set::Settings(set_charset)),
     d("limit_req_zone", H, 2, 4, Set::Http(http_limit_zone)),
     d("limit_conn_zone", H, 2, 2, Set::Http(http_limit_zone)),
@@ -1157,7 +1178,6 @@ fn check_number(d: &Directive, file: &str) -> R {
 /// shard does not have: naming one gets `"NAME" is an nginx directive that shard does not
 /// support`, not the typo message. Sorted.
 pub(super) static NGINX_ONLY: &[&str] = &[
-    "absolute_redirect",
     "accept_mutex",
     "accept_mutex_delay",
     "access_log",
@@ -1430,7 +1450,6 @@ pub(super) static NGINX_ONLY: &[&str] = &[
     "pid",
     "pop3_auth",
     "pop3_capabilities",
-    "port_in_redirect",
     "postpone_output",
     "preread_buffer_size",
     "preread_timeout",
@@ -1550,7 +1569,6 @@ pub(super) static NGINX_ONLY: &[&str] = &[
     "sendfile_max_chunk",
     "server",
     "server_name",
-    "server_name_in_redirect",
     "server_names_hash_bucket_size",
     "server_names_hash_max_size",
     "server_tokens",

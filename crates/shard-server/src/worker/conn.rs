@@ -1324,7 +1324,23 @@ impl Worker<'_> {
         c.request_id = request_id;
         c.user_vars.clear();
         c.if_headers = None;
-        let mut rewritten = Some(if forced.is_none() {
+        // nginx's `auto_redirect` (its find-config phase, before any rewrite): `/dir` where
+        // `location /dir/` passes to an upstream is a 301 to `/dir/`, arguments kept.
+        let auto = server
+            .index
+            .auto_redirect(&req.path)
+            .filter(|_| forced.is_none());
+        let mut rewritten = Some(if let Some(i) = auto {
+            loc = &server.locations[i];
+            let mut target = String::with_capacity(req.path.len() + 1);
+            shard_http::static_file::escape_uri(&req.path, &mut target);
+            target.push('/');
+            if let Some(q) = &req.query {
+                target.push('?');
+                target.push_str(q);
+            }
+            Rewritten::Return(301, Some(target))
+        } else if forced.is_none() {
             self.rewrite_phase(key, server, &mut loc, &mut req, &head, &mut hops)
         } else {
             Rewritten::Stay
@@ -1940,6 +1956,39 @@ impl Worker<'_> {
         let mut storage = shard_http::vars::header_storage();
         let hs = shard_http::vars::request_headers(head, &mut storage);
         shard_http::vars::doc_root(&self.var_ctx(key, req, hs, loc))
+    }
+
+    /// nginx's absolute form of a redirect to a relative `location` (`/...`): the scheme,
+    /// the request's host (the server's first name with `server_name_in_redirect on`, or
+    /// without a host) and the listening port unless it is the scheme's (or with
+    /// `port_in_redirect off`). `None`: nothing to change (`absolute_redirect off`, or not
+    /// relative).
+    pub(super) fn absolute_redirect(
+        &self,
+        key: usize,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        location: &str,
+    ) -> Option<String> {
+        if !location.starts_with('/') || !loc.absolute_redirect {
+            return None;
+        }
+        let name = shard_http::route::server_name(self.server_of(key));
+        let host = match req.host.as_deref() {
+            Some(h) if !loc.server_name_in_redirect => h,
+            _ => name,
+        };
+        let https = self.conns[key].tls.is_some();
+        let port = if loc.port_in_redirect {
+            self.cfg.listeners[self.conns[key].listener].addr.port()
+        } else if https {
+            443
+        } else {
+            80
+        };
+        Some(shard_http::response::absolute_location_scheme(
+            location, host, port, https,
+        ))
     }
 
     /// nginx's `return 444`: the connection closes with nothing sent.

@@ -1247,16 +1247,6 @@ impl<'a> Worker<'a> {
         }
         // `proxy_redirect`, then nginx's absolute form of a relative `Location`.
         if let Some(pass) = loc.proxy_pass.as_ref() {
-            let host_port = {
-                let c = &self.conns[key];
-                let srv = &self.http().servers[p.server];
-                let host = p
-                    .req
-                    .host
-                    .clone()
-                    .unwrap_or_else(|| shard_http::route::server_name(srv).to_string());
-                (host, self.cfg.listeners[c.listener].addr.port())
-            };
             for (name, value) in &mut head.headers {
                 if !(name.eq_ignore_ascii_case("location") || name.eq_ignore_ascii_case("refresh"))
                 {
@@ -1275,13 +1265,8 @@ impl<'a> Worker<'a> {
                 let mut new = shard_http::proxy::redirect_location(v, loc, pass, &render);
                 if is_location {
                     let cur = new.as_deref().unwrap_or(v);
-                    if cur.starts_with('/') {
-                        new = Some(shard_http::response::absolute_location_scheme(
-                            cur,
-                            &host_port.0,
-                            host_port.1,
-                            self.conns[key].tls.is_some(),
-                        ));
+                    if let Some(abs) = self.absolute_redirect(key, loc, &p.req, cur) {
+                        new = Some(abs);
                     }
                 }
                 if let Some(n) = new {

@@ -165,16 +165,12 @@ fn simple(
     if g.compress {
         r.body = gzip::compress(gz.comp_level, &r.body);
     }
-    if let Some(l) = r.location.as_deref().filter(|l| l.starts_with('/')) {
-        let host = req
-            .host
-            .as_deref()
-            .unwrap_or_else(|| shard_http::route::server_name(w.server_of(key)));
-        let port = w.cfg.listeners[w.conns[key].listener].addr.port();
-        let https = w.conns[key].tls.is_some();
-        r.location = Some(shard_http::response::absolute_location_scheme(
-            l, host, port, https,
-        ));
+    if let Some(abs) = r
+        .location
+        .as_deref()
+        .and_then(|l| w.absolute_redirect(key, loc, req, l))
+    {
+        r.location = Some(abs);
     }
     let extra = extra_headers(
         w,
