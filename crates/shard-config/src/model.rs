@@ -426,6 +426,8 @@ pub struct LocationConf {
     pub absolute_redirect: bool,
     pub port_in_redirect: bool,
     pub server_name_in_redirect: bool,
+    /// `if_modified_since`: how `If-Modified-Since` is compared. Default `exact`.
+    pub if_modified_since: IfModifiedSince,
     /// `log_not_found`: a missing file is logged at `error`. Default on.
     pub log_not_found: bool,
     /// `charset`: added to the `Content-Type` of responses whose type is in `charset_types`
@@ -527,6 +529,17 @@ pub enum FileTest {
     Exists,
     /// `-x`: an executable file.
     Executable,
+}
+
+/// `if_modified_since`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IfModifiedSince {
+    /// The header is ignored.
+    Off,
+    /// Not modified when the time equals `Last-Modified`.
+    Exact,
+    /// Not modified when the time is `Last-Modified` or later.
+    Before,
 }
 
 /// `keepalive_disable`: nginx's browser checks of the `User-Agent`.
@@ -823,6 +836,9 @@ pub enum Expires {
         secs: i64,
         modified: bool,
     },
+    /// `@TIME`: the next time the clock shows this time of day (seconds after midnight, in
+    /// UTC, the time zone shard's clock and logs use).
+    Daily(i64),
 }
 
 /// Where a request body that does not fit in memory goes.

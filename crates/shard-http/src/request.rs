@@ -240,6 +240,9 @@ pub struct Request {
     pub body: Body,
     pub if_modified_since: Option<String>,
     pub if_none_match: Option<String>,
+    /// `If-Match` and `If-Unmodified-Since` (nginx's 412).
+    pub if_match: Option<String>,
+    pub if_unmodified_since: Option<String>,
     pub range: Option<String>,
     pub user_agent: Option<String>,
     pub referer: Option<String>,
@@ -312,6 +315,8 @@ impl Request {
             body: Body::None,
             if_modified_since: None,
             if_none_match: None,
+            if_match: None,
+            if_unmodified_since: None,
             range: None,
             user_agent: None,
             referer: None,
@@ -881,6 +886,8 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
     let mut transfer_encoding: Option<&[u8]> = None;
     let mut if_modified_since = None;
     let mut if_none_match = None;
+    let mut if_match = None;
+    let mut if_unmodified_since = None;
     let mut range = None;
     let mut user_agent = None;
     let mut referer = None;
@@ -946,6 +953,10 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
             if_modified_since.get_or_insert_with(|| text(v));
         } else if name.eq_ignore_ascii_case(b"if-none-match") {
             if_none_match.get_or_insert_with(|| text(v));
+        } else if name.eq_ignore_ascii_case(b"if-match") {
+            if_match.get_or_insert_with(|| text(v));
+        } else if name.eq_ignore_ascii_case(b"if-unmodified-since") {
+            if_unmodified_since.get_or_insert_with(|| text(v));
         } else if name.eq_ignore_ascii_case(b"range") {
             range.get_or_insert_with(|| text(v));
         } else if name.eq_ignore_ascii_case(b"user-agent") {
@@ -1013,6 +1024,8 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         body,
         if_modified_since,
         if_none_match,
+        if_match,
+        if_unmodified_since,
         range,
         user_agent,
         referer,

@@ -100,6 +100,20 @@ pub fn write_extra(
             Expires::Max => out.extend_from_slice(
                 b"Expires: Thu, 31 Dec 2037 23:55:55 GMT\r\nCache-Control: max-age=315360000\r\n",
             ),
+            Expires::Daily(at) => {
+                // nginx's `ngx_next_time`: today at that time if it is still to come, else
+                // tomorrow.
+                let now = now as i64;
+                let midnight = now - now.rem_euclid(86_400);
+                let mut next = midnight + at;
+                if next <= now {
+                    next += 86_400;
+                }
+                header(out, b"Expires: ", crate::http_date(next as u64).as_bytes());
+                out.extend_from_slice(b"Cache-Control: max-age=");
+                push_u64(out, (next - now) as u64);
+                out.extend_from_slice(b"\r\n");
+            }
             Expires::After { secs, modified } => {
                 let base = if modified {
                     mtime.unwrap_or(now as i64)

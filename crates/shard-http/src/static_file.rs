@@ -7,6 +7,7 @@
 //! caller opens and `fstat`s the file, passes a [`FileMeta`], and sends the bytes a [`Plan`]
 //! names.
 
+use shard_config::IfModifiedSince;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
@@ -150,21 +151,50 @@ fn etag_matches(list: &str, etag: &str) -> bool {
         .any(|t| t == "*" || strip(t) == ours)
 }
 
-fn not_modified(req: &Request, meta: &FileMeta, etag: &str) -> bool {
-    if let Some(inm) = &req.if_none_match {
-        return etag_matches(inm, etag);
+/// nginx's preconditions that fail with 412: `If-Unmodified-Since` earlier than the file's
+/// time (or not a date), `If-Match` naming none of its (strong) entity tags.
+fn precondition_failed(req: &Request, meta: &FileMeta, etag: &str) -> bool {
+    if let Some(iums) = &req.if_unmodified_since {
+        let ok = httpdate::parse_http_date(iums)
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .is_some_and(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX) >= meta.mtime_secs);
+        if !ok {
+            return true;
+        }
     }
-    let Some(ims) = &req.if_modified_since else {
+    if let Some(im) = &req.if_match {
+        let ok = im.trim() == "*" || im.split(',').map(str::trim).any(|t| t == etag);
+        if !ok {
+            return true;
+        }
+    }
+    false
+}
+
+/// nginx's not-modified filter: with both headers, both must say "not modified";
+/// `If-Modified-Since` as `if_modified_since` says (`off`: it never does).
+fn not_modified(req: &Request, meta: &FileMeta, etag: &str, ims_mode: IfModifiedSince) -> bool {
+    if req.if_none_match.is_none() && req.if_modified_since.is_none() {
         return false;
-    };
-    let Ok(t) = httpdate::parse_http_date(ims) else {
-        return false;
-    };
-    let secs = match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        Err(_) => return false,
-    };
-    secs == meta.mtime_secs
+    }
+    if let Some(ims) = &req.if_modified_since {
+        let unchanged = ims_mode != IfModifiedSince::Off
+            && httpdate::parse_http_date(ims)
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+                .is_some_and(|secs| {
+                    secs == meta.mtime_secs
+                        || (ims_mode == IfModifiedSince::Before && secs >= meta.mtime_secs)
+                });
+        if !unchanged {
+            return false;
+        }
+    }
+    req.if_none_match
+        .as_deref()
+        .is_none_or(|inm| etag_matches(inm, etag))
 }
 
 /// A byte range decision: `None` ignores the header (send the whole file).
@@ -277,6 +307,11 @@ pub fn escape_uri(path: &str, out: &mut String) {
 
 /// Decides the response for the opened `meta` of `req.path`.
 pub fn plan(req: &Request, meta: &FileMeta) -> Plan {
+    plan_with(req, meta, IfModifiedSince::Exact)
+}
+
+/// [`plan`] under the location's `if_modified_since`.
+pub fn plan_with(req: &Request, meta: &FileMeta, ims_mode: IfModifiedSince) -> Plan {
     if !matches!(req.method, Method::Get | Method::Head) {
         return Plan::Reply(error_simple(405));
     }
@@ -302,7 +337,10 @@ pub fn plan(req: &Request, meta: &FileMeta) -> Plan {
     }
     let etag = etag_inline(meta);
     let last_modified = crate::http_date_inline(meta.mtime_secs.max(0) as u64);
-    if not_modified(req, meta, &etag) {
+    if precondition_failed(req, meta, &etag) {
+        return Plan::Reply(error_simple(412));
+    }
+    if not_modified(req, meta, &etag, ims_mode) {
         return Plan::Send {
             status: 304,
             offset: 0,

@@ -1522,3 +1522,70 @@ fn redirect_forms_and_auto_redirect_as_nginx() {
     assert_eq!(get(a, "/up/x").body_str(), "upstream /up/x");
     assert_eq!(get(a, "/up2").body_str(), "exact wins");
 }
+
+const CONDITIONS_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        root {dir}/html;
+        location = /status { shard_status; }
+        location /exact/ { }
+        location /before/ { if_modified_since before; }
+        location /off/ { if_modified_since off; }
+        location /daily/ { expires @23h59m; }
+    }
+}
+"#;
+
+/// `if_modified_since`, nginx's 412 preconditions and `expires @TIME`.
+#[test]
+fn conditional_requests_and_daily_expiry_as_nginx() {
+    let s = Server::start("conditions", CONDITIONS_CONF, 1);
+    for d in ["exact", "before", "off", "daily"] {
+        write_file(&s.dir, &format!("html/{d}/f.txt"), b"x");
+    }
+    let ask = |path: &str, hdr: &str| {
+        let head = format!("GET {path} HTTP/1.1\r\nHost: h\r\n{hdr}Connection: close\r\n\r\n");
+        raw(s.addr(), head.as_bytes())
+    };
+    let r = ask("/exact/f.txt", "");
+    let lm = r.header("Last-Modified").unwrap().to_string();
+    let etag = r.header("ETag").unwrap().to_string();
+    let later = "If-Modified-Since: Fri, 01 Jan 2100 00:00:00 GMT\r\n";
+    assert_eq!(
+        ask("/exact/f.txt", &format!("If-Modified-Since: {lm}\r\n")).status,
+        304
+    );
+    assert_eq!(ask("/exact/f.txt", later).status, 200);
+    assert_eq!(ask("/before/f.txt", later).status, 304);
+    assert_eq!(
+        ask("/off/f.txt", &format!("If-Modified-Since: {lm}\r\n")).status,
+        200
+    );
+    // Both headers: both must say "not modified".
+    let both = format!("If-Modified-Since: {lm}\r\nIf-None-Match: \"other\"\r\n");
+    assert_eq!(ask("/exact/f.txt", &both).status, 200);
+    assert_eq!(
+        ask("/exact/f.txt", &format!("If-Match: {etag}\r\n")).status,
+        200
+    );
+    assert_eq!(ask("/exact/f.txt", "If-Match: \"other\"\r\n").status, 412);
+    assert_eq!(
+        ask("/exact/f.txt", &format!("If-Match: W/{etag}\r\n")).status,
+        412
+    );
+    let early = "If-Unmodified-Since: Thu, 01 Jan 1970 00:00:01 GMT\r\n";
+    assert_eq!(ask("/exact/f.txt", early).status, 412);
+    let r = ask("/daily/f.txt", "");
+    let max_age: u64 = r
+        .header("Cache-Control")
+        .and_then(|v| v.strip_prefix("max-age="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=86_400).contains(&max_age), "{max_age}");
+    assert!(r.header("Expires").unwrap().ends_with(" 23:59:00 GMT"));
+}

@@ -155,6 +155,7 @@ pub(super) struct Settings {
     /// `error_page`s of this block; `Some` replaces the parent's list.
     pub(super) error_pages: Option<Vec<ErrorPage>>,
     pub(super) log_not_found: Option<bool>,
+    pub(super) if_modified_since: Option<IfModifiedSince>,
     pub(super) absolute_redirect: Option<bool>,
     pub(super) port_in_redirect: Option<bool>,
     pub(super) server_name_in_redirect: Option<bool>,
@@ -390,6 +391,7 @@ pub(super) struct Eff {
     pub(super) referers: Option<Arc<Referers>>,
     pub(super) error_pages: Vec<ErrorPage>,
     pub(super) log_not_found: bool,
+    pub(super) if_modified_since: IfModifiedSince,
     pub(super) absolute_redirect: bool,
     pub(super) port_in_redirect: bool,
     pub(super) server_name_in_redirect: bool,
@@ -461,6 +463,7 @@ impl Eff {
             referers: None,
             error_pages: Vec::new(),
             log_not_found: true,
+            if_modified_since: IfModifiedSince::Exact,
             absolute_redirect: true,
             port_in_redirect: true,
             server_name_in_redirect: false,
@@ -575,6 +578,7 @@ impl Eff {
                 .clone()
                 .unwrap_or_else(|| self.error_pages.clone()),
             log_not_found: s.log_not_found.unwrap_or(self.log_not_found),
+            if_modified_since: s.if_modified_since.unwrap_or(self.if_modified_since),
             absolute_redirect: s.absolute_redirect.unwrap_or(self.absolute_redirect),
             port_in_redirect: s.port_in_redirect.unwrap_or(self.port_in_redirect),
             server_name_in_redirect: s
@@ -656,6 +660,7 @@ impl Eff {
             needs_head: false,
             internal: false,
             log_not_found: self.log_not_found,
+            if_modified_since: self.if_modified_since,
             absolute_redirect: self.absolute_redirect,
             port_in_redirect: self.port_in_redirect,
             server_name_in_redirect: self.server_name_in_redirect,
@@ -1755,6 +1760,17 @@ pub(super) fn set_add_header(_: &Env, s: &mut Settings, d: &Directive, file: &st
 
 slot!(set_log_not_found, log_not_found, flag);
 
+/// `if_modified_since off | exact | before`.
+pub(super) fn set_if_modified_since(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = match a0(d) {
+        "off" => IfModifiedSince::Off,
+        "exact" => IfModifiedSince::Exact,
+        "before" => IfModifiedSince::Before,
+        other => return Err(invalid(d, file, other)),
+    };
+    once(&mut s.if_modified_since, v, d, file)
+}
+
 slot!(set_absolute_redirect, absolute_redirect, flag);
 
 slot!(set_port_in_redirect, port_in_redirect, flag);
@@ -2240,10 +2256,18 @@ pub(crate) fn expires_value(args: &[String]) -> Result<Option<Expires>, String> 
                 Some(t) => (true, t),
                 None => (false, v.strip_prefix('+').unwrap_or(v)),
             };
-            if t.starts_with('@') {
-                return Err(
-                    "\"expires @TIME\" (a time of day) is not supported by shard".to_string(),
-                );
+            if let Some(day) = t.strip_prefix('@') {
+                if modified {
+                    return Err("daily time cannot be used with \"modified\" parameter".into());
+                }
+                if neg {
+                    return Err("invalid value".into());
+                }
+                let ms = parse_time_ms(day).ok_or_else(|| "invalid value".to_string())?;
+                if ms > 24 * 3600 * 1000 {
+                    return Err("daily time value must be less than 24 hours".into());
+                }
+                return Ok(Some(Expires::Daily((ms / 1000) as i64)));
             }
             let ms = parse_time_ms(t).ok_or_else(|| "invalid value".to_string())?;
             let secs = (ms / 1000) as i64;

@@ -579,6 +579,13 @@ pub(super) static TABLE: &[Spec] = &[
     d("error_page", HSL, 2, MANY, Set::Settings(set_error_page)),
     d("log_not_found", HSL, 1, 1, Set::Settings(set_log_not_found)),
     d(
+        "if_modified_since",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_if_modified_since),
+    ),
+    d(
         "absolute_redirect",
         HSL,
         1,
@@ -1352,7 +1359,6 @@ pub(super) static NGINX_ONLY: &[&str] = &[
     "http3_max_concurrent_streams",
     "http3_stream_buffer_size",
     "if",
-    "if_modified_since",
     "ignore_invalid_headers",
     "image_filter",
     "image_filter_buffer",

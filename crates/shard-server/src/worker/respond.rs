@@ -600,7 +600,7 @@ fn send_file(
     meta: FileMeta,
 ) -> Reply {
     let content_type = shard_http::static_file::content_type(loc, &path).to_string();
-    match shard_http::static_file::plan(req, &meta) {
+    match shard_http::static_file::plan_with(req, &meta, loc.if_modified_since) {
         Plan::Send {
             mut status,
             offset,
