@@ -1532,6 +1532,9 @@ pub struct PeerConf {
     pub max_fails: u32,
     /// Default 10 s.
     pub fail_timeout_ms: u64,
+    /// `max_conns=N`: at most N connections to this peer at once, in each worker (as nginx
+    /// without a shared `zone`). Default 0: no limit.
+    pub max_conns: u32,
     /// `server unix:/path` (http): the peer is this Unix-domain socket (`addr` is then
     /// `0.0.0.0:0` and unused).
     pub unix: Option<PathBuf>,

@@ -1487,6 +1487,7 @@ fn proxy_implicit_upstreams_are_shared_and_follow_named_ones() {
             weight: 1,
             max_fails: 1,
             fail_timeout_ms: 10_000,
+            max_conns: 0,
             backup: false,
             down: false,
         }]

@@ -157,7 +157,8 @@ pub(super) fn resolve_upstream(
     Ok(v)
 }
 
-/// `server ADDR [weight=N] [max_fails=N] [fail_timeout=T] [backup] [down];` in `upstream`.
+/// `server ADDR [weight=N] [max_fails=N] [fail_timeout=T] [max_conns=N] [backup] [down];` in
+/// `upstream`.
 /// `default_port`: the port of an `ADDR` without one (80 in http, none in stream).
 pub(super) fn parse_upstream_server(
     d: &Directive,
@@ -207,6 +208,13 @@ pub(super) fn parse_upstream_server(
                     .ok_or_else(bad)?;
             }
             Some(("fail_timeout", v)) => peer.fail_timeout_ms = parse_time_ms(v).ok_or_else(bad)?,
+            Some(("max_conns", v)) => {
+                peer.max_conns = v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|_| is_digits(v))
+                    .ok_or_else(bad)?;
+            }
             None if p == "backup" => peer.backup = true,
             None if p == "down" => peer.down = true,
             _ => return Err(bad()),
@@ -237,6 +245,7 @@ pub(super) fn default_peer(addr: SocketAddr) -> PeerConf {
         weight: 1,
         max_fails: 1,
         fail_timeout_ms: 10_000,
+        max_conns: 0,
         backup: false,
         down: false,
     }

@@ -49,6 +49,25 @@ impl PeerState {
     }
 }
 
+/// `tried` with every peer at its `max_conns` (given this worker's `active` connections per
+/// peer) marked too, so that no balancer picks it; `None` when no peer has a limit.
+pub(super) fn with_full(peers: &[PeerConf], tried: &[bool], active: &[u64]) -> Option<Vec<bool>> {
+    if peers.iter().all(|p| p.max_conns == 0) {
+        return None;
+    }
+    Some(
+        peers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                tried.get(i).copied().unwrap_or(true)
+                    || (p.max_conns > 0
+                        && active.get(i).copied().unwrap_or(0) >= u64::from(p.max_conns))
+            })
+            .collect(),
+    )
+}
+
 fn usable(p: &PeerConf, st: &PeerState, now_ms: u64) -> bool {
     !(p.max_fails > 0
         && st.fails >= p.max_fails
@@ -159,9 +178,26 @@ mod tests {
             weight,
             max_fails,
             fail_timeout_ms,
+            max_conns: 0,
             backup: false,
             down: false,
         }
+    }
+
+    #[test]
+    fn peers_at_max_conns_are_not_picked() {
+        let mut peers = vec![peer(1, 1, 10_000), peer(1, 1, 10_000)];
+        peers[0].max_conns = 2;
+        let tried = [false, false];
+        let full = with_full(&peers, &tried, &[2, 5]).unwrap();
+        assert_eq!(full, [true, false], "the second has no limit");
+        let mut st = PeerState::table(&peers);
+        for _ in 0..4 {
+            assert_eq!(pick(&peers, &mut st, &full, 0), Some(1));
+        }
+        assert_eq!(with_full(&peers, &tried, &[1, 5]).unwrap(), [false, false]);
+        peers[0].max_conns = 0;
+        assert_eq!(with_full(&peers, &tried, &[9, 9]), None);
     }
 
     /// Runs `n` requests, one per millisecond from `start_ms`, each on the first peer picked;
@@ -481,6 +517,7 @@ mod method_tests {
                 weight: 1,
                 max_fails: 1,
                 fail_timeout_ms: 10_000,
+                max_conns: 0,
                 backup: false,
                 down: false,
             })

@@ -300,34 +300,37 @@ impl<'a> Worker<'a> {
     fn pick_http_peer(&mut self, key: usize, p: &Proxy, upstream: usize) -> Option<usize> {
         let ups = &self.http().upstreams[upstream];
         let now = self.now_ms;
+        // This worker's connections in use per peer: for `least_conn` and `max_conns`.
+        let needs_active =
+            ups.balance == Balance::LeastConn || ups.peers.iter().any(|p| p.max_conns > 0);
+        let mut active = Vec::new();
+        if needs_active {
+            active = vec![0u64; ups.peers.len()];
+            for (_, uc) in self.upconns.iter() {
+                if uc.upstream == upstream && uc.owner.is_some() {
+                    active[uc.peer] += 1;
+                }
+            }
+        }
+        let full = balance::with_full(&ups.peers, &p.tried, &active);
+        let tried = full.as_deref().unwrap_or(&p.tried);
         match &ups.balance {
-            Balance::RoundRobin => balance::pick(
+            Balance::RoundRobin => {
+                balance::pick(&ups.peers, &mut self.http_peer_state[upstream], tried, now)
+            }
+            Balance::LeastConn => balance::pick_least_conn(
                 &ups.peers,
                 &mut self.http_peer_state[upstream],
-                &p.tried,
+                tried,
+                &active,
                 now,
             ),
-            Balance::LeastConn => {
-                let mut active = vec![0u64; ups.peers.len()];
-                for (_, uc) in self.upconns.iter() {
-                    if uc.upstream == upstream && uc.owner.is_some() {
-                        active[uc.peer] += 1;
-                    }
-                }
-                balance::pick_least_conn(
-                    &ups.peers,
-                    &mut self.http_peer_state[upstream],
-                    &p.tried,
-                    &active,
-                    now,
-                )
-            }
             Balance::IpHash => {
                 let ip = self.conns[key].client.map(|c| c.ip());
                 balance::pick_ip_hash(
                     &ups.peers,
                     &mut self.http_peer_state[upstream],
-                    &p.tried,
+                    tried,
                     ip,
                     now,
                 )
@@ -353,7 +356,7 @@ impl<'a> Worker<'a> {
                     balance::pick_consistent(
                         &ups.peers,
                         &mut self.http_peer_state[upstream],
-                        &p.tried,
+                        tried,
                         ring,
                         &value,
                         now,
@@ -362,7 +365,7 @@ impl<'a> Worker<'a> {
                     balance::pick_hash(
                         &ups.peers,
                         &mut self.http_peer_state[upstream],
-                        &p.tried,
+                        tried,
                         &value,
                         now,
                     )

@@ -292,8 +292,11 @@ impl Worker<'_> {
     fn pick_peer(&mut self, upstream: usize, tried: &[bool]) -> Option<usize> {
         let stream = self.cfg.stream.as_ref()?;
         let ups = &stream.upstreams[upstream];
-        if ups.balance == shard_config::Balance::LeastConn {
-            let mut active = vec![0u64; ups.peers.len()];
+        // This worker's relays per peer: for `least_conn` and `max_conns`.
+        let least = ups.balance == shard_config::Balance::LeastConn;
+        let mut active = Vec::new();
+        if least || ups.peers.iter().any(|p| p.max_conns > 0) {
+            active = vec![0u64; ups.peers.len()];
             for (_, r) in self.relays.iter() {
                 if stream.servers[r.server].upstream == upstream {
                     if let Some(p) = r.current_peer {
@@ -301,6 +304,10 @@ impl Worker<'_> {
                     }
                 }
             }
+        }
+        let full = balance::with_full(&ups.peers, tried, &active);
+        let tried = full.as_deref().unwrap_or(tried);
+        if least {
             return balance::pick_least_conn(
                 &ups.peers,
                 &mut self.peer_state[upstream],
