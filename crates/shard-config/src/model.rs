@@ -428,6 +428,9 @@ pub struct LocationConf {
     pub server_name_in_redirect: bool,
     /// `if_modified_since`: how `If-Modified-Since` is compared. Default `exact`.
     pub if_modified_since: IfModifiedSince,
+    /// `autoindex`, `autoindex_exact_size`, `autoindex_format`, `autoindex_localtime` (each
+    /// `None` where not written: off, on, html, off).
+    pub autoindex: Autoindex,
     /// `log_not_found`: a missing file is logged at `error`. Default on.
     pub log_not_found: bool,
     /// `charset`: added to the `Content-Type` of responses whose type is in `charset_types`
@@ -529,6 +532,23 @@ pub enum FileTest {
     Exists,
     /// `-x`: an executable file.
     Executable,
+}
+
+/// The autoindex module's settings as written (inherited one by one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Autoindex {
+    pub on: Option<bool>,
+    pub exact_size: Option<bool>,
+    pub format: Option<AutoindexFormat>,
+    pub localtime: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoindexFormat {
+    Html,
+    Xml,
+    Json,
+    Jsonp,
 }
 
 /// `if_modified_since`.

@@ -10,6 +10,7 @@
 //! the current time in, and get decisions and bytes out. Nothing here panics on any input.
 
 pub mod access_log;
+pub mod autoindex;
 pub mod body;
 pub mod gzip;
 pub mod proxy;

@@ -358,6 +358,7 @@ pub(crate) mod tests {
             needs_head: false,
             internal: false,
             log_not_found: true,
+            autoindex: Default::default(),
             if_modified_since: shard_config::IfModifiedSince::Exact,
             absolute_redirect: true,
             port_in_redirect: true,

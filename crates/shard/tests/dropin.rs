@@ -1589,3 +1589,47 @@ fn conditional_requests_and_daily_expiry_as_nginx() {
     assert!((1..=86_400).contains(&max_age), "{max_age}");
     assert!(r.header("Expires").unwrap().ends_with(" 23:59:00 GMT"));
 }
+
+const AUTOINDEX_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        root {dir}/html;
+        location = /status { shard_status; }
+        location /list/ { autoindex on; }
+        location /json/ { alias {dir}/html/list/; autoindex on; autoindex_format json; }
+        location /closed/ { alias {dir}/html/list/; }
+    }
+}
+"#;
+
+/// `autoindex`: nginx's listing page (directories first, hidden names left out, escaped
+/// links) and its JSON form; without it a directory with no index file is 403.
+#[test]
+fn autoindex_lists_a_directory_as_nginx() {
+    let s = Server::start("autoindex", AUTOINDEX_CONF, 1);
+    write_file(&s.dir, "html/list/z.txt", b"12345");
+    write_file(&s.dir, "html/list/a b/inner.txt", b"x");
+    write_file(&s.dir, "html/list/.hidden", b"x");
+    let r = get(s.addr(), "/list/");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("Content-Type"), Some("text/html"));
+    let body = r.body_str();
+    assert!(body.starts_with("<html>\r\n<head><title>Index of /list/</title></head>"));
+    let dir = body
+        .find("<a href=\"a%20b/\">a b/</a>")
+        .expect("the directory");
+    let file = body.find("<a href=\"z.txt\">z.txt</a>").expect("the file");
+    assert!(dir < file, "directories first: {body}");
+    assert!(!body.contains("hidden"), "{body}");
+    let j = get(s.addr(), "/json/").body_str();
+    assert!(
+        j.starts_with("[\r\n{ \"name\":\"a b\", \"type\":\"directory\""),
+        "{j}"
+    );
+    assert!(j.contains("\"name\":\"z.txt\", \"type\":\"file\"") && j.contains("\"size\":5 }"));
+    assert_eq!(get(s.addr(), "/closed/").status, 403);
+}

@@ -155,6 +155,7 @@ pub(super) struct Settings {
     /// `error_page`s of this block; `Some` replaces the parent's list.
     pub(super) error_pages: Option<Vec<ErrorPage>>,
     pub(super) log_not_found: Option<bool>,
+    pub(super) autoindex: Option<Autoindex>,
     pub(super) if_modified_since: Option<IfModifiedSince>,
     pub(super) absolute_redirect: Option<bool>,
     pub(super) port_in_redirect: Option<bool>,
@@ -391,6 +392,7 @@ pub(super) struct Eff {
     pub(super) referers: Option<Arc<Referers>>,
     pub(super) error_pages: Vec<ErrorPage>,
     pub(super) log_not_found: bool,
+    pub(super) autoindex: Autoindex,
     pub(super) if_modified_since: IfModifiedSince,
     pub(super) absolute_redirect: bool,
     pub(super) port_in_redirect: bool,
@@ -463,6 +465,7 @@ impl Eff {
             referers: None,
             error_pages: Vec::new(),
             log_not_found: true,
+            autoindex: Autoindex::default(),
             if_modified_since: IfModifiedSince::Exact,
             absolute_redirect: true,
             port_in_redirect: true,
@@ -578,6 +581,16 @@ impl Eff {
                 .clone()
                 .unwrap_or_else(|| self.error_pages.clone()),
             log_not_found: s.log_not_found.unwrap_or(self.log_not_found),
+            autoindex: {
+                let a = s.autoindex.unwrap_or_default();
+                let p = &self.autoindex;
+                Autoindex {
+                    on: a.on.or(p.on),
+                    exact_size: a.exact_size.or(p.exact_size),
+                    format: a.format.or(p.format),
+                    localtime: a.localtime.or(p.localtime),
+                }
+            },
             if_modified_since: s.if_modified_since.unwrap_or(self.if_modified_since),
             absolute_redirect: s.absolute_redirect.unwrap_or(self.absolute_redirect),
             port_in_redirect: s.port_in_redirect.unwrap_or(self.port_in_redirect),
@@ -660,6 +673,7 @@ impl Eff {
             needs_head: false,
             internal: false,
             log_not_found: self.log_not_found,
+            autoindex: self.autoindex,
             if_modified_since: self.if_modified_since,
             absolute_redirect: self.absolute_redirect,
             port_in_redirect: self.port_in_redirect,
@@ -1759,6 +1773,29 @@ pub(super) fn set_add_header(_: &Env, s: &mut Settings, d: &Directive, file: &st
 }
 
 slot!(set_log_not_found, log_not_found, flag);
+
+/// `autoindex on|off`, `autoindex_exact_size on|off`, `autoindex_localtime on|off`,
+/// `autoindex_format html|xml|json|jsonp`.
+pub(super) fn set_autoindex(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let a = s.autoindex.get_or_insert_with(Autoindex::default);
+    let slot = match d.name.as_str() {
+        "autoindex" => &mut a.on,
+        "autoindex_exact_size" => &mut a.exact_size,
+        "autoindex_localtime" => &mut a.localtime,
+        _ => {
+            let f = match a0(d) {
+                "html" => AutoindexFormat::Html,
+                "xml" => AutoindexFormat::Xml,
+                "json" => AutoindexFormat::Json,
+                "jsonp" => AutoindexFormat::Jsonp,
+                v => return Err(invalid(d, file, v)),
+            };
+            return once(&mut a.format, f, d, file);
+        }
+    };
+    let v = flag(d, file, a0(d))?;
+    once(slot, v, d, file)
+}
 
 /// `if_modified_since off | exact | before`.
 pub(super) fn set_if_modified_since(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {

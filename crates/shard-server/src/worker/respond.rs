@@ -543,8 +543,17 @@ fn static_file(
                 }
             }
         }
-        // No index file: the directory decides, 403 where it exists, else 404.
+        // No index file: the directory decides: its listing with `autoindex on` (GET and
+        // HEAD), 403 where it exists, else 404.
         match open_cached(w, &path, loc) {
+            Opened::File(_, meta)
+                if meta.is_dir
+                    && loc.autoindex.on == Some(true)
+                    && matches!(req.method, Method::Get | Method::Head) =>
+            {
+                let reply = autoindex(loc, req, &path);
+                return simple(w, key, req, keep_alive, loc, head, reply);
+            }
             Opened::File(_, meta) if meta.is_dir => Opened::Forbidden,
             other => other,
         }
@@ -572,6 +581,75 @@ fn static_file(
         }
     };
     send_file(w, key, loc, req, keep_alive, head, path, fd, meta)
+}
+
+/// nginx's autoindex module: the listing of the directory `dir` (names starting with `.`
+/// left out; a symbolic link shown as what it points to, or as itself when that is gone),
+/// or 403 when it cannot be read.
+fn autoindex(
+    loc: &LocationConf,
+    req: &Request,
+    dir: &std::path::Path,
+) -> shard_http::response::Simple {
+    use shard_http::autoindex::{Entry, Format};
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return shard_http::response::error_simple(403);
+    };
+    let mut entries: Vec<Entry> = rd
+        .flatten()
+        .filter(|e| !e.file_name().as_bytes().starts_with(b"."))
+        .filter_map(|e| {
+            let p = e.path();
+            let m = std::fs::metadata(&p)
+                .or_else(|_| std::fs::symlink_metadata(&p))
+                .ok()?;
+            Some(Entry {
+                name: e.file_name().as_bytes().to_vec(),
+                dir: m.is_dir(),
+                file: m.is_file(),
+                size: m.len(),
+                mtime: m.mtime(),
+            })
+        })
+        .collect();
+    shard_http::autoindex::sort(&mut entries);
+    let a = loc.autoindex;
+    let (format, content_type) = match a.format {
+        Some(shard_config::AutoindexFormat::Json) => (Format::Json, "application/json"),
+        Some(shard_config::AutoindexFormat::Jsonp) => (Format::Json, "application/javascript"),
+        Some(shard_config::AutoindexFormat::Xml) => (Format::Xml, "text/xml; charset=utf-8"),
+        _ => (Format::Html, "text/html"),
+    };
+    let utf8 = shard_http::response::charset_for(loc, "text/html")
+        .is_some_and(|c| c.eq_ignore_ascii_case("utf-8"));
+    let mut body = shard_http::autoindex::render(
+        format,
+        &req.path,
+        &entries,
+        utf8,
+        a.exact_size.unwrap_or(true),
+    );
+    // nginx's jsonp: the `callback` argument names the function; without one, plain JSON.
+    let cb = req
+        .query
+        .as_deref()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("callback=")))
+        .filter(|cb| !cb.is_empty());
+    let mut content_type = content_type;
+    if a.format == Some(shard_config::AutoindexFormat::Jsonp) {
+        match cb {
+            Some(cb) => body = format!("/* callback */\r\n{cb}({body});"),
+            None => content_type = "application/json",
+        }
+    }
+    shard_http::response::Simple {
+        status: 200,
+        content_type: Some(content_type.to_string()),
+        location: None,
+        body: body.into_bytes(),
+    }
 }
 
 /// An internal redirect to `uri` (the request's arguments kept): the caller searches the
