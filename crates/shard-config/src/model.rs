@@ -444,6 +444,9 @@ pub struct LocationConf {
     /// `limit_req` of the level that set any; `limit_req_status`, `limit_req_log_level`.
     pub limit_req: Vec<LimitReq>,
     pub limit_req_status: u16,
+    /// `limit_req_dry_run`, `limit_conn_dry_run`: count and log, never delay or refuse.
+    pub limit_req_dry_run: bool,
+    pub limit_conn_dry_run: bool,
     pub limit_req_log_level: LogLevel,
     /// `limit_conn` of the level that set any; `limit_conn_status`, `limit_conn_log_level`.
     pub limit_conn: Vec<LimitConn>,
@@ -1058,6 +1061,11 @@ pub enum Var {
     RequestId,
     /// `$invalid_referer`: `1` when the `Referer` is not one `valid_referers` names.
     InvalidReferer,
+    /// `$limit_req_status` (`PASSED`, `DELAYED`, `REJECTED`, `DELAYED_DRY_RUN`,
+    /// `REJECTED_DRY_RUN`) and `$limit_conn_status` (`PASSED`, `REJECTED`,
+    /// `REJECTED_DRY_RUN`): what the limits decided; empty where none applied.
+    LimitReqStatus,
+    LimitConnStatus,
     /// `$connection` (serial number), `$connection_requests`, `$connection_time` (seconds
     /// since it was accepted, with milliseconds).
     Connection,

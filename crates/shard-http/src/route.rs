@@ -368,6 +368,8 @@ pub(crate) mod tests {
             real_ip: Default::default(),
             limit_req: Vec::new(),
             limit_req_status: 503,
+            limit_req_dry_run: false,
+            limit_conn_dry_run: false,
             limit_req_log_level: shard_config::LogLevel::Error,
             limit_conn: Vec::new(),
             limit_conn_status: 503,

@@ -50,6 +50,9 @@ pub struct Conn<'a> {
     pub started_ms: u64,
     /// When the connection was accepted, on the same clock (`$connection_time`).
     pub opened_ms: u64,
+    /// `$limit_req_status`, `$limit_conn_status` ("" where no limit applied).
+    pub limit_req_status: &'a str,
+    pub limit_conn_status: &'a str,
     /// Unique per request: `$request_id` is its 32 hex digits.
     pub request_id: u128,
     /// `$hostname`: the caller reads it once (`gethostname`).
@@ -379,6 +382,8 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::BytesSent => push_u64(out, c.done.map_or(0, |d| d.bytes)),
         Var::RequestTime => push_secs(out, c.conn.now_ms.saturating_sub(c.conn.started_ms)),
         Var::Msec => push_secs(out, c.conn.now_ms),
+        Var::LimitReqStatus => out.extend_from_slice(c.conn.limit_req_status.as_bytes()),
+        Var::LimitConnStatus => out.extend_from_slice(c.conn.limit_conn_status.as_bytes()),
         Var::InvalidReferer => {
             if c.location
                 .referers

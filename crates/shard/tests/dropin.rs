@@ -1633,3 +1633,45 @@ fn autoindex_lists_a_directory_as_nginx() {
     assert!(j.contains("\"name\":\"z.txt\", \"type\":\"file\"") && j.contains("\"size\":5 }"));
     assert_eq!(get(s.addr(), "/closed/").status, 403);
 }
+
+const DRY_RUN_CONF: &str = r#"
+worker_processes 1;
+error_log logs/error.log info;
+events { worker_connections 64; }
+http {
+    log_format st '$uri $limit_req_status $limit_conn_status';
+    limit_req_zone $binary_remote_addr zone=one:1m rate=1r/m;
+    limit_conn_zone $binary_remote_addr zone=c:1m;
+    server {
+        listen 127.0.0.1:{port};
+        root {dir}/html;
+        location = /status { shard_status; access_log off; }
+        location /dry/ {
+            access_log logs/st.log st;
+            limit_req zone=one;
+            limit_req_dry_run on;
+            limit_conn c 5;
+        }
+    }
+}
+"#;
+
+/// `limit_req_dry_run`: nothing is refused or delayed, the log and `$limit_req_status` say
+/// what would have been.
+#[test]
+fn limit_dry_run_counts_without_refusing() {
+    let s = Server::start("dry-run", DRY_RUN_CONF, 1);
+    write_file(&s.dir, "html/dry/f", b"x");
+    for _ in 0..3 {
+        assert_eq!(get(s.addr(), "/dry/f").status, 200);
+    }
+    let log = wait_for(Duration::from_secs(5), "three log lines", || {
+        std::fs::read_to_string(s.dir.join("logs/st.log"))
+            .ok()
+            .filter(|t| t.lines().count() == 3)
+    });
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines[0], "/dry/f PASSED PASSED");
+    assert_eq!(lines[1], "/dry/f REJECTED_DRY_RUN PASSED");
+    assert!(error_log(&s).contains("limiting requests, dry run, excess: 1.000 by zone \"one\""));
+}

@@ -169,6 +169,8 @@ pub(super) struct Settings {
     pub(super) real_ip_recursive: Option<bool>,
     pub(super) limit_req: Option<Vec<LimitReq>>,
     pub(super) limit_req_status: Option<u16>,
+    pub(super) limit_req_dry_run: Option<bool>,
+    pub(super) limit_conn_dry_run: Option<bool>,
     pub(super) limit_req_log_level: Option<LogLevel>,
     pub(super) limit_conn: Option<Vec<LimitConn>>,
     pub(super) limit_conn_status: Option<u16>,
@@ -403,6 +405,8 @@ pub(super) struct Eff {
     pub(super) real_ip: RealIp,
     pub(super) limit_req: Vec<LimitReq>,
     pub(super) limit_req_status: u16,
+    pub(super) limit_req_dry_run: bool,
+    pub(super) limit_conn_dry_run: bool,
     pub(super) limit_req_log_level: LogLevel,
     pub(super) limit_conn: Vec<LimitConn>,
     pub(super) limit_conn_status: u16,
@@ -476,6 +480,8 @@ impl Eff {
             real_ip: RealIp::default(),
             limit_req: Vec::new(),
             limit_req_status: 503,
+            limit_req_dry_run: false,
+            limit_conn_dry_run: false,
             limit_req_log_level: LogLevel::Error,
             limit_conn: Vec::new(),
             limit_conn_status: 503,
@@ -622,6 +628,8 @@ impl Eff {
                 .clone()
                 .unwrap_or_else(|| self.limit_req.clone()),
             limit_req_status: s.limit_req_status.unwrap_or(self.limit_req_status),
+            limit_req_dry_run: s.limit_req_dry_run.unwrap_or(self.limit_req_dry_run),
+            limit_conn_dry_run: s.limit_conn_dry_run.unwrap_or(self.limit_conn_dry_run),
             limit_req_log_level: s.limit_req_log_level.unwrap_or(self.limit_req_log_level),
             limit_conn: s
                 .limit_conn
@@ -683,6 +691,8 @@ impl Eff {
             real_ip: self.real_ip.clone(),
             limit_req: self.limit_req.clone(),
             limit_req_status: self.limit_req_status,
+            limit_req_dry_run: self.limit_req_dry_run,
+            limit_conn_dry_run: self.limit_conn_dry_run,
             limit_req_log_level: self.limit_req_log_level,
             limit_conn: self.limit_conn.clone(),
             limit_conn_status: self.limit_conn_status,
@@ -1774,6 +1784,10 @@ pub(super) fn set_add_header(_: &Env, s: &mut Settings, d: &Directive, file: &st
 
 slot!(set_log_not_found, log_not_found, flag);
 
+slot!(set_limit_req_dry_run, limit_req_dry_run, flag);
+
+slot!(set_limit_conn_dry_run, limit_conn_dry_run, flag);
+
 /// `autoindex on|off`, `autoindex_exact_size on|off`, `autoindex_localtime on|off`,
 /// `autoindex_format html|xml|json|jsonp`.
 pub(super) fn set_autoindex(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
@@ -2772,6 +2786,8 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "connection_requests" => Var::ConnectionRequests,
         "connection_time" => Var::ConnectionTime,
         "invalid_referer" => Var::InvalidReferer,
+        "limit_req_status" => Var::LimitReqStatus,
+        "limit_conn_status" => Var::LimitConnStatus,
         "pid" => Var::Pid,
         "hostname" => Var::Hostname,
         "nginx_version" => Var::NginxVersion,

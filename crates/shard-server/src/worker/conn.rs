@@ -117,6 +117,9 @@ pub(super) struct Conn {
     pub(super) delayed_until: u64,
     /// The delayed request was counted by `limit_req` already.
     pub(super) limit_passed: bool,
+    /// `$limit_req_status`, `$limit_conn_status` of the request ("" where no limit ran).
+    pub(super) limit_req_status: &'static str,
+    pub(super) limit_conn_status: &'static str,
     /// `limit_conn` counts this request holds: (zone, key), released when it ends.
     pub(super) conn_held: Vec<(usize, u128)>,
     /// The request is being answered by an `error_page`: no second one replaces its errors.
@@ -272,6 +275,8 @@ impl Conn {
             client: peer,
             delayed_until: 0,
             limit_passed: false,
+            limit_req_status: "",
+            limit_conn_status: "",
             conn_held: Vec::new(),
             in_error_page: false,
             status_override: None,
@@ -1346,6 +1351,12 @@ impl Worker<'_> {
             Rewritten::Stay
         });
         let limited = !loc.limit_req.is_empty() || !loc.limit_conn.is_empty();
+        // A request delayed by `limit_req` keeps its status when it is handled again.
+        let c = &mut self.conns[key];
+        c.limit_conn_status = "";
+        if !c.limit_passed {
+            c.limit_req_status = "";
+        }
         if limited && forced.is_none() && matches!(rewritten, Some(Rewritten::Stay)) {
             match self.check_limits(key, loc, &req, &head) {
                 Limited::Pass => {}
@@ -1610,6 +1621,8 @@ impl Worker<'_> {
         let now = self.now_ms;
         let mut held = Vec::new();
         let mut verdict = Limited::Pass;
+        let mut conn_status = "";
+        let mut req_status = self.conns[key].limit_req_status;
         {
             let ctx = self.var_ctx(key, req, hs, loc);
             for lc in &loc.limit_conn {
@@ -1622,19 +1635,28 @@ impl Worker<'_> {
                 let k = crate::limits::key_hash(&v);
                 if self.zones[lc.zone].acquire(k, lc.max, now) {
                     held.push((lc.zone, k));
+                    conn_status = "PASSED";
                 } else {
+                    let dry = loc.limit_conn_dry_run;
                     crate::log_at!(
                         loc.limit_conn_log_level,
-                        "limiting connections by zone \"{}\"{}",
+                        "limiting connections{} by zone \"{}\"{}",
+                        if dry { ", dry run," } else { "" },
                         z.name,
                         self.log_context(key, Some(req))
                     );
+                    if dry {
+                        conn_status = "REJECTED_DRY_RUN";
+                        break;
+                    }
+                    conn_status = "REJECTED";
                     verdict = Limited::Refuse(loc.limit_conn_status);
                     break;
                 }
             }
             if !self.conns[key].limit_passed && verdict == Limited::Pass {
                 let mut delay_ms = 0;
+                let mut delay_by: Option<(u64, &str)> = None;
                 for lr in &loc.limit_req {
                     let z = &http.limit_zones[lr.zone];
                     let mut v = Vec::new();
@@ -1644,34 +1666,77 @@ impl Worker<'_> {
                     }
                     let rate = z.rate_milli.unwrap_or(1000).max(1);
                     let k = crate::limits::key_hash(&v);
+                    let dry = loc.limit_req_dry_run;
+                    req_status = "PASSED";
                     match self.zones[lr.zone].request(k, now, rate, lr.burst * 1000) {
                         crate::limits::ReqVerdict::Pass => {}
                         crate::limits::ReqVerdict::Excess(excess) => {
                             if excess > lr.delay.saturating_mul(1000) {
                                 let ms = (excess - lr.delay.saturating_mul(1000)) * 1000 / rate;
+                                if ms >= delay_ms {
+                                    delay_by = Some((excess, z.name.as_str()));
+                                }
                                 delay_ms = delay_ms.max(ms);
                             }
                         }
                         crate::limits::ReqVerdict::Reject(excess) => {
                             crate::log_at!(
                                 loc.limit_req_log_level,
-                                "limiting requests, excess: {}.{:03} by zone \"{}\"{}",
+                                "limiting requests{}, excess: {}.{:03} by zone \"{}\"{}",
+                                if dry { ", dry run" } else { "" },
                                 excess / 1000,
                                 excess % 1000,
                                 z.name,
                                 self.log_context(key, Some(req))
                             );
+                            if dry {
+                                req_status = "REJECTED_DRY_RUN";
+                                delay_ms = 0;
+                                break;
+                            }
+                            req_status = "REJECTED";
                             verdict = Limited::Refuse(loc.limit_req_status);
                             break;
                         }
                     }
                 }
+                if let (Limited::Pass, true, Some((excess, zone))) =
+                    (verdict, delay_ms > 0, delay_by)
+                {
+                    // nginx logs a delay one level below a refusal (`info` stays `info`).
+                    use shard_config::LogLevel as L;
+                    let level = match loc.limit_req_log_level {
+                        L::Error => L::Warn,
+                        L::Warn => L::Notice,
+                        _ => L::Info,
+                    };
+                    crate::log_at!(
+                        level,
+                        "delaying request{}, excess: {}.{:03}, by zone \"{}\"{}",
+                        if loc.limit_req_dry_run {
+                            ", dry run"
+                        } else {
+                            ""
+                        },
+                        excess / 1000,
+                        excess % 1000,
+                        zone,
+                        self.log_context(key, Some(req))
+                    );
+                }
                 if verdict == Limited::Pass && delay_ms > 0 {
-                    verdict = Limited::Delay(delay_ms);
+                    if loc.limit_req_dry_run {
+                        req_status = "DELAYED_DRY_RUN";
+                    } else {
+                        req_status = "DELAYED";
+                        verdict = Limited::Delay(delay_ms);
+                    }
                 }
             }
         }
         self.conns[key].limit_passed = false;
+        self.conns[key].limit_conn_status = conn_status;
+        self.conns[key].limit_req_status = req_status;
         if verdict != Limited::Pass {
             // Refused or delayed: this request holds no count yet.
             for (z, k) in held {
@@ -2025,6 +2090,8 @@ impl Worker<'_> {
             now_ms: now,
             started_ms: now.saturating_sub(self.now_ms.saturating_sub(c.request_started_ms)),
             opened_ms: now.saturating_sub(self.now_ms.saturating_sub(c.opened_ms)),
+            limit_req_status: c.limit_req_status,
+            limit_conn_status: c.limit_conn_status,
             request_id: c.request_id,
             hostname: &self.hostname,
             tls: c.tls.as_ref().map(|t| shard_http::vars::Tls {
