@@ -309,6 +309,10 @@ pub struct AccessLog {
     pub format: std::sync::Arc<LogFormat>,
     /// `if=`: the line is written only when this comes out neither empty nor `0`.
     pub condition: Option<Vec<Part>>,
+    /// `buffer=SIZE`: lines wait in memory up to this many bytes (and at most `flush=`, 1 s
+    /// by default in shard); `None`: each line is written at once, as nginx without
+    /// `buffer=`.
+    pub buffer: Option<usize>,
 }
 
 /// A `log_format NAME [escape=...] STRING ...` (or the predefined `combined`).

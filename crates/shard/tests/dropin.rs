@@ -1675,3 +1675,24 @@ fn limit_dry_run_counts_without_refusing() {
     assert_eq!(lines[1], "/dry/f REJECTED_DRY_RUN PASSED");
     assert!(error_log(&s).contains("limiting requests, dry run, excess: 1.000 by zone \"one\""));
 }
+
+/// nginx writes each access-log line at once unless `buffer=` is given: the line is in the
+/// file as soon as the response is, and a buffered log keeps it until it flushes.
+#[test]
+fn access_log_lines_are_written_at_once_unless_buffered() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n    server {\n        \
+                listen 127.0.0.1:{port};\n        location = /status { shard_status; access_log off; }\n        \
+                location /now { access_log logs/now.log; return 200 \"n\"; }\n        \
+                location /later { access_log logs/later.log combined buffer=32k; return 200 \"l\"; }\n    }\n}\n";
+    let s = Server::start("log-at-once", conf, 1);
+    assert_eq!(get(s.addr(), "/now").body_str(), "n");
+    // The response has arrived, so its log line is already written: no wait.
+    let now = std::fs::read_to_string(s.dir.join("logs/now.log")).unwrap_or_default();
+    assert!(now.contains("\"GET /now HTTP/1.1\" 200"), "{now:?}");
+    assert_eq!(get(s.addr(), "/later").body_str(), "l");
+    wait_for(Duration::from_secs(5), "the buffered line, flushed", || {
+        std::fs::read_to_string(s.dir.join("logs/later.log"))
+            .ok()
+            .filter(|t| t.contains("/later"))
+    });
+}

@@ -454,6 +454,7 @@ impl Eff {
                 path: prefix.join("logs/access.log"),
                 format: combined_format(),
                 condition: None,
+                buffer: None,
             }],
             client_header_timeout_ms: 60_000,
             client_header_buffer_size: 1024,
@@ -1723,9 +1724,13 @@ pub(super) fn set_access_log(env: &Env, s: &mut Settings, d: &Directive, file: &
         },
     };
     let mut condition = None;
+    let mut buffer = None;
     for p in d.args.iter().skip(2) {
         if let Some(v) = p.strip_prefix("buffer=") {
-            parse_size(v).ok_or_else(|| derr(d, file, format!("invalid buffer size \"{v}\"")))?;
+            buffer = Some(
+                parse_size(v)
+                    .ok_or_else(|| derr(d, file, format!("invalid buffer size \"{v}\"")))?,
+            );
         } else if let Some(v) = p.strip_prefix("flush=") {
             parse_time_ms(v).ok_or_else(|| derr(d, file, format!("invalid flush time \"{v}\"")))?;
         } else if p == "gzip" || p.starts_with("gzip=") {
@@ -1744,6 +1749,7 @@ pub(super) fn set_access_log(env: &Env, s: &mut Settings, d: &Directive, file: &
         path: env.resolve(a),
         format,
         condition,
+        buffer: buffer.map(|b| usize::try_from(b).unwrap_or(usize::MAX)),
     });
     Ok(())
 }
