@@ -179,6 +179,21 @@ enum Action {
     Redirect(Redirect),
 }
 
+/// A request between its limits and its content, for [`Worker::run_phases`].
+struct Phases {
+    req: shard_http::request::Request,
+    head: Vec<u8>,
+    /// Internal redirects so far.
+    hops: usize,
+    keep_alive: bool,
+    /// The input buffer holds more than this request's head (a pipelined request or a body).
+    more_input: bool,
+    /// A status the phases answer with at once (497, 495, 496, a limit's refusal).
+    forced: Option<u16>,
+    /// The rewrite phases' verdict when they already ran.
+    rewritten: Option<Rewritten>,
+}
+
 /// What nginx's rewrite phases decided for a request.
 enum Rewritten {
     /// Go on in the location found.
@@ -1335,7 +1350,7 @@ impl Worker<'_> {
             .index
             .auto_redirect(&req.path)
             .filter(|_| forced.is_none());
-        let mut rewritten = Some(if let Some(i) = auto {
+        let rewritten = Some(if let Some(i) = auto {
             loc = &server.locations[i];
             let mut target = String::with_capacity(req.path.len() + 1);
             shard_http::static_file::escape_uri(&req.path, &mut target);
@@ -1439,126 +1454,20 @@ impl Worker<'_> {
             c.out.clear();
         }
 
-        // After an internal redirect the rewrite phases run again: the server's instructions
-        // too, then the new location's.
-        let reply = loop {
-            let mut returned = false;
-            let scripted = match rewritten.take().unwrap_or_else(|| {
-                self.rewrite_phase(key, server, &mut loc, &mut req, &head, &mut hops)
-            }) {
-                Rewritten::Stay => None,
-                Rewritten::Return(code, text) => Some((code, text)),
-                Rewritten::Returned => {
-                    returned = true;
-                    None
-                }
-                Rewritten::Cycle => {
-                    crate::log!(
-                        Error,
-                        "rewrite or internal redirection cycle while internally redirecting to \"{}\"",
-                        req.path
-                    );
-                    self.conns[key].in_error_page = true;
-                    break super::respond::status(self, key, loc, &req, keep_alive, &head, 500);
-                }
-            };
-            // nginx's order: `internal` is checked when the location is found, a `return`
-            // ends the rewrite phase, then access (`allow`/`deny`), then `try_files`.
-            let action = if let Some(code) = forced.take() {
-                Action::Status(code)
-            } else if loc.internal && hops == 0 {
-                Action::Status(404)
-            } else if let Some((code, text)) = scripted {
-                Action::Return(code, text)
-            } else if returned {
-                Action::Content
-            } else if self.access_denied(key, loc, &req) {
-                Action::Status(403)
-            } else if let Some(tf) = &loc.try_files {
-                self.try_files(key, loc, tf, &mut req, &head)
-            } else {
-                Action::Content
-            };
-            let proxied = loc.proxy_pass.is_some() && loc.ret.is_none() && loc.handler.is_none();
-            let reply = match action {
-                Action::Redirect(target) => {
-                    hops += 1;
-                    loc = self.redirect(key, server, target, &mut req);
-                    continue;
-                }
-                Action::Return(code, text) => {
-                    super::respond::returned(self, key, loc, &req, keep_alive, &head, code, text)
-                }
-                Action::Status(code) => {
-                    super::respond::status(self, key, loc, &req, keep_alive, &head, code)
-                }
-                Action::Content if proxied => {
-                    // The access log line is written when the proxied response ends.
-                    self.start_proxy(key, server_idx, loc, req, head, more_input, keep_alive);
-                    return;
-                }
-                Action::Content => self.respond(key, server, loc, &req, keep_alive, &head),
-            };
-            if let Some(uri) = reply.redirect {
-                // The index module's internal redirect: the location is searched anew.
-                hops += 1;
-                let query = req.query.clone();
-                loc = self.redirect(key, server, Redirect::Uri { path: uri, query }, &mut req);
-                continue;
-            }
-            let Some(i) = reply.error_page else {
-                break reply;
-            };
-            // `error_page`: the page is requested anew with GET (a HEAD stays HEAD).
-            let ep = &loc.error_pages[i];
-            let target = {
-                let mut storage = shard_http::vars::header_storage();
-                let hs = shard_http::vars::request_headers(&head, &mut storage);
-                let ctx = self.var_ctx(key, &req, hs, loc);
-                shard_http::vars::render(&ep.target, &ctx)
-            };
-            let c = &mut self.conns[key];
-            c.in_error_page = true;
-            if !(target.starts_with('/') || target.starts_with('@')) {
-                // A URL: a redirect, 302 unless `=CODE` says otherwise.
-                let code = match ep.status {
-                    ErrorPageStatus::Code(c) => c,
-                    _ => 302,
-                };
-                let r = shard_http::response::return_reply(code, Some(target), "text/html");
-                break super::respond::simple_reply(self, key, loc, &req, keep_alive, &head, r);
-            }
-            c.status_override = match ep.status {
-                ErrorPageStatus::Original => Some(reply.status),
-                ErrorPageStatus::Code(code) => Some(code),
-                ErrorPageStatus::Target => None,
-            };
-            if req.method != shard_http::request::Method::Head {
-                req.method = shard_http::request::Method::Get;
-            }
-            hops += 1;
-            let next = self.redirect(key, server, Redirect::parse(&target), &mut req);
-            let next_proxied = next.proxy_pass.is_some() && next.ret.is_none();
-            if next_proxied && req.body != shard_http::request::Body::None {
-                // Its body is being discarded: the upstream cannot be given a request whose
-                // body is gone, so the error is sent as it is.
-                break super::respond::status(
-                    self,
-                    key,
-                    loc,
-                    &req,
-                    keep_alive,
-                    &head,
-                    reply.status,
-                );
-            }
-            loc = next;
-        };
-        let c = &mut self.conns[key];
-        if !keep_alive {
-            c.close_after = true;
-        }
-        self.log_access(key, loc, &req, reply.status, reply.body_bytes, &head);
+        self.run_phases(
+            key,
+            server_idx,
+            loc,
+            Phases {
+                req,
+                head,
+                hops,
+                keep_alive,
+                more_input,
+                forced,
+                rewritten,
+            },
+        );
     }
 
     /// nginx's server rewrite phase (`server`'s instructions), the
@@ -2204,5 +2113,148 @@ impl Worker<'_> {
             mapped,
             size_checked_turn,
         });
+    }
+}
+
+impl<'a> Worker<'a> {
+    /// nginx's phases from the rewrite phase on, for the request in `ph` in `loc` of server
+    /// `server_idx`: rewrite (again after each internal redirect), access, `try_files`,
+    /// content, `error_page`, the access log. A proxied location starts the proxy and
+    /// returns; its access-log line is written when the response ends.
+    // After an internal redirect the rewrite phases run again: the server's instructions
+    // too, then the new location's.
+    fn run_phases(&mut self, key: usize, server_idx: usize, mut loc: &'a LocationConf, ph: Phases) {
+        let cfg = self.cfg;
+        let Phases {
+            mut req,
+            head,
+            mut hops,
+            keep_alive,
+            more_input,
+            mut forced,
+            mut rewritten,
+        } = ph;
+        let Some(http) = cfg.http.as_ref() else {
+            return;
+        };
+        let server = &http.servers[server_idx];
+        let reply = loop {
+            let mut returned = false;
+            let scripted = match rewritten.take().unwrap_or_else(|| {
+                self.rewrite_phase(key, server, &mut loc, &mut req, &head, &mut hops)
+            }) {
+                Rewritten::Stay => None,
+                Rewritten::Return(code, text) => Some((code, text)),
+                Rewritten::Returned => {
+                    returned = true;
+                    None
+                }
+                Rewritten::Cycle => {
+                    crate::log!(
+                        Error,
+                        "rewrite or internal redirection cycle while internally redirecting to \"{}\"",
+                        req.path
+                    );
+                    self.conns[key].in_error_page = true;
+                    break super::respond::status(self, key, loc, &req, keep_alive, &head, 500);
+                }
+            };
+            // nginx's order: `internal` is checked when the location is found, a `return`
+            // ends the rewrite phase, then access (`allow`/`deny`), then `try_files`.
+            let action = if let Some(code) = forced.take() {
+                Action::Status(code)
+            } else if loc.internal && hops == 0 {
+                Action::Status(404)
+            } else if let Some((code, text)) = scripted {
+                Action::Return(code, text)
+            } else if returned {
+                Action::Content
+            } else if self.access_denied(key, loc, &req) {
+                Action::Status(403)
+            } else if let Some(tf) = &loc.try_files {
+                self.try_files(key, loc, tf, &mut req, &head)
+            } else {
+                Action::Content
+            };
+            let proxied = loc.proxy_pass.is_some() && loc.ret.is_none() && loc.handler.is_none();
+            let reply = match action {
+                Action::Redirect(target) => {
+                    hops += 1;
+                    loc = self.redirect(key, server, target, &mut req);
+                    continue;
+                }
+                Action::Return(code, text) => {
+                    super::respond::returned(self, key, loc, &req, keep_alive, &head, code, text)
+                }
+                Action::Status(code) => {
+                    super::respond::status(self, key, loc, &req, keep_alive, &head, code)
+                }
+                Action::Content if proxied => {
+                    // The access log line is written when the proxied response ends.
+                    self.start_proxy(key, server_idx, loc, req, head, more_input, keep_alive);
+                    return;
+                }
+                Action::Content => self.respond(key, server, loc, &req, keep_alive, &head),
+            };
+            if let Some(uri) = reply.redirect {
+                // The index module's internal redirect: the location is searched anew.
+                hops += 1;
+                let query = req.query.clone();
+                loc = self.redirect(key, server, Redirect::Uri { path: uri, query }, &mut req);
+                continue;
+            }
+            let Some(i) = reply.error_page else {
+                break reply;
+            };
+            // `error_page`: the page is requested anew with GET (a HEAD stays HEAD).
+            let ep = &loc.error_pages[i];
+            let target = {
+                let mut storage = shard_http::vars::header_storage();
+                let hs = shard_http::vars::request_headers(&head, &mut storage);
+                let ctx = self.var_ctx(key, &req, hs, loc);
+                shard_http::vars::render(&ep.target, &ctx)
+            };
+            let c = &mut self.conns[key];
+            c.in_error_page = true;
+            if !(target.starts_with('/') || target.starts_with('@')) {
+                // A URL: a redirect, 302 unless `=CODE` says otherwise.
+                let code = match ep.status {
+                    ErrorPageStatus::Code(c) => c,
+                    _ => 302,
+                };
+                let r = shard_http::response::return_reply(code, Some(target), "text/html");
+                break super::respond::simple_reply(self, key, loc, &req, keep_alive, &head, r);
+            }
+            c.status_override = match ep.status {
+                ErrorPageStatus::Original => Some(reply.status),
+                ErrorPageStatus::Code(code) => Some(code),
+                ErrorPageStatus::Target => None,
+            };
+            if req.method != shard_http::request::Method::Head {
+                req.method = shard_http::request::Method::Get;
+            }
+            hops += 1;
+            let next = self.redirect(key, server, Redirect::parse(&target), &mut req);
+            let next_proxied = next.proxy_pass.is_some() && next.ret.is_none();
+            if next_proxied && req.body != shard_http::request::Body::None {
+                // Its body is being discarded: the upstream cannot be given a request whose
+                // body is gone, so the error is sent as it is.
+                break super::respond::status(
+                    self,
+                    key,
+                    loc,
+                    &req,
+                    keep_alive,
+                    &head,
+                    reply.status,
+                );
+            }
+            loc = next;
+        };
+        let c = &mut self.conns[key];
+        if !keep_alive {
+            c.close_after = true;
+        }
+        self.log_access(key, loc, &req, reply.status, reply.body_bytes, &head);
     }
 }
