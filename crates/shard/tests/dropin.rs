@@ -1696,3 +1696,35 @@ fn access_log_lines_are_written_at_once_unless_buffered() {
             .filter(|t| t.contains("/later"))
     });
 }
+
+/// `error_page` for a failed upstream, the most common nginx pair there is (`proxy_pass` with
+/// `error_page 502 504 /50x.html`): the page is served with the upstream's status, or the
+/// status `=CODE` names, through a named location too.
+#[test]
+fn error_page_answers_a_failed_upstream() {
+    let dead = support::upstream::refusing_port();
+    let conf = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\nhttp {{\n    \
+         access_log logs/access.log;\n    server {{\n        listen 127.0.0.1:{{port}};\n        \
+         root {{dir}}/html;\n        location = /status {{ shard_status; }}\n        \
+         error_page 502 504 /50x.html;\n        location = /50x.html {{ }}\n        \
+         location /app/ {{ proxy_pass http://127.0.0.1:{dead}; }}\n        \
+         location /soft/ {{ proxy_pass http://127.0.0.1:{dead}; error_page 502 =200 @fallback; }}\n        \
+         location @fallback {{ return 200 \"fallback\"; }}\n    }}\n}}\n"
+    );
+    let s = Server::start("proxy-error-page", &conf, 1);
+    write_file(&s.dir, "html/50x.html", b"sorry, we are down");
+    let r = get(s.addr(), "/app/x");
+    assert_eq!(
+        (r.status, r.body_str().as_str()),
+        (502, "sorry, we are down")
+    );
+    let r = get(s.addr(), "/soft/x");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "fallback"));
+    let log = wait_for(Duration::from_secs(5), "the access log lines", || {
+        std::fs::read_to_string(s.dir.join("logs/access.log"))
+            .ok()
+            .filter(|t| t.contains("/soft/x"))
+    });
+    assert!(log.contains("\"GET /app/x HTTP/1.1\" 502"), "{log}");
+}

@@ -180,22 +180,26 @@ enum Action {
 }
 
 /// A request between its limits and its content, for [`Worker::run_phases`].
-struct Phases {
-    req: shard_http::request::Request,
-    head: Vec<u8>,
+pub(super) struct Phases {
+    pub(super) req: shard_http::request::Request,
+    pub(super) head: Vec<u8>,
     /// Internal redirects so far.
-    hops: usize,
-    keep_alive: bool,
+    pub(super) hops: usize,
+    pub(super) keep_alive: bool,
     /// The input buffer holds more than this request's head (a pipelined request or a body).
-    more_input: bool,
-    /// A status the phases answer with at once (497, 495, 496, a limit's refusal).
-    forced: Option<u16>,
+    pub(super) more_input: bool,
+    /// A status the phases answer with at once (497, 495, 496, a limit's refusal, a failed
+    /// upstream's 502 or 504).
+    pub(super) forced: Option<u16>,
     /// The rewrite phases' verdict when they already ran.
-    rewritten: Option<Rewritten>,
+    pub(super) rewritten: Option<Rewritten>,
+    /// The request's upstream failed: an error page is not proxied again (the status's own
+    /// page is sent instead).
+    pub(super) after_upstream: bool,
 }
 
 /// What nginx's rewrite phases decided for a request.
-enum Rewritten {
+pub(super) enum Rewritten {
     /// Go on in the location found.
     Stay,
     /// `return` (or a redirecting `rewrite`), its text expanded.
@@ -1466,6 +1470,7 @@ impl Worker<'_> {
                 more_input,
                 forced,
                 rewritten,
+                after_upstream: false,
             },
         );
     }
@@ -2123,7 +2128,13 @@ impl<'a> Worker<'a> {
     /// returns; its access-log line is written when the response ends.
     // After an internal redirect the rewrite phases run again: the server's instructions
     // too, then the new location's.
-    fn run_phases(&mut self, key: usize, server_idx: usize, mut loc: &'a LocationConf, ph: Phases) {
+    pub(super) fn run_phases(
+        &mut self,
+        key: usize,
+        server_idx: usize,
+        mut loc: &'a LocationConf,
+        ph: Phases,
+    ) {
         let cfg = self.cfg;
         let Phases {
             mut req,
@@ -2133,7 +2144,14 @@ impl<'a> Worker<'a> {
             more_input,
             mut forced,
             mut rewritten,
+            after_upstream,
         } = ph;
+        if after_upstream {
+            // The phases start again from the error page: the connection is answering.
+            if self.conns[key].phase != Phase::Writing {
+                self.set_phase(key, Phase::Writing);
+            }
+        }
         let Some(http) = cfg.http.as_ref() else {
             return;
         };
@@ -2187,6 +2205,11 @@ impl<'a> Worker<'a> {
                     super::respond::returned(self, key, loc, &req, keep_alive, &head, code, text)
                 }
                 Action::Status(code) => {
+                    super::respond::status(self, key, loc, &req, keep_alive, &head, code)
+                }
+                Action::Content if proxied && after_upstream => {
+                    // The error page of a failed upstream is not proxied again.
+                    let code = self.conns[key].status_override.unwrap_or(502);
                     super::respond::status(self, key, loc, &req, keep_alive, &head, code)
                 }
                 Action::Content if proxied => {

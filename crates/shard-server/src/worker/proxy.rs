@@ -1671,8 +1671,8 @@ impl<'a> Worker<'a> {
     }
 
     /// Ends the proxied request with an error page (nothing of a response was sent yet).
-    fn proxy_fail_reply(&mut self, key: usize, p: Box<Proxy>, status: u16) {
-        if let Some(u) = p.up {
+    fn proxy_fail_reply(&mut self, key: usize, mut p: Box<Proxy>, status: u16) {
+        if let Some(u) = p.up.take() {
             self.close_upconn(u);
         }
         let keep = shard_http::proxy::error_keeps_connection(
@@ -1680,6 +1680,33 @@ impl<'a> Worker<'a> {
             p.keep_alive,
             self.conns[key].body_pending(),
         );
+        // nginx's `error_page` for a failed upstream (`error_page 502 504 /50x.html`): the
+        // request goes through the phases again, answered with that status.
+        let loc = self.proxy_location(&p);
+        if !self.conns[key].in_error_page
+            && loc.error_pages.iter().any(|e| e.codes.contains(&status))
+        {
+            let req = p.req.clone();
+            let head = std::mem::take(&mut p.head);
+            let server = p.server;
+            self.give_proxy_bufs(p);
+            self.run_phases(
+                key,
+                server,
+                loc,
+                super::conn::Phases {
+                    req,
+                    head,
+                    hops: 0,
+                    keep_alive: keep,
+                    more_input: false,
+                    forced: Some(status),
+                    rewritten: Some(super::conn::Rewritten::Stay),
+                    after_upstream: true,
+                },
+            );
+            return;
+        }
         let loc = self.proxy_location(&p);
         self.error_page_in(key, status, keep, Some(loc));
         let len = shard_http::response::error_body(status).len() as u64;
