@@ -1217,6 +1217,9 @@ pub struct ProxyConf {
     /// `proxy_request_buffering on|off`: read the whole request body before the upstream
     /// sees the request (default), or send it as it arrives.
     pub request_buffering: bool,
+    /// `proxy_intercept_errors on|off`: an upstream's response of 300 or more for which the
+    /// location has an `error_page` is replaced by that page. Default off.
+    pub intercept_errors: bool,
     /// `proxy_hide_header`: more upstream headers not passed (lowercase).
     pub hide_headers: Vec<String>,
     /// `proxy_pass_header`: headers hidden by default (`Server`, `Date`, `X-Pad`, `X-Accel-*`)
@@ -1294,6 +1297,7 @@ impl Default for ProxyConf {
             buffer_size: 4096,
             buffers: (8, 4096),
             request_buffering: true,
+            intercept_errors: false,
             hide_headers: Vec::new(),
             pass_headers: Vec::new(),
             redirect: ProxyRedirect::Default,

@@ -1728,3 +1728,32 @@ fn error_page_answers_a_failed_upstream() {
     });
     assert!(log.contains("\"GET /app/x HTTP/1.1\" 502"), "{log}");
 }
+
+/// `proxy_intercept_errors on`: an upstream's 404 for which the location has an `error_page`
+/// is replaced by the page; one without an `error_page` passes as it is.
+#[test]
+fn proxy_intercept_errors_as_nginx() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n    access_log off;\n    server {\n        \
+                listen 127.0.0.1:{port};\n        location = /status { shard_status; }\n        \
+                location /i/ { proxy_pass http://127.0.0.1:{port1}; proxy_intercept_errors on;\n            \
+                error_page 404 @nf; }\n        location /p/ { proxy_pass http://127.0.0.1:{port1}; error_page 404 @nf; }\n        \
+                location @nf { return 404 \"ours\"; }\n    }\n    server { listen 127.0.0.1:{port1};\n        \
+                location / { return 404 \"theirs\"; }\n        location /i/ok { return 200 \"fine\"; }\n        \
+                location /i/gone { return 410 \"gone\"; } }\n}\n";
+    let s = Server::start_ports("intercept", conf, 1, 1);
+    let r = get(s.addr(), "/i/x");
+    assert_eq!((r.status, r.body_str().as_str()), (404, "ours"));
+    assert_eq!(get(s.addr(), "/i/ok").body_str(), "fine");
+    let r = get(s.addr(), "/i/gone");
+    assert_eq!(
+        (r.status, r.body_str().as_str()),
+        (410, "gone"),
+        "no error_page for 410"
+    );
+    let r = get(s.addr(), "/p/x");
+    assert_eq!(
+        (r.status, r.body_str().as_str()),
+        (404, "theirs"),
+        "off: passed as it is"
+    );
+}

@@ -223,6 +223,7 @@ pub(super) struct ProxyP {
     pub(super) buffer_size: Option<usize>,
     pub(super) buffers: Option<(usize, usize)>,
     pub(super) request_buffering: Option<bool>,
+    pub(super) intercept_errors: Option<bool>,
     pub(super) hide_headers: Option<Vec<String>>,
     pub(super) pass_headers: Option<Vec<String>>,
     pub(super) redirect: Option<ProxyRedirect>,
@@ -321,6 +322,7 @@ impl ProxyP {
             buffer_size: self.buffer_size.unwrap_or(parent.buffer_size),
             buffers: self.buffers.unwrap_or(parent.buffers),
             request_buffering: self.request_buffering.unwrap_or(parent.request_buffering),
+            intercept_errors: self.intercept_errors.unwrap_or(parent.intercept_errors),
             hide_headers: self
                 .hide_headers
                 .clone()
@@ -2417,6 +2419,8 @@ slot!(
 slot!(set_proxy_buffering, proxy.buffering, flag);
 
 slot!(set_proxy_request_buffering, proxy.request_buffering, flag);
+
+slot!(set_proxy_intercept_errors, proxy.intercept_errors, flag);
 
 /// `proxy_hide_header NAME` and `proxy_pass_header NAME` (only headers hidden by default can
 /// be passed): repeatable, lowercase; a level with any replaces its parent's list.

@@ -931,6 +931,13 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_proxy_request_buffering),
     ),
     d(
+        "proxy_intercept_errors",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_intercept_errors),
+    ),
+    d(
         "proxy_http_version",
         HSL,
         1,

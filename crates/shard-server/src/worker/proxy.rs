@@ -1202,6 +1202,17 @@ impl<'a> Worker<'a> {
                         let msg = format!("upstream returned {}", head.status);
                         return self.attempt_failed(key, p, Failure::Status(head.status), &msg);
                     }
+                    // `proxy_intercept_errors`: the location's `error_page` for this status
+                    // replaces the upstream's answer, which is not read further.
+                    if loc.proxy.intercept_errors
+                        && head.status >= 300
+                        && loc
+                            .error_pages
+                            .iter()
+                            .any(|e| e.codes.contains(&head.status))
+                    {
+                        return Flow::Fail(head.status);
+                    }
                     self.start_response(key, p, head, head_len);
                     return Flow::Next;
                 }
