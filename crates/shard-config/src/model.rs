@@ -1553,6 +1553,9 @@ pub enum Balance {
     IpHash,
     /// `hash KEY [consistent]` (http).
     Hash { key: Vec<Part>, consistent: bool },
+    /// `random [two [least_conn]]`: a peer drawn by weight; with `two`, two drawn and the
+    /// one with fewer active connections (per worker) taken.
+    Random { two: bool },
 }
 
 /// One address of an upstream `server` (a host name resolving to several addresses gives

@@ -215,6 +215,8 @@ pub(crate) struct Worker<'a> {
     /// Requests this worker has begun, and a random key: together they make `$request_id`.
     request_seq: u64,
     request_id_key: u64,
+    /// xorshift state for `random` upstreams (never 0).
+    rng: u64,
 }
 
 pub(crate) struct WorkerArgs<'a> {
@@ -433,6 +435,7 @@ impl<'a> Worker<'a> {
             rings: HashMap::new(),
             request_seq: 0,
             request_id_key: shard_event::process::random_u64(),
+            rng: shard_event::process::random_u64() | 1,
         };
         w.update_time();
         for i in 0..w.listeners.len() {

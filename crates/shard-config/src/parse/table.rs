@@ -848,7 +848,10 @@ pub(super) static TABLE: &[Spec] = &[
     d("server", U | HU, 1, MANY, Set::Upstream(upstream_server)),
     d("keepalive", HU, 1, 1, Set::Upstream(upstream_keepalive)),
     d("least_conn", U | HU, 0, 0, Set::Upstream(upstream_balance)),
+    // nginx's shared upstream state: accepted, each worker keeps its own (docs/directives.md).
+    d("zone", U | HU, 1, 2, Set::NoEffect(check_zone)),
     d("ip_hash", HU, 0, 0, Set::Upstream(upstream_balance)),
+    d("random", U | HU, 0, 2, Set::Upstream(upstream_balance)),
     d("hash", U | HU, 1, 2, Set::Upstream(upstream_balance)),
     d(
         "keepalive_timeout",
@@ -1207,6 +1210,19 @@ fn check_sizes(d: &Directive, file: &str) -> R {
     parse_size(&d.args[1])
         .map(|_| ())
         .ok_or_else(|| invalid(d, file, &d.args[1]))
+}
+
+/// `zone NAME [SIZE]` (upstream).
+fn check_zone(d: &Directive, file: &str) -> R {
+    if a0(d).is_empty() {
+        return Err(invalid(d, file, a0(d)));
+    }
+    match d.args.get(1) {
+        Some(size) => parse_size(size)
+            .map(|_| ())
+            .ok_or_else(|| invalid(d, file, size)),
+        None => Ok(()),
+    }
 }
 
 fn check_any(_: &Directive, _: &str) -> R {

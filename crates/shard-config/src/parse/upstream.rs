@@ -54,6 +54,17 @@ pub(super) fn upstream_balance(u: &mut UpstreamP, d: &Directive, file: &str) -> 
     let b = match d.name.as_str() {
         "least_conn" => Balance::LeastConn,
         "ip_hash" => Balance::IpHash,
+        "random" => match d
+            .args
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .as_slice()
+        {
+            [] => Balance::Random { two: false },
+            ["two"] | ["two", "least_conn"] => Balance::Random { two: true },
+            [.., p] => return Err(derr(d, file, format!("invalid parameter \"{p}\""))),
+        },
         _ => {
             if !u.http {
                 return Err(derr(

@@ -125,6 +125,78 @@ pub(super) fn pick(
     None
 }
 
+/// `random [two]`: a usable peer drawn by weight (primaries, then backups), or with `two`
+/// two draws of which the one with fewer `active` connections (relative to weight) wins.
+/// `rng` is the worker's xorshift state.
+pub(super) fn pick_random(
+    peers: &[PeerConf],
+    state: &mut [PeerState],
+    tried: &[bool],
+    active: &[u64],
+    two: bool,
+    rng: &mut u64,
+    now_ms: u64,
+) -> Option<usize> {
+    let mut next = || {
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        *rng
+    };
+    for backup in [false, true] {
+        let usable: Vec<usize> = (0..peers.len())
+            .filter(|&i| {
+                let p = &peers[i];
+                p.backup == backup
+                    && !p.down
+                    && !tried.get(i).copied().unwrap_or(true)
+                    && usable(p, &state[i], now_ms)
+            })
+            .collect();
+        let total: u64 = usable.iter().map(|&i| u64::from(peers[i].weight)).sum();
+        if total == 0 {
+            continue;
+        }
+        let mut draw = || {
+            let mut x = next() % total;
+            for &i in &usable {
+                let w = u64::from(peers[i].weight);
+                if x < w {
+                    return i;
+                }
+                x -= w;
+            }
+            usable[usable.len() - 1]
+        };
+        let mut pick = draw();
+        if two && usable.len() > 1 {
+            let mut other = draw();
+            for _ in 0..20 {
+                if other != pick {
+                    break;
+                }
+                other = draw();
+            }
+            let load = |i: usize| {
+                u128::from(active.get(i).copied().unwrap_or(0)) * 1_000_000
+                    / u128::from(peers[i].weight.max(1))
+            };
+            if load(other) < load(pick) {
+                pick = other;
+            }
+        }
+        let st = &mut state[pick];
+        if now_ms.saturating_sub(st.checked_ms) > peers[pick].fail_timeout_ms {
+            st.checked_ms = now_ms;
+        }
+        return Some(pick);
+    }
+    for st in state.iter_mut() {
+        st.fails = 0;
+    }
+    None
+}
+
 /// Counts a failed attempt on `peer`. Returns true when it just reached `max_fails` (nginx
 /// logs "upstream server temporarily disabled").
 pub(super) fn failed(
@@ -182,6 +254,47 @@ mod tests {
             backup: false,
             down: false,
         }
+    }
+
+    #[test]
+    fn random_draws_by_weight_and_two_takes_the_less_busy() {
+        let peers = vec![peer(3, 1, 10_000), peer(1, 1, 10_000)];
+        let mut st = PeerState::table(&peers);
+        let mut rng = 0x1234_5678_9abc_def1;
+        let mut counts = [0u32; 2];
+        for _ in 0..4000 {
+            let i = pick_random(&peers, &mut st, &[false, false], &[], false, &mut rng, 0).unwrap();
+            counts[i] += 1;
+        }
+        assert!(
+            (2700..3300).contains(&counts[0]),
+            "weight 3 of 4: {counts:?}"
+        );
+        // `two`: of two draws, the one with fewer active connections (always the second
+        // peer here, whenever both are drawn).
+        let mut second = 0;
+        for _ in 0..2000 {
+            let i = pick_random(
+                &peers,
+                &mut st,
+                &[false, false],
+                &[10, 0],
+                true,
+                &mut rng,
+                0,
+            )
+            .unwrap();
+            second += usize::from(i == 1);
+        }
+        assert!(second > 600, "{second}");
+        assert_eq!(
+            pick_random(&peers, &mut st, &[true, false], &[], false, &mut rng, 0),
+            Some(1)
+        );
+        assert_eq!(
+            pick_random(&peers, &mut st, &[true, true], &[], true, &mut rng, 0),
+            None
+        );
     }
 
     #[test]

@@ -301,8 +301,10 @@ impl<'a> Worker<'a> {
         let ups = &self.http().upstreams[upstream];
         let now = self.now_ms;
         // This worker's connections in use per peer: for `least_conn` and `max_conns`.
-        let needs_active =
-            ups.balance == Balance::LeastConn || ups.peers.iter().any(|p| p.max_conns > 0);
+        let needs_active = matches!(
+            ups.balance,
+            Balance::LeastConn | Balance::Random { two: true }
+        ) || ups.peers.iter().any(|p| p.max_conns > 0);
         let mut active = Vec::new();
         if needs_active {
             active = vec![0u64; ups.peers.len()];
@@ -323,6 +325,15 @@ impl<'a> Worker<'a> {
                 &mut self.http_peer_state[upstream],
                 tried,
                 &active,
+                now,
+            ),
+            Balance::Random { two } => balance::pick_random(
+                &ups.peers,
+                &mut self.http_peer_state[upstream],
+                tried,
+                &active,
+                *two,
+                &mut self.rng,
                 now,
             ),
             Balance::IpHash => {

@@ -294,8 +294,9 @@ impl Worker<'_> {
         let ups = &stream.upstreams[upstream];
         // This worker's relays per peer: for `least_conn` and `max_conns`.
         let least = ups.balance == shard_config::Balance::LeastConn;
+        let two = ups.balance == shard_config::Balance::Random { two: true };
         let mut active = Vec::new();
-        if least || ups.peers.iter().any(|p| p.max_conns > 0) {
+        if least || two || ups.peers.iter().any(|p| p.max_conns > 0) {
             active = vec![0u64; ups.peers.len()];
             for (_, r) in self.relays.iter() {
                 if stream.servers[r.server].upstream == upstream {
@@ -307,6 +308,17 @@ impl Worker<'_> {
         }
         let full = balance::with_full(&ups.peers, tried, &active);
         let tried = full.as_deref().unwrap_or(tried);
+        if let shard_config::Balance::Random { two } = ups.balance {
+            return balance::pick_random(
+                &ups.peers,
+                &mut self.peer_state[upstream],
+                tried,
+                &active,
+                two,
+                &mut self.rng,
+                self.now_ms,
+            );
+        }
         if least {
             return balance::pick_least_conn(
                 &ups.peers,
