@@ -62,25 +62,21 @@ fn escape_html(s: &str, out: &mut String) {
     }
 }
 
-const MONTHS: [&str; 12] = [
-    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-];
+/// (year, month 1-12, day, hour, minute, second) of unix seconds, UTC (before 1970: 1970).
+fn civil(t: i64) -> (i64, usize, u32, u32, u32, u32) {
+    let c = crate::civil(t.max(0) as u64);
+    (c.year, c.month, c.day, c.hour, c.min, c.sec)
+}
 
-/// (year, month 1-12, day, hour, minute, second) of unix seconds, UTC.
-fn civil(t: i64) -> (i64, usize, i64, i64, i64, i64) {
-    let days = t.div_euclid(86_400);
-    let secs = t.rem_euclid(86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m as usize, d, secs / 3600, secs % 3600 / 60, secs % 60)
+/// `directory`, `file` or `other`, as the JSON and XML listings name an entry.
+fn kind(e: &Entry) -> &'static str {
+    if e.dir {
+        "directory"
+    } else if e.file {
+        "file"
+    } else {
+        "other"
+    }
 }
 
 /// The listing of `entries` (sorted by [`sort`]) for the directory `uri` (as requested,
@@ -138,7 +134,7 @@ fn html(uri: &str, entries: &[Entry], utf8: bool, exact_size: bool) -> String {
             s.extend(std::iter::repeat_n(' ', NAME_LEN - len));
         }
         let (y, m, d, hh, mm, _) = civil(e.mtime);
-        let _ = write!(s, " {d:02}-{}-{y} {hh:02}:{mm:02} ", MONTHS[m - 1]);
+        let _ = write!(s, " {d:02}-{}-{y} {hh:02}:{mm:02} ", crate::MONTHS[m - 1]);
         if exact_size {
             if e.dir {
                 s.push_str("                  -");
@@ -226,13 +222,7 @@ fn json(entries: &[Entry]) -> String {
 fn xml(entries: &[Entry]) -> String {
     let mut s = String::from("<?xml version=\"1.0\"?>\r\n<list>\r\n");
     for e in entries {
-        let kind = if e.dir {
-            "directory"
-        } else if e.file {
-            "file"
-        } else {
-            "other"
-        };
+        let kind = kind(e);
         let (y, m, d, hh, mm, ss) = civil(e.mtime);
         let _ = write!(
             s,

@@ -26,17 +26,17 @@ const MONTHS: [&str; 12] = [
 ];
 
 /// Broken-down UTC time: (year, month 1..=12, day 1..=31, hour, minute, second, weekday 0=Sun).
-struct Civil {
-    year: i64,
-    month: usize,
-    day: u32,
-    hour: u32,
-    min: u32,
-    sec: u32,
-    weekday: usize,
+pub(crate) struct Civil {
+    pub(crate) year: i64,
+    pub(crate) month: usize,
+    pub(crate) day: u32,
+    pub(crate) hour: u32,
+    pub(crate) min: u32,
+    pub(crate) sec: u32,
+    pub(crate) weekday: usize,
 }
 
-fn civil(unix_secs: u64) -> Civil {
+pub(crate) fn civil(unix_secs: u64) -> Civil {
     let days = (unix_secs / 86_400) as i64;
     let rem = unix_secs % 86_400;
     // Howard Hinnant's civil_from_days.

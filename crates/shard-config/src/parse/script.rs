@@ -340,18 +340,7 @@ pub(super) fn http_map(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R
 /// percentages with up to two decimals, adding up to at most 100%; the value is literal text.
 pub(super) fn http_split_clients(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
     let source = parse_header_value(d, file, &d.args[0])?;
-    let Some(name) = d.args[1].strip_prefix('$').filter(|n| !n.is_empty()) else {
-        return Err(derr(
-            d,
-            file,
-            format!("invalid variable name \"{}\"", d.args[1]),
-        ));
-    };
-    let name = name.to_ascii_lowercase();
-    if h.maps.iter().any(|m| m.name == name) {
-        return Err(derr(d, file, format!("duplicate variable \"{name}\"")));
-    }
-    declare(&name);
+    let name = new_variable(h, d, file, &d.args[1])?;
     // In hundredths of a percent, as nginx's `ngx_atofp(value, len, 2)`.
     let mut parts: Vec<(u32, String)> = Vec::new();
     for (e, file) in block_entries(env, d, file)? {
@@ -422,14 +411,7 @@ pub(super) fn http_geo(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R
             ))
         }
     };
-    let Some(name) = var.strip_prefix('$').filter(|n| !n.is_empty()) else {
-        return Err(derr(d, file, format!("invalid variable name \"{var}\"")));
-    };
-    let name = name.to_ascii_lowercase();
-    if h.maps.iter().any(|m| m.name == name) {
-        return Err(derr(d, file, format!("duplicate variable \"{name}\"")));
-    }
-    declare(&name);
+    let name = new_variable(h, d, file, var)?;
     let mut b = crate::index::GeoBuilder::default();
     let mut values: Vec<Vec<Part>> = Vec::new();
     let mut value = |v: &str| -> u32 {
@@ -535,6 +517,20 @@ fn geo_range(v: &str) -> Option<(u32, u32)> {
     let a = u32::from(a.parse::<Ipv4Addr>().ok()?);
     let b = u32::from(b.parse::<Ipv4Addr>().ok()?);
     (a <= b).then_some((a, b))
+}
+
+/// The variable `$NAME` a `split_clients` or `geo` block defines: lowercase, declared, not
+/// one another block already defines.
+fn new_variable(h: &HttpP, d: &Directive, file: &str, var: &str) -> Result<String, ConfigError> {
+    let Some(name) = var.strip_prefix('$').filter(|n| !n.is_empty()) else {
+        return Err(derr(d, file, format!("invalid variable name \"{var}\"")));
+    };
+    let name = name.to_ascii_lowercase();
+    if h.maps.iter().any(|m| m.name == name) {
+        return Err(derr(d, file, format!("duplicate variable \"{name}\"")));
+    }
+    declare(&name);
+    Ok(name)
 }
 
 /// A percentage's number with up to two decimals, in hundredths (`0.5` is 50, `2` is 200).
