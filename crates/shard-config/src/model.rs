@@ -419,6 +419,9 @@ pub struct LocationConf {
     pub error_pages: Vec<ErrorPage>,
     /// `try_files` of this location (not inherited).
     pub try_files: Option<TryFiles>,
+    /// A variable of `add_header` or an `access_log` format reads the upstream's response
+    /// headers (`$upstream_http_*`, `$upstream_cookie_*`): a proxied request keeps them.
+    pub upstream_vars: bool,
     /// A variable of `return`, `add_header`, `index` or an `access_log` (its format, unless
     /// `combined`, or its `if=`) reads the request's header lines, directly or through a
     /// `map`: the worker keeps the request head for it. Derived once the maps are known.
@@ -1065,6 +1068,10 @@ pub enum Var {
     RequestId,
     /// `$invalid_referer`: `1` when the `Referer` is not one `valid_referers` names.
     InvalidReferer,
+    /// `$upstream_http_NAME` (lowercase, `_` standing for `-`): a header of the upstream's
+    /// response, hidden ones too; `$upstream_cookie_NAME`: a cookie its `Set-Cookie` sets.
+    UpstreamHttp(String),
+    UpstreamCookie(String),
     /// `$limit_req_status` (`PASSED`, `DELAYED`, `REJECTED`, `DELAYED_DRY_RUN`,
     /// `REJECTED_DRY_RUN`) and `$limit_conn_status` (`PASSED`, `REJECTED`,
     /// `REJECTED_DRY_RUN`): what the limits decided; empty where none applied.

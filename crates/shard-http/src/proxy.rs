@@ -510,6 +510,20 @@ fn parse_length(v: &[u8]) -> Option<u64> {
     (n <= i64::MAX as u64).then_some(n)
 }
 
+/// Every header line of a response head (status line skipped) as `(name, value)`, values
+/// trimmed: what `$upstream_http_*` reads, hidden headers included.
+pub fn header_lines(head: &[u8]) -> Vec<(String, Vec<u8>)> {
+    head.split(|&b| b == b'\n')
+        .skip(1)
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .filter_map(|l| {
+            let i = memchr::memchr(b':', l)?;
+            let name = std::str::from_utf8(&l[..i]).ok()?.trim().to_string();
+            (!name.is_empty()).then(|| (name, trim_ows(&l[i + 1..]).to_vec()))
+        })
+        .collect()
+}
+
 /// Headers nginx hides from the client by default, beyond `RESPONSE_DROPPED`: `X-Accel-*`.
 fn is_hidden(name: &str) -> bool {
     is_in(name, &RESPONSE_DROPPED)

@@ -356,6 +356,7 @@ pub(crate) mod tests {
             error_pages: Vec::new(),
             try_files: None,
             needs_head: false,
+            upstream_vars: false,
             internal: false,
             log_not_found: true,
             autoindex: Default::default(),

@@ -25,6 +25,8 @@ pub struct UpstreamTry {
     pub connect_ms: Option<u64>,
     pub header_ms: Option<u64>,
     pub response_ms: Option<u64>,
+    /// The response's header lines as received (kept only where a variable reads them).
+    pub headers: Vec<(String, Vec<u8>)>,
 }
 
 /// What is known of the response, for `$status`, `$body_bytes_sent` and the like.
@@ -384,6 +386,38 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::Msec => push_secs(out, c.conn.now_ms),
         Var::LimitReqStatus => out.extend_from_slice(c.conn.limit_req_status.as_bytes()),
         Var::LimitConnStatus => out.extend_from_slice(c.conn.limit_conn_status.as_bytes()),
+        Var::UpstreamHttp(name) => {
+            let last = c.done.and_then(|d| d.upstream.last());
+            let mut first = true;
+            for (_, v) in last
+                .into_iter()
+                .flat_map(|t| &t.headers)
+                .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            {
+                if !first {
+                    out.extend_from_slice(b", ");
+                }
+                first = false;
+                out.extend_from_slice(v);
+            }
+        }
+        Var::UpstreamCookie(name) => {
+            let last = c.done.and_then(|d| d.upstream.last());
+            let value = last
+                .into_iter()
+                .flat_map(|t| &t.headers)
+                .find_map(|(n, v)| {
+                    if !n.eq_ignore_ascii_case("set-cookie") {
+                        return None;
+                    }
+                    let v = std::str::from_utf8(v).ok()?;
+                    let (k, rest) = v.split_once('=')?;
+                    (k.trim() == name).then(|| rest.split(';').next().unwrap_or("").trim())
+                });
+            if let Some(v) = value {
+                out.extend_from_slice(v.as_bytes());
+            }
+        }
         Var::InvalidReferer => {
             if c.location
                 .referers

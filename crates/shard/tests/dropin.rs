@@ -1757,3 +1757,26 @@ fn proxy_intercept_errors_as_nginx() {
         "off: passed as it is"
     );
 }
+
+/// `$upstream_http_NAME` (hidden headers too) and `$upstream_cookie_NAME`, in `add_header`
+/// and in the access log.
+#[test]
+fn upstream_header_and_cookie_variables() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n    \
+                log_format up '$uri x=$upstream_http_x_accel_foo c=$upstream_cookie_sid';\n    \
+                server {\n        listen 127.0.0.1:{port};\n        \
+                location = /status { shard_status; }\n        \
+                location /p/ { proxy_pass http://127.0.0.1:{port1};\n            \
+                access_log logs/up.log up;\n            \
+                add_header X-Got \"$upstream_http_x_thing|$upstream_cookie_sid\"; }\n    }\n    \
+                server { listen 127.0.0.1:{port1}; location / {\n        \
+                add_header X-Thing one; add_header X-Accel-Foo hidden;\n        \
+                add_header Set-Cookie \"sid=abc; Path=/\"; return 200 \"up\"; } }\n}\n";
+    let s = Server::start_ports("upstream-vars", conf, 1, 1);
+    let r = get(s.addr(), "/p/x");
+    assert_eq!(r.body_str(), "up");
+    assert_eq!(r.header("X-Got"), Some("one|abc"));
+    assert_eq!(r.header("X-Accel-Foo"), None, "hidden from the client");
+    let log = std::fs::read_to_string(s.dir.join("logs/up.log")).unwrap_or_default();
+    assert_eq!(log.trim_end(), "/p/x x=hidden c=abc");
+}

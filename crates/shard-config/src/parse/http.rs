@@ -682,6 +682,7 @@ impl Eff {
             error_pages: self.error_pages.clone(),
             try_files: None,
             needs_head: false,
+            upstream_vars: false,
             internal: false,
             log_not_found: self.log_not_found,
             autoindex: self.autoindex,
@@ -2815,6 +2816,10 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         _ => {
             if let Some(n) = prefixed("http_") {
                 Var::Http(n.replace('_', "-"))
+            } else if let Some(n) = prefixed("upstream_http_") {
+                Var::UpstreamHttp(n.replace('_', "-"))
+            } else if let Some(n) = prefixed("upstream_cookie_") {
+                Var::UpstreamCookie(n.to_string())
             } else if let Some(n) = prefixed("sent_http_") {
                 Var::SentHttp(n.replace('_', "-"))
             } else if let Some(n) = name.strip_prefix("arg_") {

@@ -592,6 +592,13 @@ impl Env {
         }
         for s in &mut servers {
             for l in std::iter::once(&mut s.base).chain(s.locations.iter_mut()) {
+                let upstream = |p: &[Part]| {
+                    p.iter().any(|x| {
+                        matches!(x, Part::Var(Var::UpstreamHttp(_) | Var::UpstreamCookie(_)))
+                    })
+                };
+                l.upstream_vars = l.add_headers.iter().any(|a| upstream(&a.value))
+                    || l.access_logs.iter().any(|al| upstream(&al.format.parts));
                 let reads = |p: &[Part]| parts_read_headers(p, &h.maps);
                 l.needs_head = l.ret.as_ref().is_some_and(|r| reads(&r.parts))
                     || l.add_headers.iter().any(|a| reads(&a.value))

@@ -1261,6 +1261,13 @@ impl<'a> Worker<'a> {
         head_len: usize,
     ) {
         let loc = self.proxy_location(p);
+        // `$upstream_http_*`, `$upstream_cookie_*`: every header line as received, hidden
+        // ones (`X-Accel-*`) too.
+        if loc.upstream_vars {
+            if let Some(a) = p.attempts.last_mut() {
+                a.headers = shard_http::proxy::header_lines(&p.rbuf[..head_len]);
+            }
+        }
         // `proxy_hide_header`.
         if !loc.proxy.hide_headers.is_empty() {
             head.headers.retain(|(n, _)| {
@@ -1342,6 +1349,7 @@ impl<'a> Worker<'a> {
             let mut ctx = self.var_ctx(key, &p.req, hs, loc);
             ctx.done = Some(shard_http::vars::Done {
                 status: head.status,
+                upstream: &p.attempts,
                 ..Default::default()
             });
             shard_http::response::write_extra(
