@@ -1111,8 +1111,8 @@ fn stream_errors() {
         r#""listen" directive is not allowed here in t.conf:3"#
     );
     assert_eq!(
-        stream_error("upstream u { random; }"),
-        r#""random" is an nginx directive that shard does not support in t.conf:3"#
+        stream_error("upstream u { server 10.0.0.1:1; ntlm; }"),
+        r#""ntlm" is an nginx directive that shard does not support in t.conf:3"#
     );
     assert_eq!(
         stream_error("server {\nlisten 9000;\nproxy_pass nowhere;\n}"),
