@@ -106,6 +106,8 @@ pub const SYSCALLS: &[(&str, i64)] = &[
     ("statx", libc::SYS_statx),
     ("fstatfs", libc::SYS_fstatfs),
     ("openat", libc::SYS_openat),
+    // `autoindex` lists a directory.
+    ("getdents64", libc::SYS_getdents64),
     ("mkdirat", libc::SYS_mkdirat),
     ("unlinkat", libc::SYS_unlinkat),
     // The same calls by their older names, which std uses where they exist.
