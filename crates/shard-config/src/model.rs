@@ -1068,6 +1068,10 @@ pub enum Var {
     RequestId,
     /// `$invalid_referer`: `1` when the `Referer` is not one `valid_referers` names.
     InvalidReferer,
+    /// `$realip_remote_addr`, `$realip_remote_port`: the connection's own peer, before
+    /// `set_real_ip_from` replaced `$remote_addr`.
+    RealipRemoteAddr,
+    RealipRemotePort,
     /// `$upstream_http_NAME` (lowercase, `_` standing for `-`): a header of the upstream's
     /// response, hidden ones too; `$upstream_cookie_NAME`: a cookie its `Set-Cookie` sets.
     UpstreamHttp(String),

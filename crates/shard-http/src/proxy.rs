@@ -841,6 +841,7 @@ mod tests {
         now_ms: 1_000_000,
         started_ms: 999_990,
         opened_ms: 0,
+        peer: None,
         limit_req_status: "",
         limit_conn_status: "",
         request_id: 0xabc,

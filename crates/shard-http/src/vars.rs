@@ -52,6 +52,9 @@ pub struct Conn<'a> {
     pub started_ms: u64,
     /// When the connection was accepted, on the same clock (`$connection_time`).
     pub opened_ms: u64,
+    /// The socket's peer, before `real_ip` replaced it (`$realip_remote_addr`,
+    /// `$realip_remote_port`).
+    pub peer: Option<SocketAddr>,
     /// `$limit_req_status`, `$limit_conn_status` ("" where no limit applied).
     pub limit_req_status: &'a str,
     pub limit_conn_status: &'a str,
@@ -213,6 +216,16 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::RemoteAddr => {
             if let Some(a) = c.client {
                 let _ = write!(out, "{}", a.ip());
+            }
+        }
+        Var::RealipRemoteAddr => {
+            if let Some(a) = c.conn.peer {
+                let _ = write!(out, "{}", a.ip());
+            }
+        }
+        Var::RealipRemotePort => {
+            if let Some(a) = c.conn.peer {
+                push_u64(out, u64::from(a.port()));
             }
         }
         Var::RemotePort => {

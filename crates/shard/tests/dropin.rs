@@ -629,6 +629,7 @@ http {
         listen 127.0.0.1:{port};
         location = /status { shard_status; }
         location / { return 200 "$remote_addr"; }
+        location /peer/ { return 200 "$remote_addr $realip_remote_addr"; }
         location /xff/ {
             real_ip_header X-Forwarded-For;
             real_ip_recursive on;
@@ -658,6 +659,11 @@ fn real_ip_from_trusted_proxies() {
         "198.51.100.9"
     );
     assert_eq!(ask("/", "X-Real-IP: garbage\r\n").body_str(), "127.0.0.1");
+    // `$realip_remote_addr`: the socket's own peer, before the replacement.
+    assert_eq!(
+        ask("/peer/", "X-Real-IP: 198.51.100.9\r\n").body_str(),
+        "198.51.100.9 127.0.0.1"
+    );
     let xff = "X-Forwarded-For: 203.0.113.5, 198.51.100.1, 10.1.1.1\r\n";
     assert_eq!(
         ask("/xff/", xff).body_str(),

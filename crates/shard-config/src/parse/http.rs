@@ -2797,6 +2797,8 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "connection_requests" => Var::ConnectionRequests,
         "connection_time" => Var::ConnectionTime,
         "invalid_referer" => Var::InvalidReferer,
+        "realip_remote_addr" => Var::RealipRemoteAddr,
+        "realip_remote_port" => Var::RealipRemotePort,
         "limit_req_status" => Var::LimitReqStatus,
         "limit_conn_status" => Var::LimitConnStatus,
         "pid" => Var::Pid,

@@ -2009,6 +2009,7 @@ impl Worker<'_> {
             now_ms: now,
             started_ms: now.saturating_sub(self.now_ms.saturating_sub(c.request_started_ms)),
             opened_ms: now.saturating_sub(self.now_ms.saturating_sub(c.opened_ms)),
+            peer: c.peer,
             limit_req_status: c.limit_req_status,
             limit_conn_status: c.limit_conn_status,
             request_id: c.request_id,
