@@ -1231,6 +1231,10 @@ pub struct ProxyConf {
     /// `proxy_intercept_errors on|off`: an upstream's response of 300 or more for which the
     /// location has an `error_page` is replaced by that page. Default off.
     pub intercept_errors: bool,
+    /// `proxy_method`: the method sent upstream instead of the client's.
+    pub method: Option<Vec<Part>>,
+    /// `proxy_pass_request_headers on|off`: the client's headers go upstream. Default on.
+    pub pass_request_headers: bool,
     /// `proxy_hide_header`: more upstream headers not passed (lowercase).
     pub hide_headers: Vec<String>,
     /// `proxy_pass_header`: headers hidden by default (`Server`, `Date`, `X-Pad`, `X-Accel-*`)
@@ -1309,6 +1313,8 @@ impl Default for ProxyConf {
             buffers: (8, 4096),
             request_buffering: true,
             intercept_errors: false,
+            method: None,
+            pass_request_headers: true,
             hide_headers: Vec::new(),
             pass_headers: Vec::new(),
             redirect: ProxyRedirect::Default,

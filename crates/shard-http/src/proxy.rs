@@ -429,7 +429,25 @@ pub fn write_request(out: &mut Vec<u8>, ctx: &RequestCtx<'_>) {
         done: None,
     };
 
-    out.extend_from_slice(ctx.req.method.as_str().as_bytes());
+    match &conf.method {
+        // `proxy_method`: rendered, kept to token characters.
+        Some(parts) => {
+            let m = out.len();
+            crate::vars::push_parts(out, parts, &vc);
+            let mut i = m;
+            while i < out.len() {
+                if out[i].is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&out[i]) {
+                    i += 1;
+                } else {
+                    out.remove(i);
+                }
+            }
+            if out.len() == m {
+                out.extend_from_slice(ctx.req.method.as_str().as_bytes());
+            }
+        }
+        None => out.extend_from_slice(ctx.req.method.as_str().as_bytes()),
+    }
     out.push(b' ');
     let uri = out.len();
     uri_parts(ctx.req, ctx.location, ctx.pass).write(out);
@@ -455,7 +473,8 @@ pub fn write_request(out: &mut Vec<u8>, ctx: &RequestCtx<'_>) {
         }
     }
 
-    for h in hs {
+    // `proxy_pass_request_headers off`: only the headers `proxy_set_header` makes.
+    for h in hs.iter().filter(|_| conf.pass_request_headers) {
         // An invalid name (`X_Forwarded_For` with underscores off) never reaches the upstream,
         // where a CGI-style backend would read it as the real header.
         if !crate::request::header_name_forwarded(h.name.as_bytes(), ctx.req.names)

@@ -1786,3 +1786,27 @@ fn upstream_header_and_cookie_variables() {
     let log = std::fs::read_to_string(s.dir.join("logs/up.log")).unwrap_or_default();
     assert_eq!(log.trim_end(), "/p/x x=hidden c=abc");
 }
+
+/// `proxy_method` (variables allowed) and `proxy_pass_request_headers off`.
+#[test]
+fn proxy_method_and_pass_request_headers() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n    access_log off;\n    server {\n        \
+                listen 127.0.0.1:{port};\n        location = /status { shard_status; }\n        \
+                location /m/ { proxy_pass http://127.0.0.1:{port1}; proxy_method $arg_m; }\n        \
+                location /h/ { proxy_pass http://127.0.0.1:{port1}; proxy_pass_request_headers off;\n            \
+                proxy_set_header X-Set yes; }\n    }\n    server { listen 127.0.0.1:{port1};\n        \
+                location / { return 200 \"$request_method [$http_x_client] [$http_x_set]\"; } }\n}\n";
+    let s = Server::start_ports("proxy-method", conf, 1, 1);
+    let ask = |path: &str| {
+        let head =
+            format!("GET {path} HTTP/1.1\r\nHost: h\r\nX-Client: c\r\nConnection: close\r\n\r\n");
+        raw(s.addr(), head.as_bytes()).body_str()
+    };
+    assert_eq!(ask("/m/x?m=PUT"), "PUT [c] []");
+    assert_eq!(
+        ask("/m/x"),
+        "GET [c] []",
+        "an empty method keeps the client's"
+    );
+    assert_eq!(ask("/h/x"), "GET [] [yes]");
+}

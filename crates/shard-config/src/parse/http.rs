@@ -224,6 +224,8 @@ pub(super) struct ProxyP {
     pub(super) buffers: Option<(usize, usize)>,
     pub(super) request_buffering: Option<bool>,
     pub(super) intercept_errors: Option<bool>,
+    pub(super) method: Option<Vec<Part>>,
+    pub(super) pass_request_headers: Option<bool>,
     pub(super) hide_headers: Option<Vec<String>>,
     pub(super) pass_headers: Option<Vec<String>>,
     pub(super) redirect: Option<ProxyRedirect>,
@@ -323,6 +325,10 @@ impl ProxyP {
             buffers: self.buffers.unwrap_or(parent.buffers),
             request_buffering: self.request_buffering.unwrap_or(parent.request_buffering),
             intercept_errors: self.intercept_errors.unwrap_or(parent.intercept_errors),
+            method: self.method.clone().or_else(|| parent.method.clone()),
+            pass_request_headers: self
+                .pass_request_headers
+                .unwrap_or(parent.pass_request_headers),
             hide_headers: self
                 .hide_headers
                 .clone()
@@ -2422,6 +2428,18 @@ slot!(set_proxy_buffering, proxy.buffering, flag);
 slot!(set_proxy_request_buffering, proxy.request_buffering, flag);
 
 slot!(set_proxy_intercept_errors, proxy.intercept_errors, flag);
+
+slot!(
+    set_proxy_pass_request_headers,
+    proxy.pass_request_headers,
+    flag
+);
+
+/// `proxy_method METHOD` (variables allowed): the method sent upstream.
+pub(super) fn set_proxy_method(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let m = parse_header_value(d, file, a0(d))?;
+    once(&mut s.proxy.method, m, d, file)
+}
 
 /// `proxy_hide_header NAME` and `proxy_pass_header NAME` (only headers hidden by default can
 /// be passed): repeatable, lowercase; a level with any replaces its parent's list.

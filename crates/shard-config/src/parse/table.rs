@@ -933,6 +933,14 @@ pub(super) static TABLE: &[Spec] = &[
         1,
         Set::Settings(set_proxy_request_buffering),
     ),
+    d("proxy_method", HSL, 1, 1, Set::Settings(set_proxy_method)),
+    d(
+        "proxy_pass_request_headers",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_pass_request_headers),
+    ),
     d(
         "proxy_intercept_errors",
         HSL,
