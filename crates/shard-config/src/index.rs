@@ -80,6 +80,21 @@ impl Wildcards {
         self.added == 0
     }
 
+    /// Adds `key` when it is written as a wildcard (`*.name`, `.name`, `name.*`); false for
+    /// any other key, which the caller keeps as an exact one.
+    pub fn add_written(&mut self, key: &str, value: usize) -> bool {
+        if let Some(suffix) = key.strip_prefix('*') {
+            self.add_star(suffix, value);
+        } else if let Some(name) = key.strip_prefix('.') {
+            self.add_dot(name, value);
+        } else if let Some(prefix) = key.strip_suffix('*') {
+            self.add_tail(prefix, value);
+        } else {
+            return false;
+        }
+        true
+    }
+
     /// The longest leading wildcard that matches `name`: `.example.com` for `example.com`
     /// itself first (the longest there can be), then `name`'s suffixes from each dot, the
     /// longest first. Of one length, the first added.
@@ -382,19 +397,8 @@ impl MapIndex {
     pub fn build(keys: &[(String, Vec<crate::Part>)], hostnames: bool) -> MapIndex {
         let mut ix = MapIndex::default();
         for (i, (k, _)) in keys.iter().enumerate() {
-            if hostnames {
-                if let Some(suffix) = k.strip_prefix('*') {
-                    ix.wild.add_star(suffix, i);
-                    continue;
-                }
-                if let Some(name) = k.strip_prefix('.') {
-                    ix.wild.add_dot(name, i);
-                    continue;
-                }
-                if let Some(prefix) = k.strip_suffix('*') {
-                    ix.wild.add_tail(prefix, i);
-                    continue;
-                }
+            if hostnames && ix.wild.add_written(k, i) {
+                continue;
             }
             ix.exact.entry(k.as_str().into()).or_insert(i as u32);
         }

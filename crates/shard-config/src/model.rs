@@ -742,16 +742,8 @@ pub struct Referers {
 impl Referers {
     /// Adds a host (lowercase; wildcards as `server_name`'s) that must be followed by `uri`.
     pub fn add(&mut self, host: &str, uri: &str) {
-        let i = self.wild_uris.len();
-        if let Some(suffix) = host.strip_prefix('*') {
+        if self.wild.add_written(host, self.wild_uris.len()) {
             self.wild_uris.push(uri.to_string());
-            self.wild.add_star(suffix, i);
-        } else if let Some(name) = host.strip_prefix('.') {
-            self.wild_uris.push(uri.to_string());
-            self.wild.add_dot(name, i);
-        } else if let Some(prefix) = host.strip_suffix('*') {
-            self.wild_uris.push(uri.to_string());
-            self.wild.add_tail(prefix, i);
         } else {
             self.exact
                 .entry(host.to_string())

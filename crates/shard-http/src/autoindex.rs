@@ -33,20 +33,12 @@ pub fn sort(entries: &mut [Entry]) {
     entries.sort_by(|a, b| b.dir.cmp(&a.dir).then_with(|| a.name.cmp(&b.name)));
 }
 
-/// nginx's `NGX_ESCAPE_URI_COMPONENT`: everything but letters, digits and `-._~!` ... kept
-/// as nginx's table keeps them.
+/// nginx's `NGX_ESCAPE_URI_COMPONENT`: letters, digits and `-._~` are kept, every other byte
+/// is escaped.
 fn escape_component(name: &[u8], out: &mut String) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for &b in name {
-        let keep = b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~');
-        if keep {
-            out.push(b as char);
-        } else {
-            out.push('%');
-            out.push(HEX[usize::from(b >> 4)] as char);
-            out.push(HEX[usize::from(b & 15)] as char);
-        }
-    }
+    crate::static_file::percent_escape(name, out, |b| {
+        b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+    });
 }
 
 /// nginx's `ngx_escape_html`: `<`, `>`, `&` and `"`.

@@ -292,10 +292,17 @@ pub fn part_end(out: &mut Vec<u8>) {
 
 /// Escapes a path for a `Location` header.
 pub fn escape_uri(path: &str, out: &mut String) {
+    percent_escape(path.as_bytes(), out, |b| {
+        b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&b)
+    });
+}
+
+/// Appends `bytes` to `out`, every byte `keep` refuses as `%XX` (upper-case hex, as nginx's
+/// `ngx_escape_uri`).
+pub fn percent_escape(bytes: &[u8], out: &mut String, keep: impl Fn(u8) -> bool) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for &b in path.as_bytes() {
-        let keep = b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&b);
-        if keep {
+    for &b in bytes {
+        if keep(b) {
             out.push(b as char);
         } else {
             out.push('%');

@@ -574,10 +574,13 @@ fn tls12_signature(
     dss: &rustls::DigitallySignedStruct,
 ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
     let algs = &provider.signature_verification_algorithms;
-    if webpki_refuses_version(cert) {
-        return raw_key_signature(algs, message, cert, dss, false);
+    match rustls::crypto::verify_tls12_signature(message, cert, dss, algs) {
+        // Only a failure pays for the second look at the certificate.
+        Err(_) if webpki_refuses_version(cert) => {
+            raw_key_signature(algs, message, cert, dss, false)
+        }
+        checked => checked,
     }
-    rustls::crypto::verify_tls12_signature(message, cert, dss, algs)
 }
 
 /// The TLS 1.3 form of [`tls12_signature`].
@@ -588,10 +591,11 @@ fn tls13_signature(
     dss: &rustls::DigitallySignedStruct,
 ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
     let algs = &provider.signature_verification_algorithms;
-    if webpki_refuses_version(cert) {
-        return raw_key_signature(algs, message, cert, dss, true);
+    match rustls::crypto::verify_tls13_signature(message, cert, dss, algs) {
+        // Only a failure pays for the second look at the certificate.
+        Err(_) if webpki_refuses_version(cert) => raw_key_signature(algs, message, cert, dss, true),
+        checked => checked,
     }
-    rustls::crypto::verify_tls13_signature(message, cert, dss, algs)
 }
 
 /// `webpki` reads only X.509 v3 certificates.
@@ -697,10 +701,11 @@ impl ClientCertVerifier for WithV1Leaves {
         now: rustls::pki_types::UnixTime,
     ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
         use rustls::CertificateError as E;
-        if !webpki_refuses_version(end_entity) {
-            return self
-                .inner
-                .verify_client_cert(end_entity, intermediates, now);
+        let verdict = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now);
+        if verdict.is_ok() || !webpki_refuses_version(end_entity) {
+            return verdict;
         }
         let bad = |e: E| Err(rustls::Error::InvalidCertificate(e));
         let Some(c) = crate::x509::parse(end_entity) else {

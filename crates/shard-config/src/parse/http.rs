@@ -2258,42 +2258,44 @@ pub(super) fn set_valid_referers(_: &Env, s: &mut Settings, d: &Directive, file:
 /// `ADDRESS`, `CIDR` or `all` (`None`) of `allow`, `deny`, `set_real_ip_from`.
 fn parse_net(env: &Env, d: &Directive, file: &str) -> Result<Option<(IpAddr, u8)>, ConfigError> {
     let a = a0(d);
-    let net = if a == "all" {
-        None
-    } else if a.starts_with("unix:") {
+    if a == "all" {
+        return Ok(None);
+    }
+    if a.starts_with("unix:") {
         return Err(derr(d, file, "\"unix:\" rules are not supported by shard"));
-    } else {
-        let (addr, bits) = match a.split_once('/') {
-            Some((addr, bits)) => (addr, Some(bits)),
-            None => (a, None),
-        };
-        let ip: IpAddr = addr.parse().map_err(|_| invalid(d, file, a))?;
-        let max = if ip.is_ipv4() { 32 } else { 128 };
-        let bits = match bits {
-            None => max,
-            Some(b) => b
-                .parse::<u8>()
-                .ok()
-                .filter(|&n| n <= max)
-                .ok_or_else(|| invalid(d, file, a))?,
-        };
-        // nginx: "low address bits of 10.0.0.1/8 are meaningless"; the network is used.
-        let base = match ip {
-            IpAddr::V4(v) => {
-                let m = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
-                IpAddr::V4((u32::from(v) & m).into())
-            }
-            IpAddr::V6(v) => {
-                let m = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
-                IpAddr::V6((u128::from(v) & m).into())
-            }
-        };
-        if base != ip {
-            env.warn(d, file, format!("low address bits of {a} are meaningless"));
-        }
-        Some((base, bits))
+    }
+    let (base, bits, exact) = parse_cidr(a).ok_or_else(|| invalid(d, file, a))?;
+    if !exact {
+        env.warn(d, file, format!("low address bits of {a} are meaningless"));
+    }
+    Ok(Some((base, bits)))
+}
+
+/// `ADDRESS` or `ADDRESS/BITS` (IPv4 or IPv6): the network, its prefix length, and whether
+/// the address was the network itself (nginx warns "low address bits of 10.0.0.1/8 are
+/// meaningless" and uses the network). Shared by `allow`/`deny`/`set_real_ip_from` and `geo`.
+pub(super) fn parse_cidr(a: &str) -> Option<(IpAddr, u8, bool)> {
+    let (addr, bits) = match a.split_once('/') {
+        Some((addr, bits)) => (addr, Some(bits)),
+        None => (a, None),
     };
-    Ok(net)
+    let ip: IpAddr = addr.parse().ok()?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let bits = match bits {
+        None => max,
+        Some(b) => b.parse::<u8>().ok().filter(|&n| n <= max)?,
+    };
+    let base = match ip {
+        IpAddr::V4(v) => {
+            let m = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+            IpAddr::V4((u32::from(v) & m).into())
+        }
+        IpAddr::V6(v) => {
+            let m = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+            IpAddr::V6((u128::from(v) & m).into())
+        }
+    };
+    Some((base, bits, base == ip))
 }
 
 /// `expires [modified] TIME | epoch | max | off`.

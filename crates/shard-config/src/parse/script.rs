@@ -281,17 +281,7 @@ pub(super) fn http_map(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R
         ));
     }
     declare(&name);
-    let mut m = MapConf {
-        name,
-        source,
-        hostnames: false,
-        exact: Vec::new(),
-        regexes: Vec::new(),
-        default: Vec::new(),
-        index: Default::default(),
-        split: None,
-        geo: None,
-    };
+    let mut m = empty_map(name, source);
     let mut seen = std::collections::HashSet::new();
     for (e, file) in block_entries(env, d, file)? {
         let (e, file) = (&e, file.as_str());
@@ -382,15 +372,8 @@ pub(super) fn http_split_clients(env: &Env, h: &mut HttpP, d: &Directive, file: 
         split.push((bound, vec![Part::Lit(value)]));
     }
     h.maps.push(MapConf {
-        name,
-        source,
-        hostnames: false,
-        exact: Vec::new(),
-        regexes: Vec::new(),
-        default: Vec::new(),
-        index: Default::default(),
         split: Some(split),
-        geo: None,
+        ..empty_map(name, source)
     });
     Ok(())
 }
@@ -464,19 +447,12 @@ pub(super) fn http_geo(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R
         s
     });
     h.maps.push(MapConf {
-        name,
-        source,
-        hostnames: false,
-        exact: Vec::new(),
-        regexes: Vec::new(),
-        default: Vec::new(),
-        index: Default::default(),
-        split: None,
         geo: Some(Box::new(Geo {
             table,
             values,
             source_given,
         })),
+        ..empty_map(name, source)
     });
     Ok(())
 }
@@ -486,26 +462,7 @@ fn geo_net(v: &str) -> Option<(IpAddr, u8)> {
     if v == "default" {
         return Some((IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
     }
-    let (addr, bits) = match v.split_once('/') {
-        Some((a, b)) => (a, Some(b)),
-        None => (v, None),
-    };
-    let ip: IpAddr = addr.parse().ok()?;
-    let max = if ip.is_ipv4() { 32 } else { 128 };
-    let bits = match bits {
-        None => max,
-        Some(b) => b.parse::<u8>().ok().filter(|&n| n <= max)?,
-    };
-    Some(match ip {
-        IpAddr::V4(a) => {
-            let m = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
-            (IpAddr::V4((u32::from(a) & m).into()), bits)
-        }
-        IpAddr::V6(a) => {
-            let m = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
-            (IpAddr::V6((u128::from(a) & m).into()), bits)
-        }
-    })
+    parse_cidr(v).map(|(base, bits, _)| (base, bits))
 }
 
 /// A `geo ... { ranges; }` range: `FIRST-LAST` of IPv4 addresses, or `default`.
@@ -517,6 +474,21 @@ fn geo_range(v: &str) -> Option<(u32, u32)> {
     let a = u32::from(a.parse::<Ipv4Addr>().ok()?);
     let b = u32::from(b.parse::<Ipv4Addr>().ok()?);
     (a <= b).then_some((a, b))
+}
+
+/// A variable block with no keys yet: what `map`, `split_clients` and `geo` start from.
+fn empty_map(name: String, source: Vec<Part>) -> MapConf {
+    MapConf {
+        name,
+        source,
+        hostnames: false,
+        exact: Vec::new(),
+        regexes: Vec::new(),
+        default: Vec::new(),
+        index: Default::default(),
+        split: None,
+        geo: None,
+    }
 }
 
 /// The variable `$NAME` a `split_clients` or `geo` block defines: lowercase, declared, not
