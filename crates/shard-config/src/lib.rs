@@ -10,6 +10,7 @@ pub mod index;
 mod lexer;
 mod model;
 mod parse;
+pub mod pcre;
 pub mod tree;
 mod units;
 
@@ -17,6 +18,7 @@ mod units;
 mod tests;
 
 pub use model::*;
+pub use pcre::Regex;
 pub use units::{parse_size, parse_time_ms};
 
 /// `expires`' arguments read as the directive reads them (`Ok(None)` is `off`): for an
@@ -32,6 +34,17 @@ pub const DEFAULT_CONFIG: &str = include_str!("default.conf");
 
 /// The MIME types bundled with shard (nginx's `mime.types` format).
 pub const MIME_TYPES: &str = include_str!("mime.types");
+
+/// The files nginx ships beside `nginx.conf` and shard bundles (copies in `conf/`): an
+/// `include` of one of these names, relative and missing beside the configuration, reads the
+/// bundled text, so `include fastcgi_params;` works with no file installed.
+pub const BUNDLED_FILES: [(&str, &str); 5] = [
+    ("mime.types", MIME_TYPES),
+    ("fastcgi_params", include_str!("fastcgi_params")),
+    ("fastcgi.conf", include_str!("fastcgi.conf")),
+    ("scgi_params", include_str!("scgi_params")),
+    ("uwsgi_params", include_str!("uwsgi_params")),
+];
 
 /// A configuration error, displayed the way nginx shows it after `[emerg] `:
 /// `unknown directive "lisen" in conf/shard.conf:12`.

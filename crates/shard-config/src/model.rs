@@ -170,6 +170,10 @@ pub struct ListenOpts {
     /// `ssl`: connections are TLS. As nginx, any `listen` of the address that says `ssl`
     /// makes the address TLS (it is not compared as the other options are).
     pub ssl: bool,
+    /// `proxy_protocol`: every connection starts with a PROXY protocol header (v1 or v2),
+    /// read before anything else (before the TLS handshake). OR-ed over the address's
+    /// `listen`s, as `ssl`.
+    pub proxy_protocol: bool,
     pub rcvbuf: Option<usize>,
     pub sndbuf: Option<usize>,
     pub deferred: bool,
@@ -200,6 +204,7 @@ impl Default for ListenOpts {
             backlog: 511,
             backlog_set: false,
             ssl: false,
+            proxy_protocol: false,
             rcvbuf: None,
             sndbuf: None,
             deferred: false,
@@ -257,7 +262,7 @@ pub enum ServerName {
 
 /// A server name's regular expression, compared by its text.
 #[derive(Debug, Clone)]
-pub struct NameRegex(pub regex::Regex);
+pub struct NameRegex(pub crate::Regex);
 
 impl PartialEq for NameRegex {
     fn eq(&self, other: &Self) -> bool {
@@ -349,7 +354,7 @@ pub struct LocationConf {
     /// The prefix, the exact path, the expression as written, or the name with its `@`.
     pub path: String,
     /// The compiled expression of a regex location.
-    pub regex: Option<regex::Regex>,
+    pub regex: Option<crate::Regex>,
     /// Index into `ServerConf::locations` of the location this one is nested in.
     pub parent: Option<usize>,
     pub place: Place,
@@ -462,10 +467,48 @@ pub struct LocationConf {
     /// The rewrite module's instructions of this location (`rewrite`, `set`, `if`, `return`,
     /// `break`), in order; empty when `ret` says everything (a location that only returns).
     pub script: Vec<Instr>,
-    /// `proxy_pass`, only on the location that names it (not inherited).
+    /// `proxy_pass`, only on the location that names it (not inherited). A location with
+    /// `fastcgi_pass` has its upstream here too, and `fastcgi` says the wire format.
     pub proxy_pass: Option<ProxyPass>,
-    /// The other `proxy_*` directives, inherited http -> server -> location.
+    /// The other `proxy_*` directives, inherited http -> server -> location. In a location with
+    /// `fastcgi_pass`, the `fastcgi_*` directives of the same names (timeouts, buffers,
+    /// `next_upstream`, `intercept_errors`, `hide_header`, `pass_header`) instead.
     pub proxy: ProxyConf,
+    /// `fastcgi_pass`: the upstream speaks FastCGI (`ngx_http_fastcgi_module`). Only on the
+    /// location that names it.
+    pub fastcgi: Option<std::sync::Arc<FastcgiConf>>,
+}
+
+/// What FastCGI adds to the proxy's settings, for a location with `fastcgi_pass`.
+#[derive(Debug, Clone)]
+pub struct FastcgiConf {
+    /// `fastcgi_param NAME VALUE [if_not_empty]`, in order; a level with any replaces its
+    /// parent's list, as nginx.
+    pub params: Vec<FastcgiParam>,
+    /// `fastcgi_index NAME`: appended to `$fastcgi_script_name` for a URI ending in `/`.
+    pub index: Option<String>,
+    /// `fastcgi_split_path_info REGEX`: its two captures are `$fastcgi_script_name` and
+    /// `$fastcgi_path_info`.
+    pub split_path_info: Option<crate::Regex>,
+    /// `fastcgi_keep_conn on`: the application keeps the connection open after a response
+    /// (pooled by the upstream's `keepalive`). Default off: it closes it.
+    pub keep_conn: bool,
+    /// `fastcgi_catch_stderr STRING`: a response whose stderr contains one of these is bad
+    /// (`invalid_header`, then `fastcgi_next_upstream` or 502).
+    pub catch_stderr: Vec<String>,
+    /// `fastcgi_pass_request_headers on|off`: the client's headers go as `HTTP_*` params.
+    pub pass_request_headers: bool,
+    /// `fastcgi_pass_request_body on|off`.
+    pub pass_request_body: bool,
+}
+
+/// One `fastcgi_param`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FastcgiParam {
+    pub name: String,
+    pub value: Vec<Part>,
+    /// `if_not_empty`: not sent when the value is empty.
+    pub if_not_empty: bool,
 }
 
 /// One instruction of nginx's rewrite module, run in order in the server (before the
@@ -476,7 +519,7 @@ pub enum Instr {
     Return(Return),
     /// `rewrite REGEX REPLACEMENT [FLAG]` on the URI.
     Rewrite {
-        regex: regex::Regex,
+        regex: crate::Regex,
         replacement: Vec<Part>,
         flag: RewriteFlag,
         /// The replacement starts with `http://`, `https://` or `$scheme`: a redirect.
@@ -521,7 +564,7 @@ pub enum Cond {
     /// `($var ~ re)`, `~*`, `!~`, `!~*`.
     Match {
         left: Vec<Part>,
-        regex: regex::Regex,
+        regex: crate::Regex,
         negate: bool,
     },
     /// `(-f path)`, `-d`, `-e`, `-x`, and their `!` forms.
@@ -592,7 +635,7 @@ pub struct MapConf {
     /// Exact keys (lowercase with `hostnames`), in file order.
     pub exact: Vec<(String, Vec<Part>)>,
     /// `~re` / `~*re` keys, tried in file order after the exact ones.
-    pub regexes: Vec<(regex::Regex, Vec<Part>)>,
+    pub regexes: Vec<(crate::Regex, Vec<Part>)>,
     /// `default`, else empty.
     pub default: Vec<Part>,
     /// `exact` indexed (with `hostnames`, its wildcard keys apart).
@@ -735,8 +778,8 @@ pub struct Referers {
     pub wild_uris: Vec<String>,
     /// `~REGEX` (without case), matched against the value after its scheme; and regular
     /// expression server names (`server_names`), against the host.
-    pub regexes: Vec<regex::Regex>,
-    pub host_regexes: Vec<regex::Regex>,
+    pub regexes: Vec<crate::Regex>,
+    pub host_regexes: Vec<crate::Regex>,
 }
 
 impl Referers {
@@ -1046,6 +1089,10 @@ pub enum Var {
     DocumentRoot,
     RealpathRoot,
     RequestFilename,
+    /// `$fastcgi_script_name`, `$fastcgi_path_info`: the URI split by
+    /// `fastcgi_split_path_info` (with `fastcgi_index` after a trailing `/`).
+    FastcgiScriptName,
+    FastcgiPathInfo,
     /// `$status`, `$body_bytes_sent`, `$bytes_sent` (head and body): the response's.
     Status,
     BodyBytesSent,
@@ -1064,6 +1111,13 @@ pub enum Var {
     /// `set_real_ip_from` replaced `$remote_addr`.
     RealipRemoteAddr,
     RealipRemotePort,
+    /// `$proxy_protocol_addr`, `_port`, `_server_addr`, `_server_port`: the PROXY protocol
+    /// header's addresses (empty without one); `$proxy_protocol_tlv_NAME`: a v2 TLV.
+    ProxyProtocolAddr,
+    ProxyProtocolPort,
+    ProxyProtocolServerAddr,
+    ProxyProtocolServerPort,
+    ProxyProtocolTlv(String),
     /// `$upstream_http_NAME` (lowercase, `_` standing for `-`): a header of the upstream's
     /// response, hidden ones too; `$upstream_cookie_NAME`: a cookie its `Set-Cookie` sets.
     UpstreamHttp(String),
@@ -1606,6 +1660,11 @@ pub struct StreamServerConf {
     pub timeout_ms: u64,
     /// `proxy_buffer_size`: each direction's buffer. Default 16 KiB.
     pub buffer_size: usize,
+    /// `proxy_protocol on`: the upstream is sent a PROXY protocol v1 header first.
+    pub proxy_protocol: bool,
+    /// `proxy_protocol_timeout`: how long a `listen ... proxy_protocol` connection may take
+    /// to send its header. Default 30 s.
+    pub proxy_protocol_timeout_ms: u64,
 }
 
 /// nginx's `open_file_cache`, `open_file_cache_valid`, `open_file_cache_min_uses` and

@@ -75,6 +75,20 @@ pub fn read_into(fd: RawFd, buf: &mut Vec<u8>) -> io::Result<usize> {
     Ok(n)
 }
 
+/// `recv(2)` with `MSG_PEEK`: what the socket holds, left in it (the PROXY protocol header is
+/// looked at before the bytes behind it, a TLS handshake's, are read by someone else).
+pub fn peek(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: buf is valid for writes of buf.len() bytes.
+    cvt_size(unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            libc::MSG_PEEK,
+        )
+    })
+}
+
 /// Reads at most `max` bytes into the spare capacity of `buf` (reserving room first),
 /// extending its length by what was read.
 pub fn read_into_max(fd: RawFd, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {

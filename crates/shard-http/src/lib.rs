@@ -12,8 +12,10 @@
 pub mod access_log;
 pub mod autoindex;
 pub mod body;
+pub mod fastcgi;
 pub mod gzip;
 pub mod proxy;
+pub mod proxy_protocol;
 pub mod request;
 pub mod response;
 pub mod route;

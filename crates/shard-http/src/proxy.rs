@@ -866,6 +866,7 @@ mod tests {
         request_id: 0xabc,
         hostname: "testhost",
         tls: None,
+        proxy_protocol: None,
     };
 
     fn req(raw: &str) -> (Request, Vec<u8>) {

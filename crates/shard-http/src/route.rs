@@ -102,9 +102,7 @@ fn first_regex(
         let Some(re) = &server.locations[i].regex else {
             continue;
         };
-        if let Some(c) = re.captures(path) {
-            caps.clear();
-            caps.extend(c.iter().map(|m| m.map(|m| (m.start(), m.end()))));
+        if re.captures_into(path, caps) {
             return Some(i);
         }
     }
@@ -112,10 +110,10 @@ fn first_regex(
 }
 
 /// The names of `re`'s groups (`(?<lang>...)`) by index into `out`; none without a regex.
-pub fn capture_names_into(out: &mut Vec<Option<String>>, re: Option<&regex::Regex>) {
+pub fn capture_names_into(out: &mut Vec<Option<String>>, re: Option<&shard_config::Regex>) {
     out.clear();
     if let Some(re) = re {
-        out.extend(re.capture_names().map(|n| n.map(str::to_string)));
+        out.extend(re.capture_names().iter().cloned());
     }
 }
 
@@ -279,9 +277,7 @@ pub(crate) mod oracle {
                 continue;
             }
             let Some(re) = &loc.regex else { continue };
-            if let Some(c) = re.captures(path) {
-                caps.clear();
-                caps.extend(c.iter().map(|m| m.map(|m| (m.start(), m.end()))));
+            if re.captures_into(path, caps) {
                 return Some(i);
             }
         }
@@ -378,6 +374,7 @@ pub(crate) mod tests {
             script: Vec::new(),
             proxy_pass: None,
             proxy: Default::default(),
+            fastcgi: None,
         }
     }
 
@@ -540,10 +537,7 @@ pub(crate) mod tests {
             _ => {
                 let re = r.pick(&[r"^a\.", r"com$", r"^www\.(.+)$", r"b", r"^x1\.a$"]);
                 Regex(shard_config::NameRegex(
-                    regex::RegexBuilder::new(re)
-                        .case_insensitive(true)
-                        .build()
-                        .unwrap(),
+                    shard_config::Regex::build(re, true).unwrap(),
                 ))
             }
         }
@@ -635,7 +629,7 @@ pub(crate) mod tests {
                         let re =
                             r.pick(&[r"\.css$", r"^/a", r"/(b)/", r"^/(?<n>[ab]+)", r"x$", r"a"]);
                         let mut l = loc(Regex, re);
-                        l.regex = Some(regex::Regex::new(re).unwrap());
+                        l.regex = Some(shard_config::Regex::new(re).unwrap());
                         l
                     }
                     _ => loc(Named, r.pick(&["@a", "@b", "@a"])),

@@ -64,6 +64,8 @@ pub struct Conn<'a> {
     pub hostname: &'a str,
     /// The connection is TLS: `$scheme`, `$https` and the `$ssl_*` values.
     pub tls: Option<Tls<'a>>,
+    /// The PROXY protocol header the connection began with (`listen ... proxy_protocol`).
+    pub proxy_protocol: Option<&'a crate::proxy_protocol::Header>,
 }
 
 /// What a TLS connection negotiated.
@@ -223,6 +225,33 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 let _ = write!(out, "{}", a.ip());
             }
         }
+        Var::ProxyProtocolAddr | Var::ProxyProtocolServerAddr => {
+            let h = c.conn.proxy_protocol;
+            let a = if matches!(var, Var::ProxyProtocolAddr) {
+                h.and_then(|h| h.src)
+            } else {
+                h.and_then(|h| h.dst)
+            };
+            if let Some(a) = a {
+                out.extend_from_slice(a.ip().to_string().as_bytes());
+            }
+        }
+        Var::ProxyProtocolPort | Var::ProxyProtocolServerPort => {
+            let h = c.conn.proxy_protocol;
+            let a = if matches!(var, Var::ProxyProtocolPort) {
+                h.and_then(|h| h.src)
+            } else {
+                h.and_then(|h| h.dst)
+            };
+            if let Some(a) = a {
+                push_u64(out, u64::from(a.port()));
+            }
+        }
+        Var::ProxyProtocolTlv(name) => {
+            if let Some(h) = c.conn.proxy_protocol {
+                crate::proxy_protocol::push_tlv(out, h, name);
+            }
+        }
         Var::RealipRemotePort => {
             if let Some(a) = c.conn.peer {
                 push_u64(out, u64::from(a.port()));
@@ -380,6 +409,20 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 }
             }
             out.extend_from_slice(root.as_os_str().as_encoded_bytes());
+        }
+        Var::FastcgiScriptName | Var::FastcgiPathInfo => {
+            let (script, info) =
+                crate::fastcgi::split_path(c.location.fastcgi.as_deref(), &req.path);
+            if matches!(var, Var::FastcgiScriptName) {
+                out.extend_from_slice(script.as_bytes());
+                if script.ends_with('/') {
+                    if let Some(ix) = c.location.fastcgi.as_ref().and_then(|f| f.index.as_ref()) {
+                        out.extend_from_slice(ix.as_bytes());
+                    }
+                }
+            } else {
+                out.extend_from_slice(info.as_bytes());
+            }
         }
         Var::RequestFilename => {
             let root = doc_root_at(c, depth + 1);
@@ -704,16 +747,21 @@ pub fn needs_headers(parts: &[Part]) -> bool {
         .any(|p| matches!(p, Part::Var(v) if v.reads_headers()))
 }
 
-/// nginx's realip module: the client address a trusted `peer` reports in `conf.header`;
-/// `None` when the peer is not trusted or the header holds no address.
+/// nginx's realip module: the client address a trusted `peer` reports in `conf.header`
+/// (`proxy_protocol`: the PROXY protocol header's source, `pp`); `None` when the peer is not
+/// trusted or the header holds no address.
 pub fn real_ip(
     peer: std::net::IpAddr,
     conf: &shard_config::RealIp,
     headers: &[Header<'_>],
+    pp: Option<std::net::IpAddr>,
 ) -> Option<std::net::IpAddr> {
     let trusted = |ip: std::net::IpAddr| conf.from.iter().any(|r| r.matches(ip));
     if conf.from.is_empty() || !trusted(peer) {
         return None;
+    }
+    if conf.header == "proxy_protocol" {
+        return pp;
     }
     let mut value = Vec::new();
     if !push_joined(&mut value, &conf.header, headers) {
@@ -832,7 +880,7 @@ mod tests {
                 .map(|i| {
                     let re = r.pick(&[r"^a", r"com$", r"b\.", r"^www"]);
                     (
-                        regex::Regex::new(re).unwrap(),
+                        shard_config::Regex::new(re).unwrap(),
                         vec![Part::Lit(format!("re{i}"))],
                     )
                 })

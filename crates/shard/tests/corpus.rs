@@ -505,18 +505,30 @@ fn api_gateway_with_limits() {
 }
 
 #[test]
-fn h5bp_look_ahead_is_refused_with_its_reason() {
+fn h5bp_look_ahead_is_served_as_pcre_matches_it() {
     let dir = temp_dir("corpus-lookahead");
+    let port = free_port();
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    write_file(&dir, "html/.well-known/security.txt", b"Contact: x");
+    write_file(&dir, "html/.env", b"SECRET=1");
+    write_file(&dir, "html/a/.hidden", b"x");
     std::fs::write(
         dir.join("nginx.conf"),
-        "events {}\nhttp {\n server {\n  listen 127.0.0.1:1;\n  location ~* /\\.(?!well-known\\/) {\n   deny all;\n  }\n }\n}\n",
+        format!(
+            "events {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:{port};\n  \
+             location ~* /\\.(?!well-known\\/) {{\n   deny all;\n  }}\n  \
+             location ~ ^/(?<first>\\w)(\\w)\\2 {{\n   return 200 \"$first\";\n  }}\n }}\n}}\n"
+        ),
     )
     .unwrap();
     let (code, err) = shard_test(&dir);
-    assert_eq!(code, 1, "{err}");
-    assert!(
-        err.contains("regular expression \"/\\.(?!well-known\\/)\" is not supported by shard")
-            && err.contains("look-around"),
-        "{err}"
-    );
+    assert_eq!(code, 0, "{err}");
+    let _s = start_shard(&dir, port);
+    let get = |path: &str| ask(port, &format!("GET {path} HTTP/1.1\r\nHost: x"));
+    assert_eq!(get("/.well-known/security.txt").0, 200);
+    assert_eq!(get("/.env").0, 403);
+    assert_eq!(get("/a/.hidden").0, 403);
+    // A backreference and a named group (PCRE syntax) in a location.
+    assert_eq!(get("/xyy").2, "x");
+    assert_eq!(get("/xyz").0, 404);
 }

@@ -144,6 +144,7 @@ pub(super) struct Settings {
     pub(super) ignore_invalid_headers: Option<bool>,
     pub(super) gzip: GzipP,
     pub(super) proxy: ProxyP,
+    pub(super) fcgi: FastcgiP,
     /// Every `add_header` of this block; `Some` replaces the parent's list.
     pub(super) add_headers: Option<Vec<AddHeader>>,
     /// `expires`: `Some(None)` is `off`.
@@ -395,6 +396,7 @@ pub(super) struct Eff {
     pub(super) gzip: GzipConf,
     /// `set_headers` without nginx's defaults (see [`with_default_headers`]).
     pub(super) proxy: ProxyConf,
+    pub(super) fcgi: FastcgiEff,
     pub(super) add_headers: Vec<AddHeader>,
     pub(super) expires: Option<Expires>,
     pub(super) server_tokens: bool,
@@ -471,6 +473,7 @@ impl Eff {
             ignore_invalid_headers: true,
             gzip: GzipConf::default(),
             proxy: ProxyConf::default(),
+            fcgi: FastcgiEff::default(),
             add_headers: Vec::new(),
             expires: None,
             server_tokens: true,
@@ -580,6 +583,7 @@ impl Eff {
                 .unwrap_or(self.ignore_invalid_headers),
             gzip: s.gzip.merge(&self.gzip),
             proxy: s.proxy.merge(&self.proxy),
+            fcgi: s.fcgi.merge(&self.fcgi),
             add_headers: s
                 .add_headers
                 .clone()
@@ -710,6 +714,7 @@ impl Eff {
             script: Vec::new(),
             proxy_pass: None,
             proxy: with_default_headers(self.proxy.clone()),
+            fastcgi: None,
         }
     }
 }
@@ -717,13 +722,15 @@ impl Eff {
 pub(super) struct LocP {
     pub(super) kind: LocationKind,
     pub(super) path: String,
-    pub(super) regex: Option<regex::Regex>,
+    pub(super) regex: Option<crate::Regex>,
     pub(super) place: Place,
     pub(super) handler: Option<StatusHandler>,
     pub(super) alias: Option<PathBuf>,
     pub(super) alias_vars: Option<Vec<Part>>,
     /// `proxy_pass`, resolved to an upstream once the whole `http` block is read.
     pub(super) pass: Option<PassP>,
+    /// `fastcgi_pass`, likewise.
+    pub(super) fcgi_pass: Option<PassP>,
     pub(super) settings: Settings,
     pub(super) nested: Vec<LocP>,
     /// `(exact, path)` of `nested`, for [`no_duplicate`].
@@ -799,6 +806,33 @@ impl HttpUpstreams {
                 proxy_host: p.host.clone(),
                 proxy_port: default_port,
                 tls: p.tls,
+            });
+        }
+        if let Some(path) = p.host.strip_prefix("unix:") {
+            // `fastcgi_pass unix:/path`: a one-peer upstream on a Unix-domain socket.
+            let upstream = match self.list[self.named..]
+                .iter()
+                .position(|u| u.name == p.host)
+            {
+                Some(i) => self.named + i,
+                None => {
+                    let mut u = implicit_upstream(
+                        p.host.clone(),
+                        p.place.clone(),
+                        vec![SocketAddr::from(([0, 0, 0, 0], 0))],
+                    );
+                    u.peers[0].unix = Some(PathBuf::from(path));
+                    u.peers[0].name = p.host.clone();
+                    self.list.push(u);
+                    self.list.len() - 1
+                }
+            };
+            return Ok(ProxyPass {
+                upstream,
+                uri: None,
+                proxy_host: "localhost".to_string(),
+                proxy_port: 80,
+                tls: false,
             });
         }
         let port = p.port.as_ref().map_or(default_port, |(n, _)| *n);
@@ -961,6 +995,12 @@ pub(super) fn flatten(
         Some(p) => Some(ups.pass(p)?),
         None => None,
     };
+    if let Some(p) = &l.fcgi_pass {
+        // FastCGI is the proxy with another wire format: its upstream, its knobs.
+        conf.proxy_pass = Some(ups.pass(p)?);
+        conf.proxy = eff.fcgi.up.clone();
+        conf.fastcgi = Some(Arc::new(eff.fcgi.conf.clone()));
+    }
     let me = out.len();
     out.push(conf);
     for n in l.nested {
@@ -1005,6 +1045,7 @@ pub(super) fn http_server(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -
             opts: ListenOpts::default(),
             opts_set: false,
             ssl: false,
+            proxy_protocol: false,
         };
         add_listen(&mut h.listeners, idx, &spec, s.place.clone())?;
         s.listen.push(spec.addr);
@@ -1044,44 +1085,21 @@ pub(super) fn server_location(env: &Env, cx: &mut ServerCx<'_>, d: &Directive, f
     Ok(())
 }
 
-/// Compiles a location's expression with the `regex` crate. What only PCRE has
-/// (look-around, backreferences, possessive quantifiers) is refused with the reason.
+/// Compiles an expression with PCRE2, as nginx; a bad one is nginx's `pcre2_compile()
+/// failed: ...` at the directive's `file:line`.
 pub(super) fn compile_regex(
     d: &Directive,
     file: &str,
     re: &str,
     caseless: bool,
-) -> Result<regex::Regex, ConfigError> {
-    let r = regex::RegexBuilder::new(re)
-        .case_insensitive(caseless)
-        .size_limit(REGEX_SIZE_LIMIT)
-        .build()
-        .map_err(|e| {
-            let why = e.to_string();
-            let why = why
-                .lines()
-                .last()
-                .unwrap_or("")
-                .trim()
-                .trim_start_matches("error: ");
-            derr(
-                d,
-                file,
-                format!(
-                    "regular expression \"{re}\" is not supported by shard ({why}; \
-                     look-around, backreferences and other PCRE-only syntax are not available)"
-                ),
-            )
-        })?;
+) -> Result<crate::Regex, ConfigError> {
+    let r = crate::Regex::build(re, caseless).map_err(|why| derr(d, file, why))?;
     // Named captures (`(?<lang>..)`) become variables, as nginx's.
-    for name in r.capture_names().flatten() {
+    for name in r.capture_names().iter().flatten() {
         declare(name);
     }
     Ok(r)
 }
-
-/// The most memory one compiled expression may take (the `regex` crate's `size_limit`).
-pub(super) const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
 /// nginx's `duplicate location "/a"`: two locations of one level with the same path, both
 /// exact or both prefix (`^~` or not); an exact and a prefix location of one path coexist.
@@ -1192,6 +1210,7 @@ pub(super) fn read_location(
         alias: None,
         alias_vars: None,
         pass: None,
+        fcgi_pass: None,
         settings: Settings::default(),
         nested: Vec::new(),
         nested_keys: Default::default(),
@@ -1215,6 +1234,10 @@ pub(super) fn location_location(env: &Env, loc: &mut LocP, d: &Directive, file: 
 
 pub(super) fn location_proxy_pass(_: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
     let pass = parse_proxy_pass(d, file)?;
+    if loc.fcgi_pass.is_some() {
+        // One content handler per location: nginx's "is duplicate".
+        return Err(dup(d, file));
+    }
     once(&mut loc.pass, pass, d, file)
 }
 
@@ -2021,6 +2044,7 @@ pub(super) fn server_try_files(env: &Env, cx: &mut ServerCx<'_>, d: &Directive, 
         alias: None,
         alias_vars: None,
         pass: None,
+        fcgi_pass: None,
         settings: Settings::default(),
         nested: Vec::new(),
         nested_keys: Default::default(),
@@ -2205,15 +2229,8 @@ pub(super) fn set_real_ip_from(env: &Env, s: &mut Settings, d: &Directive, file:
     Ok(())
 }
 
-/// `real_ip_header NAME | X-Real-IP | X-Forwarded-For` (`proxy_protocol` refused).
+/// `real_ip_header NAME | X-Real-IP | X-Forwarded-For | proxy_protocol`.
 pub(super) fn set_real_ip_header(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    if a0(d) == "proxy_protocol" {
-        return Err(derr(
-            d,
-            file,
-            "\"proxy_protocol\" is not supported by shard",
-        ));
-    }
     once(&mut s.real_ip_header, a0(d).to_ascii_lowercase(), d, file)
 }
 
@@ -2514,19 +2531,29 @@ pub(super) fn set_gzip_proxied(_: &Env, s: &mut Settings, d: &Directive, file: &
 slot!(set_proxy_buffer_size, proxy.buffer_size, buffer_size);
 
 pub(super) fn set_proxy_buffers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = buffers(d, file)?;
+    once(&mut s.proxy.buffers, v, d, file)
+}
+
+/// `proxy_buffers`/`fastcgi_buffers NUMBER SIZE`: at least 2, bounded in all.
+pub(super) fn buffers(d: &Directive, file: &str) -> Result<(usize, usize), ConfigError> {
     let n = num::<usize>(d, file, a0(d))?;
     let size = buffer_size(d, file, &d.args[1])?;
     if n == 0 {
         return Err(invalid(d, file, a0(d)));
     }
     if n < 2 {
-        return Err(derr(d, file, "there must be at least 2 \"proxy_buffers\""));
+        return Err(derr(
+            d,
+            file,
+            format!("there must be at least 2 \"{}\"", d.name),
+        ));
     }
     // The buffers are memory a worker holds per proxied response: bounded like one buffer.
     if n.checked_mul(size).is_none_or(|t| t > MAX_PROXY_BUFFER) {
         return Err(invalid(d, file, a0(d)));
     }
-    once(&mut s.proxy.buffers, (n, size), d, file)
+    Ok((n, size))
 }
 
 /// The bundled `mime.types` as a map, parsed once.
@@ -2805,6 +2832,8 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "document_root" => Var::DocumentRoot,
         "realpath_root" => Var::RealpathRoot,
         "request_filename" => Var::RequestFilename,
+        "fastcgi_script_name" => Var::FastcgiScriptName,
+        "fastcgi_path_info" => Var::FastcgiPathInfo,
         "status" => Var::Status,
         "body_bytes_sent" => Var::BodyBytesSent,
         "bytes_sent" => Var::BytesSent,
@@ -2828,6 +2857,10 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "proxy_port" => Var::ProxyPort,
         "proxy_add_x_forwarded_for" => Var::ProxyAddXForwardedFor,
         "upstream_addr" => Var::UpstreamAddr,
+        "proxy_protocol_addr" => Var::ProxyProtocolAddr,
+        "proxy_protocol_port" => Var::ProxyProtocolPort,
+        "proxy_protocol_server_addr" => Var::ProxyProtocolServerAddr,
+        "proxy_protocol_server_port" => Var::ProxyProtocolServerPort,
         "upstream_status" => Var::UpstreamStatus,
         "upstream_response_time" => Var::UpstreamResponseTime,
         "upstream_connect_time" => Var::UpstreamConnectTime,
@@ -2838,6 +2871,8 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         _ => {
             if let Some(n) = prefixed("http_") {
                 Var::Http(n.replace('_', "-"))
+            } else if let Some(n) = prefixed("proxy_protocol_tlv_") {
+                Var::ProxyProtocolTlv(n.to_string())
             } else if let Some(n) = prefixed("upstream_http_") {
                 Var::UpstreamHttp(n.replace('_', "-"))
             } else if let Some(n) = prefixed("upstream_cookie_") {

@@ -19,6 +19,7 @@ use crate::model::*;
 use crate::units::{parse_size, parse_time_ms};
 use crate::{where_, ConfigError, COMMAND_LINE, MIME_TYPES};
 
+mod fastcgi;
 mod http;
 mod main_events;
 mod script;
@@ -27,6 +28,7 @@ mod table;
 mod upstream;
 mod values;
 
+use fastcgi::*;
 pub(crate) use http::expires_value;
 use http::*;
 use main_events::*;
@@ -172,17 +174,21 @@ pub(crate) fn include_sources(
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) => {
-                if !wildcard
-                    && e.kind() == std::io::ErrorKind::NotFound
-                    && path.file_name().is_some_and(|n| n == "mime.types")
-                    && Path::new(arg)
-                        .parent()
-                        .is_none_or(|p| p.as_os_str().is_empty())
-                {
-                    // No mime.types beside the configuration: use the bundled one.
-                    MIME_TYPES.to_string()
-                } else {
-                    return Err(derr(d, file, open_failed(&path, &e)));
+                let bundled = crate::BUNDLED_FILES
+                    .iter()
+                    .find(|(name, _)| path.file_name().is_some_and(|n| n == *name));
+                match bundled {
+                    Some((_, text))
+                        if !wildcard
+                            && e.kind() == std::io::ErrorKind::NotFound
+                            && Path::new(arg)
+                                .parent()
+                                .is_none_or(|p| p.as_os_str().is_empty()) =>
+                    {
+                        // Not beside the configuration: the bundled copy.
+                        text.to_string()
+                    }
+                    _ => return Err(derr(d, file, open_failed(&path, &e))),
                 }
             }
         };

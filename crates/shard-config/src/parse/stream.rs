@@ -12,6 +12,10 @@ pub(super) struct StreamSettings {
     pub(super) connect_timeout_ms: Option<u64>,
     pub(super) timeout_ms: Option<u64>,
     pub(super) buffer_size: Option<usize>,
+    /// `proxy_protocol on|off`: a PROXY protocol v1 header to the upstream.
+    pub(super) proxy_protocol: Option<bool>,
+    /// `proxy_protocol_timeout`: for a `listen ... proxy_protocol` header. Default 30 s.
+    pub(super) proxy_protocol_timeout_ms: Option<u64>,
 }
 
 pub(super) struct StreamServerP {
@@ -75,6 +79,7 @@ pub(super) fn stream_server_listen(cx: &mut StreamServerCx<'_>, d: &Directive, f
     }
     let mut opts = spec.opts.clone();
     opts.ssl = spec.ssl;
+    opts.proxy_protocol = spec.proxy_protocol;
     cx.listeners.push(ListenerP {
         addr: spec.addr,
         opts,
@@ -104,6 +109,20 @@ pub(super) fn stream_proxy_connect_timeout(s: &mut StreamSettings, d: &Directive
 pub(super) fn stream_proxy_timeout(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
     let t = time(d, file, a0(d))?;
     once(&mut s.timeout_ms, t, d, file)
+}
+
+pub(super) fn stream_proxy_protocol(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.proxy_protocol, v, d, file)
+}
+
+pub(super) fn stream_proxy_protocol_timeout(
+    s: &mut StreamSettings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.proxy_protocol_timeout_ms, t, d, file)
 }
 
 pub(super) fn stream_proxy_buffer_size(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
@@ -156,6 +175,12 @@ pub(super) fn finish_stream(
             connect_timeout_ms: get(|x| x.connect_timeout_ms, 60_000),
             timeout_ms: get(|x| x.timeout_ms, 600_000),
             buffer_size: get(|x| x.buffer_size.map(|n| n as u64), 16 * 1024) as usize,
+            proxy_protocol: s
+                .settings
+                .proxy_protocol
+                .or(sp.settings.proxy_protocol)
+                .unwrap_or(false),
+            proxy_protocol_timeout_ms: get(|x| x.proxy_protocol_timeout_ms, 30_000),
         });
     }
     for l in sp.listeners {

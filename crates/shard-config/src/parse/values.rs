@@ -23,6 +23,8 @@ pub(super) struct ListenSpec {
     pub(super) opts_set: bool,
     /// `ssl` was written (OR-ed over the address's `listen`s, as nginx).
     pub(super) ssl: bool,
+    /// `proxy_protocol` was written (OR-ed likewise).
+    pub(super) proxy_protocol: bool,
 }
 
 /// A directive the table admits in this context but no handler of the context takes: a
@@ -270,6 +272,7 @@ pub(super) fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, Conf
         opts: ListenOpts::default(),
         opts_set: false,
         ssl: false,
+        proxy_protocol: false,
     };
     for p in &d.args[1..] {
         let (key, val) = match p.split_once('=') {
@@ -281,6 +284,10 @@ pub(super) fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, Conf
             ("default_server" | "default", None) => spec.default_server = true,
             ("ssl", None) => {
                 spec.ssl = true;
+                continue;
+            }
+            ("proxy_protocol", None) => {
+                spec.proxy_protocol = true;
                 continue;
             }
             // HTTP/2 is not spoken: ALPN offers http/1.1 only, so clients use it (docs).
@@ -370,6 +377,7 @@ pub(super) fn add_listen(
     let Some(l) = listeners.iter_mut().find(|l| l.addr == spec.addr) else {
         let mut opts = spec.opts.clone();
         opts.ssl = spec.ssl;
+        opts.proxy_protocol = spec.proxy_protocol;
         listeners.push(ListenerP {
             addr: spec.addr,
             opts,
@@ -400,14 +408,16 @@ pub(super) fn add_listen(
             }
             Some(_) => {}
             None => {
-                let ssl = l.opts.ssl;
+                let (ssl, pp) = (l.opts.ssl, l.opts.proxy_protocol);
                 l.opts = spec.opts.clone();
                 l.opts.ssl = ssl;
+                l.opts.proxy_protocol = pp;
                 l.opts_place = Some(at.clone());
             }
         }
     }
     l.opts.ssl |= spec.ssl;
+    l.opts.proxy_protocol |= spec.proxy_protocol;
     if spec.default_server {
         if l.default_server.is_some() {
             return Err(here(format!(

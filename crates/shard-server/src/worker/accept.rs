@@ -285,7 +285,14 @@ impl Worker<'_> {
             };
             let Some(srv) = http_server else {
                 if let shard_config::ListenerKind::Stream { server } = conf_l.kind {
-                    self.start_relay(cfd, peer, conf_l.addr, server, tls);
+                    self.start_relay(
+                        cfd,
+                        peer,
+                        conf_l.addr,
+                        server,
+                        tls,
+                        conf_l.opts.proxy_protocol,
+                    );
                 }
                 continue;
             };
@@ -296,6 +303,7 @@ impl Worker<'_> {
                 self.conns
                     .insert(Conn::new(cfd, peer, conf_idx, id, number, srv, self.now_ms));
             self.conns[key].tls = tls;
+            self.conns[key].pp_pending = conf_l.opts.proxy_protocol;
             self.start_reading(key, true);
             let deadline = self.conns[key].deadline_ms;
             self.set_conn_deadline(key, deadline);

@@ -150,6 +150,12 @@ pub(super) struct Conn {
     /// Plain HTTP arrived on an `ssl` listener: its request is answered with nginx's 400
     /// ("The plain HTTP request was sent to HTTPS port", `error_page 497`).
     pub(super) plain_on_tls: bool,
+    /// `listen ... proxy_protocol`: the PROXY protocol header is still to be read, before
+    /// anything else (the TLS handshake too).
+    pub(super) pp_pending: bool,
+    /// The PROXY protocol header it began with (`$proxy_protocol_*`, `real_ip_header
+    /// proxy_protocol`).
+    pub(super) proxy_protocol: Option<Box<shard_http::proxy_protocol::Header>>,
     /// The earliest deadline queued in the timer heap for this connection.
     pub(super) timer_at: u64,
 }
@@ -311,6 +317,8 @@ impl Conn {
             proxy: None,
             tls: None,
             plain_on_tls: false,
+            pp_pending: false,
+            proxy_protocol: None,
             timer_at: u64::MAX,
         }
     }
@@ -751,6 +759,10 @@ impl Worker<'_> {
                 self.yield_conn(key);
                 return;
             }
+            if self.conns[key].pp_pending {
+                step!(self.read_proxy_protocol(key));
+                continue;
+            }
             if self.conns[key].proxy.is_some() {
                 match self.drive_proxy(key) {
                     Step::Done => continue,
@@ -916,6 +928,73 @@ impl Worker<'_> {
 
     /// Reads once into the input buffer: `Ready` when bytes arrived, `Wait` when the socket is
     /// drained (the connection is then registered), `Close` at end of stream or on an error.
+    /// Reads the PROXY protocol header a `proxy_protocol` listener's connection begins with:
+    /// looked at with `MSG_PEEK` until it is whole, then exactly its bytes are read, so what
+    /// follows (a TLS handshake, a request) stays in the socket for the next step. A header
+    /// that is not one is nginx's `broken header` and a close; a slow one runs into
+    /// `client_header_timeout` like a slow request head.
+    fn read_proxy_protocol(&mut self, key: usize) -> Io {
+        use shard_http::proxy_protocol::{parse, Parsed, MAX_HEADER};
+        let c = &mut self.conns[key];
+        if !c.readable {
+            self.ensure_registered(key);
+            return Io::Wait;
+        }
+        let fd = c.fd.as_raw_fd();
+        let mut buf = self.take_buf(MAX_HEADER);
+        buf.resize(MAX_HEADER, 0);
+        let io = match shard_event::sock::peek(fd, &mut buf) {
+            Ok(0) => Io::Close,
+            Ok(n) => match parse(&buf[..n]) {
+                Parsed::Partial if n < MAX_HEADER => {
+                    // The rest comes with the next edge.
+                    self.conns[key].readable = false;
+                    self.ensure_registered(key);
+                    Io::Wait
+                }
+                Parsed::Complete(h, len) => {
+                    // Consume exactly the header.
+                    match shard_event::sock::read(fd, &mut buf[..len]) {
+                        Ok(r) if r == len => {
+                            let c = &mut self.conns[key];
+                            c.proxy_protocol = Some(Box::new(h));
+                            c.pp_pending = false;
+                            Io::Ready
+                        }
+                        _ => Io::Close,
+                    }
+                }
+                Parsed::Partial | Parsed::Invalid => {
+                    let shown = n.min(shard_http::proxy_protocol::V1_MAX);
+                    // Escaped: a log line is never split by what a client sent.
+                    let text: String = buf[..shown]
+                        .iter()
+                        .flat_map(|&b| std::ascii::escape_default(b))
+                        .map(char::from)
+                        .collect();
+                    let c = &self.conns[key];
+                    crate::log!(
+                        Error,
+                        "broken header: \"{text}\" while reading PROXY protocol, client: {}, server: {}",
+                        c.peer.map_or("-".to_string(), |a| a.ip().to_string()),
+                        self.cfg.listeners[c.listener].addr,
+                    );
+                    Io::Close
+                }
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                self.conns[key].readable = false;
+                self.ensure_registered(key);
+                Io::Wait
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Io::Ready,
+            Err(_) => Io::Close,
+        };
+        buf.clear();
+        self.give_buf(buf);
+        io
+    }
+
     pub(super) fn read_more(&mut self, key: usize) -> Io {
         if !self.conns[key].readable {
             self.ensure_registered(key);
@@ -1271,7 +1350,12 @@ impl Worker<'_> {
         if let (Some(peer), false) = (c.peer, first.real_ip.from.is_empty()) {
             let mut storage = shard_http::vars::header_storage();
             let hs = shard_http::vars::request_headers(&c.inbuf[..head_len], &mut storage);
-            if let Some(ip) = shard_http::vars::real_ip(peer.ip(), &first.real_ip, hs) {
+            let pp = c
+                .proxy_protocol
+                .as_ref()
+                .and_then(|h| h.src)
+                .map(|a| a.ip());
+            if let Some(ip) = shard_http::vars::real_ip(peer.ip(), &first.real_ip, hs, pp) {
                 c.client = Some(SocketAddr::new(ip, peer.port()));
             }
         }
@@ -2014,6 +2098,7 @@ impl Worker<'_> {
             limit_conn_status: c.limit_conn_status,
             request_id: c.request_id,
             hostname: &self.hostname,
+            proxy_protocol: c.proxy_protocol.as_deref(),
             tls: c.tls.as_ref().map(|t| shard_http::vars::Tls {
                 protocol: t.protocol().unwrap_or(""),
                 cipher: t.cipher().unwrap_or(""),

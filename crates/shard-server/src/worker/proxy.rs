@@ -48,6 +48,12 @@ const SENDFILE_CHUNK_BYTES: u64 = 1 << 20;
 const SPOOL_READ_BYTES: usize = 64 * 1024;
 /// A request body file's bytes read and encrypted at once for an `https://` upstream.
 const TLS_BODY_CHUNK_BYTES: usize = 16 * 1024;
+/// Body bytes per FastCGI `STDIN` record read from a body file (a multiple of 8: no padding).
+const FCGI_RECORD_BYTES: usize = 32 * 1024;
+/// Reads that look for FastCGI's `END_REQUEST` after a body with a known length.
+const FCGI_TAIL_READS: usize = 4;
+/// FastCGI's `STDIN` record type.
+const STDIN_RECORD: u8 = 5;
 /// `sendfile` calls of a request body per turn of its connection.
 const SENDFILE_CHUNKS_MAX: usize = 16;
 
@@ -204,6 +210,36 @@ pub(super) struct Proxy {
     /// makes the connection a tunnel.
     upgrade: bool,
     tunnel: Option<Box<Tunnel>>,
+    /// `fastcgi_pass`: the upstream speaks FastCGI (`shard_http::fastcgi`).
+    fcgi: Option<Box<Fcgi>>,
+}
+
+/// A FastCGI attempt's wire state: the records read and not yet decoded, the application's
+/// stderr for the log, and a body file's `STDIN` record being written.
+#[derive(Default)]
+struct Fcgi {
+    decoder: shard_http::fastcgi::Decoder,
+    raw: Vec<u8>,
+    stderr: Vec<u8>,
+    /// One `STDIN` record of a body file (header, a piece of the file, padding).
+    out: Vec<u8>,
+    out_pos: usize,
+    /// The empty `STDIN` record that ends the body was queued.
+    stdin_done: bool,
+    /// The whole body (or none) went with the params in `upreq`: no file to send.
+    body_in_head: bool,
+}
+
+impl Fcgi {
+    /// A new attempt (another connection): nothing of the last one's wire state is kept.
+    fn restart(&mut self) {
+        self.decoder = shard_http::fastcgi::Decoder::new();
+        self.raw.clear();
+        self.stderr.clear();
+        self.out.clear();
+        self.out_pos = 0;
+        self.stdin_done = false;
+    }
 }
 
 impl Proxy {
@@ -248,6 +284,7 @@ impl Proxy {
             body_sent: 0,
             upgrade: false,
             tunnel: None,
+            fcgi: None,
         }
     }
 
@@ -419,9 +456,11 @@ impl<'a> Worker<'a> {
             .map_or(0, |pass| self.http().upstreams[pass.upstream].peers.len());
         let c = &mut self.conns[key];
         let cont = req.expect_continue;
-        c.proxy = Some(Box::new(Proxy::new(
-            server, location, req, head, keep_alive, n_peers,
-        )));
+        let mut p = Box::new(Proxy::new(server, location, req, head, keep_alive, n_peers));
+        if loc.fastcgi.is_some() {
+            p.fcgi = Some(Box::default());
+        }
+        c.proxy = Some(p);
         if cont && !more_input {
             c.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
         }
@@ -517,7 +556,8 @@ impl<'a> Worker<'a> {
         }
         let loc = self.proxy_location(p);
         let conf = &loc.body;
-        if !loc.proxy.request_buffering && self.conns[key].body_pending() {
+        // FastCGI frames the body in records: it is read whole first (see docs).
+        if !loc.proxy.request_buffering && p.fcgi.is_none() && self.conns[key].body_pending() {
             // nginx streams a chunked body only to an HTTP/1.1 upstream; to 1.0 it buffers.
             let chunked = p.req.body == Body::Chunked;
             if !chunked || loc.proxy.http_version_minor >= 1 {
@@ -653,6 +693,9 @@ impl<'a> Worker<'a> {
                     p.reused = true;
                     p.upreq_pos = 0;
                     p.file_pos = 0;
+                    if let Some(f) = p.fcgi.as_mut() {
+                        f.restart();
+                    }
                     p.state = State::Sending;
                     self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
                     return Flow::Next;
@@ -663,6 +706,9 @@ impl<'a> Worker<'a> {
         p.reused = false;
         p.upreq_pos = 0;
         p.file_pos = 0;
+        if let Some(f) = p.fcgi.as_mut() {
+            f.restart();
+        }
         // An upstream connection counts against worker_connections as in nginx, where
         // `ngx_event_connect_peer` fails and the request ends with a 500.
         if !self.room_for_connections(1) {
@@ -825,22 +871,39 @@ impl<'a> Worker<'a> {
             p.body.mem.len()
         };
         let mut out = Vec::with_capacity(p.head.len() + 128 + in_memory);
-        shard_http::proxy::write_request(
-            &mut out,
-            &shard_http::proxy::RequestCtx {
-                req: &p.req,
-                head: &p.head,
-                location: loc,
-                pass,
-                client: c.client,
-                server_addr: listener.addr,
-                server_name,
-                body_len,
-                body_chunked: p.stream_chunked,
-                conn: self.var_conn(key),
-                scope: self.var_scope(key, &p.req),
-            },
-        );
+        let ctx = shard_http::proxy::RequestCtx {
+            req: &p.req,
+            head: &p.head,
+            location: loc,
+            pass,
+            client: c.client,
+            server_addr: listener.addr,
+            server_name,
+            body_len,
+            body_chunked: p.stream_chunked,
+            conn: self.var_conn(key),
+            scope: self.var_scope(key, &p.req),
+        };
+        if let Some(fc) = loc.fastcgi.as_deref() {
+            // The body in memory leaves in STDIN records behind the params; a body file's
+            // records are written by `send_fcgi_body`.
+            let body = if !fc.pass_request_body || p.req.body == Body::None {
+                Some(&[][..])
+            } else if p.body.file().is_some() {
+                None
+            } else {
+                Some(&p.body.mem[..])
+            };
+            shard_http::fastcgi::write_request(&mut out, &ctx, fc, body);
+            if let Some(f) = p.fcgi.as_mut() {
+                f.body_in_head = body.is_some();
+            }
+            p.body.mem = Vec::new();
+            self.recharge(&mut p.body);
+            p.upreq = out;
+            return;
+        }
+        shard_http::proxy::write_request(&mut out, &ctx);
         if p.body.file().is_none() && !p.streaming {
             // A body that fits in memory leaves with the head, in one write; it is kept there
             // for another attempt, and its buffer goes back.
@@ -911,6 +974,9 @@ impl<'a> Worker<'a> {
         if p.streaming {
             p.state = State::StreamBody;
             return Flow::Next;
+        }
+        if p.fcgi.is_some() {
+            return self.send_fcgi_body(key, p, progressed);
         }
         if let Some((file, len)) = p.body.file() {
             let mut chunks = 0;
@@ -989,6 +1055,79 @@ impl<'a> Worker<'a> {
                         return self.attempt_failed(key, p, Failure::Error, &msg);
                     }
                 }
+            }
+        }
+        self.body_sent(key, p)
+    }
+
+    /// FastCGI: a body file goes in `STDIN` records, each read from the file (with `pread`)
+    /// into one bounded buffer and written before the next is read; then the empty `STDIN`
+    /// record. A body that was in memory already left with the params.
+    fn send_fcgi_body(&mut self, key: usize, p: &mut Proxy, progressed: &mut bool) -> Flow {
+        let Some(u) = p.up else {
+            p.state = State::Connect;
+            return Flow::Next;
+        };
+        let Some(f) = p.fcgi.as_mut() else {
+            return self.body_sent(key, p);
+        };
+        let file = if f.body_in_head { None } else { p.body.file() };
+        let mut records = 0;
+        loop {
+            if f.out_pos < f.out.len() {
+                let before = f.out_pos;
+                let res = self.upconns[u].write_from(&f.out, &mut f.out_pos);
+                *progressed |= f.out_pos > before;
+                match res {
+                    Ok(true) => {}
+                    Ok(false) => return Flow::Wait,
+                    Err(e) => {
+                        let msg = format!(
+                            "writev() failed ({}) while sending request to upstream",
+                            os(&e)
+                        );
+                        return self.attempt_failed(key, p, Failure::Error, &msg);
+                    }
+                }
+                continue;
+            }
+            f.out.clear();
+            f.out_pos = 0;
+            match file {
+                Some((fd, len)) if p.file_pos < len => {
+                    records += 1;
+                    if records > SENDFILE_CHUNKS_MAX {
+                        self.yield_conn(key);
+                        return Flow::Wait;
+                    }
+                    let want = ((len - p.file_pos) as usize).min(FCGI_RECORD_BYTES);
+                    let start = f.out.len();
+                    f.out
+                        .resize(start + shard_http::fastcgi::HEADER_LEN + want, 0);
+                    let read = shard_event::sock::pread(
+                        fd.as_raw_fd(),
+                        &mut f.out[start + shard_http::fastcgi::HEADER_LEN..],
+                        p.file_pos,
+                    );
+                    let n = match read {
+                        Ok(0) | Err(_) => {
+                            let msg = "the request body file could not be read while sending request to upstream";
+                            return self.attempt_failed(key, p, Failure::Error, msg);
+                        }
+                        Ok(n) => n,
+                    };
+                    f.out.truncate(start + shard_http::fastcgi::HEADER_LEN + n);
+                    let mut header = Vec::with_capacity(shard_http::fastcgi::HEADER_LEN);
+                    shard_http::fastcgi::push_record_header(&mut header, STDIN_RECORD, n);
+                    f.out[start..start + shard_http::fastcgi::HEADER_LEN].copy_from_slice(&header);
+                    f.out.resize(f.out.len() + header[6] as usize, 0);
+                    p.file_pos += n as u64;
+                }
+                _ if !f.body_in_head && !f.stdin_done => {
+                    f.stdin_done = true;
+                    shard_http::fastcgi::push_stdin_end(&mut f.out);
+                }
+                _ => break,
             }
         }
         self.body_sent(key, p)
@@ -1145,8 +1284,61 @@ impl<'a> Worker<'a> {
     }
 
     /// One read from the upstream into `rbuf`, at most `room` bytes. `Ok(None)`: must wait.
+    /// `Ok(Some(0))`: the response ended (the peer closed, or FastCGI's `END_REQUEST`).
     fn read_upstream(&mut self, p: &mut Proxy, room: usize) -> std::io::Result<Option<usize>> {
-        let Some(uc) = p.up.and_then(|u| self.upconns.get_mut(u)) else {
+        let Some(mut f) = p.fcgi.take() else {
+            return self.read_upstream_into(p.up, &mut p.rbuf, room);
+        };
+        let res = self.read_fcgi(p.up, &mut f, &mut p.rbuf, room);
+        p.fcgi = Some(f);
+        res
+    }
+
+    /// FastCGI: reads records and decodes them, until some response bytes, the end of the
+    /// response, or nothing more to read. The application's stderr is kept in `f.stderr`.
+    fn read_fcgi(
+        &mut self,
+        up: Option<usize>,
+        f: &mut Fcgi,
+        out: &mut Vec<u8>,
+        room: usize,
+    ) -> std::io::Result<Option<usize>> {
+        loop {
+            let before = out.len();
+            let fed = f
+                .decoder
+                .feed(&f.raw, out, &mut f.stderr)
+                .map_err(std::io::Error::other)?;
+            f.raw.drain(..fed.consumed);
+            let n = out.len() - before;
+            if n > 0 {
+                return Ok(Some(n));
+            }
+            if fed.ended {
+                return Ok(Some(0));
+            }
+            let want = room.max(shard_http::fastcgi::HEADER_LEN);
+            match self.read_upstream_into(up, &mut f.raw, want)? {
+                None => return Ok(None),
+                Some(0) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "upstream prematurely closed FastCGI stdout",
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// One read from upstream connection `up` into `buf`, at most `room` bytes.
+    fn read_upstream_into(
+        &mut self,
+        up: Option<usize>,
+        buf: &mut Vec<u8>,
+        room: usize,
+    ) -> std::io::Result<Option<usize>> {
+        let Some(uc) = up.and_then(|u| self.upconns.get_mut(u)) else {
             return Err(std::io::Error::from_raw_os_error(libc::EBADF));
         };
         if !uc.readable && !uc.hup {
@@ -1155,16 +1347,16 @@ impl<'a> Worker<'a> {
         let want = room.max(1);
         if let Some(t) = uc.tls.as_mut() {
             let mut readable = uc.readable || uc.hup;
-            let res = super::tls::read_up(uc.fd.as_raw_fd(), t, &mut p.rbuf, want, &mut readable);
+            let res = super::tls::read_up(uc.fd.as_raw_fd(), t, buf, want, &mut readable);
             uc.readable = readable;
             return res;
         }
-        if p.rbuf.capacity() - p.rbuf.len() < want {
-            p.rbuf.reserve(want);
+        if buf.capacity() - buf.len() < want {
+            buf.reserve(want);
         }
-        let spare = p.rbuf.capacity() - p.rbuf.len();
+        let spare = buf.capacity() - buf.len();
         loop {
-            match shard_event::sock::read_into(uc.fd.as_raw_fd(), &mut p.rbuf) {
+            match shard_event::sock::read_into(uc.fd.as_raw_fd(), buf) {
                 Ok(n) => {
                     debug_assert!(n <= spare);
                     // A short read drained the socket, unless the peer also ended the stream.
@@ -1187,13 +1379,21 @@ impl<'a> Worker<'a> {
         loop {
             let head_request = p.req.method == Method::Head;
             let pass = &self.proxy_location(p).proxy.pass_headers;
-            match shard_http::proxy::parse_response_passing(
-                &p.rbuf,
-                max,
-                head_request,
-                pass,
-                p.upgrade,
-            ) {
+            let parsed = if p.fcgi.is_some() {
+                if let Some(flow) = self.fcgi_stderr(key, p, true) {
+                    return flow;
+                }
+                shard_http::fastcgi::parse_head(&p.rbuf, max, head_request, pass)
+            } else {
+                shard_http::proxy::parse_response_passing(
+                    &p.rbuf,
+                    max,
+                    head_request,
+                    pass,
+                    p.upgrade,
+                )
+            };
+            match parsed {
                 ResponseParse::Interim { head_len } => {
                     p.rbuf.drain(..head_len);
                     continue;
@@ -1242,14 +1442,46 @@ impl<'a> Worker<'a> {
                 }
                 Ok(Some(_)) => {}
                 Err(e) => {
-                    let msg = format!(
-                        "recv() failed ({}) while reading response header from upstream",
-                        os(&e)
-                    );
-                    return self.attempt_failed(key, p, Failure::Error, &msg);
+                    let msg = recv_failed(&e, "while reading response header from upstream");
+                    // A FastCGI record nginx would refuse is an invalid header.
+                    let why = if e.kind() == std::io::ErrorKind::Other {
+                        Failure::InvalidHeader
+                    } else {
+                        Failure::Error
+                    };
+                    return self.attempt_failed(key, p, why, &msg);
                 }
             }
         }
+    }
+
+    /// FastCGI: logs what the application wrote to stderr since the last look, as nginx
+    /// (`FastCGI sent in stderr: "..."`). Before the response head, a `fastcgi_catch_stderr`
+    /// string in it makes the attempt fail as an invalid header.
+    fn fcgi_stderr(&mut self, key: usize, p: &mut Proxy, before_head: bool) -> Option<Flow> {
+        let f = p.fcgi.as_mut()?;
+        if f.stderr.is_empty() {
+            return None;
+        }
+        let text = std::mem::take(&mut f.stderr);
+        let during = if before_head {
+            " while reading response header from upstream"
+        } else {
+            " while reading upstream"
+        };
+        let msg = shard_http::fastcgi::stderr_message(&text) + during;
+        let loc = self.proxy_location(p);
+        let caught = before_head
+            && loc.fastcgi.as_ref().is_some_and(|fc| {
+                fc.catch_stderr
+                    .iter()
+                    .any(|c| !c.is_empty() && text.windows(c.len()).any(|w| w == c.as_bytes()))
+            });
+        if caught {
+            return Some(self.attempt_failed(key, p, Failure::InvalidHeader, &msg));
+        }
+        self.log_proxy_error_current(key, p, &msg);
+        None
     }
 
     /// The response head is accepted: write the client's head and start the body.
@@ -1334,6 +1566,10 @@ impl<'a> Worker<'a> {
             Framing::Close => UpBody::Close,
         };
         p.upstream_reusable = head.reusable;
+        if p.fcgi.is_some() {
+            // Decided at the end: `fastcgi_keep_conn on` and a clean `END_REQUEST`.
+            p.upstream_reusable = loc.fastcgi.as_ref().is_some_and(|f| f.keep_conn);
+        }
         p.status = head.status;
         if let Some(a) = p.attempts.last_mut() {
             a.status = Some(head.status);
@@ -1494,7 +1730,8 @@ impl<'a> Worker<'a> {
                 }
                 Ok(Some(0)) => {
                     if matches!(p.upbody, UpBody::Close) {
-                        p.upstream_reusable = false;
+                        // FastCGI's END_REQUEST leaves the connection as `keep_conn` says.
+                        p.upstream_reusable &= p.fcgi.is_some();
                         if p.client_chunked {
                             self.conns[key]
                                 .out
@@ -1511,9 +1748,10 @@ impl<'a> Worker<'a> {
                 }
                 Ok(Some(_)) => {
                     self.set_proxy_deadline(key, pc.read_timeout_ms);
+                    let _ = self.fcgi_stderr(key, p, false);
                 }
                 Err(e) => {
-                    let msg = format!("recv() failed ({}) while reading upstream", os(&e));
+                    let msg = recv_failed(&e, "while reading upstream");
                     self.log_proxy_error_current(key, p, &msg);
                     return Flow::Abort;
                 }
@@ -1586,7 +1824,24 @@ impl<'a> Worker<'a> {
 
     /// The upstream response is complete: release the upstream connection, log, and hand the
     /// client connection back to the keep-alive logic.
-    fn finish_response(&mut self, key: usize, p: Box<Proxy>) {
+    fn finish_response(&mut self, key: usize, mut p: Box<Proxy>) {
+        if let Some(mut f) = p.fcgi.take() {
+            // A body with `Content-Length` may end before `END_REQUEST` was read: the
+            // connection is reused only once it was (what is already there is looked at).
+            let mut sink = Vec::new();
+            for _ in 0..FCGI_TAIL_READS {
+                if f.decoder.is_done() || !p.upstream_reusable {
+                    break;
+                }
+                sink.clear();
+                if !matches!(self.read_fcgi(p.up, &mut f, &mut sink, 64), Ok(Some(0))) {
+                    break;
+                }
+            }
+            p.upstream_reusable &= f.decoder.is_done() && f.raw.is_empty() && sink.is_empty();
+            p.fcgi = Some(f);
+            let _ = self.fcgi_stderr(key, &mut p, false);
+        }
         if !p.keep_alive {
             self.conns[key].close_after = true;
         }
@@ -1873,6 +2128,11 @@ impl<'a> Worker<'a> {
         let srv = &self.http().servers[p.server];
         let server_name = shard_http::route::server_name(srv);
         let upstream = match (addr, self.proxy_pass(p)) {
+            // nginx: `fastcgi://127.0.0.1:9000`, `fastcgi://unix:/run/php.sock:`.
+            (Some(a), Some(_)) if p.fcgi.is_some() => {
+                let tail = if a.starts_with("unix:") { ":" } else { "" };
+                format!(", upstream: \"fastcgi://{a}{tail}\"")
+            }
             (Some(a), Some(pass)) => {
                 let uri = shard_http::proxy::upstream_uri(&p.req, self.proxy_location(p), pass);
                 format!(", upstream: \"http://{a}{uri}\"")
@@ -2066,6 +2326,16 @@ pub(super) fn host_of(proxy_host: &str) -> &str {
     match proxy_host.rsplit_once(':') {
         Some((host, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => host,
         _ => proxy_host,
+    }
+}
+
+/// nginx's message for a failed read: the system call's error, or FastCGI's own words (a
+/// record it refuses, stdout closed before the end).
+fn recv_failed(e: &std::io::Error, during: &str) -> String {
+    if e.raw_os_error().is_some() {
+        format!("recv() failed ({}) {during}", os(e))
+    } else {
+        format!("{e} {during}")
     }
 }
 

@@ -148,6 +148,10 @@ pub(super) struct Relay {
     up_handshaking: bool,
     /// Our close_notify to the upstream is queued; its FIN follows it.
     up_fin_pending: bool,
+    /// `listen ... proxy_protocol`: the client's PROXY protocol header is still to be read.
+    pp_pending: bool,
+    /// The header it sent: its addresses go to the upstream with `proxy_protocol on`.
+    pp: Option<Box<shard_http::proxy_protocol::Header>>,
 }
 
 impl Worker<'_> {
@@ -180,6 +184,7 @@ impl Worker<'_> {
         listen: SocketAddr,
         server: usize,
         tls: Option<Box<super::tls::TlsConn>>,
+        proxy_protocol: bool,
     ) {
         let id = self.next_conn_id;
         self.next_conn_id += 1;
@@ -216,6 +221,8 @@ impl Worker<'_> {
             up_tls: None,
             up_handshaking: false,
             up_fin_pending: false,
+            pp_pending: proxy_protocol,
+            pp: None,
         });
         if let Err(e) = self.poll.add(raw, token(key, id, false), relay_interest()) {
             crate::log!(
@@ -227,16 +234,76 @@ impl Worker<'_> {
             crate::log::set_connection(outer);
             return;
         }
-        let io = if self.relays[key].handshaking {
+        let io = if self.relays[key].pp_pending {
+            let t = self.stream_server(server).proxy_protocol_timeout_ms;
+            self.set_relay_deadline(key, self.now_ms + t);
+            self.relay_read_pp(key)
+        } else {
+            self.relay_begin(key)
+        };
+        self.end_relay_turn(key, io);
+        crate::log::set_connection(outer);
+    }
+
+    /// The client is ready to be served: its TLS handshake, or the upstream.
+    fn relay_begin(&mut self, key: usize) -> Io {
+        if self.relays[key].handshaking {
             // The upstream is contacted once the client finished its handshake, within
             // `SSL_HANDSHAKE_TIMEOUT_MS` (nginx's `ssl_handshake_timeout` default).
             self.set_relay_deadline(key, self.now_ms + SSL_HANDSHAKE_TIMEOUT_MS);
             self.handshake(key)
         } else {
             self.connect_next(key)
-        };
-        self.end_relay_turn(key, io);
-        crate::log::set_connection(outer);
+        }
+    }
+
+    /// Reads the client's PROXY protocol header (`listen ... proxy_protocol`), as the HTTP
+    /// side does: looked at with `MSG_PEEK` until whole, then exactly its bytes read.
+    fn relay_read_pp(&mut self, key: usize) -> Io {
+        use shard_http::proxy_protocol::{parse, Parsed, MAX_HEADER, V1_MAX};
+        let r = &mut self.relays[key];
+        if !r.client.e.readable {
+            return Io::Wait;
+        }
+        let fd = r.client.raw();
+        let mut buf = vec![0u8; MAX_HEADER];
+        match shard_event::sock::peek(fd, &mut buf) {
+            Ok(0) => Io::Close,
+            Ok(n) => match parse(&buf[..n]) {
+                Parsed::Partial if n < MAX_HEADER => {
+                    r.client.e.readable = false;
+                    Io::Wait
+                }
+                Parsed::Complete(h, len) => match shard_event::sock::read(fd, &mut buf[..len]) {
+                    Ok(got) if got == len => {
+                        r.pp = Some(Box::new(h));
+                        r.pp_pending = false;
+                        self.relay_begin(key)
+                    }
+                    _ => Io::Close,
+                },
+                Parsed::Partial | Parsed::Invalid => {
+                    let text: String = buf[..n.min(V1_MAX)]
+                        .iter()
+                        .flat_map(|&b| std::ascii::escape_default(b))
+                        .map(char::from)
+                        .collect();
+                    crate::log!(
+                        Error,
+                        "broken header: \"{text}\" while reading PROXY protocol, client: {}, server: {}",
+                        r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
+                        r.listen
+                    );
+                    Io::Close
+                }
+            },
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                r.client.e.readable = false;
+                Io::Wait
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Io::Wait,
+            Err(_) => Io::Close,
+        }
     }
 
     /// Drives a TLS client's handshake; connects to the upstream when it is done.
@@ -549,14 +616,28 @@ impl Worker<'_> {
 
     /// The upstream is connected (and its TLS handshake done): the pipes, then bytes.
     fn relay_ready(&mut self, key: usize) -> Io {
-        let (upstream, size, timeout) = {
+        let (upstream, size, timeout, send_pp) = {
             let s = self.stream_server(self.relays[key].server);
-            (s.upstream, s.buffer_size, s.timeout_ms)
+            (s.upstream, s.buffer_size, s.timeout_ms, s.proxy_protocol)
         };
         let r = &mut self.relays[key];
         r.connecting = false;
         // What the client sent with the end of its handshake goes first.
-        let early = std::mem::take(&mut r.early);
+        let mut early = std::mem::take(&mut r.early);
+        if send_pp {
+            // `proxy_protocol on`: a v1 header first, with the client's addresses (those its
+            // own PROXY header gave, when it sent one).
+            let from_header = r.pp.as_ref().and_then(|h| h.src.zip(h.dst));
+            let local = shard_event::sock::local_addr(r.client.raw()).ok();
+            let pair = from_header.or_else(|| r.peer.zip(local));
+            let mut head = Vec::with_capacity(64 + early.len());
+            match pair {
+                Some((src, dst)) => shard_http::proxy_protocol::write_v1(&mut head, src, dst),
+                None => head.extend_from_slice(b"PROXY UNKNOWN\r\n"),
+            }
+            head.extend_from_slice(&early);
+            early = head;
+        }
         r.up = Some(Pipe::with(size, &early));
         r.down = Some(Pipe::new(size));
         if let Some(p) = r.current_peer {
@@ -592,6 +673,7 @@ impl Worker<'_> {
             side.e.writable = true;
         }
         let io = match (r.connecting, upstream) {
+            (true, false) if r.pp_pending => self.relay_read_pp(key),
             (true, false) if r.handshaking => self.handshake(key),
             (true, true) if r.up_handshaking => self.up_handshake(key),
             (true, true) => self.check_connect(key),
@@ -719,6 +801,15 @@ impl Worker<'_> {
 
     fn on_relay_timeout(&mut self, key: usize) -> Io {
         let r = &self.relays[key];
+        if r.pp_pending {
+            crate::log!(
+                Info,
+                "client timed out (110: Connection timed out) while reading PROXY protocol, client: {}, server: {}",
+                r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
+                r.listen
+            );
+            return Io::Close;
+        }
         if r.handshaking {
             crate::log!(
                 Info,

@@ -98,13 +98,10 @@ impl Worker<'_> {
                     flag,
                     redirect,
                 } => {
-                    let Some(caps) = regex.captures(&req.path) else {
-                        continue;
-                    };
                     let c = &mut self.conns[key];
-                    c.captures.clear();
-                    c.captures
-                        .extend(caps.iter().map(|m| m.map(|m| (m.start(), m.end()))));
+                    if !regex.captures_into(&req.path, &mut c.captures) {
+                        continue;
+                    }
                     c.capture_text = Some(req.path.clone());
                     shard_http::route::capture_names_into(&mut c.capture_names, Some(regex));
                     let new = self.render(key, req, head, loc, replacement);
@@ -185,13 +182,13 @@ impl Worker<'_> {
                 negate,
             } => {
                 let l = self.render(key, req, head, loc, left);
-                match regex.captures(&l) {
-                    Some(caps) => {
+                // A negated match keeps the captures it had (`!~` sets none in nginx).
+                let mut caps = Vec::new();
+                match regex.captures_into(&l, &mut caps) {
+                    true => {
                         if !*negate {
                             let c = &mut self.conns[key];
-                            c.captures.clear();
-                            c.captures
-                                .extend(caps.iter().map(|m| m.map(|m| (m.start(), m.end()))));
+                            c.captures = caps;
                             c.capture_text = Some(l.clone());
                             shard_http::route::capture_names_into(
                                 &mut c.capture_names,
@@ -200,7 +197,7 @@ impl Worker<'_> {
                         }
                         !*negate
                     }
-                    None => *negate,
+                    false => *negate,
                 }
             }
             Cond::File { test, path, negate } => {

@@ -444,8 +444,37 @@ pub fn read_response(s: &mut TcpStream, head_only: bool) -> std::io::Result<Resp
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
         .and_then(|(_, v)| v.parse::<usize>().ok());
+    let chunked = headers.iter().any(|(k, v)| {
+        k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
     if head_only || status == 304 || status == 204 {
         body.clear();
+    } else if chunked {
+        // Until the last chunk (no trailers), then de-chunked.
+        while find(&body, b"\r\n0\r\n\r\n").is_none() && !body.starts_with(b"0\r\n\r\n") {
+            let n = s.read(&mut tmp)?;
+            if n == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "eof in chunked body",
+                ));
+            }
+            body.extend_from_slice(&tmp[..n]);
+        }
+        let mut out = Vec::new();
+        let mut rest = &body[..];
+        while let Some(nl) = find(rest, b"\r\n") {
+            let size = std::str::from_utf8(&rest[..nl])
+                .ok()
+                .and_then(|h| usize::from_str_radix(h.split(';').next()?.trim(), 16).ok())
+                .unwrap_or(0);
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[nl + 2..nl + 2 + size]);
+            rest = &rest[nl + 2 + size + 2..];
+        }
+        body = out;
     } else if let Some(len) = len {
         while body.len() < len {
             let n = s.read(&mut tmp)?;

@@ -1,0 +1,472 @@
+//! FastCGI (`fastcgi_pass`) against a real PHP-FPM: Debian's `php-fpm`, started by each test
+//! with its own configuration and socket, in the foreground, and stopped at the end. Without
+//! php-fpm the tests say SKIPPED (`.ci/run` installs it where it can).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::*;
+
+/// The php-fpm binary: `php-fpm` on the PATH or Debian's versioned `/usr/sbin/php-fpmX.Y`.
+fn php_fpm() -> Option<PathBuf> {
+    if let Ok(out) = Command::new("sh")
+        .args(["-c", "command -v php-fpm"])
+        .output()
+    {
+        let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !p.is_empty() {
+            return Some(PathBuf::from(p));
+        }
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/sbin")
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("php-fpm"))
+        })
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// A running PHP-FPM pool, killed when dropped.
+struct Fpm {
+    child: Child,
+    /// What shard's `fastcgi_pass` names: `unix:/path` or `127.0.0.1:port`.
+    pass: String,
+    dir: PathBuf,
+}
+
+impl Drop for Fpm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Fpm {
+    /// Starts a pool in `dir` listening on a unix socket there (`tcp`: on a loopback port).
+    fn start(bin: &Path, dir: &Path, tcp: bool) -> Fpm {
+        let listen = if tcp {
+            format!("127.0.0.1:{}", free_port())
+        } else {
+            dir.join("fpm.sock").display().to_string()
+        };
+        let conf = format!(
+            "[global]\npid = {d}/fpm.pid\nerror_log = {d}/fpm.log\ndaemonize = no\n\
+             [www]\nlisten = {listen}\nlisten.mode = 0666\npm = static\npm.max_children = 4\n\
+             php_admin_value[log_errors] = on\nphp_admin_value[display_errors] = off\n\
+             php_admin_value[post_max_size] = 16M\n\
+             php_admin_value[max_execution_time] = 30\n",
+            d = dir.display()
+        );
+        std::fs::write(dir.join("fpm.conf"), conf).unwrap();
+        let child = Command::new(bin)
+            .args(["-F", "-R", "-n", "-y"])
+            .arg(dir.join("fpm.conf"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(dir.join("fpm.stderr")).unwrap(),
+            ))
+            .spawn()
+            .expect("spawn php-fpm");
+        let mut fpm = Fpm {
+            child,
+            pass: if tcp {
+                listen.clone()
+            } else {
+                format!("unix:{listen}")
+            },
+            dir: dir.to_path_buf(),
+        };
+        wait_for(Duration::from_secs(10), "php-fpm listening", || {
+            if let Ok(Some(st)) = fpm.child.try_wait() {
+                panic!(
+                    "php-fpm exited ({st}): {}",
+                    std::fs::read_to_string(dir.join("fpm.stderr")).unwrap_or_default()
+                        + &std::fs::read_to_string(dir.join("fpm.log")).unwrap_or_default()
+                );
+            }
+            let up = if tcp {
+                TcpStream::connect(&listen).is_ok()
+            } else {
+                std::os::unix::net::UnixStream::connect(&listen).is_ok()
+            };
+            up.then_some(())
+        });
+        fpm
+    }
+}
+
+/// The PHP scripts the tests call, under `dir/html`.
+fn write_scripts(dir: &Path) {
+    write_file(
+        dir,
+        "html/info.php",
+        b"<?php header('Content-Type: text/plain');\n\
+          foreach (['SCRIPT_FILENAME','SCRIPT_NAME','REQUEST_METHOD','QUERY_STRING',\
+          'REQUEST_URI','DOCUMENT_URI','PATH_INFO','HTTP_X_TEST','HTTP_COOKIE','SERVER_PROTOCOL',\
+          'GATEWAY_INTERFACE','REDIRECT_STATUS','CONTENT_LENGTH','HTTPS'] as $k) {\n\
+          echo $k, '=', $_SERVER[$k] ?? '(unset)', \"\\n\"; }\n",
+    );
+    write_file(
+        dir,
+        "html/hash.php",
+        b"<?php $b = file_get_contents('php://input');\n\
+          echo strlen($b), ' ', hash('crc32b', $b);\n",
+    );
+    write_file(
+        dir,
+        "html/warn.php",
+        b"<?php error_log('boom from php'); echo 'after the warning';\n",
+    );
+    write_file(
+        dir,
+        "html/missing.php",
+        b"<?php http_response_code(404); echo 'php says not found';\n",
+    );
+    write_file(
+        dir,
+        "html/redirect.php",
+        b"<?php header('Location: /elsewhere'); \n",
+    );
+    write_file(dir, "html/slow.php", b"<?php sleep(3); echo 'late';\n");
+    write_file(
+        dir,
+        "html/pid.php",
+        b"<?php header('Content-Length: 3'); echo 'pid';\n",
+    );
+    write_file(dir, "html/404.html", b"the 404 page\n");
+}
+
+/// `head` sent as HTTP/1.0 (so the body is not chunked), with `body`; the status, headers
+/// and body.
+fn ask(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut req = format!("{head}\r\n").into_bytes();
+    if !body.is_empty() {
+        req.extend_from_slice(format!("Content-Length: {}\r\n", body.len()).as_bytes());
+    }
+    req.extend_from_slice(b"\r\n");
+    req.extend_from_slice(body);
+    s.write_all(&req).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let end = find(&raw, b"\r\n\r\n").map_or(raw.len(), |i| i + 4);
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head, raw[end..].to_vec())
+}
+
+fn conf(pass: &str, extra_http: &str, extra_server: &str) -> String {
+    format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n{extra_http}\n server {{\n  \
+         listen 127.0.0.1:{{port}};\n  root {{dir}}/html;\n  index index.php;\n  \
+         client_max_body_size 16m;\n  location = /status {{ shard_status; }}\n{extra_server}\n  \
+         location ~ [^/]\\.php(/|$) {{\n   fastcgi_split_path_info ^(.+?\\.php)(/.*)$;\n   \
+         fastcgi_pass {pass};\n   fastcgi_index index.php;\n   include fastcgi_params;\n   \
+         fastcgi_param SCRIPT_FILENAME $document_root$fastcgi_script_name;\n   \
+         fastcgi_param PATH_INFO $fastcgi_path_info;\n  }}\n }}\n}}\n"
+    )
+}
+
+/// Starts shard with `conf` whose `{fpm}` is the pool's address, and the pool (unix or tcp),
+/// sharing one directory for the scripts. `None` (SKIPPED) without php-fpm.
+fn setup(test: &str, tcp: bool, conf_text: &dyn Fn(&str) -> String) -> Option<(Server, Fpm)> {
+    let Some(bin) = php_fpm() else {
+        skipped(
+            test,
+            "php-fpm is not installed (apt-get install php-fpm; .ci/run installs it)",
+        );
+        return None;
+    };
+    let fdir = temp_dir(&format!("fpm-{test}")).keep();
+    let fpm = Fpm::start(&bin, &fdir, tcp);
+    write_scripts(&fdir);
+    let text = conf_text(&fpm.pass).replace("{dir}/html", &fdir.join("html").display().to_string());
+    let s = Server::start(test, &text, 1);
+    Some((s, fpm))
+}
+
+#[test]
+fn php_through_unix_and_tcp_with_params_and_path_info() {
+    for tcp in [false, true] {
+        let Some((s, _fpm)) = setup("fastcgi-info", tcp, &|pass| conf(pass, "", "")) else {
+            return;
+        };
+        let (st, head, body) = ask(
+            s.addr(),
+            "GET /info.php?a=1&b=2 HTTP/1.0\r\nHost: x\r\nX-Test: hello\r\nCookie: a=1\r\nCookie: b=2",
+            b"",
+        );
+        let body = String::from_utf8_lossy(&body).into_owned();
+        assert_eq!(st, 200, "{head}{body}\n{}", s.stderr());
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: text/plain"),
+            "{head}"
+        );
+        assert!(!head.to_ascii_lowercase().contains("\nstatus:"), "{head}");
+        for want in [
+            "SCRIPT_NAME=/info.php\n",
+            "REQUEST_METHOD=GET\n",
+            "QUERY_STRING=a=1&b=2\n",
+            "REQUEST_URI=/info.php?a=1&b=2\n",
+            "DOCUMENT_URI=/info.php\n",
+            "PATH_INFO=\n",
+            "HTTP_X_TEST=hello\n",
+            "HTTP_COOKIE=a=1; b=2\n",
+            "SERVER_PROTOCOL=HTTP/1.0\n",
+            "GATEWAY_INTERFACE=CGI/1.1\n",
+            "REDIRECT_STATUS=200\n",
+            "HTTPS=(unset)\n",
+        ] {
+            assert!(body.contains(want), "tcp={tcp}: {want:?} not in\n{body}");
+        }
+        assert!(
+            body.contains("SCRIPT_FILENAME=/") && body.contains("/html/info.php\n"),
+            "{body}"
+        );
+        // fastcgi_split_path_info: the script and the path after it.
+        let (st, _, body) = ask(s.addr(), "GET /info.php/some/path HTTP/1.0\r\nHost: x", b"");
+        let body = String::from_utf8_lossy(&body).into_owned();
+        assert_eq!(st, 200, "{body}");
+        assert!(body.contains("SCRIPT_NAME=/info.php\n"), "{body}");
+        assert!(body.contains("PATH_INFO=/some/path\n"), "{body}");
+        // HTTP/1.1 without Content-Length from PHP: chunked to the client, kept alive.
+        let mut c = TcpStream::connect(s.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        for _ in 0..2 {
+            c.write_all(b"GET /info.php HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            let r = read_response(&mut c, false).unwrap();
+            assert_eq!(r.status, 200);
+            assert!(r.body_str().contains("SCRIPT_NAME=/info.php"));
+        }
+        // A Location without Status is a 302, made absolute as nginx does.
+        let (st, head, _) = ask(s.addr(), "GET /redirect.php HTTP/1.0\r\nHost: x", b"");
+        assert_eq!(st, 302, "{head}");
+        assert!(
+            head.contains(&format!("Location: http://x:{}/elsewhere", s.port))
+                || head.contains("Location: http://x/elsewhere"),
+            "{head}"
+        );
+    }
+}
+
+fn crc32(data: &[u8]) -> u32 {
+    let mut h = flate2::Crc::new();
+    h.update(data);
+    h.sum()
+}
+
+#[test]
+fn a_large_post_body_reaches_php_whole() {
+    let Some((s, _fpm)) = setup("fastcgi-post", false, &|pass| conf(pass, "", "")) else {
+        return;
+    };
+    // 5 MB: larger than client_body_buffer_size, so it goes through the body file.
+    let body: Vec<u8> = (0..5 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let (st, _, got) = ask(
+        s.addr(),
+        "POST /hash.php HTTP/1.0\r\nHost: x\r\nContent-Type: application/octet-stream",
+        &body,
+    );
+    assert_eq!(st, 200, "{}", s.stderr());
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        format!("{} {:08x}", body.len(), crc32(&body))
+    );
+    // A small body goes with the params.
+    let (st, _, got) = ask(s.addr(), "POST /hash.php HTTP/1.0\r\nHost: x", b"hello");
+    assert_eq!(st, 200);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        format!("5 {:08x}", crc32(b"hello"))
+    );
+}
+
+#[test]
+fn php_stderr_is_in_the_error_log_and_errors_can_be_intercepted() {
+    let Some((s, _fpm)) = setup("fastcgi-stderr", false, &|pass| {
+        conf(
+            pass,
+            "",
+            "  error_page 404 /404.html;\n  fastcgi_intercept_errors on;",
+        )
+    }) else {
+        return;
+    };
+    let (st, _, body) = ask(s.addr(), "GET /warn.php HTTP/1.0\r\nHost: x", b"");
+    assert_eq!((st, body.as_slice()), (200, &b"after the warning"[..]));
+    let log = wait_for(Duration::from_secs(5), "the stderr line", || {
+        let log = error_log(&s);
+        log.contains("FastCGI sent in stderr").then_some(log)
+    });
+    assert!(
+        log.contains("[error]")
+            && log.contains("FastCGI sent in stderr: \"PHP message: boom from php\"")
+            && log.contains("upstream: \"fastcgi://unix:")
+            && log.contains("request: \"GET /warn.php HTTP/1.0\""),
+        "{log}"
+    );
+    // fastcgi_intercept_errors on + error_page 404: the page replaces PHP's answer.
+    let (st, _, body) = ask(s.addr(), "GET /missing.php HTTP/1.0\r\nHost: x", b"");
+    assert_eq!(
+        (st, String::from_utf8_lossy(&body).as_ref()),
+        (404, "the 404 page\n")
+    );
+}
+
+/// A relay between shard and the pool that counts the connections shard opens.
+fn counting_relay(to: String) -> (u16, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let n = Arc::new(AtomicUsize::new(0));
+    let count = n.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            let Ok(u) = TcpStream::connect(&to) else {
+                return;
+            };
+            let (mut c2, mut u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
+            let (mut c, mut u) = (c, u);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c2, &mut u2);
+                let _ = u2.shutdown(std::net::Shutdown::Write);
+            });
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut u, &mut c);
+                let _ = c.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    (port, n)
+}
+
+#[test]
+fn keepalive_with_keep_conn_uses_one_connection() {
+    let Some(bin) = php_fpm() else {
+        skipped(
+            "keepalive_with_keep_conn_uses_one_connection",
+            "php-fpm is not installed (apt-get install php-fpm; .ci/run installs it)",
+        );
+        return;
+    };
+    let fdir = temp_dir("fpm-keep").keep();
+    let fpm = Fpm::start(&bin, &fdir, true);
+    write_scripts(&fdir);
+    for (keep_conn, want_max) in [(true, 1usize), (false, 100)] {
+        let (port, opened) = counting_relay(fpm.pass.clone());
+        let text = conf(
+            "php",
+            &format!("upstream php {{ server 127.0.0.1:{port}; keepalive 4; }}"),
+            "",
+        )
+        .replace("{dir}/html", &fdir.join("html").display().to_string())
+        .replace(
+            "fastcgi_index index.php;",
+            &format!(
+                "fastcgi_index index.php; fastcgi_keep_conn {};",
+                if keep_conn { "on" } else { "off" }
+            ),
+        );
+        let s = Server::start("fastcgi-keep", &text, 1);
+        let mut c = TcpStream::connect(s.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        for path in ["/info.php", "/pid.php"] {
+            for _ in 0..50 {
+                write!(c, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+                let r = read_response(&mut c, false).unwrap();
+                assert_eq!(r.status, 200, "{}", s.stderr());
+            }
+        }
+        let n = opened.load(Ordering::SeqCst);
+        if keep_conn {
+            assert_eq!(n, want_max, "100 requests over keep_conn connections");
+        } else {
+            assert_eq!(
+                n, want_max,
+                "without keep_conn the pool closes each connection"
+            );
+        }
+    }
+    drop(fpm);
+    let _ = fdir;
+}
+
+#[test]
+fn a_stopped_pool_is_502_and_a_slow_one_504() {
+    let Some((s, mut fpm)) = setup("fastcgi-fail", false, &|pass| {
+        conf(pass, "", "  fastcgi_read_timeout 1s;")
+    }) else {
+        return;
+    };
+    let (st, _, body) = ask(s.addr(), "GET /slow.php HTTP/1.0\r\nHost: x", b"");
+    assert_eq!(st, 504, "{}", String::from_utf8_lossy(&body));
+    let log = wait_for(Duration::from_secs(5), "the timeout line", || {
+        let log = error_log(&s);
+        log.contains("upstream timed out").then_some(log)
+    });
+    assert!(log.contains("fastcgi://unix:"), "{log}");
+    let _ = fpm.child.kill();
+    let _ = fpm.child.wait();
+    let _ = std::fs::remove_file(fpm.dir.join("fpm.sock"));
+    let (st, _, _) = ask(s.addr(), "GET /info.php HTTP/1.0\r\nHost: x", b"");
+    assert_eq!(st, 502);
+}
+
+#[test]
+fn fastcgi_directives_are_checked_as_nginx_checks_them() {
+    let dir = temp_dir("fastcgi-t");
+    let t = |body: &str| -> (i32, String) {
+        std::fs::write(
+            dir.join("conf/t.conf"),
+            format!("events {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:1;\n{body}\n }}\n}}\n"),
+        )
+        .unwrap();
+        run_cli(&[
+            "-t",
+            "-p",
+            dir.to_str().unwrap(),
+            "-c",
+            dir.join("conf/t.conf").to_str().unwrap(),
+        ])
+    };
+    // Debian's snippets/fastcgi-php.conf, with the bundled fastcgi.conf.
+    let (code, err) = t("  location ~ \\.php$ {\n   fastcgi_split_path_info ^(.+?\\.php)(/.*)$;\n   \
+         try_files $fastcgi_script_name =404;\n   set $path_info $fastcgi_path_info;\n   \
+         fastcgi_param PATH_INFO $path_info;\n   fastcgi_index index.php;\n   include fastcgi.conf;\n   \
+         fastcgi_pass unix:/run/php/php8.2-fpm.sock;\n  }");
+    assert_eq!(code, 0, "{err}");
+    let (code, err) =
+        t("  location / { fastcgi_pass 127.0.0.1:9000; proxy_pass http://127.0.0.1:1; }");
+    assert_eq!(code, 1);
+    assert!(err.contains("is duplicate"), "{err}");
+    let (code, err) = t("  location / { fastcgi_pass http://127.0.0.1:9000; }");
+    assert_eq!(code, 1);
+    assert!(err.contains("invalid URL prefix"), "{err}");
+    let (code, err) = t("  fastcgi_param A b c;");
+    assert_eq!(code, 1);
+    assert!(err.contains("invalid parameter \"c\""), "{err}");
+}
