@@ -2,7 +2,8 @@
 //! number of workers, and prints what does not drift on a noisy machine: system calls per
 //! request (`strace -c -f` on the workers), worker CPU time per request, and worker memory per
 //! idle keep-alive connection; and, with `proxy`, the same for shard and nginx as reverse
-//! proxies (HTTP with keep-alive to the upstream, and the `stream` TCP relay's throughput).
+//! proxies (HTTP with keep-alive to the upstream, and the `stream` TCP relay's throughput),
+//! and, with `fastcgi`, in front of the same PHP-FPM pool.
 //!
 //! This crate owns the servers' start-up for measurement, the load (wrk when installed, else
 //! the built-in load generator of `loadgen`, which `shard-bench load URL` also runs on its own)
@@ -12,6 +13,7 @@
 mod bodies;
 mod compare;
 mod experiments;
+mod fastcgi;
 mod load;
 pub mod loadgen;
 mod procfs;
@@ -62,6 +64,9 @@ enum Cmd {
     /// per proxied request, backend connections opened (keep-alive reuse), and the stream
     /// relay's MB/s in both directions.
     Proxy(proxy::ProxyArgs),
+    /// FastCGI to the same PHP-FPM pool, shard and nginx side by side: requests/s, syscalls
+    /// and worker CPU per request of the front (the pool's cost is the same for both).
+    Fastcgi(fastcgi::FastcgiArgs),
     /// Keep-alive, close, pipelined, slow, aborted, static and proxied clients for --minutes;
     /// every worker's RSS and descriptors sampled each second, reported as growth per 100k
     /// requests.
@@ -136,6 +141,7 @@ fn main() {
         Cmd::Experiment(a) => experiments::run(a),
         Cmd::Compare(a) => compare::run(a),
         Cmd::Proxy(a) => proxy::run(a),
+        Cmd::Fastcgi(a) => fastcgi::run(a),
         Cmd::Soak(a) => soak::run(a),
         Cmd::Bodies(a) => bodies::run(a),
         Cmd::Reload(a) => reload::run(a),

@@ -787,3 +787,37 @@ fn routing_smoke_checks_every_entry_and_reports_cpu_and_load_costs() {
         assert!(cells[6].parse::<f64>().unwrap() > 0.0, "{row}");
     }
 }
+
+#[test]
+fn fastcgi_smoke_measures_the_front_of_a_php_fpm_pool_for_shard() {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let text = stdout_of(Command::new(bench).args([
+        "fastcgi",
+        "--smoke",
+        "--workers",
+        "2",
+        "--no-nginx",
+        "--builtin-load",
+    ]));
+    if text.contains("SKIPPED: php-fpm is not installed") {
+        println!(
+            "SKIPPED: shard-bench fastcgi: php-fpm is not installed (apt-get install php-fpm)"
+        );
+        return;
+    }
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| shard |"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let cols: Vec<&str> = row.split('|').map(str::trim).collect();
+    let num = |i: usize| -> f64 {
+        cols[i]
+            .parse()
+            .unwrap_or_else(|_| panic!("column {i} not measured: {text}"))
+    };
+    assert!(num(2) > 0.0, "{text}");
+    if strace_installed() {
+        assert!(num(3) > 0.0, "{text}");
+    }
+    assert!(num(4) > 0.0, "{text}");
+}

@@ -477,6 +477,8 @@ pub struct LocationConf {
     /// `fastcgi_pass`: the upstream speaks FastCGI (`ngx_http_fastcgi_module`). Only on the
     /// location that names it.
     pub fastcgi: Option<std::sync::Arc<FastcgiConf>>,
+    /// `resolver` with its `resolver_timeout`, inherited: names resolved at run time.
+    pub resolver: Option<std::sync::Arc<ResolverConf>>,
 }
 
 /// What FastCGI adds to the proxy's settings, for a location with `fastcgi_pass`.
@@ -1008,6 +1010,23 @@ pub struct ProxyPass {
     pub proxy_port: u16,
     /// `proxy_pass https://...`: TLS to the upstream, set up by the location's `proxy_ssl_*`.
     pub tls: bool,
+    /// `proxy_pass http://$backend...`: the URL with variables, rendered per request and its
+    /// host resolved at run time (a named upstream, an address, or through `resolver`);
+    /// `upstream` is then meaningless.
+    pub dynamic: Option<Vec<Part>>,
+}
+
+/// `resolver ADDRESS ... [valid=TIME] [ipv4=on|off] [ipv6=on|off]` and `resolver_timeout`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolverConf {
+    /// The servers, port 53 unless written; asked in turn.
+    pub servers: Vec<SocketAddr>,
+    /// `valid=`: how long an answer is kept, instead of its TTL.
+    pub valid_ms: Option<u64>,
+    pub ipv4: bool,
+    pub ipv6: bool,
+    /// `resolver_timeout`. Default 30 s.
+    pub timeout_ms: u64,
 }
 
 /// One nginx variable (names as nginx's `ngx_http_core_module`, `..._proxy_module`,

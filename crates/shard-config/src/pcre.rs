@@ -7,25 +7,21 @@
 //! `(?'n'...)`) for variables. It does not own what the captures mean (`$1`, named variables:
 //! `shard_http::vars`) nor where expressions are allowed (the parsers).
 //!
-//! Subjects are Rust strings, so patterns are compiled in UTF mode: a group never splits a
-//! character, where nginx (byte mode) may. Everything else PCRE2 offers (look-around,
-//! backreferences, atomic groups, possessive quantifiers, `\Q...\E`, recursion) is available
-//! as in nginx.
+//! Patterns are compiled as nginx compiles them: byte mode (no UTF), so `.` is one byte, a
+//! group is a byte range that may end inside a character, and `~*` folds ASCII letters only.
+//! Everything PCRE2 offers (look-around, backreferences, atomic groups, possessive
+//! quantifiers, `\Q...\E`, recursion) is available as in nginx.
+//!
+//! Cost: a location scan asks `is_match` of each expression (the crate's match data, pooled
+//! per thread without a lock) and only the one that matches again for its groups; byte mode
+//! also spares PCRE2's UTF-8 check of the subject on every call.
 
-use std::sync::Mutex;
-
-use pcre2::bytes::{CaptureLocations, RegexBuilder};
-
-/// Spare capture buffers kept per expression (a worker matches one subject at a time; a few
-/// cover the threads of the master's checks).
-const SPARE_CAPTURES_MAX: usize = 4;
+use pcre2::bytes::RegexBuilder;
 
 /// A compiled regular expression with nginx's PCRE semantics.
+#[derive(Clone)]
 pub struct Regex {
     re: pcre2::bytes::Regex,
-    /// Reused match data for [`Regex::captures_into`]: one allocation per expression rather
-    /// than one per match.
-    spare: Mutex<Vec<CaptureLocations>>,
 }
 
 impl Regex {
@@ -35,7 +31,6 @@ impl Regex {
     pub fn build(pattern: &str, caseless: bool) -> Result<Regex, String> {
         let re = RegexBuilder::new()
             .caseless(caseless)
-            .utf(true)
             .jit_if_available(true)
             .build(pattern)
             .map_err(|e| {
@@ -48,10 +43,7 @@ impl Regex {
                     .unwrap_or("");
                 format!("pcre2_compile() failed: {msg} in \"{pattern}\" at \"{rest}\"")
             })?;
-        Ok(Regex {
-            re,
-            spare: Mutex::new(Vec::new()),
-        })
+        Ok(Regex { re })
     }
 
     /// Compiles a case-sensitive `pattern` (`~`).
@@ -69,26 +61,20 @@ impl Regex {
     /// whole match; `None` for a group that did not take part) and the result is `true`. `out`
     /// is left alone when there is no match.
     pub fn captures_into(&self, subject: &str, out: &mut Vec<Option<(usize, usize)>>) -> bool {
-        let mut locs = self
-            .spare
-            .lock()
-            .ok()
-            .and_then(|mut s| s.pop())
-            .unwrap_or_else(|| self.re.capture_locations());
-        let matched = matches!(
+        // Most expressions of a scan do not match: they cost one pooled `is_match`.
+        if !self.is_match(subject) {
+            return false;
+        }
+        let mut locs = self.re.capture_locations();
+        if !matches!(
             self.re.captures_read(&mut locs, subject.as_bytes()),
             Ok(Some(_))
-        );
-        if matched {
-            out.clear();
-            out.extend((0..locs.len()).map(|i| locs.get(i)));
+        ) {
+            return false;
         }
-        if let Ok(mut s) = self.spare.lock() {
-            if s.len() < SPARE_CAPTURES_MAX {
-                s.push(locs);
-            }
-        }
-        matched
+        out.clear();
+        out.extend((0..locs.len()).map(|i| locs.get(i)));
+        true
     }
 
     /// The groups' names by number (`None` for unnamed groups and for group 0).
@@ -104,15 +90,6 @@ impl Regex {
     /// The expression as written.
     pub fn as_str(&self) -> &str {
         self.re.as_str()
-    }
-}
-
-impl Clone for Regex {
-    fn clone(&self) -> Regex {
-        Regex {
-            re: self.re.clone(),
-            spare: Mutex::new(Vec::new()),
-        }
     }
 }
 
@@ -220,13 +197,16 @@ mod tests {
         );
     }
 
-    /// Groups never split a character (UTF mode); an unmatched group is `None`.
+    /// Byte mode, as nginx: `.` is one byte (a group may end inside a character), `~*` folds
+    /// ASCII only; an unmatched group is `None`.
     #[test]
-    fn groups_are_character_ranges() {
-        assert_eq!(
-            caps(r"^/(.)(x)?", false, "/é"),
-            Some(vec![Some("/é".into()), Some("é".into()), None])
-        );
+    fn groups_are_byte_ranges() {
+        let r = Regex::new(r"^/(.)(x)?").unwrap();
+        let mut out = Vec::new();
+        assert!(r.captures_into("/é", &mut out));
+        assert_eq!(out, vec![Some((0, 2)), Some((1, 2)), None]);
+        assert!(Regex::build("^/É", true).unwrap().is_match("/É"));
+        assert!(!Regex::build("^/É", true).unwrap().is_match("/é"));
         // Reused buffers do not leak groups between matches.
         let r = Regex::new(r"^/(a)?(b)").unwrap();
         let mut out = Vec::new();

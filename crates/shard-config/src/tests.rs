@@ -1277,6 +1277,7 @@ fn proxy_full_config() {
             proxy_host: "backend".into(),
             proxy_port: 80,
             tls: false,
+            dynamic: None,
         })
     );
     let user_headers = vec![
@@ -1320,6 +1321,7 @@ fn proxy_full_config() {
             proxy_host: "backend".into(),
             proxy_port: 80,
             tls: false,
+            dynamic: None,
         })
     );
     let p = &root.proxy;
@@ -1746,8 +1748,8 @@ fn proxy_errors() {
             r#"invalid IPv6 address in upstream "[zz]:1""#,
         ),
         (
-            "proxy_pass http://$backend;",
-            r#"variables in "proxy_pass" are not supported"#,
+            "proxy_pass ftp://$backend;",
+            r#"invalid URL prefix in "ftp://$backend""#,
         ),
         (
             "proxy_pass http://127.0.0.1:1; proxy_pass http://127.0.0.1:2;",

@@ -451,6 +451,30 @@ pub fn connect_nonblocking(addr: &SocketAddr) -> io::Result<Connect> {
     }
 }
 
+/// A nonblocking UDP socket connected to `addr` (a DNS server): the kernel picks a random
+/// source port, and only `addr`'s datagrams are received on it.
+pub fn udp_connected(addr: &SocketAddr) -> io::Result<OwnedFd> {
+    let domain = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain system call without pointers.
+    let fd = cvt(unsafe {
+        libc::socket(
+            domain,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_UDP,
+        )
+    })?;
+    // SAFETY: socket returned a new descriptor that nothing else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let (storage, len) = std_to_sockaddr(addr);
+    // SAFETY: `storage` holds a valid sockaddr of `len` bytes for the duration of the call.
+    cvt(unsafe { libc::connect(fd, &storage as *const _ as *const libc::sockaddr, len) })?;
+    Ok(owned)
+}
+
 /// A nonblocking connect to the Unix-domain stream socket at `path` (an upstream `server
 /// unix:/path`). A full listen queue is `EAGAIN`, an error as nginx treats it.
 pub fn connect_unix_nonblocking(path: &std::path::Path) -> io::Result<Connect> {

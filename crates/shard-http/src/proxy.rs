@@ -362,6 +362,15 @@ fn after_location<'p>(path: &'p str, location: &LocationConf) -> Option<&'p str>
 }
 
 fn uri_parts<'a>(req: &'a Request, location: &LocationConf, pass: &'a ProxyPass) -> UriParts<'a> {
+    if let (Some(_), Some(uri)) = (&pass.dynamic, pass.uri.as_deref()) {
+        // `proxy_pass` with variables and a URI: the URI is sent as it is, as nginx.
+        return UriParts {
+            head: uri,
+            tail: "",
+            escape: false,
+            query: None,
+        };
+    }
     let Some(uri) = pass.uri.as_deref() else {
         if req.uri_changed {
             // nginx: the full normalized URI of a changed request.
@@ -883,6 +892,7 @@ mod tests {
             proxy_host: "backend".into(),
             proxy_port: 80,
             tls: false,
+            dynamic: None,
         }
     }
 
@@ -1212,6 +1222,7 @@ mod tests {
             proxy_host: "up.test:9000".into(),
             proxy_port: 9000,
             tls: false,
+            dynamic: None,
         };
         let t = sent(Sent {
             raw: "POST /a/%20b?k=v HTTP/1.1\r\nHost: H.test:8080\r\nUser-Agent: ua/1\r\n\

@@ -375,6 +375,7 @@ pub(crate) mod tests {
             proxy_pass: None,
             proxy: Default::default(),
             fastcgi: None,
+            resolver: None,
         }
     }
 

@@ -565,8 +565,10 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 .position(|n| n.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name)))
             {
                 if let Some(Some((a, b))) = c.scope.captures.get(i) {
-                    if let Some(t) = c.scope.capture_text.get(*a..*b) {
-                        out.extend_from_slice(t.as_bytes());
+                    // Byte ranges (PCRE's byte mode, as nginx): a group may end inside a
+                    // character, and its bytes are passed as they are.
+                    if let Some(t) = c.scope.capture_text.as_bytes().get(*a..*b) {
+                        out.extend_from_slice(t);
                     }
                 }
             } else if let Some(m) = c
@@ -585,8 +587,8 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         }
         Var::Capture(n) => {
             if let Some(Some((a, b))) = c.scope.captures.get(usize::from(*n)) {
-                if let Some(t) = c.scope.capture_text.get(*a..*b) {
-                    out.extend_from_slice(t.as_bytes());
+                if let Some(t) = c.scope.capture_text.as_bytes().get(*a..*b) {
+                    out.extend_from_slice(t);
                 }
             }
         }

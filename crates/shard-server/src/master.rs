@@ -234,6 +234,9 @@ fn identity_for(cfg: &Config) -> Result<Option<Identity>, String> {
     }
     let id = privilege::worker_identity(cfg)?;
     if let Some(id) = &id {
+        for w in privilege::unreachable_paths(cfg, id) {
+            crate::log!(Warn, "{w}");
+        }
         if cfg.main.user.is_none() && id.group != "nobody" {
             crate::log!(
                 Notice,

@@ -86,6 +86,96 @@ fn resolve(
     }
 }
 
+/// What nginx only says at run time (`13: Permission denied`): the directories the workers,
+/// as `id`, cannot reach. Every `root`/`alias` directory (the literal part, before any
+/// variable) needs search permission on it and on each directory above it; the request-body
+/// temporary directory needs search and write. One warning per directory, naming the first
+/// directory on the way that stops them. Directories that do not exist are not judged (that
+/// is a 404 or nginx's own `mkdir()` at run time).
+pub fn unreachable_paths(cfg: &Config, id: &Identity) -> Vec<String> {
+    if id.uid == 0 {
+        return Vec::new();
+    }
+    let Some(http) = cfg.http.as_ref() else {
+        return Vec::new();
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    let locs = http
+        .servers
+        .iter()
+        .flat_map(|s| std::iter::once(&s.base).chain(&s.locations));
+    for l in locs {
+        let read = [Some(l.root.as_path()), l.alias.as_deref()];
+        for dir in read.into_iter().flatten() {
+            if seen.insert((dir.to_path_buf(), false)) {
+                if let Some(w) = blocked(dir, id, false) {
+                    out.push(w);
+                }
+            }
+        }
+        let temp = l.body.temp_path.path.as_path();
+        if seen.insert((temp.to_path_buf(), true)) {
+            if let Some(w) = blocked(temp, id, true) {
+                out.push(w);
+            }
+        }
+    }
+    out
+}
+
+/// The warning for `path` when `id` cannot reach it (search on every directory down to it;
+/// with `write`, also write on it).
+fn blocked(path: &std::path::Path, id: &Identity, write: bool) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    // Judged as far as the path exists: a missing root is not a permission problem.
+    let mut existing = path.to_path_buf();
+    while std::fs::metadata(&existing).is_err() {
+        if !existing.pop() {
+            return None;
+        }
+    }
+    let whole = existing == path;
+    let mut at = std::path::PathBuf::new();
+    let comps: Vec<_> = existing.components().collect();
+    for (i, c) in comps.iter().enumerate() {
+        at.push(c);
+        let Ok(m) = std::fs::metadata(&at) else {
+            return None;
+        };
+        if !m.is_dir() {
+            return None;
+        }
+        let bits = if m.uid() == id.uid {
+            m.mode() >> 6
+        } else if m.gid() == id.gid {
+            m.mode() >> 3
+        } else {
+            m.mode()
+        } & 0o7;
+        let last = i + 1 == comps.len();
+        let need = if write && last && whole { 0o3 } else { 0o1 };
+        if bits & need != need {
+            let what = if need == 0o3 { "write to" } else { "reach" };
+            return Some(if at == path {
+                format!(
+                    "workers run as \"{}\", which cannot {what} \"{}\"",
+                    id.user,
+                    path.display()
+                )
+            } else {
+                format!(
+                    "workers run as \"{}\", which cannot {what} \"{}\" (\"{}\" does not let them through)",
+                    id.user,
+                    path.display(),
+                    at.display()
+                )
+            });
+        }
+    }
+    None
+}
+
 /// In a new worker, before it serves anything: switch to `id` (when the master is root), then
 /// `PR_SET_NO_NEW_PRIVS`. An error means the worker must not start.
 pub fn enter_worker(id: Option<&Identity>) -> Result<(), String> {

@@ -22,6 +22,7 @@ mod conn;
 mod files;
 mod proxy;
 mod relay;
+mod resolver;
 mod respond;
 mod script;
 mod step;
@@ -215,8 +216,14 @@ pub(crate) struct Worker<'a> {
     /// Requests this worker has begun, and a random key: together they make `$request_id`.
     request_seq: u64,
     request_id_key: u64,
-    /// xorshift state for `random` upstreams (never 0).
+    /// xorshift state for `random` upstreams and DNS query ids (never 0).
     rng: u64,
+    /// DNS queries in flight and answers kept (`resolver.rs`).
+    resolver: resolver::Resolver,
+    /// Upstreams made for hosts `proxy_pass` with variables resolved (`proxy.rs`): index
+    /// `upstreams.len() + i`, with their `http_peer_state` and `pools` entries; by name.
+    dyn_ups: Vec<std::rc::Rc<shard_config::UpstreamConf>>,
+    dyn_index: HashMap<String, usize>,
 }
 
 pub(crate) struct WorkerArgs<'a> {
@@ -435,6 +442,9 @@ impl<'a> Worker<'a> {
             rings: HashMap::new(),
             request_seq: 0,
             request_id_key: shard_event::process::random_u64(),
+            resolver: resolver::Resolver::default(),
+            dyn_ups: Vec::new(),
+            dyn_index: HashMap::new(),
             rng: shard_event::process::random_u64() | 1,
         };
         w.update_time();
@@ -565,6 +575,9 @@ impl<'a> Worker<'a> {
                     Some(Token::RelayUpstream { key, generation }) => {
                         self.on_relay_event(key, generation, true, ev)
                     }
+                    Some(Token::Resolver { key, generation }) => {
+                        self.on_resolver_event(key, generation)
+                    }
                     Some(Token::Listener(_)) | None => {}
                 }
             }
@@ -576,6 +589,7 @@ impl<'a> Worker<'a> {
                 self.publish_cpu();
                 self.flush_access_logs();
                 self.expire_pools();
+                self.expire_queries();
                 self.expire_file_caches();
                 self.adopt_orphaned_shards();
             }

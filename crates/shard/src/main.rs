@@ -197,10 +197,19 @@ fn run(cli: Cli) -> i32 {
         if let Some(w) = shard_server::privilege::ignored_user_warning(&cfg) {
             eprintln!("shard: [warn] {w}");
         }
-        if let Err(e) = shard_server::privilege::worker_identity(&cfg) {
-            eprintln!("shard: [emerg] {e}");
-            eprintln!("shard: configuration file {} test failed", src.name);
-            return 1;
+        match shard_server::privilege::worker_identity(&cfg) {
+            Err(e) => {
+                eprintln!("shard: [emerg] {e}");
+                eprintln!("shard: configuration file {} test failed", src.name);
+                return 1;
+            }
+            // What nginx only finds at run time: directories the workers cannot reach.
+            Ok(Some(id)) => {
+                for w in shard_server::privilege::unreachable_paths(&cfg, &id) {
+                    eprintln!("shard: [warn] {w}");
+                }
+            }
+            Ok(None) => {}
         }
         // As nginx's test, the log files are opened (and created): a log in a missing
         // directory fails here, not at start.

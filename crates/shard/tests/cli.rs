@@ -279,3 +279,41 @@ fn dash_e_names_the_error_log_unless_the_configuration_does() {
     let (code, err) = with_conf("dash-e-stderr", &good, &["-t", "-e", "stderr"]);
     assert_eq!(code, 0, "{err}");
 }
+
+/// `-t` says what nginx only finds at run time: a root the workers' user cannot reach.
+#[test]
+fn test_flag_warns_about_directories_the_workers_cannot_reach() {
+    if unsafe { libc::geteuid() } != 0 {
+        skipped(
+            "test_flag_warns_about_directories_the_workers_cannot_reach",
+            "needs root (workers switch user only under a root master)",
+        );
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir("unreachable");
+    let site = dir.join("site");
+    std::fs::create_dir_all(site.join("html")).unwrap();
+    std::fs::set_permissions(&site, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let conf = format!(
+        "events {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:1;\n  root {}/html;\n  \
+         location /ok {{ root {}/html; }}\n }}\n}}\n",
+        site.display(),
+        dir.display()
+    );
+    std::fs::write(dir.join("conf/shard.conf"), &conf).unwrap();
+    let prefix = dir.to_str().unwrap().to_string();
+    let (code, err) = run_cli(&["-t", "-p", &prefix, "-c", "conf/shard.conf"]);
+    assert_eq!(code, 0, "a warning, not an error: {err}");
+    let want = format!(
+        "[warn] workers run as \"nobody\", which cannot reach \"{}/html\" (\"{}\" does not let them through)",
+        site.display(),
+        site.display()
+    );
+    assert!(err.contains(&want), "{want}\n{err}");
+    assert_eq!(err.matches("cannot reach").count(), 1, "{err}");
+    // Opened up: no warning.
+    std::fs::set_permissions(&site, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (_, err) = run_cli(&["-t", "-p", &prefix, "-c", "conf/shard.conf"]);
+    assert!(!err.contains("cannot reach"), "{err}");
+}

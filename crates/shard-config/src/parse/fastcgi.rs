@@ -79,15 +79,23 @@ impl FastcgiP {
 /// refused as in `proxy_pass`.
 pub(super) fn location_fastcgi_pass(_: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
     let a = a0(d);
-    if a.contains('$') {
-        return Err(derr(
-            d,
-            file,
-            "variables in \"fastcgi_pass\" are not supported",
-        ));
-    }
     if loc.pass.is_some() || loc.fcgi_pass.is_some() {
         return Err(dup(d, file));
+    }
+    if a.contains('$') {
+        // Rendered per request like `proxy_pass` with variables: `HOST:PORT` or an upstream
+        // name, the host resolved through `resolver`.
+        let mut parts = parse_header_value(d, file, a)?;
+        parts.insert(0, Part::Lit("http://".to_string()));
+        loc.fcgi_pass = Some(PassP {
+            host: String::new(),
+            port: None,
+            uri: None,
+            place: place(d, file),
+            tls: false,
+            dynamic: Some(parts),
+        });
+        return Ok(());
     }
     let pass = if let Some(path) = a.strip_prefix("unix:") {
         if !path.starts_with('/') {
@@ -99,6 +107,7 @@ pub(super) fn location_fastcgi_pass(_: &Env, loc: &mut LocP, d: &Directive, file
             uri: None,
             place: place(d, file),
             tls: false,
+            dynamic: None,
         }
     } else {
         if a.contains("://") {

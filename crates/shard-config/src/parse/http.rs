@@ -145,6 +145,9 @@ pub(super) struct Settings {
     pub(super) gzip: GzipP,
     pub(super) proxy: ProxyP,
     pub(super) fcgi: FastcgiP,
+    /// `resolver` (with `resolver_timeout` unset in the struct) and `resolver_timeout`.
+    pub(super) resolver: Option<ResolverConf>,
+    pub(super) resolver_timeout_ms: Option<u64>,
     /// Every `add_header` of this block; `Some` replaces the parent's list.
     pub(super) add_headers: Option<Vec<AddHeader>>,
     /// `expires`: `Some(None)` is `off`.
@@ -397,6 +400,8 @@ pub(super) struct Eff {
     /// `set_headers` without nginx's defaults (see [`with_default_headers`]).
     pub(super) proxy: ProxyConf,
     pub(super) fcgi: FastcgiEff,
+    pub(super) resolver: Option<ResolverConf>,
+    pub(super) resolver_timeout_ms: u64,
     pub(super) add_headers: Vec<AddHeader>,
     pub(super) expires: Option<Expires>,
     pub(super) server_tokens: bool,
@@ -474,6 +479,8 @@ impl Eff {
             gzip: GzipConf::default(),
             proxy: ProxyConf::default(),
             fcgi: FastcgiEff::default(),
+            resolver: None,
+            resolver_timeout_ms: 30_000,
             add_headers: Vec::new(),
             expires: None,
             server_tokens: true,
@@ -584,6 +591,8 @@ impl Eff {
             gzip: s.gzip.merge(&self.gzip),
             proxy: s.proxy.merge(&self.proxy),
             fcgi: s.fcgi.merge(&self.fcgi),
+            resolver: s.resolver.clone().or_else(|| self.resolver.clone()),
+            resolver_timeout_ms: s.resolver_timeout_ms.unwrap_or(self.resolver_timeout_ms),
             add_headers: s
                 .add_headers
                 .clone()
@@ -715,6 +724,12 @@ impl Eff {
             proxy_pass: None,
             proxy: with_default_headers(self.proxy.clone()),
             fastcgi: None,
+            resolver: self.resolver.as_ref().map(|r| {
+                Arc::new(ResolverConf {
+                    timeout_ms: self.resolver_timeout_ms,
+                    ..r.clone()
+                })
+            }),
         }
     }
 }
@@ -751,6 +766,8 @@ pub(super) struct PassP {
     pub(super) place: Place,
     /// `https://`.
     pub(super) tls: bool,
+    /// With variables: the whole URL, rendered per request.
+    pub(super) dynamic: Option<Vec<Part>>,
 }
 
 pub(super) struct ServerP {
@@ -788,6 +805,16 @@ impl HttpUpstreams {
     /// else the implicit upstream `HOST:PORT`, created (resolved) on first use.
     pub(super) fn pass(&mut self, p: &PassP) -> Result<ProxyPass, ConfigError> {
         let at = |m: String| err(&p.place.file, p.place.line, m);
+        if let Some(parts) = &p.dynamic {
+            return Ok(ProxyPass {
+                upstream: 0,
+                uri: None,
+                proxy_host: String::new(),
+                proxy_port: if p.tls { 443 } else { 80 },
+                tls: p.tls,
+                dynamic: Some(parts.clone()),
+            });
+        }
         let default_port = if p.tls { 443 } else { 80 };
         let named = &self.list[..self.named];
         if let Some(i) = named
@@ -806,6 +833,7 @@ impl HttpUpstreams {
                 proxy_host: p.host.clone(),
                 proxy_port: default_port,
                 tls: p.tls,
+                dynamic: None,
             });
         }
         if let Some(path) = p.host.strip_prefix("unix:") {
@@ -833,6 +861,7 @@ impl HttpUpstreams {
                 proxy_host: "localhost".to_string(),
                 proxy_port: 80,
                 tls: false,
+                dynamic: None,
             });
         }
         let port = p.port.as_ref().map_or(default_port, |(n, _)| *n);
@@ -863,6 +892,7 @@ impl HttpUpstreams {
             proxy_host,
             proxy_port: port,
             tls: p.tls,
+            dynamic: None,
         })
     }
 }
@@ -2425,6 +2455,54 @@ pub(super) fn set_proxy_http_version(_: &Env, s: &mut Settings, d: &Directive, f
     once(&mut s.proxy.http_version_minor, minor, d, file)
 }
 
+/// `resolver ADDRESS ... [valid=TIME] [ipv4=on|off] [ipv6=on|off] [status_zone=NAME]`: the
+/// DNS servers names are resolved through at run time (port 53 unless written).
+pub(super) fn set_resolver(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut r = ResolverConf {
+        servers: Vec::new(),
+        valid_ms: None,
+        ipv4: true,
+        ipv6: true,
+        timeout_ms: 30_000,
+    };
+    for a in &d.args {
+        let onoff = |v: &str| match v {
+            "on" => Ok(true),
+            "off" => Ok(false),
+            _ => Err(derr(d, file, format!("invalid parameter \"{a}\""))),
+        };
+        match a.split_once('=') {
+            Some(("valid", v)) => {
+                r.valid_ms = Some(
+                    parse_time_ms(v)
+                        .ok_or_else(|| derr(d, file, format!("invalid parameter \"{a}\"")))?,
+                )
+            }
+            Some(("ipv4", v)) => r.ipv4 = onoff(v)?,
+            Some(("ipv6", v)) => r.ipv6 = onoff(v)?,
+            Some(("status_zone", _)) => {}
+            _ => {
+                let addrs = resolve_upstream(a, Some(53))
+                    .map_err(|_| derr(d, file, format!("host not found in resolver \"{a}\"")))?;
+                r.servers.extend(addrs);
+            }
+        }
+    }
+    if !r.ipv4 && !r.ipv6 {
+        return Err(derr(
+            d,
+            file,
+            "\"ipv4\" and \"ipv6\" cannot both be \"off\"",
+        ));
+    }
+    if r.servers.is_empty() {
+        return Err(derr(d, file, "no name servers defined"));
+    }
+    once(&mut s.resolver, r, d, file)
+}
+
+slot!(set_resolver_timeout, resolver_timeout_ms, time);
+
 slot!(set_proxy_connect_timeout, proxy.connect_timeout_ms, time);
 
 slot!(set_proxy_read_timeout, proxy.read_timeout_ms, time);
@@ -2600,11 +2678,16 @@ pub(super) fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, Confi
         return Err(derr(d, file, format!("invalid URL prefix in \"{url}\"")));
     }
     if url.contains('$') {
-        return Err(derr(
-            d,
-            file,
-            "variables in \"proxy_pass\" are not supported",
-        ));
+        // Rendered and resolved per request (a named upstream, an address, or `resolver`).
+        let parts = parse_header_value(d, file, url)?;
+        return Ok(PassP {
+            host: String::new(),
+            port: None,
+            uri: None,
+            place: place(d, file),
+            tls,
+            dynamic: Some(parts),
+        });
     }
     // The scheme is ASCII, so this is a character boundary.
     let rest = &url[if tls { 8 } else { 7 }..];
@@ -2658,6 +2741,7 @@ pub(super) fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, Confi
         uri: uri.map(str::to_string),
         place: place(d, file),
         tls,
+        dynamic: None,
     })
 }
 

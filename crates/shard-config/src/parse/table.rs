@@ -132,13 +132,13 @@ pub(super) static TABLE: &[Spec] = &[
     // nginx 1.25.1's per-server switch; shard speaks HTTP/1.1 only (ALPN says so).
     d("http2", H | S, 1, 1, Set::NoEffect(check_flag)),
     // Names are resolved when the configuration is read; nothing resolves later.
-    d("resolver", H | S | L, 1, MANY, Set::NoEffect(check_any)),
+    d("resolver", H | S | L, 1, MANY, Set::Settings(set_resolver)),
     d(
         "resolver_timeout",
         H | S | L,
         1,
         1,
-        Set::NoEffect(check_any),
+        Set::Settings(set_resolver_timeout),
     ),
     d(
         "ssl_stapling_verify",

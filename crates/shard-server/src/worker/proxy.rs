@@ -27,8 +27,9 @@
 //! sent with `sendfile`. Pooled connections keep their TLS session.
 
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::rc::Rc;
 
-use shard_config::{Balance, HttpConf, LocationConf, ProxyPass};
+use shard_config::{Balance, HttpConf, LocationConf, PeerConf, ProxyPass, UpstreamConf};
 use shard_event::sock::Connect;
 use shard_http::body::ChunkedDecoder;
 use shard_http::proxy::{Failure, Framing, ResponseParse};
@@ -132,6 +133,8 @@ enum State {
     ReadBody,
     /// Choosing a peer and getting a connection to it.
     Connect,
+    /// `proxy_pass` with variables: waiting for the resolver's answer about its host.
+    Resolving,
     /// Waiting for a non-blocking connect.
     Connecting,
     /// The TLS handshake with an `https://` upstream.
@@ -212,6 +215,11 @@ pub(super) struct Proxy {
     tunnel: Option<Box<Tunnel>>,
     /// `fastcgi_pass`: the upstream speaks FastCGI (`shard_http::fastcgi`).
     fcgi: Option<Box<Fcgi>>,
+    /// `proxy_pass` with variables: what this request's URL rendered to, once its host is
+    /// known (a named upstream, or one this worker made for the addresses).
+    dyn_pass: Option<Rc<ProxyPass>>,
+    /// The host being resolved, for the timeout's log line.
+    dyn_host: Option<String>,
 }
 
 /// A FastCGI attempt's wire state: the records read and not yet decoded, the application's
@@ -285,12 +293,50 @@ impl Proxy {
             upgrade: false,
             tunnel: None,
             fcgi: None,
+            dyn_pass: None,
+            dyn_host: None,
         }
     }
 
     /// The upstream connection in use, if any.
     pub(super) fn upstream_conn(&self) -> Option<usize> {
         self.up
+    }
+}
+
+/// Most upstreams a worker makes for names `proxy_pass` resolves at run time.
+const DYN_UPSTREAMS_MAX: usize = 4096;
+
+/// An http upstream: the configuration's, or one a worker made at run time. Owned, so that
+/// holding it does not borrow the worker.
+pub(super) enum UpRef<'a> {
+    Conf(&'a UpstreamConf),
+    Dyn(Rc<UpstreamConf>),
+}
+
+impl std::ops::Deref for UpRef<'_> {
+    type Target = UpstreamConf;
+    fn deref(&self) -> &UpstreamConf {
+        match self {
+            UpRef::Conf(u) => u,
+            UpRef::Dyn(u) => u,
+        }
+    }
+}
+
+/// A request's `proxy_pass`: the location's, or the one its variables rendered to.
+pub(super) enum PassRef<'a> {
+    Conf(&'a ProxyPass),
+    Dyn(Rc<ProxyPass>),
+}
+
+impl std::ops::Deref for PassRef<'_> {
+    type Target = ProxyPass;
+    fn deref(&self) -> &ProxyPass {
+        match self {
+            PassRef::Conf(p) => p,
+            PassRef::Dyn(p) => p,
+        }
     }
 }
 
@@ -335,7 +381,7 @@ impl<'a> Worker<'a> {
 
     /// The upstream's balancing method for the request on `key`.
     fn pick_http_peer(&mut self, key: usize, p: &Proxy, upstream: usize) -> Option<usize> {
-        let ups = &self.http().upstreams[upstream];
+        let ups = self.ups(upstream);
         let now = self.now_ms;
         // This worker's connections in use per peer: for `least_conn` and `max_conns`.
         let needs_active = matches!(
@@ -427,8 +473,240 @@ impl<'a> Worker<'a> {
         p.location.map_or(&s.base, |i| &s.locations[i])
     }
 
-    fn proxy_pass(&self, p: &Proxy) -> Option<&'a ProxyPass> {
-        self.proxy_location(p).proxy_pass.as_ref()
+    /// The request's pass: the location's, or what its variables rendered to.
+    fn proxy_pass(&self, p: &Proxy) -> Option<PassRef<'a>> {
+        if let Some(d) = &p.dyn_pass {
+            return Some(PassRef::Dyn(d.clone()));
+        }
+        self.proxy_location(p)
+            .proxy_pass
+            .as_ref()
+            .map(PassRef::Conf)
+    }
+
+    /// Http upstream `i`: the configuration's, or one of this worker's (`dyn_ups`).
+    pub(super) fn ups(&self, i: usize) -> UpRef<'a> {
+        let conf = &self.http().upstreams;
+        match conf.get(i) {
+            Some(u) => UpRef::Conf(u),
+            None => UpRef::Dyn(self.dyn_ups[i - conf.len()].clone()),
+        }
+    }
+
+    /// The upstream index for `addrs` of `name` (`host:port`), made once per set of addresses:
+    /// an upstream that changed is a new entry (requests in flight keep their peers), the
+    /// old one stays, up to [`DYN_UPSTREAMS_MAX`]. `None` at the cap.
+    fn dyn_upstream(
+        &mut self,
+        name: &str,
+        addrs: &[std::net::SocketAddr],
+        unix: Option<&std::path::Path>,
+    ) -> Option<usize> {
+        let base = self.http().upstreams.len();
+        if let Some(&i) = self.dyn_index.get(name) {
+            let same = self.dyn_ups[i].peers.len() == addrs.len()
+                && self.dyn_ups[i]
+                    .peers
+                    .iter()
+                    .zip(addrs)
+                    .all(|(p, a)| p.addr == *a);
+            if same {
+                return Some(base + i);
+            }
+        }
+        if self.dyn_ups.len() >= DYN_UPSTREAMS_MAX {
+            return None;
+        }
+        let peers: Vec<PeerConf> = addrs
+            .iter()
+            .map(|a| PeerConf {
+                addr: *a,
+                name: match unix {
+                    Some(_) => name.to_string(),
+                    None => a.to_string(),
+                },
+                weight: 1,
+                max_fails: 1,
+                fail_timeout_ms: 10_000,
+                max_conns: 0,
+                unix: unix.map(std::path::Path::to_path_buf),
+                backup: false,
+                down: false,
+            })
+            .collect();
+        let u = UpstreamConf {
+            name: name.to_string(),
+            place: shard_config::Place {
+                file: String::new(),
+                line: 0,
+            },
+            peers,
+            keepalive: 0,
+            keepalive_timeout_ms: 60_000,
+            keepalive_requests: 1000,
+            keepalive_time_ms: 3_600_000,
+            balance: Balance::RoundRobin,
+        };
+        self.http_peer_state
+            .push(balance::PeerState::table(&u.peers));
+        self.pools.push(Vec::new());
+        self.dyn_ups.push(Rc::new(u));
+        let i = self.dyn_ups.len() - 1;
+        self.dyn_index.insert(name.to_string(), i);
+        Some(base + i)
+    }
+
+    /// `proxy_pass` with variables: renders the URL and finds its host, as nginx: a named
+    /// upstream, an address, or a name asked of `resolver`. `Ok(false)`: the request waits
+    /// for the resolver. `Err(status)`: answered with it (logged here).
+    fn dynamic_pass(
+        &mut self,
+        key: usize,
+        p: &mut Proxy,
+        parts: &[shard_config::Part],
+    ) -> Result<bool, u16> {
+        let loc = self.proxy_location(p);
+        let url = {
+            let mut storage = shard_http::vars::header_storage();
+            let hs = shard_http::vars::request_headers(&p.head, &mut storage);
+            let ctx = self.var_ctx(key, &p.req, hs, loc);
+            shard_http::vars::render(parts, &ctx)
+        };
+        let starts = |pre: &str| {
+            url.len() >= pre.len()
+                && url.as_bytes()[..pre.len()].eq_ignore_ascii_case(pre.as_bytes())
+        };
+        let (tls, rest) = if starts("http://") {
+            (false, &url[7..])
+        } else if starts("https://") {
+            (true, &url[8..])
+        } else {
+            self.log_proxy_error(key, p, &format!("invalid URL prefix in \"{url}\""), None);
+            return Err(500);
+        };
+        if let Some(path) = rest.strip_prefix("unix:").filter(|_| p.fcgi.is_some()) {
+            // `fastcgi_pass $socket` with `unix:/path`.
+            let name = format!("unix:{path}");
+            let any = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
+            let Some(i) = self.dyn_upstream(&name, &[any], Some(std::path::Path::new(path))) else {
+                return Err(502);
+            };
+            let finish_pass = ProxyPass {
+                upstream: i,
+                uri: None,
+                proxy_host: "localhost".to_string(),
+                proxy_port: 80,
+                tls: false,
+                dynamic: Some(Vec::new()),
+            };
+            p.tried = vec![false; 1];
+            p.dyn_pass = Some(Rc::new(finish_pass));
+            return Ok(true);
+        }
+        let (hostport, uri) = match rest.find(['/', '?']) {
+            Some(i) => (&rest[..i], Some(rest[i..].to_string())),
+            None => (rest, None),
+        };
+        let default_port = if tls { 443 } else { 80 };
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((h, pt)) if !h.ends_with(']') || hostport.starts_with('[') => {
+                match pt.parse::<u16>() {
+                    Ok(n) if n > 0 => (h, Some(n)),
+                    _ if hostport.starts_with('[') && hostport.ends_with(']') => (hostport, None),
+                    _ => {
+                        self.log_proxy_error(
+                            key,
+                            p,
+                            &format!("invalid port in upstream \"{hostport}\""),
+                            None,
+                        );
+                        return Err(502);
+                    }
+                }
+            }
+            _ => (hostport, None),
+        };
+        if host.is_empty() {
+            self.log_proxy_error(key, p, &format!("no host in upstream \"{hostport}\""), None);
+            return Err(502);
+        }
+        let finish =
+            |p: &mut Proxy, upstream: usize, n: usize, proxy_host: String, proxy_port: u16| {
+                p.tried = vec![false; n];
+                p.dyn_pass = Some(Rc::new(ProxyPass {
+                    upstream,
+                    uri: uri.clone(),
+                    proxy_host,
+                    proxy_port,
+                    tls,
+                    // Marks a rendered pass: its URI goes as it is.
+                    dynamic: Some(Vec::new()),
+                }));
+            };
+        // A named upstream (no port given), as nginx looks first.
+        if port.is_none() {
+            if let Some(i) = self
+                .http()
+                .upstreams
+                .iter()
+                .position(|u| u.name.eq_ignore_ascii_case(host))
+            {
+                let n = self.http().upstreams[i].peers.len();
+                finish(p, i, n, host.to_string(), default_port);
+                return Ok(true);
+            }
+        }
+        let port = port.unwrap_or(default_port);
+        let proxy_host = if port == default_port {
+            host.to_string()
+        } else {
+            format!("{host}:{port}")
+        };
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<std::net::SocketAddr> = if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+            vec![std::net::SocketAddr::new(ip, port)]
+        } else {
+            let Some(conf) = loc.resolver.clone() else {
+                self.log_proxy_error(
+                    key,
+                    p,
+                    &format!("no resolver defined to resolve {host}"),
+                    None,
+                );
+                return Err(502);
+            };
+            match self.resolve_name(key, host, &conf) {
+                super::resolver::Resolved::Ready(ips) => ips
+                    .into_iter()
+                    .map(|ip| std::net::SocketAddr::new(ip, port))
+                    .collect(),
+                super::resolver::Resolved::Failed(e) => {
+                    self.log_proxy_error(
+                        key,
+                        p,
+                        &format!("{host} could not be resolved ({})", e.text()),
+                        None,
+                    );
+                    return Err(502);
+                }
+                super::resolver::Resolved::Waiting => {
+                    p.dyn_host = Some(host.to_string());
+                    return Ok(false);
+                }
+            }
+        };
+        let name = format!("{bare}:{port}");
+        let Some(i) = self.dyn_upstream(&name, &addrs, None) else {
+            self.log_proxy_error(
+                key,
+                p,
+                &format!("too many upstreams resolved at run time to add \"{name}\""),
+                None,
+            );
+            return Err(502);
+        };
+        finish(p, i, addrs.len(), proxy_host, port);
+        Ok(true)
     }
 
     /// Starts proxying the request just parsed on connection `key` (`head` is its head as
@@ -453,13 +731,19 @@ impl<'a> Worker<'a> {
         let n_peers = loc
             .proxy_pass
             .as_ref()
-            .map_or(0, |pass| self.http().upstreams[pass.upstream].peers.len());
-        let c = &mut self.conns[key];
+            .filter(|pass| pass.dynamic.is_none())
+            .map_or(0, |pass| self.ups(pass.upstream).peers.len());
         let cont = req.expect_continue;
         let mut p = Box::new(Proxy::new(server, location, req, head, keep_alive, n_peers));
+        // The response buffers come from the worker's pool (given back by `give_proxy_bufs`).
+        p.rbuf = self.take_buf(READ_MIN_BYTES);
         if loc.fastcgi.is_some() {
-            p.fcgi = Some(Box::default());
+            p.fcgi = Some(Box::new(Fcgi {
+                raw: self.take_buf(READ_MIN_BYTES),
+                ..Default::default()
+            }));
         }
+        let c = &mut self.conns[key];
         c.proxy = Some(p);
         if cont && !more_input {
             c.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
@@ -489,6 +773,11 @@ impl<'a> Worker<'a> {
             let flow = match p.state {
                 State::ReadBody => self.read_request_body(key, &mut p),
                 State::Connect => self.proxy_connect(key, &mut p),
+                State::Resolving => {
+                    // Driven by the answer (or by a client event): look again.
+                    p.state = State::Connect;
+                    Flow::Next
+                }
                 State::Connecting => self.check_upstream_connect(key, &mut p),
                 State::Handshaking => self.upstream_handshake(key, &mut p),
                 State::Sending => self.send_request(key, &mut p),
@@ -626,6 +915,21 @@ impl<'a> Worker<'a> {
 
     /// Chooses a connection for the next attempt: pooled, or a new non-blocking connect.
     fn proxy_connect(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        if p.dyn_pass.is_none() {
+            let loc = self.proxy_location(p);
+            if let Some(parts) = loc.proxy_pass.as_ref().and_then(|x| x.dynamic.as_ref()) {
+                match self.dynamic_pass(key, p, parts) {
+                    Ok(true) => p.dyn_host = None,
+                    Ok(false) => {
+                        p.state = State::Resolving;
+                        let t = loc.resolver.as_ref().map_or(30_000, |r| r.timeout_ms);
+                        self.set_proxy_deadline(key, t);
+                        return Flow::Wait;
+                    }
+                    Err(status) => return Flow::Fail(status),
+                }
+            }
+        }
         let Some(pass) = self.proxy_pass(p) else {
             return Flow::Fail(500);
         };
@@ -633,9 +937,9 @@ impl<'a> Worker<'a> {
         let conn_id = self.conns[key].id;
         let loc = self.proxy_location(p);
         if p.upreq.is_empty() {
-            self.build_upstream_request(key, p, pass);
+            self.build_upstream_request(key, p, &pass);
         }
-        let ups = &self.http().upstreams[upstream];
+        let ups = self.ups(upstream);
         let peer = match p.retry_peer.take() {
             // A pooled connection the peer had closed: the same peer again, on a fresh
             // connection (it already counted as a try).
@@ -1526,11 +1830,23 @@ impl<'a> Worker<'a> {
                     let ctx = self.var_ctx(key, &p.req, hs, loc);
                     shard_http::vars::render(parts, &ctx)
                 };
-                let mut new = shard_http::proxy::redirect_location(v, loc, pass, &render);
+                // nginx: `proxy_redirect default` does nothing when `proxy_pass` has variables.
+                let default_with_vars = pass.dynamic.is_some()
+                    && matches!(loc.proxy.redirect, shard_config::ProxyRedirect::Default);
+                let mut new = if default_with_vars {
+                    None
+                } else {
+                    shard_http::proxy::redirect_location(v, loc, pass, &render)
+                };
+                // As nginx (`ngx_http_upstream_rewrite_location`): only a `Location` that
+                // `proxy_redirect` rewrote becomes the response's redirect, made absolute per
+                // `absolute_redirect`; one passed as the upstream wrote it (FastCGI's always)
+                // stays as it is, relative or not.
                 if is_location {
-                    let cur = new.as_deref().unwrap_or(v);
-                    if let Some(abs) = self.absolute_redirect(key, loc, &p.req, cur) {
-                        new = Some(abs);
+                    if let Some(cur) = new.as_deref() {
+                        if let Some(abs) = self.absolute_redirect(key, loc, &p.req, cur) {
+                            new = Some(abs);
+                        }
                     }
                 }
                 if let Some(n) = new {
@@ -1879,9 +2195,13 @@ impl<'a> Worker<'a> {
             scratch,
             head,
             body,
+            fcgi,
             ..
         } = *p;
         self.spool_release(body);
+        if let Some(f) = fcgi {
+            self.give_buf(f.raw);
+        }
         self.give_buf(rbuf);
         self.give_buf(scratch);
         self.give_buf(head);
@@ -1897,7 +2217,8 @@ impl<'a> Worker<'a> {
         if tries_max > 0 && p.tries >= tries_max {
             return false;
         }
-        let peers = &self.http().upstreams[pass.upstream].peers;
+        let ups = self.ups(pass.upstream);
+        let peers = &ups.peers;
         peers
             .iter()
             .zip(&p.tried)
@@ -2030,6 +2351,17 @@ impl<'a> Worker<'a> {
                 Flow::Fail(408)
             }
             State::Connect => Flow::Next,
+            State::Resolving => {
+                // `resolver_timeout` passed without an answer.
+                let host = p.dyn_host.clone().unwrap_or_default();
+                self.log_proxy_error(
+                    key,
+                    &p,
+                    &format!("{host} could not be resolved (110: Operation timed out)"),
+                    None,
+                );
+                Flow::Fail(502)
+            }
             State::StreamBody if p.stream_pos >= p.body.mem.len() => {
                 crate::log!(
                     Info,
@@ -2106,7 +2438,8 @@ impl<'a> Worker<'a> {
     }
 
     fn proxy_peer_failed(&mut self, upstream: usize, peer: usize) {
-        let peers = &self.http().upstreams[upstream].peers;
+        let ups = self.ups(upstream);
+        let peers = &ups.peers;
         if balance::failed(
             peers,
             &mut self.http_peer_state[upstream],
@@ -2134,7 +2467,7 @@ impl<'a> Worker<'a> {
                 format!(", upstream: \"fastcgi://{a}{tail}\"")
             }
             (Some(a), Some(pass)) => {
-                let uri = shard_http::proxy::upstream_uri(&p.req, self.proxy_location(p), pass);
+                let uri = shard_http::proxy::upstream_uri(&p.req, self.proxy_location(p), &pass);
                 format!(", upstream: \"http://{a}{uri}\"")
             }
             _ => String::new(),
@@ -2155,13 +2488,9 @@ impl<'a> Worker<'a> {
     fn log_proxy_error_current(&self, key: usize, p: &Proxy, msg: &str) {
         let addr = p.up.and_then(|u| {
             let uc = self.upconns.get(u)?;
-            Some(
-                self.http().upstreams[uc.upstream].peers[uc.peer]
-                    .name
-                    .as_str(),
-            )
+            Some(self.ups(uc.upstream).peers[uc.peer].name.clone())
         });
-        self.log_proxy_error(key, p, msg, addr);
+        self.log_proxy_error(key, p, msg, addr.as_deref());
     }
 
     /// An event on an upstream connection.
@@ -2201,7 +2530,7 @@ impl<'a> Worker<'a> {
     /// The most recently pooled connection to `peer` of `upstream` that is still within
     /// `keepalive_timeout` (older ones met on the way are closed), taken out of the pool.
     fn take_pooled(&mut self, upstream: usize, peer: usize) -> Option<usize> {
-        let timeout = self.http().upstreams[upstream].keepalive_timeout_ms;
+        let timeout = self.ups(upstream).keepalive_timeout_ms;
         while let Some(i) = self.pools[upstream]
             .iter()
             .rposition(|&u| self.upconns[u].peer == peer)
@@ -2219,7 +2548,7 @@ impl<'a> Worker<'a> {
     /// `keepalive_requests`; otherwise closes it.
     fn pool_upconn(&mut self, u: usize) {
         let uc = &self.upconns[u];
-        let ups = &self.http().upstreams[uc.upstream];
+        let ups = self.ups(uc.upstream);
         // A connection whose FIN came with the response is done: no further edge would tell
         // the pool, and the next request would find it closed.
         if ups.keepalive == 0

@@ -31,6 +31,8 @@ pub(super) enum Token {
     RelayClient { key: usize, generation: u32 },
     /// A stream relay's upstream side.
     RelayUpstream { key: usize, generation: u32 },
+    /// A DNS query's socket (`resolver.rs`).
+    Resolver { key: usize, generation: u32 },
 }
 
 /// The generation a connection id is registered under.
@@ -47,6 +49,7 @@ impl Token {
             Token::Upstream { key, generation } => (4, key, generation),
             Token::RelayClient { key, generation } => (5, key, generation),
             Token::RelayUpstream { key, generation } => (6, key, generation),
+            Token::Resolver { key, generation } => (7, key, generation),
         };
         debug_assert!(key <= KEY_MAX, "token key {key} out of range");
         (kind << KIND_SHIFT) | ((generation as u64) << GEN_SHIFT) | (key as u64 & KEY_MAX as u64)
@@ -63,6 +66,7 @@ impl Token {
             4 => Token::Upstream { key, generation },
             5 => Token::RelayClient { key, generation },
             6 => Token::RelayUpstream { key, generation },
+            7 => Token::Resolver { key, generation },
             _ => return None,
         })
     }

@@ -1,0 +1,284 @@
+//! Run-time DNS (`resolver`, `proxy_pass` with variables) against a DNS server of the test's
+//! own on loopback (never the system's resolver): names that change address are followed
+//! without a reload, truncated answers are asked again over TCP, and a silent or failing
+//! resolver gives nginx's 502 and log line.
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use shard_server::dns;
+use support::*;
+
+/// A DNS server on 127.0.0.1 (UDP and TCP on one port): names to addresses, changeable;
+/// names in `truncate` are answered over UDP with TC set only; `silent` names get no answer;
+/// unknown names get NXDOMAIN.
+#[derive(Clone, Default)]
+struct Zone {
+    names: Arc<Mutex<HashMap<String, Vec<IpAddr>>>>,
+    truncate: Arc<Mutex<Vec<String>>>,
+    silent: Arc<Mutex<Vec<String>>>,
+    udp_queries: Arc<AtomicUsize>,
+    tcp_queries: Arc<AtomicUsize>,
+}
+
+fn question_name(q: &[u8]) -> String {
+    let mut name = String::new();
+    let mut i = 12;
+    while let Some(&len) = q.get(i) {
+        if len == 0 {
+            break;
+        }
+        if !name.is_empty() {
+            name.push('.');
+        }
+        let end = (i + 1 + len as usize).min(q.len());
+        name.push_str(&String::from_utf8_lossy(&q[i + 1..end]).to_lowercase());
+        i += 1 + len as usize;
+    }
+    name
+}
+
+impl Zone {
+    fn set(&self, name: &str, addrs: &[&str]) {
+        self.names.lock().unwrap().insert(
+            name.to_string(),
+            addrs.iter().map(|a| a.parse().unwrap()).collect(),
+        );
+    }
+
+    fn answer(&self, q: &[u8], tcp: bool) -> Option<Vec<u8>> {
+        let name = question_name(q);
+        if self.silent.lock().unwrap().contains(&name) {
+            return None;
+        }
+        let tc = !tcp && self.truncate.lock().unwrap().contains(&name);
+        Some(match self.names.lock().unwrap().get(&name) {
+            Some(a) if tc => dns::answer_for(q, &a[..0], 1, 0, true),
+            Some(a) => dns::answer_for(q, a, 1, 0, false),
+            None => dns::answer_for(q, &[], 0, 3, false),
+        })
+    }
+
+    fn start(&self) -> u16 {
+        let (udp, tcp) = loop {
+            let u = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let port = u.local_addr().unwrap().port();
+            if let Ok(t) = TcpListener::bind(("127.0.0.1", port)) {
+                break (u, t);
+            }
+        };
+        let port = udp.local_addr().unwrap().port();
+        let z = self.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            loop {
+                let Ok((n, from)) = udp.recv_from(&mut buf) else {
+                    return;
+                };
+                z.udp_queries.fetch_add(1, Ordering::SeqCst);
+                if let Some(a) = z.answer(&buf[..n], false) {
+                    let _ = udp.send_to(&a, from);
+                }
+            }
+        });
+        let z = self.clone();
+        std::thread::spawn(move || {
+            for c in tcp.incoming() {
+                let Ok(mut c) = c else { return };
+                z.tcp_queries.fetch_add(1, Ordering::SeqCst);
+                let mut len = [0u8; 2];
+                if c.read_exact(&mut len).is_err() {
+                    continue;
+                }
+                let mut q = vec![0u8; u16::from_be_bytes(len) as usize];
+                if c.read_exact(&mut q).is_err() {
+                    continue;
+                }
+                if let Some(a) = z.answer(&q, true) {
+                    let mut out = (a.len() as u16).to_be_bytes().to_vec();
+                    out.extend_from_slice(&a);
+                    let _ = c.write_all(&out);
+                }
+            }
+        });
+        port
+    }
+}
+
+/// An HTTP server answering `body` on `ip:port` (port 0: any).
+fn http_on(ip: &str, port: u16, body: &'static str) -> Option<u16> {
+    let l = TcpListener::bind((ip, port)).ok()?;
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let mut got = Vec::new();
+                while find(&got, b"\r\n\r\n").is_none() {
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&got)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_string();
+                let text = format!("{body} {line}");
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+            });
+        }
+    });
+    Some(port)
+}
+
+/// Two HTTP servers on one port, at 127.0.0.1 ("one") and 127.0.0.2 ("two").
+fn two_servers() -> u16 {
+    loop {
+        let Some(port) = http_on("127.0.0.2", 0, "two") else {
+            continue;
+        };
+        if http_on("127.0.0.1", port, "one").is_some() {
+            return port;
+        }
+    }
+}
+
+fn body_of(s: &Server, path: &str) -> (u16, String) {
+    let (st, _, b) = exchange(s.addr(), &format!("GET {path} HTTP/1.1\r\nHost: x"));
+    (st, String::from_utf8_lossy(&b).into_owned())
+}
+
+#[test]
+fn a_name_that_changes_address_is_followed_without_a_reload() {
+    let zone = Zone::default();
+    zone.set("app.test", &["127.0.0.1"]);
+    let dns_port = zone.start();
+    let up = two_servers();
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n upstream named {{ server 127.0.0.2:{up}; }}\n \
+         server {{\n  listen 127.0.0.1:{{port}};\n  resolver 127.0.0.1:{dns_port} ipv6=off;\n  \
+         resolver_timeout 2s;\n  location = /status {{ shard_status; }}\n  \
+         location /app {{ set $backend app.test; proxy_pass http://$backend:{up}; }}\n  \
+         location /named {{ set $u named; proxy_pass http://$u; }}\n  \
+         location /asis {{ proxy_pass http://127.0.0.2:{up}/fixed$is_args$args; }}\n }}\n}}\n"
+    );
+    let s = Server::start("dns-follow", &conf, 1);
+    let (st, b) = body_of(&s, "/app/x");
+    assert_eq!(
+        (st, b.as_str()),
+        (200, "one GET /app/x HTTP/1.0"),
+        "{}",
+        s.stderr()
+    );
+    // Cached for the TTL (1 s): one query so far (A only, ipv6=off).
+    let _ = body_of(&s, "/app/y");
+    assert_eq!(zone.udp_queries.load(Ordering::SeqCst), 1);
+    // The name moves; after its TTL the next request follows it, with no reload.
+    zone.set("app.test", &["127.0.0.2"]);
+    let b = wait_for(Duration::from_secs(5), "the new address", || {
+        let (_, b) = body_of(&s, "/app/z");
+        b.starts_with("two").then_some(b)
+    });
+    assert_eq!(b, "two GET /app/z HTTP/1.0");
+    // A variable naming an upstream block; an address with a URI sent as it is.
+    assert_eq!(body_of(&s, "/named/q").1, "two GET /named/q HTTP/1.0");
+    assert_eq!(body_of(&s, "/asis/q?a=1").1, "two GET /fixed?a=1 HTTP/1.0");
+}
+
+#[test]
+fn failures_are_502_with_nginx_log_lines_and_tc_falls_back_to_tcp() {
+    let zone = Zone::default();
+    zone.set("big.test", &["127.0.0.1"]);
+    zone.truncate.lock().unwrap().push("big.test".into());
+    zone.silent.lock().unwrap().push("silent.test".into());
+    let dns_port = zone.start();
+    let up = http_on("127.0.0.1", 0, "up").unwrap();
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:{{port}};\n  \
+         resolver 127.0.0.1:{dns_port} valid=30s ipv6=off;\n  resolver_timeout 1s;\n  \
+         location = /status {{ shard_status; }}\n  \
+         location / {{ proxy_pass http://$arg_h:{up}; }}\n  \
+         location /nores {{ resolver off_by_default_is_not_a_thing; }}\n }}\n \
+         server {{\n  listen 127.0.0.1:{{port1}};\n  location / {{ proxy_pass http://$arg_h:{up}; }}\n }}\n}}\n"
+    )
+    .replace(
+        "  location /nores { resolver off_by_default_is_not_a_thing; }\n",
+        "",
+    );
+    let s = Server::start_ports("dns-fail", &conf, 1, 1);
+    // Truncated over UDP: asked again over TCP.
+    let (st, b) = body_of(&s, "/?h=big.test");
+    assert_eq!((st, b.as_str()), (200, "up GET /?h=big.test HTTP/1.0"));
+    assert_eq!(zone.tcp_queries.load(Ordering::SeqCst), 1);
+    // NXDOMAIN.
+    assert_eq!(body_of(&s, "/?h=nowhere.test").0, 502);
+    // No answer at all: resolver_timeout (1 s), then 502.
+    let t = std::time::Instant::now();
+    assert_eq!(body_of(&s, "/?h=silent.test").0, 502);
+    assert!(
+        t.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
+    // A server without `resolver`.
+    let other = SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    let (st, _, _) = exchange(other, "GET /?h=big.test HTTP/1.1\r\nHost: x");
+    assert_eq!(st, 502);
+    let log = wait_for(Duration::from_secs(5), "the log lines", || {
+        let l = error_log(&s);
+        l.contains("no resolver defined").then_some(l)
+    });
+    for want in [
+        "nowhere.test could not be resolved (3: Host not found)",
+        "silent.test could not be resolved (110: Operation timed out)",
+        "no resolver defined to resolve big.test",
+    ] {
+        assert!(log.contains(want), "{want:?} not in\n{log}");
+    }
+}
+
+#[test]
+fn resolver_directives_are_checked() {
+    let dir = temp_dir("dns-t");
+    let t = |body: &str| -> (i32, String) {
+        std::fs::write(
+            dir.join("conf/t.conf"),
+            format!("events {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:1;\n{body}\n }}\n}}\n"),
+        )
+        .unwrap();
+        run_cli(&[
+            "-t",
+            "-p",
+            dir.to_str().unwrap(),
+            "-c",
+            dir.join("conf/t.conf").to_str().unwrap(),
+        ])
+    };
+    assert_eq!(
+        t("  resolver 127.0.0.1 [::1]:5353 valid=10s ipv6=off;").0,
+        0
+    );
+    let (code, err) = t("  resolver 127.0.0.1 ipv4=off ipv6=off;");
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot both be \"off\""), "{err}");
+    let (code, err) = t("  resolver 127.0.0.1 valid=x;");
+    assert_eq!(code, 1);
+    assert!(err.contains("invalid parameter \"valid=x\""), "{err}");
+    assert_eq!(
+        t("  location / { proxy_pass http://$host$request_uri; }").0,
+        0
+    );
+}
