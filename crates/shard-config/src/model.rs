@@ -1620,6 +1620,8 @@ pub struct UpstreamConf {
     pub keepalive_time_ms: u64,
     /// How a peer is chosen. Default weighted round robin.
     pub balance: Balance,
+    /// For `server ... resolve` peers: the http block's `resolver`.
+    pub resolver: Option<std::sync::Arc<ResolverConf>>,
 }
 
 /// An upstream's balancing method.
@@ -1661,6 +1663,11 @@ pub struct PeerConf {
     pub unix: Option<PathBuf>,
     pub backup: bool,
     pub down: bool,
+    /// `server NAME resolve`: the name as written (`host:port`); workers resolve it again
+    /// through the http block's `resolver` when its answer expires and replace this peer by
+    /// one per address (this one is the template; `down` while the name had no answer at
+    /// load).
+    pub resolve: Option<String>,
 }
 
 #[derive(Debug, Clone)]

@@ -1496,6 +1496,7 @@ fn proxy_implicit_upstreams_are_shared_and_follow_named_ones() {
             max_conns: 0,
             backup: false,
             down: false,
+            resolve: None,
         }]
     );
     assert_eq!(

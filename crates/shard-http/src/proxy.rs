@@ -784,6 +784,13 @@ pub fn write_client_head(
     server: &[u8],
     extra: &[u8],
 ) {
+    // One allocation for the whole head (the client's buffer may come back small).
+    let fields: usize = head
+        .headers
+        .iter()
+        .map(|(n, v)| n.len() + v.len() + 4)
+        .sum();
+    out.reserve(96 + server.len() + date.len() + fields + extra.len());
     out.extend_from_slice(b"HTTP/1.1 ");
     push_u64(out, u64::from(head.status));
     out.push(b' ');

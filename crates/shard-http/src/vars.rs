@@ -147,6 +147,15 @@ pub fn request_headers<'b, 'h>(
     head: &'b [u8],
     storage: &'h mut [httparse::Header<'b>; MAX_HEADERS],
 ) -> &'h [httparse::Header<'b>] {
+    request_headers_in(head, storage)
+}
+
+/// [`request_headers`] into storage of any size (at least the head's line count: a smaller
+/// one gives an empty list).
+pub fn request_headers_in<'b, 'h>(
+    head: &'b [u8],
+    storage: &'h mut [httparse::Header<'b>],
+) -> &'h [httparse::Header<'b>] {
     // Empty lines before the request line are allowed (RFC 9112 2.2), as in `request::parse`.
     let start = head
         .iter()

@@ -224,6 +224,9 @@ pub(crate) struct Worker<'a> {
     /// `upstreams.len() + i`, with their `http_peer_state` and `pools` entries; by name.
     dyn_ups: Vec<std::rc::Rc<shard_config::UpstreamConf>>,
     dyn_index: HashMap<String, usize>,
+    /// Configuration upstreams with `server ... resolve` whose peers this worker resolved
+    /// again: the upstream index new requests take instead (into `dyn_ups`).
+    shadow: HashMap<usize, usize>,
 }
 
 pub(crate) struct WorkerArgs<'a> {
@@ -445,6 +448,7 @@ impl<'a> Worker<'a> {
             resolver: resolver::Resolver::default(),
             dyn_ups: Vec::new(),
             dyn_index: HashMap::new(),
+            shadow: HashMap::new(),
             rng: shard_event::process::random_u64() | 1,
         };
         w.update_time();
@@ -590,6 +594,7 @@ impl<'a> Worker<'a> {
                 self.flush_access_logs();
                 self.expire_pools();
                 self.expire_queries();
+                self.refresh_resolved_upstreams();
                 self.expire_file_caches();
                 self.adopt_orphaned_shards();
             }

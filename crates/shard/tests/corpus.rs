@@ -532,3 +532,40 @@ fn h5bp_look_ahead_is_served_as_pcre_matches_it() {
     assert_eq!(get("/xyy").2, "x");
     assert_eq!(get("/xyz").0, 404);
 }
+
+/// WordPress's documented nginx configuration (the nginx wiki's WordPress recipe) and
+/// MediaWiki's (mediawiki.org, Manual:Short URL/Nginx), as written: both pass `-t`.
+#[test]
+fn wordpress_and_mediawiki_configurations_pass_the_test() {
+    let wordpress = "events {}\nhttp {\n include mime.types;\n \
+        upstream php {\n  server unix:/tmp/php-cgi.socket;\n  server 127.0.0.1:9000;\n }\n \
+        server {\n  listen 127.0.0.1:1;\n  server_name example.com;\n  root /var/www/wordpress;\n  \
+        index index.php;\n  location = /favicon.ico {\n   log_not_found off;\n   access_log off;\n  }\n  \
+        location = /robots.txt {\n   allow all;\n   log_not_found off;\n   access_log off;\n  }\n  \
+        location / {\n   try_files $uri $uri/ /index.php?$args;\n  }\n  \
+        location ~ \\.php$ {\n   include fastcgi_params;\n   fastcgi_intercept_errors on;\n   \
+        fastcgi_pass php;\n   fastcgi_param SCRIPT_FILENAME $document_root$fastcgi_script_name;\n  }\n  \
+        location ~* \\.(js|css|png|jpg|jpeg|gif|ico)$ {\n   expires max;\n   log_not_found off;\n  }\n }\n}\n";
+    let mediawiki = "events {}\nhttp {\n server {\n  listen 127.0.0.1:1;\n  root /var/www/mediawiki;\n  \
+        location ~ ^/w/(index|load|api|thumb|opensearch_desc|rest|img_auth)\\.php$ {\n   \
+        include fastcgi_params;\n   fastcgi_param SCRIPT_FILENAME $document_root$fastcgi_script_name;\n   \
+        fastcgi_pass 127.0.0.1:9000;\n  }\n  location /w/images {\n  }\n  \
+        location /w/images/deleted {\n   deny all;\n  }\n  \
+        location ~ ^/w/resources/(assets|lib|src) {\n   try_files $uri 404;\n   \
+        add_header Cache-Control \"public\";\n   expires 7d;\n  }\n  \
+        location ~ ^/w/(skins|extensions)/.+\\.(css|js|gif|jpg|jpeg|png|svg|wasm|ttf|woff|woff2)$ {\n   \
+        try_files $uri 404;\n   add_header Cache-Control \"public\";\n   expires 7d;\n  }\n  \
+        location = /favicon.ico {\n   alias /w/images/6/64/Favicon.ico;\n   \
+        add_header Cache-Control \"public\";\n   expires 7d;\n  }\n  \
+        location ~ ^/w/(COPYING|CREDITS)$ {\n   default_type text/plain;\n  }\n  \
+        location /w/rest.php/ {\n   try_files $uri $uri/ /w/rest.php?$query_string;\n  }\n  \
+        location /wiki/ {\n   rewrite ^/wiki/(?<pagename>.*)$ /w/index.php;\n  }\n  \
+        location = /robots.txt {\n  }\n  location = / {\n   return 301 /wiki/Main_Page;\n  }\n  \
+        location / {\n   return 404;\n  }\n }\n}\n";
+    for (name, conf) in [("wordpress", wordpress), ("mediawiki", mediawiki)] {
+        let dir = temp_dir(&format!("corpus-{name}"));
+        std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+        let (code, err) = shard_test(&dir);
+        assert_eq!(code, 0, "{name}: {err}");
+    }
+}

@@ -310,3 +310,69 @@ fn stream_reads_a_header_and_sends_one_upstream() {
     });
     assert!(log.contains("while reading PROXY protocol"), "{log}");
 }
+
+/// HAProxy (a real PROXY protocol writer) in front of shard with `send-proxy` and
+/// `send-proxy-v2`: shard sees the address HAProxy's client came from.
+#[test]
+fn behind_haproxy_send_proxy_and_send_proxy_v2() {
+    let haproxy = [
+        "/usr/sbin/haproxy",
+        "/usr/bin/haproxy",
+        "/usr/local/sbin/haproxy",
+    ]
+    .iter()
+    .map(std::path::Path::new)
+    .find(|p| p.is_file());
+    let Some(haproxy) = haproxy else {
+        skipped(
+            "behind_haproxy_send_proxy_and_send_proxy_v2",
+            "haproxy is not installed (apt-get install haproxy; .ci/run installs it)",
+        );
+        return;
+    };
+    let s = Server::start_ports("pp-haproxy", CONF, 1, 1);
+    let dir = temp_dir("pp-haproxy-conf").keep();
+    let (f1, f2) = (free_port(), free_port());
+    let conf = format!(
+        "global\n  maxconn 100\ndefaults\n  mode tcp\n  timeout connect 5s\n  timeout client 10s\n  timeout server 10s\n\
+         frontend v1\n  bind 127.0.0.1:{f1}\n  default_backend b1\n\
+         frontend v2\n  bind 127.0.0.1:{f2}\n  default_backend b2\n\
+         backend b1\n  server s 127.0.0.1:{p} send-proxy\n\
+         backend b2\n  server s 127.0.0.1:{p} send-proxy-v2\n",
+        p = s.ports[0]
+    );
+    std::fs::write(dir.join("haproxy.cfg"), conf).unwrap();
+    let mut child = std::process::Command::new(haproxy)
+        .arg("-db")
+        .arg("-f")
+        .arg(dir.join("haproxy.cfg"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(
+            std::fs::File::create(dir.join("haproxy.log")).unwrap(),
+        ))
+        .spawn()
+        .expect("start haproxy");
+    for port in [f1, f2] {
+        wait_for(Duration::from_secs(10), "haproxy listening", || {
+            TcpStream::connect(("127.0.0.1", port)).ok()
+        });
+    }
+    for port in [f1, f2] {
+        // The client's own address and port, as HAProxy saw them.
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let local = c.local_addr().unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(b"GET /vars HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = c.read_to_end(&mut out);
+        let b = body(&out);
+        assert!(
+            b.starts_with(&format!("127.0.0.1:{} 127.0.0.1:{port} ", local.port())),
+            "port {port}: {b:?}\n{}",
+            std::fs::read_to_string(dir.join("haproxy.log")).unwrap_or_default()
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

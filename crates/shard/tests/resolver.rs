@@ -282,3 +282,52 @@ fn resolver_directives_are_checked() {
         0
     );
 }
+
+/// `server NAME resolve` in an `upstream` (nginx 1.27.3): the workers resolve the name again
+/// when its answer expires and follow it without a reload; a name unknown at load waits,
+/// down, for its first answer.
+#[test]
+fn upstream_servers_with_resolve_follow_their_names() {
+    let zone = Zone::default();
+    zone.set("pool.test", &["127.0.0.1"]);
+    let dns_port = zone.start();
+    let up = two_servers();
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n resolver 127.0.0.1:{dns_port} ipv6=off;\n \
+         upstream pool {{ zone pool 64k; server pool.test:{up} resolve; }}\n \
+         server {{\n  listen 127.0.0.1:{{port}};\n  location = /status {{ shard_status; }}\n  \
+         location / {{ proxy_pass http://pool; }}\n }}\n}}\n"
+    );
+    let s = Server::start("dns-resolve", &conf, 1);
+    // pool.test is unknown to the system's resolver: the first answer comes from ours.
+    let b = wait_for(Duration::from_secs(5), "the first address", || {
+        let (st, b) = body_of(&s, "/a");
+        (st == 200).then_some(b)
+    });
+    assert_eq!(b, "one GET /a HTTP/1.0");
+    zone.set("pool.test", &["127.0.0.2"]);
+    let b = wait_for(Duration::from_secs(6), "the new address", || {
+        let (_, b) = body_of(&s, "/b");
+        b.starts_with("two").then_some(b)
+    });
+    assert_eq!(b, "two GET /b HTTP/1.0");
+    // Without a resolver the configuration is refused, as nginx.
+    let dir = temp_dir("dns-resolve-t");
+    std::fs::write(
+        dir.join("conf/t.conf"),
+        "events {}\nhttp {\n upstream u { server a.test:80 resolve; }\n server { listen 127.0.0.1:1; location / { proxy_pass http://u; } }\n}\n",
+    )
+    .unwrap();
+    let (code, err) = run_cli(&[
+        "-t",
+        "-p",
+        dir.to_str().unwrap(),
+        "-c",
+        dir.join("conf/t.conf").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("no resolver defined to resolve \"a.test:80\""),
+        "{err}"
+    );
+}

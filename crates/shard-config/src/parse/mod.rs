@@ -561,9 +561,27 @@ impl Env {
         listeners: &mut Vec<Listener>,
     ) -> Result<HttpConf, ConfigError> {
         let http_eff = Eff::defaults(&self.prefix).merge(&h.settings);
+        let mut upstreams = h.upstreams;
+        // `server NAME resolve` resolves through the http block's `resolver`.
+        for u in &mut upstreams {
+            let Some(name) = u.peers.iter().find_map(|p| p.resolve.clone()) else {
+                continue;
+            };
+            let Some(r) = &http_eff.resolver else {
+                return Err(err(
+                    &u.place.file,
+                    u.place.line,
+                    format!("no resolver defined to resolve \"{name}\""),
+                ));
+            };
+            u.resolver = Some(Arc::new(ResolverConf {
+                timeout_ms: http_eff.resolver_timeout_ms,
+                ..r.clone()
+            }));
+        }
         let mut ups = HttpUpstreams {
-            named: h.upstreams.len(),
-            list: h.upstreams,
+            named: upstreams.len(),
+            list: upstreams,
         };
         let mut servers = h
             .servers

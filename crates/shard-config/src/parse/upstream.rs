@@ -189,10 +189,32 @@ pub(super) fn parse_upstream_server(
         Some(_) => return Err(derr(d, file, format!("invalid address \"{name}\""))),
         None => None,
     };
+    let resolve = d.args[1..].iter().any(|a| a == "resolve");
+    if resolve && (default_port.is_none() || unix.is_some()) {
+        return Err(derr(
+            d,
+            file,
+            "\"resolve\" is supported by shard for host names of http upstreams only",
+        ));
+    }
     let addrs = match &unix {
         Some(_) => vec![SocketAddr::from(([0, 0, 0, 0], 0))],
+        // A name the workers resolve at run time may have no answer yet: its peer waits,
+        // down, for the first one (nginx starts such an upstream empty).
+        None if resolve => match resolve_upstream(&name, default_port) {
+            Ok(a) if !a.is_empty() => a,
+            Ok(_) | Err(_) => {
+                let port = name
+                    .rsplit_once(':')
+                    .and_then(|(_, p)| p.parse::<u16>().ok())
+                    .or(default_port)
+                    .unwrap_or(80);
+                vec![SocketAddr::from(([0, 0, 0, 0], port))]
+            }
+        },
         None => resolve_upstream(&name, default_port).map_err(|m| derr(d, file, m))?,
     };
+    let unresolved = resolve && addrs.iter().all(|a| a.ip().is_unspecified());
     let Some(&first) = addrs.first() else {
         return Err(derr(
             d,
@@ -228,8 +250,13 @@ pub(super) fn parse_upstream_server(
             }
             None if p == "backup" => peer.backup = true,
             None if p == "down" => peer.down = true,
+            None if p == "resolve" => {}
             _ => return Err(bad()),
         }
+    }
+    if resolve {
+        peer.resolve = Some(name.clone());
+        peer.down |= unresolved;
     }
     Ok(addrs
         .into_iter()
@@ -259,6 +286,7 @@ pub(super) fn default_peer(addr: SocketAddr) -> PeerConf {
         max_conns: 0,
         backup: false,
         down: false,
+        resolve: None,
     }
 }
 
@@ -274,6 +302,7 @@ pub(super) fn finish_upstream(name: String, place: Place, u: UpstreamP) -> Upstr
         keepalive_requests: u.keepalive_requests.unwrap_or(1000),
         keepalive_time_ms: u.keepalive_time_ms.unwrap_or(3_600_000),
         balance: u.balance.unwrap_or_default(),
+        resolver: None,
     }
 }
 

@@ -253,6 +253,7 @@ mod tests {
             max_conns: 0,
             backup: false,
             down: false,
+            resolve: None,
         }
     }
 
@@ -633,6 +634,7 @@ mod method_tests {
                 max_conns: 0,
                 backup: false,
                 down: false,
+                resolve: None,
             })
             .collect()
     }

@@ -532,6 +532,7 @@ impl<'a> Worker<'a> {
                 unix: unix.map(std::path::Path::to_path_buf),
                 backup: false,
                 down: false,
+                resolve: None,
             })
             .collect();
         let u = UpstreamConf {
@@ -546,6 +547,7 @@ impl<'a> Worker<'a> {
             keepalive_requests: 1000,
             keepalive_time_ms: 3_600_000,
             balance: Balance::RoundRobin,
+            resolver: None,
         };
         self.http_peer_state
             .push(balance::PeerState::table(&u.peers));
@@ -554,6 +556,90 @@ impl<'a> Worker<'a> {
         let i = self.dyn_ups.len() - 1;
         self.dyn_index.insert(name.to_string(), i);
         Some(base + i)
+    }
+
+    /// `server NAME resolve`: asks again for every such name whose answer expired (the
+    /// answers come to the cache), and when the addresses of an upstream's names changed,
+    /// makes its new peers an upstream of the worker that new requests take (`shadow`);
+    /// requests in flight keep the peers they started with. A name without an answer keeps
+    /// its last addresses.
+    pub(super) fn refresh_resolved_upstreams(&mut self) {
+        let http = self.http();
+        for (i, u) in http.upstreams.iter().enumerate() {
+            let Some(conf) = u.resolver.clone() else {
+                continue;
+            };
+            let current = self.ups(self.shadow.get(&i).copied().unwrap_or(i));
+            let mut peers: Vec<PeerConf> = Vec::with_capacity(current.peers.len());
+            let mut changed = false;
+            let mut done = Vec::new();
+            for tpl in &u.peers {
+                let Some(written) = tpl.resolve.as_deref() else {
+                    peers.push(tpl.clone());
+                    continue;
+                };
+                if done.contains(&written) {
+                    continue;
+                }
+                done.push(written);
+                let (host, port) = match written.rsplit_once(':') {
+                    Some((h, p)) if p.parse::<u16>().is_ok() => (h, p.parse::<u16>().unwrap_or(80)),
+                    _ => (written, 80),
+                };
+                let before: Vec<PeerConf> = current
+                    .peers
+                    .iter()
+                    .filter(|p| p.resolve.as_deref() == Some(written))
+                    .cloned()
+                    .collect();
+                match self.resolve_for(None, host, &conf) {
+                    super::resolver::Resolved::Ready(ips) => {
+                        let now: Vec<PeerConf> = ips
+                            .iter()
+                            .map(|ip| PeerConf {
+                                addr: std::net::SocketAddr::new(*ip, port),
+                                name: std::net::SocketAddr::new(*ip, port).to_string(),
+                                down: tpl.down && !tpl.addr.ip().is_unspecified(),
+                                ..tpl.clone()
+                            })
+                            .collect();
+                        let same = now.len() == before.len()
+                            && now
+                                .iter()
+                                .zip(&before)
+                                .all(|(a, b)| a.addr == b.addr && a.down == b.down);
+                        changed |= !same;
+                        peers.extend(now);
+                    }
+                    _ => peers.extend(before),
+                }
+            }
+            if !changed {
+                continue;
+            }
+            if self.dyn_ups.len() >= DYN_UPSTREAMS_MAX {
+                crate::log!(
+                    Error,
+                    "too many upstreams resolved at run time to follow \"{}\"",
+                    u.name
+                );
+                continue;
+            }
+            let addrs: Vec<String> = peers.iter().map(|p| p.name.clone()).collect();
+            crate::log!(
+                Notice,
+                "upstream \"{}\" now has the peers {}",
+                u.name,
+                addrs.join(", ")
+            );
+            let nu = UpstreamConf { peers, ..u.clone() };
+            self.http_peer_state
+                .push(balance::PeerState::table(&nu.peers));
+            self.pools.push(Vec::new());
+            self.dyn_ups.push(Rc::new(nu));
+            let eff = self.http().upstreams.len() + self.dyn_ups.len() - 1;
+            self.shadow.insert(i, eff);
+        }
     }
 
     /// `proxy_pass` with variables: renders the URL and finds its host, as nginx: a named
@@ -917,6 +1003,17 @@ impl<'a> Worker<'a> {
     fn proxy_connect(&mut self, key: usize, p: &mut Proxy) -> Flow {
         if p.dyn_pass.is_none() {
             let loc = self.proxy_location(p);
+            // An upstream with `server ... resolve` whose names this worker resolved again:
+            // the request takes the current peers (and keeps them through its retries).
+            if let Some(pass) = loc.proxy_pass.as_ref().filter(|x| x.dynamic.is_none()) {
+                if let Some(&eff) = self.shadow.get(&pass.upstream) {
+                    p.tried = vec![false; self.ups(eff).peers.len()];
+                    p.dyn_pass = Some(Rc::new(ProxyPass {
+                        upstream: eff,
+                        ..pass.clone()
+                    }));
+                }
+            }
             if let Some(parts) = loc.proxy_pass.as_ref().and_then(|x| x.dynamic.as_ref()) {
                 match self.dynamic_pass(key, p, parts) {
                     Ok(true) => p.dyn_host = None,
@@ -2322,6 +2419,9 @@ impl<'a> Worker<'a> {
 
     fn log_proxy_access(&mut self, key: usize, p: &Proxy, status: u16, bytes: u64) {
         let loc = self.proxy_location(p);
+        if loc.access_logs.is_empty() {
+            return;
+        }
         let mut attempts = p.attempts.clone();
         if let Some(a) = attempts.last_mut().filter(|a| a.response_ms.is_none()) {
             a.response_ms = Some(self.now_ms.saturating_sub(p.attempt_started_ms));

@@ -88,6 +88,18 @@ impl Worker<'_> {
         name: &str,
         conf: &Arc<ResolverConf>,
     ) -> Resolved {
+        let waiter = (key, self.conns[key].id);
+        self.resolve_for(Some(waiter), name, conf)
+    }
+
+    /// [`Worker::resolve_name`] for `waiter` (a request to drive again when the answer
+    /// comes), or for nobody (`server ... resolve`: the next heartbeat reads the cache).
+    pub(super) fn resolve_for(
+        &mut self,
+        waiter: Option<(usize, u64)>,
+        name: &str,
+        conf: &Arc<ResolverConf>,
+    ) -> Resolved {
         let name = name.trim_end_matches('.').to_ascii_lowercase();
         if !dns::valid_name(&name) {
             return Resolved::Failed(DnsError::FormatError);
@@ -101,10 +113,9 @@ impl Worker<'_> {
                 };
             }
         }
-        let conn_id = self.conns[key].id;
         if let Some((_, q)) = self.resolver.queries.iter_mut().find(|(_, q)| q.key == ck) {
-            if !q.waiters.contains(&(key, conn_id)) {
-                q.waiters.push((key, conn_id));
+            if let Some(w) = waiter.filter(|w| !q.waiters.contains(w)) {
+                q.waiters.push(w);
             }
             return Resolved::Waiting;
         }
@@ -122,14 +133,7 @@ impl Worker<'_> {
         } else {
             dns::TYPE_AAAA
         };
-        match self.start_query(
-            ck,
-            name.clone(),
-            conf.clone(),
-            server,
-            qtype,
-            (key, conn_id),
-        ) {
+        match self.start_query(ck, name.clone(), conf.clone(), server, qtype, waiter) {
             Ok(()) => Resolved::Waiting,
             Err(e) => {
                 crate::log!(
@@ -152,7 +156,7 @@ impl Worker<'_> {
         conf: Arc<ResolverConf>,
         server: usize,
         qtype: u16,
-        waiter: (usize, u64),
+        waiter: Option<(usize, u64)>,
     ) -> std::io::Result<()> {
         let addr = *conf
             .servers
@@ -181,7 +185,7 @@ impl Worker<'_> {
             found: Vec::new(),
             ttl: u32::MAX,
             started_ms: self.now_ms,
-            waiters: vec![waiter],
+            waiters: waiter.into_iter().collect(),
         });
         let token = Token::Resolver {
             key: qk,
@@ -263,11 +267,8 @@ impl Worker<'_> {
                     let found = old.found;
                     let ttl = old.ttl;
                     let waiters = old.waiters;
-                    let Some(&first) = waiters.first() else {
-                        return;
-                    };
                     if self
-                        .start_query(ck.clone(), name, conf, server, dns::TYPE_AAAA, first)
+                        .start_query(ck.clone(), name, conf, server, dns::TYPE_AAAA, None)
                         .is_err()
                     {
                         return self.deliver(&ck, Ok(found), ttl, valid, &waiters);
@@ -346,6 +347,11 @@ impl Worker<'_> {
             if self.conns.get(key).is_some_and(|c| c.id == id) {
                 self.drive(key);
             }
+        }
+        if waiters.is_empty() {
+            // A `server ... resolve` name asked by the heartbeat: applied now, while the
+            // answer is fresh (a TTL shorter than the heartbeat would otherwise never be).
+            self.refresh_resolved_upstreams();
         }
     }
 
