@@ -305,6 +305,8 @@ pub enum StatusHandler {
     Stub,
     /// `shard_status`: JSON, or Prometheus text with `?format=prometheus`.
     Shard,
+    /// `empty_gif`: nginx's 1x1 transparent GIF.
+    EmptyGif,
 }
 
 /// One `access_log PATH [FORMAT [buffer=SIZE] [flush=TIME] [if=CONDITION]]`.
@@ -440,6 +442,8 @@ pub struct LocationConf {
     pub server_name_in_redirect: bool,
     /// `if_modified_since`: how `If-Modified-Since` is compared. Default `exact`.
     pub if_modified_since: IfModifiedSince,
+    /// `etag on|off`: static files carry an `ETag`. Default on.
+    pub etag: bool,
     /// `autoindex`, `autoindex_exact_size`, `autoindex_format`, `autoindex_localtime` (each
     /// `None` where not written: off, on, html, off).
     pub autoindex: Autoindex,
@@ -1282,6 +1286,11 @@ pub struct ProxyConf {
     pub next_upstream: NextUpstream,
     /// `proxy_next_upstream_tries`: most peers tried per request, 0 = no limit. Default 0.
     pub next_upstream_tries: u32,
+    /// `proxy_next_upstream_timeout`: no new attempt once this long has passed since the
+    /// first began, 0 = no limit. Default 0.
+    pub next_upstream_timeout_ms: u64,
+    /// `proxy_socket_keepalive on|off`: `SO_KEEPALIVE` on upstream sockets. Default off.
+    pub socket_keepalive: bool,
     /// `proxy_buffering on|off`. Default on.
     pub buffering: bool,
     /// `proxy_buffer_size`: the largest upstream response head, and the whole response
@@ -1373,6 +1382,8 @@ impl Default for ProxyConf {
             send_timeout_ms: 60_000,
             next_upstream: NextUpstream::DEFAULT,
             next_upstream_tries: 0,
+            next_upstream_timeout_ms: 0,
+            socket_keepalive: false,
             buffering: true,
             buffer_size: 4096,
             buffers: (8, 4096),

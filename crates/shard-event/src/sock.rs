@@ -203,6 +203,11 @@ pub fn set_nodelay(fd: RawFd, on: bool) -> io::Result<()> {
     setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, on as libc::c_int)
 }
 
+/// `SO_KEEPALIVE` (`proxy_socket_keepalive on`): TCP keep-alive probes on an upstream socket.
+pub fn set_keepalive(fd: RawFd, on: bool) -> io::Result<()> {
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, on as libc::c_int)
+}
+
 /// `TCP_DEFER_ACCEPT`: the kernel reports a connection to `accept` only once data arrived (or
 /// after `secs`).
 pub fn set_defer_accept(fd: RawFd, secs: i32) -> io::Result<()> {

@@ -357,6 +357,7 @@ pub(crate) mod tests {
             log_not_found: true,
             autoindex: Default::default(),
             if_modified_since: shard_config::IfModifiedSince::Exact,
+            etag: true,
             absolute_redirect: true,
             port_in_redirect: true,
             server_name_in_redirect: false,

@@ -319,6 +319,12 @@ pub fn plan(req: &Request, meta: &FileMeta) -> Plan {
 
 /// [`plan`] under the location's `if_modified_since`.
 pub fn plan_with(req: &Request, meta: &FileMeta, ims_mode: IfModifiedSince) -> Plan {
+    plan_full(req, meta, ims_mode, true)
+}
+
+/// [`plan_with`] and the location's `etag`: off, no `ETag` is sent, and as in nginx an
+/// `If-Match` other than `*` fails (412) and `If-None-Match` never gives a 304.
+pub fn plan_full(req: &Request, meta: &FileMeta, ims_mode: IfModifiedSince, etag_on: bool) -> Plan {
     if !matches!(req.method, Method::Get | Method::Head) {
         return Plan::Reply(error_simple(405));
     }
@@ -342,7 +348,13 @@ pub fn plan_with(req: &Request, meta: &FileMeta, ims_mode: IfModifiedSince) -> P
     if !meta.is_file {
         return Plan::Reply(error_simple(404));
     }
-    let etag = etag_inline(meta);
+    // No tag matches nothing: `etag off` compares with a value no list holds.
+    let etag = if etag_on {
+        etag_inline(meta)
+    } else {
+        crate::InlineStr::from("\u{0}")
+    };
+    let sent = etag_on.then_some(etag);
     let last_modified = crate::http_date_inline(meta.mtime_secs.max(0) as u64);
     if precondition_failed(req, meta, &etag) {
         return Plan::Reply(error_simple(412));
@@ -354,7 +366,7 @@ pub fn plan_with(req: &Request, meta: &FileMeta, ims_mode: IfModifiedSince) -> P
             len: 0,
             headers: StaticHeaders {
                 last_modified: Some(last_modified),
-                etag: Some(etag),
+                etag: sent,
                 content_range: None,
             },
         };
@@ -362,7 +374,7 @@ pub fn plan_with(req: &Request, meta: &FileMeta, ims_mode: IfModifiedSince) -> P
     let range = req.range.as_deref().and_then(|r| parse_range(r, meta.size));
     let headers = StaticHeaders {
         last_modified: Some(last_modified),
-        etag: Some(etag),
+        etag: sent,
         content_range: None,
     };
     match range {

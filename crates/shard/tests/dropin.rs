@@ -1810,3 +1810,73 @@ fn proxy_method_and_pass_request_headers() {
     );
     assert_eq!(ask("/h/x"), "GET [] [yes]");
 }
+
+/// `etag off` (no `ETag`; `If-None-Match` never 304, `If-Match` 412) and `empty_gif`.
+#[test]
+fn etag_off_and_empty_gif_as_nginx() {
+    let s = Server::start(
+        "etag-gif",
+        "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+         root {dir}/html;\n  location = /status { shard_status; }\n  \
+         location /off/ { etag off; }\n  location = /pixel.gif { empty_gif; }\n }\n}\n",
+        1,
+    );
+    write_file(&s.dir, "html/on.txt", b"on");
+    write_file(&s.dir, "html/off/x.txt", b"off");
+    let r = get(s.addr(), "/on.txt");
+    let tag = r.header("etag").expect("etag on by default").to_string();
+    let (st, hs, _) = exchange(
+        s.addr(),
+        &format!("GET /on.txt HTTP/1.1\r\nHost: x\r\nIf-None-Match: {tag}"),
+    );
+    assert_eq!(st, 304, "{hs:?}");
+    let r = get(s.addr(), "/off/x.txt");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("etag"), None);
+    assert!(r.header("last-modified").is_some());
+    let (st, _, _) = exchange(
+        s.addr(),
+        "GET /off/x.txt HTTP/1.1\r\nHost: x\r\nIf-None-Match: \"anything\"",
+    );
+    assert_eq!(st, 200);
+    let (st, _, _) = exchange(
+        s.addr(),
+        "GET /off/x.txt HTTP/1.1\r\nHost: x\r\nIf-Match: \"x\"",
+    );
+    assert_eq!(st, 412);
+    let (st, _, _) = exchange(
+        s.addr(),
+        "GET /off/x.txt HTTP/1.1\r\nHost: x\r\nIf-Match: *",
+    );
+    assert_eq!(st, 200);
+    let r = get(s.addr(), "/pixel.gif");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("image/gif"));
+    assert!(r.body.starts_with(b"GIF89a\x01\x00\x01\x00") && r.body.ends_with(b";"));
+    let (st, _, _) = exchange(
+        s.addr(),
+        "POST /pixel.gif HTTP/1.1\r\nHost: x\r\nContent-Length: 0",
+    );
+    assert_eq!(st, 405);
+}
+
+/// `proxy_next_upstream_timeout`: no second attempt once it has passed since the first began.
+#[test]
+fn proxy_next_upstream_timeout_bounds_the_retries() {
+    let dead = support::upstream::Blackhole::new();
+    let good = support::upstream::Upstream::text("good");
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n upstream u {{ server 127.0.0.1:{}; server 127.0.0.1:{}; }}\n \
+         server {{\n  listen 127.0.0.1:{{port}};\n  location = /status {{ shard_status; }}\n  \
+         proxy_connect_timeout 400ms;\n  proxy_socket_keepalive on;\n  \
+         location /bounded {{ proxy_next_upstream_timeout 100ms; proxy_pass http://u; }}\n  \
+         location /free {{ proxy_pass http://u; }}\n }}\n}}\n",
+        dead.port, good.port
+    );
+    let s = Server::start("nu-timeout", &conf, 1);
+    // Round robin starts at the dead peer in both locations' first request.
+    let (st, _, _) = exchange(s.addr(), "GET /bounded HTTP/1.1\r\nHost: x");
+    assert_eq!(st, 504);
+    let (st, _, body) = exchange(s.addr(), "GET /free HTTP/1.1\r\nHost: x");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+}

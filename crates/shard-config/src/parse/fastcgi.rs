@@ -179,6 +179,13 @@ pub(super) fn set_fastcgi(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
             let nu = parse_next_upstream(d, file)?;
             once(&mut f.up.next_upstream, nu, d, file)
         }
+        "fastcgi_next_upstream_timeout" => once(
+            &mut f.up.next_upstream_timeout_ms,
+            time(d, file, v)?,
+            d,
+            file,
+        ),
+        "fastcgi_socket_keepalive" => once(&mut f.up.socket_keepalive, flag(d, file, v)?, d, file),
         "fastcgi_next_upstream_tries" => {
             let n = v.parse::<u32>().map_err(|_| invalid(d, file, v))?;
             once(&mut f.up.next_upstream_tries, n, d, file)

@@ -161,6 +161,7 @@ pub(super) struct Settings {
     pub(super) log_not_found: Option<bool>,
     pub(super) autoindex: Option<Autoindex>,
     pub(super) if_modified_since: Option<IfModifiedSince>,
+    pub(super) etag: Option<bool>,
     pub(super) absolute_redirect: Option<bool>,
     pub(super) port_in_redirect: Option<bool>,
     pub(super) server_name_in_redirect: Option<bool>,
@@ -223,6 +224,8 @@ pub(super) struct ProxyP {
     pub(super) send_timeout_ms: Option<u64>,
     pub(super) next_upstream: Option<NextUpstream>,
     pub(super) next_upstream_tries: Option<u32>,
+    pub(super) next_upstream_timeout_ms: Option<u64>,
+    pub(super) socket_keepalive: Option<bool>,
     pub(super) buffering: Option<bool>,
     pub(super) buffer_size: Option<usize>,
     pub(super) buffers: Option<(usize, usize)>,
@@ -324,6 +327,10 @@ impl ProxyP {
             next_upstream_tries: self
                 .next_upstream_tries
                 .unwrap_or(parent.next_upstream_tries),
+            next_upstream_timeout_ms: self
+                .next_upstream_timeout_ms
+                .unwrap_or(parent.next_upstream_timeout_ms),
+            socket_keepalive: self.socket_keepalive.unwrap_or(parent.socket_keepalive),
             buffering: self.buffering.unwrap_or(parent.buffering),
             buffer_size: self.buffer_size.unwrap_or(parent.buffer_size),
             buffers: self.buffers.unwrap_or(parent.buffers),
@@ -411,6 +418,7 @@ pub(super) struct Eff {
     pub(super) log_not_found: bool,
     pub(super) autoindex: Autoindex,
     pub(super) if_modified_since: IfModifiedSince,
+    pub(super) etag: bool,
     pub(super) absolute_redirect: bool,
     pub(super) port_in_redirect: bool,
     pub(super) server_name_in_redirect: bool,
@@ -490,6 +498,7 @@ impl Eff {
             log_not_found: true,
             autoindex: Autoindex::default(),
             if_modified_since: IfModifiedSince::Exact,
+            etag: true,
             absolute_redirect: true,
             port_in_redirect: true,
             server_name_in_redirect: false,
@@ -620,6 +629,7 @@ impl Eff {
                 }
             },
             if_modified_since: s.if_modified_since.unwrap_or(self.if_modified_since),
+            etag: s.etag.unwrap_or(self.etag),
             absolute_redirect: s.absolute_redirect.unwrap_or(self.absolute_redirect),
             port_in_redirect: s.port_in_redirect.unwrap_or(self.port_in_redirect),
             server_name_in_redirect: s
@@ -706,6 +716,7 @@ impl Eff {
             log_not_found: self.log_not_found,
             autoindex: self.autoindex,
             if_modified_since: self.if_modified_since,
+            etag: self.etag,
             absolute_redirect: self.absolute_redirect,
             port_in_redirect: self.port_in_redirect,
             server_name_in_redirect: self.server_name_in_redirect,
@@ -1879,6 +1890,14 @@ pub(super) fn set_autoindex(_: &Env, s: &mut Settings, d: &Directive, file: &str
     once(slot, v, d, file)
 }
 
+slot!(set_etag, etag, flag);
+
+/// `empty_gif` (location): nginx's 1x1 transparent GIF.
+pub(super) fn location_empty_gif(_: &Env, loc: &mut LocP, _: &Directive, _: &str) -> R {
+    loc.handler = Some(StatusHandler::EmptyGif);
+    Ok(())
+}
+
 /// `if_modified_since off | exact | before`.
 pub(super) fn set_if_modified_since(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let v = match a0(d) {
@@ -2521,6 +2540,14 @@ slot!(
 );
 
 slot!(set_proxy_buffering, proxy.buffering, flag);
+
+slot!(
+    set_proxy_next_upstream_timeout,
+    proxy.next_upstream_timeout_ms,
+    time
+);
+
+slot!(set_proxy_socket_keepalive, proxy.socket_keepalive, flag);
 
 slot!(set_proxy_request_buffering, proxy.request_buffering, flag);
 

@@ -883,6 +883,36 @@ pub(super) static TABLE: &[Spec] = &[
         Set::StreamServer(stream_server_proxy_pass),
     ),
     d("proxy_pass", L, 1, 1, Set::Location(location_proxy_pass)),
+    d("etag", HSL, 1, 1, Set::Settings(set_etag)),
+    d(
+        "proxy_next_upstream_timeout",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_next_upstream_timeout),
+    ),
+    d(
+        "proxy_socket_keepalive",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_socket_keepalive),
+    ),
+    d(
+        "fastcgi_next_upstream_timeout",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_fastcgi),
+    ),
+    d(
+        "fastcgi_socket_keepalive",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_fastcgi),
+    ),
+    d("empty_gif", L, 0, 0, Set::Location(location_empty_gif)),
     // FastCGI: the proxy's machinery, a second wire format (`fastcgi.rs`).
     d(
         "fastcgi_ignore_headers",

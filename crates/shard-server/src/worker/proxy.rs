@@ -220,6 +220,8 @@ pub(super) struct Proxy {
     dyn_pass: Option<Rc<ProxyPass>>,
     /// The host being resolved, for the timeout's log line.
     dyn_host: Option<String>,
+    /// `proxy_next_upstream_timeout`: no attempt starts after this (monotonic ms).
+    retry_until_ms: u64,
 }
 
 /// A FastCGI attempt's wire state: the records read and not yet decoded, the application's
@@ -295,6 +297,7 @@ impl Proxy {
             fcgi: None,
             dyn_pass: None,
             dyn_host: None,
+            retry_until_ms: u64::MAX,
         }
     }
 
@@ -1058,6 +1061,16 @@ impl<'a> Worker<'a> {
                     // `balance::pick` marked every peer live again.
                     return no_more_peers(p, 502);
                 };
+                // `proxy_next_upstream_timeout`: no new attempt past it (the first sets it).
+                let nu_timeout = loc.proxy.next_upstream_timeout_ms;
+                if p.tries == 0 {
+                    p.retry_until_ms = match nu_timeout {
+                        0 => u64::MAX,
+                        t => self.now_ms.saturating_add(t),
+                    };
+                } else if self.now_ms >= p.retry_until_ms {
+                    return no_more_peers(p, 502);
+                }
                 p.tried[peer] = true;
                 p.tries += 1;
                 p.attempts.push(shard_http::vars::UpstreamTry {
@@ -1169,6 +1182,9 @@ impl<'a> Worker<'a> {
             return Flow::Fail(500);
         }
         let _ = shard_event::sock::set_nodelay(raw, true);
+        if loc.proxy.socket_keepalive {
+            let _ = shard_event::sock::set_keepalive(raw, true);
+        }
         p.up = Some(u);
         if done {
             return self.upstream_connected(key, p);

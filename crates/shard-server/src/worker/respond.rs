@@ -288,6 +288,18 @@ fn listener_rows(w: &Worker<'_>) -> Vec<ListenerRow> {
     rows
 }
 
+/// `empty_gif`: a 1x1 transparent GIF, as nginx serves it.
+const EMPTY_GIF: &[u8] = &[
+    b'G', b'I', b'F', b'8', b'9', b'a', // header
+    0x01, 0x00, 0x01, 0x00, // 1x1
+    0x80, 0x01, 0x00, // a 2-colour global table, background #1, no aspect ratio
+    0x00, 0x00, 0x00, 0xff, 0xff, 0xff, // black, white
+    0x21, 0xf9, 0x04, 0x01, 0x00, 0x00, 0x01, 0x00, // graphic control: #1 transparent
+    0x2c, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, // image descriptor
+    0x02, 0x01, 0x44, 0x00, // LZW data
+    0x3b, // trailer
+];
+
 fn status_page(
     w: &mut Worker<'_>,
     key: usize,
@@ -310,6 +322,10 @@ fn status_page(
     }
     let mut body = Vec::with_capacity(1024);
     let content_type = match h {
+        StatusHandler::EmptyGif => {
+            body.extend_from_slice(EMPTY_GIF);
+            "image/gif"
+        }
         StatusHandler::Stub => {
             status::stub(w.region, &mut body);
             "text/plain"
@@ -678,7 +694,7 @@ fn send_file(
     meta: FileMeta,
 ) -> Reply {
     let content_type = shard_http::static_file::content_type(loc, &path).to_string();
-    match shard_http::static_file::plan_with(req, &meta, loc.if_modified_since) {
+    match shard_http::static_file::plan_full(req, &meta, loc.if_modified_since, loc.etag) {
         Plan::Send {
             mut status,
             offset,
