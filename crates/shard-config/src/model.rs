@@ -444,6 +444,9 @@ pub struct LocationConf {
     pub if_modified_since: IfModifiedSince,
     /// `etag on|off`: static files carry an `ETag`. Default on.
     pub etag: bool,
+    /// `auth_basic REALM` with `auth_basic_user_file FILE`: HTTP Basic authentication in the
+    /// access phase. `None`: off (or no user file).
+    pub auth_basic: Option<std::sync::Arc<AuthBasic>>,
     /// `autoindex`, `autoindex_exact_size`, `autoindex_format`, `autoindex_localtime` (each
     /// `None` where not written: off, on, html, off).
     pub autoindex: Autoindex,
@@ -483,6 +486,16 @@ pub struct LocationConf {
     pub fastcgi: Option<std::sync::Arc<FastcgiConf>>,
     /// `resolver` with its `resolver_timeout`, inherited: names resolved at run time.
     pub resolver: Option<std::sync::Arc<ResolverConf>>,
+}
+
+/// `auth_basic` and its user file, read when the configuration is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthBasic {
+    pub realm: String,
+    pub file: PathBuf,
+    /// `user:hash` lines (comments and empty lines left out), or why the file could not be
+    /// read (each request is then a 500, as nginx's failed `open()`).
+    pub users: Result<Vec<(String, String)>, String>,
 }
 
 /// What FastCGI adds to the proxy's settings, for a location with `fastcgi_pass`.
@@ -1044,7 +1057,7 @@ pub enum Var {
     RemotePort,
     /// `$binary_remote_addr`: the client address as 4 or 16 bytes (zone keys).
     BinaryRemoteAddr,
-    /// `$remote_user`: always empty (shard has no basic authentication).
+    /// `$remote_user`: the user of an `Authorization: Basic` header (verified or not).
     RemoteUser,
     /// `$server_addr`, `$server_port`, `$server_name`.
     ServerAddr,
@@ -1195,6 +1208,7 @@ impl Var {
             self,
             Var::Http(_)
                 | Var::Cookie(_)
+                | Var::RemoteUser
                 | Var::ContentType
                 | Var::ContentLength
                 | Var::RequestLength
@@ -1316,6 +1330,12 @@ pub struct ProxyConf {
     pub pass_headers: Vec<String>,
     /// `proxy_redirect`: how an upstream's `Location` and `Refresh` are rewritten.
     pub redirect: ProxyRedirect,
+    /// `proxy_cookie_domain FROM TO` pairs, in order (empty: off): a `Set-Cookie`'s
+    /// `domain=` equal to FROM (without case, a leading dot kept) becomes TO.
+    pub cookie_domain: Vec<(String, Vec<Part>)>,
+    /// `proxy_cookie_path FROM TO` pairs, in order (empty: off): a `Set-Cookie`'s `path=`
+    /// starting with FROM gets TO instead of that prefix.
+    pub cookie_path: Vec<(String, Vec<Part>)>,
     /// `proxy_ssl_*`: TLS to an `https://` upstream.
     pub ssl: ProxySsl,
 }
@@ -1394,6 +1414,8 @@ impl Default for ProxyConf {
             hide_headers: Vec::new(),
             pass_headers: Vec::new(),
             redirect: ProxyRedirect::Default,
+            cookie_domain: Vec::new(),
+            cookie_path: Vec::new(),
             ssl: ProxySsl::default(),
         }
     }

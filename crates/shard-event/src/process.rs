@@ -488,6 +488,29 @@ pub fn set_title(area: TitleArea, title: &str) {
     }
 }
 
+#[link(name = "crypt")]
+extern "C" {
+    fn crypt(key: *const libc::c_char, salt: *const libc::c_char) -> *mut libc::c_char;
+}
+
+/// `crypt(3)` (libcrypt: DES, `$1$` MD5, `$5$`/`$6$` SHA-2, `$y$` yescrypt ...): `key`
+/// hashed with the method and salt of `setting`, as an htpasswd line stores it. `None` when
+/// libcrypt refuses the setting. Not reentrant (a static buffer): workers are one thread.
+pub fn crypt_hash(key: &str, setting: &str) -> Option<String> {
+    let k = std::ffi::CString::new(key).ok()?;
+    let s = std::ffi::CString::new(setting).ok()?;
+    // SAFETY: both are NUL-terminated strings alive for the call; the result points into
+    // libcrypt's static buffer, copied out before anything else calls crypt.
+    let out = unsafe { crypt(k.as_ptr(), s.as_ptr()) };
+    if out.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null result is a NUL-terminated string.
+    let text = unsafe { std::ffi::CStr::from_ptr(out) }.to_str().ok()?;
+    // libxcrypt signals failure with a string starting with `*`.
+    (!text.starts_with('*')).then(|| text.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

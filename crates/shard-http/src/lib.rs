@@ -258,3 +258,61 @@ mod tests {
 
 #[doc(hidden)]
 pub mod fuzz;
+
+/// Standard base64 (RFC 4648, with or without `=` padding); `None` for anything else.
+pub fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let t = s.trim_end_matches('=');
+    if s.len() - t.len() > 2 || t.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(t.len() * 3 / 4);
+    for chunk in t.as_bytes().chunks(4) {
+        let mut n = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            n |= val(c)? << (18 - 6 * i);
+        }
+        out.push((n >> 16) as u8);
+        if chunk.len() > 2 {
+            out.push((n >> 8) as u8);
+        }
+        if chunk.len() > 3 {
+            out.push(n as u8);
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod base64_tests {
+    #[test]
+    fn decodes_rfc_4648_vectors() {
+        for (enc, dec) in [
+            ("", ""),
+            ("Zg==", "f"),
+            ("Zm8=", "fo"),
+            ("Zm9v", "foo"),
+            ("Zm9vYg==", "foob"),
+            ("Zm9vYmE", "fooba"),
+            ("Zm9vYmFy", "foobar"),
+        ] {
+            assert_eq!(
+                super::base64_decode(enc).as_deref(),
+                Some(dec.as_bytes()),
+                "{enc}"
+            );
+        }
+        assert_eq!(super::base64_decode("Z"), None);
+        assert_eq!(super::base64_decode("Zm9v!"), None);
+        assert_eq!(super::base64_decode("Zg==="), None);
+    }
+}

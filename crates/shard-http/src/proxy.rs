@@ -769,6 +769,58 @@ pub fn parse_response_passing(
     }
 }
 
+/// `proxy_cookie_domain` and `proxy_cookie_path` on one `Set-Cookie` value, as nginx: the
+/// `domain=` and `path=` attributes (names without case) each take the first rule that
+/// matches; a domain matches without case and ignoring a leading dot (which is kept), a path
+/// by a literal prefix, which the replacement takes the place of. `render` gives a
+/// replacement's text. `None`: nothing changed.
+pub fn rewrite_set_cookie(
+    value: &[u8],
+    domains: &[(String, Vec<shard_config::Part>)],
+    paths: &[(String, Vec<shard_config::Part>)],
+    render: &dyn Fn(&[shard_config::Part]) -> String,
+) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(value).ok()?;
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut changed = false;
+    for (i, part) in text.split(';').enumerate() {
+        if i > 0 {
+            out.push(';');
+        }
+        let lead = part.len() - part.trim_start().len();
+        let attr = &part[lead..];
+        let (name, val) = attr.split_once('=').unwrap_or((attr, ""));
+        let new = if i == 0 {
+            None
+        } else if name.eq_ignore_ascii_case("domain") && !domains.is_empty() {
+            let (dot, bare) = match val.strip_prefix('.') {
+                Some(b) => (".", b),
+                None => ("", val),
+            };
+            domains
+                .iter()
+                .find(|(from, _)| from.eq_ignore_ascii_case(bare))
+                .map(|(_, to)| format!("{name}={dot}{}", render(to)))
+        } else if name.eq_ignore_ascii_case("path") && !paths.is_empty() {
+            paths
+                .iter()
+                .find(|(from, _)| val.starts_with(from.as_str()))
+                .map(|(from, to)| format!("{name}={}{}", render(to), &val[from.len()..]))
+        } else {
+            None
+        };
+        out.push_str(&part[..lead]);
+        match new {
+            Some(n) => {
+                changed = true;
+                out.push_str(&n);
+            }
+            None => out.push_str(attr),
+        }
+    }
+    changed.then(|| out.into_bytes())
+}
+
 /// Appends the client's response head for `head`, delimited by `client_framing`.
 ///
 /// The status line and `Server`/`Date` as [`crate::response::write_head`] writes them, the
@@ -866,6 +918,28 @@ pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 mod tests {
     use super::*;
     use crate::request::{parse, Limits, Parse};
+
+    #[test]
+    fn set_cookie_domain_and_path_rewrites() {
+        let lit = |t: &str| vec![shard_config::Part::Lit(t.to_string())];
+        let domains = vec![("localhost".to_string(), lit("example.org"))];
+        let paths = vec![("/two/".to_string(), lit("/"))];
+        let render = |p: &[shard_config::Part]| match p.first() {
+            Some(shard_config::Part::Lit(t)) => t.clone(),
+            _ => String::new(),
+        };
+        let r = |v: &str| {
+            rewrite_set_cookie(v.as_bytes(), &domains, &paths, &render)
+                .map(|b| String::from_utf8(b).unwrap())
+        };
+        assert_eq!(
+            r("a=1; Domain=.LocalHost; Path=/two/some/uri/; HttpOnly").as_deref(),
+            Some("a=1; Domain=.example.org; Path=/some/uri/; HttpOnly")
+        );
+        assert_eq!(r("a=1; domain=other; path=/one/"), None);
+        // The cookie's own name=value is never an attribute.
+        assert_eq!(r("domain=localhost"), None);
+    }
     use crate::route::tests::loc;
     use shard_config::{Part, Var};
     use std::path::Path;

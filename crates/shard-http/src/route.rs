@@ -358,6 +358,7 @@ pub(crate) mod tests {
             autoindex: Default::default(),
             if_modified_since: shard_config::IfModifiedSince::Exact,
             etag: true,
+            auth_basic: None,
             absolute_redirect: true,
             port_in_redirect: true,
             server_name_in_redirect: false,

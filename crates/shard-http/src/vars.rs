@@ -279,7 +279,25 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             },
             None => {}
         },
-        Var::RemoteUser => {}
+        Var::RemoteUser => {
+            // The user of `Authorization: Basic`, verified or not (as nginx).
+            if let Some(h) = c
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("authorization"))
+            {
+                let v = String::from_utf8_lossy(h.value);
+                if let Some((scheme, rest)) = v.trim().split_once(' ') {
+                    if scheme.eq_ignore_ascii_case("basic") {
+                        if let Some(raw) = crate::base64_decode(rest.trim()) {
+                            if let Some(i) = raw.iter().position(|&b| b == b':') {
+                                out.extend_from_slice(&raw[..i]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
         Var::Https => {
             if c.conn.tls.is_some() {
                 out.extend_from_slice(b"on");

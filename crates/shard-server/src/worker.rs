@@ -16,6 +16,7 @@
 //! - pipelined responses are gathered into one buffer and written with one `write`.
 
 mod accept;
+mod auth;
 mod balance;
 mod body;
 mod conn;

@@ -1880,3 +1880,132 @@ fn proxy_next_upstream_timeout_bounds_the_retries() {
     let (st, _, body) = exchange(s.addr(), "GET /free HTTP/1.1\r\nHost: x");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
 }
+
+/// `auth_basic` with every htpasswd format nginx reads, `off` in a nested location,
+/// `$remote_user`, and nginx's log lines.
+#[test]
+fn auth_basic_as_nginx() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n log_format u '$remote_user $status';\n \
+        server {\n  listen 127.0.0.1:{port};\n  root {dir}/html;\n  access_log {dir}/logs/u.log u;\n  \
+        location = /status { shard_status; }\n  location /private/ {\n   auth_basic \"Staff \\\"only\\\"\";\n   \
+        auth_basic_user_file {dir}/htpasswd;\n   location /private/open/ { auth_basic off; }\n  }\n  \
+        location /broken/ { auth_basic x; auth_basic_user_file {dir}/missing; }\n }\n}\n";
+    let s = Server::start("auth-basic", conf, 1);
+    std::fs::write(
+        s.dir.join("htpasswd"),
+        "# comment\nplain:{PLAIN}secret\nsha:{SHA}5en6G6MezRroT3XKqkdPOmY/BfQ=\n\
+         ssha:{SSHA}gVK8WC9YyFT1gMsQHTGCgT3sSv5zYWx0\napr:$apr1$xyz$HXgo9gtz4gpj4JWTLYmjB0\n\
+         md5:$1$abc$iCQ2D3nhptRYi27fDYv2s1:a comment field\n\
+         sha512:$6$saltsalt$TVLlQcbpFVof5W3Yz4DTP6gRstiNuHwwTt6GLc1E5n0U0aDehy0S5knV8wiOQSpT0Y77vwPZN.Pq.H91p5hVO1\n",
+    )
+    .unwrap();
+    // The file is read with the configuration: reload to read it.
+    s.signal(libc::SIGHUP);
+    write_file(&s.dir, "html/private/x.txt", b"in");
+    write_file(&s.dir, "html/private/open/y.txt", b"open");
+    let b64 = |t: &str| {
+        // A small encoder for the test (the server's decoder is what is tested).
+        const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut out = String::new();
+        for c in t.as_bytes().chunks(3) {
+            let n = (u32::from(c[0]) << 16)
+                | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+                | u32::from(*c.get(2).unwrap_or(&0));
+            for i in 0..4 {
+                if i <= c.len() {
+                    out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    };
+    let ask = |path: &str, cred: Option<&str>| {
+        let auth = cred.map_or(String::new(), |c| {
+            format!("\r\nAuthorization: Basic {}", b64(c))
+        });
+        exchange(s.addr(), &format!("GET {path} HTTP/1.1\r\nHost: x{auth}"))
+    };
+    let (st, hs, _) = wait_for(Duration::from_secs(5), "the reloaded user file", || {
+        let r = ask("/private/x.txt", Some("plain:secret"));
+        (r.0 == 200).then_some(r)
+    });
+    assert_eq!(st, 200, "{hs:?}");
+    for user in ["sha", "ssha", "apr", "md5", "sha512"] {
+        let (st, _, body) = ask("/private/x.txt", Some(&format!("{user}:secret")));
+        assert_eq!((st, body.as_slice()), (200, &b"in"[..]), "{user}");
+        assert_eq!(
+            ask("/private/x.txt", Some(&format!("{user}:wrong"))).0,
+            401,
+            "{user}"
+        );
+    }
+    let (st, hs, _) = ask("/private/x.txt", None);
+    assert_eq!(st, 401);
+    let www = hs
+        .iter()
+        .find(|(k, _)| k == "www-authenticate")
+        .map(|(_, v)| v.as_str());
+    assert_eq!(www, Some("Basic realm=\"Staff only\""));
+    assert_eq!(ask("/private/x.txt", Some("nobody:secret")).0, 401);
+    assert_eq!(ask("/private/open/y.txt", None).0, 200);
+    assert_eq!(ask("/broken/z", Some("plain:secret")).0, 500);
+    let log = wait_for(Duration::from_secs(5), "the error lines", || {
+        let l = error_log(&s);
+        (l.contains("password mismatch") && l.contains("was not found")).then_some(l)
+    });
+    assert!(log.contains("user \"sha\": password mismatch"), "{log}");
+    assert!(log.contains("user \"nobody\" was not found in \""), "{log}");
+    let access = wait_for(Duration::from_secs(5), "the access log", || {
+        let t = std::fs::read_to_string(s.dir.join("logs/u.log")).unwrap_or_default();
+        t.contains("nobody 401").then_some(t)
+    });
+    assert!(access.contains("plain 200"), "{access}");
+}
+
+/// `proxy_cookie_domain` and `proxy_cookie_path` rewrite the upstream's `Set-Cookie`s.
+#[test]
+fn proxy_cookie_domain_and_path() {
+    let up = support::upstream::Upstream::start(|_| support::upstream::Reply::Fixed {
+        status: 200,
+        headers: vec![
+            (
+                "Set-Cookie".into(),
+                "a=1; Domain=.LOCALHOST; Path=/two/x; HttpOnly".into(),
+            ),
+            (
+                "Set-Cookie".into(),
+                "b=2; domain=other.test; path=/one/".into(),
+            ),
+        ],
+        body: b"ok".to_vec(),
+    });
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:{{port}};\n  \
+         location = /status {{ shard_status; }}\n  \
+         location / {{\n   proxy_pass http://127.0.0.1:{};\n   \
+         proxy_cookie_domain localhost $host;\n   proxy_cookie_path /two/ /;\n  }}\n  \
+         location /off/ {{ proxy_cookie_path off; proxy_cookie_domain off; proxy_pass http://127.0.0.1:{}; }}\n }}\n}}\n",
+        up.port, up.port
+    );
+    let s = Server::start("cookie-rewrite", &conf, 1);
+    let (st, hs, _) = exchange(s.addr(), "GET / HTTP/1.1\r\nHost: www.example.org");
+    assert_eq!(st, 200);
+    let cookies: Vec<&str> = hs
+        .iter()
+        .filter(|(k, _)| k == "set-cookie")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(
+        cookies,
+        vec![
+            "a=1; Domain=.www.example.org; Path=/x; HttpOnly",
+            "b=2; domain=other.test; path=/one/"
+        ]
+    );
+    let (_, hs, _) = exchange(s.addr(), "GET /off/ HTTP/1.1\r\nHost: www.example.org");
+    assert!(hs
+        .iter()
+        .any(|(k, v)| k == "set-cookie" && v == "a=1; Domain=.LOCALHOST; Path=/two/x; HttpOnly"));
+}

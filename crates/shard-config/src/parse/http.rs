@@ -162,6 +162,9 @@ pub(super) struct Settings {
     pub(super) autoindex: Option<Autoindex>,
     pub(super) if_modified_since: Option<IfModifiedSince>,
     pub(super) etag: Option<bool>,
+    /// `auth_basic REALM | off` (`Some(None)`: off) and `auth_basic_user_file`.
+    pub(super) auth_basic: Option<Option<String>>,
+    pub(super) auth_basic_user_file: Option<PathBuf>,
     pub(super) absolute_redirect: Option<bool>,
     pub(super) port_in_redirect: Option<bool>,
     pub(super) server_name_in_redirect: Option<bool>,
@@ -236,6 +239,9 @@ pub(super) struct ProxyP {
     pub(super) hide_headers: Option<Vec<String>>,
     pub(super) pass_headers: Option<Vec<String>>,
     pub(super) redirect: Option<ProxyRedirect>,
+    /// `proxy_cookie_domain`/`_path` of this level (`Some(empty)`: `off`).
+    pub(super) cookie_domain: Option<Vec<(String, Vec<Part>)>>,
+    pub(super) cookie_path: Option<Vec<(String, Vec<Part>)>>,
     pub(super) ssl: ProxySslP,
 }
 
@@ -352,6 +358,14 @@ impl ProxyP {
                 .redirect
                 .clone()
                 .unwrap_or_else(|| parent.redirect.clone()),
+            cookie_domain: self
+                .cookie_domain
+                .clone()
+                .unwrap_or_else(|| parent.cookie_domain.clone()),
+            cookie_path: self
+                .cookie_path
+                .clone()
+                .unwrap_or_else(|| parent.cookie_path.clone()),
             ssl: self.ssl.merge(&parent.ssl),
         }
     }
@@ -419,6 +433,8 @@ pub(super) struct Eff {
     pub(super) autoindex: Autoindex,
     pub(super) if_modified_since: IfModifiedSince,
     pub(super) etag: bool,
+    pub(super) auth_basic: Option<String>,
+    pub(super) auth_basic_user_file: Option<PathBuf>,
     pub(super) absolute_redirect: bool,
     pub(super) port_in_redirect: bool,
     pub(super) server_name_in_redirect: bool,
@@ -499,6 +515,8 @@ impl Eff {
             autoindex: Autoindex::default(),
             if_modified_since: IfModifiedSince::Exact,
             etag: true,
+            auth_basic: None,
+            auth_basic_user_file: None,
             absolute_redirect: true,
             port_in_redirect: true,
             server_name_in_redirect: false,
@@ -630,6 +648,14 @@ impl Eff {
             },
             if_modified_since: s.if_modified_since.unwrap_or(self.if_modified_since),
             etag: s.etag.unwrap_or(self.etag),
+            auth_basic: s
+                .auth_basic
+                .clone()
+                .unwrap_or_else(|| self.auth_basic.clone()),
+            auth_basic_user_file: s
+                .auth_basic_user_file
+                .clone()
+                .or_else(|| self.auth_basic_user_file.clone()),
             absolute_redirect: s.absolute_redirect.unwrap_or(self.absolute_redirect),
             port_in_redirect: s.port_in_redirect.unwrap_or(self.port_in_redirect),
             server_name_in_redirect: s
@@ -717,6 +743,10 @@ impl Eff {
             autoindex: self.autoindex,
             if_modified_since: self.if_modified_since,
             etag: self.etag,
+            auth_basic: match (&self.auth_basic, &self.auth_basic_user_file) {
+                (Some(realm), Some(file)) => Some(auth_basic_users(realm, file)),
+                _ => None,
+            },
             absolute_redirect: self.absolute_redirect,
             port_in_redirect: self.port_in_redirect,
             server_name_in_redirect: self.server_name_in_redirect,
@@ -1892,6 +1922,48 @@ pub(super) fn set_autoindex(_: &Env, s: &mut Settings, d: &Directive, file: &str
 
 slot!(set_etag, etag, flag);
 
+/// `auth_basic REALM | off`.
+pub(super) fn set_auth_basic(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = a0(d);
+    let realm = (v != "off").then(|| v.to_string());
+    once(&mut s.auth_basic, realm, d, file)
+}
+
+/// `auth_basic_user_file FILE` (relative to the configuration's directory, as nginx).
+pub(super) fn set_auth_basic_user_file(
+    env: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    no_variables(d, file, a0(d))?;
+    let path = env.resolve_conf(a0(d));
+    once(&mut s.auth_basic_user_file, path, d, file)
+}
+
+/// The user file of a location, read with the configuration. nginx reads it per request;
+/// shard at start and reload (see docs).
+fn auth_basic_users(realm: &str, file: &Path) -> Arc<AuthBasic> {
+    let users = match std::fs::read_to_string(file) {
+        Ok(text) => Ok(text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .filter_map(|l| {
+                let (user, rest) = l.split_once(':')?;
+                let hash = rest.split(':').next().unwrap_or("");
+                Some((user.to_string(), hash.to_string()))
+            })
+            .collect()),
+        Err(e) => Err(format!("open() \"{}\" failed ({e})", file.display())),
+    };
+    Arc::new(AuthBasic {
+        realm: realm.to_string(),
+        file: file.to_path_buf(),
+        users,
+    })
+}
+
 /// `empty_gif` (location): nginx's 1x1 transparent GIF.
 pub(super) fn location_empty_gif(_: &Env, loc: &mut LocP, _: &Directive, _: &str) -> R {
     loc.handler = Some(StatusHandler::EmptyGif);
@@ -2576,6 +2648,47 @@ pub(super) fn set_proxy_header_list(_: &Env, s: &mut Settings, d: &Directive, _:
     list.get_or_insert_with(Vec::new)
         .push(a0(d).to_ascii_lowercase());
     Ok(())
+}
+
+/// `proxy_cookie_domain off | DOMAIN REPLACEMENT` and `proxy_cookie_path off | PATH
+/// REPLACEMENT`: repeatable, a level with any replaces its parent's list, `off` alone
+/// clears it. Replacements may have variables; regular expressions are refused as in
+/// `proxy_redirect`.
+pub(super) fn set_proxy_cookie(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let list = if d.name == "proxy_cookie_domain" {
+        &mut s.proxy.cookie_domain
+    } else {
+        &mut s.proxy.cookie_path
+    };
+    match d.args.as_slice() {
+        [a] if a == "off" => {
+            if list.as_ref().is_some_and(|l| !l.is_empty()) {
+                return Err(derr(d, file, format!("invalid parameter \"{a}\"")));
+            }
+            *list = Some(Vec::new());
+            Ok(())
+        }
+        [from, to] => {
+            if from.starts_with('~') {
+                return Err(derr(
+                    d,
+                    file,
+                    format!(
+                        "regular expressions in \"{}\" are not supported by shard",
+                        d.name
+                    ),
+                ));
+            }
+            let to = parse_header_value(d, file, to)?;
+            list.get_or_insert_with(Vec::new).push((from.clone(), to));
+            Ok(())
+        }
+        _ => Err(derr(
+            d,
+            file,
+            format!("invalid number of arguments in \"{}\" directive", d.name),
+        )),
+    }
 }
 
 /// `proxy_redirect default | off | REDIRECT REPLACEMENT`.

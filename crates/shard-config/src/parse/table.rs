@@ -885,6 +885,28 @@ pub(super) static TABLE: &[Spec] = &[
     d("proxy_pass", L, 1, 1, Set::Location(location_proxy_pass)),
     d("etag", HSL, 1, 1, Set::Settings(set_etag)),
     d(
+        "proxy_cookie_domain",
+        HSL,
+        1,
+        2,
+        Set::Settings(set_proxy_cookie),
+    ),
+    d(
+        "proxy_cookie_path",
+        HSL,
+        1,
+        2,
+        Set::Settings(set_proxy_cookie),
+    ),
+    d("auth_basic", HSL, 1, 1, Set::Settings(set_auth_basic)),
+    d(
+        "auth_basic_user_file",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_auth_basic_user_file),
+    ),
+    d(
         "proxy_next_upstream_timeout",
         HSL,
         1,

@@ -150,6 +150,8 @@ pub(super) struct Conn {
     /// Plain HTTP arrived on an `ssl` listener: its request is answered with nginx's 400
     /// ("The plain HTTP request was sent to HTTPS port", `error_page 497`).
     pub(super) plain_on_tls: bool,
+    /// `auth_basic` refused the request: the realm its 401 names in `WWW-Authenticate`.
+    pub(super) www_authenticate: Option<String>,
     /// `listen ... proxy_protocol`: the PROXY protocol header is still to be read, before
     /// anything else (the TLS handshake too).
     pub(super) pp_pending: bool,
@@ -319,6 +321,7 @@ impl Conn {
             plain_on_tls: false,
             pp_pending: false,
             proxy_protocol: None,
+            www_authenticate: None,
             timer_at: u64::MAX,
         }
     }
@@ -1347,6 +1350,7 @@ impl Worker<'_> {
         // nginx's post-read phase: the client address a trusted proxy reports.
         let c = &mut self.conns[key];
         c.client = c.peer;
+        c.www_authenticate = None;
         if let (Some(peer), false) = (c.peer, first.real_ip.from.is_empty()) {
             let mut storage = shard_http::vars::header_storage();
             let hs = shard_http::vars::request_headers(&c.inbuf[..head_len], &mut storage);
@@ -1364,6 +1368,7 @@ impl Worker<'_> {
         let limited = !first.limit_req.is_empty() || !first.limit_conn.is_empty();
         let keep_head = limited
             || first.proxy_pass.is_some()
+            || first.auth_basic.is_some()
             || first.doc_root_vars.is_some()
             || !server.script.is_empty()
             || !first.script.is_empty()
@@ -2012,6 +2017,38 @@ impl Worker<'_> {
         !allowed
     }
 
+    /// `auth_basic` of `loc`: `None` lets the request through, else the status (401, with
+    /// the realm for `WWW-Authenticate`, or 500 when the user file is unreadable).
+    fn auth_basic_denied(
+        &mut self,
+        key: usize,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        head: &[u8],
+    ) -> Option<u16> {
+        let conf = loc.auth_basic.as_ref()?;
+        let mut storage = shard_http::vars::header_storage();
+        let hs = shard_http::vars::request_headers(head, &mut storage);
+        let authorization = hs
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("authorization"))
+            .map(|h| h.value);
+        match super::auth::check(conf, authorization) {
+            super::auth::Auth::Granted => None,
+            super::auth::Auth::Denied(why) => {
+                if let Some(why) = why {
+                    crate::log!(Error, "{why}{}", self.log_context(key, Some(req)));
+                }
+                self.conns[key].www_authenticate = Some(conf.realm.clone());
+                Some(401)
+            }
+            super::auth::Auth::Broken(why) => {
+                crate::log!(Error, "{why}{}", self.log_context(key, Some(req)));
+                Some(500)
+            }
+        }
+    }
+
     /// The root or alias of `loc` for this request when it has variables (`root /srv/$host`).
     pub(super) fn doc_root(
         &self,
@@ -2275,6 +2312,8 @@ impl<'a> Worker<'a> {
                 Action::Content
             } else if self.access_denied(key, loc, &req) {
                 Action::Status(403)
+            } else if let Some(code) = self.auth_basic_denied(key, loc, &req, &head) {
+                Action::Status(code)
             } else if let Some(tf) = &loc.try_files {
                 self.try_files(key, loc, tf, &mut req, &head)
             } else {

@@ -172,7 +172,7 @@ fn simple(
     {
         r.location = Some(abs);
     }
-    let extra = extra_headers(
+    let mut extra = extra_headers(
         w,
         key,
         req,
@@ -182,6 +182,20 @@ fn simple(
         None,
         r.content_type.as_deref(),
     );
+    // `auth_basic`'s 401 names its realm (quotes and control bytes dropped).
+    if let Some(realm) = w.conns[key]
+        .www_authenticate
+        .take()
+        .filter(|_| r.status == 401)
+    {
+        extra.extend_from_slice(b"WWW-Authenticate: Basic realm=\"");
+        extra.extend(
+            realm
+                .bytes()
+                .filter(|&b| b != b'"' && b != b'\\' && b >= 0x20 && b != 0x7f),
+        );
+        extra.extend_from_slice(b"\"\r\n");
+    }
     let date = std::mem::take(&mut w.date);
     let out = w.out_buf(key);
     write_head(
