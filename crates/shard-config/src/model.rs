@@ -447,6 +447,9 @@ pub struct LocationConf {
     /// `auth_basic REALM` with `auth_basic_user_file FILE`: HTTP Basic authentication in the
     /// access phase. `None`: off (or no user file).
     pub auth_basic: Option<std::sync::Arc<AuthBasic>>,
+    /// `limit_except METHOD ... { ... }`: for other methods, the block's access rules and
+    /// `auth_basic` (inherited from this location) decide instead.
+    pub limit_except: Option<std::sync::Arc<LimitExcept>>,
     /// `autoindex`, `autoindex_exact_size`, `autoindex_format`, `autoindex_localtime` (each
     /// `None` where not written: off, on, html, off).
     pub autoindex: Autoindex,
@@ -486,6 +489,15 @@ pub struct LocationConf {
     pub fastcgi: Option<std::sync::Arc<FastcgiConf>>,
     /// `resolver` with its `resolver_timeout`, inherited: names resolved at run time.
     pub resolver: Option<std::sync::Arc<ResolverConf>>,
+}
+
+/// A `limit_except` block: the methods it leaves alone, and what the others get.
+#[derive(Debug, Clone)]
+pub struct LimitExcept {
+    /// Uppercase; `GET` brings `HEAD`, as nginx.
+    pub methods: Vec<String>,
+    pub access_rules: Vec<AccessRule>,
+    pub auth_basic: Option<std::sync::Arc<AuthBasic>>,
 }
 
 /// `auth_basic` and its user file, read when the configuration is read.
@@ -1323,6 +1335,10 @@ pub struct ProxyConf {
     pub method: Option<Vec<Part>>,
     /// `proxy_pass_request_headers on|off`: the client's headers go upstream. Default on.
     pub pass_request_headers: bool,
+    /// `proxy_pass_request_body on|off`: the client's body goes upstream. Default on.
+    pub pass_request_body: bool,
+    /// `proxy_set_body VALUE`: the body sent upstream instead of the client's.
+    pub set_body: Option<Vec<Part>>,
     /// `proxy_hide_header`: more upstream headers not passed (lowercase).
     pub hide_headers: Vec<String>,
     /// `proxy_pass_header`: headers hidden by default (`Server`, `Date`, `X-Pad`, `X-Accel-*`)
@@ -1411,6 +1427,8 @@ impl Default for ProxyConf {
             intercept_errors: false,
             method: None,
             pass_request_headers: true,
+            pass_request_body: true,
+            set_body: None,
             hide_headers: Vec::new(),
             pass_headers: Vec::new(),
             redirect: ProxyRedirect::Default,
@@ -1441,6 +1459,18 @@ pub struct GzipConf {
     pub http_version_minor: u8,
     /// `gzip_proxied`: for requests that came through a proxy (`Via`). Default off.
     pub proxied: GzipProxied,
+    /// `gzip_static off|on|always` (`ngx_http_gzip_static_module`): serve `FILE.gz` when it
+    /// exists (`on`: to clients that take gzip). Default off.
+    pub static_mode: GzipStatic,
+}
+
+/// `gzip_static`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GzipStatic {
+    #[default]
+    Off,
+    On,
+    Always,
 }
 
 /// `gzip_proxied off | any | [expired] [no-cache] [no-store] [private] [no_last_modified]
@@ -1468,6 +1498,7 @@ impl Default for GzipConf {
             vary: false,
             http_version_minor: 1,
             proxied: GzipProxied::default(),
+            static_mode: GzipStatic::Off,
         }
     }
 }

@@ -893,6 +893,7 @@ fn gzip_inheritance() {
         vary: true,
         http_version_minor: 1,
         proxied: GzipProxied::default(),
+        static_mode: GzipStatic::Off,
     };
     assert_eq!(s.base.gzip, want);
     assert_eq!(s.locations[0].gzip, want);

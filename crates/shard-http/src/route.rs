@@ -359,6 +359,7 @@ pub(crate) mod tests {
             if_modified_since: shard_config::IfModifiedSince::Exact,
             etag: true,
             auth_basic: None,
+            limit_except: None,
             absolute_redirect: true,
             port_in_redirect: true,
             server_name_in_redirect: false,

@@ -2009,3 +2009,152 @@ fn proxy_cookie_domain_and_path() {
         .iter()
         .any(|(k, v)| k == "set-cookie" && v == "a=1; Domain=.LOCALHOST; Path=/two/x; HttpOnly"));
 }
+
+/// `limit_except`: methods not listed get the block's `allow`/`deny` and `auth_basic`.
+#[test]
+fn limit_except_as_nginx() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+        root {dir}/html;\n  location = /status { shard_status; }\n  \
+        location /ro/ {\n   limit_except GET { deny all; }\n  }\n  \
+        location /auth/ {\n   limit_except GET POST {\n    auth_basic \"w\";\n    \
+        auth_basic_user_file {dir}/htpasswd;\n   }\n  }\n }\n}\n";
+    let s = Server::start("limit-except", conf, 1);
+    std::fs::write(s.dir.join("htpasswd"), "u:{PLAIN}p\n").unwrap();
+    s.signal(libc::SIGHUP);
+    write_file(&s.dir, "html/ro/a.txt", b"a");
+    write_file(&s.dir, "html/auth/b.txt", b"b");
+    let st = |req: &str| exchange(s.addr(), req).0;
+    assert_eq!(st("GET /ro/a.txt HTTP/1.1\r\nHost: x"), 200);
+    assert_eq!(
+        st("HEAD /ro/a.txt HTTP/1.1\r\nHost: x"),
+        200,
+        "GET brings HEAD"
+    );
+    assert_eq!(st("DELETE /ro/a.txt HTTP/1.1\r\nHost: x"), 403);
+    assert_eq!(
+        st("PUT /ro/a.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 0"),
+        403
+    );
+    // POST is listed: not refused by the block (the static handler's 405 answers it).
+    assert_eq!(st("GET /auth/b.txt HTTP/1.1\r\nHost: x"), 200);
+    assert_eq!(
+        st("POST /auth/b.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 0"),
+        405
+    );
+    wait_for(Duration::from_secs(5), "the reloaded user file", || {
+        (st("DELETE /auth/b.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Basic dTpw") == 405)
+            .then_some(())
+    });
+    assert_eq!(st("DELETE /auth/b.txt HTTP/1.1\r\nHost: x"), 401);
+    let dir = temp_dir("limit-except-t");
+    std::fs::write(
+        dir.join("conf/t.conf"),
+        "events {}\nhttp { server { listen 127.0.0.1:1; location / { limit_except FETCH { deny all; } } } }\n",
+    )
+    .unwrap();
+    let (code, err) = run_cli(&[
+        "-t",
+        "-p",
+        dir.to_str().unwrap(),
+        "-c",
+        dir.join("conf/t.conf").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1);
+    assert!(err.contains("invalid method \"FETCH\""), "{err}");
+}
+
+/// `proxy_pass_request_body off` sends no body (and no length); `proxy_set_body` sends its
+/// own, the client's body read and dropped either way.
+#[test]
+fn proxy_pass_request_body_and_proxy_set_body() {
+    let up = support::upstream::Upstream::start(|_| support::upstream::Reply::Echo);
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:{{port}};\n  \
+         location = /status {{ shard_status; }}\n  \
+         location /none {{ proxy_pass_request_body off; proxy_pass http://127.0.0.1:{p}; }}\n  \
+         location /own {{ proxy_set_body \"a=$arg_a\"; proxy_pass http://127.0.0.1:{p}; }}\n  \
+         location /big {{ client_body_buffer_size 1k; proxy_pass_request_body off; proxy_pass http://127.0.0.1:{p}; }}\n }}\n}}\n",
+        p = up.port
+    );
+    let s = Server::start("pass-body", &conf, 1);
+    let post = |path: &str, body: &str| {
+        let r = raw(
+            s.addr(),
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        );
+        (r.status, r.body)
+    };
+    let (st, body) = post("/none", "hello");
+    assert_eq!((st, body.as_slice()), (200, &b""[..]));
+    let r = up.last();
+    assert_eq!(r.header("content-length"), None);
+    let (st, body) = post("/own?a=1", "hello");
+    assert_eq!((st, body.as_slice()), (200, &b"a=1"[..]));
+    assert_eq!(up.last().header("content-length"), Some("3"));
+    // A body that went to a file is not sent either.
+    let (st, body) = post("/big", &"x".repeat(8192));
+    assert_eq!((st, body.as_slice()), (200, &b""[..]));
+}
+
+/// `gzip_static on|always`: `FILE.gz` sent as it is, with the file's type and
+/// `Content-Encoding: gzip`.
+#[test]
+fn gzip_static_serves_the_precompressed_file() {
+    let s = Server::start(
+        "gzip-static",
+        "worker_processes 1;\nevents {}\nhttp {\n include mime.types;\n server {\n  listen 127.0.0.1:{port};\n  \
+         root {dir}/html;\n  location = /status { shard_status; }\n  \
+         location /on/ { gzip_static on; gzip_vary on; }\n  location /always/ { gzip_static always; }\n }\n}\n",
+        1,
+    );
+    let gz = |t: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(t).unwrap();
+        e.finish().unwrap()
+    };
+    for dir in ["on", "always"] {
+        write_file(&s.dir, &format!("html/{dir}/app.js"), b"plain();");
+        write_file(&s.dir, &format!("html/{dir}/app.js.gz"), &gz(b"zipped();"));
+        write_file(&s.dir, &format!("html/{dir}/only.js"), b"only();");
+    }
+    let ask = |path: &str, ae: bool| {
+        let mut st = std::net::TcpStream::connect(s.addr()).unwrap();
+        let ae = if ae {
+            "Accept-Encoding: gzip, br\r\n"
+        } else {
+            ""
+        };
+        write!(
+            st,
+            "GET {path} HTTP/1.1\r\nHost: x\r\n{ae}Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        read_response(&mut st, false).unwrap()
+    };
+    let r = ask("/on/app.js", true);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    assert_eq!(r.header("content-type"), Some("application/javascript"));
+    assert_eq!(r.header("vary"), Some("Accept-Encoding"));
+    let mut plain = Vec::new();
+    flate2::read::GzDecoder::new(&r.body[..])
+        .read_to_end(&mut plain)
+        .unwrap();
+    assert_eq!(plain, b"zipped();");
+    let r = ask("/on/app.js", false);
+    assert_eq!(
+        (r.header("content-encoding"), r.body.as_slice()),
+        (None, &b"plain();"[..])
+    );
+    let r = ask("/on/only.js", true);
+    assert_eq!(
+        (r.header("content-encoding"), r.body.as_slice()),
+        (None, &b"only();"[..])
+    );
+    let r = ask("/always/app.js", false);
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+}

@@ -195,6 +195,7 @@ pub(super) struct GzipP {
     pub(super) vary: Option<bool>,
     pub(super) http_version_minor: Option<u8>,
     pub(super) proxied: Option<GzipProxied>,
+    pub(super) static_mode: Option<GzipStatic>,
 }
 
 impl GzipP {
@@ -212,6 +213,7 @@ impl GzipP {
             vary: self.vary.unwrap_or(parent.vary),
             http_version_minor: self.http_version_minor.unwrap_or(parent.http_version_minor),
             proxied: self.proxied.unwrap_or(parent.proxied),
+            static_mode: self.static_mode.unwrap_or(parent.static_mode),
         }
     }
 }
@@ -236,6 +238,8 @@ pub(super) struct ProxyP {
     pub(super) intercept_errors: Option<bool>,
     pub(super) method: Option<Vec<Part>>,
     pub(super) pass_request_headers: Option<bool>,
+    pub(super) pass_request_body: Option<bool>,
+    pub(super) set_body: Option<Vec<Part>>,
     pub(super) hide_headers: Option<Vec<String>>,
     pub(super) pass_headers: Option<Vec<String>>,
     pub(super) redirect: Option<ProxyRedirect>,
@@ -346,6 +350,8 @@ impl ProxyP {
             pass_request_headers: self
                 .pass_request_headers
                 .unwrap_or(parent.pass_request_headers),
+            pass_request_body: self.pass_request_body.unwrap_or(parent.pass_request_body),
+            set_body: self.set_body.clone().or_else(|| parent.set_body.clone()),
             hide_headers: self
                 .hide_headers
                 .clone()
@@ -765,6 +771,7 @@ impl Eff {
             proxy_pass: None,
             proxy: with_default_headers(self.proxy.clone()),
             fastcgi: None,
+            limit_except: None,
             resolver: self.resolver.as_ref().map(|r| {
                 Arc::new(ResolverConf {
                     timeout_ms: self.resolver_timeout_ms,
@@ -787,6 +794,8 @@ pub(super) struct LocP {
     pub(super) pass: Option<PassP>,
     /// `fastcgi_pass`, likewise.
     pub(super) fcgi_pass: Option<PassP>,
+    /// `limit_except`: its methods and its block's settings.
+    pub(super) limit_except: Option<(Vec<String>, Box<Settings>)>,
     pub(super) settings: Settings,
     pub(super) nested: Vec<LocP>,
     /// `(exact, path)` of `nested`, for [`no_duplicate`].
@@ -1044,6 +1053,16 @@ pub(super) fn flatten(
     }
     conf.try_files = l.try_files;
     conf.internal = l.internal;
+    if let Some((methods, settings)) = &l.limit_except {
+        // The block inherits from its location, as nginx's nested configuration does.
+        let inner = eff.merge(settings);
+        let inner_loc = inner.location(LocationKind::Prefix, String::new(), conf.place.clone());
+        conf.limit_except = Some(Arc::new(LimitExcept {
+            methods: methods.clone(),
+            access_rules: inner_loc.access_rules,
+            auth_basic: inner_loc.auth_basic,
+        }));
+    }
     conf.handler = l.handler;
     conf.alias = l.alias;
     if l.alias_vars.is_some() {
@@ -1282,6 +1301,7 @@ pub(super) fn read_location(
         alias_vars: None,
         pass: None,
         fcgi_pass: None,
+        limit_except: None,
         settings: Settings::default(),
         nested: Vec::new(),
         nested_keys: Default::default(),
@@ -1300,6 +1320,67 @@ pub(super) fn location_location(env: &Env, loc: &mut LocP, d: &Directive, file: 
     let nested = read_location(env, d, file, Some((loc.kind, &path)))?;
     no_duplicate(&mut loc.nested_keys, &nested, d, file)?;
     loc.nested.push(nested);
+    Ok(())
+}
+
+/// `limit_except METHOD ... { ... }`: the methods nginx knows (`GET` brings `HEAD`); the
+/// block takes `allow`, `deny`, `auth_basic` and `auth_basic_user_file`.
+pub(super) fn location_limit_except(env: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
+    const METHODS: [&str; 14] = [
+        "GET",
+        "HEAD",
+        "POST",
+        "PUT",
+        "DELETE",
+        "MKCOL",
+        "COPY",
+        "MOVE",
+        "OPTIONS",
+        "PROPFIND",
+        "PROPPATCH",
+        "LOCK",
+        "UNLOCK",
+        "PATCH",
+    ];
+    let mut methods = Vec::new();
+    for a in &d.args {
+        let m = a.to_ascii_uppercase();
+        if !METHODS.contains(&m.as_str()) {
+            return Err(derr(d, file, format!("invalid method \"{a}\"")));
+        }
+        if m == "GET" {
+            methods.push("HEAD".to_string());
+        }
+        methods.push(m);
+    }
+    if loc.limit_except.is_some() {
+        return Err(derr(d, file, "\"limit_except\" directive is duplicate"));
+    }
+    let mut block_loc = LocP {
+        try_files: None,
+        internal: false,
+        script: Vec::new(),
+        kind: LocationKind::Prefix,
+        path: loc.path.clone(),
+        regex: None,
+        place: place(d, file),
+        handler: None,
+        alias: None,
+        alias_vars: None,
+        pass: None,
+        fcgi_pass: None,
+        limit_except: None,
+        settings: Settings::default(),
+        nested: Vec::new(),
+        nested_keys: Default::default(),
+    };
+    env.walk(
+        block(d),
+        file,
+        Ctx::LimitExcept,
+        &mut Target::Location(&mut block_loc),
+    )?;
+    loc.limit_except = Some((methods, Box::new(block_loc.settings)));
     Ok(())
 }
 
@@ -2166,6 +2247,7 @@ pub(super) fn server_try_files(env: &Env, cx: &mut ServerCx<'_>, d: &Directive, 
         alias_vars: None,
         pass: None,
         fcgi_pass: None,
+        limit_except: None,
         settings: Settings::default(),
         nested: Vec::new(),
         nested_keys: Default::default(),
@@ -2517,6 +2599,17 @@ slot!(set_gzip_min_length, gzip.min_length, size);
 
 slot!(set_gzip_vary, gzip.vary, flag);
 
+/// `gzip_static on | off | always`.
+pub(super) fn set_gzip_static(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = match a0(d) {
+        "on" => GzipStatic::On,
+        "off" => GzipStatic::Off,
+        "always" => GzipStatic::Always,
+        other => return Err(invalid(d, file, other)),
+    };
+    once(&mut s.gzip.static_mode, v, d, file)
+}
+
 /// `1.0` or `1.1`: the minor version.
 pub(super) fn http_minor(d: &Directive, file: &str) -> Result<u8, ConfigError> {
     match a0(d) {
@@ -2620,6 +2713,14 @@ slot!(
 );
 
 slot!(set_proxy_socket_keepalive, proxy.socket_keepalive, flag);
+
+slot!(set_proxy_pass_request_body, proxy.pass_request_body, flag);
+
+/// `proxy_set_body VALUE` (variables allowed).
+pub(super) fn set_proxy_set_body(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = parse_header_value(d, file, a0(d))?;
+    once(&mut s.proxy.set_body, v, d, file)
+}
 
 slot!(set_proxy_request_buffering, proxy.request_buffering, flag);
 

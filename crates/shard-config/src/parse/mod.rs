@@ -80,6 +80,8 @@ enum Ctx {
     HttpUpstream,
     /// `if` inside `server` or `location`.
     If,
+    /// `limit_except METHOD ... { }` inside `location`.
+    LimitExcept,
 }
 
 const M: u16 = 1;
@@ -109,7 +111,10 @@ const HU: u16 = 512;
 /// `if` inside `server` or `location`.
 const IF: u16 = 1024;
 
-const ANY: u16 = M | E | H | S | L | T | SM | SS | U | HU | IF;
+/// `limit_except` inside `location` (nginx's `NGX_HTTP_LMT_CONF`).
+const LMT: u16 = 2048;
+
+const ANY: u16 = M | E | H | S | L | T | SM | SS | U | HU | IF | LMT;
 
 const MANY: usize = usize::MAX;
 
@@ -127,6 +132,7 @@ impl Ctx {
             Ctx::Upstream => U,
             Ctx::HttpUpstream => HU,
             Ctx::If => IF,
+            Ctx::LimitExcept => LMT,
         }
     }
 }

@@ -370,6 +370,13 @@ pub(super) static TABLE: &[Spec] = &[
     d("server_name", S, 1, MANY, Set::Server(server_server_name)),
     b("location", S, 1, 2, Set::Server(server_location)),
     b("location", L, 1, 2, Set::Location(location_location)),
+    b(
+        "limit_except",
+        L,
+        1,
+        MANY,
+        Set::Location(location_limit_except),
+    ),
     d("return", S | L | IF, 1, 2, Set::Script(script_return)),
     d("rewrite", S | L | IF, 2, 3, Set::Script(script_rewrite)),
     d("set", S | L | IF, 2, 2, Set::Script(script_set)),
@@ -575,7 +582,7 @@ pub(super) static TABLE: &[Spec] = &[
     d("add_header", IF, 2, 3, Set::Script(script_add_header)),
     d("expires", HSL, 1, 2, Set::Settings(set_expires)),
     d("server_tokens", HSL, 1, 1, Set::Settings(set_server_tokens)),
-    d("allow", HSL, 1, 1, Set::Settings(set_access_rule)),
+    d("allow", HSL | LMT, 1, 1, Set::Settings(set_access_rule)),
     d("error_page", HSL, 2, MANY, Set::Settings(set_error_page)),
     d("log_not_found", HSL, 1, 1, Set::Settings(set_log_not_found)),
     d(
@@ -742,7 +749,7 @@ pub(super) static TABLE: &[Spec] = &[
     d("try_files", L, 2, MANY, Set::Location(location_try_files)),
     d("try_files", S, 2, MANY, Set::Server(server_try_files)),
     d("internal", L, 0, 0, Set::Location(location_internal)),
-    d("deny", HSL, 1, 1, Set::Settings(set_access_rule)),
+    d("deny", HSL | LMT, 1, 1, Set::Settings(set_access_rule)),
     d("stub_status", L, 0, 1, Set::Location(location_stub_status)),
     d(
         "shard_status",
@@ -769,6 +776,7 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_gzip_min_length),
     ),
     d("gzip_vary", HSL, 1, 1, Set::Settings(set_gzip_vary)),
+    d("gzip_static", HSL, 1, 1, Set::Settings(set_gzip_static)),
     d(
         "gzip_http_version",
         HSL,
@@ -885,6 +893,20 @@ pub(super) static TABLE: &[Spec] = &[
     d("proxy_pass", L, 1, 1, Set::Location(location_proxy_pass)),
     d("etag", HSL, 1, 1, Set::Settings(set_etag)),
     d(
+        "proxy_pass_request_body",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_pass_request_body),
+    ),
+    d(
+        "proxy_set_body",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_set_body),
+    ),
+    d(
         "proxy_cookie_domain",
         HSL,
         1,
@@ -898,10 +920,10 @@ pub(super) static TABLE: &[Spec] = &[
         2,
         Set::Settings(set_proxy_cookie),
     ),
-    d("auth_basic", HSL, 1, 1, Set::Settings(set_auth_basic)),
+    d("auth_basic", HSL | LMT, 1, 1, Set::Settings(set_auth_basic)),
     d(
         "auth_basic_user_file",
-        HSL,
+        HSL | LMT,
         1,
         1,
         Set::Settings(set_auth_basic_user_file),

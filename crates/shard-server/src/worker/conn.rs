@@ -1369,6 +1369,7 @@ impl Worker<'_> {
         let keep_head = limited
             || first.proxy_pass.is_some()
             || first.auth_basic.is_some()
+            || first.limit_except.is_some()
             || first.doc_root_vars.is_some()
             || !server.script.is_empty()
             || !first.script.is_empty()
@@ -1996,14 +1997,17 @@ impl Worker<'_> {
         loc: &LocationConf,
         req: &shard_http::request::Request,
     ) -> bool {
-        if loc.access_rules.is_empty() {
+        let rules = match limit_except(loc, req) {
+            Some(le) => &le.access_rules,
+            None => &loc.access_rules,
+        };
+        if rules.is_empty() {
             return false;
         }
         let Some(peer) = self.conns[key].client else {
             return false;
         };
-        let allowed = loc
-            .access_rules
+        let allowed = rules
             .iter()
             .find(|r| r.matches(peer.ip()))
             .is_none_or(|r| r.allow);
@@ -2026,7 +2030,10 @@ impl Worker<'_> {
         req: &shard_http::request::Request,
         head: &[u8],
     ) -> Option<u16> {
-        let conf = loc.auth_basic.as_ref()?;
+        let conf = match limit_except(loc, req) {
+            Some(le) => le.auth_basic.as_ref()?,
+            None => loc.auth_basic.as_ref()?,
+        };
         let mut storage = shard_http::vars::header_storage();
         let hs = shard_http::vars::request_headers(head, &mut storage);
         let authorization = hs
@@ -2405,4 +2412,15 @@ impl<'a> Worker<'a> {
         }
         self.log_access(key, loc, &req, reply.status, reply.body_bytes, &head);
     }
+}
+
+/// The `limit_except` block that applies to `req` in `loc`: one whose methods do not include
+/// the request's.
+fn limit_except<'l>(
+    loc: &'l LocationConf,
+    req: &shard_http::request::Request,
+) -> Option<&'l shard_config::LimitExcept> {
+    let le = loc.limit_except.as_deref()?;
+    let m = req.method.as_str();
+    (!le.methods.iter().any(|x| x == m)).then_some(le)
 }

@@ -222,6 +222,8 @@ pub(super) struct Proxy {
     dyn_host: Option<String>,
     /// `proxy_next_upstream_timeout`: no attempt starts after this (monotonic ms).
     retry_until_ms: u64,
+    /// `proxy_set_body` or `proxy_pass_request_body off`: the client's body is not sent.
+    body_skipped: bool,
 }
 
 /// A FastCGI attempt's wire state: the records read and not yet decoded, the application's
@@ -298,6 +300,7 @@ impl Proxy {
             dyn_pass: None,
             dyn_host: None,
             retry_until_ms: u64::MAX,
+            body_skipped: false,
         }
     }
 
@@ -935,7 +938,12 @@ impl<'a> Worker<'a> {
         let loc = self.proxy_location(p);
         let conf = &loc.body;
         // FastCGI frames the body in records: it is read whole first (see docs).
-        if !loc.proxy.request_buffering && p.fcgi.is_none() && self.conns[key].body_pending() {
+        let passes_body = loc.proxy.pass_request_body && loc.proxy.set_body.is_none();
+        if !loc.proxy.request_buffering
+            && p.fcgi.is_none()
+            && passes_body
+            && self.conns[key].body_pending()
+        {
             // nginx streams a chunked body only to an HTTP/1.1 upstream; to 1.0 it buffers.
             let chunked = p.req.body == Body::Chunked;
             if !chunked || loc.proxy.http_version_minor >= 1 {
@@ -1277,9 +1285,26 @@ impl<'a> Worker<'a> {
         let c = &self.conns[key];
         let listener = &self.cfg.listeners[c.listener];
         let server_name = shard_http::route::server_name(srv);
-        let body_len = match p.req.body {
-            Body::None => None,
-            Body::Length(n) if p.streaming => Some(n),
+        // `proxy_set_body`: this body instead of the client's; `proxy_pass_request_body off`:
+        // none (the client's was read and is dropped).
+        let own_body = loc
+            .fastcgi
+            .is_none()
+            .then_some(())
+            .and(loc.proxy.set_body.as_ref())
+            .map(|parts| {
+                let mut storage = shard_http::vars::header_storage();
+                let hs = shard_http::vars::request_headers(&p.head, &mut storage);
+                let ctx = self.var_ctx(key, &p.req, hs, loc);
+                shard_http::vars::render(parts, &ctx).into_bytes()
+            });
+        p.body_skipped =
+            loc.fastcgi.is_none() && (own_body.is_some() || !loc.proxy.pass_request_body);
+        let body_len = match (&own_body, p.req.body) {
+            (Some(b), _) => Some(b.len() as u64),
+            _ if p.body_skipped => None,
+            (None, Body::None) => None,
+            (None, Body::Length(n)) if p.streaming => Some(n),
             _ => Some(p.body.len()),
         };
         let in_memory = if p.body.file().is_some() {
@@ -1321,7 +1346,13 @@ impl<'a> Worker<'a> {
             return;
         }
         shard_http::proxy::write_request(&mut out, &ctx);
-        if p.body.file().is_none() && !p.streaming {
+        if p.body_skipped {
+            if let Some(b) = own_body {
+                out.extend_from_slice(&b);
+            }
+            p.body.mem = Vec::new();
+            self.recharge(&mut p.body);
+        } else if p.body.file().is_none() && !p.streaming {
             // A body that fits in memory leaves with the head, in one write; it is kept there
             // for another attempt, and its buffer goes back.
             out.extend_from_slice(&p.body.mem);
@@ -1394,6 +1425,9 @@ impl<'a> Worker<'a> {
         }
         if p.fcgi.is_some() {
             return self.send_fcgi_body(key, p, progressed);
+        }
+        if p.body_skipped {
+            return self.body_sent(key, p);
         }
         if let Some((file, len)) = p.body.file() {
             let mut chunks = 0;

@@ -610,7 +610,37 @@ fn static_file(
             return simple(w, key, req, keep_alive, loc, head, reply);
         }
     };
-    send_file(w, key, loc, req, keep_alive, head, path, fd, meta)
+    // `gzip_static`: FILE.gz in its place, when it exists (and, with `on`, the client
+    // takes gzip), sent as it is with `Content-Encoding: gzip`.
+    if meta.is_file && gzip_static_wanted(loc, req) {
+        let mut gz = path.clone().into_os_string();
+        gz.push(".gz");
+        if let Opened::File(gfd, gmeta) = open_cached(w, std::path::Path::new(&gz), loc) {
+            if gmeta.is_file {
+                drop(fd);
+                return send_file(w, key, loc, req, keep_alive, head, path, gfd, gmeta, true);
+            }
+        }
+    }
+    send_file(w, key, loc, req, keep_alive, head, path, fd, meta, false)
+}
+
+/// Whether `gzip_static` serves this request the `.gz` file: `always`, or `on` and the
+/// client takes gzip as `gzip` would (HTTP version, `Via` and `gzip_proxied`, the header).
+fn gzip_static_wanted(loc: &LocationConf, req: &Request) -> bool {
+    let g = &loc.gzip;
+    match g.static_mode {
+        shard_config::GzipStatic::Off => false,
+        shard_config::GzipStatic::Always => true,
+        shard_config::GzipStatic::On => {
+            req.minor_version >= g.http_version_minor
+                && (!req.via || gzip::proxied_allows(g, req, &gzip::ResponseTraits::STATIC))
+                && req
+                    .accept_encoding
+                    .as_deref()
+                    .is_some_and(gzip::accepts_gzip)
+        }
+    }
 }
 
 /// nginx's autoindex module: the listing of the directory `dir` (names starting with `.`
@@ -694,7 +724,8 @@ fn internal_redirect(uri: String) -> Reply {
 }
 
 /// The response for the open file at `path`: its head, and its body, ranges or 304 as the
-/// request asks.
+/// request asks. `encoded`: `fd` is `path`'s `.gz` (`gzip_static`), sent with
+/// `Content-Encoding: gzip` and `path`'s type.
 #[allow(clippy::too_many_arguments)]
 fn send_file(
     w: &mut Worker<'_>,
@@ -706,6 +737,7 @@ fn send_file(
     path: std::path::PathBuf,
     fd: super::files::FileRef,
     meta: FileMeta,
+    encoded: bool,
 ) -> Reply {
     let content_type = shard_http::static_file::content_type(loc, &path).to_string();
     match shard_http::static_file::plan_full(req, &meta, loc.if_modified_since, loc.etag) {
@@ -761,7 +793,13 @@ fn send_file(
                 };
             }
             // gzip sees the full file as a 200: a compressed answer ignores `Range`.
-            let g = if matches!(status, 200 | 206 | 416) {
+            let g = if encoded {
+                // Already compressed: only `Vary`, as nginx's gzip_static with `gzip_vary`.
+                gzip::Decision {
+                    vary: loc.gzip.vary,
+                    compress: false,
+                }
+            } else if matches!(status, 200 | 206 | 416) {
                 gzip::decide(&loc.gzip, req, 200, Some(&content_type), meta.size)
             } else {
                 gzip::Decision::default()
@@ -806,6 +844,7 @@ fn send_file(
                     accept_ranges: true,
                     content_range: headers.content_range.as_deref(),
                     vary: g.vary.then_some(gzip::VARY),
+                    content_encoding: encoded.then_some(gzip::ENCODING),
                     server: shard_http::response::server_value(loc),
                     extra: &extra,
                     charset: shard_http::response::charset_for(loc, &content_type),
