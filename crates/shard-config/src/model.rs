@@ -1518,6 +1518,10 @@ pub struct ServerConf {
     pub large_client_header_buffers: (usize, usize),
     /// `underscores_in_headers`: a `_` in a header name is valid. Default off.
     pub underscores_in_headers: bool,
+    /// `merge_slashes on|off`: `//` in a request path is one `/`. Default on. As nginx, the
+    /// address's default server's value applies (the path is read before the server is
+    /// chosen).
+    pub merge_slashes: bool,
     /// `ignore_invalid_headers`: header lines with an invalid name are dropped (neither
     /// interpreted nor proxied). Default on.
     pub ignore_invalid_headers: bool,

@@ -44,6 +44,8 @@ pub struct Limits {
     /// `large_client_header_buffers` size: the longest request line or header line.
     pub large_buffer_size: usize,
     pub names: NamePolicy,
+    /// `merge_slashes on|off`: `//` in a path is one `/`. Default on.
+    pub merge_slashes: bool,
 }
 
 /// `underscores_in_headers` and `ignore_invalid_headers`.
@@ -69,6 +71,7 @@ impl Default for Limits {
             large_buffers: 4,
             large_buffer_size: 8192,
             names: NamePolicy::default(),
+            merge_slashes: true,
         }
     }
 }
@@ -502,8 +505,18 @@ pub fn normalize_path(raw: &[u8]) -> Result<String, Reject> {
     normalize_path_long(raw)
 }
 
+/// [`normalize_path`] with `merge_slashes off`: an empty segment (`//`) is kept, and `..`
+/// takes it away like any other.
+pub fn normalize_path_keep_slashes(raw: &[u8]) -> Result<String, Reject> {
+    normalize_path_segments(raw, false)
+}
+
 /// [`normalize_path`] step by step: decode, then resolve the segments.
 fn normalize_path_long(raw: &[u8]) -> Result<String, Reject> {
+    normalize_path_segments(raw, true)
+}
+
+fn normalize_path_segments(raw: &[u8], merge: bool) -> Result<String, Reject> {
     let mut dec = Vec::with_capacity(raw.len());
     let mut i = 0;
     while i < raw.len() {
@@ -532,8 +545,15 @@ fn normalize_path_long(raw: &[u8]) -> Result<String, Reject> {
     let mut out: Vec<u8> = Vec::with_capacity(dec.len() + 1);
     let mut starts: Vec<usize> = Vec::new();
     let mut trailing = false;
-    for seg in dec.split(|&c| c == b'/') {
+    for (i, seg) in dec.split(|&c| c == b'/').enumerate() {
         match seg {
+            // The leading empty segment is the root; others are `//` (kept without merging
+            // unless they end the path).
+            b"" if !merge && i > 0 => {
+                starts.push(out.len());
+                out.push(b'/');
+                trailing = false;
+            }
             b"" | b"." => trailing = true,
             b".." => {
                 let Some(s) = starts.pop() else {
@@ -872,7 +892,11 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
             return Err(reject(400, "invalid host in request line"));
         }
     }
-    let path = normalize_path(raw_path)?;
+    let path = if limits.merge_slashes {
+        normalize_path(raw_path)?
+    } else {
+        normalize_path_keep_slashes(raw_path)?
+    };
     let mut host = match uri_host {
         Some(h) => Some(validate_host(h).ok_or(reject(400, "invalid host in request line"))?),
         None => None,
@@ -1097,7 +1121,23 @@ mod tests {
             large_buffers: 4,
             large_buffer_size: 2048,
             names: NamePolicy::default(),
+            merge_slashes: true,
         }
+    }
+
+    #[test]
+    fn merge_slashes_off_keeps_empty_segments() {
+        let k = |p: &str| normalize_path_keep_slashes(p.as_bytes()).map_err(|r| r.status);
+        assert_eq!(k("/a//b"), Ok("/a//b".into()));
+        assert_eq!(k("//"), Ok("//".into()));
+        assert_eq!(k("/a//../b"), Ok("/a/b".into()));
+        assert_eq!(k("/a/./b/"), Ok("/a/b/".into()));
+        assert_eq!(k("/a/%2F/b"), Ok("/a///b".into()));
+        assert_eq!(k("/.."), Err(400));
+        assert_eq!(
+            normalize_path(b"/a//b").map_err(|r| r.status),
+            Ok("/a/b".into())
+        );
     }
 
     fn ok(s: &[u8]) -> (Request, usize) {

@@ -395,6 +395,7 @@ pub(crate) mod tests {
             client_header_buffer_size: 1024,
             large_client_header_buffers: (4, 8192),
             underscores_in_headers: false,
+            merge_slashes: true,
             ignore_invalid_headers: true,
             base: loc(LocationKind::Prefix, ""),
             index: shard_config::index::LocationIndex::build(&locations),

@@ -2158,3 +2158,24 @@ fn gzip_static_serves_the_precompressed_file() {
     let r = ask("/always/app.js", false);
     assert_eq!(r.header("content-encoding"), Some("gzip"));
 }
+
+/// `merge_slashes off`: `//` reaches location matching and `$uri` as it was sent.
+#[test]
+fn merge_slashes_off_keeps_double_slashes() {
+    let s = Server::start_ports(
+        "merge-slashes",
+        "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+         location = /status { shard_status; }\n  location / { return 200 \"$uri\"; }\n }\n \
+         server {\n  listen 127.0.0.1:{port1};\n  merge_slashes off;\n  \
+         location ~ ^/a//b { return 200 \"kept $uri\"; }\n  location / { return 200 \"$uri\"; }\n }\n}\n",
+        1,
+        1,
+    );
+    let (_, _, b) = exchange(s.addr(), "GET /a//b HTTP/1.1\r\nHost: x");
+    assert_eq!(b, b"/a/b");
+    let off = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    let (_, _, b) = exchange(off, "GET /a//b HTTP/1.1\r\nHost: x");
+    assert_eq!(b, b"kept /a//b");
+    let (_, _, b) = exchange(off, "GET /x//../y HTTP/1.1\r\nHost: x");
+    assert_eq!(b, b"/x/y");
+}

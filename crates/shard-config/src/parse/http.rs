@@ -141,6 +141,7 @@ pub(super) struct Settings {
     pub(super) client_header_buffer_size: Option<usize>,
     pub(super) large_client_header_buffers: Option<(usize, usize)>,
     pub(super) underscores_in_headers: Option<bool>,
+    pub(super) merge_slashes: Option<bool>,
     pub(super) ignore_invalid_headers: Option<bool>,
     pub(super) gzip: GzipP,
     pub(super) proxy: ProxyP,
@@ -422,6 +423,7 @@ pub(super) struct Eff {
     pub(super) client_header_buffer_size: usize,
     pub(super) large_client_header_buffers: (usize, usize),
     pub(super) underscores_in_headers: bool,
+    pub(super) merge_slashes: bool,
     pub(super) ignore_invalid_headers: bool,
     pub(super) gzip: GzipConf,
     /// `set_headers` without nginx's defaults (see [`with_default_headers`]).
@@ -505,6 +507,7 @@ impl Eff {
             client_header_buffer_size: 1024,
             large_client_header_buffers: (4, 8192),
             underscores_in_headers: false,
+            merge_slashes: true,
             ignore_invalid_headers: true,
             gzip: GzipConf::default(),
             proxy: ProxyConf::default(),
@@ -618,6 +621,7 @@ impl Eff {
             underscores_in_headers: s
                 .underscores_in_headers
                 .unwrap_or(self.underscores_in_headers),
+            merge_slashes: s.merge_slashes.unwrap_or(self.merge_slashes),
             ignore_invalid_headers: s
                 .ignore_invalid_headers
                 .unwrap_or(self.ignore_invalid_headers),
@@ -1020,6 +1024,7 @@ pub(super) fn finish_server(
         client_header_buffer_size: eff.client_header_buffer_size,
         large_client_header_buffers: eff.large_client_header_buffers,
         underscores_in_headers: eff.underscores_in_headers,
+        merge_slashes: eff.merge_slashes,
         ignore_invalid_headers: eff.ignore_invalid_headers,
         base,
         index: crate::index::LocationIndex::build(&locations),
@@ -1780,6 +1785,8 @@ pub(super) fn set_client_header_buffer_size(
 }
 
 slot!(set_underscores_in_headers, underscores_in_headers, flag);
+
+slot!(set_merge_slashes, merge_slashes, flag);
 
 slot!(set_ignore_invalid_headers, ignore_invalid_headers, flag);
 

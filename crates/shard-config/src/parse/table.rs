@@ -893,6 +893,13 @@ pub(super) static TABLE: &[Spec] = &[
     d("proxy_pass", L, 1, 1, Set::Location(location_proxy_pass)),
     d("etag", HSL, 1, 1, Set::Settings(set_etag)),
     d(
+        "merge_slashes",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_merge_slashes),
+    ),
+    d(
         "proxy_pass_request_body",
         HSL,
         1,

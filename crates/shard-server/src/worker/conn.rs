@@ -926,6 +926,7 @@ impl Worker<'_> {
                 underscores: s.underscores_in_headers,
                 ignore_invalid: s.ignore_invalid_headers,
             },
+            merge_slashes: s.merge_slashes,
         }
     }
 
