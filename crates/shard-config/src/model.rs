@@ -447,6 +447,9 @@ pub struct LocationConf {
     /// `auth_basic REALM` with `auth_basic_user_file FILE`: HTTP Basic authentication in the
     /// access phase. `None`: off (or no user file).
     pub auth_basic: Option<std::sync::Arc<AuthBasic>>,
+    /// `satisfy any`: the request passes when `allow`/`deny` or `auth_basic` lets it (`all`,
+    /// the default: both must).
+    pub satisfy_any: bool,
     /// `limit_except METHOD ... { ... }`: for other methods, the block's access rules and
     /// `auth_basic` (inherited from this location) decide instead.
     pub limit_except: Option<std::sync::Arc<LimitExcept>>,

@@ -360,6 +360,7 @@ pub(crate) mod tests {
             etag: true,
             auth_basic: None,
             limit_except: None,
+            satisfy_any: false,
             absolute_redirect: true,
             port_in_redirect: true,
             server_name_in_redirect: false,

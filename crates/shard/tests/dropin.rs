@@ -2179,3 +2179,38 @@ fn merge_slashes_off_keeps_double_slashes() {
     let (_, _, b) = exchange(off, "GET /x//../y HTTP/1.1\r\nHost: x");
     assert_eq!(b, b"/x/y");
 }
+
+/// `satisfy any`: the address rule or the password is enough; `all` needs both.
+#[test]
+fn satisfy_any_and_all() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+        location = /status { shard_status; }\n  \
+        location /any/ {\n   satisfy any;\n   allow 192.0.2.1;\n   deny all;\n   \
+        auth_basic r;\n   auth_basic_user_file {dir}/htpasswd;\n   root {dir}/html;\n  }\n  \
+        location /local/ {\n   satisfy any;\n   allow 127.0.0.1;\n   deny all;\n   \
+        auth_basic r;\n   auth_basic_user_file {dir}/htpasswd;\n   root {dir}/html;\n  }\n  \
+        location /all/ {\n   allow 127.0.0.1;\n   deny all;\n   auth_basic r;\n   \
+        auth_basic_user_file {dir}/htpasswd;\n   root {dir}/html;\n  }\n }\n}\n";
+    let s = Server::start("satisfy", conf, 1);
+    std::fs::write(s.dir.join("htpasswd"), "u:{PLAIN}p\n").unwrap();
+    s.signal(libc::SIGHUP);
+    write_file(&s.dir, "html/any/f", b"f");
+    write_file(&s.dir, "html/local/f", b"f");
+    write_file(&s.dir, "html/all/f", b"f");
+    let st = |path: &str, auth: bool| {
+        let a = if auth {
+            "\r\nAuthorization: Basic dTpw"
+        } else {
+            ""
+        };
+        exchange(s.addr(), &format!("GET {path} HTTP/1.1\r\nHost: x{a}")).0
+    };
+    wait_for(Duration::from_secs(5), "the reloaded user file", || {
+        (st("/all/f", true) == 200).then_some(())
+    });
+    // Denied by address, no password: the prompt.
+    assert_eq!(st("/any/f", false), 401);
+    assert_eq!(st("/any/f", true), 200, "the password is enough");
+    assert_eq!(st("/local/f", false), 200, "the address is enough");
+    assert_eq!(st("/all/f", false), 401, "satisfy all: the password too");
+}

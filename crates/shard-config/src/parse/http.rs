@@ -163,6 +163,7 @@ pub(super) struct Settings {
     pub(super) autoindex: Option<Autoindex>,
     pub(super) if_modified_since: Option<IfModifiedSince>,
     pub(super) etag: Option<bool>,
+    pub(super) satisfy_any: Option<bool>,
     /// `auth_basic REALM | off` (`Some(None)`: off) and `auth_basic_user_file`.
     pub(super) auth_basic: Option<Option<String>>,
     pub(super) auth_basic_user_file: Option<PathBuf>,
@@ -441,6 +442,7 @@ pub(super) struct Eff {
     pub(super) autoindex: Autoindex,
     pub(super) if_modified_since: IfModifiedSince,
     pub(super) etag: bool,
+    pub(super) satisfy_any: bool,
     pub(super) auth_basic: Option<String>,
     pub(super) auth_basic_user_file: Option<PathBuf>,
     pub(super) absolute_redirect: bool,
@@ -524,6 +526,7 @@ impl Eff {
             autoindex: Autoindex::default(),
             if_modified_since: IfModifiedSince::Exact,
             etag: true,
+            satisfy_any: false,
             auth_basic: None,
             auth_basic_user_file: None,
             absolute_redirect: true,
@@ -658,6 +661,7 @@ impl Eff {
             },
             if_modified_since: s.if_modified_since.unwrap_or(self.if_modified_since),
             etag: s.etag.unwrap_or(self.etag),
+            satisfy_any: s.satisfy_any.unwrap_or(self.satisfy_any),
             auth_basic: s
                 .auth_basic
                 .clone()
@@ -776,6 +780,7 @@ impl Eff {
             proxy: with_default_headers(self.proxy.clone()),
             fastcgi: None,
             limit_except: None,
+            satisfy_any: self.satisfy_any,
             resolver: self.resolver.as_ref().map(|r| {
                 Arc::new(ResolverConf {
                     timeout_ms: self.resolver_timeout_ms,
@@ -2009,6 +2014,16 @@ pub(super) fn set_autoindex(_: &Env, s: &mut Settings, d: &Directive, file: &str
 }
 
 slot!(set_etag, etag, flag);
+
+/// `satisfy all | any`.
+pub(super) fn set_satisfy(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let any = match a0(d) {
+        "all" => false,
+        "any" => true,
+        v => return Err(invalid(d, file, v)),
+    };
+    once(&mut s.satisfy_any, any, d, file)
+}
 
 /// `auth_basic REALM | off`.
 pub(super) fn set_auth_basic(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {

@@ -238,6 +238,16 @@ pub(super) static TABLE: &[Spec] = &[
     ),
     d("request_pool_size", H | S, 1, 1, Set::NoEffect(check_size)),
     d("send_lowat", HSL, 1, 1, Set::NoEffect(check_size)),
+    d("proxy_send_lowat", HSL, 1, 1, Set::NoEffect(check_size)),
+    // I/O strategies shard does not have (it reads with pread/sendfile on its event loop).
+    d("aio", HSL, 1, 1, Set::NoEffect(check_aio)),
+    d("aio_write", HSL, 1, 1, Set::NoEffect(check_flag)),
+    d("directio", HSL, 1, 1, Set::NoEffect(check_size_or_off)),
+    d("directio_alignment", HSL, 1, 1, Set::NoEffect(check_size)),
+    d("read_ahead", HSL, 1, 1, Set::NoEffect(check_size)),
+    d("thread_pool", M, 1, 3, Set::NoEffect(check_any)),
+    // Cached descriptors of access logs with variables in their paths (which shard refuses).
+    d("open_log_file_cache", HSL, 1, 4, Set::NoEffect(check_any)),
     d("sendfile_max_chunk", HSL, 1, 1, Set::NoEffect(check_size)),
     d(
         "reset_timedout_connection",
@@ -892,6 +902,7 @@ pub(super) static TABLE: &[Spec] = &[
     ),
     d("proxy_pass", L, 1, 1, Set::Location(location_proxy_pass)),
     d("etag", HSL, 1, 1, Set::Settings(set_etag)),
+    d("satisfy", HSL, 1, 1, Set::Settings(set_satisfy)),
     d(
         "merge_slashes",
         H | S,
@@ -1476,6 +1487,24 @@ fn check_zone(d: &Directive, file: &str) -> R {
             .ok_or_else(|| invalid(d, file, size)),
         None => Ok(()),
     }
+}
+
+/// `aio on | off | threads[=POOL]`.
+fn check_aio(d: &Directive, file: &str) -> R {
+    let v = a0(d);
+    if matches!(v, "on" | "off" | "threads") || v.starts_with("threads=") {
+        Ok(())
+    } else {
+        Err(invalid(d, file, v))
+    }
+}
+
+/// `directio SIZE | off`.
+fn check_size_or_off(d: &Directive, file: &str) -> R {
+    if a0(d) == "off" {
+        return Ok(());
+    }
+    check_size(d, file)
 }
 
 fn check_any(_: &Directive, _: &str) -> R {

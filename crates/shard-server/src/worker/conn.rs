@@ -2022,6 +2022,34 @@ impl Worker<'_> {
         !allowed
     }
 
+    /// nginx's access phase: `allow`/`deny` and `auth_basic`, both required (`satisfy all`)
+    /// or either enough (`satisfy any`). `None` lets the request through.
+    fn access_phase(
+        &mut self,
+        key: usize,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        head: &[u8],
+    ) -> Option<u16> {
+        if !loc.satisfy_any {
+            if self.access_denied(key, loc, req) {
+                return Some(403);
+            }
+            return self.auth_basic_denied(key, loc, req, head);
+        }
+        let le = limit_except(loc, req);
+        let has_rules = !le.map_or(&loc.access_rules, |l| &l.access_rules).is_empty();
+        let has_auth = le.map_or(loc.auth_basic.is_some(), |l| l.auth_basic.is_some());
+        let denied = self.access_denied(key, loc, req);
+        if has_rules && !denied {
+            return None;
+        }
+        if has_auth {
+            return self.auth_basic_denied(key, loc, req, head);
+        }
+        denied.then_some(403)
+    }
+
     /// `auth_basic` of `loc`: `None` lets the request through, else the status (401, with
     /// the realm for `WWW-Authenticate`, or 500 when the user file is unreadable).
     fn auth_basic_denied(
@@ -2318,9 +2346,7 @@ impl<'a> Worker<'a> {
                 Action::Return(code, text)
             } else if returned {
                 Action::Content
-            } else if self.access_denied(key, loc, &req) {
-                Action::Status(403)
-            } else if let Some(code) = self.auth_basic_denied(key, loc, &req, &head) {
+            } else if let Some(code) = self.access_phase(key, loc, &req, &head) {
                 Action::Status(code)
             } else if let Some(tf) = &loc.try_files {
                 self.try_files(key, loc, tf, &mut req, &head)
