@@ -447,6 +447,10 @@ pub struct LocationConf {
     /// `auth_basic REALM` with `auth_basic_user_file FILE`: HTTP Basic authentication in the
     /// access phase. `None`: off (or no user file).
     pub auth_basic: Option<std::sync::Arc<AuthBasic>>,
+    /// `limit_rate RATE` (bytes per second, 0: off) and `limit_rate_after SIZE`: the response
+    /// is sent no faster, after its first SIZE bytes.
+    pub limit_rate: u64,
+    pub limit_rate_after: u64,
     /// `satisfy any`: the request passes when `allow`/`deny` or `auth_basic` lets it (`all`,
     /// the default: both must).
     pub satisfy_any: bool,

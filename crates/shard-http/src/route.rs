@@ -361,6 +361,8 @@ pub(crate) mod tests {
             auth_basic: None,
             limit_except: None,
             satisfy_any: false,
+            limit_rate: 0,
+            limit_rate_after: 0,
             absolute_redirect: true,
             port_in_redirect: true,
             server_name_in_redirect: false,

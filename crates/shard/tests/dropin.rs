@@ -2214,3 +2214,61 @@ fn satisfy_any_and_all() {
     assert_eq!(st("/local/f", false), 200, "the address is enough");
     assert_eq!(st("/all/f", false), 401, "satisfy all: the password too");
 }
+
+/// `limit_rate` and `limit_rate_after`: a 30,000-byte file at 10k/s takes two seconds (each
+/// second begun brings its share, as nginx counts), with its first 10k free one.
+#[test]
+fn limit_rate_paces_the_response() {
+    let s = Server::start(
+        "limit-rate",
+        "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+         root {dir}/html;\n  location = /status { shard_status; }\n  \
+         location /slow/ { limit_rate 10k; }\n  \
+         location /after/ { limit_rate 10k; limit_rate_after 10k; sendfile on; }\n }\n}\n",
+        1,
+    );
+    let body: Vec<u8> = (0..30_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    write_file(&s.dir, "html/slow/f", &body);
+    write_file(&s.dir, "html/after/f", &body);
+    write_file(&s.dir, "html/free", &body);
+    let timed = |path: &str| {
+        let t = std::time::Instant::now();
+        let r = get(s.addr(), path);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, body, "{path}");
+        t.elapsed()
+    };
+    let free = timed("/free");
+    assert!(free < Duration::from_millis(900), "{free:?}");
+    let slow = timed("/slow/f");
+    assert!(
+        slow >= Duration::from_millis(1900) && slow < Duration::from_secs(4),
+        "{slow:?}"
+    );
+    let after = timed("/after/f");
+    assert!(
+        after >= Duration::from_millis(900) && after < Duration::from_millis(1900),
+        "{after:?}"
+    );
+}
+
+/// `limit_rate` on a proxied response: paced the same way, and complete.
+#[test]
+fn limit_rate_paces_a_proxied_response() {
+    let up = support::upstream::Upstream::start(|_| support::upstream::Reply::Large(30_000));
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:{{port}};\n  \
+         location = /status {{ shard_status; }}\n  \
+         location / {{ limit_rate 10k; proxy_pass http://127.0.0.1:{}; }}\n }}\n}}\n",
+        up.port
+    );
+    let s = Server::start("limit-rate-proxy", &conf, 1);
+    let t = std::time::Instant::now();
+    let r = get(s.addr(), "/x");
+    let took = t.elapsed();
+    assert_eq!((r.status, r.body.len()), (200, 30_000));
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+}

@@ -164,6 +164,8 @@ pub(super) struct Settings {
     pub(super) if_modified_since: Option<IfModifiedSince>,
     pub(super) etag: Option<bool>,
     pub(super) satisfy_any: Option<bool>,
+    pub(super) limit_rate: Option<u64>,
+    pub(super) limit_rate_after: Option<u64>,
     /// `auth_basic REALM | off` (`Some(None)`: off) and `auth_basic_user_file`.
     pub(super) auth_basic: Option<Option<String>>,
     pub(super) auth_basic_user_file: Option<PathBuf>,
@@ -443,6 +445,8 @@ pub(super) struct Eff {
     pub(super) if_modified_since: IfModifiedSince,
     pub(super) etag: bool,
     pub(super) satisfy_any: bool,
+    pub(super) limit_rate: u64,
+    pub(super) limit_rate_after: u64,
     pub(super) auth_basic: Option<String>,
     pub(super) auth_basic_user_file: Option<PathBuf>,
     pub(super) absolute_redirect: bool,
@@ -527,6 +531,8 @@ impl Eff {
             if_modified_since: IfModifiedSince::Exact,
             etag: true,
             satisfy_any: false,
+            limit_rate: 0,
+            limit_rate_after: 0,
             auth_basic: None,
             auth_basic_user_file: None,
             absolute_redirect: true,
@@ -662,6 +668,8 @@ impl Eff {
             if_modified_since: s.if_modified_since.unwrap_or(self.if_modified_since),
             etag: s.etag.unwrap_or(self.etag),
             satisfy_any: s.satisfy_any.unwrap_or(self.satisfy_any),
+            limit_rate: s.limit_rate.unwrap_or(self.limit_rate),
+            limit_rate_after: s.limit_rate_after.unwrap_or(self.limit_rate_after),
             auth_basic: s
                 .auth_basic
                 .clone()
@@ -781,6 +789,8 @@ impl Eff {
             fastcgi: None,
             limit_except: None,
             satisfy_any: self.satisfy_any,
+            limit_rate: self.limit_rate,
+            limit_rate_after: self.limit_rate_after,
             resolver: self.resolver.as_ref().map(|r| {
                 Arc::new(ResolverConf {
                     timeout_ms: self.resolver_timeout_ms,
@@ -2014,6 +2024,24 @@ pub(super) fn set_autoindex(_: &Env, s: &mut Settings, d: &Directive, file: &str
 }
 
 slot!(set_etag, etag, flag);
+
+/// `limit_rate RATE` and `limit_rate_after SIZE` (sizes; variables are not supported).
+pub(super) fn set_limit_rate(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = a0(d);
+    if has_variables(v) {
+        return Err(derr(
+            d,
+            file,
+            format!("variables in \"{}\" are not supported by shard", d.name),
+        ));
+    }
+    let n = parse_size(v).ok_or_else(|| invalid(d, file, v))?;
+    if d.name == "limit_rate" {
+        once(&mut s.limit_rate, n, d, file)
+    } else {
+        once(&mut s.limit_rate_after, n, d, file)
+    }
+}
 
 /// `satisfy all | any`.
 pub(super) fn set_satisfy(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {

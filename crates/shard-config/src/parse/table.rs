@@ -903,6 +903,8 @@ pub(super) static TABLE: &[Spec] = &[
     d("proxy_pass", L, 1, 1, Set::Location(location_proxy_pass)),
     d("etag", HSL, 1, 1, Set::Settings(set_etag)),
     d("satisfy", HSL, 1, 1, Set::Settings(set_satisfy)),
+    d("limit_rate", HSL, 1, 1, Set::Settings(set_limit_rate)),
+    d("limit_rate_after", HSL, 1, 1, Set::Settings(set_limit_rate)),
     d(
         "merge_slashes",
         H | S,

@@ -152,6 +152,8 @@ pub(super) struct Conn {
     pub(super) plain_on_tls: bool,
     /// `auth_basic` refused the request: the realm its 401 names in `WWW-Authenticate`.
     pub(super) www_authenticate: Option<String>,
+    /// `limit_rate` of the current response (`None`: unlimited).
+    pub(super) rate: Option<Box<Rate>>,
     /// `listen ... proxy_protocol`: the PROXY protocol header is still to be read, before
     /// anything else (the TLS handshake too).
     pub(super) pp_pending: bool,
@@ -322,6 +324,7 @@ impl Conn {
             pp_pending: false,
             proxy_protocol: None,
             www_authenticate: None,
+            rate: None,
             timer_at: u64::MAX,
         }
     }
@@ -495,6 +498,16 @@ impl Worker<'_> {
     }
 
     pub(super) fn on_timeout(&mut self, key: usize) {
+        // `limit_rate` held the response back: its next share of bytes is due.
+        if let Some(r) = self.conns[key].rate.as_mut().filter(|r| r.resume_ms != 0) {
+            if self.now_ms >= r.resume_ms {
+                r.resume_ms = 0;
+                let c = &mut self.conns[key];
+                c.deadline_ms = self.now_ms + c.send_timeout_ms;
+                self.drive(key);
+                return;
+            }
+        }
         if self.proxy_timeout(key) {
             return;
         }
@@ -553,10 +566,25 @@ impl Worker<'_> {
         let mut chunks = 0;
         let mut size_checked = false;
         loop {
+            // `limit_rate`: nothing more may leave before the next second's share.
+            let pending = c.has_output();
+            if let Some(r) = c.rate.as_mut() {
+                if r.allowance(now_ms) == 0 && pending {
+                    r.resume_ms = r.next_share_ms(now_ms);
+                    c.deadline_ms = r.resume_ms;
+                    return Flush::Blocked;
+                }
+            }
             // A mapped file: what is left of the output buffer and the next part of the file
             // in one `writev`. A short count is a full socket or a file that shrank under
             // the mapping; the next call tells which (`EAGAIN`, or `EFAULT` and a failure).
-            if let Some(f) = c.file.as_mut().filter(|f| f.mapped && f.remaining > 0) {
+            // (Not under `limit_rate`: its writes are cut to each second's share.)
+            let rated = c.rate.is_some();
+            if let Some(f) = c
+                .file
+                .as_mut()
+                .filter(|f| f.mapped && f.remaining > 0 && !rated)
+            {
                 let Some(map) = f.fd.mapped() else {
                     return Flush::Failed;
                 };
@@ -625,17 +653,29 @@ impl Worker<'_> {
                 if !c.writable {
                     return Flush::Blocked;
                 }
+                let allow = c.rate.as_ref().map_or(usize::MAX, |r| {
+                    usize::try_from(r.allowance(now_ms)).unwrap_or(usize::MAX)
+                });
+                if allow == 0 {
+                    break;
+                }
+                let end = c.out.len().min(c.out_pos.saturating_add(allow));
                 let out = std::mem::take(&mut c.out);
-                let res = c.send(&out[c.out_pos..], more);
+                let res = c.send(&out[c.out_pos..end], more && end == out.len());
                 c.out = out;
                 match res {
                     Ok(n) => {
                         debug_assert!(n <= c.out.len() - c.out_pos);
+                        let offered = end - c.out_pos;
                         c.out_pos += n;
+                        if let Some(r) = c.rate.as_mut() {
+                            r.sent += n as u64;
+                        }
                         c.deadline_ms = now_ms + c.send_timeout_ms;
                         // A short write means the socket is full; through TLS it means
-                        // only that the plaintext buffer was (the next call says).
-                        if c.out_pos < c.out.len() && c.tls.is_none() {
+                        // only that the plaintext buffer was (the next call says). A write
+                        // `limit_rate` cut is not short.
+                        if n < offered && c.tls.is_none() {
                             c.writable = false;
                         }
                     }
@@ -646,6 +686,10 @@ impl Worker<'_> {
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(_) => return Flush::Failed,
                 }
+            }
+            if c.out_pos < c.out.len() {
+                // Cut short by `limit_rate`: the top of the loop waits for the next share.
+                continue;
             }
             c.out.clear();
             c.out_pos = 0;
@@ -674,7 +718,14 @@ impl Worker<'_> {
                 return Flush::Yield;
             }
             chunks += 1;
-            let want = f.remaining.min(1 << 30) as usize;
+            let mut want = f.remaining.min(1 << 30) as usize;
+            if let Some(r) = c.rate.as_ref() {
+                let allow = usize::try_from(r.allowance(now_ms)).unwrap_or(usize::MAX);
+                if allow == 0 {
+                    continue;
+                }
+                want = want.min(allow);
+            }
             if !f.sendfile {
                 // Copy a chunk into the output buffer; the next pass writes it.
                 match shard_event::sock::pread_append(
@@ -704,6 +755,9 @@ impl Worker<'_> {
                 Ok(n) => {
                     debug_assert!(n as u64 <= f.remaining);
                     f.remaining -= n as u64;
+                    if let Some(r) = c.rate.as_mut() {
+                        r.sent += n as u64;
+                    }
                     c.deadline_ms = now_ms + c.send_timeout_ms;
                     if n < want && f.remaining > 0 {
                         c.writable = false;
@@ -1352,6 +1406,15 @@ impl Worker<'_> {
         let c = &mut self.conns[key];
         c.client = c.peer;
         c.www_authenticate = None;
+        c.rate = (first.limit_rate > 0).then(|| {
+            Box::new(Rate {
+                bytes_per_sec: first.limit_rate,
+                after: first.limit_rate_after,
+                start_ms: self.now_ms,
+                sent: 0,
+                resume_ms: 0,
+            })
+        });
         if let (Some(peer), false) = (c.peer, first.real_ip.from.is_empty()) {
             let mut storage = shard_http::vars::header_storage();
             let hs = shard_http::vars::request_headers(&c.inbuf[..head_len], &mut storage);
@@ -2450,4 +2513,34 @@ fn limit_except<'l>(
     let le = loc.limit_except.as_deref()?;
     let m = req.method.as_str();
     (!le.methods.iter().any(|x| x == m)).then_some(le)
+}
+
+/// `limit_rate` state of one response, as nginx's write filter counts it: after
+/// `limit_rate_after` bytes, `bytes_per_sec` for each second begun since the request started.
+pub(super) struct Rate {
+    pub(super) bytes_per_sec: u64,
+    pub(super) after: u64,
+    pub(super) start_ms: u64,
+    /// Bytes of this response written so far (head included).
+    pub(super) sent: u64,
+    /// When the writes held back may go on (0: not held).
+    pub(super) resume_ms: u64,
+}
+
+impl Rate {
+    /// Bytes that may leave now.
+    fn allowance(&self, now_ms: u64) -> u64 {
+        let seconds = now_ms.saturating_sub(self.start_ms) / 1000 + 1;
+        let budget = self
+            .bytes_per_sec
+            .saturating_mul(seconds)
+            .saturating_add(self.after);
+        budget.saturating_sub(self.sent)
+    }
+
+    /// When the next second's share is due.
+    fn next_share_ms(&self, now_ms: u64) -> u64 {
+        let elapsed = now_ms.saturating_sub(self.start_ms);
+        self.start_ms + (elapsed / 1000 + 1) * 1000
+    }
 }

@@ -2501,7 +2501,11 @@ impl<'a> Worker<'a> {
     }
 
     fn set_proxy_deadline(&mut self, key: usize, timeout_ms: u64) {
-        let t = self.now_ms + timeout_ms;
+        let mut t = self.now_ms + timeout_ms;
+        // A response `limit_rate` holds back resumes first (`on_timeout`).
+        if let Some(r) = self.conns[key].rate.as_ref().filter(|r| r.resume_ms != 0) {
+            t = t.min(r.resume_ms);
+        }
         self.set_conn_deadline(key, t);
     }
 
