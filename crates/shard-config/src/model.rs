@@ -1602,6 +1602,9 @@ pub struct SslConf {
     /// `ssl_verify_depth N`: the client certificate's chain, from it to a trusted CA, has at
     /// most `N` certificates above it (1: signed by a trusted CA itself). Default 1.
     pub verify_depth: u32,
+    /// `ssl_reject_handshake on`: handshakes that reach this server (by SNI, or as the
+    /// default) are refused; it needs no certificate. Default off.
+    pub reject_handshake: bool,
 }
 
 /// `ssl_verify_client on | off | optional | optional_no_ca`.
@@ -1635,6 +1638,7 @@ impl Default for SslConf {
             trusted_certificate: None,
             crl: None,
             verify_depth: 1,
+            reject_handshake: false,
         }
     }
 }

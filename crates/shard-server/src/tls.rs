@@ -799,14 +799,19 @@ fn listener_config(
     // Every server on the address that has certificates gets them loaded; the default
     // server must have some (nginx: `no "ssl_certificate" is defined for the "listen ...
     // ssl" directive`).
+    // A server with `ssl_reject_handshake on` keeps none: the resolver then refuses the
+    // handshakes that reach it.
     let mut keys: Vec<Vec<Arc<CertifiedKey>>> = vec![Vec::new(); http.servers.len()];
     for &i in &l.servers {
+        if http.servers[i].ssl.reject_handshake {
+            continue;
+        }
         for pair in &http.servers[i].ssl.certificates {
             keys[i].push(load_pair(&pair.certificate, &pair.key, &pair.place)?);
         }
     }
     let default = &http.servers[l.default_server];
-    if keys[l.default_server].is_empty() {
+    if keys[l.default_server].is_empty() && !default.ssl.reject_handshake {
         return Err(format!(
             "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive in {}:{}",
             l.place.file, l.place.line

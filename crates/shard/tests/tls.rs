@@ -1837,3 +1837,41 @@ fn version_1_certificates_as_openssl_takes_them() {
         Some("FAILED:self-signed certificate")
     );
 }
+
+/// `ssl_reject_handshake on` on the default server: names no server takes are refused in
+/// the handshake; the named servers answer as before.
+#[test]
+fn ssl_reject_handshake_refuses_unknown_names() {
+    let (s, p) = start(
+        "tls-reject",
+        1,
+        "",
+        "server { listen 127.0.0.1:{port1} ssl default_server; ssl_reject_handshake on; }",
+    );
+    let config = client_config(&p.ca, &[&rustls::version::TLS13, &rustls::version::TLS12]);
+    let mut a = connect_tls(tls_addr(&s), "a.test", &config).expect("a.test is served");
+    let (st, _, _) = request(&mut a, "a.test", "/");
+    assert!(st == 200 || st == 403 || st == 404, "{st}");
+    let mut b = connect_tls(tls_addr(&s), "b.test", &config).expect("b.test is served");
+    assert_eq!(request(&mut b, "b.test", "/").2, b"b");
+    assert!(
+        connect_tls(tls_addr(&s), "unknown.test", &config).is_err(),
+        "an unknown name gets no certificate"
+    );
+    // OpenSSL's client says why: no certificate at all (not one for another name).
+    if !have("openssl") {
+        skipped(
+            "ssl_reject_handshake_refuses_unknown_names (s_client part)",
+            "openssl is not installed",
+        );
+        return;
+    }
+    let (out, _) = s_client(s.ports[0], &["-servername", "unknown.test"], "unknown.test");
+    assert!(out.contains("no peer certificate available"), "{out}");
+    let (out, _) = s_client(s.ports[0], &["-servername", "b.test"], "b.test");
+    assert!(
+        out.contains("subject=CN") || out.contains("subject="),
+        "{out}"
+    );
+    assert!(!out.contains("no peer certificate available"), "{out}");
+}

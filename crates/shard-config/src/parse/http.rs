@@ -23,6 +23,7 @@ pub(super) struct SslP {
     pub(super) trusted_certificate: Option<PathBuf>,
     pub(super) crl: Option<PathBuf>,
     pub(super) verify_depth: Option<u32>,
+    pub(super) reject_handshake: Option<bool>,
 }
 
 /// The merged `ssl_*` directives of a block: the certificate and key lists stay apart
@@ -76,6 +77,7 @@ impl SslEff {
                     .or_else(|| self.conf.trusted_certificate.clone()),
                 crl: p.crl.clone().or_else(|| self.conf.crl.clone()),
                 verify_depth: p.verify_depth.unwrap_or(self.conf.verify_depth),
+                reject_handshake: p.reject_handshake.unwrap_or(self.conf.reject_handshake),
             },
         }
     }
@@ -2043,6 +2045,12 @@ pub(super) fn set_limit_rate(_: &Env, s: &mut Settings, d: &Directive, file: &st
     }
 }
 
+/// `ssl_reject_handshake on | off`.
+pub(super) fn set_ssl_reject_handshake(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.ssl.reject_handshake, v, d, file)
+}
+
 /// `satisfy all | any`.
 pub(super) fn set_satisfy(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let any = match a0(d) {
@@ -3499,6 +3507,7 @@ pub(super) fn apply_ssl(env: &Env, p: &mut SslP, d: &Directive, file: &str) -> R
         | "ssl_trusted_certificate"
         | "ssl_verify_depth"
         | "ssl_crl" => set_ssl_client(env, &mut s, d, file),
+        "ssl_reject_handshake" => set_ssl_reject_handshake(env, &mut s, d, file),
         _ => Ok(()),
     };
     *p = s.ssl;

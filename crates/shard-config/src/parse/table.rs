@@ -176,6 +176,13 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_ssl_client),
     ),
     d("ssl_crl", H | S, 1, 1, Set::Settings(set_ssl_client)),
+    d(
+        "ssl_reject_handshake",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_ssl_reject_handshake),
+    ),
     d("ssl_dhparam", H | S, 1, 1, Set::NoEffect(check_any)),
     d("ssl_ecdh_curve", H | S, 1, 1, Set::NoEffect(check_any)),
     d("ssl_buffer_size", H | S, 1, 1, Set::NoEffect(check_size)),
