@@ -1770,6 +1770,13 @@ pub struct StreamServerConf {
     /// `proxy_protocol_timeout`: how long a `listen ... proxy_protocol` connection may take
     /// to send its header. Default 30 s.
     pub proxy_protocol_timeout_ms: u64,
+    /// `proxy_next_upstream on|off`: a failed connect tries the next peer. Default on.
+    pub next_upstream: bool,
+    /// `allow`/`deny`: the first rule matching the client decides (none: allowed).
+    pub access_rules: Vec<AccessRule>,
+    /// `return VALUE`: sent to the client, then the connection closes (no upstream:
+    /// `upstream` is then `usize::MAX`).
+    pub ret: Option<Vec<Part>>,
 }
 
 /// nginx's `open_file_cache`, `open_file_cache_valid`, `open_file_cache_min_uses` and

@@ -570,3 +570,51 @@ fn relays_outlive_reloads_in_the_old_worker_and_status_lists_it() {
         (!pid_alive(old as i32)).then_some(())
     });
 }
+
+/// `return` (`ngx_stream_return_module`) with variables, stream `allow`/`deny`, and
+/// `proxy_next_upstream off` (one attempt only).
+#[test]
+fn stream_return_access_and_next_upstream_off() {
+    let dead = support::upstream::refusing_port();
+    let good = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let good_port = good.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in good.incoming() {
+            let Ok(mut c) = c else { return };
+            let _ = c.write_all(b"good");
+        }
+    });
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:{{port}};\n  \
+         location = /status {{ shard_status; }}\n }}\n}}\nstream {{\n \
+         upstream two {{ server 127.0.0.1:{dead}; server 127.0.0.1:{good_port}; }}\n \
+         server {{ listen 127.0.0.1:{{port1}}; return \"hi $remote_addr $server_port\\n\"; }}\n \
+         server {{ listen 127.0.0.1:{{port2}}; deny 127.0.0.1; return x; }}\n \
+         server {{ listen 127.0.0.1:{{port3}}; proxy_next_upstream off; proxy_pass two; }}\n \
+         server {{ listen 127.0.0.1:{{port4}}; proxy_pass two; }}\n}}\n"
+    );
+    let s = Server::start_ports("stream-return", &conf, 1, 4);
+    let read_all = |port: u16| {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut out = Vec::new();
+        let _ = c.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    assert_eq!(
+        read_all(s.ports[0]),
+        format!("hi 127.0.0.1 {}\n", s.ports[0])
+    );
+    assert_eq!(read_all(s.ports[1]), "", "denied");
+    // Round robin starts at the refusing peer: off gives up, on goes to the next.
+    assert_eq!(read_all(s.ports[2]), "");
+    assert_eq!(read_all(s.ports[3]), "good");
+    let log = wait_for(Duration::from_secs(5), "the access line", || {
+        let l = error_log(&s);
+        l.contains("access forbidden by rule").then_some(l)
+    });
+    assert!(
+        log.contains("client: 127.0.0.1, server: 127.0.0.1:"),
+        "{log}"
+    );
+}

@@ -16,6 +16,10 @@ pub(super) struct StreamSettings {
     pub(super) proxy_protocol: Option<bool>,
     /// `proxy_protocol_timeout`: for a `listen ... proxy_protocol` header. Default 30 s.
     pub(super) proxy_protocol_timeout_ms: Option<u64>,
+    /// `proxy_next_upstream on|off`. Default on.
+    pub(super) next_upstream: Option<bool>,
+    /// `allow`/`deny` of this level (a level with any replaces its parent's).
+    pub(super) access_rules: Option<Vec<AccessRule>>,
 }
 
 pub(super) struct StreamServerP {
@@ -23,6 +27,8 @@ pub(super) struct StreamServerP {
     pub(super) listen: Vec<SocketAddr>,
     /// The `proxy_pass` argument and where it was written.
     pub(super) pass: Option<(String, Place)>,
+    /// `return VALUE` (`ngx_stream_return_module`).
+    pub(super) ret: Option<Vec<Part>>,
     pub(super) settings: StreamSettings,
 }
 
@@ -46,6 +52,7 @@ pub(super) fn stream_server(env: &Env, sp: &mut StreamP, d: &Directive, file: &s
         place: place(d, file),
         listen: Vec::new(),
         pass: None,
+        ret: None,
         settings: StreamSettings::default(),
     };
     let cx = StreamServerCx {
@@ -62,7 +69,7 @@ pub(super) fn stream_server(env: &Env, sp: &mut StreamP, d: &Directive, file: &s
     if s.listen.is_empty() {
         return Err(derr(d, file, "no \"listen\" is defined for server"));
     }
-    if s.pass.is_none() {
+    if s.pass.is_none() && s.ret.is_none() {
         return Err(derr(d, file, "no handler for server"));
     }
     sp.servers.push(s);
@@ -97,8 +104,46 @@ pub(super) fn stream_server_proxy_pass(
     d: &Directive,
     file: &str,
 ) -> R {
+    if cx.s.ret.is_some() {
+        return Err(derr(d, file, "\"proxy_pass\" directive is duplicate"));
+    }
     let pass = (a0(d).to_string(), place(d, file));
     once(&mut cx.s.pass, pass, d, file)
+}
+
+/// `return VALUE`: the text (variables allowed) sent to the client, then the close.
+pub(super) fn stream_server_return(cx: &mut StreamServerCx<'_>, d: &Directive, file: &str) -> R {
+    if cx.s.pass.is_some() {
+        return Err(derr(d, file, "\"return\" directive is duplicate"));
+    }
+    let v = super::http::parse_header_value(d, file, a0(d))?;
+    once(&mut cx.s.ret, v, d, file)
+}
+
+/// `proxy_half_close`, `tcp_nodelay`: checked and accepted silently, shard's relay doing
+/// what `on` asks in any case (docs list `off` as a difference).
+pub(super) fn stream_flag_as_is(_: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    flag(d, file, a0(d)).map(|_| ())
+}
+
+/// `proxy_next_upstream on | off`.
+pub(super) fn stream_proxy_next_upstream(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.next_upstream, v, d, file)
+}
+
+/// `allow`/`deny` (`ngx_stream_access_module`), in order.
+pub(super) fn stream_access_rule(
+    env: &Env,
+    s: &mut StreamSettings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let mut tmp = super::http::Settings::default();
+    super::http::set_access_rule(env, &mut tmp, d, file)?;
+    let rules = tmp.access_rules.unwrap_or_default();
+    s.access_rules.get_or_insert_with(Vec::new).extend(rules);
+    Ok(())
 }
 
 pub(super) fn stream_proxy_connect_timeout(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
@@ -142,7 +187,41 @@ pub(super) fn finish_stream(
     let mut upstreams = sp.upstreams;
     let mut servers = Vec::with_capacity(sp.servers.len());
     for s in sp.servers {
-        let (target, at) = s.pass.expect("checked when the server was parsed");
+        let Some((target, at)) = s.pass.clone() else {
+            // `return`: no upstream.
+            let ssl_eff = super::http::SslEff::default()
+                .merge(&sp.settings.ssl)
+                .merge(&s.settings.ssl);
+            let ssl = SslConf {
+                certificates: ssl_eff.pairs()?,
+                ..ssl_eff.conf.clone()
+            };
+            servers.push(StreamServerConf {
+                ssl,
+                proxy_ssl: None,
+                place: s.place.clone(),
+                listen: s.listen.clone(),
+                upstream: usize::MAX,
+                connect_timeout_ms: 60_000,
+                timeout_ms: 600_000,
+                buffer_size: 16 * 1024,
+                proxy_protocol: false,
+                proxy_protocol_timeout_ms: s
+                    .settings
+                    .proxy_protocol_timeout_ms
+                    .or(sp.settings.proxy_protocol_timeout_ms)
+                    .unwrap_or(30_000),
+                next_upstream: true,
+                access_rules: s
+                    .settings
+                    .access_rules
+                    .clone()
+                    .or_else(|| sp.settings.access_rules.clone())
+                    .unwrap_or_default(),
+                ret: s.ret.clone(),
+            });
+            continue;
+        };
         let upstream = match upstreams.iter().position(|u| u.name == target) {
             Some(i) => i,
             None => {
@@ -181,6 +260,18 @@ pub(super) fn finish_stream(
                 .or(sp.settings.proxy_protocol)
                 .unwrap_or(false),
             proxy_protocol_timeout_ms: get(|x| x.proxy_protocol_timeout_ms, 30_000),
+            next_upstream: s
+                .settings
+                .next_upstream
+                .or(sp.settings.next_upstream)
+                .unwrap_or(true),
+            access_rules: s
+                .settings
+                .access_rules
+                .clone()
+                .or_else(|| sp.settings.access_rules.clone())
+                .unwrap_or_default(),
+            ret: None,
         });
     }
     for l in sp.listeners {

@@ -600,6 +600,13 @@ pub(super) static TABLE: &[Spec] = &[
     d("expires", HSL, 1, 2, Set::Settings(set_expires)),
     d("server_tokens", HSL, 1, 1, Set::Settings(set_server_tokens)),
     d("allow", HSL | LMT, 1, 1, Set::Settings(set_access_rule)),
+    d(
+        "allow",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettingsEnv(stream_access_rule),
+    ),
     d("error_page", HSL, 2, MANY, Set::Settings(set_error_page)),
     d("log_not_found", HSL, 1, 1, Set::Settings(set_log_not_found)),
     d(
@@ -767,6 +774,13 @@ pub(super) static TABLE: &[Spec] = &[
     d("try_files", S, 2, MANY, Set::Server(server_try_files)),
     d("internal", L, 0, 0, Set::Location(location_internal)),
     d("deny", HSL | LMT, 1, 1, Set::Settings(set_access_rule)),
+    d(
+        "deny",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettingsEnv(stream_access_rule),
+    ),
     d("stub_status", L, 0, 1, Set::Location(location_stub_status)),
     d(
         "shard_status",
@@ -908,6 +922,31 @@ pub(super) static TABLE: &[Spec] = &[
         Set::StreamServer(stream_server_proxy_pass),
     ),
     d("proxy_pass", L, 1, 1, Set::Location(location_proxy_pass)),
+    // ngx_stream_return_module, and the stream proxy's switches.
+    d("return", SS, 1, 1, Set::StreamServer(stream_server_return)),
+    d(
+        "proxy_next_upstream",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_proxy_next_upstream),
+    ),
+    // shard's relay passes each side's end of stream on (nginx's `proxy_half_close on`)
+    // and sets TCP_NODELAY on both sockets (nginx's default).
+    d(
+        "proxy_half_close",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_flag_as_is),
+    ),
+    d(
+        "tcp_nodelay",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_flag_as_is),
+    ),
     d("etag", HSL, 1, 1, Set::Settings(set_etag)),
     d("satisfy", HSL, 1, 1, Set::Settings(set_satisfy)),
     d("limit_rate", HSL, 1, 1, Set::Settings(set_limit_rate)),

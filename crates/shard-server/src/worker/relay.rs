@@ -186,6 +186,33 @@ impl Worker<'_> {
         tls: Option<Box<super::tls::TlsConn>>,
         proxy_protocol: bool,
     ) {
+        let conf = self.stream_server(server);
+        let _ = shard_event::sock::set_nodelay(fd.as_raw_fd(), true);
+        // `allow`/`deny`, then `return`: answered (or refused) at once, no upstream.
+        if let Some(ip) = peer.map(|p| p.ip()) {
+            let allowed = conf
+                .access_rules
+                .iter()
+                .find(|r| r.matches(ip))
+                .is_none_or(|r| r.allow);
+            if !allowed {
+                crate::log!(
+                    Error,
+                    "access forbidden by rule, client: {ip}, server: {listen}"
+                );
+                drop(fd);
+                WorkerSlot::drop_one(&self.slot.active);
+                return;
+            }
+        }
+        if let Some(parts) = &conf.ret {
+            let text = stream_render(parts, peer, listen, fd.as_raw_fd());
+            let _ = shard_event::sock::write(fd.as_raw_fd(), text.as_bytes());
+            shard_event::sock::shutdown_write(fd.as_raw_fd());
+            drop(fd);
+            WorkerSlot::drop_one(&self.slot.active);
+            return;
+        }
         let id = self.next_conn_id;
         self.next_conn_id += 1;
         let n_peers = self
@@ -445,12 +472,16 @@ impl Worker<'_> {
     /// no peer is left.
     fn connect_next(&mut self, key: usize) -> Io {
         let server = self.relays[key].server;
-        let (upstream, connect_timeout) = {
+        let (upstream, connect_timeout, next_upstream) = {
             let s = self.stream_server(server);
-            (s.upstream, s.connect_timeout_ms)
+            (s.upstream, s.connect_timeout_ms, s.next_upstream)
         };
         loop {
             let r = &mut self.relays[key];
+            // `proxy_next_upstream off`: one attempt only.
+            if !next_upstream && r.current_peer.is_some() {
+                return Io::Close;
+            }
             // Dropping the failed attempt's socket closes it.
             r.upstream = Side::new(None);
             r.up_tls = None;
@@ -490,6 +521,8 @@ impl Worker<'_> {
                 }
             };
             let raw = fd.as_raw_fd();
+            // nginx's stream `tcp_nodelay on` (its default), on both sides.
+            let _ = shard_event::sock::set_nodelay(raw, true);
             let r = &mut self.relays[key];
             r.upstream = Side::new(Some(fd));
             r.upstream.e.writable = done;
@@ -960,4 +993,33 @@ pub(super) fn move_between(
         progress = true;
     }
     Ok(progress)
+}
+
+/// A stream `return` value: text, and the connection's variables nginx's stream core has
+/// (`$remote_addr`, `$remote_port`, `$server_addr`, `$server_port`, `$binary_remote_addr`);
+/// others render empty.
+fn stream_render(
+    parts: &[shard_config::Part],
+    peer: Option<SocketAddr>,
+    listen: SocketAddr,
+    fd: std::os::fd::RawFd,
+) -> String {
+    use shard_config::{Part, Var};
+    let local = shard_event::sock::local_addr(fd).unwrap_or(listen);
+    let mut out = String::new();
+    for p in parts {
+        match p {
+            Part::Lit(t) => out.push_str(t),
+            Part::Var(Var::RemoteAddr) => {
+                out.push_str(&peer.map_or(String::new(), |a| a.ip().to_string()))
+            }
+            Part::Var(Var::RemotePort) => {
+                out.push_str(&peer.map_or(String::new(), |a| a.port().to_string()))
+            }
+            Part::Var(Var::ServerAddr) => out.push_str(&local.ip().to_string()),
+            Part::Var(Var::ServerPort) => out.push_str(&local.port().to_string()),
+            _ => {}
+        }
+    }
+    out
 }
