@@ -2528,3 +2528,18 @@ fn root_and_alias_with_variables() {
         "\"root\" cannot use $document_root, $realpath_root or $request_filename in t.conf:2"
     );
 }
+
+/// `docs/nginx-directives.md` says what the table says (`SHARD_BLESS=1` rewrites it).
+#[test]
+fn nginx_directive_index_doc_is_current() {
+    let want = parse::directive_index_doc();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/nginx-directives.md");
+    if std::env::var_os("SHARD_BLESS").is_some() {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have == want,
+        "docs/nginx-directives.md is out of date: run `SHARD_BLESS=1 cargo test -p shard-config nginx_directive_index`"
+    );
+}

@@ -239,6 +239,47 @@ pub(crate) fn NGINX_ONLY_IS_SORTED() -> bool {
     NGINX_ONLY.windows(2).all(|w| w[0] < w[1])
 }
 
+/// `docs/nginx-directives.md`: every name of nginx's directive index with what shard does
+/// with it, made from the directive table (a test keeps the file equal to this).
+#[cfg(test)]
+pub(crate) fn directive_index_doc() -> String {
+    let mut out = String::from(
+        "# nginx's directives in shard\n\n\
+         Every directive of nginx's directive index (its own modules), with what shard does with\n\
+         it: **supported** (see [directives.md](directives.md) for arguments, defaults and any\n\
+         difference), **no effect** (accepted, its value checked, with a one-line warning: a tuning\n\
+         knob that means nothing in shard), or **not supported** (`-t` names it: `\"NAME\" is an\n\
+         nginx directive that shard does not support`). Generated from the directive table\n\
+         (`crates/shard-config/src/parse/table.rs`); `cargo test -p shard-config` fails when it is\n\
+         out of date, and `SHARD_BLESS=1` writes it anew.\n\n",
+    );
+    let mut rows = Vec::new();
+    let (mut sup, mut none, mut refused) = (0, 0, 0);
+    for &name in NGINX_ONLY {
+        let specs: Vec<&Spec> = TABLE.iter().filter(|s| s.name == name).collect();
+        let status = if specs.is_empty() {
+            refused += 1;
+            "not supported"
+        } else if specs.iter().all(|s| matches!(s.set, Set::NoEffect(_))) {
+            none += 1;
+            "no effect"
+        } else {
+            sup += 1;
+            "supported"
+        };
+        rows.push(format!("| `{name}` | {status} |\n"));
+    }
+    out.push_str(&format!(
+        "{} names: {sup} supported, {none} accepted with no effect, {refused} not supported.\n\n\
+         | directive | shard |\n|---|---|\n",
+        NGINX_ONLY.len()
+    ));
+    for r in rows {
+        out.push_str(&r);
+    }
+    out
+}
+
 /// The most errors one run reports.
 const MAX_ERRORS: usize = 100;
 
