@@ -1217,6 +1217,17 @@ pub enum Var {
     /// `content_type`, `content_length`, `location`, `last_modified`, `etag`,
     /// `content_encoding`, `connection`, `cache_control`, `expires`).
     SentHttp(String),
+    /// The stream module's own (`ngx_stream_core_module`, `ngx_stream_upstream_module`):
+    /// `$protocol` (`TCP`), `$bytes_received` (from the client), `$session_time` (seconds
+    /// with milliseconds), `$upstream_bytes_sent`, `$upstream_bytes_received`,
+    /// `$upstream_session_time`, `$upstream_first_byte_time`. Empty in http.
+    Protocol,
+    BytesReceived,
+    SessionTime,
+    UpstreamBytesSent,
+    UpstreamBytesReceived,
+    UpstreamSessionTime,
+    UpstreamFirstByteTime,
 }
 
 impl Var {
@@ -1777,6 +1788,9 @@ pub struct StreamServerConf {
     /// `return VALUE`: sent to the client, then the connection closes (no upstream:
     /// `upstream` is then `usize::MAX`).
     pub ret: Option<Vec<Part>>,
+    /// `access_log`: one line per session, when it ends (stream formats have only the
+    /// stream's variables; none by default, as nginx's stream has no default log).
+    pub access_logs: Vec<AccessLog>,
 }
 
 /// nginx's `open_file_cache`, `open_file_cache_valid`, `open_file_cache_min_uses` and

@@ -2543,3 +2543,41 @@ fn nginx_directive_index_doc_is_current() {
         "docs/nginx-directives.md is out of date: run `SHARD_BLESS=1 cargo test -p shard-config nginx_directive_index`"
     );
 }
+
+#[test]
+fn stream_log_format_and_access_log() {
+    let c = stream(
+        "log_format basic '$remote_addr [$time_local] $protocol $status $bytes_sent \
+         $bytes_received $session_time \"$upstream_addr\"';\n\
+         access_log /tmp/s.log basic;\n\
+         server { listen 8081; proxy_pass 127.0.0.1:1; }\n\
+         server { listen 8082; proxy_pass 127.0.0.1:1; access_log off; }\n\
+         server { listen 8083; proxy_pass 127.0.0.1:1; access_log /tmp/t.log basic if=$status; }",
+    );
+    let s = &c.stream.as_ref().unwrap().servers;
+    assert_eq!(s[0].access_logs.len(), 1);
+    assert_eq!(s[0].access_logs[0].format.name, "basic");
+    assert!(s[0].access_logs[0]
+        .format
+        .parts
+        .contains(&Part::Var(Var::SessionTime)));
+    assert!(s[1].access_logs.is_empty(), "off");
+    assert_eq!(s[2].access_logs.len(), 1, "a level with its own replaces");
+    assert!(s[2].access_logs[0].condition.is_some());
+    // The stream's formats are its own; the format is required; only stream variables.
+    let e = stream_error("access_log /tmp/s.log;");
+    assert!(
+        e.contains("invalid number of arguments in \"access_log\""),
+        "{e}"
+    );
+    let e = stream_error("access_log /tmp/s.log combined;");
+    assert!(e.contains("unknown log format \"combined\""), "{e}");
+    let e = stream_error("log_format x '$request';");
+    assert!(e.contains("unknown \"request\" variable"), "{e}");
+    let e = error(&format!(
+        "{EV}http {{ log_format h '$status'; }}\nstream {{ access_log /tmp/s.log h; }}\n"
+    ));
+    assert!(e.contains("unknown log format \"h\""), "{e}");
+    let e = stream_error("server { listen 8081; return $uri; }");
+    assert!(e.contains("unknown \"uri\" variable"), "{e}");
+}

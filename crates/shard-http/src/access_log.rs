@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::net::IpAddr;
 
-use shard_config::{LogEscape, LogFormat, Part};
+use shard_config::{LogEscape, LogFormat, Part, Var};
 
 use crate::vars;
 
@@ -89,13 +89,22 @@ fn push_json(out: &mut Vec<u8>, v: &[u8]) {
 /// written, each variable's value escaped as the format says (an empty value is `-`, except
 /// with `escape=json`).
 pub fn write_format(out: &mut Vec<u8>, format: &LogFormat, ctx: &vars::Ctx<'_>) {
+    write_format_with(out, format, |v, var| vars::push(v, var, ctx));
+}
+
+/// [`write_format`] with the variables' values from `value` (the stream module has its own).
+pub fn write_format_with(
+    out: &mut Vec<u8>,
+    format: &LogFormat,
+    mut value: impl FnMut(&mut Vec<u8>, &Var),
+) {
     let mut v = Vec::new();
     for p in &format.parts {
         match p {
             Part::Lit(s) => out.extend_from_slice(s.as_bytes()),
             Part::Var(var) => {
                 v.clear();
-                vars::push(&mut v, var, ctx);
+                value(&mut v, var);
                 match format.escape {
                     LogEscape::Json => push_json(out, &v),
                     _ if v.is_empty() => out.push(b'-'),
@@ -112,6 +121,11 @@ pub fn write_format(out: &mut Vec<u8>, format: &LogFormat, ctx: &vars::Ctx<'_>) 
 pub fn condition_holds(parts: &[Part], ctx: &vars::Ctx<'_>) -> bool {
     let mut v = Vec::new();
     vars::push_parts(&mut v, parts, ctx);
+    !(v.is_empty() || v == b"0")
+}
+
+/// [`condition_holds`] of a value already rendered.
+pub fn value_holds(v: &[u8]) -> bool {
     !(v.is_empty() || v == b"0")
 }
 

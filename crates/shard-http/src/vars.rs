@@ -619,6 +619,14 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 }
             }
         }
+        // The stream module's: the http parse never yields them.
+        Var::Protocol
+        | Var::BytesReceived
+        | Var::SessionTime
+        | Var::UpstreamBytesSent
+        | Var::UpstreamBytesReceived
+        | Var::UpstreamSessionTime
+        | Var::UpstreamFirstByteTime => {}
         Var::SentHttp(name) => {
             let Some(d) = &c.done else { return };
             let v = match name.as_str() {

@@ -173,6 +173,13 @@ fn access_log_paths(cfg: &Config) -> Vec<PathBuf> {
             }
         }
     }
+    for s in cfg.stream.iter().flat_map(|s| &s.servers) {
+        for al in &s.access_logs {
+            if !v.contains(&al.path) {
+                v.push(al.path.clone());
+            }
+        }
+    }
     v
 }
 

@@ -780,6 +780,24 @@ impl<'a> Worker<'a> {
         }
     }
 
+    /// Appends `line` to access log `i` and writes it out as [`Worker::flush_access_log_if`]
+    /// says.
+    fn append_access_log(&mut self, i: usize, line: &[u8], buffer: Option<usize>) {
+        self.access_logs[i].buf.extend_from_slice(line);
+        self.flush_access_log_if(i, buffer);
+    }
+
+    /// As nginx: each line at once unless `buffer=` (then when it is full, or at the
+    /// periodic flush).
+    fn flush_access_log_if(&mut self, i: usize, buffer: Option<usize>) {
+        let f = &mut self.access_logs[i];
+        let limit = buffer.map_or(0, |b| b.min(ACCESS_LOG_BUFFER_BYTES - 2048));
+        if f.buf.len() >= limit.max(1) {
+            let _ = shard_event::sock::write(f.fd, &f.buf);
+            f.buf.clear();
+        }
+    }
+
     fn flush_access_logs(&mut self) {
         for f in &mut self.access_logs {
             if !f.buf.is_empty() {

@@ -618,3 +618,83 @@ fn stream_return_access_and_next_upstream_off() {
         "{log}"
     );
 }
+
+/// `log_format`/`access_log` in `stream`: one line per session when it ends, with the
+/// stream's variables, for relayed, refused (502), denied (403) and `return` sessions;
+/// `if=` and `off`.
+#[test]
+fn stream_access_log_lines() {
+    let (echo_port, _) = upstream(echo);
+    let dead = refusing_port();
+    let conf = conf(
+        1,
+        &format!(
+            "log_format s '$remote_addr $protocol $status $bytes_sent $bytes_received \
+             \"$upstream_addr\" $upstream_bytes_sent $upstream_bytes_received $server_port \
+             $session_time $upstream_connect_time';\n\
+             access_log logs/stream.log s;\n\
+             server {{ listen 127.0.0.1:{{port1}}; proxy_pass 127.0.0.1:{echo_port}; }}\n\
+             server {{ listen 127.0.0.1:{{port2}}; proxy_pass 127.0.0.1:{dead}; }}\n\
+             server {{ listen 127.0.0.1:{{port3}}; deny all; return x; }}\n\
+             server {{ listen 127.0.0.1:{{port4}}; return \"hello $remote_port\"; \
+               access_log logs/only.log s if=$upstream_addr; }}\n\
+             server {{ listen 127.0.0.1:{{port5}}; return quiet; access_log off; }}"
+        ),
+    );
+    let s = Server::start_ports("stream-log", &conf, 1, 5);
+    let mut c = TcpStream::connect(local(s.ports[0])).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"hello world").unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    c.read_to_end(&mut back).unwrap();
+    assert_eq!(back, b"hello world");
+    assert_eq!(read_all(s.ports[1]), "");
+    assert_eq!(read_all(s.ports[2]), "");
+    assert!(read_all(s.ports[3]).starts_with("hello "));
+    assert_eq!(read_all(s.ports[4]), "quiet");
+    let path = s.dir.join("logs/stream.log");
+    let log = wait_for(Duration::from_secs(10), "three stream log lines", || {
+        let l = std::fs::read_to_string(&path).unwrap_or_default();
+        (l.lines().count() >= 3).then_some(l)
+    });
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 3, "{log}");
+    let relayed = lines
+        .iter()
+        .find(|l| l.contains(&format!(" {} ", s.ports[0])))
+        .unwrap_or_else(|| panic!("{log}"));
+    let f: Vec<&str> = relayed.split(' ').collect();
+    assert_eq!(
+        &f[..5],
+        ["127.0.0.1", "TCP", "200", "11", "11"],
+        "{relayed}"
+    );
+    assert_eq!(f[5], format!("\"127.0.0.1:{echo_port}\""), "{relayed}");
+    assert_eq!(&f[6..8], ["11", "11"], "{relayed}");
+    assert!(f[9].contains('.') && f[10].contains('.'), "{relayed}");
+    let refused = lines
+        .iter()
+        .find(|l| l.contains(&format!(" {} ", s.ports[1])))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        refused.starts_with(&format!(
+            "127.0.0.1 TCP 502 0 0 \"127.0.0.1:{dead}\" 0 0 {} ",
+            s.ports[1]
+        )),
+        "{refused}"
+    );
+    let denied = lines
+        .iter()
+        .find(|l| l.contains(&format!(" {} ", s.ports[2])))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        denied.starts_with("127.0.0.1 TCP 403 0 0 \"-\" - - "),
+        "{denied}"
+    );
+    // port4's own log replaces the stream's, and its `if=` held back the line (no upstream).
+    assert!(!log.contains(&format!(" {} ", s.ports[3])), "{log}");
+    assert!(!log.contains(&format!(" {} ", s.ports[4])), "{log}");
+    let only = std::fs::read_to_string(s.dir.join("logs/only.log")).unwrap_or_default();
+    assert_eq!(only, "", "if= with an empty value writes nothing");
+}

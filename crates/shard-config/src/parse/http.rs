@@ -1854,6 +1854,18 @@ pub(super) fn combined_format() -> Arc<LogFormat> {
 /// `log_format NAME [escape=default|json|none] STRING ...` (http): the strings are joined.
 /// A format must be defined before an `access_log` names it, as in nginx.
 pub(super) fn http_log_format(env: &Env, _: &mut HttpP, d: &Directive, file: &str) -> R {
+    define_log_format(&env.log_formats, d, file, &|v| {
+        parse_header_value(d, file, v)
+    })
+}
+
+/// A `log_format` of http or stream into `formats`, its strings read by `value`.
+pub(super) fn define_log_format(
+    formats: &std::cell::RefCell<HashMap<String, Arc<LogFormat>>>,
+    d: &Directive,
+    file: &str,
+    value: &dyn Fn(&str) -> Result<Vec<Part>, ConfigError>,
+) -> R {
     let name = a0(d).to_string();
     let mut rest = &d.args[1..];
     let mut escape = LogEscape::Default;
@@ -1879,7 +1891,7 @@ pub(super) fn http_log_format(env: &Env, _: &mut HttpP, d: &Directive, file: &st
             "invalid number of arguments in \"log_format\" directive",
         ));
     }
-    let mut formats = env.log_formats.borrow_mut();
+    let mut formats = formats.borrow_mut();
     if name == LogFormat::COMBINED || formats.contains_key(&name) {
         return Err(derr(
             d,
@@ -1887,7 +1899,7 @@ pub(super) fn http_log_format(env: &Env, _: &mut HttpP, d: &Directive, file: &st
             format!("duplicate \"log_format\" name \"{name}\""),
         ));
     }
-    let parts = parse_header_value(d, file, &rest.concat())?;
+    let parts = value(&rest.concat())?;
     formats.insert(
         name.clone(),
         Arc::new(LogFormat {
@@ -1902,8 +1914,32 @@ pub(super) fn http_log_format(env: &Env, _: &mut HttpP, d: &Directive, file: &st
 /// `access_log PATH [FORMAT [buffer=SIZE] [gzip[=LEVEL]] [flush=TIME] [if=CONDITION]] | off`.
 /// Several in one block are all written; `off` silences the block.
 pub(super) fn set_access_log(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let a = a0(d);
     let entry = s.access_log.get_or_insert_with(|| (false, Vec::new()));
+    match parse_access_log(
+        env,
+        &env.log_formats,
+        Some(combined_format()),
+        d,
+        file,
+        &|v| parse_header_value(d, file, v),
+    )? {
+        None => entry.0 = true,
+        Some(al) => entry.1.push(al),
+    }
+    Ok(())
+}
+
+/// One `access_log` of http or stream: `None` for `off`. `default` is the format without a
+/// name (http's `combined`; stream has none, so the name is required there).
+pub(super) fn parse_access_log(
+    env: &Env,
+    formats: &std::cell::RefCell<HashMap<String, Arc<LogFormat>>>,
+    default: Option<Arc<LogFormat>>,
+    d: &Directive,
+    file: &str,
+    value: &dyn Fn(&str) -> Result<Vec<Part>, ConfigError>,
+) -> Result<Option<AccessLog>, ConfigError> {
+    let a = a0(d);
     if a == "off" {
         if d.args.len() != 1 {
             return Err(derr(
@@ -1912,8 +1948,7 @@ pub(super) fn set_access_log(env: &Env, s: &mut Settings, d: &Directive, file: &
                 "invalid number of arguments in \"access_log\" directive",
             ));
         }
-        entry.0 = true;
-        return Ok(());
+        return Ok(None);
     }
     no_variables(d, file, a)?;
     if a.starts_with("syslog:") {
@@ -1923,10 +1958,17 @@ pub(super) fn set_access_log(env: &Env, s: &mut Settings, d: &Directive, file: &
             "logging to syslog (\"syslog:\") is not supported by shard; log to a file",
         ));
     }
-    let format = match d.args.get(1) {
-        None => combined_format(),
-        Some(f) if f == LogFormat::COMBINED => combined_format(),
-        Some(f) => match env.log_formats.borrow().get(f) {
+    let format = match (d.args.get(1), default) {
+        (None, Some(f)) => f,
+        (None, None) => {
+            return Err(derr(
+                d,
+                file,
+                "invalid number of arguments in \"access_log\" directive",
+            ))
+        }
+        (Some(f), Some(c)) if f == LogFormat::COMBINED => c,
+        (Some(f), _) => match formats.borrow().get(f) {
             Some(lf) => lf.clone(),
             None => return Err(derr(d, file, format!("unknown log format \"{f}\""))),
         },
@@ -1948,18 +1990,17 @@ pub(super) fn set_access_log(env: &Env, s: &mut Settings, d: &Directive, file: &
                 "\"gzip\" in \"access_log\" is not supported by shard",
             ));
         } else if let Some(v) = p.strip_prefix("if=") {
-            condition = Some(parse_header_value(d, file, v)?);
+            condition = Some(value(v)?);
         } else {
             return Err(derr(d, file, format!("invalid parameter \"{p}\"")));
         }
     }
-    entry.1.push(AccessLog {
+    Ok(Some(AccessLog {
         path: env.resolve(a),
         format,
         condition,
         buffer: buffer.map(|b| usize::try_from(b).unwrap_or(usize::MAX)),
-    });
-    Ok(())
+    }))
 }
 
 slot!(set_gzip, gzip.enabled, flag);
@@ -3125,6 +3166,16 @@ pub(super) fn parse_header_value(
     file: &str,
     v: &str,
 ) -> Result<Vec<Part>, ConfigError> {
+    parse_value_with(d, file, v, &mut |name| variable(d, file, name))
+}
+
+/// [`parse_header_value`] with the variables `var` knows (the stream module has its own).
+pub(super) fn parse_value_with(
+    d: &Directive,
+    file: &str,
+    v: &str,
+    var: &mut dyn FnMut(&str) -> Result<Var, ConfigError>,
+) -> Result<Vec<Part>, ConfigError> {
     let is_name = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
     let b = v.as_bytes();
     let mut parts = Vec::new();
@@ -3157,7 +3208,7 @@ pub(super) fn parse_header_value(
         if lit_start < i {
             parts.push(Part::Lit(v[lit_start..i].to_string()));
         }
-        parts.push(Part::Var(variable(d, file, name)?));
+        parts.push(Part::Var(var(name)?));
         i = if bracket { end + 1 } else { end };
         lit_start = i;
     }

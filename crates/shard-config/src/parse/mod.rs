@@ -226,6 +226,8 @@ struct Env {
     warnings: std::cell::RefCell<Vec<String>>,
     /// `log_format`s defined so far, by name.
     log_formats: std::cell::RefCell<HashMap<String, Arc<LogFormat>>>,
+    /// The stream block's `log_format`s (a namespace of their own, as in nginx).
+    stream_log_formats: std::cell::RefCell<HashMap<String, Arc<LogFormat>>>,
     /// Zones named by `limit_req` and `limit_conn`, in order of first use (their `zone`
     /// fields index this until `finish_http` resolves them), with where they were named and
     /// whether as a `limit_req` zone.
@@ -332,6 +334,7 @@ pub(crate) fn parse(
         errors: std::cell::RefCell::new(Vec::new()),
         warnings: std::cell::RefCell::new(Vec::new()),
         log_formats: std::cell::RefCell::new(HashMap::new()),
+        stream_log_formats: std::cell::RefCell::new(HashMap::new()),
         zone_refs: std::cell::RefCell::new(Vec::new()),
     };
     reset_names();

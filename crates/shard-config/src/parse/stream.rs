@@ -20,6 +20,9 @@ pub(super) struct StreamSettings {
     pub(super) next_upstream: Option<bool>,
     /// `allow`/`deny` of this level (a level with any replaces its parent's).
     pub(super) access_rules: Option<Vec<AccessRule>>,
+    /// `access_log`s of this level, and whether it said `off` (a level with any replaces
+    /// its parent's, as in http).
+    pub(super) access_log: Option<(bool, Vec<AccessLog>)>,
 }
 
 pub(super) struct StreamServerP {
@@ -116,7 +119,7 @@ pub(super) fn stream_server_return(cx: &mut StreamServerCx<'_>, d: &Directive, f
     if cx.s.pass.is_some() {
         return Err(derr(d, file, "\"return\" directive is duplicate"));
     }
-    let v = super::http::parse_header_value(d, file, a0(d))?;
+    let v = stream_value(d, file, a0(d))?;
     once(&mut cx.s.ret, v, d, file)
 }
 
@@ -130,6 +133,76 @@ pub(super) fn stream_flag_as_is(_: &mut StreamSettings, d: &Directive, file: &st
 pub(super) fn stream_proxy_next_upstream(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
     let v = flag(d, file, a0(d))?;
     once(&mut s.next_upstream, v, d, file)
+}
+
+/// A stream value: text and the stream module's variables (see [`stream_variable`]).
+pub(super) fn stream_value(d: &Directive, file: &str, v: &str) -> Result<Vec<Part>, ConfigError> {
+    super::http::parse_value_with(d, file, v, &mut |name| stream_variable(d, file, name))
+}
+
+/// The variables of nginx's stream core, upstream and PROXY protocol modules that shard has;
+/// any other name is nginx's `unknown "name" variable`.
+fn stream_variable(d: &Directive, file: &str, name: &str) -> Result<Var, ConfigError> {
+    let lower = name.to_ascii_lowercase();
+    Ok(match lower.as_str() {
+        "protocol" => Var::Protocol,
+        "bytes_received" => Var::BytesReceived,
+        "session_time" => Var::SessionTime,
+        "upstream_bytes_sent" => Var::UpstreamBytesSent,
+        "upstream_bytes_received" => Var::UpstreamBytesReceived,
+        "upstream_session_time" => Var::UpstreamSessionTime,
+        "upstream_first_byte_time" => Var::UpstreamFirstByteTime,
+        "remote_addr"
+        | "remote_port"
+        | "binary_remote_addr"
+        | "server_addr"
+        | "server_port"
+        | "bytes_sent"
+        | "status"
+        | "connection"
+        | "hostname"
+        | "msec"
+        | "nginx_version"
+        | "pid"
+        | "time_iso8601"
+        | "time_local"
+        | "upstream_addr"
+        | "upstream_connect_time"
+        | "proxy_protocol_addr"
+        | "proxy_protocol_port"
+        | "proxy_protocol_server_addr"
+        | "proxy_protocol_server_port" => super::http::variable(d, file, &lower)?,
+        _ if lower.starts_with("proxy_protocol_tlv_") => super::http::variable(d, file, &lower)?,
+        _ => return Err(derr(d, file, format!("unknown \"{lower}\" variable"))),
+    })
+}
+
+/// `log_format NAME [escape=...] STRING ...` in `stream`: the stream's own formats.
+pub(super) fn stream_log_format(env: &Env, _: &mut StreamP, d: &Directive, file: &str) -> R {
+    super::http::define_log_format(&env.stream_log_formats, d, file, &|v| {
+        stream_value(d, file, v)
+    })
+}
+
+/// `access_log PATH FORMAT [buffer=SIZE] [flush=TIME] [if=CONDITION] | off` in `stream`
+/// and its servers: the format is required (the stream module has no `combined`).
+pub(super) fn stream_access_log(env: &Env, s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let entry = s.access_log.get_or_insert_with(|| (false, Vec::new()));
+    match super::http::parse_access_log(env, &env.stream_log_formats, None, d, file, &|v| {
+        stream_value(d, file, v)
+    })? {
+        None => entry.0 = true,
+        Some(al) => entry.1.push(al),
+    }
+    Ok(())
+}
+
+/// The access logs a stream server writes: its own level's, else the stream block's.
+fn stream_logs(s: &StreamSettings, top: &StreamSettings) -> Vec<AccessLog> {
+    match s.access_log.as_ref().or(top.access_log.as_ref()) {
+        Some((false, logs)) => logs.clone(),
+        _ => Vec::new(),
+    }
 }
 
 /// `allow`/`deny` (`ngx_stream_access_module`), in order.
@@ -219,6 +292,7 @@ pub(super) fn finish_stream(
                     .or_else(|| sp.settings.access_rules.clone())
                     .unwrap_or_default(),
                 ret: s.ret.clone(),
+                access_logs: stream_logs(&s.settings, &sp.settings),
             });
             continue;
         };
@@ -272,6 +346,7 @@ pub(super) fn finish_stream(
                 .or_else(|| sp.settings.access_rules.clone())
                 .unwrap_or_default(),
             ret: None,
+            access_logs: stream_logs(&s.settings, &sp.settings),
         });
     }
     for l in sp.listeners {

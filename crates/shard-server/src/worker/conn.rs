@@ -1997,16 +1997,7 @@ impl Worker<'_> {
                 shard_http::access_log::write_format(&mut line, &al.format, &ctx);
                 self.access_logs[i].buf.extend_from_slice(&line);
             }
-            // As nginx: each line at once unless `buffer=` (then when it is full, or at the
-            // periodic flush).
-            let f = &mut self.access_logs[i];
-            let limit = al
-                .buffer
-                .map_or(0, |b| b.min(super::ACCESS_LOG_BUFFER_BYTES - 2048));
-            if f.buf.len() >= limit.max(1) {
-                let _ = shard_event::sock::write(f.fd, &f.buf);
-                f.buf.clear();
-            }
+            self.flush_access_log_if(i, al.buffer);
         }
     }
 

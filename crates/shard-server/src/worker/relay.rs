@@ -8,7 +8,8 @@
 //! and upstream → client) with backpressure (a side is not read while its buffer to the other
 //! side is full), half-close (end of stream on one side becomes `shutdown(SHUT_WR)` on the
 //! other once its buffer is flushed) and `proxy_timeout` between successive reads or writes.
-//! A relay closes when both directions are done, on an error, or on a timeout.
+//! A relay closes when both directions are done, on an error, or on a timeout; then its
+//! `access_log` lines (stream `log_format`, the stream variables) are written.
 //!
 //! Both descriptors sit in the worker's epoll, registered once, edge-triggered, with a
 //! `Token::RelayClient` or `Token::RelayUpstream` carrying the relay's key and generation. A relay counts as one connection in `accepted`/`handled`/`active`
@@ -96,6 +97,11 @@ impl Pipe {
         p.end = first.len();
         p
     }
+    /// Bytes taken into it, ever (written out, or still waiting).
+    fn taken(&self) -> u64 {
+        self.written + (self.end - self.start) as u64
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.start == self.end
     }
@@ -152,6 +158,32 @@ pub(super) struct Relay {
     pp_pending: bool,
     /// The header it sent: its addresses go to the upstream with `proxy_protocol on`.
     pp: Option<Box<shard_http::proxy_protocol::Header>>,
+    /// For the access log: when the session began, each peer address tried, when the
+    /// current attempt's connect began, how long the connect took, when the relay started,
+    /// when the upstream's first byte came, and the bytes of our own PROXY header in `up`.
+    started_ms: u64,
+    attempts: Vec<SocketAddr>,
+    connect_began_ms: u64,
+    connect_ms: Option<u64>,
+    first_byte_ms: Option<u64>,
+    pp_out: u64,
+}
+
+/// What the stream access log knows of one session when it ends.
+struct Session<'a> {
+    number: u64,
+    client: Option<SocketAddr>,
+    local: SocketAddr,
+    status: u16,
+    started_ms: u64,
+    bytes_sent: u64,
+    bytes_received: u64,
+    upstream: &'a [SocketAddr],
+    up_sent: u64,
+    up_received: u64,
+    connect_ms: Option<u64>,
+    first_byte_ms: Option<u64>,
+    pp: Option<&'a shard_http::proxy_protocol::Header>,
 }
 
 impl Worker<'_> {
@@ -188,6 +220,22 @@ impl Worker<'_> {
     ) {
         let conf = self.stream_server(server);
         let _ = shard_event::sock::set_nodelay(fd.as_raw_fd(), true);
+        let local = || shard_event::sock::local_addr(fd.as_raw_fd()).unwrap_or(listen);
+        let quick = |status: u16, sent: u64| Session {
+            number: 0,
+            client: peer,
+            local: local(),
+            status,
+            started_ms: self.now_ms,
+            bytes_sent: sent,
+            bytes_received: 0,
+            upstream: &[],
+            up_sent: 0,
+            up_received: 0,
+            connect_ms: None,
+            first_byte_ms: None,
+            pp: None,
+        };
         // `allow`/`deny`, then `return`: answered (or refused) at once, no upstream.
         if let Some(ip) = peer.map(|p| p.ip()) {
             let allowed = conf
@@ -200,14 +248,30 @@ impl Worker<'_> {
                     Error,
                     "access forbidden by rule, client: {ip}, server: {listen}"
                 );
+                if !conf.access_logs.is_empty() {
+                    let lines = self.session_lines(server, &quick(403, 0));
+                    self.write_stream_logs(server, lines);
+                }
                 drop(fd);
                 WorkerSlot::drop_one(&self.slot.active);
                 return;
             }
         }
         if let Some(parts) = &conf.ret {
-            let text = stream_render(parts, peer, listen, fd.as_raw_fd());
-            let _ = shard_event::sock::write(fd.as_raw_fd(), text.as_bytes());
+            let mut text = Vec::new();
+            for p in parts {
+                match p {
+                    shard_config::Part::Lit(t) => text.extend_from_slice(t.as_bytes()),
+                    shard_config::Part::Var(v) => {
+                        session_var(&mut text, v, &quick(200, 0), self.now_ms, &self.hostname)
+                    }
+                }
+            }
+            let sent = shard_event::sock::write(fd.as_raw_fd(), &text).unwrap_or(0);
+            if !conf.access_logs.is_empty() {
+                let lines = self.session_lines(server, &quick(200, sent as u64));
+                self.write_stream_logs(server, lines);
+            }
             shard_event::sock::shutdown_write(fd.as_raw_fd());
             drop(fd);
             WorkerSlot::drop_one(&self.slot.active);
@@ -250,6 +314,12 @@ impl Worker<'_> {
             up_fin_pending: false,
             pp_pending: proxy_protocol,
             pp: None,
+            started_ms: self.now_ms,
+            attempts: Vec::new(),
+            connect_began_ms: self.now_ms,
+            connect_ms: None,
+            first_byte_ms: None,
+            pp_out: 0,
         });
         if let Err(e) = self.poll.add(raw, token(key, id, false), relay_interest()) {
             crate::log!(
@@ -508,6 +578,9 @@ impl Worker<'_> {
             r.tried[p] = true;
             r.current_peer = Some(p);
             let addr = self.stream().upstreams[upstream].peers[p].addr;
+            let r = &mut self.relays[key];
+            r.attempts.push(addr);
+            r.connect_began_ms = self.now_ms;
             let (fd, done) = match shard_event::sock::connect_nonblocking(&addr) {
                 Ok(Connect::Done(fd)) => (fd, true),
                 Ok(Connect::InProgress(fd)) => (fd, false),
@@ -655,6 +728,7 @@ impl Worker<'_> {
         };
         let r = &mut self.relays[key];
         r.connecting = false;
+        r.connect_ms = Some(self.now_ms.saturating_sub(r.connect_began_ms));
         // What the client sent with the end of its handshake goes first.
         let mut early = std::mem::take(&mut r.early);
         if send_pp {
@@ -668,6 +742,7 @@ impl Worker<'_> {
                 Some((src, dst)) => shard_http::proxy_protocol::write_v1(&mut head, src, dst),
                 None => head.extend_from_slice(b"PROXY UNKNOWN\r\n"),
             }
+            r.pp_out = head.len() as u64;
             head.extend_from_slice(&early);
             early = head;
         }
@@ -766,6 +841,9 @@ impl Worker<'_> {
                 _ => moved = true,
             }
         };
+        if r.first_byte_ms.is_none() && down.taken() > 0 {
+            r.first_byte_ms = Some(self.now_ms.saturating_sub(r.started_ms));
+        }
         // Records TLS still holds for the client go out as the socket takes them.
         let mut tls_pending = false;
         if let Some(t) = r.tls.as_mut() {
@@ -826,6 +904,35 @@ impl Worker<'_> {
     pub(super) fn close_relay(&mut self, key: usize) {
         if !self.relays.contains(key) {
             return;
+        }
+        let server = self.relays[key].server;
+        if !self.stream_server(server).access_logs.is_empty() {
+            let r = &self.relays[key];
+            let (up, down) = (r.up.as_ref(), r.down.as_ref());
+            let status = if r.pp_pending || r.handshaking {
+                400
+            } else if up.is_none() {
+                502
+            } else {
+                200
+            };
+            let session = Session {
+                number: r.number,
+                client: r.peer,
+                local: shard_event::sock::local_addr(r.client.raw()).unwrap_or(r.listen),
+                status,
+                started_ms: r.started_ms,
+                bytes_sent: down.map_or(0, |p| p.written),
+                bytes_received: up.map_or(0, |p| p.taken().saturating_sub(r.pp_out)),
+                upstream: &r.attempts,
+                up_sent: up.map_or(0, |p| p.written),
+                up_received: down.map_or(0, Pipe::taken),
+                connect_ms: r.connect_ms,
+                first_byte_ms: r.first_byte_ms,
+                pp: r.pp.as_deref(),
+            };
+            let lines = self.session_lines(server, &session);
+            self.write_stream_logs(server, lines);
         }
         // Dropping the relay closes both sockets, which removes them from epoll.
         drop(self.relays.remove(key));
@@ -995,31 +1102,150 @@ pub(super) fn move_between(
     Ok(progress)
 }
 
-/// A stream `return` value: text, and the connection's variables nginx's stream core has
-/// (`$remote_addr`, `$remote_port`, `$server_addr`, `$server_port`, `$binary_remote_addr`);
-/// others render empty.
-fn stream_render(
-    parts: &[shard_config::Part],
-    peer: Option<SocketAddr>,
-    listen: SocketAddr,
-    fd: std::os::fd::RawFd,
-) -> String {
-    use shard_config::{Part, Var};
-    let local = shard_event::sock::local_addr(fd).unwrap_or(listen);
-    let mut out = String::new();
-    for p in parts {
-        match p {
-            Part::Lit(t) => out.push_str(t),
-            Part::Var(Var::RemoteAddr) => {
-                out.push_str(&peer.map_or(String::new(), |a| a.ip().to_string()))
+/// One stream variable of `s` (see `parse::stream::stream_variable` for the names).
+fn session_var(
+    out: &mut Vec<u8>,
+    var: &shard_config::Var,
+    s: &Session<'_>,
+    now_ms: u64,
+    host: &str,
+) {
+    use shard_config::Var;
+    use shard_http::response::push_u64;
+    use shard_http::vars::push_secs;
+    use std::io::Write;
+    let secs_since = |out: &mut Vec<u8>, from: u64| push_secs(out, now_ms.saturating_sub(from));
+    match var {
+        Var::RemoteAddr => {
+            if let Some(a) = s.client {
+                let _ = write!(out, "{}", a.ip());
             }
-            Part::Var(Var::RemotePort) => {
-                out.push_str(&peer.map_or(String::new(), |a| a.port().to_string()))
+        }
+        Var::RemotePort => {
+            if let Some(a) = s.client {
+                push_u64(out, u64::from(a.port()));
             }
-            Part::Var(Var::ServerAddr) => out.push_str(&local.ip().to_string()),
-            Part::Var(Var::ServerPort) => out.push_str(&local.port().to_string()),
-            _ => {}
+        }
+        Var::BinaryRemoteAddr => match s.client.map(|a| a.ip()) {
+            Some(std::net::IpAddr::V4(v4)) => out.extend_from_slice(&v4.octets()),
+            Some(std::net::IpAddr::V6(v6)) => out.extend_from_slice(&v6.octets()),
+            None => {}
+        },
+        Var::ServerAddr => {
+            let _ = write!(out, "{}", s.local.ip());
+        }
+        Var::ServerPort => push_u64(out, u64::from(s.local.port())),
+        Var::Protocol => out.extend_from_slice(b"TCP"),
+        Var::Status => push_u64(out, u64::from(s.status)),
+        Var::BytesSent => push_u64(out, s.bytes_sent),
+        Var::BytesReceived => push_u64(out, s.bytes_received),
+        Var::SessionTime => secs_since(out, s.started_ms),
+        Var::Connection => push_u64(out, s.number),
+        Var::Hostname => out.extend_from_slice(host.as_bytes()),
+        Var::Pid => push_u64(out, u64::from(std::process::id())),
+        Var::NginxVersion => out.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes()),
+        Var::Msec => push_secs(out, shard_event::unix_ms()),
+        Var::TimeLocal => {
+            out.extend_from_slice(shard_http::log_time(shard_event::unix_secs()).as_bytes())
+        }
+        Var::TimeIso8601 => {
+            out.extend_from_slice(shard_http::iso8601_time(shard_event::unix_secs()).as_bytes())
+        }
+        Var::UpstreamAddr => {
+            for (i, a) in s.upstream.iter().enumerate() {
+                if i > 0 {
+                    out.extend_from_slice(b", ");
+                }
+                let _ = write!(out, "{a}");
+            }
+        }
+        Var::UpstreamBytesSent if !s.upstream.is_empty() => push_u64(out, s.up_sent),
+        Var::UpstreamBytesReceived if !s.upstream.is_empty() => push_u64(out, s.up_received),
+        Var::UpstreamConnectTime => {
+            if let Some(ms) = s.connect_ms {
+                push_secs(out, ms);
+            }
+        }
+        Var::UpstreamFirstByteTime => {
+            if let Some(ms) = s.first_byte_ms {
+                push_secs(out, ms);
+            }
+        }
+        Var::UpstreamSessionTime if s.connect_ms.is_some() => secs_since(out, s.started_ms),
+        Var::ProxyProtocolAddr | Var::ProxyProtocolServerAddr => {
+            let h = s.pp;
+            let a = if matches!(var, Var::ProxyProtocolAddr) {
+                h.and_then(|h| h.src)
+            } else {
+                h.and_then(|h| h.dst)
+            };
+            if let Some(a) = a {
+                let _ = write!(out, "{}", a.ip());
+            }
+        }
+        Var::ProxyProtocolPort | Var::ProxyProtocolServerPort => {
+            let h = s.pp;
+            let a = if matches!(var, Var::ProxyProtocolPort) {
+                h.and_then(|h| h.src)
+            } else {
+                h.and_then(|h| h.dst)
+            };
+            if let Some(a) = a {
+                push_u64(out, u64::from(a.port()));
+            }
+        }
+        Var::ProxyProtocolTlv(name) => {
+            if let Some(h) = s.pp {
+                shard_http::proxy_protocol::push_tlv(out, h, name);
+            }
+        }
+        _ => {}
+    }
+}
+
+impl Worker<'_> {
+    /// The lines the `access_log`s of stream server `server` get for `s`, by log file.
+    fn session_lines(&self, server: usize, s: &Session<'_>) -> Vec<(usize, Vec<u8>)> {
+        let mut lines = Vec::new();
+        for al in &self.stream_server(server).access_logs {
+            let Some(&i) = self.access_log_idx.get(&al.path) else {
+                continue;
+            };
+            let var = |v: &mut Vec<u8>, var: &shard_config::Var| {
+                session_var(v, var, s, self.now_ms, &self.hostname)
+            };
+            if let Some(c) = &al.condition {
+                let mut v = Vec::new();
+                for p in c {
+                    match p {
+                        shard_config::Part::Lit(t) => v.extend_from_slice(t.as_bytes()),
+                        shard_config::Part::Var(x) => var(&mut v, x),
+                    }
+                }
+                if !shard_http::access_log::value_holds(&v) {
+                    continue;
+                }
+            }
+            let mut line = Vec::with_capacity(128);
+            shard_http::access_log::write_format_with(&mut line, &al.format, var);
+            lines.push((i, line));
+        }
+        lines
+    }
+
+    /// Appends `lines` to their files: written at once, or kept up to `buffer=`.
+    fn write_stream_logs(&mut self, server: usize, lines: Vec<(usize, Vec<u8>)>) {
+        let logs = &self
+            .cfg
+            .stream
+            .as_ref()
+            .map_or(&[][..], |s| &s.servers[server].access_logs[..]);
+        for (i, line) in lines {
+            let buffer = logs
+                .iter()
+                .find(|al| self.access_log_idx.get(&al.path) == Some(&i))
+                .and_then(|al| al.buffer);
+            self.append_access_log(i, &line, buffer);
         }
     }
-    out
 }
