@@ -1688,6 +1688,9 @@ pub struct StreamConf {
     /// Named `upstream` blocks, then one implicit upstream per `proxy_pass ADDR`.
     pub upstreams: Vec<UpstreamConf>,
     pub servers: Vec<StreamServerConf>,
+    /// `map`, `split_clients` and `geo` of the stream block (their values have the stream's
+    /// variables).
+    pub maps: Vec<MapConf>,
 }
 
 /// One `upstream NAME { ... }` block (or the implicit upstream of `proxy_pass HOST:PORT`).
@@ -1791,6 +1794,8 @@ pub struct StreamServerConf {
     /// `access_log`: one line per session, when it ends (stream formats have only the
     /// stream's variables; none by default, as nginx's stream has no default log).
     pub access_logs: Vec<AccessLog>,
+    /// `set $NAME VALUE`, in order: evaluated when the session begins.
+    pub sets: Vec<(String, Vec<Part>)>,
 }
 
 /// nginx's `open_file_cache`, `open_file_cache_valid`, `open_file_cache_min_uses` and

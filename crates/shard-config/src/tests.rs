@@ -2581,3 +2581,34 @@ fn stream_log_format_and_access_log() {
     let e = stream_error("server { listen 8081; return $uri; }");
     assert!(e.contains("unknown \"uri\" variable"), "{e}");
 }
+
+#[test]
+fn stream_map_geo_split_clients() {
+    let c = stream(
+        "map $remote_addr $m { default d; 10.0.0.1 ten; }\n\
+         geo $g { default far; 127.0.0.0/8 loop; }\n\
+         geo $remote_addr $g2 { ranges; default x; 10.0.0.1-10.0.0.9 low; }\n\
+         split_clients $remote_port $s { 50% a; * b; }\n\
+         server { listen 8081; return \"$m $g $g2 $s $later\"; }\n\
+         map $m $later { d dd; }",
+    );
+    let st = c.stream.as_ref().unwrap();
+    assert_eq!(st.maps.len(), 5);
+    assert!(st.servers[0]
+        .ret
+        .as_ref()
+        .unwrap()
+        .contains(&Part::Var(Var::User("later".into()))));
+    // Names no stream block defines; http's are not the stream's; `proxy` is http's.
+    let e = stream_error("server { listen 8081; return $nope; }");
+    assert!(e.contains("unknown \"nope\" variable"), "{e}");
+    let e = error(&format!(
+        "{EV}http {{ map $uri $hm {{ default 1; }} }}\n\
+         stream {{ server {{ listen 8081; return $hm; }} }}\n"
+    ));
+    assert!(e.contains("unknown \"hm\" variable"), "{e}");
+    let e = stream_error("geo $g { proxy 10.0.0.0/8; }");
+    assert!(e.contains("invalid parameter \"proxy\""), "{e}");
+    let e = stream_error("map $remote_addr $m { default a; }\nmap $server_port $m { default b; }");
+    assert!(e.contains("duplicate \"map\" variable"), "{e}");
+}

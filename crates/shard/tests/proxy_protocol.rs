@@ -376,3 +376,30 @@ fn behind_haproxy_send_proxy_and_send_proxy_v2() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A stream `return` and `deny` behind a PROXY header: both wait for the header (its
+/// variables in the value, `set` evaluated after it); `deny` judges the connection's address.
+#[test]
+fn stream_return_and_deny_after_the_header() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+         location = /status { shard_status; }\n }\n}\nstream {\n log_format s '$status $proxy_protocol_addr';\n \
+         server {\n  listen 127.0.0.1:{port1} proxy_protocol;\n  \
+         set $from \"$proxy_protocol_addr:$proxy_protocol_port\";\n  \
+         return \"$from $remote_addr\";\n  access_log logs/s.log s;\n }\n \
+         server {\n  listen 127.0.0.1:{port2} proxy_protocol;\n  deny 127.0.0.1;\n  return x;\n  \
+         access_log logs/s.log s;\n }\n}\n";
+    let s = Server::start_ports("pp-stream-return", conf, 1, 2);
+    let a = SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    let b = SocketAddr::from(([127, 0, 0, 1], s.ports[1]));
+    assert_eq!(
+        String::from_utf8_lossy(&send(a, b"PROXY TCP4 192.0.2.7 192.0.2.8 1111 2\r\n", 10)),
+        "192.0.2.7:1111 127.0.0.1"
+    );
+    assert!(send(b, b"PROXY TCP4 192.0.2.9 192.0.2.8 1 2\r\n", 100).is_empty());
+    let path = s.dir.join("logs/s.log");
+    let log = wait_for(Duration::from_secs(10), "two log lines", || {
+        let l = std::fs::read_to_string(&path).unwrap_or_default();
+        (l.lines().count() >= 2).then_some(l)
+    });
+    assert_eq!(log, "200 192.0.2.7\n403 192.0.2.9\n");
+}

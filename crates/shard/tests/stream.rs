@@ -698,3 +698,29 @@ fn stream_access_log_lines() {
     let only = std::fs::read_to_string(s.dir.join("logs/only.log")).unwrap_or_default();
     assert_eq!(only, "", "if= with an empty value writes nothing");
 }
+
+/// `map`, `geo` and `split_clients` in `stream`, in `return` values and log lines.
+#[test]
+fn stream_map_geo_split_clients_values() {
+    let conf = conf(
+        1,
+        "map $server_port $which { default other; {port1} first; }\n\
+         map $which $shout { first FIRST; default -; }\n\
+         geo $net { default far; 127.0.0.0/8 loopback; }\n\
+         split_clients $remote_addr$remote_port $half { 100% all; }\n\
+         log_format m '$which $net';\n\
+         server { listen 127.0.0.1:{port1}; return \"$which $shout $net $half\"; \
+           access_log logs/m.log m; }\n\
+         server { listen 127.0.0.1:{port2}; return \"$which $shout\"; }",
+    );
+    let s = Server::start_ports("stream-map", &conf, 1, 2);
+    assert_eq!(read_all(s.ports[0]), "first FIRST loopback all");
+    assert_eq!(read_all(s.ports[1]), "other -");
+    let path = s.dir.join("logs/m.log");
+    let log = wait_for(Duration::from_secs(10), "the map log line", || {
+        std::fs::read_to_string(&path)
+            .ok()
+            .filter(|l| !l.is_empty())
+    });
+    assert_eq!(log, "first loopback\n");
+}

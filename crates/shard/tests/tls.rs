@@ -1875,3 +1875,34 @@ fn ssl_reject_handshake_refuses_unknown_names() {
     );
     assert!(!out.contains("no peer certificate available"), "{out}");
 }
+
+/// A stream `return` on a `listen ... ssl`: the value goes through TLS after the handshake
+/// (as nginx's ssl phase comes before content), with the session logged.
+#[test]
+fn stream_return_over_tls() {
+    let dir = temp_dir("tls-stream-return-pki").keep();
+    let p = pki(&dir, &["r.test"]);
+    let conf = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\n\
+         http {{ access_log off; server {{ listen 127.0.0.1:{{port}}; \
+         location = /status {{ shard_status; }} }} }}\n\
+         stream {{ log_format t '$status $bytes_sent'; server {{ listen 127.0.0.1:{{port1}} ssl; \
+         ssl_certificate {}; ssl_certificate_key {}; set $who \"$remote_addr\"; \
+         return \"hello $who\"; access_log logs/t.log t; }} }}\n",
+        dir.join("conf/r.test.pem").display(),
+        dir.join("conf/r.test.key").display()
+    );
+    let s = Server::start_ports("tls-stream-return", &conf, 1, 1);
+    let cfg = client_config(&p.ca, &[&rustls::version::TLS13, &rustls::version::TLS12]);
+    let mut c = connect_tls(tls_addr(&s), "r.test", &cfg).unwrap();
+    let mut got = Vec::new();
+    let _ = c.read_to_end(&mut got);
+    assert_eq!(String::from_utf8_lossy(&got), "hello 127.0.0.1");
+    let path = s.dir.join("logs/t.log");
+    let log = wait_for(Duration::from_secs(10), "the log line", || {
+        std::fs::read_to_string(&path)
+            .ok()
+            .filter(|l| !l.is_empty())
+    });
+    assert_eq!(log, "200 15\n");
+}

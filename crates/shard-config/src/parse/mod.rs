@@ -338,6 +338,7 @@ pub(crate) fn parse(
         zone_refs: std::cell::RefCell::new(Vec::new()),
     };
     reset_names();
+    reset_stream_names();
     let mut st = State::default();
     let items = parse_tree(text, name);
     env.walk(&items, name, Ctx::Main, &mut Target::Main(&mut st))?;

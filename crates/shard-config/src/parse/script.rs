@@ -264,7 +264,32 @@ fn block_entries(
 
 /// `map SOURCE $NAME { KEY VALUE; ... default VALUE; hostnames; include FILE; }` (http).
 pub(super) fn http_map(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
-    let source = parse_header_value(d, file, &d.args[0])?;
+    map_block(env, &mut VarNs::http(&mut h.maps), d, file)
+}
+
+/// Where `map`, `split_clients` and `geo` put their variable: http's or stream's blocks,
+/// values read with that module's variables.
+pub(super) struct VarNs<'m> {
+    pub(super) maps: &'m mut Vec<MapConf>,
+    pub(super) value: fn(&Directive, &str, &str) -> Result<Vec<Part>, ConfigError>,
+    /// http's names are checked against every use at the end of the parse (`declare`);
+    /// the stream's by `finish_stream`.
+    pub(super) http: bool,
+}
+
+impl VarNs<'_> {
+    fn http(maps: &mut Vec<MapConf>) -> VarNs<'_> {
+        VarNs {
+            maps,
+            value: parse_header_value,
+            http: true,
+        }
+    }
+}
+
+/// `map` of http or stream.
+pub(super) fn map_block(env: &Env, ns: &mut VarNs<'_>, d: &Directive, file: &str) -> R {
+    let source = (ns.value)(d, file, &d.args[0])?;
     let Some(name) = d.args[1].strip_prefix('$').filter(|n| !n.is_empty()) else {
         return Err(derr(
             d,
@@ -273,14 +298,16 @@ pub(super) fn http_map(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R
         ));
     };
     let name = name.to_ascii_lowercase();
-    if h.maps.iter().any(|m| m.name == name) {
+    if ns.maps.iter().any(|m| m.name == name) {
         return Err(derr(
             d,
             file,
             format!("duplicate \"map\" variable \"${name}\""),
         ));
     }
-    declare(&name);
+    if ns.http {
+        declare(&name);
+    }
     let mut m = empty_map(name, source);
     let mut seen = std::collections::HashSet::new();
     for (e, file) in block_entries(env, d, file)? {
@@ -291,9 +318,9 @@ pub(super) fn http_map(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R
         match (e.name.as_str(), e.args.as_slice()) {
             ("hostnames", []) => m.hostnames = true,
             ("volatile", []) => {}
-            ("default", [v]) => m.default = parse_header_value(e, file, v)?,
+            ("default", [v]) => m.default = (ns.value)(e, file, v)?,
             (key, [v]) => {
-                let value = parse_header_value(e, file, v)?;
+                let value = (ns.value)(e, file, v)?;
                 if let Some(re) = key.strip_prefix("~*") {
                     m.regexes.push((compile_regex(e, file, re, true)?, value));
                 } else if let Some(re) = key.strip_prefix('~') {
@@ -322,15 +349,20 @@ pub(super) fn http_map(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R
         }
     }
     m.index = crate::index::MapIndex::build(&m.exact, m.hostnames);
-    h.maps.push(m);
+    ns.maps.push(m);
     Ok(())
 }
 
 /// `split_clients SOURCE $NAME { PERCENT% VALUE; ... * VALUE; }` (http): nginx's
 /// percentages with up to two decimals, adding up to at most 100%; the value is literal text.
 pub(super) fn http_split_clients(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
-    let source = parse_header_value(d, file, &d.args[0])?;
-    let name = new_variable(h, d, file, &d.args[1])?;
+    split_clients_block(env, &mut VarNs::http(&mut h.maps), d, file)
+}
+
+/// `split_clients` of http or stream.
+pub(super) fn split_clients_block(env: &Env, ns: &mut VarNs<'_>, d: &Directive, file: &str) -> R {
+    let source = (ns.value)(d, file, &d.args[0])?;
+    let name = new_variable(ns, d, file, &d.args[1])?;
     // In hundredths of a percent, as nginx's `ngx_atofp(value, len, 2)`.
     let mut parts: Vec<(u32, String)> = Vec::new();
     for (e, file) in block_entries(env, d, file)? {
@@ -371,7 +403,7 @@ pub(super) fn http_split_clients(env: &Env, h: &mut HttpP, d: &Directive, file: 
         };
         split.push((bound, vec![Part::Lit(value)]));
     }
-    h.maps.push(MapConf {
+    ns.maps.push(MapConf {
         split: Some(split),
         ..empty_map(name, source)
     });
@@ -383,9 +415,14 @@ pub(super) fn http_split_clients(env: &Env, h: &mut HttpP, d: &Directive, file: 
 /// wins, or with `ranges` the range (a later one overrides an earlier one where they
 /// overlap); values are literal text.
 pub(super) fn http_geo(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
+    geo_block(env, &mut VarNs::http(&mut h.maps), d, file)
+}
+
+/// `geo` of http or stream (the stream's has no `proxy`: there is no `X-Forwarded-For`).
+pub(super) fn geo_block(env: &Env, ns: &mut VarNs<'_>, d: &Directive, file: &str) -> R {
     let (source, var) = match d.args.as_slice() {
         [v] => (None, v),
-        [s, v] => (Some(parse_header_value(d, file, s)?), v),
+        [s, v] => (Some((ns.value)(d, file, s)?), v),
         _ => {
             return Err(derr(
                 d,
@@ -394,7 +431,7 @@ pub(super) fn http_geo(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R
             ))
         }
     };
-    let name = new_variable(h, d, file, var)?;
+    let name = new_variable(ns, d, file, var)?;
     let mut b = crate::index::GeoBuilder::default();
     let mut values: Vec<Vec<Part>> = Vec::new();
     let mut value = |v: &str| -> u32 {
@@ -408,7 +445,7 @@ pub(super) fn http_geo(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R
             ("ranges", []) => b.set_ranges(),
             ("proxy_recursive", []) => b.proxy_recursive = true,
             ("default", [v]) => b.default = Some(value(v)),
-            ("proxy", [net]) => {
+            ("proxy", [net]) if ns.http => {
                 let (ip, bits) = geo_net(net).ok_or_else(|| invalid(e, file, net))?;
                 b.proxies.push(AccessRule {
                     allow: true,
@@ -446,7 +483,7 @@ pub(super) fn http_geo(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R
         }
         s
     });
-    h.maps.push(MapConf {
+    ns.maps.push(MapConf {
         geo: Some(Box::new(Geo {
             table,
             values,
@@ -493,15 +530,22 @@ fn empty_map(name: String, source: Vec<Part>) -> MapConf {
 
 /// The variable `$NAME` a `split_clients` or `geo` block defines: lowercase, declared, not
 /// one another block already defines.
-fn new_variable(h: &HttpP, d: &Directive, file: &str, var: &str) -> Result<String, ConfigError> {
+fn new_variable(
+    ns: &VarNs<'_>,
+    d: &Directive,
+    file: &str,
+    var: &str,
+) -> Result<String, ConfigError> {
     let Some(name) = var.strip_prefix('$').filter(|n| !n.is_empty()) else {
         return Err(derr(d, file, format!("invalid variable name \"{var}\"")));
     };
     let name = name.to_ascii_lowercase();
-    if h.maps.iter().any(|m| m.name == name) {
+    if ns.maps.iter().any(|m| m.name == name) {
         return Err(derr(d, file, format!("duplicate variable \"{name}\"")));
     }
-    declare(&name);
+    if ns.http {
+        declare(&name);
+    }
     Ok(name)
 }
 

@@ -32,6 +32,8 @@ pub(super) struct StreamServerP {
     pub(super) pass: Option<(String, Place)>,
     /// `return VALUE` (`ngx_stream_return_module`).
     pub(super) ret: Option<Vec<Part>>,
+    /// `set $NAME VALUE` (`ngx_stream_set_module`), in order.
+    pub(super) sets: Vec<(String, Vec<Part>)>,
     pub(super) settings: StreamSettings,
 }
 
@@ -41,6 +43,8 @@ pub(super) struct StreamP {
     pub(super) upstreams: Vec<UpstreamConf>,
     pub(super) servers: Vec<StreamServerP>,
     pub(super) listeners: Vec<ListenerP>,
+    /// `map`, `split_clients` and `geo` of the stream block.
+    pub(super) maps: Vec<MapConf>,
 }
 
 pub(super) fn stream_upstream(env: &Env, sp: &mut StreamP, d: &Directive, file: &str) -> R {
@@ -56,6 +60,7 @@ pub(super) fn stream_server(env: &Env, sp: &mut StreamP, d: &Directive, file: &s
         listen: Vec::new(),
         pass: None,
         ret: None,
+        sets: Vec::new(),
         settings: StreamSettings::default(),
     };
     let cx = StreamServerCx {
@@ -123,6 +128,28 @@ pub(super) fn stream_server_return(cx: &mut StreamServerCx<'_>, d: &Directive, f
     once(&mut cx.s.ret, v, d, file)
 }
 
+/// `set $NAME VALUE` in a stream server: evaluated in order when the session begins.
+pub(super) fn stream_server_set(cx: &mut StreamServerCx<'_>, d: &Directive, file: &str) -> R {
+    let Some(name) = d.args[0].strip_prefix('$').filter(|n| !n.is_empty()) else {
+        return Err(derr(
+            d,
+            file,
+            format!("invalid variable name \"{}\"", d.args[0]),
+        ));
+    };
+    let name = name.to_ascii_lowercase();
+    if !matches!(stream_variable(d, file, &name)?, Var::User(_)) {
+        return Err(derr(
+            d,
+            file,
+            format!("the \"{name}\" variable is built in: shard cannot set it"),
+        ));
+    }
+    let value = stream_value(d, file, &d.args[1])?;
+    cx.s.sets.push((name, value));
+    Ok(())
+}
+
 /// `proxy_half_close`, `tcp_nodelay`: checked and accepted silently, shard's relay doing
 /// what `on` asks in any case (docs list `off` as a difference).
 pub(super) fn stream_flag_as_is(_: &mut StreamSettings, d: &Directive, file: &str) -> R {
@@ -173,8 +200,49 @@ fn stream_variable(d: &Directive, file: &str, name: &str) -> Result<Var, ConfigE
         | "proxy_protocol_server_addr"
         | "proxy_protocol_server_port" => super::http::variable(d, file, &lower)?,
         _ if lower.starts_with("proxy_protocol_tlv_") => super::http::variable(d, file, &lower)?,
-        _ => return Err(derr(d, file, format!("unknown \"{lower}\" variable"))),
+        // A stream `map`/`geo`/`split_clients`, which may come later: checked by
+        // `finish_stream`.
+        _ => {
+            STREAM_USED.with(|u| {
+                u.borrow_mut()
+                    .push((lower.clone(), file.to_string(), d.line))
+            });
+            Var::User(lower)
+        }
     })
+}
+
+thread_local! {
+    /// Names a stream value used that are not built in, with where (see `stream_variable`).
+    static STREAM_USED: std::cell::RefCell<Vec<(String, String, usize)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Starts a parse: forgets the names of any earlier one.
+pub(super) fn reset_stream_names() {
+    STREAM_USED.with(|u| u.borrow_mut().clear());
+}
+
+fn stream_ns(sp: &mut StreamP) -> super::script::VarNs<'_> {
+    super::script::VarNs {
+        maps: &mut sp.maps,
+        value: stream_value,
+        http: false,
+    }
+}
+
+/// `map`, `split_clients`, `geo` in `stream` (`ngx_stream_map_module` and the others): as
+/// in http, with the stream's variables.
+pub(super) fn stream_map(env: &Env, sp: &mut StreamP, d: &Directive, file: &str) -> R {
+    super::script::map_block(env, &mut stream_ns(sp), d, file)
+}
+
+pub(super) fn stream_split_clients(env: &Env, sp: &mut StreamP, d: &Directive, file: &str) -> R {
+    super::script::split_clients_block(env, &mut stream_ns(sp), d, file)
+}
+
+pub(super) fn stream_geo(env: &Env, sp: &mut StreamP, d: &Directive, file: &str) -> R {
+    super::script::geo_block(env, &mut stream_ns(sp), d, file)
 }
 
 /// `log_format NAME [escape=...] STRING ...` in `stream`: the stream's own formats.
@@ -257,6 +325,19 @@ pub(super) fn finish_stream(
     sp: StreamP,
     listeners: &mut Vec<Listener>,
 ) -> Result<StreamConf, ConfigError> {
+    STREAM_USED.with(|u| {
+        for (name, file, line) in u.borrow().iter() {
+            let set = sp
+                .servers
+                .iter()
+                .flat_map(|s| &s.sets)
+                .any(|(n, _)| n == name);
+            if !set && !sp.maps.iter().any(|m| &m.name == name) {
+                return Err(err(file, *line, format!("unknown \"{name}\" variable")));
+            }
+        }
+        Ok(())
+    })?;
     let mut upstreams = sp.upstreams;
     let mut servers = Vec::with_capacity(sp.servers.len());
     for s in sp.servers {
@@ -292,6 +373,7 @@ pub(super) fn finish_stream(
                     .or_else(|| sp.settings.access_rules.clone())
                     .unwrap_or_default(),
                 ret: s.ret.clone(),
+                sets: s.sets.clone(),
                 access_logs: stream_logs(&s.settings, &sp.settings),
             });
             continue;
@@ -346,6 +428,7 @@ pub(super) fn finish_stream(
                 .or_else(|| sp.settings.access_rules.clone())
                 .unwrap_or_default(),
             ret: None,
+            sets: s.sets,
             access_logs: stream_logs(&s.settings, &sp.settings),
         });
     }
@@ -369,7 +452,11 @@ pub(super) fn finish_stream(
             names: Default::default(),
         });
     }
-    Ok(StreamConf { upstreams, servers })
+    Ok(StreamConf {
+        upstreams,
+        servers,
+        maps: sp.maps,
+    })
 }
 
 /// Every `ssl_*` directive of a stream block: the http module's rules on the stream's

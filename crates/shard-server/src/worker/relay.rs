@@ -167,9 +167,17 @@ pub(super) struct Relay {
     connect_ms: Option<u64>,
     first_byte_ms: Option<u64>,
     pp_out: u64,
+    /// Values of the server's `set`s, from when the session began.
+    user: Vec<(String, Vec<u8>)>,
+    /// A session answered without an upstream (`deny`, `return`): its status and bytes
+    /// sent.
+    fixed: Option<(u16, u64)>,
+    /// `allow`/`deny` wait for the PROXY header (`listen ... proxy_protocol`).
+    access_deferred: bool,
 }
 
 /// What the stream access log knows of one session when it ends.
+#[derive(Clone, Copy)]
 struct Session<'a> {
     number: u64,
     client: Option<SocketAddr>,
@@ -184,6 +192,10 @@ struct Session<'a> {
     connect_ms: Option<u64>,
     first_byte_ms: Option<u64>,
     pp: Option<&'a shard_http::proxy_protocol::Header>,
+    /// The stream block's `map`s, `geo`s and `split_clients`.
+    maps: &'a [shard_config::MapConf],
+    /// Values of the server's `set`s.
+    user: &'a [(String, Vec<u8>)],
 }
 
 impl Worker<'_> {
@@ -193,6 +205,7 @@ impl Worker<'_> {
         static NONE: StreamConf = StreamConf {
             upstreams: Vec::new(),
             servers: Vec::new(),
+            maps: Vec::new(),
         };
         self.cfg.stream.as_ref().unwrap_or(&NONE)
     }
@@ -235,9 +248,20 @@ impl Worker<'_> {
             connect_ms: None,
             first_byte_ms: None,
             pp: None,
+            maps: &self.stream().maps,
+            user: &[],
         };
-        // `allow`/`deny`, then `return`: answered (or refused) at once, no upstream.
-        if let Some(ip) = peer.map(|p| p.ip()) {
+        // `set` (preaccess), `allow`/`deny` (access), then `return`: answered (or refused)
+        // at once, no upstream. A relay evaluates its `set`s again once its PROXY header
+        // is read (`relay_begin`).
+        // With a PROXY header to read first, or TLS before `return`, these wait for the
+        // relay (`relay_begin`, `relay_content`).
+        let user = if conf.sets.is_empty() || (conf.ret.is_none() && conf.access_logs.is_empty()) {
+            Vec::new()
+        } else {
+            self.eval_sets(server, quick(200, 0))
+        };
+        if let Some(ip) = peer.map(|p| p.ip()).filter(|_| !proxy_protocol) {
             let allowed = conf
                 .access_rules
                 .iter()
@@ -249,7 +273,11 @@ impl Worker<'_> {
                     "access forbidden by rule, client: {ip}, server: {listen}"
                 );
                 if !conf.access_logs.is_empty() {
-                    let lines = self.session_lines(server, &quick(403, 0));
+                    let s = Session {
+                        user: &user,
+                        ..quick(403, 0)
+                    };
+                    let lines = self.session_lines(server, &s);
                     self.write_stream_logs(server, lines);
                 }
                 drop(fd);
@@ -257,19 +285,24 @@ impl Worker<'_> {
                 return;
             }
         }
-        if let Some(parts) = &conf.ret {
+        if let Some(parts) = conf
+            .ret
+            .as_ref()
+            .filter(|_| !proxy_protocol && tls.is_none())
+        {
             let mut text = Vec::new();
-            for p in parts {
-                match p {
-                    shard_config::Part::Lit(t) => text.extend_from_slice(t.as_bytes()),
-                    shard_config::Part::Var(v) => {
-                        session_var(&mut text, v, &quick(200, 0), self.now_ms, &self.hostname)
-                    }
-                }
-            }
+            let s = Session {
+                user: &user,
+                ..quick(200, 0)
+            };
+            session_parts(&mut text, parts, &s, self.now_ms, &self.hostname, 0);
             let sent = shard_event::sock::write(fd.as_raw_fd(), &text).unwrap_or(0);
             if !conf.access_logs.is_empty() {
-                let lines = self.session_lines(server, &quick(200, sent as u64));
+                let s = Session {
+                    user: &user,
+                    ..quick(200, sent as u64)
+                };
+                let lines = self.session_lines(server, &s);
                 self.write_stream_logs(server, lines);
             }
             shard_event::sock::shutdown_write(fd.as_raw_fd());
@@ -283,7 +316,8 @@ impl Worker<'_> {
             .cfg
             .stream
             .as_ref()
-            .map_or(0, |s| s.upstreams[s.servers[server].upstream].peers.len());
+            .and_then(|s| s.upstreams.get(s.servers[server].upstream))
+            .map_or(0, |u| u.peers.len());
         let raw = fd.as_raw_fd();
         let number = self
             .region
@@ -320,6 +354,9 @@ impl Worker<'_> {
             connect_ms: None,
             first_byte_ms: None,
             pp_out: 0,
+            user: Vec::new(),
+            fixed: None,
+            access_deferred: proxy_protocol,
         });
         if let Err(e) = self.poll.add(raw, token(key, id, false), relay_interest()) {
             crate::log!(
@@ -342,16 +379,128 @@ impl Worker<'_> {
         crate::log::set_connection(outer);
     }
 
-    /// The client is ready to be served: its TLS handshake, or the upstream.
+    /// What the access log and the variables know of relay `key` now.
+    fn relay_session(&self, key: usize) -> Session<'_> {
+        let r = &self.relays[key];
+        let (up, down) = (r.up.as_ref(), r.down.as_ref());
+        let status = if let Some((status, _)) = r.fixed {
+            status
+        } else if r.pp_pending || r.handshaking {
+            400
+        } else if up.is_none() {
+            502
+        } else {
+            200
+        };
+        Session {
+            number: r.number,
+            client: r.peer,
+            local: shard_event::sock::local_addr(r.client.raw()).unwrap_or(r.listen),
+            status,
+            started_ms: r.started_ms,
+            bytes_sent: r.fixed.map_or(0, |f| f.1) + down.map_or(0, |p| p.written),
+            bytes_received: up.map_or(0, |p| p.taken().saturating_sub(r.pp_out)),
+            upstream: &r.attempts,
+            up_sent: up.map_or(0, |p| p.written),
+            up_received: down.map_or(0, Pipe::taken),
+            connect_ms: r.connect_ms,
+            first_byte_ms: r.first_byte_ms,
+            pp: r.pp.as_deref(),
+            maps: &self.stream().maps,
+            user: &r.user,
+        }
+    }
+
+    /// The values of stream server `server`'s `set`s, in order (each sees those before it).
+    fn eval_sets(&self, server: usize, s: Session<'_>) -> Vec<(String, Vec<u8>)> {
+        let sets = &self.stream_server(server).sets;
+        let mut user: Vec<(String, Vec<u8>)> = Vec::with_capacity(sets.len());
+        for (name, value) in sets {
+            let mut v = Vec::new();
+            let at = Session { user: &user, ..s };
+            session_parts(&mut v, value, &at, self.now_ms, &self.hostname, 0);
+            user.retain(|(n, _)| n != name);
+            user.push((name.clone(), v));
+        }
+        user
+    }
+
+    /// The client is ready to be served (its PROXY header, if any, read): `set`, then
+    /// `allow`/`deny` if `start_relay` left them for the header, then its TLS handshake,
+    /// then the content (`return` or the upstream).
     fn relay_begin(&mut self, key: usize) -> Io {
+        let server = self.relays[key].server;
+        let conf = self.cfg.stream.as_ref().map(|s| &s.servers[server]);
+        let Some(conf) = conf else { return Io::Close };
+        if !conf.sets.is_empty() {
+            let user = self.eval_sets(server, self.relay_session(key));
+            self.relays[key].user = user;
+        }
+        let r = &self.relays[key];
+        if r.access_deferred {
+            if let Some(ip) = r.peer.map(|p| p.ip()) {
+                let allowed = conf
+                    .access_rules
+                    .iter()
+                    .find(|rule| rule.matches(ip))
+                    .is_none_or(|rule| rule.allow);
+                if !allowed {
+                    crate::log!(
+                        Error,
+                        "access forbidden by rule, client: {ip}, server: {}",
+                        r.listen
+                    );
+                    self.relays[key].fixed = Some((403, 0));
+                    return Io::Close;
+                }
+            }
+        }
         if self.relays[key].handshaking {
             // The upstream is contacted once the client finished its handshake, within
             // `SSL_HANDSHAKE_TIMEOUT_MS` (nginx's `ssl_handshake_timeout` default).
             self.set_relay_deadline(key, self.now_ms + SSL_HANDSHAKE_TIMEOUT_MS);
             self.handshake(key)
         } else {
-            self.connect_next(key)
+            self.relay_content(key)
         }
+    }
+
+    /// The content phase: `return`'s value to the client (through TLS on a `listen ... ssl`),
+    /// or the upstream.
+    fn relay_content(&mut self, key: usize) -> Io {
+        let server = self.relays[key].server;
+        let cfg = self.cfg;
+        let Some(parts) = cfg
+            .stream
+            .as_ref()
+            .and_then(|s| s.servers[server].ret.as_ref())
+        else {
+            return self.connect_next(key);
+        };
+        let mut text = Vec::new();
+        session_parts(
+            &mut text,
+            parts,
+            &self.relay_session(key),
+            self.now_ms,
+            &self.hostname,
+            0,
+        );
+        let r = &mut self.relays[key];
+        let fd = r.client.raw();
+        let sent = match r.tls.as_mut() {
+            Some(t) => {
+                use std::io::Write;
+                let _ = t.conn.writer().write_all(&text);
+                t.conn.send_close_notify();
+                let _ = super::tls::flush(fd, t);
+                text.len()
+            }
+            None => shard_event::sock::write(fd, &text).unwrap_or(0),
+        };
+        shard_event::sock::shutdown_write(fd);
+        r.fixed = Some((200, sent as u64));
+        Io::Close
     }
 
     /// Reads the client's PROXY protocol header (`listen ... proxy_protocol`), as the HTTP
@@ -409,7 +558,7 @@ impl Worker<'_> {
         let fd = r.client.raw();
         let Some(t) = r.tls.as_mut() else {
             r.handshaking = false;
-            return self.connect_next(key);
+            return self.relay_content(key);
         };
         let room = EARLY_BYTES_MAX.saturating_sub(r.early.len());
         if r.client.e.readable && room > 0 {
@@ -431,7 +580,7 @@ impl Worker<'_> {
             return Io::Wait;
         }
         r.handshaking = false;
-        self.connect_next(key)
+        self.relay_content(key)
     }
 
     /// Acts on what a relay step decided: the one place a relay closes, apart from the
@@ -907,31 +1056,7 @@ impl Worker<'_> {
         }
         let server = self.relays[key].server;
         if !self.stream_server(server).access_logs.is_empty() {
-            let r = &self.relays[key];
-            let (up, down) = (r.up.as_ref(), r.down.as_ref());
-            let status = if r.pp_pending || r.handshaking {
-                400
-            } else if up.is_none() {
-                502
-            } else {
-                200
-            };
-            let session = Session {
-                number: r.number,
-                client: r.peer,
-                local: shard_event::sock::local_addr(r.client.raw()).unwrap_or(r.listen),
-                status,
-                started_ms: r.started_ms,
-                bytes_sent: down.map_or(0, |p| p.written),
-                bytes_received: up.map_or(0, |p| p.taken().saturating_sub(r.pp_out)),
-                upstream: &r.attempts,
-                up_sent: up.map_or(0, |p| p.written),
-                up_received: down.map_or(0, Pipe::taken),
-                connect_ms: r.connect_ms,
-                first_byte_ms: r.first_byte_ms,
-                pp: r.pp.as_deref(),
-            };
-            let lines = self.session_lines(server, &session);
+            let lines = self.session_lines(server, &self.relay_session(key));
             self.write_stream_logs(server, lines);
         }
         // Dropping the relay closes both sockets, which removes them from epoll.
@@ -1103,12 +1228,35 @@ pub(super) fn move_between(
 }
 
 /// One stream variable of `s` (see `parse::stream::stream_variable` for the names).
+/// How deep `map`s may refer to `map`s (a loop renders empty past it).
+const MAP_DEPTH_MAX: usize = 16;
+
+/// Text and stream variables of `s`.
+fn session_parts(
+    out: &mut Vec<u8>,
+    parts: &[shard_config::Part],
+    s: &Session<'_>,
+    now_ms: u64,
+    host: &str,
+    depth: usize,
+) {
+    for p in parts {
+        match p {
+            shard_config::Part::Lit(t) => out.extend_from_slice(t.as_bytes()),
+            shard_config::Part::Var(v) => session_var(out, v, s, now_ms, host, depth),
+        }
+    }
+}
+
+/// One stream variable of `s` (see `parse::stream::stream_variable` for the names); `depth`
+/// counts the `map`s it is inside.
 fn session_var(
     out: &mut Vec<u8>,
     var: &shard_config::Var,
     s: &Session<'_>,
     now_ms: u64,
     host: &str,
+    depth: usize,
 ) {
     use shard_config::Var;
     use shard_http::response::push_u64;
@@ -1199,6 +1347,19 @@ fn session_var(
                 shard_http::proxy_protocol::push_tlv(out, h, name);
             }
         }
+        Var::User(name) if s.user.iter().any(|(n, _)| n == name) => {
+            if let Some((_, v)) = s.user.iter().rev().find(|(n, _)| n == name) {
+                out.extend_from_slice(v);
+            }
+        }
+        Var::User(name) if depth < MAP_DEPTH_MAX => {
+            if let Some(m) = s.maps.iter().find(|m| &m.name == name) {
+                let mut src = Vec::new();
+                session_parts(&mut src, &m.source, s, now_ms, host, depth + 1);
+                let value = shard_http::vars::map_lookup(m, &String::from_utf8_lossy(&src));
+                session_parts(out, value, s, now_ms, host, depth + 1);
+            }
+        }
         _ => {}
     }
 }
@@ -1212,16 +1373,11 @@ impl Worker<'_> {
                 continue;
             };
             let var = |v: &mut Vec<u8>, var: &shard_config::Var| {
-                session_var(v, var, s, self.now_ms, &self.hostname)
+                session_var(v, var, s, self.now_ms, &self.hostname, 0)
             };
             if let Some(c) = &al.condition {
                 let mut v = Vec::new();
-                for p in c {
-                    match p {
-                        shard_config::Part::Lit(t) => v.extend_from_slice(t.as_bytes()),
-                        shard_config::Part::Var(x) => var(&mut v, x),
-                    }
-                }
+                session_parts(&mut v, c, s, self.now_ms, &self.hostname, 0);
                 if !shard_http::access_log::value_holds(&v) {
                     continue;
                 }
