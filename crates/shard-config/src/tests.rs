@@ -2477,12 +2477,21 @@ fn upstream_balancing_methods() {
         )),
         "load balancing method redefined in t.conf:2"
     );
+    // In a stream upstream the key has the stream's variables.
+    let c = parse(&format!(
+        "{EV}stream {{ upstream a {{ hash $remote_addr$session_time consistent; server 127.0.0.1:1; }} }}"
+    ));
     assert_eq!(
-        error(&format!(
-            "{EV}stream {{ upstream a {{ hash $remote_addr; server 127.0.0.1:1; }} }}"
-        )),
-        "\"hash\" in a stream upstream is not supported by shard in t.conf:2"
+        c.stream.unwrap().upstreams[0].balance,
+        Balance::Hash {
+            key: vec![Part::Var(Var::RemoteAddr), Part::Var(Var::SessionTime)],
+            consistent: true
+        }
     );
+    let e = error(&format!(
+        "{EV}stream {{ upstream a {{ hash $uri; server 127.0.0.1:1; }} }}"
+    ));
+    assert!(e.contains("unknown \"uri\" variable"), "{e}");
 }
 
 #[test]

@@ -214,6 +214,8 @@ pub(crate) struct Worker<'a> {
     tls: &'a crate::tls::TlsContexts,
     /// Consistent-hash rings of http upstreams (`hash ... consistent`), built on first use.
     rings: HashMap<usize, Vec<(u32, usize)>>,
+    /// The same for stream upstreams.
+    stream_rings: HashMap<usize, Vec<(u32, usize)>>,
     /// Requests this worker has begun, and a random key: together they make `$request_id`.
     request_seq: u64,
     request_id_key: u64,
@@ -444,6 +446,7 @@ impl<'a> Worker<'a> {
             zones: a.zones,
             tls: a.tls,
             rings: HashMap::new(),
+            stream_rings: HashMap::new(),
             request_seq: 0,
             request_id_key: shard_event::process::random_u64(),
             resolver: resolver::Resolver::default(),

@@ -724,3 +724,37 @@ fn stream_map_geo_split_clients_values() {
     });
     assert_eq!(log, "first loopback\n");
 }
+
+/// `hash KEY [consistent]` in a stream upstream: one client address always reaches the same
+/// peer; a key that varies (the client port) spreads over them.
+#[test]
+fn stream_upstream_hash() {
+    let (p, _) = upstream(says_p);
+    let (q, _) = upstream(says_q);
+    let (b, _) = upstream(says_b);
+    let peers = format!("server 127.0.0.1:{p}; server 127.0.0.1:{q}; server 127.0.0.1:{b};");
+    let conf = conf(
+        1,
+        &format!(
+            "upstream by_addr {{ hash $remote_addr; {peers} }}\n\
+             upstream ring {{ hash $remote_addr consistent; {peers} }}\n\
+             upstream by_port {{ hash $remote_port; {peers} }}\n\
+             server {{ listen 127.0.0.1:{{port1}}; proxy_pass by_addr; }}\n\
+             server {{ listen 127.0.0.1:{{port2}}; proxy_pass ring; }}\n\
+             server {{ listen 127.0.0.1:{{port3}}; proxy_pass by_port; }}"
+        ),
+    );
+    let s = Server::start_ports("stream-hash", &conf, 1, 3);
+    for port in [s.ports[0], s.ports[1]] {
+        let first = read_all(port);
+        assert!(["P", "Q", "B"].contains(&first.as_str()), "{first}");
+        for _ in 0..10 {
+            assert_eq!(read_all(port), first, "the same address, the same peer");
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..30 {
+        seen.insert(read_all(s.ports[2]));
+    }
+    assert_eq!(seen.len(), 3, "ports spread over every peer: {seen:?}");
+}

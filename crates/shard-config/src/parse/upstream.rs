@@ -66,20 +66,17 @@ pub(super) fn upstream_balance(u: &mut UpstreamP, d: &Directive, file: &str) -> 
             [.., p] => return Err(derr(d, file, format!("invalid parameter \"{p}\""))),
         },
         _ => {
-            if !u.http {
-                return Err(derr(
-                    d,
-                    file,
-                    "\"hash\" in a stream upstream is not supported by shard",
-                ));
-            }
             let consistent = match d.args.get(1).map(String::as_str) {
                 None => false,
                 Some("consistent") => true,
                 Some(p) => return Err(derr(d, file, format!("invalid parameter \"{p}\""))),
             };
             Balance::Hash {
-                key: parse_header_value(d, file, a0(d))?,
+                key: if u.http {
+                    parse_header_value(d, file, a0(d))?
+                } else {
+                    super::stream::stream_value(d, file, a0(d))?
+                },
                 consistent,
             }
         }

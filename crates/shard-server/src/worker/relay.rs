@@ -602,7 +602,7 @@ impl Worker<'_> {
 
     /// The upstream's method (smooth weighted round robin, or `least_conn` over this
     /// worker's relays) over the peers not yet tried by this relay.
-    fn pick_peer(&mut self, upstream: usize, tried: &[bool]) -> Option<usize> {
+    fn pick_peer(&mut self, upstream: usize, tried: &[bool], key: Option<&[u8]>) -> Option<usize> {
         let stream = self.cfg.stream.as_ref()?;
         let ups = &stream.upstreams[upstream];
         // This worker's relays per peer: for `least_conn` and `max_conns`.
@@ -621,6 +621,17 @@ impl Worker<'_> {
         }
         let full = balance::with_full(&ups.peers, tried, &active);
         let tried = full.as_deref().unwrap_or(tried);
+        if let (shard_config::Balance::Hash { consistent, .. }, Some(key)) = (&ups.balance, key) {
+            let state = &mut self.peer_state[upstream];
+            if *consistent {
+                let ring = self
+                    .stream_rings
+                    .entry(upstream)
+                    .or_insert_with(|| balance::ring(&ups.peers));
+                return balance::pick_consistent(&ups.peers, state, tried, ring, key, self.now_ms);
+            }
+            return balance::pick_hash(&ups.peers, state, tried, key, self.now_ms);
+        }
         if let shard_config::Balance::Random { two } = ups.balance {
             return balance::pick_random(
                 &ups.peers,
@@ -695,6 +706,27 @@ impl Worker<'_> {
             let s = self.stream_server(server);
             (s.upstream, s.connect_timeout_ms, s.next_upstream)
         };
+        // `hash KEY`: the key, rendered once per session.
+        let hashed = self
+            .stream()
+            .upstreams
+            .get(upstream)
+            .and_then(|u| match &u.balance {
+                shard_config::Balance::Hash { key, .. } => Some(key),
+                _ => None,
+            });
+        let hash_key = hashed.map(|parts| {
+            let mut v = Vec::new();
+            session_parts(
+                &mut v,
+                parts,
+                &self.relay_session(key),
+                self.now_ms,
+                &self.hostname,
+                0,
+            );
+            v
+        });
         loop {
             let r = &mut self.relays[key];
             // `proxy_next_upstream off`: one attempt only.
@@ -708,7 +740,7 @@ impl Worker<'_> {
             r.up_fin_pending = false;
             let first = r.current_peer.is_none();
             let tried = std::mem::take(&mut r.tried);
-            let pick = self.pick_peer(upstream, &tried);
+            let pick = self.pick_peer(upstream, &tried, hash_key.as_deref());
             let r = &mut self.relays[key];
             r.tried = tried;
             let Some(p) = pick else {
