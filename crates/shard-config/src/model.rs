@@ -1228,6 +1228,11 @@ pub enum Var {
     UpstreamBytesReceived,
     UpstreamSessionTime,
     UpstreamFirstByteTime,
+    /// `$ssl_preread_protocol`, `$ssl_preread_server_name`, `$ssl_preread_alpn_protocols`:
+    /// what the client's TLS ClientHello offered (stream `ssl_preread on`).
+    SslPrereadProtocol,
+    SslPrereadServerName,
+    SslPrereadAlpnProtocols,
 }
 
 impl Var {
@@ -1796,6 +1801,14 @@ pub struct StreamServerConf {
     pub access_logs: Vec<AccessLog>,
     /// `set $NAME VALUE`, in order: evaluated when the session begins.
     pub sets: Vec<(String, Vec<Part>)>,
+    /// `ssl_preread on`: the client's ClientHello is read (not consumed) before the
+    /// upstream is chosen, within `preread_buffer_size` bytes and `preread_timeout`.
+    pub ssl_preread: bool,
+    pub preread_buffer_size: usize,
+    pub preread_timeout_ms: u64,
+    /// `proxy_pass` with variables: rendered per session to an `upstream` name or an
+    /// `ADDRESS:PORT` (`upstream` is then `usize::MAX`).
+    pub pass_vars: Option<Vec<Part>>,
 }
 
 /// nginx's `open_file_cache`, `open_file_cache_valid`, `open_file_cache_min_uses` and

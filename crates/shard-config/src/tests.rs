@@ -2621,3 +2621,33 @@ fn stream_map_geo_split_clients() {
     let e = stream_error("map $remote_addr $m { default a; }\nmap $server_port $m { default b; }");
     assert!(e.contains("duplicate \"map\" variable"), "{e}");
 }
+
+#[test]
+fn stream_ssl_preread_and_variable_proxy_pass() {
+    let c = stream(
+        "map $ssl_preread_server_name $be { default 127.0.0.1:1; }\n\
+         ssl_preread on;\n\
+         server { listen 8081; proxy_pass $be; preread_buffer_size 4k; preread_timeout 5s; }\n\
+         server { listen 8082; ssl_preread off; proxy_pass 127.0.0.1:2; }",
+    );
+    let s = &c.stream.as_ref().unwrap().servers;
+    assert!(s[0].ssl_preread && !s[1].ssl_preread);
+    assert_eq!(s[0].upstream, usize::MAX);
+    assert_eq!(
+        s[0].pass_vars.as_deref(),
+        Some(&[Part::Var(Var::User("be".into()))][..])
+    );
+    assert_eq!(
+        (s[0].preread_buffer_size, s[0].preread_timeout_ms),
+        (4096, 5000)
+    );
+    assert_eq!(
+        (s[1].preread_buffer_size, s[1].preread_timeout_ms),
+        (16384, 30_000)
+    );
+    assert!(s[1].pass_vars.is_none());
+    let e = stream_error("server { listen 8081; proxy_pass $nope; }");
+    assert!(e.contains("unknown \"nope\" variable"), "{e}");
+    let e = stream_error("ssl_preread maybe;");
+    assert!(e.contains("ssl_preread"), "{e}");
+}

@@ -626,7 +626,10 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         | Var::UpstreamBytesSent
         | Var::UpstreamBytesReceived
         | Var::UpstreamSessionTime
-        | Var::UpstreamFirstByteTime => {}
+        | Var::UpstreamFirstByteTime
+        | Var::SslPrereadProtocol
+        | Var::SslPrereadServerName
+        | Var::SslPrereadAlpnProtocols => {}
         Var::SentHttp(name) => {
             let Some(d) = &c.done else { return };
             let v = match name.as_str() {

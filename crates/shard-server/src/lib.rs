@@ -11,6 +11,7 @@ pub mod limits;
 pub mod listen;
 pub mod log;
 pub mod master;
+pub mod preread;
 pub mod privilege;
 pub mod sandbox;
 pub mod sessions;

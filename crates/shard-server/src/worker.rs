@@ -216,6 +216,10 @@ pub(crate) struct Worker<'a> {
     rings: HashMap<usize, Vec<(u32, usize)>>,
     /// The same for stream upstreams.
     stream_rings: HashMap<usize, Vec<(u32, usize)>>,
+    /// Upstreams made for addresses a stream `proxy_pass $var` rendered (`relay.rs`):
+    /// index `upstreams.len() + i`, with their `peer_state` entries; by address.
+    stream_dyn: Vec<std::rc::Rc<shard_config::UpstreamConf>>,
+    stream_dyn_index: HashMap<String, usize>,
     /// Requests this worker has begun, and a random key: together they make `$request_id`.
     request_seq: u64,
     request_id_key: u64,
@@ -447,6 +451,8 @@ impl<'a> Worker<'a> {
             tls: a.tls,
             rings: HashMap::new(),
             stream_rings: HashMap::new(),
+            stream_dyn: Vec::new(),
+            stream_dyn_index: HashMap::new(),
             request_seq: 0,
             request_id_key: shard_event::process::random_u64(),
             resolver: resolver::Resolver::default(),

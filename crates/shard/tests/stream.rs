@@ -758,3 +758,93 @@ fn stream_upstream_hash() {
     }
     assert_eq!(seen.len(), 3, "ports spread over every peer: {seen:?}");
 }
+
+/// The first flight of a TLS client (rustls) naming `sni` and offering `alpn`.
+fn client_hello(sni: &str, alpn: &[&[u8]]) -> Vec<u8> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let name = rustls::pki_types::ServerName::try_from(sni.to_string()).unwrap();
+    let mut c = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+    let mut out = Vec::new();
+    c.write_tls(&mut out).unwrap();
+    out
+}
+
+/// Sends `bytes`, ends the sending side, reads everything.
+fn send_all(port: u16, bytes: &[u8]) -> String {
+    let mut s = TcpStream::connect(local(port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(bytes).unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut v = Vec::new();
+    let _ = s.read_to_end(&mut v);
+    String::from_utf8_lossy(&v).into_owned()
+}
+
+/// `ssl_preread on` with `proxy_pass $variable`: SNI routing as nginx users write it (a
+/// `map` of `$ssl_preread_server_name` to an upstream name or an address); the ClientHello
+/// reaches the upstream whole; a client that is not TLS, or too slow, goes to the default.
+#[test]
+fn ssl_preread_routes_by_server_name() {
+    let (counter, _) = upstream(count_then_reply);
+    let (q, _) = upstream(says_q);
+    let conf = conf(
+        1,
+        &format!(
+            "upstream by_name {{ server 127.0.0.1:{counter}; }}\n\
+             map $ssl_preread_server_name $be {{ a.test by_name; default 127.0.0.1:{q}; }}\n\
+             log_format pre '$ssl_preread_server_name|$ssl_preread_protocol|\
+             $ssl_preread_alpn_protocols|$upstream_addr|$status';\n\
+             server {{ listen 127.0.0.1:{{port1}}; ssl_preread on; preread_timeout 300ms; \
+               proxy_pass $be; access_log logs/pre.log pre; }}\n\
+             server {{ listen 127.0.0.1:{{port2}}; ssl_preread on; \
+               return \"$ssl_preread_server_name|$ssl_preread_protocol|$ssl_preread_alpn_protocols\"; }}\n\
+             server {{ listen 127.0.0.1:{{port3}}; ssl_preread on; \
+               proxy_pass $ssl_preread_server_name:443; }}"
+        ),
+    );
+    let s = Server::start_ports("stream-preread", &conf, 1, 3);
+    let hello = client_hello("a.test", &[b"h2", b"http/1.1"]);
+    assert_eq!(send_all(s.ports[0], &hello), format!("got {}", hello.len()));
+    assert_eq!(send_all(s.ports[0], &client_hello("b.test", &[])), "Q");
+    assert_eq!(send_all(s.ports[0], b"SSH-2.0-client\r\n"), "Q");
+    assert_eq!(send_all(s.ports[1], &hello), "a.test|TLSv1.3|h2,http/1.1");
+    // A hello that stops half-way: after preread_timeout, the session goes on.
+    let mut c = TcpStream::connect(local(s.ports[0])).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(&hello[..20]).unwrap();
+    let t = Instant::now();
+    let mut v = Vec::new();
+    let _ = c.read_to_end(&mut v);
+    assert_eq!(v, b"Q");
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
+    // A name, not an address, without a resolver: closed, logged as nginx.
+    assert_eq!(send_all(s.ports[2], &hello), "");
+    let log = wait_for(Duration::from_secs(10), "the resolver line", || {
+        let l = error_log(&s);
+        l.contains("no resolver defined to resolve a.test")
+            .then_some(l)
+    });
+    assert!(log.contains("no resolver defined"), "{log}");
+    let path = s.dir.join("logs/pre.log");
+    let lines = wait_for(Duration::from_secs(10), "four log lines", || {
+        let l = std::fs::read_to_string(&path).unwrap_or_default();
+        (l.lines().count() >= 4).then_some(l)
+    });
+    let lines: Vec<&str> = lines.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!("a.test|TLSv1.3|h2,http/1.1|127.0.0.1:{counter}|200")
+    );
+    assert_eq!(lines[1], format!("b.test|TLSv1.3|-|127.0.0.1:{q}|200"));
+    assert_eq!(lines[2], format!("-|-|-|127.0.0.1:{q}|200"));
+}

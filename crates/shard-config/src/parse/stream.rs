@@ -23,6 +23,10 @@ pub(super) struct StreamSettings {
     /// `access_log`s of this level, and whether it said `off` (a level with any replaces
     /// its parent's, as in http).
     pub(super) access_log: Option<(bool, Vec<AccessLog>)>,
+    /// `ssl_preread`, `preread_buffer_size`, `preread_timeout`.
+    pub(super) ssl_preread: Option<bool>,
+    pub(super) preread_buffer_size: Option<usize>,
+    pub(super) preread_timeout_ms: Option<u64>,
 }
 
 pub(super) struct StreamServerP {
@@ -115,6 +119,10 @@ pub(super) fn stream_server_proxy_pass(
     if cx.s.ret.is_some() {
         return Err(derr(d, file, "\"proxy_pass\" directive is duplicate"));
     }
+    if a0(d).contains('$') {
+        // Checked now (unknown variables); rendered per session.
+        stream_value(d, file, a0(d))?;
+    }
     let pass = (a0(d).to_string(), place(d, file));
     once(&mut cx.s.pass, pass, d, file)
 }
@@ -179,6 +187,9 @@ fn stream_variable(d: &Directive, file: &str, name: &str) -> Result<Var, ConfigE
         "upstream_bytes_received" => Var::UpstreamBytesReceived,
         "upstream_session_time" => Var::UpstreamSessionTime,
         "upstream_first_byte_time" => Var::UpstreamFirstByteTime,
+        "ssl_preread_protocol" => Var::SslPrereadProtocol,
+        "ssl_preread_server_name" => Var::SslPrereadServerName,
+        "ssl_preread_alpn_protocols" => Var::SslPrereadAlpnProtocols,
         "remote_addr"
         | "remote_port"
         | "binary_remote_addr"
@@ -319,6 +330,27 @@ pub(super) fn stream_proxy_buffer_size(s: &mut StreamSettings, d: &Directive, fi
     once(&mut s.buffer_size, n as usize, d, file)
 }
 
+/// `ssl_preread on | off` (`ngx_stream_ssl_preread_module`).
+pub(super) fn stream_ssl_preread(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.ssl_preread, v, d, file)
+}
+
+/// `preread_buffer_size SIZE` (16k).
+pub(super) fn stream_preread_buffer_size(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let n = size(d, file, a0(d))?;
+    if n == 0 || n > (1 << 20) {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut s.preread_buffer_size, n as usize, d, file)
+}
+
+/// `preread_timeout TIME` (30s).
+pub(super) fn stream_preread_timeout(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.preread_timeout_ms, t, d, file)
+}
+
 /// Merges the stream block, resolves `proxy_pass` and appends the stream listeners to the
 /// http ones (an address may serve one kind only).
 pub(super) fn finish_stream(
@@ -341,6 +373,20 @@ pub(super) fn finish_stream(
     let mut upstreams = sp.upstreams;
     let mut servers = Vec::with_capacity(sp.servers.len());
     for s in sp.servers {
+        let preread = (
+            s.settings
+                .ssl_preread
+                .or(sp.settings.ssl_preread)
+                .unwrap_or(false),
+            s.settings
+                .preread_buffer_size
+                .or(sp.settings.preread_buffer_size)
+                .unwrap_or(16 * 1024),
+            s.settings
+                .preread_timeout_ms
+                .or(sp.settings.preread_timeout_ms)
+                .unwrap_or(30_000),
+        );
         let Some((target, at)) = s.pass.clone() else {
             // `return`: no upstream.
             let ssl_eff = super::http::SslEff::default()
@@ -375,11 +421,26 @@ pub(super) fn finish_stream(
                 ret: s.ret.clone(),
                 sets: s.sets.clone(),
                 access_logs: stream_logs(&s.settings, &sp.settings),
+                ssl_preread: preread.0,
+                preread_buffer_size: preread.1,
+                preread_timeout_ms: preread.2,
+                pass_vars: None,
             });
             continue;
         };
+        let mut pass_vars = None;
         let upstream = match upstreams.iter().position(|u| u.name == target) {
             Some(i) => i,
+            None if target.contains('$') => {
+                let d = Directive {
+                    name: "proxy_pass".into(),
+                    args: vec![target.clone()],
+                    line: at.line,
+                    block: None,
+                };
+                pass_vars = Some(stream_value(&d, &at.file, &target)?);
+                usize::MAX
+            }
             None => {
                 let addrs =
                     resolve_upstream(&target, None).map_err(|m| err(&at.file, at.line, m))?;
@@ -430,6 +491,10 @@ pub(super) fn finish_stream(
             ret: None,
             sets: s.sets,
             access_logs: stream_logs(&s.settings, &sp.settings),
+            ssl_preread: preread.0,
+            preread_buffer_size: preread.1,
+            preread_timeout_ms: preread.2,
+            pass_vars,
         });
     }
     for l in sp.listeners {

@@ -937,6 +937,27 @@ pub(super) static TABLE: &[Spec] = &[
     // ngx_stream_return_module, and the stream proxy's switches.
     d("return", SS, 1, 1, Set::StreamServer(stream_server_return)),
     d(
+        "ssl_preread",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_ssl_preread),
+    ),
+    d(
+        "preread_buffer_size",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_preread_buffer_size),
+    ),
+    d(
+        "preread_timeout",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_preread_timeout),
+    ),
+    d(
         "proxy_next_upstream",
         SM | SS,
         1,

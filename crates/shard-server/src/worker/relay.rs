@@ -174,7 +174,19 @@ pub(super) struct Relay {
     fixed: Option<(u16, u64)>,
     /// `allow`/`deny` wait for the PROXY header (`listen ... proxy_protocol`).
     access_deferred: bool,
+    /// The upstream this relay uses: the server's, or (`proxy_pass` with variables) the one
+    /// its value named, `usize::MAX` until then; indexes past the configuration's are
+    /// `stream_dyn`.
+    ups: usize,
+    /// `ssl_preread on`: reading the ClientHello (into `early`), and what it said.
+    prereading: bool,
+    preread_done: bool,
+    hello: Option<Box<crate::preread::Hello>>,
 }
+
+/// At most this many upstreams a worker makes for addresses `proxy_pass $var` rendered
+/// (one per distinct address, kept for the worker's life).
+const STREAM_DYN_MAX: usize = 1024;
 
 /// What the stream access log knows of one session when it ends.
 #[derive(Clone, Copy)]
@@ -196,9 +208,11 @@ struct Session<'a> {
     maps: &'a [shard_config::MapConf],
     /// Values of the server's `set`s.
     user: &'a [(String, Vec<u8>)],
+    /// The ClientHello `ssl_preread` read.
+    hello: Option<&'a crate::preread::Hello>,
 }
 
-impl Worker<'_> {
+impl<'a> Worker<'a> {
     /// The `stream` block. A relay exists only when there is one (it was accepted on a stream
     /// listener); without one this is an empty block rather than a panic.
     fn stream(&self) -> &StreamConf {
@@ -250,6 +264,7 @@ impl Worker<'_> {
             pp: None,
             maps: &self.stream().maps,
             user: &[],
+            hello: None,
         };
         // `set` (preaccess), `allow`/`deny` (access), then `return`: answered (or refused)
         // at once, no upstream. A relay evaluates its `set`s again once its PROXY header
@@ -288,7 +303,7 @@ impl Worker<'_> {
         if let Some(parts) = conf
             .ret
             .as_ref()
-            .filter(|_| !proxy_protocol && tls.is_none())
+            .filter(|_| !proxy_protocol && tls.is_none() && !conf.ssl_preread)
         {
             let mut text = Vec::new();
             let s = Session {
@@ -310,6 +325,7 @@ impl Worker<'_> {
             WorkerSlot::drop_one(&self.slot.active);
             return;
         }
+        let conf_upstream = conf.upstream;
         let id = self.next_conn_id;
         self.next_conn_id += 1;
         let n_peers = self
@@ -357,6 +373,10 @@ impl Worker<'_> {
             user: Vec::new(),
             fixed: None,
             access_deferred: proxy_protocol,
+            ups: conf_upstream,
+            prereading: false,
+            preread_done: false,
+            hello: None,
         });
         if let Err(e) = self.poll.add(raw, token(key, id, false), relay_interest()) {
             crate::log!(
@@ -408,6 +428,7 @@ impl Worker<'_> {
             pp: r.pp.as_deref(),
             maps: &self.stream().maps,
             user: &r.user,
+            hello: r.hello.as_deref(),
         }
     }
 
@@ -465,16 +486,153 @@ impl Worker<'_> {
         }
     }
 
+    /// `ssl_preread on`: reads the client's first bytes (kept in `early`, for the
+    /// upstream) until they hold a whole ClientHello, are not TLS, end, or
+    /// `preread_timeout` passes (then the session goes on, as nginx's); a full
+    /// `preread_buffer_size` without one ends the session (400).
+    fn relay_preread(&mut self, key: usize) -> Io {
+        let limit = self
+            .stream_server(self.relays[key].server)
+            .preread_buffer_size;
+        loop {
+            let r = &mut self.relays[key];
+            match crate::preread::parse(&r.early) {
+                crate::preread::Preread::Hello(h) => {
+                    r.hello = Some(Box::new(h));
+                    break;
+                }
+                crate::preread::Preread::NotTls => break,
+                crate::preread::Preread::Partial => {}
+            }
+            if r.early.len() >= limit {
+                crate::log!(
+                    Error,
+                    "preread buffer full, client: {}, server: {}",
+                    r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
+                    r.listen
+                );
+                r.fixed = Some((400, 0));
+                return Io::Close;
+            }
+            let mut buf = vec![0u8; limit - r.early.len()];
+            match shard_event::sock::read(r.client.raw(), &mut buf) {
+                Ok(0) => break,
+                Ok(n) => r.early.extend_from_slice(&buf[..n]),
+                Err(e) if would_block(&e) => {
+                    r.client.e.readable = false;
+                    return Io::Wait;
+                }
+                Err(_) => return Io::Close,
+            }
+        }
+        let r = &mut self.relays[key];
+        r.prereading = false;
+        r.preread_done = true;
+        self.relay_content(key)
+    }
+
+    /// Stream upstream `i`: the configuration's, or one of this worker's (`stream_dyn`).
+    fn stream_ups(&self, i: usize) -> super::proxy::UpRef<'a> {
+        let cfg = self.cfg;
+        let conf = cfg.stream.as_ref().map_or(&[][..], |s| &s.upstreams[..]);
+        match conf.get(i) {
+            Some(u) => super::proxy::UpRef::Conf(u),
+            None => super::proxy::UpRef::Dyn(self.stream_dyn[i - conf.len()].clone()),
+        }
+    }
+
+    /// What `proxy_pass $var` rendered to: an `upstream` name, else an `ADDRESS:PORT`
+    /// (an upstream of this worker, made once per address). `None`, logged as nginx, for
+    /// anything else (a host name needs a resolver, which shard's stream has not).
+    fn stream_pass_target(&mut self, key: usize, target: &str) -> Option<usize> {
+        let cfg = self.cfg;
+        let conf = cfg.stream.as_ref().map_or(&[][..], |s| &s.upstreams[..]);
+        if let Some(i) = conf.iter().position(|u| u.name == target) {
+            return Some(i);
+        }
+        if let Some(&i) = self.stream_dyn_index.get(target) {
+            return Some(conf.len() + i);
+        }
+        let r = &self.relays[key];
+        let client = r.peer.map_or("-".to_string(), |p| p.ip().to_string());
+        let Ok(addr) = target.parse::<SocketAddr>() else {
+            let host = target.rsplit_once(':').map_or(target, |(h, _)| h);
+            crate::log!(
+                Error,
+                "no resolver defined to resolve {host}, client: {client}, server: {}",
+                r.listen
+            );
+            return None;
+        };
+        if self.stream_dyn.len() >= STREAM_DYN_MAX {
+            crate::log!(
+                Error,
+                "too many proxy_pass addresses in this worker ({STREAM_DYN_MAX}), client: {client}, server: {}",
+                r.listen
+            );
+            return None;
+        }
+        let peer = shard_config::PeerConf {
+            addr,
+            name: addr.to_string(),
+            weight: 1,
+            max_fails: 1,
+            fail_timeout_ms: 10_000,
+            max_conns: 0,
+            unix: None,
+            backup: false,
+            down: false,
+            resolve: None,
+        };
+        let u = shard_config::UpstreamConf {
+            name: target.to_string(),
+            place: shard_config::Place {
+                file: String::new(),
+                line: 0,
+            },
+            peers: vec![peer],
+            keepalive: 0,
+            keepalive_timeout_ms: 60_000,
+            keepalive_requests: 1000,
+            keepalive_time_ms: 3_600_000,
+            balance: shard_config::Balance::RoundRobin,
+            resolver: None,
+        };
+        self.peer_state.push(balance::PeerState::table(&u.peers));
+        self.stream_dyn.push(std::rc::Rc::new(u));
+        let i = self.stream_dyn.len() - 1;
+        self.stream_dyn_index.insert(target.to_string(), i);
+        Some(conf.len() + i)
+    }
+
     /// The content phase: `return`'s value to the client (through TLS on a `listen ... ssl`),
     /// or the upstream.
     fn relay_content(&mut self, key: usize) -> Io {
         let server = self.relays[key].server;
         let cfg = self.cfg;
-        let Some(parts) = cfg
-            .stream
-            .as_ref()
-            .and_then(|s| s.servers[server].ret.as_ref())
-        else {
+        let Some(conf) = cfg.stream.as_ref().map(|s| &s.servers[server]) else {
+            return Io::Close;
+        };
+        let r = &mut self.relays[key];
+        if conf.ssl_preread && !r.preread_done && r.tls.is_none() {
+            r.prereading = true;
+            self.set_relay_deadline(key, self.now_ms + conf.preread_timeout_ms);
+            return self.relay_preread(key);
+        }
+        let Some(parts) = conf.ret.as_ref() else {
+            if let Some(pass) = &conf.pass_vars {
+                let mut v = Vec::new();
+                let s = self.relay_session(key);
+                session_parts(&mut v, pass, &s, self.now_ms, &self.hostname, 0);
+                let target = String::from_utf8_lossy(&v).into_owned();
+                let Some(i) = self.stream_pass_target(key, &target) else {
+                    return Io::Close;
+                };
+                let n = self.stream_ups(i).peers.len();
+                let r = &mut self.relays[key];
+                r.ups = i;
+                r.tried = vec![false; n];
+            }
             return self.connect_next(key);
         };
         let mut text = Vec::new();
@@ -603,8 +761,8 @@ impl Worker<'_> {
     /// The upstream's method (smooth weighted round robin, or `least_conn` over this
     /// worker's relays) over the peers not yet tried by this relay.
     fn pick_peer(&mut self, upstream: usize, tried: &[bool], key: Option<&[u8]>) -> Option<usize> {
-        let stream = self.cfg.stream.as_ref()?;
-        let ups = &stream.upstreams[upstream];
+        self.cfg.stream.as_ref()?;
+        let ups = self.stream_ups(upstream);
         // This worker's relays per peer: for `least_conn` and `max_conns`.
         let least = ups.balance == shard_config::Balance::LeastConn;
         let two = ups.balance == shard_config::Balance::Random { two: true };
@@ -612,7 +770,7 @@ impl Worker<'_> {
         if least || two || ups.peers.iter().any(|p| p.max_conns > 0) {
             active = vec![0u64; ups.peers.len()];
             for (_, r) in self.relays.iter() {
-                if stream.servers[r.server].upstream == upstream {
+                if r.ups == upstream {
                     if let Some(p) = r.current_peer {
                         active[p] += 1;
                     }
@@ -661,14 +819,11 @@ impl Worker<'_> {
     }
 
     fn peer_failed(&mut self, upstream: usize, peer: usize) {
-        let Some(peers) = self
-            .cfg
-            .stream
-            .as_ref()
-            .map(|s| &s.upstreams[upstream].peers)
-        else {
+        if self.cfg.stream.is_none() {
             return;
-        };
+        }
+        let ups = self.stream_ups(upstream);
+        let peers = &ups.peers;
         if balance::failed(peers, &mut self.peer_state[upstream], peer, self.now_ms) {
             crate::log!(
                 Warn,
@@ -685,11 +840,10 @@ impl Worker<'_> {
     /// `{what} while {during}, client: ..., server: ..., upstream: "..."`, nginx's shape.
     fn log_upstream_error_in(&self, key: usize, what: &str, during: &str) {
         let r = &self.relays[key];
-        let s = self.stream_server(r.server);
-        let up = &self.stream().upstreams[s.upstream];
-        let addr = r
-            .current_peer
-            .map_or(String::new(), |p| up.peers[p].addr.to_string());
+        let addr = match r.current_peer {
+            Some(p) if r.ups != usize::MAX => self.stream_ups(r.ups).peers[p].addr.to_string(),
+            _ => String::new(),
+        };
         crate::log!(
             Info,
             "{what} while {during}, client: {}, server: {}, upstream: \"{addr}\"",
@@ -702,19 +856,20 @@ impl Worker<'_> {
     /// no peer is left.
     fn connect_next(&mut self, key: usize) -> Io {
         let server = self.relays[key].server;
-        let (upstream, connect_timeout, next_upstream) = {
+        let upstream = self.relays[key].ups;
+        let (connect_timeout, next_upstream) = {
             let s = self.stream_server(server);
-            (s.upstream, s.connect_timeout_ms, s.next_upstream)
+            (s.connect_timeout_ms, s.next_upstream)
         };
+        if upstream == usize::MAX {
+            return Io::Close;
+        }
         // `hash KEY`: the key, rendered once per session.
-        let hashed = self
-            .stream()
-            .upstreams
-            .get(upstream)
-            .and_then(|u| match &u.balance {
-                shard_config::Balance::Hash { key, .. } => Some(key),
-                _ => None,
-            });
+        let ups = self.stream_ups(upstream);
+        let hashed = match &ups.balance {
+            shard_config::Balance::Hash { key, .. } => Some(key),
+            _ => None,
+        };
         let hash_key = hashed.map(|parts| {
             let mut v = Vec::new();
             session_parts(
@@ -758,7 +913,7 @@ impl Worker<'_> {
             };
             r.tried[p] = true;
             r.current_peer = Some(p);
-            let addr = self.stream().upstreams[upstream].peers[p].addr;
+            let addr = self.stream_ups(upstream).peers[p].addr;
             let r = &mut self.relays[key];
             r.attempts.push(addr);
             r.connect_began_ms = self.now_ms;
@@ -830,7 +985,7 @@ impl Worker<'_> {
 
     fn fail_current_peer(&mut self, key: usize) {
         let r = &self.relays[key];
-        let upstream = self.stream_server(r.server).upstream;
+        let upstream = r.ups;
         if let Some(p) = r.current_peer {
             self.peer_failed(upstream, p);
         }
@@ -846,7 +1001,7 @@ impl Worker<'_> {
                 return Io::Close;
             };
             let name = ssl.name.clone().unwrap_or_else(|| {
-                super::proxy::host_of(&self.stream().upstreams[s.upstream].name).to_string()
+                super::proxy::host_of(&self.stream_ups(self.relays[key].ups).name).to_string()
             });
             let conn = rustls::pki_types::ServerName::try_from(name)
                 .map_err(|e| e.to_string())
@@ -903,9 +1058,10 @@ impl Worker<'_> {
 
     /// The upstream is connected (and its TLS handshake done): the pipes, then bytes.
     fn relay_ready(&mut self, key: usize) -> Io {
-        let (upstream, size, timeout, send_pp) = {
+        let upstream = self.relays[key].ups;
+        let (size, timeout, send_pp) = {
             let s = self.stream_server(self.relays[key].server);
-            (s.upstream, s.buffer_size, s.timeout_ms, s.proxy_protocol)
+            (s.buffer_size, s.timeout_ms, s.proxy_protocol)
         };
         let r = &mut self.relays[key];
         r.connecting = false;
@@ -964,6 +1120,7 @@ impl Worker<'_> {
         let io = match (r.connecting, upstream) {
             (true, false) if r.pp_pending => self.relay_read_pp(key),
             (true, false) if r.handshaking => self.handshake(key),
+            (true, false) if r.prereading => self.relay_preread(key),
             (true, true) if r.up_handshaking => self.up_handshake(key),
             (true, true) => self.check_connect(key),
             (true, false) => Io::Wait,
@@ -1115,6 +1272,13 @@ impl Worker<'_> {
                 r.listen
             );
             return Io::Close;
+        }
+        if r.prereading {
+            // nginx's preread phase goes on when its timer fires.
+            let r = &mut self.relays[key];
+            r.prereading = false;
+            r.preread_done = true;
+            return self.relay_content(key);
         }
         if r.connecting {
             self.log_upstream_error(key, "upstream timed out (110: Connection timed out)");
@@ -1377,6 +1541,16 @@ fn session_var(
         Var::ProxyProtocolTlv(name) => {
             if let Some(h) = s.pp {
                 shard_http::proxy_protocol::push_tlv(out, h, name);
+            }
+        }
+        Var::SslPrereadProtocol | Var::SslPrereadServerName | Var::SslPrereadAlpnProtocols => {
+            if let Some(h) = s.hello {
+                let v = match var {
+                    Var::SslPrereadProtocol => &h.protocol,
+                    Var::SslPrereadServerName => &h.server_name,
+                    _ => &h.alpn,
+                };
+                out.extend_from_slice(v.as_bytes());
             }
         }
         Var::User(name) if s.user.iter().any(|(n, _)| n == name) => {
