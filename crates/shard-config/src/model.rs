@@ -1809,6 +1809,9 @@ pub struct StreamServerConf {
     /// `proxy_pass` with variables: rendered per session to an `upstream` name or an
     /// `ADDRESS:PORT` (`upstream` is then `usize::MAX`).
     pub pass_vars: Option<Vec<Part>>,
+    /// `set_real_ip_from` (`ngx_stream_realip_module`): a connection from these networks
+    /// that sent a PROXY header takes the header's source as `$remote_addr`.
+    pub real_ip_from: Vec<AccessRule>,
 }
 
 /// nginx's `open_file_cache`, `open_file_cache_valid`, `open_file_cache_min_uses` and

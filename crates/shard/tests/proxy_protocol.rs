@@ -403,3 +403,27 @@ fn stream_return_and_deny_after_the_header() {
     });
     assert_eq!(log, "200 192.0.2.7\n403 192.0.2.9\n");
 }
+
+/// `set_real_ip_from` in stream (`ngx_stream_realip_module`): a trusted peer's PROXY header
+/// becomes `$remote_addr`/`$remote_port` (and what `allow`/`deny` judge); an untrusted
+/// one's does not.
+#[test]
+fn stream_realip_from_the_header() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+         location = /status { shard_status; }\n }\n}\nstream {\n \
+         server {\n  listen 127.0.0.1:{port1} proxy_protocol;\n  set_real_ip_from 127.0.0.0/8;\n  \
+         deny 192.0.2.9;\n  return \"$remote_addr:$remote_port $realip_remote_addr:$realip_remote_port\";\n }\n \
+         server {\n  listen 127.0.0.1:{port2} proxy_protocol;\n  set_real_ip_from 10.0.0.0/8;\n  \
+         return \"$remote_addr $realip_remote_addr\";\n }\n}\n";
+    let s = Server::start_ports("pp-stream-realip", conf, 1, 2);
+    let a = SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    let b = SocketAddr::from(([127, 0, 0, 1], s.ports[1]));
+    let got = String::from_utf8_lossy(&send(a, b"PROXY TCP4 192.0.2.7 192.0.2.8 1111 2\r\n", 100))
+        .into_owned();
+    assert!(got.starts_with("192.0.2.7:1111 127.0.0.1:"), "{got}");
+    assert!(send(a, b"PROXY TCP4 192.0.2.9 192.0.2.8 1 2\r\n", 100).is_empty());
+    assert_eq!(
+        String::from_utf8_lossy(&send(b, b"PROXY TCP4 192.0.2.7 192.0.2.8 1111 2\r\n", 100)),
+        "127.0.0.1 127.0.0.1"
+    );
+}

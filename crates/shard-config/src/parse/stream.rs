@@ -27,6 +27,8 @@ pub(super) struct StreamSettings {
     pub(super) ssl_preread: Option<bool>,
     pub(super) preread_buffer_size: Option<usize>,
     pub(super) preread_timeout_ms: Option<u64>,
+    /// `set_real_ip_from` of this level (a level with any replaces its parent's).
+    pub(super) real_ip_from: Option<Vec<AccessRule>>,
 }
 
 pub(super) struct StreamServerP {
@@ -188,6 +190,8 @@ fn stream_variable(d: &Directive, file: &str, name: &str) -> Result<Var, ConfigE
         "upstream_session_time" => Var::UpstreamSessionTime,
         "upstream_first_byte_time" => Var::UpstreamFirstByteTime,
         "ssl_preread_protocol" => Var::SslPrereadProtocol,
+        "realip_remote_addr" => Var::RealipRemoteAddr,
+        "realip_remote_port" => Var::RealipRemotePort,
         "ssl_preread_server_name" => Var::SslPrereadServerName,
         "ssl_preread_alpn_protocols" => Var::SslPrereadAlpnProtocols,
         "remote_addr"
@@ -330,6 +334,20 @@ pub(super) fn stream_proxy_buffer_size(s: &mut StreamSettings, d: &Directive, fi
     once(&mut s.buffer_size, n as usize, d, file)
 }
 
+/// `set_real_ip_from ADDRESS | CIDR` in stream (`ngx_stream_realip_module`).
+pub(super) fn stream_set_real_ip_from(
+    env: &Env,
+    s: &mut StreamSettings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let mut tmp = super::http::Settings::default();
+    super::http::set_real_ip_from(env, &mut tmp, d, file)?;
+    let nets = tmp.real_ip_from.unwrap_or_default();
+    s.real_ip_from.get_or_insert_with(Vec::new).extend(nets);
+    Ok(())
+}
+
 /// `ssl_preread on | off` (`ngx_stream_ssl_preread_module`).
 pub(super) fn stream_ssl_preread(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
     let v = flag(d, file, a0(d))?;
@@ -387,6 +405,12 @@ pub(super) fn finish_stream(
                 .or(sp.settings.preread_timeout_ms)
                 .unwrap_or(30_000),
         );
+        let real_ip_from = s
+            .settings
+            .real_ip_from
+            .clone()
+            .or_else(|| sp.settings.real_ip_from.clone())
+            .unwrap_or_default();
         let Some((target, at)) = s.pass.clone() else {
             // `return`: no upstream.
             let ssl_eff = super::http::SslEff::default()
@@ -425,6 +449,7 @@ pub(super) fn finish_stream(
                 preread_buffer_size: preread.1,
                 preread_timeout_ms: preread.2,
                 pass_vars: None,
+                real_ip_from: real_ip_from.clone(),
             });
             continue;
         };
@@ -495,6 +520,7 @@ pub(super) fn finish_stream(
             preread_buffer_size: preread.1,
             preread_timeout_ms: preread.2,
             pass_vars,
+            real_ip_from: real_ip_from.clone(),
         });
     }
     for l in sp.listeners {

@@ -944,6 +944,13 @@ pub(super) static TABLE: &[Spec] = &[
         Set::StreamSettings(stream_ssl_preread),
     ),
     d(
+        "set_real_ip_from",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettingsEnv(stream_set_real_ip_from),
+    ),
+    d(
         "preread_buffer_size",
         SM | SS,
         1,

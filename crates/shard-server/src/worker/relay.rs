@@ -182,6 +182,9 @@ pub(super) struct Relay {
     prereading: bool,
     preread_done: bool,
     hello: Option<Box<crate::preread::Hello>>,
+    /// The connection's own peer, when `set_real_ip_from` replaced `peer` with the PROXY
+    /// header's source (`$realip_remote_addr`).
+    realip: Option<SocketAddr>,
 }
 
 /// At most this many upstreams a worker makes for addresses `proxy_pass $var` rendered
@@ -210,6 +213,8 @@ struct Session<'a> {
     user: &'a [(String, Vec<u8>)],
     /// The ClientHello `ssl_preread` read.
     hello: Option<&'a crate::preread::Hello>,
+    /// The connection's own peer when realip replaced `client`.
+    realip: Option<SocketAddr>,
 }
 
 impl<'a> Worker<'a> {
@@ -265,6 +270,7 @@ impl<'a> Worker<'a> {
             maps: &self.stream().maps,
             user: &[],
             hello: None,
+            realip: None,
         };
         // `set` (preaccess), `allow`/`deny` (access), then `return`: answered (or refused)
         // at once, no upstream. A relay evaluates its `set`s again once its PROXY header
@@ -377,6 +383,7 @@ impl<'a> Worker<'a> {
             prereading: false,
             preread_done: false,
             hello: None,
+            realip: None,
         });
         if let Err(e) = self.poll.add(raw, token(key, id, false), relay_interest()) {
             crate::log!(
@@ -429,6 +436,7 @@ impl<'a> Worker<'a> {
             maps: &self.stream().maps,
             user: &r.user,
             hello: r.hello.as_deref(),
+            realip: r.realip,
         }
     }
 
@@ -453,6 +461,14 @@ impl<'a> Worker<'a> {
         let server = self.relays[key].server;
         let conf = self.cfg.stream.as_ref().map(|s| &s.servers[server]);
         let Some(conf) = conf else { return Io::Close };
+        // `set_real_ip_from` (post-accept): a trusted peer's PROXY header names the client.
+        let r = &mut self.relays[key];
+        if let (Some(src), Some(peer)) = (r.pp.as_ref().and_then(|h| h.src), r.peer) {
+            if conf.real_ip_from.iter().any(|n| n.matches(peer.ip())) {
+                r.realip = Some(peer);
+                r.peer = Some(src);
+            }
+        }
         if !conf.sets.is_empty() {
             let user = self.eval_sets(server, self.relay_session(key));
             self.relays[key].user = user;
@@ -1541,6 +1557,16 @@ fn session_var(
         Var::ProxyProtocolTlv(name) => {
             if let Some(h) = s.pp {
                 shard_http::proxy_protocol::push_tlv(out, h, name);
+            }
+        }
+        Var::RealipRemoteAddr => {
+            if let Some(a) = s.realip.or(s.client) {
+                let _ = write!(out, "{}", a.ip());
+            }
+        }
+        Var::RealipRemotePort => {
+            if let Some(a) = s.realip.or(s.client) {
+                push_u64(out, u64::from(a.port()));
             }
         }
         Var::SslPrereadProtocol | Var::SslPrereadServerName | Var::SslPrereadAlpnProtocols => {
