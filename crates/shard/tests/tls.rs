@@ -1888,7 +1888,8 @@ fn stream_return_over_tls() {
          location = /status {{ shard_status; }} }} }}\n\
          stream {{ log_format t '$status $bytes_sent'; server {{ listen 127.0.0.1:{{port1}} ssl; \
          ssl_certificate {}; ssl_certificate_key {}; set $who \"$remote_addr\"; \
-         return \"hello $who\"; access_log logs/t.log t; }} }}\n",
+         return \"hello $who $ssl_protocol $ssl_server_name $ssl_session_reused\"; \
+         access_log logs/t.log t; }} }}\n",
         dir.join("conf/r.test.pem").display(),
         dir.join("conf/r.test.key").display()
     );
@@ -1897,12 +1898,15 @@ fn stream_return_over_tls() {
     let mut c = connect_tls(tls_addr(&s), "r.test", &cfg).unwrap();
     let mut got = Vec::new();
     let _ = c.read_to_end(&mut got);
-    assert_eq!(String::from_utf8_lossy(&got), "hello 127.0.0.1");
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "hello 127.0.0.1 TLSv1.3 r.test ."
+    );
     let path = s.dir.join("logs/t.log");
     let log = wait_for(Duration::from_secs(10), "the log line", || {
         std::fs::read_to_string(&path)
             .ok()
             .filter(|l| !l.is_empty())
     });
-    assert_eq!(log, "200 15\n");
+    assert_eq!(log, format!("200 {}\n", got.len()));
 }

@@ -215,6 +215,8 @@ struct Session<'a> {
     hello: Option<&'a crate::preread::Hello>,
     /// The connection's own peer when realip replaced `client`.
     realip: Option<SocketAddr>,
+    /// The client's TLS (`listen ... ssl`), once its handshake is done.
+    tls: Option<&'a super::tls::TlsConn>,
 }
 
 impl<'a> Worker<'a> {
@@ -271,6 +273,7 @@ impl<'a> Worker<'a> {
             user: &[],
             hello: None,
             realip: None,
+            tls: None,
         };
         // `set` (preaccess), `allow`/`deny` (access), then `return`: answered (or refused)
         // at once, no upstream. A relay evaluates its `set`s again once its PROXY header
@@ -437,6 +440,7 @@ impl<'a> Worker<'a> {
             user: &r.user,
             hello: r.hello.as_deref(),
             realip: r.realip,
+            tls: r.tls.as_deref().filter(|_| !r.handshaking),
         }
     }
 
@@ -1557,6 +1561,25 @@ fn session_var(
         Var::ProxyProtocolTlv(name) => {
             if let Some(h) = s.pp {
                 shard_http::proxy_protocol::push_tlv(out, h, name);
+            }
+        }
+        Var::SslProtocol
+        | Var::SslCipher
+        | Var::SslServerName
+        | Var::SslSessionReused
+        | Var::SslAlpnProtocol
+        | Var::SslCurve => {
+            if let Some(t) = s.tls {
+                let v = match var {
+                    Var::SslProtocol => t.protocol().unwrap_or(""),
+                    Var::SslCipher => t.cipher().unwrap_or(""),
+                    Var::SslServerName => t.server_name().unwrap_or(""),
+                    Var::SslSessionReused if t.session_reused() => "r",
+                    Var::SslSessionReused => ".",
+                    Var::SslAlpnProtocol => t.alpn(),
+                    _ => t.curve(),
+                };
+                out.extend_from_slice(v.as_bytes());
             }
         }
         Var::RealipRemoteAddr => {
