@@ -1696,6 +1696,8 @@ pub struct StreamConf {
     /// `map`, `split_clients` and `geo` of the stream block (their values have the stream's
     /// variables).
     pub maps: Vec<MapConf>,
+    /// `limit_conn_zone`s of the stream block (shared memory after http's zones).
+    pub limit_zones: Vec<LimitZone>,
 }
 
 /// One `upstream NAME { ... }` block (or the implicit upstream of `proxy_pass HOST:PORT`).
@@ -1812,6 +1814,9 @@ pub struct StreamServerConf {
     /// `set_real_ip_from` (`ngx_stream_realip_module`): a connection from these networks
     /// that sent a PROXY header takes the header's source as `$remote_addr`.
     pub real_ip_from: Vec<AccessRule>,
+    /// `limit_conn ZONE N` (zones index `StreamConf::limit_zones`), `limit_conn_dry_run`.
+    pub limit_conn: Vec<LimitConn>,
+    pub limit_conn_dry_run: bool,
 }
 
 /// nginx's `open_file_cache`, `open_file_cache_valid`, `open_file_cache_min_uses` and

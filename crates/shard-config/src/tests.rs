@@ -2651,3 +2651,28 @@ fn stream_ssl_preread_and_variable_proxy_pass() {
     let e = stream_error("ssl_preread maybe;");
     assert!(e.contains("ssl_preread"), "{e}");
 }
+
+#[test]
+fn stream_limit_conn_zones() {
+    let c = stream(
+        "limit_conn_zone $binary_remote_addr zone=a:1m;\n\
+         limit_conn a 2;\n\
+         server { listen 8081; proxy_pass 127.0.0.1:1; }\n\
+         server { listen 8082; proxy_pass 127.0.0.1:1; limit_conn a 1; limit_conn_dry_run on; }",
+    );
+    let st = c.stream.as_ref().unwrap();
+    assert_eq!(st.limit_zones[0].size, 1 << 20);
+    assert_eq!(
+        st.servers[0].limit_conn,
+        vec![LimitConn { zone: 0, max: 2 }]
+    );
+    assert_eq!(
+        st.servers[1].limit_conn,
+        vec![LimitConn { zone: 0, max: 1 }]
+    );
+    assert!(st.servers[1].limit_conn_dry_run && !st.servers[0].limit_conn_dry_run);
+    let e = stream_error("server { listen 8081; proxy_pass 127.0.0.1:1; limit_conn b 1; }");
+    assert!(e.contains("zero size shared memory zone \"b\""), "{e}");
+    let e = stream_error("limit_conn_zone $uri zone=a:1m;");
+    assert!(e.contains("unknown \"uri\" variable"), "{e}");
+}

@@ -140,12 +140,12 @@ fn map_zones(
     cfg: &Config,
     known: &mut HashMap<(String, usize), crate::limits::Zone>,
 ) -> Result<Vec<crate::limits::Zone>, String> {
-    let Some(http) = &cfg.http else {
-        return Ok(Vec::new());
-    };
-    let mut out = Vec::with_capacity(http.limit_zones.len());
-    for z in &http.limit_zones {
-        let key = (z.name.clone(), z.size);
+    let http = cfg.http.iter().flat_map(|h| &h.limit_zones);
+    // The stream's zones follow http's, in a namespace of their own.
+    let stream = cfg.stream.iter().flat_map(|s| &s.limit_zones);
+    let mut out = Vec::new();
+    for (z, prefix) in http.map(|z| (z, "")).chain(stream.map(|z| (z, "stream:"))) {
+        let key = (format!("{prefix}{}", z.name), z.size);
         let zone = match known.get(&key) {
             Some(zone) => *zone,
             None => {

@@ -848,3 +848,50 @@ fn ssl_preread_routes_by_server_name() {
     assert_eq!(lines[1], format!("b.test|TLSv1.3|-|127.0.0.1:{q}|200"));
     assert_eq!(lines[2], format!("-|-|-|127.0.0.1:{q}|200"));
 }
+
+/// `limit_conn_zone`/`limit_conn` in stream: one session per client address at a time; the
+/// second is closed (logged, `$status` 503) and the count is given back when the first ends.
+#[test]
+fn stream_limit_conn_one_per_address() {
+    let (echo_port, _) = upstream(echo);
+    let conf = conf(
+        2,
+        &format!(
+            "limit_conn_zone $binary_remote_addr zone=per_ip:1m;\n\
+             log_format st '$status';\n\
+             server {{ listen 127.0.0.1:{{port1}}; limit_conn per_ip 1; \
+               proxy_pass 127.0.0.1:{echo_port}; access_log logs/st.log st; }}"
+        ),
+    );
+    let s = Server::start_ports("stream-limit-conn", &conf, 2, 1);
+    let echo_once = |c: &mut TcpStream| -> bool {
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        if c.write_all(b"ping").is_err() {
+            return false;
+        }
+        let mut b = [0u8; 4];
+        c.read_exact(&mut b).is_ok() && &b == b"ping"
+    };
+    let mut first = TcpStream::connect(local(s.ports[0])).unwrap();
+    assert!(echo_once(&mut first), "the first session relays");
+    let mut second = TcpStream::connect(local(s.ports[0])).unwrap();
+    assert!(
+        !echo_once(&mut second),
+        "a second one from the same address is refused"
+    );
+    drop(first);
+    wait_for(Duration::from_secs(10), "the count given back", || {
+        let mut c = TcpStream::connect(local(s.ports[0])).ok()?;
+        echo_once(&mut c).then_some(())
+    });
+    let log = wait_for(Duration::from_secs(10), "the refusal in the logs", || {
+        let l = std::fs::read_to_string(s.dir.join("logs/st.log")).unwrap_or_default();
+        l.contains("503").then_some(l)
+    });
+    assert!(log.lines().any(|l| l == "503"), "{log}");
+    assert!(
+        error_log(&s).contains("limiting connections by zone \"per_ip\""),
+        "{}",
+        error_log(&s)
+    );
+}

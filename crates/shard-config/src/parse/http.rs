@@ -2365,7 +2365,11 @@ pub(super) fn location_internal(_: &Env, loc: &mut LocP, _: &Directive, _: &str)
 }
 
 /// `zone=NAME:SIZE` of a `limit_*_zone`.
-fn zone_param(d: &Directive, file: &str, v: &str) -> Result<(String, usize), ConfigError> {
+pub(super) fn zone_param(
+    d: &Directive,
+    file: &str,
+    v: &str,
+) -> Result<(String, usize), ConfigError> {
     let (name, size) = v
         .split_once(':')
         .ok_or_else(|| derr(d, file, format!("invalid zone size \"{v}\"")))?;

@@ -29,6 +29,10 @@ pub(super) struct StreamSettings {
     pub(super) preread_timeout_ms: Option<u64>,
     /// `set_real_ip_from` of this level (a level with any replaces its parent's).
     pub(super) real_ip_from: Option<Vec<AccessRule>>,
+    /// `limit_conn ZONE N` of this level (zone by name, where, the number), and
+    /// `limit_conn_dry_run`.
+    pub(super) limit_conn: Option<Vec<(String, Place, u64)>>,
+    pub(super) limit_conn_dry_run: Option<bool>,
 }
 
 pub(super) struct StreamServerP {
@@ -51,6 +55,7 @@ pub(super) struct StreamP {
     pub(super) listeners: Vec<ListenerP>,
     /// `map`, `split_clients` and `geo` of the stream block.
     pub(super) maps: Vec<MapConf>,
+    pub(super) limit_zones: Vec<LimitZone>,
 }
 
 pub(super) fn stream_upstream(env: &Env, sp: &mut StreamP, d: &Directive, file: &str) -> R {
@@ -340,6 +345,51 @@ pub(super) fn stream_proxy_buffer_size(s: &mut StreamSettings, d: &Directive, fi
     once(&mut s.buffer_size, n as usize, d, file)
 }
 
+/// `limit_conn_zone KEY zone=NAME:SIZE` in stream (`ngx_stream_limit_conn_module`).
+pub(super) fn stream_limit_conn_zone(_: &Env, sp: &mut StreamP, d: &Directive, file: &str) -> R {
+    let key = stream_value(d, file, a0(d))?;
+    let Some(v) = d.args[1].strip_prefix("zone=") else {
+        return Err(derr(
+            d,
+            file,
+            format!("invalid parameter \"{}\"", d.args[1]),
+        ));
+    };
+    let (name, size) = super::http::zone_param(d, file, v)?;
+    if sp.limit_zones.iter().any(|z| z.name == name) {
+        return Err(derr(d, file, format!("duplicate zone \"{name}\"")));
+    }
+    sp.limit_zones.push(LimitZone {
+        name,
+        key,
+        size,
+        rate_milli: None,
+        place: place(d, file),
+    });
+    Ok(())
+}
+
+/// `limit_conn ZONE N` in stream (repeatable; a level with any replaces its parent's).
+pub(super) fn stream_limit_conn(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let max: u64 = d.args[1].parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+        derr(
+            d,
+            file,
+            format!("invalid number of connections \"{}\"", d.args[1]),
+        )
+    })?;
+    s.limit_conn
+        .get_or_insert_with(Vec::new)
+        .push((a0(d).to_string(), place(d, file), max));
+    Ok(())
+}
+
+/// `limit_conn_dry_run on | off` in stream.
+pub(super) fn stream_limit_conn_dry_run(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.limit_conn_dry_run, v, d, file)
+}
+
 /// `set_real_ip_from ADDRESS | CIDR` in stream (`ngx_stream_realip_module`).
 pub(super) fn stream_set_real_ip_from(
     env: &Env,
@@ -411,6 +461,27 @@ pub(super) fn finish_stream(
                 .or(sp.settings.preread_timeout_ms)
                 .unwrap_or(30_000),
         );
+        let mut limit_conn = Vec::new();
+        let conns = s
+            .settings
+            .limit_conn
+            .as_ref()
+            .or(sp.settings.limit_conn.as_ref());
+        for (name, at, max) in conns.into_iter().flatten() {
+            let Some(zone) = sp.limit_zones.iter().position(|z| &z.name == name) else {
+                return Err(err(
+                    &at.file,
+                    at.line,
+                    format!("zero size shared memory zone \"{name}\""),
+                ));
+            };
+            limit_conn.push(LimitConn { zone, max: *max });
+        }
+        let limit_conn_dry_run = s
+            .settings
+            .limit_conn_dry_run
+            .or(sp.settings.limit_conn_dry_run)
+            .unwrap_or(false);
         let real_ip_from = s
             .settings
             .real_ip_from
@@ -456,6 +527,8 @@ pub(super) fn finish_stream(
                 preread_timeout_ms: preread.2,
                 pass_vars: None,
                 real_ip_from: real_ip_from.clone(),
+                limit_conn: limit_conn.clone(),
+                limit_conn_dry_run,
             });
             continue;
         };
@@ -527,6 +600,8 @@ pub(super) fn finish_stream(
             preread_timeout_ms: preread.2,
             pass_vars,
             real_ip_from: real_ip_from.clone(),
+            limit_conn,
+            limit_conn_dry_run,
         });
     }
     for l in sp.listeners {
@@ -553,6 +628,7 @@ pub(super) fn finish_stream(
         upstreams,
         servers,
         maps: sp.maps,
+        limit_zones: sp.limit_zones,
     })
 }
 

@@ -682,6 +682,27 @@ pub(super) static TABLE: &[Spec] = &[
     d("charset", HSL, 1, 1, Set::Settings(set_charset)),
     d("limit_req_zone", H, 2, 4, Set::Http(http_limit_zone)),
     d("limit_conn_zone", H, 2, 2, Set::Http(http_limit_zone)),
+    d(
+        "limit_conn_zone",
+        SM,
+        2,
+        2,
+        Set::Stream(stream_limit_conn_zone),
+    ),
+    d(
+        "limit_conn",
+        SM | SS,
+        2,
+        2,
+        Set::StreamSettings(stream_limit_conn),
+    ),
+    d(
+        "limit_conn_dry_run",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_limit_conn_dry_run),
+    ),
     d("limit_req", HSL, 1, 3, Set::Settings(set_limit_req)),
     d("limit_conn", HSL, 2, 2, Set::Settings(set_limit_conn)),
     d(

@@ -185,6 +185,8 @@ pub(super) struct Relay {
     /// The connection's own peer, when `set_real_ip_from` replaced `peer` with the PROXY
     /// header's source (`$realip_remote_addr`).
     realip: Option<SocketAddr>,
+    /// `limit_conn` counts this session holds: (zone index into the worker's zones, key).
+    held: Vec<(usize, u128)>,
 }
 
 /// At most this many upstreams a worker makes for addresses `proxy_pass $var` rendered
@@ -227,6 +229,7 @@ impl<'a> Worker<'a> {
             upstreams: Vec::new(),
             servers: Vec::new(),
             maps: Vec::new(),
+            limit_zones: Vec::new(),
         };
         self.cfg.stream.as_ref().unwrap_or(&NONE)
     }
@@ -285,7 +288,8 @@ impl<'a> Worker<'a> {
         } else {
             self.eval_sets(server, quick(200, 0))
         };
-        if let Some(ip) = peer.map(|p| p.ip()).filter(|_| !proxy_protocol) {
+        let deferred = proxy_protocol || !conf.limit_conn.is_empty();
+        if let Some(ip) = peer.map(|p| p.ip()).filter(|_| !deferred) {
             let allowed = conf
                 .access_rules
                 .iter()
@@ -312,7 +316,7 @@ impl<'a> Worker<'a> {
         if let Some(parts) = conf
             .ret
             .as_ref()
-            .filter(|_| !proxy_protocol && tls.is_none() && !conf.ssl_preread)
+            .filter(|_| !deferred && tls.is_none() && !conf.ssl_preread)
         {
             let mut text = Vec::new();
             let s = Session {
@@ -335,6 +339,7 @@ impl<'a> Worker<'a> {
             return;
         }
         let conf_upstream = conf.upstream;
+        let has_limit_conn = !conf.limit_conn.is_empty();
         let id = self.next_conn_id;
         self.next_conn_id += 1;
         let n_peers = self
@@ -381,12 +386,13 @@ impl<'a> Worker<'a> {
             pp_out: 0,
             user: Vec::new(),
             fixed: None,
-            access_deferred: proxy_protocol,
+            access_deferred: proxy_protocol || has_limit_conn,
             ups: conf_upstream,
             prereading: false,
             preread_done: false,
             hello: None,
             realip: None,
+            held: Vec::new(),
         });
         if let Err(e) = self.poll.add(raw, token(key, id, false), relay_interest()) {
             crate::log!(
@@ -477,6 +483,9 @@ impl<'a> Worker<'a> {
             let user = self.eval_sets(server, self.relay_session(key));
             self.relays[key].user = user;
         }
+        if !conf.limit_conn.is_empty() && !self.stream_limit_conn(key, conf) {
+            return Io::Close;
+        }
         let r = &self.relays[key];
         if r.access_deferred {
             if let Some(ip) = r.peer.map(|p| p.ip()) {
@@ -504,6 +513,52 @@ impl<'a> Worker<'a> {
         } else {
             self.relay_content(key)
         }
+    }
+
+    /// `limit_conn` (preaccess): takes a count in each zone for the session's key; `false`
+    /// when a zone is full (the session ends with 503, as nginx's), unless dry run.
+    fn stream_limit_conn(&mut self, key: usize, conf: &StreamServerConf) -> bool {
+        let Some(stream) = self.cfg.stream.as_ref() else {
+            return true;
+        };
+        let base = self.cfg.http.as_ref().map_or(0, |h| h.limit_zones.len());
+        let mut took = Vec::new();
+        let mut pass = true;
+        {
+            let s = self.relay_session(key);
+            for lc in &conf.limit_conn {
+                let z = &stream.limit_zones[lc.zone];
+                let mut v = Vec::new();
+                session_parts(&mut v, &z.key, &s, self.now_ms, &self.hostname, 0);
+                if v.is_empty() {
+                    continue;
+                }
+                let k = crate::limits::key_hash(&v);
+                if self.zones[base + lc.zone].acquire(k, lc.max, self.now_ms) {
+                    took.push((base + lc.zone, k));
+                    continue;
+                }
+                let dry = conf.limit_conn_dry_run;
+                crate::log!(
+                    Error,
+                    "limiting connections{} by zone \"{}\", client: {}, server: {}",
+                    if dry { ", dry run," } else { "" },
+                    z.name,
+                    s.client.map_or("-".to_string(), |p| p.ip().to_string()),
+                    s.local
+                );
+                if !dry {
+                    pass = false;
+                }
+                break;
+            }
+        }
+        let r = &mut self.relays[key];
+        r.held = took;
+        if !pass {
+            r.fixed = Some((503, 0));
+        }
+        pass
     }
 
     /// `ssl_preread on`: reads the client's first bytes (kept in `early`, for the
@@ -1267,6 +1322,10 @@ impl<'a> Worker<'a> {
         if !self.stream_server(server).access_logs.is_empty() {
             let lines = self.session_lines(server, &self.relay_session(key));
             self.write_stream_logs(server, lines);
+        }
+        let now = self.now_ms;
+        for (z, k) in std::mem::take(&mut self.relays[key].held) {
+            self.zones[z].release(k, now);
         }
         // Dropping the relay closes both sockets, which removes them from epoll.
         drop(self.relays.remove(key));
