@@ -1340,6 +1340,9 @@ pub struct ProxyConf {
     pub next_upstream_timeout_ms: u64,
     /// `proxy_socket_keepalive on|off`: `SO_KEEPALIVE` on upstream sockets. Default off.
     pub socket_keepalive: bool,
+    /// `proxy_limit_rate`: bytes per second the upstream's response is read at (with
+    /// buffering on), 0 = no limit. Default 0.
+    pub limit_rate: u64,
     /// `proxy_buffering on|off`. Default on.
     pub buffering: bool,
     /// `proxy_buffer_size`: the largest upstream response head, and the whole response
@@ -1443,6 +1446,7 @@ impl Default for ProxyConf {
             next_upstream_tries: 0,
             next_upstream_timeout_ms: 0,
             socket_keepalive: false,
+            limit_rate: 0,
             buffering: true,
             buffer_size: 4096,
             buffers: (8, 4096),

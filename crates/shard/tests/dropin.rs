@@ -2272,3 +2272,35 @@ fn limit_rate_paces_a_proxied_response() {
         "{took:?}"
     );
 }
+
+/// `proxy_limit_rate`: the upstream's response is read at most at the rate (each second
+/// begun brings its share), so 30,000 bytes at 10k/s take about two seconds; the client
+/// gets them whole. With buffering off the rate does not apply, as nginx documents.
+#[test]
+fn proxy_limit_rate_paces_reading_the_upstream() {
+    let up = support::upstream::Upstream::start(|_| support::upstream::Reply::Large(30_000));
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:{{port}};\n  \
+         location = /status {{ shard_status; }}\n  \
+         location /r/ {{ proxy_limit_rate 10k; proxy_pass http://127.0.0.1:{0}; }}\n  \
+         location /u/ {{ proxy_limit_rate 10k; proxy_buffering off; proxy_pass http://127.0.0.1:{0}; }}\n }}\n}}\n",
+        up.port
+    );
+    let s = Server::start("proxy-limit-rate", &conf, 1);
+    let t = std::time::Instant::now();
+    let r = get(s.addr(), "/r/x");
+    let took = t.elapsed();
+    assert_eq!((r.status, r.body.len()), (200, 30_000));
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    let t = std::time::Instant::now();
+    let r = get(s.addr(), "/u/x");
+    assert_eq!((r.status, r.body.len()), (200, 30_000));
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+}

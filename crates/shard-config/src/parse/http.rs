@@ -237,6 +237,7 @@ pub(super) struct ProxyP {
     pub(super) next_upstream_tries: Option<u32>,
     pub(super) next_upstream_timeout_ms: Option<u64>,
     pub(super) socket_keepalive: Option<bool>,
+    pub(super) limit_rate: Option<u64>,
     pub(super) buffering: Option<bool>,
     pub(super) buffer_size: Option<usize>,
     pub(super) buffers: Option<(usize, usize)>,
@@ -347,6 +348,7 @@ impl ProxyP {
                 .next_upstream_timeout_ms
                 .unwrap_or(parent.next_upstream_timeout_ms),
             socket_keepalive: self.socket_keepalive.unwrap_or(parent.socket_keepalive),
+            limit_rate: self.limit_rate.unwrap_or(parent.limit_rate),
             buffering: self.buffering.unwrap_or(parent.buffering),
             buffer_size: self.buffer_size.unwrap_or(parent.buffer_size),
             buffers: self.buffers.unwrap_or(parent.buffers),
@@ -2816,6 +2818,14 @@ slot!(
 );
 
 slot!(set_proxy_socket_keepalive, proxy.socket_keepalive, flag);
+
+slot!(set_proxy_limit_rate, proxy.limit_rate, upstream_rate);
+
+/// `proxy_limit_rate` / `fastcgi_limit_rate RATE`: bytes per second, `0` off (no variables,
+/// as nginx).
+pub(super) fn upstream_rate(d: &Directive, file: &str, v: &str) -> Result<u64, ConfigError> {
+    parse_size(v).ok_or_else(|| invalid(d, file, v))
+}
 
 slot!(set_proxy_pass_request_body, proxy.pass_request_body, flag);
 

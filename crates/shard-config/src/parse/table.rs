@@ -1167,6 +1167,14 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_fastcgi),
     ),
     d("fastcgi_buffering", HSL, 1, 1, Set::Settings(set_fastcgi)),
+    d("fastcgi_limit_rate", HSL, 1, 1, Set::Settings(set_fastcgi)),
+    d(
+        "proxy_limit_rate",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_limit_rate),
+    ),
     d(
         "fastcgi_request_buffering",
         HSL,

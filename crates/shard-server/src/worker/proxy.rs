@@ -181,6 +181,9 @@ pub(super) struct Proxy {
     body_cut: bool,
     /// The next attempt goes to this peer on a fresh connection (its pooled one was closed).
     retry_peer: Option<usize>,
+    /// `proxy_limit_rate`: when the response body began, its bytes read from the upstream
+    /// so far, and when a read held back by the rate may go on (0: not held).
+    up_rate: UpRate,
     state: State,
     /// The last attempt's failure: when no peer is left, a timeout answers 504, else 502.
     last_failure: Option<Failure>,
@@ -254,6 +257,27 @@ impl Fcgi {
     }
 }
 
+/// `proxy_limit_rate`'s accounting for one response (nginx's event pipe formula: each
+/// second begun since the body started brings `RATE` more bytes).
+#[derive(Default, Clone, Copy)]
+struct UpRate {
+    start_ms: u64,
+    read: u64,
+    resume_ms: u64,
+}
+
+impl UpRate {
+    /// Bytes that may be read now at `rate`, and when the next share is due.
+    fn allowance(&self, rate: u64, now_ms: u64) -> (u64, u64) {
+        let elapsed = now_ms.saturating_sub(self.start_ms);
+        let budget = rate.saturating_mul(elapsed / 1000 + 1);
+        (
+            budget.saturating_sub(self.read),
+            self.start_ms + (elapsed / 1000 + 1) * 1000,
+        )
+    }
+}
+
 impl Proxy {
     fn new(
         server: usize,
@@ -273,6 +297,7 @@ impl Proxy {
             streaming: false,
             stream_chunked: false,
             stream_pos: 0,
+            up_rate: UpRate::default(),
             body_cut: false,
             retry_peer: None,
             state: State::ReadBody,
@@ -2204,8 +2229,26 @@ impl<'a> Worker<'a> {
                 c.out.drain(..c.out_pos);
                 c.out_pos = 0;
             }
-            let room = (bound - pending).max(READ_MIN_BYTES);
-            match self.read_upstream(p, room) {
+            let mut room = (bound - pending).max(READ_MIN_BYTES);
+            if pc.limit_rate > 0 && pc.buffering {
+                // `proxy_limit_rate`: no more than this second's share; the read waits on a
+                // timer for the next (`proxy_timeout`).
+                if p.up_rate.start_ms == 0 {
+                    p.up_rate.start_ms = self.now_ms;
+                }
+                let (allowed, next_ms) = p.up_rate.allowance(pc.limit_rate, self.now_ms);
+                if allowed == 0 {
+                    p.up_rate.resume_ms = next_ms;
+                    let wait = next_ms.saturating_sub(self.now_ms);
+                    self.set_proxy_deadline(key, wait.min(pc.read_timeout_ms));
+                    return Flow::Wait;
+                }
+                room = room.min(usize::try_from(allowed).unwrap_or(usize::MAX));
+            }
+            let before = p.rbuf.len();
+            let read = self.read_upstream(p, room);
+            p.up_rate.read += p.rbuf.len().saturating_sub(before) as u64;
+            match read {
                 Ok(None) => {
                     if self.conns[key].out.is_empty() {
                         self.set_proxy_deadline(key, pc.read_timeout_ms);
@@ -2582,6 +2625,13 @@ impl<'a> Worker<'a> {
                     );
                 }
                 Flow::Close
+            }
+            State::ReadingBody
+                if p.up_rate.resume_ms != 0 && self.now_ms >= p.up_rate.resume_ms =>
+            {
+                // A read `proxy_limit_rate` held back may go on.
+                p.up_rate.resume_ms = 0;
+                Flow::Next
             }
             State::ReadingBody => {
                 let c = &self.conns[key];
