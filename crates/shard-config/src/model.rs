@@ -1343,6 +1343,9 @@ pub struct ProxyConf {
     /// `proxy_limit_rate`: bytes per second the upstream's response is read at (with
     /// buffering on), 0 = no limit. Default 0.
     pub limit_rate: u64,
+    /// `proxy_ignore_headers X-Accel-Redirect`: an upstream's `X-Accel-Redirect` is passed
+    /// over (hidden) instead of followed. Default off.
+    pub ignore_accel_redirect: bool,
     /// `proxy_buffering on|off`. Default on.
     pub buffering: bool,
     /// `proxy_buffer_size`: the largest upstream response head, and the whole response
@@ -1447,6 +1450,7 @@ impl Default for ProxyConf {
             next_upstream_timeout_ms: 0,
             socket_keepalive: false,
             limit_rate: 0,
+            ignore_accel_redirect: false,
             buffering: true,
             buffer_size: 4096,
             buffers: (8, 4096),

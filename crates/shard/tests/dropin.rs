@@ -2304,3 +2304,61 @@ fn proxy_limit_rate_paces_reading_the_upstream() {
         t.elapsed()
     );
 }
+
+/// `X-Accel-Redirect` from an upstream: the request goes on at that URI (an `internal`
+/// location serving a file) or named location, as GET, with the upstream's
+/// `Content-Disposition` and `Set-Cookie`; the upstream's body is not sent. With
+/// `proxy_ignore_headers X-Accel-Redirect` the upstream's answer passes as it is.
+#[test]
+fn x_accel_redirect_serves_the_target() {
+    use support::upstream::{Reply, Upstream};
+    let up = Upstream::start(|r| {
+        let to = match r.target.as_str() {
+            "/named" => "@fallback",
+            "/args" => "/files/report.txt?x=1",
+            _ => "/files/report.txt",
+        };
+        Reply::Fixed {
+            status: 200,
+            headers: vec![
+                ("X-Accel-Redirect".into(), to.into()),
+                (
+                    "Content-Disposition".into(),
+                    "attachment; filename=\"r.txt\"".into(),
+                ),
+                ("Set-Cookie".into(), "dl=1".into()),
+            ],
+            body: b"app body".to_vec(),
+        }
+    });
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:{{port}};\n  \
+         location = /status {{ shard_status; }}\n  \
+         location /files/ {{ internal; }}\n  \
+         location @fallback {{ return 200 \"named $request_method\"; }}\n  \
+         location /plain/ {{ proxy_ignore_headers X-Accel-Redirect; proxy_pass http://127.0.0.1:{0}; }}\n  \
+         location / {{ proxy_pass http://127.0.0.1:{0}; }}\n }}\n}}\n",
+        up.port
+    );
+    let s = Server::start("x-accel-redirect", &conf, 1);
+    write_file(&s.dir, "html/files/report.txt", b"the report\n");
+    // The protected file cannot be asked for directly.
+    assert_eq!(get(s.addr(), "/files/report.txt").status, 404);
+    let r = get(s.addr(), "/download");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "the report\n"));
+    assert_eq!(
+        r.header("content-disposition"),
+        Some("attachment; filename=\"r.txt\"")
+    );
+    assert_eq!(r.header("set-cookie"), Some("dl=1"));
+    assert_eq!(r.header("x-accel-redirect"), None);
+    assert_eq!(get(s.addr(), "/args").body_str(), "the report\n");
+    let r = raw(
+        s.addr(),
+        b"POST /named HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+    );
+    assert_eq!((r.status, r.body_str().as_str()), (200, "named GET"));
+    let r = get(s.addr(), "/plain/x");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "app body"));
+    assert_eq!(r.header("x-accel-redirect"), None, "hidden, as nginx");
+}

@@ -186,6 +186,12 @@ pub(super) fn set_fastcgi(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
             file,
         ),
         "fastcgi_socket_keepalive" => once(&mut f.up.socket_keepalive, flag(d, file, v)?, d, file),
+        "fastcgi_ignore_headers" => once(
+            &mut f.up.ignore_accel_redirect,
+            super::http::ignore_headers(d, file)?,
+            d,
+            file,
+        ),
         "fastcgi_limit_rate" => once(
             &mut f.up.limit_rate,
             super::http::upstream_rate(d, file, v)?,

@@ -238,6 +238,8 @@ pub(super) struct ProxyP {
     pub(super) next_upstream_timeout_ms: Option<u64>,
     pub(super) socket_keepalive: Option<bool>,
     pub(super) limit_rate: Option<u64>,
+    /// `proxy_ignore_headers`: whether `X-Accel-Redirect` is among them.
+    pub(super) ignore_accel_redirect: Option<bool>,
     pub(super) buffering: Option<bool>,
     pub(super) buffer_size: Option<usize>,
     pub(super) buffers: Option<(usize, usize)>,
@@ -349,6 +351,9 @@ impl ProxyP {
                 .unwrap_or(parent.next_upstream_timeout_ms),
             socket_keepalive: self.socket_keepalive.unwrap_or(parent.socket_keepalive),
             limit_rate: self.limit_rate.unwrap_or(parent.limit_rate),
+            ignore_accel_redirect: self
+                .ignore_accel_redirect
+                .unwrap_or(parent.ignore_accel_redirect),
             buffering: self.buffering.unwrap_or(parent.buffering),
             buffer_size: self.buffer_size.unwrap_or(parent.buffer_size),
             buffers: self.buffers.unwrap_or(parent.buffers),
@@ -2820,6 +2825,35 @@ slot!(
 slot!(set_proxy_socket_keepalive, proxy.socket_keepalive, flag);
 
 slot!(set_proxy_limit_rate, proxy.limit_rate, upstream_rate);
+
+/// `proxy_ignore_headers FIELD ...` (a level with it replaces its parent's).
+pub(super) fn set_proxy_ignore_headers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = ignore_headers(d, file)?;
+    once(&mut s.proxy.ignore_accel_redirect, v, d, file)
+}
+
+/// nginx's fields of `proxy_ignore_headers`/`fastcgi_ignore_headers` (any case); whether
+/// `X-Accel-Redirect` is one of those given, the only one shard acts on (the others are
+/// about caching and the other `X-Accel-*` headers, which shard does not read).
+pub(super) fn ignore_headers(d: &Directive, file: &str) -> Result<bool, ConfigError> {
+    const FIELDS: [&str; 9] = [
+        "X-Accel-Redirect",
+        "X-Accel-Expires",
+        "X-Accel-Limit-Rate",
+        "X-Accel-Buffering",
+        "X-Accel-Charset",
+        "Expires",
+        "Cache-Control",
+        "Set-Cookie",
+        "Vary",
+    ];
+    for a in &d.args {
+        if !FIELDS.iter().any(|f| f.eq_ignore_ascii_case(a)) {
+            return Err(invalid(d, file, a));
+        }
+    }
+    Ok(d.args.iter().any(|a| a.eq_ignore_ascii_case(FIELDS[0])))
+}
 
 /// `proxy_limit_rate` / `fastcgi_limit_rate RATE`: bytes per second, `0` off (no variables,
 /// as nginx).

@@ -1090,14 +1090,14 @@ pub(super) static TABLE: &[Spec] = &[
         HSL,
         1,
         MANY,
-        Set::NoEffect(check_ignore_headers),
+        Set::Settings(set_fastcgi),
     ),
     d(
         "proxy_ignore_headers",
         HSL,
         1,
         MANY,
-        Set::NoEffect(check_ignore_headers),
+        Set::Settings(set_proxy_ignore_headers),
     ),
     d(
         "fastcgi_pass",
@@ -1555,28 +1555,6 @@ pub(super) fn dispatch(
 /// `on` or `off`.
 fn check_flag(d: &Directive, file: &str) -> R {
     flag(d, file, a0(d)).map(|_| ())
-}
-
-/// `proxy_ignore_headers`/`fastcgi_ignore_headers FIELD ...`: nginx's list of fields. shard
-/// acts on none of them (no cache, no `X-Accel-*` processing), so ignoring them changes nothing.
-fn check_ignore_headers(d: &Directive, file: &str) -> R {
-    const FIELDS: [&str; 9] = [
-        "X-Accel-Redirect",
-        "X-Accel-Expires",
-        "X-Accel-Limit-Rate",
-        "X-Accel-Buffering",
-        "X-Accel-Charset",
-        "Expires",
-        "Cache-Control",
-        "Set-Cookie",
-        "Vary",
-    ];
-    for a in &d.args {
-        if !FIELDS.iter().any(|f| f.eq_ignore_ascii_case(a)) {
-            return Err(invalid(d, file, a));
-        }
-    }
-    Ok(())
 }
 
 fn check_size(d: &Directive, file: &str) -> R {

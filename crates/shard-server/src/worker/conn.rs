@@ -152,6 +152,10 @@ pub(super) struct Conn {
     pub(super) plain_on_tls: bool,
     /// `auth_basic` refused the request: the realm its 401 names in `WWW-Authenticate`.
     pub(super) www_authenticate: Option<String>,
+    /// Header lines an upstream's `X-Accel-Redirect` response passes on to the response
+    /// of its redirect (`Set-Cookie`, `Content-Disposition`, `Cache-Control`, `Expires`,
+    /// `Accept-Ranges`, as nginx), each ending in CRLF.
+    pub(super) accel_headers: Option<Box<[u8]>>,
     /// `limit_rate` of the current response (`None`: unlimited).
     pub(super) rate: Option<Box<Rate>>,
     /// `listen ... proxy_protocol`: the PROXY protocol header is still to be read, before
@@ -222,14 +226,14 @@ pub(super) enum Rewritten {
 }
 
 /// Where an internal redirect goes.
-enum Redirect {
+pub(super) enum Redirect {
     Named(String),
     Uri { path: String, query: Option<String> },
 }
 
 impl Redirect {
     /// `@name`, or a URI whose `?` starts its arguments (none: no arguments, as nginx).
-    fn parse(target: &str) -> Redirect {
+    pub(super) fn parse(target: &str) -> Redirect {
         if target.starts_with('@') {
             return Redirect::Named(target.to_string());
         }
@@ -324,6 +328,7 @@ impl Conn {
             pp_pending: false,
             proxy_protocol: None,
             www_authenticate: None,
+            accel_headers: None,
             rate: None,
             timer_at: u64::MAX,
         }
@@ -1406,6 +1411,7 @@ impl Worker<'_> {
         let c = &mut self.conns[key];
         c.client = c.peer;
         c.www_authenticate = None;
+        c.accel_headers = None;
         c.rate = (first.limit_rate > 0).then(|| {
             Box::new(Rate {
                 bytes_per_sec: first.limit_rate,
@@ -1848,7 +1854,7 @@ impl Worker<'_> {
     /// An internal redirect: to a named location, or to a URI (whose `?` starts the new
     /// arguments) searched anew. An unknown named location is the server's own settings
     /// with a 500 logged, as nginx finalizes with 500.
-    fn redirect<'s>(
+    pub(super) fn redirect<'s>(
         &mut self,
         key: usize,
         server: &'s shard_config::ServerConf,

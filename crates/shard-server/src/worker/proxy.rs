@@ -181,6 +181,8 @@ pub(super) struct Proxy {
     body_cut: bool,
     /// The next attempt goes to this peer on a fresh connection (its pooled one was closed).
     retry_peer: Option<usize>,
+    /// An upstream's `X-Accel-Redirect` target, and the header lines it passes on.
+    accel: Option<Box<(String, Vec<u8>)>>,
     /// `proxy_limit_rate`: when the response body began, its bytes read from the upstream
     /// so far, and when a read held back by the rate may go on (0: not held).
     up_rate: UpRate,
@@ -298,6 +300,7 @@ impl Proxy {
             stream_chunked: false,
             stream_pos: 0,
             up_rate: UpRate::default(),
+            accel: None,
             body_cut: false,
             retry_peer: None,
             state: State::ReadBody,
@@ -388,6 +391,9 @@ enum Flow {
     Abort,
     /// The client connection failed: close it.
     Close,
+    /// The upstream answered with `X-Accel-Redirect` (in `Proxy::accel`): the request goes
+    /// on at that URI or named location.
+    Redirect,
 }
 
 fn upconn_interest() -> shard_event::Interest {
@@ -928,6 +934,10 @@ impl<'a> Worker<'a> {
             }
             Flow::Fail(status) => {
                 self.proxy_fail_reply(key, p, status);
+                Step::Done
+            }
+            Flow::Redirect => {
+                self.proxy_accel_redirect(key, p);
                 Step::Done
             }
             Flow::Finished => {
@@ -1900,6 +1910,12 @@ impl<'a> Worker<'a> {
                     {
                         return Flow::Fail(head.status);
                     }
+                    if !loc.proxy.ignore_accel_redirect {
+                        if let Some(target) = accel_redirect(&p.rbuf[..head_len]) {
+                            p.accel = Some(Box::new(target));
+                            return Flow::Redirect;
+                        }
+                    }
                     self.start_response(key, p, head, head_len);
                     return Flow::Next;
                 }
@@ -2487,6 +2503,53 @@ impl<'a> Worker<'a> {
         retry_or_fail(p, loc, why, sent)
     }
 
+    /// `X-Accel-Redirect`: the upstream's answer is dropped (its connection closed) and the
+    /// request goes through the phases again at the target, with GET (a HEAD stays HEAD),
+    /// as nginx's internal redirect; a few of the upstream's headers go with it.
+    fn proxy_accel_redirect(&mut self, key: usize, mut p: Box<Proxy>) {
+        if let Some(u) = p.up.take() {
+            self.close_upconn(u);
+        }
+        let Some(accel) = p.accel.take() else {
+            self.proxy_fail_reply(key, p, 502);
+            return;
+        };
+        let (target, passed) = *accel;
+        let keep = shard_http::proxy::error_keeps_connection(
+            200,
+            p.keep_alive,
+            self.conns[key].body_pending(),
+        );
+        let mut req = p.req.clone();
+        let head = std::mem::take(&mut p.head);
+        let server = p.server;
+        self.give_proxy_bufs(p);
+        if req.method != shard_http::request::Method::Head {
+            req.method = shard_http::request::Method::Get;
+        }
+        self.conns[key].accel_headers = (!passed.is_empty()).then(|| passed.into_boxed_slice());
+        let cfg = self.cfg;
+        let Some(srv) = cfg.http.as_ref().map(|h| &h.servers[server]) else {
+            return;
+        };
+        let loc = self.redirect(key, srv, super::conn::Redirect::parse(&target), &mut req);
+        self.run_phases(
+            key,
+            server,
+            loc,
+            super::conn::Phases {
+                req,
+                head,
+                hops: 1,
+                keep_alive: keep,
+                more_input: false,
+                forced: None,
+                rewritten: None,
+                after_upstream: false,
+            },
+        );
+    }
+
     /// Ends the proxied request with an error page (nothing of a response was sent yet).
     fn proxy_fail_reply(&mut self, key: usize, mut p: Box<Proxy>, status: u16) {
         if let Some(u) = p.up.take() {
@@ -2895,4 +2958,53 @@ fn recv_failed(e: &std::io::Error, during: &str) -> String {
 
 fn os(e: &std::io::Error) -> String {
     shard_event::os_error_text(e)
+}
+
+/// An upstream's `X-Accel-Redirect` target, with the header lines nginx passes on to the
+/// redirected response (`Set-Cookie`, `Content-Disposition`, `Cache-Control`, `Expires`;
+/// nginx's `Accept-Ranges` too, which shard's own static response already writes).
+/// `head` is the response head as received (HTTP, or a FastCGI application's CGI head),
+/// where the proxy's parse has already hidden the `X-Accel-*` family.
+fn accel_redirect(head: &[u8]) -> Option<(String, Vec<u8>)> {
+    const PASSED: [&str; 4] = [
+        "set-cookie",
+        "content-disposition",
+        "cache-control",
+        "expires",
+    ];
+    let headers: Vec<(&str, &[u8])> = head
+        .split(|&b| b == b'\n')
+        .filter_map(|l| {
+            let l = l.strip_suffix(b"\r").unwrap_or(l);
+            let i = l.iter().position(|&b| b == b':')?;
+            let name = std::str::from_utf8(&l[..i]).ok()?;
+            let v = &l[i + 1..];
+            let start = v
+                .iter()
+                .position(|b| !b.is_ascii_whitespace())
+                .unwrap_or(v.len());
+            let end = v
+                .iter()
+                .rposition(|b| !b.is_ascii_whitespace())
+                .map_or(start, |e| e + 1);
+            Some((name, &v[start..end.max(start)]))
+        })
+        .collect();
+    let (_, v) = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("x-accel-redirect"))?;
+    let target = String::from_utf8_lossy(v).trim().to_string();
+    if target.is_empty() {
+        return None;
+    }
+    let mut passed = Vec::new();
+    for (n, v) in &headers {
+        if PASSED.iter().any(|p| n.eq_ignore_ascii_case(p)) {
+            passed.extend_from_slice(n.as_bytes());
+            passed.extend_from_slice(b": ");
+            passed.extend_from_slice(v);
+            passed.extend_from_slice(b"\r\n");
+        }
+    }
+    Some((target, passed))
 }

@@ -249,6 +249,9 @@ fn extra_headers(
     content_type: Option<&str>,
 ) -> Vec<u8> {
     let mut extra = Vec::new();
+    if let Some(a) = &w.conns[key].accel_headers {
+        extra.extend_from_slice(a);
+    }
     let if_headers = w.conns[key].if_headers.as_deref();
     if loc.expires.is_none() && loc.add_headers.is_empty() && if_headers.is_none() {
         return extra;
