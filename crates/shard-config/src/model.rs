@@ -99,6 +99,14 @@ pub struct MainConf {
     /// (`NAME=VALUE`), in order; every other one but `TZ` is removed from their environment.
     pub env: Vec<(String, Option<String>)>,
     pub worker_rlimit_nofile: Option<u64>,
+    /// `worker_rlimit_core`: the workers' largest core file (`RLIMIT_CORE`), in bytes.
+    pub worker_rlimit_core: Option<u64>,
+    /// `worker_priority`: the workers' nice value, -20 (first) to 20. Default 0 (the master's).
+    pub worker_priority: i32,
+    /// `worker_cpu_affinity`: the CPUs each worker may run on. Default none (any CPU).
+    pub worker_cpu_affinity: Option<CpuAffinity>,
+    /// `working_directory`: the workers' current directory (where a core file is written).
+    pub working_directory: Option<PathBuf>,
     /// `worker_shutdown_timeout`: how long a gracefully stopping worker may keep serving its
     /// open connections before it closes them. Default none (wait as long as they need).
     pub worker_shutdown_timeout_ms: Option<u64>,
@@ -122,6 +130,35 @@ pub struct MainConf {
     /// `worker_sandbox on|off`: each worker confines itself with Landlock and seccomp after
     /// start-up (beyond nginx). Default off.
     pub worker_sandbox: bool,
+}
+
+/// `worker_cpu_affinity`, as nginx reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CpuAffinity {
+    /// One mask per worker, in order (bit 0 is CPU 0); the last one is used by the workers
+    /// beyond the list.
+    Masks(Vec<u64>),
+    /// `auto [MASK]`: worker N is bound to the Nth CPU of the mask (default every CPU),
+    /// wrapping around.
+    Auto(Option<u64>),
+}
+
+impl CpuAffinity {
+    /// The CPUs worker `idx` may run on; `online` is the set the master may run on (used by
+    /// `auto` without a mask). `None`: no binding.
+    pub fn for_worker(&self, idx: usize, online: u64) -> Option<u64> {
+        match self {
+            CpuAffinity::Masks(m) => m.get(idx).or(m.last()).copied(),
+            CpuAffinity::Auto(mask) => {
+                let set = mask.unwrap_or(online);
+                let cpus: Vec<u32> = (0..64).filter(|c| set & (1u64 << c) != 0).collect();
+                if cpus.is_empty() {
+                    return None;
+                }
+                Some(1u64 << cpus[idx % cpus.len()])
+            }
+        }
+    }
 }
 
 /// The `user` directive as written.

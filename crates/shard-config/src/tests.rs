@@ -210,6 +210,39 @@ fn main_and_events_directives() {
     );
 }
 
+#[test]
+fn worker_process_settings() {
+    let c = parse(
+        "worker_priority -5; worker_cpu_affinity 0001 0010 0100; worker_rlimit_core 500m;\n\
+         working_directory cores; timer_resolution 100ms; lock_file logs/x.lock; events {}",
+    );
+    assert_eq!(c.main.worker_priority, -5);
+    assert_eq!(c.main.worker_rlimit_core, Some(500 << 20));
+    assert_eq!(c.main.working_directory, Some("/pfx/cores".into()));
+    let aff = c.main.worker_cpu_affinity.unwrap();
+    assert_eq!(aff, CpuAffinity::Masks(vec![1, 2, 4]));
+    // The last mask serves the workers beyond the list.
+    assert_eq!(aff.for_worker(1, 0b11), Some(2));
+    assert_eq!(aff.for_worker(7, 0b11), Some(4));
+    let auto = parse("worker_cpu_affinity auto; events {}")
+        .main
+        .worker_cpu_affinity
+        .unwrap();
+    assert_eq!(auto.for_worker(0, 0b1010), Some(0b10));
+    assert_eq!(auto.for_worker(1, 0b1010), Some(0b1000));
+    assert_eq!(auto.for_worker(2, 0b1010), Some(0b10));
+    let masked = parse("worker_cpu_affinity auto 1100; events {}")
+        .main
+        .worker_cpu_affinity
+        .unwrap();
+    assert_eq!(masked.for_worker(1, 0b1111), Some(0b1000));
+    assert!(error("worker_cpu_affinity 01x1; events {}")
+        .contains("invalid character \"x\" in \"worker_cpu_affinity\""));
+    assert!(error("worker_priority 21; events {}").contains("invalid value \"21\""));
+    assert!(error("worker_priority -21; events {}").contains("invalid value \"-21\""));
+    assert!(error("debug_points crash; events {}").contains("invalid value \"crash\""));
+}
+
 // ---------------------------------------------------------------------------------------
 // Lexer.
 

@@ -210,6 +210,54 @@ pub fn set_nofile_limit(n: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Sets the calling process's `RLIMIT_CORE` (soft and hard) to `n` bytes.
+pub fn set_core_limit(n: u64) -> io::Result<()> {
+    let lim = libc::rlimit {
+        rlim_cur: n as libc::rlim_t,
+        rlim_max: n as libc::rlim_t,
+    };
+    // SAFETY: `lim` is a valid rlimit.
+    cvt(unsafe { libc::setrlimit(libc::RLIMIT_CORE, &lim) })?;
+    Ok(())
+}
+
+/// Sets the calling process's nice value.
+pub fn set_priority(nice: i32) -> io::Result<()> {
+    // SAFETY: plain syscall on the calling process (who 0).
+    cvt(unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) })?;
+    Ok(())
+}
+
+/// The CPUs (0 to 63) the calling process may run on, as a bit mask.
+pub fn cpu_affinity() -> io::Result<u64> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    cvt(unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) })?;
+    let mut mask = 0u64;
+    for cpu in 0..64 {
+        // SAFETY: cpu is below CPU_SETSIZE.
+        if unsafe { libc::CPU_ISSET(cpu, &set) } {
+            mask |= 1 << cpu;
+        }
+    }
+    Ok(mask)
+}
+
+/// Binds the calling process to the CPUs of `mask` (bit N is CPU N).
+pub fn set_cpu_affinity(mask: u64) -> io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for cpu in 0..64 {
+        if mask & (1 << cpu) != 0 {
+            // SAFETY: cpu is below CPU_SETSIZE.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+    }
+    // SAFETY: set is a valid cpu_set_t of the size given.
+    cvt(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) })?;
+    Ok(())
+}
+
 /// User plus system CPU time of the calling process, in milliseconds.
 pub fn cpu_time_ms() -> u64 {
     let mut ru = MaybeUninit::<libc::rusage>::zeroed();

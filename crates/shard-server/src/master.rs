@@ -646,12 +646,14 @@ impl Master {
                         );
                     }
                 }
+                self.worker_process_settings(idx);
                 // No silent root worker: one that cannot give up its privileges exits with 2,
                 // which is never respawned.
                 if let Err(e) = privilege::enter_worker(self.identity.as_ref()) {
                     crate::log!(Emerg, "{e}");
                     std::process::exit(2);
                 }
+                self.worker_directory();
                 let code = worker::run(WorkerArgs {
                     idx,
                     slot,
@@ -664,6 +666,62 @@ impl Master {
                     tls: &self.tls,
                 });
                 std::process::exit(code);
+            }
+        }
+    }
+
+    /// `worker_rlimit_core`, `worker_priority` and `worker_cpu_affinity` in a new worker, before it gives up root (a negative nice value needs it). A failure
+    /// is logged and the worker goes on, as nginx's does.
+    fn worker_process_settings(&self, idx: usize) {
+        let main = &self.cfg.main;
+        if let Some(n) = main.worker_rlimit_core {
+            if let Err(e) = process::set_core_limit(n) {
+                crate::log!(
+                    Alert,
+                    "setrlimit(RLIMIT_CORE, {n}) failed ({})",
+                    shard_event::os_error_text(&e)
+                );
+            }
+        }
+        if main.worker_priority != 0 {
+            if let Err(e) = process::set_priority(main.worker_priority) {
+                crate::log!(
+                    Alert,
+                    "setpriority({}) failed ({})",
+                    main.worker_priority,
+                    shard_event::os_error_text(&e)
+                );
+            }
+        }
+        if let Some(aff) = &main.worker_cpu_affinity {
+            let online = process::cpu_affinity().unwrap_or(u64::MAX);
+            if let Some(mask) = aff.for_worker(idx, online) {
+                match process::set_cpu_affinity(mask) {
+                    Ok(()) => {
+                        crate::log!(Notice, "sched_setaffinity(): using cpus {}", cpu_list(mask))
+                    }
+                    Err(e) => crate::log!(
+                        Alert,
+                        "sched_setaffinity() failed ({})",
+                        shard_event::os_error_text(&e)
+                    ),
+                }
+            }
+        }
+    }
+
+    /// `working_directory`, after the worker gave up root as nginx's does (the directory must
+    /// be the worker user's).
+    fn worker_directory(&self) {
+        let main = &self.cfg.main;
+        if let Some(dir) = &main.working_directory {
+            if let Err(e) = std::env::set_current_dir(dir) {
+                crate::log!(
+                    Alert,
+                    "chdir(\"{}\") failed ({})",
+                    dir.display(),
+                    shard_event::os_error_text(&e)
+                );
             }
         }
     }
@@ -1369,4 +1427,13 @@ fn oldbin(p: &std::path::Path) -> PathBuf {
     let mut s = p.as_os_str().to_owned();
     s.push(".oldbin");
     PathBuf::from(s)
+}
+
+/// The CPUs of a mask as nginx logs them (`0,2,3`).
+fn cpu_list(mask: u64) -> String {
+    (0..64)
+        .filter(|c| mask & (1u64 << c) != 0)
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }

@@ -561,3 +561,63 @@ fn counters_go_on_across_a_binary_upgrade() {
         (!pid_alive(new)).then_some(())
     });
 }
+
+/// A line of `/proc/PID/FILE` that starts with `key`, the rest trimmed.
+fn proc_field(pid: u64, file: &str, key: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/{file}: {text}"))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn worker_priority_affinity_core_limit_and_working_directory_reach_the_workers() {
+    let online = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let conf = conf(2).replace(
+        "pid logs/shard.pid;\n",
+        "pid logs/shard.pid;\n\
+         worker_priority 5;\n\
+         worker_cpu_affinity auto;\n\
+         worker_rlimit_core 10m;\n\
+         working_directory {dir}/logs;\n\
+         timer_resolution 100ms;\n\
+         lock_file logs/shard.lock;\n",
+    );
+    let mut s = Server::start("ops-worker-settings", &conf, 2);
+    let ws = s.wait_workers(2);
+    let mut cpus = Vec::new();
+    for w in &ws {
+        // Field 19 of /proc/PID/stat is the nice value (after the parenthesised name).
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", w.pid)).unwrap();
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let nice: i32 = after.split(' ').nth(16).unwrap().parse().unwrap();
+        assert_eq!(nice, 5, "worker {} nice", w.idx);
+        let core = proc_field(w.pid, "limits", "Max core file size");
+        assert!(
+            core.starts_with("10485760"),
+            "worker {} core limit {core}",
+            w.idx
+        );
+        let cwd = std::fs::read_link(format!("/proc/{}/cwd", w.pid)).unwrap();
+        assert!(
+            cwd.ends_with("logs"),
+            "worker {} cwd {}",
+            w.idx,
+            cwd.display()
+        );
+        cpus.push((w.idx, proc_field(w.pid, "status", "Cpus_allowed_list:")));
+    }
+    cpus.sort();
+    // `auto`: worker N on the Nth CPU, wrapping.
+    for (idx, list) in cpus {
+        assert_eq!(list, (idx % online).to_string(), "worker {idx} cpus");
+    }
+    // The master keeps its own.
+    let master_nice = std::fs::read_to_string(format!("/proc/{}/stat", s.pid())).unwrap();
+    let after = &master_nice[master_nice.rfind(')').unwrap() + 2..];
+    assert_eq!(after.split(' ').nth(16).unwrap(), "0");
+    s.signal(libc::SIGQUIT);
+    assert_eq!(s.wait_exit(TIMEOUT), 0);
+}

@@ -45,6 +45,70 @@ pub(super) fn main_worker_rlimit_nofile(_: &Env, st: &mut State, d: &Directive, 
     once(&mut st.main.worker_rlimit_nofile, n, d, file)
 }
 
+pub(super) fn main_worker_rlimit_core(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let n = size(d, file, a0(d))?;
+    once(&mut st.main.worker_rlimit_core, n, d, file)
+}
+
+/// `worker_priority N`: a nice value, `-20` to `20` as nginx takes it.
+pub(super) fn main_worker_priority(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let a = a0(d);
+    let n = match a.strip_prefix('-') {
+        Some(abs) => num::<i32>(d, file, abs).map(|n| -n),
+        None => num::<i32>(d, file, a),
+    }?;
+    if !(-20..=20).contains(&n) {
+        return Err(invalid(d, file, a));
+    }
+    once(&mut st.main.worker_priority, n, d, file)
+}
+
+/// `worker_cpu_affinity MASK ...` or `worker_cpu_affinity auto [MASK]`: masks of `0` and `1`,
+/// CPU 0 rightmost, at most 64 CPUs (nginx's limit).
+pub(super) fn main_worker_cpu_affinity(_: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    let mask = |a: &str| -> Result<u64, ConfigError> {
+        if a.len() > 64 {
+            return Err(derr(
+                d,
+                file,
+                format!("\"worker_cpu_affinity\" supports up to 64 CPUs only"),
+            ));
+        }
+        let mut m = 0u64;
+        for c in a.chars() {
+            m = match c {
+                '0' => m << 1,
+                '1' => (m << 1) | 1,
+                _ => {
+                    return Err(derr(
+                        d,
+                        file,
+                        format!("invalid character \"{c}\" in \"worker_cpu_affinity\""),
+                    ))
+                }
+            };
+        }
+        Ok(m)
+    };
+    let v = if a0(d) == "auto" {
+        if d.args.len() > 2 {
+            return Err(derr(
+                d,
+                file,
+                "invalid number of arguments in \"worker_cpu_affinity\" directive",
+            ));
+        }
+        CpuAffinity::Auto(d.args.get(1).map(|a| mask(a)).transpose()?)
+    } else {
+        CpuAffinity::Masks(d.args.iter().map(|a| mask(a)).collect::<Result<_, _>>()?)
+    };
+    once(&mut st.main.worker_cpu_affinity, v, d, file)
+}
+
+pub(super) fn main_working_directory(env: &Env, st: &mut State, d: &Directive, file: &str) -> R {
+    once(&mut st.main.working_directory, env.resolve(a0(d)), d, file)
+}
+
 pub(super) fn main_worker_shutdown_timeout(
     _: &Env,
     st: &mut State,

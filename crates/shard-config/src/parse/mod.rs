@@ -292,6 +292,10 @@ struct MainP {
     error_log: Option<ErrorLog>,
     env: Vec<(String, Option<String>)>,
     worker_rlimit_nofile: Option<u64>,
+    worker_rlimit_core: Option<u64>,
+    worker_priority: Option<i32>,
+    worker_cpu_affinity: Option<CpuAffinity>,
+    working_directory: Option<PathBuf>,
     worker_shutdown_timeout_ms: Option<u64>,
     worker_shutdown_drain_ms: Option<u64>,
     user: Option<User>,
@@ -565,6 +569,10 @@ impl Env {
                 level: LogLevel::Error,
             }),
             worker_rlimit_nofile: st.main.worker_rlimit_nofile,
+            worker_rlimit_core: st.main.worker_rlimit_core,
+            worker_priority: st.main.worker_priority.unwrap_or(0),
+            worker_cpu_affinity: st.main.worker_cpu_affinity,
+            working_directory: st.main.working_directory,
             worker_shutdown_timeout_ms: st.main.worker_shutdown_timeout_ms,
             worker_shutdown_drain_ms: st
                 .main

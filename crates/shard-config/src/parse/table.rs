@@ -323,6 +323,33 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Main(main_worker_rlimit_nofile),
     ),
     d(
+        "worker_rlimit_core",
+        M,
+        1,
+        1,
+        Set::Main(main_worker_rlimit_core),
+    ),
+    d("worker_priority", M, 1, 1, Set::Main(main_worker_priority)),
+    d(
+        "worker_cpu_affinity",
+        M,
+        1,
+        64,
+        Set::Main(main_worker_cpu_affinity),
+    ),
+    d(
+        "working_directory",
+        M,
+        1,
+        1,
+        Set::Main(main_working_directory),
+    ),
+    d("timer_resolution", M, 1, 1, Set::NoEffect(check_time)),
+    d("lock_file", M, 1, 1, Set::NoEffect(check_any)),
+    d("debug_points", M, 1, 1, Set::NoEffect(check_debug_points)),
+    d("worker_aio_requests", E, 1, 1, Set::NoEffect(check_number)),
+    d("debug_connection", E, 1, 1, Set::NoEffect(check_any)),
+    d(
         "worker_shutdown_timeout",
         M,
         1,
@@ -1600,6 +1627,18 @@ fn check_size_or_off(d: &Directive, file: &str) -> R {
         return Ok(());
     }
     check_size(d, file)
+}
+
+fn check_time(d: &Directive, file: &str) -> R {
+    time(d, file, a0(d)).map(|_| ())
+}
+
+/// `debug_points stop | abort`.
+fn check_debug_points(d: &Directive, file: &str) -> R {
+    match a0(d) {
+        "stop" | "abort" => Ok(()),
+        v => Err(invalid(d, file, v)),
+    }
 }
 
 fn check_any(_: &Directive, _: &str) -> R {
