@@ -71,7 +71,7 @@ pub(super) fn main_worker_cpu_affinity(_: &Env, st: &mut State, d: &Directive, f
             return Err(derr(
                 d,
                 file,
-                format!("\"worker_cpu_affinity\" supports up to 64 CPUs only"),
+                "\"worker_cpu_affinity\" supports up to 64 CPUs only",
             ));
         }
         let mut m = 0u64;
