@@ -97,6 +97,21 @@ impl ConfigError {
 /// Parses the file at `path`. `prefix` resolves relative paths (`pid`, logs, `root`);
 /// `includes` resolve against the directory holding `path`, as nginx's conf prefix.
 /// `extra` is the text of `-g` (main-context directives), parsed as if it followed the file.
+/// A local address as `proxy_bind` takes it: `IP`, `IP:PORT`, `[IPV6]` or `[IPV6]:PORT` (port
+/// 0: the kernel chooses).
+pub fn parse_bind_addr(v: &str) -> Option<std::net::SocketAddr> {
+    if let Ok(ip) = v.parse::<std::net::IpAddr>() {
+        return Some(std::net::SocketAddr::new(ip, 0));
+    }
+    if let Some(inner) = v.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+        return inner
+            .parse::<std::net::Ipv6Addr>()
+            .ok()
+            .map(|ip| std::net::SocketAddr::new(ip.into(), 0));
+    }
+    v.parse().ok()
+}
+
 pub fn load(path: &Path, prefix: &Path, extra: Option<&str>) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::new(parse::open_failed(path, &e)))?;

@@ -1418,6 +1418,9 @@ pub struct ProxyConf {
     /// `proxy_cookie_path FROM TO` pairs, in order (empty: off): a `Set-Cookie`'s `path=`
     /// starting with FROM gets TO instead of that prefix.
     pub cookie_path: Vec<(String, Vec<Part>)>,
+    /// `proxy_bind` / `fastcgi_bind`: the local address (variables allowed) connections to
+    /// the upstream are made from. `None`: `off`, the kernel chooses.
+    pub bind: Option<Vec<Part>>,
     /// `proxy_ssl_*`: TLS to an `https://` upstream.
     pub ssl: ProxySsl,
 }
@@ -1502,6 +1505,7 @@ impl Default for ProxyConf {
             redirect: ProxyRedirect::Default,
             cookie_domain: Vec::new(),
             cookie_path: Vec::new(),
+            bind: None,
             ssl: ProxySsl::default(),
         }
     }
@@ -1862,6 +1866,14 @@ pub struct StreamServerConf {
     /// `limit_conn ZONE N` (zones index `StreamConf::limit_zones`), `limit_conn_dry_run`.
     pub limit_conn: Vec<LimitConn>,
     pub limit_conn_dry_run: bool,
+    /// `proxy_bind`: the local address (stream variables allowed) of upstream connections.
+    pub bind: Option<Vec<Part>>,
+    /// `proxy_download_rate` / `proxy_upload_rate`: bytes per second read from the upstream
+    /// / from the client, 0 unlimited (nginx's per-connection formula).
+    pub download_rate: u64,
+    pub upload_rate: u64,
+    /// `ssl_handshake_timeout`: a `listen ... ssl` client's handshake. Default 60 s.
+    pub ssl_handshake_timeout_ms: u64,
 }
 
 /// nginx's `open_file_cache`, `open_file_cache_valid`, `open_file_cache_min_uses` and

@@ -430,6 +430,27 @@ pub enum Connect {
 /// A new nonblocking, close-on-exec TCP socket connecting to `addr`. On an immediate failure
 /// the socket is closed and the error returned.
 pub fn connect_nonblocking(addr: &SocketAddr) -> io::Result<Connect> {
+    connect_nonblocking_from(addr, None).map_err(|e| match e {
+        ConnectError::Bind(e) | ConnectError::Connect(e) => e,
+    })
+}
+
+/// Why [`connect_nonblocking_from`] failed.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// `bind` to the local address (nginx's `bind(ADDR) failed`).
+    Bind(io::Error),
+    /// `socket` or `connect`.
+    Connect(io::Error),
+}
+
+/// Like [`connect_nonblocking`], from the local address `local` when given (`proxy_bind`):
+/// with port 0, `IP_BIND_ADDRESS_NO_PORT` lets the kernel choose the port at `connect`, so
+/// that many connections from one address to different upstreams share ports, as nginx does.
+pub fn connect_nonblocking_from(
+    addr: &SocketAddr,
+    local: Option<SocketAddr>,
+) -> Result<Connect, ConnectError> {
     let domain = if addr.is_ipv4() {
         libc::AF_INET
     } else {
@@ -442,17 +463,27 @@ pub fn connect_nonblocking(addr: &SocketAddr) -> io::Result<Connect> {
             libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
             libc::IPPROTO_TCP,
         )
-    })?;
+    })
+    .map_err(ConnectError::Connect)?;
     // SAFETY: socket returned a new descriptor that nothing else owns; dropping it on an
     // error below closes it.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    if let Some(local) = local {
+        if local.port() == 0 {
+            let _ = set_opt(fd, libc::SOL_IP, libc::IP_BIND_ADDRESS_NO_PORT, 1);
+        }
+        let (storage, len) = std_to_sockaddr(&local);
+        // SAFETY: `storage` holds a valid sockaddr of `len` bytes for the duration of the call.
+        cvt(unsafe { libc::bind(fd, &storage as *const _ as *const libc::sockaddr, len) })
+            .map_err(ConnectError::Bind)?;
+    }
     let (storage, len) = std_to_sockaddr(addr);
     // SAFETY: `storage` holds a valid sockaddr of `len` bytes for the duration of the call.
     let r = cvt(unsafe { libc::connect(fd, &storage as *const _ as *const libc::sockaddr, len) });
     match r {
         Ok(_) => Ok(Connect::Done(owned)),
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(Connect::InProgress(owned)),
-        Err(e) => Err(e),
+        Err(e) => Err(ConnectError::Connect(e)),
     }
 }
 

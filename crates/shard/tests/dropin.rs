@@ -2362,3 +2362,48 @@ fn x_accel_redirect_serves_the_target() {
     assert_eq!((r.status, r.body_str().as_str()), (200, "app body"));
     assert_eq!(r.header("x-accel-redirect"), None, "hidden, as nginx");
 }
+
+/// `proxy_bind`: connections to the upstream come from the given local address (a
+/// variable's too); `off` in a location cancels it; an address that cannot be bound logs
+/// nginx's `bind(...) failed` and answers 500.
+#[test]
+fn proxy_bind_sets_the_upstream_connection_source() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n \
+         proxy_bind 127.0.0.2;\n \
+         server {\n  listen 127.0.0.1:{port};\n  \
+         location = /status { shard_status; }\n  \
+         location /var/ { proxy_bind $arg_from; proxy_pass http://127.0.0.1:{port1}; }\n  \
+         location /off/ { proxy_bind off; proxy_pass http://127.0.0.1:{port1}; }\n  \
+         location /bad/ { proxy_bind 192.0.2.1; proxy_pass http://127.0.0.1:{port1}; }\n  \
+         location / { proxy_pass http://127.0.0.1:{port1}; }\n }\n \
+         server { listen 127.0.0.1:{port1}; return 200 \"from $remote_addr\"; }\n}\n";
+    let s = Server::start_ports("proxy-bind", conf, 1, 1);
+    assert_eq!(get(s.addr(), "/x").body_str(), "from 127.0.0.2");
+    assert_eq!(get(s.addr(), "/off/x").body_str(), "from 127.0.0.1");
+    assert_eq!(
+        get(s.addr(), "/var/x?from=127.0.0.3").body_str(),
+        "from 127.0.0.3"
+    );
+    // An empty value binds nothing.
+    assert_eq!(get(s.addr(), "/var/x").body_str(), "from 127.0.0.1");
+    assert_eq!(get(s.addr(), "/bad/x").status, 500);
+    let log = wait_for(Duration::from_secs(5), "the bind error logged", || {
+        let l = error_log(&s);
+        l.contains("bind(192.0.2.1) failed").then_some(l)
+    });
+    assert!(log.contains("[crit]"), "{log}");
+    // `transparent` needs a capability shard's workers never keep: refused at -t.
+    let dir = temp_dir("proxy-bind-transparent");
+    std::fs::write(
+        dir.join("conf/shard.conf"),
+        "events {}\nhttp { server { listen 127.0.0.1:1; location / { proxy_bind $remote_addr transparent; proxy_pass http://127.0.0.1:2; } } }\n",
+    )
+    .unwrap();
+    let (code, out) = run_cli(&["-t", "-p", dir.to_str().unwrap(), "-c", "conf/shard.conf"]);
+    assert_ne!(code, 0);
+    assert!(
+        out.contains("\"proxy_bind\" with \"transparent\" is not supported"),
+        "{out}"
+    );
+    assert!(out.contains("shard.conf:2"), "{out}");
+}

@@ -895,3 +895,63 @@ fn stream_limit_conn_one_per_address() {
         error_log(&s)
     );
 }
+
+/// Says the address the connection came from, then closes.
+fn says_peer(mut s: TcpStream) {
+    let peer = s.peer_addr().unwrap().ip().to_string();
+    let _ = s.write_all(peer.as_bytes());
+}
+
+/// Sends 2000 bytes, then closes.
+fn sends_2000(mut s: TcpStream) {
+    let _ = s.write_all(&[b'd'; 2000]);
+}
+
+/// `proxy_bind` in stream: upstream connections come from the address (a variable's too);
+/// `proxy_download_rate`/`proxy_upload_rate` hold a session to its rate by nginx's formula
+/// (one second's share at once, then a share per second), so 2000 bytes at 1000 bytes/s
+/// cannot arrive before the session is a second old.
+#[test]
+fn stream_proxy_bind_and_rates() {
+    let (peer_port, _) = upstream(says_peer);
+    let (down_port, _) = upstream(sends_2000);
+    let (count_port, _) = upstream(count_then_reply);
+    let stream = format!(
+        "map $server_port $src {{ default 127.0.0.3; }}\n \
+         server {{ listen 127.0.0.1:{{port1}}; proxy_bind 127.0.0.2; proxy_pass 127.0.0.1:{peer_port}; }}\n \
+         server {{ listen 127.0.0.1:{{port2}}; proxy_bind $src; proxy_pass 127.0.0.1:{peer_port}; }}\n \
+         server {{ listen 127.0.0.1:{{port3}}; proxy_download_rate 1000; proxy_pass 127.0.0.1:{down_port}; }}\n \
+         server {{ listen 127.0.0.1:{{port4}}; proxy_upload_rate 1000; proxy_pass 127.0.0.1:{count_port}; }}\n \
+         server {{ listen 127.0.0.1:{{port5}}; proxy_pass 127.0.0.1:{down_port}; }}"
+    );
+    let s = Server::start_ports("stream-bind-rate", &conf(1, &stream), 1, 5);
+    assert_eq!(read_all(s.ports[0]), "127.0.0.2");
+    assert_eq!(read_all(s.ports[1]), "127.0.0.3");
+    // Unlimited: at once.
+    let t = std::time::Instant::now();
+    assert_eq!(read_all(s.ports[4]).len(), 2000);
+    let unlimited = t.elapsed();
+    let down_port = s.ports[2];
+    let down = std::thread::spawn(move || {
+        let t = std::time::Instant::now();
+        let got = read_all(down_port);
+        (got.len(), t.elapsed())
+    });
+    let t = std::time::Instant::now();
+    let mut c = TcpStream::connect(local(s.ports[3])).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(&[b'u'; 2000]).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let mut reply = String::new();
+    c.read_to_string(&mut reply).unwrap();
+    let up_took = t.elapsed();
+    assert_eq!(reply, "got 2000");
+    let (n, down_took) = down.join().unwrap();
+    assert_eq!(n, 2000);
+    for (what, took) in [("download", down_took), ("upload", up_took)] {
+        assert!(
+            took >= Duration::from_millis(950) && took < Duration::from_secs(8),
+            "{what} took {took:?} (unlimited: {unlimited:?})"
+        );
+    }
+}

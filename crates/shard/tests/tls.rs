@@ -1910,3 +1910,38 @@ fn stream_return_over_tls() {
     });
     assert_eq!(log, format!("200 {}\n", got.len()));
 }
+
+/// `ssl_handshake_timeout` in stream: a client that does not finish its handshake in time is
+/// closed, and the log says so at info.
+#[test]
+fn stream_ssl_handshake_timeout_closes_a_slow_client() {
+    let dir = temp_dir("tls-stream-hs-timeout").keep();
+    let _p = pki(&dir, &["s.test"]);
+    let conf = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\n\
+         http {{ access_log off; server {{ listen 127.0.0.1:{{port}}; \
+         location = /status {{ shard_status; }} }} }}\n\
+         stream {{ ssl_handshake_timeout 300ms; server {{ listen 127.0.0.1:{{port1}} ssl; \
+         ssl_certificate {}; ssl_certificate_key {}; proxy_pass 127.0.0.1:9; }} }}\n",
+        dir.join("conf/s.test.pem").display(),
+        dir.join("conf/s.test.key").display()
+    );
+    let s = Server::start_ports("tls-stream-hs-timeout", &conf, 1, 1);
+    let t = std::time::Instant::now();
+    let mut idle = connect(tls_addr(&s));
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    idle.write_all(&[0x16, 0x03, 0x01]).unwrap();
+    let mut rest = Vec::new();
+    let _ = idle.read_to_end(&mut rest);
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(5),
+        "closed after {took:?}"
+    );
+    wait_for(Duration::from_secs(5), "the timeout logged", || {
+        error_log(&s)
+            .contains("SSL handshaking timed out")
+            .then_some(())
+    });
+}

@@ -185,6 +185,7 @@ pub(super) fn set_fastcgi(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
             d,
             file,
         ),
+        "fastcgi_bind" => once(&mut f.up.bind, super::http::parse_bind(d, file)?, d, file),
         "fastcgi_socket_keepalive" => once(&mut f.up.socket_keepalive, flag(d, file, v)?, d, file),
         "fastcgi_ignore_headers" => once(
             &mut f.up.ignore_accel_redirect,

@@ -255,6 +255,8 @@ pub(super) struct ProxyP {
     /// `proxy_cookie_domain`/`_path` of this level (`Some(empty)`: `off`).
     pub(super) cookie_domain: Option<Vec<(String, Vec<Part>)>>,
     pub(super) cookie_path: Option<Vec<(String, Vec<Part>)>>,
+    /// `proxy_bind` (`Some(None)`: `off`).
+    pub(super) bind: Option<Option<Vec<Part>>>,
     pub(super) ssl: ProxySslP,
 }
 
@@ -385,6 +387,7 @@ impl ProxyP {
                 .cookie_path
                 .clone()
                 .unwrap_or_else(|| parent.cookie_path.clone()),
+            bind: self.bind.clone().unwrap_or_else(|| parent.bind.clone()),
             ssl: self.ssl.merge(&parent.ssl),
         }
     }
@@ -2878,6 +2881,41 @@ slot!(
     proxy.pass_request_headers,
     flag
 );
+
+/// `proxy_bind ADDRESS[:PORT] | off` (http and stream), `fastcgi_bind`: the local address
+/// of upstream connections, variables allowed (an empty value binds nothing). `transparent`
+/// needs `CAP_NET_ADMIN`, which shard's workers never keep: refused here rather than failing
+/// every connection.
+pub(super) fn parse_bind(d: &Directive, file: &str) -> Result<Option<Vec<Part>>, ConfigError> {
+    let v = a0(d);
+    if let Some(extra) = d.args.get(1) {
+        if extra == "transparent" {
+            return Err(derr(
+                d,
+                file,
+                format!(
+                    "\"{}\" with \"transparent\" is not supported: it needs CAP_NET_ADMIN, \
+                     which shard's workers do not keep",
+                    d.name
+                ),
+            ));
+        }
+        return Err(derr(d, file, format!("invalid parameter \"{extra}\"")));
+    }
+    if v == "off" {
+        return Ok(None);
+    }
+    let parts = parse_header_value(d, file, v)?;
+    if parts.iter().all(|p| matches!(p, Part::Lit(_))) && crate::parse_bind_addr(v).is_none() {
+        return Err(derr(d, file, format!("invalid address \"{v}\"")));
+    }
+    Ok(Some(parts))
+}
+
+pub(super) fn set_proxy_bind(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let b = parse_bind(d, file)?;
+    once(&mut s.proxy.bind, b, d, file)
+}
 
 /// `proxy_method METHOD` (variables allowed): the method sent upstream.
 pub(super) fn set_proxy_method(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {

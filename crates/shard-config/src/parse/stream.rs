@@ -33,6 +33,12 @@ pub(super) struct StreamSettings {
     /// `limit_conn_dry_run`.
     pub(super) limit_conn: Option<Vec<(String, Place, u64)>>,
     pub(super) limit_conn_dry_run: Option<bool>,
+    /// `proxy_bind` (`Some(None)`: `off`).
+    pub(super) bind: Option<Option<Vec<Part>>>,
+    /// `proxy_download_rate`, `proxy_upload_rate`: bytes per second, 0 unlimited.
+    pub(super) download_rate: Option<u64>,
+    pub(super) upload_rate: Option<u64>,
+    pub(super) ssl_handshake_timeout_ms: Option<u64>,
 }
 
 pub(super) struct StreamServerP {
@@ -318,6 +324,41 @@ pub(super) fn stream_proxy_connect_timeout(s: &mut StreamSettings, d: &Directive
     once(&mut s.connect_timeout_ms, t, d, file)
 }
 
+/// `proxy_bind ADDRESS[:PORT] | off` in stream (variables: the stream's).
+pub(super) fn stream_proxy_bind(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    if d.args.len() > 1 {
+        // The same refusals as http's (`transparent`, unknown parameters).
+        super::http::parse_bind(d, file)?;
+    }
+    let v = a0(d);
+    let b = if v == "off" {
+        None
+    } else {
+        let parts = stream_value(d, file, v)?;
+        if parts.iter().all(|p| matches!(p, Part::Lit(_))) && crate::parse_bind_addr(v).is_none() {
+            return Err(derr(d, file, format!("invalid address \"{v}\"")));
+        }
+        Some(parts)
+    };
+    once(&mut s.bind, b, d, file)
+}
+
+/// `proxy_download_rate RATE` and `proxy_upload_rate RATE`: a size per second, 0 unlimited.
+pub(super) fn stream_proxy_rate(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let v = size(d, file, a0(d))?;
+    let slot = if d.name == "proxy_download_rate" {
+        &mut s.download_rate
+    } else {
+        &mut s.upload_rate
+    };
+    once(slot, v, d, file)
+}
+
+pub(super) fn stream_ssl_handshake_timeout(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.ssl_handshake_timeout_ms, t, d, file)
+}
+
 pub(super) fn stream_proxy_timeout(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
     let t = time(d, file, a0(d))?;
     once(&mut s.timeout_ms, t, d, file)
@@ -529,6 +570,14 @@ pub(super) fn finish_stream(
                 real_ip_from: real_ip_from.clone(),
                 limit_conn: limit_conn.clone(),
                 limit_conn_dry_run,
+                bind: None,
+                download_rate: 0,
+                upload_rate: 0,
+                ssl_handshake_timeout_ms: s
+                    .settings
+                    .ssl_handshake_timeout_ms
+                    .or(sp.settings.ssl_handshake_timeout_ms)
+                    .unwrap_or(60_000),
             });
             continue;
         };
@@ -602,6 +651,15 @@ pub(super) fn finish_stream(
             real_ip_from: real_ip_from.clone(),
             limit_conn,
             limit_conn_dry_run,
+            bind: s
+                .settings
+                .bind
+                .clone()
+                .or_else(|| sp.settings.bind.clone())
+                .flatten(),
+            download_rate: get(|x| x.download_rate, 0),
+            upload_rate: get(|x| x.upload_rate, 0),
+            ssl_handshake_timeout_ms: get(|x| x.ssl_handshake_timeout_ms, 60_000),
         });
     }
     for l in sp.listeners {

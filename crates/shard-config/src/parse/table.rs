@@ -1103,6 +1103,7 @@ pub(super) static TABLE: &[Spec] = &[
         1,
         Set::Settings(set_fastcgi),
     ),
+    d("fastcgi_bind", HSL, 1, 2, Set::Settings(set_fastcgi)),
     d(
         "fastcgi_socket_keepalive",
         HSL,
@@ -1262,6 +1263,34 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_proxy_connect_timeout),
     ),
     d(
+        "proxy_bind",
+        SM | SS,
+        1,
+        2,
+        Set::StreamSettings(stream_proxy_bind),
+    ),
+    d(
+        "proxy_download_rate",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_proxy_rate),
+    ),
+    d(
+        "proxy_upload_rate",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_proxy_rate),
+    ),
+    d(
+        "ssl_handshake_timeout",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_ssl_handshake_timeout),
+    ),
+    d(
         "proxy_timeout",
         SM | SS,
         1,
@@ -1312,6 +1341,7 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_proxy_request_buffering),
     ),
     d("proxy_method", HSL, 1, 1, Set::Settings(set_proxy_method)),
+    d("proxy_bind", HSL, 1, 2, Set::Settings(set_proxy_bind)),
     d(
         "proxy_pass_request_headers",
         HSL,

@@ -30,7 +30,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 
 use shard_config::{Balance, HttpConf, LocationConf, PeerConf, ProxyPass, UpstreamConf};
-use shard_event::sock::Connect;
+use shard_event::sock::{Connect, ConnectError};
 use shard_http::body::ChunkedDecoder;
 use shard_http::proxy::{Failure, Framing, ResponseParse};
 use shard_http::request::{Body, Method, Request};
@@ -1179,7 +1179,27 @@ impl<'a> Worker<'a> {
         let addr = ups.peers[peer].addr;
         let connected = match &ups.peers[peer].unix {
             Some(path) => shard_event::sock::connect_unix_nonblocking(path),
-            None => shard_event::sock::connect_nonblocking(&addr),
+            None => {
+                let local = match &loc.proxy.bind {
+                    Some(parts) => self.proxy_bind_addr(key, p, loc, parts),
+                    None => None,
+                };
+                match shard_event::sock::connect_nonblocking_from(&addr, local) {
+                    Ok(c) => Ok(c),
+                    Err(ConnectError::Connect(e)) => Err(e),
+                    Err(ConnectError::Bind(e)) => {
+                        // nginx: `bind(ADDR) failed` at crit, and the request ends in 500
+                        // without trying another peer (the address is wrong for all).
+                        crate::log!(
+                            Crit,
+                            "bind({}) failed ({})",
+                            local.map_or_else(String::new, bind_text),
+                            os(&e)
+                        );
+                        return Flow::Fail(500);
+                    }
+                }
+            }
         };
         let (fd, done) = match connected {
             Ok(Connect::Done(fd)) => (fd, true),
@@ -1312,6 +1332,34 @@ impl<'a> Worker<'a> {
                 self.attempt_failed(key, p, Failure::Error, &msg)
             }
         }
+    }
+
+    /// `proxy_bind`'s address for this request: rendered, then parsed; an empty value binds
+    /// nothing, an unparsable one is logged (as nginx's "invalid local address") and binds
+    /// nothing.
+    fn proxy_bind_addr(
+        &self,
+        key: usize,
+        p: &Proxy,
+        loc: &LocationConf,
+        parts: &[shard_config::Part],
+    ) -> Option<std::net::SocketAddr> {
+        let text = if let [shard_config::Part::Lit(t)] = parts {
+            t.clone()
+        } else {
+            let mut storage = shard_http::vars::header_storage();
+            let hs = shard_http::vars::request_headers(&p.head, &mut storage);
+            let ctx = self.var_ctx(key, &p.req, hs, loc);
+            shard_http::vars::render(parts, &ctx)
+        };
+        if text.is_empty() {
+            return None;
+        }
+        let a = shard_config::parse_bind_addr(&text);
+        if a.is_none() {
+            crate::log!(Error, "invalid local address \"{text}\"");
+        }
+        a
     }
 
     fn build_upstream_request(&mut self, key: usize, p: &mut Proxy, pass: &ProxyPass) {
@@ -3007,4 +3055,13 @@ fn accel_redirect(head: &[u8]) -> Option<(String, Vec<u8>)> {
         }
     }
     Some((target, passed))
+}
+
+/// A local address as nginx's `bind()` error names it: the IP alone when the port is 0.
+fn bind_text(a: std::net::SocketAddr) -> String {
+    if a.port() == 0 {
+        a.ip().to_string()
+    } else {
+        a.to_string()
+    }
 }

@@ -22,13 +22,10 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use shard_config::{StreamConf, StreamServerConf};
-use shard_event::sock::Connect;
+use shard_event::sock::{Connect, ConnectError};
 
 use super::step::Io;
 
-/// nginx's `ssl_handshake_timeout` default: how long a stream client may take to finish its
-/// TLS handshake before the upstream is contacted.
-const SSL_HANDSHAKE_TIMEOUT_MS: u64 = 60_000;
 /// Plaintext kept from the end of a stream client's handshake until the upstream connects.
 const EARLY_BYTES_MAX: usize = 16 * 1024;
 use super::token::{self, Token};
@@ -187,6 +184,9 @@ pub(super) struct Relay {
     realip: Option<SocketAddr>,
     /// `limit_conn` counts this session holds: (zone index into the worker's zones, key).
     held: Vec<(usize, u128)>,
+    /// `proxy_download_rate`/`proxy_upload_rate` hold a side's reads back until then (0:
+    /// not held).
+    rate_wake_ms: u64,
 }
 
 /// At most this many upstreams a worker makes for addresses `proxy_pass $var` rendered
@@ -393,6 +393,7 @@ impl<'a> Worker<'a> {
             hello: None,
             realip: None,
             held: Vec::new(),
+            rate_wake_ms: 0,
         });
         if let Err(e) = self.poll.add(raw, token(key, id, false), relay_interest()) {
             crate::log!(
@@ -507,8 +508,8 @@ impl<'a> Worker<'a> {
         }
         if self.relays[key].handshaking {
             // The upstream is contacted once the client finished its handshake, within
-            // `SSL_HANDSHAKE_TIMEOUT_MS` (nginx's `ssl_handshake_timeout` default).
-            self.set_relay_deadline(key, self.now_ms + SSL_HANDSHAKE_TIMEOUT_MS);
+            // `ssl_handshake_timeout`.
+            self.set_relay_deadline(key, self.now_ms + conf.ssl_handshake_timeout_ms);
             self.handshake(key)
         } else {
             self.relay_content(key)
@@ -929,6 +930,30 @@ impl<'a> Worker<'a> {
 
     /// Drops the failed upstream socket (if any) and connects to the next peer; `Close` when
     /// no peer is left.
+    /// `proxy_bind`'s address for this session (`None`: off, empty or unparsable, the last
+    /// logged as nginx's "invalid local address").
+    fn stream_bind_addr(&self, key: usize) -> Option<std::net::SocketAddr> {
+        let parts = self.stream_server(self.relays[key].server).bind.as_ref()?;
+        let mut v = Vec::new();
+        session_parts(
+            &mut v,
+            parts,
+            &self.relay_session(key),
+            self.now_ms,
+            &self.hostname,
+            0,
+        );
+        let text = String::from_utf8_lossy(&v);
+        if text.is_empty() {
+            return None;
+        }
+        let a = shard_config::parse_bind_addr(&text);
+        if a.is_none() {
+            crate::log!(Error, "invalid local address \"{text}\"");
+        }
+        a
+    }
+
     fn connect_next(&mut self, key: usize) -> Io {
         let server = self.relays[key].server;
         let upstream = self.relays[key].ups;
@@ -992,10 +1017,26 @@ impl<'a> Worker<'a> {
             let r = &mut self.relays[key];
             r.attempts.push(addr);
             r.connect_began_ms = self.now_ms;
-            let (fd, done) = match shard_event::sock::connect_nonblocking(&addr) {
+            let local = self.stream_bind_addr(key);
+            let (fd, done) = match shard_event::sock::connect_nonblocking_from(&addr, local) {
                 Ok(Connect::Done(fd)) => (fd, true),
                 Ok(Connect::InProgress(fd)) => (fd, false),
-                Err(e) => {
+                Err(ConnectError::Bind(e)) => {
+                    // nginx: the session ends with 500, no other peer is tried.
+                    crate::log!(
+                        Crit,
+                        "bind({}) failed ({})",
+                        local.map_or_else(String::new, |a| if a.port() == 0 {
+                            a.ip().to_string()
+                        } else {
+                            a.to_string()
+                        }),
+                        shard_event::os_error_text(&e)
+                    );
+                    self.relays[key].fixed = Some((500, 0));
+                    return Io::Close;
+                }
+                Err(ConnectError::Connect(e)) => {
                     self.log_upstream_error(
                         key,
                         &format!("connect() failed ({})", shard_event::os_error_text(&e)),
@@ -1208,8 +1249,11 @@ impl<'a> Worker<'a> {
     /// Moves bytes both ways until both sides must wait or the turn's budget is used; `Close`
     /// when both directions are done or one failed.
     fn pump(&mut self, key: usize) -> Io {
-        let timeout = self.stream_server(self.relays[key].server).timeout_ms;
+        let conf = self.stream_server(self.relays[key].server);
+        let (timeout, down_rate, up_rate) = (conf.timeout_ms, conf.download_rate, conf.upload_rate);
+        let now = self.now_ms;
         let r = &mut self.relays[key];
+        let (started, pp_out) = (r.started_ms, r.pp_out);
         let (Some(up), Some(down)) = (r.up.as_mut(), r.down.as_mut()) else {
             return Io::Wait;
         };
@@ -1246,8 +1290,28 @@ impl<'a> Worker<'a> {
                 }
                 None => &mut plain,
             };
-            let a = move_between(client, &mut r.client.e, up_side, &mut r.upstream.e, up);
-            let b = move_between(up_side, &mut r.upstream.e, client, &mut r.client.e, down);
+            let up_cap = rate_cap(
+                up_rate,
+                now.saturating_sub(started),
+                up.taken().saturating_sub(pp_out),
+            );
+            let down_cap = rate_cap(down_rate, now.saturating_sub(started), down.taken());
+            let a = move_between(
+                client,
+                &mut r.client.e,
+                up_side,
+                &mut r.upstream.e,
+                up,
+                up_cap,
+            );
+            let b = move_between(
+                up_side,
+                &mut r.upstream.e,
+                client,
+                &mut r.client.e,
+                down,
+                down_cap,
+            );
             match (a, b) {
                 (Err(e), _) | (_, Err(e)) => break Err(e),
                 (Ok(false), Ok(false)) => break Ok(()),
@@ -1299,8 +1363,35 @@ impl<'a> Worker<'a> {
         if done {
             return Io::Close;
         }
+        // A side whose rate is spent and that has more to read waits for its next share.
+        let mut wake = u64::MAX;
+        if !r.client.e.eof && r.client.e.readable {
+            wake = wake.min(rate_wake(
+                up_rate,
+                now.saturating_sub(started),
+                up.taken().saturating_sub(pp_out),
+            ));
+        }
+        if !r.upstream.e.eof && r.upstream.e.readable {
+            wake = wake.min(rate_wake(
+                down_rate,
+                now.saturating_sub(started),
+                down.taken(),
+            ));
+        }
         if moved {
             self.set_relay_deadline(key, self.now_ms + timeout);
+        }
+        if wake != u64::MAX {
+            let at = now + wake;
+            let r = &mut self.relays[key];
+            if r.rate_wake_ms == 0 || at < r.rate_wake_ms {
+                r.rate_wake_ms = at;
+                if at < r.timer_at {
+                    r.timer_at = at;
+                    self.relay_timers.push(Reverse((at, key, r.id)));
+                }
+            }
         }
         if yielded {
             self.yield_turn(Token::RelayClient { key, generation });
@@ -1385,15 +1476,34 @@ impl<'a> Worker<'a> {
             if r.id != id || deadline != r.timer_at {
                 continue;
             }
-            if r.deadline_ms > self.now_ms {
-                r.timer_at = r.deadline_ms;
-                self.relay_timers.push(Reverse((r.deadline_ms, key, id)));
+            let now = self.now_ms;
+            let wake = r.rate_wake_ms != 0 && r.rate_wake_ms <= now;
+            if wake {
+                r.rate_wake_ms = 0;
+            }
+            let expired = r.deadline_ms <= now;
+            if expired {
+                r.deadline_ms = u64::MAX;
+            }
+            // The earliest of what is left waits in the heap.
+            let next = r.deadline_ms.min(if r.rate_wake_ms == 0 {
+                u64::MAX
+            } else {
+                r.rate_wake_ms
+            });
+            r.timer_at = next;
+            if next != u64::MAX {
+                self.relay_timers.push(Reverse((next, key, id)));
+            }
+            if !expired && !wake {
                 continue;
             }
-            r.timer_at = u64::MAX;
-            r.deadline_ms = u64::MAX;
             let outer = crate::log::set_connection(r.number);
-            let io = self.on_relay_timeout(key);
+            let io = if expired {
+                self.on_relay_timeout(key)
+            } else {
+                self.pump(key)
+            };
             self.end_relay_turn(key, io);
             crate::log::set_connection(outer);
         }
@@ -1461,10 +1571,12 @@ pub(super) fn move_between(
     dst_io: &mut dyn Endpoint,
     dst: &mut Ends,
     pipe: &mut Pipe,
+    cap: usize,
 ) -> Result<bool, (&'static str, io::Error)> {
     let mut progress = false;
-    if !src.eof && src.readable && pipe.make_room() {
-        match src_io.recv(&mut pipe.buf[pipe.end..]) {
+    if !src.eof && src.readable && cap > 0 && pipe.make_room() {
+        let room = (pipe.buf.len() - pipe.end).min(cap);
+        match src_io.recv(&mut pipe.buf[pipe.end..pipe.end + room]) {
             Ok(0) => {
                 src.eof = true;
                 progress = true;
@@ -1500,6 +1612,28 @@ pub(super) fn move_between(
         progress = true;
     }
     Ok(progress)
+}
+
+/// How many bytes a side limited to `rate` bytes per second may read now, `elapsed_ms` into
+/// the session with `received` read so far: nginx's stream formula, `rate * (seconds + 1) -
+/// received` (so a session may read one second's share at once). `rate` 0: no limit.
+fn rate_cap(rate: u64, elapsed_ms: u64, received: u64) -> usize {
+    if rate == 0 {
+        return usize::MAX;
+    }
+    let allowed = rate.saturating_mul(elapsed_ms / 1000 + 1);
+    allowed.saturating_sub(received).min(usize::MAX as u64) as usize
+}
+
+/// Milliseconds until a side held back by its rate may read again (`u64::MAX`: not held).
+fn rate_wake(rate: u64, elapsed_ms: u64, received: u64) -> u64 {
+    if rate == 0 || rate_cap(rate, elapsed_ms, received) > 0 {
+        return u64::MAX;
+    }
+    // The next whole second of the session raises the allowance.
+    let over = received - rate.saturating_mul(elapsed_ms / 1000 + 1);
+    let secs = over / rate + 1;
+    (elapsed_ms / 1000 + secs) * 1000 - elapsed_ms
 }
 
 /// One stream variable of `s` (see `parse::stream::stream_variable` for the names).

@@ -162,6 +162,7 @@ impl Worker<'_> {
                 up_side,
                 &mut t.upstream,
                 &mut t.up,
+                usize::MAX,
             );
             let b = if head_out {
                 move_between(
@@ -170,6 +171,7 @@ impl Worker<'_> {
                     client_side,
                     &mut t.client,
                     &mut t.down,
+                    usize::MAX,
                 )
             } else {
                 Ok(false)
