@@ -1447,6 +1447,8 @@ pub struct ProxySsl {
     /// `proxy_ssl_certificate` and `proxy_ssl_certificate_key`: a client certificate.
     pub certificate: Option<PathBuf>,
     pub certificate_key: Option<PathBuf>,
+    /// `proxy_ssl_password_file`: passphrases of an encrypted `proxy_ssl_certificate_key`.
+    pub password_file: Option<PathBuf>,
 }
 
 impl Default for ProxySsl {
@@ -1463,6 +1465,7 @@ impl Default for ProxySsl {
             ciphers: "DEFAULT".to_string(),
             certificate: None,
             certificate_key: None,
+            password_file: None,
         }
     }
 }
@@ -1614,6 +1617,8 @@ pub struct ServerConf {
 pub struct CertPair {
     pub certificate: PathBuf,
     pub key: PathBuf,
+    /// `ssl_password_file`: passphrases (one per line) tried on an encrypted key.
+    pub password_file: Option<PathBuf>,
     /// Where the `ssl_certificate` was written (errors name it).
     pub place: Place,
 }
@@ -1670,6 +1675,8 @@ pub struct SslConf {
     /// `ssl_reject_handshake on`: handshakes that reach this server (by SNI, or as the
     /// default) are refused; it needs no certificate. Default off.
     pub reject_handshake: bool,
+    /// `ssl_password_file FILE`: passphrases of encrypted keys, one per line.
+    pub password_file: Option<PathBuf>,
 }
 
 /// `ssl_verify_client on | off | optional | optional_no_ca`.
@@ -1704,6 +1711,7 @@ impl Default for SslConf {
             crl: None,
             verify_depth: 1,
             reject_handshake: false,
+            password_file: None,
         }
     }
 }

@@ -7,6 +7,7 @@
 //! calls the kernel only through `shard-event`, except for socket set-up done with `socket2`.
 
 pub mod dns;
+mod keys;
 pub mod limits;
 pub mod listen;
 pub mod log;

@@ -390,17 +390,11 @@ fn upstream_config(
                 file: place.file.clone(),
                 line: place.line,
             };
-            let ck = load_pair(cert, key, &place)?;
+            let ck = load_pair(cert, key, ssl.password_file.as_deref(), &place)?;
             builder
                 .with_client_auth_cert(
                     ck.cert.clone(),
-                    PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                        format!(
-                            "cannot load certificate key \"{}\": {} in {at}",
-                            key.display(),
-                            pem_error(&e)
-                        )
-                    })?,
+                    load_key(key, ssl.password_file.as_deref(), &at)?,
                 )
                 .map_err(|e| format!("proxy_ssl_certificate: {e} in {at}"))?
         }
@@ -807,7 +801,12 @@ fn listener_config(
             continue;
         }
         for pair in &http.servers[i].ssl.certificates {
-            keys[i].push(load_pair(&pair.certificate, &pair.key, &pair.place)?);
+            keys[i].push(load_pair(
+                &pair.certificate,
+                &pair.key,
+                pair.password_file.as_deref(),
+                &pair.place,
+            )?);
         }
     }
     let default = &http.servers[l.default_server];
@@ -1042,7 +1041,12 @@ fn stream_config(
 ) -> Result<ServerConfig, String> {
     let mut keys = Vec::new();
     for pair in &s.ssl.certificates {
-        keys.push(load_pair(&pair.certificate, &pair.key, &pair.place)?);
+        keys.push(load_pair(
+            &pair.certificate,
+            &pair.key,
+            pair.password_file.as_deref(),
+            &pair.place,
+        )?);
     }
     if keys.is_empty() {
         return Err(format!(
@@ -1140,13 +1144,44 @@ pub fn cipher_suites(ciphers: &str) -> Vec<rustls::SupportedCipherSuite> {
     out
 }
 
+/// A private key, decrypted with the passphrases of `password_file` when it is encrypted
+/// (`crate::keys`); errors as nginx's `cannot load certificate key`.
+fn load_key(
+    key: &Path,
+    password_file: Option<&Path>,
+    at: &str,
+) -> Result<PrivateKeyDer<'static>, String> {
+    let passwords = match password_file {
+        Some(f) => crate::keys::read_passwords(f).map_err(|e| format!("{e} in {at}"))?,
+        None => Vec::new(),
+    };
+    let encrypted = crate::keys::load_encrypted_key(key, &passwords).map_err(|e| {
+        format!(
+            "cannot load certificate key \"{}\": {e} in {at}",
+            key.display()
+        )
+    })?;
+    match encrypted {
+        Some(k) => Ok(k),
+        None => PrivateKeyDer::from_pem_file(key).map_err(|e| {
+            format!(
+                "cannot load certificate key \"{}\": {} in {at}",
+                key.display(),
+                pem_error(&e)
+            )
+        }),
+    }
+}
+
 /// Reads one certificate chain and its key; errors name the file as nginx's do.
 fn load_pair(
     cert: &Path,
     key: &Path,
+    password_file: Option<&Path>,
     place: &shard_config::Place,
 ) -> Result<Arc<CertifiedKey>, String> {
     let at = format!("{}:{}", place.file, place.line);
+    let der = load_key(key, password_file, &at)?;
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| {
@@ -1175,13 +1210,6 @@ fn load_pair(
             cert.display()
         ));
     }
-    let der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-        format!(
-            "cannot load certificate key \"{}\": {} in {at}",
-            key.display(),
-            pem_error(&e)
-        )
-    })?;
     let signing = provider::sign::any_supported_type(&der).map_err(|e| {
         format!(
             "cannot load certificate key \"{}\": {e} in {at}",

@@ -1945,3 +1945,120 @@ fn stream_ssl_handshake_timeout_closes_a_slow_client() {
             .then_some(())
     });
 }
+
+/// `ssl_password_file`: encrypted keys as OpenSSL writes them (PKCS#8 `ENCRYPTED PRIVATE
+/// KEY` and the traditional `Proc-Type: 4,ENCRYPTED` form) are opened with the first
+/// passphrase of the file that fits, in http and stream; without the file, or with none
+/// that fits, `-t` fails naming the key.
+#[test]
+fn ssl_password_file_opens_encrypted_keys() {
+    if !have("openssl") {
+        skipped(
+            "ssl_password_file_opens_encrypted_keys",
+            "openssl is not installed",
+        );
+        return;
+    }
+    let dir = temp_dir("tls-password-file").keep();
+    let conf_dir = dir.join("conf");
+    openssl_in(
+        &conf_dir,
+        &[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-aes256",
+            "-pass",
+            "pass:first-secret",
+            "-out",
+            "p8.key",
+        ],
+    );
+    openssl_in(
+        &conf_dir,
+        &[
+            "genrsa",
+            "-traditional",
+            "-aes128",
+            "-passout",
+            "pass:second-secret",
+            "-out",
+            "legacy.key",
+            "2048",
+        ],
+    );
+    for (key, pass) in [("p8", "first-secret"), ("legacy", "second-secret")] {
+        openssl_in(
+            &conf_dir,
+            &[
+                "req",
+                "-x509",
+                "-new",
+                "-key",
+                &format!("{key}.key"),
+                "-passin",
+                &format!("pass:{pass}"),
+                "-subj",
+                "/CN=localhost",
+                "-days",
+                "2",
+                "-out",
+                &format!("{key}.crt"),
+            ],
+        );
+    }
+    let p8 = std::fs::read_to_string(conf_dir.join("p8.key")).unwrap();
+    assert!(p8.contains("BEGIN ENCRYPTED PRIVATE KEY"), "{p8}");
+    let legacy = std::fs::read_to_string(conf_dir.join("legacy.key")).unwrap();
+    assert!(legacy.contains("Proc-Type: 4,ENCRYPTED"), "{legacy}");
+    std::fs::write(
+        conf_dir.join("pw"),
+        "wrong\nfirst-secret\r\nsecond-secret\n",
+    )
+    .unwrap();
+    let cd = conf_dir.display().to_string();
+    let conf = "worker_processes 1;\nevents {}\n\
+         http { access_log off; ssl_password_file CD/pw;\n \
+         server { listen 127.0.0.1:{port}; location = /status { shard_status; } }\n \
+         server { listen 127.0.0.1:{port1} ssl; ssl_certificate CD/p8.crt; \
+         ssl_certificate_key CD/p8.key; location / { return 200 \"p8 ok\"; } } }\n\
+         stream { server { listen 127.0.0.1:{port2} ssl; ssl_password_file CD/pw; \
+         ssl_certificate CD/legacy.crt; ssl_certificate_key CD/legacy.key; \
+         return \"legacy ok\"; } }\n"
+        .replace("CD", &cd);
+    let text = conf
+        .replace("{port}", &free_port().to_string())
+        .replace("{port1}", &free_port().to_string())
+        .replace("{port2}", &free_port().to_string());
+    std::fs::write(conf_dir.join("shard.conf"), &text).unwrap();
+    let (code, out) = run_cli(&["-t", "-p", dir.to_str().unwrap(), "-c", "conf/shard.conf"]);
+    assert_eq!(code, 0, "{out}");
+    let s = Server::start_ports("tls-password-file-run", &conf, 1, 2);
+    let (out, err) = s_client(
+        s.ports[0],
+        &["-servername", "localhost", "-ign_eof"],
+        "localhost",
+    );
+    assert!(out.contains("p8 ok"), "{out}\n{err}");
+    let (out, err) = s_client(s.ports[1], &["-ign_eof"], "localhost");
+    assert!(out.contains("legacy ok"), "{out}\n{err}");
+    // No passphrase fits: -t names the key.
+    std::fs::write(conf_dir.join("pw"), "wrong\n").unwrap();
+    let (code, out) = run_cli(&["-t", "-p", dir.to_str().unwrap(), "-c", "conf/shard.conf"]);
+    assert_ne!(code, 0);
+    assert!(
+        out.contains("cannot load certificate key") && out.contains("bad decrypt"),
+        "{out}"
+    );
+    // No password file at all.
+    std::fs::write(
+        conf_dir.join("shard.conf"),
+        text.replace(&format!("ssl_password_file {cd}/pw;"), ""),
+    )
+    .unwrap();
+    let (code, out) = run_cli(&["-t", "-p", dir.to_str().unwrap(), "-c", "conf/shard.conf"]);
+    assert_ne!(code, 0);
+    assert!(out.contains("the key is encrypted"), "{out}");
+}

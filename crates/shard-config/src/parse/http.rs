@@ -24,6 +24,7 @@ pub(super) struct SslP {
     pub(super) crl: Option<PathBuf>,
     pub(super) verify_depth: Option<u32>,
     pub(super) reject_handshake: Option<bool>,
+    pub(super) password_file: Option<PathBuf>,
 }
 
 /// The merged `ssl_*` directives of a block: the certificate and key lists stay apart
@@ -78,6 +79,10 @@ impl SslEff {
                 crl: p.crl.clone().or_else(|| self.conf.crl.clone()),
                 verify_depth: p.verify_depth.unwrap_or(self.conf.verify_depth),
                 reject_handshake: p.reject_handshake.unwrap_or(self.conf.reject_handshake),
+                password_file: p
+                    .password_file
+                    .clone()
+                    .or_else(|| self.conf.password_file.clone()),
             },
         }
     }
@@ -97,6 +102,7 @@ impl SslEff {
             out.push(CertPair {
                 certificate: cert.clone(),
                 key: key.clone(),
+                password_file: self.conf.password_file.clone(),
                 place: place.clone(),
             });
         }
@@ -275,6 +281,7 @@ pub(super) struct ProxySslP {
     pub(super) ciphers: Option<String>,
     pub(super) certificate: Option<PathBuf>,
     pub(super) certificate_key: Option<PathBuf>,
+    pub(super) password_file: Option<PathBuf>,
 }
 
 impl ProxySslP {
@@ -302,6 +309,10 @@ impl ProxySslP {
                 .certificate_key
                 .clone()
                 .or_else(|| p.certificate_key.clone()),
+            password_file: self
+                .password_file
+                .clone()
+                .or_else(|| p.password_file.clone()),
         }
     }
 
@@ -327,6 +338,10 @@ impl ProxySslP {
                 .certificate_key
                 .clone()
                 .or_else(|| parent.certificate_key.clone()),
+            password_file: self
+                .password_file
+                .clone()
+                .or_else(|| parent.password_file.clone()),
         }
     }
 }
@@ -2097,6 +2112,19 @@ pub(super) fn set_limit_rate(_: &Env, s: &mut Settings, d: &Directive, file: &st
 }
 
 /// `ssl_reject_handshake on | off`.
+/// `ssl_password_file FILE`: relative to the configuration's directory, as nginx.
+pub(super) fn set_ssl_password_file(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = a0(d);
+    if has_variables(v) {
+        return Err(derr(
+            d,
+            file,
+            "variables in \"ssl_password_file\" are not supported",
+        ));
+    }
+    once(&mut s.ssl.password_file, env.resolve_conf(v), d, file)
+}
+
 pub(super) fn set_ssl_reject_handshake(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let v = flag(d, file, a0(d))?;
     once(&mut s.ssl.reject_handshake, v, d, file)
@@ -3225,6 +3253,7 @@ pub(super) fn apply_proxy_ssl(env: &Env, p: &mut ProxySslP, d: &Directive, file:
         "proxy_ssl_certificate_key" => {
             once(&mut p.certificate_key, pem_path(env, d, file)?, d, file)
         }
+        "proxy_ssl_password_file" => once(&mut p.password_file, pem_path(env, d, file)?, d, file),
         _ => Err(derr(d, file, format!("unknown directive \"{}\"", d.name))),
     }
 }
@@ -3645,6 +3674,7 @@ pub(super) fn apply_ssl(env: &Env, p: &mut SslP, d: &Directive, file: &str) -> R
         | "ssl_verify_depth"
         | "ssl_crl" => set_ssl_client(env, &mut s, d, file),
         "ssl_reject_handshake" => set_ssl_reject_handshake(env, &mut s, d, file),
+        "ssl_password_file" => set_ssl_password_file(env, &mut s, d, file),
         _ => Ok(()),
     };
     *p = s.ssl;
