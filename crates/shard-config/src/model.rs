@@ -161,6 +161,55 @@ impl CpuAffinity {
     }
 }
 
+/// `gzip_disable`: the user agents (by regular expression, or nginx's `msie6` mask) whose
+/// responses are not compressed.
+#[derive(Debug, Clone, Default)]
+pub struct GzipDisable {
+    pub regexes: Vec<crate::Regex>,
+    /// `msie6`: `MSIE 4`-`6` without `SV1` (nginx's fast check).
+    pub msie6: bool,
+}
+
+impl PartialEq for GzipDisable {
+    fn eq(&self, o: &Self) -> bool {
+        self.msie6 == o.msie6
+            && self.regexes.len() == o.regexes.len()
+            && self
+                .regexes
+                .iter()
+                .zip(&o.regexes)
+                .all(|(a, b)| a.as_str() == b.as_str())
+    }
+}
+
+impl Eq for GzipDisable {}
+
+impl GzipDisable {
+    /// Whether a request with this `User-Agent` is kept from compression.
+    pub fn matches(&self, ua: &str) -> bool {
+        if self.msie6 && is_msie6(ua.as_bytes()) {
+            return true;
+        }
+        self.regexes.iter().any(|r| r.is_match(ua))
+    }
+}
+
+/// nginx's `msie6` mask: `MSIE ` followed by `4.`, `5.` or `6.`, and no `SV1` (Windows XP SP2's
+/// patched MSIE 6 handles compression).
+fn is_msie6(ua: &[u8]) -> bool {
+    let Some(i) = ua.windows(5).position(|w| w == b"MSIE ") else {
+        return false;
+    };
+    let v = &ua[i + 5..];
+    if v.len() < 2 || !matches!(v[0], b'4' | b'5' | b'6') || v[1] != b'.' {
+        return false;
+    }
+    if v[0] == b'6' && ua.windows(3).any(|w| w == b"SV1") {
+        return false;
+    }
+    true
+}
+
 /// The `user` directive as written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct User {
@@ -499,6 +548,20 @@ pub struct LocationConf {
     pub autoindex: Autoindex,
     /// `log_not_found`: a missing file is logged at `error`. Default on.
     pub log_not_found: bool,
+    /// `recursive_error_pages on`: the answer of an `error_page` may itself be replaced by an
+    /// `error_page`. Default off.
+    pub recursive_error_pages: bool,
+    /// `random_index on`: a URI ending in `/` is answered with a random file of the directory
+    /// (names starting with `.` excepted). Default off.
+    pub random_index: bool,
+    /// `max_ranges N`: a `Range` with more ranges is answered whole; 0 turns ranges off. Default
+    /// unlimited.
+    pub max_ranges: Option<u32>,
+    /// `chunked_transfer_encoding`: an HTTP/1.1 response of unknown length is chunked; off, it is
+    /// delimited by the connection's close instead. Default on.
+    pub chunked_transfer_encoding: bool,
+    /// `rewrite_log`: the rewrite module's regex matches and results are logged at `notice`. Default off.
+    pub rewrite_log: bool,
     /// `charset`: added to the `Content-Type` of responses whose type is in `charset_types`
     /// and says no charset. Default off.
     pub charset: Option<String>,
@@ -1537,6 +1600,8 @@ pub struct GzipConf {
     /// `gzip_static off|on|always` (`ngx_http_gzip_static_module`): serve `FILE.gz` when it
     /// exists (`on`: to clients that take gzip). Default off.
     pub static_mode: GzipStatic,
+    /// `gzip_disable`: user agents whose responses are not compressed.
+    pub disable: GzipDisable,
 }
 
 /// `gzip_static`.
@@ -1574,6 +1639,7 @@ impl Default for GzipConf {
             http_version_minor: 1,
             proxied: GzipProxied::default(),
             static_mode: GzipStatic::Off,
+            disable: GzipDisable::default(),
         }
     }
 }

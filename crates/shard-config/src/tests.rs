@@ -927,6 +927,7 @@ fn gzip_inheritance() {
         http_version_minor: 1,
         proxied: GzipProxied::default(),
         static_mode: GzipStatic::Off,
+        disable: GzipDisable::default(),
     };
     assert_eq!(s.base.gzip, want);
     assert_eq!(s.locations[0].gzip, want);

@@ -75,7 +75,11 @@ pub fn decide_for(
     let compress = req.minor_version >= conf.http_version_minor
         && (!req.via || proxied_allows(conf, req, traits))
         && len <= GZIP_MAX_FILE_BYTES
-        && req.accept_encoding.as_deref().is_some_and(accepts_gzip);
+        && req.accept_encoding.as_deref().is_some_and(accepts_gzip)
+        && !req
+            .user_agent
+            .as_deref()
+            .is_some_and(|ua| conf.disable.matches(ua));
     Decision {
         vary: conf.vary,
         compress,

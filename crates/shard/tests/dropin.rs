@@ -2407,3 +2407,123 @@ fn proxy_bind_sets_the_upstream_connection_source() {
     );
     assert!(out.contains("shard.conf:2"), "{out}");
 }
+
+/// `rewrite_log`, `recursive_error_pages`, `max_ranges`, `gzip_disable`, `random_index` and
+/// `chunked_transfer_encoding off`, each as nginx's documentation has it.
+#[test]
+fn small_http_switches_behave_as_nginx() {
+    use support::upstream::{Reply, Upstream};
+    // An upstream whose body ends with its connection (no length, not chunked).
+    let up = Upstream::start(|_| Reply::CloseDelimited(b"to the end".to_vec()));
+    let conf = format!(
+        "worker_processes 1;\nerror_log logs/error.log notice;\nevents {{}}\nhttp {{\n \
+         server {{\n  listen 127.0.0.1:{{port}};\n  \
+         location = /status {{ shard_status; }}\n  \
+         location /old/ {{ rewrite_log on; rewrite ^/old/(.*)$ /new/$1?from=old; rewrite ^/never /x; }}\n  \
+         location /new/ {{ return 200 \"new $uri $args\"; }}\n  \
+         location /rec/ {{ recursive_error_pages on; error_page 404 /rec/nf; error_page 403 /forb; \
+         location = /rec/nf {{ return 403; }} }}\n  \
+         location /flat/ {{ error_page 404 /flat/nf; error_page 403 /forb; \
+         location = /flat/nf {{ return 403; }} }}\n  \
+         location = /forb {{ return 200 \"forbidden page\"; }}\n  \
+         location /one/ {{ max_ranges 1; }}\n  \
+         location /none/ {{ max_ranges 0; }}\n  \
+         location /gz/ {{ gzip on; gzip_min_length 1; gzip_types text/plain; gzip_disable msie6 \"~*curl/7\"; }}\n  \
+         location /rand/ {{ random_index on; }}\n  \
+         location /close/ {{ chunked_transfer_encoding off; proxy_pass http://127.0.0.1:{0}; }}\n  \
+         location /chunk/ {{ proxy_pass http://127.0.0.1:{0}; }}\n }}\n}}\n",
+        up.port
+    );
+    let s = Server::start("small-switches", &conf, 1);
+    // rewrite_log: nginx's notice lines, matches and the rewritten data.
+    let r = get(s.addr(), "/old/page");
+    assert_eq!(r.body_str(), "new /new/page from=old");
+    let log = wait_for(Duration::from_secs(5), "the rewrite log lines", || {
+        let l = error_log(&s);
+        l.contains("rewritten data").then_some(l)
+    });
+    assert!(
+        log.contains("[notice]") && log.contains("\"^/old/(.*)$\" matches \"/old/page\""),
+        "{log}"
+    );
+    assert!(
+        log.contains("rewritten data: \"/new/page\", args: \"from=old\""),
+        "{log}"
+    );
+    // recursive_error_pages: the error page's own 403 takes the 403 page only when on.
+    let r = get(s.addr(), "/rec/missing");
+    assert_eq!((r.status, r.body_str().as_str()), (403, "forbidden page"));
+    let r = get(s.addr(), "/flat/missing");
+    assert_eq!(r.status, 403);
+    assert_ne!(r.body_str(), "forbidden page");
+    // max_ranges.
+    write_file(&s.dir, "html/one/f.txt", b"0123456789");
+    write_file(&s.dir, "html/none/f.txt", b"0123456789");
+    let ranged = |path: &str, range: &str| {
+        raw(
+            s.addr(),
+            format!(
+                "GET {path} HTTP/1.1\r\nHost: x\r\nRange: {range}\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+    };
+    let r = ranged("/one/f.txt", "bytes=0-1");
+    assert_eq!((r.status, r.body_str().as_str()), (206, "01"));
+    let r = ranged("/one/f.txt", "bytes=0-1,4-5");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "0123456789"));
+    let r = ranged("/none/f.txt", "bytes=0-1");
+    assert_eq!((r.status, r.header("accept-ranges")), (200, None));
+    assert_eq!(
+        get(s.addr(), "/one/f.txt").header("accept-ranges"),
+        Some("bytes")
+    );
+    // gzip_disable.
+    write_file(&s.dir, "html/gz/t.txt", &[b'a'; 500]);
+    let gz = |ua: &str| {
+        raw(
+            s.addr(),
+            format!("GET /gz/t.txt HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\nUser-Agent: {ua}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .header("content-encoding")
+        .map(str::to_string)
+    };
+    assert_eq!(gz("Mozilla/5.0 Firefox/120.0").as_deref(), Some("gzip"));
+    assert_eq!(
+        gz("Mozilla/4.0 (compatible; MSIE 6.0; Windows NT 5.0)"),
+        None
+    );
+    assert_eq!(
+        gz("Mozilla/4.0 (compatible; MSIE 6.0; Windows NT 5.1; SV1)").as_deref(),
+        Some("gzip")
+    );
+    assert_eq!(gz("curl/7.88.1"), None);
+    assert_eq!(gz("curl/8.5.0").as_deref(), Some("gzip"));
+    // random_index: one of the files, never a dot file or a directory.
+    write_file(&s.dir, "html/rand/a.txt", b"A");
+    write_file(&s.dir, "html/rand/b.txt", b"B");
+    write_file(&s.dir, "html/rand/.hidden", b"H");
+    std::fs::create_dir_all(s.dir.join("html/rand/sub")).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..40 {
+        let r = get(s.addr(), "/rand/");
+        assert_eq!(r.status, 200);
+        seen.insert(r.body_str());
+    }
+    assert_eq!(
+        seen,
+        ["A", "B"].iter().map(|s| s.to_string()).collect(),
+        "both files, nothing else"
+    );
+    // chunked_transfer_encoding off: an HTTP/1.1 client gets the body delimited by the close.
+    let r = raw(s.addr(), b"GET /close/ HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(r.body_str(), "to the end");
+    assert_eq!(r.header("transfer-encoding"), None);
+    assert_eq!(r.header("connection"), Some("close"));
+    let r = raw(
+        s.addr(),
+        b"GET /chunk/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+    assert_eq!(r.body_str(), "to the end");
+}

@@ -168,6 +168,11 @@ pub(super) struct Settings {
     /// `error_page`s of this block; `Some` replaces the parent's list.
     pub(super) error_pages: Option<Vec<ErrorPage>>,
     pub(super) log_not_found: Option<bool>,
+    pub(super) recursive_error_pages: Option<bool>,
+    pub(super) random_index: Option<bool>,
+    pub(super) max_ranges: Option<u32>,
+    pub(super) chunked_transfer_encoding: Option<bool>,
+    pub(super) rewrite_log: Option<bool>,
     pub(super) autoindex: Option<Autoindex>,
     pub(super) if_modified_since: Option<IfModifiedSince>,
     pub(super) etag: Option<bool>,
@@ -208,6 +213,7 @@ pub(super) struct GzipP {
     pub(super) http_version_minor: Option<u8>,
     pub(super) proxied: Option<GzipProxied>,
     pub(super) static_mode: Option<GzipStatic>,
+    pub(super) disable: Option<GzipDisable>,
 }
 
 impl GzipP {
@@ -226,6 +232,10 @@ impl GzipP {
             http_version_minor: self.http_version_minor.unwrap_or(parent.http_version_minor),
             proxied: self.proxied.unwrap_or(parent.proxied),
             static_mode: self.static_mode.unwrap_or(parent.static_mode),
+            disable: self
+                .disable
+                .clone()
+                .unwrap_or_else(|| parent.disable.clone()),
         }
     }
 }
@@ -468,6 +478,11 @@ pub(super) struct Eff {
     pub(super) referers: Option<Arc<Referers>>,
     pub(super) error_pages: Vec<ErrorPage>,
     pub(super) log_not_found: bool,
+    pub(super) recursive_error_pages: bool,
+    pub(super) random_index: bool,
+    pub(super) max_ranges: Option<u32>,
+    pub(super) chunked_transfer_encoding: bool,
+    pub(super) rewrite_log: bool,
     pub(super) autoindex: Autoindex,
     pub(super) if_modified_since: IfModifiedSince,
     pub(super) etag: bool,
@@ -554,6 +569,11 @@ impl Eff {
             referers: None,
             error_pages: Vec::new(),
             log_not_found: true,
+            recursive_error_pages: false,
+            random_index: false,
+            max_ranges: None,
+            chunked_transfer_encoding: true,
+            rewrite_log: false,
             autoindex: Autoindex::default(),
             if_modified_since: IfModifiedSince::Exact,
             etag: true,
@@ -682,6 +702,15 @@ impl Eff {
                 .clone()
                 .unwrap_or_else(|| self.error_pages.clone()),
             log_not_found: s.log_not_found.unwrap_or(self.log_not_found),
+            recursive_error_pages: s
+                .recursive_error_pages
+                .unwrap_or(self.recursive_error_pages),
+            random_index: s.random_index.unwrap_or(self.random_index),
+            max_ranges: s.max_ranges.or(self.max_ranges),
+            chunked_transfer_encoding: s
+                .chunked_transfer_encoding
+                .unwrap_or(self.chunked_transfer_encoding),
+            rewrite_log: s.rewrite_log.unwrap_or(self.rewrite_log),
             autoindex: {
                 let a = s.autoindex.unwrap_or_default();
                 let p = &self.autoindex;
@@ -789,6 +818,11 @@ impl Eff {
             upstream_vars: false,
             internal: false,
             log_not_found: self.log_not_found,
+            recursive_error_pages: self.recursive_error_pages,
+            random_index: self.random_index,
+            max_ranges: self.max_ranges,
+            chunked_transfer_encoding: self.chunked_transfer_encoding,
+            rewrite_log: self.rewrite_log,
             autoindex: self.autoindex,
             if_modified_since: self.if_modified_since,
             etag: self.etag,
@@ -2063,6 +2097,34 @@ pub(super) fn set_add_header(_: &Env, s: &mut Settings, d: &Directive, file: &st
 }
 
 slot!(set_log_not_found, log_not_found, flag);
+
+slot!(set_rewrite_log, rewrite_log, flag);
+
+slot!(
+    set_chunked_transfer_encoding,
+    chunked_transfer_encoding,
+    flag
+);
+
+slot!(set_random_index, random_index, flag);
+
+slot!(set_recursive_error_pages, recursive_error_pages, flag);
+
+slot!(set_max_ranges, max_ranges, num::<u32>);
+
+/// `gzip_disable REGEX | msie6 | degradation ...`: case-insensitive expressions over the
+/// `User-Agent`; `degradation` (nginx's load-based switch) is accepted and never holds.
+pub(super) fn set_gzip_disable(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut g = GzipDisable::default();
+    for a in &d.args {
+        match a.as_str() {
+            "msie6" => g.msie6 = true,
+            "degradation" => {}
+            re => g.regexes.push(compile_regex(d, file, re, true)?),
+        }
+    }
+    once(&mut s.gzip.disable, g, d, file)
+}
 
 slot!(set_limit_req_dry_run, limit_req_dry_run, flag);
 

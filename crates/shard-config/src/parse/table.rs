@@ -676,6 +676,51 @@ pub(super) static TABLE: &[Spec] = &[
     ),
     d("error_page", HSL, 2, MANY, Set::Settings(set_error_page)),
     d("log_not_found", HSL, 1, 1, Set::Settings(set_log_not_found)),
+    d("rewrite_log", HSL, 1, 1, Set::Settings(set_rewrite_log)),
+    // In an `if`: checked, and the location's setting applies.
+    d("rewrite_log", IF, 1, 1, Set::Script(script_flag_checked)),
+    d(
+        "uninitialized_variable_warn",
+        IF,
+        1,
+        1,
+        Set::Script(script_flag_checked),
+    ),
+    d(
+        "chunked_transfer_encoding",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_chunked_transfer_encoding),
+    ),
+    d("random_index", L, 1, 1, Set::Settings(set_random_index)),
+    d(
+        "recursive_error_pages",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_recursive_error_pages),
+    ),
+    d("max_ranges", HSL, 1, 1, Set::Settings(set_max_ranges)),
+    d("gzip_disable", HSL, 1, 64, Set::Settings(set_gzip_disable)),
+    d("msie_padding", HSL, 1, 1, Set::NoEffect(check_flag)),
+    d("msie_refresh", HSL, 1, 1, Set::NoEffect(check_flag)),
+    d("log_subrequest", HSL, 1, 1, Set::NoEffect(check_flag)),
+    d(
+        "subrequest_output_buffer_size",
+        HSL,
+        1,
+        1,
+        Set::NoEffect(check_size),
+    ),
+    d(
+        "uninitialized_variable_warn",
+        HSL,
+        1,
+        1,
+        Set::NoEffect(check_flag),
+    ),
+    d("fastcgi_send_lowat", HSL, 1, 1, Set::NoEffect(check_size)),
     d(
         "limit_req_dry_run",
         HSL,
@@ -1685,6 +1730,11 @@ fn check_size_or_off(d: &Directive, file: &str) -> R {
         return Ok(());
     }
     check_size(d, file)
+}
+
+/// A flag written in an `if` block that shard takes from the enclosing level.
+fn script_flag_checked(_: &Env, _: &mut Vec<Instr>, d: &Directive, file: &str) -> R {
+    flag(d, file, a0(d)).map(|_| ())
 }
 
 fn check_time(d: &Directive, file: &str) -> R {

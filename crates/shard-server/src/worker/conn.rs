@@ -2457,7 +2457,9 @@ impl<'a> Worker<'a> {
                 shard_http::vars::render(&ep.target, &ctx)
             };
             let c = &mut self.conns[key];
-            c.in_error_page = true;
+            // `recursive_error_pages on`: the page's own errors may take an `error_page`
+            // too (the internal-redirect bound ends a loop with 500, as nginx's).
+            c.in_error_page = !loc.recursive_error_pages;
             if !(target.starts_with('/') || target.starts_with('@')) {
                 // A URL: a redirect, 302 unless `=CODE` says otherwise.
                 let code = match ep.status {

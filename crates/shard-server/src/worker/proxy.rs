@@ -2128,8 +2128,12 @@ impl<'a> Worker<'a> {
             balance::succeeded(&mut self.http_peer_state[upstream], peer);
         }
         p.rbuf.drain(..head_len);
-        let (client_framing, reusable) =
-            shard_http::proxy::client_framing(head.framing, p.req.minor_version >= 1);
+        // `chunked_transfer_encoding off`: a body of unknown length ends with the connection,
+        // as for an HTTP/1.0 client.
+        let (client_framing, reusable) = shard_http::proxy::client_framing(
+            head.framing,
+            p.req.minor_version >= 1 && loc.chunked_transfer_encoding,
+        );
         p.keep_alive &= reusable;
         p.client_chunked = client_framing == Framing::Chunked;
         p.upbody = match head.framing {

@@ -553,6 +553,24 @@ fn static_file(
             }
             None => &loc.index,
         };
+        // `random_index on` (nginx's random index module, before the index module): a
+        // random regular file of the directory, names starting with `.` excepted.
+        if loc.random_index && matches!(req.method, Method::Get | Method::Head | Method::Post) {
+            if let Ok(dir) = std::fs::read_dir(&path) {
+                let mut files: Vec<String> = dir
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| !n.starts_with('.'))
+                    .collect();
+                if !files.is_empty() {
+                    // The request id is random enough to choose a file.
+                    let pick = (w.conns[key].request_id % files.len() as u128) as usize;
+                    let name = files.swap_remove(pick);
+                    return internal_redirect(format!("{}{name}", req.path));
+                }
+            }
+        }
         if matches!(req.method, Method::Get | Method::Head | Method::Post) {
             let mut dir_tested = false;
             for name in names.iter().filter(|n| !n.is_empty()) {
@@ -743,6 +761,20 @@ fn send_file(
     encoded: bool,
 ) -> Reply {
     let content_type = shard_http::static_file::content_type(loc, &path).to_string();
+    // `max_ranges`: more ranges than it allows (any, for 0) and the file is sent whole, as
+    // nginx's range filter declines them.
+    let ranges_off = loc.max_ranges == Some(0);
+    let unranged;
+    let req = match (loc.max_ranges, req.range.as_deref()) {
+        (Some(max), Some(r)) if r.split(',').count() as u64 > u64::from(max) => {
+            unranged = Request {
+                range: None,
+                ..req.clone()
+            };
+            &unranged
+        }
+        _ => req,
+    };
     match shard_http::static_file::plan_full(req, &meta, loc.if_modified_since, loc.etag) {
         Plan::Send {
             mut status,
@@ -844,7 +876,7 @@ fn send_file(
                     keep_alive,
                     last_modified: headers.last_modified.as_deref(),
                     etag: headers.etag.as_deref(),
-                    accept_ranges: true,
+                    accept_ranges: !ranges_off,
                     content_range: headers.content_range.as_deref(),
                     vary: g.vary.then_some(gzip::VARY),
                     content_encoding: encoded.then_some(gzip::ENCODING),

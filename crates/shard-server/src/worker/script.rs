@@ -99,12 +99,26 @@ impl Worker<'_> {
                     redirect,
                 } => {
                     let c = &mut self.conns[key];
-                    if !regex.captures_into(&req.path, &mut c.captures) {
+                    let matched = regex.captures_into(&req.path, &mut c.captures);
+                    if loc.rewrite_log {
+                        // nginx's notice lines, with the request's context.
+                        crate::log!(
+                            Notice,
+                            "\"{}\" {} \"{}\"{}",
+                            regex.as_str(),
+                            if matched { "matches" } else { "does not match" },
+                            req.path,
+                            self.log_context(key, Some(req))
+                        );
+                    }
+                    if !matched {
                         continue;
                     }
+                    let c = &mut self.conns[key];
                     c.capture_text = Some(req.path.clone());
                     shard_http::route::capture_names_into(&mut c.capture_names, Some(regex));
                     let new = self.render(key, req, head, loc, replacement);
+
                     let code = match flag {
                         RewriteFlag::Permanent => Some(301),
                         RewriteFlag::Redirect => Some(302),
@@ -122,10 +136,25 @@ impl Worker<'_> {
                             _ => {}
                         }
                         let url = url.strip_suffix('?').map(str::to_string).unwrap_or(url);
+                        if loc.rewrite_log {
+                            crate::log!(
+                                Notice,
+                                "rewritten redirect: \"{url}\"{}",
+                                self.log_context(key, Some(req))
+                            );
+                        }
                         return Some(Outcome::Return {
                             code,
                             text: Some(url),
                         });
+                    }
+                    if loc.rewrite_log {
+                        let (path, args) = new.split_once('?').unwrap_or((&new, ""));
+                        crate::log!(
+                            Notice,
+                            "rewritten data: \"{path}\", args: \"{args}\"{}",
+                            self.log_context(key, Some(req))
+                        );
                     }
                     apply_uri(req, &new);
                     *changed = true;
