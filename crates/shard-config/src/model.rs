@@ -508,6 +508,8 @@ pub struct LocationConf {
     pub access_rules: Vec<AccessRule>,
     /// `valid_referers` (with `server_names` expanded to the server's names).
     pub referers: Option<std::sync::Arc<Referers>>,
+    /// `secure_link`, `secure_link_md5`, `secure_link_secret` (`$secure_link`).
+    pub secure_link: Option<std::sync::Arc<SecureLink>>,
     /// `error_page`s of the level that set any.
     pub error_pages: Vec<ErrorPage>,
     /// `try_files` of this location (not inherited).
@@ -899,6 +901,17 @@ impl Default for RealIp {
     }
 }
 
+/// `ngx_http_secure_link_module`'s settings of a location, each inherited on its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SecureLink {
+    /// `secure_link EXPRESSION`: `HASH[,EXPIRES]`, the hash in base64url.
+    pub expr: Option<Vec<Part>>,
+    /// `secure_link_md5 EXPRESSION`: what the hash must be the MD5 of.
+    pub md5: Option<Vec<Part>>,
+    /// `secure_link_secret WORD`: the older form, `/PREFIX/HEXHASH/LINK`.
+    pub secret: Option<String>,
+}
+
 /// `valid_referers`: the `Referer` values `$invalid_referer` leaves empty.
 #[derive(Debug, Clone, Default)]
 pub struct Referers {
@@ -1262,6 +1275,9 @@ pub enum Var {
     RequestId,
     /// `$invalid_referer`: `1` when the `Referer` is not one `valid_referers` names.
     InvalidReferer,
+    /// `$secure_link`, `$secure_link_expires`.
+    SecureLink,
+    SecureLinkExpires,
     /// `$realip_remote_addr`, `$realip_remote_port`: the connection's own peer, before
     /// `set_real_ip_from` replaced `$remote_addr`.
     RealipRemoteAddr,
@@ -1685,6 +1701,8 @@ pub struct CertPair {
     pub key: PathBuf,
     /// `ssl_password_file`: passphrases (one per line) tried on an encrypted key.
     pub password_file: Option<PathBuf>,
+    /// `ssl_stapling on` with `ssl_stapling_file`: the DER OCSP response stapled.
+    pub stapling_file: Option<PathBuf>,
     /// Where the `ssl_certificate` was written (errors name it).
     pub place: Place,
 }
@@ -1743,6 +1761,10 @@ pub struct SslConf {
     pub reject_handshake: bool,
     /// `ssl_password_file FILE`: passphrases of encrypted keys, one per line.
     pub password_file: Option<PathBuf>,
+    /// `ssl_stapling on|off`. Default off.
+    pub stapling: bool,
+    /// `ssl_stapling_file FILE`: a DER OCSP response stapled to every handshake.
+    pub stapling_file: Option<PathBuf>,
 }
 
 /// `ssl_verify_client on | off | optional | optional_no_ca`.
@@ -1778,6 +1800,8 @@ impl Default for SslConf {
             verify_depth: 1,
             reject_handshake: false,
             password_file: None,
+            stapling: false,
+            stapling_file: None,
         }
     }
 }

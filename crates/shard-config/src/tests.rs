@@ -2149,7 +2149,7 @@ fn ssl_listens_and_directives_as_nginx() {
     // `ssl_stapling on` is ignored with a warning, as nginx when it cannot staple.
     assert_eq!(
         parse(&format!("{EV}http {{ ssl_stapling on; }}")).warnings,
-        ["\"ssl_stapling\" ignored, shard does not fetch OCSP responses in t.conf:2"]
+        ["\"ssl_stapling\" staples only an \"ssl_stapling_file\" in shard (OCSP responses are not fetched) in t.conf:2"]
     );
     assert!(error(&format!("{EV}http {{ ssl_certificate $x.pem; }}")).contains("variables"));
     // stream: TLS termination in front of a TCP upstream.

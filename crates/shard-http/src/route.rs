@@ -349,6 +349,7 @@ pub(crate) mod tests {
             server_tokens: true,
             access_rules: Vec::new(),
             referers: None,
+            secure_link: None,
             error_pages: Vec::new(),
             try_files: None,
             needs_head: false,

@@ -510,6 +510,27 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 out.push(b'1');
             }
         }
+        Var::SecureLink => {
+            if depth < MAP_DEPTH_MAX {
+                secure_link(out, c, depth + 1);
+            }
+        }
+        Var::SecureLinkExpires => {
+            if let Some(expr) = c
+                .location
+                .secure_link
+                .as_ref()
+                .and_then(|s| s.expr.as_ref())
+            {
+                if depth < MAP_DEPTH_MAX {
+                    let mut v = Vec::new();
+                    push_parts_at(&mut v, expr, c, depth + 1);
+                    if let Some(i) = v.iter().position(|&b| b == b',') {
+                        out.extend_from_slice(&v[i + 1..]);
+                    }
+                }
+            }
+        }
         Var::ConnectionTime => push_secs(out, c.conn.now_ms.saturating_sub(c.conn.opened_ms)),
         Var::TimeLocal => out.extend_from_slice(crate::log_time(c.conn.now_ms / 1000).as_bytes()),
         Var::TimeIso8601 => {
@@ -682,6 +703,88 @@ fn doc_root_at(c: &Ctx<'_>, depth: usize) -> Option<std::path::PathBuf> {
 }
 
 /// Appends a template: its literal text and the values of its variables.
+/// `$secure_link` as nginx's secure link module computes it: with `secure_link_secret`, the
+/// link of `/PREFIX/HEXHASH/LINK` when `HEXHASH` is the MD5 of the link and the secret;
+/// otherwise `secure_link`'s `HASH[,EXPIRES]`: `1` when `HASH` (base64url) is the MD5 of
+/// `secure_link_md5` and the time has not passed, `0` when it has, empty when the hash is
+/// wrong.
+fn secure_link(out: &mut Vec<u8>, c: &Ctx<'_>, depth: usize) {
+    use md5::{Digest, Md5};
+    let Some(sl) = c.location.secure_link.as_deref() else {
+        return;
+    };
+    if let Some(secret) = &sl.secret {
+        // The raw target: past its first segment, 32 hex digits, then the link.
+        let target = c.req.target.as_bytes();
+        let Some(rest) = target.get(1..) else { return };
+        let Some(a) = rest.iter().position(|&b| b == b'/') else {
+            return;
+        };
+        let rest = &rest[a + 1..];
+        let Some(b) = rest.iter().position(|&b| b == b'/') else {
+            return;
+        };
+        let (hex, link) = (&rest[..b], &rest[b + 1..]);
+        if hex.len() != 32 || link.is_empty() {
+            return;
+        }
+        let mut h = Md5::new();
+        h.update(link);
+        h.update(secret.as_bytes());
+        let want = h.finalize();
+        let ok = (0..16).all(|i| {
+            std::str::from_utf8(&hex[2 * i..2 * i + 2])
+                .ok()
+                .and_then(|x| u8::from_str_radix(x, 16).ok())
+                == Some(want[i])
+        });
+        if ok {
+            out.extend_from_slice(link);
+        }
+        return;
+    }
+    let (Some(expr), Some(md5)) = (&sl.expr, &sl.md5) else {
+        return;
+    };
+    let mut v = Vec::new();
+    push_parts_at(&mut v, expr, c, depth);
+    let (hash, expires) = match v.iter().position(|&b| b == b',') {
+        Some(i) => {
+            let t = std::str::from_utf8(&v[i + 1..]).ok();
+            match t.and_then(|t| t.parse::<i64>().ok()).filter(|&e| e > 0) {
+                Some(e) => (&v[..i], e),
+                None => return,
+            }
+        }
+        None => (&v[..], 0),
+    };
+    if hash.len() > 24 {
+        return;
+    }
+    let b64: String = hash
+        .iter()
+        .map(|&b| match b {
+            b'-' => '+',
+            b'_' => '/',
+            b => b as char,
+        })
+        .collect();
+    let Some(hash) = crate::base64_decode(&b64).filter(|h| h.len() == 16) else {
+        return;
+    };
+    let mut m = Vec::new();
+    push_parts_at(&mut m, md5, c, depth);
+    if Md5::digest(&m).as_slice() != hash.as_slice() {
+        return;
+    }
+    let now = (c.conn.now_ms / 1000) as i64;
+    out.push(if expires != 0 && expires < now {
+        b'0'
+    } else {
+        b'1'
+    });
+}
+
 pub fn push_parts(out: &mut Vec<u8>, parts: &[Part], c: &Ctx<'_>) {
     push_parts_at(out, parts, c, 0)
 }

@@ -128,6 +128,8 @@ pub const SYSCALLS: &[(&str, i64)] = &[
     ("accept4", libc::SYS_accept4),
     ("socket", libc::SYS_socket),
     ("connect", libc::SYS_connect),
+    // `proxy_bind`: the upstream socket's local address.
+    ("bind", libc::SYS_bind),
     ("shutdown", libc::SYS_shutdown),
     ("getsockopt", libc::SYS_getsockopt),
     ("setsockopt", libc::SYS_setsockopt),

@@ -390,7 +390,7 @@ fn upstream_config(
                 file: place.file.clone(),
                 line: place.line,
             };
-            let ck = load_pair(cert, key, ssl.password_file.as_deref(), &place)?;
+            let ck = load_pair(cert, key, ssl.password_file.as_deref(), None, &place)?;
             builder
                 .with_client_auth_cert(
                     ck.cert.clone(),
@@ -805,6 +805,7 @@ fn listener_config(
                 &pair.certificate,
                 &pair.key,
                 pair.password_file.as_deref(),
+                pair.stapling_file.as_deref(),
                 &pair.place,
             )?);
         }
@@ -1045,6 +1046,7 @@ fn stream_config(
             &pair.certificate,
             &pair.key,
             pair.password_file.as_deref(),
+            pair.stapling_file.as_deref(),
             &pair.place,
         )?);
     }
@@ -1178,6 +1180,7 @@ fn load_pair(
     cert: &Path,
     key: &Path,
     password_file: Option<&Path>,
+    stapling_file: Option<&Path>,
     place: &shard_config::Place,
 ) -> Result<Arc<CertifiedKey>, String> {
     let at = format!("{}:{}", place.file, place.line);
@@ -1198,15 +1201,17 @@ fn load_pair(
         ));
     }
     // The TLS Feature extension (RFC 7633, "must-staple"): clients that enforce it refuse a
-    // handshake without a stapled OCSP response, which shard never sends.
+    // handshake without a stapled OCSP response, which shard sends only from a file.
     const TLS_FEATURE: [u8; 10] = [0x06, 0x08, 0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x01, 0x18];
-    if chain[0]
-        .windows(TLS_FEATURE.len())
-        .any(|w| w == TLS_FEATURE)
+    if stapling_file.is_none()
+        && chain[0]
+            .windows(TLS_FEATURE.len())
+            .any(|w| w == TLS_FEATURE)
     {
         return Err(format!(
             "certificate \"{}\" requires OCSP stapling (\"must-staple\"), which shard does \
-             not do: clients that enforce it would refuse every connection in {at}",
+             only with \"ssl_stapling_file\": clients that enforce it would refuse every \
+             connection in {at}",
             cert.display()
         ));
     }
@@ -1216,7 +1221,25 @@ fn load_pair(
             key.display()
         )
     })?;
-    let ck = CertifiedKey::new(chain, signing);
+    let mut ck = CertifiedKey::new(chain, signing);
+    // `ssl_stapling_file`: the OCSP response every handshake staples, read as it is (nginx
+    // checks it no further either).
+    if let Some(f) = stapling_file {
+        let der = std::fs::read(f).map_err(|e| {
+            format!(
+                "open(\"{}\") failed ({}) in {at}",
+                f.display(),
+                shard_event::os_error_text(&e)
+            )
+        })?;
+        if der.first() != Some(&0x30) {
+            return Err(format!(
+                "d2i_OCSP_RESPONSE_bio(\"{}\") failed: not a DER OCSP response in {at}",
+                f.display()
+            ));
+        }
+        ck.ocsp = Some(der);
+    }
     // The key matches the certificate by its public key, as OpenSSL checks it; rustls's own
     // check reads the certificate with webpki, which takes only X.509 v3.
     let matched = if webpki_refuses_version(&ck.cert[0]) {

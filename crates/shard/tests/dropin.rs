@@ -2527,3 +2527,71 @@ fn small_http_switches_behave_as_nginx() {
     assert_eq!(r.header("transfer-encoding"), Some("chunked"));
     assert_eq!(r.body_str(), "to the end");
 }
+
+/// `secure_link`/`secure_link_md5` (`$secure_link` is `1`, `0` once expired, empty for a
+/// wrong hash; `$secure_link_expires`) and the older `secure_link_secret` form, as nginx's
+/// documentation writes them.
+#[test]
+fn secure_link_checks_hashes_and_expiry() {
+    use md5::{Digest, Md5};
+    let b64url = |d: &[u8]| {
+        const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut s = String::new();
+        for c in d.chunks(3) {
+            let n = (u32::from(c[0]) << 16)
+                | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+                | u32::from(*c.get(2).unwrap_or(&0));
+            for i in 0..=c.len() {
+                s.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            }
+        }
+        s
+    };
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+         location = /status { shard_status; }\n  \
+         location /s/ {\n   secure_link $arg_md5,$arg_expires;\n   \
+         secure_link_md5 \"$secure_link_expires$uri secret\";\n   \
+         if ($secure_link = \"\") { return 403; }\n   \
+         if ($secure_link = \"0\") { return 410; }\n   \
+         return 200 \"ok $secure_link_expires\";\n  }\n  \
+         location /p/ { secure_link_secret word; if ($secure_link = \"\") { return 403; } \
+         rewrite ^ /files/$secure_link; }\n  \
+         location /files/ { internal; return 200 \"file $uri\"; }\n }\n}\n";
+    let s = Server::start("secure-link", conf, 1);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let link = |uri: &str, expires: u64| {
+        let h = Md5::digest(format!("{expires}{uri} secret").as_bytes());
+        format!("{uri}?md5={}&expires={expires}", b64url(&h))
+    };
+    let r = get(s.addr(), &link("/s/doc.pdf", now + 3600));
+    assert_eq!(
+        (r.status, r.body_str()),
+        (200, format!("ok {}", now + 3600))
+    );
+    assert_eq!(get(s.addr(), &link("/s/doc.pdf", now - 10)).status, 410);
+    // The hash of another URI, or none at all.
+    let other = link("/s/other.pdf", now + 3600).replace("/s/other.pdf", "/s/doc.pdf");
+    assert_eq!(get(s.addr(), &other).status, 403);
+    assert_eq!(get(s.addr(), "/s/doc.pdf").status, 403);
+    // secure_link_secret: /p/HEX(MD5(link + secret))/link.
+    let hex: String = Md5::digest(b"top/secret.txtword")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let r = get(s.addr(), &format!("/p/{hex}/top/secret.txt"));
+    assert_eq!(
+        (r.status, r.body_str().as_str()),
+        (200, "file /files/top/secret.txt")
+    );
+    assert_eq!(
+        get(
+            s.addr(),
+            "/p/00000000000000000000000000000000/top/secret.txt"
+        )
+        .status,
+        403
+    );
+}

@@ -1531,7 +1531,7 @@ fn mozillas_recommended_configuration_runs() {
     ]);
     assert_eq!(code, 0, "{out}");
     assert!(
-        out.contains("\"ssl_stapling\" ignored, shard does not fetch OCSP responses"),
+        out.contains("\"ssl_stapling\" staples only an \"ssl_stapling_file\" in shard"),
         "{out}"
     );
     let plain = SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
@@ -2061,4 +2061,49 @@ fn ssl_password_file_opens_encrypted_keys() {
     let (code, out) = run_cli(&["-t", "-p", dir.to_str().unwrap(), "-c", "conf/shard.conf"]);
     assert_ne!(code, 0);
     assert!(out.contains("the key is encrypted"), "{out}");
+}
+
+/// `ssl_stapling on` with `ssl_stapling_file`: the file's OCSP response is stapled to the
+/// handshake (`openssl s_client -status` reads it back); without the file nothing is.
+#[test]
+fn ssl_stapling_file_is_stapled() {
+    if !have("openssl") {
+        skipped("ssl_stapling_file_is_stapled", "openssl is not installed");
+        return;
+    }
+    let dir = temp_dir("tls-stapling").keep();
+    let _p = pki(&dir, &["s.test"]);
+    // The smallest OCSP response: status malformedRequest (1), no response bytes.
+    std::fs::write(dir.join("conf/resp.der"), [0x30, 0x03, 0x0a, 0x01, 0x01]).unwrap();
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{ access_log off;\n \
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n \
+         server {{ listen 127.0.0.1:{{port1}} ssl; ssl_certificate {d}/conf/s.test.pem; \
+         ssl_certificate_key {d}/conf/s.test.key; ssl_stapling on; \
+         ssl_stapling_file {d}/conf/resp.der; return 200 stapled; }}\n \
+         server {{ listen 127.0.0.1:{{port2}} ssl; ssl_certificate {d}/conf/s.test.pem; \
+         ssl_certificate_key {d}/conf/s.test.key; return 200 plain; }} }}\n",
+        d = dir.display()
+    );
+    let s = Server::start_ports("tls-stapling-run", &conf, 1, 2);
+    let (out, err) = s_client(
+        s.ports[0],
+        &["-status", "-servername", "s.test", "-ign_eof"],
+        "s.test",
+    );
+    assert!(out.contains("stapled"), "{out}\n{err}");
+    assert!(
+        out.to_ascii_lowercase()
+            .contains("ocsp response status: malformedrequest"),
+        "{out}\n{err}"
+    );
+    let (out, err) = s_client(
+        s.ports[1],
+        &["-status", "-servername", "s.test", "-ign_eof"],
+        "s.test",
+    );
+    assert!(
+        out.contains("OCSP response: no response sent"),
+        "{out}\n{err}"
+    );
 }

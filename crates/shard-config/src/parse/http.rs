@@ -25,6 +25,8 @@ pub(super) struct SslP {
     pub(super) verify_depth: Option<u32>,
     pub(super) reject_handshake: Option<bool>,
     pub(super) password_file: Option<PathBuf>,
+    pub(super) stapling: Option<bool>,
+    pub(super) stapling_file: Option<PathBuf>,
 }
 
 /// The merged `ssl_*` directives of a block: the certificate and key lists stay apart
@@ -83,6 +85,11 @@ impl SslEff {
                     .password_file
                     .clone()
                     .or_else(|| self.conf.password_file.clone()),
+                stapling: p.stapling.unwrap_or(self.conf.stapling),
+                stapling_file: p
+                    .stapling_file
+                    .clone()
+                    .or_else(|| self.conf.stapling_file.clone()),
             },
         }
     }
@@ -103,6 +110,11 @@ impl SslEff {
                 certificate: cert.clone(),
                 key: key.clone(),
                 password_file: self.conf.password_file.clone(),
+                stapling_file: self
+                    .conf
+                    .stapling
+                    .then(|| self.conf.stapling_file.clone())
+                    .flatten(),
                 place: place.clone(),
             });
         }
@@ -165,6 +177,7 @@ pub(super) struct Settings {
     /// `allow`/`deny` of this block; `Some` replaces the parent's list.
     pub(super) access_rules: Option<Vec<AccessRule>>,
     pub(super) referers: Option<Arc<Referers>>,
+    pub(super) secure_link: SecureLink,
     /// `error_page`s of this block; `Some` replaces the parent's list.
     pub(super) error_pages: Option<Vec<ErrorPage>>,
     pub(super) log_not_found: Option<bool>,
@@ -475,6 +488,7 @@ pub(super) struct Eff {
     pub(super) expires: Option<Expires>,
     pub(super) server_tokens: bool,
     pub(super) access_rules: Vec<AccessRule>,
+    pub(super) secure_link: SecureLink,
     pub(super) referers: Option<Arc<Referers>>,
     pub(super) error_pages: Vec<ErrorPage>,
     pub(super) log_not_found: bool,
@@ -567,6 +581,7 @@ impl Eff {
             server_tokens: true,
             access_rules: Vec::new(),
             referers: None,
+            secure_link: SecureLink::default(),
             error_pages: Vec::new(),
             log_not_found: true,
             recursive_error_pages: false,
@@ -697,6 +712,23 @@ impl Eff {
                 .clone()
                 .unwrap_or_else(|| self.access_rules.clone()),
             referers: s.referers.clone().or_else(|| self.referers.clone()),
+            secure_link: SecureLink {
+                expr: s
+                    .secure_link
+                    .expr
+                    .clone()
+                    .or_else(|| self.secure_link.expr.clone()),
+                md5: s
+                    .secure_link
+                    .md5
+                    .clone()
+                    .or_else(|| self.secure_link.md5.clone()),
+                secret: s
+                    .secure_link
+                    .secret
+                    .clone()
+                    .or_else(|| self.secure_link.secret.clone()),
+            },
             error_pages: s
                 .error_pages
                 .clone()
@@ -812,6 +844,8 @@ impl Eff {
             server_tokens: self.server_tokens,
             access_rules: self.access_rules.clone(),
             referers: self.referers.clone(),
+            secure_link: (self.secure_link != SecureLink::default())
+                .then(|| Arc::new(self.secure_link.clone())),
             error_pages: self.error_pages.clone(),
             try_files: None,
             needs_head: false,
@@ -2656,6 +2690,16 @@ pub(super) fn set_access_rule(env: &Env, s: &mut Settings, d: &Directive, file: 
 
 /// `valid_referers none | blocked | server_names | NAME[/URI] | ~REGEX ...` (server,
 /// location): what `$invalid_referer` accepts. A level with its own replaces its parent's.
+/// `secure_link EXPR`, `secure_link_md5 EXPR` (variables allowed), `secure_link_secret WORD`.
+pub(super) fn set_secure_link(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let sl = &mut s.secure_link;
+    match d.name.as_str() {
+        "secure_link" => once(&mut sl.expr, parse_header_value(d, file, a0(d))?, d, file),
+        "secure_link_md5" => once(&mut sl.md5, parse_header_value(d, file, a0(d))?, d, file),
+        _ => once(&mut sl.secret, a0(d).to_string(), d, file),
+    }
+}
+
 pub(super) fn set_valid_referers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let mut r = Referers::default();
     for a in &d.args {
@@ -3457,6 +3501,8 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "connection_requests" => Var::ConnectionRequests,
         "connection_time" => Var::ConnectionTime,
         "invalid_referer" => Var::InvalidReferer,
+        "secure_link" => Var::SecureLink,
+        "secure_link_expires" => Var::SecureLinkExpires,
         "realip_remote_addr" => Var::RealipRemoteAddr,
         "realip_remote_port" => Var::RealipRemotePort,
         "limit_req_status" => Var::LimitReqStatus,
@@ -3702,15 +3748,21 @@ pub(super) fn set_ssl_session_tickets(_: &Env, s: &mut Settings, d: &Directive, 
 /// `ssl_stapling on` needs OCSP fetching, which shard does not do: accepted with a warning,
 /// as nginx itself ignores it with one when it cannot staple (a certificate without an OCSP
 /// responder URL), so Mozilla's recommended configuration runs; `off` is accepted.
-pub(super) fn set_ssl_stapling(env: &Env, _: &mut Settings, d: &Directive, file: &str) -> R {
-    if flag(d, file, a0(d))? {
+pub(super) fn set_ssl_stapling(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let on = flag(d, file, a0(d))?;
+    if on {
         env.warn(
             d,
             file,
-            "\"ssl_stapling\" ignored, shard does not fetch OCSP responses",
+            "\"ssl_stapling\" staples only an \"ssl_stapling_file\" in shard (OCSP responses are not fetched)",
         );
     }
-    Ok(())
+    once(&mut s.ssl.stapling, on, d, file)
+}
+
+/// `ssl_stapling_file FILE`: relative to the configuration's directory.
+pub(super) fn set_ssl_stapling_file(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    once(&mut s.ssl.stapling_file, env.resolve_conf(a0(d)), d, file)
 }
 
 /// An `ssl_*` directive applied to `p` (the stream module's; the http module's handlers are
@@ -3737,6 +3789,8 @@ pub(super) fn apply_ssl(env: &Env, p: &mut SslP, d: &Directive, file: &str) -> R
         | "ssl_crl" => set_ssl_client(env, &mut s, d, file),
         "ssl_reject_handshake" => set_ssl_reject_handshake(env, &mut s, d, file),
         "ssl_password_file" => set_ssl_password_file(env, &mut s, d, file),
+        "ssl_stapling" => set_ssl_stapling(env, &mut s, d, file),
+        "ssl_stapling_file" => set_ssl_stapling_file(env, &mut s, d, file),
         _ => Ok(()),
     };
     *p = s.ssl;

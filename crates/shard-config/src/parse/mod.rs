@@ -686,6 +686,9 @@ impl Env {
                 l.needs_head = l.ret.as_ref().is_some_and(|r| reads(&r.parts))
                     || l.add_headers.iter().any(|a| reads(&a.value))
                     || l.index_vars.iter().flatten().any(|t| reads(t))
+                    || l.secure_link
+                        .as_deref()
+                        .is_some_and(|sl| sl.expr.iter().chain(sl.md5.iter()).any(|t| reads(t)))
                     || l.access_logs.iter().any(|al| {
                         al.format.name != LogFormat::COMBINED && reads(&al.format.parts)
                             || al.condition.as_deref().is_some_and(reads)

@@ -129,6 +129,13 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_ssl_session_tickets),
     ),
     d("ssl_stapling", H | S, 1, 1, Set::Settings(set_ssl_stapling)),
+    d(
+        "ssl_stapling_file",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_ssl_stapling_file),
+    ),
     // nginx 1.25.1's per-server switch; shard speaks HTTP/1.1 only (ALPN says so).
     d("http2", H | S, 1, 1, Set::NoEffect(check_flag)),
     // Names are resolved when the configuration is read; nothing resolves later.
@@ -702,6 +709,15 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_recursive_error_pages),
     ),
     d("max_ranges", HSL, 1, 1, Set::Settings(set_max_ranges)),
+    d("secure_link", HSL, 1, 1, Set::Settings(set_secure_link)),
+    d("secure_link_md5", HSL, 1, 1, Set::Settings(set_secure_link)),
+    d(
+        "secure_link_secret",
+        L,
+        1,
+        1,
+        Set::Settings(set_secure_link),
+    ),
     d("gzip_disable", HSL, 1, 64, Set::Settings(set_gzip_disable)),
     d("msie_padding", HSL, 1, 1, Set::NoEffect(check_flag)),
     d("msie_refresh", HSL, 1, 1, Set::NoEffect(check_flag)),
