@@ -901,6 +901,47 @@ impl Default for RealIp {
     }
 }
 
+/// One `proxy_cookie_flags COOKIE FLAG ...` rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CookieFlags {
+    pub cookie: CookieName,
+    pub flags: Vec<CookieFlag>,
+}
+
+/// Which cookies a `proxy_cookie_flags` rule is for.
+#[derive(Debug, Clone)]
+pub enum CookieName {
+    /// A name (variables allowed), compared without case.
+    Name(Vec<Part>),
+    /// `~REGEX` / `~*REGEX` over the name.
+    Regex(crate::Regex),
+}
+
+impl PartialEq for CookieName {
+    fn eq(&self, o: &Self) -> bool {
+        match (self, o) {
+            (CookieName::Name(a), CookieName::Name(b)) => a == b,
+            (CookieName::Regex(a), CookieName::Regex(b)) => a.as_str() == b.as_str(),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for CookieName {}
+
+/// What a `proxy_cookie_flags` flag does to a `Set-Cookie`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CookieFlag {
+    Secure,
+    NoSecure,
+    HttpOnly,
+    NoHttpOnly,
+    /// `samesite` (no value), `samesite=strict|lax|none`: the attribute as written
+    /// (`SameSite`, `SameSite=Strict`, ...), replacing one the cookie has.
+    SameSite(&'static str),
+    NoSameSite,
+}
+
 /// `ngx_http_secure_link_module`'s settings of a location, each inherited on its own.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SecureLink {
@@ -1497,6 +1538,8 @@ pub struct ProxyConf {
     /// `proxy_cookie_path FROM TO` pairs, in order (empty: off): a `Set-Cookie`'s `path=`
     /// starting with FROM gets TO instead of that prefix.
     pub cookie_path: Vec<(String, Vec<Part>)>,
+    /// `proxy_cookie_flags`: the first rule whose cookie matches edits its flags.
+    pub cookie_flags: Vec<CookieFlags>,
     /// `proxy_bind` / `fastcgi_bind`: the local address (variables allowed) connections to
     /// the upstream are made from. `None`: `off`, the kernel chooses.
     pub bind: Option<Vec<Part>>,
@@ -1587,6 +1630,7 @@ impl Default for ProxyConf {
             redirect: ProxyRedirect::Default,
             cookie_domain: Vec::new(),
             cookie_path: Vec::new(),
+            cookie_flags: Vec::new(),
             bind: None,
             ssl: ProxySsl::default(),
         }

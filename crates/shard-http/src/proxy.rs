@@ -821,6 +821,56 @@ pub fn rewrite_set_cookie(
     changed.then(|| out.into_bytes())
 }
 
+/// `proxy_cookie_flags`: the `Set-Cookie` value with the flags of the first rule whose
+/// cookie matches its name (`name` renders a rule's name) added or removed, as nginx edits
+/// them: a flag the cookie lacks is appended (`; Secure`, `; HttpOnly`, `; SameSite=...`), a
+/// `SameSite` it has is replaced, a `no` flag removes the attribute. `None` when nothing
+/// changed.
+pub fn set_cookie_flags(
+    value: &[u8],
+    rules: &[shard_config::CookieFlags],
+    name: &dyn Fn(&[shard_config::Part]) -> String,
+) -> Option<Vec<u8>> {
+    use shard_config::{CookieFlag, CookieName};
+    let text = std::str::from_utf8(value).ok()?;
+    let cookie = text.split(';').next()?.split('=').next()?.trim();
+    let rule = rules.iter().find(|r| match &r.cookie {
+        CookieName::Name(parts) => name(parts).eq_ignore_ascii_case(cookie),
+        CookieName::Regex(re) => re.is_match(cookie),
+    })?;
+    let mut attrs: Vec<String> = text.split(';').map(|a| a.trim().to_string()).collect();
+    let is = |a: &str, n: &str| {
+        let key = a.split('=').next().unwrap_or("").trim();
+        key.eq_ignore_ascii_case(n)
+    };
+    let before = attrs.clone();
+    for f in &rule.flags {
+        let (attr, add): (&str, Option<&str>) = match f {
+            CookieFlag::Secure => ("secure", Some("Secure")),
+            CookieFlag::NoSecure => ("secure", None),
+            CookieFlag::HttpOnly => ("httponly", Some("HttpOnly")),
+            CookieFlag::NoHttpOnly => ("httponly", None),
+            CookieFlag::SameSite(v) => ("samesite", Some(v)),
+            CookieFlag::NoSameSite => ("samesite", None),
+        };
+        let at = attrs
+            .iter()
+            .skip(1)
+            .position(|a| is(a, attr))
+            .map(|i| i + 1);
+        match (at, add) {
+            (Some(i), None) => {
+                attrs.remove(i);
+            }
+            (Some(i), Some(v)) if attr == "samesite" => attrs[i] = v.to_string(),
+            (Some(_), Some(_)) => {}
+            (None, Some(v)) => attrs.push(v.to_string()),
+            (None, None) => {}
+        }
+    }
+    (attrs != before).then(|| attrs.join("; ").into_bytes())
+}
+
 /// Appends the client's response head for `head`, delimited by `client_framing`.
 ///
 /// The status line and `Server`/`Date` as [`crate::response::write_head`] writes them, the

@@ -2595,3 +2595,48 @@ fn secure_link_checks_hashes_and_expiry() {
         403
     );
 }
+
+/// `proxy_cookie_flags`: the first rule whose cookie matches adds or removes `Secure`,
+/// `HttpOnly` and `SameSite` on the upstream's `Set-Cookie`; other cookies pass unchanged.
+#[test]
+fn proxy_cookie_flags_edit_set_cookie() {
+    use support::upstream::{Reply, Upstream};
+    let up = Upstream::start(|_| Reply::Fixed {
+        status: 200,
+        headers: vec![
+            ("Set-Cookie".into(), "one=1; Path=/".into()),
+            (
+                "Set-Cookie".into(),
+                "two=2; Secure; HttpOnly; SameSite=Lax".into(),
+            ),
+            ("Set-Cookie".into(), "other=3".into()),
+        ],
+        body: b"ok".to_vec(),
+    });
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:{{port}};\n  \
+         location = /status {{ shard_status; }}\n  \
+         location / {{ proxy_cookie_flags ONE secure httponly samesite=strict; \
+         proxy_cookie_flags ~^t nosecure samesite=none; proxy_pass http://127.0.0.1:{0}; }}\n  \
+         location /off/ {{ proxy_cookie_flags off; proxy_pass http://127.0.0.1:{0}; }}\n }}\n}}\n",
+        up.port
+    );
+    let s = Server::start("cookie-flags", &conf, 1);
+    let r = get(s.addr(), "/x");
+    let cookies: Vec<&str> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("set-cookie"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(
+        cookies,
+        [
+            "one=1; Path=/; Secure; HttpOnly; SameSite=Strict",
+            "two=2; HttpOnly; SameSite=None",
+            "other=3"
+        ]
+    );
+    let r = get(s.addr(), "/off/x");
+    assert!(r.headers.iter().any(|(_, v)| v == "one=1; Path=/"));
+}

@@ -286,6 +286,8 @@ pub(super) struct ProxyP {
     pub(super) cookie_path: Option<Vec<(String, Vec<Part>)>>,
     /// `proxy_bind` (`Some(None)`: `off`).
     pub(super) bind: Option<Option<Vec<Part>>>,
+    /// `proxy_cookie_flags` of this level (`Some(empty)`: `off`).
+    pub(super) cookie_flags: Option<Vec<CookieFlags>>,
     pub(super) ssl: ProxySslP,
 }
 
@@ -426,6 +428,10 @@ impl ProxyP {
                 .clone()
                 .unwrap_or_else(|| parent.cookie_path.clone()),
             bind: self.bind.clone().unwrap_or_else(|| parent.bind.clone()),
+            cookie_flags: self
+                .cookie_flags
+                .clone()
+                .unwrap_or_else(|| parent.cookie_flags.clone()),
             ssl: self.ssl.merge(&parent.ssl),
         }
     }
@@ -3109,6 +3115,61 @@ pub(super) fn set_proxy_cookie(_: &Env, s: &mut Settings, d: &Directive, file: &
             format!("invalid number of arguments in \"{}\" directive", d.name),
         )),
     }
+}
+
+/// `proxy_cookie_flags off | COOKIE [FLAG ...]`: repeatable, a level with any replaces its
+/// parent's list; `COOKIE` is a name (variables allowed) or `~REGEX`/`~*REGEX`; flags
+/// `secure`, `httponly`, `samesite[=strict|lax|none]` and their `no` forms.
+pub(super) fn set_proxy_cookie_flags(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let list = &mut s.proxy.cookie_flags;
+    if d.args.len() == 1 && d.args[0] == "off" {
+        if list.as_ref().is_some_and(|l| !l.is_empty()) {
+            return Err(derr(d, file, "invalid parameter \"off\""));
+        }
+        *list = Some(Vec::new());
+        return Ok(());
+    }
+    if list.as_ref().is_some_and(|l| l.is_empty()) {
+        return Err(derr(
+            d,
+            file,
+            "\"proxy_cookie_flags\" directive is duplicate",
+        ));
+    }
+    let name = &d.args[0];
+    let cookie = if let Some(re) = name.strip_prefix("~*") {
+        CookieName::Regex(compile_regex(d, file, re, true)?)
+    } else if let Some(re) = name.strip_prefix('~') {
+        CookieName::Regex(compile_regex(d, file, re, false)?)
+    } else {
+        CookieName::Name(parse_header_value(d, file, name)?)
+    };
+    let mut flags = Vec::new();
+    for a in &d.args[1..] {
+        let f = match a.to_ascii_lowercase().as_str() {
+            "secure" => CookieFlag::Secure,
+            "nosecure" => CookieFlag::NoSecure,
+            "httponly" => CookieFlag::HttpOnly,
+            "nohttponly" => CookieFlag::NoHttpOnly,
+            "samesite" => CookieFlag::SameSite("SameSite"),
+            "samesite=strict" => CookieFlag::SameSite("SameSite=Strict"),
+            "samesite=lax" => CookieFlag::SameSite("SameSite=Lax"),
+            "samesite=none" => CookieFlag::SameSite("SameSite=None"),
+            "nosamesite" => CookieFlag::NoSameSite,
+            _ => return Err(derr(d, file, format!("invalid parameter \"{a}\""))),
+        };
+        flags.push(f);
+    }
+    if flags.is_empty() {
+        return Err(derr(
+            d,
+            file,
+            "invalid number of arguments in \"proxy_cookie_flags\" directive",
+        ));
+    }
+    list.get_or_insert_with(Vec::new)
+        .push(CookieFlags { cookie, flags });
+    Ok(())
 }
 
 /// `proxy_redirect default | off | REDIRECT REPLACEMENT`.

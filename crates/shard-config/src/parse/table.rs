@@ -1432,6 +1432,13 @@ pub(super) static TABLE: &[Spec] = &[
     d("proxy_method", HSL, 1, 1, Set::Settings(set_proxy_method)),
     d("proxy_bind", HSL, 1, 2, Set::Settings(set_proxy_bind)),
     d(
+        "proxy_cookie_flags",
+        HSL,
+        1,
+        5,
+        Set::Settings(set_proxy_cookie_flags),
+    ),
+    d(
         "proxy_pass_request_headers",
         HSL,
         1,

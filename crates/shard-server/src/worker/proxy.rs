@@ -2090,6 +2090,24 @@ impl<'a> Worker<'a> {
                 }
             }
         }
+        // `proxy_cookie_flags`.
+        if !loc.proxy.cookie_flags.is_empty() {
+            let render = |parts: &[shard_config::Part]| {
+                let mut storage = shard_http::vars::header_storage();
+                let hs = shard_http::vars::request_headers(&p.head, &mut storage);
+                let ctx = self.var_ctx(key, &p.req, hs, loc);
+                shard_http::vars::render(parts, &ctx)
+            };
+            for (name, value) in &mut head.headers {
+                if name.eq_ignore_ascii_case("set-cookie") {
+                    if let Some(v) =
+                        shard_http::proxy::set_cookie_flags(value, &loc.proxy.cookie_flags, &render)
+                    {
+                        *value = v;
+                    }
+                }
+            }
+        }
         // `proxy_cookie_domain`, `proxy_cookie_path`.
         if !loc.proxy.cookie_domain.is_empty() || !loc.proxy.cookie_path.is_empty() {
             let render = |parts: &[shard_config::Part]| {
