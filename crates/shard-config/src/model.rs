@@ -68,6 +68,141 @@ pub enum LogLevel {
 pub enum LogTarget {
     Stderr,
     File(PathBuf),
+    /// `syslog:server=...`: one datagram per line (RFC 3164).
+    Syslog(std::sync::Arc<Syslog>),
+}
+
+/// `syslog:server=ADDRESS[:PORT]|unix:PATH[,facility=F][,severity=S][,tag=T][,nohostname]`,
+/// as nginx's syslog module reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Syslog {
+    pub server: SyslogServer,
+    /// Default `local7` (23).
+    pub facility: u8,
+    /// `severity=`: access log lines' (default `info`); error log lines take their own level
+    /// unless it is given.
+    pub severity: Option<u8>,
+    /// Default `nginx`, nginx's, so that existing syslog rules still match.
+    pub tag: String,
+    pub nohostname: bool,
+    /// The `syslog:...` text as written (what the log is known by).
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SyslogServer {
+    Udp(std::net::SocketAddr),
+    Unix(PathBuf),
+}
+
+impl Syslog {
+    /// Reads `syslog:...`; errors are nginx's messages.
+    pub fn parse(text: &str) -> Result<Syslog, String> {
+        let spec = text.strip_prefix("syslog:").unwrap_or(text);
+        let mut server = None;
+        let mut s = Syslog {
+            server: SyslogServer::Udp(std::net::SocketAddr::from(([127, 0, 0, 1], 514))),
+            facility: 23,
+            severity: None,
+            tag: "nginx".to_string(),
+            nohostname: false,
+            text: text.to_string(),
+        };
+        for p in spec.split(',') {
+            if let Some(v) = p.strip_prefix("server=") {
+                server = Some(if let Some(path) = v.strip_prefix("unix:") {
+                    SyslogServer::Unix(PathBuf::from(path))
+                } else {
+                    let with_port = if v.starts_with('[') && !v.contains("]:")
+                        || !v.starts_with('[') && !v.contains(':')
+                    {
+                        format!("{v}:514")
+                    } else {
+                        v.to_string()
+                    };
+                    use std::net::ToSocketAddrs;
+                    let addr = with_port
+                        .to_socket_addrs()
+                        .ok()
+                        .and_then(|mut a| a.next())
+                        .ok_or_else(|| format!("host not found in \"{v}\""))?;
+                    SyslogServer::Udp(addr)
+                });
+            } else if let Some(v) = p.strip_prefix("facility=") {
+                const FACILITIES: [&str; 24] = [
+                    "kern", "user", "mail", "daemon", "auth", "intern", "lpr", "news", "uucp",
+                    "clock", "authpriv", "ftp", "ntp", "audit", "alert", "cron", "local0",
+                    "local1", "local2", "local3", "local4", "local5", "local6", "local7",
+                ];
+                s.facility = FACILITIES
+                    .iter()
+                    .position(|f| *f == v)
+                    .ok_or_else(|| format!("unknown syslog facility \"{v}\""))?
+                    as u8;
+            } else if let Some(v) = p.strip_prefix("severity=") {
+                const SEVERITIES: [&str; 8] = [
+                    "emerg", "alert", "crit", "error", "warn", "notice", "info", "debug",
+                ];
+                s.severity = Some(
+                    SEVERITIES
+                        .iter()
+                        .position(|x| *x == v)
+                        .ok_or_else(|| format!("unknown syslog severity \"{v}\""))?
+                        as u8,
+                );
+            } else if let Some(v) = p.strip_prefix("tag=") {
+                if v.len() > 32 {
+                    return Err("syslog tag length exceeds 32".to_string());
+                }
+                if !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                    return Err(
+                        "syslog \"tag\" only allows alphanumeric characters and underscore"
+                            .to_string(),
+                    );
+                }
+                s.tag = v.to_string();
+            } else if p == "nohostname" {
+                s.nohostname = true;
+            } else {
+                return Err(format!("unknown syslog parameter \"{p}\""));
+            }
+        }
+        s.server = server.ok_or_else(|| "no syslog server specified".to_string())?;
+        Ok(s)
+    }
+
+    /// The RFC 3164 header of a message at `severity`: `<PRI>Mmm dd hh:mm:ss HOST TAG: `
+    /// (`HOST ` left out with `nohostname`), the time in UTC as shard's logs write it.
+    pub fn header(&self, severity: u8, unix_secs: u64, hostname: &str) -> String {
+        const MONTHS: [&str; 12] = [
+            "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+        ];
+        let days = (unix_secs / 86_400) as i64;
+        let secs = unix_secs % 86_400;
+        // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+        let z = days + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let d = doy - (153 * mp + 2) / 5 + 1;
+        let m = if mp < 10 { mp + 3 } else { mp - 9 } as usize;
+        let pri = u32::from(self.facility) * 8 + u32::from(severity);
+        let host = if self.nohostname {
+            String::new()
+        } else {
+            format!("{hostname} ")
+        };
+        format!(
+            "<{pri}>{} {d:2} {:02}:{:02}:{:02} {host}{}: ",
+            MONTHS[m - 1],
+            secs / 3600,
+            secs % 3600 / 60,
+            secs % 60,
+            self.tag
+        )
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -406,6 +541,11 @@ pub struct AccessLog {
     /// by default in shard); `None`: each line is written at once, as nginx without
     /// `buffer=`.
     pub buffer: Option<usize>,
+    /// `gzip[=LEVEL]`: each flush of the buffer is written as one gzip member (`zcat` reads
+    /// the file whole), at this level.
+    pub gzip: Option<u32>,
+    /// `syslog:...` instead of a file (`path` is then the `syslog:...` text).
+    pub syslog: Option<std::sync::Arc<Syslog>>,
 }
 
 /// A `log_format NAME [escape=...] STRING ...` (or the predefined `combined`).

@@ -211,6 +211,66 @@ fn main_and_events_directives() {
 }
 
 #[test]
+fn syslog_destinations() {
+    let c = parse(
+        "error_log syslog:server=127.0.0.1:5140,facility=daemon,tag=web,nohostname warn;\n\
+         events {}\nhttp { server { listen 80; access_log syslog:server=unix:/dev/log; } }",
+    );
+    let LogTarget::Syslog(s) = &c.main.error_log.target else {
+        panic!("{:?}", c.main.error_log.target)
+    };
+    assert_eq!(
+        s.server,
+        SyslogServer::Udp("127.0.0.1:5140".parse().unwrap())
+    );
+    assert_eq!((s.facility, s.tag.as_str(), s.nohostname), (3, "web", true));
+    assert_eq!(c.main.error_log.level, LogLevel::Warn);
+    let al = &c.http.as_ref().unwrap().servers[0].base.access_logs[0];
+    let sl = al.syslog.as_ref().unwrap();
+    assert_eq!(sl.server, SyslogServer::Unix("/dev/log".into()));
+    assert_eq!((sl.facility, sl.tag.as_str()), (23, "nginx"));
+    // 2026-11-27 03:04:05 UTC, local7.info: nginx's header.
+    assert_eq!(
+        sl.header(6, 1_795_748_645, "h"),
+        "<190>Nov 27 03:04:05 h nginx: "
+    );
+    let sp = Syslog::parse("syslog:server=127.0.0.1,severity=debug").unwrap();
+    assert_eq!(
+        sp.server,
+        SyslogServer::Udp("127.0.0.1:514".parse().unwrap())
+    );
+    assert_eq!(
+        sp.header(7, 86_400 * 31, "x"),
+        "<191>Feb  1 00:00:00 x nginx: "
+    );
+    for (conf, want) in [
+        (
+            "error_log syslog:facility=local0;",
+            "no syslog server specified",
+        ),
+        (
+            "error_log syslog:server=127.0.0.1,facility=nope;",
+            "unknown syslog facility \"nope\"",
+        ),
+        (
+            "error_log syslog:server=127.0.0.1,tag=a-b;",
+            "only allows alphanumeric",
+        ),
+        (
+            "http { server { listen 80; access_log syslog:server=127.0.0.1 combined buffer=4k; } }",
+            "logs to syslog cannot be buffered",
+        ),
+        (
+            "http { server { listen 80; access_log logs/a.gz combined gzip=10; } }",
+            "invalid compression level \"10\"",
+        ),
+    ] {
+        let e = error(&format!("{conf} events {{}}"));
+        assert!(e.contains(want), "{conf}: {e}");
+    }
+}
+
+#[test]
 fn worker_process_settings() {
     let c = parse(
         "worker_priority -5; worker_cpu_affinity 0001 0010 0100; worker_rlimit_core 500m;\n\

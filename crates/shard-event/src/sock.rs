@@ -511,6 +511,36 @@ pub fn udp_connected(addr: &SocketAddr) -> io::Result<OwnedFd> {
     Ok(owned)
 }
 
+/// A nonblocking datagram socket connected to the Unix-domain socket at `path` (a syslog
+/// daemon's `/dev/log`).
+pub fn unix_datagram_connected(path: &std::path::Path) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: plain system call without pointers.
+    let fd = cvt(unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    })?;
+    // SAFETY: socket returned a new descriptor that nothing else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: all-zero is a valid sockaddr_un.
+    let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= sun.sun_path.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    for (d, &b) in sun.sun_path.iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+    // SAFETY: `sun` is a valid sockaddr_un of at least `len` bytes for the call.
+    cvt(unsafe { libc::connect(fd, &sun as *const _ as *const libc::sockaddr, len) })?;
+    Ok(owned)
+}
+
 /// A nonblocking connect to the Unix-domain stream socket at `path` (an upstream `server
 /// unix:/path`). A full listen queue is `EAGAIN`, an error as nginx treats it.
 pub fn connect_unix_nonblocking(path: &std::path::Path) -> io::Result<Connect> {

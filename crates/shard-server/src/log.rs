@@ -47,7 +47,39 @@ fn open_target(target: &LogTarget) -> io::Result<RawFd> {
     match target {
         LogTarget::Stderr => Ok(2),
         LogTarget::File(path) => open_append(path),
+        LogTarget::Syslog(s) => Ok(open_syslog(s)),
     }
+}
+
+/// A datagram socket connected to the syslog server (`-1` when it cannot be made: nginx
+/// drops the messages then too, and says why once).
+pub fn open_syslog(s: &shard_config::Syslog) -> RawFd {
+    use std::os::fd::IntoRawFd as _;
+    let r = match &s.server {
+        shard_config::SyslogServer::Udp(a) => shard_event::sock::udp_connected(a),
+        shard_config::SyslogServer::Unix(p) => shard_event::sock::unix_datagram_connected(p),
+    };
+    match r {
+        Ok(fd) => fd.into_raw_fd(),
+        Err(e) => {
+            eprintln!(
+                "shard: connect() to syslog \"{}\" failed ({})",
+                s.text,
+                shard_event::os_error_text(&e)
+            );
+            -1
+        }
+    }
+}
+
+/// The error log's syslog settings when it goes to syslog (read on each line: lines are
+/// few, and the lock is never contended in a single-threaded process).
+static SYSLOG: Mutex<Option<std::sync::Arc<shard_config::Syslog>>> = Mutex::new(None);
+
+/// This machine's name, for syslog headers.
+pub fn hostname() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(shard_event::process::hostname)
 }
 
 /// Creates `PREFIX/logs` when it is missing: the one directory an nginx installation has for
@@ -67,7 +99,7 @@ pub fn check_files(cfg: &shard_config::Config) -> Result<(), String> {
     if let Some(http) = &cfg.http {
         for s in &http.servers {
             for l in std::iter::once(&s.base).chain(&s.locations) {
-                for al in &l.access_logs {
+                for al in l.access_logs.iter().filter(|al| al.syslog.is_none()) {
                     if !paths.contains(&al.path.as_path()) {
                         paths.push(&al.path);
                     }
@@ -90,12 +122,19 @@ pub fn init(target: &LogTarget, level: LogLevel) -> io::Result<()> {
         shard_event::sock::close(old);
     }
     LEVEL.store(level as u8, Relaxed);
+    *SYSLOG.lock().unwrap_or_else(|e| e.into_inner()) = match target {
+        LogTarget::Syslog(s) => Some(s.clone()),
+        _ => None,
+    };
     *TARGET.lock().unwrap_or_else(|e| e.into_inner()) = Some(target.clone());
     Ok(())
 }
 
 /// The error log's descriptor, when it is a file (not standard error).
 pub fn file_fd() -> Option<RawFd> {
+    if SYSLOG.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+        return None;
+    }
     let fd = FD.load(Relaxed);
     (fd > 2).then_some(fd)
 }
@@ -185,7 +224,20 @@ pub fn write(level: LogLevel, msg: std::fmt::Arguments<'_>) {
             msg
         )
     };
-    let _ = shard_event::sock::write(FD.load(Relaxed), line.as_bytes());
+    let syslog = SYSLOG.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    match syslog {
+        // One datagram per line, without its newline, after the RFC 3164 header; the
+        // severity is the line's level unless `severity=` says otherwise, as nginx.
+        Some(s) => {
+            let severity = s.severity.unwrap_or(7 - level as u8);
+            let mut msg = s.header(severity, shard_event::unix_secs(), hostname());
+            msg.push_str(line.trim_end_matches('\n'));
+            let _ = shard_event::sock::write(FD.load(Relaxed), msg.as_bytes());
+        }
+        None => {
+            let _ = shard_event::sock::write(FD.load(Relaxed), line.as_bytes());
+        }
+    }
 }
 
 #[macro_export]

@@ -160,24 +160,25 @@ fn map_zones(
     Ok(out)
 }
 
-fn access_log_paths(cfg: &Config) -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    if let Some(http) = &cfg.http {
-        for s in &http.servers {
-            for loc in std::iter::once(&s.base).chain(s.locations.iter()) {
-                for al in &loc.access_logs {
-                    if !v.contains(&al.path) {
-                        v.push(al.path.clone());
-                    }
-                }
-            }
-        }
-    }
-    for s in cfg.stream.iter().flat_map(|s| &s.servers) {
-        for al in &s.access_logs {
-            if !v.contains(&al.path) {
-                v.push(al.path.clone());
-            }
+/// Every access log once: its path (the `syslog:...` text for syslog) and its syslog
+/// settings.
+type LogDest = (PathBuf, Option<std::sync::Arc<shard_config::Syslog>>);
+
+fn access_log_paths(cfg: &Config) -> Vec<LogDest> {
+    let mut v: Vec<LogDest> = Vec::new();
+    let http = cfg.http.iter().flat_map(|h| &h.servers).flat_map(|s| {
+        std::iter::once(&s.base)
+            .chain(s.locations.iter())
+            .flat_map(|l| &l.access_logs)
+    });
+    let stream = cfg
+        .stream
+        .iter()
+        .flat_map(|s| &s.servers)
+        .flat_map(|s| &s.access_logs);
+    for al in http.chain(stream) {
+        if !v.iter().any(|(p, _)| *p == al.path) {
+            v.push((al.path.clone(), al.syslog.clone()));
         }
     }
     v
@@ -390,8 +391,12 @@ pub fn run(opts: RunOptions) -> Result<i32> {
     sandbox_notice(&cfg);
     create_temp_paths(&cfg, identity.as_ref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut access_logs = HashMap::new();
-    for path in access_log_paths(&cfg) {
-        let fd = crate::log::open_append(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for (path, syslog) in access_log_paths(&cfg) {
+        let fd = match syslog {
+            // A datagram socket the workers inherit, as a file's descriptor.
+            Some(s) => crate::log::open_syslog(&s),
+            None => crate::log::open_append(&path).map_err(|e| anyhow::anyhow!("{e}"))?,
+        };
         access_logs.insert(path, fd);
     }
 
@@ -908,9 +913,12 @@ impl Master {
             }
         };
         let mut access_logs = HashMap::new();
-        for path in access_log_paths(&cfg) {
+        for (path, syslog) in access_log_paths(&cfg) {
             let fd = match self.access_logs.remove(&path) {
                 Some(fd) => fd,
+                None if syslog.is_some() => {
+                    crate::log::open_syslog(syslog.as_deref().expect("checked"))
+                }
                 None => match crate::log::open_append(&path) {
                     Ok(fd) => fd,
                     Err(e) => {
@@ -998,7 +1006,13 @@ impl Master {
         if let Err(e) = crate::log::reopen() {
             crate::log!(Alert, "{e}");
         }
-        let mut paths: Vec<PathBuf> = self.access_logs.keys().cloned().collect();
+        // Syslog destinations are sockets: nothing to reopen.
+        let mut paths: Vec<PathBuf> = self
+            .access_logs
+            .keys()
+            .filter(|p| !p.to_string_lossy().starts_with("syslog:"))
+            .cloned()
+            .collect();
         paths.extend(crate::log::path());
         for path in &paths {
             if let Some(fd) = self.access_logs.get_mut(path) {

@@ -49,7 +49,7 @@ impl Plan {
             for s in &http.servers {
                 for l in std::iter::once(&s.base).chain(&s.locations) {
                     push_once(&mut plan.read, l.alias.as_deref().unwrap_or(&l.root));
-                    for al in &l.access_logs {
+                    for al in l.access_logs.iter().filter(|al| al.syslog.is_none()) {
                         if let Some(d) = al.path.parent() {
                             push_once(&mut plan.append, d);
                         }

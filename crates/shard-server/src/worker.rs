@@ -113,6 +113,50 @@ struct AccessLogFile {
     path: PathBuf,
     fd: RawFd,
     buf: Vec<u8>,
+    /// `gzip[=LEVEL]`: each flush is one gzip member.
+    gzip: Option<u32>,
+    /// `syslog:...`: `fd` is a datagram socket, each line one message, never buffered.
+    syslog: Option<std::sync::Arc<shard_config::Syslog>>,
+}
+
+impl AccessLogFile {
+    /// Writes out what the buffer holds (compressed with `gzip`).
+    fn flush(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        if let Some(s) = &self.syslog {
+            // RFC 3164, one datagram per line: the header, then the line without its
+            // newline; `severity=` or `info`, as nginx's access log.
+            let now = shard_event::unix_secs();
+            for line in self.buf.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+                let mut msg = s
+                    .header(s.severity.unwrap_or(6), now, crate::log::hostname())
+                    .into_bytes();
+                msg.extend_from_slice(line);
+                let _ = shard_event::sock::write(self.fd, &msg);
+            }
+            self.buf.clear();
+            return;
+        }
+        match self.gzip {
+            Some(level) => {
+                use std::io::Write as _;
+                let mut enc = flate2::write::GzEncoder::new(
+                    Vec::with_capacity(self.buf.len() / 4 + 64),
+                    flate2::Compression::new(level),
+                );
+                let member = enc.write_all(&self.buf).and_then(|()| enc.finish());
+                if let Ok(bytes) = member {
+                    let _ = shard_event::sock::write(self.fd, &bytes);
+                }
+            }
+            None => {
+                let _ = shard_event::sock::write(self.fd, &self.buf);
+            }
+        }
+        self.buf.clear();
+    }
 }
 
 pub(crate) struct Worker<'a> {
@@ -356,12 +400,30 @@ impl<'a> Worker<'a> {
         }
         let mut access_logs = Vec::new();
         let mut access_log_idx = HashMap::new();
+        let every_log: Vec<&shard_config::AccessLog> = a
+            .cfg
+            .http
+            .iter()
+            .flat_map(|h| &h.servers)
+            .flat_map(|s| std::iter::once(&s.base).chain(s.locations.iter()))
+            .flat_map(|l| &l.access_logs)
+            .chain(
+                a.cfg
+                    .stream
+                    .iter()
+                    .flat_map(|s| &s.servers)
+                    .flat_map(|s| &s.access_logs),
+            )
+            .collect();
         for (path, fd) in a.access_logs {
+            let first = every_log.iter().find(|al| al.path == *path);
             access_log_idx.insert(path.clone(), access_logs.len());
             access_logs.push(AccessLogFile {
                 path: path.clone(),
                 fd: *fd,
                 buf: Vec::with_capacity(ACCESS_LOG_BUFFER_BYTES),
+                gzip: first.and_then(|al| al.gzip),
+                syslog: first.and_then(|al| al.syslog.clone()),
             });
         }
         let pid = shard_event::process::getpid() as u64;
@@ -778,7 +840,7 @@ impl<'a> Worker<'a> {
     fn reopen_access_logs(&mut self) {
         self.flush_access_logs();
         let _ = crate::log::reopen();
-        for f in &mut self.access_logs {
+        for f in self.access_logs.iter_mut().filter(|f| f.syslog.is_none()) {
             match crate::log::open_append(&f.path) {
                 Ok(fd) => {
                     shard_event::sock::close(f.fd);
@@ -792,7 +854,8 @@ impl<'a> Worker<'a> {
     /// Appends `line` to access log `i` and writes it out as [`Worker::flush_access_log_if`]
     /// says.
     fn append_access_log(&mut self, i: usize, line: &[u8], buffer: Option<usize>) {
-        self.access_logs[i].buf.extend_from_slice(line);
+        let f = &mut self.access_logs[i];
+        f.buf.extend_from_slice(line);
         self.flush_access_log_if(i, buffer);
     }
 
@@ -802,17 +865,13 @@ impl<'a> Worker<'a> {
         let f = &mut self.access_logs[i];
         let limit = buffer.map_or(0, |b| b.min(ACCESS_LOG_BUFFER_BYTES - 2048));
         if f.buf.len() >= limit.max(1) {
-            let _ = shard_event::sock::write(f.fd, &f.buf);
-            f.buf.clear();
+            f.flush();
         }
     }
 
     fn flush_access_logs(&mut self) {
         for f in &mut self.access_logs {
-            if !f.buf.is_empty() {
-                let _ = shard_event::sock::write(f.fd, &f.buf);
-                f.buf.clear();
-            }
+            f.flush();
         }
     }
 

@@ -129,6 +129,24 @@ fn files(dir: &Path) {
     write_file(dir, "html/app/index.html", b"app index");
     write_file(dir, "html/app/f.txt", b"app file");
     write_file(dir, "html/deb/sub/index.html", b"deb sub");
+    // One modification time for both servers' copies: files written on either side of a
+    // second's edge would otherwise differ in `ETag` and `Last-Modified`.
+    fn same_mtime(p: &Path) {
+        for e in std::fs::read_dir(p).unwrap().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                same_mtime(&path);
+            } else {
+                let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_790_000_000);
+                std::fs::File::options()
+                    .write(true)
+                    .open(&path)
+                    .and_then(|f| f.set_modified(t))
+                    .unwrap();
+            }
+        }
+    }
+    same_mtime(&dir.join("html"));
 }
 
 /// The requests, as raw heads (`Connection: close` is added).

@@ -621,3 +621,86 @@ fn worker_priority_affinity_core_limit_and_working_directory_reach_the_workers()
     s.signal(libc::SIGQUIT);
     assert_eq!(s.wait_exit(TIMEOUT), 0);
 }
+
+/// `syslog:` for both logs: one RFC 3164 datagram per line to a loopback receiver, with
+/// nginx's priorities (facility `local7` by default, the error line's level as severity, the
+/// access log's `info` unless `severity=`), tag and host name.
+#[test]
+fn syslog_receives_error_and_access_lines() {
+    let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let port = rx.local_addr().unwrap().port();
+    let conf = format!(
+        "worker_processes 1;\n\
+         error_log syslog:server=127.0.0.1:{port},tag=shardtest notice;\n\
+         events {{}}\nhttp {{\n \
+         log_format tiny \"$request_method $uri $status\";\n \
+         server {{\n  listen 127.0.0.1:{{port}};\n  \
+         location = /status {{ shard_status; }}\n  \
+         location / {{ access_log syslog:server=127.0.0.1:{port},facility=local0,severity=notice,nohostname tiny; \
+         return 200 ok; }}\n }}\n}}\n"
+    );
+    let mut s = Server::start("syslog", &conf, 1);
+    assert_eq!(get(s.addr(), "/hello").status, 200);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 2048];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !got.iter().any(|m: &String| m.contains("GET /hello 200")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no access line: {got:#?}"
+        );
+        let n = rx.recv(&mut buf).expect("a syslog datagram");
+        got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    // local0 (16) * 8 + notice (5) = 133; no host name.
+    let access = got.iter().find(|m| m.contains("GET /hello 200")).unwrap();
+    assert!(access.starts_with("<133>"), "{access}");
+    assert!(access.ends_with(" nginx: GET /hello 200"), "{access}");
+    assert!(
+        !access.contains(&format!(" {host} ")) || host.is_empty(),
+        "{access}"
+    );
+    // The master's notice lines: local7 (23) * 8 + notice (5) = 189, host and tag.
+    let notice = got
+        .iter()
+        .find(|m| m.contains("[notice]"))
+        .unwrap_or_else(|| panic!("no error log line: {got:#?}"));
+    assert!(notice.starts_with("<189>"), "{notice}");
+    assert!(notice.contains(&format!(" {host} shardtest: ")), "{notice}");
+    s.signal(libc::SIGQUIT);
+    assert_eq!(s.wait_exit(TIMEOUT), 0);
+}
+
+/// `access_log ... gzip`: the file is gzip members `zcat` reads whole, written when the
+/// buffer fills, at the periodic flush, and at exit.
+#[test]
+fn access_log_gzip_writes_gzip_members() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n \
+         server {\n  listen 127.0.0.1:{port};\n  \
+         location = /status { shard_status; }\n  \
+         location / { access_log logs/access.log.gz combined gzip=6 flush=1s; return 200 ok; }\n }\n}\n";
+    let mut s = Server::start("access-gzip", conf, 1);
+    for i in 0..50 {
+        assert_eq!(get(s.addr(), &format!("/line-{i}")).status, 200);
+    }
+    s.signal(libc::SIGQUIT);
+    assert_eq!(s.wait_exit(TIMEOUT), 0);
+    let gz = std::fs::read(s.dir.join("logs/access.log.gz")).unwrap();
+    assert_eq!(&gz[..2], &[0x1f, 0x8b], "a gzip stream");
+    let mut text = String::new();
+    flate2::read::MultiGzDecoder::new(&gz[..])
+        .read_to_string(&mut text)
+        .unwrap();
+    for i in 0..50 {
+        assert!(
+            text.contains(&format!("GET /line-{i} HTTP/1.1\" 200")),
+            "{text}"
+        );
+    }
+    assert_eq!(text.lines().count(), 50);
+}

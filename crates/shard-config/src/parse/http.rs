@@ -570,6 +570,8 @@ impl Eff {
                 format: combined_format(),
                 condition: None,
                 buffer: None,
+                gzip: None,
+                syslog: None,
             }],
             client_header_timeout_ms: 60_000,
             client_header_buffer_size: 1024,
@@ -2050,13 +2052,11 @@ pub(super) fn parse_access_log(
         return Ok(None);
     }
     no_variables(d, file, a)?;
-    if a.starts_with("syslog:") {
-        return Err(derr(
-            d,
-            file,
-            "logging to syslog (\"syslog:\") is not supported by shard; log to a file",
-        ));
-    }
+    let syslog = if a.starts_with("syslog:") {
+        Some(Arc::new(Syslog::parse(a).map_err(|m| derr(d, file, m))?))
+    } else {
+        None
+    };
     let format = match (d.args.get(1), default) {
         (None, Some(f)) => f,
         (None, None) => {
@@ -2074,6 +2074,7 @@ pub(super) fn parse_access_log(
     };
     let mut condition = None;
     let mut buffer = None;
+    let mut gzip = None;
     for p in d.args.iter().skip(2) {
         if let Some(v) = p.strip_prefix("buffer=") {
             buffer = Some(
@@ -2082,23 +2083,37 @@ pub(super) fn parse_access_log(
             );
         } else if let Some(v) = p.strip_prefix("flush=") {
             parse_time_ms(v).ok_or_else(|| derr(d, file, format!("invalid flush time \"{v}\"")))?;
-        } else if p == "gzip" || p.starts_with("gzip=") {
-            return Err(derr(
-                d,
-                file,
-                "\"gzip\" in \"access_log\" is not supported by shard",
-            ));
+        } else if p == "gzip" {
+            gzip = Some(1);
+        } else if let Some(v) = p.strip_prefix("gzip=") {
+            match v.parse::<u32>() {
+                Ok(l) if (1..=9).contains(&l) => gzip = Some(l),
+                _ => return Err(derr(d, file, format!("invalid compression level \"{v}\""))),
+            }
         } else if let Some(v) = p.strip_prefix("if=") {
             condition = Some(value(v)?);
         } else {
             return Err(derr(d, file, format!("invalid parameter \"{p}\"")));
         }
     }
+    if syslog.is_some() && (buffer.is_some() || gzip.is_some()) {
+        return Err(derr(d, file, "logs to syslog cannot be buffered"));
+    }
+    // nginx: `gzip` without `buffer=` buffers 64 KiB.
+    if gzip.is_some() && buffer.is_none() {
+        buffer = Some(64 * 1024);
+    }
     Ok(Some(AccessLog {
-        path: env.resolve(a),
+        path: if syslog.is_some() {
+            std::path::PathBuf::from(a)
+        } else {
+            env.resolve(a)
+        },
         format,
         condition,
         buffer: buffer.map(|b| usize::try_from(b).unwrap_or(usize::MAX)),
+        gzip,
+        syslog,
     }))
 }
 

@@ -95,15 +95,18 @@ pub(super) fn parse_error_log(
     file: &str,
     prefix: &Path,
 ) -> Result<ErrorLog, ConfigError> {
-    if d.args[0].starts_with("syslog:") || d.args[0].starts_with("memory:") {
-        let kind = &d.args[0][..d.args[0].find(':').unwrap_or(0) + 1];
+    if d.args[0].starts_with("memory:") {
         return Err(derr(
             d,
             file,
-            format!("logging to \"{kind}\" is not supported by shard; log to a file or stderr"),
+            "logging to \"memory:\" (a debugging build's ring buffer) is not supported by shard; log to a file, stderr or syslog",
         ));
     }
-    let target = if d.args[0] == "stderr" {
+    let target = if d.args[0].starts_with("syslog:") {
+        LogTarget::Syslog(std::sync::Arc::new(
+            Syslog::parse(&d.args[0]).map_err(|m| derr(d, file, m))?,
+        ))
+    } else if d.args[0] == "stderr" {
         LogTarget::Stderr
     } else {
         LogTarget::File(prefix.join(&d.args[0]))
