@@ -230,6 +230,9 @@ pub struct MainConf {
     pub error_log: ErrorLog,
     /// A main-level `error_log` was written (the command line's `-e` then does not apply).
     pub error_log_configured: bool,
+    /// The main context's further `error_log`s: every one is written, each at its own
+    /// level, as nginx.
+    pub more_error_logs: Vec<ErrorLog>,
     /// `env`: the inherited variables the workers keep (`NAME`) and those they get
     /// (`NAME=VALUE`), in order; every other one but `TZ` is removed from their environment.
     pub env: Vec<(String, Option<String>)>,

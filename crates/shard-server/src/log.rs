@@ -72,6 +72,59 @@ pub fn open_syslog(s: &shard_config::Syslog) -> RawFd {
     }
 }
 
+/// The main context's further `error_log`s: descriptor, level, target.
+static EXTRA: Mutex<Vec<(RawFd, LogLevel, LogTarget)>> = Mutex::new(Vec::new());
+/// The lowest level any of them takes (`Emerg + 1`: none).
+static EXTRA_LEVEL: AtomicU8 = AtomicU8::new(LogLevel::Emerg as u8 + 1);
+
+/// Opens the further `error_log`s (replacing the previous ones); one that cannot be opened
+/// is an error, as the first's.
+pub fn init_extra(logs: &[shard_config::ErrorLog]) -> io::Result<()> {
+    let mut opened = Vec::with_capacity(logs.len());
+    for l in logs {
+        match open_target(&l.target) {
+            Ok(fd) => opened.push((fd, l.level, l.target.clone())),
+            Err(e) => {
+                for (fd, _, _) in opened {
+                    if fd > 2 {
+                        shard_event::sock::close(fd);
+                    }
+                }
+                return Err(e);
+            }
+        }
+    }
+    let min = opened
+        .iter()
+        .map(|(_, l, _)| *l as u8)
+        .min()
+        .unwrap_or(LogLevel::Emerg as u8 + 1);
+    let old = std::mem::replace(
+        &mut *EXTRA.lock().unwrap_or_else(|e| e.into_inner()),
+        opened,
+    );
+    for (fd, _, _) in old {
+        if fd > 2 {
+            shard_event::sock::close(fd);
+        }
+    }
+    EXTRA_LEVEL.store(min, Relaxed);
+    Ok(())
+}
+
+/// The files among the further `error_log`s (for the master's `chown` at reopen).
+pub fn extra_paths() -> Vec<std::path::PathBuf> {
+    EXTRA
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(|(_, _, t)| match t {
+            LogTarget::File(p) => Some(p.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The error log's syslog settings when it goes to syslog (read on each line: lines are
 /// few, and the lock is never contended in a single-threaded process).
 static SYSLOG: Mutex<Option<std::sync::Arc<shard_config::Syslog>>> = Mutex::new(None);
@@ -93,8 +146,10 @@ pub fn make_prefix_logs_dir(prefix: &Path) {
 /// server would open it, and closed: `-t` fails where the start would.
 pub fn check_files(cfg: &shard_config::Config) -> Result<(), String> {
     let mut paths: Vec<&Path> = Vec::new();
-    if let LogTarget::File(p) = &cfg.main.error_log.target {
-        paths.push(p);
+    for l in std::iter::once(&cfg.main.error_log).chain(&cfg.main.more_error_logs) {
+        if let LogTarget::File(p) = &l.target {
+            paths.push(p);
+        }
     }
     if let Some(http) = &cfg.http {
         for s in &http.servers {
@@ -149,6 +204,13 @@ pub fn path() -> Option<std::path::PathBuf> {
 
 /// Reopens the log file (after rotation).
 pub fn reopen() -> io::Result<()> {
+    for (fd, _, t) in EXTRA.lock().unwrap_or_else(|e| e.into_inner()).iter_mut() {
+        if let LogTarget::File(_) = t {
+            let new = open_target(t)?;
+            shard_event::sock::close(*fd);
+            *fd = new;
+        }
+    }
     let target = TARGET.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if let Some(t) = target {
         let level = LEVEL.load(Relaxed);
@@ -166,7 +228,7 @@ pub fn reopen() -> io::Result<()> {
 }
 
 pub fn enabled(level: LogLevel) -> bool {
-    level as u8 >= LEVEL.load(Relaxed)
+    level as u8 >= LEVEL.load(Relaxed).min(EXTRA_LEVEL.load(Relaxed))
 }
 
 /// `YYYY/MM/DD HH:MM:SS` in UTC.
@@ -224,18 +286,36 @@ pub fn write(level: LogLevel, msg: std::fmt::Arguments<'_>) {
             msg
         )
     };
-    let syslog = SYSLOG.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if level as u8 >= LEVEL.load(Relaxed) {
+        let syslog = SYSLOG.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        write_to(FD.load(Relaxed), syslog.as_deref(), level, &line);
+    }
+    if level as u8 >= EXTRA_LEVEL.load(Relaxed) {
+        for (fd, min, t) in EXTRA.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            if level >= *min {
+                let syslog = match t {
+                    LogTarget::Syslog(s) => Some(&**s),
+                    _ => None,
+                };
+                write_to(*fd, syslog, level, &line);
+            }
+        }
+    }
+}
+
+/// One error line to one destination: as it is, or for syslog one datagram, without its
+/// newline, after the RFC 3164 header (the line's level as the severity unless `severity=`
+/// says otherwise, as nginx).
+fn write_to(fd: RawFd, syslog: Option<&shard_config::Syslog>, level: LogLevel, line: &str) {
     match syslog {
-        // One datagram per line, without its newline, after the RFC 3164 header; the
-        // severity is the line's level unless `severity=` says otherwise, as nginx.
         Some(s) => {
             let severity = s.severity.unwrap_or(7 - level as u8);
             let mut msg = s.header(severity, shard_event::unix_secs(), hostname());
             msg.push_str(line.trim_end_matches('\n'));
-            let _ = shard_event::sock::write(FD.load(Relaxed), msg.as_bytes());
+            let _ = shard_event::sock::write(fd, msg.as_bytes());
         }
         None => {
-            let _ = shard_event::sock::write(FD.load(Relaxed), line.as_bytes());
+            let _ = shard_event::sock::write(fd, line.as_bytes());
         }
     }
 }

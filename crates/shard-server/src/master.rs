@@ -345,6 +345,7 @@ pub fn run(opts: RunOptions) -> Result<i32> {
     crate::log::make_prefix_logs_dir(&cfg.prefix);
     crate::log::init(&cfg.main.error_log.target, cfg.main.error_log.level)
         .context("cannot open the error log")?;
+    crate::log::init_extra(&cfg.main.more_error_logs).context("cannot open an error log")?;
     // `master_process off` serves in this one process: one worker, as nginx's single-process
     // mode ignores `worker_processes`.
     let n_workers = if cfg.main.master_process {
@@ -961,6 +962,12 @@ impl Master {
             crate::log!(Notice, "closing {}: no longer configured", ol.addr);
             ol.close();
         }
+        if let Err(e) = crate::log::init_extra(&cfg.main.more_error_logs) {
+            crate::log!(
+                Alert,
+                "cannot open a new error log ({e}): keeping the old ones"
+            );
+        }
         if cfg.main.error_log.target != self.cfg.main.error_log.target
             || cfg.main.error_log.level != self.cfg.main.error_log.level
         {
@@ -1014,6 +1021,7 @@ impl Master {
             .cloned()
             .collect();
         paths.extend(crate::log::path());
+        paths.extend(crate::log::extra_paths());
         for path in &paths {
             if let Some(fd) = self.access_logs.get_mut(path) {
                 match crate::log::open_append(path) {

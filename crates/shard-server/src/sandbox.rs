@@ -40,9 +40,11 @@ fn push_once(v: &mut Vec<PathBuf>, p: &Path) {
 impl Plan {
     pub fn from_config(cfg: &Config) -> Plan {
         let mut plan = Plan::default();
-        if let LogTarget::File(p) = &cfg.main.error_log.target {
-            if let Some(d) = p.parent() {
-                push_once(&mut plan.append, d);
+        for l in std::iter::once(&cfg.main.error_log).chain(&cfg.main.more_error_logs) {
+            if let LogTarget::File(p) = &l.target {
+                if let Some(d) = p.parent() {
+                    push_once(&mut plan.append, d);
+                }
             }
         }
         if let Some(http) = &cfg.http {

@@ -704,3 +704,42 @@ fn access_log_gzip_writes_gzip_members() {
     }
     assert_eq!(text.lines().count(), 50);
 }
+
+/// Several `error_log`s in the main context: each is written at its own level, as nginx
+/// writes every one of them, and each is reopened by `SIGUSR1`.
+#[test]
+fn every_main_error_log_is_written_at_its_level() {
+    let conf = "worker_processes 1;\n\
+         error_log logs/error.log info;\n\
+         error_log logs/errors-only.log error;\n\
+         events {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+         location = /status { shard_status; }\n }\n}\n";
+    let mut s = Server::start("several-error-logs", conf, 1);
+    assert_eq!(get(s.addr(), "/no-such-file").status, 404);
+    let only = s.dir.join("logs/errors-only.log");
+    let text = wait_for(TIMEOUT, "the 404 in errors-only.log", || {
+        let t = read(&only);
+        t.contains("No such file or directory").then_some(t)
+    });
+    assert!(
+        !text.contains("[notice]") && !text.contains("[info]"),
+        "{text}"
+    );
+    let all = read(&s.dir.join("logs/error.log"));
+    assert!(
+        all.contains("[notice]") && all.contains("No such file or directory"),
+        "{all}"
+    );
+    // Rotation: both files are opened anew.
+    std::fs::rename(&only, s.dir.join("logs/errors-only.log.1")).unwrap();
+    s.signal(libc::SIGUSR1);
+    wait_for(TIMEOUT, "errors-only.log reopened", || {
+        only.exists().then_some(())
+    });
+    let _ = get(s.addr(), "/still-missing");
+    wait_for(TIMEOUT, "the next 404 in the new file", || {
+        read(&only).contains("still-missing").then_some(())
+    });
+    s.signal(libc::SIGQUIT);
+    assert_eq!(s.wait_exit(TIMEOUT), 0);
+}

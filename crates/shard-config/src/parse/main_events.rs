@@ -22,7 +22,12 @@ pub(super) fn main_pid(env: &Env, st: &mut State, d: &Directive, file: &str) -> 
 }
 
 pub(super) fn main_error_log(env: &Env, st: &mut State, d: &Directive, file: &str) -> R {
-    st.main.error_log = Some(parse_error_log(d, file, &env.prefix)?);
+    let log = parse_error_log(d, file, &env.prefix)?;
+    if st.main.error_log.is_none() {
+        st.main.error_log = Some(log);
+    } else {
+        st.main.more_error_logs.push(log);
+    }
     Ok(())
 }
 

@@ -290,6 +290,7 @@ struct MainP {
     worker_processes: Option<WorkerProcesses>,
     pid: Option<PathBuf>,
     error_log: Option<ErrorLog>,
+    more_error_logs: Vec<ErrorLog>,
     env: Vec<(String, Option<String>)>,
     worker_rlimit_nofile: Option<u64>,
     worker_rlimit_core: Option<u64>,
@@ -563,6 +564,7 @@ impl Env {
                     .unwrap_or_else(|| self.prefix.join(crate::model::DEFAULT_PID_PATH)),
             ),
             error_log_configured: st.main.error_log.is_some(),
+            more_error_logs: st.main.more_error_logs,
             env: st.main.env,
             error_log: st.main.error_log.unwrap_or_else(|| ErrorLog {
                 target: LogTarget::File(self.prefix.join("logs/error.log")),
