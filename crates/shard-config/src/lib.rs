@@ -112,6 +112,44 @@ pub fn parse_bind_addr(v: &str) -> Option<std::net::SocketAddr> {
     v.parse().ok()
 }
 
+/// The TLS 1.3 suites shard speaks, by OpenSSL's names (`ssl_conf_command Ciphersuites`).
+pub const TLS13_SUITES: [&str; 3] = [
+    "TLS_AES_128_GCM_SHA256",
+    "TLS_AES_256_GCM_SHA384",
+    "TLS_CHACHA20_POLY1305_SHA256",
+];
+
+/// `ssl_conf_command Options` flags shard accepts: `ServerPreference` and `SessionTicket` act;
+/// the others name what rustls always or never does (no renegotiation, no compression,
+/// extended master secret, middlebox compatibility) or a tuning shard has no use for.
+pub const TLS_OPTIONS: [&str; 13] = [
+    "ServerPreference",
+    "SessionTicket",
+    "PrioritizeChaCha",
+    "NoRenegotiation",
+    "Compression",
+    "KTLS",
+    "EncryptThenMac",
+    "ExtendedMasterSecret",
+    "MiddleboxCompat",
+    "AntiReplay",
+    "Bugs",
+    "NoResumptionOnRenegotiation",
+    "AllowNoDHEKEX",
+];
+
+/// A key exchange group's canonical name for an OpenSSL group name (`X25519`, `P-256`,
+/// `prime256v1`, `secp384r1`, ...): `None` for one shard does not have.
+pub fn kx_group_name(name: &str) -> Option<&'static str> {
+    Some(match name.to_ascii_lowercase().as_str() {
+        "x25519" => "X25519",
+        "p-256" | "prime256v1" | "secp256r1" => "secp256r1",
+        "p-384" | "secp384r1" => "secp384r1",
+        "x25519mlkem768" => "X25519MLKEM768",
+        _ => return None,
+    })
+}
+
 pub fn load(path: &Path, prefix: &Path, extra: Option<&str>) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::new(parse::open_failed(path, &e)))?;

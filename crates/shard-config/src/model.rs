@@ -1952,6 +1952,9 @@ pub struct SslConf {
     pub stapling: bool,
     /// `ssl_stapling_file FILE`: a DER OCSP response stapled to every handshake.
     pub stapling_file: Option<PathBuf>,
+    /// `ssl_conf_command NAME VALUE`, in order (checked at parse time; applied over the other
+    /// `ssl_*` settings, as OpenSSL applies them last).
+    pub conf_commands: Vec<(String, String)>,
 }
 
 /// `ssl_verify_client on | off | optional | optional_no_ca`.
@@ -1989,6 +1992,7 @@ impl Default for SslConf {
             password_file: None,
             stapling: false,
             stapling_file: None,
+            conf_commands: Vec::new(),
         }
     }
 }

@@ -271,6 +271,42 @@ fn syslog_destinations() {
 }
 
 #[test]
+fn ssl_conf_commands_are_checked() {
+    let c = parse(
+        "events {}\nhttp { ssl_conf_command Options -SessionTicket,ServerPreference;\n\
+         server { listen 443 ssl; ssl_conf_command Groups X25519:prime256v1; } }",
+    );
+    let s = &c.http.as_ref().unwrap().servers[0];
+    // A level with any replaces its parent's list.
+    assert_eq!(
+        s.ssl.conf_commands,
+        [("Groups".to_string(), "X25519:prime256v1".to_string())]
+    );
+    for (cmd, want) in [
+        (
+            "MinProtocol TLSv9",
+            "SSL_CONF_cmd(\"MinProtocol\", \"TLSv9\") failed",
+        ),
+        (
+            "Options Bogus",
+            "SSL_CONF_cmd(\"Options\", \"Bogus\") failed",
+        ),
+        ("Groups X448", "no group shard has"),
+        (
+            "Ciphersuites TLS_AES_128_CCM_SHA256",
+            "no TLS 1.3 suite shard has",
+        ),
+        (
+            "VerifyMode Peer",
+            "\"ssl_conf_command VerifyMode\" is not supported by shard",
+        ),
+    ] {
+        let e = error(&format!("events {{}} http {{ ssl_conf_command {cmd}; }}"));
+        assert!(e.contains(want), "{cmd}: {e}");
+    }
+}
+
+#[test]
 fn worker_process_settings() {
     let c = parse(
         "worker_priority -5; worker_cpu_affinity 0001 0010 0100; worker_rlimit_core 500m;\n\

@@ -514,7 +514,6 @@ pub fn udp_connected(addr: &SocketAddr) -> io::Result<OwnedFd> {
 /// A nonblocking datagram socket connected to the Unix-domain socket at `path` (a syslog
 /// daemon's `/dev/log`).
 pub fn unix_datagram_connected(path: &std::path::Path) -> io::Result<OwnedFd> {
-    use std::os::unix::ffi::OsStrExt;
     // SAFETY: plain system call without pointers.
     let fd = cvt(unsafe {
         libc::socket(
@@ -525,6 +524,15 @@ pub fn unix_datagram_connected(path: &std::path::Path) -> io::Result<OwnedFd> {
     })?;
     // SAFETY: socket returned a new descriptor that nothing else owns.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let (sun, len) = unix_sockaddr(path)?;
+    // SAFETY: `sun` is a valid sockaddr_un of at least `len` bytes for the call.
+    cvt(unsafe { libc::connect(fd, &sun as *const _ as *const libc::sockaddr, len) })?;
+    Ok(owned)
+}
+
+/// The `sockaddr_un` of `path` and its length (`ENAMETOOLONG` when it does not fit).
+fn unix_sockaddr(path: &std::path::Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    use std::os::unix::ffi::OsStrExt;
     // SAFETY: all-zero is a valid sockaddr_un.
     let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -536,15 +544,12 @@ pub fn unix_datagram_connected(path: &std::path::Path) -> io::Result<OwnedFd> {
         *d = b as libc::c_char;
     }
     let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
-    // SAFETY: `sun` is a valid sockaddr_un of at least `len` bytes for the call.
-    cvt(unsafe { libc::connect(fd, &sun as *const _ as *const libc::sockaddr, len) })?;
-    Ok(owned)
+    Ok((sun, len))
 }
 
 /// A nonblocking connect to the Unix-domain stream socket at `path` (an upstream `server
 /// unix:/path`). A full listen queue is `EAGAIN`, an error as nginx treats it.
 pub fn connect_unix_nonblocking(path: &std::path::Path) -> io::Result<Connect> {
-    use std::os::unix::ffi::OsStrExt;
     // SAFETY: plain system call without pointers.
     let fd = cvt(unsafe {
         libc::socket(
@@ -555,17 +560,7 @@ pub fn connect_unix_nonblocking(path: &std::path::Path) -> io::Result<Connect> {
     })?;
     // SAFETY: socket returned a new descriptor that nothing else owns.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: all-zero is a valid sockaddr_un.
-    let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = path.as_os_str().as_bytes();
-    if bytes.len() >= sun.sun_path.len() {
-        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
-    }
-    for (d, &b) in sun.sun_path.iter_mut().zip(bytes) {
-        *d = b as libc::c_char;
-    }
-    let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+    let (sun, len) = unix_sockaddr(path)?;
     // SAFETY: `sun` is a valid sockaddr_un of at least `len` bytes for the call.
     let r = cvt(unsafe { libc::connect(fd, &sun as *const _ as *const libc::sockaddr, len) });
     match r {

@@ -898,14 +898,15 @@ fn base_config(
     if ssl.protocols.iter().any(|p| p == "TLSv1.2") {
         versions.push(&rustls::version::TLS12);
     }
+    let mut prov = provider::default_provider();
+    prov.cipher_suites = cipher_suites(&ssl.ciphers);
+    let switches = apply_conf_commands(&ssl.conf_commands, &mut versions, &mut prov);
     if versions.is_empty() {
         return Err(format!(
             "\"ssl_protocols\" names no protocol shard speaks (TLSv1.2, TLSv1.3) for {}",
             l.addr
         ));
     }
-    let mut prov = provider::default_provider();
-    prov.cipher_suites = cipher_suites(&ssl.ciphers);
     let builder = ServerConfig::builder_with_provider(Arc::new(prov))
         .with_protocol_versions(&versions)
         .map_err(|e| format!("ssl configuration for {}: {e}", l.addr))?;
@@ -916,7 +917,10 @@ fn base_config(
     let mut config = builder.with_cert_resolver(resolver);
     // HTTP/2 is not spoken: a client offering h2 and http/1.1 gets http/1.1.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    config.ignore_client_order = ssl.prefer_server_ciphers;
+    config.ignore_client_order = switches
+        .server_preference
+        .unwrap_or(ssl.prefer_server_ciphers);
+    let session_tickets = switches.session_tickets.unwrap_or(ssl.session_tickets);
     let storage: Arc<dyn rustls::server::StoresServerSessions> = match &ssl.session_cache {
         SessionCache::Off | SessionCache::None => {
             Arc::new(rustls::server::NoServerSessionStorage {})
@@ -939,7 +943,7 @@ fn base_config(
     } else {
         storage
     };
-    if ssl.session_tickets {
+    if session_tickets {
         let inner: Arc<dyn rustls::server::ProducesTickets> = match ssl.session_ticket_keys.first()
         {
             // A key file: every shard given it (on any machine) opens the same tickets.
@@ -961,6 +965,131 @@ fn base_config(
         config.send_tls13_tickets = 0;
     }
     Ok(config)
+}
+
+/// What `ssl_conf_command Options` switched, over `ssl_prefer_server_ciphers` and
+/// `ssl_session_tickets`.
+#[derive(Default)]
+struct Switches {
+    server_preference: Option<bool>,
+    session_tickets: Option<bool>,
+}
+
+/// `ssl_conf_command`s, in order, over what the other `ssl_*` directives chose (the
+/// parser checked each; see `docs/directives.md` for what each one does here).
+fn apply_conf_commands(
+    commands: &[(String, String)],
+    versions: &mut Vec<&'static rustls::SupportedProtocolVersion>,
+    prov: &mut rustls::crypto::CryptoProvider,
+) -> Switches {
+    let mut sw = Switches::default();
+    let rank = |v: &str| match v {
+        "TLSv1.3" => 13,
+        "TLSv1.2" => 12,
+        "None" => 0,
+        _ => 10,
+    };
+    let of = |v: &rustls::SupportedProtocolVersion| {
+        if v.version == rustls::ProtocolVersion::TLSv1_3 {
+            13
+        } else {
+            12
+        }
+    };
+    for (name, value) in commands {
+        let words = value.split([':', ',', ' ']).filter(|w| !w.is_empty());
+        match name.to_ascii_lowercase().as_str() {
+            "ciphersuites" => {
+                let wanted: Vec<String> = words.map(|w| w.replacen("TLS_", "TLS13_", 1)).collect();
+                let mut tls13: Vec<rustls::SupportedCipherSuite> = Vec::new();
+                for w in &wanted {
+                    if let Some(s) = provider::ALL_CIPHER_SUITES
+                        .iter()
+                        .find(|s| format!("{:?}", s.suite()) == *w)
+                    {
+                        tls13.push(*s);
+                    }
+                }
+                let tls12 = prov
+                    .cipher_suites
+                    .iter()
+                    .copied()
+                    .filter(|s| s.version() != &rustls::version::TLS13);
+                prov.cipher_suites = tls13.into_iter().chain(tls12).collect();
+            }
+            "cipherstring" => {
+                let tls13: Vec<_> = prov
+                    .cipher_suites
+                    .iter()
+                    .copied()
+                    .filter(|s| s.version() == &rustls::version::TLS13)
+                    .collect();
+                let tls12 = cipher_suites(value)
+                    .into_iter()
+                    .filter(|s| s.version() != &rustls::version::TLS13);
+                prov.cipher_suites = tls13.into_iter().chain(tls12).collect();
+            }
+            "minprotocol" => {
+                let min = rank(value);
+                versions.retain(|v| of(v) >= min);
+            }
+            "maxprotocol" => {
+                let max = if value == "None" { 99 } else { rank(value) };
+                versions.retain(|v| of(v) <= max);
+            }
+            "protocol" => {
+                for w in words {
+                    let (on, bare) = match w.strip_prefix('-') {
+                        Some(b) => (false, b),
+                        None => (true, w.trim_start_matches('+')),
+                    };
+                    let which: Vec<&'static rustls::SupportedProtocolVersion> = match bare {
+                        "ALL" => vec![&rustls::version::TLS13, &rustls::version::TLS12],
+                        "TLSv1.3" => vec![&rustls::version::TLS13],
+                        "TLSv1.2" => vec![&rustls::version::TLS12],
+                        _ => Vec::new(),
+                    };
+                    for v in which {
+                        let has = versions.iter().any(|x| x.version == v.version);
+                        if on && !has {
+                            versions.push(v);
+                        } else if !on {
+                            versions.retain(|x| x.version != v.version);
+                        }
+                    }
+                }
+            }
+            "groups" | "curves" => {
+                let wanted: Vec<&str> = words.filter_map(shard_config::kx_group_name).collect();
+                let all = std::mem::take(&mut prov.kx_groups);
+                prov.kx_groups = wanted
+                    .iter()
+                    .filter_map(|w| {
+                        all.iter()
+                            .find(|g| format!("{:?}", g.name()) == *w)
+                            .copied()
+                    })
+                    .collect();
+            }
+            "options" => {
+                for w in words {
+                    let (on, bare) = match w.strip_prefix('-') {
+                        Some(b) => (false, b),
+                        None => (true, w),
+                    };
+                    if bare.eq_ignore_ascii_case("ServerPreference") {
+                        sw.server_preference = Some(on);
+                    } else if bare.eq_ignore_ascii_case("SessionTicket") {
+                        sw.session_tickets = Some(on);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    // TLS 1.3 before TLS 1.2, as rustls wants them.
+    versions.sort_by_key(|v| std::cmp::Reverse(of(v)));
+    sw
 }
 
 /// A digest of what a listener's sessions were established under: its certificates and,

@@ -2107,3 +2107,54 @@ fn ssl_stapling_file_is_stapled() {
         "{out}\n{err}"
     );
 }
+
+/// `ssl_conf_command`: `Ciphersuites` narrows TLS 1.3's suites and `MaxProtocol` the
+/// versions, seen by `openssl s_client`; a command shard cannot apply fails `-t` with its
+/// line.
+#[test]
+fn ssl_conf_command_shapes_the_handshake() {
+    if !have("openssl") {
+        skipped(
+            "ssl_conf_command_shapes_the_handshake",
+            "openssl is not installed",
+        );
+        return;
+    }
+    let dir = temp_dir("tls-conf-command").keep();
+    let _p = pki(&dir, &["s.test"]);
+    let cert = format!(
+        "ssl_certificate {d}/conf/s.test.pem; ssl_certificate_key {d}/conf/s.test.key;",
+        d = dir.display()
+    );
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{ access_log off;\n \
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n \
+         server {{ listen 127.0.0.1:{{port1}} ssl; {cert} \
+         ssl_conf_command Ciphersuites TLS_CHACHA20_POLY1305_SHA256; return 200 chacha; }}\n \
+         server {{ listen 127.0.0.1:{{port2}} ssl; {cert} \
+         ssl_conf_command MaxProtocol TLSv1.2; ssl_conf_command Options -SessionTicket; \
+         return 200 twelve; }} }}\n"
+    );
+    let s = Server::start_ports("tls-conf-command-run", &conf, 1, 2);
+    let (out, err) = s_client(s.ports[0], &["-tls1_3", "-ign_eof"], "s.test");
+    assert!(out.contains("chacha"), "{out}\n{err}");
+    assert!(out.contains("TLS_CHACHA20_POLY1305_SHA256"), "{out}\n{err}");
+    let (out, err) = s_client(s.ports[1], &["-ign_eof"], "s.test");
+    assert!(out.contains("twelve"), "{out}\n{err}");
+    assert!(out.contains("TLSv1.2"), "{out}\n{err}");
+    assert!(!out.contains("TLSv1.3"), "{out}\n{err}");
+    // A command shard has no meaning for.
+    let bad = temp_dir("tls-conf-command-bad");
+    std::fs::write(
+        bad.join("conf/shard.conf"),
+        "events {}\nhttp { server { listen 127.0.0.1:1;\n ssl_conf_command SignatureAlgorithms RSA+SHA256; } }\n",
+    )
+    .unwrap();
+    let (code, out) = run_cli(&["-t", "-p", bad.to_str().unwrap(), "-c", "conf/shard.conf"]);
+    assert_ne!(code, 0);
+    assert!(
+        out.contains("\"ssl_conf_command SignatureAlgorithms\" is not supported by shard")
+            && out.contains("shard.conf:3"),
+        "{out}"
+    );
+}

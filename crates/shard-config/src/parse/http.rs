@@ -27,6 +27,7 @@ pub(super) struct SslP {
     pub(super) password_file: Option<PathBuf>,
     pub(super) stapling: Option<bool>,
     pub(super) stapling_file: Option<PathBuf>,
+    pub(super) conf_commands: Option<Vec<(String, String)>>,
 }
 
 /// The merged `ssl_*` directives of a block: the certificate and key lists stay apart
@@ -86,6 +87,10 @@ impl SslEff {
                     .clone()
                     .or_else(|| self.conf.password_file.clone()),
                 stapling: p.stapling.unwrap_or(self.conf.stapling),
+                conf_commands: p
+                    .conf_commands
+                    .clone()
+                    .unwrap_or_else(|| self.conf.conf_commands.clone()),
                 stapling_file: p
                     .stapling_file
                     .clone()
@@ -3836,6 +3841,85 @@ pub(super) fn set_ssl_stapling(env: &Env, s: &mut Settings, d: &Directive, file:
     once(&mut s.ssl.stapling, on, d, file)
 }
 
+/// `ssl_conf_command NAME VALUE` (repeatable; a level with any replaces its parent's list):
+/// OpenSSL's configuration commands that have a meaning for rustls, checked here so that
+/// `-t` names the line; any other command is refused by name.
+pub(super) fn set_ssl_conf_command(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let (name, value) = (&d.args[0], &d.args[1]);
+    check_conf_command(name, value).map_err(|m| derr(d, file, m))?;
+    s.ssl
+        .conf_commands
+        .get_or_insert_with(Vec::new)
+        .push((name.clone(), value.clone()));
+    Ok(())
+}
+
+/// Whether shard can apply `ssl_conf_command NAME VALUE` (see `docs/directives.md`).
+pub fn check_conf_command(name: &str, value: &str) -> Result<(), String> {
+    let failed = || format!("SSL_CONF_cmd(\"{name}\", \"{value}\") failed");
+    let list = |v: &str| -> Vec<String> {
+        v.split([':', ',', ' '])
+            .filter(|w| !w.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    match name.to_ascii_lowercase().as_str() {
+        "ciphersuites" => {
+            if list(value)
+                .iter()
+                .any(|c| crate::TLS13_SUITES.contains(&c.as_str()))
+            {
+                Ok(())
+            } else {
+                Err(format!("{}: no TLS 1.3 suite shard has", failed()))
+            }
+        }
+        "cipherstring" => Ok(()),
+        "minprotocol" | "maxprotocol" => match value {
+            "None" | "TLSv1" | "TLSv1.1" | "TLSv1.2" | "TLSv1.3" | "SSLv3" => Ok(()),
+            _ => Err(failed()),
+        },
+        "protocol" => {
+            for p in list(value) {
+                let bare = p.trim_start_matches(['+', '-']);
+                if !matches!(
+                    bare,
+                    "ALL" | "SSLv2" | "SSLv3" | "TLSv1" | "TLSv1.1" | "TLSv1.2" | "TLSv1.3"
+                ) {
+                    return Err(failed());
+                }
+            }
+            Ok(())
+        }
+        "groups" | "curves" => {
+            if list(value)
+                .iter()
+                .any(|g| crate::kx_group_name(g).is_some())
+            {
+                Ok(())
+            } else {
+                Err(format!("{}: no group shard has", failed()))
+            }
+        }
+        "options" => {
+            for o in list(value) {
+                let bare = o.trim_start_matches('-');
+                if !crate::TLS_OPTIONS
+                    .iter()
+                    .any(|k| k.eq_ignore_ascii_case(bare))
+                {
+                    return Err(failed());
+                }
+            }
+            Ok(())
+        }
+        _ => Err(format!(
+            "\"ssl_conf_command {name}\" is not supported by shard (Ciphersuites, CipherString, \
+             MinProtocol, MaxProtocol, Protocol, Groups, Curves, Options are)"
+        )),
+    }
+}
+
 /// `ssl_stapling_file FILE`: relative to the configuration's directory.
 pub(super) fn set_ssl_stapling_file(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     once(&mut s.ssl.stapling_file, env.resolve_conf(a0(d)), d, file)
@@ -3867,6 +3951,7 @@ pub(super) fn apply_ssl(env: &Env, p: &mut SslP, d: &Directive, file: &str) -> R
         "ssl_password_file" => set_ssl_password_file(env, &mut s, d, file),
         "ssl_stapling" => set_ssl_stapling(env, &mut s, d, file),
         "ssl_stapling_file" => set_ssl_stapling_file(env, &mut s, d, file),
+        "ssl_conf_command" => set_ssl_conf_command(env, &mut s, d, file),
         _ => Ok(()),
     };
     *p = s.ssl;

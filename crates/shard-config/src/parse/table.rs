@@ -184,6 +184,20 @@ pub(super) static TABLE: &[Spec] = &[
     ),
     d("ssl_crl", H | S, 1, 1, Set::Settings(set_ssl_client)),
     d(
+        "ssl_conf_command",
+        H | S,
+        2,
+        2,
+        Set::Settings(set_ssl_conf_command),
+    ),
+    d(
+        "ssl_conf_command",
+        SM | SS,
+        2,
+        2,
+        Set::StreamSettingsEnv(stream_ssl),
+    ),
+    d(
         "ssl_password_file",
         H | S,
         1,

@@ -2090,8 +2090,10 @@ impl<'a> Worker<'a> {
                 }
             }
         }
-        // `proxy_cookie_flags`.
-        if !loc.proxy.cookie_flags.is_empty() {
+        // `proxy_cookie_flags`, then `proxy_cookie_domain` and `proxy_cookie_path`.
+        let pc = &loc.proxy;
+        if !pc.cookie_flags.is_empty() || !pc.cookie_domain.is_empty() || !pc.cookie_path.is_empty()
+        {
             let render = |parts: &[shard_config::Part]| {
                 let mut storage = shard_http::vars::header_storage();
                 let hs = shard_http::vars::request_headers(&p.head, &mut storage);
@@ -2099,33 +2101,21 @@ impl<'a> Worker<'a> {
                 shard_http::vars::render(parts, &ctx)
             };
             for (name, value) in &mut head.headers {
-                if name.eq_ignore_ascii_case("set-cookie") {
-                    if let Some(v) =
-                        shard_http::proxy::set_cookie_flags(value, &loc.proxy.cookie_flags, &render)
-                    {
-                        *value = v;
-                    }
+                if !name.eq_ignore_ascii_case("set-cookie") {
+                    continue;
                 }
-            }
-        }
-        // `proxy_cookie_domain`, `proxy_cookie_path`.
-        if !loc.proxy.cookie_domain.is_empty() || !loc.proxy.cookie_path.is_empty() {
-            let render = |parts: &[shard_config::Part]| {
-                let mut storage = shard_http::vars::header_storage();
-                let hs = shard_http::vars::request_headers(&p.head, &mut storage);
-                let ctx = self.var_ctx(key, &p.req, hs, loc);
-                shard_http::vars::render(parts, &ctx)
-            };
-            for (name, value) in &mut head.headers {
-                if name.eq_ignore_ascii_case("set-cookie") {
-                    if let Some(v) = shard_http::proxy::rewrite_set_cookie(
-                        value,
-                        &loc.proxy.cookie_domain,
-                        &loc.proxy.cookie_path,
-                        &render,
-                    ) {
-                        *value = v;
-                    }
+                if let Some(v) =
+                    shard_http::proxy::set_cookie_flags(value, &pc.cookie_flags, &render)
+                {
+                    *value = v;
+                }
+                if let Some(v) = shard_http::proxy::rewrite_set_cookie(
+                    value,
+                    &pc.cookie_domain,
+                    &pc.cookie_path,
+                    &render,
+                ) {
+                    *value = v;
                 }
             }
         }
