@@ -1955,6 +1955,8 @@ pub struct SslConf {
     /// `ssl_conf_command NAME VALUE`, in order (checked at parse time; applied over the other
     /// `ssl_*` settings, as OpenSSL applies them last).
     pub conf_commands: Vec<(String, String)>,
+    /// `ssl_ecdh_curve`: OpenSSL's group list; empty is `auto` (rustls's defaults).
+    pub ecdh_curve: String,
 }
 
 /// `ssl_verify_client on | off | optional | optional_no_ca`.
@@ -1993,6 +1995,7 @@ impl Default for SslConf {
             stapling: false,
             stapling_file: None,
             conf_commands: Vec::new(),
+            ecdh_curve: String::new(),
         }
     }
 }
@@ -2163,6 +2166,9 @@ pub struct StreamServerConf {
     pub upload_rate: u64,
     /// `ssl_handshake_timeout`: a `listen ... ssl` client's handshake. Default 60 s.
     pub ssl_handshake_timeout_ms: u64,
+    /// `ssl_alpn`: the ALPN protocols offered; a client that offers others fails its
+    /// handshake. Empty: none (the client's ALPN is ignored).
+    pub alpn: Vec<String>,
 }
 
 /// nginx's `open_file_cache`, `open_file_cache_valid`, `open_file_cache_min_uses` and

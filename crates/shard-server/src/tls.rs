@@ -900,7 +900,13 @@ fn base_config(
     }
     let mut prov = provider::default_provider();
     prov.cipher_suites = cipher_suites(&ssl.ciphers);
-    let switches = apply_conf_commands(&ssl.conf_commands, &mut versions, &mut prov);
+    // `ssl_ecdh_curve` first, as a `Groups` command, then the `ssl_conf_command`s.
+    let mut commands = Vec::with_capacity(ssl.conf_commands.len() + 1);
+    if !ssl.ecdh_curve.is_empty() {
+        commands.push(("Groups".to_string(), ssl.ecdh_curve.clone()));
+    }
+    commands.extend(ssl.conf_commands.iter().cloned());
+    let switches = apply_conf_commands(&commands, &mut versions, &mut prov);
     if versions.is_empty() {
         return Err(format!(
             "\"ssl_protocols\" names no protocol shard speaks (TLSv1.2, TLSv1.3) for {}",
@@ -1200,8 +1206,9 @@ fn stream_config(
         ticketer,
         context,
     )?;
-    // A TCP relay has no ALPN protocol of its own to offer.
-    config.alpn_protocols.clear();
+    // A TCP relay offers what `ssl_alpn` lists (none by default); rustls refuses a client
+    // whose list has none of them with `no_application_protocol`, as OpenSSL does for nginx.
+    config.alpn_protocols = s.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
     Ok(config)
 }
 

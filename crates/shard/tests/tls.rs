@@ -2158,3 +2158,72 @@ fn ssl_conf_command_shapes_the_handshake() {
         "{out}"
     );
 }
+
+/// stream `ssl_alpn`: the protocol both sides list is chosen (`$ssl_alpn_protocol`); a
+/// client offering none of them fails its handshake, as nginx's OpenSSL refuses it.
+#[test]
+fn stream_ssl_alpn_negotiates_or_refuses() {
+    let dir = temp_dir("tls-stream-alpn").keep();
+    let p = pki(&dir, &["s.test"]);
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\n\
+         http {{ access_log off; server {{ listen 127.0.0.1:{{port}}; \
+         location = /status {{ shard_status; }} }} }}\n\
+         stream {{ server {{ listen 127.0.0.1:{{port1}} ssl; ssl_alpn foo bar; \
+         ssl_certificate {d}/conf/s.test.pem; ssl_certificate_key {d}/conf/s.test.key; \
+         return \"alpn=$ssl_alpn_protocol\"; }} }}\n",
+        d = dir.display()
+    );
+    let s = Server::start_ports("tls-stream-alpn-run", &conf, 1, 1);
+    let with = |protos: &[&[u8]]| {
+        let base = client_config(&p.ca, &[&rustls::version::TLS13]);
+        let mut c = (*base).clone();
+        c.alpn_protocols = protos.iter().map(|p| p.to_vec()).collect();
+        Arc::new(c)
+    };
+    let mut c = connect_tls(tls_addr(&s), "s.test", &with(&[b"baz", b"bar"])).unwrap();
+    assert_eq!(c.conn.alpn_protocol(), Some(&b"bar"[..]));
+    let mut got = String::new();
+    let _ = c.read_to_string(&mut got);
+    assert_eq!(got, "alpn=bar");
+    assert!(
+        connect_tls(tls_addr(&s), "s.test", &with(&[b"baz"])).is_err(),
+        "no common protocol: the handshake fails"
+    );
+    // A client without ALPN is served.
+    let mut c = connect_tls(tls_addr(&s), "s.test", &with(&[])).unwrap();
+    let mut got = String::new();
+    let _ = c.read_to_string(&mut got);
+    assert_eq!(got, "alpn=");
+}
+
+/// `ssl_ecdh_curve`: the key exchange group comes from its list (`s_client` names it).
+#[test]
+fn ssl_ecdh_curve_chooses_the_group() {
+    if !have("openssl") {
+        skipped(
+            "ssl_ecdh_curve_chooses_the_group",
+            "openssl is not installed",
+        );
+        return;
+    }
+    let dir = temp_dir("tls-ecdh-curve").keep();
+    let _p = pki(&dir, &["s.test"]);
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{ access_log off;\n \
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n \
+         server {{ listen 127.0.0.1:{{port1}} ssl; ssl_ecdh_curve secp384r1; \
+         ssl_certificate {d}/conf/s.test.pem; ssl_certificate_key {d}/conf/s.test.key; \
+         return 200 p384; }} }}\n",
+        d = dir.display()
+    );
+    let s = Server::start_ports("tls-ecdh-curve-run", &conf, 1, 1);
+    for version in ["-tls1_3", "-tls1_2"] {
+        let (out, err) = s_client(s.ports[0], &[version, "-ign_eof"], "s.test");
+        assert!(out.contains("p384"), "{out}\n{err}");
+        assert!(
+            out.contains("secp384r1") || out.contains("P-384"),
+            "{version}: {out}\n{err}"
+        );
+    }
+}

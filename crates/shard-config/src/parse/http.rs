@@ -28,6 +28,8 @@ pub(super) struct SslP {
     pub(super) stapling: Option<bool>,
     pub(super) stapling_file: Option<PathBuf>,
     pub(super) conf_commands: Option<Vec<(String, String)>>,
+    /// `ssl_ecdh_curve` (empty: `auto`).
+    pub(super) ecdh_curve: Option<String>,
 }
 
 /// The merged `ssl_*` directives of a block: the certificate and key lists stay apart
@@ -91,6 +93,10 @@ impl SslEff {
                     .conf_commands
                     .clone()
                     .unwrap_or_else(|| self.conf.conf_commands.clone()),
+                ecdh_curve: p
+                    .ecdh_curve
+                    .clone()
+                    .unwrap_or_else(|| self.conf.ecdh_curve.clone()),
                 stapling_file: p
                     .stapling_file
                     .clone()
@@ -3854,6 +3860,24 @@ pub(super) fn set_ssl_conf_command(_: &Env, s: &mut Settings, d: &Directive, fil
     Ok(())
 }
 
+/// `ssl_ecdh_curve auto | GROUP[:GROUP...]`: the key exchange groups, as OpenSSL's group
+/// list (`auto`: rustls's defaults); kept as a `Groups` command applied before any
+/// `ssl_conf_command`. A list naming no group shard has fails as nginx's.
+pub(super) fn set_ssl_ecdh_curve(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = a0(d);
+    if v == "auto" {
+        return once(&mut s.ssl.ecdh_curve, String::new(), d, file);
+    }
+    if !v.split(':').any(|g| crate::kx_group_name(g).is_some()) {
+        return Err(derr(
+            d,
+            file,
+            format!("SSL_CTX_set1_curves_list(\"{v}\") failed: no group shard has"),
+        ));
+    }
+    once(&mut s.ssl.ecdh_curve, v.to_string(), d, file)
+}
+
 /// Whether shard can apply `ssl_conf_command NAME VALUE` (see `docs/directives.md`).
 pub fn check_conf_command(name: &str, value: &str) -> Result<(), String> {
     let failed = || format!("SSL_CONF_cmd(\"{name}\", \"{value}\") failed");
@@ -3952,6 +3976,7 @@ pub(super) fn apply_ssl(env: &Env, p: &mut SslP, d: &Directive, file: &str) -> R
         "ssl_stapling" => set_ssl_stapling(env, &mut s, d, file),
         "ssl_stapling_file" => set_ssl_stapling_file(env, &mut s, d, file),
         "ssl_conf_command" => set_ssl_conf_command(env, &mut s, d, file),
+        "ssl_ecdh_curve" => set_ssl_ecdh_curve(env, &mut s, d, file),
         _ => Ok(()),
     };
     *p = s.ssl;

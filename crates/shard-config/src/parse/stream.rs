@@ -39,6 +39,8 @@ pub(super) struct StreamSettings {
     pub(super) download_rate: Option<u64>,
     pub(super) upload_rate: Option<u64>,
     pub(super) ssl_handshake_timeout_ms: Option<u64>,
+    /// `ssl_alpn PROTOCOL ...`.
+    pub(super) alpn: Option<Vec<String>>,
 }
 
 pub(super) struct StreamServerP {
@@ -354,6 +356,16 @@ pub(super) fn stream_proxy_rate(s: &mut StreamSettings, d: &Directive, file: &st
     once(slot, v, d, file)
 }
 
+/// `ssl_alpn PROTOCOL ...` (nginx 1.21.4): what a `listen ... ssl` stream server offers.
+pub(super) fn stream_ssl_alpn(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    for a in &d.args {
+        if a.is_empty() || a.len() > 255 {
+            return Err(invalid(d, file, a));
+        }
+    }
+    once(&mut s.alpn, d.args.clone(), d, file)
+}
+
 pub(super) fn stream_ssl_handshake_timeout(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
     let t = time(d, file, a0(d))?;
     once(&mut s.ssl_handshake_timeout_ms, t, d, file)
@@ -578,6 +590,12 @@ pub(super) fn finish_stream(
                     .ssl_handshake_timeout_ms
                     .or(sp.settings.ssl_handshake_timeout_ms)
                     .unwrap_or(60_000),
+                alpn: s
+                    .settings
+                    .alpn
+                    .clone()
+                    .or_else(|| sp.settings.alpn.clone())
+                    .unwrap_or_default(),
             });
             continue;
         };
@@ -660,6 +678,12 @@ pub(super) fn finish_stream(
             download_rate: get(|x| x.download_rate, 0),
             upload_rate: get(|x| x.upload_rate, 0),
             ssl_handshake_timeout_ms: get(|x| x.ssl_handshake_timeout_ms, 60_000),
+            alpn: s
+                .settings
+                .alpn
+                .clone()
+                .or_else(|| sp.settings.alpn.clone())
+                .unwrap_or_default(),
         });
     }
     for l in sp.listeners {

@@ -233,7 +233,20 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_ssl_reject_handshake),
     ),
     d("ssl_dhparam", H | S, 1, 1, Set::NoEffect(check_any)),
-    d("ssl_ecdh_curve", H | S, 1, 1, Set::NoEffect(check_any)),
+    d(
+        "ssl_ecdh_curve",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_ssl_ecdh_curve),
+    ),
+    d(
+        "ssl_ecdh_curve",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettingsEnv(stream_ssl),
+    ),
     d("ssl_buffer_size", H | S, 1, 1, Set::NoEffect(check_size)),
     d(
         "ssl_session_ticket_key",
@@ -1385,6 +1398,13 @@ pub(super) static TABLE: &[Spec] = &[
         1,
         1,
         Set::StreamSettings(stream_proxy_rate),
+    ),
+    d(
+        "ssl_alpn",
+        SM | SS,
+        1,
+        64,
+        Set::StreamSettings(stream_ssl_alpn),
     ),
     d(
         "ssl_handshake_timeout",
