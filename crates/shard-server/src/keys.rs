@@ -12,13 +12,7 @@ use rustls::pki_types::{PrivateKeyDer, PrivatePkcs1KeyDer, PrivatePkcs8KeyDer, P
 /// The passphrases of an `ssl_password_file`: one per line, as nginx reads it (a line's
 /// CR is not part of it; empty lines are skipped).
 pub fn read_passwords(path: &Path) -> Result<Vec<Vec<u8>>, String> {
-    let text = std::fs::read(path).map_err(|e| {
-        format!(
-            "cannot open \"{}\" ({})",
-            path.display(),
-            shard_event::os_error_text(&e)
-        )
-    })?;
+    let text = read_whole(path)?;
     let list: Vec<Vec<u8>> = text
         .split(|&b| b == b'\n')
         .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
@@ -29,6 +23,18 @@ pub fn read_passwords(path: &Path) -> Result<Vec<Vec<u8>>, String> {
         return Err(format!("empty file \"{}\"", path.display()));
     }
     Ok(list)
+}
+
+/// A whole file the master reads at load (keys' passphrases, ticket keys, OCSP responses);
+/// the error as nginx's: `open() "PATH" failed (2: No such file or directory)`.
+pub fn read_whole(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| {
+        format!(
+            "open() \"{}\" failed ({})",
+            path.display(),
+            shard_event::os_error_text(&e)
+        )
+    })
 }
 
 /// The encrypted key in `path`, decrypted with the first of `passwords` that opens it;

@@ -136,13 +136,7 @@ impl SharedTicketer {
     /// Keys derived from an `ssl_session_ticket_key` file: nginx's format, 48 or 80 random
     /// bytes (`openssl rand 80 > ticket.key`), used here as the seed.
     fn from_key_file(path: &Path) -> Result<SharedTicketer, String> {
-        let bytes = std::fs::read(path).map_err(|e| {
-            format!(
-                "open() \"{}\" failed ({})",
-                path.display(),
-                shard_event::os_error_text(&e)
-            )
-        })?;
+        let bytes = crate::keys::read_whole(path)?;
         if bytes.len() != 48 && bytes.len() != 80 {
             return Err(format!(
                 "\"{}\" must be 48 or 80 bytes (\"ssl_session_ticket_key\")",
@@ -1361,13 +1355,7 @@ fn load_pair(
     // `ssl_stapling_file`: the OCSP response every handshake staples, read as it is (nginx
     // checks it no further either).
     if let Some(f) = stapling_file {
-        let der = std::fs::read(f).map_err(|e| {
-            format!(
-                "open(\"{}\") failed ({}) in {at}",
-                f.display(),
-                shard_event::os_error_text(&e)
-            )
-        })?;
+        let der = crate::keys::read_whole(f).map_err(|e| format!("{e} in {at}"))?;
         if der.first() != Some(&0x30) {
             return Err(format!(
                 "d2i_OCSP_RESPONSE_bio(\"{}\") failed: not a DER OCSP response in {at}",

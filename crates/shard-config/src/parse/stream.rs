@@ -541,6 +541,12 @@ pub(super) fn finish_stream(
             .clone()
             .or_else(|| sp.settings.real_ip_from.clone())
             .unwrap_or_default();
+        let alpn = s
+            .settings
+            .alpn
+            .clone()
+            .or_else(|| sp.settings.alpn.clone())
+            .unwrap_or_default();
         let Some((target, at)) = s.pass.clone() else {
             // `return`: no upstream.
             let ssl_eff = super::http::SslEff::default()
@@ -590,12 +596,7 @@ pub(super) fn finish_stream(
                     .ssl_handshake_timeout_ms
                     .or(sp.settings.ssl_handshake_timeout_ms)
                     .unwrap_or(60_000),
-                alpn: s
-                    .settings
-                    .alpn
-                    .clone()
-                    .or_else(|| sp.settings.alpn.clone())
-                    .unwrap_or_default(),
+                alpn: alpn.clone(),
             });
             continue;
         };
@@ -678,12 +679,7 @@ pub(super) fn finish_stream(
             download_rate: get(|x| x.download_rate, 0),
             upload_rate: get(|x| x.upload_rate, 0),
             ssl_handshake_timeout_ms: get(|x| x.ssl_handshake_timeout_ms, 60_000),
-            alpn: s
-                .settings
-                .alpn
-                .clone()
-                .or_else(|| sp.settings.alpn.clone())
-                .unwrap_or_default(),
+            alpn,
         });
     }
     for l in sp.listeners {

@@ -930,10 +930,8 @@ impl<'a> Worker<'a> {
 
     /// Drops the failed upstream socket (if any) and connects to the next peer; `Close` when
     /// no peer is left.
-    /// `proxy_bind`'s address for this session (`None`: off, empty or unparsable, the last
-    /// logged as nginx's "invalid local address").
-    fn stream_bind_addr(&self, key: usize) -> Option<std::net::SocketAddr> {
-        let parts = self.stream_server(self.relays[key].server).bind.as_ref()?;
+    /// A value with the stream's variables, for relay `key`.
+    fn render_session(&self, key: usize, parts: &[shard_config::Part]) -> Vec<u8> {
         let mut v = Vec::new();
         session_parts(
             &mut v,
@@ -943,6 +941,14 @@ impl<'a> Worker<'a> {
             &self.hostname,
             0,
         );
+        v
+    }
+
+    /// `proxy_bind`'s address for this session (`None`: off, empty or unparsable, the last
+    /// logged as nginx's "invalid local address").
+    fn stream_bind_addr(&self, key: usize) -> Option<std::net::SocketAddr> {
+        let parts = self.stream_server(self.relays[key].server).bind.as_ref()?;
+        let v = self.render_session(key, parts);
         let text = String::from_utf8_lossy(&v);
         if text.is_empty() {
             return None;
@@ -970,18 +976,7 @@ impl<'a> Worker<'a> {
             shard_config::Balance::Hash { key, .. } => Some(key),
             _ => None,
         };
-        let hash_key = hashed.map(|parts| {
-            let mut v = Vec::new();
-            session_parts(
-                &mut v,
-                parts,
-                &self.relay_session(key),
-                self.now_ms,
-                &self.hostname,
-                0,
-            );
-            v
-        });
+        let hash_key = hashed.map(|parts| self.render_session(key, parts));
         loop {
             let r = &mut self.relays[key];
             // `proxy_next_upstream off`: one attempt only.
