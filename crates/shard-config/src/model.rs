@@ -1714,6 +1714,8 @@ pub struct ProxySsl {
     pub certificate_key: Option<PathBuf>,
     /// `proxy_ssl_password_file`: passphrases of an encrypted `proxy_ssl_certificate_key`.
     pub password_file: Option<PathBuf>,
+    /// `proxy_ssl_conf_command NAME VALUE`, in order (as `ssl_conf_command`).
+    pub conf_commands: Vec<(String, String)>,
 }
 
 impl Default for ProxySsl {
@@ -1731,6 +1733,7 @@ impl Default for ProxySsl {
             certificate: None,
             certificate_key: None,
             password_file: None,
+            conf_commands: Vec::new(),
         }
     }
 }

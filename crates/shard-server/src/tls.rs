@@ -341,6 +341,8 @@ fn upstream_config(
     }
     let mut prov = provider::default_provider();
     prov.cipher_suites = cipher_suites(&ssl.ciphers);
+    // `proxy_ssl_conf_command`: the server-side `Options` mean nothing to a client.
+    let _ = apply_conf_commands(&ssl.conf_commands, &mut versions, &mut prov);
     let prov = Arc::new(prov);
     let builder = rustls::ClientConfig::builder_with_provider(prov.clone())
         .with_protocol_versions(&versions)

@@ -2227,3 +2227,24 @@ fn ssl_ecdh_curve_chooses_the_group() {
         );
     }
 }
+
+/// `proxy_ssl_conf_command`: the commands shape the TLS connection to an `https://`
+/// upstream (here shard itself, saying which protocol it was reached with).
+#[test]
+fn proxy_ssl_conf_command_shapes_the_upstream_handshake() {
+    let dir = temp_dir("tls-proxy-conf-command").keep();
+    let _p = pki(&dir, &["s.test"]);
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{ access_log off;\n \
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }}\n  \
+         location /twelve {{ proxy_ssl_conf_command MaxProtocol TLSv1.2; \
+         proxy_pass https://127.0.0.1:{{port1}}; }}\n  \
+         location / {{ proxy_pass https://127.0.0.1:{{port1}}; }} }}\n \
+         server {{ listen 127.0.0.1:{{port1}} ssl; ssl_certificate {d}/conf/s.test.pem; \
+         ssl_certificate_key {d}/conf/s.test.key; return 200 \"$ssl_protocol\"; }} }}\n",
+        d = dir.display()
+    );
+    let s = Server::start_ports("tls-proxy-conf-command-run", &conf, 1, 1);
+    assert_eq!(get(s.addr(), "/x").body_str(), "TLSv1.3");
+    assert_eq!(get(s.addr(), "/twelve").body_str(), "TLSv1.2");
+}

@@ -318,6 +318,7 @@ pub(super) struct ProxySslP {
     pub(super) certificate: Option<PathBuf>,
     pub(super) certificate_key: Option<PathBuf>,
     pub(super) password_file: Option<PathBuf>,
+    pub(super) conf_commands: Option<Vec<(String, String)>>,
 }
 
 impl ProxySslP {
@@ -349,6 +350,10 @@ impl ProxySslP {
                 .password_file
                 .clone()
                 .or_else(|| p.password_file.clone()),
+            conf_commands: self
+                .conf_commands
+                .clone()
+                .unwrap_or_else(|| p.conf_commands.clone()),
         }
     }
 
@@ -378,6 +383,10 @@ impl ProxySslP {
                 .password_file
                 .clone()
                 .or_else(|| parent.password_file.clone()),
+            conf_commands: self
+                .conf_commands
+                .clone()
+                .or_else(|| parent.conf_commands.clone()),
         }
     }
 }
@@ -3447,6 +3456,14 @@ pub(super) fn apply_proxy_ssl(env: &Env, p: &mut ProxySslP, d: &Directive, file:
             once(&mut p.certificate_key, pem_path(env, d, file)?, d, file)
         }
         "proxy_ssl_password_file" => once(&mut p.password_file, pem_path(env, d, file)?, d, file),
+        "proxy_ssl_conf_command" => {
+            let (name, value) = (&d.args[0], &d.args[1]);
+            check_conf_command(name, value).map_err(|m| derr(d, file, m))?;
+            p.conf_commands
+                .get_or_insert_with(Vec::new)
+                .push((name.clone(), value.clone()));
+            Ok(())
+        }
         _ => Err(derr(d, file, format!("unknown directive \"{}\"", d.name))),
     }
 }

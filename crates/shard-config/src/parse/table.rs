@@ -212,6 +212,20 @@ pub(super) static TABLE: &[Spec] = &[
         Set::StreamSettingsEnv(stream_ssl),
     ),
     d(
+        "proxy_ssl_conf_command",
+        HSL,
+        2,
+        2,
+        Set::Settings(set_proxy_ssl),
+    ),
+    d(
+        "proxy_ssl_conf_command",
+        SM | SS,
+        2,
+        2,
+        Set::StreamSettingsEnv(stream_proxy_ssl),
+    ),
+    d(
         "proxy_ssl_password_file",
         HSL,
         1,
