@@ -36,6 +36,8 @@ pub struct TlsContexts {
     /// Per http server: what verifies its clients' certificates (`ssl_verify_client` with
     /// CAs; `None` when off, or `optional_no_ca` without CAs).
     pub client_verifiers: Vec<Option<Arc<dyn ClientCertVerifier>>>,
+    /// The same per stream server.
+    pub stream_verifiers: Vec<Option<Arc<dyn ClientCertVerifier>>>,
 }
 
 impl TlsContexts {
@@ -46,6 +48,11 @@ impl TlsContexts {
     /// What verifies client certificates for http server `server`.
     pub fn client_verifier(&self, server: usize) -> Option<&Arc<dyn ClientCertVerifier>> {
         self.client_verifiers.get(server).and_then(Option::as_ref)
+    }
+
+    /// What verifies client certificates for stream server `server`.
+    pub fn stream_verifier(&self, server: usize) -> Option<&Arc<dyn ClientCertVerifier>> {
+        self.stream_verifiers.get(server).and_then(Option::as_ref)
     }
 
     /// The client configuration of a location's `proxy_ssl_*` (built for every location
@@ -276,6 +283,10 @@ pub fn build(
     for s in servers {
         client_verifiers.push(client_verifier(&s.ssl, &s.place)?);
     }
+    let mut stream_verifiers = Vec::new();
+    for s in cfg.stream.iter().flat_map(|st| &st.servers) {
+        stream_verifiers.push(client_verifier(&s.ssl, &s.place)?);
+    }
     let mut per_listener = Vec::with_capacity(cfg.listeners.len());
     for l in &cfg.listeners {
         if !l.opts.ssl {
@@ -322,6 +333,7 @@ pub fn build(
         per_listener,
         upstream,
         client_verifiers,
+        stream_verifiers,
     })
 }
 
@@ -1194,11 +1206,27 @@ fn stream_config(
         }
     }
     let context = SessionContext::from(ctx.finish());
+    // `ssl_verify_client`: asked for, judged once the handshake is done (the relay closes a
+    // session whose certificate fails, as nginx's stream SSL handler).
+    let client_auth: Option<Arc<dyn ClientCertVerifier>> =
+        if s.ssl.verify_client == shard_config::VerifyClient::Off {
+            None
+        } else {
+            let mut hints = rustls::RootCertStore::empty();
+            if let Some(path) = &s.ssl.client_certificate {
+                let (_, certs) = read_cas(path, &l.place)?;
+                hints.add_parsable_certificates(certs);
+            }
+            Some(Arc::new(AskForCertificate {
+                hints: hints.subjects(),
+                provider: Arc::new(provider::default_provider()),
+            }))
+        };
     let mut config = base_config(
         &s.ssl,
         l,
         Arc::new(FixedResolver { keys }),
-        None,
+        client_auth,
         ticketer,
         context,
     )?;

@@ -2248,3 +2248,45 @@ fn proxy_ssl_conf_command_shapes_the_upstream_handshake() {
     assert_eq!(get(s.addr(), "/x").body_str(), "TLSv1.3");
     assert_eq!(get(s.addr(), "/twelve").body_str(), "TLSv1.2");
 }
+
+/// stream `ssl_verify_client`: a certificate from the trusted CA is relayed; none (with
+/// `on`) or one from elsewhere ends the session after the handshake with nginx's `info`
+/// line; `optional` lets a client without one through.
+#[test]
+fn stream_ssl_verify_client_judges_the_certificate() {
+    let dir = temp_dir("tls-stream-verify").keep();
+    let p = pki(&dir, &["s.test"]);
+    let cas = ClientCa::new(&dir);
+    let conf = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\n\
+         http {{ access_log off; server {{ listen 127.0.0.1:{{port}}; \
+         location = /status {{ shard_status; }} }} }}\n\
+         stream {{ ssl_certificate {d}/conf/s.test.pem; ssl_certificate_key {d}/conf/s.test.key;\n \
+         ssl_client_certificate {d}/conf/clients.pem;\n \
+         server {{ listen 127.0.0.1:{{port1}} ssl; ssl_verify_client on; return \"on ok\"; }}\n \
+         server {{ listen 127.0.0.1:{{port2}} ssl; ssl_verify_client optional; return \"optional ok\"; }} }}\n",
+        d = dir.display()
+    );
+    let s = Server::start_ports("tls-stream-verify-run", &conf, 1, 2);
+    let addr = |i: usize| SocketAddr::from(([127, 0, 0, 1], s.ports[i]));
+    let read = |cfg: &Arc<rustls::ClientConfig>, i: usize| -> String {
+        let Ok(mut c) = connect_tls(addr(i), "s.test", cfg) else {
+            return String::new();
+        };
+        let mut got = String::new();
+        let _ = c.read_to_string(&mut got);
+        got
+    };
+    assert_eq!(read(&cas.client(&p.ca, true), 0), "on ok");
+    let none = client_config(&p.ca, &[&rustls::version::TLS13, &rustls::version::TLS12]);
+    assert_eq!(read(&none, 0), "", "no certificate with on");
+    assert_eq!(read(&cas.client(&p.ca, false), 0), "", "a self-signed one");
+    assert_eq!(read(&none, 1), "optional ok");
+    let log = wait_for(TIMEOUT, "both refusals logged", || {
+        let l = error_log(&s);
+        (l.contains("client sent no required SSL certificate")
+            && l.contains("client SSL certificate verify error: (18:self-signed certificate)"))
+        .then_some(l)
+    });
+    assert!(log.contains("[info]"), "{log}");
+}

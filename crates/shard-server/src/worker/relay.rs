@@ -814,7 +814,53 @@ impl<'a> Worker<'a> {
             return Io::Wait;
         }
         r.handshaking = false;
+        if !self.stream_client_verified(key) {
+            self.relays[key].fixed = Some((500, 0));
+            return Io::Close;
+        }
         self.relay_content(key)
+    }
+
+    /// `ssl_verify_client` of a stream server, once the handshake is done: as nginx's stream
+    /// SSL handler, a failed certificate (or none, with `on`) is logged at `info` and ends
+    /// the session.
+    fn stream_client_verified(&mut self, key: usize) -> bool {
+        use shard_config::VerifyClient;
+        let server = self.relays[key].server;
+        let conf = self.stream_server(server);
+        let (mode, depth) = (conf.ssl.verify_client, conf.ssl.verify_depth);
+        if mode == VerifyClient::Off {
+            return true;
+        }
+        let verifier = self.tls.stream_verifier(server).cloned();
+        let r = &mut self.relays[key];
+        let Some(t) = r.tls.as_mut() else {
+            return true;
+        };
+        let cc = super::tls::client_cert(t, server, verifier.as_ref(), depth);
+        let why = match (cc.outcome, mode) {
+            (super::tls::ClientOutcome::None, VerifyClient::On) => {
+                "client sent no required SSL certificate".to_string()
+            }
+            (super::tls::ClientOutcome::Failed { issuer: true }, VerifyClient::OptionalNoCa) => {
+                return true
+            }
+            (super::tls::ClientOutcome::Failed { .. }, _) => {
+                let why = cc.verify.strip_prefix("FAILED:").unwrap_or(&cc.verify);
+                format!(
+                    "client SSL certificate verify error: ({}:{why})",
+                    cc.error_code
+                )
+            }
+            _ => return true,
+        };
+        crate::log!(
+            Info,
+            "{why}, client: {}, server: {}",
+            r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
+            r.listen
+        );
+        false
     }
 
     /// Acts on what a relay step decided: the one place a relay closes, apart from the
