@@ -317,45 +317,11 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         | Var::SslClientVStart
         | Var::SslClientVEnd
         | Var::SslAlpnProtocol
-        | Var::SslCurve => {
-            if let Some(t) = c.conn.tls {
-                out.extend_from_slice(tls_text(var, &t).as_bytes());
-            }
-        }
-        Var::SslClientCert => {
-            // nginx's deprecated form: a tab after every line break but the last.
-            let pem = c.conn.tls.map_or("", |t| t.client.pem).as_bytes();
-            if let Some((last, body)) = pem.split_last() {
-                for &b in body {
-                    out.push(b);
-                    if b == b'\n' {
-                        out.push(b'\t');
-                    }
-                }
-                out.push(*last);
-            }
-        }
-        Var::SslClientEscapedCert => {
-            // nginx's `NGX_ESCAPE_URI_COMPONENT` of the PEM.
-            for &b in c.conn.tls.map_or("", |t| t.client.pem).as_bytes() {
-                if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-                    out.push(b);
-                } else {
-                    let _ = write!(out, "%{b:02X}");
-                }
-            }
-        }
-        Var::SslClientVRemain => {
-            if let Some(t) = c.conn.tls.filter(|t| t.client.v_end_secs > 0) {
-                let now = c.conn.now_ms / 1000;
-                push_u64(out, t.client.v_end_secs.saturating_sub(now) / 86_400);
-            }
-        }
-        Var::SslSessionReused => {
-            if let Some(t) = c.conn.tls {
-                out.push(if t.session_reused { b'r' } else { b'.' });
-            }
-        }
+        | Var::SslCurve
+        | Var::SslClientCert
+        | Var::SslClientEscapedCert
+        | Var::SslClientVRemain
+        | Var::SslSessionReused => push_tls(out, var, c.conn.tls.as_ref(), c.conn.now_ms),
         Var::SslEarlyData => {}
         Var::ServerAddr => {
             let _ = write!(out, "{}", c.server_addr.ip());
@@ -662,6 +628,67 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 out.extend_from_slice(v.as_bytes());
             }
         }
+    }
+}
+
+/// A TLS variable (`$ssl_protocol`, `$ssl_client_*`, ...) of connection TLS `tls` (`None`:
+/// not TLS, every one empty), for http and stream alike; `now_ms` for `$ssl_client_v_remain`.
+pub fn push_tls(out: &mut Vec<u8>, var: &Var, tls: Option<&Tls<'_>>, now_ms: u64) {
+    match var {
+        Var::SslProtocol
+        | Var::SslCipher
+        | Var::SslServerName
+        | Var::SslClientVerify
+        | Var::SslClientSDn
+        | Var::SslClientIDn
+        | Var::SslClientSerial
+        | Var::SslClientFingerprint
+        | Var::SslClientSDnLegacy
+        | Var::SslClientIDnLegacy
+        | Var::SslClientRawCert
+        | Var::SslClientVStart
+        | Var::SslClientVEnd
+        | Var::SslAlpnProtocol
+        | Var::SslCurve => {
+            if let Some(t) = tls {
+                out.extend_from_slice(tls_text(var, t).as_bytes());
+            }
+        }
+        Var::SslClientCert => {
+            // nginx's deprecated form: a tab after every line break but the last.
+            let pem = tls.map_or("", |t| t.client.pem).as_bytes();
+            if let Some((last, body)) = pem.split_last() {
+                for &b in body {
+                    out.push(b);
+                    if b == b'\n' {
+                        out.push(b'\t');
+                    }
+                }
+                out.push(*last);
+            }
+        }
+        Var::SslClientEscapedCert => {
+            // nginx's `NGX_ESCAPE_URI_COMPONENT` of the PEM.
+            for &b in tls.map_or("", |t| t.client.pem).as_bytes() {
+                if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                    out.push(b);
+                } else {
+                    let _ = write!(out, "%{b:02X}");
+                }
+            }
+        }
+        Var::SslClientVRemain => {
+            if let Some(t) = tls.filter(|t| t.client.v_end_secs > 0) {
+                let now = now_ms / 1000;
+                push_u64(out, t.client.v_end_secs.saturating_sub(now) / 86_400);
+            }
+        }
+        Var::SslSessionReused => {
+            if let Some(t) = tls {
+                out.push(if t.session_reused { b'r' } else { b'.' });
+            }
+        }
+        _ => {}
     }
 }
 

@@ -2263,8 +2263,10 @@ fn stream_ssl_verify_client_judges_the_certificate() {
          location = /status {{ shard_status; }} }} }}\n\
          stream {{ ssl_certificate {d}/conf/s.test.pem; ssl_certificate_key {d}/conf/s.test.key;\n \
          ssl_client_certificate {d}/conf/clients.pem;\n \
-         server {{ listen 127.0.0.1:{{port1}} ssl; ssl_verify_client on; return \"on ok\"; }}\n \
-         server {{ listen 127.0.0.1:{{port2}} ssl; ssl_verify_client optional; return \"optional ok\"; }} }}\n",
+         server {{ listen 127.0.0.1:{{port1}} ssl; ssl_verify_client on; \
+         return \"on ok $ssl_client_verify $ssl_client_s_dn\"; }}\n \
+         server {{ listen 127.0.0.1:{{port2}} ssl; ssl_verify_client optional; \
+         return \"optional ok $ssl_client_verify\"; }} }}\n",
         d = dir.display()
     );
     let s = Server::start_ports("tls-stream-verify-run", &conf, 1, 2);
@@ -2277,11 +2279,14 @@ fn stream_ssl_verify_client_judges_the_certificate() {
         let _ = c.read_to_string(&mut got);
         got
     };
-    assert_eq!(read(&cas.client(&p.ca, true), 0), "on ok");
+    assert_eq!(
+        read(&cas.client(&p.ca, true), 0),
+        "on ok SUCCESS CN=client one,O=shard tests"
+    );
     let none = client_config(&p.ca, &[&rustls::version::TLS13, &rustls::version::TLS12]);
     assert_eq!(read(&none, 0), "", "no certificate with on");
     assert_eq!(read(&cas.client(&p.ca, false), 0), "", "a self-signed one");
-    assert_eq!(read(&none, 1), "optional ok");
+    assert_eq!(read(&none, 1), "optional ok NONE");
     let log = wait_for(TIMEOUT, "both refusals logged", || {
         let l = error_log(&s);
         (l.contains("client sent no required SSL certificate")

@@ -2232,35 +2232,9 @@ impl Worker<'_> {
             request_id: c.request_id,
             hostname: &self.hostname,
             proxy_protocol: c.proxy_protocol.as_deref(),
-            tls: c.tls.as_ref().map(|t| shard_http::vars::Tls {
-                protocol: t.protocol().unwrap_or(""),
-                cipher: t.cipher().unwrap_or(""),
-                server_name: t.server_name().unwrap_or(""),
-                session_reused: t.session_reused(),
-                alpn: t.alpn(),
-                curve: t.curve(),
-                // Judged for the request's server by `handle` (`ssl_verify_client`); a server
-                // that asks for none has none, as in nginx.
-                client: match t.client_judged(c.server) {
-                    Some(cc) => shard_http::vars::ClientCert {
-                        verify: &cc.verify,
-                        s_dn: &cc.s_dn,
-                        i_dn: &cc.i_dn,
-                        serial: &cc.serial,
-                        fingerprint: &cc.fingerprint,
-                        s_dn_legacy: &cc.s_dn_legacy,
-                        i_dn_legacy: &cc.i_dn_legacy,
-                        pem: &cc.pem,
-                        v_start: &cc.v_start,
-                        v_end: &cc.v_end,
-                        v_end_secs: cc.v_end_secs,
-                    },
-                    None => shard_http::vars::ClientCert {
-                        verify: "NONE",
-                        ..Default::default()
-                    },
-                },
-            }),
+            // The client certificate as `handle` judged it for the request's server
+            // (`ssl_verify_client`); a server that asks for none has none, as in nginx.
+            tls: c.tls.as_ref().map(|t| t.vars(c.server)),
         }
     }
 

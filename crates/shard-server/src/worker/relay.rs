@@ -197,6 +197,8 @@ const STREAM_DYN_MAX: usize = 1024;
 #[derive(Clone, Copy)]
 struct Session<'a> {
     number: u64,
+    /// Index into `StreamConf::servers` (whose `ssl_verify_client` judged the certificate).
+    server: usize,
     client: Option<SocketAddr>,
     local: SocketAddr,
     status: u16,
@@ -260,6 +262,7 @@ impl<'a> Worker<'a> {
         let local = || shard_event::sock::local_addr(fd.as_raw_fd()).unwrap_or(listen);
         let quick = |status: u16, sent: u64| Session {
             number: 0,
+            server,
             client: peer,
             local: local(),
             status,
@@ -431,6 +434,7 @@ impl<'a> Worker<'a> {
         };
         Session {
             number: r.number,
+            server: r.server,
             client: r.peer,
             local: shard_event::sock::local_addr(r.client.raw()).unwrap_or(r.listen),
             status,
@@ -1802,19 +1806,22 @@ fn session_var(
         | Var::SslServerName
         | Var::SslSessionReused
         | Var::SslAlpnProtocol
-        | Var::SslCurve => {
-            if let Some(t) = s.tls {
-                let v = match var {
-                    Var::SslProtocol => t.protocol().unwrap_or(""),
-                    Var::SslCipher => t.cipher().unwrap_or(""),
-                    Var::SslServerName => t.server_name().unwrap_or(""),
-                    Var::SslSessionReused if t.session_reused() => "r",
-                    Var::SslSessionReused => ".",
-                    Var::SslAlpnProtocol => t.alpn(),
-                    _ => t.curve(),
-                };
-                out.extend_from_slice(v.as_bytes());
-            }
+        | Var::SslCurve
+        | Var::SslClientVerify
+        | Var::SslClientSDn
+        | Var::SslClientIDn
+        | Var::SslClientSerial
+        | Var::SslClientFingerprint
+        | Var::SslClientSDnLegacy
+        | Var::SslClientIDnLegacy
+        | Var::SslClientRawCert
+        | Var::SslClientCert
+        | Var::SslClientEscapedCert
+        | Var::SslClientVStart
+        | Var::SslClientVEnd
+        | Var::SslClientVRemain => {
+            let tls = s.tls.map(|t| t.vars(s.server));
+            shard_http::vars::push_tls(out, var, tls.as_ref(), now_ms);
         }
         Var::RealipRemoteAddr => {
             if let Some(a) = s.realip.or(s.client) {

@@ -146,6 +146,38 @@ impl TlsConn {
     pub(in crate::worker) fn client_judged(&self, server: usize) -> Option<&ClientCert> {
         self.client.as_deref().filter(|c| c.server == server)
     }
+
+    /// The TLS variables of the connection, its client certificate as judged for `server`
+    /// (`verify` is `NONE` when it was not).
+    pub(in crate::worker) fn vars(&self, server: usize) -> shard_http::vars::Tls<'_> {
+        shard_http::vars::Tls {
+            protocol: self.protocol().unwrap_or(""),
+            cipher: self.cipher().unwrap_or(""),
+            server_name: self.server_name().unwrap_or(""),
+            session_reused: self.session_reused(),
+            alpn: self.alpn(),
+            curve: self.curve(),
+            client: match self.client_judged(server) {
+                Some(cc) => shard_http::vars::ClientCert {
+                    verify: &cc.verify,
+                    s_dn: &cc.s_dn,
+                    i_dn: &cc.i_dn,
+                    serial: &cc.serial,
+                    fingerprint: &cc.fingerprint,
+                    s_dn_legacy: &cc.s_dn_legacy,
+                    i_dn_legacy: &cc.i_dn_legacy,
+                    pem: &cc.pem,
+                    v_start: &cc.v_start,
+                    v_end: &cc.v_end,
+                    v_end_secs: cc.v_end_secs,
+                },
+                None => shard_http::vars::ClientCert {
+                    verify: "NONE",
+                    ..Default::default()
+                },
+            },
+        }
+    }
 }
 
 /// The socket as rustls reads and writes it; the first record's bytes are kept meanwhile.
