@@ -1585,6 +1585,61 @@ pub enum Part {
     Var(Var),
 }
 
+impl Var {
+    /// A connection's TLS variable by its (lowercase) name: `$ssl_protocol`, `$ssl_cipher`,
+    /// `$ssl_client_*`, ... (http and stream share them).
+    pub fn tls(name: &str) -> Option<Var> {
+        Some(match name {
+            "ssl_protocol" => Var::SslProtocol,
+            "ssl_cipher" => Var::SslCipher,
+            "ssl_server_name" => Var::SslServerName,
+            "ssl_session_reused" => Var::SslSessionReused,
+            "ssl_alpn_protocol" => Var::SslAlpnProtocol,
+            "ssl_curve" => Var::SslCurve,
+            "ssl_client_verify" => Var::SslClientVerify,
+            "ssl_client_s_dn" => Var::SslClientSDn,
+            "ssl_client_i_dn" => Var::SslClientIDn,
+            "ssl_client_serial" => Var::SslClientSerial,
+            "ssl_client_fingerprint" => Var::SslClientFingerprint,
+            "ssl_client_s_dn_legacy" => Var::SslClientSDnLegacy,
+            "ssl_client_i_dn_legacy" => Var::SslClientIDnLegacy,
+            "ssl_client_raw_cert" => Var::SslClientRawCert,
+            "ssl_client_cert" => Var::SslClientCert,
+            "ssl_client_escaped_cert" => Var::SslClientEscapedCert,
+            "ssl_client_v_start" => Var::SslClientVStart,
+            "ssl_client_v_end" => Var::SslClientVEnd,
+            "ssl_client_v_remain" => Var::SslClientVRemain,
+            _ => return None,
+        })
+    }
+
+    /// Whether this is one of the variables [`Var::tls`] names.
+    pub fn is_tls(&self) -> bool {
+        matches!(
+            self,
+            Var::SslProtocol
+                | Var::SslCipher
+                | Var::SslServerName
+                | Var::SslSessionReused
+                | Var::SslAlpnProtocol
+                | Var::SslCurve
+                | Var::SslClientVerify
+                | Var::SslClientSDn
+                | Var::SslClientIDn
+                | Var::SslClientSerial
+                | Var::SslClientFingerprint
+                | Var::SslClientSDnLegacy
+                | Var::SslClientIDnLegacy
+                | Var::SslClientRawCert
+                | Var::SslClientCert
+                | Var::SslClientEscapedCert
+                | Var::SslClientVStart
+                | Var::SslClientVEnd
+                | Var::SslClientVRemain
+        )
+    }
+}
+
 /// Which failures send a request to the next upstream peer (`proxy_next_upstream`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NextUpstream {

@@ -307,6 +307,24 @@ fn ssl_conf_commands_are_checked() {
 }
 
 #[test]
+fn tls_variables_are_one_list_for_http_and_stream() {
+    for name in [
+        "ssl_protocol",
+        "ssl_client_verify",
+        "ssl_client_v_remain",
+        "ssl_curve",
+    ] {
+        let v = Var::tls(name).unwrap_or_else(|| panic!("{name}"));
+        assert!(v.is_tls(), "{name}");
+    }
+    assert!(Var::tls("ssl_preread_server_name").is_none());
+    assert!(!Var::Host.is_tls());
+    // Both namespaces take them.
+    parse("events {} http { server { listen 80; return 200 \"$ssl_client_s_dn\"; } }");
+    parse("events {} stream { server { listen 81; return \"$ssl_client_s_dn\"; } }");
+}
+
+#[test]
 fn worker_process_settings() {
     let c = parse(
         "worker_priority -5; worker_cpu_affinity 0001 0010 0100; worker_rlimit_core 500m;\n\

@@ -303,6 +303,7 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 out.extend_from_slice(b"on");
             }
         }
+        // Listed (not `v if v.is_tls()`): this match names every variable.
         Var::SslProtocol
         | Var::SslCipher
         | Var::SslServerName

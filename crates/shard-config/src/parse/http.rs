@@ -3546,6 +3546,9 @@ pub(super) fn parse_value_with(
 /// The variables shard knows (names compare without case, as nginx's).
 pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, ConfigError> {
     let name = name.to_ascii_lowercase();
+    if let Some(v) = Var::tls(&name) {
+        return Ok(v);
+    }
     let prefixed = |p: &str| name.strip_prefix(p).filter(|n| !n.is_empty());
     Ok(match name.as_str() {
         "host" => Var::Host,
@@ -3559,25 +3562,6 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "server_protocol" => Var::ServerProtocol,
         "scheme" => Var::Scheme,
         "https" => Var::Https,
-        "ssl_protocol" => Var::SslProtocol,
-        "ssl_cipher" => Var::SslCipher,
-        "ssl_server_name" => Var::SslServerName,
-        "ssl_client_verify" => Var::SslClientVerify,
-        "ssl_client_s_dn" => Var::SslClientSDn,
-        "ssl_client_i_dn" => Var::SslClientIDn,
-        "ssl_client_serial" => Var::SslClientSerial,
-        "ssl_client_fingerprint" => Var::SslClientFingerprint,
-        "ssl_client_s_dn_legacy" => Var::SslClientSDnLegacy,
-        "ssl_client_i_dn_legacy" => Var::SslClientIDnLegacy,
-        "ssl_client_raw_cert" => Var::SslClientRawCert,
-        "ssl_client_cert" => Var::SslClientCert,
-        "ssl_client_escaped_cert" => Var::SslClientEscapedCert,
-        "ssl_client_v_start" => Var::SslClientVStart,
-        "ssl_client_v_end" => Var::SslClientVEnd,
-        "ssl_client_v_remain" => Var::SslClientVRemain,
-        "ssl_session_reused" => Var::SslSessionReused,
-        "ssl_alpn_protocol" => Var::SslAlpnProtocol,
-        "ssl_curve" => Var::SslCurve,
         "ssl_early_data" => Var::SslEarlyData,
         "request_uri" => Var::RequestUri,
         "uri" | "document_uri" => Var::Uri,

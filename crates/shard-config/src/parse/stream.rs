@@ -194,6 +194,9 @@ pub(super) fn stream_value(d: &Directive, file: &str, v: &str) -> Result<Vec<Par
 /// any other name is nginx's `unknown "name" variable`.
 fn stream_variable(d: &Directive, file: &str, name: &str) -> Result<Var, ConfigError> {
     let lower = name.to_ascii_lowercase();
+    if let Some(v) = Var::tls(&lower) {
+        return Ok(v);
+    }
     Ok(match lower.as_str() {
         "protocol" => Var::Protocol,
         "bytes_received" => Var::BytesReceived,
@@ -204,25 +207,6 @@ fn stream_variable(d: &Directive, file: &str, name: &str) -> Result<Var, ConfigE
         "upstream_first_byte_time" => Var::UpstreamFirstByteTime,
         "ssl_preread_protocol" => Var::SslPrereadProtocol,
         "realip_remote_addr" => Var::RealipRemoteAddr,
-        "ssl_protocol" => Var::SslProtocol,
-        "ssl_cipher" => Var::SslCipher,
-        "ssl_server_name" => Var::SslServerName,
-        "ssl_session_reused" => Var::SslSessionReused,
-        "ssl_alpn_protocol" => Var::SslAlpnProtocol,
-        "ssl_curve" => Var::SslCurve,
-        "ssl_client_verify" => Var::SslClientVerify,
-        "ssl_client_s_dn" => Var::SslClientSDn,
-        "ssl_client_i_dn" => Var::SslClientIDn,
-        "ssl_client_serial" => Var::SslClientSerial,
-        "ssl_client_fingerprint" => Var::SslClientFingerprint,
-        "ssl_client_s_dn_legacy" => Var::SslClientSDnLegacy,
-        "ssl_client_i_dn_legacy" => Var::SslClientIDnLegacy,
-        "ssl_client_raw_cert" => Var::SslClientRawCert,
-        "ssl_client_cert" => Var::SslClientCert,
-        "ssl_client_escaped_cert" => Var::SslClientEscapedCert,
-        "ssl_client_v_start" => Var::SslClientVStart,
-        "ssl_client_v_end" => Var::SslClientVEnd,
-        "ssl_client_v_remain" => Var::SslClientVRemain,
         "realip_remote_port" => Var::RealipRemotePort,
         "ssl_preread_server_name" => Var::SslPrereadServerName,
         "ssl_preread_alpn_protocols" => Var::SslPrereadAlpnProtocols,

@@ -1801,25 +1801,7 @@ fn session_var(
                 shard_http::proxy_protocol::push_tlv(out, h, name);
             }
         }
-        Var::SslProtocol
-        | Var::SslCipher
-        | Var::SslServerName
-        | Var::SslSessionReused
-        | Var::SslAlpnProtocol
-        | Var::SslCurve
-        | Var::SslClientVerify
-        | Var::SslClientSDn
-        | Var::SslClientIDn
-        | Var::SslClientSerial
-        | Var::SslClientFingerprint
-        | Var::SslClientSDnLegacy
-        | Var::SslClientIDnLegacy
-        | Var::SslClientRawCert
-        | Var::SslClientCert
-        | Var::SslClientEscapedCert
-        | Var::SslClientVStart
-        | Var::SslClientVEnd
-        | Var::SslClientVRemain => {
+        v if v.is_tls() => {
             let tls = s.tls.map(|t| t.vars(s.server));
             shard_http::vars::push_tls(out, var, tls.as_ref(), now_ms);
         }
