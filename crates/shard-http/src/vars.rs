@@ -234,33 +234,11 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 let _ = write!(out, "{}", a.ip());
             }
         }
-        Var::ProxyProtocolAddr | Var::ProxyProtocolServerAddr => {
-            let h = c.conn.proxy_protocol;
-            let a = if matches!(var, Var::ProxyProtocolAddr) {
-                h.and_then(|h| h.src)
-            } else {
-                h.and_then(|h| h.dst)
-            };
-            if let Some(a) = a {
-                out.extend_from_slice(a.ip().to_string().as_bytes());
-            }
-        }
-        Var::ProxyProtocolPort | Var::ProxyProtocolServerPort => {
-            let h = c.conn.proxy_protocol;
-            let a = if matches!(var, Var::ProxyProtocolPort) {
-                h.and_then(|h| h.src)
-            } else {
-                h.and_then(|h| h.dst)
-            };
-            if let Some(a) = a {
-                push_u64(out, u64::from(a.port()));
-            }
-        }
-        Var::ProxyProtocolTlv(name) => {
-            if let Some(h) = c.conn.proxy_protocol {
-                crate::proxy_protocol::push_tlv(out, h, name);
-            }
-        }
+        Var::ProxyProtocolAddr
+        | Var::ProxyProtocolServerAddr
+        | Var::ProxyProtocolPort
+        | Var::ProxyProtocolServerPort
+        | Var::ProxyProtocolTlv(_) => push_proxy_protocol(out, var, c.conn.proxy_protocol),
         Var::RealipRemotePort => {
             if let Some(a) = c.conn.peer {
                 push_u64(out, u64::from(a.port()));
@@ -629,6 +607,39 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 out.extend_from_slice(v.as_bytes());
             }
         }
+    }
+}
+
+/// A `$proxy_protocol_*` variable of the header `h` the connection began with (`None`:
+/// none, every one empty), for http and stream alike.
+pub fn push_proxy_protocol(
+    out: &mut Vec<u8>,
+    var: &Var,
+    h: Option<&crate::proxy_protocol::Header>,
+) {
+    let Some(h) = h else { return };
+    match var {
+        Var::ProxyProtocolAddr | Var::ProxyProtocolPort => {
+            if let Some(a) = h.src {
+                push_addr_part(out, var, a);
+            }
+        }
+        Var::ProxyProtocolServerAddr | Var::ProxyProtocolServerPort => {
+            if let Some(a) = h.dst {
+                push_addr_part(out, var, a);
+            }
+        }
+        Var::ProxyProtocolTlv(name) => crate::proxy_protocol::push_tlv(out, h, name),
+        _ => {}
+    }
+}
+
+/// The address or the port of `a`, as the `$proxy_protocol_*` variable `var` names it.
+fn push_addr_part(out: &mut Vec<u8>, var: &Var, a: SocketAddr) {
+    if matches!(var, Var::ProxyProtocolPort | Var::ProxyProtocolServerPort) {
+        push_u64(out, u64::from(a.port()));
+    } else {
+        out.extend_from_slice(a.ip().to_string().as_bytes());
     }
 }
 

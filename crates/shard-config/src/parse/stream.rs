@@ -311,11 +311,25 @@ pub(super) fn stream_access_rule(
     d: &Directive,
     file: &str,
 ) -> R {
-    let mut tmp = super::http::Settings::default();
-    super::http::set_access_rule(env, &mut tmp, d, file)?;
-    let rules = tmp.access_rules.unwrap_or_default();
+    let rules = http_rules(env, d, file, super::http::set_access_rule, |t| {
+        t.access_rules
+    })?;
     s.access_rules.get_or_insert_with(Vec::new).extend(rules);
     Ok(())
+}
+
+/// The address rules an http handler (`allow`/`deny`, `set_real_ip_from`) reads from `d`,
+/// taken out of the http settings it fills: the stream's directives are the same text.
+fn http_rules(
+    env: &Env,
+    d: &Directive,
+    file: &str,
+    set: fn(&Env, &mut super::http::Settings, &Directive, &str) -> R,
+    take: fn(super::http::Settings) -> Option<Vec<AccessRule>>,
+) -> Result<Vec<AccessRule>, ConfigError> {
+    let mut tmp = super::http::Settings::default();
+    set(env, &mut tmp, d, file)?;
+    Ok(take(tmp).unwrap_or_default())
 }
 
 pub(super) fn stream_proxy_connect_timeout(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
@@ -447,9 +461,9 @@ pub(super) fn stream_set_real_ip_from(
     d: &Directive,
     file: &str,
 ) -> R {
-    let mut tmp = super::http::Settings::default();
-    super::http::set_real_ip_from(env, &mut tmp, d, file)?;
-    let nets = tmp.real_ip_from.unwrap_or_default();
+    let nets = http_rules(env, d, file, super::http::set_real_ip_from, |t| {
+        t.real_ip_from
+    })?;
     s.real_ip_from.get_or_insert_with(Vec::new).extend(nets);
     Ok(())
 }

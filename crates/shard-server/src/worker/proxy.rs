@@ -2104,17 +2104,24 @@ impl<'a> Worker<'a> {
                 if !name.eq_ignore_ascii_case("set-cookie") {
                     continue;
                 }
-                if let Some(v) =
-                    shard_http::proxy::set_cookie_flags(value, &pc.cookie_flags, &render)
-                {
+                // Each rewrite reads the cookie only when it has rules.
+                let flags = (!pc.cookie_flags.is_empty())
+                    .then(|| shard_http::proxy::set_cookie_flags(value, &pc.cookie_flags, &render))
+                    .flatten();
+                if let Some(v) = flags {
                     *value = v;
                 }
-                if let Some(v) = shard_http::proxy::rewrite_set_cookie(
-                    value,
-                    &pc.cookie_domain,
-                    &pc.cookie_path,
-                    &render,
-                ) {
+                let moved = (!pc.cookie_domain.is_empty() || !pc.cookie_path.is_empty())
+                    .then(|| {
+                        shard_http::proxy::rewrite_set_cookie(
+                            value,
+                            &pc.cookie_domain,
+                            &pc.cookie_path,
+                            &render,
+                        )
+                    })
+                    .flatten();
+                if let Some(v) = moved {
                     *value = v;
                 }
             }

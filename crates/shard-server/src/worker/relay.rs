@@ -1774,33 +1774,11 @@ fn session_var(
             }
         }
         Var::UpstreamSessionTime if s.connect_ms.is_some() => secs_since(out, s.started_ms),
-        Var::ProxyProtocolAddr | Var::ProxyProtocolServerAddr => {
-            let h = s.pp;
-            let a = if matches!(var, Var::ProxyProtocolAddr) {
-                h.and_then(|h| h.src)
-            } else {
-                h.and_then(|h| h.dst)
-            };
-            if let Some(a) = a {
-                let _ = write!(out, "{}", a.ip());
-            }
-        }
-        Var::ProxyProtocolPort | Var::ProxyProtocolServerPort => {
-            let h = s.pp;
-            let a = if matches!(var, Var::ProxyProtocolPort) {
-                h.and_then(|h| h.src)
-            } else {
-                h.and_then(|h| h.dst)
-            };
-            if let Some(a) = a {
-                push_u64(out, u64::from(a.port()));
-            }
-        }
-        Var::ProxyProtocolTlv(name) => {
-            if let Some(h) = s.pp {
-                shard_http::proxy_protocol::push_tlv(out, h, name);
-            }
-        }
+        Var::ProxyProtocolAddr
+        | Var::ProxyProtocolServerAddr
+        | Var::ProxyProtocolPort
+        | Var::ProxyProtocolServerPort
+        | Var::ProxyProtocolTlv(_) => shard_http::vars::push_proxy_protocol(out, var, s.pp),
         v if v.is_tls() => {
             let tls = s.tls.map(|t| t.vars(s.server));
             shard_http::vars::push_tls(out, var, tls.as_ref(), now_ms);
