@@ -234,6 +234,11 @@ pub(crate) struct Worker<'a> {
     access_log_idx: HashMap<PathBuf, usize>,
     /// Spare buffers, so that connections do not allocate per request.
     pool: Vec<Vec<u8>>,
+    /// Requests of connections that went idle or closed, kept to be reset for the next ones
+    /// (a request is allocated once, not once per request), at most `REQ_SPARES_MAX`.
+    /// Boxed: the allocations themselves move between connections and this list.
+    #[allow(clippy::vec_box)]
+    req_spares: Vec<Box<conn::Req>>,
     /// Request-body bytes this worker holds in memory (`body.rs`).
     body_mem: usize,
     /// `cpu_ms` of the slot when this worker took it: a respawned worker continues the dead
@@ -499,6 +504,7 @@ impl<'a> Worker<'a> {
             access_logs,
             access_log_idx,
             pool: Vec::new(),
+            req_spares: Vec::new(),
             body_mem: 0,
             cpu_base_ms: slot.cpu_ms.load(Relaxed),
             // Apart from other workers' numbers, for the named fallback of `O_TMPFILE`.

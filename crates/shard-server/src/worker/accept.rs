@@ -283,7 +283,7 @@ impl Worker<'_> {
                     continue;
                 }
             };
-            let Some(srv) = http_server else {
+            let Some(_) = http_server else {
                 if let shard_config::ListenerKind::Stream { server } = conf_l.kind {
                     self.start_relay(
                         cfd,
@@ -299,9 +299,9 @@ impl Worker<'_> {
             let id = self.next_conn_id;
             self.next_conn_id += 1;
             let number = self.region.connections.fetch_add(1, Relaxed) + 1;
-            let key =
-                self.conns
-                    .insert(Conn::new(cfd, peer, conf_idx, id, number, srv, self.now_ms));
+            let key = self
+                .conns
+                .insert(Conn::new(cfd, peer, conf_idx, id, number, self.now_ms));
             self.conns[key].tls = tls;
             self.conns[key].pp_pending = conf_l.opts.proxy_protocol;
             self.start_reading(key, true);

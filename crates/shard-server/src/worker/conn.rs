@@ -36,6 +36,8 @@ const CORK_FILE_MAX_BYTES: u64 = 64 * 1024;
 /// [`FILE_CHUNK_BYTES`]. Measured on loopback, 1 MiB file: 16 KiB costs 1.3 times the worker
 /// CPU per request of 32 KiB, 64 KiB 1.9 times, 256 KiB 1.3 times.
 const MAPPED_WRITE_BYTES: u64 = 32 * 1024;
+/// Spare requests a worker keeps for reuse (`Worker::req_spares`), 464 bytes each.
+const REQ_SPARES_MAX: usize = 64;
 /// Pipelined responses gathered before a write.
 const PIPELINE_GATHER_BYTES: usize = 64 * 1024;
 
@@ -89,15 +91,42 @@ pub(super) struct Conn {
     pub(super) inbuf: Vec<u8>,
     pub(super) out: Vec<u8>,
     pub(super) out_pos: usize,
+    pub(super) requests: u64,
+    /// When the connection was accepted (`keepalive_time`).
+    pub(super) opened_ms: u64,
+    pub(super) deadline_ms: u64,
+    pub(super) close_after: bool,
+    /// Closing: the write side is shut and input is read and dropped until end of stream or
+    /// the lingering deadline, so the peer sees our response and not a reset.
+    pub(super) lingering: bool,
+    /// TLS records of a connection accepted on an `ssl` listener (`tls.rs`).
+    pub(super) tls: Option<Box<super::tls::TlsConn>>,
+    /// Plain HTTP arrived on an `ssl` listener: its request is answered with nginx's 400
+    /// ("The plain HTTP request was sent to HTTPS port", `error_page 497`).
+    pub(super) plain_on_tls: bool,
+    /// `listen ... proxy_protocol`: the PROXY protocol header is still to be read, before
+    /// anything else (the TLS handshake too).
+    pub(super) pp_pending: bool,
+    /// The PROXY protocol header it began with (`$proxy_protocol_*`, `real_ip_header
+    /// proxy_protocol`).
+    pub(super) proxy_protocol: Option<Box<shard_http::proxy_protocol::Header>>,
+    /// The earliest deadline queued in the timer heap for this connection.
+    pub(super) timer_at: u64,
+    /// The request in progress: every phase but `Waiting` has one (`start_reading` makes
+    /// it); a connection between requests holds none.
+    pub(super) req: Option<Box<Req>>,
+}
+
+/// What one request holds, from the first byte of its head to the end of its response (and
+/// of the lingering close after it).
+pub(super) struct Req {
     file: Option<FileBody>,
     body: BodyLeft,
     pub(super) body_bytes_max: u64,
     pub(super) body_bytes: u64,
-    pub(super) requests: u64,
-    /// When the connection was accepted (`keepalive_time`).
-    pub(super) opened_ms: u64,
-    /// The current request's `$request_id` and when it began (monotonic ms).
+    /// `$request_id`.
     pub(super) request_id: u128,
+    /// When its head was complete (monotonic ms; `$request_time`).
     pub(super) request_started_ms: u64,
     /// Index into `HttpConf::servers` of the current request's server.
     pub(super) server: usize,
@@ -127,11 +156,6 @@ pub(super) struct Conn {
     /// The status an `error_page` gives a successful answer (`error_page 404 /404.html` sends
     /// the page with 404).
     pub(super) status_override: Option<u16>,
-    pub(super) deadline_ms: u64,
-    pub(super) close_after: bool,
-    /// Closing: the write side is shut and input is read and dropped until end of stream or
-    /// the lingering deadline, so the peer sees our response and not a reset.
-    pub(super) lingering: bool,
     /// `lingering_close`, `lingering_time`, `lingering_timeout` of the request's location.
     pub(super) linger: shard_config::Lingering,
     /// When reading to discard (a body nobody needs, or input before a close) must end: the
@@ -140,16 +164,9 @@ pub(super) struct Conn {
     pub(super) send_timeout_ms: u64,
     /// `client_body_timeout` of the request's location.
     pub(super) body_timeout_ms: u64,
-    /// `client_header_timeout` of the listener's default server.
-    header_timeout_ms: u64,
     pub(super) keepalive_timeout_ms: u64,
     /// The request being proxied (`proxy.rs`).
     pub(super) proxy: Option<Box<super::proxy::Proxy>>,
-    /// TLS records of a connection accepted on an `ssl` listener (`tls.rs`).
-    pub(super) tls: Option<Box<super::tls::TlsConn>>,
-    /// Plain HTTP arrived on an `ssl` listener: its request is answered with nginx's 400
-    /// ("The plain HTTP request was sent to HTTPS port", `error_page 497`).
-    pub(super) plain_on_tls: bool,
     /// `auth_basic` refused the request: the realm its 401 names in `WWW-Authenticate`.
     pub(super) www_authenticate: Option<String>,
     /// Header lines an upstream's `X-Accel-Redirect` response passes on to the response
@@ -158,14 +175,129 @@ pub(super) struct Conn {
     pub(super) accel_headers: Option<Box<[u8]>>,
     /// `limit_rate` of the current response (`None`: unlimited).
     pub(super) rate: Option<Box<Rate>>,
-    /// `listen ... proxy_protocol`: the PROXY protocol header is still to be read, before
-    /// anything else (the TLS handshake too).
-    pub(super) pp_pending: bool,
-    /// The PROXY protocol header it began with (`$proxy_protocol_*`, `real_ip_header
-    /// proxy_protocol`).
-    pub(super) proxy_protocol: Option<Box<shard_http::proxy_protocol::Header>>,
-    /// The earliest deadline queued in the timer heap for this connection.
-    pub(super) timer_at: u64,
+}
+
+/// [`Conn::rq`] on the field alone, so that the connection's other fields stay free to borrow.
+#[inline]
+fn req_of(req: &mut Option<Box<Req>>) -> &mut Req {
+    match req {
+        Some(r) => r,
+        None => req_missing(req),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn req_missing(req: &mut Option<Box<Req>>) -> &mut Req {
+    debug_assert!(false, "a request outside a request");
+    req.insert(Box::new(Req::fallback()))
+}
+
+/// Writes `buf` to the socket `fd`, or through its TLS.
+fn send(
+    fd: std::os::fd::RawFd,
+    tls: &mut Option<Box<super::tls::TlsConn>>,
+    buf: &[u8],
+    more: bool,
+) -> std::io::Result<usize> {
+    match tls.as_mut() {
+        Some(t) => super::tls::write(fd, t, buf),
+        None if more => shard_event::sock::send_more(fd, buf),
+        None => shard_event::sock::write(fd, buf),
+    }
+}
+
+impl Req {
+    /// Makes a used request a new one, begun on a connection whose listener's default server
+    /// has the settings `base`: its timeouts are that server's until the request picks a
+    /// location. What the vectors hold is dropped, their room kept.
+    fn reset(&mut self, base: &shard_config::LocationConf) {
+        self.file = None;
+        self.body = BodyLeft::None;
+        self.body_bytes_max = 0;
+        self.body_bytes = 0;
+        self.request_id = 0;
+        self.request_started_ms = 0;
+        self.server = 0;
+        self.captures.clear();
+        self.capture_text = None;
+        self.capture_names.clear();
+        self.user_vars.clear();
+        self.if_headers = None;
+        self.client = None;
+        self.delayed_until = 0;
+        self.limit_passed = false;
+        self.limit_req_status = "";
+        self.limit_conn_status = "";
+        self.conn_held.clear();
+        self.in_error_page = false;
+        self.status_override = None;
+        self.linger = base.lingering;
+        self.linger_until_ms = 0;
+        self.send_timeout_ms = base.send_timeout_ms;
+        self.body_timeout_ms = base.client_body_timeout_ms;
+        self.keepalive_timeout_ms = base.keepalive_timeout_ms;
+        self.proxy = None;
+        self.www_authenticate = None;
+        self.accel_headers = None;
+        self.rate = None;
+    }
+
+    /// nginx's defaults, for [`Conn::rq`]'s case that should not happen.
+    fn fallback() -> Req {
+        Req::timeouts(
+            shard_config::Lingering {
+                close: LingeringClose::On,
+                time_ms: 30_000,
+                timeout_ms: 5_000,
+            },
+            60_000,
+            60_000,
+            75_000,
+        )
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn fallback_ref() -> &'static Req {
+        debug_assert!(false, "a request outside a request");
+        thread_local!(static FALLBACK: &'static Req = Box::leak(Box::new(Req::fallback())));
+        FALLBACK.with(|r| *r)
+    }
+
+    fn timeouts(linger: shard_config::Lingering, send: u64, body: u64, keepalive: u64) -> Req {
+        Req {
+            file: None,
+            body: BodyLeft::None,
+            body_bytes_max: 0,
+            body_bytes: 0,
+            request_id: 0,
+            request_started_ms: 0,
+            server: 0,
+            captures: Vec::new(),
+            capture_text: None,
+            capture_names: Vec::new(),
+            user_vars: Vec::new(),
+            if_headers: None,
+            client: None,
+            delayed_until: 0,
+            limit_passed: false,
+            limit_req_status: "",
+            limit_conn_status: "",
+            conn_held: Vec::new(),
+            in_error_page: false,
+            status_override: None,
+            linger,
+            linger_until_ms: 0,
+            send_timeout_ms: send,
+            body_timeout_ms: body,
+            keepalive_timeout_ms: keepalive,
+            proxy: None,
+            www_authenticate: None,
+            accel_headers: None,
+            rate: None,
+        }
+    }
 }
 
 /// How many internal redirects (`try_files`, `error_page`) one request may take; one more is
@@ -265,15 +397,13 @@ fn request_id(key: u64, seq: u64) -> u128 {
 }
 
 impl Conn {
-    /// A connection accepted on an HTTP listener whose default server is `srv`: its timeouts
-    /// are that server's until a request picks a location.
+    /// A connection accepted on an HTTP listener, before its first request.
     pub(super) fn new(
         fd: OwnedFd,
         peer: Option<SocketAddr>,
         listener: usize,
         id: u64,
         number: u64,
-        srv: &shard_config::ServerConf,
         now_ms: u64,
     ) -> Conn {
         Conn {
@@ -291,46 +421,17 @@ impl Conn {
             inbuf: Vec::new(),
             out: Vec::new(),
             out_pos: 0,
-            file: None,
-            body: BodyLeft::None,
-            body_bytes_max: 0,
-            body_bytes: 0,
             requests: 0,
             opened_ms: now_ms,
-            request_id: 0,
-            request_started_ms: 0,
-            server: 0,
-            captures: Vec::new(),
-            capture_text: None,
-            capture_names: Vec::new(),
-            user_vars: Vec::new(),
-            if_headers: None,
-            client: peer,
-            delayed_until: 0,
-            limit_passed: false,
-            limit_req_status: "",
-            limit_conn_status: "",
-            conn_held: Vec::new(),
-            in_error_page: false,
-            status_override: None,
             deadline_ms: 0,
             close_after: false,
             lingering: false,
-            linger: srv.base.lingering,
-            linger_until_ms: 0,
-            send_timeout_ms: srv.base.send_timeout_ms,
-            body_timeout_ms: srv.base.client_body_timeout_ms,
-            keepalive_timeout_ms: srv.base.keepalive_timeout_ms,
-            header_timeout_ms: srv.client_header_timeout_ms,
-            proxy: None,
             tls: None,
             plain_on_tls: false,
             pp_pending: false,
             proxy_protocol: None,
-            www_authenticate: None,
-            accel_headers: None,
-            rate: None,
             timer_at: u64::MAX,
+            req: None,
         }
     }
 
@@ -366,13 +467,20 @@ impl Conn {
         }
     }
 
-    /// Writes `buf` to the socket, or through TLS.
-    fn send(&mut self, buf: &[u8], more: bool) -> std::io::Result<usize> {
-        let fd = self.fd.as_raw_fd();
-        match self.tls.as_mut() {
-            Some(t) => super::tls::write(fd, t, buf),
-            None if more => shard_event::sock::send_more(fd, buf),
-            None => shard_event::sock::write(fd, buf),
+    /// The request in progress. A connection has one in every phase but `Waiting`; should a
+    /// step reach for it between requests, it gets one with nginx's default timeouts rather
+    /// than a worker that panics.
+    #[inline]
+    pub(super) fn rq(&mut self) -> &mut Req {
+        req_of(&mut self.req)
+    }
+
+    /// The request in progress, to read; see [`Conn::rq`].
+    #[inline]
+    pub(super) fn rd(&self) -> &Req {
+        match self.req.as_deref() {
+            Some(r) => r,
+            None => Req::fallback_ref(),
         }
     }
 
@@ -382,7 +490,7 @@ impl Conn {
 
     pub(super) fn has_output(&self) -> bool {
         self.out_pos < self.out.len()
-            || self.file.is_some()
+            || self.has_file()
             || self.tls.as_ref().is_some_and(|t| t.has_output())
     }
 
@@ -391,7 +499,7 @@ impl Conn {
     fn must_flush_now(&self) -> bool {
         self.has_output()
             && (self.inbuf.is_empty()
-                || self.file.is_some()
+                || self.has_file()
                 || self.close_after
                 || self.lingering
                 || self.out.len() >= PIPELINE_GATHER_BYTES)
@@ -400,15 +508,22 @@ impl Conn {
     /// The next deadline while reading to discard: `lingering_timeout` from now, but never past
     /// `lingering_time` from the start (nginx's `ngx_http_lingering_close_handler`).
     fn linger_deadline(&self, now_ms: u64) -> u64 {
-        (now_ms + self.linger.timeout_ms).min(self.linger_until_ms)
+        (now_ms + self.rd().linger.timeout_ms).min(self.rd().linger_until_ms)
     }
 
     pub(super) fn body_pending(&self) -> bool {
-        !matches!(self.body, BodyLeft::None)
+        self.req
+            .as_ref()
+            .is_some_and(|r| !matches!(r.body, BodyLeft::None))
+    }
+
+    /// A file body is still to be sent.
+    fn has_file(&self) -> bool {
+        self.req.as_ref().is_some_and(|r| r.file.is_some())
     }
 }
 
-impl Worker<'_> {
+impl<'a> Worker<'a> {
     fn set_phase(&mut self, key: usize, phase: Phase) {
         let c = &mut self.conns[key];
         if c.phase != phase {
@@ -418,15 +533,53 @@ impl Worker<'_> {
         }
     }
 
-    /// Puts a connection into the request-head phase (at accept or after a keep-alive wait).
+    /// Puts a connection into the request-head phase (at accept or after a keep-alive wait),
+    /// with a new request.
     pub(super) fn start_reading(&mut self, key: usize, fresh: bool) {
-        let timeout = self.conns[key].header_timeout_ms;
+        let srv = self.default_server(self.conns[key].listener);
+        let timeout = srv.map_or(60_000, |s| s.client_header_timeout_ms);
+        let mut req = match self.req_spares.pop() {
+            Some(r) => r,
+            None => Box::new(Req::fallback()),
+        };
+        match srv {
+            Some(s) => req.reset(&s.base),
+            None => *req = Req::fallback(),
+        }
+        let c = &mut self.conns[key];
+        req.client = c.peer;
+        if let Some(old) = c.req.replace(req) {
+            self.give_req(old);
+        }
         if fresh {
             WorkerSlot::bump(&self.slot.reading, 1);
         } else {
             self.set_phase(key, Phase::Reading);
         }
         self.conns[key].deadline_ms = self.now_ms + timeout;
+    }
+
+    /// Keeps a finished request for the next one (its vectors keep their room).
+    fn give_req(&mut self, mut r: Box<Req>) {
+        if let Some(p) = r.proxy.take() {
+            // Not expected: the proxy step hands its state back before a request ends.
+            if let Some(u) = p.upstream_conn() {
+                self.close_upconn(u);
+            }
+            self.give_proxy_bufs(p);
+        }
+        if self.req_spares.len() < REQ_SPARES_MAX {
+            self.req_spares.push(r);
+        }
+    }
+
+    /// The default server of an HTTP listener, whose settings a request has until its
+    /// `Host` chose one. Looked up rather than kept on the connection.
+    /// (Accepting needs one, so every HTTP connection has it.)
+    fn default_server(&self, listener: usize) -> Option<&'a shard_config::ServerConf> {
+        let cfg = self.cfg;
+        let l = &cfg.listeners[listener];
+        cfg.http.as_ref().map(|h| &h.servers[l.default_server])
     }
 
     pub(super) fn on_conn_event(&mut self, key: usize, generation: u32, ev: shard_event::Event) {
@@ -488,11 +641,8 @@ impl Worker<'_> {
         }
         // Dropping `c` closes its socket (which removes it from epoll; no EPOLL_CTL_DEL
         // needed) and its file.
-        if let Some(p) = c.proxy.take() {
-            if let Some(u) = p.upstream_conn() {
-                self.close_upconn(u);
-            }
-            self.give_proxy_bufs(p);
+        if let Some(r) = c.req.take() {
+            self.give_req(r);
         }
         WorkerSlot::drop_one(phase_counter(self.slot, c.phase));
         WorkerSlot::drop_one(&self.slot.active);
@@ -504,11 +654,12 @@ impl Worker<'_> {
 
     pub(super) fn on_timeout(&mut self, key: usize) {
         // `limit_rate` held the response back: its next share of bytes is due.
-        if let Some(r) = self.conns[key].rate.as_mut().filter(|r| r.resume_ms != 0) {
+        let rate = self.conns[key].req.as_mut().and_then(|r| r.rate.as_mut());
+        if let Some(r) = rate.filter(|r| r.resume_ms != 0) {
             if self.now_ms >= r.resume_ms {
                 r.resume_ms = 0;
                 let c = &mut self.conns[key];
-                c.deadline_ms = self.now_ms + c.send_timeout_ms;
+                c.deadline_ms = self.now_ms + c.rq().send_timeout_ms;
                 self.drive(key);
                 return;
             }
@@ -517,11 +668,16 @@ impl Worker<'_> {
             return;
         }
         let c = &mut self.conns[key];
-        if c.delayed_until != 0 {
+        if c.req.as_ref().is_some_and(|r| r.delayed_until != 0) {
             // A request `limit_req` delayed: its turn now.
-            c.delayed_until = 0;
-            c.limit_passed = true;
-            c.deadline_ms = self.now_ms + c.header_timeout_ms;
+            c.rq().delayed_until = 0;
+            c.rq().limit_passed = true;
+            let listener = c.listener;
+            let timeout = self
+                .default_server(listener)
+                .map_or(60_000, |s| s.client_header_timeout_ms);
+            let c = &mut self.conns[key];
+            c.deadline_ms = self.now_ms + timeout;
             self.drive(key);
             return;
         }
@@ -568,15 +724,18 @@ impl Worker<'_> {
         let now_ms = self.now_ms;
         let turn = self.turn;
         let c = &mut self.conns[key];
+        let r = req_of(&mut c.req);
         let mut chunks = 0;
         let mut size_checked = false;
         loop {
             // `limit_rate`: nothing more may leave before the next second's share.
-            let pending = c.has_output();
-            if let Some(r) = c.rate.as_mut() {
-                if r.allowance(now_ms) == 0 && pending {
-                    r.resume_ms = r.next_share_ms(now_ms);
-                    c.deadline_ms = r.resume_ms;
+            let pending = c.out_pos < c.out.len()
+                || r.file.is_some()
+                || c.tls.as_ref().is_some_and(|t| t.has_output());
+            if let Some(rate) = r.rate.as_mut() {
+                if rate.allowance(now_ms) == 0 && pending {
+                    rate.resume_ms = rate.next_share_ms(now_ms);
+                    c.deadline_ms = rate.resume_ms;
                     return Flush::Blocked;
                 }
             }
@@ -584,8 +743,8 @@ impl Worker<'_> {
             // in one `writev`. A short count is a full socket or a file that shrank under
             // the mapping; the next call tells which (`EAGAIN`, or `EFAULT` and a failure).
             // (Not under `limit_rate`: its writes are cut to each second's share.)
-            let rated = c.rate.is_some();
-            if let Some(f) = c
+            let rated = r.rate.is_some();
+            if let Some(f) = r
                 .file
                 .as_mut()
                 .filter(|f| f.mapped && f.remaining > 0 && !rated)
@@ -634,7 +793,7 @@ impl Worker<'_> {
                         c.out_pos += h;
                         f.offset += b;
                         f.remaining -= b;
-                        c.deadline_ms = now_ms + c.send_timeout_ms;
+                        c.deadline_ms = now_ms + r.send_timeout_ms;
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         c.writable = false;
@@ -651,32 +810,37 @@ impl Worker<'_> {
                 continue;
             }
             // A head followed by a small file sent with `sendfile`: one segment, not two.
-            let more = c.file.as_ref().is_some_and(|f| {
+            let more = r.file.as_ref().is_some_and(|f| {
                 f.sendfile && f.remaining > 0 && f.remaining <= CORK_FILE_MAX_BYTES
             });
             while c.out_pos < c.out.len() {
                 if !c.writable {
                     return Flush::Blocked;
                 }
-                let allow = c.rate.as_ref().map_or(usize::MAX, |r| {
-                    usize::try_from(r.allowance(now_ms)).unwrap_or(usize::MAX)
+                let allow = r.rate.as_ref().map_or(usize::MAX, |rate| {
+                    usize::try_from(rate.allowance(now_ms)).unwrap_or(usize::MAX)
                 });
                 if allow == 0 {
                     break;
                 }
                 let end = c.out.len().min(c.out_pos.saturating_add(allow));
                 let out = std::mem::take(&mut c.out);
-                let res = c.send(&out[c.out_pos..end], more && end == out.len());
+                let res = send(
+                    c.fd.as_raw_fd(),
+                    &mut c.tls,
+                    &out[c.out_pos..end],
+                    more && end == out.len(),
+                );
                 c.out = out;
                 match res {
                     Ok(n) => {
                         debug_assert!(n <= c.out.len() - c.out_pos);
                         let offered = end - c.out_pos;
                         c.out_pos += n;
-                        if let Some(r) = c.rate.as_mut() {
-                            r.sent += n as u64;
+                        if let Some(rate) = r.rate.as_mut() {
+                            rate.sent += n as u64;
                         }
-                        c.deadline_ms = now_ms + c.send_timeout_ms;
+                        c.deadline_ms = now_ms + r.send_timeout_ms;
                         // A short write means the socket is full; through TLS it means
                         // only that the plaintext buffer was (the next call says). A write
                         // `limit_rate` cut is not short.
@@ -698,8 +862,8 @@ impl Worker<'_> {
             }
             c.out.clear();
             c.out_pos = 0;
-            if c.file.as_ref().is_none_or(|f| f.remaining == 0) {
-                c.file = None;
+            if r.file.as_ref().is_none_or(|f| f.remaining == 0) {
+                r.file = None;
                 // Records TLS still holds go out before the response counts as written.
                 if let Some(t) = c.tls.as_mut() {
                     match super::tls::flush(c.fd.as_raw_fd(), t) {
@@ -713,7 +877,7 @@ impl Worker<'_> {
                 }
                 return Flush::Done;
             }
-            let Some(f) = c.file.as_mut() else {
+            let Some(f) = r.file.as_mut() else {
                 return Flush::Done;
             };
             if !c.writable {
@@ -724,8 +888,8 @@ impl Worker<'_> {
             }
             chunks += 1;
             let mut want = f.remaining.min(1 << 30) as usize;
-            if let Some(r) = c.rate.as_ref() {
-                let allow = usize::try_from(r.allowance(now_ms)).unwrap_or(usize::MAX);
+            if let Some(rate) = r.rate.as_ref() {
+                let allow = usize::try_from(rate.allowance(now_ms)).unwrap_or(usize::MAX);
                 if allow == 0 {
                     continue;
                 }
@@ -760,10 +924,10 @@ impl Worker<'_> {
                 Ok(n) => {
                     debug_assert!(n as u64 <= f.remaining);
                     f.remaining -= n as u64;
-                    if let Some(r) = c.rate.as_mut() {
-                        r.sent += n as u64;
+                    if let Some(rate) = r.rate.as_mut() {
+                        rate.sent += n as u64;
                     }
-                    c.deadline_ms = now_ms + c.send_timeout_ms;
+                    c.deadline_ms = now_ms + r.send_timeout_ms;
                     if n < want && f.remaining > 0 {
                         c.writable = false;
                     }
@@ -825,7 +989,11 @@ impl Worker<'_> {
                 step!(self.read_proxy_protocol(key));
                 continue;
             }
-            if self.conns[key].proxy.is_some() {
+            if self.conns[key]
+                .req
+                .as_ref()
+                .is_some_and(|r| r.proxy.is_some())
+            {
                 match self.drive_proxy(key) {
                     Step::Done => continue,
                     Step::Wait => return,
@@ -841,10 +1009,11 @@ impl Worker<'_> {
             }
             if c.close_after {
                 let unread = c.body_pending() || !c.inbuf.is_empty() || (c.readable && !c.eof);
-                let linger = match c.linger.close {
-                    LingeringClose::Off => false,
-                    LingeringClose::On => unread,
-                    LingeringClose::Always => !c.eof,
+                // (Between requests there is no response to protect.)
+                let linger = match c.req.as_ref().map(|r| r.linger.close) {
+                    None | Some(LingeringClose::Off) => false,
+                    Some(LingeringClose::On) => unread,
+                    Some(LingeringClose::Always) => !c.eof,
                 };
                 if linger {
                     // Unread input would make close() send a reset that can destroy the
@@ -858,7 +1027,7 @@ impl Worker<'_> {
                         None => shard_event::sock::shutdown_write(c.fd.as_raw_fd()),
                     }
                     c.lingering = true;
-                    c.linger_until_ms = self.now_ms + c.linger.time_ms;
+                    c.rq().linger_until_ms = self.now_ms + c.rq().linger.time_ms;
                     c.deadline_ms = c.linger_deadline(self.now_ms);
                     self.conns[key].inbuf.clear();
                     continue;
@@ -869,8 +1038,8 @@ impl Worker<'_> {
             // Discard what remains of the request body: each read may wait
             // `lingering_timeout`, and all of it `lingering_time`.
             if c.body_pending() {
-                if c.linger_until_ms == 0 {
-                    c.linger_until_ms = self.now_ms + c.linger.time_ms;
+                if c.rq().linger_until_ms == 0 {
+                    c.rq().linger_until_ms = self.now_ms + c.rq().linger.time_ms;
                     c.deadline_ms = c.linger_deadline(self.now_ms);
                 }
                 if self.consume_body(key, None) {
@@ -883,13 +1052,19 @@ impl Worker<'_> {
             let c = &mut self.conns[key];
             if c.phase == Phase::Writing {
                 // The response and the body are done: keep-alive.
-                c.linger_until_ms = 0;
-                if !c.conn_held.is_empty() {
+                c.rq().linger_until_ms = 0;
+                if !c.rq().conn_held.is_empty() {
                     self.release_limits(key);
                 }
                 let c = &mut self.conns[key];
                 if c.inbuf.is_empty() {
-                    c.deadline_ms = self.now_ms + c.keepalive_timeout_ms;
+                    c.deadline_ms = self.now_ms + c.rq().keepalive_timeout_ms;
+                    // Between requests a connection holds no request.
+                    let r = c.req.take();
+                    if let Some(r) = r {
+                        self.give_req(r);
+                    }
+                    let c = &mut self.conns[key];
                     let inbuf = std::mem::take(&mut c.inbuf);
                     let out = std::mem::take(&mut c.out);
                     c.out_pos = 0;
@@ -907,7 +1082,7 @@ impl Worker<'_> {
                 }
             }
             let c = &self.conns[key];
-            if c.delayed_until != 0 {
+            if c.req.as_ref().is_some_and(|r| r.delayed_until != 0) {
                 // `limit_req` holds the request back; its timer resumes it.
                 return;
             }
@@ -1128,10 +1303,10 @@ impl Worker<'_> {
                 }
                 if c.phase == Phase::Waiting {
                     self.start_reading(key, false);
-                } else if c.linger_until_ms != 0 && (c.body_pending() || c.lingering) {
+                } else if c.rq().linger_until_ms != 0 && (c.body_pending() || c.lingering) {
                     c.deadline_ms = c.linger_deadline(self.now_ms);
                 } else if c.body_pending() {
-                    c.deadline_ms = self.now_ms + c.body_timeout_ms;
+                    c.deadline_ms = self.now_ms + c.rq().body_timeout_ms;
                 }
                 Io::Ready
             }
@@ -1155,7 +1330,7 @@ impl Worker<'_> {
         room: usize,
     ) -> Option<Io> {
         let c = &mut self.conns[key];
-        let BodyLeft::Length(left) = &mut c.body else {
+        let BodyLeft::Length(left) = &mut req_of(&mut c.req).body else {
             return None;
         };
         if !c.inbuf.is_empty() || room == 0 {
@@ -1167,7 +1342,8 @@ impl Worker<'_> {
         }
         let want = (*left).min(room as u64) as usize;
         let res = c.recv(sink, want);
-        let BodyLeft::Length(left) = &mut c.body else {
+        let r = req_of(&mut c.req);
+        let BodyLeft::Length(left) = &mut r.body else {
             return None;
         };
         match res {
@@ -1178,14 +1354,14 @@ impl Worker<'_> {
             }
             Ok(n) => {
                 *left -= n as u64;
-                c.body_bytes += n as u64;
+                r.body_bytes += n as u64;
                 if *left == 0 {
-                    c.body = BodyLeft::None;
+                    r.body = BodyLeft::None;
                 }
                 if n < want && !c.hup {
                     c.readable = false;
                 }
-                c.deadline_ms = self.now_ms + c.body_timeout_ms;
+                c.deadline_ms = self.now_ms + r.body_timeout_ms;
                 Some(Io::Ready)
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -1233,7 +1409,7 @@ impl Worker<'_> {
     /// error reply), false when more input is needed.
     pub(super) fn consume_body(&mut self, key: usize, mut sink: Option<&mut Vec<u8>>) -> bool {
         let c = &mut self.conns[key];
-        let (used, data, done, bad) = match &mut c.body {
+        let (used, data, done, bad) = match &mut req_of(&mut c.req).body {
             BodyLeft::None => return true,
             BodyLeft::Length(left) => {
                 let take = (*left).min(c.inbuf.len() as u64);
@@ -1255,26 +1431,26 @@ impl Worker<'_> {
             }
         };
         c.inbuf.drain(..used);
-        c.body_bytes += data;
+        c.rq().body_bytes += data;
         if done {
-            c.body = BodyLeft::None;
+            c.rq().body = BodyLeft::None;
         }
         if let Some(rej) = bad {
             crate::log!(Info, "client sent invalid chunked body: {}", rej.reason);
             c.close_after = true;
-            c.body = BodyLeft::None;
+            c.rq().body = BodyLeft::None;
             return true;
         }
-        if c.body_bytes_max > 0 && c.body_bytes > c.body_bytes_max {
+        if c.rq().body_bytes_max > 0 && c.rq().body_bytes > c.rq().body_bytes_max {
             // Chunked bodies learn their size as they go. The response was already sent, so
             // the only honest thing left is to stop reading and close.
             crate::log!(
                 Error,
                 "client intended to send too large chunked body: {} bytes",
-                c.body_bytes
+                c.rq().body_bytes
             );
             c.close_after = true;
-            c.body = BodyLeft::None;
+            c.rq().body = BodyLeft::None;
             return true;
         }
         done
@@ -1292,11 +1468,13 @@ impl Worker<'_> {
             .cfg
             .http
             .as_ref()
-            .and_then(|h| h.servers.get(c.server))
+            .and_then(|h| h.servers.get(c.rd().server))
             .map_or("", shard_http::route::server_name);
         let mut s = format!(
             ", client: {}, server: {server}",
-            c.client.map_or("-".to_string(), |a| a.ip().to_string())
+            c.rd()
+                .client
+                .map_or("-".to_string(), |a| a.ip().to_string())
         );
         if let Some(r) = req {
             s.push_str(&format!(", request: \"{}\"", r.request_line));
@@ -1314,7 +1492,7 @@ impl Worker<'_> {
         let Some(http) = self.cfg.http.as_ref() else {
             return;
         };
-        let srv = &http.servers[self.conns[key].server];
+        let srv = &http.servers[self.conns[key].rq().server];
         if srv.base.access_logs.is_empty() {
             return;
         }
@@ -1326,7 +1504,7 @@ impl Worker<'_> {
     /// listener's default server (nginx), its `$request` the first line as far as received.
     fn unparsed_request(&mut self, key: usize) -> shard_http::request::Request {
         let c = &mut self.conns[key];
-        c.server = self.cfg.listeners[c.listener].default_server;
+        c.rq().server = self.cfg.listeners[c.listener].default_server;
         shard_http::request::Request::unparsed(&c.inbuf)
     }
 
@@ -1355,7 +1533,7 @@ impl Worker<'_> {
         let cfg = self.cfg;
         let loc = loc.or_else(|| {
             let h = cfg.http.as_ref()?;
-            h.servers.get(self.conns[key].server).map(|s| &s.base)
+            h.servers.get(self.conns[key].rq().server).map(|s| &s.base)
         });
         let date = std::mem::take(&mut self.date);
         {
@@ -1384,7 +1562,7 @@ impl Worker<'_> {
             c.out.extend_from_slice(body);
             if !keep_alive {
                 c.close_after = true;
-                c.body = BodyLeft::None;
+                c.rq().body = BodyLeft::None;
             }
         }
         self.date = date;
@@ -1405,14 +1583,14 @@ impl Worker<'_> {
         let listener = &cfg.listeners[self.conns[key].listener];
         let server_idx = shard_http::route::select_server(listener, req.host.as_deref());
         let server = &http.servers[server_idx];
-        self.conns[key].server = server_idx;
+        self.conns[key].rq().server = server_idx;
         let first = self.locate(key, server, &req.path);
         // nginx's post-read phase: the client address a trusted proxy reports.
         let c = &mut self.conns[key];
-        c.client = c.peer;
-        c.www_authenticate = None;
-        c.accel_headers = None;
-        c.rate = (first.limit_rate > 0).then(|| {
+        c.rq().client = c.peer;
+        c.rq().www_authenticate = None;
+        c.rq().accel_headers = None;
+        c.rq().rate = (first.limit_rate > 0).then(|| {
             Box::new(Rate {
                 bytes_per_sec: first.limit_rate,
                 after: first.limit_rate_after,
@@ -1430,7 +1608,7 @@ impl Worker<'_> {
                 .and_then(|h| h.src)
                 .map(|a| a.ip());
             if let Some(ip) = shard_http::vars::real_ip(peer.ip(), &first.real_ip, hs, pp) {
-                c.client = Some(SocketAddr::new(ip, peer.port()));
+                c.rq().client = Some(SocketAddr::new(ip, peer.port()));
             }
         }
         // The head is kept when the request may be proxied, limited, redirected internally, or
@@ -1505,9 +1683,9 @@ impl Worker<'_> {
         self.request_seq += 1;
         let request_id = request_id(self.request_id_key, self.request_seq);
         let c = &mut self.conns[key];
-        c.request_id = request_id;
-        c.user_vars.clear();
-        c.if_headers = None;
+        c.rq().request_id = request_id;
+        c.rq().user_vars.clear();
+        c.rq().if_headers = None;
         // nginx's `auto_redirect` (its find-config phase, before any rewrite): `/dir` where
         // `location /dir/` passes to an upstream is a 301 to `/dir/`, arguments kept.
         let auto = server
@@ -1532,17 +1710,17 @@ impl Worker<'_> {
         let limited = !loc.limit_req.is_empty() || !loc.limit_conn.is_empty();
         // A request delayed by `limit_req` keeps its status when it is handled again.
         let c = &mut self.conns[key];
-        c.limit_conn_status = "";
-        if !c.limit_passed {
-            c.limit_req_status = "";
+        c.rq().limit_conn_status = "";
+        if !c.rq().limit_passed {
+            c.rq().limit_req_status = "";
         }
         if limited && forced.is_none() && matches!(rewritten, Some(Rewritten::Stay)) {
             match self.check_limits(key, loc, &req, &head) {
                 Limited::Pass => {}
                 Limited::Delay(ms) => {
                     let c = &mut self.conns[key];
-                    c.delayed_until = self.now_ms + ms.max(1);
-                    let until = c.delayed_until;
+                    c.rq().delayed_until = self.now_ms + ms.max(1);
+                    let until = c.rq().delayed_until;
                     self.set_conn_deadline(key, until);
                     return;
                 }
@@ -1565,16 +1743,16 @@ impl Worker<'_> {
 
         let c = &mut self.conns[key];
         c.requests += 1;
-        c.request_started_ms = self.now_ms;
-        c.in_error_page = false;
-        c.status_override = None;
-        c.send_timeout_ms = first.send_timeout_ms;
-        c.body_timeout_ms = first.client_body_timeout_ms;
-        c.keepalive_timeout_ms = first.keepalive_timeout_ms;
-        c.linger = first.lingering;
-        c.linger_until_ms = 0;
-        c.body_bytes = 0;
-        c.body_bytes_max = first.client_max_body_size;
+        c.rq().request_started_ms = self.now_ms;
+        c.rq().in_error_page = false;
+        c.rq().status_override = None;
+        c.rq().send_timeout_ms = first.send_timeout_ms;
+        c.rq().body_timeout_ms = first.client_body_timeout_ms;
+        c.rq().keepalive_timeout_ms = first.keepalive_timeout_ms;
+        c.rq().linger = first.lingering;
+        c.rq().linger_until_ms = 0;
+        c.rq().body_bytes = 0;
+        c.rq().body_bytes_max = first.client_max_body_size;
         let keep_alive =
             shard_http::response::keep_alive(&req, first, c.requests, self.shutting_down)
                 && self.now_ms.saturating_sub(c.opened_ms) < first.keepalive_time_ms
@@ -1603,13 +1781,15 @@ impl Worker<'_> {
                 return;
             }
             shard_http::request::Body::Length(0) | shard_http::request::Body::None => {
-                c.body = BodyLeft::None
+                c.rq().body = BodyLeft::None
             }
-            shard_http::request::Body::Length(n) => c.body = BodyLeft::Length(n),
-            shard_http::request::Body::Chunked => c.body = BodyLeft::Chunked(ChunkedDecoder::new()),
+            shard_http::request::Body::Length(n) => c.rq().body = BodyLeft::Length(n),
+            shard_http::request::Body::Chunked => {
+                c.rq().body = BodyLeft::Chunked(ChunkedDecoder::new())
+            }
         }
         if c.body_pending() {
-            let deadline = self.now_ms + c.body_timeout_ms;
+            let deadline = self.now_ms + c.rq().body_timeout_ms;
             self.set_conn_deadline(key, deadline);
         }
         let c = &mut self.conns[key];
@@ -1696,7 +1876,7 @@ impl Worker<'_> {
         let mut held = Vec::new();
         let mut verdict = Limited::Pass;
         let mut conn_status = "";
-        let mut req_status = self.conns[key].limit_req_status;
+        let mut req_status = self.conns[key].rq().limit_req_status;
         {
             let ctx = self.var_ctx(key, req, hs, loc);
             for lc in &loc.limit_conn {
@@ -1728,7 +1908,7 @@ impl Worker<'_> {
                     break;
                 }
             }
-            if !self.conns[key].limit_passed && verdict == Limited::Pass {
+            if !self.conns[key].rd().limit_passed && verdict == Limited::Pass {
                 let mut delay_ms = 0;
                 let mut delay_by: Option<(u64, &str)> = None;
                 for lr in &loc.limit_req {
@@ -1808,16 +1988,16 @@ impl Worker<'_> {
                 }
             }
         }
-        self.conns[key].limit_passed = false;
-        self.conns[key].limit_conn_status = conn_status;
-        self.conns[key].limit_req_status = req_status;
+        self.conns[key].rq().limit_passed = false;
+        self.conns[key].rq().limit_conn_status = conn_status;
+        self.conns[key].rq().limit_req_status = req_status;
         if verdict != Limited::Pass {
             // Refused or delayed: this request holds no count yet.
             for (z, k) in held {
                 self.zones[z].release(k, now);
             }
         } else {
-            self.conns[key].conn_held = held;
+            self.conns[key].rq().conn_held = held;
         }
         verdict
     }
@@ -1827,8 +2007,11 @@ impl Worker<'_> {
         let Some(c) = self.conns.get_mut(key) else {
             return;
         };
+        let Some(r) = c.req.as_mut() else {
+            return;
+        };
         let now = self.now_ms;
-        for (z, k) in std::mem::take(&mut c.conn_held) {
+        for (z, k) in std::mem::take(&mut r.conn_held) {
             self.zones[z].release(k, now);
         }
     }
@@ -1840,14 +2023,14 @@ impl Worker<'_> {
         server: &'s shard_config::ServerConf,
         path: &str,
     ) -> &'s LocationConf {
-        let mut captures = std::mem::take(&mut self.conns[key].captures);
+        let mut captures = std::mem::take(&mut self.conns[key].rq().captures);
         let loc = shard_http::route::find_location_index(server, path, &mut captures)
             .map_or(&server.base, |i| &server.locations[i]);
         let c = &mut self.conns[key];
-        c.captures = captures;
-        c.capture_text = None;
-        let re = loc.regex.as_ref().filter(|_| !c.captures.is_empty());
-        shard_http::route::capture_names_into(&mut c.capture_names, re);
+        c.rq().captures = captures;
+        c.rq().capture_text = None;
+        let re = loc.regex.as_ref().filter(|_| !c.rq().captures.is_empty());
+        shard_http::route::capture_names_into(&mut c.rq().capture_names, re);
         loc
     }
 
@@ -1864,14 +2047,14 @@ impl Worker<'_> {
         match target {
             Redirect::Named(name) => match shard_http::route::named_location(server, &name) {
                 Some(l) => {
-                    self.conns[key].captures.clear();
-                    self.conns[key].capture_names.clear();
+                    self.conns[key].rq().captures.clear();
+                    self.conns[key].rq().capture_names.clear();
                     l
                 }
                 None => {
                     crate::log!(Error, "could not find named location \"{name}\"");
-                    self.conns[key].captures.clear();
-                    self.conns[key].capture_names.clear();
+                    self.conns[key].rq().captures.clear();
+                    self.conns[key].rq().capture_names.clear();
                     &server.base
                 }
             },
@@ -1966,6 +2149,7 @@ impl Worker<'_> {
             };
             if al.format.name == LogFormat::COMBINED && al.condition.is_none() {
                 let peer = self.conns[key]
+                    .rq()
                     .client
                     .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |p| {
                         p.ip()
@@ -2024,7 +2208,7 @@ impl Worker<'_> {
 
     /// The server of the current request on `key`.
     pub(super) fn server_of(&self, key: usize) -> &shard_config::ServerConf {
-        &self.http().servers[self.conns[key].server]
+        &self.http().servers[self.conns[key].rd().server]
     }
 
     /// The variables of the current request on `key`, before its response.
@@ -2040,7 +2224,7 @@ impl Worker<'_> {
         shard_http::vars::Ctx {
             req,
             headers,
-            client: c.client,
+            client: c.rd().client,
             server_addr: self.cfg.listeners[c.listener].addr,
             server_name: shard_http::route::server_name(srv),
             location: loc,
@@ -2065,7 +2249,7 @@ impl Worker<'_> {
         if rules.is_empty() {
             return false;
         }
-        let Some(peer) = self.conns[key].client else {
+        let Some(peer) = self.conns[key].rd().client else {
             return false;
         };
         let allowed = rules
@@ -2135,7 +2319,7 @@ impl Worker<'_> {
                 if let Some(why) = why {
                     crate::log!(Error, "{why}{}", self.log_context(key, Some(req)));
                 }
-                self.conns[key].www_authenticate = Some(conf.realm.clone());
+                self.conns[key].rq().www_authenticate = Some(conf.realm.clone());
                 Some(401)
             }
             super::auth::Auth::Broken(why) => {
@@ -2197,7 +2381,7 @@ impl Worker<'_> {
         let c = &mut self.conns[key];
         c.out.clear();
         c.close_after = true;
-        c.body = BodyLeft::None;
+        c.rq().body = BodyLeft::None;
     }
 
     /// Captures, `set` values and maps of the current request on `key`.
@@ -2208,10 +2392,10 @@ impl Worker<'_> {
     ) -> shard_http::vars::Scope<'v> {
         let c = &self.conns[key];
         shard_http::vars::Scope {
-            captures: &c.captures,
-            capture_text: c.capture_text.as_deref().unwrap_or(&req.path),
-            capture_names: &c.capture_names,
-            user: &c.user_vars,
+            captures: &c.rd().captures,
+            capture_text: c.rd().capture_text.as_deref().unwrap_or(&req.path),
+            capture_names: &c.rd().capture_names,
+            user: &c.rd().user_vars,
             maps: self.cfg.http.as_ref().map_or(&[][..], |h| &h.maps),
         }
     }
@@ -2224,17 +2408,17 @@ impl Worker<'_> {
             connection: c.number,
             requests: c.requests,
             now_ms: now,
-            started_ms: now.saturating_sub(self.now_ms.saturating_sub(c.request_started_ms)),
+            started_ms: now.saturating_sub(self.now_ms.saturating_sub(c.rd().request_started_ms)),
             opened_ms: now.saturating_sub(self.now_ms.saturating_sub(c.opened_ms)),
             peer: c.peer,
-            limit_req_status: c.limit_req_status,
-            limit_conn_status: c.limit_conn_status,
-            request_id: c.request_id,
+            limit_req_status: c.rd().limit_req_status,
+            limit_conn_status: c.rd().limit_conn_status,
+            request_id: c.rd().request_id,
             hostname: &self.hostname,
             proxy_protocol: c.proxy_protocol.as_deref(),
             // The client certificate as `handle` judged it for the request's server
             // (`ssl_verify_client`); a server that asks for none has none, as in nginx.
-            tls: c.tls.as_ref().map(|t| t.vars(c.server)),
+            tls: c.tls.as_ref().map(|t| t.vars(c.rd().server)),
         }
     }
 
@@ -2303,7 +2487,7 @@ impl Worker<'_> {
             }
         }
         let size_checked_turn = (fd.size_checked_for() == self.request_seq).then_some(self.turn);
-        c.file = Some(FileBody {
+        c.rq().file = Some(FileBody {
             fd,
             offset,
             remaining: len,
@@ -2366,7 +2550,7 @@ impl<'a> Worker<'a> {
                         "rewrite or internal redirection cycle while internally redirecting to \"{}\"",
                         req.path
                     );
-                    self.conns[key].in_error_page = true;
+                    self.conns[key].rq().in_error_page = true;
                     break super::respond::status(self, key, loc, &req, keep_alive, &head, 500);
                 }
             };
@@ -2402,7 +2586,7 @@ impl<'a> Worker<'a> {
                 }
                 Action::Content if proxied && after_upstream => {
                     // The error page of a failed upstream is not proxied again.
-                    let code = self.conns[key].status_override.unwrap_or(502);
+                    let code = self.conns[key].rq().status_override.unwrap_or(502);
                     super::respond::status(self, key, loc, &req, keep_alive, &head, code)
                 }
                 Action::Content if proxied => {
@@ -2433,7 +2617,7 @@ impl<'a> Worker<'a> {
             let c = &mut self.conns[key];
             // `recursive_error_pages on`: the page's own errors may take an `error_page`
             // too (the internal-redirect bound ends a loop with 500, as nginx's).
-            c.in_error_page = !loc.recursive_error_pages;
+            c.rq().in_error_page = !loc.recursive_error_pages;
             if !(target.starts_with('/') || target.starts_with('@')) {
                 // A URL: a redirect, 302 unless `=CODE` says otherwise.
                 let code = match ep.status {
@@ -2443,7 +2627,7 @@ impl<'a> Worker<'a> {
                 let r = shard_http::response::return_reply(code, Some(target), "text/html");
                 break super::respond::simple_reply(self, key, loc, &req, keep_alive, &head, r);
             }
-            c.status_override = match ep.status {
+            c.rq().status_override = match ep.status {
                 ErrorPageStatus::Original => Some(reply.status),
                 ErrorPageStatus::Code(code) => Some(code),
                 ErrorPageStatus::Target => None,
@@ -2515,5 +2699,89 @@ impl Rate {
     fn next_share_ms(&self, now_ms: u64) -> u64 {
         let elapsed = now_ms.saturating_sub(self.start_ms);
         self.start_ms + (elapsed / 1000 + 1) * 1000
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(text: &str) -> shard_config::Config {
+        shard_config::parse_str(
+            text,
+            "t.conf",
+            std::path::Path::new("/nonexistent"),
+            std::path::Path::new("/pfx"),
+            None,
+        )
+        .unwrap()
+    }
+
+    /// What an idle keep-alive connection costs the worker is `Conn` (its request went back
+    /// to the spares): `shard-bench speed` measured 206 bytes per idle connection with 184
+    /// here, against nginx's 521. A field added to `Conn` rather than `Req` shows here first.
+    #[test]
+    fn an_idle_connection_holds_no_request_state() {
+        assert!(
+            std::mem::size_of::<Conn>() <= 192,
+            "Conn grew to {} bytes",
+            std::mem::size_of::<Conn>()
+        );
+    }
+
+    /// A spare request is reset to a new one: nothing of the request before it is left,
+    /// its timeouts are the default server's, and its vectors keep their room.
+    #[test]
+    fn a_reused_request_starts_clean_with_the_servers_timeouts() {
+        let cfg = server(
+            "events {}\nhttp { server { listen 127.0.0.1:1; send_timeout 7s; \
+             client_body_timeout 8s; keepalive_timeout 9s; lingering_time 11s; } }\n",
+        );
+        let srv = &cfg.http.as_ref().unwrap().servers[0];
+        let mut r = Req::fallback();
+        r.server = 3;
+        r.request_id = 42;
+        r.user_vars.push(("a".into(), b"b".to_vec()));
+        r.captures.extend([Some((0, 1)), None]);
+        r.capture_text = Some("x".into());
+        r.if_headers = Some(Vec::new());
+        r.delayed_until = 5;
+        r.limit_passed = true;
+        r.limit_req_status = "PASSED";
+        r.in_error_page = true;
+        r.status_override = Some(404);
+        r.www_authenticate = Some("realm".into());
+        r.accel_headers = Some(Box::from(&b"Set-Cookie: a=b\r\n"[..]));
+        r.body = BodyLeft::Length(3);
+        r.body_bytes = 9;
+        r.linger_until_ms = 77;
+        let room = r.user_vars.capacity();
+        r.reset(&srv.base);
+        assert_eq!((r.server, r.request_id, r.delayed_until), (0, 0, 0));
+        assert!(r.user_vars.is_empty() && r.user_vars.capacity() == room);
+        assert!(r.captures.is_empty() && r.capture_text.is_none());
+        assert!(r.if_headers.is_none() && r.www_authenticate.is_none());
+        assert!(r.accel_headers.is_none() && r.status_override.is_none());
+        assert!(!r.limit_passed && !r.in_error_page && r.limit_req_status.is_empty());
+        assert!(matches!(r.body, BodyLeft::None) && r.body_bytes == 0);
+        assert_eq!(r.linger_until_ms, 0);
+        assert_eq!(
+            (r.send_timeout_ms, r.body_timeout_ms, r.keepalive_timeout_ms),
+            (7_000, 8_000, 9_000)
+        );
+        assert_eq!(r.linger.time_ms, 11_000);
+    }
+
+    /// `Conn::rq` between requests does not panic a release worker: it gets nginx's
+    /// default timeouts (debug builds stop there, since it means a step lost track).
+    #[cfg(not(debug_assertions))]
+    #[test]
+    fn a_request_outside_a_request_has_nginx_defaults() {
+        let mut req = None;
+        let r = req_of(&mut req);
+        assert_eq!(
+            (r.send_timeout_ms, r.keepalive_timeout_ms),
+            (60_000, 75_000)
+        );
     }
 }

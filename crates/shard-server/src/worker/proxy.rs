@@ -457,7 +457,7 @@ impl<'a> Worker<'a> {
                 now,
             ),
             Balance::IpHash => {
-                let ip = self.conns[key].client.map(|c| c.ip());
+                let ip = self.conns[key].rq().client.map(|c| c.ip());
                 balance::pick_ip_hash(
                     &ups.peers,
                     &mut self.http_peer_state[upstream],
@@ -867,7 +867,7 @@ impl<'a> Worker<'a> {
             }));
         }
         let c = &mut self.conns[key];
-        c.proxy = Some(p);
+        c.rq().proxy = Some(p);
         if cont && !more_input {
             c.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
         }
@@ -883,7 +883,7 @@ impl<'a> Worker<'a> {
             return Step::Wait;
         };
         let id = c.id;
-        let Some(mut p) = c.proxy.take() else {
+        let Some(mut p) = c.rq().proxy.take() else {
             return Step::Done;
         };
         let mut rounds = 0;
@@ -929,7 +929,7 @@ impl<'a> Worker<'a> {
         }
         match flow {
             Flow::Next | Flow::Wait => {
-                self.conns[key].proxy = Some(p);
+                self.conns[key].rq().proxy = Some(p);
                 Step::Wait
             }
             Flow::Fail(status) => {
@@ -1004,8 +1004,8 @@ impl<'a> Worker<'a> {
             let c = &self.conns[key];
             if c.close_after {
                 // Malformed or too large chunked body: nothing was sent upstream.
-                let max = c.body_bytes_max;
-                let status = if c.body_bytes > max && max > 0 {
+                let max = c.rd().body_bytes_max;
+                let status = if c.rd().body_bytes > max && max > 0 {
                     413
                 } else {
                     400
@@ -1401,7 +1401,7 @@ impl<'a> Worker<'a> {
             head: &p.head,
             location: loc,
             pass,
-            client: c.client,
+            client: c.rd().client,
             server_addr: listener.addr,
             server_name,
             body_len,
@@ -1753,7 +1753,7 @@ impl<'a> Worker<'a> {
                         Some(Io::Ready) => continue,
                         Some(Io::Wait) if !p.body.mem.is_empty() => break,
                         Some(Io::Wait) => {
-                            let t = self.now_ms + self.conns[key].body_timeout_ms;
+                            let t = self.now_ms + self.conns[key].rq().body_timeout_ms;
                             self.set_conn_deadline(key, t);
                             return Flow::Wait;
                         }
@@ -1766,7 +1766,7 @@ impl<'a> Worker<'a> {
                         Io::Ready => {}
                         Io::Wait if !p.body.mem.is_empty() => break,
                         Io::Wait => {
-                            let t = self.now_ms + self.conns[key].body_timeout_ms;
+                            let t = self.now_ms + self.conns[key].rq().body_timeout_ms;
                             self.set_conn_deadline(key, t);
                             return Flow::Wait;
                         }
@@ -1791,8 +1791,8 @@ impl<'a> Worker<'a> {
                     // A malformed or too large chunked body, after part of it went upstream.
                     self.recharge(&mut p.body);
                     let c = &self.conns[key];
-                    let max = c.body_bytes_max;
-                    return Flow::Fail(if max > 0 && c.body_bytes > max {
+                    let max = c.rd().body_bytes_max;
+                    return Flow::Fail(if max > 0 && c.rd().body_bytes > max {
                         413
                     } else {
                         400
@@ -2170,7 +2170,7 @@ impl<'a> Worker<'a> {
         p.head_sent = true;
         let loc = self.proxy_location(p);
         let mut extra = Vec::new();
-        let if_headers = self.conns[key].if_headers.clone();
+        let if_headers = self.conns[key].rq().if_headers.clone();
         if loc.expires.is_some() || !loc.add_headers.is_empty() || if_headers.is_some() {
             let mut storage = shard_http::vars::header_storage();
             let hs = shard_http::vars::request_headers(&p.head, &mut storage);
@@ -2249,7 +2249,7 @@ impl<'a> Worker<'a> {
                     let pc = &self.proxy_location(p).proxy;
                     let timeout = match waiting {
                         Waiting::UpstreamWrite => pc.send_timeout_ms,
-                        Waiting::ClientWrite => self.conns[key].send_timeout_ms,
+                        Waiting::ClientWrite => self.conns[key].rq().send_timeout_ms,
                         Waiting::Read => pc.read_timeout_ms,
                     };
                     self.set_proxy_deadline(key, timeout);
@@ -2526,7 +2526,7 @@ impl<'a> Worker<'a> {
         p.streaming
             && (p.upreq_pos > 0
                 || matches!(p.state, State::ReadingHead)
-                || self.conns[key].body_bytes > 0)
+                || self.conns[key].rd().body_bytes > 0)
     }
 
     /// The current attempt failed before the response head went to the client.
@@ -2594,7 +2594,8 @@ impl<'a> Worker<'a> {
         if req.method != shard_http::request::Method::Head {
             req.method = shard_http::request::Method::Get;
         }
-        self.conns[key].accel_headers = (!passed.is_empty()).then(|| passed.into_boxed_slice());
+        self.conns[key].rq().accel_headers =
+            (!passed.is_empty()).then(|| passed.into_boxed_slice());
         let cfg = self.cfg;
         let Some(srv) = cfg.http.as_ref().map(|h| &h.servers[server]) else {
             return;
@@ -2630,7 +2631,7 @@ impl<'a> Worker<'a> {
         // nginx's `error_page` for a failed upstream (`error_page 502 504 /50x.html`): the
         // request goes through the phases again, answered with that status.
         let loc = self.proxy_location(&p);
-        if !self.conns[key].in_error_page
+        if !self.conns[key].rq().in_error_page
             && loc.error_pages.iter().any(|e| e.codes.contains(&status))
         {
             let req = p.req.clone();
@@ -2676,7 +2677,12 @@ impl<'a> Worker<'a> {
     fn set_proxy_deadline(&mut self, key: usize, timeout_ms: u64) {
         let mut t = self.now_ms + timeout_ms;
         // A response `limit_rate` holds back resumes first (`on_timeout`).
-        if let Some(r) = self.conns[key].rate.as_ref().filter(|r| r.resume_ms != 0) {
+        if let Some(r) = self.conns[key]
+            .rd()
+            .rate
+            .as_ref()
+            .filter(|r| r.resume_ms != 0)
+        {
             t = t.min(r.resume_ms);
         }
         self.set_conn_deadline(key, t);
@@ -2686,7 +2692,7 @@ impl<'a> Worker<'a> {
     pub(super) fn proxy_timeout(&mut self, key: usize) -> bool {
         let c = &mut self.conns[key];
         let id = c.id;
-        let Some(mut p) = c.proxy.take() else {
+        let Some(mut p) = c.req.as_mut().and_then(|r| r.proxy.take()) else {
             return false;
         };
         let flow = match p.state {

@@ -114,7 +114,7 @@ fn simple(
     // An error page of shard's own may be replaced by the location's `error_page` (once: a
     // second error while serving one is sent as it is, nginx's `recursive_error_pages off`).
     if r.status >= 300
-        && !c.in_error_page
+        && !c.rd().in_error_page
         && !r.body.is_empty()
         && r.body.as_slice() == shard_http::response::error_body(r.status)
     {
@@ -131,7 +131,11 @@ fn simple(
             };
         }
     }
-    if let Some(code) = c.status_override.filter(|_| (200..300).contains(&r.status)) {
+    if let Some(code) = c
+        .rd()
+        .status_override
+        .filter(|_| (200..300).contains(&r.status))
+    {
         r.status = code;
     }
     // nginx's 497 (plain HTTP to an HTTPS port), 495 (a client certificate that does not
@@ -184,6 +188,7 @@ fn simple(
     );
     // `auth_basic`'s 401 names its realm (quotes and control bytes dropped).
     if let Some(realm) = w.conns[key]
+        .rq()
         .www_authenticate
         .take()
         .filter(|_| r.status == 401)
@@ -249,10 +254,10 @@ fn extra_headers(
     content_type: Option<&str>,
 ) -> Vec<u8> {
     let mut extra = Vec::new();
-    if let Some(a) = &w.conns[key].accel_headers {
+    if let Some(a) = &w.conns[key].rd().accel_headers {
         extra.extend_from_slice(a);
     }
-    let if_headers = w.conns[key].if_headers.as_deref();
+    let if_headers = w.conns[key].rd().if_headers.as_deref();
     if loc.expires.is_none() && loc.add_headers.is_empty() && if_headers.is_none() {
         return extra;
     }
@@ -565,7 +570,7 @@ fn static_file(
                     .collect();
                 if !files.is_empty() {
                     // The request id is random enough to choose a file.
-                    let pick = (w.conns[key].request_id % files.len() as u128) as usize;
+                    let pick = (w.conns[key].rq().request_id % files.len() as u128) as usize;
                     let name = files.swap_remove(pick);
                     return internal_redirect(format!("{}{name}", req.path));
                 }
@@ -782,7 +787,7 @@ fn send_file(
             len,
             headers,
         } => {
-            if let Some(code) = w.conns[key].status_override.filter(|_| status == 200) {
+            if let Some(code) = w.conns[key].rq().status_override.filter(|_| status == 200) {
                 status = code;
             }
             if status == 416

@@ -59,6 +59,7 @@ impl Worker<'_> {
                 Instr::Break => return Some(Outcome::Stay),
                 Instr::AddHeader(h) => {
                     self.conns[key]
+                        .rq()
                         .if_headers
                         .get_or_insert_with(Vec::new)
                         .push(h.clone());
@@ -72,7 +73,7 @@ impl Worker<'_> {
                 }
                 Instr::Set { name, value } => {
                     let v = self.render(key, req, head, loc, value).into_bytes();
-                    let vars = &mut self.conns[key].user_vars;
+                    let vars = &mut self.conns[key].rq().user_vars;
                     match vars.iter_mut().find(|(n, _)| n == name) {
                         Some(slot) => slot.1 = v,
                         None => vars.push((name.clone(), v)),
@@ -83,7 +84,7 @@ impl Worker<'_> {
                         // An `if` with headers of its own is the request's configuration from
                         // here on: its headers replace the location's (and an earlier if's).
                         if then.iter().any(|i| matches!(i, Instr::AddHeader(_))) {
-                            self.conns[key].if_headers = Some(Vec::new());
+                            self.conns[key].rq().if_headers = Some(Vec::new());
                         }
                         if let Some(o) =
                             self.run_instrs(key, then, req, head, loc, changed, depth + 1)
@@ -99,7 +100,7 @@ impl Worker<'_> {
                     redirect,
                 } => {
                     let c = &mut self.conns[key];
-                    let matched = regex.captures_into(&req.path, &mut c.captures);
+                    let matched = regex.captures_into(&req.path, &mut c.rq().captures);
                     if loc.rewrite_log {
                         // nginx's notice lines, with the request's context.
                         crate::log!(
@@ -115,8 +116,8 @@ impl Worker<'_> {
                         continue;
                     }
                     let c = &mut self.conns[key];
-                    c.capture_text = Some(req.path.clone());
-                    shard_http::route::capture_names_into(&mut c.capture_names, Some(regex));
+                    c.rq().capture_text = Some(req.path.clone());
+                    shard_http::route::capture_names_into(&mut c.rq().capture_names, Some(regex));
                     let new = self.render(key, req, head, loc, replacement);
 
                     let code = match flag {
@@ -217,10 +218,10 @@ impl Worker<'_> {
                     true => {
                         if !*negate {
                             let c = &mut self.conns[key];
-                            c.captures = caps;
-                            c.capture_text = Some(l.clone());
+                            c.rq().captures = caps;
+                            c.rq().capture_text = Some(l.clone());
                             shard_http::route::capture_names_into(
-                                &mut c.capture_names,
+                                &mut c.rq().capture_names,
                                 Some(regex),
                             );
                         }
