@@ -124,8 +124,8 @@ pub(super) struct Req {
     body: BodyLeft,
     pub(super) body_bytes_max: u64,
     pub(super) body_bytes: u64,
-    /// `$request_id`.
-    pub(super) request_id: u128,
+    /// The worker's number for it, which `$request_id` is made from when asked for.
+    pub(super) request_seq: u64,
     /// When its head was complete (monotonic ms; `$request_time`).
     pub(super) request_started_ms: u64,
     /// Index into `HttpConf::servers` of the current request's server.
@@ -216,7 +216,7 @@ impl Req {
         self.body = BodyLeft::None;
         self.body_bytes_max = 0;
         self.body_bytes = 0;
-        self.request_id = 0;
+        self.request_seq = 0;
         self.request_started_ms = 0;
         self.server = 0;
         self.captures.clear();
@@ -271,7 +271,7 @@ impl Req {
             body: BodyLeft::None,
             body_bytes_max: 0,
             body_bytes: 0,
-            request_id: 0,
+            request_seq: 0,
             request_started_ms: 0,
             server: 0,
             captures: Vec::new(),
@@ -557,6 +557,11 @@ impl<'a> Worker<'a> {
             self.set_phase(key, Phase::Reading);
         }
         self.conns[key].deadline_ms = self.now_ms + timeout;
+    }
+
+    /// `$request_id` of the request on `key`: made when asked for, which most requests never do.
+    pub(super) fn request_id(&self, key: usize) -> u128 {
+        request_id(self.request_id_key, self.conns[key].rd().request_seq)
     }
 
     /// Keeps a finished request for the next one (its vectors keep their room).
@@ -1681,9 +1686,9 @@ impl<'a> Worker<'a> {
         let mut loc = first;
         let mut hops = 0;
         self.request_seq += 1;
-        let request_id = request_id(self.request_id_key, self.request_seq);
+        let seq = self.request_seq;
         let c = &mut self.conns[key];
-        c.rq().request_id = request_id;
+        c.rq().request_seq = seq;
         c.rq().user_vars.clear();
         c.rq().if_headers = None;
         // nginx's `auto_redirect` (its find-config phase, before any rewrite): `/dir` where
@@ -2413,7 +2418,7 @@ impl<'a> Worker<'a> {
             peer: c.peer,
             limit_req_status: c.rd().limit_req_status,
             limit_conn_status: c.rd().limit_conn_status,
-            request_id: c.rd().request_id,
+            request_id: self.request_id(key),
             hostname: &self.hostname,
             proxy_protocol: c.proxy_protocol.as_deref(),
             // The client certificate as `handle` judged it for the request's server
@@ -2740,7 +2745,7 @@ mod tests {
         let srv = &cfg.http.as_ref().unwrap().servers[0];
         let mut r = Req::fallback();
         r.server = 3;
-        r.request_id = 42;
+        r.request_seq = 42;
         r.user_vars.push(("a".into(), b"b".to_vec()));
         r.captures.extend([Some((0, 1)), None]);
         r.capture_text = Some("x".into());
@@ -2757,7 +2762,7 @@ mod tests {
         r.linger_until_ms = 77;
         let room = r.user_vars.capacity();
         r.reset(&srv.base);
-        assert_eq!((r.server, r.request_id, r.delayed_until), (0, 0, 0));
+        assert_eq!((r.server, r.request_seq, r.delayed_until), (0, 0, 0));
         assert!(r.user_vars.is_empty() && r.user_vars.capacity() == room);
         assert!(r.captures.is_empty() && r.capture_text.is_none());
         assert!(r.if_headers.is_none() && r.www_authenticate.is_none());

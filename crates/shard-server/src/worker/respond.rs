@@ -570,7 +570,7 @@ fn static_file(
                     .collect();
                 if !files.is_empty() {
                     // The request id is random enough to choose a file.
-                    let pick = (w.conns[key].rq().request_id % files.len() as u128) as usize;
+                    let pick = (w.request_id(key) % files.len() as u128) as usize;
                     let name = files.swap_remove(pick);
                     return internal_redirect(format!("{}{name}", req.path));
                 }
