@@ -398,6 +398,9 @@ pub struct ListenOpts {
     /// read before anything else (before the TLS handshake). OR-ed over the address's
     /// `listen`s, as `ssl`.
     pub proxy_protocol: bool,
+    /// `http2` (the form before nginx 1.25.1): HTTP/2 on the address whatever its servers'
+    /// `http2` say. OR-ed over the address's `listen`s, as `ssl`.
+    pub http2: bool,
     pub rcvbuf: Option<usize>,
     pub sndbuf: Option<usize>,
     pub deferred: bool,
@@ -429,6 +432,7 @@ impl Default for ListenOpts {
             backlog_set: false,
             ssl: false,
             proxy_protocol: false,
+            http2: false,
             rcvbuf: None,
             sndbuf: None,
             deferred: false,
@@ -467,6 +471,16 @@ pub struct Listener {
     /// The server names of `servers` by nginx's precedence (empty for a stream listener);
     /// the copies of a listener share one index.
     pub names: std::sync::Arc<crate::index::ServerIndex>,
+}
+
+impl Listener {
+    /// HTTP/2 on this address: `listen ... http2`, or `http2 on` in its default server (for
+    /// a plain connection, whose preface is read before a server is chosen) or in any of its
+    /// servers (`any`: for TLS, whose ALPN is chosen before the request names its server).
+    pub fn http2(&self, http: &HttpConf, any: bool) -> bool {
+        let on = |i: usize| http.servers.get(i).is_some_and(|s| s.http2.on);
+        self.opts.http2 || on(self.default_server) || (any && self.servers.iter().any(|&i| on(i)))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1381,6 +1395,8 @@ pub enum Var {
     ServerName,
     /// `$server_protocol`: `HTTP/1.0` or `HTTP/1.1`.
     ServerProtocol,
+    /// `$http2`: `h2`, `h2c` or empty.
+    Http2,
     /// `$scheme`: `https` on a TLS connection, else `http`.
     Scheme,
     /// `$https`: `on` on a TLS connection, else empty.
@@ -1924,6 +1940,8 @@ pub struct ServerConf {
     /// address's default server's value applies (the path is read before the server is
     /// chosen).
     pub merge_slashes: bool,
+    /// `http2` and its settings of this server.
+    pub http2: Http2Conf,
     /// `ignore_invalid_headers`: header lines with an invalid name are dropped (neither
     /// interpreted nor proxied). Default on.
     pub ignore_invalid_headers: bool,
@@ -2253,6 +2271,39 @@ impl Default for OpenFileCache {
             valid_ms: 60_000,
             min_uses: 1,
             errors: false,
+        }
+    }
+}
+
+/// The largest HTTP/2 flow-control window (RFC 9113, 6.9.1).
+pub const H2_MAX_WINDOW: u32 = (1 << 31) - 1;
+
+/// `http2` and the `http2_*` settings of a server (nginx's `ngx_http_v2_module`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2Conf {
+    /// `http2 on|off` (1.25.1's form); `listen ... http2` turns it on for the address.
+    /// Default off.
+    pub on: bool,
+    /// `http2_max_concurrent_streams`: streams a connection may have open at once. Default 128.
+    pub max_concurrent_streams: u32,
+    /// `http2_recv_buffer_size`: bytes read from a connection per read (nginx: the worker's
+    /// read buffer). Default 256k.
+    pub recv_buffer_size: usize,
+    /// `http2_chunk_size`: the largest DATA frame of a response. Default 8k.
+    pub chunk_size: usize,
+    /// `http2_body_preread_size`: a stream's initial receive window, the request body a
+    /// client may send before it is asked for. Default 64k.
+    pub body_preread_size: usize,
+}
+
+impl Default for Http2Conf {
+    fn default() -> Self {
+        Http2Conf {
+            on: false,
+            max_concurrent_streams: 128,
+            recv_buffer_size: 256 * 1024,
+            chunk_size: 8 * 1024,
+            body_preread_size: 64 * 1024,
         }
     }
 }

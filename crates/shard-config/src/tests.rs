@@ -624,6 +624,7 @@ fn listen_options() {
             backlog_set: true,
             ssl: false,
             proxy_protocol: false,
+            http2: false,
             rcvbuf: Some(65536),
             sndbuf: Some(1 << 20),
             deferred: true,

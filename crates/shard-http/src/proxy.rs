@@ -1007,6 +1007,7 @@ mod tests {
         hostname: "testhost",
         tls: None,
         proxy_protocol: None,
+        http2: "",
     };
 
     fn req(raw: &str) -> (Request, Vec<u8>) {

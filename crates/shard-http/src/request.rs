@@ -231,6 +231,9 @@ pub struct Request {
     pub query: Option<String>,
     /// `1` for HTTP/1.1, `0` for HTTP/1.0.
     pub minor_version: u8,
+    /// The request came on an HTTP/2 stream (`$server_protocol` is `HTTP/2.0`); its head
+    /// was given as HTTP/1.1.
+    pub http2: bool,
     /// From an absolute-form target, else the `Host` header: lowercase, port and trailing dot
     /// removed.
     pub host: Option<String>,
@@ -311,6 +314,7 @@ impl Request {
             path: String::new(),
             query: None,
             minor_version: 0,
+            http2: false,
             host: None,
             host_header: false,
             host_raw: None,
@@ -1041,6 +1045,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         path,
         query: raw_query.map(|q| String::from_utf8_lossy(q).into_owned()),
         minor_version: rl.minor,
+        http2: false,
         host,
         host_header: host_sent.is_some(),
         host_raw,

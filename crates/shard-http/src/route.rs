@@ -405,6 +405,7 @@ pub(crate) mod tests {
             large_client_header_buffers: (4, 8192),
             underscores_in_headers: false,
             merge_slashes: true,
+            http2: shard_config::Http2Conf::default(),
             ignore_invalid_headers: true,
             base: loc(LocationKind::Prefix, ""),
             index: shard_config::index::LocationIndex::build(&locations),

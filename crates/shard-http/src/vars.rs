@@ -64,6 +64,8 @@ pub struct Conn<'a> {
     pub hostname: &'a str,
     /// The connection is TLS: `$scheme`, `$https` and the `$ssl_*` values.
     pub tls: Option<Tls<'a>>,
+    /// `$http2`: `h2` (TLS), `h2c` (plain) on an HTTP/2 stream, else empty.
+    pub http2: &'a str,
     /// The PROXY protocol header the connection began with (`listen ... proxy_protocol`).
     pub proxy_protocol: Option<&'a crate::proxy_protocol::Header>,
 }
@@ -307,10 +309,12 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         }
         Var::ServerPort => push_u64(out, u64::from(c.server_addr.port())),
         Var::ServerName => out.extend_from_slice(c.server_name.as_bytes()),
+        Var::ServerProtocol if req.http2 => out.extend_from_slice(b"HTTP/2.0"),
         Var::ServerProtocol => {
             out.extend_from_slice(b"HTTP/1.");
             push_u64(out, u64::from(req.minor_version));
         }
+        Var::Http2 => out.extend_from_slice(c.conn.http2.as_bytes()),
         Var::Scheme => out.extend_from_slice(if c.conn.tls.is_some() {
             b"https"
         } else {

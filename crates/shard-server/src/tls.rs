@@ -879,7 +879,7 @@ fn listener_config(
         };
         client_auth = Some(Arc::new(asker));
     }
-    let config = base_config(
+    let mut config = base_config(
         &default.ssl,
         l,
         Arc::new(resolver),
@@ -887,6 +887,9 @@ fn listener_config(
         ticketer,
         context,
     )?;
+    if l.http2(http, true) {
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    }
     Ok(config)
 }
 
@@ -929,7 +932,7 @@ fn base_config(
         None => builder.with_no_client_auth(),
     };
     let mut config = builder.with_cert_resolver(resolver);
-    // HTTP/2 is not spoken: a client offering h2 and http/1.1 gets http/1.1.
+    // `listener_config` offers h2 first where HTTP/2 is on.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     config.ignore_client_order = switches
         .server_preference

@@ -21,6 +21,7 @@ mod balance;
 mod body;
 mod conn;
 mod files;
+mod h2;
 mod proxy;
 mod relay;
 mod resolver;
@@ -234,6 +235,8 @@ pub(crate) struct Worker<'a> {
     access_log_idx: HashMap<PathBuf, usize>,
     /// Spare buffers, so that connections do not allocate per request.
     pool: Vec<Vec<u8>>,
+    /// HTTP/2 sessions (`h2.rs`), each on a connection of `conns`.
+    h2: Slab<h2::Session>,
     /// Requests of connections that went idle or closed, kept to be reset for the next ones
     /// (a request is allocated once, not once per request), at most `REQ_SPARES_MAX`.
     /// Boxed: the allocations themselves move between connections and this list.
@@ -504,6 +507,7 @@ impl<'a> Worker<'a> {
             access_logs,
             access_log_idx,
             pool: Vec::new(),
+            h2: Slab::new(),
             req_spares: Vec::new(),
             body_mem: 0,
             cpu_base_ms: slot.cpu_ms.load(Relaxed),
@@ -796,6 +800,17 @@ impl<'a> Worker<'a> {
         // Pooled upstream connections go now (no request will be sent on them); busy ones
         // close after their response instead of returning to the pool.
         self.expire_pools();
+        // HTTP/2 sessions are sent GOAWAY with their last stream id: their streams finish,
+        // then they close (as nginx).
+        let sessions: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.h2 & h2::H2_SESSION != 0)
+            .map(|(k, _)| k)
+            .collect();
+        for k in sessions {
+            self.h2_go_away(k);
+        }
         // Busy client connections close after their current response (`Connection: close`).
         // Idle keep-alive ones stay for the drain window: closing one at the moment its
         // client sends the next request would fail that request (nginx's behaviour, kept by
@@ -827,7 +842,7 @@ impl<'a> Worker<'a> {
         let idle: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.is_idle())
+            .filter(|(_, c)| c.is_idle() && c.h2 == 0)
             .map(|(k, _)| k)
             .collect();
         if !idle.is_empty() {

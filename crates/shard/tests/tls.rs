@@ -1544,9 +1544,14 @@ fn mozillas_recommended_configuration_runs() {
         (301, Some("https://site.test/a?b=c"))
     );
     let tls = SocketAddr::from(([127, 0, 0, 1], s.ports[1]));
+    // `http2 on` is spoken: a client offering h2 gets it.
+    let cfg = client_config(&p.ca, &[&rustls::version::TLS13]);
+    let t = connect_tls(tls, "a.test", &cfg).unwrap();
+    assert_eq!(t.conn.alpn_protocol(), Some(&b"h2"[..]));
     for v in [&rustls::version::TLS13, &rustls::version::TLS12] {
-        let cfg = client_config(&p.ca, &[v]);
-        let mut t = connect_tls(tls, "a.test", &cfg).unwrap();
+        let mut cfg = (*client_config(&p.ca, &[v])).clone();
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let mut t = connect_tls(tls, "a.test", &Arc::new(cfg)).unwrap();
         let (st, head, body) = request(&mut t, "a.test", "/");
         assert_eq!((st, body.as_slice()), (200, &b"secure"[..]));
         assert!(

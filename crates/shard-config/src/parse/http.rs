@@ -173,6 +173,11 @@ pub(super) struct Settings {
     pub(super) large_client_header_buffers: Option<(usize, usize)>,
     pub(super) underscores_in_headers: Option<bool>,
     pub(super) merge_slashes: Option<bool>,
+    pub(super) http2: Option<bool>,
+    pub(super) http2_max_concurrent_streams: Option<u32>,
+    pub(super) http2_recv_buffer_size: Option<usize>,
+    pub(super) http2_chunk_size: Option<usize>,
+    pub(super) http2_body_preread_size: Option<usize>,
     pub(super) ignore_invalid_headers: Option<bool>,
     pub(super) gzip: GzipP,
     pub(super) proxy: ProxyP,
@@ -504,6 +509,7 @@ pub(super) struct Eff {
     pub(super) underscores_in_headers: bool,
     pub(super) merge_slashes: bool,
     pub(super) ignore_invalid_headers: bool,
+    pub(super) http2: crate::model::Http2Conf,
     pub(super) gzip: GzipConf,
     /// `set_headers` without nginx's defaults (see [`with_default_headers`]).
     pub(super) proxy: ProxyConf,
@@ -598,6 +604,7 @@ impl Eff {
             large_client_header_buffers: (4, 8192),
             underscores_in_headers: false,
             merge_slashes: true,
+            http2: crate::model::Http2Conf::default(),
             ignore_invalid_headers: true,
             gzip: GzipConf::default(),
             proxy: ProxyConf::default(),
@@ -721,6 +728,19 @@ impl Eff {
                 .underscores_in_headers
                 .unwrap_or(self.underscores_in_headers),
             merge_slashes: s.merge_slashes.unwrap_or(self.merge_slashes),
+            http2: crate::model::Http2Conf {
+                on: s.http2.unwrap_or(self.http2.on),
+                max_concurrent_streams: s
+                    .http2_max_concurrent_streams
+                    .unwrap_or(self.http2.max_concurrent_streams),
+                recv_buffer_size: s
+                    .http2_recv_buffer_size
+                    .unwrap_or(self.http2.recv_buffer_size),
+                chunk_size: s.http2_chunk_size.unwrap_or(self.http2.chunk_size),
+                body_preread_size: s
+                    .http2_body_preread_size
+                    .unwrap_or(self.http2.body_preread_size),
+            },
             ignore_invalid_headers: s
                 .ignore_invalid_headers
                 .unwrap_or(self.ignore_invalid_headers),
@@ -1163,6 +1183,7 @@ pub(super) fn finish_server(
         large_client_header_buffers: eff.large_client_header_buffers,
         underscores_in_headers: eff.underscores_in_headers,
         merge_slashes: eff.merge_slashes,
+        http2: eff.http2,
         ignore_invalid_headers: eff.ignore_invalid_headers,
         base,
         index: crate::index::LocationIndex::build(&locations),
@@ -1279,6 +1300,7 @@ pub(super) fn http_server(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -
             opts_set: false,
             ssl: false,
             proxy_protocol: false,
+            http2: false,
         };
         add_listen(&mut h.listeners, idx, &spec, s.place.clone())?;
         s.listen.push(spec.addr);
@@ -1925,6 +1947,39 @@ pub(super) fn set_client_header_buffer_size(
 slot!(set_underscores_in_headers, underscores_in_headers, flag);
 
 slot!(set_merge_slashes, merge_slashes, flag);
+
+slot!(set_http2, http2, flag);
+
+/// `http2_max_concurrent_streams N` (1 or more).
+pub(super) fn set_http2_max_concurrent_streams(
+    _: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let v = num::<u32>(d, file, a0(d))?;
+    if v == 0 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut s.http2_max_concurrent_streams, v, d, file)
+}
+
+/// `http2_recv_buffer_size`, `http2_chunk_size`, `http2_body_preread_size`: sizes, the
+/// first two not 0 (nginx: "the http2 chunk size cannot be zero"), none over 2^31 - 1
+/// (an HTTP/2 window).
+pub(super) fn set_http2_size(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = size(d, file, a0(d))?;
+    if v > u64::from(crate::model::H2_MAX_WINDOW) || (v == 0 && d.name != "http2_body_preread_size")
+    {
+        return Err(invalid(d, file, a0(d)));
+    }
+    let slot = match d.name.as_str() {
+        "http2_recv_buffer_size" => &mut s.http2_recv_buffer_size,
+        "http2_chunk_size" => &mut s.http2_chunk_size,
+        _ => &mut s.http2_body_preread_size,
+    };
+    once(slot, v as usize, d, file)
+}
 
 slot!(set_ignore_invalid_headers, ignore_invalid_headers, flag);
 
@@ -3560,6 +3615,7 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "server_port" => Var::ServerPort,
         "server_name" => Var::ServerName,
         "server_protocol" => Var::ServerProtocol,
+        "http2" => Var::Http2,
         "scheme" => Var::Scheme,
         "https" => Var::Https,
         "ssl_early_data" => Var::SslEarlyData,

@@ -136,8 +136,64 @@ pub(super) static TABLE: &[Spec] = &[
         1,
         Set::Settings(set_ssl_stapling_file),
     ),
-    // nginx 1.25.1's per-server switch; shard speaks HTTP/1.1 only (ALPN says so).
-    d("http2", H | S, 1, 1, Set::NoEffect(check_flag)),
+    // nginx 1.25.1's per-server switch.
+    d("http2", H | S, 1, 1, Set::Settings(set_http2)),
+    d(
+        "http2_max_concurrent_streams",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_http2_max_concurrent_streams),
+    ),
+    d(
+        "http2_recv_buffer_size",
+        H,
+        1,
+        1,
+        Set::Settings(set_http2_size),
+    ),
+    d("http2_chunk_size", HSL, 1, 1, Set::Settings(set_http2_size)),
+    d(
+        "http2_body_preread_size",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_http2_size),
+    ),
+    // Obsolete in nginx (push was removed in 1.25.1; the others were replaced by
+    // `large_client_header_buffers`, `keepalive_*` and `client_header_timeout`).
+    d("http2_push", HSL, 1, 1, Set::NoEffect(check_any)),
+    d("http2_push_preload", HSL, 1, 1, Set::NoEffect(check_flag)),
+    d(
+        "http2_max_concurrent_pushes",
+        H | S,
+        1,
+        1,
+        Set::NoEffect(check_number),
+    ),
+    d("http2_idle_timeout", H | S, 1, 1, Set::NoEffect(check_time)),
+    d("http2_recv_timeout", H | S, 1, 1, Set::NoEffect(check_time)),
+    d(
+        "http2_max_field_size",
+        H | S,
+        1,
+        1,
+        Set::NoEffect(check_size),
+    ),
+    d(
+        "http2_max_header_size",
+        H | S,
+        1,
+        1,
+        Set::NoEffect(check_size),
+    ),
+    d(
+        "http2_max_requests",
+        H | S,
+        1,
+        1,
+        Set::NoEffect(check_number),
+    ),
     // Names are resolved when the configuration is read; nothing resolves later.
     d("resolver", H | S | L, 1, MANY, Set::Settings(set_resolver)),
     d(

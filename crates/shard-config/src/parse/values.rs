@@ -25,6 +25,8 @@ pub(super) struct ListenSpec {
     pub(super) ssl: bool,
     /// `proxy_protocol` was written (OR-ed likewise).
     pub(super) proxy_protocol: bool,
+    /// `http2` was written (OR-ed likewise).
+    pub(super) http2: bool,
 }
 
 /// A directive the table admits in this context but no handler of the context takes: a
@@ -276,6 +278,7 @@ pub(super) fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, Conf
         opts_set: false,
         ssl: false,
         proxy_protocol: false,
+        http2: false,
     };
     for p in &d.args[1..] {
         let (key, val) = match p.split_once('=') {
@@ -293,8 +296,10 @@ pub(super) fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, Conf
                 spec.proxy_protocol = true;
                 continue;
             }
-            // HTTP/2 is not spoken: ALPN offers http/1.1 only, so clients use it (docs).
-            ("http2", None) => continue,
+            ("http2", None) => {
+                spec.http2 = true;
+                continue;
+            }
             ("reuseport", None) => o.reuseport = true,
             ("deferred", None) => o.deferred = true,
             ("shards", Some("auto")) => o.shards = Some(Shards::Auto),
@@ -381,6 +386,7 @@ pub(super) fn add_listen(
         let mut opts = spec.opts.clone();
         opts.ssl = spec.ssl;
         opts.proxy_protocol = spec.proxy_protocol;
+        opts.http2 = spec.http2;
         listeners.push(ListenerP {
             addr: spec.addr,
             opts,
@@ -399,6 +405,8 @@ pub(super) fn add_listen(
             Some(first)
                 if ListenOpts {
                     ssl: false,
+                    proxy_protocol: false,
+                    http2: false,
                     ..l.opts.clone()
                 } != spec.opts =>
             {
@@ -411,16 +419,18 @@ pub(super) fn add_listen(
             }
             Some(_) => {}
             None => {
-                let (ssl, pp) = (l.opts.ssl, l.opts.proxy_protocol);
+                let (ssl, pp, h2) = (l.opts.ssl, l.opts.proxy_protocol, l.opts.http2);
                 l.opts = spec.opts.clone();
                 l.opts.ssl = ssl;
                 l.opts.proxy_protocol = pp;
+                l.opts.http2 = h2;
                 l.opts_place = Some(at.clone());
             }
         }
     }
     l.opts.ssl |= spec.ssl;
     l.opts.proxy_protocol |= spec.proxy_protocol;
+    l.opts.http2 |= spec.http2;
     if spec.default_server {
         if l.default_server.is_some() {
             return Err(here(format!(

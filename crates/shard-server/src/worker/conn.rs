@@ -72,7 +72,11 @@ struct FileBody {
 
 pub(super) struct Conn {
     /// Closed when the connection is dropped (`close`); closing also removes it from epoll.
-    pub(super) fd: OwnedFd,
+    /// None for a stream of an HTTP/2 connection (`h2.rs`), which has no socket of its own.
+    pub(super) fd: Option<OwnedFd>,
+    /// HTTP/2: the session (index into `Worker::h2`) this connection carries (`H2_SESSION`)
+    /// or is a stream of (`H2_STREAM`); 0 for HTTP/1.x.
+    pub(super) h2: u32,
     pub(super) id: u64,
     /// Its number among every connection of the server (`$connection`, the error log's `*N`).
     pub(super) number: u64,
@@ -191,6 +195,11 @@ fn req_of(req: &mut Option<Box<Req>>) -> &mut Req {
 fn req_missing(req: &mut Option<Box<Req>>) -> &mut Req {
     debug_assert!(false, "a request outside a request");
     req.insert(Box::new(Req::fallback()))
+}
+
+/// [`Conn::raw_fd`] on the field alone.
+pub(super) fn fd_of(fd: &Option<OwnedFd>) -> std::os::fd::RawFd {
+    fd.as_ref().map_or(-1, |f| f.as_raw_fd())
 }
 
 /// Writes `buf` to the socket `fd`, or through its TLS.
@@ -406,8 +415,21 @@ impl Conn {
         number: u64,
         now_ms: u64,
     ) -> Conn {
+        let mut c = Conn::new_socketless(peer, listener, id, number, now_ms);
+        c.fd = Some(fd);
+        c
+    }
+
+    fn new_socketless(
+        peer: Option<SocketAddr>,
+        listener: usize,
+        id: u64,
+        number: u64,
+        now_ms: u64,
+    ) -> Conn {
         Conn {
-            fd,
+            fd: None,
+            h2: 0,
             id,
             number,
             peer,
@@ -435,12 +457,31 @@ impl Conn {
         }
     }
 
+    /// A stream of an HTTP/2 session (`h2.rs`): no socket; its input is put in `inbuf` by
+    /// the session, its output goes to the session's frames.
+    pub(super) fn new_stream(
+        peer: Option<SocketAddr>,
+        listener: usize,
+        id: u64,
+        number: u64,
+        now_ms: u64,
+    ) -> Conn {
+        let mut c = Conn::new_socketless(peer, listener, id, number, now_ms);
+        c.readable = false;
+        c.registered = true;
+        c
+    }
+
     /// Reads into the spare room of `buf`, at most `max` bytes: from the socket, or through
     /// TLS. The contract of `read(2)` (`Ok(0)` at end of stream, `WouldBlock`), and a short
     /// read still means drained. Plain HTTP on a TLS port comes back as its bytes, appended,
     /// with `plain_on_tls` set (only at the connection's first read, into `inbuf`).
     pub(super) fn recv(&mut self, buf: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
-        let fd = self.fd.as_raw_fd();
+        if self.fd.is_none() {
+            // An HTTP/2 stream: its session puts its input in `inbuf`.
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        let fd = self.raw_fd();
         let Some(t) = self.tls.as_mut() else {
             return shard_event::sock::read_into_max(fd, buf, max);
         };
@@ -470,6 +511,12 @@ impl Conn {
     /// The request in progress. A connection has one in every phase but `Waiting`; should a
     /// step reach for it between requests, it gets one with nginx's default timeouts rather
     /// than a worker that panics.
+    /// The socket's descriptor; -1 for an HTTP/2 stream, so that a system call made on it by
+    /// mistake fails (`EBADF`) rather than reaching another file.
+    pub(super) fn raw_fd(&self) -> std::os::fd::RawFd {
+        fd_of(&self.fd)
+    }
+
     #[inline]
     pub(super) fn rq(&mut self) -> &mut Req {
         req_of(&mut self.req)
@@ -524,7 +571,7 @@ impl Conn {
 }
 
 impl<'a> Worker<'a> {
-    fn set_phase(&mut self, key: usize, phase: Phase) {
+    pub(super) fn set_phase(&mut self, key: usize, phase: Phase) {
         let c = &mut self.conns[key];
         if c.phase != phase {
             WorkerSlot::drop_one(phase_counter(self.slot, c.phase));
@@ -565,7 +612,7 @@ impl<'a> Worker<'a> {
     }
 
     /// Keeps a finished request for the next one (its vectors keep their room).
-    fn give_req(&mut self, mut r: Box<Req>) {
+    pub(super) fn give_req(&mut self, mut r: Box<Req>) {
         if let Some(p) = r.proxy.take() {
             // Not expected: the proxy step hands its state back before a request ends.
             if let Some(u) = p.upstream_conn() {
@@ -608,7 +655,7 @@ impl<'a> Worker<'a> {
 
     pub(super) fn ensure_registered(&mut self, key: usize) -> bool {
         let c = &mut self.conns[key];
-        if c.registered {
+        if c.registered || c.fd.is_none() {
             return true;
         }
         let interest = shard_event::Interest::READ
@@ -619,7 +666,7 @@ impl<'a> Worker<'a> {
             key,
             generation: super::token::generation(c.id),
         };
-        match self.poll.add(c.fd.as_raw_fd(), token.encode(), interest) {
+        match self.poll.add(fd_of(&c.fd), token.encode(), interest) {
             Ok(()) => {
                 c.registered = true;
                 true
@@ -640,9 +687,13 @@ impl<'a> Worker<'a> {
             return;
         }
         self.release_limits(key);
+        let h2 = self.conns[key].h2;
+        if h2 & super::h2::H2_SESSION != 0 {
+            self.h2_session_closed(h2);
+        }
         let mut c = self.conns.remove(key);
         if let Some(t) = c.tls.as_mut() {
-            super::tls::close_notify(c.fd.as_raw_fd(), t);
+            super::tls::close_notify(fd_of(&c.fd), t);
         }
         // Dropping `c` closes its socket (which removes it from epoll; no EPOLL_CTL_DEL
         // needed) and its file.
@@ -650,11 +701,16 @@ impl<'a> Worker<'a> {
             self.give_req(r);
         }
         WorkerSlot::drop_one(phase_counter(self.slot, c.phase));
-        WorkerSlot::drop_one(&self.slot.active);
+        if h2 & super::h2::H2_STREAM == 0 {
+            WorkerSlot::drop_one(&self.slot.active);
+        }
         let inbuf = std::mem::take(&mut c.inbuf);
         let out = std::mem::take(&mut c.out);
         self.give_buf(inbuf);
         self.give_buf(out);
+        if h2 & super::h2::H2_STREAM != 0 {
+            self.h2_stream_closed(h2, key);
+        }
     }
 
     pub(super) fn on_timeout(&mut self, key: usize) {
@@ -784,7 +840,7 @@ impl<'a> Worker<'a> {
                 chunks += 1;
                 let head = &c.out[c.out_pos..];
                 match shard_event::fs::writev_mapped(
-                    c.fd.as_raw_fd(),
+                    fd_of(&c.fd),
                     head,
                     map,
                     f.offset as usize,
@@ -830,12 +886,16 @@ impl<'a> Worker<'a> {
                 }
                 let end = c.out.len().min(c.out_pos.saturating_add(allow));
                 let out = std::mem::take(&mut c.out);
-                let res = send(
-                    c.fd.as_raw_fd(),
-                    &mut c.tls,
-                    &out[c.out_pos..end],
-                    more && end == out.len(),
-                );
+                let res = if c.h2 & super::h2::H2_STREAM != 0 {
+                    Worker::h2_send(&mut self.h2, c.h2, key, &out[c.out_pos..end])
+                } else {
+                    send(
+                        fd_of(&c.fd),
+                        &mut c.tls,
+                        &out[c.out_pos..end],
+                        more && end == out.len(),
+                    )
+                };
                 c.out = out;
                 match res {
                     Ok(n) => {
@@ -848,8 +908,9 @@ impl<'a> Worker<'a> {
                         c.deadline_ms = now_ms + r.send_timeout_ms;
                         // A short write means the socket is full; through TLS it means
                         // only that the plaintext buffer was (the next call says). A write
-                        // `limit_rate` cut is not short.
-                        if n < offered && c.tls.is_none() {
+                        // `limit_rate` cut is not short; an HTTP/2 stream's says WouldBlock
+                        // when its window is full.
+                        if n < offered && c.tls.is_none() && c.fd.is_some() {
                             c.writable = false;
                         }
                     }
@@ -871,7 +932,7 @@ impl<'a> Worker<'a> {
                 r.file = None;
                 // Records TLS still holds go out before the response counts as written.
                 if let Some(t) = c.tls.as_mut() {
-                    match super::tls::flush(c.fd.as_raw_fd(), t) {
+                    match super::tls::flush(fd_of(&c.fd), t) {
                         Ok(true) => {}
                         Ok(false) => {
                             c.writable = false;
@@ -919,12 +980,7 @@ impl<'a> Worker<'a> {
                 }
                 continue;
             }
-            match shard_event::sock::sendfile(
-                c.fd.as_raw_fd(),
-                f.fd.as_raw_fd(),
-                &mut f.offset,
-                want,
-            ) {
+            match shard_event::sock::sendfile(fd_of(&c.fd), f.fd.as_raw_fd(), &mut f.offset, want) {
                 Ok(0) => return Flush::Failed,
                 Ok(n) => {
                     debug_assert!(n as u64 <= f.remaining);
@@ -994,6 +1050,12 @@ impl<'a> Worker<'a> {
                 step!(self.read_proxy_protocol(key));
                 continue;
             }
+            if self.conns[key].h2 & super::h2::H2_SESSION != 0 {
+                if let Io::Close = self.h2_drive(key) {
+                    self.close(key);
+                }
+                return;
+            }
             if self.conns[key]
                 .req
                 .as_ref()
@@ -1015,7 +1077,12 @@ impl<'a> Worker<'a> {
             if c.close_after {
                 let unread = c.body_pending() || !c.inbuf.is_empty() || (c.readable && !c.eof);
                 // (Between requests there is no response to protect.)
-                let linger = match c.req.as_ref().map(|r| r.linger.close) {
+                let linger = match c
+                    .req
+                    .as_ref()
+                    .filter(|_| c.fd.is_some())
+                    .map(|r| r.linger.close)
+                {
                     None | Some(LingeringClose::Off) => false,
                     Some(LingeringClose::On) => unread,
                     Some(LingeringClose::Always) => !c.eof,
@@ -1026,10 +1093,10 @@ impl<'a> Worker<'a> {
                     match c.tls.as_mut() {
                         // close_notify, and the FIN once the records are out.
                         Some(t) => super::relay::Endpoint::shut(&mut super::tls::TlsSide {
-                            fd: c.fd.as_raw_fd(),
+                            fd: fd_of(&c.fd),
                             t,
                         }),
-                        None => shard_event::sock::shutdown_write(c.fd.as_raw_fd()),
+                        None => shard_event::sock::shutdown_write(fd_of(&c.fd)),
                     }
                     c.lingering = true;
                     c.rq().linger_until_ms = self.now_ms + c.rq().linger.time_ms;
@@ -1092,6 +1159,11 @@ impl<'a> Worker<'a> {
                 return;
             }
             if !c.inbuf.is_empty() {
+                if self.h2_wanted(key) {
+                    self.h2_start(key);
+                    continue;
+                }
+                let c = &self.conns[key];
                 let limits = self.limits(c.listener);
                 match shard_http::request::parse(&c.inbuf, &limits) {
                     shard_http::request::Parse::Complete { req, head_len } => {
@@ -1183,7 +1255,7 @@ impl<'a> Worker<'a> {
             self.ensure_registered(key);
             return Io::Wait;
         }
-        let fd = c.fd.as_raw_fd();
+        let fd = fd_of(&c.fd);
         let mut buf = self.take_buf(MAX_HEADER);
         buf.resize(MAX_HEADER, 0);
         let io = match shard_event::sock::peek(fd, &mut buf) {
@@ -1239,6 +1311,10 @@ impl<'a> Worker<'a> {
     }
 
     pub(super) fn read_more(&mut self, key: usize) -> Io {
+        if self.conns[key].fd.is_none() {
+            // An HTTP/2 stream: its session brings more input and drives it.
+            return Io::Wait;
+        }
         if !self.conns[key].readable {
             self.ensure_registered(key);
             return Io::Wait;
@@ -1469,17 +1545,27 @@ impl<'a> Worker<'a> {
         req: Option<&shard_http::request::Request>,
     ) -> String {
         let c = &self.conns[key];
+        // A connection between requests (or an HTTP/2 session) names its peer and the
+        // default server.
+        let (server, client) = match c.req.as_deref() {
+            Some(r) => (r.server, r.client),
+            None => (
+                self.cfg
+                    .listeners
+                    .get(c.listener)
+                    .map_or(0, |l| l.default_server),
+                c.peer,
+            ),
+        };
         let server = self
             .cfg
             .http
             .as_ref()
-            .and_then(|h| h.servers.get(c.rd().server))
+            .and_then(|h| h.servers.get(server))
             .map_or("", shard_http::route::server_name);
         let mut s = format!(
             ", client: {}, server: {server}",
-            c.rd()
-                .client
-                .map_or("-".to_string(), |a| a.ip().to_string())
+            client.map_or("-".to_string(), |a| a.ip().to_string())
         );
         if let Some(r) = req {
             s.push_str(&format!(", request: \"{}\"", r.request_line));
@@ -1579,6 +1665,14 @@ impl<'a> Worker<'a> {
     /// Answers the request whose head is the first `head_len` bytes of the input buffer.
     fn handle(&mut self, key: usize, mut req: shard_http::request::Request, head_len: usize) {
         let cfg = self.cfg;
+        if self.conns[key].h2 != 0 {
+            // A stream's request, given as HTTP/1.1: `$request` and `$server_protocol` say
+            // what the client spoke.
+            req.http2 = true;
+            if let Some(line) = req.request_line.strip_suffix("HTTP/1.1") {
+                req.request_line = format!("{line}HTTP/2.0");
+            }
+        }
         let Some(http) = cfg.http.as_ref() else {
             WorkerSlot::bump(&self.slot.requests, 1);
             self.set_phase(key, Phase::Writing);
@@ -1762,6 +1856,7 @@ impl<'a> Worker<'a> {
             shard_http::response::keep_alive(&req, first, c.requests, self.shutting_down)
                 && self.now_ms.saturating_sub(c.opened_ms) < first.keepalive_time_ms
                 && !c.plain_on_tls
+                && c.h2 == 0
                 && !matches!(forced, Some(495 | 496));
 
         // Body: refuse what announces itself too large before reading any of it.
@@ -2423,7 +2518,11 @@ impl<'a> Worker<'a> {
             proxy_protocol: c.proxy_protocol.as_deref(),
             // The client certificate as `handle` judged it for the request's server
             // (`ssl_verify_client`); a server that asks for none has none, as in nginx.
-            tls: c.tls.as_ref().map(|t| t.vars(c.rd().server)),
+            tls: match self.h2_parent(key).and_then(|p| self.conns.get(p)) {
+                Some(p) => p.tls.as_ref().map(|t| t.vars(c.rd().server)),
+                None => c.tls.as_ref().map(|t| t.vars(c.rd().server)),
+            },
+            http2: self.h2_var(key),
         }
     }
 
@@ -2455,8 +2554,10 @@ impl<'a> Worker<'a> {
         if len == 0 {
             return;
         }
-        // TLS encrypts in user space: the file is read and written through it.
-        let sendfile = sendfile && c.tls.is_none();
+        // TLS encrypts in user space: the file is read and written through it; an HTTP/2
+        // stream's goes into frames.
+        let socket = c.tls.is_none() && c.fd.is_some();
+        let sendfile = sendfile && socket;
         let (mut offset, mut len) = (offset, len);
         let inline = !sendfile && len <= INLINE_BODY_BYTES && c.out.len() < PIPELINE_GATHER_BYTES;
         // A kept file is sent from its mapping (never read in user space, where a truncated
@@ -2464,7 +2565,7 @@ impl<'a> Worker<'a> {
         // pipelined requests wait: their responses gather behind this one's inline body.
         let gathering = inline && !c.inbuf.is_empty();
         let mapped = !sendfile
-            && c.tls.is_none()
+            && socket
             && !gathering
             && fd
                 .mapping(file_size)

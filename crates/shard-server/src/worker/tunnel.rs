@@ -102,7 +102,7 @@ impl Worker<'_> {
     pub(super) fn pump_tunnel(&mut self, key: usize, u: usize, t: &mut Tunnel) -> Pumped {
         let c = &mut self.conns[key];
         let uc = &mut self.upconns[u];
-        let (cfd, ufd) = (c.fd.as_raw_fd(), uc.fd.as_raw_fd());
+        let (cfd, ufd) = (c.raw_fd(), uc.fd.as_raw_fd());
         t.client.readable = c.readable;
         t.client.writable = c.writable;
         t.upstream.readable = uc.readable;

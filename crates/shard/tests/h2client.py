@@ -1,0 +1,231 @@
+# An HTTP/2 client for crates/shard/tests/http2.rs, on Python's `h2` (a pure-Python
+# implementation: frames are written and read one by one, so a test can misbehave on purpose).
+#
+#   python3 h2client.py PORT MODE [ARGS...]
+#
+# Prints one line per result; exits 2 when the server did something the mode does not allow.
+import socket
+import sys
+import time
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+
+PORT = int(sys.argv[1])
+MODE = sys.argv[2]
+ARGS = sys.argv[3:]
+DEADLINE = time.time() + 20
+
+
+def connect(settings=None):
+    s = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    c.initiate_connection()
+    if settings:
+        c.update_settings(settings)
+    s.sendall(c.data_to_send())
+    return s, c
+
+
+def headers(path, method="GET", extra=()):
+    return [(":method", method), (":scheme", "http"), (":authority", "localhost"),
+            (":path", path)] + list(extra)
+
+
+def pump(s, c, done, on_event=None):
+    """Reads until done() or the connection ends; returns how it ended."""
+    while not done():
+        if time.time() > DEADLINE:
+            return "timeout"
+        try:
+            data = s.recv(65536)
+        except socket.timeout:
+            return "timeout"
+        except ConnectionResetError:
+            return "reset"
+        if not data:
+            return "closed"
+        for ev in c.receive_data(data):
+            if isinstance(ev, h2.events.ConnectionTerminated):
+                return "goaway %d" % ev.error_code
+            if on_event:
+                on_event(ev)
+        out = c.data_to_send()
+        if out:
+            try:
+                s.sendall(out)
+            except (BrokenPipeError, ConnectionResetError):
+                return "reset"
+    return "done"
+
+
+def get_many(n, path):
+    """n requests at once on one connection: status and body length of each."""
+    s, c = connect()
+    ids = []
+    for _ in range(n):
+        sid = c.get_next_available_stream_id()
+        c.send_headers(sid, headers(path), end_stream=True)
+        ids.append(sid)
+    s.sendall(c.data_to_send())
+    status, body, ended = {}, {}, set()
+
+    def ev(e):
+        if isinstance(e, h2.events.ResponseReceived):
+            status[e.stream_id] = dict(e.headers)[b":status"].decode()
+        elif isinstance(e, h2.events.DataReceived):
+            body[e.stream_id] = body.get(e.stream_id, 0) + len(e.data)
+            c.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+        elif isinstance(e, h2.events.StreamEnded):
+            ended.add(e.stream_id)
+
+    how = pump(s, c, lambda: len(ended) == n, ev)
+    for sid in ids:
+        print("stream %d %s %d" % (sid, status.get(sid, "-"), body.get(sid, 0)))
+    print("end", how)
+
+
+def small_window(path, window):
+    """A response larger than the client's window: it arrives as the window is given back."""
+    s, c = connect({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+    sid = c.get_next_available_stream_id()
+    c.send_headers(sid, headers(path), end_stream=True)
+    s.sendall(c.data_to_send())
+    got = [0, None]
+    ended = []
+
+    def ev(e):
+        if isinstance(e, h2.events.ResponseReceived):
+            got[1] = dict(e.headers)[b":status"].decode()
+        elif isinstance(e, h2.events.DataReceived):
+            if len(e.data) > window:
+                print("frame larger than the window: %d" % len(e.data))
+                sys.exit(2)
+            got[0] += len(e.data)
+            c.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+        elif isinstance(e, h2.events.StreamEnded):
+            ended.append(1)
+
+    how = pump(s, c, lambda: bool(ended), ev)
+    print("status", got[1], "bytes", got[0], "end", how)
+
+
+def post(path, body, with_length):
+    """A request body in DATA frames, with or without content-length."""
+    s, c = connect()
+    sid = c.get_next_available_stream_id()
+    extra = [("content-length", str(len(body)))] if with_length else []
+    c.send_headers(sid, headers(path, "POST", extra))
+    out = bytearray()
+    ended = []
+
+    def ev(e):
+        if isinstance(e, h2.events.DataReceived):
+            out.extend(e.data)
+            c.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+        elif isinstance(e, h2.events.StreamEnded):
+            ended.append(1)
+
+    # As the server's windows allow: it opens them as the body is taken.
+    sent = 0
+    while sent < len(body):
+        room = min(c.local_flow_control_window(sid), 1000, len(body) - sent)
+        if room == 0:
+            s.sendall(c.data_to_send())
+            how = pump(s, c, lambda: c.local_flow_control_window(sid) > 0 or bool(ended), ev)
+            if how != "done" or ended:
+                print("body stalled at", sent, how)
+                return
+            continue
+        c.send_data(sid, body[sent:sent + room])
+        sent += room
+    c.end_stream(sid)
+    s.sendall(c.data_to_send())
+    how = pump(s, c, lambda: bool(ended), ev)
+    print(out.decode(errors="replace").strip(), "end", how)
+
+
+def rapid_reset(n):
+    """CVE-2023-44487: streams opened and cancelled in a loop."""
+    s, c = connect()
+    sent = 0
+    for _ in range(n):
+        sid = c.get_next_available_stream_id()
+        c.send_headers(sid, headers("/slow"), end_stream=True)
+        c.reset_stream(sid, 8)  # CANCEL
+        sent += 1
+        if sent % 100 == 0:
+            try:
+                s.sendall(c.data_to_send())
+            except (BrokenPipeError, ConnectionResetError):
+                print("end reset after", sent)
+                return
+    try:
+        s.sendall(c.data_to_send())
+    except (BrokenPipeError, ConnectionResetError):
+        print("end reset after", sent)
+        return
+    print("end", pump(s, c, lambda: False, lambda e: None))
+
+
+def frame(ftype, flags, sid, payload):
+    return (len(payload).to_bytes(3, "big") + bytes([ftype, flags]) + sid.to_bytes(4, "big")
+            + payload)
+
+
+def raw(kind):
+    """Frames written by hand: a CONTINUATION flood, a PING flood, a stream id that goes
+    backwards. Prints how the connection ended and the GOAWAY code when there was one."""
+    s = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b""))
+    block = bytes([0x82, 0x86, 0x84, 0x41, 0x09]) + b"localhost"
+    try:
+        if kind == "continuation":
+            s.sendall(frame(1, 0, 1, block))  # HEADERS without END_HEADERS
+            filler = bytes([0x40, 0x03]) + b"x-a" + bytes([0x7f, 0x81, 0x7f]) + b"v" * 16000
+            for _ in range(2000):
+                s.sendall(frame(9, 0, 1, filler[:16384]))
+        elif kind == "ping":
+            for _ in range(20000):
+                s.sendall(frame(6, 0, 0, b"12345678"))
+        elif kind == "stream-id":
+            s.sendall(frame(1, 5, 5, block) + frame(1, 5, 3, block))
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    buf = b""
+    code = None
+    while time.time() < DEADLINE:
+        try:
+            d = s.recv(65536)
+        except (socket.timeout, ConnectionResetError):
+            break
+        if not d:
+            break
+        buf += d
+        i = 0
+        while i + 9 <= len(buf):
+            ln = int.from_bytes(buf[i:i + 3], "big")
+            if i + 9 + ln > len(buf):
+                break
+            if buf[i + 3] == 7:
+                code = int.from_bytes(buf[i + 13:i + 17], "big")
+            i += 9 + ln
+        if code is not None:
+            break
+    print("goaway", code)
+
+
+if MODE == "get":
+    get_many(int(ARGS[0]), ARGS[1])
+elif MODE == "window":
+    small_window(ARGS[0], int(ARGS[1]))
+elif MODE == "post":
+    post(ARGS[0], b"x" * int(ARGS[1]), ARGS[2] == "length")
+elif MODE == "rapid":
+    rapid_reset(int(ARGS[0]))
+elif MODE == "raw":
+    raw(ARGS[0])
+else:
+    sys.exit("unknown mode " + MODE)

@@ -1,0 +1,400 @@
+//! HTTP/2 (`http2 on`, `listen ... http2`) as clients see it: curl with prior knowledge
+//! (`h2c`) and over TLS (ALPN `h2`), nghttp for many streams on one connection, and a client
+//! on Python's `h2` (`h2client.py`) that writes frames one by one: flow control with a tiny
+//! window, request bodies with and without `content-length`, and hostile clients (rapid
+//! reset, a CONTINUATION flood, a PING flood, a stream id that goes backwards). Each tool
+//! missing makes its part say SKIPPED.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use support::*;
+
+const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/h2client.py");
+
+fn conf(listen_opts: &str, server_extra: &str) -> String {
+    format!(
+        "worker_processes 1;\n\
+         error_log logs/error.log info;\n\
+         pid logs/shard.pid;\n\
+         events {{ worker_connections 512; }}\n\
+         http {{\n\
+         log_format h2 '$request|$server_protocol|$http2|$status|$body_bytes_sent|$connection';\n\
+         server {{\n\
+           listen 127.0.0.1:{{port}};\n\
+           location = /status {{ shard_status; }}\n\
+         }}\n\
+         server {{\n\
+           listen 127.0.0.1:{{port1}} {listen_opts};\n\
+           access_log logs/h2.log h2;\n\
+           root {{dir}}/html;\n\
+           {server_extra}\n\
+           location = /ok {{ return 200 \"OK\\n\"; }}\n\
+           location /up/ {{ proxy_pass http://127.0.0.1:{{port2}}/; }}\n\
+         }}\n\
+         server {{\n\
+           listen 127.0.0.1:{{port2}};\n\
+           access_log off;\n\
+           location / {{ return 200 \"up $request_method $uri len=$content_length\"; }}\n\
+         }}\n\
+         }}\n"
+    )
+}
+
+fn start(tag: &str, listen_opts: &str, server_extra: &str) -> Server {
+    let s = Server::start_ports(tag, &conf(listen_opts, server_extra), 1, 2);
+    write_file(&s.dir, "html/a.txt", b"hello file\n");
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    write_file(&s.dir, "html/big.bin", &big);
+    s
+}
+
+fn h2_addr(s: &Server) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], s.ports[0]))
+}
+
+fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success() || !o.stdout.is_empty())
+}
+
+/// curl built with HTTP/2 (Debian's is).
+fn curl_h2() -> bool {
+    Command::new("curl")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("HTTP2"))
+}
+
+/// A Python that has the `h2` package (Debian's `python3-h2` is for /usr/bin/python3).
+fn python_h2() -> Option<&'static str> {
+    ["python3", "/usr/bin/python3"].into_iter().find(|p| {
+        Command::new(p)
+            .args(["-c", "import h2"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+fn h2client(py: &str, port: u16, args: &[&str]) -> String {
+    let out = Command::new("timeout")
+        .arg("30")
+        .arg(py)
+        .arg(CLIENT)
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "h2client {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn curl(args: &[&str]) -> String {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "10"])
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn log_lines(dir: &Path, n: usize) -> Vec<String> {
+    wait_for(Duration::from_secs(10), "access log lines", || {
+        let text = std::fs::read_to_string(dir.join("logs/h2.log")).unwrap_or_default();
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        (lines.len() >= n).then_some(lines)
+    })
+}
+
+/// `h2c` with prior knowledge: `return`, a static file larger than every initial window,
+/// the proxy, and HTTP/1.1 on the same address; the access log says what was spoken.
+#[test]
+fn h2c_prior_knowledge_serves_return_files_and_the_proxy() {
+    if !curl_h2() {
+        skipped(
+            "h2c with curl",
+            "curl with HTTP/2 is not installed (apt-get install curl)",
+        );
+        return;
+    }
+    let s = start("h2-h2c", "", "http2 on;");
+    let base = format!("http://{}", h2_addr(&s));
+    let v = curl(&[
+        "--http2-prior-knowledge",
+        "-w",
+        "|%{http_version}",
+        &format!("{base}/ok"),
+    ]);
+    assert_eq!(v, "OK\n|2");
+    let v = curl(&["--http2-prior-knowledge", &format!("{base}/a.txt")]);
+    assert_eq!(v, "hello file\n");
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "10", "--http2-prior-knowledge"])
+        .arg(format!("{base}/big.bin"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.stdout,
+        std::fs::read(s.dir.join("html/big.bin")).unwrap()
+    );
+    let v = curl(&[
+        "--http2-prior-knowledge",
+        "-d",
+        "a=1",
+        &format!("{base}/up/x?y"),
+    ]);
+    assert_eq!(v, "up POST /x len=3");
+    let v = curl(&["--http2-prior-knowledge", "-I", &format!("{base}/a.txt")]);
+    assert!(v.starts_with("HTTP/2 200"), "{v}");
+    assert!(v.contains("content-length: 11"), "{v}");
+    // HTTP/1.1 still on the same address.
+    assert_eq!(get(h2_addr(&s), "/ok").body_str(), "OK\n");
+    let lines = log_lines(&s.dir, 6);
+    assert!(
+        lines[0].starts_with("GET /ok HTTP/2.0|HTTP/2.0|h2c|200|3|"),
+        "{lines:?}"
+    );
+    assert!(lines[2].contains("|h2c|200|300000|"), "{lines:?}");
+    assert!(
+        lines[4].starts_with("HEAD /a.txt HTTP/2.0|HTTP/2.0|h2c|200|0|"),
+        "{lines:?}"
+    );
+    // An empty `$http2` is logged as nginx logs empty values.
+    assert!(
+        lines[5].starts_with("GET /ok HTTP/1.1|HTTP/1.1|-|200|3|"),
+        "{lines:?}"
+    );
+}
+
+/// Without `http2`, the preface is an HTTP/2.0 request line and gets nginx's 505;
+/// `listen ... http2`
+/// (the form before 1.25.1) turns it on for the address.
+#[test]
+fn http2_is_off_unless_asked_for_and_listen_http2_turns_it_on() {
+    let s = start("h2-off", "", "");
+    let r = raw(h2_addr(&s), b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    assert_eq!(r.status, 505);
+    drop(s);
+    let Some(py) = python_h2() else {
+        skipped(
+            "listen http2",
+            "python3-h2 is not installed (apt-get install python3-h2)",
+        );
+        return;
+    };
+    let s = start("h2-listen", "http2", "");
+    let out = h2client(py, s.ports[0], &["get", "3", "/ok"]);
+    assert_eq!(
+        out,
+        "stream 1 200 3\nstream 3 200 3\nstream 5 200 3\nend done\n"
+    );
+}
+
+/// Many streams at once on one connection (nghttp and the Python client): every one is
+/// answered, and the access log shows one connection carried them.
+#[test]
+fn many_streams_share_one_connection() {
+    let s = start("h2-multi", "", "http2 on;");
+    let Some(py) = python_h2() else {
+        skipped(
+            "HTTP/2 streams",
+            "python3-h2 is not installed (apt-get install python3-h2)",
+        );
+        return;
+    };
+    let out = h2client(py, s.ports[0], &["get", "50", "/a.txt"]);
+    let answered = out.lines().filter(|l| l.ends_with(" 200 11")).count();
+    assert_eq!(answered, 50, "{out}");
+    assert!(out.ends_with("end done\n"), "{out}");
+    let lines = log_lines(&s.dir, 50);
+    let conns: std::collections::BTreeSet<&str> = lines
+        .iter()
+        .map(|l| l.rsplit('|').next().unwrap())
+        .collect();
+    assert_eq!(conns.len(), 1, "{lines:?}");
+    if have("nghttp") {
+        let out = Command::new("nghttp")
+            .args(["-n", "-s", "-t", "10"])
+            .args((0..20).map(|i| format!("http://{}/a.txt?{i}", h2_addr(&s))))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let answered = text
+            .lines()
+            .filter(|l| l.contains("  200   11 /a.txt?"))
+            .count();
+        assert_eq!(answered, 20, "{text}");
+    } else {
+        skipped(
+            "nghttp",
+            "nghttp2-client is not installed (apt-get install nghttp2-client)",
+        );
+    }
+}
+
+/// A client window of 1000 bytes: a 300,000-byte file arrives in frames no larger than the
+/// window, as the client gives it back, without the worker spinning meanwhile.
+#[test]
+fn responses_wait_for_the_clients_window() {
+    let Some(py) = python_h2() else {
+        skipped(
+            "HTTP/2 flow control",
+            "python3-h2 is not installed (apt-get install python3-h2)",
+        );
+        return;
+    };
+    let s = start("h2-window", "", "http2 on;");
+    let out = h2client(py, s.ports[0], &["window", "/big.bin", "1000"]);
+    assert_eq!(out, "status 200 bytes 300000 end done\n");
+    let out = h2client(py, s.ports[0], &["window", "/up/w", "7"]);
+    assert_eq!(out, "status 200 bytes 14 end done\n");
+}
+
+/// Request bodies in DATA frames reach the upstream, with and without `content-length`.
+#[test]
+fn request_bodies_are_proxied() {
+    let Some(py) = python_h2() else {
+        skipped(
+            "HTTP/2 bodies",
+            "python3-h2 is not installed (apt-get install python3-h2)",
+        );
+        return;
+    };
+    let s = start("h2-body", "", "http2 on;");
+    let out = h2client(py, s.ports[0], &["post", "/up/b", "100000", "length"]);
+    assert_eq!(out, "up POST /b len=100000 end done\n");
+    let out = h2client(py, s.ports[0], &["post", "/up/b", "70000", "none"]);
+    assert_eq!(out, "up POST /b len=70000 end done\n");
+}
+
+/// Hostile clients get a GOAWAY or a closed connection, and the worker goes on serving
+/// everyone else: the same worker pid answers afterwards.
+#[test]
+fn hostile_clients_are_cut_off_and_the_worker_serves_on() {
+    let Some(py) = python_h2() else {
+        skipped(
+            "hostile HTTP/2 clients",
+            "python3-h2 is not installed (apt-get install python3-h2)",
+        );
+        return;
+    };
+    let mut s = start("h2-hostile", "", "http2 on;");
+    let before = s.wait_workers(1)[0].pid;
+    // Rapid reset: the connection ends (ENHANCE_YOUR_CALM or a reset) long before 5000.
+    let out = h2client(py, s.ports[0], &["rapid", "5000"]);
+    assert!(
+        out.starts_with("end reset after") || out.contains("goaway 11") || out == "end closed\n",
+        "{out}"
+    );
+    // A header block continued forever: GOAWAY (protocol error or too large).
+    let out = h2client(py, s.ports[0], &["raw", "continuation"]);
+    assert!(
+        out == "goaway 1\n" || out == "goaway 11\n" || out == "goaway None\n",
+        "{out}"
+    );
+    // Stream ids must grow: PROTOCOL_ERROR.
+    let out = h2client(py, s.ports[0], &["raw", "stream-id"]);
+    assert_eq!(out, "goaway 1\n");
+    // 20,000 PINGs: answered while the client reads, never buffered without bound.
+    let _ = h2client(py, s.ports[0], &["raw", "ping"]);
+    let out = h2client(py, s.ports[0], &["get", "2", "/ok"]);
+    assert_eq!(out, "stream 1 200 3\nstream 3 200 3\nend done\n");
+    assert_eq!(s.wait_workers(1)[0].pid, before, "the worker was replaced");
+    let log = error_log(&s);
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// A graceful stop sends GOAWAY to an HTTP/2 connection, lets its stream finish and then
+/// closes it; the worker exits.
+#[test]
+fn a_graceful_stop_finishes_streams_and_closes_sessions() {
+    let Some(py) = python_h2() else {
+        skipped(
+            "HTTP/2 stop",
+            "python3-h2 is not installed (apt-get install python3-h2)",
+        );
+        return;
+    };
+    let mut s = start("h2-stop", "", "http2 on;");
+    let out = h2client(py, s.ports[0], &["get", "1", "/ok"]);
+    assert_eq!(out, "stream 1 200 3\nend done\n");
+    s.signal(libc::SIGQUIT);
+    assert_eq!(s.wait_exit(Duration::from_secs(15)), 0);
+}
+
+/// Over TLS, ALPN chooses `h2` where a server of the address has `http2 on`, and the TLS
+/// variables of a stream are its connection's; a client that offers only http/1.1 gets it.
+#[test]
+fn tls_alpn_negotiates_h2_and_streams_see_the_tls_variables() {
+    if !curl_h2() {
+        skipped(
+            "h2 over TLS",
+            "curl with HTTP/2 is not installed (apt-get install curl)",
+        );
+        return;
+    }
+    let dir = temp_dir("h2-tls-pki").keep();
+    let cert = rcgen::generate_simple_self_signed(vec!["a.test".to_string()]).unwrap();
+    let (crt, key) = (dir.join("a.pem"), dir.join("a.key"));
+    std::fs::write(&crt, cert.cert.pem()).unwrap();
+    std::fs::write(&key, cert.key_pair.serialize_pem()).unwrap();
+    let extra = format!(
+        "http2 on; ssl_certificate {}; ssl_certificate_key {};\n\
+         location = /v {{ return 200 \"$http2 $https $ssl_protocol $server_protocol\"; }}",
+        crt.display(),
+        key.display()
+    );
+    let s = start("h2-tls", "ssl", &extra);
+    let url = format!("https://a.test:{}/v", s.ports[0]);
+    let resolve = format!("a.test:{}:127.0.0.1", s.ports[0]);
+    let v = curl(&[
+        "-k",
+        "--http2",
+        "--resolve",
+        &resolve,
+        "-w",
+        "|%{http_version}",
+        &url,
+    ]);
+    assert_eq!(v, "h2 on TLSv1.3 HTTP/2.0|2");
+    let v = curl(&[
+        "-k",
+        "--http1.1",
+        "--resolve",
+        &resolve,
+        "-w",
+        "|%{http_version}",
+        &url,
+    ]);
+    assert_eq!(v, " on TLSv1.3 HTTP/1.1|1.1");
+    let big = format!("https://a.test:{}/big.bin", s.ports[0]);
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-k",
+            "--max-time",
+            "10",
+            "--http2",
+            "--resolve",
+            &resolve,
+            &big,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.stdout,
+        std::fs::read(s.dir.join("html/big.bin")).unwrap()
+    );
+}
