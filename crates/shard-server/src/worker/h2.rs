@@ -512,17 +512,16 @@ impl Worker<'_> {
         for _ in 0..SESSION_ROUNDS_MAX {
             let mut progress = false;
             // Read what the socket has, up to what `h2` has taken.
-            let c = &mut self.conns[key];
             let pending_in = self.h2[idx].io.borrow().input.len();
-            if c.readable && pending_in < read_max {
-                let mut buf = std::mem::take(&mut c.inbuf);
-                buf.clear();
-                buf.reserve(16 * 1024);
+            if self.conns[key].readable && pending_in < read_max {
+                // A pool buffer for the read: an idle session keeps none.
+                let mut buf = self.take_buf(16 * 1024);
+                let c = &mut self.conns[key];
                 let spare = (buf.capacity() - buf.len()).min(read_max - pending_in);
                 match c.recv(&mut buf, spare) {
                     Ok(0) => {
                         c.eof = true;
-                        c.inbuf = buf;
+                        self.give_buf(buf);
                         return Io::Close;
                     }
                     Ok(n) => {
@@ -534,10 +533,12 @@ impl Worker<'_> {
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => c.readable = false,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(_) => return Io::Close,
+                    Err(_) => {
+                        self.give_buf(buf);
+                        return Io::Close;
+                    }
                 }
-                buf.clear();
-                self.conns[key].inbuf = buf;
+                self.give_buf(buf);
             }
             match self.h2_poll(key, idx) {
                 Ok(p) => progress |= p,
@@ -567,6 +568,21 @@ impl Worker<'_> {
             if !progress && self.h2[idx].ready.is_empty() {
                 break;
             }
+        }
+        {
+            // What `h2` took and what went out leaves no room behind.
+            let mut p = self.h2[idx].io.borrow_mut();
+            if p.input.is_empty() && p.input.capacity() > 0 {
+                p.input = BytesMut::new();
+            }
+            if p.output.is_empty() && p.output.capacity() > 0 {
+                p.output = Vec::new();
+            }
+        }
+        if self.conns[key].out.is_empty() {
+            let out = std::mem::take(&mut self.conns[key].out);
+            self.conns[key].out_pos = 0;
+            self.give_buf(out);
         }
         let s = &self.h2[idx];
         let idle = s.streams.is_empty();
