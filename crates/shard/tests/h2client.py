@@ -11,6 +11,7 @@ import time
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import h2.settings
 
 PORT = int(sys.argv[1])
@@ -34,6 +35,24 @@ def headers(path, method="GET", extra=()):
             (":path", path)] + list(extra)
 
 
+PENDING = bytearray()
+
+
+def frames(data):
+    """Whole frames of what was read (after the 9-byte headers say their length): `h2`
+    is given one at a time, so that a GOAWAY is seen even when a frame after it (the
+    server's PING of a graceful shutdown) is more than `h2`'s closed state accepts."""
+    PENDING.extend(data)
+    out = []
+    while len(PENDING) >= 9:
+        n = 9 + int.from_bytes(PENDING[:3], "big")
+        if len(PENDING) < n:
+            break
+        out.append(bytes(PENDING[:n]))
+        del PENDING[:n]
+    return out
+
+
 def pump(s, c, done, on_event=None):
     """Reads until done() or the connection ends; returns how it ended."""
     while not done():
@@ -47,11 +66,12 @@ def pump(s, c, done, on_event=None):
             return "reset"
         if not data:
             return "closed"
-        for ev in c.receive_data(data):
-            if isinstance(ev, h2.events.ConnectionTerminated):
-                return "goaway %d" % ev.error_code
-            if on_event:
-                on_event(ev)
+        for f in frames(data):
+            for ev in c.receive_data(f):
+                if isinstance(ev, h2.events.ConnectionTerminated):
+                    return "goaway %d" % ev.error_code
+                if on_event:
+                    on_event(ev)
         out = c.data_to_send()
         if out:
             try:
@@ -85,6 +105,36 @@ def get_many(n, path):
     for sid in ids:
         print("stream %d %s %d" % (sid, status.get(sid, "-"), body.get(sid, 0)))
     print("end", how)
+
+
+def sequential(n, path):
+    """n requests one after the other on one connection, until the server ends it."""
+    s, c = connect()
+    for _ in range(n):
+        if c.state_machine.state == h2.connection.ConnectionState.CLOSED:
+            break
+        sid = c.get_next_available_stream_id()
+        try:
+            c.send_headers(sid, headers(path), end_stream=True)
+        except h2.exceptions.ProtocolError:
+            break
+        s.sendall(c.data_to_send())
+        st = {}
+
+        def ev(e):
+            if isinstance(e, h2.events.ResponseReceived):
+                st["status"] = dict(e.headers)[b":status"].decode()
+            elif isinstance(e, h2.events.StreamEnded):
+                st["end"] = 1
+            elif isinstance(e, h2.events.StreamReset):
+                st["reset"] = e.error_code
+
+        how = pump(s, c, lambda: "end" in st or "reset" in st, ev)
+        print("stream %d %s" % (sid, st.get("status", "reset %s" % st.get("reset"))))
+        if how != "done":
+            print("end", how)
+            return
+    print("end", pump(s, c, lambda: False, lambda e: None))
 
 
 def small_window(path, window):
@@ -219,6 +269,8 @@ def raw(kind):
 
 if MODE == "get":
     get_many(int(ARGS[0]), ARGS[1])
+elif MODE == "seq":
+    sequential(int(ARGS[0]), ARGS[1])
 elif MODE == "window":
     small_window(ARGS[0], int(ARGS[1]))
 elif MODE == "post":

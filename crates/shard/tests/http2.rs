@@ -398,3 +398,27 @@ fn tls_alpn_negotiates_h2_and_streams_see_the_tls_variables() {
         std::fs::read(s.dir.join("html/big.bin")).unwrap()
     );
 }
+
+/// `keepalive_requests` counts streams: after the third, GOAWAY, and the client goes on on a
+/// new connection (nginx's HTTP/2 behaviour since 1.19.7).
+#[test]
+fn keepalive_requests_ends_a_connection_after_its_streams() {
+    let Some(py) = python_h2() else {
+        skipped(
+            "HTTP/2 keepalive_requests",
+            "python3-h2 is not installed (apt-get install python3-h2)",
+        );
+        return;
+    };
+    let s = start("h2-kareq", "", "http2 on; keepalive_requests 3;");
+    let out = h2client(py, s.ports[0], &["seq", "5", "/ok"]);
+    // The GOAWAY comes as the third stream is taken; Python's `h2` stops reading there, so
+    // the third answer is seen in the access log, and no fourth stream was ever served.
+    assert!(
+        out.starts_with("stream 1 200\nstream 3 200\nstream 5 reset None\nend goaway 0\n"),
+        "{out}"
+    );
+    let lines = log_lines(&s.dir, 3);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines[2].starts_with("GET /ok HTTP/2.0|HTTP/2.0|h2c|200|3|"), "{lines:?}");
+}

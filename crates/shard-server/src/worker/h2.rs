@@ -132,8 +132,14 @@ pub(super) struct Session {
     max_streams: u32,
     resets: u32,
     resets_since_ms: u64,
-    /// The loop asked it to end (reload, stop, `keepalive_timeout`): `GOAWAY` was sent.
+    /// The loop asked it to end (reload, stop, `keepalive_requests`, `keepalive_time`):
+    /// `GOAWAY` was sent.
     going_away: bool,
+    /// Streams taken so far, and the default server's `keepalive_requests` and
+    /// `keepalive_time`, which end the session as nginx ends an HTTP/2 connection.
+    taken: u64,
+    keepalive_requests: u64,
+    keepalive_time_ms: u64,
 }
 
 /// The response side of a stream's output, parsed from the HTTP/1.1 bytes its connection
@@ -470,6 +476,9 @@ impl Worker<'_> {
             resets: 0,
             resets_since_ms: self.now_ms,
             going_away: false,
+            taken: 0,
+            keepalive_requests: srv.base.keepalive_requests,
+            keepalive_time_ms: srv.base.keepalive_time_ms,
         });
         let c = &mut self.conns[key];
         c.h2 = tag(H2_SESSION, idx);
@@ -662,6 +671,18 @@ impl Worker<'_> {
                 Poll::Ready(Some(Ok((req, respond)))) => {
                     progress = true;
                     self.h2_stream(key, idx, req, respond);
+                    // nginx's `keepalive_requests` and `keepalive_time` for HTTP/2: the
+                    // connection takes no more streams (GOAWAY), those it has finish.
+                    let opened = self.conns[key].opened_ms;
+                    let s = &mut self.h2[idx];
+                    s.taken += 1;
+                    let aged = self.now_ms.saturating_sub(opened) >= s.keepalive_time_ms;
+                    if !s.going_away && (s.taken >= s.keepalive_requests || aged) {
+                        s.going_away = true;
+                        if let Some(conn) = s.conn() {
+                            conn.graceful_shutdown();
+                        }
+                    }
                 }
             }
         }
