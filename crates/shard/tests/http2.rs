@@ -420,5 +420,63 @@ fn keepalive_requests_ends_a_connection_after_its_streams() {
     );
     let lines = log_lines(&s.dir, 3);
     assert_eq!(lines.len(), 3, "{lines:?}");
-    assert!(lines[2].starts_with("GET /ok HTTP/2.0|HTTP/2.0|h2c|200|3|"), "{lines:?}");
+    assert!(
+        lines[2].starts_with("GET /ok HTTP/2.0|HTTP/2.0|h2c|200|3|"),
+        "{lines:?}"
+    );
+}
+
+/// A reload sends GOAWAY to the old worker's HTTP/2 connections: a stream in flight (a file
+/// under `limit_rate`, written from its timer, outside any socket event of the connection)
+/// finishes whole, and new connections go to the new worker.
+#[test]
+fn a_stream_in_flight_finishes_across_a_reload() {
+    if !have("nghttp") {
+        skipped(
+            "HTTP/2 reload",
+            "nghttp2-client is not installed (apt-get install nghttp2-client)",
+        );
+        return;
+    }
+    let mut s = start(
+        "h2-reload",
+        "",
+        "http2 on; location /slow/ { alias {dir}/html/; limit_rate 200k; }",
+    );
+    let old = s.wait_workers(1)[0].pid;
+    let url = format!("http://{}/slow/big.bin", h2_addr(&s));
+    let client = std::thread::spawn(move || {
+        Command::new("timeout")
+            .args(["30", "nghttp", &url])
+            .output()
+            .unwrap()
+    });
+    // The download takes about 1.5 s; reload once it is under way.
+    // (The status request is one writer; the stream is the other.)
+    wait_for(Duration::from_secs(10), "the download to start", || {
+        (try_status_field(&s, "writing")? >= 2).then_some(())
+    });
+    s.signal(libc::SIGHUP);
+    wait_for(Duration::from_secs(10), "a new worker", || {
+        let w = s.workers();
+        w.iter().any(|w| w.pid != old).then_some(())
+    });
+    let out = client.join().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        out.stdout,
+        std::fs::read(s.dir.join("html/big.bin")).unwrap()
+    );
+    // The new generation speaks HTTP/2 too.
+    if curl_h2() {
+        let v = curl(&[
+            "--http2-prior-knowledge",
+            &format!("http://{}/ok", h2_addr(&s)),
+        ]);
+        assert_eq!(v, "OK\n");
+    }
 }

@@ -1009,12 +1009,16 @@ impl<'a> Worker<'a> {
     /// body, keep-alive timeouts), and an earlier one than the queued timer must be queued
     /// too, or a 1 s `send_timeout` would wait for a 60 s header timer.
     pub(super) fn drive(&mut self, key: usize) {
-        let Some((id, number)) = self.conns.get(key).map(|c| (c.id, c.number)) else {
+        let Some((id, number, h2)) = self.conns.get(key).map(|c| (c.id, c.number, c.h2)) else {
             return;
         };
         let outer = crate::log::set_connection(number);
         self.drive_turn(key);
         crate::log::set_connection(outer);
+        if h2 & super::h2::H2_STREAM != 0 {
+            // What the stream wrote is queued in `h2`: its session frames and sends it.
+            self.h2_stream_moved(h2);
+        }
         if let Some(c) = self.conns.get(key).filter(|c| c.id == id) {
             let d = c.deadline_ms;
             self.set_conn_deadline(key, d);

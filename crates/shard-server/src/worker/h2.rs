@@ -936,6 +936,15 @@ impl Worker<'_> {
         if let Some(mut st) = s.streams.remove(&key) {
             st.finish();
         }
+        self.h2_stream_moved(h2);
+    }
+
+    /// A stream connection ran outside its session's drive (a timer, its upstream, its
+    /// end): its session polls `h2` and writes what the stream queued.
+    pub(super) fn h2_stream_moved(&mut self, h2: u32) {
+        let Some(s) = session_of(h2).and_then(|i| self.h2.get(i)) else {
+            return;
+        };
         if !s.in_drive {
             let parent = s.key;
             self.drive(parent);
