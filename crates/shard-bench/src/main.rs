@@ -14,6 +14,7 @@ mod bodies;
 mod compare;
 mod experiments;
 mod fastcgi;
+mod h2bench;
 mod load;
 pub mod loadgen;
 mod procfs;
@@ -90,6 +91,9 @@ enum Cmd {
     /// last and an unknown entry, `-t` and reload time and worker RSS, shard and nginx in the
     /// same run.
     Routing(routing::RoutingArgs),
+    /// HTTP/2 with h2load: h2c and TLS, `return 200`, a 16 KiB file and the proxy; requests
+    /// per worker CPU-second and memory per idle HTTP/2 connection, shard and nginx.
+    H2(h2bench::H2Args),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -147,6 +151,7 @@ fn main() {
         Cmd::Reload(a) => reload::run(a),
         Cmd::Tls(a) => tlsbench::run(a),
         Cmd::Routing(a) => routing::run(a),
+        Cmd::H2(a) => h2bench::run(a),
     };
     if let Err(e) = res {
         eprintln!("shard-bench: {e:#}");

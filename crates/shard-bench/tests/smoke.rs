@@ -821,3 +821,37 @@ fn fastcgi_smoke_measures_the_front_of_a_php_fpm_pool_for_shard() {
     }
     assert!(num(4) > 0.0, "{text}");
 }
+
+#[test]
+fn h2_smoke_measures_every_row_and_the_idle_memory_for_shard() {
+    let h2load = ["/usr/bin/h2load", "/usr/local/bin/h2load"]
+        .iter()
+        .any(|p| std::path::Path::new(p).is_file());
+    if !h2load {
+        println!(
+            "SKIPPED: shard-bench h2: h2load is not installed (apt-get install nghttp2-client)"
+        );
+        return;
+    }
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    // In --smoke the bench fails unless every shard row served requests without a failure
+    // and the idle memory was measured.
+    let text = stdout_of(Command::new(bench).args(["h2", "--smoke", "--no-nginx"]));
+    for row in [
+        "h2c, return 200",
+        "h2c, 16 KiB file",
+        "h2c, proxy",
+        "TLS, return 200",
+        "TLS, 16 KiB file",
+        "TLS, proxy",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("| shard | {row} |")))
+            .unwrap_or_else(|| panic!("{row}: {text}"));
+        let cols: Vec<&str> = line.split('|').map(str::trim).collect();
+        assert!(cols[3].parse::<u64>().unwrap() > 0, "{line}");
+        assert_eq!(cols[4], "0", "{line}");
+    }
+    assert!(text.contains("Memory per idle HTTP/2 connection"), "{text}");
+}
