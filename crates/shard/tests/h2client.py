@@ -225,6 +225,38 @@ def frame(ftype, flags, sid, payload):
             + payload)
 
 
+FLOOD_CODE = []
+
+
+def flood_read(s):
+    """A thread that reads and drops what the server sends, noting a GOAWAY's code."""
+    import threading
+
+    def run():
+        buf = b""
+        while True:
+            try:
+                d = s.recv(1 << 20)
+            except OSError:
+                return
+            if not d:
+                return
+            buf += d
+            i = 0
+            while i + 9 <= len(buf):
+                ln = int.from_bytes(buf[i:i + 3], "big")
+                if i + 9 + ln > len(buf):
+                    break
+                if buf[i + 3] == 7:
+                    FLOOD_CODE.append(int.from_bytes(buf[i + 13:i + 17], "big"))
+                i += 9 + ln
+            buf = buf[i:]
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
 def raw(kind):
     """Frames written by hand: a CONTINUATION flood, a PING flood, a stream id that goes
     backwards. Prints how the connection ended and the GOAWAY code when there was one."""
@@ -238,12 +270,43 @@ def raw(kind):
             for _ in range(2000):
                 s.sendall(frame(9, 0, 1, filler[:16384]))
         elif kind == "ping":
-            for _ in range(20000):
-                s.sendall(frame(6, 0, 0, b"12345678"))
+            # 10 MB of PINGs, read back meanwhile (a client that reads its answers):
+            # more than 8 times a request's bytes, past nginx's 1 MiB allowance.
+            goaway = flood_read(s)
+            batch = frame(6, 0, 0, b"12345678") * 1000
+            for _ in range(600):
+                s.sendall(batch)
+            goaway.join(15)
+            print("goaway", FLOOD_CODE[0] if FLOOD_CODE else None)
+            return
         elif kind == "stream-id":
             s.sendall(frame(1, 5, 5, block) + frame(1, 5, 3, block))
+        elif kind == "settings":
+            for _ in range(20000):
+                s.sendall(frame(4, 0, 0, bytes([0, 3, 0, 0, 0, 100])))
+        elif kind == "priority":
+            for i in range(20000):
+                s.sendall(frame(2, 0, 2 * i + 1, bytes([0, 0, 0, 0, 16])))
+        elif kind == "window-update":
+            for _ in range(20000):
+                s.sendall(frame(8, 0, 0, (1).to_bytes(4, "big")))
+        elif kind == "empty-data":
+            s.sendall(frame(1, 4, 1, bytes([0x83, 0x86, 0x84, 0x41, 0x09]) + b"localhost"))
+            for _ in range(20000):
+                s.sendall(frame(0, 0, 1, b""))
+        elif kind == "zero-window":
+            # SETTINGS_INITIAL_WINDOW_SIZE 0, then a request whose response cannot move.
+            s.sendall(frame(4, 0, 0, bytes([0, 4, 0, 0, 0, 0])))
+            s.sendall(frame(1, 5, 1, bytes([0x82, 0x86, 0x44, 0x08]) + b"/big.bin"
+                            + bytes([0x41, 0x09]) + b"localhost"))
+            s.settimeout(4)
+        if kind in ("settings", "priority", "window-update"):
+            s.settimeout(2)
     except (BrokenPipeError, ConnectionResetError):
-        pass
+        if kind == "ping":
+            flood_read  # the reader thread has what there was
+            print("goaway", FLOOD_CODE[0] if FLOOD_CODE else "reset")
+            return
     buf = b""
     code = None
     while time.time() < DEADLINE:

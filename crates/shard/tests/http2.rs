@@ -290,7 +290,7 @@ fn hostile_clients_are_cut_off_and_the_worker_serves_on() {
         );
         return;
     };
-    let mut s = start("h2-hostile", "", "http2 on;");
+    let mut s = start("h2-hostile", "", "http2 on; send_timeout 1s;");
     let before = s.wait_workers(1)[0].pid;
     // Rapid reset: the connection ends (ENHANCE_YOUR_CALM or a reset) long before 5000.
     let out = h2client(py, s.ports[0], &["rapid", "5000"]);
@@ -307,8 +307,35 @@ fn hostile_clients_are_cut_off_and_the_worker_serves_on() {
     // Stream ids must grow: PROTOCOL_ERROR.
     let out = h2client(py, s.ports[0], &["raw", "stream-id"]);
     assert_eq!(out, "goaway 1\n");
-    // 20,000 PINGs: answered while the client reads, never buffered without bound.
-    let _ = h2client(py, s.ports[0], &["raw", "ping"]);
+    // 10 MB of PINGs from a client that reads the answers: nginx's flood rule (more than
+    // 8 times the bytes of its requests, past 1 MiB) ends it with GOAWAY NO_ERROR.
+    let out = h2client(py, s.ports[0], &["raw", "ping"]);
+    assert_eq!(out, "goaway 0\n");
+    wait_for(Duration::from_secs(5), "the flood in the log", || {
+        error_log(&s).contains("http2 flood detected").then_some(())
+    });
+    // Empty DATA frames in bulk: h2's limit, ENHANCE_YOUR_CALM.
+    let out = h2client(py, s.ports[0], &["raw", "empty-data"]);
+    assert_eq!(out, "goaway 11\n");
+    // 20,000 SETTINGS, PRIORITY or WINDOW_UPDATE frames are answered or taken (a few hundred
+    // KB, under the flood rule); what matters is that nothing grows and nobody else waits.
+    for kind in ["settings", "priority", "window-update"] {
+        let _ = h2client(py, s.ports[0], &["raw", kind]);
+    }
+    // A window of 0 held forever: the stream's response cannot move, and `send_timeout`
+    // ends it (the connection stays for other streams).
+    let _ = h2client(py, s.ports[0], &["raw", "zero-window"]);
+    wait_for(
+        Duration::from_secs(5),
+        "the stalled stream's timeout",
+        || {
+            error_log(&s)
+                .contains(
+                    "client timed out (110: Connection timed out) while sending response to client",
+                )
+                .then_some(())
+        },
+    );
     let out = h2client(py, s.ports[0], &["get", "2", "/ok"]);
     assert_eq!(out, "stream 1 200 3\nstream 3 200 3\nend done\n");
     assert_eq!(s.wait_workers(1)[0].pid, before, "the worker was replaced");

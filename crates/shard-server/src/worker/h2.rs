@@ -50,6 +50,10 @@ const RESPONSE_HEAD_MAX: usize = 64 * 1024;
 /// `http2_max_concurrent_streams`.
 const RESETS_PER_WINDOW: u32 = 2;
 const RESET_WINDOW_MS: u64 = 1_000;
+/// nginx's flood rule (`ngx_http_v2_read_handler`): a client whose bytes are more than 8
+/// times what its requests carry, past this allowance, is sending control frames for their
+/// own sake (PING, SETTINGS, PRIORITY, WINDOW_UPDATE, empty frames): the connection ends.
+const FLOOD_ALLOWANCE: u64 = 1 << 20;
 /// Rounds of read, poll and write one drive of a session makes before it yields.
 const SESSION_ROUNDS_MAX: usize = 16;
 
@@ -140,6 +144,10 @@ pub(super) struct Session {
     taken: u64,
     keepalive_requests: u64,
     keepalive_time_ms: u64,
+    /// Bytes read from the client, and the part of them that was requests (header blocks as
+    /// their HTTP/1.1 heads, body data): nginx's flood rule compares the two.
+    total_bytes: u64,
+    payload_bytes: u64,
 }
 
 /// The response side of a stream's output, parsed from the HTTP/1.1 bytes its connection
@@ -477,6 +485,8 @@ impl Worker<'_> {
             resets_since_ms: self.now_ms,
             going_away: false,
             taken: 0,
+            total_bytes: 0,
+            payload_bytes: 0,
             keepalive_requests: srv.base.keepalive_requests,
             keepalive_time_ms: srv.base.keepalive_time_ms,
         });
@@ -537,8 +547,24 @@ impl Worker<'_> {
                         if n < spare && !c.hup {
                             c.readable = false;
                         }
-                        self.h2[idx].io.borrow_mut().input.extend_from_slice(&buf);
+                        let s = &mut self.h2[idx];
+                        s.io.borrow_mut().input.extend_from_slice(&buf);
+                        s.total_bytes += n as u64;
                         progress = true;
+                        if s.total_bytes / 8 > s.payload_bytes + FLOOD_ALLOWANCE {
+                            self.give_buf(buf);
+                            crate::log!(
+                                Info,
+                                "http2 flood detected{}",
+                                self.log_context(key, None)
+                            );
+                            if let Some(conn) = self.h2[idx].conn() {
+                                conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                            }
+                            let _ = self.h2_poll(key, idx);
+                            let _ = self.h2_write(key, idx);
+                            return Io::Close;
+                        }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => c.readable = false,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -707,6 +733,7 @@ impl Worker<'_> {
                 continue;
             }
             let mut data: Vec<u8> = Vec::new();
+            let mut payload = 0u64;
             let mut ended = false;
             let mut failed = false;
             if let Some(recv) = st.recv.as_mut() {
@@ -719,6 +746,7 @@ impl Worker<'_> {
                         }
                         Poll::Ready(Some(Ok(b))) => {
                             let _ = recv.flow_control().release_capacity(b.len());
+                            payload += b.len() as u64;
                             if st.chunked_in && !b.is_empty() {
                                 data.extend_from_slice(format!("{:x}\r\n", b.len()).as_bytes());
                                 data.extend_from_slice(&b);
@@ -734,6 +762,10 @@ impl Worker<'_> {
                     }
                 }
             }
+            self.h2[idx].payload_bytes += payload;
+            let Some(st) = self.h2[idx].streams.get_mut(&sk) else {
+                continue;
+            };
             if ended {
                 st.recv = None;
                 if st.chunked_in {
@@ -823,6 +855,7 @@ impl Worker<'_> {
         let end = recv.is_end_stream();
         let mut chunked = false;
         let head = request_head(&parts, end, &mut chunked);
+        self.h2[idx].payload_bytes += head.len() as u64;
         let head_only = parts.method == http::Method::HEAD;
         let parent = &self.conns[key];
         let (peer, listener, number) = (parent.peer, parent.listener, parent.number);
