@@ -507,3 +507,83 @@ fn a_stream_in_flight_finishes_across_a_reload() {
         assert_eq!(v, "OK\n");
     }
 }
+
+/// A browser: headless Chromium loads a page with 50 assets over https, and shard's access
+/// log shows one connection carried them all, with `$http2` = `h2`.
+#[test]
+fn a_browser_loads_a_page_and_its_fifty_assets_on_one_connection() {
+    let Some(chromium) = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| have(b))
+    else {
+        skipped(
+            "HTTP/2 with a browser",
+            "chromium is not installed (apt-get install chromium)",
+        );
+        return;
+    };
+    let dir = temp_dir("h2-browser-pki").keep();
+    let cert = rcgen::generate_simple_self_signed(vec!["a.test".to_string()]).unwrap();
+    let (crt, key) = (dir.join("a.pem"), dir.join("a.key"));
+    std::fs::write(&crt, cert.cert.pem()).unwrap();
+    std::fs::write(&key, cert.key_pair.serialize_pem()).unwrap();
+    let extra = format!(
+        "http2 on; ssl_certificate {}; ssl_certificate_key {};",
+        crt.display(),
+        key.display()
+    );
+    let s = start("h2-browser", "ssl", &extra);
+    let mut page = String::from("<html><body>\n");
+    for i in 0..50 {
+        write_file(
+            &s.dir,
+            &format!("html/asset/{i}.txt"),
+            format!("asset {i}").as_bytes(),
+        );
+        page.push_str(&format!("<iframe src=\"/asset/{i}.txt\"></iframe>\n"));
+    }
+    page.push_str("</body></html>\n");
+    write_file(&s.dir, "html/index.html", page.as_bytes());
+    let profile = temp_dir("h2-browser-profile");
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(chromium)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--ignore-certificate-errors",
+            "--host-resolver-rules=MAP a.test 127.0.0.1",
+        ])
+        .arg(format!("--user-data-dir={}", profile.keep().display()))
+        .arg("--dump-dom")
+        .arg(format!("https://a.test:{}/", s.ports[0]))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains("asset/49.txt"),
+        "{dom}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = log_lines(&s.dir, 51);
+    let assets: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.starts_with("GET /asset/"))
+        .collect();
+    assert_eq!(assets.len(), 50, "{lines:?}");
+    let conns: std::collections::BTreeSet<&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("GET /asset/") || l.starts_with("GET / "))
+        .map(|l| l.rsplit('|').next().unwrap())
+        .collect();
+    assert_eq!(
+        conns.len(),
+        1,
+        "one connection for the page and its assets: {lines:?}"
+    );
+    assert!(
+        assets.iter().all(|l| l.contains("|HTTP/2.0|h2|200|")),
+        "{lines:?}"
+    );
+}
