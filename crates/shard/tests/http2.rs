@@ -16,13 +16,14 @@ use support::*;
 
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/h2client.py");
 
-fn conf(listen_opts: &str, server_extra: &str) -> String {
+fn conf(listen_opts: &str, server_extra: &str, http_extra: &str) -> String {
     format!(
         "worker_processes 1;\n\
          error_log logs/error.log info;\n\
          pid logs/shard.pid;\n\
          events {{ worker_connections 512; }}\n\
          http {{\n\
+         {http_extra}\n\
          log_format h2 '$request|$server_protocol|$http2|$status|$body_bytes_sent|$connection';\n\
          server {{\n\
            listen 127.0.0.1:{{port}};\n\
@@ -46,7 +47,11 @@ fn conf(listen_opts: &str, server_extra: &str) -> String {
 }
 
 fn start(tag: &str, listen_opts: &str, server_extra: &str) -> Server {
-    let s = Server::start_ports(tag, &conf(listen_opts, server_extra), 1, 2);
+    start_http(tag, listen_opts, server_extra, "")
+}
+
+fn start_http(tag: &str, listen_opts: &str, server_extra: &str, http_extra: &str) -> Server {
+    let s = Server::start_ports(tag, &conf(listen_opts, server_extra, http_extra), 1, 2);
     write_file(&s.dir, "html/a.txt", b"hello file\n");
     let big: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     write_file(&s.dir, "html/big.bin", &big);
@@ -586,4 +591,32 @@ fn a_browser_loads_a_page_and_its_fifty_assets_on_one_connection() {
         assets.iter().all(|l| l.contains("|HTTP/2.0|h2|200|")),
         "{lines:?}"
     );
+}
+
+/// `limit_req` judges each stream as a request: three streams at once against a zone of one
+/// request a minute get one 200 and two 503s.
+#[test]
+fn limits_judge_each_stream() {
+    let Some(py) = python_h2() else {
+        skipped(
+            "HTTP/2 limits",
+            "python3-h2 is not installed (apt-get install python3-h2)",
+        );
+        return;
+    };
+    let s = start_http(
+        "h2-limits",
+        "",
+        "http2 on;\n\
+         location /lim/ { limit_req zone=one; alias {dir}/html/; }",
+        "limit_req_zone $binary_remote_addr zone=one:1m rate=1r/m;",
+    );
+    let out = h2client(py, s.ports[0], &["get", "3", "/lim/a.txt"]);
+    let mut codes: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("stream "))
+        .map(|l| l.split(' ').nth(1).unwrap())
+        .collect();
+    codes.sort();
+    assert_eq!(codes, ["200", "503", "503"], "{out}");
 }
