@@ -506,11 +506,7 @@ fn browser_refuses_keepalive(
             };
         return k.msie6 && msie6 && req.method == crate::request::Method::Post;
     }
-    let safari = !opera
-        && safari_named
-        && !has("Gecko/")
-        && !has("Chrome/")
-        && has("Mac OS X");
+    let safari = !opera && safari_named && !has("Gecko/") && !has("Chrome/") && has("Mac OS X");
     k.safari && safari
 }
 
