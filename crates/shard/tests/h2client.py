@@ -228,6 +228,20 @@ def frame(ftype, flags, sid, payload):
 FLOOD_CODE = []
 
 
+def goaways(buf, codes):
+    """Appends the error code of each GOAWAY among the whole frames of `buf` to `codes`;
+    returns what is left of `buf` (a frame not yet whole)."""
+    i = 0
+    while i + 9 <= len(buf):
+        ln = int.from_bytes(buf[i:i + 3], "big")
+        if i + 9 + ln > len(buf):
+            break
+        if buf[i + 3] == 7:
+            codes.append(int.from_bytes(buf[i + 13:i + 17], "big"))
+        i += 9 + ln
+    return buf[i:]
+
+
 def flood_read(s):
     """A thread that reads and drops what the server sends, noting a GOAWAY's code."""
     import threading
@@ -241,16 +255,7 @@ def flood_read(s):
                 return
             if not d:
                 return
-            buf += d
-            i = 0
-            while i + 9 <= len(buf):
-                ln = int.from_bytes(buf[i:i + 3], "big")
-                if i + 9 + ln > len(buf):
-                    break
-                if buf[i + 3] == 7:
-                    FLOOD_CODE.append(int.from_bytes(buf[i + 13:i + 17], "big"))
-                i += 9 + ln
-            buf = buf[i:]
+            buf = goaways(buf + d, FLOOD_CODE)
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
@@ -304,30 +309,20 @@ def raw(kind):
             s.settimeout(2)
     except (BrokenPipeError, ConnectionResetError):
         if kind == "ping":
-            flood_read  # the reader thread has what there was
+            # The reader thread has what there was.
             print("goaway", FLOOD_CODE[0] if FLOOD_CODE else "reset")
             return
     buf = b""
-    code = None
-    while time.time() < DEADLINE:
+    codes = []
+    while time.time() < DEADLINE and not codes:
         try:
             d = s.recv(65536)
         except (socket.timeout, ConnectionResetError):
             break
         if not d:
             break
-        buf += d
-        i = 0
-        while i + 9 <= len(buf):
-            ln = int.from_bytes(buf[i:i + 3], "big")
-            if i + 9 + ln > len(buf):
-                break
-            if buf[i + 3] == 7:
-                code = int.from_bytes(buf[i + 13:i + 17], "big")
-            i += 9 + ln
-        if code is not None:
-            break
-    print("goaway", code)
+        buf = goaways(buf + d, codes)
+    print("goaway", codes[0] if codes else None)
 
 
 if MODE == "get":

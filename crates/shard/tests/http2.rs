@@ -58,6 +58,21 @@ fn start_http(tag: &str, listen_opts: &str, server_extra: &str, http_extra: &str
     s
 }
 
+/// `http2 on` and a self-signed certificate for `a.test` (written under a directory named
+/// after `tag`), for a server that listens with `ssl`.
+fn tls_server(tag: &str) -> String {
+    let dir = temp_dir(tag).keep();
+    let cert = rcgen::generate_simple_self_signed(vec!["a.test".to_string()]).unwrap();
+    let (crt, key) = (dir.join("a.pem"), dir.join("a.key"));
+    std::fs::write(&crt, cert.cert.pem()).unwrap();
+    std::fs::write(&key, cert.key_pair.serialize_pem()).unwrap();
+    format!(
+        "http2 on; ssl_certificate {}; ssl_certificate_key {};",
+        crt.display(),
+        key.display()
+    )
+}
+
 fn h2_addr(s: &Server) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], s.ports[0]))
 }
@@ -377,16 +392,9 @@ fn tls_alpn_negotiates_h2_and_streams_see_the_tls_variables() {
         );
         return;
     }
-    let dir = temp_dir("h2-tls-pki").keep();
-    let cert = rcgen::generate_simple_self_signed(vec!["a.test".to_string()]).unwrap();
-    let (crt, key) = (dir.join("a.pem"), dir.join("a.key"));
-    std::fs::write(&crt, cert.cert.pem()).unwrap();
-    std::fs::write(&key, cert.key_pair.serialize_pem()).unwrap();
     let extra = format!(
-        "http2 on; ssl_certificate {}; ssl_certificate_key {};\n\
-         location = /v {{ return 200 \"$http2 $https $ssl_protocol $server_protocol\"; }}",
-        crt.display(),
-        key.display()
+        "{}\nlocation = /v {{ return 200 \"$http2 $https $ssl_protocol $server_protocol\"; }}",
+        tls_server("h2-tls-pki")
     );
     let s = start("h2-tls", "ssl", &extra);
     let url = format!("https://a.test:{}/v", s.ports[0]);
@@ -527,16 +535,7 @@ fn a_browser_loads_a_page_and_its_fifty_assets_on_one_connection() {
         );
         return;
     };
-    let dir = temp_dir("h2-browser-pki").keep();
-    let cert = rcgen::generate_simple_self_signed(vec!["a.test".to_string()]).unwrap();
-    let (crt, key) = (dir.join("a.pem"), dir.join("a.key"));
-    std::fs::write(&crt, cert.cert.pem()).unwrap();
-    std::fs::write(&key, cert.key_pair.serialize_pem()).unwrap();
-    let extra = format!(
-        "http2 on; ssl_certificate {}; ssl_certificate_key {};",
-        crt.display(),
-        key.display()
-    );
+    let extra = tls_server("h2-browser-pki");
     let s = start("h2-browser", "ssl", &extra);
     let mut page = String::from("<html><body>\n");
     for i in 0..50 {
