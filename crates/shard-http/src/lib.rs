@@ -14,6 +14,7 @@ pub mod autoindex;
 pub mod body;
 pub mod fastcgi;
 pub mod gzip;
+pub mod h2frame;
 pub mod hpack;
 pub mod proxy;
 pub mod proxy_protocol;
