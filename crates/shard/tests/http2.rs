@@ -619,3 +619,234 @@ fn limits_judge_each_stream() {
     codes.sort();
     assert_eq!(codes, ["200", "503", "503"], "{out}");
 }
+
+/// A minimal HTTP/2 client on shard's own frames and HPACK (`shard_http::h2frame`,
+/// `shard_http::hpack`): one request at a time on a kept connection, and `GOAWAY` read as
+/// RFC 9113 says (a stream at or under the last stream id is answered; one above it was not
+/// processed and is retried on a new connection).
+mod client {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+
+    use shard_http::h2frame::{self, Frame, Reader};
+    use shard_http::hpack;
+
+    pub enum Outcome {
+        /// The status and the body's length.
+        Answered(u16, usize),
+        /// Not processed (above a GOAWAY's last stream id, or refused): safe to retry.
+        Retry,
+        /// Anything else: a failure.
+        Failed(String),
+    }
+
+    pub struct Conn {
+        s: TcpStream,
+        next_id: u32,
+        input: Vec<u8>,
+        reader: Reader,
+        decoder: hpack::Decoder,
+        /// A GOAWAY came: its last stream id.
+        pub goaway: Option<u32>,
+    }
+
+    impl Conn {
+        pub fn open(addr: SocketAddr) -> std::io::Result<Conn> {
+            let mut s = TcpStream::connect(addr)?;
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            let mut hello = h2frame::PREFACE.to_vec();
+            h2frame::push_settings(&mut hello, &[]);
+            // A large connection window, so that bodies never wait on it.
+            h2frame::push_window_update(&mut hello, 0, 1 << 30);
+            s.write_all(&hello)?;
+            Ok(Conn {
+                s,
+                next_id: 1,
+                input: Vec::new(),
+                reader: Reader::new(1 << 24, 1 << 20),
+                decoder: hpack::Decoder::new(4096),
+                goaway: None,
+            })
+        }
+
+        pub fn get(&mut self, path: &str) -> Outcome {
+            if self.goaway.is_some() {
+                return Outcome::Retry;
+            }
+            let id = self.next_id;
+            self.next_id += 2;
+            let e = hpack::Encoder;
+            let mut block = Vec::new();
+            e.field(b":method", b"GET", &mut block);
+            e.field(b":scheme", b"http", &mut block);
+            e.field(b":path", path.as_bytes(), &mut block);
+            e.field(b":authority", b"localhost", &mut block);
+            let mut out = Vec::new();
+            h2frame::push_headers(&mut out, id, &block, true, 16_384);
+            if let Err(e) = self.s.write_all(&out) {
+                return Outcome::Failed(format!("write: {e}"));
+            }
+            let mut status = 0u16;
+            let mut body = 0usize;
+            loop {
+                // Whole frames first, then read more.
+                let mut used_total = 0;
+                let mut done = None;
+                let mut replies = Vec::new();
+                loop {
+                    let input = &self.input[used_total..];
+                    let (frame, used) = match self.reader.next(input) {
+                        Ok(Some(f)) => f,
+                        Ok(None) => break,
+                        Err(e) => return Outcome::Failed(format!("frame error {e:?}")),
+                    };
+                    used_total += used;
+                    match frame {
+                        Frame::Settings { ack: false, .. } => {
+                            h2frame::push_settings_ack(&mut replies)
+                        }
+                        Frame::Ping { ack: false, data } => {
+                            h2frame::push_ping_ack(&mut replies, &data)
+                        }
+                        Frame::GoAway { last_stream, .. } => {
+                            self.goaway = Some(last_stream);
+                            if id > last_stream {
+                                done = Some(Outcome::Retry);
+                            }
+                        }
+                        Frame::Headers {
+                            stream,
+                            block,
+                            end_stream,
+                        } if stream == id => {
+                            let mut st = 0u16;
+                            if let Err(e) = self.decoder.decode(block, 1 << 20, |n, v| {
+                                if n == b":status" {
+                                    st = std::str::from_utf8(v).unwrap().parse().unwrap();
+                                }
+                            }) {
+                                return Outcome::Failed(format!("hpack {e:?}"));
+                            }
+                            status = st;
+                            if end_stream {
+                                done = Some(Outcome::Answered(status, body));
+                            }
+                        }
+                        Frame::Data {
+                            stream,
+                            data,
+                            end_stream,
+                            flow_len,
+                        } if stream == id => {
+                            body += data.len();
+                            h2frame::push_window_update(&mut replies, id, flow_len as u32);
+                            if end_stream {
+                                done = Some(Outcome::Answered(status, body));
+                            }
+                        }
+                        Frame::RstStream { stream, code } if stream == id => {
+                            done = Some(if code == h2frame::code::REFUSED_STREAM {
+                                Outcome::Retry
+                            } else {
+                                Outcome::Failed(format!("reset {code}"))
+                            });
+                        }
+                        _ => {}
+                    }
+                    if done.is_some() {
+                        break;
+                    }
+                }
+                self.input.drain(..used_total);
+                // (Acks to a server that already closed are not a request's failure: what
+                // decides is whether the stream was answered.)
+                if !replies.is_empty() {
+                    let _ = self.s.write_all(&replies);
+                }
+                if let Some(d) = done {
+                    return d;
+                }
+                let mut b = [0u8; 16384];
+                match self.s.read(&mut b) {
+                    Ok(0) => {
+                        return if self.goaway.is_some_and(|l| id > l) {
+                            Outcome::Retry
+                        } else {
+                            Outcome::Failed(format!("closed before stream {id} ended"))
+                        };
+                    }
+                    Ok(n) => self.input.extend_from_slice(&b[..n]),
+                    Err(e) => return Outcome::Failed(format!("read: {e}")),
+                }
+            }
+        }
+    }
+}
+
+/// Issue 34's reload criterion: HTTP/2 clients on kept connections through 10 reloads lose
+/// no request. Each reload sends the old worker's sessions `GOAWAY` with their last stream
+/// id; a stream under it is answered, one above it was not processed and goes again on a new
+/// connection, as RFC 9113 allows.
+#[test]
+fn ten_reloads_under_http2_load_fail_no_request() {
+    let mut s = start("h2-reloads", "", "http2 on;");
+    s.wait_workers(1);
+    let addr = h2_addr(&s);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            let answered = answered.clone();
+            std::thread::spawn(move || {
+                let (mut ok, mut retried, mut failed) = (0u64, 0u64, Vec::new());
+                let mut conn = client::Conn::open(addr).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match conn.get("/a.txt") {
+                        client::Outcome::Answered(200, 11) => {
+                            ok += 1;
+                            answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        client::Outcome::Answered(st, len) => failed.push(format!("{st} {len}")),
+                        client::Outcome::Retry => {
+                            retried += 1;
+                            conn = client::Conn::open(addr).unwrap();
+                        }
+                        client::Outcome::Failed(why) => {
+                            failed.push(why);
+                            conn = client::Conn::open(addr).unwrap();
+                        }
+                    }
+                    if conn.goaway.is_some() {
+                        conn = client::Conn::open(addr).unwrap();
+                    }
+                }
+                (ok, retried, failed)
+            })
+        })
+        .collect();
+    for generation in 2..=11 {
+        // Each reload lands on clients in the middle of their work.
+        let before = answered.load(std::sync::atomic::Ordering::Relaxed);
+        wait_for(Duration::from_secs(10), "requests between reloads", || {
+            (answered.load(std::sync::atomic::Ordering::Relaxed) >= before + 50).then_some(())
+        });
+        s.signal(libc::SIGHUP);
+        wait_generation(&s, generation, 1);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, Vec::new());
+    for c in clients {
+        let (o, _, f) = c.join().unwrap();
+        ok += o;
+        failed.extend(f);
+    }
+    assert!(
+        failed.is_empty(),
+        "{} failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(ok >= 500, "only {ok} requests answered");
+}

@@ -148,6 +148,11 @@ pub(super) struct Session {
     /// their HTTP/1.1 heads, body data): nginx's flood rule compares the two.
     total_bytes: u64,
     payload_bytes: u64,
+    /// Ended and written: the write side is shut and input is read and dropped until the
+    /// client closes or this time, so that the client reads every answer rather than a reset
+    /// (nginx's lingering close of an HTTP/2 connection). 0 while open.
+    lingering_until_ms: u64,
+    lingering: shard_config::Lingering,
 }
 
 /// The response side of a stream's output, parsed from the HTTP/1.1 bytes its connection
@@ -487,6 +492,8 @@ impl Worker<'_> {
             taken: 0,
             total_bytes: 0,
             payload_bytes: 0,
+            lingering_until_ms: 0,
+            lingering: srv.base.lingering,
             keepalive_requests: srv.base.keepalive_requests,
             keepalive_time_ms: srv.base.keepalive_time_ms,
         });
@@ -519,6 +526,9 @@ impl Worker<'_> {
 
     fn h2_rounds(&mut self, key: usize, idx: usize) -> super::step::Io {
         use super::step::Io;
+        if self.h2[idx].lingering_until_ms != 0 {
+            return self.h2_linger(key, idx);
+        }
         let read_max = self
             .cfg
             .http
@@ -621,10 +631,23 @@ impl Worker<'_> {
         }
         let s = &self.h2[idx];
         let idle = s.streams.is_empty();
-        let done = matches!(s.state, State::Done) || (s.going_away && idle);
+        // A graceful end is h2's two steps (GOAWAY with the largest id and a PING, then, once
+        // the PING comes back, GOAWAY with the last stream taken): the streams a client sent
+        // in between are answered, so it is over when h2 says so. An idle session that never
+        // gets there runs into `keepalive_timeout` below.
+        let done = matches!(s.state, State::Done);
         let c = &mut self.conns[key];
         if done && c.out.is_empty() && self.h2[idx].io.borrow().output.is_empty() {
-            return Io::Close;
+            // FIN after the last frame, then read and drop what still comes: closing with
+            // unread input would reset the connection and could destroy answers in flight.
+            let fd = super::conn::fd_of(&c.fd);
+            match c.tls.as_mut() {
+                Some(t) => super::relay::Endpoint::shut(&mut super::tls::TlsSide { fd, t }),
+                None => shard_event::sock::shutdown_write(fd),
+            }
+            let s = &mut self.h2[idx];
+            s.lingering_until_ms = self.now_ms + s.lingering.time_ms.max(1);
+            return self.h2_linger(key, idx);
         }
         if idle {
             let ka = self.cfg.http.as_ref().map_or(75_000, |h| {
@@ -645,6 +668,37 @@ impl Worker<'_> {
             self.ensure_registered(key);
         }
         Io::Wait
+    }
+
+    /// A session's lingering close: input is read and dropped until the client closes (then
+    /// `Close`) or the lingering deadline (the loop's timer closes it).
+    fn h2_linger(&mut self, key: usize, idx: usize) -> super::step::Io {
+        use super::step::Io;
+        let mut buf = self.take_buf(16 * 1024);
+        let c = &mut self.conns[key];
+        let res = loop {
+            if !c.readable {
+                break Io::Wait;
+            }
+            buf.clear();
+            let spare = buf.capacity();
+            match c.recv(&mut buf, spare) {
+                Ok(0) => break Io::Close,
+                Ok(n) if n < spare && !c.hup => c.readable = false,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => c.readable = false,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break Io::Close,
+            }
+        };
+        self.give_buf(buf);
+        if let Io::Wait = res {
+            let s = &self.h2[idx];
+            let c = &mut self.conns[key];
+            c.deadline_ms = (self.now_ms + s.lingering.timeout_ms).min(s.lingering_until_ms);
+            self.ensure_registered(key);
+        }
+        res
     }
 
     /// Polls `h2`: the handshake, new streams, request body data, resets, window updates.
