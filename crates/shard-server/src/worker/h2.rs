@@ -1,29 +1,24 @@
-//! HTTP/2 connections (`http2 on`, `listen ... http2`): the `h2` crate's server state
-//! machine, driven from the worker's loop without a runtime.
+//! HTTP/2 connections (`http2 on`, `listen ... http2`), on shard's own frames and HPACK
+//! (`shard_http::h2frame`, `shard_http::hpack`).
 //!
 //! A connection that negotiated `h2` (ALPN) or began with the HTTP/2 preface (`h2c`, as
-//! nginx: prior knowledge on a plain listener) becomes a *session*: its socket's bytes go
-//! through an in-memory reader/writer ([`MemIo`]) that `h2` polls with a no-op waker, so
-//! the loop re-polls after every event (socket readable, a stream wrote, a stream ended).
-//! Each stream is carried by a *stream connection* of its own in `Worker::conns`: no socket,
-//! its input the HTTP/1.1 head its HEADERS say (and its DATA, framed as the head says), its
-//! output parsed back into HEADERS and DATA frames ([`Stream::send`]). So every phase, the
-//! proxy, static files, error pages and the access log run per stream exactly as for
-//! HTTP/1.1, on the request (`conn::Req`) the stream connection holds.
+//! nginx: prior knowledge on a plain listener) becomes a *session*: its socket's bytes are
+//! cut into frames here, and the session keeps the connection's state: settings, flow
+//! control windows both ways, the HPACK decoder, the streams by id. Each stream is carried by
+//! a *stream connection* of its own in `Worker::conns`: no socket, its input the HTTP/1.1
+//! head its HEADERS say (and its DATA, framed as the head says), its output parsed back into
+//! HEADERS and DATA frames ([`Worker::h2_send`]). So every phase, the proxy, static files,
+//! error pages and the access log run per stream exactly as for HTTP/1.1, on the request
+//! (`conn::Req`) the stream connection holds.
 //!
 //! This module owns the sessions (`Worker::h2`) and the translation both ways; it does not
 //! own the phases, the socket's TLS, or closing connections (the loop's `close`).
 
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
-use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
 
-use bytes::{Buf, Bytes, BytesMut};
 use shard_http::body::ChunkedDecoder;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use shard_http::h2frame::{self, code, ConnError, Frame, Reader};
+use shard_http::hpack;
 
 use super::conn::{Conn, Phase};
 use super::Worker;
@@ -34,14 +29,12 @@ pub(super) const H2_SESSION: u32 = 1 << 30;
 pub(super) const H2_STREAM: u32 = 1 << 31;
 const INDEX_MASK: u32 = H2_SESSION - 1;
 
-/// Bytes of frames a session holds for its socket before its streams' writes wait: the
-/// bound on what a client that does not read costs, whatever its windows say.
+/// Bytes of frames a session holds for its socket before its streams' writes wait, and
+/// before it stops reading (so that a client that does not read its PING and SETTINGS
+/// answers costs no more).
 const SESSION_OUT_MAX: usize = 256 * 1024;
-/// Bytes a stream may hand `h2` beyond the capacity granted to it, so that a small response
-/// leaves in the pass that made it (the client's windows start at 64 KiB).
-const UNRESERVED_BYTES: usize = 16 * 1024;
-/// A stream's request body bytes waiting in its connection's input before more DATA is taken
-/// from `h2` (the window the client sees stays closed meanwhile).
+/// A stream's request body bytes waiting in its connection's input before its window is
+/// given back (the client cannot send more meanwhile).
 const STREAM_INPUT_MAX: usize = 64 * 1024;
 /// A response head longer than this, from our own phases or an upstream, fails its stream.
 const RESPONSE_HEAD_MAX: usize = 64 * 1024;
@@ -54,78 +47,40 @@ const RESET_WINDOW_MS: u64 = 1_000;
 /// times what its requests carry, past this allowance, is sending control frames for their
 /// own sake (PING, SETTINGS, PRIORITY, WINDOW_UPDATE, empty frames): the connection ends.
 const FLOOD_ALLOWANCE: u64 = 1 << 20;
-/// Rounds of read, poll and write one drive of a session makes before it yields.
+/// Empty DATA frames (no data, no END_STREAM) a session takes before it ends with
+/// `ENHANCE_YOUR_CALM`: they carry nothing and cost a frame's work each (CVE-2019-9518).
+const EMPTY_FRAMES_MAX: u32 = 1_000;
+/// Rounds of read, frames, streams and write one drive of a session makes before it yields.
 const SESSION_ROUNDS_MAX: usize = 16;
+/// HTTP/2's initial window (RFC 9113, 6.9.2) and its largest (6.9.1).
+const DEFAULT_WINDOW: i64 = 65_535;
+const MAX_WINDOW: i64 = (1 << 31) - 1;
+/// The connection's receive window is opened to the largest at once (as nginx): streams'
+/// windows bound what a client may send. What it used is given back past this much.
+const CONN_WINDOW_REFILL: u64 = 1 << 20;
 
-/// The in-memory socket `h2` reads and writes.
-#[derive(Default)]
-struct Pipe {
-    input: BytesMut,
-    output: Vec<u8>,
-}
-
-#[derive(Clone)]
-struct MemIo(Rc<RefCell<Pipe>>);
-
-impl AsyncRead for MemIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let mut p = self.0.borrow_mut();
-        if p.input.is_empty() {
-            // The loop polls again when the socket has more.
-            return Poll::Pending;
-        }
-        let n = p.input.len().min(buf.remaining());
-        buf.put_slice(&p.input[..n]);
-        p.input.advance(n);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for MemIo {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        b: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let mut p = self.0.borrow_mut();
-        // Full: `h2` stops reading frames until its answers (PING, SETTINGS acks) can go,
-        // which bounds what a flood costs.
-        if p.output.len() >= SESSION_OUT_MAX {
-            return Poll::Pending;
-        }
-        p.output.extend_from_slice(b);
-        Poll::Ready(Ok(b.len()))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
-type Handshake = h2::server::Handshake<MemIo, Bytes>;
-type H2Conn = h2::server::Connection<MemIo, Bytes>;
-
-enum State {
-    Handshaking(Pin<Box<Handshake>>),
-    Open(Box<H2Conn>),
-    Done,
+/// SETTINGS identifiers (RFC 9113, 6.5.2).
+mod setting {
+    pub const ENABLE_PUSH: u16 = 2;
+    pub const MAX_CONCURRENT_STREAMS: u16 = 3;
+    pub const INITIAL_WINDOW_SIZE: u16 = 4;
+    pub const MAX_FRAME_SIZE: u16 = 5;
+    pub const MAX_HEADER_LIST_SIZE: u16 = 6;
 }
 
 /// One HTTP/2 connection.
 pub(super) struct Session {
     /// The socket's connection.
     key: usize,
-    io: Rc<RefCell<Pipe>>,
-    state: State,
-    /// Its streams, by their connections' keys.
+    /// Client bytes not yet cut into frames (the preface first).
+    input: Vec<u8>,
+    preface_read: bool,
+    reader: Reader,
+    decoder: hpack::Decoder,
+    /// Frames for the socket.
+    out: Vec<u8>,
+    /// Stream connections by stream id, and the streams by their connections' keys.
+    ids: HashMap<u32, usize, foldhash::fast::RandomState>,
     streams: HashMap<usize, Stream, foldhash::fast::RandomState>,
     /// Stream connections to drive in this round.
     ready: Vec<usize>,
@@ -134,11 +89,25 @@ pub(super) struct Session {
     /// `h2` for TLS, `h2c` for plain (`$http2`).
     tls: bool,
     max_streams: u32,
+    /// The largest stream id the client opened.
+    last_id: u32,
+    /// What each of our streams' windows start at (SETTINGS_INITIAL_WINDOW_SIZE we sent).
+    our_window: i64,
+    /// The client's SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_MAX_FRAME_SIZE.
+    peer_window: i64,
+    peer_max_frame: usize,
+    /// Bytes we may still send on the connection, and bytes the client sent that were not
+    /// given back yet.
+    send_window: i64,
+    recv_used: u64,
+    max_list: usize,
     resets: u32,
     resets_since_ms: u64,
-    /// The loop asked it to end (reload, stop, `keepalive_requests`, `keepalive_time`):
-    /// `GOAWAY` was sent.
+    /// `GOAWAY` was sent (reload, stop, `keepalive_requests`, `keepalive_time`): no new
+    /// streams; those taken finish.
     going_away: bool,
+    /// The client sent `GOAWAY`, or the session failed: it ends once its streams have.
+    closed: bool,
     /// Streams taken so far, and the default server's `keepalive_requests` and
     /// `keepalive_time`, which end the session as nginx ends an HTTP/2 connection.
     taken: u64,
@@ -148,6 +117,7 @@ pub(super) struct Session {
     /// their HTTP/1.1 heads, body data): nginx's flood rule compares the two.
     total_bytes: u64,
     payload_bytes: u64,
+    empty_frames: u32,
     /// Ended and written: the write side is shut and input is read and dropped until the
     /// client closes or this time, so that the client reads every answer rather than a reset
     /// (nginx's lingering close of an HTTP/2 connection). 0 while open.
@@ -169,27 +139,19 @@ enum Out {
 }
 
 struct Stream {
-    respond: Option<h2::server::SendResponse<Bytes>>,
-    send: Option<h2::SendStream<Bytes>>,
-    recv: Option<h2::RecvStream>,
+    id: u32,
+    /// Bytes we may still send on the stream, and bytes the client may still send.
+    send_window: i64,
+    recv_window: i64,
     /// The request body is framed as chunks in the head given to the stream connection.
     chunked_in: bool,
     /// A `HEAD` request: the response has no body whatever its head says.
     head_only: bool,
+    /// The client's END_STREAM came.
+    recv_done: bool,
     out: Out,
-    /// Bytes still allowed beyond granted capacity ([`UNRESERVED_BYTES`]).
-    unreserved: usize,
     /// The stream connection waits for window (its last write was refused).
     blocked: bool,
-}
-
-impl Session {
-    fn conn(&mut self) -> Option<&mut H2Conn> {
-        match &mut self.state {
-            State::Open(c) => Some(c),
-            _ => None,
-        }
-    }
 }
 
 /// `Conn::h2` of the session at `idx` or a stream of it.
@@ -203,57 +165,99 @@ pub(super) fn session_of(h2: u32) -> Option<usize> {
     (i != 0).then(|| (i - 1) as usize)
 }
 
-fn now_cx() -> Context<'static> {
-    Context::from_waker(Waker::noop())
+/// Hop-by-hop fields, which HTTP/2 forbids in requests (a malformed request) and which a
+/// response's HTTP/1.1 head loses on the way out.
+fn hop_by_hop(name: &[u8]) -> bool {
+    [
+        &b"connection"[..],
+        b"keep-alive",
+        b"transfer-encoding",
+        b"proxy-connection",
+        b"upgrade",
+    ]
+    .iter()
+    .any(|h| name.eq_ignore_ascii_case(h))
 }
 
-/// The HTTP/1.1 head a stream's request is given to the phases as: nginx's own mapping of
-/// the pseudo-headers (`:authority` as `Host` when there is none), cookies joined with "; "
-/// (RFC 9113, 8.2.3), and a body framed by its `content-length` or as chunks.
-fn request_head(parts: &http::request::Parts, end_stream: bool, chunked: &mut bool) -> Vec<u8> {
+/// A request's header fields as the phases read them: the HTTP/1.1 head, `None` when the
+/// request is malformed (RFC 9113, 8.1.1: a stream error).
+fn request_head(
+    fields: &[(Vec<u8>, Vec<u8>)],
+    end_stream: bool,
+    chunked: &mut bool,
+) -> Option<Vec<u8>> {
+    let (mut method, mut path, mut scheme, mut authority) = (None, None, false, None);
+    let mut regular = false;
+    for (n, v) in fields {
+        if n.first() == Some(&b':') {
+            if regular {
+                return None;
+            }
+            match &n[..] {
+                b":method" if method.is_none() => method = Some(v),
+                b":path" if path.is_none() && !v.is_empty() => path = Some(v),
+                b":scheme" if !scheme => scheme = true,
+                b":authority" if authority.is_none() => authority = Some(v),
+                _ => return None,
+            }
+            continue;
+        }
+        regular = true;
+        if n.iter().any(|b| b.is_ascii_uppercase())
+            || hop_by_hop(n)
+            || (&n[..] == b"te" && &v[..] != b"trailers")
+        {
+            return None;
+        }
+    }
+    let (Some(method), Some(path), true) = (method, path, scheme) else {
+        return None;
+    };
+    if v_has_ctl(method) || v_has_ctl(path) || path.contains(&b' ') {
+        return None;
+    }
     let mut h = Vec::with_capacity(256);
-    h.extend_from_slice(parts.method.as_str().as_bytes());
+    h.extend_from_slice(method);
     h.push(b' ');
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    h.extend_from_slice(if target.is_empty() {
-        b"/"
-    } else {
-        target.as_bytes()
-    });
+    h.extend_from_slice(path);
     h.extend_from_slice(b" HTTP/1.1\r\n");
-    let has_host = parts.headers.contains_key(http::header::HOST);
-    if let (false, Some(a)) = (has_host, parts.uri.authority()) {
+    let has_host = fields.iter().any(|(n, _)| &n[..] == b"host");
+    if let (false, Some(a)) = (has_host, authority) {
         h.extend_from_slice(b"Host: ");
-        h.extend_from_slice(a.as_str().as_bytes());
+        h.extend_from_slice(a);
         h.extend_from_slice(b"\r\n");
     }
-    let mut cookies: Vec<&[u8]> = Vec::new();
     let mut length = false;
-    for (name, value) in &parts.headers {
-        if name == http::header::COOKIE {
-            cookies.push(value.as_bytes());
+    let mut cookies = 0;
+    for (n, v) in fields {
+        if n.first() == Some(&b':') || &n[..] == b"te" {
             continue;
         }
-        // Connection-specific fields are malformed in HTTP/2 (`h2` refuses them); `te`
-        // may only say `trailers`, which means nothing to HTTP/1.1 here.
-        if name == http::header::TE {
+        if v_has_ctl(v) {
+            return None;
+        }
+        if &n[..] == b"cookie" {
+            cookies += 1;
             continue;
         }
-        if name == http::header::CONTENT_LENGTH {
+        if &n[..] == b"content-length" {
             length = true;
         }
-        h.extend_from_slice(name.as_str().as_bytes());
+        h.extend_from_slice(n);
         h.extend_from_slice(b": ");
-        h.extend_from_slice(value.as_bytes());
+        h.extend_from_slice(v);
         h.extend_from_slice(b"\r\n");
     }
-    if !cookies.is_empty() {
+    // Cookies, split into fields by the client's compression, joined again (8.2.3).
+    if cookies > 0 {
         h.extend_from_slice(b"Cookie: ");
-        for (i, c) in cookies.iter().enumerate() {
-            if i > 0 {
+        let mut first = true;
+        for (_, v) in fields.iter().filter(|(n, _)| &n[..] == b"cookie") {
+            if !first {
                 h.extend_from_slice(b"; ");
             }
-            h.extend_from_slice(c);
+            first = false;
+            h.extend_from_slice(v);
         }
         h.extend_from_slice(b"\r\n");
     }
@@ -262,25 +266,75 @@ fn request_head(parts: &http::request::Parts, end_stream: bool, chunked: &mut bo
         *chunked = true;
     }
     h.extend_from_slice(b"\r\n");
-    h
+    Some(h)
 }
 
-/// Hop-by-hop fields of an HTTP/1.1 response head, which HTTP/2 forbids.
-fn hop_by_hop(name: &str) -> bool {
-    name.eq_ignore_ascii_case("connection")
-        || name.eq_ignore_ascii_case("keep-alive")
-        || name.eq_ignore_ascii_case("transfer-encoding")
-        || name.eq_ignore_ascii_case("proxy-connection")
-        || name.eq_ignore_ascii_case("upgrade")
+/// CR, LF or NUL in a field: malformed (RFC 9113, 8.2.1).
+fn v_has_ctl(v: &[u8]) -> bool {
+    v.iter().any(|&b| b == b'\r' || b == b'\n' || b == 0)
 }
 
-impl Stream {
-    /// Takes HTTP/1.1 response bytes from the stream connection: `Ok(n)` of `buf` taken,
-    /// `WouldBlock` while the stream's window (or the session's output) is full.
-    fn send(&mut self, buf: &[u8], session_out: usize) -> std::io::Result<usize> {
+impl Session {
+    /// The response head of stream `st` is whole: HEADERS go out, and the body's framing is
+    /// known.
+    fn begin(&mut self, st: &mut Stream, head: &[u8]) -> std::io::Result<()> {
         use std::io::{Error, ErrorKind};
-        let gone = || Error::from(ErrorKind::BrokenPipe);
-        match &mut self.out {
+        let mut fields = [httparse::EMPTY_HEADER; 128];
+        let mut r = httparse::Response::new(&mut fields);
+        let bad = || Error::new(ErrorKind::InvalidData, "response head");
+        match r.parse(head) {
+            Ok(httparse::Status::Complete(_)) => {}
+            _ => return Err(bad()),
+        }
+        let status = r.code.ok_or_else(bad)?;
+        if (100..200).contains(&status) {
+            // `100 Continue`: HTTP/2 clients send their body without waiting for it.
+            st.out = Out::Head(Vec::new());
+            return Ok(());
+        }
+        let e = hpack::Encoder;
+        let mut block = Vec::with_capacity(256);
+        e.status(status, &mut block);
+        let mut length: Option<u64> = None;
+        let mut chunked = false;
+        let mut name = Vec::with_capacity(32);
+        for f in r.headers.iter() {
+            let n = f.name.as_bytes();
+            if n.eq_ignore_ascii_case(b"transfer-encoding") {
+                chunked = true;
+            }
+            if hop_by_hop(n) {
+                continue;
+            }
+            if n.eq_ignore_ascii_case(b"content-length") {
+                length = std::str::from_utf8(f.value)
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok());
+            }
+            name.clear();
+            name.extend(n.iter().map(u8::to_ascii_lowercase));
+            e.field(&name, f.value, &mut block);
+        }
+        let no_body = st.head_only || status == 204 || status == 304;
+        let end_now = no_body || length == Some(0);
+        h2frame::push_headers(&mut self.out, st.id, &block, end_now, self.peer_max_frame);
+        st.out = if end_now {
+            Out::Done
+        } else if chunked {
+            Out::Chunked(ChunkedDecoder::new())
+        } else if let Some(n) = length {
+            Out::Length(n)
+        } else {
+            Out::UntilClose
+        };
+        Ok(())
+    }
+
+    /// Takes HTTP/1.1 response bytes of stream `st`: `Ok(n)` of `buf` taken, `WouldBlock`
+    /// while a window (or the session's output) is full.
+    fn send(&mut self, st: &mut Stream, buf: &[u8]) -> std::io::Result<usize> {
+        use std::io::{Error, ErrorKind};
+        match &mut st.out {
             Out::Head(acc) => {
                 let before = acc.len();
                 let take = buf
@@ -294,142 +348,82 @@ impl Stream {
                     return Ok(take);
                 };
                 let head_len = end + 4;
-                let used = head_len - before;
                 let head = std::mem::take(acc);
-                self.begin(&head[..head_len])?;
-                Ok(used)
+                self.begin(st, &head[..head_len])?;
+                Ok(head_len - before)
             }
             Out::Done => Ok(buf.len()),
             _ => {
-                if session_out >= SESSION_OUT_MAX {
-                    self.blocked = true;
+                let room = self
+                    .send_window
+                    .min(st.send_window)
+                    .min(self.peer_max_frame as i64);
+                if room <= 0 || self.out.len() >= SESSION_OUT_MAX {
+                    st.blocked = true;
                     return Err(ErrorKind::WouldBlock.into());
                 }
-                let send = self.send.as_mut().ok_or_else(gone)?;
-                let want = buf.len().min(SESSION_OUT_MAX);
-                send.reserve_capacity(want);
-                let mut room = send.capacity();
-                if room == 0 {
-                    room = self.unreserved.min(want);
-                    self.unreserved -= room;
-                }
-                if room == 0 {
-                    self.blocked = true;
-                    return Err(ErrorKind::WouldBlock.into());
-                }
-                let (used, data, end) = match &mut self.out {
+                let room = room as usize;
+                let (used, sent, end) = match &mut st.out {
                     Out::Length(left) => {
                         let n = (room as u64).min(*left).min(buf.len() as u64) as usize;
                         *left -= n as u64;
-                        (n, Bytes::copy_from_slice(&buf[..n]), *left == 0)
+                        h2frame::push_data(&mut self.out, st.id, &buf[..n], *left == 0);
+                        (n, n, *left == 0)
                     }
                     Out::Chunked(dec) => {
                         let mut data = Vec::new();
                         let f = dec
                             .feed_into(&buf[..room.min(buf.len())], &mut data)
                             .map_err(|_| Error::new(ErrorKind::InvalidData, "bad chunks"))?;
-                        (f.consumed, Bytes::from(data), dec.is_done())
+                        let done = dec.is_done();
+                        if !data.is_empty() || done {
+                            h2frame::push_data(&mut self.out, st.id, &data, done);
+                        }
+                        (f.consumed, data.len(), done)
                     }
                     _ => {
                         let n = room.min(buf.len());
-                        (n, Bytes::copy_from_slice(&buf[..n]), false)
+                        h2frame::push_data(&mut self.out, st.id, &buf[..n], false);
+                        (n, n, false)
                     }
                 };
-                if !data.is_empty() || end {
-                    send.send_data(data, end).map_err(|_| gone())?;
-                }
+                self.send_window -= sent as i64;
+                st.send_window -= sent as i64;
                 if end {
-                    self.out = Out::Done;
+                    st.out = Out::Done;
                 }
                 Ok(used)
             }
         }
     }
 
-    /// The response head is whole: HEADERS go out, and the body's framing is known.
-    fn begin(&mut self, head: &[u8]) -> std::io::Result<()> {
-        use std::io::{Error, ErrorKind};
-        let mut fields = [httparse::EMPTY_HEADER; 128];
-        let mut r = httparse::Response::new(&mut fields);
-        let bad = || Error::new(ErrorKind::InvalidData, "response head");
-        match r.parse(head) {
-            Ok(httparse::Status::Complete(_)) => {}
-            _ => return Err(bad()),
-        }
-        let status = r.code.ok_or_else(bad)?;
-        if (100..200).contains(&status) {
-            // `100 Continue`: HTTP/2 clients send their body without waiting for it.
-            self.out = Out::Head(Vec::new());
-            return Ok(());
-        }
-        let mut resp = http::Response::builder().status(status);
-        let mut length: Option<u64> = None;
-        let mut chunked = false;
-        for f in r.headers.iter() {
-            if f.name.eq_ignore_ascii_case("transfer-encoding") {
-                chunked = true;
+    /// Stream `st`'s connection closed: its response ends here, whole or cut.
+    fn finish(&mut self, st: &mut Stream) {
+        match st.out {
+            Out::Done => {
+                // Answered before the client finished its body: it may stop (8.1).
+                if !st.recv_done {
+                    h2frame::push_rst_stream(&mut self.out, st.id, code::NO_ERROR);
+                }
             }
-            if hop_by_hop(f.name) {
-                continue;
-            }
-            if f.name.eq_ignore_ascii_case("content-length") {
-                length = std::str::from_utf8(f.value)
-                    .ok()
-                    .and_then(|v| v.trim().parse().ok());
-            }
-            let (Ok(n), Ok(v)) = (
-                http::HeaderName::from_bytes(f.name.as_bytes()),
-                http::HeaderValue::from_bytes(f.value),
-            ) else {
-                continue;
-            };
-            resp = resp.header(n, v);
+            Out::UntilClose => h2frame::push_data(&mut self.out, st.id, b"", true),
+            _ => h2frame::push_rst_stream(&mut self.out, st.id, code::INTERNAL_ERROR),
         }
-        let resp = resp.body(()).map_err(|_| bad())?;
-        let no_body = self.head_only || status == 204 || status == 304;
-        let respond = self.respond.as_mut().ok_or_else(bad)?;
-        let end_now = no_body || length == Some(0);
-        let send = respond
-            .send_response(resp, end_now)
-            .map_err(|_| Error::from(ErrorKind::BrokenPipe))?;
-        self.respond = None;
-        self.out = if end_now {
-            Out::Done
-        } else if chunked {
-            Out::Chunked(ChunkedDecoder::new())
-        } else if let Some(n) = length {
-            Out::Length(n)
-        } else {
-            Out::UntilClose
-        };
-        self.send = Some(send);
-        Ok(())
+        st.out = Out::Done;
     }
 
-    /// The stream connection closed: the response ends here, whole or cut.
-    fn finish(&mut self) {
-        match self.out {
-            Out::Done => {}
-            Out::UntilClose => {
-                if let Some(s) = self.send.as_mut() {
-                    let _ = s.send_data(Bytes::new(), true);
-                }
-            }
-            _ => {
-                if let Some(s) = self.send.as_mut() {
-                    s.send_reset(h2::Reason::INTERNAL_ERROR);
-                } else if let Some(r) = self.respond.as_mut() {
-                    r.send_reset(h2::Reason::INTERNAL_ERROR);
-                }
-            }
+    /// Sends `GOAWAY` with the last stream taken: no new streams; those taken finish.
+    fn go_away(&mut self, code: u32) {
+        if !self.going_away {
+            self.going_away = true;
+            h2frame::push_goaway(&mut self.out, self.last_id, code);
         }
-        self.out = Out::Done;
     }
 }
 
 impl Worker<'_> {
-    /// Whether listener `li` speaks HTTP/2: over TLS when its ALPN chose `h2`, in plain when
-    /// the connection begins with the preface.
+    /// Whether the connection on `key` speaks HTTP/2: over TLS when its ALPN chose `h2`, in
+    /// plain when it begins with the preface and its address has HTTP/2 on.
     pub(super) fn h2_wanted(&self, key: usize) -> bool {
         let c = &self.conns[key];
         if c.h2 != 0 || c.requests != 0 {
@@ -445,13 +439,13 @@ impl Worker<'_> {
                 // "PRI" tells the preface from any method (`PROPFIND`, `PUT`).
                 l.http2(http, false)
                     && c.inbuf.len() >= 3
-                    && b"PRI * HTTP/2.0\r\n".starts_with(&c.inbuf[..c.inbuf.len().min(16)])
+                    && h2frame::PREFACE.starts_with(&c.inbuf[..c.inbuf.len().min(16)])
             }
         }
     }
 
     /// The connection on `key` becomes an HTTP/2 session; what it read so far is the start
-    /// of the client's preface.
+    /// of the client's preface. Our SETTINGS go out at once.
     pub(super) fn h2_start(&mut self, key: usize) {
         let (Some(http), Some(l)) = (
             self.cfg.http.as_ref(),
@@ -462,41 +456,58 @@ impl Worker<'_> {
         let srv = &http.servers[l.default_server];
         let conf = srv.http2;
         let limits = srv.large_client_header_buffers;
-        let io = Rc::new(RefCell::new(Pipe::default()));
+        let max_list = (limits.0 * limits.1).max(4096);
+        // 0 (nginx: open the window once the body is asked for) is one frame's worth: the
+        // window reopens as the stream's body is taken either way.
+        let our_window = conf.body_preread_size.max(16_384) as i64;
+        let mut out = Vec::with_capacity(64);
+        h2frame::push_settings(
+            &mut out,
+            &[
+                (setting::ENABLE_PUSH, 0),
+                (setting::MAX_CONCURRENT_STREAMS, conf.max_concurrent_streams),
+                (setting::INITIAL_WINDOW_SIZE, our_window as u32),
+                (setting::MAX_HEADER_LIST_SIZE, max_list as u32),
+            ],
+        );
+        h2frame::push_window_update(&mut out, 0, (MAX_WINDOW - DEFAULT_WINDOW) as u32);
         let c = &mut self.conns[key];
-        io.borrow_mut().input.extend_from_slice(&c.inbuf);
-        c.inbuf.clear();
-        let mut b = h2::server::Builder::new();
-        b.max_concurrent_streams(conf.max_concurrent_streams)
-            // 0 (nginx: open the window once the body is asked for) is one frame's worth:
-            // the window reopens as the stream's body is taken either way.
-            .initial_window_size(conf.body_preread_size.max(16_384) as u32)
-            .max_frame_size(16_384)
-            .max_header_list_size((limits.0 * limits.1).max(4096) as u32)
-            .max_send_buffer_size(conf.chunk_size.max(16_384) * 4)
-            .max_concurrent_reset_streams(conf.max_concurrent_streams as usize);
-        let hs = b.handshake::<MemIo, Bytes>(MemIo(io.clone()));
+        let input = std::mem::take(&mut c.inbuf);
         let tls = c.tls.is_some();
         let idx = self.h2.insert(Session {
             key,
-            io,
-            state: State::Handshaking(Box::pin(hs)),
+            input: input.clone(),
+            preface_read: false,
+            reader: Reader::new(h2frame::DEFAULT_MAX_FRAME, max_list),
+            decoder: hpack::Decoder::new(4096),
+            out,
+            ids: HashMap::default(),
             streams: HashMap::default(),
             ready: Vec::new(),
             in_drive: false,
             tls,
             max_streams: conf.max_concurrent_streams,
+            last_id: 0,
+            our_window,
+            peer_window: DEFAULT_WINDOW,
+            peer_max_frame: h2frame::DEFAULT_MAX_FRAME,
+            send_window: DEFAULT_WINDOW,
+            recv_used: 0,
+            max_list,
             resets: 0,
             resets_since_ms: self.now_ms,
             going_away: false,
+            closed: false,
             taken: 0,
-            total_bytes: 0,
-            payload_bytes: 0,
-            lingering_until_ms: 0,
-            lingering: srv.base.lingering,
             keepalive_requests: srv.base.keepalive_requests,
             keepalive_time_ms: srv.base.keepalive_time_ms,
+            total_bytes: input.len() as u64,
+            payload_bytes: 0,
+            empty_frames: 0,
+            lingering_until_ms: 0,
+            lingering: srv.base.lingering,
         });
+        self.give_buf(input);
         let c = &mut self.conns[key];
         c.h2 = tag(H2_SESSION, idx);
         // The connection carries no request of its own any more.
@@ -506,8 +517,8 @@ impl Worker<'_> {
         self.set_phase(key, Phase::Waiting);
     }
 
-    /// Runs a session: reads its socket, lets `h2` make and end streams, drives the streams
-    /// that can go on, and writes what `h2` framed. The one step of a session connection.
+    /// Runs a session: reads its socket, takes its frames, drives the streams that can go
+    /// on, and writes what they made. The one step of a session connection.
     pub(super) fn h2_drive(&mut self, key: usize) -> super::step::Io {
         use super::step::Io;
         let Some(idx) = session_of(self.conns[key].h2) else {
@@ -540,9 +551,11 @@ impl Worker<'_> {
             .unwrap_or(256 * 1024);
         for _ in 0..SESSION_ROUNDS_MAX {
             let mut progress = false;
-            // Read what the socket has, up to what `h2` has taken.
-            let pending_in = self.h2[idx].io.borrow().input.len();
-            if self.conns[key].readable && pending_in < read_max {
+            // Read what the socket has, while the session's answers can go out.
+            let s = &self.h2[idx];
+            let pending_in = s.input.len();
+            let room_out = s.out.len() < SESSION_OUT_MAX;
+            if self.conns[key].readable && pending_in < read_max && room_out && !s.closed {
                 // A pool buffer for the read: an idle session keeps none.
                 let mut buf = self.take_buf(16 * 1024);
                 let c = &mut self.conns[key];
@@ -558,7 +571,7 @@ impl Worker<'_> {
                             c.readable = false;
                         }
                         let s = &mut self.h2[idx];
-                        s.io.borrow_mut().input.extend_from_slice(&buf);
+                        s.input.extend_from_slice(&buf);
                         s.total_bytes += n as u64;
                         progress = true;
                         if s.total_bytes / 8 > s.payload_bytes + FLOOD_ALLOWANCE {
@@ -568,12 +581,7 @@ impl Worker<'_> {
                                 "http2 flood detected{}",
                                 self.log_context(key, None)
                             );
-                            if let Some(conn) = self.h2[idx].conn() {
-                                conn.abrupt_shutdown(h2::Reason::NO_ERROR);
-                            }
-                            let _ = self.h2_poll(key, idx);
-                            let _ = self.h2_write(key, idx);
-                            return Io::Close;
+                            return self.h2_fail(key, idx, code::NO_ERROR);
                         }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => c.readable = false,
@@ -585,44 +593,37 @@ impl Worker<'_> {
                 }
                 self.give_buf(buf);
             }
-            match self.h2_poll(key, idx) {
+            match self.h2_frames(key, idx) {
                 Ok(p) => progress |= p,
-                Err(()) => {
-                    // Whatever `h2` said last (GOAWAY) still goes out.
-                    let _ = self.h2_write(key, idx);
-                    return Io::Close;
-                }
+                Err(ConnError(code)) => return self.h2_fail(key, idx, code),
             }
             let ready = std::mem::take(&mut self.h2[idx].ready);
             for s in ready {
                 progress = true;
                 self.drive(s);
             }
-            if self.h2_poll(key, idx).is_err() {
-                let _ = self.h2_write(key, idx);
-                return Io::Close;
-            }
-            let before = self.h2[idx].io.borrow().output.len();
+            self.h2_refill(idx);
+            let before = self.h2[idx].out.len();
             match self.h2_write(key, idx) {
                 Io::Close => return Io::Close,
-                // Frames left: the socket's next edge drives the session again.
                 Io::Wait => {}
-                // Written: blocked streams may have window again.
-                Io::Ready => progress |= before > 0,
+                // Written: streams that waited for the session's output may go on.
+                Io::Ready => {
+                    if before > 0 {
+                        progress |= self.h2_unblock(idx, false);
+                    }
+                }
             }
             if !progress && self.h2[idx].ready.is_empty() {
                 break;
             }
         }
-        {
-            // What `h2` took and what went out leaves no room behind.
-            let mut p = self.h2[idx].io.borrow_mut();
-            if p.input.is_empty() && p.input.capacity() > 0 {
-                p.input = BytesMut::new();
-            }
-            if p.output.is_empty() && p.output.capacity() > 0 {
-                p.output = Vec::new();
-            }
+        let s = &mut self.h2[idx];
+        if s.input.is_empty() && s.input.capacity() > 0 {
+            s.input = Vec::new();
+        }
+        if s.out.is_empty() && s.out.capacity() > 0 {
+            s.out = Vec::new();
         }
         if self.conns[key].out.is_empty() {
             let out = std::mem::take(&mut self.conns[key].out);
@@ -631,23 +632,10 @@ impl Worker<'_> {
         }
         let s = &self.h2[idx];
         let idle = s.streams.is_empty();
-        // A graceful end is h2's two steps (GOAWAY with the largest id and a PING, then, once
-        // the PING comes back, GOAWAY with the last stream taken): the streams a client sent
-        // in between are answered, so it is over when h2 says so. An idle session that never
-        // gets there runs into `keepalive_timeout` below.
-        let done = matches!(s.state, State::Done);
+        let done = (s.going_away || s.closed) && idle;
         let c = &mut self.conns[key];
-        if done && c.out.is_empty() && self.h2[idx].io.borrow().output.is_empty() {
-            // FIN after the last frame, then read and drop what still comes: closing with
-            // unread input would reset the connection and could destroy answers in flight.
-            let fd = super::conn::fd_of(&c.fd);
-            match c.tls.as_mut() {
-                Some(t) => super::relay::Endpoint::shut(&mut super::tls::TlsSide { fd, t }),
-                None => shard_event::sock::shutdown_write(fd),
-            }
-            let s = &mut self.h2[idx];
-            s.lingering_until_ms = self.now_ms + s.lingering.time_ms.max(1);
-            return self.h2_linger(key, idx);
+        if done && c.out.is_empty() && s.out.is_empty() {
+            return self.h2_shut(key, idx);
         }
         if idle {
             let ka = self.cfg.http.as_ref().map_or(75_000, |h| {
@@ -668,6 +656,39 @@ impl Worker<'_> {
             self.ensure_registered(key);
         }
         Io::Wait
+    }
+
+    /// The session fails (a connection error, a flood): `GOAWAY` with `code`, its streams
+    /// end, and it closes the lingering way, so that the client reads the `GOAWAY`.
+    fn h2_fail(&mut self, key: usize, idx: usize, code: u32) -> super::step::Io {
+        let s = &mut self.h2[idx];
+        s.go_away(code);
+        s.closed = true;
+        let keys: Vec<usize> = s.streams.keys().copied().collect();
+        s.streams.clear();
+        s.ids.clear();
+        for k in keys {
+            self.close(k);
+        }
+        match self.h2_write(key, idx) {
+            super::step::Io::Ready => self.h2_shut(key, idx),
+            // Frames left: closed now rather than waiting on a client that does not read.
+            _ => super::step::Io::Close,
+        }
+    }
+
+    /// FIN after the last frame, then read and drop what still comes: closing with unread
+    /// input would reset the connection and could destroy answers (or a GOAWAY) in flight.
+    fn h2_shut(&mut self, key: usize, idx: usize) -> super::step::Io {
+        let c = &mut self.conns[key];
+        let fd = super::conn::fd_of(&c.fd);
+        match c.tls.as_mut() {
+            Some(t) => super::relay::Endpoint::shut(&mut super::tls::TlsSide { fd, t }),
+            None => shard_event::sock::shutdown_write(fd),
+        }
+        let s = &mut self.h2[idx];
+        s.lingering_until_ms = self.now_ms + s.lingering.time_ms.max(1);
+        self.h2_linger(key, idx)
     }
 
     /// A session's lingering close: input is read and dropped until the client closes (then
@@ -701,183 +722,337 @@ impl Worker<'_> {
         res
     }
 
-    /// Polls `h2`: the handshake, new streams, request body data, resets, window updates.
-    /// `Ok(true)` when something happened; `Err` when the session is over.
-    fn h2_poll(&mut self, key: usize, idx: usize) -> Result<bool, ()> {
-        let mut cx = now_cx();
-        let mut progress = false;
+    /// Takes the whole frames the session has read. `Ok(true)` when something happened;
+    /// `Err` ends the connection with that code.
+    fn h2_frames(&mut self, key: usize, idx: usize) -> Result<bool, ConnError> {
         let s = &mut self.h2[idx];
-        if let State::Handshaking(hs) = &mut s.state {
-            match hs.as_mut().poll(&mut cx) {
-                Poll::Pending => return Ok(false),
-                Poll::Ready(Ok(conn)) => {
-                    s.state = State::Open(Box::new(conn));
-                    progress = true;
-                }
-                Poll::Ready(Err(e)) => {
-                    crate::log!(
-                        Info,
-                        "client sent invalid HTTP/2 preface ({e}){}",
-                        self.log_context(key, None)
-                    );
-                    self.h2[idx].state = State::Done;
-                    return Err(());
-                }
+        if !s.preface_read {
+            let n = s.input.len().min(h2frame::PREFACE.len());
+            if s.input[..n] != h2frame::PREFACE[..n] {
+                crate::log!(
+                    Info,
+                    "client sent invalid HTTP/2 preface{}",
+                    self.log_context(key, None)
+                );
+                return Err(ConnError(code::PROTOCOL_ERROR));
             }
+            if n < h2frame::PREFACE.len() {
+                return Ok(false);
+            }
+            s.input.drain(..n);
+            s.preface_read = true;
         }
-        // New streams.
-        loop {
-            let s = &mut self.h2[idx];
-            let Some(conn) = s.conn() else {
-                break;
-            };
-            match conn.poll_accept(&mut cx) {
-                Poll::Pending => break,
-                Poll::Ready(None) => {
-                    s.state = State::Done;
-                    break;
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    if e.is_io() || e.is_go_away() || e.reason().is_some() {
-                        crate::log!(
-                            Info,
-                            "client HTTP/2 connection error: {e}{}",
-                            self.log_context(key, None)
-                        );
-                    }
-                    self.h2[idx].state = State::Done;
-                    return Err(());
-                }
-                Poll::Ready(Some(Ok((req, respond)))) => {
-                    progress = true;
-                    self.h2_stream(key, idx, req, respond);
-                    // nginx's `keepalive_requests` and `keepalive_time` for HTTP/2: the
-                    // connection takes no more streams (GOAWAY), those it has finish.
-                    let opened = self.conns[key].opened_ms;
-                    let s = &mut self.h2[idx];
-                    s.taken += 1;
-                    let aged = self.now_ms.saturating_sub(opened) >= s.keepalive_time_ms;
-                    if !s.going_away && (s.taken >= s.keepalive_requests || aged) {
-                        s.going_away = true;
-                        if let Some(conn) = s.conn() {
-                            conn.graceful_shutdown();
-                        }
-                    }
-                }
+        let mut input = std::mem::take(&mut s.input);
+        let mut reader = std::mem::replace(&mut s.reader, Reader::new(0, 0));
+        let mut pos = 0;
+        let mut progress = false;
+        let res = loop {
+            if self.h2[idx].out.len() >= SESSION_OUT_MAX || self.h2[idx].closed {
+                break Ok(());
             }
+            let (frame, used) = match reader.next(&input[pos..]) {
+                Ok(Some(f)) => f,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            };
+            pos += used;
+            progress = true;
+            if let Err(e) = self.h2_frame(key, idx, frame) {
+                break Err(e);
+            }
+        };
+        input.drain(..pos);
+        let s = &mut self.h2[idx];
+        s.reader = reader;
+        s.input = input;
+        if let Err(ConnError(c)) = res {
+            crate::log!(
+                Info,
+                "client HTTP/2 connection error: {}{}",
+                match c {
+                    code::PROTOCOL_ERROR => "protocol error",
+                    code::FLOW_CONTROL_ERROR => "flow control error",
+                    code::FRAME_SIZE_ERROR => "frame size error",
+                    code::COMPRESSION_ERROR => "compression error",
+                    code::ENHANCE_YOUR_CALM => "excessive load generating behavior",
+                    _ => "error",
+                },
+                self.log_context(key, None)
+            );
         }
-        // Each stream: resets, body data, window.
-        let keys: Vec<usize> = self.h2[idx].streams.keys().copied().collect();
-        for sk in keys {
-            let room = self
-                .conns
-                .get(sk)
-                .map_or(0, |c| STREAM_INPUT_MAX.saturating_sub(c.inbuf.len()));
-            let Some(st) = self.h2[idx].streams.get_mut(&sk) else {
-                continue;
-            };
-            let reset = match (&mut st.respond, &mut st.send) {
-                (Some(r), _) => matches!(r.poll_reset(&mut cx), Poll::Ready(_)),
-                (None, Some(s)) => matches!(s.poll_reset(&mut cx), Poll::Ready(_)),
-                _ => false,
-            };
-            if reset {
-                progress = true;
-                self.h2_reset_by_client(key, idx, sk);
-                continue;
-            }
-            let mut data: Vec<u8> = Vec::new();
-            let mut payload = 0u64;
-            let mut ended = false;
-            let mut failed = false;
-            if let Some(recv) = st.recv.as_mut() {
-                while data.len() < room {
-                    match recv.poll_data(&mut cx) {
-                        Poll::Pending => break,
-                        Poll::Ready(None) => {
-                            ended = true;
-                            break;
+        res.map(|()| progress)
+    }
+
+    /// One frame of the client's.
+    fn h2_frame(&mut self, key: usize, idx: usize, frame: Frame<'_>) -> Result<(), ConnError> {
+        let s = &mut self.h2[idx];
+        match frame {
+            Frame::Settings { ack: true, .. } | Frame::Priority { .. } | Frame::Unknown => {}
+            Frame::Ping { ack: true, .. } => {}
+            Frame::Ping { ack: false, data } => h2frame::push_ping_ack(&mut s.out, &data),
+            Frame::Settings { ack: false, params } => {
+                for (id, v) in params {
+                    match id {
+                        setting::ENABLE_PUSH if v > 1 => {
+                            return Err(ConnError(code::PROTOCOL_ERROR))
                         }
-                        Poll::Ready(Some(Ok(b))) => {
-                            let _ = recv.flow_control().release_capacity(b.len());
-                            payload += b.len() as u64;
-                            if st.chunked_in && !b.is_empty() {
-                                data.extend_from_slice(format!("{:x}\r\n", b.len()).as_bytes());
-                                data.extend_from_slice(&b);
-                                data.extend_from_slice(b"\r\n");
-                            } else {
-                                data.extend_from_slice(&b);
+                        setting::INITIAL_WINDOW_SIZE => {
+                            if i64::from(v) > MAX_WINDOW {
+                                return Err(ConnError(code::FLOW_CONTROL_ERROR));
+                            }
+                            let delta = i64::from(v) - s.peer_window;
+                            s.peer_window = i64::from(v);
+                            for st in s.streams.values_mut() {
+                                st.send_window += delta;
+                                if st.send_window > MAX_WINDOW {
+                                    return Err(ConnError(code::FLOW_CONTROL_ERROR));
+                                }
                             }
                         }
-                        Poll::Ready(Some(Err(_))) => {
-                            failed = true;
-                            break;
+                        setting::MAX_FRAME_SIZE => {
+                            if !(16_384..=16_777_215).contains(&v) {
+                                return Err(ConnError(code::PROTOCOL_ERROR));
+                            }
+                            s.peer_max_frame = v as usize;
                         }
+                        _ => {}
                     }
                 }
+                h2frame::push_settings_ack(&mut s.out);
+                self.h2_unblock(idx, true);
             }
-            self.h2[idx].payload_bytes += payload;
-            let Some(st) = self.h2[idx].streams.get_mut(&sk) else {
-                continue;
-            };
-            if ended {
-                st.recv = None;
-                if st.chunked_in {
-                    data.extend_from_slice(b"0\r\n\r\n");
+            Frame::WindowUpdate {
+                stream: 0,
+                increment,
+            } => {
+                s.send_window += i64::from(increment);
+                if s.send_window > MAX_WINDOW {
+                    return Err(ConnError(code::FLOW_CONTROL_ERROR));
                 }
+                self.h2_unblock(idx, true);
             }
-            if st.blocked {
-                if let Some(send) = st.send.as_mut() {
-                    if matches!(send.poll_capacity(&mut cx), Poll::Ready(Some(Ok(n))) if n > 0)
-                        || send.capacity() > 0
-                    {
-                        st.blocked = false;
-                        st.unreserved = UNRESERVED_BYTES;
-                    }
+            Frame::WindowUpdate { stream, increment } => {
+                if stream > s.last_id {
+                    return Err(ConnError(code::PROTOCOL_ERROR));
                 }
-                if !st.blocked && self.h2[idx].io.borrow().output.len() < SESSION_OUT_MAX {
+                let Some(&sk) = s.ids.get(&stream) else {
+                    return Ok(());
+                };
+                let Some(st) = s.streams.get_mut(&sk) else {
+                    return Ok(());
+                };
+                if increment == 0 {
+                    h2frame::push_rst_stream(&mut s.out, stream, code::PROTOCOL_ERROR);
+                    self.h2_drop_stream(idx, sk);
+                    return Ok(());
+                }
+                st.send_window += i64::from(increment);
+                if st.send_window > MAX_WINDOW {
+                    h2frame::push_rst_stream(&mut s.out, stream, code::FLOW_CONTROL_ERROR);
+                    self.h2_drop_stream(idx, sk);
+                    return Ok(());
+                }
+                if st.blocked && st.send_window > 0 && s.send_window > 0 {
+                    st.blocked = false;
+                    s.ready.push(sk);
                     if let Some(c) = self.conns.get_mut(sk) {
                         c.writable = true;
                     }
-                    self.h2[idx].ready.push(sk);
-                    progress = true;
-                } else {
-                    if let Some(s) = self.h2[idx].streams.get_mut(&sk) {
-                        s.blocked = true;
+                }
+            }
+            Frame::Headers {
+                stream,
+                block,
+                end_stream,
+            } => {
+                // The block is decoded whatever becomes of the stream: the decoder's table
+                // is the connection's.
+                let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+                let decoded = s.decoder.decode(block, s.max_list, |n, v| {
+                    fields.push((n.to_vec(), v.to_vec()))
+                });
+                match decoded {
+                    Ok(()) | Err(hpack::Error::ListTooLarge) => {}
+                    Err(_) => return Err(ConnError(code::COMPRESSION_ERROR)),
+                }
+                if let Some(&sk) = s.ids.get(&stream) {
+                    // Trailers: they end the body; their fields are not kept.
+                    if !end_stream {
+                        return Err(ConnError(code::PROTOCOL_ERROR));
+                    }
+                    self.h2_body(idx, sk, b"", 0, true);
+                    return Ok(());
+                }
+                if stream <= s.last_id || stream % 2 == 0 {
+                    return Err(ConnError(code::PROTOCOL_ERROR));
+                }
+                s.last_id = stream;
+                s.payload_bytes += block.len() as u64;
+                if s.going_away {
+                    return Ok(());
+                }
+                if s.ids.len() >= s.max_streams as usize {
+                    h2frame::push_rst_stream(&mut s.out, stream, code::REFUSED_STREAM);
+                    return Ok(());
+                }
+                if decoded.is_err() {
+                    // Larger than `large_client_header_buffers`: 431 on the stream.
+                    let mut b = Vec::new();
+                    hpack::Encoder.status(431, &mut b);
+                    h2frame::push_headers(&mut s.out, stream, &b, true, s.peer_max_frame);
+                    return Ok(());
+                }
+                let mut chunked = false;
+                let Some(head) = request_head(&fields, end_stream, &mut chunked) else {
+                    h2frame::push_rst_stream(&mut s.out, stream, code::PROTOCOL_ERROR);
+                    return Ok(());
+                };
+                let head_only = fields
+                    .iter()
+                    .any(|(n, v)| &n[..] == b":method" && &v[..] == b"HEAD");
+                self.h2_stream(key, idx, stream, head, chunked, head_only, end_stream);
+            }
+            Frame::Data {
+                stream,
+                data,
+                end_stream,
+                flow_len,
+            } => {
+                s.recv_used += flow_len as u64;
+                if stream > s.last_id {
+                    return Err(ConnError(code::PROTOCOL_ERROR));
+                }
+                if flow_len == 0 && !end_stream {
+                    s.empty_frames += 1;
+                    if s.empty_frames > EMPTY_FRAMES_MAX {
+                        return Err(ConnError(code::ENHANCE_YOUR_CALM));
                     }
                 }
-            }
-            if failed {
-                progress = true;
-                self.h2_reset_by_client(key, idx, sk);
-                continue;
-            }
-            if !data.is_empty() {
-                progress = true;
-                if let Some(c) = self.conns.get_mut(sk) {
-                    c.inbuf.extend_from_slice(&data);
+                let Some(&sk) = s.ids.get(&stream) else {
+                    h2frame::push_rst_stream(&mut s.out, stream, code::STREAM_CLOSED);
+                    return Ok(());
+                };
+                s.payload_bytes += data.len() as u64;
+                let Some(st) = s.streams.get_mut(&sk) else {
+                    return Ok(());
+                };
+                if st.recv_done {
+                    h2frame::push_rst_stream(&mut s.out, stream, code::STREAM_CLOSED);
+                    self.h2_drop_stream(idx, sk);
+                    return Ok(());
                 }
-                self.h2[idx].ready.push(sk);
+                st.recv_window -= flow_len as i64;
+                if st.recv_window < 0 {
+                    h2frame::push_rst_stream(&mut s.out, stream, code::FLOW_CONTROL_ERROR);
+                    self.h2_drop_stream(idx, sk);
+                    return Ok(());
+                }
+                // Padding is given back at once; the data when the stream has taken it.
+                let pad = flow_len - data.len();
+                if pad > 0 {
+                    st.recv_window += pad as i64;
+                    h2frame::push_window_update(&mut s.out, stream, pad as u32);
+                }
+                self.h2_body(idx, sk, data, data.len(), end_stream);
             }
-        }
-        // Frames queued by the streams (and `h2`'s own) into the pipe.
-        if let Some(conn) = self.h2[idx].conn() {
-            if let Poll::Ready(Some(Err(_))) = conn.poll_accept(&mut cx) {
-                self.h2[idx].state = State::Done;
-                return Err(());
+            Frame::RstStream { stream, .. } => {
+                if stream > s.last_id {
+                    return Err(ConnError(code::PROTOCOL_ERROR));
+                }
+                if let Some(&sk) = s.ids.get(&stream) {
+                    self.h2_reset_by_client(key, idx, sk);
+                }
             }
+            Frame::GoAway { .. } => s.closed = true,
+            Frame::PushPromise { .. } => return Err(ConnError(code::PROTOCOL_ERROR)),
         }
-        Ok(progress)
+        Ok(())
     }
 
-    /// A stream the client reset (or whose body failed): its connection closes now, freeing
-    /// its request, its upstream connection and its buffers; too many in a second end the
-    /// session (rapid reset).
-    fn h2_reset_by_client(&mut self, key: usize, idx: usize, sk: usize) {
-        if let Some(mut st) = self.h2[idx].streams.remove(&sk) {
-            st.out = Out::Done;
+    /// Body bytes (or the end) of the stream on `sk`, into its connection's input.
+    fn h2_body(&mut self, idx: usize, sk: usize, data: &[u8], _len: usize, end: bool) {
+        let s = &mut self.h2[idx];
+        let Some(st) = s.streams.get_mut(&sk) else {
+            return;
+        };
+        let Some(c) = self.conns.get_mut(sk) else {
+            return;
+        };
+        if st.chunked_in && !data.is_empty() {
+            c.inbuf
+                .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            c.inbuf.extend_from_slice(data);
+            c.inbuf.extend_from_slice(b"\r\n");
+        } else {
+            c.inbuf.extend_from_slice(data);
+        }
+        if end && !st.recv_done {
+            st.recv_done = true;
+            if st.chunked_in {
+                c.inbuf.extend_from_slice(b"0\r\n\r\n");
+            }
+        }
+        s.ready.push(sk);
+    }
+
+    /// Gives windows back: the connection's as the client uses it, each stream's once its
+    /// connection has taken what it was sent.
+    fn h2_refill(&mut self, idx: usize) {
+        let s = &mut self.h2[idx];
+        if s.recv_used >= CONN_WINDOW_REFILL {
+            h2frame::push_window_update(&mut s.out, 0, s.recv_used as u32);
+            s.recv_used = 0;
+        }
+        for (&sk, st) in s.streams.iter_mut() {
+            if st.recv_done || st.recv_window > s.our_window / 2 {
+                continue;
+            }
+            let waiting = self.conns.get(sk).map_or(0, |c| c.inbuf.len());
+            if waiting < STREAM_INPUT_MAX {
+                let give = s.our_window - st.recv_window;
+                st.recv_window = s.our_window;
+                h2frame::push_window_update(&mut s.out, st.id, give as u32);
+            }
+        }
+    }
+
+    /// Streams that waited for window or for the session's output go on when they can
+    /// (`windows`: a window grew). Returns whether any did.
+    fn h2_unblock(&mut self, idx: usize, windows: bool) -> bool {
+        let _ = windows;
+        let s = &mut self.h2[idx];
+        if s.out.len() >= SESSION_OUT_MAX || s.send_window <= 0 {
+            return false;
+        }
+        let mut any = false;
+        for (&sk, st) in s.streams.iter_mut() {
+            if st.blocked && st.send_window > 0 {
+                st.blocked = false;
+                s.ready.push(sk);
+                if let Some(c) = self.conns.get_mut(sk) {
+                    c.writable = true;
+                }
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// A stream the session ends on its own (its RST_STREAM is written): its connection
+    /// closes, and its response is not finished again.
+    fn h2_drop_stream(&mut self, idx: usize, sk: usize) {
+        let s = &mut self.h2[idx];
+        if let Some(st) = s.streams.remove(&sk) {
+            s.ids.remove(&st.id);
         }
         self.close(sk);
+    }
+
+    /// A stream the client reset: its connection closes now, freeing its request, its
+    /// upstream connection and its buffers; too many in a second end the session (rapid
+    /// reset).
+    fn h2_reset_by_client(&mut self, key: usize, idx: usize, sk: usize) {
+        self.h2_drop_stream(idx, sk);
         let s = &mut self.h2[idx];
         if self.now_ms.saturating_sub(s.resets_since_ms) > RESET_WINDOW_MS {
             s.resets = 0;
@@ -891,71 +1066,82 @@ impl Worker<'_> {
                 "client reset too many HTTP/2 streams ({n} in {RESET_WINDOW_MS} ms), closing connection{}",
                 self.log_context(key, None)
             );
-            if let Some(conn) = self.h2[idx].conn() {
-                conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
-            }
+            let s = &mut self.h2[idx];
+            s.go_away(code::ENHANCE_YOUR_CALM);
+            s.closed = true;
         }
     }
 
     /// A new stream: its connection, and the HTTP/1.1 head of its request as its input.
+    #[allow(clippy::too_many_arguments)]
     fn h2_stream(
         &mut self,
         key: usize,
         idx: usize,
-        req: http::Request<h2::RecvStream>,
-        respond: h2::server::SendResponse<Bytes>,
+        id: u32,
+        head: Vec<u8>,
+        chunked_in: bool,
+        head_only: bool,
+        end_stream: bool,
     ) {
-        let (parts, recv) = req.into_parts();
-        let end = recv.is_end_stream();
-        let mut chunked = false;
-        let head = request_head(&parts, end, &mut chunked);
-        self.h2[idx].payload_bytes += head.len() as u64;
-        let head_only = parts.method == http::Method::HEAD;
         let parent = &self.conns[key];
-        let (peer, listener, number) = (parent.peer, parent.listener, parent.number);
-        let id = self.next_conn_id;
+        let (peer, listener, number, opened) = (
+            parent.peer,
+            parent.listener,
+            parent.number,
+            parent.opened_ms,
+        );
+        let proxy_protocol = parent.proxy_protocol.clone();
+        let conn_id = self.next_conn_id;
         self.next_conn_id += 1;
-        let mut c = Conn::new_stream(peer, listener, id, number, self.now_ms);
+        let mut c = Conn::new_stream(peer, listener, conn_id, number, self.now_ms);
         c.h2 = tag(H2_STREAM, idx);
-        c.proxy_protocol = parent.proxy_protocol.clone();
+        c.proxy_protocol = proxy_protocol;
         let sk = self.conns.insert(c);
         self.start_reading(sk, true);
         let mut inbuf = self.take_buf(head.len().max(4096));
         inbuf.extend_from_slice(&head);
         self.conns[sk].inbuf = inbuf;
-        self.h2[idx].streams.insert(
+        let s = &mut self.h2[idx];
+        s.payload_bytes += head.len() as u64;
+        s.ids.insert(id, sk);
+        s.streams.insert(
             sk,
             Stream {
-                respond: Some(respond),
-                send: None,
-                recv: (!end).then_some(recv),
-                chunked_in: chunked,
+                id,
+                send_window: s.peer_window,
+                recv_window: s.our_window,
+                chunked_in,
                 head_only,
+                recv_done: end_stream,
                 out: Out::Head(Vec::new()),
-                unreserved: UNRESERVED_BYTES,
                 blocked: false,
             },
         );
-        self.h2[idx].ready.push(sk);
+        s.ready.push(sk);
+        // nginx's `keepalive_requests` and `keepalive_time` for HTTP/2: the connection takes
+        // no more streams (GOAWAY), those it has finish.
+        s.taken += 1;
+        let aged = self.now_ms.saturating_sub(opened) >= s.keepalive_time_ms;
+        if s.taken >= s.keepalive_requests || aged {
+            s.go_away(code::NO_ERROR);
+        }
     }
 
-    /// Writes the frames `h2` made to the socket.
+    /// Writes the session's frames to the socket.
     fn h2_write(&mut self, key: usize, idx: usize) -> super::step::Io {
         use super::step::Io;
         let c = &mut self.conns[key];
-        {
-            let mut p = self.h2[idx].io.borrow_mut();
-            if !p.output.is_empty() {
-                if c.out.is_empty() {
-                    std::mem::swap(&mut c.out, &mut p.output);
-                    c.out_pos = 0;
-                } else {
-                    c.out.extend_from_slice(&p.output);
-                    p.output.clear();
-                }
+        let s = &mut self.h2[idx];
+        if !s.out.is_empty() {
+            if c.out.is_empty() {
+                std::mem::swap(&mut c.out, &mut s.out);
+                c.out_pos = 0;
+            } else {
+                c.out.extend_from_slice(&s.out);
+                s.out.clear();
             }
         }
-        // The session's own writes: no request, no file, no `limit_rate`.
         let fd = super::conn::fd_of(&c.fd);
         while c.out_pos < c.out.len() {
             if !c.writable {
@@ -1007,8 +1193,10 @@ impl Worker<'_> {
         let s = session_of(h2)
             .and_then(|i| sessions.get_mut(i))
             .ok_or_else(gone)?;
-        let out = s.io.borrow().output.len();
-        s.streams.get_mut(&key).ok_or_else(gone)?.send(buf, out)
+        let mut st = s.streams.remove(&key).ok_or_else(gone)?;
+        let res = s.send(&mut st, buf);
+        s.streams.insert(key, st);
+        res
     }
 
     /// A stream connection closes: its response ends, whole or cut, and its session writes
@@ -1021,13 +1209,14 @@ impl Worker<'_> {
             return;
         };
         if let Some(mut st) = s.streams.remove(&key) {
-            st.finish();
+            s.ids.remove(&st.id);
+            s.finish(&mut st);
         }
         self.h2_stream_moved(h2);
     }
 
     /// A stream connection ran outside its session's drive (a timer, its upstream, its
-    /// end): its session polls `h2` and writes what the stream queued.
+    /// end): its session writes what the stream made.
     pub(super) fn h2_stream_moved(&mut self, h2: u32) {
         let Some(s) = session_of(h2).and_then(|i| self.h2.get(i)) else {
             return;
@@ -1060,13 +1249,7 @@ impl Worker<'_> {
         let Some(idx) = session_of(self.conns[key].h2) else {
             return;
         };
-        let s = &mut self.h2[idx];
-        if !s.going_away {
-            s.going_away = true;
-            if let Some(conn) = s.conn() {
-                conn.graceful_shutdown();
-            }
-        }
+        self.h2[idx].go_away(code::NO_ERROR);
         self.drive(key);
     }
 
