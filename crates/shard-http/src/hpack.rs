@@ -466,6 +466,66 @@ impl Decoder {
     }
 }
 
+/// The first index of `name` in [`STATIC`] (0: none): a `match` the compiler turns into a
+/// dispatch on length and bytes, where a scan compared every entry.
+fn static_name(name: &[u8]) -> usize {
+    match name {
+        b":authority" => 1,
+        b":method" => 2,
+        b":path" => 4,
+        b":scheme" => 6,
+        b":status" => 8,
+        b"accept-charset" => 15,
+        b"accept-encoding" => 16,
+        b"accept-language" => 17,
+        b"accept-ranges" => 18,
+        b"accept" => 19,
+        b"access-control-allow-origin" => 20,
+        b"age" => 21,
+        b"allow" => 22,
+        b"authorization" => 23,
+        b"cache-control" => 24,
+        b"content-disposition" => 25,
+        b"content-encoding" => 26,
+        b"content-language" => 27,
+        b"content-length" => 28,
+        b"content-location" => 29,
+        b"content-range" => 30,
+        b"content-type" => 31,
+        b"cookie" => 32,
+        b"date" => 33,
+        b"etag" => 34,
+        b"expect" => 35,
+        b"expires" => 36,
+        b"from" => 37,
+        b"host" => 38,
+        b"if-match" => 39,
+        b"if-modified-since" => 40,
+        b"if-none-match" => 41,
+        b"if-range" => 42,
+        b"if-unmodified-since" => 43,
+        b"last-modified" => 44,
+        b"link" => 45,
+        b"location" => 46,
+        b"max-forwards" => 47,
+        b"proxy-authenticate" => 48,
+        b"proxy-authorization" => 49,
+        b"range" => 50,
+        b"referer" => 51,
+        b"refresh" => 52,
+        b"retry-after" => 53,
+        b"server" => 54,
+        b"set-cookie" => 55,
+        b"strict-transport-security" => 56,
+        b"transfer-encoding" => 57,
+        b"user-agent" => 58,
+        b"vary" => 59,
+        b"via" => 60,
+        b"www-authenticate" => 61,
+        _ => 0,
+    }
+}
+
 /// An HPACK encoder that keeps no dynamic table: static indices and literals without
 /// indexing, Huffman-coded when shorter.
 #[derive(Debug, Default)]
@@ -500,15 +560,16 @@ impl Encoder {
 
     /// Appends a field; `name` must be lowercase, as HTTP/2 requires.
     pub fn field(&self, name: &[u8], value: &[u8], out: &mut Vec<u8>) {
-        let mut name_index = 0;
-        for (i, (n, v)) in STATIC.iter().enumerate() {
-            if n.as_bytes() == name {
-                if v.as_bytes() == value && !v.is_empty() {
+        let name_index = static_name(name);
+        if name_index != 0 {
+            // The entries of one name follow each other.
+            for (i, (n, v)) in STATIC.iter().enumerate().skip(name_index - 1) {
+                if n.as_bytes() != name {
+                    break;
+                }
+                if !v.is_empty() && v.as_bytes() == value {
                     push_integer(out, 0x80, 7, i + 1);
                     return;
-                }
-                if name_index == 0 {
-                    name_index = i + 1;
                 }
             }
         }
@@ -734,6 +795,15 @@ mod tests {
         assert_eq!(&t.entries[1].0[..], b"b");
         t.insert(&[b'x'; 80], b"");
         assert!(t.entries.is_empty() && t.size == 0);
+    }
+
+    #[test]
+    fn static_name_finds_each_names_first_entry() {
+        for (i, (n, _)) in STATIC.iter().enumerate() {
+            let first = STATIC.iter().position(|(m, _)| m == n).unwrap() + 1;
+            assert_eq!(static_name(n.as_bytes()), first, "{n} ({i})");
+        }
+        assert_eq!(static_name(b"x-nothing"), 0);
     }
 
     #[test]

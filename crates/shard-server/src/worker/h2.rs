@@ -182,18 +182,18 @@ fn hop_by_hop(name: &[u8]) -> bool {
 /// A request's header fields as the phases read them: the HTTP/1.1 head, `None` when the
 /// request is malformed (RFC 9113, 8.1.1: a stream error).
 fn request_head(
-    fields: &[(Vec<u8>, Vec<u8>)],
+    fields: &[(&[u8], &[u8])],
     end_stream: bool,
     chunked: &mut bool,
 ) -> Option<Vec<u8>> {
     let (mut method, mut path, mut scheme, mut authority) = (None, None, false, None);
     let mut regular = false;
-    for (n, v) in fields {
+    for &(n, v) in fields {
         if n.first() == Some(&b':') {
             if regular {
                 return None;
             }
-            match &n[..] {
+            match n {
                 b":method" if method.is_none() => method = Some(v),
                 b":path" if path.is_none() && !v.is_empty() => path = Some(v),
                 b":scheme" if !scheme => scheme = true,
@@ -205,7 +205,7 @@ fn request_head(
         regular = true;
         if n.iter().any(|b| b.is_ascii_uppercase())
             || hop_by_hop(n)
-            || (&n[..] == b"te" && &v[..] != b"trailers")
+            || (n == b"te" && v != b"trailers")
         {
             return None;
         }
@@ -221,7 +221,7 @@ fn request_head(
     h.push(b' ');
     h.extend_from_slice(path);
     h.extend_from_slice(b" HTTP/1.1\r\n");
-    let has_host = fields.iter().any(|(n, _)| &n[..] == b"host");
+    let has_host = fields.iter().any(|&(n, _)| n == b"host");
     if let (false, Some(a)) = (has_host, authority) {
         h.extend_from_slice(b"Host: ");
         h.extend_from_slice(a);
@@ -229,18 +229,18 @@ fn request_head(
     }
     let mut length = false;
     let mut cookies = 0;
-    for (n, v) in fields {
-        if n.first() == Some(&b':') || &n[..] == b"te" {
+    for &(n, v) in fields {
+        if n.first() == Some(&b':') || n == b"te" {
             continue;
         }
         if v_has_ctl(v) {
             return None;
         }
-        if &n[..] == b"cookie" {
+        if n == b"cookie" {
             cookies += 1;
             continue;
         }
-        if &n[..] == b"content-length" {
+        if n == b"content-length" {
             length = true;
         }
         h.extend_from_slice(n);
@@ -252,7 +252,7 @@ fn request_head(
     if cookies > 0 {
         h.extend_from_slice(b"Cookie: ");
         let mut first = true;
-        for (_, v) in fields.iter().filter(|(n, _)| &n[..] == b"cookie") {
+        for &(_, v) in fields.iter().filter(|&&(n, _)| n == b"cookie") {
             if !first {
                 h.extend_from_slice(b"; ");
             }
@@ -867,10 +867,20 @@ impl Worker<'_> {
             } => {
                 // The block is decoded whatever becomes of the stream: the decoder's table
                 // is the connection's.
-                let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+                // The fields in one buffer: (name start, value start, value end) each.
+                let mut flat: Vec<u8> = Vec::with_capacity(block.len() * 2);
+                let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(16);
                 let decoded = s.decoder.decode(block, s.max_list, |n, v| {
-                    fields.push((n.to_vec(), v.to_vec()))
+                    let a = flat.len();
+                    flat.extend_from_slice(n);
+                    let b = flat.len();
+                    flat.extend_from_slice(v);
+                    spans.push((a, b, flat.len()));
                 });
+                let fields: Vec<(&[u8], &[u8])> = spans
+                    .iter()
+                    .map(|&(a, b, c)| (&flat[a..b], &flat[b..c]))
+                    .collect();
                 match decoded {
                     Ok(()) | Err(hpack::Error::ListTooLarge) => {}
                     Err(_) => return Err(ConnError(code::COMPRESSION_ERROR)),
@@ -907,9 +917,7 @@ impl Worker<'_> {
                     h2frame::push_rst_stream(&mut s.out, stream, code::PROTOCOL_ERROR);
                     return Ok(());
                 };
-                let head_only = fields
-                    .iter()
-                    .any(|(n, v)| &n[..] == b":method" && &v[..] == b"HEAD");
+                let head_only = fields.iter().any(|&(n, v)| n == b":method" && v == b"HEAD");
                 self.h2_stream(key, idx, stream, head, chunked, head_only, end_stream);
             }
             Frame::Data {
