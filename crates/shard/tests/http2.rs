@@ -24,7 +24,7 @@ fn conf(listen_opts: &str, server_extra: &str, http_extra: &str) -> String {
          events {{ worker_connections 512; }}\n\
          http {{\n\
          {http_extra}\n\
-         log_format h2 '$request|$server_protocol|$http2|$status|$body_bytes_sent|$connection';\n\
+         log_format h2 '$request|$server_protocol|$http2|$status|$body_bytes_sent|$connection_requests|$connection';\n\
          server {{\n\
            listen 127.0.0.1:{{port}};\n\
            location = /status {{ shard_status; }}\n\
@@ -243,6 +243,13 @@ fn many_streams_share_one_connection() {
         .map(|l| l.rsplit('|').next().unwrap())
         .collect();
     assert_eq!(conns.len(), 1, "{lines:?}");
+    // `$connection_requests` counts the connection's streams, 1 to 50.
+    let mut counts: Vec<u32> = lines
+        .iter()
+        .map(|l| l.rsplit('|').nth(1).unwrap().parse().unwrap())
+        .collect();
+    counts.sort();
+    assert_eq!(counts, (1..=50).collect::<Vec<u32>>(), "{lines:?}");
     if have("nghttp") {
         let out = Command::new("nghttp")
             .args(["-n", "-s", "-t", "10"])

@@ -1105,6 +1105,9 @@ impl Worker<'_> {
         let mut c = Conn::new_stream(peer, listener, conn_id, number, self.now_ms);
         c.h2 = tag(H2_STREAM, idx);
         c.proxy_protocol = proxy_protocol;
+        // `$connection_requests`: the streams of the connection so far, this one included
+        // (its request counts itself when the phases take it).
+        c.requests = self.h2[idx].taken;
         let sk = self.conns.insert(c);
         self.start_reading(sk, true);
         let mut inbuf = self.take_buf(head.len().max(4096));
