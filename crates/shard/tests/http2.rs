@@ -678,17 +678,23 @@ mod client {
         }
 
         pub fn get(&mut self, path: &str) -> Outcome {
-            if self.goaway.is_some() {
-                return Outcome::Retry;
-            }
-            let id = self.next_id;
-            self.next_id += 2;
             let e = hpack::Encoder;
             let mut block = Vec::new();
             e.field(b":method", b"GET", &mut block);
             e.field(b":scheme", b"http", &mut block);
             e.field(b":path", path.as_bytes(), &mut block);
             e.field(b":authority", b"localhost", &mut block);
+            self.send(&block)
+        }
+
+        /// A request whose header block is `block`, as written (to misbehave on purpose).
+        pub fn send(&mut self, block: &[u8]) -> Outcome {
+            if self.goaway.is_some() {
+                return Outcome::Retry;
+            }
+            let id = self.next_id;
+            self.next_id += 2;
+            let block = block.to_vec();
             let mut out = Vec::new();
             h2frame::push_headers(&mut out, id, &block, true, 16_384);
             if let Err(e) = self.s.write_all(&out) {
@@ -856,4 +862,54 @@ fn ten_reloads_under_http2_load_fail_no_request() {
         &failed[..failed.len().min(5)]
     );
     assert!(ok >= 500, "only {ok} requests answered");
+}
+
+/// Requests HTTP/2 calls malformed are reset on their stream, and the connection serves on; a
+/// header block that decodes past `large_client_header_buffers` (an HPACK bomb: one entry of
+/// the dynamic table referred to again and again) is answered 431.
+#[test]
+fn malformed_requests_are_reset_and_bombs_get_431() {
+    let s = start("h2-malformed", "", "http2 on;");
+    let mut c = client::Conn::open(h2_addr(&s)).unwrap();
+    let e = shard_http::hpack::Encoder;
+    let base = |extra: &[(&[u8], &[u8])]| {
+        let mut b = Vec::new();
+        e.field(b":method", b"GET", &mut b);
+        e.field(b":scheme", b"http", &mut b);
+        e.field(b":path", b"/ok", &mut b);
+        for (n, v) in extra {
+            e.field(n, v, &mut b);
+        }
+        b
+    };
+    for (what, block) in [
+        ("an uppercase name", base(&[(b"X-Upper", b"1")])),
+        (
+            "a connection field",
+            base(&[(b"connection", b"keep-alive")]),
+        ),
+        ("te other than trailers", base(&[(b"te", b"gzip")])),
+        ("no :path", {
+            let mut b = Vec::new();
+            e.field(b":method", b"GET", &mut b);
+            e.field(b":scheme", b"http", &mut b);
+            b
+        }),
+    ] {
+        match c.send(&block) {
+            client::Outcome::Failed(why) => assert_eq!(why, "reset 1", "{what}"),
+            _ => panic!("{what}: not reset"),
+        }
+    }
+    // Still serving on the same connection.
+    assert!(matches!(c.get("/ok"), client::Outcome::Answered(200, 3)));
+    // 4,000 bytes put in the dynamic table once (literal with indexing), then referred to
+    // 20 times: 80 KB decoded from about 4 KB, past the 32 KB of
+    // `large_client_header_buffers 4 8k`.
+    let mut bomb = base(&[]);
+    bomb.extend_from_slice(&[0x40, 0x01, b'x', 0x7f, 0xa1, 0x1e]);
+    bomb.extend(std::iter::repeat_n(b'v', 4000));
+    bomb.extend(std::iter::repeat_n(0xbe, 20));
+    assert!(matches!(c.send(&bomb), client::Outcome::Answered(431, 0)));
+    assert!(matches!(c.get("/ok"), client::Outcome::Answered(200, 3)));
 }
