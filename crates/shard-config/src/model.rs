@@ -2294,6 +2294,11 @@ pub struct Http2Conf {
     /// `http2_body_preread_size`: a stream's initial receive window, the request body a
     /// client may send before it is asked for. Default 64k.
     pub body_preread_size: usize,
+    /// `http2_rebalance on|off` (shard's own): a worker whose requests in flight run well
+    /// above its siblings' sends `GOAWAY` to some of its HTTP/2 connections that are between
+    /// requests, so that their clients reconnect and steering deals them to cooler workers.
+    /// Default off.
+    pub rebalance: bool,
 }
 
 impl Default for Http2Conf {
@@ -2304,6 +2309,7 @@ impl Default for Http2Conf {
             recv_buffer_size: 256 * 1024,
             chunk_size: 8 * 1024,
             body_preread_size: 64 * 1024,
+            rebalance: false,
         }
     }
 }

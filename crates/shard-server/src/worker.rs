@@ -548,6 +548,9 @@ impl<'a> Worker<'a> {
         self.now_ms = shard_event::monotonic_ms();
         let secs = shard_event::unix_secs();
         if secs != self.now_secs {
+            if !self.h2.is_empty() {
+                self.h2_rebalance();
+            }
             self.now_secs = secs;
             self.date = shard_http::http_date(secs).into_bytes();
             self.log_time = shard_http::log_time(secs);

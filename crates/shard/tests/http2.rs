@@ -687,6 +687,53 @@ mod client {
             self.send(&block)
         }
 
+        /// Sends a GET and does not wait for its answer.
+        pub fn start(&mut self, path: &str) {
+            let e = hpack::Encoder;
+            let mut block = Vec::new();
+            e.field(b":method", b"GET", &mut block);
+            e.field(b":scheme", b"http", &mut block);
+            e.field(b":path", path.as_bytes(), &mut block);
+            e.field(b":authority", b"localhost", &mut block);
+            let mut out = Vec::new();
+            h2frame::push_headers(&mut out, self.next_id, &block, true, 16_384);
+            self.next_id += 2;
+            self.s.write_all(&out).unwrap();
+        }
+
+        /// Reads frames until a GOAWAY comes (true) or `timeout` passes (false).
+        pub fn wait_goaway(&mut self, timeout: Duration) -> bool {
+            let deadline = std::time::Instant::now() + timeout;
+            self.s
+                .set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            while std::time::Instant::now() < deadline {
+                let mut used_total = 0;
+                while let Ok(Some((frame, used))) = self.reader.next(&self.input[used_total..]) {
+                    used_total += used;
+                    if let Frame::GoAway { last_stream, .. } = frame {
+                        self.goaway = Some(last_stream);
+                    }
+                }
+                self.input.drain(..used_total);
+                if self.goaway.is_some() {
+                    return true;
+                }
+                let mut b = [0u8; 16384];
+                match self.s.read(&mut b) {
+                    Ok(0) => return self.goaway.is_some(),
+                    Ok(n) => self.input.extend_from_slice(&b[..n]),
+                    Err(_) => {}
+                }
+            }
+            false
+        }
+
+        /// The client's local port (the server's peer port for this connection).
+        pub fn port(&self) -> u16 {
+            self.s.local_addr().unwrap().port()
+        }
+
         /// A request whose header block is `block`, as written (to misbehave on purpose).
         pub fn send(&mut self, block: &[u8]) -> Outcome {
             if self.goaway.is_some() {
@@ -912,4 +959,89 @@ fn malformed_requests_are_reset_and_bombs_get_431() {
     bomb.extend(std::iter::repeat_n(0xbe, 20));
     assert!(matches!(c.send(&bomb), client::Outcome::Answered(431, 0)));
     assert!(matches!(c.get("/ok"), client::Outcome::Answered(200, 3)));
+}
+
+/// The worker process holding the server side of the connection whose client port is
+/// `client_port` to `server_port` (by `/proc/net/tcp` and the workers' descriptors).
+fn holder(pids: &[i32], server_port: u16, client_port: u16) -> Option<i32> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let (local, remote) = (format!(":{server_port:04X}"), format!(":{client_port:04X}"));
+    let inode: u64 = table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f.get(1)?.ends_with(&local) && f.get(2)?.ends_with(&remote))
+            .then(|| f.get(9)?.parse().ok())?
+    })?;
+    let want = format!("socket:[{inode}]");
+    pids.iter().copied().find(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .any(|l| l.to_str() == Some(&want))
+        })
+    })
+}
+
+/// `http2_rebalance on`: a worker whose requests in flight run well above its sibling's
+/// sends `GOAWAY` to its HTTP/2 connections that are between requests (a quarter of them a
+/// second), so that their clients reconnect elsewhere; the sibling's connections are left
+/// alone.
+#[test]
+fn rebalancing_sends_goaway_to_idle_connections_of_a_loaded_worker() {
+    let conf = conf(
+        "",
+        "http2 on; http2_rebalance on;\n\
+         location /slow/ { alias {dir}/html/; limit_rate 10k; }",
+        "",
+    )
+    .replace("worker_processes 1;", "worker_processes 2;");
+    let mut s = Server::start_ports("h2-rebalance", &conf, 2, 2);
+    let big: Vec<u8> = vec![b'x'; 300_000];
+    write_file(&s.dir, "html/big.bin", &big);
+    let pids: Vec<i32> = s.wait_workers(2).iter().map(|w| w.pid as i32).collect();
+    let addr = h2_addr(&s);
+    // Connections, sorted by the worker that holds them, until one worker has 12 to load
+    // and 2 to leave idle.
+    let mut by_worker: std::collections::HashMap<i32, Vec<client::Conn>> = Default::default();
+    let loaded = 'found: {
+        for _ in 0..400 {
+            let mut c = client::Conn::open(addr).unwrap();
+            // One request first: the connection is a session, and held by its worker.
+            assert!(matches!(c.get("/ok"), client::Outcome::Answered(200, 3)));
+            let Some(pid) = holder(&pids, s.ports[0], c.port()) else {
+                continue;
+            };
+            let list = by_worker.entry(pid).or_default();
+            list.push(c);
+            if list.len() >= 14 {
+                break 'found pid;
+            }
+        }
+        panic!("no worker took 14 of 400 connections");
+    };
+    let mut mine = by_worker.remove(&loaded).unwrap();
+    let mut idle: Vec<client::Conn> = mine.drain(12..).collect();
+    for c in &mut mine {
+        c.start("/slow/big.bin");
+    }
+    // Within a few seconds (one look a second, one connection of the two per look), both
+    // idle connections of the loaded worker get GOAWAY.
+    for c in &mut idle {
+        assert!(
+            c.wait_goaway(Duration::from_secs(8)),
+            "an idle connection kept"
+        );
+    }
+    wait_for(Duration::from_secs(5), "the rebalance line", || {
+        error_log(&s).contains("http2_rebalance: ").then_some(())
+    });
+    // The other worker's connections were left alone.
+    for (_, list) in by_worker.iter_mut() {
+        for c in list.iter_mut().take(2) {
+            assert!(
+                !c.wait_goaway(Duration::from_millis(300)),
+                "a cool worker shed"
+            );
+        }
+    }
+    drop(mine);
+    s.signal(libc::SIGTERM);
 }

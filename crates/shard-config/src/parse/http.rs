@@ -178,6 +178,7 @@ pub(super) struct Settings {
     pub(super) http2_recv_buffer_size: Option<usize>,
     pub(super) http2_chunk_size: Option<usize>,
     pub(super) http2_body_preread_size: Option<usize>,
+    pub(super) http2_rebalance: Option<bool>,
     pub(super) ignore_invalid_headers: Option<bool>,
     pub(super) gzip: GzipP,
     pub(super) proxy: ProxyP,
@@ -740,6 +741,7 @@ impl Eff {
                 body_preread_size: s
                     .http2_body_preread_size
                     .unwrap_or(self.http2.body_preread_size),
+                rebalance: s.http2_rebalance.unwrap_or(self.http2.rebalance),
             },
             ignore_invalid_headers: s
                 .ignore_invalid_headers
@@ -1949,6 +1951,8 @@ slot!(set_underscores_in_headers, underscores_in_headers, flag);
 slot!(set_merge_slashes, merge_slashes, flag);
 
 slot!(set_http2, http2, flag);
+
+slot!(set_http2_rebalance, http2_rebalance, flag);
 
 /// `http2_max_concurrent_streams N` (1 or more).
 pub(super) fn set_http2_max_concurrent_streams(

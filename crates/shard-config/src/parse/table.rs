@@ -160,6 +160,14 @@ pub(super) static TABLE: &[Spec] = &[
         1,
         Set::Settings(set_http2_size),
     ),
+    // shard's own (see `Http2Conf::rebalance`).
+    d(
+        "http2_rebalance",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_http2_rebalance),
+    ),
     // Obsolete in nginx (push was removed in 1.25.1; the others were replaced by
     // `large_client_header_buffers`, `keepalive_*` and `client_header_timeout`).
     d("http2_push", HSL, 1, 1, Set::NoEffect(check_any)),

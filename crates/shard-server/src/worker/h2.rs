@@ -123,6 +123,8 @@ pub(super) struct Session {
     /// (nginx's lingering close of an HTTP/2 connection). 0 while open.
     lingering_until_ms: u64,
     lingering: shard_config::Lingering,
+    /// `http2_rebalance` of the address's default server.
+    rebalance: bool,
 }
 
 /// The response side of a stream's output, parsed from the HTTP/1.1 bytes its connection
@@ -152,6 +154,25 @@ struct Stream {
     out: Out,
     /// The stream connection waits for window (its last write was refused).
     blocked: bool,
+}
+
+/// Requests in flight below which a worker never sheds connections (`http2_rebalance`).
+const REBALANCE_FLOOR: u64 = 8;
+
+/// How many of `between` HTTP/2 connections (with no stream open) a worker with `mine`
+/// requests in flight sends `GOAWAY`, its siblings having `others` (`http2_rebalance`):
+/// none unless it carries more than twice their mean and 4 more, and at least
+/// [`REBALANCE_FLOOR`]; then a quarter of them (at least one), so that a second's worth of
+/// reconnections moves part of the load and the next look sees what it did.
+pub(super) fn rebalance_shed(mine: u64, others: &[u64], between: usize) -> usize {
+    if others.is_empty() || between == 0 || mine < REBALANCE_FLOOR {
+        return 0;
+    }
+    let mean = others.iter().sum::<u64>() as f64 / others.len() as f64;
+    if (mine as f64) <= 2.0 * mean + 4.0 {
+        return 0;
+    }
+    between.div_ceil(4)
 }
 
 /// `Conn::h2` of the session at `idx` or a stream of it.
@@ -506,6 +527,7 @@ impl Worker<'_> {
             empty_frames: 0,
             lingering_until_ms: 0,
             lingering: srv.base.lingering,
+            rebalance: conf.rebalance,
         });
         self.give_buf(input);
         let c = &mut self.conns[key];
@@ -1264,6 +1286,45 @@ impl Worker<'_> {
         self.drive(key);
     }
 
+    /// `http2_rebalance`, looked at once a second: when this worker's requests in flight
+    /// run well above its siblings' ([`rebalance_shed`]), some of its HTTP/2 connections
+    /// that are between requests get `GOAWAY`; their clients reconnect, and the kernel (or
+    /// steering) deals the new connections among all workers.
+    pub(super) fn h2_rebalance(&mut self) {
+        if self.shutting_down || !self.h2.iter().any(|(_, s)| s.rebalance) {
+            return;
+        }
+        let me = self.slot as *const crate::shm::WorkerSlot;
+        let mine = self.slot.writing.load(std::sync::atomic::Ordering::Relaxed);
+        let others: Vec<u64> = self
+            .region
+            .current()
+            .filter(|w| {
+                !std::ptr::eq(*w, me) && w.pid.load(std::sync::atomic::Ordering::Relaxed) != 0
+            })
+            .map(|w| w.writing.load(std::sync::atomic::Ordering::Relaxed))
+            .collect();
+        let between: Vec<usize> = self
+            .h2
+            .iter()
+            .filter(|(_, s)| s.rebalance && s.streams.is_empty() && !s.going_away && !s.closed)
+            .map(|(_, s)| s.key)
+            .collect();
+        let n = rebalance_shed(mine, &others, between.len());
+        if n == 0 {
+            return;
+        }
+        crate::log!(
+            Info,
+            "http2_rebalance: {mine} requests in flight against siblings' {others:?}, \
+             GOAWAY to {n} of {} idle HTTP/2 connections",
+            between.len()
+        );
+        for key in between.into_iter().take(n) {
+            self.h2_go_away(key);
+        }
+    }
+
     /// `$http2`: `h2` or `h2c` for a stream connection, empty otherwise.
     pub(super) fn h2_var(&self, key: usize) -> &'static str {
         let c = &self.conns[key];
@@ -1284,5 +1345,24 @@ impl Worker<'_> {
             return None;
         }
         session_of(c.h2).and_then(|i| self.h2.get(i)).map(|s| s.key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rebalance_shed;
+
+    #[test]
+    fn rebalancing_sheds_only_from_a_worker_well_above_its_siblings() {
+        // Even, or too little to matter: nothing.
+        assert_eq!(rebalance_shed(40, &[35], 20), 0);
+        assert_eq!(rebalance_shed(7, &[0], 20), 0);
+        assert_eq!(rebalance_shed(12, &[4], 20), 0); // 12 <= 2 * 4 + 4
+                                                     // Well above: a quarter of the connections between requests, at least one.
+        assert_eq!(rebalance_shed(40, &[5, 3], 20), 5);
+        assert_eq!(rebalance_shed(40, &[5], 1), 1);
+        // Nothing to shed, or no sibling to shed to.
+        assert_eq!(rebalance_shed(40, &[5], 0), 0);
+        assert_eq!(rebalance_shed(40, &[], 10), 0);
     }
 }
