@@ -390,6 +390,9 @@ fn start_on(
             return Ok(Started::Up(r));
         }
         if Instant::now() > deadline {
+            // Not left behind: a server that never answered the check may still be
+            // running and holding its ports (nginx 1.22 on a `listen ... http2` port does).
+            r.stop();
             bail!("{} did not start within 10 s", kind.name());
         }
         std::thread::sleep(Duration::from_millis(20));
