@@ -628,7 +628,7 @@ impl<'a> Worker<'a> {
     /// The default server of an HTTP listener, whose settings a request has until its
     /// `Host` chose one. Looked up rather than kept on the connection.
     /// (Accepting needs one, so every HTTP connection has it.)
-    fn default_server(&self, listener: usize) -> Option<&'a shard_config::ServerConf> {
+    pub(super) fn default_server(&self, listener: usize) -> Option<&'a shard_config::ServerConf> {
         let cfg = self.cfg;
         let l = &cfg.listeners[listener];
         cfg.http.as_ref().map(|h| &h.servers[l.default_server])

@@ -113,6 +113,10 @@ pub(super) struct Session {
     taken: u64,
     keepalive_requests: u64,
     keepalive_time_ms: u64,
+    /// The default server's `keepalive_timeout` (a session without streams closes after
+    /// it) and `http2_recv_buffer_size` (the most client bytes held undecoded).
+    keepalive_timeout_ms: u64,
+    recv_buffer_size: usize,
     /// Bytes read from the client, and the part of them that was requests (header blocks as
     /// their HTTP/1.1 heads, body data): nginx's flood rule compares the two.
     total_bytes: u64,
@@ -468,13 +472,9 @@ impl Worker<'_> {
     /// The connection on `key` becomes an HTTP/2 session; what it read so far is the start
     /// of the client's preface. Our SETTINGS go out at once.
     pub(super) fn h2_start(&mut self, key: usize) {
-        let (Some(http), Some(l)) = (
-            self.cfg.http.as_ref(),
-            self.cfg.listeners.get(self.conns[key].listener),
-        ) else {
+        let Some(srv) = self.default_server(self.conns[key].listener) else {
             return;
         };
-        let srv = &http.servers[l.default_server];
         let conf = srv.http2;
         let limits = srv.large_client_header_buffers;
         let max_list = (limits.0 * limits.1).max(4096);
@@ -495,9 +495,10 @@ impl Worker<'_> {
         let c = &mut self.conns[key];
         let input = std::mem::take(&mut c.inbuf);
         let tls = c.tls.is_some();
+        let total_bytes = input.len() as u64;
         let idx = self.h2.insert(Session {
             key,
-            input: input.clone(),
+            input,
             preface_read: false,
             reader: Reader::new(h2frame::DEFAULT_MAX_FRAME, max_list),
             decoder: hpack::Decoder::new(4096),
@@ -522,14 +523,15 @@ impl Worker<'_> {
             taken: 0,
             keepalive_requests: srv.base.keepalive_requests,
             keepalive_time_ms: srv.base.keepalive_time_ms,
-            total_bytes: input.len() as u64,
+            keepalive_timeout_ms: srv.base.keepalive_timeout_ms,
+            recv_buffer_size: conf.recv_buffer_size,
+            total_bytes,
             payload_bytes: 0,
             empty_frames: 0,
             lingering_until_ms: 0,
             lingering: srv.base.lingering,
             rebalance: conf.rebalance,
         });
-        self.give_buf(input);
         let c = &mut self.conns[key];
         c.h2 = tag(H2_SESSION, idx);
         // The connection carries no request of its own any more.
@@ -562,15 +564,7 @@ impl Worker<'_> {
         if self.h2[idx].lingering_until_ms != 0 {
             return self.h2_linger(key, idx);
         }
-        let read_max = self
-            .cfg
-            .http
-            .as_ref()
-            .and_then(|h| {
-                let l = self.cfg.listeners.get(self.conns[key].listener)?;
-                Some(h.servers[l.default_server].http2.recv_buffer_size)
-            })
-            .unwrap_or(256 * 1024);
+        let read_max = self.h2[idx].recv_buffer_size;
         for _ in 0..SESSION_ROUNDS_MAX {
             let mut progress = false;
             // Read what the socket has, while the session's answers can go out.
@@ -632,7 +626,7 @@ impl Worker<'_> {
                 // Written: streams that waited for the session's output may go on.
                 Io::Ready => {
                     if before > 0 {
-                        progress |= self.h2_unblock(idx, false);
+                        progress |= self.h2_unblock(idx);
                     }
                 }
             }
@@ -660,17 +654,7 @@ impl Worker<'_> {
             return self.h2_shut(key, idx);
         }
         if idle {
-            let ka = self.cfg.http.as_ref().map_or(75_000, |h| {
-                h.servers
-                    .get(
-                        self.cfg
-                            .listeners
-                            .get(c.listener)
-                            .map_or(0, |l| l.default_server),
-                    )
-                    .map_or(75_000, |s| s.base.keepalive_timeout_ms)
-            });
-            c.deadline_ms = self.now_ms + ka;
+            c.deadline_ms = self.now_ms + s.keepalive_timeout_ms;
         } else {
             c.deadline_ms = u64::MAX;
         }
@@ -841,7 +825,7 @@ impl Worker<'_> {
                     }
                 }
                 h2frame::push_settings_ack(&mut s.out);
-                self.h2_unblock(idx, true);
+                self.h2_unblock(idx);
             }
             Frame::WindowUpdate {
                 stream: 0,
@@ -851,7 +835,7 @@ impl Worker<'_> {
                 if s.send_window > MAX_WINDOW {
                     return Err(ConnError(code::FLOW_CONTROL_ERROR));
                 }
-                self.h2_unblock(idx, true);
+                self.h2_unblock(idx);
             }
             Frame::WindowUpdate { stream, increment } => {
                 if stream > s.last_id {
@@ -912,7 +896,7 @@ impl Worker<'_> {
                     if !end_stream {
                         return Err(ConnError(code::PROTOCOL_ERROR));
                     }
-                    self.h2_body(idx, sk, b"", 0, true);
+                    self.h2_body(idx, sk, b"", true);
                     return Ok(());
                 }
                 if stream <= s.last_id || stream % 2 == 0 {
@@ -983,7 +967,7 @@ impl Worker<'_> {
                     st.recv_window += pad as i64;
                     h2frame::push_window_update(&mut s.out, stream, pad as u32);
                 }
-                self.h2_body(idx, sk, data, data.len(), end_stream);
+                self.h2_body(idx, sk, data, end_stream);
             }
             Frame::RstStream { stream, .. } => {
                 if stream > s.last_id {
@@ -1000,7 +984,7 @@ impl Worker<'_> {
     }
 
     /// Body bytes (or the end) of the stream on `sk`, into its connection's input.
-    fn h2_body(&mut self, idx: usize, sk: usize, data: &[u8], _len: usize, end: bool) {
+    fn h2_body(&mut self, idx: usize, sk: usize, data: &[u8], end: bool) {
         let s = &mut self.h2[idx];
         let Some(st) = s.streams.get_mut(&sk) else {
             return;
@@ -1046,10 +1030,9 @@ impl Worker<'_> {
         }
     }
 
-    /// Streams that waited for window or for the session's output go on when they can
-    /// (`windows`: a window grew). Returns whether any did.
-    fn h2_unblock(&mut self, idx: usize, windows: bool) -> bool {
-        let _ = windows;
+    /// Streams that waited for window or for the session's output go on when they can.
+    /// Returns whether any did.
+    fn h2_unblock(&mut self, idx: usize) -> bool {
         let s = &mut self.h2[idx];
         if s.out.len() >= SESSION_OUT_MAX || s.send_window <= 0 {
             return false;
@@ -1132,11 +1115,10 @@ impl Worker<'_> {
         c.requests = self.h2[idx].taken;
         let sk = self.conns.insert(c);
         self.start_reading(sk, true);
-        let mut inbuf = self.take_buf(head.len().max(4096));
-        inbuf.extend_from_slice(&head);
-        self.conns[sk].inbuf = inbuf;
         let s = &mut self.h2[idx];
         s.payload_bytes += head.len() as u64;
+        // The head is the stream's input buffer; body data is appended to it.
+        self.conns[sk].inbuf = head;
         s.ids.insert(id, sk);
         s.streams.insert(
             sk,
