@@ -543,18 +543,18 @@ impl<'a> Worker<'a> {
         Ok(w)
     }
 
-    fn update_time(&mut self) {
+    /// Reads the clocks; true when a new second began.
+    fn update_time(&mut self) -> bool {
         self.turn += 1;
         self.now_ms = shard_event::monotonic_ms();
         let secs = shard_event::unix_secs();
-        if secs != self.now_secs {
-            if !self.h2.is_empty() {
-                self.h2_rebalance();
-            }
-            self.now_secs = secs;
-            self.date = shard_http::http_date(secs).into_bytes();
-            self.log_time = shard_http::log_time(secs);
+        if secs == self.now_secs {
+            return false;
         }
+        self.now_secs = secs;
+        self.date = shard_http::http_date(secs).into_bytes();
+        self.log_time = shard_http::log_time(secs);
+        true
     }
 
     fn run_loop(&mut self) {
@@ -634,9 +634,13 @@ impl<'a> Worker<'a> {
                     0
                 }
             };
-            self.update_time();
+            let new_second = self.update_time();
             self.slot.heartbeat_ms.store(self.now_ms, Relaxed);
             self.slot.idle.store(0, Relaxed);
+            // `http2_rebalance` looks once a second, with the new second's clocks.
+            if new_second && !self.h2.is_empty() {
+                self.h2_rebalance();
+            }
             // Accept events first, then release the mutex before connection work, as nginx
             // posts accept events: the lock is held only for accepting.
             for i in 0..n {
