@@ -92,14 +92,22 @@ fn curl_h2() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("HTTP2"))
 }
 
-/// A Python that has the `h2` package (Debian's `python3-h2` is for /usr/bin/python3).
-fn python_h2() -> Option<&'static str> {
-    ["python3", "/usr/bin/python3"].into_iter().find(|p| {
+/// A Python that has the `h2` package (Debian's `python3-h2` is for /usr/bin/python3); when
+/// there is none, the part of the test named `what` says SKIPPED.
+fn python_h2(what: &str) -> Option<&'static str> {
+    let found = ["python3", "/usr/bin/python3"].into_iter().find(|p| {
         Command::new(p)
             .args(["-c", "import h2"])
             .output()
             .is_ok_and(|o| o.status.success())
-    })
+    });
+    if found.is_none() {
+        skipped(
+            what,
+            "python3-h2 is not installed (apt-get install python3-h2)",
+        );
+    }
+    found
 }
 
 fn h2client(py: &str, port: u16, args: &[&str]) -> String {
@@ -206,11 +214,7 @@ fn http2_is_off_unless_asked_for_and_listen_http2_turns_it_on() {
     let r = raw(h2_addr(&s), b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
     assert_eq!(r.status, 505);
     drop(s);
-    let Some(py) = python_h2() else {
-        skipped(
-            "listen http2",
-            "python3-h2 is not installed (apt-get install python3-h2)",
-        );
+    let Some(py) = python_h2("listen http2") else {
         return;
     };
     let s = start("h2-listen", "http2", "");
@@ -226,11 +230,7 @@ fn http2_is_off_unless_asked_for_and_listen_http2_turns_it_on() {
 #[test]
 fn many_streams_share_one_connection() {
     let s = start("h2-multi", "", "http2 on;");
-    let Some(py) = python_h2() else {
-        skipped(
-            "HTTP/2 streams",
-            "python3-h2 is not installed (apt-get install python3-h2)",
-        );
+    let Some(py) = python_h2("HTTP/2 streams") else {
         return;
     };
     let out = h2client(py, s.ports[0], &["get", "50", "/a.txt"]);
@@ -275,11 +275,7 @@ fn many_streams_share_one_connection() {
 /// window, as the client gives it back, without the worker spinning meanwhile.
 #[test]
 fn responses_wait_for_the_clients_window() {
-    let Some(py) = python_h2() else {
-        skipped(
-            "HTTP/2 flow control",
-            "python3-h2 is not installed (apt-get install python3-h2)",
-        );
+    let Some(py) = python_h2("HTTP/2 flow control") else {
         return;
     };
     let s = start("h2-window", "", "http2 on;");
@@ -292,11 +288,7 @@ fn responses_wait_for_the_clients_window() {
 /// Request bodies in DATA frames reach the upstream, with and without `content-length`.
 #[test]
 fn request_bodies_are_proxied() {
-    let Some(py) = python_h2() else {
-        skipped(
-            "HTTP/2 bodies",
-            "python3-h2 is not installed (apt-get install python3-h2)",
-        );
+    let Some(py) = python_h2("HTTP/2 bodies") else {
         return;
     };
     let s = start("h2-body", "", "http2 on;");
@@ -310,11 +302,7 @@ fn request_bodies_are_proxied() {
 /// everyone else: the same worker pid answers afterwards.
 #[test]
 fn hostile_clients_are_cut_off_and_the_worker_serves_on() {
-    let Some(py) = python_h2() else {
-        skipped(
-            "hostile HTTP/2 clients",
-            "python3-h2 is not installed (apt-get install python3-h2)",
-        );
+    let Some(py) = python_h2("hostile HTTP/2 clients") else {
         return;
     };
     let mut s = start("h2-hostile", "", "http2 on; send_timeout 1s;");
@@ -374,11 +362,7 @@ fn hostile_clients_are_cut_off_and_the_worker_serves_on() {
 /// closes it; the worker exits.
 #[test]
 fn a_graceful_stop_finishes_streams_and_closes_sessions() {
-    let Some(py) = python_h2() else {
-        skipped(
-            "HTTP/2 stop",
-            "python3-h2 is not installed (apt-get install python3-h2)",
-        );
+    let Some(py) = python_h2("HTTP/2 stop") else {
         return;
     };
     let mut s = start("h2-stop", "", "http2 on;");
@@ -450,11 +434,7 @@ fn tls_alpn_negotiates_h2_and_streams_see_the_tls_variables() {
 /// new connection (nginx's HTTP/2 behaviour since 1.19.7).
 #[test]
 fn keepalive_requests_ends_a_connection_after_its_streams() {
-    let Some(py) = python_h2() else {
-        skipped(
-            "HTTP/2 keepalive_requests",
-            "python3-h2 is not installed (apt-get install python3-h2)",
-        );
+    let Some(py) = python_h2("HTTP/2 keepalive_requests") else {
         return;
     };
     let s = start("h2-kareq", "", "http2 on; keepalive_requests 3;");
@@ -603,11 +583,7 @@ fn a_browser_loads_a_page_and_its_fifty_assets_on_one_connection() {
 /// request a minute get one 200 and two 503s.
 #[test]
 fn limits_judge_each_stream() {
-    let Some(py) = python_h2() else {
-        skipped(
-            "HTTP/2 limits",
-            "python3-h2 is not installed (apt-get install python3-h2)",
-        );
+    let Some(py) = python_h2("HTTP/2 limits") else {
         return;
     };
     let s = start_http(
