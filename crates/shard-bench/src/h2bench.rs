@@ -199,16 +199,23 @@ fn h2load(url: &str, a: &H2Args) -> Result<(u64, u64, f64)> {
 
 /// The workers' memory growth per HTTP/2 connection that made one request and then waits.
 fn idle_bytes(addr: SocketAddr, pids: &[i32], n: usize) -> Result<f64> {
+    use shard_http::{h2frame, hpack};
     // The client preface, an empty SETTINGS, a GET / (HEADERS, END_STREAM | END_HEADERS),
     // and the ACK of the server's SETTINGS.
-    let block = [0x82u8, 0x86, 0x84, 0x41, 0x09];
-    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
-    let len = block.len() + 9;
-    hello.extend_from_slice(&[0, 0, len as u8, 1, 5, 0, 0, 0, 1]);
-    hello.extend_from_slice(&block);
-    hello.extend_from_slice(b"localhost");
-    hello.extend_from_slice(&[0, 0, 0, 4, 1, 0, 0, 0, 0]);
+    let e = hpack::Encoder;
+    let mut block = Vec::new();
+    for (n, v) in [
+        (&b":method"[..], &b"GET"[..]),
+        (b":scheme", b"http"),
+        (b":path", b"/"),
+        (b":authority", b"localhost"),
+    ] {
+        e.field(n, v, &mut block);
+    }
+    let mut hello = h2frame::PREFACE.to_vec();
+    h2frame::push_settings(&mut hello, &[]);
+    h2frame::push_headers(&mut hello, 1, &block, true, h2frame::DEFAULT_MAX_FRAME);
+    h2frame::push_settings_ack(&mut hello);
     let before = procfs::rss_bytes(pids)?;
     let mut held = Vec::with_capacity(n);
     for _ in 0..n {
