@@ -565,6 +565,9 @@ impl Worker<'_> {
             return self.h2_linger(key, idx);
         }
         let read_max = self.h2[idx].recv_buffer_size;
+        // Still moving after the last round: the socket's edges were used up, so the
+        // session takes another turn after the worker's other connections.
+        let mut used_up = true;
         for _ in 0..SESSION_ROUNDS_MAX {
             let mut progress = false;
             // Read what the socket has, while the session's answers can go out.
@@ -624,15 +627,22 @@ impl Worker<'_> {
                 Io::Close => return Io::Close,
                 Io::Wait => {}
                 // Written: streams that waited for the session's output may go on.
+                // Written: the socket may be read again (reading stops while frames wait)
+                // and streams that waited for the session's output may go on.
                 Io::Ready => {
                     if before > 0 {
-                        progress |= self.h2_unblock(idx);
+                        progress = true;
+                        self.h2_unblock(idx);
                     }
                 }
             }
             if !progress && self.h2[idx].ready.is_empty() {
+                used_up = false;
                 break;
             }
+        }
+        if used_up {
+            self.yield_conn(key);
         }
         let s = &mut self.h2[idx];
         if s.input.is_empty() && s.input.capacity() > 0 {
@@ -1148,17 +1158,18 @@ impl Worker<'_> {
         use super::step::Io;
         let c = &mut self.conns[key];
         let s = &mut self.h2[idx];
-        if !s.out.is_empty() {
-            if c.out.is_empty() {
+        let fd = super::conn::fd_of(&c.fd);
+        // The frames being written are taken over whole, and new ones only once they are
+        // out: what waits for a blocked socket stays in `s.out`, under its bound.
+        loop {
+            if c.out_pos >= c.out.len() {
+                if s.out.is_empty() {
+                    break;
+                }
+                c.out.clear();
                 std::mem::swap(&mut c.out, &mut s.out);
                 c.out_pos = 0;
-            } else {
-                c.out.extend_from_slice(&s.out);
-                s.out.clear();
             }
-        }
-        let fd = super::conn::fd_of(&c.fd);
-        while c.out_pos < c.out.len() {
             if !c.writable {
                 return Io::Wait;
             }
