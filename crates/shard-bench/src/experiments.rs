@@ -49,7 +49,7 @@ pub struct Load {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExperimentArgs {
-    /// e1, e2, e3, e4, e5, e6 or all.
+    /// e1, e2, e3, e4, e5, e6, e7 or all.
     pub which: String,
     /// Worker processes (E2 always uses 3, as the article).
     #[arg(long, default_value_t = 4)]
@@ -70,7 +70,8 @@ pub struct ExperimentArgs {
     #[arg(long, default_value_t = 1.0)]
     pub stall: f64,
     /// E4: the open-loop arrival rate in requests/s; default: 40% of what shard serves here
-    /// with a new connection per request, measured first.
+    /// with a new connection per request, measured first. E7: the HTTP/2 clients' rate in
+    /// all; default 16000.
     #[arg(long)]
     pub rate: Option<f64>,
     /// E3: also N pairs of shard's shared socket and reuseport with steering, fresh servers
@@ -166,6 +167,20 @@ struct Row {
     probe: Option<Vec<Option<usize>>>,
     /// E4: what the stall did.
     stall: Option<StallStats>,
+    /// E7: what the clients did.
+    e7: Option<E7Stats>,
+}
+
+/// E7's numbers for one row.
+#[derive(Debug, Clone, Default)]
+struct E7Stats {
+    /// The CPU shares of the run's second half (rebalancing has acted by then).
+    settled_cpu_share: Vec<f64>,
+    reconnects: u64,
+    retried: u64,
+    /// Per client: its requests in flight, and the worker that served most of its requests
+    /// in the first and in the last third of them (`None`: unknown).
+    clients: Vec<(usize, Option<usize>, Option<usize>)>,
 }
 
 /// E4's numbers for one row, from every request's start and end.
@@ -418,7 +433,16 @@ pub fn drive_addr(addr: std::net::SocketAddr, load: &Load) -> Result<Measured> {
 
 /// The latency summary of a load report.
 fn measured(r: &crate::loadgen::LoadReport) -> Measured {
-    let h = &r.histogram;
+    from_histogram(&r.histogram, r.requests, r.errors.total(), r.rps)
+}
+
+/// The latency summary of a histogram of microseconds.
+fn from_histogram(
+    h: &hdrhistogram::Histogram<u64>,
+    requests: u64,
+    errors: u64,
+    rps: f64,
+) -> Measured {
     let ms = |us: u64| us as f64 / 1000.0;
     let mut log2_us = Vec::new();
     for v in h.iter_recorded() {
@@ -431,9 +455,9 @@ fn measured(r: &crate::loadgen::LoadReport) -> Measured {
     }
     let empty = h.is_empty();
     Measured {
-        requests: r.requests,
-        errors: r.errors.total(),
-        rps: r.rps,
+        requests,
+        errors,
+        rps,
         min_ms: if empty { 0.0 } else { ms(h.min()) },
         mean_ms: h.mean() / 1000.0,
         p50_ms: ms(h.value_at_quantile(0.5)),
@@ -495,6 +519,7 @@ pub fn run(args: ExperimentArgs) -> Result<()> {
         ("e4", e4),
         ("e5", e5),
         ("e6", e6),
+        ("e7", e7),
     ] {
         if all || which == name {
             eprintln!("shard-bench: experiment {name}");
@@ -504,7 +529,7 @@ pub fn run(args: ExperimentArgs) -> Result<()> {
     }
     anyhow::ensure!(
         ran,
-        "unknown experiment {which:?}: e1, e2, e3, e4, e5, e6 or all"
+        "unknown experiment {which:?}: e1, e2, e3, e4, e5, e6, e7 or all"
     );
     write_outputs(&cx)?;
     eprintln!(
@@ -1089,13 +1114,202 @@ fn e6(cx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-const TITLES: [(&str, &str); 6] = [
+/// E7: a few long-lived HTTP/2 connections of unequal weight. Every client connects and
+/// learns its worker first; then the clients on the worker that holds the most of them send
+/// `HEAVY` times the others' rate: the case connection-level balancing cannot fix
+/// (whichever worker accepted the heavy clients carries them), built on purpose rather than
+/// waited for. Open loop, `--rate` requests/s in all (default `E7_RATE`); clients reconnect
+/// on `GOAWAY` (`h2client.rs`).
+fn e7(cx: &mut Ctx) -> Result<()> {
+    const HEAVY: usize = 8;
+    const LIGHT: usize = 1;
+    let smoke = cx.args.smoke;
+    let clients = if smoke { 4 } else { 8 };
+    // Rebalancing looks once a second and waits two after acting: a run needs room for that.
+    let duration = if smoke {
+        cx.dur(1)
+    } else {
+        Duration::from_secs(cx.args.duration.max(12))
+    };
+    let workers = cx.args.workers;
+    let total = cx
+        .args
+        .rate
+        .unwrap_or(if smoke { E7_RATE / 10.0 } else { E7_RATE });
+    // Half the clients heavy, as near as the placement allows: the unit from that split.
+    let unit_rate = total / ((clients / 2 * HEAVY + (clients - clients / 2) * LIGHT) as f64);
+    let variants: [(&str, &str, bool); 2] = [
+        ("reuseport, http2_rebalance off", "", false),
+        ("reuseport, http2_rebalance on", "http2_rebalance on;", true),
+    ];
+    for (name, directive, shard_only) in variants {
+        let st = Strategy {
+            name,
+            listen: "reuseport",
+            events: "",
+            shard_only,
+        };
+        for kind in cx.kinds(&st) {
+            let h2_port = servers::free_port()?;
+            let extra = format!(
+                "listen 127.0.0.1:{h2_port} reuseport http2;\n        \
+                 add_header X-Pid $pid always;\n        {directive}"
+            );
+            let row = cx.with_server(
+                Run {
+                    exp: "e7",
+                    kind: &kind,
+                    st: &st,
+                    workers,
+                    server_extra: &extra,
+                },
+                |_| Ok(()),
+                |_, srv| {
+                    let pids = srv.worker_pids()?;
+                    let ticks = |pids: &[i32]| -> Vec<u64> {
+                        pids.iter()
+                            .map(|p| procfs::cpu_ticks(&[*p]).unwrap_or(0))
+                            .collect()
+                    };
+                    let spec = crate::h2client::Spec {
+                        addr: std::net::SocketAddr::from(([127, 0, 0, 1], h2_port)),
+                        path: "/ok".into(),
+                        assign: Box::new(|on: &[u32]| {
+                            let mut count: Vec<(u32, usize)> = Vec::new();
+                            for &p in on.iter().filter(|&&p| p != 0) {
+                                match count.iter_mut().find(|c| c.0 == p) {
+                                    Some(c) => c.1 += 1,
+                                    None => count.push((p, 1)),
+                                }
+                            }
+                            let most = count.iter().max_by_key(|c| c.1).map(|c| c.0);
+                            on.iter()
+                                .map(|&p| if Some(p) == most { HEAVY } else { LIGHT })
+                                .collect()
+                        }),
+                        unit_rate,
+                        clients,
+                        duration,
+                    };
+                    let cpu0 = ticks(&pids);
+                    let (report, cpu_mid) = std::thread::scope(|sc| {
+                        let load = sc.spawn(|| crate::h2client::run(spec));
+                        // The probes take a moment; the halves are near enough.
+                        std::thread::sleep(duration / 2);
+                        let mid = ticks(&pids);
+                        (load.join(), mid)
+                    });
+                    let report = report.map_err(|_| anyhow::anyhow!("the E7 load panicked"))??;
+                    let cpu1 = ticks(&pids);
+                    let diff = |a: &[u64], b: &[u64]| -> Vec<u64> {
+                        a.iter().zip(b).map(|(x, y)| x.saturating_sub(*y)).collect()
+                    };
+                    let worker_of = |pid: u32| pids.iter().position(|&p| p as u32 == pid);
+                    let secs = report.elapsed.as_secs_f64().max(1e-3);
+                    let m = from_histogram(
+                        &report.histogram,
+                        report.requests,
+                        report.errors,
+                        report.requests as f64 / secs,
+                    );
+                    let clients = report
+                        .clients
+                        .iter()
+                        .map(|c| {
+                            let first = c.served_by.first().and_then(|s| worker_of(s.0));
+                            let last = c.served_by.last().and_then(|s| worker_of(s.0));
+                            (c.weight, first, last)
+                        })
+                        .collect();
+                    Ok(Row {
+                        experiment: "E7".into(),
+                        server: kind.name().into(),
+                        strategy: strategy_label(&kind, &st),
+                        load: m,
+                        cpu_share: shares(&diff(&cpu1, &cpu0)),
+                        e7: Some(E7Stats {
+                            settled_cpu_share: shares(&diff(&cpu1, &cpu_mid)),
+                            reconnects: report.clients.iter().map(|c| c.reconnects).sum(),
+                            retried: report.clients.iter().map(|c| c.retried).sum(),
+                            clients,
+                        }),
+                        ..Default::default()
+                    })
+                },
+            )?;
+            cx.rows.push(row);
+        }
+    }
+    Ok(())
+}
+
+/// E7's requests per second in all, when `--rate` does not say: well under what either
+/// server serves on two cores, so that the CPU shares follow the clients' placement.
+const E7_RATE: f64 = 16_000.0;
+
+fn e7_report(s: &mut String, rows: &[&Row]) {
+    let _ = writeln!(
+        s,
+        "Each client sends its requests at a fixed rate on one h2c connection (latency from \
+         when each was due) and reconnects on `GOAWAY`; the clients on the worker that took \
+         the most of them send 8 times the others' rate. CPU shares from `/proc`, per worker; \"second half\": once rebalancing \
+         (one look a second, two seconds' hold after acting) has acted. Where each client was \
+         served: its first worker -> its last (`*`: a heavy client).\n"
+    );
+    let _ = writeln!(
+        s,
+        "| server | strategy | req/s | p50 ms | p99 | max | errors | reconnects | retried | \
+         CPU share per worker | max/min CPU | second half | max/min CPU, second half | clients |"
+    );
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in rows {
+        let m = &r.load;
+        let x = r.e7.clone().unwrap_or_default();
+        let w = |v: Option<usize>| v.map_or("?".into(), |v| format!("w{v}"));
+        let placed: Vec<String> = x
+            .clients
+            .iter()
+            .map(|&(weight, a, b)| {
+                let star = if weight > 1 { "*" } else { "" };
+                if a == b {
+                    format!("{}{star}", w(a))
+                } else {
+                    format!("{}->{}{star}", w(a), w(b))
+                }
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.server,
+            r.strategy,
+            m.rps,
+            m.p50_ms,
+            m.p99_ms,
+            m.max_ms,
+            m.errors,
+            x.reconnects,
+            x.retried,
+            pct(&r.cpu_share),
+            Row::spread(&r.cpu_share),
+            pct(&x.settled_cpu_share),
+            Row::spread(&x.settled_cpu_share),
+            placed.join(" "),
+        );
+    }
+}
+
+const TITLES: [(&str, &str); 7] = [
     ("E1", "Throughput and latency by accept strategy (NGINX 1.9.1 article): return 200 \"OK\", keep-alive, 50 connections"),
     ("E2", "Who gets the connection (Cloudflare): 3 workers, six sequential connections, then a connection-per-request run"),
     ("E3", "Latency under CPU-heavy requests (Cloudflare): gzip of a 256 KiB text file, a connection per request, 200 connections"),
     ("E4", "A stalled worker (Cloudflare): one worker SIGSTOPped during a connection-per-request run"),
     ("E5", "Fewer shards than workers (Intel, nginx-devel): return 200 \"OK\", a connection per request"),
     ("E6", "Sockets survive reloads (nginx-devel): worker_processes 2 <-> 4 under a connection-per-request load; errors are lost connections"),
+    ("E7", "Multiplexing makes connection balancing coarse: a few long-lived HTTP/2 connections of unequal weight, the heavy ones on one worker; shard with http2_rebalance off and on, nginx"),
 ];
 
 fn machine() -> String {
@@ -1142,6 +1356,13 @@ fn report(cx: &Ctx) -> String {
         let _ = writeln!(s, "\n## {exp}. {title}\n");
         if exp == "E4" {
             e4_report(&mut s, &rows);
+            continue;
+        }
+        if exp == "E7" {
+            e7_report(&mut s, &rows);
+            for chart in charts_for(exp) {
+                let _ = writeln!(s, "\n![{exp} {chart}]({chart})");
+            }
             continue;
         }
         let _ = writeln!(s, "| server | strategy | req/s | mean ms | p50 | p90 | p99 | max | stdev ms | errors | CPU share per worker | max/min CPU | accepted share | max/min accepted |{}",
@@ -1291,7 +1512,7 @@ fn charts_for(exp: &str) -> Vec<String> {
     let e = exp.to_ascii_lowercase();
     match exp {
         "E1" => vec![format!("{e}-rps.svg"), format!("{e}-cpu-share.svg")],
-        "E2" | "E5" => vec![format!("{e}-cpu-share.svg")],
+        "E2" | "E5" | "E7" => vec![format!("{e}-cpu-share.svg")],
         "E6" => Vec::new(),
         _ => vec![format!("{e}-latency.svg")],
     }
@@ -1324,12 +1545,18 @@ fn write_outputs(cx: &Ctx) -> Result<()> {
                 ),
             )?;
         }
-        if matches!(exp, "E1" | "E2" | "E5") {
+        if matches!(exp, "E1" | "E2" | "E5" | "E7") {
             let n = rows.iter().map(|r| r.cpu_share.len()).max().unwrap_or(0);
             let series: Vec<String> = (0..n).map(|i| format!("worker {i}")).collect();
+            // E7: the second half, once rebalancing has acted.
+            let shares = |r: &Row| -> Vec<f64> {
+                r.e7.as_ref()
+                    .map_or(&r.cpu_share, |x| &x.settled_cpu_share)
+                    .clone()
+            };
             let groups: Vec<(String, Vec<f64>)> = rows
                 .iter()
-                .map(|r| (label(r), r.cpu_share.iter().map(|x| x * 100.0).collect()))
+                .map(|r| (label(r), shares(r).iter().map(|x| x * 100.0).collect()))
                 .collect();
             std::fs::write(
                 out.join(format!("{e}-cpu-share.svg")),
@@ -1404,7 +1631,7 @@ fn json(cx: &Ctx) -> String {
             s,
             "{{\"experiment\":\"{}\",\"server\":\"{}\",\"strategy\":\"{}\",\"requests\":{},\"errors\":{},\"rps\":{:.1},\
              \"latency_ms\":{{\"min\":{:.3},\"mean\":{:.3},\"p50\":{:.3},\"p90\":{:.3},\"p99\":{:.3},\"max\":{:.3},\"stdev\":{:.3}}},\
-             \"log2_us\":[{}],\"cpu_share\":[{}],\"accepted_share\":{},\"syscalls_per_request\":{},\"half_load_cpu_share\":{},\"probe\":{},\"stall\":{}}}{}",
+             \"log2_us\":[{}],\"cpu_share\":[{}],\"accepted_share\":{},\"syscalls_per_request\":{},\"half_load_cpu_share\":{},\"probe\":{},\"stall\":{},\"e7\":{}}}{}",
             r.experiment,
             r.server,
             r.strategy,
@@ -1433,6 +1660,10 @@ fn json(cx: &Ctx) -> String {
                 x.workers, x.rate, x.served_share, x.arrived, x.slow, x.p99_ms, x.p999_ms, x.failed,
                 x.window_ms.0, x.window_ms.1,
                 x.timeline.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+            )),
+            r.e7.as_ref().map_or("null".into(), |x| format!(
+                "{{\"settled_cpu_share\":[{}],\"reconnects\":{},\"retried\":{}}}",
+                f(&x.settled_cpu_share), x.reconnects, x.retried
             )),
             if i + 1 < cx.rows.len() { "," } else { "" }
         );

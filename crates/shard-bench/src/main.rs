@@ -15,6 +15,7 @@ mod compare;
 mod experiments;
 mod fastcgi;
 mod h2bench;
+mod h2client;
 mod load;
 pub mod loadgen;
 mod procfs;

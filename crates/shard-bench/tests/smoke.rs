@@ -142,7 +142,9 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
         String::from_utf8_lossy(&res.stderr)
     );
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
-    for e in ["## E1.", "## E2.", "## E3.", "## E4.", "## E5.", "## E6."] {
+    for e in [
+        "## E1.", "## E2.", "## E3.", "## E4.", "## E5.", "## E6.", "## E7.",
+    ] {
         assert!(report.contains(e), "{e} missing: {report}");
     }
     // --e3-pairs: the pairs and their median ratio, as a note.
@@ -167,6 +169,8 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
         "| shard | reuseport, steering off |",
         "| shard | reuseport, steering on (2 workers) |",
         "| shard | reuseport shards=auto |",
+        "| shard | reuseport, http2_rebalance off |",
+        "| shard | reuseport, http2_rebalance on |",
     ] {
         assert!(report.contains(strategy), "{strategy} missing: {report}");
     }
@@ -178,6 +182,7 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
         "e4-latency-2w.svg",
         "e4-timeline-2w.svg",
         "e5-cpu-share.svg",
+        "e7-cpu-share.svg",
     ] {
         let text = std::fs::read_to_string(out.join(svg)).unwrap();
         assert!(
@@ -193,6 +198,12 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
     let e6 = &json[json.find("\"experiment\":\"E6\"").expect("an E6 row")..];
     let e6 = &e6[..e6[1..].find("\"experiment\"").map_or(e6.len(), |i| i + 1)];
     assert!(e6.contains("\"errors\":0,"), "E6 lost connections: {e6}");
+    // E7: the HTTP/2 clients were answered, without a failure.
+    let e7 = &json[json.find("\"experiment\":\"E7\"").expect("an E7 row")..];
+    assert!(
+        e7.contains("\"errors\":0,") && !e7.contains("\"requests\":0,"),
+        "E7: {e7}"
+    );
     let confs = std::fs::read_dir(out.join("confs")).unwrap().count();
     assert!(confs >= 14, "{confs} configurations kept");
     // Every run served without errors (E2's probe found a worker for each connection).

@@ -1215,8 +1215,11 @@ impl Master {
         let mut quiet = true;
         // A slot the region does not list (no worker started there) counts as dead.
         let mut dead = vec![true; n];
+        // `http2_rebalance` just shed connections there: their reconnections go elsewhere.
+        let mut shedding = vec![false; n];
         for (j, w) in self.region.current().enumerate().take(n) {
             dead[j] = w.pid.load(Relaxed) == 0;
+            shedding[j] = w.shed_until_ms.load(Relaxed) > now;
             let o = steer::Observation {
                 alive: !dead[j],
                 heartbeat_ms: w.heartbeat_ms.load(Relaxed),
@@ -1288,7 +1291,7 @@ impl Master {
                 if funnel_on {
                     targets.iter().find(|t| t.0 == j).map_or(0, |t| t.1)
                 } else {
-                    u32::from(!(stalled[j] || (steer_backlog && backlogged[j])))
+                    u32::from(!(stalled[j] || (steer_backlog && backlogged[j]) || shedding[j]))
                 }
             })
             .collect();

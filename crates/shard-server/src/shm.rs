@@ -65,6 +65,12 @@ pub struct WorkerSlot {
     /// Handshake messages put off to a later loop turn: more than `TLS_HANDSHAKES_PER_TURN`
     /// were ready in one turn (`worker.rs`).
     pub tls_handshakes_deferred: AtomicU64,
+    /// HTTP/2 connections sent `GOAWAY` by `http2_rebalance`, ever.
+    pub h2_rebalanced: AtomicU64,
+    /// `http2_rebalance` shed connections: until this `CLOCK_MONOTONIC` millisecond, the
+    /// master's steering program sends new connections to the siblings (their clients
+    /// reconnecting must not land here again).
+    pub shed_until_ms: AtomicU64,
 }
 
 impl WorkerSlot {
@@ -99,6 +105,8 @@ impl WorkerSlot {
             tls_handshakes,
             tls_handshake_us,
             tls_handshakes_deferred,
+            h2_rebalanced,
+            shed_until_ms,
         } = self;
         for c in [
             pid,
@@ -128,6 +136,8 @@ impl WorkerSlot {
             tls_handshakes,
             tls_handshake_us,
             tls_handshakes_deferred,
+            h2_rebalanced,
+            shed_until_ms,
         ] {
             c.store(0, Relaxed);
         }
@@ -136,7 +146,7 @@ impl WorkerSlot {
     /// The monotonic counters: `accepted`, `handled`, `requests`, `cpu_ms`, `budget_yields`,
     /// `adopted`, `accept_pauses`, `body_spooled_bytes`, `stolen`, `stalls`,
     /// `file_cache_hits`, `file_cache_misses`, `tls_handshakes`, `tls_handshake_us`,
-    /// `tls_handshakes_deferred`.
+    /// `tls_handshakes_deferred`, `h2_rebalanced`.
     pub fn counters(&self) -> [&AtomicU64; COUNTERS] {
         [
             &self.accepted,
@@ -154,6 +164,7 @@ impl WorkerSlot {
             &self.tls_handshakes,
             &self.tls_handshake_us,
             &self.tls_handshakes_deferred,
+            &self.h2_rebalanced,
         ]
     }
 
@@ -233,7 +244,7 @@ pub fn program_name(v: u64) -> &'static str {
 pub const COUNTERS_ENV: &str = "SHARD_COUNTERS";
 
 /// The counters (not the gauges) of a [`WorkerSlot`], in the order of [`WorkerSlot::counters`].
-pub const COUNTERS: usize = 15;
+pub const COUNTERS: usize = 16;
 
 /// The counters of exited workers of one index (see `Region::retired`).
 #[repr(C)]

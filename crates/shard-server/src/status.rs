@@ -104,7 +104,7 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
              \"budget_yields\":{},\"adopted\":{},\"accept_pauses\":{},\"body_mem_bytes\":{},\
              \"body_spooled_bytes\":{},\"body_temp_files\":{},\"stolen\":{},\"stalls\":{},\
              \"stalled\":{},\"file_cache_hits\":{},\"file_cache_misses\":{},\"file_cache_entries\":{},\
-             \"tls_handshakes\":{},\"tls_handshake_cpu_ms\":{},\"tls_handshakes_deferred\":{}}}",
+             \"tls_handshakes\":{},\"tls_handshake_cpu_ms\":{},\"tls_handshakes_deferred\":{},\"h2_rebalanced\":{}}}",
             w.pid.load(Relaxed),
             w.accepted.load(Relaxed),
             w.handled.load(Relaxed),
@@ -130,6 +130,7 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
             w.tls_handshakes.load(Relaxed),
             w.tls_handshake_us.load(Relaxed) / 1000,
             w.tls_handshakes_deferred.load(Relaxed),
+            w.h2_rebalanced.load(Relaxed),
         );
     }
     // Workers of older generations still finishing their connections (tunnels, relays,
@@ -256,7 +257,7 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             .collect()
     });
     // (name, help, counter index): what `WorkerSlot::counters` lists.
-    let counter_rows: [(&str, &str, usize); 15] = [
+    let counter_rows: [(&str, &str, usize); 16] = [
         ("shard_worker_accepted_total", "Connections accepted by the worker.", 0),
         ("shard_worker_handled_total", "Connections handled by the worker.", 1),
         ("shard_worker_requests_total", "Requests served by the worker.", 2),
@@ -319,6 +320,11 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             "shard_worker_tls_handshakes_deferred_total",
             "TLS handshake messages put off to a later loop turn (more than 4 ready in one).",
             14,
+        ),
+        (
+            "shard_worker_h2_rebalanced_total",
+            "HTTP/2 connections sent GOAWAY by http2_rebalance.",
+            15,
         ),
     ];
     for (name, help, c) in counter_rows {

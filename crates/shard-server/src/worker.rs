@@ -237,6 +237,8 @@ pub(crate) struct Worker<'a> {
     pool: Vec<Vec<u8>>,
     /// HTTP/2 sessions (`h2.rs`), each on a connection of `conns`.
     h2: Slab<h2::Session>,
+    /// `http2_rebalance`'s window (`h2.rs`).
+    rebalance: h2::Rebalance,
     /// Requests of connections that went idle or closed, kept to be reset for the next ones
     /// (a request is allocated once, not once per request), at most `REQ_SPARES_MAX`.
     /// Boxed: the allocations themselves move between connections and this list.
@@ -508,6 +510,7 @@ impl<'a> Worker<'a> {
             access_log_idx,
             pool: Vec::new(),
             h2: Slab::new(),
+            rebalance: h2::Rebalance::default(),
             req_spares: Vec::new(),
             body_mem: 0,
             cpu_base_ms: slot.cpu_ms.load(Relaxed),
@@ -691,6 +694,12 @@ impl<'a> Worker<'a> {
             if epoch != self.steer_epoch {
                 self.steer_epoch = epoch;
                 self.adopt_orphaned_shards();
+                // `http2_rebalance`: new connections now go to the siblings.
+                if self.h2_shed_waiting()
+                    && self.region.steer_bits(self.idx) & crate::shm::STEER_AWAY != 0
+                {
+                    self.h2_shed_pending();
+                }
             }
             self.slot.heartbeat_ms.store(self.now_ms, Relaxed);
         }

@@ -10,7 +10,7 @@ mod support;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::*;
 
@@ -663,20 +663,6 @@ mod client {
             self.send(&block)
         }
 
-        /// Sends a GET and does not wait for its answer.
-        pub fn start(&mut self, path: &str) {
-            let e = hpack::Encoder;
-            let mut block = Vec::new();
-            e.field(b":method", b"GET", &mut block);
-            e.field(b":scheme", b"http", &mut block);
-            e.field(b":path", path.as_bytes(), &mut block);
-            e.field(b":authority", b"localhost", &mut block);
-            let mut out = Vec::new();
-            h2frame::push_headers(&mut out, self.next_id, &block, true, 16_384);
-            self.next_id += 2;
-            self.s.write_all(&out).unwrap();
-        }
-
         /// Reads frames until a GOAWAY comes (true) or `timeout` passes (false).
         pub fn wait_goaway(&mut self, timeout: Duration) -> bool {
             let deadline = std::time::Instant::now() + timeout;
@@ -956,28 +942,21 @@ fn holder(pids: &[i32], server_port: u16, client_port: u16) -> Option<i32> {
     })
 }
 
-/// `http2_rebalance on`: a worker whose requests in flight run well above its sibling's
-/// sends `GOAWAY` to its HTTP/2 connections that are between requests (a quarter of them a
-/// second), so that their clients reconnect elsewhere; the sibling's connections are left
-/// alone.
+/// `http2_rebalance on`: a worker serving well more requests a second than its sibling
+/// sends `GOAWAY` to connections that carried them, and only once the master's steering
+/// sends new connections to the sibling: the client's reconnection lands there. Neither an
+/// idle connection of the loaded worker nor any connection of the cool one is touched.
 #[test]
-fn rebalancing_sends_goaway_to_idle_connections_of_a_loaded_worker() {
-    let conf = conf(
-        "",
-        "http2 on; http2_rebalance on;\n\
-         location /slow/ { alias {dir}/html/; limit_rate 10k; }",
-        "",
-    )
-    .replace("worker_processes 1;", "worker_processes 2;");
+fn rebalancing_moves_a_busy_connection_to_the_cooler_worker() {
+    let conf = conf("reuseport", "http2 on; http2_rebalance on;", "")
+        .replace("worker_processes 1;", "worker_processes 2;");
     let mut s = Server::start_ports("h2-rebalance", &conf, 2, 2);
-    let big: Vec<u8> = vec![b'x'; 300_000];
-    write_file(&s.dir, "html/big.bin", &big);
     let pids: Vec<i32> = s.wait_workers(2).iter().map(|w| w.pid as i32).collect();
     let addr = h2_addr(&s);
-    // Connections, sorted by the worker that holds them, until one worker has 12 to load
-    // and 2 to leave idle.
+    // Connections, sorted by the worker that holds them, until one worker has 4 (3 to load,
+    // 1 to leave idle) and the other 1.
     let mut by_worker: std::collections::HashMap<i32, Vec<client::Conn>> = Default::default();
-    let loaded = 'found: {
+    let (hot, cool) = 'found: {
         for _ in 0..400 {
             let mut c = client::Conn::open(addr).unwrap();
             // One request first: the connection is a session, and held by its worker.
@@ -985,39 +964,87 @@ fn rebalancing_sends_goaway_to_idle_connections_of_a_loaded_worker() {
             let Some(pid) = holder(&pids, s.ports[0], c.port()) else {
                 continue;
             };
-            let list = by_worker.entry(pid).or_default();
-            list.push(c);
-            if list.len() >= 14 {
-                break 'found pid;
+            by_worker.entry(pid).or_default().push(c);
+            let hot = pids
+                .iter()
+                .find(|p| by_worker.get(p).is_some_and(|l| l.len() >= 4));
+            let cool = pids
+                .iter()
+                .find(|p| Some(*p) != hot && by_worker.contains_key(p));
+            if let (Some(&h), Some(&c)) = (hot, cool) {
+                break 'found (h, c);
             }
         }
-        panic!("no worker took 14 of 400 connections");
+        panic!("no worker took 4 of 400 connections");
     };
-    let mut mine = by_worker.remove(&loaded).unwrap();
-    let mut idle: Vec<client::Conn> = mine.drain(12..).collect();
-    for c in &mut mine {
-        c.start("/slow/big.bin");
-    }
-    // Within a few seconds (one look a second, one connection of the two per look), both
-    // idle connections of the loaded worker get GOAWAY.
-    for c in &mut idle {
-        assert!(
-            c.wait_goaway(Duration::from_secs(8)),
-            "an idle connection kept"
-        );
-    }
-    wait_for(Duration::from_secs(5), "the rebalance line", || {
-        error_log(&s).contains("http2_rebalance: ").then_some(())
+    let mut loaded = by_worker.remove(&hot).unwrap();
+    let mut idle = loaded.pop().unwrap();
+    let mut other = by_worker.remove(&cool).unwrap().pop().unwrap();
+    let port = s.ports[0];
+    let deadline = Instant::now() + Duration::from_secs(15);
+    // The first connection shed ends the load: the others stop asking.
+    let over = std::sync::atomic::AtomicBool::new(false);
+    // Each loaded connection asks as fast as it is answered until it is told to go away;
+    // then it reconnects, as every client does, and says which worker took it.
+    let moved: Vec<Option<i32>> = std::thread::scope(|sc| {
+        let (pids, over) = (&pids, &over);
+        let workers: Vec<_> = loaded
+            .drain(..)
+            .map(|mut c| {
+                sc.spawn(move || {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    while Instant::now() < deadline && !over.load(Relaxed) {
+                        match c.get("/ok") {
+                            client::Outcome::Answered(200, 3) if c.goaway.is_none() => {}
+                            client::Outcome::Answered(200, 3) | client::Outcome::Retry => {
+                                over.store(true, Relaxed);
+                                // The reconnection, and three more connections while the
+                                // loaded worker is steered around: all on the sibling.
+                                let mut took = Vec::new();
+                                for _ in 0..4 {
+                                    let mut again = client::Conn::open(addr).unwrap();
+                                    assert!(matches!(
+                                        again.get("/ok"),
+                                        client::Outcome::Answered(200, 3)
+                                    ));
+                                    took.push(holder(pids, port, again.port()));
+                                }
+                                return took;
+                            }
+                            _ => panic!("a request failed"),
+                        }
+                    }
+                    Vec::new()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect()
     });
-    // The other worker's connections were left alone.
-    for (_, list) in by_worker.iter_mut() {
-        for c in list.iter_mut().take(2) {
-            assert!(
-                !c.wait_goaway(Duration::from_millis(300)),
-                "a cool worker shed"
-            );
-        }
-    }
-    drop(mine);
+    let shed: Vec<i32> = moved.into_iter().flatten().collect();
+    assert!(
+        !shed.is_empty(),
+        "no connection of the loaded worker was sent GOAWAY"
+    );
+    assert!(
+        shed.iter().all(|&p| p == cool),
+        "a reconnection landed on the worker that shed it: {shed:?} (hot {hot}, cool {cool})"
+    );
+    assert!(
+        !idle.wait_goaway(Duration::from_millis(300)),
+        "an idle connection was shed"
+    );
+    assert!(
+        !other.wait_goaway(Duration::from_millis(300)),
+        "the cool worker shed"
+    );
+    assert!(
+        error_log(&s).contains("http2_rebalance: "),
+        "{}",
+        error_log(&s)
+    );
+    assert!(status_field(&s, "h2_rebalanced") >= 1);
     s.signal(libc::SIGTERM);
 }

@@ -113,6 +113,8 @@ pub(super) struct Session {
     taken: u64,
     keepalive_requests: u64,
     keepalive_time_ms: u64,
+    /// `taken` at `http2_rebalance`'s last look: the connection's weight is the difference.
+    taken_at_look: u64,
     /// The default server's `keepalive_timeout` (a session without streams closes after
     /// it) and `http2_recv_buffer_size` (the most client bytes held undecoded).
     keepalive_timeout_ms: u64,
@@ -160,23 +162,72 @@ struct Stream {
     blocked: bool,
 }
 
-/// Requests in flight below which a worker never sheds connections (`http2_rebalance`).
-const REBALANCE_FLOOR: u64 = 8;
+/// Requests per second below which a worker never sheds connections (`http2_rebalance`):
+/// a light load is not worth a reconnection.
+const REBALANCE_FLOOR: f64 = 50.0;
+/// A worker sheds when its rate is above this many times its siblings' mean.
+const REBALANCE_RATIO: f64 = 1.2;
+/// After shedding, the looks this long are only measured: the reconnected clients' load must
+/// show on the workers that took them before the next decision.
+const REBALANCE_HOLD_MS: u64 = 2000;
+/// How long the master's steering sends new connections away from a worker that shed
+/// (`WorkerSlot::shed_until_ms`): long enough for clients to reconnect.
+const REBALANCE_STEER_MS: u64 = 1000;
 
-/// How many of `between` HTTP/2 connections (with no stream open) a worker with `mine`
-/// requests in flight sends `GOAWAY`, its siblings having `others` (`http2_rebalance`):
-/// none unless it carries more than twice their mean and 4 more, and at least
-/// [`REBALANCE_FLOOR`]; then a quarter of them (at least one), so that a second's worth of
-/// reconnections moves part of the load and the next look sees what it did.
-pub(super) fn rebalance_shed(mine: u64, others: &[u64], between: usize) -> usize {
-    if others.is_empty() || between == 0 || mine < REBALANCE_FLOOR {
-        return 0;
+/// What `http2_rebalance` remembers between its looks.
+#[derive(Debug, Default)]
+pub(super) struct Rebalance {
+    /// When the window began, and the requests counted then: this worker's and its
+    /// siblings' (by slot, `None` for a slot without a worker).
+    since_ms: u64,
+    mine: u64,
+    others: Vec<Option<u64>>,
+    /// No decision before this (`REBALANCE_HOLD_MS`).
+    hold_until_ms: u64,
+    /// Connections chosen, `(key, connection id)`, whose `GOAWAY` waits until the master's
+    /// steering sends new connections away from this worker (its `STEER_AWAY` bit), so
+    /// that their clients' reconnections do not land here again; at the latest at the next
+    /// look.
+    pending: Vec<(usize, u64)>,
+}
+
+/// Which HTTP/2 connections a worker serving `mine` requests per second sends `GOAWAY`, its
+/// siblings serving `others`, its candidates being `(key, requests per second)`. None unless
+/// it carries at least [`REBALANCE_FLOOR`] and more than [`REBALANCE_RATIO`] times their
+/// mean; then the heaviest that together move at most half the gap (moving `w` of a gap `d`
+/// to a sibling leaves `|d - 2w|`), or, when each alone is more, the one that narrows the gap
+/// most (any below the whole gap narrows it). A connection with no request in the window
+/// moves nothing and is never chosen.
+pub(super) fn rebalance_pick(mine: f64, others: &[f64], conns: &[(usize, f64)]) -> Vec<usize> {
+    if others.is_empty() || mine < REBALANCE_FLOOR {
+        return Vec::new();
     }
-    let mean = others.iter().sum::<u64>() as f64 / others.len() as f64;
-    if (mine as f64) <= 2.0 * mean + 4.0 {
-        return 0;
+    let mean = others.iter().sum::<f64>() / others.len() as f64;
+    let gap = mine - mean;
+    if mine <= REBALANCE_RATIO * mean || gap < REBALANCE_FLOOR {
+        return Vec::new();
     }
-    between.div_ceil(4)
+    let mut by_rate: Vec<(usize, f64)> = conns.iter().copied().filter(|c| c.1 > 0.0).collect();
+    by_rate.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut left = gap / 2.0;
+    let mut picked = Vec::new();
+    for &(key, w) in &by_rate {
+        if w <= left {
+            picked.push(key);
+            left -= w;
+        }
+    }
+    if picked.is_empty() {
+        // Each is above half the gap: the one that leaves the smallest gap, `|gap - 2w|`.
+        if let Some(&(key, _)) = by_rate
+            .iter()
+            .filter(|c| c.1 < gap)
+            .min_by(|a, b| (gap - 2.0 * a.1).abs().total_cmp(&(gap - 2.0 * b.1).abs()))
+        {
+            picked.push(key);
+        }
+    }
+    picked
 }
 
 /// `Conn::h2` of the session at `idx` or a stream of it.
@@ -521,6 +572,7 @@ impl Worker<'_> {
             going_away: false,
             closed: false,
             taken: 0,
+            taken_at_look: 0,
             keepalive_requests: srv.base.keepalive_requests,
             keepalive_time_ms: srv.base.keepalive_time_ms,
             keepalive_timeout_ms: srv.base.keepalive_timeout_ms,
@@ -1279,43 +1331,100 @@ impl Worker<'_> {
         self.drive(key);
     }
 
-    /// `http2_rebalance`, looked at once a second: when this worker's requests in flight
-    /// run well above its siblings' ([`rebalance_shed`]), some of its HTTP/2 connections
-    /// that are between requests get `GOAWAY`; their clients reconnect, and the kernel (or
-    /// steering) deals the new connections among all workers.
+    /// `http2_rebalance`, looked at once a second: when this worker served well more
+    /// requests in the last window than its siblings ([`rebalance_pick`]), the HTTP/2
+    /// connections that carried them get a graceful `GOAWAY` (their streams in flight finish;
+    /// the client opens a new connection for the next ones), and for
+    /// [`REBALANCE_STEER_MS`] the master's steering deals new connections to the siblings.
     pub(super) fn h2_rebalance(&mut self) {
+        use std::sync::atomic::Ordering::Relaxed;
         if self.shutting_down || !self.h2.iter().any(|(_, s)| s.rebalance) {
             return;
         }
         let me = self.slot as *const crate::shm::WorkerSlot;
-        let mine = self.slot.writing.load(std::sync::atomic::Ordering::Relaxed);
-        let others: Vec<u64> = self
+        let mine_now = self.slot.requests.load(Relaxed);
+        let others_now: Vec<Option<u64>> = self
             .region
             .current()
-            .filter(|w| {
-                !std::ptr::eq(*w, me) && w.pid.load(std::sync::atomic::Ordering::Relaxed) != 0
-            })
-            .map(|w| w.writing.load(std::sync::atomic::Ordering::Relaxed))
+            .filter(|w| !std::ptr::eq(*w, me))
+            .map(|w| (w.pid.load(Relaxed) != 0).then(|| w.requests.load(Relaxed)))
             .collect();
-        let between: Vec<usize> = self
-            .h2
+        let now = self.now_ms;
+        // Chosen at the last look and the steering bit never came: sent now.
+        self.h2_shed_pending();
+        let rb = &mut self.rebalance;
+        let window_ms = now.saturating_sub(rb.since_ms);
+        let comparable = rb.since_ms != 0 && rb.others.len() == others_now.len();
+        let per_sec = |n: u64| n as f64 * 1000.0 / window_ms.max(1) as f64;
+        let mine = per_sec(mine_now.saturating_sub(rb.mine));
+        let others: Vec<f64> = others_now
             .iter()
-            .filter(|(_, s)| s.rebalance && s.streams.is_empty() && !s.going_away && !s.closed)
-            .map(|(_, s)| s.key)
+            .zip(&rb.others)
+            .filter_map(|(a, b)| Some(per_sec(a.as_ref()?.saturating_sub(*b.as_ref()?))))
             .collect();
-        let n = rebalance_shed(mine, &others, between.len());
-        if n == 0 {
+        let decide = comparable && window_ms >= 500 && now >= rb.hold_until_ms;
+        rb.since_ms = now;
+        rb.mine = mine_now;
+        rb.others = others_now;
+        let conns: Vec<(usize, f64)> = self
+            .h2
+            .iter_mut()
+            .map(|(_, s)| {
+                let rate = per_sec(s.taken - s.taken_at_look);
+                s.taken_at_look = s.taken;
+                (s, rate)
+            })
+            .filter(|(s, _)| s.rebalance && !s.going_away && !s.closed)
+            .map(|(s, rate)| (s.key, rate))
+            .collect();
+        if !decide {
+            return;
+        }
+        let picked = rebalance_pick(mine, &others, &conns);
+        if picked.is_empty() {
             return;
         }
         crate::log!(
             Info,
-            "http2_rebalance: {mine} requests in flight against siblings' {others:?}, \
-             GOAWAY to {n} of {} idle HTTP/2 connections",
-            between.len()
+            "http2_rebalance: {mine:.0} requests/s against siblings' {:?}: GOAWAY to {} of {} \
+             HTTP/2 connections",
+            others.iter().map(|o| o.round() as u64).collect::<Vec<_>>(),
+            picked.len(),
+            conns.len()
         );
-        for key in between.into_iter().take(n) {
-            self.h2_go_away(key);
+        self.rebalance.hold_until_ms = now + REBALANCE_HOLD_MS;
+        crate::shm::WorkerSlot::bump(&self.slot.h2_rebalanced, picked.len() as u64);
+        self.rebalance.pending = picked
+            .into_iter()
+            .map(|key| (key, self.conns[key].id))
+            .collect();
+        // Where the master steers (reuseport with `reuseport_steering`), it first takes
+        // this worker out of the program for `REBALANCE_STEER_MS`; its bit says when.
+        let steered = self.cfg.events.reuseport_steering
+            && self.n_workers >= 2
+            && self.cfg.listeners.iter().any(|l| l.opts.reuseport);
+        if steered {
+            self.slot
+                .shed_until_ms
+                .store(now + REBALANCE_STEER_MS, Relaxed);
+        } else {
+            self.h2_shed_pending();
         }
+    }
+
+    /// Sends the `GOAWAY`s `http2_rebalance` chose (see `Rebalance::pending`) to those
+    /// connections still open.
+    pub(super) fn h2_shed_pending(&mut self) {
+        for (key, id) in std::mem::take(&mut self.rebalance.pending) {
+            if self.conns.get(key).is_some_and(|c| c.id == id) {
+                self.h2_go_away(key);
+            }
+        }
+    }
+
+    /// Whether chosen connections wait for the steering bit (see `Rebalance::pending`).
+    pub(super) fn h2_shed_waiting(&self) -> bool {
+        !self.rebalance.pending.is_empty()
     }
 
     /// `$http2`: `h2` or `h2c` for a stream connection, empty otherwise.
@@ -1343,19 +1452,33 @@ impl Worker<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::rebalance_shed;
+    use super::rebalance_pick;
 
     #[test]
     fn rebalancing_sheds_only_from_a_worker_well_above_its_siblings() {
-        // Even, or too little to matter: nothing.
-        assert_eq!(rebalance_shed(40, &[35], 20), 0);
-        assert_eq!(rebalance_shed(7, &[0], 20), 0);
-        assert_eq!(rebalance_shed(12, &[4], 20), 0); // 12 <= 2 * 4 + 4
-                                                     // Well above: a quarter of the connections between requests, at least one.
-        assert_eq!(rebalance_shed(40, &[5, 3], 20), 5);
-        assert_eq!(rebalance_shed(40, &[5], 1), 1);
-        // Nothing to shed, or no sibling to shed to.
-        assert_eq!(rebalance_shed(40, &[5], 0), 0);
-        assert_eq!(rebalance_shed(40, &[], 10), 0);
+        let conns = [(1, 400.0), (2, 200.0), (3, 100.0), (4, 0.0)];
+        // Even, light, or no sibling: nothing.
+        assert!(rebalance_pick(700.0, &[650.0], &conns).is_empty());
+        assert!(rebalance_pick(40.0, &[0.0], &conns).is_empty());
+        assert!(rebalance_pick(700.0, &[], &conns).is_empty());
+        // 700 against 100: a gap of 600, half of it moved by the heaviest that fit (200 and
+        // 100 make 300; the 400 alone would leave a gap of 200 the other way).
+        assert_eq!(rebalance_pick(700.0, &[100.0], &conns), vec![2, 3]);
+        // Against two siblings at 100 and 300 (mean 200): a gap of 500, 250 to move.
+        assert_eq!(rebalance_pick(700.0, &[100.0, 300.0], &conns), vec![2]);
+    }
+
+    #[test]
+    fn one_heavy_connection_moves_only_when_that_narrows_the_gap() {
+        // 1000 against 400: a gap of 600; the 500 alone is above half of it, and moving it
+        // leaves a gap of 400 the other way: still narrower.
+        assert_eq!(
+            rebalance_pick(1000.0, &[400.0], &[(7, 500.0), (8, 0.0)]),
+            vec![7]
+        );
+        // The 1000 is the whole load: moving it moves the gap, never narrows it.
+        assert!(rebalance_pick(1000.0, &[100.0], &[(7, 1000.0)]).is_empty());
+        // A connection with nothing in the window is never chosen.
+        assert!(rebalance_pick(1000.0, &[100.0], &[(8, 0.0)]).is_empty());
     }
 }
