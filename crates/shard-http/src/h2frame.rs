@@ -128,6 +128,12 @@ impl Reader {
         }
     }
 
+    /// A header block is open: HEADERS came without END_HEADERS, and its CONTINUATIONs
+    /// have not ended it yet.
+    pub fn in_block(&self) -> bool {
+        self.pending.is_some()
+    }
+
     /// The next whole frame at the start of `input`: `Ok(None)` when more input is needed,
     /// else the frame and how many bytes it used (also for a CONTINUATION that only added to
     /// a header block, reported as `Frame::Unknown`).

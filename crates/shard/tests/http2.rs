@@ -691,6 +691,11 @@ mod client {
             false
         }
 
+        /// Writes `bytes` as they are (frames built by hand, to misbehave on purpose).
+        pub fn raw(&mut self, bytes: &[u8]) {
+            self.s.write_all(bytes).unwrap();
+        }
+
         /// The client's local port (the server's peer port for this connection).
         pub fn port(&self) -> u16 {
             self.s.local_addr().unwrap().port()
@@ -1047,4 +1052,51 @@ fn rebalancing_moves_a_busy_connection_to_the_cooler_worker() {
     );
     assert!(status_field(&s, "h2_rebalanced") >= 1);
     s.signal(libc::SIGTERM);
+}
+
+/// A header block left open (HEADERS without END_HEADERS, and no CONTINUATION after it)
+/// ends the connection after `client_header_timeout` with `GOAWAY`, as nginx since 1.19.7,
+/// not after `keepalive_timeout` (75 s here), and not never while another stream is open.
+#[test]
+fn a_header_block_left_open_ends_after_client_header_timeout() {
+    let s = start(
+        "h2-header-timeout",
+        "",
+        "http2 on; client_header_timeout 1s;\n\
+         location /slow/ { alias {dir}/html/; limit_rate 1k; }",
+    );
+    write_file(&s.dir, "html/big.bin", &vec![b'x'; 100_000]);
+    let mut c = client::Conn::open(h2_addr(&s)).unwrap();
+    assert!(matches!(c.get("/ok"), client::Outcome::Answered(200, 3)));
+    // A stream that stays open (its answer trickles at 1 KB/s), then a header block that
+    // never ends.
+    let e = shard_http::hpack::Encoder;
+    let mut block = Vec::new();
+    e.field(b":method", b"GET", &mut block);
+    e.field(b":scheme", b"http", &mut block);
+    e.field(b":path", b"/slow/big.bin", &mut block);
+    e.field(b":authority", b"localhost", &mut block);
+    let mut out = Vec::new();
+    shard_http::h2frame::push_headers(&mut out, 3, &block, true, 16_384);
+    // HEADERS, END_STREAM without END_HEADERS, on stream 5.
+    shard_http::h2frame::push_header(&mut out, block.len(), 0x1, 0x1, 5);
+    out.extend_from_slice(&block);
+    let t0 = std::time::Instant::now();
+    c.raw(&out);
+    assert!(
+        c.wait_goaway(Duration::from_secs(10)),
+        "no GOAWAY for a header block left open"
+    );
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(8),
+        "{waited:?}"
+    );
+    wait_for(Duration::from_secs(5), "the timeout's log line", || {
+        error_log(&s)
+            .contains(
+                "client timed out (110: Connection timed out) while reading client request headers",
+            )
+            .then_some(())
+    });
 }

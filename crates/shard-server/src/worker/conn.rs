@@ -728,6 +728,9 @@ impl<'a> Worker<'a> {
         if self.proxy_timeout(key) {
             return;
         }
+        if self.conns[key].h2 & super::h2::H2_SESSION != 0 && self.h2_header_timeout(key) {
+            return;
+        }
         let c = &mut self.conns[key];
         if c.req.as_ref().is_some_and(|r| r.delayed_until != 0) {
             // A request `limit_req` delayed: its turn now.

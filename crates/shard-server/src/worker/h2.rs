@@ -118,6 +118,11 @@ pub(super) struct Session {
     /// The default server's `keepalive_timeout` (a session without streams closes after
     /// it) and `http2_recv_buffer_size` (the most client bytes held undecoded).
     keepalive_timeout_ms: u64,
+    /// The default server's `client_header_timeout`: how long a header block may stay open
+    /// (nginx: the HTTP/2 meaning since 1.19.7, when `http2_recv_timeout` went).
+    header_timeout_ms: u64,
+    /// When the open header block began (0: none is open).
+    block_since_ms: u64,
     recv_buffer_size: usize,
     /// Bytes read from the client, and the part of them that was requests (header blocks as
     /// their HTTP/1.1 heads, body data): nginx's flood rule compares the two.
@@ -576,6 +581,8 @@ impl Worker<'_> {
             keepalive_requests: srv.base.keepalive_requests,
             keepalive_time_ms: srv.base.keepalive_time_ms,
             keepalive_timeout_ms: srv.base.keepalive_timeout_ms,
+            header_timeout_ms: srv.client_header_timeout_ms,
+            block_since_ms: 0,
             recv_buffer_size: conf.recv_buffer_size,
             total_bytes,
             payload_bytes: 0,
@@ -708,17 +715,28 @@ impl Worker<'_> {
             self.conns[key].out_pos = 0;
             self.give_buf(out);
         }
-        let s = &self.h2[idx];
+        let now = self.now_ms;
+        let s = &mut self.h2[idx];
+        if !s.reader.in_block() {
+            s.block_since_ms = 0;
+        } else if s.block_since_ms == 0 {
+            s.block_since_ms = now;
+        }
         let idle = s.streams.is_empty();
         let done = (s.going_away || s.closed) && idle;
         let c = &mut self.conns[key];
         if done && c.out.is_empty() && s.out.is_empty() {
             return self.h2_shut(key, idx);
         }
-        if idle {
-            c.deadline_ms = self.now_ms + s.keepalive_timeout_ms;
+        c.deadline_ms = if idle {
+            now + s.keepalive_timeout_ms
         } else {
-            c.deadline_ms = u64::MAX;
+            u64::MAX
+        };
+        // A header block left open ends the connection after `client_header_timeout`,
+        // whatever else it carries.
+        if s.block_since_ms != 0 {
+            c.deadline_ms = c.deadline_ms.min(s.block_since_ms + s.header_timeout_ms);
         }
         if !self.conns[key].readable || !self.conns[key].writable {
             self.ensure_registered(key);
@@ -743,6 +761,34 @@ impl Worker<'_> {
             // Frames left: closed now rather than waiting on a client that does not read.
             _ => super::step::Io::Close,
         }
+    }
+
+    /// A session's deadline passed: when a header block stayed open for
+    /// `client_header_timeout`, the connection ends with `GOAWAY` (`PROTOCOL_ERROR`, as
+    /// nginx's timed-out read) and true; false for any other deadline.
+    pub(super) fn h2_header_timeout(&mut self, key: usize) -> bool {
+        let Some(idx) = session_of(self.conns[key].h2) else {
+            return false;
+        };
+        let s = &self.h2[idx];
+        if s.block_since_ms == 0
+            || s.lingering_until_ms != 0
+            || self.now_ms < s.block_since_ms + s.header_timeout_ms
+        {
+            return false;
+        }
+        crate::log!(
+            Info,
+            "client timed out (110: Connection timed out) while reading client request headers{}",
+            self.log_context(key, None)
+        );
+        if matches!(
+            self.h2_fail(key, idx, code::PROTOCOL_ERROR),
+            super::step::Io::Close
+        ) {
+            self.close(key);
+        }
+        true
     }
 
     /// FIN after the last frame, then read and drop what still comes: closing with unread
