@@ -20,6 +20,7 @@ mod auth;
 mod balance;
 mod body;
 mod conn;
+mod ctx;
 mod files;
 mod h2;
 mod proxy;
@@ -162,16 +163,14 @@ impl AccessLogFile {
 
 pub(crate) struct Worker<'a> {
     idx: usize,
-    /// Loop turns so far (`epoll_wait` returns). A turn is not an instant: accepting a batch
-    /// serves each connection as it comes, so one turn may span several clients' round trips.
-    turn: u64,
     /// Workers of this generation (`worker_processes`), for the funnel's groups.
     n_workers: usize,
     pid: u64,
-    cfg: &'a Config,
+    /// What steps need besides their object: clock, counters slot, spare buffers and
+    /// requests (`ctx.rs`).
+    cx: ctx::Ctx<'a>,
     listeners_open: &'a [OpenListener],
     region: &'a Region,
-    slot: &'a WorkerSlot,
     poll: Poll,
     signals: SignalFd,
     listeners: Vec<WListener>,
@@ -194,18 +193,12 @@ pub(crate) struct Worker<'a> {
     /// whose connection has a later deadline is pushed again (lazy re-arming keeps the hot path
     /// free of heap operations).
     timers: BinaryHeap<Reverse<(u64, usize, u64)>>,
-    now_ms: u64,
-    now_secs: u64,
-    date: Vec<u8>,
-    log_time: String,
     shutting_down: bool,
     /// Connections accepted under the accept mutex, served once it is released.
     posted: Vec<usize>,
     /// Connections and relays that used up their turn's budget with work left: driven again
     /// after the next (non-blocking) `epoll_wait`.
     ready: Vec<Token>,
-    /// Handshake messages this turn may still process (`TLS_HANDSHAKES_PER_TURN`).
-    handshakes_left: u32,
     /// `worker_shutdown_timeout`: when a graceful stop closes whatever is still open.
     shutdown_deadline_ms: Option<u64>,
     /// `worker_shutdown_drain`: until then a graceful stop leaves idle keep-alive connections
@@ -233,17 +226,10 @@ pub(crate) struct Worker<'a> {
     multi_accept: bool,
     access_logs: Vec<AccessLogFile>,
     access_log_idx: HashMap<PathBuf, usize>,
-    /// Spare buffers, so that connections do not allocate per request.
-    pool: Vec<Vec<u8>>,
     /// HTTP/2 sessions (`h2.rs`), each on a connection of `conns`.
     h2: Slab<h2::Session>,
     /// `http2_rebalance`'s window (`h2.rs`).
     rebalance: h2::Rebalance,
-    /// Requests of connections that went idle or closed, kept to be reset for the next ones
-    /// (a request is allocated once, not once per request), at most `REQ_SPARES_MAX`.
-    /// Boxed: the allocations themselves move between connections and this list.
-    #[allow(clippy::vec_box)]
-    req_spares: Vec<Box<conn::Req>>,
     /// Request-body bytes this worker holds in memory (`body.rs`).
     body_mem: usize,
     /// `cpu_ms` of the slot when this worker took it: a respawned worker continues the dead
@@ -454,13 +440,11 @@ impl<'a> Worker<'a> {
         slot.heartbeat_ms.store(now_ms, Relaxed);
         let mut w = Worker {
             idx: a.idx,
-            turn: 0,
             n_workers: a.n_workers,
             pid,
-            cfg: a.cfg,
+            cx: ctx::Ctx::new(a.cfg, slot, now_ms),
             listeners_open: a.listeners,
             region: a.region,
-            slot,
             poll,
             signals,
             listeners,
@@ -488,14 +472,9 @@ impl<'a> Worker<'a> {
             conns_max: ev.worker_connections.min(token::KEY_MAX),
             next_conn_id: 0,
             timers: BinaryHeap::new(),
-            now_ms,
-            now_secs: 0,
-            date: Vec::new(),
-            log_time: String::new(),
             shutting_down: false,
             posted: Vec::new(),
             ready: Vec::new(),
-            handshakes_left: TLS_HANDSHAKES_PER_TURN,
             shutdown_deadline_ms: None,
             drain_until_ms: None,
             accept_mutex: use_mutex && !locks.is_empty(),
@@ -508,10 +487,8 @@ impl<'a> Worker<'a> {
             multi_accept: ev.multi_accept,
             access_logs,
             access_log_idx,
-            pool: Vec::new(),
             h2: Slab::new(),
             rebalance: h2::Rebalance::default(),
-            req_spares: Vec::new(),
             body_mem: 0,
             cpu_base_ms: slot.cpu_ms.load(Relaxed),
             // Apart from other workers' numbers, for the named fallback of `O_TMPFILE`.
@@ -548,16 +525,7 @@ impl<'a> Worker<'a> {
 
     /// Reads the clocks; true when a new second began.
     fn update_time(&mut self) -> bool {
-        self.turn += 1;
-        self.now_ms = shard_event::monotonic_ms();
-        let secs = shard_event::unix_secs();
-        if secs == self.now_secs {
-            return false;
-        }
-        self.now_secs = secs;
-        self.date = shard_http::http_date(secs).into_bytes();
-        self.log_time = shard_http::log_time(secs);
-        true
+        self.cx.tick()
     }
 
     fn run_loop(&mut self) {
@@ -571,10 +539,10 @@ impl<'a> Worker<'a> {
             if let Some(until) = self.accept_paused_until {
                 let room = self.accept_paused_for_cap
                     && self.connections_used() + self.accept_pause_need <= self.conns_max;
-                if room || self.now_ms >= until {
+                if room || self.cx.now_ms >= until {
                     self.resume_accepting();
                 } else {
-                    timeout = timeout.min(until - self.now_ms);
+                    timeout = timeout.min(until - self.cx.now_ms);
                 }
             }
             if self.accept_mutex && !self.shutting_down && self.accept_paused_until.is_none() {
@@ -584,28 +552,28 @@ impl<'a> Worker<'a> {
                     self.try_accept_mutex();
                 }
                 if self.locks.iter().any(|&(_, held)| !held) {
-                    timeout = timeout.min(self.cfg.events.accept_mutex_delay_ms.max(1));
+                    timeout = timeout.min(self.cx.cfg.events.accept_mutex_delay_ms.max(1));
                 }
             }
             if !self.ready.is_empty() {
                 timeout = 0;
             }
             if let Some(Reverse((deadline, _, _))) = self.timers.peek() {
-                timeout = timeout.min(deadline.saturating_sub(self.now_ms));
+                timeout = timeout.min(deadline.saturating_sub(self.cx.now_ms));
             }
             if let Some(Reverse((deadline, _, _))) = self.relay_timers.peek() {
-                timeout = timeout.min(deadline.saturating_sub(self.now_ms));
+                timeout = timeout.min(deadline.saturating_sub(self.cx.now_ms));
             }
             if let Some(until) = self.drain_until_ms {
-                if self.now_ms >= until {
+                if self.cx.now_ms >= until {
                     self.drain_until_ms = None;
                     self.close_idle_connections();
                     continue;
                 }
-                timeout = timeout.min(until - self.now_ms);
+                timeout = timeout.min(until - self.cx.now_ms);
             }
             if let Some(deadline) = self.shutdown_deadline_ms {
-                if self.now_ms >= deadline {
+                if self.cx.now_ms >= deadline {
                     crate::log!(
                         Notice,
                         "worker {}: worker_shutdown_timeout expired, closing {} connections",
@@ -619,13 +587,13 @@ impl<'a> Worker<'a> {
                     self.close_all_relays();
                     continue;
                 }
-                timeout = timeout.min(deadline - self.now_ms);
+                timeout = timeout.min(deadline - self.cx.now_ms);
             }
             // With `heartbeat_ms`, what the master tells a waiting worker from a stalled one.
             if timeout > 0 {
-                self.slot.idle.store(1, Relaxed);
+                self.cx.slot.idle.store(1, Relaxed);
             }
-            self.handshakes_left = TLS_HANDSHAKES_PER_TURN;
+            self.cx.handshakes_left = TLS_HANDSHAKES_PER_TURN;
             let n = match self.poll.wait(&mut events, timeout as i32) {
                 Ok(n) => n,
                 Err(e) => {
@@ -638,8 +606,8 @@ impl<'a> Worker<'a> {
                 }
             };
             let new_second = self.update_time();
-            self.slot.heartbeat_ms.store(self.now_ms, Relaxed);
-            self.slot.idle.store(0, Relaxed);
+            self.cx.slot.heartbeat_ms.store(self.cx.now_ms, Relaxed);
+            self.cx.slot.idle.store(0, Relaxed);
             // `http2_rebalance` looks once a second, with the new second's clocks.
             if new_second && !self.h2.is_empty() {
                 self.h2_rebalance();
@@ -680,8 +648,8 @@ impl<'a> Worker<'a> {
             self.run_ready();
             self.expire_timers();
             self.expire_relay_timers();
-            if self.now_ms.saturating_sub(self.last_heartbeat_ms) >= HEARTBEAT_MS {
-                self.last_heartbeat_ms = self.now_ms;
+            if self.cx.now_ms.saturating_sub(self.last_heartbeat_ms) >= HEARTBEAT_MS {
+                self.last_heartbeat_ms = self.cx.now_ms;
                 self.publish_cpu();
                 self.flush_access_logs();
                 self.expire_pools();
@@ -701,20 +669,20 @@ impl<'a> Worker<'a> {
                     self.h2_shed_pending();
                 }
             }
-            self.slot.heartbeat_ms.store(self.now_ms, Relaxed);
+            self.cx.slot.heartbeat_ms.store(self.cx.now_ms, Relaxed);
         }
     }
 
     /// Queues a connection or relay that used up its turn; it is driven again after the next
     /// `epoll_wait`, which then does not block.
     fn yield_turn(&mut self, t: Token) {
-        WorkerSlot::bump(&self.slot.budget_yields, 1);
+        WorkerSlot::bump(&self.cx.slot.budget_yields, 1);
         self.ready.push(t);
     }
 
     /// Drops `open_file_cache` entries unused for their location's `inactive`.
     fn expire_file_caches(&mut self) {
-        let now = self.now_ms;
+        let now = self.cx.now_ms;
         self.reuse.expire(now);
         let mut total = 0;
         for (cache, inactive) in self.file_caches.values_mut() {
@@ -722,12 +690,12 @@ impl<'a> Worker<'a> {
             total += cache.len();
         }
         self.file_cache_entries = total;
-        self.slot.file_cache_entries.store(total as u64, Relaxed);
+        self.cx.slot.file_cache_entries.store(total as u64, Relaxed);
     }
 
     /// Publishes the worker's CPU time in its slot, continuing the slot's count.
     pub(crate) fn publish_cpu(&self) {
-        self.slot.cpu_ms.store(
+        self.cx.slot.cpu_ms.store(
             self.cpu_base_ms + shard_event::process::cpu_time_ms(),
             Relaxed,
         );
@@ -744,7 +712,7 @@ impl<'a> Worker<'a> {
     /// Gives every connection that yielded its next turn (those closed since are skipped by
     /// their generation).
     fn run_ready(&mut self) {
-        self.handshakes_left = TLS_HANDSHAKES_PER_TURN;
+        self.cx.handshakes_left = TLS_HANDSHAKES_PER_TURN;
         for t in std::mem::take(&mut self.ready) {
             match t {
                 Token::Conn { key, generation } => {
@@ -799,10 +767,11 @@ impl<'a> Worker<'a> {
             }
         }
         self.shutdown_deadline_ms = self
+            .cx
             .cfg
             .main
             .worker_shutdown_timeout_ms
-            .map(|t| self.now_ms + t);
+            .map(|t| self.cx.now_ms + t);
         for i in 0..self.listeners.len() {
             self.unregister_listener(i);
         }
@@ -832,8 +801,9 @@ impl<'a> Worker<'a> {
         // client sends the next request would fail that request (nginx's behaviour, kept by
         // `worker_shutdown_drain off`). A request arriving in the window is served and
         // answered with `Connection: close`.
-        let drain = self.cfg.main.worker_shutdown_drain_ms;
+        let drain = self.cx.cfg.main.worker_shutdown_drain_ms;
         let drain = self
+            .cx
             .cfg
             .main
             .worker_shutdown_timeout_ms
@@ -841,7 +811,7 @@ impl<'a> Worker<'a> {
         if drain == 0 {
             self.close_idle_connections();
         } else {
-            self.drain_until_ms = Some(self.now_ms + drain);
+            self.drain_until_ms = Some(self.cx.now_ms + drain);
         }
         for key in std::mem::take(&mut self.posted) {
             self.drive(key);
@@ -914,7 +884,7 @@ impl<'a> Worker<'a> {
 
     fn expire_timers(&mut self) {
         while let Some(&Reverse((deadline, key, id))) = self.timers.peek() {
-            if deadline > self.now_ms {
+            if deadline > self.cx.now_ms {
                 break;
             }
             self.timers.pop();
@@ -926,7 +896,7 @@ impl<'a> Worker<'a> {
                 continue;
             }
             c.timer_at = u64::MAX;
-            if c.deadline_ms > self.now_ms {
+            if c.deadline_ms > self.cx.now_ms {
                 let d = c.deadline_ms;
                 self.set_conn_deadline(key, d);
                 continue;
@@ -944,24 +914,11 @@ impl<'a> Worker<'a> {
     }
 
     fn take_buf(&mut self, cap: usize) -> Vec<u8> {
-        match self.pool.pop() {
-            Some(mut b) => {
-                b.clear();
-                if b.capacity() < cap {
-                    b.reserve(cap);
-                }
-                b
-            }
-            None => Vec::with_capacity(cap),
-        }
+        self.cx.take_buf(cap)
     }
 
-    fn give_buf(&mut self, mut b: Vec<u8>) {
-        // Keep only ordinary-size buffers, and a bounded number of them.
-        if b.capacity() > 0 && b.capacity() <= 64 * 1024 && self.pool.len() < 256 {
-            b.clear();
-            self.pool.push(b);
-        }
+    fn give_buf(&mut self, b: Vec<u8>) {
+        self.cx.give_buf(b)
     }
 }
 

@@ -63,8 +63,8 @@ impl Worker<'_> {
                 continue;
             };
             let bits = self.region.steer_bits(j);
-            let not_serving =
-                bits & STEER_HELP != 0 || !self.region.serving(j, self.now_ms, ORPHANED_AFTER_MS);
+            let not_serving = bits & STEER_HELP != 0
+                || !self.region.serving(j, self.cx.now_ms, ORPHANED_AFTER_MS);
             let n = self.n_workers;
             let funnel = bits & STEER_FUNNEL != 0
                 && crate::steer::funnel_group(j, n) == crate::steer::funnel_group(self.idx, n);
@@ -81,7 +81,7 @@ impl Worker<'_> {
                     "worker {} is not serving: worker {} polls its shard of {}",
                     j,
                     self.idx,
-                    self.cfg.listeners[l.conf_idx].addr
+                    self.cx.cfg.listeners[l.conf_idx].addr
                 );
             }
             if orphaned {
@@ -183,10 +183,10 @@ impl Worker<'_> {
         if !self.accept_pause_logged {
             self.accept_pause_logged = true;
             crate::log!(Alert, "{alert}");
-            WorkerSlot::bump(&self.slot.accept_pauses, 1);
+            WorkerSlot::bump(&self.cx.slot.accept_pauses, 1);
         }
-        let delay = self.cfg.events.accept_mutex_delay_ms.max(1);
-        self.accept_paused_until = Some(self.now_ms + delay);
+        let delay = self.cx.cfg.events.accept_mutex_delay_ms.max(1);
+        self.accept_paused_until = Some(self.cx.now_ms + delay);
         for i in 0..self.listeners.len() {
             self.unregister_listener(i);
         }
@@ -214,7 +214,7 @@ impl Worker<'_> {
     /// Accepts up to `batch` connections from listener `li` and starts serving them.
     pub(super) fn accept_batch(&mut self, li: usize, batch: usize) {
         let fd = self.listeners[li].fd;
-        let cfg = self.cfg;
+        let cfg = self.cx.cfg;
         let conf_l = &cfg.listeners[self.listeners[li].conf_idx];
         // An HTTP connection starts with its default server's settings (timeouts); an HTTP
         // listener always has an http block, the check only keeps this free of a panic.
@@ -264,14 +264,14 @@ impl Worker<'_> {
                 }
             };
             self.accept_pause_logged = false;
-            WorkerSlot::bump(&self.slot.accepted, 1);
-            WorkerSlot::bump(&self.slot.handled, 1);
-            WorkerSlot::bump(&self.slot.active, 1);
+            WorkerSlot::bump(&self.cx.slot.accepted, 1);
+            WorkerSlot::bump(&self.cx.slot.handled, 1);
+            WorkerSlot::bump(&self.cx.slot.active, 1);
             let l = &mut self.listeners[li];
             l.accepts += 1;
             if l.adopted_from.is_some() {
-                WorkerSlot::bump(&self.slot.adopted, 1);
-                WorkerSlot::bump(&self.slot.stolen, 1);
+                WorkerSlot::bump(&self.cx.slot.adopted, 1);
+                WorkerSlot::bump(&self.cx.slot.stolen, 1);
             }
             let conf_idx = l.conf_idx;
             let tls = match self.tls.get(conf_idx).map(super::tls::TlsConn::new) {
@@ -279,7 +279,7 @@ impl Worker<'_> {
                 Some(Ok(t)) => Some(Box::new(t)),
                 Some(Err(e)) => {
                     crate::log!(Alert, "cannot start TLS ({e})");
-                    WorkerSlot::drop_one(&self.slot.active);
+                    WorkerSlot::drop_one(&self.cx.slot.active);
                     continue;
                 }
             };
@@ -301,7 +301,7 @@ impl Worker<'_> {
             let number = self.region.connections.fetch_add(1, Relaxed) + 1;
             let key = self
                 .conns
-                .insert(Conn::new(cfd, peer, conf_idx, id, number, self.now_ms));
+                .insert(Conn::new(cfd, peer, conf_idx, id, number, self.cx.now_ms));
             self.conns[key].tls = tls;
             self.conns[key].pp_pending = conf_l.opts.proxy_protocol;
             self.start_reading(key, true);

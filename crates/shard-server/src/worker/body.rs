@@ -63,7 +63,7 @@ impl Worker<'_> {
             if s.file.is_none() {
                 let fd = self.create_temp(&conf.temp_path)?;
                 s.file = Some(fd);
-                WorkerSlot::bump(&self.slot.body_temp_files, 1);
+                WorkerSlot::bump(&self.cx.slot.body_temp_files, 1);
             }
             self.mem_to_file(s, conf)?;
             if over_cap || last {
@@ -102,7 +102,7 @@ impl Worker<'_> {
             return Err(e);
         }
         s.file_len += s.mem.len() as u64;
-        WorkerSlot::bump(&self.slot.body_spooled_bytes, s.mem.len() as u64);
+        WorkerSlot::bump(&self.cx.slot.body_spooled_bytes, s.mem.len() as u64);
         s.mem.clear();
         Ok(())
     }
@@ -112,7 +112,8 @@ impl Worker<'_> {
         let now = s.mem.capacity();
         self.body_mem = self.body_mem + now - s.charged;
         s.charged = now;
-        self.slot
+        self.cx
+            .slot
             .body_mem_bytes
             .store(self.body_mem as u64, std::sync::atomic::Ordering::Relaxed);
     }
@@ -122,7 +123,7 @@ impl Worker<'_> {
         s.mem = Vec::new();
         self.recharge(&mut s);
         if s.file.take().is_some() {
-            WorkerSlot::drop_one(&self.slot.body_temp_files);
+            WorkerSlot::drop_one(&self.cx.slot.body_temp_files);
         }
     }
 

@@ -405,6 +405,23 @@ fn request_id(key: u64, seq: u64) -> u128 {
     (u128::from(hi) << 64) | u128::from(lo)
 }
 
+/// What one read of a connection's socket gave ([`Conn::read`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Read {
+    /// Bytes arrived.
+    Got,
+    /// Interrupted: read again.
+    Again,
+    /// The socket is drained: wait for the kernel.
+    Drained,
+    /// The input buffer holds all a head may take: the parser decides (431, 414).
+    Full,
+    /// The turn's TLS handshake budget is spent: go on after the other connections.
+    Deferred,
+    /// End of stream, or an error: close.
+    Closed,
+}
+
 impl Conn {
     /// A connection accepted on an HTTP listener, before its first request.
     pub(super) fn new(
@@ -568,226 +585,103 @@ impl Conn {
     fn has_file(&self) -> bool {
         self.req.as_ref().is_some_and(|r| r.file.is_some())
     }
-}
 
-impl<'a> Worker<'a> {
-    pub(super) fn set_phase(&mut self, key: usize, phase: Phase) {
-        let c = &mut self.conns[key];
-        if c.phase != phase {
-            WorkerSlot::drop_one(phase_counter(self.slot, c.phase));
-            WorkerSlot::bump(phase_counter(self.slot, phase), 1);
-            c.phase = phase;
+    /// Reads once into the input buffer (a spare buffer of `cx` when it has none), at most
+    /// to `limit` bytes while reading a head; counts a TLS handshake's messages against the
+    /// turn's budget and a finished handshake in the slot; moves the body and lingering
+    /// deadlines. A step of the connection: the loop registers, yields and closes on what it
+    /// says.
+    pub(super) fn read(&mut self, cx: &mut super::ctx::Ctx<'_>, limit: usize) -> Read {
+        if self.inbuf.capacity() == 0 {
+            self.inbuf = cx.take_buf(READ_BUFFER_BYTES);
         }
-    }
-
-    /// Puts a connection into the request-head phase (at accept or after a keep-alive wait),
-    /// with a new request.
-    pub(super) fn start_reading(&mut self, key: usize, fresh: bool) {
-        let srv = self.default_server(self.conns[key].listener);
-        let timeout = srv.map_or(60_000, |s| s.client_header_timeout_ms);
-        let mut req = match self.req_spares.pop() {
-            Some(r) => r,
-            None => Box::new(Req::fallback()),
-        };
-        match srv {
-            Some(s) => req.reset(&s.base),
-            None => *req = Req::fallback(),
-        }
-        let c = &mut self.conns[key];
-        req.client = c.peer;
-        if let Some(old) = c.req.replace(req) {
-            self.give_req(old);
-        }
-        if fresh {
-            WorkerSlot::bump(&self.slot.reading, 1);
-        } else {
-            self.set_phase(key, Phase::Reading);
-        }
-        self.conns[key].deadline_ms = self.now_ms + timeout;
-    }
-
-    /// `$request_id` of the request on `key`: made when asked for, which most requests never do.
-    pub(super) fn request_id(&self, key: usize) -> u128 {
-        request_id(self.request_id_key, self.conns[key].rd().request_seq)
-    }
-
-    /// Keeps a finished request for the next one (its vectors keep their room).
-    pub(super) fn give_req(&mut self, mut r: Box<Req>) {
-        if let Some(p) = r.proxy.take() {
-            // Not expected: the proxy step hands its state back before a request ends.
-            if let Some(u) = p.upstream_conn() {
-                self.close_upconn(u);
-            }
-            self.give_proxy_bufs(p);
-        }
-        if self.req_spares.len() < REQ_SPARES_MAX {
-            self.req_spares.push(r);
-        }
-    }
-
-    /// The default server of an HTTP listener, whose settings a request has until its
-    /// `Host` chose one. Looked up rather than kept on the connection.
-    /// (Accepting needs one, so every HTTP connection has it.)
-    pub(super) fn default_server(&self, listener: usize) -> Option<&'a shard_config::ServerConf> {
-        let cfg = self.cfg;
-        let l = &cfg.listeners[listener];
-        cfg.http.as_ref().map(|h| &h.servers[l.default_server])
-    }
-
-    pub(super) fn on_conn_event(&mut self, key: usize, generation: u32, ev: shard_event::Event) {
-        let Some(c) = self.conns.get_mut(key) else {
-            return;
-        };
-        if super::token::generation(c.id) != generation {
-            return; // registered for a connection that closed since
-        }
-        if ev.readable() {
-            c.readable = true;
-        }
-        if ev.writable() {
-            c.writable = true;
-        }
-        if ev.hup() {
-            c.hup = true;
-        }
-        self.drive(key);
-    }
-
-    pub(super) fn ensure_registered(&mut self, key: usize) -> bool {
-        let c = &mut self.conns[key];
-        if c.registered || c.fd.is_none() {
-            return true;
-        }
-        let interest = shard_event::Interest::READ
-            | shard_event::Interest::WRITE
-            | shard_event::Interest::RDHUP
-            | shard_event::Interest::EDGE;
-        let token = super::token::Token::Conn {
-            key,
-            generation: super::token::generation(c.id),
-        };
-        match self.poll.add(fd_of(&c.fd), token.encode(), interest) {
-            Ok(()) => {
-                c.registered = true;
-                true
-            }
-            Err(e) => {
-                crate::log!(
-                    Alert,
-                    "epoll_ctl(ADD) failed ({})",
-                    shard_event::os_error_text(&e)
-                );
-                false
-            }
-        }
-    }
-
-    pub(super) fn close(&mut self, key: usize) {
-        if !self.conns.contains(key) {
-            return;
-        }
-        self.release_limits(key);
-        let h2 = self.conns[key].h2;
-        if h2 & super::h2::H2_SESSION != 0 {
-            self.h2_session_closed(h2);
-        }
-        let mut c = self.conns.remove(key);
-        if let Some(t) = c.tls.as_mut() {
-            super::tls::close_notify(fd_of(&c.fd), t);
-        }
-        // Dropping `c` closes its socket (which removes it from epoll; no EPOLL_CTL_DEL
-        // needed) and its file.
-        if let Some(r) = c.req.take() {
-            self.give_req(r);
-        }
-        WorkerSlot::drop_one(phase_counter(self.slot, c.phase));
-        if h2 & super::h2::H2_STREAM == 0 {
-            WorkerSlot::drop_one(&self.slot.active);
-        }
-        let inbuf = std::mem::take(&mut c.inbuf);
-        let out = std::mem::take(&mut c.out);
-        self.give_buf(inbuf);
-        self.give_buf(out);
-        if h2 & super::h2::H2_STREAM != 0 {
-            self.h2_stream_closed(h2, key);
-        }
-    }
-
-    pub(super) fn on_timeout(&mut self, key: usize) {
-        // `limit_rate` held the response back: its next share of bytes is due.
-        let rate = self.conns[key].req.as_mut().and_then(|r| r.rate.as_mut());
-        if let Some(r) = rate.filter(|r| r.resume_ms != 0) {
-            if self.now_ms >= r.resume_ms {
-                r.resume_ms = 0;
-                let c = &mut self.conns[key];
-                c.deadline_ms = self.now_ms + c.rq().send_timeout_ms;
-                self.drive(key);
-                return;
-            }
-        }
-        if self.proxy_timeout(key) {
-            return;
-        }
-        if self.conns[key].h2 & super::h2::H2_SESSION != 0 && self.h2_header_timeout(key) {
-            return;
-        }
-        let c = &mut self.conns[key];
-        if c.req.as_ref().is_some_and(|r| r.delayed_until != 0) {
-            // A request `limit_req` delayed: its turn now.
-            c.rq().delayed_until = 0;
-            c.rq().limit_passed = true;
-            let listener = c.listener;
-            let timeout = self
-                .default_server(listener)
-                .map_or(60_000, |s| s.client_header_timeout_ms);
-            let c = &mut self.conns[key];
-            c.deadline_ms = self.now_ms + timeout;
-            self.drive(key);
-            return;
-        }
-        let c = &self.conns[key];
-        if c.lingering {
-            self.close(key);
-            return;
-        }
-        match c.phase {
-            Phase::Reading if !c.inbuf.is_empty() && !c.has_output() => {
-                let line = self.unparsed_request(key);
-                crate::log!(
-                    Info,
-                    "client timed out (110: Connection timed out) while reading client request headers{}",
-                    self.log_context(key, Some(&line))
-                );
-                self.error_reply(key, 408, "");
-                self.log_refused(key, 408, &line);
-                self.drive(key);
-            }
-            Phase::Reading | Phase::Waiting => self.close(key),
-            // The response went out and the rest of the body, being discarded, stopped
-            // coming for `lingering_timeout` (or `lingering_time` passed): nginx closes
-            // without a word.
-            Phase::Writing if c.body_pending() && !c.has_output() => self.close(key),
-            Phase::Writing => {
-                crate::log!(
-                    Info,
-                    "client timed out (110: Connection timed out) while sending response to client{}",
-                    self.log_context(key, None)
-                );
-                if let Some(t) = self.conns[key].tls.as_mut() {
-                    t.quiet = true;
+        // Handshake records processed before this read, to charge the turn's budget with
+        // what the read processes (a read that finds nothing costs none of it).
+        let steps_before = match self.tls.as_ref() {
+            Some(t) if t.conn.is_handshaking() => {
+                if cx.handshakes_left == 0 {
+                    WorkerSlot::bump(&cx.slot.tls_handshakes_deferred, 1);
+                    return Read::Deferred;
                 }
-                self.close(key);
+                Some(t.handshake_steps)
             }
+            _ => None,
+        };
+        let c = self;
+        if c.inbuf.len() == c.inbuf.capacity() {
+            if c.inbuf.len() >= limit && !c.body_pending() {
+                // The parser already had the whole allowance and still wants more: it will
+                // report 431 or 414 on this buffer, so stop reading.
+                return Read::Full;
+            }
+            let grow = c.inbuf.capacity().max(READ_BUFFER_BYTES);
+            c.inbuf.reserve(grow);
+        }
+        let spare = c.inbuf.capacity() - c.inbuf.len();
+        let mut inbuf = std::mem::take(&mut c.inbuf);
+        let res = c.recv(&mut inbuf, spare);
+        c.inbuf = inbuf;
+        if let (Some(before), Some(t)) = (steps_before, c.tls.as_ref()) {
+            cx.handshakes_left = cx
+                .handshakes_left
+                .saturating_sub(t.handshake_steps.wrapping_sub(before));
+        }
+        if let Some(t) = c
+            .tls
+            .as_mut()
+            .filter(|t| !t.counted && !t.conn.is_handshaking())
+        {
+            t.counted = true;
+            WorkerSlot::bump(&cx.slot.tls_handshakes, 1);
+            WorkerSlot::bump(&cx.slot.tls_handshake_us, t.handshake_ns / 1000);
+        }
+        match res {
+            Ok(0) => {
+                c.eof = true;
+                c.readable = false;
+                Read::Closed
+            }
+            Ok(n) => {
+                debug_assert!(n <= spare || c.plain_on_tls);
+                // A short read means drained (no read is spent on EAGAIN), unless the FIN was
+                // reported: then the next read returns 0 and the connection is closed now
+                // instead of at its timeout.
+                if n < spare && !c.hup {
+                    c.readable = false;
+                }
+                if c.phase == Phase::Waiting {
+                    // The loop gives it a new request (`start_reading`).
+                } else if c.rq().linger_until_ms != 0 && (c.body_pending() || c.lingering) {
+                    c.deadline_ms = c.linger_deadline(cx.now_ms);
+                } else if c.body_pending() {
+                    c.deadline_ms = cx.now_ms + c.rq().body_timeout_ms;
+                }
+                Read::Got
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                c.readable = false;
+                Read::Drained
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Read::Again,
+            Err(_) => Read::Closed,
         }
     }
 
     /// Writes the output buffer, then the file body, until done, blocked, failed, or
     /// [`FLUSH_CHUNKS_MAX`] file chunks were moved in this call (then `Flush::Yield`: the
     /// connection takes its next turn after the worker's other connections).
-    pub(super) fn flush(&mut self, key: usize) -> Flush {
-        let now_ms = self.now_ms;
-        let turn = self.turn;
-        let c = &mut self.conns[key];
+    ///
+    /// `key` is the connection's own (an HTTP/2 stream's output goes to its session in
+    /// `h2`); the clock is `cx`'s. A step of the connection: it needs no worker.
+    pub(super) fn flush(
+        &mut self,
+        key: usize,
+        cx: &super::ctx::Ctx<'_>,
+        h2: &mut slab::Slab<super::h2::Session>,
+    ) -> Flush {
+        let now_ms = cx.now_ms;
+        let turn = cx.turn;
+        let c = self;
         let r = req_of(&mut c.req);
         let mut chunks = 0;
         let mut size_checked = false;
@@ -890,7 +784,7 @@ impl<'a> Worker<'a> {
                 let end = c.out.len().min(c.out_pos.saturating_add(allow));
                 let out = std::mem::take(&mut c.out);
                 let res = if c.h2 & super::h2::H2_STREAM != 0 {
-                    Worker::h2_send(&mut self.h2, c.h2, key, &out[c.out_pos..end])
+                    Worker::h2_send(h2, c.h2, key, &out[c.out_pos..end])
                 } else {
                     send(
                         fd_of(&c.fd),
@@ -1005,6 +899,224 @@ impl<'a> Worker<'a> {
             }
         }
     }
+}
+
+impl<'a> Worker<'a> {
+    pub(super) fn set_phase(&mut self, key: usize, phase: Phase) {
+        let c = &mut self.conns[key];
+        if c.phase != phase {
+            WorkerSlot::drop_one(phase_counter(self.cx.slot, c.phase));
+            WorkerSlot::bump(phase_counter(self.cx.slot, phase), 1);
+            c.phase = phase;
+        }
+    }
+
+    /// Puts a connection into the request-head phase (at accept or after a keep-alive wait),
+    /// with a new request.
+    pub(super) fn start_reading(&mut self, key: usize, fresh: bool) {
+        let srv = self.default_server(self.conns[key].listener);
+        let timeout = srv.map_or(60_000, |s| s.client_header_timeout_ms);
+        let mut req = match self.cx.req_spares.pop() {
+            Some(r) => r,
+            None => Box::new(Req::fallback()),
+        };
+        match srv {
+            Some(s) => req.reset(&s.base),
+            None => *req = Req::fallback(),
+        }
+        let c = &mut self.conns[key];
+        req.client = c.peer;
+        if let Some(old) = c.req.replace(req) {
+            self.give_req(old);
+        }
+        if fresh {
+            WorkerSlot::bump(&self.cx.slot.reading, 1);
+        } else {
+            self.set_phase(key, Phase::Reading);
+        }
+        self.conns[key].deadline_ms = self.cx.now_ms + timeout;
+    }
+
+    /// `$request_id` of the request on `key`: made when asked for, which most requests never do.
+    pub(super) fn request_id(&self, key: usize) -> u128 {
+        request_id(self.request_id_key, self.conns[key].rd().request_seq)
+    }
+
+    /// Keeps a finished request for the next one (its vectors keep their room).
+    pub(super) fn give_req(&mut self, mut r: Box<Req>) {
+        if let Some(p) = r.proxy.take() {
+            // Not expected: the proxy step hands its state back before a request ends.
+            if let Some(u) = p.upstream_conn() {
+                self.close_upconn(u);
+            }
+            self.give_proxy_bufs(p);
+        }
+        if self.cx.req_spares.len() < REQ_SPARES_MAX {
+            self.cx.req_spares.push(r);
+        }
+    }
+
+    /// The default server of an HTTP listener, whose settings a request has until its
+    /// `Host` chose one. Looked up rather than kept on the connection.
+    /// (Accepting needs one, so every HTTP connection has it.)
+    pub(super) fn default_server(&self, listener: usize) -> Option<&'a shard_config::ServerConf> {
+        let cfg = self.cx.cfg;
+        let l = &cfg.listeners[listener];
+        cfg.http.as_ref().map(|h| &h.servers[l.default_server])
+    }
+
+    pub(super) fn on_conn_event(&mut self, key: usize, generation: u32, ev: shard_event::Event) {
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        if super::token::generation(c.id) != generation {
+            return; // registered for a connection that closed since
+        }
+        if ev.readable() {
+            c.readable = true;
+        }
+        if ev.writable() {
+            c.writable = true;
+        }
+        if ev.hup() {
+            c.hup = true;
+        }
+        self.drive(key);
+    }
+
+    pub(super) fn ensure_registered(&mut self, key: usize) -> bool {
+        let c = &mut self.conns[key];
+        if c.registered || c.fd.is_none() {
+            return true;
+        }
+        let interest = shard_event::Interest::READ
+            | shard_event::Interest::WRITE
+            | shard_event::Interest::RDHUP
+            | shard_event::Interest::EDGE;
+        let token = super::token::Token::Conn {
+            key,
+            generation: super::token::generation(c.id),
+        };
+        match self.poll.add(fd_of(&c.fd), token.encode(), interest) {
+            Ok(()) => {
+                c.registered = true;
+                true
+            }
+            Err(e) => {
+                crate::log!(
+                    Alert,
+                    "epoll_ctl(ADD) failed ({})",
+                    shard_event::os_error_text(&e)
+                );
+                false
+            }
+        }
+    }
+
+    pub(super) fn close(&mut self, key: usize) {
+        if !self.conns.contains(key) {
+            return;
+        }
+        self.release_limits(key);
+        let h2 = self.conns[key].h2;
+        if h2 & super::h2::H2_SESSION != 0 {
+            self.h2_session_closed(h2);
+        }
+        let mut c = self.conns.remove(key);
+        if let Some(t) = c.tls.as_mut() {
+            super::tls::close_notify(fd_of(&c.fd), t);
+        }
+        // Dropping `c` closes its socket (which removes it from epoll; no EPOLL_CTL_DEL
+        // needed) and its file.
+        if let Some(r) = c.req.take() {
+            self.give_req(r);
+        }
+        WorkerSlot::drop_one(phase_counter(self.cx.slot, c.phase));
+        if h2 & super::h2::H2_STREAM == 0 {
+            WorkerSlot::drop_one(&self.cx.slot.active);
+        }
+        let inbuf = std::mem::take(&mut c.inbuf);
+        let out = std::mem::take(&mut c.out);
+        self.give_buf(inbuf);
+        self.give_buf(out);
+        if h2 & super::h2::H2_STREAM != 0 {
+            self.h2_stream_closed(h2, key);
+        }
+    }
+
+    pub(super) fn on_timeout(&mut self, key: usize) {
+        // `limit_rate` held the response back: its next share of bytes is due.
+        let rate = self.conns[key].req.as_mut().and_then(|r| r.rate.as_mut());
+        if let Some(r) = rate.filter(|r| r.resume_ms != 0) {
+            if self.cx.now_ms >= r.resume_ms {
+                r.resume_ms = 0;
+                let c = &mut self.conns[key];
+                c.deadline_ms = self.cx.now_ms + c.rq().send_timeout_ms;
+                self.drive(key);
+                return;
+            }
+        }
+        if self.proxy_timeout(key) {
+            return;
+        }
+        if self.conns[key].h2 & super::h2::H2_SESSION != 0 && self.h2_header_timeout(key) {
+            return;
+        }
+        let c = &mut self.conns[key];
+        if c.req.as_ref().is_some_and(|r| r.delayed_until != 0) {
+            // A request `limit_req` delayed: its turn now.
+            c.rq().delayed_until = 0;
+            c.rq().limit_passed = true;
+            let listener = c.listener;
+            let timeout = self
+                .default_server(listener)
+                .map_or(60_000, |s| s.client_header_timeout_ms);
+            let c = &mut self.conns[key];
+            c.deadline_ms = self.cx.now_ms + timeout;
+            self.drive(key);
+            return;
+        }
+        let c = &self.conns[key];
+        if c.lingering {
+            self.close(key);
+            return;
+        }
+        match c.phase {
+            Phase::Reading if !c.inbuf.is_empty() && !c.has_output() => {
+                let line = self.unparsed_request(key);
+                crate::log!(
+                    Info,
+                    "client timed out (110: Connection timed out) while reading client request headers{}",
+                    self.log_context(key, Some(&line))
+                );
+                self.error_reply(key, 408, "");
+                self.log_refused(key, 408, &line);
+                self.drive(key);
+            }
+            Phase::Reading | Phase::Waiting => self.close(key),
+            // The response went out and the rest of the body, being discarded, stopped
+            // coming for `lingering_timeout` (or `lingering_time` passed): nginx closes
+            // without a word.
+            Phase::Writing if c.body_pending() && !c.has_output() => self.close(key),
+            Phase::Writing => {
+                crate::log!(
+                    Info,
+                    "client timed out (110: Connection timed out) while sending response to client{}",
+                    self.log_context(key, None)
+                );
+                if let Some(t) = self.conns[key].tls.as_mut() {
+                    t.quiet = true;
+                }
+                self.close(key);
+            }
+        }
+    }
+
+    /// Writes what connection `key` has to write ([`Conn::flush`]).
+    pub(super) fn flush(&mut self, key: usize) -> Flush {
+        let Worker { conns, cx, h2, .. } = self;
+        conns[key].flush(key, cx, h2)
+    }
 
     /// Runs the connection until it must wait for the kernel, is closed, or used up its turn
     /// (`TURN_ROUNDS_MAX` rounds; then it is queued to go on after the other connections),
@@ -1106,8 +1218,8 @@ impl<'a> Worker<'a> {
                         None => shard_event::sock::shutdown_write(fd_of(&c.fd)),
                     }
                     c.lingering = true;
-                    c.rq().linger_until_ms = self.now_ms + c.rq().linger.time_ms;
-                    c.deadline_ms = c.linger_deadline(self.now_ms);
+                    c.rq().linger_until_ms = self.cx.now_ms + c.rq().linger.time_ms;
+                    c.deadline_ms = c.linger_deadline(self.cx.now_ms);
                     self.conns[key].inbuf.clear();
                     continue;
                 }
@@ -1118,8 +1230,8 @@ impl<'a> Worker<'a> {
             // `lingering_timeout`, and all of it `lingering_time`.
             if c.body_pending() {
                 if c.rq().linger_until_ms == 0 {
-                    c.rq().linger_until_ms = self.now_ms + c.rq().linger.time_ms;
-                    c.deadline_ms = c.linger_deadline(self.now_ms);
+                    c.rq().linger_until_ms = self.cx.now_ms + c.rq().linger.time_ms;
+                    c.deadline_ms = c.linger_deadline(self.cx.now_ms);
                 }
                 if self.consume_body(key, None) {
                     continue;
@@ -1137,7 +1249,7 @@ impl<'a> Worker<'a> {
                 }
                 let c = &mut self.conns[key];
                 if c.inbuf.is_empty() {
-                    c.deadline_ms = self.now_ms + c.rq().keepalive_timeout_ms;
+                    c.deadline_ms = self.cx.now_ms + c.rq().keepalive_timeout_ms;
                     // Between requests a connection holds no request.
                     let r = c.req.take();
                     if let Some(r) = r {
@@ -1231,9 +1343,15 @@ impl<'a> Worker<'a> {
     /// with the default server's settings, before its Host header chose one. Looked up rather
     /// than kept on the connection, which would cost every idle connection 32 bytes.
     fn limits(&self, listener: usize) -> shard_http::request::Limits {
-        let l = &self.cfg.listeners[listener];
+        let l = &self.cx.cfg.listeners[listener];
         // An HTTP listener always has an http block; without one, shard-http's defaults.
-        let Some(s) = self.cfg.http.as_ref().map(|h| &h.servers[l.default_server]) else {
+        let Some(s) = self
+            .cx
+            .cfg
+            .http
+            .as_ref()
+            .map(|h| &h.servers[l.default_server])
+        else {
             return shard_http::request::Limits::default();
         };
         shard_http::request::Limits {
@@ -1299,7 +1417,7 @@ impl<'a> Worker<'a> {
                         Error,
                         "broken header: \"{text}\" while reading PROXY protocol, client: {}, server: {}",
                         c.peer.map_or("-".to_string(), |a| a.ip().to_string()),
-                        self.cfg.listeners[c.listener].addr,
+                        self.cx.cfg.listeners[c.listener].addr,
                     );
                     Io::Close
                 }
@@ -1326,85 +1444,28 @@ impl<'a> Worker<'a> {
             self.ensure_registered(key);
             return Io::Wait;
         }
-        if self.conns[key].inbuf.capacity() == 0 {
-            let b = self.take_buf(READ_BUFFER_BYTES);
-            self.conns[key].inbuf = b;
-        }
         let limit = {
             let l = self.limits(self.conns[key].listener);
             (l.large_buffers * l.large_buffer_size).max(READ_BUFFER_BYTES)
         };
-        // Handshake records processed before this read, to charge the turn's budget with
-        // what the read processes (a read that finds nothing costs none of it).
-        let steps_before = match self.conns[key].tls.as_ref() {
-            Some(t) if t.conn.is_handshaking() => {
-                if self.handshakes_left == 0 {
-                    WorkerSlot::bump(&self.slot.tls_handshakes_deferred, 1);
-                    self.yield_conn(key);
-                    return Io::Wait;
-                }
-                Some(t.handshake_steps)
-            }
-            _ => None,
-        };
-        let c = &mut self.conns[key];
-        if c.inbuf.len() == c.inbuf.capacity() {
-            if c.inbuf.len() >= limit && !c.body_pending() {
-                // The parser already had the whole allowance and still wants more: it will
-                // report 431 or 414 on this buffer, so stop reading.
-                return Io::Wait;
-            }
-            let grow = c.inbuf.capacity().max(READ_BUFFER_BYTES);
-            c.inbuf.reserve(grow);
-        }
-        let spare = c.inbuf.capacity() - c.inbuf.len();
-        let mut inbuf = std::mem::take(&mut c.inbuf);
-        let res = c.recv(&mut inbuf, spare);
-        c.inbuf = inbuf;
-        if let (Some(before), Some(t)) = (steps_before, c.tls.as_ref()) {
-            self.handshakes_left = self
-                .handshakes_left
-                .saturating_sub(t.handshake_steps.wrapping_sub(before));
-        }
-        if let Some(t) = c
-            .tls
-            .as_mut()
-            .filter(|t| !t.counted && !t.conn.is_handshaking())
-        {
-            t.counted = true;
-            WorkerSlot::bump(&self.slot.tls_handshakes, 1);
-            WorkerSlot::bump(&self.slot.tls_handshake_us, t.handshake_ns / 1000);
-        }
-        match res {
-            Ok(0) => {
-                c.eof = true;
-                c.readable = false;
-                Io::Close
-            }
-            Ok(n) => {
-                debug_assert!(n <= spare || c.plain_on_tls);
-                // A short read means drained (no read is spent on EAGAIN), unless the FIN was
-                // reported: then the next read returns 0 and the connection is closed now
-                // instead of at its timeout.
-                if n < spare && !c.hup {
-                    c.readable = false;
-                }
-                if c.phase == Phase::Waiting {
+        match self.conns[key].read(&mut self.cx, limit) {
+            Read::Got => {
+                if self.conns[key].phase == Phase::Waiting {
                     self.start_reading(key, false);
-                } else if c.rq().linger_until_ms != 0 && (c.body_pending() || c.lingering) {
-                    c.deadline_ms = c.linger_deadline(self.now_ms);
-                } else if c.body_pending() {
-                    c.deadline_ms = self.now_ms + c.rq().body_timeout_ms;
                 }
                 Io::Ready
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                c.readable = false;
+            Read::Again => Io::Ready,
+            Read::Full => Io::Wait,
+            Read::Drained => {
                 self.ensure_registered(key);
                 Io::Wait
             }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Io::Ready,
-            Err(_) => Io::Close,
+            Read::Deferred => {
+                self.yield_conn(key);
+                Io::Wait
+            }
+            Read::Closed => Io::Close,
         }
     }
 
@@ -1449,7 +1510,7 @@ impl<'a> Worker<'a> {
                 if n < want && !c.hup {
                     c.readable = false;
                 }
-                c.deadline_ms = self.now_ms + r.body_timeout_ms;
+                c.deadline_ms = self.cx.now_ms + r.body_timeout_ms;
                 Some(Io::Ready)
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -1479,7 +1540,7 @@ impl<'a> Worker<'a> {
             Ok(0) => Io::Close,
             Ok(_) => {
                 let c = &mut self.conns[key];
-                c.deadline_ms = c.linger_deadline(self.now_ms);
+                c.deadline_ms = c.linger_deadline(self.cx.now_ms);
                 Io::Ready
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -1557,7 +1618,8 @@ impl<'a> Worker<'a> {
         let (server, client) = match c.req.as_deref() {
             Some(r) => (r.server, r.client),
             None => (
-                self.cfg
+                self.cx
+                    .cfg
                     .listeners
                     .get(c.listener)
                     .map_or(0, |l| l.default_server),
@@ -1565,6 +1627,7 @@ impl<'a> Worker<'a> {
             ),
         };
         let server = self
+            .cx
             .cfg
             .http
             .as_ref()
@@ -1587,7 +1650,7 @@ impl<'a> Worker<'a> {
     /// 431, 501, 505; `req` from [`Worker::unparsed_request`]): in the access logs of the
     /// listener's default server, as nginx, with `$request` as far as it was received.
     fn log_refused(&mut self, key: usize, status: u16, req: &shard_http::request::Request) {
-        let Some(http) = self.cfg.http.as_ref() else {
+        let Some(http) = self.cx.cfg.http.as_ref() else {
             return;
         };
         let srv = &http.servers[self.conns[key].rq().server];
@@ -1602,7 +1665,7 @@ impl<'a> Worker<'a> {
     /// listener's default server (nginx), its `$request` the first line as far as received.
     fn unparsed_request(&mut self, key: usize) -> shard_http::request::Request {
         let c = &mut self.conns[key];
-        c.rq().server = self.cfg.listeners[c.listener].default_server;
+        c.rq().server = self.cx.cfg.listeners[c.listener].default_server;
         shard_http::request::Request::unparsed(&c.inbuf)
     }
 
@@ -1628,16 +1691,16 @@ impl<'a> Worker<'a> {
         keep_alive: bool,
         loc: Option<&LocationConf>,
     ) {
-        let cfg = self.cfg;
+        let cfg = self.cx.cfg;
         let loc = loc.or_else(|| {
             let h = cfg.http.as_ref()?;
             h.servers.get(self.conns[key].rq().server).map(|s| &s.base)
         });
-        let date = std::mem::take(&mut self.date);
+        let date = std::mem::take(&mut self.cx.date);
         {
             let c = &mut self.conns[key];
             if c.out.capacity() == 0 {
-                c.out = self.pool.pop().unwrap_or_default();
+                c.out = self.cx.spare_buf();
                 c.out.clear();
             }
             let body = shard_http::response::error_body(status);
@@ -1663,7 +1726,7 @@ impl<'a> Worker<'a> {
                 c.rq().body = BodyLeft::None;
             }
         }
-        self.date = date;
+        self.cx.date = date;
         if self.conns[key].phase != Phase::Writing {
             self.set_phase(key, Phase::Writing);
         }
@@ -1671,7 +1734,7 @@ impl<'a> Worker<'a> {
 
     /// Answers the request whose head is the first `head_len` bytes of the input buffer.
     fn handle(&mut self, key: usize, mut req: shard_http::request::Request, head_len: usize) {
-        let cfg = self.cfg;
+        let cfg = self.cx.cfg;
         if self.conns[key].h2 != 0 {
             // A stream's request, given as HTTP/1.1: `$request` and `$server_protocol` say
             // what the client spoke.
@@ -1681,7 +1744,7 @@ impl<'a> Worker<'a> {
             }
         }
         let Some(http) = cfg.http.as_ref() else {
-            WorkerSlot::bump(&self.slot.requests, 1);
+            WorkerSlot::bump(&self.cx.slot.requests, 1);
             self.set_phase(key, Phase::Writing);
             self.error_reply(key, 500, "");
             return;
@@ -1700,7 +1763,7 @@ impl<'a> Worker<'a> {
             Box::new(Rate {
                 bytes_per_sec: first.limit_rate,
                 after: first.limit_rate_after,
-                start_ms: self.now_ms,
+                start_ms: self.cx.now_ms,
                 sent: 0,
                 resume_ms: 0,
             })
@@ -1825,7 +1888,7 @@ impl<'a> Worker<'a> {
                 Limited::Pass => {}
                 Limited::Delay(ms) => {
                     let c = &mut self.conns[key];
-                    c.rq().delayed_until = self.now_ms + ms.max(1);
+                    c.rq().delayed_until = self.cx.now_ms + ms.max(1);
                     let until = c.rq().delayed_until;
                     self.set_conn_deadline(key, until);
                     return;
@@ -1833,7 +1896,7 @@ impl<'a> Worker<'a> {
                 Limited::Refuse(status) => forced = Some(status),
             }
         }
-        WorkerSlot::bump(&self.slot.requests, 1);
+        WorkerSlot::bump(&self.cx.slot.requests, 1);
         if req.invalid_headers > 0 {
             crate::log!(
                 Info,
@@ -1849,7 +1912,7 @@ impl<'a> Worker<'a> {
 
         let c = &mut self.conns[key];
         c.requests += 1;
-        c.rq().request_started_ms = self.now_ms;
+        c.rq().request_started_ms = self.cx.now_ms;
         c.rq().in_error_page = false;
         c.rq().status_override = None;
         c.rq().send_timeout_ms = first.send_timeout_ms;
@@ -1861,7 +1924,7 @@ impl<'a> Worker<'a> {
         c.rq().body_bytes_max = first.client_max_body_size;
         let keep_alive =
             shard_http::response::keep_alive(&req, first, c.requests, self.shutting_down)
-                && self.now_ms.saturating_sub(c.opened_ms) < first.keepalive_time_ms
+                && self.cx.now_ms.saturating_sub(c.opened_ms) < first.keepalive_time_ms
                 && !c.plain_on_tls
                 && c.h2 == 0
                 && !matches!(forced, Some(495 | 496));
@@ -1896,12 +1959,12 @@ impl<'a> Worker<'a> {
             }
         }
         if c.body_pending() {
-            let deadline = self.now_ms + c.rq().body_timeout_ms;
+            let deadline = self.cx.now_ms + c.rq().body_timeout_ms;
             self.set_conn_deadline(key, deadline);
         }
         let c = &mut self.conns[key];
         if c.out.capacity() == 0 {
-            c.out = self.pool.pop().unwrap_or_default();
+            c.out = self.cx.spare_buf();
             c.out.clear();
         }
 
@@ -1979,7 +2042,7 @@ impl<'a> Worker<'a> {
         let http = self.http();
         let mut storage = shard_http::vars::header_storage();
         let hs = shard_http::vars::request_headers(head, &mut storage);
-        let now = self.now_ms;
+        let now = self.cx.now_ms;
         let mut held = Vec::new();
         let mut verdict = Limited::Pass;
         let mut conn_status = "";
@@ -2117,7 +2180,7 @@ impl<'a> Worker<'a> {
         let Some(r) = c.req.as_mut() else {
             return;
         };
-        let now = self.now_ms;
+        let now = self.cx.now_ms;
         for (z, k) in std::mem::take(&mut r.conn_held) {
             self.zones[z].release(k, now);
         }
@@ -2265,7 +2328,7 @@ impl<'a> Worker<'a> {
                 shard_http::access_log::write_combined(
                     &mut f.buf,
                     peer,
-                    &self.log_time,
+                    &self.cx.log_time,
                     &req.request_line,
                     status,
                     bytes,
@@ -2332,7 +2395,7 @@ impl<'a> Worker<'a> {
             req,
             headers,
             client: c.rd().client,
-            server_addr: self.cfg.listeners[c.listener].addr,
+            server_addr: self.cx.cfg.listeners[c.listener].addr,
             server_name: shard_http::route::server_name(srv),
             location: loc,
             pass: loc.proxy_pass.as_ref(),
@@ -2472,7 +2535,7 @@ impl<'a> Worker<'a> {
         };
         let https = self.conns[key].tls.is_some();
         let port = if loc.port_in_redirect {
-            self.cfg.listeners[self.conns[key].listener].addr.port()
+            self.cx.cfg.listeners[self.conns[key].listener].addr.port()
         } else if https {
             443
         } else {
@@ -2503,7 +2566,7 @@ impl<'a> Worker<'a> {
             capture_text: c.rd().capture_text.as_deref().unwrap_or(&req.path),
             capture_names: &c.rd().capture_names,
             user: &c.rd().user_vars,
-            maps: self.cfg.http.as_ref().map_or(&[][..], |h| &h.maps),
+            maps: self.cx.cfg.http.as_ref().map_or(&[][..], |h| &h.maps),
         }
     }
 
@@ -2515,8 +2578,9 @@ impl<'a> Worker<'a> {
             connection: c.number,
             requests: c.requests,
             now_ms: now,
-            started_ms: now.saturating_sub(self.now_ms.saturating_sub(c.rd().request_started_ms)),
-            opened_ms: now.saturating_sub(self.now_ms.saturating_sub(c.opened_ms)),
+            started_ms: now
+                .saturating_sub(self.cx.now_ms.saturating_sub(c.rd().request_started_ms)),
+            opened_ms: now.saturating_sub(self.cx.now_ms.saturating_sub(c.opened_ms)),
             peer: c.peer,
             limit_req_status: c.rd().limit_req_status,
             limit_conn_status: c.rd().limit_conn_status,
@@ -2599,7 +2663,7 @@ impl<'a> Worker<'a> {
                 return;
             }
         }
-        let size_checked_turn = (fd.size_checked_for() == self.request_seq).then_some(self.turn);
+        let size_checked_turn = (fd.size_checked_for() == self.request_seq).then_some(self.cx.turn);
         c.rq().file = Some(FileBody {
             fd,
             offset,
@@ -2625,7 +2689,7 @@ impl<'a> Worker<'a> {
         mut loc: &'a LocationConf,
         ph: Phases,
     ) {
-        let cfg = self.cfg;
+        let cfg = self.cx.cfg;
         let Phases {
             mut req,
             head,
@@ -2896,5 +2960,238 @@ mod tests {
             (r.send_timeout_ms, r.keepalive_timeout_ms),
             (60_000, 75_000)
         );
+    }
+
+    /// The connection's steps (`Conn::read`, `Conn::flush`) on a socketpair, without a
+    /// worker: a connection with a request (defaults), its socket non-blocking, and the peer
+    /// on the other end.
+    mod steps {
+        use super::*;
+        use crate::worker::ctx::Ctx;
+        use std::io::Read as _;
+        use std::os::unix::net::UnixStream;
+
+        struct Pair {
+            conn: Conn,
+            peer: UnixStream,
+            cfg: &'static shard_config::Config,
+            slot: &'static crate::shm::WorkerSlot,
+            h2: slab::Slab<crate::worker::h2::Session>,
+        }
+
+        fn pair() -> Pair {
+            let (ours, peer) = UnixStream::pair().unwrap();
+            ours.set_nonblocking(true).unwrap();
+            let mut conn = Conn::new(OwnedFd::from(ours), None, 0, 1, 1, 0);
+            conn.req = Some(Box::new(Req::fallback()));
+            Pair {
+                conn,
+                peer,
+                cfg: Box::leak(Box::new(server("events {}"))),
+                slot: Box::leak(Box::default()),
+                h2: slab::Slab::new(),
+            }
+        }
+
+        impl Pair {
+            fn cx(&self, now_ms: u64) -> Ctx<'static> {
+                Ctx::new(self.cfg, self.slot, now_ms)
+            }
+
+            fn flush(&mut self, now_ms: u64) -> Flush {
+                let cx = self.cx(now_ms);
+                self.conn.flush(0, &cx, &mut self.h2)
+            }
+
+            /// What the peer can read now.
+            fn drain(&mut self) -> Vec<u8> {
+                self.peer.set_nonblocking(true).unwrap();
+                let mut all = Vec::new();
+                let mut b = vec![0u8; 1 << 16];
+                while let Ok(n) = self.peer.read(&mut b) {
+                    if n == 0 {
+                        break;
+                    }
+                    all.extend_from_slice(&b[..n]);
+                }
+                all
+            }
+        }
+
+        #[test]
+        fn a_read_takes_what_arrived_then_says_drained_then_closed() {
+            use std::io::Write;
+            let mut p = pair();
+            let mut cx = p.cx(0);
+            p.peer.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+            assert_eq!(p.conn.read(&mut cx, 1 << 20), Read::Got);
+            assert_eq!(p.conn.inbuf, b"GET / HTTP/1.1\r\n");
+            assert!(
+                !p.conn.readable,
+                "a short read means drained: no read spent on EAGAIN"
+            );
+            // Told readable again with nothing there: drained, the loop registers it.
+            p.conn.readable = true;
+            assert_eq!(p.conn.read(&mut cx, 1 << 20), Read::Drained);
+            p.peer.write_all(b"Host: a\r\n").unwrap();
+            p.conn.readable = true;
+            assert_eq!(p.conn.read(&mut cx, 1 << 20), Read::Got);
+            assert_eq!(p.conn.inbuf, b"GET / HTTP/1.1\r\nHost: a\r\n");
+            p.peer.shutdown(std::net::Shutdown::Write).unwrap();
+            p.conn.readable = true;
+            assert_eq!(p.conn.read(&mut cx, 1 << 20), Read::Closed);
+            assert!(p.conn.eof);
+        }
+
+        #[test]
+        fn a_head_at_its_allowance_is_not_read_further() {
+            use std::io::Write;
+            let mut p = pair();
+            let mut cx = p.cx(0);
+            // More than the allowance (the buffer's first size) waits in the socket.
+            p.peer
+                .write_all(&vec![b'a'; READ_BUFFER_BYTES * 3])
+                .unwrap();
+            assert_eq!(p.conn.read(&mut cx, READ_BUFFER_BYTES), Read::Got);
+            assert_eq!(p.conn.inbuf.len(), p.conn.inbuf.capacity());
+            p.conn.readable = true;
+            assert_eq!(p.conn.read(&mut cx, p.conn.inbuf.len()), Read::Full);
+            // With a larger allowance the buffer grows and reading goes on.
+            assert_eq!(p.conn.read(&mut cx, 1 << 20), Read::Got);
+        }
+
+        #[test]
+        fn the_output_goes_out_and_the_buffer_is_emptied() {
+            let mut p = pair();
+            p.conn.out = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
+            assert!(matches!(p.flush(1000), Flush::Done));
+            assert!(p.conn.out.is_empty() && p.conn.out_pos == 0);
+            assert_eq!(p.drain(), b"HTTP/1.1 200 OK\r\n\r\n");
+            // The send timeout runs from the write.
+            assert_eq!(p.conn.deadline_ms, 1000 + p.conn.rd().send_timeout_ms);
+        }
+
+        #[test]
+        fn a_full_socket_blocks_and_the_rest_goes_when_it_drains() {
+            let mut p = pair();
+            let body: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+            p.conn.out = body.clone();
+            assert!(matches!(p.flush(0), Flush::Blocked));
+            assert!(!p.conn.writable, "a full socket waits for EPOLLOUT");
+            assert!(p.conn.out_pos > 0 && p.conn.out_pos < body.len());
+            let mut got = Vec::new();
+            loop {
+                got.extend(p.drain());
+                // The kernel said writable again (what the loop does on EPOLLOUT).
+                p.conn.writable = true;
+                match p.flush(0) {
+                    Flush::Done => break,
+                    Flush::Blocked => {}
+                    _ => panic!("neither done nor blocked"),
+                }
+            }
+            got.extend(p.drain());
+            assert!(
+                got == body,
+                "{} bytes of {} arrived intact",
+                got.len(),
+                body.len()
+            );
+        }
+
+        #[test]
+        fn limit_rate_holds_the_rest_until_the_next_seconds_share() {
+            let mut p = pair();
+            p.conn.rq().rate = Some(Box::new(Rate {
+                bytes_per_sec: 1000,
+                after: 0,
+                start_ms: 0,
+                sent: 0,
+                resume_ms: 0,
+            }));
+            p.conn.out = vec![b'x'; 2500];
+            assert!(matches!(p.flush(10), Flush::Blocked));
+            assert_eq!(p.drain().len(), 1000, "the first second's share");
+            let resume = p.conn.rd().rate.as_ref().unwrap().resume_ms;
+            assert_eq!(resume, 1000);
+            assert_eq!(p.conn.deadline_ms, resume, "woken for the next share");
+            assert!(matches!(p.flush(1000), Flush::Blocked));
+            assert_eq!(p.drain().len(), 1000);
+            assert!(matches!(p.flush(2000), Flush::Done));
+            assert_eq!(p.drain().len(), 500);
+        }
+
+        #[test]
+        fn a_file_body_follows_the_head_read_or_sent() {
+            for sendfile in [false, true] {
+                let mut p = pair();
+                let dir = std::env::temp_dir()
+                    .join(format!("shard-flush-{}-{sendfile}", std::process::id()));
+                std::fs::create_dir_all(&dir).unwrap();
+                let path = dir.join("f");
+                let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+                std::fs::write(&path, &data).unwrap();
+                let fd = OwnedFd::from(std::fs::File::open(&path).unwrap());
+                p.conn.out = b"HEAD|".to_vec();
+                p.conn.rq().file = Some(FileBody {
+                    fd: crate::worker::files::OpenFile::new(fd),
+                    offset: 100,
+                    remaining: 200_000,
+                    sendfile,
+                    mapped: false,
+                    size_checked_turn: None,
+                });
+                let mut got = Vec::new();
+                let mut turns = 0;
+                loop {
+                    turns += 1;
+                    assert!(turns < 1000, "no end");
+                    match p.flush(0) {
+                        Flush::Done => break,
+                        Flush::Blocked => p.conn.writable = true,
+                        // Its share of the file moved: the loop gives it another turn.
+                        Flush::Yield => {}
+                        Flush::Failed => panic!("failed (sendfile {sendfile})"),
+                    }
+                    got.extend(p.drain());
+                }
+                got.extend(p.drain());
+                assert!(p.conn.rd().file.is_none(), "the body is done");
+                assert_eq!(&got[..5], b"HEAD|");
+                assert!(got[5..] == data[100..200_100], "sendfile {sendfile}");
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+
+        #[test]
+        fn a_file_that_shrank_fails_the_response() {
+            let mut p = pair();
+            let path =
+                std::env::temp_dir().join(format!("shard-flush-short-{}", std::process::id()));
+            std::fs::write(&path, vec![b'y'; 1000]).unwrap();
+            let fd = OwnedFd::from(std::fs::File::open(&path).unwrap());
+            let _ = std::fs::remove_file(&path);
+            p.conn.rq().file = Some(FileBody {
+                fd: crate::worker::files::OpenFile::new(fd),
+                offset: 0,
+                remaining: 5000,
+                sendfile: false,
+                mapped: false,
+                size_checked_turn: None,
+            });
+            let mut outcome = Flush::Yield;
+            for _ in 0..100 {
+                outcome = p.flush(0);
+                p.drain();
+                p.conn.writable = true;
+                if !matches!(outcome, Flush::Yield | Flush::Blocked) {
+                    break;
+                }
+            }
+            assert!(
+                matches!(outcome, Flush::Failed),
+                "the promised length cannot be met"
+            );
+        }
     }
 }

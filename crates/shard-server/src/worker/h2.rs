@@ -510,8 +510,10 @@ impl Worker<'_> {
         if c.h2 != 0 || c.requests != 0 {
             return false;
         }
-        let (Some(http), Some(l)) = (self.cfg.http.as_ref(), self.cfg.listeners.get(c.listener))
-        else {
+        let (Some(http), Some(l)) = (
+            self.cx.cfg.http.as_ref(),
+            self.cx.cfg.listeners.get(c.listener),
+        ) else {
             return false;
         };
         match c.tls.as_ref() {
@@ -573,7 +575,7 @@ impl Worker<'_> {
             recv_used: 0,
             max_list,
             resets: 0,
-            resets_since_ms: self.now_ms,
+            resets_since_ms: self.cx.now_ms,
             going_away: false,
             closed: false,
             taken: 0,
@@ -715,7 +717,7 @@ impl Worker<'_> {
             self.conns[key].out_pos = 0;
             self.give_buf(out);
         }
-        let now = self.now_ms;
+        let now = self.cx.now_ms;
         let s = &mut self.h2[idx];
         if !s.reader.in_block() {
             s.block_since_ms = 0;
@@ -773,7 +775,7 @@ impl Worker<'_> {
         let s = &self.h2[idx];
         if s.block_since_ms == 0
             || s.lingering_until_ms != 0
-            || self.now_ms < s.block_since_ms + s.header_timeout_ms
+            || self.cx.now_ms < s.block_since_ms + s.header_timeout_ms
         {
             return false;
         }
@@ -801,7 +803,7 @@ impl Worker<'_> {
             None => shard_event::sock::shutdown_write(fd),
         }
         let s = &mut self.h2[idx];
-        s.lingering_until_ms = self.now_ms + s.lingering.time_ms.max(1);
+        s.lingering_until_ms = self.cx.now_ms + s.lingering.time_ms.max(1);
         self.h2_linger(key, idx)
     }
 
@@ -830,7 +832,7 @@ impl Worker<'_> {
         if let Io::Wait = res {
             let s = &self.h2[idx];
             let c = &mut self.conns[key];
-            c.deadline_ms = (self.now_ms + s.lingering.timeout_ms).min(s.lingering_until_ms);
+            c.deadline_ms = (self.cx.now_ms + s.lingering.timeout_ms).min(s.lingering_until_ms);
             self.ensure_registered(key);
         }
         res
@@ -1175,9 +1177,9 @@ impl Worker<'_> {
     fn h2_reset_by_client(&mut self, key: usize, idx: usize, sk: usize) {
         self.h2_drop_stream(idx, sk);
         let s = &mut self.h2[idx];
-        if self.now_ms.saturating_sub(s.resets_since_ms) > RESET_WINDOW_MS {
+        if self.cx.now_ms.saturating_sub(s.resets_since_ms) > RESET_WINDOW_MS {
             s.resets = 0;
-            s.resets_since_ms = self.now_ms;
+            s.resets_since_ms = self.cx.now_ms;
         }
         s.resets += 1;
         if s.resets > RESETS_PER_WINDOW * s.max_streams {
@@ -1215,7 +1217,7 @@ impl Worker<'_> {
         let proxy_protocol = parent.proxy_protocol.clone();
         let conn_id = self.next_conn_id;
         self.next_conn_id += 1;
-        let mut c = Conn::new_stream(peer, listener, conn_id, number, self.now_ms);
+        let mut c = Conn::new_stream(peer, listener, conn_id, number, self.cx.now_ms);
         c.h2 = tag(H2_STREAM, idx);
         c.proxy_protocol = proxy_protocol;
         // `$connection_requests`: the streams of the connection so far, this one included
@@ -1245,7 +1247,7 @@ impl Worker<'_> {
         // nginx's `keepalive_requests` and `keepalive_time` for HTTP/2: the connection takes
         // no more streams (GOAWAY), those it has finish.
         s.taken += 1;
-        let aged = self.now_ms.saturating_sub(opened) >= s.keepalive_time_ms;
+        let aged = self.cx.now_ms.saturating_sub(opened) >= s.keepalive_time_ms;
         if s.taken >= s.keepalive_requests || aged {
             s.go_away(code::NO_ERROR);
         }
@@ -1387,15 +1389,15 @@ impl Worker<'_> {
         if self.shutting_down || !self.h2.iter().any(|(_, s)| s.rebalance) {
             return;
         }
-        let me = self.slot as *const crate::shm::WorkerSlot;
-        let mine_now = self.slot.requests.load(Relaxed);
+        let me = self.cx.slot as *const crate::shm::WorkerSlot;
+        let mine_now = self.cx.slot.requests.load(Relaxed);
         let others_now: Vec<Option<u64>> = self
             .region
             .current()
             .filter(|w| !std::ptr::eq(*w, me))
             .map(|w| (w.pid.load(Relaxed) != 0).then(|| w.requests.load(Relaxed)))
             .collect();
-        let now = self.now_ms;
+        let now = self.cx.now_ms;
         // Chosen at the last look and the steering bit never came: sent now.
         self.h2_shed_pending();
         let rb = &mut self.rebalance;
@@ -1439,18 +1441,19 @@ impl Worker<'_> {
             conns.len()
         );
         self.rebalance.hold_until_ms = now + REBALANCE_HOLD_MS;
-        crate::shm::WorkerSlot::bump(&self.slot.h2_rebalanced, picked.len() as u64);
+        crate::shm::WorkerSlot::bump(&self.cx.slot.h2_rebalanced, picked.len() as u64);
         self.rebalance.pending = picked
             .into_iter()
             .map(|key| (key, self.conns[key].id))
             .collect();
         // Where the master steers (reuseport with `reuseport_steering`), it first takes
         // this worker out of the program for `REBALANCE_STEER_MS`; its bit says when.
-        let steered = self.cfg.events.reuseport_steering
+        let steered = self.cx.cfg.events.reuseport_steering
             && self.n_workers >= 2
-            && self.cfg.listeners.iter().any(|l| l.opts.reuseport);
+            && self.cx.cfg.listeners.iter().any(|l| l.opts.reuseport);
         if steered {
-            self.slot
+            self.cx
+                .slot
                 .shed_until_ms
                 .store(now + REBALANCE_STEER_MS, Relaxed);
         } else {

@@ -413,13 +413,13 @@ impl<'a> Worker<'a> {
             limit_zones: Vec::new(),
             upstreams: Vec::new(),
         };
-        self.cfg.http.as_ref().unwrap_or(&NONE)
+        self.cx.cfg.http.as_ref().unwrap_or(&NONE)
     }
 
     /// The upstream's balancing method for the request on `key`.
     fn pick_http_peer(&mut self, key: usize, p: &Proxy, upstream: usize) -> Option<usize> {
         let ups = self.ups(upstream);
-        let now = self.now_ms;
+        let now = self.cx.now_ms;
         // This worker's connections in use per peer: for `least_conn` and `max_conns`.
         let needs_active = matches!(
             ups.balance,
@@ -1109,9 +1109,9 @@ impl<'a> Worker<'a> {
                 if p.tries == 0 {
                     p.retry_until_ms = match nu_timeout {
                         0 => u64::MAX,
-                        t => self.now_ms.saturating_add(t),
+                        t => self.cx.now_ms.saturating_add(t),
                     };
-                } else if self.now_ms >= p.retry_until_ms {
+                } else if self.cx.now_ms >= p.retry_until_ms {
                     return no_more_peers(p, 502);
                 }
                 p.tried[peer] = true;
@@ -1120,7 +1120,7 @@ impl<'a> Worker<'a> {
                     addr: ups.peers[peer].name.clone(),
                     ..Default::default()
                 });
-                p.attempt_started_ms = self.now_ms;
+                p.attempt_started_ms = self.cx.now_ms;
                 // The balancer chose; a kept-alive connection to that peer only saves the
                 // connect, as nginx's keepalive module wraps the balancer.
                 // A pooled connection speaks what it was opened for: TLS or not, and TLS
@@ -1230,7 +1230,7 @@ impl<'a> Worker<'a> {
             owner: Some((key, conn_id)),
             requests: 1,
             idle_since_ms: 0,
-            opened_ms: self.now_ms,
+            opened_ms: self.cx.now_ms,
             tls: None,
             fin_pending: false,
             tls_config: 0,
@@ -1262,7 +1262,7 @@ impl<'a> Worker<'a> {
     fn upstream_connected(&mut self, key: usize, p: &mut Proxy) -> Flow {
         let loc = self.proxy_location(p);
         if let Some(a) = p.attempts.last_mut() {
-            a.connect_ms = Some(self.now_ms.saturating_sub(p.attempt_started_ms));
+            a.connect_ms = Some(self.cx.now_ms.saturating_sub(p.attempt_started_ms));
         }
         let Some(u) = p.up else {
             return Flow::Fail(502);
@@ -1366,7 +1366,7 @@ impl<'a> Worker<'a> {
         let srv = &self.http().servers[p.server];
         let loc = self.proxy_location(p);
         let c = &self.conns[key];
-        let listener = &self.cfg.listeners[c.listener];
+        let listener = &self.cx.cfg.listeners[c.listener];
         let server_name = shard_http::route::server_name(srv);
         // `proxy_set_body`: this body instead of the client's; `proxy_pass_request_body off`:
         // none (the client's was read and is dropped).
@@ -1753,7 +1753,7 @@ impl<'a> Worker<'a> {
                         Some(Io::Ready) => continue,
                         Some(Io::Wait) if !p.body.mem.is_empty() => break,
                         Some(Io::Wait) => {
-                            let t = self.now_ms + self.conns[key].rq().body_timeout_ms;
+                            let t = self.cx.now_ms + self.conns[key].rq().body_timeout_ms;
                             self.set_conn_deadline(key, t);
                             return Flow::Wait;
                         }
@@ -1766,7 +1766,7 @@ impl<'a> Worker<'a> {
                         Io::Ready => {}
                         Io::Wait if !p.body.mem.is_empty() => break,
                         Io::Wait => {
-                            let t = self.now_ms + self.conns[key].rq().body_timeout_ms;
+                            let t = self.cx.now_ms + self.conns[key].rq().body_timeout_ms;
                             self.set_conn_deadline(key, t);
                             return Flow::Wait;
                         }
@@ -2165,7 +2165,7 @@ impl<'a> Worker<'a> {
         p.status = head.status;
         if let Some(a) = p.attempts.last_mut() {
             a.status = Some(head.status);
-            a.header_ms = Some(self.now_ms.saturating_sub(p.attempt_started_ms));
+            a.header_ms = Some(self.cx.now_ms.saturating_sub(p.attempt_started_ms));
         }
         p.head_sent = true;
         let loc = self.proxy_location(p);
@@ -2185,7 +2185,7 @@ impl<'a> Worker<'a> {
                 loc,
                 if_headers.as_deref(),
                 head.status,
-                self.now_secs,
+                self.cx.now_secs,
                 None,
                 Some(&ctx),
             );
@@ -2199,7 +2199,7 @@ impl<'a> Worker<'a> {
         shard_http::proxy::write_client_head(
             &mut c.out,
             &head,
-            &self.date,
+            &self.cx.date,
             client_framing,
             p.keep_alive,
             server,
@@ -2317,12 +2317,12 @@ impl<'a> Worker<'a> {
                 // `proxy_limit_rate`: no more than this second's share; the read waits on a
                 // timer for the next (`proxy_timeout`).
                 if p.up_rate.start_ms == 0 {
-                    p.up_rate.start_ms = self.now_ms;
+                    p.up_rate.start_ms = self.cx.now_ms;
                 }
-                let (allowed, next_ms) = p.up_rate.allowance(pc.limit_rate, self.now_ms);
+                let (allowed, next_ms) = p.up_rate.allowance(pc.limit_rate, self.cx.now_ms);
                 if allowed == 0 {
                     p.up_rate.resume_ms = next_ms;
-                    let wait = next_ms.saturating_sub(self.now_ms);
+                    let wait = next_ms.saturating_sub(self.cx.now_ms);
                     self.set_proxy_deadline(key, wait.min(pc.read_timeout_ms));
                     return Flow::Wait;
                 }
@@ -2532,7 +2532,7 @@ impl<'a> Worker<'a> {
     /// The current attempt failed before the response head went to the client.
     fn attempt_failed(&mut self, key: usize, p: &mut Proxy, why: Failure, msg: &str) -> Flow {
         if let Some(a) = p.attempts.last_mut() {
-            a.response_ms = Some(self.now_ms.saturating_sub(p.attempt_started_ms));
+            a.response_ms = Some(self.cx.now_ms.saturating_sub(p.attempt_started_ms));
             if let Failure::Status(st) = why {
                 a.status = Some(st);
             } else if why == Failure::Timeout {
@@ -2596,7 +2596,7 @@ impl<'a> Worker<'a> {
         }
         self.conns[key].rq().accel_headers =
             (!passed.is_empty()).then(|| passed.into_boxed_slice());
-        let cfg = self.cfg;
+        let cfg = self.cx.cfg;
         let Some(srv) = cfg.http.as_ref().map(|h| &h.servers[server]) else {
             return;
         };
@@ -2669,13 +2669,13 @@ impl<'a> Worker<'a> {
         }
         let mut attempts = p.attempts.clone();
         if let Some(a) = attempts.last_mut().filter(|a| a.response_ms.is_none()) {
-            a.response_ms = Some(self.now_ms.saturating_sub(p.attempt_started_ms));
+            a.response_ms = Some(self.cx.now_ms.saturating_sub(p.attempt_started_ms));
         }
         self.log_access_with(key, loc, &p.req, status, bytes, &p.head, &attempts);
     }
 
     fn set_proxy_deadline(&mut self, key: usize, timeout_ms: u64) {
-        let mut t = self.now_ms + timeout_ms;
+        let mut t = self.cx.now_ms + timeout_ms;
         // A response `limit_rate` holds back resumes first (`on_timeout`).
         if let Some(r) = self.conns[key]
             .rd()
@@ -2763,7 +2763,7 @@ impl<'a> Worker<'a> {
                 Flow::Close
             }
             State::ReadingBody
-                if p.up_rate.resume_ms != 0 && self.now_ms >= p.up_rate.resume_ms =>
+                if p.up_rate.resume_ms != 0 && self.cx.now_ms >= p.up_rate.resume_ms =>
             {
                 // A read `proxy_limit_rate` held back may go on.
                 p.up_rate.resume_ms = 0;
@@ -2805,7 +2805,7 @@ impl<'a> Worker<'a> {
             peers,
             &mut self.http_peer_state[upstream],
             peer,
-            self.now_ms,
+            self.cx.now_ms,
         ) {
             crate::log!(
                 Warn,
@@ -2897,7 +2897,7 @@ impl<'a> Worker<'a> {
             .rposition(|&u| self.upconns[u].peer == peer)
         {
             let u = self.pools[upstream].remove(i);
-            if self.now_ms.saturating_sub(self.upconns[u].idle_since_ms) < timeout {
+            if self.cx.now_ms.saturating_sub(self.upconns[u].idle_since_ms) < timeout {
                 return Some(u);
             }
             self.close_upconn(u);
@@ -2914,7 +2914,7 @@ impl<'a> Worker<'a> {
         // the pool, and the next request would find it closed.
         if ups.keepalive == 0
             || uc.requests >= ups.keepalive_requests
-            || self.now_ms.saturating_sub(uc.opened_ms) >= ups.keepalive_time_ms
+            || self.cx.now_ms.saturating_sub(uc.opened_ms) >= ups.keepalive_time_ms
             || self.shutting_down
             || uc.hup
         {
@@ -2939,7 +2939,7 @@ impl<'a> Worker<'a> {
         }
         let uc = &mut self.upconns[u];
         uc.owner = None;
-        uc.idle_since_ms = self.now_ms;
+        uc.idle_since_ms = self.cx.now_ms;
         uc.readable = false;
         self.pools[upstream].push(u);
     }
@@ -2956,11 +2956,11 @@ impl<'a> Worker<'a> {
     /// Closes pooled connections idle for longer than their upstream's `keepalive_timeout`
     /// (all of them when the worker is stopping).
     pub(super) fn expire_pools(&mut self) {
-        let Some(http) = self.cfg.http.as_ref() else {
+        let Some(http) = self.cx.cfg.http.as_ref() else {
             return;
         };
         for (i, ups) in http.upstreams.iter().enumerate() {
-            let now = self.now_ms;
+            let now = self.cx.now_ms;
             let stopping = self.shutting_down;
             let upconns = &self.upconns;
             let (old, keep): (Vec<usize>, Vec<usize>) = self.pools[i].iter().partition(|&&u| {

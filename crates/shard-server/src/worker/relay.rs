@@ -233,7 +233,7 @@ impl<'a> Worker<'a> {
             maps: Vec::new(),
             limit_zones: Vec::new(),
         };
-        self.cfg.stream.as_ref().unwrap_or(&NONE)
+        self.cx.cfg.stream.as_ref().unwrap_or(&NONE)
     }
 
     fn stream_server(&self, server: usize) -> &StreamServerConf {
@@ -266,7 +266,7 @@ impl<'a> Worker<'a> {
             client: peer,
             local: local(),
             status,
-            started_ms: self.now_ms,
+            started_ms: self.cx.now_ms,
             bytes_sent: sent,
             bytes_received: 0,
             upstream: &[],
@@ -312,7 +312,7 @@ impl<'a> Worker<'a> {
                     self.write_stream_logs(server, lines);
                 }
                 drop(fd);
-                WorkerSlot::drop_one(&self.slot.active);
+                WorkerSlot::drop_one(&self.cx.slot.active);
                 return;
             }
         }
@@ -326,7 +326,7 @@ impl<'a> Worker<'a> {
                 user: &user,
                 ..quick(200, 0)
             };
-            session_parts(&mut text, parts, &s, self.now_ms, &self.hostname, 0);
+            session_parts(&mut text, parts, &s, self.cx.now_ms, &self.hostname, 0);
             let sent = shard_event::sock::write(fd.as_raw_fd(), &text).unwrap_or(0);
             if !conf.access_logs.is_empty() {
                 let s = Session {
@@ -338,7 +338,7 @@ impl<'a> Worker<'a> {
             }
             shard_event::sock::shutdown_write(fd.as_raw_fd());
             drop(fd);
-            WorkerSlot::drop_one(&self.slot.active);
+            WorkerSlot::drop_one(&self.cx.slot.active);
             return;
         }
         let conf_upstream = conf.upstream;
@@ -346,6 +346,7 @@ impl<'a> Worker<'a> {
         let id = self.next_conn_id;
         self.next_conn_id += 1;
         let n_peers = self
+            .cx
             .cfg
             .stream
             .as_ref()
@@ -381,9 +382,9 @@ impl<'a> Worker<'a> {
             up_fin_pending: false,
             pp_pending: proxy_protocol,
             pp: None,
-            started_ms: self.now_ms,
+            started_ms: self.cx.now_ms,
             attempts: Vec::new(),
-            connect_began_ms: self.now_ms,
+            connect_began_ms: self.cx.now_ms,
             connect_ms: None,
             first_byte_ms: None,
             pp_out: 0,
@@ -410,7 +411,7 @@ impl<'a> Worker<'a> {
         }
         let io = if self.relays[key].pp_pending {
             let t = self.stream_server(server).proxy_protocol_timeout_ms;
-            self.set_relay_deadline(key, self.now_ms + t);
+            self.set_relay_deadline(key, self.cx.now_ms + t);
             self.relay_read_pp(key)
         } else {
             self.relay_begin(key)
@@ -462,7 +463,7 @@ impl<'a> Worker<'a> {
         for (name, value) in sets {
             let mut v = Vec::new();
             let at = Session { user: &user, ..s };
-            session_parts(&mut v, value, &at, self.now_ms, &self.hostname, 0);
+            session_parts(&mut v, value, &at, self.cx.now_ms, &self.hostname, 0);
             user.retain(|(n, _)| n != name);
             user.push((name.clone(), v));
         }
@@ -474,7 +475,7 @@ impl<'a> Worker<'a> {
     /// then the content (`return` or the upstream).
     fn relay_begin(&mut self, key: usize) -> Io {
         let server = self.relays[key].server;
-        let conf = self.cfg.stream.as_ref().map(|s| &s.servers[server]);
+        let conf = self.cx.cfg.stream.as_ref().map(|s| &s.servers[server]);
         let Some(conf) = conf else { return Io::Close };
         // `set_real_ip_from` (post-accept): a trusted peer's PROXY header names the client.
         let r = &mut self.relays[key];
@@ -513,7 +514,7 @@ impl<'a> Worker<'a> {
         if self.relays[key].handshaking {
             // The upstream is contacted once the client finished its handshake, within
             // `ssl_handshake_timeout`.
-            self.set_relay_deadline(key, self.now_ms + conf.ssl_handshake_timeout_ms);
+            self.set_relay_deadline(key, self.cx.now_ms + conf.ssl_handshake_timeout_ms);
             self.handshake(key)
         } else {
             self.relay_content(key)
@@ -523,10 +524,10 @@ impl<'a> Worker<'a> {
     /// `limit_conn` (preaccess): takes a count in each zone for the session's key; `false`
     /// when a zone is full (the session ends with 503, as nginx's), unless dry run.
     fn stream_limit_conn(&mut self, key: usize, conf: &StreamServerConf) -> bool {
-        let Some(stream) = self.cfg.stream.as_ref() else {
+        let Some(stream) = self.cx.cfg.stream.as_ref() else {
             return true;
         };
-        let base = self.cfg.http.as_ref().map_or(0, |h| h.limit_zones.len());
+        let base = self.cx.cfg.http.as_ref().map_or(0, |h| h.limit_zones.len());
         let mut took = Vec::new();
         let mut pass = true;
         {
@@ -534,12 +535,12 @@ impl<'a> Worker<'a> {
             for lc in &conf.limit_conn {
                 let z = &stream.limit_zones[lc.zone];
                 let mut v = Vec::new();
-                session_parts(&mut v, &z.key, &s, self.now_ms, &self.hostname, 0);
+                session_parts(&mut v, &z.key, &s, self.cx.now_ms, &self.hostname, 0);
                 if v.is_empty() {
                     continue;
                 }
                 let k = crate::limits::key_hash(&v);
-                if self.zones[base + lc.zone].acquire(k, lc.max, self.now_ms) {
+                if self.zones[base + lc.zone].acquire(k, lc.max, self.cx.now_ms) {
                     took.push((base + lc.zone, k));
                     continue;
                 }
@@ -613,7 +614,7 @@ impl<'a> Worker<'a> {
 
     /// Stream upstream `i`: the configuration's, or one of this worker's (`stream_dyn`).
     fn stream_ups(&self, i: usize) -> super::proxy::UpRef<'a> {
-        let cfg = self.cfg;
+        let cfg = self.cx.cfg;
         let conf = cfg.stream.as_ref().map_or(&[][..], |s| &s.upstreams[..]);
         match conf.get(i) {
             Some(u) => super::proxy::UpRef::Conf(u),
@@ -625,7 +626,7 @@ impl<'a> Worker<'a> {
     /// (an upstream of this worker, made once per address). `None`, logged as nginx, for
     /// anything else (a host name needs a resolver, which shard's stream has not).
     fn stream_pass_target(&mut self, key: usize, target: &str) -> Option<usize> {
-        let cfg = self.cfg;
+        let cfg = self.cx.cfg;
         let conf = cfg.stream.as_ref().map_or(&[][..], |s| &s.upstreams[..]);
         if let Some(i) = conf.iter().position(|u| u.name == target) {
             return Some(i);
@@ -689,21 +690,21 @@ impl<'a> Worker<'a> {
     /// or the upstream.
     fn relay_content(&mut self, key: usize) -> Io {
         let server = self.relays[key].server;
-        let cfg = self.cfg;
+        let cfg = self.cx.cfg;
         let Some(conf) = cfg.stream.as_ref().map(|s| &s.servers[server]) else {
             return Io::Close;
         };
         let r = &mut self.relays[key];
         if conf.ssl_preread && !r.preread_done && r.tls.is_none() {
             r.prereading = true;
-            self.set_relay_deadline(key, self.now_ms + conf.preread_timeout_ms);
+            self.set_relay_deadline(key, self.cx.now_ms + conf.preread_timeout_ms);
             return self.relay_preread(key);
         }
         let Some(parts) = conf.ret.as_ref() else {
             if let Some(pass) = &conf.pass_vars {
                 let mut v = Vec::new();
                 let s = self.relay_session(key);
-                session_parts(&mut v, pass, &s, self.now_ms, &self.hostname, 0);
+                session_parts(&mut v, pass, &s, self.cx.now_ms, &self.hostname, 0);
                 let target = String::from_utf8_lossy(&v).into_owned();
                 let Some(i) = self.stream_pass_target(key, &target) else {
                     return Io::Close;
@@ -720,7 +721,7 @@ impl<'a> Worker<'a> {
             &mut text,
             parts,
             &self.relay_session(key),
-            self.now_ms,
+            self.cx.now_ms,
             &self.hostname,
             0,
         );
@@ -887,7 +888,7 @@ impl<'a> Worker<'a> {
     /// The upstream's method (smooth weighted round robin, or `least_conn` over this
     /// worker's relays) over the peers not yet tried by this relay.
     fn pick_peer(&mut self, upstream: usize, tried: &[bool], key: Option<&[u8]>) -> Option<usize> {
-        self.cfg.stream.as_ref()?;
+        self.cx.cfg.stream.as_ref()?;
         let ups = self.stream_ups(upstream);
         // This worker's relays per peer: for `least_conn` and `max_conns`.
         let least = ups.balance == shard_config::Balance::LeastConn;
@@ -912,9 +913,16 @@ impl<'a> Worker<'a> {
                     .stream_rings
                     .entry(upstream)
                     .or_insert_with(|| balance::ring(&ups.peers));
-                return balance::pick_consistent(&ups.peers, state, tried, ring, key, self.now_ms);
+                return balance::pick_consistent(
+                    &ups.peers,
+                    state,
+                    tried,
+                    ring,
+                    key,
+                    self.cx.now_ms,
+                );
             }
-            return balance::pick_hash(&ups.peers, state, tried, key, self.now_ms);
+            return balance::pick_hash(&ups.peers, state, tried, key, self.cx.now_ms);
         }
         if let shard_config::Balance::Random { two } = ups.balance {
             return balance::pick_random(
@@ -924,7 +932,7 @@ impl<'a> Worker<'a> {
                 &active,
                 two,
                 &mut self.rng,
-                self.now_ms,
+                self.cx.now_ms,
             );
         }
         if least {
@@ -933,24 +941,24 @@ impl<'a> Worker<'a> {
                 &mut self.peer_state[upstream],
                 tried,
                 &active,
-                self.now_ms,
+                self.cx.now_ms,
             );
         }
         balance::pick(
             &ups.peers,
             &mut self.peer_state[upstream],
             tried,
-            self.now_ms,
+            self.cx.now_ms,
         )
     }
 
     fn peer_failed(&mut self, upstream: usize, peer: usize) {
-        if self.cfg.stream.is_none() {
+        if self.cx.cfg.stream.is_none() {
             return;
         }
         let ups = self.stream_ups(upstream);
         let peers = &ups.peers;
-        if balance::failed(peers, &mut self.peer_state[upstream], peer, self.now_ms) {
+        if balance::failed(peers, &mut self.peer_state[upstream], peer, self.cx.now_ms) {
             crate::log!(
                 Warn,
                 "upstream server temporarily disabled, upstream: \"{}\"",
@@ -987,7 +995,7 @@ impl<'a> Worker<'a> {
             &mut v,
             parts,
             &self.relay_session(key),
-            self.now_ms,
+            self.cx.now_ms,
             &self.hostname,
             0,
         );
@@ -1061,7 +1069,7 @@ impl<'a> Worker<'a> {
             let addr = self.stream_ups(upstream).peers[p].addr;
             let r = &mut self.relays[key];
             r.attempts.push(addr);
-            r.connect_began_ms = self.now_ms;
+            r.connect_began_ms = self.cx.now_ms;
             let local = self.stream_bind_addr(key);
             let (fd, done) = match shard_event::sock::connect_nonblocking_from(&addr, local) {
                 Ok(Connect::Done(fd)) => (fd, true),
@@ -1107,7 +1115,7 @@ impl<'a> Worker<'a> {
             if done {
                 return self.connected(key);
             }
-            self.set_relay_deadline(key, self.now_ms + connect_timeout);
+            self.set_relay_deadline(key, self.cx.now_ms + connect_timeout);
             return Io::Wait;
         }
     }
@@ -1175,7 +1183,7 @@ impl<'a> Worker<'a> {
                     let r = &mut self.relays[key];
                     r.up_tls = Some(Box::new(c));
                     r.up_handshaking = true;
-                    self.set_relay_deadline(key, self.now_ms + timeout);
+                    self.set_relay_deadline(key, self.cx.now_ms + timeout);
                     return self.up_handshake(key);
                 }
                 Err(e) => {
@@ -1226,7 +1234,7 @@ impl<'a> Worker<'a> {
         };
         let r = &mut self.relays[key];
         r.connecting = false;
-        r.connect_ms = Some(self.now_ms.saturating_sub(r.connect_began_ms));
+        r.connect_ms = Some(self.cx.now_ms.saturating_sub(r.connect_began_ms));
         // What the client sent with the end of its handshake goes first.
         let mut early = std::mem::take(&mut r.early);
         if send_pp {
@@ -1249,7 +1257,7 @@ impl<'a> Worker<'a> {
         if let Some(p) = r.current_peer {
             balance::succeeded(&mut self.peer_state[upstream], p);
         }
-        self.set_relay_deadline(key, self.now_ms + timeout);
+        self.set_relay_deadline(key, self.cx.now_ms + timeout);
         self.pump(key)
     }
 
@@ -1296,7 +1304,7 @@ impl<'a> Worker<'a> {
     fn pump(&mut self, key: usize) -> Io {
         let conf = self.stream_server(self.relays[key].server);
         let (timeout, down_rate, up_rate) = (conf.timeout_ms, conf.download_rate, conf.upload_rate);
-        let now = self.now_ms;
+        let now = self.cx.now_ms;
         let r = &mut self.relays[key];
         let (started, pp_out) = (r.started_ms, r.pp_out);
         let (Some(up), Some(down)) = (r.up.as_mut(), r.down.as_mut()) else {
@@ -1364,7 +1372,7 @@ impl<'a> Worker<'a> {
             }
         };
         if r.first_byte_ms.is_none() && down.taken() > 0 {
-            r.first_byte_ms = Some(self.now_ms.saturating_sub(r.started_ms));
+            r.first_byte_ms = Some(self.cx.now_ms.saturating_sub(r.started_ms));
         }
         // Records TLS still holds for the client go out as the socket takes them.
         let mut tls_pending = false;
@@ -1379,8 +1387,8 @@ impl<'a> Worker<'a> {
             tls_pending = t.has_output();
             if !t.counted && !t.conn.is_handshaking() {
                 t.counted = true;
-                WorkerSlot::bump(&self.slot.tls_handshakes, 1);
-                WorkerSlot::bump(&self.slot.tls_handshake_us, t.handshake_ns / 1000);
+                WorkerSlot::bump(&self.cx.slot.tls_handshakes, 1);
+                WorkerSlot::bump(&self.cx.slot.tls_handshake_us, t.handshake_ns / 1000);
             }
         }
         if let Some(t) = r.up_tls.as_mut() {
@@ -1425,7 +1433,7 @@ impl<'a> Worker<'a> {
             ));
         }
         if moved {
-            self.set_relay_deadline(key, self.now_ms + timeout);
+            self.set_relay_deadline(key, self.cx.now_ms + timeout);
         }
         if wake != u64::MAX {
             let at = now + wake;
@@ -1459,13 +1467,13 @@ impl<'a> Worker<'a> {
             let lines = self.session_lines(server, &self.relay_session(key));
             self.write_stream_logs(server, lines);
         }
-        let now = self.now_ms;
+        let now = self.cx.now_ms;
         for (z, k) in std::mem::take(&mut self.relays[key].held) {
             self.zones[z].release(k, now);
         }
         // Dropping the relay closes both sockets, which removes them from epoll.
         drop(self.relays.remove(key));
-        WorkerSlot::drop_one(&self.slot.active);
+        WorkerSlot::drop_one(&self.cx.slot.active);
     }
 
     fn on_relay_timeout(&mut self, key: usize) -> Io {
@@ -1511,7 +1519,7 @@ impl<'a> Worker<'a> {
 
     pub(super) fn expire_relay_timers(&mut self) {
         while let Some(&Reverse((deadline, key, id))) = self.relay_timers.peek() {
-            if deadline > self.now_ms {
+            if deadline > self.cx.now_ms {
                 break;
             }
             self.relay_timers.pop();
@@ -1521,7 +1529,7 @@ impl<'a> Worker<'a> {
             if r.id != id || deadline != r.timer_at {
                 continue;
             }
-            let now = self.now_ms;
+            let now = self.cx.now_ms;
             let wake = r.rate_wake_ms != 0 && r.rate_wake_ms <= now;
             if wake {
                 r.rate_wake_ms = 0;
@@ -1829,11 +1837,11 @@ impl Worker<'_> {
                 continue;
             };
             let var = |v: &mut Vec<u8>, var: &shard_config::Var| {
-                session_var(v, var, s, self.now_ms, &self.hostname, 0)
+                session_var(v, var, s, self.cx.now_ms, &self.hostname, 0)
             };
             if let Some(c) = &al.condition {
                 let mut v = Vec::new();
-                session_parts(&mut v, c, s, self.now_ms, &self.hostname, 0);
+                session_parts(&mut v, c, s, self.cx.now_ms, &self.hostname, 0);
                 if !shard_http::access_log::value_holds(&v) {
                     continue;
                 }
@@ -1848,6 +1856,7 @@ impl Worker<'_> {
     /// Appends `lines` to their files: written at once, or kept up to `buffer=`.
     fn write_stream_logs(&mut self, server: usize, lines: Vec<(usize, Vec<u8>)>) {
         let logs = &self
+            .cx
             .cfg
             .stream
             .as_ref()

@@ -106,7 +106,7 @@ impl Worker<'_> {
         }
         let ck = format!("{name}/{}{}", u8::from(conf.ipv4), u8::from(conf.ipv6));
         if let Some(c) = self.resolver.cache.get(&ck) {
-            if c.expires_ms > self.now_ms {
+            if c.expires_ms > self.cx.now_ms {
                 return match &c.result {
                     Ok(a) => Resolved::Ready(a.clone()),
                     Err(e) => Resolved::Failed(*e),
@@ -184,7 +184,7 @@ impl Worker<'_> {
             inbuf: Vec::new(),
             found: Vec::new(),
             ttl: u32::MAX,
-            started_ms: self.now_ms,
+            started_ms: self.cx.now_ms,
             waiters: waiter.into_iter().collect(),
         });
         let token = Token::Resolver {
@@ -328,7 +328,7 @@ impl Worker<'_> {
         };
         let cache = &mut self.resolver.cache;
         if cache.len() >= CACHE_MAX {
-            let now = self.now_ms;
+            let now = self.cx.now_ms;
             cache.retain(|_, c| c.expires_ms > now);
             if cache.len() >= CACHE_MAX {
                 if let Some(k) = cache.keys().next().cloned() {
@@ -340,7 +340,7 @@ impl Worker<'_> {
             ck.to_string(),
             Cached {
                 result,
-                expires_ms: self.now_ms + keep_ms,
+                expires_ms: self.cx.now_ms + keep_ms,
             },
         );
         for &(key, id) in waiters {
@@ -357,7 +357,7 @@ impl Worker<'_> {
 
     /// Drops queries nobody will read any more (past their `resolver_timeout`).
     pub(super) fn expire_queries(&mut self) {
-        let now = self.now_ms;
+        let now = self.cx.now_ms;
         let old: Vec<usize> = self
             .resolver
             .queries

@@ -201,7 +201,7 @@ fn simple(
         );
         extra.extend_from_slice(b"\"\r\n");
     }
-    let date = std::mem::take(&mut w.date);
+    let date = std::mem::take(&mut w.cx.date);
     let out = w.out_buf(key);
     write_head(
         out,
@@ -231,7 +231,7 @@ fn simple(
         out.extend_from_slice(&r.body);
         r.body.len() as u64
     };
-    w.date = date;
+    w.cx.date = date;
     Reply {
         status: r.status,
         body_bytes: sent,
@@ -274,7 +274,7 @@ fn extra_headers(
         loc,
         if_headers,
         status,
-        w.now_secs,
+        w.cx.now_secs,
         mtime,
         Some(&ctx),
     );
@@ -361,10 +361,10 @@ fn status_page(
                 .as_deref()
                 .is_some_and(|q| q.split('&').any(|kv| kv == "format=prometheus"));
             if prom {
-                status::prometheus(w.region, &rows, w.now_ms, &mut body);
+                status::prometheus(w.region, &rows, w.cx.now_ms, &mut body);
                 "text/plain; version=0.0.4"
             } else {
-                status::json(w.region, &rows, w.now_ms, &mut body);
+                status::json(w.region, &rows, w.cx.now_ms, &mut body);
                 "application/json"
             }
         }
@@ -476,16 +476,16 @@ fn open_cached(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
     // One cache per location, as nginx keeps one per configuration that sets it; the
     // configuration outlives the worker's loop, so its address names the location.
     let id = loc as *const LocationConf as usize;
-    let now = w.now_ms;
+    let now = w.cx.now_ms;
     let cache = w
         .file_caches
         .entry(id)
         .or_insert_with(|| (FileCache::new(max), ofc.inactive_ms));
     if let Some(hit) = cache.0.get(path, now, ofc) {
-        WorkerSlot::bump(&w.slot.file_cache_hits, 1);
+        WorkerSlot::bump(&w.cx.slot.file_cache_hits, 1);
         return hit;
     }
-    WorkerSlot::bump(&w.slot.file_cache_misses, 1);
+    WorkerSlot::bump(&w.cx.slot.file_cache_misses, 1);
     let opened = open_file(path, loc);
     if let Opened::File(fd, _) = &opened {
         fd.size_checked(w.request_seq);
@@ -494,7 +494,7 @@ fn open_cached(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
     cache.0.put(path, &opened, now, ofc);
     let after = cache.0.len();
     w.file_cache_entries = w.file_cache_entries + after - before;
-    w.slot.file_cache_entries.store(
+    w.cx.slot.file_cache_entries.store(
         w.file_cache_entries as u64,
         std::sync::atomic::Ordering::Relaxed,
     );
@@ -504,7 +504,7 @@ fn open_cached(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
 /// `open_file` that keeps the descriptor of a regular file for the next request of the same
 /// path, which `stat`s the path and uses it only if it is still that file (see `files.rs`).
 fn open_reused(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
-    let now = w.now_ms;
+    let now = w.cx.now_ms;
     let stat = || {
         CString::new(path.as_os_str().as_bytes())
             .ok()
@@ -802,7 +802,7 @@ fn send_file(
                     extra.extend_from_slice(cr.as_bytes());
                     extra.extend_from_slice(b"\r\n");
                 }
-                let date = std::mem::take(&mut w.date);
+                let date = std::mem::take(&mut w.cx.date);
                 let out = w.out_buf(key);
                 write_head(
                     out,
@@ -824,7 +824,7 @@ fn send_file(
                     out.extend_from_slice(body);
                     body.len() as u64
                 };
-                w.date = date;
+                w.cx.date = date;
                 return Reply {
                     status: 416,
                     body_bytes: sent,
@@ -869,7 +869,7 @@ fn send_file(
                 Some(meta.mtime_secs),
                 Some(&content_type),
             );
-            let date = std::mem::take(&mut w.date);
+            let date = std::mem::take(&mut w.cx.date);
             let out = w.out_buf(key);
             write_head(
                 out,
@@ -891,7 +891,7 @@ fn send_file(
                     ..Default::default()
                 },
             );
-            w.date = date;
+            w.cx.date = date;
             if req.method == Method::Head {
                 return Reply {
                     status,
@@ -974,7 +974,7 @@ fn send_file(
                 Some(meta.mtime_secs),
                 Some(&boundary_type),
             );
-            let date = std::mem::take(&mut w.date);
+            let date = std::mem::take(&mut w.cx.date);
             let out = w.out_buf(key);
             write_head(
                 out,
@@ -999,7 +999,7 @@ fn send_file(
                 out.extend_from_slice(&body);
                 body.len() as u64
             };
-            w.date = date;
+            w.cx.date = date;
             Reply {
                 status: 206,
                 body_bytes: sent,
@@ -1059,7 +1059,7 @@ fn gzip_file(
         Some(meta.mtime_secs),
         Some(content_type),
     );
-    let date = std::mem::take(&mut w.date);
+    let date = std::mem::take(&mut w.cx.date);
     let out = w.out_buf(key);
     write_head(
         out,
@@ -1086,7 +1086,7 @@ fn gzip_file(
         out.extend_from_slice(&body);
         body.len() as u64
     };
-    w.date = date;
+    w.cx.date = date;
     Reply {
         status: 200,
         body_bytes: sent,
