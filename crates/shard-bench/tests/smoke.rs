@@ -774,6 +774,46 @@ fn the_callgrind_script_counts_instructions_per_static_response() {
 }
 
 #[test]
+fn the_callgrind_script_counts_instructions_per_proxied_request() {
+    let have = |tool: &str| {
+        Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !have("valgrind") || !have("python3") {
+        println!(
+            "SKIPPED: bench/callgrind/proxy.sh: valgrind or python3 is not installed \
+             (apt-get install valgrind python3)"
+        );
+        return;
+    }
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let shard = std::path::Path::new(bench).with_file_name("shard");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/callgrind/proxy.sh");
+    let text = stdout_of(
+        Command::new("bash")
+            .arg(&script)
+            .arg(&shard)
+            .arg("/nonexistent/nginx")
+            .env("PORT", free_port().to_string())
+            .env("BPORT", free_port().to_string())
+            .env("LOW", "2")
+            .env("HIGH", "6"),
+    );
+    let n: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("shard front: "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    // A debug build: many more than a release build's ~22k, but never none.
+    assert!(n > 1000, "{text}");
+    assert!(text.contains("SKIPPED nginx"), "{text}");
+}
+
+#[test]
 fn routing_smoke_checks_every_entry_and_reports_cpu_and_load_costs() {
     let bench = env!("CARGO_BIN_EXE_shard-bench");
     // The bench itself fails when a server answers a row's request with the wrong entry.

@@ -469,6 +469,8 @@ pub fn parse_head(buf: &[u8], max: usize, head_request: bool, pass: &[String]) -
             framing,
             reusable: false,
             headers,
+            // The proxy reads the records' head itself (`X-Accel-Redirect` from PHP).
+            accel_redirect: true,
         },
         head_len,
     }

@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 
 use shard_config::{LocationConf, LocationKind, ProxyPass};
 
-use crate::request::{Method, Request, MAX_HEADERS};
+use crate::request::{Method, Request};
 use crate::response::{push_u64, status_text};
 
 /// Everything needed to build the upstream request.
@@ -136,6 +136,9 @@ pub struct ResponseHead {
     pub reusable: bool,
     /// Headers passed to the client, in order, as received.
     pub headers: Vec<(String, Vec<u8>)>,
+    /// The head has an `X-Accel-Redirect` (hidden from the client by default): the proxy
+    /// looks for its target only then.
+    pub accel_redirect: bool,
 }
 
 #[derive(Debug)]
@@ -156,6 +159,8 @@ pub enum ResponseParse {
 
 /// Most header lines of an upstream response head; more is "too big", as for a client's head.
 const MAX_RESPONSE_HEADERS: usize = 100;
+/// Header lines of a client request looked at with a small array first (most carry fewer).
+const FEW_HEADERS: usize = 24;
 
 const INVALID_HEADER: &str = "upstream sent invalid header";
 const TOO_BIG_HEADER: &str = "upstream sent too big header";
@@ -422,8 +427,17 @@ pub fn upstream_uri(req: &Request, location: &LocationConf, pass: &ProxyPass) ->
 /// `ignore_invalid_headers on`, the hop-by-hop ones (see `REQUEST_DROPPED`) and those
 /// the client's `Connection` lists, then `Content-Length` when there is a body.
 pub fn write_request(out: &mut Vec<u8>, ctx: &RequestCtx<'_>) {
-    let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let hs = crate::vars::request_headers(ctx.head, &mut storage);
+    // A small array first, as `request::parse` does (initialising all `MAX_HEADERS` entries
+    // cost more than parsing a short head); an empty list means more lines (or none).
+    let mut few = [httparse::EMPTY_HEADER; FEW_HEADERS];
+    let mut many;
+    let hs = match crate::vars::request_headers_in(ctx.head, &mut few) {
+        [] => {
+            many = crate::vars::header_storage();
+            crate::vars::request_headers(ctx.head, &mut many)
+        }
+        hs => hs,
+    };
     let conf = &ctx.location.proxy;
     let vc = crate::vars::Ctx {
         req: ctx.req,
@@ -630,9 +644,21 @@ pub fn parse_response_passing(
     pass: &[String],
     upgrade: bool,
 ) -> ResponseParse {
-    let mut storage = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
-    let mut resp = httparse::Response::new(&mut storage);
-    let head_len = match resp.parse(buf) {
+    if buf.is_empty() {
+        // Nothing read yet (each response's first look): no parser to set up.
+        return ResponseParse::Partial;
+    }
+    // Left uninitialised: httparse writes the headers it finds (writing 100 empty ones first
+    // cost more than parsing a small head).
+    let mut storage =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_RESPONSE_HEADERS];
+    let mut resp = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        buf,
+        &mut storage,
+    );
+    let head_len = match parsed {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() >= max => {
             return ResponseParse::Invalid(TOO_BIG_HEADER)
@@ -676,6 +702,10 @@ pub fn parse_response_passing(
                 framing: Framing::None,
                 reusable: false,
                 headers,
+                accel_redirect: resp
+                    .headers
+                    .iter()
+                    .any(|h| h.name.eq_ignore_ascii_case("x-accel-redirect")),
             },
             head_len,
         };
@@ -690,6 +720,7 @@ pub fn parse_response_passing(
     let mut length: Option<u64> = None;
     let mut close = false;
     let mut keep_alive = false;
+    let mut accel_redirect = false;
     for h in hs {
         if h.name.eq_ignore_ascii_case("transfer-encoding") {
             te = true;
@@ -710,6 +741,8 @@ pub fn parse_response_passing(
                 close |= t.eq_ignore_ascii_case(b"close");
                 keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
             }
+        } else if h.name.eq_ignore_ascii_case("x-accel-redirect") {
+            accel_redirect = true;
         }
     }
 
@@ -764,6 +797,7 @@ pub fn parse_response_passing(
             framing,
             reusable,
             headers,
+            accel_redirect,
         },
         head_len,
     }
@@ -1110,6 +1144,47 @@ mod tests {
             client: Some("192.0.2.7:5555"),
             body_len: None,
         })
+    }
+
+    /// More header lines than the small array holds: every one still goes upstream.
+    #[test]
+    fn a_request_with_many_headers_passes_them_all() {
+        let mut raw = String::from("GET /x HTTP/1.1\r\nHost: a.test\r\n");
+        for i in 0..60 {
+            raw.push_str(&format!("X-H{i}: v{i}\r\n"));
+        }
+        raw.push_str("\r\n");
+        let out = sent_default(&raw, &[]);
+        for i in 0..60 {
+            assert!(
+                out.contains(&format!("X-H{i}: v{i}\r\n")),
+                "X-H{i} missing: {out}"
+            );
+        }
+    }
+
+    /// The parse says whether the head has an `X-Accel-Redirect`, whatever its case; the
+    /// proxy looks for the target only then.
+    #[test]
+    fn the_parse_notes_an_accel_redirect() {
+        let accel = |raw: &str| match parse_response(raw.as_bytes(), 4096, false) {
+            ResponseParse::Complete { head, .. } => head.accel_redirect,
+            other => panic!("{other:?}"),
+        };
+        assert!(accel(
+            "HTTP/1.1 200 OK\r\nX-Accel-Redirect: /in\r\nContent-Length: 0\r\n\r\n"
+        ));
+        assert!(accel(
+            "HTTP/1.1 200 OK\r\nx-ACCEL-redirect: /in\r\nContent-Length: 0\r\n\r\n"
+        ));
+        assert!(!accel(
+            "HTTP/1.1 200 OK\r\nX-Accel-Buffering: no\r\nContent-Length: 0\r\n\r\n"
+        ));
+        // Nothing read yet: more is needed.
+        assert!(matches!(
+            parse_response(b"", 4096, false),
+            ResponseParse::Partial
+        ));
     }
 
     #[test]
@@ -1857,6 +1932,7 @@ mod tests {
                 ("Content-Type".into(), b"text/html".to_vec()),
                 ("X-Bad".into(), b"a\r\nInjected: 1".to_vec()),
             ],
+            accel_redirect: false,
         };
         let mut out = b"[".to_vec();
         write_client_head(

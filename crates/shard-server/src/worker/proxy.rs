@@ -1444,7 +1444,14 @@ impl<'a> Worker<'a> {
         }
         // nginx tunnels a `101` only for a client that asked to upgrade; shard also wants the
         // request to have forwarded it (`proxy_set_header Upgrade ...` over HTTP/1.1).
-        p.upgrade = shard_http::proxy::upgrade_requested(&p.head)
+        // The client's own `Upgrade` is never passed: without a `proxy_set_header Upgrade`
+        // the request cannot ask, and neither head needs reading.
+        p.upgrade = loc
+            .proxy
+            .set_headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("upgrade"))
+            && shard_http::proxy::upgrade_requested(&p.head)
             && shard_http::proxy::upgrade_requested(&out);
         p.upreq = out;
     }
@@ -1958,7 +1965,7 @@ impl<'a> Worker<'a> {
                     {
                         return Flow::Fail(head.status);
                     }
-                    if !loc.proxy.ignore_accel_redirect {
+                    if !loc.proxy.ignore_accel_redirect && head.accel_redirect {
                         if let Some(target) = accel_redirect(&p.rbuf[..head_len]) {
                             p.accel = Some(Box::new(target));
                             return Flow::Redirect;
