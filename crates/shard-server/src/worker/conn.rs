@@ -586,6 +586,45 @@ impl Conn {
         self.req.as_ref().is_some_and(|r| r.file.is_some())
     }
 
+    /// Moves the connection to `phase`, and the slot's gauges with it.
+    pub(super) fn set_phase(&mut self, slot: &WorkerSlot, phase: Phase) {
+        if self.phase != phase {
+            WorkerSlot::drop_one(super::phase_counter(slot, self.phase));
+            WorkerSlot::bump(super::phase_counter(slot, phase), 1);
+            self.phase = phase;
+        }
+    }
+
+    /// Puts the connection into the request-head phase (at accept, `fresh`, or after a
+    /// keep-alive wait) with a new request: a spare of `cx` reset to the default server
+    /// `srv`'s settings, and `client_header_timeout` from now. A request it still held is
+    /// handed back for the worker to release (not expected: requests go back when they end).
+    pub(super) fn start_reading(
+        &mut self,
+        cx: &mut super::ctx::Ctx<'_>,
+        srv: Option<&shard_config::ServerConf>,
+        fresh: bool,
+    ) -> Option<Box<Req>> {
+        let timeout = srv.map_or(60_000, |s| s.client_header_timeout_ms);
+        let mut req = match cx.req_spares.pop() {
+            Some(r) => r,
+            None => Box::new(Req::fallback()),
+        };
+        match srv {
+            Some(s) => req.reset(&s.base),
+            None => *req = Req::fallback(),
+        }
+        req.client = self.peer;
+        let old = self.req.replace(req);
+        if fresh {
+            WorkerSlot::bump(&cx.slot.reading, 1);
+        } else {
+            self.set_phase(cx.slot, Phase::Reading);
+        }
+        self.deadline_ms = cx.now_ms + timeout;
+        old
+    }
+
     /// Reads once into the input buffer (a spare buffer of `cx` when it has none), at most
     /// to `limit` bytes while reading a head; counts a TLS handshake's messages against the
     /// turn's budget and a finished handshake in the slot; moves the body and lingering
@@ -903,38 +942,16 @@ impl Conn {
 
 impl<'a> Worker<'a> {
     pub(super) fn set_phase(&mut self, key: usize, phase: Phase) {
-        let c = &mut self.conns[key];
-        if c.phase != phase {
-            WorkerSlot::drop_one(phase_counter(self.cx.slot, c.phase));
-            WorkerSlot::bump(phase_counter(self.cx.slot, phase), 1);
-            c.phase = phase;
-        }
+        self.conns[key].set_phase(self.cx.slot, phase);
     }
 
     /// Puts a connection into the request-head phase (at accept or after a keep-alive wait),
-    /// with a new request.
+    /// with a new request ([`Conn::start_reading`]).
     pub(super) fn start_reading(&mut self, key: usize, fresh: bool) {
         let srv = self.default_server(self.conns[key].listener);
-        let timeout = srv.map_or(60_000, |s| s.client_header_timeout_ms);
-        let mut req = match self.cx.req_spares.pop() {
-            Some(r) => r,
-            None => Box::new(Req::fallback()),
-        };
-        match srv {
-            Some(s) => req.reset(&s.base),
-            None => *req = Req::fallback(),
-        }
-        let c = &mut self.conns[key];
-        req.client = c.peer;
-        if let Some(old) = c.req.replace(req) {
+        if let Some(old) = self.conns[key].start_reading(&mut self.cx, srv, fresh) {
             self.give_req(old);
         }
-        if fresh {
-            WorkerSlot::bump(&self.cx.slot.reading, 1);
-        } else {
-            self.set_phase(key, Phase::Reading);
-        }
-        self.conns[key].deadline_ms = self.cx.now_ms + timeout;
     }
 
     /// `$request_id` of the request on `key`: made when asked for, which most requests never do.
@@ -3016,6 +3033,42 @@ mod tests {
                 }
                 all
             }
+        }
+
+        #[test]
+        fn a_request_starts_from_a_spare_with_the_servers_header_timeout() {
+            let cfg = server(
+                "events {} http { server { listen 127.0.0.1:1; client_header_timeout 7s; } }",
+            );
+            let srv = &cfg.http.as_ref().unwrap().servers[0];
+            let slot = crate::shm::WorkerSlot::default();
+            let mut cx = Ctx::new(&cfg, &slot, 1000);
+            let mut p = pair();
+            p.conn.req = None;
+            p.conn.phase = Phase::Reading;
+            // At accept: counted as reading, the header timer from now.
+            assert!(p.conn.start_reading(&mut cx, Some(srv), true).is_none());
+            assert_eq!(slot.reading.load(std::sync::atomic::Ordering::Relaxed), 1);
+            assert_eq!(p.conn.deadline_ms, 1000 + 7000);
+            assert!(p.conn.req.is_some());
+            // Between requests it waits without one; the next takes the spare given back.
+            let r = p.conn.req.take().unwrap();
+            let spare = &*r as *const Req;
+            cx.req_spares.push(r);
+            p.conn.set_phase(&slot, Phase::Waiting);
+            assert_eq!(slot.reading.load(std::sync::atomic::Ordering::Relaxed), 0);
+            assert_eq!(slot.waiting.load(std::sync::atomic::Ordering::Relaxed), 1);
+            cx.now_ms = 5000;
+            assert!(p.conn.start_reading(&mut cx, Some(srv), false).is_none());
+            assert_eq!(p.conn.phase, Phase::Reading);
+            assert_eq!(slot.waiting.load(std::sync::atomic::Ordering::Relaxed), 0);
+            assert_eq!(slot.reading.load(std::sync::atomic::Ordering::Relaxed), 1);
+            assert_eq!(p.conn.deadline_ms, 5000 + 7000);
+            assert!(
+                std::ptr::eq(&**p.conn.req.as_ref().unwrap(), spare),
+                "the spare reused"
+            );
+            assert!(cx.req_spares.is_empty());
         }
 
         #[test]

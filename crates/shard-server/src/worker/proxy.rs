@@ -96,6 +96,48 @@ impl UpConn {
         self.fin_pending || self.tls.as_ref().is_some_and(|t| t.wants_write())
     }
 
+    /// One read into `buf`, at most `room` bytes (through TLS when the connection has it).
+    /// `Ok(None)`: nothing to read until the next event (a short read drained the socket
+    /// before, unless the peer ended the stream); `Ok(Some(0))`: the peer closed.
+    /// A step of the upstream connection: it needs no worker.
+    pub(super) fn read_into(
+        &mut self,
+        buf: &mut Vec<u8>,
+        room: usize,
+    ) -> std::io::Result<Option<usize>> {
+        let uc = self;
+        if !uc.readable && !uc.hup {
+            return Ok(None);
+        }
+        let want = room.max(1);
+        if let Some(t) = uc.tls.as_mut() {
+            let mut readable = uc.readable || uc.hup;
+            let res = super::tls::read_up(uc.fd.as_raw_fd(), t, buf, want, &mut readable);
+            uc.readable = readable;
+            return res;
+        }
+        if buf.capacity() - buf.len() < want {
+            buf.reserve(want);
+        }
+        let spare = buf.capacity() - buf.len();
+        loop {
+            match shard_event::sock::read_into(uc.fd.as_raw_fd(), buf) {
+                Ok(n) => {
+                    debug_assert!(n <= spare);
+                    // A short read drained the socket, unless the peer also ended the stream.
+                    uc.readable = n >= spare || uc.hup;
+                    return Ok(Some(n));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    uc.readable = false;
+                    return Ok(None);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Writes `buf[*pos..]` while the socket takes it. `Ok(true)`: all of it is written;
     /// `Ok(false)`: the socket is full (it is then marked not writable until its next event).
     fn write_from(&mut self, buf: &[u8], pos: &mut usize) -> std::io::Result<bool> {
@@ -1872,7 +1914,8 @@ impl<'a> Worker<'a> {
         }
     }
 
-    /// One read from upstream connection `up` into `buf`, at most `room` bytes.
+    /// One read from upstream connection `up` into `buf`, at most `room` bytes
+    /// ([`UpConn::read_into`]).
     fn read_upstream_into(
         &mut self,
         up: Option<usize>,
@@ -1882,36 +1925,7 @@ impl<'a> Worker<'a> {
         let Some(uc) = up.and_then(|u| self.upconns.get_mut(u)) else {
             return Err(std::io::Error::from_raw_os_error(libc::EBADF));
         };
-        if !uc.readable && !uc.hup {
-            return Ok(None);
-        }
-        let want = room.max(1);
-        if let Some(t) = uc.tls.as_mut() {
-            let mut readable = uc.readable || uc.hup;
-            let res = super::tls::read_up(uc.fd.as_raw_fd(), t, buf, want, &mut readable);
-            uc.readable = readable;
-            return res;
-        }
-        if buf.capacity() - buf.len() < want {
-            buf.reserve(want);
-        }
-        let spare = buf.capacity() - buf.len();
-        loop {
-            match shard_event::sock::read_into(uc.fd.as_raw_fd(), buf) {
-                Ok(n) => {
-                    debug_assert!(n <= spare);
-                    // A short read drained the socket, unless the peer also ended the stream.
-                    uc.readable = n >= spare || uc.hup;
-                    return Ok(Some(n));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    uc.readable = false;
-                    return Ok(None);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
+        uc.read_into(buf, room)
     }
 
     fn read_response_head(&mut self, key: usize, p: &mut Proxy) -> Flow {
@@ -3095,5 +3109,90 @@ fn bind_text(a: std::net::SocketAddr) -> String {
         a.ip().to_string()
     } else {
         a.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The upstream connection's steps (`UpConn::write_from`, `UpConn::read_into`) on a
+    /// socketpair, without a worker.
+    mod steps {
+        use super::super::UpConn;
+        use std::io::{Read, Write};
+        use std::os::fd::OwnedFd;
+        use std::os::unix::net::UnixStream;
+
+        fn pair() -> (UpConn, UnixStream) {
+            let (ours, peer) = UnixStream::pair().unwrap();
+            ours.set_nonblocking(true).unwrap();
+            let uc = UpConn {
+                fd: OwnedFd::from(ours),
+                id: 1,
+                upstream: 0,
+                peer: 0,
+                // As a new connection: nothing to read before the request went out.
+                readable: false,
+                writable: true,
+                hup: false,
+                owner: None,
+                requests: 0,
+                idle_since_ms: 0,
+                opened_ms: 0,
+                tls: None,
+                fin_pending: false,
+                tls_config: 0,
+            };
+            (uc, peer)
+        }
+
+        #[test]
+        fn a_request_goes_out_whole_or_waits_for_room() {
+            let (mut uc, mut peer) = pair();
+            let mut pos = 0;
+            assert!(uc.write_from(b"GET / HTTP/1.1\r\n\r\n", &mut pos).unwrap());
+            assert_eq!(pos, 18);
+            let mut b = [0u8; 64];
+            assert_eq!(peer.read(&mut b).unwrap(), 18);
+            // More than the socket holds: written up to the full buffer, then it waits.
+            let big = vec![b'b'; 8 << 20];
+            let mut pos = 0;
+            assert!(!uc.write_from(&big, &mut pos).unwrap());
+            assert!(!uc.writable && pos > 0 && pos < big.len());
+            // Not writable: nothing is tried until the kernel says so.
+            let before = pos;
+            assert!(!uc.write_from(&big, &mut pos).unwrap());
+            assert_eq!(pos, before);
+        }
+
+        #[test]
+        fn a_read_waits_for_its_event_and_a_short_read_drains() {
+            let (mut uc, mut peer) = pair();
+            let mut buf = Vec::new();
+            peer.write_all(b"HTTP/1.1 200 OK\r\n").unwrap();
+            // No event yet: no read (no EAGAIN spent).
+            assert!(uc.read_into(&mut buf, 4096).unwrap().is_none());
+            uc.readable = true;
+            assert_eq!(uc.read_into(&mut buf, 4096).unwrap(), Some(17));
+            assert_eq!(buf, b"HTTP/1.1 200 OK\r\n");
+            assert!(!uc.readable, "a short read drained the socket");
+            // A read as large as the room leaves it readable: more may wait.
+            peer.write_all(&[b'x'; 100]).unwrap();
+            uc.readable = true;
+            let mut small = Vec::with_capacity(10);
+            let got = uc.read_into(&mut small, 10).unwrap().unwrap();
+            assert_eq!(got, small.capacity());
+            assert!(uc.readable);
+        }
+
+        #[test]
+        fn the_peers_end_is_read_after_a_short_read_when_hup_came() {
+            let (mut uc, peer) = pair();
+            drop(peer);
+            // EPOLLRDHUP came with the last bytes: the end is read even though the last read
+            // was short, since no other edge will come.
+            uc.hup = true;
+            let mut buf = Vec::new();
+            assert_eq!(uc.read_into(&mut buf, 4096).unwrap(), Some(0));
+        }
     }
 }
