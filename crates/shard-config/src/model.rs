@@ -633,6 +633,9 @@ pub struct LocationConf {
     pub client_max_body_size: u64,
     /// Default 60 s.
     pub send_timeout_ms: u64,
+    /// `auth_delay`: a 401 from the access phase (`auth_basic`) waits this long before it
+    /// is sent (against timing attacks on passwords). Default 0.
+    pub auth_delay_ms: u64,
     /// `client_body_timeout`: the longest wait between two reads of a request body. Default
     /// 60 s; then 408.
     pub client_body_timeout_ms: u64,

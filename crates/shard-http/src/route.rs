@@ -323,6 +323,7 @@ pub(crate) mod tests {
             },
             client_max_body_size: 1 << 20,
             send_timeout_ms: 60_000,
+            auth_delay_ms: 0,
             client_body_timeout_ms: 60_000,
             body: shard_config::BodyConf {
                 buffer_size: 8192,

@@ -2010,6 +2010,46 @@ fn proxy_cookie_domain_and_path() {
         .any(|(k, v)| k == "set-cookie" && v == "a=1; Domain=.LOCALHOST; Path=/two/x; HttpOnly"));
 }
 
+/// `auth_delay`: a refused password (or none) is answered 401 only after the delay, with
+/// nginx's log line; a good one is not delayed.
+#[test]
+fn auth_delay_holds_a_refused_password() {
+    let conf = "worker_processes 1;\nerror_log logs/error.log info;\nevents {}\nhttp {\n \
+        server {\n  listen 127.0.0.1:{port};\n  root {dir}/html;\n  \
+        location = /status { shard_status; }\n  \
+        location /p/ {\n   auth_delay 1s;\n   auth_basic \"closed site\";\n   \
+        auth_basic_user_file {dir}/htpasswd;\n  }\n }\n}\n";
+    let s = Server::start("auth-delay", conf, 1);
+    std::fs::write(s.dir.join("htpasswd"), "user:{PLAIN}good\n").unwrap();
+    s.signal(libc::SIGHUP);
+    write_file(&s.dir, "html/p/index.html", b"in");
+    let timed = |auth: &str| {
+        let t0 = std::time::Instant::now();
+        let (status, _, _) = exchange(s.addr(), &format!("GET /p/ HTTP/1.1\r\nHost: x{auth}"));
+        (status, t0.elapsed())
+    };
+    // "user:good" and "user:bad".
+    wait_for(Duration::from_secs(5), "the reloaded user file", || {
+        (timed("\r\nAuthorization: Basic dXNlcjpnb29k").0 == 200).then_some(())
+    });
+    let (status, took) = timed("\r\nAuthorization: Basic dXNlcjpiYWQ=");
+    assert_eq!(status, 401);
+    assert!(took >= Duration::from_millis(950), "not delayed: {took:?}");
+    let (status, took) = timed("");
+    assert_eq!(status, 401);
+    assert!(
+        took >= Duration::from_millis(950),
+        "no credentials, not delayed: {took:?}"
+    );
+    let (status, took) = timed("\r\nAuthorization: Basic dXNlcjpnb29k");
+    assert_eq!(status, 200);
+    assert!(
+        took < Duration::from_millis(900),
+        "a good password delayed: {took:?}"
+    );
+    assert!(error_log(&s).contains("delaying unauthorized request"));
+}
+
 /// `limit_except`: methods not listed get the block's `allow`/`deny` and `auth_basic`.
 #[test]
 fn limit_except_as_nginx() {

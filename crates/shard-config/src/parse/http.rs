@@ -150,6 +150,7 @@ pub(super) struct Settings {
     pub(super) keepalive_disable: Option<KeepaliveDisable>,
     pub(super) client_max_body_size: Option<u64>,
     pub(super) send_timeout_ms: Option<u64>,
+    pub(super) auth_delay_ms: Option<u64>,
     pub(super) client_body_timeout_ms: Option<u64>,
     pub(super) client_body_buffer_size: Option<usize>,
     pub(super) client_body_temp_path: Option<TempPath>,
@@ -496,6 +497,7 @@ pub(super) struct Eff {
     pub(super) keepalive_disable: KeepaliveDisable,
     pub(super) client_max_body_size: u64,
     pub(super) send_timeout_ms: u64,
+    pub(super) auth_delay_ms: u64,
     pub(super) client_body_timeout_ms: u64,
     pub(super) body: BodyConf,
     pub(super) lingering: Lingering,
@@ -573,6 +575,7 @@ impl Eff {
             },
             client_max_body_size: 1 << 20,
             send_timeout_ms: 60_000,
+            auth_delay_ms: 0,
             client_body_timeout_ms: 60_000,
             body: BodyConf {
                 buffer_size: CLIENT_BODY_BUFFER_DEFAULT,
@@ -671,6 +674,7 @@ impl Eff {
             keepalive_disable: s.keepalive_disable.unwrap_or(self.keepalive_disable),
             client_max_body_size: s.client_max_body_size.unwrap_or(self.client_max_body_size),
             send_timeout_ms: s.send_timeout_ms.unwrap_or(self.send_timeout_ms),
+            auth_delay_ms: s.auth_delay_ms.unwrap_or(self.auth_delay_ms),
             client_body_timeout_ms: s
                 .client_body_timeout_ms
                 .unwrap_or(self.client_body_timeout_ms),
@@ -880,6 +884,7 @@ impl Eff {
             keepalive_disable: self.keepalive_disable,
             client_max_body_size: self.client_max_body_size,
             send_timeout_ms: self.send_timeout_ms,
+            auth_delay_ms: self.auth_delay_ms,
             client_body_timeout_ms: self.client_body_timeout_ms,
             body: self.body.clone(),
             lingering: self.lingering,
@@ -1758,6 +1763,8 @@ pub(super) fn set_keepalive_disable(_: &Env, s: &mut Settings, d: &Directive, fi
 slot!(set_client_max_body_size, client_max_body_size, size);
 
 slot!(set_send_timeout, send_timeout_ms, time);
+
+slot!(set_auth_delay, auth_delay_ms, time);
 
 slot!(set_client_body_timeout, client_body_timeout_ms, time);
 

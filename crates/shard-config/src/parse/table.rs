@@ -700,6 +700,7 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_client_max_body_size),
     ),
     d("send_timeout", HSL, 1, 1, Set::Settings(set_send_timeout)),
+    d("auth_delay", HSL, 1, 1, Set::Settings(set_auth_delay)),
     d(
         "client_body_timeout",
         HSL,

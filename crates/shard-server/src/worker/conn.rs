@@ -150,6 +150,8 @@ pub(super) struct Req {
     pub(super) delayed_until: u64,
     /// The delayed request was counted by `limit_req` already.
     pub(super) limit_passed: bool,
+    /// `auth_delay`: the response (a 401) leaves no earlier than this (0: not held).
+    pub(super) hold_until_ms: u64,
     /// `$limit_req_status`, `$limit_conn_status` of the request ("" where no limit ran).
     pub(super) limit_req_status: &'static str,
     pub(super) limit_conn_status: &'static str,
@@ -236,6 +238,7 @@ impl Req {
         self.client = None;
         self.delayed_until = 0;
         self.limit_passed = false;
+        self.hold_until_ms = 0;
         self.limit_req_status = "";
         self.limit_conn_status = "";
         self.conn_held.clear();
@@ -291,6 +294,7 @@ impl Req {
             client: None,
             delayed_until: 0,
             limit_passed: false,
+            hold_until_ms: 0,
             limit_req_status: "",
             limit_conn_status: "",
             conn_held: Vec::new(),
@@ -724,6 +728,11 @@ impl Conn {
         let r = req_of(&mut c.req);
         let mut chunks = 0;
         let mut size_checked = false;
+        // `auth_delay`: the answer waits, its timer wakes the connection.
+        if r.hold_until_ms > now_ms {
+            c.deadline_ms = r.hold_until_ms;
+            return Flush::Blocked;
+        }
         loop {
             // `limit_rate`: nothing more may leave before the next second's share.
             let pending = c.out_pos < c.out.len()
@@ -1069,6 +1078,20 @@ impl<'a> Worker<'a> {
                 r.resume_ms = 0;
                 let c = &mut self.conns[key];
                 c.deadline_ms = self.cx.now_ms + c.rq().send_timeout_ms;
+                self.drive(key);
+                return;
+            }
+        }
+        // `auth_delay` held the answer: it goes now.
+        let held = self.conns[key]
+            .req
+            .as_mut()
+            .filter(|r| r.hold_until_ms != 0);
+        if let Some(r) = held {
+            if self.cx.now_ms >= r.hold_until_ms {
+                r.hold_until_ms = 0;
+                let send = r.send_timeout_ms;
+                self.conns[key].deadline_ms = self.cx.now_ms + send;
                 self.drive(key);
                 return;
             }
@@ -2759,6 +2782,15 @@ impl<'a> Worker<'a> {
             } else if returned {
                 Action::Content
             } else if let Some(code) = self.access_phase(key, loc, &req, &head) {
+                // `auth_delay`: a refused password is answered only after the delay.
+                if code == 401 && loc.auth_delay_ms > 0 {
+                    crate::log!(
+                        Info,
+                        "delaying unauthorized request{}",
+                        self.log_context(key, Some(&req))
+                    );
+                    self.conns[key].rq().hold_until_ms = self.cx.now_ms + loc.auth_delay_ms;
+                }
                 Action::Status(code)
             } else if let Some(tf) = &loc.try_files {
                 self.try_files(key, loc, tf, &mut req, &head)
