@@ -659,6 +659,8 @@ pub struct LocationConf {
     pub gzip: GzipConf,
     /// `add_header NAME VALUE [always]` of the level that set any (nginx's inheritance).
     pub add_headers: Vec<AddHeader>,
+    /// `add_trailer`: fields sent after a chunked response's last chunk (HTTP/1.1).
+    pub add_trailers: Vec<AddHeader>,
     /// `expires`. Default off.
     pub expires: Option<Expires>,
     /// `server_tokens on|off`: `Server: shard/VERSION` or `Server: shard`. Default on.
@@ -1524,6 +1526,8 @@ pub enum Var {
     UpstreamResponseTime,
     UpstreamConnectTime,
     UpstreamHeaderTime,
+    /// `$upstream_response_length`: body bytes from each peer tried, as `$upstream_status`.
+    UpstreamResponseLength,
     /// `$NAME` set by `set` or defined by `map` (resolved by name when the request runs; the
     /// parse checked that something declares it).
     User(String),
@@ -1536,6 +1540,8 @@ pub enum Var {
     /// `content_type`, `content_length`, `location`, `last_modified`, `etag`,
     /// `content_encoding`, `connection`, `cache_control`, `expires`).
     SentHttp(String),
+    /// `$sent_trailer_NAME`: a trailer `add_trailer` made before this one (lowercase, `-`).
+    SentTrailer(String),
     /// The stream module's own (`ngx_stream_core_module`, `ngx_stream_upstream_module`):
     /// `$protocol` (`TCP`), `$bytes_received` (from the client), `$session_time` (seconds
     /// with milliseconds), `$upstream_bytes_sent`, `$upstream_bytes_received`,

@@ -346,6 +346,7 @@ pub(crate) mod tests {
             access_logs: Vec::new(),
             gzip: Default::default(),
             add_headers: Vec::new(),
+            add_trailers: Vec::new(),
             expires: None,
             server_tokens: true,
             access_rules: Vec::new(),

@@ -25,6 +25,8 @@ pub struct UpstreamTry {
     pub connect_ms: Option<u64>,
     pub header_ms: Option<u64>,
     pub response_ms: Option<u64>,
+    /// Body bytes received from this peer (`$upstream_response_length`): 0 for a failed try.
+    pub response_length: u64,
     /// The response's header lines as received (kept only where a variable reads them).
     pub headers: Vec<(String, Vec<u8>)>,
 }
@@ -39,6 +41,8 @@ pub struct Done<'a> {
     pub content_type: Option<&'a str>,
     pub location: Option<&'a str>,
     pub upstream: &'a [UpstreamTry],
+    /// The trailers made so far (`add_trailer`, in order): `$sent_trailer_NAME`.
+    pub trailers: &'a [(String, Vec<u8>)],
 }
 
 /// What the worker knows of the connection and the clock.
@@ -516,7 +520,8 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         | Var::UpstreamStatus
         | Var::UpstreamResponseTime
         | Var::UpstreamConnectTime
-        | Var::UpstreamHeaderTime => {
+        | Var::UpstreamHeaderTime
+        | Var::UpstreamResponseLength => {
             let tries = c.done.map_or(&[][..], |d| d.upstream);
             for (i, t) in tries.iter().enumerate() {
                 if i > 0 {
@@ -532,6 +537,10 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                             Some(s) => push_u64(out, u64::from(s)),
                             None => out.extend_from_slice(b"502"),
                         }
+                        continue;
+                    }
+                    Var::UpstreamResponseLength => {
+                        push_u64(out, t.response_length);
                         continue;
                     }
                     Var::UpstreamResponseTime => t.response_ms,
@@ -600,6 +609,16 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         | Var::SslPrereadProtocol
         | Var::SslPrereadServerName
         | Var::SslPrereadAlpnProtocols => {}
+        Var::SentTrailer(name) => {
+            let Some(d) = &c.done else { return };
+            if let Some((_, v)) = d
+                .trailers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            {
+                out.extend_from_slice(v);
+            }
+        }
         Var::SentHttp(name) => {
             let Some(d) = &c.done else { return };
             let v = match name.as_str() {

@@ -31,6 +31,7 @@ mod script;
 mod step;
 mod tls;
 mod token;
+mod trailers;
 mod tunnel;
 
 use std::cmp::Reverse;

@@ -2010,6 +2010,116 @@ fn proxy_cookie_domain_and_path() {
         .any(|(k, v)| k == "set-cookie" && v == "a=1; Domain=.LOCALHOST; Path=/two/x; HttpOnly"));
 }
 
+/// `add_trailer`, as nginx's trailers.t: an HTTP/1.1 response is sent chunked with the
+/// trailers after its last chunk (files, `return`, error pages and proxied answers);
+/// `always` ones on any status; empty values not sent; `$sent_trailer_*` sees the trailers
+/// before it; a location's own list replaces the server's; none for HTTP/1.0, `HEAD` or
+/// `chunked_transfer_encoding off`.
+#[test]
+fn add_trailer_as_nginx() {
+    // The trailers on a server of their own: the harness reads `/status` on `{port}`.
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n server {\n  \
+        listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n }\n server {\n  \
+        listen 127.0.0.1:{port1};\n  server_name localhost;\n  root {dir}/html;\n  \
+        add_trailer X-Var $host;\n  add_trailer X-Always $host always;\n  \
+        add_trailer X-Empty '';\n  add_trailer X-Sent-Trailer $sent_trailer_x_var;\n  \
+        add_trailer X-Complex $host:$host;\n  \
+        location /t1 { }\n  location /nx { }\n  \
+        location /empty { add_trailer X-Var $host; }\n  \
+        location /not_chunked { chunked_transfer_encoding off; }\n  \
+        location /ret { return 200 \"returned\"; }\n  \
+        location /proxy { proxy_pass http://127.0.0.1:{port1}/t1; \
+        add_trailer X-Length $upstream_response_length; }\n \
+        }\n}\n";
+    let s = Server::start_ports("add-trailer", conf, 1, 1);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    write_file(&s.dir, "html/t1", b"SEE-THIS");
+    write_file(&s.dir, "html/not_chunked", b"SEE-THIS");
+    let get = |path: &str, version: &str| {
+        let (status, hs, body) = exchange(
+            addr,
+            &format!("GET {path} HTTP/{version}\r\nHost: localhost"),
+        );
+        let te = hs
+            .iter()
+            .any(|(k, v)| k == "transfer-encoding" && v == "chunked");
+        let cl = hs.iter().any(|(k, _)| k == "content-length");
+        (status, te, cl, String::from_utf8_lossy(&body).into_owned())
+    };
+    let (status, te, cl, body) = get("/t1", "1.1");
+    assert_eq!((status, te, cl), (200, true, false), "{body}");
+    assert_eq!(
+        body,
+        "8\r\nSEE-THIS\r\n0\r\nX-Var: localhost\r\nX-Always: localhost\r\n\
+         X-Sent-Trailer: localhost\r\nX-Complex: localhost:localhost\r\n\r\n"
+    );
+    // An error page: only the `always` one.
+    let (status, te, _, body) = get("/nx", "1.1");
+    assert_eq!((status, te), (404, true));
+    assert!(
+        body.contains("\r\n0\r\nX-Always: localhost\r\n\r\n"),
+        "{body}"
+    );
+    assert!(!body.contains("X-Var"), "{body}");
+    // `return`.
+    let (_, te, _, body) = get("/ret", "1.1");
+    assert!(
+        te && body.starts_with("8\r\nreturned\r\n0\r\nX-Var: localhost\r\n"),
+        "{body}"
+    );
+    // Not chunked: HTTP/1.0, `chunked_transfer_encoding off`, HEAD.
+    let (_, te, cl, body) = get("/t1", "1.0");
+    assert!(!te && cl && body == "SEE-THIS", "{body}");
+    let (_, te, cl, body) = get("/not_chunked", "1.1");
+    assert!(!te && cl && body == "SEE-THIS", "{body}");
+    let (status, hs, body) = exchange(addr, "HEAD /t1 HTTP/1.1\r\nHost: localhost");
+    assert!(status == 200 && body.is_empty());
+    assert!(!hs.iter().any(|(k, _)| k == "transfer-encoding"), "{hs:?}");
+    // The location's own list: X-Var only, not on a 404.
+    let (status, _, _, body) = get("/empty", "1.1");
+    assert_eq!(status, 404);
+    assert!(
+        !body.contains("X-Var") && !body.contains("X-Always"),
+        "{body}"
+    );
+    // Proxied (a known length upstream), the trailer made at the end.
+    let (status, te, cl, body) = get("/proxy", "1.1");
+    assert_eq!((status, te, cl), (200, true, false), "{body}");
+    assert_eq!(body, "8\r\nSEE-THIS\r\n0\r\nX-Length: 8\r\n\r\n");
+    // A large file (sendfile, then the same with the file kept open and mapped): one
+    // chunk of its length, the trailers after it.
+    let big: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    write_file(&s.dir, "html/t1big", &big);
+    for _ in 0..3 {
+        let (status, hs, body) = exchange(addr, "GET /t1big HTTP/1.1\r\nHost: localhost");
+        assert_eq!(status, 200);
+        assert!(hs
+            .iter()
+            .any(|(k, v)| k == "transfer-encoding" && v == "chunked"));
+        let head = format!("{:x}\r\n", big.len());
+        assert!(body.starts_with(head.as_bytes()), "chunk size");
+        let rest = &body[head.len()..];
+        assert!(rest[..big.len()] == big[..], "the file intact");
+        assert!(
+            rest[big.len()..].starts_with(b"\r\n0\r\nX-Var: localhost\r\n"),
+            "{:?}",
+            String::from_utf8_lossy(&rest[big.len()..])
+        );
+    }
+    // Kept alive: two responses in a row on one connection, each framed.
+    let mut c = connect(addr);
+    c.write_all(b"GET /t1 HTTP/1.1\r\nHost: localhost\r\n\r\nGET /ret HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut raw = Vec::new();
+    let _ = c.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    assert_eq!(text.matches("HTTP/1.1 200 OK").count(), 2, "{text}");
+    assert!(
+        text.contains("X-Complex: localhost:localhost\r\n\r\nHTTP/1.1 200 OK"),
+        "{text}"
+    );
+}
+
 /// `auth_delay`: a refused password (or none) is answered 401 only after the delay, with
 /// nginx's log line; a good one is not delayed.
 #[test]

@@ -189,6 +189,8 @@ pub(super) struct Settings {
     pub(super) resolver_timeout_ms: Option<u64>,
     /// Every `add_header` of this block; `Some` replaces the parent's list.
     pub(super) add_headers: Option<Vec<AddHeader>>,
+    /// Every `add_trailer` of this block; `Some` replaces the parent's list.
+    pub(super) add_trailers: Option<Vec<AddHeader>>,
     /// `expires`: `Some(None)` is `off`.
     pub(super) expires: Option<Option<Expires>>,
     pub(super) server_tokens: Option<bool>,
@@ -520,6 +522,7 @@ pub(super) struct Eff {
     pub(super) resolver: Option<ResolverConf>,
     pub(super) resolver_timeout_ms: u64,
     pub(super) add_headers: Vec<AddHeader>,
+    pub(super) add_trailers: Vec<AddHeader>,
     pub(super) expires: Option<Expires>,
     pub(super) server_tokens: bool,
     pub(super) access_rules: Vec<AccessRule>,
@@ -616,6 +619,7 @@ impl Eff {
             resolver: None,
             resolver_timeout_ms: 30_000,
             add_headers: Vec::new(),
+            add_trailers: Vec::new(),
             expires: None,
             server_tokens: true,
             access_rules: Vec::new(),
@@ -759,6 +763,10 @@ impl Eff {
                 .add_headers
                 .clone()
                 .unwrap_or_else(|| self.add_headers.clone()),
+            add_trailers: s
+                .add_trailers
+                .clone()
+                .unwrap_or_else(|| self.add_trailers.clone()),
             expires: s.expires.clone().unwrap_or_else(|| self.expires.clone()),
             server_tokens: s.server_tokens.unwrap_or(self.server_tokens),
             access_rules: s
@@ -895,6 +903,7 @@ impl Eff {
             access_logs: self.access_logs.clone(),
             gzip: self.gzip.clone(),
             add_headers: self.add_headers.clone(),
+            add_trailers: self.add_trailers.clone(),
             expires: self.expires.clone(),
             server_tokens: self.server_tokens,
             access_rules: self.access_rules.clone(),
@@ -2218,6 +2227,16 @@ fn server_tokens_value(d: &Directive, file: &str, v: &str) -> Result<bool, Confi
 
 /// `add_header NAME VALUE [always]`: repeatable; a level with any does not inherit its
 /// parent's, as nginx.
+/// `add_trailer NAME VALUE [always]`: as `add_header`, for the trailer of a chunked response.
+pub(super) fn set_add_trailer(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut one = Settings::default();
+    set_add_header(env, &mut one, d, file)?;
+    s.add_trailers
+        .get_or_insert_with(Vec::new)
+        .extend(one.add_headers.unwrap_or_default());
+    Ok(())
+}
+
 pub(super) fn set_add_header(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let always = match d.args.get(2).map(String::as_str) {
         None => false,
@@ -3677,6 +3696,7 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "upstream_response_time" => Var::UpstreamResponseTime,
         "upstream_connect_time" => Var::UpstreamConnectTime,
         "upstream_header_time" => Var::UpstreamHeaderTime,
+        "upstream_response_length" => Var::UpstreamResponseLength,
         n if n.len() == 1 && n.as_bytes()[0].is_ascii_digit() => {
             Var::Capture(n.as_bytes()[0] - b'0')
         }
@@ -3691,6 +3711,8 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
                 Var::UpstreamCookie(n.to_string())
             } else if let Some(n) = prefixed("sent_http_") {
                 Var::SentHttp(n.replace('_', "-"))
+            } else if let Some(n) = prefixed("sent_trailer_") {
+                Var::SentTrailer(n.replace('_', "-"))
             } else if let Some(n) = name.strip_prefix("arg_") {
                 // `$arg_` alone is the argument with an empty name (`?=x`), as nginx.
                 Var::Arg(n.to_string())

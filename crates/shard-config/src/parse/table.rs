@@ -805,6 +805,7 @@ pub(super) static TABLE: &[Spec] = &[
         Set::StreamSettingsEnv(stream_access_log),
     ),
     d("add_header", HSL, 2, 3, Set::Settings(set_add_header)),
+    d("add_trailer", HSL, 2, 3, Set::Settings(set_add_trailer)),
     d("add_header", IF, 2, 3, Set::Script(script_add_header)),
     d("expires", HSL, 1, 2, Set::Settings(set_expires)),
     d("server_tokens", HSL, 1, 1, Set::Settings(set_server_tokens)),

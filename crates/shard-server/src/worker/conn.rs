@@ -152,6 +152,9 @@ pub(super) struct Req {
     pub(super) limit_passed: bool,
     /// `auth_delay`: the response (a 401) leaves no earlier than this (0: not held).
     pub(super) hold_until_ms: u64,
+    /// Written after the file body (`add_trailer`: the end of its chunk, the last chunk and
+    /// the trailers).
+    pub(super) tail: Vec<u8>,
     /// `$limit_req_status`, `$limit_conn_status` of the request ("" where no limit ran).
     pub(super) limit_req_status: &'static str,
     pub(super) limit_conn_status: &'static str,
@@ -219,6 +222,11 @@ fn send(
 }
 
 impl Req {
+    /// Bytes of the file body still to send (`None`: no file body).
+    pub(super) fn file_remaining(&self) -> Option<u64> {
+        self.file.as_ref().map(|f| f.remaining)
+    }
+
     /// Makes a used request a new one, begun on a connection whose listener's default server
     /// has the settings `base`: its timeouts are that server's until the request picks a
     /// location. What the vectors hold is dropped, their room kept.
@@ -239,6 +247,7 @@ impl Req {
         self.delayed_until = 0;
         self.limit_passed = false;
         self.hold_until_ms = 0;
+        self.tail.clear();
         self.limit_req_status = "";
         self.limit_conn_status = "";
         self.conn_held.clear();
@@ -295,6 +304,7 @@ impl Req {
             delayed_until: 0,
             limit_passed: false,
             hold_until_ms: 0,
+            tail: Vec::new(),
             limit_req_status: "",
             limit_conn_status: "",
             conn_held: Vec::new(),
@@ -875,6 +885,11 @@ impl Conn {
             c.out_pos = 0;
             if r.file.as_ref().is_none_or(|f| f.remaining == 0) {
                 r.file = None;
+                if !r.tail.is_empty() {
+                    // What follows the file body (`add_trailer`), through the same writes.
+                    c.out.append(&mut r.tail);
+                    continue;
+                }
                 // Records TLS still holds go out before the response counts as written.
                 if let Some(t) = c.tls.as_mut() {
                     match super::tls::flush(fd_of(&c.fd), t) {
@@ -2750,6 +2765,7 @@ impl<'a> Worker<'a> {
             return;
         };
         let server = &http.servers[server_idx];
+        let out_start = self.conns[key].out.len();
         let reply = loop {
             let mut returned = false;
             let scripted = match rewritten.take().unwrap_or_else(|| {
@@ -2879,6 +2895,15 @@ impl<'a> Worker<'a> {
             }
             loc = next;
         };
+        self.frame_trailers(
+            key,
+            out_start,
+            &req,
+            &head,
+            loc,
+            reply.status,
+            reply.body_bytes,
+        );
         let c = &mut self.conns[key];
         if !keep_alive {
             c.close_after = true;

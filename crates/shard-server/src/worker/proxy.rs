@@ -247,6 +247,8 @@ pub(super) struct Proxy {
     upstream_reusable: bool,
     /// The client is sent chunked encoding.
     client_chunked: bool,
+    /// `add_trailer`: the last chunk carries the location's trailers (`trailers.rs`).
+    trailers: bool,
     keep_alive: bool,
     /// The response head went to the client: no retry and no error page any more.
     head_sent: bool,
@@ -360,6 +362,7 @@ impl Proxy {
             upbody: UpBody::None,
             upstream_reusable: false,
             client_chunked: false,
+            trailers: false,
             keep_alive,
             head_sent: false,
             status: 0,
@@ -2166,10 +2169,18 @@ impl<'a> Worker<'a> {
         p.rbuf.drain(..head_len);
         // `chunked_transfer_encoding off`: a body of unknown length ends with the connection,
         // as for an HTTP/1.0 client.
-        let (client_framing, reusable) = shard_http::proxy::client_framing(
+        let (mut client_framing, reusable) = shard_http::proxy::client_framing(
             head.framing,
             p.req.minor_version >= 1 && loc.chunked_transfer_encoding,
         );
+        // `add_trailer`: chunked even when the length is known, as nginx.
+        p.trailers = !loc.add_trailers.is_empty()
+            && head.status != 101
+            && head.framing != Framing::None
+            && super::trailers::expected(loc, &p.req, head.status);
+        if p.trailers {
+            client_framing = Framing::Chunked;
+        }
         p.keep_alive &= reusable;
         p.client_chunked = client_framing == Framing::Chunked;
         p.upbody = match head.framing {
@@ -2364,9 +2375,8 @@ impl<'a> Worker<'a> {
                         // FastCGI's END_REQUEST leaves the connection as `keep_conn` says.
                         p.upstream_reusable &= p.fcgi.is_some();
                         if p.client_chunked {
-                            self.conns[key]
-                                .out
-                                .extend_from_slice(shard_http::proxy::LAST_CHUNK);
+                            let last = self.proxy_last_chunk(key, p);
+                            self.conns[key].out.extend_from_slice(&last);
                         }
                         return Flow::Finished;
                     }
@@ -2393,6 +2403,37 @@ impl<'a> Worker<'a> {
     /// Moves `rbuf` into the client's output per the framings. `Ok(true)`: the upstream body
     /// is complete.
     fn pass_body(&mut self, key: usize, p: &mut Proxy) -> Result<bool, &'static str> {
+        let done = self.pass_body_framed(key, p)?;
+        if let Some(a) = p.attempts.last_mut() {
+            a.response_length = p.body_sent;
+        }
+        if done && p.client_chunked {
+            let last = self.proxy_last_chunk(key, p);
+            self.conns[key].out.extend_from_slice(&last);
+        }
+        Ok(done)
+    }
+
+    /// The last chunk of a chunked response to the client, with `add_trailer`'s fields
+    /// rendered now (`$upstream_response_length` and the clock at the end).
+    fn proxy_last_chunk(&self, key: usize, p: &Proxy) -> Vec<u8> {
+        if !p.trailers {
+            return shard_http::proxy::LAST_CHUNK.to_vec();
+        }
+        let loc = self.proxy_location(p);
+        self.last_chunk(
+            key,
+            &p.req,
+            &p.head,
+            loc,
+            p.status,
+            p.body_sent,
+            &p.attempts,
+        )
+    }
+
+    /// [`Worker::pass_body`] without the last chunk.
+    fn pass_body_framed(&mut self, key: usize, p: &mut Proxy) -> Result<bool, &'static str> {
         let c = &mut self.conns[key];
         match &mut p.upbody {
             UpBody::None => {
@@ -2403,7 +2444,12 @@ impl<'a> Worker<'a> {
             }
             UpBody::Length(left) => {
                 let take = (*left).min(p.rbuf.len() as u64) as usize;
-                c.out.extend_from_slice(&p.rbuf[..take]);
+                if p.client_chunked {
+                    // Chunked for its trailers (`add_trailer`).
+                    super::trailers::push_chunk(&mut c.out, &p.rbuf[..take]);
+                } else {
+                    c.out.extend_from_slice(&p.rbuf[..take]);
+                }
                 p.body_sent += take as u64;
                 *left -= take as u64;
                 p.rbuf.drain(..take);
@@ -2430,9 +2476,6 @@ impl<'a> Worker<'a> {
                     }
                 }
                 if dec.is_done() {
-                    if p.client_chunked {
-                        c.out.extend_from_slice(shard_http::proxy::LAST_CHUNK);
-                    }
                     if !p.rbuf.is_empty() {
                         p.upstream_reusable = false;
                     }
