@@ -732,6 +732,13 @@ pub struct LocationConf {
     /// `charset_types`. Default nginx's: text/html, text/xml, text/plain, text/vnd.wap.wml,
     /// application/javascript, application/rss+xml.
     pub charset_types: Vec<String>,
+    /// `source_charset`: the charset of the files and of proxied responses that name none.
+    pub source_charset: Option<String>,
+    /// `override_charset on`: a proxied response's own charset is recoded to `charset` too.
+    pub override_charset: bool,
+    /// From `source_charset` to `charset` by a `charset_map` (single-byte charsets only):
+    /// each byte's replacement. `None`: no recoding.
+    pub recode: Option<std::sync::Arc<[u8; 256]>>,
     /// `set_real_ip_from`, `real_ip_header`, `real_ip_recursive`.
     pub real_ip: RealIp,
     /// `limit_req` of the level that set any; `limit_req_status`, `limit_req_log_level`.
@@ -2088,6 +2095,8 @@ impl Default for SslConf {
 #[derive(Debug, Clone)]
 pub struct HttpConf {
     pub servers: Vec<ServerConf>,
+    /// `charset_map FROM TO { ... }` blocks, in file order.
+    pub charset_maps: Vec<CharsetMap>,
     /// `map` blocks, by variable name.
     pub maps: Vec<MapConf>,
     /// `limit_req_zone` and `limit_conn_zone`, in file order (`LimitReq::zone` and
@@ -2321,4 +2330,43 @@ impl Default for Http2Conf {
             rebalance: false,
         }
     }
+}
+
+/// `charset_map FROM TO { FROM_BYTE TO_BYTES; ... }`: names lowercase; each pair's `TO` is one
+/// byte, or a UTF-8 sequence when `TO` is `utf-8`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CharsetMap {
+    pub from: String,
+    pub to: String,
+    pub pairs: Vec<(u8, Vec<u8>)>,
+}
+
+/// The byte table that recodes `src` into `dst` by one of `maps` (either way round), when
+/// both are single-byte charsets (no `utf-8` map): what nginx's charset filter does with a
+/// table of single bytes. `None` when no map joins them or they are the same charset.
+pub fn recode_table(maps: &[CharsetMap], src: &str, dst: &str) -> Option<[u8; 256]> {
+    if src.eq_ignore_ascii_case(dst) {
+        return None;
+    }
+    let mut table = [0u8; 256];
+    for (i, b) in table.iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    let single = |m: &CharsetMap| m.pairs.iter().all(|(_, t)| t.len() == 1);
+    if let Some(m) = maps
+        .iter()
+        .find(|m| m.from.eq_ignore_ascii_case(src) && m.to.eq_ignore_ascii_case(dst) && single(m))
+    {
+        for (f, t) in &m.pairs {
+            table[usize::from(*f)] = t[0];
+        }
+        return Some(table);
+    }
+    let m = maps.iter().find(|m| {
+        m.from.eq_ignore_ascii_case(dst) && m.to.eq_ignore_ascii_case(src) && single(m)
+    })?;
+    for (f, t) in &m.pairs {
+        table[usize::from(t[0])] = *f;
+    }
+    Some(table)
 }

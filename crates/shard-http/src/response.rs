@@ -47,6 +47,32 @@ pub fn charset_for<'l>(loc: &'l shard_config::LocationConf, content_type: &str) 
         .then_some(cs)
 }
 
+/// Whether `loc`'s `charset_types` include the media type `ty` (`*`: any).
+pub fn charset_type(loc: &shard_config::LocationConf, ty: &str) -> bool {
+    let base = ty.split(';').next().unwrap_or("").trim();
+    loc.charset_types
+        .iter()
+        .any(|t| t == "*" || t.eq_ignore_ascii_case(base))
+}
+
+/// A `Content-Type` that names its charset: the type (parameters before the charset kept)
+/// and the charset, unquoted.
+pub fn named_charset(content_type: &str) -> Option<(&str, &str)> {
+    let lower = content_type.to_ascii_lowercase();
+    let i = lower.find("charset=")?;
+    let ty = content_type[..i]
+        .trim_end()
+        .trim_end_matches(';')
+        .trim_end();
+    let cs = content_type[i + 8..]
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .trim_matches('"');
+    (!cs.is_empty()).then_some((ty, cs))
+}
+
 /// `Server` with `server_tokens on` (nginx's default) and `off`.
 pub const SERVER_TOKENS_ON: &[u8] = concat!("shard/", env!("CARGO_PKG_VERSION")).as_bytes();
 pub const SERVER_TOKENS_OFF: &[u8] = b"shard";

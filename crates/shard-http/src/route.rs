@@ -347,6 +347,9 @@ pub(crate) mod tests {
             gzip: Default::default(),
             add_headers: Vec::new(),
             add_trailers: Vec::new(),
+            source_charset: None,
+            override_charset: false,
+            recode: None,
             expires: None,
             server_tokens: true,
             access_rules: Vec::new(),
@@ -441,6 +444,7 @@ pub(crate) mod tests {
     fn setup() -> (HttpConf, Listener) {
         use ServerName::*;
         let http = HttpConf {
+            charset_maps: Vec::new(),
             maps: vec![],
             limit_zones: vec![],
             servers: vec![
@@ -572,6 +576,7 @@ pub(crate) mod tests {
                 })
                 .collect();
             let http = HttpConf {
+                charset_maps: Vec::new(),
                 maps: vec![],
                 limit_zones: vec![],
                 servers,

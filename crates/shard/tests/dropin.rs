@@ -2120,6 +2120,80 @@ fn add_trailer_as_nginx() {
     );
 }
 
+/// `charset_map` with `source_charset` (as nginx's charset.t and range.t): a file in one
+/// single-byte charset is sent in another, ranges included; a proxied answer is recoded
+/// back with `override_charset on`.
+#[test]
+fn charset_map_recodes_as_nginx() {
+    let conf =
+        "worker_processes 1;\nevents {}\nhttp {\n charset_map B A {\n  58 59; # X -> Y\n }\n \
+        server {\n  listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n }\n \
+        server {\n  listen 127.0.0.1:{port1};\n  server_name localhost;\n  root {dir}/html;\n  \
+        location /t { charset A; source_charset B; }\n  \
+        location /plain { charset A; source_charset A; }\n  \
+        location /proxy/ { charset B; override_charset on; \
+        proxy_pass http://127.0.0.1:{port1}/; }\n }\n}\n";
+    let s = Server::start_ports("charset-map", conf, 1, 1);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    write_file(&s.dir, "html/t.html", "X".repeat(99).as_bytes());
+    let numbered: String = (0..100).map(|i| format!("X{i:03}XXXXXX")).collect();
+    write_file(&s.dir, "html/t2.html", numbered.as_bytes());
+    write_file(&s.dir, "html/plain.html", b"XXX");
+    write_file(&s.dir, "html/tbig.html", &vec![b'X'; 300_000]);
+    let get = |head: &str| exchange(addr, &format!("{head}\r\nHost: localhost"));
+    let (status, hs, body) = get("GET /t.html HTTP/1.1");
+    assert_eq!(status, 200);
+    assert_eq!(body, "Y".repeat(99).as_bytes());
+    assert!(hs
+        .iter()
+        .any(|(k, v)| k == "content-type" && v == "text/html; charset=A"));
+    // A range of a recoded file: the same bytes, recoded.
+    let (status, hs, body) = get("GET /t2.html HTTP/1.1\r\nRange: bytes=990-1990");
+    assert_eq!(status, 206);
+    assert!(hs.iter().any(|(k, v)| k == "content-length" && v == "10"));
+    assert!(hs
+        .iter()
+        .any(|(k, v)| k == "content-range" && v == "bytes 990-999/1000"));
+    assert_eq!(body, b"Y099YYYYYY");
+    let (status, _, body) = get("GET /t2.html HTTP/1.1\r\nRange: bytes=0-9, -10");
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(status, 206);
+    assert!(
+        text.contains("Y000YYYYYY") && text.contains("Y099YYYYYY"),
+        "{text}"
+    );
+    // Read in pieces, each recoded.
+    let (_, _, body) = get("GET /tbig.html HTTP/1.1");
+    assert!(body.len() == 300_000 && body.iter().all(|&b| b == b'Y'));
+    // The same charset: nothing to do.
+    assert_eq!(get("GET /plain.html HTTP/1.1").2, b"XXX");
+    // Proxied, named A by the upstream (this server's /t.html), recoded to B.
+    let (status, hs, body) = get("GET /proxy/t.html HTTP/1.1");
+    assert_eq!(status, 200);
+    assert_eq!(body, "X".repeat(99).as_bytes());
+    assert!(
+        hs.iter()
+            .any(|(k, v)| k == "content-type" && v == "text/html; charset=B"),
+        "{hs:?}"
+    );
+    // A map nginx refuses.
+    let dir = temp_dir("charset-map-t");
+    std::fs::write(
+        dir.join("conf/t.conf"),
+        "events {}\nhttp { charset_map a b { 5G 59; } }\n",
+    )
+    .unwrap();
+    let (code, err) = run_cli(&[
+        "-t",
+        "-p",
+        dir.to_str().unwrap(),
+        "-c",
+        dir.join("conf/t.conf").to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("invalid value \"5G 59\""), "{err}");
+}
+
 /// `auth_delay`: a refused password (or none) is answered 401 only after the delay, with
 /// nginx's log line; a good one is not delayed.
 #[test]

@@ -221,6 +221,7 @@ pub(super) struct Settings {
     /// `charset`: `Some(None)` is `off`.
     pub(super) charset: Option<Option<String>>,
     pub(super) charset_types: Option<Vec<String>>,
+    pub(super) override_charset: Option<bool>,
     pub(super) source_charset: Option<(String, Place)>,
     pub(super) real_ip_from: Option<Vec<AccessRule>>,
     pub(super) real_ip_header: Option<String>,
@@ -548,6 +549,7 @@ pub(super) struct Eff {
     pub(super) server_name_in_redirect: bool,
     pub(super) charset: Option<String>,
     pub(super) charset_types: Vec<String>,
+    pub(super) override_charset: bool,
     pub(super) source_charset: Option<(String, Place)>,
     pub(super) real_ip: RealIp,
     pub(super) limit_req: Vec<LimitReq>,
@@ -645,6 +647,7 @@ impl Eff {
             server_name_in_redirect: false,
             charset: None,
             charset_types: CHARSET_TYPES.iter().map(|t| t.to_string()).collect(),
+            override_charset: false,
             source_charset: None,
             real_ip: RealIp::default(),
             limit_req: Vec::new(),
@@ -842,6 +845,7 @@ impl Eff {
                 .source_charset
                 .clone()
                 .or_else(|| self.source_charset.clone()),
+            override_charset: s.override_charset.unwrap_or(self.override_charset),
             real_ip: RealIp {
                 from: s
                     .real_ip_from
@@ -933,6 +937,12 @@ impl Eff {
             server_name_in_redirect: self.server_name_in_redirect,
             charset: self.charset.clone(),
             charset_types: self.charset_types.clone(),
+            source_charset: self
+                .source_charset
+                .as_ref()
+                .map(|s| s.0.to_ascii_lowercase()),
+            override_charset: self.override_charset,
+            recode: None,
             real_ip: self.real_ip.clone(),
             limit_req: self.limit_req.clone(),
             limit_req_status: self.limit_req_status,
@@ -1019,6 +1029,7 @@ pub(super) struct HttpP {
     pub(super) upstreams: Vec<UpstreamConf>,
     pub(super) maps: Vec<MapConf>,
     pub(super) limit_zones: Vec<LimitZone>,
+    pub(super) charset_maps: Vec<CharsetMap>,
 }
 
 /// The upstreams of `http` while `proxy_pass` directives are resolved.
@@ -2427,21 +2438,47 @@ slot!(set_port_in_redirect, port_in_redirect, flag);
 
 slot!(set_server_name_in_redirect, server_name_in_redirect, flag);
 
-/// shard converts no charset: a `source_charset` must be the `charset` in effect (or charset
-/// off), names compared without case (`utf-8`, `UTF-8`).
-pub(super) fn check_charsets(eff: &Eff) -> R {
-    if let (Some((src, at)), Some(cs)) = (&eff.source_charset, &eff.charset) {
-        if !src.eq_ignore_ascii_case(cs) {
-            return Err(err(
-                &at.file,
-                at.line,
-                format!(
-                    "conversion from \"{src}\" to \"{cs}\" is not supported by shard \
-                     (no charset_map): serve the files in \"{cs}\""
-                ),
-            ));
+/// `source_charset` and `charset` are joined by a `charset_map` when the configuration is
+/// complete (`recode_table`); a pair no map joins is not recoded, as nginx.
+pub(super) fn check_charsets(_: &Eff) -> R {
+    Ok(())
+}
+
+/// `charset_map FROM TO { FROM_BYTE TO_BYTES; ... }` (hexadecimal; `TO_BYTES` a UTF-8
+/// sequence when `TO` is `utf-8`).
+pub(super) fn http_charset_map(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
+    let (from, to) = (
+        d.args[0].to_ascii_lowercase(),
+        d.args[1].to_ascii_lowercase(),
+    );
+    let utf8 = to == "utf-8";
+    let hex = |t: &str| -> Option<Vec<u8>> {
+        if t.is_empty() || t.len() % 2 == 1 && t.len() != 1 {
+            return None;
         }
+        let t = if t.len() == 1 {
+            format!("0{t}")
+        } else {
+            t.to_string()
+        };
+        (0..t.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&t[i..i + 2], 16).ok())
+            .collect()
+    };
+    let mut pairs = Vec::new();
+    for (e, efile) in super::script::block_entries_of(env, d, file)? {
+        let (a, [b]) = (&e.name, e.args.as_slice()) else {
+            return Err(derr(&e, &efile, "invalid parameters number"));
+        };
+        let f = hex(a).filter(|v| v.len() == 1);
+        let t = hex(b).filter(|v| v.len() == 1 || (utf8 && v.len() <= 3));
+        let (Some(f), Some(t)) = (f, t) else {
+            return Err(derr(&e, &efile, format!("invalid value \"{a} {b}\"")));
+        };
+        pairs.push((f[0], t));
     }
+    h.charset_maps.push(CharsetMap { from, to, pairs });
     Ok(())
 }
 
@@ -2486,16 +2523,10 @@ pub(super) fn set_source_charset(_: &Env, s: &mut Settings, d: &Directive, file:
     )
 }
 
-/// `override_charset off` (shard never converts a proxied response's charset).
-pub(super) fn set_override_charset(_: &Env, _: &mut Settings, d: &Directive, file: &str) -> R {
-    if flag(d, file, a0(d))? {
-        return Err(derr(
-            d,
-            file,
-            "\"override_charset on\" (charset conversion) is not supported by shard",
-        ));
-    }
-    Ok(())
+/// `override_charset on|off`: a proxied response's own charset is recoded too.
+pub(super) fn set_override_charset(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.override_charset, v, d, file)
 }
 
 /// `error_page CODE ... [=[RESPONSE]] URI`: codes 300..=599 (not 499), as nginx.

@@ -683,10 +683,15 @@ impl Env {
                     })
                 };
                 l.upstream_vars = l.add_headers.iter().any(|a| upstream(&a.value))
+                    || l.add_trailers.iter().any(|a| upstream(&a.value))
                     || l.access_logs.iter().any(|al| upstream(&al.format.parts));
+                if let (Some(src), Some(dst)) = (&l.source_charset, &l.charset) {
+                    l.recode = recode_table(&h.charset_maps, src, dst).map(Arc::new);
+                }
                 let reads = |p: &[Part]| parts_read_headers(p, &h.maps);
                 l.needs_head = l.ret.as_ref().is_some_and(|r| reads(&r.parts))
                     || l.add_headers.iter().any(|a| reads(&a.value))
+                    || l.add_trailers.iter().any(|a| reads(&a.value))
                     || l.index_vars.iter().flatten().any(|t| reads(t))
                     || l.secure_link
                         .as_deref()
@@ -717,6 +722,7 @@ impl Env {
             })
             .collect();
         Ok(HttpConf {
+            charset_maps: h.charset_maps,
             maps: h.maps,
             limit_zones: h.limit_zones,
             servers,

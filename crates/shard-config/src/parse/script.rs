@@ -221,6 +221,15 @@ fn parse_cond(d: &Directive, file: &str) -> Result<Cond, ConfigError> {
 /// The entries of a `map`-like block (`map`, `split_clients`) with the file each was read
 /// from: an `include` among them is replaced by the entries of the files it names, as nginx
 /// reads a `map` (its `include` may name a pattern).
+/// The entries of `d`'s block (`include`s followed), for other modules' blocks.
+pub(super) fn block_entries_of(
+    env: &Env,
+    d: &Directive,
+    file: &str,
+) -> Result<Vec<(Directive, String)>, ConfigError> {
+    block_entries(env, d, file)
+}
+
 fn block_entries(
     env: &Env,
     d: &Directive,

@@ -598,6 +598,7 @@ pub(super) static TABLE: &[Spec] = &[
     b("if", S | L, 1, MANY, Set::Script(script_if)),
     b("map", H, 2, 2, Set::Http(http_map)),
     b("split_clients", H, 2, 2, Set::Http(http_split_clients)),
+    b("charset_map", H, 2, 2, Set::Http(http_charset_map)),
     b("geo", H, 1, 2, Set::Http(http_geo)),
     b("map", SM, 2, 2, Set::Stream(stream_map)),
     b("split_clients", SM, 2, 2, Set::Stream(stream_split_clients)),

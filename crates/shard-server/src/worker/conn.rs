@@ -68,6 +68,16 @@ struct FileBody {
     /// The loop turn in which a `stat` made for this request gave the size the response
     /// uses; `None` once part of the body left from the mapping (see `flush`).
     size_checked_turn: Option<u64>,
+    /// `charset` with `source_charset` and a `charset_map`: each byte read is replaced
+    /// (the file is then read, never sent by `sendfile` or from its mapping).
+    recode: Option<std::sync::Arc<[u8; 256]>>,
+}
+
+/// Replaces each byte of `data` by its entry in `table` (`charset_map`).
+pub(super) fn recode(data: &mut [u8], table: &[u8; 256]) {
+    for b in data {
+        *b = table[usize::from(*b)];
+    }
 }
 
 pub(super) struct Conn {
@@ -932,6 +942,10 @@ impl Conn {
                     // The file shrank under us: the promised Content-Length cannot be met.
                     Ok(0) => return Flush::Failed,
                     Ok(n) => {
+                        if let Some(t) = f.recode.as_deref() {
+                            let at = c.out.len() - n;
+                            recode(&mut c.out[at..], t);
+                        }
                         f.offset += n as u64;
                         f.remaining -= n as u64;
                     }
@@ -2667,6 +2681,7 @@ impl<'a> Worker<'a> {
         &mut self.conns[key].out
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn set_file_body(
         &mut self,
         key: usize,
@@ -2675,11 +2690,14 @@ impl<'a> Worker<'a> {
         len: u64,
         sendfile: bool,
         file_size: u64,
+        recoded: Option<std::sync::Arc<[u8; 256]>>,
     ) {
         let c = &mut self.conns[key];
         if len == 0 {
             return;
         }
+        // Recoded bytes are read in user space.
+        let sendfile = sendfile && recoded.is_none();
         // TLS encrypts in user space: the file is read and written through it; an HTTP/2
         // stream's goes into frames.
         let socket = c.tls.is_none() && c.fd.is_some();
@@ -2693,6 +2711,7 @@ impl<'a> Worker<'a> {
         let mapped = !sendfile
             && socket
             && !gathering
+            && recoded.is_none()
             && fd
                 .mapping(file_size)
                 .is_some_and(|m| offset.saturating_add(len) <= m.len() as u64);
@@ -2712,6 +2731,10 @@ impl<'a> Worker<'a> {
                     Err(_) => break 0,
                 }
             };
+            if let Some(t) = recoded.as_deref() {
+                let at = c.out.len() - n;
+                recode(&mut c.out[at..], t);
+            }
             offset += n as u64;
             len -= n as u64;
             if len == 0 {
@@ -2726,6 +2749,7 @@ impl<'a> Worker<'a> {
             sendfile,
             mapped,
             size_checked_turn,
+            recode: recoded,
         });
     }
 }
@@ -3250,6 +3274,7 @@ mod tests {
                     sendfile,
                     mapped: false,
                     size_checked_turn: None,
+                    recode: None,
                 });
                 let mut got = Vec::new();
                 let mut turns = 0;
@@ -3288,6 +3313,7 @@ mod tests {
                 sendfile: false,
                 mapped: false,
                 size_checked_turn: None,
+                recode: None,
             });
             let mut outcome = Flush::Yield;
             for _ in 0..100 {

@@ -172,6 +172,8 @@ struct Stream {
 const REBALANCE_FLOOR: f64 = 50.0;
 /// A worker sheds when its rate is above this many times its siblings' mean.
 const REBALANCE_RATIO: f64 = 1.2;
+/// The least share of the gap a connection must carry to be moved.
+const REBALANCE_MIN_SHARE: f64 = 0.05;
 /// After shedding, the looks this long are only measured: the reconnected clients' load must
 /// show on the workers that took them before the next decision.
 const REBALANCE_HOLD_MS: u64 = 2000;
@@ -201,8 +203,9 @@ pub(super) struct Rebalance {
 /// it carries at least [`REBALANCE_FLOOR`] and more than [`REBALANCE_RATIO`] times their
 /// mean; then the heaviest that together move at most half the gap (moving `w` of a gap `d`
 /// to a sibling leaves `|d - 2w|`), or, when each alone is more, the one that narrows the gap
-/// most (any below the whole gap narrows it). A connection with no request in the window
-/// moves nothing and is never chosen.
+/// most (any below the whole gap narrows it). A connection that carried less than
+/// [`REBALANCE_MIN_SHARE`] of the gap is never chosen: its reconnection would cost more
+/// than the load it moves.
 pub(super) fn rebalance_pick(mine: f64, others: &[f64], conns: &[(usize, f64)]) -> Vec<usize> {
     if others.is_empty() || mine < REBALANCE_FLOOR {
         return Vec::new();
@@ -212,7 +215,8 @@ pub(super) fn rebalance_pick(mine: f64, others: &[f64], conns: &[(usize, f64)]) 
     if mine <= REBALANCE_RATIO * mean || gap < REBALANCE_FLOOR {
         return Vec::new();
     }
-    let mut by_rate: Vec<(usize, f64)> = conns.iter().copied().filter(|c| c.1 > 0.0).collect();
+    let least = (gap * REBALANCE_MIN_SHARE).max(f64::MIN_POSITIVE);
+    let mut by_rate: Vec<(usize, f64)> = conns.iter().copied().filter(|c| c.1 >= least).collect();
     by_rate.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut left = gap / 2.0;
     let mut picked = Vec::new();
@@ -1527,7 +1531,11 @@ mod tests {
         );
         // The 1000 is the whole load: moving it moves the gap, never narrows it.
         assert!(rebalance_pick(1000.0, &[100.0], &[(7, 1000.0)]).is_empty());
-        // A connection with nothing in the window is never chosen.
+        // A connection with nothing in the window, or next to nothing, is never chosen.
         assert!(rebalance_pick(1000.0, &[100.0], &[(8, 0.0)]).is_empty());
+        assert_eq!(
+            rebalance_pick(1000.0, &[100.0], &[(7, 300.0), (8, 1.0), (9, 20.0)]),
+            vec![7]
+        );
     }
 }

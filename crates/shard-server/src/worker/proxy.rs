@@ -249,6 +249,9 @@ pub(super) struct Proxy {
     client_chunked: bool,
     /// `add_trailer`: the last chunk carries the location's trailers (`trailers.rs`).
     trailers: bool,
+    /// `charset` recoding of the body (`source_charset`, or the upstream's own charset with
+    /// `override_charset on`, by a `charset_map`).
+    recode: Option<std::sync::Arc<[u8; 256]>>,
     keep_alive: bool,
     /// The response head went to the client: no retry and no error page any more.
     head_sent: bool,
@@ -363,6 +366,7 @@ impl Proxy {
             upstream_reusable: false,
             client_chunked: false,
             trailers: false,
+            recode: None,
             keep_alive,
             head_sent: false,
             status: 0,
@@ -454,6 +458,7 @@ impl<'a> Worker<'a> {
     pub(super) fn http(&self) -> &'a HttpConf {
         static NONE: HttpConf = HttpConf {
             servers: Vec::new(),
+            charset_maps: Vec::new(),
             maps: Vec::new(),
             limit_zones: Vec::new(),
             upstreams: Vec::new(),
@@ -2150,14 +2155,37 @@ impl<'a> Worker<'a> {
                 }
             }
         }
-        // `charset`: added to a proxied Content-Type that has none, as nginx's filter does.
-        if loc.charset.is_some() {
+        // `charset`: added to a proxied Content-Type that has none, as nginx's filter does;
+        // the body recoded from `source_charset` (or, with `override_charset on`, from the
+        // charset the upstream named) where a `charset_map` joins them, not when encoded.
+        p.recode = None;
+        if let Some(dst) = loc.charset.as_deref() {
+            let encoded = head
+                .headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("content-encoding"));
+            let maps = &self.http().charset_maps;
             for (name, value) in &mut head.headers {
-                if name.eq_ignore_ascii_case("content-type") {
-                    let ct = String::from_utf8_lossy(value).into_owned();
-                    if let Some(cs) = shard_http::response::charset_for(loc, &ct) {
-                        value.extend_from_slice(b"; charset=");
-                        value.extend_from_slice(cs.as_bytes());
+                if !name.eq_ignore_ascii_case("content-type") {
+                    continue;
+                }
+                let ct = String::from_utf8_lossy(value).into_owned();
+                if let Some(cs) = shard_http::response::charset_for(loc, &ct) {
+                    value.extend_from_slice(b"; charset=");
+                    value.extend_from_slice(cs.as_bytes());
+                    if let Some(src) = loc.source_charset.as_deref().filter(|_| !encoded) {
+                        p.recode = shard_config::recode_table(maps, src, dst).map(Into::into);
+                    }
+                } else if loc.override_charset && !encoded {
+                    let Some((ty, src)) = shard_http::response::named_charset(&ct) else {
+                        continue;
+                    };
+                    if !shard_http::response::charset_type(loc, ty) {
+                        continue;
+                    }
+                    if let Some(t) = shard_config::recode_table(maps, src, dst) {
+                        p.recode = Some(std::sync::Arc::new(t));
+                        *value = format!("{ty}; charset={dst}").into_bytes();
                     }
                 }
             }
@@ -2444,6 +2472,9 @@ impl<'a> Worker<'a> {
             }
             UpBody::Length(left) => {
                 let take = (*left).min(p.rbuf.len() as u64) as usize;
+                if let Some(t) = p.recode.as_deref() {
+                    super::conn::recode(&mut p.rbuf[..take], t);
+                }
                 if p.client_chunked {
                     // Chunked for its trailers (`add_trailer`).
                     super::trailers::push_chunk(&mut c.out, &p.rbuf[..take]);
@@ -2467,6 +2498,9 @@ impl<'a> Worker<'a> {
                     .feed_into(&p.rbuf, &mut p.scratch)
                     .map_err(|_| "upstream sent invalid chunked response")?;
                 p.rbuf.drain(..feed.consumed);
+                if let Some(t) = p.recode.as_deref() {
+                    super::conn::recode(&mut p.scratch, t);
+                }
                 if !p.scratch.is_empty() {
                     p.body_sent += p.scratch.len() as u64;
                     if p.client_chunked {
@@ -2484,6 +2518,9 @@ impl<'a> Worker<'a> {
                 Ok(false)
             }
             UpBody::Close => {
+                if let Some(t) = p.recode.as_deref() {
+                    super::conn::recode(&mut p.rbuf, t);
+                }
                 p.body_sent += p.rbuf.len() as u64;
                 if p.client_chunked {
                     shard_http::proxy::write_chunk(&mut c.out, &p.rbuf);

@@ -900,7 +900,14 @@ fn send_file(
                     redirect: None,
                 };
             }
-            w.set_file_body(key, fd, offset, len, loc.sendfile, meta.size);
+            // `charset` from `source_charset` by a `charset_map`: for types it applies to,
+            // not for a file sent compressed.
+            let recoded = loc
+                .recode
+                .clone()
+                .filter(|_| !encoded)
+                .filter(|_| shard_http::response::charset_for(loc, &content_type).is_some());
+            w.set_file_body(key, fd, offset, len, loc.sendfile, meta.size, recoded);
             Reply {
                 status,
                 body_bytes: len,
@@ -951,6 +958,13 @@ fn send_file(
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                         Err(_) => break,
                     }
+                }
+                if let Some(t) = loc
+                    .recode
+                    .as_deref()
+                    .filter(|_| shard_http::response::charset_for(loc, &content_type).is_some())
+                {
+                    super::conn::recode(&mut body[start..start + got], t);
                 }
                 if got < want {
                     // The file shrank under us: as a failed read of a file, a 500.
