@@ -1895,6 +1895,9 @@ pub struct GzipConf {
     pub static_mode: GzipStatic,
     /// `gzip_disable`: user agents whose responses are not compressed.
     pub disable: GzipDisable,
+    /// `gunzip on|off` (`ngx_http_gunzip_module`): a gzip-encoded response (proxied, or a
+    /// `gzip_static` file) is decompressed for a client that does not take gzip.
+    pub gunzip: bool,
 }
 
 /// `gzip_static`.
@@ -1933,6 +1936,7 @@ impl Default for GzipConf {
             proxied: GzipProxied::default(),
             static_mode: GzipStatic::Off,
             disable: GzipDisable::default(),
+            gunzip: false,
         }
     }
 }

@@ -1043,6 +1043,7 @@ fn gzip_inheritance() {
         proxied: GzipProxied::default(),
         static_mode: GzipStatic::Off,
         disable: GzipDisable::default(),
+        gunzip: false,
     };
     assert_eq!(s.base.gzip, want);
     assert_eq!(s.locations[0].gzip, want);

@@ -2194,6 +2194,92 @@ fn charset_map_recodes_as_nginx() {
     assert!(err.contains("invalid value \"5G 59\""), "{err}");
 }
 
+/// `gunzip on`, as nginx's gunzip.t and gunzip_static.t: a gzip-encoded answer (proxied,
+/// or a `gzip_static` file, which is served even when the plain file does not exist) is
+/// decompressed, every member, for a client that does not take gzip, and passed as it is to
+/// one that does; `gzip_vary` names `Accept-Encoding` on both, for GET and HEAD.
+#[test]
+fn gunzip_as_nginx() {
+    use std::io::Write as _;
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+        location = /status { shard_status; }\n  \
+        location /p/ { gunzip on; gzip_vary on; proxy_pass http://127.0.0.1:{port1}/; \
+        proxy_set_header Accept-Encoding gzip; }\n  \
+        location /s/ { gunzip on; gzip_vary on; gzip_static always; alias {dir}/html/; }\n  \
+        location /error { error_page 500 /s/t1; return 500; }\n }\n \
+        server {\n  listen 127.0.0.1:{port1};\n  root {dir}/html;\n  \
+        location / { default_type text/plain; gzip_static on; gzip_http_version 1.0; \
+        gzip_types text/plain; }\n }\n}\n";
+    let s = Server::start_ports("gunzip", conf, 1, 1);
+    let plain: String = (0..100).map(|i| format!("X{i:03}XXXXXX")).collect();
+    let gz = |data: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    };
+    let one = gz(plain.as_bytes());
+    write_file(&s.dir, "html/t1.gz", &one);
+    write_file(&s.dir, "html/t2.gz", &[one.clone(), one.clone()].concat());
+    write_file(&s.dir, "html/t3", b"not compressed");
+    write_file(&s.dir, "html/empty.gz", &gz(b""));
+    let vary = |hs: &[(String, String)]| hs.iter().any(|(k, _)| k == "vary");
+    let encoded = |hs: &[(String, String)]| hs.iter().any(|(k, _)| k == "content-encoding");
+    for base in ["/p/", "/s/"] {
+        let get = |path: &str, extra: &str| {
+            exchange(
+                s.addr(),
+                &format!("GET {base}{path} HTTP/1.0\r\nHost: localhost{extra}"),
+            )
+        };
+        let (status, hs, body) = get("t1", "");
+        assert_eq!(status, 200, "{base}");
+        assert!(!encoded(&hs) && vary(&hs), "{base} {hs:?}");
+        assert_eq!(body, plain.as_bytes(), "{base}");
+        // A client that takes gzip gets it as it is.
+        let (_, hs, body) = exchange(
+            s.addr(),
+            &format!("GET {base}t1 HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: gzip"),
+        );
+        assert!(encoded(&hs), "{base} {hs:?}");
+        assert_eq!(body, one, "{base}");
+        let (_, _, body) = get("t2", "");
+        assert_eq!(body, plain.repeat(2).as_bytes(), "{base}: every member");
+        let (status, _, body) = get("empty", "");
+        assert!(status == 200 && body.is_empty(), "{base}");
+        let (_, hs, _) = get("t3", "");
+        assert!(!vary(&hs), "{base}: nothing gzipped, no Vary");
+        let (_, hs, body) = exchange(
+            s.addr(),
+            &format!("HEAD {base}t1 HTTP/1.0\r\nHost: localhost"),
+        );
+        assert!(
+            !encoded(&hs) && vary(&hs) && body.is_empty(),
+            "{base} {hs:?}"
+        );
+    }
+    let (status, _, body) = exchange(s.addr(), "GET /error HTTP/1.0\r\nHost: localhost");
+    assert_eq!(status, 500);
+    assert_eq!(body, plain.as_bytes(), "errors gunzipped");
+    // HTTP/1.1: decompressed into chunks (the length is not the upstream's).
+    let (status, hs, body) = exchange(s.addr(), "GET /p/t2 HTTP/1.1\r\nHost: localhost");
+    assert_eq!(status, 200);
+    assert!(hs
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v == "chunked"));
+    let mut rest = &body[..];
+    let mut got = Vec::new();
+    loop {
+        let nl = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+        let n = usize::from_str_radix(std::str::from_utf8(&rest[..nl]).unwrap(), 16).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&rest[nl + 2..nl + 2 + n]);
+        rest = &rest[nl + 2 + n + 2..];
+    }
+    assert_eq!(got, plain.repeat(2).as_bytes());
+}
+
 /// `auth_delay`: a refused password (or none) is answered 401 only after the delay, with
 /// nginx's log line; a good one is not delayed.
 #[test]

@@ -248,6 +248,7 @@ pub(super) struct GzipP {
     pub(super) proxied: Option<GzipProxied>,
     pub(super) static_mode: Option<GzipStatic>,
     pub(super) disable: Option<GzipDisable>,
+    pub(super) gunzip: Option<bool>,
 }
 
 impl GzipP {
@@ -270,6 +271,7 @@ impl GzipP {
                 .disable
                 .clone()
                 .unwrap_or_else(|| parent.disable.clone()),
+            gunzip: self.gunzip.unwrap_or(parent.gunzip),
         }
     }
 }
@@ -3002,6 +3004,8 @@ pub(super) fn set_gzip_types(_: &Env, s: &mut Settings, d: &Directive, _: &str) 
 slot!(set_gzip_min_length, gzip.min_length, size);
 
 slot!(set_gzip_vary, gzip.vary, flag);
+
+slot!(set_gunzip, gzip.gunzip, flag);
 
 /// `gzip_static on | off | always`.
 pub(super) fn set_gzip_static(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {

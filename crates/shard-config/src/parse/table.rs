@@ -433,6 +433,7 @@ pub(super) static TABLE: &[Spec] = &[
         Set::NoEffect(check_flag),
     ),
     d("gzip_buffers", HSL, 2, 2, Set::NoEffect(check_sizes)),
+    d("gunzip_buffers", HSL, 2, 2, Set::NoEffect(check_sizes)),
     d("proxy_temp_path", HSL, 1, 4, Set::NoEffect(check_any)),
     d("fastcgi_temp_path", HSL, 1, 4, Set::NoEffect(check_any)),
     d("uwsgi_temp_path", HSL, 1, 4, Set::NoEffect(check_any)),
@@ -1093,6 +1094,7 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_gzip_min_length),
     ),
     d("gzip_vary", HSL, 1, 1, Set::Settings(set_gzip_vary)),
+    d("gunzip", HSL, 1, 1, Set::Settings(set_gunzip)),
     d("gzip_static", HSL, 1, 1, Set::Settings(set_gzip_static)),
     d(
         "gzip_http_version",

@@ -252,6 +252,8 @@ pub(super) struct Proxy {
     /// `charset` recoding of the body (`source_charset`, or the upstream's own charset with
     /// `override_charset on`, by a `charset_map`).
     recode: Option<std::sync::Arc<[u8; 256]>>,
+    /// `gunzip on`: the gzip-encoded body decompressed for a client that does not take gzip.
+    gunzip: Option<Box<flate2::write::MultiGzDecoder<Vec<u8>>>>,
     keep_alive: bool,
     /// The response head went to the client: no retry and no error page any more.
     head_sent: bool,
@@ -367,6 +369,7 @@ impl Proxy {
             client_chunked: false,
             trailers: false,
             recode: None,
+            gunzip: None,
             keep_alive,
             head_sent: false,
             status: 0,
@@ -2190,6 +2193,33 @@ impl<'a> Worker<'a> {
                 }
             }
         }
+        // `gunzip on`: a gzip-encoded answer is decompressed for a client that does not take
+        // gzip (its length then unknown); `gzip_vary` names `Accept-Encoding` either way.
+        p.gunzip = None;
+        let gzipped = loc.gzip.gunzip
+            && head.headers.iter().any(|(n, v)| {
+                n.eq_ignore_ascii_case("content-encoding")
+                    && String::from_utf8_lossy(v)
+                        .trim()
+                        .eq_ignore_ascii_case("gzip")
+            });
+        if gzipped {
+            if loc.gzip.vary
+                && !head.headers.iter().any(|(n, v)| {
+                    n.eq_ignore_ascii_case("vary") && v.eq_ignore_ascii_case(b"accept-encoding")
+                })
+            {
+                head.headers
+                    .push(("Vary".to_string(), b"Accept-Encoding".to_vec()));
+            }
+            if !super::respond::gzip_ok(loc, &p.req) {
+                head.headers
+                    .retain(|(n, _)| !n.eq_ignore_ascii_case("content-encoding"));
+                if head.framing != Framing::None {
+                    p.gunzip = Some(Box::new(flate2::write::MultiGzDecoder::new(Vec::new())));
+                }
+            }
+        }
         if let Some(u) = p.up {
             let (upstream, peer) = (self.upconns[u].upstream, self.upconns[u].peer);
             balance::succeeded(&mut self.http_peer_state[upstream], peer);
@@ -2197,8 +2227,13 @@ impl<'a> Worker<'a> {
         p.rbuf.drain(..head_len);
         // `chunked_transfer_encoding off`: a body of unknown length ends with the connection,
         // as for an HTTP/1.0 client.
+        // Decompressed, the body's length is not the upstream's.
+        let framing = match head.framing {
+            Framing::Length(_) if p.gunzip.is_some() => Framing::Close,
+            f => f,
+        };
         let (mut client_framing, reusable) = shard_http::proxy::client_framing(
-            head.framing,
+            framing,
             p.req.minor_version >= 1 && loc.chunked_transfer_encoding,
         );
         // `add_trailer`: chunked even when the length is known, as nginx.
@@ -2402,6 +2437,14 @@ impl<'a> Worker<'a> {
                     if matches!(p.upbody, UpBody::Close) {
                         // FastCGI's END_REQUEST leaves the connection as `keep_conn` says.
                         p.upstream_reusable &= p.fcgi.is_some();
+                        if self.finish_passing(key, p).is_err() {
+                            self.log_proxy_error_current(
+                                key,
+                                p,
+                                "upstream sent invalid gzip response while reading upstream",
+                            );
+                            return Flow::Abort;
+                        }
                         if p.client_chunked {
                             let last = self.proxy_last_chunk(key, p);
                             self.conns[key].out.extend_from_slice(&last);
@@ -2463,6 +2506,12 @@ impl<'a> Worker<'a> {
     /// [`Worker::pass_body`] without the last chunk.
     fn pass_body_framed(&mut self, key: usize, p: &mut Proxy) -> Result<bool, &'static str> {
         let c = &mut self.conns[key];
+        let mut emit = Emit {
+            out: &mut c.out,
+            chunked: p.client_chunked,
+            recode: p.recode.as_deref(),
+            gunzip: p.gunzip.as_deref_mut(),
+        };
         match &mut p.upbody {
             UpBody::None => {
                 if !p.rbuf.is_empty() {
@@ -2472,22 +2521,14 @@ impl<'a> Worker<'a> {
             }
             UpBody::Length(left) => {
                 let take = (*left).min(p.rbuf.len() as u64) as usize;
-                if let Some(t) = p.recode.as_deref() {
-                    super::conn::recode(&mut p.rbuf[..take], t);
-                }
-                if p.client_chunked {
-                    // Chunked for its trailers (`add_trailer`).
-                    super::trailers::push_chunk(&mut c.out, &p.rbuf[..take]);
-                } else {
-                    c.out.extend_from_slice(&p.rbuf[..take]);
-                }
-                p.body_sent += take as u64;
+                p.body_sent += emit.data(&mut p.rbuf[..take])?;
                 *left -= take as u64;
                 p.rbuf.drain(..take);
                 if *left == 0 {
                     if !p.rbuf.is_empty() {
                         p.upstream_reusable = false;
                     }
+                    p.body_sent += emit.finish()?;
                     return Ok(true);
                 }
                 Ok(false)
@@ -2498,39 +2539,35 @@ impl<'a> Worker<'a> {
                     .feed_into(&p.rbuf, &mut p.scratch)
                     .map_err(|_| "upstream sent invalid chunked response")?;
                 p.rbuf.drain(..feed.consumed);
-                if let Some(t) = p.recode.as_deref() {
-                    super::conn::recode(&mut p.scratch, t);
-                }
-                if !p.scratch.is_empty() {
-                    p.body_sent += p.scratch.len() as u64;
-                    if p.client_chunked {
-                        shard_http::proxy::write_chunk(&mut c.out, &p.scratch);
-                    } else {
-                        c.out.extend_from_slice(&p.scratch);
-                    }
-                }
+                p.body_sent += emit.data(&mut p.scratch)?;
                 if dec.is_done() {
                     if !p.rbuf.is_empty() {
                         p.upstream_reusable = false;
                     }
+                    p.body_sent += emit.finish()?;
                     return Ok(true);
                 }
                 Ok(false)
             }
             UpBody::Close => {
-                if let Some(t) = p.recode.as_deref() {
-                    super::conn::recode(&mut p.rbuf, t);
-                }
-                p.body_sent += p.rbuf.len() as u64;
-                if p.client_chunked {
-                    shard_http::proxy::write_chunk(&mut c.out, &p.rbuf);
-                } else {
-                    c.out.extend_from_slice(&p.rbuf);
-                }
+                p.body_sent += emit.data(&mut p.rbuf)?;
                 p.rbuf.clear();
                 Ok(false)
             }
         }
+    }
+
+    /// The end of a body that ends with the upstream's close: what `gunzip` still holds.
+    fn finish_passing(&mut self, key: usize, p: &mut Proxy) -> Result<(), &'static str> {
+        let c = &mut self.conns[key];
+        let mut emit = Emit {
+            out: &mut c.out,
+            chunked: p.client_chunked,
+            recode: p.recode.as_deref(),
+            gunzip: p.gunzip.as_deref_mut(),
+        };
+        p.body_sent += emit.finish()?;
+        Ok(())
     }
 
     /// The upstream response is complete: release the upstream connection, log, and hand the
@@ -3189,6 +3226,58 @@ fn bind_text(a: std::net::SocketAddr) -> String {
         a.ip().to_string()
     } else {
         a.to_string()
+    }
+}
+
+/// Body bytes on their way to the client: recoded (`charset`), decompressed (`gunzip`),
+/// then framed (chunked or as they are).
+struct Emit<'a> {
+    out: &'a mut Vec<u8>,
+    chunked: bool,
+    recode: Option<&'a [u8; 256]>,
+    gunzip: Option<&'a mut flate2::write::MultiGzDecoder<Vec<u8>>>,
+}
+
+impl Emit<'_> {
+    /// Passes `data` on; the bytes the client gets.
+    fn data(&mut self, data: &mut [u8]) -> Result<u64, &'static str> {
+        use std::io::Write;
+        if let Some(t) = self.recode {
+            super::conn::recode(data, t);
+        }
+        match self.gunzip.as_deref_mut() {
+            Some(g) => {
+                g.write_all(data)
+                    .map_err(|_| "upstream sent invalid gzip response")?;
+                let plain = std::mem::take(g.get_mut());
+                Ok(self.framed(&plain))
+            }
+            None => Ok(self.framed(data)),
+        }
+    }
+
+    /// The body ended: what the decompressor still holds (and a check that the gzip stream
+    /// was whole).
+    fn finish(&mut self) -> Result<u64, &'static str> {
+        let Some(g) = self.gunzip.as_deref_mut() else {
+            return Ok(0);
+        };
+        g.try_finish()
+            .map_err(|_| "upstream sent invalid gzip response")?;
+        let plain = std::mem::take(g.get_mut());
+        Ok(self.framed(&plain))
+    }
+
+    fn framed(&mut self, data: &[u8]) -> u64 {
+        if data.is_empty() {
+            return 0;
+        }
+        if self.chunked {
+            shard_http::proxy::write_chunk(self.out, data);
+        } else {
+            self.out.extend_from_slice(data);
+        }
+        data.len() as u64
     }
 }
 

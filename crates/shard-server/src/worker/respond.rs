@@ -614,6 +614,22 @@ fn static_file(
             other => other,
         }
     } else {
+        // `gzip_static`: FILE.gz in its place when it exists (and, with `on`, the client takes
+        // gzip), sent as it is with `Content-Encoding: gzip`, whether FILE exists or not (as
+        // nginx's gzip_static handler, which runs before the static one).
+        if gzip_static_wanted(loc, req) {
+            let mut gz = path.clone().into_os_string();
+            gz.push(".gz");
+            if let Opened::File(gfd, gmeta) = open_cached(w, std::path::Path::new(&gz), loc) {
+                if gmeta.is_file {
+                    // `gunzip on`: decompressed for a client that does not take gzip.
+                    if loc.gzip.gunzip && !gzip_ok(loc, req) {
+                        return gunzip_file(w, key, loc, req, keep_alive, head, &path, gfd, gmeta);
+                    }
+                    return send_file(w, key, loc, req, keep_alive, head, path, gfd, gmeta, true);
+                }
+            }
+        }
         open_cached(w, &path, loc)
     };
     let (fd, meta) = match opened {
@@ -636,36 +652,120 @@ fn static_file(
             return simple(w, key, req, keep_alive, loc, head, reply);
         }
     };
-    // `gzip_static`: FILE.gz in its place, when it exists (and, with `on`, the client
-    // takes gzip), sent as it is with `Content-Encoding: gzip`.
-    if meta.is_file && gzip_static_wanted(loc, req) {
-        let mut gz = path.clone().into_os_string();
-        gz.push(".gz");
-        if let Opened::File(gfd, gmeta) = open_cached(w, std::path::Path::new(&gz), loc) {
-            if gmeta.is_file {
-                drop(fd);
-                return send_file(w, key, loc, req, keep_alive, head, path, gfd, gmeta, true);
-            }
-        }
-    }
     send_file(w, key, loc, req, keep_alive, head, path, fd, meta, false)
 }
 
 /// Whether `gzip_static` serves this request the `.gz` file: `always`, or `on` and the
 /// client takes gzip as `gzip` would (HTTP version, `Via` and `gzip_proxied`, the header).
 fn gzip_static_wanted(loc: &LocationConf, req: &Request) -> bool {
-    let g = &loc.gzip;
-    match g.static_mode {
+    match loc.gzip.static_mode {
         shard_config::GzipStatic::Off => false,
         shard_config::GzipStatic::Always => true,
-        shard_config::GzipStatic::On => {
-            req.minor_version >= g.http_version_minor
-                && (!req.via || gzip::proxied_allows(g, req, &gzip::ResponseTraits::STATIC))
-                && req
-                    .accept_encoding
-                    .as_deref()
-                    .is_some_and(gzip::accepts_gzip)
+        shard_config::GzipStatic::On => gzip_ok(loc, req),
+    }
+}
+
+/// Whether the client takes gzip as `gzip` would send it (nginx's `ngx_http_gzip_ok`: the
+/// HTTP version, `Via` and `gzip_proxied`, the header).
+pub(super) fn gzip_ok(loc: &LocationConf, req: &Request) -> bool {
+    let g = &loc.gzip;
+    req.minor_version >= g.http_version_minor
+        && (!req.via || gzip::proxied_allows(g, req, &gzip::ResponseTraits::STATIC))
+        && req
+            .accept_encoding
+            .as_deref()
+            .is_some_and(gzip::accepts_gzip)
+}
+
+/// The most bytes `gunzip` makes of one static file (in memory, as its response body):
+/// past it the request fails (500) rather than hold an unbounded body.
+const GUNZIP_STATIC_MAX_BYTES: u64 = 32 << 20;
+
+/// `gzip_static` with `gunzip on` for a client that does not take gzip: `FILE.gz`
+/// decompressed (every member), sent with `FILE`'s type and a `Vary` as `gzip_vary` says.
+#[allow(clippy::too_many_arguments)]
+fn gunzip_file(
+    w: &mut Worker<'_>,
+    key: usize,
+    loc: &LocationConf,
+    req: &Request,
+    keep_alive: bool,
+    head: &[u8],
+    path: &Path,
+    fd: super::files::FileRef,
+    meta: FileMeta,
+) -> Reply {
+    use std::io::Read;
+    let mut raw = vec![0u8; meta.size as usize];
+    let mut got = 0;
+    while got < raw.len() {
+        match shard_event::sock::pread(fd.as_raw_fd(), &mut raw[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
         }
+    }
+    drop(fd);
+    raw.truncate(got);
+    let mut body = Vec::new();
+    let res = flate2::read::MultiGzDecoder::new(&raw[..])
+        .take(GUNZIP_STATIC_MAX_BYTES + 1)
+        .read_to_end(&mut body);
+    if res.is_err() || body.len() as u64 > GUNZIP_STATIC_MAX_BYTES {
+        crate::log!(
+            Error,
+            "inflate() failed: \"{}.gz\" is not a gzip file of at most {} bytes{}",
+            path.display(),
+            GUNZIP_STATIC_MAX_BYTES,
+            w.log_context(key, Some(req))
+        );
+        let reply = shard_http::response::error_simple(500);
+        return simple(w, key, req, keep_alive, loc, head, reply);
+    }
+    let content_type = shard_http::static_file::content_type(loc, path).to_string();
+    let status = w.conns[key].rq().status_override.unwrap_or(200);
+    let last_modified = shard_http::http_date(meta.mtime_secs.max(0) as u64);
+    let extra = extra_headers(
+        w,
+        key,
+        req,
+        loc,
+        head,
+        status,
+        Some(meta.mtime_secs),
+        Some(&content_type),
+    );
+    let date = std::mem::take(&mut w.cx.date);
+    let out = w.out_buf(key);
+    write_head(
+        out,
+        &Head {
+            status,
+            date: &date,
+            content_type: Some(&content_type),
+            content_length: Some(body.len() as u64),
+            keep_alive,
+            last_modified: Some(&last_modified),
+            vary: loc.gzip.vary.then_some(gzip::VARY),
+            server: shard_http::response::server_value(loc),
+            extra: &extra,
+            charset: shard_http::response::charset_for(loc, &content_type),
+            ..Default::default()
+        },
+    );
+    let sent = if req.method == Method::Head {
+        0
+    } else {
+        out.extend_from_slice(&body);
+        body.len() as u64
+    };
+    w.cx.date = date;
+    Reply {
+        status,
+        body_bytes: sent,
+        error_page: None,
+        redirect: None,
     }
 }
 
