@@ -1785,6 +1785,9 @@ pub struct ProxySsl {
     pub verify: bool,
     /// `proxy_ssl_trusted_certificate FILE`: the CAs a verified upstream's chain must reach.
     pub trusted_certificate: Option<PathBuf>,
+    /// `proxy_ssl_crl FILE`: revocation lists (PEM) the upstream's chain is checked against,
+    /// one wanted for every certificate (OpenSSL's `X509_V_FLAG_CRL_CHECK_ALL`).
+    pub crl: Option<PathBuf>,
     /// `proxy_ssl_server_name on|off`: send SNI. Default off.
     pub server_name: bool,
     /// `proxy_ssl_name NAME`: the name verified and sent as SNI; `None` is the `proxy_pass`
@@ -1810,6 +1813,7 @@ impl Default for ProxySsl {
         ProxySsl {
             verify: false,
             trusted_certificate: None,
+            crl: None,
             server_name: false,
             name: None,
             session_reuse: true,

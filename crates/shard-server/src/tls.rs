@@ -382,10 +382,25 @@ fn upstream_config(
                 ca.display()
             ));
         }
-        let verifier =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), prov)
-                .build()
-                .map_err(|e| format!("proxy_ssl_trusted_certificate: {e} in {at}"))?;
+        let mut vb =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), prov);
+        if let Some(path) = &ssl.crl {
+            let crls = rustls::pki_types::CertificateRevocationListDer::pem_file_iter(path)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| {
+                    format!(
+                        "X509_load_crl_file(\"{}\") failed ({}) in {at}",
+                        path.display(),
+                        pem_error(&e)
+                    )
+                })?;
+            // As OpenSSL with nginx's flags: a list is wanted for every certificate of the
+            // chain, and an expired one counts.
+            vb = vb.with_crls(crls).enforce_revocation_expiration();
+        }
+        let verifier = vb
+            .build()
+            .map_err(|e| format!("proxy_ssl_trusted_certificate: {e} in {at}"))?;
         builder.with_webpki_verifier(verifier)
     } else {
         builder

@@ -1709,6 +1709,92 @@ fn a_revoked_client_certificate_is_refused() {
     assert!(log.contains("(23:certificate revoked)"), "{log}");
 }
 
+/// `proxy_ssl_crl`, as nginx's proxy_ssl_crl.t: an upstream whose certificate its CA
+/// revoked is a 502; a list from its CA that does not name it lets it through; a list only
+/// from another CA leaves its status unknown, which fails as with OpenSSL's CRL checks.
+#[test]
+fn proxy_ssl_crl_checks_the_upstreams_certificate() {
+    let dir = temp_dir("tls-proxy-crl").keep();
+    let new_ca = |cn: &str| {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        let cert = params.self_signed(&key).unwrap();
+        (cert, key)
+    };
+    let (ca, ca_key) = new_ca("upstream CA");
+    let (other, other_key) = new_ca("another CA");
+    std::fs::write(dir.join("conf/ca.pem"), ca.pem()).unwrap();
+    let leaf_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut leaf = rcgen::CertificateParams::new(vec!["a.test".to_string()]).unwrap();
+    leaf.serial_number = Some(rcgen::SerialNumber::from(vec![0x01, 0x9b]));
+    let leaf = leaf.signed_by(&leaf_key, &ca, &ca_key).unwrap();
+    std::fs::write(dir.join("conf/up.pem"), leaf.pem()).unwrap();
+    std::fs::write(dir.join("conf/up.key"), leaf_key.serialize_pem()).unwrap();
+    let crl = |issuer: &rcgen::Certificate, key: &rcgen::KeyPair, revoked: bool| {
+        rcgen::CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2024, 1, 1),
+            next_update: rcgen::date_time_ymd(2099, 1, 1),
+            crl_number: rcgen::SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: if revoked {
+                vec![rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from(vec![0x01, 0x9b]),
+                    revocation_time: rcgen::date_time_ymd(2024, 6, 1),
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                }]
+            } else {
+                Vec::new()
+            },
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        }
+        .signed_by(issuer, key)
+        .unwrap()
+        .pem()
+        .unwrap()
+    };
+    std::fs::write(dir.join("conf/clean.crl"), crl(&ca, &ca_key, false)).unwrap();
+    std::fs::write(dir.join("conf/revoked.crl"), crl(&ca, &ca_key, true)).unwrap();
+    std::fs::write(dir.join("conf/other.crl"), crl(&other, &other_key, false)).unwrap();
+    let d = dir.join("conf");
+    let loc = |name: &str| {
+        format!(
+            "location /{name}/ {{ proxy_pass https://127.0.0.1:{{port1}}/; proxy_ssl_verify on;\n\
+               proxy_ssl_trusted_certificate {ca}; proxy_ssl_name a.test;\n\
+               proxy_ssl_crl {crl}; }}\n",
+            ca = d.join("ca.pem").display(),
+            crl = d.join(format!("{name}.crl")).display(),
+        )
+    };
+    let text = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\nhttp {{\n\
+         server {{ listen 127.0.0.1:{{port1}} ssl; server_name a.test;\n\
+           ssl_certificate {cert}; ssl_certificate_key {key};\n\
+           location / {{ return 200 \"up\"; }} }}\n\
+         server {{ listen 127.0.0.1:{{port}};\n\
+           location = /status {{ shard_status; }}\n{clean}{revoked}{other} }}\n}}\n",
+        cert = d.join("up.pem").display(),
+        key = d.join("up.key").display(),
+        clean = loc("clean"),
+        revoked = loc("revoked"),
+        other = loc("other"),
+    );
+    let s = Server::start_ports("tls-proxy-crl", &text, 1, 1);
+    let r = get(s.addr(), "/clean/");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "up"));
+    assert_eq!(get(s.addr(), "/revoked/").status, 502);
+    assert_eq!(get(s.addr(), "/other/").status, 502);
+}
+
 /// Runs `openssl ARGS` in `dir`; panics with its output when it fails.
 fn openssl_in(dir: &Path, args: &[&str]) {
     let out = std::process::Command::new("openssl")

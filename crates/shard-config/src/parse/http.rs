@@ -321,6 +321,7 @@ pub(super) struct ProxySslP {
     pub(super) enabled: Option<bool>,
     pub(super) verify: Option<bool>,
     pub(super) trusted_certificate: Option<PathBuf>,
+    pub(super) crl: Option<PathBuf>,
     pub(super) server_name: Option<bool>,
     /// Empty: `$proxy_host`, the default.
     pub(super) name: Option<String>,
@@ -341,6 +342,7 @@ impl ProxySslP {
                 .trusted_certificate
                 .clone()
                 .or_else(|| p.trusted_certificate.clone()),
+            crl: self.crl.clone().or_else(|| p.crl.clone()),
             server_name: self.server_name.unwrap_or(p.server_name),
             name: match &self.name {
                 Some(n) if n.is_empty() => None,
@@ -378,6 +380,7 @@ impl ProxySslP {
                 .trusted_certificate
                 .clone()
                 .or_else(|| parent.trusted_certificate.clone()),
+            crl: self.crl.clone().or_else(|| parent.crl.clone()),
             server_name: self.server_name.or(parent.server_name),
             name: self.name.clone().or_else(|| parent.name.clone()),
             session_reuse: self.session_reuse.or(parent.session_reuse),
@@ -3568,6 +3571,7 @@ pub(super) fn apply_proxy_ssl(env: &Env, p: &mut ProxySslP, d: &Directive, file:
             once(&mut p.protocols, d.args.clone(), d, file)
         }
         "proxy_ssl_ciphers" => once(&mut p.ciphers, v.to_string(), d, file),
+        "proxy_ssl_crl" => once(&mut p.crl, pem_path(env, d, file)?, d, file),
         "proxy_ssl_trusted_certificate" => {
             once(&mut p.trusted_certificate, pem_path(env, d, file)?, d, file)
         }

@@ -1657,6 +1657,14 @@ pub(super) static TABLE: &[Spec] = &[
         1,
         Set::Settings(set_proxy_ssl),
     ),
+    d("proxy_ssl_crl", HSL, 1, 1, Set::Settings(set_proxy_ssl)),
+    d(
+        "proxy_ssl_crl",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettingsEnv(stream_proxy_ssl),
+    ),
     d(
         "proxy_ssl_trusted_certificate",
         SM | SS,
