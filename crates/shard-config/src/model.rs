@@ -732,6 +732,8 @@ pub struct LocationConf {
     /// `charset_types`. Default nginx's: text/html, text/xml, text/plain, text/vnd.wap.wml,
     /// application/javascript, application/rss+xml.
     pub charset_types: Vec<String>,
+    /// `sub_filter` and its companions.
+    pub sub_filter: SubFilterConf,
     /// `source_charset`: the charset of the files and of proxied responses that name none.
     pub source_charset: Option<String>,
     /// `override_charset on`: a proxied response's own charset is recoded to `charset` too.
@@ -2377,4 +2379,41 @@ pub fn recode_table(maps: &[CharsetMap], src: &str, dst: &str) -> Option<[u8; 25
         table[usize::from(t[0])] = *f;
     }
     Some(table)
+}
+
+/// `sub_filter STRING REPLACEMENT` (both may hold variables), `sub_filter_once`,
+/// `sub_filter_types`, `sub_filter_last_modified`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubFilterConf {
+    pub pairs: Vec<(Vec<Part>, Vec<Part>)>,
+    /// Default on.
+    pub once: bool,
+    /// Lowercase MIME types; `text/html` always one. `*` (`any_type`): every type.
+    pub types: Vec<String>,
+    pub any_type: bool,
+    /// Default off: `Last-Modified` and `ETag` are removed from a filtered response.
+    pub last_modified: bool,
+}
+
+impl Default for SubFilterConf {
+    fn default() -> Self {
+        SubFilterConf {
+            pairs: Vec::new(),
+            once: true,
+            types: vec!["text/html".to_string()],
+            any_type: false,
+            last_modified: false,
+        }
+    }
+}
+
+impl SubFilterConf {
+    /// Whether a response of `content_type` is filtered.
+    pub fn applies_to(&self, content_type: &str) -> bool {
+        if self.pairs.is_empty() {
+            return false;
+        }
+        let base = content_type.split(';').next().unwrap_or("").trim();
+        self.any_type || self.types.iter().any(|t| t.eq_ignore_ascii_case(base))
+    }
 }

@@ -22,6 +22,7 @@ pub mod request;
 pub mod response;
 pub mod route;
 pub mod static_file;
+pub mod subfilter;
 pub mod vars;
 
 const WEEKDAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];

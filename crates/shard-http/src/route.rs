@@ -347,6 +347,7 @@ pub(crate) mod tests {
             gzip: Default::default(),
             add_headers: Vec::new(),
             add_trailers: Vec::new(),
+            sub_filter: Default::default(),
             source_charset: None,
             override_charset: false,
             recode: None,

@@ -29,6 +29,7 @@ mod resolver;
 mod respond;
 mod script;
 mod step;
+mod subfilter;
 mod tls;
 mod token;
 mod trailers;

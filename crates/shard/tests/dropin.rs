@@ -2280,6 +2280,69 @@ fn gunzip_as_nginx() {
     assert_eq!(got, plain.repeat(2).as_bytes());
 }
 
+/// `sub_filter`, as nginx's sub_filter.t and sub_filter_merge.t: strings replaced without
+/// case in files, `return` bodies and proxied answers (split across reads), once or every
+/// time, with variables on both sides; the validators go unless `sub_filter_last_modified`.
+#[test]
+fn sub_filter_as_nginx() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n sub_filter foo bar;\n \
+        server {\n  listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n }\n \
+        server {\n  listen 127.0.0.1:{port1};\n  root {dir}/html;\n  sub_filter_types *;\n  \
+        location / { }\n  \
+        location /once { return 200 $arg_b; }\n  \
+        location /many { sub_filter_once off; return 200 $arg_b; }\n  \
+        location /complex { sub_filter abac _replaced; return 200 $arg_b; }\n  \
+        location /var/string { sub_filter X$arg_a _replaced; return 200 $arg_b; }\n  \
+        location /var/replacement { sub_filter aab '${arg_a}_replaced'; return 200 $arg_b; }\n  \
+        location /lm/ { sub_filter_last_modified on; alias {dir}/html/; }\n  \
+        location /up/ { sub_filter_once off; proxy_pass http://127.0.0.1:{port1}/raw/; }\n  \
+        location /raw/ { sub_filter_types text/nothing; alias {dir}/html/; }\n \
+        }\n}\n";
+    let s = Server::start_ports("sub-filter", conf, 1, 1);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    write_file(&s.dir, "html/foo.html", b"foo");
+    write_file(&s.dir, "html/foo_uc.html", b"FOO");
+    write_file(&s.dir, "html/foofoo.html", b"foofoo");
+    let big = "xfoo".repeat(100_000);
+    write_file(&s.dir, "html/big.txt", big.as_bytes());
+    let get = |path: &str| {
+        let (status, hs, body) = exchange(addr, &format!("GET {path} HTTP/1.0\r\nHost: x"));
+        (status, hs, String::from_utf8_lossy(&body).into_owned())
+    };
+    for (path, want) in [
+        ("/foo.html", "bar"),
+        ("/foo_uc.html", "bar"),
+        ("/foofoo.html", "barfoo"),
+        ("/once?b=foofoo", "barfoo"),
+        ("/many?b=foofoo", "barbar"),
+        ("/many?b=foofo", "barfo"),
+        ("/complex?b=abaabac", "aba_replaced"),
+        ("/var/string?a=foo&b=XFOO", "_replaced"),
+        ("/var/replacement?a=ee&b=aaab", "aee_replaced"),
+    ] {
+        assert_eq!(get(path).2, want, "{path}");
+    }
+    // The validators: gone, or a weak tag with sub_filter_last_modified on.
+    let (_, hs, _) = get("/foo.html");
+    assert!(
+        !hs.iter().any(|(k, _)| k == "last-modified" || k == "etag"),
+        "{hs:?}"
+    );
+    let (_, hs, body) = get("/lm/foo.html");
+    assert_eq!(body, "bar");
+    assert!(hs.iter().any(|(k, _)| k == "last-modified"), "{hs:?}");
+    assert!(
+        hs.iter().any(|(k, v)| k == "etag" && v.starts_with("W/")),
+        "{hs:?}"
+    );
+    // Proxied, 400 KB read in pieces, every match replaced (the upstream side untouched).
+    let (status, hs, body) = get("/up/big.txt");
+    assert_eq!(status, 200);
+    assert!(!hs.iter().any(|(k, _)| k == "content-length"), "{hs:?}");
+    assert_eq!(body, "xbar".repeat(100_000));
+    assert_eq!(get("/raw/big.txt").2, big, "the type not listed: untouched");
+}
+
 /// `auth_delay`: a refused password (or none) is answered 401 only after the delay, with
 /// nginx's log line; a good one is not delayed.
 #[test]

@@ -221,6 +221,10 @@ pub(super) struct Settings {
     /// `charset`: `Some(None)` is `off`.
     pub(super) charset: Option<Option<String>>,
     pub(super) charset_types: Option<Vec<String>>,
+    pub(super) sub_filter_pairs: Option<Vec<(Vec<Part>, Vec<Part>)>>,
+    pub(super) sub_filter_once: Option<bool>,
+    pub(super) sub_filter_types: Option<(Vec<String>, bool)>,
+    pub(super) sub_filter_last_modified: Option<bool>,
     pub(super) override_charset: Option<bool>,
     pub(super) source_charset: Option<(String, Place)>,
     pub(super) real_ip_from: Option<Vec<AccessRule>>,
@@ -554,6 +558,7 @@ pub(super) struct Eff {
     pub(super) server_name_in_redirect: bool,
     pub(super) charset: Option<String>,
     pub(super) charset_types: Vec<String>,
+    pub(super) sub_filter: SubFilterConf,
     pub(super) override_charset: bool,
     pub(super) source_charset: Option<(String, Place)>,
     pub(super) real_ip: RealIp,
@@ -652,6 +657,7 @@ impl Eff {
             server_name_in_redirect: false,
             charset: None,
             charset_types: CHARSET_TYPES.iter().map(|t| t.to_string()).collect(),
+            sub_filter: SubFilterConf::default(),
             override_charset: false,
             source_charset: None,
             real_ip: RealIp::default(),
@@ -842,6 +848,23 @@ impl Eff {
                 .server_name_in_redirect
                 .unwrap_or(self.server_name_in_redirect),
             charset: s.charset.clone().unwrap_or_else(|| self.charset.clone()),
+            sub_filter: {
+                let p = &self.sub_filter;
+                let (types, any_type) = s
+                    .sub_filter_types
+                    .clone()
+                    .unwrap_or_else(|| (p.types.clone(), p.any_type));
+                SubFilterConf {
+                    pairs: s
+                        .sub_filter_pairs
+                        .clone()
+                        .unwrap_or_else(|| p.pairs.clone()),
+                    once: s.sub_filter_once.unwrap_or(p.once),
+                    types,
+                    any_type,
+                    last_modified: s.sub_filter_last_modified.unwrap_or(p.last_modified),
+                }
+            },
             charset_types: s
                 .charset_types
                 .clone()
@@ -942,6 +965,7 @@ impl Eff {
             server_name_in_redirect: self.server_name_in_redirect,
             charset: self.charset.clone(),
             charset_types: self.charset_types.clone(),
+            sub_filter: self.sub_filter.clone(),
             source_charset: self
                 .source_charset
                 .as_ref()
@@ -2484,6 +2508,41 @@ pub(super) fn http_charset_map(env: &Env, h: &mut HttpP, d: &Directive, file: &s
         pairs.push((f[0], t));
     }
     h.charset_maps.push(CharsetMap { from, to, pairs });
+    Ok(())
+}
+
+/// `sub_filter STRING REPLACEMENT`: the string matched without case; both may hold variables.
+pub(super) fn set_sub_filter(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    if d.args[0].is_empty() {
+        return Err(derr(d, file, "empty search pattern"));
+    }
+    let pattern = parse_header_value(d, file, &d.args[0])?;
+    let replacement = parse_header_value(d, file, &d.args[1])?;
+    s.sub_filter_pairs
+        .get_or_insert_with(Vec::new)
+        .push((pattern, replacement));
+    Ok(())
+}
+
+slot!(set_sub_filter_once, sub_filter_once, flag);
+
+slot!(set_sub_filter_last_modified, sub_filter_last_modified, flag);
+
+/// `sub_filter_types MIME ...` (`*` for any); `text/html` is always one, as nginx.
+pub(super) fn set_sub_filter_types(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
+    let (types, any) = s
+        .sub_filter_types
+        .get_or_insert_with(|| (vec!["text/html".to_string()], false));
+    for a in &d.args {
+        if a == "*" {
+            *any = true;
+            continue;
+        }
+        let t = a.to_ascii_lowercase();
+        if !types.contains(&t) {
+            types.push(t);
+        }
+    }
     Ok(())
 }
 

@@ -692,6 +692,7 @@ impl Env {
                 l.needs_head = l.ret.as_ref().is_some_and(|r| reads(&r.parts))
                     || l.add_headers.iter().any(|a| reads(&a.value))
                     || l.add_trailers.iter().any(|a| reads(&a.value))
+                    || l.sub_filter.pairs.iter().any(|(p, r)| reads(p) || reads(r))
                     || l.index_vars.iter().flatten().any(|t| reads(t))
                     || l.secure_link
                         .as_deref()

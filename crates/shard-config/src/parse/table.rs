@@ -1095,6 +1095,28 @@ pub(super) static TABLE: &[Spec] = &[
     ),
     d("gzip_vary", HSL, 1, 1, Set::Settings(set_gzip_vary)),
     d("gunzip", HSL, 1, 1, Set::Settings(set_gunzip)),
+    d("sub_filter", HSL, 2, 2, Set::Settings(set_sub_filter)),
+    d(
+        "sub_filter_once",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_sub_filter_once),
+    ),
+    d(
+        "sub_filter_last_modified",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_sub_filter_last_modified),
+    ),
+    d(
+        "sub_filter_types",
+        HSL,
+        1,
+        MANY,
+        Set::Settings(set_sub_filter_types),
+    ),
     d("gzip_static", HSL, 1, 1, Set::Settings(set_gzip_static)),
     d(
         "gzip_http_version",

@@ -254,6 +254,8 @@ pub(super) struct Proxy {
     recode: Option<std::sync::Arc<[u8; 256]>>,
     /// `gunzip on`: the gzip-encoded body decompressed for a client that does not take gzip.
     gunzip: Option<Box<flate2::write::MultiGzDecoder<Vec<u8>>>>,
+    /// `sub_filter` on the body.
+    sub: Option<Box<shard_http::subfilter::SubFilter>>,
     keep_alive: bool,
     /// The response head went to the client: no retry and no error page any more.
     head_sent: bool,
@@ -370,6 +372,7 @@ impl Proxy {
             trailers: false,
             recode: None,
             gunzip: None,
+            sub: None,
             keep_alive,
             head_sent: false,
             status: 0,
@@ -2220,6 +2223,36 @@ impl<'a> Worker<'a> {
                 }
             }
         }
+        // `sub_filter`: on a body not (or no longer) encoded, of a type it applies to; the
+        // validators go (a weak `ETag` stays with `sub_filter_last_modified on`).
+        p.sub = None;
+        if !loc.sub_filter.pairs.is_empty()
+            && head.framing != Framing::None
+            && !head
+                .headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("content-encoding"))
+        {
+            let ct = head
+                .headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+            if let Some(f) = ct.and_then(|ct| self.sub_filter_for(key, &p.req, &p.head, loc, &ct)) {
+                p.sub = Some(Box::new(f));
+                if loc.sub_filter.last_modified {
+                    for (n, v) in &mut head.headers {
+                        if n.eq_ignore_ascii_case("etag") && !v.starts_with(b"W/") {
+                            v.splice(0..0, b"W/".iter().copied());
+                        }
+                    }
+                } else {
+                    head.headers.retain(|(n, _)| {
+                        !n.eq_ignore_ascii_case("last-modified") && !n.eq_ignore_ascii_case("etag")
+                    });
+                }
+            }
+        }
         if let Some(u) = p.up {
             let (upstream, peer) = (self.upconns[u].upstream, self.upconns[u].peer);
             balance::succeeded(&mut self.http_peer_state[upstream], peer);
@@ -2229,7 +2262,7 @@ impl<'a> Worker<'a> {
         // as for an HTTP/1.0 client.
         // Decompressed, the body's length is not the upstream's.
         let framing = match head.framing {
-            Framing::Length(_) if p.gunzip.is_some() => Framing::Close,
+            Framing::Length(_) if p.gunzip.is_some() || p.sub.is_some() => Framing::Close,
             f => f,
         };
         let (mut client_framing, reusable) = shard_http::proxy::client_framing(
@@ -2511,6 +2544,7 @@ impl<'a> Worker<'a> {
             chunked: p.client_chunked,
             recode: p.recode.as_deref(),
             gunzip: p.gunzip.as_deref_mut(),
+            sub: p.sub.as_deref_mut(),
         };
         match &mut p.upbody {
             UpBody::None => {
@@ -2565,6 +2599,7 @@ impl<'a> Worker<'a> {
             chunked: p.client_chunked,
             recode: p.recode.as_deref(),
             gunzip: p.gunzip.as_deref_mut(),
+            sub: p.sub.as_deref_mut(),
         };
         p.body_sent += emit.finish()?;
         Ok(())
@@ -3236,6 +3271,7 @@ struct Emit<'a> {
     chunked: bool,
     recode: Option<&'a [u8; 256]>,
     gunzip: Option<&'a mut flate2::write::MultiGzDecoder<Vec<u8>>>,
+    sub: Option<&'a mut shard_http::subfilter::SubFilter>,
 }
 
 impl Emit<'_> {
@@ -3250,22 +3286,37 @@ impl Emit<'_> {
                 g.write_all(data)
                     .map_err(|_| "upstream sent invalid gzip response")?;
                 let plain = std::mem::take(g.get_mut());
-                Ok(self.framed(&plain))
+                Ok(self.filtered(&plain, false))
             }
-            None => Ok(self.framed(data)),
+            None => Ok(self.filtered(data, false)),
         }
+    }
+
+    /// Through `sub_filter` (its held bytes too when `last`), then framed.
+    fn filtered(&mut self, data: &[u8], last: bool) -> u64 {
+        let Some(f) = self.sub.as_deref_mut() else {
+            return self.framed(data);
+        };
+        let mut out = Vec::with_capacity(data.len());
+        f.feed(data, &mut out);
+        if last {
+            f.finish(&mut out);
+        }
+        self.framed(&out)
     }
 
     /// The body ended: what the decompressor still holds (and a check that the gzip stream
     /// was whole).
     fn finish(&mut self) -> Result<u64, &'static str> {
-        let Some(g) = self.gunzip.as_deref_mut() else {
-            return Ok(0);
+        let plain = match self.gunzip.as_deref_mut() {
+            Some(g) => {
+                g.try_finish()
+                    .map_err(|_| "upstream sent invalid gzip response")?;
+                std::mem::take(g.get_mut())
+            }
+            None => Vec::new(),
         };
-        g.try_finish()
-            .map_err(|_| "upstream sent invalid gzip response")?;
-        let plain = std::mem::take(g.get_mut());
-        Ok(self.framed(&plain))
+        Ok(self.filtered(&plain, true))
     }
 
     fn framed(&mut self, data: &[u8]) -> u64 {

@@ -143,6 +143,17 @@ fn simple(
     if matches!(r.status, 495..=497) {
         r.status = 400;
     }
+    // `sub_filter`, before gzip as in nginx's filter chain.
+    if let Some(mut f) = r
+        .content_type
+        .as_deref()
+        .and_then(|ct| w.sub_filter_for(key, req, head, loc, ct))
+    {
+        let mut out = Vec::with_capacity(r.body.len());
+        f.feed(&r.body, &mut out);
+        f.finish(&mut out);
+        r.body = out;
+    }
     let gz = &loc.gzip;
     // A response of shard's own making has no validators; `expires` may make it uncacheable.
     let neg = matches!(
@@ -696,18 +707,10 @@ fn gunzip_file(
     meta: FileMeta,
 ) -> Reply {
     use std::io::Read;
-    let mut raw = vec![0u8; meta.size as usize];
-    let mut got = 0;
-    while got < raw.len() {
-        match shard_event::sock::pread(fd.as_raw_fd(), &mut raw[got..], got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => break,
-        }
-    }
+    let Some(raw) = read_whole(&fd, meta.size) else {
+        return file_failed(w, key, loc, req, keep_alive, head, path);
+    };
     drop(fd);
-    raw.truncate(got);
     let mut body = Vec::new();
     let res = flate2::read::MultiGzDecoder::new(&raw[..])
         .take(GUNZIP_STATIC_MAX_BYTES + 1)
@@ -723,9 +726,112 @@ fn gunzip_file(
         let reply = shard_http::response::error_simple(500);
         return simple(w, key, req, keep_alive, loc, head, reply);
     }
+    let vary = loc.gzip.vary;
+    in_memory_file(
+        w, key, loc, req, keep_alive, head, path, &meta, body, vary, true,
+    )
+}
+
+/// A static file whose body `sub_filter` changes: read whole (at most
+/// `GUNZIP_STATIC_MAX_BYTES`), filtered, sent from memory; `Last-Modified` and `ETag` only
+/// with `sub_filter_last_modified on` (the tag then weak), as nginx.
+#[allow(clippy::too_many_arguments)]
+fn transformed_file(
+    w: &mut Worker<'_>,
+    key: usize,
+    loc: &LocationConf,
+    req: &Request,
+    keep_alive: bool,
+    head: &[u8],
+    path: &Path,
+    fd: super::files::FileRef,
+    meta: FileMeta,
+) -> Reply {
+    if meta.size > GUNZIP_STATIC_MAX_BYTES {
+        crate::log!(
+            Error,
+            "\"{}\" is larger than sub_filter's {} bytes in memory{}",
+            path.display(),
+            GUNZIP_STATIC_MAX_BYTES,
+            w.log_context(key, Some(req))
+        );
+        let reply = shard_http::response::error_simple(500);
+        return simple(w, key, req, keep_alive, loc, head, reply);
+    }
+    let Some(mut raw) = read_whole(&fd, meta.size) else {
+        return file_failed(w, key, loc, req, keep_alive, head, path);
+    };
+    drop(fd);
+    if let Some(t) = loc.recode.as_deref() {
+        super::conn::recode(&mut raw, t);
+    }
+    let content_type = shard_http::static_file::content_type(loc, path).to_string();
+    let body = match w.sub_filter_for(key, req, head, loc, &content_type) {
+        Some(mut f) => {
+            let mut out = Vec::with_capacity(raw.len());
+            f.feed(&raw, &mut out);
+            f.finish(&mut out);
+            out
+        }
+        None => raw,
+    };
+    let validators = loc.sub_filter.last_modified;
+    in_memory_file(
+        w, key, loc, req, keep_alive, head, path, &meta, body, false, validators,
+    )
+}
+
+/// The whole of a file (`None`: it could not be read, or shrank).
+fn read_whole(fd: &super::files::FileRef, size: u64) -> Option<Vec<u8>> {
+    let mut raw = vec![0u8; size as usize];
+    let mut got = 0;
+    while got < raw.len() {
+        match shard_event::sock::pread(fd.as_raw_fd(), &mut raw[got..], got as u64) {
+            Ok(0) => return None,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    Some(raw)
+}
+
+/// A file that could not be read whole: 500, with nginx's words.
+fn file_failed(
+    w: &mut Worker<'_>,
+    key: usize,
+    loc: &LocationConf,
+    req: &Request,
+    keep_alive: bool,
+    head: &[u8],
+    path: &Path,
+) -> Reply {
+    crate::log!(Crit, "pread() \"{}\" failed (short read)", path.display());
+    let reply = shard_http::response::error_simple(500);
+    simple(w, key, req, keep_alive, loc, head, reply)
+}
+
+/// A file's response with `body` made in memory: `FILE`'s type, `Vary` when asked,
+/// `Last-Modified` (and a weak `ETag`) when `validators`.
+#[allow(clippy::too_many_arguments)]
+fn in_memory_file(
+    w: &mut Worker<'_>,
+    key: usize,
+    loc: &LocationConf,
+    req: &Request,
+    keep_alive: bool,
+    head: &[u8],
+    path: &Path,
+    meta: &FileMeta,
+    body: Vec<u8>,
+    vary: bool,
+    validators: bool,
+) -> Reply {
     let content_type = shard_http::static_file::content_type(loc, path).to_string();
     let status = w.conns[key].rq().status_override.unwrap_or(200);
-    let last_modified = shard_http::http_date(meta.mtime_secs.max(0) as u64);
+    let last_modified = validators.then(|| shard_http::http_date(meta.mtime_secs.max(0) as u64));
+    let etag =
+        (validators && loc.etag).then(|| gzip::weak_etag(&shard_http::static_file::etag(meta)));
     let extra = extra_headers(
         w,
         key,
@@ -746,8 +852,9 @@ fn gunzip_file(
             content_type: Some(&content_type),
             content_length: Some(body.len() as u64),
             keep_alive,
-            last_modified: Some(&last_modified),
-            vary: loc.gzip.vary.then_some(gzip::VARY),
+            last_modified: last_modified.as_deref(),
+            etag: etag.as_deref(),
+            vary: vary.then_some(gzip::VARY),
             server: shard_http::response::server_value(loc),
             extra: &extra,
             charset: shard_http::response::charset_for(loc, &content_type),
@@ -931,6 +1038,11 @@ fn send_file(
                     error_page: None,
                     redirect: None,
                 };
+            }
+            // `sub_filter`: the file read and filtered in memory (whole: no ranges), as
+            // `gunzip` does.
+            if !encoded && loc.sub_filter.applies_to(&content_type) && meta.size > 0 {
+                return transformed_file(w, key, loc, req, keep_alive, head, &path, fd, meta);
             }
             // gzip sees the full file as a 200: a compressed answer ignores `Range`.
             let g = if encoded {
