@@ -729,6 +729,9 @@ pub struct LocationConf {
     /// `charset`: added to the `Content-Type` of responses whose type is in `charset_types`
     /// and says no charset. Default off.
     pub charset: Option<String>,
+    /// `auth_request URI`: the access phase asks this URI (a subrequest: 2xx lets the
+    /// request through, 401 and 403 refuse it, anything else is a 500).
+    pub auth_request: Option<String>,
     /// `charset_types`. Default nginx's: text/html, text/xml, text/plain, text/vnd.wap.wml,
     /// application/javascript, application/rss+xml.
     pub charset_types: Vec<String>,

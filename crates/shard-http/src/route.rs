@@ -348,6 +348,7 @@ pub(crate) mod tests {
             add_headers: Vec::new(),
             add_trailers: Vec::new(),
             sub_filter: Default::default(),
+            auth_request: None,
             source_charset: None,
             override_charset: false,
             recode: None,

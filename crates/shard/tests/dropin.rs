@@ -2343,6 +2343,86 @@ fn sub_filter_as_nginx() {
     assert_eq!(get("/raw/big.txt").2, big, "the type not listed: untouched");
 }
 
+/// `auth_request`, as nginx's auth_request_satisfy.t: the subrequest's 2xx lets the request
+/// through, 401/403 refuse it, anything else is a 500; with `satisfy all` the first refusal
+/// wins, with `satisfy any` one pass is enough (a 401 met on the way is kept). A proxied
+/// subrequest waits for its upstream (here a server of the same process), and a body sent
+/// with the main request still reaches the main location.
+#[test]
+fn auth_request_as_nginx() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+        location = /status { shard_status; }\n  location / { return 444; }\n  \
+        location /all/allow { satisfy all; allow all; auth_request /auth; }\n  \
+        location /all/deny { satisfy all; deny all; auth_request /auth; }\n  \
+        location /all/basic { satisfy all; auth_basic \"r\"; \
+        auth_basic_user_file {dir}/htpasswd; auth_request /auth; }\n  \
+        location /any/allow { satisfy any; allow all; auth_request /auth; }\n  \
+        location /any/deny { satisfy any; deny all; auth_request /auth; }\n  \
+        location /any/basic { satisfy any; auth_basic \"r\"; \
+        auth_basic_user_file {dir}/htpasswd; auth_request /auth; }\n  \
+        location = /auth {\n   if ($request_uri ~ \"open$\") { return 204; }\n   \
+        if ($request_uri ~ \"unauthorized$\") { return 401; }\n   \
+        if ($request_uri ~ \"forbidden$\") { return 403; }\n  }\n  \
+        location /up/ { auth_request /auth-up; proxy_pass http://127.0.0.1:{port1}/echo/; }\n  \
+        location = /auth-up { proxy_pass http://127.0.0.1:{port1}/check; \
+        proxy_pass_request_body off; proxy_set_header Content-Length \"\"; }\n }\n \
+        server {\n  listen 127.0.0.1:{port1};\n  \
+        location = /check {\n   if ($http_x_token = good) { return 204; }\n   \
+        if ($http_x_token = bad) { return 403; }\n   \
+        add_header WWW-Authenticate 'Bearer realm=\"up\"' always;\n   return 401;\n  }\n  \
+        location /echo/ { return 200 \"in $request_method $uri $content_length\"; }\n }\n}\n";
+    let s = Server::start_ports("auth-request", conf, 1, 1);
+    std::fs::write(s.dir.join("htpasswd"), "user:{PLAIN}secret\n").unwrap();
+    s.signal(libc::SIGHUP);
+    let st = |path: &str| exchange(s.addr(), &format!("GET {path} HTTP/1.0\r\nHost: x")).0;
+    wait_for(Duration::from_secs(5), "the user file", || {
+        (st("/all/basic+open") == 401).then_some(())
+    });
+    for (path, want) in [
+        ("/all/allow+open", 404),
+        ("/all/allow+unauthorized", 401),
+        ("/all/allow+forbidden", 403),
+        ("/all/deny+open", 403),
+        ("/all/deny+unauthorized", 403),
+        ("/all/basic+open", 401),
+        ("/all/basic+forbidden", 401),
+        ("/any/allow+unauthorized", 404),
+        ("/any/deny+open", 404),
+        ("/any/deny+unauthorized", 401),
+        ("/any/deny+forbidden", 403),
+        ("/any/basic+open", 404),
+        ("/any/basic+unauthorized", 401),
+        ("/any/basic+forbidden", 401),
+    ] {
+        assert_eq!(st(path), want, "{path}");
+    }
+    // Proxied: the upstream's answer decides; the main request's body goes on.
+    let mut c = connect(s.addr());
+    c.write_all(
+        b"POST /up/x HTTP/1.1\r\nHost: x\r\nX-Token: good\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    let _ = c.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.ends_with("in POST /echo/x 5"), "{text}");
+    for (token, want) in [("bad", 403), ("none", 401)] {
+        let (status, hs, _) = exchange(
+            s.addr(),
+            &format!("GET /up/x HTTP/1.1\r\nHost: x\r\nX-Token: {token}"),
+        );
+        assert_eq!(status, want, "{token}");
+        if want == 401 {
+            assert!(
+                hs.iter()
+                    .any(|(k, v)| k == "www-authenticate" && v == "Bearer realm=\"up\""),
+                "the upstream's challenge passed: {hs:?}"
+            );
+        }
+    }
+}
+
 /// `auth_delay`: a refused password (or none) is answered 401 only after the delay, with
 /// nginx's log line; a good one is not delayed.
 #[test]

@@ -1033,9 +1033,12 @@ fn rebalancing_moves_a_busy_connection_to_the_cooler_worker() {
         !shed.is_empty(),
         "no connection of the loaded worker was sent GOAWAY"
     );
+    // Steered: all of them on the sibling (dealt in turn or drawn, half would land on each).
+    // A machine loaded enough that the sibling is judged stalled too steers to both, so
+    // one may land back.
     assert!(
-        shed.iter().all(|&p| p == cool),
-        "a reconnection landed on the worker that shed it: {shed:?} (hot {hot}, cool {cool})"
+        shed.iter().filter(|&&p| p == cool).count() * 4 >= shed.len() * 3,
+        "reconnections landed on the worker that shed them: {shed:?} (hot {hot}, cool {cool})"
     );
     assert!(
         !idle.wait_goaway(Duration::from_millis(300)),

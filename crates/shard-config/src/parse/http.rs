@@ -220,6 +220,7 @@ pub(super) struct Settings {
     pub(super) server_name_in_redirect: Option<bool>,
     /// `charset`: `Some(None)` is `off`.
     pub(super) charset: Option<Option<String>>,
+    pub(super) auth_request: Option<Option<String>>,
     pub(super) charset_types: Option<Vec<String>>,
     pub(super) sub_filter_pairs: Option<Vec<(Vec<Part>, Vec<Part>)>>,
     pub(super) sub_filter_once: Option<bool>,
@@ -557,6 +558,7 @@ pub(super) struct Eff {
     pub(super) port_in_redirect: bool,
     pub(super) server_name_in_redirect: bool,
     pub(super) charset: Option<String>,
+    pub(super) auth_request: Option<String>,
     pub(super) charset_types: Vec<String>,
     pub(super) sub_filter: SubFilterConf,
     pub(super) override_charset: bool,
@@ -656,6 +658,7 @@ impl Eff {
             port_in_redirect: true,
             server_name_in_redirect: false,
             charset: None,
+            auth_request: None,
             charset_types: CHARSET_TYPES.iter().map(|t| t.to_string()).collect(),
             sub_filter: SubFilterConf::default(),
             override_charset: false,
@@ -848,6 +851,10 @@ impl Eff {
                 .server_name_in_redirect
                 .unwrap_or(self.server_name_in_redirect),
             charset: s.charset.clone().unwrap_or_else(|| self.charset.clone()),
+            auth_request: s
+                .auth_request
+                .clone()
+                .unwrap_or_else(|| self.auth_request.clone()),
             sub_filter: {
                 let p = &self.sub_filter;
                 let (types, any_type) = s
@@ -964,6 +971,7 @@ impl Eff {
             port_in_redirect: self.port_in_redirect,
             server_name_in_redirect: self.server_name_in_redirect,
             charset: self.charset.clone(),
+            auth_request: self.auth_request.clone(),
             charset_types: self.charset_types.clone(),
             sub_filter: self.sub_filter.clone(),
             source_charset: self
@@ -2555,6 +2563,12 @@ pub(super) const CHARSET_TYPES: [&str; 6] = [
     "application/javascript",
     "application/rss+xml",
 ];
+
+/// `auth_request URI | off`.
+pub(super) fn set_auth_request(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = (a0(d) != "off").then(|| a0(d).to_string());
+    once(&mut s.auth_request, v, d, file)
+}
 
 /// `charset NAME | off`.
 pub(super) fn set_charset(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {

@@ -703,6 +703,7 @@ pub(super) static TABLE: &[Spec] = &[
     ),
     d("send_timeout", HSL, 1, 1, Set::Settings(set_send_timeout)),
     d("auth_delay", HSL, 1, 1, Set::Settings(set_auth_delay)),
+    d("auth_request", HSL, 1, 1, Set::Settings(set_auth_request)),
     d(
         "client_body_timeout",
         HSL,

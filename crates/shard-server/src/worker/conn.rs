@@ -162,6 +162,8 @@ pub(super) struct Req {
     pub(super) limit_passed: bool,
     /// `auth_delay`: the response (a 401) leaves no earlier than this (0: not held).
     pub(super) hold_until_ms: u64,
+    /// `auth_request`: the status its subrequest answered (`None`: not asked yet).
+    pub(super) auth_status: Option<u16>,
     /// Written after the file body (`add_trailer`: the end of its chunk, the last chunk and
     /// the trailers).
     pub(super) tail: Vec<u8>,
@@ -257,6 +259,7 @@ impl Req {
         self.delayed_until = 0;
         self.limit_passed = false;
         self.hold_until_ms = 0;
+        self.auth_status = None;
         self.tail.clear();
         self.limit_req_status = "";
         self.limit_conn_status = "";
@@ -314,6 +317,7 @@ impl Req {
             delayed_until: 0,
             limit_passed: false,
             hold_until_ms: 0,
+            auth_status: None,
             tail: Vec::new(),
             limit_req_status: "",
             limit_conn_status: "",
@@ -2507,30 +2511,158 @@ impl<'a> Worker<'a> {
 
     /// nginx's access phase: `allow`/`deny` and `auth_basic`, both required (`satisfy all`)
     /// or either enough (`satisfy any`). `None` lets the request through.
-    fn access_phase(
+    fn access_phase<'s>(
         &mut self,
         key: usize,
+        server: &'s shard_config::ServerConf,
         loc: &LocationConf,
         req: &shard_http::request::Request,
         head: &[u8],
-    ) -> Option<u16> {
+    ) -> Access<'s> {
         if !loc.satisfy_any {
             if self.access_denied(key, loc, req) {
-                return Some(403);
+                return Access::Deny(403);
             }
-            return self.auth_basic_denied(key, loc, req, head);
+            if let Some(code) = self.auth_basic_denied(key, loc, req, head) {
+                return Access::Deny(code);
+            }
+            return match self.auth_request_result(key, server, loc, req, head) {
+                Ok(None) => Access::Pass,
+                Ok(Some(code)) => Access::Deny(code),
+                Err(ask) => Access::Ask(ask),
+            };
         }
+        // `satisfy any`: one handler that lets the request through is enough; when none
+        // does, a 401 met on the way stays (nginx's `access_code`), else the last 403.
         let le = limit_except(loc, req);
         let has_rules = !le.map_or(&loc.access_rules, |l| &l.access_rules).is_empty();
         let has_auth = le.map_or(loc.auth_basic.is_some(), |l| l.auth_basic.is_some());
         let denied = self.access_denied(key, loc, req);
         if has_rules && !denied {
-            return None;
+            return Access::Pass;
         }
+        let mut code = denied.then_some(403);
         if has_auth {
-            return self.auth_basic_denied(key, loc, req, head);
+            match self.auth_basic_denied(key, loc, req, head) {
+                None => return Access::Pass,
+                Some(c @ (401 | 403)) => {
+                    if code != Some(401) {
+                        code = Some(c);
+                    }
+                }
+                Some(c) => return Access::Deny(c),
+            }
         }
-        denied.then_some(403)
+        if loc.auth_request.is_some() {
+            match self.auth_request_result(key, server, loc, req, head) {
+                Ok(None) => return Access::Pass,
+                Ok(Some(c @ (401 | 403))) => {
+                    if code != Some(401) {
+                        code = Some(c);
+                    }
+                }
+                Ok(Some(c)) => return Access::Deny(c),
+                Err(ask) => return Access::Ask(ask),
+            }
+        }
+        match code {
+            Some(c) => Access::Deny(c),
+            None => Access::Pass,
+        }
+    }
+
+    /// `auth_request` of `loc`: `Ok(None)` lets the request through (not configured, or its
+    /// subrequest answered 2xx), `Ok(Some(code))` refuses it (401, 403; 500 for any other
+    /// answer, as nginx), `Err` when the subrequest must ask an upstream first (the
+    /// proxy then resumes the phases with its answer in `Req::auth_status`). A subrequest
+    /// to a location of this server runs its rewrite phase (`if`, `return`) here; its
+    /// content is a `return`, a file (200, else 404) or a proxied answer.
+    fn auth_request_result<'s>(
+        &mut self,
+        key: usize,
+        server: &'s shard_config::ServerConf,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        head: &[u8],
+    ) -> Result<Option<u16>, Box<AuthAsk<'s>>> {
+        let Some(uri) = loc.auth_request.as_deref() else {
+            return Ok(None);
+        };
+        let status = match self.conns[key].rd().auth_status {
+            Some(st) => st,
+            None => {
+                let mut sub = req.clone();
+                sub.body = shard_http::request::Body::None;
+                let (path, query) = match uri.split_once('?') {
+                    Some((p, q)) => (p.to_string(), Some(q.to_string())),
+                    None => (uri.to_string(), None),
+                };
+                let c = &mut self.conns[key];
+                let saved = (
+                    std::mem::take(&mut c.rq().captures),
+                    std::mem::take(&mut c.rq().capture_names),
+                    c.rq().capture_text.take(),
+                );
+                let mut sub_loc =
+                    self.redirect(key, server, Redirect::Uri { path, query }, &mut sub);
+                let mut hops = 0;
+                let st = match self.rewrite_phase(
+                    key,
+                    server,
+                    &mut sub_loc,
+                    &mut sub,
+                    head,
+                    &mut hops,
+                ) {
+                    Rewritten::Return(code, _) => Some(code),
+                    Rewritten::Returned => sub_loc.ret.as_ref().map(|r| r.code),
+                    Rewritten::Cycle => Some(500),
+                    Rewritten::Stay => None,
+                };
+                let proxied = sub_loc.proxy_pass.is_some()
+                    && sub_loc.ret.is_none()
+                    && sub_loc.handler.is_none();
+                let st = match st {
+                    Some(code) => code,
+                    None if proxied => {
+                        return Err(Box::new(AuthAsk {
+                            loc: sub_loc,
+                            req: sub,
+                            captures: saved,
+                        }));
+                    }
+                    None => {
+                        let root = self.doc_root(key, &sub, sub_loc, head);
+                        let path = shard_http::static_file::map_path_with(
+                            sub_loc,
+                            &sub.path,
+                            root.as_deref(),
+                        );
+                        match std::fs::metadata(&path) {
+                            Ok(m) if m.is_file() => 200,
+                            Ok(_) => 403,
+                            Err(_) => 404,
+                        }
+                    }
+                };
+                let c = &mut self.conns[key];
+                (c.rq().captures, c.rq().capture_names, c.rq().capture_text) = saved;
+                c.rq().auth_status = Some(st);
+                st
+            }
+        };
+        Ok(match status {
+            200..=299 => None,
+            401 | 403 => Some(status),
+            other => {
+                crate::log!(
+                    Error,
+                    "auth request unexpected status: {other}{}",
+                    self.log_context(key, Some(req))
+                );
+                Some(500)
+            }
+        })
     }
 
     /// `auth_basic` of `loc`: `None` lets the request through, else the status (401, with
@@ -2821,7 +2953,28 @@ impl<'a> Worker<'a> {
                 Action::Return(code, text)
             } else if returned {
                 Action::Content
-            } else if let Some(code) = self.access_phase(key, loc, &req, &head) {
+            } else if let Some(code) = match self.access_phase(key, server, loc, &req, &head) {
+                Access::Pass => None,
+                Access::Deny(code) => Some(code),
+                Access::Ask(ask) => {
+                    // `auth_request` to an upstream: the subrequest is proxied on this
+                    // connection, and its answer starts these phases again.
+                    self.start_auth_request(
+                        key,
+                        server_idx,
+                        ask,
+                        super::proxy::AuthWait {
+                            location: loc_index(server, loc),
+                            req,
+                            head,
+                            hops,
+                            keep_alive,
+                            more_input,
+                        },
+                    );
+                    return;
+                }
+            } {
                 // `auth_delay`: a refused password is answered only after the delay.
                 if code == 401 && loc.auth_delay_ms > 0 {
                     crate::log!(
@@ -2934,6 +3087,34 @@ impl<'a> Worker<'a> {
         }
         self.log_access(key, loc, &req, reply.status, reply.body_bytes, &head);
     }
+}
+
+/// What the access phase decided.
+pub(super) enum Access<'s> {
+    Pass,
+    Deny(u16),
+    /// `auth_request` must ask an upstream first.
+    Ask(Box<AuthAsk<'s>>),
+}
+
+/// An `auth_request` subrequest to proxy: its location and request, and the main request's
+/// captures to put back when it answered.
+pub(super) struct AuthAsk<'s> {
+    pub(super) loc: &'s LocationConf,
+    pub(super) req: shard_http::request::Request,
+    pub(super) captures: SavedCaptures,
+}
+
+/// A request's regex captures, their names and text, set aside while a subrequest runs.
+pub(super) type SavedCaptures = (
+    Vec<Option<(usize, usize)>>,
+    Vec<Option<String>>,
+    Option<String>,
+);
+
+/// The index of `loc` in `server.locations` (`None`: the server's own settings).
+pub(super) fn loc_index(server: &shard_config::ServerConf, loc: &LocationConf) -> Option<usize> {
+    server.locations.iter().position(|l| std::ptr::eq(l, loc))
 }
 
 /// The `limit_except` block that applies to `req` in `loc`: one whose methods do not include

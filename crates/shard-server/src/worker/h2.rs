@@ -1468,7 +1468,24 @@ impl Worker<'_> {
     /// Sends the `GOAWAY`s `http2_rebalance` chose (see `Rebalance::pending`) to those
     /// connections still open.
     pub(super) fn h2_shed_pending(&mut self) {
-        for (key, id) in std::mem::take(&mut self.rebalance.pending) {
+        let pending = std::mem::take(&mut self.rebalance.pending);
+        if pending.is_empty() {
+            return;
+        }
+        // The steering window runs from the GOAWAYs, when their clients reconnect.
+        if self
+            .cx
+            .slot
+            .shed_until_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
+            != 0
+        {
+            self.cx.slot.shed_until_ms.store(
+                self.cx.now_ms + REBALANCE_STEER_MS,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        for (key, id) in pending {
             if self.conns.get(key).is_some_and(|c| c.id == id) {
                 self.h2_go_away(key);
             }

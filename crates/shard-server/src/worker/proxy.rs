@@ -256,6 +256,8 @@ pub(super) struct Proxy {
     gunzip: Option<Box<flate2::write::MultiGzDecoder<Vec<u8>>>>,
     /// `sub_filter` on the body.
     sub: Option<Box<shard_http::subfilter::SubFilter>>,
+    /// An `auth_request` subrequest: the main request it holds, resumed with its status.
+    auth: Option<Box<AuthPending>>,
     keep_alive: bool,
     /// The response head went to the client: no retry and no error page any more.
     head_sent: bool,
@@ -373,6 +375,7 @@ impl Proxy {
             recode: None,
             gunzip: None,
             sub: None,
+            auth: None,
             keep_alive,
             head_sent: false,
             status: 0,
@@ -982,6 +985,14 @@ impl<'a> Worker<'a> {
             }
             self.give_proxy_bufs(p);
             return Step::Wait;
+        }
+        if p.auth.is_some() && !matches!(flow, Flow::Next | Flow::Wait) {
+            let status = match flow {
+                Flow::Finished | Flow::Redirect => p.status,
+                Flow::Fail(s) => s,
+                _ => 502,
+            };
+            return self.auth_done(key, p, status);
         }
         match flow {
             Flow::Next | Flow::Wait => {
@@ -1971,6 +1982,19 @@ impl<'a> Worker<'a> {
                     return self.attempt_failed(key, p, Failure::InvalidHeader, why);
                 }
                 ResponseParse::Complete { head, head_len } => {
+                    // An `auth_request` subrequest wants the status alone.
+                    if let Some(a) = p.auth.as_mut() {
+                        p.status = head.status;
+                        p.upstream_reusable = false;
+                        // A 401's challenge goes to the client, as nginx passes it.
+                        a.www = head
+                            .headers
+                            .iter()
+                            .find(|(n, _)| n.eq_ignore_ascii_case("www-authenticate"))
+                            .map(|(_, v)| v.clone());
+                        let _ = head_len;
+                        return Flow::Finished;
+                    }
                     let nu = loc.proxy.next_upstream;
                     // With no peer left to try, the last peer's answer goes to the client
                     // as it is, as nginx (`peer.tries > 1` in `ngx_http_upstream_test_next`).
@@ -3261,6 +3285,97 @@ fn bind_text(a: std::net::SocketAddr) -> String {
         a.ip().to_string()
     } else {
         a.to_string()
+    }
+}
+
+/// The main request an `auth_request` subrequest holds while its upstream answers.
+pub(super) struct AuthWait {
+    /// Its location in its server (`None`: the server's own settings).
+    pub(super) location: Option<usize>,
+    pub(super) req: Request,
+    pub(super) head: Vec<u8>,
+    pub(super) hops: usize,
+    pub(super) keep_alive: bool,
+    pub(super) more_input: bool,
+}
+
+pub(super) struct AuthPending {
+    wait: AuthWait,
+    server: usize,
+    captures: super::conn::SavedCaptures,
+    /// The subrequest's `WWW-Authenticate`, passed with its 401.
+    www: Option<Vec<u8>>,
+}
+
+impl<'a> Worker<'a> {
+    /// Proxies `auth_request`'s subrequest on connection `key` (no body of its own), the
+    /// main request waiting in it.
+    pub(super) fn start_auth_request(
+        &mut self,
+        key: usize,
+        server: usize,
+        ask: Box<super::conn::AuthAsk<'a>>,
+        wait: AuthWait,
+    ) {
+        let ask = *ask;
+        let head = wait.head.clone();
+        self.start_proxy(key, server, ask.loc, ask.req, head, false, wait.keep_alive);
+        if let Some(p) = self.conns[key].rq().proxy.as_mut() {
+            p.state = State::Connect;
+            p.auth = Some(Box::new(AuthPending {
+                wait,
+                server,
+                captures: ask.captures,
+                www: None,
+            }));
+        }
+    }
+
+    /// The subrequest answered `status` (or failed with it): its connection goes, and the
+    /// main request's phases start again with the answer.
+    fn auth_done(&mut self, key: usize, mut p: Box<Proxy>, status: u16) -> Step {
+        if let Some(u) = p.up.take() {
+            self.close_upconn(u);
+        }
+        let Some(a) = p.auth.take() else {
+            self.give_proxy_bufs(p);
+            return Step::Done;
+        };
+        self.give_proxy_bufs(p);
+        let AuthPending {
+            wait,
+            server,
+            captures,
+            www,
+        } = *a;
+        let c = &mut self.conns[key];
+        let r = c.rq();
+        (r.captures, r.capture_names, r.capture_text) = captures;
+        r.auth_status = Some(status);
+        if let Some(v) = www.filter(|_| status == 401) {
+            let mut line = b"WWW-Authenticate: ".to_vec();
+            line.extend(v.into_iter().filter(|&b| b != b'\r' && b != b'\n'));
+            line.extend_from_slice(b"\r\n");
+            r.accel_headers = Some(line.into_boxed_slice());
+        }
+        let srv = &self.http().servers[server];
+        let loc = wait.location.map_or(&srv.base, |i| &srv.locations[i]);
+        self.run_phases(
+            key,
+            server,
+            loc,
+            super::conn::Phases {
+                req: wait.req,
+                head: wait.head,
+                hops: wait.hops,
+                keep_alive: wait.keep_alive,
+                more_input: wait.more_input,
+                forced: None,
+                rewritten: None,
+                after_upstream: false,
+            },
+        );
+        Step::Done
     }
 }
 
