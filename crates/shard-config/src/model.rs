@@ -732,6 +732,9 @@ pub struct LocationConf {
     /// `auth_request URI`: the access phase asks this URI (a subrequest: 2xx lets the
     /// request through, 401 and 403 refuse it, anything else is a 500).
     pub auth_request: Option<String>,
+    /// `auth_request_set $NAME VALUE`: variables set from the subrequest's answer (its
+    /// `$upstream_http_*`, `$status`...), lowercase names.
+    pub auth_request_set: Vec<(String, Vec<Part>)>,
     /// `charset_types`. Default nginx's: text/html, text/xml, text/plain, text/vnd.wap.wml,
     /// application/javascript, application/rss+xml.
     pub charset_types: Vec<String>,

@@ -349,6 +349,7 @@ pub(crate) mod tests {
             add_trailers: Vec::new(),
             sub_filter: Default::default(),
             auth_request: None,
+            auth_request_set: Vec::new(),
             source_charset: None,
             override_charset: false,
             recode: None,

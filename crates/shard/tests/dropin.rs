@@ -2343,7 +2343,8 @@ fn sub_filter_as_nginx() {
     assert_eq!(get("/raw/big.txt").2, big, "the type not listed: untouched");
 }
 
-/// `auth_request`, as nginx's auth_request_satisfy.t: the subrequest's 2xx lets the request
+/// `auth_request` and `auth_request_set`, as nginx's auth_request_satisfy.t: the
+/// subrequest's 2xx lets the request
 /// through, 401/403 refuse it, anything else is a 500; with `satisfy all` the first refusal
 /// wins, with `satisfy any` one pass is enough (a 401 met on the way is kept). A proxied
 /// subrequest waits for its upstream (here a server of the same process), and a body sent
@@ -2363,14 +2364,15 @@ fn auth_request_as_nginx() {
         location = /auth {\n   if ($request_uri ~ \"open$\") { return 204; }\n   \
         if ($request_uri ~ \"unauthorized$\") { return 401; }\n   \
         if ($request_uri ~ \"forbidden$\") { return 403; }\n  }\n  \
-        location /up/ { auth_request /auth-up; proxy_pass http://127.0.0.1:{port1}/echo/; }\n  \
+        location /up/ { auth_request /auth-up; auth_request_set $auth_user $upstream_http_x_user; \
+        proxy_set_header X-User $auth_user; proxy_pass http://127.0.0.1:{port1}/echo/; }\n  \
         location = /auth-up { proxy_pass http://127.0.0.1:{port1}/check; \
         proxy_pass_request_body off; proxy_set_header Content-Length \"\"; }\n }\n \
         server {\n  listen 127.0.0.1:{port1};\n  \
-        location = /check {\n   if ($http_x_token = good) { return 204; }\n   \
+        location = /check {\n   add_header X-User alice;\n   if ($http_x_token = good) { return 204; }\n   \
         if ($http_x_token = bad) { return 403; }\n   \
         add_header WWW-Authenticate 'Bearer realm=\"up\"' always;\n   return 401;\n  }\n  \
-        location /echo/ { return 200 \"in $request_method $uri $content_length\"; }\n }\n}\n";
+        location /echo/ { return 200 \"in $request_method $uri $content_length $http_x_user\"; }\n }\n}\n";
     let s = Server::start_ports("auth-request", conf, 1, 1);
     std::fs::write(s.dir.join("htpasswd"), "user:{PLAIN}secret\n").unwrap();
     s.signal(libc::SIGHUP);
@@ -2406,7 +2408,8 @@ fn auth_request_as_nginx() {
     let _ = c.read_to_end(&mut raw);
     let text = String::from_utf8_lossy(&raw);
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    assert!(text.ends_with("in POST /echo/x 5"), "{text}");
+    // `auth_request_set` took the upstream's X-User for the main request's header.
+    assert!(text.ends_with("in POST /echo/x 5 alice"), "{text}");
     for (token, want) in [("bad", 403), ("none", 401)] {
         let (status, hs, _) = exchange(
             s.addr(),

@@ -221,6 +221,7 @@ pub(super) struct Settings {
     /// `charset`: `Some(None)` is `off`.
     pub(super) charset: Option<Option<String>>,
     pub(super) auth_request: Option<Option<String>>,
+    pub(super) auth_request_set: Option<Vec<(String, Vec<Part>)>>,
     pub(super) charset_types: Option<Vec<String>>,
     pub(super) sub_filter_pairs: Option<Vec<(Vec<Part>, Vec<Part>)>>,
     pub(super) sub_filter_once: Option<bool>,
@@ -559,6 +560,7 @@ pub(super) struct Eff {
     pub(super) server_name_in_redirect: bool,
     pub(super) charset: Option<String>,
     pub(super) auth_request: Option<String>,
+    pub(super) auth_request_set: Vec<(String, Vec<Part>)>,
     pub(super) charset_types: Vec<String>,
     pub(super) sub_filter: SubFilterConf,
     pub(super) override_charset: bool,
@@ -659,6 +661,7 @@ impl Eff {
             server_name_in_redirect: false,
             charset: None,
             auth_request: None,
+            auth_request_set: Vec::new(),
             charset_types: CHARSET_TYPES.iter().map(|t| t.to_string()).collect(),
             sub_filter: SubFilterConf::default(),
             override_charset: false,
@@ -855,6 +858,10 @@ impl Eff {
                 .auth_request
                 .clone()
                 .unwrap_or_else(|| self.auth_request.clone()),
+            auth_request_set: s
+                .auth_request_set
+                .clone()
+                .unwrap_or_else(|| self.auth_request_set.clone()),
             sub_filter: {
                 let p = &self.sub_filter;
                 let (types, any_type) = s
@@ -972,6 +979,7 @@ impl Eff {
             server_name_in_redirect: self.server_name_in_redirect,
             charset: self.charset.clone(),
             auth_request: self.auth_request.clone(),
+            auth_request_set: self.auth_request_set.clone(),
             charset_types: self.charset_types.clone(),
             sub_filter: self.sub_filter.clone(),
             source_charset: self
@@ -2568,6 +2576,23 @@ pub(super) const CHARSET_TYPES: [&str; 6] = [
 pub(super) fn set_auth_request(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let v = (a0(d) != "off").then(|| a0(d).to_string());
     once(&mut s.auth_request, v, d, file)
+}
+
+/// `auth_request_set $NAME VALUE`: a variable set from the subrequest's answer.
+pub(super) fn set_auth_request_set(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let Some(name) = d.args[0].strip_prefix('$').filter(|n| !n.is_empty()) else {
+        return Err(derr(
+            d,
+            file,
+            format!("invalid variable name \"{}\"", d.args[0]),
+        ));
+    };
+    super::script::declare(name);
+    let value = parse_header_value(d, file, &d.args[1])?;
+    s.auth_request_set
+        .get_or_insert_with(Vec::new)
+        .push((name.to_ascii_lowercase(), value));
+    Ok(())
 }
 
 /// `charset NAME | off`.

@@ -705,6 +705,13 @@ pub(super) static TABLE: &[Spec] = &[
     d("auth_delay", HSL, 1, 1, Set::Settings(set_auth_delay)),
     d("auth_request", HSL, 1, 1, Set::Settings(set_auth_request)),
     d(
+        "auth_request_set",
+        HSL,
+        2,
+        2,
+        Set::Settings(set_auth_request_set),
+    ),
+    d(
         "client_body_timeout",
         HSL,
         1,

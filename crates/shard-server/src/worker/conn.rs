@@ -2648,6 +2648,7 @@ impl<'a> Worker<'a> {
                 let c = &mut self.conns[key];
                 (c.rq().captures, c.rq().capture_names, c.rq().capture_text) = saved;
                 c.rq().auth_status = Some(st);
+                self.auth_request_vars(key, req, head, loc, st, &[]);
                 st
             }
         };
@@ -3086,6 +3087,47 @@ impl<'a> Worker<'a> {
             c.close_after = true;
         }
         self.log_access(key, loc, &req, reply.status, reply.body_bytes, &head);
+    }
+}
+
+impl Worker<'_> {
+    /// `auth_request_set` of `loc`: each variable set from the subrequest's answer
+    /// (`status`, and the upstream tried when it was proxied).
+    pub(super) fn auth_request_vars(
+        &mut self,
+        key: usize,
+        req: &shard_http::request::Request,
+        head: &[u8],
+        loc: &LocationConf,
+        status: u16,
+        upstream: &[shard_http::vars::UpstreamTry],
+    ) {
+        if loc.auth_request_set.is_empty() {
+            return;
+        }
+        let mut storage = shard_http::vars::header_storage();
+        let hs = shard_http::vars::request_headers(head, &mut storage);
+        let mut values = Vec::new();
+        {
+            let mut ctx = self.var_ctx(key, req, hs, loc);
+            ctx.done = Some(shard_http::vars::Done {
+                status,
+                upstream,
+                ..Default::default()
+            });
+            for (name, parts) in &loc.auth_request_set {
+                let mut v = Vec::new();
+                shard_http::vars::push_parts(&mut v, parts, &ctx);
+                values.push((name.clone(), v));
+            }
+        }
+        let vars = &mut self.conns[key].rq().user_vars;
+        for (name, v) in values {
+            match vars.iter_mut().find(|(n, _)| *n == name) {
+                Some(slot) => slot.1 = v,
+                None => vars.push((name, v)),
+            }
+        }
     }
 }
 

@@ -1992,6 +1992,11 @@ impl<'a> Worker<'a> {
                             .iter()
                             .find(|(n, _)| n.eq_ignore_ascii_case("www-authenticate"))
                             .map(|(_, v)| v.clone());
+                        // `auth_request_set` reads its `$upstream_http_*`.
+                        if let Some(t) = p.attempts.last_mut() {
+                            t.status = Some(head.status);
+                            t.headers = shard_http::proxy::header_lines(&p.rbuf[..head_len]);
+                        }
                         let _ = head_len;
                         return Flow::Finished;
                     }
@@ -3341,6 +3346,7 @@ impl<'a> Worker<'a> {
             self.give_proxy_bufs(p);
             return Step::Done;
         };
+        let attempts = std::mem::take(&mut p.attempts);
         self.give_proxy_bufs(p);
         let AuthPending {
             wait,
@@ -3360,6 +3366,7 @@ impl<'a> Worker<'a> {
         }
         let srv = &self.http().servers[server];
         let loc = wait.location.map_or(&srv.base, |i| &srv.locations[i]);
+        self.auth_request_vars(key, &wait.req, &wait.head, loc, status, &attempts);
         self.run_phases(
             key,
             server,
