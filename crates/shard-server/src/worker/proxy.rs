@@ -1997,7 +1997,6 @@ impl<'a> Worker<'a> {
                             t.status = Some(head.status);
                             t.headers = shard_http::proxy::header_lines(&p.rbuf[..head_len]);
                         }
-                        let _ = head_len;
                         return Flow::Finished;
                     }
                     let nu = loc.proxy.next_upstream;
