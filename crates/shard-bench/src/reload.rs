@@ -262,18 +262,28 @@ fn measure(srv: &Running, a: &ReloadArgs) -> Result<Row> {
     Ok(row)
 }
 
+/// How long a binary upgrade may take to have its new master and workers running.
+const UPGRADE_WAIT: Duration = Duration::from_secs(30);
+
 /// `USR2` to `master`; once the new master runs `workers` workers, `WINCH` and `QUIT` to the
 /// old one. Returns the new master's pid.
 fn upgrade(srv: &Running, master: i32, workers: usize) -> Result<i32> {
     unsafe { libc::kill(master, libc::SIGUSR2) };
     let mut new = None;
-    wait_until(Duration::from_secs(10), || {
+    // Generous: a debug build starting beside a loaded test suite (valgrind runs included)
+    // took more than 10 s once.
+    wait_until(UPGRADE_WAIT, || {
         new = pid_file(&srv.dir).filter(|&p| p != master && alive(p));
         new.is_some_and(|p| children(p) >= workers)
     });
     let new = new
         .filter(|&p| children(p) >= workers)
-        .context("binary upgrade: no new master with its workers within 10 s")?;
+        .with_context(|| {
+            format!(
+                "binary upgrade: no new master with its workers within {} s",
+                UPGRADE_WAIT.as_secs()
+            )
+        })?;
     unsafe { libc::kill(master, libc::SIGWINCH) };
     unsafe { libc::kill(master, libc::SIGQUIT) };
     Ok(new)
