@@ -276,14 +276,12 @@ fn upgrade(srv: &Running, master: i32, workers: usize) -> Result<i32> {
         new = pid_file(&srv.dir).filter(|&p| p != master && alive(p));
         new.is_some_and(|p| children(p) >= workers)
     });
-    let new = new
-        .filter(|&p| children(p) >= workers)
-        .with_context(|| {
-            format!(
-                "binary upgrade: no new master with its workers within {} s",
-                UPGRADE_WAIT.as_secs()
-            )
-        })?;
+    let new = new.filter(|&p| children(p) >= workers).with_context(|| {
+        format!(
+            "binary upgrade: no new master with its workers within {} s",
+            UPGRADE_WAIT.as_secs()
+        )
+    })?;
     unsafe { libc::kill(master, libc::SIGWINCH) };
     unsafe { libc::kill(master, libc::SIGQUIT) };
     Ok(new)
