@@ -107,16 +107,21 @@ impl<'a> Ctx<'a> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn buffers_are_reused_within_bounds() {
-        let cfg = shard_config::parse_str(
+    /// The least configuration a context needs.
+    fn config() -> Config {
+        shard_config::parse_str(
             "events {}",
             "t.conf",
             std::path::Path::new("/nonexistent"),
             std::path::Path::new("/pfx"),
             None,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn buffers_are_reused_within_bounds() {
+        let cfg = config();
         let slot = WorkerSlot::default();
         let mut cx = Ctx::new(&cfg, &slot, 0);
         let mut b = cx.take_buf(100);
@@ -138,14 +143,7 @@ mod tests {
 
     #[test]
     fn a_new_second_remakes_the_dates() {
-        let cfg = shard_config::parse_str(
-            "events {}",
-            "t.conf",
-            std::path::Path::new("/nonexistent"),
-            std::path::Path::new("/pfx"),
-            None,
-        )
-        .unwrap();
+        let cfg = config();
         let slot = WorkerSlot::default();
         let mut cx = Ctx::new(&cfg, &slot, 0);
         assert!(cx.tick());

@@ -17,33 +17,15 @@ use shard_http::request::{Method, Request};
 
 use super::Worker;
 
-/// The statuses `add_header` and `add_trailer` apply to without `always`.
-fn safe_status(status: u16) -> bool {
-    matches!(
-        status,
-        200 | 201 | 204 | 206 | 301 | 302 | 303 | 304 | 307 | 308
-    )
-}
-
 /// Whether a response of `status` to `req` in `loc` ends with trailers.
 pub(super) fn expected(loc: &LocationConf, req: &Request, status: u16) -> bool {
-    let safe = safe_status(status);
+    let safe = shard_http::response::headers_apply(status);
     loc.add_trailers.iter().any(|t| safe || t.always)
         && req.minor_version >= 1
         && !req.http2
         && loc.chunked_transfer_encoding
         && req.method != Method::Head
         && !(status < 200 || status == 204 || status == 304)
-}
-
-/// A chunk of `data` (nothing for empty data: an empty chunk would end the body).
-pub(super) fn push_chunk(out: &mut Vec<u8>, data: &[u8]) {
-    if data.is_empty() {
-        return;
-    }
-    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\r\n");
 }
 
 impl Worker<'_> {
@@ -61,7 +43,7 @@ impl Worker<'_> {
         body_bytes: u64,
         upstream: &[shard_http::vars::UpstreamTry],
     ) -> Vec<u8> {
-        let safe = safe_status(status);
+        let safe = shard_http::response::headers_apply(status);
         let mut made: Vec<(String, Vec<u8>)> = Vec::new();
         let mut storage = shard_http::vars::header_storage();
         let hs = shard_http::vars::request_headers(head, &mut storage);
@@ -143,7 +125,7 @@ impl Worker<'_> {
                 r.tail.extend_from_slice(&last);
             }
             _ => {
-                push_chunk(&mut c.out, &body);
+                shard_http::proxy::write_chunk(&mut c.out, &body);
                 c.out.extend_from_slice(&last);
             }
         }
