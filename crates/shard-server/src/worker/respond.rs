@@ -762,10 +762,10 @@ fn transformed_file(
         return file_failed(w, key, loc, req, keep_alive, head, path);
     };
     drop(fd);
-    if let Some(t) = loc.recode.as_deref() {
+    let content_type = shard_http::static_file::content_type(loc, path).to_string();
+    if let Some(t) = file_recode(loc, &content_type, false).as_deref() {
         super::conn::recode(&mut raw, t);
     }
-    let content_type = shard_http::static_file::content_type(loc, path).to_string();
     let body = match w.sub_filter_for(key, req, head, loc, &content_type) {
         Some(mut f) => {
             let mut out = Vec::with_capacity(raw.len());
@@ -779,6 +779,18 @@ fn transformed_file(
     in_memory_file(
         w, key, loc, req, keep_alive, head, path, &meta, body, false, validators,
     )
+}
+
+/// The recoding table a file's bytes go through: `charset` from `source_charset` by a
+/// `charset_map`, for a type `charset_types` names, never for a file sent compressed.
+fn file_recode(
+    loc: &LocationConf,
+    content_type: &str,
+    encoded: bool,
+) -> Option<std::sync::Arc<[u8; 256]>> {
+    loc.recode
+        .clone()
+        .filter(|_| !encoded && shard_http::response::charset_for(loc, content_type).is_some())
 }
 
 /// The whole of a file (`None`: it could not be read, or shrank).
@@ -987,6 +999,7 @@ fn send_file(
         }
         _ => req,
     };
+    let recoded = file_recode(loc, &content_type, encoded);
     match shard_http::static_file::plan_full(req, &meta, loc.if_modified_since, loc.etag) {
         Plan::Send {
             mut status,
@@ -1112,13 +1125,6 @@ fn send_file(
                     redirect: None,
                 };
             }
-            // `charset` from `source_charset` by a `charset_map`: for types it applies to,
-            // not for a file sent compressed.
-            let recoded = loc
-                .recode
-                .clone()
-                .filter(|_| !encoded)
-                .filter(|_| shard_http::response::charset_for(loc, &content_type).is_some());
             w.set_file_body(key, fd, offset, len, loc.sendfile, meta.size, recoded);
             Reply {
                 status,
@@ -1171,11 +1177,7 @@ fn send_file(
                         Err(_) => break,
                     }
                 }
-                if let Some(t) = loc
-                    .recode
-                    .as_deref()
-                    .filter(|_| shard_http::response::charset_for(loc, &content_type).is_some())
-                {
+                if let Some(t) = recoded.as_deref() {
                     super::conn::recode(&mut body[start..start + got], t);
                 }
                 if got < want {
