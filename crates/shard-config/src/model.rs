@@ -1543,6 +1543,9 @@ pub enum Var {
     UpstreamHeaderTime,
     /// `$upstream_response_length`: body bytes from each peer tried, as `$upstream_status`.
     UpstreamResponseLength,
+    /// `$upstream_cache_status`: `MISS`, `BYPASS`, `EXPIRED`, `STALE`, `UPDATING`,
+    /// `REVALIDATED` or `HIT`; empty without a cache.
+    UpstreamCacheStatus,
     /// `$NAME` set by `set` or defined by `map` (resolved by name when the request runs; the
     /// parse checked that something declares it).
     User(String),
@@ -1783,6 +1786,167 @@ pub struct ProxyConf {
     pub bind: Option<Vec<Part>>,
     /// `proxy_ssl_*`: TLS to an `https://` upstream.
     pub ssl: ProxySsl,
+    /// `proxy_ignore_headers`: the upstream fields not acted on ([`ignore`] bits).
+    pub ignore_headers: u16,
+    /// `proxy_cache*`, `proxy_no_cache` (and `fastcgi_cache*` for FastCGI).
+    pub cache: CacheConf,
+}
+
+/// Bits of `proxy_ignore_headers` / `fastcgi_ignore_headers`.
+pub mod ignore {
+    pub const X_ACCEL_REDIRECT: u16 = 1;
+    pub const X_ACCEL_EXPIRES: u16 = 1 << 1;
+    pub const X_ACCEL_LIMIT_RATE: u16 = 1 << 2;
+    pub const X_ACCEL_BUFFERING: u16 = 1 << 3;
+    pub const X_ACCEL_CHARSET: u16 = 1 << 4;
+    pub const EXPIRES: u16 = 1 << 5;
+    pub const CACHE_CONTROL: u16 = 1 << 6;
+    pub const SET_COOKIE: u16 = 1 << 7;
+    pub const VARY: u16 = 1 << 8;
+    /// nginx's field names, in the order of the bits above.
+    pub const FIELDS: [&str; 9] = [
+        "X-Accel-Redirect",
+        "X-Accel-Expires",
+        "X-Accel-Limit-Rate",
+        "X-Accel-Buffering",
+        "X-Accel-Charset",
+        "Expires",
+        "Cache-Control",
+        "Set-Cookie",
+        "Vary",
+    ];
+}
+
+/// `proxy_cache_path` / `fastcgi_cache_path`: a cache directory and its keys zone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachePath {
+    /// `keys_zone=NAME:SIZE`.
+    pub name: String,
+    pub zone_size: usize,
+    pub path: PathBuf,
+    /// `levels=1:2`: the lengths of the directory names taken from the key's hash, from its
+    /// end (each 1 or 2, at most 3 levels). Empty: every file in `path`.
+    pub levels: Vec<u8>,
+    /// `inactive=TIME`: an entry not used for this long is removed. Default 10 minutes.
+    pub inactive_secs: u64,
+    /// `max_size=SIZE`: the manager keeps the files under this many bytes (0: no limit).
+    pub max_size: u64,
+    /// `min_free=SIZE`: the manager keeps this much free on the file system (0: no limit).
+    pub min_free: u64,
+    /// `use_temp_path=on|off` (checked; shard always writes beside the entry, see
+    /// `docs/directives.md`).
+    pub use_temp_path: bool,
+    /// `manager_files=`, `manager_sleep=`, `manager_threshold=`: the manager removes at
+    /// most this many files per pass, sleeps this long between passes, and a pass lasts at
+    /// most this long. Defaults 100, 50 ms, 200 ms.
+    pub manager_files: u64,
+    pub manager_sleep_ms: u64,
+    pub manager_threshold_ms: u64,
+    /// `loader_files=`, `loader_sleep=`, `loader_threshold=` (the same, for the loader).
+    pub loader_files: u64,
+    pub loader_sleep_ms: u64,
+    pub loader_threshold_ms: u64,
+    pub place: Place,
+}
+
+/// Which cache a location uses.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CacheSel {
+    #[default]
+    Off,
+    /// Named in the configuration, resolved after the parse to [`CacheSel::Zone`].
+    Named(String, Place),
+    /// Index into `HttpConf::cache_paths`.
+    Zone(usize),
+    /// A value with variables, looked up by name per request (empty: no cache; an unknown
+    /// name: a 500).
+    Var(Vec<Part>),
+}
+
+/// `proxy_cache_valid [CODE ...|any] TIME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheValid {
+    /// Empty: `any`.
+    pub codes: Vec<u16>,
+    pub secs: u64,
+}
+
+/// `proxy_cache_use_stale` bits.
+pub mod stale {
+    pub const ERROR: u16 = 1;
+    pub const TIMEOUT: u16 = 1 << 1;
+    pub const INVALID_HEADER: u16 = 1 << 2;
+    pub const UPDATING: u16 = 1 << 3;
+    pub const HTTP_500: u16 = 1 << 4;
+    pub const HTTP_502: u16 = 1 << 5;
+    pub const HTTP_503: u16 = 1 << 6;
+    pub const HTTP_504: u16 = 1 << 7;
+    pub const HTTP_403: u16 = 1 << 8;
+    pub const HTTP_404: u16 = 1 << 9;
+    pub const HTTP_429: u16 = 1 << 10;
+    /// The bit of an upstream status, if it has one.
+    pub fn of_status(status: u16) -> u16 {
+        match status {
+            500 => HTTP_500,
+            502 => HTTP_502,
+            503 => HTTP_503,
+            504 => HTTP_504,
+            403 => HTTP_403,
+            404 => HTTP_404,
+            429 => HTTP_429,
+            _ => 0,
+        }
+    }
+}
+
+/// The cache settings of a location (`ngx_http_proxy_module`'s `proxy_cache*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheConf {
+    pub sel: CacheSel,
+    /// `proxy_cache_key`; `None`: `$scheme$proxy_host$request_uri` (FastCGI has no default).
+    pub key: Option<Vec<Part>>,
+    pub valid: Vec<CacheValid>,
+    /// `proxy_cache_methods`: also these methods besides GET and HEAD (upper case).
+    pub methods: Vec<String>,
+    /// `proxy_cache_min_uses`. Default 1.
+    pub min_uses: u64,
+    /// `proxy_cache_bypass` and `proxy_no_cache`: any value not empty and not `0` holds.
+    pub bypass: Vec<Vec<Part>>,
+    pub no_cache: Vec<Vec<Part>>,
+    /// `proxy_cache_use_stale` ([`stale`] bits). Default off.
+    pub use_stale: u16,
+    pub background_update: bool,
+    pub lock: bool,
+    /// `proxy_cache_lock_timeout`, `proxy_cache_lock_age`. Default 5 s each.
+    pub lock_timeout_ms: u64,
+    pub lock_age_ms: u64,
+    pub revalidate: bool,
+    /// `proxy_cache_convert_head`. Default on (off for FastCGI, which has no such directive).
+    pub convert_head: bool,
+    /// `proxy_cache_max_range_offset`: a range starting beyond it is not cached.
+    pub max_range_offset: Option<u64>,
+}
+
+impl Default for CacheConf {
+    fn default() -> Self {
+        CacheConf {
+            sel: CacheSel::Off,
+            key: None,
+            valid: Vec::new(),
+            methods: Vec::new(),
+            min_uses: 1,
+            bypass: Vec::new(),
+            no_cache: Vec::new(),
+            use_stale: 0,
+            background_update: false,
+            lock: false,
+            lock_timeout_ms: 5000,
+            lock_age_ms: 5000,
+            revalidate: false,
+            convert_head: true,
+            max_range_offset: None,
+        }
+    }
 }
 
 /// The `proxy_ssl_*` settings of a location: how shard speaks TLS to an `https://` upstream.
@@ -1878,6 +2042,8 @@ impl Default for ProxyConf {
             cookie_flags: Vec::new(),
             bind: None,
             ssl: ProxySsl::default(),
+            ignore_headers: 0,
+            cache: CacheConf::default(),
         }
     }
 }
@@ -2118,6 +2284,9 @@ pub struct HttpConf {
     /// `limit_req_zone` and `limit_conn_zone`, in file order (`LimitReq::zone` and
     /// `LimitConn::zone` index them).
     pub limit_zones: Vec<LimitZone>,
+    /// `proxy_cache_path` and `fastcgi_cache_path`, in file order (`CacheSel::Zone` indexes
+    /// them).
+    pub cache_paths: Vec<CachePath>,
     /// Named `upstream` blocks of `http`, then one implicit upstream per distinct
     /// `proxy_pass http://HOST:PORT` (named by `HOST:PORT` as written).
     pub upstreams: Vec<UpstreamConf>,

@@ -450,6 +450,7 @@ pub(crate) mod tests {
             charset_maps: Vec::new(),
             maps: vec![],
             limit_zones: vec![],
+            cache_paths: vec![],
             servers: vec![
                 server(vec![Exact("default.test".into())], vec![]),
                 server(vec![WildcardPrefix(".example.com".into())], vec![]),
@@ -582,6 +583,7 @@ pub(crate) mod tests {
                 charset_maps: Vec::new(),
                 maps: vec![],
                 limit_zones: vec![],
+                cache_paths: vec![],
                 servers,
                 upstreams: vec![],
             };

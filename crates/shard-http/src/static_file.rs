@@ -271,6 +271,15 @@ fn parse_range(h: &str, size: u64) -> Option<RangeResult> {
     Some(RangeResult::Satisfiable(ranges))
 }
 
+/// `Range` against a body of `size` bytes, as [`plan`] judges it for a file: `None` sends
+/// the whole body, `Some(Err(()))` is a 416, `Some(Ok(ranges))` the parts (inclusive).
+pub fn ranges(h: &str, size: u64) -> Option<Result<Vec<(u64, u64)>, ()>> {
+    match parse_range(h, size)? {
+        RangeResult::Satisfiable(r) => Some(Ok(r)),
+        RangeResult::Unsatisfiable => Some(Err(())),
+    }
+}
+
 /// The boundary of a `multipart/byteranges` response (nginx numbers its own; any token that
 /// cannot occur in the parts' headers will do).
 pub const BOUNDARY: &str = "00000000000000000001";

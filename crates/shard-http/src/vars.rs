@@ -43,6 +43,8 @@ pub struct Done<'a> {
     pub upstream: &'a [UpstreamTry],
     /// The trailers made so far (`add_trailer`, in order): `$sent_trailer_NAME`.
     pub trailers: &'a [(String, Vec<u8>)],
+    /// `$upstream_cache_status` ("" without a cache).
+    pub cache_status: &'a str,
 }
 
 /// What the worker knows of the connection and the clock.
@@ -551,6 +553,11 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                     Some(ms) => push_secs(out, ms),
                     None => out.push(b'-'),
                 }
+            }
+        }
+        Var::UpstreamCacheStatus => {
+            if let Some(d) = c.done {
+                out.extend_from_slice(d.cache_status.as_bytes());
             }
         }
         Var::Http(name) => {

@@ -6,6 +6,7 @@
 //! counters. It does not parse configuration (`shard-config`) nor HTTP (`shard-http`), and it
 //! calls the kernel only through `shard-event`, except for socket set-up done with `socket2`.
 
+pub mod cache;
 pub mod dns;
 mod keys;
 pub mod limits;

@@ -191,8 +191,9 @@ fn create_temp_paths(cfg: &Config, owner: Option<&Identity>) -> Result<(), Strin
     let Some(http) = cfg.http.as_ref() else {
         return Ok(());
     };
-    for tp in http.client_body_temp_paths() {
-        let p = &tp.path;
+    let temp = http.client_body_temp_paths().into_iter().map(|tp| &tp.path);
+    // `proxy_cache_path`: the workers write entries there, as in a temporary path.
+    for p in temp.chain(http.cache_paths.iter().map(|c| &c.path)) {
         // Missing parents as `mkdir -p` makes them (searchable by the workers); the directory
         // itself 0700, and only it changes owner.
         if let Some(parent) = p.parent() {
@@ -447,6 +448,7 @@ pub fn run(opts: RunOptions) -> Result<i32> {
 
     let mut zones_by_name = HashMap::new();
     let zones = map_zones(&cfg, &mut zones_by_name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    crate::cache::map_zones(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
     if !cfg.main.master_process {
         return Ok(single_process(
             &cfg,
@@ -905,7 +907,9 @@ impl Master {
                 return;
             }
         };
-        let zones = match map_zones(&cfg, &mut self.zones_by_name) {
+        let zones = match map_zones(&cfg, &mut self.zones_by_name)
+            .and_then(|z| crate::cache::map_zones(&cfg).map(|()| z))
+        {
             Ok(z) => z,
             Err(e) => {
                 crate::log!(Emerg, "{e}");

@@ -61,6 +61,9 @@ impl Plan {
             for tp in http.client_body_temp_paths() {
                 push_once(&mut plan.temp, &tp.path);
             }
+            for c in &http.cache_paths {
+                push_once(&mut plan.temp, &c.path);
+            }
         }
         plan
     }
@@ -99,6 +102,7 @@ pub const SYSCALLS: &[(&str, i64)] = &[
     ("write", libc::SYS_write),
     ("writev", libc::SYS_writev),
     ("pread64", libc::SYS_pread64),
+    ("pwrite64", libc::SYS_pwrite64),
     ("sendfile", libc::SYS_sendfile),
     ("close", libc::SYS_close),
     ("fcntl", libc::SYS_fcntl),
@@ -111,6 +115,9 @@ pub const SYSCALLS: &[(&str, i64)] = &[
     // `autoindex` lists a directory.
     ("getdents64", libc::SYS_getdents64),
     ("mkdirat", libc::SYS_mkdirat),
+    // The cache renames a whole entry into place.
+    ("renameat", libc::SYS_renameat),
+    ("renameat2", libc::SYS_renameat2),
     ("unlinkat", libc::SYS_unlinkat),
     // The same calls by their older names, which std uses where they exist.
     #[cfg(target_arch = "x86_64")]
@@ -123,6 +130,8 @@ pub const SYSCALLS: &[(&str, i64)] = &[
     ("mkdir", libc::SYS_mkdir),
     #[cfg(target_arch = "x86_64")]
     ("unlink", libc::SYS_unlink),
+    #[cfg(target_arch = "x86_64")]
+    ("rename", libc::SYS_rename),
     #[cfg(target_arch = "x86_64")]
     ("epoll_wait", libc::SYS_epoll_wait),
     ("epoll_pwait", libc::SYS_epoll_pwait),

@@ -252,6 +252,10 @@ pub(crate) struct Worker<'a> {
     hostname: String,
     /// The shared `limit_*` zones (see `WorkerArgs::zones`).
     zones: &'a [crate::limits::Zone],
+    /// The keys zones of `HttpConf::cache_paths`, in order (`crate::cache`).
+    cache_zones: Vec<crate::cache::Zone>,
+    /// Numbers the requests that take a cache key's update (`crate::cache::owner`).
+    cache_serial: u64,
     /// The TLS configuration of each `ssl` listener (see `WorkerArgs::tls`).
     tls: &'a crate::tls::TlsContexts,
     /// Consistent-hash rings of http upstreams (`hash ... consistent`), built on first use.
@@ -502,6 +506,8 @@ impl<'a> Worker<'a> {
             file_cache_entries: 0,
             hostname: shard_event::process::hostname(),
             zones: a.zones,
+            cache_zones: crate::cache::zones_of(a.cfg),
+            cache_serial: 0,
             tls: a.tls,
             rings: HashMap::new(),
             stream_rings: HashMap::new(),

@@ -36,6 +36,10 @@ impl Default for FastcgiEff {
             up: ProxyConf {
                 // The HTTP proxy's redirect rewriting and headers do not apply.
                 redirect: ProxyRedirect::Off,
+                cache: CacheConf {
+                    convert_head: false,
+                    ..CacheConf::default()
+                },
                 ..ProxyConf::default()
             },
             conf: FastcgiConf {
@@ -188,7 +192,7 @@ pub(super) fn set_fastcgi(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
         "fastcgi_bind" => once(&mut f.up.bind, super::http::parse_bind(d, file)?, d, file),
         "fastcgi_socket_keepalive" => once(&mut f.up.socket_keepalive, flag(d, file, v)?, d, file),
         "fastcgi_ignore_headers" => once(
-            &mut f.up.ignore_accel_redirect,
+            &mut f.up.ignore_headers,
             super::http::ignore_headers(d, file)?,
             d,
             file,
@@ -212,6 +216,9 @@ pub(super) fn set_fastcgi(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
             list.get_or_insert_with(Vec::new)
                 .push(v.to_ascii_lowercase());
             Ok(())
+        }
+        n if n.starts_with("fastcgi_cache") || n == "fastcgi_no_cache" => {
+            super::cache::directive(&mut f.up.cache, &n["fastcgi_".len()..], d, file)
         }
         _ => Err(derr(d, file, format!("unknown directive \"{}\"", d.name))),
     }

@@ -296,8 +296,10 @@ pub(super) struct ProxyP {
     pub(super) next_upstream_timeout_ms: Option<u64>,
     pub(super) socket_keepalive: Option<bool>,
     pub(super) limit_rate: Option<u64>,
-    /// `proxy_ignore_headers`: whether `X-Accel-Redirect` is among them.
-    pub(super) ignore_accel_redirect: Option<bool>,
+    /// `proxy_ignore_headers` ([`ignore`] bits).
+    pub(super) ignore_headers: Option<u16>,
+    /// `proxy_cache*` of this level.
+    pub(super) cache: CacheP,
     pub(super) buffering: Option<bool>,
     pub(super) buffer_size: Option<usize>,
     pub(super) buffers: Option<(usize, usize)>,
@@ -435,8 +437,12 @@ impl ProxyP {
             socket_keepalive: self.socket_keepalive.unwrap_or(parent.socket_keepalive),
             limit_rate: self.limit_rate.unwrap_or(parent.limit_rate),
             ignore_accel_redirect: self
-                .ignore_accel_redirect
-                .unwrap_or(parent.ignore_accel_redirect),
+                .ignore_headers
+                .map_or(parent.ignore_accel_redirect, |b| {
+                    b & ignore::X_ACCEL_REDIRECT != 0
+                }),
+            ignore_headers: self.ignore_headers.unwrap_or(parent.ignore_headers),
+            cache: self.cache.merge(&parent.cache),
             buffering: self.buffering.unwrap_or(parent.buffering),
             buffer_size: self.buffer_size.unwrap_or(parent.buffer_size),
             buffers: self.buffers.unwrap_or(parent.buffers),
@@ -1075,6 +1081,7 @@ pub(super) struct HttpP {
     pub(super) maps: Vec<MapConf>,
     pub(super) limit_zones: Vec<LimitZone>,
     pub(super) charset_maps: Vec<CharsetMap>,
+    pub(super) cache_paths: Vec<CachePath>,
 }
 
 /// The upstreams of `http` while `proxy_pass` directives are resolved.
@@ -3228,30 +3235,23 @@ slot!(set_proxy_limit_rate, proxy.limit_rate, upstream_rate);
 /// `proxy_ignore_headers FIELD ...` (a level with it replaces its parent's).
 pub(super) fn set_proxy_ignore_headers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let v = ignore_headers(d, file)?;
-    once(&mut s.proxy.ignore_accel_redirect, v, d, file)
+    once(&mut s.proxy.ignore_headers, v, d, file)
 }
 
-/// nginx's fields of `proxy_ignore_headers`/`fastcgi_ignore_headers` (any case); whether
-/// `X-Accel-Redirect` is one of those given, the only one shard acts on (the others are
-/// about caching and the other `X-Accel-*` headers, which shard does not read).
-pub(super) fn ignore_headers(d: &Directive, file: &str) -> Result<bool, ConfigError> {
-    const FIELDS: [&str; 9] = [
-        "X-Accel-Redirect",
-        "X-Accel-Expires",
-        "X-Accel-Limit-Rate",
-        "X-Accel-Buffering",
-        "X-Accel-Charset",
-        "Expires",
-        "Cache-Control",
-        "Set-Cookie",
-        "Vary",
-    ];
+/// nginx's fields of `proxy_ignore_headers`/`fastcgi_ignore_headers` (any case), as
+/// [`ignore`] bits.
+pub(super) fn ignore_headers(d: &Directive, file: &str) -> Result<u16, ConfigError> {
+    let mut bits = 0;
     for a in &d.args {
-        if !FIELDS.iter().any(|f| f.eq_ignore_ascii_case(a)) {
+        let Some(i) = ignore::FIELDS
+            .iter()
+            .position(|f| f.eq_ignore_ascii_case(a))
+        else {
             return Err(invalid(d, file, a));
-        }
+        };
+        bits |= 1 << i;
     }
-    Ok(d.args.iter().any(|a| a.eq_ignore_ascii_case(FIELDS[0])))
+    Ok(bits)
 }
 
 /// `proxy_limit_rate` / `fastcgi_limit_rate RATE`: bytes per second, `0` off (no variables,
@@ -3834,6 +3834,7 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "upstream_connect_time" => Var::UpstreamConnectTime,
         "upstream_header_time" => Var::UpstreamHeaderTime,
         "upstream_response_length" => Var::UpstreamResponseLength,
+        "upstream_cache_status" => Var::UpstreamCacheStatus,
         n if n.len() == 1 && n.as_bytes()[0].is_ascii_digit() => {
             Var::Capture(n.as_bytes()[0] - b'0')
         }

@@ -19,6 +19,7 @@ use crate::model::*;
 use crate::units::{parse_size, parse_time_ms};
 use crate::{where_, ConfigError, COMMAND_LINE, MIME_TYPES};
 
+mod cache;
 mod fastcgi;
 mod http;
 mod main_events;
@@ -28,6 +29,7 @@ mod table;
 mod upstream;
 mod values;
 
+use cache::*;
 use fastcgi::*;
 pub(crate) use http::expires_value;
 use http::*;
@@ -704,6 +706,7 @@ impl Env {
                 for r in &mut l.limit_req {
                     r.zone = resolved[r.zone];
                 }
+                resolve_cache(l, &h.cache_paths)?;
                 for c in &mut l.limit_conn {
                     c.zone = resolved[c.zone];
                 }
@@ -726,10 +729,42 @@ impl Env {
             charset_maps: h.charset_maps,
             maps: h.maps,
             limit_zones: h.limit_zones,
+            cache_paths: h.cache_paths,
             servers,
             upstreams: ups.list,
         })
     }
+}
+
+/// A location's `proxy_cache NAME` (or `fastcgi_cache`) names a zone of `paths`, as nginx
+/// checks at start (`"proxy_cache" zone "NAME" is unknown`); FastCGI has no default key.
+fn resolve_cache(l: &mut LocationConf, paths: &[CachePath]) -> R {
+    let prefix = if l.fastcgi.is_some() {
+        "fastcgi"
+    } else {
+        "proxy"
+    };
+    if let CacheSel::Named(name, at) = &l.proxy.cache.sel {
+        let Some(i) = paths.iter().position(|p| p.name == *name) else {
+            return Err(err(
+                &at.file,
+                at.line,
+                format!("\"{prefix}_cache\" zone \"{name}\" is unknown"),
+            ));
+        };
+        l.proxy.cache.sel = CacheSel::Zone(i);
+    }
+    if l.fastcgi.is_some()
+        && l.proxy.cache.key.is_none()
+        && !matches!(l.proxy.cache.sel, CacheSel::Off)
+    {
+        return Err(err(
+            &l.place.file,
+            l.place.line,
+            "no \"fastcgi_cache_key\" for \"fastcgi_cache\"",
+        ));
+    }
+    Ok(())
 }
 
 /// Sets a directive that may appear once per block (nginx: "is duplicate").

@@ -154,6 +154,8 @@ pub(super) struct Req {
     pub(super) user_vars: Vec<(String, Vec<u8>)>,
     /// `add_header`s of an `if` that held: they replace the location's for this response.
     pub(super) if_headers: Option<Vec<shard_config::AddHeader>>,
+    /// `$upstream_cache_status` of the proxied response ("" without a cache).
+    pub(super) cache_status: &'static str,
     /// The current request's client: the peer, or what `set_real_ip_from` lets a header say.
     pub(super) client: Option<SocketAddr>,
     /// `limit_req` delays the request (still unparsed in `inbuf`) until then (0: not delayed).
@@ -255,6 +257,7 @@ impl Req {
         self.capture_names.clear();
         self.user_vars.clear();
         self.if_headers = None;
+        self.cache_status = "";
         self.client = None;
         self.delayed_until = 0;
         self.limit_passed = false;
@@ -313,6 +316,7 @@ impl Req {
             capture_names: Vec::new(),
             user_vars: Vec::new(),
             if_headers: None,
+            cache_status: "",
             client: None,
             delayed_until: 0,
             limit_passed: false,
@@ -1928,6 +1932,7 @@ impl<'a> Worker<'a> {
         c.rq().request_seq = seq;
         c.rq().user_vars.clear();
         c.rq().if_headers = None;
+        c.rq().cache_status = "";
         // nginx's `auto_redirect` (its find-config phase, before any rewrite): `/dir` where
         // `location /dir/` passes to an upstream is a 301 to `/dir/`, arguments kept.
         let auto = server
@@ -2412,11 +2417,13 @@ impl<'a> Worker<'a> {
                 let mut storage = shard_http::vars::header_storage();
                 let headers = shard_http::vars::request_headers(head, &mut storage);
                 let mut ctx = self.var_ctx(key, req, headers, loc);
+                let cache_status = self.conns[key].rd().cache_status;
                 ctx.done = Some(shard_http::vars::Done {
                     status,
                     body_bytes: bytes,
                     bytes,
                     upstream,
+                    cache_status,
                     ..Default::default()
                 });
                 if al

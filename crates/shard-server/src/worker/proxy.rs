@@ -169,6 +169,9 @@ impl UpConn {
     }
 }
 
+#[path = "cache.rs"]
+mod cache;
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {
     /// Reading the client's request body into memory.
@@ -282,6 +285,12 @@ pub(super) struct Proxy {
     retry_until_ms: u64,
     /// `proxy_set_body` or `proxy_pass_request_body off`: the client's body is not sent.
     body_skipped: bool,
+    /// `proxy_cache`: this request's part in a cache (`cache.rs`), once it looked.
+    cache: Option<Box<cache::CacheReq>>,
+    cache_looked: bool,
+    /// A HEAD asked upstream as GET (`proxy_cache_convert_head`): the body is read and
+    /// stored, not sent.
+    upstream_get: bool,
 }
 
 /// A FastCGI attempt's wire state: the records read and not yet decoded, the application's
@@ -387,6 +396,9 @@ impl Proxy {
             dyn_host: None,
             retry_until_ms: u64::MAX,
             body_skipped: false,
+            cache: None,
+            cache_looked: false,
+            upstream_get: false,
         }
     }
 
@@ -470,6 +482,7 @@ impl<'a> Worker<'a> {
             charset_maps: Vec::new(),
             maps: Vec::new(),
             limit_zones: Vec::new(),
+            cache_paths: Vec::new(),
             upstreams: Vec::new(),
         };
         self.cx.cfg.http.as_ref().unwrap_or(&NONE)
@@ -968,6 +981,14 @@ impl<'a> Worker<'a> {
                 State::ReadingBody => self.relay_response_body(key, &mut p),
                 State::Tunnel => self.run_tunnel(key, &mut p),
             };
+            // `proxy_cache_use_stale`: a failed upstream answered by the stale entry.
+            if matches!(flow, Flow::Fail(_))
+                && p.last_failure.is_some()
+                && !p.head_sent
+                && self.cache_stale_on_failure(&mut p)
+            {
+                continue;
+            }
             if !matches!(flow, Flow::Next) {
                 break flow;
             }
@@ -1114,6 +1135,15 @@ impl<'a> Worker<'a> {
 
     /// Chooses a connection for the next attempt: pooled, or a new non-blocking connect.
     fn proxy_connect(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        // `proxy_cache`: looked at once, before the first attempt (and again after each wait
+        // on `proxy_cache_lock`).
+        if !p.cache_looked {
+            if let Some(flow) = self.cache_lookup(key, p) {
+                p.cache_looked = !matches!(flow, Flow::Wait);
+                return flow;
+            }
+            p.cache_looked = true;
+        }
         if p.dyn_pass.is_none() {
             let loc = self.proxy_location(p);
             // An upstream with `server ... resolve` whose names this worker resolved again:
@@ -1496,6 +1526,7 @@ impl<'a> Worker<'a> {
             return;
         }
         shard_http::proxy::write_request(&mut out, &ctx);
+        self.cache_request(p, &mut out);
         if p.body_skipped {
             if let Some(b) = own_body {
                 out.extend_from_slice(&b);
@@ -1894,6 +1925,9 @@ impl<'a> Worker<'a> {
     /// One read from the upstream into `rbuf`, at most `room` bytes. `Ok(None)`: must wait.
     /// `Ok(Some(0))`: the response ended (the peer closed, or FastCGI's `END_REQUEST`).
     fn read_upstream(&mut self, p: &mut Proxy, room: usize) -> std::io::Result<Option<usize>> {
+        if let Some(c) = p.cache.as_mut().filter(|c| c.serving) {
+            return Self::cache_read(c, &mut p.rbuf, room);
+        }
         let Some(mut f) = p.fcgi.take() else {
             return self.read_upstream_into(p.up, &mut p.rbuf, room);
         };
@@ -1957,7 +1991,10 @@ impl<'a> Worker<'a> {
         let loc = self.proxy_location(p);
         let max = loc.proxy.buffer_size;
         loop {
-            let head_request = p.req.method == Method::Head;
+            let serving = p.cache.as_ref().is_some_and(|c| c.serving);
+            // A HEAD asked as GET reads the body (to store it); a HEAD served from the cache
+            // reads none.
+            let head_request = p.req.method == Method::Head && (serving || !p.upstream_get);
             let pass = &self.proxy_location(p).proxy.pass_headers;
             let parsed = if p.fcgi.is_some() {
                 if let Some(flow) = self.fcgi_stderr(key, p, true) {
@@ -2002,13 +2039,21 @@ impl<'a> Worker<'a> {
                     let nu = loc.proxy.next_upstream;
                     // With no peer left to try, the last peer's answer goes to the client
                     // as it is, as nginx (`peer.tries > 1` in `ngx_http_upstream_test_next`).
-                    if nu.retries_status(head.status)
+                    if !serving
+                        && nu.retries_status(head.status)
                         && may_retry(p, loc, true)
                         && !self.stream_spent(key, p)
                         && self.peer_left(p)
                     {
                         let msg = format!("upstream returned {}", head.status);
                         return self.attempt_failed(key, p, Failure::Status(head.status), &msg);
+                    }
+                    // `proxy_cache`: a revalidated or stale entry instead, or the entry to
+                    // store begins.
+                    if p.cache.is_some() {
+                        if let Some(flow) = self.cache_on_head(key, p, &head, head_len) {
+                            return flow;
+                        }
                     }
                     // `proxy_intercept_errors`: the location's `error_page` for this status
                     // replaces the upstream's answer, which is not read further.
@@ -2306,7 +2351,11 @@ impl<'a> Worker<'a> {
             client_framing = Framing::Chunked;
         }
         p.keep_alive &= reusable;
-        p.client_chunked = client_framing == Framing::Chunked;
+        p.client_chunked =
+            client_framing == Framing::Chunked && !(p.upstream_get && p.req.method == Method::Head);
+        if let Some(c) = p.cache.as_ref() {
+            self.conns[key].rq().cache_status = c.status.as_str();
+        }
         p.upbody = match head.framing {
             Framing::None => UpBody::None,
             Framing::Length(n) => UpBody::Length(n),
@@ -2334,6 +2383,7 @@ impl<'a> Worker<'a> {
             ctx.done = Some(shard_http::vars::Done {
                 status: head.status,
                 upstream: &p.attempts,
+                cache_status: p.cache.as_ref().map_or("", |c| c.status.as_str()),
                 ..Default::default()
             });
             shard_http::response::write_extra(
@@ -2567,13 +2617,17 @@ impl<'a> Worker<'a> {
     /// [`Worker::pass_body`] without the last chunk.
     fn pass_body_framed(&mut self, key: usize, p: &mut Proxy) -> Result<bool, &'static str> {
         let c = &mut self.conns[key];
+        // A HEAD asked upstream as GET: the body is stored, not sent.
+        let mut sink = Vec::new();
+        let discard = p.upstream_get && p.req.method == Method::Head;
         let mut emit = Emit {
-            out: &mut c.out,
+            out: if discard { &mut sink } else { &mut c.out },
             chunked: p.client_chunked,
             recode: p.recode.as_deref(),
             gunzip: p.gunzip.as_deref_mut(),
             sub: p.sub.as_deref_mut(),
         };
+        let storing = p.cache.as_ref().is_some_and(|c| c.storing());
         match &mut p.upbody {
             UpBody::None => {
                 if !p.rbuf.is_empty() {
@@ -2583,6 +2637,9 @@ impl<'a> Worker<'a> {
             }
             UpBody::Length(left) => {
                 let take = (*left).min(p.rbuf.len() as u64) as usize;
+                if storing {
+                    cache::store(&mut p.cache, &p.rbuf[..take]);
+                }
                 p.body_sent += emit.data(&mut p.rbuf[..take])?;
                 *left -= take as u64;
                 p.rbuf.drain(..take);
@@ -2601,6 +2658,9 @@ impl<'a> Worker<'a> {
                     .feed_into(&p.rbuf, &mut p.scratch)
                     .map_err(|_| "upstream sent invalid chunked response")?;
                 p.rbuf.drain(..feed.consumed);
+                if storing {
+                    cache::store(&mut p.cache, &p.scratch);
+                }
                 p.body_sent += emit.data(&mut p.scratch)?;
                 if dec.is_done() {
                     if !p.rbuf.is_empty() {
@@ -2612,6 +2672,9 @@ impl<'a> Worker<'a> {
                 Ok(false)
             }
             UpBody::Close => {
+                if storing {
+                    cache::store(&mut p.cache, &p.rbuf);
+                }
                 p.body_sent += emit.data(&mut p.rbuf)?;
                 p.rbuf.clear();
                 Ok(false)
@@ -2653,6 +2716,7 @@ impl<'a> Worker<'a> {
             p.fcgi = Some(f);
             let _ = self.fcgi_stderr(key, &mut p, false);
         }
+        self.cache_commit(&mut p);
         if !p.keep_alive {
             self.conns[key].close_after = true;
         }

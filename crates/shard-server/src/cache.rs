@@ -1,0 +1,895 @@
+//! `proxy_cache_path`'s two halves: the keys zone in shared memory, and the entry files on
+//! disk. This module owns their layouts and the rules that read upstream headers into a
+//! validity (nginx's `ngx_http_upstream` cache rules); the worker (`worker/cache.rs`) decides
+//! when a request looks, waits, stores or serves, and the manager (`master.rs`) evicts.
+//!
+//! **The zone** is one `MAP_SHARED | MAP_ANONYMOUS` mapping made by the master before it
+//! forks, kept across reloads while its name and size stay (as the `limit_*` zones, whose
+//! lock it uses). Word 0 is the lock; word 1 the bytes of the entries the zone knows. Then
+//! entries of [`ENTRY_WORDS`]: the key's 128-bit hash (all-zero: free), the number of uses,
+//! the last use (unix seconds), flags (bit 0: the file exists; the high half: the pid
+//! updating it), when that update began (ms, 0: none), and the file's size.
+//! A full neighbourhood drops its least recently used entry from the zone (its file stays,
+//! found again on disk by the next request that misses).
+//!
+//! **An entry file** is written to a temporary name in the cache directory and renamed into
+//! place when the response is complete, so a reader sees a whole entry or none, whatever
+//! kills the writer. Its layout: a 64-byte header ([`MAGIC`], fresh-until, stored-at, body
+//! length, key length, head length, the `Vary` variant hash), the key, the upstream's
+//! response head (framing fields removed), then the body.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use md5::{Digest, Md5};
+
+/// Entries probed from a key's home before one is dropped.
+const PROBE: usize = 16;
+/// Words per entry.
+const ENTRY_WORDS: usize = 8;
+/// Words before the first entry: the lock, the bytes known, padding.
+const HEADER_WORDS: usize = 8;
+
+/// The first bytes of every entry file (the format's version is its last digit).
+pub const MAGIC: &[u8; 8] = b"SHARDC1\n";
+/// Bytes of an entry file's fixed header.
+pub const HEADER_LEN: usize = 64;
+
+const FLAG_EXISTS: u64 = 1;
+/// The holder of an update sits above the flag bit: its pid, then a serial of its own.
+const HOLDER_SHIFT: u32 = 1;
+const OWNER_SERIAL_BITS: u32 = 24;
+
+/// A token naming one request of this process as an update's holder.
+pub fn owner(serial: u64) -> u64 {
+    (u64::from(std::process::id()) << OWNER_SERIAL_BITS) | (serial & ((1 << OWNER_SERIAL_BITS) - 1))
+}
+
+/// One keys zone. A handle: copies share the same memory, never unmapped.
+#[derive(Clone, Copy)]
+pub struct Zone {
+    base: *const AtomicU64,
+    words: usize,
+}
+
+// SAFETY: process-shared memory accessed only through atomics.
+unsafe impl Send for Zone {}
+// SAFETY: as above.
+unsafe impl Sync for Zone {}
+
+/// What the zone knows of a key when a request looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Seen {
+    /// The file was stored (or found) and not removed since.
+    pub exists: bool,
+    /// Requests for the key so far, this one counted.
+    pub uses: u64,
+    /// Another request updates the entry (since less than the lock age).
+    pub updating: bool,
+}
+
+impl Zone {
+    /// Maps a zeroed zone of `bytes` (at least one entry).
+    pub fn create(bytes: usize) -> io::Result<Zone> {
+        let words = (bytes / 8).max(HEADER_WORDS + ENTRY_WORDS);
+        // SAFETY: anonymous shared mapping with no address hint; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                words * 8,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Zone {
+            base: p as *const AtomicU64,
+            words,
+        })
+    }
+
+    fn word(&self, i: usize) -> &AtomicU64 {
+        debug_assert!(i < self.words);
+        // SAFETY: `i` is within the zeroed, aligned mapping, which lives as long as the
+        // process; `AtomicU64` has the layout of `u64`.
+        unsafe { &*self.base.add(i) }
+    }
+
+    fn entries(&self) -> usize {
+        (self.words - HEADER_WORDS) / ENTRY_WORDS
+    }
+
+    fn get(&self, w: usize, f: usize) -> u64 {
+        self.word(w + f).load(Ordering::Relaxed)
+    }
+
+    fn set(&self, w: usize, f: usize, v: u64) {
+        self.word(w + f).store(v, Ordering::Relaxed)
+    }
+
+    /// The entry of `key`: found, or claimed (free, else the least recently used of its
+    /// neighbourhood that nobody updates, whose bytes leave the zone's total).
+    fn slot(&self, key: u128, claim: bool) -> Option<usize> {
+        let hi = (key >> 64) as u64;
+        let lo = (key as u64) | 1;
+        let n = self.entries();
+        let home = (lo as usize ^ hi as usize) % n;
+        let mut oldest: Option<(usize, u64)> = None;
+        let mut free = None;
+        for k in 0..PROBE.min(n) {
+            let w = HEADER_WORDS + ((home + k) % n) * ENTRY_WORDS;
+            let (h, l) = (self.get(w, 0), self.get(w, 1));
+            if h == hi && l == lo {
+                return Some(w);
+            }
+            if h == 0 && l == 0 {
+                free.get_or_insert(w);
+                continue;
+            }
+            if self.get(w, 5) != 0 {
+                continue;
+            }
+            let t = self.get(w, 3);
+            if oldest.is_none_or(|(_, o)| t < o) {
+                oldest = Some((w, t));
+            }
+        }
+        if !claim {
+            return None;
+        }
+        let w = match free {
+            Some(w) => w,
+            None => {
+                let (w, _) = oldest?;
+                self.forget(w);
+                w
+            }
+        };
+        for f in 2..ENTRY_WORDS {
+            self.set(w, f, 0);
+        }
+        self.set(w, 0, hi);
+        self.set(w, 1, lo);
+        Some(w)
+    }
+
+    fn forget(&self, w: usize) {
+        let size = self.get(w, 6);
+        let total = self.word(1).load(Ordering::Relaxed);
+        self.word(1)
+            .store(total.saturating_sub(size), Ordering::Relaxed);
+        for f in 0..ENTRY_WORDS {
+            self.set(w, f, 0);
+        }
+    }
+
+    /// A request looks at `key`: counts the use, and says whether the file exists and
+    /// whether another request updates it (since less than `lock_age_ms`, from a live pid).
+    pub fn look(&self, key: u128, now_ms: u64, lock_age_ms: u64) -> Seen {
+        let _g = crate::limits::lock(self.word(0));
+        let Some(w) = self.slot(key, true) else {
+            return Seen::default();
+        };
+        let uses = self.get(w, 2) + 1;
+        self.set(w, 2, uses);
+        self.set(w, 3, now_ms / 1000);
+        let since = self.get(w, 5);
+        let updating = since != 0
+            && now_ms.saturating_sub(since) < lock_age_ms
+            && pid_alive(self.get(w, 4) >> HOLDER_SHIFT >> OWNER_SERIAL_BITS);
+        Seen {
+            exists: self.get(w, 4) & FLAG_EXISTS != 0,
+            uses,
+            updating,
+        }
+    }
+
+    /// Takes the update of `key` for request `owner` ([`owner`]) unless another live request
+    /// holds it (since less than `lock_age_ms`). `true`: `owner` holds it now.
+    pub fn try_update(&self, key: u128, now_ms: u64, lock_age_ms: u64, owner: u64) -> bool {
+        let _g = crate::limits::lock(self.word(0));
+        let Some(w) = self.slot(key, true) else {
+            return true;
+        };
+        let since = self.get(w, 5);
+        let holder = self.get(w, 4) >> HOLDER_SHIFT;
+        if since != 0
+            && holder != owner
+            && now_ms.saturating_sub(since) < lock_age_ms
+            && pid_alive(holder >> OWNER_SERIAL_BITS)
+        {
+            return false;
+        }
+        self.set(w, 5, now_ms.max(1));
+        self.set(
+            w,
+            4,
+            (self.get(w, 4) & FLAG_EXISTS) | (owner << HOLDER_SHIFT),
+        );
+        true
+    }
+
+    /// Ends `owner`'s update of `key` taken by [`Zone::try_update`], stored or not.
+    pub fn end_update(&self, key: u128, owner: u64) {
+        let _g = crate::limits::lock(self.word(0));
+        if let Some(w) = self.slot(key, false) {
+            if self.get(w, 4) >> HOLDER_SHIFT == owner {
+                self.set(w, 5, 0);
+                self.set(w, 4, self.get(w, 4) & FLAG_EXISTS);
+            }
+        }
+    }
+
+    /// `key`'s file exists with `size` bytes (stored now, or found on disk).
+    pub fn stored(&self, key: u128, size: u64, now_ms: u64) {
+        let _g = crate::limits::lock(self.word(0));
+        let Some(w) = self.slot(key, true) else {
+            return;
+        };
+        let old = if self.get(w, 4) & FLAG_EXISTS != 0 {
+            self.get(w, 6)
+        } else {
+            0
+        };
+        let total = self.word(1).load(Ordering::Relaxed);
+        self.word(1)
+            .store(total.saturating_sub(old) + size, Ordering::Relaxed);
+        self.set(w, 4, self.get(w, 4) | FLAG_EXISTS);
+        self.set(w, 6, size);
+        self.set(w, 3, now_ms / 1000);
+    }
+
+    /// `key`'s file is gone (removed by the manager, or found missing).
+    pub fn removed(&self, key: u128) {
+        let _g = crate::limits::lock(self.word(0));
+        if let Some(w) = self.slot(key, false) {
+            if self.get(w, 5) == 0 {
+                self.forget(w);
+            } else {
+                let size = self.get(w, 6);
+                let total = self.word(1).load(Ordering::Relaxed);
+                self.word(1)
+                    .store(total.saturating_sub(size), Ordering::Relaxed);
+                self.set(w, 6, 0);
+                self.set(w, 4, self.get(w, 4) & !FLAG_EXISTS);
+            }
+        }
+    }
+
+    /// Bytes of the files the zone knows.
+    pub fn bytes(&self) -> u64 {
+        self.word(1).load(Ordering::Relaxed)
+    }
+
+    /// Every entry whose file exists: its key, last use (unix seconds) and size.
+    pub fn snapshot(&self) -> Vec<(u128, u64, u64)> {
+        let _g = crate::limits::lock(self.word(0));
+        let mut v = Vec::new();
+        for i in 0..self.entries() {
+            let w = HEADER_WORDS + i * ENTRY_WORDS;
+            if self.get(w, 4) & FLAG_EXISTS != 0 {
+                let key = (u128::from(self.get(w, 0)) << 64) | u128::from(self.get(w, 1) & !1);
+                v.push((key, self.get(w, 3), self.get(w, 6)));
+            }
+        }
+        v
+    }
+}
+
+/// The zones mapped so far in this process, by name and size. The master maps them before
+/// it forks; a worker finds its configuration's zones here (the map is copied by `fork`, the
+/// memory it points to is shared).
+fn mapped() -> &'static std::sync::Mutex<std::collections::HashMap<(String, usize), Zone>> {
+    static M: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<(String, usize), Zone>>,
+    > = std::sync::OnceLock::new();
+    M.get_or_init(Default::default)
+}
+
+/// Maps every keys zone of `cfg` not mapped yet (a reload keeps a zone whose name and size
+/// stay, and with it what the cache knows).
+pub fn map_zones(cfg: &shard_config::Config) -> Result<(), String> {
+    let Some(http) = cfg.http.as_ref() else {
+        return Ok(());
+    };
+    let mut m = mapped().lock().unwrap_or_else(|e| e.into_inner());
+    for c in &http.cache_paths {
+        let k = (c.name.clone(), c.zone_size);
+        if let std::collections::hash_map::Entry::Vacant(v) = m.entry(k) {
+            let z = Zone::create(c.zone_size)
+                .map_err(|e| format!("mmap(MAP_ANON|MAP_SHARED, {}) failed ({e})", c.zone_size))?;
+            v.insert(z);
+        }
+    }
+    Ok(())
+}
+
+/// The zones of `cfg`'s `proxy_cache_path`s, in order (mapped by [`map_zones`]; one this
+/// process lacks is made here, unshared, so a worker never runs without one).
+pub fn zones_of(cfg: &shard_config::Config) -> Vec<Zone> {
+    let Some(http) = cfg.http.as_ref() else {
+        return Vec::new();
+    };
+    let mut m = mapped().lock().unwrap_or_else(|e| e.into_inner());
+    http.cache_paths
+        .iter()
+        .filter_map(|c| {
+            let k = (c.name.clone(), c.zone_size);
+            if let Some(z) = m.get(&k) {
+                return Some(*z);
+            }
+            let z = Zone::create(c.zone_size).ok()?;
+            m.insert(k, z);
+            Some(z)
+        })
+        .collect()
+}
+
+fn pid_alive(pid: u64) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    // SAFETY: kill(2) with signal 0 only checks that the pid exists.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// The MD5 of a cache key, as nginx names entry files by.
+pub fn key_md5(key: &[u8]) -> [u8; 16] {
+    Md5::digest(key).into()
+}
+
+/// The zone's key for an MD5 (the low bit is the zone's own; a collision there only costs a
+/// shared entry, the file's key is compared on every read).
+pub fn zone_key(md5: &[u8; 16]) -> u128 {
+    u128::from_be_bytes(*md5) & !1
+}
+
+/// The hash of a `Vary` variant: the main entry's MD5 and the request's values of the
+/// fields `Vary` names (nginx 1.7.7's secondary keys).
+pub fn variant_md5(main: &[u8; 16], fields: &[(&str, Option<&[u8]>)]) -> [u8; 16] {
+    let mut h = Md5::new();
+    h.update(main);
+    for (name, value) in fields {
+        h.update(name.to_ascii_lowercase().as_bytes());
+        h.update(b":");
+        h.update(value.unwrap_or(b""));
+        h.update(b"\r\n");
+    }
+    h.finalize().into()
+}
+
+/// Lowercase hex of an MD5.
+pub fn hex(md5: &[u8; 16]) -> String {
+    let mut s = String::with_capacity(32);
+    for b in md5 {
+        s.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+        s.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
+    }
+    s
+}
+
+/// An entry's file, as nginx places it: `levels=1:2` takes the last hex digit, then the two
+/// before it, as directories (`/cache/c/29/b7f54b2df7773722d382f4809d65029c`).
+pub fn entry_path(dir: &Path, levels: &[u8], md5: &[u8; 16]) -> PathBuf {
+    let name = hex(md5);
+    let mut p = dir.to_path_buf();
+    let mut end = name.len();
+    for &l in levels {
+        let l = usize::from(l);
+        p.push(&name[end - l..end]);
+        end -= l;
+    }
+    p.push(&name);
+    p
+}
+
+/// The fixed header of an entry file.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Header {
+    /// Fresh until (unix seconds).
+    pub valid_until: u64,
+    /// When the response was stored (unix seconds).
+    pub stored_at: u64,
+    pub body_len: u64,
+    pub key_len: u32,
+    pub head_len: u32,
+    /// The variant this entry holds (all-zero: the response had no `Vary`).
+    pub variant: [u8; 16],
+}
+
+impl Header {
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[..8].copy_from_slice(MAGIC);
+        b[8..16].copy_from_slice(&self.valid_until.to_le_bytes());
+        b[16..24].copy_from_slice(&self.stored_at.to_le_bytes());
+        b[24..32].copy_from_slice(&self.body_len.to_le_bytes());
+        b[32..36].copy_from_slice(&self.key_len.to_le_bytes());
+        b[36..40].copy_from_slice(&self.head_len.to_le_bytes());
+        b[40..56].copy_from_slice(&self.variant);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Header> {
+        if b.len() < HEADER_LEN || &b[..8] != MAGIC {
+            return None;
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        Some(Header {
+            valid_until: u64_at(8),
+            stored_at: u64_at(16),
+            body_len: u64_at(24),
+            key_len: u32_at(32),
+            head_len: u32_at(36),
+            variant: b[40..56].try_into().expect("16 bytes"),
+        })
+    }
+
+    /// Where the body starts in the file.
+    pub fn body_start(&self) -> u64 {
+        HEADER_LEN as u64 + u64::from(self.key_len) + u64::from(self.head_len)
+    }
+}
+
+/// A stored entry opened for reading: its header, its response head, and the file.
+pub struct Entry {
+    pub file: File,
+    pub header: Header,
+    /// The upstream's status line and fields, ending with an empty line.
+    pub head: Vec<u8>,
+}
+
+/// The largest stored head read back (a larger one is not an entry shard wrote).
+pub const HEAD_MAX: u32 = 1 << 20;
+
+/// Opens the entry at `path` for `key`: `Ok(None)` when there is none, or it is not a whole
+/// entry of this key (another key with the same hash, a foreign file, a short file).
+pub fn open(path: &Path, key: &[u8]) -> io::Result<Option<Entry>> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut hb = [0u8; HEADER_LEN];
+    if file.read_exact_at(&mut hb, 0).is_err() {
+        return Ok(None);
+    }
+    let Some(header) = Header::decode(&hb) else {
+        return Ok(None);
+    };
+    if header.head_len > HEAD_MAX || header.key_len as usize != key.len() {
+        return Ok(None);
+    }
+    let size = file.metadata()?.len();
+    if size != header.body_start() + header.body_len {
+        return Ok(None);
+    }
+    let mut rest = vec![0u8; header.key_len as usize + header.head_len as usize];
+    file.read_exact_at(&mut rest, HEADER_LEN as u64)?;
+    if &rest[..key.len()] != key {
+        return Ok(None);
+    }
+    let head = rest.split_off(key.len());
+    Ok(Some(Entry { file, header, head }))
+}
+
+/// The stored form of an upstream response head: as received, without the fields that
+/// framed it on that connection (the entry's length frames it when served).
+pub fn stored_head(raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut first = true;
+    for line in raw.split_inclusive(|&b| b == b'\n') {
+        let name = line
+            .iter()
+            .position(|&b| b == b':')
+            .map(|i| &line[..i])
+            .unwrap_or(b"");
+        let framing = !first
+            && [
+                &b"transfer-encoding"[..],
+                b"content-length",
+                b"connection",
+                b"keep-alive",
+            ]
+            .iter()
+            .any(|f| name.eq_ignore_ascii_case(f));
+        first = false;
+        if !framing {
+            out.extend_from_slice(line);
+        }
+    }
+    out
+}
+
+/// A stored head made ready to parse as a response with a body of `body_len` bytes.
+pub fn served_head(head: &[u8], body_len: u64) -> Vec<u8> {
+    let end = head.len().saturating_sub(2);
+    let mut v = Vec::with_capacity(head.len() + 32);
+    v.extend_from_slice(&head[..end]);
+    v.extend_from_slice(format!("Content-Length: {body_len}\r\n\r\n").as_bytes());
+    v
+}
+
+/// Why a response is or is not stored, and until when it is fresh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Validity {
+    /// Fresh until this time (unix seconds).
+    Until(u64),
+    /// Not to be cached (a header said so, or no `proxy_cache_valid` covers the status).
+    No,
+}
+
+/// nginx's rules for how long a response is fresh: `X-Accel-Expires`, then
+/// `Cache-Control` (`no-cache`, `no-store`, `private` refuse; `s-maxage`, then `max-age`),
+/// then `Expires`, each unless `proxy_ignore_headers` names it; else the first
+/// `proxy_cache_valid` for the status. `Set-Cookie` and `Vary: *` refuse.
+pub fn validity(
+    status: u16,
+    headers: &[(String, Vec<u8>)],
+    valid: &[shard_config::CacheValid],
+    ignore: u16,
+    now: u64,
+) -> Validity {
+    use shard_config::ignore as ig;
+    fn field<'h>(
+        headers: &'h [(String, Vec<u8>)],
+        name: &'static str,
+    ) -> impl Iterator<Item = &'h [u8]> {
+        headers
+            .iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+    let field = |name: &'static str| field(headers, name);
+    if matches!(status, 100..=199 | 206) {
+        return Validity::No;
+    }
+    if ignore & ig::SET_COOKIE == 0 && field("set-cookie").next().is_some() {
+        return Validity::No;
+    }
+    if ignore & ig::VARY == 0 && field("vary").any(|v| v.trim_ascii() == b"*") {
+        return Validity::No;
+    }
+    if ignore & ig::X_ACCEL_EXPIRES == 0 {
+        if let Some(v) = field("x-accel-expires").next() {
+            let v = String::from_utf8_lossy(v.trim_ascii()).into_owned();
+            let (abs, digits) = match v.strip_prefix('@') {
+                Some(d) => (true, d.to_string()),
+                None => (false, v),
+            };
+            if let Ok(n) = digits.parse::<u64>() {
+                if n == 0 && !abs {
+                    return Validity::No;
+                }
+                let until = if abs { n } else { now + n };
+                return if until > now {
+                    Validity::Until(until)
+                } else {
+                    Validity::No
+                };
+            }
+        }
+    }
+    if ignore & ig::CACHE_CONTROL == 0 {
+        let mut max_age = None;
+        let mut s_maxage = None;
+        for v in field("cache-control") {
+            let v = String::from_utf8_lossy(v).to_ascii_lowercase();
+            for d in v.split(',') {
+                let d = d.trim();
+                if d == "no-cache" || d == "no-store" || d == "private" {
+                    return Validity::No;
+                }
+                if let Some(n) = d.strip_prefix("s-maxage=") {
+                    s_maxage = n.trim_matches('"').parse::<u64>().ok().or(s_maxage);
+                } else if let Some(n) = d.strip_prefix("max-age=") {
+                    max_age = n.trim_matches('"').parse::<u64>().ok().or(max_age);
+                }
+            }
+        }
+        if let Some(n) = s_maxage.or(max_age) {
+            return if n == 0 {
+                Validity::No
+            } else {
+                Validity::Until(now + n)
+            };
+        }
+    }
+    if ignore & ig::EXPIRES == 0 {
+        if let Some(v) = field("expires").next() {
+            let t = std::str::from_utf8(v)
+                .ok()
+                .and_then(|s| httpdate::parse_http_date(s.trim()).ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_secs());
+            return match t {
+                Some(t) if t > now => Validity::Until(t),
+                _ => Validity::No,
+            };
+        }
+    }
+    match valid_for(valid, status) {
+        Some(s) if s > 0 => Validity::Until(now + s),
+        _ => Validity::No,
+    }
+}
+
+/// `proxy_cache_valid`: the first directive that names the status or says `any`.
+pub fn valid_for(valid: &[shard_config::CacheValid], status: u16) -> Option<u64> {
+    valid
+        .iter()
+        .find(|v| v.codes.is_empty() || v.codes.contains(&status))
+        .map(|v| v.secs)
+}
+
+/// A temporary entry being written: removed unless [`Writer::commit`] renames it in place.
+pub struct Writer {
+    file: File,
+    tmp: PathBuf,
+    header: Header,
+    written: u64,
+    committed: bool,
+}
+
+impl Writer {
+    /// Starts an entry in `dir` (a hidden temporary name, removed if the write fails).
+    pub fn create(dir: &Path, key: &[u8], head: &[u8], mut header: Header) -> io::Result<Writer> {
+        use std::sync::atomic::AtomicU32;
+        static SERIAL: AtomicU32 = AtomicU32::new(0);
+        let n = SERIAL.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".shard-tmp-{}-{n}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        header.key_len = key.len() as u32;
+        header.head_len = head.len() as u32;
+        let w = Writer {
+            file,
+            tmp,
+            header,
+            written: 0,
+            committed: false,
+        };
+        let mut first = Vec::with_capacity(HEADER_LEN + key.len() + head.len());
+        first.extend_from_slice(&w.header.encode());
+        first.extend_from_slice(key);
+        first.extend_from_slice(head);
+        w.file.write_all_at(&first, 0)?;
+        Ok(w)
+    }
+
+    /// Appends body bytes.
+    pub fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        let at = self.header.body_start() + self.written;
+        self.file.write_all_at(data, at)?;
+        self.written += data.len() as u64;
+        Ok(())
+    }
+
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// The body is whole: the header gets its length and the file its name, `path`
+    /// (directories made as needed). Returns the file's size.
+    pub fn commit(mut self, path: &Path) -> io::Result<u64> {
+        self.header.body_len = self.written;
+        self.file.write_all_at(&self.header.encode(), 0)?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::rename(&self.tmp, path)?;
+        self.committed = true;
+        Ok(self.header.body_start() + self.written)
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// A revalidated entry at `path` is fresh again until `until`: its header is rewritten in
+/// place (a reader sees the old or the new time; both are whole).
+pub fn refresh(path: &Path, header: &Header, until: u64, now: u64) -> io::Result<()> {
+    let h = Header {
+        valid_until: until,
+        stored_at: now,
+        ..header.clone()
+    };
+    let w = std::fs::OpenOptions::new().write(true).open(path)?;
+    w.write_all_at(&h.encode(), 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shard_config::CacheValid;
+
+    fn h(list: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+        list.iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn paths_follow_nginx_levels() {
+        let md5 = key_md5(b"http://127.0.0.1:8081/t.html");
+        let name = hex(&md5);
+        let p = entry_path(Path::new("/c"), &[1, 2], &md5);
+        let want = format!("/c/{}/{}/{}", &name[31..], &name[29..31], name);
+        assert_eq!(p, PathBuf::from(want));
+        assert_eq!(
+            entry_path(Path::new("/c"), &[], &md5),
+            Path::new("/c").join(&name)
+        );
+    }
+
+    #[test]
+    fn validity_follows_nginx_order() {
+        let valid = vec![
+            CacheValid {
+                codes: vec![200, 302],
+                secs: 2,
+            },
+            CacheValid {
+                codes: vec![],
+                secs: 60,
+            },
+        ];
+        let now = 1000;
+        assert_eq!(validity(200, &[], &valid, 0, now), Validity::Until(1002));
+        assert_eq!(validity(404, &[], &valid, 0, now), Validity::Until(1060));
+        assert_eq!(validity(404, &[], &valid[..1], 0, now), Validity::No);
+        let cc = h(&[("Cache-Control", "public, max-age=100")]);
+        assert_eq!(validity(200, &cc, &valid, 0, now), Validity::Until(1100));
+        let both = h(&[
+            ("Cache-Control", "max-age=100, s-maxage=7"),
+            ("X-Accel-Expires", "5"),
+        ]);
+        assert_eq!(validity(200, &both, &valid, 0, now), Validity::Until(1005));
+        use shard_config::ignore as ig;
+        assert_eq!(
+            validity(200, &both, &valid, ig::X_ACCEL_EXPIRES, now),
+            Validity::Until(1007)
+        );
+        assert_eq!(
+            validity(200, &h(&[("Cache-Control", "no-cache")]), &valid, 0, now),
+            Validity::No
+        );
+        assert_eq!(
+            validity(200, &h(&[("Set-Cookie", "a=b")]), &valid, 0, now),
+            Validity::No
+        );
+        assert_eq!(
+            validity(
+                200,
+                &h(&[("Set-Cookie", "a=b")]),
+                &valid,
+                ig::SET_COOKIE,
+                now
+            ),
+            Validity::Until(1002)
+        );
+        assert_eq!(
+            validity(200, &h(&[("X-Accel-Expires", "@1500")]), &valid, 0, now),
+            Validity::Until(1500)
+        );
+        assert_eq!(
+            validity(200, &h(&[("X-Accel-Expires", "0")]), &valid, 0, now),
+            Validity::No
+        );
+        let past = h(&[("Expires", "Thu, 01 Jan 1970 00:00:01 GMT")]);
+        assert_eq!(validity(200, &past, &valid, 0, now), Validity::No);
+        assert_eq!(
+            validity(200, &h(&[("Vary", "*")]), &valid, 0, now),
+            Validity::No
+        );
+        assert_eq!(validity(206, &[], &valid, 0, now), Validity::No);
+    }
+
+    #[test]
+    fn an_entry_is_whole_or_absent() {
+        let dir = std::env::temp_dir().join(format!("shard-cache-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = b"KEY";
+        let md5 = key_md5(key);
+        let path = entry_path(&dir, &[1, 2], &md5);
+        let head = stored_head(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\nX-A: b\r\n\r\n",
+        );
+        assert_eq!(head, b"HTTP/1.1 200 OK\r\nX-A: b\r\n\r\n");
+        let header = Header {
+            valid_until: 99,
+            ..Header::default()
+        };
+        {
+            let mut w = Writer::create(&dir, key, &head, header.clone()).unwrap();
+            w.write(b"hel").unwrap();
+            // Dropped before its commit: nothing is left.
+        }
+        assert!(open(&path, key).unwrap().is_none());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        let mut w = Writer::create(&dir, key, &head, header).unwrap();
+        w.write(b"hel").unwrap();
+        w.write(b"lo").unwrap();
+        let size = w.commit(&path).unwrap();
+        let e = open(&path, key).unwrap().expect("stored");
+        assert_eq!(size, e.file.metadata().unwrap().len());
+        assert_eq!(e.head, head);
+        assert_eq!(e.header.body_len, 5);
+        assert_eq!(e.header.valid_until, 99);
+        let mut body = vec![0; 5];
+        e.file
+            .read_exact_at(&mut body, e.header.body_start())
+            .unwrap();
+        assert_eq!(body, b"hello");
+        assert!(open(&path, b"OTHER").unwrap().is_none(), "another key");
+        refresh(&path, &e.header, 500, 400).unwrap();
+        assert_eq!(open(&path, key).unwrap().unwrap().header.valid_until, 500);
+        assert_eq!(
+            served_head(&head, 5),
+            b"HTTP/1.1 200 OK\r\nX-A: b\r\nContent-Length: 5\r\n\r\n"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_zone_counts_uses_and_one_update_at_a_time() {
+        let z = Zone::create(8192).unwrap();
+        let k = zone_key(&key_md5(b"a"));
+        let s = z.look(k, 1000, 5000);
+        assert_eq!((s.exists, s.uses, s.updating), (false, 1, false));
+        let (me, other) = (owner(1), owner(2));
+        assert!(z.try_update(k, 1000, 5000, me));
+        assert!(z.look(k, 1050, 5000).updating);
+        assert!(!z.try_update(k, 1050, 5000, other), "one request at a time");
+        assert!(z.try_update(k, 7000, 5000, other), "past the lock age");
+        z.end_update(k, me);
+        assert!(z.look(k, 7001, 5000).updating, "not mine to end");
+        z.end_update(k, other);
+        assert!(z.try_update(k, 7002, 5000, me));
+        assert_eq!(z.look(k, 7100, 5000).uses, 5);
+        z.stored(k, 300, 1200);
+        z.end_update(k, me);
+        assert!(z.look(k, 1300, 5000).exists);
+        assert_eq!(z.bytes(), 300);
+        assert_eq!(z.snapshot().len(), 1);
+        z.removed(k);
+        assert_eq!(z.bytes(), 0);
+        assert!(!z.look(k, 1400, 5000).exists);
+    }
+
+    #[test]
+    fn another_process_update_is_seen_until_the_lock_age() {
+        let z = Zone::create(8192).unwrap();
+        let k = zone_key(&key_md5(b"b"));
+        // SAFETY: the child only touches the shared zone, then waits to be killed.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let ok = z.try_update(k, 1000, 5000, owner(1));
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut st = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        assert_eq!(libc::WEXITSTATUS(st), 0);
+        // The child is gone: its update no longer holds.
+        assert!(!z.look(k, 1001, 5000).updating);
+        assert!(z.try_update(k, 1001, 5000, owner(1)));
+    }
+}

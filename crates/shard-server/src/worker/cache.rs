@@ -1,0 +1,779 @@
+//! `proxy_cache` in the proxy's request: when a proxied request looks in the cache, waits
+//! for another request filling it (`proxy_cache_lock`), serves an entry, asks the upstream
+//! to revalidate one, falls back to a stale one, and stores a response.
+//!
+//! A served entry replays through the proxy's own response path: its stored head is parsed
+//! as an upstream's would be (so `proxy_hide_header`, `add_header`, `sub_filter`, `charset`
+//! apply per request, as nginx re-reads a cached header), and its body is read from the file
+//! where a socket would be read (`read_upstream`). The entry files and the shared keys zone
+//! are `crate::cache`'s. A child module of `proxy.rs`: it works on the `Proxy` state.
+
+use std::path::PathBuf;
+
+use shard_config::{stale, CacheSel, LocationConf, Part, Var};
+use shard_http::proxy::{Failure, ResponseHead};
+use shard_http::request::Method;
+
+use super::{Flow, Proxy, State, Worker};
+use crate::cache;
+
+/// How often a request waiting on `proxy_cache_lock` looks again.
+const LOCK_POLL_MS: u64 = 50;
+
+/// `$upstream_cache_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Status {
+    Miss,
+    Bypass,
+    Expired,
+    Stale,
+    Updating,
+    Revalidated,
+    Hit,
+}
+
+impl Status {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Status::Miss => "MISS",
+            Status::Bypass => "BYPASS",
+            Status::Expired => "EXPIRED",
+            Status::Stale => "STALE",
+            Status::Updating => "UPDATING",
+            Status::Revalidated => "REVALIDATED",
+            Status::Hit => "HIT",
+        }
+    }
+}
+
+/// One request's part in a cache.
+pub(super) struct CacheReq {
+    /// Index into `HttpConf::cache_paths` and the worker's zones, and that zone.
+    zone: usize,
+    z: cache::Zone,
+    /// The key as rendered, its MD5 (the variant's, once `Vary` sent us there), the zone's
+    /// key for it, and the entry's file.
+    key: Vec<u8>,
+    md5: [u8; 16],
+    zkey: u128,
+    path: PathBuf,
+    pub(super) status: Status,
+    /// Uses of the key counted so far (`proxy_cache_min_uses`).
+    uses: u64,
+    /// The stored entry: being served, or kept for `proxy_cache_use_stale` and revalidation.
+    entry: Option<cache::Entry>,
+    /// The response comes from `entry`: its body is read from the file, from `pos` to `end`.
+    pub(super) serving: bool,
+    pos: u64,
+    end: u64,
+    /// Bytes served from memory before the file (a multipart range body).
+    mem: Vec<u8>,
+    /// The response may be stored (not after a lock timeout, nor for a method that is not
+    /// cached as itself).
+    may_store: bool,
+    writer: Option<cache::Writer>,
+    /// This request holds the key's update in the zone (ended when the request ends), as
+    /// `owner`.
+    updating: bool,
+    owner: u64,
+    /// `proxy_cache_lock`: the request waits for another one until then (ms, 0: not yet).
+    lock_until_ms: u64,
+    /// The upstream was asked with the entry's validators (`proxy_cache_revalidate`).
+    revalidating: bool,
+    /// The request's `Vary` variant was looked for (one step, as nginx).
+    variant_tried: bool,
+}
+
+/// Body bytes of the response being stored (a failed write stops storing, and says why).
+pub(super) fn store(c: &mut Option<Box<CacheReq>>, data: &[u8]) {
+    let Some(c) = c.as_mut() else {
+        return;
+    };
+    if let Some(w) = c.writer.as_mut() {
+        if let Err(e) = w.write(data) {
+            crate::log!(
+                Crit,
+                "pwrite() to cache \"{}\" failed ({e})",
+                c.path.display()
+            );
+            c.writer = None;
+        }
+    }
+}
+
+impl CacheReq {
+    /// The response is being written to an entry.
+    pub(super) fn storing(&self) -> bool {
+        self.writer.is_some()
+    }
+
+    /// Ends this request's update of the key, if it holds it.
+    fn end_update(&mut self) {
+        if self.updating {
+            self.updating = false;
+            self.z.end_update(self.zkey, self.owner);
+        }
+    }
+}
+
+impl Drop for CacheReq {
+    /// However the request ends (finished, failed, its client gone), its update ends.
+    fn drop(&mut self) {
+        self.end_update();
+    }
+}
+
+/// The values of `parts` say yes: any not empty and not `0` (`proxy_cache_bypass`,
+/// `proxy_no_cache`).
+fn any_true(values: &[String]) -> bool {
+    values.iter().any(|v| !v.is_empty() && v != "0")
+}
+
+/// The field names a stored head's `Vary` lists.
+fn vary_fields(head: &[u8]) -> Vec<String> {
+    shard_http::proxy::header_lines(head)
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("vary"))
+        .flat_map(|(_, v)| {
+            String::from_utf8_lossy(v)
+                .split(',')
+                .map(|f| f.trim().to_ascii_lowercase())
+                .filter(|f| !f.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+impl<'a> Worker<'a> {
+    /// The cache settings of the request's location.
+    fn cache_conf(&self, p: &Proxy) -> &'a shard_config::CacheConf {
+        &self.proxy_location(p).proxy.cache
+    }
+
+    fn render_all(
+        &self,
+        key: usize,
+        p: &Proxy,
+        loc: &LocationConf,
+        list: &[Vec<Part>],
+    ) -> Vec<String> {
+        let mut storage = shard_http::vars::header_storage();
+        let hs = shard_http::vars::request_headers(&p.head, &mut storage);
+        let ctx = self.var_ctx(key, &p.req, hs, loc);
+        list.iter()
+            .map(|parts| shard_http::vars::render(parts, &ctx))
+            .collect()
+    }
+
+    /// Looks in the cache before the upstream is asked. `None`: go on to the upstream;
+    /// `Some(flow)`: an entry is served (`Next`), the request waits on the lock (`Wait`), or
+    /// the cache named is unknown (`Fail(500)`).
+    pub(super) fn cache_lookup(&mut self, key: usize, p: &mut Proxy) -> Option<Flow> {
+        if p.cache.is_none() {
+            let loc = self.proxy_location(p);
+            let cc = &loc.proxy.cache;
+            let zone = match &cc.sel {
+                CacheSel::Off | CacheSel::Named(..) => return None,
+                CacheSel::Zone(i) => *i,
+                CacheSel::Var(parts) => {
+                    let name = self.render_all(key, p, loc, std::slice::from_ref(parts));
+                    let name = &name[0];
+                    if name.is_empty() {
+                        return None;
+                    }
+                    match self.http().cache_paths.iter().position(|c| c.name == *name) {
+                        Some(i) => i,
+                        None => {
+                            self.log_proxy_error(
+                                key,
+                                p,
+                                &format!("cache \"{name}\" not found"),
+                                None,
+                            );
+                            return Some(Flow::Fail(500));
+                        }
+                    }
+                }
+            };
+            let cached_method = matches!(p.req.method, Method::Get | Method::Head)
+                || cc.methods.iter().any(|m| m == p.req.method.as_str());
+            if !cached_method || zone >= self.cache_zones.len() {
+                return None;
+            }
+            let default_key;
+            let key_parts = match &cc.key {
+                Some(k) => k,
+                None => {
+                    default_key = vec![
+                        Part::Var(Var::Scheme),
+                        Part::Var(Var::ProxyHost),
+                        Part::Var(Var::RequestUri),
+                    ];
+                    &default_key
+                }
+            };
+            let rendered = self.render_all(key, p, loc, std::slice::from_ref(key_parts));
+            let k = rendered.into_iter().next().unwrap_or_default().into_bytes();
+            let bypass = any_true(&self.render_all(key, p, loc, &cc.bypass));
+            let md5 = cache::key_md5(&k);
+            let cp = &self.http().cache_paths[zone];
+            let path = cache::entry_path(&cp.path, &cp.levels, &md5);
+            // A HEAD is asked upstream as GET (`proxy_cache_convert_head`), so that what is
+            // stored is the whole response; otherwise it is not stored.
+            p.upstream_get = p.req.method == Method::Head && cc.convert_head;
+            let may_store = p.req.method != Method::Head || p.upstream_get;
+            let mut c = CacheReq {
+                zone,
+                z: self.cache_zones[zone],
+                key: k,
+                md5,
+                zkey: cache::zone_key(&md5),
+                path,
+                status: Status::Miss,
+                uses: 0,
+                entry: None,
+                serving: false,
+                pos: 0,
+                end: 0,
+                mem: Vec::new(),
+                may_store,
+                writer: None,
+                updating: false,
+                owner: {
+                    self.cache_serial += 1;
+                    cache::owner(self.cache_serial)
+                },
+                lock_until_ms: 0,
+                revalidating: false,
+                variant_tried: false,
+            };
+            if bypass {
+                // Not taken from the cache; stored as any response (`proxy_no_cache` says not).
+                c.status = Status::Bypass;
+                c.uses = u64::MAX;
+                p.cache = Some(Box::new(c));
+                return None;
+            }
+            let seen = self.cache_zones[zone].look(c.zkey, self.cx.now_ms, cc.lock_age_ms);
+            c.uses = seen.uses;
+            p.cache = Some(Box::new(c));
+        }
+        let mut c = p.cache.take().expect("set above");
+        let flow = self.cache_look(key, p, &mut c);
+        p.cache = Some(c);
+        if matches!(flow, Some(Flow::Next)) {
+            p.state = State::ReadingHead;
+        }
+        flow
+    }
+
+    /// One look at the entry (again after each wait on the lock).
+    fn cache_look(&mut self, key: usize, p: &mut Proxy, c: &mut CacheReq) -> Option<Flow> {
+        if c.status == Status::Bypass {
+            return None;
+        }
+        let cc = self.cache_conf(p);
+        let zone = c.z;
+        let now = self.cx.now_secs;
+        let mut entry = match cache::open(&c.path, &c.key) {
+            Ok(e) => e,
+            Err(e) => {
+                crate::log!(Crit, "open() \"{}\" failed ({e})", c.path.display());
+                None
+            }
+        };
+        // `Vary`: the entry holds another variant; this request's is its own file.
+        if let Some(e) = entry.as_ref().filter(|e| e.header.variant != [0; 16]) {
+            let v = self.request_variant(p, c, &e.head);
+            if v != e.header.variant && !c.variant_tried {
+                c.variant_tried = true;
+                c.md5 = v;
+                c.zkey = cache::zone_key(&v);
+                let cp = &self.http().cache_paths[c.zone];
+                c.path = cache::entry_path(&cp.path, &cp.levels, &v);
+                entry = cache::open(&c.path, &c.key).ok().flatten();
+            }
+        }
+        let Some(e) = entry else {
+            c.status = Status::Miss;
+            if cc.lock {
+                if zone.try_update(c.zkey, self.cx.now_ms, cc.lock_age_ms, c.owner) {
+                    c.updating = true;
+                    return None;
+                }
+                if c.lock_until_ms == 0 {
+                    c.lock_until_ms = self.cx.now_ms + cc.lock_timeout_ms;
+                }
+                if self.cx.now_ms >= c.lock_until_ms {
+                    // nginx: past `proxy_cache_lock_timeout` the request goes to the
+                    // upstream, and its response is not stored.
+                    c.may_store = false;
+                    return None;
+                }
+                let wait = LOCK_POLL_MS.min(c.lock_until_ms - self.cx.now_ms);
+                self.set_conn_deadline(key, self.cx.now_ms + wait.max(1));
+                return Some(Flow::Wait);
+            }
+            c.updating = zone.try_update(c.zkey, self.cx.now_ms, cc.lock_age_ms, c.owner);
+            return None;
+        };
+        let size = e.header.body_start() + e.header.body_len;
+        zone.stored(c.zkey, size, self.cx.now_ms);
+        if e.header.valid_until > now {
+            c.status = Status::Hit;
+            self.cache_serve(p, c, e);
+            return Some(Flow::Next);
+        }
+        // Expired: another request updating it lets this one take the stale entry.
+        if !zone.try_update(c.zkey, self.cx.now_ms, cc.lock_age_ms, c.owner) {
+            if cc.use_stale & stale::UPDATING != 0 {
+                c.status = Status::Updating;
+                self.cache_serve(p, c, e);
+                return Some(Flow::Next);
+            }
+        } else {
+            c.updating = true;
+        }
+        c.status = Status::Expired;
+        c.entry = Some(e);
+        None
+    }
+
+    /// The request's variant of an entry whose stored head has `Vary`.
+    fn request_variant(&self, p: &Proxy, c: &CacheReq, stored_head: &[u8]) -> [u8; 16] {
+        let main = cache::key_md5(&c.key);
+        let fields = vary_fields(stored_head);
+        let mut storage = shard_http::vars::header_storage();
+        let hs = shard_http::vars::request_headers(&p.head, &mut storage);
+        let values: Vec<(&str, Option<&[u8]>)> = fields
+            .iter()
+            .map(|f| {
+                let v = hs
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case(f))
+                    .map(|h| h.value);
+                let v: Option<&[u8]> = v;
+                (f.as_str(), v)
+            })
+            .collect();
+        cache::variant_md5(&main, &values)
+    }
+
+    /// The response will come from entry `e`: its head goes to `rbuf` as an upstream's would,
+    /// and the body is read from the file (a `Range` on a whole 200 picks its part, as
+    /// nginx's range filter does for cached responses).
+    fn cache_serve(&mut self, p: &mut Proxy, c: &mut CacheReq, e: cache::Entry) {
+        let body_len = e.header.body_len;
+        let start = e.header.body_start();
+        let mut head = e.head.clone();
+        c.pos = start;
+        c.end = start + body_len;
+        c.mem.clear();
+        let ok_200 = head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200");
+        let range = p
+            .req
+            .range
+            .as_deref()
+            .filter(|_| ok_200 && p.req.method != Method::Head);
+        let mut length = body_len;
+        let has = |head: &[u8], f: &str| {
+            shard_http::proxy::header_lines(head)
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case(f))
+        };
+        if ok_200 && !has(&head, "accept-ranges") {
+            insert_field(&mut head, "Accept-Ranges: bytes");
+        }
+        match range.and_then(|r| shard_http::static_file::ranges(r, body_len)) {
+            Some(Ok(parts)) if parts.len() == 1 => {
+                let (a, b) = parts[0];
+                set_status(&mut head, "206 Partial Content");
+                insert_field(
+                    &mut head,
+                    &format!("Content-Range: bytes {a}-{b}/{body_len}"),
+                );
+                c.pos = start + a;
+                c.end = start + b + 1;
+                length = b - a + 1;
+            }
+            Some(Ok(parts))
+                if parts.iter().map(|(a, b)| b - a + 1).sum::<u64>()
+                    <= shard_http::static_file::MULTIPART_MAX_BYTES =>
+            {
+                let ct = shard_http::proxy::header_lines(&head)
+                    .into_iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+                    .map(|(_, v)| String::from_utf8_lossy(&v).into_owned());
+                let mut body = Vec::new();
+                for &(a, b) in &parts {
+                    match ct.as_deref() {
+                        Some(ct) => {
+                            shard_http::static_file::part_head(&mut body, ct, a, b, body_len)
+                        }
+                        None => {
+                            body.extend_from_slice(
+                                format!(
+                                    "\r\n--{}\r\nContent-Range: bytes {a}-{b}/{body_len}\r\n\r\n",
+                                    shard_http::static_file::BOUNDARY
+                                )
+                                .as_bytes(),
+                            );
+                        }
+                    }
+                    let at = body.len();
+                    body.resize(at + (b - a + 1) as usize, 0);
+                    if std::os::unix::fs::FileExt::read_exact_at(
+                        &e.file,
+                        &mut body[at..],
+                        start + a,
+                    )
+                    .is_err()
+                    {
+                        body.truncate(at);
+                    }
+                }
+                shard_http::static_file::part_end(&mut body);
+                set_status(&mut head, "206 Partial Content");
+                remove_field(&mut head, "content-type");
+                insert_field(
+                    &mut head,
+                    &format!(
+                        "Content-Type: multipart/byteranges; boundary={}",
+                        shard_http::static_file::BOUNDARY
+                    ),
+                );
+                length = body.len() as u64;
+                c.mem = body;
+                c.pos = c.end;
+            }
+            Some(Err(())) => {
+                set_status(&mut head, "416 Requested Range Not Satisfiable");
+                insert_field(&mut head, &format!("Content-Range: bytes */{body_len}"));
+                c.pos = c.end;
+                length = 0;
+            }
+            _ => {}
+        }
+        p.rbuf.clear();
+        p.rbuf.extend_from_slice(&cache::served_head(&head, length));
+        p.rbuf.extend_from_slice(&c.mem);
+        c.mem = Vec::new();
+        c.entry = Some(e);
+        c.serving = true;
+        if let Some(u) = p.up.take() {
+            self.close_upconn(u);
+        }
+    }
+
+    /// A served entry's next bytes into `buf` (at most `room`); `Some(0)` at its end.
+    pub(super) fn cache_read(
+        c: &mut CacheReq,
+        buf: &mut Vec<u8>,
+        room: usize,
+    ) -> std::io::Result<Option<usize>> {
+        let Some(e) = c.entry.as_ref() else {
+            return Ok(Some(0));
+        };
+        let want = (c.end - c.pos).min(room.max(1) as u64) as usize;
+        if want == 0 {
+            return Ok(Some(0));
+        }
+        let at = buf.len();
+        buf.resize(at + want, 0);
+        match std::os::unix::fs::FileExt::read_at(&e.file, &mut buf[at..], c.pos) {
+            Ok(0) => {
+                buf.truncate(at);
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "cache file shrank",
+                ))
+            }
+            Ok(n) => {
+                buf.truncate(at + n);
+                c.pos += n as u64;
+                Ok(Some(n))
+            }
+            Err(e) => {
+                buf.truncate(at);
+                Err(e)
+            }
+        }
+    }
+
+    /// The upstream request of a cached location: the client's validators and `Range` are
+    /// not passed (the whole response is what gets stored), a revalidation asks with the
+    /// entry's, and a converted HEAD is a GET (nginx's `ngx_http_proxy_cache_headers`).
+    pub(super) fn cache_request(&self, p: &mut Proxy, out: &mut Vec<u8>) {
+        let revalidate = self.cache_conf(p).revalidate;
+        let Some(c) = p.cache.as_mut() else {
+            return;
+        };
+        let Some(end) = memchr::memmem::find(out, b"\r\n\r\n") else {
+            return;
+        };
+        let (head, body) = out.split_at(end + 2);
+        let mut new = Vec::with_capacity(out.len() + 96);
+        for (i, line) in head.split_inclusive(|&b| b == b'\n').enumerate() {
+            if i == 0 {
+                match line.strip_prefix(b"HEAD ").filter(|_| p.upstream_get) {
+                    Some(rest) => {
+                        new.extend_from_slice(b"GET ");
+                        new.extend_from_slice(rest);
+                    }
+                    None => new.extend_from_slice(line),
+                }
+                continue;
+            }
+            let name = line.split(|&b| b == b':').next().unwrap_or(b"");
+            let dropped = [
+                &b"if-modified-since"[..],
+                b"if-unmodified-since",
+                b"if-none-match",
+                b"if-match",
+                b"range",
+                b"if-range",
+            ]
+            .iter()
+            .any(|f| name.eq_ignore_ascii_case(f));
+            if !dropped {
+                new.extend_from_slice(line);
+            }
+        }
+        c.revalidating = false;
+        if let Some(e) = c
+            .entry
+            .as_ref()
+            .filter(|_| revalidate && c.status == Status::Expired)
+        {
+            for (n, v) in shard_http::proxy::header_lines(&e.head) {
+                let ask = if n.eq_ignore_ascii_case("last-modified") {
+                    "If-Modified-Since"
+                } else if n.eq_ignore_ascii_case("etag") {
+                    "If-None-Match"
+                } else {
+                    continue;
+                };
+                new.extend_from_slice(ask.as_bytes());
+                new.extend_from_slice(b": ");
+                new.extend_from_slice(&v);
+                new.extend_from_slice(b"\r\n");
+                c.revalidating = true;
+            }
+        }
+        new.extend_from_slice(body);
+        *out = new;
+    }
+
+    /// The upstream's head is in: a `304` to a revalidation serves the entry again, a
+    /// failure `proxy_cache_use_stale` names serves the stale one, and a response that may
+    /// be stored starts its entry. `Some(flow)`: the upstream's response is dropped.
+    pub(super) fn cache_on_head(
+        &mut self,
+        key: usize,
+        p: &mut Proxy,
+        head: &ResponseHead,
+        head_len: usize,
+    ) -> Option<Flow> {
+        let mut c = p.cache.take()?;
+        if c.serving {
+            p.cache = Some(c);
+            return None;
+        }
+        let loc = self.proxy_location(p);
+        let cc = &loc.proxy.cache;
+        let now = self.cx.now_secs;
+        if c.revalidating && head.status == 304 {
+            if let Some(e) = c.entry.take() {
+                let stored_status = status_of(&e.head);
+                let raw = shard_http::proxy::header_lines(&p.rbuf[..head_len]);
+                let until = match cache::validity(
+                    stored_status,
+                    &raw,
+                    &cc.valid,
+                    loc.proxy.ignore_headers,
+                    now,
+                ) {
+                    cache::Validity::Until(t) => t,
+                    cache::Validity::No => now,
+                };
+                if let Err(err) = cache::refresh(&c.path, &e.header, until, now) {
+                    crate::log!(Crit, "pwrite() \"{}\" failed ({err})", c.path.display());
+                }
+                self.release_upstream_after_head(p, head);
+                c.status = Status::Revalidated;
+                c.end_update();
+                self.cache_serve(p, &mut c, e);
+                p.cache = Some(c);
+                p.state = State::ReadingHead;
+                return Some(Flow::Next);
+            }
+        }
+        if c.entry.is_some() && cc.use_stale & stale::of_status(head.status) != 0 {
+            let e = c.entry.take().expect("checked");
+            if let Some(u) = p.up.take() {
+                self.close_upconn(u);
+            }
+            c.status = Status::Stale;
+            self.cache_serve(p, &mut c, e);
+            p.cache = Some(c);
+            p.state = State::ReadingHead;
+            return Some(Flow::Next);
+        }
+        c.entry = None;
+        let no_cache = any_true(&self.render_all(key, p, loc, &cc.no_cache));
+        // The fields as received (`X-Accel-Expires` is hidden from the client's head).
+        let raw = shard_http::proxy::header_lines(&p.rbuf[..head_len]);
+        let store = c.may_store
+            && !no_cache
+            && c.uses >= cc.min_uses
+            && (p.req.method != Method::Head || p.upstream_get);
+        if store {
+            if let cache::Validity::Until(until) =
+                cache::validity(head.status, &raw, &cc.valid, loc.proxy.ignore_headers, now)
+            {
+                let stored = cache::stored_head(&p.rbuf[..head_len]);
+                let vary = loc.proxy.ignore_headers & shard_config::ignore::VARY == 0
+                    && head
+                        .headers
+                        .iter()
+                        .any(|(n, _)| n.eq_ignore_ascii_case("vary"));
+                let variant = if vary {
+                    self.request_variant(p, &c, &stored)
+                } else {
+                    [0; 16]
+                };
+                let header = cache::Header {
+                    valid_until: until,
+                    stored_at: now,
+                    variant,
+                    ..Default::default()
+                };
+                let dir = self.http().cache_paths[c.zone].path.clone();
+                match cache::Writer::create(&dir, &c.key, &stored, header) {
+                    Ok(w) => c.writer = Some(w),
+                    Err(e) => {
+                        crate::log!(Crit, "open() \"{}\" failed ({e})", dir.display());
+                    }
+                }
+            }
+        }
+        p.cache = Some(c);
+        None
+    }
+
+    /// A `304` answered a revalidation: its connection goes back to the pool when it may.
+    fn release_upstream_after_head(&mut self, p: &mut Proxy, head: &ResponseHead) {
+        if let Some(u) = p.up.take() {
+            if head.reusable && p.fcgi.is_none() {
+                self.pool_upconn(u);
+            } else {
+                self.close_upconn(u);
+            }
+        }
+    }
+
+    /// A failed attempt with nothing sent to the client: the stale entry instead, when
+    /// `proxy_cache_use_stale` names the failure. `true`: the request now serves it.
+    pub(super) fn cache_stale_on_failure(&mut self, p: &mut Proxy) -> bool {
+        let Some(mut c) = p.cache.take() else {
+            return false;
+        };
+        let bit = match p.last_failure {
+            Some(Failure::Error) => stale::ERROR,
+            Some(Failure::Timeout) => stale::TIMEOUT,
+            Some(Failure::InvalidHeader) => stale::INVALID_HEADER,
+            Some(Failure::Status(s)) => stale::of_status(s),
+            None => 0,
+        };
+        let allowed = self.cache_conf(p).use_stale & bit != 0;
+        if c.serving || !allowed || c.entry.is_none() {
+            p.cache = Some(c);
+            return false;
+        }
+        let e = c.entry.take().expect("checked");
+        c.status = Status::Stale;
+        self.cache_serve(p, &mut c, e);
+        p.cache = Some(c);
+        p.state = State::ReadingHead;
+        true
+    }
+
+    /// The response is complete: its entry goes in place and the zone learns it.
+    pub(super) fn cache_commit(&mut self, p: &mut Proxy) {
+        let Some(c) = p.cache.as_mut() else {
+            return;
+        };
+        if let Some(w) = c.writer.take() {
+            match w.commit(&c.path) {
+                Ok(size) => c.z.stored(c.zkey, size, self.cx.now_ms),
+                Err(e) => crate::log!(Crit, "rename() to \"{}\" failed ({e})", c.path.display()),
+            }
+        }
+    }
+}
+
+/// The status of a stored head's status line.
+fn status_of(head: &[u8]) -> u16 {
+    head.get(9..12)
+        .and_then(|s| std::str::from_utf8(s).ok())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200)
+}
+
+/// Replaces a head's status code and reason.
+fn set_status(head: &mut Vec<u8>, status: &str) {
+    let Some(eol) = memchr::memchr(b'\n', head) else {
+        return;
+    };
+    let version = head[..8.min(head.len())].to_vec();
+    let mut line = version;
+    line.push(b' ');
+    line.extend_from_slice(status.as_bytes());
+    line.extend_from_slice(b"\r\n");
+    head.splice(..=eol, line);
+}
+
+/// Adds a field before the head's empty line.
+fn insert_field(head: &mut Vec<u8>, field: &str) {
+    let end = head.len().saturating_sub(2);
+    let mut f = field.as_bytes().to_vec();
+    f.extend_from_slice(b"\r\n");
+    head.splice(end..end, f);
+}
+
+/// Removes every line of field `name` (lowercase).
+fn remove_field(head: &mut Vec<u8>, name: &str) {
+    let mut out = Vec::with_capacity(head.len());
+    for (i, line) in head.split_inclusive(|&b| b == b'\n').enumerate() {
+        let n = line.split(|&b| b == b':').next().unwrap_or(b"");
+        if i > 0 && n.eq_ignore_ascii_case(name.as_bytes()) {
+            continue;
+        }
+        out.extend_from_slice(line);
+    }
+    *head = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heads_are_edited_in_place() {
+        let mut h = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n".to_vec();
+        set_status(&mut h, "206 Partial Content");
+        insert_field(&mut h, "Content-Range: bytes 0-1/5");
+        remove_field(&mut h, "content-type");
+        assert_eq!(
+            h,
+            b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-1/5\r\n\r\n"
+        );
+        assert_eq!(status_of(b"HTTP/1.1 404 Not Found\r\n\r\n"), 404);
+        assert_eq!(
+            vary_fields(b"HTTP/1.1 200 OK\r\nVary: Accept-Encoding, X-A\r\n\r\n"),
+            vec!["accept-encoding", "x-a"]
+        );
+        assert!(any_true(&["".into(), "1".into()]));
+        assert!(!any_true(&["".into(), "0".into()]));
+    }
+}

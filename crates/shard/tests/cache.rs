@@ -1,0 +1,510 @@
+//! `proxy_cache` as a client and a counting upstream see it: hits and misses, what is and is
+//! not stored (headers, `proxy_no_cache`, `proxy_cache_bypass`, `min_uses`), HEAD converted
+//! to GET, ranges served from an entry, `Vary` variants, stale entries on errors, one request
+//! filling a cold key under `proxy_cache_lock`, revalidation with `304`, entries kept across
+//! a restart, a response cut mid-body never stored, and the configuration errors nginx gives.
+//!
+//! Every upstream is `support::upstream::Upstream`, which counts the requests it answers.
+//! Freshness runs on whole seconds, as nginx's: the tests that wait for an entry to expire
+//! poll with a deadline until the status says so.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::upstream::{Gate, Reply, Upstream};
+use support::*;
+
+/// One worker, a cache at `{dir}/cache` (or `cache_dir`), `location /` proxied to `port`
+/// with `loc_extra`, the cache status in `X-Cache`.
+fn conf(cache_dir: &str, port: u16, http_extra: &str, loc_extra: &str) -> String {
+    format!(
+        "worker_processes 1;\n\
+         error_log logs/error.log info;\n\
+         events {{ worker_connections 256; }}\n\
+         http {{\n\
+         access_log logs/access.log combined;\n\
+         proxy_connect_timeout 1s; proxy_read_timeout 3s;\n\
+         proxy_cache_path {cache_dir} levels=1:2 keys_zone=one:1m;\n\
+         {http_extra}\n\
+         server {{\n\
+         listen 127.0.0.1:{{port}};\n\
+         location = /status {{ shard_status; }}\n\
+         location / {{\n\
+         proxy_pass http://127.0.0.1:{port};\n\
+         proxy_cache one;\n\
+         add_header X-Cache $upstream_cache_status always;\n\
+         {loc_extra}\n\
+         }}\n\
+         }}\n\
+         }}\n"
+    )
+}
+
+/// An upstream that numbers its answers: `n:PATH` (so a served copy is told from a new one).
+fn numbered(extra: Vec<(String, String)>) -> (Upstream, Arc<AtomicUsize>) {
+    let n = Arc::new(AtomicUsize::new(0));
+    let m = n.clone();
+    let up = Upstream::start(move |r| {
+        let i = m.fetch_add(1, Ordering::SeqCst) + 1;
+        Reply::Fixed {
+            status: 200,
+            headers: extra.clone(),
+            body: format!("{i}:{}", r.target).into_bytes(),
+        }
+    });
+    (up, n)
+}
+
+fn req(addr: SocketAddr, head: &str) -> Response {
+    let mut s = connect(addr);
+    write!(s, "{head}\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    read_response(&mut s, head.starts_with("HEAD")).expect("response")
+}
+
+fn cache_status(r: &Response) -> &str {
+    r.header("x-cache").unwrap_or("")
+}
+
+/// Files under `dir` whose names start with `prefix` (`""`: all).
+fn files_under(dir: &Path, prefix: &str) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if e.file_name().to_string_lossy().starts_with(prefix) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_response_is_stored_once_and_served_from_the_entry() {
+    let (up, n) = numbered(vec![("Content-Type".into(), "text/plain".into())]);
+    let s = Server::start(
+        "cache-hit",
+        &conf("{dir}/cache", up.port, "", "proxy_cache_valid 200 10m;"),
+        1,
+    );
+    let a = s.addr();
+    let r = get(a, "/t");
+    assert_eq!((r.status, cache_status(&r)), (200, "MISS"), "{r:?}");
+    assert_eq!(r.body_str(), "1:/t");
+    let r = get(a, "/t");
+    assert_eq!((r.status, cache_status(&r)), (200, "HIT"), "{r:?}");
+    assert_eq!(r.body_str(), "1:/t");
+    assert_eq!(r.header("content-type"), Some("text/plain"));
+    assert_eq!(n.load(Ordering::SeqCst), 1, "one upstream request");
+    // nginx's layout: levels=1:2 from the end of the key's MD5.
+    let files = files_under(&s.dir.join("cache"), "");
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert_eq!(name.len(), 32);
+    let l1 = files[0].parent().unwrap();
+    assert_eq!(l1.file_name().unwrap().to_string_lossy(), &name[29..31]);
+    assert_eq!(
+        l1.parent().unwrap().file_name().unwrap().to_string_lossy(),
+        &name[31..]
+    );
+    // Another key is another entry.
+    assert_eq!(get(a, "/u").body_str(), "2:/u");
+    // HEAD: asked upstream as GET, stored, and answered without a body; then a hit.
+    let r = req(a, "HEAD /h HTTP/1.1");
+    assert_eq!((r.status, cache_status(&r)), (200, "MISS"));
+    assert!(r.body.is_empty());
+    assert_eq!(up.last().method, "GET", "HEAD converted to GET");
+    let r = req(a, "HEAD /h HTTP/1.1");
+    assert_eq!(cache_status(&r), "HIT");
+    let r = get(a, "/h");
+    assert_eq!((cache_status(&r), r.body_str().as_str()), ("HIT", "3:/h"));
+    // Ranges of a stored 200, one and several.
+    let r = req(a, "GET /t HTTP/1.1\r\nRange: bytes=2-");
+    assert_eq!((r.status, r.body_str().as_str()), (206, "/t"), "{r:?}");
+    assert_eq!(r.header("content-range"), Some("bytes 2-3/4"));
+    let r = req(a, "GET /t HTTP/1.1\r\nRange: bytes=0-0,2-3");
+    assert_eq!(r.status, 206);
+    let body = r.body_str();
+    assert!(
+        r.header("content-type")
+            .unwrap()
+            .starts_with("multipart/byteranges"),
+        "{r:?}"
+    );
+    assert!(
+        body.contains("Content-Range: bytes 0-0/4\r\n\r\n1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("Content-Range: bytes 2-3/4\r\n\r\n/t"),
+        "{body}"
+    );
+    // The client's validators and ranges do not reach the upstream of a cached location.
+    let _ = req(
+        a,
+        "GET /v HTTP/1.1\r\nRange: bytes=0-1\r\nIf-None-Match: \"x\"",
+    );
+    let last = up.last();
+    assert_eq!(last.header("range"), None);
+    assert_eq!(last.header("if-none-match"), None);
+    assert_eq!(n.load(Ordering::SeqCst), 4);
+}
+
+#[test]
+fn what_may_not_be_stored_is_not() {
+    let n = Arc::new(AtomicUsize::new(0));
+    let m = n.clone();
+    let up = Upstream::start(move |r| {
+        let i = m.fetch_add(1, Ordering::SeqCst) + 1;
+        let h: &[(&str, &str)] = match r.target.as_str() {
+            "/nostore" => &[("Cache-Control", "no-store")],
+            "/private" => &[("Cache-Control", "private, max-age=60")],
+            "/cookie" => &[("Set-Cookie", "a=b")],
+            "/accel0" => &[("X-Accel-Expires", "0")],
+            "/maxage" => &[("Cache-Control", "max-age=60")],
+            _ => &[],
+        };
+        let status = if r.target == "/missing" { 404 } else { 200 };
+        Reply::Fixed {
+            status,
+            headers: h
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect(),
+            body: format!("{i}").into_bytes(),
+        }
+    });
+    let s = Server::start(
+        "cache-nostore",
+        &conf(
+            "{dir}/cache",
+            up.port,
+            "",
+            // 200 only: a 404 is not stored, `max-age` stores what proxy_cache_valid does not.
+            "proxy_cache_valid 200 10m;\n\
+             proxy_no_cache $arg_nocache;\n\
+             proxy_cache_bypass $http_x_bypass;",
+        ),
+        1,
+    );
+    let a = s.addr();
+    for path in [
+        "/nostore",
+        "/private",
+        "/cookie",
+        "/accel0",
+        "/missing",
+        "/x?nocache=1",
+    ] {
+        let first = get(a, path);
+        let second = get(a, path);
+        assert_eq!(cache_status(&second), "MISS", "{path}: {second:?}");
+        assert_ne!(first.body, second.body, "{path}: asked again");
+    }
+    // `max-age` from the upstream stores a status proxy_cache_valid does not name as well.
+    let one = get(a, "/maxage");
+    let two = get(a, "/maxage");
+    assert_eq!((cache_status(&two), &two.body), ("HIT", &one.body));
+    // Bypass: asked upstream, and the new answer replaces the entry.
+    let r = req(a, "GET /maxage HTTP/1.1\r\nX-Bypass: 1");
+    assert_eq!(cache_status(&r), "BYPASS");
+    let after = get(a, "/maxage");
+    assert_eq!((cache_status(&after), &after.body), ("HIT", &r.body));
+}
+
+#[test]
+fn min_uses_and_a_cache_chosen_by_a_variable() {
+    let (up, n) = numbered(Vec::new());
+    let s = Server::start(
+        "cache-minuses",
+        &conf(
+            "{dir}/cache",
+            up.port,
+            "proxy_cache_path {dir}/two keys_zone=two:1m;",
+            "proxy_cache_valid any 10m; proxy_cache_min_uses 2;\n\
+             location /v/ { proxy_pass http://127.0.0.1:PORT; proxy_cache $arg_c;\n\
+             proxy_cache_valid any 10m; proxy_cache_min_uses 1; add_header X-Cache $upstream_cache_status; }"
+                .replace("PORT", &up.port.to_string())
+                .as_str(),
+        ),
+        1,
+    );
+    let a = s.addr();
+    assert_eq!(cache_status(&get(a, "/m")), "MISS");
+    assert_eq!(cache_status(&get(a, "/m")), "MISS");
+    let r = get(a, "/m");
+    assert_eq!((cache_status(&r), r.body_str().as_str()), ("HIT", "2:/m"));
+    assert_eq!(n.load(Ordering::SeqCst), 2);
+    // `proxy_cache $arg_c`: the zone by name; none without a value; an unknown one is a 500.
+    assert_eq!(cache_status(&get(a, "/v/1?c=two")), "MISS");
+    assert_eq!(cache_status(&get(a, "/v/1?c=two")), "HIT");
+    let r = get(a, "/v/2");
+    assert_eq!((r.status, r.header("x-cache")), (200, None));
+    assert_eq!(get(a, "/v/3?c=nosuch").status, 500);
+    assert_eq!(files_under(&s.dir.join("two"), "").len(), 1);
+}
+
+#[test]
+fn stale_entries_answer_for_a_failed_upstream() {
+    let fail = Arc::new(AtomicUsize::new(0));
+    let f = fail.clone();
+    let up = Upstream::start(move |_| match f.load(Ordering::SeqCst) {
+        0 => Reply::text(200, "fresh"),
+        1 => Reply::text(500, "broken"),
+        _ => Reply::CloseNow,
+    });
+    let s = Server::start(
+        "cache-stale",
+        &conf(
+            "{dir}/cache",
+            up.port,
+            "",
+            "proxy_cache_valid 200 1s; proxy_cache_use_stale error timeout http_500;",
+        ),
+        1,
+    );
+    let a = s.addr();
+    assert_eq!(get(a, "/s").body_str(), "fresh");
+    fail.store(1, Ordering::SeqCst);
+    // Fresh for one second: hits until it expires, then the 500 is answered by the entry.
+    let r = wait_for(Duration::from_secs(5), "the entry to expire", || {
+        let r = get(a, "/s");
+        (cache_status(&r) != "HIT").then_some(r)
+    });
+    assert_eq!(
+        (r.status, cache_status(&r), r.body_str().as_str()),
+        (200, "STALE", "fresh")
+    );
+    fail.store(2, Ordering::SeqCst);
+    let r = get(a, "/s");
+    assert_eq!(
+        (r.status, cache_status(&r), r.body_str().as_str()),
+        (200, "STALE", "fresh")
+    );
+    // Without use_stale for it, the failure is the client's.
+    let (up2, _) = numbered(Vec::new());
+    drop(up2);
+}
+
+#[test]
+fn one_request_fills_a_cold_key_under_the_lock() {
+    let n = Arc::new(AtomicUsize::new(0));
+    let m = n.clone();
+    let up = Upstream::start(move |_| {
+        m.fetch_add(1, Ordering::SeqCst);
+        Reply::Delayed(
+            Duration::from_millis(400),
+            Box::new(Reply::text(200, "filled")),
+        )
+    });
+    let s = Server::start(
+        "cache-lock",
+        &conf(
+            "{dir}/cache",
+            up.port,
+            "",
+            "proxy_cache_valid 200 10m; proxy_cache_lock on; proxy_cache_lock_timeout 5s;",
+        ),
+        1,
+    );
+    let a = s.addr();
+    let clients: Vec<_> = (0..8)
+        .map(|_| std::thread::spawn(move || get(a, "/cold")))
+        .collect();
+    let rs: Vec<Response> = clients.into_iter().map(|t| t.join().unwrap()).collect();
+    for r in &rs {
+        assert_eq!((r.status, r.body_str().as_str()), (200, "filled"), "{r:?}");
+    }
+    assert_eq!(
+        n.load(Ordering::SeqCst),
+        1,
+        "one request reached the upstream"
+    );
+    let misses = rs.iter().filter(|r| cache_status(r) == "MISS").count();
+    assert_eq!(misses, 1, "the others were served the entry");
+}
+
+#[test]
+fn an_expired_entry_is_revalidated_with_its_validators() {
+    let up = Upstream::start(|r| {
+        if r.header("if-modified-since").is_some() {
+            return Reply::Fixed {
+                status: 304,
+                headers: vec![],
+                body: Vec::new(),
+            };
+        }
+        Reply::Fixed {
+            status: 200,
+            headers: vec![
+                (
+                    "Last-Modified".into(),
+                    "Mon, 02 Jan 2006 15:04:05 GMT".into(),
+                ),
+                ("ETag".into(), "\"v1\"".into()),
+            ],
+            body: b"original".to_vec(),
+        }
+    });
+    let s = Server::start(
+        "cache-revalidate",
+        &conf(
+            "{dir}/cache",
+            up.port,
+            "",
+            "proxy_cache_valid 200 1s; proxy_cache_revalidate on;",
+        ),
+        1,
+    );
+    let a = s.addr();
+    assert_eq!(get(a, "/r").body_str(), "original");
+    let r = wait_for(Duration::from_secs(5), "the entry to expire", || {
+        let r = get(a, "/r");
+        (cache_status(&r) != "HIT").then_some(r)
+    });
+    assert_eq!(
+        (r.status, cache_status(&r), r.body_str().as_str()),
+        (200, "REVALIDATED", "original"),
+        "{r:?}"
+    );
+    let last = up.last();
+    assert_eq!(
+        last.header("if-modified-since"),
+        Some("Mon, 02 Jan 2006 15:04:05 GMT")
+    );
+    assert_eq!(last.header("if-none-match"), Some("\"v1\""));
+    // Fresh again.
+    assert_eq!(cache_status(&get(a, "/r")), "HIT");
+}
+
+#[test]
+fn vary_keeps_one_entry_per_variant() {
+    let n = Arc::new(AtomicUsize::new(0));
+    let m = n.clone();
+    let up = Upstream::start(move |r| {
+        let i = m.fetch_add(1, Ordering::SeqCst) + 1;
+        Reply::Fixed {
+            status: 200,
+            headers: vec![("Vary".into(), "X-Lang".into())],
+            body: format!("{i}:{}", r.header("x-lang").unwrap_or("-")).into_bytes(),
+        }
+    });
+    let s = Server::start(
+        "cache-vary",
+        &conf("{dir}/cache", up.port, "", "proxy_cache_valid 200 10m;"),
+        1,
+    );
+    let a = s.addr();
+    let en = |a| req(a, "GET /p HTTP/1.1\r\nX-Lang: en");
+    let fr = |a| req(a, "GET /p HTTP/1.1\r\nX-Lang: fr");
+    assert_eq!(en(a).body_str(), "1:en");
+    assert_eq!(fr(a).body_str(), "2:fr");
+    let (e, f) = (en(a), fr(a));
+    assert_eq!((cache_status(&e), e.body_str().as_str()), ("HIT", "1:en"));
+    assert_eq!((cache_status(&f), f.body_str().as_str()), ("HIT", "2:fr"));
+    assert_eq!(n.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn entries_survive_a_restart_and_a_cut_response_is_never_stored() {
+    let (up, n) = numbered(Vec::new());
+    let cache = temp_dir("cache-keep");
+    let dir = cache.join("c").display().to_string();
+    let c = conf(&dir, up.port, "", "proxy_cache_valid 200 10m;");
+    {
+        let s = Server::start("cache-restart-1", &c, 1);
+        assert_eq!(get(s.addr(), "/k").body_str(), "1:/k");
+    }
+    // A new server on the same directory: the entry is found on disk.
+    let s = Server::start("cache-restart-2", &c, 1);
+    let r = get(s.addr(), "/k");
+    assert_eq!((cache_status(&r), r.body_str().as_str()), ("HIT", "1:/k"));
+    assert_eq!(n.load(Ordering::SeqCst), 1);
+    drop(s);
+
+    // An upstream that resets the connection after half the body: the client sees a cut
+    // response, nothing is stored, and no temporary file is left.
+    let gate = Gate::new();
+    let g = gate.clone();
+    let cut = Upstream::start(move |_| Reply::ResetMid {
+        len: 100_000,
+        sent: 50_000,
+        gate: g.clone(),
+    });
+    let s = Server::start(
+        "cache-cut",
+        &conf("{dir}/cache", cut.port, "", "proxy_cache_valid 200 10m;"),
+        1,
+    );
+    let mut c = TcpStream::connect(s.addr()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    c.write_all(b"GET /cut HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    while got.len() < 50_000 {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => got.extend_from_slice(&buf[..k]),
+        }
+    }
+    gate.open();
+    let _ = c.read_to_end(&mut got);
+    assert!(got.len() < 100_000, "the response was cut");
+    wait_for(Duration::from_secs(5), "the temporary entry to go", || {
+        files_under(&s.dir.join("cache"), "")
+            .is_empty()
+            .then_some(())
+    });
+}
+
+#[test]
+fn the_configuration_is_checked_as_nginx_does() {
+    let dir = temp_dir("cache-conf");
+    let cases = [
+        (
+            "proxy_cache_path {d}/c keys_zone=a:1m; server { listen 127.0.0.1:1; location / { proxy_pass http://127.0.0.1:2; proxy_cache b; } }",
+            "\"proxy_cache\" zone \"b\" is unknown",
+        ),
+        (
+            "proxy_cache_path {d}/c levels=3 keys_zone=a:1m;",
+            "invalid \"levels\" \"3\"",
+        ),
+        (
+            "proxy_cache_path {d}/c levels=1:2;",
+            "\"proxy_cache_path\" must have \"keys_zone\" parameter",
+        ),
+        (
+            "proxy_cache_path {d}/c keys_zone=a:1m; proxy_cache_path {d}/d keys_zone=a:1m;",
+            "duplicate zone \"a\"",
+        ),
+        (
+            "proxy_cache_path {d}/c keys_zone=a:1m; server { listen 127.0.0.1:1; location / { fastcgi_pass 127.0.0.1:2; fastcgi_cache a; } }",
+            "no \"fastcgi_cache_key\" for \"fastcgi_cache\"",
+        ),
+        ("proxy_cache_valid 200 abc;", "invalid value \"abc\""),
+        ("proxy_cache_use_stale sometimes;", "invalid value \"sometimes\""),
+    ];
+    for (http, want) in cases {
+        let d = dir.display().to_string();
+        let text = format!("events {{}}\nhttp {{\n{}\n}}\n", http.replace("{d}", &d));
+        let path = dir.join("conf/t.conf");
+        std::fs::write(&path, text).unwrap();
+        let (code, out) = run_cli(&["-t", "-c", path.to_str().unwrap()]);
+        assert_ne!(code, 0, "{http}: {out}");
+        assert!(out.contains(want), "{http}: wanted {want:?} in {out}");
+        assert!(out.contains("t.conf:"), "names the file and line: {out}");
+    }
+}
