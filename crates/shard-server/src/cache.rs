@@ -7,10 +7,16 @@
 //! forks, kept across reloads while its name and size stay (as the `limit_*` zones, whose
 //! lock it uses). Word 0 is the lock; word 1 the bytes of the entries the zone knows. Then
 //! entries of [`ENTRY_WORDS`]: the key's 128-bit hash (all-zero: free), the number of uses,
-//! the last use (unix seconds), flags (bit 0: the file exists; the high half: the pid
+//! the last use (unix milliseconds), flags (bit 0: the file exists; the high half: the pid
 //! updating it), when that update began (ms, 0: none), and the file's size.
 //! A full neighbourhood drops its least recently used entry from the zone (its file stays,
-//! found again on disk by the next request that misses).
+//! found again on disk by the next request that misses, or removed by the manager).
+//!
+//! **The manager** ([`manage`]) is a process of its own beside the workers, as nginx's
+//! cache manager: it removes entries unused for `inactive`, then the least recently used
+//! while the files exceed `max_size` or the file system has less than `min_free` free, and
+//! temporary files a dead writer left. There is no loader process: a request that misses
+//! in the zone looks on disk, so a restart serves the entries of the run before at once.
 //!
 //! **An entry file** is written to a temporary name in the cache directory and renamed into
 //! place when the response is complete, so a reader sees a whole entry or none, whatever
@@ -157,6 +163,7 @@ impl Zone {
         }
         self.set(w, 0, hi);
         self.set(w, 1, lo);
+        self.set(w, 7, key as u64);
         Some(w)
     }
 
@@ -172,14 +179,14 @@ impl Zone {
 
     /// A request looks at `key`: counts the use, and says whether the file exists and
     /// whether another request updates it (since less than `lock_age_ms`, from a live pid).
-    pub fn look(&self, key: u128, now_ms: u64, lock_age_ms: u64) -> Seen {
+    pub fn look(&self, key: u128, now_ms: u64, used_ms: u64, lock_age_ms: u64) -> Seen {
         let _g = crate::limits::lock(self.word(0));
         let Some(w) = self.slot(key, true) else {
             return Seen::default();
         };
         let uses = self.get(w, 2) + 1;
         self.set(w, 2, uses);
-        self.set(w, 3, now_ms / 1000);
+        self.set(w, 3, used_ms);
         let since = self.get(w, 5);
         let updating = since != 0
             && now_ms.saturating_sub(since) < lock_age_ms
@@ -227,8 +234,9 @@ impl Zone {
         }
     }
 
-    /// `key`'s file exists with `size` bytes (stored now, or found on disk).
-    pub fn stored(&self, key: u128, size: u64, now_ms: u64) {
+    /// `key`'s file exists with `size` bytes (stored now, or found on disk), used at
+    /// `used_ms` ([`unix_ms`]).
+    pub fn stored(&self, key: u128, size: u64, used_ms: u64) {
         let _g = crate::limits::lock(self.word(0));
         let Some(w) = self.slot(key, true) else {
             return;
@@ -243,7 +251,7 @@ impl Zone {
             .store(total.saturating_sub(old) + size, Ordering::Relaxed);
         self.set(w, 4, self.get(w, 4) | FLAG_EXISTS);
         self.set(w, 6, size);
-        self.set(w, 3, now_ms / 1000);
+        self.set(w, 3, used_ms);
     }
 
     /// `key`'s file is gone (removed by the manager, or found missing).
@@ -268,14 +276,14 @@ impl Zone {
         self.word(1).load(Ordering::Relaxed)
     }
 
-    /// Every entry whose file exists: its key, last use (unix seconds) and size.
+    /// Every entry whose file exists: its key, last use ([`unix_ms`]) and size.
     pub fn snapshot(&self) -> Vec<(u128, u64, u64)> {
         let _g = crate::limits::lock(self.word(0));
         let mut v = Vec::new();
         for i in 0..self.entries() {
             let w = HEADER_WORDS + i * ENTRY_WORDS;
             if self.get(w, 4) & FLAG_EXISTS != 0 {
-                let key = (u128::from(self.get(w, 0)) << 64) | u128::from(self.get(w, 1) & !1);
+                let key = (u128::from(self.get(w, 0)) << 64) | u128::from(self.get(w, 7));
                 v.push((key, self.get(w, 3), self.get(w, 6)));
             }
         }
@@ -341,15 +349,22 @@ fn pid_alive(pid: u64) -> bool {
     r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
+/// The wall clock in milliseconds: when an entry was last used (compared across processes
+/// and with files' modification times).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The MD5 of a cache key, as nginx names entry files by.
 pub fn key_md5(key: &[u8]) -> [u8; 16] {
     Md5::digest(key).into()
 }
 
-/// The zone's key for an MD5 (the low bit is the zone's own; a collision there only costs a
-/// shared entry, the file's key is compared on every read).
+/// The zone's key for an MD5 (and back: [`Zone::snapshot`] gives the MD5s it holds).
 pub fn zone_key(md5: &[u8; 16]) -> u128 {
-    u128::from_be_bytes(*md5) & !1
+    u128::from_be_bytes(*md5)
 }
 
 /// The hash of a `Vary` variant: the main entry's MD5 and the request's values of the
@@ -714,6 +729,166 @@ pub fn refresh(path: &Path, header: &Header, until: u64, now: u64) -> io::Result
     w.write_all_at(&h.encode(), 0)
 }
 
+/// One file of a cache directory, as the manager sees it.
+#[derive(Debug)]
+struct OnDisk {
+    path: PathBuf,
+    md5: [u8; 16],
+    size: u64,
+    /// Last use (unix ms): the zone's, else the file's modification time.
+    used: u64,
+}
+
+/// How long a temporary file whose writer still lives may stay (a response that long is
+/// still being written; one older is a leak).
+const TEMP_MAX_AGE_SECS: u64 = 24 * 3600;
+
+fn parse_md5(name: &str) -> Option<[u8; 16]> {
+    if name.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(name.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Every entry file under `dir` (at most `levels.len()` directories deep), and the
+/// temporary files whose writer is gone.
+fn scan(dir: &Path, depth: usize, now_ms: u64) -> (Vec<OnDisk>, Vec<PathBuf>) {
+    let mut files = Vec::new();
+    let mut leaked = Vec::new();
+    let mut stack = vec![(dir.to_path_buf(), 0)];
+    while let Some((d, level)) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(meta) = e.metadata() else {
+                continue;
+            };
+            let name = e.file_name().to_string_lossy().into_owned();
+            let mtime = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_millis() as u64);
+            if meta.is_dir() {
+                if level < depth {
+                    stack.push((e.path(), level + 1));
+                }
+            } else if let Some(rest) = name.strip_prefix(".shard-tmp-") {
+                let pid = rest.split('-').next().and_then(|p| p.parse::<u64>().ok());
+                if !pid.is_some_and(pid_alive)
+                    || now_ms.saturating_sub(mtime) > TEMP_MAX_AGE_SECS * 1000
+                {
+                    leaked.push(e.path());
+                }
+            } else if let Some(md5) = parse_md5(&name) {
+                files.push(OnDisk {
+                    path: e.path(),
+                    md5,
+                    size: meta.len(),
+                    used: mtime,
+                });
+            }
+        }
+    }
+    (files, leaked)
+}
+
+/// Free bytes of the file system holding `dir` (for an unprivileged process).
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs(3) fills the zeroed struct for a NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the result is checked.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// One pass of the manager over cache `cp` at `now_ms` ([`unix_ms`]): what it removed (at
+/// most `limit` files, and every leaked temporary file).
+pub fn manage_pass(cp: &shard_config::CachePath, zone: &Zone, now_ms: u64, limit: usize) -> usize {
+    let (mut files, leaked) = scan(&cp.path, cp.levels.len(), now_ms);
+    for t in &leaked {
+        let _ = std::fs::remove_file(t);
+    }
+    let known: std::collections::HashMap<u128, u64> = zone
+        .snapshot()
+        .into_iter()
+        .map(|(k, used, _)| (k, used))
+        .collect();
+    for f in &mut files {
+        if let Some(&u) = known.get(&zone_key(&f.md5)) {
+            f.used = u;
+        }
+    }
+    // Least recently used first.
+    files.sort_by_key(|f| f.used);
+    let mut total: u64 = files.iter().map(|f| f.size).sum();
+    let mut free = (cp.min_free > 0).then(|| free_bytes(&cp.path)).flatten();
+    let mut removed = 0;
+    for f in &files {
+        if removed >= limit {
+            break;
+        }
+        let inactive = now_ms.saturating_sub(f.used) >= cp.inactive_secs * 1000;
+        let over = cp.max_size > 0 && total > cp.max_size;
+        let short = free.is_some_and(|b| b < cp.min_free);
+        if !(inactive || over || short) {
+            // Sorted by use: nothing after this one is older; only sizes could still call.
+            if cp.max_size == 0 && free.is_none() {
+                break;
+            }
+            continue;
+        }
+        if std::fs::remove_file(&f.path).is_ok() {
+            zone.removed(zone_key(&f.md5));
+            total = total.saturating_sub(f.size);
+            if let Some(b) = free.as_mut() {
+                *b += f.size;
+            }
+            removed += 1;
+        }
+    }
+    removed + leaked.len()
+}
+
+/// The cache manager's loop (its own process, as nginx's): passes over every cache of `cfg`,
+/// each removing at most `manager_files` files, `manager_sleep` apart while there is work,
+/// a second apart when there was none. Returns when the master `master` is gone.
+pub fn manage(cfg: &shard_config::Config, master: libc::pid_t) {
+    let Some(http) = cfg.http.as_ref() else {
+        return;
+    };
+    let zones = zones_of(cfg);
+    loop {
+        if shard_event::process::getppid() != master {
+            return;
+        }
+        let now = unix_ms();
+        let mut busy = false;
+        let mut sleep_ms = 1000;
+        for (cp, z) in http.cache_paths.iter().zip(&zones) {
+            let limit = cp.manager_files.max(1) as usize;
+            if manage_pass(cp, z, now, limit) >= limit {
+                busy = true;
+                sleep_ms = sleep_ms.min(cp.manager_sleep_ms.max(1));
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(if busy {
+            sleep_ms
+        } else {
+            1000
+        }));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -849,29 +1024,83 @@ mod tests {
     }
 
     #[test]
+    fn the_manager_removes_inactive_then_least_recently_used() {
+        let dir = std::env::temp_dir().join(format!("shard-cache-mgr-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let z = Zone::create(8192).unwrap();
+        let mut cp = shard_config::CachePath {
+            name: "t".into(),
+            zone_size: 8192,
+            path: dir.clone(),
+            levels: vec![1, 2],
+            inactive_secs: 600,
+            max_size: 0,
+            min_free: 0,
+            use_temp_path: true,
+            manager_files: 100,
+            manager_sleep_ms: 50,
+            manager_threshold_ms: 200,
+            loader_files: 100,
+            loader_sleep_ms: 50,
+            loader_threshold_ms: 200,
+            place: shard_config::Place {
+                file: "t".into(),
+                line: 1,
+            },
+        };
+        let now = unix_ms();
+        let mut paths = Vec::new();
+        for (i, k) in [&b"a"[..], b"b", b"c"].iter().enumerate() {
+            let md5 = key_md5(k);
+            let p = entry_path(&dir, &cp.levels, &md5);
+            let w = Writer::create(&dir, k, b"HTTP/1.1 200 OK\r\n\r\n", Header::default()).unwrap();
+            let size = w.commit(&p).unwrap();
+            // Used one after the other: a, then b, then c.
+            z.stored(zone_key(&md5), size, now - 30_000 + i as u64 * 10_000);
+            paths.push((p, size));
+        }
+        // A writer that died left a temporary file.
+        std::fs::write(dir.join(".shard-tmp-999999999-0"), b"x").unwrap();
+        assert_eq!(manage_pass(&cp, &z, now, 100), 1, "only the leak");
+        assert!(paths.iter().all(|(p, _)| p.exists()));
+        // Over max_size by one file: the least recently used goes.
+        cp.max_size = paths[1].1 + paths[2].1;
+        assert_eq!(manage_pass(&cp, &z, now, 100), 1);
+        assert!(!paths[0].0.exists() && paths[1].0.exists() && paths[2].0.exists());
+        assert_eq!(z.snapshot().len(), 2);
+        // Unused for longer than `inactive`: gone.
+        cp.max_size = 0;
+        cp.inactive_secs = 15;
+        assert_eq!(manage_pass(&cp, &z, now, 100), 1);
+        assert!(!paths[1].0.exists() && paths[2].0.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn the_zone_counts_uses_and_one_update_at_a_time() {
         let z = Zone::create(8192).unwrap();
         let k = zone_key(&key_md5(b"a"));
-        let s = z.look(k, 1000, 5000);
+        let s = z.look(k, 1000, 1, 5000);
         assert_eq!((s.exists, s.uses, s.updating), (false, 1, false));
         let (me, other) = (owner(1), owner(2));
         assert!(z.try_update(k, 1000, 5000, me));
-        assert!(z.look(k, 1050, 5000).updating);
+        assert!(z.look(k, 1050, 1, 5000).updating);
         assert!(!z.try_update(k, 1050, 5000, other), "one request at a time");
         assert!(z.try_update(k, 7000, 5000, other), "past the lock age");
         z.end_update(k, me);
-        assert!(z.look(k, 7001, 5000).updating, "not mine to end");
+        assert!(z.look(k, 7001, 7, 5000).updating, "not mine to end");
         z.end_update(k, other);
         assert!(z.try_update(k, 7002, 5000, me));
-        assert_eq!(z.look(k, 7100, 5000).uses, 5);
-        z.stored(k, 300, 1200);
+        assert_eq!(z.look(k, 7100, 7, 5000).uses, 4);
+        z.stored(k, 300, 1);
         z.end_update(k, me);
-        assert!(z.look(k, 1300, 5000).exists);
+        assert!(z.look(k, 1300, 1, 5000).exists);
         assert_eq!(z.bytes(), 300);
         assert_eq!(z.snapshot().len(), 1);
         z.removed(k);
         assert_eq!(z.bytes(), 0);
-        assert!(!z.look(k, 1400, 5000).exists);
+        assert!(!z.look(k, 1400, 1, 5000).exists);
     }
 
     #[test]
@@ -889,7 +1118,7 @@ mod tests {
         unsafe { libc::waitpid(pid, &mut st, 0) };
         assert_eq!(libc::WEXITSTATUS(st), 0);
         // The child is gone: its update no longer holds.
-        assert!(!z.look(k, 1001, 5000).updating);
+        assert!(!z.look(k, 1001, 1, 5000).updating);
         assert!(z.try_update(k, 1001, 5000, owner(1)));
     }
 }

@@ -126,6 +126,9 @@ struct Master {
     /// `steer::Funnel` is used (`SHARD_STEER_FUNNEL`), and its state.
     funnel_enabled: bool,
     funnel: steer::Funnel,
+    /// The cache manager process of the current configuration (`cache::manage`), while one
+    /// runs.
+    cache_manager: Option<libc::pid_t>,
 }
 
 fn tcp_nodelay(cfg: &Config) -> bool {
@@ -493,6 +496,7 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         backlog: steer::Backlog::from_env(),
         funnel_enabled: steer::funnel_from_env(),
         funnel: steer::Funnel::default(),
+        cache_manager: None,
     };
     // `ps` tells the master from its workers, as nginx's titles do. The arguments were copied
     // (for a binary upgrade) above; the title overwrites the originals.
@@ -501,6 +505,7 @@ pub fn run(opts: RunOptions) -> Result<i32> {
     set_title(&format!("shard: master process {}", cmdline.join(" ")));
     m.start_generation()?;
     let code = m.run_loop();
+    m.stop_cache_manager();
     if let Some(pid_path) = &m.pid_path {
         let _ = std::fs::remove_file(pid_path);
     }
@@ -513,8 +518,54 @@ impl Master {
         !self.procs.values().any(|p| p.slot == s)
     }
 
+    /// Starts the cache manager of the current configuration (when it has a cache), in place
+    /// of the one of the configuration before.
+    fn restart_cache_manager(&mut self) {
+        self.stop_cache_manager();
+        if self
+            .cfg
+            .http
+            .as_ref()
+            .is_none_or(|h| h.cache_paths.is_empty())
+        {
+            return;
+        }
+        let master_pid = process::getpid();
+        // SAFETY: the master is single-threaded (ARCHITECTURE.md invariant).
+        match unsafe { process::fork() } {
+            Ok(Fork::Parent(pid)) => {
+                self.cache_manager = Some(pid);
+                crate::log!(Notice, "start cache manager process {pid}");
+            }
+            Ok(Fork::Child) => {
+                process::set_parent_death_signal(libc::SIGTERM);
+                // The master's signals are blocked for its signalfd: the manager takes their
+                // default actions (TERM and QUIT end it).
+                let _ = process::unblock_signals();
+                if process::getppid() != master_pid {
+                    std::process::exit(0);
+                }
+                set_title("shard: cache manager process");
+                if let Err(e) = privilege::enter_worker(self.identity.as_ref()) {
+                    crate::log!(Emerg, "{e}");
+                    std::process::exit(2);
+                }
+                crate::cache::manage(&self.cfg, master_pid);
+                std::process::exit(0);
+            }
+            Err(e) => crate::log!(Alert, "fork() of the cache manager failed ({e})"),
+        }
+    }
+
+    fn stop_cache_manager(&mut self) {
+        if let Some(pid) = self.cache_manager.take() {
+            let _ = process::kill(pid, libc::SIGTERM);
+        }
+    }
+
     /// Allocates slots and starts every worker of the current generation.
     fn start_generation(&mut self) -> Result<()> {
+        self.restart_cache_manager();
         let mut slots = Vec::with_capacity(self.n_workers);
         let mut s = 0;
         while slots.len() < self.n_workers {
@@ -762,6 +813,9 @@ impl Master {
             let _ = self.poll.wait(&mut events, timeout);
             while let Some((sig, _from)) = self.signals.read() {
                 self.on_signal(sig);
+            }
+            if self.stopping != Stopping::No {
+                self.stop_cache_manager();
             }
             if let Stopping::Fast { kill_at_ms } = self.stopping {
                 if shard_event::monotonic_ms() >= kill_at_ms {
@@ -1378,6 +1432,14 @@ impl Master {
                     Alert,
                     "new binary (pid {pid}) {how}: keeping serving with this one"
                 );
+                continue;
+            }
+            if self.cache_manager == Some(pid) {
+                self.cache_manager = None;
+                if self.stopping == Stopping::No {
+                    crate::log!(Alert, "cache manager process {pid} {how}, respawning");
+                    self.restart_cache_manager();
+                }
                 continue;
             }
             let Some(p) = self.procs.remove(&pid) else {

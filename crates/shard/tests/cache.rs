@@ -508,3 +508,86 @@ fn the_configuration_is_checked_as_nginx_does() {
         assert!(out.contains("t.conf:"), "names the file and line: {out}");
     }
 }
+
+/// The pid of the master's cache manager process, if one runs.
+fn cache_manager(master: i32) -> Option<i32> {
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == Some(master) && cmd.starts_with(b"shard: cache manager process") {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+fn bytes_under(dir: &Path) -> u64 {
+    files_under(dir, "")
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+#[test]
+fn the_manager_keeps_the_cache_within_its_bounds_and_is_respawned() {
+    let up = Upstream::start(|_| Reply::Large(1000));
+    let s = Server::start(
+        "cache-manager",
+        &format!(
+            "worker_processes 1;\n\
+             error_log logs/error.log info;\n\
+             events {{}}\n\
+             http {{\n\
+             proxy_cache_path {{dir}}/big levels=1:2 keys_zone=big:1m max_size=3500;\n\
+             proxy_cache_path {{dir}}/old keys_zone=old:1m inactive=1s;\n\
+             server {{\n\
+             listen 127.0.0.1:{{port}};\n\
+             location = /status {{ shard_status; }}\n\
+             location /big/ {{ proxy_pass http://127.0.0.1:{p}; proxy_cache big; proxy_cache_valid 200 1h; }}\n\
+             location /old/ {{ proxy_pass http://127.0.0.1:{p}; proxy_cache old; proxy_cache_valid 200 1h; }}\n\
+             }}\n\
+             }}\n",
+            p = up.port
+        ),
+        1,
+    );
+    let a = s.addr();
+    let manager = wait_for(Duration::from_secs(5), "the cache manager", || {
+        cache_manager(s.pid())
+    });
+    for i in 0..6 {
+        assert_eq!(get(a, &format!("/big/{i}")).body.len(), 1000);
+    }
+    get(a, "/old/x");
+    assert_eq!(files_under(&s.dir.join("old"), "").len(), 1);
+    // Six entries of about 1.1 KB each, at most 3500 bytes: the least recently used go.
+    wait_for(Duration::from_secs(10), "the cache under max_size", || {
+        (bytes_under(&s.dir.join("big")) <= 3500).then_some(())
+    });
+    let left = files_under(&s.dir.join("big"), "").len();
+    assert!((2..=3).contains(&left), "{left} entries left");
+    // The newest stays and is still served from the cache.
+    let before = up.requests();
+    get(a, "/big/5");
+    assert_eq!(up.requests(), before, "/big/5 was kept");
+    // Unused for `inactive`: removed.
+    wait_for(Duration::from_secs(10), "the inactive entry to go", || {
+        files_under(&s.dir.join("old"), "").is_empty().then_some(())
+    });
+    // A manager killed is started again.
+    unsafe { libc::kill(manager, libc::SIGKILL) };
+    let again = wait_for(Duration::from_secs(5), "a new cache manager", || {
+        cache_manager(s.pid()).filter(|&p| p != manager)
+    });
+    assert!(pid_alive(again));
+    assert!(error_log(&s).contains("respawning"), "{}", error_log(&s));
+}

@@ -254,7 +254,12 @@ impl<'a> Worker<'a> {
                 p.cache = Some(Box::new(c));
                 return None;
             }
-            let seen = self.cache_zones[zone].look(c.zkey, self.cx.now_ms, cc.lock_age_ms);
+            let seen = self.cache_zones[zone].look(
+                c.zkey,
+                self.cx.now_ms,
+                cache::unix_ms(),
+                cc.lock_age_ms,
+            );
             c.uses = seen.uses;
             p.cache = Some(Box::new(c));
         }
@@ -318,7 +323,7 @@ impl<'a> Worker<'a> {
             return None;
         };
         let size = e.header.body_start() + e.header.body_len;
-        zone.stored(c.zkey, size, self.cx.now_ms);
+        zone.stored(c.zkey, size, cache::unix_ms());
         if e.header.valid_until > now {
             c.status = Status::Hit;
             self.cache_serve(p, c, e);
@@ -705,7 +710,7 @@ impl<'a> Worker<'a> {
         };
         if let Some(w) = c.writer.take() {
             match w.commit(&c.path) {
-                Ok(size) => c.z.stored(c.zkey, size, self.cx.now_ms),
+                Ok(size) => c.z.stored(c.zkey, size, cache::unix_ms()),
                 Err(e) => crate::log!(Crit, "rename() to \"{}\" failed ({e})", c.path.display()),
             }
         }
