@@ -418,6 +418,10 @@ pub struct Header {
     pub head_len: u32,
     /// The variant this entry holds (all-zero: the response had no `Vary`).
     pub variant: [u8; 16],
+    /// `Cache-Control: stale-while-revalidate=N` and `stale-if-error=N`: seconds after
+    /// `valid_until` the entry may still answer while it is updated, or for an error.
+    pub updating_secs: u32,
+    pub error_secs: u32,
 }
 
 impl Header {
@@ -430,6 +434,8 @@ impl Header {
         b[32..36].copy_from_slice(&self.key_len.to_le_bytes());
         b[36..40].copy_from_slice(&self.head_len.to_le_bytes());
         b[40..56].copy_from_slice(&self.variant);
+        b[56..60].copy_from_slice(&self.updating_secs.to_le_bytes());
+        b[60..64].copy_from_slice(&self.error_secs.to_le_bytes());
         b
     }
 
@@ -446,6 +452,8 @@ impl Header {
             key_len: u32_at(32),
             head_len: u32_at(36),
             variant: b[40..56].try_into().expect("16 bytes"),
+            updating_secs: u32_at(56),
+            error_secs: u32_at(60),
         })
     }
 
@@ -585,12 +593,9 @@ pub fn validity(
                 if n == 0 && !abs {
                     return Validity::No;
                 }
-                let until = if abs { n } else { now + n };
-                return if until > now {
-                    Validity::Until(until)
-                } else {
-                    Validity::No
-                };
+                // `@TIME` is taken as it is, even past (the entry is then stored expired,
+                // as nginx does).
+                return Validity::Until(if abs { n } else { now + n });
             }
         }
     }
@@ -636,6 +641,95 @@ pub fn validity(
         Some(s) if s > 0 => Validity::Until(now + s),
         _ => Validity::No,
     }
+}
+
+/// `Cache-Control`'s `stale-while-revalidate=N` and `stale-if-error=N` (RFC 5861), unless
+/// `proxy_ignore_headers Cache-Control`: kept whatever else set the entry's freshness.
+pub fn stale_extensions(headers: &[(String, Vec<u8>)], ignore: u16) -> (u32, u32) {
+    let (mut updating, mut error) = (0, 0);
+    if ignore & shard_config::ignore::CACHE_CONTROL != 0 {
+        return (0, 0);
+    }
+    for (n, v) in headers {
+        if !n.eq_ignore_ascii_case("cache-control") {
+            continue;
+        }
+        let v = String::from_utf8_lossy(v).to_ascii_lowercase();
+        for d in v.split(',') {
+            let d = d.trim();
+            if let Some(x) = d.strip_prefix("stale-while-revalidate=") {
+                updating = x.trim_matches('"').parse().unwrap_or(updating);
+            } else if let Some(x) = d.strip_prefix("stale-if-error=") {
+                error = x.trim_matches('"').parse().unwrap_or(error);
+            }
+        }
+    }
+    (updating, error)
+}
+
+/// nginx's not-modified filter for a response served from an entry, whose stored fields
+/// `last_modified` and `etag` are these: `Some(304)`, `Some(412)`, or `None` (send it).
+pub fn conditional(
+    req: &shard_http::request::Request,
+    last_modified: Option<&str>,
+    etag: Option<&str>,
+    ims_mode: shard_config::IfModifiedSince,
+) -> Option<u16> {
+    let time = |s: &str| httpdate::parse_http_date(s.trim()).ok();
+    let lm = last_modified.and_then(time);
+    let matches = |list: &str, weak: bool| {
+        let Some(e) = etag else {
+            return false;
+        };
+        let strip = |t: &str| t.trim().trim_start_matches("W/").to_string();
+        list.split(',').any(|t| {
+            let t = t.trim();
+            t == "*"
+                || if weak {
+                    strip(t) == strip(e)
+                } else {
+                    !t.starts_with("W/") && !e.starts_with("W/") && t == e.trim()
+                }
+        })
+    };
+    if let Some(iums) = req.if_unmodified_since.as_deref() {
+        match (time(iums), lm) {
+            (Some(t), Some(l)) if l <= t => {}
+            (None, _) => {}
+            _ => return Some(412),
+        }
+    }
+    if let Some(im) = req.if_match.as_deref() {
+        if !matches(im, false) {
+            return Some(412);
+        }
+    }
+    let ims = req
+        .if_modified_since
+        .as_deref()
+        .filter(|_| ims_mode != shard_config::IfModifiedSince::Off);
+    let inm = req.if_none_match.as_deref();
+    if ims.is_none() && inm.is_none() {
+        return None;
+    }
+    if let Some(ims) = ims {
+        let ok = match (time(ims), lm) {
+            (Some(t), Some(l)) => match ims_mode {
+                shard_config::IfModifiedSince::Before => l <= t,
+                _ => l == t,
+            },
+            _ => false,
+        };
+        if !ok {
+            return None;
+        }
+    }
+    if let Some(inm) = inm {
+        if !matches(inm, true) {
+            return None;
+        }
+    }
+    Some(304)
 }
 
 /// `proxy_cache_valid`: the first directive that names the status or says `any`.
@@ -967,6 +1061,17 @@ mod tests {
             validity(200, &h(&[("X-Accel-Expires", "0")]), &valid, 0, now),
             Validity::No
         );
+        assert_eq!(
+            validity(200, &h(&[("X-Accel-Expires", "@1")]), &valid, 0, now),
+            Validity::Until(1),
+            "stored expired, as nginx"
+        );
+        let ext = h(&[(
+            "Cache-Control",
+            "max-age=1, stale-while-revalidate=5, stale-if-error=7",
+        )]);
+        assert_eq!(stale_extensions(&ext, 0), (5, 7));
+        assert_eq!(stale_extensions(&ext, ig::CACHE_CONTROL), (0, 0));
         let past = h(&[("Expires", "Thu, 01 Jan 1970 00:00:01 GMT")]);
         assert_eq!(validity(200, &past, &valid, 0, now), Validity::No);
         assert_eq!(
@@ -974,6 +1079,47 @@ mod tests {
             Validity::No
         );
         assert_eq!(validity(206, &[], &valid, 0, now), Validity::No);
+    }
+
+    #[test]
+    fn preconditions_are_judged_as_nginx_does_for_cached_responses() {
+        use shard_config::IfModifiedSince as M;
+        use shard_http::request::{parse, Limits, Parse};
+        let req = |extra: &str| {
+            let raw = format!("GET / HTTP/1.1\r\nHost: x\r\n{extra}\r\n");
+            match parse(raw.as_bytes(), &Limits::default()) {
+                Parse::Complete { req, .. } => req,
+                other => panic!("{other:?}"),
+            }
+        };
+        let lm = Some("Mon, 02 Jan 2006 15:04:05 GMT");
+        let etag = Some("\"v1\"");
+        let c = |extra: &str| conditional(&req(extra), lm, etag, M::Exact);
+        assert_eq!(c(""), None);
+        assert_eq!(
+            c("If-Modified-Since: Mon, 02 Jan 2006 15:04:05 GMT\r\n"),
+            Some(304)
+        );
+        assert_eq!(
+            c("If-Modified-Since: Mon, 02 Jan 2006 15:04:06 GMT\r\n"),
+            None
+        );
+        assert_eq!(c("If-None-Match: W/\"v1\"\r\n"), Some(304));
+        assert_eq!(c("If-None-Match: \"v2\"\r\n"), None);
+        assert_eq!(
+            c("If-Unmodified-Since: Fri, 05 Jul 1985 14:30:52 GMT\r\n"),
+            Some(412)
+        );
+        assert_eq!(c("If-Match: \"v2\"\r\n"), Some(412));
+        assert_eq!(
+            conditional(
+                &req("If-Modified-Since: Mon, 02 Jan 2006 15:04:06 GMT\r\n"),
+                lm,
+                etag,
+                M::Before
+            ),
+            Some(304)
+        );
     }
 
     #[test]

@@ -591,3 +591,73 @@ fn the_manager_keeps_the_cache_within_its_bounds_and_is_respawned() {
     assert!(pid_alive(again));
     assert!(error_log(&s).contains("respawning"), "{}", error_log(&s));
 }
+
+#[test]
+fn a_cached_response_answers_preconditions_and_header_rules_hold() {
+    let fail = Arc::new(AtomicUsize::new(0));
+    let f = fail.clone();
+    let up = Upstream::start(move |r| {
+        let h = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        match r.target.as_str() {
+            "/past" => Reply::Fixed {
+                status: 200,
+                headers: h(&[("X-Accel-Expires", "@1")]),
+                body: b"past".to_vec(),
+            },
+            "/sie" if f.load(Ordering::SeqCst) == 1 => Reply::text(500, "broken"),
+            "/sie" => Reply::Fixed {
+                status: 200,
+                headers: h(&[("Cache-Control", "max-age=1, stale-if-error=60")]),
+                body: b"kept".to_vec(),
+            },
+            _ => Reply::Fixed {
+                status: 200,
+                headers: h(&[
+                    ("Last-Modified", "Mon, 02 Jan 2006 15:04:05 GMT"),
+                    ("ETag", "\"v1\""),
+                ]),
+                body: b"validated".to_vec(),
+            },
+        }
+    });
+    let s = Server::start(
+        "cache-cond",
+        &conf("{dir}/cache", up.port, "", "proxy_cache_valid 200 10m;"),
+        1,
+    );
+    let a = s.addr();
+    assert_eq!(get(a, "/c").body_str(), "validated");
+    let r = req(
+        a,
+        "GET /c HTTP/1.1\r\nIf-Modified-Since: Mon, 02 Jan 2006 15:04:05 GMT",
+    );
+    assert_eq!((r.status, cache_status(&r)), (304, "HIT"), "{r:?}");
+    assert!(r.body.is_empty());
+    let r = req(a, "GET /c HTTP/1.1\r\nIf-None-Match: \"v1\"");
+    assert_eq!(r.status, 304, "{r:?}");
+    let r = req(
+        a,
+        "GET /c HTTP/1.1\r\nIf-Unmodified-Since: Fri, 05 Jul 1985 14:30:52 GMT",
+    );
+    assert_eq!(r.status, 412, "{r:?}");
+    let r = req(a, "GET /c HTTP/1.1\r\nIf-None-Match: \"v2\"");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "validated"));
+    // `X-Accel-Expires: @1` is stored already expired: the next request finds it so.
+    assert_eq!(get(a, "/past").body_str(), "past");
+    assert_eq!(cache_status(&get(a, "/past")), "EXPIRED");
+    // `stale-if-error` answers an error with the entry, without `proxy_cache_use_stale`.
+    assert_eq!(get(a, "/sie").body_str(), "kept");
+    fail.store(1, Ordering::SeqCst);
+    let r = wait_for(Duration::from_secs(5), "the entry to expire", || {
+        let r = get(a, "/sie");
+        (cache_status(&r) != "HIT").then_some(r)
+    });
+    assert_eq!(
+        (r.status, cache_status(&r), r.body_str().as_str()),
+        (200, "STALE", "kept")
+    );
+}

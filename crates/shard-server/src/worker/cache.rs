@@ -326,15 +326,15 @@ impl<'a> Worker<'a> {
         zone.stored(c.zkey, size, cache::unix_ms());
         if e.header.valid_until > now {
             c.status = Status::Hit;
-            self.cache_serve(p, c, e);
-            return Some(Flow::Next);
+            return Some(self.cache_serve(p, c, e, true));
         }
-        // Expired: another request updating it lets this one take the stale entry.
+        // Expired: another request updating it lets this one take the stale entry
+        // (`use_stale updating`, or within the entry's `stale-while-revalidate`).
+        let swr = now < e.header.valid_until + u64::from(e.header.updating_secs);
         if !zone.try_update(c.zkey, self.cx.now_ms, cc.lock_age_ms, c.owner) {
-            if cc.use_stale & stale::UPDATING != 0 {
+            if cc.use_stale & stale::UPDATING != 0 || swr {
                 c.status = Status::Updating;
-                self.cache_serve(p, c, e);
-                return Some(Flow::Next);
+                return Some(self.cache_serve(p, c, e, true));
             }
         } else {
             c.updating = true;
@@ -367,7 +367,15 @@ impl<'a> Worker<'a> {
     /// The response will come from entry `e`: its head goes to `rbuf` as an upstream's would,
     /// and the body is read from the file (a `Range` on a whole 200 picks its part, as
     /// nginx's range filter does for cached responses).
-    fn cache_serve(&mut self, p: &mut Proxy, c: &mut CacheReq, e: cache::Entry) {
+    /// `Flow::Next`, or `Flow::Fail(412)` when the request's preconditions fail (nginx's
+    /// not-modified filter judges a cached response, with `conditionals`).
+    fn cache_serve(
+        &mut self,
+        p: &mut Proxy,
+        c: &mut CacheReq,
+        e: cache::Entry,
+        conditionals: bool,
+    ) -> Flow {
         let body_len = e.header.body_len;
         let start = e.header.body_start();
         let mut head = e.head.clone();
@@ -375,12 +383,33 @@ impl<'a> Worker<'a> {
         c.end = start + body_len;
         c.mem.clear();
         let ok_200 = head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200");
+        let mut length = body_len;
+        if ok_200 && conditionals {
+            let lines = shard_http::proxy::header_lines(&head);
+            let field = |name: &str| {
+                lines
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            };
+            let (lm, etag) = (field("last-modified"), field("etag"));
+            let mode = self.proxy_location(p).if_modified_since;
+            match cache::conditional(&p.req, lm.as_deref(), etag.as_deref(), mode) {
+                Some(412) => return Flow::Fail(412),
+                Some(_) => {
+                    set_status(&mut head, "304 Not Modified");
+                    c.pos = c.end;
+                    length = 0;
+                }
+                None => {}
+            }
+        }
+        let ok_200 = ok_200 && length == body_len;
         let range = p
             .req
             .range
             .as_deref()
             .filter(|_| ok_200 && p.req.method != Method::Head);
-        let mut length = body_len;
         let has = |head: &[u8], f: &str| {
             shard_http::proxy::header_lines(head)
                 .iter()
@@ -468,6 +497,38 @@ impl<'a> Worker<'a> {
         if let Some(u) = p.up.take() {
             self.close_upconn(u);
         }
+        p.state = State::ReadingHead;
+        Flow::Next
+    }
+
+    /// A served entry's body as a file body of the connection, as a static file's (one
+    /// `writev` with the head, `sendfile` where allowed), when nothing has to pass through
+    /// the proxy's filters. `Some(Flow::Finished)`: handed over.
+    pub(super) fn cache_send_file(&mut self, key: usize, p: &mut Proxy) -> Option<Flow> {
+        let sendfile = self.proxy_location(p).sendfile;
+        let c = p.cache.as_mut().filter(|c| c.serving)?;
+        let super::UpBody::Length(left) = p.upbody else {
+            return None;
+        };
+        if left != c.end - c.pos
+            || left == 0
+            || !p.rbuf.is_empty()
+            || p.client_chunked
+            || p.trailers
+            || p.recode.is_some()
+            || p.gunzip.is_some()
+            || p.sub.is_some()
+        {
+            return None;
+        }
+        let e = c.entry.take()?;
+        let size = e.header.body_start() + e.header.body_len;
+        let fd = super::super::files::OpenFile::new(std::os::fd::OwnedFd::from(e.file));
+        self.set_file_body(key, fd, c.pos, left, sendfile, size, None);
+        c.pos = c.end;
+        p.body_sent = left;
+        p.upbody = super::UpBody::Length(0);
+        Some(Flow::Finished)
     }
 
     /// A served entry's next bytes into `buf` (at most `room`); `Some(0)` at its end.
@@ -607,22 +668,25 @@ impl<'a> Worker<'a> {
                 self.release_upstream_after_head(p, head);
                 c.status = Status::Revalidated;
                 c.end_update();
-                self.cache_serve(p, &mut c, e);
+                let flow = self.cache_serve(p, &mut c, e, true);
                 p.cache = Some(c);
-                p.state = State::ReadingHead;
-                return Some(Flow::Next);
+                return Some(flow);
             }
         }
-        if c.entry.is_some() && cc.use_stale & stale::of_status(head.status) != 0 {
+        let bit = stale::of_status(head.status);
+        let if_error = c
+            .entry
+            .as_ref()
+            .is_some_and(|e| now < e.header.valid_until + u64::from(e.header.error_secs));
+        if c.entry.is_some() && bit != 0 && (cc.use_stale & bit != 0 || if_error) {
             let e = c.entry.take().expect("checked");
             if let Some(u) = p.up.take() {
                 self.close_upconn(u);
             }
             c.status = Status::Stale;
-            self.cache_serve(p, &mut c, e);
+            let flow = self.cache_serve(p, &mut c, e, true);
             p.cache = Some(c);
-            p.state = State::ReadingHead;
-            return Some(Flow::Next);
+            return Some(flow);
         }
         c.entry = None;
         let no_cache = any_true(&self.render_all(key, p, loc, &cc.no_cache));
@@ -647,10 +711,14 @@ impl<'a> Worker<'a> {
                 } else {
                     [0; 16]
                 };
+                let (updating_secs, error_secs) =
+                    cache::stale_extensions(&raw, loc.proxy.ignore_headers);
                 let header = cache::Header {
                     valid_until: until,
                     stored_at: now,
                     variant,
+                    updating_secs,
+                    error_secs,
                     ..Default::default()
                 };
                 let dir = self.http().cache_paths[c.zone].path.clone();
@@ -690,16 +758,21 @@ impl<'a> Worker<'a> {
             Some(Failure::Status(s)) => stale::of_status(s),
             None => 0,
         };
-        let allowed = self.cache_conf(p).use_stale & bit != 0;
+        // `stale-if-error` lets any failure have the entry, within its seconds.
+        let now = self.cx.now_secs;
+        let if_error = c
+            .entry
+            .as_ref()
+            .is_some_and(|e| now < e.header.valid_until + u64::from(e.header.error_secs));
+        let allowed = self.cache_conf(p).use_stale & bit != 0 || (bit != 0 && if_error);
         if c.serving || !allowed || c.entry.is_none() {
             p.cache = Some(c);
             return false;
         }
         let e = c.entry.take().expect("checked");
         c.status = Status::Stale;
-        self.cache_serve(p, &mut c, e);
+        let _ = self.cache_serve(p, &mut c, e, false);
         p.cache = Some(c);
-        p.state = State::ReadingHead;
         true
     }
 

@@ -2473,6 +2473,10 @@ impl<'a> Worker<'a> {
     /// Moves response body bytes from `rbuf` to the client's output; reads more while the
     /// output holds less than the buffer bound.
     fn relay_response_body(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        // A cached entry whose body needs no filter goes out as a file body.
+        if let Some(flow) = self.cache_send_file(key, p) {
+            return flow;
+        }
         let loc = self.proxy_location(p);
         let pc = &loc.proxy;
         let bound = if pc.buffering {
