@@ -11,6 +11,7 @@
 //! only as `--smoke`, which checks that every step works on tiny numbers.
 
 mod bodies;
+mod cache;
 mod compare;
 mod experiments;
 mod fastcgi;
@@ -95,6 +96,10 @@ enum Cmd {
     /// HTTP/2 with h2load: h2c and TLS, `return 200`, a 16 KiB file and the proxy; requests
     /// per worker CPU-second and memory per idle HTTP/2 connection, shard and nginx.
     H2(h2bench::H2Args),
+    /// proxy_cache hits of 1 KiB, 64 KiB and 1 MiB objects, shard and nginx on the same
+    /// configuration: requests/s and worker CPU per hit, and whether the first answer after a
+    /// restart on the same cache directory is a hit.
+    Cache(cache::CacheArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -146,6 +151,7 @@ fn main() {
         Cmd::Experiment(a) => experiments::run(a),
         Cmd::Compare(a) => compare::run(a),
         Cmd::Proxy(a) => proxy::run(a),
+        Cmd::Cache(a) => cache::run(a),
         Cmd::Fastcgi(a) => fastcgi::run(a),
         Cmd::Soak(a) => soak::run(a),
         Cmd::Bodies(a) => bodies::run(a),

@@ -463,9 +463,14 @@ impl Running {
     pub fn worker_pids(&self) -> Result<Vec<i32>> {
         let pid = self.master_pid();
         let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?;
+        // Not the cache manager and loader processes, which both servers also run.
         Ok(text
             .split_whitespace()
             .filter_map(|p| p.parse().ok())
+            .filter(|p: &i32| {
+                let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                !cmd.windows(5).any(|w| w == b"cache")
+            })
             .collect())
     }
 

@@ -114,6 +114,38 @@ fn proxy_smoke_measures_the_http_proxy_and_the_stream_relay_for_shard() {
 }
 
 #[test]
+fn cache_smoke_measures_hits_of_every_size_and_a_restart_for_shard() {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let text = stdout_of(Command::new(bench).args([
+        "cache",
+        "--smoke",
+        "--workers",
+        "2",
+        "--no-nginx",
+        "--builtin-load",
+    ]));
+    for object in ["1k", "64k", "1m"] {
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(&format!("| {object} | shard |")))
+            .unwrap_or_else(|| panic!("{text}"));
+        let cols: Vec<&str> = row.split('|').map(str::trim).collect();
+        let num = |i: usize| -> f64 {
+            cols[i]
+                .parse()
+                .unwrap_or_else(|_| panic!("column {i} not measured: {text}"))
+        };
+        assert!(num(3) > 0.0 && num(4) > 0.0, "{text}");
+        // Every answer under load was a hit: the backend saw none of them.
+        assert_eq!(num(5), 0.0, "{text}");
+    }
+    assert!(
+        text.contains("| shard | HIT |"),
+        "a restart serves hits: {text}"
+    );
+}
+
+#[test]
 fn experiments_smoke_writes_the_report_charts_and_configurations() {
     let bench = env!("CARGO_BIN_EXE_shard-bench");
     let out = std::env::temp_dir().join(format!("shard-bench-smoke-{}", std::process::id()));
@@ -809,6 +841,46 @@ fn the_callgrind_script_counts_instructions_per_proxied_request() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{text}"));
     // A debug build: many more than a release build's ~22k, but never none.
+    assert!(n > 1000, "{text}");
+    assert!(text.contains("SKIPPED nginx"), "{text}");
+}
+
+#[test]
+fn the_callgrind_script_counts_instructions_per_cache_hit() {
+    let have = |tool: &str| {
+        Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !have("valgrind") || !have("python3") {
+        println!(
+            "SKIPPED: bench/callgrind/cache.sh: valgrind or python3 is not installed \
+             (apt-get install valgrind python3)"
+        );
+        return;
+    }
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let shard = std::path::Path::new(bench).with_file_name("shard");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/callgrind/cache.sh");
+    let text = stdout_of(
+        Command::new("bash")
+            .arg(&script)
+            .arg(&shard)
+            .arg("/nonexistent/nginx")
+            .env("PORT", free_port().to_string())
+            .env("BPORT", free_port().to_string())
+            .env("LOW", "2")
+            .env("HIGH", "6"),
+    );
+    let n: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("shard front: "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    // A debug build: many more than a release build's ~23k, but never none.
     assert!(n > 1000, "{text}");
     assert!(text.contains("SKIPPED nginx"), "{text}");
 }

@@ -1925,6 +1925,9 @@ pub struct CacheConf {
     pub convert_head: bool,
     /// `proxy_cache_max_range_offset`: a range starting beyond it is not cached.
     pub max_range_offset: Option<u64>,
+    /// The key, `proxy_cache_bypass`, `proxy_no_cache` or a variable zone name read the
+    /// request's header fields (set after the parse; otherwise they are rendered without).
+    pub reads_head: bool,
 }
 
 impl Default for CacheConf {
@@ -1945,6 +1948,7 @@ impl Default for CacheConf {
             revalidate: false,
             convert_head: true,
             max_range_offset: None,
+            reads_head: false,
         }
     }
 }

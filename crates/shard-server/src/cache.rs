@@ -394,16 +394,21 @@ pub fn hex(md5: &[u8; 16]) -> String {
 /// An entry's file, as nginx places it: `levels=1:2` takes the last hex digit, then the two
 /// before it, as directories (`/cache/c/29/b7f54b2df7773722d382f4809d65029c`).
 pub fn entry_path(dir: &Path, levels: &[u8], md5: &[u8; 16]) -> PathBuf {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     let name = hex(md5);
-    let mut p = dir.to_path_buf();
+    let d = dir.as_os_str().as_bytes();
+    let mut p = Vec::with_capacity(d.len() + 8 + name.len());
+    p.extend_from_slice(d);
     let mut end = name.len();
     for &l in levels {
         let l = usize::from(l);
-        p.push(&name[end - l..end]);
+        p.push(b'/');
+        p.extend_from_slice(&name.as_bytes()[end - l..end]);
         end -= l;
     }
-    p.push(&name);
-    p
+    p.push(b'/');
+    p.extend_from_slice(name.as_bytes());
+    PathBuf::from(std::ffi::OsString::from_vec(p))
 }
 
 /// The fixed header of an entry file.
@@ -506,9 +511,12 @@ pub fn open(path: &Path, key: &[u8]) -> io::Result<Option<Entry>> {
 }
 
 /// The stored form of an upstream response head: as received, without the fields that
-/// framed it on that connection (the entry's length frames it when served).
+/// framed it on that connection (the entry's length frames it when served); a 200 gets
+/// `Accept-Ranges: bytes`, as nginx's range filter gives a cached response.
 pub fn stored_head(raw: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(raw.len());
+    let mut out = Vec::with_capacity(raw.len() + 24);
+    let ok_200 = raw.get(9..13) == Some(b"200 ") || raw.get(9..12) == Some(b"200");
+    let mut ranges = false;
     let mut first = true;
     for line in raw.split_inclusive(|&b| b == b'\n') {
         let name = line
@@ -526,20 +534,43 @@ pub fn stored_head(raw: &[u8]) -> Vec<u8> {
             .iter()
             .any(|f| name.eq_ignore_ascii_case(f));
         first = false;
+        ranges |= name.eq_ignore_ascii_case(b"accept-ranges");
         if !framing {
             out.extend_from_slice(line);
         }
+    }
+    if ok_200 && !ranges && out.ends_with(b"\r\n\r\n") {
+        let end = out.len() - 2;
+        out.splice(end..end, b"Accept-Ranges: bytes\r\n".iter().copied());
     }
     out
 }
 
 /// A stored head made ready to parse as a response with a body of `body_len` bytes.
 pub fn served_head(head: &[u8], body_len: u64) -> Vec<u8> {
-    let end = head.len().saturating_sub(2);
     let mut v = Vec::with_capacity(head.len() + 32);
-    v.extend_from_slice(&head[..end]);
-    v.extend_from_slice(format!("Content-Length: {body_len}\r\n\r\n").as_bytes());
+    served_head_into(&mut v, head, body_len);
     v
+}
+
+/// [`served_head`], appended to `out`.
+pub fn served_head_into(out: &mut Vec<u8>, head: &[u8], body_len: u64) {
+    let end = head.len().saturating_sub(2);
+    out.extend_from_slice(&head[..end]);
+    out.extend_from_slice(b"Content-Length: ");
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = body_len;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(b"\r\n\r\n");
 }
 
 /// Why a response is or is not stored, and until when it is fresh.
@@ -1133,7 +1164,10 @@ mod tests {
         let head = stored_head(
             b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\nX-A: b\r\n\r\n",
         );
-        assert_eq!(head, b"HTTP/1.1 200 OK\r\nX-A: b\r\n\r\n");
+        assert_eq!(
+            head,
+            b"HTTP/1.1 200 OK\r\nX-A: b\r\nAccept-Ranges: bytes\r\n\r\n"
+        );
         let header = Header {
             valid_until: 99,
             ..Header::default()
@@ -1164,7 +1198,7 @@ mod tests {
         assert_eq!(open(&path, key).unwrap().unwrap().header.valid_until, 500);
         assert_eq!(
             served_head(&head, 5),
-            b"HTTP/1.1 200 OK\r\nX-A: b\r\nContent-Length: 5\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\nX-A: b\r\nAccept-Ranges: bytes\r\nContent-Length: 5\r\n\r\n"
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -44,6 +44,7 @@ impl CacheP {
             revalidate: self.revalidate.unwrap_or(p.revalidate),
             convert_head: self.convert_head.unwrap_or(p.convert_head),
             max_range_offset: self.max_range_offset.or(p.max_range_offset),
+            reads_head: false,
         }
     }
 }

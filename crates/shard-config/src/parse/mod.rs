@@ -707,6 +707,12 @@ impl Env {
                     r.zone = resolved[r.zone];
                 }
                 resolve_cache(l, &h.cache_paths)?;
+                let cc = &l.proxy.cache;
+                let sel_reads = matches!(&cc.sel, CacheSel::Var(p) if reads(p));
+                let reads_head = sel_reads
+                    || cc.key.as_deref().is_some_and(reads)
+                    || cc.bypass.iter().chain(&cc.no_cache).any(|p| reads(p));
+                l.proxy.cache.reads_head = reads_head;
                 for c in &mut l.limit_conn {
                     c.zone = resolved[c.zone];
                 }

@@ -17,6 +17,13 @@ use shard_http::request::Method;
 use super::{Flow, Proxy, State, Worker};
 use crate::cache;
 
+/// `proxy_cache_key`'s default: `$scheme$proxy_host$request_uri`.
+const DEFAULT_KEY: [Part; 3] = [
+    Part::Var(Var::Scheme),
+    Part::Var(Var::ProxyHost),
+    Part::Var(Var::RequestUri),
+];
+
 /// How often a request waiting on `proxy_cache_lock` looks again.
 const LOCK_POLL_MS: u64 = 50;
 
@@ -82,6 +89,8 @@ pub(super) struct CacheReq {
     revalidating: bool,
     /// The request's `Vary` variant was looked for (one step, as nginx).
     variant_tried: bool,
+    /// The zone knew the entry's file when the request looked.
+    known: bool,
 }
 
 /// Body bytes of the response being stored (a failed write stops storing, and says why).
@@ -157,8 +166,16 @@ impl<'a> Worker<'a> {
         loc: &LocationConf,
         list: &[Vec<Part>],
     ) -> Vec<String> {
+        if list.is_empty() {
+            return Vec::new();
+        }
+        // The request's fields are parsed only when a value reads them.
         let mut storage = shard_http::vars::header_storage();
-        let hs = shard_http::vars::request_headers(&p.head, &mut storage);
+        let hs = if loc.proxy.cache.reads_head {
+            shard_http::vars::request_headers(&p.head, &mut storage)
+        } else {
+            &[]
+        };
         let ctx = self.var_ctx(key, &p.req, hs, loc);
         list.iter()
             .map(|parts| shard_http::vars::render(parts, &ctx))
@@ -200,19 +217,8 @@ impl<'a> Worker<'a> {
             if !cached_method || zone >= self.cache_zones.len() {
                 return None;
             }
-            let default_key;
-            let key_parts = match &cc.key {
-                Some(k) => k,
-                None => {
-                    default_key = vec![
-                        Part::Var(Var::Scheme),
-                        Part::Var(Var::ProxyHost),
-                        Part::Var(Var::RequestUri),
-                    ];
-                    &default_key
-                }
-            };
-            let rendered = self.render_all(key, p, loc, std::slice::from_ref(key_parts));
+            let key_parts = cc.key.as_deref().unwrap_or(&DEFAULT_KEY);
+            let rendered = self.render_all(key, p, loc, &[key_parts.to_vec()]);
             let k = rendered.into_iter().next().unwrap_or_default().into_bytes();
             let bypass = any_true(&self.render_all(key, p, loc, &cc.bypass));
             let md5 = cache::key_md5(&k);
@@ -246,6 +252,7 @@ impl<'a> Worker<'a> {
                 lock_until_ms: 0,
                 revalidating: false,
                 variant_tried: false,
+                known: false,
             };
             if bypass {
                 // Not taken from the cache; stored as any response (`proxy_no_cache` says not).
@@ -261,6 +268,7 @@ impl<'a> Worker<'a> {
                 cc.lock_age_ms,
             );
             c.uses = seen.uses;
+            c.known = seen.exists;
             p.cache = Some(Box::new(c));
         }
         let mut c = p.cache.take().expect("set above");
@@ -322,8 +330,11 @@ impl<'a> Worker<'a> {
             c.updating = zone.try_update(c.zkey, self.cx.now_ms, cc.lock_age_ms, c.owner);
             return None;
         };
-        let size = e.header.body_start() + e.header.body_len;
-        zone.stored(c.zkey, size, cache::unix_ms());
+        if !c.known || c.variant_tried {
+            // Found on disk (a run before this one, or a variant): the zone learns it.
+            let size = e.header.body_start() + e.header.body_len;
+            zone.stored(c.zkey, size, cache::unix_ms());
+        }
         if e.header.valid_until > now {
             c.status = Status::Hit;
             return Some(self.cache_serve(p, c, e, true));
@@ -373,18 +384,22 @@ impl<'a> Worker<'a> {
         &mut self,
         p: &mut Proxy,
         c: &mut CacheReq,
-        e: cache::Entry,
+        mut e: cache::Entry,
         conditionals: bool,
     ) -> Flow {
         let body_len = e.header.body_len;
         let start = e.header.body_start();
-        let mut head = e.head.clone();
+        let mut head = std::mem::take(&mut e.head);
         c.pos = start;
         c.end = start + body_len;
         c.mem.clear();
         let ok_200 = head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200");
         let mut length = body_len;
-        if ok_200 && conditionals {
+        let asks = p.req.if_modified_since.is_some()
+            || p.req.if_none_match.is_some()
+            || p.req.if_unmodified_since.is_some()
+            || p.req.if_match.is_some();
+        if ok_200 && conditionals && asks {
             let lines = shard_http::proxy::header_lines(&head);
             let field = |name: &str| {
                 lines
@@ -410,14 +425,6 @@ impl<'a> Worker<'a> {
             .range
             .as_deref()
             .filter(|_| ok_200 && p.req.method != Method::Head);
-        let has = |head: &[u8], f: &str| {
-            shard_http::proxy::header_lines(head)
-                .iter()
-                .any(|(n, _)| n.eq_ignore_ascii_case(f))
-        };
-        if ok_200 && !has(&head, "accept-ranges") {
-            insert_field(&mut head, "Accept-Ranges: bytes");
-        }
         match range.and_then(|r| shard_http::static_file::ranges(r, body_len)) {
             Some(Ok(parts)) if parts.len() == 1 => {
                 let (a, b) = parts[0];
@@ -489,7 +496,7 @@ impl<'a> Worker<'a> {
             _ => {}
         }
         p.rbuf.clear();
-        p.rbuf.extend_from_slice(&cache::served_head(&head, length));
+        cache::served_head_into(&mut p.rbuf, &head, length);
         p.rbuf.extend_from_slice(&c.mem);
         c.mem = Vec::new();
         c.entry = Some(e);
