@@ -661,3 +661,125 @@ fn a_cached_response_answers_preconditions_and_header_rules_hold() {
         (200, "STALE", "kept")
     );
 }
+
+/// An upstream that answers `/k/N` with `pattern(LEN, N)`, writing the first half at once and
+/// the rest when `gate` opens; it counts the requests it began.
+fn gated_upstream(len: usize, gate: Gate) -> (u16, Arc<AtomicUsize>) {
+    use support::upstream::pattern;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let begun = Arc::new(AtomicUsize::new(0));
+    let b = begun.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let (b, gate) = (b.clone(), gate.clone());
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 4096];
+                loop {
+                    while let Some(end) = find(&buf, b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                        buf.drain(..end + 4);
+                        let n: u64 = head
+                            .split_whitespace()
+                            .nth(1)
+                            .and_then(|t| t.strip_prefix("/k/"))
+                            .and_then(|n| n.parse().ok())
+                            .unwrap_or(0);
+                        let body = pattern(len, n);
+                        let h = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n");
+                        if s.write_all(h.as_bytes()).is_err()
+                            || s.write_all(&body[..len / 2]).is_err()
+                        {
+                            return;
+                        }
+                        b.fetch_add(1, Ordering::SeqCst);
+                        gate.wait(Duration::from_secs(20));
+                        if s.write_all(&body[len / 2..]).is_err() {
+                            return;
+                        }
+                    }
+                    match s.read(&mut tmp) {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => buf.extend_from_slice(&tmp[..k]),
+                    }
+                }
+            });
+        }
+    });
+    (port, begun)
+}
+
+#[test]
+fn a_worker_killed_mid_write_leaves_no_entry_that_is_served() {
+    use support::upstream::{checksum, pattern};
+    const LEN: usize = 300_000;
+    const KEYS: u64 = 6;
+    let gate = Gate::new();
+    let (port, begun) = gated_upstream(LEN, gate.clone());
+    let mut s = Server::start(
+        "cache-kill",
+        &conf("{dir}/cache", port, "", "proxy_cache_valid 200 10m;"),
+        1,
+    );
+    let a = s.addr();
+    let victim = s.wait_workers(1)[0].pid as i32;
+    // Six responses half written to their entries, then the worker dies.
+    let clients: Vec<_> = (0..KEYS)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut c = connect(a);
+                let _ = write!(
+                    c,
+                    "GET /k/{i} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                );
+                let mut sink = Vec::new();
+                let _ = c.read_to_end(&mut sink);
+            })
+        })
+        .collect();
+    wait_for(Duration::from_secs(10), "six responses under way", || {
+        (begun.load(Ordering::SeqCst) == KEYS as usize).then_some(())
+    });
+    wait_for(Duration::from_secs(10), "their entries begun", || {
+        (files_under(&s.dir.join("cache"), ".shard-tmp-").len() == KEYS as usize).then_some(())
+    });
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    gate.open();
+    for c in clients {
+        c.join().unwrap();
+    }
+    wait_for(Duration::from_secs(10), "a new worker", || {
+        s.workers()
+            .first()
+            .filter(|w| w.pid as i32 != victim && pid_alive(w.pid as i32))
+            .map(|_| ())
+    });
+    // Every key: a whole body, first from the upstream (nothing half-stored was served),
+    // then from the entry.
+    for i in 0..KEYS {
+        let want = checksum(&pattern(LEN, i));
+        let r = get(a, &format!("/k/{i}"));
+        assert_eq!((r.status, cache_status(&r)), (200, "MISS"), "key {i}");
+        assert_eq!(checksum(&r.body), want, "key {i}");
+        let r = get(a, &format!("/k/{i}"));
+        assert_eq!(
+            (cache_status(&r), checksum(&r.body)),
+            ("HIT", want),
+            "key {i}"
+        );
+    }
+    // The dead writer's temporary files go with the manager's next pass.
+    wait_for(
+        Duration::from_secs(10),
+        "the leaked temporary files to go",
+        || {
+            files_under(&s.dir.join("cache"), ".shard-tmp-")
+                .is_empty()
+                .then_some(())
+        },
+    );
+    assert_eq!(files_under(&s.dir.join("cache"), "").len(), KEYS as usize);
+}
