@@ -783,3 +783,54 @@ fn a_worker_killed_mid_write_leaves_no_entry_that_is_served() {
     );
     assert_eq!(files_under(&s.dir.join("cache"), "").len(), KEYS as usize);
 }
+
+#[test]
+fn background_update_answers_at_once_and_refreshes_the_entry() {
+    const SLOW: Duration = Duration::from_millis(1500);
+    let n = Arc::new(AtomicUsize::new(0));
+    let m = n.clone();
+    let up = Upstream::start(move |_| {
+        let i = m.fetch_add(1, Ordering::SeqCst) + 1;
+        let r = Reply::text(200, &format!("v{i}"));
+        // Every answer after the first is slow: a client that waited for it would see.
+        if i == 1 {
+            r
+        } else {
+            Reply::Delayed(SLOW, Box::new(r))
+        }
+    });
+    let s = Server::start(
+        "cache-background",
+        &conf(
+            "{dir}/cache",
+            up.port,
+            "",
+            "proxy_cache_valid 200 1s; proxy_cache_use_stale updating;\n\
+             proxy_cache_background_update on;",
+        ),
+        1,
+    );
+    let a = s.addr();
+    assert_eq!(get(a, "/b").body_str(), "v1");
+    // Once expired: the stale entry at once, while the update asks the slow upstream.
+    let (r, took) = wait_for(Duration::from_secs(5), "the entry to expire", || {
+        let t = std::time::Instant::now();
+        let mut c = connect(a);
+        write!(c, "GET /b HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let r = read_response(&mut c, false).unwrap();
+        (cache_status(&r) != "HIT").then(|| (r, t.elapsed()))
+    });
+    assert_eq!(
+        (r.status, cache_status(&r), r.body_str().as_str()),
+        (200, "STALE", "v1"),
+        "{r:?}"
+    );
+    assert!(took < SLOW, "the client waited {took:?} for the upstream");
+    // The update lands: the next requests get its answer from the entry.
+    let r = wait_for(Duration::from_secs(10), "the updated entry", || {
+        let r = get(a, "/b");
+        (r.body_str() == "v2").then_some(r)
+    });
+    assert_eq!(cache_status(&r), "HIT");
+    assert_eq!(n.load(Ordering::SeqCst), 2, "one update");
+}

@@ -91,6 +91,9 @@ pub(super) struct CacheReq {
     variant_tried: bool,
     /// The zone knew the entry's file when the request looked.
     known: bool,
+    /// `proxy_cache_background_update`: the stale entry is served, then this request updates
+    /// it from the upstream.
+    update_after: bool,
 }
 
 /// Body bytes of the response being stored (a failed write stops storing, and says why).
@@ -253,6 +256,7 @@ impl<'a> Worker<'a> {
                 revalidating: false,
                 variant_tried: false,
                 known: false,
+                update_after: false,
             };
             if bypass {
                 // Not taken from the cache; stored as any response (`proxy_no_cache` says not).
@@ -342,13 +346,20 @@ impl<'a> Worker<'a> {
         // Expired: another request updating it lets this one take the stale entry
         // (`use_stale updating`, or within the entry's `stale-while-revalidate`).
         let swr = now < e.header.valid_until + u64::from(e.header.updating_secs);
+        let stale_ok = cc.use_stale & stale::UPDATING != 0 || swr;
         if !zone.try_update(c.zkey, self.cx.now_ms, cc.lock_age_ms, c.owner) {
-            if cc.use_stale & stale::UPDATING != 0 || swr {
+            if stale_ok {
                 c.status = Status::Updating;
                 return Some(self.cache_serve(p, c, e, true));
             }
         } else {
             c.updating = true;
+            if stale_ok && cc.background_update {
+                // The client has the stale entry at once; the update follows it.
+                c.status = Status::Stale;
+                c.update_after = true;
+                return Some(self.cache_serve(p, c, e, true));
+            }
         }
         c.status = Status::Expired;
         c.entry = Some(e);
@@ -536,6 +547,39 @@ impl<'a> Worker<'a> {
         p.body_sent = left;
         p.upbody = super::UpBody::Length(0);
         Some(Flow::Finished)
+    }
+
+    /// The stale answer of a request with `proxy_cache_background_update` is complete: the
+    /// request is logged and goes on as the update, to the upstream, its answer stored and
+    /// not sent (the connection's next request waits for it, as nginx's background
+    /// subrequest holds its main request). `true`: the update starts.
+    pub(super) fn cache_background(&mut self, key: usize, p: &mut Proxy) -> bool {
+        if !p.cache.as_ref().is_some_and(|c| c.update_after) {
+            return false;
+        }
+        self.log_proxy_access(key, p, p.status, p.body_sent);
+        if let Some(c) = p.cache.as_mut() {
+            c.update_after = false;
+            c.serving = false;
+            c.entry = None;
+            c.status = Status::Expired;
+        }
+        p.background = true;
+        p.head_sent = false;
+        p.status = 0;
+        p.body_sent = 0;
+        p.rbuf.clear();
+        p.upbody = super::UpBody::None;
+        p.client_chunked = false;
+        p.trailers = false;
+        p.recode = None;
+        p.gunzip = None;
+        p.sub = None;
+        p.state = State::Connect;
+        if self.conns[key].has_output() {
+            let _ = self.flush(key);
+        }
+        true
     }
 
     /// A served entry's next bytes into `buf` (at most `room`); `Some(0)` at its end.

@@ -291,6 +291,9 @@ pub(super) struct Proxy {
     /// A HEAD asked upstream as GET (`proxy_cache_convert_head`): the body is read and
     /// stored, not sent.
     upstream_get: bool,
+    /// `proxy_cache_background_update`: the client had its (stale) answer; this request now
+    /// updates the entry, and nothing of it goes to the client.
+    background: bool,
 }
 
 /// A FastCGI attempt's wire state: the records read and not yet decoded, the application's
@@ -399,6 +402,7 @@ impl Proxy {
             cache: None,
             cache_looked: false,
             upstream_get: false,
+            background: false,
         }
     }
 
@@ -958,6 +962,12 @@ impl<'a> Worker<'a> {
         let Some(mut p) = c.rq().proxy.take() else {
             return Step::Done;
         };
+        if p.background && self.conns[key].has_output() {
+            // The client's stale answer still leaves while the update runs.
+            if let Flush::Failed = self.flush(key) {
+                return self.end_proxy_turn(key, id, p, Flow::Close);
+            }
+        }
         let mut rounds = 0;
         let flow = loop {
             rounds += 1;
@@ -981,8 +991,13 @@ impl<'a> Worker<'a> {
                 State::ReadingBody => self.relay_response_body(key, &mut p),
                 State::Tunnel => self.run_tunnel(key, &mut p),
             };
+            // `proxy_cache_background_update`: the stale answer is complete; the update runs.
+            if matches!(flow, Flow::Finished) && self.cache_background(key, &mut p) {
+                continue;
+            }
             // `proxy_cache_use_stale`: a failed upstream answered by the stale entry.
             if matches!(flow, Flow::Fail(_))
+                && !p.background
                 && p.last_failure.is_some()
                 && !p.head_sent
                 && self.cache_stale_on_failure(&mut p)
@@ -1006,6 +1021,17 @@ impl<'a> Worker<'a> {
             }
             self.give_proxy_bufs(p);
             return Step::Wait;
+        }
+        if p.background && matches!(flow, Flow::Fail(_) | Flow::Redirect | Flow::Abort) {
+            // An update that failed: the client already has its answer.
+            if let Some(u) = p.up.take() {
+                self.close_upconn(u);
+            }
+            if !p.keep_alive {
+                self.conns[key].close_after = true;
+            }
+            self.give_proxy_bufs(p);
+            return Step::Done;
         }
         if p.auth.is_some() && !matches!(flow, Flow::Next | Flow::Wait) {
             let status = match flow {
@@ -2353,7 +2379,7 @@ impl<'a> Worker<'a> {
         p.keep_alive &= reusable;
         p.client_chunked =
             client_framing == Framing::Chunked && !(p.upstream_get && p.req.method == Method::Head);
-        if let Some(c) = p.cache.as_ref() {
+        if let Some(c) = p.cache.as_ref().filter(|_| !p.background) {
             self.conns[key].rq().cache_status = c.status.as_str();
         }
         p.upbody = match head.framing {
@@ -2402,8 +2428,10 @@ impl<'a> Worker<'a> {
             c.out.clear();
             c.out_pos = 0;
         }
+        // A background update writes nothing to the client.
+        let mut sink = Vec::new();
         shard_http::proxy::write_client_head(
-            &mut c.out,
+            if p.background { &mut sink } else { &mut c.out },
             &head,
             &self.cx.date,
             client_framing,
@@ -2623,7 +2651,7 @@ impl<'a> Worker<'a> {
         let c = &mut self.conns[key];
         // A HEAD asked upstream as GET: the body is stored, not sent.
         let mut sink = Vec::new();
-        let discard = p.upstream_get && p.req.method == Method::Head;
+        let discard = p.background || (p.upstream_get && p.req.method == Method::Head);
         let mut emit = Emit {
             out: if discard { &mut sink } else { &mut c.out },
             chunked: p.client_chunked,
@@ -2731,7 +2759,10 @@ impl<'a> Worker<'a> {
                 self.close_upconn(u);
             }
         }
-        self.log_proxy_access(key, &p, p.status, p.body_sent);
+        // A background update's client was logged when its answer was complete.
+        if !p.background {
+            self.log_proxy_access(key, &p, p.status, p.body_sent);
+        }
         self.give_proxy_bufs(p);
     }
 
@@ -3056,7 +3087,8 @@ impl<'a> Worker<'a> {
                 Flow::Close
             }
         };
-        let close_after_abort = matches!(flow, Flow::Close);
+        // A background update's timeout ends the update, not the client's connection.
+        let close_after_abort = matches!(flow, Flow::Close) && !p.background;
         let flow = if close_after_abort { Flow::Abort } else { flow };
         self.end_proxy_turn(key, id, p, flow);
         if close_after_abort {
