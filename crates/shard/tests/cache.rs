@@ -126,10 +126,17 @@ fn a_response_is_stored_once_and_served_from_the_entry() {
     assert_eq!((r.status, cache_status(&r)), (200, "MISS"));
     assert!(r.body.is_empty());
     assert_eq!(up.last().method, "GET", "HEAD converted to GET");
-    let r = req(a, "HEAD /h HTTP/1.1");
-    assert_eq!(cache_status(&r), "HIT");
+    // The client has its head before the body is read and stored: the entry follows.
+    wait_for(Duration::from_secs(5), "the HEAD's entry", || {
+        (cache_status(&req(a, "HEAD /h HTTP/1.1")) == "HIT").then_some(())
+    });
+    // (A HEAD that came before the entry was whole asked again: which answer is stored
+    // depends on the timing, not that it is one of them.)
+    let asked = n.load(Ordering::SeqCst);
     let r = get(a, "/h");
-    assert_eq!((cache_status(&r), r.body_str().as_str()), ("HIT", "3:/h"));
+    assert_eq!(cache_status(&r), "HIT");
+    assert!(r.body_str().ends_with(":/h"), "{r:?}");
+    assert_eq!(n.load(Ordering::SeqCst), asked, "served from the entry");
     // Ranges of a stored 200, one and several.
     let r = req(a, "GET /t HTTP/1.1\r\nRange: bytes=2-");
     assert_eq!((r.status, r.body_str().as_str()), (206, "/t"), "{r:?}");
@@ -159,7 +166,7 @@ fn a_response_is_stored_once_and_served_from_the_entry() {
     let last = up.last();
     assert_eq!(last.header("range"), None);
     assert_eq!(last.header("if-none-match"), None);
-    assert_eq!(n.load(Ordering::SeqCst), 4);
+    assert_eq!(n.load(Ordering::SeqCst), asked + 1);
 }
 
 #[test]
