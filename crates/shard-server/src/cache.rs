@@ -20,9 +20,10 @@
 //!
 //! **An entry file** is written to a temporary name in the cache directory and renamed into
 //! place when the response is complete, so a reader sees a whole entry or none, whatever
-//! kills the writer. Its layout: a 64-byte header ([`MAGIC`], fresh-until, stored-at, body
-//! length, key length, head length, the `Vary` variant hash), the key, the upstream's
-//! response head (framing fields removed), then the body.
+//! kills the writer. Its layout: a 72-byte header ([`MAGIC`], fresh-until, stored-at, body
+//! length, key length, head length, the `Vary` variant hash, the `stale-*` seconds, the
+//! status of an intercepted error), the key, the upstream's response head (framing fields
+//! removed), then the body.
 
 use std::fs::File;
 use std::io;
@@ -40,9 +41,9 @@ const ENTRY_WORDS: usize = 8;
 const HEADER_WORDS: usize = 8;
 
 /// The first bytes of every entry file (the format's version is its last digit).
-pub const MAGIC: &[u8; 8] = b"SHARDC1\n";
+pub const MAGIC: &[u8; 8] = b"SHARDC2\n";
 /// Bytes of an entry file's fixed header.
-pub const HEADER_LEN: usize = 64;
+pub const HEADER_LEN: usize = 72;
 
 const FLAG_EXISTS: u64 = 1;
 /// The holder of an update sits above the flag bit: its pid, then a serial of its own.
@@ -427,6 +428,9 @@ pub struct Header {
     /// `valid_until` the entry may still answer while it is updated, or for an error.
     pub updating_secs: u32,
     pub error_secs: u32,
+    /// An error `proxy_intercept_errors` took: the entry answers with this status (its
+    /// `error_page`), as nginx's cached error (0: a response).
+    pub error_status: u16,
 }
 
 impl Header {
@@ -441,6 +445,7 @@ impl Header {
         b[40..56].copy_from_slice(&self.variant);
         b[56..60].copy_from_slice(&self.updating_secs.to_le_bytes());
         b[60..64].copy_from_slice(&self.error_secs.to_le_bytes());
+        b[64..66].copy_from_slice(&self.error_status.to_le_bytes());
         b
     }
 
@@ -459,6 +464,7 @@ impl Header {
             variant: b[40..56].try_into().expect("16 bytes"),
             updating_secs: u32_at(56),
             error_secs: u32_at(60),
+            error_status: u16::from_le_bytes([b[64], b[65]]),
         })
     }
 

@@ -841,3 +841,47 @@ fn background_update_answers_at_once_and_refreshes_the_entry() {
     assert_eq!(cache_status(&r), "HIT");
     assert_eq!(n.load(Ordering::SeqCst), 2, "one update");
 }
+
+#[test]
+fn an_intercepted_error_is_stored_as_nginx_stores_it() {
+    let fail = Arc::new(AtomicUsize::new(1));
+    let f = fail.clone();
+    let up = Upstream::start(move |r| {
+        if f.load(Ordering::SeqCst) == 0 {
+            return Reply::text(200, "fine");
+        }
+        let cc = if r.target == "/nocache" {
+            "no-cache"
+        } else {
+            "max-age=60"
+        };
+        Reply::Fixed {
+            status: 404,
+            headers: vec![("Cache-Control".into(), cc.into())],
+            body: b"nope".to_vec(),
+        }
+    });
+    let s = Server::start(
+        "cache-intercept",
+        &conf(
+            "{dir}/cache",
+            up.port,
+            "",
+            "proxy_intercept_errors on; error_page 404 = @fallback;\n\
+             }\n\
+             location @fallback { return 403;",
+        ),
+        1,
+    );
+    let a = s.addr();
+    assert_eq!(get(a, "/e").status, 403);
+    assert_eq!(get(a, "/nocache").status, 403);
+    fail.store(0, Ordering::SeqCst);
+    let before = up.requests();
+    // The error was stored (max-age): its page again, without asking the upstream.
+    assert_eq!(get(a, "/e").status, 403);
+    assert_eq!(up.requests(), before);
+    // `no-cache`: nothing was stored, and the upstream's new answer comes through.
+    let r = get(a, "/nocache");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "fine"));
+}

@@ -341,7 +341,17 @@ impl<'a> Worker<'a> {
         }
         if e.header.valid_until > now {
             c.status = Status::Hit;
+            if e.header.error_status != 0 {
+                // A stored intercepted error: its `error_page` again, as nginx.
+                return Some(Flow::Fail(e.header.error_status));
+            }
             return Some(self.cache_serve(p, c, e, true));
+        }
+        if e.header.error_status != 0 {
+            // An expired error is asked for again, never served stale.
+            c.status = Status::Expired;
+            c.updating = zone.try_update(c.zkey, self.cx.now_ms, cc.lock_age_ms, c.owner);
+            return None;
         }
         // Expired: another request updating it lets this one take the stale entry
         // (`use_stale updating`, or within the entry's `stale-while-revalidate`).
@@ -773,7 +783,25 @@ impl<'a> Worker<'a> {
                     ..Default::default()
                 };
                 let dir = self.http().cache_paths[c.zone].path.clone();
+                // `proxy_intercept_errors` will answer with the location's `error_page`: the
+                // entry records the status alone (nginx's cached error).
+                let intercepted = loc.proxy.intercept_errors
+                    && head.status >= 300
+                    && loc
+                        .error_pages
+                        .iter()
+                        .any(|e| e.codes.contains(&head.status));
+                let header = cache::Header {
+                    error_status: if intercepted { head.status } else { 0 },
+                    ..header
+                };
                 match cache::Writer::create(&dir, &c.key, &stored, header) {
+                    Ok(w) if intercepted => match w.commit(&c.path) {
+                        Ok(size) => c.z.stored(c.zkey, size, cache::unix_ms()),
+                        Err(e) => {
+                            crate::log!(Crit, "rename() to \"{}\" failed ({e})", c.path.display())
+                        }
+                    },
                     Ok(w) => c.writer = Some(w),
                     Err(e) => {
                         crate::log!(Crit, "open() \"{}\" failed ({e})", dir.display());
