@@ -158,6 +158,19 @@ fn a_response_is_stored_once_and_served_from_the_entry() {
         body.contains("Content-Range: bytes 2-3/4\r\n\r\n/t"),
         "{body}"
     );
+    // One range on the first request: cut from the live answer, which is stored whole.
+    let r = req(a, "GET /r HTTP/1.1\r\nRange: bytes=2-");
+    assert_eq!(
+        (r.status, cache_status(&r), r.body_str().as_str()),
+        (206, "MISS", "/r"),
+        "{r:?}"
+    );
+    let whole = get(a, "/r");
+    assert_eq!(cache_status(&whole), "HIT");
+    assert!(
+        whole.body_str().ends_with(":/r") && whole.body.len() == 4,
+        "{whole:?}"
+    );
     // The client's validators and ranges do not reach the upstream of a cached location.
     let _ = req(
         a,
@@ -166,7 +179,7 @@ fn a_response_is_stored_once_and_served_from_the_entry() {
     let last = up.last();
     assert_eq!(last.header("range"), None);
     assert_eq!(last.header("if-none-match"), None);
-    assert_eq!(n.load(Ordering::SeqCst), asked + 1);
+    assert_eq!(n.load(Ordering::SeqCst), asked + 2);
 }
 
 #[test]

@@ -559,6 +559,30 @@ impl<'a> Worker<'a> {
         Some(Flow::Finished)
     }
 
+    /// A live 200 of a cached location with one satisfiable `Range` on a body of known
+    /// length: the range (inclusive) and the length.
+    pub(super) fn cache_live_range(
+        &self,
+        p: &Proxy,
+        head: &ResponseHead,
+        framing: shard_http::proxy::Framing,
+    ) -> Option<(u64, u64, u64)> {
+        let c = p.cache.as_ref()?;
+        if c.serving || p.background || head.status != 200 || p.req.method != Method::Get {
+            return None;
+        }
+        let shard_http::proxy::Framing::Length(n) = framing else {
+            return None;
+        };
+        if p.gunzip.is_some() || p.sub.is_some() || p.recode.is_some() {
+            return None;
+        }
+        match shard_http::static_file::ranges(p.req.range.as_deref()?, n)? {
+            Ok(parts) if parts.len() == 1 => Some((parts[0].0, parts[0].1, n)),
+            _ => None,
+        }
+    }
+
     /// The stale answer of a request with `proxy_cache_background_update` is complete: the
     /// request is logged and goes on as the update, to the upstream, its answer stored and
     /// not sent (the connection's next request waits for it, as nginx's background
@@ -914,6 +938,17 @@ fn remove_field(head: &mut Vec<u8>, name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_window_cuts_the_body_across_reads() {
+        use super::super::window_of;
+        // Bytes 3..7 of a body read as 4 + 4 + 2.
+        let mut w = Some((3, 7, 0));
+        assert_eq!(window_of(&mut w, 4), 3..4);
+        assert_eq!(window_of(&mut w, 4), 0..3);
+        assert_eq!(window_of(&mut w, 2), 0..0);
+        assert_eq!(window_of(&mut None, 5), 0..5);
+    }
 
     #[test]
     fn heads_are_edited_in_place() {

@@ -294,6 +294,9 @@ pub(super) struct Proxy {
     /// `proxy_cache_background_update`: the client had its (stale) answer; this request now
     /// updates the entry, and nothing of it goes to the client.
     background: bool,
+    /// One range of the body goes to the client: `[start, end)` of it, and how much of the
+    /// body went by (`cache.rs`'s range on a live answer).
+    window: Option<(u64, u64, u64)>,
 }
 
 /// A FastCGI attempt's wire state: the records read and not yet decoded, the application's
@@ -403,6 +406,7 @@ impl Proxy {
             cache_looked: false,
             upstream_get: false,
             background: false,
+            window: None,
         }
     }
 
@@ -2360,10 +2364,22 @@ impl<'a> Worker<'a> {
         // `chunked_transfer_encoding off`: a body of unknown length ends with the connection,
         // as for an HTTP/1.0 client.
         // Decompressed, the body's length is not the upstream's.
-        let framing = match head.framing {
+        let mut framing = match head.framing {
             Framing::Length(_) if p.gunzip.is_some() || p.sub.is_some() => Framing::Close,
             f => f,
         };
+        // A cached location answers one `Range` of a live 200 as nginx's range filter does
+        // (the whole answer is still read and stored).
+        p.window = None;
+        if let Some((a, b, n)) = self.cache_live_range(p, &head, framing) {
+            head.status = 206;
+            head.headers.push((
+                "Content-Range".to_string(),
+                format!("bytes {a}-{b}/{n}").into_bytes(),
+            ));
+            framing = Framing::Length(b - a + 1);
+            p.window = Some((a, b + 1, 0));
+        }
         let (mut client_framing, reusable) = shard_http::proxy::client_framing(
             framing,
             p.req.minor_version >= 1 && loc.chunked_transfer_encoding,
@@ -2672,7 +2688,8 @@ impl<'a> Worker<'a> {
                 if storing {
                     cache::store(&mut p.cache, &p.rbuf[..take]);
                 }
-                p.body_sent += emit.data(&mut p.rbuf[..take])?;
+                let part = window_of(&mut p.window, take);
+                p.body_sent += emit.data(&mut p.rbuf[part])?;
                 *left -= take as u64;
                 p.rbuf.drain(..take);
                 if *left == 0 {
@@ -3276,6 +3293,18 @@ impl<'a> Worker<'a> {
 }
 
 /// Whether a failed attempt may go to another peer (see `shard_http::proxy::may_retry`).
+/// The part of the next `n` body bytes inside `window` (all of them without one), and the
+/// window moved past them.
+fn window_of(window: &mut Option<(u64, u64, u64)>, n: usize) -> std::ops::Range<usize> {
+    let Some((start, end, pos)) = window.as_mut() else {
+        return 0..n;
+    };
+    let from = (*start).saturating_sub(*pos).min(n as u64) as usize;
+    let to = (*end).saturating_sub(*pos).min(n as u64) as usize;
+    *pos += n as u64;
+    from..to.max(from)
+}
+
 fn may_retry(p: &Proxy, loc: &LocationConf, sent: bool) -> bool {
     shard_http::proxy::may_retry(
         p.head_sent,
