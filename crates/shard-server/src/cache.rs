@@ -15,8 +15,9 @@
 //! **The manager** ([`manage`]) is a process of its own beside the workers, as nginx's
 //! cache manager: it removes entries unused for `inactive`, then the least recently used
 //! while the files exceed `max_size` or the file system has less than `min_free` free, and
-//! temporary files a dead writer left. There is no loader process: a request that misses
-//! in the zone looks on disk, so a restart serves the entries of the run before at once.
+//! temporary files a dead writer left. **The loader** ([`load`]) indexes what is on disk at
+//! start and reload and exits; requests do not wait for it: one that misses in the zone looks
+//! on disk, so a restart serves the entries of the run before at once.
 //!
 //! **An entry file** is written to a temporary name in the cache directory and renamed into
 //! place when the response is complete, so a reader sees a whole entry or none, whatever
@@ -253,6 +254,24 @@ impl Zone {
         self.set(w, 4, self.get(w, 4) | FLAG_EXISTS);
         self.set(w, 6, size);
         self.set(w, 3, used_ms);
+    }
+
+    /// The loader found `key`'s file with `size` bytes, last changed at `used_ms`: the zone
+    /// learns it unless it knows it already. `true`: it was new to the zone.
+    pub fn found(&self, key: u128, size: u64, used_ms: u64) -> bool {
+        let _g = crate::limits::lock(self.word(0));
+        let Some(w) = self.slot(key, true) else {
+            return false;
+        };
+        if self.get(w, 4) & FLAG_EXISTS != 0 {
+            return false;
+        }
+        let total = self.word(1).load(Ordering::Relaxed);
+        self.word(1).store(total + size, Ordering::Relaxed);
+        self.set(w, 4, self.get(w, 4) | FLAG_EXISTS);
+        self.set(w, 6, size);
+        self.set(w, 3, used_ms);
+        true
     }
 
     /// `key`'s file is gone (removed by the manager, or found missing).
@@ -990,6 +1009,31 @@ pub fn manage_pass(cp: &shard_config::CachePath, zone: &Zone, now_ms: u64, limit
     removed + leaked.len()
 }
 
+/// The cache loader (its own process, as nginx's): indexes the entries on disk of every
+/// cache of `cfg` in the zones, `loader_files` at a time and `loader_sleep` apart, then
+/// returns how many it added. Requests do not wait for it (a miss in the zone looks on disk);
+/// it gives the zone the sizes and ages the manager and `proxy_cache_min_uses` go by.
+pub fn load(cfg: &shard_config::Config) -> usize {
+    let Some(http) = cfg.http.as_ref() else {
+        return 0;
+    };
+    let zones = zones_of(cfg);
+    let mut added = 0;
+    for (cp, z) in http.cache_paths.iter().zip(&zones) {
+        let (files, _) = scan(&cp.path, cp.levels.len(), unix_ms());
+        let batch = cp.loader_files.max(1) as usize;
+        for (i, f) in files.iter().enumerate() {
+            if i > 0 && i % batch == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(cp.loader_sleep_ms));
+            }
+            if z.found(zone_key(&f.md5), f.size, f.used) {
+                added += 1;
+            }
+        }
+    }
+    added
+}
+
 /// The cache manager's loop (its own process, as nginx's): passes over every cache of `cfg`,
 /// each removing at most `manager_files` files, `manager_sleep` apart while there is work,
 /// a second apart when there was none. Returns when the master `master` is gone.
@@ -1284,8 +1328,12 @@ mod tests {
         assert!(z.look(k, 1300, 1, 5000).exists);
         assert_eq!(z.bytes(), 300);
         assert_eq!(z.snapshot().len(), 1);
+        assert!(!z.found(k, 999, 1), "known already");
         z.removed(k);
         assert_eq!(z.bytes(), 0);
+        assert!(z.found(k, 50, 1));
+        assert_eq!(z.bytes(), 50);
+        z.removed(k);
         assert!(!z.look(k, 1400, 1, 5000).exists);
     }
 

@@ -127,8 +127,9 @@ struct Master {
     funnel_enabled: bool,
     funnel: steer::Funnel,
     /// The cache manager process of the current configuration (`cache::manage`), while one
-    /// runs.
+    /// runs, and the cache loader (`cache::load`) while it indexes.
     cache_manager: Option<libc::pid_t>,
+    cache_loader: Option<libc::pid_t>,
 }
 
 fn tcp_nodelay(cfg: &Config) -> bool {
@@ -497,6 +498,7 @@ pub fn run(opts: RunOptions) -> Result<i32> {
         funnel_enabled: steer::funnel_from_env(),
         funnel: steer::Funnel::default(),
         cache_manager: None,
+        cache_loader: None,
     };
     // `ps` tells the master from its workers, as nginx's titles do. The arguments were copied
     // (for a binary upgrade) above; the title overwrites the originals.
@@ -536,6 +538,7 @@ impl Master {
             Ok(Fork::Parent(pid)) => {
                 self.cache_manager = Some(pid);
                 crate::log!(Notice, "start cache manager process {pid}");
+                self.start_cache_loader();
             }
             Ok(Fork::Child) => {
                 process::set_parent_death_signal(libc::SIGTERM);
@@ -558,8 +561,40 @@ impl Master {
     }
 
     fn stop_cache_manager(&mut self) {
-        if let Some(pid) = self.cache_manager.take() {
+        for pid in [self.cache_manager.take(), self.cache_loader.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = process::kill(pid, libc::SIGTERM);
+        }
+    }
+
+    /// Starts the cache loader of the current configuration: it indexes what is on disk and
+    /// exits (nginx starts one at start and at each reload).
+    fn start_cache_loader(&mut self) {
+        let master_pid = process::getpid();
+        // SAFETY: the master is single-threaded (ARCHITECTURE.md invariant).
+        match unsafe { process::fork() } {
+            Ok(Fork::Parent(pid)) => {
+                self.cache_loader = Some(pid);
+                crate::log!(Notice, "start cache loader process {pid}");
+            }
+            Ok(Fork::Child) => {
+                process::set_parent_death_signal(libc::SIGTERM);
+                let _ = process::unblock_signals();
+                if process::getppid() != master_pid {
+                    std::process::exit(0);
+                }
+                set_title("shard: cache loader process");
+                if let Err(e) = privilege::enter_worker(self.identity.as_ref()) {
+                    crate::log!(Emerg, "{e}");
+                    std::process::exit(2);
+                }
+                let n = crate::cache::load(&self.cfg);
+                crate::log!(Notice, "http file cache: {n} entries indexed");
+                std::process::exit(0);
+            }
+            Err(e) => crate::log!(Alert, "fork() of the cache loader failed ({e})"),
         }
     }
 
@@ -1432,6 +1467,11 @@ impl Master {
                     Alert,
                     "new binary (pid {pid}) {how}: keeping serving with this one"
                 );
+                continue;
+            }
+            if self.cache_loader == Some(pid) {
+                self.cache_loader = None;
+                crate::log!(Notice, "cache loader process {pid} {how}");
                 continue;
             }
             if self.cache_manager == Some(pid) {

@@ -447,8 +447,14 @@ fn entries_survive_a_restart_and_a_cut_response_is_never_stored() {
         let s = Server::start("cache-restart-1", &c, 1);
         assert_eq!(get(s.addr(), "/k").body_str(), "1:/k");
     }
-    // A new server on the same directory: the entry is found on disk.
+    // A new server on the same directory: the entry is found on disk, and the cache loader
+    // process indexes it.
     let s = Server::start("cache-restart-2", &c, 1);
+    wait_for(Duration::from_secs(5), "the loader's line", || {
+        error_log(&s)
+            .contains("http file cache: 1 entries indexed")
+            .then_some(())
+    });
     let r = get(s.addr(), "/k");
     assert_eq!((cache_status(&r), r.body_str().as_str()), ("HIT", "1:/k"));
     assert_eq!(n.load(Ordering::SeqCst), 1);
