@@ -904,3 +904,61 @@ fn an_intercepted_error_is_stored_as_nginx_stores_it() {
     let r = get(a, "/nocache");
     assert_eq!((r.status, r.body_str().as_str()), (200, "fine"));
 }
+
+#[test]
+fn a_full_disk_makes_the_cache_a_pass_through_and_says_why() {
+    use support::upstream::{checksum, pattern};
+    let dir = temp_dir("cache-full");
+    let small = dir.join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+        .arg(&small)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        skipped(
+            "a_full_disk_makes_the_cache_a_pass_through_and_says_why",
+            "cannot mount a small tmpfs (needs root and mount(8))",
+        );
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(small.clone());
+    let up = Upstream::start(|r| {
+        let big = r.target.starts_with("/big");
+        Reply::Fixed {
+            status: 200,
+            headers: vec![],
+            body: pattern(if big { 600_000 } else { 1000 }, 7),
+        }
+    });
+    let cache = small.join("c").display().to_string();
+    let s = Server::start(
+        "cache-full-disk",
+        &conf(&cache, up.port, "", "proxy_cache_valid 200 10m;"),
+        1,
+    );
+    let a = s.addr();
+    // Larger than the file system: answered whole every time, never stored.
+    for _ in 0..2 {
+        let r = get(a, "/big");
+        assert_eq!((r.status, cache_status(&r)), (200, "MISS"));
+        assert_eq!(checksum(&r.body), checksum(&pattern(600_000, 7)));
+    }
+    assert!(
+        error_log(&s).contains("No space left on device"),
+        "{}",
+        error_log(&s)
+    );
+    // What fits is still cached, and nothing half-written is left behind.
+    get(a, "/small");
+    assert_eq!(cache_status(&get(a, "/small")), "HIT");
+    assert!(files_under(Path::new(&cache), ".shard-tmp-").is_empty());
+    drop(s);
+}
