@@ -337,9 +337,9 @@ fn render(a: &CacheArgs, fronts: &[Front], notes: &[String]) -> String {
             .map_or(("-".to_string(), None), |(c, m)| (c, Some(m)));
         s.push_str(&format!("| {} | {st} | {} |\n", f.name, fmt(ms, 0)));
     }
-    s.push_str(&format!(
-        "\n| server | p99 hit (ms) | p99 stale-while-updating (ms) | difference (ms) |\n|---|---:|---:|---:|\n"
-    ));
+    s.push_str(
+        "\n| server | p99 hit (ms) | p99 stale-while-updating (ms) | difference (ms) |\n|---|---:|---:|---:|\n",
+    );
     for f in fronts {
         let d = match (f.p99_hit_ms, f.p99_swu_ms) {
             (Some(h), Some(w)) => Some(w - h),
