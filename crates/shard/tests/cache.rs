@@ -962,3 +962,46 @@ fn a_full_disk_makes_the_cache_a_pass_through_and_says_why() {
     assert!(files_under(Path::new(&cache), ".shard-tmp-").is_empty());
     drop(s);
 }
+
+#[test]
+fn ranges_the_cache_will_not_store_reach_the_upstream_as_asked() {
+    let up = Upstream::start(|r| Reply::Fixed {
+        status: 200,
+        headers: vec![(
+            "X-Range".into(),
+            r.header("range").unwrap_or("none").to_string(),
+        )],
+        body: b"SEE-THIS".to_vec(),
+    });
+    let s = Server::start(
+        "cache-range-offset",
+        &conf(
+            "{dir}/cache",
+            up.port,
+            "",
+            "proxy_cache_valid 200 1m; proxy_cache_max_range_offset 2;\n\
+             location /min/ { proxy_pass http://127.0.0.1:PORT; proxy_cache one;\n\
+             proxy_cache_valid 200 1m; proxy_cache_min_uses 2; }"
+                .replace("PORT", &up.port.to_string())
+                .as_str(),
+        ),
+        1,
+    );
+    let a = s.addr();
+    let x = |path: &str, range: &str| {
+        let r = req(a, &format!("GET {path} HTTP/1.1\r\nRange: {range}"));
+        r.header("x-range").unwrap_or("").to_string()
+    };
+    // Within the offset: the whole answer is asked for (and cut here).
+    assert_eq!(x("/t?1", "bytes=1-"), "none");
+    // Beyond it, a suffix range, or below min_uses: the client's Range goes upstream.
+    assert_eq!(x("/t?2", "bytes=3-"), "bytes=3-");
+    assert_eq!(x("/t?3", "bytes=-1"), "bytes=-1");
+    assert_eq!(x("/min/t?4", "bytes=1-"), "bytes=1-");
+    // The one within the offset was stored whole.
+    let r = get(a, "/t?1");
+    assert_eq!(
+        (cache_status(&r), r.body_str().as_str()),
+        ("HIT", "SEE-THIS")
+    );
+}

@@ -78,6 +78,10 @@ pub(super) struct CacheReq {
     /// The response may be stored (not after a lock timeout, nor for a method that is not
     /// cached as itself).
     may_store: bool,
+    /// nginx's `u->cacheable`: the response could go to the cache, so the upstream is asked
+    /// for all of it (no client validators or `Range`, HEAD as GET). Not below
+    /// `proxy_cache_min_uses`, nor for a range beyond `proxy_cache_max_range_offset`.
+    cacheable: bool,
     writer: Option<cache::Writer>,
     /// This request holds the key's update in the zone (ended when the request ends), as
     /// `owner`.
@@ -246,6 +250,7 @@ impl<'a> Worker<'a> {
                 end: 0,
                 mem: Vec::new(),
                 may_store,
+                cacheable: true,
                 writer: None,
                 updating: false,
                 owner: {
@@ -265,6 +270,15 @@ impl<'a> Worker<'a> {
                 p.cache = Some(Box::new(c));
                 return None;
             }
+            // A range starting beyond `proxy_cache_max_range_offset` (a suffix range's start
+            // is not known) goes to the upstream as asked, not cached.
+            if let (Some(max), Some(r)) = (cc.max_range_offset, p.req.range.as_deref()) {
+                if range_start(r).is_none_or(|start| start > max) {
+                    c.cacheable = false;
+                    c.may_store = false;
+                    p.upstream_get = false;
+                }
+            }
             let seen = self.cache_zones[zone].look(
                 c.zkey,
                 self.cx.now_ms,
@@ -273,6 +287,10 @@ impl<'a> Worker<'a> {
             );
             c.uses = seen.uses;
             c.known = seen.exists;
+            if c.uses < cc.min_uses {
+                c.cacheable = false;
+                p.upstream_get = false;
+            }
             p.cache = Some(Box::new(c));
         }
         let mut c = p.cache.take().expect("set above");
@@ -568,7 +586,12 @@ impl<'a> Worker<'a> {
         framing: shard_http::proxy::Framing,
     ) -> Option<(u64, u64, u64)> {
         let c = p.cache.as_ref()?;
-        if c.serving || p.background || head.status != 200 || p.req.method != Method::Get {
+        if c.serving
+            || !c.cacheable
+            || p.background
+            || head.status != 200
+            || p.req.method != Method::Get
+        {
             return None;
         }
         let shard_http::proxy::Framing::Length(n) = framing else {
@@ -656,7 +679,7 @@ impl<'a> Worker<'a> {
     /// entry's, and a converted HEAD is a GET (nginx's `ngx_http_proxy_cache_headers`).
     pub(super) fn cache_request(&self, p: &mut Proxy, out: &mut Vec<u8>) {
         let revalidate = self.cache_conf(p).revalidate;
-        let Some(c) = p.cache.as_mut() else {
+        let Some(c) = p.cache.as_mut().filter(|c| c.cacheable) else {
             return;
         };
         let Some(end) = memchr::memmem::find(out, b"\r\n\r\n") else {
@@ -893,6 +916,12 @@ impl<'a> Worker<'a> {
     }
 }
 
+/// Where the first range of `Range: bytes=...` starts (`None`: a suffix range, or not one).
+fn range_start(h: &str) -> Option<u64> {
+    let spec = h.trim().strip_prefix("bytes=")?.split(',').next()?;
+    spec.split('-').next()?.trim().parse().ok()
+}
+
 /// The status of a stored head's status line.
 fn status_of(head: &[u8]) -> u16 {
     head.get(9..12)
@@ -965,6 +994,9 @@ mod tests {
             vary_fields(b"HTTP/1.1 200 OK\r\nVary: Accept-Encoding, X-A\r\n\r\n"),
             vec!["accept-encoding", "x-a"]
         );
+        assert_eq!(range_start("bytes=3-"), Some(3));
+        assert_eq!(range_start("bytes=1-1,3-"), Some(1));
+        assert_eq!(range_start("bytes=-1"), None);
         assert!(any_true(&["".into(), "1".into()]));
         assert!(!any_true(&["".into(), "0".into()]));
     }
