@@ -1005,3 +1005,33 @@ fn ranges_the_cache_will_not_store_reach_the_upstream_as_asked() {
         ("HIT", "SEE-THIS")
     );
 }
+
+#[test]
+fn convert_head_off_stores_the_heads_answer_as_nginx_does() {
+    let up = Upstream::start(|r| Reply::Fixed {
+        status: 200,
+        headers: vec![("X-Method".into(), r.method.clone())],
+        body: b"SEE-THIS".to_vec(),
+    });
+    let s = Server::start(
+        "cache-convert-head",
+        &conf(
+            "{dir}/cache",
+            up.port,
+            "",
+            "proxy_cache_valid 200 1m; proxy_cache_convert_head off;",
+        ),
+        1,
+    );
+    let a = s.addr();
+    let r = req(a, "HEAD /h HTTP/1.1");
+    assert_eq!(
+        (r.header("x-method"), cache_status(&r)),
+        (Some("HEAD"), "MISS")
+    );
+    let r = req(a, "HEAD /h HTTP/1.1");
+    assert_eq!(cache_status(&r), "HIT");
+    // The key has no method: a GET gets the stored HEAD answer, without a body.
+    let r = get(a, "/h");
+    assert_eq!((cache_status(&r), r.body.len()), ("HIT", 0), "{r:?}");
+}

@@ -232,9 +232,10 @@ impl<'a> Worker<'a> {
             let cp = &self.http().cache_paths[zone];
             let path = cache::entry_path(&cp.path, &cp.levels, &md5);
             // A HEAD is asked upstream as GET (`proxy_cache_convert_head`), so that what is
-            // stored is the whole response; otherwise it is not stored.
+            // stored is the whole response; with `off` the HEAD's answer is stored as it is
+            // (nginx: then the key should hold `$request_method`).
             p.upstream_get = p.req.method == Method::Head && cc.convert_head;
-            let may_store = p.req.method != Method::Head || p.upstream_get;
+            let may_store = true;
             let mut c = CacheReq {
                 zone,
                 z: self.cache_zones[zone],
@@ -800,10 +801,7 @@ impl<'a> Worker<'a> {
         let no_cache = any_true(&self.render_all(key, p, loc, &cc.no_cache));
         // The fields as received (`X-Accel-Expires` is hidden from the client's head).
         let raw = shard_http::proxy::header_lines(&p.rbuf[..head_len]);
-        let store = c.may_store
-            && !no_cache
-            && c.uses >= cc.min_uses
-            && (p.req.method != Method::Head || p.upstream_get);
+        let store = c.may_store && !no_cache && c.uses >= cc.min_uses;
         if store {
             if let cache::Validity::Until(until) =
                 cache::validity(head.status, &raw, &cc.valid, loc.proxy.ignore_headers, now)
