@@ -415,6 +415,9 @@ fn vary_keeps_one_entry_per_variant() {
     let m = n.clone();
     let up = Upstream::start(move |r| {
         let i = m.fetch_add(1, Ordering::SeqCst) + 1;
+        if r.header("x-lang") == Some("de") {
+            return Reply::text(200, &format!("{i}:novary"));
+        }
         Reply::Fixed {
             status: 200,
             headers: vec![("Vary".into(), "X-Lang".into())],
@@ -435,6 +438,18 @@ fn vary_keeps_one_entry_per_variant() {
     assert_eq!((cache_status(&e), e.body_str().as_str()), ("HIT", "1:en"));
     assert_eq!((cache_status(&f), f.body_str().as_str()), ("HIT", "2:fr"));
     assert_eq!(n.load(Ordering::SeqCst), 2);
+    // An answer without `Vary` (the upstream changed its mind) replaces every variant.
+    let r = req(a, "GET /p HTTP/1.1\r\nX-Lang: de");
+    assert_eq!(cache_status(&r), "MISS");
+    let (e, f) = (en(a), fr(a));
+    assert_eq!(
+        (cache_status(&e), e.body_str().as_str()),
+        ("HIT", "3:novary")
+    );
+    assert_eq!(
+        (cache_status(&f), f.body_str().as_str()),
+        ("HIT", "3:novary")
+    );
 }
 
 #[test]

@@ -817,6 +817,16 @@ impl<'a> Worker<'a> {
                 } else {
                     [0; 16]
                 };
+                if !vary && c.variant_tried {
+                    // An answer without `Vary` replaces the variants: it goes to the key's
+                    // own entry, which every request reads first.
+                    let md5 = cache::key_md5(&c.key);
+                    let cp = &self.http().cache_paths[c.zone];
+                    c.path = cache::entry_path(&cp.path, &cp.levels, &md5);
+                    c.end_update();
+                    c.md5 = md5;
+                    c.zkey = cache::zone_key(&md5);
+                }
                 let (updating_secs, error_secs) =
                     cache::stale_extensions(&raw, loc.proxy.ignore_headers);
                 let header = cache::Header {
