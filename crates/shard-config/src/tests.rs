@@ -2823,3 +2823,59 @@ fn stream_limit_conn_zones() {
     let e = stream_error("limit_conn_zone $uri zone=a:1m;");
     assert!(e.contains("unknown \"uri\" variable"), "{e}");
 }
+
+#[test]
+fn cache_directives_merge_as_nginx() {
+    let c = http(
+        "proxy_cache_path /var/cache/a levels=1:2 keys_zone=one:10m inactive=1h max_size=1g;\n\
+         proxy_cache_path /var/cache/b keys_zone=two:1m use_temp_path=off;\n\
+         proxy_cache one;\n\
+         proxy_cache_valid 200 302 10m;\n\
+         proxy_cache_valid 404 1m;\n\
+         proxy_ignore_headers Expires;\n\
+         proxy_ignore_headers Set-Cookie X-Accel-Redirect;\n\
+         server { listen 127.0.0.1:8080;\n\
+           location / { proxy_pass http://127.0.0.1:1; }\n\
+           location /v { proxy_pass http://127.0.0.1:1; proxy_cache $arg_c;\n\
+             proxy_cache_valid 1h; proxy_cache_use_stale error updating;\n\
+             proxy_cache_methods POST; proxy_no_cache $arg_x $cookie_y; }\n\
+           location /off { proxy_pass http://127.0.0.1:1; proxy_cache off; } }",
+    );
+    let h = c.http.as_ref().unwrap();
+    assert_eq!(h.cache_paths.len(), 2);
+    let a = &h.cache_paths[0];
+    assert_eq!(
+        (
+            a.name.as_str(),
+            a.levels.clone(),
+            a.inactive_secs,
+            a.max_size
+        ),
+        ("one", vec![1, 2], 3600, 1 << 30)
+    );
+    assert!(!h.cache_paths[1].use_temp_path);
+    let locs = &h.servers[0].locations;
+    let (root, v, off) = (&locs[0].proxy, &locs[1].proxy, &locs[2].proxy);
+    assert_eq!(root.cache.sel, CacheSel::Zone(0));
+    assert_eq!(root.cache.valid.len(), 2);
+    assert_eq!(root.cache.valid[0].codes, vec![200, 302]);
+    assert_eq!(root.cache.valid[1].secs, 60);
+    // Repeated `proxy_ignore_headers` add up.
+    assert_eq!(
+        root.ignore_headers,
+        ignore::EXPIRES | ignore::SET_COOKIE | ignore::X_ACCEL_REDIRECT
+    );
+    assert!(root.ignore_accel_redirect);
+    assert!(matches!(v.cache.sel, CacheSel::Var(_)));
+    // A level's valid list replaces its parent's; without codes: 200 301 302.
+    assert_eq!(v.cache.valid.len(), 1);
+    assert_eq!(v.cache.valid[0].codes, vec![200, 301, 302]);
+    assert_eq!(v.cache.use_stale, stale::ERROR | stale::UPDATING);
+    assert_eq!(v.cache.methods, vec!["POST".to_string()]);
+    assert_eq!(v.cache.no_cache.len(), 2);
+    assert!(v.cache.reads_head, "$cookie_y reads the request's fields");
+    assert!(!root.cache.reads_head);
+    assert_eq!(off.cache.sel, CacheSel::Off);
+    assert_eq!(root.cache.lock_timeout_ms, 5000);
+    assert!(root.cache.convert_head);
+}

@@ -191,12 +191,11 @@ pub(super) fn set_fastcgi(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
         ),
         "fastcgi_bind" => once(&mut f.up.bind, super::http::parse_bind(d, file)?, d, file),
         "fastcgi_socket_keepalive" => once(&mut f.up.socket_keepalive, flag(d, file, v)?, d, file),
-        "fastcgi_ignore_headers" => once(
-            &mut f.up.ignore_headers,
-            super::http::ignore_headers(d, file)?,
-            d,
-            file,
-        ),
+        "fastcgi_ignore_headers" => {
+            let v = super::http::ignore_headers(d, file)?;
+            f.up.ignore_headers = Some(f.up.ignore_headers.unwrap_or(0) | v);
+            Ok(())
+        }
         "fastcgi_limit_rate" => once(
             &mut f.up.limit_rate,
             super::http::upstream_rate(d, file, v)?,

@@ -3232,10 +3232,12 @@ slot!(set_proxy_socket_keepalive, proxy.socket_keepalive, flag);
 
 slot!(set_proxy_limit_rate, proxy.limit_rate, upstream_rate);
 
-/// `proxy_ignore_headers FIELD ...` (a level with it replaces its parent's).
+/// `proxy_ignore_headers FIELD ...` (a level with it replaces its parent's; repeats add up).
 pub(super) fn set_proxy_ignore_headers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    // Repeats add up, as nginx's bitmask slot.
     let v = ignore_headers(d, file)?;
-    once(&mut s.proxy.ignore_headers, v, d, file)
+    s.proxy.ignore_headers = Some(s.proxy.ignore_headers.unwrap_or(0) | v);
+    Ok(())
 }
 
 /// nginx's fields of `proxy_ignore_headers`/`fastcgi_ignore_headers` (any case), as
