@@ -148,6 +148,20 @@ fn load(
     Ok(cfg)
 }
 
+/// What `-V` says shard has, in the words of nginx's `./configure` (the `--with-*` modules
+/// nginx builds only on request, and `--without-*` for the default ones shard lacks), so that
+/// scripts and test suites that read `nginx -V` find the modules shard implements.
+const NGINX_MODULES: &str = "--with-http_ssl_module --with-http_v2_module \
+--with-http_realip_module --with-http_sub_module --with-http_gunzip_module \
+--with-http_gzip_static_module --with-http_auth_request_module \
+--with-http_secure_link_module --with-http_stub_status_module --with-stream \
+--with-stream_ssl_module --with-stream_realip_module --with-stream_ssl_preread_module \
+--without-http_ssi_module --without-http_userid_module --without-http_mirror_module \
+--without-http_browser_module --without-http_uwsgi_module --without-http_scgi_module \
+--without-http_grpc_module --without-http_memcached_module --without-http_tunnel_module \
+--without-http_upstream_sticky --without-http_upstream_least_time_module \
+--without-stream_pass_module --without-stream_upstream_least_time_module";
+
 fn run(cli: Cli) -> i32 {
     if cli.version || cli.version_full {
         eprintln!("shard version: shard/{}", env!("CARGO_PKG_VERSION"));
@@ -155,6 +169,9 @@ fn run(cli: Cli) -> i32 {
             eprintln!(
                 "built with Rust; accept strategies: reuseport, accept_mutex, EPOLLEXCLUSIVE"
             );
+            eprintln!("built with rustls (TLS 1.2 and 1.3)");
+            eprintln!("TLS SNI support enabled");
+            eprintln!("nginx-equivalent configure arguments: {NGINX_MODULES}");
             eprintln!("default configuration path: PREFIX/{DEFAULT_CONF_PATH} (else the embedded default)");
         }
         if !cli.test && !cli.dump && cli.signal.is_none() {

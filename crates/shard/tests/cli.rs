@@ -219,6 +219,18 @@ fn quiet_test_prints_only_errors_and_capital_v_prints_build_information() {
     assert_eq!(code, 0);
     assert!(err.contains("shard version: shard/"), "{err}");
     assert!(err.contains("default configuration path:"), "{err}");
+    // What nginx's test suite and scripts read from `nginx -V`: the modules shard has, the
+    // default ones it lacks, and nothing it does not have (HTTP/3).
+    for m in [
+        "--with-http_v2_module",
+        "--with-stream ",
+        "--with-http_sub_module",
+    ] {
+        assert!(err.contains(m), "{m}: {err}");
+    }
+    assert!(err.contains("--without-http_ssi_module"), "{err}");
+    assert!(err.contains("TLS SNI support enabled"), "{err}");
+    assert!(!err.contains("http_v3"), "{err}");
 }
 
 #[test]
