@@ -271,10 +271,13 @@ impl<'a> Worker<'a> {
                 p.cache = Some(Box::new(c));
                 return None;
             }
-            // A range starting beyond `proxy_cache_max_range_offset` (a suffix range's start
-            // is not known) goes to the upstream as asked, not cached.
+            // A range starting at or beyond `proxy_cache_max_range_offset` (any range with
+            // `0`; a suffix range's start is not known) goes to the upstream as asked, not
+            // cached (nginx's `ngx_http_upstream_cache_check_range`).
             if let (Some(max), Some(r)) = (cc.max_range_offset, p.req.range.as_deref()) {
-                if range_start(r).is_none_or(|start| start > max) {
+                let t = r.trim_start();
+                let bytes = t.len() >= 7 && t.as_bytes()[..6].eq_ignore_ascii_case(b"bytes=");
+                if max == 0 || (bytes && range_start(r).is_none_or(|start| start >= max)) {
                     c.cacheable = false;
                     c.may_store = false;
                     p.upstream_get = false;
@@ -328,6 +331,14 @@ impl<'a> Worker<'a> {
                 let cp = &self.http().cache_paths[c.zone];
                 c.path = cache::entry_path(&cp.path, &cp.levels, &v);
                 entry = cache::open(&c.path, &c.key).ok().flatten();
+                // The variant's own file may hold an answer that varies on other fields:
+                // when this request is not its variant either, it is a miss (one step only,
+                // as nginx), and the answer it gets replaces that file.
+                if let Some(e) = entry.as_ref().filter(|e| e.header.variant != [0; 16]) {
+                    if self.request_variant(p, c, &e.head) != e.header.variant {
+                        entry = None;
+                    }
+                }
             }
         }
         let Some(e) = entry else {
@@ -401,16 +412,31 @@ impl<'a> Worker<'a> {
         let fields = vary_fields(stored_head);
         let mut storage = shard_http::vars::header_storage();
         let hs = shard_http::vars::request_headers(&p.head, &mut storage);
-        let values: Vec<(&str, Option<&[u8]>)> = fields
+        // Every line of a field, joined, with nginx's whitespace normalization: list
+        // elements trimmed, empty ones dropped (`foo, bar` and `foo,,bar ,` are one variant).
+        let normalized: Vec<Option<Vec<u8>>> = fields
             .iter()
             .map(|f| {
-                let v = hs
-                    .iter()
-                    .find(|h| h.name.eq_ignore_ascii_case(f))
-                    .map(|h| h.value);
-                let v: Option<&[u8]> = v;
-                (f.as_str(), v)
+                let mut out: Option<Vec<u8>> = None;
+                for h in hs.iter().filter(|h| h.name.eq_ignore_ascii_case(f)) {
+                    let o = out.get_or_insert_with(Vec::new);
+                    for e in h.value.split(|&b| b == b',') {
+                        let e = e.trim_ascii();
+                        if !e.is_empty() {
+                            if !o.is_empty() {
+                                o.push(b',');
+                            }
+                            o.extend_from_slice(e);
+                        }
+                    }
+                }
+                out
             })
+            .collect();
+        let values: Vec<(&str, Option<&[u8]>)> = fields
+            .iter()
+            .zip(&normalized)
+            .map(|(f, v)| (f.as_str(), v.as_deref()))
             .collect();
         cache::variant_md5(&main, &values)
     }
@@ -715,10 +741,13 @@ impl<'a> Worker<'a> {
             }
         }
         c.revalidating = false;
+        // Only a 200 or 206 entry keeps validators to revalidate with, as nginx.
+        let validated = |e: &&cache::Entry| matches!(status_of(&e.head), 200 | 206);
         if let Some(e) = c
             .entry
             .as_ref()
             .filter(|_| revalidate && c.status == Status::Expired)
+            .filter(validated)
         {
             for (n, v) in shard_http::proxy::header_lines(&e.head) {
                 let ask = if n.eq_ignore_ascii_case("last-modified") {
@@ -817,10 +846,13 @@ impl<'a> Worker<'a> {
                 } else {
                     [0; 16]
                 };
-                if !vary && c.variant_tried {
-                    // An answer without `Vary` replaces the variants: it goes to the key's
-                    // own entry, which every request reads first.
-                    let md5 = cache::key_md5(&c.key);
+                // Stored as the variant it was looked up as only when it is that variant
+                // (nginx's `ngx_http_file_cache_update_variant`); otherwise, an answer without
+                // `Vary` or varying on other fields included, it becomes the key's own entry,
+                // which every request reads first.
+                let main = cache::key_md5(&c.key);
+                if c.md5 != main && !(vary && variant == c.md5) {
+                    let md5 = main;
                     let cp = &self.http().cache_paths[c.zone];
                     c.path = cache::entry_path(&cp.path, &cp.levels, &md5);
                     c.end_update();
@@ -926,8 +958,16 @@ impl<'a> Worker<'a> {
 
 /// Where the first range of `Range: bytes=...` starts (`None`: a suffix range, or not one).
 fn range_start(h: &str) -> Option<u64> {
-    let spec = h.trim().strip_prefix("bytes=")?.split(',').next()?;
-    spec.split('-').next()?.trim().parse().ok()
+    let h = h.trim();
+    let spec = h
+        .get(6..)
+        .filter(|_| h[..6].eq_ignore_ascii_case("bytes="))?;
+    let digits: String = spec
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
 }
 
 /// The status of a stored head's status line.
