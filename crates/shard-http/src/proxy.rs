@@ -932,14 +932,16 @@ pub fn write_client_head(
     out.push(b' ');
     out.extend_from_slice(status_text(head.status).as_bytes());
     out.extend_from_slice(b"\r\n");
-    // A passed upstream `Server` or `Date` (`proxy_pass_header`) replaces shard's own.
+    // A passed upstream `Server` or `Date` (`proxy_pass_header`) replaces shard's own; an
+    // empty `server` or `date` is none at all (the location passes the upstream's, which
+    // sent none: nginx then sends none either).
     let has = |n: &str| head.headers.iter().any(|(h, _)| h.eq_ignore_ascii_case(n));
-    if !has("server") {
+    if !has("server") && !server.is_empty() {
         out.extend_from_slice(b"Server: ");
         push_clean(out, server);
         out.extend_from_slice(b"\r\n");
     }
-    if !has("date") {
+    if !has("date") && !date.is_empty() {
         out.extend_from_slice(b"Date: ");
         push_clean(out, date);
         out.extend_from_slice(b"\r\n");

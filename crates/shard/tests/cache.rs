@@ -93,7 +93,10 @@ fn files_under(dir: &Path, prefix: &str) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn a_response_is_stored_once_and_served_from_the_entry() {
-    let (up, n) = numbered(vec![("Content-Type".into(), "text/plain".into())]);
+    let (up, n) = numbered(vec![
+        ("Content-Type".into(), "text/plain".into()),
+        ("Content-Range".into(), "stub".into()),
+    ]);
     let s = Server::start(
         "cache-hit",
         &conf("{dir}/cache", up.port, "", "proxy_cache_valid 200 10m;"),
@@ -158,6 +161,16 @@ fn a_response_is_stored_once_and_served_from_the_entry() {
         body.contains("Content-Range: bytes 2-3/4\r\n\r\n/t"),
         "{body}"
     );
+    // An upstream's own `Content-Range` gives way to the range filter's.
+    let _ = get(a, "/cr");
+    let r = req(a, "GET /cr HTTP/1.1\r\nRange: bytes=0-1");
+    let ranges: Vec<_> = r
+        .headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("content-range"))
+        .collect();
+    assert_eq!(ranges.len(), 1, "{r:?}");
+    assert!(ranges[0].1.starts_with("bytes 0-1/"), "{r:?}");
     // One range on the first request: cut from the live answer, which is stored whole.
     let r = req(a, "GET /r HTTP/1.1\r\nRange: bytes=2-");
     assert_eq!(
@@ -179,7 +192,7 @@ fn a_response_is_stored_once_and_served_from_the_entry() {
     let last = up.last();
     assert_eq!(last.header("range"), None);
     assert_eq!(last.header("if-none-match"), None);
-    assert_eq!(n.load(Ordering::SeqCst), asked + 2);
+    assert_eq!(n.load(Ordering::SeqCst), asked + 3);
 }
 
 #[test]

@@ -1717,3 +1717,46 @@ fn nginx_as_the_upstream_when_installed() {
         conns.len()
     );
 }
+
+#[test]
+fn passed_date_and_server_are_the_upstreams_or_none() {
+    let up = Upstream::start(|r| {
+        if r.target.starts_with("/none") {
+            Reply::Raw(b"HTTP/1.0 200 OK\r\n\r\n".to_vec())
+        } else {
+            Reply::Raw(b"HTTP/1.0 200 OK\r\nDate: passed\r\nServer: passed\r\n\r\n".to_vec())
+        }
+    });
+    let s = Server::start(
+        "proxy-pass-date",
+        &conf(
+            "",
+            &format!(
+                "location / {{ proxy_pass http://127.0.0.1:{p}; proxy_pass_header Date;\n\
+                 proxy_pass_header Server; }}\n\
+                 location /own/ {{ proxy_pass http://127.0.0.1:{p}; }}",
+                p = up.port
+            ),
+        ),
+        1,
+    );
+    let a = s.addr();
+    let r = get(a, "/x");
+    assert_eq!(
+        (r.header("date"), r.header("server")),
+        (Some("passed"), Some("passed"))
+    );
+    // The upstream sent none: nginx then sends none either.
+    let r = get(a, "/none");
+    assert_eq!(
+        (r.header("date"), r.header("server")),
+        (None, None),
+        "{r:?}"
+    );
+    // Not passed: shard's own.
+    let r = get(a, "/own/none");
+    assert!(
+        r.header("date").is_some() && r.header("server").is_some(),
+        "{r:?}"
+    );
+}

@@ -486,6 +486,16 @@ impl<'a> Worker<'a> {
             }
         }
         let ok_200 = ok_200 && length == body_len;
+        // The range filter's own `Content-Range` replaces any the upstream sent.
+        let ranged = ok_200
+            && p.req.method != Method::Head
+            && p.req
+                .range
+                .as_deref()
+                .is_some_and(|r| shard_http::static_file::ranges(r, body_len).is_some());
+        if ranged {
+            remove_field(&mut head, "content-range");
+        }
         let range = p
             .req
             .range

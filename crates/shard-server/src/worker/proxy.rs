@@ -2373,6 +2373,8 @@ impl<'a> Worker<'a> {
         p.window = None;
         if let Some((a, b, n)) = self.cache_live_range(p, &head, framing) {
             head.status = 206;
+            head.headers
+                .retain(|(n, _)| !n.eq_ignore_ascii_case("content-range"));
             head.headers.push((
                 "Content-Range".to_string(),
                 format!("bytes {a}-{b}/{n}").into_bytes(),
@@ -2438,7 +2440,14 @@ impl<'a> Worker<'a> {
                 Some(&ctx),
             );
         }
-        let server = shard_http::response::server_value(loc);
+        // `proxy_pass_header Server` / `Date`: the upstream's or none, as nginx.
+        let passes = |n: &str| loc.proxy.pass_headers.iter().any(|h| h == n);
+        let server = if passes("server") {
+            &b""[..]
+        } else {
+            shard_http::response::server_value(loc)
+        };
+        let date: &[u8] = if passes("date") { b"" } else { &self.cx.date };
         let c = &mut self.conns[key];
         if c.out_pos > 0 && c.out_pos >= c.out.len() {
             c.out.clear();
@@ -2449,7 +2458,7 @@ impl<'a> Worker<'a> {
         shard_http::proxy::write_client_head(
             if p.background { &mut sink } else { &mut c.out },
             &head,
-            &self.cx.date,
+            date,
             client_framing,
             p.keep_alive,
             server,
