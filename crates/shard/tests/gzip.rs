@@ -26,6 +26,7 @@ http {
         location /off/ { gzip off; }
         location /level9/ { gzip_comp_level 9; }
         location /old/ { gzip_http_version 1.0; }
+        location /proxied/ { proxy_pass http://127.0.0.1:{port}/; gzip_vary on; }
         location / { }
     }
 }
@@ -306,4 +307,37 @@ fn return_bodies_are_gzipped_when_the_type_matches() {
     assert_plain(&req(&s, "GET", "/ret", ""), text);
     assert_plain(&gz(&s, "/ret-css"), b"body{} body{} body{} body{} body{}");
     assert_plain(&gz(&s, "/ret-short"), b"short");
+}
+
+#[test]
+fn proxied_answers_are_gzipped_as_they_stream() {
+    let s = start("gzip-proxied");
+    let big = big_text();
+    let r = gz(&s, "/proxied/big.txt");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("content-encoding"),
+        Some("gzip"),
+        "{:?}",
+        r.headers
+    );
+    // Length unknown once compressed: chunked to an HTTP/1.1 client.
+    assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+    assert_eq!(r.header("content-length"), None);
+    assert_eq!(r.header("vary"), Some("Accept-Encoding"));
+    assert!(
+        r.header("etag").unwrap().starts_with("W/"),
+        "{:?}",
+        r.headers
+    );
+    assert!(r.body.len() < big.len() / 4);
+    assert_eq!(gunzip(&r.body), big);
+    // Not to a client that does not take it, nor a type gzip_types does not list.
+    let r = req(&s, "GET", "/proxied/big.txt", "");
+    assert_eq!(
+        (r.header("content-encoding"), r.body.len()),
+        (None, big.len())
+    );
+    let r = gz(&s, "/proxied/style.css");
+    assert_eq!(r.header("content-encoding"), None);
 }

@@ -601,6 +601,7 @@ impl<'a> Worker<'a> {
             || p.recode.is_some()
             || p.gunzip.is_some()
             || p.sub.is_some()
+            || p.gzip.is_some()
         {
             return None;
         }
@@ -634,7 +635,7 @@ impl<'a> Worker<'a> {
         let shard_http::proxy::Framing::Length(n) = framing else {
             return None;
         };
-        if p.gunzip.is_some() || p.sub.is_some() || p.recode.is_some() {
+        if p.gunzip.is_some() || p.sub.is_some() || p.recode.is_some() || p.gzip.is_some() {
             return None;
         }
         match shard_http::static_file::ranges(p.req.range.as_deref()?, n)? {
@@ -669,6 +670,7 @@ impl<'a> Worker<'a> {
         p.recode = None;
         p.gunzip = None;
         p.sub = None;
+        p.gzip = None;
         p.state = State::Connect;
         if self.conns[key].has_output() {
             let _ = self.flush(key);

@@ -259,6 +259,8 @@ pub(super) struct Proxy {
     gunzip: Option<Box<flate2::write::MultiGzDecoder<Vec<u8>>>>,
     /// `sub_filter` on the body.
     sub: Option<Box<shard_http::subfilter::SubFilter>>,
+    /// `gzip`: the body compressed for the client.
+    gzip: Option<Box<flate2::write::GzEncoder<Vec<u8>>>>,
     /// An `auth_request` subrequest: the main request it holds, resumed with its status.
     auth: Option<Box<AuthPending>>,
     keep_alive: bool,
@@ -390,6 +392,7 @@ impl Proxy {
             recode: None,
             gunzip: None,
             sub: None,
+            gzip: None,
             auth: None,
             keep_alive,
             head_sent: false,
@@ -2356,6 +2359,76 @@ impl<'a> Worker<'a> {
                 }
             }
         }
+        // `gzip`: the answer compressed as it streams, as nginx's gzip filter does for any
+        // response (after `sub_filter`; `Vary` with `gzip_vary` whenever gzip applies).
+        p.gzip = None;
+        if loc.gzip.enabled && head.framing != Framing::None && head.status != 101 {
+            let field = |name: &str| {
+                head.headers
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            };
+            let ct = field("content-type");
+            let encoded = field("content-encoding").is_some();
+            let cc = field("cache-control")
+                .unwrap_or_default()
+                .to_ascii_lowercase();
+            let traits = shard_http::gzip::ResponseTraits {
+                last_modified: field("last-modified").is_some(),
+                etag: field("etag").is_some(),
+                expired: field("expires").is_some_and(|e| {
+                    httpdate::parse_http_date(e.trim())
+                        .map_or(true, |t| t <= std::time::SystemTime::now())
+                }),
+                no_cache: cc.contains("no-cache"),
+                no_store: cc.contains("no-store"),
+                private: cc.contains("private"),
+            };
+            let len = match head.framing {
+                Framing::Length(n) if p.sub.is_none() => {
+                    n.min(shard_http::gzip::GZIP_MAX_FILE_BYTES)
+                }
+                _ => loc.gzip.min_length,
+            };
+            let g = shard_http::gzip::decide_for(
+                &loc.gzip,
+                &p.req,
+                head.status,
+                ct.as_deref(),
+                len,
+                &traits,
+            );
+            let vary_named = head.headers.iter().any(|(n, v)| {
+                n.eq_ignore_ascii_case("vary")
+                    && String::from_utf8_lossy(v)
+                        .to_ascii_lowercase()
+                        .contains("accept-encoding")
+            });
+            if g.vary && !vary_named && !encoded {
+                head.headers.push((
+                    "Vary".to_string(),
+                    shard_http::gzip::VARY.as_bytes().to_vec(),
+                ));
+            }
+            if g.compress && !encoded && p.gunzip.is_none() {
+                let level = flate2::Compression::new(loc.gzip.comp_level);
+                p.gzip = Some(Box::new(flate2::write::GzEncoder::new(Vec::new(), level)));
+                head.headers.retain(|(n, _)| {
+                    !n.eq_ignore_ascii_case("content-length")
+                        && !n.eq_ignore_ascii_case("accept-ranges")
+                });
+                for (n, v) in &mut head.headers {
+                    if n.eq_ignore_ascii_case("etag") && !v.starts_with(b"W/") {
+                        v.splice(0..0, b"W/".iter().copied());
+                    }
+                }
+                head.headers.push((
+                    "Content-Encoding".to_string(),
+                    shard_http::gzip::ENCODING.as_bytes().to_vec(),
+                ));
+            }
+        }
         if let Some(u) = p.up {
             let (upstream, peer) = (self.upconns[u].upstream, self.upconns[u].peer);
             balance::succeeded(&mut self.http_peer_state[upstream], peer);
@@ -2365,7 +2438,9 @@ impl<'a> Worker<'a> {
         // as for an HTTP/1.0 client.
         // Decompressed, the body's length is not the upstream's.
         let mut framing = match head.framing {
-            Framing::Length(_) if p.gunzip.is_some() || p.sub.is_some() => Framing::Close,
+            Framing::Length(_) if p.gunzip.is_some() || p.sub.is_some() || p.gzip.is_some() => {
+                Framing::Close
+            }
             f => f,
         };
         // A cached location answers one `Range` of a live 200 as nginx's range filter does
@@ -2683,6 +2758,7 @@ impl<'a> Worker<'a> {
             recode: p.recode.as_deref(),
             gunzip: p.gunzip.as_deref_mut(),
             sub: p.sub.as_deref_mut(),
+            gzip: p.gzip.as_deref_mut(),
         };
         let storing = p.cache.as_ref().is_some_and(|c| c.storing());
         match &mut p.upbody {
@@ -2749,6 +2825,7 @@ impl<'a> Worker<'a> {
             recode: p.recode.as_deref(),
             gunzip: p.gunzip.as_deref_mut(),
             sub: p.sub.as_deref_mut(),
+            gzip: p.gzip.as_deref_mut(),
         };
         p.body_sent += emit.finish()?;
         Ok(())
@@ -3525,12 +3602,17 @@ impl<'a> Worker<'a> {
 
 /// Body bytes on their way to the client: recoded (`charset`), decompressed (`gunzip`),
 /// then framed (chunked or as they are).
+/// Compressed bytes a proxied answer gathers before they go to the client (nginx's
+/// `gzip_buffers` default: 32 x 4 KiB or 16 x 8 KiB; one buffer's worth here).
+const GZIP_OUT_BYTES: usize = 8192;
+
 struct Emit<'a> {
     out: &'a mut Vec<u8>,
     chunked: bool,
     recode: Option<&'a [u8; 256]>,
     gunzip: Option<&'a mut flate2::write::MultiGzDecoder<Vec<u8>>>,
     sub: Option<&'a mut shard_http::subfilter::SubFilter>,
+    gzip: Option<&'a mut flate2::write::GzEncoder<Vec<u8>>>,
 }
 
 impl Emit<'_> {
@@ -3551,16 +3633,34 @@ impl Emit<'_> {
         }
     }
 
-    /// Through `sub_filter` (its held bytes too when `last`), then framed.
+    /// Through `sub_filter` (its held bytes too when `last`), then `gzip`, then framed.
     fn filtered(&mut self, data: &[u8], last: bool) -> u64 {
         let Some(f) = self.sub.as_deref_mut() else {
-            return self.framed(data);
+            return self.compressed(data, last);
         };
         let mut out = Vec::with_capacity(data.len());
         f.feed(data, &mut out);
         if last {
             f.finish(&mut out);
         }
+        self.compressed(&out, last)
+    }
+
+    /// Through `gzip` (its trailer when `last`), then framed.
+    fn compressed(&mut self, data: &[u8], last: bool) -> u64 {
+        use std::io::Write;
+        let Some(g) = self.gzip.as_deref_mut() else {
+            return self.framed(data);
+        };
+        // Writing to memory cannot fail.
+        let _ = g.write_all(data);
+        if last {
+            let _ = g.try_finish();
+        } else if g.get_ref().len() < GZIP_OUT_BYTES {
+            // As nginx's gzip buffers: compressed bytes go out a buffer at a time.
+            return 0;
+        }
+        let out = std::mem::take(g.get_mut());
         self.framed(&out)
     }
 
