@@ -26,34 +26,9 @@ BP=
 cleanup() { [ -n "$BP" ] && kill "$BP" 2>/dev/null; rm -rf "$DIR"; }
 trap cleanup EXIT
 mkdir -p "$DIR/logs"
+. "$(dirname "$0")/lib.sh"
 
-cat > "$DIR/client.py" <<'PY'
-import socket, sys, time
-n, port = int(sys.argv[1]), int(sys.argv[2])
-deadline = time.time() + 60
-while True:
-    try:
-        s = socket.create_connection(("127.0.0.1", port)); break
-    except OSError:
-        if time.time() > deadline: sys.exit("the server did not start")
-        time.sleep(0.05)
-s.settimeout(60)
-req = b"GET /x HTTP/1.1\r\nHost: localhost\r\nUser-Agent: wrk\r\nAccept: */*\r\n\r\n"
-buf = b""
-for _ in range(n):
-    s.sendall(req)
-    while True:
-        h = buf.find(b"\r\n\r\n")
-        if h >= 0:
-            head = buf[:h].decode("latin-1").lower()
-            cl = int(head.split("content-length:")[1].split("\r\n")[0])
-            if len(buf) >= h + 4 + cl:
-                buf = buf[h + 4 + cl:]
-                break
-        d = s.recv(65536)
-        if not d: sys.exit("the server closed the connection")
-        buf += d
-PY
+write_client
 
 cat > "$DIR/backend.conf" <<EOC
 daemon off; master_process off; worker_processes 1; user root;
@@ -76,24 +51,11 @@ http { access_log off; keepalive_requests 1000000;
 EOC
 }
 
-instructions() { # binary conf requests
-  local out="$DIR/cg.$3"
-  timeout 300 valgrind --tool=callgrind --callgrind-out-file="$out" "$1" -p "$DIR" -c "$2" \
-    >"$DIR/logs/valgrind.log" 2>&1 &
-  local vp=$!
-  timeout 250 python3 "$DIR/client.py" "$3" "$PORT"
-  kill -QUIT "$vp" 2>/dev/null || true  # nginx: graceful stop
-  sleep 0.5
-  kill -TERM "$vp" 2>/dev/null || true
-  wait "$vp" || true
-  sed -n 's/^summary: //p' "$out"
-}
-
 per_request() { # name binary
   conf "$1" > "$DIR/$1.conf"
   local a b
-  a=$(instructions "$2" "$DIR/$1.conf" "$LOW")
-  b=$(instructions "$2" "$DIR/$1.conf" "$HIGH")
+  a=$(instructions "$2" "$DIR/$1.conf" "$LOW" /x)
+  b=$(instructions "$2" "$DIR/$1.conf" "$HIGH" /x)
   echo "$1 front: $(( (b - a) / (HIGH - LOW) )) instructions per proxied request"
 }
 

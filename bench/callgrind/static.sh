@@ -26,35 +26,10 @@ command -v valgrind >/dev/null || { echo "valgrind missing: apt-get install valg
 DIR=$(mktemp -d /tmp/shard-callgrind.XXXXXX)
 trap 'rm -rf "$DIR"' EXIT
 mkdir -p "$DIR/html" "$DIR/logs"
+. "$(dirname "$0")/lib.sh"
 printf '%032d\n' 0 > "$DIR/html/a.txt"
 
-cat > "$DIR/client.py" <<'EOF'
-import socket, sys, time
-n, port = int(sys.argv[1]), int(sys.argv[2])
-deadline = time.time() + 60
-while True:
-    try:
-        s = socket.create_connection(("127.0.0.1", port)); break
-    except OSError:
-        if time.time() > deadline: sys.exit("the server did not start")
-        time.sleep(0.05)
-s.settimeout(60)
-req = b"GET /a.txt HTTP/1.1\r\nHost: localhost\r\nUser-Agent: wrk\r\nAccept: */*\r\n\r\n"
-buf = b""
-for _ in range(n):
-    s.sendall(req)
-    while True:
-        h = buf.find(b"\r\n\r\n")
-        if h >= 0:
-            head = buf[:h].decode("latin-1").lower()
-            cl = int(head.split("content-length:")[1].split("\r\n")[0])
-            if len(buf) >= h + 4 + cl:
-                buf = buf[h + 4 + cl:]
-                break
-        d = s.recv(65536)
-        if not d: sys.exit("the server closed the connection")
-        buf += d
-EOF
+write_client
 
 conf() { # server cache(on|off)
   local cache=""
@@ -77,24 +52,11 @@ http {
 EOF
 }
 
-instructions() { # binary conf requests
-  local out="$DIR/cg.$3"
-  timeout 300 valgrind --tool=callgrind --callgrind-out-file="$out" "$1" -c "$2" \
-    >"$DIR/logs/valgrind.log" 2>&1 &
-  local vp=$!
-  timeout 250 python3 "$DIR/client.py" "$3" "$PORT"
-  kill -QUIT "$vp" 2>/dev/null || true  # nginx: graceful stop
-  sleep 0.5
-  kill -TERM "$vp" 2>/dev/null || true
-  wait "$vp" || true
-  sed -n 's/^summary: //p' "$out"
-}
-
 per_request() { # name binary cache
   conf "$1" "$3" > "$DIR/$1-$3.conf"
   local a b
-  a=$(instructions "$2" "$DIR/$1-$3.conf" "$LOW")
-  b=$(instructions "$2" "$DIR/$1-$3.conf" "$HIGH")
+  a=$(instructions "$2" "$DIR/$1-$3.conf" "$LOW" /a.txt)
+  b=$(instructions "$2" "$DIR/$1-$3.conf" "$HIGH" /a.txt)
   echo "$1 open_file_cache $3: $(( (b - a) / (HIGH - LOW) )) instructions per request"
 }
 

@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 
-use crate::procfs;
 use crate::servers::{self, Kind, Running, Spec};
 use crate::Tools;
+use crate::{fmt, procfs};
 
 /// The objects: name and size.
 const OBJECTS: [(&str, usize); 3] = [("1k", 1024), ("64k", 64 * 1024), ("1m", 1024 * 1024)];
@@ -291,10 +291,6 @@ fn p99_ms(port: u16, path: &str, a: &CacheArgs) -> Result<f64> {
     let r = crate::loadgen::run(&spec)?;
     ensure!(r.requests > 0, "no responses on {path}");
     Ok(r.histogram.value_at_quantile(0.99) as f64 / 1000.0)
-}
-
-fn fmt(v: Option<f64>, digits: usize) -> String {
-    v.map_or("-".to_string(), |x| format!("{x:.digits$}"))
 }
 
 fn render(a: &CacheArgs, fronts: &[Front], notes: &[String]) -> String {

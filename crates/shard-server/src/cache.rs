@@ -83,22 +83,8 @@ impl Zone {
     /// Maps a zeroed zone of `bytes` (at least one entry).
     pub fn create(bytes: usize) -> io::Result<Zone> {
         let words = (bytes / 8).max(HEADER_WORDS + ENTRY_WORDS);
-        // SAFETY: anonymous shared mapping with no address hint; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                words * 8,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Zone {
-            base: p as *const AtomicU64,
+            base: crate::limits::map_words(words)?,
             words,
         })
     }

@@ -92,26 +92,32 @@ impl Drop for Guard<'_> {
     }
 }
 
+/// A zeroed `MAP_SHARED | MAP_ANONYMOUS` mapping of `words` 64-bit words, never unmapped:
+/// the memory of the zones here and of `cache.rs`'s keys zones.
+pub(crate) fn map_words(words: usize) -> io::Result<*const AtomicU64> {
+    // SAFETY: anonymous shared mapping with no address hint; the result is checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            words * 8,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p as *const AtomicU64)
+}
+
 impl Zone {
     /// Maps a zeroed zone of `bytes` (at least one entry).
     pub fn create(bytes: usize) -> io::Result<Zone> {
         let words = (bytes / 8).max(HEADER_WORDS + ENTRY_WORDS);
-        // SAFETY: anonymous shared mapping with no address hint; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                words * 8,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Zone {
-            base: p as *const AtomicU64,
+            base: map_words(words)?,
             words,
         })
     }
