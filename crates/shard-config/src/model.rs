@@ -2130,6 +2130,10 @@ pub struct ServerConf {
     /// A server with no `listen` listens on `*:80`, as nginx (as root) does.
     pub listen: Vec<SocketAddr>,
     pub server_names: Vec<ServerName>,
+    /// `$server_name`: the first name as nginx keeps it (`*.example.com`, `www.example.*`,
+    /// `example.com` for `.example.com`, `~REGEX` as written; lowercase otherwise; `""` for
+    /// none).
+    pub name: String,
     /// Default 60 s.
     pub client_header_timeout_ms: u64,
     /// Default 1 KiB.

@@ -6,7 +6,7 @@
 //! [`find_location_index`]): exact, then the longest prefix, then regexes, else the server's
 //! own settings. This module does not look at methods, files or the network.
 
-use shard_config::{Listener, LocationConf, LocationKind, ServerConf, ServerName};
+use shard_config::{Listener, LocationConf, LocationKind, ServerConf};
 
 /// Index into `http.servers` of the server for `host` (lowercase, without port) on `listener`:
 /// an exact name, the longest leading wildcard, the longest trailing one, the first regular
@@ -29,13 +29,7 @@ pub fn select_server(listener: &Listener, host: Option<&str>) -> usize {
 
 /// `$server_name`: the server's first exact name, or "".
 pub fn server_name(srv: &ServerConf) -> &str {
-    srv.server_names
-        .iter()
-        .find_map(|n| match n {
-            ServerName::Exact(e) => Some(e.as_str()),
-            _ => None,
-        })
-        .unwrap_or("")
+    &srv.name
 }
 
 /// Byte ranges in the matched path of a regex location's groups (`$0` the whole match, `$1`
@@ -127,7 +121,7 @@ pub fn named_location<'a>(server: &'a ServerConf, name: &str) -> Option<&'a Loca
 #[cfg(test)]
 pub(crate) mod oracle {
     use super::*;
-    use shard_config::HttpConf;
+    use shard_config::{HttpConf, ServerName};
 
     /// Index into `http.servers` of the server for `host` (lowercase, without port) on `listener`.
     /// A request without a host matches only `server_name ""`.
@@ -288,7 +282,7 @@ pub(crate) mod oracle {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use shard_config::{HttpConf, ListenOpts, Place};
+    use shard_config::{HttpConf, ListenOpts, Place, ServerName};
     use std::path::PathBuf;
     use std::sync::Arc;
 
@@ -408,6 +402,7 @@ pub(crate) mod tests {
             listen: vec![],
             ssl: Default::default(),
             server_names: names,
+            name: String::new(),
             client_header_timeout_ms: 60_000,
             client_header_buffer_size: 1024,
             large_client_header_buffers: (4, 8192),

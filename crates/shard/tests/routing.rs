@@ -95,3 +95,37 @@ fn ten_thousand_servers_five_thousand_locations_and_big_maps() {
     }
     assert_eq!(ask(&s, "z.test", "/k"), "m=none zone=none");
 }
+
+#[test]
+fn server_name_is_the_first_name_as_nginx_keeps_it_and_regex_captures_are_variables() {
+    let s = Server::start(
+        "server-name-var",
+        "worker_processes 1;\nevents {}\nhttp {\n\
+         server { listen 127.0.0.1:{port}; server_name localhost;\n\
+           location = /status { shard_status; }\n\
+           location / { return 200 \"[$server_name]\"; } }\n\
+         server { listen 127.0.0.1:{port}; server_name ~^(?P<name>[a-z]+)\\.example\\.com$;\n\
+           location / { return 200 \"[$server_name][$name]\"; } }\n\
+         server { listen 127.0.0.1:{port}; server_name *.wc.example.org wc.example.org;\n\
+           location / { return 200 \"[$server_name]\"; } }\n\
+         server { listen 127.0.0.1:{port}; server_name .dot.example.net;\n\
+           location / { return 200 \"[$server_name]\"; } }\n\
+         }\n",
+        1,
+    );
+    let body = |host: &str| {
+        raw(
+            s.addr(),
+            format!("GET / HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes(),
+        )
+        .body_str()
+    };
+    assert_eq!(body("localhost"), "[localhost]");
+    assert_eq!(
+        body("BLAH.example.com"),
+        "[~^(?P<name>[a-z]+)\\.example\\.com$][blah]"
+    );
+    assert_eq!(body("www.wc.example.org"), "[*.wc.example.org]");
+    assert_eq!(body("wc.example.org"), "[*.wc.example.org]");
+    assert_eq!(body("a.dot.example.net"), "[dot.example.net]");
+}

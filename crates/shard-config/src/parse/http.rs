@@ -1248,9 +1248,18 @@ pub(super) fn finish_server(
         certificates: eff.ssl.pairs()?,
         ..eff.ssl.conf.clone()
     };
+    let name = match s.names.first() {
+        Some(ServerName::Exact(e)) => e.clone(),
+        Some(ServerName::WildcardPrefix(suffix)) => format!("*{suffix}"),
+        Some(ServerName::WildcardSuffix(prefix)) => format!("{prefix}*"),
+        Some(ServerName::Dot(name)) => name.clone(),
+        Some(ServerName::Regex(re)) => format!("~{}", re.0.as_str()),
+        None => String::new(),
+    };
     Ok(ServerConf {
         ssl,
         place: s.place,
+        name,
         listen: s.listen,
         server_names: if s.names.is_empty() {
             vec![ServerName::Exact(String::new())]

@@ -1933,6 +1933,26 @@ impl<'a> Worker<'a> {
         c.rq().user_vars.clear();
         c.rq().if_headers = None;
         c.rq().cache_status = "";
+        // `server_name ~...(?<name>...)`: the named captures of the expression that chose the
+        // server are the request's variables, as nginx's.
+        if let Some(host) = req.host.as_deref() {
+            let mut caps = Vec::new();
+            for n in &server.server_names {
+                let shard_config::ServerName::Regex(re) = n else {
+                    continue;
+                };
+                if !re.0.captures_into(host, &mut caps) {
+                    continue;
+                }
+                for (name, cap) in re.0.capture_names().iter().zip(&caps) {
+                    if let (Some(name), Some((a, b))) = (name, cap) {
+                        let v = host.as_bytes()[*a..*b].to_vec();
+                        c.rq().user_vars.push((name.clone(), v));
+                    }
+                }
+                break;
+            }
+        }
         // nginx's `auto_redirect` (its find-config phase, before any rewrite): `/dir` where
         // `location /dir/` passes to an upstream is a 301 to `/dir/`, arguments kept.
         let auto = server
