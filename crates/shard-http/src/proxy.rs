@@ -1044,6 +1044,7 @@ mod tests {
         tls: None,
         proxy_protocol: None,
         http2: "",
+        upstream: &[],
     };
 
     fn req(raw: &str) -> (Request, Vec<u8>) {

@@ -74,6 +74,9 @@ pub struct Conn<'a> {
     pub http2: &'a str,
     /// The PROXY protocol header the connection began with (`listen ... proxy_protocol`).
     pub proxy_protocol: Option<&'a crate::proxy_protocol::Header>,
+    /// The peers an upstream request of this request tried before it went on to an
+    /// `error_page` (`$upstream_status` there, as nginx keeps it): used when `Done` has none.
+    pub upstream: &'a [UpstreamTry],
 }
 
 /// What a TLS connection negotiated.
@@ -524,7 +527,10 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         | Var::UpstreamConnectTime
         | Var::UpstreamHeaderTime
         | Var::UpstreamResponseLength => {
-            let tries = c.done.map_or(&[][..], |d| d.upstream);
+            let tries = match c.done {
+                Some(d) if !d.upstream.is_empty() => d.upstream,
+                _ => c.conn.upstream,
+            };
             for (i, t) in tries.iter().enumerate() {
                 if i > 0 {
                     out.extend_from_slice(b", ");

@@ -1760,3 +1760,47 @@ fn passed_date_and_server_are_the_upstreams_or_none() {
         "{r:?}"
     );
 }
+
+#[test]
+fn an_intercepted_error_page_sees_the_tries_and_the_challenges() {
+    let up = Upstream::start(|r| {
+        if r.target.starts_with("/auth") {
+            Reply::Fixed {
+                status: 401,
+                headers: vec![
+                    ("WWW-Authenticate".into(), "Basic realm=\"a\"".into()),
+                    ("WWW-Authenticate".into(), "Bearer".into()),
+                ],
+                body: b"no".to_vec(),
+            }
+        } else {
+            Reply::text(404, "nope")
+        }
+    });
+    let s = Server::start(
+        "proxy-intercept-vars",
+        &conf(
+            &upstream_block("u", &[(up.port, ""), (up.port, "")], ""),
+            "proxy_next_upstream http_404; proxy_intercept_errors on;\n\
+             error_page 404 /404; error_page 401 /401;\n\
+             location / { proxy_pass http://u; }\n\
+             location = /404 { return 200 \"x${upstream_status}x\"; }\n\
+             location = /401 { return 401 \"intercepted\"; }",
+        ),
+        1,
+    );
+    let a = s.addr();
+    // Both peers answered 404: the error page's `$upstream_status` lists both tries.
+    let r = get(a, "/x");
+    assert_eq!(r.body_str(), "x404, 404x", "{r:?}");
+    // The 401's challenges go with the page that replaces it.
+    let r = get(a, "/auth");
+    assert_eq!(r.status, 401);
+    let ch: Vec<&str> = r
+        .headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("www-authenticate"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(ch, vec!["Basic realm=\"a\"", "Bearer"], "{r:?}");
+}

@@ -156,6 +156,8 @@ pub(super) struct Req {
     pub(super) if_headers: Option<Vec<shard_config::AddHeader>>,
     /// `$upstream_cache_status` of the proxied response ("" without a cache).
     pub(super) cache_status: &'static str,
+    /// The peers a proxied request tried before it went on to an `error_page`.
+    pub(super) upstream_tries: Vec<shard_http::vars::UpstreamTry>,
     /// The current request's client: the peer, or what `set_real_ip_from` lets a header say.
     pub(super) client: Option<SocketAddr>,
     /// `limit_req` delays the request (still unparsed in `inbuf`) until then (0: not delayed).
@@ -258,6 +260,7 @@ impl Req {
         self.user_vars.clear();
         self.if_headers = None;
         self.cache_status = "";
+        self.upstream_tries.clear();
         self.client = None;
         self.delayed_until = 0;
         self.limit_passed = false;
@@ -317,6 +320,7 @@ impl Req {
             user_vars: Vec::new(),
             if_headers: None,
             cache_status: "",
+            upstream_tries: Vec::new(),
             client: None,
             delayed_until: 0,
             limit_passed: false,
@@ -2823,6 +2827,7 @@ impl<'a> Worker<'a> {
                 None => c.tls.as_ref().map(|t| t.vars(c.rd().server)),
             },
             http2: self.h2_var(key),
+            upstream: &c.rd().upstream_tries,
         }
     }
 

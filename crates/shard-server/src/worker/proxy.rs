@@ -2089,7 +2089,11 @@ impl<'a> Worker<'a> {
                         }
                     }
                     // `proxy_intercept_errors`: the location's `error_page` for this status
-                    // replaces the upstream's answer, which is not read further.
+                    // replaces the upstream's answer, which is not read further; the try
+                    // keeps the status it answered (`$upstream_status` there).
+                    if let Some(a) = p.attempts.last_mut() {
+                        a.status = Some(head.status);
+                    }
                     if loc.proxy.intercept_errors
                         && head.status >= 300
                         && loc
@@ -2097,6 +2101,22 @@ impl<'a> Worker<'a> {
                             .iter()
                             .any(|e| e.codes.contains(&head.status))
                     {
+                        // A 401's challenges go with the error page, as nginx passes them.
+                        if head.status == 401 {
+                            let mut lines = Vec::new();
+                            for (_, v) in head
+                                .headers
+                                .iter()
+                                .filter(|(n, _)| n.eq_ignore_ascii_case("www-authenticate"))
+                            {
+                                lines.extend_from_slice(b"WWW-Authenticate: ");
+                                lines.extend(v.iter().filter(|&&b| b != b'\r' && b != b'\n'));
+                                lines.extend_from_slice(b"\r\n");
+                            }
+                            if !lines.is_empty() {
+                                self.conns[key].rq().accel_headers = Some(lines.into_boxed_slice());
+                            }
+                        }
                         return Flow::Fail(head.status);
                     }
                     if !loc.proxy.ignore_accel_redirect && head.accel_redirect {
@@ -3037,6 +3057,8 @@ impl<'a> Worker<'a> {
         if !self.conns[key].rq().in_error_page
             && loc.error_pages.iter().any(|e| e.codes.contains(&status))
         {
+            // `$upstream_*` in the error page's location are the tries that led there.
+            self.conns[key].rq().upstream_tries = p.attempts.clone();
             let req = p.req.clone();
             let head = std::mem::take(&mut p.head);
             let server = p.server;
