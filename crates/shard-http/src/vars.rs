@@ -428,7 +428,10 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::LimitReqStatus => out.extend_from_slice(c.conn.limit_req_status.as_bytes()),
         Var::LimitConnStatus => out.extend_from_slice(c.conn.limit_conn_status.as_bytes()),
         Var::UpstreamHttp(name) => {
-            let last = c.done.and_then(|d| d.upstream.last());
+            let last = c
+                .done
+                .and_then(|d| d.upstream.last())
+                .or(c.conn.upstream.last());
             let mut first = true;
             for (_, v) in last
                 .into_iter()
@@ -443,7 +446,10 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             }
         }
         Var::UpstreamCookie(name) => {
-            let last = c.done.and_then(|d| d.upstream.last());
+            let last = c
+                .done
+                .and_then(|d| d.upstream.last())
+                .or(c.conn.upstream.last());
             let value = last
                 .into_iter()
                 .flat_map(|t| &t.headers)

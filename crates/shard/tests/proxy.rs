@@ -1804,3 +1804,45 @@ fn an_intercepted_error_page_sees_the_tries_and_the_challenges() {
         .collect();
     assert_eq!(ch, vec!["Basic realm=\"a\"", "Bearer"], "{r:?}");
 }
+
+#[test]
+fn x_accel_redirect_targets_are_unescaped_judged_and_named_ones_skip_server_rewrites() {
+    let up = Upstream::start(|r| {
+        let target = r
+            .target
+            .split_once("xar=")
+            .map_or("", |(_, t)| t)
+            .to_string();
+        Reply::Fixed {
+            status: 204,
+            headers: vec![("X-Accel-Redirect".into(), target)],
+            body: Vec::new(),
+        }
+    });
+    let s = Server::start(
+        "proxy-xar-targets",
+        &conf(
+            "",
+            &format!(
+                "if ($upstream_http_x_accel_redirect) {{\n\
+                   return 200 \"server if: $upstream_http_x_accel_redirect uri: $uri\";\n\
+                 }}\n\
+                 location /proxy {{ proxy_pass http://127.0.0.1:{p}; }}\n\
+                 location @named {{ return 200 \"named: $upstream_http_x_accel_redirect\"; }}",
+                p = up.port
+            ),
+        ),
+        1,
+    );
+    let a = s.addr();
+    // The redirected request still sees the answer that sent it; its path is unescaped.
+    let r = get(a, "/proxy?xar=/foo%20bar");
+    assert_eq!(r.body_str(), "server if: /foo%20bar uri: /foo bar", "{r:?}");
+    // `..` segments, escaped or not, are refused with nginx's 404.
+    for bad in ["..", "../foo", "/foo/..", "/foo/.%2e"] {
+        let r = get(a, &format!("/proxy?xar={bad}"));
+        assert_eq!(r.status, 404, "{bad}: {r:?}");
+    }
+    // A named location is entered past the server's rewrite phase.
+    assert_eq!(get(a, "/proxy?xar=@named").body_str(), "named: @named");
+}

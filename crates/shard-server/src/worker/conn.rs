@@ -2100,7 +2100,10 @@ impl<'a> Worker<'a> {
         head: &[u8],
         hops: &mut usize,
     ) -> Rewritten {
-        if !server.script.is_empty() {
+        // A named location is entered past the server's rewrite phase, as nginx's
+        // `ngx_http_named_location` does.
+        let named = loc.kind == shard_config::LocationKind::Named;
+        if !server.script.is_empty() && !named {
             let before = req.path.clone();
             match self.run_script(key, &server.script, req, head, &server.base) {
                 Outcome::Return { code, text } => return Rewritten::Return(code, text),

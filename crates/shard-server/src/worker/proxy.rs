@@ -2121,6 +2121,9 @@ impl<'a> Worker<'a> {
                     }
                     if !loc.proxy.ignore_accel_redirect && head.accel_redirect {
                         if let Some(target) = accel_redirect(&p.rbuf[..head_len]) {
+                            if let Some(a) = p.attempts.last_mut() {
+                                a.headers = shard_http::proxy::header_lines(&p.rbuf[..head_len]);
+                            }
                             p.accel = Some(Box::new(target));
                             return Flow::Redirect;
                         }
@@ -3005,6 +3008,15 @@ impl<'a> Worker<'a> {
             return;
         };
         let (target, passed) = *accel;
+        // The redirected request still sees the answer that sent it (`$upstream_http_*`).
+        self.conns[key].rq().upstream_tries = p.attempts.clone();
+        // nginx unescapes the target's path and refuses an unsafe one (`..` segments, NUL)
+        // with a 404 (`ngx_http_parse_unsafe_uri`).
+        let Some(target) = accel_target(&target) else {
+            self.log_proxy_error_current(key, &p, &format!("unsafe URI \"{target}\" was detected"));
+            self.proxy_fail_reply(key, p, 404);
+            return;
+        };
         let keep = shard_http::proxy::error_keeps_connection(
             200,
             p.keep_alive,
@@ -3474,6 +3486,52 @@ fn os(e: &std::io::Error) -> String {
 /// An upstream's `X-Accel-Redirect` target, with the header lines nginx passes on to the
 /// redirected response (`Set-Cookie`, `Content-Disposition`, `Cache-Control`, `Expires`;
 /// nginx's `Accept-Ranges` too, which shard's own static response already writes).
+/// An `X-Accel-Redirect` target as the redirect takes it: a named location as it is, a URI
+/// with its path unescaped (the arguments as sent); `None` when the path is unsafe (a `..`
+/// segment, a NUL, bytes that are not UTF-8 once unescaped), as nginx judges it.
+fn accel_target(target: &str) -> Option<String> {
+    if target.starts_with('@') {
+        return Some(target.to_string());
+    }
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (target, None),
+    };
+    let raw = path.as_bytes();
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+        match (
+            raw[i],
+            raw.get(i + 1).copied().and_then(hex),
+            raw.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push(h << 4 | l);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    let path = String::from_utf8(out).ok()?;
+    let unsafe_dots = path == ".."
+        || path.starts_with("../")
+        || path.contains("/../")
+        || path.ends_with("/..")
+        || path.contains('\0');
+    if unsafe_dots {
+        return None;
+    }
+    Some(match query {
+        Some(q) => format!("{path}?{q}"),
+        None => path,
+    })
+}
+
 /// `head` is the response head as received (HTTP, or a FastCGI application's CGI head),
 /// where the proxy's parse has already hidden the `X-Accel-*` family.
 fn accel_redirect(head: &[u8]) -> Option<(String, Vec<u8>)> {
