@@ -250,6 +250,8 @@ pub struct Request {
     pub if_match: Option<String>,
     pub if_unmodified_since: Option<String>,
     pub range: Option<String>,
+    /// `If-Range`: the `Range` holds only for this validator (an HTTP date or an entity tag).
+    pub if_range: Option<String>,
     pub user_agent: Option<String>,
     pub referer: Option<String>,
     /// `Accept-Encoding`, the first one received.
@@ -324,6 +326,7 @@ impl Request {
             if_none_match: None,
             if_match: None,
             if_unmodified_since: None,
+            if_range: None,
             range: None,
             user_agent: None,
             referer: None,
@@ -926,6 +929,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
     let mut if_none_match = None;
     let mut if_match = None;
     let mut if_unmodified_since = None;
+    let mut if_range = None;
     let mut range = None;
     let mut user_agent = None;
     let mut referer = None;
@@ -997,6 +1001,8 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
             if_unmodified_since.get_or_insert_with(|| text(v));
         } else if name.eq_ignore_ascii_case(b"range") {
             range.get_or_insert_with(|| text(v));
+        } else if name.eq_ignore_ascii_case(b"if-range") {
+            if_range.get_or_insert_with(|| text(v));
         } else if name.eq_ignore_ascii_case(b"user-agent") {
             user_agent.get_or_insert_with(|| text(v));
         } else if name.eq_ignore_ascii_case(b"referer") {
@@ -1065,6 +1071,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         if_none_match,
         if_match,
         if_unmodified_since,
+        if_range,
         range,
         user_agent,
         referer,

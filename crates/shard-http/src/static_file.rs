@@ -380,7 +380,22 @@ pub fn plan_full(req: &Request, meta: &FileMeta, ims_mode: IfModifiedSince, etag
             },
         };
     }
-    let range = req.range.as_deref().and_then(|r| parse_range(r, meta.size));
+    // `If-Range`: the range holds only when the date is the file's `Last-Modified` or the
+    // tag its strong `ETag`, as nginx's range filter judges it; else the whole file.
+    let if_range_ok = req.if_range.as_deref().is_none_or(|v| {
+        let v = v.trim();
+        match httpdate::parse_http_date(v) {
+            Ok(t) => t
+                .duration_since(std::time::UNIX_EPOCH)
+                .is_ok_and(|d| d.as_secs() as i64 == meta.mtime_secs),
+            Err(_) => etag_on && !v.starts_with("W/") && v == etag.as_str(),
+        }
+    });
+    let range = req
+        .range
+        .as_deref()
+        .filter(|_| if_range_ok)
+        .and_then(|r| parse_range(r, meta.size));
     let headers = StaticHeaders {
         last_modified: Some(last_modified),
         etag: sent,
@@ -559,6 +574,29 @@ mod tests {
             Plan::Reply(s) => (s.status, 0, 0, None),
             Plan::Multipart { ranges, .. } => (206, 0, ranges.len() as u64, None),
         }
+    }
+
+    #[test]
+    fn if_range_keeps_the_range_only_for_the_files_own_validators() {
+        let f = file(10);
+        let tag = etag(&f);
+        let date = crate::http_date(f.mtime_secs as u64);
+        let st = |extra: &str| status(&plan(&req(extra), &f));
+        assert_eq!(st("Range: bytes=0-1\r\n"), 206);
+        assert_eq!(st(&format!("Range: bytes=0-1\r\nIf-Range: {tag}\r\n")), 206);
+        assert_eq!(
+            st(&format!("Range: bytes=0-1\r\nIf-Range: {date}\r\n")),
+            206
+        );
+        assert_eq!(st("Range: bytes=0-1\r\nIf-Range: wrong\r\n"), 200);
+        assert_eq!(
+            st(&format!("Range: bytes=0-1\r\nIf-Range: W/{tag}\r\n")),
+            200
+        );
+        assert_eq!(
+            st("Range: bytes=0-1\r\nIf-Range: Mon, 28 Sep 1970 06:00:00 GMT\r\n"),
+            200
+        );
     }
 
     #[test]
