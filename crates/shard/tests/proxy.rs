@@ -1846,3 +1846,28 @@ fn x_accel_redirect_targets_are_unescaped_judged_and_named_ones_skip_server_rewr
     // A named location is entered past the server's rewrite phase.
     assert_eq!(get(a, "/proxy?xar=@named").body_str(), "named: @named");
 }
+
+#[test]
+fn an_empty_hash_key_falls_back_to_round_robin() {
+    let ups: Vec<Upstream> = (0..3).map(|_| Upstream::text("x")).collect();
+    let peers: Vec<(u16, &str)> = ups.iter().map(|u| (u.port, "")).collect();
+    let s = Server::start(
+        "proxy-hash-empty",
+        &conf(
+            &upstream_block("u", &peers, "hash $arg_a;"),
+            "location / { proxy_pass http://u; }",
+        ),
+        1,
+    );
+    for _ in 0..6 {
+        assert_eq!(get(s.addr(), "/?a=").status, 200);
+    }
+    let counts: Vec<usize> = ups.iter().map(|u| u.requests()).collect();
+    assert_eq!(counts, vec![2, 2, 2], "round robin over every peer");
+    // A key still picks one peer every time.
+    for _ in 0..3 {
+        get(s.addr(), "/?a=k");
+    }
+    let after: Vec<usize> = ups.iter().map(|u| u.requests()).collect();
+    assert_eq!(after.iter().filter(|&&n| n == 5).count(), 1, "{after:?}");
+}

@@ -562,6 +562,15 @@ impl<'a> Worker<'a> {
                     shard_http::vars::push_parts(&mut v, parts, &ctx);
                     v
                 };
+                if value.is_empty() {
+                    // nginx: an empty key falls back to round robin.
+                    return balance::pick(
+                        &ups.peers,
+                        &mut self.http_peer_state[upstream],
+                        tried,
+                        now,
+                    );
+                }
                 if *consistent {
                     let ring = self
                         .rings

@@ -906,6 +906,8 @@ impl<'a> Worker<'a> {
         }
         let full = balance::with_full(&ups.peers, tried, &active);
         let tried = full.as_deref().unwrap_or(tried);
+        // An empty key falls back to round robin (below), as nginx.
+        let key = key.filter(|k| !k.is_empty());
         if let (shard_config::Balance::Hash { consistent, .. }, Some(key)) = (&ups.balance, key) {
             let state = &mut self.peer_state[upstream];
             if *consistent {
