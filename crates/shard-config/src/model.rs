@@ -1562,8 +1562,9 @@ pub enum Var {
     SentTrailer(String),
     /// The stream module's own (`ngx_stream_core_module`, `ngx_stream_upstream_module`):
     /// `$protocol` (`TCP`), `$bytes_received` (from the client), `$session_time` (seconds
-    /// with milliseconds), `$upstream_bytes_sent`, `$upstream_bytes_received`,
-    /// `$upstream_session_time`, `$upstream_first_byte_time`. Empty in http.
+    /// with milliseconds), `$upstream_bytes_sent`, `$upstream_bytes_received` (in http: per
+    /// peer tried, as `$upstream_status`), `$upstream_session_time`,
+    /// `$upstream_first_byte_time`. The others are empty in http.
     Protocol,
     BytesReceived,
     SessionTime,

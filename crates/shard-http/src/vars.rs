@@ -27,6 +27,10 @@ pub struct UpstreamTry {
     pub response_ms: Option<u64>,
     /// Body bytes received from this peer (`$upstream_response_length`): 0 for a failed try.
     pub response_length: u64,
+    /// Bytes read from and written to this peer (`$upstream_bytes_received`,
+    /// `$upstream_bytes_sent`).
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
     /// The response's header lines as received (kept only where a variable reads them).
     pub headers: Vec<(String, Vec<u8>)>,
 }
@@ -532,7 +536,9 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         | Var::UpstreamResponseTime
         | Var::UpstreamConnectTime
         | Var::UpstreamHeaderTime
-        | Var::UpstreamResponseLength => {
+        | Var::UpstreamResponseLength
+        | Var::UpstreamBytesReceived
+        | Var::UpstreamBytesSent => {
             let tries = match c.done {
                 Some(d) if !d.upstream.is_empty() => d.upstream,
                 _ => c.conn.upstream,
@@ -555,6 +561,14 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                     }
                     Var::UpstreamResponseLength => {
                         push_u64(out, t.response_length);
+                        continue;
+                    }
+                    Var::UpstreamBytesReceived => {
+                        push_u64(out, t.bytes_received);
+                        continue;
+                    }
+                    Var::UpstreamBytesSent => {
+                        push_u64(out, t.bytes_sent);
                         continue;
                     }
                     Var::UpstreamResponseTime => t.response_ms,
@@ -621,8 +635,6 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::Protocol
         | Var::BytesReceived
         | Var::SessionTime
-        | Var::UpstreamBytesSent
-        | Var::UpstreamBytesReceived
         | Var::UpstreamSessionTime
         | Var::UpstreamFirstByteTime
         | Var::SslPrereadProtocol

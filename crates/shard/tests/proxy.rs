@@ -1871,3 +1871,41 @@ fn an_empty_hash_key_falls_back_to_round_robin() {
     let after: Vec<usize> = ups.iter().map(|u| u.requests()).collect();
     assert_eq!(after.iter().filter(|&&n| n == 5).count(), 1, "{after:?}");
 }
+
+#[test]
+fn bytes_to_and_from_each_peer_and_headers_on_a_failed_proxys_page() {
+    let up = Upstream::start(|_| Reply::text(200, "SEE-THIS"));
+    let dead = support::upstream::refusing_port();
+    let s = Server::start(
+        "proxy-bytes-vars",
+        &conf(
+            "log_format b \"$upstream_response_length:$upstream_bytes_received:$upstream_bytes_sent\";",
+            &format!(
+                "add_header X-IP $upstream_addr always;\n\
+                 location / {{ proxy_pass http://127.0.0.1:{p}; access_log logs/b.log b; }}\n\
+                 location /dead {{ proxy_pass http://127.0.0.1:{dead}; }}",
+                p = up.port
+            ),
+        ),
+        1,
+    );
+    let r = get(s.addr(), "/x");
+    assert_eq!(r.body_str(), "SEE-THIS");
+    let line = wait_for(Duration::from_secs(5), "the log line", || {
+        std::fs::read_to_string(s.dir.join("logs/b.log"))
+            .ok()
+            .filter(|l| l.ends_with('\n'))
+    });
+    let f: Vec<u64> = line.trim().split(':').map(|n| n.parse().unwrap()).collect();
+    // The body, the whole answer (head and body), the request as sent.
+    assert_eq!(f[0], 8, "{line}");
+    assert!(f[1] > f[0] + 20, "{line}");
+    assert!(f[2] > 20, "{line}");
+    // The 502 page of a peer that refused carries `add_header ... always`.
+    let r = get(s.addr(), "/dead");
+    assert_eq!(r.status, 502);
+    assert_eq!(
+        r.header("x-ip").map(str::to_string),
+        Some(format!("127.0.0.1:{dead}"))
+    );
+}

@@ -3845,6 +3845,8 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "upstream_connect_time" => Var::UpstreamConnectTime,
         "upstream_header_time" => Var::UpstreamHeaderTime,
         "upstream_response_length" => Var::UpstreamResponseLength,
+        "upstream_bytes_received" => Var::UpstreamBytesReceived,
+        "upstream_bytes_sent" => Var::UpstreamBytesSent,
         "upstream_cache_status" => Var::UpstreamCacheStatus,
         n if n.len() == 1 && n.as_bytes()[0].is_ascii_digit() => {
             Var::Capture(n.as_bytes()[0] - b'0')

@@ -1772,6 +1772,19 @@ impl<'a> Worker<'a> {
         keep_alive: bool,
         loc: Option<&LocationConf>,
     ) {
+        self.error_page_with(key, status, keep_alive, loc, &[]);
+    }
+
+    /// [`Worker::error_page_in`] with `extra` header lines (the location's `add_header`s a
+    /// caller rendered for the request).
+    pub(super) fn error_page_with(
+        &mut self,
+        key: usize,
+        status: u16,
+        keep_alive: bool,
+        loc: Option<&LocationConf>,
+        extra: &[u8],
+    ) {
         let cfg = self.cx.cfg;
         let loc = loc.or_else(|| {
             let h = cfg.http.as_ref()?;
@@ -1798,6 +1811,7 @@ impl<'a> Worker<'a> {
                         shard_http::response::server_value,
                     ),
                     charset: loc.and_then(|l| shard_http::response::charset_for(l, "text/html")),
+                    extra,
                     ..Default::default()
                 },
             );

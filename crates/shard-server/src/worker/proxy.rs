@@ -1952,6 +1952,14 @@ impl<'a> Worker<'a> {
 
     /// The request (or what the upstream wanted of it) is sent: wait for the response head.
     fn body_sent(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        if let Some(a) = p.attempts.last_mut() {
+            let body = if p.streaming {
+                p.stream_pos as u64
+            } else {
+                p.file_pos
+            };
+            a.bytes_sent = p.upreq.len() as u64 + body;
+        }
         p.rbuf.clear();
         self.await_response(key, p)
     }
@@ -1971,7 +1979,11 @@ impl<'a> Worker<'a> {
             return Self::cache_read(c, &mut p.rbuf, room);
         }
         let Some(mut f) = p.fcgi.take() else {
-            return self.read_upstream_into(p.up, &mut p.rbuf, room);
+            let read = self.read_upstream_into(p.up, &mut p.rbuf, room);
+            if let (Ok(Some(n)), Some(a)) = (&read, p.attempts.last_mut()) {
+                a.bytes_received += *n as u64;
+            }
+            return read;
         };
         let res = self.read_fcgi(p.up, &mut f, &mut p.rbuf, room);
         p.fcgi = Some(f);
@@ -3075,11 +3087,11 @@ impl<'a> Worker<'a> {
         // nginx's `error_page` for a failed upstream (`error_page 502 504 /50x.html`): the
         // request goes through the phases again, answered with that status.
         let loc = self.proxy_location(&p);
+        // `$upstream_*` in the error page (and its location) are the tries that led there.
+        self.conns[key].rq().upstream_tries = p.attempts.clone();
         if !self.conns[key].rq().in_error_page
             && loc.error_pages.iter().any(|e| e.codes.contains(&status))
         {
-            // `$upstream_*` in the error page's location are the tries that led there.
-            self.conns[key].rq().upstream_tries = p.attempts.clone();
             let req = p.req.clone();
             let head = std::mem::take(&mut p.head);
             let server = p.server;
@@ -3102,7 +3114,19 @@ impl<'a> Worker<'a> {
             return;
         }
         let loc = self.proxy_location(&p);
-        self.error_page_in(key, status, keep, Some(loc));
+        // The location's `add_header ... always` (and those for this status) go with the page,
+        // rendered with the tries that led to it.
+        let extra = super::respond::extra_headers(
+            self,
+            key,
+            &p.req,
+            loc,
+            &p.head,
+            status,
+            None,
+            Some("text/html"),
+        );
+        self.error_page_with(key, status, keep, Some(loc), &extra);
         let len = shard_http::response::error_body(status).len() as u64;
         self.log_proxy_access(key, &p, status, len);
         self.give_proxy_bufs(p);

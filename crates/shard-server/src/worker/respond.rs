@@ -254,7 +254,7 @@ fn simple(
 /// `expires` and `add_header` of `loc` for a response with `status` (empty, with no
 /// allocation, when the location has neither).
 #[allow(clippy::too_many_arguments)]
-fn extra_headers(
+pub(super) fn extra_headers(
     w: &Worker<'_>,
     key: usize,
     req: &Request,
