@@ -1457,6 +1457,11 @@ pub enum Var {
     /// `$request_uri`: the target as received; `$uri` (`$document_uri`): the normalized path;
     /// `$args` (`$query_string`), `$is_args`.
     RequestUri,
+    /// `$request_body`: the request body when it is in memory (for the upstream request a
+    /// proxied location builds), else empty; `$request_body_file`: nginx's name of a body in a
+    /// file, always empty in shard (its body files have no name, see `docs/directives.md`).
+    RequestBody,
+    RequestBodyFile,
     Uri,
     Args,
     IsArgs,

@@ -1045,6 +1045,7 @@ mod tests {
         proxy_protocol: None,
         http2: "",
         upstream: &[],
+        request_body: &[],
     };
 
     fn req(raw: &str) -> (Request, Vec<u8>) {

@@ -81,6 +81,8 @@ pub struct Conn<'a> {
     /// The peers an upstream request of this request tried before it went on to an
     /// `error_page` (`$upstream_status` there, as nginx keeps it): used when `Done` has none.
     pub upstream: &'a [UpstreamTry],
+    /// `$request_body`: the body in memory, where the caller has it (the upstream request).
+    pub request_body: &'a [u8],
 }
 
 /// What a TLS connection negotiated.
@@ -334,6 +336,8 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             b"http"
         }),
         Var::RequestUri => out.extend_from_slice(req.target.as_bytes()),
+        Var::RequestBody => out.extend_from_slice(c.conn.request_body),
+        Var::RequestBodyFile => {}
         Var::Uri => out.extend_from_slice(req.path.as_bytes()),
         Var::Args => out.extend_from_slice(req.query.as_deref().unwrap_or("").as_bytes()),
         Var::IsArgs => {

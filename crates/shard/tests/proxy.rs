@@ -1909,3 +1909,34 @@ fn bytes_to_and_from_each_peer_and_headers_on_a_failed_proxys_page() {
         Some(format!("127.0.0.1:{dead}"))
     );
 }
+
+#[test]
+fn request_body_variable_for_the_upstream_request_and_the_answer() {
+    let up = Upstream::start(|_| Reply::Echo);
+    let s = Server::start(
+        "proxy-request-body-var",
+        &conf(
+            "",
+            &format!(
+                "location / {{ proxy_pass http://127.0.0.1:{p}; add_header X-Body \"$request_body\";\n\
+                 proxy_set_header X-Sent \"$request_body\"; }}\n\
+                 location /set {{ proxy_pass http://127.0.0.1:{p}; proxy_set_body \"[$request_body]\"; }}",
+                p = up.port
+            ),
+        ),
+        1,
+    );
+    let body = |path: &str| {
+        raw(
+            s.addr(),
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\nConnection: close\r\n\r\n0123456789"
+            )
+            .as_bytes(),
+        )
+    };
+    let r = body("/");
+    assert_eq!(r.header("x-body"), Some("0123456789"), "{r:?}");
+    assert_eq!(up.last().header("x-sent"), Some("0123456789"));
+    assert_eq!(body("/set").body_str(), "[0123456789]");
+}

@@ -3798,6 +3798,8 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "https" => Var::Https,
         "ssl_early_data" => Var::SslEarlyData,
         "request_uri" => Var::RequestUri,
+        "request_body" => Var::RequestBody,
+        "request_body_file" => Var::RequestBodyFile,
         "uri" | "document_uri" => Var::Uri,
         "args" | "query_string" => Var::Args,
         "is_args" => Var::IsArgs,

@@ -2845,6 +2845,7 @@ impl<'a> Worker<'a> {
             },
             http2: self.h2_var(key),
             upstream: &c.rd().upstream_tries,
+            request_body: &[],
         }
     }
 

@@ -1517,7 +1517,10 @@ impl<'a> Worker<'a> {
             .map(|parts| {
                 let mut storage = shard_http::vars::header_storage();
                 let hs = shard_http::vars::request_headers(&p.head, &mut storage);
-                let ctx = self.var_ctx(key, &p.req, hs, loc);
+                let mut ctx = self.var_ctx(key, &p.req, hs, loc);
+                if p.body.file().is_none() {
+                    ctx.conn.request_body = &p.body.mem;
+                }
                 shard_http::vars::render(parts, &ctx).into_bytes()
             });
         p.body_skipped =
@@ -1535,6 +1538,11 @@ impl<'a> Worker<'a> {
             p.body.mem.len()
         };
         let mut out = Vec::with_capacity(p.head.len() + 128 + in_memory);
+        let mut conn = self.var_conn(key);
+        // `$request_body`: the body when it is whole in memory.
+        if !p.streaming && p.body.file().is_none() {
+            conn.request_body = &p.body.mem;
+        }
         let ctx = shard_http::proxy::RequestCtx {
             req: &p.req,
             head: &p.head,
@@ -1545,7 +1553,7 @@ impl<'a> Worker<'a> {
             server_name,
             body_len,
             body_chunked: p.stream_chunked,
-            conn: self.var_conn(key),
+            conn,
             scope: self.var_scope(key, &p.req),
         };
         if let Some(fc) = loc.fastcgi.as_deref() {
@@ -2549,6 +2557,12 @@ impl<'a> Worker<'a> {
                 cache_status: p.cache.as_ref().map_or("", |c| c.status.as_str()),
                 ..Default::default()
             });
+            // `$request_body`: an in-memory body went out behind the upstream request's head.
+            if p.fcgi.is_none() && !p.streaming && !p.body_skipped && p.body.file().is_none() {
+                if let Some(end) = memchr::memmem::find(&p.upreq, b"\r\n\r\n") {
+                    ctx.conn.request_body = &p.upreq[end + 4..];
+                }
+            }
             shard_http::response::write_extra(
                 &mut extra,
                 loc,
