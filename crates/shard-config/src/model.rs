@@ -1462,6 +1462,9 @@ pub enum Var {
     /// file, always empty in shard (its body files have no name, see `docs/directives.md`).
     RequestBody,
     RequestBodyFile,
+    /// `$pipe`: `p` for a request that was already in the input behind the one before it
+    /// (pipelined), else `.`.
+    Pipe,
     Uri,
     Args,
     IsArgs,

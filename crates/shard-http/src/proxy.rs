@@ -1046,6 +1046,7 @@ mod tests {
         http2: "",
         upstream: &[],
         request_body: &[],
+        pipelined: false,
     };
 
     fn req(raw: &str) -> (Request, Vec<u8>) {

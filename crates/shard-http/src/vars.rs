@@ -83,6 +83,8 @@ pub struct Conn<'a> {
     pub upstream: &'a [UpstreamTry],
     /// `$request_body`: the body in memory, where the caller has it (the upstream request).
     pub request_body: &'a [u8],
+    /// `$pipe`: the request was in the input behind the one before it.
+    pub pipelined: bool,
 }
 
 /// What a TLS connection negotiated.
@@ -338,6 +340,7 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::RequestUri => out.extend_from_slice(req.target.as_bytes()),
         Var::RequestBody => out.extend_from_slice(c.conn.request_body),
         Var::RequestBodyFile => {}
+        Var::Pipe => out.push(if c.conn.pipelined { b'p' } else { b'.' }),
         Var::Uri => out.extend_from_slice(req.path.as_bytes()),
         Var::Args => out.extend_from_slice(req.query.as_deref().unwrap_or("").as_bytes()),
         Var::IsArgs => {

@@ -305,3 +305,31 @@ fn access_log_is_combined_format() {
         "{line}"
     );
 }
+
+#[test]
+fn pipe_says_which_requests_were_pipelined() {
+    let s = Server::start(
+        "pipe-var",
+        "worker_processes 1;\nevents {}\nhttp {\n\
+         log_format pipe '$uri $pipe';\n\
+         server { listen 127.0.0.1:{port}; location = /status { shard_status; }\n\
+           location / { access_log logs/pipe.log pipe; return 200 ok; } }\n}\n",
+        1,
+    );
+    let mut c = std::net::TcpStream::connect(s.addr()).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    std::io::Write::write_all(
+        &mut c,
+        b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut all = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut c, &mut all);
+    let log = wait_for(std::time::Duration::from_secs(5), "two lines", || {
+        std::fs::read_to_string(s.dir.join("logs/pipe.log"))
+            .ok()
+            .filter(|l| l.lines().count() == 2)
+    });
+    assert_eq!(log, "/a .\n/b p\n");
+}

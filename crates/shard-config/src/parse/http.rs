@@ -3800,6 +3800,7 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "request_uri" => Var::RequestUri,
         "request_body" => Var::RequestBody,
         "request_body_file" => Var::RequestBodyFile,
+        "pipe" => Var::Pipe,
         "uri" | "document_uri" => Var::Uri,
         "args" | "query_string" => Var::Args,
         "is_args" => Var::IsArgs,

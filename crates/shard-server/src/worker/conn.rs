@@ -158,6 +158,8 @@ pub(super) struct Req {
     pub(super) cache_status: &'static str,
     /// The peers a proxied request tried before it went on to an `error_page`.
     pub(super) upstream_tries: Vec<shard_http::vars::UpstreamTry>,
+    /// `$pipe`: the request was already in the input when the one before it ended.
+    pub(super) pipelined: bool,
     /// The current request's client: the peer, or what `set_real_ip_from` lets a header say.
     pub(super) client: Option<SocketAddr>,
     /// `limit_req` delays the request (still unparsed in `inbuf`) until then (0: not delayed).
@@ -321,6 +323,7 @@ impl Req {
             if_headers: None,
             cache_status: "",
             upstream_tries: Vec::new(),
+            pipelined: false,
             client: None,
             delayed_until: 0,
             limit_passed: false,
@@ -651,6 +654,7 @@ impl Conn {
             None => *req = Req::fallback(),
         }
         req.client = self.peer;
+        req.pipelined = !fresh && !self.inbuf.is_empty();
         let old = self.req.replace(req);
         if fresh {
             WorkerSlot::bump(&cx.slot.reading, 1);
@@ -2846,6 +2850,7 @@ impl<'a> Worker<'a> {
             http2: self.h2_var(key),
             upstream: &c.rd().upstream_tries,
             request_body: &[],
+            pipelined: c.rd().pipelined,
         }
     }
 
