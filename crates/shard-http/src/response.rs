@@ -161,7 +161,20 @@ pub fn write_extra(
     }
     let mut value = Vec::new();
     let headers = if_headers.unwrap_or(&loc.add_headers);
-    for h in headers.iter().filter(|h| h.always || applies) {
+    let list: Vec<&shard_config::AddHeader> =
+        headers.iter().filter(|h| h.always || applies).collect();
+    for (i, h) in list.iter().enumerate() {
+        // `ETag` and `Last-Modified` are set, not added (nginx's header filter): the last one
+        // wins, and an empty one leaves none.
+        let set =
+            h.name.eq_ignore_ascii_case("etag") || h.name.eq_ignore_ascii_case("last-modified");
+        if set
+            && list[i + 1..]
+                .iter()
+                .any(|l| l.name.eq_ignore_ascii_case(&h.name))
+        {
+            continue;
+        }
         value.clear();
         match (ctx, h.value.as_slice()) {
             (_, [shard_config::Part::Lit(v)]) => value.extend_from_slice(v.as_bytes()),

@@ -333,3 +333,33 @@ fn pipe_says_which_requests_were_pipelined() {
     });
     assert_eq!(log, "/a .\n/b p\n");
 }
+
+#[test]
+fn add_header_sets_etag_and_last_modified_in_place_of_the_files() {
+    let s = Server::start(
+        "add-header-etag",
+        "worker_processes 1;\nevents {}\nhttp {\n\
+         server { listen 127.0.0.1:{port}; root {dir}/html; location = /status { shard_status; }\n\
+           location /one/ { add_header ETag foo; add_header Last-Modified \"Mon, 28 Sep 1970 06:00:00 GMT\"; }\n\
+           location /none/ { add_header ETag foo always; add_header ETag '' always; } }\n}\n",
+        1,
+    );
+    write_file(&s.dir, "html/one/f.txt", b"file");
+    write_file(&s.dir, "html/none/f.txt", b"file");
+    let fields = |path: &str, name: &str| -> Vec<String> {
+        get(s.addr(), path)
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+            .collect()
+    };
+    assert_eq!(fields("/one/f.txt", "etag"), vec!["foo"]);
+    assert_eq!(
+        fields("/one/f.txt", "last-modified"),
+        vec!["Mon, 28 Sep 1970 06:00:00 GMT"]
+    );
+    // The last one wins; an empty one leaves none.
+    assert!(fields("/none/f.txt", "etag").is_empty());
+    assert_eq!(fields("/none/f.txt", "last-modified").len(), 1);
+}

@@ -972,6 +972,20 @@ fn internal_redirect(uri: String) -> Reply {
 /// request asks. `encoded`: `fd` is `path`'s `.gz` (`gzip_static`), sent with
 /// `Content-Encoding: gzip` and `path`'s type.
 #[allow(clippy::too_many_arguments)]
+/// `add_header ETag ...` or `add_header Last-Modified ...` that applies to `status` (the
+/// location's, or the request's `if`'s): nginx's header filter puts it in place of the file's
+/// own field, and an empty value removes the field.
+fn replaced(w: &Worker<'_>, key: usize, loc: &LocationConf, status: u16, name: &str) -> bool {
+    let list = w.conns[key]
+        .rd()
+        .if_headers
+        .as_deref()
+        .unwrap_or(&loc.add_headers);
+    let applies = shard_http::response::headers_apply(status);
+    list.iter()
+        .any(|h| h.name.eq_ignore_ascii_case(name) && (h.always || applies))
+}
+
 fn send_file(
     w: &mut Worker<'_>,
     key: usize,
@@ -1094,6 +1108,8 @@ fn send_file(
                 Some(meta.mtime_secs),
                 Some(&content_type),
             );
+            let own_lm = replaced(w, key, loc, status, "last-modified");
+            let own_etag = replaced(w, key, loc, status, "etag");
             let date = std::mem::take(&mut w.cx.date);
             let out = w.out_buf(key);
             write_head(
@@ -1104,8 +1120,8 @@ fn send_file(
                     content_type: Some(&content_type),
                     content_length: Some(len),
                     keep_alive,
-                    last_modified: headers.last_modified.as_deref(),
-                    etag: headers.etag.as_deref(),
+                    last_modified: headers.last_modified.as_deref().filter(|_| !own_lm),
+                    etag: headers.etag.as_deref().filter(|_| !own_etag),
                     accept_ranges: !ranges_off,
                     content_range: headers.content_range.as_deref(),
                     vary: g.vary.then_some(gzip::VARY),
@@ -1202,6 +1218,8 @@ fn send_file(
                 Some(meta.mtime_secs),
                 Some(&boundary_type),
             );
+            let own_lm = replaced(w, key, loc, 206, "last-modified");
+            let own_etag = replaced(w, key, loc, 206, "etag");
             let date = std::mem::take(&mut w.cx.date);
             let out = w.out_buf(key);
             write_head(
@@ -1212,8 +1230,8 @@ fn send_file(
                     content_type: Some(&boundary_type),
                     content_length: Some(body.len() as u64),
                     keep_alive,
-                    last_modified: headers.last_modified.as_deref(),
-                    etag: headers.etag.as_deref(),
+                    last_modified: headers.last_modified.as_deref().filter(|_| !own_lm),
+                    etag: headers.etag.as_deref().filter(|_| !own_etag),
                     accept_ranges: true,
                     vary: g.vary.then_some(gzip::VARY),
                     server: shard_http::response::server_value(loc),
