@@ -971,7 +971,6 @@ fn internal_redirect(uri: String) -> Reply {
 /// The response for the open file at `path`: its head, and its body, ranges or 304 as the
 /// request asks. `encoded`: `fd` is `path`'s `.gz` (`gzip_static`), sent with
 /// `Content-Encoding: gzip` and `path`'s type.
-#[allow(clippy::too_many_arguments)]
 /// `add_header ETag ...` or `add_header Last-Modified ...` that applies to `status` (the
 /// location's, or the request's `if`'s): nginx's header filter puts it in place of the file's
 /// own field, and an empty value removes the field.
@@ -986,6 +985,7 @@ fn replaced(w: &Worker<'_>, key: usize, loc: &LocationConf, status: u16, name: &
         .any(|h| h.name.eq_ignore_ascii_case(name) && (h.always || applies))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn send_file(
     w: &mut Worker<'_>,
     key: usize,
