@@ -341,11 +341,13 @@ fn add_header_sets_etag_and_last_modified_in_place_of_the_files() {
         "worker_processes 1;\nevents {}\nhttp {\n\
          server { listen 127.0.0.1:{port}; root {dir}/html; location = /status { shard_status; }\n\
            location /one/ { add_header ETag foo; add_header Last-Modified \"Mon, 28 Sep 1970 06:00:00 GMT\"; }\n\
-           location /none/ { add_header ETag foo always; add_header ETag '' always; } }\n}\n",
+           location /none/ { add_header ETag foo always; add_header ETag '' always; }\n\
+           location /gz/ { gzip on; gzip_min_length 1; gzip_types text/plain; add_header ETag foo; } }\n}\n",
         1,
     );
     write_file(&s.dir, "html/one/f.txt", b"file");
     write_file(&s.dir, "html/none/f.txt", b"file");
+    write_file(&s.dir, "html/gz/f.txt", &b"compressible ".repeat(50));
     let fields = |path: &str, name: &str| -> Vec<String> {
         get(s.addr(), path)
             .headers
@@ -362,4 +364,17 @@ fn add_header_sets_etag_and_last_modified_in_place_of_the_files() {
     // The last one wins; an empty one leaves none.
     assert!(fields("/none/f.txt", "etag").is_empty());
     assert_eq!(fields("/none/f.txt", "last-modified").len(), 1);
+    // A file compressed on the fly, the same.
+    let r = raw(
+        s.addr(),
+        b"GET /gz/f.txt HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    let tags: Vec<&str> = r
+        .headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("etag"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(tags, vec!["foo"]);
 }

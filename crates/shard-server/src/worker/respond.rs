@@ -844,6 +844,14 @@ fn in_memory_file(
     let last_modified = validators.then(|| shard_http::http_date(meta.mtime_secs.max(0) as u64));
     let etag =
         (validators && loc.etag).then(|| gzip::weak_etag(&shard_http::static_file::etag(meta)));
+    let (last_modified_field, etag_field) = file_validators(
+        w,
+        key,
+        loc,
+        status,
+        last_modified.as_deref(),
+        etag.as_deref(),
+    );
     let extra = extra_headers(
         w,
         key,
@@ -864,8 +872,8 @@ fn in_memory_file(
             content_type: Some(&content_type),
             content_length: Some(body.len() as u64),
             keep_alive,
-            last_modified: last_modified.as_deref(),
-            etag: etag.as_deref(),
+            last_modified: last_modified_field,
+            etag: etag_field,
             vary: vary.then_some(gzip::VARY),
             server: shard_http::response::server_value(loc),
             extra: &extra,
@@ -968,23 +976,37 @@ fn internal_redirect(uri: String) -> Reply {
     }
 }
 
-/// The response for the open file at `path`: its head, and its body, ranges or 304 as the
-/// request asks. `encoded`: `fd` is `path`'s `.gz` (`gzip_static`), sent with
-/// `Content-Encoding: gzip` and `path`'s type.
-/// `add_header ETag ...` or `add_header Last-Modified ...` that applies to `status` (the
-/// location's, or the request's `if`'s): nginx's header filter puts it in place of the file's
-/// own field, and an empty value removes the field.
-fn replaced(w: &Worker<'_>, key: usize, loc: &LocationConf, status: u16, name: &str) -> bool {
+/// A file's own `Last-Modified` and `ETag` for a response with `status`, less those an
+/// `add_header ETag ...` or `add_header Last-Modified ...` (the location's, or the request's
+/// `if`'s) sets instead: nginx's header filter puts the added value in place of the file's
+/// field, and an empty one removes it. Every head of a file goes through here.
+fn file_validators<'v>(
+    w: &Worker<'_>,
+    key: usize,
+    loc: &LocationConf,
+    status: u16,
+    last_modified: Option<&'v str>,
+    etag: Option<&'v str>,
+) -> (Option<&'v str>, Option<&'v str>) {
     let list = w.conns[key]
         .rd()
         .if_headers
         .as_deref()
         .unwrap_or(&loc.add_headers);
     let applies = shard_http::response::headers_apply(status);
-    list.iter()
-        .any(|h| h.name.eq_ignore_ascii_case(name) && (h.always || applies))
+    let added = |name: &str| {
+        list.iter()
+            .any(|h| h.name.eq_ignore_ascii_case(name) && (h.always || applies))
+    };
+    (
+        last_modified.filter(|_| !added("last-modified")),
+        etag.filter(|_| !added("etag")),
+    )
 }
 
+/// The response for the open file at `path`: its head, and its body, ranges or 304 as the
+/// request asks. `encoded`: `fd` is `path`'s `.gz` (`gzip_static`), sent with
+/// `Content-Encoding: gzip` and `path`'s type.
 #[allow(clippy::too_many_arguments)]
 fn send_file(
     w: &mut Worker<'_>,
@@ -1108,8 +1130,14 @@ fn send_file(
                 Some(meta.mtime_secs),
                 Some(&content_type),
             );
-            let own_lm = replaced(w, key, loc, status, "last-modified");
-            let own_etag = replaced(w, key, loc, status, "etag");
+            let (last_modified, etag) = file_validators(
+                w,
+                key,
+                loc,
+                status,
+                headers.last_modified.as_deref(),
+                headers.etag.as_deref(),
+            );
             let date = std::mem::take(&mut w.cx.date);
             let out = w.out_buf(key);
             write_head(
@@ -1120,8 +1148,8 @@ fn send_file(
                     content_type: Some(&content_type),
                     content_length: Some(len),
                     keep_alive,
-                    last_modified: headers.last_modified.as_deref().filter(|_| !own_lm),
-                    etag: headers.etag.as_deref().filter(|_| !own_etag),
+                    last_modified,
+                    etag,
                     accept_ranges: !ranges_off,
                     content_range: headers.content_range.as_deref(),
                     vary: g.vary.then_some(gzip::VARY),
@@ -1218,8 +1246,14 @@ fn send_file(
                 Some(meta.mtime_secs),
                 Some(&boundary_type),
             );
-            let own_lm = replaced(w, key, loc, 206, "last-modified");
-            let own_etag = replaced(w, key, loc, 206, "etag");
+            let (last_modified, etag) = file_validators(
+                w,
+                key,
+                loc,
+                206,
+                headers.last_modified.as_deref(),
+                headers.etag.as_deref(),
+            );
             let date = std::mem::take(&mut w.cx.date);
             let out = w.out_buf(key);
             write_head(
@@ -1230,8 +1264,8 @@ fn send_file(
                     content_type: Some(&boundary_type),
                     content_length: Some(body.len() as u64),
                     keep_alive,
-                    last_modified: headers.last_modified.as_deref().filter(|_| !own_lm),
-                    etag: headers.etag.as_deref().filter(|_| !own_etag),
+                    last_modified,
+                    etag,
                     accept_ranges: true,
                     vary: g.vary.then_some(gzip::VARY),
                     server: shard_http::response::server_value(loc),
@@ -1295,6 +1329,8 @@ fn gzip_file(
     };
     let etag = gzip::weak_etag(&shard_http::static_file::etag(meta));
     let last_modified = shard_http::http_date(meta.mtime_secs.max(0) as u64);
+    let (last_modified_field, etag_field) =
+        file_validators(w, key, loc, 200, Some(&last_modified), Some(&etag));
     let extra = extra_headers(
         w,
         key,
@@ -1315,8 +1351,8 @@ fn gzip_file(
             content_type: Some(content_type),
             content_length: Some(body.len() as u64),
             keep_alive,
-            last_modified: Some(&last_modified),
-            etag: Some(&etag),
+            last_modified: last_modified_field,
+            etag: etag_field,
             content_encoding: Some(gzip::ENCODING),
             vary: g.vary.then_some(gzip::VARY),
             server: shard_http::response::server_value(loc),
