@@ -171,7 +171,7 @@ impl<'a> Worker<'a> {
         key: usize,
         p: &Proxy,
         loc: &LocationConf,
-        list: &[Vec<Part>],
+        list: &[impl AsRef<[Part]>],
     ) -> Vec<String> {
         if list.is_empty() {
             return Vec::new();
@@ -185,7 +185,7 @@ impl<'a> Worker<'a> {
         };
         let ctx = self.var_ctx(key, &p.req, hs, loc);
         list.iter()
-            .map(|parts| shard_http::vars::render(parts, &ctx))
+            .map(|parts| shard_http::vars::render(parts.as_ref(), &ctx))
             .collect()
     }
 
@@ -225,7 +225,7 @@ impl<'a> Worker<'a> {
                 return None;
             }
             let key_parts = cc.key.as_deref().unwrap_or(&DEFAULT_KEY);
-            let rendered = self.render_all(key, p, loc, &[key_parts.to_vec()]);
+            let rendered = self.render_all(key, p, loc, &[key_parts]);
             let k = rendered.into_iter().next().unwrap_or_default().into_bytes();
             let bypass = any_true(&self.render_all(key, p, loc, &cc.bypass));
             let md5 = cache::key_md5(&k);
