@@ -949,6 +949,8 @@ http {
         listen 127.0.0.1:{port};
         location = /status { shard_status; }
         location / { proxy_pass http://app; }
+        location /direct/ { proxy_pass http://unix:{dir}/app.sock:/in/; }
+        location /var { proxy_pass http://$arg_t; }
     }
 }
 "#;
@@ -965,25 +967,44 @@ fn upstream_servers_on_unix_sockets() {
     )
     .unwrap();
     let backend = std::thread::spawn(move || {
-        let (mut c, _) = l.accept().unwrap();
-        let mut buf = Vec::new();
-        let mut tmp = [0u8; 1024];
-        while find(&buf, b"\r\n\r\n").is_none() {
-            let n = c.read(&mut tmp).unwrap();
-            if n == 0 {
-                break;
+        let mut heads = Vec::new();
+        for _ in 0..3 {
+            let (mut c, _) = l.accept().unwrap();
+            let mut buf = Vec::new();
+            let mut tmp = [0u8; 1024];
+            while find(&buf, b"\r\n\r\n").is_none() {
+                let n = c.read(&mut tmp).unwrap();
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&tmp[..n]);
             }
-            buf.extend_from_slice(&tmp[..n]);
-        }
-        c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nConnection: close\r\n\r\nvia unix!")
+            c.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nConnection: close\r\n\r\nvia unix!",
+            )
             .unwrap();
-        String::from_utf8_lossy(&buf).into_owned()
+            heads.push(String::from_utf8_lossy(&buf).into_owned());
+        }
+        heads
     });
     let r = get(s.addr(), "/hello?x=1");
     assert_eq!((r.status, r.body_str().as_str()), (200, "via unix!"));
+    // nginx's `http://unix:PATH:URI` form, literal and rendered from a variable.
+    let r = get(s.addr(), "/direct/a");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "via unix!"));
+    let sock = s.dir.join("app.sock");
+    let r = get(s.addr(), &format!("/var?t=unix:{}:/v", sock.display()));
+    assert_eq!((r.status, r.body_str().as_str()), (200, "via unix!"));
     let seen = backend.join().unwrap();
-    assert!(seen.starts_with("GET /hello?x=1 HTTP/1.0\r\n"), "{seen}");
-    assert!(seen.contains("Host: app\r\n"), "{seen}");
+    assert!(
+        seen[0].starts_with("GET /hello?x=1 HTTP/1.0\r\n"),
+        "{}",
+        seen[0]
+    );
+    assert!(seen[0].contains("Host: app\r\n"), "{}", seen[0]);
+    assert!(seen[1].starts_with("GET /in/a HTTP/1.0\r\n"), "{}", seen[1]);
+    assert!(seen[1].contains("Host: localhost\r\n"), "{}", seen[1]);
+    assert!(seen[2].starts_with("GET /v HTTP/1.0\r\n"), "{}", seen[2]);
 }
 
 const DOCROOT_CONF: &str = r#"

@@ -1148,10 +1148,10 @@ impl HttpUpstreams {
             };
             return Ok(ProxyPass {
                 upstream,
-                uri: None,
+                uri: p.uri.clone(),
                 proxy_host: "localhost".to_string(),
                 proxy_port: 80,
-                tls: false,
+                tls: p.tls,
                 dynamic: None,
             });
         }
@@ -3579,6 +3579,29 @@ pub(super) fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, Confi
     }
     // The scheme is ASCII, so this is a character boundary.
     let rest = &url[if tls { 8 } else { 7 }..];
+    if let Some(path) = rest.strip_prefix("unix:") {
+        // `http://unix:/run/app.sock:/uri`: as nginx, the path ends at the first `:`,
+        // and what follows it is the URI.
+        let (path, uri) = match path.split_once(':') {
+            Some((p, u)) => (p, Some(u).filter(|u| !u.is_empty())),
+            None => (path, None),
+        };
+        if path.is_empty() {
+            return Err(derr(
+                d,
+                file,
+                format!("no path in the unix domain socket \"{rest}\""),
+            ));
+        }
+        return Ok(PassP {
+            host: format!("unix:{path}"),
+            port: None,
+            uri: uri.map(str::to_string),
+            place: place(d, file),
+            tls,
+            dynamic: None,
+        });
+    }
     let bad = |what: &str| derr(d, file, format!("{what} in upstream \"{rest}\""));
     let port_of = |p: &str| -> Result<(u16, String), ConfigError> {
         match p.parse::<u16>() {

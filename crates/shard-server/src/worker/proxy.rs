@@ -799,8 +799,13 @@ impl<'a> Worker<'a> {
             self.log_proxy_error(key, p, &format!("invalid URL prefix in \"{url}\""), None);
             return Err(500);
         };
-        if let Some(path) = rest.strip_prefix("unix:").filter(|_| p.fcgi.is_some()) {
-            // `fastcgi_pass $socket` with `unix:/path`.
+        if let Some(path) = rest.strip_prefix("unix:") {
+            // `fastcgi_pass $socket` with `unix:/path`, or `proxy_pass http://$target` with
+            // `unix:/path[:/uri]` (as nginx, the path ends at the first `:`).
+            let (path, uri) = match path.split_once(':').filter(|_| p.fcgi.is_none()) {
+                Some((path, u)) => (path, Some(u.to_string()).filter(|u| !u.is_empty())),
+                None => (path, None),
+            };
             let name = format!("unix:{path}");
             let any = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
             let Some(i) = self.dyn_upstream(&name, &[any], Some(std::path::Path::new(path))) else {
@@ -808,10 +813,10 @@ impl<'a> Worker<'a> {
             };
             let finish_pass = ProxyPass {
                 upstream: i,
-                uri: None,
+                uri,
                 proxy_host: "localhost".to_string(),
                 proxy_port: 80,
-                tls: false,
+                tls,
                 dynamic: Some(Vec::new()),
             };
             p.tried = vec![false; 1];
