@@ -1283,12 +1283,29 @@ pub struct BodyConf {
     pub buffer_size: usize,
     /// `client_body_temp_path`. Default `client_body_temp` under the prefix.
     pub temp_path: TempPath,
-    /// `client_body_in_file_only clean`: every body goes to a temporary file. (`on`, which
-    /// keeps the files, is refused: shard unlinks a temporary file as soon as it is opened.)
-    pub in_file_only: bool,
-    /// `client_body_in_single_buffer`: accepted; shard has no `$request_body`, so it changes
-    /// nothing.
+    /// `client_body_in_file_only`: every body goes to a named file, removed after the
+    /// request (`clean`) or kept (`on`). Off, only a body larger than `buffer_size` goes to a
+    /// file, one with no name (shard's own way: nothing is left behind by a crash).
+    pub in_file_only: InFileOnly,
+    /// `client_body_in_single_buffer`: accepted; shard's in-memory body is one buffer
+    /// already, so it changes nothing.
     pub in_single_buffer: bool,
+}
+
+/// `client_body_in_file_only off|clean|on`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InFileOnly {
+    #[default]
+    Off,
+    Clean,
+    On,
+}
+
+impl InFileOnly {
+    /// Every body goes to a named file (`clean` or `on`).
+    pub fn any(self) -> bool {
+        self != InFileOnly::Off
+    }
 }
 
 /// A temporary-file directory and its `levels` (nginx's `ngx_path_t`).

@@ -2120,7 +2120,7 @@ fn request_body_and_lingering_directives() {
         root.body.temp_path.file(12345),
         PathBuf::from("/var/spool/body/5/34/0000012345")
     );
-    assert!(!root.body.in_file_only && !root.body.in_single_buffer);
+    assert!(!root.body.in_file_only.any() && !root.body.in_single_buffer);
     assert!(root.proxy.request_buffering);
     assert_eq!(
         root.lingering,
@@ -2131,7 +2131,8 @@ fn request_body_and_lingering_directives() {
         }
     );
     assert!(!up.proxy.request_buffering);
-    assert!(up.body.in_file_only && up.body.in_single_buffer);
+    assert_eq!(up.body.in_file_only, InFileOnly::Clean);
+    assert!(up.body.in_single_buffer);
     assert_eq!(up.lingering.time_ms, 10_000);
     assert_eq!(up.body.temp_path.path, PathBuf::from("/pfx/tmp"));
     assert!(up.body.temp_path.levels.is_empty());
@@ -2165,7 +2166,7 @@ fn request_body_and_lingering_directives() {
         e("lingering_close sometimes;"),
         r#"invalid value "sometimes" in "lingering_close" directive in t.conf:4"#
     );
-    assert!(e("client_body_in_file_only on;").contains("not supported"));
+    assert!(e("client_body_in_file_only yes;").contains("invalid value"));
     assert_eq!(
         e("proxy_request_buffering maybe;"),
         r#"invalid value "maybe" in "proxy_request_buffering" directive, it must be "on" or "off" in t.conf:4"#

@@ -1046,6 +1046,7 @@ mod tests {
         http2: "",
         upstream: &[],
         request_body: &[],
+        request_body_file: None,
         pipelined: false,
     };
 

@@ -325,7 +325,7 @@ pub(crate) mod tests {
                     path: PathBuf::from("/tmp"),
                     levels: Vec::new(),
                 },
-                in_file_only: false,
+                in_file_only: shard_config::InFileOnly::Off,
                 in_single_buffer: false,
             },
             lingering: shard_config::Lingering {

@@ -83,8 +83,17 @@ pub struct Conn<'a> {
     pub upstream: &'a [UpstreamTry],
     /// `$request_body`: the body in memory, where the caller has it (the upstream request).
     pub request_body: &'a [u8],
+    /// `$request_body_file`: the body's file, where it is in one.
+    pub request_body_file: Option<&'a dyn BodyFile>,
     /// `$pipe`: the request was in the input behind the one before it.
     pub pipelined: bool,
+}
+
+/// A request body's temporary file, named when `$request_body_file` asks (see the server's
+/// `body.rs`).
+pub trait BodyFile: std::fmt::Debug {
+    /// The file's name; empty when it cannot have one.
+    fn name(&self) -> &str;
 }
 
 /// What a TLS connection negotiated.
@@ -339,7 +348,11 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         }),
         Var::RequestUri => out.extend_from_slice(req.target.as_bytes()),
         Var::RequestBody => out.extend_from_slice(c.conn.request_body),
-        Var::RequestBodyFile => {}
+        Var::RequestBodyFile => {
+            if let Some(f) = c.conn.request_body_file {
+                out.extend_from_slice(f.name().as_bytes());
+            }
+        }
         Var::Pipe => out.push(if c.conn.pipelined { b'p' } else { b'.' }),
         Var::Uri => out.extend_from_slice(req.path.as_bytes()),
         Var::Args => out.extend_from_slice(req.query.as_deref().unwrap_or("").as_bytes()),

@@ -850,3 +850,131 @@ fn the_workers_a_reload_starts_begin_with_every_counter_at_zero() {
     assert!(new.requests <= 2 && new.accepted <= 2, "{new:?}");
     assert_no_body_files(&s);
 }
+
+/// `client_body_in_file_only on|clean` and `$request_body_file`: the body is in a file with
+/// that name while the upstream is asked (a local upstream can read it, the point of the
+/// directive); `on` keeps it, `clean` removes it. An unnamed file (a body larger than the
+/// buffer) is given its name only when the variable is used, and loses it afterwards.
+#[test]
+fn client_body_in_file_only_and_request_body_file() {
+    // The upstream answers with what it found at the path it was given.
+    let up = Upstream::start(|r| {
+        let path = r.header("x-file").unwrap_or("").to_string();
+        match std::fs::read(&path) {
+            Ok(b) if b == r.body || r.body.is_empty() => {
+                Reply::text(200, &format!("same {}", b.len()))
+            }
+            Ok(_) => Reply::text(200, "differs"),
+            Err(e) => Reply::text(200, &format!("unreadable {path:?}: {e}")),
+        }
+    });
+    let p = up.port;
+    let s = Server::start(
+        "body-file-only",
+        &conf(
+            "client_body_temp_path body_temp 1;",
+            &format!(
+                "location /keep {{ client_body_in_file_only on;\n\
+                 proxy_set_header X-File $request_body_file; proxy_pass http://127.0.0.1:{p}; }}\n\
+                 location /clean {{ client_body_in_file_only clean;\n\
+                 proxy_set_header X-File $request_body_file; proxy_pass http://127.0.0.1:{p}; }}\n\
+                 location /big {{ client_body_buffer_size 1k;\n\
+                 proxy_set_header X-File $request_body_file; proxy_pass http://127.0.0.1:{p}; }}\n\
+                 location /small {{ proxy_set_header X-File $request_body_file; proxy_pass http://127.0.0.1:{p}; }}"
+            ),
+        ),
+        1,
+    );
+    let post = |path: &str, body: &[u8]| {
+        let mut req = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(body);
+        raw(s.addr(), &req)
+    };
+    let dir = s.dir.join("body_temp");
+    let r = post("/keep", b"kept body");
+    assert_eq!(r.body_str(), "same 9", "{r:?}");
+    let kept = up.last().header("x-file").unwrap().to_string();
+    assert!(kept.starts_with(&dir.display().to_string()), "{kept}");
+    assert_eq!(std::fs::read(&kept).unwrap(), b"kept body");
+    // An empty body is in an (empty) file too.
+    assert_eq!(post("/keep", b"").body_str(), "same 0");
+    assert_eq!(files_under(&dir).len(), 2, "{:?}", files_under(&dir));
+    for f in files_under(&dir) {
+        std::fs::remove_file(dir.join(f)).unwrap();
+    }
+
+    assert_eq!(post("/clean", b"cleaned").body_str(), "same 7");
+    let big = pattern(5000, 7);
+    assert_eq!(post("/big", &big).body_str(), "same 5000");
+    let named = up.last().header("x-file").unwrap().to_string();
+    assert!(!named.is_empty());
+    wait_for(Duration::from_secs(5), "the body files to go", || {
+        files_under(&dir).is_empty().then_some(())
+    });
+    // A body in memory has no file: the header is not sent at all.
+    let r = post("/small", b"in memory");
+    assert!(r.body_str().starts_with("unreadable \"\""), "{r:?}");
+    assert_eq!(up.last().header("x-file"), None);
+    assert_no_body_files(&s);
+}
+
+/// `$request_body` of a streamed body (`proxy_request_buffering off`) that fits in
+/// `client_body_buffer_size`, in the answer's `add_header` and in an `error_page` the
+/// upstream's status led to.
+#[test]
+fn request_body_of_a_streamed_body_and_in_an_error_page() {
+    let up = Upstream::start(|r| {
+        if r.target == "/404" {
+            Reply::text(404, "not here")
+        } else {
+            Reply::text(200, "ok")
+        }
+    });
+    let p = up.port;
+    let s = Server::start(
+        "body-var-stream",
+        &conf(
+            "",
+            &format!(
+                "proxy_request_buffering off; client_body_buffer_size 1k;\n\
+                 location / {{ add_header X-Body $request_body; proxy_pass http://127.0.0.1:{p}; }}\n\
+                 location /err {{ proxy_pass http://127.0.0.1:{p}/404; proxy_intercept_errors on;\n\
+                 error_page 404 /show; }}\n\
+                 location /show {{ return 200 \"[$request_body]\"; }}"
+            ),
+        ),
+        1,
+    );
+    let post = |path: &str, body: &[u8], te: bool| {
+        let mut req = if te {
+            format!("POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+                .into_bytes()
+        } else {
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            )
+            .into_bytes()
+        };
+        if te {
+            req.extend_from_slice(&chunked(body, 4));
+        } else {
+            req.extend_from_slice(body);
+        }
+        raw(s.addr(), &req)
+    };
+    let r = post("/a", b"0123456789", false);
+    assert_eq!(r.header("x-body"), Some("0123456789"), "{r:?}");
+    assert_eq!(up.last().body, b"0123456789");
+    let r = post("/a", b"0123456789", true);
+    assert_eq!(r.header("x-body"), Some("0123456789"), "{r:?}");
+    // Larger than the buffer: no value (nginx's body is not in one buffer then).
+    let r = post("/a", &[b'x'; 3000], false);
+    assert_eq!((r.status, r.header("x-body")), (200, None), "{r:?}");
+    assert_eq!(up.last().body.len(), 3000);
+    assert_eq!(post("/err", b"abc", false).body_str(), "[abc]");
+}

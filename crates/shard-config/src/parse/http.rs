@@ -154,7 +154,7 @@ pub(super) struct Settings {
     pub(super) client_body_timeout_ms: Option<u64>,
     pub(super) client_body_buffer_size: Option<usize>,
     pub(super) client_body_temp_path: Option<TempPath>,
-    pub(super) client_body_in_file_only: Option<bool>,
+    pub(super) client_body_in_file_only: Option<InFileOnly>,
     pub(super) client_body_in_single_buffer: Option<bool>,
     pub(super) lingering_close: Option<LingeringClose>,
     pub(super) lingering_time_ms: Option<u64>,
@@ -608,7 +608,7 @@ impl Eff {
                     path: prefix.join("client_body_temp"),
                     levels: Vec::new(),
                 },
-                in_file_only: false,
+                in_file_only: InFileOnly::Off,
                 in_single_buffer: false,
             },
             lingering: Lingering {
@@ -1885,7 +1885,7 @@ pub(super) fn set_client_body_temp_path(
 }
 
 /// `client_body_in_file_only on|clean|off`: `on` keeps every body file after the request,
-/// which shard never does (a temporary file is unlinked as soon as it is opened).
+/// `clean` removes it when the request is done.
 pub(super) fn set_client_body_in_file_only(
     _: &Env,
     s: &mut Settings,
@@ -1893,15 +1893,9 @@ pub(super) fn set_client_body_in_file_only(
     file: &str,
 ) -> R {
     let v = match a0(d) {
-        "off" => false,
-        "clean" => true,
-        "on" => {
-            return Err(derr(
-                d,
-                file,
-                "\"client_body_in_file_only on\" is not supported: shard removes every request body file at once; use \"clean\"".to_string(),
-            ))
-        }
+        "off" => InFileOnly::Off,
+        "clean" => InFileOnly::Clean,
+        "on" => InFileOnly::On,
         other => return Err(invalid(d, file, other)),
     };
     once(&mut s.client_body_in_file_only, v, d, file)

@@ -3,7 +3,8 @@
 //!
 //! This module owns the [`Spool`] (memory part, file part), the temporary files (created with
 //! no name, or unlinked as soon as they are opened, so a crash, a `kill -9` or a reload leaves
-//! nothing on disk) and the worker's accounting of body memory: the gauges `body_mem_bytes`
+//! nothing on disk; named only where `client_body_in_file_only` asks for a file others can
+//! read, as nginx's `$request_body_file`) and the worker's accounting of body memory: the gauges `body_mem_bytes`
 //! and `body_temp_files`, the counter `body_spooled_bytes`, and the per-worker ceiling
 //! [`BODY_MEMORY_WORKER_MAX`] past which even small bodies go to a file. It does not read the
 //! client (that is `conn.rs`) nor write the upstream (`proxy.rs`).
@@ -11,8 +12,9 @@
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 
-use shard_config::{BodyConf, TempPath};
+use shard_config::{BodyConf, InFileOnly, TempPath};
 
 use super::Worker;
 use crate::shm::WorkerSlot;
@@ -24,11 +26,18 @@ pub(super) const BODY_MEMORY_WORKER_MAX: usize = 16 << 20;
 
 /// One request body: `mem` holds what is not in the file (the whole body while there is no
 /// file).
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub(super) struct Spool {
     pub(super) mem: Vec<u8>,
     file: Option<OwnedFd>,
     file_len: u64,
+    /// The file's name under `client_body_temp_path`: where it is (`client_body_in_file_only`)
+    /// or where it goes if `$request_body_file` asks for it (an unnamed file).
+    path: String,
+    /// The file has the name `path` now.
+    linked: std::cell::Cell<bool>,
+    /// `client_body_in_file_only on`: the named file stays after the request.
+    keep: bool,
     /// Bytes of memory charged to the worker for `mem` (its capacity when last counted).
     charged: usize,
 }
@@ -44,6 +53,44 @@ impl Spool {
     }
 }
 
+impl shard_http::vars::BodyFile for Spool {
+    /// `$request_body_file`: the name of the body's file. An unnamed file is given its name
+    /// here, the first time a request asks (so only a configuration that uses the variable
+    /// leaves a name that a crash could leave behind, as nginx's every file).
+    fn name(&self) -> &str {
+        let Some(fd) = &self.file else {
+            return "";
+        };
+        if !self.linked.get() {
+            let proc = format!("/proc/self/fd/{}\0", fd.as_raw_fd());
+            let Ok(to) = CString::new(self.path.as_bytes()) else {
+                return "";
+            };
+            // SAFETY: both are valid NUL-terminated strings.
+            let r = unsafe {
+                libc::linkat(
+                    libc::AT_FDCWD,
+                    proc.as_ptr().cast(),
+                    libc::AT_FDCWD,
+                    to.as_ptr(),
+                    libc::AT_SYMLINK_FOLLOW,
+                )
+            };
+            if r != 0 {
+                crate::log!(
+                    Crit,
+                    "linkat() \"{}\" failed ({})",
+                    self.path,
+                    shard_event::os_error_text(&std::io::Error::last_os_error())
+                );
+                return "";
+            }
+            self.linked.set(true);
+        }
+        &self.path
+    }
+}
+
 impl Worker<'_> {
     /// After body bytes were appended to `s.mem`: writes them to the temporary file when the
     /// body outgrew `client_body_buffer_size`, when `client_body_in_file_only` asks for it, or
@@ -56,13 +103,16 @@ impl Worker<'_> {
         last: bool,
     ) -> std::io::Result<()> {
         let over_cap = self.body_mem > BODY_MEMORY_WORKER_MAX;
-        let to_file =
-            s.file.is_some() || conf.in_file_only || s.mem.len() > conf.buffer_size || over_cap;
+        let named = conf.in_file_only.any();
+        let to_file = s.file.is_some() || named || s.mem.len() > conf.buffer_size || over_cap;
         let batch_full = s.mem.len() >= conf.buffer_size || last || over_cap;
-        if to_file && batch_full && (!s.mem.is_empty() || (last && conf.in_file_only)) {
+        if to_file && batch_full && (!s.mem.is_empty() || (last && named)) {
             if s.file.is_none() {
-                let fd = self.create_temp(&conf.temp_path)?;
+                let (fd, path) = self.create_temp(&conf.temp_path, named)?;
                 s.file = Some(fd);
+                s.path = path;
+                s.linked.set(named);
+                s.keep = conf.in_file_only == InFileOnly::On;
                 WorkerSlot::bump(&self.cx.slot.body_temp_files, 1);
             }
             self.mem_to_file(s, conf)?;
@@ -125,11 +175,22 @@ impl Worker<'_> {
         if s.file.take().is_some() {
             WorkerSlot::drop_one(&self.cx.slot.body_temp_files);
         }
+        if s.linked.get() && !s.keep {
+            if let Err(e) = std::fs::remove_file(&s.path) {
+                crate::log!(
+                    Crit,
+                    "unlink() \"{}\" failed ({})",
+                    s.path,
+                    shard_event::os_error_text(&e)
+                );
+            }
+        }
     }
 
-    /// A new temporary file under `tp`, with no name left on disk. The level directories are
-    /// created on first use, as nginx's `ngx_create_temp_file`.
-    fn create_temp(&mut self, tp: &TempPath) -> std::io::Result<OwnedFd> {
+    /// A new temporary file under `tp`, with no name left on disk unless `named`, and the
+    /// name it has or would have. The level directories are created on first use, as nginx's
+    /// `ngx_create_temp_file`.
+    fn create_temp(&mut self, tp: &TempPath, named: bool) -> std::io::Result<(OwnedFd, String)> {
         let mut created_dirs = false;
         self.temp_seq = self.temp_seq.wrapping_add(1);
         loop {
@@ -141,8 +202,19 @@ impl Worker<'_> {
             ) else {
                 return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
             };
-            match shard_event::fs::create_unlinked(&cdir, &cpath) {
-                Ok(fd) => return Ok(fd),
+            let made = if named {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&path)
+                    .map(OwnedFd::from)
+            } else {
+                shard_event::fs::create_unlinked(&cdir, &cpath)
+            };
+            match made {
+                Ok(fd) => return Ok((fd, path.to_string_lossy().into_owned())),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     self.temp_seq = self.temp_seq.wrapping_add(1);
                 }

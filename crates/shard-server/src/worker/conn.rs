@@ -158,6 +158,9 @@ pub(super) struct Req {
     pub(super) cache_status: &'static str,
     /// The peers a proxied request tried before it went on to an `error_page`.
     pub(super) upstream_tries: Vec<shard_http::vars::UpstreamTry>,
+    /// `$request_body` after a proxied request went on to an `error_page` or an
+    /// `X-Accel-Redirect` (empty otherwise).
+    pub(super) request_body: Vec<u8>,
     /// `$pipe`: the request was already in the input when the one before it ended.
     pub(super) pipelined: bool,
     /// The current request's client: the peer, or what `set_real_ip_from` lets a header say.
@@ -263,6 +266,7 @@ impl Req {
         self.if_headers = None;
         self.cache_status = "";
         self.upstream_tries.clear();
+        self.request_body = Vec::new();
         self.client = None;
         self.delayed_until = 0;
         self.limit_passed = false;
@@ -323,6 +327,7 @@ impl Req {
             if_headers: None,
             cache_status: "",
             upstream_tries: Vec::new(),
+            request_body: Vec::new(),
             pipelined: false,
             client: None,
             delayed_until: 0,
@@ -2849,7 +2854,8 @@ impl<'a> Worker<'a> {
             },
             http2: self.h2_var(key),
             upstream: &c.rd().upstream_tries,
-            request_body: &[],
+            request_body: &c.rd().request_body,
+            request_body_file: None,
             pipelined: c.rd().pipelined,
         }
     }

@@ -222,6 +222,9 @@ pub(super) struct Proxy {
     /// A streamed body is re-chunked for the upstream.
     stream_chunked: bool,
     stream_pos: usize,
+    /// A streamed body's bytes while they fit in `client_body_buffer_size` (`$request_body`
+    /// once the body is whole, as nginx's unbuffered body in its one buffer); `None` past it.
+    stream_copy: Option<Vec<u8>>,
     /// The upstream answered before the whole body was sent: its connection is not reused.
     body_cut: bool,
     /// The next attempt goes to this peer on a fresh connection (its pooled one was closed).
@@ -369,6 +372,7 @@ impl Proxy {
             streaming: false,
             stream_chunked: false,
             stream_pos: 0,
+            stream_copy: None,
             up_rate: UpRate::default(),
             accel: None,
             body_cut: false,
@@ -1119,6 +1123,7 @@ impl<'a> Worker<'a> {
             if !chunked || loc.proxy.http_version_minor >= 1 {
                 p.streaming = true;
                 p.stream_chunked = chunked;
+                p.stream_copy = Some(Vec::new());
                 p.state = State::Connect;
                 return Flow::Next;
             }
@@ -1526,6 +1531,7 @@ impl<'a> Worker<'a> {
                 if p.body.file().is_none() {
                     ctx.conn.request_body = &p.body.mem;
                 }
+                ctx.conn.request_body_file = Some(&p.body);
                 shard_http::vars::render(parts, &ctx).into_bytes()
             });
         p.body_skipped =
@@ -1548,6 +1554,7 @@ impl<'a> Worker<'a> {
         if !p.streaming && p.body.file().is_none() {
             conn.request_body = &p.body.mem;
         }
+        conn.request_body_file = Some(&p.body);
         let ctx = shard_http::proxy::RequestCtx {
             req: &p.req,
             head: &p.head,
@@ -1935,7 +1942,8 @@ impl<'a> Worker<'a> {
                 }
                 let more = self.conns[key].inbuf.len();
                 p.body.mem.reserve_exact(more);
-                if p.stream_chunked {
+                let before = p.body.mem.len();
+                let got = if p.stream_chunked {
                     p.scratch.clear();
                     let done = self.consume_body(key, Some(&mut p.scratch));
                     if !p.scratch.is_empty() {
@@ -1944,8 +1952,17 @@ impl<'a> Worker<'a> {
                     if done && !self.conns[key].close_after {
                         p.body.mem.extend_from_slice(shard_http::proxy::LAST_CHUNK);
                     }
+                    &p.scratch[..]
                 } else {
                     self.consume_body(key, Some(&mut p.body.mem));
+                    &p.body.mem[before..]
+                };
+                if let Some(copy) = &mut p.stream_copy {
+                    if copy.len() + got.len() <= bound {
+                        copy.extend_from_slice(got);
+                    } else {
+                        p.stream_copy = None;
+                    }
                 }
                 if self.conns[key].close_after {
                     // A malformed or too large chunked body, after part of it went upstream.
@@ -2562,12 +2579,8 @@ impl<'a> Worker<'a> {
                 cache_status: p.cache.as_ref().map_or("", |c| c.status.as_str()),
                 ..Default::default()
             });
-            // `$request_body`: an in-memory body went out behind the upstream request's head.
-            if p.fcgi.is_none() && !p.streaming && !p.body_skipped && p.body.file().is_none() {
-                if let Some(end) = memchr::memmem::find(&p.upreq, b"\r\n\r\n") {
-                    ctx.conn.request_body = &p.upreq[end + 4..];
-                }
-            }
+            ctx.conn.request_body = body_in_memory(p);
+            ctx.conn.request_body_file = Some(&p.body);
             shard_http::response::write_extra(
                 &mut extra,
                 loc,
@@ -3050,6 +3063,7 @@ impl<'a> Worker<'a> {
         let (target, passed) = *accel;
         // The redirected request still sees the answer that sent it (`$upstream_http_*`).
         self.conns[key].rq().upstream_tries = p.attempts.clone();
+        self.conns[key].rq().request_body = body_in_memory(&p).to_vec();
         // nginx unescapes the target's path and refuses an unsafe one (`..` segments, NUL)
         // with a 404 (`ngx_http_parse_unsafe_uri`).
         let Some(target) = accel_target(&target) else {
@@ -3106,8 +3120,10 @@ impl<'a> Worker<'a> {
         // nginx's `error_page` for a failed upstream (`error_page 502 504 /50x.html`): the
         // request goes through the phases again, answered with that status.
         let loc = self.proxy_location(&p);
-        // `$upstream_*` in the error page (and its location) are the tries that led there.
+        // `$upstream_*` in the error page (and its location) are the tries that led there,
+        // and `$request_body` the body that went up.
         self.conns[key].rq().upstream_tries = p.attempts.clone();
+        self.conns[key].rq().request_body = body_in_memory(&p).to_vec();
         if !self.conns[key].rq().in_error_page
             && loc.error_pages.iter().any(|e| e.codes.contains(&status))
         {
@@ -3820,6 +3836,23 @@ impl Emit<'_> {
             self.out.extend_from_slice(data);
         }
         data.len() as u64
+    }
+}
+
+/// `$request_body` once the body went upstream: a body sent from memory (it follows the
+/// upstream request's head), or a streamed one that fit in `client_body_buffer_size`;
+/// empty for a body in a file, as nginx's.
+fn body_in_memory(p: &Proxy) -> &[u8] {
+    if p.fcgi.is_none() && !p.streaming && !p.body_skipped && p.body.file().is_none() {
+        match memchr::memmem::find(&p.upreq, b"\r\n\r\n") {
+            Some(end) => &p.upreq[end + 4..],
+            None => &[],
+        }
+    } else {
+        p.stream_copy
+            .as_deref()
+            .filter(|_| p.streaming && !p.body_cut)
+            .unwrap_or(&[])
     }
 }
 
