@@ -1551,6 +1551,9 @@ pub enum Var {
     /// `$pid` (of the worker), `$hostname`, `$nginx_version` (shard's version).
     Pid,
     Hostname,
+    /// `$connections_active`, `_reading`, `_writing`, `_waiting` (0..=3): stub_status's
+    /// numbers.
+    Connections(u8),
     NginxVersion,
     /// `$proxy_host`, `$proxy_port` (see [`ProxyPass`]).
     ProxyHost,

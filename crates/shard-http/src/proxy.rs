@@ -1047,6 +1047,7 @@ mod tests {
         upstream: &[],
         request_body: &[],
         request_body_file: None,
+        status: None,
         pipelined: false,
     };
 

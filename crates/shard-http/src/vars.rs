@@ -83,10 +83,25 @@ pub struct Conn<'a> {
     pub upstream: &'a [UpstreamTry],
     /// `$request_body`: the body in memory, where the caller has it (the upstream request).
     pub request_body: &'a [u8],
+    /// stub_status's numbers, for `$connections_*`.
+    pub status: Option<&'a dyn Connections>,
     /// `$request_body_file`: the body's file, where it is in one.
     pub request_body_file: Option<&'a dyn BodyFile>,
     /// `$pipe`: the request was in the input behind the one before it.
     pub pipelined: bool,
+}
+
+/// Where `$connections_active`, `_reading`, `_writing` and `_waiting` come from (the
+/// server's shared counters).
+pub trait Connections {
+    /// Active, reading, writing, waiting: `stub_status`'s numbers.
+    fn connections(&self) -> [u64; 4];
+}
+
+impl std::fmt::Debug for dyn Connections + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Connections({:?})", self.connections())
+    }
 }
 
 /// A request body's temporary file, named when `$request_body_file` asks (see the server's
@@ -531,6 +546,11 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::ConnectionRequests => push_u64(out, c.conn.requests),
         Var::Pid => push_u64(out, u64::from(std::process::id())),
         Var::Hostname => out.extend_from_slice(c.conn.hostname.as_bytes()),
+        Var::Connections(i) => {
+            if let Some(s) = c.conn.status {
+                push_u64(out, s.connections()[usize::from(*i).min(3)]);
+            }
+        }
         Var::NginxVersion => out.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes()),
         Var::ProxyHost => {
             if let Some(p) = c.pass {

@@ -65,6 +65,13 @@ fn totals(region: &Region) -> Totals {
     t
 }
 
+impl shard_http::vars::Connections for Region {
+    fn connections(&self) -> [u64; 4] {
+        let t = totals(self);
+        [t.active, t.reading, t.writing, t.waiting].map(|n| n as u64)
+    }
+}
+
 /// nginx's `stub_status` text, byte for byte (including its trailing spaces), so that existing
 /// scrapers such as the Prometheus nginx exporter parse it.
 pub fn stub(region: &Region, out: &mut Vec<u8>) {

@@ -3,6 +3,7 @@
 mod support;
 
 use std::io::Write;
+use std::time::Duration;
 
 use support::*;
 
@@ -184,4 +185,39 @@ fn stub_status_has_nginx_format() {
         );
     }
     drop(idle);
+}
+
+/// A connection that has sent nothing yet counts as waiting (as nginx's), and the numbers are
+/// `$connections_active`, `_reading`, `_writing`, `_waiting` too.
+#[test]
+fn connections_variables_and_a_silent_connection_waits() {
+    let s = Server::start(
+        "stub-vars",
+        "worker_processes 1;\nevents { worker_connections 64; }\nhttp {\n access_log off;\n\
+         server {\n listen 127.0.0.1:{port};\n location = /stub { stub_status; }\n location = /status { shard_status; }\n\
+         location / { return 200 \"$connections_active $connections_reading $connections_writing $connections_waiting\"; }\n }\n}\n",
+        1,
+    );
+    let silent = connect(s.addr());
+    wait_for(
+        Duration::from_secs(5),
+        "the silent connection counted",
+        || {
+            let body = get(s.addr(), "/").body_str();
+            // This request's connection writes; the silent one waits.
+            (body == "2 0 1 1").then_some(())
+        },
+    );
+    let stub = get(s.addr(), "/stub").body_str();
+    assert!(stub.contains("Reading: 0 Writing: 1 Waiting: 1 "), "{stub}");
+    // Its first byte makes it a reading one.
+    let mut silent = silent;
+    silent.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    wait_for(Duration::from_secs(5), "the connection reading", || {
+        (get(s.addr(), "/").body_str() == "2 1 1 0").then_some(())
+    });
+    drop(silent);
+    wait_for(Duration::from_secs(5), "the connection gone", || {
+        (get(s.addr(), "/").body_str() == "1 0 1 0").then_some(())
+    });
 }

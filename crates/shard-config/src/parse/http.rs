@@ -3556,7 +3556,9 @@ pub(super) fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, Confi
         url.len() >= p.len() && url.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes())
     };
     let tls = starts("https://");
-    if !starts("http://") && !tls {
+    // With variables, nginx checks the prefix of the rendered URL only (`http:/$uri` is a
+    // valid `proxy_pass`): shard's run-time check is the same.
+    if !starts("http://") && !tls && !url.contains('$') {
         return Err(derr(d, file, format!("invalid URL prefix in \"{url}\"")));
     }
     if url.contains('$') {
@@ -3851,6 +3853,10 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "limit_conn_status" => Var::LimitConnStatus,
         "pid" => Var::Pid,
         "hostname" => Var::Hostname,
+        "connections_active" => Var::Connections(0),
+        "connections_reading" => Var::Connections(1),
+        "connections_writing" => Var::Connections(2),
+        "connections_waiting" => Var::Connections(3),
         "nginx_version" => Var::NginxVersion,
         "proxy_host" => Var::ProxyHost,
         "proxy_port" => Var::ProxyPort,

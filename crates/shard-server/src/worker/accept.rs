@@ -305,6 +305,7 @@ impl Worker<'_> {
             self.conns[key].tls = tls;
             self.conns[key].pp_pending = conf_l.opts.proxy_protocol;
             self.start_reading(key, true);
+            self.conns[key].await_first_byte(self.cx.slot);
             let deadline = self.conns[key].deadline_ms;
             self.set_conn_deadline(key, deadline);
             if self.listeners[li].mode == AcceptMode::Mutex {

@@ -13,7 +13,7 @@ use shard_http::body::ChunkedDecoder;
 use super::script::Outcome;
 use super::step::{Flush, Io, Reply, Step};
 use super::tls::ClientOutcome;
-use super::{phase_counter, Worker};
+use super::Worker;
 use crate::shm::WorkerSlot;
 
 /// First read buffer of a connection. Larger heads grow it up to the
@@ -94,6 +94,9 @@ pub(super) struct Conn {
     /// Index into `Config::listeners`.
     pub(super) listener: usize,
     pub(super) phase: Phase,
+    /// Accepted and nothing read yet: counted as waiting, as nginx counts a connection that
+    /// has not sent a byte (`stub_status`), though its phase is already `Reading`.
+    pub(super) before_first_byte: bool,
     pub(super) registered: bool,
     /// The socket may have unread bytes (set by an event or at accept, cleared on a short read).
     pub(super) readable: bool,
@@ -496,6 +499,7 @@ impl Conn {
             peer,
             listener,
             phase: Phase::Reading,
+            before_first_byte: false,
             registered: false,
             readable: true,
             writable: true,
@@ -632,10 +636,29 @@ impl Conn {
 
     /// Moves the connection to `phase`, and the slot's gauges with it.
     pub(super) fn set_phase(&mut self, slot: &WorkerSlot, phase: Phase) {
-        if self.phase != phase {
-            WorkerSlot::drop_one(super::phase_counter(slot, self.phase));
+        if self.phase != phase || self.before_first_byte {
+            WorkerSlot::drop_one(self.gauge(slot));
+            self.before_first_byte = false;
             WorkerSlot::bump(super::phase_counter(slot, phase), 1);
             self.phase = phase;
+        }
+    }
+
+    /// The slot's gauge this connection is counted in.
+    pub(super) fn gauge<'s>(&self, slot: &'s WorkerSlot) -> &'s std::sync::atomic::AtomicU64 {
+        if self.before_first_byte {
+            &slot.waiting
+        } else {
+            super::phase_counter(slot, self.phase)
+        }
+    }
+
+    /// Just accepted: counted as waiting until its first byte arrives.
+    pub(super) fn await_first_byte(&mut self, slot: &WorkerSlot) {
+        if !self.before_first_byte {
+            WorkerSlot::drop_one(self.gauge(slot));
+            self.before_first_byte = true;
+            WorkerSlot::bump(&slot.waiting, 1);
         }
     }
 
@@ -732,6 +755,11 @@ impl Conn {
                 // instead of at its timeout.
                 if n < spare && !c.hup {
                     c.readable = false;
+                }
+                if c.before_first_byte {
+                    WorkerSlot::drop_one(&cx.slot.waiting);
+                    c.before_first_byte = false;
+                    WorkerSlot::bump(super::phase_counter(cx.slot, c.phase), 1);
                 }
                 if c.phase == Phase::Waiting {
                     // The loop gives it a new request (`start_reading`).
@@ -1107,7 +1135,7 @@ impl<'a> Worker<'a> {
         if let Some(r) = c.req.take() {
             self.give_req(r);
         }
-        WorkerSlot::drop_one(phase_counter(self.cx.slot, c.phase));
+        WorkerSlot::drop_one(c.gauge(self.cx.slot));
         if h2 & super::h2::H2_STREAM == 0 {
             WorkerSlot::drop_one(&self.cx.slot.active);
         }
@@ -2856,6 +2884,7 @@ impl<'a> Worker<'a> {
             upstream: &c.rd().upstream_tries,
             request_body: &c.rd().request_body,
             request_body_file: None,
+            status: Some(self.region),
             pipelined: c.rd().pipelined,
         }
     }
