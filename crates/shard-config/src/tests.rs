@@ -1900,8 +1900,8 @@ fn proxy_errors() {
             r#"invalid IPv6 address in upstream "[zz]:1""#,
         ),
         (
-            "proxy_pass ftp://$backend;",
-            r#"invalid URL prefix in "ftp://$backend""#,
+            "proxy_pass ftp://backend;",
+            r#"invalid URL prefix in "ftp://backend""#,
         ),
         (
             "proxy_pass http://127.0.0.1:1; proxy_pass http://127.0.0.1:2;",

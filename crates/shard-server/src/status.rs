@@ -68,7 +68,7 @@ fn totals(region: &Region) -> Totals {
 impl shard_http::vars::Connections for Region {
     fn connections(&self) -> [u64; 4] {
         let t = totals(self);
-        [t.active, t.reading, t.writing, t.waiting].map(|n| n as u64)
+        [t.active, t.reading, t.writing, t.waiting]
     }
 }
 
