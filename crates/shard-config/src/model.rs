@@ -698,9 +698,11 @@ pub struct LocationConf {
     /// access phase. `None`: off (or no user file).
     pub auth_basic: Option<std::sync::Arc<AuthBasic>>,
     /// `limit_rate RATE` (bytes per second, 0: off) and `limit_rate_after SIZE`: the response
-    /// is sent no faster, after its first SIZE bytes.
-    pub limit_rate: u64,
-    pub limit_rate_after: u64,
+    /// is sent no faster, after its first SIZE bytes. Either may be variables, rendered when
+    /// the response starts (as nginx 1.17+); `set $limit_rate` and an upstream's
+    /// `X-Accel-Limit-Rate` take precedence over `limit_rate`.
+    pub limit_rate: SizeValue,
+    pub limit_rate_after: SizeValue,
     /// `satisfy any`: the request passes when `allow`/`deny` or `auth_basic` lets it (`all`,
     /// the default: both must).
     pub satisfy_any: bool,
@@ -1551,6 +1553,8 @@ pub enum Var {
     /// `$pid` (of the worker), `$hostname`, `$nginx_version` (shard's version).
     Pid,
     Hostname,
+    /// `$limit_rate`: the response's rate (settable with `set`).
+    LimitRate,
     /// `$connections_active`, `_reading`, `_writing`, `_waiting` (0..=3): stub_status's
     /// numbers.
     Connections(u8),
@@ -1648,6 +1652,21 @@ pub fn parts_read_headers(parts: &[Part], maps: &[MapConf]) -> bool {
         })
     }
     walk(parts, maps, &mut Vec::new())
+}
+
+/// A size written literally or with variables (`limit_rate $arg_rate`), the latter rendered
+/// per request and read as nginx's `ngx_parse_size` reads a size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SizeValue {
+    Fixed(u64),
+    Vars(Vec<Part>),
+}
+
+impl SizeValue {
+    /// Nothing to render, and zero.
+    pub fn is_zero(&self) -> bool {
+        *self == SizeValue::Fixed(0)
+    }
 }
 
 /// A `proxy_set_header` value: literal text and variables.

@@ -87,7 +87,7 @@ fn push_json(out: &mut Vec<u8>, v: &[u8]) {
 
 /// Appends one line of `format` for the request in `ctx`, newline included: literal text as
 /// written, each variable's value escaped as the format says (an empty value is `-`, except
-/// with `escape=json`).
+/// with `escape=json` and `escape=none`, as nginx writes a variable that is not found).
 pub fn write_format(out: &mut Vec<u8>, format: &LogFormat, ctx: &vars::Ctx<'_>) {
     write_format_with(out, format, |v, var| vars::push(v, var, ctx));
 }
@@ -107,8 +107,8 @@ pub fn write_format_with(
                 value(&mut v, var);
                 match format.escape {
                     LogEscape::Json => push_json(out, &v),
-                    _ if v.is_empty() => out.push(b'-'),
                     LogEscape::None => out.extend_from_slice(&v),
+                    LogEscape::Default if v.is_empty() => out.push(b'-'),
                     LogEscape::Default => push_escaped_bytes(out, &v),
                 }
             }

@@ -1048,6 +1048,7 @@ mod tests {
         request_body: &[],
         request_body_file: None,
         status: None,
+        limit_rate: 0,
         pipelined: false,
     };
 

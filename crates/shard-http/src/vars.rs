@@ -83,6 +83,8 @@ pub struct Conn<'a> {
     pub upstream: &'a [UpstreamTry],
     /// `$request_body`: the body in memory, where the caller has it (the upstream request).
     pub request_body: &'a [u8],
+    /// `$limit_rate`: bytes per second (0: unlimited).
+    pub limit_rate: u64,
     /// stub_status's numbers, for `$connections_*`.
     pub status: Option<&'a dyn Connections>,
     /// `$request_body_file`: the body's file, where it is in one.
@@ -546,6 +548,7 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::ConnectionRequests => push_u64(out, c.conn.requests),
         Var::Pid => push_u64(out, u64::from(std::process::id())),
         Var::Hostname => out.extend_from_slice(c.conn.hostname.as_bytes()),
+        Var::LimitRate => push_u64(out, c.conn.limit_rate),
         Var::Connections(i) => {
             if let Some(s) = c.conn.status {
                 push_u64(out, s.connections()[usize::from(*i).min(3)]);

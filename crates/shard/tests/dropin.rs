@@ -114,7 +114,9 @@ events { worker_connections 64; }
 http {
     log_format main '$remote_addr "$request" $status $body_bytes_sent "$http_x_trace" $request_time';
     log_format js escape=json '{"uri":"$uri","ua":"$http_user_agent","q":"$arg_q"}';
+    log_format bare escape=none '$uri:$arg_q:$http_x_trace';
     access_log logs/access.log;
+    access_log logs/bare.log bare;
     access_log logs/main.log main;
     access_log logs/json.log js if=$arg_log;
     server {
@@ -165,6 +167,10 @@ fn log_formats_and_several_access_logs_are_all_written() {
         main[1].contains(" 200 2 \"-\" "),
         "an empty value is '-': {main:?}"
     );
+    // escape=none: as is, and a value not found is empty (not `-`), as nginx writes it.
+    let bare = read("bare.log", 2);
+    assert_eq!(bare[0], "/a:x%22y:t-1", "{bare:?}");
+    assert_eq!(bare[1], "/b::", "{bare:?}");
     let json = read("json.log", 1);
     assert_eq!(
         json.len(),
@@ -2727,6 +2733,60 @@ fn limit_rate_paces_the_response() {
         after >= Duration::from_millis(900) && after < Duration::from_millis(1900),
         "{after:?}"
     );
+}
+
+/// `limit_rate` and `limit_rate_after` with variables (rendered when the response starts; an
+/// empty value is no limit), `set $limit_rate` over the location's, `$limit_rate` read back,
+/// an upstream's `X-Accel-Limit-Rate`, and `set $args`.
+#[test]
+fn limit_rate_from_variables_set_and_the_upstream() {
+    let body = support::upstream::pattern(20_000, 5);
+    let up_body = body.clone();
+    let up = support::upstream::Upstream::start(move |r| support::upstream::Reply::Fixed {
+        status: 200,
+        headers: if r.target.contains("xal") {
+            vec![("X-Accel-Limit-Rate".to_string(), "10240".to_string())]
+        } else {
+            Vec::new()
+        },
+        body: up_body.clone(),
+    });
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:{{port}};\n  \
+         root {{dir}}/html;\n  location = /status {{ shard_status; }}\n  \
+         location /var/ {{ limit_rate $arg_l; limit_rate_after $arg_a; }}\n  \
+         location /set/ {{ set $limit_rate 10k; }}\n  \
+         location = /show {{ set $limit_rate 5k; return 200 \"$limit_rate\"; }}\n  \
+         location = /args {{ set $args \"a=1&b=2\"; return 200 \"$args|$arg_b|$is_args\"; }}\n  \
+         location /up/ {{ proxy_pass http://127.0.0.1:{}; }}\n }}\n}}\n",
+        up.port
+    );
+    let s = Server::start("limit-rate-vars", &conf, 1);
+    write_file(&s.dir, "html/var/f", &body);
+    write_file(&s.dir, "html/set/f", &body);
+    let timed = |path: &str| {
+        let t = std::time::Instant::now();
+        let r = get(s.addr(), path);
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(r.body, body, "{path}");
+        t.elapsed()
+    };
+    let paced = |d: Duration| d >= Duration::from_millis(900) && d < Duration::from_secs(3);
+    let fast = |d: Duration| d < Duration::from_millis(800);
+    let d = timed("/var/f?l=10k");
+    assert!(paced(d), "{d:?}");
+    let d = timed("/var/f?l=10k&a=20000");
+    assert!(fast(d), "after: {d:?}");
+    let d = timed("/var/f");
+    assert!(fast(d), "unset: {d:?}");
+    let d = timed("/set/f");
+    assert!(paced(d), "set: {d:?}");
+    assert_eq!(get(s.addr(), "/show").body_str(), "5120");
+    assert_eq!(get(s.addr(), "/args").body_str(), "a=1&b=2|2|?");
+    let d = timed("/up/plain");
+    assert!(fast(d), "{d:?}");
+    let d = timed("/up/xal");
+    assert!(paced(d), "X-Accel-Limit-Rate: {d:?}");
 }
 
 /// `limit_rate` on a proxied response: paced the same way, and complete.

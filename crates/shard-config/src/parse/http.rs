@@ -210,8 +210,8 @@ pub(super) struct Settings {
     pub(super) if_modified_since: Option<IfModifiedSince>,
     pub(super) etag: Option<bool>,
     pub(super) satisfy_any: Option<bool>,
-    pub(super) limit_rate: Option<u64>,
-    pub(super) limit_rate_after: Option<u64>,
+    pub(super) limit_rate: Option<SizeValue>,
+    pub(super) limit_rate_after: Option<SizeValue>,
     /// `auth_basic REALM | off` (`Some(None)`: off) and `auth_basic_user_file`.
     pub(super) auth_basic: Option<Option<String>>,
     pub(super) auth_basic_user_file: Option<PathBuf>,
@@ -557,8 +557,8 @@ pub(super) struct Eff {
     pub(super) if_modified_since: IfModifiedSince,
     pub(super) etag: bool,
     pub(super) satisfy_any: bool,
-    pub(super) limit_rate: u64,
-    pub(super) limit_rate_after: u64,
+    pub(super) limit_rate: SizeValue,
+    pub(super) limit_rate_after: SizeValue,
     pub(super) auth_basic: Option<String>,
     pub(super) auth_basic_user_file: Option<PathBuf>,
     pub(super) absolute_redirect: bool,
@@ -658,8 +658,8 @@ impl Eff {
             if_modified_since: IfModifiedSince::Exact,
             etag: true,
             satisfy_any: false,
-            limit_rate: 0,
-            limit_rate_after: 0,
+            limit_rate: SizeValue::Fixed(0),
+            limit_rate_after: SizeValue::Fixed(0),
             auth_basic: None,
             auth_basic_user_file: None,
             absolute_redirect: true,
@@ -844,8 +844,14 @@ impl Eff {
             if_modified_since: s.if_modified_since.unwrap_or(self.if_modified_since),
             etag: s.etag.unwrap_or(self.etag),
             satisfy_any: s.satisfy_any.unwrap_or(self.satisfy_any),
-            limit_rate: s.limit_rate.unwrap_or(self.limit_rate),
-            limit_rate_after: s.limit_rate_after.unwrap_or(self.limit_rate_after),
+            limit_rate: s
+                .limit_rate
+                .clone()
+                .unwrap_or_else(|| self.limit_rate.clone()),
+            limit_rate_after: s
+                .limit_rate_after
+                .clone()
+                .unwrap_or_else(|| self.limit_rate_after.clone()),
             auth_basic: s
                 .auth_basic
                 .clone()
@@ -1009,8 +1015,8 @@ impl Eff {
             fastcgi: None,
             limit_except: None,
             satisfy_any: self.satisfy_any,
-            limit_rate: self.limit_rate,
-            limit_rate_after: self.limit_rate_after,
+            limit_rate: self.limit_rate.clone(),
+            limit_rate_after: self.limit_rate_after.clone(),
             resolver: self.resolver.as_ref().map(|r| {
                 Arc::new(ResolverConf {
                     timeout_ms: self.resolver_timeout_ms,
@@ -2381,17 +2387,14 @@ pub(super) fn set_autoindex(_: &Env, s: &mut Settings, d: &Directive, file: &str
 
 slot!(set_etag, etag, flag);
 
-/// `limit_rate RATE` and `limit_rate_after SIZE` (sizes; variables are not supported).
+/// `limit_rate RATE` and `limit_rate_after SIZE`: sizes, or variables rendered per request.
 pub(super) fn set_limit_rate(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let v = a0(d);
-    if has_variables(v) {
-        return Err(derr(
-            d,
-            file,
-            format!("variables in \"{}\" are not supported by shard", d.name),
-        ));
-    }
-    let n = parse_size(v).ok_or_else(|| invalid(d, file, v))?;
+    let n = if has_variables(v) {
+        SizeValue::Vars(parse_header_value(d, file, v)?)
+    } else {
+        SizeValue::Fixed(parse_size(v).ok_or_else(|| invalid(d, file, v))?)
+    };
     if d.name == "limit_rate" {
         once(&mut s.limit_rate, n, d, file)
     } else {
@@ -3853,6 +3856,7 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "limit_conn_status" => Var::LimitConnStatus,
         "pid" => Var::Pid,
         "hostname" => Var::Hostname,
+        "limit_rate" => Var::LimitRate,
         "connections_active" => Var::Connections(0),
         "connections_reading" => Var::Connections(1),
         "connections_writing" => Var::Connections(2),

@@ -92,14 +92,18 @@ pub(super) fn script_set(_: &Env, script: &mut Vec<Instr>, d: &Directive, file: 
             format!("invalid variable name \"{}\"", d.args[0]),
         ));
     };
-    if variable_is_builtin(name) {
+    // nginx's changeable built-in variables.
+    let settable = ["limit_rate", "args"];
+    if variable_is_builtin(name) && !settable.contains(&name.to_ascii_lowercase().as_str()) {
         return Err(derr(
             d,
             file,
             format!("the \"{name}\" variable is built in: shard cannot set it"),
         ));
     }
-    declare(name);
+    if !variable_is_builtin(name) {
+        declare(name);
+    }
     let value = parse_header_value(d, file, &d.args[1])?;
     script.push(Instr::Set {
         name: name.to_ascii_lowercase(),

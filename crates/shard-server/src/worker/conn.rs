@@ -208,6 +208,8 @@ pub(super) struct Req {
     pub(super) accel_headers: Option<Box<[u8]>>,
     /// `limit_rate` of the current response (`None`: unlimited).
     pub(super) rate: Option<Box<Rate>>,
+    /// `set $limit_rate` or an upstream's `X-Accel-Limit-Rate`: the rate, over `limit_rate`.
+    pub(super) rate_set: Option<u64>,
 }
 
 /// [`Conn::rq`] on the field alone, so that the connection's other fields stay free to borrow.
@@ -290,6 +292,7 @@ impl Req {
         self.www_authenticate = None;
         self.accel_headers = None;
         self.rate = None;
+        self.rate_set = None;
     }
 
     /// nginx's defaults, for [`Conn::rq`]'s case that should not happen.
@@ -352,6 +355,7 @@ impl Req {
             www_authenticate: None,
             accel_headers: None,
             rate: None,
+            rate_set: None,
         }
     }
 }
@@ -1891,15 +1895,8 @@ impl<'a> Worker<'a> {
         c.rq().client = c.peer;
         c.rq().www_authenticate = None;
         c.rq().accel_headers = None;
-        c.rq().rate = (first.limit_rate > 0).then(|| {
-            Box::new(Rate {
-                bytes_per_sec: first.limit_rate,
-                after: first.limit_rate_after,
-                start_ms: self.cx.now_ms,
-                sent: 0,
-                resume_ms: 0,
-            })
-        });
+        // `limit_rate` is taken when the response starts (`settle_limit_rate`).
+        c.rq().rate = None;
         if let (Some(peer), false) = (c.peer, first.real_ip.from.is_empty()) {
             let mut storage = shard_http::vars::header_storage();
             let hs = shard_http::vars::request_headers(&c.inbuf[..head_len], &mut storage);
@@ -2885,6 +2882,13 @@ impl<'a> Worker<'a> {
             request_body: &c.rd().request_body,
             request_body_file: None,
             status: Some(self.region),
+            limit_rate: c
+                .rd()
+                .rate
+                .as_ref()
+                .map(|r| r.bytes_per_sec)
+                .or(c.rd().rate_set)
+                .unwrap_or(0),
             pipelined: c.rd().pipelined,
         }
     }
@@ -2974,6 +2978,65 @@ impl<'a> Worker<'a> {
             size_checked_turn,
             recode: recoded,
         });
+    }
+
+    /// The response's `limit_rate`, as nginx's write filter takes it when the response starts:
+    /// `set $limit_rate` or `X-Accel-Limit-Rate` if given, else the location's (variables
+    /// rendered now); `limit_rate_after` from the location. Counted from the request's start.
+    pub(super) fn settle_limit_rate(
+        &mut self,
+        key: usize,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        head: &[u8],
+    ) {
+        let bytes = match self.conns[key].rd().rate_set {
+            Some(n) => n,
+            None => self.size_value(key, loc, req, head, &loc.limit_rate),
+        };
+        let after = if bytes > 0 {
+            self.size_value(key, loc, req, head, &loc.limit_rate_after)
+        } else {
+            0
+        };
+        let start_ms = self.conns[key].rd().request_started_ms;
+        self.conns[key].rq().rate = (bytes > 0).then(|| {
+            Box::new(Rate {
+                bytes_per_sec: bytes,
+                after,
+                start_ms,
+                sent: 0,
+                resume_ms: 0,
+            })
+        });
+    }
+
+    /// A size directive's value for this request: empty is 0, as is one that is not a size
+    /// (logged, as nginx's `ngx_http_complex_value_size`).
+    fn size_value(
+        &mut self,
+        key: usize,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        head: &[u8],
+        v: &shard_config::SizeValue,
+    ) -> u64 {
+        let parts = match v {
+            shard_config::SizeValue::Fixed(n) => return *n,
+            shard_config::SizeValue::Vars(parts) => parts,
+        };
+        let text = self.render(key, req, head, loc, parts);
+        if text.is_empty() {
+            return 0;
+        }
+        shard_config::parse_size(&text).unwrap_or_else(|| {
+            crate::log!(
+                Error,
+                "invalid size \"{text}\"{}",
+                self.log_context(key, Some(req))
+            );
+            0
+        })
     }
 }
 
@@ -3082,6 +3145,7 @@ impl<'a> Worker<'a> {
                 Action::Content
             };
             let proxied = loc.proxy_pass.is_some() && loc.ret.is_none() && loc.handler.is_none();
+            self.settle_limit_rate(key, loc, &req, &head);
             let reply = match action {
                 Action::Redirect(target) => {
                     hops += 1;

@@ -2170,6 +2170,16 @@ impl<'a> Worker<'a> {
                         }
                         return Flow::Fail(head.status);
                     }
+                    // `X-Accel-Limit-Rate`: this response's rate, and that of the page an
+                    // `X-Accel-Redirect` leads to, over `limit_rate`.
+                    if loc.proxy.ignore_headers & shard_config::ignore::X_ACCEL_LIMIT_RATE == 0 {
+                        let rate = raw_header(&p.rbuf[..head_len], "x-accel-limit-rate")
+                            .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok());
+                        if let Some(n) = rate {
+                            self.conns[key].rq().rate_set = Some(n);
+                            self.settle_limit_rate(key, loc, &p.req, &p.head);
+                        }
+                    }
                     if !loc.proxy.ignore_accel_redirect && head.accel_redirect {
                         if let Some(target) = accel_redirect(&p.rbuf[..head_len]) {
                             if let Some(a) = p.attempts.last_mut() {
@@ -3644,6 +3654,17 @@ fn accel_redirect(head: &[u8]) -> Option<(String, Vec<u8>)> {
         }
     }
     Some((target, passed))
+}
+
+/// The first `name:` line of a response head as received (hidden headers included).
+fn raw_header<'h>(head: &'h [u8], name: &str) -> Option<&'h [u8]> {
+    head.split(|&b| b == b'\n').skip(1).find_map(|l| {
+        let l = l.strip_suffix(b"\r").unwrap_or(l);
+        let i = l.iter().position(|&b| b == b':')?;
+        l[..i]
+            .eq_ignore_ascii_case(name.as_bytes())
+            .then(|| l[i + 1..].trim_ascii())
+    })
 }
 
 /// A local address as nginx's `bind()` error names it: the IP alone when the port is 0.

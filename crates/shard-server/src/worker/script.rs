@@ -71,6 +71,16 @@ impl Worker<'_> {
                         .map(|_| self.render(key, req, head, loc, &r.parts));
                     return Some(Outcome::Return { code: r.code, text });
                 }
+                Instr::Set { name, value } if name == "limit_rate" => {
+                    let v = self.render(key, req, head, loc, value);
+                    match shard_config::parse_size(&v) {
+                        Some(n) => self.conns[key].rq().rate_set = Some(n),
+                        None => crate::log!(Error, "invalid $limit_rate \"{v}\""),
+                    }
+                }
+                Instr::Set { name, value } if name == "args" => {
+                    req.query = Some(self.render(key, req, head, loc, value));
+                }
                 Instr::Set { name, value } => {
                     let v = self.render(key, req, head, loc, value).into_bytes();
                     let vars = &mut self.conns[key].rq().user_vars;
@@ -170,7 +180,7 @@ impl Worker<'_> {
         None
     }
 
-    fn render(
+    pub(super) fn render(
         &self,
         key: usize,
         req: &Request,
