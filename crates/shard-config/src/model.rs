@@ -40,6 +40,9 @@ pub struct Config {
     pub listeners: Vec<Listener>,
     /// Every file `include` read, in the order read (the main file is the caller's).
     pub included: Vec<PathBuf>,
+    /// Every `access_log` file named anywhere (no variables, no syslog): nginx creates each at
+    /// start, written or not (an http-level log every server overrides, for one).
+    pub declared_logs: Vec<PathBuf>,
     /// `[warn]` messages of the parse (`FILE:LINE` included), in order: shown by `-t` and
     /// logged at start and reload.
     pub warnings: Vec<String>,
@@ -550,7 +553,11 @@ pub enum StatusHandler {
 /// One `access_log PATH [FORMAT [buffer=SIZE] [flush=TIME] [if=CONDITION]]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AccessLog {
+    /// The file (made absolute), or the template's text when `path_vars` is set.
     pub path: PathBuf,
+    /// A path with variables (`access_log logs/$host.log`): rendered per line, the file
+    /// opened by the worker for each line (nginx without `open_log_file_cache`).
+    pub path_vars: Option<Vec<Part>>,
     pub format: std::sync::Arc<LogFormat>,
     /// `if=`: the line is written only when this comes out neither empty nor `0`.
     pub condition: Option<Vec<Part>>,
@@ -558,6 +565,8 @@ pub struct AccessLog {
     /// by default in shard); `None`: each line is written at once, as nginx without
     /// `buffer=`.
     pub buffer: Option<usize>,
+    /// `flush=TIME`: a buffered line waits at most this long. Default 1 s.
+    pub flush_ms: Option<u64>,
     /// `gzip[=LEVEL]`: each flush of the buffer is written as one gzip member (`zcat` reads
     /// the file whole), at this level.
     pub gzip: Option<u32>,
@@ -694,6 +703,8 @@ pub struct LocationConf {
     pub if_modified_since: IfModifiedSince,
     /// `etag on|off`: static files carry an `ETag`. Default on.
     pub etag: bool,
+    /// `open_log_file_cache`: descriptors of access logs with variables kept open.
+    pub open_log_file_cache: Option<OpenLogCache>,
     /// `auth_basic REALM` with `auth_basic_user_file FILE`: HTTP Basic authentication in the
     /// access phase. `None`: off (or no user file).
     pub auth_basic: Option<std::sync::Arc<AuthBasic>>,
@@ -1654,6 +1665,19 @@ pub fn parts_read_headers(parts: &[Part], maps: &[MapConf]) -> bool {
     walk(parts, maps, &mut Vec::new())
 }
 
+/// `open_log_file_cache max=N inactive=T min_uses=N valid=T`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenLogCache {
+    /// Most descriptors (and paths counted) per worker; the least recently used goes.
+    pub max: usize,
+    /// A path not written for this long is forgotten. Default 10 s.
+    pub inactive_ms: u64,
+    /// Lines written within `inactive` before the descriptor is kept. Default 1.
+    pub min_uses: u32,
+    /// A kept descriptor is opened anew after this long. Default 60 s.
+    pub valid_ms: u64,
+}
+
 /// A size written literally or with variables (`limit_rate $arg_rate`), the latter rendered
 /// per request and read as nginx's `ngx_parse_size` reads a size.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -2499,6 +2523,10 @@ pub struct StreamServerConf {
     /// / from the client, 0 unlimited (nginx's per-connection formula).
     pub download_rate: u64,
     pub upload_rate: u64,
+    /// `proxy_half_close on`: one side's end of stream is passed on as a FIN and the session
+    /// goes on until both ended. Off (nginx's default), it ends when either side has ended and
+    /// what it sent is delivered.
+    pub half_close: bool,
     /// `ssl_handshake_timeout`: a `listen ... ssl` client's handshake. Default 60 s.
     pub ssl_handshake_timeout_ms: u64,
     /// `ssl_alpn`: the ALPN protocols offered; a client that offers others fails its

@@ -2643,12 +2643,27 @@ fn upstream_balancing_methods() {
 }
 
 #[test]
-fn variables_where_shard_takes_none_are_refused() {
+fn access_log_paths_with_variables() {
+    let c = http("server { access_log logs/$host.log; access_log /var/log/plain.log; }");
+    let logs = &c.http.as_ref().unwrap().servers[0].base.access_logs;
+    assert_eq!(
+        logs[0].path_vars,
+        Some(vec![
+            Part::Lit("/pfx/logs/".into()),
+            Part::Var(Var::Host),
+            Part::Lit(".log".into())
+        ])
+    );
+    assert_eq!(logs[1].path_vars, None);
+    // Files nginx creates at start: the plain ones, and the default one nothing uses.
+    assert!(c
+        .declared_logs
+        .contains(&PathBuf::from("/var/log/plain.log")));
     assert_eq!(
         error(&format!(
-            "{EV}http {{ server {{ access_log logs/$host.log; }} }}"
+            "{EV}http {{ server {{ access_log logs/$host.log combined buffer=4k; }} }}"
         )),
-        "variables in \"access_log\" are not supported by shard in t.conf:2"
+        "buffered logs cannot have variables in name in t.conf:2"
     );
 }
 

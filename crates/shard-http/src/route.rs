@@ -366,6 +366,7 @@ pub(crate) mod tests {
             autoindex: Default::default(),
             if_modified_since: shard_config::IfModifiedSince::Exact,
             etag: true,
+            open_log_file_cache: None,
             auth_basic: None,
             limit_except: None,
             satisfy_any: false,

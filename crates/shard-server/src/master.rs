@@ -180,9 +180,15 @@ fn access_log_paths(cfg: &Config) -> Vec<LogDest> {
         .iter()
         .flat_map(|s| &s.servers)
         .flat_map(|s| &s.access_logs);
-    for al in http.chain(stream) {
+    // A path with variables is opened by the worker, line by line.
+    for al in http.chain(stream).filter(|al| al.path_vars.is_none()) {
         if !v.iter().any(|(p, _)| *p == al.path) {
             v.push((al.path.clone(), al.syslog.clone()));
+        }
+    }
+    for p in &cfg.declared_logs {
+        if !v.iter().any(|(q, _)| q == p) {
+            v.push((p.clone(), None));
         }
     }
     v

@@ -37,6 +37,18 @@ fn push_once(v: &mut Vec<PathBuf>, p: &Path) {
     }
 }
 
+/// The directory a path template names before its first variable (`/var/log/$host.log`:
+/// `/var/log`).
+fn literal_dir(template: &Path) -> PathBuf {
+    let text = template.to_string_lossy();
+    let lit = &text[..text.find('$').unwrap_or(text.len())];
+    match lit.rfind('/') {
+        Some(0) => PathBuf::from("/"),
+        Some(i) => PathBuf::from(&lit[..i]),
+        None => PathBuf::from("."),
+    }
+}
+
 impl Plan {
     pub fn from_config(cfg: &Config) -> Plan {
         let mut plan = Plan::default();
@@ -52,8 +64,15 @@ impl Plan {
                 for l in std::iter::once(&s.base).chain(&s.locations) {
                     push_once(&mut plan.read, l.alias.as_deref().unwrap_or(&l.root));
                     for al in l.access_logs.iter().filter(|al| al.syslog.is_none()) {
-                        if let Some(d) = al.path.parent() {
-                            push_once(&mut plan.append, d);
+                        match &al.path_vars {
+                            // The worker creates these files: the literal directory before
+                            // the first variable.
+                            Some(_) => push_once(&mut plan.temp, &literal_dir(&al.path)),
+                            None => {
+                                if let Some(d) = al.path.parent() {
+                                    push_once(&mut plan.append, d);
+                                }
+                            }
                         }
                     }
                 }
@@ -63,6 +82,11 @@ impl Plan {
             }
             for c in &http.cache_paths {
                 push_once(&mut plan.temp, &c.path);
+            }
+        }
+        for s in cfg.stream.iter().flat_map(|s| &s.servers) {
+            for al in s.access_logs.iter().filter(|al| al.path_vars.is_some()) {
+                push_once(&mut plan.temp, &literal_dir(&al.path));
             }
         }
         plan
@@ -119,6 +143,8 @@ pub const SYSCALLS: &[(&str, i64)] = &[
     ("renameat", libc::SYS_renameat),
     ("renameat2", libc::SYS_renameat2),
     ("unlinkat", libc::SYS_unlinkat),
+    // `$request_body_file` names an unnamed body file.
+    ("linkat", libc::SYS_linkat),
     // The same calls by their older names, which std uses where they exist.
     #[cfg(target_arch = "x86_64")]
     ("open", libc::SYS_open),

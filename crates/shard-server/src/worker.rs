@@ -111,6 +111,16 @@ struct WListener {
     enabled: bool,
 }
 
+/// A path `open_log_file_cache` counts: its lines within `inactive`, and its descriptor once
+/// it has `min_uses` of them.
+struct LogCacheEntry {
+    file: Option<(std::fs::File, u64)>,
+    uses: u32,
+    last_ms: u64,
+    /// Order of last use (milliseconds tie).
+    last_seq: u64,
+}
+
 /// One access log file: a descriptor inherited from the master (reopened on `SIGUSR1`) and a
 /// bounded buffer flushed when full, once a second and at exit.
 struct AccessLogFile {
@@ -119,6 +129,10 @@ struct AccessLogFile {
     buf: Vec<u8>,
     /// `gzip[=LEVEL]`: each flush is one gzip member.
     gzip: Option<u32>,
+    /// `flush=`: the longest a buffered line waits.
+    flush_ms: u64,
+    /// When the buffer took its first line (0: empty).
+    since_ms: u64,
     /// `syslog:...`: `fd` is a datagram socket, each line one message, never buffered.
     syslog: Option<std::sync::Arc<shard_config::Syslog>>,
 }
@@ -228,6 +242,10 @@ pub(crate) struct Worker<'a> {
     multi_accept: bool,
     access_logs: Vec<AccessLogFile>,
     access_log_idx: HashMap<PathBuf, usize>,
+    /// `open_log_file_cache`: access logs with variables in their paths, by rendered path.
+    log_cache: HashMap<String, LogCacheEntry>,
+    /// When the earliest buffered access-log line is due (`flush=`; 0: none waits).
+    log_flush_at: u64,
     /// HTTP/2 sessions (`h2.rs`), each on a connection of `conns`.
     h2: Slab<h2::Session>,
     /// `http2_rebalance`'s window (`h2.rs`).
@@ -425,6 +443,8 @@ impl<'a> Worker<'a> {
                 fd: *fd,
                 buf: Vec::with_capacity(ACCESS_LOG_BUFFER_BYTES),
                 gzip: first.and_then(|al| al.gzip),
+                flush_ms: first.and_then(|al| al.flush_ms).unwrap_or(HEARTBEAT_MS),
+                since_ms: 0,
                 syslog: first.and_then(|al| al.syslog.clone()),
             });
         }
@@ -493,6 +513,8 @@ impl<'a> Worker<'a> {
             multi_accept: ev.multi_accept,
             access_logs,
             access_log_idx,
+            log_cache: HashMap::new(),
+            log_flush_at: 0,
             h2: Slab::new(),
             rebalance: h2::Rebalance::default(),
             body_mem: 0,
@@ -571,6 +593,9 @@ impl<'a> Worker<'a> {
             }
             if let Some(Reverse((deadline, _, _))) = self.relay_timers.peek() {
                 timeout = timeout.min(deadline.saturating_sub(self.cx.now_ms));
+            }
+            if self.log_flush_at != 0 {
+                timeout = timeout.min(self.log_flush_at.saturating_sub(self.cx.now_ms));
             }
             if let Some(until) = self.drain_until_ms {
                 if self.cx.now_ms >= until {
@@ -656,6 +681,7 @@ impl<'a> Worker<'a> {
             self.run_ready();
             self.expire_timers();
             self.expire_relay_timers();
+            self.flush_due_access_logs();
             if self.cx.now_ms.saturating_sub(self.last_heartbeat_ms) >= HEARTBEAT_MS {
                 self.last_heartbeat_ms = self.cx.now_ms;
                 self.publish_cpu();
@@ -881,13 +907,150 @@ impl<'a> Worker<'a> {
         let limit = buffer.map_or(0, |b| b.min(ACCESS_LOG_BUFFER_BYTES - 2048));
         if f.buf.len() >= limit.max(1) {
             f.flush();
+            f.since_ms = 0;
+        } else if !f.buf.is_empty() && f.since_ms == 0 {
+            f.since_ms = self.cx.now_ms;
+            let due = self.cx.now_ms + f.flush_ms;
+            if self.log_flush_at == 0 || due < self.log_flush_at {
+                self.log_flush_at = due;
+            }
+        }
+    }
+
+    /// `flush=`: writes out the buffers whose first line has waited long enough.
+    fn flush_due_access_logs(&mut self) {
+        if self.log_flush_at == 0 || self.cx.now_ms < self.log_flush_at {
+            return;
+        }
+        let now = self.cx.now_ms;
+        let mut next = 0;
+        for f in &mut self.access_logs {
+            if f.since_ms == 0 {
+                continue;
+            }
+            let due = f.since_ms + f.flush_ms;
+            if due <= now {
+                f.flush();
+                f.since_ms = 0;
+            } else if next == 0 || due < next {
+                next = due;
+            }
+        }
+        self.log_flush_at = next;
+    }
+
+    /// One line to an access log whose path has variables: the file is opened (created),
+    /// written and closed, as nginx's without `open_log_file_cache`; with it, a path written
+    /// `min_uses` times within `inactive` keeps its descriptor (up to `max` paths, the least
+    /// recently written forgotten first; a descriptor older than `valid` is opened anew).
+    fn write_log_path(
+        &mut self,
+        path: &str,
+        line: &[u8],
+        cache: Option<&shard_config::OpenLogCache>,
+    ) {
+        use std::io::Write as _;
+        let now = self.cx.now_ms;
+        let Some(c) = cache else {
+            self.write_log_once(path, line);
+            return;
+        };
+        self.log_cache
+            .retain(|_, e| now.saturating_sub(e.last_ms) < c.inactive_ms);
+        self.temp_seq = self.temp_seq.wrapping_add(1);
+        let seq = self.temp_seq;
+        if let Some(e) = self.log_cache.get_mut(path) {
+            e.uses = e.uses.saturating_add(1);
+            e.last_ms = now;
+            e.last_seq = seq;
+            if e.file
+                .as_ref()
+                .is_some_and(|(_, at)| now.saturating_sub(*at) >= c.valid_ms)
+            {
+                e.file = None;
+            }
+            if let Some((f, _)) = &mut e.file {
+                if let Err(err) = f.write_all(line) {
+                    crate::log!(
+                        Crit,
+                        "write() \"{path}\" failed ({})",
+                        shard_event::os_error_text(&err)
+                    );
+                }
+                return;
+            }
+        }
+        // Opened now; a path that cannot be opened is not counted (as nginx's cache of
+        // log files, which keeps no errors).
+        let mut f = match open_log(path) {
+            Ok(f) => f,
+            Err(err) => {
+                self.log_cache.remove(path);
+                crate::log!(
+                    Crit,
+                    "open() \"{path}\" failed ({})",
+                    shard_event::os_error_text(&err)
+                );
+                return;
+            }
+        };
+        if let Err(err) = f.write_all(line) {
+            crate::log!(
+                Crit,
+                "write() \"{path}\" failed ({})",
+                shard_event::os_error_text(&err)
+            );
+        }
+        if !self.log_cache.contains_key(path) {
+            while self.log_cache.len() >= c.max {
+                let lru = self
+                    .log_cache
+                    .iter()
+                    .min_by_key(|(_, e)| e.last_seq)
+                    .map(|(k, _)| k.clone());
+                match lru {
+                    Some(k) => self.log_cache.remove(&k),
+                    None => break,
+                };
+            }
+            self.log_cache.insert(
+                path.to_string(),
+                LogCacheEntry {
+                    file: None,
+                    uses: 1,
+                    last_ms: now,
+                    last_seq: seq,
+                },
+            );
+        }
+        if let Some(e) = self.log_cache.get_mut(path) {
+            if e.uses >= c.min_uses {
+                e.file = Some((f, now));
+            }
+        }
+    }
+
+    /// [`Worker::write_log_path`] without a cache.
+    fn write_log_once(&self, path: &str, line: &[u8]) {
+        use std::io::Write as _;
+        let res = open_log(path)
+            .map_err(|e| ("open()", e))
+            .and_then(|mut f| f.write_all(line).map_err(|e| ("write()", e)));
+        if let Err((call, e)) = res {
+            crate::log!(
+                Crit,
+                "{call} \"{path}\" failed ({})",
+                shard_event::os_error_text(&e)
+            );
         }
     }
 
     fn flush_access_logs(&mut self) {
         for f in &mut self.access_logs {
             f.flush();
+            f.since_ms = 0;
         }
+        self.log_flush_at = 0;
     }
 
     fn expire_timers(&mut self) {
@@ -937,4 +1100,15 @@ fn phase_counter(slot: &WorkerSlot, phase: conn::Phase) -> &std::sync::atomic::A
         conn::Phase::Writing => &slot.writing,
         conn::Phase::Waiting => &slot.waiting,
     }
+}
+
+/// An access log file with variables in its path, opened by the worker to append.
+fn open_log(path: &str) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
 }

@@ -1013,6 +1013,69 @@ fn upstream_servers_on_unix_sockets() {
     assert!(seen[2].starts_with("GET /v HTTP/1.0\r\n"), "{}", seen[2]);
 }
 
+const VARLOG_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    log_format bare escape=none '$uri $arg_n';
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        location = /status { shard_status; }
+        location /v { access_log {dir}/vlogs/v_$arg_n.log bare; return 204; }
+        location /c {
+            open_log_file_cache max=2 min_uses=2;
+            access_log {dir}/vlogs/c_$arg_n.log bare;
+            return 204;
+        }
+        location /buf { access_log {dir}/logs/buf.log bare buffer=32k flush=100ms; return 204; }
+    }
+}
+"#;
+
+/// `access_log` paths with variables (opened by the worker per line), `open_log_file_cache`
+/// (a path used `min_uses` times keeps its descriptor: lines still reach it after its
+/// directory was renamed), and `flush=` shorter than a second.
+#[test]
+fn access_log_paths_with_variables_and_open_log_file_cache() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Server::start("varlog", VARLOG_CONF, 1);
+    let dir = s.dir.join("vlogs");
+    std::fs::create_dir_all(&dir).unwrap();
+    // The workers' user creates the files.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let a = s.addr();
+    for n in ["a", "b", "a"] {
+        assert_eq!(get(a, &format!("/v?n={n}")).status, 204);
+    }
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    assert_eq!(read("v_a.log"), "/v a\n/v a\n");
+    assert_eq!(read("v_b.log"), "/v b\n");
+    for n in ["k", "k", "once"] {
+        assert_eq!(get(a, &format!("/c?n={n}")).status, 204);
+    }
+    let moved = s.dir.join("vlogs-moved");
+    std::fs::rename(&dir, &moved).unwrap();
+    for n in ["k", "once"] {
+        assert_eq!(get(a, &format!("/c?n={n}")).status, 204);
+    }
+    std::fs::rename(&moved, &dir).unwrap();
+    assert_eq!(read("c_k.log"), "/c k\n/c k\n/c k\n", "the kept descriptor");
+    assert_eq!(read("c_once.log"), "/c once\n", "not kept below min_uses");
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(
+        log.contains("c_once.log\" failed (2: No such file or directory)"),
+        "{log}"
+    );
+    let t = std::time::Instant::now();
+    assert_eq!(get(a, "/buf").status, 204);
+    let buf = s.dir.join("logs/buf.log");
+    wait_for(Duration::from_secs(3), "the buffered line", || {
+        (std::fs::read_to_string(&buf).unwrap_or_default() == "/buf \n").then_some(())
+    });
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
 const DOCROOT_CONF: &str = r#"
 worker_processes 1;
 events { worker_connections 64; }

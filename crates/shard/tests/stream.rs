@@ -69,14 +69,16 @@ fn local(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-/// The common head: an http server for `/status` on `{port}`, then `stream` as given.
+/// The common head: an http server for `/status` on `{port}`, then `stream` as given, with
+/// `proxy_half_close on` (the tests' clients end their side first and wait for the answer;
+/// nginx's default, off, is tested on its own).
 fn conf(workers: usize, stream: &str) -> String {
     format!(
         "worker_processes {workers};\nerror_log logs/error.log info;\n\
          events {{ worker_connections 256; }}\n\
          http {{ access_log off; server {{ listen 127.0.0.1:{{port}}; \
          location = /status {{ shard_status; }} }} }}\n\
-         stream {{\n{stream}\n}}\n"
+         stream {{\nproxy_half_close on;\n{stream}\n}}\n"
     )
 }
 
@@ -177,6 +179,40 @@ fn half_close_reaches_upstream_and_reply_comes_back() {
     let mut v = Vec::new();
     c.read_to_end(&mut v).unwrap();
     assert_eq!(String::from_utf8_lossy(&v), "got 100000");
+}
+
+/// nginx's default, `proxy_half_close off`: the session ends once either side has ended and
+/// what it sent is delivered: an upstream that answers and closes ends it though the client
+/// keeps its side open, and a client that ends its side first gets no answer.
+#[test]
+fn without_half_close_either_end_ends_the_session() {
+    let (says, _) = upstream(says_p);
+    let (counter, _) = upstream(count_then_reply);
+    let s = Server::start_ports(
+        "stream-no-half",
+        &format!(
+            "worker_processes 1;\nerror_log logs/error.log info;\n\
+             events {{ worker_connections 64; }}\n\
+             http {{ access_log off; server {{ listen 127.0.0.1:{{port}}; \
+             location = /status {{ shard_status; }} }} }}\n\
+             stream {{\n server {{ listen 127.0.0.1:{{port1}}; proxy_pass 127.0.0.1:{says}; }}\n\
+             server {{ listen 127.0.0.1:{{port2}}; proxy_pass 127.0.0.1:{counter}; }}\n\
+             server {{ listen 127.0.0.1:{{port3}}; proxy_pass 127.0.0.1:{counter}; proxy_half_close on; }}\n}}\n"
+        ),
+        1,
+        3,
+    );
+    // The client never ends its side: the upstream's close ends the session.
+    let mut c = TcpStream::connect(local(s.ports[0])).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut v = Vec::new();
+    c.read_to_end(&mut v).unwrap();
+    assert_eq!(v, b"P");
+    // The client ends first: its bytes are delivered, then the session ends (the upstream's
+    // answer comes too late), as nginx's.
+    assert_eq!(send_all(s.ports[1], &[1u8; 1000]), "");
+    // With `proxy_half_close on` the answer comes back.
+    assert_eq!(send_all(s.ports[2], &[1u8; 1000]), "got 1000");
 }
 
 #[test]

@@ -209,6 +209,8 @@ pub(super) struct Settings {
     pub(super) autoindex: Option<Autoindex>,
     pub(super) if_modified_since: Option<IfModifiedSince>,
     pub(super) etag: Option<bool>,
+    /// `open_log_file_cache`: `Some(None)` is `off`.
+    pub(super) open_log_file_cache: Option<Option<OpenLogCache>>,
     pub(super) satisfy_any: Option<bool>,
     pub(super) limit_rate: Option<SizeValue>,
     pub(super) limit_rate_after: Option<SizeValue>,
@@ -556,6 +558,7 @@ pub(super) struct Eff {
     pub(super) autoindex: Autoindex,
     pub(super) if_modified_since: IfModifiedSince,
     pub(super) etag: bool,
+    pub(super) open_log_file_cache: Option<OpenLogCache>,
     pub(super) satisfy_any: bool,
     pub(super) limit_rate: SizeValue,
     pub(super) limit_rate_after: SizeValue,
@@ -622,6 +625,8 @@ impl Eff {
             tcp_nodelay: true,
             access_logs: vec![AccessLog {
                 path: prefix.join("logs/access.log"),
+                path_vars: None,
+                flush_ms: None,
                 format: combined_format(),
                 condition: None,
                 buffer: None,
@@ -657,6 +662,7 @@ impl Eff {
             autoindex: Autoindex::default(),
             if_modified_since: IfModifiedSince::Exact,
             etag: true,
+            open_log_file_cache: None,
             satisfy_any: false,
             limit_rate: SizeValue::Fixed(0),
             limit_rate_after: SizeValue::Fixed(0),
@@ -843,6 +849,7 @@ impl Eff {
             },
             if_modified_since: s.if_modified_since.unwrap_or(self.if_modified_since),
             etag: s.etag.unwrap_or(self.etag),
+            open_log_file_cache: s.open_log_file_cache.unwrap_or(self.open_log_file_cache),
             satisfy_any: s.satisfy_any.unwrap_or(self.satisfy_any),
             limit_rate: s
                 .limit_rate
@@ -982,6 +989,7 @@ impl Eff {
             autoindex: self.autoindex,
             if_modified_since: self.if_modified_since,
             etag: self.etag,
+            open_log_file_cache: self.open_log_file_cache,
             auth_basic: match (&self.auth_basic, &self.auth_basic_user_file) {
                 (Some(realm), Some(file)) => Some(auth_basic_users(realm, file)),
                 _ => None,
@@ -2218,8 +2226,8 @@ pub(super) fn parse_access_log(
         }
         return Ok(None);
     }
-    no_variables(d, file, a)?;
     let syslog = if a.starts_with("syslog:") {
+        no_variables(d, file, a)?;
         Some(Arc::new(Syslog::parse(a).map_err(|m| derr(d, file, m))?))
     } else {
         None
@@ -2242,6 +2250,7 @@ pub(super) fn parse_access_log(
     let mut condition = None;
     let mut buffer = None;
     let mut gzip = None;
+    let mut flush_ms = None;
     for p in d.args.iter().skip(2) {
         if let Some(v) = p.strip_prefix("buffer=") {
             buffer = Some(
@@ -2249,7 +2258,10 @@ pub(super) fn parse_access_log(
                     .ok_or_else(|| derr(d, file, format!("invalid buffer size \"{v}\"")))?,
             );
         } else if let Some(v) = p.strip_prefix("flush=") {
-            parse_time_ms(v).ok_or_else(|| derr(d, file, format!("invalid flush time \"{v}\"")))?;
+            flush_ms = Some(
+                parse_time_ms(v)
+                    .ok_or_else(|| derr(d, file, format!("invalid flush time \"{v}\"")))?,
+            );
         } else if p == "gzip" {
             gzip = Some(1);
         } else if let Some(v) = p.strip_prefix("gzip=") {
@@ -2266,16 +2278,33 @@ pub(super) fn parse_access_log(
     if syslog.is_some() && (buffer.is_some() || gzip.is_some()) {
         return Err(derr(d, file, "logs to syslog cannot be buffered"));
     }
+    let path = if syslog.is_some() {
+        std::path::PathBuf::from(a)
+    } else {
+        env.resolve(a)
+    };
+    let path_vars = if syslog.is_none() && has_variables(a) {
+        if buffer.is_some() || gzip.is_some() {
+            return Err(derr(d, file, "buffered logs cannot have variables in name"));
+        }
+        Some(value(&path.to_string_lossy())?)
+    } else {
+        None
+    };
+    if syslog.is_none() && path_vars.is_none() {
+        let mut declared = env.declared_logs.borrow_mut();
+        if !declared.contains(&path) {
+            declared.push(path.clone());
+        }
+    }
     // nginx: `gzip` without `buffer=` buffers 64 KiB.
     if gzip.is_some() && buffer.is_none() {
         buffer = Some(64 * 1024);
     }
     Ok(Some(AccessLog {
-        path: if syslog.is_some() {
-            std::path::PathBuf::from(a)
-        } else {
-            env.resolve(a)
-        },
+        path,
+        path_vars,
+        flush_ms,
         format,
         condition,
         buffer: buffer.map(|b| usize::try_from(b).unwrap_or(usize::MAX)),
@@ -2386,6 +2415,52 @@ pub(super) fn set_autoindex(_: &Env, s: &mut Settings, d: &Directive, file: &str
 }
 
 slot!(set_etag, etag, flag);
+
+/// `open_log_file_cache max=N [inactive=TIME] [min_uses=N] [valid=TIME] | off`: descriptors of
+/// access logs whose paths have variables, kept open by each worker.
+pub(super) fn set_open_log_file_cache(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut c = OpenLogCache {
+        max: 0,
+        inactive_ms: 10_000,
+        min_uses: 1,
+        valid_ms: 60_000,
+    };
+    let mut off = false;
+    for a in &d.args {
+        let bad = || {
+            derr(
+                d,
+                file,
+                format!("invalid \"open_log_file_cache\" parameter \"{a}\""),
+            )
+        };
+        if let Some(v) = a.strip_prefix("max=") {
+            c.max = v.parse().ok().filter(|&n| n > 0).ok_or_else(bad)?;
+        } else if let Some(v) = a.strip_prefix("inactive=") {
+            c.inactive_ms = crate::parse_time_ms(v).ok_or_else(bad)?;
+        } else if let Some(v) = a.strip_prefix("min_uses=") {
+            c.min_uses = v.parse().map_err(|_| bad())?;
+        } else if let Some(v) = a.strip_prefix("valid=") {
+            c.valid_ms = crate::parse_time_ms(v).ok_or_else(bad)?;
+        } else if a == "off" {
+            off = true;
+        } else {
+            return Err(bad());
+        }
+    }
+    let v = if off {
+        None
+    } else if c.max == 0 {
+        return Err(derr(
+            d,
+            file,
+            "\"open_log_file_cache\" must have \"max\" parameter",
+        ));
+    } else {
+        Some(c)
+    };
+    once(&mut s.open_log_file_cache, v, d, file)
+}
 
 /// `limit_rate RATE` and `limit_rate_after SIZE`: sizes, or variables rendered per request.
 pub(super) fn set_limit_rate(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {

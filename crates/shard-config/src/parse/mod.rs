@@ -234,6 +234,8 @@ struct Env {
     /// fields index this until `finish_http` resolves them), with where they were named and
     /// whether as a `limit_req` zone.
     zone_refs: std::cell::RefCell<Vec<(String, Place, bool)>>,
+    /// Every plain `access_log` file named (see `Config::declared_logs`).
+    declared_logs: std::cell::RefCell<Vec<PathBuf>>,
 }
 
 /// `NGINX_ONLY` is sorted, as its binary search needs (a test checks it).
@@ -343,6 +345,7 @@ pub(crate) fn parse(
         log_formats: std::cell::RefCell::new(HashMap::new()),
         stream_log_formats: std::cell::RefCell::new(HashMap::new()),
         zone_refs: std::cell::RefCell::new(Vec::new()),
+        declared_logs: std::cell::RefCell::new(Vec::new()),
     };
     reset_names();
     reset_stream_names();
@@ -612,6 +615,7 @@ impl Env {
             stream,
             listeners,
             included: self.included.take(),
+            declared_logs: self.declared_logs.take(),
             warnings: self.warnings.take(),
         })
     }

@@ -38,6 +38,7 @@ pub(super) struct StreamSettings {
     /// `proxy_download_rate`, `proxy_upload_rate`: bytes per second, 0 unlimited.
     pub(super) download_rate: Option<u64>,
     pub(super) upload_rate: Option<u64>,
+    pub(super) half_close: Option<bool>,
     pub(super) ssl_handshake_timeout_ms: Option<u64>,
     /// `ssl_alpn PROTOCOL ...`.
     pub(super) alpn: Option<Vec<String>>,
@@ -173,10 +174,16 @@ pub(super) fn stream_server_set(cx: &mut StreamServerCx<'_>, d: &Directive, file
     Ok(())
 }
 
-/// `proxy_half_close`, `tcp_nodelay`: checked and accepted silently, shard's relay doing
-/// what `on` asks in any case (docs list `off` as a difference).
+/// `tcp_nodelay`: checked and accepted silently, shard setting `TCP_NODELAY` on both sockets
+/// in any case (nginx's default).
 pub(super) fn stream_flag_as_is(_: &mut StreamSettings, d: &Directive, file: &str) -> R {
     flag(d, file, a0(d)).map(|_| ())
+}
+
+/// `proxy_half_close on | off`.
+pub(super) fn stream_half_close(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut s.half_close, v, d, file)
 }
 
 /// `proxy_next_upstream on | off`.
@@ -602,6 +609,7 @@ pub(super) fn finish_stream(
                 bind: None,
                 download_rate: 0,
                 upload_rate: 0,
+                half_close: false,
                 ssl_handshake_timeout_ms: s
                     .settings
                     .ssl_handshake_timeout_ms
@@ -689,6 +697,11 @@ pub(super) fn finish_stream(
                 .flatten(),
             download_rate: get(|x| x.download_rate, 0),
             upload_rate: get(|x| x.upload_rate, 0),
+            half_close: s
+                .settings
+                .half_close
+                .or(sp.settings.half_close)
+                .unwrap_or(false),
             ssl_handshake_timeout_ms: get(|x| x.ssl_handshake_timeout_ms, 60_000),
             alpn,
         });

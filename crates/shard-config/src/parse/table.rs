@@ -423,7 +423,13 @@ pub(super) static TABLE: &[Spec] = &[
     d("read_ahead", HSL, 1, 1, Set::NoEffect(check_size)),
     d("thread_pool", M, 1, 3, Set::NoEffect(check_any)),
     // Cached descriptors of access logs with variables in their paths (which shard refuses).
-    d("open_log_file_cache", HSL, 1, 4, Set::NoEffect(check_any)),
+    d(
+        "open_log_file_cache",
+        HSL,
+        1,
+        4,
+        Set::Settings(set_open_log_file_cache),
+    ),
     d("sendfile_max_chunk", HSL, 1, 1, Set::NoEffect(check_size)),
     d(
         "reset_timedout_connection",
@@ -1277,14 +1283,12 @@ pub(super) static TABLE: &[Spec] = &[
         1,
         Set::StreamSettings(stream_proxy_next_upstream),
     ),
-    // shard's relay passes each side's end of stream on (nginx's `proxy_half_close on`)
-    // and sets TCP_NODELAY on both sockets (nginx's default).
     d(
         "proxy_half_close",
         SM | SS,
         1,
         1,
-        Set::StreamSettings(stream_flag_as_is),
+        Set::StreamSettings(stream_half_close),
     ),
     d(
         "tcp_nodelay",

@@ -2467,10 +2467,15 @@ impl<'a> Worker<'a> {
         upstream: &[shard_http::vars::UpstreamTry],
     ) {
         for al in &loc.access_logs {
-            let Some(&i) = self.access_log_idx.get(&al.path) else {
-                continue;
+            let i = match (&al.path_vars, self.access_log_idx.get(&al.path)) {
+                (Some(_), _) => usize::MAX,
+                (None, Some(&i)) => i,
+                (None, None) => continue,
             };
-            if al.format.name == LogFormat::COMBINED && al.condition.is_none() {
+            if al.format.name == LogFormat::COMBINED
+                && al.condition.is_none()
+                && al.path_vars.is_none()
+            {
                 let peer = self.conns[key]
                     .rq()
                     .client
@@ -2510,6 +2515,11 @@ impl<'a> Worker<'a> {
                 }
                 let mut line = Vec::with_capacity(256);
                 shard_http::access_log::write_format(&mut line, &al.format, &ctx);
+                if let Some(parts) = &al.path_vars {
+                    let path = shard_http::vars::render(parts, &ctx);
+                    self.write_log_path(&path, &line, loc.open_log_file_cache.as_ref());
+                    continue;
+                }
                 self.access_logs[i].buf.extend_from_slice(&line);
             }
             self.flush_access_log_if(i, al.buffer);

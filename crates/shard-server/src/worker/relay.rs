@@ -6,9 +6,10 @@
 //! per worker), the nonblocking `connect` with `proxy_connect_timeout` and the move to the next
 //! peer, then the relay itself: two bounded buffers of `proxy_buffer_size` (client → upstream
 //! and upstream → client) with backpressure (a side is not read while its buffer to the other
-//! side is full), half-close (end of stream on one side becomes `shutdown(SHUT_WR)` on the
-//! other once its buffer is flushed) and `proxy_timeout` between successive reads or writes.
-//! A relay closes when both directions are done, on an error, or on a timeout; then its
+//! side is full), end of stream (on one side it becomes `shutdown(SHUT_WR)` on the other once
+//! its buffer is flushed) and `proxy_timeout` between successive reads or writes. A relay
+//! closes when one direction is done (both with `proxy_half_close on`), on an error, or on a
+//! timeout; then its
 //! `access_log` lines (stream `log_format`, the stream variables) are written.
 //!
 //! Both descriptors sit in the worker's epoll, registered once, edge-triggered, with a
@@ -1306,6 +1307,7 @@ impl<'a> Worker<'a> {
     fn pump(&mut self, key: usize) -> Io {
         let conf = self.stream_server(self.relays[key].server);
         let (timeout, down_rate, up_rate) = (conf.timeout_ms, conf.download_rate, conf.upload_rate);
+        let half_close = conf.half_close;
         let now = self.cx.now_ms;
         let r = &mut self.relays[key];
         let (started, pp_out) = (r.started_ms, r.pp_out);
@@ -1403,7 +1405,14 @@ impl<'a> Worker<'a> {
             }
             tls_pending |= t.wants_write() || r.up_fin_pending;
         }
-        let done = r.upstream.e.shut && r.client.e.shut && !tls_pending;
+        // Without `proxy_half_close`, the session ends once either side ended and what it
+        // sent was delivered (the FIN passed on marks that).
+        let ended = if half_close {
+            r.upstream.e.shut && r.client.e.shut
+        } else {
+            r.upstream.e.shut || r.client.e.shut
+        };
+        let done = ended && !tls_pending;
         let generation = token::generation(r.id);
         if let Err((op, e)) = result {
             crate::log!(
@@ -1830,13 +1839,28 @@ fn session_var(
     }
 }
 
+/// Where a stream access-log line goes.
+pub(super) enum LogDest {
+    /// `Worker::access_logs[i]`.
+    File(usize),
+    /// A path rendered from variables.
+    Path(String),
+}
+
 impl Worker<'_> {
-    /// The lines the `access_log`s of stream server `server` get for `s`, by log file.
-    fn session_lines(&self, server: usize, s: &Session<'_>) -> Vec<(usize, Vec<u8>)> {
+    /// The lines the `access_log`s of stream server `server` get for `s`, by log file (an
+    /// index into the worker's files, or a path rendered from variables).
+    fn session_lines(&self, server: usize, s: &Session<'_>) -> Vec<(LogDest, Vec<u8>)> {
         let mut lines = Vec::new();
         for al in &self.stream_server(server).access_logs {
-            let Some(&i) = self.access_log_idx.get(&al.path) else {
-                continue;
+            let dest = match (&al.path_vars, self.access_log_idx.get(&al.path)) {
+                (Some(parts), _) => {
+                    let mut p = Vec::new();
+                    session_parts(&mut p, parts, s, self.cx.now_ms, &self.hostname, 0);
+                    LogDest::Path(String::from_utf8_lossy(&p).into_owned())
+                }
+                (None, Some(&i)) => LogDest::File(i),
+                (None, None) => continue,
             };
             let var = |v: &mut Vec<u8>, var: &shard_config::Var| {
                 session_var(v, var, s, self.cx.now_ms, &self.hostname, 0)
@@ -1850,20 +1874,27 @@ impl Worker<'_> {
             }
             let mut line = Vec::with_capacity(128);
             shard_http::access_log::write_format_with(&mut line, &al.format, var);
-            lines.push((i, line));
+            lines.push((dest, line));
         }
         lines
     }
 
     /// Appends `lines` to their files: written at once, or kept up to `buffer=`.
-    fn write_stream_logs(&mut self, server: usize, lines: Vec<(usize, Vec<u8>)>) {
+    fn write_stream_logs(&mut self, server: usize, lines: Vec<(LogDest, Vec<u8>)>) {
         let logs = &self
             .cx
             .cfg
             .stream
             .as_ref()
             .map_or(&[][..], |s| &s.servers[server].access_logs[..]);
-        for (i, line) in lines {
+        for (dest, line) in lines {
+            let i = match dest {
+                LogDest::File(i) => i,
+                LogDest::Path(p) => {
+                    self.write_log_path(&p, &line, None);
+                    continue;
+                }
+            };
             let buffer = logs
                 .iter()
                 .find(|al| self.access_log_idx.get(&al.path) == Some(&i))
