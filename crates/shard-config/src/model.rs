@@ -807,6 +807,26 @@ pub struct AuthBasic {
     /// `user:hash` lines (comments and empty lines left out), or why the file could not be
     /// read (each request is then a 500, as nginx's failed `open()`).
     pub users: Result<Vec<(String, String)>, String>,
+    /// `auth_basic_user_file $var`: the file is rendered and read per request (a relative
+    /// result is taken from the configuration's directory, as nginx); `users` is then unused.
+    pub file_vars: Option<Vec<Part>>,
+    pub conf_dir: PathBuf,
+}
+
+impl AuthBasic {
+    /// The `user:hash` entries of a user file's text, as nginx reads them (`#` comments and
+    /// empty lines skipped; what follows a second `:` ignored).
+    pub fn parse_users(text: &str) -> Vec<(String, String)> {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .filter_map(|l| {
+                let (user, rest) = l.split_once(':')?;
+                let hash = rest.split(':').next().unwrap_or("");
+                Some((user.to_string(), hash.to_string()))
+            })
+            .collect()
+    }
 }
 
 /// What FastCGI adds to the proxy's settings, for a location with `fastcgi_pass`.

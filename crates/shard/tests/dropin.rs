@@ -1979,7 +1979,8 @@ fn auth_basic_as_nginx() {
         server {\n  listen 127.0.0.1:{port};\n  root {dir}/html;\n  access_log {dir}/logs/u.log u;\n  \
         location = /status { shard_status; }\n  location /private/ {\n   auth_basic \"Staff \\\"only\\\"\";\n   \
         auth_basic_user_file {dir}/htpasswd;\n   location /private/open/ { auth_basic off; }\n  }\n  \
-        location /broken/ { auth_basic x; auth_basic_user_file {dir}/missing; }\n }\n}\n";
+        location /broken/ { auth_basic x; auth_basic_user_file {dir}/missing; }\n  \
+        location /var/ { auth_basic v; auth_basic_user_file $arg_f; }\n }\n}\n";
     let s = Server::start("auth-basic", conf, 1);
     std::fs::write(
         s.dir.join("htpasswd"),
@@ -2041,6 +2042,19 @@ fn auth_basic_as_nginx() {
     assert_eq!(ask("/private/x.txt", Some("nobody:secret")).0, 401);
     assert_eq!(ask("/private/open/y.txt", None).0, 200);
     assert_eq!(ask("/broken/z", Some("plain:secret")).0, 500);
+    // A user file named by variables is read per request, a relative name from the
+    // configuration's directory (`conf/`), as nginx.
+    write_file(&s.dir, "html/var/v.txt", b"var");
+    std::fs::write(s.dir.join("conf/other"), "who:{PLAIN}pw\n").unwrap();
+    let f = s.dir.join("htpasswd");
+    let (st, _, body) = ask(
+        &format!("/var/v.txt?f={}", f.display()),
+        Some("plain:secret"),
+    );
+    assert_eq!((st, body.as_slice()), (200, &b"var"[..]));
+    assert_eq!(ask("/var/v.txt?f=other", Some("who:pw")).0, 200);
+    assert_eq!(ask("/var/v.txt?f=other", Some("plain:secret")).0, 401);
+    assert_eq!(ask("/var/v.txt?f=nx", Some("who:pw")).0, 500);
     let log = wait_for(Duration::from_secs(5), "the error lines", || {
         let l = error_log(&s);
         (l.contains("password mismatch") && l.contains("was not found")).then_some(l)

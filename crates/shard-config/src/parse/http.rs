@@ -216,7 +216,7 @@ pub(super) struct Settings {
     pub(super) limit_rate_after: Option<SizeValue>,
     /// `auth_basic REALM | off` (`Some(None)`: off) and `auth_basic_user_file`.
     pub(super) auth_basic: Option<Option<String>>,
-    pub(super) auth_basic_user_file: Option<PathBuf>,
+    pub(super) auth_basic_user_file: Option<UserFile>,
     pub(super) absolute_redirect: Option<bool>,
     pub(super) port_in_redirect: Option<bool>,
     pub(super) server_name_in_redirect: Option<bool>,
@@ -563,7 +563,7 @@ pub(super) struct Eff {
     pub(super) limit_rate: SizeValue,
     pub(super) limit_rate_after: SizeValue,
     pub(super) auth_basic: Option<String>,
-    pub(super) auth_basic_user_file: Option<PathBuf>,
+    pub(super) auth_basic_user_file: Option<UserFile>,
     pub(super) absolute_redirect: bool,
     pub(super) port_in_redirect: bool,
     pub(super) server_name_in_redirect: bool,
@@ -2520,31 +2520,48 @@ pub(super) fn set_auth_basic_user_file(
     d: &Directive,
     file: &str,
 ) -> R {
-    no_variables(d, file, a0(d))?;
-    let path = env.resolve_conf(a0(d));
-    once(&mut s.auth_basic_user_file, path, d, file)
+    let a = a0(d);
+    let v = if has_variables(a) {
+        UserFile {
+            path: PathBuf::from(a),
+            vars: Some(parse_header_value(d, file, a)?),
+            conf_dir: env.resolve_conf("."),
+        }
+    } else {
+        UserFile {
+            path: env.resolve_conf(a),
+            vars: None,
+            conf_dir: PathBuf::new(),
+        }
+    };
+    once(&mut s.auth_basic_user_file, v, d, file)
+}
+
+/// `auth_basic_user_file`: a path, or variables rendered per request.
+#[derive(Debug, Clone)]
+pub(super) struct UserFile {
+    path: PathBuf,
+    vars: Option<Vec<Part>>,
+    conf_dir: PathBuf,
 }
 
 /// The user file of a location, read with the configuration. nginx reads it per request;
-/// shard at start and reload (see docs).
-fn auth_basic_users(realm: &str, file: &Path) -> Arc<AuthBasic> {
-    let users = match std::fs::read_to_string(file) {
-        Ok(text) => Ok(text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .filter_map(|l| {
-                let (user, rest) = l.split_once(':')?;
-                let hash = rest.split(':').next().unwrap_or("");
-                Some((user.to_string(), hash.to_string()))
-            })
-            .collect()),
-        Err(e) => Err(format!("open() \"{}\" failed ({e})", file.display())),
+/// shard at start and reload (see docs), unless its name has variables.
+fn auth_basic_users(realm: &str, f: &UserFile) -> Arc<AuthBasic> {
+    let users = if f.vars.is_some() {
+        Ok(Vec::new())
+    } else {
+        match std::fs::read_to_string(&f.path) {
+            Ok(text) => Ok(AuthBasic::parse_users(&text)),
+            Err(e) => Err(format!("open() \"{}\" failed ({e})", f.path.display())),
+        }
     };
     Arc::new(AuthBasic {
         realm: realm.to_string(),
-        file: file.to_path_buf(),
+        file: f.path.clone(),
         users,
+        file_vars: f.vars.clone(),
+        conf_dir: f.conf_dir.clone(),
     })
 }
 

@@ -2771,6 +2771,32 @@ impl<'a> Worker<'a> {
             Some(le) => le.auth_basic.as_ref()?,
             None => loc.auth_basic.as_ref()?,
         };
+        // `auth_basic_user_file $var`: the file this request names, read now (as nginx reads
+        // every user file).
+        let rendered;
+        let conf = match &conf.file_vars {
+            None => conf,
+            Some(parts) => {
+                let name = self.render(key, req, head, loc, parts);
+                let path = conf.conf_dir.join(&name);
+                let users = match std::fs::read_to_string(&path) {
+                    Ok(text) => Ok(shard_config::AuthBasic::parse_users(&text)),
+                    Err(e) => Err(format!(
+                        "open() \"{}\" failed ({})",
+                        path.display(),
+                        shard_event::os_error_text(&e)
+                    )),
+                };
+                rendered = shard_config::AuthBasic {
+                    realm: conf.realm.clone(),
+                    file: path,
+                    users,
+                    file_vars: None,
+                    conf_dir: std::path::PathBuf::new(),
+                };
+                &rendered
+            }
+        };
         let mut storage = shard_http::vars::header_storage();
         let hs = shard_http::vars::request_headers(head, &mut storage);
         let authorization = hs
