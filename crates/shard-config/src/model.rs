@@ -1140,7 +1140,7 @@ impl PartialEq for CookieName {
 impl Eq for CookieName {}
 
 /// What a `proxy_cookie_flags` flag does to a `Set-Cookie`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CookieFlag {
     Secure,
     NoSecure,
@@ -1150,6 +1150,28 @@ pub enum CookieFlag {
     /// (`SameSite`, `SameSite=Strict`, ...), replacing one the cookie has.
     SameSite(&'static str),
     NoSameSite,
+    /// A flag written with variables (`$arg_flag`): rendered per response, then read as one
+    /// of the above (an empty or unknown value does nothing).
+    Vars(Vec<Part>),
+}
+
+impl CookieFlag {
+    /// A flag as written (without case): `secure`, `nosecure`, `httponly`, `nohttponly`,
+    /// `samesite[=strict|lax|none]`, `nosamesite`.
+    pub fn parse(text: &str) -> Option<CookieFlag> {
+        Some(match text.to_ascii_lowercase().as_str() {
+            "secure" => CookieFlag::Secure,
+            "nosecure" => CookieFlag::NoSecure,
+            "httponly" => CookieFlag::HttpOnly,
+            "nohttponly" => CookieFlag::NoHttpOnly,
+            "samesite" => CookieFlag::SameSite("SameSite"),
+            "samesite=strict" => CookieFlag::SameSite("SameSite=Strict"),
+            "samesite=lax" => CookieFlag::SameSite("SameSite=Lax"),
+            "samesite=none" => CookieFlag::SameSite("SameSite=None"),
+            "nosamesite" => CookieFlag::NoSameSite,
+            _ => return None,
+        })
+    }
 }
 
 /// `ngx_http_secure_link_module`'s settings of a location, each inherited on its own.
@@ -1867,10 +1889,10 @@ pub struct ProxyConf {
     pub redirect: ProxyRedirect,
     /// `proxy_cookie_domain FROM TO` pairs, in order (empty: off): a `Set-Cookie`'s
     /// `domain=` equal to FROM (without case, a leading dot kept) becomes TO.
-    pub cookie_domain: Vec<(String, Vec<Part>)>,
+    pub cookie_domain: Vec<RewriteRule>,
     /// `proxy_cookie_path FROM TO` pairs, in order (empty: off): a `Set-Cookie`'s `path=`
     /// starting with FROM gets TO instead of that prefix.
-    pub cookie_path: Vec<(String, Vec<Part>)>,
+    pub cookie_path: Vec<RewriteRule>,
     /// `proxy_cookie_flags`: the first rule whose cookie matches edits its flags.
     pub cookie_flags: Vec<CookieFlags>,
     /// `proxy_bind` / `fastcgi_bind`: the local address (variables allowed) connections to
@@ -2103,9 +2125,44 @@ pub enum ProxyRedirect {
     /// `http://PROXY_HOST[:PORT]/URI` of `proxy_pass` becomes the location's prefix.
     Default,
     Off,
-    /// Literal prefixes and their replacements (with variables), tried in order.
-    Pairs(Vec<(String, Vec<Part>)>),
+    /// Rules tried in order (`default` among them where written so).
+    Pairs(Vec<RewriteRule>),
 }
+
+/// One rule of `proxy_redirect`, `proxy_cookie_domain` or `proxy_cookie_path`: what it
+/// matches and the replacement (variables, and a regular expression's `$1`..).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RewriteRule {
+    pub from: RewriteFrom,
+    pub to: Vec<Part>,
+}
+
+/// A rewrite rule's match side.
+#[derive(Debug, Clone)]
+pub enum RewriteFrom {
+    /// Text (a prefix of `Location`/`path=`; the whole `domain=`).
+    Text(String),
+    /// Text with variables, rendered per response.
+    Vars(Vec<Part>),
+    /// `~REGEX` / `~*REGEX`: a match replaces the whole value.
+    Regex(crate::Regex),
+    /// `proxy_redirect default` among other rules.
+    Default,
+}
+
+impl PartialEq for RewriteFrom {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (RewriteFrom::Text(a), RewriteFrom::Text(b)) => a == b,
+            (RewriteFrom::Vars(a), RewriteFrom::Vars(b)) => a == b,
+            (RewriteFrom::Regex(a), RewriteFrom::Regex(b)) => a.as_str() == b.as_str(),
+            (RewriteFrom::Default, RewriteFrom::Default) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for RewriteFrom {}
 
 impl Default for ProxyConf {
     fn default() -> Self {

@@ -582,39 +582,104 @@ fn passable(name: &str, pass: &[String]) -> bool {
     !hop && pass.iter().any(|p| name.eq_ignore_ascii_case(p))
 }
 
+/// Renders a rewrite rule's replacement; with a regular expression's match, `$1`.. are its
+/// groups (byte ranges of the text given).
+pub type RenderWith<'r> = dyn Fn(&[shard_config::Part], Groups<'_>) -> String + 'r;
+
+/// A regular expression's groups (byte ranges, `None` for a group that took no part) and the
+/// text they index.
+pub type Groups<'a> = Option<(&'a [Option<(usize, usize)>], &'a str)>;
+
+/// How a rewrite rule's text matches (see [`apply_rewrites`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MatchBy {
+    /// A prefix, with case (`proxy_redirect`, `proxy_cookie_path`).
+    Prefix,
+    /// The whole value without case, a leading dot of either left out and the value's kept
+    /// (`proxy_cookie_domain`).
+    Domain,
+}
+
+/// The first rule of `rules` that matches `value`, applied, as nginx's
+/// `ngx_http_proxy_rewrite_*_handler`s: text (or text with variables, rendered now) replaces
+/// what it matched; a regular expression that matches replaces the whole value with its
+/// replacement (where its groups are `$1`..). `default` answers for `proxy_redirect
+/// default` among the rules. `None`: no rule matched.
+fn apply_rewrites(
+    value: &str,
+    rules: &[shard_config::RewriteRule],
+    by: MatchBy,
+    default: &dyn Fn(&str) -> Option<String>,
+    render: &RenderWith<'_>,
+) -> Option<String> {
+    use shard_config::RewriteFrom;
+    let mut caps = Vec::new();
+    for r in rules {
+        let text = match &r.from {
+            RewriteFrom::Default => match default(value) {
+                Some(v) => return Some(v),
+                None => continue,
+            },
+            RewriteFrom::Regex(re) => {
+                if re.captures_into(value, &mut caps) {
+                    return Some(render(&r.to, Some((&caps, value))));
+                }
+                continue;
+            }
+            RewriteFrom::Text(t) => std::borrow::Cow::Borrowed(t.as_str()),
+            RewriteFrom::Vars(parts) => std::borrow::Cow::Owned(render(parts, None)),
+        };
+        match by {
+            MatchBy::Prefix => {
+                if let Some(rest) = value.strip_prefix(text.as_ref()) {
+                    return Some(format!("{}{rest}", render(&r.to, None)));
+                }
+            }
+            MatchBy::Domain => {
+                let (dot, bare) = match value.strip_prefix('.') {
+                    Some(b) => (".", b),
+                    None => ("", value),
+                };
+                let want = text.strip_prefix('.').unwrap_or(&text);
+                if want.eq_ignore_ascii_case(bare) {
+                    return Some(format!("{dot}{}", render(&r.to, None)));
+                }
+            }
+        }
+    }
+    None
+}
+
 /// The `Location` (or `Refresh`) an upstream sent, rewritten by `proxy_redirect`: the first
-/// rule whose prefix starts `value` replaces that prefix. `default` is the rule
-/// `http://PROXY_HOST/URI` (or `.../` without a URI part) to the location's prefix (`/`).
-/// `None`: unchanged.
+/// rule that matches (see [`apply_rewrites`]). `default` is the rule `http://PROXY_HOST/URI`
+/// (or `.../` without a URI part) to the location's prefix (`/`). `None`: unchanged.
 pub fn redirect_location(
     value: &str,
     location: &LocationConf,
     pass: &ProxyPass,
-    render: &dyn Fn(&[shard_config::Part]) -> String,
+    render: &RenderWith<'_>,
 ) -> Option<String> {
     use shard_config::ProxyRedirect;
+    let default = |value: &str| {
+        let uri = pass.uri.as_deref().unwrap_or("/");
+        let scheme = if pass.tls { "https" } else { "http" };
+        let from = format!("{scheme}://{}{uri}", pass.proxy_host);
+        let to = match (pass.uri.is_some(), location.kind) {
+            (true, LocationKind::Prefix | LocationKind::PrefixNoRegex | LocationKind::Exact) => {
+                location.path.as_str()
+            }
+            _ => "/",
+        };
+        value
+            .strip_prefix(from.as_str())
+            .map(|rest| format!("{to}{rest}"))
+    };
     match &location.proxy.redirect {
         ProxyRedirect::Off => None,
-        ProxyRedirect::Default => {
-            let uri = pass.uri.as_deref().unwrap_or("/");
-            let scheme = if pass.tls { "https" } else { "http" };
-            let from = format!("{scheme}://{}{uri}", pass.proxy_host);
-            let to = match (pass.uri.is_some(), location.kind) {
-                (
-                    true,
-                    LocationKind::Prefix | LocationKind::PrefixNoRegex | LocationKind::Exact,
-                ) => location.path.as_str(),
-                _ => "/",
-            };
-            value
-                .strip_prefix(from.as_str())
-                .map(|rest| format!("{to}{rest}"))
+        ProxyRedirect::Default => default(value),
+        ProxyRedirect::Pairs(rules) => {
+            apply_rewrites(value, rules, MatchBy::Prefix, &default, render)
         }
-        ProxyRedirect::Pairs(rules) => rules.iter().find_map(|(from, to)| {
-            value
-                .strip_prefix(from.as_str())
-                .map(|rest| format!("{}{rest}", render(to)))
-        }),
     }
 }
 
@@ -810,10 +875,11 @@ pub fn parse_response_passing(
 /// replacement's text. `None`: nothing changed.
 pub fn rewrite_set_cookie(
     value: &[u8],
-    domains: &[(String, Vec<shard_config::Part>)],
-    paths: &[(String, Vec<shard_config::Part>)],
-    render: &dyn Fn(&[shard_config::Part]) -> String,
+    domains: &[shard_config::RewriteRule],
+    paths: &[shard_config::RewriteRule],
+    render: &RenderWith<'_>,
 ) -> Option<Vec<u8>> {
+    let none = |_: &str| None;
     let text = std::str::from_utf8(value).ok()?;
     let mut out = String::with_capacity(text.len() + 16);
     let mut changed = false;
@@ -827,19 +893,11 @@ pub fn rewrite_set_cookie(
         let new = if i == 0 {
             None
         } else if name.eq_ignore_ascii_case("domain") && !domains.is_empty() {
-            let (dot, bare) = match val.strip_prefix('.') {
-                Some(b) => (".", b),
-                None => ("", val),
-            };
-            domains
-                .iter()
-                .find(|(from, _)| from.eq_ignore_ascii_case(bare))
-                .map(|(_, to)| format!("{name}={dot}{}", render(to)))
+            apply_rewrites(val, domains, MatchBy::Domain, &none, render)
+                .map(|v| format!("{name}={v}"))
         } else if name.eq_ignore_ascii_case("path") && !paths.is_empty() {
-            paths
-                .iter()
-                .find(|(from, _)| val.starts_with(from.as_str()))
-                .map(|(from, to)| format!("{name}={}{}", render(to), &val[from.len()..]))
+            apply_rewrites(val, paths, MatchBy::Prefix, &none, render)
+                .map(|v| format!("{name}={v}"))
         } else {
             None
         };
@@ -879,6 +937,17 @@ pub fn set_cookie_flags(
     };
     let before = attrs.clone();
     for f in &rule.flags {
+        let rendered;
+        let f = match f {
+            CookieFlag::Vars(parts) => match CookieFlag::parse(&name(parts)) {
+                Some(v) => {
+                    rendered = v;
+                    &rendered
+                }
+                None => continue,
+            },
+            f => f,
+        };
         let (attr, add): (&str, Option<&str>) = match f {
             CookieFlag::Secure => ("secure", Some("Secure")),
             CookieFlag::NoSecure => ("secure", None),
@@ -886,6 +955,7 @@ pub fn set_cookie_flags(
             CookieFlag::NoHttpOnly => ("httponly", None),
             CookieFlag::SameSite(v) => ("samesite", Some(v)),
             CookieFlag::NoSameSite => ("samesite", None),
+            CookieFlag::Vars(_) => continue,
         };
         let at = attrs
             .iter()
@@ -1007,12 +1077,34 @@ mod tests {
 
     #[test]
     fn set_cookie_domain_and_path_rewrites() {
+        use shard_config::{RewriteFrom, RewriteRule};
         let lit = |t: &str| vec![shard_config::Part::Lit(t.to_string())];
-        let domains = vec![("localhost".to_string(), lit("example.org"))];
-        let paths = vec![("/two/".to_string(), lit("/"))];
-        let render = |p: &[shard_config::Part]| match p.first() {
-            Some(shard_config::Part::Lit(t)) => t.clone(),
-            _ => String::new(),
+        let rule = |from: &str, to: &str| RewriteRule {
+            from: RewriteFrom::Text(from.to_string()),
+            to: lit(to),
+        };
+        let domains = vec![rule("localhost", "example.org")];
+        let paths = vec![
+            RewriteRule {
+                from: RewriteFrom::Regex(shard_config::Regex::build("^/re/(.+)$", false).unwrap()),
+                to: vec![
+                    shard_config::Part::Lit("/x/".into()),
+                    shard_config::Part::Var(shard_config::Var::Capture(1)),
+                ],
+            },
+            rule("/two/", "/"),
+        ];
+        // Literals as they are; `$1` from the groups given.
+        let render = |p: &[shard_config::Part], caps: Groups<'_>| {
+            p.iter()
+                .map(|part| match (part, caps) {
+                    (shard_config::Part::Lit(t), _) => t.clone(),
+                    (shard_config::Part::Var(shard_config::Var::Capture(n)), Some((c, text))) => {
+                        c[usize::from(*n)].map_or(String::new(), |(a, b)| text[a..b].to_string())
+                    }
+                    _ => String::new(),
+                })
+                .collect::<String>()
         };
         let r = |v: &str| {
             rewrite_set_cookie(v.as_bytes(), &domains, &paths, &render)
@@ -1023,6 +1115,10 @@ mod tests {
             Some("a=1; Domain=.example.org; Path=/some/uri/; HttpOnly")
         );
         assert_eq!(r("a=1; domain=other; path=/one/"), None);
+        assert_eq!(
+            r("a=1; path=/re/deep/er").as_deref(),
+            Some("a=1; path=/x/deep/er")
+        );
         // The cookie's own name=value is never an attribute.
         assert_eq!(r("domain=localhost"), None);
     }

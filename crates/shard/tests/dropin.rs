@@ -553,6 +553,12 @@ http {
             proxy_pass http://127.0.0.1:{port1};
             proxy_redirect http://127.0.0.1:{port1}/moved/ http://$host/elsewhere/;
         }
+        location /regex/ {
+            proxy_pass http://127.0.0.1:{port1};
+            proxy_redirect ~^http://[^/]+/moved/(.+)$ /got/$1;
+            proxy_redirect $scheme://$server_addr:{port1}/ /;
+            proxy_redirect ~*^/MOV/(.+)$ /refreshed/$1;
+        }
         location /text.txt { charset utf-8; root {dir}/html; }
         location /typed { charset utf-8; default_type application/json; return 200 "{}"; }
         location /gz/ { gzip on; gzip_min_length 1; default_type text/html; return 200 "compressible compressible compressible"; }
@@ -570,6 +576,8 @@ http {
         location /backend/go { return 302 /backend/there; }
         location /noredir/go { return 302 /noredir/there; }
         location /pairs/go { return 301 /moved/x; }
+        location /regex/go { add_header Refresh "5; url=/mov/y"; return 301 /moved/x; }
+        location /regex/abs { return 301 http://127.0.0.1:{port1}/abs/z; }
     }
 }
 "#;
@@ -600,6 +608,19 @@ fn proxy_headers_redirects_charset_and_gzip_proxied() {
     );
     let r = get(a, "/pairs/go");
     assert_eq!(r.header("Location"), Some("http://localhost/elsewhere/x"));
+    // A regular expression's groups in the replacement, `Refresh` from its `url=`; a rule
+    // with variables in what it matches.
+    let r = get(a, "/regex/go");
+    assert_eq!(
+        r.header("Location").map(str::to_string),
+        Some(format!("http://localhost:{}/got/x", a.port()))
+    );
+    assert_eq!(r.header("Refresh"), Some("5; url=/refreshed/y"));
+    let r = get(a, "/regex/abs");
+    assert_eq!(
+        r.header("Location").map(str::to_string),
+        Some(format!("http://localhost:{}/abs/z", a.port()))
+    );
     // charset on the types of charset_types only.
     let r = get(a, "/text.txt");
     assert_eq!(r.header("Content-Type"), Some("text/plain; charset=utf-8"));
@@ -2090,8 +2111,11 @@ fn proxy_cookie_domain_and_path() {
          location = /status {{ shard_status; }}\n  \
          location / {{\n   proxy_pass http://127.0.0.1:{};\n   \
          proxy_cookie_domain localhost $host;\n   proxy_cookie_path /two/ /;\n  }}\n  \
-         location /off/ {{ proxy_cookie_path off; proxy_cookie_domain off; proxy_pass http://127.0.0.1:{}; }}\n }}\n}}\n",
-        up.port, up.port
+         location /off/ {{ proxy_cookie_path off; proxy_cookie_domain off; proxy_pass http://127.0.0.1:{}; }}\n  \
+         location /re/ {{ proxy_pass http://127.0.0.1:{};\n   \
+         proxy_cookie_domain ~^(.+)\\.test$ $1.org;\n   proxy_cookie_path ~^/(\\w+)/x$ /$1/y;\n   \
+         proxy_cookie_flags ~^B secure;\n   proxy_cookie_flags a $arg_f; }}\n }}\n}}\n",
+        up.port, up.port, up.port
     );
     let s = Server::start("cookie-rewrite", &conf, 1);
     let (st, hs, _) = exchange(s.addr(), "GET / HTTP/1.1\r\nHost: www.example.org");
@@ -2106,6 +2130,21 @@ fn proxy_cookie_domain_and_path() {
         vec![
             "a=1; Domain=.www.example.org; Path=/x; HttpOnly",
             "b=2; domain=other.test; path=/one/"
+        ]
+    );
+    // Regular expressions (a domain's without case), their groups; flags by a caseless
+    // expression and from a variable.
+    let (_, hs, _) = exchange(s.addr(), "GET /re/?f=nohttponly HTTP/1.1\r\nHost: h");
+    let cookies: Vec<&str> = hs
+        .iter()
+        .filter(|(k, _)| k == "set-cookie")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(
+        cookies,
+        vec![
+            "a=1; Domain=.LOCALHOST; Path=/two/y",
+            "b=2; domain=other.org; path=/one/; Secure"
         ]
     );
     let (_, hs, _) = exchange(s.addr(), "GET /off/ HTTP/1.1\r\nHost: www.example.org");

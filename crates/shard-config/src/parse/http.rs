@@ -315,8 +315,8 @@ pub(super) struct ProxyP {
     pub(super) pass_headers: Option<Vec<String>>,
     pub(super) redirect: Option<ProxyRedirect>,
     /// `proxy_cookie_domain`/`_path` of this level (`Some(empty)`: `off`).
-    pub(super) cookie_domain: Option<Vec<(String, Vec<Part>)>>,
-    pub(super) cookie_path: Option<Vec<(String, Vec<Part>)>>,
+    pub(super) cookie_domain: Option<Vec<RewriteRule>>,
+    pub(super) cookie_path: Option<Vec<RewriteRule>>,
     /// `proxy_bind` (`Some(None)`: `off`).
     pub(super) bind: Option<Option<Vec<Part>>>,
     /// `proxy_cookie_flags` of this level (`Some(empty)`: `off`).
@@ -3451,18 +3451,21 @@ pub(super) fn set_proxy_cookie(_: &Env, s: &mut Settings, d: &Directive, file: &
             Ok(())
         }
         [from, to] => {
-            if from.starts_with('~') {
-                return Err(derr(
-                    d,
-                    file,
-                    format!(
-                        "regular expressions in \"{}\" are not supported by shard",
-                        d.name
-                    ),
-                ));
+            let mut rule = rewrite_rule(d, file, from, to)?;
+            if d.name == "proxy_cookie_domain" {
+                // nginx: a domain's expression is always caseless, and a leading dot of the
+                // replacement goes (the value's own dot is kept).
+                if let RewriteFrom::Regex(_) = rule.from {
+                    let re = from.trim_start_matches('~').trim_start_matches('*');
+                    rule.from = RewriteFrom::Regex(compile_regex(d, file, re, true)?);
+                }
+                if let Some(Part::Lit(t)) = rule.to.first_mut() {
+                    if let Some(rest) = t.strip_prefix('.') {
+                        *t = rest.to_string();
+                    }
+                }
             }
-            let to = parse_header_value(d, file, to)?;
-            list.get_or_insert_with(Vec::new).push((from.clone(), to));
+            list.get_or_insert_with(Vec::new).push(rule);
             Ok(())
         }
         _ => Err(derr(
@@ -3493,26 +3496,20 @@ pub(super) fn set_proxy_cookie_flags(_: &Env, s: &mut Settings, d: &Directive, f
         ));
     }
     let name = &d.args[0];
+    // nginx compiles a cookie's expression caseless, whatever the prefix.
     let cookie = if let Some(re) = name.strip_prefix("~*") {
         CookieName::Regex(compile_regex(d, file, re, true)?)
     } else if let Some(re) = name.strip_prefix('~') {
-        CookieName::Regex(compile_regex(d, file, re, false)?)
+        CookieName::Regex(compile_regex(d, file, re, true)?)
     } else {
         CookieName::Name(parse_header_value(d, file, name)?)
     };
     let mut flags = Vec::new();
     for a in &d.args[1..] {
-        let f = match a.to_ascii_lowercase().as_str() {
-            "secure" => CookieFlag::Secure,
-            "nosecure" => CookieFlag::NoSecure,
-            "httponly" => CookieFlag::HttpOnly,
-            "nohttponly" => CookieFlag::NoHttpOnly,
-            "samesite" => CookieFlag::SameSite("SameSite"),
-            "samesite=strict" => CookieFlag::SameSite("SameSite=Strict"),
-            "samesite=lax" => CookieFlag::SameSite("SameSite=Lax"),
-            "samesite=none" => CookieFlag::SameSite("SameSite=None"),
-            "nosamesite" => CookieFlag::NoSameSite,
-            _ => return Err(derr(d, file, format!("invalid parameter \"{a}\""))),
+        let f = match CookieFlag::parse(a) {
+            Some(f) => f,
+            None if has_variables(a) => CookieFlag::Vars(parse_header_value(d, file, a)?),
+            None => return Err(derr(d, file, format!("invalid parameter \"{a}\""))),
         };
         flags.push(f);
     }
@@ -3531,24 +3528,34 @@ pub(super) fn set_proxy_cookie_flags(_: &Env, s: &mut Settings, d: &Directive, f
 /// `proxy_redirect default | off | REDIRECT REPLACEMENT`.
 pub(super) fn set_proxy_redirect(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let v = match d.args.as_slice() {
-        [a] if a == "default" => ProxyRedirect::Default,
         [a] if a == "false" || a == "off" => ProxyRedirect::Off,
+        [a] if a == "default" => match &mut s.proxy.redirect {
+            // `default` among other rules keeps its place in the list.
+            Some(ProxyRedirect::Pairs(v)) => {
+                v.push(RewriteRule {
+                    from: RewriteFrom::Default,
+                    to: Vec::new(),
+                });
+                return Ok(());
+            }
+            _ => ProxyRedirect::Default,
+        },
         [a] => return Err(invalid(d, file, a)),
-        [from, _] if from.starts_with('~') => {
-            return Err(derr(
-                d,
-                file,
-                "regular expressions in \"proxy_redirect\" are not supported by shard",
-            ))
-        }
         [from, to] => {
-            let to = parse_header_value(d, file, to)?;
+            let rule = rewrite_rule(d, file, from, to)?;
             match &mut s.proxy.redirect {
                 Some(ProxyRedirect::Pairs(v)) => {
-                    v.push((from.clone(), to));
+                    v.push(rule);
                     return Ok(());
                 }
-                _ => ProxyRedirect::Pairs(vec![(from.clone(), to)]),
+                Some(ProxyRedirect::Default) => ProxyRedirect::Pairs(vec![
+                    RewriteRule {
+                        from: RewriteFrom::Default,
+                        to: Vec::new(),
+                    },
+                    rule,
+                ]),
+                _ => ProxyRedirect::Pairs(vec![rule]),
             }
         }
         _ => {
@@ -3561,6 +3568,29 @@ pub(super) fn set_proxy_redirect(_: &Env, s: &mut Settings, d: &Directive, file:
     };
     s.proxy.redirect = Some(v);
     Ok(())
+}
+
+/// One `FROM TO` rule of `proxy_redirect` / `proxy_cookie_domain` / `proxy_cookie_path`:
+/// `FROM` is text, text with variables, or `~REGEX` / `~*REGEX` (its captures usable in `TO`).
+fn rewrite_rule(
+    d: &Directive,
+    file: &str,
+    from: &str,
+    to: &str,
+) -> Result<RewriteRule, ConfigError> {
+    let from = if let Some(re) = from.strip_prefix("~*") {
+        RewriteFrom::Regex(compile_regex(d, file, re, true)?)
+    } else if let Some(re) = from.strip_prefix('~') {
+        RewriteFrom::Regex(compile_regex(d, file, re, false)?)
+    } else if has_variables(from) {
+        RewriteFrom::Vars(parse_header_value(d, file, from)?)
+    } else {
+        RewriteFrom::Text(from.to_string())
+    };
+    Ok(RewriteRule {
+        from,
+        to: parse_header_value(d, file, to)?,
+    })
 }
 
 /// `gzip_proxied off | any | expired no-cache no-store private no_last_modified no_etag auth`.

@@ -2285,19 +2285,24 @@ impl<'a> Worker<'a> {
                     continue;
                 };
                 let is_location = name.eq_ignore_ascii_case("location");
-                let render = |parts: &[shard_config::Part]| {
-                    let mut storage = shard_http::vars::header_storage();
-                    let hs = shard_http::vars::request_headers(&p.head, &mut storage);
-                    let ctx = self.var_ctx(key, &p.req, hs, loc);
-                    shard_http::vars::render(parts, &ctx)
+                let render = |parts: &[shard_config::Part], caps: shard_http::proxy::Groups<'_>| {
+                    self.render_with_captures(key, &p.req, &p.head, loc, parts, caps)
                 };
                 // nginx: `proxy_redirect default` does nothing when `proxy_pass` has variables.
                 let default_with_vars = pass.dynamic.is_some()
                     && matches!(loc.proxy.redirect, shard_config::ProxyRedirect::Default);
-                let mut new = if default_with_vars {
-                    None
+                // A `Refresh` is rewritten from after its `url=`, as nginx's.
+                let at = if is_location {
+                    Some(0)
                 } else {
-                    shard_http::proxy::redirect_location(v, loc, pass, &render)
+                    v.to_ascii_lowercase().find("url=").map(|i| i + 4)
+                };
+                let mut new = match at {
+                    Some(at) if !default_with_vars => {
+                        shard_http::proxy::redirect_location(&v[at..], loc, pass, &render)
+                            .map(|n| format!("{}{n}", &v[..at]))
+                    }
+                    _ => None,
                 };
                 // As nginx (`ngx_http_upstream_rewrite_location`): only a `Location` that
                 // `proxy_redirect` rewrote becomes the response's redirect, made absolute per
@@ -2319,19 +2324,17 @@ impl<'a> Worker<'a> {
         let pc = &loc.proxy;
         if !pc.cookie_flags.is_empty() || !pc.cookie_domain.is_empty() || !pc.cookie_path.is_empty()
         {
-            let render = |parts: &[shard_config::Part]| {
-                let mut storage = shard_http::vars::header_storage();
-                let hs = shard_http::vars::request_headers(&p.head, &mut storage);
-                let ctx = self.var_ctx(key, &p.req, hs, loc);
-                shard_http::vars::render(parts, &ctx)
+            let render = |parts: &[shard_config::Part], caps: shard_http::proxy::Groups<'_>| {
+                self.render_with_captures(key, &p.req, &p.head, loc, parts, caps)
             };
+            let plain = |parts: &[shard_config::Part]| render(parts, None);
             for (name, value) in &mut head.headers {
                 if !name.eq_ignore_ascii_case("set-cookie") {
                     continue;
                 }
                 // Each rewrite reads the cookie only when it has rules.
                 let flags = (!pc.cookie_flags.is_empty())
-                    .then(|| shard_http::proxy::set_cookie_flags(value, &pc.cookie_flags, &render))
+                    .then(|| shard_http::proxy::set_cookie_flags(value, &pc.cookie_flags, &plain))
                     .flatten();
                 if let Some(v) = flags {
                     *value = v;

@@ -180,6 +180,28 @@ impl Worker<'_> {
         None
     }
 
+    /// [`Worker::render`], with a regular expression's groups as `$1`.. (a rewrite rule's
+    /// replacement) when given.
+    pub(super) fn render_with_captures(
+        &self,
+        key: usize,
+        req: &Request,
+        head: &[u8],
+        loc: &LocationConf,
+        parts: &[shard_config::Part],
+        caps: shard_http::proxy::Groups<'_>,
+    ) -> String {
+        let mut storage = shard_http::vars::header_storage();
+        let hs = shard_http::vars::request_headers(head, &mut storage);
+        let mut ctx = self.var_ctx(key, req, hs, loc);
+        if let Some((ranges, text)) = caps {
+            ctx.scope.captures = ranges;
+            ctx.scope.capture_text = text;
+            ctx.scope.capture_names = &[];
+        }
+        shard_http::vars::render(parts, &ctx)
+    }
+
     pub(super) fn render(
         &self,
         key: usize,
