@@ -1091,6 +1091,7 @@ fn stream_proxy_ssl_speaks_tls_to_the_upstream() {
          }}\n\
          stream {{\n\
          proxy_ssl on;\n\
+         proxy_half_close on;\n\
          server {{ listen 127.0.0.1:{{port2}}; proxy_pass 127.0.0.1:{{port1}}; }}\n\
          server {{ listen 127.0.0.1:{{port3}}; proxy_pass 127.0.0.1:{{port1}};\n\
                   proxy_ssl_server_name on; proxy_ssl_name a.test; }}\n\
