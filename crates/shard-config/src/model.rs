@@ -43,6 +43,10 @@ pub struct Config {
     /// Every `access_log` file named anywhere (no variables, no syslog): nginx creates each at
     /// start, written or not (an http-level log every server overrides, for one).
     pub declared_logs: Vec<PathBuf>,
+    /// Every `error_log` target named below the main context (http, server, location,
+    /// stream, stream server), once each: the master opens them, the workers write the
+    /// messages of a request or session there.
+    pub context_error_logs: Vec<ErrorLog>,
     /// `[warn]` messages of the parse (`FILE:LINE` included), in order: shown by `-t` and
     /// logged at start and reload.
     pub warnings: Vec<String>,
@@ -663,6 +667,9 @@ pub struct LocationConf {
     pub tcp_nodelay: bool,
     /// Every `access_log` of the level that set them (all are written); empty is
     /// `access_log off`. Default `logs/access.log combined` under the prefix.
+    /// `error_log` of this location, its server or http (`None`: the main context's): the
+    /// request's messages go there instead, as nginx's.
+    pub error_logs: Option<std::sync::Arc<Vec<ErrorLog>>>,
     pub access_logs: Vec<AccessLog>,
     /// The `gzip*` directives.
     pub gzip: GzipConf,
@@ -2577,6 +2584,8 @@ pub struct StreamServerConf {
     pub ret: Option<Vec<Part>>,
     /// `access_log`: one line per session, when it ends (stream formats have only the
     /// stream's variables; none by default, as nginx's stream has no default log).
+    /// `error_log` of this server or the stream block (`None`: the main context's).
+    pub error_logs: Option<std::sync::Arc<Vec<ErrorLog>>>,
     pub access_logs: Vec<AccessLog>,
     /// `set $NAME VALUE`, in order: evaluated when the session begins.
     pub sets: Vec<(String, Vec<Part>)>,

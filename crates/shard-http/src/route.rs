@@ -367,6 +367,7 @@ pub(crate) mod tests {
             if_modified_since: shard_config::IfModifiedSince::Exact,
             etag: true,
             open_log_file_cache: None,
+            error_logs: None,
             auth_basic: None,
             limit_except: None,
             satisfy_any: false,

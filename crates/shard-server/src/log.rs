@@ -228,6 +228,9 @@ pub fn reopen() -> io::Result<()> {
 }
 
 pub fn enabled(level: LogLevel) -> bool {
+    if CONTEXT.load(Relaxed) != 0 {
+        return level as u8 >= CONTEXT_LEVEL.load(Relaxed);
+    }
     level as u8 >= LEVEL.load(Relaxed).min(EXTRA_LEVEL.load(Relaxed))
 }
 
@@ -264,6 +267,50 @@ pub fn set_connection(n: u64) -> u64 {
     CONNECTION.swap(n, Relaxed)
 }
 
+/// One destination of a context's error log: descriptor, lowest level, syslog settings.
+pub type Dest = (
+    RawFd,
+    LogLevel,
+    Option<std::sync::Arc<shard_config::Syslog>>,
+);
+
+/// The error logs below the main context (`error_log` in http, server, location, stream), by
+/// context number less one; a worker fills it once at start (`set_contexts`).
+static CONTEXTS: Mutex<Vec<Vec<Dest>>> = Mutex::new(Vec::new());
+/// The context whose work follows (0: the main context's logs).
+static CONTEXT: AtomicU64 = AtomicU64::new(0);
+/// The lowest level the current context takes.
+static CONTEXT_LEVEL: AtomicU8 = AtomicU8::new(LogLevel::Emerg as u8 + 1);
+
+/// A worker's error log contexts (numbered from 1 in this order).
+pub fn set_contexts(contexts: Vec<Vec<Dest>>) {
+    *CONTEXTS.lock().unwrap_or_else(|e| e.into_inner()) = contexts;
+}
+
+/// The lowest level a context's destinations take (`Emerg + 1` for none).
+pub fn context_level(dests: &[Dest]) -> u8 {
+    dests
+        .iter()
+        .map(|d| d.1 as u8)
+        .min()
+        .unwrap_or(LogLevel::Emerg as u8 + 1)
+}
+
+/// Sets the error log context whose work follows, with its lowest level (`context_level`):
+/// 0 is the main context. Returns the previous context and level, for `restore_context`.
+pub fn set_context(ctx: u64, level: u8) -> (u64, u8) {
+    (
+        CONTEXT.swap(ctx, Relaxed),
+        CONTEXT_LEVEL.swap(level, Relaxed),
+    )
+}
+
+/// Puts back what `set_context` returned.
+pub fn restore_context(prev: (u64, u8)) {
+    CONTEXT.store(prev.0, Relaxed);
+    CONTEXT_LEVEL.store(prev.1, Relaxed);
+}
+
 pub fn write(level: LogLevel, msg: std::fmt::Arguments<'_>) {
     if !enabled(level) {
         return;
@@ -286,6 +333,19 @@ pub fn write(level: LogLevel, msg: std::fmt::Arguments<'_>) {
             msg
         )
     };
+    let ctx = CONTEXT.load(Relaxed);
+    if ctx != 0 {
+        // A request's or session's messages go to its level's logs only, as nginx's.
+        let contexts = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(dests) = contexts.get(ctx as usize - 1) {
+            for (fd, min, syslog) in dests {
+                if level >= *min {
+                    write_to(*fd, syslog.as_deref(), level, &line);
+                }
+            }
+        }
+        return;
+    }
     if level as u8 >= LEVEL.load(Relaxed) {
         let syslog = SYSLOG.lock().unwrap_or_else(|e| e.into_inner()).clone();
         write_to(FD.load(Relaxed), syslog.as_deref(), level, &line);

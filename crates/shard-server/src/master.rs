@@ -191,6 +191,18 @@ fn access_log_paths(cfg: &Config) -> Vec<LogDest> {
             v.push((p.clone(), None));
         }
     }
+    // The error logs below main: opened (and reopened) the same way; workers find them by
+    // path (a syslog one by its `syslog:...` text).
+    for l in &cfg.context_error_logs {
+        let dest = match &l.target {
+            shard_config::LogTarget::File(p) => (p.clone(), None),
+            shard_config::LogTarget::Syslog(s) => (PathBuf::from(&s.text), Some(s.clone())),
+            shard_config::LogTarget::Stderr => continue,
+        };
+        if !v.iter().any(|(q, _)| *q == dest.0) {
+            v.push(dest);
+        }
+    }
     v
 }
 

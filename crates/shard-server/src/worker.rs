@@ -242,6 +242,9 @@ pub(crate) struct Worker<'a> {
     multi_accept: bool,
     access_logs: Vec<AccessLogFile>,
     access_log_idx: HashMap<PathBuf, usize>,
+    /// `error_log` contexts below main (`log::set_context`), by the address of their list in
+    /// the configuration: context number and lowest level.
+    log_ctx: HashMap<usize, (u64, u8)>,
     /// `open_log_file_cache`: access logs with variables in their paths, by rendered path.
     log_cache: HashMap<String, LogCacheEntry>,
     /// When the earliest buffered access-log line is due (`flush=`; 0: none waits).
@@ -437,6 +440,17 @@ impl<'a> Worker<'a> {
             .collect();
         for (path, fd) in a.access_logs {
             let first = every_log.iter().find(|al| al.path == *path);
+            // A syslog destination only an `error_log` names: a socket, never reopened.
+            let error_syslog = a
+                .cfg
+                .context_error_logs
+                .iter()
+                .find_map(|l| match &l.target {
+                    shard_config::LogTarget::Syslog(s) if path.as_os_str() == s.text.as_str() => {
+                        Some(s.clone())
+                    }
+                    _ => None,
+                });
             access_log_idx.insert(path.clone(), access_logs.len());
             access_logs.push(AccessLogFile {
                 path: path.clone(),
@@ -445,7 +459,7 @@ impl<'a> Worker<'a> {
                 gzip: first.and_then(|al| al.gzip),
                 flush_ms: first.and_then(|al| al.flush_ms).unwrap_or(HEARTBEAT_MS),
                 since_ms: 0,
-                syslog: first.and_then(|al| al.syslog.clone()),
+                syslog: first.and_then(|al| al.syslog.clone()).or(error_syslog),
             });
         }
         let pid = shard_event::process::getpid() as u64;
@@ -513,6 +527,7 @@ impl<'a> Worker<'a> {
             multi_accept: ev.multi_accept,
             access_logs,
             access_log_idx,
+            log_ctx: HashMap::new(),
             log_cache: HashMap::new(),
             log_flush_at: 0,
             h2: Slab::new(),
@@ -544,6 +559,7 @@ impl<'a> Worker<'a> {
             rng: shard_event::process::random_u64() | 1,
         };
         w.update_time();
+        w.install_log_contexts();
         for i in 0..w.listeners.len() {
             if w.listeners[i].mode != AcceptMode::Mutex && w.listeners[i].enabled {
                 w.register_listener(i)?;
@@ -881,15 +897,86 @@ impl<'a> Worker<'a> {
     fn reopen_access_logs(&mut self) {
         self.flush_access_logs();
         let _ = crate::log::reopen();
+        let mut reopened = Vec::new();
         for f in self.access_logs.iter_mut().filter(|f| f.syslog.is_none()) {
             match crate::log::open_append(&f.path) {
                 Ok(fd) => {
-                    shard_event::sock::close(f.fd);
+                    reopened.push(f.fd);
                     f.fd = fd;
                 }
                 Err(e) => crate::log!(Alert, "{e}"),
             }
         }
+        // The error log contexts take the new descriptors before the old ones close.
+        self.install_log_contexts();
+        for fd in reopened {
+            shard_event::sock::close(fd);
+        }
+    }
+
+    /// Numbers every `error_log` list below main (http, server, location, stream server) and
+    /// gives `log` their destinations: the descriptors the master opened (by path), standard
+    /// error, syslog sockets.
+    fn install_log_contexts(&mut self) {
+        let cfg = self.cx.cfg;
+        let lists = cfg
+            .http
+            .iter()
+            .flat_map(|h| &h.servers)
+            .flat_map(|s| std::iter::once(&s.base).chain(&s.locations))
+            .filter_map(|l| l.error_logs.as_ref())
+            .chain(
+                cfg.stream
+                    .iter()
+                    .flat_map(|s| &s.servers)
+                    .filter_map(|s| s.error_logs.as_ref()),
+            );
+        let mut contexts: Vec<Vec<crate::log::Dest>> = Vec::new();
+        self.log_ctx.clear();
+        for list in lists {
+            let at = std::sync::Arc::as_ptr(list) as usize;
+            if self.log_ctx.contains_key(&at) {
+                continue;
+            }
+            let mut dests = Vec::new();
+            for l in list.iter() {
+                let (key, syslog) = match &l.target {
+                    shard_config::LogTarget::Stderr => {
+                        dests.push((2, l.level, None));
+                        continue;
+                    }
+                    shard_config::LogTarget::File(p) => (p.clone(), None),
+                    shard_config::LogTarget::Syslog(s) => (PathBuf::from(&s.text), Some(s.clone())),
+                };
+                if let Some(&i) = self.access_log_idx.get(&key) {
+                    dests.push((self.access_logs[i].fd, l.level, syslog));
+                }
+            }
+            let level = crate::log::context_level(&dests);
+            contexts.push(dests);
+            self.log_ctx.insert(at, (contexts.len() as u64, level));
+        }
+        crate::log::set_contexts(contexts);
+    }
+
+    /// The request on `key` is now in `loc` (or its server's base): its messages go to that
+    /// level's `error_log`s from here on.
+    fn enter_log_context(&mut self, key: usize, loc: &shard_config::LocationConf) {
+        let ctx = self.log_ctx_of(loc.error_logs.as_ref());
+        if let Some(r) = self.conns.get_mut(key).and_then(|c| c.req.as_mut()) {
+            r.log_ctx = ctx;
+        }
+        crate::log::set_context(ctx.0, ctx.1);
+    }
+
+    /// The error log context of a level's `error_log` list (`None`: the main context).
+    fn log_ctx_of(&self, logs: Option<&std::sync::Arc<Vec<shard_config::ErrorLog>>>) -> (u64, u8) {
+        logs.and_then(|l| {
+            self.log_ctx
+                .get(&(std::sync::Arc::as_ptr(l) as usize))
+                .copied()
+        })
+        .unwrap_or((0, shard_config::LogLevel::Emerg as u8 + 1))
     }
 
     /// Appends `line` to access log `i` and writes it out as [`Worker::flush_access_log_if`]
@@ -1073,7 +1160,10 @@ impl<'a> Worker<'a> {
                 continue;
             }
             let outer = crate::log::set_connection(c.number);
+            let ctx = c.req.as_ref().map_or((0, 0), |r| r.log_ctx);
+            let outer_ctx = crate::log::set_context(ctx.0, ctx.1);
             self.on_timeout(key);
+            crate::log::restore_context(outer_ctx);
             crate::log::set_connection(outer);
             if let Some(c) = self.conns.get(key) {
                 if c.id == id {

@@ -743,3 +743,71 @@ fn every_main_error_log_is_written_at_its_level() {
     s.signal(libc::SIGQUIT);
     assert_eq!(s.wait_exit(TIMEOUT), 0);
 }
+
+/// `error_log` in http, server, location and a stream server, as nginx's: a request's (or
+/// session's) messages go to its level's logs only, each at its own level; the main log keeps
+/// the rest; `SIGUSR1` reopens them.
+#[test]
+fn error_logs_below_main_take_their_requests_messages() {
+    let dead = support::upstream::refusing_port();
+    let conf = format!(
+        "worker_processes 1;\n\
+         error_log logs/error.log info;\n\
+         events {{}}\nhttp {{\n server {{\n  listen 127.0.0.1:{{port}};\n  \
+         error_log logs/server.log;\n  \
+         location = /status {{ shard_status; }}\n  \
+         location /loc/ {{ error_log logs/loc.log info; error_log logs/loc-crit.log crit; }}\n }}\n}}\n\
+         stream {{\n server {{ listen 127.0.0.1:{{port1}}; proxy_pass 127.0.0.1:{dead};\n  \
+         error_log logs/stream.log info; }}\n}}\n"
+    );
+    let s = Server::start_ports("context-error-logs", &conf, 1, 1);
+    assert_eq!(get(s.addr(), "/loc/missing-a").status, 404);
+    assert_eq!(get(s.addr(), "/elsewhere-b").status, 404);
+    let logs = s.dir.join("logs");
+    let loc = wait_for(TIMEOUT, "the location's log", || {
+        let t = read(&logs.join("loc.log"));
+        t.contains("missing-a").then_some(t)
+    });
+    assert!(!loc.contains("elsewhere-b"), "{loc}");
+    let server = wait_for(TIMEOUT, "the server's log", || {
+        let t = read(&logs.join("server.log"));
+        t.contains("elsewhere-b").then_some(t)
+    });
+    assert!(!server.contains("missing-a"), "{server}");
+    assert!(read(&logs.join("loc-crit.log")).is_empty(), "below crit");
+    let main = read(&logs.join("error.log"));
+    assert!(
+        !main.contains("missing-a") && !main.contains("elsewhere-b"),
+        "{main}"
+    );
+    // A stream session: nginx's info lines and the connect error, in its server's log.
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", s.ports[0])).unwrap();
+    c.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut v = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut c, &mut v);
+    let stream = wait_for(TIMEOUT, "the stream server's log", || {
+        let t = read(&logs.join("stream.log"));
+        t.contains("disconnected").then_some(t)
+    });
+    assert!(
+        stream.contains("[info]") && stream.contains(" connected to 127.0.0.1:"),
+        "{stream}"
+    );
+    assert!(
+        stream.contains("connect() failed (111: Connection refused)"),
+        "{stream}"
+    );
+    assert!(!read(&logs.join("error.log")).contains("Connection refused"));
+    // Rotation reaches these too.
+    std::fs::rename(logs.join("loc.log"), logs.join("loc.log.1")).unwrap();
+    s.signal(libc::SIGUSR1);
+    wait_for(TIMEOUT, "loc.log reopened", || {
+        logs.join("loc.log").exists().then_some(())
+    });
+    let _ = get(s.addr(), "/loc/missing-c");
+    wait_for(TIMEOUT, "the next line in the new file", || {
+        read(&logs.join("loc.log"))
+            .contains("missing-c")
+            .then_some(())
+    });
+}

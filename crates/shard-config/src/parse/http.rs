@@ -169,6 +169,8 @@ pub(super) struct Settings {
     pub(super) tcp_nodelay: Option<bool>,
     /// `access_log`s of this block: (`off` given, the logs).
     pub(super) access_log: Option<(bool, Vec<AccessLog>)>,
+    /// `error_log`s of this block.
+    pub(super) error_log: Option<Vec<ErrorLog>>,
     pub(super) client_header_timeout_ms: Option<u64>,
     pub(super) client_header_buffer_size: Option<usize>,
     pub(super) large_client_header_buffers: Option<(usize, usize)>,
@@ -528,6 +530,7 @@ pub(super) struct Eff {
     pub(super) open_file_cache: OpenFileCache,
     pub(super) tcp_nodelay: bool,
     pub(super) access_logs: Vec<AccessLog>,
+    pub(super) error_logs: Option<Arc<Vec<ErrorLog>>>,
     pub(super) client_header_timeout_ms: u64,
     pub(super) client_header_buffer_size: usize,
     pub(super) large_client_header_buffers: (usize, usize),
@@ -623,6 +626,7 @@ impl Eff {
             sendfile: false,
             open_file_cache: OpenFileCache::default(),
             tcp_nodelay: true,
+            error_logs: None,
             access_logs: vec![AccessLog {
                 path: prefix.join("logs/access.log"),
                 path_vars: None,
@@ -755,6 +759,10 @@ impl Eff {
                 Some((true, _)) => Vec::new(),
                 Some((false, logs)) => logs.clone(),
                 None => self.access_logs.clone(),
+            },
+            error_logs: match &s.error_log {
+                Some(logs) => Some(Arc::new(logs.clone())),
+                None => self.error_logs.clone(),
             },
             client_header_timeout_ms: s
                 .client_header_timeout_ms
@@ -966,6 +974,7 @@ impl Eff {
             open_file_cache: self.open_file_cache,
             tcp_nodelay: self.tcp_nodelay,
             access_logs: self.access_logs.clone(),
+            error_logs: self.error_logs.clone(),
             gzip: self.gzip.clone(),
             add_headers: self.add_headers.clone(),
             add_trailers: self.add_trailers.clone(),
@@ -2184,6 +2193,15 @@ pub(super) fn define_log_format(
             parts,
         }),
     );
+    Ok(())
+}
+
+/// `error_log FILE|stderr|syslog:... [LEVEL]` in http, server, location: repeatable; a
+/// level with any replaces its parent's.
+pub(super) fn set_error_log(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let l = parse_error_log(d, file, &env.prefix)?;
+    env.note_error_log(&l);
+    s.error_log.get_or_insert_with(Vec::new).push(l);
     Ok(())
 }
 

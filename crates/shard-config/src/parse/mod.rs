@@ -236,6 +236,18 @@ struct Env {
     zone_refs: std::cell::RefCell<Vec<(String, Place, bool)>>,
     /// Every plain `access_log` file named (see `Config::declared_logs`).
     declared_logs: std::cell::RefCell<Vec<PathBuf>>,
+    /// Every `error_log` below the main context (see `Config::context_error_logs`).
+    context_error_logs: std::cell::RefCell<Vec<ErrorLog>>,
+}
+
+impl Env {
+    /// Notes an `error_log` below the main context, for the master to open.
+    pub(super) fn note_error_log(&self, l: &ErrorLog) {
+        let mut v = self.context_error_logs.borrow_mut();
+        if !v.iter().any(|o| o.target == l.target) {
+            v.push(l.clone());
+        }
+    }
 }
 
 /// `NGINX_ONLY` is sorted, as its binary search needs (a test checks it).
@@ -346,6 +358,7 @@ pub(crate) fn parse(
         stream_log_formats: std::cell::RefCell::new(HashMap::new()),
         zone_refs: std::cell::RefCell::new(Vec::new()),
         declared_logs: std::cell::RefCell::new(Vec::new()),
+        context_error_logs: std::cell::RefCell::new(Vec::new()),
     };
     reset_names();
     reset_stream_names();
@@ -502,10 +515,7 @@ impl Env {
             ));
         }
         match spec.set {
-            Set::Walk if d.name == "include" => self.include(d, file, ctx, target),
-            // `error_log` below main: checked, accepted for nginx compatibility; shard
-            // has one error log.
-            Set::Walk => parse_error_log(d, file, &self.prefix).map(|_| ()),
+            Set::Walk => self.include(d, file, ctx, target),
             Set::NoEffect(check) => {
                 check(d, file)?;
                 self.warn(
@@ -616,6 +626,7 @@ impl Env {
             listeners,
             included: self.included.take(),
             declared_logs: self.declared_logs.take(),
+            context_error_logs: self.context_error_logs.take(),
             warnings: self.warnings.take(),
         })
     }

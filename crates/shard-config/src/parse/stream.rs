@@ -23,6 +23,8 @@ pub(super) struct StreamSettings {
     /// `access_log`s of this level, and whether it said `off` (a level with any replaces
     /// its parent's, as in http).
     pub(super) access_log: Option<(bool, Vec<AccessLog>)>,
+    /// `error_log`s of this level.
+    pub(super) error_log: Option<Vec<ErrorLog>>,
     /// `ssl_preread`, `preread_buffer_size`, `preread_timeout`.
     pub(super) ssl_preread: Option<bool>,
     pub(super) preread_buffer_size: Option<usize>,
@@ -301,6 +303,22 @@ pub(super) fn stream_access_log(env: &Env, s: &mut StreamSettings, d: &Directive
         Some(al) => entry.1.push(al),
     }
     Ok(())
+}
+
+/// `error_log` in `stream` and its servers (see http's).
+pub(super) fn stream_error_log(env: &Env, s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let l = super::values::parse_error_log(d, file, &env.prefix)?;
+    env.note_error_log(&l);
+    s.error_log.get_or_insert_with(Vec::new).push(l);
+    Ok(())
+}
+
+/// The error logs of a stream server: its own level's, else the stream block's.
+fn stream_error_logs(s: &StreamSettings, top: &StreamSettings) -> Option<Arc<Vec<ErrorLog>>> {
+    s.error_log
+        .as_ref()
+        .or(top.error_log.as_ref())
+        .map(|l| Arc::new(l.clone()))
 }
 
 /// The access logs a stream server writes: its own level's, else the stream block's.
@@ -599,6 +617,7 @@ pub(super) fn finish_stream(
                 ret: s.ret.clone(),
                 sets: s.sets.clone(),
                 access_logs: stream_logs(&s.settings, &sp.settings),
+                error_logs: stream_error_logs(&s.settings, &sp.settings),
                 ssl_preread: preread.0,
                 preread_buffer_size: preread.1,
                 preread_timeout_ms: preread.2,
@@ -682,6 +701,7 @@ pub(super) fn finish_stream(
             ret: None,
             sets: s.sets,
             access_logs: stream_logs(&s.settings, &sp.settings),
+            error_logs: stream_error_logs(&s.settings, &sp.settings),
             ssl_preread: preread.0,
             preread_buffer_size: preread.1,
             preread_timeout_ms: preread.2,

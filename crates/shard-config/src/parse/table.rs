@@ -490,7 +490,14 @@ pub(super) static TABLE: &[Spec] = &[
     d("pid", M, 1, 1, Set::Main(main_pid)),
     d("env", M, 1, 1, Set::Main(main_env)),
     d("error_log", M, 1, 2, Set::Main(main_error_log)),
-    d("error_log", HSL, 1, 2, Set::Walk),
+    d("error_log", HSL, 1, 2, Set::Settings(set_error_log)),
+    d(
+        "error_log",
+        SM | SS,
+        1,
+        2,
+        Set::StreamSettingsEnv(stream_error_log),
+    ),
     d(
         "worker_rlimit_nofile",
         M,

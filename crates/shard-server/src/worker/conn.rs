@@ -210,6 +210,8 @@ pub(super) struct Req {
     pub(super) rate: Option<Box<Rate>>,
     /// `set $limit_rate` or an upstream's `X-Accel-Limit-Rate`: the rate, over `limit_rate`.
     pub(super) rate_set: Option<u64>,
+    /// The error log context of the request's server or location (`log::set_context`).
+    pub(super) log_ctx: (u64, u8),
 }
 
 /// [`Conn::rq`] on the field alone, so that the connection's other fields stay free to borrow.
@@ -293,6 +295,7 @@ impl Req {
         self.accel_headers = None;
         self.rate = None;
         self.rate_set = None;
+        self.log_ctx = (0, 0);
     }
 
     /// nginx's defaults, for [`Conn::rq`]'s case that should not happen.
@@ -356,6 +359,7 @@ impl Req {
             accel_headers: None,
             rate: None,
             rate_set: None,
+            log_ctx: (0, 0),
         }
     }
 }
@@ -1043,6 +1047,9 @@ impl<'a> Worker<'a> {
         if let Some(old) = self.conns[key].start_reading(&mut self.cx, srv, fresh) {
             self.give_req(old);
         }
+        // Until the request names its server, its messages go to the default server's logs.
+        let ctx = self.log_ctx_of(srv.and_then(|s| s.base.error_logs.as_ref()));
+        self.conns[key].rq().log_ctx = ctx;
     }
 
     /// `$request_id` of the request on `key`: made when asked for, which most requests never do.
@@ -1250,7 +1257,10 @@ impl<'a> Worker<'a> {
             return;
         };
         let outer = crate::log::set_connection(number);
+        let ctx = self.conns[key].req.as_ref().map_or((0, 0), |r| r.log_ctx);
+        let outer_ctx = crate::log::set_context(ctx.0, ctx.1);
         self.drive_turn(key);
+        crate::log::restore_context(outer_ctx);
         crate::log::set_connection(outer);
         if h2 & super::h2::H2_STREAM != 0 {
             // What the stream wrote is queued in `h2`: its session frames and sends it.
@@ -1890,6 +1900,7 @@ impl<'a> Worker<'a> {
         let server = &http.servers[server_idx];
         self.conns[key].rq().server = server_idx;
         let first = self.locate(key, server, &req.path);
+        self.enter_log_context(key, first);
         // nginx's post-read phase: the client address a trusted proxy reports.
         let c = &mut self.conns[key];
         c.rq().client = c.peer;
@@ -3113,6 +3124,7 @@ impl<'a> Worker<'a> {
         let server = &http.servers[server_idx];
         let out_start = self.conns[key].out.len();
         let reply = loop {
+            self.enter_log_context(key, loc);
             let mut returned = false;
             let scripted = match rewritten.take().unwrap_or_else(|| {
                 self.rewrite_phase(key, server, &mut loc, &mut req, &head, &mut hops)

@@ -121,6 +121,8 @@ impl Pipe {
 pub(super) struct Relay {
     pub(super) id: u64,
     /// Its number among every connection of the server (the error log's `*N`).
+    /// The server's `error_log` context (`log::set_context`).
+    log_ctx: (u64, u8),
     number: u64,
     client: Side,
     /// `fd == -1` while no upstream socket exists.
@@ -360,8 +362,11 @@ impl<'a> Worker<'a> {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
         let outer = crate::log::set_connection(number);
+        let log_ctx = self.log_ctx_of(self.stream_server(server).error_logs.as_ref());
+        let outer_ctx = crate::log::set_context(log_ctx.0, log_ctx.1);
         let key = self.relays.insert(Relay {
             id,
+            log_ctx,
             number,
             client: Side::new(Some(fd)),
             upstream: Side::new(None),
@@ -400,6 +405,16 @@ impl<'a> Worker<'a> {
             held: Vec::new(),
             rate_wake_ms: 0,
         });
+        if crate::log::enabled(shard_config::LogLevel::Info) {
+            // nginx's line for every stream session.
+            let r = &self.relays[key];
+            let local = shard_event::sock::local_addr(raw).unwrap_or(r.listen);
+            crate::log!(
+                Info,
+                "client {} connected to {local}",
+                r.peer.map_or("-".to_string(), |p| p.to_string())
+            );
+        }
         if let Err(e) = self.poll.add(raw, token(key, id, false), relay_interest()) {
             crate::log!(
                 Alert,
@@ -407,6 +422,7 @@ impl<'a> Worker<'a> {
                 shard_event::os_error_text(&e)
             );
             self.close_relay(key);
+            crate::log::restore_context(outer_ctx);
             crate::log::set_connection(outer);
             return;
         }
@@ -418,6 +434,7 @@ impl<'a> Worker<'a> {
             self.relay_begin(key)
         };
         self.end_relay_turn(key, io);
+        crate::log::restore_context(outer_ctx);
         crate::log::set_connection(outer);
     }
 
@@ -1238,6 +1255,14 @@ impl<'a> Worker<'a> {
         let r = &mut self.relays[key];
         r.connecting = false;
         r.connect_ms = Some(self.cx.now_ms.saturating_sub(r.connect_began_ms));
+        if crate::log::enabled(shard_config::LogLevel::Info) {
+            let up = r.upstream.raw();
+            let local =
+                shard_event::sock::local_addr(up).map_or("-".to_string(), |a| a.to_string());
+            let peer = r.attempts.last().map_or("-".to_string(), |a| a.to_string());
+            crate::log!(Info, "proxy {local} connected to {peer}");
+        }
+        let r = &mut self.relays[key];
         // What the client sent with the end of its handshake goes first.
         let mut early = std::mem::take(&mut r.early);
         if send_pp {
@@ -1278,6 +1303,7 @@ impl<'a> Worker<'a> {
             return; // registered for a relay that closed since
         }
         let outer = crate::log::set_connection(r.number);
+        let outer_ctx = crate::log::set_context(r.log_ctx.0, r.log_ctx.1);
         let side = if upstream {
             &mut r.upstream
         } else {
@@ -1299,6 +1325,7 @@ impl<'a> Worker<'a> {
             (false, _) => self.pump(key),
         };
         self.end_relay_turn(key, io);
+        crate::log::restore_context(outer_ctx);
         crate::log::set_connection(outer);
     }
 
@@ -1474,6 +1501,24 @@ impl<'a> Worker<'a> {
             return;
         }
         let server = self.relays[key].server;
+        if crate::log::enabled(shard_config::LogLevel::Info) {
+            // nginx's closing line: who ended it, and the bytes each way.
+            let s = self.relay_session(key);
+            let r = &self.relays[key];
+            let who = if r.upstream.e.eof && !r.client.e.eof {
+                "upstream"
+            } else {
+                "client"
+            };
+            crate::log!(
+                Info,
+                "{who} disconnected, bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
+                s.bytes_received,
+                s.bytes_sent,
+                s.up_received,
+                s.up_sent
+            );
+        }
         if !self.stream_server(server).access_logs.is_empty() {
             let lines = self.session_lines(server, &self.relay_session(key));
             self.write_stream_logs(server, lines);
@@ -1563,12 +1608,14 @@ impl<'a> Worker<'a> {
                 continue;
             }
             let outer = crate::log::set_connection(r.number);
+            let outer_ctx = crate::log::set_context(r.log_ctx.0, r.log_ctx.1);
             let io = if expired {
                 self.on_relay_timeout(key)
             } else {
                 self.pump(key)
             };
             self.end_relay_turn(key, io);
+            crate::log::restore_context(outer_ctx);
             crate::log::set_connection(outer);
         }
     }
