@@ -2577,6 +2577,11 @@ pub struct StreamServerConf {
     pub proxy_protocol_timeout_ms: u64,
     /// `proxy_next_upstream on|off`: a failed connect tries the next peer. Default on.
     pub next_upstream: bool,
+    /// `proxy_next_upstream_tries`: at most this many peers per session (0: no limit), and
+    /// `proxy_next_upstream_timeout`: no new peer once this long passed since the first
+    /// connect began (0: no limit).
+    pub next_upstream_tries: u32,
+    pub next_upstream_timeout_ms: u64,
     /// `allow`/`deny`: the first rule matching the client decides (none: allowed).
     pub access_rules: Vec<AccessRule>,
     /// `return VALUE`: sent to the client, then the connection closes (no upstream:

@@ -662,8 +662,22 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 if depth < MAP_DEPTH_MAX {
                     let mut src = Vec::new();
                     push_parts_at(&mut src, &m.source, c, depth + 1);
-                    let value = map_lookup(m, &String::from_utf8_lossy(&src));
-                    push_parts_at(out, value, c, depth + 1);
+                    let text = String::from_utf8_lossy(&src);
+                    let mut caps = Vec::new();
+                    match map_lookup_with(m, &text, &mut caps) {
+                        (value, Some(re)) => {
+                            // The value sees the expression's groups.
+                            let scope = Scope {
+                                captures: &caps,
+                                capture_text: &text,
+                                capture_names: re.capture_names(),
+                                ..c.scope
+                            };
+                            let inner = Ctx { scope, ..*c };
+                            push_parts_at(out, value, &inner, depth + 1);
+                        }
+                        (value, None) => push_parts_at(out, value, c, depth + 1),
+                    }
                 }
             }
         }
@@ -939,6 +953,18 @@ fn push_parts_at(out: &mut Vec<u8>, parts: &[Part], c: &Ctx<'_>, depth: usize) {
 /// key, else the regular expressions in order, else `default`. Keys are found through
 /// `MapConf::index`, in time linear in the value's length however many there are.
 pub fn map_lookup<'m>(m: &'m MapConf, value: &str) -> &'m [Part] {
+    map_lookup_with(m, value, &mut Vec::new()).0
+}
+
+/// [`map_lookup`], with the groups of the regular expression that chose the value (in
+/// `caps`, byte ranges of `value`) and that expression (for its group names): a value's
+/// `$1` or `$name` are these, as nginx's.
+pub fn map_lookup_with<'m>(
+    m: &'m MapConf,
+    value: &str,
+    caps: &mut Vec<Option<(usize, usize)>>,
+) -> (&'m [Part], Option<&'m shard_config::Regex>) {
+    let found = |p: &'m [Part]| (p, None);
     if let Some(g) = &m.geo {
         // `geo`: the address (with no address variable, the client's and its
         // `X-Forwarded-For`, on two lines).
@@ -948,18 +974,19 @@ pub fn map_lookup<'m>(m: &'m MapConf, value: &str) -> &'m [Part] {
             let (client, xff) = value.split_once('\n').unwrap_or((value, ""));
             g.table.address(client, Some(xff).filter(|x| !x.is_empty()))
         };
-        return g
-            .table
-            .find(addr)
-            .and_then(|i| g.values.get(i as usize))
-            .map_or(&[], Vec::as_slice);
+        return found(
+            g.table
+                .find(addr)
+                .and_then(|i| g.values.get(i as usize))
+                .map_or(&[], Vec::as_slice),
+        );
     }
     if let Some(split) = &m.split {
         // `split_clients`: the share the value's MurmurHash2 falls in. The bounds grow (a
         // cumulative table) up to the catch-all `0`, so a binary search finds it.
         let h = murmur_hash2(value.as_bytes());
         let i = split.partition_point(|(bound, _)| *bound != 0 && h >= *bound);
-        return split.get(i).map_or(&[], |(_, v)| v.as_slice());
+        return found(split.get(i).map_or(&[], |(_, v)| v.as_slice()));
     }
     let lower;
     let v = if m.hostnames {
@@ -969,14 +996,14 @@ pub fn map_lookup<'m>(m: &'m MapConf, value: &str) -> &'m [Part] {
         value
     };
     if let Some(i) = m.index.find(v) {
-        return &m.exact[i].1;
+        return found(&m.exact[i].1);
     }
     for (re, p) in &m.regexes {
-        if re.is_match(value) {
-            return p;
+        if re.captures_into(value, caps) {
+            return (p, Some(re));
         }
     }
-    &m.default
+    found(&m.default)
 }
 
 /// nginx's `ngx_murmur_hash2` (MurmurHash2, seed 0 xor the length), which `split_clients`

@@ -1381,6 +1381,7 @@ http {
     map $arg_k $mapped {
         default none;
         include {mapdir}/conf/keys.map;
+        ~^x(?<tail>.+)$ got-$1-$tail;
     }
     server {
         listen 127.0.0.1:{port};
@@ -1455,6 +1456,8 @@ fn index_redirects_split_clients_and_map_include_as_nginx() {
     );
     assert_eq!(get(a, "/map?k=b").body_str(), "2");
     assert_eq!(get(a, "/map?k=c").body_str(), "none");
+    // A map expression's groups in its value, by number and by name.
+    assert_eq!(get(a, "/map?k=xyz").body_str(), "got-yz-yz");
 }
 
 const KEEPALIVE_CONF: &str = r#"

@@ -627,9 +627,12 @@ fn stream_return_access_and_next_upstream_off() {
          server {{ listen 127.0.0.1:{{port1}}; return \"hi $remote_addr $server_port\\n\"; }}\n \
          server {{ listen 127.0.0.1:{{port2}}; deny 127.0.0.1; return x; }}\n \
          server {{ listen 127.0.0.1:{{port3}}; proxy_next_upstream off; proxy_pass two; }}\n \
-         server {{ listen 127.0.0.1:{{port4}}; proxy_pass two; }}\n}}\n"
+         server {{ listen 127.0.0.1:{{port4}}; proxy_pass two; }}\n \
+         upstream dead2 {{ server 127.0.0.1:{dead}; server 127.0.0.1:{dead}; server 127.0.0.1:{good_port}; }}\n \
+         server {{ listen 127.0.0.1:{{port5}}; proxy_next_upstream_tries 2; proxy_pass dead2; }}\n \
+         server {{ listen 127.0.0.1:{{port6}}; proxy_next_upstream_tries 3; proxy_pass dead2; }}\n}}\n"
     );
-    let s = Server::start_ports("stream-return", &conf, 1, 4);
+    let s = Server::start_ports("stream-return", &conf, 1, 6);
     let read_all = |port: u16| {
         let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -645,6 +648,9 @@ fn stream_return_access_and_next_upstream_off() {
     // Round robin starts at the refusing peer: off gives up, on goes to the next.
     assert_eq!(read_all(s.ports[2]), "");
     assert_eq!(read_all(s.ports[3]), "good");
+    // `proxy_next_upstream_tries`: two dead peers first, so 2 tries give up, 3 reach it.
+    assert_eq!(read_all(s.ports[4]), "");
+    assert_eq!(read_all(s.ports[5]), "good");
     let log = wait_for(Duration::from_secs(5), "the access line", || {
         let l = error_log(&s);
         l.contains("access forbidden by rule").then_some(l)
@@ -742,16 +748,22 @@ fn stream_map_geo_split_clients_values() {
         1,
         "map $server_port $which { default other; {port1} first; }\n\
          map $which $shout { first FIRST; default -; }\n\
+         map $server_port $digits { ~^(\\d)(?<rest>\\d+)$ $1-$rest; }\n\
          geo $net { default far; 127.0.0.0/8 loopback; }\n\
          split_clients $remote_addr$remote_port $half { 100% all; }\n\
          log_format m '$which $net';\n\
          server { listen 127.0.0.1:{port1}; return \"$which $shout $net $half\"; \
            access_log logs/m.log m; }\n\
-         server { listen 127.0.0.1:{port2}; return \"$which $shout\"; }",
+         server { listen 127.0.0.1:{port2}; return \"$which $shout $digits\"; }",
     );
     let s = Server::start_ports("stream-map", &conf, 1, 2);
     assert_eq!(read_all(s.ports[0]), "first FIRST loopback all");
-    assert_eq!(read_all(s.ports[1]), "other -");
+    // A `map` expression's groups, by number and by name, in its value.
+    let p = s.ports[1].to_string();
+    assert_eq!(
+        read_all(s.ports[1]),
+        format!("other - {}-{}", &p[..1], &p[1..])
+    );
     let path = s.dir.join("logs/m.log");
     let log = wait_for(Duration::from_secs(10), "the map log line", || {
         std::fs::read_to_string(&path)
@@ -894,7 +906,7 @@ fn stream_limit_conn_one_per_address() {
         2,
         &format!(
             "limit_conn_zone $binary_remote_addr zone=per_ip:1m;\n\
-             log_format st '$status';\n\
+             log_format st '$status $limit_conn_status';\n\
              server {{ listen 127.0.0.1:{{port1}}; limit_conn per_ip 1; \
                proxy_pass 127.0.0.1:{echo_port}; access_log logs/st.log st; }}"
         ),
@@ -924,7 +936,8 @@ fn stream_limit_conn_one_per_address() {
         let l = std::fs::read_to_string(s.dir.join("logs/st.log")).unwrap_or_default();
         l.contains("503").then_some(l)
     });
-    assert!(log.lines().any(|l| l == "503"), "{log}");
+    assert!(log.lines().any(|l| l == "503 REJECTED"), "{log}");
+    assert!(log.lines().any(|l| l == "200 PASSED"), "{log}");
     assert!(
         error_log(&s).contains("limiting connections by zone \"per_ip\""),
         "{}",

@@ -18,6 +18,9 @@ pub(super) struct StreamSettings {
     pub(super) proxy_protocol_timeout_ms: Option<u64>,
     /// `proxy_next_upstream on|off`. Default on.
     pub(super) next_upstream: Option<bool>,
+    /// `proxy_next_upstream_tries N` (0: no limit) and `proxy_next_upstream_timeout T`.
+    pub(super) next_upstream_tries: Option<u32>,
+    pub(super) next_upstream_timeout_ms: Option<u64>,
     /// `allow`/`deny` of this level (a level with any replaces its parent's).
     pub(super) access_rules: Option<Vec<AccessRule>>,
     /// `access_log`s of this level, and whether it said `off` (a level with any replaces
@@ -217,6 +220,10 @@ fn stream_variable(d: &Directive, file: &str, name: &str) -> Result<Var, ConfigE
         "ssl_preread_protocol" => Var::SslPrereadProtocol,
         "realip_remote_addr" => Var::RealipRemoteAddr,
         "realip_remote_port" => Var::RealipRemotePort,
+        _ if !lower.is_empty() && lower.len() <= 2 && lower.bytes().all(|b| b.is_ascii_digit()) => {
+            Var::Capture(lower.parse().unwrap_or(0))
+        }
+        "limit_conn_status" => Var::LimitConnStatus,
         "ssl_preread_server_name" => Var::SslPrereadServerName,
         "ssl_preread_alpn_protocols" => Var::SslPrereadAlpnProtocols,
         "remote_addr"
@@ -407,6 +414,17 @@ pub(super) fn stream_ssl_handshake_timeout(s: &mut StreamSettings, d: &Directive
     once(&mut s.ssl_handshake_timeout_ms, t, d, file)
 }
 
+/// `proxy_next_upstream_tries N`, `proxy_next_upstream_timeout TIME` (stream).
+pub(super) fn stream_next_upstream_limit(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    if d.name == "proxy_next_upstream_tries" {
+        let n = num::<u32>(d, file, a0(d))?;
+        once(&mut s.next_upstream_tries, n, d, file)
+    } else {
+        let t = time(d, file, a0(d))?;
+        once(&mut s.next_upstream_timeout_ms, t, d, file)
+    }
+}
+
 pub(super) fn stream_proxy_timeout(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
     let t = time(d, file, a0(d))?;
     once(&mut s.timeout_ms, t, d, file)
@@ -527,7 +545,14 @@ pub(super) fn finish_stream(
                 .iter()
                 .flat_map(|s| &s.sets)
                 .any(|(n, _)| n == name);
-            if !set && !sp.maps.iter().any(|m| &m.name == name) {
+            // A named group of a `map`'s expression is a variable too, as nginx's.
+            let group = sp.maps.iter().flat_map(|m| &m.regexes).any(|(re, _)| {
+                re.capture_names()
+                    .iter()
+                    .flatten()
+                    .any(|n| n.eq_ignore_ascii_case(name))
+            });
+            if !set && !group && !sp.maps.iter().any(|m| &m.name == name) {
                 return Err(err(file, *line, format!("unknown \"{name}\" variable")));
             }
         }
@@ -608,6 +633,8 @@ pub(super) fn finish_stream(
                     .or(sp.settings.proxy_protocol_timeout_ms)
                     .unwrap_or(30_000),
                 next_upstream: true,
+                next_upstream_tries: 0,
+                next_upstream_timeout_ms: 0,
                 access_rules: s
                     .settings
                     .access_rules
@@ -692,6 +719,12 @@ pub(super) fn finish_stream(
                 .next_upstream
                 .or(sp.settings.next_upstream)
                 .unwrap_or(true),
+            next_upstream_tries: s
+                .settings
+                .next_upstream_tries
+                .or(sp.settings.next_upstream_tries)
+                .unwrap_or(0),
+            next_upstream_timeout_ms: get(|x| x.next_upstream_timeout_ms, 0),
             access_rules: s
                 .settings
                 .access_rules

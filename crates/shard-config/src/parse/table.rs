@@ -1688,6 +1688,20 @@ pub(super) static TABLE: &[Spec] = &[
         Set::NoEffect(check_size),
     ),
     d(
+        "proxy_next_upstream_tries",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_next_upstream_limit),
+    ),
+    d(
+        "proxy_next_upstream_timeout",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_next_upstream_limit),
+    ),
+    d(
         "proxy_connect_timeout",
         SM | SS,
         1,

@@ -187,6 +187,8 @@ pub(super) struct Relay {
     realip: Option<SocketAddr>,
     /// `limit_conn` counts this session holds: (zone index into the worker's zones, key).
     held: Vec<(usize, u128)>,
+    /// `$limit_conn_status`: `PASSED`, `REJECTED`, `REJECTED_DRY_RUN`, or "" (no zone applied).
+    limit_conn_status: &'static str,
     /// `proxy_download_rate`/`proxy_upload_rate` hold a side's reads back until then (0:
     /// not held).
     rate_wake_ms: u64,
@@ -224,6 +226,18 @@ struct Session<'a> {
     realip: Option<SocketAddr>,
     /// The client's TLS (`listen ... ssl`), once its handshake is done.
     tls: Option<&'a super::tls::TlsConn>,
+    /// `$limit_conn_status`.
+    limit_conn_status: &'static str,
+    /// The groups of the `map` expression whose value is being rendered (`$1`, `$name`).
+    groups: Option<&'a Groups<'a>>,
+}
+
+/// A regular expression's groups over `text`, and their names by number.
+#[derive(Clone, Copy)]
+struct Groups<'a> {
+    ranges: &'a [Option<(usize, usize)>],
+    text: &'a str,
+    names: &'a [Option<String>],
 }
 
 impl<'a> Worker<'a> {
@@ -283,6 +297,8 @@ impl<'a> Worker<'a> {
             hello: None,
             realip: None,
             tls: None,
+            limit_conn_status: "",
+            groups: None,
         };
         // `set` (preaccess), `allow`/`deny` (access), then `return`: answered (or refused)
         // at once, no upstream. A relay evaluates its `set`s again once its PROXY header
@@ -403,6 +419,7 @@ impl<'a> Worker<'a> {
             hello: None,
             realip: None,
             held: Vec::new(),
+            limit_conn_status: "",
             rate_wake_ms: 0,
         });
         if crate::log::enabled(shard_config::LogLevel::Info) {
@@ -471,6 +488,8 @@ impl<'a> Worker<'a> {
             hello: r.hello.as_deref(),
             realip: r.realip,
             tls: r.tls.as_deref().filter(|_| !r.handshaking),
+            limit_conn_status: r.limit_conn_status,
+            groups: None,
         }
     }
 
@@ -548,6 +567,7 @@ impl<'a> Worker<'a> {
         let base = self.cx.cfg.http.as_ref().map_or(0, |h| h.limit_zones.len());
         let mut took = Vec::new();
         let mut pass = true;
+        let mut status = "";
         {
             let s = self.relay_session(key);
             for lc in &conf.limit_conn {
@@ -560,9 +580,11 @@ impl<'a> Worker<'a> {
                 let k = crate::limits::key_hash(&v);
                 if self.zones[base + lc.zone].acquire(k, lc.max, self.cx.now_ms) {
                     took.push((base + lc.zone, k));
+                    status = "PASSED";
                     continue;
                 }
                 let dry = conf.limit_conn_dry_run;
+                status = if dry { "REJECTED_DRY_RUN" } else { "REJECTED" };
                 crate::log!(
                     Error,
                     "limiting connections{} by zone \"{}\", client: {}, server: {}",
@@ -579,6 +601,7 @@ impl<'a> Worker<'a> {
         }
         let r = &mut self.relays[key];
         r.held = took;
+        r.limit_conn_status = status;
         if !pass {
             r.fixed = Some((503, 0));
         }
@@ -1041,9 +1064,14 @@ impl<'a> Worker<'a> {
     fn connect_next(&mut self, key: usize) -> Io {
         let server = self.relays[key].server;
         let upstream = self.relays[key].ups;
-        let (connect_timeout, next_upstream) = {
+        let (connect_timeout, next_upstream, tries_max, tries_ms) = {
             let s = self.stream_server(server);
-            (s.connect_timeout_ms, s.next_upstream)
+            (
+                s.connect_timeout_ms,
+                s.next_upstream,
+                s.next_upstream_tries as usize,
+                s.next_upstream_timeout_ms,
+            )
         };
         if upstream == usize::MAX {
             return Io::Close;
@@ -1059,6 +1087,13 @@ impl<'a> Worker<'a> {
             let r = &mut self.relays[key];
             // `proxy_next_upstream off`: one attempt only.
             if !next_upstream && r.current_peer.is_some() {
+                return Io::Close;
+            }
+            // `proxy_next_upstream_tries`, `proxy_next_upstream_timeout`.
+            if r.current_peer.is_some()
+                && ((tries_max > 0 && r.attempts.len() >= tries_max)
+                    || (tries_ms > 0 && self.cx.now_ms.saturating_sub(r.started_ms) >= tries_ms))
+            {
                 return Io::Close;
             }
             // Dropping the failed attempt's socket closes it.
@@ -1859,6 +1894,7 @@ fn session_var(
                 push_u64(out, u64::from(a.port()));
             }
         }
+        Var::LimitConnStatus => out.extend_from_slice(s.limit_conn_status.as_bytes()),
         Var::SslPrereadProtocol | Var::SslPrereadServerName | Var::SslPrereadAlpnProtocols => {
             if let Some(h) = s.hello {
                 let v = match var {
@@ -1874,12 +1910,49 @@ fn session_var(
                 out.extend_from_slice(v);
             }
         }
+        Var::User(name)
+            if s.groups
+                .is_some_and(|g| g.names.iter().flatten().any(|n| n == name)) =>
+        {
+            // A named group of the `map` expression whose value this is.
+            if let Some(g) = s.groups {
+                let i = g
+                    .names
+                    .iter()
+                    .position(|n| n.as_deref() == Some(name.as_str()));
+                if let Some(Some((a, b))) = i.and_then(|i| g.ranges.get(i)) {
+                    out.extend_from_slice(&g.text.as_bytes()[*a..*b]);
+                }
+            }
+        }
+        Var::Capture(n) => {
+            if let Some(g) = s.groups {
+                if let Some(Some((a, b))) = g.ranges.get(usize::from(*n)) {
+                    out.extend_from_slice(&g.text.as_bytes()[*a..*b]);
+                }
+            }
+        }
         Var::User(name) if depth < MAP_DEPTH_MAX => {
             if let Some(m) = s.maps.iter().find(|m| &m.name == name) {
                 let mut src = Vec::new();
                 session_parts(&mut src, &m.source, s, now_ms, host, depth + 1);
-                let value = shard_http::vars::map_lookup(m, &String::from_utf8_lossy(&src));
-                session_parts(out, value, s, now_ms, host, depth + 1);
+                let text = String::from_utf8_lossy(&src);
+                let mut caps = Vec::new();
+                match shard_http::vars::map_lookup_with(m, &text, &mut caps) {
+                    (value, Some(re)) => {
+                        let groups = Groups {
+                            ranges: &caps,
+                            text: &text,
+                            names: re.capture_names(),
+                        };
+                        let inner = Session {
+                            groups: Some(&groups),
+                            ..*s
+                        };
+                        session_parts(out, value, &inner, now_ms, host, depth + 1);
+                    }
+                    (value, None) => session_parts(out, value, s, now_ms, host, depth + 1),
+                }
             }
         }
         _ => {}
