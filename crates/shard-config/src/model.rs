@@ -2611,9 +2611,10 @@ pub struct StreamServerConf {
     /// `proxy_bind`: the local address (stream variables allowed) of upstream connections.
     pub bind: Option<Vec<Part>>,
     /// `proxy_download_rate` / `proxy_upload_rate`: bytes per second read from the upstream
-    /// / from the client, 0 unlimited (nginx's per-connection formula).
-    pub download_rate: u64,
-    pub upload_rate: u64,
+    /// / from the client, 0 unlimited (nginx's per-connection formula); variables are
+    /// rendered when the upstream is connected.
+    pub download_rate: SizeValue,
+    pub upload_rate: SizeValue,
     /// `proxy_half_close on`: one side's end of stream is passed on as a FIN and the session
     /// goes on until both ended. Off (nginx's default), it ends when either side has ended and
     /// what it sent is delivered.

@@ -967,9 +967,10 @@ fn stream_proxy_bind_and_rates() {
     let (count_port, _) = upstream(count_then_reply);
     let stream = format!(
         "map $server_port $src {{ default 127.0.0.3; }}\n \
+         map $server_port $rate {{ default 1000; }}\n \
          server {{ listen 127.0.0.1:{{port1}}; proxy_bind 127.0.0.2; proxy_pass 127.0.0.1:{peer_port}; }}\n \
          server {{ listen 127.0.0.1:{{port2}}; proxy_bind $src; proxy_pass 127.0.0.1:{peer_port}; }}\n \
-         server {{ listen 127.0.0.1:{{port3}}; proxy_download_rate 1000; proxy_pass 127.0.0.1:{down_port}; }}\n \
+         server {{ listen 127.0.0.1:{{port3}}; proxy_download_rate $rate; proxy_pass 127.0.0.1:{down_port}; }}\n \
          server {{ listen 127.0.0.1:{{port4}}; proxy_upload_rate 1000; proxy_pass 127.0.0.1:{count_port}; }}\n \
          server {{ listen 127.0.0.1:{{port5}}; proxy_pass 127.0.0.1:{down_port}; }}"
     );

@@ -41,8 +41,8 @@ pub(super) struct StreamSettings {
     /// `proxy_bind` (`Some(None)`: `off`).
     pub(super) bind: Option<Option<Vec<Part>>>,
     /// `proxy_download_rate`, `proxy_upload_rate`: bytes per second, 0 unlimited.
-    pub(super) download_rate: Option<u64>,
-    pub(super) upload_rate: Option<u64>,
+    pub(super) download_rate: Option<SizeValue>,
+    pub(super) upload_rate: Option<SizeValue>,
     pub(super) half_close: Option<bool>,
     pub(super) ssl_handshake_timeout_ms: Option<u64>,
     /// `ssl_alpn PROTOCOL ...`.
@@ -390,7 +390,12 @@ pub(super) fn stream_proxy_bind(s: &mut StreamSettings, d: &Directive, file: &st
 
 /// `proxy_download_rate RATE` and `proxy_upload_rate RATE`: a size per second, 0 unlimited.
 pub(super) fn stream_proxy_rate(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
-    let v = size(d, file, a0(d))?;
+    let a = a0(d);
+    let v = if has_variables(a) {
+        SizeValue::Vars(stream_value(d, file, a)?)
+    } else {
+        SizeValue::Fixed(size(d, file, a)?)
+    };
     let slot = if d.name == "proxy_download_rate" {
         &mut s.download_rate
     } else {
@@ -653,8 +658,8 @@ pub(super) fn finish_stream(
                 limit_conn: limit_conn.clone(),
                 limit_conn_dry_run,
                 bind: None,
-                download_rate: 0,
-                upload_rate: 0,
+                download_rate: SizeValue::Fixed(0),
+                upload_rate: SizeValue::Fixed(0),
                 half_close: false,
                 ssl_handshake_timeout_ms: s
                     .settings
@@ -748,8 +753,18 @@ pub(super) fn finish_stream(
                 .clone()
                 .or_else(|| sp.settings.bind.clone())
                 .flatten(),
-            download_rate: get(|x| x.download_rate, 0),
-            upload_rate: get(|x| x.upload_rate, 0),
+            download_rate: s
+                .settings
+                .download_rate
+                .clone()
+                .or_else(|| sp.settings.download_rate.clone())
+                .unwrap_or(SizeValue::Fixed(0)),
+            upload_rate: s
+                .settings
+                .upload_rate
+                .clone()
+                .or_else(|| sp.settings.upload_rate.clone())
+                .unwrap_or(SizeValue::Fixed(0)),
             half_close: s
                 .settings
                 .half_close

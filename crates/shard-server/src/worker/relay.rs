@@ -189,6 +189,8 @@ pub(super) struct Relay {
     held: Vec<(usize, u128)>,
     /// `$limit_conn_status`: `PASSED`, `REJECTED`, `REJECTED_DRY_RUN`, or "" (no zone applied).
     limit_conn_status: &'static str,
+    /// `proxy_download_rate`, `proxy_upload_rate` of this session (0: unlimited).
+    rates: (u64, u64),
     /// `proxy_download_rate`/`proxy_upload_rate` hold a side's reads back until then (0:
     /// not held).
     rate_wake_ms: u64,
@@ -420,6 +422,7 @@ impl<'a> Worker<'a> {
             realip: None,
             held: Vec::new(),
             limit_conn_status: "",
+            rates: (0, 0),
             rate_wake_ms: 0,
         });
         if crate::log::enabled(shard_config::LogLevel::Info) {
@@ -1280,8 +1283,28 @@ impl<'a> Worker<'a> {
         }
     }
 
+    /// A rate directive's value for this session (variables rendered now; an empty or
+    /// invalid value is no limit).
+    fn session_size(&self, key: usize, v: &shard_config::SizeValue) -> u64 {
+        match v {
+            shard_config::SizeValue::Fixed(n) => *n,
+            shard_config::SizeValue::Vars(parts) => {
+                let text = String::from_utf8_lossy(&self.render_session(key, parts)).into_owned();
+                shard_config::parse_size(&text).unwrap_or(0)
+            }
+        }
+    }
+
     /// The upstream is connected (and its TLS handshake done): the pipes, then bytes.
     fn relay_ready(&mut self, key: usize) -> Io {
+        let rates = {
+            let s = self.stream_server(self.relays[key].server);
+            (
+                self.session_size(key, &s.download_rate),
+                self.session_size(key, &s.upload_rate),
+            )
+        };
+        self.relays[key].rates = rates;
         let upstream = self.relays[key].ups;
         let (size, timeout, send_pp) = {
             let s = self.stream_server(self.relays[key].server);
@@ -1368,10 +1391,10 @@ impl<'a> Worker<'a> {
     /// when both directions are done or one failed.
     fn pump(&mut self, key: usize) -> Io {
         let conf = self.stream_server(self.relays[key].server);
-        let (timeout, down_rate, up_rate) = (conf.timeout_ms, conf.download_rate, conf.upload_rate);
-        let half_close = conf.half_close;
+        let (timeout, half_close) = (conf.timeout_ms, conf.half_close);
         let now = self.cx.now_ms;
         let r = &mut self.relays[key];
+        let (down_rate, up_rate) = r.rates;
         let (started, pp_out) = (r.started_ms, r.pp_out);
         let (Some(up), Some(down)) = (r.up.as_mut(), r.down.as_mut()) else {
             return Io::Wait;
