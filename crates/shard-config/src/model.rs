@@ -418,6 +418,32 @@ pub struct ListenOpts {
     /// `shards=N|auto` (with `reuseport`): how many `SO_REUSEPORT` sockets the master creates
     /// for the address. `None`: one per worker, as nginx.
     pub shards: Option<Shards>,
+    /// `listen unix:PATH`: a Unix-domain socket (the listener's `addr` is then the stand-in
+    /// [`unix_stand_in`] gives, which no inet listener can have).
+    pub unix: Option<PathBuf>,
+}
+
+/// The address a `listen unix:PATH` is known by where addresses are compared (merging,
+/// reloads, binary upgrades): `[100::HASH]:0`, in the discard-only prefix (RFC 6666) with
+/// port 0, which no `listen` of an inet address can name.
+pub fn unix_stand_in(path: &std::path::Path) -> SocketAddr {
+    use std::os::unix::ffi::OsStrExt;
+    // FNV-1a, 64 bits: stable across processes and versions (a binary upgrade compares).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in path.as_os_str().as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let seg = |i: u32| ((h >> (48 - 16 * i)) & 0xffff) as u16;
+    SocketAddr::from((
+        std::net::Ipv6Addr::new(0x100, 0, 0, 0, seg(0), seg(1), seg(2), seg(3)),
+        0,
+    ))
+}
+
+/// Whether `a` is a [`unix_stand_in`].
+pub fn is_unix_stand_in(a: &SocketAddr) -> bool {
+    matches!(a, SocketAddr::V6(v6) if v6.port() == 0 && v6.ip().segments()[..4] == [0x100, 0, 0, 0])
 }
 
 /// Upper bound of `shards=N`.
@@ -447,6 +473,7 @@ impl Default for ListenOpts {
             ipv6only: true,
             so_keepalive: None,
             shards: None,
+            unix: None,
         }
     }
 }
@@ -1278,14 +1305,19 @@ impl Referers {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AccessRule {
     pub allow: bool,
-    /// The network (address and prefix length), `None` for `all`.
+    /// The network (address and prefix length), `None` for `all` (and for `unix:`).
     pub net: Option<(std::net::IpAddr, u8)>,
+    /// `unix:`: the rule is for clients of Unix-domain sockets only.
+    pub unix: bool,
 }
 
 impl AccessRule {
     /// Whether `ip` is in this rule's network (an IPv4-mapped IPv6 client counts as IPv4).
     pub fn matches(&self, ip: std::net::IpAddr) -> bool {
         use std::net::IpAddr;
+        if self.unix {
+            return false;
+        }
         let Some((net, bits)) = self.net else {
             return true;
         };
@@ -1303,6 +1335,15 @@ impl AccessRule {
                 u128::from(n) & mask == u128::from(a) & mask
             }
             _ => false,
+        }
+    }
+
+    /// [`AccessRule::matches`] for a client that may have no inet address (`None`: it came
+    /// over a Unix-domain socket, which `unix:` and `all` match).
+    pub fn matches_client(&self, ip: Option<std::net::IpAddr>) -> bool {
+        match ip {
+            Some(ip) => self.matches(ip),
+            None => self.net.is_none(),
         }
     }
 }

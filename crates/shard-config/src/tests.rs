@@ -632,10 +632,18 @@ fn listen_options() {
             ipv6only: true,
             so_keepalive: Some(SoKeepalive::On),
             shards: Some(Shards::Count(2)),
+            unix: None,
         }
     );
     assert!(!c.listeners[1].opts.ipv6only);
     assert_eq!(c.listeners[1].opts.so_keepalive, Some(SoKeepalive::Off));
+    // `unix:PATH`: the path in the options, a stand-in address no inet listen can have.
+    let c = http("server { listen unix:/run/a.sock; listen unix:/run/b.sock; }");
+    let (a, b) = (&c.listeners[0], &c.listeners[1]);
+    assert_eq!(a.opts.unix.as_deref(), Some(Path::new("/run/a.sock")));
+    assert!(is_unix_stand_in(&a.addr) && is_unix_stand_in(&b.addr));
+    assert_ne!(a.addr, b.addr);
+    assert!(!is_unix_stand_in(&"[::1]:80".parse().unwrap()));
 }
 
 #[test]

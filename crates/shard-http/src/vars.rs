@@ -269,16 +269,19 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             let host = req.host.as_deref().unwrap_or(c.server_name);
             out.extend_from_slice(host.as_bytes());
         }
-        Var::RemoteAddr => {
-            if let Some(a) = c.client {
+        // A client with no inet address came over a Unix-domain socket: nginx's `unix:`.
+        Var::RemoteAddr => match c.client {
+            Some(a) => {
                 let _ = write!(out, "{}", a.ip());
             }
-        }
-        Var::RealipRemoteAddr => {
-            if let Some(a) = c.conn.peer {
+            None => out.extend_from_slice(b"unix:"),
+        },
+        Var::RealipRemoteAddr => match c.conn.peer {
+            Some(a) => {
                 let _ = write!(out, "{}", a.ip());
             }
-        }
+            None => out.extend_from_slice(b"unix:"),
+        },
         Var::ProxyProtocolAddr
         | Var::ProxyProtocolServerAddr
         | Var::ProxyProtocolPort
@@ -347,9 +350,13 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         | Var::SslClientVRemain
         | Var::SslSessionReused => push_tls(out, var, c.conn.tls.as_ref(), c.conn.now_ms),
         Var::SslEarlyData => {}
+        Var::ServerAddr if shard_config::is_unix_stand_in(&c.server_addr) => {
+            out.extend_from_slice(b"unix:");
+        }
         Var::ServerAddr => {
             let _ = write!(out, "{}", c.server_addr.ip());
         }
+        Var::ServerPort if shard_config::is_unix_stand_in(&c.server_addr) => {}
         Var::ServerPort => push_u64(out, u64::from(c.server_addr.port())),
         Var::ServerName => out.extend_from_slice(c.server_name.as_bytes()),
         Var::ServerProtocol if req.http2 => out.extend_from_slice(b"HTTP/2.0"),
@@ -1055,15 +1062,17 @@ pub fn needs_headers(parts: &[Part]) -> bool {
 
 /// nginx's realip module: the client address a trusted `peer` reports in `conf.header`
 /// (`proxy_protocol`: the PROXY protocol header's source, `pp`); `None` when the peer is not
-/// trusted or the header holds no address.
+/// trusted or the header holds no address. A `None` peer came over a Unix-domain socket
+/// (trusted by `set_real_ip_from unix:`).
 pub fn real_ip(
-    peer: std::net::IpAddr,
+    peer: Option<std::net::IpAddr>,
     conf: &shard_config::RealIp,
     headers: &[Header<'_>],
     pp: Option<std::net::IpAddr>,
 ) -> Option<std::net::IpAddr> {
     let trusted = |ip: std::net::IpAddr| conf.from.iter().any(|r| r.matches(ip));
-    if conf.from.is_empty() || !trusted(peer) {
+    let peer_trusted = conf.from.iter().any(|r| r.matches_client(peer));
+    if conf.from.is_empty() || !peer_trusted {
         return None;
     }
     if conf.header == "proxy_protocol" {

@@ -132,6 +132,9 @@ fn os_err(what: &str, addr: &SocketAddr, e: io::Error) -> io::Error {
 }
 
 fn socket_for(addr: &SocketAddr, opts: &ListenOpts, tcp_nodelay: bool) -> io::Result<Socket> {
+    if opts.unix.is_some() {
+        return Socket::new(Domain::UNIX, Type::STREAM.cloexec().nonblocking(), None);
+    }
     let s = Socket::new(
         Domain::for_address(*addr),
         Type::STREAM.cloexec().nonblocking(),
@@ -160,6 +163,9 @@ fn apply_opts(fd: RawFd, addr: &SocketAddr, opts: &ListenOpts) -> io::Result<()>
         set_opt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, n as i32)
             .map_err(|e| os_err("setsockopt(SO_SNDBUF) for", addr, e))?;
     }
+    if opts.unix.is_some() {
+        return Ok(());
+    }
     match opts.so_keepalive {
         Some(SoKeepalive::On) => set_opt(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?,
         Some(SoKeepalive::Off) => set_opt(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 0)?,
@@ -177,6 +183,34 @@ fn apply_opts(fd: RawFd, addr: &SocketAddr, opts: &ListenOpts) -> io::Result<()>
 }
 
 fn bind_listen(s: &Socket, addr: &SocketAddr, opts: &ListenOpts) -> io::Result<RawFd> {
+    if let Some(path) = &opts.unix {
+        // As nginx: a file left at the path fails the bind (EADDRINUSE); the socket is made
+        // reachable by every user (the workers run as another one), 0666.
+        let text = format!("bind() to unix:{} failed", path.display());
+        let sa = socket2::SockAddr::unix(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{text} ({e})")))?;
+        s.bind(&sa).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("{text} ({})", shard_event::os_error_text(&e)),
+            )
+        })?;
+        use std::os::unix::fs::PermissionsExt;
+        if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)) {
+            crate::log!(Alert, "chmod() \"{}\" failed ({e})", path.display());
+        }
+        s.listen(opts.backlog).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "listen() to unix:{} failed ({})",
+                    path.display(),
+                    shard_event::os_error_text(&e)
+                ),
+            )
+        })?;
+        return Ok(std::os::fd::AsRawFd::as_raw_fd(s));
+    }
     s.bind(&(*addr).into())
         .map_err(|e| os_err("bind() to", addr, e))?;
     s.listen(opts.backlog)
@@ -417,7 +451,8 @@ pub fn reconcile(
         }
     }
     let l = &Listener { opts, ..l.clone() };
-    let mut want_group = l.opts.reuseport;
+    // A Unix-domain socket is one shared socket (Linux has no reuseport groups for it).
+    let mut want_group = l.opts.reuseport && l.opts.unix.is_none();
     let cpus = shard_event::process::available_cpus();
     let n_target = if want_group {
         shard_config::shard_count(l.opts.shards, n_workers, cpus)

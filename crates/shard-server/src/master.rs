@@ -284,8 +284,11 @@ fn describe(listeners: &[OpenListener]) -> String {
     let shown: Vec<String> = listeners
         .iter()
         .map(|l| {
-            let addr = shard_event::sock::local_addr(l.fds[0])
-                .map_or(l.addr.to_string(), |a| a.to_string());
+            let addr = match &l.opts.unix {
+                Some(p) => format!("unix:{}", p.display()),
+                None => shard_event::sock::local_addr(l.fds[0])
+                    .map_or(l.addr.to_string(), |a| a.to_string()),
+            };
             if l.per_worker {
                 format!("{addr} (reuseport, {} shards)", l.active)
             } else if l.reuseport {
@@ -526,6 +529,15 @@ pub fn run(opts: RunOptions) -> Result<i32> {
     m.start_generation()?;
     let code = m.run_loop();
     m.stop_cache_manager();
+    // As nginx: the files of Unix-domain listeners go with the master, unless a new binary
+    // took the sockets over.
+    if m.upgrade_child.is_none() {
+        for l in &m.listeners {
+            if let Some(p) = &l.opts.unix {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
     if let Some(pid_path) = &m.pid_path {
         let _ = std::fs::remove_file(pid_path);
     }

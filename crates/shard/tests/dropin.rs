@@ -3296,3 +3296,67 @@ fn proxy_cookie_flags_edit_set_cookie() {
     let r = get(s.addr(), "/off/x");
     assert!(r.headers.iter().any(|(_, v)| v == "one=1; Path=/"));
 }
+
+/// `listen unix:PATH` (http and stream) as nginx's: the socket made `0666`, `$remote_addr`
+/// `unix:`, `allow`/`deny unix:`, `set_real_ip_from unix:`, a stream `proxy_pass unix:` and
+/// stream upstream servers on Unix-domain sockets; the master removes the files at exit.
+#[test]
+fn unix_domain_listeners_as_nginx() {
+    use std::os::unix::net::UnixStream;
+    let conf = "worker_processes 1;\nevents { worker_connections 64; }\nhttp {\n access_log off;\n \
+        server {\n  listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n  \
+        location /via/ { proxy_pass http://unix:{dir}/front.sock:/; }\n }\n \
+        server {\n  listen unix:{dir}/front.sock;\n  \
+        location / { return 200 \"[$remote_addr|$server_addr|$server_port]\"; }\n  \
+        location /deny/ { deny unix:; }\n  \
+        location /realip/ { set_real_ip_from unix:; real_ip_header X-Real-IP; return 200 \"$remote_addr\"; }\n }\n}\n\
+        stream {\n upstream socks { server unix:{dir}/front.sock; }\n \
+        server { listen unix:{dir}/relay.sock; proxy_pass unix:{dir}/front.sock; }\n \
+        server { listen 127.0.0.1:{port1}; proxy_pass socks; }\n}\n";
+    let mut s = Server::start_ports("unix-listen", conf, 1, 1);
+    let front = s.dir.join("front.sock");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&front).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o666);
+    let ask = |sock: &std::path::Path, req: &str| {
+        let mut c = UnixStream::connect(sock).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(req.as_bytes()).unwrap();
+        let mut v = Vec::new();
+        let _ = c.read_to_end(&mut v);
+        String::from_utf8_lossy(&v).into_owned()
+    };
+    let get_unix = |sock: &std::path::Path, path: &str, extra: &str| {
+        let r = ask(
+            sock,
+            &format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n"),
+        );
+        let status: u16 = r.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = r.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+        (status, body)
+    };
+    assert_eq!(
+        get_unix(&front, "/", ""),
+        (200, "[unix:|unix:|]".to_string())
+    );
+    assert_eq!(get_unix(&front, "/deny/", "").0, 403);
+    assert_eq!(
+        get_unix(&front, "/realip/", "X-Real-IP: 192.0.2.7\r\n"),
+        (200, "192.0.2.7".to_string())
+    );
+    // Through the proxy and the stream relays, all on Unix-domain sockets.
+    assert_eq!(get(s.addr(), "/via/x").body_str(), "[unix:|unix:|]");
+    assert_eq!(
+        get_unix(&s.dir.join("relay.sock"), "/", ""),
+        (200, "[unix:|unix:|]".to_string())
+    );
+    let r = raw(
+        std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0])),
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.body_str(), "[unix:|unix:|]");
+    s.signal(libc::SIGQUIT);
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
+    assert!(!front.exists(), "the socket file goes with the master");
+    assert!(!s.dir.join("relay.sock").exists());
+}

@@ -3040,15 +3040,43 @@ pub(super) fn set_limit_log_level(_: &Env, s: &mut Settings, d: &Directive, file
     }
 }
 
-/// `set_real_ip_from ADDRESS | CIDR` (repeatable; `unix:` refused).
+/// `set_real_ip_from ADDRESS | CIDR | unix: | HOSTNAME` (repeatable; a host name stands for
+/// every address it resolves to at start, as nginx).
 pub(super) fn set_real_ip_from(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    if a0(d) == "all" {
+    let a = a0(d);
+    if a == "all" {
         return Err(invalid(d, file, "all"));
     }
+    let list = s.real_ip_from.get_or_insert_with(Vec::new);
+    if a != "unix:" && parse_cidr(a).is_none() && !a.contains('/') {
+        use std::net::ToSocketAddrs;
+        let addrs: Vec<IpAddr> = (a, 0)
+            .to_socket_addrs()
+            .map_err(|_| {
+                derr(
+                    d,
+                    file,
+                    format!("host not found in set_real_ip_from \"{a}\""),
+                )
+            })?
+            .map(|sa| sa.ip())
+            .collect();
+        for ip in addrs {
+            let bits = if ip.is_ipv4() { 32 } else { 128 };
+            list.push(AccessRule {
+                allow: true,
+                net: Some((ip, bits)),
+                unix: false,
+            });
+        }
+        return Ok(());
+    }
     let net = parse_net(env, d, file)?;
-    s.real_ip_from
-        .get_or_insert_with(Vec::new)
-        .push(AccessRule { allow: true, net });
+    list.push(AccessRule {
+        allow: true,
+        net,
+        unix: a == "unix:",
+    });
     Ok(())
 }
 
@@ -3067,6 +3095,7 @@ pub(super) fn set_access_rule(env: &Env, s: &mut Settings, d: &Directive, file: 
         .push(AccessRule {
             allow: d.name == "allow",
             net,
+            unix: a0(d) == "unix:",
         });
     Ok(())
 }
@@ -3111,8 +3140,8 @@ fn parse_net(env: &Env, d: &Directive, file: &str) -> Result<Option<(IpAddr, u8)
     if a == "all" {
         return Ok(None);
     }
-    if a.starts_with("unix:") {
-        return Err(derr(d, file, "\"unix:\" rules are not supported by shard"));
+    if a == "unix:" {
+        return Ok(None);
     }
     let (base, bits, exact) = parse_cidr(a).ok_or_else(|| invalid(d, file, a))?;
     if !exact {

@@ -463,6 +463,7 @@ pub(super) fn geo_block(env: &Env, ns: &mut VarNs<'_>, d: &Directive, file: &str
                 b.proxies.push(AccessRule {
                     allow: true,
                     net: Some((ip, bits)),
+                    unix: false,
                 });
             }
             ("delete", [net]) if b.is_ranges() => {

@@ -683,6 +683,18 @@ pub(super) fn finish_stream(
                 pass_vars = Some(stream_value(&d, &at.file, &target)?);
                 usize::MAX
             }
+            None if target.starts_with("unix:") => {
+                // `proxy_pass unix:/path`: one peer on a Unix-domain socket.
+                let path = PathBuf::from(&target["unix:".len()..]);
+                let mut u = implicit_upstream(
+                    target.clone(),
+                    at.clone(),
+                    vec![crate::unix_stand_in(&path)],
+                );
+                u.peers[0].unix = Some(path);
+                upstreams.push(u);
+                upstreams.len() - 1
+            }
             None => {
                 let addrs =
                     resolve_upstream(&target, None).map_err(|m| err(&at.file, at.line, m))?;

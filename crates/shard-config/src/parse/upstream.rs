@@ -175,14 +175,7 @@ pub(super) fn parse_upstream_server(
 ) -> Result<Vec<PeerConf>, ConfigError> {
     let name = d.args[0].clone();
     let unix = match name.strip_prefix("unix:") {
-        Some(path) if default_port.is_some() && path.starts_with('/') => Some(PathBuf::from(path)),
-        Some(_) if default_port.is_none() => {
-            return Err(derr(
-                d,
-                file,
-                format!("unix domain sockets are not supported in a stream upstream \"{name}\""),
-            ))
-        }
+        Some(path) if path.starts_with('/') => Some(PathBuf::from(path)),
         Some(_) => return Err(derr(d, file, format!("invalid address \"{name}\""))),
         None => None,
     };
@@ -195,6 +188,9 @@ pub(super) fn parse_upstream_server(
         ));
     }
     let addrs = match &unix {
+        // A stream peer is known by a stand-in address (its failures are counted by it);
+        // http's by its index.
+        Some(p) if default_port.is_none() => vec![crate::unix_stand_in(p)],
         Some(_) => vec![SocketAddr::from(([0, 0, 0, 0], 0))],
         // A name the workers resolve at run time may have no answer yet: its peer waits,
         // down, for the first one (nginx starts such an upstream empty).

@@ -229,12 +229,15 @@ pub(super) fn parse_listen_addr(
             _ => Err(bad_port()),
         }
     };
-    if a.starts_with("unix:") {
-        return Err(derr(
-            d,
-            file,
-            format!("unix domain sockets are not supported in \"{a}\" of the \"listen\" directive"),
-        ));
+    if let Some(path) = a.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(derr(
+                d,
+                file,
+                format!("no path in the unix domain socket \"{a}\" of the \"listen\" directive"),
+            ));
+        }
+        return Ok(crate::unix_stand_in(std::path::Path::new(path)));
     }
     if let Some(rest) = a.strip_prefix('[') {
         let Some(end) = rest.find(']') else {
@@ -271,10 +274,14 @@ pub(super) fn parse_listen_addr(
 
 pub(super) fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, ConfigError> {
     let addr = parse_listen_addr(d, file, &d.args[0])?;
+    let unix = d.args[0].strip_prefix("unix:").map(PathBuf::from);
     let mut spec = ListenSpec {
         addr,
         default_server: false,
-        opts: ListenOpts::default(),
+        opts: ListenOpts {
+            unix,
+            ..ListenOpts::default()
+        },
         opts_set: false,
         ssl: false,
         proxy_protocol: false,

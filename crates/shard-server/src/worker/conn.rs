@@ -1908,7 +1908,8 @@ impl<'a> Worker<'a> {
         c.rq().accel_headers = None;
         // `limit_rate` is taken when the response starts (`settle_limit_rate`).
         c.rq().rate = None;
-        if let (Some(peer), false) = (c.peer, first.real_ip.from.is_empty()) {
+        if !first.real_ip.from.is_empty() {
+            let peer = c.peer;
             let mut storage = shard_http::vars::header_storage();
             let hs = shard_http::vars::request_headers(&c.inbuf[..head_len], &mut storage);
             let pp = c
@@ -1916,8 +1917,9 @@ impl<'a> Worker<'a> {
                 .as_ref()
                 .and_then(|h| h.src)
                 .map(|a| a.ip());
-            if let Some(ip) = shard_http::vars::real_ip(peer.ip(), &first.real_ip, hs, pp) {
-                c.rq().client = Some(SocketAddr::new(ip, peer.port()));
+            let from = peer.map(|p| p.ip());
+            if let Some(ip) = shard_http::vars::real_ip(from, &first.real_ip, hs, pp) {
+                c.rq().client = Some(SocketAddr::new(ip, peer.map_or(0, |p| p.port())));
             }
         }
         // The head is kept when the request may be proxied, limited, redirected internally, or
@@ -2595,12 +2597,10 @@ impl<'a> Worker<'a> {
         if rules.is_empty() {
             return false;
         }
-        let Some(peer) = self.conns[key].rd().client else {
-            return false;
-        };
+        let client = self.conns[key].rd().client.map(|p| p.ip());
         let allowed = rules
             .iter()
-            .find(|r| r.matches(peer.ip()))
+            .find(|r| r.matches_client(client))
             .is_none_or(|r| r.allow);
         if !allowed {
             crate::log!(

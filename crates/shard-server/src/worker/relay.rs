@@ -313,16 +313,18 @@ impl<'a> Worker<'a> {
             self.eval_sets(server, quick(200, 0))
         };
         let deferred = proxy_protocol || !conf.limit_conn.is_empty();
-        if let Some(ip) = peer.map(|p| p.ip()).filter(|_| !deferred) {
+        if !deferred {
+            let ip = peer.map(|p| p.ip());
             let allowed = conf
                 .access_rules
                 .iter()
-                .find(|r| r.matches(ip))
+                .find(|r| r.matches_client(ip))
                 .is_none_or(|r| r.allow);
             if !allowed {
                 crate::log!(
                     Error,
-                    "access forbidden by rule, client: {ip}, server: {listen}"
+                    "access forbidden by rule, client: {}, server: {listen}",
+                    ip.map_or("unix:".to_string(), |ip| ip.to_string())
                 );
                 if !conf.access_logs.is_empty() {
                     let s = Session {
@@ -519,9 +521,10 @@ impl<'a> Worker<'a> {
         let Some(conf) = conf else { return Io::Close };
         // `set_real_ip_from` (post-accept): a trusted peer's PROXY header names the client.
         let r = &mut self.relays[key];
-        if let (Some(src), Some(peer)) = (r.pp.as_ref().and_then(|h| h.src), r.peer) {
-            if conf.real_ip_from.iter().any(|n| n.matches(peer.ip())) {
-                r.realip = Some(peer);
+        if let Some(src) = r.pp.as_ref().and_then(|h| h.src) {
+            let ip = r.peer.map(|p| p.ip());
+            if conf.real_ip_from.iter().any(|n| n.matches_client(ip)) {
+                r.realip = r.peer;
                 r.peer = Some(src);
             }
         }
@@ -534,16 +537,18 @@ impl<'a> Worker<'a> {
         }
         let r = &self.relays[key];
         if r.access_deferred {
-            if let Some(ip) = r.peer.map(|p| p.ip()) {
+            {
+                let ip = r.peer.map(|p| p.ip());
                 let allowed = conf
                     .access_rules
                     .iter()
-                    .find(|rule| rule.matches(ip))
+                    .find(|rule| rule.matches_client(ip))
                     .is_none_or(|rule| rule.allow);
                 if !allowed {
                     crate::log!(
                         Error,
-                        "access forbidden by rule, client: {ip}, server: {}",
+                        "access forbidden by rule, client: {}, server: {}",
+                        ip.map_or("unix:".to_string(), |ip| ip.to_string()),
                         r.listen
                     );
                     self.relays[key].fixed = Some((403, 0));
@@ -1129,7 +1134,13 @@ impl<'a> Worker<'a> {
             r.attempts.push(addr);
             r.connect_began_ms = self.cx.now_ms;
             let local = self.stream_bind_addr(key);
-            let (fd, done) = match shard_event::sock::connect_nonblocking_from(&addr, local) {
+            let connected = match &self.stream_ups(upstream).peers[p].unix {
+                Some(path) => {
+                    shard_event::sock::connect_unix_nonblocking(path).map_err(ConnectError::Connect)
+                }
+                None => shard_event::sock::connect_nonblocking_from(&addr, local),
+            };
+            let (fd, done) = match connected {
                 Ok(Connect::Done(fd)) => (fd, true),
                 Ok(Connect::InProgress(fd)) => (fd, false),
                 Err(ConnectError::Bind(e)) => {
@@ -1842,11 +1853,13 @@ fn session_var(
     use std::io::Write;
     let secs_since = |out: &mut Vec<u8>, from: u64| push_secs(out, now_ms.saturating_sub(from));
     match var {
-        Var::RemoteAddr => {
-            if let Some(a) = s.client {
+        Var::RemoteAddr => match s.client {
+            Some(a) => {
                 let _ = write!(out, "{}", a.ip());
             }
-        }
+            // A Unix-domain client: nginx's `unix:`.
+            None => out.extend_from_slice(b"unix:"),
+        },
         Var::RemotePort => {
             if let Some(a) = s.client {
                 push_u64(out, u64::from(a.port()));
@@ -1857,9 +1870,13 @@ fn session_var(
             Some(std::net::IpAddr::V6(v6)) => out.extend_from_slice(&v6.octets()),
             None => {}
         },
+        Var::ServerAddr if shard_config::is_unix_stand_in(&s.local) => {
+            out.extend_from_slice(b"unix:");
+        }
         Var::ServerAddr => {
             let _ = write!(out, "{}", s.local.ip());
         }
+        Var::ServerPort if shard_config::is_unix_stand_in(&s.local) => {}
         Var::ServerPort => push_u64(out, u64::from(s.local.port())),
         Var::Protocol => out.extend_from_slice(b"TCP"),
         Var::Status => push_u64(out, u64::from(s.status)),
