@@ -421,6 +421,8 @@ pub struct ListenOpts {
     /// `listen unix:PATH`: a Unix-domain socket (the listener's `addr` is then the stand-in
     /// [`unix_stand_in`] gives, which no inet listener can have).
     pub unix: Option<PathBuf>,
+    /// `udp` (stream): a datagram socket; each client address is a session.
+    pub udp: bool,
 }
 
 /// The address a `listen unix:PATH` is known by where addresses are compared (merging,
@@ -474,6 +476,7 @@ impl Default for ListenOpts {
             so_keepalive: None,
             shards: None,
             unix: None,
+            udp: false,
         }
     }
 }
@@ -2623,6 +2626,12 @@ pub struct StreamServerConf {
     /// connect began (0: no limit).
     pub next_upstream_tries: u32,
     pub next_upstream_timeout_ms: u64,
+    /// `proxy_responses N` (UDP): datagrams expected back per client datagram, after which
+    /// the session ends (`None`: not limited, the session ends at `proxy_timeout`).
+    pub responses: Option<u32>,
+    /// `proxy_requests N` (UDP): client datagrams a session takes; the next one starts a new
+    /// session (0: not limited).
+    pub requests: u32,
     /// `allow`/`deny`: the first rule matching the client decides (none: allowed).
     pub access_rules: Vec<AccessRule>,
     /// `return VALUE`: sent to the client, then the connection closes (no upstream:

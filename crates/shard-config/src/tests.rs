@@ -633,6 +633,7 @@ fn listen_options() {
             so_keepalive: Some(SoKeepalive::On),
             shards: Some(Shards::Count(2)),
             unix: None,
+            udp: false,
         }
     );
     assert!(!c.listeners[1].opts.ipv6only);

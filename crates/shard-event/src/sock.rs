@@ -511,6 +511,42 @@ pub fn udp_connected(addr: &SocketAddr) -> io::Result<OwnedFd> {
     Ok(owned)
 }
 
+/// `recvfrom(2)` of one datagram into `buf`: its length (0 for an empty datagram) and sender.
+pub fn recv_from(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<SocketAddr>)> {
+    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: buf is valid for writes of buf.len() bytes; storage and len for their sizes.
+    let n = cvt_size(unsafe {
+        libc::recvfrom(
+            fd,
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            0,
+            storage.as_mut_ptr() as *mut libc::sockaddr,
+            &mut len,
+        )
+    })?;
+    // SAFETY: recvfrom filled the storage (or left it zeroed, an unknown family).
+    let from = sockaddr_to_std(unsafe { storage.assume_init_ref() });
+    Ok((n, from))
+}
+
+/// `sendto(2)` of one datagram to `addr`.
+pub fn send_to(fd: RawFd, buf: &[u8], addr: &SocketAddr) -> io::Result<usize> {
+    let (storage, len) = std_to_sockaddr(addr);
+    // SAFETY: buf is valid for reads of buf.len() bytes; storage holds a sockaddr of len.
+    cvt_size(unsafe {
+        libc::sendto(
+            fd,
+            buf.as_ptr() as *const libc::c_void,
+            buf.len(),
+            libc::MSG_DONTWAIT,
+            &storage as *const _ as *const libc::sockaddr,
+            len,
+        )
+    })
+}
+
 /// A nonblocking datagram socket connected to the Unix-domain socket at `path` (a syslog
 /// daemon's `/dev/log`).
 pub fn unix_datagram_connected(path: &std::path::Path) -> io::Result<OwnedFd> {

@@ -135,6 +135,18 @@ fn socket_for(addr: &SocketAddr, opts: &ListenOpts, tcp_nodelay: bool) -> io::Re
     if opts.unix.is_some() {
         return Socket::new(Domain::UNIX, Type::STREAM.cloexec().nonblocking(), None);
     }
+    if opts.udp {
+        let s = Socket::new(
+            Domain::for_address(*addr),
+            Type::DGRAM.cloexec().nonblocking(),
+            Some(Protocol::UDP),
+        )?;
+        s.set_reuse_address(true)?;
+        if addr.is_ipv6() {
+            s.set_only_v6(opts.ipv6only)?;
+        }
+        return Ok(s);
+    }
     let s = Socket::new(
         Domain::for_address(*addr),
         Type::STREAM.cloexec().nonblocking(),
@@ -163,7 +175,7 @@ fn apply_opts(fd: RawFd, addr: &SocketAddr, opts: &ListenOpts) -> io::Result<()>
         set_opt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, n as i32)
             .map_err(|e| os_err("setsockopt(SO_SNDBUF) for", addr, e))?;
     }
-    if opts.unix.is_some() {
+    if opts.unix.is_some() || opts.udp {
         return Ok(());
     }
     match opts.so_keepalive {
@@ -213,6 +225,12 @@ fn bind_listen(s: &Socket, addr: &SocketAddr, opts: &ListenOpts) -> io::Result<R
     }
     s.bind(&(*addr).into())
         .map_err(|e| os_err("bind() to", addr, e))?;
+    if opts.udp {
+        // A datagram socket is bound only.
+        let fd = std::os::fd::AsRawFd::as_raw_fd(s);
+        apply_opts(fd, addr, opts)?;
+        return Ok(fd);
+    }
     s.listen(opts.backlog)
         .map_err(|e| os_err("listen() to", addr, e))?;
     let fd = std::os::fd::AsRawFd::as_raw_fd(s);
@@ -461,8 +479,10 @@ pub fn reconcile(
     };
 
     for &fd in &fds {
-        shard_event::sock::relisten(fd, l.opts.backlog)
-            .map_err(|e| os_err("listen() to", &l.addr, e))?;
+        if !l.opts.udp {
+            shard_event::sock::relisten(fd, l.opts.backlog)
+                .map_err(|e| os_err("listen() to", &l.addr, e))?;
+        }
         apply_opts(fd, &l.addr, &l.opts)?;
     }
     if want_group && !fds.is_empty() && !group {

@@ -34,6 +34,7 @@ mod tls;
 mod token;
 mod trailers;
 mod tunnel;
+mod udp;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -195,6 +196,12 @@ pub(crate) struct Worker<'a> {
     relays: Slab<Relay>,
     /// `(deadline_ms, relay key, relay id)`, re-armed lazily as `timers`.
     relay_timers: BinaryHeap<Reverse<(u64, usize, u64)>>,
+    /// The stream's UDP sessions (`udp.rs`), found by listener and client address, their
+    /// `proxy_timeout` deadlines, and one datagram buffer for all of them.
+    udp: Slab<udp::UdpSession>,
+    udp_by_client: udp::UdpIndex,
+    udp_timers: BinaryHeap<Reverse<(u64, usize, u64)>>,
+    udp_buf: Vec<u8>,
     /// Per upstream, per peer: failures and round-robin weights (this worker's view).
     peer_state: Vec<Vec<PeerState>>,
     /// Upstream connections of the HTTP proxy (`proxy.rs`), busy or pooled.
@@ -491,6 +498,10 @@ impl<'a> Worker<'a> {
             conns: Slab::with_capacity(ev.worker_connections.min(4096)),
             relays: Slab::new(),
             relay_timers: BinaryHeap::new(),
+            udp: Slab::new(),
+            udp_by_client: HashMap::new(),
+            udp_timers: BinaryHeap::new(),
+            udp_buf: Vec::new(),
             peer_state: a.cfg.stream.as_ref().map_or(Vec::new(), |s| {
                 s.upstreams
                     .iter()
@@ -610,6 +621,9 @@ impl<'a> Worker<'a> {
             if let Some(Reverse((deadline, _, _))) = self.relay_timers.peek() {
                 timeout = timeout.min(deadline.saturating_sub(self.cx.now_ms));
             }
+            if let Some(deadline) = self.next_udp_deadline() {
+                timeout = timeout.min(deadline.saturating_sub(self.cx.now_ms));
+            }
             if self.log_flush_at != 0 {
                 timeout = timeout.min(self.log_flush_at.saturating_sub(self.cx.now_ms));
             }
@@ -691,12 +705,14 @@ impl<'a> Worker<'a> {
                     Some(Token::Resolver { key, generation }) => {
                         self.on_resolver_event(key, generation)
                     }
+                    Some(Token::Udp { key, generation }) => self.on_udp_event(key, generation),
                     Some(Token::Listener(_)) | None => {}
                 }
             }
             self.run_ready();
             self.expire_timers();
             self.expire_relay_timers();
+            self.expire_udp_timers();
             self.flush_due_access_logs();
             if self.cx.now_ms.saturating_sub(self.last_heartbeat_ms) >= HEARTBEAT_MS {
                 self.last_heartbeat_ms = self.cx.now_ms;
@@ -816,6 +832,8 @@ impl<'a> Worker<'a> {
                 self.accept_batch(i, usize::MAX);
             }
         }
+        // A UDP session has no end of its own to wait for: it ends with the worker.
+        self.close_all_udp();
         self.shutdown_deadline_ms = self
             .cx
             .cfg

@@ -1005,3 +1005,99 @@ fn stream_proxy_bind_and_rates() {
         );
     }
 }
+
+/// A UDP echo peer: each datagram comes back `n` times (`n` from its first byte when it is a
+/// digit, else once), for the tests' lifetime.
+fn udp_echo() -> u16 {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = s.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 2048];
+        while let Ok((n, from)) = s.recv_from(&mut buf) {
+            let times = match buf.first() {
+                Some(d) if n > 0 && d.is_ascii_digit() => usize::from(d - b'0'),
+                _ => 1,
+            };
+            for _ in 0..times {
+                let _ = s.send_to(&buf[..n], from);
+            }
+        }
+    });
+    port
+}
+
+/// `listen ... udp` as nginx's stream UDP proxy: a session per client address, answers back
+/// through the listening socket, `proxy_responses` ending it (0: none expected), `return`,
+/// `$protocol` `UDP` and one access line per session, `allow`/`deny`, `limit_conn`, and a
+/// peer that refuses (ICMP) counted as failed so the next sessions go elsewhere.
+#[test]
+fn udp_sessions_as_nginx() {
+    let echo = udp_echo();
+    // A port with no socket: datagrams sent there come back as ICMP errors.
+    let dead = {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.local_addr().unwrap().port()
+    };
+    let stream = format!(
+        "log_format u '$protocol $status $bytes_received $bytes_sent $upstream_addr';\n\
+         limit_conn_zone $binary_remote_addr zone=one:1m;\n\
+         proxy_timeout 1s;\n\
+         upstream flaky {{ server 127.0.0.1:{dead}; server 127.0.0.1:{echo}; }}\n\
+         server {{ listen 127.0.0.1:{{port1}} udp; proxy_pass 127.0.0.1:{echo}; proxy_responses 1;\n\
+           access_log logs/udp.log u; }}\n\
+         server {{ listen 127.0.0.1:{{port2}} udp; proxy_pass 127.0.0.1:{echo}; proxy_responses 0; }}\n\
+         server {{ listen 127.0.0.1:{{port3}} udp; return \"hi $protocol $remote_addr\"; }}\n\
+         server {{ listen 127.0.0.1:{{port4}} udp; deny 127.0.0.1; return x; }}\n\
+         server {{ listen 127.0.0.1:{{port5}} udp; proxy_pass flaky; proxy_responses 1; }}\n\
+         server {{ listen 127.0.0.1:{{port6}} udp; proxy_pass 127.0.0.1:{echo}; limit_conn one 1; }}"
+    );
+    let s = Server::start_ports("stream-udp", &conf(1, &stream), 1, 6);
+    let client = || {
+        let c = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(600)))
+            .unwrap();
+        c
+    };
+    let ask = |c: &std::net::UdpSocket, port: u16, what: &[u8], answers: usize| {
+        c.send_to(what, ("127.0.0.1", port)).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        for _ in 0..answers {
+            match c.recv(&mut buf) {
+                Ok(n) => got.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                Err(_) => break,
+            }
+        }
+        got
+    };
+    let c = client();
+    assert_eq!(ask(&c, s.ports[0], b"ping", 1), vec!["ping"]);
+    // The session ended with its answer: the next datagram is a new session, answered too.
+    assert_eq!(
+        ask(&c, s.ports[0], b"2x", 2),
+        vec!["2x"],
+        "proxy_responses 1: one answer"
+    );
+    assert!(ask(&c, s.ports[1], b"nothing back", 1).is_empty());
+    assert_eq!(ask(&c, s.ports[2], b"?", 1), vec!["hi UDP 127.0.0.1"]);
+    assert!(ask(&c, s.ports[3], b"?", 1).is_empty(), "denied");
+    // The first session meets the refusing peer (no answer); it is then failed, and the
+    // next sessions all reach the echo.
+    let _ = ask(&client(), s.ports[4], b"first", 1);
+    for i in 0..4 {
+        let msg = format!("n{i}");
+        assert_eq!(ask(&client(), s.ports[4], msg.as_bytes(), 1), vec![msg]);
+    }
+    // limit_conn: one live session per address; the second client from 127.0.0.1 is
+    // refused while the first (no proxy_responses: it lasts until proxy_timeout) lives.
+    assert_eq!(ask(&c, s.ports[5], b"a", 1), vec!["a"]);
+    assert!(ask(&client(), s.ports[5], b"b", 1).is_empty());
+    let log = wait_for(Duration::from_secs(5), "the UDP access lines", || {
+        let t = std::fs::read_to_string(s.dir.join("logs/udp.log")).unwrap_or_default();
+        (t.lines().count() >= 2).then_some(t)
+    });
+    let first = log.lines().next().unwrap();
+    assert_eq!(first, format!("UDP 200 4 4 127.0.0.1:{echo}"), "{log}");
+    let e = error_log(&s);
+    assert!(e.contains("limiting connections by zone \"one\""), "{e}");
+}

@@ -1432,6 +1432,10 @@ impl ServerCx<'_> {
 
 pub(super) fn server_listen(_: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
     let spec = parse_listen(d, file)?;
+    if spec.opts.udp {
+        // nginx's http `listen` has no `udp` (HTTP/3 says `quic`).
+        return Err(derr(d, file, "invalid parameter \"udp\""));
+    }
     add_listen(cx.listeners, cx.idx, &spec, place(d, file))?;
     cx.s.listen.push(spec.addr);
     Ok(())

@@ -21,6 +21,9 @@ pub(super) struct StreamSettings {
     /// `proxy_next_upstream_tries N` (0: no limit) and `proxy_next_upstream_timeout T`.
     pub(super) next_upstream_tries: Option<u32>,
     pub(super) next_upstream_timeout_ms: Option<u64>,
+    /// `proxy_responses`, `proxy_requests` (UDP).
+    pub(super) responses: Option<u32>,
+    pub(super) requests: Option<u32>,
     /// `allow`/`deny` of this level (a level with any replaces its parent's).
     pub(super) access_rules: Option<Vec<AccessRule>>,
     /// `access_log`s of this level, and whether it said `off` (a level with any replaces
@@ -419,6 +422,16 @@ pub(super) fn stream_ssl_handshake_timeout(s: &mut StreamSettings, d: &Directive
     once(&mut s.ssl_handshake_timeout_ms, t, d, file)
 }
 
+/// `proxy_responses N`, `proxy_requests N` (UDP sessions).
+pub(super) fn stream_udp_counts(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    let n = num::<u32>(d, file, a0(d))?;
+    if d.name == "proxy_responses" {
+        once(&mut s.responses, n, d, file)
+    } else {
+        once(&mut s.requests, n, d, file)
+    }
+}
+
 /// `proxy_next_upstream_tries N`, `proxy_next_upstream_timeout TIME` (stream).
 pub(super) fn stream_next_upstream_limit(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
     if d.name == "proxy_next_upstream_tries" {
@@ -640,6 +653,8 @@ pub(super) fn finish_stream(
                 next_upstream: true,
                 next_upstream_tries: 0,
                 next_upstream_timeout_ms: 0,
+                responses: None,
+                requests: 0,
                 access_rules: s
                     .settings
                     .access_rules
@@ -742,6 +757,8 @@ pub(super) fn finish_stream(
                 .or(sp.settings.next_upstream_tries)
                 .unwrap_or(0),
             next_upstream_timeout_ms: get(|x| x.next_upstream_timeout_ms, 0),
+            responses: s.settings.responses.or(sp.settings.responses),
+            requests: s.settings.requests.or(sp.settings.requests).unwrap_or(0),
             access_rules: s
                 .settings
                 .access_rules

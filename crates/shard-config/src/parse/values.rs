@@ -308,6 +308,7 @@ pub(super) fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, Conf
                 continue;
             }
             ("reuseport", None) => o.reuseport = true,
+            ("udp", None) => o.udp = true,
             ("deferred", None) => o.deferred = true,
             ("shards", Some("auto")) => o.shards = Some(Shards::Auto),
             ("shards", Some(v)) => {

@@ -216,6 +216,11 @@ impl Worker<'_> {
         let fd = self.listeners[li].fd;
         let cfg = self.cx.cfg;
         let conf_l = &cfg.listeners[self.listeners[li].conf_idx];
+        if conf_l.opts.udp {
+            // Datagrams, not connections (`udp.rs`).
+            self.udp_readable(li);
+            return;
+        }
         // An HTTP connection starts with its default server's settings (timeouts); an HTTP
         // listener always has an http block, the check only keeps this free of a panic.
         let http_server = match (conf_l.kind, cfg.http.as_ref()) {

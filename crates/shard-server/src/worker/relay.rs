@@ -202,7 +202,7 @@ const STREAM_DYN_MAX: usize = 1024;
 
 /// What the stream access log knows of one session when it ends.
 #[derive(Clone, Copy)]
-struct Session<'a> {
+pub(super) struct Session<'a> {
     number: u64,
     /// Index into `StreamConf::servers` (whose `ssl_verify_client` judged the certificate).
     server: usize,
@@ -232,6 +232,8 @@ struct Session<'a> {
     limit_conn_status: &'static str,
     /// The groups of the `map` expression whose value is being rendered (`$1`, `$name`).
     groups: Option<&'a Groups<'a>>,
+    /// A UDP session (`$protocol`).
+    udp: bool,
 }
 
 /// A regular expression's groups over `text`, and their names by number.
@@ -245,7 +247,7 @@ struct Groups<'a> {
 impl<'a> Worker<'a> {
     /// The `stream` block. A relay exists only when there is one (it was accepted on a stream
     /// listener); without one this is an empty block rather than a panic.
-    fn stream(&self) -> &StreamConf {
+    pub(super) fn stream(&self) -> &StreamConf {
         static NONE: StreamConf = StreamConf {
             upstreams: Vec::new(),
             servers: Vec::new(),
@@ -255,14 +257,14 @@ impl<'a> Worker<'a> {
         self.cx.cfg.stream.as_ref().unwrap_or(&NONE)
     }
 
-    fn stream_server(&self, server: usize) -> &StreamServerConf {
+    pub(super) fn stream_server(&self, server: usize) -> &StreamServerConf {
         &self.stream().servers[server]
     }
 
     /// Connections counted against `worker_connections`: a relay is two, an upstream
     /// connection of the HTTP proxy (busy or pooled) one.
     pub(super) fn connections_used(&self) -> usize {
-        self.conns.len() + 2 * self.relays.len() + self.upconns.len()
+        self.conns.len() + 2 * self.relays.len() + 2 * self.udp.len() + self.upconns.len()
     }
 
     /// Takes an accepted client of the stream server `server` (already counted as accepted,
@@ -301,6 +303,7 @@ impl<'a> Worker<'a> {
             tls: None,
             limit_conn_status: "",
             groups: None,
+            udp: false,
         };
         // `set` (preaccess), `allow`/`deny` (access), then `return`: answered (or refused)
         // at once, no upstream. A relay evaluates its `set`s again once its PROXY header
@@ -495,6 +498,7 @@ impl<'a> Worker<'a> {
             tls: r.tls.as_deref().filter(|_| !r.handshaking),
             limit_conn_status: r.limit_conn_status,
             groups: None,
+            udp: false,
         }
     }
 
@@ -662,7 +666,7 @@ impl<'a> Worker<'a> {
     }
 
     /// Stream upstream `i`: the configuration's, or one of this worker's (`stream_dyn`).
-    fn stream_ups(&self, i: usize) -> super::proxy::UpRef<'a> {
+    pub(super) fn stream_ups(&self, i: usize) -> super::proxy::UpRef<'a> {
         let cfg = self.cx.cfg;
         let conf = cfg.stream.as_ref().map_or(&[][..], |s| &s.upstreams[..]);
         match conf.get(i) {
@@ -936,7 +940,12 @@ impl<'a> Worker<'a> {
 
     /// The upstream's method (smooth weighted round robin, or `least_conn` over this
     /// worker's relays) over the peers not yet tried by this relay.
-    fn pick_peer(&mut self, upstream: usize, tried: &[bool], key: Option<&[u8]>) -> Option<usize> {
+    pub(super) fn pick_peer(
+        &mut self,
+        upstream: usize,
+        tried: &[bool],
+        key: Option<&[u8]>,
+    ) -> Option<usize> {
         self.cx.cfg.stream.as_ref()?;
         let ups = self.stream_ups(upstream);
         // This worker's relays per peer: for `least_conn` and `max_conns`.
@@ -952,6 +961,7 @@ impl<'a> Worker<'a> {
                     }
                 }
             }
+            super::udp::count_udp_peers(&self.udp, upstream, &mut active);
         }
         let full = balance::with_full(&ups.peers, tried, &active);
         let tried = full.as_deref().unwrap_or(tried);
@@ -1003,7 +1013,7 @@ impl<'a> Worker<'a> {
         )
     }
 
-    fn peer_failed(&mut self, upstream: usize, peer: usize) {
+    pub(super) fn peer_failed(&mut self, upstream: usize, peer: usize) {
         if self.cx.cfg.stream.is_none() {
             return;
         }
@@ -1878,7 +1888,7 @@ fn session_var(
         }
         Var::ServerPort if shard_config::is_unix_stand_in(&s.local) => {}
         Var::ServerPort => push_u64(out, u64::from(s.local.port())),
-        Var::Protocol => out.extend_from_slice(b"TCP"),
+        Var::Protocol => out.extend_from_slice(if s.udp { b"UDP" } else { b"TCP" }),
         Var::Status => push_u64(out, u64::from(s.status)),
         Var::BytesSent => push_u64(out, s.bytes_sent),
         Var::BytesReceived => push_u64(out, s.bytes_received),
@@ -1999,6 +2009,17 @@ fn session_var(
     }
 }
 
+/// A template's value for a session's view (`udp.rs` renders with it).
+pub(super) fn render_parts(
+    out: &mut Vec<u8>,
+    parts: &[shard_config::Part],
+    s: &Session<'_>,
+    now_ms: u64,
+    host: &str,
+) {
+    session_parts(out, parts, s, now_ms, host, 0);
+}
+
 /// Where a stream access-log line goes.
 pub(super) enum LogDest {
     /// `Worker::access_logs[i]`.
@@ -2010,7 +2031,7 @@ pub(super) enum LogDest {
 impl Worker<'_> {
     /// The lines the `access_log`s of stream server `server` get for `s`, by log file (an
     /// index into the worker's files, or a path rendered from variables).
-    fn session_lines(&self, server: usize, s: &Session<'_>) -> Vec<(LogDest, Vec<u8>)> {
+    pub(super) fn session_lines(&self, server: usize, s: &Session<'_>) -> Vec<(LogDest, Vec<u8>)> {
         let mut lines = Vec::new();
         for al in &self.stream_server(server).access_logs {
             let dest = match (&al.path_vars, self.access_log_idx.get(&al.path)) {
@@ -2040,7 +2061,7 @@ impl Worker<'_> {
     }
 
     /// Appends `lines` to their files: written at once, or kept up to `buffer=`.
-    fn write_stream_logs(&mut self, server: usize, lines: Vec<(LogDest, Vec<u8>)>) {
+    pub(super) fn write_stream_logs(&mut self, server: usize, lines: Vec<(LogDest, Vec<u8>)>) {
         let logs = &self
             .cx
             .cfg
@@ -2060,6 +2081,37 @@ impl Worker<'_> {
                 .find(|al| self.access_log_idx.get(&al.path) == Some(&i))
                 .and_then(|al| al.buffer);
             self.append_access_log(i, &line, buffer);
+        }
+    }
+}
+
+impl Worker<'_> {
+    /// The variables' view of a UDP session (`udp.rs`).
+    pub(super) fn udp_session<'s>(&'s self, u: &'s super::udp::UdpSession) -> Session<'s> {
+        let f = u.facts();
+        Session {
+            number: f.number,
+            server: f.server,
+            client: Some(f.client),
+            local: f.local,
+            status: f.status,
+            started_ms: f.started_ms,
+            bytes_sent: f.bytes_sent,
+            bytes_received: f.bytes_received,
+            upstream: f.upstream,
+            up_sent: f.up_sent,
+            up_received: f.up_received,
+            connect_ms: Some(0),
+            first_byte_ms: f.first_byte_ms,
+            pp: None,
+            maps: &self.stream().maps,
+            user: &[],
+            hello: None,
+            realip: None,
+            tls: None,
+            limit_conn_status: "",
+            groups: None,
+            udp: true,
         }
     }
 }

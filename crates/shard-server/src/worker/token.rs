@@ -33,6 +33,8 @@ pub(super) enum Token {
     RelayUpstream { key: usize, generation: u32 },
     /// A DNS query's socket (`resolver.rs`).
     Resolver { key: usize, generation: u32 },
+    /// A stream UDP session's socket to its peer (`udp.rs`).
+    Udp { key: usize, generation: u32 },
 }
 
 /// The generation a connection id is registered under.
@@ -50,6 +52,7 @@ impl Token {
             Token::RelayClient { key, generation } => (5, key, generation),
             Token::RelayUpstream { key, generation } => (6, key, generation),
             Token::Resolver { key, generation } => (7, key, generation),
+            Token::Udp { key, generation } => (8, key, generation),
         };
         debug_assert!(key <= KEY_MAX, "token key {key} out of range");
         (kind << KIND_SHIFT) | ((generation as u64) << GEN_SHIFT) | (key as u64 & KEY_MAX as u64)
@@ -67,6 +70,7 @@ impl Token {
             5 => Token::RelayClient { key, generation },
             6 => Token::RelayUpstream { key, generation },
             7 => Token::Resolver { key, generation },
+            8 => Token::Udp { key, generation },
             _ => return None,
         })
     }
