@@ -271,6 +271,8 @@ pub struct Request {
     pub via: bool,
     /// An `Authorization` header came (`gzip_proxied auth`).
     pub authorization: bool,
+    /// The head's length as received, line ends as the client sent them (`$request_length`).
+    pub head_len: usize,
 }
 
 /// The longest `$request` kept for a request refused before its head was parsed.
@@ -337,6 +339,7 @@ impl Request {
             uri_changed: false,
             via: false,
             authorization: false,
+            head_len: 0,
         }
     }
 }
@@ -1082,6 +1085,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         uri_changed: false,
         via,
         authorization,
+        head_len,
     };
     Ok(Some((req, head_len)))
 }

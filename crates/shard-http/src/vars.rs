@@ -397,13 +397,18 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::Request => out.extend_from_slice(req.request_line.as_bytes()),
         Var::RequestMethod => out.extend_from_slice(req.method.as_str().as_bytes()),
         Var::RequestLength => {
-            let head: usize = req.request_line.len()
-                + 2
-                + c.headers
-                    .iter()
-                    .map(|h| h.name.len() + 2 + h.value.len() + 2)
-                    .sum::<usize>()
-                + 2;
+            // The head as received; one rebuilt from its lines where the parse left none.
+            let head: usize = if req.head_len > 0 {
+                req.head_len
+            } else {
+                req.request_line.len()
+                    + 2
+                    + c.headers
+                        .iter()
+                        .map(|h| h.name.len() + 2 + h.value.len() + 2)
+                        .sum::<usize>()
+                    + 2
+            };
             let body = match req.body {
                 Body::Length(n) => n,
                 _ => 0,

@@ -115,8 +115,10 @@ http {
     log_format main '$remote_addr "$request" $status $body_bytes_sent "$http_x_trace" $request_time';
     log_format js escape=json '{"uri":"$uri","ua":"$http_user_agent","q":"$arg_q"}';
     log_format bare escape=none '$uri:$arg_q:$http_x_trace';
+    log_format sizes '$uri $request_length $bytes_sent $body_bytes_sent';
     access_log logs/access.log;
     access_log logs/bare.log bare;
+    access_log logs/sizes.log sizes;
     access_log logs/main.log main;
     access_log logs/json.log js if=$arg_log;
     server {
@@ -167,6 +169,19 @@ fn log_formats_and_several_access_logs_are_all_written() {
         main[1].contains(" 200 2 \"-\" "),
         "an empty value is '-': {main:?}"
     );
+    // $request_length is the head as sent (bare LF line ends count one byte each), and
+    // $bytes_sent counts the response head as well as the body.
+    let lf = raw(a, b"GET /lf HTTP/1.0\nHost: h\n\n");
+    assert_eq!(lf.status, 200);
+    let sizes = read("sizes.log", 3);
+    let line = sizes.iter().find(|l| l.starts_with("/lf ")).unwrap();
+    let f: Vec<u64> = line
+        .split(' ')
+        .skip(1)
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_eq!(f[0], 26, "{line}");
+    assert!(f[1] > f[2] + 40 && f[2] == 2, "{line}");
     // escape=none: as is, and a value not found is empty (not `-`), as nginx writes it.
     let bare = read("bare.log", 2);
     assert_eq!(bare[0], "/a:x%22y:t-1", "{bare:?}");

@@ -210,6 +210,8 @@ pub(super) struct Req {
     pub(super) rate: Option<Box<Rate>>,
     /// `set $limit_rate` or an upstream's `X-Accel-Limit-Rate`: the rate, over `limit_rate`.
     pub(super) rate_set: Option<u64>,
+    /// The response head's length, for `$bytes_sent` (0 where unknown).
+    pub(super) head_bytes: u64,
     /// The error log context of the request's server or location (`log::set_context`).
     pub(super) log_ctx: (u64, u8),
 }
@@ -295,6 +297,7 @@ impl Req {
         self.accel_headers = None;
         self.rate = None;
         self.rate_set = None;
+        self.head_bytes = 0;
         self.log_ctx = (0, 0);
     }
 
@@ -359,6 +362,7 @@ impl Req {
             accel_headers: None,
             rate: None,
             rate_set: None,
+            head_bytes: 0,
             log_ctx: (0, 0),
         }
     }
@@ -2511,10 +2515,11 @@ impl<'a> Worker<'a> {
                 let headers = shard_http::vars::request_headers(head, &mut storage);
                 let mut ctx = self.var_ctx(key, req, headers, loc);
                 let cache_status = self.conns[key].rd().cache_status;
+                let head_bytes = self.conns[key].rd().head_bytes;
                 ctx.done = Some(shard_http::vars::Done {
                     status,
                     body_bytes: bytes,
-                    bytes,
+                    bytes: bytes + head_bytes,
                     upstream,
                     cache_status,
                     ..Default::default()
@@ -3287,6 +3292,15 @@ impl<'a> Worker<'a> {
         let c = &mut self.conns[key];
         if !keep_alive {
             c.close_after = true;
+        }
+        // `$bytes_sent` counts the head too: its length, where a log format may ask for it.
+        if loc
+            .access_logs
+            .iter()
+            .any(|al| al.format.name != LogFormat::COMBINED)
+        {
+            let out = &c.out[out_start.min(c.out.len())..];
+            c.rq().head_bytes = memchr::memmem::find(out, b"\r\n\r\n").map_or(0, |i| i as u64 + 4);
         }
         self.log_access(key, loc, &req, reply.status, reply.body_bytes, &head);
     }
