@@ -2528,12 +2528,18 @@ fn auth_request_as_nginx() {
         location /up/ { auth_request /auth-up; auth_request_set $auth_user $upstream_http_x_user; \
         proxy_set_header X-User $auth_user; proxy_pass http://127.0.0.1:{port1}/echo/; }\n  \
         location = /auth-up { proxy_pass http://127.0.0.1:{port1}/check; \
-        proxy_pass_request_body off; proxy_set_header Content-Length \"\"; }\n }\n \
+        proxy_pass_request_body off; proxy_set_header Content-Length \"\"; }\n  \
+        location = /args { auth_request /auth-up; auth_request_set $args \"set=1\"; \
+        proxy_pass http://127.0.0.1:{port1}/echo-args; }\n  \
+        location /twice/ { auth_request /auth-up; error_page 404 = /second; }\n  \
+        location = /second { auth_request /auth-up; auth_request_set $u2 $upstream_http_x_user; \
+        proxy_set_header X-User $u2; proxy_pass http://127.0.0.1:{port1}/echo/; }\n }\n \
         server {\n  listen 127.0.0.1:{port1};\n  \
         location = /check {\n   add_header X-User alice;\n   if ($http_x_token = good) { return 204; }\n   \
         if ($http_x_token = bad) { return 403; }\n   \
         add_header WWW-Authenticate 'Bearer realm=\"up\"' always;\n   return 401;\n  }\n  \
-        location /echo/ { return 200 \"in $request_method $uri $content_length $http_x_user\"; }\n }\n}\n";
+        location /echo/ { return 200 \"in $request_method $uri $content_length $http_x_user\"; }\n  \
+        location = /echo-args { return 200 \"args $args\"; }\n }\n}\n";
     let s = Server::start_ports("auth-request", conf, 1, 1);
     std::fs::write(s.dir.join("htpasswd"), "user:{PLAIN}secret\n").unwrap();
     s.signal(libc::SIGHUP);
@@ -2571,6 +2577,25 @@ fn auth_request_as_nginx() {
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     // `auth_request_set` took the upstream's X-User for the main request's header.
     assert!(text.ends_with("in POST /echo/x 5 alice"), "{text}");
+    // `auth_request_set $args`: the arguments of the request that goes on.
+    let (status, _, body) = exchange(
+        s.addr(),
+        "GET /args?old=1 HTTP/1.1\r\nHost: x\r\nX-Token: good",
+    );
+    assert_eq!(
+        (status, String::from_utf8_lossy(&body).as_ref()),
+        (200, "args set=1")
+    );
+    // An error_page's location asks its own auth_request (an internal redirect starts the
+    // modules afresh): a bad token is refused there too, a good one gets its variables.
+    let (status, _, body) = exchange(
+        s.addr(),
+        "GET /twice/missing HTTP/1.1\r\nHost: x\r\nX-Token: good",
+    );
+    assert_eq!(
+        (status, String::from_utf8_lossy(&body).as_ref()),
+        (200, "in GET /echo/  alice")
+    );
     for (token, want) in [("bad", 403), ("none", 401)] {
         let (status, hs, _) = exchange(
             s.addr(),

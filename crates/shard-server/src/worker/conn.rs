@@ -3245,6 +3245,9 @@ impl<'a> Worker<'a> {
             // `recursive_error_pages on`: the page's own errors may take an `error_page`
             // too (the internal-redirect bound ends a loop with 500, as nginx's).
             c.rq().in_error_page = !loc.recursive_error_pages;
+            // An internal redirect starts the modules afresh, as nginx's: the page's location
+            // asks its own `auth_request`.
+            c.rq().auth_status = None;
             if !(target.starts_with('/') || target.starts_with('@')) {
                 // A URL: a redirect, 302 unless `=CODE` says otherwise.
                 let code = match ep.status {
@@ -3337,8 +3340,15 @@ impl Worker<'_> {
                 values.push((name.clone(), v));
             }
         }
-        let vars = &mut self.conns[key].rq().user_vars;
         for (name, v) in values {
+            // `$args` is set on the request by the caller (`auth_done`), `$limit_rate` here.
+            if name == "limit_rate" {
+                if let Some(n) = shard_config::parse_size(&String::from_utf8_lossy(&v)) {
+                    self.conns[key].rq().rate_set = Some(n);
+                }
+                continue;
+            }
+            let vars = &mut self.conns[key].rq().user_vars;
             match vars.iter_mut().find(|(n, _)| *n == name) {
                 Some(slot) => slot.1 = v,
                 None => vars.push((name, v)),

@@ -3753,12 +3753,26 @@ impl<'a> Worker<'a> {
         let srv = &self.http().servers[server];
         let loc = wait.location.map_or(&srv.base, |i| &srv.locations[i]);
         self.auth_request_vars(key, &wait.req, &wait.head, loc, status, &attempts);
+        // `auth_request_set $args ...`: the request's arguments, as nginx's set handler.
+        let mut req = wait.req;
+        if loc.auth_request_set.iter().any(|(n, _)| n == "args") {
+            let v = self.conns[key]
+                .rd()
+                .user_vars
+                .iter()
+                .rev()
+                .find(|(n, _)| n == "args")
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+            if let Some(v) = v {
+                req.query = Some(v);
+            }
+        }
         self.run_phases(
             key,
             server,
             loc,
             super::conn::Phases {
-                req: wait.req,
+                req,
                 head: wait.head,
                 hops: wait.hops,
                 keep_alive: wait.keep_alive,
