@@ -364,12 +364,13 @@ pub fn write(level: LogLevel, msg: std::fmt::Arguments<'_>) {
 }
 
 /// One error line to one destination: as it is, or for syslog one datagram, without its
-/// newline, after the RFC 3164 header (the line's level as the severity unless `severity=`
-/// says otherwise, as nginx).
+/// newline, after the RFC 3164 header (the line's level as the severity, whatever
+/// `severity=` says: nginx reads it for access logs only).
 fn write_to(fd: RawFd, syslog: Option<&shard_config::Syslog>, level: LogLevel, line: &str) {
     match syslog {
         Some(s) => {
-            let severity = s.severity.unwrap_or(7 - level as u8);
+            // As nginx: `severity=` is the access log's; an error line's is its level.
+            let severity = 7 - level as u8;
             let mut msg = s.header(severity, shard_event::unix_secs(), hostname());
             msg.push_str(line.trim_end_matches('\n'));
             let _ = shard_event::sock::write(fd, msg.as_bytes());
