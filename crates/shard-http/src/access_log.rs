@@ -108,7 +108,11 @@ pub fn write_format_with(
                 match format.escape {
                     LogEscape::Json => push_json(out, &v),
                     LogEscape::None => out.extend_from_slice(&v),
-                    LogEscape::Default if v.is_empty() => out.push(b'-'),
+                    // `$uri` is always found in nginx (empty for a request refused before
+                    // it had one), so it is never `-`.
+                    LogEscape::Default if v.is_empty() && !matches!(var, Var::Uri) => {
+                        out.push(b'-')
+                    }
                     LogEscape::Default => push_escaped_bytes(out, &v),
                 }
             }

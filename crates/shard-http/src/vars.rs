@@ -49,6 +49,9 @@ pub struct Done<'a> {
     pub trailers: &'a [(String, Vec<u8>)],
     /// `$upstream_cache_status` ("" without a cache).
     pub cache_status: &'a str,
+    /// The response head as written, where a log format asks for `$sent_http_NAME` (empty
+    /// otherwise: `content_type` and `location` answer then).
+    pub head: &'a [u8],
 }
 
 /// What the worker knows of the connection and the clock.
@@ -721,6 +724,25 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         }
         Var::SentHttp(name) => {
             let Some(d) = &c.done else { return };
+            if !d.head.is_empty() {
+                // Every line of that name, joined with `, ` as nginx joins a repeated one.
+                let mut first = true;
+                for line in d.head.split(|&b| b == b'\n').skip(1) {
+                    let line = line.strip_suffix(b"\r").unwrap_or(line);
+                    let Some(i) = line.iter().position(|&b| b == b':') else {
+                        continue;
+                    };
+                    if !line[..i].eq_ignore_ascii_case(name.as_bytes()) {
+                        continue;
+                    }
+                    if !first {
+                        out.extend_from_slice(b", ");
+                    }
+                    first = false;
+                    out.extend_from_slice(line[i + 1..].trim_ascii());
+                }
+                return;
+            }
             let v = match name.as_str() {
                 "content-type" => d.content_type,
                 "location" => d.location,

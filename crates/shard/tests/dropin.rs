@@ -1982,6 +1982,9 @@ fn etag_off_and_empty_gif_as_nginx() {
     assert_eq!(r.status, 200);
     assert_eq!(r.header("content-type"), Some("image/gif"));
     assert!(r.body.starts_with(b"GIF89a\x01\x00\x01\x00") && r.body.ends_with(b";"));
+    // nginx's 43 bytes exactly (its LZW block included).
+    assert_eq!(r.body.len(), 43);
+    assert!(r.body.ends_with(b"\x02\x02\x4c\x01\x00\x3b"));
     let (st, _, _) = exchange(
         s.addr(),
         "POST /pixel.gif HTTP/1.1\r\nHost: x\r\nContent-Length: 0",
@@ -3399,4 +3402,50 @@ fn unix_domain_listeners_as_nginx() {
     assert_eq!(s.wait_exit(Duration::from_secs(10)), 0);
     assert!(!front.exists(), "the socket file goes with the master");
     assert!(!s.dir.join("relay.sock").exists());
+}
+
+/// `$sent_http_NAME` of any header in the access log (repeated lines joined with `, `), for
+/// answers of its own and proxied ones; `expires` replacing a proxied answer's
+/// `Cache-Control`/`Expires`, and `expires modified` taking its `Last-Modified`, as nginx.
+#[test]
+fn sent_http_variables_and_expires_on_proxied_answers() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n \
+        log_format cc '$uri: $sent_http_cache_control|$sent_http_x_one';\n \
+        server {\n  listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n  \
+        access_log {dir}/logs/cc.log cc;\n  \
+        location /set { add_header Cache-Control max-age=3600; add_header Cache-Control private; \
+        add_header X-One 1; return 200 OK; }\n  \
+        location /redefine { expires epoch; proxy_pass http://127.0.0.1:{port}/set; }\n  \
+        location /modified { expires modified 2048; proxy_pass http://127.0.0.1:{port1}/file; }\n }\n \
+        server {\n  listen 127.0.0.1:{port1};\n  root {dir}/html;\n  access_log off;\n }\n}\n";
+    let s = Server::start_ports("sent-http", conf, 1, 1);
+    write_file(&s.dir, "html/file", b"f");
+    let mtime = std::time::UNIX_EPOCH + Duration::from_secs(23_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(s.dir.join("html/file"))
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let r = get(s.addr(), "/redefine");
+    let cc: Vec<&str> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("cache-control"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(cc, vec!["no-cache"], "{r:?}");
+    let r = get(s.addr(), "/modified");
+    // 23,000,000 + 2048 seconds after the epoch.
+    assert_eq!(
+        r.header("expires"),
+        Some("Thu, 24 Sep 1970 05:27:28 GMT"),
+        "{r:?}"
+    );
+    let log = wait_for(Duration::from_secs(5), "the log lines", || {
+        let t = std::fs::read_to_string(s.dir.join("logs/cc.log")).unwrap_or_default();
+        (t.lines().count() >= 3).then_some(t)
+    });
+    assert!(log.contains("/set: max-age=3600, private|1\n"), "{log}");
+    assert!(log.contains("/redefine: no-cache|1\n"), "{log}");
 }

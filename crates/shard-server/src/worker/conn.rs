@@ -210,8 +210,10 @@ pub(super) struct Req {
     pub(super) rate: Option<Box<Rate>>,
     /// `set $limit_rate` or an upstream's `X-Accel-Limit-Rate`: the rate, over `limit_rate`.
     pub(super) rate_set: Option<u64>,
-    /// The response head's length, for `$bytes_sent` (0 where unknown).
+    /// The response head's length, for `$bytes_sent` (0 where unknown), and the head itself
+    /// where a log format reads `$sent_http_NAME`.
     pub(super) head_bytes: u64,
+    pub(super) sent_head: Vec<u8>,
     /// The error log context of the request's server or location (`log::set_context`).
     pub(super) log_ctx: (u64, u8),
 }
@@ -298,6 +300,7 @@ impl Req {
         self.rate = None;
         self.rate_set = None;
         self.head_bytes = 0;
+        self.sent_head = Vec::new();
         self.log_ctx = (0, 0);
     }
 
@@ -363,6 +366,7 @@ impl Req {
             rate: None,
             rate_set: None,
             head_bytes: 0,
+            sent_head: Vec::new(),
             log_ctx: (0, 0),
         }
     }
@@ -2520,6 +2524,7 @@ impl<'a> Worker<'a> {
                     status,
                     body_bytes: bytes,
                     bytes: bytes + head_bytes,
+                    head: &self.conns[key].rd().sent_head,
                     upstream,
                     cache_status,
                     ..Default::default()
@@ -3296,14 +3301,28 @@ impl<'a> Worker<'a> {
         if !keep_alive {
             c.close_after = true;
         }
-        // `$bytes_sent` counts the head too: its length, where a log format may ask for it.
+        // `$bytes_sent` counts the head too: its length, where a log format may ask for it;
+        // `$sent_http_NAME` reads its lines.
         if loc
             .access_logs
             .iter()
             .any(|al| al.format.name != LogFormat::COMBINED)
         {
             let out = &c.out[out_start.min(c.out.len())..];
-            c.rq().head_bytes = memchr::memmem::find(out, b"\r\n\r\n").map_or(0, |i| i as u64 + 4);
+            let len = memchr::memmem::find(out, b"\r\n\r\n").map_or(0, |i| i + 4);
+            let wants_head = loc.access_logs.iter().any(|al| {
+                al.format
+                    .parts
+                    .iter()
+                    .any(|p| matches!(p, shard_config::Part::Var(shard_config::Var::SentHttp(_))))
+            });
+            let head = if wants_head {
+                out[..len].to_vec()
+            } else {
+                Vec::new()
+            };
+            c.rq().head_bytes = len as u64;
+            c.rq().sent_head = head;
         }
         self.log_access(key, loc, &req, reply.status, reply.body_bytes, &head);
     }

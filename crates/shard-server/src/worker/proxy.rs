@@ -2580,6 +2580,15 @@ impl<'a> Worker<'a> {
         }
         p.head_sent = true;
         let loc = self.proxy_location(p);
+        // `expires` replaces the upstream's `Expires` and `Cache-Control`, as nginx's
+        // `ngx_http_set_expires` does (it keeps one line and clears the rest).
+        if matches!(loc.expires, Some(ref e) if !matches!(e, shard_config::Expires::Var(_)))
+            && shard_http::response::headers_apply(head.status)
+        {
+            head.headers.retain(|(n, _)| {
+                !n.eq_ignore_ascii_case("cache-control") && !n.eq_ignore_ascii_case("expires")
+            });
+        }
         let mut extra = Vec::new();
         let if_headers = self.conns[key].rq().if_headers.clone();
         if loc.expires.is_some() || !loc.add_headers.is_empty() || if_headers.is_some() {
@@ -2594,13 +2603,22 @@ impl<'a> Worker<'a> {
             });
             ctx.conn.request_body = body_in_memory(p);
             ctx.conn.request_body_file = Some(&p.body);
+            // `expires modified`: from the upstream's `Last-Modified`, as nginx's.
+            let mtime = head
+                .headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case("last-modified"))
+                .and_then(|(_, v)| std::str::from_utf8(v).ok())
+                .and_then(|v| httpdate::parse_http_date(v.trim()).ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .and_then(|d| i64::try_from(d.as_secs()).ok());
             shard_http::response::write_extra(
                 &mut extra,
                 loc,
                 if_headers.as_deref(),
                 head.status,
                 self.cx.now_secs,
-                None,
+                mtime,
                 Some(&ctx),
             );
         }
@@ -2619,6 +2637,7 @@ impl<'a> Worker<'a> {
         }
         // A background update writes nothing to the client.
         let mut sink = Vec::new();
+        let head_at = c.out.len();
         shard_http::proxy::write_client_head(
             if p.background { &mut sink } else { &mut c.out },
             &head,
@@ -2628,6 +2647,24 @@ impl<'a> Worker<'a> {
             server,
             &extra,
         );
+        // `$bytes_sent` and `$sent_http_NAME` of the access log: the head as written.
+        if !p.background && !loc.access_logs.is_empty() {
+            let written = &c.out[head_at..];
+            let wants_head = loc.access_logs.iter().any(|al| {
+                al.format
+                    .parts
+                    .iter()
+                    .any(|p| matches!(p, shard_config::Part::Var(shard_config::Var::SentHttp(_))))
+            });
+            let len = written.len() as u64;
+            let copy = if wants_head {
+                written.to_vec()
+            } else {
+                Vec::new()
+            };
+            c.rq().head_bytes = len;
+            c.rq().sent_head = copy;
+        }
         if head.status == 101 {
             // Switched: what either side sent behind the heads starts the pipes.
             p.keep_alive = false;
