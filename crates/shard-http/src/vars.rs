@@ -218,12 +218,18 @@ pub fn request_headers_in<'b, 'h>(
     }
 }
 
-/// Appends every value of the request header `name`, joined with `, `; true if there was one.
+/// Appends every value of the request header `name`, joined with `, ` (`; ` for `Cookie`,
+/// as nginx joins cookies); true if there was one.
 pub fn push_joined(out: &mut Vec<u8>, name: &str, hs: &[httparse::Header<'_>]) -> bool {
     let mut any = false;
+    let sep: &[u8] = if name.eq_ignore_ascii_case("cookie") {
+        b"; "
+    } else {
+        b", "
+    };
     for h in hs.iter().filter(|h| h.name.eq_ignore_ascii_case(name)) {
         if any {
-            out.extend_from_slice(b", ");
+            out.extend_from_slice(sep);
         }
         out.extend_from_slice(h.value);
         any = true;

@@ -3416,7 +3416,8 @@ fn sent_http_variables_and_expires_on_proxied_answers() {
         location /set { add_header Cache-Control max-age=3600; add_header Cache-Control private; \
         add_header X-One 1; return 200 OK; }\n  \
         location /redefine { expires epoch; proxy_pass http://127.0.0.1:{port}/set; }\n  \
-        location /modified { expires modified 2048; proxy_pass http://127.0.0.1:{port1}/file; }\n }\n \
+        location /modified { expires modified 2048; proxy_pass http://127.0.0.1:{port1}/file; }\n  \
+        location = /ck { return 200 \"$http_cookie|$cookie_bar\"; }\n }\n \
         server {\n  listen 127.0.0.1:{port1};\n  root {dir}/html;\n  access_log off;\n }\n}\n";
     let s = Server::start_ports("sent-http", conf, 1, 1);
     write_file(&s.dir, "html/file", b"f");
@@ -3448,4 +3449,10 @@ fn sent_http_variables_and_expires_on_proxied_answers() {
     });
     assert!(log.contains("/set: max-age=3600, private|1\n"), "{log}");
     assert!(log.contains("/redefine: no-cache|1\n"), "{log}");
+    // Several `Cookie` lines are one list, joined with `; ` as nginx joins them.
+    let r = raw(
+        s.addr(),
+        b"GET /ck HTTP/1.1\r\nHost: x\r\nCookie: foo=1, qux=0\r\nCookie: bar=2\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.body_str(), "foo=1, qux=0; bar=2|2");
 }
