@@ -665,6 +665,9 @@ pub struct LocationConf {
     pub types: std::sync::Arc<MimeTypes>,
     /// Default 75 s; 0 disables keep-alive.
     pub keepalive_timeout_ms: u64,
+    /// `keepalive_timeout`'s second parameter: a kept-alive response says `Keep-Alive:
+    /// timeout=N` (seconds).
+    pub keepalive_header: Option<u64>,
     /// Default 1000.
     pub keepalive_requests: u64,
     /// `keepalive_disable`: the browsers keep-alive is off for. Default `msie6`.

@@ -1485,6 +1485,7 @@ http {
         location = /status { shard_status; }
         location /short/ { keepalive_time 300ms; return 200 "t=$connection_time r=$connection_requests"; }
         location /safari/ { keepalive_disable safari; return 200 "s"; }
+        location /header/ { keepalive_timeout 30s 9; return 200 "h"; }
         location / { return 200 "ok"; }
     }
 }
@@ -1526,6 +1527,12 @@ fn keepalive_time_and_keepalive_disable_as_nginx() {
     assert_eq!(ask(&get).header("Connection"), Some("close"));
     let get = format!("GET / HTTP/1.1\r\nHost: h\r\n{safari}\r\n");
     assert_eq!(ask(&get).header("Connection"), Some("keep-alive"));
+    // `keepalive_timeout 30s 9`: a kept-alive answer says so; one that closes does not.
+    let r = ask("GET /header/ HTTP/1.1\r\nHost: h\r\n\r\n");
+    assert_eq!(r.header("Keep-Alive"), Some("timeout=9"));
+    assert_eq!(r.body_str(), "h");
+    let r = ask("GET /header/ HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+    assert_eq!(r.header("Keep-Alive"), None);
 }
 
 const GEO_CONF: &str = r#"

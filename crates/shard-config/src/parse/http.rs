@@ -145,6 +145,8 @@ pub(super) struct Settings {
     pub(super) default_type: Option<String>,
     pub(super) types: Option<Arc<crate::model::MimeTypes>>,
     pub(super) keepalive_timeout_ms: Option<u64>,
+    /// `keepalive_timeout`'s second parameter, in seconds (`Some(None)`: not given).
+    pub(super) keepalive_header: Option<Option<u64>>,
     pub(super) keepalive_requests: Option<u64>,
     pub(super) keepalive_time_ms: Option<u64>,
     pub(super) keepalive_disable: Option<KeepaliveDisable>,
@@ -516,6 +518,7 @@ pub(super) struct Eff {
     pub(super) default_type: String,
     pub(super) types: Arc<crate::model::MimeTypes>,
     pub(super) keepalive_timeout_ms: u64,
+    pub(super) keepalive_header: Option<u64>,
     pub(super) keepalive_requests: u64,
     pub(super) keepalive_time_ms: u64,
     pub(super) keepalive_disable: KeepaliveDisable,
@@ -598,6 +601,7 @@ impl Eff {
             default_type: "text/plain".to_string(),
             types: bundled_types(),
             keepalive_timeout_ms: 75_000,
+            keepalive_header: None,
             keepalive_requests: 1000,
             keepalive_time_ms: 3_600_000,
             keepalive_disable: KeepaliveDisable {
@@ -709,6 +713,7 @@ impl Eff {
                 .unwrap_or_else(|| self.default_type.clone()),
             types: s.types.clone().unwrap_or_else(|| self.types.clone()),
             keepalive_timeout_ms: s.keepalive_timeout_ms.unwrap_or(self.keepalive_timeout_ms),
+            keepalive_header: s.keepalive_header.unwrap_or(self.keepalive_header),
             keepalive_requests: s.keepalive_requests.unwrap_or(self.keepalive_requests),
             keepalive_time_ms: s.keepalive_time_ms.unwrap_or(self.keepalive_time_ms),
             keepalive_disable: s.keepalive_disable.unwrap_or(self.keepalive_disable),
@@ -960,6 +965,7 @@ impl Eff {
             default_type: self.default_type.clone(),
             types: self.types.clone(),
             keepalive_timeout_ms: self.keepalive_timeout_ms,
+            keepalive_header: self.keepalive_header,
             keepalive_requests: self.keepalive_requests,
             keepalive_time_ms: self.keepalive_time_ms,
             keepalive_disable: self.keepalive_disable,
@@ -1845,7 +1851,17 @@ macro_rules! slot {
     };
 }
 
-slot!(set_keepalive_timeout, keepalive_timeout_ms, time);
+/// `keepalive_timeout TIMEOUT [HEADER_TIMEOUT]`: the second sends `Keep-Alive: timeout=N`.
+pub(super) fn set_keepalive_timeout(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let t = time(d, file, a0(d))?;
+    once(&mut s.keepalive_timeout_ms, t, d, file)?;
+    let header = match d.args.get(1) {
+        Some(v) => Some(time(d, file, v)? / 1000),
+        None => None,
+    };
+    s.keepalive_header = Some(header);
+    Ok(())
+}
 
 slot!(set_keepalive_requests, keepalive_requests, num::<u64>);
 

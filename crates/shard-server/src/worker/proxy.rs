@@ -2647,6 +2647,10 @@ impl<'a> Worker<'a> {
             server,
             &extra,
         );
+        if let Some(secs) = loc.keepalive_header.filter(|_| !p.background) {
+            let sent = c.out_pos;
+            super::conn::keep_alive_header(&mut c.out, sent, head_at, secs);
+        }
         // `$bytes_sent` and `$sent_http_NAME` of the access log: the head as written.
         if !p.background && !loc.access_logs.is_empty() {
             let written = &c.out[head_at..];
