@@ -309,6 +309,7 @@ pub(crate) mod tests {
             default_type: "text/plain".into(),
             types: Arc::new(types),
             keepalive_timeout_ms: 75_000,
+            keepalive_header: None,
             keepalive_requests: 1000,
             keepalive_time_ms: 3_600_000,
             keepalive_disable: shard_config::KeepaliveDisable {
