@@ -3449,6 +3449,23 @@ impl Rate {
     }
 }
 
+/// `keepalive_timeout T HEADER`: `Keep-Alive: timeout=HEADER` after the `Connection:
+/// keep-alive` of the head written at `from` in `out` (nothing when the answer closes, or
+/// when that part of `out` already left: `sent` bytes of it did).
+pub(super) fn keep_alive_header(out: &mut Vec<u8>, sent: usize, from: usize, secs: u64) {
+    const LINE: &[u8] = b"Connection: keep-alive\r\n";
+    let region = &out[from.min(out.len())..];
+    let end = memchr::memmem::find(region, b"\r\n\r\n").map_or(region.len(), |i| i + 2);
+    if let Some(i) = memchr::memmem::find(&region[..end], LINE) {
+        let at = from + i + LINE.len();
+        if at < sent {
+            return;
+        }
+        let line = format!("Keep-Alive: timeout={secs}\r\n");
+        out.splice(at..at, line.into_bytes());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -3801,22 +3818,5 @@ mod tests {
                 "the promised length cannot be met"
             );
         }
-    }
-}
-
-/// `keepalive_timeout T HEADER`: `Keep-Alive: timeout=HEADER` after the `Connection:
-/// keep-alive` of the head written at `from` in `out` (nothing when the answer closes, or
-/// when that part of `out` already left: `sent` bytes of it did).
-pub(super) fn keep_alive_header(out: &mut Vec<u8>, sent: usize, from: usize, secs: u64) {
-    const LINE: &[u8] = b"Connection: keep-alive\r\n";
-    let region = &out[from.min(out.len())..];
-    let end = memchr::memmem::find(region, b"\r\n\r\n").map_or(region.len(), |i| i + 2);
-    if let Some(i) = memchr::memmem::find(&region[..end], LINE) {
-        let at = from + i + LINE.len();
-        if at < sent {
-            return;
-        }
-        let line = format!("Keep-Alive: timeout={secs}\r\n");
-        out.splice(at..at, line.into_bytes());
     }
 }
