@@ -485,6 +485,8 @@ http {
             if (!-f $request_filename) { return 404; }
         }
         location /ext/ { rewrite ^ https://elsewhere.example$uri redirect; }
+        location /extq/ { rewrite ^ http://example.com/?c=d redirect; }
+        location /extnoq/ { rewrite ^ http://example.com/? redirect; }
         location /args/ { rewrite ^ /target/x?only=1? last; }
     }
 }
@@ -508,6 +510,14 @@ fn rewrite_if_set_and_map_as_nginx() {
         "target /target/b/a args=from=moved&q=2"
     );
     assert_eq!(body("/args/z?q=2"), "target /target/x args=only=1");
+    // A redirect's own arguments come first, the request's after `&`; a final `?` drops them.
+    let loc = |p: &str| get(a, p).header("Location").map(str::to_string);
+    assert_eq!(
+        loc("/extq/?a=b").as_deref(),
+        Some("http://example.com/?c=d&a=b")
+    );
+    assert_eq!(loc("/extq/").as_deref(), Some("http://example.com/?c=d"));
+    assert_eq!(loc("/extnoq/?a=b").as_deref(), Some("http://example.com/"));
     let r = get(a, "/brk/zz");
     assert_eq!(r.status, 404, "break: served as a file in this location");
     assert_eq!(body("/vars/"), "hello world browser other");

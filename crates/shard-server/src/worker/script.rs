@@ -137,16 +137,16 @@ impl Worker<'_> {
                         _ => None,
                     };
                     if let Some(code) = code {
-                        // The arguments follow unless the replacement has its own.
+                        // As nginx: the request's arguments follow (after `&` when the
+                        // replacement has its own), unless the replacement ends with `?`.
                         let mut url = new;
-                        match (url.contains('?'), req.query.as_deref()) {
-                            (false, Some(q)) if !q.is_empty() => {
-                                url.push('?');
-                                url.push_str(q);
-                            }
-                            _ => {}
+                        let q = req.query.as_deref().filter(|q| !q.is_empty());
+                        if url.ends_with('?') {
+                            url.pop();
+                        } else if let Some(q) = q {
+                            url.push(if url.contains('?') { '&' } else { '?' });
+                            url.push_str(q);
                         }
-                        let url = url.strip_suffix('?').map(str::to_string).unwrap_or(url);
                         if loc.rewrite_log {
                             crate::log!(
                                 Notice,
