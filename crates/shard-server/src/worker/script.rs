@@ -202,6 +202,7 @@ impl Worker<'_> {
         shard_http::vars::render(parts, &ctx)
     }
 
+    /// A template's value for the request on `key` in `loc`.
     pub(super) fn render(
         &self,
         key: usize,
@@ -210,10 +211,7 @@ impl Worker<'_> {
         loc: &LocationConf,
         parts: &[shard_config::Part],
     ) -> String {
-        let mut storage = shard_http::vars::header_storage();
-        let hs = shard_http::vars::request_headers(head, &mut storage);
-        let ctx = self.var_ctx(key, req, hs, loc);
-        shard_http::vars::render(parts, &ctx)
+        self.render_with_captures(key, req, head, loc, parts, None)
     }
 
     fn holds(
