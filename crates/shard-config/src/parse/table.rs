@@ -2500,6 +2500,8 @@ pub(super) static NGINX_ONLY: &[&str] = &[
     "proxy_read_timeout",
     "proxy_redirect",
     "proxy_request_buffering",
+    "proxy_requests",
+    "proxy_responses",
     "proxy_send_lowat",
     "proxy_send_timeout",
     "proxy_set_body",
