@@ -63,6 +63,15 @@ impl Plan {
             for s in &http.servers {
                 for l in std::iter::once(&s.base).chain(&s.locations) {
                     push_once(&mut plan.read, l.alias.as_deref().unwrap_or(&l.root));
+                    // A user file named by variables is read per request: the directory its
+                    // name begins in (the configuration's, for a relative one).
+                    let basics = l
+                        .auth_basic
+                        .iter()
+                        .chain(l.limit_except.iter().filter_map(|le| le.auth_basic.as_ref()));
+                    for ab in basics.filter(|ab| ab.file_vars.is_some()) {
+                        push_once(&mut plan.read, &literal_dir(&ab.conf_dir.join(&ab.file)));
+                    }
                     for al in l.access_logs.iter().filter(|al| al.syslog.is_none()) {
                         match &al.path_vars {
                             // The worker creates these files: the literal directory before

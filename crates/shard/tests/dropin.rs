@@ -1068,10 +1068,10 @@ http {
     server {
         listen 127.0.0.1:{port};
         location = /status { shard_status; }
-        location /v { access_log {dir}/vlogs/v_$arg_n.log bare; return 204; }
+        location /v { access_log {dir}/html/v_$arg_n.log bare; return 204; }
         location /c {
             open_log_file_cache max=2 min_uses=2;
-            access_log {dir}/vlogs/c_$arg_n.log bare;
+            access_log {dir}/html/c_$arg_n.log bare;
             return 204;
         }
         location /buf { access_log {dir}/logs/buf.log bare buffer=32k flush=100ms; return 204; }
@@ -1086,9 +1086,9 @@ http {
 fn access_log_paths_with_variables_and_open_log_file_cache() {
     use std::os::unix::fs::PermissionsExt;
     let s = Server::start("varlog", VARLOG_CONF, 1);
-    let dir = s.dir.join("vlogs");
-    std::fs::create_dir_all(&dir).unwrap();
-    // The workers' user creates the files.
+    // The directory exists at start (a sandboxed worker is granted what exists then); the
+    // workers' user creates the files.
+    let dir = s.dir.join("html");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let a = s.addr();
     for n in ["a", "b", "a"] {
@@ -1100,7 +1100,7 @@ fn access_log_paths_with_variables_and_open_log_file_cache() {
     for n in ["k", "k", "once"] {
         assert_eq!(get(a, &format!("/c?n={n}")).status, 204);
     }
-    let moved = s.dir.join("vlogs-moved");
+    let moved = s.dir.join("html-moved");
     std::fs::rename(&dir, &moved).unwrap();
     for n in ["k", "once"] {
         assert_eq!(get(a, &format!("/c?n={n}")).status, 204);
@@ -2102,14 +2102,11 @@ fn auth_basic_as_nginx() {
     assert_eq!(ask("/private/open/y.txt", None).0, 200);
     assert_eq!(ask("/broken/z", Some("plain:secret")).0, 500);
     // A user file named by variables is read per request, a relative name from the
-    // configuration's directory (`conf/`), as nginx.
+    // configuration's directory (`conf/`), as nginx (a sandboxed worker may read there).
     write_file(&s.dir, "html/var/v.txt", b"var");
     std::fs::write(s.dir.join("conf/other"), "who:{PLAIN}pw\n").unwrap();
-    let f = s.dir.join("htpasswd");
-    let (st, _, body) = ask(
-        &format!("/var/v.txt?f={}", f.display()),
-        Some("plain:secret"),
-    );
+    std::fs::copy(s.dir.join("htpasswd"), s.dir.join("conf/users")).unwrap();
+    let (st, _, body) = ask("/var/v.txt?f=users", Some("plain:secret"));
     assert_eq!((st, body.as_slice()), (200, &b"var"[..]));
     assert_eq!(ask("/var/v.txt?f=other", Some("who:pw")).0, 200);
     assert_eq!(ask("/var/v.txt?f=other", Some("plain:secret")).0, 401);
