@@ -65,10 +65,11 @@ impl Plan {
                     push_once(&mut plan.read, l.alias.as_deref().unwrap_or(&l.root));
                     // A user file named by variables is read per request: the directory its
                     // name begins in (the configuration's, for a relative one).
-                    let basics = l
-                        .auth_basic
-                        .iter()
-                        .chain(l.limit_except.iter().filter_map(|le| le.auth_basic.as_ref()));
+                    let basics = l.auth_basic.iter().chain(
+                        l.limit_except
+                            .iter()
+                            .filter_map(|le| le.auth_basic.as_ref()),
+                    );
                     for ab in basics.filter(|ab| ab.file_vars.is_some()) {
                         push_once(&mut plan.read, &literal_dir(&ab.conf_dir.join(&ab.file)));
                     }

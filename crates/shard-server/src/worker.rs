@@ -979,22 +979,29 @@ impl<'a> Worker<'a> {
 
     /// The request on `key` is now in `loc` (or its server's base): its messages go to that
     /// level's `error_log`s from here on.
+    #[inline]
     fn enter_log_context(&mut self, key: usize, loc: &shard_config::LocationConf) {
         let ctx = self.log_ctx_of(loc.error_logs.as_ref());
-        if let Some(r) = self.conns.get_mut(key).and_then(|c| c.req.as_mut()) {
+        let Some(r) = self.conns.get_mut(key).and_then(|c| c.req.as_mut()) else {
+            return;
+        };
+        // Unchanged (the common case: no `error_log` below main): `drive` set it already.
+        if r.log_ctx != ctx {
             r.log_ctx = ctx;
+            crate::log::set_context(ctx.0, ctx.1);
         }
-        crate::log::set_context(ctx.0, ctx.1);
     }
 
     /// The error log context of a level's `error_log` list (`None`: the main context).
+    #[inline]
     fn log_ctx_of(&self, logs: Option<&std::sync::Arc<Vec<shard_config::ErrorLog>>>) -> (u64, u8) {
         logs.and_then(|l| {
             self.log_ctx
                 .get(&(std::sync::Arc::as_ptr(l) as usize))
                 .copied()
         })
-        .unwrap_or((0, shard_config::LogLevel::Emerg as u8 + 1))
+        // The main context: its level is not read (`log::enabled` looks at context 0's own).
+        .unwrap_or((0, 0))
     }
 
     /// Appends `line` to access log `i` and writes it out as [`Worker::flush_access_log_if`]

@@ -3040,6 +3040,7 @@ impl<'a> Worker<'a> {
     /// The response's `limit_rate`, as nginx's write filter takes it when the response starts:
     /// `set $limit_rate` or `X-Accel-Limit-Rate` if given, else the location's (variables
     /// rendered now); `limit_rate_after` from the location. Counted from the request's start.
+    #[inline]
     pub(super) fn settle_limit_rate(
         &mut self,
         key: usize,
@@ -3047,7 +3048,28 @@ impl<'a> Worker<'a> {
         req: &shard_http::request::Request,
         head: &[u8],
     ) {
-        let bytes = match self.conns[key].rd().rate_set {
+        // The common case: no limit, nothing to render.
+        if loc.limit_rate.is_zero() {
+            if let Some(r) = self.conns[key].req.as_mut() {
+                if r.rate_set.is_none() {
+                    r.rate = None;
+                    return;
+                }
+            }
+        }
+        self.settle_limit_rate_slow(key, loc, req, head);
+    }
+
+    #[cold]
+    fn settle_limit_rate_slow(
+        &mut self,
+        key: usize,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        head: &[u8],
+    ) {
+        let set = self.conns[key].rd().rate_set;
+        let bytes = match set {
             Some(n) => n,
             None => self.size_value(key, loc, req, head, &loc.limit_rate),
         };
