@@ -1,0 +1,14 @@
+#!/bin/bash
+# Runs every nginx test file against BINARY; prints per file: passed/failed/total/result.
+B=$1; OUT=$2
+cd /tmp/nt
+: > $OUT
+for t in $(ls *.t); do
+  o=$(timeout 60 nice env TEST_NGINX_BINARY=$B TEST_NGINX_GLOBALS="user root;" prove -v $t 2>&1)
+  okc=$(echo "$o" | grep -ac "^ok ")
+  nok=$(echo "$o" | grep -a "^not ok " | grep -avc "# TODO")
+  res=$(echo "$o" | grep -ao "Result: [A-Z]*" | tail -1)
+  sk=$(echo "$o" | grep -ao "skipped: .*" | head -1 | cut -c1-40)
+  echo "$t ok=$okc fail=$nok $res $sk" >> $OUT
+done
+echo ALLDONE >> $OUT
