@@ -3470,3 +3470,21 @@ fn sent_http_variables_and_expires_on_proxied_answers() {
     );
     assert_eq!(r.body_str(), "foo=1, qux=0; bar=2|2");
 }
+
+/// A `proxy_pass` with variables that names the host and port of another `proxy_pass`'s
+/// implicit upstream uses it (no resolver needed), as nginx finds its upstreams; another
+/// name still needs a resolver (502).
+#[test]
+fn a_variable_proxy_pass_finds_an_implicit_upstream() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n access_log off;\n server {\n  \
+        listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n  \
+        location /lit { proxy_pass http://localhost:{port1}/x; }\n  \
+        location /var { proxy_pass http://$arg_h/x; }\n }\n server {\n  \
+        listen 127.0.0.1:{port1};\n  location /x { return 200 \"b $host\"; }\n }\n}\n";
+    let s = Server::start_ports("implicit-var", conf, 1, 1);
+    let p1 = s.ports[0];
+    assert_eq!(get(s.addr(), "/lit").body_str(), "b localhost");
+    let r = get(s.addr(), &format!("/var?h=localhost:{p1}"));
+    assert_eq!((r.status, r.body_str()), (200, "b localhost".to_string()));
+    assert_eq!(get(s.addr(), &format!("/var?h=elsewhere:{p1}")).status, 502);
+}

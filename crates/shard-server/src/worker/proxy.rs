@@ -886,6 +886,19 @@ impl<'a> Worker<'a> {
         } else {
             format!("{host}:{port}")
         };
+        // An upstream another `proxy_pass` made for this host and port, as nginx finds its
+        // implicit upstreams (no resolver needed then).
+        let implicit = format!("{host}:{port}");
+        if let Some(i) = self
+            .http()
+            .upstreams
+            .iter()
+            .position(|u| u.name.eq_ignore_ascii_case(&implicit))
+        {
+            let n = self.http().upstreams[i].peers.len();
+            finish(p, i, n, proxy_host, port);
+            return Ok(true);
+        }
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let addrs: Vec<std::net::SocketAddr> = if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
             vec![std::net::SocketAddr::new(ip, port)]
