@@ -480,6 +480,10 @@ http {
             if ($uri ~ ^/vars/(\d+)$) { return 200 "$greeting $who #$1 $kind $site"; }
             return 200 "$greeting $who $kind $site";
         }
+        location /exec/ {
+            if (-x {dir}/html/files/$arg_c) { return 200 "executable"; }
+            return 200 "not";
+        }
         location /files/ {
             if (-d $request_filename) { return 200 "a directory"; }
             if (!-f $request_filename) { return 404; }
@@ -546,6 +550,9 @@ fn rewrite_if_set_and_map_as_nginx() {
     assert_eq!(body("/files/a.txt"), "a file");
     assert_eq!(get(a, "/files/nope.txt").status, 404);
     assert_eq!(body("/files/d"), "a directory");
+    // `-x` is the owner's execute bit, as nginx's `ngx_is_exec`: a directory has it.
+    assert_eq!(body("/exec/?c=d"), "executable");
+    assert_eq!(body("/exec/?c=a.txt"), "not");
     let r = get(a, "/ext/p?k=v");
     assert_eq!(r.status, 302);
     assert_eq!(

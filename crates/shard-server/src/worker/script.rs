@@ -267,9 +267,11 @@ impl Worker<'_> {
                         FileTest::File => m.is_file(),
                         FileTest::Dir => m.is_dir(),
                         FileTest::Exists => true,
+                        // nginx's `ngx_is_exec`: the owner's execute bit, whatever the
+                        // type (a directory usually has it).
                         FileTest::Executable => {
                             use std::os::unix::fs::PermissionsExt;
-                            m.is_file() && m.permissions().mode() & 0o111 != 0
+                            m.permissions().mode() & 0o100 != 0
                         }
                     },
                     Err(_) => false,
