@@ -625,6 +625,7 @@ fn stream_return_access_and_next_upstream_off() {
          location = /status {{ shard_status; }}\n }}\n}}\nstream {{\n \
          upstream two {{ server 127.0.0.1:{dead}; server 127.0.0.1:{good_port}; }}\n \
          server {{ listen 127.0.0.1:{{port1}}; return \"hi $remote_addr $server_port\\n\"; }}\n \
+         server {{ listen 127.0.0.1:{{port7}}; return \"$connection\"; }}\n \
          server {{ listen 127.0.0.1:{{port2}}; deny 127.0.0.1; return x; }}\n \
          server {{ listen 127.0.0.1:{{port3}}; proxy_next_upstream off; proxy_pass two; }}\n \
          server {{ listen 127.0.0.1:{{port4}}; proxy_pass two; }}\n \
@@ -632,7 +633,7 @@ fn stream_return_access_and_next_upstream_off() {
          server {{ listen 127.0.0.1:{{port5}}; proxy_next_upstream_tries 2; proxy_pass dead2; }}\n \
          server {{ listen 127.0.0.1:{{port6}}; proxy_next_upstream_tries 3; proxy_pass dead2; }}\n}}\n"
     );
-    let s = Server::start_ports("stream-return", &conf, 1, 6);
+    let s = Server::start_ports("stream-return", &conf, 1, 7);
     let read_all = |port: u16| {
         let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -645,6 +646,10 @@ fn stream_return_access_and_next_upstream_off() {
         format!("hi 127.0.0.1 {}\n", s.ports[0])
     );
     assert_eq!(read_all(s.ports[1]), "", "denied");
+    // `return` sees the connection's number (taken at accept), one more each time.
+    let n1: u64 = read_all(s.ports[6]).parse().unwrap();
+    let n2: u64 = read_all(s.ports[6]).parse().unwrap();
+    assert!(n1 > 0 && n2 > n1, "{n1} {n2}");
     // Round robin starts at the refusing peer: off gives up, on goes to the next.
     assert_eq!(read_all(s.ports[2]), "");
     assert_eq!(read_all(s.ports[3]), "good");

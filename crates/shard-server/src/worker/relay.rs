@@ -281,8 +281,15 @@ impl<'a> Worker<'a> {
         let conf = self.stream_server(server);
         let _ = shard_event::sock::set_nodelay(fd.as_raw_fd(), true);
         let local = || shard_event::sock::local_addr(fd.as_raw_fd()).unwrap_or(listen);
+        // The connection's number (`$connection`, the error log's `*N`), taken at accept as
+        // nginx's, so that `return` and `set` see it too.
+        let number = self
+            .region
+            .connections
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
         let quick = |status: u16, sent: u64| Session {
-            number: 0,
+            number,
             server,
             client: peer,
             local: local(),
@@ -379,11 +386,6 @@ impl<'a> Worker<'a> {
             .and_then(|s| s.upstreams.get(s.servers[server].upstream))
             .map_or(0, |u| u.peers.len());
         let raw = fd.as_raw_fd();
-        let number = self
-            .region
-            .connections
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1;
         let outer = crate::log::set_connection(number);
         let log_ctx = self.log_ctx_of(self.stream_server(server).error_logs.as_ref());
         let outer_ctx = crate::log::set_context(log_ctx.0, log_ctx.1);
