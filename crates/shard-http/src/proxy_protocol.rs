@@ -140,7 +140,10 @@ fn parse_v2(buf: &[u8]) -> Parsed {
             0x31 | 0x32 => (216, true),
             0x12 => (12, true),
             0x22 => (36, true),
-            _ => return Parsed::Invalid,
+            // An address family or transport nginx does not know: the header is taken, with
+            // no addresses (`$proxy_protocol_addr` empty) and its TLVs not read, as nginx's
+            // parser returns there.
+            _ => return Parsed::Complete(h, total),
         },
         _ => return Parsed::Invalid,
     };
@@ -415,6 +418,26 @@ mod tests {
         let mut big = v6.clone();
         big[14..16].copy_from_slice(&0xffffu16.to_be_bytes());
         assert_eq!(parse(&big), Parsed::Invalid);
+    }
+
+    /// An address family nginx does not know (AF_UNSPEC with STREAM, or an unassigned
+    /// one with a body): taken whole, no addresses, as nginx's parser.
+    #[test]
+    fn v2_unknown_families_are_taken_without_addresses() {
+        let sig = b"\r\n\r\n\0\r\nQUIT\n";
+        let mut unspec = sig.to_vec();
+        unspec.extend_from_slice(&[0x21, 0x01, 0, 0]);
+        let mut other = sig.to_vec();
+        other.extend_from_slice(&[0x21, 0x41, 0, 4, 1, 2, 3, 4]);
+        for (b, len) in [(unspec, 16), (other, 20)] {
+            match parse(&b) {
+                Parsed::Complete(h, n) => {
+                    assert_eq!(n, len);
+                    assert!(h.src.is_none() && h.dst.is_none());
+                }
+                _ => panic!("not taken: {b:?}"),
+            }
+        }
     }
 
     #[test]
