@@ -555,15 +555,23 @@ fn parse_length(v: &[u8]) -> Option<u64> {
 /// Every header line of a response head (status line skipped) as `(name, value)`, values
 /// trimmed: what `$upstream_http_*` reads, hidden headers included.
 pub fn header_lines(head: &[u8]) -> Vec<(String, Vec<u8>)> {
+    head_fields(head)
+        .filter_map(|(n, v)| Some((std::str::from_utf8(n).ok()?.to_string(), v.to_vec())))
+        .collect()
+}
+
+/// The `name: value` lines of a head (its first line skipped), name and value trimmed of
+/// optional whitespace, without copying: what [`header_lines`] collects, and what the
+/// worker reads one field of (`X-Accel-Limit-Rate`) or the access log (`$sent_http_NAME`).
+pub fn head_fields(head: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
     head.split(|&b| b == b'\n')
         .skip(1)
         .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
         .filter_map(|l| {
             let i = memchr::memchr(b':', l)?;
-            let name = std::str::from_utf8(&l[..i]).ok()?.trim().to_string();
-            (!name.is_empty()).then(|| (name, trim_ows(&l[i + 1..]).to_vec()))
+            let name = trim_ows(&l[..i]);
+            (!name.is_empty()).then(|| (name, trim_ows(&l[i + 1..])))
         })
-        .collect()
 }
 
 /// Headers nginx hides from the client by default, beyond `RESPONSE_DROPPED`: `X-Accel-*`.

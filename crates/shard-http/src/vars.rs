@@ -732,20 +732,13 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             let Some(d) = &c.done else { return };
             if !d.head.is_empty() {
                 // Every line of that name, joined with `, ` as nginx joins a repeated one.
-                let mut first = true;
-                for line in d.head.split(|&b| b == b'\n').skip(1) {
-                    let line = line.strip_suffix(b"\r").unwrap_or(line);
-                    let Some(i) = line.iter().position(|&b| b == b':') else {
-                        continue;
-                    };
-                    if !line[..i].eq_ignore_ascii_case(name.as_bytes()) {
-                        continue;
-                    }
-                    if !first {
+                let values = crate::proxy::head_fields(d.head)
+                    .filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()));
+                for (i, (_, v)) in values.enumerate() {
+                    if i > 0 {
                         out.extend_from_slice(b", ");
                     }
-                    first = false;
-                    out.extend_from_slice(line[i + 1..].trim_ascii());
+                    out.extend_from_slice(v);
                 }
                 return;
             }

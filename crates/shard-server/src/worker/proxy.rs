@@ -3715,13 +3715,9 @@ fn accel_redirect(head: &[u8]) -> Option<(String, Vec<u8>)> {
 
 /// The first `name:` line of a response head as received (hidden headers included).
 fn raw_header<'h>(head: &'h [u8], name: &str) -> Option<&'h [u8]> {
-    head.split(|&b| b == b'\n').skip(1).find_map(|l| {
-        let l = l.strip_suffix(b"\r").unwrap_or(l);
-        let i = l.iter().position(|&b| b == b':')?;
-        l[..i]
-            .eq_ignore_ascii_case(name.as_bytes())
-            .then(|| l[i + 1..].trim_ascii())
-    })
+    shard_http::proxy::head_fields(head)
+        .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+        .map(|(_, v)| v)
 }
 
 /// A local address as nginx's `bind()` error names it: the IP alone when the port is 0.
