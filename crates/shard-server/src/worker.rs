@@ -930,6 +930,8 @@ impl<'a> Worker<'a> {
         for fd in reopened {
             shard_event::sock::close(fd);
         }
+        // Written to the new error log: a rotation script (or test) sees each worker done.
+        crate::log!(Notice, "worker {}: reopening logs", self.idx);
     }
 
     /// Numbers every `error_log` list below main (http, server, location, stream server) and

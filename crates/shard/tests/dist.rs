@@ -200,6 +200,18 @@ fn logrotate_rotates_a_running_server_with_the_snippet() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // `-s reopen` returns once the master is signalled; each worker says when it has reopened.
+    wait_for(
+        std::time::Duration::from_secs(10),
+        "both workers to reopen",
+        || {
+            (read(&logs.join("error.log"))
+                .matches(": reopening logs")
+                .count()
+                >= 2)
+                .then_some(())
+        },
+    );
     for i in 0..20 {
         assert_eq!(get(s.addr(), &format!("/after-{i}")).status, 200);
     }
