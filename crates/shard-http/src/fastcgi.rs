@@ -122,6 +122,17 @@ fn push_pair(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(value);
 }
 
+/// The params a cached request sets itself (empty unless revalidating), so the client's
+/// headers of these names are not passed.
+const CACHE_PARAMS: [&[u8]; 6] = [
+    b"HTTP_IF_MODIFIED_SINCE",
+    b"HTTP_IF_UNMODIFIED_SINCE",
+    b"HTTP_IF_NONE_MATCH",
+    b"HTTP_IF_MATCH",
+    b"HTTP_RANGE",
+    b"HTTP_IF_RANGE",
+];
+
 /// Appends the request's `BEGIN_REQUEST` and `PARAMS` records, and the body's `STDIN` records
 /// when `body` is given (in memory); with a body in a file the caller sends its `STDIN`
 /// records (see [`push_stdin`]) and the end ([`push_stdin_end`]).
@@ -130,11 +141,16 @@ fn push_pair(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 /// is not empty), then with `fastcgi_pass_request_headers on` each client header as
 /// `HTTP_NAME` (uppercase, `-` as `_`), unless a `fastcgi_param` set that name; repeated
 /// headers are joined with `, ` (`; ` for `Cookie`).
+///
+/// `cache`: the response could be stored (`fastcgi_cache`), with the entry's `Last-Modified`
+/// and `ETag` when revalidating (else empty): the client's validators and `Range` are not
+/// passed, and the entry's are, as nginx's `params_cache`.
 pub fn write_request(
     out: &mut Vec<u8>,
     ctx: &RequestCtx<'_>,
     conf: &FastcgiConf,
     body: Option<&[u8]>,
+    cache: Option<(&[u8], &[u8])>,
 ) {
     // Storage for as many header lines as the head has (not the parser's maximum: zeroing
     // 100 entries per request showed in callgrind).
@@ -187,6 +203,21 @@ pub fn write_request(
         }
         push_pair(&mut params, p.name.as_bytes(), &value);
     }
+    let is_param = |name: &[u8]| {
+        conf.params
+            .iter()
+            .any(|p| p.name.as_bytes().eq_ignore_ascii_case(name))
+    };
+    if let Some((last_modified, etag)) = cache {
+        for (name, v) in [
+            (&b"HTTP_IF_MODIFIED_SINCE"[..], last_modified),
+            (b"HTTP_IF_NONE_MATCH", etag),
+        ] {
+            if !v.is_empty() && !is_param(name) {
+                push_pair(&mut params, name, v);
+            }
+        }
+    }
     if conf.pass_request_headers {
         let mut name = Vec::new();
         for (i, h) in hs.iter().enumerate() {
@@ -207,11 +238,7 @@ pub fn write_request(
                 b'-' => b'_',
                 c => c.to_ascii_uppercase(),
             }));
-            if conf
-                .params
-                .iter()
-                .any(|p| p.name.as_bytes().eq_ignore_ascii_case(&name))
-            {
+            if is_param(&name) || (cache.is_some() && CACHE_PARAMS.contains(&&name[..])) {
                 continue;
             }
             let sep: &[u8] = if h.name.eq_ignore_ascii_case("cookie") {

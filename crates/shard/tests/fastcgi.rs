@@ -117,7 +117,8 @@ fn write_scripts(dir: &Path) {
         b"<?php header('Content-Type: text/plain');\n\
           foreach (['SCRIPT_FILENAME','SCRIPT_NAME','REQUEST_METHOD','QUERY_STRING',\
           'REQUEST_URI','DOCUMENT_URI','PATH_INFO','HTTP_X_TEST','HTTP_COOKIE','SERVER_PROTOCOL',\
-          'GATEWAY_INTERFACE','REDIRECT_STATUS','CONTENT_LENGTH','HTTPS'] as $k) {\n\
+          'GATEWAY_INTERFACE','REDIRECT_STATUS','CONTENT_LENGTH','HTTPS','HTTP_IF_MODIFIED_SINCE',\
+          'HTTP_IF_NONE_MATCH','HTTP_RANGE'] as $k) {\n\
           echo $k, '=', $_SERVER[$k] ?? '(unset)', \"\\n\"; }\n",
     );
     write_file(
@@ -264,6 +265,53 @@ fn php_through_unix_and_tcp_with_params_and_path_info() {
         let (st, head, _) = ask(s.addr(), "GET /redirect.php HTTP/1.0\r\nHost: x", b"");
         assert_eq!(st, 302, "{head}");
         assert!(head.contains("Location: /elsewhere\r\n"), "{head}");
+    }
+}
+
+/// A location with `fastcgi_cache` asks for whole responses: the client's validators and
+/// `Range` do not reach the application (nginx's `params_cache`); with `fastcgi_cache off`
+/// they do.
+#[test]
+fn a_cached_location_does_not_pass_the_clients_validators() {
+    let Some((s, _fpm)) = setup("fastcgi-cache-params", false, &|pass| {
+        conf(
+            pass,
+            "fastcgi_cache_path {dir}/fcache keys_zone=fc:1m;\nfastcgi_cache_key $request_uri;",
+            "fastcgi_cache fc;\n location = /no/info.php { fastcgi_pass PASS; fastcgi_cache off; \
+             include fastcgi_params; fastcgi_param SCRIPT_FILENAME $document_root/info.php; }"
+                .replace("PASS", pass)
+                .as_str(),
+        )
+    }) else {
+        return;
+    };
+    let ask_with = |uri: &str| {
+        let (st, _, body) = ask(
+            s.addr(),
+            &format!(
+                "GET {uri} HTTP/1.0\r\nHost: x\r\nIf-Modified-Since: blah\r\n\
+                 If-None-Match: \"e\"\r\nRange: bytes=0-1"
+            ),
+            b"",
+        );
+        assert_eq!(st, 200, "{}", s.stderr());
+        String::from_utf8_lossy(&body).into_owned()
+    };
+    let cached = ask_with("/info.php?1");
+    for unset in [
+        "HTTP_IF_MODIFIED_SINCE=(unset)\n",
+        "HTTP_IF_NONE_MATCH=(unset)\n",
+        "HTTP_RANGE=(unset)\n",
+    ] {
+        assert!(cached.contains(unset), "{unset:?} not in\n{cached}");
+    }
+    let passed = ask_with("/no/info.php");
+    for set in [
+        "HTTP_IF_MODIFIED_SINCE=blah\n",
+        "HTTP_IF_NONE_MATCH=\"e\"\n",
+        "HTTP_RANGE=bytes=0-1\n",
+    ] {
+        assert!(passed.contains(set), "{set:?} not in\n{passed}");
     }
 }
 

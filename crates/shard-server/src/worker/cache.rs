@@ -780,6 +780,36 @@ impl<'a> Worker<'a> {
         *out = new;
     }
 
+    /// A FastCGI request of a cached location: `Some` when the response could be stored,
+    /// with the values of `HTTP_IF_MODIFIED_SINCE` and `HTTP_IF_NONE_MATCH` (the entry's
+    /// validators when revalidating, else empty): the client's validators and `Range` are
+    /// not passed then (nginx's `ngx_http_fastcgi_cache_headers`, its `params_cache`).
+    pub(super) fn fcgi_cache_params(&self, p: &mut Proxy) -> Option<(Vec<u8>, Vec<u8>)> {
+        let revalidate = self.cache_conf(p).revalidate;
+        let c = p.cache.as_mut().filter(|c| c.cacheable)?;
+        c.revalidating = false;
+        let (mut lm, mut etag) = (Vec::new(), Vec::new());
+        let validated = |e: &&cache::Entry| matches!(status_of(&e.head), 200 | 206);
+        if let Some(e) = c
+            .entry
+            .as_ref()
+            .filter(|_| revalidate && c.status == Status::Expired)
+            .filter(validated)
+        {
+            for (n, v) in shard_http::proxy::header_lines(&e.head) {
+                if n.eq_ignore_ascii_case("last-modified") {
+                    lm = v.to_vec();
+                } else if n.eq_ignore_ascii_case("etag") {
+                    etag = v.to_vec();
+                } else {
+                    continue;
+                }
+                c.revalidating = true;
+            }
+        }
+        Some((lm, etag))
+    }
+
     /// The upstream's head is in: a `304` to a revalidation serves the entry again, a
     /// failure `proxy_cache_use_stale` names serves the stale one, and a response that may
     /// be stored starts its entry. `Some(flow)`: the upstream's response is dropped.

@@ -1562,6 +1562,11 @@ impl<'a> Worker<'a> {
             p.body.mem.len()
         };
         let mut out = Vec::with_capacity(p.head.len() + 128 + in_memory);
+        let cached = loc
+            .fastcgi
+            .is_some()
+            .then(|| self.fcgi_cache_params(p))
+            .flatten();
         let mut conn = self.var_conn(key);
         // `$request_body`: the body when it is whole in memory.
         if !p.streaming && p.body.file().is_none() {
@@ -1591,7 +1596,8 @@ impl<'a> Worker<'a> {
             } else {
                 Some(&p.body.mem[..])
             };
-            shard_http::fastcgi::write_request(&mut out, &ctx, fc, body);
+            let validators = cached.as_ref().map(|(l, e)| (&l[..], &e[..]));
+            shard_http::fastcgi::write_request(&mut out, &ctx, fc, body, validators);
             if let Some(f) = p.fcgi.as_mut() {
                 f.body_in_head = body.is_some();
             }
