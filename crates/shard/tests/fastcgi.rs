@@ -619,3 +619,79 @@ fn differential_against_nginx() {
     assert!(differences.is_empty(), "{}", differences.join("\n"));
     drop(fpm);
 }
+
+/// A FastCGI application on a free port that answers every request with `stdout` in one
+/// `STDOUT` record, the end of stdout and `END_REQUEST`, counting requests.
+fn raw_fastcgi_app(stdout: &'static [u8]) -> (u16, Arc<AtomicUsize>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            seen.fetch_add(1, Ordering::SeqCst);
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            // Read records until the empty STDIN that ends the request.
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            'read: loop {
+                let mut at = 0;
+                while buf.len() >= at + 8 {
+                    let len = u16::from_be_bytes([buf[at + 4], buf[at + 5]]) as usize;
+                    let (kind, pad) = (buf[at + 1], buf[at + 6] as usize);
+                    if kind == 5 && len == 0 {
+                        break 'read;
+                    }
+                    at += 8 + len + pad;
+                }
+                match c.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let record = |kind: u8, content: &[u8]| {
+                let mut r = vec![1, kind, 0, 1];
+                r.extend_from_slice(&(content.len() as u16).to_be_bytes());
+                r.extend_from_slice(&[0, 0]);
+                r.extend_from_slice(content);
+                r
+            };
+            let mut out = record(6, stdout);
+            out.extend(record(6, b""));
+            out.extend(record(3, &[0; 8]));
+            let _ = c.write_all(&out);
+        }
+    });
+    (port, count)
+}
+
+/// nginx's fastcgi_split.t: records that end before the head does are an invalid header,
+/// so `fastcgi_next_upstream invalid_header` tries the next server.
+#[test]
+fn stdout_that_ends_inside_the_head_is_an_invalid_header() {
+    let (bad, bad_n) = raw_fastcgi_app(b"BAD");
+    let (good, good_n) = raw_fastcgi_app(b"Good: header\r\n\r\n");
+    let conf = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\nhttp {{\n\
+         upstream u {{ server 127.0.0.1:{bad}; server 127.0.0.1:{good}; }}\n\
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }}\n\
+         location / {{ fastcgi_pass u; fastcgi_next_upstream invalid_header; }}\n\
+         location /one/ {{ fastcgi_pass 127.0.0.1:{bad}; }} }} }}\n"
+    );
+    let s = Server::start("fastcgi-split", &conf, 1);
+    // Round robin starts anywhere: ask twice, so one request meets the bad server first.
+    for _ in 0..2 {
+        let (st, head, _) = ask(s.addr(), "GET / HTTP/1.0\r\nHost: x", b"");
+        assert_eq!(st, 200, "{head}");
+        assert!(head.contains("\r\nGood: header\r\n"), "{head}");
+    }
+    assert!(bad_n.load(Ordering::SeqCst) >= 1 && good_n.load(Ordering::SeqCst) == 2);
+    let (st, _, _) = ask(s.addr(), "GET /one/ HTTP/1.0\r\nHost: x", b"");
+    assert_eq!(st, 502);
+    wait_for(Duration::from_secs(10), "the log line", || {
+        error_log(&s)
+            .contains("upstream prematurely closed FastCGI stdout")
+            .then_some(())
+    });
+}

@@ -2216,6 +2216,16 @@ impl<'a> Worker<'a> {
             let room = max.saturating_sub(p.rbuf.len()).max(READ_MIN_BYTES);
             match self.read_upstream(p, room) {
                 Ok(None) => return Flow::Wait,
+                // A FastCGI response whose records ended before its head did is an invalid
+                // header, as nginx (`fastcgi_next_upstream invalid_header` tries the next).
+                Ok(Some(0)) if p.fcgi.is_some() => {
+                    return self.attempt_failed(
+                        key,
+                        p,
+                        Failure::InvalidHeader,
+                        "upstream prematurely closed FastCGI stdout while reading response header from upstream",
+                    );
+                }
                 Ok(Some(0)) => {
                     return self.attempt_failed(
                         key,
