@@ -1580,6 +1580,11 @@ pub enum Var {
     SslAlpnProtocol,
     SslCurve,
     SslEarlyData,
+    /// `$ssl_session_id` (hex), `$ssl_ciphers` and `$ssl_curves` (what the client offered,
+    /// OpenSSL's names joined by `:`, unknown ones as `0x` and hex).
+    SslSessionId,
+    SslCiphers,
+    SslCurves,
     /// `$request_uri`: the target as received; `$uri` (`$document_uri`): the normalized path;
     /// `$args` (`$query_string`), `$is_args`.
     RequestUri,
@@ -1807,6 +1812,9 @@ impl Var {
             "ssl_session_reused" => Var::SslSessionReused,
             "ssl_alpn_protocol" => Var::SslAlpnProtocol,
             "ssl_curve" => Var::SslCurve,
+            "ssl_session_id" => Var::SslSessionId,
+            "ssl_ciphers" => Var::SslCiphers,
+            "ssl_curves" => Var::SslCurves,
             "ssl_client_verify" => Var::SslClientVerify,
             "ssl_client_s_dn" => Var::SslClientSDn,
             "ssl_client_i_dn" => Var::SslClientIDn,
@@ -1834,6 +1842,9 @@ impl Var {
                 | Var::SslSessionReused
                 | Var::SslAlpnProtocol
                 | Var::SslCurve
+                | Var::SslSessionId
+                | Var::SslCiphers
+                | Var::SslCurves
                 | Var::SslClientVerify
                 | Var::SslClientSDn
                 | Var::SslClientIDn

@@ -313,6 +313,9 @@ fn tls_variables_are_one_list_for_http_and_stream() {
         "ssl_client_verify",
         "ssl_client_v_remain",
         "ssl_curve",
+        "ssl_session_id",
+        "ssl_ciphers",
+        "ssl_curves",
     ] {
         let v = Var::tls(name).unwrap_or_else(|| panic!("{name}"));
         assert!(v.is_tls(), "{name}");

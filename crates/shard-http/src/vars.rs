@@ -127,6 +127,10 @@ pub struct Tls<'a> {
     /// `$ssl_alpn_protocol`, `$ssl_curve`.
     pub alpn: &'a str,
     pub curve: &'a str,
+    /// `$ssl_session_id` (hex), `$ssl_ciphers`, `$ssl_curves` (the client's offers).
+    pub session_id: &'a str,
+    pub ciphers: &'a str,
+    pub curves: &'a str,
     /// The client certificate's variables (`ssl_verify_client`): `$ssl_client_verify`, ...
     pub client: ClientCert<'a>,
 }
@@ -354,6 +358,9 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         | Var::SslClientVEnd
         | Var::SslAlpnProtocol
         | Var::SslCurve
+        | Var::SslSessionId
+        | Var::SslCiphers
+        | Var::SslCurves
         | Var::SslClientCert
         | Var::SslClientEscapedCert
         | Var::SslClientVRemain
@@ -805,7 +812,10 @@ pub fn push_tls(out: &mut Vec<u8>, var: &Var, tls: Option<&Tls<'_>>, now_ms: u64
         | Var::SslClientVStart
         | Var::SslClientVEnd
         | Var::SslAlpnProtocol
-        | Var::SslCurve => {
+        | Var::SslCurve
+        | Var::SslSessionId
+        | Var::SslCiphers
+        | Var::SslCurves => {
             if let Some(t) = tls {
                 out.extend_from_slice(tls_text(var, t).as_bytes());
             }
@@ -856,6 +866,9 @@ fn tls_text<'a>(var: &Var, t: &Tls<'a>) -> &'a str {
         Var::SslServerName => t.server_name,
         Var::SslAlpnProtocol => t.alpn,
         Var::SslCurve => t.curve,
+        Var::SslSessionId => t.session_id,
+        Var::SslCiphers => t.ciphers,
+        Var::SslCurves => t.curves,
         Var::SslClientVerify => t.client.verify,
         Var::SslClientSDn => t.client.s_dn,
         Var::SslClientIDn => t.client.i_dn,

@@ -971,6 +971,7 @@ fn base_config(
         Arc::new(ContextStore {
             inner: storage,
             context,
+            timeout_secs: ssl.session_timeout_ms.div_ceil(1000),
         })
     } else {
         storage
@@ -982,7 +983,11 @@ fn base_config(
             Some(path) => Arc::new(SharedTicketer::from_key_file(path)?),
             None => ticketer.clone(),
         };
-        config.ticketer = Arc::new(ContextTicketer { inner, context });
+        config.ticketer = Arc::new(ContextTicketer {
+            inner,
+            context,
+            timeout_secs: ssl.session_timeout_ms.div_ceil(1000),
+        });
         // One ticket per handshake, as OpenSSL sends after a resumption (two after a full
         // handshake): each costs an encryption and a record.
         config.send_tls13_tickets = 1;
@@ -1140,11 +1145,13 @@ impl From<ring::digest::Digest> for SessionContext {
     }
 }
 
-/// A session cache whose keys are bound to a [`SessionContext`].
+/// A session cache whose keys are bound to a [`SessionContext`], and whose sessions last
+/// `ssl_session_timeout` (each value carries the second it was stored).
 #[derive(Debug)]
 struct ContextStore {
     inner: Arc<dyn rustls::server::StoresServerSessions>,
     context: SessionContext,
+    timeout_secs: u64,
 }
 
 impl ContextStore {
@@ -1156,26 +1163,97 @@ impl ContextStore {
     }
 }
 
+/// Seconds since the epoch, for session ages.
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `$ssl_session_id`'s bytes (OpenSSL's session ids are 32).
+pub const SESSION_ID_LEN: usize = 32;
+
+/// The session ids a connection's handshake step works with: rustls makes tickets and cache
+/// entries, and opens them, inside the connection's `process_new_packets`, on the worker's
+/// thread, so the connection sets `current` before the step and takes `resumed` after it.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SessionIds {
+    /// The id of the session the connection has (stored with every ticket or entry).
+    pub current: Option<[u8; SESSION_ID_LEN]>,
+    /// The id a ticket or entry opened in this step carried.
+    pub resumed: Option<[u8; SESSION_ID_LEN]>,
+}
+
+thread_local! {
+    static SESSION_IDS: std::cell::Cell<SessionIds> = const {
+        std::cell::Cell::new(SessionIds { current: None, resumed: None })
+    };
+}
+
+impl SessionIds {
+    pub fn set_current(id: Option<[u8; SESSION_ID_LEN]>) {
+        SESSION_IDS.with(|s| {
+            s.set(SessionIds {
+                current: id,
+                resumed: None,
+            })
+        });
+    }
+
+    /// What the step left, cleared.
+    pub fn take() -> SessionIds {
+        SESSION_IDS.with(|s| s.take())
+    }
+}
+
+/// `value` with the second it was made and the session's id in front.
+fn stamped(value: &[u8]) -> Vec<u8> {
+    let id = SESSION_IDS.with(|s| s.get().current).unwrap_or_default();
+    [&unix_secs().to_be_bytes()[..], &id, value].concat()
+}
+
+/// The value [`stamped`] made, if it is no older than `timeout_secs` (OpenSSL's rule); its
+/// session id is noted for the connection.
+fn unstamped(value: &[u8], timeout_secs: u64) -> Option<Vec<u8>> {
+    let (at, rest) = value.split_first_chunk::<8>()?;
+    let (id, rest) = rest.split_first_chunk::<SESSION_ID_LEN>()?;
+    let age = unix_secs().saturating_sub(u64::from_be_bytes(*at));
+    if age > timeout_secs {
+        return None;
+    }
+    if id.iter().any(|&b| b != 0) {
+        SESSION_IDS.with(|s| {
+            let mut ids = s.get();
+            ids.resumed = Some(*id);
+            s.set(ids);
+        });
+    }
+    Some(rest.to_vec())
+}
+
 impl rustls::server::StoresServerSessions for ContextStore {
     fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
-        self.inner.put(self.key(&key), value)
+        self.inner.put(self.key(&key), stamped(&value))
     }
     fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.inner.get(&self.key(key))
+        unstamped(&self.inner.get(&self.key(key))?, self.timeout_secs)
     }
     fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.inner.take(&self.key(key))
+        unstamped(&self.inner.take(&self.key(key))?, self.timeout_secs)
     }
     fn can_cache(&self) -> bool {
         self.inner.can_cache()
     }
 }
 
-/// Tickets that carry a [`SessionContext`]: one from another context does not open.
+/// Tickets that carry a [`SessionContext`] (one from another context does not open) and the
+/// second they were issued: a ticket older than `ssl_session_timeout` resumes nothing, as
+/// OpenSSL's session timeout applies to nginx's tickets.
 #[derive(Debug)]
 struct ContextTicketer {
     inner: Arc<dyn rustls::server::ProducesTickets>,
     context: SessionContext,
+    timeout_secs: u64,
 }
 
 impl rustls::server::ProducesTickets for ContextTicketer {
@@ -1183,14 +1261,17 @@ impl rustls::server::ProducesTickets for ContextTicketer {
         self.inner.enabled()
     }
     fn lifetime(&self) -> u32 {
-        self.inner.lifetime()
+        self.inner
+            .lifetime()
+            .min(u32::try_from(self.timeout_secs).unwrap_or(u32::MAX))
     }
     fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
-        self.inner.encrypt(&[&self.context.0[..], plain].concat())
+        self.inner
+            .encrypt(&[&self.context.0[..], &stamped(plain)].concat())
     }
     fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
         let plain = self.inner.decrypt(cipher)?;
-        plain.strip_prefix(&self.context.0[..]).map(<[u8]>::to_vec)
+        unstamped(plain.strip_prefix(&self.context.0[..])?, self.timeout_secs)
     }
 }
 
@@ -1262,6 +1343,7 @@ struct FixedResolver {
 
 impl ResolvesServerCert for FixedResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        note_hello(&hello);
         let schemes = hello.signature_schemes();
         self.keys
             .iter()
@@ -1459,6 +1541,7 @@ impl std::fmt::Debug for SniResolver {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        note_hello(&hello);
         let name = hello.server_name().map(str::to_ascii_lowercase);
         let server = shard_http::route::select_server(&self.listener, name.as_deref());
         let keys = self.keys.get(server).filter(|k| !k.is_empty())?;
@@ -1539,4 +1622,104 @@ mod tests {
         );
         assert!(s.iter().any(|c| c.version() == &rustls::version::TLS13));
     }
+}
+
+/// What a client offered in its hello: `$ssl_ciphers` and `$ssl_curves`, in OpenSSL's names.
+#[derive(Debug, Default)]
+pub struct Offered {
+    pub ciphers: String,
+    pub curves: String,
+}
+
+thread_local! {
+    /// The hello the certificate resolver saw last: rustls calls it inside the connection's
+    /// `process_new_packets`, on this thread, and the connection takes it right after
+    /// ([`take_offered`]).
+    static OFFERED: std::cell::RefCell<Option<Offered>> = const { std::cell::RefCell::new(None) };
+}
+
+fn note_hello(hello: &ClientHello<'_>) {
+    let mut o = Offered::default();
+    for (i, c) in hello.cipher_suites().iter().enumerate() {
+        if i > 0 {
+            o.ciphers.push(':');
+        }
+        match openssl_cipher_name(u16::from(*c)) {
+            Some(n) => o.ciphers.push_str(n),
+            None => o.ciphers.push_str(&format!("0x{:04x}", u16::from(*c))),
+        }
+    }
+    for (i, g) in hello.named_groups().unwrap_or(&[]).iter().enumerate() {
+        if i > 0 {
+            o.curves.push(':');
+        }
+        match openssl_group_name(u16::from(*g)) {
+            Some(n) => o.curves.push_str(n),
+            None => o.curves.push_str(&format!("0x{:04x}", u16::from(*g))),
+        }
+    }
+    OFFERED.with(|h| *h.borrow_mut() = Some(o));
+}
+
+/// The offers [`note_hello`] kept, once.
+pub fn take_offered() -> Option<Offered> {
+    OFFERED.with(|h| h.borrow_mut().take())
+}
+
+/// OpenSSL's name of a cipher suite by its IANA number, for the suites clients commonly offer.
+pub fn openssl_cipher_name(code: u16) -> Option<&'static str> {
+    Some(match code {
+        0x1301 => "TLS_AES_128_GCM_SHA256",
+        0x1302 => "TLS_AES_256_GCM_SHA384",
+        0x1303 => "TLS_CHACHA20_POLY1305_SHA256",
+        0x1304 => "TLS_AES_128_CCM_SHA256",
+        0x1305 => "TLS_AES_128_CCM_8_SHA256",
+        0xc02b => "ECDHE-ECDSA-AES128-GCM-SHA256",
+        0xc02c => "ECDHE-ECDSA-AES256-GCM-SHA384",
+        0xc02f => "ECDHE-RSA-AES128-GCM-SHA256",
+        0xc030 => "ECDHE-RSA-AES256-GCM-SHA384",
+        0xcca8 => "ECDHE-RSA-CHACHA20-POLY1305",
+        0xcca9 => "ECDHE-ECDSA-CHACHA20-POLY1305",
+        0xccaa => "DHE-RSA-CHACHA20-POLY1305",
+        0xc023 => "ECDHE-ECDSA-AES128-SHA256",
+        0xc024 => "ECDHE-ECDSA-AES256-SHA384",
+        0xc027 => "ECDHE-RSA-AES128-SHA256",
+        0xc028 => "ECDHE-RSA-AES256-SHA384",
+        0xc009 => "ECDHE-ECDSA-AES128-SHA",
+        0xc00a => "ECDHE-ECDSA-AES256-SHA",
+        0xc013 => "ECDHE-RSA-AES128-SHA",
+        0xc014 => "ECDHE-RSA-AES256-SHA",
+        0x009e => "DHE-RSA-AES128-GCM-SHA256",
+        0x009f => "DHE-RSA-AES256-GCM-SHA384",
+        0x0067 => "DHE-RSA-AES128-SHA256",
+        0x006b => "DHE-RSA-AES256-SHA256",
+        0x0033 => "DHE-RSA-AES128-SHA",
+        0x0039 => "DHE-RSA-AES256-SHA",
+        0x009c => "AES128-GCM-SHA256",
+        0x009d => "AES256-GCM-SHA384",
+        0x003c => "AES128-SHA256",
+        0x003d => "AES256-SHA256",
+        0x002f => "AES128-SHA",
+        0x0035 => "AES256-SHA",
+        0x000a => "DES-CBC3-SHA",
+        _ => return None,
+    })
+}
+
+/// OpenSSL's name of a key exchange group by its IANA number (`$ssl_curve`, `$ssl_curves`).
+pub fn openssl_group_name(code: u16) -> Option<&'static str> {
+    Some(match code {
+        0x0017 => "prime256v1",
+        0x0018 => "secp384r1",
+        0x0019 => "secp521r1",
+        0x001d => "X25519",
+        0x001e => "X448",
+        0x0100 => "ffdhe2048",
+        0x0101 => "ffdhe3072",
+        0x0102 => "ffdhe4096",
+        0x0103 => "ffdhe6144",
+        0x0104 => "ffdhe8192",
+        0x11ec => "X25519MLKEM768",
+        _ => return None,
+    })
 }

@@ -355,6 +355,59 @@ fn tickets_resume_on_any_worker_and_protocols_are_honoured() {
     assert!(connect_tls(tls_addr(&s13), "a.test", &only13).is_ok());
 }
 
+/// `$ssl_session_id` is the session's (a resumption has the id its session was given),
+/// `$ssl_ciphers` and `$ssl_curves` list what the client offered in OpenSSL's names, and a
+/// session older than `ssl_session_timeout` does not resume, ticket or cache.
+#[test]
+fn session_ids_offers_and_the_session_timeout() {
+    for (tag, cache) in [
+        ("tls-ids-tickets", ""),
+        (
+            "tls-ids-cache",
+            "ssl_session_tickets off; ssl_session_cache shared:S:1m;",
+        ),
+    ] {
+        let extra = format!(
+            "ssl_session_timeout 1; {cache}\n\
+             location /v {{ return 200 \"$ssl_session_id|$ssl_ciphers|$ssl_curves|$ssl_session_reused\"; }}"
+        );
+        let (s, p) = start(tag, 1, &extra, "");
+        for versions in [&rustls::version::TLS13, &rustls::version::TLS12] {
+            let cfg = client_config(&p.ca, &[versions]);
+            let ask = || {
+                let mut c = connect_tls(tls_addr(&s), "a.test", &cfg).unwrap();
+                let (st, _, body) = request(&mut c, "a.test", "/v");
+                assert_eq!(st, 200);
+                let body = String::from_utf8(body).unwrap();
+                let f: Vec<String> = body.split('|').map(str::to_string).collect();
+                assert_eq!(f.len(), 4, "{body}");
+                f
+            };
+            let first = ask();
+            let what = format!("{tag} {versions:?}: {first:?}");
+            assert_eq!(first[0].len(), 64, "{what}");
+            assert!(first[0].bytes().all(|b| b.is_ascii_hexdigit()), "{what}");
+            assert_eq!(first[3], ".", "{what}");
+            // rustls offers these; the names are OpenSSL's.
+            assert!(
+                first[1]
+                    .split(':')
+                    .any(|c| c == "TLS_AES_128_GCM_SHA256" || c == "ECDHE-RSA-AES128-GCM-SHA256"),
+                "{what}"
+            );
+            assert!(first[2].split(':').any(|c| c == "X25519"), "{what}");
+            let again = ask();
+            assert_eq!(again[3], "r", "{what} then {again:?}");
+            assert_eq!(again[0], first[0], "{what} then {again:?}");
+            // Past the timeout: a new session with a new id.
+            std::thread::sleep(Duration::from_millis(2100));
+            let late = ask();
+            assert_eq!(late[3], ".", "{what} then {late:?}");
+            assert_ne!(late[0], first[0], "{what} then {late:?}");
+        }
+    }
+}
+
 #[test]
 fn bad_certificates_fail_the_test_and_a_reload_keeps_the_old_generation() {
     let (s, p) = start("tls-bad", 1, "", "");

@@ -50,6 +50,11 @@ pub(in crate::worker) struct TlsConn {
     scratch: Vec<u8>,
     /// The client certificate as the last request's server judged it ([`client_cert`]).
     client: Option<Box<ClientCert>>,
+    /// What the client offered (`$ssl_ciphers`, `$ssl_curves`), taken after its hello.
+    offered: Option<Box<crate::tls::Offered>>,
+    /// `$ssl_session_id`: the session's id in hex, carried in its resumption data so that a
+    /// resumed session has the id it was given (empty until the hello is processed).
+    session_id: String,
 }
 
 /// What [`read_into`] found besides plaintext.
@@ -77,6 +82,8 @@ impl TlsConn {
             quiet: false,
             scratch: Vec::new(),
             client: None,
+            offered: None,
+            session_id: String::new(),
         })
     }
 
@@ -142,6 +149,47 @@ impl TlsConn {
         }
     }
 
+    /// After handshake records were processed: keeps what the hello offered, and the
+    /// session's id: the one a resumed session's ticket or cache entry carried, else a new
+    /// random one (which the tickets and cache entries this connection makes will carry,
+    /// see [`crate::tls::SessionIds`]).
+    fn after_handshake_step(&mut self) {
+        // Taken whatever this connection's state: no later connection may find them.
+        let offered = crate::tls::take_offered();
+        let ids = crate::tls::SessionIds::take();
+        if self.offered.is_none() {
+            self.offered = offered.map(Box::new);
+        }
+        let id = match ids.resumed {
+            Some(id) => id,
+            None if self.session_id.is_empty() && self.offered.is_some() => {
+                let mut id = [0u8; crate::tls::SESSION_ID_LEN];
+                // SAFETY: `getrandom` writes at most `id.len()` bytes into `id`.
+                let n = unsafe { libc::getrandom(id.as_mut_ptr().cast(), id.len(), 0) };
+                if n != id.len() as isize {
+                    return;
+                }
+                id
+            }
+            None => return,
+        };
+        self.session_id = id.iter().map(|b| format!("{b:02x}")).collect();
+    }
+
+    /// Before handshake records are processed: the session's id, for the tickets and cache
+    /// entries made meanwhile.
+    fn before_handshake_step(&self) {
+        let mut id = [0u8; crate::tls::SESSION_ID_LEN];
+        for (i, b) in id.iter_mut().enumerate() {
+            *b = self
+                .session_id
+                .get(2 * i..2 * i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .unwrap_or(0);
+        }
+        crate::tls::SessionIds::set_current((!self.session_id.is_empty()).then_some(id));
+    }
+
     /// The client certificate as `server` judged it, if a request to it did.
     pub(in crate::worker) fn client_judged(&self, server: usize) -> Option<&ClientCert> {
         self.client.as_deref().filter(|c| c.server == server)
@@ -157,6 +205,9 @@ impl TlsConn {
             session_reused: self.session_reused(),
             alpn: self.alpn(),
             curve: self.curve(),
+            session_id: &self.session_id,
+            ciphers: self.offered.as_ref().map_or("", |o| &o.ciphers),
+            curves: self.offered.as_ref().map_or("", |o| &o.curves),
             client: match self.client_judged(server) {
                 Some(cc) => shard_http::vars::ClientCert {
                     verify: &cc.verify,
@@ -319,10 +370,14 @@ pub(in crate::worker) fn read_into(
             }
             Ok(_) => {
                 let timed = t.conn.is_handshaking().then(std::time::Instant::now);
+                if timed.is_some() {
+                    t.before_handshake_step();
+                }
                 let processed = t.conn.process_new_packets();
                 if let Some(t0) = timed {
                     t.handshake_ns += t0.elapsed().as_nanos() as u64;
                     t.handshake_steps = t.handshake_steps.wrapping_add(1);
+                    t.after_handshake_step();
                 }
                 if let Err(e) = processed {
                     if let Some(bytes) = t.first.take().filter(|b| looks_plain(b)) {
