@@ -281,6 +281,13 @@ pub fn build(
         }
     }
     for s in servers {
+        // A server with no certificate of its own takes its handshakes in the default
+        // server's context: nginx checks its `ssl_*` settings no further (a request to it
+        // with `ssl_verify_client on` and no certificate is still refused).
+        if s.ssl.certificates.is_empty() && !s.ssl.reject_handshake {
+            client_verifiers.push(None);
+            continue;
+        }
         client_verifiers.push(client_verifier(&s.ssl, &s.place)?);
     }
     let mut stream_verifiers = Vec::new();
@@ -840,6 +847,13 @@ fn listener_config(
             l.place.file, l.place.line
         ));
     }
+    // A server with no certificate of its own handshakes in the default server's context,
+    // with its certificates (nginx keeps the default's SSL_CTX for such a name).
+    for &i in &l.servers {
+        if keys[i].is_empty() && !http.servers[i].ssl.reject_handshake {
+            keys[i] = keys[l.default_server].clone();
+        }
+    }
     // Protocols, ciphers, sessions: the default server's, as nginx takes them from the
     // server whose context the handshake starts in.
     // What a session established here was judged by: it resumes only where that is the same
@@ -888,8 +902,19 @@ fn listener_config(
             }
         }
         let prov = Arc::new(provider::default_provider());
+        // Each CA named once, however many servers or files list it (as OpenSSL's list).
+        let mut subjects = hints.subjects();
+        let mut seen = Vec::new();
+        subjects.retain(|d| {
+            let der = d.as_ref().to_vec();
+            let fresh = !seen.contains(&der);
+            if fresh {
+                seen.push(der);
+            }
+            fresh
+        });
         let asker = AskForCertificate {
-            hints: hints.subjects(),
+            hints: subjects,
             provider: prov,
         };
         client_auth = Some(Arc::new(asker));

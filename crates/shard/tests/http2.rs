@@ -430,6 +430,63 @@ fn tls_alpn_negotiates_h2_and_streams_see_the_tls_variables() {
     );
 }
 
+/// `ssl_verify_client` judges an HTTP/2 stream's certificate (the session's) for the
+/// stream's server, and a stream whose `:authority` is not the negotiated name is 421 there,
+/// as nginx's `h2_ssl_verify_client.t`.
+#[test]
+fn streams_are_judged_by_the_sessions_client_certificate() {
+    if !curl_h2() {
+        skipped(
+            "h2 client certificates",
+            "curl with HTTP/2 is not installed (apt-get install curl)",
+        );
+        return;
+    }
+    let dir = temp_dir("h2-mtls-client").keep();
+    let client = rcgen::generate_simple_self_signed(vec!["client".to_string()]).unwrap();
+    let (crt, key) = (dir.join("c.pem"), dir.join("c.key"));
+    std::fs::write(&crt, client.cert.pem()).unwrap();
+    std::fs::write(&key, client.key_pair.serialize_pem()).unwrap();
+    let extra = format!(
+        "{}\nssl_verify_client optional_no_ca;\n\
+         location = /cv {{ return 200 \"$ssl_client_verify\"; }}",
+        tls_server("h2-mtls-pki")
+    );
+    let s = start("h2-mtls", "ssl", &extra);
+    let url = format!("https://a.test:{}/cv", s.ports[0]);
+    let resolve = format!("a.test:{}:127.0.0.1", s.ports[0]);
+    let base = [
+        "-k",
+        "--http2",
+        "--resolve",
+        &resolve,
+        "-w",
+        "|%{http_code}|%{http_version}",
+    ];
+    let with_cert = |more: &[&str]| {
+        let mut args: Vec<&str> = base.to_vec();
+        args.extend_from_slice(&[
+            "--cert",
+            crt.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+        ]);
+        args.extend_from_slice(more);
+        args.push(&url);
+        curl(&args)
+    };
+    assert_eq!(
+        with_cert(&[]),
+        "FAILED:self-signed certificate|200|2",
+        "the certificate is judged for the stream"
+    );
+    let mut args: Vec<&str> = base.to_vec();
+    args.push(&url);
+    assert_eq!(curl(&args), "NONE|200|2");
+    let misdirected = with_cert(&["-H", "Host: other.test"]);
+    assert!(misdirected.ends_with("|421|2"), "{misdirected}");
+}
+
 /// `keepalive_requests` counts streams: after the third, GOAWAY, and the client goes on on a
 /// new connection (nginx's HTTP/2 behaviour since 1.19.7).
 #[test]

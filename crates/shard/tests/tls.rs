@@ -1094,7 +1094,9 @@ fn proxy_ssl_mistakes_fail_the_test_as_nginx() {
             "the size 1048576 of shared memory zone \"Z\" conflicts with already declared size 2097152",
         ),
         (
-            "} ssl_verify_client on; location /y {",
+            // A server with certificates (one without is not checked further, as nginx).
+            "} ssl_certificate /nonexistent/c.pem; ssl_certificate_key /nonexistent/c.key; \
+             ssl_verify_client on; location /y {",
             "no ssl_client_certificate for ssl_verify_client in",
         ),
         (
@@ -1438,17 +1440,19 @@ fn client_certificates_are_verified_as_nginx() {
     // A server on the same address that asks for nothing.
     let mut t = connect_tls(tls_addr(&s), "b.test", &good).unwrap();
     assert_eq!(request(&mut t, "b.test", "/").2, b"b NONE");
-    // The request's server judges, not the handshake's: SNI b.test, Host a.test, no
-    // certificate is 496.
-    let mut t = connect_tls(tls_addr(&s), "b.test", &anonymous).unwrap();
-    write!(t, "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n").unwrap();
-    let mut all = Vec::new();
-    let _ = t.read_to_end(&mut all);
+    // A Host other than the negotiated name, for a server that verifies certificates, is
+    // 421 (nginx's `ngx_http_set_virtual_server`): SNI b.test, Host a.test.
+    let mut t = connect_tls(tls_addr(&s), "b.test", &good).unwrap();
+    let (st, _, body) = request(&mut t, "a.test", "/");
+    assert_eq!(st, 421, "{}", String::from_utf8_lossy(&body));
+    let text = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
     assert!(
-        String::from_utf8_lossy(&all).contains("No required SSL certificate was sent"),
-        "{}",
-        String::from_utf8_lossy(&all)
+        text.contains("client attempted to request the server name different from the one that was negotiated"),
+        "{text}"
     );
+    // The other way round is fine: b.test verifies nothing.
+    let mut t = connect_tls(tls_addr(&s), "a.test", &good).unwrap();
+    assert_eq!(request(&mut t, "b.test", "/").2, b"b NONE");
     // optional_no_ca: an unknown issuer passes, and says so.
     let mut t = connect_tls(tls_addr(&s), "c.test", &stranger).unwrap();
     let (st, _, body) = request(&mut t, "c.test", "/");
@@ -1482,6 +1486,125 @@ fn client_certificates_are_verified_as_nginx() {
     let text = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
     assert!(text.contains("(10:certificate has expired)"), "{text}");
     assert!(text.contains("(22:certificate chain too long)"), "{text}");
+}
+
+/// Accepts any server certificate (the test checks which one it was), and records the CA
+/// names a server asks client certificates of.
+#[derive(Debug, Default)]
+struct Recorder {
+    hints: std::sync::Mutex<Vec<Vec<u8>>>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for Recorder {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        let algs = rustls::crypto::ring::default_provider().signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &algs)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        let algs = rustls::crypto::ring::default_provider().signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &algs)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+impl rustls::client::ResolvesClientCert for Recorder {
+    fn resolve(
+        &self,
+        hints: &[&[u8]],
+        _: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        *self.hints.lock().unwrap() = hints.iter().map(|h| h.to_vec()).collect();
+        None
+    }
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// A name whose server has no certificate handshakes with the default server's, and its
+/// `ssl_verify_client` needs no CA there (nginx checks no further); the CAs asked for are
+/// each named once however many servers and files list them; `ssl_reject_handshake`
+/// answers with nginx's `unrecognized_name` alert.
+#[test]
+fn names_without_certificates_ca_names_once_and_the_reject_alert() {
+    let dir = temp_dir("tls-nocert").keep();
+    let p = pki(&dir, &["a.test", "b.test"]);
+    let _clients = ClientCa::new(&dir);
+    let d = dir.display();
+    let text = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\npid logs/shard.pid;\nevents {{}}\n\
+         http {{\n\
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n\
+         server {{ listen 127.0.0.1:{{port1}} ssl; server_name a.test;\n\
+           ssl_certificate {d}/conf/a.test.pem; ssl_certificate_key {d}/conf/a.test.key;\n\
+           ssl_verify_client optional; ssl_client_certificate {d}/conf/clients.pem;\n\
+           ssl_trusted_certificate {d}/conf/clients.pem;\n\
+           location / {{ return 200 \"a $ssl_client_verify\"; }} }}\n\
+         server {{ listen 127.0.0.1:{{port1}} ssl; server_name b.test;\n\
+           ssl_certificate {d}/conf/b.test.pem; ssl_certificate_key {d}/conf/b.test.key;\n\
+           ssl_verify_client on; ssl_client_certificate {d}/conf/clients.pem;\n\
+           location / {{ return 200 \"b\"; }} }}\n\
+         server {{ listen 127.0.0.1:{{port1}} ssl; server_name e.test; ssl_verify_client on;\n\
+           location / {{ return 200 \"e\"; }} }}\n\
+         server {{ listen 127.0.0.1:{{port1}} ssl; server_name r.test; ssl_reject_handshake on; }}\n\
+         }}\n"
+    );
+    let s = Server::start_ports("tls-nocert", &text, 1, 1);
+    let recorder = Arc::new(Recorder::default());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(recorder.clone())
+            .with_client_cert_resolver(recorder.clone()),
+    );
+    // e.test: a.test's certificate (the default server's), and a request without a
+    // certificate is refused as `ssl_verify_client on` says.
+    let mut t = connect_tls(tls_addr(&s), "e.test", &cfg).unwrap();
+    let a_cert = &p.leaves.iter().find(|(n, _)| n == "a.test").unwrap().1;
+    assert_eq!(&t.conn.peer_certificates().unwrap()[0], a_cert);
+    let (st, _, body) = request(&mut t, "e.test", "/");
+    let body = String::from_utf8_lossy(&body).into_owned();
+    assert_eq!(st, 400, "{body}");
+    assert!(
+        body.contains("No required SSL certificate was sent"),
+        "{body}"
+    );
+    // One CA name, though two servers and two directives list the same file.
+    assert_eq!(recorder.hints.lock().unwrap().len(), 1);
+    let mut t = connect_tls(tls_addr(&s), "a.test", &cfg).unwrap();
+    assert_eq!(request(&mut t, "a.test", "/").2, b"a NONE");
+    // ssl_reject_handshake: the alert nginx sends.
+    match connect_tls(tls_addr(&s), "r.test", &cfg) {
+        Err(e) => assert!(e.to_string().contains("UnrecognisedName"), "{e}"),
+        Ok(_) => panic!("r.test handshaked"),
+    }
 }
 
 /// An upstream that resets mid-response: the TLS client sees the end of stream without

@@ -1960,10 +1960,31 @@ impl<'a> Worker<'a> {
                 self.log_context(key, Some(&req))
             );
         }
+        // A `Host` other than the name the handshake negotiated (SNI), for a server that
+        // verifies client certificates, is 421: the certificate was judged for another name
+        // (nginx's `ngx_http_set_virtual_server`).
+        // An HTTP/2 stream's TLS is its session's connection's.
+        let tls_key = self.h2_parent(key).unwrap_or(key);
+        if forced.is_none() && server.ssl.verify_client != VerifyClient::Off {
+            let sni = self.conns[tls_key]
+                .tls
+                .as_ref()
+                .and_then(|t| t.server_name());
+            if let (Some(sni), Some(host)) = (sni, req.host.as_deref()) {
+                if !sni.eq_ignore_ascii_case(host) {
+                    crate::log!(
+                        Info,
+                        "client attempted to request the server name different from the one that was negotiated while reading client request headers{}",
+                        self.log_context(key, Some(&req))
+                    );
+                    forced = Some(421);
+                }
+            }
+        }
         // `ssl_verify_client` of the request's server, as nginx checks it once the headers
         // are read: none sent is 496 (`on`), one that does not verify 495.
         if let (VerifyClient::On | VerifyClient::Optional | VerifyClient::OptionalNoCa, Some(t)) =
-            (server.ssl.verify_client, self.conns[key].tls.as_mut())
+            (server.ssl.verify_client, self.conns[tls_key].tls.as_mut())
         {
             let verifier = self.tls.client_verifier(server_idx);
             let cc = super::tls::client_cert(t, server_idx, verifier, server.ssl.verify_depth);

@@ -231,6 +231,21 @@ impl TlsConn {
     }
 }
 
+/// rustls's error when the certificate resolver found nothing for the client's name.
+const NO_CERTIFICATE: &str = "no server certificate chain resolved";
+/// The TLS alert `unrecognized_name` (RFC 6066).
+const UNRECOGNIZED_NAME: u8 = 112;
+
+/// Writes one fatal alert record straight to the socket (before any key exists, a plain
+/// record), best effort: the connection closes after it.
+fn send_alert(fd: RawFd, description: u8) {
+    let record = [21, 3, 3, 0, 2, 2, description];
+    // SAFETY: `record` is a live buffer of its length; a short or failed send is ignored.
+    unsafe {
+        libc::send(fd, record.as_ptr().cast(), record.len(), libc::MSG_NOSIGNAL);
+    }
+}
+
 /// The socket as rustls reads and writes it; the first record's bytes are kept meanwhile.
 struct Sock<'a> {
     fd: RawFd,
@@ -382,6 +397,12 @@ pub(in crate::worker) fn read_into(
                 if let Err(e) = processed {
                     if let Some(bytes) = t.first.take().filter(|b| looks_plain(b)) {
                         return Err(NotTls::Plain(bytes));
+                    }
+                    // No certificate for the name (`ssl_reject_handshake on`): nginx's
+                    // `unrecognized_name` alert, not the `access_denied` rustls queued.
+                    if matches!(&e, rustls::Error::General(m) if m == NO_CERTIFICATE) {
+                        send_alert(fd, UNRECOGNIZED_NAME);
+                        return Err(NotTls::Error(io::Error::new(io::ErrorKind::InvalidData, e)));
                     }
                     // The alert rustls queued goes out if the socket takes it.
                     let _ = flush(fd, t);
