@@ -526,6 +526,7 @@ fn client_verifier(
         inner: v,
         cas,
         crl: ssl.crl.is_some(),
+        depth: ssl.verify_depth,
         provider: Arc::new(provider::default_provider()),
     })))
 }
@@ -702,7 +703,18 @@ struct WithV1Leaves {
     inner: Arc<dyn ClientCertVerifier>,
     cas: Vec<CertificateDer<'static>>,
     crl: bool,
+    /// `ssl_verify_depth`, for the chains this verifier walks itself.
+    depth: u32,
     provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+/// webpki refuses a CA certificate as a client's own (`CaUsedAsEndEntity`); OpenSSL takes it.
+fn webpki_refuses_ca_leaf(e: &rustls::Error) -> bool {
+    matches!(
+        e,
+        rustls::Error::InvalidCertificate(rustls::CertificateError::Other(o))
+            if matches!(o.0.downcast_ref::<webpki::Error>(), Some(webpki::Error::CaUsedAsEndEntity))
+    )
 }
 
 impl ClientCertVerifier for WithV1Leaves {
@@ -728,7 +740,8 @@ impl ClientCertVerifier for WithV1Leaves {
         let verdict = self
             .inner
             .verify_client_cert(end_entity, intermediates, now);
-        if verdict.is_ok() || !webpki_refuses_version(end_entity) {
+        let ca_leaf = verdict.as_ref().is_err_and(webpki_refuses_ca_leaf);
+        if verdict.is_ok() || !(ca_leaf || webpki_refuses_version(end_entity)) {
             return verdict;
         }
         let bad = |e: E| Err(rustls::Error::InvalidCertificate(e));
@@ -736,7 +749,39 @@ impl ClientCertVerifier for WithV1Leaves {
             return bad(E::BadEncoding);
         };
         let algs = self.provider.signature_verification_algorithms.all;
-        if crate::x509::trusted_issuer(&c, &self.cas, algs).is_none() {
+        if ca_leaf {
+            // OpenSSL's walk: issuers by name and signature, from the trusted CAs or the
+            // client's chain, up to a certificate that signed itself; the issuers above the
+            // client's own count against `ssl_verify_depth`.
+            let mut cur = c;
+            let mut above = 0u32;
+            loop {
+                if cur.subject == cur.issuer && crate::x509::signed_by(&cur, &cur, algs) {
+                    if !self
+                        .cas
+                        .iter()
+                        .any(|ca| crate::x509::parse(ca).is_some_and(|t| t.tbs == cur.tbs))
+                    {
+                        return bad(E::UnknownIssuer);
+                    }
+                    break;
+                }
+                let issuer = crate::x509::trusted_issuer(&cur, &self.cas, algs).or_else(|| {
+                    intermediates
+                        .iter()
+                        .filter_map(|i| crate::x509::parse(i))
+                        .find(|i| i.subject == cur.issuer && crate::x509::signed_by(&cur, i, algs))
+                });
+                let Some(issuer) = issuer else {
+                    return bad(E::UnknownIssuer);
+                };
+                above += 1;
+                if above > self.depth {
+                    return Err(rustls::Error::General("chain too long".into()));
+                }
+                cur = issuer;
+            }
+        } else if crate::x509::trusted_issuer(&c, &self.cas, algs).is_none() {
             return bad(E::UnknownIssuer);
         }
         match crate::x509::validity(end_entity) {

@@ -1607,6 +1607,93 @@ fn names_without_certificates_ca_names_once_and_the_reject_alert() {
     }
 }
 
+/// Client certificates that are CA certificates themselves (`basicConstraints CA:TRUE`, as
+/// `openssl req -x509` and many private PKIs make them), which webpki refuses as a leaf:
+/// accepted as OpenSSL does, with `ssl_verify_depth` counting the issuers up to the root
+/// (nginx's ssl_verify_depth.t).
+#[test]
+fn ca_certificates_as_client_certificates_and_the_verify_depth() {
+    let dir = temp_dir("tls-ca-leaf").keep();
+    let p = pki(&dir, &["d0.test", "d1.test", "d2.test"]);
+    let ca = |name: &str| {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        (params, key)
+    };
+    let (rp, rkey) = ca("root");
+    let root = rp.self_signed(&rkey).unwrap();
+    let (ip, ikey) = ca("int");
+    let int = ip.signed_by(&ikey, &root, &rkey).unwrap();
+    let (ep, ekey) = ca("end");
+    let end = ep.signed_by(&ekey, &int, &ikey).unwrap();
+    std::fs::write(dir.join("conf/root-int.pem"), root.pem() + &int.pem()).unwrap();
+    let client = |cert: &rcgen::Certificate, key: &rcgen::KeyPair| {
+        let der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(p.ca.clone()).unwrap();
+        Arc::new(
+            rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(vec![cert.der().clone()], der)
+            .unwrap(),
+        )
+    };
+    let d = dir.display();
+    let server = |n: u32| {
+        format!(
+            "server {{ listen 127.0.0.1:{{port1}} ssl; server_name d{n}.test;\n\
+             ssl_certificate {d}/conf/d{n}.test.pem; ssl_certificate_key {d}/conf/d{n}.test.key;\n\
+             ssl_verify_client optional; ssl_verify_depth {n};\n\
+             ssl_client_certificate {d}/conf/root-int.pem;\n\
+             location / {{ return 200 \"$ssl_client_verify\"; }} }}\n"
+        )
+    };
+    let text = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\npid logs/shard.pid;\nevents {{}}\n\
+         http {{\nserver {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n\
+         {}{}{}}}\n",
+        server(0),
+        server(1),
+        server(2)
+    );
+    let s = Server::start_ports("tls-ca-leaf", &text, 1, 1);
+    let verify = |depth: u32, cfg: &Arc<rustls::ClientConfig>| {
+        let sni = format!("d{depth}.test");
+        let mut t = connect_tls(tls_addr(&s), &sni, cfg).unwrap();
+        let (st, _, body) = request(&mut t, &sni, "/");
+        (st, String::from_utf8_lossy(&body).into_owned())
+    };
+    let (root_c, int_c, end_c) = (
+        client(&root, &rkey),
+        client(&int, &ikey),
+        client(&end, &ekey),
+    );
+    // The root itself: no issuer above it, any depth.
+    for depth in 0..3 {
+        assert_eq!(
+            verify(depth, &root_c),
+            (200, "SUCCESS".into()),
+            "root at {depth}"
+        );
+    }
+    // int: one issuer above; end: two (int is trusted too, but counts, as in OpenSSL).
+    assert_eq!(verify(0, &int_c).0, 400);
+    assert_eq!(verify(1, &int_c), (200, "SUCCESS".into()));
+    assert_eq!(verify(1, &end_c).0, 400);
+    assert_eq!(verify(2, &end_c), (200, "SUCCESS".into()));
+    let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
+    assert!(log.contains("(22:certificate chain too long)"), "{log}");
+}
+
 /// An upstream that resets mid-response: the TLS client sees the end of stream without
 /// close_notify, so it can tell the truncation (nginx's quiet shutdown); a whole response
 /// that ends with the connection ends with close_notify.
