@@ -256,6 +256,23 @@ pub fn build(
     cfg: &Config,
     ticketer: &Arc<dyn rustls::server::ProducesTickets>,
 ) -> Result<TlsContexts, String> {
+    PASSWORDS.with(|p| p.borrow_mut().clear());
+    let built = build_contexts(cfg, ticketer);
+    PASSWORDS.with(|p| p.borrow_mut().clear());
+    built
+}
+
+thread_local! {
+    /// The `ssl_password_file`s read during one [`build`], by path: each is read once, as
+    /// nginx reads it once (it may be a FIFO that someone writes to once).
+    static PASSWORDS: std::cell::RefCell<std::collections::HashMap<std::path::PathBuf, Vec<Vec<u8>>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+fn build_contexts(
+    cfg: &Config,
+    ticketer: &Arc<dyn rustls::server::ProducesTickets>,
+) -> Result<TlsContexts, String> {
     let mut client_verifiers = Vec::new();
     let mut zones: Vec<(&str, usize)> = Vec::new();
     let servers = cfg.http.iter().flat_map(|h| &h.servers);
@@ -313,6 +330,28 @@ pub fn build(
             continue;
         };
         per_listener.push(Some(Arc::new(listener_config(http, l, ticketer)?)));
+    }
+    // Certificates of servers that no `ssl` address reaches are still loaded and checked
+    // (and their `ssl_password_file`s read), as nginx does at configuration time.
+    let on_tls = |i: usize| {
+        cfg.listeners
+            .iter()
+            .filter(|l| !matches!(l.kind, ListenerKind::Stream { .. }))
+            .any(|l| l.opts.ssl && l.servers.contains(&i))
+    };
+    for (i, s) in cfg.http.iter().flat_map(|h| h.servers.iter().enumerate()) {
+        if on_tls(i) || s.ssl.reject_handshake {
+            continue;
+        }
+        for pair in &s.ssl.certificates {
+            load_pair(
+                &pair.certificate,
+                &pair.key,
+                pair.password_file.as_deref(),
+                None,
+                &pair.place,
+            )?;
+        }
     }
     let mut upstream = std::collections::HashMap::new();
     for s in cfg.http.iter().flat_map(|h| &h.servers) {
@@ -1484,7 +1523,14 @@ fn load_key(
     at: &str,
 ) -> Result<PrivateKeyDer<'static>, String> {
     let passwords = match password_file {
-        Some(f) => crate::keys::read_passwords(f).map_err(|e| format!("{e} in {at}"))?,
+        Some(f) => match PASSWORDS.with(|p| p.borrow().get(f).cloned()) {
+            Some(read) => read,
+            None => {
+                let read = crate::keys::read_passwords(f).map_err(|e| format!("{e} in {at}"))?;
+                PASSWORDS.with(|p| p.borrow_mut().insert(f.to_path_buf(), read.clone()));
+                read
+            }
+        },
         None => Vec::new(),
     };
     let encrypted = crate::keys::load_encrypted_key(key, &passwords).map_err(|e| {

@@ -2416,6 +2416,72 @@ fn ssl_password_file_opens_encrypted_keys() {
     let (code, out) = run_cli(&["-t", "-p", dir.to_str().unwrap(), "-c", "conf/shard.conf"]);
     assert_ne!(code, 0);
     assert!(out.contains("the key is encrypted"), "{out}");
+    // A FIFO that is written to once (nginx's ssl_password_file.t): read once, though two
+    // servers use it and one of them is on no `ssl` address (its key is checked all the
+    // same, as nginx checks it).
+    let fifo = conf_dir.join("fifo");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::write(&fifo, "first-secret\n"))
+    };
+    let once = "worker_processes 1;\nevents {}\n\
+         http { ssl_password_file CD/fifo; ssl_certificate CD/p8.crt; ssl_certificate_key CD/p8.key;\n \
+         server { listen 127.0.0.1:PORT1 ssl; return 200; }\n \
+         server { listen 127.0.0.1:PORT2; server_name other; } }\n"
+        .replace("CD", &cd)
+        .replace("PORT1", &free_port().to_string())
+        .replace("PORT2", &free_port().to_string());
+    std::fs::write(conf_dir.join("once.conf"), &once).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_shard"))
+        .args(["-t", "-p", dir.to_str().unwrap(), "-c", "conf/once.conf"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_for_or_kill(&mut child, TIMEOUT);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "-t with a FIFO: {status:?}"
+    );
+    writer.join().unwrap().unwrap();
+    // The server on no `ssl` address with a key no passphrase opens: -t fails on it.
+    std::fs::write(conf_dir.join("pw"), "first-secret\n").unwrap();
+    std::fs::write(
+        conf_dir.join("plain.conf"),
+        once.replace(&format!("{cd}/fifo"), &format!("{cd}/pw")).replace(
+            "server_name other;",
+            &format!("server_name other; ssl_certificate {cd}/legacy.crt; ssl_certificate_key {cd}/legacy.key;"),
+        ),
+    )
+    .unwrap();
+    let (code, out) = run_cli(&["-t", "-p", dir.to_str().unwrap(), "-c", "conf/plain.conf"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("legacy.key") && out.contains("bad decrypt"),
+        "{out}"
+    );
+}
+
+/// Waits for `child` up to `limit`; kills it and says `None` when it did not end.
+fn wait_for_or_kill(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// `ssl_stapling on` with `ssl_stapling_file`: the file's OCSP response is stapled to the
