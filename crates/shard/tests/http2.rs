@@ -1160,3 +1160,42 @@ fn a_header_block_left_open_ends_after_client_header_timeout() {
             .then_some(())
     });
 }
+
+/// A client that opens its windows and then reads nothing: after `send_timeout` without
+/// progress the connection ends, as nginx's HTTP/2 write timer ends it (nginx's
+/// h2_ssl_proxy_cache.t waited forever at the stop otherwise).
+#[test]
+fn a_client_that_stops_reading_is_cut_off_after_send_timeout() {
+    use std::io::{Read, Write};
+    let s = start("h2-send-timeout", "", "http2 on; send_timeout 1s;");
+    const LEN: usize = 16 << 20;
+    write_file(&s.dir, "html/huge.bin", &vec![b'x'; LEN]);
+    let mut c = std::net::TcpStream::connect(h2_addr(&s)).unwrap();
+    let mut out = shard_http::h2frame::PREFACE.to_vec();
+    shard_http::h2frame::push_settings(&mut out, &[(0x4, 1 << 30)]);
+    shard_http::h2frame::push_window_update(&mut out, 0, 1 << 30);
+    let e = shard_http::hpack::Encoder;
+    let mut block = Vec::new();
+    e.field(b":method", b"GET", &mut block);
+    e.field(b":scheme", b"http", &mut block);
+    e.field(b":path", b"/huge.bin", &mut block);
+    e.field(b":authority", b"localhost", &mut block);
+    shard_http::h2frame::push_headers(&mut out, 1, &block, true, 16_384);
+    c.write_all(&out).unwrap();
+    // The connection is counted while it is open; it goes once the timer ends it.
+    wait_for(Duration::from_secs(5), "the session to be open", || {
+        (status_field(&s, "active") >= 2).then_some(())
+    });
+    let t0 = std::time::Instant::now();
+    wait_for(
+        Duration::from_secs(15),
+        "the stalled session to end",
+        || (status_field(&s, "active") == 1).then_some(()),
+    );
+    assert!(t0.elapsed() < Duration::from_secs(12));
+    // What the client then reads ends early: the response was cut, not finished.
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = Vec::new();
+    let _ = c.read_to_end(&mut got);
+    assert!(got.len() < LEN, "{} bytes", got.len());
+}

@@ -123,6 +123,11 @@ pub(super) struct Session {
     header_timeout_ms: u64,
     /// When the open header block began (0: none is open).
     block_since_ms: u64,
+    /// The default server's `send_timeout`: output that makes no progress for this long
+    /// ends the connection, as nginx's HTTP/2 write timer; since when it has made none (0:
+    /// nothing waits).
+    send_timeout_ms: u64,
+    stalled_since_ms: u64,
     recv_buffer_size: usize,
     /// Bytes read from the client, and the part of them that was requests (header blocks as
     /// their HTTP/1.1 heads, body data): nginx's flood rule compares the two.
@@ -589,6 +594,8 @@ impl Worker<'_> {
             keepalive_timeout_ms: srv.base.keepalive_timeout_ms,
             header_timeout_ms: srv.client_header_timeout_ms,
             block_since_ms: 0,
+            send_timeout_ms: srv.base.send_timeout_ms,
+            stalled_since_ms: 0,
             recv_buffer_size: conf.recv_buffer_size,
             total_bytes,
             payload_bytes: 0,
@@ -743,6 +750,18 @@ impl Worker<'_> {
         // whatever else it carries.
         if s.block_since_ms != 0 {
             c.deadline_ms = c.deadline_ms.min(s.block_since_ms + s.header_timeout_ms);
+        }
+        // Output the client does not take ends it after `send_timeout`.
+        let waiting = c.out_pos < c.out.len()
+            || !s.out.is_empty()
+            || c.tls.as_ref().is_some_and(|t| t.has_output());
+        if !waiting {
+            s.stalled_since_ms = 0;
+        } else {
+            if s.stalled_since_ms == 0 {
+                s.stalled_since_ms = now;
+            }
+            c.deadline_ms = c.deadline_ms.min(s.stalled_since_ms + s.send_timeout_ms);
         }
         if !self.conns[key].readable || !self.conns[key].writable {
             self.ensure_registered(key);
@@ -1285,6 +1304,9 @@ impl Worker<'_> {
                 Ok(n) => {
                     let offered = c.out.len() - c.out_pos;
                     c.out_pos += n;
+                    if n > 0 {
+                        s.stalled_since_ms = 0;
+                    }
                     if n < offered && c.tls.is_none() {
                         c.writable = false;
                     }
