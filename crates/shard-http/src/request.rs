@@ -458,6 +458,15 @@ fn parse_line(line: &[u8]) -> Result<Line<'_>, Reject> {
     if target.is_empty() {
         return Err(reject(400, "invalid request target"));
     }
+    // nginx reads the target before the version: one that is neither a path nor a scheme
+    // (`*`, the h2c preface's `PRI * HTTP/2.0`) is 400 whatever the version says.
+    let first = target[0];
+    if first != b'/'
+        && !first.is_ascii_alphabetic()
+        && !(method == b"CONNECT" && first.is_ascii_digit())
+    {
+        return Err(reject(400, "invalid request target"));
+    }
     while i < line.len() && line[i] == b' ' {
         i += 1;
     }
@@ -1436,6 +1445,8 @@ mod tests {
     #[test]
     fn version_505() {
         assert_eq!(status(b"GET / HTTP/2.0\r\nHost: x\r\n\r\n"), 505);
+        // The target is judged first, as nginx: the h2c preface is 400.
+        assert_eq!(status(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 400);
         assert_eq!(status(b"GET / HTTP/3.1\r\nHost: x\r\n\r\n"), 505);
         // As nginx: a major version starting with 0 is malformed, not unsupported.
         assert_eq!(status(b"GET / HTTP/0.9\r\n\r\n"), 400);

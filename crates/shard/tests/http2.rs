@@ -410,6 +410,10 @@ fn tls_alpn_negotiates_h2_and_streams_see_the_tls_variables() {
         &url,
     ]);
     assert_eq!(v, " on TLSv1.3 HTTP/1.1|1.1");
+    // The h2c preface in plain text to the TLS address is a bad HTTP/1.x request (nginx's
+    // h2_ssl.t), not an HTTP/2 session.
+    let r = raw(h2_addr(&s), b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    assert_eq!(r.status, 400);
     let big = format!("https://a.test:{}/big.bin", s.ports[0]);
     let out = Command::new("curl")
         .args([

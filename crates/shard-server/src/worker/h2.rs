@@ -516,7 +516,8 @@ impl Worker<'_> {
     /// plain when it begins with the preface and its address has HTTP/2 on.
     pub(super) fn h2_wanted(&self, key: usize) -> bool {
         let c = &self.conns[key];
-        if c.h2 != 0 || c.requests != 0 {
+        // Plain bytes on a TLS address are answered as HTTP/1.x (nginx's 400), never as h2c.
+        if c.h2 != 0 || c.requests != 0 || c.plain_on_tls {
             return false;
         }
         let (Some(http), Some(l)) = (
