@@ -2590,7 +2590,8 @@ fn stream_ssl_alpn_negotiates_or_refuses() {
         "worker_processes 1;\nevents {{}}\n\
          http {{ access_log off; server {{ listen 127.0.0.1:{{port}}; \
          location = /status {{ shard_status; }} }} }}\n\
-         stream {{ server {{ listen 127.0.0.1:{{port1}} ssl; ssl_alpn foo bar; \
+         stream {{ log_format st $status; access_log {d}/stream.log st; \
+         server {{ listen 127.0.0.1:{{port1}} ssl; ssl_alpn foo bar; \
          ssl_certificate {d}/conf/s.test.pem; ssl_certificate_key {d}/conf/s.test.key; \
          return \"alpn=$ssl_alpn_protocol\"; }} }}\n",
         d = dir.display()
@@ -2616,6 +2617,13 @@ fn stream_ssl_alpn_negotiates_or_refuses() {
     let mut got = String::new();
     let _ = c.read_to_string(&mut got);
     assert_eq!(got, "alpn=");
+    // The failed handshake is logged as nginx's stream logs it: 500.
+    wait_for(TIMEOUT, "three sessions logged", || {
+        let log = std::fs::read_to_string(dir.join("stream.log")).ok()?;
+        (log.lines().count() >= 3).then_some(log)
+    });
+    let log = std::fs::read_to_string(dir.join("stream.log")).unwrap();
+    assert_eq!(log.lines().filter(|l| *l == "500").count(), 1, "{log}");
 }
 
 /// `ssl_ecdh_curve`: the key exchange group comes from its list (`s_client` names it).

@@ -471,8 +471,11 @@ impl<'a> Worker<'a> {
         let (up, down) = (r.up.as_ref(), r.down.as_ref());
         let status = if let Some((status, _)) = r.fixed {
             status
-        } else if r.pp_pending || r.handshaking {
+        } else if r.pp_pending {
             400
+        } else if r.handshaking {
+            // nginx's stream SSL phase ends a failed handshake as an internal error.
+            500
         } else if up.is_none() {
             502
         } else {
