@@ -1143,10 +1143,16 @@ fn stream_proxy_ssl_speaks_tls_to_the_upstream() {
            location = /sni {{ return 200 \"sni=$ssl_server_name\"; }}\n\
            location / {{ proxy_pass http://{echo}; }}\n\
          }}\n\
+         server {{\n\
+           listen 127.0.0.1:{{port5}} ssl proxy_protocol;\n\
+           ssl_certificate {cert}; ssl_certificate_key {key};\n\
+           location / {{ return 200 \"pp=$proxy_protocol_addr\"; }}\n\
+         }}\n\
          }}\n\
          stream {{\n\
          proxy_ssl on;\n\
          proxy_half_close on;\n\
+         server {{ listen 127.0.0.1:{{port6}}; proxy_pass 127.0.0.1:{{port5}}; proxy_protocol on; }}\n\
          server {{ listen 127.0.0.1:{{port2}}; proxy_pass 127.0.0.1:{{port1}}; }}\n\
          server {{ listen 127.0.0.1:{{port3}}; proxy_pass 127.0.0.1:{{port1}};\n\
                   proxy_ssl_server_name on; proxy_ssl_name a.test; }}\n\
@@ -1159,7 +1165,7 @@ fn stream_proxy_ssl_speaks_tls_to_the_upstream() {
         ca = ca.display(),
         echo = echo.addr(),
     );
-    let s = Server::start_ports("tls-stream-up", &text, 1, 4);
+    let s = Server::start_ports("tls-stream-up", &text, 1, 6);
     let at = |i: usize| SocketAddr::from(([127, 0, 0, 1], s.ports[i]));
     let sni = |addr| {
         raw(
@@ -1169,6 +1175,9 @@ fn stream_proxy_ssl_speaks_tls_to_the_upstream() {
         .body_str()
     };
     assert_eq!(sni(at(1)), "sni=");
+    // `proxy_protocol on` with `proxy_ssl on`: the header goes in plain text before the
+    // handshake (nginx's stream_proxy_protocol_ssl.t).
+    assert_eq!(sni(at(5)), "pp=127.0.0.1");
     assert_eq!(sni(at(2)), "sni=a.test");
     // 1 MiB up and back; the client's FIN after the request reaches the upstream as
     // close_notify and FIN, and the answer still comes back.

@@ -152,6 +152,9 @@ pub(super) struct Relay {
     up_tls: Option<Box<super::tls::UpTls>>,
     /// Its handshake is not done: the relay is still connecting.
     up_handshaking: bool,
+    /// `proxy_protocol on` with `proxy_ssl on`: the PROXY header's bytes not yet written,
+    /// in plain text before the handshake (as nginx sends it).
+    pp_plain: Vec<u8>,
     /// Our close_notify to the upstream is queued; its FIN follows it.
     up_fin_pending: bool,
     /// `listen ... proxy_protocol`: the client's PROXY protocol header is still to be read.
@@ -410,6 +413,7 @@ impl<'a> Worker<'a> {
             early: Vec::new(),
             up_tls: None,
             up_handshaking: false,
+            pp_plain: Vec::new(),
             up_fin_pending: false,
             pp_pending: proxy_protocol,
             pp: None,
@@ -1262,11 +1266,14 @@ impl<'a> Worker<'a> {
                     rustls::ClientConnection::new(config.clone(), n).map_err(|e| e.to_string())
                 });
             let timeout = s.connect_timeout_ms;
+            let pp = s.proxy_protocol.then(|| self.pp_header(key));
             match conn {
                 Ok(c) => {
                     let r = &mut self.relays[key];
                     r.up_tls = Some(Box::new(c));
                     r.up_handshaking = true;
+                    r.pp_plain = pp.unwrap_or_default();
+                    r.pp_out = 0;
                     self.set_relay_deadline(key, self.cx.now_ms + timeout);
                     return self.up_handshake(key);
                 }
@@ -1287,6 +1294,29 @@ impl<'a> Worker<'a> {
     fn up_handshake(&mut self, key: usize) -> Io {
         let r = &mut self.relays[key];
         let fd = r.upstream.raw();
+        // The PROXY header goes first, in plain text.
+        while !r.pp_plain.is_empty() {
+            if !r.upstream.e.writable {
+                return Io::Wait;
+            }
+            match shard_event::sock::write(fd, &r.pp_plain) {
+                // Not in the pipe's count (`pp_out` stays 0): nothing to take from it.
+                Ok(n) => {
+                    r.pp_plain.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    r.upstream.e.writable = false;
+                    return Io::Wait;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let msg = format!("send() failed ({e})");
+                    self.log_upstream_error_in(key, &msg, "SSL handshaking to upstream");
+                    self.fail_current_peer(key);
+                    return self.connect_next(key);
+                }
+            }
+        }
         let Some(c) = r.up_tls.as_mut() else {
             return Io::Close;
         };
@@ -1321,6 +1351,21 @@ impl<'a> Worker<'a> {
         }
     }
 
+    /// The PROXY protocol v1 header for the upstream (`proxy_protocol on`), with the
+    /// client's addresses (those its own PROXY header gave, when it sent one).
+    fn pp_header(&self, key: usize) -> Vec<u8> {
+        let r = &self.relays[key];
+        let from_header = r.pp.as_ref().and_then(|h| h.src.zip(h.dst));
+        let local = shard_event::sock::local_addr(r.client.raw()).ok();
+        let pair = from_header.or_else(|| r.peer.zip(local));
+        let mut head = Vec::with_capacity(64);
+        match pair {
+            Some((src, dst)) => shard_http::proxy_protocol::write_v1(&mut head, src, dst),
+            None => head.extend_from_slice(b"PROXY UNKNOWN\r\n"),
+        }
+        head
+    }
+
     /// The upstream is connected (and its TLS handshake done): the pipes, then bytes.
     fn relay_ready(&mut self, key: usize) -> Io {
         let rates = {
@@ -1346,20 +1391,12 @@ impl<'a> Worker<'a> {
             let peer = r.attempts.last().map_or("-".to_string(), |a| a.to_string());
             crate::log!(Info, "proxy {local} connected to {peer}");
         }
+        // `proxy_protocol on`: the header first (over TLS, it went before the handshake).
+        let pp = (send_pp && self.relays[key].up_tls.is_none()).then(|| self.pp_header(key));
         let r = &mut self.relays[key];
         // What the client sent with the end of its handshake goes first.
         let mut early = std::mem::take(&mut r.early);
-        if send_pp {
-            // `proxy_protocol on`: a v1 header first, with the client's addresses (those its
-            // own PROXY header gave, when it sent one).
-            let from_header = r.pp.as_ref().and_then(|h| h.src.zip(h.dst));
-            let local = shard_event::sock::local_addr(r.client.raw()).ok();
-            let pair = from_header.or_else(|| r.peer.zip(local));
-            let mut head = Vec::with_capacity(64 + early.len());
-            match pair {
-                Some((src, dst)) => shard_http::proxy_protocol::write_v1(&mut head, src, dst),
-                None => head.extend_from_slice(b"PROXY UNKNOWN\r\n"),
-            }
+        if let Some(mut head) = pp {
             r.pp_out = head.len() as u64;
             head.extend_from_slice(&early);
             early = head;
