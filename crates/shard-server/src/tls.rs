@@ -535,13 +535,17 @@ fn client_verifier(
             place.file, place.line
         ));
     }
-    let mut builder = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots),
-        Arc::new(provider::default_provider()),
-    )
-    .allow_unauthenticated();
+    let roots = Arc::new(roots);
+    let builder = || {
+        rustls::server::WebPkiClientVerifier::builder_with_provider(
+            roots.clone(),
+            Arc::new(provider::default_provider()),
+        )
+        .allow_unauthenticated()
+    };
+    let mut crls = Vec::new();
     if let Some(path) = &ssl.crl {
-        let crls = rustls::pki_types::CertificateRevocationListDer::pem_file_iter(path)
+        crls = rustls::pki_types::CertificateRevocationListDer::pem_file_iter(path)
             .and_then(|it| it.collect::<Result<Vec<_>, _>>())
             .map_err(|e| {
                 format!(
@@ -552,19 +556,44 @@ fn client_verifier(
                     place.line
                 )
             })?;
-        // As OpenSSL: expired lists count, and a list is wanted for every certificate.
-        builder = builder.with_crls(crls).enforce_revocation_expiration();
+        if let Some(bad) = crls.iter().find(|c| crate::x509::parse_crl(c).is_none()) {
+            return Err(format!(
+                "X509_load_crl_file(\"{}\") failed (a list of {} bytes is not a CRL) in {}:{}",
+                path.display(),
+                bad.len(),
+                place.file,
+                place.line
+            ));
+        }
     }
-    let v = builder.build().map_err(|e| {
-        format!(
-            "ssl_client_certificate: {e} in {}:{}",
-            place.file, place.line
-        )
-    })?;
+    // As OpenSSL: expired lists count, and a list is wanted for every certificate. webpki
+    // reads version 2 lists only; with a version 1 list (what `openssl ca -gencrl` writes
+    // without CRL extensions) the lists are checked by shard's own walk instead.
+    let with_crls = (!crls.is_empty())
+        .then(|| {
+            builder()
+                .with_crls(crls.clone())
+                .enforce_revocation_expiration()
+                .build()
+                .ok()
+        })
+        .flatten();
+    let webpki_crls = with_crls.is_some();
+    let v = match with_crls {
+        Some(v) => v,
+        None => builder().build().map_err(|e| {
+            format!(
+                "ssl_client_certificate: {e} in {}:{}",
+                place.file, place.line
+            )
+        })?,
+    };
     Ok(Some(Arc::new(WithV1Leaves {
         inner: v,
         cas,
+        crls: crls.into_iter().map(|c| c.as_ref().to_vec()).collect(),
         crl: ssl.crl.is_some(),
+        webpki_crls,
         depth: ssl.verify_depth,
         provider: Arc::new(provider::default_provider()),
     })))
@@ -741,7 +770,10 @@ fn raw_key_signature(
 struct WithV1Leaves {
     inner: Arc<dyn ClientCertVerifier>,
     cas: Vec<CertificateDer<'static>>,
+    /// `ssl_crl`'s lists (DER), and whether `inner` checks them (webpki read them all).
+    crls: Vec<Vec<u8>>,
     crl: bool,
+    webpki_crls: bool,
     /// `ssl_verify_depth`, for the chains this verifier walks itself.
     depth: u32,
     provider: Arc<rustls::crypto::CryptoProvider>,
@@ -754,6 +786,79 @@ fn webpki_refuses_ca_leaf(e: &rustls::Error) -> bool {
         rustls::Error::InvalidCertificate(rustls::CertificateError::Other(o))
             if matches!(o.0.downcast_ref::<webpki::Error>(), Some(webpki::Error::CaUsedAsEndEntity))
     )
+}
+
+impl WithV1Leaves {
+    /// OpenSSL's walk from the client's certificate: issuers by name and signature, from the
+    /// trusted CAs or the client's chain, up to a trusted certificate that signed itself; the
+    /// issuers above the client's own count against `ssl_verify_depth` (a trusted
+    /// intermediate too). The chain, the client's certificate first.
+    fn walk<'c>(
+        &'c self,
+        leaf: crate::x509::Cert<'c>,
+        intermediates: &'c [CertificateDer<'_>],
+        algs: &[&'static dyn rustls::pki_types::SignatureVerificationAlgorithm],
+    ) -> Result<Vec<crate::x509::Cert<'c>>, rustls::Error> {
+        use rustls::CertificateError as E;
+        let mut chain = vec![leaf];
+        loop {
+            let cur = *chain.last().expect("one at least");
+            if cur.subject == cur.issuer && crate::x509::signed_by(&cur, &cur, algs) {
+                let trusted = self
+                    .cas
+                    .iter()
+                    .any(|ca| crate::x509::parse(ca).is_some_and(|t| t.tbs == cur.tbs));
+                if !trusted {
+                    return Err(rustls::Error::InvalidCertificate(E::UnknownIssuer));
+                }
+                return Ok(chain);
+            }
+            let issuer = crate::x509::trusted_issuer(&cur, &self.cas, algs).or_else(|| {
+                intermediates
+                    .iter()
+                    .filter_map(|i| crate::x509::parse(i))
+                    .find(|i| i.subject == cur.issuer && crate::x509::signed_by(&cur, i, algs))
+            });
+            let Some(issuer) = issuer else {
+                return Err(rustls::Error::InvalidCertificate(E::UnknownIssuer));
+            };
+            if chain.len() > self.depth as usize {
+                return Err(rustls::Error::General("chain too long".into()));
+            }
+            chain.push(issuer);
+        }
+    }
+
+    /// `ssl_crl` as OpenSSL checks it for nginx (every certificate of the chain but the
+    /// self-signed root): a list from the certificate's issuer, signed by it, not past its
+    /// `nextUpdate`, that does not name the certificate's serial.
+    fn check_crls(
+        &self,
+        chain: &[crate::x509::Cert<'_>],
+        algs: &[&'static dyn rustls::pki_types::SignatureVerificationAlgorithm],
+        now: u64,
+    ) -> Result<(), rustls::Error> {
+        use rustls::CertificateError as E;
+        // nginx's verify callback lets OpenSSL go on after an error, so the error that
+        // stands is the last one found, from the client's certificate upwards.
+        let mut last = Ok(());
+        for pair in chain.windows(2) {
+            let (cert, issuer) = (&pair[0], &pair[1]);
+            let list = self
+                .crls
+                .iter()
+                .filter_map(|c| crate::x509::parse_crl(c))
+                .find(|l| l.issuer == cert.issuer && crate::x509::crl_signed_by(l, issuer, algs));
+            let error = match list {
+                None => E::UnknownRevocationStatus,
+                Some(l) if l.next_update.is_some_and(|t| t < now) => E::ExpiredRevocationList,
+                Some(l) if l.revoked.contains(&cert.serial) => E::Revoked,
+                Some(_) => continue,
+            };
+            last = Err(rustls::Error::InvalidCertificate(error));
+        }
+        last
+    }
 }
 
 impl ClientCertVerifier for WithV1Leaves {
@@ -780,57 +885,30 @@ impl ClientCertVerifier for WithV1Leaves {
             .inner
             .verify_client_cert(end_entity, intermediates, now);
         let ca_leaf = verdict.as_ref().is_err_and(webpki_refuses_ca_leaf);
-        if verdict.is_ok() || !(ca_leaf || webpki_refuses_version(end_entity)) {
+        let own_walk = ca_leaf || webpki_refuses_version(end_entity);
+        if verdict.is_err() && !own_walk {
             return verdict;
         }
+        if verdict.is_ok() && (!self.crl || self.webpki_crls) {
+            return verdict;
+        }
+        // shard's own walk: a certificate webpki refuses, or lists webpki cannot read.
         let bad = |e: E| Err(rustls::Error::InvalidCertificate(e));
         let Some(c) = crate::x509::parse(end_entity) else {
             return bad(E::BadEncoding);
         };
         let algs = self.provider.signature_verification_algorithms.all;
-        if ca_leaf {
-            // OpenSSL's walk: issuers by name and signature, from the trusted CAs or the
-            // client's chain, up to a certificate that signed itself; the issuers above the
-            // client's own count against `ssl_verify_depth`.
-            let mut cur = c;
-            let mut above = 0u32;
-            loop {
-                if cur.subject == cur.issuer && crate::x509::signed_by(&cur, &cur, algs) {
-                    if !self
-                        .cas
-                        .iter()
-                        .any(|ca| crate::x509::parse(ca).is_some_and(|t| t.tbs == cur.tbs))
-                    {
-                        return bad(E::UnknownIssuer);
-                    }
-                    break;
-                }
-                let issuer = crate::x509::trusted_issuer(&cur, &self.cas, algs).or_else(|| {
-                    intermediates
-                        .iter()
-                        .filter_map(|i| crate::x509::parse(i))
-                        .find(|i| i.subject == cur.issuer && crate::x509::signed_by(&cur, i, algs))
-                });
-                let Some(issuer) = issuer else {
-                    return bad(E::UnknownIssuer);
-                };
-                above += 1;
-                if above > self.depth {
-                    return Err(rustls::Error::General("chain too long".into()));
-                }
-                cur = issuer;
+        let chain = self.walk(c, intermediates, algs)?;
+        if own_walk {
+            match crate::x509::validity(end_entity) {
+                Some((from, _)) if now.as_secs() < from => return bad(E::NotValidYet),
+                Some((_, until)) if now.as_secs() > until => return bad(E::Expired),
+                Some(_) => {}
+                None => return bad(E::BadEncoding),
             }
-        } else if crate::x509::trusted_issuer(&c, &self.cas, algs).is_none() {
-            return bad(E::UnknownIssuer);
-        }
-        match crate::x509::validity(end_entity) {
-            Some((from, _)) if now.as_secs() < from => return bad(E::NotValidYet),
-            Some((_, until)) if now.as_secs() > until => return bad(E::Expired),
-            Some(_) => {}
-            None => return bad(E::BadEncoding),
         }
         if self.crl {
-            return bad(E::UnknownRevocationStatus);
+            self.check_crls(&chain, algs, now.as_secs())?;
         }
         Ok(rustls::server::danger::ClientCertVerified::assertion())
     }

@@ -167,6 +167,91 @@ pub(crate) fn parse(cert: &[u8]) -> Option<Cert<'_>> {
     })
 }
 
+/// A certificate revocation list's parts, borrowed from its DER, whatever its version
+/// (`openssl ca -gencrl` writes version 1 lists when no CRL extensions are configured, and
+/// `webpki` reads only version 2).
+#[derive(Debug, Clone)]
+pub(crate) struct Crl<'a> {
+    /// The whole `TBSCertList` element: what the issuer signed.
+    pub tbs: &'a [u8],
+    /// The issuer's `Name`, the whole element.
+    pub issuer: &'a [u8],
+    /// `nextUpdate`, unix seconds (`None`: the list does not say).
+    pub next_update: Option<u64>,
+    /// The revoked certificates' serial numbers (`INTEGER` contents).
+    pub revoked: Vec<&'a [u8]>,
+    pub sig_alg: &'a [u8],
+    pub signature: &'a [u8],
+}
+
+/// The parts of a DER certificate revocation list; `None` when it is not one.
+pub(crate) fn parse_crl(crl: &[u8]) -> Option<Crl<'_>> {
+    let (0x30, c, _) = der(crl)? else {
+        return None;
+    };
+    let (tbs, rest) = whole(c)?;
+    let (0x30, sig_alg, rest) = der(rest)? else {
+        return None;
+    };
+    let (t, sig, _) = der(rest)?;
+    let signature = bits(t, sig)?;
+    let (0x30, mut t, _) = der(tbs)? else {
+        return None;
+    };
+    if t.first() == Some(&0x02) {
+        t = der(t)?.2; // version: absent in a version 1 list
+    }
+    let (0x30, _, t) = der(t)? else {
+        return None; // signature algorithm
+    };
+    let (issuer, t) = whole(t)?;
+    let (tag, this, mut t) = der(t)?;
+    asn1_time(tag, this)?;
+    let mut next_update = None;
+    if let Some((tag @ (0x17 | 0x18), v, rest)) = der(t) {
+        next_update = Some(asn1_time(tag, v)?);
+        t = rest;
+    }
+    let mut revoked = Vec::new();
+    if let Some((0x30, mut list, _)) = der(t) {
+        while !list.is_empty() {
+            let (0x30, entry, rest) = der(list)? else {
+                return None;
+            };
+            let (0x02, serial, _) = der(entry)? else {
+                return None;
+            };
+            revoked.push(serial);
+            list = rest;
+        }
+    }
+    Some(Crl {
+        tbs,
+        issuer,
+        next_update,
+        revoked,
+        sig_alg,
+        signature,
+    })
+}
+
+/// Whether `crl` carries a signature of `issuer`'s key, by one of `algs`.
+pub(crate) fn crl_signed_by(
+    crl: &Crl<'_>,
+    issuer: &Cert<'_>,
+    algs: &[&'static dyn SignatureVerificationAlgorithm],
+) -> bool {
+    algs.iter()
+        .filter(|a| {
+            a.signature_alg_id().as_ref() == crl.sig_alg
+                && a.public_key_alg_id().as_ref() == issuer.spki_alg
+        })
+        .any(|a| {
+            a.verify_signature(issuer.public_key, crl.tbs, crl.signature)
+                .is_ok()
+        })
+}
+
 /// Whether `cert` carries a signature of `issuer`'s key, by one of `algs` (the algorithm the
 /// certificate names, for the issuer's kind of key).
 pub(crate) fn signed_by(

@@ -1703,6 +1703,167 @@ fn ca_certificates_as_client_certificates_and_the_verify_depth() {
     assert!(log.contains("(22:certificate chain too long)"), "{log}");
 }
 
+/// `ssl_crl` with the lists `openssl ca -gencrl` writes (version 1, which webpki does not
+/// read), over a chain root > int > end of CA certificates: every certificate but the root
+/// needs a list from its issuer, and the error that stands is the last found from the
+/// client's certificate up, as nginx's OpenSSL reports it (nginx's ssl_crl.t).
+#[test]
+fn version_1_revocation_lists_as_openssl_writes_them() {
+    if !have("openssl") {
+        skipped("version_1_revocation_lists", "openssl is not installed");
+        return;
+    }
+    let dir = temp_dir("tls-crl-v1").keep();
+    let conf_dir = dir.join("conf");
+    let _p = pki(&dir, &["a.test", "b.test", "c.test", "d.test", "e.test"]);
+    let d = conf_dir.display().to_string();
+    std::fs::write(
+        conf_dir.join("ca.conf"),
+        format!(
+            "[ ca ]\ndefault_ca = myca\n[ myca ]\nnew_certs_dir = {d}\ndatabase = {d}/certindex\n\
+             default_md = sha256\npolicy = myca_policy\nserial = {d}/certserial\n\
+             default_days = 1\ndefault_crl_days = 1\nx509_extensions = myca_extensions\n\
+             [ myca_policy ]\ncommonName = supplied\n\
+             [ myca_extensions ]\nbasicConstraints = critical,CA:TRUE\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(conf_dir.join("certserial"), "1000").unwrap();
+    std::fs::write(conf_dir.join("certindex"), "").unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let mut args = vec![
+        "req",
+        "-x509",
+        "-subj",
+        "/CN=root/",
+        "-out",
+        "root.crt",
+        "-keyout",
+        "root.key",
+    ];
+    args.extend(ec);
+    args.extend(["-addext", "basicConstraints=critical,CA:TRUE"]);
+    openssl_in(&conf_dir, &args);
+    for name in ["int", "end"] {
+        let (csr, key, subj) = (
+            format!("{name}.csr"),
+            format!("{name}.key"),
+            format!("/CN={name}/"),
+        );
+        let mut args = vec!["req", "-new", "-subj", &subj, "-out", &csr, "-keyout", &key];
+        args.extend(ec);
+        openssl_in(&conf_dir, &args);
+    }
+    let sign = |issuer: &str, name: &str| {
+        let (key, cert, csr, out, subj) = (
+            format!("{issuer}.key"),
+            format!("{issuer}.crt"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+            format!("/CN={name}/"),
+        );
+        openssl_in(
+            &conf_dir,
+            &[
+                "ca", "-batch", "-config", "ca.conf", "-keyfile", &key, "-cert", &cert, "-subj",
+                &subj, "-in", &csr, "-out", &out,
+            ],
+        );
+    };
+    sign("root", "int");
+    sign("int", "end");
+    let gencrl = |issuer: &str, out: &str| {
+        let (key, cert) = (format!("{issuer}.key"), format!("{issuer}.crt"));
+        openssl_in(
+            &conf_dir,
+            &[
+                "ca", "-gencrl", "-config", "ca.conf", "-keyfile", &key, "-cert", &cert, "-out",
+                out,
+            ],
+        );
+    };
+    gencrl("root", "empty.crl");
+    gencrl("int", "int.crl");
+    let read = |f: &str| std::fs::read_to_string(conf_dir.join(f)).unwrap();
+    std::fs::write(
+        conf_dir.join("empty-chain.crl"),
+        read("empty.crl") + &read("int.crl"),
+    )
+    .unwrap();
+    openssl_in(
+        &conf_dir,
+        &[
+            "ca", "-config", "ca.conf", "-revoke", "int.crt", "-keyfile", "root.key", "-cert",
+            "root.crt",
+        ],
+    );
+    gencrl("root", "root.crl");
+    assert!(!read("root.crl").is_empty());
+    std::fs::write(
+        conf_dir.join("int-root.crt"),
+        read("int.crt") + &read("root.crt"),
+    )
+    .unwrap();
+    let server = |name: &str, extra: &str| {
+        format!(
+            "server {{ listen 127.0.0.1:{{port1}} ssl; server_name {name}.test; \
+             ssl_certificate {d}/{name}.test.pem; ssl_certificate_key {d}/{name}.test.key; \
+             ssl_verify_client on; {extra} location / {{ return 200 \"$ssl_client_verify\"; }} }}\n"
+        )
+    };
+    let text = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\npid logs/shard.pid;\nevents {{}}\n\
+         http {{\nadd_header X-Verify $ssl_client_verify always;\n\
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n{}{}{}{}{}}}\n",
+        server("a", &format!("ssl_client_certificate {d}/root.crt; ssl_crl {d}/empty.crl;")),
+        server("b", &format!("ssl_client_certificate {d}/root.crt; ssl_crl {d}/root.crl;")),
+        server("c", &format!("ssl_client_certificate {d}/int-root.crt; ssl_verify_depth 2; ssl_crl {d}/root.crl;")),
+        server("d", &format!("ssl_client_certificate {d}/int-root.crt; ssl_verify_depth 2; ssl_crl {d}/empty.crl;")),
+        server("e", &format!("ssl_client_certificate {d}/int-root.crt; ssl_verify_depth 2; ssl_crl {d}/empty-chain.crl;")),
+    );
+    let s = Server::start_ports("tls-crl-v1", &text, 1, 1);
+    use rustls::pki_types::pem::PemObject;
+    let client = |name: &str| {
+        let cert = CertificateDer::from_pem_file(conf_dir.join(format!("{name}.crt"))).unwrap();
+        let key =
+            rustls::pki_types::PrivateKeyDer::from_pem_file(conf_dir.join(format!("{name}.key")))
+                .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(_p.ca.clone()).unwrap();
+        Arc::new(
+            rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(vec![cert], key)
+            .unwrap(),
+        )
+    };
+    let verify = |server: &str, cfg: &Arc<rustls::ClientConfig>| {
+        let sni = format!("{server}.test");
+        let mut t = connect_tls(tls_addr(&s), &sni, cfg).unwrap();
+        let (_, head, _) = request(&mut t, &sni, "/");
+        head.lines()
+            .find_map(|l| l.strip_prefix("X-Verify: "))
+            .unwrap_or("")
+            .to_string()
+    };
+    let (int, end) = (client("int"), client("end"));
+    assert_eq!(verify("a", &int), "SUCCESS");
+    assert_eq!(verify("b", &int), "FAILED:certificate revoked");
+    assert_eq!(verify("c", &end), "FAILED:certificate revoked");
+    assert_eq!(verify("d", &end), "FAILED:unable to get certificate CRL");
+    assert_eq!(verify("e", &end), "SUCCESS");
+}
+
 /// An upstream that resets mid-response: the TLS client sees the end of stream without
 /// close_notify, so it can tell the truncation (nginx's quiet shutdown); a whole response
 /// that ends with the connection ends with close_notify.
