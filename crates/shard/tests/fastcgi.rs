@@ -695,3 +695,95 @@ fn stdout_that_ends_inside_the_head_is_an_invalid_header() {
             .then_some(())
     });
 }
+
+/// Reads FastCGI records from `c` until `want` is true of the `STDIN` content gathered (or
+/// the stream ends); the content and whether the empty `STDIN` record came.
+fn read_stdin(
+    c: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    want: impl Fn(&[u8], bool) -> bool,
+) -> (Vec<u8>, bool) {
+    let mut chunk = [0u8; 4096];
+    loop {
+        let (mut at, mut stdin, mut ended) = (0, Vec::new(), false);
+        while buf.len() >= at + 8 {
+            let len = u16::from_be_bytes([buf[at + 4], buf[at + 5]]) as usize;
+            let (kind, pad) = (buf[at + 1], buf[at + 6] as usize);
+            if buf.len() < at + 8 + len + pad {
+                break;
+            }
+            if kind == 5 {
+                stdin.extend_from_slice(&buf[at + 8..at + 8 + len]);
+                ended |= len == 0;
+            }
+            at += 8 + len + pad;
+        }
+        if want(&stdin, ended) {
+            return (stdin, ended);
+        }
+        match c.read(&mut chunk) {
+            Ok(0) | Err(_) => return (stdin, ended),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// `fastcgi_request_buffering off`: the application gets the params and what the client
+/// sent at once, the rest as it arrives (lengths and chunked bodies alike), and the
+/// response comes back (nginx's fastcgi_request_buffering*.t).
+#[test]
+fn fastcgi_request_buffering_off_streams_the_body() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let app = l.local_addr().unwrap().port();
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n\
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }}\n\
+         location / {{ fastcgi_pass 127.0.0.1:{app}; fastcgi_request_buffering off;\n\
+         fastcgi_param CONTENT_LENGTH $content_length; }} }} }}\n"
+    );
+    let s = Server::start("fastcgi-unbuffered", &conf, 1);
+    for (head, first, rest) in [
+        ("Content-Length: 10", &b"01234"[..], &b"56789"[..]),
+        (
+            "Transfer-Encoding: chunked",
+            &b"5\r\n01234\r\n"[..],
+            &b"5\r\n56789\r\n0\r\n\r\n"[..],
+        ),
+    ] {
+        let mut client = TcpStream::connect(s.addr()).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut req = format!("POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{head}\r\n\r\n")
+            .into_bytes();
+        req.extend_from_slice(first);
+        client.write_all(&req).unwrap();
+        let (mut up, _) = l.accept().unwrap();
+        up.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = Vec::new();
+        // The first part arrives before the client sends the rest.
+        let (got, ended) = read_stdin(&mut up, &mut buf, |b, _| b.len() >= 5);
+        assert_eq!((&got[..], ended), (&b"01234"[..], false), "{head}");
+        client.write_all(rest).unwrap();
+        let (got, ended) = read_stdin(&mut up, &mut buf, |_, e| e);
+        assert_eq!((&got[..], ended), (&b"0123456789"[..], true), "{head}");
+        let record = |kind: u8, content: &[u8]| {
+            let mut r = vec![1, kind, 0, 1];
+            r.extend_from_slice(&(content.len() as u16).to_be_bytes());
+            r.extend_from_slice(&[0, 0]);
+            r.extend_from_slice(content);
+            r
+        };
+        let mut out = record(6, b"Content-Type: text/plain\r\n\r\ngot it");
+        out.extend(record(6, b""));
+        out.extend(record(3, &[0; 8]));
+        up.write_all(&out).unwrap();
+        drop(up);
+        let r = read_response(&mut client, false).unwrap();
+        assert_eq!(
+            (r.status, r.body_str()),
+            (200, "got it".to_string()),
+            "{head}"
+        );
+    }
+}

@@ -222,6 +222,9 @@ pub(super) struct Proxy {
     /// A streamed body is re-chunked for the upstream.
     stream_chunked: bool,
     stream_pos: usize,
+    /// FastCGI: a streamed body that was whole when the request was built went with the
+    /// params, its end record too.
+    stream_ended_in_head: bool,
     /// A streamed body's bytes while they fit in `client_body_buffer_size` (`$request_body`
     /// once the body is whole, as nginx's unbuffered body in its one buffer); `None` past it.
     stream_copy: Option<Vec<u8>>,
@@ -370,6 +373,7 @@ impl Proxy {
             body: Spool::default(),
             file_pos: 0,
             streaming: false,
+            stream_ended_in_head: false,
             stream_chunked: false,
             stream_pos: 0,
             stream_copy: None,
@@ -1124,16 +1128,13 @@ impl<'a> Worker<'a> {
         }
         let loc = self.proxy_location(p);
         let conf = &loc.body;
-        // FastCGI frames the body in records: it is read whole first (see docs).
         let passes_body = loc.proxy.pass_request_body && loc.proxy.set_body.is_none();
-        if !loc.proxy.request_buffering
-            && p.fcgi.is_none()
-            && passes_body
-            && self.conns[key].body_pending()
-        {
+        if !loc.proxy.request_buffering && passes_body && self.conns[key].body_pending() {
             // nginx streams a chunked body only to an HTTP/1.1 upstream; to 1.0 it buffers.
             let chunked = p.req.body == Body::Chunked;
-            if !chunked || loc.proxy.http_version_minor >= 1 {
+            // FastCGI needs no length: its records carry a chunked body as it is decoded.
+            let fcgi = p.fcgi.is_some();
+            if !chunked || fcgi || loc.proxy.http_version_minor >= 1 {
                 p.streaming = true;
                 p.stream_chunked = chunked;
                 p.stream_copy = Some(Vec::new());
@@ -1554,6 +1555,7 @@ impl<'a> Worker<'a> {
             _ if p.body_skipped => None,
             (None, Body::None) => None,
             (None, Body::Length(n)) if p.streaming => Some(n),
+            (None, Body::Chunked) if p.streaming => None,
             _ => Some(p.body.len()),
         };
         let in_memory = if p.body.file().is_some() {
@@ -1591,7 +1593,8 @@ impl<'a> Worker<'a> {
             // records are written by `send_fcgi_body`.
             let body = if !fc.pass_request_body || p.req.body == Body::None {
                 Some(&[][..])
-            } else if p.body.file().is_some() {
+            } else if p.body.file().is_some() || p.streaming {
+                // STDIN records follow (`send_fcgi_body`, or `stream_body` as it arrives).
                 None
             } else {
                 Some(&p.body.mem[..])
@@ -1600,6 +1603,32 @@ impl<'a> Worker<'a> {
             shard_http::fastcgi::write_request(&mut out, &ctx, fc, body, validators);
             if let Some(f) = p.fcgi.as_mut() {
                 f.body_in_head = body.is_some();
+            }
+            if p.streaming {
+                // What the client already sent goes with the params, in one write (as
+                // nginx's request chain), and the end record when that is all of it.
+                let mut pre = Vec::new();
+                let done =
+                    !self.conns[key].body_pending() || self.consume_body(key, Some(&mut pre));
+                if !self.conns[key].close_after {
+                    let bound = loc.body.buffer_size.max(1);
+                    if p.stream_copy
+                        .as_ref()
+                        .is_some_and(|c| c.len() + pre.len() > bound)
+                    {
+                        p.stream_copy = None;
+                    }
+                    if let Some(copy) = &mut p.stream_copy {
+                        copy.extend_from_slice(&pre);
+                    }
+                    if !pre.is_empty() {
+                        shard_http::fastcgi::push_stdin(&mut out, &pre);
+                    }
+                    if done {
+                        shard_http::fastcgi::push_stdin_end(&mut out);
+                        p.stream_ended_in_head = true;
+                    }
+                }
             }
             p.body.mem = Vec::new();
             self.recharge(&mut p.body);
@@ -1929,6 +1958,23 @@ impl<'a> Worker<'a> {
             p.body.mem.clear();
             p.stream_pos = 0;
             if !self.conns[key].body_pending() {
+                if self.conns[key].close_after {
+                    // A malformed or too large chunked body, after part of it went upstream.
+                    let c = &self.conns[key];
+                    let max = c.rd().body_bytes_max;
+                    return Flow::Fail(if max > 0 && c.rd().body_bytes > max {
+                        413
+                    } else {
+                        400
+                    });
+                }
+                // FastCGI: the empty `STDIN` record ends the body.
+                let ended = p.stream_ended_in_head;
+                if let Some(f) = p.fcgi.as_mut().filter(|f| !f.stdin_done && !ended) {
+                    f.stdin_done = true;
+                    shard_http::fastcgi::push_stdin_end(&mut p.body.mem);
+                    continue;
+                }
                 return self.body_sent(key, p);
             }
             // Fill from what the client sent, up to the bound or until it has no more.
@@ -1965,11 +2011,16 @@ impl<'a> Worker<'a> {
                 let got = if p.stream_chunked {
                     p.scratch.clear();
                     let done = self.consume_body(key, Some(&mut p.scratch));
-                    if !p.scratch.is_empty() {
-                        shard_http::proxy::write_chunk(&mut p.body.mem, &p.scratch);
-                    }
-                    if done && !self.conns[key].close_after {
-                        p.body.mem.extend_from_slice(shard_http::proxy::LAST_CHUNK);
+                    if p.fcgi.is_some() {
+                        // Decoded, for `STDIN` records.
+                        p.body.mem.extend_from_slice(&p.scratch);
+                    } else {
+                        if !p.scratch.is_empty() {
+                            shard_http::proxy::write_chunk(&mut p.body.mem, &p.scratch);
+                        }
+                        if done && !self.conns[key].close_after {
+                            p.body.mem.extend_from_slice(shard_http::proxy::LAST_CHUNK);
+                        }
                     }
                     &p.scratch[..]
                 } else {
@@ -1994,6 +2045,12 @@ impl<'a> Worker<'a> {
                         400
                     });
                 }
+            }
+            // FastCGI: what was read goes in `STDIN` records.
+            if p.fcgi.is_some() && !p.body.mem.is_empty() {
+                let raw = std::mem::take(&mut p.body.mem);
+                p.body.mem.reserve(raw.len() + 64);
+                shard_http::fastcgi::push_stdin(&mut p.body.mem, &raw);
             }
             self.recharge(&mut p.body);
         }
