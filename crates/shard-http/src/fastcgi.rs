@@ -221,10 +221,12 @@ pub fn write_request(
     if conf.pass_request_headers {
         let mut name = Vec::new();
         for (i, h) in hs.iter().enumerate() {
-            if !h
-                .name
-                .bytes()
-                .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+            // As the proxy: a name `ignore_invalid_headers` drops is not passed.
+            if !crate::request::header_name_forwarded(h.name.as_bytes(), ctx.req.names)
+                || !h
+                    .name
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
             {
                 continue;
             }

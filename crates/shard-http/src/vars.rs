@@ -225,13 +225,26 @@ pub fn request_headers_in<'b, 'h>(
 /// Appends every value of the request header `name`, joined with `, ` (`; ` for `Cookie`,
 /// as nginx joins cookies); true if there was one.
 pub fn push_joined(out: &mut Vec<u8>, name: &str, hs: &[httparse::Header<'_>]) -> bool {
+    push_joined_if(out, name, hs, |_| true)
+}
+
+/// [`push_joined`] over the headers whose names `kept` takes.
+pub fn push_joined_if(
+    out: &mut Vec<u8>,
+    name: &str,
+    hs: &[httparse::Header<'_>],
+    kept: impl Fn(&str) -> bool,
+) -> bool {
     let mut any = false;
     let sep: &[u8] = if name.eq_ignore_ascii_case("cookie") {
         b"; "
     } else {
         b", "
     };
-    for h in hs.iter().filter(|h| h.name.eq_ignore_ascii_case(name)) {
+    for h in hs
+        .iter()
+        .filter(|h| var_names_header(name, h.name) && kept(h.name))
+    {
         if any {
             out.extend_from_slice(sep);
         }
@@ -239,6 +252,18 @@ pub fn push_joined(out: &mut Vec<u8>, name: &str, hs: &[httparse::Header<'_>]) -
         any = true;
     }
     any
+}
+
+/// Whether a `$http_NAME`-style variable (its name with `-` for `_`) stands for header
+/// `header`: without case, and a header's `_` matches as its `-` does (nginx turns each `-`
+/// of a header name into `_` and compares with the variable's name, so `X_Foo` and `X-Foo`
+/// are both `$http_x_foo`).
+pub fn var_names_header(name: &str, header: &str) -> bool {
+    name.len() == header.len()
+        && name.bytes().zip(header.bytes()).all(|(n, h)| {
+            let h = if h == b'_' { b'-' } else { h };
+            n.eq_ignore_ascii_case(&h)
+        })
 }
 
 /// Appends `ms` as seconds with three decimals (`0.012`), nginx's time format.
@@ -658,7 +683,10 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             }
         }
         Var::Http(name) => {
-            push_joined(out, name, c.headers);
+            // A header `ignore_invalid_headers` drops is not one (nginx never lists it).
+            push_joined_if(out, name, c.headers, |h| {
+                crate::request::header_name_forwarded(h.as_bytes(), c.req.names)
+            });
         }
         Var::User(name) => {
             if let Some((_, v)) = c

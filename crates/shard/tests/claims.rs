@@ -545,7 +545,7 @@ fn underscores_in_headers_is_the_listener_default_servers_as_in_nginx() {
              server {{ listen 127.0.0.1:{{port}} default_server; underscores_in_headers {a};\n\
                  location = /status {{ shard_status; }} }}\n\
              server {{ listen 127.0.0.1:{{port}}; server_name b.test; underscores_in_headers {b};\n\
-                 location / {{ proxy_pass http://127.0.0.1:{}; }} }}\n}}\n",
+                 location / {{ add_header X-Sent-Foo $http_x_foo; proxy_pass http://127.0.0.1:{}; }} }}\n}}\n",
             up.port
         )
     };
@@ -560,6 +560,12 @@ fn underscores_in_headers_is_the_listener_default_servers_as_in_nginx() {
             up.last().header("x_foo").is_some(),
             default_on,
             "default server's underscores_in_headers {default_on}"
+        );
+        // A header taken with its underscore is `$http_x_foo`, as nginx names it.
+        assert_eq!(
+            r.header("x-sent-foo"),
+            default_on.then_some("1"),
+            "{default_on}"
         );
     }
 }

@@ -270,7 +270,9 @@ fn hop_by_hop(name: &[u8]) -> bool {
 }
 
 /// A request's header fields as the phases read them: the HTTP/1.1 head, `None` when the
-/// request is malformed (RFC 9113, 8.1.1: a stream error).
+/// request is malformed in a way nginx resets (RFC 9113, 8.1.1: a stream error). Pseudo-
+/// header mistakes (missing, repeated, unknown, out of order, bad values) are nginx's 400:
+/// a head whose request line the HTTP/1.x parser refuses.
 fn request_head(
     fields: &[(&[u8], &[u8])],
     end_stream: bool,
@@ -278,33 +280,31 @@ fn request_head(
 ) -> Option<Vec<u8>> {
     let (mut method, mut path, mut scheme, mut authority) = (None, None, false, None);
     let mut regular = false;
+    let bad_request = || Some(INVALID_REQUEST.to_vec());
     for &(n, v) in fields {
         if n.first() == Some(&b':') {
             if regular {
-                return None;
+                return bad_request();
             }
             match n {
                 b":method" if method.is_none() => method = Some(v),
                 b":path" if path.is_none() && !v.is_empty() => path = Some(v),
-                b":scheme" if !scheme => scheme = true,
+                b":scheme" if !scheme && !v.is_empty() => scheme = true,
                 b":authority" if authority.is_none() => authority = Some(v),
-                _ => return None,
+                _ => return bad_request(),
             }
             continue;
         }
         regular = true;
-        if n.iter().any(|b| b.is_ascii_uppercase())
-            || hop_by_hop(n)
-            || (n == b"te" && v != b"trailers")
-        {
+        if hop_by_hop(n) || (n == b"te" && v != b"trailers") {
             return None;
         }
     }
     let (Some(method), Some(path), true) = (method, path, scheme) else {
-        return None;
+        return bad_request();
     };
     if v_has_ctl(method) || v_has_ctl(path) || path.contains(&b' ') {
-        return None;
+        return bad_request();
     }
     let mut h = Vec::with_capacity(256);
     h.extend_from_slice(method);
@@ -319,12 +319,21 @@ fn request_head(
     }
     let mut length = false;
     let mut cookies = 0;
+    let mut bad = false;
     for &(n, v) in fields {
         if n.first() == Some(&b':') || n == b"te" {
             continue;
         }
-        if v_has_ctl(v) {
-            return None;
+        // nginx's `ngx_http_v2_validate_header`: a name with an uppercase letter, a control
+        // byte, a space or a colon, or a value with NUL, CR or LF, is a bad request (400),
+        // not a reset; other odd names are left to `ignore_invalid_headers`.
+        if n.is_empty()
+            || n.iter()
+                .any(|&b| b <= 0x20 || b == 0x7f || b == b':' || b.is_ascii_uppercase())
+            || v_has_ctl(v)
+        {
+            bad = true;
+            continue;
         }
         if n == b"cookie" {
             cookies += 1;
@@ -355,9 +364,21 @@ fn request_head(
         h.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
         *chunked = true;
     }
+    if bad {
+        // A line the HTTP/1.x parser refuses, so the request gets its 400 (page, log line,
+        // access log) the way every other bad request does.
+        h.extend_from_slice(INVALID_LINE);
+    }
     h.extend_from_slice(b"\r\n");
     Some(h)
 }
+
+/// A head whose request line no HTTP/1.x parser takes: the stream's answer is the 400 of a
+/// malformed request.
+const INVALID_REQUEST: &[u8] = b"\x00\r\n\r\n";
+
+/// Stands for a header field HTTP/2 took but nginx refuses: never a valid HTTP/1.x line.
+const INVALID_LINE: &[u8] = b"\x00\r\n";
 
 /// CR, LF or NUL in a field: malformed (RFC 9113, 8.2.1).
 fn v_has_ctl(v: &[u8]) -> bool {
