@@ -32,6 +32,8 @@ pub enum Error {
     TableSize,
     /// The decoded list is larger than the limit given to [`Decoder::decode`].
     ListTooLarge,
+    /// A string literal longer than [`Decoder::set_max_field`] allows.
+    FieldTooLarge,
 }
 
 /// The static table (RFC 7541, Appendix A), index 1 first.
@@ -349,9 +351,17 @@ pub struct Decoder {
     setting: usize,
     /// Decoded strings of the field in hand.
     scratch: Vec<u8>,
+    /// The longest string literal taken, as sent (nginx: `large_client_header_buffers`'
+    /// size); `usize::MAX` unless set.
+    max_field: usize,
 }
 
 impl Decoder {
+    /// String literals longer than `n` bytes (as sent) fail with [`Error::FieldTooLarge`].
+    pub fn set_max_field(&mut self, n: usize) {
+        self.max_field = n;
+    }
+
     /// A decoder whose table may grow to `table_size` bytes (4096 is HTTP/2's default).
     pub fn new(table_size: usize) -> Decoder {
         Decoder {
@@ -361,6 +371,7 @@ impl Decoder {
             },
             setting: table_size,
             scratch: Vec::new(),
+            max_field: usize::MAX,
         }
     }
 
@@ -370,7 +381,8 @@ impl Decoder {
     }
 
     /// Decodes a whole header block, handing each field to `field` in order. The list may
-    /// decode to at most `max_list` bytes (names, values and 32 per field); past that,
+    /// decode to at most `max_list` bytes (names and values, as nginx counts its header
+    /// limit); past that,
     /// [`Error::ListTooLarge`] (the block is still decoded to its end, so that the dynamic
     /// table stays as the encoder's; `field` is no longer called).
     pub fn decode(
@@ -389,7 +401,7 @@ impl Decoder {
                 // Indexed field (6.1).
                 let i = integer(block, &mut pos, 7)?;
                 let (n, v) = get(&self.table, i)?;
-                list += n.len() + v.len() + 32;
+                list += n.len() + v.len();
                 if list <= max_list && !too_large {
                     field(n, v);
                 } else {
@@ -424,7 +436,7 @@ impl Decoder {
             fields_seen = true;
             let s = &self.scratch;
             let (name, value) = (&s[name_at.0..name_at.1], &s[value_at.0..value_at.1]);
-            list += name.len() + value.len() + 32;
+            list += name.len() + value.len();
             if list <= max_list && !too_large {
                 field(name, value);
             } else {
@@ -455,6 +467,9 @@ impl Decoder {
     fn string(&mut self, block: &[u8], pos: &mut usize) -> Result<(usize, usize), Error> {
         let huffman = *block.get(*pos).ok_or(Error::Truncated)? & 0x80 != 0;
         let len = integer(block, pos, 7)?;
+        if len > self.max_field {
+            return Err(Error::FieldTooLarge);
+        }
         let end = pos.checked_add(len).ok_or(Error::Truncated)?;
         let raw = block.get(*pos..end).ok_or(Error::Truncated)?;
         *pos = end;
@@ -783,7 +798,18 @@ mod tests {
         let mut calls = 0;
         let r = Decoder::new(4096).decode(&bomb, 16 * 1024, |_, _| calls += 1);
         assert_eq!(r, Err(Error::ListTooLarge));
-        assert!(calls * (128 + 32) <= 16 * 1024, "{calls}");
+        assert!(calls * 128 <= 16 * 1024, "{calls}");
+        // A string over the field limit, as sent.
+        let mut d = Decoder::new(4096);
+        d.set_max_field(4);
+        assert_eq!(
+            d.decode(
+                &[0x00, 0x01, b'a', 0x05, b'v', b'v', b'v', b'v', b'v'],
+                1 << 20,
+                |_, _| {}
+            ),
+            Err(Error::FieldTooLarge)
+        );
     }
 
     #[test]

@@ -566,7 +566,8 @@ impl Worker<'_> {
         };
         let conf = srv.http2;
         let limits = srv.large_client_header_buffers;
-        let max_list = (limits.0 * limits.1).max(4096);
+        // nginx's header limit: the buffers' whole size, names and values counted.
+        let max_list = limits.0 * limits.1;
         // 0 (nginx: open the window once the body is asked for) is one frame's worth: the
         // window reopens as the stream's body is taken either way.
         let our_window = conf.body_preread_size.max(16_384) as i64;
@@ -590,7 +591,11 @@ impl Worker<'_> {
             input,
             preface_read: false,
             reader: Reader::new(h2frame::DEFAULT_MAX_FRAME, max_list),
-            decoder: hpack::Decoder::new(4096),
+            decoder: {
+                let mut d = hpack::Decoder::new(4096);
+                d.set_max_field(limits.1);
+                d
+            },
             out,
             ids: HashMap::default(),
             streams: HashMap::default(),
@@ -1042,9 +1047,22 @@ impl Worker<'_> {
                     .iter()
                     .map(|&(a, b, c)| (&flat[a..b], &flat[b..c]))
                     .collect();
-                match decoded {
-                    Ok(()) | Err(hpack::Error::ListTooLarge) => {}
-                    Err(_) => return Err(ConnError(code::COMPRESSION_ERROR)),
+                if let Err(e) = decoded {
+                    // nginx counts a new stream as processed from its HEADERS on: the GOAWAY
+                    // names it as the last.
+                    if stream > s.last_id && stream % 2 == 1 && !s.ids.contains_key(&stream) {
+                        s.last_id = stream;
+                    }
+                    // nginx 1.22's answers: a field or a list over
+                    // `large_client_header_buffers` is abuse, a block that ends inside a
+                    // field a size error, the rest compression errors.
+                    return Err(ConnError(match e {
+                        hpack::Error::ListTooLarge | hpack::Error::FieldTooLarge => {
+                            code::ENHANCE_YOUR_CALM
+                        }
+                        hpack::Error::Truncated => code::FRAME_SIZE_ERROR,
+                        _ => code::COMPRESSION_ERROR,
+                    }));
                 }
                 if let Some(&sk) = s.ids.get(&stream) {
                     // Trailers: they end the body; their fields are not kept.
@@ -1064,13 +1082,6 @@ impl Worker<'_> {
                 }
                 if s.ids.len() >= s.max_streams as usize {
                     h2frame::push_rst_stream(&mut s.out, stream, code::REFUSED_STREAM);
-                    return Ok(());
-                }
-                if decoded.is_err() {
-                    // Larger than `large_client_header_buffers`: 431 on the stream.
-                    let mut b = Vec::new();
-                    hpack::Encoder.status(431, &mut b);
-                    h2frame::push_headers(&mut s.out, stream, &b, true, s.peer_max_frame);
                     return Ok(());
                 }
                 let mut chunked = false;
