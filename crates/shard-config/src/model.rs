@@ -685,6 +685,8 @@ pub struct LocationConf {
     /// `client_body_timeout`: the longest wait between two reads of a request body. Default
     /// 60 s; then 408.
     pub client_body_timeout_ms: u64,
+    /// `http2_chunk_size`: the largest DATA frame of a response over HTTP/2. Default 8k.
+    pub http2_chunk_size: usize,
     /// How a request body is kept: `client_body_buffer_size`, `client_body_temp_path`,
     /// `client_body_in_file_only`, `client_body_in_single_buffer`.
     pub body: BodyConf,

@@ -151,6 +151,10 @@ impl Reader {
         if len > self.max_frame {
             return Err(ConnError(code::FRAME_SIZE_ERROR));
         }
+        // A client may never push: refused on its header, before its payload (as nginx).
+        if ty == kind::PUSH_PROMISE {
+            return Err(ConnError(code::PROTOCOL_ERROR));
+        }
         if input.len() < 9 + len {
             return Ok(None);
         }

@@ -320,6 +320,7 @@ pub(crate) mod tests {
             send_timeout_ms: 60_000,
             auth_delay_ms: 0,
             client_body_timeout_ms: 60_000,
+            http2_chunk_size: 8 * 1024,
             body: shard_config::BodyConf {
                 buffer_size: 8192,
                 temp_path: shard_config::TempPath {

@@ -695,6 +695,8 @@ mod client {
         /// A GOAWAY came: its last stream id, and its error code.
         pub goaway: Option<u32>,
         pub goaway_code: Option<u32>,
+        /// The sizes of the last answer's DATA frames.
+        pub data_frames: Vec<usize>,
     }
 
     impl Conn {
@@ -714,6 +716,7 @@ mod client {
                 decoder: hpack::Decoder::new(4096),
                 goaway: None,
                 goaway_code: None,
+                data_frames: Vec::new(),
             })
         }
 
@@ -773,6 +776,7 @@ mod client {
             }
             let id = self.next_id;
             self.next_id += 2;
+            self.data_frames.clear();
             let block = block.to_vec();
             let mut out = Vec::new();
             h2frame::push_headers(&mut out, id, &block, true, 16_384);
@@ -833,6 +837,7 @@ mod client {
                             flow_len,
                         } if stream == id => {
                             body += data.len();
+                            self.data_frames.push(data.len());
                             h2frame::push_window_update(&mut replies, id, flow_len as u32);
                             if end_stream {
                                 done = Some(Outcome::Answered(status, body));
@@ -1241,4 +1246,24 @@ fn a_client_that_stops_reading_is_cut_off_after_send_timeout() {
     let mut got = Vec::new();
     let _ = c.read_to_end(&mut got);
     assert!(got.len() < LEN, "{} bytes", got.len());
+}
+
+/// `http2_chunk_size` of the location caps a response's DATA frames (nginx's h2.t: size 1
+/// gives one frame per byte; the default 8k splits a larger file at 8192).
+#[test]
+fn http2_chunk_size_caps_data_frames() {
+    let s = start(
+        "h2-chunk-size",
+        "",
+        "http2 on;\n location = /one { http2_chunk_size 1; return 200 'body'; }",
+    );
+    write_file(&s.dir, "html/20k.bin", &vec![b'x'; 20_000]);
+    let mut c = client::Conn::open(h2_addr(&s)).unwrap();
+    assert!(matches!(c.get("/one"), client::Outcome::Answered(200, 4)));
+    assert_eq!(c.data_frames, [1, 1, 1, 1]);
+    assert!(matches!(
+        c.get("/20k.bin"),
+        client::Outcome::Answered(200, 20_000)
+    ));
+    assert_eq!(c.data_frames, [8192, 8192, 3616]);
 }

@@ -526,6 +526,7 @@ pub(super) struct Eff {
     pub(super) send_timeout_ms: u64,
     pub(super) auth_delay_ms: u64,
     pub(super) client_body_timeout_ms: u64,
+    pub(super) http2_chunk_size: usize,
     pub(super) body: BodyConf,
     pub(super) lingering: Lingering,
     pub(super) disable_symlinks: DisableSymlinks,
@@ -612,6 +613,7 @@ impl Eff {
             send_timeout_ms: 60_000,
             auth_delay_ms: 0,
             client_body_timeout_ms: 60_000,
+            http2_chunk_size: 8 * 1024,
             body: BodyConf {
                 buffer_size: CLIENT_BODY_BUFFER_DEFAULT,
                 temp_path: TempPath {
@@ -723,6 +725,7 @@ impl Eff {
             client_body_timeout_ms: s
                 .client_body_timeout_ms
                 .unwrap_or(self.client_body_timeout_ms),
+            http2_chunk_size: s.http2_chunk_size.unwrap_or(self.http2_chunk_size),
             body: BodyConf {
                 buffer_size: s.client_body_buffer_size.unwrap_or(self.body.buffer_size),
                 temp_path: s
@@ -973,6 +976,7 @@ impl Eff {
             send_timeout_ms: self.send_timeout_ms,
             auth_delay_ms: self.auth_delay_ms,
             client_body_timeout_ms: self.client_body_timeout_ms,
+            http2_chunk_size: self.http2_chunk_size,
             body: self.body.clone(),
             lingering: self.lingering,
             disable_symlinks: self.disable_symlinks.clone(),

@@ -195,6 +195,8 @@ pub(super) struct Req {
     /// start of that reading plus `lingering_time`; 0 while not discarding.
     pub(super) linger_until_ms: u64,
     pub(super) send_timeout_ms: u64,
+    /// `http2_chunk_size` of the request's location: its DATA frames' largest size.
+    pub(super) h2_chunk: usize,
     /// `client_body_timeout` of the request's location.
     pub(super) body_timeout_ms: u64,
     pub(super) keepalive_timeout_ms: u64,
@@ -292,6 +294,7 @@ impl Req {
         self.linger = base.lingering;
         self.linger_until_ms = 0;
         self.send_timeout_ms = base.send_timeout_ms;
+        self.h2_chunk = base.http2_chunk_size;
         self.body_timeout_ms = base.client_body_timeout_ms;
         self.keepalive_timeout_ms = base.keepalive_timeout_ms;
         self.proxy = None;
@@ -358,6 +361,7 @@ impl Req {
             linger,
             linger_until_ms: 0,
             send_timeout_ms: send,
+            h2_chunk: 8 * 1024,
             body_timeout_ms: body,
             keepalive_timeout_ms: keepalive,
             proxy: None,
@@ -917,7 +921,7 @@ impl Conn {
                 let end = c.out.len().min(c.out_pos.saturating_add(allow));
                 let out = std::mem::take(&mut c.out);
                 let res = if c.h2 & super::h2::H2_STREAM != 0 {
-                    Worker::h2_send(h2, c.h2, key, &out[c.out_pos..end])
+                    Worker::h2_send(h2, c.h2, key, &out[c.out_pos..end], r.h2_chunk)
                 } else {
                     send(
                         fd_of(&c.fd),
@@ -2108,6 +2112,7 @@ impl<'a> Worker<'a> {
         c.rq().in_error_page = false;
         c.rq().status_override = None;
         c.rq().send_timeout_ms = first.send_timeout_ms;
+        c.rq().h2_chunk = first.http2_chunk_size;
         c.rq().body_timeout_ms = first.client_body_timeout_ms;
         c.rq().keepalive_timeout_ms = first.keepalive_timeout_ms;
         c.rq().linger = first.lingering;

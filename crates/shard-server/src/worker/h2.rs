@@ -170,6 +170,8 @@ struct Stream {
     out: Out,
     /// The stream connection waits for window (its last write was refused).
     blocked: bool,
+    /// `http2_chunk_size` of the stream's location: the largest DATA frame sent.
+    chunk: usize,
 }
 
 /// Requests per second below which a worker never sheds connections (`http2_rebalance`):
@@ -468,7 +470,7 @@ impl Session {
                 let room = self
                     .send_window
                     .min(st.send_window)
-                    .min(self.peer_max_frame as i64);
+                    .min(self.peer_max_frame.min(st.chunk) as i64);
                 if room <= 0 || self.out.len() >= SESSION_OUT_MAX {
                     st.blocked = true;
                     return Err(ErrorKind::WouldBlock.into());
@@ -1297,6 +1299,7 @@ impl Worker<'_> {
                 recv_done: end_stream,
                 out: Out::Head(Vec::new()),
                 blocked: false,
+                chunk: 8 * 1024,
             },
         );
         s.ready.push(sk);
@@ -1373,12 +1376,14 @@ impl Worker<'_> {
         h2: u32,
         key: usize,
         buf: &[u8],
+        chunk: usize,
     ) -> std::io::Result<usize> {
         let gone = || std::io::Error::from(std::io::ErrorKind::BrokenPipe);
         let s = session_of(h2)
             .and_then(|i| sessions.get_mut(i))
             .ok_or_else(gone)?;
         let mut st = s.streams.remove(&key).ok_or_else(gone)?;
+        st.chunk = chunk.max(1);
         let res = s.send(&mut st, buf);
         s.streams.insert(key, st);
         res
