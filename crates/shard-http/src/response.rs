@@ -373,9 +373,11 @@ pub fn return_reply(code: u16, text: Option<String>, default_type: &str) -> Simp
             body: text.into_bytes(),
         },
         None if code >= 400 || is_redirect(code) => error_simple(code),
+        // nginx's `ngx_http_send_response` gives an empty answer the `default_type` too; its
+        // header filter drops it from a 204.
         None => Simple {
             status: code,
-            content_type: None,
+            content_type: (code != 204).then(|| default_type.to_string()),
             location: None,
             body: Vec::new(),
         },

@@ -378,3 +378,31 @@ fn add_header_sets_etag_and_last_modified_in_place_of_the_files() {
         .collect();
     assert_eq!(tags, vec!["foo"]);
 }
+
+/// Answers checked against nginx 1.22.1 (its h2.t 'charset' and a hand run): `return 200`
+/// without text has the `default_type` (with `charset`), a 204 none; a redirect made
+/// absolute for a request without `Host` names the address the connection came in on.
+#[test]
+fn empty_returns_have_a_type_and_redirects_without_host_name_the_address() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+                location = /status { shard_status; }\n  location /a { return 200; }\n  \
+                location /b { return 204; }\n  location /c { charset utf-8; return 200; }\n  \
+                location /e { return 302 /x; }\n }\n}\n";
+    let s = Server::start("http-empty-returns", conf, 1);
+    let ask = |path: &str| raw(s.addr(), format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes());
+    let a = ask("/a");
+    assert_eq!(
+        (a.status, a.header("content-type")),
+        (200, Some("text/plain"))
+    );
+    let b = ask("/b");
+    assert_eq!((b.status, b.header("content-type")), (204, None));
+    let c = ask("/c");
+    assert_eq!(c.header("content-type"), Some("text/plain; charset=utf-8"));
+    let e = ask("/e");
+    assert_eq!(e.status, 302);
+    assert_eq!(
+        e.header("location"),
+        Some(format!("http://127.0.0.1:{}/x", s.addr().port()).as_str())
+    );
+}

@@ -2895,10 +2895,18 @@ impl<'a> Worker<'a> {
         if !location.starts_with('/') || !loc.absolute_redirect {
             return None;
         }
+        // nginx: the server's name with `server_name_in_redirect on`, else the request's
+        // host, else the address the connection came in on.
         let name = shard_http::route::server_name(self.server_of(key));
+        let local;
         let host = match req.host.as_deref() {
-            Some(h) if !loc.server_name_in_redirect => h,
-            _ => name,
+            _ if loc.server_name_in_redirect => name,
+            Some(h) => h,
+            None => {
+                local = shard_event::sock::local_addr(fd_of(&self.conns[key].fd))
+                    .map_or_else(|_| name.to_string(), |a| a.ip().to_string());
+                &local
+            }
         };
         let https = self.conns[key].tls.is_some();
         let port = if loc.port_in_redirect {
