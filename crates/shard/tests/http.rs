@@ -406,3 +406,22 @@ fn empty_returns_have_a_type_and_redirects_without_host_name_the_address() {
         Some(format!("http://127.0.0.1:{}/x", s.addr().port()).as_str())
     );
 }
+
+/// nginx's `return` discards the request body first, reading what has come: a malformed
+/// chunked body found there is its 400, not the returned answer (nginx's body_chunked.t).
+#[test]
+fn return_reads_the_body_it_discards_and_a_bad_chunk_is_400() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+                location = /status { shard_status; }\n  location /discard { return 200 \"TEST\\n\"; }\n }\n}\n";
+    let s = Server::start("http-return-discard", conf, 1);
+    let bad = raw(
+        s.addr(),
+        b"GET /discard HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nSEE-THIS\r\n0\r\n\r\n",
+    );
+    assert_eq!(bad.status, 400);
+    let good = raw(
+        s.addr(),
+        b"GET /discard HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nSEE-\r\n0\r\n\r\n",
+    );
+    assert_eq!((good.status, good.body_str()), (200, "TEST\n".to_string()));
+}

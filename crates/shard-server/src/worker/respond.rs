@@ -59,6 +59,17 @@ pub(super) fn returned(
     code: u16,
     text: Option<String>,
 ) -> Reply {
+    // nginx's `return` discards the body first, reading what has come: a malformed chunked
+    // body found there is its 400, not the returned answer (a body over
+    // `client_max_body_size` is no error when discarded).
+    if code != 444 && w.conns[key].body_pending() && !w.conns[key].close_after {
+        w.consume_body(key, None);
+        let r = w.conns[key].rd();
+        let too_large = r.body_bytes_max > 0 && r.body_bytes > r.body_bytes_max;
+        if w.conns[key].close_after && !too_large {
+            return status(w, key, loc, req, keep_alive, head, 400);
+        }
+    }
     if code == CLOSE_WITHOUT_RESPONSE {
         w.close_without_response(key);
         return Reply {
