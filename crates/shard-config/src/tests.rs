@@ -574,6 +574,30 @@ fn listen_errors() {
         srv("1.2.3.4:99999"),
         r#"invalid port in "1.2.3.4:99999" of the "listen" directive in t.conf:4"#
     );
+    // Port ranges (nginx's `listen 127.0.0.1:8080-8089`): low to high, each port valid.
+    assert_eq!(
+        srv("1.2.3.4:8082-8081"),
+        r#"invalid port in "1.2.3.4:8082-8081" of the "listen" directive in t.conf:4"#
+    );
+    assert_eq!(
+        srv("1.2.3.4:8082-x"),
+        r#"invalid port in "1.2.3.4:8082-x" of the "listen" directive in t.conf:4"#
+    );
+    let c = parse(
+        "events {}\nhttp {\nserver {\nlisten 127.0.0.1:8082-8084;\nlisten [::1]:9000-9001;\n}\n}",
+    );
+    let mut ports: Vec<String> = c.listeners.iter().map(|l| l.addr.to_string()).collect();
+    ports.sort();
+    assert_eq!(
+        ports,
+        [
+            "127.0.0.1:8082",
+            "127.0.0.1:8083",
+            "127.0.0.1:8084",
+            "[::1]:9000",
+            "[::1]:9001"
+        ]
+    );
     assert_eq!(srv("80 ssl foo"), r#"invalid parameter "foo" in t.conf:4"#);
     assert_eq!(srv("80 backlog=x"), r#"invalid backlog "x" in t.conf:4"#);
     assert_eq!(srv("80 rcvbuf=1q"), r#"invalid rcvbuf "1q" in t.conf:4"#);

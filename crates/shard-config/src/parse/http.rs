@@ -1422,6 +1422,7 @@ pub(super) fn http_server(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -
             ssl: false,
             proxy_protocol: false,
             http2: false,
+            last_port: None,
         };
         add_listen(&mut h.listeners, idx, &spec, s.place.clone())?;
         s.listen.push(spec.addr);
@@ -1446,8 +1447,16 @@ pub(super) fn server_listen(_: &Env, cx: &mut ServerCx<'_>, d: &Directive, file:
         // nginx's http `listen` has no `udp` (HTTP/3 says `quic`).
         return Err(derr(d, file, "invalid parameter \"udp\""));
     }
-    add_listen(cx.listeners, cx.idx, &spec, place(d, file))?;
-    cx.s.listen.push(spec.addr);
+    // A port range is a `listen` per port, as nginx expands it.
+    for addr in spec.addrs() {
+        let one = ListenSpec {
+            addr,
+            last_port: None,
+            ..spec.clone()
+        };
+        add_listen(cx.listeners, cx.idx, &one, place(d, file))?;
+        cx.s.listen.push(addr);
+    }
     Ok(())
 }
 

@@ -117,21 +117,24 @@ pub(super) fn stream_server_listen(cx: &mut StreamServerCx<'_>, d: &Directive, f
     if spec.default_server {
         return Err(derr(d, file, "invalid parameter \"default_server\""));
     }
-    if cx.listeners.iter().any(|l| l.addr == spec.addr) {
-        return Err(derr(d, file, format!("a duplicate listen {}", spec.addr)));
-    }
     let mut opts = spec.opts.clone();
     opts.ssl = spec.ssl;
     opts.proxy_protocol = spec.proxy_protocol;
-    cx.listeners.push(ListenerP {
-        addr: spec.addr,
-        opts,
-        opts_place: spec.opts_set.then(|| place(d, file)),
-        first_place: place(d, file),
-        servers: vec![cx.idx],
-        default_server: None,
-    });
-    cx.s.listen.push(spec.addr);
+    // A port range is a `listen` per port, as nginx expands it.
+    for addr in spec.addrs() {
+        if cx.listeners.iter().any(|l| l.addr == addr) {
+            return Err(derr(d, file, format!("a duplicate listen {addr}")));
+        }
+        cx.listeners.push(ListenerP {
+            addr,
+            opts: opts.clone(),
+            opts_place: spec.opts_set.then(|| place(d, file)),
+            first_place: place(d, file),
+            servers: vec![cx.idx],
+            default_server: None,
+        });
+        cx.s.listen.push(addr);
+    }
     Ok(())
 }
 

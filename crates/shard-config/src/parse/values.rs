@@ -27,6 +27,18 @@ pub(super) struct ListenSpec {
     pub(super) proxy_protocol: bool,
     /// `http2` was written (OR-ed likewise).
     pub(super) http2: bool,
+    /// A port range's last port: the `listen` stands for every port from `addr`'s to it.
+    pub(super) last_port: Option<u16>,
+}
+
+impl ListenSpec {
+    /// The addresses this `listen` stands for: one, or one per port of its range.
+    pub(super) fn addrs(&self) -> Vec<SocketAddr> {
+        let first = self.addr.port();
+        (first..=self.last_port.unwrap_or(first))
+            .map(|p| SocketAddr::new(self.addr.ip(), p))
+            .collect()
+    }
 }
 
 /// A directive the table admits in this context but no handler of the context takes: a
@@ -201,23 +213,57 @@ pub(super) fn parse_server_name(
     Ok(name)
 }
 
+/// A `listen` address; a port range (`127.0.0.1:8080-8089`, as nginx takes it) gives its
+/// first port and the range's last.
 pub(super) fn parse_listen_addr(
     d: &Directive,
     file: &str,
     a: &str,
-) -> Result<SocketAddr, ConfigError> {
+) -> Result<(SocketAddr, Option<u16>), ConfigError> {
+    let bad_port = || {
+        derr(
+            d,
+            file,
+            format!("invalid port in \"{a}\" of the \"listen\" directive"),
+        )
+    };
+    // `PORT-PORT` at the end (after `]` or the last `:`, or the whole of it).
+    let tail_at = a.rfind([':', ']']).map_or(0, |i| i + 1);
+    if let Some((from, to)) = a[tail_at..].split_once('-') {
+        if tail_at > 0 && a.as_bytes()[tail_at - 1] == b']' {
+            return Err(bad_port());
+        }
+        let whole = format!("{}{from}", &a[..tail_at]);
+        let (first, _) = parse_listen_one(d, file, &whole, a)?;
+        let last = match to.parse::<u16>() {
+            Ok(n) if is_digits(to) && n > 0 && n >= first.port() => n,
+            _ => return Err(bad_port()),
+        };
+        return Ok((first, Some(last)));
+    }
+    Ok((parse_listen_one(d, file, a, a)?.0, None))
+}
+
+/// One `listen` address `a` (`shown` in errors).
+fn parse_listen_one(
+    d: &Directive,
+    file: &str,
+    a: &str,
+    shown: &str,
+) -> Result<(SocketAddr, ()), ConfigError> {
+    let a_shown = shown;
     let not_found = || {
         derr(
             d,
             file,
-            format!("host not found in \"{a}\" of the \"listen\" directive"),
+            format!("host not found in \"{a_shown}\" of the \"listen\" directive"),
         )
     };
     let bad_port = || {
         derr(
             d,
             file,
-            format!("invalid port in \"{a}\" of the \"listen\" directive"),
+            format!("invalid port in \"{a_shown}\" of the \"listen\" directive"),
         )
     };
     let port_of = |p: &str| -> Result<u16, ConfigError> {
@@ -234,10 +280,12 @@ pub(super) fn parse_listen_addr(
             return Err(derr(
                 d,
                 file,
-                format!("no path in the unix domain socket \"{a}\" of the \"listen\" directive"),
+                format!(
+                    "no path in the unix domain socket \"{a_shown}\" of the \"listen\" directive"
+                ),
             ));
         }
-        return Ok(crate::unix_stand_in(std::path::Path::new(path)));
+        return Ok((crate::unix_stand_in(std::path::Path::new(path)), ()));
     }
     if let Some(rest) = a.strip_prefix('[') {
         let Some(end) = rest.find(']') else {
@@ -252,12 +300,12 @@ pub(super) fn parse_listen_addr(
         } else {
             return Err(not_found());
         };
-        return Ok(SocketAddr::new(IpAddr::V6(ip), port));
+        return Ok((SocketAddr::new(IpAddr::V6(ip), port), ()));
     }
     if is_digits(a) {
-        return Ok(SocketAddr::new(
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            port_of(a)?,
+        return Ok((
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port_of(a)?),
+            (),
         ));
     }
     let (host, port) = match a.rsplit_once(':') {
@@ -269,11 +317,11 @@ pub(super) fn parse_listen_addr(
         h if h.eq_ignore_ascii_case("localhost") => Ipv4Addr::LOCALHOST,
         h => h.parse::<Ipv4Addr>().map_err(|_| not_found())?,
     };
-    Ok(SocketAddr::new(IpAddr::V4(ip), port))
+    Ok((SocketAddr::new(IpAddr::V4(ip), port), ()))
 }
 
 pub(super) fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, ConfigError> {
-    let addr = parse_listen_addr(d, file, &d.args[0])?;
+    let (addr, last_port) = parse_listen_addr(d, file, &d.args[0])?;
     let unix = d.args[0].strip_prefix("unix:").map(PathBuf::from);
     let mut spec = ListenSpec {
         addr,
@@ -286,6 +334,7 @@ pub(super) fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, Conf
         ssl: false,
         proxy_protocol: false,
         http2: false,
+        last_port,
     };
     for p in &d.args[1..] {
         let (key, val) = match p.split_once('=') {
