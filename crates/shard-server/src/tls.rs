@@ -459,13 +459,10 @@ fn upstream_config(
                 file: place.file.clone(),
                 line: place.line,
             };
+            // Loaded and matched as a server's own (X.509 v1 too, which rustls's
+            // `with_client_auth_cert` refuses), then offered whatever the server asks.
             let ck = load_pair(cert, key, ssl.password_file.as_deref(), None, &place)?;
-            builder
-                .with_client_auth_cert(
-                    ck.cert.clone(),
-                    load_key(key, ssl.password_file.as_deref(), &at)?,
-                )
-                .map_err(|e| format!("proxy_ssl_certificate: {e} in {at}"))?
+            builder.with_client_cert_resolver(Arc::new(FixedClientCert(ck)))
         }
         (Some(cert), None) => {
             return Err(format!(
@@ -480,6 +477,24 @@ fn upstream_config(
         config.resumption = rustls::client::Resumption::disabled();
     }
     Ok(config)
+}
+
+/// `proxy_ssl_certificate`: the one certificate a TLS connection to an upstream offers.
+#[derive(Debug)]
+struct FixedClientCert(Arc<CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for FixedClientCert {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _schemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
 }
 
 /// The CA certificates of a PEM file, and how many there are; nginx's error words.

@@ -2325,7 +2325,11 @@ fn version_1_certificates_as_openssl_takes_them() {
     );
     let text = format!(
         "worker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\nhttp {{\n\
-         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n\
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }}\n\
+           location /up/ {{ proxy_pass https://127.0.0.1:{{port1}}/; proxy_ssl_name v1.test;\n\
+             proxy_set_header Host v1.test;\n\
+             proxy_ssl_server_name on; proxy_ssl_certificate {d}/client.pem;\n\
+             proxy_ssl_certificate_key {d}/client.key; }} }}\n\
          server {{ listen 127.0.0.1:{{port1}} ssl; server_name v1.test;\n\
            ssl_certificate {d}/server.pem; ssl_certificate_key {d}/server.key;\n\
            ssl_verify_client optional_no_ca; ssl_client_certificate {d}/ca.pem;\n\
@@ -2360,6 +2364,16 @@ fn version_1_certificates_as_openssl_takes_them() {
     assert_eq!(
         curl("stranger", "1.3").split('|').next(),
         Some("FAILED:self-signed certificate")
+    );
+    // `proxy_ssl_certificate` offers a v1 certificate to an upstream too (nginx's
+    // proxy_ssl_certificate.t; rustls's own loader refuses it).
+    let r = get(s.addr(), "/up/");
+    assert_eq!(
+        (r.status, r.body_str()),
+        (
+            200,
+            "SUCCESS|CN=client v1,O=shard tests|CN=v1 CA|1A2B".to_string()
+        )
     );
 }
 
