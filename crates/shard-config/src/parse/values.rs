@@ -229,7 +229,10 @@ pub(super) fn parse_listen_addr(
     };
     // `PORT-PORT` at the end (after `]` or the last `:`, or the whole of it).
     let tail_at = a.rfind([':', ']']).map_or(0, |i| i + 1);
-    if let Some((from, to)) = a[tail_at..].split_once('-') {
+    let range = a[tail_at..]
+        .split_once('-')
+        .filter(|_| !a.starts_with("unix:"));
+    if let Some((from, to)) = range {
         if tail_at > 0 && a.as_bytes()[tail_at - 1] == b']' {
             return Err(bad_port());
         }
