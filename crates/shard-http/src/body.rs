@@ -55,6 +55,11 @@ pub struct ChunkedDecoder {
     size: u64,
     extension: usize,
     trailers: usize,
+    /// The trailer lines, each ending in `\n`, when asked to keep them
+    /// ([`ChunkedDecoder::keep_trailers`]; bounded as the trailers are).
+    kept: Option<Vec<u8>>,
+    /// The most trailer bytes taken ([`MAX_TRAILERS`] unless kept with another bound).
+    max_trailers: usize,
 }
 
 impl Default for ChunkedDecoder {
@@ -86,7 +91,21 @@ impl ChunkedDecoder {
             size: 0,
             extension: 0,
             trailers: 0,
+            kept: None,
+            max_trailers: MAX_TRAILERS,
         }
+    }
+
+    /// Keeps the trailer lines, up to `max` bytes (an HTTP/2 stream sends a response's as
+    /// a HEADERS frame: shard's own `add_trailer`s, bounded by the caller).
+    pub fn keep_trailers(&mut self, max: usize) {
+        self.kept.get_or_insert_with(Vec::new);
+        self.max_trailers = max;
+    }
+
+    /// The trailer lines kept so far, each ending in `\n` (empty unless kept).
+    pub fn trailers_kept(&self) -> &[u8] {
+        self.kept.as_deref().unwrap_or(&[])
     }
 
     /// True once the last chunk and the trailers have been read.
@@ -186,18 +205,35 @@ impl ChunkedDecoder {
                 State::TrailerStart => match b {
                     b'\r' => self.state = State::TrailerEndLf,
                     b'\n' => self.state = State::Done,
-                    _ => self.state = State::TrailerLine,
+                    _ => {
+                        if let Some(k) = &mut self.kept {
+                            k.push(b);
+                        }
+                        self.state = State::TrailerLine;
+                    }
                 },
                 State::TrailerLine => match b {
-                    b'\n' => self.state = State::TrailerStart,
+                    b'\n' => {
+                        if let Some(k) = &mut self.kept {
+                            k.push(b'\n');
+                        }
+                        self.state = State::TrailerStart;
+                    }
                     // A CR ends the line only before LF, as in nginx; a bare CR is refused.
                     b'\r' => self.state = State::TrailerLineLf,
                     0 => return Err(bad("NUL in trailer")),
-                    _ => {}
+                    _ => {
+                        if let Some(k) = &mut self.kept {
+                            k.push(b);
+                        }
+                    }
                 },
                 State::TrailerLineLf => {
                     if b != b'\n' {
                         return Err(bad("bare CR in trailer"));
+                    }
+                    if let Some(k) = &mut self.kept {
+                        k.push(b'\n');
                     }
                     self.state = State::TrailerStart;
                 }
@@ -218,7 +254,7 @@ impl ChunkedDecoder {
                     | State::TrailerEndLf
             ) {
                 self.trailers += 1;
-                if self.trailers > MAX_TRAILERS {
+                if self.trailers > self.max_trailers {
                     return Err(bad("trailers too large"));
                 }
             }
@@ -231,6 +267,23 @@ impl ChunkedDecoder {
 #[cfg(test)]
 mod trailer_tests {
     use super::*;
+
+    #[test]
+    fn trailers_are_kept_when_asked() {
+        let mut d = ChunkedDecoder::new();
+        d.keep_trailers(1024);
+        let mut out = Vec::new();
+        d.feed_into(b"3\r\nabc\r\n0\r\nX-A: 1\r\nX-B: 2\n\r\n", &mut out)
+            .unwrap();
+        assert!(d.is_done());
+        assert_eq!(
+            (&out[..], d.trailers_kept()),
+            (&b"abc"[..], &b"X-A: 1\nX-B: 2\n"[..])
+        );
+        let mut plain = ChunkedDecoder::new();
+        plain.feed(b"0\r\nX: 1\r\n\r\n").unwrap();
+        assert!(plain.trailers_kept().is_empty());
+    }
 
     #[test]
     fn trailers_as_nginx() {

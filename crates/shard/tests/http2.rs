@@ -697,6 +697,8 @@ mod client {
         pub goaway_code: Option<u32>,
         /// The sizes of the last answer's DATA frames.
         pub data_frames: Vec<usize>,
+        /// The last answer's trailer fields (a HEADERS frame after its head).
+        pub trailers: Vec<(String, String)>,
     }
 
     impl Conn {
@@ -717,6 +719,7 @@ mod client {
                 goaway: None,
                 goaway_code: None,
                 data_frames: Vec::new(),
+                trailers: Vec::new(),
             })
         }
 
@@ -777,6 +780,7 @@ mod client {
             let id = self.next_id;
             self.next_id += 2;
             self.data_frames.clear();
+            self.trailers.clear();
             let block = block.to_vec();
             let mut out = Vec::new();
             h2frame::push_headers(&mut out, id, &block, true, 16_384);
@@ -818,14 +822,24 @@ mod client {
                             end_stream,
                         } if stream == id => {
                             let mut st = 0u16;
+                            let mut fields = Vec::new();
                             if let Err(e) = self.decoder.decode(block, 1 << 20, |n, v| {
                                 if n == b":status" {
                                     st = std::str::from_utf8(v).unwrap().parse().unwrap();
                                 }
+                                fields.push((
+                                    String::from_utf8_lossy(n).into_owned(),
+                                    String::from_utf8_lossy(v).into_owned(),
+                                ));
                             }) {
                                 return Outcome::Failed(format!("hpack {e:?}"));
                             }
-                            status = st;
+                            if status != 0 && st == 0 {
+                                // A second HEADERS frame: the trailers.
+                                self.trailers = fields;
+                            } else {
+                                status = st;
+                            }
                             if end_stream {
                                 done = Some(Outcome::Answered(status, body));
                             }
@@ -1266,4 +1280,31 @@ fn http2_chunk_size_caps_data_frames() {
         client::Outcome::Answered(200, 20_000)
     ));
     assert_eq!(c.data_frames, [8192, 8192, 3616]);
+}
+
+/// `add_trailer` over HTTP/2: the trailers come as a last HEADERS frame with END_STREAM
+/// after the DATA (nginx's h2_trailers.t); before, shard sent none over HTTP/2.
+#[test]
+fn add_trailer_goes_as_a_last_headers_frame() {
+    let s = start(
+        "h2-trailers",
+        "",
+        "http2 on;\n location = /t.txt { add_trailer X-Var $host; add_trailer X-Two two; }\n \
+         location = /r { add_trailer X-Var r; return 200 'body'; }",
+    );
+    write_file(&s.dir, "html/t.txt", b"SEE-THIS");
+    let mut c = client::Conn::open(h2_addr(&s)).unwrap();
+    assert!(matches!(c.get("/t.txt"), client::Outcome::Answered(200, 8)));
+    assert_eq!(
+        c.trailers,
+        [
+            ("x-var".to_string(), "localhost".to_string()),
+            ("x-two".to_string(), "two".to_string())
+        ]
+    );
+    assert!(matches!(c.get("/r"), client::Outcome::Answered(200, 4)));
+    assert_eq!(c.trailers, [("x-var".to_string(), "r".to_string())]);
+    // Without add_trailer: none.
+    assert!(matches!(c.get("/ok"), client::Outcome::Answered(200, 3)));
+    assert!(c.trailers.is_empty());
 }

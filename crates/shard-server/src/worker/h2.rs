@@ -382,6 +382,31 @@ const INVALID_REQUEST: &[u8] = b"\x00\r\n\r\n";
 /// Stands for a header field HTTP/2 took but nginx refuses: never a valid HTTP/1.x line.
 const INVALID_LINE: &[u8] = b"\x00\r\n";
 
+/// The most bytes of a response's trailers a stream sends (HEADERS and CONTINUATION).
+const TRAILERS_MAX: usize = 256 * 1024;
+
+/// The HPACK block of a chunked response's trailer lines (`Name: value\n` each): names in
+/// lowercase, lines without a colon and hop-by-hop fields left out.
+fn trailer_block(lines: &[u8]) -> Vec<u8> {
+    let e = hpack::Encoder;
+    let mut block = Vec::new();
+    let mut name = Vec::new();
+    for line in lines.split(|&b| b == b'\n') {
+        let Some(colon) = memchr::memchr(b':', line) else {
+            continue;
+        };
+        let (n, v) = (&line[..colon], &line[colon + 1..]);
+        if n.is_empty() || hop_by_hop(n) {
+            continue;
+        }
+        name.clear();
+        name.extend(n.iter().map(u8::to_ascii_lowercase));
+        let v = v.trim_ascii();
+        e.field(&name, v, &mut block);
+    }
+    block
+}
+
 /// CR, LF or NUL in a field: malformed (RFC 9113, 8.2.1).
 fn v_has_ctl(v: &[u8]) -> bool {
     v.iter().any(|&b| b == b'\r' || b == b'\n' || b == 0)
@@ -434,7 +459,10 @@ impl Session {
         st.out = if end_now {
             Out::Done
         } else if chunked {
-            Out::Chunked(ChunkedDecoder::new())
+            // Trailers (`add_trailer`, an upstream's) go as a last HEADERS frame.
+            let mut dec = ChunkedDecoder::new();
+            dec.keep_trailers(TRAILERS_MAX);
+            Out::Chunked(dec)
         } else if let Some(n) = length {
             Out::Length(n)
         } else {
@@ -489,8 +517,24 @@ impl Session {
                             .feed_into(&buf[..room.min(buf.len())], &mut data)
                             .map_err(|_| Error::new(ErrorKind::InvalidData, "bad chunks"))?;
                         let done = dec.is_done();
-                        if !data.is_empty() || done {
-                            h2frame::push_data(&mut self.out, st.id, &data, done);
+                        let trailers = done.then(|| trailer_block(dec.trailers_kept()));
+                        let trailers = trailers.filter(|t| !t.is_empty());
+                        if !data.is_empty() || (done && trailers.is_none()) {
+                            h2frame::push_data(
+                                &mut self.out,
+                                st.id,
+                                &data,
+                                done && trailers.is_none(),
+                            );
+                        }
+                        if let Some(t) = trailers {
+                            h2frame::push_headers(
+                                &mut self.out,
+                                st.id,
+                                &t,
+                                true,
+                                self.peer_max_frame,
+                            );
                         }
                         (f.consumed, data.len(), done)
                     }

@@ -7,8 +7,8 @@
 //! chunked even when its length is known (nginx clears `Content-Length` then). Responses
 //! shard makes itself (files, `return`, error pages) are re-framed here once made, their
 //! trailers rendered then; proxied ones are framed by the proxy, their trailers rendered
-//! at the last chunk (`proxy.rs`). HTTP/2 responses carry none (a deliberate difference,
-//! docs/directives.md).
+//! at the last chunk (`proxy.rs`). An HTTP/2 stream's response is made the same way and
+//! its session sends the trailers as a last HEADERS frame (`h2.rs`).
 //!
 //! It owns the framing and the rendering; the flush writes `Req::tail` after a file body.
 
@@ -21,9 +21,7 @@ use super::Worker;
 pub(super) fn expected(loc: &LocationConf, req: &Request, status: u16) -> bool {
     let safe = shard_http::response::headers_apply(status);
     loc.add_trailers.iter().any(|t| safe || t.always)
-        && req.minor_version >= 1
-        && !req.http2
-        && loc.chunked_transfer_encoding
+        && (req.http2 || (req.minor_version >= 1 && loc.chunked_transfer_encoding))
         && req.method != Method::Head
         && !(status < 200 || status == 204 || status == 304)
 }
