@@ -100,6 +100,35 @@ pub(super) struct CacheReq {
     update_after: bool,
 }
 
+impl CacheReq {
+    /// The entry's `Last-Modified` and `ETag` to revalidate it with (`proxy_cache_revalidate`
+    /// on an expired entry; only a 200 or 206 entry keeps them, as nginx), and whether the
+    /// upstream is asked with them (`revalidating`).
+    fn revalidation_validators(&mut self, revalidate: bool) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+        self.revalidating = false;
+        let (mut last_modified, mut etag) = (None, None);
+        let validated = |e: &&cache::Entry| matches!(status_of(&e.head), 200 | 206);
+        if let Some(e) = self
+            .entry
+            .as_ref()
+            .filter(|_| revalidate && self.status == Status::Expired)
+            .filter(validated)
+        {
+            for (n, v) in shard_http::proxy::header_lines(&e.head) {
+                if n.eq_ignore_ascii_case("last-modified") {
+                    last_modified = Some(v.to_vec());
+                } else if n.eq_ignore_ascii_case("etag") {
+                    etag = Some(v.to_vec());
+                } else {
+                    continue;
+                }
+                self.revalidating = true;
+            }
+        }
+        (last_modified, etag)
+    }
+}
+
 /// Body bytes of the response being stored (a failed write stops storing, and says why).
 pub(super) fn store(c: &mut Option<Box<CacheReq>>, data: &[u8]) {
     let Some(c) = c.as_mut() else {
@@ -752,28 +781,16 @@ impl<'a> Worker<'a> {
                 new.extend_from_slice(line);
             }
         }
-        c.revalidating = false;
-        // Only a 200 or 206 entry keeps validators to revalidate with, as nginx.
-        let validated = |e: &&cache::Entry| matches!(status_of(&e.head), 200 | 206);
-        if let Some(e) = c
-            .entry
-            .as_ref()
-            .filter(|_| revalidate && c.status == Status::Expired)
-            .filter(validated)
-        {
-            for (n, v) in shard_http::proxy::header_lines(&e.head) {
-                let ask = if n.eq_ignore_ascii_case("last-modified") {
-                    "If-Modified-Since"
-                } else if n.eq_ignore_ascii_case("etag") {
-                    "If-None-Match"
-                } else {
-                    continue;
-                };
+        let (last_modified, etag) = c.revalidation_validators(revalidate);
+        for (ask, v) in [
+            ("If-Modified-Since", last_modified),
+            ("If-None-Match", etag),
+        ] {
+            if let Some(v) = v {
                 new.extend_from_slice(ask.as_bytes());
                 new.extend_from_slice(b": ");
                 new.extend_from_slice(&v);
                 new.extend_from_slice(b"\r\n");
-                c.revalidating = true;
             }
         }
         new.extend_from_slice(body);
@@ -787,27 +804,8 @@ impl<'a> Worker<'a> {
     pub(super) fn fcgi_cache_params(&self, p: &mut Proxy) -> Option<(Vec<u8>, Vec<u8>)> {
         let revalidate = self.cache_conf(p).revalidate;
         let c = p.cache.as_mut().filter(|c| c.cacheable)?;
-        c.revalidating = false;
-        let (mut lm, mut etag) = (Vec::new(), Vec::new());
-        let validated = |e: &&cache::Entry| matches!(status_of(&e.head), 200 | 206);
-        if let Some(e) = c
-            .entry
-            .as_ref()
-            .filter(|_| revalidate && c.status == Status::Expired)
-            .filter(validated)
-        {
-            for (n, v) in shard_http::proxy::header_lines(&e.head) {
-                if n.eq_ignore_ascii_case("last-modified") {
-                    lm = v.to_vec();
-                } else if n.eq_ignore_ascii_case("etag") {
-                    etag = v.to_vec();
-                } else {
-                    continue;
-                }
-                c.revalidating = true;
-            }
-        }
-        Some((lm, etag))
+        let (lm, etag) = c.revalidation_validators(revalidate);
+        Some((lm.unwrap_or_default(), etag.unwrap_or_default()))
     }
 
     /// The upstream's head is in: a `304` to a revalidation serves the entry again, a

@@ -1158,13 +1158,7 @@ impl<'a> Worker<'a> {
             let c = &self.conns[key];
             if c.close_after {
                 // Malformed or too large chunked body: nothing was sent upstream.
-                let max = c.rd().body_bytes_max;
-                let status = if c.rd().body_bytes > max && max > 0 {
-                    413
-                } else {
-                    400
-                };
-                return Flow::Fail(status);
+                return Flow::Fail(self.bad_body_status(key));
             }
             if p.req.body != Body::None && self.spool_settle(&mut p.body, conf, done).is_err() {
                 return Flow::Fail(500);
@@ -1960,13 +1954,7 @@ impl<'a> Worker<'a> {
             if !self.conns[key].body_pending() {
                 if self.conns[key].close_after {
                     // A malformed or too large chunked body, after part of it went upstream.
-                    let c = &self.conns[key];
-                    let max = c.rd().body_bytes_max;
-                    return Flow::Fail(if max > 0 && c.rd().body_bytes > max {
-                        413
-                    } else {
-                        400
-                    });
+                    return Flow::Fail(self.bad_body_status(key));
                 }
                 // FastCGI: the empty `STDIN` record ends the body.
                 let ended = p.stream_ended_in_head;
@@ -2037,13 +2025,7 @@ impl<'a> Worker<'a> {
                 if self.conns[key].close_after {
                     // A malformed or too large chunked body, after part of it went upstream.
                     self.recharge(&mut p.body);
-                    let c = &self.conns[key];
-                    let max = c.rd().body_bytes_max;
-                    return Flow::Fail(if max > 0 && c.rd().body_bytes > max {
-                        413
-                    } else {
-                        400
-                    });
+                    return Flow::Fail(self.bad_body_status(key));
                 }
             }
             // FastCGI: what was read goes in `STDIN` records.
@@ -2053,6 +2035,17 @@ impl<'a> Worker<'a> {
                 shard_http::fastcgi::push_stdin(&mut p.body.mem, &raw);
             }
             self.recharge(&mut p.body);
+        }
+    }
+
+    /// The status of a request body the client broke off (`close_after` set while reading
+    /// it): 413 past `client_max_body_size`, else 400 (a malformed chunked body).
+    fn bad_body_status(&self, key: usize) -> u16 {
+        let r = self.conns[key].rd();
+        if r.body_bytes_max > 0 && r.body_bytes > r.body_bytes_max {
+            413
+        } else {
+            400
         }
     }
 
