@@ -574,6 +574,20 @@ fn listen_errors() {
         srv("1.2.3.4:99999"),
         r#"invalid port in "1.2.3.4:99999" of the "listen" directive in t.conf:4"#
     );
+    // `ssl on` (nginx 1.22's deprecated form): the server's addresses speak TLS.
+    let c = parse(
+        "events {}\nhttp {\nserver {\nlisten 127.0.0.1:8081;\nssl on;\n}\n\
+         server {\nlisten 127.0.0.1:8082;\n}\n}",
+    );
+    let ssl: Vec<(u16, bool)> = c
+        .listeners
+        .iter()
+        .map(|l| (l.addr.port(), l.opts.ssl))
+        .collect();
+    assert!(
+        ssl.contains(&(8081, true)) && ssl.contains(&(8082, false)),
+        "{ssl:?}"
+    );
     // Port ranges (nginx's `listen 127.0.0.1:8080-8089`): low to high, each port valid.
     assert_eq!(
         srv("1.2.3.4:8082-8081"),

@@ -1102,6 +1102,9 @@ pub(super) struct ServerP {
     pub(super) locations: Vec<LocP>,
     /// `(exact, path)` of `locations`, for [`no_duplicate`].
     pub(super) location_keys: std::collections::HashSet<(bool, String)>,
+    /// `ssl on` (nginx's directive before `listen ... ssl`, removed in 1.25.1): the
+    /// server's addresses are TLS.
+    pub(super) ssl_on: bool,
 }
 
 #[derive(Default)]
@@ -1401,6 +1404,7 @@ pub(super) fn http_server(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -
         settings: Settings::default(),
         locations: Vec::new(),
         location_keys: Default::default(),
+        ssl_on: false,
     };
     let mut cx = ServerCx {
         s: &mut s,
@@ -1413,6 +1417,16 @@ pub(super) fn http_server(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -
         Ctx::Server,
         &mut Target::Server(cx.reborrow()),
     )?;
+    if s.ssl_on {
+        // As nginx 1.22: every address the server listens on speaks TLS.
+        for l in h
+            .listeners
+            .iter_mut()
+            .filter(|l| s.listen.contains(&l.addr))
+        {
+            l.opts.ssl = true;
+        }
+    }
     if s.listen.is_empty() {
         let spec = ListenSpec {
             addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 80),
@@ -1457,6 +1471,18 @@ pub(super) fn server_listen(_: &Env, cx: &mut ServerCx<'_>, d: &Directive, file:
         add_listen(cx.listeners, cx.idx, &one, place(d, file))?;
         cx.s.listen.push(addr);
     }
+    Ok(())
+}
+
+/// `ssl on|off`: nginx's form before `listen ... ssl` (deprecated since 1.15.0, removed in
+/// 1.25.1), taken as nginx 1.22 takes it, with its warning.
+pub(super) fn server_ssl(env: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
+    env.warn(
+        d,
+        file,
+        "the \"ssl\" directive is deprecated, use the \"listen ... ssl\" directive instead",
+    );
+    cx.s.ssl_on = flag(d, file, a0(d))?;
     Ok(())
 }
 

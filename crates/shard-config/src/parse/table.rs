@@ -595,6 +595,7 @@ pub(super) static TABLE: &[Spec] = &[
         Set::StreamServer(stream_server_listen),
     ),
     d("server_name", S, 1, MANY, Set::Server(server_server_name)),
+    d("ssl", S, 1, 1, Set::Server(server_ssl)),
     b("location", S, 1, 2, Set::Server(server_location)),
     b("location", L, 1, 2, Set::Location(location_location)),
     b(
