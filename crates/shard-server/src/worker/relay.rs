@@ -239,6 +239,44 @@ pub(super) struct Session<'a> {
     udp: bool,
 }
 
+impl<'a> Session<'a> {
+    /// A session's view with its identity and nothing relayed yet: no bytes, no upstream,
+    /// no PROXY header, TLS, `set`s or groups (what `return`, a refusal and UDP start from).
+    fn new(
+        number: u64,
+        server: usize,
+        client: Option<SocketAddr>,
+        local: SocketAddr,
+        started_ms: u64,
+        maps: &'a [shard_config::MapConf],
+    ) -> Session<'a> {
+        Session {
+            number,
+            server,
+            client,
+            local,
+            status: 200,
+            started_ms,
+            bytes_sent: 0,
+            bytes_received: 0,
+            upstream: &[],
+            up_sent: 0,
+            up_received: 0,
+            connect_ms: None,
+            first_byte_ms: None,
+            pp: None,
+            maps,
+            user: &[],
+            hello: None,
+            realip: None,
+            tls: None,
+            limit_conn_status: "",
+            groups: None,
+            udp: false,
+        }
+    }
+}
+
 /// A regular expression's groups over `text`, and their names by number.
 #[derive(Clone, Copy)]
 struct Groups<'a> {
@@ -292,28 +330,16 @@ impl<'a> Worker<'a> {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
         let quick = |status: u16, sent: u64| Session {
-            number,
-            server,
-            client: peer,
-            local: local(),
             status,
-            started_ms: self.cx.now_ms,
             bytes_sent: sent,
-            bytes_received: 0,
-            upstream: &[],
-            up_sent: 0,
-            up_received: 0,
-            connect_ms: None,
-            first_byte_ms: None,
-            pp: None,
-            maps: &self.stream().maps,
-            user: &[],
-            hello: None,
-            realip: None,
-            tls: None,
-            limit_conn_status: "",
-            groups: None,
-            udp: false,
+            ..Session::new(
+                number,
+                server,
+                peer,
+                local(),
+                self.cx.now_ms,
+                &self.stream().maps,
+            )
         };
         // `set` (preaccess), `allow`/`deny` (access), then `return`: answered (or refused)
         // at once, no upstream. A relay evaluates its `set`s again once its PROXY header
@@ -2132,12 +2158,7 @@ impl Worker<'_> {
     pub(super) fn udp_session<'s>(&'s self, u: &'s super::udp::UdpSession) -> Session<'s> {
         let f = u.facts();
         Session {
-            number: f.number,
-            server: f.server,
-            client: Some(f.client),
-            local: f.local,
             status: f.status,
-            started_ms: f.started_ms,
             bytes_sent: f.bytes_sent,
             bytes_received: f.bytes_received,
             upstream: f.upstream,
@@ -2145,15 +2166,15 @@ impl Worker<'_> {
             up_received: f.up_received,
             connect_ms: Some(0),
             first_byte_ms: f.first_byte_ms,
-            pp: None,
-            maps: &self.stream().maps,
-            user: &[],
-            hello: None,
-            realip: None,
-            tls: None,
-            limit_conn_status: "",
-            groups: None,
             udp: true,
+            ..Session::new(
+                f.number,
+                f.server,
+                Some(f.client),
+                f.local,
+                f.started_ms,
+                &self.stream().maps,
+            )
         }
     }
 }
