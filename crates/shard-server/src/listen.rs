@@ -135,26 +135,22 @@ fn socket_for(addr: &SocketAddr, opts: &ListenOpts, tcp_nodelay: bool) -> io::Re
     if opts.unix.is_some() {
         return Socket::new(Domain::UNIX, Type::STREAM.cloexec().nonblocking(), None);
     }
-    if opts.udp {
-        let s = Socket::new(
-            Domain::for_address(*addr),
-            Type::DGRAM.cloexec().nonblocking(),
-            Some(Protocol::UDP),
-        )?;
-        s.set_reuse_address(true)?;
-        if addr.is_ipv6() {
-            s.set_only_v6(opts.ipv6only)?;
-        }
-        return Ok(s);
-    }
+    let (ty, proto) = if opts.udp {
+        (Type::DGRAM, Protocol::UDP)
+    } else {
+        (Type::STREAM, Protocol::TCP)
+    };
     let s = Socket::new(
         Domain::for_address(*addr),
-        Type::STREAM.cloexec().nonblocking(),
-        Some(Protocol::TCP),
+        ty.cloexec().nonblocking(),
+        Some(proto),
     )?;
     s.set_reuse_address(true)?;
     if addr.is_ipv6() {
         s.set_only_v6(opts.ipv6only)?;
+    }
+    if opts.udp {
+        return Ok(s);
     }
     // Accepted sockets inherit TCP_NODELAY from the listener on Linux (the child socket is a
     // clone of the listener), which saves one setsockopt per connection.
