@@ -52,9 +52,11 @@ pub(in crate::worker) struct TlsConn {
     client: Option<Box<ClientCert>>,
     /// What the client offered (`$ssl_ciphers`, `$ssl_curves`), taken after its hello.
     offered: Option<Box<crate::tls::Offered>>,
-    /// `$ssl_session_id`: the session's id in hex, carried in its resumption data so that a
-    /// resumed session has the id it was given (empty until the hello is processed).
-    session_id: String,
+    /// The session's id, stamped into its tickets and cache entries so that a resumed
+    /// session has the id it was given (`None` until the hello is processed), and its hex
+    /// for `$ssl_session_id`.
+    session_id: Option<[u8; crate::tls::SESSION_ID_LEN]>,
+    session_hex: String,
 }
 
 /// What [`read_into`] found besides plaintext.
@@ -83,7 +85,8 @@ impl TlsConn {
             scratch: Vec::new(),
             client: None,
             offered: None,
-            session_id: String::new(),
+            session_id: None,
+            session_hex: String::new(),
         })
     }
 
@@ -162,7 +165,7 @@ impl TlsConn {
         }
         let id = match ids.resumed {
             Some(id) => id,
-            None if self.session_id.is_empty() && self.offered.is_some() => {
+            None if self.session_id.is_none() && self.offered.is_some() => {
                 let mut id = [0u8; crate::tls::SESSION_ID_LEN];
                 // SAFETY: `getrandom` writes at most `id.len()` bytes into `id`.
                 let n = unsafe { libc::getrandom(id.as_mut_ptr().cast(), id.len(), 0) };
@@ -173,21 +176,14 @@ impl TlsConn {
             }
             None => return,
         };
-        self.session_id = id.iter().map(|b| format!("{b:02x}")).collect();
+        self.session_id = Some(id);
+        self.session_hex = id.iter().map(|b| format!("{b:02x}")).collect();
     }
 
     /// Before handshake records are processed: the session's id, for the tickets and cache
     /// entries made meanwhile.
     fn before_handshake_step(&self) {
-        let mut id = [0u8; crate::tls::SESSION_ID_LEN];
-        for (i, b) in id.iter_mut().enumerate() {
-            *b = self
-                .session_id
-                .get(2 * i..2 * i + 2)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .unwrap_or(0);
-        }
-        crate::tls::SessionIds::set_current((!self.session_id.is_empty()).then_some(id));
+        crate::tls::SessionIds::set_current(self.session_id);
     }
 
     /// The client certificate as `server` judged it, if a request to it did.
@@ -205,7 +201,7 @@ impl TlsConn {
             session_reused: self.session_reused(),
             alpn: self.alpn(),
             curve: self.curve(),
-            session_id: &self.session_id,
+            session_id: &self.session_hex,
             ciphers: self.offered.as_ref().map_or("", |o| &o.ciphers),
             curves: self.offered.as_ref().map_or("", |o| &o.curves),
             client: match self.client_judged(server) {
