@@ -15,9 +15,8 @@
 
 use std::collections::VecDeque;
 
-/// Why a header block could not be decoded: each is a connection error
-/// (`COMPRESSION_ERROR`) except [`Error::ListTooLarge`], which the caller may answer with
-/// 431 on the stream.
+/// Why a header block could not be decoded: each ends the connection (the session picks
+/// the error code: `COMPRESSION_ERROR`, or nginx's for sizes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Error {
     /// The block ended inside a field.
@@ -382,9 +381,8 @@ impl Decoder {
 
     /// Decodes a whole header block, handing each field to `field` in order. The list may
     /// decode to at most `max_list` bytes (names and values, as nginx counts its header
-    /// limit); past that,
-    /// [`Error::ListTooLarge`] (the block is still decoded to its end, so that the dynamic
-    /// table stays as the encoder's; `field` is no longer called).
+    /// limit); past that, [`Error::ListTooLarge`] at once (the connection ends with it, so
+    /// the dynamic table need not follow the rest of the block).
     pub fn decode(
         &mut self,
         block: &[u8],
@@ -393,7 +391,6 @@ impl Decoder {
     ) -> Result<(), Error> {
         let mut pos = 0;
         let mut list = 0usize;
-        let mut too_large = false;
         let mut fields_seen = false;
         while pos < block.len() {
             let b = block[pos];
@@ -402,11 +399,10 @@ impl Decoder {
                 let i = integer(block, &mut pos, 7)?;
                 let (n, v) = get(&self.table, i)?;
                 list += n.len() + v.len();
-                if list <= max_list && !too_large {
-                    field(n, v);
-                } else {
-                    too_large = true;
+                if list > max_list {
+                    return Err(Error::ListTooLarge);
                 }
+                field(n, v);
                 fields_seen = true;
                 continue;
             } else if b & 0x40 != 0 {
@@ -437,17 +433,13 @@ impl Decoder {
             let s = &self.scratch;
             let (name, value) = (&s[name_at.0..name_at.1], &s[value_at.0..value_at.1]);
             list += name.len() + value.len();
-            if list <= max_list && !too_large {
-                field(name, value);
-            } else {
-                too_large = true;
+            if list > max_list {
+                return Err(Error::ListTooLarge);
             }
+            field(name, value);
             if index {
                 self.table.insert(name, value);
             }
-        }
-        if too_large {
-            return Err(Error::ListTooLarge);
         }
         Ok(())
     }
