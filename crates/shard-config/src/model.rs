@@ -614,9 +614,23 @@ pub struct LogFormat {
     pub name: String,
     pub escape: LogEscape,
     pub parts: Vec<Part>,
+    /// A `$sent_http_NAME` is among the parts: the response head is kept for the line.
+    pub reads_sent_http: bool,
 }
 
 impl LogFormat {
+    pub fn new(name: String, escape: LogEscape, parts: Vec<Part>) -> LogFormat {
+        let reads_sent_http = parts
+            .iter()
+            .any(|p| matches!(p, Part::Var(Var::SentHttp(_))));
+        LogFormat {
+            name,
+            escape,
+            parts,
+            reads_sent_http,
+        }
+    }
+
     /// nginx's predefined format: `$remote_addr - $remote_user [$time_local] "$request"
     /// $status $body_bytes_sent "$http_referer" "$http_user_agent"`.
     pub const COMBINED: &'static str = "combined";

@@ -2185,12 +2185,12 @@ pub(super) fn combined_format() -> Arc<LogFormat> {
         };
         let text = "$remote_addr - $remote_user [$time_local] \"$request\" $status \
                     $body_bytes_sent \"$http_referer\" \"$http_user_agent\"";
-        Arc::new(LogFormat {
-            name: LogFormat::COMBINED.to_string(),
-            escape: LogEscape::Default,
+        Arc::new(LogFormat::new(
+            LogFormat::COMBINED.to_string(),
+            LogEscape::Default,
             // The text is fixed and valid: this cannot fail.
-            parts: parse_header_value(&d, "", text).unwrap_or_default(),
-        })
+            parse_header_value(&d, "", text).unwrap_or_default(),
+        ))
     })
     .clone()
 }
@@ -2244,14 +2244,7 @@ pub(super) fn define_log_format(
         ));
     }
     let parts = value(&rest.concat())?;
-    formats.insert(
-        name.clone(),
-        Arc::new(LogFormat {
-            name,
-            escape,
-            parts,
-        }),
-    );
+    formats.insert(name.clone(), Arc::new(LogFormat::new(name, escape, parts)));
     Ok(())
 }
 

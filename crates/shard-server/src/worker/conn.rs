@@ -3370,12 +3370,7 @@ impl<'a> Worker<'a> {
         {
             let out = &c.out[out_start.min(c.out.len())..];
             let len = memchr::memmem::find(out, b"\r\n\r\n").map_or(0, |i| i + 4);
-            let wants_head = loc.access_logs.iter().any(|al| {
-                al.format
-                    .parts
-                    .iter()
-                    .any(|p| matches!(p, shard_config::Part::Var(shard_config::Var::SentHttp(_))))
-            });
+            let wants_head = loc.access_logs.iter().any(|al| al.format.reads_sent_http);
             let head = if wants_head {
                 out[..len].to_vec()
             } else {

@@ -2733,12 +2733,7 @@ impl<'a> Worker<'a> {
         // `$bytes_sent` and `$sent_http_NAME` of the access log: the head as written.
         if !p.background && !loc.access_logs.is_empty() {
             let written = &c.out[head_at..];
-            let wants_head = loc.access_logs.iter().any(|al| {
-                al.format
-                    .parts
-                    .iter()
-                    .any(|p| matches!(p, shard_config::Part::Var(shard_config::Var::SentHttp(_))))
-            });
+            let wants_head = loc.access_logs.iter().any(|al| al.format.reads_sent_http);
             let len = written.len() as u64;
             let copy = if wants_head {
                 written.to_vec()
