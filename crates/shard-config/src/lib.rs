@@ -18,6 +18,7 @@ mod units;
 mod tests;
 
 pub use model::*;
+pub use parse::runtime_variable;
 pub use pcre::Regex;
 pub use units::{parse_size, parse_time_ms};
 

@@ -809,6 +809,8 @@ pub struct LocationConf {
     pub charset_types: Vec<String>,
     /// `sub_filter` and its companions.
     pub sub_filter: SubFilterConf,
+    /// `ssi` and its companions, with `subrequest_output_buffer_size`.
+    pub ssi: SsiConf,
     /// `source_charset`: the charset of the files and of proxied responses that name none.
     pub source_charset: Option<String>,
     /// `override_charset on`: a proxied response's own charset is recoded to `charset` too.
@@ -1645,6 +1647,10 @@ pub enum Var {
     /// `$msec`, `$time_local`, `$time_iso8601`: now.
     Msec,
     TimeLocal,
+    /// `$date_gmt`, `$date_local` (`ngx_http_ssi_module`'s): now, in SSI's default `timefmt`
+    /// (an SSI command formats them with its document's `config timefmt`).
+    DateGmt,
+    DateLocal,
     TimeIso8601,
     /// `$request_id`: 32 hex digits, unique per request.
     RequestId,
@@ -2835,6 +2841,51 @@ impl Default for SubFilterConf {
             any_type: false,
             last_modified: false,
         }
+    }
+}
+
+/// `ngx_http_ssi_module`'s settings of one location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SsiConf {
+    /// `ssi on|off`. Default off.
+    pub enabled: bool,
+    /// `ssi_silent_errors`: a failed command writes nothing (default off: nginx's
+    /// "[an error occurred while processing the directive]").
+    pub silent_errors: bool,
+    /// `ssi_last_modified`: keep `Last-Modified` and a weak `ETag` (default off: removed).
+    pub last_modified: bool,
+    /// `ssi_types`: lowercase MIME types, `text/html` always one; `*` (`any_type`): every type.
+    pub types: Vec<String>,
+    pub any_type: bool,
+    /// `ssi_value_length`: the longest parameter value (default 256).
+    pub value_length: u64,
+    /// `subrequest_output_buffer_size`: the most an `include ... set=` keeps (default 4k,
+    /// nginx's page size).
+    pub output_buffer_size: u64,
+}
+
+impl Default for SsiConf {
+    fn default() -> Self {
+        SsiConf {
+            enabled: false,
+            silent_errors: false,
+            last_modified: false,
+            types: vec!["text/html".to_string()],
+            any_type: false,
+            value_length: 256,
+            output_buffer_size: 4096,
+        }
+    }
+}
+
+impl SsiConf {
+    /// Whether a response of `content_type` is processed.
+    pub fn applies_to(&self, content_type: &str) -> bool {
+        if !self.enabled {
+            return false;
+        }
+        let base = content_type.split(';').next().unwrap_or("").trim();
+        self.any_type || self.types.iter().any(|t| t.eq_ignore_ascii_case(base))
     }
 }
 

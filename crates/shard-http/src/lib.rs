@@ -21,6 +21,7 @@ pub mod proxy_protocol;
 pub mod request;
 pub mod response;
 pub mod route;
+pub mod ssi;
 pub mod static_file;
 pub mod subfilter;
 pub mod vars;
@@ -225,6 +226,104 @@ pub fn log_time(unix_secs: u64) -> String {
     )
 }
 
+/// C's `strftime` for `unix_secs` in UTC (shard's local time is UTC), as SSI's `config
+/// timefmt` formats `$date_gmt` and `$date_local`: the conversions nginx users write (`%a %A
+/// %b %B %c %d %D %e %F %H %I %j %m %M %n %p %R %s %S %t %T %u %w %y %Y %z %Z %%`); another is
+/// copied as it is.
+pub fn strftime(fmt: &str, unix_secs: u64) -> String {
+    const FULL_DAYS: [&str; 7] = [
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+    ];
+    const FULL_MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    use std::fmt::Write as _;
+    let c = civil(unix_secs);
+    let mut out = String::with_capacity(fmt.len() + 16);
+    let mut it = fmt.chars();
+    while let Some(ch) = it.next() {
+        if ch != '%' {
+            out.push(ch);
+            continue;
+        }
+        let Some(conv) = it.next() else {
+            out.push('%');
+            break;
+        };
+        let hour12 = if c.hour.is_multiple_of(12) {
+            12
+        } else {
+            c.hour % 12
+        };
+        let _ = match conv {
+            'a' => write!(out, "{}", WEEKDAYS[c.weekday]),
+            'A' => write!(out, "{}", FULL_DAYS[c.weekday]),
+            'b' | 'h' => write!(out, "{}", MONTHS[c.month - 1]),
+            'B' => write!(out, "{}", FULL_MONTHS[c.month - 1]),
+            'c' => write!(
+                out,
+                "{} {} {:2} {:02}:{:02}:{:02} {}",
+                WEEKDAYS[c.weekday],
+                MONTHS[c.month - 1],
+                c.day,
+                c.hour,
+                c.min,
+                c.sec,
+                c.year
+            ),
+            'd' => write!(out, "{:02}", c.day),
+            'D' => write!(out, "{:02}/{:02}/{:02}", c.month, c.day, c.year % 100),
+            'e' => write!(out, "{:2}", c.day),
+            'F' => write!(out, "{:04}-{:02}-{:02}", c.year, c.month, c.day),
+            'H' => write!(out, "{:02}", c.hour),
+            'I' => write!(out, "{:02}", hour12),
+            'j' => write!(out, "{:03}", day_of_year(&c) + 1),
+            'm' => write!(out, "{:02}", c.month),
+            'M' => write!(out, "{:02}", c.min),
+            'n' => writeln!(out),
+            'p' => write!(out, "{}", if c.hour < 12 { "AM" } else { "PM" }),
+            'R' => write!(out, "{:02}:{:02}", c.hour, c.min),
+            's' => write!(out, "{unix_secs}"),
+            'S' => write!(out, "{:02}", c.sec),
+            't' => write!(out, "\t"),
+            'T' => write!(out, "{:02}:{:02}:{:02}", c.hour, c.min, c.sec),
+            'u' => write!(out, "{}", if c.weekday == 0 { 7 } else { c.weekday }),
+            'w' => write!(out, "{}", c.weekday),
+            'y' => write!(out, "{:02}", c.year % 100),
+            'Y' => write!(out, "{}", c.year),
+            'z' => write!(out, "+0000"),
+            'Z' => write!(out, "GMT"),
+            '%' => write!(out, "%"),
+            other => write!(out, "%{other}"),
+        };
+    }
+    out
+}
+
+/// Days since 1 January of `c`'s year.
+fn day_of_year(c: &Civil) -> u32 {
+    const BEFORE: [u32; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let leap = (c.year % 4 == 0 && c.year % 100 != 0) || c.year % 400 == 0;
+    BEFORE[c.month - 1] + c.day - 1 + u32::from(leap && c.month > 2)
+}
+
 /// nginx's `$time_iso8601` for `unix_secs`, in UTC: `1994-11-06T08:49:37+00:00`.
 pub fn iso8601_time(unix_secs: u64) -> String {
     let c = civil(unix_secs);
@@ -243,6 +342,10 @@ mod tests {
     fn known_dates() {
         assert_eq!(http_date(784_111_777), "Sun, 06 Nov 1994 08:49:37 GMT");
         assert_eq!(log_time(784_111_777), "06/Nov/1994:08:49:37 +0000");
+        assert_eq!(
+            strftime("%A, %d-%b-%Y %H:%M:%S %Z|%j|%s|%q", 784_111_777),
+            "Sunday, 06-Nov-1994 08:49:37 GMT|310|784111777|%q"
+        );
         assert_eq!(iso8601_time(784_111_777), "1994-11-06T08:49:37+00:00");
         assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
         assert_eq!(http_date(1_795_000_000), "Wed, 18 Nov 2026 11:06:40 GMT");

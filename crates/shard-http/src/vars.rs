@@ -302,6 +302,29 @@ const MAP_DEPTH_MAX: usize = 8;
 
 fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
     let req = c.req;
+    // `set $http_foo ...` (or `$arg_`, `$cookie_`): the value set, in a request that set it.
+    if !c.scope.user.is_empty() {
+        let prefixed = match var {
+            Var::Http(n) => Some(("http_", n)),
+            Var::Arg(n) => Some(("arg_", n)),
+            Var::Cookie(n) => Some(("cookie_", n)),
+            _ => None,
+        };
+        if let Some((p, n)) = prefixed {
+            let set = c.scope.user.iter().find(|(k, _)| {
+                k.len() == p.len() + n.len()
+                    && k[..p.len()].eq_ignore_ascii_case(p)
+                    && k[p.len()..]
+                        .bytes()
+                        .zip(n.bytes())
+                        .all(|(a, b)| a.eq_ignore_ascii_case(&b) || (a == b'_' && b == b'-'))
+            });
+            if let Some((_, v)) = set {
+                out.extend_from_slice(v);
+                return;
+            }
+        }
+    }
     match var {
         Var::Host => {
             let host = req.host.as_deref().unwrap_or(c.server_name);
@@ -591,6 +614,9 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         }
         Var::ConnectionTime => push_secs(out, c.conn.now_ms.saturating_sub(c.conn.opened_ms)),
         Var::TimeLocal => out.extend_from_slice(crate::log_time(c.conn.now_ms / 1000).as_bytes()),
+        Var::DateGmt | Var::DateLocal => out.extend_from_slice(
+            crate::strftime(crate::ssi::TIMEFMT, c.conn.now_ms / 1000).as_bytes(),
+        ),
         Var::TimeIso8601 => {
             out.extend_from_slice(crate::iso8601_time(c.conn.now_ms / 1000).as_bytes())
         }

@@ -28,6 +28,7 @@ mod relay;
 mod resolver;
 mod respond;
 mod script;
+mod ssi;
 mod step;
 mod subfilter;
 mod tls;
@@ -258,6 +259,8 @@ pub(crate) struct Worker<'a> {
     log_flush_at: u64,
     /// HTTP/2 sessions (`h2.rs`), each on a connection of `conns`.
     h2: Slab<h2::Session>,
+    /// The outputs of subrequests (`ssi.rs`), each on a connection of `conns`.
+    subs: Slab<ssi::SubOut>,
     /// `http2_rebalance`'s window (`h2.rs`).
     rebalance: h2::Rebalance,
     /// Request-body bytes this worker holds in memory (`body.rs`).
@@ -542,6 +545,7 @@ impl<'a> Worker<'a> {
             log_cache: HashMap::new(),
             log_flush_at: 0,
             h2: Slab::new(),
+            subs: Slab::new(),
             rebalance: h2::Rebalance::default(),
             body_mem: 0,
             cpu_base_ms: slot.cpu_ms.load(Relaxed),

@@ -2529,6 +2529,149 @@ fn sub_filter_as_nginx() {
     assert_eq!(get("/raw/big.txt").2, big, "the type not listed: untouched");
 }
 
+/// `ssi on`, as nginx's ssi.t and ssi_if.t: commands, variables, includes as subrequests
+/// (virtual, with `set=` and `stub=`), conditions, a proxied document, chunked output on a
+/// kept-alive connection, a pipelined pair, errors, a self-inclusion that ends, and a large
+/// include that streams through the bounded buffers.
+#[test]
+fn ssi_as_nginx() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n \
+        server {\n  listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n }\n \
+        server {\n  listen 127.0.0.1:{port1};\n  server_name localhost;\n  root {dir}/html;\n  \
+        if ($args = found) { return 204; }\n  \
+        location / { ssi on; }\n  \
+        location /proxy/ { ssi on; proxy_pass http://127.0.0.1:{port1}/local/; }\n  \
+        location /local/ { ssi off; alias {dir}/html/; }\n  \
+        location /silent/ { ssi on; ssi_silent_errors on; alias {dir}/html/; }\n  \
+        location /ret { ssi on; default_type text/html; return 200 'R<!--#echo var=\"arg_a\" -->R'; }\n  \
+        location /txt/ { ssi on; alias {dir}/html/; }\n \
+        }\n}\n";
+    let s = Server::start_ports("ssi", conf, 1, 1);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    let files: &[(&str, &str)] = &[
+        ("echo.html", "X<!--#echo var=\"arg_test\" -->X"),
+        ("inc.html", "X<!--#include virtual=\"/echo.html?test=test\" -->X"),
+        ("set.html", "X<!--#set var=\"blah\" value=\"<$arg_v>\" --><!--#echo var=\"blah\" -->|<!--#echo var=\"blah\" encoding=\"none\" -->|<!--#echo var=\"blah\" encoding=\"url\" -->X"),
+        ("args.html", "X<!--#include virtual=\"/check?found\" -->X"),
+        ("setinc.html", "<!--#include virtual=\"/echo.html?test=in\" set=\"one\" -->[<!--#echo var=\"one\" -->]"),
+        ("if.html", "x<!--#if expr=\"$arg_if\" -->IF<!--#elif expr=\"$arg_v = /(CAP\\d).*(CAP\\d)/\" --><!--#echo var=\"2\" --><!--#elif expr=\"$arg_v != yes\" -->NE<!--#else -->ELSE<!--#endif -->x"),
+        ("stub.html", "<!--#block name=\"one\" -->S<!--#echo var=\"arg_s\" --><!--#endblock -->x<!--#include virtual=\"/404?$args\" stub=\"one\" -->x"),
+        ("bad.html", "a<!--#nosuch -->b<!--#echo -->c<!--#config errmsg=\"E\" --><!--#echo var=x -->d"),
+        ("self.html", "s<!--#include virtual=\"/self.html\" -->"),
+        ("rel/doc.html", "<!--#include file=\"part.html\" -->"),
+        ("rel/part.html", "PART"),
+        ("date.html", "<!--#config timefmt=\"%Y\" --><!--#echo var=\"date_gmt\" -->"),
+        ("plain.txt", "<!--#echo var=\"arg_a\" -->"),
+    ];
+    for (name, body) in files {
+        write_file(&s.dir, &format!("html/{name}"), body.as_bytes());
+    }
+    let big = "0123456789abcdef".repeat(64 * 1024);
+    write_file(&s.dir, "html/big.txt", big.as_bytes());
+    write_file(
+        &s.dir,
+        "html/big.html",
+        b"<<!--#include virtual=\"/big.txt\" -->>",
+    );
+    let get = |path: &str| {
+        let (status, hs, body) = exchange(addr, &format!("GET {path} HTTP/1.0\r\nHost: localhost"));
+        (status, hs, String::from_utf8_lossy(&body).into_owned())
+    };
+    let year = 1970
+        + std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            / 31_556_952;
+    for (path, want) in [
+        ("/echo.html", "X(none)X".to_string()),
+        ("/echo.html?test=", "XX".into()),
+        ("/echo.html?a=b&test=t&c=d", "XtX".into()),
+        ("/inc.html", "XXtestXX".into()),
+        (
+            "/set.html?v=a%20b",
+            "X&lt;a%20b&gt;|<a%20b>|%3Ca%2520b%3EX".into(),
+        ),
+        ("/args.html", "XX".into()),
+        ("/args.html?wasargs", "XX".into()),
+        ("/setinc.html", "[XinX]".into()),
+        ("/if.html?if=1&v=no", "xIFx".into()),
+        ("/if.html?v=hereCAP1andCAP2", "xCAP2x".into()),
+        ("/if.html?v=no", "xNEx".into()),
+        ("/if.html?v=yes", "xELSEx".into()),
+        ("/stub.html?s=T", "xSTx".into()),
+        ("/proxy/echo.html?test=P", "XPX".into()),
+        (
+            "/local/echo.html?test=P",
+            "X<!--#echo var=\"arg_test\" -->X".into(),
+        ),
+        ("/ret?a=Q", "RQR".into()),
+        ("/rel/doc.html", "PART".into()),
+        ("/date.html", year.to_string()),
+        ("/plain.txt?a=1", "<!--#echo var=\"arg_a\" -->".into()),
+        ("/txt/plain.txt?a=1", "<!--#echo var=\"arg_a\" -->".into()),
+    ] {
+        let (status, hs, body) = get(path);
+        assert_eq!(
+            (status, body.as_str()),
+            (200, want.as_str()),
+            "{path}: {hs:?}"
+        );
+    }
+    // Errors: nginx's message where each failed command was, or nothing when silent.
+    let e = "[an error occurred while processing the directive]";
+    assert_eq!(get("/bad.html").2, format!("a{e}b{e}cEd"));
+    assert_eq!(get("/silent/bad.html").2, "abcd");
+    let log = error_log(&s);
+    assert!(log.contains("invalid SSI command: \"nosuch\""), "{log}");
+    assert!(
+        log.contains("mandatory \"var\" parameter is absent in \"echo\" SSI command"),
+        "{log}"
+    );
+    // A document that includes itself ends (nginx's subrequest limit) rather than looping.
+    let (status, _, body) = get("/self.html");
+    assert_eq!(status, 200);
+    assert!(body.starts_with("sss") && body.contains(e), "{body}");
+    // The headers: no length, ranges or validators; HTTP/1.0 gets the body until the close.
+    let (_, hs, _) = get("/echo.html");
+    for h in ["content-length", "accept-ranges", "last-modified", "etag"] {
+        assert!(!hs.iter().any(|(k, _)| k == h), "{h}: {hs:?}");
+    }
+    assert!(
+        hs.iter().any(|(k, v)| k == "connection" && v == "close"),
+        "{hs:?}"
+    );
+    // HTTP/1.1: chunked, the connection kept, and two SSI requests pipelined come back in
+    // order.
+    let mut c = connect(addr);
+    c.write_all(
+        b"GET /inc.html HTTP/1.1\r\nHost: localhost\r\n\r\nGET /echo.html?test=2 HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    )
+    .unwrap();
+    let r1 = read_response(&mut c, false).unwrap();
+    let r2 = read_response(&mut c, false).unwrap();
+    assert_eq!(r1.header("transfer-encoding"), Some("chunked"));
+    assert_eq!(
+        (r1.body_str(), r2.body_str()),
+        ("XXtestXX".into(), "X2X".into())
+    );
+    c.write_all(b"GET /big.html HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let r3 = read_response(&mut c, false).unwrap();
+    assert_eq!(r3.body.len(), big.len() + 2);
+    assert!(
+        r3.body_str() == format!("<{big}>"),
+        "the large include whole and in order"
+    );
+    // HEAD: the head alone.
+    let r = raw(
+        addr,
+        b"HEAD /inc.html HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 200);
+    assert!(r.body.is_empty());
+}
+
 /// `auth_request` and `auth_request_set`, as nginx's auth_request_satisfy.t: the
 /// subrequest's 2xx lets the request
 /// through, 401/403 refuse it, anything else is a 500; with `satisfy all` the first refusal

@@ -233,6 +233,12 @@ pub(super) struct Settings {
     pub(super) sub_filter_once: Option<bool>,
     pub(super) sub_filter_types: Option<(Vec<String>, bool)>,
     pub(super) sub_filter_last_modified: Option<bool>,
+    pub(super) ssi: Option<bool>,
+    pub(super) ssi_silent_errors: Option<bool>,
+    pub(super) ssi_last_modified: Option<bool>,
+    pub(super) ssi_types: Option<(Vec<String>, bool)>,
+    pub(super) ssi_value_length: Option<u64>,
+    pub(super) subrequest_output_buffer_size: Option<u64>,
     pub(super) override_charset: Option<bool>,
     pub(super) source_charset: Option<(String, Place)>,
     pub(super) real_ip_from: Option<Vec<AccessRule>>,
@@ -579,6 +585,7 @@ pub(super) struct Eff {
     pub(super) auth_request_set: Vec<(String, Vec<Part>)>,
     pub(super) charset_types: Vec<String>,
     pub(super) sub_filter: SubFilterConf,
+    pub(super) ssi: SsiConf,
     pub(super) override_charset: bool,
     pub(super) source_charset: Option<(String, Place)>,
     pub(super) real_ip: RealIp,
@@ -686,6 +693,7 @@ impl Eff {
             auth_request_set: Vec::new(),
             charset_types: CHARSET_TYPES.iter().map(|t| t.to_string()).collect(),
             sub_filter: SubFilterConf::default(),
+            ssi: SsiConf::default(),
             override_charset: false,
             source_charset: None,
             real_ip: RealIp::default(),
@@ -914,6 +922,24 @@ impl Eff {
                     last_modified: s.sub_filter_last_modified.unwrap_or(p.last_modified),
                 }
             },
+            ssi: {
+                let p = &self.ssi;
+                let (types, any_type) = s
+                    .ssi_types
+                    .clone()
+                    .unwrap_or_else(|| (p.types.clone(), p.any_type));
+                SsiConf {
+                    enabled: s.ssi.unwrap_or(p.enabled),
+                    silent_errors: s.ssi_silent_errors.unwrap_or(p.silent_errors),
+                    last_modified: s.ssi_last_modified.unwrap_or(p.last_modified),
+                    types,
+                    any_type,
+                    value_length: s.ssi_value_length.unwrap_or(p.value_length),
+                    output_buffer_size: s
+                        .subrequest_output_buffer_size
+                        .unwrap_or(p.output_buffer_size),
+                }
+            },
             charset_types: s
                 .charset_types
                 .clone()
@@ -1021,6 +1047,7 @@ impl Eff {
             auth_request_set: self.auth_request_set.clone(),
             charset_types: self.charset_types.clone(),
             sub_filter: self.sub_filter.clone(),
+            ssi: self.ssi.clone(),
             source_charset: self
                 .source_charset
                 .as_ref()
@@ -2719,6 +2746,45 @@ slot!(set_sub_filter_once, sub_filter_once, flag);
 
 slot!(set_sub_filter_last_modified, sub_filter_last_modified, flag);
 
+slot!(set_ssi, ssi, flag);
+
+slot!(set_ssi_silent_errors, ssi_silent_errors, flag);
+
+slot!(set_ssi_last_modified, ssi_last_modified, flag);
+
+slot!(
+    set_subrequest_output_buffer_size,
+    subrequest_output_buffer_size,
+    size
+);
+
+/// `ssi_value_length LENGTH`: the longest parameter value of an SSI command.
+pub(super) fn set_ssi_value_length(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = size(d, file, a0(d))?;
+    if v == 0 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut s.ssi_value_length, v, d, file)
+}
+
+/// `ssi_types MIME ...` (`*` for any); `text/html` is always one, as nginx.
+pub(super) fn set_ssi_types(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
+    let (types, any) = s
+        .ssi_types
+        .get_or_insert_with(|| (vec!["text/html".to_string()], false));
+    for a in &d.args {
+        if a == "*" {
+            *any = true;
+            continue;
+        }
+        let t = a.to_ascii_lowercase();
+        if !types.contains(&t) {
+            types.push(t);
+        }
+    }
+    Ok(())
+}
+
 /// `sub_filter_types MIME ...` (`*` for any); `text/html` is always one, as nginx.
 pub(super) fn set_sub_filter_types(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
     let (types, any) = s
@@ -4021,12 +4087,22 @@ pub(super) fn parse_value_with(
 
 /// The variables shard knows (names compare without case, as nginx's).
 pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, ConfigError> {
+    Ok(variable_with(name, |n| user_variable(d, file, n)))
+}
+
+/// The variable `name` names at run time (an SSI command's): one shard does not know is a
+/// user variable (`set`, `map`), empty unless something gave it a value.
+pub fn runtime_variable(name: &str) -> Var {
+    variable_with(name, |n| Var::User(n.to_string()))
+}
+
+fn variable_with(name: &str, user: impl FnOnce(&str) -> Var) -> Var {
     let name = name.to_ascii_lowercase();
     if let Some(v) = Var::tls(&name) {
-        return Ok(v);
+        return v;
     }
     let prefixed = |p: &str| name.strip_prefix(p).filter(|n| !n.is_empty());
-    Ok(match name.as_str() {
+    match name.as_str() {
         "host" => Var::Host,
         "remote_addr" => Var::RemoteAddr,
         "remote_port" => Var::RemotePort,
@@ -4063,6 +4139,8 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
         "request_time" => Var::RequestTime,
         "msec" => Var::Msec,
         "time_local" => Var::TimeLocal,
+        "date_gmt" => Var::DateGmt,
+        "date_local" => Var::DateLocal,
         "time_iso8601" => Var::TimeIso8601,
         "request_id" => Var::RequestId,
         "connection" => Var::Connection,
@@ -4121,10 +4199,10 @@ pub(super) fn variable(d: &Directive, file: &str, name: &str) -> Result<Var, Con
             } else if let Some(n) = prefixed("cookie_") {
                 Var::Cookie(n.to_string())
             } else {
-                user_variable(d, file, &name)
+                user(&name)
             }
         }
-    })
+    }
 }
 
 /// The `http_NNN` values of `proxy_next_upstream`, ascending; bit i of a mask is entry i.

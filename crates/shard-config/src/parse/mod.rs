@@ -32,6 +32,7 @@ mod values;
 use cache::*;
 use fastcgi::*;
 pub(crate) use http::expires_value;
+pub use http::runtime_variable;
 use http::*;
 use main_events::*;
 use script::*;

@@ -92,9 +92,15 @@ pub(super) fn script_set(_: &Env, script: &mut Vec<Instr>, d: &Directive, file: 
             format!("invalid variable name \"{}\"", d.args[0]),
         ));
     };
-    // nginx's changeable built-in variables.
+    // nginx's changeable built-in variables, and those of a prefix (`$http_foo`, `$arg_a`,
+    // `$cookie_c`), which a `set` shadows in the requests that run it (nginx: a new variable
+    // whose value, until set, is the prefix's).
     let settable = ["limit_rate", "args"];
-    if variable_is_builtin(name) && !settable.contains(&name.to_ascii_lowercase().as_str()) {
+    let lower = name.to_ascii_lowercase();
+    let prefixed = ["http_", "arg_", "cookie_"]
+        .iter()
+        .any(|p| lower.strip_prefix(p).is_some_and(|n| !n.is_empty()));
+    if variable_is_builtin(name) && !settable.contains(&lower.as_str()) && !prefixed {
         return Err(derr(
             d,
             file,

@@ -87,6 +87,9 @@ pub(super) struct Conn {
     /// HTTP/2: the session (index into `Worker::h2`) this connection carries (`H2_SESSION`)
     /// or is a stream of (`H2_STREAM`); 0 for HTTP/1.x.
     pub(super) h2: u32,
+    /// A subrequest's connection (`ssi.rs`): its index into `Worker::subs` + 1; 0 otherwise.
+    /// No socket either: its output goes to its parent's pipe.
+    pub(super) sub: u32,
     pub(super) id: u64,
     /// Its number among every connection of the server (`$connection`, the error log's `*N`).
     pub(super) number: u64,
@@ -218,6 +221,8 @@ pub(super) struct Req {
     pub(super) sent_head: Vec<u8>,
     /// The error log context of the request's server or location (`log::set_context`).
     pub(super) log_ctx: (u64, u8),
+    /// `ssi on`: the response leaves through this pipe (`ssi.rs`).
+    pub(super) ssi: Option<Box<super::ssi::Pipe>>,
 }
 
 /// [`Conn::rq`] on the field alone, so that the connection's other fields stay free to borrow.
@@ -305,6 +310,7 @@ impl Req {
         self.head_bytes = 0;
         self.sent_head = Vec::new();
         self.log_ctx = (0, 0);
+        self.ssi = None;
     }
 
     /// nginx's defaults, for [`Conn::rq`]'s case that should not happen.
@@ -372,6 +378,7 @@ impl Req {
             head_bytes: 0,
             sent_head: Vec::new(),
             log_ctx: (0, 0),
+            ssi: None,
         }
     }
 }
@@ -514,6 +521,7 @@ impl Conn {
         Conn {
             fd: None,
             h2: 0,
+            sub: 0,
             id,
             number,
             peer,
@@ -624,6 +632,15 @@ impl Conn {
         self.out_pos < self.out.len()
             || self.has_file()
             || self.tls.as_ref().is_some_and(|t| t.has_output())
+            || self.ssi_busy()
+    }
+
+    /// An SSI response whose bytes were all taken is not all out yet (`ssi.rs`).
+    fn ssi_busy(&self) -> bool {
+        self.req
+            .as_ref()
+            .and_then(|r| r.ssi.as_ref())
+            .is_some_and(|p| p.busy())
     }
 
     /// Output waits only while more complete requests may sit in the input buffer, so that
@@ -634,7 +651,8 @@ impl Conn {
                 || self.has_file()
                 || self.close_after
                 || self.lingering
-                || self.out.len() >= PIPELINE_GATHER_BYTES)
+                || self.out.len() >= PIPELINE_GATHER_BYTES
+                || self.req.as_ref().is_some_and(|r| r.ssi.is_some()))
     }
 
     /// The next deadline while reading to discard: `lingering_timeout` from now, but never past
@@ -810,6 +828,7 @@ impl Conn {
         key: usize,
         cx: &super::ctx::Ctx<'_>,
         h2: &mut slab::Slab<super::h2::Session>,
+        subs: &mut slab::Slab<super::ssi::SubOut>,
     ) -> Flush {
         let now_ms = cx.now_ms;
         let turn = cx.turn;
@@ -920,15 +939,28 @@ impl Conn {
                 }
                 let end = c.out.len().min(c.out_pos.saturating_add(allow));
                 let out = std::mem::take(&mut c.out);
-                let res = if c.h2 & super::h2::H2_STREAM != 0 {
-                    Worker::h2_send(h2, c.h2, key, &out[c.out_pos..end], r.h2_chunk)
-                } else {
-                    send(
-                        fd_of(&c.fd),
-                        &mut c.tls,
-                        &out[c.out_pos..end],
-                        more && end == out.len(),
-                    )
+                let cork = more && end == out.len();
+                let chunk = r.h2_chunk;
+                let (h2_tag, sub, fd) = (c.h2, c.sub, fd_of(&c.fd));
+                let tls = &mut c.tls;
+                let mut sink = |b: &[u8]| -> std::io::Result<usize> {
+                    if h2_tag & super::h2::H2_STREAM != 0 {
+                        Worker::h2_send(h2, h2_tag, key, b, chunk)
+                    } else if sub != 0 {
+                        super::ssi::sub_send(subs, sub, b)
+                    } else {
+                        send(fd, tls, b, cork)
+                    }
+                };
+                let res = match r.ssi.as_deref_mut() {
+                    Some(p) => {
+                        let res = p.write(&out[c.out_pos..end], &mut sink);
+                        if p.must_close {
+                            c.close_after = true;
+                        }
+                        res
+                    }
+                    None => sink(&out[c.out_pos..end]),
                 };
                 c.out = out;
                 match res {
@@ -949,7 +981,11 @@ impl Conn {
                         }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        c.writable = false;
+                        // An SSI pipe waiting for its command or subrequest is not a full
+                        // socket: the worker wakes the connection (`Worker::ssi_step`).
+                        if r.ssi.as_ref().is_none_or(|p| p.sink_blocked) {
+                            c.writable = false;
+                        }
                         return Flush::Blocked;
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -963,6 +999,38 @@ impl Conn {
             c.out.clear();
             c.out_pos = 0;
             if r.file.as_ref().is_none_or(|f| f.remaining == 0) {
+                // An SSI response: its own output, commands and subrequests first.
+                if let Some(p) = r.ssi.as_deref_mut().filter(|p| p.busy()) {
+                    if !c.writable {
+                        return Flush::Blocked;
+                    }
+                    let (h2_tag, sub, fd) = (c.h2, c.sub, fd_of(&c.fd));
+                    let chunk = r.h2_chunk;
+                    let tls = &mut c.tls;
+                    let mut sink = |b: &[u8]| -> std::io::Result<usize> {
+                        if h2_tag & super::h2::H2_STREAM != 0 {
+                            Worker::h2_send(h2, h2_tag, key, b, chunk)
+                        } else if sub != 0 {
+                            super::ssi::sub_send(subs, sub, b)
+                        } else {
+                            send(fd, tls, b, false)
+                        }
+                    };
+                    match p.write(&[], &mut sink) {
+                        Ok(_) if !p.busy() => {}
+                        Ok(_) => return Flush::Blocked,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            if p.sink_blocked {
+                                c.writable = false;
+                            }
+                            return Flush::Blocked;
+                        }
+                        Err(_) => return Flush::Failed,
+                    }
+                    if p.must_close {
+                        c.close_after = true;
+                    }
+                }
                 r.file = None;
                 if !r.tail.is_empty() {
                     // What follows the file body (`add_trailer`), through the same writes.
@@ -1150,6 +1218,18 @@ impl<'a> Worker<'a> {
             self.h2_session_closed(h2);
         }
         let mut c = self.conns.remove(key);
+        // A subrequest ends with its parent, and its parent learns of its end.
+        if let Some(w) = c
+            .req
+            .as_ref()
+            .and_then(|r| r.ssi.as_ref())
+            .and_then(|p| p.waiting())
+        {
+            self.sub_abort(w);
+        }
+        if c.sub != 0 {
+            self.sub_closed(c.sub, c.id);
+        }
         if let Some(t) = c.tls.as_mut() {
             super::tls::close_notify(fd_of(&c.fd), t);
         }
@@ -1159,7 +1239,7 @@ impl<'a> Worker<'a> {
             self.give_req(r);
         }
         WorkerSlot::drop_one(c.gauge(self.cx.slot));
-        if h2 & super::h2::H2_STREAM == 0 {
+        if h2 & super::h2::H2_STREAM == 0 && c.sub == 0 {
             WorkerSlot::drop_one(&self.cx.slot.active);
         }
         let inbuf = std::mem::take(&mut c.inbuf);
@@ -1255,8 +1335,14 @@ impl<'a> Worker<'a> {
 
     /// Writes what connection `key` has to write ([`Conn::flush`]).
     pub(super) fn flush(&mut self, key: usize) -> Flush {
-        let Worker { conns, cx, h2, .. } = self;
-        conns[key].flush(key, cx, h2)
+        let Worker {
+            conns,
+            cx,
+            h2,
+            subs,
+            ..
+        } = self;
+        conns[key].flush(key, cx, h2, subs)
     }
 
     /// Runs the connection until it must wait for the kernel, is closed, or used up its turn
@@ -1265,13 +1351,27 @@ impl<'a> Worker<'a> {
     /// body, keep-alive timeouts), and an earlier one than the queued timer must be queued
     /// too, or a 1 s `send_timeout` would wait for a 60 s header timer.
     pub(super) fn drive(&mut self, key: usize) {
-        let Some((id, number, h2)) = self.conns.get(key).map(|c| (c.id, c.number, c.h2)) else {
+        let Some((id, number, h2, sub)) =
+            self.conns.get(key).map(|c| (c.id, c.number, c.h2, c.sub))
+        else {
             return;
         };
         let outer = crate::log::set_connection(number);
         let ctx = self.conns[key].req.as_ref().map_or((0, 0), |r| r.log_ctx);
         let outer_ctx = crate::log::set_context(ctx.0, ctx.1);
         self.drive_turn(key);
+        if self
+            .conns
+            .get(key)
+            .and_then(|c| c.req.as_ref())
+            .is_some_and(|r| r.ssi.is_some())
+        {
+            self.ssi_after_drive(key);
+        }
+        if sub != 0 {
+            // What the subrequest wrote waits in `subs`: its parent takes it.
+            self.sub_moved(sub, id);
+        }
         crate::log::restore_context(outer_ctx);
         crate::log::set_connection(outer);
         if h2 & super::h2::H2_STREAM != 0 {
@@ -1285,7 +1385,7 @@ impl<'a> Worker<'a> {
         }
     }
 
-    fn drive_turn(&mut self, key: usize) {
+    pub(super) fn drive_turn(&mut self, key: usize) {
         // The one place a step's `Io::Close` closes the connection.
         macro_rules! step {
             ($io:expr) => {
@@ -1946,6 +2046,7 @@ impl<'a> Worker<'a> {
             || !first.script.is_empty()
             || !first.error_pages.is_empty()
             || first.try_files.is_some()
+            || first.ssi.enabled
             || first.needs_head;
         let head = if keep_head {
             self.conns[key].inbuf[..head_len].to_vec()
@@ -2024,8 +2125,14 @@ impl<'a> Worker<'a> {
         // after its delay, from a clean state.
         let mut loc = first;
         let mut hops = 0;
-        self.request_seq += 1;
-        let seq = self.request_seq;
+        // A subrequest is its main request's (`$request_id`).
+        let seq = match self.sub_request_seq(key) {
+            Some(seq) => seq,
+            None => {
+                self.request_seq += 1;
+                self.request_seq
+            }
+        };
         let c = &mut self.conns[key];
         c.rq().request_seq = seq;
         c.rq().user_vars.clear();
@@ -2124,6 +2231,7 @@ impl<'a> Worker<'a> {
                 && self.cx.now_ms.saturating_sub(c.opened_ms) < first.keepalive_time_ms
                 && !c.plain_on_tls
                 && c.h2 == 0
+                && c.sub == 0
                 && !matches!(forced, Some(495 | 496));
 
         // Body: refuse what announces itself too large before reading any of it.
@@ -2513,6 +2621,10 @@ impl<'a> Worker<'a> {
         head: &[u8],
         upstream: &[shard_http::vars::UpstreamTry],
     ) {
+        // Subrequests are not logged (nginx's `log_subrequest off`).
+        if self.conns[key].sub != 0 {
+            return;
+        }
         for al in &loc.access_logs {
             let i = match (&al.path_vars, self.access_log_idx.get(&al.path)) {
                 (Some(_), _) => usize::MAX,
@@ -2658,6 +2770,10 @@ impl<'a> Worker<'a> {
         req: &shard_http::request::Request,
         head: &[u8],
     ) -> Access<'s> {
+        // A subrequest skips the access phase: its main request passed it (nginx).
+        if self.conns[key].sub != 0 {
+            return Access::Pass;
+        }
         if !loc.satisfy_any {
             if self.access_denied(key, loc, req) {
                 return Access::Deny(403);
@@ -3018,7 +3134,8 @@ impl<'a> Worker<'a> {
         let sendfile = sendfile && recoded.is_none();
         // TLS encrypts in user space: the file is read and written through it; an HTTP/2
         // stream's goes into frames.
-        let socket = c.tls.is_none() && c.fd.is_some();
+        let socket =
+            c.tls.is_none() && c.fd.is_some() && c.req.as_ref().is_none_or(|r| r.ssi.is_none());
         let sendfile = sendfile && socket;
         let (mut offset, mut len) = (offset, len);
         let inline = !sendfile && len <= INLINE_BODY_BYTES && c.out.len() < PIPELINE_GATHER_BYTES;
@@ -3615,6 +3732,7 @@ mod tests {
             cfg: &'static shard_config::Config,
             slot: &'static crate::shm::WorkerSlot,
             h2: slab::Slab<crate::worker::h2::Session>,
+            subs: slab::Slab<crate::worker::ssi::SubOut>,
         }
 
         fn pair() -> Pair {
@@ -3628,6 +3746,7 @@ mod tests {
                 cfg: Box::leak(Box::new(server("events {}"))),
                 slot: Box::leak(Box::default()),
                 h2: slab::Slab::new(),
+                subs: slab::Slab::new(),
             }
         }
 
@@ -3638,7 +3757,7 @@ mod tests {
 
             fn flush(&mut self, now_ms: u64) -> Flush {
                 let cx = self.cx(now_ms);
-                self.conn.flush(0, &cx, &mut self.h2)
+                self.conn.flush(0, &cx, &mut self.h2, &mut self.subs)
             }
 
             /// What the peer can read now.

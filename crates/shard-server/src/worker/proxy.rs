@@ -1648,11 +1648,13 @@ impl<'a> Worker<'a> {
         // request to have forwarded it (`proxy_set_header Upgrade ...` over HTTP/1.1).
         // The client's own `Upgrade` is never passed: without a `proxy_set_header Upgrade`
         // the request cannot ask, and neither head needs reading.
-        p.upgrade = loc
-            .proxy
-            .set_headers
-            .iter()
-            .any(|(n, _)| n.eq_ignore_ascii_case("upgrade"))
+        // A subrequest is never upgraded (nginx: "connection upgrade in subrequest").
+        p.upgrade = self.conns[key].sub == 0
+            && loc
+                .proxy
+                .set_headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("upgrade"))
             && shard_http::proxy::upgrade_requested(&p.head)
             && shard_http::proxy::upgrade_requested(&out);
         p.upreq = out;
@@ -2525,10 +2527,29 @@ impl<'a> Worker<'a> {
                 }
             }
         }
+        // `ssi`: the answer leaves through an SSI pipe (`ssi.rs`), which reads it as it is
+        // written; not an encoded one, and not compressed here then (the pipe sees the
+        // bytes gzip would make).
+        let ssi = loc.ssi.enabled
+            && head.status != 101
+            && !head
+                .headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("content-encoding"))
+            && super::ssi::applies(
+                loc,
+                head.headers
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+                    .and_then(|(_, v)| std::str::from_utf8(v).ok()),
+            );
+        if ssi {
+            self.ssi_begin(key, &p.req, &p.head, loc);
+        }
         // `gzip`: the answer compressed as it streams, as nginx's gzip filter does for any
         // response (after `sub_filter`; `Vary` with `gzip_vary` whenever gzip applies).
         p.gzip = None;
-        if loc.gzip.enabled && head.framing != Framing::None && head.status != 101 {
+        if loc.gzip.enabled && !ssi && head.framing != Framing::None && head.status != 101 {
             let field = |name: &str| {
                 head.headers
                     .iter()

@@ -79,7 +79,10 @@ pub(super) fn returned(
             redirect: None,
         };
     }
-    let r = shard_http::response::return_reply(code, text, &loc.default_type);
+    // The type of a text is the URI's (its extension in `types`), else `default_type`: nginx's
+    // `ngx_http_set_content_type` in `ngx_http_send_response`.
+    let ct = shard_http::static_file::content_type(loc, std::path::Path::new(&req.path));
+    let r = shard_http::response::return_reply(code, text, ct);
     simple(w, key, req, keep_alive, loc, head, r)
 }
 
@@ -165,6 +168,11 @@ fn simple(
         f.finish(&mut out);
         r.body = out;
     }
+    // `ssi`: the body is processed as it is written (and not compressed: the pipe reads it).
+    let ssi = super::ssi::applies(loc, r.content_type.as_deref()) && !r.body.is_empty();
+    if ssi {
+        w.ssi_begin(key, req, head, loc);
+    }
     let gz = &loc.gzip;
     // A response of shard's own making has no validators; `expires` may make it uncacheable.
     let neg = matches!(
@@ -188,6 +196,7 @@ fn simple(
         r.body.len() as u64,
         &traits,
     );
+    let g = if ssi { gzip::Decision::default() } else { g };
     if g.compress {
         r.body = gzip::compress(gz.comp_level, &r.body);
     }
@@ -761,7 +770,7 @@ fn transformed_file(
     if meta.size > GUNZIP_STATIC_MAX_BYTES {
         crate::log!(
             Error,
-            "\"{}\" is larger than sub_filter's {} bytes in memory{}",
+            "\"{}\" is larger than the {} bytes a filtered file may take in memory{}",
             path.display(),
             GUNZIP_STATIC_MAX_BYTES,
             w.log_context(key, Some(req))
@@ -786,7 +795,11 @@ fn transformed_file(
         }
         None => raw,
     };
-    let validators = loc.sub_filter.last_modified;
+    let validators = if loc.sub_filter.applies_to(&content_type) {
+        loc.sub_filter.last_modified
+    } else {
+        loc.ssi.last_modified
+    };
     in_memory_file(
         w, key, loc, req, keep_alive, head, path, &meta, body, false, validators,
     )
@@ -1098,6 +1111,11 @@ fn send_file(
                     error_page: None,
                     redirect: None,
                 };
+            }
+            // `ssi`: the file read whole (no ranges) and processed as it is written.
+            if !encoded && super::ssi::applies(loc, Some(&content_type)) && meta.size > 0 {
+                w.ssi_begin(key, req, head, loc);
+                return transformed_file(w, key, loc, req, keep_alive, head, &path, fd, meta);
             }
             // `sub_filter`: the file read and filtered in memory (whole: no ranges), as
             // `gunzip` does.
