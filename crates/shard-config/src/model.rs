@@ -811,6 +811,8 @@ pub struct LocationConf {
     pub sub_filter: SubFilterConf,
     /// `ssi` and its companions, with `subrequest_output_buffer_size`.
     pub ssi: SsiConf,
+    /// `add_before_body`, `add_after_body`, `addition_types`.
+    pub addition: AdditionConf,
     /// `source_charset`: the charset of the files and of proxied responses that name none.
     pub source_charset: Option<String>,
     /// `override_charset on`: a proxied response's own charset is recoded to `charset` too.
@@ -2841,6 +2843,41 @@ impl Default for SubFilterConf {
             any_type: false,
             last_modified: false,
         }
+    }
+}
+
+/// `ngx_http_addition_module`'s settings of one location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdditionConf {
+    /// `add_before_body URI`, `add_after_body URI`: subrequests whose bodies go before and
+    /// after a 200 response's (an empty URI is none).
+    pub before: Option<String>,
+    pub after: Option<String>,
+    /// `addition_types`: lowercase MIME types, `text/html` always one; `*`: every type.
+    pub types: Vec<String>,
+    pub any_type: bool,
+}
+
+impl Default for AdditionConf {
+    fn default() -> Self {
+        AdditionConf {
+            before: None,
+            after: None,
+            types: vec!["text/html".to_string()],
+            any_type: false,
+        }
+    }
+}
+
+impl AdditionConf {
+    /// Whether a response of `content_type` gets its additions.
+    pub fn applies_to(&self, content_type: &str) -> bool {
+        let set = |u: &Option<String>| u.as_deref().is_some_and(|u| !u.is_empty());
+        if !set(&self.before) && !set(&self.after) {
+            return false;
+        }
+        let base = content_type.split(';').next().unwrap_or("").trim();
+        self.any_type || self.types.iter().any(|t| t.eq_ignore_ascii_case(base))
     }
 }
 

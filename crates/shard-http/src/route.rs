@@ -345,6 +345,7 @@ pub(crate) mod tests {
             add_trailers: Vec::new(),
             sub_filter: Default::default(),
             ssi: Default::default(),
+            addition: Default::default(),
             auth_request: None,
             auth_request_set: Vec::new(),
             source_charset: None,

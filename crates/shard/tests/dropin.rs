@@ -2672,6 +2672,80 @@ fn ssi_as_nginx() {
     assert!(r.body.is_empty());
 }
 
+/// `add_before_body` and `add_after_body`, as nginx's addition.t and proxy_extra_data.t:
+/// 200 answers of the listed types get the subrequests' bodies around theirs (not other
+/// statuses, other types, or subrequests), proxied answers too, unless the upstream's
+/// answer was cut short.
+#[test]
+fn addition_as_nginx() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n \
+        server {\n  listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n }\n \
+        server {\n  listen 127.0.0.1:{port1};\n  root {dir}/html;\n  \
+        location /regular { return 200 body; }\n  \
+        location /b.html { add_before_body /add_before; return 200 body; }\n  \
+        location /a.html { add_after_body /add_after; return 200 body; }\n  \
+        location /ba.html { add_before_body /add_before; add_after_body /add_after; return 200 body; }\n  \
+        location /notype { add_before_body /add_before; return 200 body; }\n  \
+        location /notype2 { addition_types text/plain; add_after_body /add_after; return 200 body; }\n  \
+        location /add_before { return 200 before; }\n  \
+        location /add_after { return 200 after; }\n  \
+        location /self.html { add_after_body /self.html; return 200 self; }\n  \
+        location /r202.html { add_after_body /add_after; return 202 body; }\n  \
+        location /files/ { add_after_body /add_after; alias {dir}/html/; }\n  \
+        location /up/ { add_after_body /add_after; proxy_pass http://127.0.0.1:{port2}/; }\n \
+        }\n}\n";
+    let s = Server::start_ports("addition", conf, 1, 2);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    write_file(&s.dir, "html/f.html", b"file");
+    // The upstream: a whole answer without a length, then one cut short of its length.
+    let up = std::net::TcpListener::bind(("127.0.0.1", s.ports[1])).unwrap();
+    let upstream = std::thread::spawn(move || {
+        for answer in [
+            &b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nConnection: close\r\n\r\nSEE-THIS"[..],
+            &b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 100\r\n\r\nSHORT"[..],
+        ] {
+            let (mut c, _) = up.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = c.read(&mut buf);
+            c.write_all(answer).unwrap();
+        }
+    });
+    let get = |path: &str, version: &str| {
+        let (status, _, body) = exchange(
+            addr,
+            &format!("GET {path} HTTP/{version}\r\nHost: localhost"),
+        );
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    for (path, want) in [
+        ("/regular", (200, "body")),
+        ("/b.html", (200, "beforebody")),
+        ("/a.html", (200, "bodyafter")),
+        ("/ba.html", (200, "beforebodyafter")),
+        ("/notype", (200, "body")),
+        ("/notype2", (200, "bodyafter")),
+        ("/self.html", (200, "selfself")),
+        ("/r202.html", (202, "body")),
+        ("/files/f.html", (200, "fileafter")),
+    ] {
+        let (status, body) = get(path, "1.0");
+        assert_eq!((status, body.as_str()), want, "{path}");
+    }
+    // HTTP/1.1: chunked, and the same bytes.
+    let (_, body) = get("/ba.html", "1.1");
+    assert_eq!(body, "6\r\nbefore\r\n4\r\nbody\r\n5\r\nafter\r\n0\r\n\r\n");
+    // Proxied: an answer that ends with its connection gets the addition; one cut short
+    // does not.
+    assert_eq!(get("/up/x.html", "1.0"), (200, "SEE-THISafter".to_string()));
+    let (status, body) = get("/up/short.html", "1.0");
+    assert_eq!(status, 200);
+    assert!(
+        body.starts_with("SHORT") && !body.contains("after"),
+        "{body}"
+    );
+    upstream.join().unwrap();
+}
+
 /// `auth_request` and `auth_request_set`, as nginx's auth_request_satisfy.t: the
 /// subrequest's 2xx lets the request
 /// through, 401/403 refuse it, anything else is a 500; with `satisfy all` the first refusal

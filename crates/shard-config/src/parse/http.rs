@@ -238,6 +238,9 @@ pub(super) struct Settings {
     pub(super) ssi_last_modified: Option<bool>,
     pub(super) ssi_types: Option<(Vec<String>, bool)>,
     pub(super) ssi_value_length: Option<u64>,
+    pub(super) add_before_body: Option<String>,
+    pub(super) add_after_body: Option<String>,
+    pub(super) addition_types: Option<(Vec<String>, bool)>,
     pub(super) subrequest_output_buffer_size: Option<u64>,
     pub(super) override_charset: Option<bool>,
     pub(super) source_charset: Option<(String, Place)>,
@@ -586,6 +589,7 @@ pub(super) struct Eff {
     pub(super) charset_types: Vec<String>,
     pub(super) sub_filter: SubFilterConf,
     pub(super) ssi: SsiConf,
+    pub(super) addition: AdditionConf,
     pub(super) override_charset: bool,
     pub(super) source_charset: Option<(String, Place)>,
     pub(super) real_ip: RealIp,
@@ -694,6 +698,7 @@ impl Eff {
             charset_types: CHARSET_TYPES.iter().map(|t| t.to_string()).collect(),
             sub_filter: SubFilterConf::default(),
             ssi: SsiConf::default(),
+            addition: AdditionConf::default(),
             override_charset: false,
             source_charset: None,
             real_ip: RealIp::default(),
@@ -940,6 +945,19 @@ impl Eff {
                         .unwrap_or(p.output_buffer_size),
                 }
             },
+            addition: {
+                let p = &self.addition;
+                let (types, any_type) = s
+                    .addition_types
+                    .clone()
+                    .unwrap_or_else(|| (p.types.clone(), p.any_type));
+                AdditionConf {
+                    before: s.add_before_body.clone().or_else(|| p.before.clone()),
+                    after: s.add_after_body.clone().or_else(|| p.after.clone()),
+                    types,
+                    any_type,
+                }
+            },
             charset_types: s
                 .charset_types
                 .clone()
@@ -1048,6 +1066,7 @@ impl Eff {
             charset_types: self.charset_types.clone(),
             sub_filter: self.sub_filter.clone(),
             ssi: self.ssi.clone(),
+            addition: self.addition.clone(),
             source_charset: self
                 .source_charset
                 .as_ref()
@@ -2765,6 +2784,33 @@ pub(super) fn set_ssi_value_length(_: &Env, s: &mut Settings, d: &Directive, fil
         return Err(invalid(d, file, a0(d)));
     }
     once(&mut s.ssi_value_length, v, d, file)
+}
+
+/// `add_before_body URI`, `add_after_body URI` (an empty URI: none, as nginx's).
+pub(super) fn set_add_before_body(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    once(&mut s.add_before_body, a0(d).to_string(), d, file)
+}
+
+pub(super) fn set_add_after_body(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    once(&mut s.add_after_body, a0(d).to_string(), d, file)
+}
+
+/// `addition_types MIME ...` (`*` for any); `text/html` is always one, as nginx.
+pub(super) fn set_addition_types(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
+    let (types, any) = s
+        .addition_types
+        .get_or_insert_with(|| (vec!["text/html".to_string()], false));
+    for a in &d.args {
+        if a == "*" {
+            *any = true;
+            continue;
+        }
+        let t = a.to_ascii_lowercase();
+        if !types.contains(&t) {
+            types.push(t);
+        }
+    }
+    Ok(())
 }
 
 /// `ssi_types MIME ...` (`*` for any); `text/html` is always one, as nginx.

@@ -891,6 +891,27 @@ pub(super) static TABLE: &[Spec] = &[
     ),
     d("ssi", HSL, 1, 1, Set::Settings(set_ssi)),
     d(
+        "add_before_body",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_add_before_body),
+    ),
+    d(
+        "add_after_body",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_add_after_body),
+    ),
+    d(
+        "addition_types",
+        HSL,
+        1,
+        MANY,
+        Set::Settings(set_addition_types),
+    ),
+    d(
         "ssi_silent_errors",
         HSL,
         1,

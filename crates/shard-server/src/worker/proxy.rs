@@ -2530,22 +2530,24 @@ impl<'a> Worker<'a> {
         // `ssi`: the answer leaves through an SSI pipe (`ssi.rs`), which reads it as it is
         // written; not an encoded one, and not compressed here then (the pipe sees the
         // bytes gzip would make).
-        let ssi = loc.ssi.enabled
-            && head.status != 101
-            && !head
-                .headers
-                .iter()
-                .any(|(n, _)| n.eq_ignore_ascii_case("content-encoding"))
-            && super::ssi::applies(
-                loc,
-                head.headers
+        let ssi =
+            (loc.ssi.enabled || loc.addition.before.is_some() || loc.addition.after.is_some())
+                && head.status != 101
+                && !head
+                    .headers
                     .iter()
-                    .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
-                    .and_then(|(_, v)| std::str::from_utf8(v).ok()),
-            );
-        if ssi {
-            self.ssi_begin(key, &p.req, &p.head, loc);
-        }
+                    .any(|(n, _)| n.eq_ignore_ascii_case("content-encoding"))
+                && self.filter_begin(
+                    key,
+                    &p.req,
+                    &p.head,
+                    loc,
+                    head.headers
+                        .iter()
+                        .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+                        .and_then(|(_, v)| std::str::from_utf8(v).ok()),
+                    head.status,
+                );
         // `gzip`: the answer compressed as it streams, as nginx's gzip filter does for any
         // response (after `sub_filter`; `Vary` with `gzip_vary` whenever gzip applies).
         p.gzip = None;
@@ -2644,9 +2646,12 @@ impl<'a> Worker<'a> {
             framing = Framing::Length(b - a + 1);
             p.window = Some((a, b + 1, 0));
         }
+        // An SSI or addition pipe reads the body and frames it again for the client: it
+        // needs to see where the body ends, so it gets chunks whatever the client speaks.
+        let piped = self.conns[key].rd().ssi.is_some();
         let (mut client_framing, reusable) = shard_http::proxy::client_framing(
             framing,
-            p.req.minor_version >= 1 && loc.chunked_transfer_encoding,
+            (p.req.minor_version >= 1 && loc.chunked_transfer_encoding) || piped,
         );
         // `add_trailer`: chunked even when the length is known, as nginx.
         p.trailers = !loc.add_trailers.is_empty()

@@ -169,10 +169,8 @@ fn simple(
         r.body = out;
     }
     // `ssi`: the body is processed as it is written (and not compressed: the pipe reads it).
-    let ssi = super::ssi::applies(loc, r.content_type.as_deref()) && !r.body.is_empty();
-    if ssi {
-        w.ssi_begin(key, req, head, loc);
-    }
+    let ssi = !r.body.is_empty()
+        && w.filter_begin(key, req, head, loc, r.content_type.as_deref(), r.status);
     let gz = &loc.gzip;
     // A response of shard's own making has no validators; `expires` may make it uncacheable.
     let neg = matches!(
@@ -1113,8 +1111,10 @@ fn send_file(
                 };
             }
             // `ssi`: the file read whole (no ranges) and processed as it is written.
-            if !encoded && super::ssi::applies(loc, Some(&content_type)) && meta.size > 0 {
-                w.ssi_begin(key, req, head, loc);
+            if !encoded
+                && meta.size > 0
+                && w.filter_begin(key, req, head, loc, Some(&content_type), 200)
+            {
                 return transformed_file(w, key, loc, req, keep_alive, head, &path, fd, meta);
             }
             // `sub_filter`: the file read and filtered in memory (whole: no ranges), as

@@ -268,6 +268,19 @@ pub(super) struct Pipe {
     req: shard_http::request::Request,
     head: Vec<u8>,
     depth: u8,
+    /// SSI applies (else only the addition module: the body passes as it is).
+    parse: bool,
+    /// `add_before_body` and `add_after_body` still to include.
+    before: Option<Vec<u8>>,
+    after: Option<Vec<u8>>,
+}
+
+/// An `include virtual=URI` for the addition module's bodies.
+fn include_of(uri: Vec<u8>) -> Item {
+    Item::Command(Command {
+        name: "include".to_string(),
+        params: vec![("virtual".to_string(), uri)],
+    })
 }
 
 impl Pipe {
@@ -389,6 +402,15 @@ impl Pipe {
                     } else {
                         Stage::Body
                     };
+                    // `add_before_body`: its subrequest's body comes first.
+                    if self.stage == Stage::Body {
+                        if let Some(uri) = self.before.take() {
+                            self.pending = Some(include_of(uri));
+                        }
+                    } else {
+                        self.before = None;
+                        self.after = None;
+                    }
                 }
                 Ok(fed.taken)
             }
@@ -432,11 +454,14 @@ impl Pipe {
                 if is("content-length") || is("accept-ranges") || is("transfer-encoding") {
                     continue;
                 }
-                if is("last-modified") && !self.conf.last_modified {
+                // SSI drops the validators unless `ssi_last_modified`; the addition module
+                // keeps `Last-Modified` and weakens the tag.
+                let strip = self.parse && !self.conf.last_modified;
+                if is("last-modified") && strip {
                     continue;
                 }
                 if is("etag") {
-                    if !self.conf.last_modified {
+                    if strip {
                         continue;
                     }
                     // A weak tag: the body is not the file's bytes.
@@ -471,6 +496,13 @@ impl Pipe {
     fn parse_body(&mut self) {
         while self.body_pos < self.body.len() && self.out.len() < OUT_MAX && !self.paused() {
             let end = self.body.len().min(self.body_pos + PARSE_STEP);
+            if !self.parse {
+                let body = std::mem::take(&mut self.body);
+                self.frame(&body[self.body_pos..end]);
+                self.body = body;
+                self.body_pos = end;
+                continue;
+            }
             let mut text = std::mem::take(&mut self.text);
             text.clear();
             let (n, item) = self.parser.feed(&self.body[self.body_pos..end], &mut text);
@@ -493,6 +525,11 @@ impl Pipe {
         self.parser.finish(&mut text);
         self.emit_text(&text);
         self.text = text;
+        // `add_after_body`: its subrequest's body comes last.
+        if let Some(uri) = self.after.take() {
+            self.pending = Some(include_of(uri));
+            return;
+        }
         if self.chunked_out {
             self.out.extend_from_slice(b"0\r\n\r\n");
         }
@@ -683,19 +720,35 @@ fn sub_drops(name: &[u8]) -> bool {
 }
 
 impl<'a> Worker<'a> {
-    /// The response about to be written for connection `key` is processed by SSI: its pipe
-    /// is made (it takes the bytes already waiting to go first as they are).
-    pub(super) fn ssi_begin(
+    /// The response about to be written for connection `key`, of `content_type` and
+    /// `status`: when SSI or the addition module applies, its pipe is made (it takes the
+    /// bytes already waiting to go first as they are). `true`: the response is filtered.
+    pub(super) fn filter_begin(
         &mut self,
         key: usize,
         req: &shard_http::request::Request,
         head: &[u8],
         loc: &LocationConf,
-    ) {
+        content_type: Option<&str>,
+        status: u16,
+    ) -> bool {
         let c = &self.conns[key];
         if c.req.as_ref().is_some_and(|r| r.ssi.is_some()) {
-            return;
+            return true;
         }
+        let ssi = applies(loc, content_type);
+        // nginx's addition filter: 200 answers of main requests only.
+        let addition = status == 200
+            && c.sub == 0
+            && content_type.is_some_and(|ct| loc.addition.applies_to(ct));
+        if !ssi && !addition {
+            return false;
+        }
+        let uri = |u: &Option<String>| {
+            u.as_deref()
+                .filter(|u| addition && !u.is_empty())
+                .map(|u| u.as_bytes().to_vec())
+        };
         let server = c.rd().server;
         let location = self.location_index(server, loc);
         let depth = self.sub_depth(key);
@@ -731,8 +784,12 @@ impl<'a> Worker<'a> {
             req: req.clone(),
             head: head.to_vec(),
             depth,
+            parse: ssi,
+            before: uri(&loc.addition.before),
+            after: uri(&loc.addition.after),
         };
         self.conns[key].rq().ssi = Some(Box::new(pipe));
+        true
     }
 
     /// The index of `loc` among its server's locations (`None`: the server's base).
@@ -1431,6 +1488,9 @@ mod tests {
             req: test_request(),
             head: Vec::new(),
             depth: 0,
+            parse: true,
+            before: None,
+            after: None,
         }
     }
 
