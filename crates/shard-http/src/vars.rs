@@ -354,7 +354,7 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             }
         }
         Var::RemotePort => {
-            if let Some(a) = c.client {
+            if let Some(a) = c.client.filter(|a| a.port() != 0) {
                 push_u64(out, u64::from(a.port()));
             }
         }

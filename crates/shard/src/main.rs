@@ -152,7 +152,7 @@ fn load(
 /// nginx builds only on request, and `--without-*` for the default ones shard lacks), so that
 /// scripts and test suites that read `nginx -V` find the modules shard implements.
 const NGINX_MODULES: &str = "--with-http_ssl_module --with-http_v2_module \
---with-http_realip_module --with-http_sub_module --with-http_gunzip_module \
+--with-http_realip_module --with-http_addition_module --with-http_sub_module --with-http_gunzip_module \
 --with-http_gzip_static_module --with-http_auth_request_module \
 --with-http_secure_link_module --with-http_stub_status_module --with-stream \
 --with-stream_ssl_module --with-stream_realip_module --with-stream_ssl_preread_module \

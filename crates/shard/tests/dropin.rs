@@ -689,7 +689,7 @@ http {
         listen 127.0.0.1:{port};
         location = /status { shard_status; }
         location / { return 200 "$remote_addr"; }
-        location /peer/ { return 200 "$remote_addr $realip_remote_addr"; }
+        location /peer/ { return 200 "$remote_addr $realip_remote_addr [$remote_port]"; }
         location /xff/ {
             real_ip_header X-Forwarded-For;
             real_ip_recursive on;
@@ -722,7 +722,8 @@ fn real_ip_from_trusted_proxies() {
     // `$realip_remote_addr`: the socket's own peer, before the replacement.
     assert_eq!(
         ask("/peer/", "X-Real-IP: 198.51.100.9\r\n").body_str(),
-        "198.51.100.9 127.0.0.1"
+        // A header gives no port: `$remote_port` is empty (nginx).
+        "198.51.100.9 127.0.0.1 []"
     );
     let xff = "X-Forwarded-For: 203.0.113.5, 198.51.100.1, 10.1.1.1\r\n";
     assert_eq!(

@@ -16,7 +16,7 @@ const CONF: &str = "worker_processes 1;\nevents {}\nhttp {\n log_format pp '$rem
     location /vars { return 200 \"$proxy_protocol_addr:$proxy_protocol_port $proxy_protocol_server_addr:$proxy_protocol_server_port $remote_addr alpn=$proxy_protocol_tlv_alpn authority=$proxy_protocol_tlv_authority\"; }\n  \
     location /real {\n   set_real_ip_from 127.0.0.1;\n   real_ip_header proxy_protocol;\n   \
     location /real/denied { deny 192.0.2.66; }\n   \
-    return 200 \"real $remote_addr $realip_remote_addr\";\n  }\n }\n}\n";
+    return 200 \"real $remote_addr $realip_remote_addr $remote_port\";\n  }\n }\n}\n";
 
 fn pp_addr(s: &Server) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], s.ports[0]))
@@ -127,7 +127,8 @@ fn real_ip_header_proxy_protocol_makes_it_the_remote_address() {
     };
     assert_eq!(
         body(&ask("192.0.2.50", "/real")),
-        "real 192.0.2.50 127.0.0.1"
+        // The port is the header's too, as nginx's realip.
+        "real 192.0.2.50 127.0.0.1 5555"
     );
     // allow/deny see the real client (access phase; a file that does not exist is 404 for
     // everyone else).

@@ -2024,14 +2024,18 @@ impl<'a> Worker<'a> {
             let peer = c.peer;
             let mut storage = shard_http::vars::header_storage();
             let hs = shard_http::vars::request_headers(&c.inbuf[..head_len], &mut storage);
-            let pp = c
-                .proxy_protocol
-                .as_ref()
-                .and_then(|h| h.src)
-                .map(|a| a.ip());
+            let pp_src = c.proxy_protocol.as_ref().and_then(|h| h.src);
+            let pp = pp_src.map(|a| a.ip());
             let from = peer.map(|p| p.ip());
             if let Some(ip) = shard_http::vars::real_ip(from, &first.real_ip, hs, pp) {
-                c.rq().client = Some(SocketAddr::new(ip, peer.map_or(0, |p| p.port())));
+                // nginx's realip: the PROXY header's port with it, else none (`$remote_port`
+                // is then empty).
+                let port = if first.real_ip.header == "proxy_protocol" {
+                    pp_src.map_or(0, |a| a.port())
+                } else {
+                    0
+                };
+                c.rq().client = Some(SocketAddr::new(ip, port));
             }
         }
         // The head is kept when the request may be proxied, limited, redirected internally, or
