@@ -54,6 +54,9 @@ pub enum Answer {
     Addrs(Vec<IpAddr>, u32),
     /// The answer did not fit in UDP (TC): ask again over TCP.
     Truncated,
+    /// Only a CNAME (chain) whose last name has no records here: ask for that name, as
+    /// nginx's resolver does; the TTL is the chain's smallest.
+    Cname(String, u32),
 }
 
 /// Whether `name` can be asked for: labels of 1 to 63 letters, digits, `-` and `_`, 255
@@ -184,10 +187,12 @@ pub fn parse(buf: &[u8], id: u16, name: &str, qtype: u16) -> Result<Answer, DnsE
         }
         ttl_min = ttl_min.min(*ttl);
     }
-    Ok(Answer::Addrs(
-        addrs,
-        if ttl_min == u32::MAX { 0 } else { ttl_min },
-    ))
+    let ttl = if ttl_min == u32::MAX { 0 } else { ttl_min };
+    if addrs.is_empty() && wanted.len() > 1 {
+        let target = wanted.pop().unwrap_or_default();
+        return Ok(Answer::Cname(target, ttl));
+    }
+    Ok(Answer::Addrs(addrs, ttl))
 }
 
 /// A name at `pos` (compression pointers followed), lowercase labels joined by dots.
@@ -270,6 +275,31 @@ pub fn answer_for(question: &[u8], addrs: &[IpAddr], ttl: u32, rcode: u8, tc: bo
             }
         }
     }
+    r
+}
+
+/// An answer to `question` that is a CNAME to `target` alone (the tests' name servers).
+pub fn answer_cname(question: &[u8], target: &str, ttl: u32) -> Vec<u8> {
+    let mut pos = 12;
+    let _ = read_name(question, &mut pos);
+    let qend = (pos + 4).min(question.len());
+    let mut r = question[..qend].to_vec();
+    r[2] = 0x81;
+    r[3] = 0x80;
+    r[6..8].copy_from_slice(&1u16.to_be_bytes());
+    r[8..12].fill(0);
+    let mut data = Vec::new();
+    for label in target.trim_end_matches('.').split('.') {
+        data.push(label.len() as u8);
+        data.extend_from_slice(label.as_bytes());
+    }
+    data.push(0);
+    r.extend_from_slice(&[0xc0, 12]);
+    r.extend_from_slice(&TYPE_CNAME.to_be_bytes());
+    r.extend_from_slice(&CLASS_IN.to_be_bytes());
+    r.extend_from_slice(&ttl.to_be_bytes());
+    r.extend_from_slice(&(data.len() as u16).to_be_bytes());
+    r.extend_from_slice(&data);
     r
 }
 
@@ -376,6 +406,12 @@ mod tests {
         assert_eq!(
             parse(&r, 1, "www.test", TYPE_A),
             Ok(Answer::Addrs(vec!["192.0.2.1".parse().unwrap()], 30))
+        );
+        // A CNAME alone: its target is to be asked.
+        let only = answer_cname(&q, "web.test", 100);
+        assert_eq!(
+            parse(&only, 1, "www.test", TYPE_A),
+            Ok(Answer::Cname("web.test".into(), 100))
         );
         // A pointer loop is refused, not followed forever.
         let mut bad = q.clone();

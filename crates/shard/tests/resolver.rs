@@ -21,6 +21,8 @@ use support::*;
 #[derive(Clone, Default)]
 struct Zone {
     names: Arc<Mutex<HashMap<String, Vec<IpAddr>>>>,
+    /// Names answered with a CNAME alone.
+    cnames: Arc<Mutex<HashMap<String, String>>>,
     truncate: Arc<Mutex<Vec<String>>>,
     silent: Arc<Mutex<Vec<String>>>,
     udp_queries: Arc<AtomicUsize>,
@@ -56,6 +58,9 @@ impl Zone {
         let name = question_name(q);
         if self.silent.lock().unwrap().contains(&name) {
             return None;
+        }
+        if let Some(target) = self.cnames.lock().unwrap().get(&name) {
+            return Some(dns::answer_cname(q, target, 60));
         }
         let tc = !tcp && self.truncate.lock().unwrap().contains(&name);
         Some(match self.names.lock().unwrap().get(&name) {
@@ -173,6 +178,7 @@ fn a_name_that_changes_address_is_followed_without_a_reload() {
          resolver_timeout 2s;\n  location = /status {{ shard_status; }}\n  \
          location /app {{ set $backend app.test; proxy_pass http://$backend:{up}; }}\n  \
          location /named {{ set $u named; proxy_pass http://$u; }}\n  \
+         location /alias {{ set $backend www.test; proxy_pass http://$backend:{up}; }}\n  \
          location /asis {{ proxy_pass http://127.0.0.2:{up}/fixed$is_args$args; }}\n }}\n}}\n"
     );
     let s = Server::start("dns-follow", &conf, 1);
@@ -186,6 +192,17 @@ fn a_name_that_changes_address_is_followed_without_a_reload() {
     // Cached for the TTL (1 s): one query so far (A only, ipv6=off).
     let _ = body_of(&s, "/app/y");
     assert_eq!(zone.udp_queries.load(Ordering::SeqCst), 1);
+    // A name answered with a CNAME alone: its target is asked (nginx's resolver), and the
+    // name's answer is cached (for the target's 1 s TTL).
+    zone.cnames
+        .lock()
+        .unwrap()
+        .insert("www.test".into(), "app.test".into());
+    let (st, b) = body_of(&s, "/alias/x");
+    assert_eq!((st, b.as_str()), (200, "one GET /alias/x HTTP/1.0"));
+    let before = zone.udp_queries.load(Ordering::SeqCst);
+    let _ = body_of(&s, "/alias/y");
+    assert_eq!(zone.udp_queries.load(Ordering::SeqCst), before);
     // The name moves; after its TTL the next request follows it, with no reload.
     zone.set("app.test", &["127.0.0.2"]);
     let b = wait_for(Duration::from_secs(5), "the new address", || {

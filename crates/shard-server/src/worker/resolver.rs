@@ -32,6 +32,8 @@ const NEGATIVE_TTL_MS: u64 = 1_000;
 const MIN_TTL_MS: u64 = 1_000;
 /// A UDP answer's largest size read (EDNS is not offered: 512 is what servers send).
 const UDP_ANSWER_MAX: usize = 4096;
+/// CNAMEs a query follows with queries of their own (nginx has no bound but loops).
+const CNAMES_MAX: u8 = 8;
 
 /// A name's answer as the cache holds it.
 #[derive(Debug, Clone)]
@@ -66,6 +68,10 @@ struct Query {
     inbuf: Vec<u8>,
     found: Vec<IpAddr>,
     ttl: u32,
+    /// CNAMEs followed with a query of their own so far, and the name first asked (the
+    /// AAAA question after the A one is about it, not about the A's alias).
+    cnames: u8,
+    orig: String,
     started_ms: u64,
     /// `(connection key, connection id)` of the requests waiting.
     waiters: Vec<(usize, u64)>,
@@ -169,6 +175,7 @@ impl Worker<'_> {
         let gen = self.next_conn_id;
         self.next_conn_id += 1;
         let raw = fd.as_raw_fd();
+        let orig = name.clone();
         let qk = self.resolver.queries.insert(Query {
             key: ck,
             name,
@@ -184,6 +191,8 @@ impl Worker<'_> {
             inbuf: Vec::new(),
             found: Vec::new(),
             ttl: u32::MAX,
+            cnames: 0,
+            orig,
             started_ms: self.cx.now_ms,
             waiters: waiter.into_iter().collect(),
         });
@@ -196,6 +205,17 @@ impl Worker<'_> {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// A new id for query `qk` (its answers to the old one are ignored).
+    fn random_u16_for(&mut self, qk: usize) -> u16 {
+        let old = self.resolver.queries[qk].id;
+        loop {
+            let id = self.random_u16();
+            if id != old {
+                return id;
+            }
+        }
     }
 
     fn random_u16(&mut self) -> u16 {
@@ -255,13 +275,44 @@ impl Worker<'_> {
                     self.finish_query(qk, Err(DnsError::ServerFailure));
                 }
             }
+            Ok(Answer::Cname(target, ttl)) => {
+                // The name is an alias of one this answer has no records for: that name is
+                // asked (same server, type and waiters), at most `CNAMES_MAX` times.
+                if q.cnames >= CNAMES_MAX || !dns::valid_name(&target) {
+                    return self.finish_query(qk, Err(DnsError::HostNotFound));
+                }
+                q.ttl = q.ttl.min(ttl);
+                q.cnames += 1;
+                q.name = target;
+                let id = self.random_u16_for(qk);
+                let q = &mut self.resolver.queries[qk];
+                q.id = id;
+                let msg = dns::query(q.id, &q.name, q.qtype);
+                let sent = if q.tcp {
+                    q.out = (msg.len() as u16).to_be_bytes().to_vec();
+                    q.out.extend_from_slice(&msg);
+                    q.out_pos = 0;
+                    q.inbuf.clear();
+                    tcp_step(q)
+                } else {
+                    match shard_event::sock::write(q.fd.as_raw_fd(), &msg) {
+                        Ok(_) => Step::Wait,
+                        Err(_) => Step::Fail(DnsError::ServerFailure),
+                    }
+                };
+                match sent {
+                    Step::Wait => {}
+                    Step::Answer(a) => self.on_answer(qk, a),
+                    Step::Fail(e) => self.finish_query(qk, Err(e)),
+                }
+            }
             Ok(Answer::Addrs(addrs, ttl)) => {
                 q.found.extend(addrs);
                 q.ttl = q.ttl.min(ttl);
                 if q.qtype == dns::TYPE_A && q.conf.ipv6 {
                     // Then AAAA, on a fresh socket (and id).
                     let (ck, name, conf, server) =
-                        (q.key.clone(), q.name.clone(), q.conf.clone(), q.server);
+                        (q.key.clone(), q.orig.clone(), q.conf.clone(), q.server);
                     let valid = conf.valid_ms;
                     let old = self.resolver.queries.remove(qk);
                     let found = old.found;
