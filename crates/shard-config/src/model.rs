@@ -855,6 +855,9 @@ pub struct LocationConf {
 pub struct LimitExcept {
     /// Uppercase; `GET` brings `HEAD`, as nginx.
     pub methods: Vec<String>,
+    /// A `proxy_pass` of the block: the location (index into the server's `locations`) a
+    /// request of another method takes, its own with that `proxy_pass`.
+    pub location: Option<usize>,
     pub access_rules: Vec<AccessRule>,
     pub auth_basic: Option<std::sync::Arc<AuthBasic>>,
 }
@@ -944,6 +947,10 @@ pub enum Instr {
     /// `add_header` inside `if`: when the `if` holds, the response takes the `if`'s headers
     /// instead of the location's (nginx makes the `if` a location of its own).
     AddHeader(AddHeader),
+    /// `proxy_pass` inside `if`: when the `if` holds, the request takes this location (an
+    /// index into its server's `locations`): its own with that `proxy_pass`, as nginx makes
+    /// the `if` a location of its own.
+    Location(usize),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1989,6 +1996,10 @@ pub struct ProxyConf {
     pub bind: Option<Vec<Part>>,
     /// `proxy_ssl_*`: TLS to an `https://` upstream.
     pub ssl: ProxySsl,
+    /// `proxy_store on | STRING` (`None`: `off`, the default): 200 answers to `GET` saved as
+    /// files; `proxy_store_access` their mode (default `user:rw`, 0600).
+    pub store: Option<Store>,
+    pub store_access: u32,
     /// `proxy_ignore_headers`: the upstream fields not acted on ([`ignore`] bits).
     pub ignore_headers: u16,
     /// `proxy_cache*`, `proxy_no_cache` (and `fastcgi_cache*` for FastCGI).
@@ -2253,6 +2264,15 @@ impl PartialEq for RewriteFrom {
 
 impl Eq for RewriteFrom {}
 
+/// Where `proxy_store` saves a response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Store {
+    /// `on`: the file `root` or `alias` maps the URI to.
+    Mapped,
+    /// A path with variables.
+    Path(Vec<Part>),
+}
+
 impl Default for ProxyConf {
     fn default() -> Self {
         ProxyConf {
@@ -2284,6 +2304,8 @@ impl Default for ProxyConf {
             cookie_flags: Vec::new(),
             bind: None,
             ssl: ProxySsl::default(),
+            store: None,
+            store_access: 0o600,
             ignore_headers: 0,
             cache: CacheConf::default(),
         }

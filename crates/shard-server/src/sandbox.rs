@@ -73,6 +73,23 @@ impl Plan {
                     for ab in basics.filter(|ab| ab.file_vars.is_some()) {
                         push_once(&mut plan.read, &literal_dir(&ab.conf_dir.join(&ab.file)));
                     }
+                    // `proxy_store` writes files where `root` maps URIs, or under its path.
+                    match &l.proxy.store {
+                        Some(shard_config::Store::Mapped) => {
+                            push_once(&mut plan.temp, l.alias.as_deref().unwrap_or(&l.root))
+                        }
+                        Some(shard_config::Store::Path(parts)) => {
+                            let lit: String = parts
+                                .iter()
+                                .map_while(|p| match p {
+                                    shard_config::Part::Lit(t) => Some(t.as_str()),
+                                    _ => None,
+                                })
+                                .collect();
+                            push_once(&mut plan.temp, &literal_dir(Path::new(&format!("{lit}$"))));
+                        }
+                        None => {}
+                    }
                     for al in l.access_logs.iter().filter(|al| al.syslog.is_none()) {
                         match &al.path_vars {
                             // The worker creates these files: the literal directory before
@@ -153,6 +170,9 @@ pub const SYSCALLS: &[(&str, i64)] = &[
     ("renameat", libc::SYS_renameat),
     ("renameat2", libc::SYS_renameat2),
     ("unlinkat", libc::SYS_unlinkat),
+    // `proxy_store` gives a saved file its mode and the upstream's `Last-Modified`.
+    ("fchmod", libc::SYS_fchmod),
+    ("utimensat", libc::SYS_utimensat),
     // `$request_body_file` names an unnamed body file.
     ("linkat", libc::SYS_linkat),
     // The same calls by their older names, which std uses where they exist.

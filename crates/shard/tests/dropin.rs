@@ -2747,6 +2747,138 @@ fn addition_as_nginx() {
     upstream.join().unwrap();
 }
 
+/// `proxy_pass` inside `if` and inside `limit_except`, as nginx's proxy_if.t: a block with a
+/// `proxy_pass` is a location of its own (the last `if` that holds decides; one without a
+/// `proxy_pass` is its location's), nested locations keep their own, and a URI part there is
+/// refused as nginx refuses it.
+#[test]
+fn proxy_pass_in_if_and_limit_except() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n \
+        server {\n  listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n }\n \
+        server {\n  listen 127.0.0.1:{port1};\n  root {dir}/html;\n  \
+        location /uri { proxy_pass http://127.0.0.1:{port2}/replacement;\n   \
+        if ($arg_if) { set $x 1; }\n   \
+        location /uri/inner { if ($arg_if) { set $y 1; } }\n  }\n  \
+        location /vars { proxy_pass http://127.0.0.1:{port2}/outer/$host;\n   \
+        if ($arg_if) { proxy_pass http://127.0.0.1:{port2}; }\n   \
+        if ($arg_other) { set $z 1; }\n   \
+        location /vars/inner { proxy_pass http://127.0.0.1:{port2}; }\n  }\n  \
+        location /lmt { proxy_pass http://127.0.0.1:{port2}/replacement;\n   \
+        limit_except POST { proxy_pass http://127.0.0.1:{port2}; }\n  }\n \
+        }\n \
+        server {\n  listen 127.0.0.1:{port2};\n  return 200 \"uri:$uri\";\n }\n}\n";
+    let s = Server::start_ports("proxy-if", conf, 1, 2);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    let ask = |method: &str, path: &str| {
+        let (status, _, body) = exchange(
+            addr,
+            &format!("{method} {path} HTTP/1.0\r\nHost: localhost\r\nContent-Length: 0"),
+        );
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    for (method, path, want) in [
+        ("GET", "/uri", (200, "uri:/replacement")),
+        ("GET", "/uri?if=1", (200, "uri:/replacement")),
+        ("GET", "/uri/inner", (404, "")),
+        ("GET", "/uri/inner?if=1", (404, "")),
+        ("GET", "/vars", (200, "uri:/outer/localhost")),
+        ("GET", "/vars?if=1", (200, "uri:/vars")),
+        // The last `if` that holds decides: this one has no proxy_pass of its own.
+        ("GET", "/vars?if=1&other=1", (200, "uri:/outer/localhost")),
+        ("GET", "/vars/inner?if=1", (200, "uri:/vars/inner")),
+        ("GET", "/lmt", (200, "uri:/lmt")),
+        ("POST", "/lmt", (200, "uri:/replacement")),
+    ] {
+        let (status, body) = ask(method, path);
+        if want.0 == 404 {
+            assert_eq!(status, 404, "{method} {path}");
+        } else {
+            assert_eq!((status, body.as_str()), want, "{method} {path}");
+        }
+    }
+    // A URI part inside `if` is refused at -t, in nginx's words.
+    let dir = temp_dir("proxy-if-uri");
+    let bad = dir.join("bad.conf");
+    std::fs::write(
+        &bad,
+        "events {}\nhttp {\n server {\n  listen 127.0.0.1:1;\n  location / {\n   \
+         if ($arg_a) { proxy_pass http://127.0.0.1:2/x; }\n  }\n }\n}\n",
+    )
+    .unwrap();
+    let (code, out) = run_cli(&["-t", "-c", bad.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(out.contains("\"proxy_pass\" cannot have URI part"), "{out}");
+}
+
+/// `proxy_store`, as nginx's proxy_store.t: a 200 answer to `GET` is saved where `root`
+/// maps its URI (`on`) or at a path with variables, with `proxy_store_access`'s mode and the
+/// upstream's `Last-Modified`; not for `HEAD`, and an answer cut short leaves no file and no
+/// temporary one.
+#[test]
+fn proxy_store_as_nginx() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n \
+        server {\n  listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n }\n \
+        server {\n  listen 127.0.0.1:{port1};\n  \
+        location /on/ { root {dir}/mapped; proxy_pass http://127.0.0.1:{port2}/; proxy_store on; }\n  \
+        location /path/ { proxy_pass http://127.0.0.1:{port2}/;\n   \
+        proxy_store {dir}/custom$uri; proxy_store_access user:rw group:r all:r; }\n  \
+        location /cut/ { root {dir}/cut; proxy_pass http://127.0.0.1:{port3}/; proxy_store on; }\n \
+        }\n \
+        server {\n  listen 127.0.0.1:{port2};\n  root {dir}/html;\n }\n}\n";
+    let s = Server::start_ports("proxy-store", conf, 1, 3);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    // The workers (`nobody` under a root test) make the directories below these.
+    for d in ["mapped", "custom", "cut"] {
+        use std::os::unix::fs::PermissionsExt;
+        let d = s.dir.join(d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    write_file(&s.dir, "html/a.html", b"SEE-THIS");
+    write_file(&s.dir, "html/b.html", b"NOT-STORED");
+    let up = std::net::TcpListener::bind(("127.0.0.1", s.ports[2])).unwrap();
+    let cut = std::thread::spawn(move || {
+        let (mut c, _) = up.accept().unwrap();
+        let mut buf = [0u8; 4096];
+        let _ = c.read(&mut buf);
+        c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nSHORT")
+            .unwrap();
+    });
+    let get =
+        |m: &str, path: &str| exchange(addr, &format!("{m} {path} HTTP/1.0\r\nHost: localhost")).0;
+    assert_eq!(get("GET", "/on/a.html"), 200);
+    let stored = s.dir.join("mapped/on/a.html");
+    assert_eq!(std::fs::read(&stored).unwrap(), b"SEE-THIS");
+    // The file's time is the upstream's Last-Modified (the source file's).
+    let src = std::fs::metadata(s.dir.join("html/a.html")).unwrap();
+    let got = std::fs::metadata(&stored).unwrap();
+    let secs = |m: &std::fs::Metadata| {
+        m.modified()
+            .unwrap()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    assert_eq!(secs(&got), secs(&src));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(got.permissions().mode() & 0o777, 0o600);
+    assert_eq!(get("GET", "/path/a.html"), 200);
+    let custom = std::fs::metadata(s.dir.join("custom/path/a.html")).unwrap();
+    assert_eq!(custom.permissions().mode() & 0o777, 0o644);
+    // HEAD is not stored.
+    assert_eq!(get("HEAD", "/on/b.html"), 200);
+    assert!(!s.dir.join("mapped/on/b.html").exists());
+    // Cut short: no file, and no temporary one left beside it.
+    let _ = get("GET", "/cut/x.html");
+    cut.join().unwrap();
+    wait_for(Duration::from_secs(5), "no file left", || {
+        let left = std::fs::read_dir(s.dir.join("cut/cut"))
+            .map(|d| d.flatten().count())
+            .unwrap_or(0);
+        (left == 0).then_some(())
+    });
+}
+
 /// `auth_request` and `auth_request_set`, as nginx's auth_request_satisfy.t: the
 /// subrequest's 2xx lets the request
 /// through, 401/403 refuse it, anything else is a 500; with `satisfy all` the first refusal

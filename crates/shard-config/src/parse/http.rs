@@ -335,6 +335,9 @@ pub(super) struct ProxyP {
     /// `proxy_cookie_flags` of this level (`Some(empty)`: `off`).
     pub(super) cookie_flags: Option<Vec<CookieFlags>>,
     pub(super) ssl: ProxySslP,
+    /// `proxy_store` (`Some(None)`: `off`) and `proxy_store_access`.
+    pub(super) store: Option<Option<Store>>,
+    pub(super) store_access: Option<u32>,
 }
 
 /// The `proxy_ssl_*` directives of one level (http's proxy and stream's), merged downwards.
@@ -495,6 +498,8 @@ impl ProxyP {
                 .clone()
                 .unwrap_or_else(|| parent.cookie_flags.clone()),
             ssl: self.ssl.merge(&parent.ssl),
+            store: self.store.clone().unwrap_or_else(|| parent.store.clone()),
+            store_access: self.store_access.unwrap_or(parent.store_access),
         }
     }
 }
@@ -1112,8 +1117,8 @@ pub(super) struct LocP {
     pub(super) pass: Option<PassP>,
     /// `fastcgi_pass`, likewise.
     pub(super) fcgi_pass: Option<PassP>,
-    /// `limit_except`: its methods and its block's settings.
-    pub(super) limit_except: Option<(Vec<String>, Box<Settings>)>,
+    /// `limit_except`: its methods, its block's settings and `proxy_pass`.
+    pub(super) limit_except: Option<(Vec<String>, Box<Settings>, Option<PassP>)>,
     pub(super) settings: Settings,
     pub(super) nested: Vec<LocP>,
     /// `(exact, path)` of `nested`, for [`no_duplicate`].
@@ -1387,12 +1392,26 @@ pub(super) fn flatten(
     }
     conf.try_files = l.try_files;
     conf.internal = l.internal;
-    if let Some((methods, settings)) = &l.limit_except {
+    let mut limit_pass = None;
+    if let Some((methods, settings, pass)) = &l.limit_except {
         // The block inherits from its location, as nginx's nested configuration does.
         let inner = eff.merge(settings);
         let inner_loc = inner.location(LocationKind::Prefix, String::new(), conf.place.clone());
+        if let Some(p) = pass {
+            if p.uri.is_some() {
+                return Err(err(
+                    &p.place.file,
+                    p.place.line,
+                    "\"proxy_pass\" cannot have URI part in location given by regular \
+                     expression, or inside named location, or inside \"if\" statement, or \
+                     inside \"limit_except\" block",
+                ));
+            }
+            limit_pass = Some(ups.pass(p)?);
+        }
         conf.limit_except = Some(Arc::new(LimitExcept {
             methods: methods.clone(),
+            location: None,
             access_rules: inner_loc.access_rules,
             auth_basic: inner_loc.auth_basic,
         }));
@@ -1427,10 +1446,51 @@ pub(super) fn flatten(
     }
     let me = out.len();
     out.push(conf);
+    // `if` and `limit_except` blocks with a `proxy_pass`: each a location of its own (unnamed,
+    // reached only from here), the location's settings with that `proxy_pass`, as nginx.
+    let mut script = std::mem::take(&mut out[me].script);
+    for instr in script.iter_mut() {
+        if let Instr::If { then, .. } = instr {
+            for i in then.iter_mut() {
+                if let Instr::Location(k) = i {
+                    let Some(p) = super::script::take_if_pass(*k) else {
+                        continue;
+                    };
+                    let pass = ups.pass(&p)?;
+                    *k = push_block_location(out, me, pass);
+                }
+            }
+        }
+    }
+    out[me].script = script;
+    if let Some(pass) = limit_pass {
+        let j = push_block_location(out, me, pass);
+        if let Some(le) = out[me].limit_except.as_mut() {
+            Arc::make_mut(le).location = Some(j);
+        }
+    }
     for n in l.nested {
         flatten(n, &eff, Some(me), ups, out)?;
     }
     Ok(())
+}
+
+/// A location of its own for an `if` or `limit_except` block of location `of` that has a
+/// `proxy_pass`: that location's settings with `pass`; named with no name, so that no URI and
+/// no `@name` reaches it.
+fn push_block_location(out: &mut Vec<LocationConf>, of: usize, pass: ProxyPass) -> usize {
+    let mut b = out[of].clone();
+    b.kind = LocationKind::Named;
+    b.path = String::new();
+    b.regex = None;
+    b.script = Vec::new();
+    b.ret = None;
+    b.try_files = None;
+    b.handler = None;
+    b.fastcgi = None;
+    b.proxy_pass = Some(pass);
+    out.push(b);
+    out.len() - 1
 }
 
 pub(super) fn http_upstream(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
@@ -1751,7 +1811,7 @@ pub(super) fn location_limit_except(env: &Env, loc: &mut LocP, d: &Directive, fi
         Ctx::LimitExcept,
         &mut Target::Location(&mut block_loc),
     )?;
-    loc.limit_except = Some((methods, Box::new(block_loc.settings)));
+    loc.limit_except = Some((methods, Box::new(block_loc.settings), block_loc.pass));
     Ok(())
 }
 
@@ -3625,6 +3685,57 @@ pub(super) fn set_proxy_bind(_: &Env, s: &mut Settings, d: &Directive, file: &st
 }
 
 /// `proxy_method METHOD` (variables allowed): the method sent upstream.
+/// `proxy_store on | off | STRING` (`fastcgi_store` the same).
+pub(super) fn set_proxy_store(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = match a0(d) {
+        "on" => Some(Store::Mapped),
+        "off" => None,
+        other => Some(Store::Path(parse_header_value(d, file, other)?)),
+    };
+    let p = if d.name.starts_with("fastcgi") {
+        &mut s.fcgi.up
+    } else {
+        &mut s.proxy
+    };
+    once(&mut p.store, v, d, file)
+}
+
+/// `proxy_store_access users:rw group:rw all:r` (`fastcgi_store_access` the same).
+pub(super) fn set_proxy_store_access(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut mode = 0u32;
+    let mut user = false;
+    for a in &d.args {
+        let Some((who, rights)) = a.split_once(':') else {
+            return Err(invalid(d, file, a));
+        };
+        let shift = match who {
+            "user" => {
+                user = true;
+                6
+            }
+            "group" => 3,
+            "all" => 0,
+            _ => return Err(invalid(d, file, a)),
+        };
+        let bits = match rights {
+            "r" => 4,
+            "rw" => 6,
+            _ => return Err(invalid(d, file, a)),
+        };
+        mode |= bits << shift;
+    }
+    // Group or all rights given without the user's: the user may read and write (nginx).
+    if !user {
+        mode |= 0o600;
+    }
+    let p = if d.name.starts_with("fastcgi") {
+        &mut s.fcgi.up
+    } else {
+        &mut s.proxy
+    };
+    once(&mut p.store_access, mode, d, file)
+}
+
 pub(super) fn set_proxy_method(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let m = parse_header_value(d, file, a0(d))?;
     once(&mut s.proxy.method, m, d, file)

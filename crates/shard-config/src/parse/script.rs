@@ -14,12 +14,45 @@ thread_local! {
     static DECLARED: RefCell<HashSet<String>> = RefCell::new(HashSet::new());
     /// Names used but not built in, with where: checked against `DECLARED` at the end.
     static USED: RefCell<Vec<(String, String, usize)>> = const { RefCell::new(Vec::new()) };
+    /// `proxy_pass` of `if` blocks, by the index an `Instr::Location` holds until `flatten`
+    /// makes each a location of its own.
+    static IF_PASSES: RefCell<Vec<Option<PassP>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Starts a parse: forgets the names of any earlier one.
 pub(super) fn reset_names() {
     DECLARED.with(|d| d.borrow_mut().clear());
     USED.with(|u| u.borrow_mut().clear());
+    IF_PASSES.with(|p| p.borrow_mut().clear());
+}
+
+/// The `proxy_pass` an `Instr::Location(k)` stood for while parsing.
+pub(super) fn take_if_pass(k: usize) -> Option<PassP> {
+    IF_PASSES.with(|p| p.borrow_mut().get_mut(k).and_then(Option::take))
+}
+
+/// `proxy_pass` inside `if`: no URI part (nginx refuses one), the location's other settings.
+pub(super) fn script_proxy_pass(_: &Env, script: &mut Vec<Instr>, d: &Directive, file: &str) -> R {
+    let p = parse_proxy_pass(d, file)?;
+    if p.uri.is_some() {
+        return Err(derr(
+            d,
+            file,
+            "\"proxy_pass\" cannot have URI part in location given by regular expression, \
+             or inside named location, or inside \"if\" statement, or inside \
+             \"limit_except\" block",
+        ));
+    }
+    if script.iter().any(|i| matches!(i, Instr::Location(_))) {
+        return Err(derr(d, file, "\"proxy_pass\" directive is duplicate"));
+    }
+    let k = IF_PASSES.with(|v| {
+        let mut v = v.borrow_mut();
+        v.push(Some(p));
+        v.len() - 1
+    });
+    script.push(Instr::Location(k));
+    Ok(())
 }
 
 pub(super) fn declare(name: &str) {

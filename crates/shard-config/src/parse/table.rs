@@ -1298,7 +1298,14 @@ pub(super) static TABLE: &[Spec] = &[
         1,
         Set::StreamServer(stream_server_proxy_pass),
     ),
-    d("proxy_pass", L, 1, 1, Set::Location(location_proxy_pass)),
+    d(
+        "proxy_pass",
+        L | LMT,
+        1,
+        1,
+        Set::Location(location_proxy_pass),
+    ),
+    d("proxy_pass", IF, 1, 1, Set::Script(script_proxy_pass)),
     // ngx_stream_return_module, and the stream proxy's switches.
     d("return", SS, 1, 1, Set::StreamServer(stream_server_return)),
     d(
@@ -1861,6 +1868,22 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_proxy_request_buffering),
     ),
     d("proxy_method", HSL, 1, 1, Set::Settings(set_proxy_method)),
+    d("proxy_store", HSL, 1, 1, Set::Settings(set_proxy_store)),
+    d(
+        "proxy_store_access",
+        HSL,
+        1,
+        3,
+        Set::Settings(set_proxy_store_access),
+    ),
+    d("fastcgi_store", HSL, 1, 1, Set::Settings(set_proxy_store)),
+    d(
+        "fastcgi_store_access",
+        HSL,
+        1,
+        3,
+        Set::Settings(set_proxy_store_access),
+    ),
     d("proxy_bind", HSL, 1, 2, Set::Settings(set_proxy_bind)),
     d(
         "proxy_cookie_flags",

@@ -160,6 +160,9 @@ pub(super) struct Req {
     pub(super) user_vars: Vec<(String, Vec<u8>)>,
     /// `add_header`s of an `if` that held: they replace the location's for this response.
     pub(super) if_headers: Option<Vec<shard_config::AddHeader>>,
+    /// `proxy_pass` inside an `if` that held: the location (index into the server's) the
+    /// request takes once the location's rewrite phase ends.
+    pub(super) if_location: Option<usize>,
     /// `$upstream_cache_status` of the proxied response ("" without a cache).
     pub(super) cache_status: &'static str,
     /// The peers a proxied request tried before it went on to an `error_page`.
@@ -282,6 +285,7 @@ impl Req {
         self.capture_names.clear();
         self.user_vars.clear();
         self.if_headers = None;
+        self.if_location = None;
         self.cache_status = "";
         self.upstream_tries.clear();
         self.request_body = Vec::new();
@@ -349,6 +353,7 @@ impl Req {
             capture_names: Vec::new(),
             user_vars: Vec::new(),
             if_headers: None,
+            if_location: None,
             cache_status: "",
             upstream_tries: Vec::new(),
             request_body: Vec::new(),
@@ -2329,15 +2334,41 @@ impl<'a> Worker<'a> {
                 return Rewritten::Returned;
             }
             if loc.script.is_empty() {
+                self.block_location(key, server, loc, req);
                 return Rewritten::Stay;
             }
+            self.conns[key].rq().if_location = None;
             match self.run_script(key, &loc.script, req, head, loc) {
                 Outcome::Return { code, text } => return Rewritten::Return(code, text),
                 Outcome::Relocate => {
                     *hops += 1;
                     *loc = self.locate(key, server, &req.path.clone());
                 }
-                Outcome::Stay => return Rewritten::Stay,
+                Outcome::Stay => {
+                    self.block_location(key, server, loc, req);
+                    return Rewritten::Stay;
+                }
+            }
+        }
+    }
+
+    /// The location an `if` with a `proxy_pass` (that held) or a `limit_except` with one (for
+    /// another method) gives the request: `loc` becomes it, as nginx's nested configuration.
+    fn block_location<'s>(
+        &mut self,
+        key: usize,
+        server: &'s shard_config::ServerConf,
+        loc: &mut &'s LocationConf,
+        req: &shard_http::request::Request,
+    ) {
+        if let Some(i) = self.conns[key].rq().if_location.take() {
+            if let Some(l) = server.locations.get(i) {
+                *loc = l;
+            }
+        }
+        if let Some(i) = limit_except(loc, req).and_then(|le| le.location) {
+            if let Some(l) = server.locations.get(i) {
+                *loc = l;
             }
         }
     }

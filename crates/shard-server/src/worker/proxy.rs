@@ -230,6 +230,8 @@ pub(super) struct Proxy {
     stream_copy: Option<Vec<u8>>,
     /// The upstream answered before the whole body was sent: its connection is not reused.
     body_cut: bool,
+    /// `proxy_store`: the answer being saved (renamed in place once whole).
+    store: Option<Box<StoreFile>>,
     /// The next attempt goes to this peer on a fresh connection (its pooled one was closed).
     retry_peer: Option<usize>,
     /// An upstream's `X-Accel-Redirect` target, and the header lines it passes on.
@@ -380,6 +382,7 @@ impl Proxy {
             up_rate: UpRate::default(),
             accel: None,
             body_cut: false,
+            store: None,
             retry_peer: None,
             state: State::ReadBody,
             last_failure: None,
@@ -2527,6 +2530,38 @@ impl<'a> Worker<'a> {
                 }
             }
         }
+        // `proxy_store`: a 200 answer to `GET` is saved as a file, written to a temporary name
+        // beside it and renamed once whole (an answer cut short leaves nothing).
+        p.store = None;
+        if let Some(store) = loc.proxy.store.as_ref().filter(|_| {
+            head.status == 200
+                && p.req.method == Method::Get
+                && !p.background
+                && head.framing != Framing::None
+        }) {
+            let dest = match store {
+                shard_config::Store::Mapped => shard_http::static_file::map_path(loc, &p.req.path),
+                shard_config::Store::Path(parts) => {
+                    let mut req = p.req.clone();
+                    std::path::PathBuf::from(self.render(key, &mut req, &p.head, loc, parts))
+                }
+            };
+            let last_modified = head
+                .headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case("last-modified"))
+                .and_then(|(_, v)| httpdate::parse_http_date(&String::from_utf8_lossy(v)).ok());
+            match StoreFile::create(dest, loc.proxy.store_access, last_modified) {
+                Ok(f) => p.store = Some(Box::new(f)),
+                Err((path, e)) => crate::log!(
+                    Crit,
+                    "open() \"{}\" failed ({}){}",
+                    path.display(),
+                    shard_event::os_error_text(&e),
+                    self.log_context(key, Some(&p.req))
+                ),
+            }
+        }
         // `ssi`: the answer leaves through an SSI pipe (`ssi.rs`), which reads it as it is
         // written; not an encoded one, and not compressed here then (the pipe sees the
         // bytes gzip would make).
@@ -3003,6 +3038,7 @@ impl<'a> Worker<'a> {
                 if storing {
                     cache::store(&mut p.cache, &p.rbuf[..take]);
                 }
+                StoreFile::write(&mut p.store, &p.rbuf[..take]);
                 let part = window_of(&mut p.window, take);
                 p.body_sent += emit.data(&mut p.rbuf[part])?;
                 *left -= take as u64;
@@ -3025,6 +3061,7 @@ impl<'a> Worker<'a> {
                 if storing {
                     cache::store(&mut p.cache, &p.scratch);
                 }
+                StoreFile::write(&mut p.store, &p.scratch);
                 p.body_sent += emit.data(&mut p.scratch)?;
                 if dec.is_done() {
                     if !p.rbuf.is_empty() {
@@ -3039,6 +3076,7 @@ impl<'a> Worker<'a> {
                 if storing {
                     cache::store(&mut p.cache, &p.rbuf);
                 }
+                StoreFile::write(&mut p.store, &p.rbuf);
                 p.body_sent += emit.data(&mut p.rbuf)?;
                 p.rbuf.clear();
                 Ok(false)
@@ -3082,6 +3120,16 @@ impl<'a> Worker<'a> {
             let _ = self.fcgi_stderr(key, &mut p, false);
         }
         self.cache_commit(&mut p);
+        if let Some(f) = p.store.take() {
+            if let Err((path, e)) = f.commit() {
+                crate::log!(
+                    Crit,
+                    "rename() \"{}\" failed ({})",
+                    path.display(),
+                    shard_event::os_error_text(&e)
+                );
+            }
+        }
         if !p.keep_alive {
             self.conns[key].close_after = true;
         }
@@ -4028,6 +4076,92 @@ fn body_in_memory(p: &Proxy) -> &[u8] {
             .as_deref()
             .filter(|_| p.streaming && !p.body_cut)
             .unwrap_or(&[])
+    }
+}
+
+/// A `proxy_store` file being written: a temporary name beside its destination, removed
+/// unless [`StoreFile::commit`] renames it in place.
+pub(super) struct StoreFile {
+    file: std::fs::File,
+    tmp: std::path::PathBuf,
+    dest: std::path::PathBuf,
+    mtime: Option<std::time::SystemTime>,
+    mode: u32,
+    failed: bool,
+}
+
+impl StoreFile {
+    /// Starts the file for `dest` (its directories made as needed). Err: the path that failed.
+    fn create(
+        dest: std::path::PathBuf,
+        mode: u32,
+        mtime: Option<std::time::SystemTime>,
+    ) -> Result<StoreFile, (std::path::PathBuf, std::io::Error)> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static SERIAL: AtomicU32 = AtomicU32::new(0);
+        let dir = dest
+            .parent()
+            .map_or_else(|| std::path::PathBuf::from("/"), |d| d.to_path_buf());
+        std::fs::create_dir_all(&dir).map_err(|e| (dir.clone(), e))?;
+        let n = SERIAL.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".shard-store-{}-{n}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| (tmp.clone(), e))?;
+        Ok(StoreFile {
+            file,
+            tmp,
+            dest,
+            mtime,
+            mode,
+            failed: false,
+        })
+    }
+
+    /// Body bytes (a failed write stops saving, and says why).
+    fn write(f: &mut Option<Box<StoreFile>>, data: &[u8]) {
+        use std::io::Write as _;
+        let Some(s) = f.as_mut().filter(|s| !s.failed) else {
+            return;
+        };
+        if let Err(e) = s.file.write_all(data) {
+            crate::log!(
+                Crit,
+                "write() to \"{}\" failed ({})",
+                s.tmp.display(),
+                shard_event::os_error_text(&e)
+            );
+            s.failed = true;
+        }
+    }
+
+    /// The answer is whole: the file takes its mode, the upstream's `Last-Modified` and its
+    /// name.
+    fn commit(mut self) -> Result<(), (std::path::PathBuf, std::io::Error)> {
+        use std::os::unix::fs::PermissionsExt;
+        if self.failed {
+            return Ok(());
+        }
+        let _ = self
+            .file
+            .set_permissions(std::fs::Permissions::from_mode(self.mode));
+        if let Some(t) = self.mtime {
+            let _ = self.file.set_modified(t);
+        }
+        std::fs::rename(&self.tmp, &self.dest).map_err(|e| (self.dest.clone(), e))?;
+        // Renamed: nothing left for `drop` to remove.
+        self.tmp = std::path::PathBuf::new();
+        Ok(())
+    }
+}
+
+impl Drop for StoreFile {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
     }
 }
 

@@ -89,8 +89,12 @@ impl Worker<'_> {
                         None => vars.push((name.clone(), v)),
                     }
                 }
+                Instr::Location(i) => self.conns[key].rq().if_location = Some(*i),
                 Instr::If { cond, then } => {
                     if depth < IF_DEPTH_MAX && self.holds(key, cond, req, head, loc) {
+                        // The last `if` that holds is the request's configuration: one without
+                        // a `proxy_pass` of its own is its location's.
+                        self.conns[key].rq().if_location = None;
                         // An `if` with headers of its own is the request's configuration from
                         // here on: its headers replace the location's (and an earlier if's).
                         if then.iter().any(|i| matches!(i, Instr::AddHeader(_))) {
