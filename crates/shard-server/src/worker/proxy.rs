@@ -2542,8 +2542,7 @@ impl<'a> Worker<'a> {
             let dest = match store {
                 shard_config::Store::Mapped => shard_http::static_file::map_path(loc, &p.req.path),
                 shard_config::Store::Path(parts) => {
-                    let mut req = p.req.clone();
-                    std::path::PathBuf::from(self.render(key, &mut req, &p.head, loc, parts))
+                    std::path::PathBuf::from(self.render(key, &p.req, &p.head, loc, parts))
                 }
             };
             let last_modified = head
