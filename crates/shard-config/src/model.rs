@@ -2192,6 +2192,8 @@ pub struct ProxySsl {
     /// `proxy_ssl_certificate` and `proxy_ssl_certificate_key`: a client certificate.
     pub certificate: Option<PathBuf>,
     pub certificate_key: Option<PathBuf>,
+    /// The same with variables: loaded per request (an empty one: no certificate).
+    pub certificate_vars: Option<CertVars>,
     /// `proxy_ssl_password_file`: passphrases of an encrypted `proxy_ssl_certificate_key`.
     pub password_file: Option<PathBuf>,
     /// `proxy_ssl_conf_command NAME VALUE`, in order (as `ssl_conf_command`).
@@ -2213,9 +2215,35 @@ impl Default for ProxySsl {
             ciphers: "DEFAULT".to_string(),
             certificate: None,
             certificate_key: None,
+            certificate_vars: None,
             password_file: None,
             conf_commands: Vec::new(),
         }
+    }
+}
+
+/// `proxy_ssl_certificate` and `_key` with variables: the templates as written (which two
+/// configurations compare by) and parsed, and the directory relative names are in.
+#[derive(Debug, Clone)]
+pub struct CertVars {
+    pub raw: (String, String),
+    pub cert: Vec<Part>,
+    pub key: Vec<Part>,
+    pub dir: PathBuf,
+}
+
+impl PartialEq for CertVars {
+    fn eq(&self, o: &CertVars) -> bool {
+        self.raw == o.raw && self.dir == o.dir
+    }
+}
+
+impl Eq for CertVars {}
+
+impl std::hash::Hash for CertVars {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.raw.hash(h);
+        self.dir.hash(h);
     }
 }
 

@@ -385,7 +385,7 @@ fn build_contexts(
 
 /// The client side of `proxy_pass https://` and stream's `proxy_ssl on`: nginx's
 /// `proxy_ssl_*` defaults are no verification and no SNI.
-fn upstream_config(
+pub(crate) fn upstream_config(
     ssl: &shard_config::ProxySsl,
     place: &shard_config::Place,
 ) -> Result<rustls::ClientConfig, String> {

@@ -289,6 +289,9 @@ pub(crate) struct Worker<'a> {
     cache_serial: u64,
     /// The TLS configuration of each `ssl` listener (see `WorkerArgs::tls`).
     tls: &'a crate::tls::TlsContexts,
+    /// Upstream TLS configurations with a client certificate named by variables
+    /// (`proxy_ssl_certificate $var`), by their settings with the names rendered; bounded.
+    client_certs: HashMap<shard_config::ProxySsl, std::sync::Arc<rustls::ClientConfig>>,
     /// Consistent-hash rings of http upstreams (`hash ... consistent`), built on first use.
     rings: HashMap<usize, Vec<(u32, usize)>>,
     /// The same for stream upstreams.
@@ -561,6 +564,7 @@ impl<'a> Worker<'a> {
             cache_zones: crate::cache::zones_of(a.cfg),
             cache_serial: 0,
             tls: a.tls,
+            client_certs: HashMap::new(),
             rings: HashMap::new(),
             stream_rings: HashMap::new(),
             stream_dyn: Vec::new(),

@@ -2329,7 +2329,13 @@ fn version_1_certificates_as_openssl_takes_them() {
            location /up/ {{ proxy_pass https://127.0.0.1:{{port1}}/; proxy_ssl_name v1.test;\n\
              proxy_set_header Host v1.test;\n\
              proxy_ssl_server_name on; proxy_ssl_certificate {d}/client.pem;\n\
-             proxy_ssl_certificate_key {d}/client.key; }} }}\n\
+             proxy_ssl_certificate_key {d}/client.key; }}\n\
+           location /vars/ {{ proxy_pass https://127.0.0.1:{{port1}}/; proxy_ssl_name v1.test;\n\
+             proxy_set_header Host v1.test; proxy_ssl_server_name on;\n\
+             proxy_ssl_certificate {d}/$arg_c.pem; proxy_ssl_certificate_key {d}/$arg_c.key; }}\n\
+           location /none/ {{ proxy_pass https://127.0.0.1:{{port1}}/; proxy_ssl_name v1.test;\n\
+             proxy_set_header Host v1.test; proxy_ssl_server_name on;\n\
+             proxy_ssl_certificate $arg_c; proxy_ssl_certificate_key $arg_c; }} }}\n\
          server {{ listen 127.0.0.1:{{port1}} ssl; server_name v1.test;\n\
            ssl_certificate {d}/server.pem; ssl_certificate_key {d}/server.key;\n\
            ssl_verify_client optional_no_ca; ssl_client_certificate {d}/ca.pem;\n\
@@ -2374,6 +2380,28 @@ fn version_1_certificates_as_openssl_takes_them() {
             200,
             "SUCCESS|CN=client v1,O=shard tests|CN=v1 CA|1A2B".to_string()
         )
+    );
+    // Named by variables (nginx 1.21.0+): loaded per request, by the workers (who must be
+    // able to read the keys); none when the name is empty; a file that cannot be loaded is a
+    // 500 with nginx's words.
+    for k in ["client.key", "stranger.key"] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(conf.join(k), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let r = get(s.addr(), "/vars/?c=client");
+    assert!(
+        r.body_str().starts_with("SUCCESS|CN=client v1"),
+        "{}",
+        r.body_str()
+    );
+    let r = get(s.addr(), "/vars/?c=stranger");
+    assert!(r.body_str().starts_with("FAILED"), "{}", r.body_str());
+    assert_eq!(get(s.addr(), "/none/").body_str(), "NONE|||");
+    assert_eq!(get(s.addr(), "/vars/?c=missing").status, 500);
+    assert!(
+        error_log(&s).contains("cannot load certificate"),
+        "{}",
+        error_log(&s)
     );
 }
 

@@ -356,6 +356,11 @@ pub(super) struct ProxySslP {
     pub(super) ciphers: Option<String>,
     pub(super) certificate: Option<PathBuf>,
     pub(super) certificate_key: Option<PathBuf>,
+    /// `proxy_ssl_certificate`/`_key` with variables: as written and parsed, and the
+    /// configuration's directory.
+    pub(super) certificate_tpl: Option<(String, Vec<Part>)>,
+    pub(super) certificate_key_tpl: Option<(String, Vec<Part>)>,
+    pub(super) conf_dir: Option<PathBuf>,
     pub(super) password_file: Option<PathBuf>,
     pub(super) conf_commands: Option<Vec<(String, String)>>,
 }
@@ -381,11 +386,19 @@ impl ProxySslP {
                 .clone()
                 .unwrap_or_else(|| p.protocols.clone()),
             ciphers: self.ciphers.clone().unwrap_or_else(|| p.ciphers.clone()),
-            certificate: self.certificate.clone().or_else(|| p.certificate.clone()),
-            certificate_key: self
-                .certificate_key
-                .clone()
-                .or_else(|| p.certificate_key.clone()),
+            certificate: if self.certificate_tpl.is_some() {
+                None
+            } else {
+                self.certificate.clone().or_else(|| p.certificate.clone())
+            },
+            certificate_key: if self.certificate_key_tpl.is_some() {
+                None
+            } else {
+                self.certificate_key
+                    .clone()
+                    .or_else(|| p.certificate_key.clone())
+            },
+            certificate_vars: self.certificate_vars(p),
             password_file: self
                 .password_file
                 .clone()
@@ -395,6 +408,38 @@ impl ProxySslP {
                 .clone()
                 .unwrap_or_else(|| p.conf_commands.clone()),
         }
+    }
+
+    /// `proxy_ssl_certificate`/`_key` with variables at this level (the other of the pair, if
+    /// a plain path, as a literal), else the parent's unless this level names a plain pair.
+    fn certificate_vars(&self, p: &ProxySsl) -> Option<CertVars> {
+        if self.certificate_tpl.is_none() && self.certificate_key_tpl.is_none() {
+            if self.certificate.is_some() || self.certificate_key.is_some() {
+                return None;
+            }
+            return p.certificate_vars.clone();
+        }
+        let side = |tpl: &Option<(String, Vec<Part>)>, plain: Option<&PathBuf>| match tpl {
+            Some((raw, parts)) => (raw.clone(), parts.clone()),
+            None => {
+                let s = plain.map(|p| p.display().to_string()).unwrap_or_default();
+                (s.clone(), vec![Part::Lit(s)])
+            }
+        };
+        let (cr, cert) = side(
+            &self.certificate_tpl,
+            self.certificate.as_ref().or(p.certificate.as_ref()),
+        );
+        let (kr, key) = side(
+            &self.certificate_key_tpl,
+            self.certificate_key.as_ref().or(p.certificate_key.as_ref()),
+        );
+        Some(CertVars {
+            raw: (cr, kr),
+            cert,
+            key,
+            dir: self.conf_dir.clone().unwrap_or_default(),
+        })
     }
 
     /// Fills the unset fields from `parent` (stream's two levels).
@@ -420,6 +465,15 @@ impl ProxySslP {
                 .certificate_key
                 .clone()
                 .or_else(|| parent.certificate_key.clone()),
+            certificate_tpl: self
+                .certificate_tpl
+                .clone()
+                .or_else(|| parent.certificate_tpl.clone()),
+            certificate_key_tpl: self
+                .certificate_key_tpl
+                .clone()
+                .or_else(|| parent.certificate_key_tpl.clone()),
+            conf_dir: self.conf_dir.clone().or_else(|| parent.conf_dir.clone()),
             password_file: self
                 .password_file
                 .clone()
@@ -4149,6 +4203,17 @@ pub(super) fn apply_proxy_ssl(env: &Env, p: &mut ProxySslP, d: &Directive, file:
         "proxy_ssl_crl" => once(&mut p.crl, pem_path(env, d, file)?, d, file),
         "proxy_ssl_trusted_certificate" => {
             once(&mut p.trusted_certificate, pem_path(env, d, file)?, d, file)
+        }
+        "proxy_ssl_certificate" | "proxy_ssl_certificate_key" if has_variables(v) => {
+            // Loaded per request, as nginx 1.21.0+.
+            let parts = parse_header_value(d, file, v)?;
+            p.conf_dir = Some(env.resolve_conf(""));
+            let slot = if d.name.ends_with("_key") {
+                &mut p.certificate_key_tpl
+            } else {
+                &mut p.certificate_tpl
+            };
+            once(slot, (v.to_string(), parts), d, file)
         }
         "proxy_ssl_certificate" => once(&mut p.certificate, pem_path(env, d, file)?, d, file),
         "proxy_ssl_certificate_key" => {

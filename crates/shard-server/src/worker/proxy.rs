@@ -42,6 +42,8 @@ use super::tunnel::{Pumped, Tunnel, Waiting};
 use super::{balance, Worker};
 
 /// Smallest read from an upstream.
+/// Upstream TLS configurations a worker keeps for certificates named by variables.
+const CLIENT_CERTS_MAX: usize = 64;
 const READ_MIN_BYTES: usize = 4096;
 /// Most bytes of a request body file handed to one `sendfile`.
 const SENDFILE_CHUNK_BYTES: u64 = 1 << 20;
@@ -1287,9 +1289,10 @@ impl<'a> Worker<'a> {
                 // with the same `proxy_ssl_*` settings.
                 let want = if pass.tls {
                     // No configuration (never expected) matches no pooled connection.
-                    self.tls
-                        .upstream(&loc.proxy.ssl)
-                        .map_or(usize::MAX, config_id)
+                    self.upstream_tls(key, p, loc)
+                        .ok()
+                        .flatten()
+                        .map_or(usize::MAX, |c| config_id(&c))
                 } else {
                     0
                 };
@@ -1428,10 +1431,16 @@ impl<'a> Worker<'a> {
             return Flow::Fail(502);
         };
         if let Some(pass) = loc.proxy_pass.as_ref().filter(|pass| pass.tls) {
-            let Some(config) = self.tls.upstream(&loc.proxy.ssl) else {
+            let config = match self.upstream_tls(key, p, loc) {
+                Ok(Some(c)) => c,
                 // Built by the master for every location that passes to https://.
-                return Flow::Fail(500);
+                Ok(None) => return Flow::Fail(500),
+                Err(msg) => {
+                    self.log_proxy_error_current(key, p, &msg);
+                    return Flow::Fail(500);
+                }
             };
+            let config = &config;
             let name = loc
                 .proxy
                 .ssl
@@ -1464,6 +1473,39 @@ impl<'a> Worker<'a> {
         p.state = State::Sending;
         self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
         Flow::Next
+    }
+
+    /// The TLS configuration of `loc`'s upstream connections for this request: the master's,
+    /// or, with `proxy_ssl_certificate` named by variables, one made with the certificate
+    /// they name now (kept per worker; an empty name offers none, as nginx). Err: nginx's
+    /// words for a certificate that cannot be loaded.
+    pub(super) fn upstream_tls(
+        &mut self,
+        key: usize,
+        p: &Proxy,
+        loc: &LocationConf,
+    ) -> Result<Option<std::sync::Arc<rustls::ClientConfig>>, String> {
+        let Some(vars) = loc.proxy.ssl.certificate_vars.as_ref() else {
+            return Ok(self.tls.upstream(&loc.proxy.ssl).cloned());
+        };
+        let cert = self.render(key, &p.req, &p.head, loc, &vars.cert);
+        let key_name = self.render(key, &p.req, &p.head, loc, &vars.key);
+        if cert.is_empty() {
+            return Ok(self.tls.upstream(&loc.proxy.ssl).cloned());
+        }
+        let mut ssl = loc.proxy.ssl.clone();
+        ssl.certificate_vars = None;
+        ssl.certificate = Some(vars.dir.join(&cert));
+        ssl.certificate_key = Some(vars.dir.join(&key_name));
+        if let Some(c) = self.client_certs.get(&ssl) {
+            return Ok(Some(c.clone()));
+        }
+        let c = std::sync::Arc::new(crate::tls::upstream_config(&ssl, &loc.place)?);
+        if self.client_certs.len() >= CLIENT_CERTS_MAX {
+            self.client_certs.clear();
+        }
+        self.client_certs.insert(ssl, c.clone());
+        Ok(Some(c))
     }
 
     /// One step of the TLS handshake with an `https://` upstream.
