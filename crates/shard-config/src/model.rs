@@ -2923,11 +2923,8 @@ impl AdditionConf {
     /// Whether a response of `content_type` gets its additions.
     pub fn applies_to(&self, content_type: &str) -> bool {
         let set = |u: &Option<String>| u.as_deref().is_some_and(|u| !u.is_empty());
-        if !set(&self.before) && !set(&self.after) {
-            return false;
-        }
-        let base = content_type.split(';').next().unwrap_or("").trim();
-        self.any_type || self.types.iter().any(|t| t.eq_ignore_ascii_case(base))
+        (set(&self.before) || set(&self.after))
+            && type_listed(&self.types, self.any_type, content_type)
     }
 }
 
@@ -2968,21 +2965,19 @@ impl Default for SsiConf {
 impl SsiConf {
     /// Whether a response of `content_type` is processed.
     pub fn applies_to(&self, content_type: &str) -> bool {
-        if !self.enabled {
-            return false;
-        }
-        let base = content_type.split(';').next().unwrap_or("").trim();
-        self.any_type || self.types.iter().any(|t| t.eq_ignore_ascii_case(base))
+        self.enabled && type_listed(&self.types, self.any_type, content_type)
     }
 }
 
 impl SubFilterConf {
     /// Whether a response of `content_type` is filtered.
     pub fn applies_to(&self, content_type: &str) -> bool {
-        if self.pairs.is_empty() {
-            return false;
-        }
-        let base = content_type.split(';').next().unwrap_or("").trim();
-        self.any_type || self.types.iter().any(|t| t.eq_ignore_ascii_case(base))
+        !self.pairs.is_empty() && type_listed(&self.types, self.any_type, content_type)
     }
+}
+
+/// Whether `content_type` (its parameters aside) is one of a `*_types` list (`any`: `*`).
+fn type_listed(types: &[String], any: bool, content_type: &str) -> bool {
+    let base = content_type.split(';').next().unwrap_or("").trim();
+    any || types.iter().any(|t| t.eq_ignore_ascii_case(base))
 }

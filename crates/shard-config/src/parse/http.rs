@@ -2900,6 +2900,22 @@ pub(super) fn set_ssi_value_length(_: &Env, s: &mut Settings, d: &Directive, fil
     once(&mut s.ssi_value_length, v, d, file)
 }
 
+/// A `*_types MIME ...` list (`sub_filter_types`, `ssi_types`, `addition_types`): lowercase,
+/// `text/html` always one, `*` for any type, as nginx's.
+fn add_types(slot: &mut Option<(Vec<String>, bool)>, d: &Directive) {
+    let (types, any) = slot.get_or_insert_with(|| (vec!["text/html".to_string()], false));
+    for a in &d.args {
+        if a == "*" {
+            *any = true;
+            continue;
+        }
+        let t = a.to_ascii_lowercase();
+        if !types.contains(&t) {
+            types.push(t);
+        }
+    }
+}
+
 /// `add_before_body URI`, `add_after_body URI` (an empty URI: none, as nginx's).
 pub(super) fn set_add_before_body(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     once(&mut s.add_before_body, a0(d).to_string(), d, file)
@@ -2911,55 +2927,19 @@ pub(super) fn set_add_after_body(_: &Env, s: &mut Settings, d: &Directive, file:
 
 /// `addition_types MIME ...` (`*` for any); `text/html` is always one, as nginx.
 pub(super) fn set_addition_types(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
-    let (types, any) = s
-        .addition_types
-        .get_or_insert_with(|| (vec!["text/html".to_string()], false));
-    for a in &d.args {
-        if a == "*" {
-            *any = true;
-            continue;
-        }
-        let t = a.to_ascii_lowercase();
-        if !types.contains(&t) {
-            types.push(t);
-        }
-    }
+    add_types(&mut s.addition_types, d);
     Ok(())
 }
 
 /// `ssi_types MIME ...` (`*` for any); `text/html` is always one, as nginx.
 pub(super) fn set_ssi_types(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
-    let (types, any) = s
-        .ssi_types
-        .get_or_insert_with(|| (vec!["text/html".to_string()], false));
-    for a in &d.args {
-        if a == "*" {
-            *any = true;
-            continue;
-        }
-        let t = a.to_ascii_lowercase();
-        if !types.contains(&t) {
-            types.push(t);
-        }
-    }
+    add_types(&mut s.ssi_types, d);
     Ok(())
 }
 
 /// `sub_filter_types MIME ...` (`*` for any); `text/html` is always one, as nginx.
 pub(super) fn set_sub_filter_types(_: &Env, s: &mut Settings, d: &Directive, _: &str) -> R {
-    let (types, any) = s
-        .sub_filter_types
-        .get_or_insert_with(|| (vec!["text/html".to_string()], false));
-    for a in &d.args {
-        if a == "*" {
-            *any = true;
-            continue;
-        }
-        let t = a.to_ascii_lowercase();
-        if !types.contains(&t) {
-            types.push(t);
-        }
-    }
+    add_types(&mut s.sub_filter_types, d);
     Ok(())
 }
 

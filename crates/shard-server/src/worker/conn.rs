@@ -249,6 +249,45 @@ pub(super) fn fd_of(fd: &Option<OwnedFd>) -> std::os::fd::RawFd {
     fd.as_ref().map_or(-1, |f| f.as_raw_fd())
 }
 
+/// Where a connection's response bytes go: its socket (or TLS), its HTTP/2 session's frames,
+/// or its parent's subrequest output (`ssi.rs`).
+struct Sink {
+    h2_tag: u32,
+    sub: u32,
+    fd: std::os::fd::RawFd,
+    key: usize,
+    chunk: usize,
+}
+
+impl Sink {
+    fn of(h2_tag: u32, sub: u32, fd: &Option<OwnedFd>, key: usize, chunk: usize) -> Sink {
+        Sink {
+            h2_tag,
+            sub,
+            fd: fd_of(fd),
+            key,
+            chunk,
+        }
+    }
+
+    fn write(
+        &self,
+        h2: &mut slab::Slab<super::h2::Session>,
+        subs: &mut slab::Slab<super::ssi::SubOut>,
+        tls: &mut Option<Box<super::tls::TlsConn>>,
+        b: &[u8],
+        cork: bool,
+    ) -> std::io::Result<usize> {
+        if self.h2_tag & super::h2::H2_STREAM != 0 {
+            Worker::h2_send(h2, self.h2_tag, self.key, b, self.chunk)
+        } else if self.sub != 0 {
+            super::ssi::sub_send(subs, self.sub, b)
+        } else {
+            send(self.fd, tls, b, cork)
+        }
+    }
+}
+
 /// Writes `buf` to the socket `fd`, or through its TLS.
 fn send(
     fd: std::os::fd::RawFd,
@@ -945,18 +984,9 @@ impl Conn {
                 let end = c.out.len().min(c.out_pos.saturating_add(allow));
                 let out = std::mem::take(&mut c.out);
                 let cork = more && end == out.len();
-                let chunk = r.h2_chunk;
-                let (h2_tag, sub, fd) = (c.h2, c.sub, fd_of(&c.fd));
+                let to = Sink::of(c.h2, c.sub, &c.fd, key, r.h2_chunk);
                 let tls = &mut c.tls;
-                let mut sink = |b: &[u8]| -> std::io::Result<usize> {
-                    if h2_tag & super::h2::H2_STREAM != 0 {
-                        Worker::h2_send(h2, h2_tag, key, b, chunk)
-                    } else if sub != 0 {
-                        super::ssi::sub_send(subs, sub, b)
-                    } else {
-                        send(fd, tls, b, cork)
-                    }
-                };
+                let mut sink = |b: &[u8]| to.write(h2, subs, tls, b, cork);
                 let res = match r.ssi.as_deref_mut() {
                     Some(p) => {
                         let res = p.write(&out[c.out_pos..end], &mut sink);
@@ -1009,18 +1039,9 @@ impl Conn {
                     if !c.writable {
                         return Flush::Blocked;
                     }
-                    let (h2_tag, sub, fd) = (c.h2, c.sub, fd_of(&c.fd));
-                    let chunk = r.h2_chunk;
+                    let to = Sink::of(c.h2, c.sub, &c.fd, key, r.h2_chunk);
                     let tls = &mut c.tls;
-                    let mut sink = |b: &[u8]| -> std::io::Result<usize> {
-                        if h2_tag & super::h2::H2_STREAM != 0 {
-                            Worker::h2_send(h2, h2_tag, key, b, chunk)
-                        } else if sub != 0 {
-                            super::ssi::sub_send(subs, sub, b)
-                        } else {
-                            send(fd, tls, b, false)
-                        }
-                    };
+                    let mut sink = |b: &[u8]| to.write(h2, subs, tls, b, false);
                     match p.write(&[], &mut sink) {
                         Ok(_) if !p.busy() => {}
                         Ok(_) => return Flush::Blocked,

@@ -284,6 +284,47 @@ fn include_of(uri: Vec<u8>) -> Item {
 }
 
 impl Pipe {
+    /// A pipe for the response to `req` (whose head is `head`), with `conf`; `parse`: SSI
+    /// applies (else only the addition module). It starts at the response's head, in server 0's
+    /// base, not nested, with no additions.
+    fn new(conf: SsiConf, req: shard_http::request::Request, head: Vec<u8>, parse: bool) -> Pipe {
+        Pipe {
+            stage: Stage::Head,
+            skip: 0,
+            reader: Reader::new(req.method == shard_http::request::Method::Head),
+            chunked_out: req.minor_version >= 1 || req.http2,
+            must_close: false,
+            parser: Parser::new(conf.value_length as usize),
+            conf,
+            body: Vec::new(),
+            body_pos: 0,
+            text: Vec::new(),
+            out: Vec::new(),
+            out_pos: 0,
+            sink_blocked: false,
+            pending: None,
+            waiting: None,
+            ended: false,
+            failed: false,
+            vars: Vec::new(),
+            output: true,
+            output_chosen: false,
+            conditional: 0,
+            in_block: false,
+            blocks: Vec::new(),
+            errmsg: parse::ERRMSG.to_vec(),
+            timefmt: parse::TIMEFMT.to_string(),
+            server: 0,
+            location: None,
+            req,
+            head,
+            depth: 0,
+            parse,
+            before: None,
+            after: None,
+        }
+    }
+
     /// Whether the pipe waits for the worker (a command, a subrequest).
     pub(super) fn paused(&self) -> bool {
         self.pending.is_some() || self.waiting.is_some()
@@ -753,41 +794,16 @@ impl<'a> Worker<'a> {
         let location = self.location_index(server, loc);
         let depth = self.sub_depth(key);
         let skip = c.out.len() - c.out_pos;
-        let pipe = Pipe {
-            stage: if skip > 0 { Stage::Skip } else { Stage::Head },
-            skip,
-            reader: Reader::new(req.method == shard_http::request::Method::Head),
-            chunked_out: req.minor_version >= 1 || req.http2,
-            must_close: false,
-            conf: loc.ssi.clone(),
-            parser: Parser::new(loc.ssi.value_length as usize),
-            body: Vec::new(),
-            body_pos: 0,
-            text: Vec::new(),
-            out: Vec::new(),
-            out_pos: 0,
-            sink_blocked: false,
-            pending: None,
-            waiting: None,
-            ended: false,
-            failed: false,
-            vars: Vec::new(),
-            output: true,
-            output_chosen: false,
-            conditional: 0,
-            in_block: false,
-            blocks: Vec::new(),
-            errmsg: parse::ERRMSG.to_vec(),
-            timefmt: parse::TIMEFMT.to_string(),
-            server,
-            location,
-            req: req.clone(),
-            head: head.to_vec(),
-            depth,
-            parse: ssi,
-            before: uri(&loc.addition.before),
-            after: uri(&loc.addition.after),
-        };
+        let mut pipe = Pipe::new(loc.ssi.clone(), req.clone(), head.to_vec(), ssi);
+        pipe.skip = skip;
+        if skip > 0 {
+            pipe.stage = Stage::Skip;
+        }
+        pipe.server = server;
+        pipe.location = location;
+        pipe.depth = depth;
+        pipe.before = uri(&loc.addition.before);
+        pipe.after = uri(&loc.addition.after);
         self.conns[key].rq().ssi = Some(Box::new(pipe));
         true
     }
@@ -1457,41 +1473,9 @@ mod tests {
     use super::*;
 
     fn pipe(chunked: bool, conf: SsiConf) -> Pipe {
-        Pipe {
-            stage: Stage::Head,
-            skip: 0,
-            reader: Reader::new(false),
-            chunked_out: chunked,
-            must_close: false,
-            parser: Parser::new(conf.value_length as usize),
-            conf,
-            body: Vec::new(),
-            body_pos: 0,
-            text: Vec::new(),
-            out: Vec::new(),
-            out_pos: 0,
-            sink_blocked: false,
-            pending: None,
-            waiting: None,
-            ended: false,
-            failed: false,
-            vars: Vec::new(),
-            output: true,
-            output_chosen: false,
-            conditional: 0,
-            in_block: false,
-            blocks: Vec::new(),
-            errmsg: parse::ERRMSG.to_vec(),
-            timefmt: parse::TIMEFMT.to_string(),
-            server: 0,
-            location: None,
-            req: test_request(),
-            head: Vec::new(),
-            depth: 0,
-            parse: true,
-            before: None,
-            after: None,
-        }
+        let mut p = Pipe::new(conf, test_request(), Vec::new(), true);
+        p.chunked_out = chunked;
+        p
     }
 
     fn test_request() -> shard_http::request::Request {
