@@ -680,6 +680,7 @@ impl Conn {
     }
 
     /// An SSI response whose bytes were all taken is not all out yet (`ssi.rs`).
+    #[inline]
     fn ssi_busy(&self) -> bool {
         self.req
             .as_ref()
@@ -689,6 +690,7 @@ impl Conn {
 
     /// Output waits only while more complete requests may sit in the input buffer, so that
     /// pipelined responses leave in one `write`; everything else is written at once.
+    #[inline]
     fn must_flush_now(&self) -> bool {
         self.has_output()
             && (self.inbuf.is_empty()
@@ -2355,7 +2357,10 @@ impl<'a> Worker<'a> {
                 return Rewritten::Returned;
             }
             if loc.script.is_empty() {
-                self.block_location(key, server, loc, req);
+                // No `if` ran here: only a `limit_except` may give another location.
+                if loc.limit_except.is_some() {
+                    self.block_location(key, server, loc, req);
+                }
                 return Rewritten::Stay;
             }
             self.conns[key].rq().if_location = None;

@@ -2606,24 +2606,23 @@ impl<'a> Worker<'a> {
         // `ssi`: the answer leaves through an SSI pipe (`ssi.rs`), which reads it as it is
         // written; not an encoded one, and not compressed here then (the pipe sees the
         // bytes gzip would make).
-        let ssi =
-            (loc.ssi.enabled || loc.addition.before.is_some() || loc.addition.after.is_some())
-                && head.status != 101
-                && !head
-                    .headers
+        let ssi = super::ssi::may_filter(loc)
+            && head.status != 101
+            && !head
+                .headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("content-encoding"))
+            && self.filter_begin(
+                key,
+                &p.req,
+                &p.head,
+                loc,
+                head.headers
                     .iter()
-                    .any(|(n, _)| n.eq_ignore_ascii_case("content-encoding"))
-                && self.filter_begin(
-                    key,
-                    &p.req,
-                    &p.head,
-                    loc,
-                    head.headers
-                        .iter()
-                        .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
-                        .and_then(|(_, v)| std::str::from_utf8(v).ok()),
-                    head.status,
-                );
+                    .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+                    .and_then(|(_, v)| std::str::from_utf8(v).ok()),
+                head.status,
+            );
         // `gzip`: the answer compressed as it streams, as nginx's gzip filter does for any
         // response (after `sub_filter`; `Vary` with `gzip_vary` whenever gzip applies).
         p.gzip = None;

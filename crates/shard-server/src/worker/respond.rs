@@ -170,6 +170,7 @@ fn simple(
     }
     // `ssi`: the body is processed as it is written (and not compressed: the pipe reads it).
     let ssi = !r.body.is_empty()
+        && super::ssi::may_filter(loc)
         && w.filter_begin(key, req, head, loc, r.content_type.as_deref(), r.status);
     let gz = &loc.gzip;
     // A response of shard's own making has no validators; `expires` may make it uncacheable.
@@ -1113,6 +1114,7 @@ fn send_file(
             // `ssi`: the file read whole (no ranges) and processed as it is written.
             if !encoded
                 && meta.size > 0
+                && super::ssi::may_filter(loc)
                 && w.filter_begin(key, req, head, loc, Some(&content_type), 200)
             {
                 return transformed_file(w, key, loc, req, keep_alive, head, &path, fd, meta);

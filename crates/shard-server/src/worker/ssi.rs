@@ -1463,6 +1463,13 @@ impl<'a> Worker<'a> {
     }
 }
 
+/// Whether `loc` has SSI or the addition module at all: the check every response makes
+/// before [`Worker::filter_begin`] looks closer.
+#[inline]
+pub(super) fn may_filter(loc: &LocationConf) -> bool {
+    loc.ssi.enabled || loc.addition.before.is_some() || loc.addition.after.is_some()
+}
+
 /// Whether a response of `content_type` in `loc` is one SSI processes.
 pub(super) fn applies(loc: &LocationConf, content_type: Option<&str>) -> bool {
     loc.ssi.enabled && content_type.is_some_and(|ct| loc.ssi.applies_to(ct))
