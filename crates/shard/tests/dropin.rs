@@ -3400,7 +3400,7 @@ fn proxy_limit_rate_paces_reading_the_upstream() {
 
 /// `X-Accel-Redirect` from an upstream: the request goes on at that URI (an `internal`
 /// location serving a file) or named location, as GET, with the upstream's
-/// `Content-Disposition` and `Set-Cookie`; the upstream's body is not sent. With
+/// `Content-Disposition`, `Set-Cookie` and `Content-Type`; the upstream's body is not sent. With
 /// `proxy_ignore_headers X-Accel-Redirect` the upstream's answer passes as it is.
 #[test]
 fn x_accel_redirect_serves_the_target() {
@@ -3420,6 +3420,7 @@ fn x_accel_redirect_serves_the_target() {
                     "attachment; filename=\"r.txt\"".into(),
                 ),
                 ("Set-Cookie".into(), "dl=1".into()),
+                ("Content-Type".into(), "application/x-report".into()),
             ],
             body: b"app body".to_vec(),
         }
@@ -3445,12 +3446,22 @@ fn x_accel_redirect_serves_the_target() {
     );
     assert_eq!(r.header("set-cookie"), Some("dl=1"));
     assert_eq!(r.header("x-accel-redirect"), None);
+    // The upstream's type stays (nginx sets a file's type only where none is), once.
+    assert_eq!(r.header("content-type"), Some("application/x-report"));
+    assert_eq!(
+        r.headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+            .count(),
+        1
+    );
     assert_eq!(get(s.addr(), "/args").body_str(), "the report\n");
     let r = raw(
         s.addr(),
         b"POST /named HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
     );
     assert_eq!((r.status, r.body_str().as_str()), (200, "named GET"));
+    assert_eq!(r.header("content-type"), Some("application/x-report"));
     let r = get(s.addr(), "/plain/x");
     assert_eq!((r.status, r.body_str().as_str()), (200, "app body"));
     assert_eq!(r.header("x-accel-redirect"), None, "hidden, as nginx");

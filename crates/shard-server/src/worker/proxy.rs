@@ -3845,11 +3845,13 @@ fn accel_target(target: &str) -> Option<String> {
 /// `head` is the response head as received (HTTP, or a FastCGI application's CGI head),
 /// where the proxy's parse has already hidden the `X-Accel-*` family.
 fn accel_redirect(head: &[u8]) -> Option<(String, Vec<u8>)> {
-    const PASSED: [&str; 4] = [
+    const PASSED: [&str; 6] = [
+        "content-type",
         "set-cookie",
         "content-disposition",
         "cache-control",
         "expires",
+        "accept-ranges",
     ];
     let headers: Vec<(&str, &[u8])> = head
         .split(|&b| b == b'\n')

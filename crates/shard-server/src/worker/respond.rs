@@ -157,6 +157,13 @@ fn simple(
     if matches!(r.status, 495..=497) {
         r.status = 400;
     }
+    // After an `X-Accel-Redirect`, a successful answer keeps the upstream's type (nginx's
+    // error pages set their own).
+    if r.status < 300 && r.content_type.is_some() {
+        if let Some(ct) = accel_content_type(w, key) {
+            r.content_type = Some(ct);
+        }
+    }
     // `sub_filter`, before gzip as in nginx's filter chain.
     if let Some(mut f) = r
         .content_type
@@ -285,7 +292,17 @@ pub(super) fn extra_headers(
 ) -> Vec<u8> {
     let mut extra = Vec::new();
     if let Some(a) = &w.conns[key].rd().accel_headers {
-        extra.extend_from_slice(a);
+        // The upstream's `Content-Type` is the response's own (`accel_content_type`); a
+        // file says its own `Accept-Ranges`.
+        for line in a.split_inclusive(|&b| b == b'\n') {
+            let name = line.split(|&b| b == b':').next().unwrap_or(b"");
+            if name.eq_ignore_ascii_case(b"content-type")
+                || (mtime.is_some() && name.eq_ignore_ascii_case(b"accept-ranges"))
+            {
+                continue;
+            }
+            extra.extend_from_slice(line);
+        }
     }
     let if_headers = w.conns[key].rd().if_headers.as_deref();
     if loc.expires.is_none() && loc.add_headers.is_empty() && if_headers.is_none() {
@@ -816,6 +833,17 @@ fn file_recode(
         .filter(|_| !encoded && shard_http::response::charset_for(loc, content_type).is_some())
 }
 
+/// The `Content-Type` an upstream's `X-Accel-Redirect` answer gave, which the response it
+/// leads to keeps.
+fn accel_content_type(w: &Worker<'_>, key: usize) -> Option<String> {
+    let a = w.conns[key].rd().accel_headers.as_deref()?;
+    a.split(|&b| b == b'\n').find_map(|line| {
+        let (name, v) = line.split_at(line.iter().position(|&b| b == b':')?);
+        name.eq_ignore_ascii_case(b"content-type")
+            .then(|| String::from_utf8_lossy(&v[1..]).trim().to_string())
+    })
+}
+
 /// The whole of a file (`None`: it could not be read, or shrank).
 fn read_whole(fd: &super::files::FileRef, size: u64) -> Option<Vec<u8>> {
     let mut raw = vec![0u8; size as usize];
@@ -1043,7 +1071,10 @@ fn send_file(
     meta: FileMeta,
     encoded: bool,
 ) -> Reply {
-    let content_type = shard_http::static_file::content_type(loc, &path).to_string();
+    // After an `X-Accel-Redirect`, the upstream's type stays (nginx sets a type only where
+    // none is).
+    let content_type = accel_content_type(w, key)
+        .unwrap_or_else(|| shard_http::static_file::content_type(loc, &path).to_string());
     // `max_ranges`: more ranges than it allows (any, for 0) and the file is sent whole, as
     // nginx's range filter declines them.
     let ranges_off = loc.max_ranges == Some(0);
