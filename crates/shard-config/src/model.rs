@@ -813,6 +813,9 @@ pub struct LocationConf {
     pub ssi: SsiConf,
     /// `add_before_body`, `add_after_body`, `addition_types`.
     pub addition: AdditionConf,
+    /// `post_action URI | @name`: a request made once the response is done, its answer
+    /// dropped (`None`: `off`, the default).
+    pub post_action: Option<String>,
     /// `source_charset`: the charset of the files and of proxied responses that name none.
     pub source_charset: Option<String>,
     /// `override_charset on`: a proxied response's own charset is recoded to `charset` too.

@@ -346,6 +346,7 @@ pub(crate) mod tests {
             sub_filter: Default::default(),
             ssi: Default::default(),
             addition: Default::default(),
+            post_action: None,
             auth_request: None,
             auth_request_set: Vec::new(),
             source_charset: None,

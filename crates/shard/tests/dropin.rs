@@ -2901,6 +2901,46 @@ fn proxy_store_as_nginx() {
     });
 }
 
+/// `post_action`, as nginx's post_action.t: once the request is answered, a request to the
+/// URI runs beside it (here proxied, so that another server logs it), its answer unread.
+#[test]
+fn post_action_as_nginx() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n \
+        server {\n  listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n }\n \
+        server {\n  listen 127.0.0.1:{port1};\n  \
+        location / { post_action /post; return 200 SEE-THIS; }\n  \
+        location /none { post_action off; return 200 NONE; }\n  \
+        location /post { proxy_pass http://127.0.0.1:{port2}/hit; }\n \
+        }\n \
+        server {\n  listen 127.0.0.1:{port2};\n  access_log {dir}/logs/post.log;\n  \
+        return 200 HIDDEN;\n }\n}\n";
+    let s = Server::start_ports("post-action", conf, 1, 2);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    let (status, _, body) = exchange(addr, "GET /x?a=1 HTTP/1.0\r\nHost: localhost");
+    assert_eq!(
+        (status, String::from_utf8_lossy(&body).as_ref()),
+        (200, "SEE-THIS")
+    );
+    let log = wait_for(Duration::from_secs(5), "the post action", || {
+        let l = std::fs::read_to_string(s.dir.join("logs/post.log")).unwrap_or_default();
+        l.contains("GET /hit ").then_some(l)
+    });
+    assert_eq!(log.lines().count(), 1, "{log}");
+    let (_, _, body) = exchange(addr, "GET /none HTTP/1.0\r\nHost: localhost");
+    assert_eq!(body, b"NONE");
+    // A named location there is refused at -t, in words that say so.
+    let dir = temp_dir("post-action-named");
+    let bad = dir.join("bad.conf");
+    std::fs::write(
+        &bad,
+        "events {}\nhttp {\n server {\n  listen 127.0.0.1:1;\n  post_action @x;\n }\n}\n",
+    )
+    .unwrap();
+    let (code, out) = run_cli(&["-t", "-c", bad.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(out.contains("\"post_action\" to a named location"), "{out}");
+}
+
 /// `auth_request` and `auth_request_set`, as nginx's auth_request_satisfy.t: the
 /// subrequest's 2xx lets the request
 /// through, 401/403 refuse it, anything else is a 500; with `satisfy all` the first refusal

@@ -240,6 +240,8 @@ pub(super) struct Settings {
     pub(super) ssi_value_length: Option<u64>,
     pub(super) add_before_body: Option<String>,
     pub(super) add_after_body: Option<String>,
+    /// `post_action` (`Some(None)`: `off`).
+    pub(super) post_action: Option<Option<String>>,
     pub(super) addition_types: Option<(Vec<String>, bool)>,
     pub(super) subrequest_output_buffer_size: Option<u64>,
     pub(super) override_charset: Option<bool>,
@@ -649,6 +651,7 @@ pub(super) struct Eff {
     pub(super) sub_filter: SubFilterConf,
     pub(super) ssi: SsiConf,
     pub(super) addition: AdditionConf,
+    pub(super) post_action: Option<String>,
     pub(super) override_charset: bool,
     pub(super) source_charset: Option<(String, Place)>,
     pub(super) real_ip: RealIp,
@@ -758,6 +761,7 @@ impl Eff {
             sub_filter: SubFilterConf::default(),
             ssi: SsiConf::default(),
             addition: AdditionConf::default(),
+            post_action: None,
             override_charset: false,
             source_charset: None,
             real_ip: RealIp::default(),
@@ -1004,6 +1008,10 @@ impl Eff {
                         .unwrap_or(p.output_buffer_size),
                 }
             },
+            post_action: s
+                .post_action
+                .clone()
+                .unwrap_or_else(|| self.post_action.clone()),
             addition: {
                 let p = &self.addition;
                 let (types, any_type) = s
@@ -1126,6 +1134,7 @@ impl Eff {
             sub_filter: self.sub_filter.clone(),
             ssi: self.ssi.clone(),
             addition: self.addition.clone(),
+            post_action: self.post_action.clone(),
             source_charset: self
                 .source_charset
                 .as_ref()
@@ -2914,6 +2923,20 @@ fn add_types(slot: &mut Option<(Vec<String>, bool)>, d: &Directive) {
             types.push(t);
         }
     }
+}
+
+/// `post_action URI | @name | off`.
+pub(super) fn set_post_action(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = a0(d);
+    if v.starts_with('@') {
+        return Err(derr(
+            d,
+            file,
+            "\"post_action\" to a named location is not supported by shard",
+        ));
+    }
+    let v = (v != "off").then(|| v.to_string());
+    once(&mut s.post_action, v, d, file)
 }
 
 /// `add_before_body URI`, `add_after_body URI` (an empty URI: none, as nginx's).

@@ -897,6 +897,7 @@ pub(super) static TABLE: &[Spec] = &[
         1,
         Set::Settings(set_add_before_body),
     ),
+    d("post_action", HSL, 1, 1, Set::Settings(set_post_action)),
     d(
         "add_after_body",
         HSL,

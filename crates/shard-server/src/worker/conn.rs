@@ -2686,6 +2686,10 @@ impl<'a> Worker<'a> {
         if self.conns[key].sub != 0 {
             return;
         }
+        // `post_action`: the request is answered; its action runs beside, unread.
+        if let Some(uri) = loc.post_action.as_deref() {
+            self.post_action(key, uri, head);
+        }
         for al in &loc.access_logs {
             let i = match (&al.path_vars, self.access_log_idx.get(&al.path)) {
                 (Some(_), _) => usize::MAX,

@@ -662,6 +662,8 @@ pub(super) struct SubOut {
     blocked: bool,
     /// The main request's number (`$request_id` is the main request's).
     request_seq: u64,
+    /// Nobody reads the output (`post_action`).
+    discard: bool,
 }
 
 /// `send` of a subrequest's connection: its response bytes into its [`SubOut`].
@@ -674,6 +676,9 @@ pub(super) fn sub_send(
     let s = subs
         .get_mut(sub as usize - 1)
         .ok_or_else(|| Error::from(ErrorKind::BrokenPipe))?;
+    if s.discard {
+        s.data.clear();
+    }
     if s.keep.is_none() && s.data.len() >= SUB_DATA_MAX {
         s.blocked = true;
         return Err(ErrorKind::WouldBlock.into());
@@ -985,6 +990,11 @@ impl<'a> Worker<'a> {
             s.done = true;
         }
         let (parent, parent_id) = (s.parent, s.parent_id);
+        if s.discard {
+            // A `post_action`: nobody collects it.
+            self.subs.remove(sub as usize - 1);
+            return;
+        }
         if self.conns.get(parent).is_some_and(|c| c.id == parent_id) {
             self.yield_conn(parent);
         }
@@ -1397,11 +1407,7 @@ impl<'a> Worker<'a> {
         }
         if !has_host {
             head.extend_from_slice(b"Host: ");
-            let host = p
-                .req
-                .host
-                .clone()
-                .unwrap_or_else(|| self.server_of(key).name.clone());
+            let host = p.req.host.clone().unwrap_or_else(|| self.sub_host(key));
             head.extend_from_slice(host.as_bytes());
             head.extend_from_slice(b"\r\n");
         }
@@ -1427,17 +1433,36 @@ impl<'a> Worker<'a> {
         } else {
             None
         };
-        let parent = &self.conns[key];
-        let (peer, listener, number) = (parent.peer, parent.listener, parent.number);
-        let proxy_protocol = parent.proxy_protocol.clone();
+        let set = set.map(|s| String::from_utf8_lossy(s).to_ascii_lowercase());
+        p.waiting = Some(self.start_sub(key, Some(id), head, keep, set, stub));
+        Ok(())
+    }
+
+    /// Starts a subrequest of connection `key` whose input is `head`: for the parent whose
+    /// id is `parent` (it takes the output), or for nobody (`post_action`: the output is
+    /// dropped and the subrequest's record goes with its connection). It runs on its next
+    /// turn; its end wakes the parent. Returns its index in `subs`.
+    fn start_sub(
+        &mut self,
+        key: usize,
+        parent: Option<u64>,
+        head: Vec<u8>,
+        keep: Option<usize>,
+        set: Option<String>,
+        stub: Option<String>,
+    ) -> usize {
+        let c = &self.conns[key];
+        let (peer, listener, number) = (c.peer, c.listener, c.number);
+        let proxy_protocol = c.proxy_protocol.clone();
+        let request_seq = c.rd().request_seq;
         let conn_id = self.next_conn_id;
         self.next_conn_id += 1;
         let mut c = Conn::new_stream(peer, listener, conn_id, number, self.cx.now_ms);
         c.proxy_protocol = proxy_protocol;
         let sk = self.conns.insert(c);
         let w = self.subs.insert(SubOut {
-            parent: key,
-            parent_id: id,
+            parent: if parent.is_some() { key } else { usize::MAX },
+            parent_id: parent.unwrap_or(0),
             conn: sk,
             conn_id,
             reader: Reader::new(false),
@@ -1445,21 +1470,56 @@ impl<'a> Worker<'a> {
             data: Vec::new(),
             keep,
             overflow: false,
-            set: set.map(|s| String::from_utf8_lossy(s).to_ascii_lowercase()),
+            set,
             stub,
             done: false,
             failed: false,
             blocked: false,
-            request_seq: self.conns[key].rd().request_seq,
+            request_seq,
+            discard: parent.is_none(),
         });
         self.conns[sk].sub = w as u32 + 1;
         self.start_reading(sk, true);
         self.conns[sk].inbuf = head;
-        p.waiting = Some(w);
-        // The subrequest runs now (a file's answer is often whole at once); its end wakes
-        // the parent.
         self.yield_conn(sk);
-        Ok(())
+        w
+    }
+
+    /// The `Host` of a subrequest whose main request sent none (HTTP/1.0): its server's
+    /// name, else `localhost` (a subrequest's head is HTTP/1.1, which needs one).
+    fn sub_host(&self, key: usize) -> String {
+        let name = &self.server_of(key).name;
+        if name.is_empty() || name.starts_with(['~', '*', '.']) || name.ends_with('*') {
+            "localhost".to_string()
+        } else {
+            name.clone()
+        }
+    }
+
+    /// `post_action URI`: once the request on `key` is answered, a `GET` of the URI (or
+    /// named location) with its headers runs as a subrequest whose answer nobody reads.
+    pub(super) fn post_action(&mut self, key: usize, uri: &str, req_head: &[u8]) {
+        let mut head = Vec::with_capacity(req_head.len() + uri.len() + 32);
+        head.extend_from_slice(b"GET ");
+        push_target(&mut head, uri.as_bytes());
+        head.extend_from_slice(b" HTTP/1.1\r\n");
+        let mut storage = shard_http::vars::header_storage();
+        let hs = shard_http::vars::request_headers(req_head, &mut storage);
+        let mut has_host = false;
+        for h in hs.iter().filter(|h| !sub_drops(h.name.as_bytes())) {
+            has_host |= h.name.eq_ignore_ascii_case("host");
+            head.extend_from_slice(h.name.as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(h.value);
+            head.extend_from_slice(b"\r\n");
+        }
+        if !has_host {
+            head.extend_from_slice(b"Host: ");
+            head.extend_from_slice(self.sub_host(key).as_bytes());
+            head.extend_from_slice(b"\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+        self.start_sub(key, None, head, None, None, None);
     }
 }
 
@@ -1607,6 +1667,7 @@ mod tests {
             failed: false,
             blocked: false,
             request_seq: 0,
+            discard: false,
         });
         let resp = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n3\r\ndef\r\n0\r\n\r\n";
         let mut at = 0;
