@@ -1971,6 +1971,9 @@ pub struct ProxyConf {
     /// `proxy_intercept_errors on|off`: an upstream's response of 300 or more for which the
     /// location has an `error_page` is replaced by that page. Default off.
     pub intercept_errors: bool,
+    /// `proxy_force_ranges on|off`: byte ranges of uncached answers too, whatever their
+    /// `Accept-Ranges` (default off: a cached location's only).
+    pub force_ranges: bool,
     /// `proxy_method`: the method sent upstream instead of the client's.
     pub method: Option<Vec<Part>>,
     /// `proxy_pass_request_headers on|off`: the client's headers go upstream. Default on.
@@ -2323,6 +2326,7 @@ impl Default for ProxyConf {
             buffers: (8, 4096),
             request_buffering: true,
             intercept_errors: false,
+            force_ranges: false,
             method: None,
             pass_request_headers: true,
             pass_request_body: true,

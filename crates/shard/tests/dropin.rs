@@ -2941,6 +2941,60 @@ fn post_action_as_nginx() {
     assert!(out.contains("\"post_action\" to a named location"), "{out}");
 }
 
+/// `proxy_force_ranges`, as nginx's proxy_force_ranges.t: an uncached proxied 200 serves one
+/// byte range (the upstream here ignores ranges, `max_ranges 0`), unless `If-Range` names
+/// another answer; without it, the whole answer.
+#[test]
+fn proxy_force_ranges_as_nginx() {
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n \
+        server {\n  listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n }\n \
+        server {\n  listen 127.0.0.1:{port1};\n  \
+        location /force/ { proxy_pass http://127.0.0.1:{port2}/; proxy_force_ranges on; }\n  \
+        location /plain/ { proxy_pass http://127.0.0.1:{port2}/; }\n \
+        }\n \
+        server {\n  listen 127.0.0.1:{port2};\n  root {dir}/html;\n  max_ranges 0;\n }\n}\n";
+    let s = Server::start_ports("force-ranges", conf, 1, 2);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    write_file(&s.dir, "html/t.html", b"SEE-THIS");
+    let ask = |path: &str, extra: &str| {
+        let mut head = format!("GET {path} HTTP/1.0\r\nHost: localhost");
+        if !extra.is_empty() {
+            head.push_str("\r\n");
+            head.push_str(extra);
+        }
+        let (status, hs, body) = exchange(addr, &head);
+        (status, hs, String::from_utf8_lossy(&body).into_owned())
+    };
+    let (status, hs, body) = ask("/force/t.html", "Range: bytes=4-");
+    assert_eq!((status, body.as_str()), (206, "THIS"));
+    assert!(
+        hs.iter()
+            .any(|(k, v)| k == "content-range" && v == "bytes 4-7/8"),
+        "{hs:?}"
+    );
+    assert_eq!(ask("/plain/t.html", "Range: bytes=4-").2, "SEE-THIS");
+    // If-Range: the answer's own date gives the range, another date the whole.
+    let lm = ask("/plain/t.html", "").1;
+    let lm = lm
+        .iter()
+        .find(|(k, _)| k == "last-modified")
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    assert_eq!(
+        ask(
+            "/force/t.html",
+            &format!("Range: bytes=4-\r\nIf-Range: {lm}")
+        )
+        .2,
+        "THIS"
+    );
+    let (status, _, body) = ask(
+        "/force/t.html",
+        "Range: bytes=4-\r\nIf-Range: Mon, 28 Sep 1970 06:00:00 GMT",
+    );
+    assert_eq!((status, body.as_str()), (200, "SEE-THIS"));
+}
+
 /// `auth_request` and `auth_request_set`, as nginx's auth_request_satisfy.t: the
 /// subrequest's 2xx lets the request
 /// through, 401/403 refuse it, anything else is a 500; with `satisfy all` the first refusal

@@ -1063,13 +1063,18 @@ fn udp_sessions_as_nginx() {
             .unwrap();
         c
     };
+    // Only answers from the port asked count: a fresh client socket may get the port of one
+    // dropped before it, and a late datagram meant for that one.
     let ask = |c: &std::net::UdpSocket, port: u16, what: &[u8], answers: usize| {
         c.send_to(what, ("127.0.0.1", port)).unwrap();
         let mut got = Vec::new();
         let mut buf = [0u8; 2048];
-        for _ in 0..answers {
-            match c.recv(&mut buf) {
-                Ok(n) => got.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+        while got.len() < answers {
+            match c.recv_from(&mut buf) {
+                Ok((n, from)) if from.port() == port => {
+                    got.push(String::from_utf8_lossy(&buf[..n]).into_owned())
+                }
+                Ok(_) => {}
                 Err(_) => break,
             }
         }

@@ -322,6 +322,7 @@ pub(super) struct ProxyP {
     pub(super) buffers: Option<(usize, usize)>,
     pub(super) request_buffering: Option<bool>,
     pub(super) intercept_errors: Option<bool>,
+    pub(super) force_ranges: Option<bool>,
     pub(super) method: Option<Vec<Part>>,
     pub(super) pass_request_headers: Option<bool>,
     pub(super) pass_request_body: Option<bool>,
@@ -522,6 +523,7 @@ impl ProxyP {
             buffers: self.buffers.unwrap_or(parent.buffers),
             request_buffering: self.request_buffering.unwrap_or(parent.request_buffering),
             intercept_errors: self.intercept_errors.unwrap_or(parent.intercept_errors),
+            force_ranges: self.force_ranges.unwrap_or(parent.force_ranges),
             method: self.method.clone().or_else(|| parent.method.clone()),
             pass_request_headers: self
                 .pass_request_headers
@@ -3647,6 +3649,10 @@ slot!(
 );
 
 slot!(set_proxy_buffering, proxy.buffering, flag);
+
+slot!(set_proxy_force_ranges, proxy.force_ranges, flag);
+
+slot!(set_fastcgi_force_ranges, fcgi.up.force_ranges, flag);
 
 slot!(
     set_proxy_next_upstream_timeout,

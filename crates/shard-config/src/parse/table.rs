@@ -1869,6 +1869,20 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Settings(set_proxy_request_buffering),
     ),
     d("proxy_method", HSL, 1, 1, Set::Settings(set_proxy_method)),
+    d(
+        "proxy_force_ranges",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_force_ranges),
+    ),
+    d(
+        "fastcgi_force_ranges",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_fastcgi_force_ranges),
+    ),
     d("proxy_store", HSL, 1, 1, Set::Settings(set_proxy_store)),
     d(
         "proxy_store_access",

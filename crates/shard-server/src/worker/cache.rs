@@ -652,14 +652,36 @@ impl<'a> Worker<'a> {
         head: &ResponseHead,
         framing: shard_http::proxy::Framing,
     ) -> Option<(u64, u64, u64)> {
-        let c = p.cache.as_ref()?;
-        if c.serving
-            || !c.cacheable
+        // A cached location's live answer, or any with `proxy_force_ranges on`; an entry
+        // being served has its own ranges.
+        let force = self.proxy_location(p).proxy.force_ranges;
+        let cached = p.cache.as_ref().is_some_and(|c| c.cacheable);
+        if p.cache.as_ref().is_some_and(|c| c.serving)
+            || !(cached || force)
             || p.background
             || head.status != 200
             || p.req.method != Method::Get
         {
             return None;
+        }
+        // `If-Range`: the whole answer unless it names this one (a strong tag, or the exact
+        // date), as nginx's range filter.
+        if let Some(ir) = p.req.if_range.as_deref() {
+            let field = |name: &str| {
+                head.headers
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                    .map(|(_, v)| String::from_utf8_lossy(v).trim().to_string())
+            };
+            let ir = ir.trim();
+            let same = if ir.starts_with('"') || ir.starts_with("W/") {
+                !ir.starts_with("W/") && field("etag").as_deref() == Some(ir)
+            } else {
+                field("last-modified").as_deref() == Some(ir)
+            };
+            if !same {
+                return None;
+            }
         }
         let shard_http::proxy::Framing::Length(n) = framing else {
             return None;

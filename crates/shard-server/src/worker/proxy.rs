@@ -610,7 +610,7 @@ impl<'a> Worker<'a> {
         }
     }
 
-    fn proxy_location(&self, p: &Proxy) -> &'a LocationConf {
+    pub(super) fn proxy_location(&self, p: &Proxy) -> &'a LocationConf {
         let s = &self.http().servers[p.server];
         p.location.map_or(&s.base, |i| &s.locations[i])
     }
