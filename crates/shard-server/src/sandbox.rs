@@ -49,6 +49,18 @@ fn literal_dir(template: &Path) -> PathBuf {
     }
 }
 
+/// The literal directory a path template begins in (relative ones under `base`).
+fn template_dir(parts: &[shard_config::Part], base: &Path) -> PathBuf {
+    let lit: String = parts
+        .iter()
+        .map_while(|p| match p {
+            shard_config::Part::Lit(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect();
+    base.join(literal_dir(Path::new(&format!("{lit}$"))))
+}
+
 impl Plan {
     pub fn from_config(cfg: &Config) -> Plan {
         let mut plan = Plan::default();
@@ -79,16 +91,19 @@ impl Plan {
                             push_once(&mut plan.temp, l.alias.as_deref().unwrap_or(&l.root))
                         }
                         Some(shard_config::Store::Path(parts)) => {
-                            let lit: String = parts
-                                .iter()
-                                .map_while(|p| match p {
-                                    shard_config::Part::Lit(t) => Some(t.as_str()),
-                                    _ => None,
-                                })
-                                .collect();
-                            push_once(&mut plan.temp, &literal_dir(Path::new(&format!("{lit}$"))));
+                            push_once(&mut plan.temp, &template_dir(parts, Path::new("/")));
                         }
                         None => {}
+                    }
+                    // `proxy_ssl_certificate $var`: the worker reads the pair per request.
+                    if let Some(v) = &l.proxy.ssl.certificate_vars {
+                        push_once(&mut plan.read, &template_dir(&v.cert, &v.dir));
+                        push_once(&mut plan.read, &template_dir(&v.key, &v.dir));
+                        if let Some(pw) =
+                            l.proxy.ssl.password_file.as_deref().and_then(Path::parent)
+                        {
+                            push_once(&mut plan.read, pw);
+                        }
                     }
                     for al in l.access_logs.iter().filter(|al| al.syslog.is_none()) {
                         match &al.path_vars {
