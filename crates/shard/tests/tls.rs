@@ -2398,11 +2398,10 @@ fn version_1_certificates_as_openssl_takes_them() {
     assert!(r.body_str().starts_with("FAILED"), "{}", r.body_str());
     assert_eq!(get(s.addr(), "/none/").body_str(), "NONE|||");
     assert_eq!(get(s.addr(), "/vars/?c=missing").status, 500);
-    assert!(
-        error_log(&s).contains("cannot load certificate"),
-        "{}",
-        error_log(&s)
-    );
+    let log = error_log(&s);
+    assert!(log.contains("cannot load certificate"), "{log}");
+    // The line names the upstream as nginx does, with its scheme.
+    assert!(log.contains("upstream: \"https://127.0.0.1:"), "{log}");
 }
 
 /// `ssl_reject_handshake on` on the default server: names no server takes are refused in

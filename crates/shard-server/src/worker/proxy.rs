@@ -3564,7 +3564,7 @@ impl<'a> Worker<'a> {
     }
 
     /// An error-log line in nginx's shape: `MSG, client: A, server: NAME, request: "LINE",
-    /// upstream: "http://PEER/URI", host: "HOST"`.
+    /// upstream: "http://PEER/URI", host: "HOST"` (`https://` for a TLS upstream).
     fn log_proxy_error(&self, key: usize, p: &Proxy, msg: &str, addr: Option<&str>) {
         let c = &self.conns[key];
         let srv = &self.http().servers[p.server];
@@ -3577,7 +3577,8 @@ impl<'a> Worker<'a> {
             }
             (Some(a), Some(pass)) => {
                 let uri = shard_http::proxy::upstream_uri(&p.req, self.proxy_location(p), &pass);
-                format!(", upstream: \"http://{a}{uri}\"")
+                let scheme = if pass.tls { "https" } else { "http" };
+                format!(", upstream: \"{scheme}://{a}{uri}\"")
             }
             _ => String::new(),
         };
