@@ -1387,31 +1387,7 @@ impl<'a> Worker<'a> {
                 String::from_utf8_lossy(&uri)
             ));
         }
-        // The subrequest's head: `GET` the URI, with the main request's headers.
-        let mut head = Vec::with_capacity(p.head.len() + uri.len() + 32);
-        head.extend_from_slice(b"GET ");
-        push_target(&mut head, &uri);
-        head.extend_from_slice(b" HTTP/1.1\r\n");
-        let mut storage = shard_http::vars::header_storage();
-        let hs = shard_http::vars::request_headers(&p.head, &mut storage);
-        let mut has_host = false;
-        for h in hs.iter() {
-            if sub_drops(h.name.as_bytes()) {
-                continue;
-            }
-            has_host |= h.name.eq_ignore_ascii_case("host");
-            head.extend_from_slice(h.name.as_bytes());
-            head.extend_from_slice(b": ");
-            head.extend_from_slice(h.value);
-            head.extend_from_slice(b"\r\n");
-        }
-        if !has_host {
-            head.extend_from_slice(b"Host: ");
-            let host = p.req.host.clone().unwrap_or_else(|| self.sub_host(key));
-            head.extend_from_slice(host.as_bytes());
-            head.extend_from_slice(b"\r\n");
-        }
-        head.extend_from_slice(b"\r\n");
+        let head = self.sub_head(key, &uri, &p.head, p.req.host.as_deref());
         let keep = if set.is_some() {
             // `subrequest_output_buffer_size` of the location the subrequest goes to.
             let path = uri.split(|&b| b == b'?').next().unwrap_or(&uri);
@@ -1499,9 +1475,17 @@ impl<'a> Worker<'a> {
     /// `post_action URI`: once the request on `key` is answered, a `GET` of the URI (or
     /// named location) with its headers runs as a subrequest whose answer nobody reads.
     pub(super) fn post_action(&mut self, key: usize, uri: &str, req_head: &[u8]) {
+        let head = self.sub_head(key, uri.as_bytes(), req_head, None);
+        self.start_sub(key, None, head, None, None, None);
+    }
+
+    /// A subrequest's head: `GET` of `uri` with the main request's header lines (`req_head`)
+    /// but those [`sub_drops`] names, and a `Host` when they have none (`host`, else
+    /// [`Worker::sub_host`]).
+    fn sub_head(&self, key: usize, uri: &[u8], req_head: &[u8], host: Option<&str>) -> Vec<u8> {
         let mut head = Vec::with_capacity(req_head.len() + uri.len() + 32);
         head.extend_from_slice(b"GET ");
-        push_target(&mut head, uri.as_bytes());
+        push_target(&mut head, uri);
         head.extend_from_slice(b" HTTP/1.1\r\n");
         let mut storage = shard_http::vars::header_storage();
         let hs = shard_http::vars::request_headers(req_head, &mut storage);
@@ -1515,11 +1499,14 @@ impl<'a> Worker<'a> {
         }
         if !has_host {
             head.extend_from_slice(b"Host: ");
-            head.extend_from_slice(self.sub_host(key).as_bytes());
+            match host {
+                Some(h) => head.extend_from_slice(h.as_bytes()),
+                None => head.extend_from_slice(self.sub_host(key).as_bytes()),
+            }
             head.extend_from_slice(b"\r\n");
         }
         head.extend_from_slice(b"\r\n");
-        self.start_sub(key, None, head, None, None, None);
+        head
     }
 }
 
