@@ -278,6 +278,12 @@ pub fn push_secs(out: &mut Vec<u8>, ms: u64) {
 
 /// The value of `name` among `key=value` pairs separated by `sep` (arguments by `&`, cookies
 /// by `;`), the first one; the name compares without case for arguments, as nginx.
+/// The value of argument `name` in a query string (`$arg_NAME`: names compare without case,
+/// and only `name=...` counts, as nginx's `ngx_http_arg`).
+pub fn arg<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+    find_pair(query, '&', name, true)
+}
+
 fn find_pair<'s>(s: &'s str, sep: char, name: &str, ignore_case: bool) -> Option<&'s str> {
     s.split(sep).find_map(|kv| {
         let kv = kv.trim_start_matches(' ');
@@ -450,11 +456,7 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
             }
         }
         Var::Arg(name) => {
-            if let Some(v) = req
-                .query
-                .as_deref()
-                .and_then(|q| find_pair(q, '&', name, true))
-            {
+            if let Some(v) = req.query.as_deref().and_then(|q| arg(q, name)) {
                 out.extend_from_slice(v.as_bytes());
             }
         }

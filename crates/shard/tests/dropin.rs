@@ -2587,6 +2587,8 @@ fn ssi_as_nginx() {
     for (path, want) in [
         ("/echo.html", "X(none)X".to_string()),
         ("/echo.html?test=", "XX".into()),
+        // A name without `=` is no argument (nginx's `ngx_http_arg`).
+        ("/echo.html?test", "X(none)X".into()),
         ("/echo.html?a=b&test=t&c=d", "XtX".into()),
         ("/inc.html", "XXtestXX".into()),
         (

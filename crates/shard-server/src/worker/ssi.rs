@@ -1205,13 +1205,11 @@ impl<'a> Worker<'a> {
         let mut storage = shard_http::vars::header_storage();
         let hs = shard_http::vars::request_headers(&p.head, &mut storage);
         let found = match &var {
-            shard_config::Var::Arg(n) => p.req.query.as_deref().is_some_and(|q| {
-                q.split('&').any(|kv| {
-                    kv.split('=')
-                        .next()
-                        .is_some_and(|k| k.eq_ignore_ascii_case(n))
-                })
-            }),
+            shard_config::Var::Arg(n) => p
+                .req
+                .query
+                .as_deref()
+                .is_some_and(|q| shard_http::vars::arg(q, n).is_some()),
             shard_config::Var::Http(n) => hs
                 .iter()
                 .any(|h| shard_http::vars::var_names_header(n, h.name)),
