@@ -309,7 +309,8 @@ def raw(kind):
             s.settimeout(2)
     except (BrokenPipeError, ConnectionResetError):
         if kind == "ping":
-            # The reader thread has what there was.
+            # The reader thread has what there was once it ends.
+            goaway.join(15)
             print("goaway", FLOOD_CODE[0] if FLOOD_CODE else "reset")
             return
     buf = b""

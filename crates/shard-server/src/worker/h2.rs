@@ -846,6 +846,10 @@ impl Worker<'_> {
     /// end, and it closes the lingering way, so that the client reads the `GOAWAY`.
     fn h2_fail(&mut self, key: usize, idx: usize, code: u32) -> super::step::Io {
         let s = &mut self.h2[idx];
+        // Frames not yet begun answer streams that end here (or a flood's PING ACKs): the
+        // GOAWAY goes right after the bytes already on their way, and nothing more is read.
+        s.out.clear();
+        s.input = Vec::new();
         s.go_away(code);
         s.closed = true;
         let keys: Vec<usize> = s.streams.keys().copied().collect();
@@ -856,8 +860,21 @@ impl Worker<'_> {
         }
         match self.h2_write(key, idx) {
             super::step::Io::Ready => self.h2_shut(key, idx),
-            // Frames left: closed now rather than waiting on a client that does not read.
-            _ => super::step::Io::Close,
+            super::step::Io::Close => super::step::Io::Close,
+            // Bytes left: closing now would reset the connection and destroy the GOAWAY.
+            // The session writes on (reading nothing) and shuts once they are out, or ends
+            // after `send_timeout` when the client does not take them.
+            super::step::Io::Wait => {
+                let now = self.cx.now_ms;
+                let s = &mut self.h2[idx];
+                if s.stalled_since_ms == 0 {
+                    s.stalled_since_ms = now;
+                }
+                let c = &mut self.conns[key];
+                c.deadline_ms = s.stalled_since_ms + s.send_timeout_ms;
+                self.ensure_registered(key);
+                super::step::Io::Wait
+            }
         }
     }
 
@@ -870,6 +887,7 @@ impl Worker<'_> {
         };
         let s = &self.h2[idx];
         if s.block_since_ms == 0
+            || s.closed
             || s.lingering_until_ms != 0
             || self.cx.now_ms < s.block_since_ms + s.header_timeout_ms
         {
