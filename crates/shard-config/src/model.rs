@@ -2461,8 +2461,12 @@ pub struct ServerConf {
 /// One `ssl_certificate` with the `ssl_certificate_key` of the same rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertPair {
+    /// As written when the pair has variables (then `vars` says how to render it).
     pub certificate: PathBuf,
     pub key: PathBuf,
+    /// `ssl_certificate`/`_key` with variables (in this pair or another of the server's):
+    /// rendered and loaded at each handshake, as nginx 1.15.9+.
+    pub vars: Option<CertVars>,
     /// `ssl_password_file`: passphrases (one per line) tried on an encrypted key.
     pub password_file: Option<PathBuf>,
     /// `ssl_stapling on` with `ssl_stapling_file`: the DER OCSP response stapled.

@@ -2318,7 +2318,21 @@ fn ssl_listens_and_directives_as_nginx() {
         parse(&format!("{EV}http {{ ssl_stapling on; }}")).warnings,
         ["\"ssl_stapling\" staples only an \"ssl_stapling_file\" in shard (OCSP responses are not fetched) in t.conf:2"]
     );
-    assert!(error(&format!("{EV}http {{ ssl_certificate $x.pem; }}")).contains("variables"));
+    // With variables: every pair of the server is rendered at the handshake (a plain path as
+    // a literal), relative to the configuration's directory; an unknown variable is an error.
+    let c = parse(&format!(
+        "{EV}http {{ server {{ ssl_certificate $ssl_server_name.pem; \
+         ssl_certificate_key k.key; }} }}"
+    ));
+    let pair = &c.http.as_ref().unwrap().servers[0].ssl.certificates[0];
+    let v = pair.vars.as_ref().unwrap();
+    assert_eq!(v.raw.0, "$ssl_server_name.pem");
+    assert_eq!(v.raw.1, "/nonexistent-conf/k.key");
+    assert_eq!(v.dir, Path::new("/nonexistent-conf/"));
+    assert!(error(&format!(
+        "{EV}http {{ server {{ ssl_certificate $nx.pem; ssl_certificate_key k; }} }}"
+    ))
+    .contains("unknown \"nx\" variable"));
     // stream: TLS termination in front of a TCP upstream.
     let c = parse(&format!(
         "{EV}stream {{ ssl_protocols TLSv1.3; server {{ listen 127.0.0.1:7443 ssl; \

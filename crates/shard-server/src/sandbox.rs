@@ -71,6 +71,27 @@ impl Plan {
                 }
             }
         }
+        // `ssl_certificate $var`: the worker reads the pairs at each handshake.
+        let servers_ssl = cfg
+            .http
+            .iter()
+            .flat_map(|h| h.servers.iter().map(|s| &s.ssl))
+            .chain(
+                cfg.stream
+                    .iter()
+                    .flat_map(|st| st.servers.iter().map(|s| &s.ssl)),
+            );
+        for ssl in servers_ssl {
+            for pair in &ssl.certificates {
+                if let Some(v) = &pair.vars {
+                    push_once(&mut plan.read, &template_dir(&v.cert, &v.dir));
+                    push_once(&mut plan.read, &template_dir(&v.key, &v.dir));
+                    if let Some(pw) = pair.password_file.as_deref().and_then(Path::parent) {
+                        push_once(&mut plan.read, pw);
+                    }
+                }
+            }
+        }
         if let Some(http) = &cfg.http {
             for s in &http.servers {
                 for l in std::iter::once(&s.base).chain(&s.locations) {

@@ -38,6 +38,10 @@ pub struct TlsContexts {
     pub client_verifiers: Vec<Option<Arc<dyn ClientCertVerifier>>>,
     /// The same per stream server.
     pub stream_verifiers: Vec<Option<Arc<dyn ClientCertVerifier>>>,
+    /// Per entry of `Config::listeners`: a server on it has `ssl_certificate` with
+    /// variables, so the worker renders and loads a pair before the hello is processed
+    /// ([`set_chosen`]).
+    pub dynamic: Vec<bool>,
 }
 
 impl TlsContexts {
@@ -312,7 +316,9 @@ fn build_contexts(
         stream_verifiers.push(client_verifier(&s.ssl, &s.place)?);
     }
     let mut per_listener = Vec::with_capacity(cfg.listeners.len());
+    let mut dynamic = Vec::with_capacity(cfg.listeners.len());
     for l in &cfg.listeners {
+        dynamic.push(l.opts.ssl && listener_dynamic(cfg, l));
         if !l.opts.ssl {
             per_listener.push(None);
             continue;
@@ -343,7 +349,7 @@ fn build_contexts(
         if on_tls(i) || s.ssl.reject_handshake {
             continue;
         }
-        for pair in &s.ssl.certificates {
+        for pair in s.ssl.certificates.iter().filter(|p| p.vars.is_none()) {
             load_pair(
                 &pair.certificate,
                 &pair.key,
@@ -380,7 +386,65 @@ fn build_contexts(
         upstream,
         client_verifiers,
         stream_verifiers,
+        dynamic,
     })
+}
+
+/// Whether a server on `l` has certificates with variables.
+fn listener_dynamic(cfg: &Config, l: &Listener) -> bool {
+    let dynamic = |ssl: &shard_config::SslConf| ssl.certificates.iter().any(|p| p.vars.is_some());
+    match l.kind {
+        ListenerKind::Stream { server } => cfg
+            .stream
+            .as_ref()
+            .and_then(|st| st.servers.get(server))
+            .is_some_and(|s| dynamic(&s.ssl)),
+        _ => cfg
+            .http
+            .as_ref()
+            .is_some_and(|h| l.servers.iter().any(|&i| dynamic(&h.servers[i].ssl))),
+    }
+}
+
+thread_local! {
+    /// The pairs the worker rendered and loaded for the handshake whose records it is about
+    /// to process (`ssl_certificate` with variables); the resolver takes them.
+    static CHOSEN: std::cell::RefCell<Option<Vec<Arc<CertifiedKey>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Before a handshake's records are processed: the pairs of a server whose certificates
+/// have variables, as the worker rendered and loaded them (empty: none could be loaded,
+/// and the handshake fails as nginx's).
+pub fn set_chosen(keys: Option<Vec<Arc<CertifiedKey>>>) {
+    CHOSEN.with(|c| *c.borrow_mut() = keys);
+}
+
+fn take_chosen() -> Option<Vec<Arc<CertifiedKey>>> {
+    CHOSEN.with(|c| c.borrow_mut().take())
+}
+
+/// One pair of `ssl_certificate` with variables, rendered: read as at configuration time
+/// (the worker's user must be able to read it); errors in nginx's words.
+pub fn load_rendered(
+    cert: &Path,
+    key: &Path,
+    password_file: Option<&Path>,
+    place: &shard_config::Place,
+) -> Result<Arc<CertifiedKey>, String> {
+    // Logged at the handshake, where the configuration's place means nothing.
+    let at = format!(" in {}:{}", place.file, place.line);
+    load_pair(cert, key, password_file, None, place)
+        .map_err(|e| e.strip_suffix(&at).map(str::to_string).unwrap_or(e))
+}
+
+/// The first of `keys` the client's signature schemes allow, else the first.
+fn pick(keys: &[Arc<CertifiedKey>], hello: &ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+    let schemes = hello.signature_schemes();
+    keys.iter()
+        .find(|k| k.key.choose_scheme(schemes).is_some())
+        .or_else(|| keys.first())
+        .cloned()
 }
 
 /// The client side of `proxy_pass https://` and stream's `proxy_ssl on`: nginx's
@@ -1003,8 +1067,18 @@ fn listener_config(
     // A server with `ssl_reject_handshake on` keeps none: the resolver then refuses the
     // handshakes that reach it.
     let mut keys: Vec<Vec<Arc<CertifiedKey>>> = vec![Vec::new(); http.servers.len()];
+    let mut dynamic = vec![false; http.servers.len()];
     for &i in &l.servers {
         if http.servers[i].ssl.reject_handshake {
+            continue;
+        }
+        if http.servers[i]
+            .ssl
+            .certificates
+            .iter()
+            .any(|p| p.vars.is_some())
+        {
+            dynamic[i] = true;
             continue;
         }
         for pair in &http.servers[i].ssl.certificates {
@@ -1018,7 +1092,10 @@ fn listener_config(
         }
     }
     let default = &http.servers[l.default_server];
-    if keys[l.default_server].is_empty() && !default.ssl.reject_handshake {
+    if keys[l.default_server].is_empty()
+        && !default.ssl.reject_handshake
+        && !dynamic[l.default_server]
+    {
         return Err(format!(
             "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive in {}:{}",
             l.place.file, l.place.line
@@ -1027,8 +1104,9 @@ fn listener_config(
     // A server with no certificate of its own handshakes in the default server's context,
     // with its certificates (nginx keeps the default's SSL_CTX for such a name).
     for &i in &l.servers {
-        if keys[i].is_empty() && !http.servers[i].ssl.reject_handshake {
+        if keys[i].is_empty() && !http.servers[i].ssl.reject_handshake && !dynamic[i] {
             keys[i] = keys[l.default_server].clone();
+            dynamic[i] = dynamic[l.default_server];
         }
     }
     // Protocols, ciphers, sessions: the default server's, as nginx takes them from the
@@ -1054,12 +1132,14 @@ fn listener_config(
                 ctx.update(c);
             }
         }
+        hash_templates(&mut ctx, &http.servers[i].ssl);
         ctx.update(b"/");
     }
     let context = SessionContext::from(ctx.finish());
     let resolver = SniResolver {
         listener: Arc::new(l.clone()),
         keys,
+        dynamic,
     };
     // A certificate is asked of every client of an address where any server wants one;
     // each server judges it by its own `ssl_verify_client` once the request names it.
@@ -1485,7 +1565,8 @@ fn stream_config(
     ticketer: &Arc<dyn rustls::server::ProducesTickets>,
 ) -> Result<ServerConfig, String> {
     let mut keys = Vec::new();
-    for pair in &s.ssl.certificates {
+    let dynamic = s.ssl.certificates.iter().any(|p| p.vars.is_some());
+    for pair in s.ssl.certificates.iter().filter(|_| !dynamic) {
         keys.push(load_pair(
             &pair.certificate,
             &pair.key,
@@ -1494,7 +1575,7 @@ fn stream_config(
             &pair.place,
         )?);
     }
-    if keys.is_empty() {
+    if keys.is_empty() && !dynamic {
         return Err(format!(
             "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive in {}:{}",
             l.place.file, l.place.line
@@ -1506,6 +1587,7 @@ fn stream_config(
             ctx.update(c);
         }
     }
+    hash_templates(&mut ctx, &s.ssl);
     let context = SessionContext::from(ctx.finish());
     // `ssl_verify_client`: asked for, judged once the handshake is done (the relay closes a
     // session whose certificate fails, as nginx's stream SSL handler).
@@ -1526,7 +1608,7 @@ fn stream_config(
     let mut config = base_config(
         &s.ssl,
         l,
-        Arc::new(FixedResolver { keys }),
+        Arc::new(FixedResolver { keys, dynamic }),
         client_auth,
         ticketer,
         context,
@@ -1541,17 +1623,29 @@ fn stream_config(
 #[derive(Debug)]
 struct FixedResolver {
     keys: Vec<Arc<CertifiedKey>>,
+    /// The certificates have variables: the worker's rendered pairs ([`set_chosen`]).
+    dynamic: bool,
 }
 
 impl ResolvesServerCert for FixedResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         note_hello(&hello);
-        let schemes = hello.signature_schemes();
-        self.keys
-            .iter()
-            .find(|k| k.key.choose_scheme(schemes).is_some())
-            .or_else(|| self.keys.first())
-            .cloned()
+        if self.dynamic {
+            return pick(&take_chosen()?, &hello);
+        }
+        pick(&self.keys, &hello)
+    }
+}
+
+/// A server's certificate templates in its session context: sessions resume between
+/// servers whose templates (and so whose rendered pairs) are the same, as nginx's session
+/// ID context of complex values.
+fn hash_templates(ctx: &mut ring::digest::Context, ssl: &shard_config::SslConf) {
+    for v in ssl.certificates.iter().filter_map(|p| p.vars.as_ref()) {
+        ctx.update(v.raw.0.as_bytes());
+        ctx.update(b"\0");
+        ctx.update(v.raw.1.as_bytes());
+        ctx.update(b"\0");
     }
 }
 
@@ -1740,6 +1834,9 @@ struct SniResolver {
     listener: Arc<Listener>,
     /// Per server (index into `HttpConf::servers`): its certificates, in order.
     keys: Vec<Vec<Arc<CertifiedKey>>>,
+    /// Per server: its certificates have variables (the worker's rendered pairs,
+    /// [`set_chosen`]).
+    dynamic: Vec<bool>,
 }
 
 impl std::fmt::Debug for SniResolver {
@@ -1753,12 +1850,11 @@ impl ResolvesServerCert for SniResolver {
         note_hello(&hello);
         let name = hello.server_name().map(str::to_ascii_lowercase);
         let server = shard_http::route::select_server(&self.listener, name.as_deref());
+        if self.dynamic.get(server).copied().unwrap_or(false) {
+            return pick(&take_chosen()?, &hello);
+        }
         let keys = self.keys.get(server).filter(|k| !k.is_empty())?;
-        let schemes = hello.signature_schemes();
-        keys.iter()
-            .find(|k| k.key.choose_scheme(schemes).is_some())
-            .or_else(|| keys.first())
-            .cloned()
+        pick(keys, &hello)
     }
 }
 

@@ -2935,3 +2935,91 @@ fn stream_ssl_verify_client_judges_the_certificate() {
     });
     assert!(log.contains("[info]"), "{log}");
 }
+
+/// `ssl_certificate` with variables (nginx 1.15.9+): the pair is rendered and loaded at each
+/// handshake, with `$ssl_server_name`, maps and geo; a pair that cannot be loaded fails the
+/// handshake with nginx's log line; servers with the same templates share sessions. In http
+/// and in stream.
+#[test]
+fn certificates_with_variables_are_loaded_per_handshake() {
+    let dir = temp_dir("tls-cert-vars").keep();
+    let p = pki(&dir, &["a.test", "b.test", "c.test"]);
+    let d = dir.join("conf");
+    let conf = format!(
+        "error_log logs/error.log info;\n\
+         events {{ }}\n\
+         http {{\n\
+         map $ssl_server_name $pair {{ default a.test; c.test c.test; }}\n\
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n\
+         server {{\n\
+           listen 127.0.0.1:{{port1}} ssl;\n\
+           ssl_certificate {d}/$ssl_server_name.pem;\n\
+           ssl_certificate_key {d}/$ssl_server_name.key;\n\
+           location / {{ return 200 \"sni=$ssl_server_name reused=$ssl_session_reused\"; }}\n\
+         }}\n\
+         server {{\n\
+           listen 127.0.0.1:{{port2}} ssl;\n\
+           ssl_certificate {d}/$pair.pem;\n\
+           ssl_certificate_key {d}/$pair.key;\n\
+           location / {{ return 200 \"map=$pair\"; }}\n\
+         }}\n\
+         }}\n\
+         stream {{\n\
+         geo $one {{ default a.test; }}\n\
+         server {{ listen 127.0.0.1:{{port3}} ssl;\n\
+           ssl_certificate {d}/$one.pem; ssl_certificate_key {d}/$one.key;\n\
+           return \"stream $ssl_server_name $ssl_session_reused\"; }}\n\
+         server {{ listen 127.0.0.1:{{port4}} ssl;\n\
+           ssl_certificate {d}/$ssl_server_name.pem; ssl_certificate_key {d}/$ssl_server_name.key;\n\
+           return \"stream sni $ssl_server_name\"; }}\n\
+         }}\n",
+        d = d.display()
+    );
+    let s = Server::start_ports("tls-cert-vars-run", &conf, 1, 4);
+    let addr = |i: usize| SocketAddr::from(([127, 0, 0, 1], s.ports[i]));
+    let cfg = client_config(&p.ca, &[&rustls::version::TLS13, &rustls::version::TLS12]);
+    let leaf = |name: &str| p.leaves.iter().find(|(n, _)| n == name).unwrap().1.clone();
+    // Each name gets its own pair: the client verifies the name against the certificate.
+    for name in ["a.test", "b.test"] {
+        let mut c = connect_tls(addr(0), name, &cfg).unwrap();
+        assert_eq!(c.conn.peer_certificates().unwrap()[0], leaf(name));
+        let (status, _, body) = request(&mut c, name, "/");
+        assert_eq!(status, 200);
+        assert_eq!(body, format!("sni={name} reused=.").as_bytes());
+    }
+    // A name with no files: the handshake fails, and the log says why.
+    assert!(connect_tls(addr(0), "nx.test", &cfg).is_err());
+    wait_for(TIMEOUT, "the load failure logged", || {
+        error_log(&s)
+            .contains(&format!(
+                "cannot load certificate key \"{}/nx.test.key\"",
+                d.display()
+            ))
+            .then_some(())
+    });
+    // Through a map.
+    let mut c = connect_tls(addr(1), "c.test", &cfg).unwrap();
+    assert_eq!(c.conn.peer_certificates().unwrap()[0], leaf("c.test"));
+    assert_eq!(request(&mut c, "c.test", "/").2, b"map=c.test");
+    let c = connect_tls(addr(1), "a.test", &cfg).unwrap();
+    assert_eq!(c.conn.peer_certificates().unwrap()[0], leaf("a.test"));
+    // A session resumes on the same templates.
+    let mut c = connect_tls(addr(0), "a.test", &cfg).unwrap();
+    let _ = request(&mut c, "a.test", "/");
+    let mut c = connect_tls(addr(0), "a.test", &cfg).unwrap();
+    assert_eq!(request(&mut c, "a.test", "/").2, b"sni=a.test reused=r");
+    // Stream: geo, and the SNI.
+    let read = |i: usize, name: &str| -> String {
+        let Ok(mut c) = connect_tls(addr(i), name, &cfg) else {
+            return String::new();
+        };
+        let mut got = String::new();
+        let _ = c.read_to_string(&mut got);
+        got
+    };
+    assert_eq!(read(2, "a.test"), "stream a.test .");
+    assert_eq!(read(3, "b.test"), "stream sni b.test");
+    assert_eq!(read(3, "nx.test"), "");
+    let log = error_log(&s);
+    assert!(!log.contains("panicked"), "{log}");
+}

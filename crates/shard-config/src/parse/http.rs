@@ -9,8 +9,10 @@ use super::*;
 /// `ssl_certificate_key`) replaces its parent's list, as nginx's array directives.
 #[derive(Default, Clone)]
 pub(super) struct SslP {
-    pub(super) certificates: Option<Vec<(PathBuf, Place)>>,
-    pub(super) keys: Option<Vec<(PathBuf, Place)>>,
+    pub(super) certificates: Option<Vec<SslPath>>,
+    pub(super) keys: Option<Vec<SslPath>>,
+    /// The configuration's directory, where certificate templates are relative to.
+    pub(super) conf_dir: Option<PathBuf>,
     pub(super) protocols: Option<Vec<String>>,
     pub(super) ciphers: Option<String>,
     pub(super) prefer_server_ciphers: Option<bool>,
@@ -36,9 +38,19 @@ pub(super) struct SslP {
 /// until a server pairs them (`finish_server`).
 #[derive(Default, Clone)]
 pub(super) struct SslEff {
-    pub(super) certificates: Vec<(PathBuf, Place)>,
-    pub(super) keys: Vec<(PathBuf, Place)>,
+    pub(super) certificates: Vec<SslPath>,
+    pub(super) keys: Vec<SslPath>,
+    pub(super) conf_dir: PathBuf,
     pub(super) conf: SslConf,
+}
+
+/// One `ssl_certificate` or `ssl_certificate_key`: the path (as written when it has
+/// variables), where it was written, and its template when it has variables.
+#[derive(Clone)]
+pub(super) struct SslPath {
+    pub(super) path: PathBuf,
+    pub(super) place: Place,
+    pub(super) tpl: Option<(String, Vec<Part>)>,
 }
 
 impl SslEff {
@@ -49,6 +61,7 @@ impl SslEff {
                 .clone()
                 .unwrap_or_else(|| self.certificates.clone()),
             keys: p.keys.clone().unwrap_or_else(|| self.keys.clone()),
+            conf_dir: p.conf_dir.clone().unwrap_or_else(|| self.conf_dir.clone()),
             conf: SslConf {
                 certificates: Vec::new(),
                 protocols: p
@@ -109,17 +122,43 @@ impl SslEff {
     /// `ssl_certificate_key` of the same rank.
     pub(super) fn pairs(&self) -> Result<Vec<CertPair>, ConfigError> {
         let mut out = Vec::new();
-        for (i, (cert, place)) in self.certificates.iter().enumerate() {
-            let Some((key, _)) = self.keys.get(i) else {
+        // With variables in any of them, every pair is loaded at the handshake (nginx
+        // compiles them all as complex values then), the plain paths as literals.
+        let dynamic = self
+            .certificates
+            .iter()
+            .chain(&self.keys)
+            .any(|p| p.tpl.is_some());
+        let side = |p: &SslPath| match &p.tpl {
+            Some((raw, parts)) => (raw.clone(), parts.clone()),
+            None => {
+                let s = p.path.display().to_string();
+                (s.clone(), vec![Part::Lit(s)])
+            }
+        };
+        for (i, cert) in self.certificates.iter().enumerate() {
+            let place = &cert.place;
+            let Some(key) = self.keys.get(i) else {
                 return Err(ConfigError::new(format!(
                     "no \"ssl_certificate_key\" is defined for certificate \"{}\" in {}",
-                    cert.display(),
+                    cert.path.display(),
                     where_(&place.file, place.line)
                 )));
             };
+            let vars = dynamic.then(|| {
+                let (cr, cparts) = side(cert);
+                let (kr, kparts) = side(key);
+                CertVars {
+                    raw: (cr, kr),
+                    cert: cparts,
+                    key: kparts,
+                    dir: self.conf_dir.clone(),
+                }
+            });
             out.push(CertPair {
-                certificate: cert.clone(),
-                key: key.clone(),
+                certificate: cert.path.clone(),
+                key: key.path.clone(),
+                vars,
                 password_file: self.conf.password_file.clone(),
                 stapling_file: self
                     .conf
@@ -4488,21 +4527,42 @@ pub(super) fn parse_next_upstream(d: &Directive, file: &str) -> Result<NextUpstr
 /// `ssl_certificate FILE` (repeatable: one per key type). Relative to the configuration's
 /// directory, as nginx's; variables (nginx's per-SNI loading) are refused.
 pub(super) fn set_ssl_certificate(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    ssl_path(env, &mut s.ssl.certificates, d, file)
+    apply_ssl_path(env, &mut s.ssl, d, file, &mut |name| {
+        variable(d, file, name)
+    })
 }
 
 pub(super) fn set_ssl_certificate_key(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    ssl_path(env, &mut s.ssl.keys, d, file)
+    apply_ssl_path(env, &mut s.ssl, d, file, &mut |name| {
+        variable(d, file, name)
+    })
 }
 
-fn ssl_path(env: &Env, list: &mut Option<Vec<(PathBuf, Place)>>, d: &Directive, file: &str) -> R {
+/// `ssl_certificate` or `ssl_certificate_key` into `p`, variables named as `var` knows them
+/// (http's or stream's). With variables (nginx 1.15.9+) the path is a template the worker
+/// renders at each handshake, relative to the configuration's directory.
+pub(super) fn apply_ssl_path(
+    env: &Env,
+    p: &mut SslP,
+    d: &Directive,
+    file: &str,
+    var: &mut dyn FnMut(&str) -> Result<Var, ConfigError>,
+) -> R {
     let v = a0(d);
     if has_variables(v) {
-        return Err(derr(
-            d,
-            file,
-            format!("variables in \"{}\" are not supported", d.name),
-        ));
+        let parts = parse_value_with(d, file, v, var)?;
+        p.conf_dir = Some(env.resolve_conf(""));
+        let list = if d.name.ends_with("_key") {
+            &mut p.keys
+        } else {
+            &mut p.certificates
+        };
+        list.get_or_insert_with(Vec::new).push(SslPath {
+            path: PathBuf::from(v),
+            place: place(d, file),
+            tpl: Some((v.to_string(), parts)),
+        });
+        return Ok(());
     }
     if v.starts_with("data:") || v.starts_with("engine:") {
         return Err(derr(
@@ -4514,8 +4574,16 @@ fn ssl_path(env: &Env, list: &mut Option<Vec<(PathBuf, Place)>>, d: &Directive, 
             ),
         ));
     }
-    list.get_or_insert_with(Vec::new)
-        .push((env.resolve_conf(v), place(d, file)));
+    let list = if d.name.ends_with("_key") {
+        &mut p.keys
+    } else {
+        &mut p.certificates
+    };
+    list.get_or_insert_with(Vec::new).push(SslPath {
+        path: env.resolve_conf(v),
+        place: place(d, file),
+        tpl: None,
+    });
     Ok(())
 }
 
@@ -4625,7 +4693,19 @@ pub(super) fn set_ssl_session_ticket_key(
     d: &Directive,
     file: &str,
 ) -> R {
-    ssl_path(env, &mut s.ssl.session_ticket_keys, d, file)
+    let v = a0(d);
+    if has_variables(v) {
+        return Err(derr(
+            d,
+            file,
+            format!("variables in \"{}\" are not supported", d.name),
+        ));
+    }
+    s.ssl
+        .session_ticket_keys
+        .get_or_insert_with(Vec::new)
+        .push((env.resolve_conf(v), place(d, file)));
+    Ok(())
 }
 
 pub(super) fn set_ssl_session_tickets(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {

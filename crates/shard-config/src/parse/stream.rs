@@ -837,6 +837,11 @@ pub(super) fn finish_stream(
 /// Every `ssl_*` directive of a stream block: the http module's rules on the stream's
 /// settings.
 pub(super) fn stream_ssl(env: &Env, s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    if d.name == "ssl_certificate" || d.name == "ssl_certificate_key" {
+        return super::http::apply_ssl_path(env, &mut s.ssl, d, file, &mut |name| {
+            stream_variable(d, file, name)
+        });
+    }
     super::http::apply_ssl(env, &mut s.ssl, d, file)
 }
 

@@ -281,7 +281,10 @@ impl Worker<'_> {
             let conf_idx = l.conf_idx;
             let tls = match self.tls.get(conf_idx).map(super::tls::TlsConn::new) {
                 None => None,
-                Some(Ok(t)) => Some(Box::new(t)),
+                Some(Ok(mut t)) => {
+                    t.cert_pending = self.tls.dynamic.get(conf_idx).copied().unwrap_or(false);
+                    Some(Box::new(t))
+                }
                 Some(Err(e)) => {
                     crate::log!(Alert, "cannot start TLS ({e})");
                     WorkerSlot::drop_one(&self.cx.slot.active);

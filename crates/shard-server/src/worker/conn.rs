@@ -1716,6 +1716,11 @@ impl<'a> Worker<'a> {
             self.ensure_registered(key);
             return Io::Wait;
         }
+        if self.conns[key].tls.as_ref().is_some_and(|t| t.cert_pending) {
+            if let Some(io) = self.tls_render_certs(key) {
+                return io;
+            }
+        }
         let limit = {
             let l = self.limits(self.conns[key].listener);
             (l.large_buffers * l.large_buffer_size).max(READ_BUFFER_BYTES)
@@ -1739,6 +1744,87 @@ impl<'a> Worker<'a> {
             }
             Read::Closed => Io::Close,
         }
+    }
+
+    /// `ssl_certificate` with variables: peeks at the client's hello, picks the server its
+    /// SNI names, renders and loads that server's pairs (in a request-less context: the
+    /// connection's variables, `$ssl_server_name`, maps and geo), and leaves them for the
+    /// resolver. A pair that cannot be loaded is logged as nginx's and fails the handshake.
+    /// `Some` when the hello is not whole yet.
+    fn tls_render_certs(&mut self, key: usize) -> Option<Io> {
+        use super::tls::Peek;
+        let fd = self.conns[key].raw_fd();
+        let sni = match super::tls::peek_hello(fd) {
+            Peek::Wait => {
+                self.conns[key].readable = false;
+                self.ensure_registered(key);
+                return Some(Io::Wait);
+            }
+            Peek::Other => {
+                if let Some(t) = self.conns[key].tls.as_mut() {
+                    t.cert_pending = false;
+                }
+                return None;
+            }
+            Peek::Hello(sni) => sni,
+        };
+        let http = self.http();
+        let listener = &self.cx.cfg.listeners[self.conns[key].listener];
+        let lower = sni.to_ascii_lowercase();
+        let server = shard_http::route::select_server(
+            listener,
+            Some(&lower).filter(|s| !s.is_empty()).map(|s| s.as_str()),
+        );
+        let c = &mut self.conns[key];
+        let t = c.tls.as_mut()?;
+        t.peeked(sni);
+        let srv = http.servers.get(server)?;
+        if !srv.ssl.certificates.iter().any(|p| p.vars.is_some()) {
+            return None;
+        }
+        // The variables read the connection's request slot: a bare one, as nginx's fake
+        // request of the certificate callback.
+        let temp = c.req.is_none();
+        if temp {
+            let mut r = Req::fallback();
+            r.client = c.peer;
+            r.server = server;
+            c.req = Some(Box::new(r));
+        }
+        let req = shard_http::request::Request::unparsed(b"");
+        let mut keys = Vec::new();
+        for pair in &srv.ssl.certificates {
+            let Some(v) = pair.vars.as_ref() else {
+                continue;
+            };
+            let cert = v.dir.join(self.render(key, &req, b"", &srv.base, &v.cert));
+            let key_path = v.dir.join(self.render(key, &req, b"", &srv.base, &v.key));
+            match crate::tls::load_rendered(
+                &cert,
+                &key_path,
+                pair.password_file.as_deref(),
+                &pair.place,
+            ) {
+                Ok(k) => keys.push(k),
+                Err(e) => {
+                    crate::log!(
+                        Error,
+                        "{e} while SSL handshaking{}",
+                        self.log_context(key, None)
+                    );
+                    keys.clear();
+                    break;
+                }
+            }
+        }
+        let c = &mut self.conns[key];
+        if temp {
+            c.req = None;
+        }
+        if let Some(t) = c.tls.as_mut() {
+            t.chosen = Some(keys);
+        }
+        None
     }
 
     /// Reads body bytes of a `Content-Length` body straight into `sink`, at most `room`, when the

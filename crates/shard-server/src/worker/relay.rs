@@ -881,6 +881,15 @@ impl<'a> Worker<'a> {
 
     /// Drives a TLS client's handshake; connects to the upstream when it is done.
     fn handshake(&mut self, key: usize) -> Io {
+        if self.relays[key]
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.cert_pending)
+        {
+            if let Some(io) = self.stream_render_certs(key) {
+                return io;
+            }
+        }
         let r = &mut self.relays[key];
         let fd = r.client.raw();
         let Some(t) = r.tls.as_mut() else {
@@ -1082,8 +1091,70 @@ impl<'a> Worker<'a> {
         );
     }
 
-    /// Drops the failed upstream socket (if any) and connects to the next peer; `Close` when
-    /// no peer is left.
+    /// `ssl_certificate` with variables in a stream server: peeks at the hello, renders and
+    /// loads the pairs with the session's variables (`$ssl_server_name` the peeked SNI), and
+    /// leaves them for the resolver; a pair that cannot be loaded fails the handshake.
+    /// `Some` when the hello is not whole yet.
+    fn stream_render_certs(&mut self, key: usize) -> Option<Io> {
+        use super::tls::Peek;
+        let r = &mut self.relays[key];
+        if !r.client.e.readable {
+            return Some(Io::Wait);
+        }
+        let sni = match super::tls::peek_hello(r.client.raw()) {
+            Peek::Wait => {
+                r.client.e.readable = false;
+                return Some(Io::Wait);
+            }
+            Peek::Other => {
+                r.tls.as_mut()?.cert_pending = false;
+                return None;
+            }
+            Peek::Hello(sni) => sni,
+        };
+        r.tls.as_mut()?.peeked(sni);
+        let server = r.server;
+        // The session's TLS variables are shown while the pairs render (only the SNI has a
+        // value yet).
+        r.handshaking = false;
+        let srv = self.stream_server(server);
+        let mut keys = Vec::new();
+        for pair in &srv.ssl.certificates {
+            let Some(v) = pair.vars.as_ref() else {
+                continue;
+            };
+            let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+            let cert = v.dir.join(text(self.render_session(key, &v.cert)));
+            let key_path = v.dir.join(text(self.render_session(key, &v.key)));
+            let loaded = crate::tls::load_rendered(
+                &cert,
+                &key_path,
+                pair.password_file.as_deref(),
+                &pair.place,
+            );
+            match loaded {
+                Ok(k) => keys.push(k),
+                Err(e) => {
+                    let r = &self.relays[key];
+                    crate::log!(
+                        Error,
+                        "{e} while SSL handshaking, client: {}, server: {}",
+                        r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
+                        r.listen
+                    );
+                    keys.clear();
+                    break;
+                }
+            }
+        }
+        let r = &mut self.relays[key];
+        r.handshaking = true;
+        if let Some(t) = r.tls.as_mut() {
+            t.chosen = Some(keys);
+        }
+        None
+    }
+
     /// A value with the stream's variables, for relay `key`.
     fn render_session(&self, key: usize, parts: &[shard_config::Part]) -> Vec<u8> {
         let mut v = Vec::new();

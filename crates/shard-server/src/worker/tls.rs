@@ -57,6 +57,47 @@ pub(in crate::worker) struct TlsConn {
     /// for `$ssl_session_id`.
     session_id: Option<[u8; crate::tls::SESSION_ID_LEN]>,
     session_hex: String,
+    /// A server of the listener has `ssl_certificate` with variables and the pair for this
+    /// handshake is not rendered yet: the worker peeks at the hello first
+    /// ([`peek_hello`]), then sets `chosen`.
+    pub(in crate::worker) cert_pending: bool,
+    /// The rendered pairs for this handshake (given to the resolver at each handshake step).
+    pub(in crate::worker) chosen: Option<Vec<Arc<rustls::sign::CertifiedKey>>>,
+    /// The SNI name of the peeked hello, for `$ssl_server_name` while the pair is rendered.
+    sni_hint: Option<String>,
+}
+
+/// What the first bytes of a TLS connection say, peeked without reading them.
+pub(in crate::worker) enum Peek {
+    /// A whole ClientHello, and its SNI name ("" without one).
+    Hello(String),
+    /// Not all of it yet: wait for more.
+    Wait,
+    /// Not a hello, or the end of the stream: the handshake goes on as it would.
+    Other,
+}
+
+/// Peeks at the socket for the connection's ClientHello ([`TlsConn::cert_pending`]).
+pub(in crate::worker) fn peek_hello(fd: RawFd) -> Peek {
+    let mut buf = vec![0u8; FIRST_BYTES_MAX];
+    // SAFETY: `buf` is a live buffer of its length; MSG_PEEK leaves the bytes queued.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Peek::Wait,
+            _ => Peek::Other,
+        };
+    }
+    let n = n as usize;
+    if n == 0 {
+        return Peek::Other;
+    }
+    match crate::preread::parse(&buf[..n]) {
+        crate::preread::Preread::Hello(h) => Peek::Hello(h.server_name),
+        crate::preread::Preread::Partial if n < buf.len() => Peek::Wait,
+        _ => Peek::Other,
+    }
 }
 
 /// What [`read_into`] found besides plaintext.
@@ -87,6 +128,9 @@ impl TlsConn {
             offered: None,
             session_id: None,
             session_hex: String::new(),
+            cert_pending: false,
+            chosen: None,
+            sni_hint: None,
         })
     }
 
@@ -121,9 +165,18 @@ impl TlsConn {
         })
     }
 
-    /// `$ssl_server_name`: the SNI the client sent.
+    /// `$ssl_server_name`: the SNI the client sent (the peeked one before the hello is
+    /// processed).
     pub(in crate::worker) fn server_name(&self) -> Option<&str> {
-        self.conn.server_name()
+        self.conn
+            .server_name()
+            .or(self.sni_hint.as_deref().filter(|s| !s.is_empty()))
+    }
+
+    /// The hello was peeked ([`peek_hello`]): its SNI name, for rendering the pair.
+    pub(in crate::worker) fn peeked(&mut self, sni: String) {
+        self.cert_pending = false;
+        self.sni_hint = Some(sni);
     }
 
     /// `$ssl_session_reused`.
@@ -184,6 +237,9 @@ impl TlsConn {
     /// entries made meanwhile.
     fn before_handshake_step(&self) {
         crate::tls::SessionIds::set_current(self.session_id);
+        if self.chosen.is_some() {
+            crate::tls::set_chosen(self.chosen.clone());
+        }
     }
 
     /// The client certificate as `server` judged it, if a request to it did.
@@ -386,6 +442,9 @@ pub(in crate::worker) fn read_into(
                 }
                 let processed = t.conn.process_new_packets();
                 if let Some(t0) = timed {
+                    if t.chosen.is_some() {
+                        crate::tls::set_chosen(None);
+                    }
                     t.handshake_ns += t0.elapsed().as_nanos() as u64;
                     t.handshake_steps = t.handshake_steps.wrapping_add(1);
                     t.after_handshake_step();
