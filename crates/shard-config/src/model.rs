@@ -2189,6 +2189,9 @@ pub struct ProxySsl {
     /// `proxy_ssl_name NAME`: the name verified and sent as SNI; `None` is the `proxy_pass`
     /// host (`$proxy_host` without its port), nginx's default.
     pub name: Option<String>,
+    /// The same with variables: rendered per request (per session in stream), its port
+    /// dropped as nginx drops it.
+    pub name_vars: Option<NameTpl>,
     /// `proxy_ssl_session_reuse on|off`. Default on.
     pub session_reuse: bool,
     /// `proxy_ssl_protocols`, nginx's names. Default `TLSv1 TLSv1.1 TLSv1.2 TLSv1.3`.
@@ -2214,6 +2217,7 @@ impl Default for ProxySsl {
             crl: None,
             server_name: false,
             name: None,
+            name_vars: None,
             session_reuse: true,
             protocols: ["TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"]
                 .map(String::from)
@@ -2225,6 +2229,28 @@ impl Default for ProxySsl {
             password_file: None,
             conf_commands: Vec::new(),
         }
+    }
+}
+
+/// A value with variables (`proxy_ssl_name`): as written, which two configurations compare
+/// by, and parsed.
+#[derive(Debug, Clone)]
+pub struct NameTpl {
+    pub raw: String,
+    pub parts: Vec<Part>,
+}
+
+impl PartialEq for NameTpl {
+    fn eq(&self, o: &NameTpl) -> bool {
+        self.raw == o.raw
+    }
+}
+
+impl Eq for NameTpl {}
+
+impl std::hash::Hash for NameTpl {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.raw.hash(h);
     }
 }
 

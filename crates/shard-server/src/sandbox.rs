@@ -81,6 +81,20 @@ impl Plan {
                     .iter()
                     .flat_map(|st| st.servers.iter().map(|s| &s.ssl)),
             );
+        // Stream's `proxy_ssl_certificate $var`: read per session.
+        for ssl in cfg
+            .stream
+            .iter()
+            .flat_map(|st| st.servers.iter().filter_map(|s| s.proxy_ssl.as_ref()))
+        {
+            if let Some(v) = &ssl.certificate_vars {
+                push_once(&mut plan.read, &template_dir(&v.cert, &v.dir));
+                push_once(&mut plan.read, &template_dir(&v.key, &v.dir));
+                if let Some(pw) = ssl.password_file.as_deref().and_then(Path::parent) {
+                    push_once(&mut plan.read, pw);
+                }
+            }
+        }
         for ssl in servers_ssl {
             for pair in &ssl.certificates {
                 if let Some(v) = &pair.vars {

@@ -1087,7 +1087,7 @@ fn proxy_ssl_mistakes_fail_the_test_as_nginx() {
             "proxy_ssl_protocols TLSv1;",
             "names no protocol shard speaks",
         ),
-        ("proxy_ssl_name $host;", "variables in \"proxy_ssl_name\""),
+        ("proxy_ssl_name $nx_var;", "unknown \"nx_var\" variable"),
         (
             "} ssl_session_cache shared:Z:2m; } server { listen 127.0.0.1:2; \
              ssl_session_cache shared:Z:1m; location /a {",
@@ -1154,6 +1154,10 @@ fn stream_proxy_ssl_speaks_tls_to_the_upstream() {
          proxy_half_close on;\n\
          server {{ listen 127.0.0.1:{{port6}}; proxy_pass 127.0.0.1:{{port5}}; proxy_protocol on; }}\n\
          server {{ listen 127.0.0.1:{{port2}}; proxy_pass 127.0.0.1:{{port1}}; }}\n\
+         server {{ listen 127.0.0.1:{{port7}}; proxy_pass 127.0.0.1:{{port1}};\n\
+                  proxy_ssl_server_name on; proxy_ssl_name x${{server_port}}x; }}\n\
+         server {{ listen 127.0.0.1:{{port8}}; proxy_pass 127.0.0.1:{{port1}};\n\
+                  proxy_ssl_server_name on; proxy_ssl_name a.test:123; }}\n\
          server {{ listen 127.0.0.1:{{port3}}; proxy_pass 127.0.0.1:{{port1}};\n\
                   proxy_ssl_server_name on; proxy_ssl_name a.test; }}\n\
          server {{ listen 127.0.0.1:{{port4}}; proxy_pass 127.0.0.1:{{port1}};\n\
@@ -1165,7 +1169,7 @@ fn stream_proxy_ssl_speaks_tls_to_the_upstream() {
         ca = ca.display(),
         echo = echo.addr(),
     );
-    let s = Server::start_ports("tls-stream-up", &text, 1, 6);
+    let s = Server::start_ports("tls-stream-up", &text, 1, 8);
     let at = |i: usize| SocketAddr::from(([127, 0, 0, 1], s.ports[i]));
     let sni = |addr| {
         raw(
@@ -1179,6 +1183,9 @@ fn stream_proxy_ssl_speaks_tls_to_the_upstream() {
     // handshake (nginx's stream_proxy_protocol_ssl.t).
     assert_eq!(sni(at(5)), "pp=127.0.0.1");
     assert_eq!(sni(at(2)), "sni=a.test");
+    // `proxy_ssl_name` with variables, rendered per session; a port in the name is dropped.
+    assert_eq!(sni(at(6)), format!("sni=x{}x", s.ports[6]));
+    assert_eq!(sni(at(7)), "sni=a.test");
     // 1 MiB up and back; the client's FIN after the request reaches the upstream as
     // close_notify and FIN, and the answer still comes back.
     let body: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 253) as u8).collect();
@@ -2340,10 +2347,14 @@ fn version_1_certificates_as_openssl_takes_them() {
            ssl_certificate {d}/server.pem; ssl_certificate_key {d}/server.key;\n\
            ssl_verify_client optional_no_ca; ssl_client_certificate {d}/ca.pem;\n\
            location / {{ return 200 \"$ssl_client_verify|$ssl_client_s_dn|$ssl_client_i_dn|$ssl_client_serial\"; }} }}\n\
-         }}\n",
+         }}\n\
+         stream {{ map $server_port $c {{ default client; }}\n\
+           server {{ listen 127.0.0.1:{{port2}}; proxy_pass 127.0.0.1:{{port1}}; proxy_ssl on;\n\
+             proxy_ssl_server_name on; proxy_ssl_name v1.test:443;\n\
+             proxy_ssl_certificate {d}/$c.pem; proxy_ssl_certificate_key {d}/$c.key; }} }}\n",
         d = conf.display()
     );
-    let s = Server::start_ports("tls-v1", &text, 1, 1);
+    let s = Server::start_ports("tls-v1", &text, 1, 2);
     let port = s.ports[0];
     let curl = |cert: &str, tls: &str| {
         let out = std::process::Command::new("curl")
@@ -2397,6 +2408,16 @@ fn version_1_certificates_as_openssl_takes_them() {
     let r = get(s.addr(), "/vars/?c=stranger");
     assert!(r.body_str().starts_with("FAILED"), "{}", r.body_str());
     assert_eq!(get(s.addr(), "/none/").body_str(), "NONE|||");
+    // In stream too, rendered per session with the session's variables.
+    let r = raw(
+        SocketAddr::from(([127, 0, 0, 1], s.ports[1])),
+        b"GET / HTTP/1.0\r\nHost: v1.test\r\n\r\n",
+    );
+    assert!(
+        r.body_str().starts_with("SUCCESS|CN=client v1"),
+        "{}",
+        r.body_str()
+    );
     assert_eq!(get(s.addr(), "/vars/?c=missing").status, 500);
     let log = error_log(&s);
     assert!(log.contains("cannot load certificate"), "{log}");

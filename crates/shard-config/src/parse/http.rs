@@ -393,6 +393,8 @@ pub(super) struct ProxySslP {
     pub(super) server_name: Option<bool>,
     /// Empty: `$proxy_host`, the default.
     pub(super) name: Option<String>,
+    /// Set with `name` when it has variables.
+    pub(super) name_vars: Option<NameTpl>,
     pub(super) session_reuse: Option<bool>,
     pub(super) protocols: Option<Vec<String>>,
     pub(super) ciphers: Option<String>,
@@ -421,6 +423,10 @@ impl ProxySslP {
                 Some(n) if n.is_empty() => None,
                 Some(n) => Some(n.clone()),
                 None => p.name.clone(),
+            },
+            name_vars: match &self.name {
+                Some(_) => self.name_vars.clone(),
+                None => p.name_vars.clone(),
             },
             session_reuse: self.session_reuse.unwrap_or(p.session_reuse),
             protocols: self
@@ -496,6 +502,10 @@ impl ProxySslP {
             crl: self.crl.clone().or_else(|| parent.crl.clone()),
             server_name: self.server_name.or(parent.server_name),
             name: self.name.clone().or_else(|| parent.name.clone()),
+            name_vars: match &self.name {
+                Some(_) => self.name_vars.clone(),
+                None => parent.name_vars.clone(),
+            },
             session_reuse: self.session_reuse.or(parent.session_reuse),
             protocols: self.protocols.clone().or_else(|| parent.protocols.clone()),
             ciphers: self.ciphers.clone().or_else(|| parent.ciphers.clone()),
@@ -4203,11 +4213,20 @@ pub(super) fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, Confi
 
 /// Every `proxy_ssl_*` directive of http (`proxy_pass https://`).
 pub(super) fn set_proxy_ssl(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    apply_proxy_ssl(env, &mut s.proxy.ssl, d, file)
+    apply_proxy_ssl(env, &mut s.proxy.ssl, d, file, &mut |name| {
+        variable(d, file, name)
+    })
 }
 
-/// One `proxy_ssl_*` directive, http's or stream's, by its name.
-pub(super) fn apply_proxy_ssl(env: &Env, p: &mut ProxySslP, d: &Directive, file: &str) -> R {
+/// One `proxy_ssl_*` directive, http's or stream's, by its name; variables named as `var`
+/// knows them.
+pub(super) fn apply_proxy_ssl(
+    env: &Env,
+    p: &mut ProxySslP,
+    d: &Directive,
+    file: &str,
+    var: &mut dyn FnMut(&str) -> Result<Var, ConfigError>,
+) -> R {
     let v = a0(d);
     match d.name.as_str() {
         "proxy_ssl" => once(&mut p.enabled, flag(d, file, v)?, d, file),
@@ -4215,19 +4234,19 @@ pub(super) fn apply_proxy_ssl(env: &Env, p: &mut ProxySslP, d: &Directive, file:
         "proxy_ssl_server_name" => once(&mut p.server_name, flag(d, file, v)?, d, file),
         "proxy_ssl_session_reuse" => once(&mut p.session_reuse, flag(d, file, v)?, d, file),
         "proxy_ssl_name" => {
-            // nginx allows variables here; shard the default's one, `$proxy_host` (stored
-            // empty), and literals.
+            // `$proxy_host` alone is the default (stored empty); other variables are
+            // rendered per request.
             let name = if v == "$proxy_host" {
                 String::new()
-            } else if has_variables(v) {
-                return Err(derr(
-                    d,
-                    file,
-                    "variables in \"proxy_ssl_name\" other than $proxy_host are not supported",
-                ));
             } else {
                 v.to_string()
             };
+            if has_variables(v) && v != "$proxy_host" {
+                p.name_vars = Some(NameTpl {
+                    raw: v.to_string(),
+                    parts: parse_value_with(d, file, v, var)?,
+                });
+            }
             once(&mut p.name, name, d, file)
         }
         "proxy_ssl_protocols" => {
@@ -4254,7 +4273,7 @@ pub(super) fn apply_proxy_ssl(env: &Env, p: &mut ProxySslP, d: &Directive, file:
         }
         "proxy_ssl_certificate" | "proxy_ssl_certificate_key" if has_variables(v) => {
             // Loaded per request, as nginx 1.21.0+.
-            let parts = parse_header_value(d, file, v)?;
+            let parts = parse_value_with(d, file, v, var)?;
             p.conf_dir = Some(env.resolve_conf(""));
             let slot = if d.name.ends_with("_key") {
                 &mut p.certificate_key_tpl

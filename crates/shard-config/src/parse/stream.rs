@@ -847,16 +847,7 @@ pub(super) fn stream_ssl(env: &Env, s: &mut StreamSettings, d: &Directive, file:
 
 /// `proxy_ssl` and the `proxy_ssl_*` settings of stream and its servers.
 pub(super) fn stream_proxy_ssl(env: &Env, s: &mut StreamSettings, d: &Directive, file: &str) -> R {
-    if d.name.starts_with("proxy_ssl_certificate") && has_variables(a0(d)) {
-        // Loaded per request in http; a stream session has no such step yet.
-        return Err(derr(
-            d,
-            file,
-            format!(
-                "variables in \"{}\" are not supported in stream by shard",
-                d.name
-            ),
-        ));
-    }
-    super::http::apply_proxy_ssl(env, &mut s.proxy_ssl, d, file)
+    super::http::apply_proxy_ssl(env, &mut s.proxy_ssl, d, file, &mut |name| {
+        stream_variable(d, file, name)
+    })
 }

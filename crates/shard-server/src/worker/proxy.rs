@@ -1441,12 +1441,21 @@ impl<'a> Worker<'a> {
                 }
             };
             let config = &config;
-            let name = loc
-                .proxy
-                .ssl
-                .name
-                .clone()
-                .unwrap_or_else(|| host_of(&pass.proxy_host).to_string());
+            let name = match &loc.proxy.ssl.name_vars {
+                Some(t) => {
+                    let v = self.render(key, &p.req, &p.head, loc, &t.parts);
+                    Some(host_of(&v).to_string())
+                }
+                // A port in the name is dropped, as nginx drops it.
+                None => loc
+                    .proxy
+                    .ssl
+                    .name
+                    .as_deref()
+                    .map(|n| host_of(n).to_string()),
+            }
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| host_of(&pass.proxy_host).to_string());
             let conn = rustls::pki_types::ServerName::try_from(name.clone())
                 .map_err(|e| e.to_string())
                 .and_then(|n| {
@@ -1490,17 +1499,31 @@ impl<'a> Worker<'a> {
         };
         let cert = self.render(key, &p.req, &p.head, loc, &vars.cert);
         let key_name = self.render(key, &p.req, &p.head, loc, &vars.key);
+        self.client_tls(&loc.proxy.ssl, vars, &cert, &key_name, &loc.place)
+    }
+
+    /// The client configuration of `ssl` with its certificate pair rendered as `cert` and
+    /// `key_name` (none when `cert` is empty): built once, kept per worker (at most
+    /// [`CLIENT_CERTS_MAX`]). http's requests and stream's sessions.
+    pub(super) fn client_tls(
+        &mut self,
+        ssl: &shard_config::ProxySsl,
+        vars: &shard_config::CertVars,
+        cert: &str,
+        key_name: &str,
+        place: &shard_config::Place,
+    ) -> Result<Option<std::sync::Arc<rustls::ClientConfig>>, String> {
         if cert.is_empty() {
-            return Ok(self.tls.upstream(&loc.proxy.ssl).cloned());
+            return Ok(self.tls.upstream(ssl).cloned());
         }
-        let mut ssl = loc.proxy.ssl.clone();
+        let mut ssl = ssl.clone();
         ssl.certificate_vars = None;
-        ssl.certificate = Some(vars.dir.join(&cert));
-        ssl.certificate_key = Some(vars.dir.join(&key_name));
+        ssl.certificate = Some(vars.dir.join(cert));
+        ssl.certificate_key = Some(vars.dir.join(key_name));
         if let Some(c) = self.client_certs.get(&ssl) {
             return Ok(Some(c.clone()));
         }
-        let c = std::sync::Arc::new(crate::tls::upstream_config(&ssl, &loc.place)?);
+        let c = std::sync::Arc::new(crate::tls::upstream_config(&ssl, place)?);
         if self.client_certs.len() >= CLIENT_CERTS_MAX {
             self.client_certs.clear();
         }

@@ -288,7 +288,7 @@ struct Groups<'a> {
 impl<'a> Worker<'a> {
     /// The `stream` block. A relay exists only when there is one (it was accepted on a stream
     /// listener); without one this is an empty block rather than a panic.
-    pub(super) fn stream(&self) -> &StreamConf {
+    pub(super) fn stream(&self) -> &'a StreamConf {
         static NONE: StreamConf = StreamConf {
             upstreams: Vec::new(),
             servers: Vec::new(),
@@ -298,7 +298,7 @@ impl<'a> Worker<'a> {
         self.cx.cfg.stream.as_ref().unwrap_or(&NONE)
     }
 
-    pub(super) fn stream_server(&self, server: usize) -> &StreamServerConf {
+    pub(super) fn stream_server(&self, server: usize) -> &'a StreamServerConf {
         &self.stream().servers[server]
     }
 
@@ -1349,12 +1349,41 @@ impl<'a> Worker<'a> {
         let s = self.stream_server(self.relays[key].server);
         if let Some(ssl) = s.proxy_ssl.as_ref() {
             // `proxy_ssl on`: the handshake first, within `proxy_connect_timeout`.
-            let Some(config) = self.tls.upstream(ssl) else {
+            let config = match ssl.certificate_vars.as_ref() {
+                None => self.tls.upstream(ssl).cloned(),
+                Some(vars) => {
+                    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+                    let cert = text(self.render_session(key, &vars.cert));
+                    let key_name = text(self.render_session(key, &vars.key));
+                    match self.client_tls(ssl, vars, &cert, &key_name, &s.place) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            self.log_upstream_error(key, &e);
+                            return Io::Close;
+                        }
+                    }
+                }
+            };
+            let Some(config) = config else {
                 // Built by the master for every `proxy_ssl on` server.
                 self.log_upstream_error(key, "no TLS client configuration for proxy_ssl");
                 return Io::Close;
             };
-            let name = ssl.name.clone().unwrap_or_else(|| {
+            let config = &config;
+            let name = match &ssl.name_vars {
+                Some(t) => {
+                    let v =
+                        String::from_utf8_lossy(&self.render_session(key, &t.parts)).into_owned();
+                    Some(super::proxy::host_of(&v).to_string())
+                }
+                // A port in the name is dropped, as nginx drops it.
+                None => ssl
+                    .name
+                    .as_deref()
+                    .map(|n| super::proxy::host_of(n).to_string()),
+            }
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| {
                 super::proxy::host_of(&self.stream_ups(self.relays[key].ups).name).to_string()
             });
             let conn = rustls::pki_types::ServerName::try_from(name)
