@@ -2777,6 +2777,9 @@ pub struct StreamServerConf {
     /// `proxy_pass` with variables: rendered per session to an `upstream` name or an
     /// `ADDRESS:PORT` (`upstream` is then `usize::MAX`).
     pub pass_vars: Option<Vec<Part>>,
+    /// `resolver` (with `resolver_timeout`): how a host name `pass_vars` rendered is
+    /// resolved at run time.
+    pub resolver: Option<std::sync::Arc<ResolverConf>>,
     /// `set_real_ip_from` (`ngx_stream_realip_module`): a connection from these networks
     /// that sent a PROXY header takes the header's source as `$remote_addr`.
     pub real_ip_from: Vec<AccessRule>,

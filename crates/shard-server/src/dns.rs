@@ -182,9 +182,8 @@ pub fn parse(buf: &[u8], id: u16, name: &str, qtype: u16) -> Result<Answer, DnsE
             }
             _ => return Err(DnsError::Invalid),
         };
-        if !addrs.contains(&ip) {
-            addrs.push(ip);
-        }
+        // Every record counts, a repeated address too: nginx's round robin tries each.
+        addrs.push(ip);
         ttl_min = ttl_min.min(*ttl);
     }
     let ttl = if ttl_min == u32::MAX { 0 } else { ttl_min };

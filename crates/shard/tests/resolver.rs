@@ -348,3 +348,61 @@ fn upstream_servers_with_resolve_follow_their_names() {
         "{err}"
     );
 }
+
+/// stream's `resolver`: `proxy_pass $var` naming a host is resolved per session (every
+/// address a peer, tried in turn); a name without a port, an unknown name and a silent
+/// resolver end the session with nginx's log lines.
+#[test]
+fn stream_proxy_pass_resolves_names_with_the_resolver() {
+    let zone = Zone::default();
+    zone.set("a.test", &["127.0.0.2"]);
+    // Nothing listens on 127.0.0.3: the next address is tried.
+    zone.set("many.test", &["127.0.0.3", "127.0.0.1"]);
+    zone.silent.lock().unwrap().push("silent.test".into());
+    let dns_port = zone.start();
+    let up = two_servers();
+    let conf = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\n\
+         http {{ server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }} }}\n\
+         stream {{\n\
+          resolver 127.0.0.1:{dns_port} ipv6=off; resolver_timeout 1s;\n\
+          map $server_port $t {{ {{port1}} a.test:{up}; {{port2}} a.test; {{port3}} nx.test:{up};\n\
+            {{port4}} silent.test:{up}; {{port5}} many.test:{up}; }}\n\
+          server {{ listen 127.0.0.1:{{port1}}; listen 127.0.0.1:{{port2}}; listen 127.0.0.1:{{port3}};\n\
+            listen 127.0.0.1:{{port4}}; listen 127.0.0.1:{{port5}}; proxy_pass $t; }}\n\
+         }}\n"
+    );
+    let s = Server::start_ports("dns-stream", &conf, 1, 5);
+    let ask = |i: usize| {
+        let mut c = connect(SocketAddr::from(([127, 0, 0, 1], s.ports[i])));
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let mut got = Vec::new();
+        let _ = c.read_to_end(&mut got);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        text.split("\r\n\r\n").nth(1).unwrap_or("").to_string()
+    };
+    assert_eq!(ask(0), "two GET / HTTP/1.0");
+    assert_eq!(ask(0), "two GET / HTTP/1.0", "from the worker's cache");
+    assert_eq!(ask(4), "one GET / HTTP/1.0");
+    assert_eq!(ask(1), "");
+    assert_eq!(ask(2), "");
+    let t = std::time::Instant::now();
+    assert_eq!(ask(3), "");
+    assert!(
+        t.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
+    let log = wait_for(Duration::from_secs(5), "the log lines", || {
+        let l = error_log(&s);
+        l.contains("silent.test could not be resolved").then_some(l)
+    });
+    for want in [
+        "no port in upstream \"a.test\"",
+        "nx.test could not be resolved (3: Host not found)",
+        "silent.test could not be resolved (110: Operation timed out)",
+    ] {
+        assert!(log.contains(want), "{want:?} not in\n{log}");
+    }
+}

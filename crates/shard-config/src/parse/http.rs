@@ -3635,6 +3635,12 @@ pub(super) fn set_proxy_http_version(_: &Env, s: &mut Settings, d: &Directive, f
 /// `resolver ADDRESS ... [valid=TIME] [ipv4=on|off] [ipv6=on|off] [status_zone=NAME]`: the
 /// DNS servers names are resolved through at run time (port 53 unless written).
 pub(super) fn set_resolver(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let r = parse_resolver(d, file)?;
+    once(&mut s.resolver, r, d, file)
+}
+
+/// `resolver`'s arguments (http's and stream's), `resolver_timeout` left at its default.
+pub(super) fn parse_resolver(d: &Directive, file: &str) -> Result<ResolverConf, ConfigError> {
     let mut r = ResolverConf {
         servers: Vec::new(),
         valid_ms: None,
@@ -3675,7 +3681,7 @@ pub(super) fn set_resolver(_: &Env, s: &mut Settings, d: &Directive, file: &str)
     if r.servers.is_empty() {
         return Err(derr(d, file, "no name servers defined"));
     }
-    once(&mut s.resolver, r, d, file)
+    Ok(r)
 }
 
 slot!(set_resolver_timeout, resolver_timeout_ms, time);

@@ -11,6 +11,9 @@ pub(super) struct StreamSettings {
     pub(super) proxy_ssl: super::http::ProxySslP,
     pub(super) connect_timeout_ms: Option<u64>,
     pub(super) timeout_ms: Option<u64>,
+    /// `resolver` and `resolver_timeout`: names `proxy_pass $var` renders.
+    pub(super) resolver: Option<ResolverConf>,
+    pub(super) resolver_timeout_ms: Option<u64>,
     pub(super) buffer_size: Option<usize>,
     /// `proxy_protocol on|off`: a PROXY protocol v1 header to the upstream.
     pub(super) proxy_protocol: Option<bool>,
@@ -435,6 +438,17 @@ pub(super) fn stream_udp_counts(s: &mut StreamSettings, d: &Directive, file: &st
     }
 }
 
+/// `resolver ADDRESS ...` and `resolver_timeout TIME` (stream).
+pub(super) fn stream_resolver(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
+    if d.name == "resolver" {
+        let r = super::http::parse_resolver(d, file)?;
+        once(&mut s.resolver, r, d, file)
+    } else {
+        let t = time(d, file, a0(d))?;
+        once(&mut s.resolver_timeout_ms, t, d, file)
+    }
+}
+
 /// `proxy_next_upstream_tries N`, `proxy_next_upstream_timeout TIME` (stream).
 pub(super) fn stream_next_upstream_limit(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
     if d.name == "proxy_next_upstream_tries" {
@@ -672,6 +686,7 @@ pub(super) fn finish_stream(
                 preread_buffer_size: preread.1,
                 preread_timeout_ms: preread.2,
                 pass_vars: None,
+                resolver: None,
                 real_ip_from: real_ip_from.clone(),
                 limit_conn: limit_conn.clone(),
                 limit_conn_dry_run,
@@ -776,6 +791,17 @@ pub(super) fn finish_stream(
             preread_buffer_size: preread.1,
             preread_timeout_ms: preread.2,
             pass_vars,
+            resolver: s
+                .settings
+                .resolver
+                .clone()
+                .or_else(|| sp.settings.resolver.clone())
+                .map(|r| {
+                    std::sync::Arc::new(ResolverConf {
+                        timeout_ms: get(|x| x.resolver_timeout_ms, 30_000),
+                        ..r
+                    })
+                }),
             real_ip_from: real_ip_from.clone(),
             limit_conn,
             limit_conn_dry_run,

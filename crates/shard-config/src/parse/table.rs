@@ -1756,6 +1756,20 @@ pub(super) static TABLE: &[Spec] = &[
         Set::StreamSettings(stream_udp_counts),
     ),
     d(
+        "resolver",
+        SM | SS,
+        1,
+        MANY,
+        Set::StreamSettings(stream_resolver),
+    ),
+    d(
+        "resolver_timeout",
+        SM | SS,
+        1,
+        1,
+        Set::StreamSettings(stream_resolver),
+    ),
+    d(
         "proxy_next_upstream_tries",
         SM | SS,
         1,

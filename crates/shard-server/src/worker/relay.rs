@@ -181,6 +181,8 @@ pub(super) struct Relay {
     /// its value named, `usize::MAX` until then; indexes past the configuration's are
     /// `stream_dyn`.
     ups: usize,
+    /// `proxy_pass $var` named a host whose addresses are being asked of the `resolver`.
+    resolving: bool,
     /// `ssl_preread on`: reading the ClientHello (into `early`), and what it said.
     prereading: bool,
     preread_done: bool,
@@ -202,6 +204,16 @@ pub(super) struct Relay {
 /// At most this many upstreams a worker makes for addresses `proxy_pass $var` rendered
 /// (one per distinct address, kept for the worker's life).
 const STREAM_DYN_MAX: usize = 1024;
+
+/// Where `proxy_pass $var` leads a session.
+enum PassTarget {
+    /// This upstream (an index for [`Worker::stream_ups`]).
+    Ready(usize),
+    /// The `resolver` is asked; the session goes on when it answers.
+    Wait,
+    /// Nowhere (logged): the session ends.
+    Fail,
+}
 
 /// What the stream access log knows of one session when it ends.
 #[derive(Clone, Copy)]
@@ -432,6 +444,7 @@ impl<'a> Worker<'a> {
             tried: vec![false; n_peers],
             current_peer: None,
             connecting: true,
+            resolving: false,
             deadline_ms: u64::MAX,
             timer_at: u64::MAX,
             handshaking: tls.is_some(),
@@ -710,56 +723,94 @@ impl<'a> Worker<'a> {
         }
     }
 
-    /// What `proxy_pass $var` rendered to: an `upstream` name, else an `ADDRESS:PORT`
-    /// (an upstream of this worker, made once per address). `None`, logged as nginx, for
-    /// anything else (a host name needs a resolver, which shard's stream has not).
-    fn stream_pass_target(&mut self, key: usize, target: &str) -> Option<usize> {
+    /// What `proxy_pass $var` rendered to: an `upstream` name, an `ADDRESS:PORT`, or a
+    /// `HOST:PORT` the server's `resolver` resolves (an upstream of this worker, made once
+    /// per name and addresses). Anything else is logged as nginx and ends the session.
+    fn stream_pass_target(&mut self, key: usize, target: &str) -> PassTarget {
         let cfg = self.cx.cfg;
         let conf = cfg.stream.as_ref().map_or(&[][..], |s| &s.upstreams[..]);
         if let Some(i) = conf.iter().position(|u| u.name == target) {
-            return Some(i);
-        }
-        if let Some(&i) = self.stream_dyn_index.get(target) {
-            return Some(conf.len() + i);
+            return PassTarget::Ready(i);
         }
         let r = &self.relays[key];
         let client = r.peer.map_or("-".to_string(), |p| p.ip().to_string());
-        let Ok(addr) = target.parse::<SocketAddr>() else {
-            let host = target.rsplit_once(':').map_or(target, |(h, _)| h);
-            crate::log!(
-                Error,
-                "no resolver defined to resolve {host}, client: {client}, server: {}",
-                r.listen
-            );
-            return None;
+        let listen = r.listen;
+        let addrs = match target.parse::<SocketAddr>() {
+            Ok(addr) => vec![addr],
+            Err(_) => {
+                // A host name: its port is required (nginx's "no port in upstream").
+                let port = target
+                    .rsplit_once(':')
+                    .filter(|(h, _)| !h.is_empty() && !h.ends_with(':'))
+                    .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)));
+                let Some((host, port)) = port else {
+                    crate::log!(
+                        Error,
+                        "no port in upstream \"{target}\", client: {client}, server: {listen}"
+                    );
+                    return PassTarget::Fail;
+                };
+                let Some(rconf) = self.stream_server(r.server).resolver.clone() else {
+                    crate::log!(
+                        Error,
+                        "no resolver defined to resolve {host}, client: {client}, server: {listen}"
+                    );
+                    return PassTarget::Fail;
+                };
+                let waiter = (key, r.id | super::resolver::RELAY_WAITER);
+                match self.resolve_for(Some(waiter), host, &rconf) {
+                    super::resolver::Resolved::Ready(ips) => ips
+                        .into_iter()
+                        .map(|ip| SocketAddr::new(ip, port))
+                        .collect(),
+                    super::resolver::Resolved::Failed(e) => {
+                        crate::log!(
+                            Error,
+                            "{host} could not be resolved ({}), client: {client}, server: {listen}",
+                            e.text()
+                        );
+                        return PassTarget::Fail;
+                    }
+                    super::resolver::Resolved::Waiting => return PassTarget::Wait,
+                }
+            }
         };
+        if let Some(&i) = self.stream_dyn_index.get(target) {
+            let u = &self.stream_dyn[i];
+            if u.peers.len() == addrs.len() && u.peers.iter().zip(&addrs).all(|(p, a)| p.addr == *a)
+            {
+                return PassTarget::Ready(conf.len() + i);
+            }
+        }
         if self.stream_dyn.len() >= STREAM_DYN_MAX {
             crate::log!(
                 Error,
-                "too many proxy_pass addresses in this worker ({STREAM_DYN_MAX}), client: {client}, server: {}",
-                r.listen
+                "too many proxy_pass addresses in this worker ({STREAM_DYN_MAX}), client: {client}, server: {listen}"
             );
-            return None;
+            return PassTarget::Fail;
         }
-        let peer = shard_config::PeerConf {
-            addr,
-            name: addr.to_string(),
-            weight: 1,
-            max_fails: 1,
-            fail_timeout_ms: 10_000,
-            max_conns: 0,
-            unix: None,
-            backup: false,
-            down: false,
-            resolve: None,
-        };
+        let peers = addrs
+            .iter()
+            .map(|&addr| shard_config::PeerConf {
+                addr,
+                name: addr.to_string(),
+                weight: 1,
+                max_fails: 1,
+                fail_timeout_ms: 10_000,
+                max_conns: 0,
+                unix: None,
+                backup: false,
+                down: false,
+                resolve: None,
+            })
+            .collect();
         let u = shard_config::UpstreamConf {
             name: target.to_string(),
             place: shard_config::Place {
                 file: String::new(),
                 line: 0,
             },
-            peers: vec![peer],
+            peers,
             keepalive: 0,
             keepalive_timeout_ms: 60_000,
             keepalive_requests: 1000,
@@ -771,7 +822,22 @@ impl<'a> Worker<'a> {
         self.stream_dyn.push(std::rc::Rc::new(u));
         let i = self.stream_dyn.len() - 1;
         self.stream_dyn_index.insert(target.to_string(), i);
-        Some(conf.len() + i)
+        PassTarget::Ready(conf.len() + i)
+    }
+
+    /// The `resolver` answered for a session that waited on it: it goes on.
+    pub(super) fn resume_resolved_relay(&mut self, key: usize) {
+        let r = &mut self.relays[key];
+        if !r.resolving {
+            return;
+        }
+        r.resolving = false;
+        let outer = crate::log::set_connection(r.number);
+        let outer_ctx = crate::log::set_context(r.log_ctx.0, r.log_ctx.1);
+        let io = self.relay_content(key);
+        self.end_relay_turn(key, io);
+        crate::log::restore_context(outer_ctx);
+        crate::log::set_connection(outer);
     }
 
     /// The content phase: `return`'s value to the client (through TLS on a `listen ... ssl`),
@@ -794,8 +860,17 @@ impl<'a> Worker<'a> {
                 let s = self.relay_session(key);
                 session_parts(&mut v, pass, &s, self.cx.now_ms, &self.hostname, 0);
                 let target = String::from_utf8_lossy(&v).into_owned();
-                let Some(i) = self.stream_pass_target(key, &target) else {
-                    return Io::Close;
+                let i = match self.stream_pass_target(key, &target) {
+                    PassTarget::Ready(i) => i,
+                    PassTarget::Fail => return Io::Close,
+                    PassTarget::Wait => {
+                        let timeout = conf.resolver.as_ref().map_or(30_000, |r| r.timeout_ms);
+                        // The resolver ends the query at `resolver_timeout` (and the session
+                        // then with nginx's line); this deadline is the backstop.
+                        self.relays[key].resolving = true;
+                        self.set_relay_deadline(key, self.cx.now_ms + timeout + 1_000);
+                        return Io::Wait;
+                    }
                 };
                 let n = self.stream_ups(i).peers.len();
                 let r = &mut self.relays[key];
@@ -1794,6 +1869,15 @@ impl<'a> Worker<'a> {
             crate::log!(
                 Info,
                 "SSL handshaking timed out, client: {}, server: {}",
+                r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
+                r.listen
+            );
+            return Io::Close;
+        }
+        if r.resolving {
+            crate::log!(
+                Error,
+                "upstream name could not be resolved in time (110: Operation timed out), client: {}, server: {}",
                 r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
                 r.listen
             );

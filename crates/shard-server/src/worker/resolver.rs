@@ -35,6 +35,10 @@ const UDP_ANSWER_MAX: usize = 4096;
 /// CNAMEs a query follows with queries of their own (nginx has no bound but loops).
 const CNAMES_MAX: u8 = 8;
 
+/// Set in a waiter's id when it is a stream relay's (`relays` key) rather than an HTTP
+/// connection's (`conns` key); connection ids are counters that never reach it.
+pub(super) const RELAY_WAITER: u64 = 1 << 63;
+
 /// A name's answer as the cache holds it.
 #[derive(Debug, Clone)]
 pub(super) struct Cached {
@@ -395,7 +399,15 @@ impl Worker<'_> {
             },
         );
         for &(key, id) in waiters {
-            if self.conns.get(key).is_some_and(|c| c.id == id) {
+            if id & RELAY_WAITER != 0 {
+                if self
+                    .relays
+                    .get(key)
+                    .is_some_and(|r| r.id == id & !RELAY_WAITER)
+                {
+                    self.resume_resolved_relay(key);
+                }
+            } else if self.conns.get(key).is_some_and(|c| c.id == id) {
                 self.drive(key);
             }
         }
