@@ -64,7 +64,7 @@ pub enum Answer {
 pub fn valid_name(name: &str) -> bool {
     let name = name.strip_suffix('.').unwrap_or(name);
     !name.is_empty()
-        && name.len() < NAME_MAX - 1
+        && name.len() <= NAME_MAX
         && name.split('.').all(|l| {
             !l.is_empty()
                 && l.len() <= 63

@@ -15,6 +15,9 @@ use std::time::Duration;
 use shard_server::dns;
 use support::*;
 
+/// Per name and question type: an alias alone (`Ok`) or an error code (`Err`).
+type Typed = HashMap<(String, u16), Result<String, u8>>;
+
 /// A DNS server on 127.0.0.1 (UDP and TCP on one port): names to addresses, changeable;
 /// names in `truncate` are answered over UDP with TC set only; `silent` names get no answer;
 /// unknown names get NXDOMAIN.
@@ -25,6 +28,10 @@ struct Zone {
     cnames: Arc<Mutex<HashMap<String, String>>>,
     truncate: Arc<Mutex<Vec<String>>>,
     silent: Arc<Mutex<Vec<String>>>,
+    /// Per name and question type: an alias alone (`Ok`) or an error code (`Err`).
+    typed: Arc<Mutex<Typed>>,
+    /// Names whose next N questions get SERVFAIL.
+    fail_next: Arc<Mutex<HashMap<String, usize>>>,
     udp_queries: Arc<AtomicUsize>,
     tcp_queries: Arc<AtomicUsize>,
 }
@@ -61,6 +68,28 @@ impl Zone {
         }
         if let Some(target) = self.cnames.lock().unwrap().get(&name) {
             return Some(dns::answer_cname(q, target, 60));
+        }
+        let mut pos = 12;
+        while pos < q.len() && q[pos] != 0 {
+            pos += 1 + q[pos] as usize;
+        }
+        let qtype = q
+            .get(pos + 1..pos + 3)
+            .map_or(1, |b| u16::from_be_bytes([b[0], b[1]]));
+        match self.typed.lock().unwrap().get(&(name.clone(), qtype)) {
+            Some(Ok(target)) => return Some(dns::answer_cname(q, target, 60)),
+            Some(Err(rcode)) => return Some(dns::answer_for(q, &[], 0, *rcode, false)),
+            None => {}
+        }
+        if let Some(n) = self
+            .fail_next
+            .lock()
+            .unwrap()
+            .get_mut(&name)
+            .filter(|n| **n > 0)
+        {
+            *n -= 1;
+            return Some(dns::answer_for(q, &[], 0, 2, false));
         }
         let tc = !tcp && self.truncate.lock().unwrap().contains(&name);
         Some(match self.names.lock().unwrap().get(&name) {
@@ -405,4 +434,64 @@ fn stream_proxy_pass_resolves_names_with_the_resolver() {
     ] {
         assert!(log.contains(want), "{want:?} not in\n{log}");
     }
+}
+
+/// nginx's resolver rules: the A and AAAA answers of a name are one result (an error in
+/// either fails it; an alias alone is followed when no address came), failures are not
+/// kept (the next request asks again), and a server that cannot be reached is asked again,
+/// of the next server, after 5 seconds, within `resolver_timeout`.
+#[test]
+fn a_and_aaaa_answers_combine_failures_are_not_kept_and_queries_are_resent() {
+    let zone = Zone::default();
+    // A 127.0.0.1, AAAA SERVFAIL: fails.
+    zone.set("ne.test", &["127.0.0.1"]);
+    zone.typed
+        .lock()
+        .unwrap()
+        .insert(("ne.test".into(), 28), Err(2));
+    // A none, AAAA an alias alone: the alias is resolved.
+    zone.set("zc.test", &[]);
+    zone.typed
+        .lock()
+        .unwrap()
+        .insert(("zc.test".into(), 28), Ok("alias.test".into()));
+    zone.set("alias.test", &["127.0.0.1"]);
+    // SERVFAIL once, then an answer.
+    zone.set("flaky.test", &["127.0.0.1"]);
+    zone.fail_next
+        .lock()
+        .unwrap()
+        .insert("flaky.test".into(), 1);
+    let dns_port = zone.start();
+    // A UDP port nobody listens on (ICMP port unreachable).
+    let dead = UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let up = http_on("127.0.0.1", 0, "up").unwrap();
+    let conf = format!(
+        "worker_processes 1;\nerror_log logs/error.log info;\nevents {{}}\nhttp {{\n\
+         server {{ listen 127.0.0.1:{{port}};\n\
+           location = /status {{ shard_status; }}\n\
+           location / {{ resolver 127.0.0.1:{dns_port}; proxy_pass http://$arg_h:{up}; }}\n\
+           location /v4 {{ resolver 127.0.0.1:{dns_port} ipv6=off; proxy_pass http://$arg_h:{up}; }}\n\
+           location /resend {{ resolver 127.0.0.1:{dead} 127.0.0.1:{dns_port} ipv6=off;\n\
+             resolver_timeout 8s; proxy_pass http://$arg_h:{up}; }}\n\
+         }} }}\n"
+    );
+    let s = Server::start_ports("dns-rules", &conf, 1, 0);
+    assert_eq!(body_of(&s, "/?h=ne.test").0, 502);
+    let (st, b) = body_of(&s, "/?h=zc.test");
+    assert_eq!((st, b.as_str()), (200, "up GET /?h=zc.test HTTP/1.0"));
+    assert_eq!(body_of(&s, "/v4?h=flaky.test").0, 502);
+    assert_eq!(
+        body_of(&s, "/v4?h=flaky.test").0,
+        200,
+        "the failure was kept"
+    );
+    // The first server cannot be reached: asked again of the second after 5 s.
+    let t = std::time::Instant::now();
+    assert_eq!(body_of(&s, "/resend?h=alias.test").0, 200);
+    assert!(t.elapsed() >= Duration::from_secs(4), "{:?}", t.elapsed());
 }

@@ -25,9 +25,9 @@ use crate::dns::{self, Answer, DnsError};
 const CACHE_MAX: usize = 1024;
 /// Queries in flight per worker; beyond, a name fails at once (`2: Server failure`).
 const QUERIES_MAX: usize = 256;
-/// How long a failure is remembered, so that the requests waiting for it read it and a burst
-/// of requests for a dead name does not become a burst of queries.
-const NEGATIVE_TTL_MS: u64 = 1_000;
+/// A query with no usable answer yet is sent again, to the next server, this often (nginx's
+/// `resend_timeout`), until `resolver_timeout` ends it.
+const RESEND_MS: u64 = 5_000;
 /// The shortest time an answer is kept (a TTL of 0 would be asked again per request).
 const MIN_TTL_MS: u64 = 1_000;
 /// A UDP answer's largest size read (EDNS is not offered: 512 is what servers send).
@@ -76,7 +76,11 @@ struct Query {
     /// AAAA question after the A one is about it, not about the A's alias).
     cnames: u8,
     orig: String,
+    /// The alias the last answer named without an address of its type.
+    last_cname: Option<String>,
     started_ms: u64,
+    /// When it was last sent (resent after [`RESEND_MS`] without an answer).
+    sent_ms: u64,
     /// `(connection key, connection id)` of the requests waiting.
     waiters: Vec<(usize, u64)>,
 }
@@ -85,8 +89,25 @@ struct Query {
 pub(super) struct Resolver {
     queries: slab::Slab<Query>,
     cache: HashMap<String, Cached>,
-    /// The next server to ask, in turn.
-    rotate: usize,
+    /// Per `resolver` (its servers): the next server to ask, in turn, as each of nginx's
+    /// resolvers keeps its own.
+    rotate: HashMap<Vec<std::net::SocketAddr>, usize>,
+    /// A failure being handed to the requests that waited for it: failures are not cached
+    /// (nginx's: the next request asks again, of the next server), so the waiters read it
+    /// here while they are driven.
+    failing: Option<(String, DnsError)>,
+}
+
+/// A `resolver`'s identity in the cache: nginx keeps one cache per resolver, so answers
+/// kept under one `valid=` are not read under another.
+fn conf_key(conf: &ResolverConf) -> String {
+    format!(
+        "{}{}/{:?}/{:?}",
+        u8::from(conf.ipv4),
+        u8::from(conf.ipv6),
+        conf.valid_ms,
+        conf.servers
+    )
 }
 
 impl Worker<'_> {
@@ -114,7 +135,12 @@ impl Worker<'_> {
         if !dns::valid_name(&name) {
             return Resolved::Failed(DnsError::FormatError);
         }
-        let ck = format!("{name}/{}{}", u8::from(conf.ipv4), u8::from(conf.ipv6));
+        let ck = format!("{name}/{}", conf_key(conf));
+        if let Some((k, e)) = &self.resolver.failing {
+            if *k == ck {
+                return Resolved::Failed(*e);
+            }
+        }
         if let Some(c) = self.resolver.cache.get(&ck) {
             if c.expires_ms > self.cx.now_ms {
                 return match &c.result {
@@ -136,8 +162,7 @@ impl Worker<'_> {
             );
             return Resolved::Failed(DnsError::ServerFailure);
         }
-        let server = self.resolver.rotate % conf.servers.len().max(1);
-        self.resolver.rotate = self.resolver.rotate.wrapping_add(1);
+        let server = self.next_server(conf);
         let qtype = if conf.ipv4 {
             dns::TYPE_A
         } else {
@@ -157,6 +182,19 @@ impl Worker<'_> {
                 Resolved::Failed(DnsError::ServerFailure)
             }
         }
+    }
+
+    /// The server of `conf` to ask next, in turn.
+    fn next_server(&mut self, conf: &ResolverConf) -> usize {
+        let n = conf.servers.len().max(1);
+        let turn = self
+            .resolver
+            .rotate
+            .entry(conf.servers.clone())
+            .or_insert(0);
+        let server = *turn % n;
+        *turn = (server + 1) % n;
+        server
     }
 
     fn start_query(
@@ -197,7 +235,9 @@ impl Worker<'_> {
             ttl: u32::MAX,
             cnames: 0,
             orig,
+            last_cname: None,
             started_ms: self.cx.now_ms,
+            sent_ms: self.cx.now_ms,
             waiters: waiter.into_iter().collect(),
         });
         let token = Token::Resolver {
@@ -209,17 +249,6 @@ impl Worker<'_> {
             return Err(e);
         }
         Ok(())
-    }
-
-    /// A new id for query `qk` (its answers to the old one are ignored).
-    fn random_u16_for(&mut self, qk: usize) -> u16 {
-        let old = self.resolver.queries[qk].id;
-        loop {
-            let id = self.random_u16();
-            if id != old {
-                return id;
-            }
-        }
     }
 
     fn random_u16(&mut self) -> u16 {
@@ -244,8 +273,42 @@ impl Worker<'_> {
         match outcome {
             Step::Wait => {}
             Step::Answer(a) => self.on_answer(qk, a),
-            Step::Fail(e) => self.finish_query(qk, Err(e)),
+            // A server that cannot be reached (ICMP unreachable, a refused or broken TCP
+            // connection) fails nothing yet: the query is sent again, to the next server,
+            // at its resend time, as nginx's.
+            Step::Unreachable => {}
         }
+    }
+
+    /// Sends query `qk` again over UDP to the next server of its resolver, with its id: a
+    /// fresh socket replaces the old one (an answer on the old one is no longer read).
+    fn resend_query(&mut self, qk: usize) {
+        let conf = self.resolver.queries[qk].conf.clone();
+        let server = self.next_server(&conf);
+        let q = &mut self.resolver.queries[qk];
+        q.sent_ms = self.cx.now_ms;
+        let Some(addr) = conf.servers.get(server).copied() else {
+            return;
+        };
+        let Ok(fd) = shard_event::sock::udp_connected(&addr) else {
+            return;
+        };
+        let msg = dns::query(q.id, &q.name, q.qtype);
+        if shard_event::sock::write(fd.as_raw_fd(), &msg).is_err() {
+            return;
+        }
+        q.server = server;
+        q.tcp = false;
+        q.out.clear();
+        q.out_pos = 0;
+        q.inbuf.clear();
+        let raw = fd.as_raw_fd();
+        q.fd = fd;
+        let token = Token::Resolver {
+            key: qk,
+            generation: token::generation(q.gen),
+        };
+        let _ = self.poll.add(raw, token.encode(), resolver_interest());
     }
 
     fn on_answer(&mut self, qk: usize, a: Result<Answer, DnsError>) {
@@ -256,7 +319,8 @@ impl Worker<'_> {
                 let addr = q.conf.servers[q.server];
                 let fd = match shard_event::sock::connect_nonblocking(&addr) {
                     Ok(Connect::Done(fd)) | Ok(Connect::InProgress(fd)) => fd,
-                    Err(_) => return self.finish_query(qk, Err(DnsError::ServerFailure)),
+                    // Sent again at its resend time, as one that cannot be reached.
+                    Err(_) => return,
                 };
                 let msg = dns::query(q.id, &q.name, q.qtype);
                 q.out = (msg.len() as u16).to_be_bytes().to_vec();
@@ -280,81 +344,73 @@ impl Worker<'_> {
                 }
             }
             Ok(Answer::Cname(target, ttl)) => {
-                // The name is an alias of one this answer has no records for: that name is
-                // asked (same server, type and waiters), at most `CNAMES_MAX` times.
-                if q.cnames >= CNAMES_MAX || !dns::valid_name(&target) {
-                    return self.finish_query(qk, Err(DnsError::HostNotFound));
-                }
+                // Only an alias, no address of the type: kept, and followed if the pair's
+                // last answer is this and no address came (nginx's rule).
                 q.ttl = q.ttl.min(ttl);
-                q.cnames += 1;
-                q.name = target;
-                let id = self.random_u16_for(qk);
-                let q = &mut self.resolver.queries[qk];
-                q.id = id;
-                let msg = dns::query(q.id, &q.name, q.qtype);
-                let sent = if q.tcp {
-                    q.out = (msg.len() as u16).to_be_bytes().to_vec();
-                    q.out.extend_from_slice(&msg);
-                    q.out_pos = 0;
-                    q.inbuf.clear();
-                    tcp_step(q)
-                } else {
-                    match shard_event::sock::write(q.fd.as_raw_fd(), &msg) {
-                        Ok(_) => Step::Wait,
-                        Err(_) => Step::Fail(DnsError::ServerFailure),
-                    }
-                };
-                match sent {
-                    Step::Wait => {}
-                    Step::Answer(a) => self.on_answer(qk, a),
-                    Step::Fail(e) => self.finish_query(qk, Err(e)),
-                }
+                q.last_cname = Some(target);
+                self.pair_step(qk);
             }
             Ok(Answer::Addrs(addrs, ttl)) => {
                 q.found.extend(addrs);
                 q.ttl = q.ttl.min(ttl);
-                if q.qtype == dns::TYPE_A && q.conf.ipv6 {
-                    // Then AAAA, on a fresh socket (and id).
-                    let (ck, name, conf, server) =
-                        (q.key.clone(), q.orig.clone(), q.conf.clone(), q.server);
-                    let valid = conf.valid_ms;
-                    let old = self.resolver.queries.remove(qk);
-                    let found = old.found;
-                    let ttl = old.ttl;
-                    let waiters = old.waiters;
-                    if self
-                        .start_query(ck.clone(), name, conf, server, dns::TYPE_AAAA, None)
-                        .is_err()
-                    {
-                        return self.deliver(&ck, Ok(found), ttl, valid, &waiters);
-                    }
-                    if let Some((_, nq)) =
-                        self.resolver.queries.iter_mut().find(|(_, x)| x.key == ck)
-                    {
-                        nq.found = found;
-                        nq.ttl = ttl;
-                        nq.waiters = waiters;
-                    }
-                    return;
-                }
-                let found = std::mem::take(&mut q.found);
-                let ttl = q.ttl;
-                if found.is_empty() {
-                    self.finish_query(qk, Err(DnsError::HostNotFound));
+                q.last_cname = None;
+                self.pair_step(qk);
+            }
+            // An error in either answer fails the name, addresses of the other too (nginx).
+            Err(e) => self.finish_query(qk, Err(e)),
+        }
+    }
+
+    /// One answer of a name's A/AAAA pair is in: the AAAA question next (A first, then
+    /// AAAA, each over a fresh socket and id), or the pair is done: its addresses, else the
+    /// alias the last answer named is resolved the same way (at most [`CNAMES_MAX`] times),
+    /// else the name is not found.
+    fn pair_step(&mut self, qk: usize) {
+        let q = &self.resolver.queries[qk];
+        if q.qtype == dns::TYPE_A && q.conf.ipv6 {
+            let name = q.name.clone();
+            return self.continue_query(qk, name, dns::TYPE_AAAA, false);
+        }
+        if !q.found.is_empty() {
+            let q = self.resolver.queries.remove(qk);
+            return self.deliver(&q.key, Ok(q.found), q.ttl, q.conf.valid_ms, &q.waiters);
+        }
+        match q.last_cname.clone() {
+            Some(target) if q.cnames < CNAMES_MAX && dns::valid_name(&target) => {
+                let qtype = if q.conf.ipv4 {
+                    dns::TYPE_A
                 } else {
-                    let q = self.resolver.queries.remove(qk);
-                    self.deliver(&q.key, Ok(found), ttl, q.conf.valid_ms, &q.waiters);
-                }
+                    dns::TYPE_AAAA
+                };
+                self.continue_query(qk, target, qtype, true);
             }
-            Err(e) => {
-                // An AAAA failure after A records still answers with those.
-                if !q.found.is_empty() {
-                    let q = self.resolver.queries.remove(qk);
-                    let (found, ttl) = (q.found.clone(), q.ttl);
-                    return self.deliver(&q.key, Ok(found), ttl, q.conf.valid_ms, &q.waiters);
-                }
-                self.finish_query(qk, Err(e));
-            }
+            _ => self.finish_query(qk, Err(DnsError::HostNotFound)),
+        }
+    }
+
+    /// Query `qk` goes on as a question for `name` and `qtype` on a fresh socket and id,
+    /// keeping its waiters, addresses and TTL (`alias`: one more CNAME followed).
+    fn continue_query(&mut self, qk: usize, name: String, qtype: u16, alias: bool) {
+        let old = self.resolver.queries.remove(qk);
+        let (ck, conf, server) = (old.key.clone(), old.conf.clone(), old.server);
+        if self
+            .start_query(ck.clone(), name, conf, server, qtype, None)
+            .is_err()
+        {
+            let result = if old.found.is_empty() {
+                Err(DnsError::ServerFailure)
+            } else {
+                Ok(old.found)
+            };
+            return self.deliver(&ck, result, old.ttl, old.conf.valid_ms, &old.waiters);
+        }
+        if let Some((_, nq)) = self.resolver.queries.iter_mut().find(|(_, x)| x.key == ck) {
+            nq.found = old.found;
+            nq.ttl = old.ttl;
+            nq.waiters = old.waiters;
+            nq.orig = old.orig;
+            nq.cnames = old.cnames + u8::from(alias);
+            nq.started_ms = old.started_ms;
         }
     }
 
@@ -379,7 +435,12 @@ impl Worker<'_> {
             Ok(_) => valid
                 .unwrap_or(u64::from(ttl).saturating_mul(1000))
                 .max(MIN_TTL_MS),
-            Err(_) => NEGATIVE_TTL_MS,
+            Err(e) => {
+                self.resolver.failing = Some((ck.to_string(), *e));
+                self.drive_waiters(waiters);
+                self.resolver.failing = None;
+                return;
+            }
         };
         let cache = &mut self.resolver.cache;
         if cache.len() >= CACHE_MAX {
@@ -398,6 +459,16 @@ impl Worker<'_> {
                 expires_ms: self.cx.now_ms + keep_ms,
             },
         );
+        self.drive_waiters(waiters);
+        if waiters.is_empty() {
+            // A `server ... resolve` name asked by the heartbeat: applied now, while the
+            // answer is fresh (a TTL shorter than the heartbeat would otherwise never be).
+            self.refresh_resolved_upstreams();
+        }
+    }
+
+    /// Drives the requests and sessions that waited on a query.
+    fn drive_waiters(&mut self, waiters: &[(usize, u64)]) {
         for &(key, id) in waiters {
             if id & RELAY_WAITER != 0 {
                 if self
@@ -411,16 +482,25 @@ impl Worker<'_> {
                 self.drive(key);
             }
         }
-        if waiters.is_empty() {
-            // A `server ... resolve` name asked by the heartbeat: applied now, while the
-            // answer is fresh (a TTL shorter than the heartbeat would otherwise never be).
-            self.refresh_resolved_upstreams();
-        }
     }
 
-    /// Drops queries nobody will read any more (past their `resolver_timeout`).
+    /// Drops queries nobody will read any more (past their `resolver_timeout`), and sends
+    /// again those unanswered for [`RESEND_MS`].
     pub(super) fn expire_queries(&mut self) {
         let now = self.cx.now_ms;
+        let due: Vec<usize> = self
+            .resolver
+            .queries
+            .iter()
+            .filter(|(_, q)| {
+                now.saturating_sub(q.sent_ms) >= RESEND_MS
+                    && now.saturating_sub(q.started_ms) <= q.conf.timeout_ms
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for k in due {
+            self.resend_query(k);
+        }
         let old: Vec<usize> = self
             .resolver
             .queries
@@ -437,7 +517,8 @@ impl Worker<'_> {
 enum Step {
     Wait,
     Answer(Result<Answer, DnsError>),
-    Fail(DnsError),
+    /// The server cannot be reached (the query waits for its resend).
+    Unreachable,
 }
 
 fn udp_step(q: &mut Query) -> Step {
@@ -452,7 +533,7 @@ fn udp_step(q: &mut Query) -> Step {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Step::Wait,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             // ICMP port unreachable: nobody listens there.
-            Err(_) => return Step::Fail(DnsError::ServerFailure),
+            Err(_) => return Step::Unreachable,
         }
     }
 }
@@ -464,7 +545,7 @@ fn tcp_step(q: &mut Query) -> Step {
             Ok(n) => q.out_pos += n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Step::Wait,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return Step::Fail(DnsError::ServerFailure),
+            Err(_) => return Step::Unreachable,
         }
     }
     loop {
@@ -481,11 +562,11 @@ fn tcp_step(q: &mut Query) -> Step {
         }
         q.inbuf.reserve(4096);
         match shard_event::sock::read_into(fd, &mut q.inbuf) {
-            Ok(0) => return Step::Fail(DnsError::ServerFailure),
+            Ok(0) => return Step::Unreachable,
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Step::Wait,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return Step::Fail(DnsError::ServerFailure),
+            Err(_) => return Step::Unreachable,
         }
     }
 }
