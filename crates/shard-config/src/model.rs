@@ -666,6 +666,10 @@ pub struct LocationConf {
     /// first variable (what a sandbox may open) and `doc_root_vars` holds the whole template.
     pub root: PathBuf,
     pub alias: Option<PathBuf>,
+    /// The `alias` is inherited from the enclosing location with this path (nginx merges
+    /// `alias` into a nested location that has neither `root` nor `alias`): that prefix is
+    /// what the alias replaces.
+    pub alias_from: Option<String>,
     /// `root` or `alias` (whichever this location has) with variables, made absolute against
     /// the prefix; rendered per request.
     pub doc_root_vars: Option<Vec<Part>>,

@@ -267,6 +267,9 @@ pub struct Request {
     /// `path` (and `query`) were changed by an internal redirect (`try_files`, `error_page`):
     /// a `proxy_pass` without a URI then sends them, not the target as received.
     pub uri_changed: bool,
+    /// `try_files` found the file under a regex location's `alias`: the URI is appended to
+    /// the alias rather than the alias being the file (nginx's `add_uri_to_alias`).
+    pub add_uri_to_alias: bool,
     /// A `Via` header came (the request passed a proxy: `gzip_proxied`).
     pub via: bool,
     /// An `Authorization` header came (`gzip_proxied auth`).
@@ -337,6 +340,7 @@ impl Request {
             invalid_headers: 0,
             names: NamePolicy::default(),
             uri_changed: false,
+            add_uri_to_alias: false,
             via: false,
             authorization: false,
             head_len: 0,
@@ -1092,6 +1096,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         invalid_headers,
         names: limits.names,
         uri_changed: false,
+        add_uri_to_alias: false,
         via,
         authorization,
         head_len,

@@ -303,6 +303,7 @@ pub(crate) mod tests {
             handler: None,
             root: PathBuf::from("/srv/html"),
             alias: None,
+            alias_from: None,
             doc_root_vars: None,
             index: vec!["index.html".into()],
             index_vars: None,

@@ -66,11 +66,14 @@ pub fn map_path(loc: &LocationConf, path: &str) -> PathBuf {
 pub fn map_path_with(loc: &LocationConf, path: &str, doc_root: Option<&Path>) -> PathBuf {
     let mut s: OsString;
     match (&loc.alias, doc_root) {
-        (Some(alias), _) if loc.kind == shard_config::LocationKind::Regex => {
+        (Some(alias), _)
+            if loc.kind == shard_config::LocationKind::Regex && loc.alias_from.is_none() =>
+        {
             return doc_root.unwrap_or(alias).to_path_buf();
         }
         (Some(alias), _) => {
-            let rest = path.strip_prefix(loc.path.as_str()).unwrap_or(path);
+            let prefix = loc.alias_from.as_deref().unwrap_or(loc.path.as_str());
+            let rest = path.strip_prefix(prefix).unwrap_or(path);
             s = doc_root.unwrap_or(alias).as_os_str().to_owned();
             s.push(rest);
         }
@@ -80,6 +83,22 @@ pub fn map_path_with(loc: &LocationConf, path: &str, doc_root: Option<&Path>) ->
         }
     }
     PathBuf::from(s)
+}
+
+/// The file a `try_files` entry `uri` names: as [`map_path_with`], except that a regex
+/// location's own `alias` is a directory the whole URI is appended to (nginx's `try_files`
+/// strips no prefix there), rather than the file itself.
+pub fn map_try_path_with(loc: &LocationConf, uri: &str, doc_root: Option<&Path>) -> PathBuf {
+    match &loc.alias {
+        Some(alias)
+            if loc.kind == shard_config::LocationKind::Regex && loc.alias_from.is_none() =>
+        {
+            let mut s = doc_root.unwrap_or(alias).as_os_str().to_owned();
+            s.push(uri);
+            PathBuf::from(s)
+        }
+        _ => map_path_with(loc, uri, doc_root),
+    }
 }
 
 /// The MIME type for `path` by its (case-insensitive) extension, else `default_type`.

@@ -530,7 +530,11 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         }
         Var::RequestFilename => {
             let root = doc_root_at(c, depth + 1);
-            let p = crate::static_file::map_path_with(c.location, &req.path, root.as_deref());
+            let p = if req.add_uri_to_alias {
+                crate::static_file::map_try_path_with(c.location, &req.path, root.as_deref())
+            } else {
+                crate::static_file::map_path_with(c.location, &req.path, root.as_deref())
+            };
             out.extend_from_slice(p.as_os_str().as_encoded_bytes());
         }
         Var::Status => {

@@ -1309,6 +1309,8 @@ http {
         location / { try_files $uri @app; }
         location @app { return 200 "app $uri $request_method"; }
         location /deb/ { try_files $uri $uri/ =404; }
+        location ~ /alias-re.txt { alias {dir}/html/aliased; try_files $uri =404; }
+        location /nest/ { alias {dir}/html/aliased/; location ~ txt { try_files $uri =404; } }
         location = /tier { return 200 "$tier $plan $level"; }
         location = /hdr { add_header X-Level $level; }
     }
@@ -1347,6 +1349,13 @@ fn try_files_maps_and_error_pages_as_nginx() {
     assert_eq!(r.header("Location"), Some(want.as_str()));
     assert_eq!(get(a, "/deb/sub/").body_str(), "deb sub");
     assert_eq!(get(a, "/deb/none").status, 404);
+    // `alias` with `try_files`: a regex location's alias is a directory the URI goes under;
+    // a nested location without `root` inherits its parent's alias and prefix (nginx).
+    write_file(&s.dir, "html/aliased/alias-re.txt", b"re");
+    write_file(&s.dir, "html/aliased/n.txt", b"nested");
+    assert_eq!(get(a, "/alias-re.txt").body_str(), "re");
+    assert_eq!(get(a, "/nest/n.txt").body_str(), "nested");
+    assert_eq!(get(a, "/nest/none.txt").status, 404);
     // Maps of headers and cookies, directly and through another map.
     let r = raw(
         a,

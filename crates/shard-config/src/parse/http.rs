@@ -1124,6 +1124,7 @@ impl Eff {
             handler: None,
             root: self.root.clone(),
             alias: None,
+            alias_from: None,
             doc_root_vars: self.root_vars.clone(),
             index_vars: index_templates(&self.index),
             index: self.index.clone(),
@@ -1227,6 +1228,8 @@ pub(super) struct LocP {
     pub(super) handler: Option<StatusHandler>,
     pub(super) alias: Option<PathBuf>,
     pub(super) alias_vars: Option<Vec<Part>>,
+    /// The enclosing location's path, when `alias` is inherited from it.
+    pub(super) alias_from: Option<String>,
     /// `proxy_pass`, resolved to an upstream once the whole `http` block is read.
     pub(super) pass: Option<PassP>,
     /// `fastcgi_pass`, likewise.
@@ -1532,6 +1535,17 @@ pub(super) fn flatten(
     }
     conf.handler = l.handler;
     conf.alias = l.alias;
+    conf.alias_from = l.alias_from;
+    // What a nested location without `root` or `alias` inherits (not from a regex location,
+    // whose alias is the whole path).
+    let inherit = conf
+        .alias
+        .clone()
+        .filter(|_| conf.kind != LocationKind::Regex || conf.alias_from.is_some())
+        .map(|a| {
+            let from = conf.alias_from.clone().unwrap_or_else(|| conf.path.clone());
+            (a, l.alias_vars.clone(), from)
+        });
     if l.alias_vars.is_some() {
         conf.doc_root_vars = l.alias_vars;
     } else if conf.alias.is_some() {
@@ -1583,7 +1597,14 @@ pub(super) fn flatten(
             Arc::make_mut(le).location = Some(j);
         }
     }
-    for n in l.nested {
+    for mut n in l.nested {
+        if let Some((alias, vars, from)) = &inherit {
+            if n.alias.is_none() && n.alias_vars.is_none() && n.settings.root.is_none() {
+                n.alias = Some(alias.clone());
+                n.alias_vars = vars.clone();
+                n.alias_from = Some(from.clone());
+            }
+        }
         flatten(n, &eff, Some(me), ups, out)?;
     }
     Ok(())
@@ -1844,6 +1865,7 @@ pub(super) fn read_location(
         handler: None,
         alias: None,
         alias_vars: None,
+        alias_from: None,
         pass: None,
         fcgi_pass: None,
         limit_except: None,
@@ -1912,6 +1934,7 @@ pub(super) fn location_limit_except(env: &Env, loc: &mut LocP, d: &Directive, fi
         handler: None,
         alias: None,
         alias_vars: None,
+        alias_from: None,
         pass: None,
         fcgi_pass: None,
         limit_except: None,
@@ -3193,6 +3216,7 @@ pub(super) fn server_try_files(env: &Env, cx: &mut ServerCx<'_>, d: &Directive, 
         handler: None,
         alias: None,
         alias_vars: None,
+        alias_from: None,
         pass: None,
         fcgi_pass: None,
         limit_except: None,

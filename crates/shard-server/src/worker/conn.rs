@@ -2713,10 +2713,10 @@ impl<'a> Worker<'a> {
             let root = shard_http::vars::doc_root(&ctx);
             for f in &tf.files {
                 let uri = shard_http::vars::render(&f.name, &ctx);
-                let path = shard_http::static_file::map_path_with(loc, &uri, root.as_deref());
+                let path = shard_http::static_file::map_try_path_with(loc, &uri, root.as_deref());
                 match std::fs::metadata(&path) {
                     Ok(m) if m.is_dir() == f.dir => {
-                        found = Some(uri);
+                        found = Some((uri, f.dir));
                         break;
                     }
                     _ => {}
@@ -2730,7 +2730,11 @@ impl<'a> Worker<'a> {
                 shard_config::TryLast::Code(_) => None,
             }
         };
-        if let Some(uri) = found {
+        if let Some((uri, dir)) = found {
+            req.add_uri_to_alias = !dir
+                && loc.alias.is_some()
+                && loc.alias_from.is_none()
+                && loc.kind == shard_config::LocationKind::Regex;
             req.path = uri;
             req.uri_changed = true;
             return Action::Content;

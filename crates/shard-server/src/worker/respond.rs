@@ -584,7 +584,11 @@ fn static_file(
     head: &[u8],
 ) -> Reply {
     let root = w.doc_root(key, req, loc, head);
-    let path = shard_http::static_file::map_path_with(loc, &req.path, root.as_deref());
+    let path = if req.add_uri_to_alias {
+        shard_http::static_file::map_try_path_with(loc, &req.path, root.as_deref())
+    } else {
+        shard_http::static_file::map_path_with(loc, &req.path, root.as_deref())
+    };
     let opened = if req.path.ends_with('/') {
         // nginx's index module (GET, HEAD and POST): the index files in order; an absolute
         // name is an internal redirect at its turn, a relative one that exists is an
