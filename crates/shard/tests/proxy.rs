@@ -1875,15 +1875,29 @@ fn an_empty_hash_key_falls_back_to_round_robin() {
 #[test]
 fn bytes_to_and_from_each_peer_and_headers_on_a_failed_proxys_page() {
     let up = Upstream::start(|_| Reply::text(200, "SEE-THIS"));
+    // Answers once, then closes every connection without an answer.
+    let served = std::sync::atomic::AtomicUsize::new(0);
+    let closer = Upstream::start(move |_| {
+        if served.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            Reply::text(200, "first")
+        } else {
+            Reply::CloseNow
+        }
+    });
     let dead = support::upstream::refusing_port();
     let s = Server::start(
         "proxy-bytes-vars",
         &conf(
-            "log_format b \"$upstream_response_length:$upstream_bytes_received:$upstream_bytes_sent\";",
+            &format!(
+                "log_format b \"$upstream_response_length:$upstream_bytes_received:$upstream_bytes_sent\";\n\
+                 upstream pair {{ server 127.0.0.1:{dead}; server 127.0.0.1:{c}; }}",
+                c = closer.port
+            ),
             &format!(
                 "add_header X-IP $upstream_addr always;\n\
                  location / {{ proxy_pass http://127.0.0.1:{p}; access_log logs/b.log b; }}\n\
-                 location /dead {{ proxy_pass http://127.0.0.1:{dead}; }}",
+                 location /dead {{ proxy_pass http://127.0.0.1:{dead}; }}\n\
+                 location /pair {{ proxy_pass http://pair; }}",
                 p = up.port
             ),
         ),
@@ -1908,6 +1922,22 @@ fn bytes_to_and_from_each_peer_and_headers_on_a_failed_proxys_page() {
         r.header("x-ip").map(str::to_string),
         Some(format!("127.0.0.1:{dead}"))
     );
+    // The refusing peer fails and is down (max_fails=1); the other answers. When it fails
+    // next time, no live peer is left: nginx's attempt named by the upstream.
+    let r = get(s.addr(), "/pair");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("x-ip").map(str::to_string),
+        Some(format!("127.0.0.1:{dead}, 127.0.0.1:{}", closer.port))
+    );
+    let r = get(s.addr(), "/pair");
+    assert_eq!(r.status, 502);
+    assert_eq!(
+        r.header("x-ip").map(str::to_string),
+        Some(format!("127.0.0.1:{}, pair", closer.port))
+    );
+    assert!(error_log(&s)
+        .contains("no live upstreams while connecting to upstream, upstream: \"pair\""));
 }
 
 #[test]

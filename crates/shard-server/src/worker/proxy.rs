@@ -1256,15 +1256,25 @@ impl<'a> Worker<'a> {
                 }
                 let pick = self.pick_http_peer(key, p, upstream);
                 let Some(peer) = pick else {
-                    if p.tries == 0 {
-                        crate::log!(
-                            Error,
-                            "no live upstreams while connecting to upstream, upstream: \"{}\"",
-                            ups.name
-                        );
+                    // Every peer tried: the last failure's status. Peers left but none live
+                    // (down, or failed within `fail_timeout`): nginx's "no live upstreams",
+                    // an attempt named by the upstream (`$upstream_addr` ends `..., NAME`),
+                    // and 502.
+                    if p.tries > 0 && p.tried.iter().all(|t| *t) {
+                        return no_more_peers(p, 502);
                     }
+                    crate::log!(
+                        Error,
+                        "no live upstreams while connecting to upstream, upstream: \"{}\"",
+                        ups.name
+                    );
+                    p.attempts.push(shard_http::vars::UpstreamTry {
+                        addr: ups.name.clone(),
+                        status: Some(502),
+                        ..Default::default()
+                    });
                     // `balance::pick` marked every peer live again.
-                    return no_more_peers(p, 502);
+                    return Flow::Fail(502);
                 };
                 // `proxy_next_upstream_timeout`: no new attempt past it (the first sets it).
                 let nu_timeout = loc.proxy.next_upstream_timeout_ms;
