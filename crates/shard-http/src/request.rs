@@ -739,16 +739,34 @@ fn raw_value(line: &[u8]) -> &[u8] {
 }
 
 /// An absolute-form target's authority as nginx's request-line parser accepts it: a name of
-/// `[A-Za-z0-9.-]` or a bracketed IP literal, then an optional `:` and digits.
+/// `[A-Za-z0-9.-]` or a bracketed IP literal (IPv6 or RFC 3986's IPvFuture: letters, digits,
+/// `:`, unreserved and sub-delimiter characters), then an optional `:` and digits.
 fn valid_authority(a: &[u8]) -> bool {
     let rest = if a.first() == Some(&b'[') {
         let Some(close) = memchr(b']', a) else {
             return false;
         };
-        if !a[1..close]
-            .iter()
-            .all(|&c| c.is_ascii_hexdigit() || c == b':' || c == b'.')
-        {
+        if !a[1..close].iter().all(|&c| {
+            c.is_ascii_alphanumeric()
+                || matches!(
+                    c,
+                    b':' | b'-'
+                        | b'.'
+                        | b'_'
+                        | b'~'
+                        | b'!'
+                        | b'$'
+                        | b'&'
+                        | b'\''
+                        | b'('
+                        | b')'
+                        | b'*'
+                        | b'+'
+                        | b','
+                        | b';'
+                        | b'='
+                )
+        }) {
             return false;
         }
         &a[close + 1..]
@@ -1333,6 +1351,14 @@ mod tests {
                 200,
             ),
             ("GET http://[::1]/ HTTP/1.1\r\nHost: x\r\n\r\n".into(), 200),
+            (
+                "GET http://[v1.a!$&'()*+,;=-._~]/ HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                200,
+            ),
+            (
+                "GET http://[v1.a/]/ HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+                400,
+            ),
             (
                 "GET http://localhost:/ HTTP/1.1\r\nHost: x\r\n\r\n".into(),
                 200,
