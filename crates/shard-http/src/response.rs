@@ -159,6 +159,9 @@ pub fn write_extra(
             }
         }
     }
+    // Where this function's lines begin: a `$sent_http_NAME` in an `add_header` value reads
+    // the lines added before it (nginx's header list as the filter fills it).
+    let start = out.len();
     let mut value = Vec::new();
     let headers = if_headers.unwrap_or(&loc.add_headers);
     let list: Vec<&shard_config::AddHeader> =
@@ -178,6 +181,33 @@ pub fn write_extra(
         value.clear();
         match (ctx, h.value.as_slice()) {
             (_, [shard_config::Part::Lit(v)]) => value.extend_from_slice(v.as_bytes()),
+            (Some(c), parts)
+                if parts.iter().any(|p| {
+                    matches!(p, shard_config::Part::Var(shard_config::Var::SentHttp(_)))
+                }) =>
+            {
+                let mut seen = c.done.map_or(&b""[..], |d| d.head).to_vec();
+                if seen.is_empty() {
+                    seen.extend_from_slice(b"HTTP/1.1\r\n");
+                }
+                seen.extend_from_slice(&out[start..]);
+                let view = crate::vars::Ctx {
+                    req: c.req,
+                    headers: c.headers,
+                    client: c.client,
+                    server_addr: c.server_addr,
+                    server_name: c.server_name,
+                    location: c.location,
+                    pass: c.pass,
+                    conn: c.conn,
+                    scope: c.scope,
+                    done: Some(crate::vars::Done {
+                        head: &seen,
+                        ..c.done.unwrap_or_default()
+                    }),
+                };
+                crate::vars::push_parts(&mut value, parts, &view);
+            }
             (Some(c), parts) => crate::vars::push_parts(&mut value, parts, c),
             (None, _) => {}
         }
