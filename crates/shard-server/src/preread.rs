@@ -31,6 +31,15 @@ pub enum Preread {
 /// Looks at the first bytes of a connection. A ClientHello may span several handshake
 /// records; their payloads are joined.
 pub fn parse(buf: &[u8]) -> Preread {
+    // An SSL version 2 ClientHello (a 2-byte record header with the high bit, message 1):
+    // only its version is read, as nginx does.
+    if buf.len() >= 5 && buf[0] & 0x80 != 0 && buf[2] == 1 && (buf[3] == 0 || buf[3] == 3) {
+        let v = usize::from(u16::from_be_bytes([buf[3], buf[4]]));
+        return Preread::Hello(Hello {
+            protocol: version_name(v).to_string(),
+            ..Hello::default()
+        });
+    }
     let mut hs = Vec::new();
     let mut at = 0;
     loop {
@@ -69,7 +78,12 @@ pub fn parse(buf: &[u8]) -> Preread {
 
 /// Whether `b` (shorter than a record header) may begin a handshake record.
 fn is_record_start(b: &[u8]) -> bool {
-    b.first().is_none_or(|&t| t == 0x16) && b.get(1).is_none_or(|&v| v == 3)
+    match b.first() {
+        None => true,
+        // Perhaps a version 2 hello, whose header needs 5 bytes to tell.
+        Some(&t) if t & 0x80 != 0 => true,
+        Some(&t) => t == 0x16 && b.get(1).is_none_or(|&v| v == 3),
+    }
 }
 
 /// A cursor over a ClientHello's fields; every read is bounds-checked.
@@ -100,6 +114,8 @@ impl<'a> Rd<'a> {
 
 fn version_name(v: usize) -> &'static str {
     match v {
+        0x0002 => "SSLv2",
+        0x0300 => "SSLv3",
         0x0301 => "TLSv1",
         0x0302 => "TLSv1.1",
         0x0303 => "TLSv1.2",
@@ -123,10 +139,27 @@ fn hello(body: &[u8]) -> Option<Hello> {
     if r.0.is_empty() {
         return Some(out);
     }
-    let mut ext = Rd(r.vec16()?);
+    // What was found stands when the extensions are cut short (nginx's parser reads them
+    // as they come and keeps what it saw).
+    let list = match r.vec16() {
+        Some(l) => l,
+        // The list's length read, its bytes short: what there is.
+        None => r.0,
+    };
+    let mut ext = Rd(list);
     while !ext.0.is_empty() {
-        let kind = ext.u16()?;
-        let mut data = Rd(ext.vec16()?);
+        let Some(kind) = ext.u16() else {
+            return Some(out);
+        };
+        if kind == 43 {
+            // supported_versions: nginx names the hello TLSv1.3 whatever it lists (only
+            // TLS 1.3 clients send it).
+            out.protocol = "TLSv1.3".to_string();
+        }
+        let Some(data) = ext.vec16() else {
+            return Some(out);
+        };
+        let mut data = Rd(data);
         match kind {
             0 => {
                 // server_name: a list; nginx takes the host_name entry.
@@ -147,20 +180,6 @@ fn hello(body: &[u8]) -> Option<Hello> {
                     names.push(String::from_utf8_lossy(list.vec8()?).into_owned());
                 }
                 out.alpn = names.join(",");
-            }
-            43 => {
-                let mut list = Rd(data.vec8()?);
-                let mut best = 0;
-                while !list.0.is_empty() {
-                    let v = list.u16()?;
-                    // GREASE values (0x?a?a) are not versions.
-                    if v & 0x0f0f != 0x0a0a && !version_name(v).is_empty() {
-                        best = best.max(v);
-                    }
-                }
-                if best != 0 {
-                    out.protocol = version_name(best).to_string();
-                }
             }
             _ => {}
         }
@@ -187,6 +206,28 @@ mod tests {
         let mut out = Vec::new();
         c.write_tls(&mut out).unwrap();
         out
+    }
+
+    #[test]
+    fn version_2_hellos_and_supported_versions_name_the_protocol_as_nginx() {
+        // SSLv2-style record header, message 1, version 0.2 / 3.1.
+        let v2 = |a: u8, b: u8| vec![0x80, 0x1c, 0x01, a, b, 0x00, 0x03];
+        let proto = |buf: &[u8]| match parse(buf) {
+            Preread::Hello(h) => h.protocol,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(proto(&v2(0, 2)), "SSLv2");
+        assert_eq!(proto(&v2(3, 1)), "TLSv1");
+        // A TLS record whose hello says SSL 3.0.
+        let mut h = vec![0x16, 3, 0, 0, 0x2a, 1, 0, 0, 0x26, 3, 0];
+        h.extend_from_slice(&[0; 32]);
+        h.extend_from_slice(&[0, 0, 0, 0]);
+        assert_eq!(proto(&h), "SSLv3");
+        // supported_versions (even a draft version, even cut short): TLSv1.3.
+        let mut h = vec![0x16, 3, 1, 0, 0x33, 1, 0, 0, 0x2f, 3, 3];
+        h.extend_from_slice(&[0; 32]);
+        h.extend_from_slice(&[0, 0, 0, 0, 0, 7, 0, 0x2b, 0, 7, 2, 0x7f, 0x1c]);
+        assert_eq!(proto(&h), "TLSv1.3");
     }
 
     #[test]
