@@ -2496,9 +2496,17 @@ fn sub_filter_as_nginx() {
         location /var/replacement { sub_filter aab '${arg_a}_replaced'; return 200 $arg_b; }\n  \
         location /lm/ { sub_filter_last_modified on; alias {dir}/html/; }\n  \
         location /up/ { sub_filter_once off; proxy_pass http://127.0.0.1:{port1}/raw/; }\n  \
-        location /raw/ { sub_filter_types text/nothing; alias {dir}/html/; }\n \
+        location /raw/ { sub_filter_types text/nothing; alias {dir}/html/; }\n  \
+        location /notype { proxy_pass http://127.0.0.1:{up}; }\n \
         }\n}\n";
-    let s = Server::start_ports("sub-filter", conf, 1, 1);
+    // An answer without a Content-Type: `sub_filter_types *` filters it too (nginx).
+    let up = support::upstream::Upstream::start(|_| support::upstream::Reply::Fixed {
+        status: 200,
+        headers: vec![],
+        body: b"a foo".to_vec(),
+    });
+    let conf = conf.replace("{up}", &up.port.to_string());
+    let s = Server::start_ports("sub-filter", &conf, 1, 1);
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
     write_file(&s.dir, "html/foo.html", b"foo");
     write_file(&s.dir, "html/foo_uc.html", b"FOO");
@@ -2541,6 +2549,7 @@ fn sub_filter_as_nginx() {
     assert!(!hs.iter().any(|(k, _)| k == "content-length"), "{hs:?}");
     assert_eq!(body, "xbar".repeat(100_000));
     assert_eq!(get("/raw/big.txt").2, big, "the type not listed: untouched");
+    assert_eq!(get("/notype").2, "a bar");
 }
 
 /// `ssi on`, as nginx's ssi.t and ssi_if.t: commands, variables, includes as subrequests

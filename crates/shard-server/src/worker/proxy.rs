@@ -2589,7 +2589,10 @@ impl<'a> Worker<'a> {
                 .headers
                 .iter()
                 .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
-                .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+                // `sub_filter_types *` takes an answer without a type too (nginx's test of the
+                // type passes any response when the list is `*`).
+                .or_else(|| loc.sub_filter.any_type.then(String::new));
             if let Some(f) = ct.and_then(|ct| self.sub_filter_for(key, &p.req, &p.head, loc, &ct)) {
                 p.sub = Some(Box::new(f));
                 if loc.sub_filter.last_modified {

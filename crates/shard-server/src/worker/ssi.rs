@@ -784,9 +784,8 @@ impl<'a> Worker<'a> {
         }
         let ssi = applies(loc, content_type);
         // nginx's addition filter: 200 answers of main requests only.
-        let addition = status == 200
-            && c.sub == 0
-            && content_type.is_some_and(|ct| loc.addition.applies_to(ct));
+        let addition =
+            status == 200 && c.sub == 0 && loc.addition.applies_to(content_type.unwrap_or(""));
         if !ssi && !addition {
             return false;
         }
@@ -1517,7 +1516,8 @@ pub(super) fn may_filter(loc: &LocationConf) -> bool {
 
 /// Whether a response of `content_type` in `loc` is one SSI processes.
 pub(super) fn applies(loc: &LocationConf, content_type: Option<&str>) -> bool {
-    loc.ssi.enabled && content_type.is_some_and(|ct| loc.ssi.applies_to(ct))
+    // An answer without a type is taken by `ssi_types *` only (nginx's test of the type).
+    loc.ssi.enabled && loc.ssi.applies_to(content_type.unwrap_or(""))
 }
 
 #[cfg(test)]
