@@ -67,7 +67,7 @@ pub fn decide_for(
     if !conf.enabled
         || status != 200
         || len < conf.min_length
-        || !content_type.is_some_and(|t| type_matches(conf, t))
+        || !type_matches(conf, content_type.unwrap_or(""))
     {
         return Decision::default();
     }
@@ -339,6 +339,12 @@ mod tests {
             Decision::default()
         );
         assert_eq!(decide(&on(), &g, 200, None, 100), Decision::default());
+        // `gzip_types *` takes an answer without a type too (nginx's type test).
+        let any = GzipConf {
+            any_type: true,
+            ..on()
+        };
+        assert_eq!(decide(&any, &g, 200, None, 100), YES);
         assert_eq!(decide(&on(), &g, 200, html, 19), Decision::default());
         assert_eq!(decide(&on(), &g, 200, html, 20), YES);
         // HEAD gets the headers a GET gets (issue 12).
