@@ -1111,3 +1111,71 @@ fn udp_sessions_as_nginx() {
     let e = error_log(&s);
     assert!(e.contains("limiting connections by zone \"one\""), "{e}");
 }
+
+/// The upstream variables keep one value per attempt, as nginx's states (a failed attempt
+/// sent and received nothing, its times are `-`); with peers left but none live, the attempt
+/// is the upstream's name; an evaluation error of `proxy_pass $var` is status 500.
+#[test]
+fn stream_upstream_variables_per_attempt_and_no_live_upstreams() {
+    let (echo_port, _) = upstream(echo);
+    let (dead, dead2, dead3) = (refusing_port(), refusing_port(), refusing_port());
+    let conf = conf(
+        1,
+        &format!(
+            "log_format a '$server_port|$status|$upstream_addr|$upstream_bytes_sent|\
+             $upstream_bytes_received|$upstream_connect_time';\n\
+             access_log logs/a.log a;\n\
+             upstream two {{ server 127.0.0.1:{dead}; server 127.0.0.1:{echo_port}; }}\n\
+             upstream nl {{ server 127.0.0.1:{dead2}; server 127.0.0.1:{dead3}; }}\n\
+             server {{ listen 127.0.0.1:{{port1}}; proxy_pass two; }}\n\
+             server {{ listen 127.0.0.1:{{port2}}; proxy_pass nl; }}\n\
+             server {{ listen 127.0.0.1:{{port3}}; proxy_pass nowhere.test:$remote_port; }}"
+        ),
+    );
+    let s = Server::start_ports("stream-attempts", &conf, 1, 3);
+    let mut c = TcpStream::connect(local(s.ports[0])).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"hello").unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    c.read_to_end(&mut back).unwrap();
+    assert_eq!(back, b"hello");
+    assert_eq!(read_all(s.ports[1]), "");
+    assert_eq!(read_all(s.ports[1]), "");
+    assert_eq!(read_all(s.ports[2]), "");
+    let path = s.dir.join("logs/a.log");
+    let log = wait_for(Duration::from_secs(10), "four log lines", || {
+        let l = std::fs::read_to_string(&path).unwrap_or_default();
+        (l.lines().count() >= 4).then_some(l)
+    });
+    let lines: Vec<&str> = log.lines().collect();
+    let of = |port: u16| -> Vec<&str> {
+        lines
+            .iter()
+            .filter(|l| l.starts_with(&format!("{port}|")))
+            .copied()
+            .collect()
+    };
+    let two = of(s.ports[0]);
+    assert_eq!(two.len(), 1, "{log}");
+    let f: Vec<&str> = two[0].split('|').collect();
+    assert_eq!(f[1], "200", "{log}");
+    assert_eq!(f[2], format!("127.0.0.1:{dead}, 127.0.0.1:{echo_port}"));
+    assert_eq!((f[3], f[4]), ("0, 5", "0, 5"), "{log}");
+    assert!(f[5].starts_with("-, 0."), "{log}");
+    let nl = of(s.ports[1]);
+    assert_eq!(
+        nl,
+        [
+            format!(
+                "{}|502|127.0.0.1:{dead2}, 127.0.0.1:{dead3}|0, 0|0, 0|-, -",
+                s.ports[1]
+            ),
+            format!("{}|502|nl|0|0|-", s.ports[1]),
+        ],
+        "{log}"
+    );
+    let bad = of(s.ports[2]);
+    assert!(bad.len() == 1 && bad[0].contains("|500|"), "{log}");
+    assert!(error_log(&s).contains("no live upstreams while connecting to upstream"));
+}

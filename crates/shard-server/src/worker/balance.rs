@@ -12,8 +12,8 @@
 //!   forgive earlier failures, so a peer failing every third request still trips `max_fails`;
 //! - a peer picked when more than `fail_timeout` passed since its last check is checked now;
 //! - a lone peer is always used and has no accounting; when every peer (primaries, then
-//!   backups) is skipped, all failure counts are cleared "for quick recovery" and the request
-//!   gets no peer.
+//!   backups) is skipped, the request gets no peer (nginx's "no live upstreams"), and the
+//!   counts stay: since nginx 1.11.5 no "quick recovery" clears them.
 //!
 //! It owns no I/O and no configuration parsing.
 
@@ -118,10 +118,8 @@ pub(super) fn pick(
             return Some(b);
         }
     }
-    // Every peer failed: mark them live again for quick recovery.
-    for st in state.iter_mut() {
-        st.fails = 0;
-    }
+    // Every peer skipped: none, until `fail_timeout` brings one back (nginx 1.11.5 dropped
+    // its "quick recovery" that cleared every count here).
     None
 }
 
@@ -191,9 +189,7 @@ pub(super) fn pick_random(
         }
         return Some(pick);
     }
-    for st in state.iter_mut() {
-        st.fails = 0;
-    }
+    // As `pick`: no quick recovery.
     None
 }
 
@@ -393,7 +389,7 @@ mod tests {
     }
 
     #[test]
-    fn backups_only_when_no_primary_is_left_and_all_failed_clears_counts() {
+    fn backups_only_when_no_primary_is_left_and_all_failed_wait_for_fail_timeout() {
         let mut peers = [peer(1, 1, 10_000), peer(1, 1, 10_000)];
         peers[1].backup = true;
         let mut st = PeerState::table(&peers);
@@ -401,9 +397,11 @@ mod tests {
         failed(&peers, &mut st, 0, 5);
         assert_eq!(pick(&peers, &mut st, &[false; 2], 6), Some(1));
         failed(&peers, &mut st, 1, 6);
+        // No live peer, and no "quick recovery" (nginx 1.11.5+): still none a moment later,
+        // the first back once its `fail_timeout` has passed.
         assert_eq!(pick(&peers, &mut st, &[false; 2], 7), None);
-        assert!(st.iter().all(|s| s.fails == 0));
-        assert_eq!(pick(&peers, &mut st, &[false; 2], 8), Some(0));
+        assert_eq!(pick(&peers, &mut st, &[false; 2], 8), None);
+        assert_eq!(pick(&peers, &mut st, &[false; 2], 10_006), Some(0));
     }
 
     #[test]

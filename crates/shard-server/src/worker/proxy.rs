@@ -1260,7 +1260,13 @@ impl<'a> Worker<'a> {
                     // (down, or failed within `fail_timeout`): nginx's "no live upstreams",
                     // an attempt named by the upstream (`$upstream_addr` ends `..., NAME`),
                     // and 502.
-                    if p.tries > 0 && p.tried.iter().all(|t| *t) {
+                    // (A `down` peer is never counted as one left, as nginx's tries count.)
+                    let left = p
+                        .tried
+                        .iter()
+                        .zip(ups.peers.iter())
+                        .any(|(t, peer)| !*t && !peer.down);
+                    if p.tries > 0 && !left {
                         return no_more_peers(p, 502);
                     }
                     crate::log!(

@@ -183,6 +183,8 @@ pub(super) struct Relay {
     ups: usize,
     /// `proxy_pass $var` named a host whose addresses are being asked of the `resolver`.
     resolving: bool,
+    /// The upstream's name, when a further attempt found no live peer.
+    no_live: Option<String>,
     /// `ssl_preread on`: reading the ClientHello (into `early`), and what it said.
     prereading: bool,
     preread_done: bool,
@@ -228,6 +230,9 @@ pub(super) struct Session<'a> {
     bytes_sent: u64,
     bytes_received: u64,
     upstream: &'a [SocketAddr],
+    /// No live peer was left for a further attempt: that attempt, named by the upstream
+    /// (nginx's `$upstream_addr` ends with the upstream's name).
+    no_live: Option<&'a str>,
     up_sent: u64,
     up_received: u64,
     connect_ms: Option<u64>,
@@ -272,6 +277,7 @@ impl<'a> Session<'a> {
             bytes_sent: 0,
             bytes_received: 0,
             upstream: &[],
+            no_live: None,
             up_sent: 0,
             up_received: 0,
             connect_ms: None,
@@ -445,6 +451,7 @@ impl<'a> Worker<'a> {
             current_peer: None,
             connecting: true,
             resolving: false,
+            no_live: None,
             deadline_ms: u64::MAX,
             timer_at: u64::MAX,
             handshaking: tls.is_some(),
@@ -534,6 +541,7 @@ impl<'a> Worker<'a> {
             bytes_sent: r.fixed.map_or(0, |f| f.1) + down.map_or(0, |p| p.written),
             bytes_received: up.map_or(0, |p| p.taken().saturating_sub(r.pp_out)),
             upstream: &r.attempts,
+            no_live: r.no_live.as_deref(),
             up_sent: up.map_or(0, |p| p.written),
             up_received: down.map_or(0, Pipe::taken),
             connect_ms: r.connect_ms,
@@ -748,6 +756,8 @@ impl<'a> Worker<'a> {
                         Error,
                         "no port in upstream \"{target}\", client: {client}, server: {listen}"
                     );
+                    // nginx's evaluation errors end the session with 500.
+                    self.relays[key].fixed = Some((500, 0));
                     return PassTarget::Fail;
                 };
                 let Some(rconf) = self.stream_server(r.server).resolver.clone() else {
@@ -755,6 +765,7 @@ impl<'a> Worker<'a> {
                         Error,
                         "no resolver defined to resolve {host}, client: {client}, server: {listen}"
                     );
+                    self.relays[key].fixed = Some((500, 0));
                     return PassTarget::Fail;
                 };
                 let waiter = (key, r.id | super::resolver::RELAY_WAITER);
@@ -787,6 +798,7 @@ impl<'a> Worker<'a> {
                 Error,
                 "too many proxy_pass addresses in this worker ({STREAM_DYN_MAX}), client: {client}, server: {listen}"
             );
+            self.relays[key].fixed = Some((500, 0));
             return PassTarget::Fail;
         }
         let peers = addrs
@@ -1306,16 +1318,28 @@ impl<'a> Worker<'a> {
             let r = &mut self.relays[key];
             r.tried = tried;
             let Some(p) = pick else {
-                // `balance::pick` marked every peer live again; this connection closes.
+                // Every peer tried: the session ends. Peers left but none live: nginx's "no
+                // live upstreams", an attempt named by the upstream. (`balance::pick` marked
+                // every peer live again.)
+                // (A `down` peer is never counted as one left, as nginx's tries count.)
                 let r = &self.relays[key];
-                if first {
-                    crate::log!(
-                        Error,
-                        "no live upstreams while connecting to upstream, client: {}, server: {}",
-                        r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
-                        r.listen
-                    );
+                let peers = &self.stream_ups(upstream).peers;
+                let left = r
+                    .tried
+                    .iter()
+                    .zip(peers.iter())
+                    .any(|(t, p)| !*t && !p.down);
+                if !first && !left {
+                    return Io::Close;
                 }
+                crate::log!(
+                    Error,
+                    "no live upstreams while connecting to upstream, client: {}, server: {}",
+                    r.peer.map_or("-".to_string(), |p| p.ip().to_string()),
+                    r.listen
+                );
+                let name = self.stream_ups(upstream).name.clone();
+                self.relays[key].no_live = Some(name);
                 return Io::Close;
             };
             r.tried[p] = true;
@@ -2163,20 +2187,44 @@ fn session_var(
                 }
                 let _ = write!(out, "{a}");
             }
-        }
-        Var::UpstreamBytesSent if !s.upstream.is_empty() => push_u64(out, s.up_sent),
-        Var::UpstreamBytesReceived if !s.upstream.is_empty() => push_u64(out, s.up_received),
-        Var::UpstreamConnectTime => {
-            if let Some(ms) = s.connect_ms {
-                push_secs(out, ms);
+            if let Some(name) = s.no_live {
+                if !s.upstream.is_empty() {
+                    out.extend_from_slice(b", ");
+                }
+                out.extend_from_slice(name.as_bytes());
             }
         }
-        Var::UpstreamFirstByteTime => {
-            if let Some(ms) = s.first_byte_ms {
-                push_secs(out, ms);
-            }
-        }
-        Var::UpstreamSessionTime if s.connect_ms.is_some() => secs_since(out, s.started_ms),
+        // One value per attempt, as nginx keeps a state per attempt: the attempts before the
+        // last failed (no bytes, times not measured), the last is the session's.
+        Var::UpstreamBytesSent => per_attempt(out, s, |out| push_u64(out, s.up_sent), b"0"),
+        Var::UpstreamBytesReceived => per_attempt(out, s, |out| push_u64(out, s.up_received), b"0"),
+        Var::UpstreamConnectTime => per_attempt(
+            out,
+            s,
+            |out| match s.connect_ms {
+                Some(ms) => push_secs(out, ms),
+                None => out.push(b'-'),
+            },
+            b"-",
+        ),
+        Var::UpstreamFirstByteTime => per_attempt(
+            out,
+            s,
+            |out| match s.first_byte_ms {
+                Some(ms) => push_secs(out, ms),
+                None => out.push(b'-'),
+            },
+            b"-",
+        ),
+        Var::UpstreamSessionTime => per_attempt(
+            out,
+            s,
+            |out| match s.connect_ms {
+                Some(_) => secs_since(out, s.started_ms),
+                None => out.push(b'-'),
+            },
+            b"-",
+        ),
         Var::ProxyProtocolAddr
         | Var::ProxyProtocolServerAddr
         | Var::ProxyProtocolPort
@@ -2346,6 +2394,7 @@ impl Worker<'_> {
             bytes_sent: f.bytes_sent,
             bytes_received: f.bytes_received,
             upstream: f.upstream,
+            no_live: None,
             up_sent: f.up_sent,
             up_received: f.up_received,
             connect_ms: Some(0),
@@ -2360,5 +2409,22 @@ impl Worker<'_> {
                 &self.stream().maps,
             )
         }
+    }
+}
+
+/// A per-attempt upstream variable: `failed` for each attempt before the last (and for a
+/// no-live attempt, after which the last real one failed too), `last` for the last one;
+/// nothing without attempts.
+fn per_attempt(out: &mut Vec<u8>, s: &Session<'_>, last: impl FnOnce(&mut Vec<u8>), failed: &[u8]) {
+    let n = s.upstream.len() + usize::from(s.no_live.is_some());
+    for i in 0..n {
+        if i > 0 {
+            out.extend_from_slice(b", ");
+        }
+        if i + 1 == n && s.no_live.is_none() {
+            last(out);
+            return;
+        }
+        out.extend_from_slice(failed);
     }
 }
