@@ -581,8 +581,11 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                         return None;
                     }
                     let v = std::str::from_utf8(v).ok()?;
+                    // Spaces around the name and value are skipped, nothing else (a tab is
+                    // part of them), as nginx's Set-Cookie parser.
                     let (k, rest) = v.split_once('=')?;
-                    (k.trim() == name).then(|| rest.split(';').next().unwrap_or("").trim())
+                    (k.trim_matches(' ') == name)
+                        .then(|| rest.split(';').next().unwrap_or("").trim_matches(' '))
                 });
             if let Some(v) = value {
                 out.extend_from_slice(v.as_bytes());

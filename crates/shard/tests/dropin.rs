@@ -1945,7 +1945,9 @@ fn upstream_header_and_cookie_variables() {
                 add_header X-Got \"$upstream_http_x_thing|$upstream_cookie_sid\"; }\n    }\n    \
                 server { listen 127.0.0.1:{port1}; location / {\n        \
                 add_header X-Thing one; add_header X-Accel-Foo hidden;\n        \
-                add_header Set-Cookie \"sid=abc; Path=/\"; return 200 \"up\"; } }\n}\n";
+                add_header Set-Cookie \"sid=abc; Path=/\"; return 200 \"up\"; }\n        \
+                location /p/tab { add_header Set-Cookie \"sid\t=\tx ;\"; return 200 \"up\"; }\n        \
+                location /p/sp { add_header Set-Cookie \"sid = x  ;\"; return 200 \"up\"; } }\n}\n";
     let s = Server::start_ports("upstream-vars", conf, 1, 1);
     let r = get(s.addr(), "/p/x");
     assert_eq!(r.body_str(), "up");
@@ -1953,6 +1955,9 @@ fn upstream_header_and_cookie_variables() {
     assert_eq!(r.header("X-Accel-Foo"), None, "hidden from the client");
     let log = std::fs::read_to_string(s.dir.join("logs/up.log")).unwrap_or_default();
     assert_eq!(log.trim_end(), "/p/x x=hidden c=abc");
+    // Spaces around the name and the value are skipped, tabs are not (nginx's parser).
+    assert_eq!(get(s.addr(), "/p/sp").header("X-Got"), Some("|x"));
+    assert_eq!(get(s.addr(), "/p/tab").header("X-Got"), Some("|"));
 }
 
 /// `proxy_method` (variables allowed) and `proxy_pass_request_headers off`.

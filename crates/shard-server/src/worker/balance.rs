@@ -517,7 +517,9 @@ pub(super) fn pick_ip_hash(
             Some(v4) => v4.octets()[..3].to_vec(),
             None => v6.octets().to_vec(),
         },
-        None => return pick(peers, state, tried, now_ms),
+        // A client without an IP address (a Unix-domain socket): nginx's pseudo address of
+        // three zero bytes, so such clients all hash alike.
+        None => vec![0, 0, 0],
     };
     let mut hash: u64 = 89;
     draw(peers, state, tried, now_ms, || {
@@ -699,5 +701,11 @@ mod method_tests {
         let a = pick_ip_hash(&p, &mut st, &tried, ip("192.0.2.1"), 1);
         let b = pick_ip_hash(&p, &mut st, &tried, ip("192.0.2.200"), 1);
         assert_eq!(a, b);
+        // Clients without an address (Unix-domain sockets) hash as 0.0.0: one peer for all.
+        let unix: Vec<_> = (0..6)
+            .map(|_| pick_ip_hash(&p, &mut st, &tried, None, 1))
+            .collect();
+        assert!(unix.iter().all(|u| *u == unix[0]), "{unix:?}");
+        assert_eq!(unix[0], pick_ip_hash(&p, &mut st, &tried, ip("0.0.0.1"), 1));
     }
 }
