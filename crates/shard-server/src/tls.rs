@@ -485,6 +485,7 @@ pub(crate) fn upstream_config(
                     pem_error(&e)
                 )
             })?;
+        let cas = certs.clone();
         let (added, _) = roots.add_parsable_certificates(certs);
         if added == 0 {
             return Err(format!(
@@ -492,8 +493,10 @@ pub(crate) fn upstream_config(
                 ca.display()
             ));
         }
-        let mut vb =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), prov);
+        let mut vb = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            prov.clone(),
+        );
         if let Some(path) = &ssl.crl {
             let crls = rustls::pki_types::CertificateRevocationListDer::pem_file_iter(path)
                 .and_then(|it| it.collect::<Result<Vec<_>, _>>())
@@ -511,7 +514,13 @@ pub(crate) fn upstream_config(
         let verifier = vb
             .build()
             .map_err(|e| format!("proxy_ssl_trusted_certificate: {e} in {at}"))?;
-        builder.with_webpki_verifier(verifier)
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(CnFallback {
+                inner: verifier,
+                cas,
+                provider: prov,
+            }))
     } else {
         builder
             .dangerous()
@@ -858,6 +867,46 @@ struct WithV1Leaves {
     provider: Arc<rustls::crypto::CryptoProvider>,
 }
 
+/// OpenSSL's walk from a peer's certificate: issuers by name and signature, from the trusted
+/// `cas` or the peer's chain, up to a trusted certificate that signed itself; the issuers
+/// above the peer's own count against `depth` (a trusted intermediate too). The chain, the
+/// peer's certificate first.
+fn walk_chain<'c>(
+    cas: &'c [CertificateDer<'static>],
+    depth: u32,
+    leaf: crate::x509::Cert<'c>,
+    intermediates: &'c [CertificateDer<'_>],
+    algs: &[&'static dyn rustls::pki_types::SignatureVerificationAlgorithm],
+) -> Result<Vec<crate::x509::Cert<'c>>, rustls::Error> {
+    use rustls::CertificateError as E;
+    let mut chain = vec![leaf];
+    loop {
+        let cur = *chain.last().expect("one at least");
+        if cur.subject == cur.issuer && crate::x509::signed_by(&cur, &cur, algs) {
+            let trusted = cas
+                .iter()
+                .any(|ca| crate::x509::parse(ca).is_some_and(|t| t.tbs == cur.tbs));
+            if !trusted {
+                return Err(rustls::Error::InvalidCertificate(E::UnknownIssuer));
+            }
+            return Ok(chain);
+        }
+        let issuer = crate::x509::trusted_issuer(&cur, cas, algs).or_else(|| {
+            intermediates
+                .iter()
+                .filter_map(|i| crate::x509::parse(i))
+                .find(|i| i.subject == cur.issuer && crate::x509::signed_by(&cur, i, algs))
+        });
+        let Some(issuer) = issuer else {
+            return Err(rustls::Error::InvalidCertificate(E::UnknownIssuer));
+        };
+        if chain.len() > depth as usize {
+            return Err(rustls::Error::General("chain too long".into()));
+        }
+        chain.push(issuer);
+    }
+}
+
 /// webpki refuses a CA certificate as a client's own (`CaUsedAsEndEntity`); OpenSSL takes it.
 fn webpki_refuses_ca_leaf(e: &rustls::Error) -> bool {
     matches!(
@@ -878,34 +927,7 @@ impl WithV1Leaves {
         intermediates: &'c [CertificateDer<'_>],
         algs: &[&'static dyn rustls::pki_types::SignatureVerificationAlgorithm],
     ) -> Result<Vec<crate::x509::Cert<'c>>, rustls::Error> {
-        use rustls::CertificateError as E;
-        let mut chain = vec![leaf];
-        loop {
-            let cur = *chain.last().expect("one at least");
-            if cur.subject == cur.issuer && crate::x509::signed_by(&cur, &cur, algs) {
-                let trusted = self
-                    .cas
-                    .iter()
-                    .any(|ca| crate::x509::parse(ca).is_some_and(|t| t.tbs == cur.tbs));
-                if !trusted {
-                    return Err(rustls::Error::InvalidCertificate(E::UnknownIssuer));
-                }
-                return Ok(chain);
-            }
-            let issuer = crate::x509::trusted_issuer(&cur, &self.cas, algs).or_else(|| {
-                intermediates
-                    .iter()
-                    .filter_map(|i| crate::x509::parse(i))
-                    .find(|i| i.subject == cur.issuer && crate::x509::signed_by(&cur, i, algs))
-            });
-            let Some(issuer) = issuer else {
-                return Err(rustls::Error::InvalidCertificate(E::UnknownIssuer));
-            };
-            if chain.len() > self.depth as usize {
-                return Err(rustls::Error::General("chain too long".into()));
-            }
-            chain.push(issuer);
-        }
+        walk_chain(&self.cas, self.depth, leaf, intermediates, algs)
     }
 
     /// `ssl_crl` as OpenSSL checks it for nginx (every certificate of the chain but the
@@ -1018,6 +1040,117 @@ impl ClientCertVerifier for WithV1Leaves {
 /// `proxy_ssl_verify off` (nginx's default): any certificate is accepted, as OpenSSL does
 /// without verification; the handshake's signatures are still checked, so the peer holds
 /// the key of the certificate it sent.
+/// `proxy_ssl_verify on`: webpki's verification, and OpenSSL's fallback to the subject's
+/// common name when the certificate lists no DNS name in `subjectAltName` (webpki reads
+/// `subjectAltName` only, so a CN-only certificate, which nginx's upstream check accepts,
+/// would fail). A name mismatch is webpki's last check: the chain and its validity were
+/// verified when it reports one.
+#[derive(Debug)]
+struct CnFallback {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    /// The trusted CAs, for the certificates webpki refuses to read (X.509 version 1, a CA
+    /// as the peer's own), which shard walks itself as OpenSSL would.
+    cas: Vec<CertificateDer<'static>>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+/// How many issuers above an upstream's certificate shard's own walk follows (webpki's path
+/// has its own bound; `proxy_ssl_verify_depth` is not applied).
+const UPSTREAM_WALK_DEPTH: u32 = 100;
+
+impl CnFallback {
+    /// The names a certificate is valid for, as OpenSSL's `X509_check_host`: its DNS
+    /// `subjectAltName`s, else its common names.
+    fn name_ok(cert: &crate::x509::Cert<'_>, name: &str) -> bool {
+        if crate::x509::has_dns_san(cert) {
+            return crate::x509::dns_sans(cert)
+                .iter()
+                .any(|n| crate::x509::host_matches(n, name));
+        }
+        crate::x509::subject_cns(cert)
+            .iter()
+            .any(|cn| crate::x509::host_matches(cn, name))
+    }
+}
+
+impl rustls::client::danger::ServerCertVerifier for CnFallback {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &rustls::pki_types::ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        use rustls::CertificateError as E;
+        let res = self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        );
+        let name_failed = matches!(
+            &res,
+            Err(rustls::Error::InvalidCertificate(
+                E::NotValidForName | E::NotValidForNameContext { .. }
+            ))
+        );
+        let own_walk =
+            res.as_ref().is_err_and(webpki_refuses_ca_leaf) || webpki_refuses_version(end_entity);
+        if !name_failed && !own_walk {
+            return res;
+        }
+        let rustls::pki_types::ServerName::DnsName(name) = server_name else {
+            return res;
+        };
+        let Some(cert) = crate::x509::parse(end_entity) else {
+            return res;
+        };
+        if own_walk {
+            let algs = self.provider.signature_verification_algorithms.all;
+            walk_chain(&self.cas, UPSTREAM_WALK_DEPTH, cert, intermediates, algs)?;
+            let bad = |e: E| Err(rustls::Error::InvalidCertificate(e));
+            match crate::x509::validity(end_entity) {
+                Some((from, _)) if now.as_secs() < from => return bad(E::NotValidYet),
+                Some((_, until)) if now.as_secs() > until => return bad(E::Expired),
+                Some(_) => {}
+                None => return bad(E::BadEncoding),
+            }
+        }
+        // A name mismatch is webpki's last check: the chain was verified when it reports one.
+        if Self::name_ok(&cert, name.as_ref()) {
+            return Ok(rustls::client::danger::ServerCertVerified::assertion());
+        }
+        if own_walk {
+            return Err(rustls::Error::InvalidCertificate(E::NotValidForName));
+        }
+        res
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        tls12_signature(&self.provider, message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        tls13_signature(&self.provider, message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
 #[derive(Debug)]
 struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
 

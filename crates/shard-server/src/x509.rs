@@ -167,6 +167,108 @@ pub(crate) fn parse(cert: &[u8]) -> Option<Cert<'_>> {
     })
 }
 
+/// The values of the subject's common names (`CN`), in DER order.
+pub(crate) fn subject_cns<'a>(cert: &Cert<'a>) -> Vec<&'a [u8]> {
+    let mut out = Vec::new();
+    let Some((0x30, mut rest, _)) = der(cert.subject) else {
+        return out;
+    };
+    while let Some((0x31, set, r)) = der(rest) {
+        rest = r;
+        let mut s = set;
+        while let Some((0x30, atv, r2)) = der(s) {
+            s = r2;
+            if let Some((0x06, [0x55, 0x04, 0x03], value)) = der(atv) {
+                if let Some((_, v, _)) = der(value) {
+                    out.push(v);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether the certificate's `subjectAltName` lists a DNS name (then, as OpenSSL's
+/// `X509_check_host`, its common name is not a name it is valid for).
+pub(crate) fn has_dns_san(cert: &Cert<'_>) -> bool {
+    !dns_sans(cert).is_empty()
+}
+
+/// The DNS names of the certificate's `subjectAltName`.
+pub(crate) fn dns_sans<'a>(cert: &Cert<'a>) -> Vec<&'a [u8]> {
+    let mut out = Vec::new();
+    // TBSCertificate: ... subjectPublicKeyInfo, then [1] [2] unique ids, [3] extensions.
+    let Some((0x30, tbs, _)) = der(cert.tbs) else {
+        return out;
+    };
+    let Some(at) = tbs
+        .windows(cert.spki.len())
+        .position(|w| w == cert.spki)
+        .map(|i| i + cert.spki.len())
+    else {
+        return out;
+    };
+    let mut rest = &tbs[at..];
+    while let Some((tag, content, r)) = der(rest) {
+        rest = r;
+        if tag != 0xa3 {
+            continue;
+        }
+        let Some((0x30, mut exts, _)) = der(content) else {
+            return out;
+        };
+        while let Some((0x30, ext, r2)) = der(exts) {
+            exts = r2;
+            let Some((0x06, oid, mut e)) = der(ext) else {
+                continue;
+            };
+            if oid != [0x55, 0x1d, 0x11] {
+                continue;
+            }
+            if let Some((0x01, _, r3)) = der(e) {
+                e = r3; // critical
+            }
+            let Some((0x04, value, _)) = der(e) else {
+                return out;
+            };
+            let Some((0x30, mut names, _)) = der(value) else {
+                return out;
+            };
+            while let Some((tag, name, r4)) = der(names) {
+                names = r4;
+                if tag == 0x82 {
+                    out.push(name);
+                }
+            }
+            return out;
+        }
+    }
+    out
+}
+
+/// Whether `pattern` (a certificate's name) matches host `name` as OpenSSL's
+/// `X509_check_host` does with nginx's flags: without case, a `*` allowed as the whole
+/// leftmost label of a pattern of three labels or more, matching one label.
+pub(crate) fn host_matches(pattern: &[u8], name: &str) -> bool {
+    let Ok(pattern) = std::str::from_utf8(pattern) else {
+        return false;
+    };
+    let name = name.trim_end_matches('.');
+    if pattern.eq_ignore_ascii_case(name) {
+        return true;
+    }
+    let Some(suffix) = pattern.strip_prefix("*.") else {
+        return false;
+    };
+    if suffix.split('.').count() < 2 {
+        return false;
+    }
+    match name.split_once('.') {
+        Some((label, rest)) => !label.is_empty() && rest.eq_ignore_ascii_case(suffix),
+        None => false,
+    }
+}
+
 /// A certificate revocation list's parts, borrowed from its DER, whatever its version
 /// (`openssl ca -gencrl` writes version 1 lists when no CRL extensions are configured, and
 /// `webpki` reads only version 2).
@@ -285,6 +387,26 @@ pub(crate) fn trusted_issuer<'c>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn common_names_of_a_certificate_without_alt_names() {
+        let d = pem_der(V1_SELF_SIGNED);
+        let c = parse(&d).unwrap();
+        assert_eq!(subject_cns(&c), [&b"v1.test"[..]]);
+        assert!(!has_dns_san(&c));
+    }
+
+    #[test]
+    fn host_names_match_as_openssl_checks_them() {
+        assert!(host_matches(b"Cn.Test", "cn.test"));
+        assert!(host_matches(b"cn.test", "cn.test."));
+        assert!(host_matches(b"*.example.com", "a.example.com"));
+        assert!(!host_matches(b"*.example.com", "a.b.example.com"));
+        assert!(!host_matches(b"*.example.com", "example.com"));
+        assert!(!host_matches(b"*.com", "a.com"), "too few labels");
+        assert!(!host_matches(b"a*.example.com", "ab.example.com"));
+        assert!(!host_matches(b"other.test", "cn.test"));
+    }
 
     /// A certificate made with `openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256
     /// -days 36500 -nodes` under a configuration without `x509_extensions` (`CN = v1.test`):

@@ -3044,3 +3044,50 @@ fn certificates_with_variables_are_loaded_per_handshake() {
     let log = error_log(&s);
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// `proxy_ssl_verify on` with an upstream whose certificate has no DNS `subjectAltName`:
+/// its common name is the name checked, as OpenSSL's `X509_check_host` does for nginx.
+#[test]
+fn proxy_ssl_verify_falls_back_to_the_common_name() {
+    let dir = temp_dir("tls-cn").keep();
+    let p = pki(&dir, &["unused.test"]);
+    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "cn test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "cn.test");
+    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+    let d = p.dir.join("conf");
+    std::fs::write(d.join("cnca.pem"), ca.pem()).unwrap();
+    std::fs::write(d.join("cn.pem"), cert.pem()).unwrap();
+    std::fs::write(d.join("cn.key"), key.serialize_pem()).unwrap();
+    let conf = format!(
+        "error_log logs/error.log info;\nevents {{ }}\nhttp {{\n\
+         server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }}\n\
+           location /good {{ proxy_pass https://127.0.0.1:{{port1}}/; proxy_ssl_verify on;\n\
+             proxy_ssl_trusted_certificate {d}/cnca.pem; proxy_ssl_name cn.test; }}\n\
+           location /bad {{ proxy_pass https://127.0.0.1:{{port1}}/; proxy_ssl_verify on;\n\
+             proxy_ssl_trusted_certificate {d}/cnca.pem; proxy_ssl_name other.test; }} }}\n\
+         server {{ listen 127.0.0.1:{{port1}} ssl; ssl_certificate {d}/cn.pem;\n\
+           ssl_certificate_key {d}/cn.key; location / {{ return 200 \"up\"; }} }}\n\
+         }}\n",
+        d = d.display()
+    );
+    let s = Server::start_ports("tls-cn-run", &conf, 1, 1);
+    let r = get(s.addr(), "/good");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "up"));
+    assert_eq!(get(s.addr(), "/bad").status, 502);
+    let log = wait_for(TIMEOUT, "the mismatch logged", || {
+        let l = error_log(&s);
+        l.contains("SSL_do_handshake() failed").then_some(l)
+    });
+    assert!(log.contains("not valid for name"), "{log}");
+}
