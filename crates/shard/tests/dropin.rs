@@ -1311,6 +1311,8 @@ http {
         location /deb/ { try_files $uri $uri/ =404; }
         location ~ /alias-re.txt { alias {dir}/html/aliased; try_files $uri =404; }
         location /nest/ { alias {dir}/html/aliased/; location ~ txt { try_files $uri =404; } }
+        location = /err302 { error_page 302 /autoloc; return 302 "first"; }
+        location /autoloc/ { proxy_pass http://127.0.0.1:1; }
         location = /sent { add_header Cache-Control foo; add_header Cache-Control bar;
             add_header X-Sent $sent_http_cache_control; return 204; }
         location = /tier { return 200 "$tier $plan $level"; }
@@ -1358,6 +1360,16 @@ fn try_files_maps_and_error_pages_as_nginx() {
     assert_eq!(get(a, "/alias-re.txt").body_str(), "re");
     assert_eq!(get(a, "/nest/n.txt").body_str(), "nested");
     assert_eq!(get(a, "/nest/none.txt").status, 404);
+    // An `error_page` URI is searched anew, `auto_redirect` included: 301 to `/autoloc/`,
+    // the first answer's Location gone.
+    let r = get(a, "/err302");
+    assert_eq!(r.status, 301);
+    assert!(
+        r.header("Location")
+            .is_some_and(|l| l.ends_with("/autoloc/")),
+        "{:?}",
+        r.header("Location")
+    );
     // `$sent_http_NAME` in `add_header` reads the lines added before it.
     assert_eq!(get(a, "/sent").header("X-Sent"), Some("foo, bar"));
     // Maps of headers and cookies, directly and through another map.

@@ -2278,20 +2278,10 @@ impl<'a> Worker<'a> {
         }
         // nginx's `auto_redirect` (its find-config phase, before any rewrite): `/dir` where
         // `location /dir/` passes to an upstream is a 301 to `/dir/`, arguments kept.
-        let auto = server
-            .index
-            .auto_redirect(&req.path)
-            .filter(|_| forced.is_none());
-        let rewritten = Some(if let Some(i) = auto {
+        let auto = auto_redirect(server, &req).filter(|_| forced.is_none());
+        let rewritten = Some(if let Some((i, r)) = auto {
             loc = &server.locations[i];
-            let mut target = String::with_capacity(req.path.len() + 1);
-            shard_http::static_file::escape_uri(&req.path, &mut target);
-            target.push('/');
-            if let Some(q) = &req.query {
-                target.push('?');
-                target.push_str(q);
-            }
-            Rewritten::Return(301, Some(target))
+            r
         } else if forced.is_none() {
             self.rewrite_phase(key, server, &mut loc, &mut req, &head, &mut hops)
         } else {
@@ -3535,7 +3525,14 @@ impl<'a> Worker<'a> {
             let reply = match action {
                 Action::Redirect(target) => {
                     hops += 1;
+                    let uri = !matches!(target, Redirect::Named(_));
                     loc = self.redirect(key, server, target, &mut req);
+                    // A URI is searched anew, `auto_redirect` included (nginx's find-config
+                    // phase); a named location is not.
+                    if let Some((i, r)) = auto_redirect(server, &req).filter(|_| uri) {
+                        loc = &server.locations[i];
+                        rewritten = Some(r);
+                    }
                     continue;
                 }
                 Action::Return(code, text) => {
@@ -3561,6 +3558,10 @@ impl<'a> Worker<'a> {
                 hops += 1;
                 let query = req.query.clone();
                 loc = self.redirect(key, server, Redirect::Uri { path: uri, query }, &mut req);
+                if let Some((i, r)) = auto_redirect(server, &req) {
+                    loc = &server.locations[i];
+                    rewritten = Some(r);
+                }
                 continue;
             }
             let Some(i) = reply.error_page else {
@@ -3599,7 +3600,13 @@ impl<'a> Worker<'a> {
                 req.method = shard_http::request::Method::Get;
             }
             hops += 1;
-            let next = self.redirect(key, server, Redirect::parse(&target), &mut req);
+            let target = Redirect::parse(&target);
+            let uri = !matches!(target, Redirect::Named(_));
+            let mut next = self.redirect(key, server, target, &mut req);
+            if let Some((i, r)) = auto_redirect(server, &req).filter(|_| uri) {
+                next = &server.locations[i];
+                rewritten = Some(r);
+            }
             let next_proxied = next.proxy_pass.is_some() && next.ret.is_none();
             if next_proxied && req.body != shard_http::request::Body::None {
                 // Its body is being discarded: the upstream cannot be given a request whose
@@ -3787,6 +3794,23 @@ pub(super) fn keep_alive_header(out: &mut Vec<u8>, sent: usize, from: usize, sec
         let line = format!("Keep-Alive: timeout={secs}\r\n");
         out.splice(at..at, line.into_bytes());
     }
+}
+
+/// nginx's `auto_redirect` (its find-config phase): `/dir` where `location /dir/` passes to
+/// an upstream is a 301 to `/dir/`, arguments kept. The location and the redirect.
+fn auto_redirect(
+    server: &shard_config::ServerConf,
+    req: &shard_http::request::Request,
+) -> Option<(usize, Rewritten)> {
+    let i = server.index.auto_redirect(&req.path)?;
+    let mut target = String::with_capacity(req.path.len() + 1);
+    shard_http::static_file::escape_uri(&req.path, &mut target);
+    target.push('/');
+    if let Some(q) = &req.query {
+        target.push('?');
+        target.push_str(q);
+    }
+    Some((i, Rewritten::Return(301, Some(target))))
 }
 
 #[cfg(test)]
