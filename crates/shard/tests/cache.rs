@@ -662,7 +662,8 @@ fn a_cached_response_answers_preconditions_and_header_rules_hold() {
                 headers: h(&[("X-Accel-Expires", "@1")]),
                 body: b"past".to_vec(),
             },
-            "/sie" if f.load(Ordering::SeqCst) == 1 => Reply::text(500, "broken"),
+            "/sie" if f.load(Ordering::SeqCst) == 1 => Reply::CloseNow,
+            "/sie" if f.load(Ordering::SeqCst) == 2 => Reply::text(500, "broken"),
             "/sie" => Reply::Fixed {
                 status: 200,
                 headers: h(&[("Cache-Control", "max-age=1, stale-if-error=60")]),
@@ -703,7 +704,8 @@ fn a_cached_response_answers_preconditions_and_header_rules_hold() {
     // `X-Accel-Expires: @1` is stored already expired: the next request finds it so.
     assert_eq!(get(a, "/past").body_str(), "past");
     assert_eq!(cache_status(&get(a, "/past")), "EXPIRED");
-    // `stale-if-error` answers an error with the entry, without `proxy_cache_use_stale`.
+    // `stale-if-error` answers an error with the entry, without `proxy_cache_use_stale`;
+    // not an answer with a 5xx status (nginx 1.19.3+).
     assert_eq!(get(a, "/sie").body_str(), "kept");
     fail.store(1, Ordering::SeqCst);
     let r = wait_for(Duration::from_secs(5), "the entry to expire", || {
@@ -714,6 +716,9 @@ fn a_cached_response_answers_preconditions_and_header_rules_hold() {
         (r.status, cache_status(&r), r.body_str().as_str()),
         (200, "STALE", "kept")
     );
+    fail.store(2, Ordering::SeqCst);
+    let r = get(a, "/sie");
+    assert_eq!((r.status, r.body_str().as_str()), (500, "broken"));
 }
 
 /// An upstream that answers `/k/N` with `pattern(LEN, N)`, writing the first half at once and
@@ -1062,4 +1067,64 @@ fn convert_head_off_stores_the_heads_answer_as_nginx_does() {
     // The key has no method: a GET gets the stored HEAD answer, without a body.
     let r = get(a, "/h");
     assert_eq!((cache_status(&r), r.body.len()), ("HIT", 0), "{r:?}");
+}
+
+/// `proxy_cache_background_update` with `proxy_cache_revalidate`: the update after a stale
+/// answer asks with the entry's validators, and a `304` without freshness of its own keeps
+/// the entry fresh for the stored answer's `max-age` again (nginx re-reads the stored head),
+/// so the next request is a HIT.
+#[test]
+fn a_background_update_revalidates_and_a_bare_304_refreshes_the_entry() {
+    let asked = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = asked.clone();
+    let up = Upstream::start(move |r| {
+        let inm = r.header("if-none-match").unwrap_or("-").to_string();
+        log.lock().unwrap().push(inm.clone());
+        if inm == "\"v1\"" {
+            return Reply::Fixed {
+                status: 304,
+                headers: vec![("ETag".into(), "\"v1\"".into())],
+                body: Vec::new(),
+            };
+        }
+        Reply::Fixed {
+            status: 200,
+            headers: vec![
+                ("ETag".into(), "\"v1\"".into()),
+                (
+                    "Cache-Control".into(),
+                    "max-age=1, stale-while-revalidate=30".into(),
+                ),
+            ],
+            body: b"body".to_vec(),
+        }
+    });
+    let s = Server::start(
+        "cache-bg-reval",
+        &conf(
+            "{dir}/cache",
+            up.port,
+            "",
+            "proxy_cache_revalidate on; proxy_cache_background_update on;",
+        ),
+        1,
+    );
+    let a = s.addr();
+    assert_eq!(cache_status(&get(a, "/r")), "MISS");
+    let r = wait_for(Duration::from_secs(5), "the entry to expire", || {
+        let r = get(a, "/r");
+        (cache_status(&r) != "HIT").then_some(r)
+    });
+    assert_eq!((cache_status(&r), r.body_str().as_str()), ("STALE", "body"));
+    let r = wait_for(Duration::from_secs(5), "the update", || {
+        let r = get(a, "/r");
+        (cache_status(&r) == "HIT").then_some(r)
+    });
+    assert_eq!(r.body_str(), "body");
+    let asked = asked.lock().unwrap().clone();
+    assert_eq!(
+        asked,
+        ["-", "\"v1\""],
+        "one plain request, one revalidation"
+    );
 }

@@ -707,7 +707,11 @@ impl<'a> Worker<'a> {
         if let Some(c) = p.cache.as_mut() {
             c.update_after = false;
             c.serving = false;
-            c.entry = None;
+            // (Served, the entry's file went to the connection: it is opened again.)
+            c.entry = cache::open(&c.path, &c.key).ok().flatten();
+            // The stale entry stays for its validators: with `proxy_cache_revalidate` the
+            // update asks the upstream whether it changed (nginx's background subrequest
+            // revalidates as any expired request does).
             c.status = Status::Expired;
         }
         p.background = true;
@@ -851,16 +855,19 @@ impl<'a> Worker<'a> {
         if c.revalidating && head.status == 304 {
             if let Some(e) = c.entry.take() {
                 let stored_status = status_of(&e.head);
+                // Freshness from the 304's own fields, else (nginx re-reads the entry's
+                // head) from the stored answer's fields, else `proxy_cache_valid`.
                 let raw = shard_http::proxy::header_lines(&p.rbuf[..head_len]);
-                let until = match cache::validity(
-                    stored_status,
-                    &raw,
-                    &cc.valid,
-                    loc.proxy.ignore_headers,
-                    now,
-                ) {
+                let stored = shard_http::proxy::header_lines(&e.head);
+                let ignore = loc.proxy.ignore_headers;
+                let until = match cache::validity(stored_status, &raw, &[], ignore, now) {
                     cache::Validity::Until(t) => t,
-                    cache::Validity::No => now,
+                    cache::Validity::No => {
+                        match cache::validity(stored_status, &stored, &cc.valid, ignore, now) {
+                            cache::Validity::Until(t) => t,
+                            cache::Validity::No => now,
+                        }
+                    }
                 };
                 if let Err(err) = cache::refresh(&c.path, &e.header, until, now) {
                     crate::log!(Crit, "pwrite() \"{}\" failed ({err})", c.path.display());
@@ -868,17 +875,20 @@ impl<'a> Worker<'a> {
                 self.release_upstream_after_head(p, head);
                 c.status = Status::Revalidated;
                 c.end_update();
+                if p.background {
+                    // The update is done: the client had its answer already.
+                    p.cache = Some(c);
+                    return Some(Flow::Finished);
+                }
                 let flow = self.cache_serve(p, &mut c, e, true);
                 p.cache = Some(c);
                 return Some(flow);
             }
         }
+        // An answer with a status `proxy_cache_use_stale` names (`http_500` ...) is replaced
+        // by the stale entry; `stale-if-error` does not cover answers (nginx 1.19.3+).
         let bit = stale::of_status(head.status);
-        let if_error = c
-            .entry
-            .as_ref()
-            .is_some_and(|e| now < e.header.valid_until + u64::from(e.header.error_secs));
-        if c.entry.is_some() && bit != 0 && (cc.use_stale & bit != 0 || if_error) {
+        if c.entry.is_some() && bit != 0 && cc.use_stale & bit != 0 {
             let e = c.entry.take().expect("checked");
             if let Some(u) = p.up.take() {
                 self.close_upconn(u);
@@ -986,12 +996,14 @@ impl<'a> Worker<'a> {
             Some(Failure::Status(s)) => stale::of_status(s),
             None => 0,
         };
-        // `stale-if-error` lets any failure have the entry, within its seconds.
+        // `stale-if-error` lets an error, a timeout or an invalid header have the entry,
+        // within its seconds; not an answer with a 5xx status (nginx 1.19.3+: only
+        // `proxy_cache_use_stale http_500 ...` serves stale for those).
         let now = self.cx.now_secs;
-        let if_error = c
-            .entry
-            .as_ref()
-            .is_some_and(|e| now < e.header.valid_until + u64::from(e.header.error_secs));
+        let if_error = !matches!(p.last_failure, Some(Failure::Status(_)))
+            && c.entry
+                .as_ref()
+                .is_some_and(|e| now < e.header.valid_until + u64::from(e.header.error_secs));
         let allowed = self.cache_conf(p).use_stale & bit != 0 || (bit != 0 && if_error);
         if c.serving || !allowed || c.entry.is_none() {
             p.cache = Some(c);
