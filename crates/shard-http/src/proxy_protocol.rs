@@ -223,6 +223,8 @@ pub fn tlv_type(name: &str) -> Option<u8> {
         "ssl_key_alg" => 0x25,
         "netns" => 0x30,
         _ => {
+            // `0xNN`, or `ssl_0xNN` for a sub-TLV of the SSL TLV (kept in the same list).
+            let name = name.strip_prefix("ssl_").unwrap_or(name);
             let hex = name
                 .strip_prefix("0x")
                 .or_else(|| name.strip_prefix("0X"))?;
@@ -389,6 +391,8 @@ mod tests {
         assert_eq!(tlv("0x01"), "h2");
         assert_eq!(tlv("ssl_cn"), "bob");
         assert_eq!(tlv("ssl_verify"), "0");
+        assert_eq!(tlv_type("ssl_0x21"), Some(0x21));
+        assert_eq!(tlv_type("ssl_0x22"), tlv_type("ssl_cn"));
         assert_eq!(tlv("authority"), "");
         for p in [3, 12, 15, 20] {
             assert_eq!(parse(&b[..p]), Parsed::Partial, "{p}");
