@@ -1566,10 +1566,19 @@ impl Master {
                 }
                 continue;
             }
-            crate::log!(
-                Alert,
-                "worker process {pid} (worker {idx}) {how}, respawning"
-            );
+            // nginx's levels: an exit with code 0 (a worker told to stop directly) is a
+            // notice, a signal or another code an alert.
+            if exit == Exit::Code(0) {
+                crate::log!(
+                    Notice,
+                    "worker process {pid} (worker {idx}) {how}, respawning"
+                );
+            } else {
+                crate::log!(
+                    Alert,
+                    "worker process {pid} (worker {idx}) {how}, respawning"
+                );
+            }
             if !started {
                 self.schedule_respawn(idx);
                 continue;

@@ -59,7 +59,27 @@ fn killed_worker_is_respawned_with_its_index_and_no_waiting_connection_is_lost()
     let log = std::fs::read_to_string(s.dir.join("logs/error.log")).unwrap();
     assert!(
         log.contains(&format!(
-            "worker process {victim} (worker 1) exited on signal 9, respawning"
+            "[alert] {}#0: worker process {victim} (worker 1) exited on signal 9, respawning",
+            s.pid()
+        )),
+        "{log}"
+    );
+    // A worker told to stop directly (SIGTERM) exits with code 0: respawned, and logged as
+    // nginx logs it, at notice (nginx-tests count alerts).
+    let w0 = after[0].pid as i32;
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(w0, libc::SIGTERM) };
+    let log = wait_for(Duration::from_secs(10), "worker 0 respawned", || {
+        let l = std::fs::read_to_string(s.dir.join("logs/error.log")).ok()?;
+        l.contains(&format!(
+            "worker process {w0} (worker 0) exited with code 0, respawning"
+        ))
+        .then_some(l)
+    });
+    assert!(
+        log.contains(&format!(
+            "[notice] {}#0: worker process {w0} (worker 0) exited with code 0",
+            s.pid()
         )),
         "{log}"
     );
