@@ -599,6 +599,28 @@ fn normalize_path_segments(raw: &[u8], merge: bool) -> Result<String, Reject> {
     String::from_utf8(out).map_err(|_| reject(400, "URI is not UTF-8"))
 }
 
+/// RFC 3986's unreserved characters but `.` and its sub-delimiters: what a host name and
+/// an IP literal are made of (with `.`, `%` or `:` as each allows).
+fn host_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric()
+        || matches!(
+            c,
+            b'-' | b'_'
+                | b'~'
+                | b'!'
+                | b'$'
+                | b'&'
+                | b'\''
+                | b'('
+                | b')'
+                | b'*'
+                | b'+'
+                | b','
+                | b';'
+                | b'='
+        )
+}
+
 /// nginx's `ngx_http_validate_host` (as tightened in 1.29.4 to RFC 3986's `host [ ":" port ]`):
 /// a registered name of unreserved, sub-delimiter and `%` characters, or a bracketed IP
 /// literal, then an optional `:` and a port of digits up to 65535. Lowercased, the port and a
@@ -613,26 +635,7 @@ pub fn validate_host(v: &[u8]) -> Option<String> {
         End,
         Port,
     }
-    let name_byte = |c: u8| {
-        c.is_ascii_alphanumeric()
-            || matches!(
-                c,
-                b'-' | b'_'
-                    | b'~'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-                    | b'%'
-            )
-    };
+    let name_byte = |c: u8| host_byte(c) || c == b'%';
     let mut st = St::Start;
     let mut host_len = v.len();
     let mut dot_pos = usize::MAX;
@@ -746,27 +749,10 @@ fn valid_authority(a: &[u8]) -> bool {
         let Some(close) = memchr(b']', a) else {
             return false;
         };
-        if !a[1..close].iter().all(|&c| {
-            c.is_ascii_alphanumeric()
-                || matches!(
-                    c,
-                    b':' | b'-'
-                        | b'.'
-                        | b'_'
-                        | b'~'
-                        | b'!'
-                        | b'$'
-                        | b'&'
-                        | b'\''
-                        | b'('
-                        | b')'
-                        | b'*'
-                        | b'+'
-                        | b','
-                        | b';'
-                        | b'='
-                )
-        }) {
+        if !a[1..close]
+            .iter()
+            .all(|&c| host_byte(c) || c == b':' || c == b'.')
+        {
             return false;
         }
         &a[close + 1..]
