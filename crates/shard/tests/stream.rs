@@ -1179,3 +1179,37 @@ fn stream_upstream_variables_per_attempt_and_no_live_upstreams() {
     assert!(bad.len() == 1 && bad[0].contains("|500|"), "{log}");
     assert!(error_log(&s).contains("no live upstreams while connecting to upstream"));
 }
+
+/// `proxy_upload_rate` and `proxy_download_rate` on UDP sessions, as nginx's allowance (the
+/// rate for each second begun, less what went): a second 1000-byte datagram at 500 bytes a
+/// second waits about a second each way, whole (a datagram is never split), and arrives.
+#[test]
+fn udp_rates_delay_datagrams_whole() {
+    let echo = udp_echo();
+    let stream = format!(
+        "proxy_timeout 5s;\n\
+         server {{ listen 127.0.0.1:{{port1}} udp; proxy_pass 127.0.0.1:{echo};\n\
+           proxy_upload_rate 500; }}\n\
+         server {{ listen 127.0.0.1:{{port2}} udp; proxy_pass 127.0.0.1:{echo};\n\
+           proxy_download_rate 500; }}"
+    );
+    let s = Server::start_ports("stream-udp-rate", &conf(1, &stream), 1, 2);
+    let data = "1234567890".repeat(100);
+    for port in [s.ports[0], s.ports[1]] {
+        let c = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 2048];
+        c.send_to(data.as_bytes(), ("127.0.0.1", port)).unwrap();
+        let (n, _) = c.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], data.as_bytes(), "the first goes at once");
+        let t = std::time::Instant::now();
+        c.send_to(data.as_bytes(), ("127.0.0.1", port)).unwrap();
+        let (n, _) = c.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], data.as_bytes(), "whole");
+        assert!(
+            t.elapsed() >= Duration::from_millis(700),
+            "port {port}: {:?}",
+            t.elapsed()
+        );
+    }
+}

@@ -26,6 +26,10 @@ use crate::shm::WorkerSlot;
 pub(super) const DATAGRAM_MAX: usize = 65_535;
 /// Datagrams read from one socket per readiness report.
 const READ_BATCH: usize = 64;
+/// Datagrams a session holds back per direction while `proxy_upload_rate` or
+/// `proxy_download_rate` delays them; beyond, new ones are dropped (as a full socket buffer
+/// would drop them).
+const HELD_MAX: usize = 64;
 
 pub(super) struct UdpSession {
     pub(super) id: u64,
@@ -56,6 +60,29 @@ pub(super) struct UdpSession {
     log_ctx: (u64, u8),
     /// `limit_conn` counts held: (zone index into the worker's zones, key).
     held: Vec<(usize, u128)>,
+    /// `proxy_download_rate`, `proxy_upload_rate` (bytes per second, 0: none), and the
+    /// datagrams they hold back each way, sent when the rate allows (`wake_ms`, 0: none).
+    rates: (u64, u64),
+    held_down: std::collections::VecDeque<Vec<u8>>,
+    held_up: std::collections::VecDeque<Vec<u8>>,
+    wake_ms: u64,
+}
+
+impl UdpSession {
+    /// nginx's allowance of a limited direction: `rate` bytes for each second begun since
+    /// the session started, less what went already (`sent`). At most 0: wait.
+    fn allowance(&self, rate: u64, sent: u64, now_ms: u64) -> i64 {
+        let secs = now_ms / 1000 - self.started_ms / 1000;
+        (rate.saturating_mul(secs + 1)) as i64 - sent as i64
+    }
+
+    /// When an allowance of `a` (at most 0) becomes positive: it grows by `rate` at each
+    /// second boundary, so at the first boundary past `-a / rate` more of them (nginx polls
+    /// every millisecond once its own estimate is spent; a boundary is exact).
+    fn wake_ms(rate: u64, a: i64, now_ms: u64) -> u64 {
+        let seconds = a.unsigned_abs() / rate.max(1) + 1;
+        (now_ms / 1000 + seconds) * 1000
+    }
 }
 
 impl Worker<'_> {
@@ -143,6 +170,10 @@ impl Worker<'_> {
             status: 200,
             log_ctx,
             held: Vec::new(),
+            rates: (0, 0),
+            held_down: std::collections::VecDeque::new(),
+            held_up: std::collections::VecDeque::new(),
+            wake_ms: 0,
         });
         let outer = crate::log::set_connection(number);
         let outer_ctx = crate::log::set_context(log_ctx.0, log_ctx.1);
@@ -257,6 +288,19 @@ impl Worker<'_> {
         }
         crate::log!(Info, "proxy {addr} connected (udp)");
         self.udp[key].up = Some(fd);
+        let conf = &self.stream().servers[server];
+        let size = |w: &Self, v: &shard_config::SizeValue| match v {
+            shard_config::SizeValue::Fixed(n) => *n,
+            shard_config::SizeValue::Vars(parts) => {
+                let text = String::from_utf8_lossy(&w.udp_render(key, parts)).into_owned();
+                shard_config::parse_size(&text).unwrap_or(0)
+            }
+        };
+        let rates = (
+            size(self, &conf.download_rate),
+            size(self, &conf.upload_rate),
+        );
+        self.udp[key].rates = rates;
         true
     }
 
@@ -265,6 +309,30 @@ impl Worker<'_> {
         let (number, log_ctx) = (self.udp[key].number, self.udp[key].log_ctx);
         let outer = crate::log::set_connection(number);
         let outer_ctx = crate::log::set_context(log_ctx.0, log_ctx.1);
+        // `proxy_upload_rate`: over the allowance (or behind held ones) it waits its turn.
+        let now = self.cx.now_ms;
+        let s = &mut self.udp[key];
+        let rate = s.rates.1;
+        if rate > 0 {
+            let a = s.allowance(rate, s.from_client, now);
+            if !s.held_up.is_empty() || a <= 0 {
+                if s.held_up.len() < HELD_MAX {
+                    s.held_up.push_back(data.to_vec());
+                }
+                let wake = UdpSession::wake_ms(rate, a.min(0), now);
+                self.udp_wake_at(key, wake);
+                crate::log::restore_context(outer_ctx);
+                crate::log::set_connection(outer);
+                return;
+            }
+        }
+        self.udp_forward_up(key, data);
+        crate::log::restore_context(outer_ctx);
+        crate::log::set_connection(outer);
+    }
+
+    /// A client datagram goes to the peer: counted, `proxy_requests` applied.
+    fn udp_forward_up(&mut self, key: usize, data: &[u8]) {
         let conf = &self.stream().servers[self.udp[key].server];
         let (requests_max, timeout) = (conf.requests, conf.timeout_ms);
         let s = &mut self.udp[key];
@@ -287,8 +355,58 @@ impl Worker<'_> {
         }
         self.udp_set_deadline(key, self.cx.now_ms + timeout);
         self.udp_maybe_done(key);
-        crate::log::restore_context(outer_ctx);
-        crate::log::set_connection(outer);
+    }
+
+    /// Schedules the release of held datagrams at `at` (the earlier of two wins).
+    fn udp_wake_at(&mut self, key: usize, at: u64) {
+        let s = &mut self.udp[key];
+        if s.wake_ms != 0 && s.wake_ms <= at {
+            return;
+        }
+        s.wake_ms = at;
+        self.udp_timers.push(Reverse((at, key, s.id)));
+    }
+
+    /// The rates' timer: held datagrams go as far as the allowances let them, the rest wait
+    /// again; the session may then be complete.
+    fn udp_release(&mut self, key: usize) {
+        let now = self.cx.now_ms;
+        self.udp[key].wake_ms = 0;
+        loop {
+            let s = &mut self.udp[key];
+            if s.held_up.is_empty() {
+                break;
+            }
+            let a = s.allowance(s.rates.1, s.from_client, now);
+            if a <= 0 {
+                let wake = UdpSession::wake_ms(s.rates.1, a, now);
+                self.udp_wake_at(key, wake);
+                break;
+            }
+            let Some(d) = s.held_up.pop_front() else {
+                break;
+            };
+            self.udp_forward_up(key, &d);
+            if !self.udp.contains(key) {
+                return;
+            }
+        }
+        loop {
+            let s = &mut self.udp[key];
+            if s.held_down.is_empty() {
+                break;
+            }
+            let a = s.allowance(s.rates.0, s.to_client, now);
+            if a <= 0 {
+                let wake = UdpSession::wake_ms(s.rates.0, a, now);
+                self.udp_wake_at(key, wake);
+                break;
+            }
+            if let Some(d) = s.held_down.pop_front() {
+                udp_send_to_client(s, &d);
+            }
+        }
+        self.udp_maybe_done(key);
     }
 
     /// The peer's socket is readable: its datagrams go back to the client.
@@ -322,15 +440,18 @@ impl Worker<'_> {
                         s.first_byte_ms = Some(self.cx.now_ms.saturating_sub(s.started_ms));
                     }
                     s.responses += 1;
-                    match shard_event::sock::send_to(s.listen_fd, &buf[..n], &s.client) {
-                        Ok(n) => s.to_client += n as u64,
-                        Err(e) => crate::log!(
-                            Info,
-                            "sendto() failed ({}) while proxying connection, udp client: {}",
-                            shard_event::os_error_text(&e),
-                            s.client.ip()
-                        ),
+                    // `proxy_download_rate`: over the allowance it waits its turn.
+                    let rate = s.rates.0;
+                    let a = s.allowance(rate, s.to_client, self.cx.now_ms);
+                    if rate > 0 && (!s.held_down.is_empty() || a <= 0) {
+                        if s.held_down.len() < HELD_MAX {
+                            s.held_down.push_back(buf[..n].to_vec());
+                        }
+                        let wake = UdpSession::wake_ms(rate, a.min(0), self.cx.now_ms);
+                        self.udp_wake_at(key, wake);
+                        continue;
                     }
+                    udp_send_to_client(s, &buf[..n]);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -371,6 +492,9 @@ impl Worker<'_> {
         let Some(s) = self.udp.get(key) else {
             return;
         };
+        if !s.held_up.is_empty() || !s.held_down.is_empty() {
+            return;
+        }
         let conf = &self.stream().servers[s.server];
         if conf.requests > 0 && s.requests < conf.requests {
             return;
@@ -402,6 +526,15 @@ impl Worker<'_> {
             let Some(s) = self.udp.get(key) else {
                 continue;
             };
+            if s.id == id && s.wake_ms == deadline && s.wake_ms != 0 {
+                let (number, log_ctx) = (s.number, s.log_ctx);
+                let outer = crate::log::set_connection(number);
+                let outer_ctx = crate::log::set_context(log_ctx.0, log_ctx.1);
+                self.udp_release(key);
+                crate::log::restore_context(outer_ctx);
+                crate::log::set_connection(outer);
+                continue;
+            }
             if s.id != id || s.deadline_ms != deadline {
                 continue;
             }
@@ -583,3 +716,16 @@ pub(super) struct UdpFacts<'a> {
 
 /// The sessions of a worker, by listener and client.
 pub(super) type UdpIndex = HashMap<(usize, SocketAddr), usize>;
+
+/// A peer's datagram to the client, through the listening socket.
+fn udp_send_to_client(s: &mut UdpSession, data: &[u8]) {
+    match shard_event::sock::send_to(s.listen_fd, data, &s.client) {
+        Ok(n) => s.to_client += n as u64,
+        Err(e) => crate::log!(
+            Info,
+            "sendto() failed ({}) while proxying connection, udp client: {}",
+            shard_event::os_error_text(&e),
+            s.client.ip()
+        ),
+    }
+}
