@@ -175,6 +175,22 @@ pub fn parse_str(
 }
 
 impl Config {
+    /// Whether any `proxy_bind`/`fastcgi_bind` is `transparent` (the workers then keep
+    /// `CAP_NET_RAW`, as nginx's).
+    pub fn transparent_binds(&self) -> bool {
+        let http = self.http.iter().flat_map(|h| &h.servers).any(|s| {
+            std::iter::once(&s.base)
+                .chain(&s.locations)
+                // (A FastCGI location's `proxy` is its `fastcgi_*` settings.)
+                .any(|l| l.proxy.bind_transparent)
+        });
+        http || self
+            .stream
+            .iter()
+            .flat_map(|st| &st.servers)
+            .any(|s| s.bind_transparent)
+    }
+
     /// Checks what depends on the resolved number of workers (`worker_processes auto` is
     /// resolved by the server): `shards=N` may not exceed it. `cpus` resolves `shards=auto`.
     pub fn check_workers(&self, n_workers: usize) -> Result<(), ConfigError> {

@@ -2004,6 +2004,9 @@ pub struct ProxyConf {
     /// `proxy_bind` / `fastcgi_bind`: the local address (variables allowed) connections to
     /// the upstream are made from. `None`: `off`, the kernel chooses.
     pub bind: Option<Vec<Part>>,
+    /// `proxy_bind ... transparent`: the address may be foreign (`IP_TRANSPARENT`; the
+    /// workers keep `CAP_NET_RAW` for it, as nginx's).
+    pub bind_transparent: bool,
     /// `proxy_ssl_*`: TLS to an `https://` upstream.
     pub ssl: ProxySsl,
     /// `proxy_store on | STRING` (`None`: `off`, the default): 200 answers to `GET` saved as
@@ -2368,6 +2371,7 @@ impl Default for ProxyConf {
             cookie_path: Vec::new(),
             cookie_flags: Vec::new(),
             bind: None,
+            bind_transparent: false,
             ssl: ProxySsl::default(),
             store: None,
             store_access: 0o600,
@@ -2792,6 +2796,8 @@ pub struct StreamServerConf {
     pub limit_conn_dry_run: bool,
     /// `proxy_bind`: the local address (stream variables allowed) of upstream connections.
     pub bind: Option<Vec<Part>>,
+    /// `proxy_bind ... transparent`.
+    pub bind_transparent: bool,
     /// `proxy_download_rate` / `proxy_upload_rate`: bytes per second read from the upstream
     /// / from the client, 0 unlimited (nginx's per-connection formula); variables are
     /// rendered when the upstream is connected.

@@ -359,15 +359,21 @@ pub fn group_id(name: &str) -> Option<u32> {
     Some(unsafe { (*gr).gr_gid })
 }
 
+/// `CAP_NET_RAW`, which `IP_TRANSPARENT` needs (or `CAP_NET_ADMIN`).
+const CAP_NET_RAW: libc::c_ulong = 13;
+
 /// Switches a root process to `uid`/`gid` for good, keeping no privilege: the capability
 /// bounding set is emptied (while still root, which may), supplementary groups are reset,
 /// then gid, then uid, then the ambient set is cleared; the result is checked.
-pub fn drop_to(uid: u32, gid: u32) -> Result<(), String> {
+pub fn drop_to(uid: u32, gid: u32, keep_net_raw: bool) -> Result<(), String> {
     let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse::<libc::c_ulong>().ok())
         .unwrap_or(63);
     for cap in 0..=last_cap {
+        if keep_net_raw && cap == CAP_NET_RAW {
+            continue;
+        }
         // SAFETY: prctl with integer arguments. EINVAL past the kernel's last capability.
         let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
         if r == -1 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
@@ -391,11 +397,57 @@ pub fn drop_to(uid: u32, gid: u32) -> Result<(), String> {
                 io::Error::last_os_error()
             ));
         }
+        // `transparent` binds (nginx keeps CAP_NET_RAW for them): the permitted set survives
+        // the setuid, then CAP_NET_RAW alone is made effective.
+        if keep_net_raw && libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) == -1 {
+            return Err(format!(
+                "prctl(PR_SET_KEEPCAPS, 1) failed ({})",
+                io::Error::last_os_error()
+            ));
+        }
         if libc::setuid(uid) == -1 {
             return Err(format!(
                 "setuid({uid}) failed ({})",
                 io::Error::last_os_error()
             ));
+        }
+        if keep_net_raw && uid != 0 {
+            #[repr(C)]
+            struct Header {
+                version: u32,
+                pid: i32,
+            }
+            #[repr(C)]
+            #[derive(Clone, Copy)]
+            struct Data {
+                effective: u32,
+                permitted: u32,
+                inheritable: u32,
+            }
+            let mut header = Header {
+                version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+                pid: 0,
+            };
+            let raw = 1u32 << CAP_NET_RAW;
+            let data = [
+                Data {
+                    effective: raw,
+                    permitted: raw,
+                    inheritable: 0,
+                },
+                Data {
+                    effective: 0,
+                    permitted: 0,
+                    inheritable: 0,
+                },
+            ];
+            if libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) == -1 {
+                return Err(format!(
+                    "capset(CAP_NET_RAW) failed ({})",
+                    io::Error::last_os_error()
+                ));
+            }
+            libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0);
         }
         // Ambient capabilities (Linux 4.3+); EINVAL on older kernels means there are none.
         let r = libc::prctl(

@@ -430,8 +430,8 @@ pub enum Connect {
 /// A new nonblocking, close-on-exec TCP socket connecting to `addr`. On an immediate failure
 /// the socket is closed and the error returned.
 pub fn connect_nonblocking(addr: &SocketAddr) -> io::Result<Connect> {
-    connect_nonblocking_from(addr, None).map_err(|e| match e {
-        ConnectError::Bind(e) | ConnectError::Connect(e) => e,
+    connect_nonblocking_from(addr, None, false).map_err(|e| match e {
+        ConnectError::Bind(e) | ConnectError::Connect(e) | ConnectError::Transparent(e) => e,
     })
 }
 
@@ -440,6 +440,8 @@ pub fn connect_nonblocking(addr: &SocketAddr) -> io::Result<Connect> {
 pub enum ConnectError {
     /// `bind` to the local address (nginx's `bind(ADDR) failed`).
     Bind(io::Error),
+    /// `IP_TRANSPARENT` refused (nginx's `setsockopt(IP_TRANSPARENT) failed`).
+    Transparent(io::Error),
     /// `socket` or `connect`.
     Connect(io::Error),
 }
@@ -450,6 +452,7 @@ pub enum ConnectError {
 pub fn connect_nonblocking_from(
     addr: &SocketAddr,
     local: Option<SocketAddr>,
+    transparent: bool,
 ) -> Result<Connect, ConnectError> {
     let domain = if addr.is_ipv4() {
         libc::AF_INET
@@ -469,6 +472,15 @@ pub fn connect_nonblocking_from(
     // error below closes it.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     if let Some(local) = local {
+        // `transparent`: the local address may be one this host does not have.
+        if transparent {
+            let (level, opt) = if local.is_ipv4() {
+                (libc::SOL_IP, libc::IP_TRANSPARENT)
+            } else {
+                (libc::SOL_IPV6, libc::IPV6_TRANSPARENT)
+            };
+            set_opt(fd, level, opt, 1).map_err(ConnectError::Transparent)?;
+        }
         if local.port() == 0 {
             let _ = set_opt(fd, libc::SOL_IP, libc::IP_BIND_ADDRESS_NO_PORT, 1);
         }

@@ -335,7 +335,7 @@ fn single_process(
     w.generation.store(1, Relaxed);
     region.slot_of[0].store(0, Relaxed);
     region.n_workers.store(1, Relaxed);
-    if let Err(e) = privilege::enter_worker(identity.as_ref()) {
+    if let Err(e) = privilege::enter_worker(identity.as_ref(), cfg.transparent_binds()) {
         crate::log!(Emerg, "{e}");
         return 1;
     }
@@ -579,7 +579,7 @@ impl Master {
                     std::process::exit(0);
                 }
                 set_title("shard: cache manager process");
-                if let Err(e) = privilege::enter_worker(self.identity.as_ref()) {
+                if let Err(e) = privilege::enter_worker(self.identity.as_ref(), false) {
                     crate::log!(Emerg, "{e}");
                     std::process::exit(2);
                 }
@@ -616,7 +616,7 @@ impl Master {
                     std::process::exit(0);
                 }
                 set_title("shard: cache loader process");
-                if let Err(e) = privilege::enter_worker(self.identity.as_ref()) {
+                if let Err(e) = privilege::enter_worker(self.identity.as_ref(), false) {
                     crate::log!(Emerg, "{e}");
                     std::process::exit(2);
                 }
@@ -773,7 +773,8 @@ impl Master {
                 self.worker_process_settings(idx);
                 // No silent root worker: one that cannot give up its privileges exits with 2,
                 // which is never respawned.
-                if let Err(e) = privilege::enter_worker(self.identity.as_ref()) {
+                let keep = self.cfg.transparent_binds();
+                if let Err(e) = privilege::enter_worker(self.identity.as_ref(), keep) {
                     crate::log!(Emerg, "{e}");
                     std::process::exit(2);
                 }

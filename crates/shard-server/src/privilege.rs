@@ -178,9 +178,9 @@ fn blocked(path: &std::path::Path, id: &Identity, write: bool) -> Option<String>
 
 /// In a new worker, before it serves anything: switch to `id` (when the master is root), then
 /// `PR_SET_NO_NEW_PRIVS`. An error means the worker must not start.
-pub fn enter_worker(id: Option<&Identity>) -> Result<(), String> {
+pub fn enter_worker(id: Option<&Identity>, keep_net_raw: bool) -> Result<(), String> {
     if let Some(id) = id {
-        process::drop_to(id.uid, id.gid)?;
+        process::drop_to(id.uid, id.gid, keep_net_raw)?;
     }
     process::set_no_new_privs().map_err(|e| format!("prctl(PR_SET_NO_NEW_PRIVS) failed ({e})"))
 }

@@ -3614,6 +3614,7 @@ fn proxy_bind_sets_the_upstream_connection_source() {
          location /var/ { proxy_bind $arg_from; proxy_pass http://127.0.0.1:{port1}; }\n  \
          location /off/ { proxy_bind off; proxy_pass http://127.0.0.1:{port1}; }\n  \
          location /bad/ { proxy_bind 192.0.2.1; proxy_pass http://127.0.0.1:{port1}; }\n  \
+         location /tp/ { proxy_bind 127.0.0.4 transparent; proxy_pass http://127.0.0.1:{port1}; }\n  \
          location / { proxy_pass http://127.0.0.1:{port1}; }\n }\n \
          server { listen 127.0.0.1:{port1}; return 200 \"from $remote_addr\"; }\n}\n";
     let s = Server::start_ports("proxy-bind", conf, 1, 1);
@@ -3631,19 +3632,19 @@ fn proxy_bind_sets_the_upstream_connection_source() {
         l.contains("bind(192.0.2.1) failed").then_some(l)
     });
     assert!(log.contains("[crit]"), "{log}");
-    // `transparent` needs a capability shard's workers never keep: refused at -t.
-    let dir = temp_dir("proxy-bind-transparent");
+    // `transparent`: the workers (running as nobody here) keep CAP_NET_RAW for
+    // IP_TRANSPARENT, as nginx's; the connection comes from the address given.
+    assert_eq!(get(s.addr(), "/tp/x").body_str(), "from 127.0.0.4");
+    // An unknown parameter is refused at -t.
+    let dir = temp_dir("proxy-bind-param");
     std::fs::write(
         dir.join("conf/shard.conf"),
-        "events {}\nhttp { server { listen 127.0.0.1:1; location / { proxy_bind $remote_addr transparent; proxy_pass http://127.0.0.1:2; } } }\n",
+        "events {}\nhttp { server { listen 127.0.0.1:1; location / { proxy_bind $remote_addr maybe; proxy_pass http://127.0.0.1:2; } } }\n",
     )
     .unwrap();
     let (code, out) = run_cli(&["-t", "-p", dir.to_str().unwrap(), "-c", "conf/shard.conf"]);
     assert_ne!(code, 0);
-    assert!(
-        out.contains("\"proxy_bind\" with \"transparent\" is not supported"),
-        "{out}"
-    );
+    assert!(out.contains("invalid parameter \"maybe\""), "{out}");
     assert!(out.contains("shard.conf:2"), "{out}");
 }
 

@@ -242,3 +242,32 @@ fn disable_symlinks_refuses_links_as_nginx() {
         );
     }
 }
+
+/// `proxy_bind ... transparent`: the workers keep `CAP_NET_RAW` (permitted and effective,
+/// and in the bounding set), nothing else, as nginx keeps it for `IP_TRANSPARENT`.
+#[test]
+fn a_transparent_bind_keeps_cap_net_raw_and_nothing_else() {
+    if !is_root() {
+        skipped(
+            "a_transparent_bind_keeps_cap_net_raw_and_nothing_else",
+            "needs root (run the tests as root)",
+        );
+        return;
+    }
+    let conf = base_conf(1, "", "").replace("http {", "http {\n proxy_bind 127.0.0.1 transparent;");
+    let s = Server::start("priv-transparent", &conf, 1);
+    let raw = "0000000000002000";
+    for w in s.workers() {
+        assert_eq!(field(w.pid, "CapEff"), raw, "worker {}", w.pid);
+        assert_eq!(field(w.pid, "CapPrm"), raw, "worker {}", w.pid);
+        assert_eq!(field(w.pid, "CapBnd"), raw, "worker {}", w.pid);
+        assert_eq!(field(w.pid, "CapInh"), "0000000000000000");
+        assert_eq!(field(w.pid, "CapAmb"), "0000000000000000");
+        assert_eq!(field(w.pid, "NoNewPrivs"), "1");
+        assert_ne!(
+            field(w.pid, "Uid").split_whitespace().next(),
+            Some("0"),
+            "not root"
+        );
+    }
+}

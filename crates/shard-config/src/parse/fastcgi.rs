@@ -189,7 +189,12 @@ pub(super) fn set_fastcgi(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
             d,
             file,
         ),
-        "fastcgi_bind" => once(&mut f.up.bind, super::http::parse_bind(d, file)?, d, file),
+        "fastcgi_bind" => {
+            let (b, transparent) = super::http::parse_bind(d, file)?;
+            once(&mut f.up.bind, b, d, file)?;
+            f.up.bind_transparent = Some(transparent);
+            Ok(())
+        }
         "fastcgi_socket_keepalive" => once(&mut f.up.socket_keepalive, flag(d, file, v)?, d, file),
         "fastcgi_ignore_headers" => {
             let v = super::http::ignore_headers(d, file)?;

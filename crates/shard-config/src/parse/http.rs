@@ -372,8 +372,9 @@ pub(super) struct ProxyP {
     /// `proxy_cookie_domain`/`_path` of this level (`Some(empty)`: `off`).
     pub(super) cookie_domain: Option<Vec<RewriteRule>>,
     pub(super) cookie_path: Option<Vec<RewriteRule>>,
-    /// `proxy_bind` (`Some(None)`: `off`).
+    /// `proxy_bind` (`Some(None)`: `off`), and its `transparent`.
     pub(super) bind: Option<Option<Vec<Part>>>,
+    pub(super) bind_transparent: Option<bool>,
     /// `proxy_cookie_flags` of this level (`Some(empty)`: `off`).
     pub(super) cookie_flags: Option<Vec<CookieFlags>>,
     pub(super) ssl: ProxySslP,
@@ -600,6 +601,10 @@ impl ProxyP {
                 .clone()
                 .unwrap_or_else(|| parent.cookie_path.clone()),
             bind: self.bind.clone().unwrap_or_else(|| parent.bind.clone()),
+            bind_transparent: match self.bind {
+                Some(_) => self.bind_transparent.unwrap_or(false),
+                None => parent.bind_transparent,
+            },
             cookie_flags: self
                 .cookie_flags
                 .clone()
@@ -3791,39 +3796,34 @@ slot!(
     flag
 );
 
-/// `proxy_bind ADDRESS[:PORT] | off` (http and stream), `fastcgi_bind`: the local address
-/// of upstream connections, variables allowed (an empty value binds nothing). `transparent`
-/// needs `CAP_NET_ADMIN`, which shard's workers never keep: refused here rather than failing
-/// every connection.
-pub(super) fn parse_bind(d: &Directive, file: &str) -> Result<Option<Vec<Part>>, ConfigError> {
+/// `proxy_bind ADDRESS[:PORT] [transparent] | off` (http and stream), `fastcgi_bind`: the
+/// local address of upstream connections, variables allowed (an empty value binds nothing),
+/// and whether it may be foreign (`transparent`: the workers keep `CAP_NET_RAW`, as nginx's).
+pub(super) fn parse_bind(
+    d: &Directive,
+    file: &str,
+) -> Result<(Option<Vec<Part>>, bool), ConfigError> {
     let v = a0(d);
-    if let Some(extra) = d.args.get(1) {
-        if extra == "transparent" {
-            return Err(derr(
-                d,
-                file,
-                format!(
-                    "\"{}\" with \"transparent\" is not supported: it needs CAP_NET_ADMIN, \
-                     which shard's workers do not keep",
-                    d.name
-                ),
-            ));
-        }
-        return Err(derr(d, file, format!("invalid parameter \"{extra}\"")));
-    }
+    let transparent = match d.args.get(1).map(String::as_str) {
+        None => false,
+        Some("transparent") => true,
+        Some(extra) => return Err(derr(d, file, format!("invalid parameter \"{extra}\""))),
+    };
     if v == "off" {
-        return Ok(None);
+        return Ok((None, false));
     }
     let parts = parse_header_value(d, file, v)?;
     if parts.iter().all(|p| matches!(p, Part::Lit(_))) && crate::parse_bind_addr(v).is_none() {
         return Err(derr(d, file, format!("invalid address \"{v}\"")));
     }
-    Ok(Some(parts))
+    Ok((Some(parts), transparent))
 }
 
 pub(super) fn set_proxy_bind(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let b = parse_bind(d, file)?;
-    once(&mut s.proxy.bind, b, d, file)
+    let (b, transparent) = parse_bind(d, file)?;
+    once(&mut s.proxy.bind, b, d, file)?;
+    s.proxy.bind_transparent = Some(transparent);
+    Ok(())
 }
 
 /// `proxy_method METHOD` (variables allowed): the method sent upstream.

@@ -46,6 +46,7 @@ pub(super) struct StreamSettings {
     pub(super) limit_conn_dry_run: Option<bool>,
     /// `proxy_bind` (`Some(None)`: `off`).
     pub(super) bind: Option<Option<Vec<Part>>>,
+    pub(super) bind_transparent: Option<bool>,
     /// `proxy_download_rate`, `proxy_upload_rate`: bytes per second, 0 unlimited.
     pub(super) download_rate: Option<SizeValue>,
     pub(super) upload_rate: Option<SizeValue>,
@@ -381,8 +382,9 @@ pub(super) fn stream_proxy_connect_timeout(s: &mut StreamSettings, d: &Directive
 /// `proxy_bind ADDRESS[:PORT] | off` in stream (variables: the stream's).
 pub(super) fn stream_proxy_bind(s: &mut StreamSettings, d: &Directive, file: &str) -> R {
     if d.args.len() > 1 {
-        // The same refusals as http's (`transparent`, unknown parameters).
-        super::http::parse_bind(d, file)?;
+        // The same parameters as http's (`transparent`; unknown ones refused).
+        let (_, transparent) = super::http::parse_bind(d, file)?;
+        s.bind_transparent = Some(transparent);
     }
     let v = a0(d);
     let b = if v == "off" {
@@ -691,6 +693,7 @@ pub(super) fn finish_stream(
                 limit_conn: limit_conn.clone(),
                 limit_conn_dry_run,
                 bind: None,
+                bind_transparent: false,
                 download_rate: SizeValue::Fixed(0),
                 upload_rate: SizeValue::Fixed(0),
                 half_close: false,
@@ -811,6 +814,10 @@ pub(super) fn finish_stream(
                 .clone()
                 .or_else(|| sp.settings.bind.clone())
                 .flatten(),
+            bind_transparent: match s.settings.bind {
+                Some(_) => s.settings.bind_transparent.unwrap_or(false),
+                None => sp.settings.bind_transparent.unwrap_or(false),
+            },
             download_rate: s
                 .settings
                 .download_rate

@@ -1363,9 +1363,18 @@ impl<'a> Worker<'a> {
                     Some(parts) => self.proxy_bind_addr(key, p, loc, parts),
                     None => None,
                 };
-                match shard_event::sock::connect_nonblocking_from(&addr, local) {
+                match shard_event::sock::connect_nonblocking_from(
+                    &addr,
+                    local,
+                    loc.proxy.bind_transparent,
+                ) {
                     Ok(c) => Ok(c),
                     Err(ConnectError::Connect(e)) => Err(e),
+                    Err(ConnectError::Transparent(e)) => {
+                        // nginx: an alert, and the request ends in 500.
+                        crate::log!(Alert, "setsockopt(IP_TRANSPARENT) failed ({})", os(&e));
+                        return Flow::Fail(500);
+                    }
                     Err(ConnectError::Bind(e)) => {
                         // nginx: `bind(ADDR) failed` at crit, and the request ends in 500
                         // without trying another peer (the address is wrong for all).

@@ -1353,7 +1353,11 @@ impl<'a> Worker<'a> {
                 Some(path) => {
                     shard_event::sock::connect_unix_nonblocking(path).map_err(ConnectError::Connect)
                 }
-                None => shard_event::sock::connect_nonblocking_from(&addr, local),
+                None => shard_event::sock::connect_nonblocking_from(
+                    &addr,
+                    local,
+                    self.stream_server(self.relays[key].server).bind_transparent,
+                ),
             };
             let (fd, done) = match connected {
                 Ok(Connect::Done(fd)) => (fd, true),
@@ -1368,6 +1372,15 @@ impl<'a> Worker<'a> {
                         } else {
                             a.to_string()
                         }),
+                        shard_event::os_error_text(&e)
+                    );
+                    self.relays[key].fixed = Some((500, 0));
+                    return Io::Close;
+                }
+                Err(ConnectError::Transparent(e)) => {
+                    crate::log!(
+                        Alert,
+                        "setsockopt(IP_TRANSPARENT) failed ({})",
                         shard_event::os_error_text(&e)
                     );
                     self.relays[key].fixed = Some((500, 0));
