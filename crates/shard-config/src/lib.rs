@@ -6,6 +6,9 @@
 
 #[doc(hidden)]
 pub mod fuzz;
+pub mod geoip;
+#[rustfmt::skip]
+mod geoip_data;
 pub mod index;
 mod lexer;
 mod model;

@@ -652,6 +652,8 @@ pub enum LogEscape {
 /// `LocationConf` too (`ServerConf::base`) with `path = ""`, used when no location matches.
 #[derive(Debug, Clone)]
 pub struct LocationConf {
+    /// `geoip_*` of the http block (`None` without any).
+    pub geoip: Option<std::sync::Arc<GeoipConf>>,
     pub kind: LocationKind,
     /// The prefix, the exact path, the expression as written, or the name with its `@`.
     pub path: String,
@@ -1740,6 +1742,8 @@ pub enum Var {
     /// `content_type`, `content_length`, `location`, `last_modified`, `etag`,
     /// `content_encoding`, `connection`, `cache_control`, `expires`).
     SentHttp(String),
+    /// `$geoip_*` (`geoip_country`, `geoip_city`, `geoip_org`).
+    Geoip(GeoipVar),
     /// `$sent_trailer_NAME`: a trailer `add_trailer` made before this one (lowercase, `-`).
     SentTrailer(String),
     /// The stream module's own (`ngx_stream_core_module`, `ngx_stream_upstream_module`):
@@ -1774,6 +1778,8 @@ impl Var {
                 | Var::ContentLength
                 | Var::RequestLength
                 | Var::ProxyAddXForwardedFor
+                // `geoip_proxy` reads `X-Forwarded-For`.
+                | Var::Geoip(_)
         )
     }
 }
@@ -2615,6 +2621,119 @@ impl Default for SslConf {
     }
 }
 
+/// The `$geoip_*` variables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GeoipVar {
+    CountryCode,
+    CountryCode3,
+    CountryName,
+    AreaCode,
+    CityContinentCode,
+    CityCountryCode,
+    CityCountryCode3,
+    CityCountryName,
+    DmaCode,
+    Latitude,
+    Longitude,
+    Region,
+    RegionName,
+    City,
+    PostalCode,
+    Org,
+}
+
+impl GeoipVar {
+    /// The variable of a name after `geoip_`.
+    pub fn by_name(name: &str) -> Option<GeoipVar> {
+        use GeoipVar::*;
+        Some(match name {
+            "country_code" => CountryCode,
+            "country_code3" => CountryCode3,
+            "country_name" => CountryName,
+            "area_code" => AreaCode,
+            "city_continent_code" => CityContinentCode,
+            "city_country_code" => CityCountryCode,
+            "city_country_code3" => CityCountryCode3,
+            "city_country_name" => CityCountryName,
+            "dma_code" => DmaCode,
+            "latitude" => Latitude,
+            "longitude" => Longitude,
+            "region" => Region,
+            "region_name" => RegionName,
+            "city" => City,
+            "postal_code" => PostalCode,
+            "org" => Org,
+            _ => return None,
+        })
+    }
+}
+
+impl GeoipConf {
+    /// Appends `$geoip_*`'s value for a client at `addr` (nothing without the database it
+    /// reads, or when the address is not in it).
+    pub fn push(&self, out: &mut Vec<u8>, var: GeoipVar, addr: std::net::IpAddr) {
+        use crate::geoip as g;
+        use GeoipVar::*;
+        match var {
+            CountryCode | CountryCode3 | CountryName => {
+                let Some(id) = self.country.as_ref().and_then(|db| db.country(addr)) else {
+                    return;
+                };
+                if id == 0 {
+                    return;
+                }
+                out.extend_from_slice(match var {
+                    CountryCode => g::country_code(id),
+                    CountryCode3 => g::country_code3(id),
+                    _ => g::country_name(id),
+                });
+            }
+            Org => {
+                if let Some(name) = self.org.as_ref().and_then(|db| db.org(addr)) {
+                    out.extend_from_slice(name);
+                }
+            }
+            _ => {
+                let Some(c) = self.city.as_ref().and_then(|db| db.city(addr)) else {
+                    return;
+                };
+                match var {
+                    AreaCode => out.extend_from_slice(c.area_code.to_string().as_bytes()),
+                    DmaCode => out.extend_from_slice(c.dma_code.to_string().as_bytes()),
+                    CityContinentCode => out.extend_from_slice(g::continent(c.country)),
+                    CityCountryCode => out.extend_from_slice(g::country_code(c.country)),
+                    CityCountryCode3 => out.extend_from_slice(g::country_code3(c.country)),
+                    CityCountryName => out.extend_from_slice(g::country_name(c.country)),
+                    Latitude => out.extend_from_slice(format!("{:.4}", c.latitude).as_bytes()),
+                    Longitude => out.extend_from_slice(format!("{:.4}", c.longitude).as_bytes()),
+                    Region => out.extend_from_slice(c.region),
+                    RegionName => {
+                        let cc = g::country_code(c.country);
+                        if let Some(n) = g::region_name(cc, c.region) {
+                            out.extend_from_slice(n);
+                        }
+                    }
+                    City => out.extend_from_slice(c.city),
+                    PostalCode => out.extend_from_slice(c.postal),
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// `geoip_country`, `geoip_city`, `geoip_org` (http or stream), `geoip_proxy` and
+/// `geoip_proxy_recursive` (http): the databases, read when the configuration is.
+#[derive(Debug, Default)]
+pub struct GeoipConf {
+    pub country: Option<crate::geoip::Db>,
+    pub city: Option<crate::geoip::Db>,
+    pub org: Option<crate::geoip::Db>,
+    /// `geoip_proxy`: requests from these take their address from `X-Forwarded-For`.
+    pub proxies: Vec<AccessRule>,
+    pub proxy_recursive: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct HttpConf {
     pub servers: Vec<ServerConf>,
@@ -2653,6 +2772,8 @@ impl HttpConf {
 pub struct StreamConf {
     /// Named `upstream` blocks, then one implicit upstream per `proxy_pass ADDR`.
     pub upstreams: Vec<UpstreamConf>,
+    /// `geoip_*` of the stream block.
+    pub geoip: Option<std::sync::Arc<GeoipConf>>,
     pub servers: Vec<StreamServerConf>,
     /// `map`, `split_clients` and `geo` of the stream block (their values have the stream's
     /// variables).

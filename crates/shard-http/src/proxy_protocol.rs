@@ -81,10 +81,15 @@ fn parse_v1(buf: &[u8]) -> Parsed {
     else {
         return Parsed::Invalid;
     };
+    // Either family whatever the protocol says, as nginx's `ngx_parse_addr` takes it
+    // (`PROXY TCP6 ::ffff:10.0.0.1 127.0.0.1 ...` is what some balancers send).
     let ip = |s: &str| -> Option<IpAddr> {
         match proto {
-            "TCP4" => s.parse::<Ipv4Addr>().ok().map(IpAddr::V4),
-            "TCP6" => s.parse::<Ipv6Addr>().ok().map(IpAddr::V6),
+            "TCP4" | "TCP6" => s
+                .parse::<Ipv4Addr>()
+                .map(IpAddr::V4)
+                .or_else(|_| s.parse::<Ipv6Addr>().map(IpAddr::V6))
+                .ok(),
             _ => None,
         }
     };
@@ -324,6 +329,11 @@ mod tests {
         assert_eq!(n, 45);
         assert_eq!(h.src, Some(addr("192.0.2.1:56324")));
         assert_eq!(h.dst, Some(addr("198.51.100.2:443")));
+        // The family of the addresses is theirs, not the protocol's (nginx).
+        assert!(matches!(
+            parse(b"PROXY TCP6 ::ffff:10.0.0.1 127.0.0.1 1 2\r\n"),
+            Parsed::Complete(..)
+        ));
         let Parsed::Complete(h, _) = parse(b"PROXY TCP6 2001:db8::1 ::1 1 2\r\n") else {
             panic!()
         };
@@ -343,7 +353,7 @@ mod tests {
             &b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\n"[..],
             b"PROXY TCP4 1.2.3.4 5.6.7.8 01 2\r\n",
             b"PROXY TCP4 1.2.3.4 5.6.7.8 70000 2\r\n",
-            b"PROXY TCP4 ::1 5.6.7.8 1 2\r\n",
+            b"PROXY TCP4 1.2.3 5.6.7.8 1 2\r\n",
             b"PROXY TCP5 1.2.3.4 5.6.7.8 1 2\r\n",
             b"PROXY TCP4 1.2.3.4 5.6.7.8 1\r\n",
             b"GET / HTTP/1.1\r\n",

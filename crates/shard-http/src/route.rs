@@ -304,6 +304,7 @@ pub(crate) mod tests {
             root: PathBuf::from("/srv/html"),
             alias: None,
             alias_from: None,
+            geoip: None,
             doc_root_vars: None,
             index: vec!["index.html".into()],
             index_vars: None,

@@ -798,6 +798,37 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 out.extend_from_slice(v);
             }
         }
+        Var::Geoip(g) => {
+            let Some(conf) = c.location.geoip.as_deref() else {
+                return;
+            };
+            let Some(mut addr) = c.client.map(|a| a.ip()) else {
+                return;
+            };
+            // `geoip_proxy`: a trusted peer's `X-Forwarded-For` names the client (the last
+            // address, or with `geoip_proxy_recursive` the last one not trusted).
+            if conf.proxies.iter().any(|p| p.matches(addr)) {
+                let xff: Vec<&str> = c
+                    .headers
+                    .iter()
+                    .filter(|h| h.name.eq_ignore_ascii_case("x-forwarded-for"))
+                    .filter_map(|h| std::str::from_utf8(h.value).ok())
+                    .flat_map(|v| v.split(','))
+                    .map(str::trim)
+                    .filter(|v| !v.is_empty())
+                    .collect();
+                for v in xff.iter().rev() {
+                    let Ok(ip) = v.parse::<std::net::IpAddr>() else {
+                        break;
+                    };
+                    addr = ip;
+                    if !conf.proxy_recursive || !conf.proxies.iter().any(|p| p.matches(ip)) {
+                        break;
+                    }
+                }
+            }
+            conf.push(out, *g, addr);
+        }
         Var::SentHttp(name) => {
             let Some(d) = &c.done else { return };
             if !d.head.is_empty() {

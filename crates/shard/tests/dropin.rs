@@ -4015,3 +4015,108 @@ fn a_variable_proxy_pass_finds_an_implicit_upstream() {
     assert_eq!((r.status, r.body_str()), (200, "b localhost".to_string()));
     assert_eq!(get(s.addr(), &format!("/var?h=elsewhere:{p1}")).status, 502);
 }
+
+/// Legacy GeoIP databases of the test's own making (the `.dat` layout: a bit tree over the
+/// address, then the records, then the structure info), 10.0.0.1 in each.
+fn geoip_dbs(dir: &std::path::Path) {
+    let node = |v: u32, len: usize| v.to_le_bytes()[..len].to_vec();
+    // The tree for 10.0.0.1 over 32 bits: each level's branch goes on, the other ends at
+    // `miss`; the last level ends at `hit`.
+    let tree = |hit: u32, miss: u32, len: usize| {
+        let ip = u32::from(std::net::Ipv4Addr::new(10, 0, 0, 1));
+        let mut d = Vec::new();
+        for depth in (0..32u32).rev() {
+            let i = 31 - depth;
+            let next = if depth == 0 { hit } else { i + 1 };
+            let (l, r) = if ip >> depth & 1 == 1 {
+                (miss, next)
+            } else {
+                (next, miss)
+            };
+            d.extend(node(l, len));
+            d.extend(node(r, len));
+        }
+        d
+    };
+    // Country (edition 1): leaves are 16776960 + id; 185 is RU.
+    let mut country = tree(16_776_960 + 185, 16_776_960, 3);
+    country.extend([0, 0, 0, 0xFF, 0xFF, 0xFF, 1]);
+    std::fs::write(dir.join("country.dat"), country).unwrap();
+    // City (edition 2, 32 segments): leaf 33 is the record at 33 + 5 * 32.
+    let mut city = tree(33, 32, 3);
+    city.push(0);
+    city.push(185);
+    for s in ["48", "Moscow", "119034"] {
+        city.extend(s.as_bytes());
+        city.push(0);
+    }
+    city.extend(node(((55.7543 + 180.0) * 10000.0) as u32, 3));
+    city.extend(node(((37.6202 + 180.0) * 10000.0) as u32, 3));
+    city.extend([0, 0, 0, 0xFF, 0xFF, 0xFF, 2, 32, 0, 0]);
+    std::fs::write(dir.join("city.dat"), city).unwrap();
+    // Organization (edition 5, 4-byte records): leaf 33 is the name at 33 + 7 * 32.
+    let mut org = tree(33, 32, 4);
+    org.push(0);
+    org.extend(b"Nginx\0");
+    org.extend([0xFF, 0xFF, 0xFF, 5, 32, 0, 0]);
+    std::fs::write(dir.join("org.dat"), org).unwrap();
+}
+
+/// `geoip_country`, `geoip_city`, `geoip_org` (http and stream) and `geoip_proxy`: the
+/// variables of an address, as nginx's geoip modules show them; a database of the wrong
+/// edition fails `-t` in nginx's words.
+#[test]
+fn geoip_databases_name_countries_cities_and_organizations() {
+    let dir = temp_dir("geoip-dbs").keep();
+    geoip_dbs(&dir);
+    let d = dir.display();
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\n\
+         http {{\n geoip_country {d}/country.dat; geoip_city {d}/city.dat utf8;\n \
+         geoip_org {d}/org.dat; geoip_proxy 127.0.0.1/32;\n \
+         server {{\n  listen 127.0.0.1:{{port}};\n  location = /status {{ shard_status; }}\n  \
+         location / {{ return 200 \"$geoip_country_code $geoip_country_code3 $geoip_country_name|\
+         $geoip_city_continent_code $geoip_city_country_code $geoip_city $geoip_region \
+         $geoip_region_name $geoip_postal_code $geoip_latitude $geoip_longitude \
+         $geoip_area_code $geoip_dma_code|$geoip_org\"; }}\n }}\n}}\n\
+         stream {{\n geoip_country {d}/country.dat; geoip_org {d}/org.dat;\n \
+         set_real_ip_from 127.0.0.1;\n \
+         server {{ listen 127.0.0.1:{{port1}} proxy_protocol; \
+         return \"$geoip_country_code $geoip_org\"; }}\n}}\n"
+    );
+    let s = Server::start_ports("geoip", &conf, 1, 1);
+    let ask = |xff: &str| {
+        let head = format!(
+            "GET / HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: {xff}\r\nConnection: close\r\n\r\n"
+        );
+        raw(s.addr(), head.as_bytes()).body_str()
+    };
+    assert_eq!(
+        ask("10.0.0.1"),
+        "RU RUS Russian Federation|EU RU Moscow 48 Moscow City 119034 55.7543 37.6202 0 0|Nginx"
+    );
+    assert_eq!(ask("::ffff:10.0.0.1").split('|').nth(2), Some("Nginx"));
+    assert_eq!(
+        ask("10.0.0.2"),
+        "  |         |",
+        "not in the databases: empty"
+    );
+    // Stream: the PROXY header's source (trusted by set_real_ip_from).
+    let mut c = connect(std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0])));
+    c.write_all(b"PROXY TCP4 10.0.0.1 127.0.0.1 1 2\r\n")
+        .unwrap();
+    let mut got = String::new();
+    c.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "RU Nginx");
+    // The wrong edition for the directive.
+    let bad = temp_dir("geoip-bad");
+    std::fs::write(
+        bad.join("conf/shard.conf"),
+        format!("events {{}}\nhttp {{ geoip_city {d}/country.dat; }}\n"),
+    )
+    .unwrap();
+    let (code, out) = run_cli(&["-t", "-p", bad.to_str().unwrap(), "-c", "conf/shard.conf"]);
+    assert_ne!(code, 0);
+    assert!(out.contains("invalid GeoIP database"), "{out}");
+    assert!(out.contains("shard.conf:2"), "{out}");
+}

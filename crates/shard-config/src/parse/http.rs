@@ -1130,6 +1130,7 @@ impl Eff {
             root: self.root.clone(),
             alias: None,
             alias_from: None,
+            geoip: None,
             doc_root_vars: self.root_vars.clone(),
             index_vars: index_templates(&self.index),
             index: self.index.clone(),
@@ -1283,6 +1284,7 @@ pub(super) struct ServerP {
 #[derive(Default)]
 pub(super) struct HttpP {
     pub(super) settings: Settings,
+    pub(super) geoip: GeoipConf,
     pub(super) servers: Vec<ServerP>,
     pub(super) listeners: Vec<ListenerP>,
     /// The named `upstream` blocks, in file order.
@@ -4421,6 +4423,9 @@ fn variable_with(name: &str, user: impl FnOnce(&str) -> Var) -> Var {
         return v;
     }
     let prefixed = |p: &str| name.strip_prefix(p).filter(|n| !n.is_empty());
+    if let Some(g) = name.strip_prefix("geoip_").and_then(GeoipVar::by_name) {
+        return Var::Geoip(g);
+    }
     match name.as_str() {
         "host" => Var::Host,
         "remote_addr" => Var::RemoteAddr,
@@ -4911,4 +4916,71 @@ pub(super) fn apply_ssl(env: &Env, p: &mut SslP, d: &Directive, file: &str) -> R
     };
     *p = s.ssl;
     r
+}
+
+/// `geoip_country`, `geoip_city`, `geoip_org` `FILE [utf8]`, `geoip_proxy CIDR`,
+/// `geoip_proxy_recursive on|off` (http).
+pub(super) fn http_geoip(env: &Env, h: &mut HttpP, d: &Directive, file: &str) -> R {
+    geoip_directive(env, &mut h.geoip, d, file)
+}
+
+/// The databases of a `geoip_*` directive, http's or stream's: read whole now, as nginx's
+/// `GeoIP_open` with `GEOIP_MEMORY_CACHE`; the edition must be the directive's.
+pub(super) fn geoip_directive(env: &Env, g: &mut GeoipConf, d: &Directive, file: &str) -> R {
+    use crate::geoip::{Db, Edition};
+    let v = a0(d);
+    match d.name.as_str() {
+        "geoip_proxy" => {
+            let Some((ip, bits, _)) = parse_cidr(v) else {
+                return Err(invalid(d, file, v));
+            };
+            g.proxies.push(AccessRule {
+                allow: true,
+                net: Some((ip, bits)),
+                unix: false,
+            });
+            Ok(())
+        }
+        "geoip_proxy_recursive" => {
+            g.proxy_recursive = flag(d, file, v)?;
+            Ok(())
+        }
+        name => {
+            if let Some(a) = d.args.get(1).filter(|a| *a != "utf8") {
+                return Err(invalid(d, file, a));
+            }
+            let slot = match name {
+                "geoip_country" => &mut g.country,
+                "geoip_city" => &mut g.city,
+                _ => &mut g.org,
+            };
+            if slot.is_some() {
+                return Err(derr(d, file, format!("\"{name}\" directive is duplicate")));
+            }
+            let path = env.resolve(v);
+            let read = std::fs::metadata(&path)
+                .ok()
+                .filter(|m| m.len() <= crate::geoip::DB_MAX_BYTES)
+                .and_then(|_| std::fs::read(&path).ok());
+            let Some(bytes) = read else {
+                return Err(derr(d, file, format!("GeoIP_open(\"{v}\") failed")));
+            };
+            let db = Db::open(bytes)
+                .map_err(|e| derr(d, file, format!("invalid GeoIP database \"{v}\" {e}")))?;
+            let fits = match name {
+                "geoip_country" => db.edition == Edition::Country,
+                "geoip_city" => matches!(db.edition, Edition::City { .. }),
+                _ => db.edition == Edition::Org,
+            };
+            if !fits {
+                return Err(derr(
+                    d,
+                    file,
+                    format!("invalid GeoIP database \"{v}\" for \"{name}\""),
+                ));
+            }
+            *slot = Some(db);
+            Ok(())
+        }
+    }
 }

@@ -693,8 +693,12 @@ impl Env {
             }
             resolved.push(i);
         }
+        let g = h.geoip;
+        let geoip =
+            (g.country.is_some() || g.city.is_some() || g.org.is_some()).then(|| Arc::new(g));
         for s in &mut servers {
             for l in std::iter::once(&mut s.base).chain(s.locations.iter_mut()) {
+                l.geoip = geoip.clone();
                 let upstream = |p: &[Part]| {
                     p.iter().any(|x| {
                         matches!(x, Part::Var(Var::UpstreamHttp(_) | Var::UpstreamCookie(_)))

@@ -71,6 +71,7 @@ pub(super) struct StreamServerP {
 #[derive(Default)]
 pub(super) struct StreamP {
     pub(super) settings: StreamSettings,
+    pub(super) geoip: GeoipConf,
     pub(super) upstreams: Vec<UpstreamConf>,
     pub(super) servers: Vec<StreamServerP>,
     pub(super) listeners: Vec<ListenerP>,
@@ -218,6 +219,9 @@ fn stream_variable(d: &Directive, file: &str, name: &str) -> Result<Var, ConfigE
     let lower = name.to_ascii_lowercase();
     if let Some(v) = Var::tls(&lower) {
         return Ok(v);
+    }
+    if let Some(g) = lower.strip_prefix("geoip_").and_then(GeoipVar::by_name) {
+        return Ok(Var::Geoip(g));
     }
     Ok(match lower.as_str() {
         "protocol" => Var::Protocol,
@@ -859,8 +863,12 @@ pub(super) fn finish_stream(
             names: Default::default(),
         });
     }
+    let g = std::mem::take(&mut { sp.geoip });
+    let geoip = (g.country.is_some() || g.city.is_some() || g.org.is_some())
+        .then(|| std::sync::Arc::new(g));
     Ok(StreamConf {
         upstreams,
+        geoip,
         servers,
         maps: sp.maps,
         limit_zones: sp.limit_zones,
@@ -883,4 +891,9 @@ pub(super) fn stream_proxy_ssl(env: &Env, s: &mut StreamSettings, d: &Directive,
     super::http::apply_proxy_ssl(env, &mut s.proxy_ssl, d, file, &mut |name| {
         stream_variable(d, file, name)
     })
+}
+
+/// `geoip_country`, `geoip_city`, `geoip_org` in stream.
+pub(super) fn stream_geoip(env: &Env, sp: &mut StreamP, d: &Directive, file: &str) -> R {
+    super::http::geoip_directive(env, &mut sp.geoip, d, file)
 }

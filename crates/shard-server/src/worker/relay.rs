@@ -240,6 +240,8 @@ pub(super) struct Session<'a> {
     pp: Option<&'a shard_http::proxy_protocol::Header>,
     /// The stream block's `map`s, `geo`s and `split_clients`.
     maps: &'a [shard_config::MapConf],
+    /// The stream block's `geoip_*` databases.
+    geoip: Option<&'a shard_config::GeoipConf>,
     /// Values of the server's `set`s.
     user: &'a [(String, Vec<u8>)],
     /// The ClientHello `ssl_preread` read.
@@ -266,6 +268,7 @@ impl<'a> Session<'a> {
         local: SocketAddr,
         started_ms: u64,
         maps: &'a [shard_config::MapConf],
+        geoip: Option<&'a shard_config::GeoipConf>,
     ) -> Session<'a> {
         Session {
             number,
@@ -284,6 +287,7 @@ impl<'a> Session<'a> {
             first_byte_ms: None,
             pp: None,
             maps,
+            geoip,
             user: &[],
             hello: None,
             realip: None,
@@ -308,6 +312,7 @@ impl<'a> Worker<'a> {
     /// listener); without one this is an empty block rather than a panic.
     pub(super) fn stream(&self) -> &'a StreamConf {
         static NONE: StreamConf = StreamConf {
+            geoip: None,
             upstreams: Vec::new(),
             servers: Vec::new(),
             maps: Vec::new(),
@@ -357,6 +362,7 @@ impl<'a> Worker<'a> {
                 local(),
                 self.cx.now_ms,
                 &self.stream().maps,
+                self.stream().geoip.as_deref(),
             )
         };
         // `set` (preaccess), `allow`/`deny` (access), then `return`: answered (or refused)
@@ -548,6 +554,7 @@ impl<'a> Worker<'a> {
             first_byte_ms: r.first_byte_ms,
             pp: r.pp.as_deref(),
             maps: &self.stream().maps,
+            geoip: self.stream().geoip.as_deref(),
             user: &r.user,
             hello: r.hello.as_deref(),
             realip: r.realip,
@@ -2247,6 +2254,11 @@ fn session_var(
             let tls = s.tls.map(|t| t.vars(s.server));
             shard_http::vars::push_tls(out, var, tls.as_ref(), now_ms);
         }
+        Var::Geoip(g) => {
+            if let (Some(conf), Some(client)) = (s.geoip, s.client) {
+                conf.push(out, *g, client.ip());
+            }
+        }
         Var::RealipRemoteAddr => {
             if let Some(a) = s.realip.or(s.client) {
                 let _ = write!(out, "{}", a.ip());
@@ -2420,6 +2432,7 @@ impl Worker<'_> {
                 f.local,
                 f.started_ms,
                 &self.stream().maps,
+                self.stream().geoip.as_deref(),
             )
         }
     }
