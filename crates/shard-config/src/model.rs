@@ -734,6 +734,8 @@ pub struct LocationConf {
     pub add_trailers: Vec<AddHeader>,
     /// `expires`. Default off.
     pub expires: Option<Expires>,
+    /// `userid` and its `userid_*` settings (`None`: `userid off`).
+    pub userid: Option<std::sync::Arc<UseridConf>>,
     /// `server_tokens on|off`: `Server: shard/VERSION` or `Server: shard`. Default on.
     pub server_tokens: bool,
     /// `allow` and `deny` of the level that set any, in order: the first that matches the
@@ -2617,6 +2619,57 @@ impl Default for SslConf {
             stapling_file: None,
             conf_commands: Vec::new(),
             ecdh_curve: String::new(),
+        }
+    }
+}
+
+/// `userid v1|on|log|off` (nginx's `ngx_http_userid_module`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UseridMode {
+    Off,
+    Log,
+    V1,
+    On,
+}
+
+/// A location's `userid` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UseridConf {
+    pub mode: UseridMode,
+    /// `userid_name`. Default `uid`.
+    pub name: String,
+    /// `userid_domain` (`None`: none sent).
+    pub domain: Option<String>,
+    /// `userid_path`. Default `/`.
+    pub path: String,
+    /// `userid_expires`: `None` off (a session cookie), `Some(None)` max, else seconds.
+    pub expires: Option<Option<u64>>,
+    /// `userid_p3p` (`None`: none sent).
+    pub p3p: Option<String>,
+    /// `userid_service` (`None`: the server's address, or 0 for v1).
+    pub service: Option<u32>,
+    /// `userid_mark`: the character put in place of the cookie's first `=` (`None`: off).
+    pub mark: Option<u8>,
+    /// `userid_flags`: `secure`, `httponly`, `samesite=VALUE`.
+    pub secure: bool,
+    pub httponly: bool,
+    pub samesite: Option<String>,
+}
+
+impl Default for UseridConf {
+    fn default() -> Self {
+        UseridConf {
+            mode: UseridMode::Off,
+            name: "uid".to_string(),
+            domain: None,
+            path: "/".to_string(),
+            expires: None,
+            p3p: None,
+            service: None,
+            mark: None,
+            secure: false,
+            httponly: false,
+            samesite: None,
         }
     }
 }

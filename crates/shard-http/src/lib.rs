@@ -388,6 +388,47 @@ mod tests {
 #[doc(hidden)]
 pub mod fuzz;
 
+/// Standard base64 (RFC 4648) with `=` padding.
+pub fn base64_encode(data: &[u8]) -> String {
+    const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(B64[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// A cookie's `expires` date as nginx's `ngx_cookie_time` writes it: `Thu, 31-Dec-37
+/// 23:55:55 GMT`, with a two-digit year up to 2037 and the whole year after.
+pub fn cookie_time(unix_secs: u64) -> String {
+    let c = civil(unix_secs);
+    let year = if c.year > 2037 {
+        c.year.to_string()
+    } else {
+        format!("{:02}", c.year % 100)
+    };
+    format!(
+        "{}, {:02}-{}-{} {:02}:{:02}:{:02} GMT",
+        WEEKDAYS[c.weekday],
+        c.day,
+        MONTHS[c.month - 1],
+        year,
+        c.hour,
+        c.min,
+        c.sec
+    )
+}
+
 /// Standard base64 (RFC 4648, with or without `=` padding); `None` for anything else.
 pub fn base64_decode(s: &str) -> Option<Vec<u8>> {
     let val = |c: u8| -> Option<u32> {
@@ -423,6 +464,24 @@ pub fn base64_decode(s: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod base64_tests {
+    #[test]
+    fn encodes_and_cookie_times() {
+        for (dec, enc) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+        ] {
+            assert_eq!(super::base64_encode(dec.as_bytes()), enc);
+        }
+        assert_eq!(
+            super::cookie_time(2145916555),
+            "Thu, 31-Dec-37 23:55:55 GMT"
+        );
+        assert_eq!(super::cookie_time(0), "Thu, 01-Jan-70 00:00:00 GMT");
+    }
+
     #[test]
     fn decodes_rfc_4648_vectors() {
         for (enc, dec) in [

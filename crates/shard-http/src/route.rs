@@ -305,6 +305,7 @@ pub(crate) mod tests {
             alias: None,
             alias_from: None,
             geoip: None,
+            userid: None,
             doc_root_vars: None,
             index: vec!["index.html".into()],
             index_vars: None,

@@ -305,6 +305,8 @@ pub(crate) struct Worker<'a> {
     request_id_key: u64,
     /// xorshift state for `random` upstreams and DNS query ids (never 0).
     rng: u64,
+    /// The userid module's sequence numbers (v1, v2), as nginx's `sequencer_v1`/`_v2`.
+    uid_seq: (u32, u32),
     /// DNS queries in flight and answers kept (`resolver.rs`).
     resolver: resolver::Resolver,
     /// Upstreams made for hosts `proxy_pass` with variables resolved (`proxy.rs`): index
@@ -576,6 +578,7 @@ impl<'a> Worker<'a> {
             dyn_index: HashMap::new(),
             shadow: HashMap::new(),
             rng: shard_event::process::random_u64() | 1,
+            uid_seq: (1, 0x0303_0302),
         };
         w.update_time();
         w.install_log_contexts();

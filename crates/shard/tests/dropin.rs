@@ -4120,3 +4120,65 @@ fn geoip_databases_name_countries_cities_and_organizations() {
     assert!(out.contains("invalid GeoIP database"), "{out}");
     assert!(out.contains("shard.conf:2"), "{out}");
 }
+
+/// `userid` (nginx's userid module): a new visitor gets a cookie of 16 bytes in base64
+/// (`$uid_set`), a returning one is read (`$uid_got`) and not given another; `$uid_reset`
+/// renews it; the cookie's attributes follow `userid_*`.
+#[test]
+fn userid_sets_and_reads_the_visitor_cookie() {
+    let conf = "worker_processes 1;\nerror_log logs/error.log info;\nevents {}\nhttp {\n \
+        map $arg_r $uid_reset { default 0; 1 1; log log; }\n \
+        server {\n  listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n  \
+        userid on; userid_path /p; userid_domain example.test; userid_expires 1h;\n  \
+        userid_mark t; userid_flags secure samesite=lax; userid_p3p 'CP=\"x\"';\n  \
+        location / { add_header X-Got $uid_got; add_header X-Set $uid_set; return 204; }\n  \
+        location /log { userid log; add_header X-Got $uid_got; return 204; }\n }\n}\n";
+    let s = Server::start("userid", conf, 1);
+    let ask = |path: &str, cookie: Option<&str>| {
+        let c = cookie.map_or(String::new(), |c| format!("Cookie: {c}\r\n"));
+        raw(
+            s.addr(),
+            format!("GET {path} HTTP/1.1\r\nHost: h\r\n{c}Connection: close\r\n\r\n").as_bytes(),
+        )
+    };
+    let r = ask("/", None);
+    let set = r.header("Set-Cookie").unwrap().to_string();
+    let uid = set
+        .strip_prefix("uid=")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(uid.len(), 24, "{set}");
+    assert!(uid.ends_with("t="), "the mark: {set}");
+    assert!(
+        set.ends_with("; domain=example.test; path=/p; secure; samesite=lax"),
+        "{set}"
+    );
+    assert!(set.contains("; expires="), "{set}");
+    assert_eq!(r.header("P3P"), Some("CP=\"x\""));
+    let x_set = r.header("X-Set").unwrap().to_string();
+    assert!(x_set.starts_with("uid=") && x_set.len() == 36, "{x_set}");
+    // Returning: read, not set again; the same identifier.
+    let r = ask("/", Some(&format!("uid={uid}")));
+    assert_eq!(r.header("Set-Cookie"), None);
+    assert_eq!(r.header("X-Got"), Some(x_set.as_str()));
+    // `$uid_reset`: a new one; `log` says so in the error log.
+    assert!(ask("/?r=1", Some(&format!("uid={uid}")))
+        .header("Set-Cookie")
+        .is_some());
+    assert!(ask("/?r=log", Some(&format!("uid={uid}")))
+        .header("Set-Cookie")
+        .is_some());
+    wait_for(Duration::from_secs(5), "the reset logged", || {
+        error_log(&s).contains("userid cookie \"uid=").then_some(())
+    });
+    // `userid log`: read, never set.
+    let r = ask("/log", None);
+    assert_eq!(r.header("Set-Cookie"), None);
+    assert_eq!(
+        ask("/log", Some(&format!("uid={uid}"))).header("X-Got"),
+        Some(x_set.as_str())
+    );
+}

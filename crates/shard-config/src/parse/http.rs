@@ -236,6 +236,8 @@ pub(super) struct Settings {
     pub(super) add_trailers: Option<Vec<AddHeader>>,
     /// `expires`: `Some(None)` is `off`.
     pub(super) expires: Option<Option<Expires>>,
+    /// `userid` and `userid_*` of this level.
+    pub(super) userid: UseridP,
     pub(super) server_tokens: Option<bool>,
     /// `allow`/`deny` of this block; `Some` replaces the parent's list.
     pub(super) access_rules: Option<Vec<AccessRule>>,
@@ -677,6 +679,7 @@ pub(super) struct Eff {
     pub(super) add_headers: Vec<AddHeader>,
     pub(super) add_trailers: Vec<AddHeader>,
     pub(super) expires: Option<Expires>,
+    pub(super) userid: UseridConf,
     pub(super) server_tokens: bool,
     pub(super) access_rules: Vec<AccessRule>,
     pub(super) secure_link: SecureLink,
@@ -787,6 +790,7 @@ impl Eff {
             add_headers: Vec::new(),
             add_trailers: Vec::new(),
             expires: None,
+            userid: UseridConf::default(),
             server_tokens: true,
             access_rules: Vec::new(),
             referers: None,
@@ -948,6 +952,7 @@ impl Eff {
                 .clone()
                 .unwrap_or_else(|| self.add_trailers.clone()),
             expires: s.expires.clone().unwrap_or_else(|| self.expires.clone()),
+            userid: s.userid.merge(&self.userid),
             server_tokens: s.server_tokens.unwrap_or(self.server_tokens),
             access_rules: s
                 .access_rules
@@ -1158,6 +1163,7 @@ impl Eff {
             add_headers: self.add_headers.clone(),
             add_trailers: self.add_trailers.clone(),
             expires: self.expires.clone(),
+            userid: (self.userid.mode != UseridMode::Off).then(|| Arc::new(self.userid.clone())),
             server_tokens: self.server_tokens,
             access_rules: self.access_rules.clone(),
             referers: self.referers.clone(),
@@ -4426,6 +4432,11 @@ fn variable_with(name: &str, user: impl FnOnce(&str) -> Var) -> Var {
     if let Some(g) = name.strip_prefix("geoip_").and_then(GeoipVar::by_name) {
         return Var::Geoip(g);
     }
+    // The userid module's: values the request's userid step sets (`$uid_reset` is the
+    // configuration's, through a `map` or `set`).
+    if matches!(name.as_str(), "uid_got" | "uid_set" | "uid_reset") {
+        return Var::User(name);
+    }
     match name.as_str() {
         "host" => Var::Host,
         "remote_addr" => Var::RemoteAddr,
@@ -4981,6 +4992,108 @@ pub(super) fn geoip_directive(env: &Env, g: &mut GeoipConf, d: &Directive, file:
             }
             *slot = Some(db);
             Ok(())
+        }
+    }
+}
+
+/// The `userid*` directives of one level.
+#[derive(Default, Clone)]
+pub(super) struct UseridP {
+    mode: Option<UseridMode>,
+    name: Option<String>,
+    domain: Option<Option<String>>,
+    path: Option<String>,
+    expires: Option<Option<Option<u64>>>,
+    p3p: Option<Option<String>>,
+    service: Option<u32>,
+    mark: Option<Option<u8>>,
+    flags: Option<(bool, bool, Option<String>)>,
+}
+
+impl UseridP {
+    fn merge(&self, p: &UseridConf) -> UseridConf {
+        let (secure, httponly, samesite) = self
+            .flags
+            .clone()
+            .unwrap_or_else(|| (p.secure, p.httponly, p.samesite.clone()));
+        UseridConf {
+            mode: self.mode.unwrap_or(p.mode),
+            name: self.name.clone().unwrap_or_else(|| p.name.clone()),
+            domain: self.domain.clone().unwrap_or_else(|| p.domain.clone()),
+            path: self.path.clone().unwrap_or_else(|| p.path.clone()),
+            expires: self.expires.unwrap_or(p.expires),
+            p3p: self.p3p.clone().unwrap_or_else(|| p.p3p.clone()),
+            service: self.service.or(p.service),
+            mark: self.mark.unwrap_or(p.mark),
+            secure,
+            httponly,
+            samesite,
+        }
+    }
+}
+
+/// `userid`, `userid_name`, `_domain`, `_path`, `_expires`, `_p3p`, `_service`, `_mark`,
+/// `_flags` (http, server, location).
+pub(super) fn set_userid(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let u = &mut s.userid;
+    let v = a0(d);
+    match d.name.as_str() {
+        "userid" => {
+            let m = match v {
+                "on" => UseridMode::On,
+                "v1" => UseridMode::V1,
+                "log" => UseridMode::Log,
+                "off" => UseridMode::Off,
+                _ => return Err(invalid(d, file, v)),
+            };
+            once(&mut u.mode, m, d, file)
+        }
+        "userid_name" => once(&mut u.name, v.to_string(), d, file),
+        "userid_domain" => once(&mut u.domain, (v != "none").then(|| v.to_string()), d, file),
+        "userid_path" => once(&mut u.path, v.to_string(), d, file),
+        "userid_expires" => {
+            let e = match v {
+                "off" => None,
+                "max" => Some(None),
+                t => Some(Some(time(d, file, t)? / 1000)),
+            };
+            once(&mut u.expires, e, d, file)
+        }
+        "userid_p3p" => once(&mut u.p3p, (v != "none").then(|| v.to_string()), d, file),
+        "userid_service" => once(&mut u.service, num::<u32>(d, file, v)?, d, file),
+        "userid_mark" => {
+            let m = match v {
+                "off" => None,
+                m if m.len() == 1 && m.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'=') => {
+                    Some(m.as_bytes()[0])
+                }
+                _ => {
+                    return Err(derr(
+                        d,
+                        file,
+                        format!("\"userid_mark\" must be a letter, a digit or \"=\": \"{v}\""),
+                    ))
+                }
+            };
+            once(&mut u.mark, m, d, file)
+        }
+        _ => {
+            // userid_flags off | [secure] [httponly] [samesite=strict|lax|none]
+            let mut f = (false, false, None);
+            for a in &d.args {
+                match a.as_str() {
+                    "off" if d.args.len() == 1 => {}
+                    "secure" => f.0 = true,
+                    "httponly" => f.1 = true,
+                    a if a.starts_with("samesite=")
+                        && matches!(&a[9..], "strict" | "lax" | "none") =>
+                    {
+                        f.2 = Some(a[9..].to_string())
+                    }
+                    a => return Err(invalid(d, file, a)),
+                }
+            }
+            once(&mut u.flags, f, d, file)
         }
     }
 }

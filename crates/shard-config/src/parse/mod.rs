@@ -711,7 +711,9 @@ impl Env {
                     l.recode = recode_table(&h.charset_maps, src, dst).map(Arc::new);
                 }
                 let reads = |p: &[Part]| parts_read_headers(p, &h.maps);
-                l.needs_head = l.ret.as_ref().is_some_and(|r| reads(&r.parts))
+                // The userid module reads the `Cookie` header.
+                l.needs_head = l.userid.is_some()
+                    || l.ret.as_ref().is_some_and(|r| reads(&r.parts))
                     || l.add_headers.iter().any(|a| reads(&a.value))
                     || l.add_trailers.iter().any(|a| reads(&a.value))
                     || l.sub_filter.pairs.iter().any(|(p, r)| reads(p) || reads(r))

@@ -204,6 +204,15 @@ pub(super) static TABLE: &[Spec] = &[
     ),
     // Names are resolved when the configuration is read; nothing resolves later.
     d("resolver", H | S | L, 1, MANY, Set::Settings(set_resolver)),
+    d("userid", H | S | L, 1, 1, Set::Settings(set_userid)),
+    d("userid_name", H | S | L, 1, 1, Set::Settings(set_userid)),
+    d("userid_domain", H | S | L, 1, 1, Set::Settings(set_userid)),
+    d("userid_path", H | S | L, 1, 1, Set::Settings(set_userid)),
+    d("userid_expires", H | S | L, 1, 1, Set::Settings(set_userid)),
+    d("userid_p3p", H | S | L, 1, 1, Set::Settings(set_userid)),
+    d("userid_service", H | S | L, 1, 1, Set::Settings(set_userid)),
+    d("userid_mark", H | S | L, 1, 1, Set::Settings(set_userid)),
+    d("userid_flags", H | S | L, 1, 3, Set::Settings(set_userid)),
     d(
         "resolver_timeout",
         H | S | L,

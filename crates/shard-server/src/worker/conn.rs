@@ -163,6 +163,8 @@ pub(super) struct Req {
     /// `proxy_pass` inside an `if` that held: the location (index into the server's) the
     /// request takes once the location's rewrite phase ends.
     pub(super) if_location: Option<usize>,
+    /// The userid module's `Set-Cookie` (and `P3P`) lines for this response.
+    pub(super) uid_header: Option<Box<[u8]>>,
     /// `$upstream_cache_status` of the proxied response ("" without a cache).
     pub(super) cache_status: &'static str,
     /// The peers a proxied request tried before it went on to an `error_page`.
@@ -325,6 +327,7 @@ impl Req {
         self.user_vars.clear();
         self.if_headers = None;
         self.if_location = None;
+        self.uid_header = None;
         self.cache_status = "";
         self.upstream_tries.clear();
         self.request_body = Vec::new();
@@ -393,6 +396,7 @@ impl Req {
             user_vars: Vec::new(),
             if_headers: None,
             if_location: None,
+            uid_header: None,
             cache_status: "",
             upstream_tries: Vec::new(),
             request_body: Vec::new(),
@@ -3522,6 +3526,9 @@ impl<'a> Worker<'a> {
             };
             let proxied = loc.proxy_pass.is_some() && loc.ret.is_none() && loc.handler.is_none();
             self.settle_limit_rate(key, loc, &req, &head);
+            if loc.userid.is_some() || self.conns[key].rd().uid_header.is_some() {
+                self.userid_step(key, loc, &req, &head);
+            }
             let reply = match action {
                 Action::Redirect(target) => {
                     hops += 1;
@@ -3793,6 +3800,157 @@ pub(super) fn keep_alive_header(out: &mut Vec<u8>, sent: usize, from: usize, sec
         }
         let line = format!("Keep-Alive: timeout={secs}\r\n");
         out.splice(at..at, line.into_bytes());
+    }
+}
+
+impl Worker<'_> {
+    /// The userid module for the request on `key` in `loc`: the client's cookie read
+    /// (`$uid_got`), a new identifier made when it has none or `$uid_reset` says so
+    /// (`$uid_set`, and the `Set-Cookie` the response carries), as nginx's filter.
+    fn userid_step(
+        &mut self,
+        key: usize,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        head: &[u8],
+    ) {
+        use shard_config::UseridMode;
+        self.conns[key].rq().uid_header = None;
+        let Some(u) = loc.userid.clone() else {
+            return;
+        };
+        // The client's cookie of that name, decoded (at least 22 characters of base64).
+        let mut storage = shard_http::vars::header_storage();
+        let hs = shard_http::vars::request_headers(head, &mut storage);
+        let cookie = hs
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case("cookie"))
+            .filter_map(|h| std::str::from_utf8(h.value).ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|kv| kv.trim().split_once('='))
+            .find(|(k, _)| *k == u.name)
+            .map(|(_, v)| v.to_string());
+        let got = cookie.as_deref().and_then(|v| {
+            if v.len() < 22 {
+                crate::log!(
+                    Info,
+                    "client sent too short userid cookie \"{}={v}\"{}",
+                    u.name,
+                    self.log_context(key, Some(req))
+                );
+                return None;
+            }
+            let padded = format!("{}==", v.get(..22)?);
+            let bytes = shard_http::base64_decode(&padded)?;
+            <[u8; 16]>::try_from(bytes.as_slice()).ok()
+        });
+        let text = |uid: &[u8; 16]| {
+            let mut t = format!("{}=", u.name);
+            for w in uid.chunks_exact(4) {
+                let v = u32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
+                t.push_str(&format!("{v:08X}"));
+            }
+            t
+        };
+        let set_var = |w: &mut Self, name: &str, value: String| {
+            let vars = &mut w.conns[key].rq().user_vars;
+            match vars.iter_mut().find(|(n, _)| n == name) {
+                Some(slot) => slot.1 = value.into_bytes(),
+                None => vars.push((name.to_string(), value.into_bytes())),
+            }
+        };
+        if let Some(g) = &got {
+            set_var(self, "uid_got", text(g));
+        }
+        if u.mode == UseridMode::Log {
+            return;
+        }
+        let reset_var = [shard_config::Part::Var(shard_config::Var::User(
+            "uid_reset".to_string(),
+        ))];
+        let reset = self.render(key, req, head, loc, &reset_var);
+        let renew = got.is_none() || !(reset.is_empty() || reset == "0");
+        if !renew {
+            return;
+        }
+        if let (Some(g), "log") = (&got, reset.as_str()) {
+            crate::log!(
+                Info,
+                "userid cookie \"{}\" was reset{}",
+                text(g),
+                self.log_context(key, Some(req))
+            );
+        }
+        // nginx's layout: service, time, start value, sequence; v2 in network order.
+        let v1 = u.mode == UseridMode::V1;
+        let word = |n: u32| if v1 { n.to_ne_bytes() } else { n.to_be_bytes() };
+        let service: [u8; 4] = match u.service {
+            Some(n) => word(n),
+            None if v1 => [0; 4],
+            None => {
+                let fd = self.conns[self.h2_parent(key).unwrap_or(key)].raw_fd();
+                // A Unix-domain socket has no address: 0, as nginx.
+                match shard_event::sock::local_addr(fd) {
+                    Ok(std::net::SocketAddr::V4(a)) => a.ip().octets(),
+                    Ok(std::net::SocketAddr::V6(a)) => {
+                        let o = a.ip().octets();
+                        [o[12], o[13], o[14], o[15]]
+                    }
+                    Err(_) => [0; 4],
+                }
+            }
+        };
+        let now = self.cx.now_secs as u32;
+        let start = (now & 0xff) << 24 | (std::process::id() & 0xffff) << 8;
+        let seq = if v1 {
+            let s = self.uid_seq.0;
+            self.uid_seq.0 = s.wrapping_add(0x100);
+            s
+        } else {
+            let s = self.uid_seq.1;
+            self.uid_seq.1 = s.wrapping_add(0x100).max(0x0303_0302);
+            s
+        };
+        let mut uid = [0u8; 16];
+        uid[..4].copy_from_slice(&service);
+        uid[4..8].copy_from_slice(&word(now));
+        uid[8..12].copy_from_slice(&word(start));
+        uid[12..].copy_from_slice(&word(seq));
+        set_var(self, "uid_set", text(&uid));
+        let mut value = shard_http::base64_encode(&uid).into_bytes();
+        if let Some(m) = u.mark {
+            if value.len() > 22 {
+                value[22] = m;
+            }
+        }
+        let mut line = format!("Set-Cookie: {}=", u.name).into_bytes();
+        line.extend_from_slice(&value);
+        match u.expires {
+            Some(None) => line.extend_from_slice(b"; expires=Thu, 31-Dec-37 23:55:55 GMT"),
+            Some(Some(secs)) => {
+                line.extend_from_slice(b"; expires=");
+                line.extend_from_slice(shard_http::cookie_time(self.cx.now_secs + secs).as_bytes());
+            }
+            None => {}
+        }
+        if let Some(d) = &u.domain {
+            line.extend_from_slice(format!("; domain={d}").as_bytes());
+        }
+        line.extend_from_slice(format!("; path={}", u.path).as_bytes());
+        if u.secure {
+            line.extend_from_slice(b"; secure");
+        }
+        if u.httponly {
+            line.extend_from_slice(b"; httponly");
+        }
+        if let Some(s) = &u.samesite {
+            line.extend_from_slice(format!("; samesite={s}").as_bytes());
+        }
+        line.extend_from_slice(b"\r\n");
+        if let Some(p) = &u.p3p {
+            line.extend_from_slice(format!("P3P: {p}\r\n").as_bytes());
+        }
+        self.conns[key].rq().uid_header = Some(line.into_boxed_slice());
     }
 }
 

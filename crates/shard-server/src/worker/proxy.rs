@@ -2821,6 +2821,10 @@ impl<'a> Worker<'a> {
             });
         }
         let mut extra = Vec::new();
+        // The userid module's cookie (its filter runs before `add_header`'s).
+        if let Some(u) = self.conns[key].rd().uid_header.as_deref() {
+            extra.extend_from_slice(u);
+        }
         let if_headers = self.conns[key].rq().if_headers.clone();
         if loc.expires.is_some() || !loc.add_headers.is_empty() || if_headers.is_some() {
             let mut storage = shard_http::vars::header_storage();

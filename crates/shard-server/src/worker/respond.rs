@@ -304,6 +304,10 @@ pub(super) fn extra_headers(
             extra.extend_from_slice(line);
         }
     }
+    // The userid module's cookie (its filter runs before `add_header`'s).
+    if let Some(u) = w.conns[key].rd().uid_header.as_deref() {
+        extra.extend_from_slice(u);
+    }
     let if_headers = w.conns[key].rd().if_headers.as_deref();
     if loc.expires.is_none() && loc.add_headers.is_empty() && if_headers.is_none() {
         return extra;
