@@ -230,7 +230,10 @@ fn quiet_test_prints_only_errors_and_capital_v_prints_build_information() {
     }
     // SSI is built in: nginx's suite asks for `ssi` by the absence of this.
     assert!(!err.contains("--without-http_ssi_module"), "{err}");
-    assert!(err.contains("--without-http_userid_module"), "{err}");
+    // userid and geoip are built in too; mirror is not.
+    assert!(!err.contains("--without-http_userid_module"), "{err}");
+    assert!(err.contains("--with-http_geoip_module"), "{err}");
+    assert!(err.contains("--without-http_mirror_module"), "{err}");
     assert!(err.contains("TLS SNI support enabled"), "{err}");
     assert!(!err.contains("http_v3"), "{err}");
 }
