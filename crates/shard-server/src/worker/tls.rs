@@ -989,21 +989,7 @@ fn asn1_print(t: u64) -> String {
 
 /// A certificate in PEM, as OpenSSL writes it (64 base64 characters a line).
 fn pem(der: &[u8]) -> String {
-    const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut b64 = String::with_capacity(der.len() * 4 / 3 + 4);
-    for chunk in der.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |a, (i, &b)| a | u32::from(b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                b64.push(char::from(B64[(n >> (18 - 6 * i) & 63) as usize]));
-            } else {
-                b64.push('=');
-            }
-        }
-    }
+    let b64 = shard_http::base64_encode(der);
     let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
     for line in b64.as_bytes().chunks(64) {
         out.push_str(std::str::from_utf8(line).unwrap_or_default());
