@@ -476,6 +476,8 @@ fn a_and_aaaa_answers_combine_failures_are_not_kept_and_queries_are_resent() {
            location = /status {{ shard_status; }}\n\
            location / {{ resolver 127.0.0.1:{dns_port}; proxy_pass http://$arg_h:{up}; }}\n\
            location /v4 {{ resolver 127.0.0.1:{dns_port} ipv6=off; proxy_pass http://$arg_h:{up}; }}\n\
+           location /ua {{ resolver 127.0.0.1:{dns_port} ipv6=off; proxy_pass http://$arg_h:{up};\n\
+             add_header X-Up $upstream_addr always; }}\n\
            location /resend {{ resolver 127.0.0.1:{dead} 127.0.0.1:{dns_port} ipv6=off;\n\
              resolver_timeout 8s; proxy_pass http://$arg_h:{up}; }}\n\
          }} }}\n"
@@ -490,6 +492,20 @@ fn a_and_aaaa_answers_combine_failures_are_not_kept_and_queries_are_resent() {
         200,
         "the failure was kept"
     );
+    // A resolved name's peers are each request's own (nginx makes them per request): two
+    // that refuse are both tried again by the next request, not "no live upstreams".
+    zone.set("refusing.test", &["127.0.0.3", "127.0.0.4"]);
+    for _ in 0..2 {
+        let (st, hs, _) = exchange(s.addr(), "GET /ua?h=refusing.test HTTP/1.1\r\nHost: x");
+        assert_eq!(st, 502);
+        let up = hs
+            .iter()
+            .find(|(k, _)| k == "x-up")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
+        assert_eq!(up.matches(", ").count(), 1, "both peers tried: {up}");
+        assert!(!up.contains("refusing"), "{up}");
+    }
     // The first server cannot be reached: asked again of the second after 5 s.
     let t = std::time::Instant::now();
     assert_eq!(body_of(&s, "/resend?h=alias.test").0, 200);

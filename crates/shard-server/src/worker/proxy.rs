@@ -516,6 +516,11 @@ impl<'a> Worker<'a> {
     fn pick_http_peer(&mut self, key: usize, p: &Proxy, upstream: usize) -> Option<usize> {
         let ups = self.ups(upstream);
         let now = self.cx.now_ms;
+        // An upstream `proxy_pass` with variables made is the request's own in nginx (its
+        // peers made per request): no failure of an earlier request counts.
+        if p.tries == 0 && upstream >= self.http().upstreams.len() {
+            self.http_peer_state[upstream] = balance::PeerState::table(&ups.peers);
+        }
         // This worker's connections in use per peer: for `least_conn` and `max_conns`.
         let needs_active = matches!(
             ups.balance,

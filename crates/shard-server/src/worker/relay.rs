@@ -1320,6 +1320,14 @@ impl<'a> Worker<'a> {
             r.up_handshaking = false;
             r.up_fin_pending = false;
             let first = r.current_peer.is_none();
+            // An upstream `proxy_pass $var` made is the session's own in nginx: no failure
+            // of an earlier session counts.
+            let conf_ups = self.stream().upstreams.len();
+            if first && upstream >= conf_ups {
+                let peers = &self.stream_ups(upstream).peers;
+                self.peer_state[upstream] = balance::PeerState::table(peers);
+            }
+            let r = &mut self.relays[key];
             let tried = std::mem::take(&mut r.tried);
             let pick = self.pick_peer(upstream, &tried, hash_key.as_deref());
             let r = &mut self.relays[key];
