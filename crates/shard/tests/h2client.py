@@ -250,7 +250,9 @@ def flood_read(s):
         buf = b""
         while True:
             try:
-                d = s.recv(1 << 20)
+                # Small reads: each is parsed at once, so the server sees its output taken
+                # steadily (a megabyte parsed in Python under load can outlast send_timeout).
+                d = s.recv(1 << 16)
             except OSError:
                 return
             if not d:

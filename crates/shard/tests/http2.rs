@@ -306,7 +306,9 @@ fn hostile_clients_are_cut_off_and_the_worker_serves_on() {
     let Some(py) = python_h2("hostile HTTP/2 clients") else {
         return;
     };
-    let mut s = start("h2-hostile", "", "http2 on; send_timeout 1s;");
+    // send_timeout is short for the zero-window case, yet long enough that a flooding
+    // client busy with its own frames is not taken for one that stopped reading.
+    let mut s = start("h2-hostile", "", "http2 on; send_timeout 3s;");
     let before = s.wait_workers(1)[0].pid;
     // Rapid reset: the connection ends (ENHANCE_YOUR_CALM or a reset) long before 5000.
     let out = h2client(py, s.ports[0], &["rapid", "5000"]);
