@@ -857,6 +857,10 @@ pub struct LocationConf {
     /// `fastcgi_pass`: the upstream speaks FastCGI (`ngx_http_fastcgi_module`). Only on the
     /// location that names it.
     pub fastcgi: Option<std::sync::Arc<FastcgiConf>>,
+    /// `scgi_pass` / `uwsgi_pass`: the upstream speaks SCGI or uwsgi (the conf's `wire`),
+    /// a head of params before the raw body, answered with a CGI-style or HTTP head and the
+    /// body up to `Content-Length` or the close. Only on the location that names it.
+    pub gateway: Option<std::sync::Arc<FastcgiConf>>,
     /// `resolver` with its `resolver_timeout`, inherited: names resolved at run time.
     pub resolver: Option<std::sync::Arc<ResolverConf>>,
 }
@@ -903,9 +907,16 @@ impl AuthBasic {
     }
 }
 
-/// What FastCGI adds to the proxy's settings, for a location with `fastcgi_pass`.
+/// What FastCGI adds to the proxy's settings, for a location with `fastcgi_pass`; the same
+/// for `scgi_pass` and `uwsgi_pass` (their `*_param`, `*_pass_request_*`, uwsgi's modifiers),
+/// which use what applies to them.
 #[derive(Debug, Clone)]
 pub struct FastcgiConf {
+    /// The wire format.
+    pub wire: Wire,
+    /// `uwsgi_modifier1` / `uwsgi_modifier2` (0..255, default 0): the packet header's bytes.
+    pub modifier1: u8,
+    pub modifier2: u8,
     /// `fastcgi_param NAME VALUE [if_not_empty]`, in order; a level with any replaces its
     /// parent's list, as nginx.
     pub params: Vec<FastcgiParam>,
@@ -924,6 +935,29 @@ pub struct FastcgiConf {
     pub pass_request_headers: bool,
     /// `fastcgi_pass_request_body on|off`.
     pub pass_request_body: bool,
+}
+
+/// The wire format of a location that passes to an application server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Wire {
+    /// `fastcgi_pass`: records (`shard_http::fastcgi`).
+    #[default]
+    Fastcgi,
+    /// `scgi_pass`: a netstring of params, then the body.
+    Scgi,
+    /// `uwsgi_pass`: a 4-byte header and length-prefixed params, then the body.
+    Uwsgi,
+}
+
+impl Wire {
+    /// nginx's name of the protocol, the scheme of the upstream in log lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wire::Fastcgi => "fastcgi",
+            Wire::Scgi => "scgi",
+            Wire::Uwsgi => "uwsgi",
+        }
+    }
 }
 
 /// One `fastcgi_param`.

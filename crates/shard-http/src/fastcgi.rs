@@ -152,6 +152,47 @@ pub fn write_request(
     body: Option<&[u8]>,
     cache: Option<(&[u8], &[u8])>,
 ) {
+    let flags = if conf.keep_conn { KEEP_CONN } else { 0 };
+    out.reserve(64 + 2 * HEADER_LEN + 512 + ctx.head.len() + body.map_or(0, |b| b.len() + 16));
+    push_record(
+        out,
+        BEGIN_REQUEST,
+        &[
+            (RESPONDER >> 8) as u8,
+            RESPONDER as u8,
+            flags,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ],
+    );
+    let mut params = Vec::with_capacity(512 + ctx.head.len());
+    each_param(ctx, conf, cache, &mut |name, value| {
+        push_pair(&mut params, name, value)
+    });
+    push_record(out, PARAMS, &params);
+    push_record_header(out, PARAMS, 0);
+    if let Some(b) = body {
+        if !b.is_empty() {
+            push_record(out, STDIN, b);
+        }
+        push_stdin_end(out);
+    }
+}
+
+/// Every param of the request, in order, as nginx builds them for FastCGI, SCGI and uwsgi:
+/// every `*_param` (an `if_not_empty` one only when its value is not empty), the cache's
+/// validators when revalidating, then with `*_pass_request_headers on` each client header as
+/// `HTTP_NAME` (uppercase, `-` as `_`), unless a param set that name; repeated headers are
+/// joined with `, ` (`; ` for `Cookie`).
+pub fn each_param(
+    ctx: &RequestCtx<'_>,
+    conf: &FastcgiConf,
+    cache: Option<(&[u8], &[u8])>,
+    emit: &mut dyn FnMut(&[u8], &[u8]),
+) {
     // Storage for as many header lines as the head has (not the parser's maximum: zeroing
     // 100 entries per request showed in callgrind).
     let lines = memchr::memchr_iter(b'\n', ctx.head).count();
@@ -176,24 +217,6 @@ pub fn write_request(
         scope: ctx.scope,
         done: None,
     };
-    let flags = if conf.keep_conn { KEEP_CONN } else { 0 };
-    out.reserve(64 + 2 * HEADER_LEN + 512 + ctx.head.len() + body.map_or(0, |b| b.len() + 16));
-    push_record(
-        out,
-        BEGIN_REQUEST,
-        &[
-            (RESPONDER >> 8) as u8,
-            RESPONDER as u8,
-            flags,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ],
-    );
-
-    let mut params = Vec::with_capacity(512 + ctx.head.len());
     let mut value = Vec::with_capacity(256);
     for p in &conf.params {
         value.clear();
@@ -201,7 +224,7 @@ pub fn write_request(
         if p.if_not_empty && value.is_empty() {
             continue;
         }
-        push_pair(&mut params, p.name.as_bytes(), &value);
+        emit(p.name.as_bytes(), &value);
     }
     let is_param = |name: &[u8]| {
         conf.params
@@ -214,7 +237,7 @@ pub fn write_request(
             (b"HTTP_IF_NONE_MATCH", etag),
         ] {
             if !v.is_empty() && !is_param(name) {
-                push_pair(&mut params, name, v);
+                emit(name, v);
             }
         }
     }
@@ -258,16 +281,8 @@ pub fn write_request(
                 }
                 value.extend_from_slice(e.value);
             }
-            push_pair(&mut params, &name, &value);
+            emit(&name, &value);
         }
-    }
-    push_record(out, PARAMS, &params);
-    push_record_header(out, PARAMS, 0);
-    if let Some(b) = body {
-        if !b.is_empty() {
-            push_record(out, STDIN, b);
-        }
-        push_stdin_end(out);
     }
 }
 
@@ -393,6 +408,18 @@ impl Decoder {
 /// which are shard's own (`fastcgi_pass_header` passes the first ones). The body is
 /// `Content-Length` long, else runs until `END_REQUEST`.
 pub fn parse_head(buf: &[u8], max: usize, head_request: bool, pass: &[String]) -> ResponseParse {
+    parse_cgi_head(buf, max, head_request, pass, None)
+}
+
+/// [`parse_head`], with the status of a status line read before the headers (`fixed`,
+/// SCGI's and uwsgi's answers may start with one), which a `Status:` header does not change.
+pub(crate) fn parse_cgi_head(
+    buf: &[u8],
+    max: usize,
+    head_request: bool,
+    pass: &[String],
+    fixed: Option<u16>,
+) -> ResponseParse {
     // Nothing to parse before the empty line that ends the head has arrived.
     let ended = buf.starts_with(b"\n")
         || buf.starts_with(b"\r\n")
@@ -463,7 +490,7 @@ pub fn parse_head(buf: &[u8], max: usize, head_request: bool, pass: &[String]) -
             }
         }
     }
-    let status = status.unwrap_or(if location { 302 } else { 200 });
+    let status = fixed.or(status).unwrap_or(if location { 302 } else { 200 });
     let framing = if head_request || status == 204 || status == 304 {
         Framing::None
     } else if let Some(n) = length {

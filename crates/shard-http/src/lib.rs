@@ -13,6 +13,7 @@ pub mod access_log;
 pub mod autoindex;
 pub mod body;
 pub mod fastcgi;
+pub mod gateway;
 pub mod gzip;
 pub mod h2frame;
 pub mod hpack;

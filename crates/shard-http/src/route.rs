@@ -399,6 +399,7 @@ pub(crate) mod tests {
             proxy_pass: None,
             proxy: Default::default(),
             fastcgi: None,
+            gateway: None,
             resolver: None,
         }
     }

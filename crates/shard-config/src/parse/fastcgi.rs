@@ -5,6 +5,11 @@
 //! own, merged like `proxy_*`'s and placed in the location's `proxy` when it has
 //! `fastcgi_pass`. What only FastCGI has (params, `fastcgi_index`, `fastcgi_split_path_info`,
 //! `fastcgi_keep_conn`, `fastcgi_catch_stderr`) merges here into a [`FastcgiConf`].
+//!
+//! `ngx_http_scgi_module` and `ngx_http_uwsgi_module` are the same shape with other wire
+//! formats: `scgi_*` and `uwsgi_*` parse here too, each into a [`FastcgiP`] of its own (their
+//! table rows are made from FastCGI's, `table::gateway_rows`), and `scgi_pass` / `uwsgi_pass`
+//! place theirs in the location's `gateway`.
 
 use super::*;
 
@@ -21,6 +26,9 @@ pub(super) struct FastcgiP {
     pub(super) catch_stderr: Option<Vec<String>>,
     pub(super) pass_request_headers: Option<bool>,
     pub(super) pass_request_body: Option<bool>,
+    /// `uwsgi_modifier1`, `uwsgi_modifier2`.
+    pub(super) modifier1: Option<u8>,
+    pub(super) modifier2: Option<u8>,
 }
 
 /// Merged `fastcgi_*` settings: every value known.
@@ -43,6 +51,9 @@ impl Default for FastcgiEff {
                 ..ProxyConf::default()
             },
             conf: FastcgiConf {
+                wire: Wire::Fastcgi,
+                modifier1: 0,
+                modifier2: 0,
                 params: Vec::new(),
                 index: None,
                 split_path_info: None,
@@ -55,12 +66,24 @@ impl Default for FastcgiEff {
     }
 }
 
+impl FastcgiEff {
+    /// The defaults of `scgi_*` or `uwsgi_*`: FastCGI's, with their wire format.
+    pub(super) fn for_wire(wire: Wire) -> Self {
+        let mut e = FastcgiEff::default();
+        e.conf.wire = wire;
+        e
+    }
+}
+
 impl FastcgiP {
     pub(super) fn merge(&self, parent: &FastcgiEff) -> FastcgiEff {
         let p = &parent.conf;
         FastcgiEff {
             up: self.up.merge(&parent.up),
             conf: FastcgiConf {
+                wire: p.wire,
+                modifier1: self.modifier1.unwrap_or(p.modifier1),
+                modifier2: self.modifier2.unwrap_or(p.modifier2),
                 params: self.params.clone().unwrap_or_else(|| p.params.clone()),
                 index: self.index.clone().or_else(|| p.index.clone()),
                 split_path_info: self
@@ -79,26 +102,47 @@ impl FastcgiP {
     }
 }
 
-/// `fastcgi_pass ADDRESS`: `host:port`, `unix:/path`, or an `upstream` name. Variables are
-/// refused as in `proxy_pass`.
+/// `fastcgi_pass ADDRESS` (and `scgi_pass`, `uwsgi_pass`): `host:port`, `unix:/path`, or an
+/// `upstream` name, with variables rendered per request. `uwsgi_pass` also takes a
+/// `uwsgi://` prefix; `suwsgi://` (uwsgi over TLS) is refused.
 pub(super) fn location_fastcgi_pass(_: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
-    let a = a0(d);
+    let wire = match d.name.as_str() {
+        "scgi_pass" => Wire::Scgi,
+        "uwsgi_pass" => Wire::Uwsgi,
+        _ => Wire::Fastcgi,
+    };
+    let mut a = a0(d);
     if loc.pass.is_some() || loc.fcgi_pass.is_some() {
         return Err(dup(d, file));
+    }
+    if wire == Wire::Uwsgi {
+        if a.len() >= 9 && a[..9].eq_ignore_ascii_case("suwsgi://") {
+            return Err(derr(
+                d,
+                file,
+                "\"suwsgi://\" (uwsgi over TLS) is not supported by shard",
+            ));
+        }
+        if a.len() >= 8 && a[..8].eq_ignore_ascii_case("uwsgi://") {
+            a = &a[8..];
+        }
     }
     if a.contains('$') {
         // Rendered per request like `proxy_pass` with variables: `HOST:PORT` or an upstream
         // name, the host resolved through `resolver`.
         let mut parts = parse_header_value(d, file, a)?;
         parts.insert(0, Part::Lit("http://".to_string()));
-        loc.fcgi_pass = Some(PassP {
-            host: String::new(),
-            port: None,
-            uri: None,
-            place: place(d, file),
-            tls: false,
-            dynamic: Some(parts),
-        });
+        loc.fcgi_pass = Some((
+            wire,
+            PassP {
+                host: String::new(),
+                port: None,
+                uri: None,
+                place: place(d, file),
+                tls: false,
+                dynamic: Some(parts),
+            },
+        ));
         return Ok(());
     }
     let pass = if let Some(path) = a.strip_prefix("unix:") {
@@ -127,16 +171,25 @@ pub(super) fn location_fastcgi_pass(_: &Env, loc: &mut LocP, d: &Directive, file
         p.place = place(d, file);
         p
     };
-    loc.fcgi_pass = Some(pass);
+    loc.fcgi_pass = Some((wire, pass));
     Ok(())
 }
 
-/// Every `fastcgi_*` setting directive, by name.
+/// Every `fastcgi_*`, `scgi_*` and `uwsgi_*` setting directive, by name.
 pub(super) fn set_fastcgi(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let f = &mut s.fcgi;
+    let name = d.name.as_str();
+    let (f, suffix) = if let Some(x) = name.strip_prefix("fastcgi_") {
+        (&mut s.fcgi, x)
+    } else if let Some(x) = name.strip_prefix("scgi_") {
+        (&mut s.scgi, x)
+    } else if let Some(x) = name.strip_prefix("uwsgi_") {
+        (&mut s.uwsgi, x)
+    } else {
+        return Err(derr(d, file, format!("unknown directive \"{name}\"")));
+    };
     let v = a0(d);
-    match d.name.as_str() {
-        "fastcgi_param" => {
+    match suffix {
+        "param" => {
             let if_not_empty = match d.args.get(2).map(String::as_str) {
                 None => false,
                 Some("if_not_empty") => true,
@@ -150,69 +203,65 @@ pub(super) fn set_fastcgi(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
             });
             Ok(())
         }
-        "fastcgi_index" => once(&mut f.index, v.to_string(), d, file),
-        "fastcgi_split_path_info" => {
+        "index" => once(&mut f.index, v.to_string(), d, file),
+        "split_path_info" => {
             let re = compile_regex(d, file, v, false)?;
             once(&mut f.split_path_info, re, d, file)
         }
-        "fastcgi_keep_conn" => once(&mut f.keep_conn, flag(d, file, v)?, d, file),
-        "fastcgi_catch_stderr" => {
+        "keep_conn" => once(&mut f.keep_conn, flag(d, file, v)?, d, file),
+        "catch_stderr" => {
             f.catch_stderr
                 .get_or_insert_with(Vec::new)
                 .push(v.to_string());
             Ok(())
         }
-        "fastcgi_pass_request_headers" => {
-            once(&mut f.pass_request_headers, flag(d, file, v)?, d, file)
-        }
-        "fastcgi_pass_request_body" => once(&mut f.pass_request_body, flag(d, file, v)?, d, file),
-        "fastcgi_connect_timeout" => once(&mut f.up.connect_timeout_ms, time(d, file, v)?, d, file),
-        "fastcgi_read_timeout" => once(&mut f.up.read_timeout_ms, time(d, file, v)?, d, file),
-        "fastcgi_send_timeout" => once(&mut f.up.send_timeout_ms, time(d, file, v)?, d, file),
-        "fastcgi_buffering" => once(&mut f.up.buffering, flag(d, file, v)?, d, file),
-        "fastcgi_request_buffering" => {
-            once(&mut f.up.request_buffering, flag(d, file, v)?, d, file)
-        }
-        "fastcgi_intercept_errors" => once(&mut f.up.intercept_errors, flag(d, file, v)?, d, file),
-        "fastcgi_buffer_size" => once(&mut f.up.buffer_size, buffer_size(d, file, v)?, d, file),
-        "fastcgi_buffers" => {
+        "pass_request_headers" => once(&mut f.pass_request_headers, flag(d, file, v)?, d, file),
+        "pass_request_body" => once(&mut f.pass_request_body, flag(d, file, v)?, d, file),
+        "connect_timeout" => once(&mut f.up.connect_timeout_ms, time(d, file, v)?, d, file),
+        "read_timeout" => once(&mut f.up.read_timeout_ms, time(d, file, v)?, d, file),
+        "send_timeout" => once(&mut f.up.send_timeout_ms, time(d, file, v)?, d, file),
+        "buffering" => once(&mut f.up.buffering, flag(d, file, v)?, d, file),
+        "request_buffering" => once(&mut f.up.request_buffering, flag(d, file, v)?, d, file),
+        "intercept_errors" => once(&mut f.up.intercept_errors, flag(d, file, v)?, d, file),
+        "buffer_size" => once(&mut f.up.buffer_size, buffer_size(d, file, v)?, d, file),
+        "buffers" => {
             let (n, size) = buffers(d, file)?;
             once(&mut f.up.buffers, (n, size), d, file)
         }
-        "fastcgi_next_upstream" => {
+        "next_upstream" => {
             let nu = parse_next_upstream(d, file)?;
             once(&mut f.up.next_upstream, nu, d, file)
         }
-        "fastcgi_next_upstream_timeout" => once(
+        "next_upstream_timeout" => once(
             &mut f.up.next_upstream_timeout_ms,
             time(d, file, v)?,
             d,
             file,
         ),
-        "fastcgi_bind" => {
+        "bind" => {
             let (b, transparent) = super::http::parse_bind(d, file)?;
             once(&mut f.up.bind, b, d, file)?;
             f.up.bind_transparent = Some(transparent);
             Ok(())
         }
-        "fastcgi_socket_keepalive" => once(&mut f.up.socket_keepalive, flag(d, file, v)?, d, file),
-        "fastcgi_ignore_headers" => {
+        "socket_keepalive" => once(&mut f.up.socket_keepalive, flag(d, file, v)?, d, file),
+        "ignore_headers" => {
             let v = super::http::ignore_headers(d, file)?;
             f.up.ignore_headers = Some(f.up.ignore_headers.unwrap_or(0) | v);
             Ok(())
         }
-        "fastcgi_limit_rate" => once(
+        "limit_rate" => once(
             &mut f.up.limit_rate,
             super::http::upstream_rate(d, file, v)?,
             d,
             file,
         ),
-        "fastcgi_next_upstream_tries" => {
+        "next_upstream_tries" => {
             let n = v.parse::<u32>().map_err(|_| invalid(d, file, v))?;
             once(&mut f.up.next_upstream_tries, n, d, file)
         }
-        "fastcgi_hide_header" | "fastcgi_pass_header" => {
-            let list = if d.name == "fastcgi_hide_header" {
+        "hide_header" | "pass_header" => {
+            let list = if suffix == "hide_header" {
                 &mut f.up.hide_headers
             } else {
                 &mut f.up.pass_headers
@@ -221,8 +270,17 @@ pub(super) fn set_fastcgi(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
                 .push(v.to_ascii_lowercase());
             Ok(())
         }
-        n if n.starts_with("fastcgi_cache") || n == "fastcgi_no_cache" => {
-            super::cache::directive(&mut f.up.cache, &n["fastcgi_".len()..], d, file)
+        "modifier1" | "modifier2" => {
+            let n = v.parse::<u8>().map_err(|_| invalid(d, file, v))?;
+            let slot = if suffix == "modifier1" {
+                &mut f.modifier1
+            } else {
+                &mut f.modifier2
+            };
+            once(slot, n, d, file)
+        }
+        n if n.starts_with("cache") || n == "no_cache" => {
+            super::cache::directive(&mut f.up.cache, n, d, file)
         }
         _ => Err(derr(d, file, format!("unknown directive \"{}\"", d.name))),
     }

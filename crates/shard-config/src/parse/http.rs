@@ -227,6 +227,9 @@ pub(super) struct Settings {
     pub(super) gzip: GzipP,
     pub(super) proxy: ProxyP,
     pub(super) fcgi: FastcgiP,
+    /// `scgi_*` and `uwsgi_*`: FastCGI's shape, their own values.
+    pub(super) scgi: FastcgiP,
+    pub(super) uwsgi: FastcgiP,
     /// `resolver` (with `resolver_timeout` unset in the struct) and `resolver_timeout`.
     pub(super) resolver: Option<ResolverConf>,
     pub(super) resolver_timeout_ms: Option<u64>,
@@ -674,6 +677,8 @@ pub(super) struct Eff {
     /// `set_headers` without nginx's defaults (see [`with_default_headers`]).
     pub(super) proxy: ProxyConf,
     pub(super) fcgi: FastcgiEff,
+    pub(super) scgi: FastcgiEff,
+    pub(super) uwsgi: FastcgiEff,
     pub(super) resolver: Option<ResolverConf>,
     pub(super) resolver_timeout_ms: u64,
     pub(super) add_headers: Vec<AddHeader>,
@@ -785,6 +790,8 @@ impl Eff {
             gzip: GzipConf::default(),
             proxy: ProxyConf::default(),
             fcgi: FastcgiEff::default(),
+            scgi: FastcgiEff::for_wire(Wire::Scgi),
+            uwsgi: FastcgiEff::for_wire(Wire::Uwsgi),
             resolver: None,
             resolver_timeout_ms: 30_000,
             add_headers: Vec::new(),
@@ -941,6 +948,8 @@ impl Eff {
             gzip: s.gzip.merge(&self.gzip),
             proxy: s.proxy.merge(&self.proxy),
             fcgi: s.fcgi.merge(&self.fcgi),
+            scgi: s.scgi.merge(&self.scgi),
+            uwsgi: s.uwsgi.merge(&self.uwsgi),
             resolver: s.resolver.clone().or_else(|| self.resolver.clone()),
             resolver_timeout_ms: s.resolver_timeout_ms.unwrap_or(self.resolver_timeout_ms),
             add_headers: s
@@ -1218,6 +1227,7 @@ impl Eff {
             proxy_pass: None,
             proxy: with_default_headers(self.proxy.clone()),
             fastcgi: None,
+            gateway: None,
             limit_except: None,
             satisfy_any: self.satisfy_any,
             limit_rate: self.limit_rate.clone(),
@@ -1244,8 +1254,8 @@ pub(super) struct LocP {
     pub(super) alias_from: Option<String>,
     /// `proxy_pass`, resolved to an upstream once the whole `http` block is read.
     pub(super) pass: Option<PassP>,
-    /// `fastcgi_pass`, likewise.
-    pub(super) fcgi_pass: Option<PassP>,
+    /// `fastcgi_pass`, `scgi_pass` or `uwsgi_pass`, likewise, with its wire format.
+    pub(super) fcgi_pass: Option<(Wire, PassP)>,
     /// `limit_except`: its methods, its block's settings and `proxy_pass`.
     pub(super) limit_except: Option<(Vec<String>, Box<Settings>, Option<PassP>)>,
     pub(super) settings: Settings,
@@ -1579,11 +1589,22 @@ pub(super) fn flatten(
         Some(p) => Some(ups.pass(p)?),
         None => None,
     };
-    if let Some(p) = &l.fcgi_pass {
-        // FastCGI is the proxy with another wire format: its upstream, its knobs.
+    if let Some((wire, p)) = &l.fcgi_pass {
+        // FastCGI, SCGI and uwsgi are the proxy with another wire format: its upstream,
+        // their knobs.
         conf.proxy_pass = Some(ups.pass(p)?);
-        conf.proxy = eff.fcgi.up.clone();
-        conf.fastcgi = Some(Arc::new(eff.fcgi.conf.clone()));
+        let g = match wire {
+            Wire::Fastcgi => &eff.fcgi,
+            Wire::Scgi => &eff.scgi,
+            Wire::Uwsgi => &eff.uwsgi,
+        };
+        conf.proxy = g.up.clone();
+        let gw = Some(Arc::new(g.conf.clone()));
+        if *wire == Wire::Fastcgi {
+            conf.fastcgi = gw;
+        } else {
+            conf.gateway = gw;
+        }
     }
     let me = out.len();
     out.push(conf);
@@ -3744,7 +3765,11 @@ slot!(set_proxy_buffering, proxy.buffering, flag);
 
 slot!(set_proxy_force_ranges, proxy.force_ranges, flag);
 
-slot!(set_fastcgi_force_ranges, fcgi.up.force_ranges, flag);
+/// `fastcgi_force_ranges` (and `scgi_`, `uwsgi_`).
+pub(super) fn set_fastcgi_force_ranges(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = flag(d, file, a0(d))?;
+    once(&mut upstream_knobs(s, &d.name).force_ranges, v, d, file)
+}
 
 slot!(
     set_proxy_next_upstream_timeout,
@@ -3835,6 +3860,19 @@ pub(super) fn set_proxy_bind(_: &Env, s: &mut Settings, d: &Directive, file: &st
 }
 
 /// `proxy_method METHOD` (variables allowed): the method sent upstream.
+/// The `ProxyP` a `proxy_*`, `fastcgi_*`, `scgi_*` or `uwsgi_*` directive sets.
+fn upstream_knobs<'s>(s: &'s mut Settings, name: &str) -> &'s mut ProxyP {
+    if name.starts_with("fastcgi_") {
+        &mut s.fcgi.up
+    } else if name.starts_with("scgi_") {
+        &mut s.scgi.up
+    } else if name.starts_with("uwsgi_") {
+        &mut s.uwsgi.up
+    } else {
+        &mut s.proxy
+    }
+}
+
 /// `proxy_store on | off | STRING` (`fastcgi_store` the same).
 pub(super) fn set_proxy_store(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let v = match a0(d) {
@@ -3842,11 +3880,7 @@ pub(super) fn set_proxy_store(_: &Env, s: &mut Settings, d: &Directive, file: &s
         "off" => None,
         other => Some(Store::Path(parse_header_value(d, file, other)?)),
     };
-    let p = if d.name.starts_with("fastcgi") {
-        &mut s.fcgi.up
-    } else {
-        &mut s.proxy
-    };
+    let p = upstream_knobs(s, &d.name);
     once(&mut p.store, v, d, file)
 }
 
@@ -3878,11 +3912,7 @@ pub(super) fn set_proxy_store_access(_: &Env, s: &mut Settings, d: &Directive, f
     if !user {
         mode |= 0o600;
     }
-    let p = if d.name.starts_with("fastcgi") {
-        &mut s.fcgi.up
-    } else {
-        &mut s.proxy
-    };
+    let p = upstream_knobs(s, &d.name);
     once(&mut p.store_access, mode, d, file)
 }
 

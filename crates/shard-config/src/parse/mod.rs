@@ -767,10 +767,10 @@ impl Env {
 /// A location's `proxy_cache NAME` (or `fastcgi_cache`) names a zone of `paths`, as nginx
 /// checks at start (`"proxy_cache" zone "NAME" is unknown`); FastCGI has no default key.
 fn resolve_cache(l: &mut LocationConf, paths: &[CachePath]) -> R {
-    let prefix = if l.fastcgi.is_some() {
-        "fastcgi"
-    } else {
-        "proxy"
+    let prefix = match (&l.fastcgi, &l.gateway) {
+        (Some(_), _) => "fastcgi",
+        (_, Some(g)) => g.wire.name(),
+        _ => "proxy",
     };
     if let CacheSel::Named(name, at) = &l.proxy.cache.sel {
         let Some(i) = paths.iter().position(|p| p.name == *name) else {
@@ -782,14 +782,14 @@ fn resolve_cache(l: &mut LocationConf, paths: &[CachePath]) -> R {
         };
         l.proxy.cache.sel = CacheSel::Zone(i);
     }
-    if l.fastcgi.is_some()
+    if prefix != "proxy"
         && l.proxy.cache.key.is_none()
         && !matches!(l.proxy.cache.sel, CacheSel::Off)
     {
         return Err(err(
             &l.place.file,
             l.place.line,
-            "no \"fastcgi_cache_key\" for \"fastcgi_cache\"",
+            format!("no \"{prefix}_cache_key\" for \"{prefix}_cache\""),
         ));
     }
     Ok(())

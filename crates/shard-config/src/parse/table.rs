@@ -34,6 +34,7 @@ pub(super) enum Set {
 
 pub(super) type R = Result<(), ConfigError>;
 
+#[derive(Clone, Copy)]
 pub(super) struct Spec {
     pub(super) name: &'static str,
     pub(super) ctx: u16,
@@ -71,7 +72,81 @@ pub(super) const HSL: u16 = H | S | L;
 /// several contexts with different meanings has one row per meaning (`server` is a block in
 /// `http` and `stream`, a peer in `upstream`). Defaults are not here: each lives once, in the
 /// merge of its context (`Eff::defaults`, `finish`, `finish_stream`, `finish_upstream`).
-pub(super) static TABLE: &[Spec] = &[
+pub(super) static TABLE: std::sync::LazyLock<Vec<Spec>> = std::sync::LazyLock::new(|| {
+    let mut t = BASE.to_vec();
+    t.extend(gateway_rows());
+    t
+});
+
+/// The directives of `ngx_http_scgi_module` and `ngx_http_uwsgi_module` that FastCGI also
+/// has, by the name after the prefix (nginx's lists): each takes the row of its `fastcgi_`
+/// namesake, whose handler reads the prefix (`set_fastcgi`, `location_fastcgi_pass`).
+const GATEWAY_SUFFIXES: &[&str] = &[
+    "pass",
+    "store",
+    "store_access",
+    "buffering",
+    "request_buffering",
+    "bind",
+    "socket_keepalive",
+    "connect_timeout",
+    "send_timeout",
+    "buffer_size",
+    "pass_request_headers",
+    "pass_request_body",
+    "intercept_errors",
+    "read_timeout",
+    "buffers",
+    "busy_buffers_size",
+    "force_ranges",
+    "limit_rate",
+    "cache",
+    "cache_key",
+    "cache_path",
+    "cache_bypass",
+    "no_cache",
+    "cache_valid",
+    "cache_min_uses",
+    "cache_max_range_offset",
+    "cache_use_stale",
+    "cache_methods",
+    "cache_lock",
+    "cache_lock_timeout",
+    "cache_lock_age",
+    "cache_revalidate",
+    "cache_background_update",
+    "max_temp_file_size",
+    "temp_file_write_size",
+    "next_upstream",
+    "next_upstream_tries",
+    "next_upstream_timeout",
+    "param",
+    "pass_header",
+    "hide_header",
+    "ignore_headers",
+];
+
+/// The `scgi_*` and `uwsgi_*` rows made from their `fastcgi_*` namesakes.
+fn gateway_rows() -> Vec<Spec> {
+    let mut rows = Vec::new();
+    for prefix in ["scgi_", "uwsgi_"] {
+        for suffix in GATEWAY_SUFFIXES {
+            let fcgi = format!("fastcgi_{suffix}");
+            let name = format!("{prefix}{suffix}");
+            if BASE.iter().any(|s| s.name == name) {
+                continue;
+            }
+            for s in BASE.iter().filter(|s| s.name == fcgi) {
+                let name: &'static str = Box::leak(name.clone().into_boxed_str());
+                rows.push(Spec { name, ..*s });
+            }
+        }
+    }
+    rows
+}
+
+/// The rows written out; [`TABLE`] adds the generated ones.
+static BASE: &[Spec] = &[
     d("include", ANY, 1, 1, Set::Walk),
     // nginx's tuning knobs with no meaning in shard: accepted with a warning.
     d("daemon", M, 1, 1, Set::Main(main_daemon)),
@@ -1645,6 +1720,8 @@ pub(super) static TABLE: &[Spec] = &[
         Set::Location(location_fastcgi_pass),
     ),
     d("fastcgi_param", HSL, 2, 3, Set::Settings(set_fastcgi)),
+    d("uwsgi_modifier1", HSL, 1, 1, Set::Settings(set_fastcgi)),
+    d("uwsgi_modifier2", HSL, 1, 1, Set::Settings(set_fastcgi)),
     d("fastcgi_buffers", HSL, 2, 2, Set::Settings(set_fastcgi)),
     d(
         "fastcgi_next_upstream",

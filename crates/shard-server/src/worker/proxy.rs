@@ -820,7 +820,8 @@ impl<'a> Worker<'a> {
         if let Some(path) = rest.strip_prefix("unix:") {
             // `fastcgi_pass $socket` with `unix:/path`, or `proxy_pass http://$target` with
             // `unix:/path[:/uri]` (as nginx, the path ends at the first `:`).
-            let (path, uri) = match path.split_once(':').filter(|_| p.fcgi.is_none()) {
+            let app = p.fcgi.is_some() || self.proxy_location(p).gateway.is_some();
+            let (path, uri) = match path.split_once(':').filter(|_| !app) {
                 Some((path, u)) => (path, Some(u.to_string()).filter(|u| !u.is_empty())),
                 None => (path, None),
             };
@@ -1144,7 +1145,9 @@ impl<'a> Worker<'a> {
             let chunked = p.req.body == Body::Chunked;
             // FastCGI needs no length: its records carry a chunked body as it is decoded.
             let fcgi = p.fcgi.is_some();
-            if !chunked || fcgi || loc.proxy.http_version_minor >= 1 {
+            // SCGI and uwsgi say the length first: a chunked body is read whole, as nginx.
+            let http11 = loc.gateway.is_none() && loc.proxy.http_version_minor >= 1;
+            if !chunked || fcgi || http11 {
                 p.streaming = true;
                 p.stream_chunked = chunked;
                 p.stream_copy = Some(Vec::new());
@@ -1246,8 +1249,8 @@ impl<'a> Worker<'a> {
         let upstream = pass.upstream;
         let conn_id = self.conns[key].id;
         let loc = self.proxy_location(p);
-        if p.upreq.is_empty() {
-            self.build_upstream_request(key, p, &pass);
+        if p.upreq.is_empty() && !self.build_upstream_request(key, p, &pass) {
+            return Flow::Fail(500);
         }
         let ups = self.ups(upstream);
         let peer = match p.retry_peer.take() {
@@ -1617,7 +1620,8 @@ impl<'a> Worker<'a> {
         a
     }
 
-    fn build_upstream_request(&mut self, key: usize, p: &mut Proxy, pass: &ProxyPass) {
+    /// False when no request can be made (the request fails with 500, logged).
+    fn build_upstream_request(&mut self, key: usize, p: &mut Proxy, pass: &ProxyPass) -> bool {
         let srv = &self.http().servers[p.server];
         let loc = self.proxy_location(p);
         let c = &self.conns[key];
@@ -1640,8 +1644,10 @@ impl<'a> Worker<'a> {
                 ctx.conn.request_body_file = Some(&p.body);
                 shard_http::vars::render(parts, &ctx).into_bytes()
             });
-        p.body_skipped =
-            loc.fastcgi.is_none() && (own_body.is_some() || !loc.proxy.pass_request_body);
+        p.body_skipped = loc.fastcgi.is_none()
+            && (own_body.is_some()
+                || !loc.proxy.pass_request_body
+                || loc.gateway.as_ref().is_some_and(|g| !g.pass_request_body));
         let body_len = match (&own_body, p.req.body) {
             (Some(b), _) => Some(b.len() as u64),
             _ if p.body_skipped => None,
@@ -1656,9 +1662,7 @@ impl<'a> Worker<'a> {
             p.body.mem.len()
         };
         let mut out = Vec::with_capacity(p.head.len() + 128 + in_memory);
-        let cached = loc
-            .fastcgi
-            .is_some()
+        let cached = (loc.fastcgi.is_some() || loc.gateway.is_some())
             .then(|| self.fcgi_cache_params(p))
             .flatten();
         let mut conn = self.var_conn(key);
@@ -1725,10 +1729,19 @@ impl<'a> Worker<'a> {
             p.body.mem = Vec::new();
             self.recharge(&mut p.body);
             p.upreq = out;
-            return;
+            return true;
         }
-        shard_http::proxy::write_request(&mut out, &ctx);
-        self.cache_request(p, &mut out);
+        if let Some(gw) = loc.gateway.as_deref() {
+            // SCGI or uwsgi: the params' block, then the body as the proxy sends it.
+            let validators = cached.as_ref().map(|(l, e)| (&l[..], &e[..]));
+            if let Err(why) = shard_http::gateway::write_head(&mut out, &ctx, gw, validators) {
+                crate::log!(Error, "{why}{}", self.log_context(key, None));
+                return false;
+            }
+        } else {
+            shard_http::proxy::write_request(&mut out, &ctx);
+            self.cache_request(p, &mut out);
+        }
         if p.body_skipped {
             if let Some(b) = own_body {
                 out.extend_from_slice(&b);
@@ -1756,6 +1769,7 @@ impl<'a> Worker<'a> {
             && shard_http::proxy::upgrade_requested(&p.head)
             && shard_http::proxy::upgrade_requested(&out);
         p.upreq = out;
+        true
     }
 
     fn check_upstream_connect(&mut self, key: usize, p: &mut Proxy) -> Flow {
@@ -2254,6 +2268,8 @@ impl<'a> Worker<'a> {
                     return flow;
                 }
                 shard_http::fastcgi::parse_head(&p.rbuf, max, head_request, pass)
+            } else if loc.gateway.is_some() {
+                shard_http::gateway::parse_head(&p.rbuf, max, head_request, pass)
             } else {
                 shard_http::proxy::parse_response_passing(
                     &p.rbuf,
@@ -3630,10 +3646,16 @@ impl<'a> Worker<'a> {
         let srv = &self.http().servers[p.server];
         let server_name = shard_http::route::server_name(srv);
         let upstream = match (addr, self.proxy_pass(p)) {
-            // nginx: `fastcgi://127.0.0.1:9000`, `fastcgi://unix:/run/php.sock:`.
-            (Some(a), Some(_)) if p.fcgi.is_some() => {
+            // nginx: `fastcgi://127.0.0.1:9000`, `fastcgi://unix:/run/php.sock:` (`scgi://`,
+            // `uwsgi://` the same).
+            (Some(a), Some(_)) if p.fcgi.is_some() || self.proxy_location(p).gateway.is_some() => {
                 let tail = if a.starts_with("unix:") { ":" } else { "" };
-                format!(", upstream: \"fastcgi://{a}{tail}\"")
+                let wire = self
+                    .proxy_location(p)
+                    .gateway
+                    .as_ref()
+                    .map_or("fastcgi", |g| g.wire.name());
+                format!(", upstream: \"{wire}://{a}{tail}\"")
             }
             (Some(a), Some(pass)) => {
                 let uri = shard_http::proxy::upstream_uri(&p.req, self.proxy_location(p), &pass);
@@ -3642,10 +3664,10 @@ impl<'a> Worker<'a> {
             }
             _ => String::new(),
         };
+        // The `Host` as the client sent it, port and all, as nginx writes it.
         let host = p
             .req
-            .host
-            .as_deref()
+            .host_as_sent()
             .map_or(String::new(), |h| format!(", host: \"{h}\""));
         crate::log!(
             Error,
