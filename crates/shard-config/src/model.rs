@@ -824,6 +824,13 @@ pub struct LocationConf {
     /// `post_action URI | @name`: a request made once the response is done, its answer
     /// dropped (`None`: `off`, the default).
     pub post_action: Option<String>,
+    /// `mirror URI`: background subrequests of each main request, their answers dropped
+    /// (empty: none, the default or `off`); `mirror_request_body` (default on): they carry
+    /// its body.
+    pub mirrors: Vec<String>,
+    pub mirror_request_body: bool,
+    /// `log_subrequest on`: subrequests are written to the access log too.
+    pub log_subrequest: bool,
     /// `source_charset`: the charset of the files and of proxied responses that name none.
     pub source_charset: Option<String>,
     /// `override_charset on`: a proxied response's own charset is recoded to `charset` too.

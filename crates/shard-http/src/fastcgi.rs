@@ -505,6 +505,11 @@ pub(crate) fn parse_cgi_head(
             if n.eq_ignore_ascii_case("status") {
                 return false;
             }
+            // The body's length is the framing's, written once by the proxy; a HEAD's
+            // answer passes the application's.
+            if n.eq_ignore_ascii_case("content-length") {
+                return head_request;
+            }
             if (head_request && n.eq_ignore_ascii_case("content-length"))
                 || n.get(..8)
                     .is_some_and(|p| p.eq_ignore_ascii_case("x-accel-"))

@@ -367,7 +367,12 @@ fn build_contexts(
             {
                 continue;
             }
-            let c = upstream_config(&loc.proxy.ssl, &loc.place)?;
+            // `uwsgi_pass suwsgi://`: the messages name `uwsgi_ssl_*`.
+            let c =
+                upstream_config(&loc.proxy.ssl, &loc.place).map_err(|e| match &loc.gateway {
+                    Some(_) => e.replace("proxy_ssl", "uwsgi_ssl"),
+                    None => e,
+                })?;
             upstream.insert(loc.proxy.ssl.clone(), Arc::new(c));
         }
     }

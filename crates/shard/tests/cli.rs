@@ -230,10 +230,13 @@ fn quiet_test_prints_only_errors_and_capital_v_prints_build_information() {
     }
     // SSI is built in: nginx's suite asks for `ssi` by the absence of this.
     assert!(!err.contains("--without-http_ssi_module"), "{err}");
-    // userid and geoip are built in too; mirror is not.
+    // userid, geoip and mirror are built in too.
     assert!(!err.contains("--without-http_userid_module"), "{err}");
     assert!(err.contains("--with-http_geoip_module"), "{err}");
-    assert!(err.contains("--without-http_mirror_module"), "{err}");
+    assert!(!err.contains("--without-http_mirror_module"), "{err}");
+    // SCGI and uwsgi are built in.
+    assert!(!err.contains("--without-http_scgi_module"), "{err}");
+    assert!(!err.contains("--without-http_uwsgi_module"), "{err}");
     assert!(err.contains("TLS SNI support enabled"), "{err}");
     assert!(!err.contains("http_v3"), "{err}");
 }
@@ -241,7 +244,7 @@ fn quiet_test_prints_only_errors_and_capital_v_prints_build_information() {
 #[test]
 fn test_flag_lists_every_error_and_warns_about_tuning_directives() {
     let conf = "events {}\nhttp {\n    tcp_nopush on;\n    server {\n        lisen 80;\n        \
-                location / { uwsgi_pass 127.0.0.1:9000; }\n    }\n}\n";
+                location / { grpc_pass 127.0.0.1:9000; }\n    }\n}\n";
     let (code, err) = with_conf("allerrs", conf, &["-t"]);
     assert_eq!(code, 1, "{err}");
     let emerg: Vec<&str> = err.lines().filter(|l| l.contains("[emerg]")).collect();
@@ -251,7 +254,7 @@ fn test_flag_lists_every_error_and_warns_about_tuning_directives() {
         "{err}"
     );
     assert!(
-        emerg[1].contains("\"uwsgi_pass\" is an nginx directive that shard does not support in /"),
+        emerg[1].contains("\"grpc_pass\" is an nginx directive that shard does not support in /"),
         "{err}"
     );
     // Fixed, the configuration passes with one warning per tuning directive.

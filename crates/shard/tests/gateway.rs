@@ -173,7 +173,8 @@ fn answer(s: &Seen) -> Vec<u8> {
 fn conf(scgi: u16, uwsgi: u16, down: u16) -> String {
     format!(
         "worker_processes 1;\nerror_log {{dir}}/logs/error.log info;\nevents {{}}\nhttp {{\n \
-         server {{\n  listen 127.0.0.1:{{port}};\n  location = /status {{ shard_status; }}\n  \
+         server {{\n  listen 127.0.0.1:{{port}};\n  add_header X-Srv yes always;\n  \
+         location = /status {{ shard_status; }}\n  \
          location /s/ {{ include scgi_params; scgi_param X_EXTRA \"$request_method-$arg_a\"; \
          scgi_pass 127.0.0.1:{scgi}; }}\n  \
          location /sh/ {{ scgi_param REQUEST_URI $request_uri; scgi_pass_request_headers off; \
@@ -252,8 +253,10 @@ fn scgi_sends_params_and_body_and_takes_both_answer_shapes() {
     let (status, hs, _) = ask(s.addr(), "GET /s/moved HTTP/1.1\r\nHost: h");
     assert_eq!(status, 302);
     assert!(hs.contains(&("location".to_string(), "http://example.com/x".to_string())));
-    let (status, _, body) = ask(s.addr(), "GET /s/length HTTP/1.1\r\nHost: h");
+    let (status, hs, body) = ask(s.addr(), "GET /s/length HTTP/1.1\r\nHost: h");
     assert_eq!((status, &body[..]), (201, &b"uri="[..]));
+    let lengths: Vec<_> = hs.iter().filter(|(k, _)| k == "content-length").collect();
+    assert_eq!(lengths, [&("content-length".to_string(), "4".to_string())]);
 
     // `scgi_pass_request_headers off`: the params alone.
     let before = scgi.count();
@@ -348,6 +351,10 @@ fn a_missing_application_is_502_with_its_scheme_in_the_log() {
     });
     let (status, _, body) = ask(s.addr(), "GET /udown/x HTTP/1.1\r\nHost: h");
     assert_eq!((status, &body[..]), (200, &b"fallback\n"[..]));
+    // A request that cannot be read gets its 400 with the server's `add_header ... always`,
+    // as nginx (what an application behind SCGI or uwsgi answers a wrong wire format with).
+    let r = raw(s.addr(), b"\x01\x02 nonsense\r\n\r\n");
+    assert_eq!((r.status, r.header("X-Srv")), (400, Some("yes")));
 }
 
 /// `-t` knows the directives, refuses what nginx refuses, and says what shard does not do.
@@ -379,9 +386,20 @@ fn the_configuration_is_checked_as_nginx_checks_it() {
         out.contains("\"proxy_pass\" directive is duplicate"),
         "{out}"
     );
-    let (code, out) = check("location / { uwsgi_pass suwsgi://127.0.0.1:9; }");
+    let (code, out) = check(
+        "location / { uwsgi_pass suwsgi://127.0.0.1:9; uwsgi_ssl_protocols TLSv1.3; \
+         uwsgi_ssl_session_reuse off; uwsgi_ssl_server_name on; }",
+    );
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = check("location / { uwsgi_pass suwsgi://127.0.0.1:9; uwsgi_ssl_verify on; }");
     assert_ne!(code, 0);
-    assert!(out.contains("suwsgi"), "{out}");
+    assert!(
+        out.contains("no uwsgi_ssl_trusted_certificate for uwsgi_ssl_verify"),
+        "{out}"
+    );
+    let (code, out) = check("location / { uwsgi_pass suwsgi://127.0.0.1:9; uwsgi_ssl_verify x; }");
+    assert_ne!(code, 0);
+    assert!(out.contains("in \"uwsgi_ssl_verify\" directive"), "{out}");
     let (code, out) = check("location / { scgi_pass 127.0.0.1:9; scgi_cache one; }");
     assert_ne!(code, 0);
     assert!(

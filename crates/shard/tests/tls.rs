@@ -3091,3 +3091,45 @@ fn proxy_ssl_verify_falls_back_to_the_common_name() {
     });
     assert!(log.contains("not valid for name"), "{log}");
 }
+
+/// `uwsgi_pass suwsgi://` speaks uwsgi over TLS with the `uwsgi_ssl_*` settings (here a
+/// client certificate). The TLS side is shard's own listener, which cannot read the uwsgi
+/// bytes and answers 400, carrying its server's `add_header ... always` with the certificate
+/// as judged for that server, as nginx does for a request it could not read.
+#[test]
+fn uwsgi_over_tls_presents_its_client_certificate() {
+    let tag = "tls-suwsgi";
+    let dir = temp_dir(tag).keep();
+    pki(&dir, &["a.test", "b.test"]);
+    let path = |f: &str| dir.join("conf").join(f).to_str().unwrap().to_string();
+    let extra_a = format!(
+        "ssl_verify_client optional; ssl_client_certificate {};\n\
+         add_header X-Verify $ssl_client_verify always;",
+        path("ca.pem")
+    );
+    let front = String::from(
+        "server { listen 127.0.0.1:{port2};\n\
+         location / { uwsgi_pass suwsgi://127.0.0.1:{port1};\n\
+         uwsgi_ssl_certificate b.test.pem; uwsgi_ssl_certificate_key b.test.key; }\n\
+         location /anon/ { uwsgi_pass suwsgi://127.0.0.1:{port1}; } }",
+    );
+    let text = conf(1, &extra_a, &front)
+        .replace("a.test.pem", &path("a.test.pem"))
+        .replace("a.test.key", &path("a.test.key"))
+        .replace("b.test.pem;", &format!("{};", path("b.test.pem")))
+        .replace("b.test.key;", &format!("{};", path("b.test.key")));
+    let s = Server::start_ports(tag, &text, 1, 2);
+    let front = SocketAddr::from(([127, 0, 0, 1], s.ports[1]));
+    let r = raw(
+        front,
+        b"GET /x HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 400, "{}", r.body_str());
+    assert_eq!(r.header("X-Verify"), Some("SUCCESS"), "{:?}", r.headers);
+    let r = raw(
+        front,
+        b"GET /anon/x HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 400, "{}", r.body_str());
+    assert_eq!(r.header("X-Verify"), Some("NONE"), "{:?}", r.headers);
+}

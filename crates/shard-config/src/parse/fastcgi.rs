@@ -104,7 +104,7 @@ impl FastcgiP {
 
 /// `fastcgi_pass ADDRESS` (and `scgi_pass`, `uwsgi_pass`): `host:port`, `unix:/path`, or an
 /// `upstream` name, with variables rendered per request. `uwsgi_pass` also takes a
-/// `uwsgi://` prefix; `suwsgi://` (uwsgi over TLS) is refused.
+/// `uwsgi://` prefix, and `suwsgi://` for uwsgi over TLS (`uwsgi_ssl_*`).
 pub(super) fn location_fastcgi_pass(_: &Env, loc: &mut LocP, d: &Directive, file: &str) -> R {
     let wire = match d.name.as_str() {
         "scgi_pass" => Wire::Scgi,
@@ -115,15 +115,12 @@ pub(super) fn location_fastcgi_pass(_: &Env, loc: &mut LocP, d: &Directive, file
     if loc.pass.is_some() || loc.fcgi_pass.is_some() {
         return Err(dup(d, file));
     }
+    let mut tls = false;
     if wire == Wire::Uwsgi {
         if a.len() >= 9 && a[..9].eq_ignore_ascii_case("suwsgi://") {
-            return Err(derr(
-                d,
-                file,
-                "\"suwsgi://\" (uwsgi over TLS) is not supported by shard",
-            ));
-        }
-        if a.len() >= 8 && a[..8].eq_ignore_ascii_case("uwsgi://") {
+            a = &a[9..];
+            tls = true;
+        } else if a.len() >= 8 && a[..8].eq_ignore_ascii_case("uwsgi://") {
             a = &a[8..];
         }
     }
@@ -131,7 +128,8 @@ pub(super) fn location_fastcgi_pass(_: &Env, loc: &mut LocP, d: &Directive, file
         // Rendered per request like `proxy_pass` with variables: `HOST:PORT` or an upstream
         // name, the host resolved through `resolver`.
         let mut parts = parse_header_value(d, file, a)?;
-        parts.insert(0, Part::Lit("http://".to_string()));
+        let scheme = if tls { "https://" } else { "http://" };
+        parts.insert(0, Part::Lit(scheme.to_string()));
         loc.fcgi_pass = Some((
             wire,
             PassP {
@@ -154,7 +152,7 @@ pub(super) fn location_fastcgi_pass(_: &Env, loc: &mut LocP, d: &Directive, file
             port: None,
             uri: None,
             place: place(d, file),
-            tls: false,
+            tls,
             dynamic: None,
         }
     } else {
@@ -163,7 +161,8 @@ pub(super) fn location_fastcgi_pass(_: &Env, loc: &mut LocP, d: &Directive, file
         }
         // `host:port` or an upstream name: the same parser as proxy_pass's authority.
         let mut fake = d.clone();
-        fake.args = vec![format!("http://{a}")];
+        let scheme = if tls { "https" } else { "http" };
+        fake.args = vec![format!("{scheme}://{a}")];
         let mut p = parse_proxy_pass(&fake, file)?;
         if p.uri.is_some() {
             return Err(derr(d, file, format!("invalid host in upstream \"{a}\"")));

@@ -286,6 +286,10 @@ pub(super) struct Settings {
     pub(super) add_after_body: Option<String>,
     /// `post_action` (`Some(None)`: `off`).
     pub(super) post_action: Option<Option<String>>,
+    /// `mirror URI ...` of this level (`Some(empty)`: `off`), `mirror_request_body`.
+    pub(super) mirrors: Option<Vec<String>>,
+    pub(super) mirror_request_body: Option<bool>,
+    pub(super) log_subrequest: Option<bool>,
     pub(super) addition_types: Option<(Vec<String>, bool)>,
     pub(super) subrequest_output_buffer_size: Option<u64>,
     pub(super) override_charset: Option<bool>,
@@ -716,6 +720,9 @@ pub(super) struct Eff {
     pub(super) ssi: SsiConf,
     pub(super) addition: AdditionConf,
     pub(super) post_action: Option<String>,
+    pub(super) mirrors: Vec<String>,
+    pub(super) mirror_request_body: bool,
+    pub(super) log_subrequest: bool,
     pub(super) override_charset: bool,
     pub(super) source_charset: Option<(String, Place)>,
     pub(super) real_ip: RealIp,
@@ -829,6 +836,9 @@ impl Eff {
             ssi: SsiConf::default(),
             addition: AdditionConf::default(),
             post_action: None,
+            mirrors: Vec::new(),
+            mirror_request_body: true,
+            log_subrequest: false,
             override_charset: false,
             source_charset: None,
             real_ip: RealIp::default(),
@@ -1082,6 +1092,9 @@ impl Eff {
                 .post_action
                 .clone()
                 .unwrap_or_else(|| self.post_action.clone()),
+            mirrors: s.mirrors.clone().unwrap_or_else(|| self.mirrors.clone()),
+            mirror_request_body: s.mirror_request_body.unwrap_or(self.mirror_request_body),
+            log_subrequest: s.log_subrequest.unwrap_or(self.log_subrequest),
             addition: {
                 let p = &self.addition;
                 let (types, any_type) = s
@@ -1208,6 +1221,9 @@ impl Eff {
             ssi: self.ssi.clone(),
             addition: self.addition.clone(),
             post_action: self.post_action.clone(),
+            mirrors: self.mirrors.clone(),
+            mirror_request_body: self.mirror_request_body,
+            log_subrequest: self.log_subrequest,
             source_charset: self
                 .source_charset
                 .as_ref()
@@ -3033,6 +3049,28 @@ fn add_types(slot: &mut Option<(Vec<String>, bool)>, d: &Directive) {
     }
 }
 
+/// `mirror URI | off` (repeatable): background subrequests of each main request, as
+/// nginx's `ngx_http_mirror_module`; `off` and a URI at one level are "is duplicate".
+pub(super) fn set_mirror(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = a0(d);
+    match (&mut s.mirrors, v) {
+        (Some(_), "off") => Err(dup(d, file)),
+        (None, "off") => {
+            s.mirrors = Some(Vec::new());
+            Ok(())
+        }
+        (Some(list), _) if list.is_empty() => Err(dup(d, file)),
+        (slot, _) => {
+            slot.get_or_insert_with(Vec::new).push(v.to_string());
+            Ok(())
+        }
+    }
+}
+
+slot!(set_mirror_request_body, mirror_request_body, flag);
+
+slot!(set_log_subrequest, log_subrequest, flag);
+
 /// `post_action URI | @name | off`.
 pub(super) fn set_post_action(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     let v = a0(d);
@@ -4283,6 +4321,20 @@ pub(super) fn parse_proxy_pass(d: &Directive, file: &str) -> Result<PassP, Confi
 pub(super) fn set_proxy_ssl(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
     apply_proxy_ssl(env, &mut s.proxy.ssl, d, file, &mut |name| {
         variable(d, file, name)
+    })
+}
+
+/// `uwsgi_ssl_*`: `proxy_ssl_*`'s twins for `uwsgi_pass suwsgi://...`, read by the same
+/// code under the proxy's name (messages name the directive as written).
+pub(super) fn set_uwsgi_ssl(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut twin = d.clone();
+    twin.name = d.name.replacen("uwsgi_", "proxy_", 1);
+    apply_proxy_ssl(env, &mut s.uwsgi.up.ssl, &twin, file, &mut |name| {
+        variable(d, file, name)
+    })
+    .map_err(|mut e| {
+        e.message = e.message.replace(&twin.name, &d.name);
+        e
     })
 }
 

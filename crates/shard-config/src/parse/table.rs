@@ -126,6 +126,23 @@ const GATEWAY_SUFFIXES: &[&str] = &[
     "ignore_headers",
 ];
 
+/// `uwsgi_ssl_*`, by the name after `uwsgi_ssl_` (nginx's list).
+const UWSGI_SSL_SUFFIXES: &[&str] = &[
+    "session_reuse",
+    "protocols",
+    "ciphers",
+    "name",
+    "server_name",
+    "verify",
+    "verify_depth",
+    "trusted_certificate",
+    "crl",
+    "certificate",
+    "certificate_key",
+    "password_file",
+    "conf_command",
+];
+
 /// The `scgi_*` and `uwsgi_*` rows made from their `fastcgi_*` namesakes.
 fn gateway_rows() -> Vec<Spec> {
     let mut rows = Vec::new();
@@ -140,6 +157,18 @@ fn gateway_rows() -> Vec<Spec> {
                 let name: &'static str = Box::leak(name.clone().into_boxed_str());
                 rows.push(Spec { name, ..*s });
             }
+        }
+    }
+    // uwsgi over TLS (`suwsgi://`): `uwsgi_ssl_*` as the http proxy's `proxy_ssl_*`.
+    for suffix in UWSGI_SSL_SUFFIXES {
+        let twin = format!("proxy_ssl_{suffix}");
+        for s in BASE.iter().filter(|s| s.name == twin && s.ctx & HSL == HSL) {
+            let name: &'static str = Box::leak(format!("uwsgi_ssl_{suffix}").into_boxed_str());
+            let set = match s.set {
+                Set::Settings(_) => Set::Settings(set_uwsgi_ssl),
+                other => other,
+            };
+            rows.push(Spec { name, set, ..*s });
         }
     }
     rows
@@ -973,7 +1002,21 @@ static BASE: &[Spec] = &[
     d("gzip_disable", HSL, 1, 64, Set::Settings(set_gzip_disable)),
     d("msie_padding", HSL, 1, 1, Set::NoEffect(check_flag)),
     d("msie_refresh", HSL, 1, 1, Set::NoEffect(check_flag)),
-    d("log_subrequest", HSL, 1, 1, Set::NoEffect(check_flag)),
+    d(
+        "log_subrequest",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_log_subrequest),
+    ),
+    d("mirror", HSL, 1, 1, Set::Settings(set_mirror)),
+    d(
+        "mirror_request_body",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_mirror_request_body),
+    ),
     d(
         "subrequest_output_buffer_size",
         HSL,

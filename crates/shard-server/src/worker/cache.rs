@@ -262,8 +262,11 @@ impl<'a> Worker<'a> {
             let path = cache::entry_path(&cp.path, &cp.levels, &md5);
             // A HEAD is asked upstream as GET (`proxy_cache_convert_head`), so that what is
             // stored is the whole response; with `off` the HEAD's answer is stored as it is
-            // (nginx: then the key should hold `$request_method`).
-            p.upstream_get = p.req.method == Method::Head && cc.convert_head;
+            // (nginx: then the key should hold `$request_method`). SCGI and uwsgi ask a HEAD
+            // as it is, and their answer's body, when the application sends one, is read
+            // to be stored (not sent), as nginx reads it: an entry is never a head alone.
+            p.upstream_get =
+                p.req.method == Method::Head && (cc.convert_head || loc.gateway.is_some());
             let may_store = true;
             let mut c = CacheReq {
                 zone,

@@ -717,6 +717,24 @@ impl Conn {
             .is_some_and(|r| !matches!(r.body, BodyLeft::None))
     }
 
+    /// The request's whole body when all of it is in the input buffer (decoded when chunked;
+    /// empty without one), without consuming it; `None` while some is yet to come.
+    pub(super) fn body_at_hand(&self) -> Option<Vec<u8>> {
+        match &self.req.as_ref()?.body {
+            BodyLeft::None => Some(Vec::new()),
+            BodyLeft::Length(left) => {
+                let n = usize::try_from(*left).ok()?;
+                self.inbuf.get(..n).map(<[u8]>::to_vec)
+            }
+            BodyLeft::Chunked(dec) => {
+                let mut dec = dec.clone();
+                let mut out = Vec::new();
+                dec.feed_into(&self.inbuf, &mut out).ok()?;
+                dec.is_done().then_some(out)
+            }
+        }
+    }
+
     /// A file body is still to be sent.
     fn has_file(&self) -> bool {
         self.req.as_ref().is_some_and(|r| r.file.is_some())
@@ -1584,7 +1602,39 @@ impl<'a> Worker<'a> {
                             self.log_context(key, Some(&line))
                         );
                         let status = rej.status;
-                        self.error_reply(key, status, "");
+                        // The default server's `add_header ... always` go with the page, as
+                        // nginx's headers filter runs with the server's settings.
+                        let cfg = self.cx.cfg;
+                        let server = self.conns[key].rq().server;
+                        // Their `$ssl_client_*` see the certificate judged for that server.
+                        if let (Some(srv), Some(t)) = (
+                            cfg.http.as_ref().and_then(|h| h.servers.get(server)),
+                            self.conns[key].tls.as_mut(),
+                        ) {
+                            if srv.ssl.verify_client != VerifyClient::Off {
+                                let verifier = self.tls.client_verifier(server);
+                                super::tls::client_cert(t, server, verifier, srv.ssl.verify_depth);
+                            }
+                        }
+                        let extra = cfg
+                            .http
+                            .as_ref()
+                            .and_then(|h| h.servers.get(server))
+                            .filter(|s| !s.base.add_headers.is_empty())
+                            .map(|s| {
+                                super::respond::extra_headers(
+                                    self,
+                                    key,
+                                    &line,
+                                    &s.base,
+                                    &[],
+                                    status,
+                                    None,
+                                    Some("text/html"),
+                                )
+                            })
+                            .unwrap_or_default();
+                        self.error_page_with(key, status, false, None, &extra);
                         self.log_refused(key, status, &line);
                         continue;
                     }
@@ -2766,12 +2816,30 @@ impl<'a> Worker<'a> {
         head: &[u8],
         upstream: &[shard_http::vars::UpstreamTry],
     ) {
-        // Subrequests are not logged (nginx's `log_subrequest off`).
-        if self.conns[key].sub != 0 {
+        self.log_access_body(key, loc, req, status, bytes, head, upstream, None);
+    }
+
+    /// [`Worker::log_access_with`] with the request body the proxy still holds, for
+    /// `$request_body` (nginx keeps a body read into memory until the request ends).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn log_access_body(
+        &mut self,
+        key: usize,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        status: u16,
+        bytes: u64,
+        head: &[u8],
+        upstream: &[shard_http::vars::UpstreamTry],
+        body: Option<&[u8]>,
+    ) {
+        // Subrequests are logged only with `log_subrequest on`.
+        let sub = self.conns[key].sub != 0;
+        if sub && !loc.log_subrequest {
             return;
         }
         // `post_action`: the request is answered; its action runs beside, unread.
-        if let Some(uri) = loc.post_action.as_deref() {
+        if let Some(uri) = loc.post_action.as_deref().filter(|_| !sub) {
             self.post_action(key, uri, head);
         }
         for al in &loc.access_logs {
@@ -2805,6 +2873,9 @@ impl<'a> Worker<'a> {
                 let mut storage = shard_http::vars::header_storage();
                 let headers = shard_http::vars::request_headers(head, &mut storage);
                 let mut ctx = self.var_ctx(key, req, headers, loc);
+                if let Some(b) = body {
+                    ctx.conn.request_body = b;
+                }
                 let cache_status = self.conns[key].rd().cache_status;
                 let head_bytes = self.conns[key].rd().head_bytes;
                 ctx.done = Some(shard_http::vars::Done {
@@ -3481,7 +3552,8 @@ impl<'a> Worker<'a> {
             // ends the rewrite phase, then access (`allow`/`deny`), then `try_files`.
             let action = if let Some(code) = forced.take() {
                 Action::Status(code)
-            } else if loc.internal && hops == 0 {
+            } else if loc.internal && hops == 0 && self.conns[key].sub == 0 {
+                // (A subrequest is internal, as nginx's: it may reach `internal` locations.)
                 Action::Status(404)
             } else if let Some((code, text)) = scripted {
                 Action::Return(code, text)
@@ -3519,10 +3591,15 @@ impl<'a> Worker<'a> {
                     self.conns[key].rq().hold_until_ms = self.cx.now_ms + loc.auth_delay_ms;
                 }
                 Action::Status(code)
-            } else if let Some(tf) = &loc.try_files {
-                self.try_files(key, loc, tf, &mut req, &head)
             } else {
-                Action::Content
+                // The precontent phase: `mirror` (main requests only), then `try_files`.
+                if !loc.mirrors.is_empty() && self.conns[key].sub == 0 {
+                    self.mirror(key, loc, &req, &head);
+                }
+                match &loc.try_files {
+                    Some(tf) => self.try_files(key, loc, tf, &mut req, &head),
+                    None => Action::Content,
+                }
             };
             let proxied = loc.proxy_pass.is_some() && loc.ret.is_none() && loc.handler.is_none();
             self.settle_limit_rate(key, loc, &req, &head);

@@ -303,6 +303,9 @@ pub(super) struct Proxy {
     /// A HEAD asked upstream as GET (`proxy_cache_convert_head`): the body is read and
     /// stored, not sent.
     upstream_get: bool,
+    /// Where the body starts in `upreq` when it went there whole (0: it did not): the
+    /// access log's `$request_body` once the response is done.
+    upreq_body_at: usize,
     /// `proxy_cache_background_update`: the client had its (stale) answer; this request now
     /// updates the entry, and nothing of it goes to the client.
     background: bool,
@@ -421,6 +424,7 @@ impl Proxy {
             cache: None,
             cache_looked: false,
             upstream_get: false,
+            upreq_body_at: 0,
             background: false,
             window: None,
         }
@@ -1750,7 +1754,8 @@ impl<'a> Worker<'a> {
             self.recharge(&mut p.body);
         } else if p.body.file().is_none() && !p.streaming {
             // A body that fits in memory leaves with the head, in one write; it is kept there
-            // for another attempt, and its buffer goes back.
+            // for another attempt (and the access log), and its buffer goes back.
+            p.upreq_body_at = if p.body.mem.is_empty() { 0 } else { out.len() };
             out.extend_from_slice(&p.body.mem);
             p.body.mem = Vec::new();
             self.recharge(&mut p.body);
@@ -3494,7 +3499,8 @@ impl<'a> Worker<'a> {
         if let Some(a) = attempts.last_mut().filter(|a| a.response_ms.is_none()) {
             a.response_ms = Some(self.cx.now_ms.saturating_sub(p.attempt_started_ms));
         }
-        self.log_access_with(key, loc, &p.req, status, bytes, &p.head, &attempts);
+        let body = (p.upreq_body_at > 0).then(|| &p.upreq[p.upreq_body_at.min(p.upreq.len())..]);
+        self.log_access_body(key, loc, &p.req, status, bytes, &p.head, &attempts, body);
     }
 
     fn set_proxy_deadline(&mut self, key: usize, timeout_ms: u64) {
@@ -3648,14 +3654,18 @@ impl<'a> Worker<'a> {
         let upstream = match (addr, self.proxy_pass(p)) {
             // nginx: `fastcgi://127.0.0.1:9000`, `fastcgi://unix:/run/php.sock:` (`scgi://`,
             // `uwsgi://` the same).
-            (Some(a), Some(_)) if p.fcgi.is_some() || self.proxy_location(p).gateway.is_some() => {
+            (Some(a), Some(pass))
+                if p.fcgi.is_some() || self.proxy_location(p).gateway.is_some() =>
+            {
                 let tail = if a.starts_with("unix:") { ":" } else { "" };
                 let wire = self
                     .proxy_location(p)
                     .gateway
                     .as_ref()
                     .map_or("fastcgi", |g| g.wire.name());
-                format!(", upstream: \"{wire}://{a}{tail}\"")
+                // uwsgi over TLS: `suwsgi://`.
+                let s = if pass.tls { "s" } else { "" };
+                format!(", upstream: \"{s}{wire}://{a}{tail}\"")
             }
             (Some(a), Some(pass)) => {
                 let uri = shard_http::proxy::upstream_uri(&p.req, self.proxy_location(p), &pass);

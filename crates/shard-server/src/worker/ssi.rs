@@ -18,7 +18,9 @@
 //! output, in order. Includes run one at a time (each is waited for, as nginx's `wait="yes"`):
 //! the output is nginx's, its parallelism is not. The subrequest's output is bounded
 //! (`SUB_DATA_MAX`, then its writes wait for the parent), `set=` keeps at most
-//! `subrequest_output_buffer_size`.
+//! `subrequest_output_buffer_size`. `post_action` and `mirror` start subrequests whose output
+//! nobody reads; a mirror's input is the main request's method, arguments, headers and (when
+//! all of it is in the input buffer) body.
 //!
 //! This module owns the pipes, the subrequests' outputs and the commands; it does not own the
 //! phases, the sockets, or closing connections (the loop's `close`, which ends a parent's
@@ -747,6 +749,19 @@ fn push_target(out: &mut Vec<u8>, uri: &[u8]) {
 /// Request headers a subrequest does not carry: its framing, its validators and ranges (a
 /// subrequest's answer is whole), compression (its bytes go into another body), the
 /// connection's own.
+/// Header lines a mirror subrequest does not copy: the body's framing (its own is written)
+/// and the client's connection.
+fn mirror_drops(name: &[u8]) -> bool {
+    const DROP: [&str; 5] = [
+        "content-length",
+        "transfer-encoding",
+        "expect",
+        "connection",
+        "keep-alive",
+    ];
+    DROP.iter().any(|d| name.eq_ignore_ascii_case(d.as_bytes()))
+}
+
 fn sub_drops(name: &[u8]) -> bool {
     const DROP: [&str; 12] = [
         "content-length",
@@ -1474,6 +1489,66 @@ impl<'a> Worker<'a> {
     pub(super) fn post_action(&mut self, key: usize, uri: &str, req_head: &[u8]) {
         let head = self.sub_head(key, uri.as_bytes(), req_head, None);
         self.start_sub(key, None, head, None, None, None);
+    }
+
+    /// `mirror URI ...` (nginx's precontent handler): each URI a background subrequest of
+    /// the main request on `key`, with its method, arguments and headers and, with
+    /// `mirror_request_body on`, its body; nobody reads the answers. A body not yet all
+    /// arrived is not waited for: those mirrors go without it (and say so at `info`).
+    pub(super) fn mirror(
+        &mut self,
+        key: usize,
+        loc: &LocationConf,
+        req: &shard_http::request::Request,
+        req_head: &[u8],
+    ) {
+        let body = if loc.mirror_request_body {
+            let b = self.conns[key].body_at_hand();
+            if b.is_none() {
+                crate::log!(
+                    Info,
+                    "mirror subrequests go without the request body, which has not all arrived{}",
+                    self.log_context(key, Some(req))
+                );
+            }
+            b
+        } else {
+            None
+        };
+        let method = req.request_line.split(' ').next().unwrap_or("GET");
+        for uri in &loc.mirrors {
+            let mut head = Vec::with_capacity(req_head.len() + uri.len() + 64);
+            head.extend_from_slice(method.as_bytes());
+            head.push(b' ');
+            push_target(&mut head, uri.as_bytes());
+            if let Some(q) = req.query.as_deref().filter(|q| !q.is_empty()) {
+                head.push(b'?');
+                head.extend_from_slice(q.as_bytes());
+            }
+            head.extend_from_slice(b" HTTP/1.1\r\n");
+            let mut storage = shard_http::vars::header_storage();
+            let hs = shard_http::vars::request_headers(req_head, &mut storage);
+            let mut has_host = false;
+            for h in hs.iter().filter(|h| !mirror_drops(h.name.as_bytes())) {
+                has_host |= h.name.eq_ignore_ascii_case("host");
+                head.extend_from_slice(h.name.as_bytes());
+                head.extend_from_slice(b": ");
+                head.extend_from_slice(h.value);
+                head.extend_from_slice(b"\r\n");
+            }
+            if !has_host {
+                head.extend_from_slice(b"Host: ");
+                head.extend_from_slice(self.sub_host(key).as_bytes());
+                head.extend_from_slice(b"\r\n");
+            }
+            if let Some(b) = body.as_deref().filter(|b| !b.is_empty()) {
+                head.extend_from_slice(format!("Content-Length: {}\r\n\r\n", b.len()).as_bytes());
+                head.extend_from_slice(b);
+            } else {
+                head.extend_from_slice(b"\r\n");
+            }
+            self.start_sub(key, None, head, None, None, None);
+        }
     }
 
     /// A subrequest's head: `GET` of `uri` with the main request's header lines (`req_head`)
