@@ -824,6 +824,8 @@ pub struct LocationConf {
     /// `post_action URI | @name`: a request made once the response is done, its answer
     /// dropped (`None`: `off`, the default).
     pub post_action: Option<String>,
+    /// `dav_methods`, `dav_access`, `create_full_put_path`, `min_delete_depth`.
+    pub dav: DavConf,
     /// `mirror URI`: background subrequests of each main request, their answers dropped
     /// (empty: none, the default or `off`); `mirror_request_body` (default on): they carry
     /// its body.
@@ -942,6 +944,39 @@ pub struct FastcgiConf {
     pub pass_request_headers: bool,
     /// `fastcgi_pass_request_body on|off`.
     pub pass_request_body: bool,
+}
+
+/// `ngx_http_dav_module`'s settings of a location.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DavConf {
+    /// `dav_methods`: the [`DavConf::PUT`] ... bits (0: `off`, the default).
+    pub methods: u8,
+    /// `dav_access`: the mode of the files and (with `x` added where `r` is) directories
+    /// made (default `user:rw`, 0600).
+    pub access: u32,
+    /// `create_full_put_path on`: PUT makes the missing directories.
+    pub create_full_put_path: bool,
+    /// `min_delete_depth`: DELETE needs at least this many `/`-separated parts.
+    pub min_delete_depth: u32,
+}
+
+impl DavConf {
+    pub const PUT: u8 = 1;
+    pub const DELETE: u8 = 2;
+    pub const MKCOL: u8 = 4;
+    pub const COPY: u8 = 8;
+    pub const MOVE: u8 = 16;
+}
+
+impl Default for DavConf {
+    fn default() -> Self {
+        DavConf {
+            methods: 0,
+            access: 0o600,
+            create_full_put_path: false,
+            min_delete_depth: 0,
+        }
+    }
 }
 
 /// The wire format of a location that passes to an application server.

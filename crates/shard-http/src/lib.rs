@@ -148,6 +148,13 @@ impl std::fmt::Display for InlineStr {
 
 /// The IMF-fixdate of `unix_secs`, as sent in `Date` and `Last-Modified`:
 /// `Sun, 06 Nov 1994 08:49:37 GMT`.
+/// An HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT` and the two older forms) in unix seconds.
+pub fn parse_http_date(s: &str) -> Option<i64> {
+    let t = httpdate::parse_http_date(s).ok()?;
+    let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(d.as_secs()).ok()
+}
+
 pub fn http_date(unix_secs: u64) -> String {
     http_date_inline(unix_secs).as_str().to_string()
 }

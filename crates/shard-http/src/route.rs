@@ -350,6 +350,7 @@ pub(crate) mod tests {
             ssi: Default::default(),
             addition: Default::default(),
             post_action: None,
+            dav: Default::default(),
             mirrors: Vec::new(),
             mirror_request_body: true,
             log_subrequest: false,

@@ -21,6 +21,7 @@ mod balance;
 mod body;
 mod conn;
 mod ctx;
+mod dav;
 mod files;
 mod h2;
 mod proxy;

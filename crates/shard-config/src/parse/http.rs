@@ -286,6 +286,11 @@ pub(super) struct Settings {
     pub(super) add_after_body: Option<String>,
     /// `post_action` (`Some(None)`: `off`).
     pub(super) post_action: Option<Option<String>>,
+    /// `dav_methods` (bits), `dav_access`, `create_full_put_path`, `min_delete_depth`.
+    pub(super) dav_methods: Option<u8>,
+    pub(super) dav_access: Option<u32>,
+    pub(super) create_full_put_path: Option<bool>,
+    pub(super) min_delete_depth: Option<u32>,
     /// `mirror URI ...` of this level (`Some(empty)`: `off`), `mirror_request_body`.
     pub(super) mirrors: Option<Vec<String>>,
     pub(super) mirror_request_body: Option<bool>,
@@ -720,6 +725,7 @@ pub(super) struct Eff {
     pub(super) ssi: SsiConf,
     pub(super) addition: AdditionConf,
     pub(super) post_action: Option<String>,
+    pub(super) dav: DavConf,
     pub(super) mirrors: Vec<String>,
     pub(super) mirror_request_body: bool,
     pub(super) log_subrequest: bool,
@@ -836,6 +842,7 @@ impl Eff {
             ssi: SsiConf::default(),
             addition: AdditionConf::default(),
             post_action: None,
+            dav: DavConf::default(),
             mirrors: Vec::new(),
             mirror_request_body: true,
             log_subrequest: false,
@@ -1092,6 +1099,14 @@ impl Eff {
                 .post_action
                 .clone()
                 .unwrap_or_else(|| self.post_action.clone()),
+            dav: DavConf {
+                methods: s.dav_methods.unwrap_or(self.dav.methods),
+                access: s.dav_access.unwrap_or(self.dav.access),
+                create_full_put_path: s
+                    .create_full_put_path
+                    .unwrap_or(self.dav.create_full_put_path),
+                min_delete_depth: s.min_delete_depth.unwrap_or(self.dav.min_delete_depth),
+            },
             mirrors: s.mirrors.clone().unwrap_or_else(|| self.mirrors.clone()),
             mirror_request_body: s.mirror_request_body.unwrap_or(self.mirror_request_body),
             log_subrequest: s.log_subrequest.unwrap_or(self.log_subrequest),
@@ -1221,6 +1236,7 @@ impl Eff {
             ssi: self.ssi.clone(),
             addition: self.addition.clone(),
             post_action: self.post_action.clone(),
+            dav: self.dav,
             mirrors: self.mirrors.clone(),
             mirror_request_body: self.mirror_request_body,
             log_subrequest: self.log_subrequest,
@@ -3924,6 +3940,41 @@ pub(super) fn set_proxy_store(_: &Env, s: &mut Settings, d: &Directive, file: &s
 
 /// `proxy_store_access users:rw group:rw all:r` (`fastcgi_store_access` the same).
 pub(super) fn set_proxy_store_access(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mode = access_mode(d, file)?;
+    let p = upstream_knobs(s, &d.name);
+    once(&mut p.store_access, mode, d, file)
+}
+
+/// `dav_methods off | METHOD ...` (`PUT`, `DELETE`, `MKCOL`, `COPY`, `MOVE`).
+pub(super) fn set_dav_methods(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut bits = 0u8;
+    for a in &d.args {
+        bits |= match a.as_str() {
+            "off" if d.args.len() == 1 => 0,
+            "PUT" => DavConf::PUT,
+            "DELETE" => DavConf::DELETE,
+            "MKCOL" => DavConf::MKCOL,
+            "COPY" => DavConf::COPY,
+            "MOVE" => DavConf::MOVE,
+            _ => return Err(invalid(d, file, a)),
+        };
+    }
+    once(&mut s.dav_methods, bits, d, file)
+}
+
+/// `dav_access users:rw group:r ...`, as `proxy_store_access`.
+pub(super) fn set_dav_access(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mode = access_mode(d, file)?;
+    once(&mut s.dav_access, mode, d, file)
+}
+
+slot!(set_create_full_put_path, create_full_put_path, flag);
+
+slot!(set_min_delete_depth, min_delete_depth, num::<u32>);
+
+/// The mode `user:rw group:r all:r` names (nginx's `ngx_conf_set_access_slot`): group or
+/// all rights alone give the user `rw`.
+fn access_mode(d: &Directive, file: &str) -> Result<u32, ConfigError> {
     let mut mode = 0u32;
     let mut user = false;
     for a in &d.args {
@@ -3950,8 +4001,7 @@ pub(super) fn set_proxy_store_access(_: &Env, s: &mut Settings, d: &Directive, f
     if !user {
         mode |= 0o600;
     }
-    let p = upstream_knobs(s, &d.name);
-    once(&mut p.store_access, mode, d, file)
+    Ok(mode)
 }
 
 pub(super) fn set_proxy_method(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {

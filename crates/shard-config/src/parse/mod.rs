@@ -711,8 +711,11 @@ impl Env {
                     l.recode = recode_table(&h.charset_maps, src, dst).map(Arc::new);
                 }
                 let reads = |p: &[Part]| parts_read_headers(p, &h.maps);
-                // The userid module reads the `Cookie` header.
+                // The userid module reads the `Cookie` header; WebDAV its `Destination`,
+                // `Depth`, `Overwrite` and `Date`; mirrors copy them all.
                 l.needs_head = l.userid.is_some()
+                    || l.dav.methods != 0
+                    || !l.mirrors.is_empty()
                     || l.ret.as_ref().is_some_and(|r| reads(&r.parts))
                     || l.add_headers.iter().any(|a| reads(&a.value))
                     || l.add_trailers.iter().any(|a| reads(&a.value))

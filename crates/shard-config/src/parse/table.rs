@@ -1010,6 +1010,23 @@ static BASE: &[Spec] = &[
         Set::Settings(set_log_subrequest),
     ),
     d("mirror", HSL, 1, 1, Set::Settings(set_mirror)),
+    // WebDAV (`ngx_http_dav_module`, `worker/dav.rs`).
+    d("dav_methods", HSL, 1, 5, Set::Settings(set_dav_methods)),
+    d("dav_access", HSL, 1, 3, Set::Settings(set_dav_access)),
+    d(
+        "create_full_put_path",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_create_full_put_path),
+    ),
+    d(
+        "min_delete_depth",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_min_delete_depth),
+    ),
     d(
         "mirror_request_body",
         HSL,

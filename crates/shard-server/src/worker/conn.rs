@@ -454,6 +454,8 @@ enum Action {
     /// A `return` (or redirecting `rewrite`) of the rewrite instructions, its text expanded.
     Return(u16, Option<String>),
     Redirect(Redirect),
+    /// An answer with no body of shard's own making (WebDAV): status, `Location`.
+    Answer(u16, Option<String>),
 }
 
 /// A request between its limits and its content, for [`Worker::run_phases`].
@@ -486,6 +488,8 @@ pub(super) enum Rewritten {
     Returned,
     /// More than `MAX_INTERNAL_REDIRECTS` changes of location: nginx's 500.
     Cycle,
+    /// The content is decided (a WebDAV `PUT` done): this status, with this `Location`.
+    Answer(u16, Option<String>),
 }
 
 /// Where an internal redirect goes.
@@ -3092,7 +3096,7 @@ impl<'a> Worker<'a> {
                     Rewritten::Return(code, _) => Some(code),
                     Rewritten::Returned => sub_loc.ret.as_ref().map(|r| r.code),
                     Rewritten::Cycle => Some(500),
-                    Rewritten::Stay => None,
+                    Rewritten::Stay | Rewritten::Answer(..) => None,
                 };
                 let proxied = sub_loc.proxy_pass.is_some()
                     && sub_loc.ret.is_none()
@@ -3529,6 +3533,7 @@ impl<'a> Worker<'a> {
         let reply = loop {
             self.enter_log_context(key, loc);
             let mut returned = false;
+            let mut answered = None;
             let scripted = match rewritten.take().unwrap_or_else(|| {
                 self.rewrite_phase(key, server, &mut loc, &mut req, &head, &mut hops)
             }) {
@@ -3536,6 +3541,10 @@ impl<'a> Worker<'a> {
                 Rewritten::Return(code, text) => Some((code, text)),
                 Rewritten::Returned => {
                     returned = true;
+                    None
+                }
+                Rewritten::Answer(code, location) => {
+                    answered = Some((code, location));
                     None
                 }
                 Rewritten::Cycle => {
@@ -3552,6 +3561,8 @@ impl<'a> Worker<'a> {
             // ends the rewrite phase, then access (`allow`/`deny`), then `try_files`.
             let action = if let Some(code) = forced.take() {
                 Action::Status(code)
+            } else if let Some((code, location)) = answered.take() {
+                Action::Answer(code, location)
             } else if loc.internal && hops == 0 && self.conns[key].sub == 0 {
                 // (A subrequest is internal, as nginx's: it may reach `internal` locations.)
                 Action::Status(404)
@@ -3624,6 +3635,28 @@ impl<'a> Worker<'a> {
                 }
                 Action::Status(code) => {
                     super::respond::status(self, key, loc, &req, keep_alive, &head, code)
+                }
+                Action::Answer(code, location) => {
+                    self.dav_answer(key, loc, &req, keep_alive, &head, code, location)
+                }
+                Action::Content if !proxied && super::dav::dav_method(loc, &req).is_some() => {
+                    let bit = super::dav::dav_method(loc, &req).unwrap_or(0);
+                    match self.dav(key, loc, &req, &head, bit) {
+                        super::dav::DavStep::Answer(code, location) => {
+                            self.dav_answer(key, loc, &req, keep_alive, &head, code, location)
+                        }
+                        super::dav::DavStep::ReadBody => {
+                            // `PUT`: the body is read as the proxy reads one, then put in
+                            // place (`Worker::dav_put_end`), which answers.
+                            self.start_proxy(
+                                key, server_idx, loc, req, head, more_input, keep_alive,
+                            );
+                            if let Some(p) = self.conns[key].rq().proxy.as_mut() {
+                                p.dav = true;
+                            }
+                            return;
+                        }
+                    }
                 }
                 Action::Content if proxied && after_upstream => {
                     // The error page of a failed upstream is not proxied again.

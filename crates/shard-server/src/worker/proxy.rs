@@ -306,6 +306,8 @@ pub(super) struct Proxy {
     /// Where the body starts in `upreq` when it went there whole (0: it did not): the
     /// access log's `$request_body` once the response is done.
     upreq_body_at: usize,
+    /// A WebDAV `PUT` (`worker/dav.rs`): the body is read, then put in place; no upstream.
+    pub(super) dav: bool,
     /// `proxy_cache_background_update`: the client had its (stale) answer; this request now
     /// updates the entry, and nothing of it goes to the client.
     background: bool,
@@ -425,6 +427,7 @@ impl Proxy {
             cache_looked: false,
             upstream_get: false,
             upreq_body_at: 0,
+            dav: false,
             background: false,
             window: None,
         }
@@ -1032,6 +1035,17 @@ impl<'a> Worker<'a> {
                 self.yield_conn(key);
                 break Flow::Wait;
             }
+            if p.dav && p.state == State::Connect {
+                // A WebDAV `PUT` with its body read: put in place, answered; no upstream.
+                let loc = self.proxy_location(&p);
+                let (status, location) = self.dav_put_done(key, loc, &p.req, &p.head, &p.body);
+                let req = p.req.clone();
+                let head = std::mem::take(&mut p.head);
+                let (server, keep_alive) = (p.server, p.keep_alive);
+                self.give_proxy_bufs(p);
+                self.dav_put_answer(key, server, loc, req, head, keep_alive, status, location);
+                return Step::Done;
+            }
             let flow = match p.state {
                 State::ReadBody => self.read_request_body(key, &mut p),
                 State::Connect => self.proxy_connect(key, &mut p),
@@ -1144,7 +1158,7 @@ impl<'a> Worker<'a> {
         let loc = self.proxy_location(p);
         let conf = &loc.body;
         let passes_body = loc.proxy.pass_request_body && loc.proxy.set_body.is_none();
-        if !loc.proxy.request_buffering && passes_body && self.conns[key].body_pending() {
+        if !loc.proxy.request_buffering && passes_body && !p.dav && self.conns[key].body_pending() {
             // nginx streams a chunked body only to an HTTP/1.1 upstream; to 1.0 it buffers.
             let chunked = p.req.body == Body::Chunked;
             // FastCGI needs no length: its records carry a chunked body as it is decoded.

@@ -655,7 +655,18 @@ fn static_file(
             }
         }
         // No index file: the directory decides: its listing with `autoindex on` (GET and
-        // HEAD), 403 where it exists, else 404.
+        // HEAD), 403 where it exists, else 404. A method no content handler takes is
+        // nginx's "directory index ... is forbidden", 403, whether it exists or not.
+        if !matches!(req.method, Method::Get | Method::Head | Method::Post) {
+            crate::log!(
+                Error,
+                "directory index of \"{}\" is forbidden{}",
+                path.display(),
+                w.log_context(key, Some(req))
+            );
+            let reply = shard_http::response::error_simple(403);
+            return simple(w, key, req, keep_alive, loc, head, reply);
+        }
         match open_cached(w, &path, loc) {
             Opened::File(_, meta)
                 if meta.is_dir
@@ -668,6 +679,10 @@ fn static_file(
             Opened::File(_, meta) if meta.is_dir => Opened::Forbidden,
             other => other,
         }
+    } else if !matches!(req.method, Method::Get | Method::Head | Method::Post) {
+        // nginx's static handler refuses other methods before it looks for the file.
+        let reply = shard_http::response::error_simple(405);
+        return simple(w, key, req, keep_alive, loc, head, reply);
     } else {
         // `gzip_static`: FILE.gz in its place when it exists (and, with `on`, the client takes
         // gzip), sent as it is with `Content-Encoding: gzip`, whether FILE exists or not (as
