@@ -2039,6 +2039,10 @@ pub struct ProxyConf {
     pub next_upstream_timeout_ms: u64,
     /// `proxy_socket_keepalive on|off`: `SO_KEEPALIVE` on upstream sockets. Default off.
     pub socket_keepalive: bool,
+    /// `proxy_ignore_client_abort on|off` (and `fastcgi_`, `scgi_`, `uwsgi_`): a client that
+    /// closes before the response head does not end the upstream's request. Default off:
+    /// it does, logged with 499.
+    pub ignore_client_abort: bool,
     /// `proxy_limit_rate`: bytes per second the upstream's response is read at (with
     /// buffering on), 0 = no limit. Default 0.
     pub limit_rate: u64,
@@ -2436,6 +2440,7 @@ impl Default for ProxyConf {
             next_upstream_tries: 0,
             next_upstream_timeout_ms: 0,
             socket_keepalive: false,
+            ignore_client_abort: false,
             limit_rate: 0,
             ignore_accel_redirect: false,
             buffering: true,

@@ -1141,7 +1141,7 @@ fn stream_proxy_ssl_speaks_tls_to_the_upstream() {
            listen 127.0.0.1:{{port1}} ssl;\n\
            ssl_certificate {cert}; ssl_certificate_key {key};\n\
            location = /sni {{ return 200 \"sni=$ssl_server_name\"; }}\n\
-           location / {{ proxy_pass http://{echo}; }}\n\
+           location / {{ proxy_ignore_client_abort on; proxy_pass http://{echo}; }}\n\
          }}\n\
          server {{\n\
            listen 127.0.0.1:{{port5}} ssl proxy_protocol;\n\
@@ -1187,7 +1187,9 @@ fn stream_proxy_ssl_speaks_tls_to_the_upstream() {
     assert_eq!(sni(at(6)), format!("sni=x{}x", s.ports[6]));
     assert_eq!(sni(at(7)), "sni=a.test");
     // 1 MiB up and back; the client's FIN after the request reaches the upstream as
-    // close_notify and FIN, and the answer still comes back.
+    // close_notify and FIN, and the answer still comes back (the HTTP side has
+    // `proxy_ignore_client_abort on`: by default it would take the FIN as a client that left,
+    // as nginx).
     let body: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 253) as u8).collect();
     let mut c = connect(at(1));
     c.set_read_timeout(Some(TIMEOUT)).unwrap();

@@ -244,6 +244,7 @@ pub(super) fn set_fastcgi(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
             Ok(())
         }
         "socket_keepalive" => once(&mut f.up.socket_keepalive, flag(d, file, v)?, d, file),
+        "ignore_client_abort" => once(&mut f.up.ignore_client_abort, flag(d, file, v)?, d, file),
         "ignore_headers" => {
             let v = super::http::ignore_headers(d, file)?;
             f.up.ignore_headers = Some(f.up.ignore_headers.unwrap_or(0) | v);

@@ -365,6 +365,7 @@ pub(super) struct ProxyP {
     pub(super) next_upstream_tries: Option<u32>,
     pub(super) next_upstream_timeout_ms: Option<u64>,
     pub(super) socket_keepalive: Option<bool>,
+    pub(super) ignore_client_abort: Option<bool>,
     pub(super) limit_rate: Option<u64>,
     /// `proxy_ignore_headers` ([`ignore`] bits).
     pub(super) ignore_headers: Option<u16>,
@@ -574,6 +575,9 @@ impl ProxyP {
                 .next_upstream_timeout_ms
                 .unwrap_or(parent.next_upstream_timeout_ms),
             socket_keepalive: self.socket_keepalive.unwrap_or(parent.socket_keepalive),
+            ignore_client_abort: self
+                .ignore_client_abort
+                .unwrap_or(parent.ignore_client_abort),
             limit_rate: self.limit_rate.unwrap_or(parent.limit_rate),
             ignore_accel_redirect: self
                 .ignore_headers
@@ -3832,6 +3836,12 @@ slot!(
 );
 
 slot!(set_proxy_socket_keepalive, proxy.socket_keepalive, flag);
+
+slot!(
+    set_proxy_ignore_client_abort,
+    proxy.ignore_client_abort,
+    flag
+);
 
 slot!(set_proxy_limit_rate, proxy.limit_rate, upstream_rate);
 

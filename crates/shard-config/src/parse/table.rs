@@ -83,6 +83,7 @@ pub(super) static TABLE: std::sync::LazyLock<Vec<Spec>> = std::sync::LazyLock::n
 /// namesake, whose handler reads the prefix (`set_fastcgi`, `location_fastcgi_pass`).
 const GATEWAY_SUFFIXES: &[&str] = &[
     "pass",
+    "ignore_client_abort",
     "store",
     "store_access",
     "buffering",
@@ -1570,6 +1571,20 @@ static BASE: &[Spec] = &[
         1,
         1,
         Set::Settings(set_proxy_socket_keepalive),
+    ),
+    d(
+        "proxy_ignore_client_abort",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_proxy_ignore_client_abort),
+    ),
+    d(
+        "fastcgi_ignore_client_abort",
+        HSL,
+        1,
+        1,
+        Set::Settings(set_fastcgi),
     ),
     d(
         "fastcgi_next_upstream_timeout",

@@ -81,7 +81,7 @@ pub(super) struct CacheReq {
     /// nginx's `u->cacheable`: the response could go to the cache, so the upstream is asked
     /// for all of it (no client validators or `Range`, HEAD as GET). Not below
     /// `proxy_cache_min_uses`, nor for a range beyond `proxy_cache_max_range_offset`.
-    cacheable: bool,
+    pub(super) cacheable: bool,
     writer: Option<cache::Writer>,
     /// This request holds the key's update in the zone (ended when the request ends), as
     /// `owner`.

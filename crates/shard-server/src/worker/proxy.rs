@@ -1035,6 +1035,9 @@ impl<'a> Worker<'a> {
                 self.yield_conn(key);
                 break Flow::Wait;
             }
+            if self.client_abandoned(key, &p) {
+                break Flow::Close;
+            }
             if p.dav && p.state == State::Connect {
                 // A WebDAV `PUT` with its body read: put in place, answered; no upstream.
                 let loc = self.proxy_location(&p);
@@ -1114,6 +1117,12 @@ impl<'a> Worker<'a> {
         }
         match flow {
             Flow::Next | Flow::Wait => {
+                // The client's socket stays in epoll while the upstream works, so that its
+                // close is seen (`client_abandoned`); a request read whole at once may not
+                // have registered it yet.
+                if self.conns[key].fd.is_some() && !p.head_sent {
+                    self.ensure_registered(key);
+                }
                 self.conns[key].rq().proxy = Some(p);
                 Step::Wait
             }
@@ -1142,6 +1151,40 @@ impl<'a> Worker<'a> {
                 Step::Wait
             }
         }
+    }
+
+    /// nginx's `ngx_http_upstream_check_broken_connection`: the client closed its end
+    /// (`EPOLLRDHUP`) while its request waits for the upstream's answer head. Unless
+    /// `proxy_ignore_client_abort on`, the upstream's request ends too: logged at `info`
+    /// and in the access log as 499, as nginx's; true when it does.
+    fn client_abandoned(&mut self, key: usize, p: &Proxy) -> bool {
+        let c = &self.conns[key];
+        // Only a client socket (not an HTTP/2 stream or a subrequest) says so.
+        if !c.hup || c.fd.is_none() || c.sub != 0 || p.head_sent || p.background || p.dav {
+            return false;
+        }
+        // A response the cache may store is read whole anyway, as nginx's.
+        if p.auth.is_some() || p.cache.as_ref().is_some_and(|c| c.cacheable) {
+            return false;
+        }
+        let what = match p.state {
+            State::Connect | State::Resolving | State::Connecting | State::Handshaking => {
+                "connecting to upstream"
+            }
+            State::Sending => "sending request to upstream",
+            State::ReadingHead => "reading response header from upstream",
+            _ => return false,
+        };
+        if self.proxy_location(p).proxy.ignore_client_abort {
+            return false;
+        }
+        crate::log!(
+            Info,
+            "epoll_wait() reported that client prematurely closed connection, so upstream connection is closed too while {what}{}",
+            self.log_context(key, Some(&p.req))
+        );
+        self.log_proxy_access(key, p, 499, 0);
+        true
     }
 
     /// Reads the request body: into memory up to `client_body_buffer_size`, then into a
