@@ -532,6 +532,7 @@ pub(crate) fn parse_cgi_head(
             headers,
             // The proxy reads the records' head itself (`X-Accel-Redirect` from PHP).
             accel_redirect: true,
+            accel_limit_rate: true,
         },
         head_len,
     }

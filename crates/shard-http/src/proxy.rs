@@ -139,6 +139,8 @@ pub struct ResponseHead {
     /// The head has an `X-Accel-Redirect` (hidden from the client by default): the proxy
     /// looks for its target only then.
     pub accel_redirect: bool,
+    /// The head has an `X-Accel-Limit-Rate`: the proxy reads it only then.
+    pub accel_limit_rate: bool,
 }
 
 #[derive(Debug)]
@@ -779,6 +781,10 @@ pub fn parse_response_passing(
                     .headers
                     .iter()
                     .any(|h| h.name.eq_ignore_ascii_case("x-accel-redirect")),
+                accel_limit_rate: resp
+                    .headers
+                    .iter()
+                    .any(|h| h.name.eq_ignore_ascii_case("x-accel-limit-rate")),
             },
             head_len,
         };
@@ -794,6 +800,7 @@ pub fn parse_response_passing(
     let mut close = false;
     let mut keep_alive = false;
     let mut accel_redirect = false;
+    let mut accel_limit_rate = false;
     for h in hs {
         if h.name.eq_ignore_ascii_case("transfer-encoding") {
             te = true;
@@ -816,6 +823,8 @@ pub fn parse_response_passing(
             }
         } else if h.name.eq_ignore_ascii_case("x-accel-redirect") {
             accel_redirect = true;
+        } else if h.name.eq_ignore_ascii_case("x-accel-limit-rate") {
+            accel_limit_rate = true;
         }
     }
 
@@ -871,6 +880,7 @@ pub fn parse_response_passing(
             reusable,
             headers,
             accel_redirect,
+            accel_limit_rate,
         },
         head_len,
     }
@@ -2045,6 +2055,7 @@ mod tests {
                 ("X-Bad".into(), b"a\r\nInjected: 1".to_vec()),
             ],
             accel_redirect: false,
+            accel_limit_rate: false,
         };
         let mut out = b"[".to_vec();
         write_client_head(

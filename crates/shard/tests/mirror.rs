@@ -25,6 +25,8 @@ struct Got {
 struct Up {
     port: u16,
     got: Arc<Mutex<Vec<Got>>>,
+    /// Requests read whole (before any delay).
+    read: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Up {
@@ -33,10 +35,13 @@ impl Up {
         let port = l.local_addr().unwrap().port();
         let got = Arc::new(Mutex::new(Vec::new()));
         let log = got.clone();
+        let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let reads = read.clone();
         std::thread::spawn(move || {
             for c in l.incoming() {
                 let Ok(mut c) = c else { return };
                 let log = log.clone();
+                let reads = reads.clone();
                 std::thread::spawn(move || {
                     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
                     let mut buf = Vec::new();
@@ -64,6 +69,7 @@ impl Up {
                         }
                     }
                     let (line, headers) = head.split_once("\r\n").unwrap_or((&head, ""));
+                    reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     std::thread::sleep(delay);
                     log.lock().unwrap().push(Got {
                         line: line.to_string(),
@@ -76,7 +82,7 @@ impl Up {
                 });
             }
         });
-        Up { port, got }
+        Up { port, got, read }
     }
 
     fn wait(&self, n: usize) -> Vec<Got> {
@@ -210,4 +216,33 @@ fn a_slow_mirror_does_not_delay_the_answer() {
     );
     // The mirror still gets there.
     assert_eq!(slow.wait(1)[0].line, "POST /s HTTP/1.0");
+}
+
+/// A stopping worker does not wait for mirrors nobody reads (nginx does not): one whose
+/// upstream has not answered is ended once nothing else is left, and the worker exits.
+#[test]
+fn a_graceful_stop_does_not_wait_for_a_mirror() {
+    let main = Up::start(Duration::ZERO);
+    let mirror = Up::start(Duration::ZERO);
+    let slow = Up::start(Duration::from_secs(30));
+    let mut s = Server::start("mirror-stop", &conf(main.port, mirror.port, slow.port), 1);
+    let r = post(&s, "/slow/x", "b");
+    assert_eq!(r.status, 200);
+    // The mirror's request is at its upstream, which holds it for 30 s.
+    wait_for(Duration::from_secs(5), "the mirror at its upstream", || {
+        (slow.read.load(std::sync::atomic::Ordering::SeqCst) == 1).then_some(())
+    });
+    let t = Instant::now();
+    s.signal(libc::SIGQUIT);
+    assert_eq!(s.wait_exit(Duration::from_secs(20)), 0);
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "the stop waited for the mirror: {:?}",
+        t.elapsed()
+    );
+    assert!(
+        error_log(&s).contains("background subrequests to exit"),
+        "{}",
+        error_log(&s)
+    );
 }

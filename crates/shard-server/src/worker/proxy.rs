@@ -2419,7 +2419,9 @@ impl<'a> Worker<'a> {
                     }
                     // `X-Accel-Limit-Rate`: this response's rate, and that of the page an
                     // `X-Accel-Redirect` leads to, over `limit_rate`.
-                    if loc.proxy.ignore_headers & shard_config::ignore::X_ACCEL_LIMIT_RATE == 0 {
+                    if head.accel_limit_rate
+                        && loc.proxy.ignore_headers & shard_config::ignore::X_ACCEL_LIMIT_RATE == 0
+                    {
                         let rate = raw_header(&p.rbuf[..head_len], "x-accel-limit-rate")
                             .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok());
                         if let Some(n) = rate {

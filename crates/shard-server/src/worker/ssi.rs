@@ -1491,6 +1491,26 @@ impl<'a> Worker<'a> {
         self.start_sub(key, None, head, None, None, None);
     }
 
+    /// Closes the subrequests nobody reads when they are all the worker still holds (a
+    /// stopping worker's last step before it exits).
+    pub(super) fn end_background_subrequests(&mut self) {
+        let background =
+            |c: &Conn| c.sub != 0 && self.subs.get(c.sub as usize - 1).is_some_and(|s| s.discard);
+        if !self.conns.iter().all(|(_, c)| background(c)) {
+            return;
+        }
+        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        crate::log!(
+            Info,
+            "worker {}: ending {} background subrequests to exit",
+            self.idx,
+            keys.len()
+        );
+        for k in keys {
+            self.close(k);
+        }
+    }
+
     /// `mirror URI ...` (nginx's precontent handler): each URI a background subrequest of
     /// the main request on `key`, with its method, arguments and headers and, with
     /// `mirror_request_body on`, its body; nobody reads the answers. A body not yet all
