@@ -926,6 +926,8 @@ pub struct FastcgiConf {
     /// `uwsgi_modifier1` / `uwsgi_modifier2` (0..255, default 0): the packet header's bytes.
     pub modifier1: u8,
     pub modifier2: u8,
+    /// `memcached_gzip_flag`: a value whose flags have these bits is gzip (0: none).
+    pub gzip_flag: u32,
     /// `fastcgi_param NAME VALUE [if_not_empty]`, in order; a level with any replaces its
     /// parent's list, as nginx.
     pub params: Vec<FastcgiParam>,
@@ -989,6 +991,8 @@ pub enum Wire {
     Scgi,
     /// `uwsgi_pass`: a 4-byte header and length-prefixed params, then the body.
     Uwsgi,
+    /// `memcached_pass`: `get $memcached_key`, answered by `VALUE` and the data, or `END`.
+    Memcached,
 }
 
 impl Wire {
@@ -998,6 +1002,7 @@ impl Wire {
             Wire::Fastcgi => "fastcgi",
             Wire::Scgi => "scgi",
             Wire::Uwsgi => "uwsgi",
+            Wire::Memcached => "memcached",
         }
     }
 }

@@ -29,6 +29,17 @@ pub fn write_head(
     conf: &FastcgiConf,
     cache: Option<(&[u8], &[u8])>,
 ) -> Result<(), String> {
+    if conf.wire == Wire::Memcached {
+        // `get KEY`: `$memcached_key`, escaped as nginx's `NGX_ESCAPE_MEMCACHED`.
+        let key = memcached_key(ctx);
+        if key.is_empty() {
+            return Err("the \"$memcached_key\" variable is not set".to_string());
+        }
+        out.extend_from_slice(b"get ");
+        out.extend_from_slice(&key);
+        out.extend_from_slice(b"\r\n");
+        return Ok(());
+    }
     let mut block = Vec::with_capacity(512 + ctx.head.len());
     match conf.wire {
         Wire::Scgi => {
@@ -48,7 +59,7 @@ pub fn write_head(
             out.extend_from_slice(&block);
             out.push(b',');
         }
-        Wire::Uwsgi | Wire::Fastcgi => {
+        Wire::Uwsgi | Wire::Fastcgi | Wire::Memcached => {
             let mut long = false;
             each_param(ctx, conf, cache, &mut |name, value| {
                 for part in [name, value] {
@@ -68,6 +79,94 @@ pub fn write_head(
         }
     }
     Ok(())
+}
+
+/// `$memcached_key` of the request, escaped (space, `%` and control bytes as `%XX`).
+pub fn memcached_key(ctx: &RequestCtx<'_>) -> Vec<u8> {
+    let mut storage = crate::vars::header_storage();
+    let hs = crate::vars::request_headers(ctx.head, &mut storage);
+    let vc = crate::vars::Ctx {
+        req: ctx.req,
+        headers: hs,
+        client: ctx.client,
+        server_addr: ctx.server_addr,
+        server_name: ctx.server_name,
+        location: ctx.location,
+        pass: Some(ctx.pass),
+        conn: ctx.conn,
+        scope: ctx.scope,
+        done: None,
+    };
+    let mut raw = Vec::new();
+    let part = shard_config::Part::Var(shard_config::Var::User("memcached_key".to_string()));
+    crate::vars::push_parts(&mut raw, std::slice::from_ref(&part), &vc);
+    let mut out = Vec::with_capacity(raw.len());
+    for &c in &raw {
+        if c <= b' ' || c == b'%' || c == 0x7f {
+            out.extend_from_slice(format!("%{c:02X}").as_bytes());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Parses memcached's answer to `get`: `VALUE KEY FLAGS LENGTH` then the data (a 200 of that
+/// length, `Content-Encoding: gzip` when `FLAGS` has `gzip_flag`'s bits), or `END` (404). The
+/// `\r\nEND\r\n` after the data is left unread: the connection is not kept. `Invalid` for
+/// anything else (nginx: "memcached sent invalid response").
+pub fn parse_memcached(
+    buf: &[u8],
+    key: &[u8],
+    gzip_flag: u32,
+    head_request: bool,
+) -> ResponseParse {
+    let Some(end) = memchr::memchr(b'\n', buf) else {
+        return if buf.len() > 4096 {
+            ResponseParse::Invalid("memcached sent invalid response")
+        } else {
+            ResponseParse::Partial
+        };
+    };
+    let line = buf[..end].strip_suffix(b"\r").unwrap_or(&buf[..end]);
+    let head = |status, framing, headers| ResponseParse::Complete {
+        head: crate::proxy::ResponseHead {
+            status,
+            minor: 1,
+            framing,
+            reusable: false,
+            headers,
+            accel_redirect: false,
+            accel_limit_rate: false,
+        },
+        head_len: end + 1,
+    };
+    if line == b"END" {
+        return head(404, crate::proxy::Framing::None, Vec::new());
+    }
+    let Some(rest) = line.strip_prefix(b"VALUE ") else {
+        return ResponseParse::Invalid("memcached sent invalid response");
+    };
+    let mut parts = rest.split(|&c| c == b' ');
+    let (Some(k), Some(flags), Some(len)) = (parts.next(), parts.next(), parts.next()) else {
+        return ResponseParse::Invalid("memcached sent invalid response");
+    };
+    if k != key {
+        return ResponseParse::Invalid("memcached sent invalid key in response");
+    }
+    let num = |b: &[u8]| std::str::from_utf8(b).ok()?.parse::<u64>().ok();
+    let (Some(flags), Some(len)) = (num(flags), num(len)) else {
+        return ResponseParse::Invalid("memcached sent invalid response");
+    };
+    let mut headers = Vec::new();
+    if gzip_flag != 0 && (flags as u32) & gzip_flag != 0 {
+        headers.push(("Content-Encoding".to_string(), b"gzip".to_vec()));
+    }
+    if head_request {
+        headers.push(("Content-Length".to_string(), len.to_string().into_bytes()));
+        return head(200, crate::proxy::Framing::None, headers);
+    }
+    head(200, crate::proxy::Framing::Length(len), headers)
 }
 
 fn itoa(n: u64) -> Vec<u8> {

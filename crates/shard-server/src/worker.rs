@@ -600,15 +600,17 @@ impl<'a> Worker<'a> {
     fn run_loop(&mut self) {
         let mut events = Events::with_capacity(EVENTS_MAX);
         loop {
-            if self.shutting_down && self.relays.is_empty() && !self.conns.is_empty() {
+            if self.shutting_down && self.relays.is_empty() {
                 // Subrequests nobody reads (`mirror`, `post_action`) do not hold a stopping
                 // worker once nothing else is left, as nginx's do not: they may even wait on
                 // this worker's own listeners, which accept no more.
-                self.end_background_subrequests();
-            }
-            if self.shutting_down && self.conns.is_empty() && self.relays.is_empty() {
-                crate::log!(Info, "worker {} exiting", self.idx);
-                return;
+                if !self.conns.is_empty() {
+                    self.end_background_subrequests();
+                }
+                if self.conns.is_empty() {
+                    crate::log!(Info, "worker {} exiting", self.idx);
+                    return;
+                }
             }
             let mut timeout = HEARTBEAT_MS;
             if let Some(until) = self.accept_paused_until {

@@ -3744,16 +3744,28 @@ fn small_http_switches_behave_as_nginx() {
     write_file(&s.dir, "html/rand/b.txt", b"B");
     write_file(&s.dir, "html/rand/.hidden", b"H");
     std::fs::create_dir_all(s.dir.join("html/rand/sub")).unwrap();
+    // A link counts as what it points to (a file, not a directory), as nginx's stat.
+    write_file(&s.dir, "html/c-target.txt", b"C");
+    std::os::unix::fs::symlink(
+        s.dir.join("html/c-target.txt"),
+        s.dir.join("html/rand/c.txt"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(
+        s.dir.join("html/rand/sub"),
+        s.dir.join("html/rand/sub-link"),
+    )
+    .unwrap();
     let mut seen = std::collections::HashSet::new();
-    for _ in 0..40 {
+    for _ in 0..60 {
         let r = get(s.addr(), "/rand/");
         assert_eq!(r.status, 200);
         seen.insert(r.body_str());
     }
     assert_eq!(
         seen,
-        ["A", "B"].iter().map(|s| s.to_string()).collect(),
-        "both files, nothing else"
+        ["A", "B", "C"].iter().map(|s| s.to_string()).collect(),
+        "the files and the link to one, nothing else"
     );
     // chunked_transfer_encoding off: an HTTP/1.1 client gets the body delimited by the close.
     let r = raw(s.addr(), b"GET /close/ HTTP/1.1\r\nHost: x\r\n\r\n");

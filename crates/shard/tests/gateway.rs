@@ -407,3 +407,96 @@ fn the_configuration_is_checked_as_nginx_checks_it() {
         "{out}"
     );
 }
+
+/// A fake memcached on a loopback port: each `get KEY` is answered from `answer`, and the
+/// keys asked are recorded.
+fn memcached(answer: fn(&str) -> Vec<u8>) -> (u16, Arc<Mutex<Vec<String>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let log = keys.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = Vec::new();
+            while !buf.ends_with(b"\r\n") {
+                let before = buf.len();
+                read_more(&mut c, &mut buf, before + 1);
+                if buf.len() == before {
+                    break;
+                }
+            }
+            let line = String::from_utf8_lossy(&buf).into_owned();
+            let key = line
+                .strip_prefix("get ")
+                .and_then(|k| k.strip_suffix("\r\n"))
+                .unwrap_or("")
+                .to_string();
+            log.lock().unwrap().push(key.clone());
+            let _ = c.write_all(&answer(&key));
+        }
+    });
+    (port, keys)
+}
+
+/// `memcached_pass`: `get $memcached_key` (escaped), a `VALUE` served with the location's
+/// type and `memcached_gzip_flag`, a miss is nginx's 404 (and its `error_page`), a bad
+/// answer 502; only GET and HEAD.
+#[test]
+fn memcached_pass_serves_values_and_misses() {
+    let (port, keys) = memcached(|k| match k {
+        "/a.html" => b"VALUE /a.html 0 5\r\nhello\r\nEND\r\n".to_vec(),
+        "/z.txt" => b"VALUE /z.txt 2 3\r\nzzz\r\nEND\r\n".to_vec(),
+        "/bad" => b"SERVER_ERROR out of memory\r\n".to_vec(),
+        _ => b"END\r\n".to_vec(),
+    });
+    let conf = format!(
+        "worker_processes 1;\nerror_log {{dir}}/logs/error.log info;\nevents {{}}\nhttp {{\n \
+         server {{\n  listen 127.0.0.1:{{port}};\n  location = /status {{ shard_status; }}\n  \
+         location / {{ set $memcached_key $uri; memcached_gzip_flag 2; \
+         memcached_pass 127.0.0.1:{port}; error_page 404 = /fallback; }}\n  \
+         location = /fallback {{ return 200 \"fallback\\n\"; }}\n  \
+         location /nokey/ {{ memcached_pass 127.0.0.1:{port}; }}\n }}\n}}\n"
+    );
+    let s = Server::start("gw-memcached", &conf, 1);
+    let (status, hs, body) = ask(s.addr(), "GET /a.html HTTP/1.1\r\nHost: h");
+    assert_eq!((status, &body[..]), (200, &b"hello"[..]));
+    assert!(
+        hs.contains(&("content-type".to_string(), "text/html".to_string())),
+        "{hs:?}"
+    );
+    let (status, hs, body) = ask(s.addr(), "GET /z.txt HTTP/1.1\r\nHost: h");
+    assert_eq!((status, &body[..]), (200, &b"zzz"[..]));
+    assert!(
+        hs.contains(&("content-encoding".to_string(), "gzip".to_string())),
+        "{hs:?}"
+    );
+    // A miss: the 404 goes to `error_page 404`.
+    let (status, _, body) = ask(s.addr(), "GET /missing%20key HTTP/1.1\r\nHost: h");
+    assert_eq!((status, &body[..]), (200, &b"fallback\n"[..]));
+    assert_eq!(keys.lock().unwrap().last().unwrap(), "/missing%20key");
+    let (status, _, _) = ask(s.addr(), "GET /bad HTTP/1.1\r\nHost: h");
+    assert_eq!(status, 502);
+    let (status, _, _) = ask(
+        s.addr(),
+        "POST /a.html HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n\r\nx",
+    );
+    assert_eq!(status, 405);
+    // No `$memcached_key`: 500, nothing asked.
+    let asked = keys.lock().unwrap().len();
+    let (status, _, _) = ask(s.addr(), "GET /nokey/x HTTP/1.1\r\nHost: h");
+    assert_eq!(status, 500);
+    assert_eq!(keys.lock().unwrap().len(), asked);
+    let log = error_log(&s);
+    assert!(
+        log.contains("key: \"/missing%20key\" was not found by memcached"),
+        "{log}"
+    );
+    assert!(log.contains("memcached sent invalid response"), "{log}");
+    assert!(
+        log.contains("the \"$memcached_key\" variable is not set"),
+        "{log}"
+    );
+    assert!(log.contains("upstream: \"memcached://127.0.0.1:"), "{log}");
+}

@@ -29,6 +29,8 @@ pub(super) struct FastcgiP {
     /// `uwsgi_modifier1`, `uwsgi_modifier2`.
     pub(super) modifier1: Option<u8>,
     pub(super) modifier2: Option<u8>,
+    /// `memcached_gzip_flag`.
+    pub(super) gzip_flag: Option<u32>,
 }
 
 /// Merged `fastcgi_*` settings: every value known.
@@ -54,6 +56,7 @@ impl Default for FastcgiEff {
                 wire: Wire::Fastcgi,
                 modifier1: 0,
                 modifier2: 0,
+                gzip_flag: 0,
                 params: Vec::new(),
                 index: None,
                 split_path_info: None,
@@ -84,6 +87,7 @@ impl FastcgiP {
                 wire: p.wire,
                 modifier1: self.modifier1.unwrap_or(p.modifier1),
                 modifier2: self.modifier2.unwrap_or(p.modifier2),
+                gzip_flag: self.gzip_flag.unwrap_or(p.gzip_flag),
                 params: self.params.clone().unwrap_or_else(|| p.params.clone()),
                 index: self.index.clone().or_else(|| p.index.clone()),
                 split_path_info: self
@@ -109,6 +113,7 @@ pub(super) fn location_fastcgi_pass(_: &Env, loc: &mut LocP, d: &Directive, file
     let wire = match d.name.as_str() {
         "scgi_pass" => Wire::Scgi,
         "uwsgi_pass" => Wire::Uwsgi,
+        "memcached_pass" => Wire::Memcached,
         _ => Wire::Fastcgi,
     };
     let mut a = a0(d);
@@ -183,6 +188,8 @@ pub(super) fn set_fastcgi(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
         (&mut s.scgi, x)
     } else if let Some(x) = name.strip_prefix("uwsgi_") {
         (&mut s.uwsgi, x)
+    } else if let Some(x) = name.strip_prefix("memcached_") {
+        (&mut s.memcached, x)
     } else {
         return Err(derr(d, file, format!("unknown directive \"{name}\"")));
     };
@@ -269,6 +276,10 @@ pub(super) fn set_fastcgi(_: &Env, s: &mut Settings, d: &Directive, file: &str) 
             list.get_or_insert_with(Vec::new)
                 .push(v.to_ascii_lowercase());
             Ok(())
+        }
+        "gzip_flag" => {
+            let n = v.parse::<u32>().map_err(|_| invalid(d, file, v))?;
+            once(&mut f.gzip_flag, n, d, file)
         }
         "modifier1" | "modifier2" => {
             let n = v.parse::<u8>().map_err(|_| invalid(d, file, v))?;

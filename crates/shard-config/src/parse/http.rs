@@ -230,6 +230,7 @@ pub(super) struct Settings {
     /// `scgi_*` and `uwsgi_*`: FastCGI's shape, their own values.
     pub(super) scgi: FastcgiP,
     pub(super) uwsgi: FastcgiP,
+    pub(super) memcached: FastcgiP,
     /// `resolver` (with `resolver_timeout` unset in the struct) and `resolver_timeout`.
     pub(super) resolver: Option<ResolverConf>,
     pub(super) resolver_timeout_ms: Option<u64>,
@@ -692,6 +693,7 @@ pub(super) struct Eff {
     pub(super) fcgi: FastcgiEff,
     pub(super) scgi: FastcgiEff,
     pub(super) uwsgi: FastcgiEff,
+    pub(super) memcached: FastcgiEff,
     pub(super) resolver: Option<ResolverConf>,
     pub(super) resolver_timeout_ms: u64,
     pub(super) add_headers: Vec<AddHeader>,
@@ -809,6 +811,7 @@ impl Eff {
             fcgi: FastcgiEff::default(),
             scgi: FastcgiEff::for_wire(Wire::Scgi),
             uwsgi: FastcgiEff::for_wire(Wire::Uwsgi),
+            memcached: FastcgiEff::for_wire(Wire::Memcached),
             resolver: None,
             resolver_timeout_ms: 30_000,
             add_headers: Vec::new(),
@@ -971,6 +974,7 @@ impl Eff {
             fcgi: s.fcgi.merge(&self.fcgi),
             scgi: s.scgi.merge(&self.scgi),
             uwsgi: s.uwsgi.merge(&self.uwsgi),
+            memcached: s.memcached.merge(&self.memcached),
             resolver: s.resolver.clone().or_else(|| self.resolver.clone()),
             resolver_timeout_ms: s.resolver_timeout_ms.unwrap_or(self.resolver_timeout_ms),
             add_headers: s
@@ -1633,6 +1637,7 @@ pub(super) fn flatten(
             Wire::Fastcgi => &eff.fcgi,
             Wire::Scgi => &eff.scgi,
             Wire::Uwsgi => &eff.uwsgi,
+            Wire::Memcached => &eff.memcached,
         };
         conf.proxy = g.up.clone();
         let gw = Some(Arc::new(g.conf.clone()));
@@ -3932,6 +3937,8 @@ fn upstream_knobs<'s>(s: &'s mut Settings, name: &str) -> &'s mut ProxyP {
         &mut s.scgi.up
     } else if name.starts_with("uwsgi_") {
         &mut s.uwsgi.up
+    } else if name.starts_with("memcached_") {
+        &mut s.memcached.up
     } else {
         &mut s.proxy
     }

@@ -127,6 +127,20 @@ const GATEWAY_SUFFIXES: &[&str] = &[
     "ignore_headers",
 ];
 
+/// `memcached_*` that FastCGI also has (nginx's list).
+const MEMCACHED_SUFFIXES: &[&str] = &[
+    "pass",
+    "bind",
+    "socket_keepalive",
+    "connect_timeout",
+    "send_timeout",
+    "buffer_size",
+    "read_timeout",
+    "next_upstream",
+    "next_upstream_tries",
+    "next_upstream_timeout",
+];
+
 /// `uwsgi_ssl_*`, by the name after `uwsgi_ssl_` (nginx's list).
 const UWSGI_SSL_SUFFIXES: &[&str] = &[
     "session_reuse",
@@ -158,6 +172,14 @@ fn gateway_rows() -> Vec<Spec> {
                 let name: &'static str = Box::leak(name.clone().into_boxed_str());
                 rows.push(Spec { name, ..*s });
             }
+        }
+    }
+    // `ngx_http_memcached_module`'s, the same way.
+    for suffix in MEMCACHED_SUFFIXES {
+        let fcgi = format!("fastcgi_{suffix}");
+        for s in BASE.iter().filter(|s| s.name == fcgi) {
+            let name: &'static str = Box::leak(format!("memcached_{suffix}").into_boxed_str());
+            rows.push(Spec { name, ..*s });
         }
     }
     // uwsgi over TLS (`suwsgi://`): `uwsgi_ssl_*` as the http proxy's `proxy_ssl_*`.
@@ -1796,6 +1818,7 @@ static BASE: &[Spec] = &[
     ),
     d("fastcgi_param", HSL, 2, 3, Set::Settings(set_fastcgi)),
     d("uwsgi_modifier1", HSL, 1, 1, Set::Settings(set_fastcgi)),
+    d("memcached_gzip_flag", HSL, 1, 1, Set::Settings(set_fastcgi)),
     d("uwsgi_modifier2", HSL, 1, 1, Set::Settings(set_fastcgi)),
     d("fastcgi_buffers", HSL, 2, 2, Set::Settings(set_fastcgi)),
     d(

@@ -3663,6 +3663,20 @@ impl<'a> Worker<'a> {
                     let code = self.conns[key].rq().status_override.unwrap_or(502);
                     super::respond::status(self, key, loc, &req, keep_alive, &head, code)
                 }
+                Action::Content
+                    if proxied
+                        && loc
+                            .gateway
+                            .as_ref()
+                            .is_some_and(|g| g.wire == shard_config::Wire::Memcached)
+                        && !matches!(
+                            req.method,
+                            shard_http::request::Method::Get | shard_http::request::Method::Head
+                        ) =>
+                {
+                    // memcached answers `GET` and `HEAD` alone, as nginx's module.
+                    super::respond::status(self, key, loc, &req, keep_alive, &head, 405)
+                }
                 Action::Content if proxied => {
                     // The access log line is written when the proxied response ends.
                     self.start_proxy(key, server_idx, loc, req, head, more_input, keep_alive);

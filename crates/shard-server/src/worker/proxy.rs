@@ -1708,7 +1708,9 @@ impl<'a> Worker<'a> {
         p.body_skipped = loc.fastcgi.is_none()
             && (own_body.is_some()
                 || !loc.proxy.pass_request_body
-                || loc.gateway.as_ref().is_some_and(|g| !g.pass_request_body));
+                || loc.gateway.as_ref().is_some_and(|g| {
+                    !g.pass_request_body || g.wire == shard_config::Wire::Memcached
+                }));
         let body_len = match (&own_body, p.req.body) {
             (Some(b), _) => Some(b.len() as u64),
             _ if p.body_skipped => None,
@@ -2330,8 +2332,44 @@ impl<'a> Worker<'a> {
                     return flow;
                 }
                 shard_http::fastcgi::parse_head(&p.rbuf, max, head_request, pass)
-            } else if loc.gateway.is_some() {
-                shard_http::gateway::parse_head(&p.rbuf, max, head_request, pass)
+            } else if let Some(gw) = loc.gateway.as_deref() {
+                if gw.wire == shard_config::Wire::Memcached {
+                    // The key as sent: `get KEY\r\n`.
+                    let mkey = p
+                        .upreq
+                        .get(4..p.upreq.len().saturating_sub(2))
+                        .unwrap_or(b"");
+                    match shard_http::gateway::parse_memcached(
+                        &p.rbuf,
+                        mkey,
+                        gw.gzip_flag,
+                        head_request,
+                    ) {
+                        ResponseParse::Complete { mut head, head_len } => {
+                            if head.status == 404 {
+                                // nginx intercepts memcached's miss: its own 404 (and
+                                // `error_page 404`).
+                                crate::log!(
+                                    Info,
+                                    "key: \"{}\" was not found by memcached{}",
+                                    String::from_utf8_lossy(mkey),
+                                    self.log_context(key, Some(&p.req))
+                                );
+                                return Flow::Fail(404);
+                            }
+                            let ct = shard_http::static_file::content_type(
+                                loc,
+                                std::path::Path::new(&p.req.path),
+                            );
+                            head.headers
+                                .insert(0, ("Content-Type".to_string(), ct.as_bytes().to_vec()));
+                            ResponseParse::Complete { head, head_len }
+                        }
+                        other => other,
+                    }
+                } else {
+                    shard_http::gateway::parse_head(&p.rbuf, max, head_request, pass)
+                }
             } else {
                 shard_http::proxy::parse_response_passing(
                     &p.rbuf,

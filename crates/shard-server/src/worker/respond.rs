@@ -619,7 +619,14 @@ fn static_file(
             if let Ok(dir) = std::fs::read_dir(&path) {
                 let mut files: Vec<String> = dir
                     .flatten()
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                    // A symbolic link counts by what it points to, as nginx's stat.
+                    .filter(|e| match e.file_type() {
+                        Ok(t) if t.is_symlink() => {
+                            std::fs::metadata(e.path()).is_ok_and(|m| m.is_file())
+                        }
+                        Ok(t) => t.is_file(),
+                        Err(_) => false,
+                    })
                     .filter_map(|e| e.file_name().into_string().ok())
                     .filter(|n| !n.starts_with('.'))
                     .collect();
