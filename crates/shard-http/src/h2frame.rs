@@ -184,6 +184,11 @@ impl Reader {
                 }
                 let mut block = unpad(p, flags)?;
                 if flags & flag::PRIORITY != 0 {
+                    if depends_on(block) == Some(stream) {
+                        // A stream cannot depend on itself (RFC 9113 5.3.1): nginx ends the
+                        // connection with PROTOCOL_ERROR.
+                        return Err(ConnError(code::PROTOCOL_ERROR));
+                    }
                     block = block.get(5..).ok_or(ConnError(code::FRAME_SIZE_ERROR))?;
                 }
                 let end_stream = flags & flag::END_STREAM != 0;
@@ -228,6 +233,9 @@ impl Reader {
                 if len != 5 {
                     // A stream error in RFC 9113; ending the connection is allowed and simpler.
                     return Err(ConnError(code::FRAME_SIZE_ERROR));
+                }
+                if depends_on(p) == Some(stream) {
+                    return Err(ConnError(code::PROTOCOL_ERROR));
                 }
                 Frame::Priority { stream }
             }
@@ -404,6 +412,12 @@ pub fn push_data(out: &mut Vec<u8>, stream: u32, data: &[u8], end_stream: bool) 
     out.extend_from_slice(data);
 }
 
+/// The stream a priority block (`E | dependency(31) | weight`) depends on.
+fn depends_on(p: &[u8]) -> Option<u32> {
+    let b: [u8; 4] = p.get(..4)?.try_into().ok()?;
+    Some(u32::from_be_bytes(b) & 0x7fff_ffff)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,6 +485,31 @@ mod tests {
         push_ping_ack(&mut bad, b"abcdefgh");
         let mut r = Reader::new(DEFAULT_MAX_FRAME, 1 << 16);
         assert_eq!(read_all(&mut r, &bad), Err(ConnError(code::PROTOCOL_ERROR)));
+    }
+
+    #[test]
+    fn a_stream_that_depends_on_itself_ends_the_connection() {
+        // PRIORITY on stream 3 depending on 3.
+        let mut p = Vec::new();
+        push_header(&mut p, 5, kind::PRIORITY, 0, 3);
+        p.extend_from_slice(&[0, 0, 0, 3, 16]);
+        assert_eq!(
+            Reader::new(DEFAULT_MAX_FRAME, 1 << 16).next(&p),
+            Err(ConnError(code::PROTOCOL_ERROR))
+        );
+        // HEADERS with PRIORITY on stream 5 depending on 5 (exclusive bit set).
+        let mut h = Vec::new();
+        push_header(&mut h, 5 + 1, kind::HEADERS, 0x20 | 0x4, 5);
+        h.extend_from_slice(&[0x80, 0, 0, 5, 16, 0x82]);
+        assert_eq!(
+            Reader::new(DEFAULT_MAX_FRAME, 1 << 16).next(&h),
+            Err(ConnError(code::PROTOCOL_ERROR))
+        );
+        // On another stream, both are fine.
+        let mut ok = Vec::new();
+        push_header(&mut ok, 5, kind::PRIORITY, 0, 3);
+        ok.extend_from_slice(&[0, 0, 0, 1, 16]);
+        assert!(Reader::new(DEFAULT_MAX_FRAME, 1 << 16).next(&ok).is_ok());
     }
 
     #[test]
