@@ -1,5 +1,6 @@
-//! SCGI and uwsgi on the wire (`ngx_http_scgi_module`, `ngx_http_uwsgi_module`): the request
-//! head that carries the params, and the answer's head.
+//! SCGI, uwsgi and memcached on the wire (`ngx_http_scgi_module`, `ngx_http_uwsgi_module`,
+//! `ngx_http_memcached_module`): the request head (the params; memcached's `get KEY`), and
+//! the answer's head.
 //!
 //! Both send the params (the same as FastCGI's, [`crate::fastcgi::each_param`]) in one block
 //! before the request body, which follows as it is; both answer with a CGI-style head

@@ -101,6 +101,11 @@ fn a_client_that_leaves_ends_the_upstream_request_unless_ignored() {
         ),
         "{log}"
     );
+    // With the upstream it was talking to, as nginx's line.
+    assert!(
+        log.contains(&format!("upstream: \"http://127.0.0.1:{}/off/a\"", up.port)),
+        "{log}"
+    );
     *up.go.lock().unwrap() = true;
     wait_for(Duration::from_secs(5), "the upstream's check", || {
         (up.closed_early.lock().unwrap().len() == 1).then_some(())

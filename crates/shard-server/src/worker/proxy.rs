@@ -1178,11 +1178,11 @@ impl<'a> Worker<'a> {
         if self.proxy_location(p).proxy.ignore_client_abort {
             return false;
         }
-        crate::log!(
-            Info,
-            "epoll_wait() reported that client prematurely closed connection, so upstream connection is closed too while {what}{}",
-            self.log_context(key, Some(&p.req))
+        // nginx's words, with the upstream when a connection to one was made.
+        let msg = format!(
+            "epoll_wait() reported that client prematurely closed connection, so upstream connection is closed too while {what}"
         );
+        self.log_proxy_current_at(shard_config::LogLevel::Info, key, p, &msg);
         self.log_proxy_access(key, p, 499, 0);
         true
     }
@@ -3745,6 +3745,18 @@ impl<'a> Worker<'a> {
     /// An error-log line in nginx's shape: `MSG, client: A, server: NAME, request: "LINE",
     /// upstream: "http://PEER/URI", host: "HOST"` (`https://` for a TLS upstream).
     fn log_proxy_error(&self, key: usize, p: &Proxy, msg: &str, addr: Option<&str>) {
+        self.log_proxy_at(shard_config::LogLevel::Error, key, p, msg, addr);
+    }
+
+    /// [`Worker::log_proxy_error`] at `level`.
+    fn log_proxy_at(
+        &self,
+        level: shard_config::LogLevel,
+        key: usize,
+        p: &Proxy,
+        msg: &str,
+        addr: Option<&str>,
+    ) {
         let c = &self.conns[key];
         let srv = &self.http().servers[p.server];
         let server_name = shard_http::route::server_name(srv);
@@ -3776,8 +3788,8 @@ impl<'a> Worker<'a> {
             .req
             .host_as_sent()
             .map_or(String::new(), |h| format!(", host: \"{h}\""));
-        crate::log!(
-            Error,
+        crate::log_at!(
+            level,
             "{msg}, client: {}, server: {server_name}, request: \"{}\"{upstream}{host}",
             c.peer.map_or("-".to_string(), |a| a.ip().to_string()),
             p.req.request_line,
@@ -3785,11 +3797,22 @@ impl<'a> Worker<'a> {
     }
 
     fn log_proxy_error_current(&self, key: usize, p: &Proxy, msg: &str) {
+        self.log_proxy_current_at(shard_config::LogLevel::Error, key, p, msg);
+    }
+
+    /// A proxy log line naming the upstream connection in use, if any, at `level`.
+    fn log_proxy_current_at(
+        &self,
+        level: shard_config::LogLevel,
+        key: usize,
+        p: &Proxy,
+        msg: &str,
+    ) {
         let addr = p.up.and_then(|u| {
             let uc = self.upconns.get(u)?;
             Some(self.ups(uc.upstream).peers[uc.peer].name.clone())
         });
-        self.log_proxy_error(key, p, msg, addr.as_deref());
+        self.log_proxy_at(level, key, p, msg, addr.as_deref());
     }
 
     /// An event on an upstream connection.
