@@ -423,6 +423,10 @@ pub struct ListenOpts {
     pub unix: Option<PathBuf>,
     /// `udp` (stream): a datagram socket; each client address is a session.
     pub udp: bool,
+    /// `quic` (http): a datagram socket carrying QUIC and HTTP/3 (`udp` is set too, so the
+    /// socket is made as a datagram one; a `quic` address is another listener than the TCP
+    /// one of the same address and port).
+    pub quic: bool,
 }
 
 /// The address a `listen unix:PATH` is known by where addresses are compared (merging,
@@ -477,6 +481,7 @@ impl Default for ListenOpts {
             shards: None,
             unix: None,
             udp: false,
+            quic: false,
         }
     }
 }
@@ -1662,6 +1667,8 @@ pub enum Var {
     ServerProtocol,
     /// `$http2`: `h2`, `h2c` or empty.
     Http2,
+    /// `$http3`: `h3` (or `hq`) on an HTTP/3 stream, else empty.
+    Http3,
     /// `$scheme`: `https` on a TLS connection, else `http`.
     Scheme,
     /// `$https`: `on` on a TLS connection, else empty.
@@ -2571,6 +2578,8 @@ pub struct ServerConf {
     pub merge_slashes: bool,
     /// `http2` and its settings of this server.
     pub http2: Http2Conf,
+    /// `http3` and the `http3_*`/`quic_*` settings (for the server's `quic` addresses).
+    pub http3: Http3Conf,
     /// `ignore_invalid_headers`: header lines with an invalid name are dropped (neither
     /// interpreted nor proxied). Default on.
     pub ignore_invalid_headers: bool,
@@ -3126,6 +3135,36 @@ pub struct Http2Conf {
     /// requests, so that their clients reconnect and steering deals them to cooler workers.
     /// Default off.
     pub rebalance: bool,
+}
+
+/// `http3`, `http3_*` and `quic_*` settings of a server (nginx's `ngx_http_v3_module`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Http3Conf {
+    /// `http3 on|off`: HTTP/3 on a `quic` address. Default on.
+    pub on: bool,
+    /// `http3_max_concurrent_streams`: request streams a connection may have open at once.
+    /// Default 128.
+    pub max_concurrent_streams: u32,
+    /// `http3_stream_buffer_size`: a stream's receive window (what a client may send
+    /// before it is read). Default 64k.
+    pub stream_buffer_size: usize,
+    /// `quic_retry on|off`: a Retry packet validates a new client's address first.
+    pub retry: bool,
+    /// `quic_host_key FILE`: the key stateless reset tokens and Retry tokens are made with,
+    /// so that they outlive a restart.
+    pub host_key: Option<PathBuf>,
+}
+
+impl Default for Http3Conf {
+    fn default() -> Self {
+        Http3Conf {
+            on: true,
+            max_concurrent_streams: 128,
+            stream_buffer_size: 64 * 1024,
+            retry: false,
+            host_key: None,
+        }
+    }
 }
 
 impl Default for Http2Conf {

@@ -675,6 +675,7 @@ fn listen_options() {
             shards: Some(Shards::Count(2)),
             unix: None,
             udp: false,
+            quic: false,
         }
     );
     assert!(!c.listeners[1].opts.ipv6only);

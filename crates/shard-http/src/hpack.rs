@@ -254,7 +254,7 @@ pub fn huffman_decode(src: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
 }
 
 /// Reads an integer with an `prefix`-bit prefix at `src[*pos]` (RFC 7541, 5.1).
-fn integer(src: &[u8], pos: &mut usize, prefix: u32) -> Result<usize, Error> {
+pub(crate) fn integer(src: &[u8], pos: &mut usize, prefix: u32) -> Result<usize, Error> {
     let max = (1usize << prefix) - 1;
     let first = *src.get(*pos).ok_or(Error::Truncated)? as usize & max;
     *pos += 1;
@@ -278,7 +278,7 @@ fn integer(src: &[u8], pos: &mut usize, prefix: u32) -> Result<usize, Error> {
 }
 
 /// Appends an integer with an `prefix`-bit prefix whose other bits are `flags`.
-fn push_integer(out: &mut Vec<u8>, flags: u8, prefix: u32, mut v: usize) {
+pub(crate) fn push_integer(out: &mut Vec<u8>, flags: u8, prefix: u32, mut v: usize) {
     let max = (1usize << prefix) - 1;
     if v < max {
         out.push(flags | v as u8);

@@ -16,6 +16,7 @@ pub mod fastcgi;
 pub mod gateway;
 pub mod gzip;
 pub mod h2frame;
+pub mod h3;
 pub mod hpack;
 pub mod proxy;
 pub mod proxy_protocol;

@@ -1158,6 +1158,7 @@ mod tests {
         tls: None,
         proxy_protocol: None,
         http2: "",
+        http3: "",
         upstream: &[],
         request_body: &[],
         request_body_file: None,

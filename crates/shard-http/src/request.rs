@@ -234,6 +234,9 @@ pub struct Request {
     /// The request came on an HTTP/2 stream (`$server_protocol` is `HTTP/2.0`); its head
     /// was given as HTTP/1.1.
     pub http2: bool,
+    /// The request came on an HTTP/3 stream (`HTTP/3.0`; `http2` is set too, since every
+    /// HTTP/2 rule about a request given as HTTP/1.1 holds for it).
+    pub http3: bool,
     /// From an absolute-form target, else the `Host` header: lowercase, port and trailing dot
     /// removed.
     pub host: Option<String>,
@@ -322,6 +325,7 @@ impl Request {
             query: None,
             minor_version: 0,
             http2: false,
+            http3: false,
             host: None,
             host_header: false,
             host_raw: None,
@@ -1082,6 +1086,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         query: raw_query.map(owned),
         minor_version: rl.minor,
         http2: false,
+        http3: false,
         host,
         host_header: host_sent.is_some(),
         host_raw,

@@ -424,6 +424,7 @@ pub(crate) mod tests {
             underscores_in_headers: false,
             merge_slashes: true,
             http2: shard_config::Http2Conf::default(),
+            http3: shard_config::Http3Conf::default(),
             ignore_invalid_headers: true,
             base: loc(LocationKind::Prefix, ""),
             index: shard_config::index::LocationIndex::build(&locations),

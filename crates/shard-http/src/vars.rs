@@ -79,6 +79,8 @@ pub struct Conn<'a> {
     pub tls: Option<Tls<'a>>,
     /// `$http2`: `h2` (TLS), `h2c` (plain) on an HTTP/2 stream, else empty.
     pub http2: &'a str,
+    /// `$http3`: `h3` on an HTTP/3 stream, else empty.
+    pub http3: &'a str,
     /// The PROXY protocol header the connection began with (`listen ... proxy_protocol`).
     pub proxy_protocol: Option<&'a crate::proxy_protocol::Header>,
     /// The peers an upstream request of this request tried before it went on to an
@@ -429,12 +431,14 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         Var::ServerPort if shard_config::is_unix_stand_in(&c.server_addr) => {}
         Var::ServerPort => push_u64(out, u64::from(c.server_addr.port())),
         Var::ServerName => out.extend_from_slice(c.server_name.as_bytes()),
+        Var::ServerProtocol if req.http3 => out.extend_from_slice(b"HTTP/3.0"),
         Var::ServerProtocol if req.http2 => out.extend_from_slice(b"HTTP/2.0"),
         Var::ServerProtocol => {
             out.extend_from_slice(b"HTTP/1.");
             push_u64(out, u64::from(req.minor_version));
         }
         Var::Http2 => out.extend_from_slice(c.conn.http2.as_bytes()),
+        Var::Http3 => out.extend_from_slice(c.conn.http3.as_bytes()),
         Var::Scheme => out.extend_from_slice(if c.conn.tls.is_some() {
             b"https"
         } else {

@@ -395,7 +395,7 @@ fn adopt(fd: RawFd) -> bool {
 /// The `SHARD_INHERIT` value describing `listeners`.
 pub fn inherit_env_value(listeners: &[OpenListener]) -> String {
     let mut s = String::new();
-    for l in listeners {
+    for l in listeners.iter().filter(|l| !l.opts.udp) {
         for (k, fd) in l.fds.iter().enumerate() {
             s.push_str(&format!("{fd}:{k}:{};", l.addr));
         }
@@ -412,8 +412,14 @@ pub fn open(
     tcp_nodelay: bool,
     inherited: &mut Inherited,
 ) -> io::Result<OpenListener> {
-    let systemd = inherited.systemd.contains(&l.addr);
-    let fds = inherited.take(&l.addr);
+    // Inherited sockets are TCP ones (`Inherited::from_env`): a datagram address of the
+    // same address and port binds its own.
+    let systemd = !l.opts.udp && inherited.systemd.contains(&l.addr);
+    let fds = if l.opts.udp {
+        Vec::new()
+    } else {
+        inherited.take(&l.addr)
+    };
     let group = fds.first().is_some_and(|&fd| {
         shard_event::sock::get_opt(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT).is_ok_and(|v| v == 1)
     });
@@ -577,7 +583,9 @@ pub fn reconcile(
 /// `weights` (false where the kernel refused it, and for a listener without `reuseport`, which
 /// has no program).
 pub fn steer(l: &mut OpenListener, weights: &[u32], deal: bool) -> bool {
-    if !l.reuseport {
+    // Datagram groups keep the kernel's hash of the client's address: a program choosing
+    // per packet would scatter a UDP session's (or a QUIC connection's) datagrams.
+    if !l.reuseport || l.opts.udp {
         return false;
     }
     let weights_used = if l.per_worker { weights } else { &[] };

@@ -999,7 +999,11 @@ impl Master {
         // New addresses first: a bind that fails leaves the running set untouched.
         let mut fresh: HashMap<usize, OpenListener> = HashMap::new();
         for (i, l) in cfg.listeners.iter().enumerate() {
-            if self.listeners.iter().any(|o| o.addr == l.addr) {
+            if self
+                .listeners
+                .iter()
+                .any(|o| o.addr == l.addr && o.opts.udp == l.opts.udp)
+            {
                 continue;
             }
             match listen::open(i, l, n_workers, nodelay, &mut Inherited::default()) {
@@ -1071,7 +1075,10 @@ impl Master {
             }
             let prev = old
                 .iter_mut()
-                .find(|o| o.as_ref().is_some_and(|o| o.addr == l.addr))
+                .find(|o| {
+                    o.as_ref()
+                        .is_some_and(|o| o.addr == l.addr && o.opts.udp == l.opts.udp)
+                })
                 .and_then(Option::take)
                 .expect("matched above");
             // While a new binary runs, its master steers the groups (a reload here must not

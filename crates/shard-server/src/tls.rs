@@ -1235,8 +1235,10 @@ fn listener_config(
         && !dynamic[l.default_server]
     {
         return Err(format!(
-            "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive in {}:{}",
-            l.place.file, l.place.line
+            "no \"ssl_certificate\" is defined for the \"listen ... {}\" directive in {}:{}",
+            if l.opts.quic { "quic" } else { "ssl" },
+            l.place.file,
+            l.place.line
         ));
     }
     // A server with no certificate of its own handshakes in the default server's context,

@@ -24,6 +24,7 @@ mod ctx;
 mod dav;
 mod files;
 mod h2;
+mod h3;
 mod proxy;
 mod relay;
 mod resolver;
@@ -112,6 +113,9 @@ struct WListener {
     adopted_from: Option<usize>,
     /// Polled now. Own sockets always are; an adopted shard while its worker is away.
     enabled: bool,
+    /// A `quic` socket (`h3.rs`): polled for as long as the worker has QUIC connections,
+    /// never paused, never adopted by a sibling (its datagrams belong to connections).
+    quic: bool,
 }
 
 /// A path `open_log_file_cache` counts: its lines within `inactive`, and its descriptor once
@@ -204,6 +208,12 @@ pub(crate) struct Worker<'a> {
     udp_by_client: udp::UdpIndex,
     udp_timers: BinaryHeap<Reverse<(u64, usize, u64)>>,
     udp_buf: Vec<u8>,
+    /// HTTP/3 (`h3.rs`): the QUIC endpoint of each `quic` socket (by listener index), the
+    /// QUIC connections, their timers (re-armed lazily as `timers`), one datagram buffer.
+    quic: Vec<Option<h3::Endpoint>>,
+    h3: Slab<h3::H3Conn>,
+    h3_timers: BinaryHeap<Reverse<(u64, usize, u64)>>,
+    h3_buf: Vec<u8>,
     /// Per upstream, per peer: failures and round-robin weights (this worker's view).
     peer_state: Vec<Vec<PeerState>>,
     /// Upstream connections of the HTTP proxy (`proxy.rs`), busy or pooled.
@@ -386,6 +396,31 @@ impl<'a> Worker<'a> {
         let mut listeners = Vec::new();
         let mut locks: Vec<(usize, bool)> = Vec::new();
         for l in a.listeners {
+            if l.opts.quic {
+                // Every datagram of a QUIC connection must reach the worker that holds it:
+                // with `reuseport` each worker reads its own socket (the kernel's hash of
+                // the client's address places datagrams); a shared socket is read by
+                // worker 0 alone.
+                let own = if l.reuseport {
+                    Some(l.fd_for_worker(a.idx))
+                } else {
+                    (a.idx == 0).then(|| l.fds[0])
+                };
+                if let Some(fd) = own {
+                    listeners.push(WListener {
+                        fd,
+                        conf_idx: l.conf_idx,
+                        mode: AcceptMode::Shard,
+                        lock: 0,
+                        registered: false,
+                        accepts: 0,
+                        adopted_from: None,
+                        enabled: true,
+                        quic: true,
+                    });
+                }
+                continue;
+            }
             let mode = if l.owned_by_one() {
                 AcceptMode::Shard
             } else if use_mutex {
@@ -407,6 +442,7 @@ impl<'a> Worker<'a> {
                 accepts: 0,
                 adopted_from: None,
                 enabled: true,
+                quic: false,
             });
             // The siblings' shards, for when their worker is not serving them.
             if mode == AcceptMode::Shard {
@@ -420,6 +456,7 @@ impl<'a> Worker<'a> {
                         accepts: 0,
                         adopted_from: Some(j),
                         enabled: false,
+                        quic: false,
                     });
                 }
             }
@@ -434,6 +471,7 @@ impl<'a> Worker<'a> {
                     accepts: 0,
                     adopted_from: None,
                     enabled: true,
+                    quic: false,
                 });
             }
         }
@@ -511,6 +549,10 @@ impl<'a> Worker<'a> {
             udp_by_client: HashMap::new(),
             udp_timers: BinaryHeap::new(),
             udp_buf: Vec::new(),
+            quic: Vec::new(),
+            h3: Slab::new(),
+            h3_timers: BinaryHeap::new(),
+            h3_buf: Vec::new(),
             peer_state: a.cfg.stream.as_ref().map_or(Vec::new(), |s| {
                 s.upstreams
                     .iter()
@@ -583,6 +625,7 @@ impl<'a> Worker<'a> {
         };
         w.update_time();
         w.install_log_contexts();
+        w.quic_setup();
         for i in 0..w.listeners.len() {
             if w.listeners[i].mode != AcceptMode::Mutex && w.listeners[i].enabled {
                 w.register_listener(i)?;
@@ -600,7 +643,7 @@ impl<'a> Worker<'a> {
     fn run_loop(&mut self) {
         let mut events = Events::with_capacity(EVENTS_MAX);
         loop {
-            if self.shutting_down && self.relays.is_empty() {
+            if self.shutting_down && self.relays.is_empty() && self.h3.is_empty() {
                 // Subrequests nobody reads (`mirror`, `post_action`) do not hold a stopping
                 // worker once nothing else is left, as nginx's do not: they may even wait on
                 // this worker's own listeners, which accept no more.
@@ -644,6 +687,9 @@ impl<'a> Worker<'a> {
             if let Some(deadline) = self.next_udp_deadline() {
                 timeout = timeout.min(deadline.saturating_sub(self.cx.now_ms));
             }
+            if let Some(deadline) = self.next_h3_deadline() {
+                timeout = timeout.min(deadline.saturating_sub(self.cx.now_ms));
+            }
             if self.log_flush_at != 0 {
                 timeout = timeout.min(self.log_flush_at.saturating_sub(self.cx.now_ms));
             }
@@ -664,6 +710,7 @@ impl<'a> Worker<'a> {
                         self.conns.len() + self.relays.len()
                     );
                     let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+                    self.h3_close_all();
                     for k in keys {
                         self.close(k);
                     }
@@ -733,6 +780,7 @@ impl<'a> Worker<'a> {
             self.expire_timers();
             self.expire_relay_timers();
             self.expire_udp_timers();
+            self.expire_h3_timers();
             self.flush_due_access_logs();
             if self.cx.now_ms.saturating_sub(self.last_heartbeat_ms) >= HEARTBEAT_MS {
                 self.last_heartbeat_ms = self.cx.now_ms;
@@ -830,6 +878,7 @@ impl<'a> Worker<'a> {
                 libc::SIGQUIT => self.begin_graceful_stop(),
                 libc::SIGTERM | libc::SIGINT => {
                     crate::log!(Notice, "worker {} exiting (fast stop)", self.idx);
+                    self.h3_close_all();
                     self.flush_access_logs();
                     std::process::exit(0);
                 }
@@ -861,8 +910,13 @@ impl<'a> Worker<'a> {
             .worker_shutdown_timeout_ms
             .map(|t| self.cx.now_ms + t);
         for i in 0..self.listeners.len() {
-            self.unregister_listener(i);
+            // A `quic` socket is read until the worker's QUIC connections are gone (new
+            // connections on it are left to the next generation).
+            if !self.listeners[i].quic {
+                self.unregister_listener(i);
+            }
         }
+        self.h3_go_away_all();
         // Said once this worker accepts no more: a reader of the line may count on it.
         crate::log!(Notice, "worker {} gracefully shutting down", self.idx);
         self.release_accept_locks();

@@ -223,6 +223,11 @@ pub(super) struct Settings {
     pub(super) http2_chunk_size: Option<usize>,
     pub(super) http2_body_preread_size: Option<usize>,
     pub(super) http2_rebalance: Option<bool>,
+    pub(super) http3: Option<bool>,
+    pub(super) http3_max_concurrent_streams: Option<u32>,
+    pub(super) http3_stream_buffer_size: Option<usize>,
+    pub(super) quic_retry: Option<bool>,
+    pub(super) quic_host_key: Option<PathBuf>,
     pub(super) ignore_invalid_headers: Option<bool>,
     pub(super) gzip: GzipP,
     pub(super) proxy: ProxyP,
@@ -687,6 +692,7 @@ pub(super) struct Eff {
     pub(super) merge_slashes: bool,
     pub(super) ignore_invalid_headers: bool,
     pub(super) http2: crate::model::Http2Conf,
+    pub(super) http3: crate::model::Http3Conf,
     pub(super) gzip: GzipConf,
     /// `set_headers` without nginx's defaults (see [`with_default_headers`]).
     pub(super) proxy: ProxyConf,
@@ -805,6 +811,7 @@ impl Eff {
             underscores_in_headers: false,
             merge_slashes: true,
             http2: crate::model::Http2Conf::default(),
+            http3: crate::model::Http3Conf::default(),
             ignore_invalid_headers: true,
             gzip: GzipConf::default(),
             proxy: ProxyConf::default(),
@@ -965,6 +972,20 @@ impl Eff {
                     .http2_body_preread_size
                     .unwrap_or(self.http2.body_preread_size),
                 rebalance: s.http2_rebalance.unwrap_or(self.http2.rebalance),
+            },
+            http3: crate::model::Http3Conf {
+                on: s.http3.unwrap_or(self.http3.on),
+                max_concurrent_streams: s
+                    .http3_max_concurrent_streams
+                    .unwrap_or(self.http3.max_concurrent_streams),
+                stream_buffer_size: s
+                    .http3_stream_buffer_size
+                    .unwrap_or(self.http3.stream_buffer_size),
+                retry: s.quic_retry.unwrap_or(self.http3.retry),
+                host_key: s
+                    .quic_host_key
+                    .clone()
+                    .or_else(|| self.http3.host_key.clone()),
             },
             ignore_invalid_headers: s
                 .ignore_invalid_headers
@@ -1539,6 +1560,7 @@ pub(super) fn finish_server(
         underscores_in_headers: eff.underscores_in_headers,
         merge_slashes: eff.merge_slashes,
         http2: eff.http2,
+        http3: eff.http3.clone(),
         ignore_invalid_headers: eff.ignore_invalid_headers,
         base,
         index: crate::index::LocationIndex::build(&locations),
@@ -1773,9 +1795,32 @@ impl ServerCx<'_> {
 
 pub(super) fn server_listen(_: &Env, cx: &mut ServerCx<'_>, d: &Directive, file: &str) -> R {
     let spec = parse_listen(d, file)?;
-    if spec.opts.udp {
+    if spec.opts.udp && !spec.opts.quic {
         // nginx's http `listen` has no `udp` (HTTP/3 says `quic`).
         return Err(derr(d, file, "invalid parameter \"udp\""));
+    }
+    if spec.opts.quic {
+        // As nginx's `ngx_http_core_listen`.
+        for (on, name) in [
+            (spec.ssl, "ssl"),
+            (spec.http2, "http2"),
+            (spec.proxy_protocol, "proxy_protocol"),
+        ] {
+            if on {
+                return Err(derr(
+                    d,
+                    file,
+                    format!("\"{name}\" parameter is incompatible with \"quic\""),
+                ));
+            }
+        }
+        if spec.opts.shards.is_some() {
+            return Err(derr(
+                d,
+                file,
+                "the \"shards\" parameter is not supported with \"quic\" (each worker needs its own socket)",
+            ));
+        }
     }
     // A port range is a `listen` per port, as nginx expands it.
     for addr in spec.addrs() {
@@ -2435,6 +2480,43 @@ slot!(set_merge_slashes, merge_slashes, flag);
 slot!(set_http2, http2, flag);
 
 slot!(set_http2_rebalance, http2_rebalance, flag);
+
+slot!(set_http3, http3, flag);
+
+slot!(set_quic_retry, quic_retry, flag);
+
+/// `http3_max_concurrent_streams N`.
+pub(super) fn set_http3_number(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let v = num::<u32>(d, file, a0(d))?;
+    once(&mut s.http3_max_concurrent_streams, v, d, file)
+}
+
+/// `http3_stream_buffer_size SIZE`.
+pub(super) fn set_http3_stream_buffer_size(
+    _: &Env,
+    s: &mut Settings,
+    d: &Directive,
+    file: &str,
+) -> R {
+    let v = size(d, file, a0(d))?;
+    if v == 0 || v > 1 << 30 {
+        return Err(invalid(d, file, a0(d)));
+    }
+    once(&mut s.http3_stream_buffer_size, v as usize, d, file)
+}
+
+/// `quic_host_key FILE`: read at start, so a missing file fails `shard -t`.
+pub(super) fn set_quic_host_key(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let path = env.resolve_conf(a0(d));
+    if let Err(e) = std::fs::metadata(&path) {
+        return Err(derr(
+            d,
+            file,
+            format!("failed to read QUIC host key \"{}\" ({e})", path.display()),
+        ));
+    }
+    once(&mut s.quic_host_key, path, d, file)
+}
 
 /// `http2_max_concurrent_streams N` (1 or more).
 pub(super) fn set_http2_max_concurrent_streams(
@@ -4597,6 +4679,7 @@ fn variable_with(name: &str, user: impl FnOnce(&str) -> Var) -> Var {
         "server_name" => Var::ServerName,
         "server_protocol" => Var::ServerProtocol,
         "http2" => Var::Http2,
+        "http3" => Var::Http3,
         "scheme" => Var::Scheme,
         "https" => Var::Https,
         "ssl_early_data" => Var::SslEarlyData,

@@ -119,6 +119,9 @@ pub(super) fn stream_server(env: &Env, sp: &mut StreamP, d: &Directive, file: &s
 
 pub(super) fn stream_server_listen(cx: &mut StreamServerCx<'_>, d: &Directive, file: &str) -> R {
     let spec = parse_listen(d, file)?;
+    if spec.opts.quic {
+        return Err(derr(d, file, "invalid parameter \"quic\""));
+    }
     if spec.default_server {
         return Err(derr(d, file, "invalid parameter \"default_server\""));
     }

@@ -287,6 +287,44 @@ static BASE: &[Spec] = &[
         1,
         Set::Settings(set_http2_size),
     ),
+    // HTTP/3 (`listen ... quic`), as nginx's `ngx_http_v3_module`.
+    d("http3", H | S, 1, 1, Set::Settings(set_http3)),
+    // HTTP/0.9 over QUIC (`hq-interop`, for interoperability runners): not offered.
+    d("http3_hq", H | S, 1, 1, Set::NoEffect(check_flag)),
+    d(
+        "http3_max_concurrent_streams",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_http3_number),
+    ),
+    d(
+        "http3_stream_buffer_size",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_http3_stream_buffer_size),
+    ),
+    d("quic_retry", H | S, 1, 1, Set::Settings(set_quic_retry)),
+    // Datagrams are sent one by one (no UDP_SEGMENT yet).
+    d("quic_gso", H | S, 1, 1, Set::NoEffect(check_flag)),
+    d(
+        "quic_host_key",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_quic_host_key),
+    ),
+    // quinn issues its own number of connection IDs (up to the client's limit).
+    d(
+        "quic_active_connection_id_limit",
+        H | S,
+        1,
+        1,
+        Set::NoEffect(check_number),
+    ),
+    // Steering by connection ID is shard's own plane: the switch is taken and checked.
+    d("quic_bpf", M, 1, 1, Set::NoEffect(check_flag)),
     // shard's own (see `Http2Conf::rebalance`).
     d(
         "http2_rebalance",

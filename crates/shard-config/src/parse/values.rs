@@ -361,6 +361,10 @@ pub(super) fn parse_listen(d: &Directive, file: &str) -> Result<ListenSpec, Conf
             }
             ("reuseport", None) => o.reuseport = true,
             ("udp", None) => o.udp = true,
+            ("quic", None) => {
+                o.udp = true;
+                o.quic = true;
+            }
             ("deferred", None) => o.deferred = true,
             ("shards", Some("auto")) => o.shards = Some(Shards::Auto),
             ("shards", Some(v)) => {
@@ -442,9 +446,14 @@ pub(super) fn add_listen(
     at: Place,
 ) -> Result<(), ConfigError> {
     let here = |msg: String| ConfigError::new(format!("{msg} in {}", where_(&at.file, at.line)));
-    let Some(l) = listeners.iter_mut().find(|l| l.addr == spec.addr) else {
+    // A `quic` address is a datagram socket beside the TCP one of the same address and port.
+    let Some(l) = listeners
+        .iter_mut()
+        .find(|l| l.addr == spec.addr && l.opts.quic == spec.opts.quic)
+    else {
         let mut opts = spec.opts.clone();
-        opts.ssl = spec.ssl;
+        // QUIC is always TLS: its servers' certificates are loaded for it as for `ssl`.
+        opts.ssl = spec.ssl || spec.opts.quic;
         opts.proxy_protocol = spec.proxy_protocol;
         opts.http2 = spec.http2;
         listeners.push(ListenerP {

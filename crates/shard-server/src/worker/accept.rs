@@ -188,7 +188,11 @@ impl Worker<'_> {
         let delay = self.cx.cfg.events.accept_mutex_delay_ms.max(1);
         self.accept_paused_until = Some(self.cx.now_ms + delay);
         for i in 0..self.listeners.len() {
-            self.unregister_listener(i);
+            // QUIC connections in progress read their datagrams there (new ones are
+            // refused at the cap by `h3.rs`).
+            if !self.listeners[i].quic {
+                self.unregister_listener(i);
+            }
         }
         if self.accept_mutex {
             self.release_accept_locks();
@@ -216,6 +220,11 @@ impl Worker<'_> {
         let fd = self.listeners[li].fd;
         let cfg = self.cx.cfg;
         let conf_l = &cfg.listeners[self.listeners[li].conf_idx];
+        if conf_l.opts.quic {
+            // QUIC datagrams (`h3.rs`).
+            self.quic_readable(li);
+            return;
+        }
         if conf_l.opts.udp {
             // Datagrams, not connections (`udp.rs`).
             self.udp_readable(li);

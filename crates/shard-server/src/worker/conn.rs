@@ -275,12 +275,15 @@ impl Sink {
     fn write(
         &self,
         h2: &mut slab::Slab<super::h2::Session>,
+        h3: &mut slab::Slab<super::h3::H3Conn>,
         subs: &mut slab::Slab<super::ssi::SubOut>,
         tls: &mut Option<Box<super::tls::TlsConn>>,
         b: &[u8],
         cork: bool,
     ) -> std::io::Result<usize> {
-        if self.h2_tag & super::h2::H2_STREAM != 0 {
+        if self.h2_tag & super::h3::H3_STREAM != 0 {
+            Worker::h3_send(h3, self.h2_tag, self.key, b)
+        } else if self.h2_tag & super::h2::H2_STREAM != 0 {
             Worker::h2_send(h2, self.h2_tag, self.key, b, self.chunk)
         } else if self.sub != 0 {
             super::ssi::sub_send(subs, self.sub, b)
@@ -900,6 +903,7 @@ impl Conn {
         key: usize,
         cx: &super::ctx::Ctx<'_>,
         h2: &mut slab::Slab<super::h2::Session>,
+        h3: &mut slab::Slab<super::h3::H3Conn>,
         subs: &mut slab::Slab<super::ssi::SubOut>,
     ) -> Flush {
         let now_ms = cx.now_ms;
@@ -1014,7 +1018,7 @@ impl Conn {
                 let cork = more && end == out.len();
                 let to = Sink::of(c.h2, c.sub, &c.fd, key, r.h2_chunk);
                 let tls = &mut c.tls;
-                let mut sink = |b: &[u8]| to.write(h2, subs, tls, b, cork);
+                let mut sink = |b: &[u8]| to.write(h2, h3, subs, tls, b, cork);
                 let res = match r.ssi.as_deref_mut() {
                     Some(p) => {
                         let res = p.write(&out[c.out_pos..end], &mut sink);
@@ -1069,7 +1073,7 @@ impl Conn {
                     }
                     let to = Sink::of(c.h2, c.sub, &c.fd, key, r.h2_chunk);
                     let tls = &mut c.tls;
-                    let mut sink = |b: &[u8]| to.write(h2, subs, tls, b, false);
+                    let mut sink = |b: &[u8]| to.write(h2, h3, subs, tls, b, false);
                     match p.write(&[], &mut sink) {
                         Ok(_) if !p.busy() => {}
                         Ok(_) => return Flush::Blocked,
@@ -1393,10 +1397,11 @@ impl<'a> Worker<'a> {
             conns,
             cx,
             h2,
+            h3,
             subs,
             ..
         } = self;
-        conns[key].flush(key, cx, h2, subs)
+        conns[key].flush(key, cx, h2, h3, subs)
     }
 
     /// Runs the connection until it must wait for the kernel, is closed, or used up its turn
@@ -2169,8 +2174,10 @@ impl<'a> Worker<'a> {
             // A stream's request, given as HTTP/1.1: `$request` and `$server_protocol` say
             // what the client spoke.
             req.http2 = true;
+            req.http3 = self.conns[key].h2 & super::h3::H3_STREAM != 0;
+            let version = if req.http3 { "HTTP/3.0" } else { "HTTP/2.0" };
             if let Some(line) = req.request_line.strip_suffix("HTTP/1.1") {
-                req.request_line = format!("{line}HTTP/2.0");
+                req.request_line = format!("{line}{version}");
             }
         }
         let Some(http) = cfg.http.as_ref() else {
@@ -3248,7 +3255,7 @@ impl<'a> Worker<'a> {
                 &local
             }
         };
-        let https = self.conns[key].tls.is_some();
+        let https = self.is_tls(key);
         let port = if loc.port_in_redirect {
             self.cx.cfg.listeners[self.conns[key].listener].addr.port()
         } else if https {
@@ -3304,11 +3311,31 @@ impl<'a> Worker<'a> {
             proxy_protocol: c.proxy_protocol.as_deref(),
             // The client certificate as `handle` judged it for the request's server
             // (`ssl_verify_client`); a server that asks for none has none, as in nginx.
-            tls: match self.h2_parent(key).and_then(|p| self.conns.get(p)) {
-                Some(p) => p.tls.as_ref().map(|t| t.vars(c.rd().server)),
-                None => c.tls.as_ref().map(|t| t.vars(c.rd().server)),
+            tls: match (
+                self.h2_parent(key).and_then(|p| self.conns.get(p)),
+                self.h3_tls(key),
+            ) {
+                (Some(p), _) => p.tls.as_ref().map(|t| t.vars(c.rd().server)),
+                // QUIC is TLS 1.3; its cipher and session are quinn's own.
+                (None, Some((server_name, alpn))) => Some(shard_http::vars::Tls {
+                    protocol: "TLSv1.3",
+                    cipher: "",
+                    server_name,
+                    session_reused: false,
+                    alpn,
+                    curve: "",
+                    session_id: "",
+                    ciphers: "",
+                    curves: "",
+                    client: shard_http::vars::ClientCert {
+                        verify: "NONE",
+                        ..Default::default()
+                    },
+                }),
+                (None, None) => c.tls.as_ref().map(|t| t.vars(c.rd().server)),
             },
             http2: self.h2_var(key),
+            http3: if self.h3_tls(key).is_some() { "h3" } else { "" },
             upstream: &c.rd().upstream_tries,
             request_body: &c.rd().request_body,
             request_body_file: None,
@@ -4193,6 +4220,7 @@ mod tests {
             cfg: &'static shard_config::Config,
             slot: &'static crate::shm::WorkerSlot,
             h2: slab::Slab<crate::worker::h2::Session>,
+            h3: slab::Slab<crate::worker::h3::H3Conn>,
             subs: slab::Slab<crate::worker::ssi::SubOut>,
         }
 
@@ -4207,6 +4235,7 @@ mod tests {
                 cfg: Box::leak(Box::new(server("events {}"))),
                 slot: Box::leak(Box::default()),
                 h2: slab::Slab::new(),
+                h3: slab::Slab::new(),
                 subs: slab::Slab::new(),
             }
         }
@@ -4218,7 +4247,8 @@ mod tests {
 
             fn flush(&mut self, now_ms: u64) -> Flush {
                 let cx = self.cx(now_ms);
-                self.conn.flush(0, &cx, &mut self.h2, &mut self.subs)
+                self.conn
+                    .flush(0, &cx, &mut self.h2, &mut self.h3, &mut self.subs)
             }
 
             /// What the peer can read now.

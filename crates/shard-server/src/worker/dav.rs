@@ -349,11 +349,7 @@ impl<'a> Worker<'a> {
                 crate::log!(Error, "client sent no \"Host\" header{ctx}");
                 return answer(400);
             };
-            let scheme = if self.conns[key].tls.is_some()
-                || self
-                    .h2_parent(key)
-                    .is_some_and(|p| self.conns[p].tls.is_some())
-            {
+            let scheme = if self.is_tls(key) {
                 "https://"
             } else {
                 "http://"

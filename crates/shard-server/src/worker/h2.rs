@@ -27,7 +27,8 @@ use super::Worker;
 pub(super) const H2_SESSION: u32 = 1 << 30;
 /// `Conn::h2` of a stream connection.
 pub(super) const H2_STREAM: u32 = 1 << 31;
-const INDEX_MASK: u32 = H2_SESSION - 1;
+/// Bit 29 is `h3::H3_STREAM`: an HTTP/3 stream connection has `H2_STREAM` too.
+const INDEX_MASK: u32 = super::h3::H3_STREAM - 1;
 
 /// Bytes of frames a session holds for its socket before its streams' writes wait, and
 /// before it stops reading (so that a client that does not read its PING and SETTINGS
@@ -259,7 +260,7 @@ pub(super) fn session_of(h2: u32) -> Option<usize> {
 
 /// Hop-by-hop fields, which HTTP/2 forbids in requests (a malformed request) and which a
 /// response's HTTP/1.1 head loses on the way out.
-fn hop_by_hop(name: &[u8]) -> bool {
+pub(super) fn hop_by_hop(name: &[u8]) -> bool {
     [
         &b"connection"[..],
         b"keep-alive",
@@ -275,7 +276,7 @@ fn hop_by_hop(name: &[u8]) -> bool {
 /// request is malformed in a way nginx resets (RFC 9113, 8.1.1: a stream error). Pseudo-
 /// header mistakes (missing, repeated, unknown, out of order, bad values) are nginx's 400:
 /// a head whose request line the HTTP/1.x parser refuses.
-fn request_head(
+pub(super) fn request_head(
     fields: &[(&[u8], &[u8])],
     end_stream: bool,
     chunked: &mut bool,
@@ -1454,6 +1455,10 @@ impl Worker<'_> {
     /// A stream connection closes: its response ends, whole or cut, and its session writes
     /// what that made (unless the session is the one driving it).
     pub(super) fn h2_stream_closed(&mut self, h2: u32, key: usize) {
+        if h2 & super::h3::H3_STREAM != 0 {
+            self.h3_stream_closed(h2, key);
+            return;
+        }
         let Some(idx) = session_of(h2) else {
             return;
         };
@@ -1470,6 +1475,10 @@ impl Worker<'_> {
     /// A stream connection ran outside its session's drive (a timer, its upstream, its
     /// end): its session writes what the stream made.
     pub(super) fn h2_stream_moved(&mut self, h2: u32) {
+        if h2 & super::h3::H3_STREAM != 0 {
+            self.h3_stream_moved(h2);
+            return;
+        }
         let Some(s) = session_of(h2).and_then(|i| self.h2.get(i)) else {
             return;
         };
@@ -1622,7 +1631,7 @@ impl Worker<'_> {
     /// `$http2`: `h2` or `h2c` for a stream connection, empty otherwise.
     pub(super) fn h2_var(&self, key: usize) -> &'static str {
         let c = &self.conns[key];
-        if c.h2 & H2_STREAM == 0 {
+        if c.h2 & H2_STREAM == 0 || c.h2 & super::h3::H3_STREAM != 0 {
             return "";
         }
         match session_of(c.h2).and_then(|i| self.h2.get(i)) {
@@ -1632,10 +1641,23 @@ impl Worker<'_> {
         }
     }
 
+    /// Whether the request on `key` came over TLS: its own connection's, its HTTP/2
+    /// session's, or QUIC's (an HTTP/3 stream).
+    pub(super) fn is_tls(&self, key: usize) -> bool {
+        let Some(c) = self.conns.get(key) else {
+            return false;
+        };
+        c.tls.is_some()
+            || c.h2 & super::h3::H3_STREAM != 0
+            || self
+                .h2_parent(key)
+                .is_some_and(|p| self.conns[p].tls.is_some())
+    }
+
     /// The TLS of the session a stream connection belongs to (for `$ssl_*`, `$https`).
     pub(super) fn h2_parent(&self, key: usize) -> Option<usize> {
         let c = self.conns.get(key)?;
-        if c.h2 & H2_STREAM == 0 {
+        if c.h2 & H2_STREAM == 0 || c.h2 & super::h3::H3_STREAM != 0 {
             return None;
         }
         session_of(c.h2).and_then(|i| self.h2.get(i)).map(|s| s.key)

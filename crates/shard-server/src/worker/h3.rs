@@ -1,0 +1,1469 @@
+//! HTTP/3 over QUIC (`listen ... quic`), on `quinn-proto` (QUIC without I/O) and shard's own
+//! HTTP/3 frames and QPACK (`shard_http::h3`).
+//!
+//! Each `quic` socket the worker reads has an *endpoint* (`Worker::quic`): it cuts datagrams
+//! into connections, answers version negotiation, refuses or retries new clients
+//! (`quic_retry`). Each QUIC connection (`Worker::h3`) is driven from here: datagrams in,
+//! timers, then its events, then its datagrams out, in rounds until nothing moves. Each
+//! request stream is carried as HTTP/2's streams are (`h2.rs`): a *stream connection* in
+//! `Worker::conns` with no socket, whose input is the HTTP/1.1 head its HEADERS say (and its
+//! DATA, framed as the head says) and whose output is parsed back into HEADERS and DATA
+//! frames ([`Worker::h3_send`]). So every phase, the proxy, static files, error pages and the
+//! access log run per stream exactly as for HTTP/1.1 and HTTP/2.
+//!
+//! This module owns the endpoints, the QUIC connections, the control streams both ways and
+//! the translation of request streams; it does not own the phases, the sockets' creation (the
+//! master's `listen.rs`), or closing stream connections (the loop's `close`).
+//!
+//! Bounds: a datagram is at most [`DATAGRAM_MAX`] bytes; a readiness report reads at most
+//! [`READ_BATCH`] datagrams; QUIC connections per worker are at most `worker_connections`
+//! (new ones are refused beyond); a field section at most [`FIELD_SECTION_MAX`]; a request
+//! stream's input waiting for its connection at most [`STREAM_INPUT_MAX`] (then the stream
+//! is not read, and QUIC flow control holds the client); a stream's framed output not yet
+//! taken by QUIC at most one DATA frame of [`DATA_FRAME_MAX`].
+//!
+//! What is not here yet (issue 36): steering by connection ID (the kernel's 4-tuple hash
+//! places datagrams, so a client that changes address mid-connection reaches another worker),
+//! 0-RTT, and a reload or binary upgrade that keeps every QUIC connection (see
+//! docs/directives.md, `listen ... quic`).
+
+use std::cmp::Reverse;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quinn_proto as qp;
+use shard_http::body::ChunkedDecoder;
+use shard_http::h3::{self, code, frame, stream_type};
+
+use super::conn::Conn;
+use super::h2::H2_STREAM;
+use super::Worker;
+
+/// `Conn::h2` of an HTTP/3 stream connection: set with `H2_STREAM` (every rule about a
+/// socketless stream connection holds), the index being into `Worker::h3`.
+pub(super) const H3_STREAM: u32 = 1 << 29;
+const INDEX_MASK: u32 = H3_STREAM - 1;
+
+/// Largest datagram read (the UDP payload limit).
+const DATAGRAM_MAX: usize = 65_535;
+/// Datagrams read from one socket per readiness report.
+const READ_BATCH: usize = 64;
+/// The largest field section a request's HEADERS may decode to (names, values, 32 bytes
+/// each), announced in SETTINGS_MAX_FIELD_SECTION_SIZE.
+const FIELD_SECTION_MAX: usize = 64 * 1024;
+/// A stream's request body bytes waiting in its connection's input before the stream is
+/// no longer read (QUIC's flow control then holds the client).
+const STREAM_INPUT_MAX: usize = 64 * 1024;
+/// The largest DATA frame written at once.
+const DATA_FRAME_MAX: usize = 16 * 1024;
+/// A response head longer than this fails its stream.
+const RESPONSE_HEAD_MAX: usize = 64 * 1024;
+/// The most bytes of a response's trailers sent.
+const TRAILERS_MAX: usize = 64 * 1024;
+/// Unidirectional streams a client may open (control, QPACK encoder and decoder, and a few
+/// it may grease with).
+const UNI_STREAMS_MAX: u32 = 8;
+/// Bytes of a client's control stream or QPACK streams kept undecoded.
+const UNI_INPUT_MAX: usize = 16 * 1024;
+/// Rounds of events and streams one drive of a connection makes before it yields.
+const ROUNDS_MAX: usize = 16;
+
+/// One `quic` socket of this worker and its QUIC endpoint.
+pub(super) struct Endpoint {
+    fd: RawFd,
+    /// Index into `Config::listeners`.
+    conf_idx: usize,
+    ep: qp::Endpoint,
+    retry: bool,
+    /// Connections by quinn's handle: their keys in `Worker::h3`.
+    by_handle: HashMap<qp::ConnectionHandle, usize>,
+}
+
+/// The response side of a stream, parsed from the HTTP/1.1 bytes its connection writes.
+enum Out {
+    Head(Vec<u8>),
+    Length(u64),
+    Chunked(ChunkedDecoder),
+    UntilClose,
+    Done,
+}
+
+/// One request stream.
+struct Stream {
+    /// The stream connection, once its HEADERS came (`None` before, and after it closed
+    /// while its last bytes wait for QUIC).
+    key: Option<usize>,
+    /// Bytes read and not yet cut into frames.
+    input: Vec<u8>,
+    /// What is left of the DATA frame being read.
+    data_left: u64,
+    /// The client's FIN came (and everything before it was read).
+    recv_done: bool,
+    /// The client's HEADERS came.
+    headers_seen: bool,
+    /// The end of the body was given to the stream connection.
+    body_ended: bool,
+    chunked_in: bool,
+    head_only: bool,
+    out: Out,
+    /// Framed output QUIC has not taken yet (at most one frame), then the FIN.
+    pending: Vec<u8>,
+    pending_fin: bool,
+    /// The stream connection's last write was refused: it waits for `Writable`.
+    blocked: bool,
+    /// FIN or RESET sent: nothing more goes out.
+    sent_end: bool,
+}
+
+impl Stream {
+    fn new() -> Stream {
+        Stream {
+            key: None,
+            input: Vec::new(),
+            data_left: 0,
+            recv_done: false,
+            headers_seen: false,
+            body_ended: false,
+            chunked_in: false,
+            head_only: false,
+            out: Out::Head(Vec::new()),
+            pending: Vec::new(),
+            pending_fin: false,
+            blocked: false,
+            sent_end: false,
+        }
+    }
+}
+
+/// A unidirectional stream the client opened.
+struct Uni {
+    /// Its type, once read.
+    kind: Option<u64>,
+    input: Vec<u8>,
+    /// The control stream's SETTINGS came.
+    settings: bool,
+}
+
+/// One QUIC connection carrying HTTP/3.
+pub(super) struct H3Conn {
+    ep: usize,
+    handle: qp::ConnectionHandle,
+    conn: qp::Connection,
+    /// shard's connection number (`$connection`) and id.
+    pub(super) id: u64,
+    number: u64,
+    /// The listener index (`Config::listeners`).
+    listener: usize,
+    peer: SocketAddr,
+    /// Our control stream, and what of its bytes QUIC has not taken.
+    control: Option<qp::StreamId>,
+    control_out: Vec<u8>,
+    streams: HashMap<qp::StreamId, Stream>,
+    by_key: HashMap<usize, qp::StreamId>,
+    uni: HashMap<qp::StreamId, Uni>,
+    /// Stream connections to drive in this round.
+    ready: Vec<usize>,
+    in_drive: bool,
+    /// GOAWAY sent: no new requests; those taken finish, then the connection closes.
+    going_away: bool,
+    /// The next request stream id not yet taken (GOAWAY names it).
+    next_bidi: u64,
+    /// The timer queued for this connection (ms, 0: none).
+    timer_ms: u64,
+    /// The handshake's results, for `$ssl_server_name` and `$ssl_alpn_protocol`.
+    pub(super) server_name: String,
+    pub(super) alpn: String,
+    /// `keepalive_requests` of the default server: requests taken before GOAWAY.
+    taken: u64,
+    keepalive_requests: u64,
+}
+
+fn tag(idx: usize) -> u32 {
+    H2_STREAM | H3_STREAM | (idx as u32 + 1)
+}
+
+/// The connection index in a stream connection's `Conn::h2`.
+pub(super) fn conn_of(h2: u32) -> Option<usize> {
+    let i = h2 & INDEX_MASK;
+    (h2 & H3_STREAM != 0 && i != 0).then(|| (i - 1) as usize)
+}
+
+fn varint(v: u64) -> qp::VarInt {
+    qp::VarInt::from_u64(v.min(h3::VARINT_MAX)).unwrap_or(qp::VarInt::MAX)
+}
+
+/// The QUIC configuration of a `quic` listener: its TLS context (the address's servers'
+/// certificates, chosen by SNI) with ALPN `h3`, and the transport settings of its default
+/// server.
+pub(super) fn server_config(
+    tls: &rustls::ServerConfig,
+    h3c: &shard_config::Http3Conf,
+    idle_ms: u64,
+) -> Result<qp::ServerConfig, String> {
+    let mut t = tls.clone();
+    t.alpn_protocols = vec![b"h3".to_vec()];
+    // quinn takes 0 or all (no 0-RTT yet: 0).
+    t.max_early_data_size = 0;
+    let crypto = qp::crypto::rustls::QuicServerConfig::try_from(t)
+        .map_err(|e| format!("QUIC needs TLSv1.3 with TLS_AES_128_GCM_SHA256 ({e})"))?;
+    let mut transport = qp::TransportConfig::default();
+    transport
+        .max_concurrent_bidi_streams(varint(u64::from(h3c.max_concurrent_streams)))
+        .max_concurrent_uni_streams(varint(u64::from(UNI_STREAMS_MAX)))
+        .stream_receive_window(varint(h3c.stream_buffer_size as u64))
+        .receive_window(varint(
+            (h3c.stream_buffer_size as u64).saturating_mul(u64::from(h3c.max_concurrent_streams)),
+        ))
+        .max_idle_timeout(
+            qp::IdleTimeout::try_from(Duration::from_millis(idle_ms.clamp(1000, 600_000))).ok(),
+        );
+    let mut sc = match &h3c.host_key {
+        Some(path) => {
+            let key = std::fs::read(path).map_err(|e| {
+                format!("failed to read QUIC host key \"{}\" ({e})", path.display())
+            })?;
+            let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"shard quic token");
+            qp::ServerConfig::new(Arc::new(crypto), Arc::new(salt.extract(&key)))
+        }
+        None => qp::ServerConfig::with_crypto(Arc::new(crypto)),
+    };
+    sc.transport_config(Arc::new(transport))
+        .max_incoming(1024)
+        .incoming_buffer_size(64 * 1024)
+        .incoming_buffer_size_total(4 << 20);
+    Ok(sc)
+}
+
+/// The endpoint configuration: stateless reset tokens from `quic_host_key` when given (so
+/// they outlive a restart), else from a key of this process.
+pub(super) fn endpoint_config(h3c: &shard_config::Http3Conf) -> qp::EndpointConfig {
+    let key = match h3c.host_key.as_ref().and_then(|p| std::fs::read(p).ok()) {
+        Some(k) => ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &k),
+        None => {
+            let mut k = [0u8; 32];
+            for c in k.chunks_mut(8) {
+                c.copy_from_slice(&shard_event::process::random_u64().to_ne_bytes());
+            }
+            ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &k)
+        }
+    };
+    qp::EndpointConfig::new(Arc::new(key))
+}
+
+impl Endpoint {
+    pub(super) fn new(
+        fd: RawFd,
+        conf_idx: usize,
+        sc: qp::ServerConfig,
+        ec: qp::EndpointConfig,
+        retry: bool,
+    ) -> Endpoint {
+        Endpoint {
+            fd,
+            conf_idx,
+            ep: qp::Endpoint::new(Arc::new(ec), Some(Arc::new(sc)), false, None),
+            retry,
+            by_handle: HashMap::new(),
+        }
+    }
+}
+
+/// Sends one datagram; a full socket buffer drops it (QUIC's loss recovery sends again).
+fn send_datagram(fd: RawFd, buf: &[u8], to: &SocketAddr) {
+    if let Err(e) = shard_event::sock::send_to(fd, buf, to) {
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            crate::log!(
+                Info,
+                "sendto() failed ({}) while sending to QUIC client {to}",
+                shard_event::os_error_text(&e)
+            );
+        }
+    }
+}
+
+impl Stream {
+    /// Hands `pending` to QUIC; `Err` when the client stopped the stream.
+    fn flush(&mut self, conn: &mut qp::Connection, id: qp::StreamId) -> Result<(), ()> {
+        let mut s = conn.send_stream(id);
+        while !self.pending.is_empty() {
+            match s.write(&self.pending) {
+                Ok(n) => {
+                    self.pending.drain(..n);
+                }
+                Err(qp::WriteError::Blocked) => return Ok(()),
+                Err(_) => return Err(()),
+            }
+        }
+        if self.pending_fin && !self.sent_end {
+            self.sent_end = true;
+            let _ = s.finish();
+        }
+        Ok(())
+    }
+
+    /// The response head is whole: HEADERS, and the body's framing.
+    fn begin(&mut self, head: &[u8]) -> std::io::Result<()> {
+        use std::io::{Error, ErrorKind};
+        let mut fields = [httparse::EMPTY_HEADER; 128];
+        let mut r = httparse::Response::new(&mut fields);
+        let bad = || Error::new(ErrorKind::InvalidData, "response head");
+        match r.parse(head) {
+            Ok(httparse::Status::Complete(_)) => {}
+            _ => return Err(bad()),
+        }
+        let status = r.code.ok_or_else(bad)?;
+        if (100..200).contains(&status) {
+            self.out = Out::Head(Vec::new());
+            return Ok(());
+        }
+        let e = h3::Encoder;
+        let mut block = Vec::with_capacity(256);
+        e.start(&mut block);
+        e.status(status, &mut block);
+        let mut length: Option<u64> = None;
+        let mut chunked = false;
+        let mut name = Vec::with_capacity(32);
+        for f in r.headers.iter() {
+            let n = f.name.as_bytes();
+            if n.eq_ignore_ascii_case(b"transfer-encoding") {
+                chunked = true;
+            }
+            if super::h2::hop_by_hop(n) {
+                continue;
+            }
+            if n.eq_ignore_ascii_case(b"content-length") {
+                length = std::str::from_utf8(f.value)
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok());
+            }
+            name.clear();
+            name.extend(n.iter().map(u8::to_ascii_lowercase));
+            e.field(&name, f.value, &mut block);
+        }
+        h3::push_frame_head(&mut self.pending, frame::HEADERS, block.len());
+        self.pending.extend_from_slice(&block);
+        let no_body = self.head_only || status == 204 || status == 304;
+        let end_now = no_body || length == Some(0);
+        self.out = if end_now {
+            self.pending_fin = true;
+            Out::Done
+        } else if chunked {
+            let mut dec = ChunkedDecoder::new();
+            dec.keep_trailers(TRAILERS_MAX);
+            Out::Chunked(dec)
+        } else if let Some(n) = length {
+            Out::Length(n)
+        } else {
+            Out::UntilClose
+        };
+        Ok(())
+    }
+
+    /// Takes HTTP/1.1 response bytes: `Ok(n)` taken, `WouldBlock` while QUIC holds the last
+    /// frame.
+    fn send(
+        &mut self,
+        conn: &mut qp::Connection,
+        id: qp::StreamId,
+        buf: &[u8],
+    ) -> std::io::Result<usize> {
+        use std::io::{Error, ErrorKind};
+        let gone = || Error::from(ErrorKind::BrokenPipe);
+        if self.sent_end && !matches!(self.out, Out::Done) {
+            return Err(gone());
+        }
+        self.flush(conn, id).map_err(|()| gone())?;
+        if !self.pending.is_empty() {
+            self.blocked = true;
+            return Err(ErrorKind::WouldBlock.into());
+        }
+        let used = match &mut self.out {
+            Out::Head(acc) => {
+                let before = acc.len();
+                let take = buf
+                    .len()
+                    .min(RESPONSE_HEAD_MAX + 4 - before.min(RESPONSE_HEAD_MAX));
+                acc.extend_from_slice(&buf[..take]);
+                let Some(end) = memchr::memmem::find(acc, b"\r\n\r\n") else {
+                    if acc.len() > RESPONSE_HEAD_MAX {
+                        return Err(Error::new(ErrorKind::InvalidData, "response head too long"));
+                    }
+                    return Ok(take);
+                };
+                let head_len = end + 4;
+                let head = std::mem::take(acc);
+                self.begin(&head[..head_len])?;
+                head_len - before
+            }
+            Out::Done => buf.len(),
+            Out::Length(left) => {
+                let n = (DATA_FRAME_MAX as u64).min(*left).min(buf.len() as u64) as usize;
+                *left -= n as u64;
+                let end = *left == 0;
+                push_data(&mut self.pending, &buf[..n]);
+                if end {
+                    self.pending_fin = true;
+                    self.out = Out::Done;
+                }
+                n
+            }
+            Out::Chunked(dec) => {
+                let mut data = Vec::new();
+                let f = dec
+                    .feed_into(&buf[..DATA_FRAME_MAX.min(buf.len())], &mut data)
+                    .map_err(|_| Error::new(ErrorKind::InvalidData, "bad chunks"))?;
+                let done = dec.is_done();
+                let trailers = done.then(|| trailer_block(dec.trailers_kept()));
+                if !data.is_empty() {
+                    push_data(&mut self.pending, &data);
+                }
+                if let Some(Some(t)) = trailers {
+                    h3::push_frame_head(&mut self.pending, frame::HEADERS, t.len());
+                    self.pending.extend_from_slice(&t);
+                }
+                if done {
+                    self.pending_fin = true;
+                    self.out = Out::Done;
+                }
+                f.consumed
+            }
+            Out::UntilClose => {
+                let n = DATA_FRAME_MAX.min(buf.len());
+                push_data(&mut self.pending, &buf[..n]);
+                n
+            }
+        };
+        self.flush(conn, id).map_err(|()| gone())?;
+        Ok(used)
+    }
+}
+
+fn push_data(out: &mut Vec<u8>, data: &[u8]) {
+    h3::push_frame_head(out, frame::DATA, data.len());
+    out.extend_from_slice(data);
+}
+
+/// The QPACK field section of a chunked response's trailer lines, `None` when empty.
+fn trailer_block(lines: &[u8]) -> Option<Vec<u8>> {
+    let e = h3::Encoder;
+    let mut block = Vec::new();
+    e.start(&mut block);
+    let mut name = Vec::new();
+    let mut any = false;
+    for line in lines.split(|&b| b == b'\n') {
+        let Some(colon) = memchr::memchr(b':', line) else {
+            continue;
+        };
+        let (n, v) = (&line[..colon], &line[colon + 1..]);
+        if n.is_empty() || super::h2::hop_by_hop(n) {
+            continue;
+        }
+        name.clear();
+        name.extend(n.iter().map(u8::to_ascii_lowercase));
+        e.field(&name, v.trim_ascii(), &mut block);
+        any = true;
+    }
+    any.then_some(block)
+}
+
+/// What a request stream's frames asked for.
+enum Cut {
+    /// Nothing more can be cut until more bytes come.
+    More,
+    /// A whole HEADERS frame (the request's).
+    Headers(Vec<u8>),
+    /// The connection fails with this code.
+    Fail(u64),
+}
+
+impl Worker<'_> {
+    /// The worker's `quic` sockets get their endpoints (in `Worker::new`, before the
+    /// sandbox: the endpoints' keys come from the system's random source).
+    pub(super) fn quic_setup(&mut self) {
+        let cfg = self.cx.cfg;
+        let Some(http) = cfg.http.as_ref() else {
+            return;
+        };
+        for li in 0..self.listeners.len() {
+            let conf_idx = self.listeners[li].conf_idx;
+            let l = &cfg.listeners[conf_idx];
+            if !l.opts.quic {
+                continue;
+            }
+            let srv = &http.servers[l.default_server];
+            let Some(tls) = self.tls.get(conf_idx) else {
+                continue;
+            };
+            let sc = match server_config(tls, &srv.http3, srv.base.keepalive_timeout_ms) {
+                Ok(sc) => sc,
+                Err(e) => {
+                    crate::log!(Emerg, "{e} for {}", l.addr);
+                    continue;
+                }
+            };
+            let ec = endpoint_config(&srv.http3);
+            let fd = self.listeners[li].fd;
+            let ep = Endpoint::new(fd, conf_idx, sc, ec, srv.http3.retry);
+            if self.quic.len() <= li {
+                self.quic.resize_with(li + 1, || None);
+            }
+            self.quic[li] = Some(ep);
+        }
+    }
+
+    /// Datagrams on `quic` socket `li`.
+    pub(super) fn quic_readable(&mut self, li: usize) {
+        let Some(fd) = self.quic.get(li).and_then(|e| e.as_ref()).map(|e| e.fd) else {
+            return;
+        };
+        let mut buf = std::mem::take(&mut self.h3_buf);
+        buf.resize(DATAGRAM_MAX, 0);
+        let mut touched: Vec<usize> = Vec::new();
+        for _ in 0..READ_BATCH {
+            let (n, from) = match shard_event::sock::recv_from(fd, &mut buf) {
+                Ok((n, Some(from))) => (n, from),
+                Ok((_, None)) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            if let Some(k) = self.quic_datagram(li, from, &buf[..n]) {
+                if !touched.contains(&k) {
+                    touched.push(k);
+                }
+            }
+        }
+        self.h3_buf = buf;
+        for k in touched {
+            self.h3_drive(k);
+        }
+    }
+
+    /// One datagram from `from`: the connection it moved, if any.
+    fn quic_datagram(&mut self, li: usize, from: SocketAddr, data: &[u8]) -> Option<usize> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let ep = self.quic[li].as_mut()?;
+        let event = ep.ep.handle(now, from, None, None, data.into(), &mut out)?;
+        match event {
+            qp::DatagramEvent::ConnectionEvent(h, ev) => {
+                let k = *ep.by_handle.get(&h)?;
+                self.h3.get_mut(k)?.conn.handle_event(ev);
+                Some(k)
+            }
+            qp::DatagramEvent::Response(t) => {
+                // Version negotiation, or a stateless reset. A reset is not sent: a packet
+                // of a connection another process of this address holds (a worker of the
+                // previous generation after a reload) would end it.
+                if data.first().is_some_and(|b| b & 0x80 != 0) {
+                    send_datagram(ep.fd, &out[..t.size], &t.destination);
+                }
+                None
+            }
+            qp::DatagramEvent::NewConnection(incoming) => {
+                if self.shutting_down {
+                    // Left for the next generation's worker, which reads the same socket.
+                    ep.ep.ignore(incoming);
+                    return None;
+                }
+                if self.h3.len() >= self.conns_max {
+                    let t = ep.ep.refuse(incoming, &mut out);
+                    send_datagram(ep.fd, &out[..t.size], &t.destination);
+                    return None;
+                }
+                if ep.retry && !incoming.remote_address_validated() && incoming.may_retry() {
+                    if let Ok(t) = ep.ep.retry(incoming, &mut out) {
+                        send_datagram(ep.fd, &out[..t.size], &t.destination);
+                    }
+                    return None;
+                }
+                let (handle, conn) = match ep.ep.accept(incoming, now, &mut out, None) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        if let Some(t) = e.response {
+                            send_datagram(ep.fd, &out[..t.size], &t.destination);
+                        }
+                        return None;
+                    }
+                };
+                let conf_idx = ep.conf_idx;
+                let id = self.next_conn_id;
+                self.next_conn_id += 1;
+                let number = self
+                    .region
+                    .connections
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    + 1;
+                let keepalive_requests = self
+                    .cx
+                    .cfg
+                    .http
+                    .as_ref()
+                    .map(|h| {
+                        let l = &self.cx.cfg.listeners[conf_idx];
+                        h.servers[l.default_server].base.keepalive_requests
+                    })
+                    .unwrap_or(1000);
+                let k = self.h3.insert(H3Conn {
+                    ep: li,
+                    handle,
+                    conn,
+                    id,
+                    number,
+                    listener: conf_idx,
+                    peer: from,
+                    control: None,
+                    control_out: Vec::new(),
+                    streams: HashMap::new(),
+                    by_key: HashMap::new(),
+                    uni: HashMap::new(),
+                    ready: Vec::new(),
+                    in_drive: false,
+                    going_away: false,
+                    next_bidi: 0,
+                    timer_ms: 0,
+                    server_name: String::new(),
+                    alpn: String::new(),
+                    taken: 0,
+                    keepalive_requests,
+                });
+                if let Some(ep) = self.quic[li].as_mut() {
+                    ep.by_handle.insert(handle, k);
+                }
+                Some(k)
+            }
+        }
+    }
+
+    /// Moves connection `k` until nothing moves: QUIC's events to the endpoint and back,
+    /// the application's events, the streams, then datagrams out and the timer.
+    pub(super) fn h3_drive(&mut self, k: usize) {
+        let Some(c) = self.h3.get_mut(k) else {
+            return;
+        };
+        if c.in_drive {
+            return;
+        }
+        c.in_drive = true;
+        for _ in 0..ROUNDS_MAX {
+            self.h3_endpoint_events(k);
+            self.h3_events(k);
+            let ready = std::mem::take(&mut self.h3[k].ready);
+            for sk in &ready {
+                self.drive(*sk);
+            }
+            self.h3_flush_streams(k);
+            let moved = self.h3_transmit(k);
+            if ready.is_empty() && self.h3[k].ready.is_empty() && !moved {
+                break;
+            }
+        }
+        let c = &mut self.h3[k];
+        c.in_drive = false;
+        // A connection told to go away closes once its requests are answered.
+        if c.going_away
+            && !c.conn.is_closed()
+            && c.streams
+                .values()
+                .all(|s| s.key.is_none() && s.pending.is_empty())
+        {
+            c.conn
+                .close(Instant::now(), varint(code::NO_ERROR), bytes::Bytes::new());
+            self.h3_endpoint_events(k);
+            self.h3_transmit(k);
+        }
+        if self.h3[k].conn.is_drained() {
+            self.h3_remove(k);
+            return;
+        }
+        self.h3_set_timer(k);
+    }
+
+    fn h3_endpoint_events(&mut self, k: usize) {
+        let c = &mut self.h3[k];
+        let Some(ep) = self.quic.get_mut(c.ep).and_then(|e| e.as_mut()) else {
+            return;
+        };
+        while let Some(ev) = c.conn.poll_endpoint_events() {
+            if let Some(back) = ep.ep.handle_event(c.handle, ev) {
+                c.conn.handle_event(back);
+            }
+        }
+    }
+
+    /// Writes the connection's datagrams; whether any left.
+    fn h3_transmit(&mut self, k: usize) -> bool {
+        let c = &mut self.h3[k];
+        let Some(fd) = self.quic.get(c.ep).and_then(|e| e.as_ref()).map(|e| e.fd) else {
+            return false;
+        };
+        let now = Instant::now();
+        let mut buf = std::mem::take(&mut self.h3_buf);
+        let mut any = false;
+        loop {
+            buf.clear();
+            let Some(t) = c.conn.poll_transmit(now, 1, &mut buf) else {
+                break;
+            };
+            send_datagram(fd, &buf[..t.size], &t.destination);
+            any = true;
+        }
+        self.h3_buf = buf;
+        any
+    }
+
+    fn h3_set_timer(&mut self, k: usize) {
+        let c = &mut self.h3[k];
+        let Some(at) = c.conn.poll_timeout() else {
+            c.timer_ms = 0;
+            return;
+        };
+        let wait = at.saturating_duration_since(Instant::now());
+        let ms = self.cx.now_ms
+            + wait.as_millis() as u64
+            + u64::from(wait.subsec_nanos() % 1_000_000 != 0);
+        if c.timer_ms != ms {
+            c.timer_ms = ms;
+            self.h3_timers.push(Reverse((ms, k, c.id)));
+        }
+    }
+
+    /// The earliest QUIC timer.
+    pub(super) fn next_h3_deadline(&self) -> Option<u64> {
+        self.h3_timers.peek().map(|Reverse((ms, _, _))| *ms)
+    }
+
+    /// Runs the QUIC timers that are due.
+    pub(super) fn expire_h3_timers(&mut self) {
+        let now = self.cx.now_ms;
+        while let Some(&Reverse((ms, k, id))) = self.h3_timers.peek() {
+            if ms > now {
+                break;
+            }
+            self.h3_timers.pop();
+            let Some(c) = self
+                .h3
+                .get_mut(k)
+                .filter(|c| c.id == id && c.timer_ms == ms)
+            else {
+                continue;
+            };
+            c.timer_ms = 0;
+            c.conn.handle_timeout(Instant::now());
+            self.h3_drive(k);
+        }
+    }
+
+    /// The application's events of connection `k`.
+    fn h3_events(&mut self, k: usize) {
+        while let Some(ev) = self.h3[k].conn.poll() {
+            match ev {
+                qp::Event::HandshakeDataReady => {
+                    let c = &mut self.h3[k];
+                    if let Some(hd) = c
+                        .conn
+                        .crypto_session()
+                        .handshake_data()
+                        .and_then(|d| d.downcast::<qp::crypto::rustls::HandshakeData>().ok())
+                    {
+                        c.server_name = hd.server_name.unwrap_or_default();
+                        c.alpn = hd
+                            .protocol
+                            .map(|p| String::from_utf8_lossy(&p).into_owned())
+                            .unwrap_or_default();
+                    }
+                }
+                qp::Event::Connected => self.h3_open_control(k),
+                qp::Event::ConnectionLost { reason } => {
+                    let number = self.h3[k].number;
+                    let outer = crate::log::set_connection(number);
+                    crate::log!(
+                        Info,
+                        "quic connection closed ({reason}), client: {}",
+                        self.h3[k].peer
+                    );
+                    crate::log::set_connection(outer);
+                    self.h3_close_streams(k);
+                }
+                qp::Event::Stream(se) => match se {
+                    qp::StreamEvent::Opened { dir } => self.h3_accept_streams(k, dir),
+                    qp::StreamEvent::Readable { id } => self.h3_read(k, id),
+                    qp::StreamEvent::Writable { id } => self.h3_writable(k, id),
+                    qp::StreamEvent::Stopped { id, .. } => self.h3_stopped(k, id),
+                    qp::StreamEvent::Finished { id } => {
+                        let c = &mut self.h3[k];
+                        if c.streams.get(&id).is_some_and(|s| s.key.is_none()) {
+                            c.streams.remove(&id);
+                        }
+                    }
+                    qp::StreamEvent::Available { .. } => {}
+                },
+                qp::Event::DatagramReceived | qp::Event::DatagramsUnblocked => {}
+            }
+        }
+    }
+
+    /// Opens our control stream with our SETTINGS.
+    fn h3_open_control(&mut self, k: usize) {
+        let c = &mut self.h3[k];
+        if c.control.is_some() {
+            return;
+        }
+        let Some(id) = c.conn.streams().open(qp::Dir::Uni) else {
+            return;
+        };
+        c.control = Some(id);
+        c.control_out = h3::control_stream_start(FIELD_SECTION_MAX as u64);
+        if c.going_away {
+            c.control_out.extend_from_slice(&h3::goaway(c.next_bidi));
+        }
+        h3_flush_control(c);
+    }
+
+    fn h3_accept_streams(&mut self, k: usize, dir: qp::Dir) {
+        loop {
+            let c = &mut self.h3[k];
+            let Some(id) = c.conn.streams().accept(dir) else {
+                return;
+            };
+            match dir {
+                qp::Dir::Bi => {
+                    c.next_bidi = id.index() * 4 + 4;
+                    if c.going_away {
+                        // After GOAWAY: refused, so the client may send it again elsewhere.
+                        let _ = c.conn.recv_stream(id).stop(varint(code::REQUEST_REJECTED));
+                        let _ = c.conn.send_stream(id).reset(varint(code::REQUEST_REJECTED));
+                        continue;
+                    }
+                    c.streams.insert(id, Stream::new());
+                }
+                qp::Dir::Uni => {
+                    c.uni.insert(
+                        id,
+                        Uni {
+                            kind: None,
+                            input: Vec::new(),
+                            settings: false,
+                        },
+                    );
+                }
+            }
+            self.h3_read(k, id);
+        }
+    }
+
+    /// Reads what stream `id` has, within its bounds.
+    fn h3_read(&mut self, k: usize, id: qp::StreamId) {
+        let c = &mut self.h3[k];
+        if c.uni.contains_key(&id) {
+            self.h3_read_uni(k, id);
+            return;
+        }
+        let Some(st) = c.streams.get_mut(&id) else {
+            return;
+        };
+        if st.recv_done {
+            return;
+        }
+        let waiting = st
+            .key
+            .and_then(|sk| self.conns.get(sk))
+            .map_or(0, |c| c.inbuf.len());
+        let room = (STREAM_INPUT_MAX + FIELD_SECTION_MAX).saturating_sub(st.input.len() + waiting);
+        if room == 0 {
+            return;
+        }
+        let mut rs = c.conn.recv_stream(id);
+        let Ok(mut chunks) = rs.read(true) else {
+            return;
+        };
+        let mut reset = false;
+        let mut left = room;
+        while left > 0 {
+            match chunks.next(left) {
+                Ok(Some(ch)) => {
+                    left = left.saturating_sub(ch.bytes.len());
+                    st.input.extend_from_slice(&ch.bytes);
+                }
+                Ok(None) => {
+                    st.recv_done = true;
+                    break;
+                }
+                Err(qp::ReadError::Blocked) => break,
+                Err(qp::ReadError::Reset(_)) => {
+                    reset = true;
+                    break;
+                }
+            }
+        }
+        let _ = chunks.finalize();
+        if reset {
+            self.h3_drop_stream(k, id);
+            return;
+        }
+        self.h3_cut(k, id);
+    }
+
+    /// Cuts request stream `id`'s input into frames: its HEADERS make its stream
+    /// connection, its DATA go to that connection's input.
+    fn h3_cut(&mut self, k: usize, id: qp::StreamId) {
+        loop {
+            let c = &mut self.h3[k];
+            let Some(st) = c.streams.get_mut(&id) else {
+                return;
+            };
+            let cut = cut_request(st);
+            match cut {
+                Cut::More => break,
+                Cut::Fail(code) => {
+                    self.h3_fail(k, code);
+                    return;
+                }
+                Cut::Headers(block) => {
+                    let Some(st) = self.h3[k].streams.get_mut(&id) else {
+                        return;
+                    };
+                    if st.headers_seen {
+                        // Trailers: taken (decoded for their validity) and dropped.
+                        if h3::decode(&block, FIELD_SECTION_MAX).is_err() {
+                            self.h3_fail(k, code::QPACK_DECOMPRESSION_FAILED);
+                            return;
+                        }
+                        continue;
+                    }
+                    st.headers_seen = true;
+                    let fields = match h3::decode(&block, FIELD_SECTION_MAX) {
+                        Ok(f) => f,
+                        Err(h3::QpackError::Decompression) => {
+                            self.h3_fail(k, code::QPACK_DECOMPRESSION_FAILED);
+                            return;
+                        }
+                        Err(h3::QpackError::TooLarge) => {
+                            self.h3_reset(k, id, code::EXCESSIVE_LOAD);
+                            return;
+                        }
+                    };
+                    let pairs: Vec<(&[u8], &[u8])> = fields.iter().collect();
+                    // With no body: the FIN came right after the HEADERS.
+                    let end = st.recv_done && st.input.is_empty();
+                    let mut chunked = false;
+                    let Some(head) = super::h2::request_head(&pairs, end, &mut chunked) else {
+                        self.h3_reset(k, id, code::MESSAGE_ERROR);
+                        return;
+                    };
+                    let head_only = pairs.iter().any(|&(n, v)| n == b":method" && v == b"HEAD");
+                    st.chunked_in = chunked;
+                    st.head_only = head_only;
+                    self.h3_stream(k, id, head);
+                }
+            }
+        }
+        // DATA waiting for the connection, and the end of the body.
+        self.h3_feed(k, id);
+    }
+
+    /// Moves DATA bytes of stream `id` into its connection's input (chunked when its head
+    /// says so), and the body's end once the FIN came.
+    fn h3_feed(&mut self, k: usize, id: qp::StreamId) {
+        let c = &mut self.h3[k];
+        let Some(st) = c.streams.get_mut(&id) else {
+            return;
+        };
+        let Some(sk) = st.key else {
+            return;
+        };
+        let Some(conn) = self.conns.get_mut(sk) else {
+            return;
+        };
+        let mut moved = false;
+        // Frames after the HEADERS: DATA are streamed; others are skipped whole.
+        loop {
+            if st.data_left > 0 {
+                let n = (st.data_left as usize).min(st.input.len());
+                if n == 0 {
+                    break;
+                }
+                if st.chunked_in {
+                    conn.inbuf
+                        .extend_from_slice(format!("{n:x}\r\n").as_bytes());
+                    conn.inbuf.extend_from_slice(&st.input[..n]);
+                    conn.inbuf.extend_from_slice(b"\r\n");
+                } else {
+                    conn.inbuf.extend_from_slice(&st.input[..n]);
+                }
+                st.input.drain(..n);
+                st.data_left -= n as u64;
+                moved = true;
+                continue;
+            }
+            let Some(h) = h3::frame_head(&st.input) else {
+                break;
+            };
+            match h.ty {
+                frame::DATA => {
+                    st.input.drain(..h.head_len);
+                    st.data_left = h.len;
+                }
+                frame::HEADERS => {
+                    // Trailers: dropped whole (shard passes none upstream).
+                    let whole = h.head_len as u64 + h.len;
+                    if (st.input.len() as u64) < whole {
+                        break;
+                    }
+                    st.input.drain(..whole as usize);
+                }
+                _ => {
+                    let whole = h.head_len as u64 + h.len;
+                    if (st.input.len() as u64) < whole {
+                        break;
+                    }
+                    st.input.drain(..whole as usize);
+                }
+            }
+        }
+        if st.recv_done && st.input.is_empty() && st.data_left == 0 && !st.body_ended {
+            st.body_ended = true;
+            if st.chunked_in {
+                conn.inbuf.extend_from_slice(b"0\r\n\r\n");
+                moved = true;
+            }
+        }
+        if moved {
+            c.ready.push(sk);
+        }
+    }
+
+    /// A new request: its stream connection, with the HTTP/1.1 head as its input.
+    fn h3_stream(&mut self, k: usize, id: qp::StreamId, head: Vec<u8>) {
+        let c = &self.h3[k];
+        let (peer, listener, number) = (c.peer, c.listener, c.number);
+        let conn_id = self.next_conn_id;
+        self.next_conn_id += 1;
+        let mut sc = Conn::new_stream(Some(peer), listener, conn_id, number, self.cx.now_ms);
+        sc.h2 = tag(k);
+        sc.requests = self.h3[k].taken + 1;
+        let sk = self.conns.insert(sc);
+        self.start_reading(sk, true);
+        self.conns[sk].inbuf = head;
+        let c = &mut self.h3[k];
+        if let Some(st) = c.streams.get_mut(&id) {
+            st.key = Some(sk);
+        }
+        c.by_key.insert(sk, id);
+        c.ready.push(sk);
+        c.taken += 1;
+        if c.taken >= c.keepalive_requests {
+            self.h3_go_away_conn(k);
+        }
+    }
+
+    /// QUIC took what it was given on stream `id`: its connection writes again.
+    fn h3_writable(&mut self, k: usize, id: qp::StreamId) {
+        let c = &mut self.h3[k];
+        let Some(st) = c.streams.get_mut(&id) else {
+            if c.control == Some(id) {
+                h3_flush_control(c);
+            }
+            return;
+        };
+        if st.flush(&mut c.conn, id).is_err() {
+            self.h3_drop_stream(k, id);
+            return;
+        }
+        if st.blocked && st.pending.is_empty() {
+            st.blocked = false;
+            if let Some(sk) = st.key {
+                if let Some(sc) = self.conns.get_mut(sk) {
+                    sc.writable = true;
+                }
+                c.ready.push(sk);
+            }
+        }
+        if st.key.is_none() && st.sent_end {
+            c.streams.remove(&id);
+        }
+    }
+
+    fn h3_flush_streams(&mut self, k: usize) {
+        let c = &mut self.h3[k];
+        h3_flush_control(c);
+        let mut gone = Vec::new();
+        for (&id, st) in c.streams.iter_mut() {
+            if st.pending.is_empty() && (st.sent_end || !st.pending_fin) {
+                // Streams whose connection waits for room to read again.
+                continue;
+            }
+            if st.flush(&mut c.conn, id).is_err() {
+                gone.push(id);
+            }
+        }
+        for id in gone {
+            self.h3_drop_stream(k, id);
+        }
+        // Streams whose connection took its input read more.
+        let ids: Vec<qp::StreamId> = self.h3[k]
+            .streams
+            .iter()
+            .filter(|(_, s)| !s.recv_done && s.key.is_some())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            self.h3_read(k, id);
+        }
+    }
+
+    /// The client stopped stream `id` (it wants no more of the response).
+    fn h3_stopped(&mut self, k: usize, id: qp::StreamId) {
+        let c = &mut self.h3[k];
+        if c.control == Some(id) {
+            self.h3_fail(k, code::CLOSED_CRITICAL_STREAM);
+            return;
+        }
+        if let Some(st) = c.streams.get_mut(&id) {
+            st.sent_end = true;
+            st.pending.clear();
+            let _ = c
+                .conn
+                .send_stream(id)
+                .reset(varint(code::REQUEST_CANCELLED));
+        }
+        self.h3_drop_stream(k, id);
+    }
+
+    /// Ends stream `id` with `code` both ways; its connection closes.
+    fn h3_reset(&mut self, k: usize, id: qp::StreamId, code: u64) {
+        let c = &mut self.h3[k];
+        if let Some(st) = c.streams.get_mut(&id) {
+            st.sent_end = true;
+            st.pending.clear();
+        }
+        let _ = c.conn.send_stream(id).reset(varint(code));
+        let _ = c.conn.recv_stream(id).stop(varint(code));
+        self.h3_drop_stream(k, id);
+    }
+
+    /// Forgets stream `id`; its connection, if any, closes now.
+    fn h3_drop_stream(&mut self, k: usize, id: qp::StreamId) {
+        let c = &mut self.h3[k];
+        let Some(st) = c.streams.remove(&id) else {
+            return;
+        };
+        if let Some(sk) = st.key {
+            c.by_key.remove(&sk);
+            self.close(sk);
+        }
+    }
+
+    /// Fails the connection with an HTTP/3 error code.
+    fn h3_fail(&mut self, k: usize, code: u64) {
+        let c = &mut self.h3[k];
+        let number = c.number;
+        let outer = crate::log::set_connection(number);
+        crate::log!(
+            Info,
+            "client sent an invalid HTTP/3 stream (error 0x{code:x}), client: {}",
+            c.peer
+        );
+        crate::log::set_connection(outer);
+        c.conn
+            .close(Instant::now(), varint(code), bytes::Bytes::new());
+        self.h3_close_streams(k);
+    }
+
+    fn h3_close_streams(&mut self, k: usize) {
+        let c = &mut self.h3[k];
+        let keys: Vec<usize> = c.by_key.keys().copied().collect();
+        c.by_key.clear();
+        c.streams.clear();
+        for sk in keys {
+            self.close(sk);
+        }
+    }
+
+    /// A client's unidirectional stream: its type, then (control) SETTINGS and GOAWAY; the
+    /// QPACK streams carry nothing shard needs with no dynamic table and are drained.
+    fn h3_read_uni(&mut self, k: usize, id: qp::StreamId) {
+        let c = &mut self.h3[k];
+        let Some(u) = c.uni.get_mut(&id) else {
+            return;
+        };
+        let mut rs = c.conn.recv_stream(id);
+        let Ok(mut chunks) = rs.read(true) else {
+            return;
+        };
+        let mut closed = false;
+        loop {
+            match chunks.next(UNI_INPUT_MAX) {
+                Ok(Some(ch)) => {
+                    if u.kind.is_none() || u.kind == Some(stream_type::CONTROL) {
+                        u.input.extend_from_slice(&ch.bytes);
+                    }
+                    if u.input.len() > UNI_INPUT_MAX {
+                        break;
+                    }
+                }
+                Ok(None) | Err(qp::ReadError::Reset(_)) => {
+                    closed = true;
+                    break;
+                }
+                Err(qp::ReadError::Blocked) => break,
+            }
+        }
+        let _ = chunks.finalize();
+        if u.kind.is_none() {
+            let Some((kind, n)) = h3::read_varint(&u.input) else {
+                return;
+            };
+            u.input.drain(..n);
+            match kind {
+                stream_type::CONTROL | stream_type::QPACK_ENCODER | stream_type::QPACK_DECODER => {
+                    if c.uni.values().any(|o| o.kind == Some(kind)) {
+                        self.h3_fail(k, code::STREAM_CREATION_ERROR);
+                        return;
+                    }
+                    let u = c.uni.get_mut(&id).expect("present");
+                    u.kind = Some(kind);
+                    if kind != stream_type::CONTROL {
+                        u.input.clear();
+                    }
+                }
+                stream_type::PUSH => {
+                    // Only a server pushes.
+                    self.h3_fail(k, code::STREAM_CREATION_ERROR);
+                    return;
+                }
+                _ => {
+                    // Unknown (or grease): not read.
+                    let _ = c
+                        .conn
+                        .recv_stream(id)
+                        .stop(varint(code::STREAM_CREATION_ERROR));
+                    c.uni.remove(&id);
+                    return;
+                }
+            }
+        }
+        let c = &mut self.h3[k];
+        let u = c.uni.get_mut(&id).expect("present");
+        if u.kind == Some(stream_type::CONTROL) {
+            if closed {
+                self.h3_fail(k, code::CLOSED_CRITICAL_STREAM);
+                return;
+            }
+            loop {
+                let u = self.h3[k].uni.get_mut(&id).expect("present");
+                let Some(h) = h3::frame_head(&u.input) else {
+                    break;
+                };
+                let whole = h.head_len as u64 + h.len;
+                if whole > UNI_INPUT_MAX as u64 {
+                    self.h3_fail(k, code::EXCESSIVE_LOAD);
+                    return;
+                }
+                if (u.input.len() as u64) < whole {
+                    break;
+                }
+                let payload: Vec<u8> = u.input[h.head_len..whole as usize].to_vec();
+                u.input.drain(..whole as usize);
+                let first = !u.settings;
+                u.settings = true;
+                let err = match h.ty {
+                    frame::SETTINGS if first => h3::parse_settings(&payload).err(),
+                    _ if first => Some(code::MISSING_SETTINGS),
+                    frame::SETTINGS | frame::DATA | frame::HEADERS | frame::PUSH_PROMISE => {
+                        Some(code::FRAME_UNEXPECTED)
+                    }
+                    t if frame::reserved_h2(t) => Some(code::FRAME_UNEXPECTED),
+                    frame::GOAWAY => {
+                        // The client goes: nothing new will come; answer what came.
+                        self.h3[k].going_away = true;
+                        None
+                    }
+                    _ => None,
+                };
+                if let Some(code) = err {
+                    self.h3_fail(k, code);
+                    return;
+                }
+            }
+        } else if closed {
+            // A QPACK stream closed is a critical stream closed.
+            self.h3_fail(k, code::CLOSED_CRITICAL_STREAM);
+        }
+    }
+
+    /// Sends GOAWAY on connection `k`: it takes no new requests, and closes once those it
+    /// has are answered.
+    fn h3_go_away_conn(&mut self, k: usize) {
+        let c = &mut self.h3[k];
+        if c.going_away {
+            return;
+        }
+        c.going_away = true;
+        if c.control.is_some() {
+            c.control_out.extend_from_slice(&h3::goaway(c.next_bidi));
+            h3_flush_control(c);
+        }
+    }
+
+    /// Every QUIC connection goes away gracefully (a stopping worker).
+    pub(super) fn h3_go_away_all(&mut self) {
+        let keys: Vec<usize> = self.h3.iter().map(|(k, _)| k).collect();
+        for k in keys {
+            self.h3_go_away_conn(k);
+            self.h3_drive(k);
+        }
+    }
+
+    fn h3_remove(&mut self, k: usize) {
+        self.h3_close_streams(k);
+        let c = self.h3.remove(k);
+        if let Some(ep) = self.quic.get_mut(c.ep).and_then(|e| e.as_mut()) {
+            ep.by_handle.remove(&c.handle);
+        }
+    }
+
+    /// `send` of an HTTP/3 stream connection: its response bytes into frames.
+    pub(super) fn h3_send(
+        conns: &mut slab::Slab<H3Conn>,
+        h2: u32,
+        key: usize,
+        buf: &[u8],
+    ) -> std::io::Result<usize> {
+        let gone = || std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        let c = conn_of(h2)
+            .and_then(|i| conns.get_mut(i))
+            .ok_or_else(gone)?;
+        let id = *c.by_key.get(&key).ok_or_else(gone)?;
+        let st = c.streams.get_mut(&id).ok_or_else(gone)?;
+        st.send(&mut c.conn, id, buf)
+    }
+
+    /// An HTTP/3 stream connection closes: its response ends, whole (FIN) or cut (reset).
+    pub(super) fn h3_stream_closed(&mut self, h2: u32, key: usize) {
+        let Some(k) = conn_of(h2).filter(|&k| self.h3.contains(k)) else {
+            return;
+        };
+        let c = &mut self.h3[k];
+        let Some(id) = c.by_key.remove(&key) else {
+            return;
+        };
+        let Some(st) = c.streams.get_mut(&id) else {
+            return;
+        };
+        st.key = None;
+        match st.out {
+            Out::Done => {}
+            Out::UntilClose => st.pending_fin = true,
+            _ => {
+                st.sent_end = true;
+                st.pending.clear();
+                let _ = c.conn.send_stream(id).reset(varint(code::INTERNAL_ERROR));
+            }
+        }
+        if !st.recv_done {
+            // Answered before the client finished its body: it may stop.
+            let _ = c.conn.recv_stream(id).stop(varint(code::NO_ERROR));
+        }
+        let _ = st.flush(&mut c.conn, id);
+        if st.sent_end && st.pending.is_empty() {
+            c.streams.remove(&id);
+        }
+        self.h3_stream_moved(h2);
+    }
+
+    /// A stream connection ran outside its connection's drive: its connection sends.
+    pub(super) fn h3_stream_moved(&mut self, h2: u32) {
+        if let Some(k) = conn_of(h2).filter(|&k| self.h3.contains(k)) {
+            if !self.h3[k].in_drive {
+                self.h3_drive(k);
+            }
+        }
+    }
+
+    /// `$ssl_*` of an HTTP/3 stream: TLS 1.3, its connection's name and ALPN.
+    pub(super) fn h3_tls(&self, key: usize) -> Option<(&str, &str)> {
+        let c = self.conns.get(key)?;
+        let k = conn_of(c.h2)?;
+        let q = self.h3.get(k)?;
+        Some((q.server_name.as_str(), q.alpn.as_str()))
+    }
+
+    /// Closes every QUIC connection at once (a fast stop, or a stop whose time is up).
+    pub(super) fn h3_close_all(&mut self) {
+        let keys: Vec<usize> = self.h3.iter().map(|(k, _)| k).collect();
+        for k in keys {
+            self.h3[k]
+                .conn
+                .close(Instant::now(), varint(code::NO_ERROR), bytes::Bytes::new());
+            self.h3_endpoint_events(k);
+            self.h3_transmit(k);
+            self.h3_remove(k);
+        }
+    }
+}
+
+fn h3_flush_control(c: &mut H3Conn) {
+    let Some(id) = c.control else {
+        return;
+    };
+    while !c.control_out.is_empty() {
+        match c.conn.send_stream(id).write(&c.control_out) {
+            Ok(n) => {
+                c.control_out.drain(..n);
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+/// The next thing stream `st`'s input holds before its body: its HEADERS whole, or a frame
+/// the request stream may not carry.
+fn cut_request(st: &mut Stream) -> Cut {
+    loop {
+        if st.headers_seen && st.data_left > 0 {
+            return Cut::More;
+        }
+        let Some(h) = h3::frame_head(&st.input) else {
+            if st.recv_done && !st.input.is_empty() {
+                return Cut::Fail(code::FRAME_ERROR);
+            }
+            return Cut::More;
+        };
+        match h.ty {
+            frame::HEADERS => {
+                if h.len > FIELD_SECTION_MAX as u64 * 2 {
+                    return Cut::Fail(code::EXCESSIVE_LOAD);
+                }
+                let whole = h.head_len + h.len as usize;
+                if st.input.len() < whole {
+                    if st.recv_done {
+                        return Cut::Fail(code::FRAME_ERROR);
+                    }
+                    return Cut::More;
+                }
+                let block = st.input[h.head_len..whole].to_vec();
+                st.input.drain(..whole);
+                return Cut::Headers(block);
+            }
+            frame::DATA if !st.headers_seen => return Cut::Fail(code::FRAME_UNEXPECTED),
+            frame::DATA => return Cut::More,
+            frame::SETTINGS
+            | frame::GOAWAY
+            | frame::MAX_PUSH_ID
+            | frame::CANCEL_PUSH
+            | frame::PUSH_PROMISE => return Cut::Fail(code::FRAME_UNEXPECTED),
+            t if frame::reserved_h2(t) => return Cut::Fail(code::FRAME_UNEXPECTED),
+            _ => {
+                // Unknown frame types are skipped (RFC 9114, 9).
+                let whole = h.head_len as u64 + h.len;
+                if (st.input.len() as u64) < whole {
+                    return Cut::More;
+                }
+                st.input.drain(..whole as usize);
+            }
+        }
+    }
+}

@@ -1,0 +1,140 @@
+# An HTTP/3 client for crates/shard/tests/http3.rs, on Python's `aioquic` (an independent
+# QUIC and HTTP/3 implementation).
+#
+#   python3 h3client.py PORT MODE [ARGS...]
+#
+#   get PATH...            requests in turn on one connection: "STATUS LEN BODY" each
+#   head NAME PATH         one request: the response field NAME ("-" when absent)
+#   many N PATH            N requests at once on one connection: "ok K" (K answered 200)
+#   post PATH SIZE         a body of SIZE bytes: "STATUS BODY"
+#   migrate PATH           a request, a new source port, a request: "STATUS STATUS"
+#   long PATH              one request read slowly: "STATUS LEN" (for a reload meanwhile)
+#
+# Exits 2 on a timeout or a connection that failed.
+import asyncio
+import socket
+import ssl
+import sys
+
+from aioquic.asyncio.client import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.h3.connection import H3_ALPN, H3Connection
+from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.quic.configuration import QuicConfiguration
+
+PORT = int(sys.argv[1])
+MODE = sys.argv[2]
+ARGS = sys.argv[3:]
+
+
+class Client(QuicConnectionProtocol):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.h3 = H3Connection(self._quic)
+        self.waiters = {}
+        self.responses = {}
+
+    def quic_event_received(self, event):
+        for ev in self.h3.handle_event(event):
+            if isinstance(ev, (HeadersReceived, DataReceived)):
+                r = self.responses.setdefault(ev.stream_id, {"headers": [], "body": b""})
+                if isinstance(ev, HeadersReceived):
+                    r["headers"] += ev.headers
+                else:
+                    r["body"] += ev.data
+                if ev.stream_ended and ev.stream_id in self.waiters:
+                    w = self.waiters.pop(ev.stream_id)
+                    if not w.done():
+                        w.set_result(r)
+
+    async def request(self, method, path, body=None, extra=()):
+        sid = self._quic.get_next_available_stream_id()
+        hdrs = [(b":method", method.encode()), (b":scheme", b"https"),
+                (b":authority", b"localhost"), (b":path", path.encode()),
+                (b"user-agent", b"h3client")] + list(extra)
+        if body is not None:
+            hdrs.append((b"content-length", str(len(body)).encode()))
+        self.h3.send_headers(sid, hdrs, end_stream=body is None)
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters[sid] = fut
+        if body is not None:
+            # In parts, so that flow control is exercised; a server that answered early
+            # (413) stops the stream, and the rest is not sent.
+            step = 16384
+            try:
+                for i in range(0, len(body), step):
+                    self.h3.send_data(sid, body[i:i + step], end_stream=i + step >= len(body))
+                    self.transmit()
+                    await asyncio.sleep(0)
+                if not body:
+                    self.h3.send_data(sid, b"", end_stream=True)
+            except Exception:
+                pass
+        self.transmit()
+        return await asyncio.wait_for(fut, 20)
+
+
+def status(r):
+    for n, v in r["headers"]:
+        if n == b":status":
+            return v.decode()
+    return "?"
+
+
+def field(r, name):
+    for n, v in r["headers"]:
+        if n == name.encode():
+            return v.decode()
+    return "-"
+
+
+async def main():
+    cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN)
+    cfg.verify_mode = ssl.CERT_NONE
+    cfg.server_name = "localhost"
+    cfg.idle_timeout = 20
+    async with connect("127.0.0.1", PORT, configuration=cfg, create_protocol=Client,
+                       wait_connected=True) as c:
+        if MODE == "get":
+            for p in ARGS:
+                r = await c.request("GET", p)
+                body = r["body"]
+                text = body.decode(errors="replace").strip() if len(body) < 200 else ""
+                print(status(r), len(body), text)
+        elif MODE == "head":
+            r = await c.request("GET", ARGS[1])
+            print(field(r, ARGS[0]))
+        elif MODE == "many":
+            n = int(ARGS[0])
+            rs = await asyncio.gather(*[c.request("GET", ARGS[1]) for _ in range(n)])
+            print("ok", sum(1 for r in rs if status(r) == "200"))
+        elif MODE == "post":
+            size = int(ARGS[1])
+            body = bytes((i * 7) % 251 for i in range(size))
+            r = await c.request("POST", ARGS[0], body)
+            print(status(r), r["body"].decode(errors="replace").strip())
+        elif MODE == "migrate":
+            r1 = await c.request("GET", ARGS[0])
+            # A new local port, as a NAT rebinding makes.
+            loop = asyncio.get_running_loop()
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::", 0))
+            transport, _ = await loop.create_datagram_endpoint(lambda: c, sock=sock)
+            c._transport = transport
+            c._quic.change_connection_id()
+            r2 = await c.request("GET", ARGS[0])
+            print(status(r1), status(r2))
+        elif MODE == "long":
+            r = await c.request("GET", ARGS[0])
+            print(status(r), len(r["body"]))
+        else:
+            print("unknown mode", MODE)
+            sys.exit(2)
+
+
+try:
+    asyncio.run(asyncio.wait_for(main(), 30))
+except (asyncio.TimeoutError, ConnectionError) as e:
+    print("failed:", repr(e))
+    sys.exit(2)
