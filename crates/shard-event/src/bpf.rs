@@ -208,10 +208,14 @@ fn counter_map() -> io::Result<OwnedFd> {
 }
 
 fn load(prog: &[Insn]) -> io::Result<OwnedFd> {
+    load_typed(prog, BPF_PROG_TYPE_SOCKET_FILTER)
+}
+
+fn load_typed(prog: &[Insn], prog_type: u32) -> io::Result<OwnedFd> {
     // The program calls no GPL-only helper; the license string is shard's own.
     let license = c"MIT OR Apache-2.0";
     let mut attr = ProgLoad {
-        prog_type: BPF_PROG_TYPE_SOCKET_FILTER,
+        prog_type,
         insn_cnt: prog.len() as u32,
         insns: prog.as_ptr() as u64,
         license: license.as_ptr() as u64,
@@ -266,6 +270,182 @@ pub fn deal_reuseport_to(fd: RawFd, live: &[u32]) -> io::Result<()> {
         )
     })
     .map(|_| ())
+}
+
+// --- QUIC: datagrams steered by connection ID -------------------------------------------
+
+/// Connection IDs shard's QUIC endpoints choose are this long: the socket's key in their
+/// first two bytes (big-endian), random bytes after.
+pub const QUIC_CID_LEN: usize = 8;
+/// Keys are below this (the socket array's size).
+pub const QUIC_KEYS: u32 = 4096;
+
+const BPF_MAP_TYPE_REUSEPORT_SOCKARRAY: u32 = 20;
+const BPF_PROG_TYPE_SK_REUSEPORT: u32 = 21;
+const HELPER_SKB_LOAD_BYTES: i32 = 26;
+const HELPER_SK_SELECT_REUSEPORT: i32 = 82;
+pub(crate) const LDX_B: u8 = 0x71;
+pub(crate) const LDX_W: u8 = 0x61;
+pub(crate) const STX_W: u8 = 0x63;
+pub(crate) const AND64_K: u8 = 0x57;
+pub(crate) const LSH64_K: u8 = 0x67;
+pub(crate) const OR64_X: u8 = 0x4f;
+pub(crate) const JNE_K: u8 = 0x55;
+pub(crate) const JLT_K: u8 = 0xa5;
+/// `struct sk_reuseport_md`'s `hash`: the kernel's hash of the datagram's addresses.
+const MD_HASH: i16 = 32;
+
+/// The program that places each datagram of a `quic` group: a packet whose destination
+/// connection ID is one of shard's (a short header, or a Handshake packet) goes to the socket
+/// whose key its first two bytes hold (`map` is a `REUSEPORT_SOCKARRAY` from key to socket),
+/// so a client that changes address still reaches the worker holding its connection; any
+/// other (an Initial or 0-RTT packet, whose ID the client chose; a key whose socket is gone)
+/// goes to one of `fresh` (keys), chosen by the hash of its addresses so that a client's
+/// retransmissions land together. `fresh` must hold between 1 and
+/// [`crate::sock::STEER_MAX`] keys.
+pub fn quic_program(fresh: &[u32], map_fd: RawFd) -> Vec<Insn> {
+    assert!(!fresh.is_empty() && fresh.len() <= crate::sock::STEER_MAX);
+    let mut p: Vec<Insn> = Vec::new();
+    // Labels are patched once their places are known.
+    let mut to_new: Vec<usize> = Vec::new();
+    let mut to_pass: Vec<usize> = Vec::new();
+    p.push(insn(MOV64_X, 6, 1, 0, 0));
+    // The first 16 bytes of the UDP payload, onto the stack at r10-16.
+    p.push(insn(MOV64_X, 1, 6, 0, 0));
+    p.push(insn(MOV64_K, 2, 0, 0, 8));
+    p.push(insn(MOV64_X, 3, 10, 0, 0));
+    p.push(insn(ADD64_K, 3, 0, 0, -16));
+    p.push(insn(MOV64_K, 4, 0, 0, 16));
+    p.push(insn(CALL, 0, 0, 0, HELPER_SKB_LOAD_BYTES));
+    to_new.push(p.len());
+    p.push(insn(JNE_K, 0, 0, 0, 0));
+    p.push(insn(LDX_B, 2, 10, -16, 0));
+    p.push(insn(MOV64_X, 3, 2, 0, 0));
+    p.push(insn(AND64_K, 3, 0, 0, 0x80));
+    // A short header: the ID at payload offset 1.
+    p.push(insn(JNE_K, 3, 0, 3, 0));
+    p.push(insn(LDX_B, 4, 10, -15, 0));
+    p.push(insn(LDX_B, 5, 10, -14, 0));
+    let to_key = p.len();
+    p.push(insn(JA, 0, 0, 0, 0));
+    // A long header: only a Handshake packet (type 2) carries shard's ID, at offset 6
+    // behind its length at offset 5.
+    p.push(insn(MOV64_X, 3, 2, 0, 0));
+    p.push(insn(AND64_K, 3, 0, 0, 0x30));
+    to_new.push(p.len());
+    p.push(insn(JNE_K, 3, 0, 0, 0x20));
+    p.push(insn(LDX_B, 3, 10, -11, 0));
+    to_new.push(p.len());
+    p.push(insn(JLT_K, 3, 0, 0, 2));
+    p.push(insn(LDX_B, 4, 10, -10, 0));
+    p.push(insn(LDX_B, 5, 10, -9, 0));
+    let key_at = p.len();
+    p[to_key].off = (key_at - to_key - 1) as i16;
+    p.push(insn(LSH64_K, 4, 0, 0, 8));
+    p.push(insn(OR64_X, 4, 5, 0, 0));
+    // Select by key; a key without a socket falls through to a fresh choice.
+    p.push(insn(STX_W, 10, 4, -20, 0));
+    p.push(insn(MOV64_X, 1, 6, 0, 0));
+    p.push(insn(LD_IMM64, 2, PSEUDO_MAP_FD, 0, map_fd));
+    p.push(insn(0, 0, 0, 0, 0));
+    p.push(insn(MOV64_X, 3, 10, 0, 0));
+    p.push(insn(ADD64_K, 3, 0, 0, -20));
+    p.push(insn(MOV64_K, 4, 0, 0, 0));
+    p.push(insn(CALL, 0, 0, 0, HELPER_SK_SELECT_REUSEPORT));
+    to_pass.push(p.len());
+    p.push(insn(JEQ_K, 0, 0, 0, 0));
+    // A fresh choice: `fresh[hash % n]` by a jump table.
+    let new_at = p.len();
+    for at in to_new {
+        p[at].off = (new_at - at - 1) as i16;
+    }
+    let n = fresh.len();
+    p.push(insn(LDX_W, 2, 6, MD_HASH, 0));
+    p.push(insn(MOD64_K, 2, 0, 0, n as i32));
+    let select_at = p.len() + 2 * (n - 1) + 1;
+    for (k, &key) in fresh.iter().enumerate().take(n - 1) {
+        p.push(insn(MOV64_K, 4, 0, 0, key as i32));
+        let off = select_at - (p.len() + 1);
+        p.push(insn(JEQ_K, 2, 0, off as i16, k as i32));
+    }
+    p.push(insn(MOV64_K, 4, 0, 0, fresh[n - 1] as i32));
+    debug_assert_eq!(p.len(), select_at);
+    p.push(insn(STX_W, 10, 4, -20, 0));
+    p.push(insn(MOV64_X, 1, 6, 0, 0));
+    p.push(insn(LD_IMM64, 2, PSEUDO_MAP_FD, 0, map_fd));
+    p.push(insn(0, 0, 0, 0, 0));
+    p.push(insn(MOV64_X, 3, 10, 0, 0));
+    p.push(insn(ADD64_K, 3, 0, 0, -20));
+    p.push(insn(MOV64_K, 4, 0, 0, 0));
+    p.push(insn(CALL, 0, 0, 0, HELPER_SK_SELECT_REUSEPORT));
+    // SK_PASS, selected or not (without a selection the kernel's hash places it).
+    let pass_at = p.len();
+    for at in to_pass {
+        p[at].off = (pass_at - at - 1) as i16;
+    }
+    p.push(insn(MOV64_K, 0, 0, 0, 1));
+    p.push(insn(EXIT, 0, 0, 0, 0));
+    p
+}
+
+/// A `quic` group's steering: the socket array its program selects from. Dropping it
+/// closes the map's descriptor (the attached program keeps the map).
+#[derive(Debug)]
+pub struct QuicSteering {
+    map: OwnedFd,
+}
+
+impl QuicSteering {
+    /// Creates the socket array. Fails where `bpf(2)` is refused (no `CAP_BPF`).
+    pub fn new() -> io::Result<QuicSteering> {
+        let mut attr = MapCreate {
+            map_type: BPF_MAP_TYPE_REUSEPORT_SOCKARRAY,
+            key_size: 4,
+            value_size: 8,
+            max_entries: QUIC_KEYS,
+            rest: [0; 28],
+        };
+        Ok(QuicSteering {
+            map: bpf(BPF_MAP_CREATE, &mut attr)?,
+        })
+    }
+
+    /// Puts socket `fd` (bound, in the group) under `key`. A socket that closes leaves the
+    /// array by itself.
+    pub fn insert(&self, key: u32, fd: RawFd) -> io::Result<()> {
+        let value = fd as u64;
+        let mut up = MapUpdate {
+            map_fd: self.map.as_raw_fd() as u32,
+            _pad: 0,
+            key: &key as *const u32 as u64,
+            value: &value as *const u64 as u64,
+            flags: 0,
+            rest: [0; 24],
+        };
+        bpf_call(BPF_MAP_UPDATE_ELEM, &mut up).map(|_| ())
+    }
+
+    /// Attaches the program that sends new connections to `fresh` (keys) to the group of
+    /// `fd`, replacing its program.
+    pub fn attach(&self, fd: RawFd, fresh: &[u32]) -> io::Result<()> {
+        let prog = load_typed(
+            &quic_program(fresh, self.map.as_raw_fd()),
+            BPF_PROG_TYPE_SK_REUSEPORT,
+        )?;
+        let pfd: libc::c_int = prog.as_raw_fd();
+        // SAFETY: an int option pointing at a live descriptor; the kernel takes its own
+        // reference to the program.
+        cvt(unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                SO_ATTACH_REUSEPORT_EBPF,
+                &pfd as *const _ as *const libc::c_void,
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        })
+        .map(|_| ())
+    }
 }
 
 #[cfg(test)]
@@ -371,6 +551,117 @@ mod tests {
             .map(|x| x.parse::<u32>().unwrap_or(0));
         let (major, minor) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
         (major, minor) < (5, 12)
+    }
+
+    /// The real kernel: datagrams of a `quic` group placed by the key in their connection ID,
+    /// the rest by the fresh keys. Needs `CAP_BPF`; says SKIPPED where `bpf(2)` is refused.
+    #[test]
+    fn the_kernel_steers_quic_datagrams_by_connection_id() {
+        use std::net::UdpSocket;
+        let sock = |port: u16| -> UdpSocket {
+            // SAFETY: plain socket calls on a descriptor created here.
+            unsafe {
+                let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+                assert!(fd >= 0);
+                let one: libc::c_int = 1;
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_REUSEPORT,
+                    &one as *const _ as *const libc::c_void,
+                    4,
+                );
+                let mut sa: libc::sockaddr_in = std::mem::zeroed();
+                sa.sin_family = libc::AF_INET as u16;
+                sa.sin_port = port.to_be();
+                sa.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+                let r = libc::bind(fd, &sa as *const _ as *const libc::sockaddr, 16);
+                assert_eq!(r, 0, "{}", io::Error::last_os_error());
+                UdpSocket::from_raw_fd(fd)
+            }
+        };
+        let first = sock(0);
+        let port = first.local_addr().unwrap().port();
+        let ls = [first, sock(port), sock(port)];
+        let steering = match QuicSteering::new() {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                eprintln!("SKIPPED: bpf(2) refused here ({e}); QUIC keeps the kernel's hash");
+                return;
+            }
+            r => r.unwrap(),
+        };
+        for (k, key) in [(0, 7u32), (1, 9), (2, 0x0102)] {
+            steering.insert(key, ls[k].as_raw_fd()).unwrap();
+        }
+        steering.attach(ls[0].as_raw_fd(), &[7]).unwrap();
+        let short = |key: u16| -> Vec<u8> {
+            let mut p = vec![0x40u8];
+            p.extend_from_slice(&key.to_be_bytes());
+            p.extend_from_slice(&[0xee; 30]);
+            p
+        };
+        let long = |ty: u8, key: u16| -> Vec<u8> {
+            let mut p = vec![0xc0u8 | (ty << 4), 0, 0, 0, 1, 8];
+            p.extend_from_slice(&key.to_be_bytes());
+            p.extend_from_slice(&[0xdd; 40]);
+            p
+        };
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let place = |pkt: &[u8]| -> usize {
+            client.send_to(pkt, ("127.0.0.1", port)).unwrap();
+            let mut buf = [0u8; 256];
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                for (k, l) in ls.iter().enumerate() {
+                    l.set_nonblocking(true).unwrap();
+                    if l.recv_from(&mut buf).is_ok() {
+                        return k;
+                    }
+                }
+                assert!(std::time::Instant::now() < deadline, "no socket got it");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        };
+        assert_eq!(place(&short(9)), 1);
+        assert_eq!(place(&short(0x0102)), 2);
+        assert_eq!(place(&short(7)), 0);
+        // A Handshake packet carries shard's ID; an Initial the client's: a fresh choice.
+        assert_eq!(place(&long(2, 0x0102)), 2);
+        assert_eq!(place(&long(0, 0x0102)), 0);
+        // A key without a socket, and a datagram too short to hold an ID: fresh.
+        assert_eq!(place(&short(5)), 0);
+        assert_eq!(place(&[0x40, 0]), 0);
+        // Fresh choices over two keys, by the hash of the addresses: one client, one place.
+        steering.attach(ls[1].as_raw_fd(), &[9, 0x0102]).unwrap();
+        let a = place(&long(0, 0));
+        for _ in 0..5 {
+            assert_eq!(place(&long(0, 0)), a);
+        }
+        assert!(a == 1 || a == 2);
+        // A socket that joins later (a new generation): the old keys still reach theirs.
+        let late = sock(port);
+        steering.insert(0x0200, late.as_raw_fd()).unwrap();
+        steering.attach(late.as_raw_fd(), &[0x0200]).unwrap();
+        let ls2 = [&ls[0], &ls[1], &ls[2], &late];
+        let place2 = |pkt: &[u8]| -> usize {
+            client.send_to(pkt, ("127.0.0.1", port)).unwrap();
+            let mut buf = [0u8; 256];
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                for (k, l) in ls2.iter().enumerate() {
+                    l.set_nonblocking(true).unwrap();
+                    if l.recv_from(&mut buf).is_ok() {
+                        return k;
+                    }
+                }
+                assert!(std::time::Instant::now() < deadline, "no socket got it");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        };
+        assert_eq!(place2(&short(9)), 1);
+        assert_eq!(place2(&short(7)), 0);
+        assert_eq!(place2(&long(0, 0)), 3);
+        assert_eq!(place2(&short(0x0200)), 3);
     }
 
     /// The real kernel: three listeners of one group, 30 connections, 10 each. Needs

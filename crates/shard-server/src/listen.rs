@@ -58,6 +58,208 @@ pub struct OpenListener {
     pub steer_refused: bool,
     /// `bpf(2)` refused the dealing program once: the group falls back to the random one.
     pub deal_refused: bool,
+    /// A `quic` group steered by connection ID (`None`: the kernel's hash places datagrams).
+    pub quic: Option<QuicPlane>,
+}
+
+/// A `quic` group's steering plane: every socket has a key (below
+/// `shard_event::bpf::QUIC_KEYS`) that the worker reading it writes into the first two bytes
+/// of every connection ID it issues, and the group's program sends each datagram that
+/// carries such an ID to that key's socket (`shard_event::bpf::quic_program`), so a client
+/// whose address changes still reaches its worker. A reload gives the new generation fresh
+/// sockets and keys and keeps the old ones for the stopping workers, which go on receiving
+/// their connections' datagrams while new connections (Initial packets) go only to the fresh
+/// sockets of live workers.
+#[derive(Debug)]
+pub struct QuicPlane {
+    steering: shard_event::bpf::QuicSteering,
+    /// The keys of `OpenListener::fds`, in the same order.
+    pub keys: Vec<u32>,
+    /// Sockets of earlier generations, read by their stopping workers: (generation, socket,
+    /// key). The master's copy closes once no worker of that generation runs.
+    pub retired: Vec<(u64, RawFd, u32)>,
+    next_key: u32,
+    /// The keys new connections go to, as attached.
+    fresh: Vec<u32>,
+}
+
+impl QuicPlane {
+    fn take_key(&mut self) -> u32 {
+        loop {
+            let k = self.next_key;
+            self.next_key = (self.next_key + 1) % shard_event::bpf::QUIC_KEYS;
+            if !self.keys.contains(&k) && !self.retired.iter().any(|r| r.2 == k) {
+                return k;
+            }
+        }
+    }
+
+    fn attach(&mut self, fd: RawFd, fresh: Vec<u32>) -> io::Result<()> {
+        if fresh == self.fresh {
+            return Ok(());
+        }
+        self.steering.attach(fd, &fresh)?;
+        self.fresh = fresh;
+        Ok(())
+    }
+}
+
+/// Steers a new `quic` group by connection ID. Where `bpf(2)` refuses (no `CAP_BPF`), the
+/// kernel's hash of the client's address places datagrams: said once per address.
+pub fn quic_start(ol: &mut OpenListener) {
+    if !ol.opts.quic || !ol.reuseport || ol.quic.is_some() {
+        return;
+    }
+    let res = (|| -> io::Result<QuicPlane> {
+        if ebpf_disabled_for_test() {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+        let mut plane = QuicPlane {
+            steering: shard_event::bpf::QuicSteering::new()?,
+            keys: Vec::new(),
+            retired: Vec::new(),
+            next_key: 0,
+            fresh: Vec::new(),
+        };
+        for &fd in &ol.fds {
+            let k = plane.take_key();
+            plane.steering.insert(k, fd)?;
+            plane.keys.push(k);
+        }
+        let fresh = plane.keys[..ol.active.min(plane.keys.len())].to_vec();
+        plane.attach(ol.fds[0], fresh)?;
+        Ok(plane)
+    })();
+    match res {
+        Ok(plane) => {
+            crate::log!(
+                Info,
+                "QUIC datagrams to {} are steered by connection ID (eBPF)",
+                ol.addr
+            );
+            ol.quic = Some(plane);
+        }
+        Err(e) => crate::log!(
+            Notice,
+            "QUIC datagrams to {} are placed by the kernel's hash of the client's address \
+             (eBPF: {}): a client whose address changes may reach another worker",
+            ol.addr,
+            shard_event::os_error_text(&e)
+        ),
+    }
+}
+
+/// A new generation of a steered `quic` group: fresh sockets and keys for its `n_workers`
+/// workers; the old sockets stay open (retired, with `old_generation`) for the old workers,
+/// which drain their connections on them; new connections go to the fresh ones only.
+pub fn quic_renew(ol: &mut OpenListener, old_generation: u64, n_workers: usize) -> io::Result<()> {
+    let Some(plane) = ol.quic.as_mut() else {
+        return Ok(());
+    };
+    let mut fds = Vec::with_capacity(n_workers);
+    let mut keys = Vec::with_capacity(n_workers);
+    let fail = |fds: Vec<RawFd>, e: io::Error| {
+        for fd in fds {
+            shard_event::sock::close(fd);
+        }
+        Err(e)
+    };
+    for _ in 0..n_workers {
+        let fd = match new_socket(&ol.addr, &ol.opts, false, true) {
+            Ok(fd) => fd,
+            Err(ShardError::Io(e) | ShardError::Refused(e)) => return fail(fds, e),
+        };
+        fds.push(fd);
+        let k = plane.take_key();
+        if let Err(e) = plane.steering.insert(k, fd) {
+            return fail(fds, e);
+        }
+        keys.push(k);
+    }
+    for (fd, key) in ol.fds.drain(..).zip(plane.keys.drain(..)) {
+        plane.retired.push((old_generation, fd, key));
+    }
+    ol.fds = fds;
+    ol.active = n_workers;
+    ol.per_worker = true;
+    ol.n_workers = n_workers;
+    plane.keys = keys;
+    let fresh = plane.keys.clone();
+    plane.attach(ol.fds[0], fresh)
+}
+
+/// Closes the master's copies of retired `quic` sockets whose generation no longer runs
+/// (`running` says which do).
+pub fn quic_release(ol: &mut OpenListener, running: impl Fn(u64) -> bool) {
+    let Some(plane) = ol.quic.as_mut() else {
+        return;
+    };
+    plane.retired.retain(|&(g, fd, _)| {
+        let keep = running(g);
+        if !keep {
+            shard_event::sock::close(fd);
+        }
+        keep
+    });
+}
+
+/// New connections of a steered `quic` group go to the sockets of the workers `weights`
+/// leaves live (all of them when none is). True: nothing else to follow.
+fn quic_steer(l: &mut OpenListener, weights: &[u32]) -> bool {
+    let Some(plane) = l.quic.as_mut() else {
+        return true;
+    };
+    let n = l.active.min(plane.keys.len());
+    let mut fresh: Vec<u32> = (0..n)
+        .filter(|&j| weights.get(j).is_none_or(|&w| w > 0))
+        .map(|j| plane.keys[j])
+        .collect();
+    if fresh.is_empty() {
+        fresh = plane.keys[..n].to_vec();
+    }
+    if let Err(e) = plane.attach(l.fds[0], fresh) {
+        crate::log!(
+            Alert,
+            "steering QUIC datagrams to {} failed ({})",
+            l.addr,
+            shard_event::os_error_text(&e)
+        );
+        return false;
+    }
+    true
+}
+
+impl OpenListener {
+    /// The key of worker `idx`'s socket in a steered `quic` group (its connection IDs carry
+    /// it).
+    pub fn quic_key(&self, idx: usize) -> Option<u32> {
+        let p = self.quic.as_ref()?;
+        p.keys.get(idx % self.active.max(1)).copied()
+    }
+
+    /// The `quic` sockets worker `idx` does not read: its siblings' and earlier generations'.
+    /// A new worker closes its copies, so that a socket closes once its own worker and the
+    /// master let it go.
+    pub fn quic_foreign_fds(&self, idx: usize) -> Vec<RawFd> {
+        if !self.opts.quic {
+            return Vec::new();
+        }
+        let own = if self.reuseport {
+            Some(self.fd_for_worker(idx))
+        } else {
+            (idx == 0).then(|| self.fds[0])
+        };
+        let mut v: Vec<RawFd> = self
+            .fds
+            .iter()
+            .copied()
+            .filter(|&fd| Some(fd) != own)
+            .collect();
+        if let Some(p) = &self.quic {
+            v.extend(p.retired.iter().map(|r| r.1));
+        }
+        v
+    }
 }
 
 impl OpenListener {
@@ -116,6 +318,9 @@ impl OpenListener {
     /// Closes every socket (the address left the configuration).
     pub fn close(self) {
         for fd in self.fds {
+            shard_event::sock::close(fd);
+        }
+        for (_, fd, _) in self.quic.into_iter().flat_map(|p| p.retired) {
             shard_event::sock::close(fd);
         }
     }
@@ -438,8 +643,11 @@ pub fn open(
         program: group.then(|| (Vec::new(), false)),
         steer_refused: false,
         deal_refused: false,
+        quic: None,
     };
-    reconcile(existing, conf_idx, l, n_workers, tcp_nodelay, true)
+    let mut ol = reconcile(existing, conf_idx, l, n_workers, tcp_nodelay, true)?;
+    quic_start(&mut ol);
+    Ok(ol)
 }
 
 /// Makes `old` (the sockets of the same address) serve `l` with `n_workers` workers: reuses
@@ -552,6 +760,7 @@ pub fn reconcile(
         program: old.program,
         steer_refused: old.steer_refused,
         deal_refused: old.deal_refused,
+        quic: old.quic,
     };
     if !steer_now {
         ol.forget_program();
@@ -583,8 +792,12 @@ pub fn reconcile(
 /// `weights` (false where the kernel refused it, and for a listener without `reuseport`, which
 /// has no program).
 pub fn steer(l: &mut OpenListener, weights: &[u32], deal: bool) -> bool {
-    // Datagram groups keep the kernel's hash of the client's address: a program choosing
-    // per packet would scatter a UDP session's (or a QUIC connection's) datagrams.
+    // A steered `quic` group has its own program (connection IDs); other datagram groups
+    // keep the kernel's hash of the client's address: a program choosing per packet would
+    // scatter a UDP session's datagrams.
+    if l.opts.udp && l.reuseport {
+        return quic_steer(l, weights);
+    }
     if !l.reuseport || l.opts.udp {
         return false;
     }

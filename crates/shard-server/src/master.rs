@@ -779,6 +779,13 @@ impl Master {
                     std::process::exit(2);
                 }
                 self.worker_directory();
+                // The `quic` sockets other workers read: a socket must close once its own
+                // worker and the master let it go.
+                for l in &self.listeners {
+                    for fd in l.quic_foreign_fds(idx) {
+                        shard_event::sock::close(fd);
+                    }
+                }
                 let code = worker::run(WorkerArgs {
                     idx,
                     slot,
@@ -1085,7 +1092,19 @@ impl Master {
             // detach its program).
             let steer_now = self.upgrade_child.is_none();
             match listen::reconcile(prev, i, l, n_workers, nodelay, steer_now) {
-                Ok(ol) => listeners.push(ol),
+                Ok(mut ol) => {
+                    // A steered `quic` group: the new generation reads fresh sockets; the
+                    // old workers drain their connections on the old ones.
+                    if let Err(e) = listen::quic_renew(&mut ol, self.generation, n_workers) {
+                        crate::log!(
+                            Alert,
+                            "new QUIC sockets for {} failed ({e}): the generations share \
+                             theirs",
+                            l.addr
+                        );
+                    }
+                    listeners.push(ol)
+                }
                 Err(e) => crate::log!(Alert, "{e}: {} is no longer served", l.addr),
             }
         }
@@ -1523,6 +1542,11 @@ impl Master {
             let Some(p) = self.procs.remove(&pid) else {
                 continue;
             };
+            // `quic` sockets of a generation whose last worker is gone close here.
+            let procs = &self.procs;
+            for l in &mut self.listeners {
+                listen::quic_release(l, |g| procs.values().any(|p| p.generation == g));
+            }
             if self.region.force_unlock_accept(pid as u64) {
                 crate::log!(
                     Alert,

@@ -116,6 +116,9 @@ struct WListener {
     /// A `quic` socket (`h3.rs`): polled for as long as the worker has QUIC connections,
     /// never paused, never adopted by a sibling (its datagrams belong to connections).
     quic: bool,
+    /// Its key in the group's steering plane (`listen::QuicPlane`), which every connection
+    /// ID this worker issues carries.
+    quic_key: Option<u32>,
 }
 
 /// A path `open_log_file_cache` counts: its lines within `inactive`, and its descriptor once
@@ -417,6 +420,7 @@ impl<'a> Worker<'a> {
                         adopted_from: None,
                         enabled: true,
                         quic: true,
+                        quic_key: l.quic_key(a.idx),
                     });
                 }
                 continue;
@@ -443,6 +447,7 @@ impl<'a> Worker<'a> {
                 adopted_from: None,
                 enabled: true,
                 quic: false,
+                quic_key: None,
             });
             // The siblings' shards, for when their worker is not serving them.
             if mode == AcceptMode::Shard {
@@ -457,6 +462,7 @@ impl<'a> Worker<'a> {
                         adopted_from: Some(j),
                         enabled: false,
                         quic: false,
+                        quic_key: None,
                     });
                 }
             }
@@ -472,6 +478,7 @@ impl<'a> Worker<'a> {
                     adopted_from: None,
                     enabled: true,
                     quic: false,
+                    quic_key: None,
                 });
             }
         }

@@ -8,7 +8,8 @@
 #   many N PATH            N requests at once on one connection: "ok K" (K answered 200)
 #   post PATH SIZE         a body of SIZE bytes: "STATUS BODY"
 #   migrate PATH           a request, a new source port, a request: "STATUS STATUS"
-#   long PATH              one request read slowly: "STATUS LEN" (for a reload meanwhile)
+#   long PATH              one slow response: "headers" once it begins, then "STATUS LEN"
+#                          (a test reloads the server meanwhile)
 #
 # Exits 2 on a timeout or a connection that failed.
 import asyncio
@@ -39,6 +40,9 @@ class Client(QuicConnectionProtocol):
             if isinstance(ev, (HeadersReceived, DataReceived)):
                 r = self.responses.setdefault(ev.stream_id, {"headers": [], "body": b""})
                 if isinstance(ev, HeadersReceived):
+                    if not r["headers"] and MODE == "long":
+                        # The response began: the test may now reload under it.
+                        print("headers", flush=True)
                     r["headers"] += ev.headers
                 else:
                     r["body"] += ev.data

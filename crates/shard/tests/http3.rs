@@ -169,11 +169,86 @@ fn a_client_that_changes_its_port_is_still_served() {
     let Some(py) = python_aioquic("a_client_that_changes_its_port_is_still_served") else {
         return;
     };
-    // One worker: with several, the kernel's hash of the new address may choose another
-    // worker's socket (steering by connection ID is not built yet: docs/directives.md).
-    let s = start("h3-migrate", 1, "");
-    let out = h3client(py, s.ports[0], &["migrate", "/ok"]);
-    assert_eq!(out.trim(), "200 200");
+    // Two workers: the kernel's hash of the new address chooses either socket; the steering
+    // plane sends the datagrams by connection ID to the worker holding the connection.
+    let s = start("h3-migrate", 2, "");
+    if !error_log(&s).contains("are steered by connection ID") {
+        skipped(
+            "a_client_that_changes_its_port_is_still_served",
+            "bpf(2) is refused here (needs CAP_BPF): QUIC keeps the kernel's hash",
+        );
+        return;
+    }
+    for _ in 0..6 {
+        let out = h3client(py, s.ports[0], &["migrate", "/ok"]);
+        assert_eq!(out.trim(), "200 200");
+    }
+}
+
+#[test]
+fn a_reload_in_the_middle_of_a_download_loses_nothing() {
+    use std::io::BufRead;
+    let Some(py) = python_aioquic("a_reload_in_the_middle_of_a_download_loses_nothing") else {
+        return;
+    };
+    let mut s = start("h3-reload-long", 2, "");
+    if !error_log(&s).contains("are steered by connection ID") {
+        skipped(
+            "a_reload_in_the_middle_of_a_download_loses_nothing",
+            "bpf(2) is refused here (needs CAP_BPF): QUIC keeps the kernel's hash",
+        );
+        return;
+    }
+    s.wait_workers(2);
+    let conf = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
+    let conf = conf.replace(
+        "location = /ok {",
+        "location = /slow.bin { limit_rate 200k; }\n location = /ok {",
+    );
+    std::fs::write(s.dir.join("conf/shard.conf"), &conf).unwrap();
+    s.signal(libc::SIGHUP);
+    wait_generation(&s, 2, 2);
+    let body: Vec<u8> = (0..600_000u32).map(|i| (i % 253) as u8).collect();
+    write_file(&s.dir, "html/slow.bin", &body);
+    // Three seconds of download; a reload once it began.
+    let mut child = Command::new("timeout")
+        .arg("40")
+        .arg(py)
+        .arg(CLIENT)
+        .arg(s.ports[0].to_string())
+        .args(["long", "/slow.bin"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "headers");
+    std::fs::write(
+        s.dir.join("conf/shard.conf"),
+        conf.replace("limit_rate 200k;", "limit_rate 201k;"),
+    )
+    .unwrap();
+    s.signal(libc::SIGHUP);
+    wait_generation(&s, 3, 2);
+    // New connections meanwhile go to the new generation.
+    for _ in 0..4 {
+        assert_eq!(h3client(py, s.ports[0], &["get", "/ok"]).trim(), "200 3 OK");
+    }
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(
+        line.trim(),
+        "200 600000",
+        "the download survived the reload"
+    );
+    assert!(child.wait().unwrap().success());
+    // The old generation ends once its download did; its sockets go with it.
+    wait_for(Duration::from_secs(10), "generation 2 gone", || {
+        error_log(&s)
+            .contains("(worker 1, generation 2) exited with code 0")
+            .then_some(())
+    });
 }
 
 #[test]

@@ -129,6 +129,12 @@ impl Worker<'_> {
     }
 
     pub(super) fn accept_on(&mut self, li: usize) {
+        // A `quic` socket carries the datagrams of connections in progress: read whatever
+        // the worker's state (a stopping worker drains its QUIC connections there).
+        if self.listeners.get(li).is_some_and(|l| l.quic) {
+            self.quic_readable(li);
+            return;
+        }
         // A pause taken for an earlier listener of the same batch holds for this one too.
         if li >= self.listeners.len() || self.shutting_down || self.accept_paused_until.is_some() {
             return;

@@ -116,6 +116,10 @@ struct Stream {
     blocked: bool,
     /// FIN or RESET sent: nothing more goes out.
     sent_end: bool,
+    /// RESET sent, or the FIN and all before it acknowledged (`Finished`): once its
+    /// connection closed too, the stream is forgotten (until then QUIC may still need to
+    /// send what it was given, and the connection must not close).
+    over: bool,
 }
 
 impl Stream {
@@ -134,6 +138,7 @@ impl Stream {
             pending_fin: false,
             blocked: false,
             sent_end: false,
+            over: false,
         }
     }
 }
@@ -237,10 +242,44 @@ pub(super) fn server_config(
     Ok(sc)
 }
 
+/// Connection IDs that carry the socket's key in the steering plane (`listen::QuicPlane`)
+/// in their first two bytes, so that the group's program sends every datagram of the
+/// connection to this worker's socket whatever the client's address; the rest is a keyed
+/// hash of a counter (unpredictable, never repeated).
+struct KeyedCids {
+    key: u16,
+    hasher: std::collections::hash_map::RandomState,
+    n: u64,
+}
+
+impl qp::ConnectionIdGenerator for KeyedCids {
+    fn generate_cid(&mut self) -> qp::ConnectionId {
+        use std::hash::BuildHasher;
+        self.n += 1;
+        let r = self.hasher.hash_one(self.n).to_be_bytes();
+        let mut b = [0u8; shard_event::bpf::QUIC_CID_LEN];
+        b[..2].copy_from_slice(&self.key.to_be_bytes());
+        b[2..].copy_from_slice(&r[..shard_event::bpf::QUIC_CID_LEN - 2]);
+        qp::ConnectionId::new(&b)
+    }
+
+    fn cid_len(&self) -> usize {
+        shard_event::bpf::QUIC_CID_LEN
+    }
+
+    fn cid_lifetime(&self) -> Option<Duration> {
+        None
+    }
+}
+
 /// The endpoint configuration: stateless reset tokens from `quic_host_key` when given (so
-/// they outlive a restart), else from a key of this process.
-pub(super) fn endpoint_config(h3c: &shard_config::Http3Conf) -> qp::EndpointConfig {
-    let key = match h3c.host_key.as_ref().and_then(|p| std::fs::read(p).ok()) {
+/// they outlive a restart), else from a key of this process; connection IDs that carry
+/// `key` where the group is steered.
+pub(super) fn endpoint_config(
+    h3c: &shard_config::Http3Conf,
+    key: Option<u32>,
+) -> qp::EndpointConfig {
+    let hmac = match h3c.host_key.as_ref().and_then(|p| std::fs::read(p).ok()) {
         Some(k) => ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &k),
         None => {
             let mut k = [0u8; 32];
@@ -250,7 +289,17 @@ pub(super) fn endpoint_config(h3c: &shard_config::Http3Conf) -> qp::EndpointConf
             ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &k)
         }
     };
-    qp::EndpointConfig::new(Arc::new(key))
+    let mut ec = qp::EndpointConfig::new(Arc::new(hmac));
+    if let Some(k) = key {
+        ec.cid_generator(move || {
+            Box::new(KeyedCids {
+                key: k as u16,
+                hasher: std::collections::hash_map::RandomState::new(),
+                n: 0,
+            })
+        });
+    }
+    ec
 }
 
 impl Endpoint {
@@ -504,7 +553,7 @@ impl Worker<'_> {
                     continue;
                 }
             };
-            let ec = endpoint_config(&srv.http3);
+            let ec = endpoint_config(&srv.http3, self.listeners[li].quic_key);
             let fd = self.listeners[li].fd;
             let ep = Endpoint::new(fd, conf_idx, sc, ec, srv.http3.retry);
             if self.quic.len() <= li {
@@ -663,12 +712,7 @@ impl Worker<'_> {
         let c = &mut self.h3[k];
         c.in_drive = false;
         // A connection told to go away closes once its requests are answered.
-        if c.going_away
-            && !c.conn.is_closed()
-            && c.streams
-                .values()
-                .all(|s| s.key.is_none() && s.pending.is_empty())
-        {
+        if c.going_away && !c.conn.is_closed() && c.streams.is_empty() {
             c.conn
                 .close(Instant::now(), varint(code::NO_ERROR), bytes::Bytes::new());
             self.h3_endpoint_events(k);
@@ -794,8 +838,11 @@ impl Worker<'_> {
                     qp::StreamEvent::Stopped { id, .. } => self.h3_stopped(k, id),
                     qp::StreamEvent::Finished { id } => {
                         let c = &mut self.h3[k];
-                        if c.streams.get(&id).is_some_and(|s| s.key.is_none()) {
-                            c.streams.remove(&id);
+                        if let Some(st) = c.streams.get_mut(&id) {
+                            st.over = true;
+                            if st.key.is_none() {
+                                c.streams.remove(&id);
+                            }
                         }
                     }
                     qp::StreamEvent::Available { .. } => {}
@@ -1081,7 +1128,7 @@ impl Worker<'_> {
                 c.ready.push(sk);
             }
         }
-        if st.key.is_none() && st.sent_end {
+        if st.key.is_none() && st.over {
             c.streams.remove(&id);
         }
     }
@@ -1359,6 +1406,7 @@ impl Worker<'_> {
             Out::UntilClose => st.pending_fin = true,
             _ => {
                 st.sent_end = true;
+                st.over = true;
                 st.pending.clear();
                 let _ = c.conn.send_stream(id).reset(varint(code::INTERNAL_ERROR));
             }
@@ -1367,8 +1415,10 @@ impl Worker<'_> {
             // Answered before the client finished its body: it may stop.
             let _ = c.conn.recv_stream(id).stop(varint(code::NO_ERROR));
         }
-        let _ = st.flush(&mut c.conn, id);
-        if st.sent_end && st.pending.is_empty() {
+        if st.flush(&mut c.conn, id).is_err() {
+            st.over = true;
+        }
+        if st.over {
             c.streams.remove(&id);
         }
         self.h3_stream_moved(h2);
