@@ -71,6 +71,16 @@ pub struct WorkerSlot {
     /// master's steering program sends new connections to the siblings (their clients
     /// reconnecting must not land here again).
     pub shed_until_ms: AtomicU64,
+    /// QUIC connections of the worker now (gauge).
+    pub quic_connections: AtomicU64,
+    /// Datagrams the worker read from its `quic` sockets.
+    pub quic_datagrams: AtomicU64,
+    /// Datagrams for a QUIC connection this worker does not hold (dropped): with steering by
+    /// connection ID, a connection of a worker that died; without, also a client whose
+    /// address changed.
+    pub quic_strays: AtomicU64,
+    /// Retry packets sent (`quic_retry on`).
+    pub quic_retries: AtomicU64,
 }
 
 impl WorkerSlot {
@@ -107,6 +117,10 @@ impl WorkerSlot {
             tls_handshakes_deferred,
             h2_rebalanced,
             shed_until_ms,
+            quic_connections,
+            quic_datagrams,
+            quic_strays,
+            quic_retries,
         } = self;
         for c in [
             pid,
@@ -138,6 +152,10 @@ impl WorkerSlot {
             tls_handshakes_deferred,
             h2_rebalanced,
             shed_until_ms,
+            quic_connections,
+            quic_datagrams,
+            quic_strays,
+            quic_retries,
         ] {
             c.store(0, Relaxed);
         }
@@ -146,7 +164,8 @@ impl WorkerSlot {
     /// The monotonic counters: `accepted`, `handled`, `requests`, `cpu_ms`, `budget_yields`,
     /// `adopted`, `accept_pauses`, `body_spooled_bytes`, `stolen`, `stalls`,
     /// `file_cache_hits`, `file_cache_misses`, `tls_handshakes`, `tls_handshake_us`,
-    /// `tls_handshakes_deferred`, `h2_rebalanced`.
+    /// `tls_handshakes_deferred`, `h2_rebalanced`, `quic_datagrams`, `quic_strays`,
+    /// `quic_retries`.
     pub fn counters(&self) -> [&AtomicU64; COUNTERS] {
         [
             &self.accepted,
@@ -165,6 +184,9 @@ impl WorkerSlot {
             &self.tls_handshake_us,
             &self.tls_handshakes_deferred,
             &self.h2_rebalanced,
+            &self.quic_datagrams,
+            &self.quic_strays,
+            &self.quic_retries,
         ]
     }
 
@@ -244,7 +266,7 @@ pub fn program_name(v: u64) -> &'static str {
 pub const COUNTERS_ENV: &str = "SHARD_COUNTERS";
 
 /// The counters (not the gauges) of a [`WorkerSlot`], in the order of [`WorkerSlot::counters`].
-pub const COUNTERS: usize = 16;
+pub const COUNTERS: usize = 19;
 
 /// The counters of exited workers of one index (see `Region::retired`).
 #[repr(C)]

@@ -111,7 +111,8 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
              \"budget_yields\":{},\"adopted\":{},\"accept_pauses\":{},\"body_mem_bytes\":{},\
              \"body_spooled_bytes\":{},\"body_temp_files\":{},\"stolen\":{},\"stalls\":{},\
              \"stalled\":{},\"file_cache_hits\":{},\"file_cache_misses\":{},\"file_cache_entries\":{},\
-             \"tls_handshakes\":{},\"tls_handshake_cpu_ms\":{},\"tls_handshakes_deferred\":{},\"h2_rebalanced\":{}}}",
+             \"tls_handshakes\":{},\"tls_handshake_cpu_ms\":{},\"tls_handshakes_deferred\":{},\"h2_rebalanced\":{},\
+             \"quic_connections\":{},\"quic_datagrams\":{},\"quic_strays\":{},\"quic_retries\":{}}}",
             w.pid.load(Relaxed),
             w.accepted.load(Relaxed),
             w.handled.load(Relaxed),
@@ -138,6 +139,10 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
             w.tls_handshake_us.load(Relaxed) / 1000,
             w.tls_handshakes_deferred.load(Relaxed),
             w.h2_rebalanced.load(Relaxed),
+            w.quic_connections.load(Relaxed),
+            w.quic_datagrams.load(Relaxed),
+            w.quic_strays.load(Relaxed),
+            w.quic_retries.load(Relaxed),
         );
     }
     // Workers of older generations still finishing their connections (tunnels, relays,
@@ -264,7 +269,7 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             .collect()
     });
     // (name, help, counter index): what `WorkerSlot::counters` lists.
-    let counter_rows: [(&str, &str, usize); 16] = [
+    let counter_rows: [(&str, &str, usize); 19] = [
         ("shard_worker_accepted_total", "Connections accepted by the worker.", 0),
         ("shard_worker_handled_total", "Connections handled by the worker.", 1),
         ("shard_worker_requests_total", "Requests served by the worker.", 2),
@@ -333,6 +338,21 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             "HTTP/2 connections sent GOAWAY by http2_rebalance.",
             15,
         ),
+        (
+            "shard_worker_quic_datagrams_total",
+            "Datagrams read from the worker's quic sockets.",
+            16,
+        ),
+        (
+            "shard_worker_quic_strays_total",
+            "Datagrams for a QUIC connection the worker does not hold (dropped).",
+            17,
+        ),
+        (
+            "shard_worker_quic_retries_total",
+            "Retry packets sent (quic_retry).",
+            18,
+        ),
     ];
     for (name, help, c) in counter_rows {
         let _ = writeln!(s, "# HELP {name} {help}");
@@ -348,7 +368,12 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
         }
     }
     type Gauge = fn(&crate::shm::WorkerSlot) -> u64;
-    let gauges: [(&str, &str, Gauge); 8] = [
+    let gauges: [(&str, &str, Gauge); 9] = [
+        (
+            "shard_worker_quic_connections",
+            "QUIC connections of the worker.",
+            |w| w.quic_connections.load(Relaxed),
+        ),
         (
             "shard_worker_active",
             "Open client connections of the worker.",

@@ -183,6 +183,9 @@ fn a_client_that_changes_its_port_is_still_served() {
         let out = h3client(py, s.ports[0], &["migrate", "/ok"]);
         assert_eq!(out.trim(), "200 200");
     }
+    // No datagram reached a worker that did not hold its connection.
+    assert_eq!(status_field(&s, "quic_strays"), 0);
+    assert!(status_field(&s, "quic_datagrams") > 0);
 }
 
 #[test]
@@ -312,6 +315,11 @@ fn hostile_datagrams_leave_the_worker_serving() {
     let out = h3client(py, port, &["get", "/ok"]);
     assert_eq!(out.trim(), "200 3 OK");
     assert_eq!(s.wait_workers(1)[0].pid, pid, "the worker survived");
+    // Counted, and no connection left behind by the garbage or the client.
+    assert!(status_field(&s, "quic_datagrams") >= 20);
+    wait_for(Duration::from_secs(10), "QUIC connections closed", || {
+        (status_field(&s, "quic_connections") == 0).then_some(())
+    });
 }
 
 #[test]

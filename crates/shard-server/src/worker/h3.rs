@@ -578,6 +578,7 @@ impl Worker<'_> {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
             };
+            crate::shm::WorkerSlot::bump(&self.cx.slot.quic_datagrams, 1);
             if let Some(k) = self.quic_datagram(li, from, &buf[..n]) {
                 if !touched.contains(&k) {
                     touched.push(k);
@@ -595,7 +596,14 @@ impl Worker<'_> {
         let now = Instant::now();
         let mut out = Vec::new();
         let ep = self.quic[li].as_mut()?;
-        let event = ep.ep.handle(now, from, None, None, data.into(), &mut out)?;
+        // A short header names a connection: one this worker does not hold is a stray.
+        let short = data.first().is_some_and(|b| b & 0x80 == 0);
+        let Some(event) = ep.ep.handle(now, from, None, None, data.into(), &mut out) else {
+            if short {
+                crate::shm::WorkerSlot::bump(&self.cx.slot.quic_strays, 1);
+            }
+            return None;
+        };
         match event {
             qp::DatagramEvent::ConnectionEvent(h, ev) => {
                 let k = *ep.by_handle.get(&h)?;
@@ -606,7 +614,9 @@ impl Worker<'_> {
                 // Version negotiation, or a stateless reset. A reset is not sent: a packet
                 // of a connection another process of this address holds (a worker of the
                 // previous generation after a reload) would end it.
-                if data.first().is_some_and(|b| b & 0x80 != 0) {
+                if short {
+                    crate::shm::WorkerSlot::bump(&self.cx.slot.quic_strays, 1);
+                } else {
                     send_datagram(ep.fd, &out[..t.size], &t.destination);
                 }
                 None
@@ -625,6 +635,7 @@ impl Worker<'_> {
                 if ep.retry && !incoming.remote_address_validated() && incoming.may_retry() {
                     if let Ok(t) = ep.ep.retry(incoming, &mut out) {
                         send_datagram(ep.fd, &out[..t.size], &t.destination);
+                        crate::shm::WorkerSlot::bump(&self.cx.slot.quic_retries, 1);
                     }
                     return None;
                 }
@@ -681,6 +692,7 @@ impl Worker<'_> {
                 if let Some(ep) = self.quic[li].as_mut() {
                     ep.by_handle.insert(handle, k);
                 }
+                crate::shm::WorkerSlot::bump(&self.cx.slot.quic_connections, 1);
                 Some(k)
             }
         }
@@ -1370,6 +1382,7 @@ impl Worker<'_> {
         if let Some(ep) = self.quic.get_mut(c.ep).and_then(|e| e.as_mut()) {
             ep.by_handle.remove(&c.handle);
         }
+        crate::shm::WorkerSlot::drop_one(&self.cx.slot.quic_connections);
     }
 
     /// `send` of an HTTP/3 stream connection: its response bytes into frames.
