@@ -49,7 +49,7 @@ pub struct Load {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExperimentArgs {
-    /// e1, e2, e3, e4, e5, e6, e7 or all.
+    /// e1, e2, e3, e4, e5, e6, e7, e8 or all.
     pub which: String,
     /// Worker processes (E2 always uses 3, as the article).
     #[arg(long, default_value_t = 4)]
@@ -240,6 +240,8 @@ struct Ctx {
     strace: Option<PathBuf>,
     rows: Vec<Row>,
     notes: Vec<String>,
+    /// Experiments with reports of their own shape (E8): title, markdown.
+    sections: Vec<(String, String)>,
 }
 
 impl Ctx {
@@ -509,6 +511,7 @@ pub fn run(args: ExperimentArgs) -> Result<()> {
         strace,
         rows: Vec::new(),
         notes,
+        sections: Vec::new(),
     };
     let all = which == "all";
     let mut ran = false;
@@ -520,6 +523,7 @@ pub fn run(args: ExperimentArgs) -> Result<()> {
         ("e5", e5),
         ("e6", e6),
         ("e7", e7),
+        ("e8", e8),
     ] {
         if all || which == name {
             eprintln!("shard-bench: experiment {name}");
@@ -529,7 +533,7 @@ pub fn run(args: ExperimentArgs) -> Result<()> {
     }
     anyhow::ensure!(
         ran,
-        "unknown experiment {which:?}: e1, e2, e3, e4, e5, e6, e7 or all"
+        "unknown experiment {which:?}: e1, e2, e3, e4, e5, e6, e7, e8 or all"
     );
     write_outputs(&cx)?;
     eprintln!(
@@ -549,6 +553,34 @@ fn ok_load(cx: &Ctx, close: bool, conns: usize, secs: u64) -> Load {
         headers: Vec::new(),
         rate: None,
     }
+}
+
+/// E8: QUIC connections through reloads, a stall and port rebinding, with steering by
+/// connection ID and with the kernel's hash (`quic.rs`). shard only: Debian's nginx 1.22 has
+/// no HTTP/3.
+fn e8(cx: &mut Ctx) -> Result<()> {
+    let rows = crate::quic::e8(&cx.shard, cx.args.smoke, cx.args.rate)?;
+    let body = crate::quic::report(&rows, &cx.args.out)?;
+    if cx.args.smoke {
+        let done: u64 = rows.iter().map(|r| r.requests).sum();
+        anyhow::ensure!(done > 0, "e8: no request was answered");
+        let steered_fail: u64 = rows
+            .iter()
+            .filter(|r| r.steering && r.scenario == "base")
+            .map(|r| r.failed + r.hung)
+            .sum();
+        anyhow::ensure!(
+            steered_fail == 0,
+            "e8: base connections failed with steering"
+        );
+    }
+    cx.sections.push((
+        "E8. QUIC connections through reloads, a stalled worker and port rebinding: steering \
+         by connection ID against the kernel's hash (shard only: nginx 1.22 has no HTTP/3)"
+            .to_string(),
+        body,
+    ));
+    Ok(())
 }
 
 /// E1: requests/s and latency by accept strategy, `return 200 "OK"`, keep-alive.
@@ -1423,6 +1455,9 @@ fn report(cx: &Ctx) -> String {
         for chart in charts_for(exp) {
             let _ = writeln!(s, "\n![{exp} {chart}]({chart})");
         }
+    }
+    for (title, body) in &cx.sections {
+        let _ = writeln!(s, "\n## {title}\n\n{body}");
     }
     if !cx.notes.is_empty() {
         let _ = writeln!(s, "\n## Notes\n");

@@ -21,6 +21,7 @@ mod load;
 pub mod loadgen;
 mod procfs;
 mod proxy;
+mod quic;
 mod reload;
 mod routing;
 mod servers;

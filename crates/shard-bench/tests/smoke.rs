@@ -175,7 +175,7 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
     );
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     for e in [
-        "## E1.", "## E2.", "## E3.", "## E4.", "## E5.", "## E6.", "## E7.",
+        "## E1.", "## E2.", "## E3.", "## E4.", "## E5.", "## E6.", "## E7.", "## E8.",
     ] {
         assert!(report.contains(e), "{e} missing: {report}");
     }
@@ -203,6 +203,8 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
         "| shard | reuseport shards=auto |",
         "| shard | reuseport, http2_rebalance off |",
         "| shard | reuseport, http2_rebalance on |",
+        "| rebind | steering by CID |",
+        "| rebind | kernel hash |",
     ] {
         assert!(report.contains(strategy), "{strategy} missing: {report}");
     }
@@ -215,6 +217,8 @@ fn experiments_smoke_writes_the_report_charts_and_configurations() {
         "e4-timeline-2w.svg",
         "e5-cpu-share.svg",
         "e7-cpu-share.svg",
+        "e8-ttfb.svg",
+        "e8-timeline-rebind.svg",
     ] {
         let text = std::fs::read_to_string(out.join(svg)).unwrap();
         assert!(

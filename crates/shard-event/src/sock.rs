@@ -235,6 +235,15 @@ pub fn listen_queue(fd: RawFd) -> io::Result<(u32, u32)> {
     Ok((info.tcpi_unacked, info.tcpi_sacked))
 }
 
+/// Whether a datagram waits in socket `fd`'s receive queue (`FIONREAD` on a datagram socket
+/// is the size of the next one; an empty datagram reads as none).
+pub fn datagram_waiting(fd: RawFd) -> bool {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    r == 0 && n > 0
+}
+
 /// `getsockname(2)`: the bound address (a port-0 bind resolves to the real port).
 pub fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
     let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();

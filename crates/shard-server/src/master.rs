@@ -1359,7 +1359,13 @@ impl Master {
             .filter(|l| l.reuseport && l.per_worker)
         {
             for (j, q) in queued.iter_mut().enumerate().take(l.active) {
-                *q += shard_event::sock::listen_queue(l.fds[j]).map_or(0, |(q, _)| q);
+                // A datagram socket has no accept queue: a datagram waiting is work waiting
+                // (what tells a stopped worker from an idle one).
+                *q += if l.opts.udp {
+                    u32::from(shard_event::sock::datagram_waiting(l.fds[j]))
+                } else {
+                    shard_event::sock::listen_queue(l.fds[j]).map_or(0, |(q, _)| q)
+                };
             }
         }
         let mut quiet = true;

@@ -174,6 +174,9 @@ pub(super) struct H3Conn {
     in_drive: bool,
     /// GOAWAY sent: no new requests; those taken finish, then the connection closes.
     going_away: bool,
+    /// Not closed before this, once gone away: the client has two round trips to read our
+    /// GOAWAY before a request it sends meanwhile would cross our close.
+    close_after: Option<Instant>,
     /// The next request stream id not yet taken (GOAWAY names it).
     next_bidi: u64,
     /// The timer queued for this connection (ms, 0: none).
@@ -682,6 +685,7 @@ impl Worker<'_> {
                     ready: Vec::new(),
                     in_drive: false,
                     going_away: false,
+                    close_after: None,
                     next_bidi: 0,
                     timer_ms: 0,
                     server_name: String::new(),
@@ -723,8 +727,13 @@ impl Worker<'_> {
         }
         let c = &mut self.h3[k];
         c.in_drive = false;
-        // A connection told to go away closes once its requests are answered.
-        if c.going_away && !c.conn.is_closed() && c.streams.is_empty() {
+        // A connection told to go away closes once its requests are answered (and the
+        // client had time to read the GOAWAY).
+        if c.going_away
+            && !c.conn.is_closed()
+            && c.streams.is_empty()
+            && c.close_after.is_none_or(|t| Instant::now() >= t)
+        {
             c.conn
                 .close(Instant::now(), varint(code::NO_ERROR), bytes::Bytes::new());
             self.h3_endpoint_events(k);
@@ -772,7 +781,11 @@ impl Worker<'_> {
 
     fn h3_set_timer(&mut self, k: usize) {
         let c = &mut self.h3[k];
-        let Some(at) = c.conn.poll_timeout() else {
+        // A gone-away connection with nothing left closes at `close_after`.
+        let close = c
+            .close_after
+            .filter(|_| c.going_away && c.streams.is_empty() && !c.conn.is_closed());
+        let Some(at) = [c.conn.poll_timeout(), close].into_iter().flatten().min() else {
             c.timer_ms = 0;
             return;
         };
@@ -1361,6 +1374,8 @@ impl Worker<'_> {
             return;
         }
         c.going_away = true;
+        let grace = (c.conn.rtt() * 2).max(Duration::from_millis(50));
+        c.close_after = Some(Instant::now() + grace);
         if c.control.is_some() {
             c.control_out.extend_from_slice(&h3::goaway(c.next_bidi));
             h3_flush_control(c);
