@@ -14,8 +14,8 @@
 //! (a `SIGHUP` every second, ten of them), `stall` (worker 0 `SIGSTOP`ped for 5 s: the rate
 //! of first requests served for connections that arrive during the stall, against the rate
 //! before it), `rebind` (every connection moves to a new local port every second, as a NAT
-//! rebinding does). Not measured here: a binary upgrade (QUIC sockets are not handed to the
-//! new master yet, docs/directives.md).
+//! rebinding does), `upgrade` (a binary upgrade: `USR2`, then `WINCH` and `QUIT` to the old
+//! master two seconds later).
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
@@ -651,6 +651,28 @@ fn scenario(shard: &Path, name: &str, steering: bool, rate: f64, smoke: bool) ->
                 ));
             }
         }
+        "upgrade" => {
+            // USR2; the old master's workers stop (WINCH) and it quits once the new master
+            // runs its own (it starts in well under a second here).
+            let (at, then) = if smoke {
+                (Duration::from_millis(500), Duration::from_millis(1500))
+            } else {
+                (Duration::from_secs(3), Duration::from_secs(5))
+            };
+            events.push((
+                at,
+                Box::new(move || unsafe {
+                    libc::kill(master, libc::SIGUSR2);
+                }),
+            ));
+            events.push((
+                then,
+                Box::new(move || unsafe {
+                    libc::kill(master, libc::SIGWINCH);
+                    libc::kill(master, libc::SIGQUIT);
+                }),
+            ));
+        }
         "stall" => {
             let stopped = &stopped;
             events.push((
@@ -680,7 +702,20 @@ fn scenario(shard: &Path, name: &str, steering: bool, rate: f64, smoke: bool) ->
     }
     let body = status(port);
     load.out.strays = sum_field(&body, "quic_strays");
+    // After an upgrade the master is the new one, not our child: stop it by its pid file.
+    let dir = run.dir.clone();
     run.stop();
+    if let Some(pid) = std::fs::read_to_string(dir.join("logs/bench.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+        .filter(|&p| p != master)
+    {
+        unsafe { libc::kill(pid, libc::SIGQUIT) };
+        let end = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < end && std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     res?;
     let mut out = std::mem::take(&mut load.out);
     out.scenario = name.to_string();
@@ -716,7 +751,7 @@ pub fn e8(shard: &Path, smoke: bool, rate: Option<f64>) -> Result<Vec<Outcome>> 
     let names: &[&str] = if smoke {
         &["base", "rebind"]
     } else {
-        &["base", "reloads", "stall", "rebind"]
+        &["base", "reloads", "upgrade", "stall", "rebind"]
     };
     let mut all = Vec::new();
     for &name in names {
@@ -793,7 +828,7 @@ pub fn report(rows: &[Outcome], out: &Path) -> Result<String> {
         out.join("e8-ttfb.svg"),
         crate::svg::log2_histograms_log_count("E8: time to first byte per request", &series),
     )?;
-    for name in ["reloads", "stall", "rebind"] {
+    for name in ["reloads", "upgrade", "stall", "rebind"] {
         let mine: Vec<&Outcome> = rows.iter().filter(|r| r.scenario == name).collect();
         if mine.is_empty() {
             continue;

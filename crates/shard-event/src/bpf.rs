@@ -410,6 +410,17 @@ impl QuicSteering {
         })
     }
 
+    /// The socket array a previous master handed over (a binary upgrade): its keys keep
+    /// reaching the previous master's sockets while this master adds its own.
+    pub fn from_map(map: OwnedFd) -> QuicSteering {
+        QuicSteering { map }
+    }
+
+    /// The socket array's descriptor (to hand over to a new binary).
+    pub fn map_fd(&self) -> RawFd {
+        self.map.as_raw_fd()
+    }
+
     /// Puts socket `fd` (bound, in the group) under `key`. A socket that closes leaves the
     /// array by itself.
     pub fn insert(&self, key: u32, fd: RawFd) -> io::Result<()> {

@@ -78,6 +78,9 @@ pub struct QuicPlane {
     /// Sockets of earlier generations, read by their stopping workers: (generation, socket,
     /// key). The master's copy closes once no worker of that generation runs.
     pub retired: Vec<(u64, RawFd, u32)>,
+    /// Keys of the master this one upgraded from (its workers drain their connections on
+    /// its sockets, still in the array): never given out here.
+    reserved: Vec<u32>,
     next_key: u32,
     /// The keys new connections go to, as attached.
     fresh: Vec<u32>,
@@ -88,7 +91,10 @@ impl QuicPlane {
         loop {
             let k = self.next_key;
             self.next_key = (self.next_key + 1) % shard_event::bpf::QUIC_KEYS;
-            if !self.keys.contains(&k) && !self.retired.iter().any(|r| r.2 == k) {
+            if !self.keys.contains(&k)
+                && !self.retired.iter().any(|r| r.2 == k)
+                && !self.reserved.contains(&k)
+            {
                 return k;
             }
         }
@@ -104,21 +110,42 @@ impl QuicPlane {
     }
 }
 
-/// Steers a new `quic` group by connection ID. Where `bpf(2)` refuses (no `CAP_BPF`), the
-/// kernel's hash of the client's address places datagrams: said once per address.
-pub fn quic_start(ol: &mut OpenListener) {
+/// Steers a new `quic` group by connection ID, in the socket array of the master this one
+/// upgraded from when there is one (`inherited`: its descriptor and keys). Where `bpf(2)`
+/// refuses (no `CAP_BPF`), the kernel's hash of the client's address places datagrams: said
+/// once per address.
+pub fn quic_start(ol: &mut OpenListener, inherited: Option<(RawFd, Vec<u32>)>) {
     if !ol.opts.quic || !ol.reuseport || ol.quic.is_some() {
+        if let Some((fd, _)) = inherited {
+            shard_event::sock::close(fd);
+        }
         return;
     }
     let res = (|| -> io::Result<QuicPlane> {
         if ebpf_disabled_for_test() {
             return Err(io::Error::from_raw_os_error(libc::EPERM));
         }
+        let (steering, reserved) = match inherited {
+            // SAFETY: a descriptor the previous master handed over for this, owned by
+            // nobody else here.
+            Some((fd, keys)) => (
+                shard_event::bpf::QuicSteering::from_map(unsafe {
+                    std::os::fd::FromRawFd::from_raw_fd(fd)
+                }),
+                keys,
+            ),
+            None => (shard_event::bpf::QuicSteering::new()?, Vec::new()),
+        };
+        let next_key = reserved
+            .iter()
+            .max()
+            .map_or(0, |k| (k + 1) % shard_event::bpf::QUIC_KEYS);
         let mut plane = QuicPlane {
-            steering: shard_event::bpf::QuicSteering::new()?,
+            steering,
             keys: Vec::new(),
             retired: Vec::new(),
-            next_key: 0,
+            reserved,
+            next_key,
             fresh: Vec::new(),
         };
         for &fd in &ol.fds {
@@ -268,6 +295,9 @@ impl OpenListener {
     pub fn forget_program(&mut self) {
         if self.reuseport {
             self.program = Some((Vec::new(), false));
+        }
+        if let Some(p) = &mut self.quic {
+            p.fresh.clear();
         }
     }
 
@@ -504,6 +534,36 @@ pub struct Inherited {
     systemd: std::collections::HashSet<SocketAddr>,
     /// The sockets came from a master being upgraded (`SHARD_INHERIT`).
     pub upgrade: bool,
+    /// Steered `quic` groups of the master being upgraded (`QUIC_INHERIT_ENV`): by address,
+    /// the socket array and the keys its sockets use.
+    quic: HashMap<SocketAddr, (RawFd, Vec<u32>)>,
+}
+
+/// The environment variable a master hands its `quic` groups' steering to a new binary
+/// with: `address=fd:key,key,...` entries separated by `;` (the socket array's descriptor,
+/// and every key in use, so that the new master's keys are others).
+pub const QUIC_INHERIT_ENV: &str = "SHARD_QUIC_PLANES";
+
+/// The `QUIC_INHERIT_ENV` value for `listeners`, and the descriptors it names.
+pub fn quic_inherit_env_value(listeners: &[OpenListener]) -> (String, Vec<RawFd>) {
+    let mut s = String::new();
+    let mut fds = Vec::new();
+    for l in listeners {
+        let Some(p) = &l.quic else {
+            continue;
+        };
+        let fd = p.steering.map_fd();
+        let keys: Vec<String> = p
+            .keys
+            .iter()
+            .chain(p.retired.iter().map(|r| &r.2))
+            .chain(p.reserved.iter())
+            .map(u32::to_string)
+            .collect();
+        s.push_str(&format!("{}={fd}:{};", l.addr, keys.join(",")));
+        fds.push(fd);
+    }
+    (s, fds)
 }
 
 /// The environment variable a master hands its sockets to a new binary with:
@@ -558,6 +618,23 @@ impl Inherited {
         for v in inh.by_addr.values_mut() {
             v.sort_unstable();
         }
+        if let Ok(v) = std::env::var(QUIC_INHERIT_ENV) {
+            for entry in v.split(';').filter(|e| !e.is_empty()) {
+                let Some((addr, rest)) = entry.split_once('=') else {
+                    continue;
+                };
+                let Some((fd, keys)) = rest.split_once(':') else {
+                    continue;
+                };
+                let (Ok(addr), Ok(fd)) = (addr.parse::<SocketAddr>(), fd.parse::<RawFd>()) else {
+                    continue;
+                };
+                let keys = keys.split(',').filter_map(|k| k.parse().ok()).collect();
+                let _ = shard_event::sock::set_cloexec(fd, true);
+                inh.quic.insert(addr, (fd, keys));
+            }
+            std::env::remove_var(QUIC_INHERIT_ENV);
+        }
         std::env::remove_var(INHERIT_ENV);
         inh
     }
@@ -575,6 +652,9 @@ impl Inherited {
 
     /// Closes what no listener claimed; returns the addresses.
     pub fn close_unclaimed(self) -> Vec<SocketAddr> {
+        for (fd, _) in self.quic.into_values() {
+            shard_event::sock::close(fd);
+        }
         let mut gone = Vec::new();
         for (addr, v) in self.by_addr {
             for (_, fd) in v {
@@ -646,7 +726,8 @@ pub fn open(
         quic: None,
     };
     let mut ol = reconcile(existing, conf_idx, l, n_workers, tcp_nodelay, true)?;
-    quic_start(&mut ol);
+    let handed = inherited.quic.remove(&l.addr).filter(|_| l.opts.quic);
+    quic_start(&mut ol, handed);
     Ok(ol)
 }
 

@@ -368,6 +368,9 @@ pub(crate) fn set_title(title: &str) {
 /// Runs the master until it stops; returns the process exit code.
 pub fn run(opts: RunOptions) -> Result<i32> {
     let cfg = opts.config;
+    // Drawn here, before any worker is forked: every worker of every generation makes the
+    // same stateless reset tokens (`worker/h3.rs`).
+    crate::worker::quic_reset_secret();
     crate::log::make_prefix_logs_dir(&cfg.prefix);
     crate::log::init(&cfg.main.error_log.target, cfg.main.error_log.level)
         .context("cannot open the error log")?;
@@ -1219,10 +1222,16 @@ impl Master {
             }
             self.pid_path = Some(old);
         }
+        // Datagram sockets are not handed over (the new master binds its own); a steered
+        // `quic` group's socket array is, so that this master's connections keep their
+        // datagrams while its workers drain them.
+        let (quic_env, quic_fds) = listen::quic_inherit_env_value(&self.listeners);
         let fds: Vec<RawFd> = self
             .listeners
             .iter()
+            .filter(|l| !l.opts.udp)
             .flat_map(|l| l.fds.iter().copied())
+            .chain(quic_fds)
             .collect();
         for &fd in &fds {
             let _ = shard_event::sock::set_cloexec(fd, false);
@@ -1233,6 +1242,7 @@ impl Master {
                 listen::INHERIT_ENV,
                 listen::inherit_env_value(&self.listeners),
             )
+            .env(listen::QUIC_INHERIT_ENV, quic_env)
             // The counts so far, so the new master's counters go on from them.
             .env(shm::COUNTERS_ENV, self.region.counters_env())
             .spawn();

@@ -25,6 +25,7 @@ mod dav;
 mod files;
 mod h2;
 mod h3;
+pub(crate) use h3::quic_reset_secret;
 mod proxy;
 mod relay;
 mod resolver;
@@ -534,6 +535,7 @@ impl<'a> Worker<'a> {
             &slot.waiting,
             &slot.body_mem_bytes,
             &slot.body_temp_files,
+            &slot.quic_connections,
         ] {
             c.store(0, Relaxed);
         }

@@ -8,6 +8,8 @@
 #   many N PATH            N requests at once on one connection: "ok K" (K answered 200)
 #   post PATH SIZE         a body of SIZE bytes: "STATUS BODY"
 #   migrate PATH           a request, a new source port, a request: "STATUS STATUS"
+#   pause PATH             a request, then one more after a line on stdin ("first STATUS",
+#                          then "STATUS" or "failed: ...")
 #   long PATH              one slow response: "headers" once it begins, then "STATUS LEN"
 #                          (a test reloads the server meanwhile)
 #
@@ -21,6 +23,7 @@ from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.quic.events import ConnectionTerminated
 from aioquic.quic.configuration import QuicConfiguration
 
 PORT = int(sys.argv[1])
@@ -36,6 +39,14 @@ class Client(QuicConnectionProtocol):
         self.responses = {}
 
     def quic_event_received(self, event):
+        if isinstance(event, ConnectionTerminated):
+            # Closed or reset by the server: every request waiting fails now.
+            for w in self.waiters.values():
+                if not w.done():
+                    w.set_exception(ConnectionError(
+                        "connection terminated (error 0x%x)" % event.error_code))
+            self.waiters.clear()
+            return
         for ev in self.h3.handle_event(event):
             if isinstance(ev, (HeadersReceived, DataReceived)):
                 r = self.responses.setdefault(ev.stream_id, {"headers": [], "body": b""})
@@ -129,6 +140,17 @@ async def main():
             c._quic.change_connection_id()
             r2 = await c.request("GET", ARGS[0])
             print(status(r1), status(r2))
+        elif MODE == "pause":
+            # A request, then another on the same connection once the test says so (a line
+            # on stdin): "first STATUS", then "STATUS" or "failed: ...".
+            r = await c.request("GET", ARGS[0])
+            print("first", status(r), flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            try:
+                r = await c.request("GET", ARGS[0])
+                print(status(r), flush=True)
+            except Exception as e:
+                print("failed:", repr(e), flush=True)
         elif MODE == "long":
             r = await c.request("GET", ARGS[0])
             print(status(r), len(r["body"]))

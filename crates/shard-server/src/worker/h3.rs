@@ -275,22 +275,31 @@ impl qp::ConnectionIdGenerator for KeyedCids {
     }
 }
 
+/// The secret stateless reset tokens are made from without `quic_host_key`: drawn once in
+/// the master (`master::run` calls this before it forks), so that every worker of every
+/// generation makes the same token for a connection ID: a worker that gets a datagram of a
+/// connection another one held (a worker that died) can end it at once.
+pub(crate) fn quic_reset_secret() -> &'static [u8; 32] {
+    static SECRET: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    SECRET.get_or_init(|| {
+        let mut k = [0u8; 32];
+        for c in k.chunks_mut(8) {
+            c.copy_from_slice(&shard_event::process::random_u64().to_ne_bytes());
+        }
+        k
+    })
+}
+
 /// The endpoint configuration: stateless reset tokens from `quic_host_key` when given (so
-/// they outlive a restart), else from a key of this process; connection IDs that carry
-/// `key` where the group is steered.
+/// they outlive a restart), else from the master's secret; connection IDs that carry `key`
+/// where the group is steered.
 pub(super) fn endpoint_config(
     h3c: &shard_config::Http3Conf,
     key: Option<u32>,
 ) -> qp::EndpointConfig {
     let hmac = match h3c.host_key.as_ref().and_then(|p| std::fs::read(p).ok()) {
         Some(k) => ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &k),
-        None => {
-            let mut k = [0u8; 32];
-            for c in k.chunks_mut(8) {
-                c.copy_from_slice(&shard_event::process::random_u64().to_ne_bytes());
-            }
-            ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &k)
-        }
+        None => ring::hmac::Key::new(ring::hmac::HMAC_SHA256, quic_reset_secret()),
     };
     let mut ec = qp::EndpointConfig::new(Arc::new(hmac));
     if let Some(k) = key {
@@ -598,6 +607,7 @@ impl Worker<'_> {
     fn quic_datagram(&mut self, li: usize, from: SocketAddr, data: &[u8]) -> Option<usize> {
         let now = Instant::now();
         let mut out = Vec::new();
+        let steered = self.listeners[li].quic_key.is_some();
         let ep = self.quic[li].as_mut()?;
         // A short header names a connection: one this worker does not hold is a stray.
         let short = data.first().is_some_and(|b| b & 0x80 == 0);
@@ -614,11 +624,15 @@ impl Worker<'_> {
                 Some(k)
             }
             qp::DatagramEvent::Response(t) => {
-                // Version negotiation, or a stateless reset. A reset is not sent: a packet
-                // of a connection another process of this address holds (a worker of the
-                // previous generation after a reload) would end it.
+                // Version negotiation, or a stateless reset. A reset goes out only where the
+                // group is steered by connection ID: there a stray's connection is gone (its
+                // worker died); without steering it may live in another process reading the
+                // same socket (a worker of the previous generation), which a reset would end.
                 if short {
                     crate::shm::WorkerSlot::bump(&self.cx.slot.quic_strays, 1);
+                    if steered {
+                        send_datagram(ep.fd, &out[..t.size], &t.destination);
+                    }
                 } else {
                     send_datagram(ep.fd, &out[..t.size], &t.destination);
                 }
