@@ -97,6 +97,9 @@ enum Cmd {
     /// HTTP/2 with h2load: h2c and TLS, `return 200`, a 16 KiB file and the proxy; requests
     /// per worker CPU-second and memory per idle HTTP/2 connection, shard and nginx.
     H2(h2bench::H2Args),
+    /// HTTP/3 with the bench's own QUIC client against shard's HTTP/2 (h2load): requests per
+    /// worker CPU-second, and memory per idle QUIC connection.
+    H3(quic::H3Args),
     /// proxy_cache hits of 1 KiB, 64 KiB and 1 MiB objects, shard and nginx on the same
     /// configuration: requests/s and worker CPU per hit, and whether the first answer after a
     /// restart on the same cache directory is a hit.
@@ -160,6 +163,7 @@ fn main() {
         Cmd::Tls(a) => tlsbench::run(a),
         Cmd::Routing(a) => routing::run(a),
         Cmd::H2(a) => h2bench::run(a),
+        Cmd::H3(a) => quic::h3_run(a),
     };
     if let Err(e) = res {
         eprintln!("shard-bench: {e:#}");

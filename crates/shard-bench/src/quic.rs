@@ -184,6 +184,9 @@ struct Load {
     buf: Vec<u8>,
     /// Connections to open again (after a GOAWAY), with their deadlines.
     reopen: Vec<Instant>,
+    /// A connection's life, and the pause between its requests.
+    lifetime: Duration,
+    every: Duration,
 }
 
 impl Load {
@@ -200,6 +203,8 @@ impl Load {
             firsts: Vec::new(),
             buf: Vec::with_capacity(65_536),
             reopen: Vec::new(),
+            lifetime: CONN_LIFETIME,
+            every: REQUEST_EVERY,
         })
     }
 
@@ -210,7 +215,7 @@ impl Load {
     }
 
     fn open(&mut self, now: Instant) -> Result<()> {
-        self.open_until(now, now + CONN_LIFETIME, true)
+        self.open_until(now, now + self.lifetime, true)
     }
 
     /// A connection whose requests stop at `deadline`; `arrival`: a new client (counted),
@@ -453,7 +458,7 @@ impl Load {
         if fin {
             c.in_flight = None;
             c.requests += 1;
-            c.next_request = now + REQUEST_EVERY;
+            c.next_request = now + self.every;
             self.out.requests += 1;
             let bin = (now.duration_since(t0).as_millis() as u64 / BIN_MS) as usize;
             if self.out.timeline.len() <= bin {
@@ -502,11 +507,24 @@ impl Load {
     /// Runs: a new connection every `1/rate` s until `until`; `events` at their times
     /// (since the start) with what they do; then until every connection ended.
     fn run(&mut self, rate: f64, until: Duration, events: &mut [Event<'_>]) -> Result<()> {
+        self.run_max(rate, until, events, usize::MAX, |_| false)
+    }
+
+    /// `run`, opening at most `max_conns` connections, and stopping early once `done` says
+    /// so (its connections are then left as they are).
+    fn run_max(
+        &mut self,
+        rate: f64,
+        until: Duration,
+        events: &mut [Event<'_>],
+        max_conns: usize,
+        done: impl Fn(&Load) -> bool,
+    ) -> Result<()> {
         self.t0 = Instant::now();
         let gap = Duration::from_secs_f64(1.0 / rate);
         let mut next_open = self.t0;
         let mut next_event = 0;
-        let hard_stop = until + CONN_LIFETIME + REQUEST_TIMEOUT + Duration::from_secs(3);
+        let hard_stop = until + self.lifetime + REQUEST_TIMEOUT + Duration::from_secs(3);
         loop {
             let now = Instant::now();
             let t = now.duration_since(self.t0);
@@ -514,7 +532,7 @@ impl Load {
                 (events[next_event].1)();
                 next_event += 1;
             }
-            while t < until && now >= next_open {
+            while t < until && now >= next_open && self.conns.len() < max_conns {
                 self.open(now)?;
                 next_open += gap;
             }
@@ -533,6 +551,9 @@ impl Load {
                 self.step(i, now);
             }
             self.receive(now);
+            if done(self) {
+                break;
+            }
             let live = self.conns.iter().any(|c| !c.ended);
             if (t >= until && !live) || t > hard_stop {
                 for i in 0..self.conns.len() {
@@ -853,4 +874,189 @@ pub fn report(rows: &[Outcome], out: &Path) -> Result<String> {
          `e8-timeline-*.svg` (requests answered per {BIN_MS} ms)."
     );
     Ok(s)
+}
+
+// --- `shard-bench h3`: HTTP/3 against shard's own HTTP/2 -----------------------------------
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct H3Args {
+    /// Worker processes.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Connections, each with one request in flight (closed loop), for both protocols.
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// Seconds per row.
+    #[arg(long, default_value_t = 5)]
+    duration: u64,
+    /// Idle QUIC connections held for the memory figure.
+    #[arg(long, default_value_t = 1000)]
+    idle: usize,
+    /// The shard binary (default: next to this one).
+    #[arg(long)]
+    shard: Option<std::path::PathBuf>,
+    /// Tiny numbers, to check that the bench works (CI).
+    #[arg(long)]
+    smoke: bool,
+    /// Also write the report here.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+}
+
+/// h2load's `requests:` line: (succeeded, failed).
+fn h2load_counts(text: &str) -> (u64, u64) {
+    let Some(line) = text.lines().find(|l| l.starts_with("requests:")) else {
+        return (0, 0);
+    };
+    let field = |i: usize| -> u64 {
+        line.split(',')
+            .nth(i)
+            .and_then(|p| p.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field(3), field(4))
+}
+
+/// `shard-bench h3`: `return 200` over HTTP/3 (the bench's own client, `clients` connections
+/// with one request in flight each) and over HTTP/2 with TLS (`h2load -c clients -m 1`, where
+/// installed) against one shard with both addresses; requests/s, the workers' CPU per request
+/// (`/proc`) and requests per worker CPU-second; then the workers' memory per idle QUIC
+/// connection (each made one request). Loopback hides what QUIC is for (loss, head-of-line
+/// blocking, connection migration across networks): these figures are the cost of QUIC's
+/// user-space transport and encryption per request, nothing more.
+pub fn h3_run(mut a: H3Args) -> Result<()> {
+    use std::fmt::Write as _;
+    if a.smoke {
+        a.duration = 1;
+        a.clients = a.clients.min(4);
+        a.idle = a.idle.min(100);
+    }
+    crate::procfs::raise_nofile_limit();
+    let shard = match &a.shard {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("shard"),
+    };
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
+    let certs = std::env::temp_dir().join(format!("shard-bench-h3-{}", std::process::id()));
+    std::fs::create_dir_all(&certs)?;
+    let (crt, key) = (certs.join("cert.pem"), certs.join("key.pem"));
+    std::fs::write(&crt, cert.cert.pem())?;
+    std::fs::write(&key, cert.key_pair.serialize_pem())?;
+    let tls_port = servers::free_port()?;
+    let spec = Spec {
+        workers: a.workers,
+        http_extra: format!(
+            "server {{\n listen 127.0.0.1:{{port}} quic reuseport;\n \
+             listen 127.0.0.1:{tls_port} ssl http2;\n \
+             ssl_certificate {};\n ssl_certificate_key {};\n \
+             location = /ok {{ return 200 \"OK\"; }}\n }}",
+            crt.display(),
+            key.display()
+        ),
+        idle: a.idle + a.clients,
+        tag: "h3".into(),
+        ..Spec::default()
+    };
+    let srv = servers::start_with(&Kind::Shard(shard), &spec, |_| Ok(()))?;
+    let res = (|| -> Result<String> {
+        let pids = srv.worker_pids()?;
+        let server = SocketAddr::from(([127, 0, 0, 1], srv.port));
+        let mut r = String::new();
+        let _ = writeln!(
+            r,
+            "# shard-bench h3\n\n{} workers, {} connections with one request in flight each, {} s \
+             per row, `return 200`, TLS 1.3 both ways, 2 cores shared with the clients.\n\n\
+             | protocol | requests | failed | requests/s | worker CPU µs/request | requests per \
+             worker CPU-second |\n|---|---:|---:|---:|---:|---:|",
+            a.workers, a.clients, a.duration
+        );
+        // HTTP/3: every connection opened at once, each a request after the other.
+        let mut load = Load::new(server, false)?;
+        load.every = Duration::ZERO;
+        load.lifetime = Duration::from_secs(a.duration);
+        let t0 = crate::procfs::cpu_ticks(&pids)?;
+        let start = Instant::now();
+        load.run_max(
+            1000.0,
+            Duration::from_secs(a.duration),
+            &mut [],
+            a.clients,
+            |_| false,
+        )?;
+        let secs = start.elapsed().as_secs_f64();
+        let t1 = crate::procfs::cpu_ticks(&pids)?;
+        let reqs = load.out.requests;
+        let cpu_s = (t1 - t0) as f64 / crate::procfs::ticks_per_sec();
+        let h3_per_cpu = reqs as f64 / cpu_s.max(1e-9);
+        let _ = writeln!(
+            r,
+            "| HTTP/3 | {reqs} | {} | {:.0} | {:.1} | {:.0} |",
+            load.out.failed + load.out.hung,
+            reqs as f64 / secs,
+            cpu_s * 1e6 / reqs.max(1) as f64,
+            h3_per_cpu
+        );
+        // HTTP/2 over TLS by h2load, the same shape.
+        let mut h2_per_cpu = None;
+        if servers::which("h2load").is_some() {
+            let t0 = crate::procfs::cpu_ticks(&pids)?;
+            let out = std::process::Command::new("h2load")
+                .args(["-c", &a.clients.to_string(), "-m", "1", "-D"])
+                .arg(a.duration.to_string())
+                .arg(format!("https://127.0.0.1:{tls_port}/ok"))
+                .output()?;
+            let t1 = crate::procfs::cpu_ticks(&pids)?;
+            let (succeeded, failed) = h2load_counts(&String::from_utf8_lossy(&out.stdout));
+            let cpu_s = (t1 - t0) as f64 / crate::procfs::ticks_per_sec();
+            let per = succeeded as f64 / cpu_s.max(1e-9);
+            h2_per_cpu = Some(per);
+            let _ = writeln!(
+                r,
+                "| HTTP/2 (h2load) | {succeeded} | {failed} | {:.0} | {:.1} | {:.0} |",
+                succeeded as f64 / a.duration as f64,
+                cpu_s * 1e6 / succeeded.max(1) as f64,
+                per
+            );
+        } else {
+            let _ = writeln!(
+                r,
+                "\nh2load not found: no HTTP/2 row (install: apt-get install nghttp2-client)."
+            );
+        }
+        if let Some(h2) = h2_per_cpu {
+            let _ = writeln!(
+                r,
+                "\nHTTP/3 / HTTP/2 requests per worker CPU-second: {:.2}.",
+                h3_per_cpu / h2.max(1e-9)
+            );
+        }
+        // Memory: `idle` connections, each after one request, held open.
+        let before = crate::procfs::rss_bytes(&pids)?;
+        let mut idle = Load::new(server, false)?;
+        idle.every = Duration::from_secs(3600);
+        idle.lifetime = Duration::from_secs(120);
+        let n = a.idle;
+        idle.run_max(2000.0, Duration::from_secs(60), &mut [], n, |l| {
+            l.conns.len() >= n && l.conns.iter().all(|c| c.first_done)
+        })?;
+        std::thread::sleep(Duration::from_millis(500));
+        let after = crate::procfs::rss_bytes(&pids)?;
+        let per = after.saturating_sub(before) as f64 / n as f64;
+        let _ = writeln!(
+            r,
+            "\nWorkers' memory per idle QUIC connection (one request made, {n} held): {per:.0} \
+             bytes."
+        );
+        if a.smoke {
+            anyhow::ensure!(reqs > 0, "smoke: no HTTP/3 request answered");
+        }
+        Ok(r)
+    })();
+    srv.stop();
+    let _ = std::fs::remove_dir_all(&certs);
+    let report = res?;
+    print!("{report}");
+    servers::write_report(a.out.as_deref(), &report)?;
+    Ok(())
 }

@@ -960,3 +960,32 @@ fn h2_smoke_measures_every_row_and_the_idle_memory_for_shard() {
     }
     assert!(text.contains("Memory per idle HTTP/2 connection"), "{text}");
 }
+
+#[test]
+fn h3_smoke_measures_http3_beside_http2_and_the_idle_memory() {
+    let bench = env!("CARGO_BIN_EXE_shard-bench");
+    let text = stdout_of(Command::new(bench).args(["h3", "--smoke"]));
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| HTTP/3 |"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let cols: Vec<&str> = row.split('|').map(str::trim).collect();
+    assert!(cols[2].parse::<u64>().unwrap() > 0, "{text}");
+    assert_eq!(cols[3], "0", "no HTTP/3 request failed: {text}");
+    assert!(cols[6].parse::<f64>().unwrap() > 0.0, "{text}");
+    if text.contains("h2load not found") {
+        println!("SKIPPED: h3 smoke's HTTP/2 row: h2load is not installed (apt-get install nghttp2-client)");
+    } else {
+        let h2 = text
+            .lines()
+            .find(|l| l.starts_with("| HTTP/2 (h2load) |"))
+            .unwrap_or_else(|| panic!("{text}"));
+        let cols: Vec<&str> = h2.split('|').map(str::trim).collect();
+        assert!(cols[2].parse::<u64>().unwrap() > 0, "{text}");
+        assert_eq!(cols[3], "0", "{text}");
+    }
+    assert!(
+        text.contains("Workers' memory per idle QUIC connection"),
+        "{text}"
+    );
+}
