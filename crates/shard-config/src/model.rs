@@ -3150,6 +3150,9 @@ pub struct Http3Conf {
     pub stream_buffer_size: usize,
     /// `quic_retry on|off`: a Retry packet validates a new client's address first.
     pub retry: bool,
+    /// `ssl_early_data on|off`: 0-RTT requests on `quic` addresses (resumed clients send
+    /// their first request with the handshake; `$ssl_early_data` says which). Default off.
+    pub early_data: bool,
     /// `quic_host_key FILE`: the key stateless reset tokens and Retry tokens are made with,
     /// so that they outlive a restart.
     pub host_key: Option<PathBuf>,
@@ -3162,6 +3165,7 @@ impl Default for Http3Conf {
             max_concurrent_streams: 128,
             stream_buffer_size: 64 * 1024,
             retry: false,
+            early_data: false,
             host_key: None,
         }
     }

@@ -133,6 +133,8 @@ pub struct Tls<'a> {
     pub session_id: &'a str,
     pub ciphers: &'a str,
     pub curves: &'a str,
+    /// `$ssl_early_data`: the request came in 0-RTT data, before the handshake completed.
+    pub early_data: bool,
     /// The client certificate's variables (`ssl_verify_client`): `$ssl_client_verify`, ...
     pub client: ClientCert<'a>,
 }
@@ -421,7 +423,11 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
         | Var::SslClientEscapedCert
         | Var::SslClientVRemain
         | Var::SslSessionReused => push_tls(out, var, c.conn.tls.as_ref(), c.conn.now_ms),
-        Var::SslEarlyData => {}
+        Var::SslEarlyData => {
+            if c.conn.tls.as_ref().is_some_and(|t| t.early_data) {
+                out.push(b'1');
+            }
+        }
         Var::ServerAddr if shard_config::is_unix_stand_in(&c.server_addr) => {
             out.extend_from_slice(b"unix:");
         }

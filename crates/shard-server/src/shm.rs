@@ -81,6 +81,9 @@ pub struct WorkerSlot {
     pub quic_strays: AtomicU64,
     /// Retry packets sent (`quic_retry on`).
     pub quic_retries: AtomicU64,
+    /// HTTP/3 requests that came in 0-RTT data (`ssl_early_data on`), before the handshake
+    /// completed.
+    pub quic_0rtt: AtomicU64,
 }
 
 impl WorkerSlot {
@@ -121,6 +124,7 @@ impl WorkerSlot {
             quic_datagrams,
             quic_strays,
             quic_retries,
+            quic_0rtt,
         } = self;
         for c in [
             pid,
@@ -156,6 +160,7 @@ impl WorkerSlot {
             quic_datagrams,
             quic_strays,
             quic_retries,
+            quic_0rtt,
         ] {
             c.store(0, Relaxed);
         }
@@ -165,7 +170,7 @@ impl WorkerSlot {
     /// `adopted`, `accept_pauses`, `body_spooled_bytes`, `stolen`, `stalls`,
     /// `file_cache_hits`, `file_cache_misses`, `tls_handshakes`, `tls_handshake_us`,
     /// `tls_handshakes_deferred`, `h2_rebalanced`, `quic_datagrams`, `quic_strays`,
-    /// `quic_retries`.
+    /// `quic_retries`, `quic_0rtt`.
     pub fn counters(&self) -> [&AtomicU64; COUNTERS] {
         [
             &self.accepted,
@@ -187,6 +192,7 @@ impl WorkerSlot {
             &self.quic_datagrams,
             &self.quic_strays,
             &self.quic_retries,
+            &self.quic_0rtt,
         ]
     }
 
@@ -266,7 +272,7 @@ pub fn program_name(v: u64) -> &'static str {
 pub const COUNTERS_ENV: &str = "SHARD_COUNTERS";
 
 /// The counters (not the gauges) of a [`WorkerSlot`], in the order of [`WorkerSlot::counters`].
-pub const COUNTERS: usize = 19;
+pub const COUNTERS: usize = 20;
 
 /// The counters of exited workers of one index (see `Region::retired`).
 #[repr(C)]

@@ -112,7 +112,8 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
              \"body_spooled_bytes\":{},\"body_temp_files\":{},\"stolen\":{},\"stalls\":{},\
              \"stalled\":{},\"file_cache_hits\":{},\"file_cache_misses\":{},\"file_cache_entries\":{},\
              \"tls_handshakes\":{},\"tls_handshake_cpu_ms\":{},\"tls_handshakes_deferred\":{},\"h2_rebalanced\":{},\
-             \"quic_connections\":{},\"quic_datagrams\":{},\"quic_strays\":{},\"quic_retries\":{}}}",
+             \"quic_connections\":{},\"quic_datagrams\":{},\"quic_strays\":{},\"quic_retries\":{},\
+             \"quic_0rtt\":{}}}",
             w.pid.load(Relaxed),
             w.accepted.load(Relaxed),
             w.handled.load(Relaxed),
@@ -143,6 +144,7 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
             w.quic_datagrams.load(Relaxed),
             w.quic_strays.load(Relaxed),
             w.quic_retries.load(Relaxed),
+            w.quic_0rtt.load(Relaxed),
         );
     }
     // Workers of older generations still finishing their connections (tunnels, relays,
@@ -269,7 +271,7 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             .collect()
     });
     // (name, help, counter index): what `WorkerSlot::counters` lists.
-    let counter_rows: [(&str, &str, usize); 19] = [
+    let counter_rows: [(&str, &str, usize); 20] = [
         ("shard_worker_accepted_total", "Connections accepted by the worker.", 0),
         ("shard_worker_handled_total", "Connections handled by the worker.", 1),
         ("shard_worker_requests_total", "Requests served by the worker.", 2),
@@ -352,6 +354,11 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             "shard_worker_quic_retries_total",
             "Retry packets sent (quic_retry).",
             18,
+        ),
+        (
+            "shard_worker_quic_0rtt_total",
+            "HTTP/3 requests that came in 0-RTT data (ssl_early_data).",
+            19,
         ),
     ];
     for (name, help, c) in counter_rows {

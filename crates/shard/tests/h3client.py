@@ -10,6 +10,9 @@
 #   migrate PATH           a request, a new source port, a request: "STATUS STATUS"
 #   pause PATH             a request, then one more after a line on stdin ("first STATUS",
 #                          then "STATUS" or "failed: ...")
+#   zerortt PATH           a request, then one in 0-RTT data on a resumed connection:
+#                          "first STATUS", then "early STATUS X-EARLY"
+#   flood N                N first flights from N ports, never answered: "retry R other O"
 #   long PATH              one slow response: "headers" once it begins, then "STATUS LEN"
 #                          (a test reloads the server meanwhile)
 #
@@ -103,7 +106,43 @@ def field(r, name):
     return "-"
 
 
+async def zerortt(path):
+    # A connection that keeps the server's session ticket, then a second one that sends its
+    # request in 0-RTT data with that ticket: "first STATUS", "early STATUS X-EARLY".
+    tickets = []
+
+    def config():
+        cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN)
+        cfg.verify_mode = ssl.CERT_NONE
+        cfg.server_name = "localhost"
+        return cfg
+
+    async with connect("127.0.0.1", PORT, configuration=config(), create_protocol=Client,
+                       session_ticket_handler=tickets.append) as c:
+        r = await c.request("GET", path)
+        print("first", status(r), flush=True)
+        for _ in range(100):
+            if tickets:
+                break
+            await asyncio.sleep(0.02)
+    if not tickets:
+        print("no session ticket")
+        return
+    cfg = config()
+    cfg.session_ticket = tickets[-1]
+    import os
+    if os.environ.get("H3DEBUG"):
+        print("ticket max_early_data", tickets[-1].max_early_data_size, tickets[-1].cipher_suite, tickets[-1].other_extensions, flush=True)
+    async with connect("127.0.0.1", PORT, configuration=cfg, create_protocol=Client,
+                       wait_connected=False) as c:
+        r = await c.request("GET", path)
+        print("early", status(r), field(r, "x-early"), flush=True)
+
+
 async def main():
+    if MODE == "zerortt":
+        await zerortt(ARGS[0])
+        return
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN)
     cfg.verify_mode = ssl.CERT_NONE
     cfg.server_name = "localhost"
@@ -158,6 +197,44 @@ async def main():
             print("unknown mode", MODE)
             sys.exit(2)
 
+
+def flood(n):
+    # n first flights (valid Initial packets) from n ports, none ever answered: what a
+    # flood from spoofed addresses looks like to a server. Prints how many answers were
+    # Retry packets (long header, type 3) and how many anything else.
+    import socket
+    import time
+    from aioquic.quic.connection import QuicConnection
+    socks = []
+    for _ in range(n):
+        cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN)
+        cfg.verify_mode = ssl.CERT_NONE
+        cfg.server_name = "localhost"
+        q = QuicConnection(configuration=cfg)
+        q.connect(("127.0.0.1", PORT), now=time.time())
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 0))
+        for data, _ in q.datagrams_to_send(now=time.time()):
+            s.sendto(data, ("127.0.0.1", PORT))
+        socks.append(s)
+    retries = other = 0
+    end = time.time() + 3
+    for s in socks:
+        s.settimeout(max(0.01, end - time.time()))
+        try:
+            data = s.recv(65536)
+        except OSError:
+            continue
+        if data[0] & 0xf0 == 0xf0:
+            retries += 1
+        else:
+            other += 1
+    print("retry", retries, "other", other)
+
+
+if MODE == "flood":
+    flood(int(ARGS[0]))
+    sys.exit(0)
 
 try:
     asyncio.run(asyncio.wait_for(main(), 30))

@@ -528,3 +528,68 @@ fn a_worker_that_dies_ends_its_connections_with_a_stateless_reset() {
     );
     assert!(status_field(&s, "quic_strays") >= 1);
 }
+
+/// An Initial flood from many ports (valid first flights nobody finishes): with `quic_retry
+/// on` each gets a Retry and the server keeps no state for any; without, each gets a
+/// handshake and holds a connection until the handshake times out.
+#[test]
+fn an_initial_flood_under_quic_retry_costs_no_state() {
+    let Some(py) = python_aioquic("an_initial_flood_under_quic_retry_costs_no_state") else {
+        return;
+    };
+    let s = start("h3-flood", 1, "");
+    let conf = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
+    std::fs::write(
+        s.dir.join("conf/shard.conf"),
+        conf.replace(
+            "access_log logs/h3.log h3;",
+            "access_log logs/h3.log h3; quic_retry on;",
+        ),
+    )
+    .unwrap();
+    s.signal(libc::SIGHUP);
+    wait_generation(&s, 2, 1);
+    let out = h3client(py, s.ports[0], &["flood", "200"]);
+    let n: Vec<u64> = out
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(n[0] >= 150 && n[1] == 0, "{out}");
+    assert_eq!(status_field(&s, "quic_connections"), 0);
+    assert!(status_field(&s, "quic_retries") >= 150);
+    // A real client still gets through (it answers the Retry).
+    assert_eq!(h3client(py, s.ports[0], &["get", "/ok"]).trim(), "200 3 OK");
+}
+
+/// `ssl_early_data on`: a resumed client sends its request with the handshake (0-RTT), and
+/// `$ssl_early_data` says so (for an upstream to refuse what must not be replayed). Off (the
+/// default), the same client waits for the handshake.
+#[test]
+fn zero_rtt_requests_with_ssl_early_data_on() {
+    let Some(py) = python_aioquic("zero_rtt_requests_with_ssl_early_data_on") else {
+        return;
+    };
+    let s = start("h3-0rtt", 1, "");
+    let out = h3client(py, s.ports[0], &["zerortt", "/ok"]);
+    assert_eq!(out.lines().next(), Some("first 200"), "{out}");
+    assert!(out.contains("early 200 -"), "no 0-RTT by default: {out}");
+    assert_eq!(status_field(&s, "quic_0rtt"), 0);
+    let conf = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
+    std::fs::write(
+        s.dir.join("conf/shard.conf"),
+        conf.replace(
+            "access_log logs/h3.log h3;",
+            "access_log logs/h3.log h3; ssl_early_data on; add_header X-Early $ssl_early_data;",
+        ),
+    )
+    .unwrap();
+    s.signal(libc::SIGHUP);
+    wait_generation(&s, 2, 1);
+    let out = h3client(py, s.ports[0], &["zerortt", "/ok"]);
+    assert_eq!(out.lines().next(), Some("first 200"), "{out}");
+    assert!(
+        out.contains("early 200 1"),
+        "the request came in 0-RTT data: {out}"
+    );
+    assert!(status_field(&s, "quic_0rtt") >= 1);
+}

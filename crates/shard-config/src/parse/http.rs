@@ -227,6 +227,7 @@ pub(super) struct Settings {
     pub(super) http3_max_concurrent_streams: Option<u32>,
     pub(super) http3_stream_buffer_size: Option<usize>,
     pub(super) quic_retry: Option<bool>,
+    pub(super) ssl_early_data: Option<bool>,
     pub(super) quic_host_key: Option<PathBuf>,
     pub(super) ignore_invalid_headers: Option<bool>,
     pub(super) gzip: GzipP,
@@ -982,6 +983,7 @@ impl Eff {
                     .http3_stream_buffer_size
                     .unwrap_or(self.http3.stream_buffer_size),
                 retry: s.quic_retry.unwrap_or(self.http3.retry),
+                early_data: s.ssl_early_data.unwrap_or(self.http3.early_data),
                 host_key: s
                     .quic_host_key
                     .clone()
@@ -2484,6 +2486,8 @@ slot!(set_http2_rebalance, http2_rebalance, flag);
 slot!(set_http3, http3, flag);
 
 slot!(set_quic_retry, quic_retry, flag);
+
+slot!(set_ssl_early_data, ssl_early_data, flag);
 
 /// `http3_max_concurrent_streams N`.
 pub(super) fn set_http3_number(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {

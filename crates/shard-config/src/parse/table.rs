@@ -536,7 +536,14 @@ static BASE: &[Spec] = &[
         1,
         Set::Settings(set_ssl_session_ticket_key),
     ),
-    d("ssl_early_data", H | S, 1, 1, Set::NoEffect(check_flag)),
+    // 0-RTT on `quic` addresses (HTTP/3); TCP's TLS takes no early data.
+    d(
+        "ssl_early_data",
+        H | S,
+        1,
+        1,
+        Set::Settings(set_ssl_early_data),
+    ),
     d("pcre_jit", M, 1, 1, Set::NoEffect(check_flag)),
     d("tcp_nopush", HSL, 1, 1, Set::NoEffect(check_flag)),
     d("types_hash_max_size", HSL, 1, 1, Set::NoEffect(check_size)),

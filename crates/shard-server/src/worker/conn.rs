@@ -3317,7 +3317,7 @@ impl<'a> Worker<'a> {
             ) {
                 (Some(p), _) => p.tls.as_ref().map(|t| t.vars(c.rd().server)),
                 // QUIC is TLS 1.3; its cipher and session are quinn's own.
-                (None, Some((server_name, alpn))) => Some(shard_http::vars::Tls {
+                (None, Some((server_name, alpn, early_data))) => Some(shard_http::vars::Tls {
                     protocol: "TLSv1.3",
                     cipher: "",
                     server_name,
@@ -3327,6 +3327,7 @@ impl<'a> Worker<'a> {
                     session_id: "",
                     ciphers: "",
                     curves: "",
+                    early_data,
                     client: shard_http::vars::ClientCert {
                         verify: "NONE",
                         ..Default::default()

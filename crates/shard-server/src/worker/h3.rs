@@ -106,6 +106,8 @@ struct Stream {
     headers_seen: bool,
     /// The end of the body was given to the stream connection.
     body_ended: bool,
+    /// Its HEADERS came in 0-RTT data, before the handshake completed (`$ssl_early_data`).
+    early: bool,
     chunked_in: bool,
     head_only: bool,
     out: Out,
@@ -131,6 +133,7 @@ impl Stream {
             recv_done: false,
             headers_seen: false,
             body_ended: false,
+            early: false,
             chunked_in: false,
             head_only: false,
             out: Out::Head(Vec::new()),
@@ -187,6 +190,8 @@ pub(super) struct H3Conn {
     /// `keepalive_requests` of the default server: requests taken before GOAWAY.
     taken: u64,
     keepalive_requests: u64,
+    /// `ssl_early_data` of the default server: 0-RTT requests are possible.
+    early_data: bool,
 }
 
 fn tag(idx: usize) -> u32 {
@@ -213,8 +218,22 @@ pub(super) fn server_config(
 ) -> Result<qp::ServerConfig, String> {
     let mut t = tls.clone();
     t.alpn_protocols = vec![b"h3".to_vec()];
-    // quinn takes 0 or all (no 0-RTT yet: 0).
-    t.max_early_data_size = 0;
+    // `ssl_early_data`: 0-RTT (quinn takes 0 or all). rustls allows early data only on
+    // stateful resumption, whose cache takes each session once (a replayed first flight finds
+    // it gone): tickets here name a cached session instead of carrying it. The context's
+    // cache is `ssl_session_cache`'s (shared by the workers with `shared:`, which a resumed
+    // client needs, since its new connection may reach any worker); without one, each worker
+    // keeps its own.
+    if h3c.early_data {
+        t.max_early_data_size = u32::MAX;
+        t.ticketer = Arc::new(NoTickets);
+        if !t.session_storage.can_cache() {
+            t.session_storage = rustls::server::ServerSessionMemoryCache::new(4096);
+        }
+        t.send_tls13_tickets = t.send_tls13_tickets.max(1);
+    } else {
+        t.max_early_data_size = 0;
+    }
     let crypto = qp::crypto::rustls::QuicServerConfig::try_from(t)
         .map_err(|e| format!("QUIC needs TLSv1.3 with TLS_AES_128_GCM_SHA256 ({e})"))?;
     let mut transport = qp::TransportConfig::default();
@@ -243,6 +262,28 @@ pub(super) fn server_config(
         .incoming_buffer_size(64 * 1024)
         .incoming_buffer_size_total(4 << 20);
     Ok(sc)
+}
+
+/// Tickets that carry no session: resumption goes through the session cache.
+#[derive(Debug)]
+struct NoTickets;
+
+impl rustls::server::ProducesTickets for NoTickets {
+    fn enabled(&self) -> bool {
+        false
+    }
+
+    fn lifetime(&self) -> u32 {
+        0
+    }
+
+    fn encrypt(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn decrypt(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// Connection IDs that carry the socket's key in the steering plane (`listen::QuicPlane`)
@@ -673,16 +714,17 @@ impl Worker<'_> {
                     .connections
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                     + 1;
-                let keepalive_requests = self
+                let (keepalive_requests, early_data) = self
                     .cx
                     .cfg
                     .http
                     .as_ref()
                     .map(|h| {
                         let l = &self.cx.cfg.listeners[conf_idx];
-                        h.servers[l.default_server].base.keepalive_requests
+                        let srv = &h.servers[l.default_server];
+                        (srv.base.keepalive_requests, srv.http3.early_data)
                     })
-                    .unwrap_or(1000);
+                    .unwrap_or((1000, false));
                 let k = self.h3.insert(H3Conn {
                     ep: li,
                     handle,
@@ -706,6 +748,7 @@ impl Worker<'_> {
                     alpn: String::new(),
                     taken: 0,
                     keepalive_requests,
+                    early_data,
                 });
                 if let Some(ep) = self.quic[li].as_mut() {
                     ep.by_handle.insert(handle, k);
@@ -1134,8 +1177,14 @@ impl Worker<'_> {
         self.start_reading(sk, true);
         self.conns[sk].inbuf = head;
         let c = &mut self.h3[k];
+        // As nginx's `$ssl_early_data`: early data in use and the handshake not complete.
+        let early = c.early_data && c.conn.is_handshaking();
+        if early {
+            crate::shm::WorkerSlot::bump(&self.cx.slot.quic_0rtt, 1);
+        }
         if let Some(st) = c.streams.get_mut(&id) {
             st.key = Some(sk);
+            st.early = early;
         }
         c.by_key.insert(sk, id);
         c.ready.push(sk);
@@ -1475,12 +1524,18 @@ impl Worker<'_> {
         }
     }
 
-    /// `$ssl_*` of an HTTP/3 stream: TLS 1.3, its connection's name and ALPN.
-    pub(super) fn h3_tls(&self, key: usize) -> Option<(&str, &str)> {
+    /// `$ssl_*` of an HTTP/3 stream: TLS 1.3, its connection's name and ALPN, and whether
+    /// the request came in 0-RTT data.
+    pub(super) fn h3_tls(&self, key: usize) -> Option<(&str, &str, bool)> {
         let c = self.conns.get(key)?;
         let k = conn_of(c.h2)?;
         let q = self.h3.get(k)?;
-        Some((q.server_name.as_str(), q.alpn.as_str()))
+        let early = q
+            .by_key
+            .get(&key)
+            .and_then(|id| q.streams.get(id))
+            .is_some_and(|s| s.early);
+        Some((q.server_name.as_str(), q.alpn.as_str(), early))
     }
 
     /// Closes every QUIC connection at once (a fast stop, or a stop whose time is up).

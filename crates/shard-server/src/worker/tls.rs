@@ -260,6 +260,7 @@ impl TlsConn {
             session_id: &self.session_hex,
             ciphers: self.offered.as_ref().map_or("", |o| &o.ciphers),
             curves: self.offered.as_ref().map_or("", |o| &o.curves),
+            early_data: false,
             client: match self.client_judged(server) {
                 Some(cc) => shard_http::vars::ClientCert {
                     verify: &cc.verify,
