@@ -52,8 +52,24 @@ fn h3client(py: &str, port: u16, args: &[&str]) -> String {
 /// A server with a `quic` address and a TCP one on the same port (`{port1}`), and an
 /// upstream (`{port2}`) that says what it got.
 fn start(tag: &str, workers: usize, quic_extra: &str) -> Server {
+    start_with_cert(tag, workers, quic_extra).0
+}
+
+/// `start`, and the base64 SHA-256 of the certificate's public key (what Chromium's
+/// `--ignore-certificate-errors-spki-list` takes).
+fn start_with_cert(tag: &str, workers: usize, quic_extra: &str) -> (Server, String) {
     let dir = temp_dir(&format!("{tag}-cert")).keep();
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let spki = {
+        let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256;
+        let hash = suite
+            .tls13()
+            .unwrap()
+            .common
+            .hash_provider
+            .hash(&cert.key_pair.public_key_der());
+        base64(hash.as_ref())
+    };
     let (crt, key) = (dir.join("a.pem"), dir.join("a.key"));
     std::fs::write(&crt, cert.cert.pem()).unwrap();
     std::fs::write(&key, cert.key_pair.serialize_pem()).unwrap();
@@ -94,7 +110,25 @@ fn start(tag: &str, workers: usize, quic_extra: &str) -> Server {
     write_file(&s.dir, "html/a.txt", b"hello file\n");
     let big: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     write_file(&s.dir, "html/big.bin", &big);
-    s
+    (s, spki)
+}
+
+fn base64(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in b.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 fn log_lines(s: &Server, n: usize) -> Vec<String> {
@@ -592,4 +626,75 @@ fn zero_rtt_requests_with_ssl_early_data_on() {
         "the request came in 0-RTT data: {out}"
     );
     assert!(status_field(&s, "quic_0rtt") >= 1);
+}
+
+/// A browser over HTTP/3: headless Chromium, QUIC forced for the origin, loads a page and
+/// its 20 assets; shard's access log shows HTTP/3 for all of them.
+#[test]
+fn a_browser_loads_a_page_and_its_assets_over_http3() {
+    let Some(chromium) = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| {
+            Command::new(b)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+    else {
+        skipped(
+            "a_browser_loads_a_page_and_its_assets_over_http3",
+            "chromium is not installed (apt-get install chromium)",
+        );
+        return;
+    };
+    let (s, spki) = start_with_cert("h3-browser", 2, "");
+    let mut page = String::from("<html><body>\n");
+    for i in 0..20 {
+        write_file(
+            &s.dir,
+            &format!("html/asset/{i}.txt"),
+            format!("asset {i}").as_bytes(),
+        );
+        page.push_str(&format!("<iframe src=\"/asset/{i}.txt\"></iframe>\n"));
+    }
+    page.push_str("</body></html>\n");
+    write_file(&s.dir, "html/index.html", page.as_bytes());
+    let profile = temp_dir("h3-browser-profile");
+    let port = s.ports[0];
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(chromium)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-quic",
+            "--ignore-certificate-errors",
+            "--host-resolver-rules=MAP localhost 127.0.0.1",
+        ])
+        .arg(format!("--origin-to-force-quic-on=localhost:{port}"))
+        .arg(format!("--ignore-certificate-errors-spki-list={spki}"))
+        .arg(format!("--user-data-dir={}", profile.keep().display()))
+        .arg("--dump-dom")
+        .arg(format!("https://localhost:{port}/"))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains("asset/19.txt"),
+        "{dom}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = log_lines(&s, 21);
+    let assets: Vec<&String> = log
+        .iter()
+        .filter(|l| l.starts_with("GET /asset/"))
+        .collect();
+    assert_eq!(assets.len(), 20, "{log:?}");
+    assert!(
+        log.iter()
+            .filter(|l| l.starts_with("GET /"))
+            .all(|l| l.contains(" HTTP/3.0|HTTP/3.0|h3|")),
+        "{log:?}"
+    );
 }
