@@ -84,6 +84,11 @@ pub struct WorkerSlot {
     /// HTTP/3 requests that came in 0-RTT data (`ssl_early_data on`), before the handshake
     /// completed.
     pub quic_0rtt: AtomicU64,
+    /// Datagrams that carried this worker's key in their connection ID (placed by connection
+    /// ID where the group is steered), and datagrams whose ID the client chose (Initial and
+    /// 0-RTT packets: placed by the hash of the addresses).
+    pub quic_by_cid: AtomicU64,
+    pub quic_by_hash: AtomicU64,
 }
 
 impl WorkerSlot {
@@ -125,6 +130,8 @@ impl WorkerSlot {
             quic_strays,
             quic_retries,
             quic_0rtt,
+            quic_by_cid,
+            quic_by_hash,
         } = self;
         for c in [
             pid,
@@ -161,6 +168,8 @@ impl WorkerSlot {
             quic_strays,
             quic_retries,
             quic_0rtt,
+            quic_by_cid,
+            quic_by_hash,
         ] {
             c.store(0, Relaxed);
         }
@@ -170,7 +179,7 @@ impl WorkerSlot {
     /// `adopted`, `accept_pauses`, `body_spooled_bytes`, `stolen`, `stalls`,
     /// `file_cache_hits`, `file_cache_misses`, `tls_handshakes`, `tls_handshake_us`,
     /// `tls_handshakes_deferred`, `h2_rebalanced`, `quic_datagrams`, `quic_strays`,
-    /// `quic_retries`, `quic_0rtt`.
+    /// `quic_retries`, `quic_0rtt`, `quic_by_cid`, `quic_by_hash`.
     pub fn counters(&self) -> [&AtomicU64; COUNTERS] {
         [
             &self.accepted,
@@ -193,6 +202,8 @@ impl WorkerSlot {
             &self.quic_strays,
             &self.quic_retries,
             &self.quic_0rtt,
+            &self.quic_by_cid,
+            &self.quic_by_hash,
         ]
     }
 
@@ -272,7 +283,7 @@ pub fn program_name(v: u64) -> &'static str {
 pub const COUNTERS_ENV: &str = "SHARD_COUNTERS";
 
 /// The counters (not the gauges) of a [`WorkerSlot`], in the order of [`WorkerSlot::counters`].
-pub const COUNTERS: usize = 20;
+pub const COUNTERS: usize = 22;
 
 /// The counters of exited workers of one index (see `Region::retired`).
 #[repr(C)]

@@ -113,7 +113,7 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
              \"stalled\":{},\"file_cache_hits\":{},\"file_cache_misses\":{},\"file_cache_entries\":{},\
              \"tls_handshakes\":{},\"tls_handshake_cpu_ms\":{},\"tls_handshakes_deferred\":{},\"h2_rebalanced\":{},\
              \"quic_connections\":{},\"quic_datagrams\":{},\"quic_strays\":{},\"quic_retries\":{},\
-             \"quic_0rtt\":{}}}",
+             \"quic_0rtt\":{},\"quic_by_cid\":{},\"quic_by_hash\":{}}}",
             w.pid.load(Relaxed),
             w.accepted.load(Relaxed),
             w.handled.load(Relaxed),
@@ -145,6 +145,8 @@ pub fn json(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: &mut V
             w.quic_strays.load(Relaxed),
             w.quic_retries.load(Relaxed),
             w.quic_0rtt.load(Relaxed),
+            w.quic_by_cid.load(Relaxed),
+            w.quic_by_hash.load(Relaxed),
         );
     }
     // Workers of older generations still finishing their connections (tunnels, relays,
@@ -271,7 +273,7 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             .collect()
     });
     // (name, help, counter index): what `WorkerSlot::counters` lists.
-    let counter_rows: [(&str, &str, usize); 20] = [
+    let counter_rows: [(&str, &str, usize); 22] = [
         ("shard_worker_accepted_total", "Connections accepted by the worker.", 0),
         ("shard_worker_handled_total", "Connections handled by the worker.", 1),
         ("shard_worker_requests_total", "Requests served by the worker.", 2),
@@ -359,6 +361,16 @@ pub fn prometheus(region: &Region, listeners: &[ListenerRow], now_ms: u64, out: 
             "shard_worker_quic_0rtt_total",
             "HTTP/3 requests that came in 0-RTT data (ssl_early_data).",
             19,
+        ),
+        (
+            "shard_worker_quic_by_cid_total",
+            "Datagrams whose connection ID carried the worker's key (steered by connection ID).",
+            20,
+        ),
+        (
+            "shard_worker_quic_by_hash_total",
+            "Datagrams whose connection ID the client chose (Initial, 0-RTT: placed by address hash).",
+            21,
         ),
     ];
     for (name, help, c) in counter_rows {

@@ -217,9 +217,12 @@ fn a_client_that_changes_its_port_is_still_served() {
         let out = h3client(py, s.ports[0], &["migrate", "/ok"]);
         assert_eq!(out.trim(), "200 200");
     }
-    // No datagram reached a worker that did not hold its connection.
+    // No datagram reached a worker that did not hold its connection; each was placed by its
+    // connection ID or, for a new connection, by the hash of its addresses.
     assert_eq!(status_field(&s, "quic_strays"), 0);
     assert!(status_field(&s, "quic_datagrams") > 0);
+    assert!(status_field(&s, "quic_by_cid") > 0);
+    assert!(status_field(&s, "quic_by_hash") >= 6);
 }
 
 #[test]

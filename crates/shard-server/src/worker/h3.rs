@@ -373,6 +373,41 @@ impl Endpoint {
     }
 }
 
+/// How a datagram reached this worker's socket.
+#[derive(Debug, PartialEq, Eq)]
+enum Placed {
+    /// Its connection ID carries this socket's key (short header, Handshake packet).
+    ByCid,
+    /// Its connection ID is the client's own (Initial, 0-RTT): the hash of its addresses.
+    ByHash,
+    /// Anything else (another key: a stray; garbage; an unsteered group).
+    Other,
+}
+
+fn placement(d: &[u8], key: Option<u32>) -> Placed {
+    let Some(&first) = d.first() else {
+        return Placed::Other;
+    };
+    let keyed = |at: usize| {
+        let k = d
+            .get(at..at + 2)
+            .map(|b| u32::from(u16::from_be_bytes([b[0], b[1]])));
+        if key.is_some() && k == key {
+            Placed::ByCid
+        } else {
+            Placed::Other
+        }
+    };
+    if first & 0x80 == 0 {
+        return keyed(1);
+    }
+    match (first & 0x30) >> 4 {
+        0 | 1 => Placed::ByHash,
+        2 if d.get(5).is_some_and(|&l| l >= 2) => keyed(6),
+        _ => Placed::Other,
+    }
+}
+
 /// Sends one datagram; a full socket buffer drops it (QUIC's loss recovery sends again).
 fn send_datagram(fd: RawFd, buf: &[u8], to: &SocketAddr) {
     if let Err(e) = shard_event::sock::send_to(fd, buf, to) {
@@ -631,7 +666,13 @@ impl Worker<'_> {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
             };
-            crate::shm::WorkerSlot::bump(&self.cx.slot.quic_datagrams, 1);
+            let slot = self.cx.slot;
+            crate::shm::WorkerSlot::bump(&slot.quic_datagrams, 1);
+            match placement(&buf[..n], self.listeners[li].quic_key) {
+                Placed::ByCid => crate::shm::WorkerSlot::bump(&slot.quic_by_cid, 1),
+                Placed::ByHash => crate::shm::WorkerSlot::bump(&slot.quic_by_hash, 1),
+                Placed::Other => {}
+            }
             if let Some(k) = self.quic_datagram(li, from, &buf[..n]) {
                 if !touched.contains(&k) {
                     touched.push(k);
@@ -1612,5 +1653,45 @@ fn cut_request(st: &mut Stream) -> Cut {
                 st.input.drain(..whole as usize);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{placement, Placed};
+
+    #[test]
+    fn datagrams_are_told_by_the_key_their_connection_id_carries() {
+        // A short header with key 0x0102 after the first byte.
+        let short = [0x41u8, 0x01, 0x02, 9, 9, 9, 9, 9, 9];
+        assert_eq!(placement(&short, Some(0x0102)), Placed::ByCid);
+        assert_eq!(placement(&short, Some(0x0103)), Placed::Other);
+        assert_eq!(placement(&short, None), Placed::Other);
+        // Long headers: Initial and 0-RTT are the client's IDs; Handshake carries ours at
+        // offset 6 behind its length.
+        let long = |ty: u8| {
+            [
+                0xc0 | (ty << 4),
+                0,
+                0,
+                0,
+                1,
+                8,
+                0x01,
+                0x02,
+                7,
+                7,
+                7,
+                7,
+                7,
+                7,
+            ]
+        };
+        assert_eq!(placement(&long(0), Some(0x0102)), Placed::ByHash);
+        assert_eq!(placement(&long(1), Some(0x0102)), Placed::ByHash);
+        assert_eq!(placement(&long(2), Some(0x0102)), Placed::ByCid);
+        assert_eq!(placement(&long(3), Some(0x0102)), Placed::Other);
+        assert_eq!(placement(&[], Some(1)), Placed::Other);
+        assert_eq!(placement(&[0x40], Some(1)), Placed::Other);
     }
 }
