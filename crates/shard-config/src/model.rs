@@ -3150,6 +3150,9 @@ pub struct Http3Conf {
     pub stream_buffer_size: usize,
     /// `quic_retry on|off`: a Retry packet validates a new client's address first.
     pub retry: bool,
+    /// `quic_gso on|off`: several datagrams of a connection in one `sendmsg`, cut by the
+    /// kernel (`UDP_SEGMENT`). Default off.
+    pub gso: bool,
     /// `ssl_early_data on|off`: 0-RTT requests on `quic` addresses (resumed clients send
     /// their first request with the handshake; `$ssl_early_data` says which). Default off.
     pub early_data: bool,
@@ -3165,6 +3168,7 @@ impl Default for Http3Conf {
             max_concurrent_streams: 128,
             stream_buffer_size: 64 * 1024,
             retry: false,
+            gso: false,
             early_data: false,
             host_key: None,
         }

@@ -568,6 +568,40 @@ pub fn send_to(fd: RawFd, buf: &[u8], addr: &SocketAddr) -> io::Result<usize> {
     })
 }
 
+/// `sendmsg(2)` of `buf` to `addr` as datagrams of `segment` bytes each (the last may be
+/// shorter), cut by the kernel (`UDP_SEGMENT`, Linux 4.18+): one system call for many.
+pub fn send_to_segmented(
+    fd: RawFd,
+    buf: &[u8],
+    addr: &SocketAddr,
+    segment: u16,
+) -> io::Result<usize> {
+    let (mut storage, len) = std_to_sockaddr(addr);
+    let mut iov = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // Room for one control message of a u16, 8-byte aligned.
+    let mut control = [0u64; 4];
+    // SAFETY: a zeroed msghdr is valid; every pointer set below outlives the call, and the
+    // control message is written inside `control` (CMSG_SPACE(2) <= 32 bytes).
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_name = &mut storage as *mut _ as *mut libc::c_void;
+        msg.msg_namelen = len;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = libc::CMSG_SPACE(2) as usize;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_UDP;
+        (*cmsg).cmsg_type = libc::UDP_SEGMENT;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(2) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut u16, segment);
+        cvt_size(libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT))
+    }
+}
+
 /// A nonblocking datagram socket connected to the Unix-domain socket at `path` (a syslog
 /// daemon's `/dev/log`).
 pub fn unix_datagram_connected(path: &std::path::Path) -> io::Result<OwnedFd> {

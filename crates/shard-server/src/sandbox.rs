@@ -254,6 +254,9 @@ pub const SYSCALLS: &[(&str, i64)] = &[
     ("getpeername", libc::SYS_getpeername),
     ("recvfrom", libc::SYS_recvfrom),
     ("sendto", libc::SYS_sendto),
+    // QUIC datagrams cut by the kernel (`quic_gso on`: `UDP_SEGMENT` travels as a control
+    // message).
+    ("sendmsg", libc::SYS_sendmsg),
     // Time, identity, accounting.
     ("clock_gettime", libc::SYS_clock_gettime),
     ("gettimeofday", libc::SYS_gettimeofday),

@@ -701,3 +701,33 @@ fn a_browser_loads_a_page_and_its_assets_over_http3() {
         "{log:?}"
     );
 }
+
+/// `quic_gso on`: a connection's datagrams leave in one `sendmsg` each burst, cut by the
+/// kernel (`UDP_SEGMENT`); the client sees ordinary datagrams and gets every byte.
+#[test]
+fn quic_gso_sends_large_responses_whole() {
+    let Some(py) = python_aioquic("quic_gso_sends_large_responses_whole") else {
+        return;
+    };
+    let s = start("h3-gso", 1, "");
+    let conf = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
+    std::fs::write(
+        s.dir.join("conf/shard.conf"),
+        conf.replace(
+            "access_log logs/h3.log h3;",
+            "access_log logs/h3.log h3; quic_gso on;",
+        ),
+    )
+    .unwrap();
+    s.signal(libc::SIGHUP);
+    wait_generation(&s, 2, 1);
+    let body: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    write_file(&s.dir, "html/large.bin", &body);
+    let out = h3client(py, s.ports[0], &["get", "/large.bin", "/big.bin", "/ok"]);
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["200 3000000 ", "200 300000 ", "200 3 OK"],
+        "{out}"
+    );
+    assert!(!error_log(&s).contains("UDP_SEGMENT refused"));
+}

@@ -227,6 +227,7 @@ pub(super) struct Settings {
     pub(super) http3_max_concurrent_streams: Option<u32>,
     pub(super) http3_stream_buffer_size: Option<usize>,
     pub(super) quic_retry: Option<bool>,
+    pub(super) quic_gso: Option<bool>,
     pub(super) ssl_early_data: Option<bool>,
     pub(super) quic_host_key: Option<PathBuf>,
     pub(super) ignore_invalid_headers: Option<bool>,
@@ -983,6 +984,7 @@ impl Eff {
                     .http3_stream_buffer_size
                     .unwrap_or(self.http3.stream_buffer_size),
                 retry: s.quic_retry.unwrap_or(self.http3.retry),
+                gso: s.quic_gso.unwrap_or(self.http3.gso),
                 early_data: s.ssl_early_data.unwrap_or(self.http3.early_data),
                 host_key: s
                     .quic_host_key
@@ -2486,6 +2488,8 @@ slot!(set_http2_rebalance, http2_rebalance, flag);
 slot!(set_http3, http3, flag);
 
 slot!(set_quic_retry, quic_retry, flag);
+
+slot!(set_quic_gso, quic_gso, flag);
 
 slot!(set_ssl_early_data, ssl_early_data, flag);
 

@@ -306,8 +306,7 @@ static BASE: &[Spec] = &[
         Set::Settings(set_http3_stream_buffer_size),
     ),
     d("quic_retry", H | S, 1, 1, Set::Settings(set_quic_retry)),
-    // Datagrams are sent one by one (no UDP_SEGMENT yet).
-    d("quic_gso", H | S, 1, 1, Set::NoEffect(check_flag)),
+    d("quic_gso", H | S, 1, 1, Set::Settings(set_quic_gso)),
     d(
         "quic_host_key",
         H | S,

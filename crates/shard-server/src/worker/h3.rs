@@ -68,6 +68,8 @@ const TRAILERS_MAX: usize = 64 * 1024;
 const UNI_STREAMS_MAX: u32 = 8;
 /// Bytes of a client's control stream or QPACK streams kept undecoded.
 const UNI_INPUT_MAX: usize = 16 * 1024;
+/// Datagrams one `sendmsg` carries with `quic_gso on` (the kernel takes up to 64).
+const GSO_DATAGRAMS: usize = 16;
 /// Rounds of events and streams one drive of a connection makes before it yields.
 const ROUNDS_MAX: usize = 16;
 
@@ -78,6 +80,8 @@ pub(super) struct Endpoint {
     conf_idx: usize,
     ep: qp::Endpoint,
     retry: bool,
+    /// `quic_gso on`, while the kernel takes `UDP_SEGMENT` (a refusal turns it off).
+    gso: bool,
     /// Connections by quinn's handle: their keys in `Worker::h3`.
     by_handle: HashMap<qp::ConnectionHandle, usize>,
 }
@@ -246,7 +250,8 @@ pub(super) fn server_config(
         ))
         .max_idle_timeout(
             qp::IdleTimeout::try_from(Duration::from_millis(idle_ms.clamp(1000, 600_000))).ok(),
-        );
+        )
+        .enable_segmentation_offload(h3c.gso);
     let mut sc = match &h3c.host_key {
         Some(path) => {
             let key = std::fs::read(path).map_err(|e| {
@@ -362,12 +367,14 @@ impl Endpoint {
         sc: qp::ServerConfig,
         ec: qp::EndpointConfig,
         retry: bool,
+        gso: bool,
     ) -> Endpoint {
         Endpoint {
             fd,
             conf_idx,
             ep: qp::Endpoint::new(Arc::new(ec), Some(Arc::new(sc)), false, None),
             retry,
+            gso,
             by_handle: HashMap::new(),
         }
     }
@@ -643,7 +650,7 @@ impl Worker<'_> {
             };
             let ec = endpoint_config(&srv.http3, self.listeners[li].quic_key);
             let fd = self.listeners[li].fd;
-            let ep = Endpoint::new(fd, conf_idx, sc, ec, srv.http3.retry);
+            let ep = Endpoint::new(fd, conf_idx, sc, ec, srv.http3.retry, srv.http3.gso);
             if self.quic.len() <= li {
                 self.quic.resize_with(li + 1, || None);
             }
@@ -859,19 +866,45 @@ impl Worker<'_> {
     /// Writes the connection's datagrams; whether any left.
     fn h3_transmit(&mut self, k: usize) -> bool {
         let c = &mut self.h3[k];
-        let Some(fd) = self.quic.get(c.ep).and_then(|e| e.as_ref()).map(|e| e.fd) else {
+        let Some(ep) = self.quic.get_mut(c.ep).and_then(|e| e.as_mut()) else {
             return false;
         };
+        let fd = ep.fd;
         let now = Instant::now();
         let mut buf = std::mem::take(&mut self.h3_buf);
         let mut any = false;
         loop {
             buf.clear();
-            let Some(t) = c.conn.poll_transmit(now, 1, &mut buf) else {
+            // `quic_gso`: up to GSO_DATAGRAMS datagrams of equal size in one buffer, cut by
+            // the kernel.
+            let max = if ep.gso { GSO_DATAGRAMS } else { 1 };
+            let Some(t) = c.conn.poll_transmit(now, max, &mut buf) else {
                 break;
             };
-            send_datagram(fd, &buf[..t.size], &t.destination);
             any = true;
+            let data = &buf[..t.size];
+            match t.segment_size.filter(|&s| s < t.size) {
+                Some(seg) => {
+                    match shard_event::sock::send_to_segmented(fd, data, &t.destination, seg as u16)
+                    {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => {
+                            // No segmentation offload here: one by one from now on.
+                            crate::log!(
+                                Notice,
+                                "UDP_SEGMENT refused ({}): quic_gso off for this socket",
+                                shard_event::os_error_text(&e)
+                            );
+                            ep.gso = false;
+                            for d in data.chunks(seg) {
+                                send_datagram(fd, d, &t.destination);
+                            }
+                        }
+                    }
+                }
+                None => send_datagram(fd, data, &t.destination),
+            }
         }
         self.h3_buf = buf;
         any
