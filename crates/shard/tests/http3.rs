@@ -731,3 +731,43 @@ fn quic_gso_sends_large_responses_whole() {
     );
     assert!(!error_log(&s).contains("UDP_SEGMENT refused"));
 }
+
+/// `limit_req` judges each HTTP/3 stream as a request: three at once against a zone of one
+/// request a minute get one 200 (and two 503s).
+#[test]
+fn limits_judge_each_http3_stream() {
+    let Some(py) = python_aioquic("limits_judge_each_http3_stream") else {
+        return;
+    };
+    let s = start("h3-limits", 1, "");
+    let conf = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
+    let conf = conf
+        .replace(
+            "client_max_body_size 20m;",
+            "client_max_body_size 20m; limit_req_zone $binary_remote_addr zone=one:1m rate=1r/m;",
+        )
+        .replace(
+            "location = /ok {",
+            "location = /limited { limit_req zone=one; }\n location = /ok {",
+        );
+    std::fs::write(s.dir.join("conf/shard.conf"), conf).unwrap();
+    s.signal(libc::SIGHUP);
+    wait_generation(&s, 2, 1);
+    // A file: `return` runs in the rewrite phase, before limits, as in nginx.
+    write_file(&s.dir, "html/limited", b"in");
+    assert_eq!(
+        h3client(py, s.ports[0], &["many", "3", "/limited"]).trim(),
+        "ok 1"
+    );
+    let log = log_lines(&s, 3);
+    let limited: Vec<&String> = log
+        .iter()
+        .filter(|l| l.starts_with("GET /limited"))
+        .collect();
+    assert_eq!(limited.len(), 3, "{log:?}");
+    assert_eq!(
+        limited.iter().filter(|l| l.contains("|503|")).count(),
+        2,
+        "{log:?}"
+    );
+}
