@@ -20,7 +20,8 @@
 //! (new ones are refused beyond); a field section at most [`FIELD_SECTION_MAX`]; a request
 //! stream's input waiting for its connection at most [`STREAM_INPUT_MAX`] (then the stream
 //! is not read, and QUIC flow control holds the client); a stream's framed output not yet
-//! taken by QUIC at most one DATA frame of [`DATA_FRAME_MAX`].
+//! taken by QUIC at most one DATA frame of [`DATA_FRAME_MAX`], and what QUIC holds of a
+//! connection's responses until the client acknowledges them [`SEND_WINDOW`].
 //!
 //! What is not here yet (issue 36): steering by connection ID (the kernel's 4-tuple hash
 //! places datagrams, so a client that changes address mid-connection reaches another worker),
@@ -68,6 +69,10 @@ const TRAILERS_MAX: usize = 64 * 1024;
 const UNI_STREAMS_MAX: u32 = 8;
 /// Bytes of a client's control stream or QPACK streams kept undecoded.
 const UNI_INPUT_MAX: usize = 16 * 1024;
+/// Response bytes a QUIC connection holds for its client before they are acknowledged
+/// (quinn's send window; its default is 10 MB): what one slow client can make a worker keep,
+/// and 20 MB/s at a 100 ms round trip.
+const SEND_WINDOW: u64 = 2 << 20;
 /// Datagrams one `sendmsg` carries with `quic_gso on` (the kernel takes up to 64).
 const GSO_DATAGRAMS: usize = 16;
 /// Rounds of events and streams one drive of a connection makes before it yields.
@@ -251,7 +256,8 @@ pub(super) fn server_config(
         .max_idle_timeout(
             qp::IdleTimeout::try_from(Duration::from_millis(idle_ms.clamp(1000, 600_000))).ok(),
         )
-        .enable_segmentation_offload(h3c.gso);
+        .enable_segmentation_offload(h3c.gso)
+        .send_window(SEND_WINDOW);
     let mut sc = match &h3c.host_key {
         Some(path) => {
             let key = std::fs::read(path).map_err(|e| {
