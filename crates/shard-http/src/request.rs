@@ -237,6 +237,10 @@ pub struct Request {
     /// The request came on an HTTP/3 stream (`HTTP/3.0`; `http2` is set too, since every
     /// HTTP/2 rule about a request given as HTTP/1.1 holds for it).
     pub http3: bool,
+    /// The request is the `error_page` of a request refused while its head was read: it
+    /// starts with nginx's error-page state (no further error page, and this status for a
+    /// page that succeeds). `None` for every request a client sent.
+    pub head_error_page: Option<Option<u16>>,
     /// From an absolute-form target, else the `Host` header: lowercase, port and trailing dot
     /// removed.
     pub host: Option<String>,
@@ -326,6 +330,7 @@ impl Request {
             minor_version: 0,
             http2: false,
             http3: false,
+            head_error_page: None,
             host: None,
             host_header: false,
             host_raw: None,
@@ -1087,6 +1092,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         minor_version: rl.minor,
         http2: false,
         http3: false,
+        head_error_page: None,
         host,
         host_header: host_sent.is_some(),
         host_raw,

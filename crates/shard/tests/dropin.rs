@@ -4194,3 +4194,67 @@ fn userid_sets_and_reads_the_visitor_cookie() {
         Some(x_set.as_str())
     );
 }
+
+/// A request refused while its head is read (a bad `Host`, a bad request line) takes the
+/// default server's `error_page`, as nginx's special response handler does: the page is
+/// requested anew with GET and sent with the original status (or `=CODE`'s), the connection
+/// closes after it, and the access log keeps the line the client sent.
+#[test]
+fn error_page_takes_requests_refused_while_their_head_is_read() {
+    const EP_CONF: &str = r#"
+worker_processes 1;
+events { worker_connections 64; }
+http {
+    log_format st '$status "$request" $uri';
+    access_log logs/access.log st;
+    server {
+        listen 127.0.0.1:{port};
+        root {dir}/html;
+        error_page 400 /bad.html;
+        error_page 414 =200 /long.html;
+        location = /status { shard_status; }
+        location = /redirect-me { return 301 /elsewhere; }
+    }
+    server {
+        listen 127.0.0.1:{port1};
+        error_page 400 /redirect-me;
+        location = /redirect-me { return 301 /elsewhere; }
+    }
+}
+"#;
+    let s = Server::start_ports("headerror", EP_CONF, 1, 1);
+    write_file(&s.dir, "html/bad.html", b"our own 400 page\n");
+    write_file(&s.dir, "html/long.html", b"too long, but fine\n");
+    let a = s.addr();
+    let r = raw(a, b"GET /x HTTP/1.1\r\nHost: a b\r\n\r\n");
+    assert_eq!(r.status, 400);
+    assert_eq!(r.body_str(), "our own 400 page\n");
+    assert_eq!(r.header("Connection"), Some("close"));
+    // A malformed request line too.
+    let r = raw(a, b"GET /x HTTP/1.1 junk\r\nHost: ok\r\n\r\n");
+    assert_eq!(
+        (r.status, r.body_str().as_str()),
+        (400, "our own 400 page\n")
+    );
+    // `=200`.
+    let long = format!("GET /{} HTTP/1.1\r\nHost: ok\r\n\r\n", "a".repeat(20_000));
+    let r = raw(a, long.as_bytes());
+    assert_eq!(
+        (r.status, r.body_str().as_str()),
+        (200, "too long, but fine\n")
+    );
+    // The page's location redirects: its answer is sent (nginx 1.22: http_absolute_redirect.t),
+    // named by the local address since the request had no valid host.
+    let b = std::net::SocketAddr::from(([127, 0, 0, 1], s.ports[0]));
+    let r = raw(b, b"GET /x HTTP/1.0\r\nHost: .\r\n\r\n");
+    assert_eq!(r.status, 301);
+    assert_eq!(
+        r.header("Location").map(str::to_string),
+        Some(format!("http://127.0.0.1:{}/elsewhere", b.port()))
+    );
+    let log = wait_for(Duration::from_secs(5), "access log", || {
+        let t = std::fs::read_to_string(s.dir.join("logs/access.log")).unwrap_or_default();
+        (t.lines().count() >= 4).then_some(t)
+    });
+    assert!(log.contains("400 \"GET /x HTTP/1.1\" /bad.html"), "{log}");
+}

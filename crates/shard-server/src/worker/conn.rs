@@ -1643,6 +1643,29 @@ impl<'a> Worker<'a> {
                                 )
                             })
                             .unwrap_or_default();
+                        // The default server's `error_page` for the status, as nginx's
+                        // special response handler takes it for a request it could not read:
+                        // the page is requested anew with GET, the connection closes after.
+                        if let Some((target, st)) = head_error_page(cfg, server, status) {
+                            let head = format!("GET {target} HTTP/1.0\r\n\r\n");
+                            let limits = self.limits(self.conns[key].listener);
+                            if let shard_http::request::Parse::Complete { mut req, head_len } =
+                                shard_http::request::parse(head.as_bytes(), &limits)
+                            {
+                                let c = &mut self.conns[key];
+                                c.inbuf.clear();
+                                c.inbuf.extend_from_slice(head.as_bytes());
+                                req.request_line = line.request_line.clone();
+                                req.keep_alive = false;
+                                req.head_error_page = Some(match st {
+                                    ErrorPageStatus::Original => Some(status),
+                                    ErrorPageStatus::Code(code) => Some(code),
+                                    ErrorPageStatus::Target => None,
+                                });
+                                self.handle(key, req, head_len);
+                                continue;
+                            }
+                        }
                         self.error_page_with(key, status, false, None, &extra);
                         self.log_refused(key, status, &line);
                         continue;
@@ -2391,6 +2414,10 @@ impl<'a> Worker<'a> {
         c.rq().request_started_ms = self.cx.now_ms;
         c.rq().in_error_page = false;
         c.rq().status_override = None;
+        if let Some(status) = req.head_error_page {
+            c.rq().in_error_page = true;
+            c.rq().status_override = status;
+        }
         c.rq().send_timeout_ms = first.send_timeout_ms;
         c.rq().h2_chunk = first.http2_chunk_size;
         c.rq().body_timeout_ms = first.client_body_timeout_ms;
@@ -4121,6 +4148,30 @@ fn auto_redirect(
         target.push_str(q);
     }
     Some((i, Rewritten::Return(301, Some(target))))
+}
+
+/// The default server's `error_page` for a request refused while its head was read: its
+/// target when that is a plain URI (variables need a request to render them; a URL or a
+/// named location is left to shard's own page), and how its status is sent.
+fn head_error_page(
+    cfg: &shard_config::Config,
+    server: usize,
+    status: u16,
+) -> Option<(String, ErrorPageStatus)> {
+    let srv = cfg.http.as_ref()?.servers.get(server)?;
+    let ep = srv
+        .base
+        .error_pages
+        .iter()
+        .find(|e| e.codes.contains(&status))?;
+    let mut target = String::new();
+    for p in &ep.target {
+        match p {
+            shard_config::Part::Lit(s) => target.push_str(s),
+            shard_config::Part::Var(_) => return None,
+        }
+    }
+    (target.starts_with('/') && !target.bytes().any(|b| b <= b' ')).then_some((target, ep.status))
 }
 
 #[cfg(test)]
