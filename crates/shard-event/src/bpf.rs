@@ -344,14 +344,7 @@ pub fn quic_program(fresh: &[u32], map_fd: RawFd) -> Vec<Insn> {
     p.push(insn(LSH64_K, 4, 0, 0, 8));
     p.push(insn(OR64_X, 4, 5, 0, 0));
     // Select by key; a key without a socket falls through to a fresh choice.
-    p.push(insn(STX_W, 10, 4, -20, 0));
-    p.push(insn(MOV64_X, 1, 6, 0, 0));
-    p.push(insn(LD_IMM64, 2, PSEUDO_MAP_FD, 0, map_fd));
-    p.push(insn(0, 0, 0, 0, 0));
-    p.push(insn(MOV64_X, 3, 10, 0, 0));
-    p.push(insn(ADD64_K, 3, 0, 0, -20));
-    p.push(insn(MOV64_K, 4, 0, 0, 0));
-    p.push(insn(CALL, 0, 0, 0, HELPER_SK_SELECT_REUSEPORT));
+    push_select(&mut p, map_fd);
     to_pass.push(p.len());
     p.push(insn(JEQ_K, 0, 0, 0, 0));
     // A fresh choice: `fresh[hash % n]` by a jump table.
@@ -370,14 +363,7 @@ pub fn quic_program(fresh: &[u32], map_fd: RawFd) -> Vec<Insn> {
     }
     p.push(insn(MOV64_K, 4, 0, 0, fresh[n - 1] as i32));
     debug_assert_eq!(p.len(), select_at);
-    p.push(insn(STX_W, 10, 4, -20, 0));
-    p.push(insn(MOV64_X, 1, 6, 0, 0));
-    p.push(insn(LD_IMM64, 2, PSEUDO_MAP_FD, 0, map_fd));
-    p.push(insn(0, 0, 0, 0, 0));
-    p.push(insn(MOV64_X, 3, 10, 0, 0));
-    p.push(insn(ADD64_K, 3, 0, 0, -20));
-    p.push(insn(MOV64_K, 4, 0, 0, 0));
-    p.push(insn(CALL, 0, 0, 0, HELPER_SK_SELECT_REUSEPORT));
+    push_select(&mut p, map_fd);
     // SK_PASS, selected or not (without a selection the kernel's hash places it).
     let pass_at = p.len();
     for at in to_pass {
@@ -386,6 +372,19 @@ pub fn quic_program(fresh: &[u32], map_fd: RawFd) -> Vec<Insn> {
     p.push(insn(MOV64_K, 0, 0, 0, 1));
     p.push(insn(EXIT, 0, 0, 0, 0));
     p
+}
+
+/// `bpf_sk_select_reuseport(ctx, map, &r4, 0)`: the socket under key `r4` (through the stack
+/// at r10-20; the context is in r6), `r0` 0 when one was chosen.
+fn push_select(p: &mut Vec<Insn>, map_fd: RawFd) {
+    p.push(insn(STX_W, 10, 4, -20, 0));
+    p.push(insn(MOV64_X, 1, 6, 0, 0));
+    p.push(insn(LD_IMM64, 2, PSEUDO_MAP_FD, 0, map_fd));
+    p.push(insn(0, 0, 0, 0, 0));
+    p.push(insn(MOV64_X, 3, 10, 0, 0));
+    p.push(insn(ADD64_K, 3, 0, 0, -20));
+    p.push(insn(MOV64_K, 4, 0, 0, 0));
+    p.push(insn(CALL, 0, 0, 0, HELPER_SK_SELECT_REUSEPORT));
 }
 
 /// A `quic` group's steering: the socket array its program selects from. Dropping it
@@ -564,33 +563,60 @@ mod tests {
         (major, minor) < (5, 12)
     }
 
+    /// An IPv4 socket of `ty` with `SO_REUSEPORT`, bound to loopback `port` (0: any).
+    fn reuseport_bound(ty: libc::c_int, port: u16) -> RawFd {
+        // SAFETY: plain socket calls on a descriptor created here.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, ty | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0);
+            let one: libc::c_int = 1;
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_REUSEPORT,
+                &one as *const _ as *const libc::c_void,
+                4,
+            );
+            let mut sa: libc::sockaddr_in = std::mem::zeroed();
+            sa.sin_family = libc::AF_INET as u16;
+            sa.sin_port = port.to_be();
+            sa.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+            let r = libc::bind(fd, &sa as *const _ as *const libc::sockaddr, 16);
+            assert_eq!(r, 0, "{}", io::Error::last_os_error());
+            fd
+        }
+    }
+
+    /// Sends `pkt` from `client` to `port`; the index of the socket of `socks` it reached.
+    fn placed(
+        client: &std::net::UdpSocket,
+        port: u16,
+        socks: &[&std::net::UdpSocket],
+        pkt: &[u8],
+    ) -> usize {
+        client.send_to(pkt, ("127.0.0.1", port)).unwrap();
+        let mut buf = [0u8; 256];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            for (k, l) in socks.iter().enumerate() {
+                l.set_nonblocking(true).unwrap();
+                if l.recv_from(&mut buf).is_ok() {
+                    return k;
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "no socket got it");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// The real kernel: datagrams of a `quic` group placed by the key in their connection ID,
     /// the rest by the fresh keys. Needs `CAP_BPF`; says SKIPPED where `bpf(2)` is refused.
     #[test]
     fn the_kernel_steers_quic_datagrams_by_connection_id() {
         use std::net::UdpSocket;
-        let sock = |port: u16| -> UdpSocket {
-            // SAFETY: plain socket calls on a descriptor created here.
-            unsafe {
-                let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-                assert!(fd >= 0);
-                let one: libc::c_int = 1;
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_REUSEPORT,
-                    &one as *const _ as *const libc::c_void,
-                    4,
-                );
-                let mut sa: libc::sockaddr_in = std::mem::zeroed();
-                sa.sin_family = libc::AF_INET as u16;
-                sa.sin_port = port.to_be();
-                sa.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
-                let r = libc::bind(fd, &sa as *const _ as *const libc::sockaddr, 16);
-                assert_eq!(r, 0, "{}", io::Error::last_os_error());
-                UdpSocket::from_raw_fd(fd)
-            }
-        };
+        // SAFETY: a descriptor `reuseport_bound` just made, owned by nobody else.
+        let sock =
+            |port: u16| unsafe { UdpSocket::from_raw_fd(reuseport_bound(libc::SOCK_DGRAM, port)) };
         let first = sock(0);
         let port = first.local_addr().unwrap().port();
         let ls = [first, sock(port), sock(port)];
@@ -618,21 +644,7 @@ mod tests {
             p
         };
         let client = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let place = |pkt: &[u8]| -> usize {
-            client.send_to(pkt, ("127.0.0.1", port)).unwrap();
-            let mut buf = [0u8; 256];
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            loop {
-                for (k, l) in ls.iter().enumerate() {
-                    l.set_nonblocking(true).unwrap();
-                    if l.recv_from(&mut buf).is_ok() {
-                        return k;
-                    }
-                }
-                assert!(std::time::Instant::now() < deadline, "no socket got it");
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-        };
+        let place = |pkt: &[u8]| placed(&client, port, &ls.iter().collect::<Vec<_>>(), pkt);
         assert_eq!(place(&short(9)), 1);
         assert_eq!(place(&short(0x0102)), 2);
         assert_eq!(place(&short(7)), 0);
@@ -654,21 +666,7 @@ mod tests {
         steering.insert(0x0200, late.as_raw_fd()).unwrap();
         steering.attach(late.as_raw_fd(), &[0x0200]).unwrap();
         let ls2 = [&ls[0], &ls[1], &ls[2], &late];
-        let place2 = |pkt: &[u8]| -> usize {
-            client.send_to(pkt, ("127.0.0.1", port)).unwrap();
-            let mut buf = [0u8; 256];
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            loop {
-                for (k, l) in ls2.iter().enumerate() {
-                    l.set_nonblocking(true).unwrap();
-                    if l.recv_from(&mut buf).is_ok() {
-                        return k;
-                    }
-                }
-                assert!(std::time::Instant::now() < deadline, "no socket got it");
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-        };
+        let place2 = |pkt: &[u8]| placed(&client, port, &ls2, pkt);
         assert_eq!(place2(&short(9)), 1);
         assert_eq!(place2(&short(7)), 0);
         assert_eq!(place2(&long(0, 0)), 3);
@@ -680,25 +678,10 @@ mod tests {
     #[test]
     fn the_kernel_deals_connections_in_turn() {
         use std::net::{TcpListener, TcpStream};
-        let sock = |port: u16| -> TcpListener {
-            // SAFETY: plain socket calls on a descriptor created here.
+        let sock = |port: u16| {
+            let fd = reuseport_bound(libc::SOCK_STREAM, port);
+            // SAFETY: listen(2) on the descriptor just made; then owned by the listener.
             unsafe {
-                let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-                assert!(fd >= 0);
-                let one: libc::c_int = 1;
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_REUSEPORT,
-                    &one as *const _ as *const libc::c_void,
-                    4,
-                );
-                let mut sa: libc::sockaddr_in = std::mem::zeroed();
-                sa.sin_family = libc::AF_INET as u16;
-                sa.sin_port = port.to_be();
-                sa.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
-                let r = libc::bind(fd, &sa as *const _ as *const libc::sockaddr, 16);
-                assert_eq!(r, 0, "{}", io::Error::last_os_error());
                 assert_eq!(libc::listen(fd, 64), 0);
                 TcpListener::from_raw_fd(fd)
             }

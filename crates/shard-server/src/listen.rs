@@ -264,6 +264,18 @@ impl OpenListener {
         p.keys.get(idx % self.active.max(1)).copied()
     }
 
+    /// The `quic` socket worker `idx` reads: every datagram of a QUIC connection must reach
+    /// the worker that holds it, so with `reuseport` each worker reads its own socket (the
+    /// group's program or the kernel's hash places datagrams), and a shared socket is read
+    /// by worker 0 alone.
+    pub fn quic_fd_for_worker(&self, idx: usize) -> Option<RawFd> {
+        if self.reuseport {
+            Some(self.fd_for_worker(idx))
+        } else {
+            (idx == 0).then(|| self.fds[0])
+        }
+    }
+
     /// The `quic` sockets worker `idx` does not read: its siblings' and earlier generations'.
     /// A new worker closes its copies, so that a socket closes once its own worker and the
     /// master let it go.
@@ -271,11 +283,7 @@ impl OpenListener {
         if !self.opts.quic {
             return Vec::new();
         }
-        let own = if self.reuseport {
-            Some(self.fd_for_worker(idx))
-        } else {
-            (idx == 0).then(|| self.fds[0])
-        };
+        let own = self.quic_fd_for_worker(idx);
         let mut v: Vec<RawFd> = self
             .fds
             .iter()

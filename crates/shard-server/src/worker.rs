@@ -401,16 +401,8 @@ impl<'a> Worker<'a> {
         let mut locks: Vec<(usize, bool)> = Vec::new();
         for l in a.listeners {
             if l.opts.quic {
-                // Every datagram of a QUIC connection must reach the worker that holds it:
-                // with `reuseport` each worker reads its own socket (the kernel's hash of
-                // the client's address places datagrams); a shared socket is read by
-                // worker 0 alone.
-                let own = if l.reuseport {
-                    Some(l.fd_for_worker(a.idx))
-                } else {
-                    (a.idx == 0).then(|| l.fds[0])
-                };
-                if let Some(fd) = own {
+                // Its own socket only (`OpenListener::quic_fd_for_worker`).
+                if let Some(fd) = l.quic_fd_for_worker(a.idx) {
                     listeners.push(WListener {
                         fd,
                         conf_idx: l.conf_idx,

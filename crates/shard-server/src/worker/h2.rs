@@ -145,8 +145,8 @@ pub(super) struct Session {
 }
 
 /// The response side of a stream's output, parsed from the HTTP/1.1 bytes its connection
-/// writes.
-enum Out {
+/// writes (HTTP/2's and HTTP/3's streams alike).
+pub(super) enum Out {
     /// Gathering the head.
     Head(Vec<u8>),
     Length(u64),
@@ -386,12 +386,84 @@ const INVALID_LINE: &[u8] = b"\x00\r\n";
 /// The most bytes of a response's trailers a stream sends (HEADERS and CONTINUATION).
 const TRAILERS_MAX: usize = 256 * 1024;
 
-/// The HPACK block of a chunked response's trailer lines (`Name: value\n` each): names in
-/// lowercase, lines without a colon and hop-by-hop fields left out.
-fn trailer_block(lines: &[u8]) -> Vec<u8> {
-    let e = hpack::Encoder;
-    let mut block = Vec::new();
+/// What writes a field block: HPACK for HTTP/2, QPACK for HTTP/3 (`h3.rs`).
+pub(super) trait FieldEncoder {
+    fn status(&self, code: u16, out: &mut Vec<u8>);
+    /// `name` is lowercase.
+    fn field(&self, name: &[u8], value: &[u8], out: &mut Vec<u8>);
+}
+
+impl FieldEncoder for hpack::Encoder {
+    fn status(&self, code: u16, out: &mut Vec<u8>) {
+        hpack::Encoder::status(self, code, out);
+    }
+
+    fn field(&self, name: &[u8], value: &[u8], out: &mut Vec<u8>) {
+        hpack::Encoder::field(self, name, value, out);
+    }
+}
+
+/// How a response's body is framed, as its HTTP/1.1 head says.
+pub(super) struct Framing {
+    pub(super) status: u16,
+    pub(super) length: Option<u64>,
+    pub(super) chunked: bool,
+}
+
+/// Writes the fields of a stream's HTTP/1.1 response head into `block` (the status first,
+/// names lowercased, hop-by-hop fields left out) and says how its body is framed; `None`
+/// for a 1xx, which is not passed on (HTTP/2 and HTTP/3 clients send their body without
+/// waiting for `100 Continue`).
+pub(super) fn response_block(
+    head: &[u8],
+    e: &impl FieldEncoder,
+    block: &mut Vec<u8>,
+) -> std::io::Result<Option<Framing>> {
+    use std::io::{Error, ErrorKind};
+    let mut fields = [httparse::EMPTY_HEADER; 128];
+    let mut r = httparse::Response::new(&mut fields);
+    let bad = || Error::new(ErrorKind::InvalidData, "response head");
+    match r.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return Err(bad()),
+    }
+    let status = r.code.ok_or_else(bad)?;
+    if (100..200).contains(&status) {
+        return Ok(None);
+    }
+    e.status(status, block);
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut name = Vec::with_capacity(32);
+    for f in r.headers.iter() {
+        let n = f.name.as_bytes();
+        if n.eq_ignore_ascii_case(b"transfer-encoding") {
+            chunked = true;
+        }
+        if hop_by_hop(n) {
+            continue;
+        }
+        if n.eq_ignore_ascii_case(b"content-length") {
+            length = std::str::from_utf8(f.value)
+                .ok()
+                .and_then(|v| v.trim().parse().ok());
+        }
+        name.clear();
+        name.extend(n.iter().map(u8::to_ascii_lowercase));
+        e.field(&name, f.value, block);
+    }
+    Ok(Some(Framing {
+        status,
+        length,
+        chunked,
+    }))
+}
+
+/// Writes a chunked response's trailer lines (`Name: value\n` each) into `block`: names in
+/// lowercase, lines without a colon and hop-by-hop fields left out. Whether any was.
+pub(super) fn trailer_fields(lines: &[u8], e: &impl FieldEncoder, block: &mut Vec<u8>) -> bool {
     let mut name = Vec::new();
+    let mut any = false;
     for line in lines.split(|&b| b == b'\n') {
         let Some(colon) = memchr::memchr(b':', line) else {
             continue;
@@ -402,9 +474,16 @@ fn trailer_block(lines: &[u8]) -> Vec<u8> {
         }
         name.clear();
         name.extend(n.iter().map(u8::to_ascii_lowercase));
-        let v = v.trim_ascii();
-        e.field(&name, v, &mut block);
+        e.field(&name, v.trim_ascii(), block);
+        any = true;
     }
+    any
+}
+
+/// The HPACK block of a chunked response's trailer lines (empty when there are none).
+fn trailer_block(lines: &[u8]) -> Vec<u8> {
+    let mut block = Vec::new();
+    trailer_fields(lines, &hpack::Encoder, &mut block);
     block
 }
 
@@ -417,43 +496,16 @@ impl Session {
     /// The response head of stream `st` is whole: HEADERS go out, and the body's framing is
     /// known.
     fn begin(&mut self, st: &mut Stream, head: &[u8]) -> std::io::Result<()> {
-        use std::io::{Error, ErrorKind};
-        let mut fields = [httparse::EMPTY_HEADER; 128];
-        let mut r = httparse::Response::new(&mut fields);
-        let bad = || Error::new(ErrorKind::InvalidData, "response head");
-        match r.parse(head) {
-            Ok(httparse::Status::Complete(_)) => {}
-            _ => return Err(bad()),
-        }
-        let status = r.code.ok_or_else(bad)?;
-        if (100..200).contains(&status) {
-            // `100 Continue`: HTTP/2 clients send their body without waiting for it.
+        let mut block = Vec::with_capacity(256);
+        let Some(Framing {
+            status,
+            length,
+            chunked,
+        }) = response_block(head, &hpack::Encoder, &mut block)?
+        else {
             st.out = Out::Head(Vec::new());
             return Ok(());
-        }
-        let e = hpack::Encoder;
-        let mut block = Vec::with_capacity(256);
-        e.status(status, &mut block);
-        let mut length: Option<u64> = None;
-        let mut chunked = false;
-        let mut name = Vec::with_capacity(32);
-        for f in r.headers.iter() {
-            let n = f.name.as_bytes();
-            if n.eq_ignore_ascii_case(b"transfer-encoding") {
-                chunked = true;
-            }
-            if hop_by_hop(n) {
-                continue;
-            }
-            if n.eq_ignore_ascii_case(b"content-length") {
-                length = std::str::from_utf8(f.value)
-                    .ok()
-                    .and_then(|v| v.trim().parse().ok());
-            }
-            name.clear();
-            name.extend(n.iter().map(u8::to_ascii_lowercase));
-            e.field(&name, f.value, &mut block);
-        }
+        };
         let no_body = st.head_only || status == 204 || status == 304;
         let end_now = no_body || length == Some(0);
         h2frame::push_headers(&mut self.out, st.id, &block, end_now, self.peer_max_frame);

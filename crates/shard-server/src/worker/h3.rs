@@ -40,7 +40,7 @@ use shard_http::body::ChunkedDecoder;
 use shard_http::h3::{self, code, frame, stream_type};
 
 use super::conn::Conn;
-use super::h2::H2_STREAM;
+use super::h2::{response_block, trailer_fields, FieldEncoder, Framing, Out, H2_STREAM};
 use super::Worker;
 
 /// `Conn::h2` of an HTTP/3 stream connection: set with `H2_STREAM` (every rule about a
@@ -89,15 +89,6 @@ pub(super) struct Endpoint {
     gso: bool,
     /// Connections by quinn's handle: their keys in `Worker::h3`.
     by_handle: HashMap<qp::ConnectionHandle, usize>,
-}
-
-/// The response side of a stream, parsed from the HTTP/1.1 bytes its connection writes.
-enum Out {
-    Head(Vec<u8>),
-    Length(u64),
-    Chunked(ChunkedDecoder),
-    UntilClose,
-    Done,
 }
 
 /// One request stream.
@@ -220,9 +211,11 @@ fn varint(v: u64) -> qp::VarInt {
 /// The QUIC configuration of a `quic` listener: its TLS context (the address's servers'
 /// certificates, chosen by SNI) with ALPN `h3`, and the transport settings of its default
 /// server.
+/// `host_key` is `quic_host_key`'s contents, read once for this and [`endpoint_config`].
 pub(super) fn server_config(
     tls: &rustls::ServerConfig,
     h3c: &shard_config::Http3Conf,
+    host_key: Option<&[u8]>,
     idle_ms: u64,
 ) -> Result<qp::ServerConfig, String> {
     let mut t = tls.clone();
@@ -258,13 +251,10 @@ pub(super) fn server_config(
         )
         .enable_segmentation_offload(h3c.gso)
         .send_window(SEND_WINDOW);
-    let mut sc = match &h3c.host_key {
-        Some(path) => {
-            let key = std::fs::read(path).map_err(|e| {
-                format!("failed to read QUIC host key \"{}\" ({e})", path.display())
-            })?;
+    let mut sc = match host_key {
+        Some(key) => {
             let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"shard quic token");
-            qp::ServerConfig::new(Arc::new(crypto), Arc::new(salt.extract(&key)))
+            qp::ServerConfig::new(Arc::new(crypto), Arc::new(salt.extract(key)))
         }
         None => qp::ServerConfig::with_crypto(Arc::new(crypto)),
     };
@@ -345,14 +335,9 @@ pub(crate) fn quic_reset_secret() -> &'static [u8; 32] {
 /// The endpoint configuration: stateless reset tokens from `quic_host_key` when given (so
 /// they outlive a restart), else from the master's secret; connection IDs that carry `key`
 /// where the group is steered.
-pub(super) fn endpoint_config(
-    h3c: &shard_config::Http3Conf,
-    key: Option<u32>,
-) -> qp::EndpointConfig {
-    let hmac = match h3c.host_key.as_ref().and_then(|p| std::fs::read(p).ok()) {
-        Some(k) => ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &k),
-        None => ring::hmac::Key::new(ring::hmac::HMAC_SHA256, quic_reset_secret()),
-    };
+pub(super) fn endpoint_config(host_key: Option<&[u8]>, key: Option<u32>) -> qp::EndpointConfig {
+    let secret = host_key.unwrap_or(quic_reset_secret());
+    let hmac = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
     let mut ec = qp::EndpointConfig::new(Arc::new(hmac));
     if let Some(k) = key {
         ec.cid_generator(move || {
@@ -456,43 +441,17 @@ impl Stream {
 
     /// The response head is whole: HEADERS, and the body's framing.
     fn begin(&mut self, head: &[u8]) -> std::io::Result<()> {
-        use std::io::{Error, ErrorKind};
-        let mut fields = [httparse::EMPTY_HEADER; 128];
-        let mut r = httparse::Response::new(&mut fields);
-        let bad = || Error::new(ErrorKind::InvalidData, "response head");
-        match r.parse(head) {
-            Ok(httparse::Status::Complete(_)) => {}
-            _ => return Err(bad()),
-        }
-        let status = r.code.ok_or_else(bad)?;
-        if (100..200).contains(&status) {
+        let mut block = Vec::with_capacity(256);
+        h3::Encoder.start(&mut block);
+        let Some(Framing {
+            status,
+            length,
+            chunked,
+        }) = response_block(head, &h3::Encoder, &mut block)?
+        else {
             self.out = Out::Head(Vec::new());
             return Ok(());
-        }
-        let e = h3::Encoder;
-        let mut block = Vec::with_capacity(256);
-        e.start(&mut block);
-        e.status(status, &mut block);
-        let mut length: Option<u64> = None;
-        let mut chunked = false;
-        let mut name = Vec::with_capacity(32);
-        for f in r.headers.iter() {
-            let n = f.name.as_bytes();
-            if n.eq_ignore_ascii_case(b"transfer-encoding") {
-                chunked = true;
-            }
-            if super::h2::hop_by_hop(n) {
-                continue;
-            }
-            if n.eq_ignore_ascii_case(b"content-length") {
-                length = std::str::from_utf8(f.value)
-                    .ok()
-                    .and_then(|v| v.trim().parse().ok());
-            }
-            name.clear();
-            name.extend(n.iter().map(u8::to_ascii_lowercase));
-            e.field(&name, f.value, &mut block);
-        }
+        };
         h3::push_frame_head(&mut self.pending, frame::HEADERS, block.len());
         self.pending.extend_from_slice(&block);
         let no_body = self.head_only || status == 204 || status == 304;
@@ -596,27 +555,21 @@ fn push_data(out: &mut Vec<u8>, data: &[u8]) {
     out.extend_from_slice(data);
 }
 
+impl FieldEncoder for h3::Encoder {
+    fn status(&self, code: u16, out: &mut Vec<u8>) {
+        h3::Encoder::status(self, code, out);
+    }
+
+    fn field(&self, name: &[u8], value: &[u8], out: &mut Vec<u8>) {
+        h3::Encoder::field(self, name, value, out);
+    }
+}
+
 /// The QPACK field section of a chunked response's trailer lines, `None` when empty.
 fn trailer_block(lines: &[u8]) -> Option<Vec<u8>> {
-    let e = h3::Encoder;
     let mut block = Vec::new();
-    e.start(&mut block);
-    let mut name = Vec::new();
-    let mut any = false;
-    for line in lines.split(|&b| b == b'\n') {
-        let Some(colon) = memchr::memchr(b':', line) else {
-            continue;
-        };
-        let (n, v) = (&line[..colon], &line[colon + 1..]);
-        if n.is_empty() || super::h2::hop_by_hop(n) {
-            continue;
-        }
-        name.clear();
-        name.extend(n.iter().map(u8::to_ascii_lowercase));
-        e.field(&name, v.trim_ascii(), &mut block);
-        any = true;
-    }
-    any.then_some(block)
+    h3::Encoder.start(&mut block);
+    trailer_fields(lines, &h3::Encoder, &mut block).then_some(block)
 }
 
 /// What a request stream's frames asked for.
@@ -647,14 +600,28 @@ impl Worker<'_> {
             let Some(tls) = self.tls.get(conf_idx) else {
                 continue;
             };
-            let sc = match server_config(tls, &srv.http3, srv.base.keepalive_timeout_ms) {
+            let host_key = match srv.http3.host_key.as_ref().map(std::fs::read).transpose() {
+                Ok(k) => k,
+                Err(e) => {
+                    let path = srv.http3.host_key.as_ref().map(|p| p.display().to_string());
+                    crate::log!(
+                        Emerg,
+                        "failed to read QUIC host key \"{}\" ({e}) for {}",
+                        path.unwrap_or_default(),
+                        l.addr
+                    );
+                    continue;
+                }
+            };
+            let host_key = host_key.as_deref();
+            let sc = match server_config(tls, &srv.http3, host_key, srv.base.keepalive_timeout_ms) {
                 Ok(sc) => sc,
                 Err(e) => {
                     crate::log!(Emerg, "{e} for {}", l.addr);
                     continue;
                 }
             };
-            let ec = endpoint_config(&srv.http3, self.listeners[li].quic_key);
+            let ec = endpoint_config(host_key, self.listeners[li].quic_key);
             let fd = self.listeners[li].fd;
             let ep = Endpoint::new(fd, conf_idx, sc, ec, srv.http3.retry, srv.http3.gso);
             if self.quic.len() <= li {
