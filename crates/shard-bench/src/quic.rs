@@ -726,16 +726,9 @@ fn scenario(shard: &Path, name: &str, steering: bool, rate: f64, smoke: bool) ->
     // After an upgrade the master is the new one, not our child: stop it by its pid file.
     let dir = run.dir.clone();
     run.stop();
-    if let Some(pid) = std::fs::read_to_string(dir.join("logs/bench.pid"))
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-        .filter(|&p| p != master)
-    {
+    if let Some(pid) = crate::reload::pid_file(&dir).filter(|&p| p != master) {
         unsafe { libc::kill(pid, libc::SIGQUIT) };
-        let end = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < end && std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        crate::reload::wait_until(Duration::from_secs(15), || !crate::reload::alive(pid));
     }
     res?;
     let mut out = std::mem::take(&mut load.out);

@@ -287,7 +287,7 @@ fn upgrade(srv: &Running, master: i32, workers: usize) -> Result<i32> {
     Ok(new)
 }
 
-fn pid_file(dir: &Path) -> Option<i32> {
+pub(crate) fn pid_file(dir: &Path) -> Option<i32> {
     std::fs::read_to_string(dir.join("logs/bench.pid"))
         .ok()?
         .trim()
@@ -295,7 +295,7 @@ fn pid_file(dir: &Path) -> Option<i32> {
         .ok()
 }
 
-fn alive(pid: i32) -> bool {
+pub(crate) fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
         !s.rsplit(')')
             .next()
@@ -310,7 +310,7 @@ fn children(pid: i32) -> usize {
         .map_or(0, |t| t.split_whitespace().count())
 }
 
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) {
+pub(crate) fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + timeout;
     while !f() && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(10));

@@ -95,37 +95,15 @@ fn curl_h2() -> bool {
 /// A Python that has the `h2` package (Debian's `python3-h2` is for /usr/bin/python3); when
 /// there is none, the part of the test named `what` says SKIPPED.
 fn python_h2(what: &str) -> Option<&'static str> {
-    let found = ["python3", "/usr/bin/python3"].into_iter().find(|p| {
-        Command::new(p)
-            .args(["-c", "import h2"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if found.is_none() {
-        skipped(
-            what,
-            "python3-h2 is not installed (apt-get install python3-h2)",
-        );
-    }
-    found
+    python_with(
+        "h2",
+        what,
+        "python3-h2 is not installed (apt-get install python3-h2)",
+    )
 }
 
 fn h2client(py: &str, port: u16, args: &[&str]) -> String {
-    let out = Command::new("timeout")
-        .arg("30")
-        .arg(py)
-        .arg(CLIENT)
-        .arg(port.to_string())
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "h2client {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    run_client(py, CLIENT, 30, port, args)
 }
 
 fn curl(args: &[&str]) -> String {

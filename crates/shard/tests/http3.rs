@@ -16,37 +16,15 @@ const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/h3client.py");
 
 /// A Python with `aioquic`, or SKIPPED for `what`.
 fn python_aioquic(what: &str) -> Option<&'static str> {
-    let found = ["python3", "/usr/bin/python3"].into_iter().find(|p| {
-        Command::new(p)
-            .args(["-c", "import aioquic"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if found.is_none() {
-        skipped(
-            what,
-            "Python's aioquic is not installed (python3 -m pip install aioquic)",
-        );
-    }
-    found
+    python_with(
+        "aioquic",
+        what,
+        "Python's aioquic is not installed (python3 -m pip install aioquic)",
+    )
 }
 
 fn h3client(py: &str, port: u16, args: &[&str]) -> String {
-    let out = Command::new("timeout")
-        .arg("40")
-        .arg(py)
-        .arg(CLIENT)
-        .arg(port.to_string())
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "h3client {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    run_client(py, CLIENT, 40, port, args)
 }
 
 /// A server with a `quic` address and a TCP one on the same port (`{port1}`), and an
@@ -129,6 +107,52 @@ fn base64(b: &[u8]) -> String {
         }
     }
     out
+}
+
+/// The access log line of the test servers' QUIC server, where directives are added.
+const LOG: &str = "access_log logs/h3.log h3;";
+/// A location that sends `/slow.bin` at 200 KB/s, before `/ok`'s.
+const SLOW_LOCATION: &str = "location = /slow.bin { limit_rate 200k; }\n location = /ok {";
+
+/// Edits the running configuration (each `from` must be in it) and reloads; returns once
+/// generation `generation` serves with `workers` workers.
+fn reconfigure(s: &Server, edits: &[(&str, &str)], generation: u64, workers: usize) {
+    let path = s.dir.join("conf/shard.conf");
+    let mut conf = std::fs::read_to_string(&path).unwrap();
+    for (from, to) in edits {
+        assert!(conf.contains(from), "{from:?} not in the configuration");
+        conf = conf.replace(from, to);
+    }
+    std::fs::write(&path, conf).unwrap();
+    s.signal(libc::SIGHUP);
+    wait_generation(s, generation, workers);
+}
+
+/// Starts a slow download of `path` (`h3client.py long`) and returns once its response
+/// began: the client and its output, which says `STATUS LEN` when it ends.
+fn start_download(
+    py: &str,
+    port: u16,
+    path: &str,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    use std::io::BufRead;
+    let mut child = Command::new("timeout")
+        .arg("40")
+        .arg(py)
+        .arg(CLIENT)
+        .arg(port.to_string())
+        .args(["long", path])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "headers");
+    (child, out)
 }
 
 fn log_lines(s: &Server, n: usize) -> Vec<String> {
@@ -240,37 +264,13 @@ fn a_reload_in_the_middle_of_a_download_loses_nothing() {
         return;
     }
     s.wait_workers(2);
-    let conf = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
-    let conf = conf.replace(
-        "location = /ok {",
-        "location = /slow.bin { limit_rate 200k; }\n location = /ok {",
-    );
-    std::fs::write(s.dir.join("conf/shard.conf"), &conf).unwrap();
-    s.signal(libc::SIGHUP);
-    wait_generation(&s, 2, 2);
+    reconfigure(&s, &[("location = /ok {", SLOW_LOCATION)], 2, 2);
     let body: Vec<u8> = (0..600_000u32).map(|i| (i % 253) as u8).collect();
     write_file(&s.dir, "html/slow.bin", &body);
     // Three seconds of download; a reload once it began.
-    let mut child = Command::new("timeout")
-        .arg("40")
-        .arg(py)
-        .arg(CLIENT)
-        .arg(s.ports[0].to_string())
-        .args(["long", "/slow.bin"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (mut child, mut out) = start_download(py, s.ports[0], "/slow.bin");
     let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "headers");
-    std::fs::write(
-        s.dir.join("conf/shard.conf"),
-        conf.replace("limit_rate 200k;", "limit_rate 201k;"),
-    )
-    .unwrap();
-    s.signal(libc::SIGHUP);
-    wait_generation(&s, 3, 2);
+    reconfigure(&s, &[("limit_rate 200k;", "limit_rate 201k;")], 3, 2);
     // New connections meanwhile go to the new generation.
     for _ in 0..4 {
         assert_eq!(h3client(py, s.ports[0], &["get", "/ok"]).trim(), "200 3 OK");
@@ -373,14 +373,12 @@ fn a_reload_keeps_serving_http3_and_quic_retry_validates_clients() {
     assert_eq!(h3client(py, port, &["get", "/ok"]).trim(), "200 3 OK");
     s.wait_workers(2);
     // `quic_retry on` through a reload: the new generation serves, through a Retry.
-    let conf = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
-    let conf = conf.replace(
-        "access_log logs/h3.log h3;",
-        "access_log logs/h3.log h3; quic_retry on;",
+    reconfigure(
+        &s,
+        &[(LOG, "access_log logs/h3.log h3; quic_retry on;")],
+        2,
+        2,
     );
-    std::fs::write(s.dir.join("conf/shard.conf"), conf).unwrap();
-    s.signal(libc::SIGHUP);
-    wait_generation(&s, 2, 2);
     for _ in 0..5 {
         assert_eq!(h3client(py, port, &["get", "/ok"]).trim(), "200 3 OK");
     }
@@ -457,29 +455,11 @@ fn a_binary_upgrade_in_the_middle_of_a_download_loses_nothing() {
         return;
     }
     s.wait_workers(2);
-    let conf = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
-    let conf = conf.replace(
-        "location = /ok {",
-        "location = /slow.bin { limit_rate 200k; }\n location = /ok {",
-    );
-    std::fs::write(s.dir.join("conf/shard.conf"), &conf).unwrap();
-    s.signal(libc::SIGHUP);
-    wait_generation(&s, 2, 2);
+    reconfigure(&s, &[("location = /ok {", SLOW_LOCATION)], 2, 2);
     let body: Vec<u8> = (0..600_000u32).map(|i| (i % 253) as u8).collect();
     write_file(&s.dir, "html/slow.bin", &body);
-    let mut child = Command::new("timeout")
-        .arg("40")
-        .arg(py)
-        .arg(CLIENT)
-        .arg(s.ports[0].to_string())
-        .args(["long", "/slow.bin"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (mut child, mut out) = start_download(py, s.ports[0], "/slow.bin");
     let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "headers");
     // USR2: a new master with its own workers; WINCH and QUIT the old one while the
     // download goes on in its worker.
     let old = s.pid();
@@ -575,17 +555,12 @@ fn an_initial_flood_under_quic_retry_costs_no_state() {
         return;
     };
     let s = start("h3-flood", 1, "");
-    let conf = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
-    std::fs::write(
-        s.dir.join("conf/shard.conf"),
-        conf.replace(
-            "access_log logs/h3.log h3;",
-            "access_log logs/h3.log h3; quic_retry on;",
-        ),
-    )
-    .unwrap();
-    s.signal(libc::SIGHUP);
-    wait_generation(&s, 2, 1);
+    reconfigure(
+        &s,
+        &[(LOG, "access_log logs/h3.log h3; quic_retry on;")],
+        2,
+        1,
+    );
     let out = h3client(py, s.ports[0], &["flood", "200"]);
     let n: Vec<u64> = out
         .split_whitespace()
@@ -611,17 +586,15 @@ fn zero_rtt_requests_with_ssl_early_data_on() {
     assert_eq!(out.lines().next(), Some("first 200"), "{out}");
     assert!(out.contains("early 200 -"), "no 0-RTT by default: {out}");
     assert_eq!(status_field(&s, "quic_0rtt"), 0);
-    let conf = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
-    std::fs::write(
-        s.dir.join("conf/shard.conf"),
-        conf.replace(
-            "access_log logs/h3.log h3;",
+    reconfigure(
+        &s,
+        &[(
+            LOG,
             "access_log logs/h3.log h3; ssl_early_data on; add_header X-Early $ssl_early_data;",
-        ),
-    )
-    .unwrap();
-    s.signal(libc::SIGHUP);
-    wait_generation(&s, 2, 1);
+        )],
+        2,
+        1,
+    );
     let out = h3client(py, s.ports[0], &["zerortt", "/ok"]);
     assert_eq!(out.lines().next(), Some("first 200"), "{out}");
     assert!(
@@ -710,17 +683,12 @@ fn quic_gso_sends_large_responses_whole() {
         return;
     };
     let s = start("h3-gso", 1, "");
-    let conf = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
-    std::fs::write(
-        s.dir.join("conf/shard.conf"),
-        conf.replace(
-            "access_log logs/h3.log h3;",
-            "access_log logs/h3.log h3; quic_gso on;",
-        ),
-    )
-    .unwrap();
-    s.signal(libc::SIGHUP);
-    wait_generation(&s, 2, 1);
+    reconfigure(
+        &s,
+        &[(LOG, "access_log logs/h3.log h3; quic_gso on;")],
+        2,
+        1,
+    );
     let body: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
     write_file(&s.dir, "html/large.bin", &body);
     let out = h3client(py, s.ports[0], &["get", "/large.bin", "/big.bin", "/ok"]);
@@ -740,19 +708,21 @@ fn limits_judge_each_http3_stream() {
         return;
     };
     let s = start("h3-limits", 1, "");
-    let conf = std::fs::read_to_string(s.dir.join("conf/shard.conf")).unwrap();
-    let conf = conf
-        .replace(
-            "client_max_body_size 20m;",
-            "client_max_body_size 20m; limit_req_zone $binary_remote_addr zone=one:1m rate=1r/m;",
-        )
-        .replace(
-            "location = /ok {",
-            "location = /limited { limit_req zone=one; }\n location = /ok {",
-        );
-    std::fs::write(s.dir.join("conf/shard.conf"), conf).unwrap();
-    s.signal(libc::SIGHUP);
-    wait_generation(&s, 2, 1);
+    reconfigure(
+        &s,
+        &[
+            (
+                "client_max_body_size 20m;",
+                "client_max_body_size 20m; limit_req_zone $binary_remote_addr zone=one:1m rate=1r/m;",
+            ),
+            (
+                "location = /ok {",
+                "location = /limited { limit_req zone=one; }\n location = /ok {",
+            ),
+        ],
+        2,
+        1,
+    );
     // A file: `return` runs in the rewrite phase, before limits, as in nginx.
     write_file(&s.dir, "html/limited", b"in");
     assert_eq!(

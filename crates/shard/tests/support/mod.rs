@@ -115,6 +115,42 @@ pub fn temp_dir(tag: &str) -> TempDir {
     TempDir(d)
 }
 
+/// A Python that can `import module` (`python3`, else Debian's `/usr/bin/python3`, which its
+/// `python3-*` packages serve); without one, the part of the test named `what` says SKIPPED
+/// with `missing` (how to get it).
+pub fn python_with(module: &str, what: &str, missing: &str) -> Option<&'static str> {
+    let found = ["python3", "/usr/bin/python3"].into_iter().find(|p| {
+        Command::new(p)
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if found.is_none() {
+        skipped(what, missing);
+    }
+    found
+}
+
+/// Runs the client script `script` with `py` against `port` (at most `secs` seconds) and
+/// returns what it printed; fails the test when the script fails.
+pub fn run_client(py: &str, script: &str, secs: u32, port: u16, args: &[&str]) -> String {
+    let out = Command::new("timeout")
+        .arg(secs.to_string())
+        .arg(py)
+        .arg(script)
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Says loudly that a test checked nothing because a tool is missing, and how to get it.
 pub fn skipped(test: &str, why: &str) {
     eprintln!("SKIPPED: {test}: {why}");
