@@ -1537,30 +1537,16 @@ impl<'a> Worker<'a> {
         };
         let method = req.request_line.split(' ').next().unwrap_or("GET");
         for uri in &loc.mirrors {
-            let mut head = Vec::with_capacity(req_head.len() + uri.len() + 64);
-            head.extend_from_slice(method.as_bytes());
-            head.push(b' ');
-            push_target(&mut head, uri.as_bytes());
-            if let Some(q) = req.query.as_deref().filter(|q| !q.is_empty()) {
-                head.push(b'?');
-                head.extend_from_slice(q.as_bytes());
-            }
-            head.extend_from_slice(b" HTTP/1.1\r\n");
-            let mut storage = shard_http::vars::header_storage();
-            let hs = shard_http::vars::request_headers(req_head, &mut storage);
-            let mut has_host = false;
-            for h in hs.iter().filter(|h| !mirror_drops(h.name.as_bytes())) {
-                has_host |= h.name.eq_ignore_ascii_case("host");
-                head.extend_from_slice(h.name.as_bytes());
-                head.extend_from_slice(b": ");
-                head.extend_from_slice(h.value);
-                head.extend_from_slice(b"\r\n");
-            }
-            if !has_host {
-                head.extend_from_slice(b"Host: ");
-                head.extend_from_slice(self.sub_host(key).as_bytes());
-                head.extend_from_slice(b"\r\n");
-            }
+            let query = req.query.as_deref().filter(|q| !q.is_empty());
+            let mut head = self.sub_head_lines(
+                key,
+                method.as_bytes(),
+                uri.as_bytes(),
+                query,
+                req_head,
+                mirror_drops,
+                None,
+            );
             if let Some(b) = body.as_deref().filter(|b| !b.is_empty()) {
                 head.extend_from_slice(format!("Content-Length: {}\r\n\r\n", b.len()).as_bytes());
                 head.extend_from_slice(b);
@@ -1575,14 +1561,38 @@ impl<'a> Worker<'a> {
     /// but those [`sub_drops`] names, and a `Host` when they have none (`host`, else
     /// [`Worker::sub_host`]).
     fn sub_head(&self, key: usize, uri: &[u8], req_head: &[u8], host: Option<&str>) -> Vec<u8> {
-        let mut head = Vec::with_capacity(req_head.len() + uri.len() + 32);
-        head.extend_from_slice(b"GET ");
+        let mut head = self.sub_head_lines(key, b"GET", uri, None, req_head, sub_drops, host);
+        head.extend_from_slice(b"\r\n");
+        head
+    }
+
+    /// A subrequest's request line (`method`, `uri` with `query`) and header lines: the main
+    /// request's (`req_head`) but those `drops` names, and a `Host` when they have none
+    /// (`host`, else [`Worker::sub_host`]); without the blank line that ends a head.
+    #[allow(clippy::too_many_arguments)]
+    fn sub_head_lines(
+        &self,
+        key: usize,
+        method: &[u8],
+        uri: &[u8],
+        query: Option<&str>,
+        req_head: &[u8],
+        drops: fn(&[u8]) -> bool,
+        host: Option<&str>,
+    ) -> Vec<u8> {
+        let mut head = Vec::with_capacity(req_head.len() + uri.len() + 64);
+        head.extend_from_slice(method);
+        head.push(b' ');
         push_target(&mut head, uri);
+        if let Some(q) = query {
+            head.push(b'?');
+            head.extend_from_slice(q.as_bytes());
+        }
         head.extend_from_slice(b" HTTP/1.1\r\n");
         let mut storage = shard_http::vars::header_storage();
         let hs = shard_http::vars::request_headers(req_head, &mut storage);
         let mut has_host = false;
-        for h in hs.iter().filter(|h| !sub_drops(h.name.as_bytes())) {
+        for h in hs.iter().filter(|h| !drops(h.name.as_bytes())) {
             has_host |= h.name.eq_ignore_ascii_case("host");
             head.extend_from_slice(h.name.as_bytes());
             head.extend_from_slice(b": ");
@@ -1597,7 +1607,6 @@ impl<'a> Worker<'a> {
             }
             head.extend_from_slice(b"\r\n");
         }
-        head.extend_from_slice(b"\r\n");
         head
     }
 }
