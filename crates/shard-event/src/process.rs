@@ -188,9 +188,28 @@ pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
+/// This process's pid, asked of the kernel once per process: glibc no longer caches it, and
+/// the cache zones' and `limit_*` zones' locks name their holder on every request. A child
+/// of `fork` (this module's or any other, through `pthread_atfork`) asks again.
 pub fn getpid() -> libc::pid_t {
+    static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    static AT_FORK: std::sync::Once = std::sync::Once::new();
+    extern "C" fn forget_in_child() {
+        PID.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+    let pid = PID.load(std::sync::atomic::Ordering::Relaxed);
+    if pid != 0 {
+        return pid;
+    }
+    AT_FORK.call_once(|| {
+        // SAFETY: registers a handler that only stores to an atomic; runs in the child of
+        // every later fork(3).
+        unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+    });
     // SAFETY: always succeeds.
-    unsafe { libc::getpid() }
+    let pid = unsafe { libc::getpid() };
+    PID.store(pid, std::sync::atomic::Ordering::Relaxed);
+    pid
 }
 
 /// Asks the kernel to send `sig` to this process when its parent (the master) dies, so that

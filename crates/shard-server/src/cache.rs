@@ -8,7 +8,10 @@
 //! lock it uses). Word 0 is the lock; word 1 the bytes of the entries the zone knows. Then
 //! entries of [`ENTRY_WORDS`]: the key's 128-bit hash (all-zero: free), the number of uses,
 //! the last use (unix milliseconds), flags (bit 0: the file exists; the high half: the pid
-//! updating it), when that update began (ms, 0: none), and the file's size.
+//! updating it), when that update began (ms, 0: none), the file's size, the key's low half,
+//! and the file's version. Word 2 counts versions: every store, refresh or find of a file
+//! gives its entry the next one, so a worker that keeps an entry's file open (the worker's
+//! `CacheMemo`) knows, from the zone alone, that it is still the file at the path.
 //! A full neighbourhood drops its least recently used entry from the zone (its file stays,
 //! found again on disk by the next request that misses, or removed by the manager).
 //!
@@ -37,7 +40,7 @@ use md5::{Digest, Md5};
 /// Entries probed from a key's home before one is dropped.
 const PROBE: usize = 16;
 /// Words per entry.
-const ENTRY_WORDS: usize = 8;
+const ENTRY_WORDS: usize = 9;
 /// Words before the first entry: the lock, the bytes known, padding.
 const HEADER_WORDS: usize = 8;
 
@@ -53,7 +56,8 @@ const OWNER_SERIAL_BITS: u32 = 24;
 
 /// A token naming one request of this process as an update's holder.
 pub fn owner(serial: u64) -> u64 {
-    (u64::from(std::process::id()) << OWNER_SERIAL_BITS) | (serial & ((1 << OWNER_SERIAL_BITS) - 1))
+    ((shard_event::process::getpid() as u64) << OWNER_SERIAL_BITS)
+        | (serial & ((1 << OWNER_SERIAL_BITS) - 1))
 }
 
 /// One keys zone. A handle: copies share the same memory, never unmapped.
@@ -77,6 +81,9 @@ pub struct Seen {
     pub uses: u64,
     /// Another request updates the entry (since less than the lock age).
     pub updating: bool,
+    /// The version of the file the zone knows (0: none); read before the file is opened,
+    /// it is never newer than what the open finds.
+    pub version: u64,
 }
 
 impl Zone {
@@ -179,10 +186,12 @@ impl Zone {
         let updating = since != 0
             && now_ms.saturating_sub(since) < lock_age_ms
             && pid_alive(self.get(w, 4) >> HOLDER_SHIFT >> OWNER_SERIAL_BITS);
+        let exists = self.get(w, 4) & FLAG_EXISTS != 0;
         Seen {
-            exists: self.get(w, 4) & FLAG_EXISTS != 0,
+            exists,
             uses,
             updating,
+            version: if exists { self.get(w, 8) } else { 0 },
         }
     }
 
@@ -240,6 +249,14 @@ impl Zone {
         self.set(w, 4, self.get(w, 4) | FLAG_EXISTS);
         self.set(w, 6, size);
         self.set(w, 3, used_ms);
+        self.set(w, 8, self.next_version());
+    }
+
+    /// The next file version (zone word 2); the zone's lock is held.
+    fn next_version(&self) -> u64 {
+        let v = self.word(2).load(Ordering::Relaxed) + 1;
+        self.word(2).store(v, Ordering::Relaxed);
+        v
     }
 
     /// The loader found `key`'s file with `size` bytes, last changed at `used_ms`: the zone
@@ -257,6 +274,7 @@ impl Zone {
         self.set(w, 4, self.get(w, 4) | FLAG_EXISTS);
         self.set(w, 6, size);
         self.set(w, 3, used_ms);
+        self.set(w, 8, self.next_version());
         true
     }
 
@@ -272,6 +290,7 @@ impl Zone {
                 self.word(1)
                     .store(total.saturating_sub(size), Ordering::Relaxed);
                 self.set(w, 6, 0);
+                self.set(w, 8, 0);
                 self.set(w, 4, self.get(w, 4) & !FLAG_EXISTS);
             }
         }

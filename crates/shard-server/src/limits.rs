@@ -60,7 +60,7 @@ pub(crate) struct Guard<'z> {
 /// killed worker) is detected after a while of spinning and its lock taken over. Also the
 /// lock of `ssl_session_cache shared:` zones (`sessions.rs`).
 pub(crate) fn lock(lock: &AtomicU64) -> Guard<'_> {
-    let me = u64::from(std::process::id());
+    let me = shard_event::process::getpid() as u64;
     let mut spins = 0u32;
     loop {
         match lock.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {

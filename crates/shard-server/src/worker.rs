@@ -294,6 +294,8 @@ pub(crate) struct Worker<'a> {
     file_cache_entries: usize,
     /// Descriptors kept for locations without `open_file_cache`.
     reuse: files::Reuse,
+    /// `proxy_cache` entries kept open after serving them.
+    cache_memo: files::CacheMemo,
     /// `$hostname`, read once.
     hostname: String,
     /// The shared `limit_*` zones (see `WorkerArgs::zones`).
@@ -604,6 +606,7 @@ impl<'a> Worker<'a> {
             steer_epoch: 0,
             file_caches: HashMap::new(),
             reuse: files::Reuse::default(),
+            cache_memo: files::CacheMemo::default(),
             file_cache_entries: 0,
             hostname: shard_event::process::hostname(),
             zones: a.zones,
@@ -819,6 +822,7 @@ impl<'a> Worker<'a> {
     fn expire_file_caches(&mut self) {
         let now = self.cx.now_ms;
         self.reuse.expire(now);
+        self.cache_memo.expire(now);
         let mut total = 0;
         for (cache, inactive) in self.file_caches.values_mut() {
             cache.expire(now, *inactive);

@@ -1128,3 +1128,44 @@ fn a_background_update_revalidates_and_a_bare_304_refreshes_the_entry() {
         "one plain request, one revalidation"
     );
 }
+
+/// A worker keeps the entries it served open (`CacheMemo`). An entry stored again while
+/// fresh (here by `proxy_cache_bypass` requests, whose answers replace it), by whichever
+/// worker, is served new by every worker from then on, never from an old kept copy.
+#[test]
+fn an_entry_stored_again_is_served_new_by_every_worker() {
+    let (up, n) = numbered(vec![]);
+    let conf = conf(
+        "{dir}/cache",
+        up.port,
+        "",
+        "proxy_cache_valid 200 10m; proxy_cache_bypass $http_x_refresh;",
+    )
+    .replace("worker_processes 1;", "worker_processes 2;")
+    .replace(
+        "listen 127.0.0.1:{port};",
+        "listen 127.0.0.1:{port} reuseport;",
+    );
+    let s = Server::start("cache-memo", &conf, 2);
+    let a = s.addr();
+    assert_eq!(get(a, "/m").body_str(), "1:/m");
+    // Fresh connections spread over both workers' sockets: each keeps the entry.
+    for _ in 0..20 {
+        let r = get(a, "/m");
+        assert_eq!((cache_status(&r), r.body_str().as_str()), ("HIT", "1:/m"));
+    }
+    for round in 2..5 {
+        let r = req(a, "GET /m HTTP/1.1\r\nX-Refresh: 1");
+        let new = format!("{round}:/m");
+        assert_eq!((cache_status(&r), r.body_str()), ("BYPASS", new.clone()));
+        // The entry goes in place once the answer is complete; then every worker has it.
+        wait_for(Duration::from_secs(5), "the new entry", || {
+            (get(a, "/m").body_str() == new).then_some(())
+        });
+        for _ in 0..20 {
+            let r = get(a, "/m");
+            assert_eq!((cache_status(&r), r.body_str()), ("HIT", new.clone()));
+        }
+    }
+    assert_eq!(n.load(Ordering::SeqCst), 4);
+}

@@ -14,6 +14,7 @@ use shard_config::{stale, CacheSel, LocationConf, Part, Var};
 use shard_http::proxy::{Failure, ResponseHead};
 use shard_http::request::Method;
 
+use super::super::files::{FileRef, OpenFile};
 use super::{Flow, Proxy, State, Worker};
 use crate::cache;
 
@@ -53,6 +54,14 @@ impl Status {
     }
 }
 
+/// A stored entry a request reads: the file (shared with the worker's `CacheMemo` when kept
+/// there), its fixed header and its response head.
+pub(super) struct Entry {
+    file: FileRef,
+    header: cache::Header,
+    head: Vec<u8>,
+}
+
 /// One request's part in a cache.
 pub(super) struct CacheReq {
     /// Index into `HttpConf::cache_paths` and the worker's zones, and that zone.
@@ -67,8 +76,11 @@ pub(super) struct CacheReq {
     pub(super) status: Status,
     /// Uses of the key counted so far (`proxy_cache_min_uses`).
     uses: u64,
+    /// The file version the zone gave the key when the request looked (0: none, or looked
+    /// at already): a kept entry of this version is the file at `path`.
+    version: u64,
     /// The stored entry: being served, or kept for `proxy_cache_use_stale` and revalidation.
-    entry: Option<cache::Entry>,
+    entry: Option<Entry>,
     /// The response comes from `entry`: its body is read from the file, from `pos` to `end`.
     pub(super) serving: bool,
     pos: u64,
@@ -107,7 +119,7 @@ impl CacheReq {
     fn revalidation_validators(&mut self, revalidate: bool) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
         self.revalidating = false;
         let (mut last_modified, mut etag) = (None, None);
-        let validated = |e: &&cache::Entry| matches!(status_of(&e.head), 200 | 206);
+        let validated = |e: &&Entry| matches!(status_of(&e.head), 200 | 206);
         if let Some(e) = self
             .entry
             .as_ref()
@@ -277,6 +289,7 @@ impl<'a> Worker<'a> {
                 path,
                 status: Status::Miss,
                 uses: 0,
+                version: 0,
                 entry: None,
                 serving: false,
                 pos: 0,
@@ -323,6 +336,7 @@ impl<'a> Worker<'a> {
             );
             c.uses = seen.uses;
             c.known = seen.exists;
+            c.version = seen.version;
             if c.uses < cc.min_uses {
                 c.cacheable = false;
                 p.upstream_get = false;
@@ -346,13 +360,9 @@ impl<'a> Worker<'a> {
         let cc = self.cache_conf(p);
         let zone = c.z;
         let now = self.cx.now_secs;
-        let mut entry = match cache::open(&c.path, &c.key) {
-            Ok(e) => e,
-            Err(e) => {
-                crate::log!(Crit, "open() \"{}\" failed ({e})", c.path.display());
-                None
-            }
-        };
+        let mut entry = self.open_entry(c, c.version);
+        // Looked again after a wait, the version may be old: only this look may keep it.
+        c.version = 0;
         // `Vary`: the entry holds another variant; this request's is its own file.
         if let Some(e) = entry.as_ref().filter(|e| e.header.variant != [0; 16]) {
             let v = self.request_variant(p, c, &e.head);
@@ -362,7 +372,7 @@ impl<'a> Worker<'a> {
                 c.zkey = cache::zone_key(&v);
                 let cp = &self.http().cache_paths[c.zone];
                 c.path = cache::entry_path(&cp.path, &cp.levels, &v);
-                entry = cache::open(&c.path, &c.key).ok().flatten();
+                entry = self.open_entry(c, 0);
                 // The variant's own file may hold an answer that varies on other fields:
                 // when this request is not its variant either, it is a miss (one step only,
                 // as nginx), and the answer it gets replaces that file.
@@ -438,6 +448,39 @@ impl<'a> Worker<'a> {
         None
     }
 
+    /// The entry at `c.path` for `c.key`: the one the worker keeps when the zone's `version`
+    /// (0: none known) says it is still the file there, else the file opened (and kept).
+    fn open_entry(&mut self, c: &CacheReq, version: u64) -> Option<Entry> {
+        let (now, seq) = (self.cx.now_ms, self.request_seq);
+        if let Some(m) = self.cache_memo.get(c.zone, c.zkey, version, &c.key, now) {
+            // Entry files never shrink (see `CacheMemo`): the mapping needs no `fstat`.
+            m.file.size_checked(seq);
+            return Some(Entry {
+                file: m.file.clone(),
+                header: m.header.clone(),
+                head: m.head.to_vec(),
+            });
+        }
+        let e = match cache::open(&c.path, &c.key) {
+            Ok(e) => e?,
+            Err(e) => {
+                crate::log!(Crit, "open() \"{}\" failed ({e})", c.path.display());
+                return None;
+            }
+        };
+        // `cache::open` compared the file's size with its header.
+        let file = OpenFile::new(e.file.into());
+        file.size_checked(seq);
+        self.cache_memo.put(
+            c.zone, c.zkey, version, &c.key, &file, &e.header, &e.head, now,
+        );
+        Some(Entry {
+            file,
+            header: e.header,
+            head: e.head,
+        })
+    }
+
     /// The request's variant of an entry whose stored head has `Vary`.
     fn request_variant(&self, p: &Proxy, c: &CacheReq, stored_head: &[u8]) -> [u8; 16] {
         let main = cache::key_md5(&c.key);
@@ -482,7 +525,7 @@ impl<'a> Worker<'a> {
         &mut self,
         p: &mut Proxy,
         c: &mut CacheReq,
-        mut e: cache::Entry,
+        mut e: Entry,
         conditionals: bool,
     ) -> Flow {
         let body_len = e.header.body_len;
@@ -571,13 +614,7 @@ impl<'a> Worker<'a> {
                     }
                     let at = body.len();
                     body.resize(at + (b - a + 1) as usize, 0);
-                    if std::os::unix::fs::FileExt::read_exact_at(
-                        &e.file,
-                        &mut body[at..],
-                        start + a,
-                    )
-                    .is_err()
-                    {
+                    if e.file.read_exact_at(&mut body[at..], start + a).is_err() {
                         body.truncate(at);
                     }
                 }
@@ -639,8 +676,7 @@ impl<'a> Worker<'a> {
         }
         let e = c.entry.take()?;
         let size = e.header.body_start() + e.header.body_len;
-        let fd = super::super::files::OpenFile::new(std::os::fd::OwnedFd::from(e.file));
-        self.set_file_body(key, fd, c.pos, left, sendfile, size, None);
+        self.set_file_body(key, e.file, c.pos, left, sendfile, size, None);
         c.pos = c.end;
         p.body_sent = left;
         p.upbody = super::UpBody::Length(0);
@@ -711,7 +747,7 @@ impl<'a> Worker<'a> {
             c.update_after = false;
             c.serving = false;
             // (Served, the entry's file went to the connection: it is opened again.)
-            c.entry = cache::open(&c.path, &c.key).ok().flatten();
+            c.entry = self.open_entry(c, 0);
             // The stale entry stays for its validators: with `proxy_cache_revalidate` the
             // update asks the upstream whether it changed (nginx's background subrequest
             // revalidates as any expired request does).
@@ -751,7 +787,7 @@ impl<'a> Worker<'a> {
         }
         let at = buf.len();
         buf.resize(at + want, 0);
-        match std::os::unix::fs::FileExt::read_at(&e.file, &mut buf[at..], c.pos) {
+        match e.file.read_at(&mut buf[at..], c.pos) {
             Ok(0) => {
                 buf.truncate(at);
                 Err(std::io::Error::new(
@@ -872,8 +908,16 @@ impl<'a> Worker<'a> {
                         }
                     }
                 };
-                if let Err(err) = cache::refresh(&c.path, &e.header, until, now) {
-                    crate::log!(Crit, "pwrite() \"{}\" failed ({err})", c.path.display());
+                match cache::refresh(&c.path, &e.header, until, now) {
+                    // The zone gives the entry a new version: kept copies of its old
+                    // header are not used again.
+                    Ok(()) => {
+                        let size = e.header.body_start() + e.header.body_len;
+                        c.z.stored(c.zkey, size, cache::unix_ms());
+                    }
+                    Err(err) => {
+                        crate::log!(Crit, "pwrite() \"{}\" failed ({err})", c.path.display())
+                    }
                 }
                 self.release_upstream_after_head(p, head);
                 c.status = Status::Revalidated;

@@ -54,7 +54,7 @@ pub(super) const MAP_FILE_MAX_BYTES: u64 = 8 * 1024 * 1024;
 /// `open_file_cache` and [`Reuse`]; and its mapping, made the first time a kept file's body
 /// is sent (a file opened for one response is not worth mapping).
 pub(super) struct OpenFile {
-    fd: OwnedFd,
+    fd: std::fs::File,
     /// A cache or [`Reuse`] keeps it.
     kept: Cell<bool>,
     /// It was found kept by a later request: a file asked for again is worth mapping, one
@@ -97,7 +97,7 @@ impl Drop for OpenFile {
 impl OpenFile {
     pub(super) fn new(fd: OwnedFd) -> FileRef {
         Rc::new(OpenFile {
-            fd,
+            fd: fd.into(),
             kept: Cell::new(false),
             reused: Cell::new(false),
             map: OnceCell::new(),
@@ -136,6 +136,16 @@ impl OpenFile {
             MAPPED_BYTES.set(MAPPED_BYTES.get() + size);
         }
         self.map.get_or_init(|| m).as_ref()
+    }
+
+    /// Reads exactly `buf.len()` bytes at `offset` (`pread`).
+    pub(super) fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.fd, buf, offset)
+    }
+
+    /// Reads at most `buf.len()` bytes at `offset` (`pread`).
+    pub(super) fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        std::os::unix::fs::FileExt::read_at(&self.fd, buf, offset)
     }
 
     /// The mapping [`OpenFile::mapping`] made, if any.
@@ -265,13 +275,119 @@ fn key(path: &Path) -> &[u8] {
 }
 
 /// Removes the entry of `map` whose `used_ms` is the oldest (the caches' eviction).
-fn remove_least_recent<V>(map: &mut HashMap<Box<[u8]>, V>, used_ms: impl Fn(&V) -> u64) {
+fn remove_least_recent<K: Clone + Eq + std::hash::Hash, V>(
+    map: &mut HashMap<K, V>,
+    used_ms: impl Fn(&V) -> u64,
+) {
     if let Some(k) = map
         .iter()
         .min_by_key(|(_, v)| used_ms(v))
         .map(|(k, _)| k.clone())
     {
         map.remove(&k);
+    }
+}
+
+/// `proxy_cache` entry files a worker keeps open at most ([`CacheMemo`]).
+pub(super) const CACHE_MEMO_MAX: usize = 64;
+
+/// The `proxy_cache` entries a worker served last, kept open with their header and stored
+/// head, so that a hit on one costs no `open`, `pread`, `fstat` or `close`, and its body
+/// leaves from a mapping as a kept static file's. A kept entry is never trusted on its own:
+/// it is used only while the keys zone gives its key the version it had before its file was
+/// opened (`cache::Seen::version`); every store, refresh, find or removal of the key, by any
+/// process, gives it another. Entry files are renamed into place whole and never written
+/// again but for their fixed header (a refresh, which changes the version), so a kept one
+/// never shrinks under its mapping. Entries with a `Vary` variant, or larger than
+/// [`MAP_FILE_MAX_BYTES`], are not kept; one unused for [`REUSE_INACTIVE_MS`] is closed, so
+/// that the space of a file the cache manager removed is not held for longer.
+#[derive(Default)]
+pub(super) struct CacheMemo {
+    /// By keys zone (index into the worker's zones) and the zone's key.
+    map: HashMap<(usize, u128), Memo>,
+}
+
+/// One kept entry.
+pub(super) struct Memo {
+    version: u64,
+    pub(super) file: FileRef,
+    pub(super) header: crate::cache::Header,
+    key: Box<[u8]>,
+    pub(super) head: Box<[u8]>,
+    used_ms: u64,
+}
+
+impl CacheMemo {
+    /// The kept entry of `key` in `zone`, when the zone's `version` is the one it was kept
+    /// with; a kept entry of another version or key is closed.
+    pub(super) fn get(
+        &mut self,
+        zone: usize,
+        zkey: u128,
+        version: u64,
+        key: &[u8],
+        now_ms: u64,
+    ) -> Option<&Memo> {
+        if version == 0 {
+            return None;
+        }
+        let m = self.map.get(&(zone, zkey))?;
+        if m.version != version || *m.key != *key {
+            self.map.remove(&(zone, zkey));
+            return None;
+        }
+        let m = self.map.get_mut(&(zone, zkey)).expect("found above");
+        m.used_ms = now_ms;
+        m.file.reused.set(true);
+        Some(m)
+    }
+
+    /// Keeps an entry just opened, whose key had `version` in the zone before the open.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn put(
+        &mut self,
+        zone: usize,
+        zkey: u128,
+        version: u64,
+        key: &[u8],
+        file: &FileRef,
+        header: &crate::cache::Header,
+        head: &[u8],
+        now_ms: u64,
+    ) {
+        let size = header.body_start() + header.body_len;
+        if version == 0 || header.variant != [0; 16] || size > MAP_FILE_MAX_BYTES {
+            self.map.remove(&(zone, zkey));
+            return;
+        }
+        if !self.map.contains_key(&(zone, zkey)) && self.map.len() >= CACHE_MEMO_MAX {
+            remove_least_recent(&mut self.map, |m| m.used_ms);
+        }
+        file.kept.set(true);
+        self.map.insert(
+            (zone, zkey),
+            Memo {
+                version,
+                file: file.clone(),
+                header: header.clone(),
+                key: key.into(),
+                head: head.into(),
+                used_ms: now_ms,
+            },
+        );
+    }
+
+    /// Closes every kept entry (the worker ran out of descriptors); whether any was.
+    pub(super) fn clear(&mut self) -> bool {
+        let any = !self.map.is_empty();
+        self.map.clear();
+        any
+    }
+
+    /// Closes the entries unused for [`REUSE_INACTIVE_MS`].
+    pub(super) fn expire(&mut self, now_ms: u64) {
+        self.map
+            .retain(|_, m| now_ms.saturating_sub(m.used_ms) < REUSE_INACTIVE_MS);
     }
 }
 
@@ -598,5 +714,58 @@ mod tests {
         drop(late);
         assert_eq!((MAPPINGS.get(), MAPPED_BYTES.get()), (before, bytes));
         std::fs::remove_file(&path).unwrap();
+    }
+    #[test]
+    fn a_kept_cache_entry_serves_only_its_own_version_and_key() {
+        let header = crate::cache::Header {
+            body_len: 10,
+            ..Default::default()
+        };
+        let f = match file() {
+            Opened::File(f, _) => f,
+            _ => unreachable!(),
+        };
+        let mut m = CacheMemo::default();
+        // Version 0: the zone knew no file when the request looked; nothing is kept.
+        m.put(0, 7, 0, b"k", &f, &header, b"HTTP/1.1 200 OK\r\n\r\n", 0);
+        assert!(m.get(0, 7, 0, b"k", 1).is_none());
+        m.put(0, 7, 3, b"k", &f, &header, b"HTTP/1.1 200 OK\r\n\r\n", 0);
+        assert!(f.kept.get(), "kept: worth mapping when asked again");
+        let got = m.get(0, 7, 3, b"k", 1).expect("same version, same key");
+        assert_eq!(&*got.head, b"HTTP/1.1 200 OK\r\n\r\n");
+        assert!(f.reused.get());
+        assert!(m.get(1, 7, 3, b"k", 1).is_none(), "another zone");
+        assert!(
+            m.get(0, 7, 3, b"other", 1).is_none(),
+            "another key: dropped"
+        );
+        assert!(m.get(0, 7, 3, b"k", 1).is_none(), "dropped by the mismatch");
+        m.put(0, 7, 3, b"k", &f, &header, b"", 0);
+        assert!(
+            m.get(0, 7, 4, b"k", 1).is_none(),
+            "stored again, refreshed or removed"
+        );
+        // A variant, or a file too large to map, is not kept.
+        let variant = crate::cache::Header {
+            variant: [1; 16],
+            ..header.clone()
+        };
+        m.put(0, 8, 3, b"k", &f, &variant, b"", 0);
+        assert!(m.get(0, 8, 3, b"k", 1).is_none());
+        let huge = crate::cache::Header {
+            body_len: MAP_FILE_MAX_BYTES,
+            ..header.clone()
+        };
+        m.put(0, 9, 3, b"k", &f, &huge, b"", 0);
+        assert!(m.get(0, 9, 3, b"k", 1).is_none());
+        // Bounded, least recently used out first; closed after inactivity.
+        for k in 0..CACHE_MEMO_MAX as u128 + 1 {
+            m.put(0, 100 + k, 1, b"k", &f, &header, b"", k as u64);
+        }
+        assert_eq!(m.map.len(), CACHE_MEMO_MAX);
+        assert!(m.get(0, 100, 1, b"k", 200).is_none(), "the oldest went");
+        m.expire(200 + REUSE_INACTIVE_MS);
+        assert_eq!(m.map.len(), 0);
+        assert!(!m.clear());
     }
 }

@@ -2199,7 +2199,7 @@ fn session_var(
         Var::SessionTime => secs_since(out, s.started_ms),
         Var::Connection => push_u64(out, s.number),
         Var::Hostname => out.extend_from_slice(host.as_bytes()),
-        Var::Pid => push_u64(out, u64::from(std::process::id())),
+        Var::Pid => push_u64(out, shard_event::process::getpid() as u64),
         Var::NginxVersion => out.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes()),
         Var::Msec => push_secs(out, shard_event::unix_ms()),
         Var::TimeLocal => {
