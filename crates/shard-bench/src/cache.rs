@@ -172,7 +172,10 @@ fn front_spec(backend: u16, cache_dir: &Path, workers: usize) -> Spec {
             .into(),
         ok: None,
         http_extra: format!(
-            "proxy_cache_path {} levels=1:2 keys_zone=bench:10m; \
+            // `use_temp_path=off`: nginx writes its temporary files in the cache directory
+            // (as shard always does), not under its compiled-in `proxy_temp_path`, which
+            // the workers' user may not be able to write.
+            "proxy_cache_path {} levels=1:2 keys_zone=bench:10m use_temp_path=off; \
              upstream backend {{ server 127.0.0.1:{backend}; keepalive 32; }}",
             cache_dir.display()
         ),
