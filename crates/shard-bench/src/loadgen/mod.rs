@@ -134,6 +134,9 @@ pub struct LoadSpec {
     pub headers: Vec<(String, String)>,
     /// Keep every request's start and end (`LoadReport::samples`), for time series.
     pub record: bool,
+    /// Request targets taken in turn, one per request over all connections (empty: the
+    /// target's own path): a run over many keys of a cache, each key once.
+    pub paths: Vec<String>,
 }
 
 impl LoadSpec {
@@ -151,6 +154,7 @@ impl LoadSpec {
             timeout: Duration::from_secs(5),
             headers: Vec::new(),
             record: false,
+            paths: Vec::new(),
         }
     }
 
@@ -267,7 +271,20 @@ pub(crate) fn new_histogram() -> Histogram<u64> {
 pub fn run(spec: &LoadSpec) -> Result<LoadReport> {
     spec.check()?;
     let threads = spec.threads.min(spec.connections);
-    let request = spec.target.request(spec.close, &spec.headers);
+    let requests: Vec<Vec<u8>> = if spec.paths.is_empty() {
+        vec![spec.target.request(spec.close, &spec.headers)]
+    } else {
+        spec.paths
+            .iter()
+            .map(|p| {
+                let t = Target {
+                    path: p.clone(),
+                    ..spec.target.clone()
+                };
+                t.request(spec.close, &spec.headers)
+            })
+            .collect()
+    };
     let shared = worker::Shared::new(spec, Instant::now() + Duration::from_millis(1));
     let per = spec.connections / threads;
     let extra = spec.connections % threads;
@@ -276,7 +293,7 @@ pub fn run(spec: &LoadSpec) -> Result<LoadReport> {
         let mut first = 0;
         for t in 0..threads {
             let n = per + usize::from(t < extra);
-            let (shared, request) = (&shared, &request[..]);
+            let (shared, request) = (&shared, &requests[..]);
             let slots = first..first + n;
             first += n;
             handles.push(
@@ -381,6 +398,7 @@ pub fn command(a: LoadArgs) -> Result<()> {
         close: a.close,
         rate: a.rate,
         record: false,
+        paths: Vec::new(),
         timeout: Duration::from_secs_f64(a.timeout),
         headers: a
             .headers

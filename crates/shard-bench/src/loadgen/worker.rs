@@ -30,6 +30,8 @@ pub struct Shared {
     /// The request budget (`-n`), and how many requests have been started against it.
     limit: Option<u64>,
     issued: AtomicU64,
+    /// Requests started over all threads: the next one's request (`LoadSpec::paths`).
+    turn: AtomicU64,
     /// Open loop: each connection's time between intended sends, and the offset between the
     /// first sends of neighbouring connections.
     interval: Option<Duration>,
@@ -54,6 +56,7 @@ impl Shared {
             deadline: start + spec.duration,
             limit: spec.requests,
             issued: AtomicU64::new(0),
+            turn: AtomicU64::new(0),
             interval,
             spacing,
             close: spec.close,
@@ -98,6 +101,8 @@ struct Conn {
     gen: u32,
     st: St,
     written: usize,
+    /// The request in flight (index into `Worker::reqs`).
+    req: usize,
     /// Where this request's latency starts: the intended send time (open loop), the connect
     /// start (`close`), or the request write (keep-alive); set when known.
     t0: Option<Instant>,
@@ -123,7 +128,8 @@ const EV_ET: u32 = libc::EPOLLET as u32;
 
 struct Worker<'a> {
     sh: &'a Shared,
-    req: &'a [u8],
+    /// The requests, taken in turn (one, unless `LoadSpec::paths`).
+    reqs: &'a [Vec<u8>],
     ep: OwnedFd,
     conns: Vec<Conn>,
     /// Sockets after a complete `Connection: close` response, waiting for the server's FIN,
@@ -142,7 +148,7 @@ struct Worker<'a> {
 }
 
 /// Runs the connections `slots` (global indices) until the deadline or the request budget.
-pub fn run(sh: &Shared, req: &[u8], slots: Range<usize>) -> Result<Outcome> {
+pub fn run(sh: &Shared, reqs: &[Vec<u8>], slots: Range<usize>) -> Result<Outcome> {
     // SAFETY: epoll_create1 has no memory effects; the result is checked.
     let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
     if fd < 0 {
@@ -153,7 +159,7 @@ pub fn run(sh: &Shared, req: &[u8], slots: Range<usize>) -> Result<Outcome> {
     let now = Instant::now();
     let mut w = Worker {
         sh,
-        req,
+        reqs,
         ep,
         conns: Vec::with_capacity(slots.len()),
         draining: HashMap::new(),
@@ -178,6 +184,7 @@ pub fn run(sh: &Shared, req: &[u8], slots: Range<usize>) -> Result<Outcome> {
             gen: 0,
             st: St::Free,
             written: 0,
+            req: 0,
             t0: None,
             deadline: now,
             served: 0,
@@ -260,6 +267,10 @@ impl Worker<'_> {
             c.next_send += iv;
         }
         c.deadline = now + self.sh.timeout;
+        if self.reqs.len() > 1 {
+            c.req =
+                (self.sh.turn.fetch_add(1, Ordering::Relaxed) % self.reqs.len() as u64) as usize;
+        }
         c.got_bytes = false;
         c.retried = false;
         c.written = 0;
@@ -322,10 +333,11 @@ impl Worker<'_> {
         }
         let Some(sock) = c.sock.as_mut() else { return };
         loop {
-            match sock.write(&self.req[c.written..]) {
+            let req = &self.reqs[c.req];
+            match sock.write(&req[c.written..]) {
                 Ok(n) => {
                     c.written += n;
-                    if c.written == self.req.len() {
+                    if c.written == req.len() {
                         c.st = St::Reading;
                         return;
                     }
