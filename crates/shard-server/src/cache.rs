@@ -18,7 +18,9 @@
 //! **The manager** ([`manage`]) is a process of its own beside the workers, as nginx's
 //! cache manager: it removes entries unused for `inactive`, then the least recently used
 //! while the files exceed `max_size` or the file system has less than `min_free` free, and
-//! temporary files a dead writer left. **The loader** ([`load`]) indexes what is on disk at
+//! temporary files a dead writer left. It works from the zone (a walk of its memory without
+//! the lock, each removal checked under it); the directory itself is walked at its start and
+//! every [`DISK_SCAN_SECS`], for files the zone does not know. **The loader** ([`load`]) indexes what is on disk at
 //! start and reload and exits; requests do not wait for it: one that misses in the zone looks
 //! on disk, so a restart serves the entries of the run before at once.
 //!
@@ -303,16 +305,38 @@ impl Zone {
 
     /// Every entry whose file exists: its key, last use ([`unix_ms`]) and size.
     pub fn snapshot(&self) -> Vec<(u128, u64, u64)> {
-        let _g = crate::limits::lock(self.word(0));
         let mut v = Vec::new();
+        self.each(|key, used, size| v.push((key, used, size)));
+        v
+    }
+
+    /// Calls `f` with the key, last use and size of every entry whose file exists. Without
+    /// the lock: a walk of a large zone must not stall the workers' lookups, so an entry may
+    /// be read as it changes; what is done with it is checked again under the lock
+    /// ([`Zone::evict`]).
+    pub fn each(&self, mut f: impl FnMut(u128, u64, u64)) {
         for i in 0..self.entries() {
             let w = HEADER_WORDS + i * ENTRY_WORDS;
             if self.get(w, 4) & FLAG_EXISTS != 0 {
                 let key = (u128::from(self.get(w, 0)) << 64) | u128::from(self.get(w, 7));
-                v.push((key, self.get(w, 3), self.get(w, 6)));
+                f(key, self.get(w, 3), self.get(w, 6));
             }
         }
-        v
+    }
+
+    /// The manager removes `key`'s entry, last used at `used_ms` when it looked: only if it
+    /// was not used since and nobody updates it. `true`: gone from the zone (the caller
+    /// removes the file).
+    pub fn evict(&self, key: u128, used_ms: u64) -> bool {
+        let _g = crate::limits::lock(self.word(0));
+        let Some(w) = self.slot(key, false) else {
+            return false;
+        };
+        if self.get(w, 4) & FLAG_EXISTS == 0 || self.get(w, 3) != used_ms || self.get(w, 5) != 0 {
+            return false;
+        }
+        self.forget(w);
+        true
     }
 }
 
@@ -894,6 +918,12 @@ struct OnDisk {
     used: u64,
 }
 
+/// How often the manager walks the cache directories themselves (their first pass, then this
+/// often), for entry files the zone does not know (dropped from a full zone); every pass
+/// looks at the top of each directory, where writers put their temporary files. Between, a pass works from the zone alone: a `stat` of
+/// every file each second cost a fourth of a CPU at 100k entries.
+const DISK_SCAN_SECS: u64 = 60;
+
 /// How long a temporary file whose writer still lives may stay (a response that long is
 /// still being written; one older is a leak).
 const TEMP_MAX_AGE_SECS: u64 = 24 * 3600;
@@ -907,6 +937,36 @@ fn parse_md5(name: &str) -> Option<[u8; 16]> {
         *o = u8::from_str_radix(name.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(out)
+}
+
+/// Whether a file named `name` is a temporary file (`None`: it is not one) whose writer is
+/// gone or that is older than any response takes.
+fn temp_leaked(name: &str, mtime_ms: u64, now_ms: u64) -> Option<bool> {
+    let rest = name.strip_prefix(".shard-tmp-")?;
+    let pid = rest.split('-').next().and_then(|p| p.parse::<u64>().ok());
+    Some(!pid.is_some_and(pid_alive) || now_ms.saturating_sub(mtime_ms) > TEMP_MAX_AGE_SECS * 1000)
+}
+
+/// The temporary files at the top of `dir` whose writer is gone (or that are older than any
+/// response takes); nothing else there is looked at closer than its name.
+fn leaked_temps(dir: &Path, now_ms: u64) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter(|e| e.file_name().as_encoded_bytes().starts_with(b".shard-tmp-"))
+        .filter_map(|e| {
+            let mtime = e.metadata().ok()?.modified().ok()?;
+            let mtime = mtime
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()?
+                .as_millis() as u64;
+            let name = e.file_name().to_string_lossy().into_owned();
+            temp_leaked(&name, mtime, now_ms)
+                .unwrap_or(false)
+                .then(|| e.path())
+        })
+        .collect()
 }
 
 /// Every entry file under `dir` (at most `levels.len()` directories deep), and the
@@ -933,11 +993,8 @@ fn scan(dir: &Path, depth: usize, now_ms: u64) -> (Vec<OnDisk>, Vec<PathBuf>) {
                 if level < depth {
                     stack.push((e.path(), level + 1));
                 }
-            } else if let Some(rest) = name.strip_prefix(".shard-tmp-") {
-                let pid = rest.split('-').next().and_then(|p| p.parse::<u64>().ok());
-                if !pid.is_some_and(pid_alive)
-                    || now_ms.saturating_sub(mtime) > TEMP_MAX_AGE_SECS * 1000
-                {
+            } else if let Some(gone) = temp_leaked(&name, mtime, now_ms) {
+                if gone {
                     leaked.push(e.path());
                 }
             } else if let Some(md5) = parse_md5(&name) {
@@ -968,7 +1025,21 @@ fn free_bytes(dir: &Path) -> Option<u64> {
 
 /// One pass of the manager over cache `cp` at `now_ms` ([`unix_ms`]): what it removed (at
 /// most `limit` files, and every leaked temporary file).
-pub fn manage_pass(cp: &shard_config::CachePath, zone: &Zone, now_ms: u64, limit: usize) -> usize {
+pub fn manage_pass(
+    cp: &shard_config::CachePath,
+    zone: &Zone,
+    now_ms: u64,
+    limit: usize,
+    disk: bool,
+) -> usize {
+    if !disk {
+        // Writers put their temporary files at the top of the directory: a cheap look.
+        let leaked = leaked_temps(&cp.path, now_ms);
+        for t in &leaked {
+            let _ = std::fs::remove_file(t);
+        }
+        return manage_zone(cp, zone, now_ms, limit) + leaked.len();
+    }
     let (mut files, leaked) = scan(&cp.path, cp.levels.len(), now_ms);
     for t in &leaked {
         let _ = std::fs::remove_file(t);
@@ -1018,6 +1089,45 @@ pub fn manage_pass(cp: &shard_config::CachePath, zone: &Zone, now_ms: u64, limit
 /// cache of `cfg` in the zones, `loader_files` at a time and `loader_sleep` apart, then
 /// returns how many it added. Requests do not wait for it (a miss in the zone looks on disk);
 /// it gives the zone the sizes and ages the manager and `proxy_cache_min_uses` go by.
+/// A pass of the manager from the zone alone: the entries unused for `inactive`, then the
+/// least recently used while the zone's files exceed `max_size` or the file system has less
+/// than `min_free`, at most `limit`. Costs a walk of the zone's memory when nothing is due.
+fn manage_zone(cp: &shard_config::CachePath, zone: &Zone, now_ms: u64, limit: usize) -> usize {
+    let inactive_ms = cp.inactive_secs * 1000;
+    let mut total = zone.bytes();
+    let mut free = (cp.min_free > 0).then(|| free_bytes(&cp.path)).flatten();
+    let over = |total: u64| cp.max_size > 0 && total > cp.max_size;
+    let short = |free: Option<u64>| free.is_some_and(|b| b < cp.min_free);
+    let all = over(total) || short(free);
+    let mut due = Vec::new();
+    zone.each(|key, used, size| {
+        if all || now_ms.saturating_sub(used) >= inactive_ms {
+            due.push((used, key, size));
+        }
+    });
+    // Least recently used first.
+    due.sort_unstable();
+    let mut removed = 0;
+    for (used, key, size) in due {
+        if removed >= limit {
+            break;
+        }
+        if now_ms.saturating_sub(used) < inactive_ms && !over(total) && !short(free) {
+            break;
+        }
+        if zone.evict(key, used) {
+            let path = entry_path(&cp.path, &cp.levels, &key.to_be_bytes());
+            let _ = std::fs::remove_file(path);
+            total = total.saturating_sub(size);
+            if let Some(b) = free.as_mut() {
+                *b += size;
+            }
+            removed += 1;
+        }
+    }
+    removed
+}
+
 pub fn load(cfg: &shard_config::Config) -> usize {
     let Some(http) = cfg.http.as_ref() else {
         return 0;
@@ -1047,16 +1157,21 @@ pub fn manage(cfg: &shard_config::Config, master: libc::pid_t) {
         return;
     };
     let zones = zones_of(cfg);
+    let mut last_disk: Option<std::time::Instant> = None;
     loop {
         if shard_event::process::getppid() != master {
             return;
         }
         let now = unix_ms();
+        let disk = last_disk.is_none_or(|t| t.elapsed().as_secs() >= DISK_SCAN_SECS);
+        if disk {
+            last_disk = Some(std::time::Instant::now());
+        }
         let mut busy = false;
         let mut sleep_ms = 1000;
         for (cp, z) in http.cache_paths.iter().zip(&zones) {
             let limit = cp.manager_files.max(1) as usize;
-            if manage_pass(cp, z, now, limit) >= limit {
+            if manage_pass(cp, z, now, limit, disk) >= limit {
                 busy = true;
                 sleep_ms = sleep_ms.min(cp.manager_sleep_ms.max(1));
             }
@@ -1297,18 +1412,34 @@ mod tests {
         }
         // A writer that died left a temporary file.
         std::fs::write(dir.join(".shard-tmp-999999999-0"), b"x").unwrap();
-        assert_eq!(manage_pass(&cp, &z, now, 100), 1, "only the leak");
+        assert_eq!(manage_pass(&cp, &z, now, 100, false), 1, "only the leak");
         assert!(paths.iter().all(|(p, _)| p.exists()));
-        // Over max_size by one file: the least recently used goes.
+        // Over max_size by one file: the least recently used goes (by the zone alone).
         cp.max_size = paths[1].1 + paths[2].1;
-        assert_eq!(manage_pass(&cp, &z, now, 100), 1);
+        assert_eq!(manage_pass(&cp, &z, now, 100, false), 1);
         assert!(!paths[0].0.exists() && paths[1].0.exists() && paths[2].0.exists());
         assert_eq!(z.snapshot().len(), 2);
+        // An entry used since the manager looked is not evicted for that look.
+        let kb = zone_key(&key_md5(b"b"));
+        let (_, used_b, _) = z.snapshot().into_iter().find(|e| e.0 == kb).unwrap();
+        z.look(kb, 1, used_b + 1, 0);
+        assert!(!z.evict(kb, used_b));
+        z.stored(kb, paths[1].1, used_b);
         // Unused for longer than `inactive`: gone.
         cp.max_size = 0;
         cp.inactive_secs = 15;
-        assert_eq!(manage_pass(&cp, &z, now, 100), 1);
+        assert_eq!(manage_pass(&cp, &z, now, 100, false), 1);
         assert!(!paths[1].0.exists() && paths[2].0.exists());
+        // A file the zone does not know (dropped from a full zone) goes at the next walk of
+        // the directory, by its modification time.
+        let zc = zone_key(&key_md5(b"c"));
+        let (_, used_c, _) = z.snapshot().into_iter().find(|e| e.0 == zc).unwrap();
+        assert!(z.evict(zc, used_c));
+        cp.inactive_secs = 0;
+        assert_eq!(manage_pass(&cp, &z, now + 1000, 100, false), 0);
+        assert!(paths[2].0.exists());
+        assert_eq!(manage_pass(&cp, &z, now + 1000, 100, true), 1);
+        assert!(!paths[2].0.exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -5,8 +5,11 @@
 //! A served entry replays through the proxy's own response path: its stored head is parsed
 //! as an upstream's would be (so `proxy_hide_header`, `add_header`, `sub_filter`, `charset`
 //! apply per request, as nginx re-reads a cached header), and its body is read from the file
-//! where a socket would be read (`read_upstream`). The entry files and the shared keys zone
-//! are `crate::cache`'s. A child module of `proxy.rs`: it works on the `Proxy` state.
+//! where a socket would be read (`read_upstream`), or, when no filter reads it, handed to the
+//! connection as a static file's body is. The entries a worker served last stay open in its
+//! `files::CacheMemo` (used while the keys zone says the key's file has not changed), so a
+//! hit costs no `open`, `pread` or `close`. The entry files and the shared keys zone are
+//! `crate::cache`'s. A child module of `proxy.rs`: it works on the `Proxy` state.
 
 use std::path::PathBuf;
 
@@ -451,10 +454,8 @@ impl<'a> Worker<'a> {
     /// The entry at `c.path` for `c.key`: the one the worker keeps when the zone's `version`
     /// (0: none known) says it is still the file there, else the file opened (and kept).
     fn open_entry(&mut self, c: &CacheReq, version: u64) -> Option<Entry> {
-        let (now, seq) = (self.cx.now_ms, self.request_seq);
+        let now = self.cx.now_ms;
         if let Some(m) = self.cache_memo.get(c.zone, c.zkey, version, &c.key, now) {
-            // Entry files never shrink (see `CacheMemo`): the mapping needs no `fstat`.
-            m.file.size_checked(seq);
             return Some(Entry {
                 file: m.file.clone(),
                 header: m.header.clone(),
@@ -468,9 +469,10 @@ impl<'a> Worker<'a> {
                 return None;
             }
         };
-        // `cache::open` compared the file's size with its header.
+        // `cache::open` compared the file's size with its header, and an entry file is
+        // never written again but for its fixed header (see `CacheMemo`).
         let file = OpenFile::new(e.file.into());
-        file.size_checked(seq);
+        file.seal();
         self.cache_memo.put(
             c.zone, c.zkey, version, &c.key, &file, &e.header, &e.head, now,
         );

@@ -956,8 +956,9 @@ impl Conn {
                 // turn before any of the body left, or an `fstat` now (an `open_file_cache`
                 // entry's size may be old; a loop turn may serve several requests in a row;
                 // a large file's response spans turns). Else the `pread` way, whose short
-                // read fails it. The window left is a truncation within one call.
-                if !size_checked && f.size_checked_turn != Some(turn) {
+                // read fails it. The window left is a truncation within one call. A sealed
+                // file (a cache entry) never shrinks.
+                if !size_checked && !f.fd.sealed() && f.size_checked_turn != Some(turn) {
                     match shard_event::fs::fstat(f.fd.as_raw_fd()) {
                         Ok(st) if st.size >= f.offset + f.remaining => size_checked = true,
                         _ => {

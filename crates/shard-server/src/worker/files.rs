@@ -61,6 +61,9 @@ pub(super) struct OpenFile {
     /// asked for once is not (`mmap`, faults and `munmap` cost more than one `pread`).
     reused: Cell<bool>,
     map: OnceCell<Option<Mapping>>,
+    /// Never written while open (a `proxy_cache` entry: renamed into place whole, its size
+    /// fixed): sent from its mapping with no `stat` of its size.
+    sealed: Cell<bool>,
     /// The request (the worker's `request_seq`) for which a `stat` last gave its size: that
     /// request's response, sent from the mapping at once, needs no other look at it (see
     /// `conn.rs`'s `flush`).
@@ -101,6 +104,7 @@ impl OpenFile {
             kept: Cell::new(false),
             reused: Cell::new(false),
             map: OnceCell::new(),
+            sealed: Cell::new(false),
             size_checked_for: Cell::new(0),
         })
     }
@@ -136,6 +140,15 @@ impl OpenFile {
             MAPPED_BYTES.set(MAPPED_BYTES.get() + size);
         }
         self.map.get_or_init(|| m).as_ref()
+    }
+
+    /// The file will not change while open (see `sealed`).
+    pub(super) fn seal(&self) {
+        self.sealed.set(true);
+    }
+
+    pub(super) fn sealed(&self) -> bool {
+        self.sealed.get()
     }
 
     /// Reads exactly `buf.len()` bytes at `offset` (`pread`).
