@@ -20,9 +20,10 @@
 //! while the files exceed `max_size` or the file system has less than `min_free` free, and
 //! temporary files a dead writer left. It works from the zone (a walk of its memory without
 //! the lock, each removal checked under it); the directory itself is walked at its start and
-//! every [`DISK_SCAN_SECS`], for files the zone does not know. **The loader** ([`load`]) indexes what is on disk at
-//! start and reload and exits; requests do not wait for it: one that misses in the zone looks
-//! on disk, so a restart serves the entries of the run before at once.
+//! every [`DISK_SCAN_SECS`], for files the zone does not know. **The loader** ([`load`])
+//! indexes what is on disk at start and reload and exits; requests do not wait for it: one
+//! that misses in the zone looks on disk, so a restart serves the entries of the run before
+//! at once.
 //!
 //! **An entry file** is written to a temporary name in the cache directory and renamed into
 //! place when the response is complete, so a reader sees a whole entry or none, whatever
