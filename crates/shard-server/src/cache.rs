@@ -19,8 +19,8 @@
 //! cache manager: it removes entries unused for `inactive`, then the least recently used
 //! while the files exceed `max_size` or the file system has less than `min_free` free, and
 //! temporary files a dead writer left. It works from the zone (a walk of its memory without
-//! the lock, each removal checked under it); the directory itself is walked at its start and
-//! every [`DISK_SCAN_SECS`], for files the zone does not know. **The loader** ([`load`])
+//! the lock, each removal checked under it); the directory itself is walked every
+//! [`DISK_SCAN_SECS`], for files the zone does not know. **The loader** ([`load`])
 //! indexes what is on disk at start and reload and exits; requests do not wait for it: one
 //! that misses in the zone looks on disk, so a restart serves the entries of the run before
 //! at once.
@@ -919,8 +919,8 @@ struct OnDisk {
     used: u64,
 }
 
-/// How often the manager walks the cache directories themselves (their first pass, then this
-/// often), for entry files the zone does not know (dropped from a full zone); every pass
+/// How often the manager walks the cache directories themselves (the loader walks them at the
+/// start), for entry files the zone does not know (dropped from a full zone); every pass
 /// looks at the top of each directory, where writers put their temporary files. Between, a pass works from the zone alone: a `stat` of
 /// every file each second cost a fourth of a CPU at 100k entries.
 const DISK_SCAN_SECS: u64 = 60;
@@ -975,6 +975,19 @@ fn leaked_temps(dir: &Path, now_ms: u64) -> Vec<PathBuf> {
 fn scan(dir: &Path, depth: usize, now_ms: u64) -> (Vec<OnDisk>, Vec<PathBuf>) {
     let mut files = Vec::new();
     let mut leaked = Vec::new();
+    walk(dir, depth, now_ms, |f| files.push(f), |t| leaked.push(t));
+    (files, leaked)
+}
+
+/// [`scan`] one file at a time: `file` gets each entry file (after its `stat`), `leak` each
+/// temporary file whose writer is gone, as the walk finds them.
+fn walk(
+    dir: &Path,
+    depth: usize,
+    now_ms: u64,
+    mut file: impl FnMut(OnDisk),
+    mut leak: impl FnMut(PathBuf),
+) {
     let mut stack = vec![(dir.to_path_buf(), 0)];
     while let Some((d, level)) = stack.pop() {
         let Ok(rd) = std::fs::read_dir(&d) else {
@@ -996,10 +1009,10 @@ fn scan(dir: &Path, depth: usize, now_ms: u64) -> (Vec<OnDisk>, Vec<PathBuf>) {
                 }
             } else if let Some(gone) = temp_leaked(&name, mtime, now_ms) {
                 if gone {
-                    leaked.push(e.path());
+                    leak(e.path());
                 }
             } else if let Some(md5) = parse_md5(&name) {
-                files.push(OnDisk {
+                file(OnDisk {
                     path: e.path(),
                     md5,
                     size: meta.len(),
@@ -1008,7 +1021,6 @@ fn scan(dir: &Path, depth: usize, now_ms: u64) -> (Vec<OnDisk>, Vec<PathBuf>) {
             }
         }
     }
-    (files, leaked)
 }
 
 /// Free bytes of the file system holding `dir` (for an unprivileged process).
@@ -1136,16 +1148,26 @@ pub fn load(cfg: &shard_config::Config) -> usize {
     let zones = zones_of(cfg);
     let mut added = 0;
     for (cp, z) in http.cache_paths.iter().zip(&zones) {
-        let (files, _) = scan(&cp.path, cp.levels.len(), unix_ms());
+        // Paced as nginx's loader: `loader_files` files (each a `stat`), then
+        // `loader_sleep`, so that indexing a large cache after a start does not take the
+        // CPU the workers serve its hits with.
         let batch = cp.loader_files.max(1) as usize;
-        for (i, f) in files.iter().enumerate() {
-            if i > 0 && i % batch == 0 {
-                std::thread::sleep(std::time::Duration::from_millis(cp.loader_sleep_ms));
-            }
-            if z.found(zone_key(&f.md5), f.size, f.used) {
-                added += 1;
-            }
-        }
+        let mut seen = 0;
+        walk(
+            &cp.path,
+            cp.levels.len(),
+            unix_ms(),
+            |f| {
+                if seen > 0 && seen % batch == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(cp.loader_sleep_ms));
+                }
+                seen += 1;
+                if z.found(zone_key(&f.md5), f.size, f.used) {
+                    added += 1;
+                }
+            },
+            |_| {},
+        );
     }
     added
 }
@@ -1158,15 +1180,16 @@ pub fn manage(cfg: &shard_config::Config, master: libc::pid_t) {
         return;
     };
     let zones = zones_of(cfg);
-    let mut last_disk: Option<std::time::Instant> = None;
+    // The loader walks the directories at the start: the manager's first walk comes later.
+    let mut last_disk = std::time::Instant::now();
     loop {
         if shard_event::process::getppid() != master {
             return;
         }
         let now = unix_ms();
-        let disk = last_disk.is_none_or(|t| t.elapsed().as_secs() >= DISK_SCAN_SECS);
+        let disk = last_disk.elapsed().as_secs() >= DISK_SCAN_SECS;
         if disk {
-            last_disk = Some(std::time::Instant::now());
+            last_disk = std::time::Instant::now();
         }
         let mut busy = false;
         let mut sleep_ms = 1000;
