@@ -3,9 +3,12 @@
 //! One backend (a shard with one worker) serves objects of 1 KiB, 64 KiB and 1 MiB from a
 //! directory this run writes. Each front (`--workers` workers) proxies `/o/` to it with
 //! `proxy_cache` (`proxy_cache_valid 200 1h`, a keys zone of 10 MiB, `levels=1:2`) on the same
-//! configuration text. Per object: one request stores it, a second must say `HIT`, then the
-//! load runs on that one URL: requests/s and the front's worker CPU per request, and the
-//! requests that reached the backend during the load (misses; 0 when every answer was a hit).
+//! configuration text. Both fronts run from the start; in each, one request stores every
+//! object and a second must say `HIT`. Then per object the loads on that one URL alternate
+//! between the fronts, [`ROUNDS`] each (the median is reported, so that a ratio compares runs
+//! seconds apart on a machine whose speed drifts): requests/s and the front's worker CPU per
+//! request, and the requests that reached the backend during the loads (misses; 0 when every
+//! answer was a hit).
 //! Then the front is stopped and started again on the same cache directory: whether its
 //! first answer is a hit, and how long after the start that answer came.
 //!
@@ -47,6 +50,9 @@ const AFTER_RESTART_KEYS: usize = 1000;
 
 /// How long the mix's slow backend takes per answer.
 const SLOW_MS: u64 = 100;
+
+/// Hit loads per object and front, alternating between the fronts; the median is reported.
+const ROUNDS: usize = 3;
 
 /// The objects: name and size.
 const OBJECTS: [(&str, usize); 3] = [("1k", 1024), ("64k", 64 * 1024), ("1m", 1024 * 1024)];
@@ -168,22 +174,66 @@ pub fn run(mut a: CacheArgs) -> Result<()> {
     if let Some(n) = &tools.nginx {
         kinds.push(Kind::Nginx(n.clone()));
     }
+    // Every front runs from the start: the hit loads alternate between them (shard, nginx,
+    // shard, ...), so each ratio compares loads seconds apart on a machine whose speed drifts.
+    let slow = slow_backend()?;
     let mut fronts = Vec::new();
+    let mut running = Vec::new();
     for kind in &kinds {
         let name = kind.name().to_string();
-        eprintln!(
-            "shard-bench: {name}: cache hits, {} workers, {} connections",
-            a.workers, a.connections
-        );
-        let mut f = Front {
-            name: name.clone(),
-            ..Default::default()
-        };
         let cache_dir = work.join(format!("cache-{name}"));
-        if let Err(e) = measure_front(kind, &backend, &cache_dir, &tools, &a, &mut f) {
-            notes.push(format!("{name}: not measured: {e:#}"));
+        let _ = std::fs::remove_dir_all(&cache_dir);
+        let spec = front_spec(backend.port, slow, &cache_dir, a.workers);
+        let started = servers::start_with(kind, &spec, |_| Ok(()))
+            .context("starting the front")
+            .and_then(|r| {
+                for (object, size) in OBJECTS {
+                    store(r.port, &format!("/o/{object}"), size)?;
+                }
+                Ok(r)
+            });
+        match started {
+            Ok(r) => running.push(Some(r)),
+            Err(e) => {
+                notes.push(format!("{name}: not measured: {e:#}"));
+                running.push(None);
+            }
         }
-        fronts.push(f);
+        fronts.push(Front {
+            name,
+            cells: vec![Cell::default(); OBJECTS.len()],
+            ..Default::default()
+        });
+    }
+    let rounds = if a.smoke { 1 } else { ROUNDS };
+    for (i, (object, _)) in OBJECTS.iter().enumerate() {
+        let mut samples: Vec<Vec<Cell>> = vec![Vec::new(); kinds.len()];
+        for round in 0..rounds {
+            for (j, r) in running.iter().enumerate() {
+                let Some(r) = r else { continue };
+                eprintln!(
+                    "shard-bench: {}: {object} hits, round {} of {rounds}",
+                    fronts[j].name,
+                    round + 1
+                );
+                match hit_load(r, &backend, &format!("/o/{object}"), &tools, &a) {
+                    Ok(c) => samples[j].push(c),
+                    Err(e) => notes.push(format!("{}: {object}: {e:#}", fronts[j].name)),
+                }
+            }
+        }
+        for (j, s) in samples.into_iter().enumerate() {
+            fronts[j].cells[i] = median_cell(s);
+        }
+    }
+    for (j, kind) in kinds.iter().enumerate() {
+        let Some(r) = running[j].take() else { continue };
+        eprintln!("shard-bench: {}: latency, mix, restart", fronts[j].name);
+        let cache_dir = work.join(format!("cache-{}", fronts[j].name));
+        let spec = front_spec(backend.port, slow, &cache_dir, a.workers);
+        if let Err(e) = measure_front(kind, &spec, r, &backend, &a, &mut fronts[j]) {
+            notes.push(format!("{}: not measured: {e:#}", fronts[j].name));
+        }
     }
     backend.stop();
     let _ = std::fs::remove_dir_all(&work);
@@ -281,51 +331,77 @@ fn get(port: u16, path: &str) -> Result<(u16, String, usize)> {
     Ok((status, cache, resp.len() - end))
 }
 
+/// Stores `path` (`size` bytes) in the front's cache and checks the next answer is a hit.
+fn store(port: u16, path: &str, size: usize) -> Result<()> {
+    let (st, _, len) = get(port, path)?;
+    ensure!(st == 200 && len == size, "GET {path}: {st}, {len} bytes");
+    let (_, cache, _) = get(port, path)?;
+    ensure!(cache == "HIT", "GET {path} again was {cache:?}, not HIT");
+    Ok(())
+}
+
+/// One load of `--duration` on `path` (a stored entry): requests/s, the front's worker CPU
+/// per request, and the requests that reached the backend meanwhile.
+fn hit_load(
+    front: &Running,
+    backend: &Running,
+    path: &str,
+    tools: &Tools,
+    a: &CacheArgs,
+) -> Result<Cell> {
+    let pids = front.worker_pids()?;
+    let b0 = backend.requests()?;
+    let f0 = front.requests()?;
+    let cpu0 = procfs::cpu_ticks(&pids)?;
+    let t0 = Instant::now();
+    crate::run_load(
+        front.port,
+        path,
+        tools.wrk.as_deref(),
+        a.connections,
+        Duration::from_secs(a.duration),
+        true,
+    )?;
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu1 = procfs::cpu_ticks(&pids)?;
+    let served = front.requests()?.saturating_sub(f0 + 1).max(1);
+    // The backend counts the bench's own status reads (one each).
+    let misses = backend.requests()?.saturating_sub(b0 + 1);
+    Ok(Cell {
+        rps: Some(served as f64 / secs),
+        cpu_us_per_req: Some((cpu1 - cpu0) as f64 * 1e6 / procfs::ticks_per_sec() / served as f64),
+        misses: Some(misses),
+    })
+}
+
+/// The round with the median CPU per request (misses summed over the rounds).
+fn median_cell(mut s: Vec<Cell>) -> Cell {
+    if s.is_empty() {
+        return Cell::default();
+    }
+    let misses = s.iter().filter_map(|c| c.misses).sum();
+    s.sort_by(|x, y| {
+        x.cpu_us_per_req
+            .partial_cmp(&y.cpu_us_per_req)
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    Cell {
+        misses: Some(misses),
+        ..s[s.len() / 2].clone()
+    }
+}
+
+/// The rest of one front's figures, on `front` (running, its entries stored): latency, the
+/// mix, then a restart and the cold start (it is stopped).
 fn measure_front(
     kind: &Kind,
+    spec: &Spec,
+    front: Running,
     backend: &Running,
-    cache_dir: &Path,
-    tools: &Tools,
     a: &CacheArgs,
     f: &mut Front,
 ) -> Result<()> {
-    let _ = std::fs::remove_dir_all(cache_dir);
-    let slow = slow_backend()?;
-    let spec = front_spec(backend.port, slow, cache_dir, a.workers);
-    let front = servers::start_with(kind, &spec, |_| Ok(())).context("starting the front")?;
     let res = (|| -> Result<()> {
-        for (name, size) in OBJECTS {
-            let path = format!("/o/{name}");
-            let (st, _, len) = get(front.port, &path)?;
-            ensure!(st == 200 && len == size, "GET {path}: {st}, {len} bytes");
-            let (_, cache, _) = get(front.port, &path)?;
-            ensure!(cache == "HIT", "GET {path} again was {cache:?}, not HIT");
-            let pids = front.worker_pids()?;
-            let b0 = backend.requests()?;
-            let f0 = front.requests()?;
-            let cpu0 = procfs::cpu_ticks(&pids)?;
-            let t0 = Instant::now();
-            crate::run_load(
-                front.port,
-                &path,
-                tools.wrk.as_deref(),
-                a.connections,
-                Duration::from_secs(a.duration),
-                true,
-            )?;
-            let secs = t0.elapsed().as_secs_f64();
-            let cpu1 = procfs::cpu_ticks(&pids)?;
-            let served = front.requests()?.saturating_sub(f0 + 1).max(1);
-            // The backend counts the bench's own status reads (one each).
-            let misses = backend.requests()?.saturating_sub(b0 + 1);
-            f.cells.push(Cell {
-                rps: Some(served as f64 / secs),
-                cpu_us_per_req: Some(
-                    (cpu1 - cpu0) as f64 * 1e6 / procfs::ticks_per_sec() / served as f64,
-                ),
-                misses: Some(misses),
-            });
-        }
         // Latency at a steady rate: plain hits, then an entry that keeps expiring.
         let (_, _, len) = get(front.port, "/s/1k")?;
         ensure!(len == 1024, "GET /s/1k: {len} bytes");
@@ -338,13 +414,13 @@ fn measure_front(
     res?;
     // A restart on the same directory: is the first answer a hit?
     let t0 = Instant::now();
-    let front = servers::start_with(kind, &spec, |_| Ok(())).context("starting the front again")?;
+    let front = servers::start_with(kind, spec, |_| Ok(())).context("starting the front again")?;
     let first = get(front.port, "/o/1k");
     let ms = t0.elapsed().as_secs_f64() * 1000.0;
     front.stop();
     let (_, cache, _) = first?;
     f.restart = Some((if cache.is_empty() { "-".into() } else { cache }, ms));
-    f.cold = Some(cold_start(kind, &spec, backend, a)?);
+    f.cold = Some(cold_start(kind, spec, backend, a)?);
     Ok(())
 }
 
@@ -551,8 +627,12 @@ fn p99_ms(port: u16, path: &str, a: &CacheArgs) -> Result<f64> {
 
 fn render(a: &CacheArgs, fronts: &[Front], notes: &[String]) -> String {
     let mut s = format!(
-        "# shard-bench cache: proxy_cache hits, {} front workers, {} connections, {} s per run\n\n",
-        a.workers, a.connections, a.duration
+        "# shard-bench cache: proxy_cache hits, {} front workers, {} connections, {} s per run, \
+         the median of {} runs alternating between the servers\n\n",
+        a.workers,
+        a.connections,
+        a.duration,
+        if a.smoke { 1 } else { ROUNDS }
     );
     s.push_str(
         "| object | server | requests/s | worker CPU µs/request | misses during the load |\n",
