@@ -542,28 +542,46 @@ pub fn open(path: &Path, key: &[u8]) -> io::Result<Option<Entry>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    let mut hb = [0u8; HEADER_LEN];
-    if file.read_exact_at(&mut hb, 0).is_err() {
-        return Ok(None);
-    }
-    let Some(header) = Header::decode(&hb) else {
+    // One read takes the header, the key and the head of most entries; a short one is the
+    // whole file, whose size is then known without an `fstat`.
+    let mut buf = vec![0u8; OPEN_READ_BYTES];
+    let n = loop {
+        match file.read_at(&mut buf, 0) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    };
+    let Some(header) = Header::decode(&buf[..n]) else {
         return Ok(None);
     };
     if header.head_len > HEAD_MAX || header.key_len as usize != key.len() {
         return Ok(None);
     }
-    let size = file.metadata()?.len();
+    let size = if n < buf.len() {
+        n as u64
+    } else {
+        file.metadata()?.len()
+    };
     if size != header.body_start() + header.body_len {
         return Ok(None);
     }
-    let mut rest = vec![0u8; header.key_len as usize + header.head_len as usize];
-    file.read_exact_at(&mut rest, HEADER_LEN as u64)?;
-    if &rest[..key.len()] != key {
+    let key_at = HEADER_LEN;
+    let head_at = key_at + key.len();
+    let end = head_at + header.head_len as usize;
+    if end > n {
+        buf.resize(end, 0);
+        file.read_exact_at(&mut buf[n..end], n as u64)?;
+    }
+    if &buf[key_at..head_at] != key {
         return Ok(None);
     }
-    let head = rest.split_off(key.len());
+    let head = buf[head_at..end].to_vec();
     Ok(Some(Entry { file, header, head }))
 }
+
+/// Bytes [`open`] reads at once from the start of an entry file.
+const OPEN_READ_BYTES: usize = 4096;
 
 /// The stored form of an upstream response head: as received, without the fields that
 /// framed it on that connection (the entry's length frames it when served); a 200 gets
