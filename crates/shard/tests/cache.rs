@@ -1169,3 +1169,27 @@ fn an_entry_stored_again_is_served_new_by_every_worker() {
     }
     assert_eq!(n.load(Ordering::SeqCst), 4);
 }
+
+/// An entry file an operator removes by hand (as nginx caches are purged with `rm`) stops
+/// being served within a second, however hot: a worker's kept copy is opened again.
+#[test]
+fn an_entry_removed_by_hand_stops_being_served() {
+    let (up, n) = numbered(vec![]);
+    let s = Server::start(
+        "cache-rm",
+        &conf("{dir}/cache", up.port, "", "proxy_cache_valid 200 10m;"),
+        1,
+    );
+    let a = s.addr();
+    assert_eq!(get(a, "/r").body_str(), "1:/r");
+    assert_eq!(cache_status(&get(a, "/r")), "HIT");
+    let files = files_under(&s.dir.join("cache"), "");
+    assert_eq!(files.len(), 1, "{files:?}");
+    std::fs::remove_file(&files[0]).unwrap();
+    // Kept hot: asked without a pause until the file's removal is seen.
+    wait_for(Duration::from_secs(5), "the removal seen", || {
+        (get(a, "/r").body_str() == "2:/r").then_some(())
+    });
+    assert_eq!(n.load(Ordering::SeqCst), 2);
+    assert_eq!(cache_status(&get(a, "/r")), "HIT");
+}

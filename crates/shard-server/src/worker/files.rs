@@ -304,6 +304,10 @@ fn remove_least_recent<K: Clone + Eq + std::hash::Hash, V>(
 /// `proxy_cache` entry files a worker keeps open at most ([`CacheMemo`]).
 pub(super) const CACHE_MEMO_MAX: usize = 64;
 
+/// A kept entry is opened again after this long, however used: an entry file an operator
+/// removed or replaced by hand (the zone does not see that) is seen within this time.
+pub(super) const CACHE_MEMO_VALID_MS: u64 = 1_000;
+
 /// The `proxy_cache` entries a worker served last, kept open with their header and stored
 /// head, so that a hit on one costs no `open`, `pread`, `fstat` or `close`, and its body
 /// leaves from a mapping as a kept static file's. A kept entry is never trusted on its own:
@@ -313,7 +317,9 @@ pub(super) const CACHE_MEMO_MAX: usize = 64;
 /// again but for their fixed header (a refresh, which changes the version), so a kept one
 /// never shrinks under its mapping. Entries with a `Vary` variant, or larger than
 /// [`MAP_FILE_MAX_BYTES`], are not kept; one unused for [`REUSE_INACTIVE_MS`] is closed, so
-/// that the space of a file the cache manager removed is not held for longer.
+/// that the space of a file the cache manager removed is not held for longer, and one kept
+/// for [`CACHE_MEMO_VALID_MS`] is opened again, so that a file removed by hand (`rm`, as
+/// operators purge nginx caches) stops being served as it would with nginx.
 #[derive(Default)]
 pub(super) struct CacheMemo {
     /// By keys zone (index into the worker's zones) and the zone's key.
@@ -328,6 +334,7 @@ pub(super) struct Memo {
     key: Box<[u8]>,
     pub(super) head: Box<[u8]>,
     used_ms: u64,
+    opened_ms: u64,
 }
 
 impl CacheMemo {
@@ -345,7 +352,10 @@ impl CacheMemo {
             return None;
         }
         let m = self.map.get(&(zone, zkey))?;
-        if m.version != version || *m.key != *key {
+        if m.version != version
+            || *m.key != *key
+            || now_ms.saturating_sub(m.opened_ms) >= CACHE_MEMO_VALID_MS
+        {
             self.map.remove(&(zone, zkey));
             return None;
         }
@@ -386,6 +396,7 @@ impl CacheMemo {
                 key: key.into(),
                 head: head.into(),
                 used_ms: now_ms,
+                opened_ms: now_ms,
             },
         );
     }
@@ -753,6 +764,12 @@ mod tests {
             "another key: dropped"
         );
         assert!(m.get(0, 7, 3, b"k", 1).is_none(), "dropped by the mismatch");
+        m.put(0, 7, 3, b"k", &f, &header, b"", 0);
+        assert!(m.get(0, 7, 3, b"k", CACHE_MEMO_VALID_MS - 1).is_some());
+        assert!(
+            m.get(0, 7, 3, b"k", CACHE_MEMO_VALID_MS).is_none(),
+            "opened again after a while, however used"
+        );
         m.put(0, 7, 3, b"k", &f, &header, b"", 0);
         assert!(
             m.get(0, 7, 4, b"k", 1).is_none(),
