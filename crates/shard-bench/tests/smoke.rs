@@ -143,6 +143,29 @@ fn cache_smoke_measures_hits_of_every_size_and_a_restart_for_shard() {
         text.contains("| shard | HIT |"),
         "a restart serves hits: {text}"
     );
+    // The 90%-hit mix and the cold start are measured: hits and misses both answered; the
+    // 200 smoke entries each reached the backend once, and none after the restart.
+    let row_after = |heading: &str| -> Vec<String> {
+        text.lines()
+            .skip_while(|l| !l.starts_with(heading))
+            .find(|l| l.starts_with("| shard |"))
+            .unwrap_or_else(|| panic!("no shard row after {heading:?}: {text}"))
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    let mix = row_after("90%-hit mix");
+    let n = |cols: &[String], i: usize| -> f64 {
+        cols[i]
+            .replace(',', "")
+            .parse()
+            .unwrap_or_else(|_| panic!("column {i} not measured: {text}"))
+    };
+    assert!(n(&mix, 2) > 0.0 && n(&mix, 5) > 0.0, "{text}");
+    let cold = row_after("Cold start");
+    assert_eq!(n(&cold, 3), 200.0, "{text}");
+    assert!(n(&cold, 4) > 0.0, "{text}");
+    assert_eq!(n(&cold, 5), 0.0, "{text}");
 }
 
 #[test]
