@@ -939,8 +939,9 @@ struct OnDisk {
 
 /// How often the manager walks the cache directories themselves (the loader walks them at the
 /// start), for entry files the zone does not know (dropped from a full zone); every pass
-/// looks at the top of each directory, where writers put their temporary files. Between, a pass works from the zone alone: a `stat` of
-/// every file each second cost a fourth of a CPU at 100k entries.
+/// looks at the top of each directory, where writers put their temporary files. Between, a
+/// pass works from the zone alone: a `stat` of every file each second cost a fourth of a CPU
+/// at 100k entries.
 const DISK_SCAN_SECS: u64 = 60;
 
 /// How long a temporary file whose writer still lives may stay (a response that long is

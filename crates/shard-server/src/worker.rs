@@ -818,6 +818,12 @@ impl<'a> Worker<'a> {
         self.ready.push(t);
     }
 
+    /// Closes every descriptor kept for a next request (`Reuse`, `CacheMemo`): the worker ran
+    /// out of descriptors. Whether any was.
+    fn release_held_files(&mut self) -> bool {
+        self.reuse.clear() | self.cache_memo.clear()
+    }
+
     /// Drops `open_file_cache` entries unused for their location's `inactive`.
     fn expire_file_caches(&mut self) {
         let now = self.cx.now_ms;

@@ -263,9 +263,7 @@ impl Worker<'_> {
                         // Out of descriptors: as nginx, stop accepting for a while instead
                         // of being woken for the same queued connection again and again.
                         // The files kept for the next request give theirs back first.
-                        Some(libc::EMFILE) | Some(libc::ENFILE)
-                            if self.reuse.clear() | self.cache_memo.clear() =>
-                        {
+                        Some(libc::EMFILE) | Some(libc::ENFILE) if self.release_held_files() => {
                             continue;
                         }
                         Some(libc::EMFILE) | Some(libc::ENFILE) => {

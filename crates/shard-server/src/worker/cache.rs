@@ -462,7 +462,15 @@ impl<'a> Worker<'a> {
                 head: m.head.to_vec(),
             });
         }
-        let e = match cache::open(&c.path, &c.key) {
+        let mut opened = cache::open(&c.path, &c.key);
+        // Out of descriptors: the held ones go first, then the open is tried again (as a
+        // static file's).
+        if matches!(&opened, Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)))
+            && self.release_held_files()
+        {
+            opened = cache::open(&c.path, &c.key);
+        }
+        let e = match opened {
             Ok(e) => e?,
             Err(e) => {
                 crate::log!(Crit, "open() \"{}\" failed ({e})", c.path.display());

@@ -567,7 +567,7 @@ fn open_reused(w: &mut Worker<'_>, path: &Path, loc: &LocationConf) -> Opened {
     }
     let (mut opened, mut id) = open_file_id(path, loc);
     // Out of descriptors: the held ones go first, then the open is tried again.
-    if matches!(id, Err(libc::EMFILE) | Err(libc::ENFILE)) && w.reuse.clear() {
+    if matches!(id, Err(libc::EMFILE) | Err(libc::ENFILE)) && w.release_held_files() {
         (opened, id) = open_file_id(path, loc);
     }
     if let (Opened::File(fd, meta), Ok(id)) = (&opened, id) {
