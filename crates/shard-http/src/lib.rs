@@ -14,6 +14,7 @@ pub mod autoindex;
 pub mod body;
 pub mod fastcgi;
 pub mod gateway;
+pub mod grpc;
 pub mod gzip;
 pub mod h2frame;
 pub mod h3;

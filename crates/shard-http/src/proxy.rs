@@ -217,7 +217,7 @@ fn is_in(name: &str, list: &[&str]) -> bool {
 }
 
 /// Leading and trailing spaces and tabs removed.
-fn trim_ows(v: &[u8]) -> &[u8] {
+pub(crate) fn trim_ows(v: &[u8]) -> &[u8] {
     let start = v
         .iter()
         .position(|&b| b != b' ' && b != b'\t')
@@ -545,7 +545,7 @@ pub fn upgrade_requested(upstream_head: &[u8]) -> bool {
 }
 
 /// A `Content-Length` value: digits only, within `off_t` (nginx's `ngx_atoof`).
-fn parse_length(v: &[u8]) -> Option<u64> {
+pub(crate) fn parse_length(v: &[u8]) -> Option<u64> {
     let v = trim_ows(v);
     if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
         return None;
