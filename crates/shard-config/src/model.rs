@@ -871,6 +871,9 @@ pub struct LocationConf {
     /// `fastcgi_pass`: the upstream speaks FastCGI (`ngx_http_fastcgi_module`). Only on the
     /// location that names it.
     pub fastcgi: Option<std::sync::Arc<FastcgiConf>>,
+    /// `grpc_pass`: the upstream speaks HTTP/2 (`ngx_http_grpc_module`); `proxy` holds the
+    /// `grpc_*` settings. Only on the location that names it.
+    pub grpc: bool,
     /// `scgi_pass` / `uwsgi_pass`: the upstream speaks SCGI or uwsgi (the conf's `wire`),
     /// a head of params before the raw body, answered with a CGI-style or HTTP head and the
     /// body up to `Content-Length` or the close. Only on the location that names it.
@@ -998,6 +1001,8 @@ pub enum Wire {
     Uwsgi,
     /// `memcached_pass`: `get $memcached_key`, answered by `VALUE` and the data, or `END`.
     Memcached,
+    /// `grpc_pass`: HTTP/2 as a client (`shard_http::grpc`), the request as the proxy's.
+    Grpc,
 }
 
 impl Wire {
@@ -1008,6 +1013,7 @@ impl Wire {
             Wire::Scgi => "scgi",
             Wire::Uwsgi => "uwsgi",
             Wire::Memcached => "memcached",
+            Wire::Grpc => "grpc",
         }
     }
 }

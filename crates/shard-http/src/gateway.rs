@@ -60,7 +60,7 @@ pub fn write_head(
             out.extend_from_slice(&block);
             out.push(b',');
         }
-        Wire::Uwsgi | Wire::Fastcgi | Wire::Memcached => {
+        Wire::Uwsgi | Wire::Fastcgi | Wire::Memcached | Wire::Grpc => {
             let mut long = false;
             each_param(ctx, conf, cache, &mut |name, value| {
                 for part in [name, value] {

@@ -206,12 +206,14 @@ impl Conn {
         Ok(())
     }
 
-    /// Queues request body bytes; they go out as the windows allow.
-    pub fn push_body(&mut self, data: &[u8]) {
+    /// Queues request body bytes (`last`: the body ends with them); they go out as the
+    /// windows allow.
+    pub fn push_body(&mut self, data: &[u8], last: bool) {
         if self.s.end_sent {
             return;
         }
         self.s.body.extend_from_slice(data);
+        self.s.body_end |= last;
         self.pump();
     }
 
@@ -291,6 +293,9 @@ impl Conn {
         self.raw.drain(..pos);
         if res.is_err() {
             self.broken = true;
+        } else {
+            // A window update or new settings may let more of the body go.
+            self.pump();
         }
         res
     }
@@ -694,8 +699,7 @@ Content-Type: application/grpc\r\nTransfer-Encoding: chunked\r\n\r\n";
         let mut s = Vec::new();
         h2frame::push_settings(&mut s, &[(INITIAL_WINDOW_SIZE, 2)]);
         response(&mut c, &s).unwrap();
-        c.push_body(b"Hello");
-        c.end_body();
+        c.push_body(b"Hello", true);
         let f = frames(&c.out);
         assert_eq!(f[0].0, h2frame::kind::SETTINGS);
         assert_eq!(f[0].1, h2frame::flag::ACK);
@@ -709,7 +713,7 @@ Content-Type: application/grpc\r\nTransfer-Encoding: chunked\r\n\r\n";
         let mut w = Vec::new();
         h2frame::push_window_update(&mut w, 1, 3);
         response(&mut c, &w).unwrap();
-        c.push_body(b"");
+        c.push_body(b"", false);
         let f = frames(&c.out);
         assert_eq!(
             (f[0].0, f[0].1, &f[0].3[..]),

@@ -159,7 +159,7 @@ const NGINX_MODULES: &str = "--with-http_ssl_module --with-http_v2_module \
 --with-http_geoip_module --with-stream_geoip_module --with-http_dav_module \
 --with-http_random_index_module \
 --without-http_browser_module \
---without-http_grpc_module --without-http_tunnel_module \
+--without-http_tunnel_module \
 --without-http_upstream_sticky --without-http_upstream_least_time_module \
 --without-stream_pass_module --without-stream_upstream_least_time_module";
 

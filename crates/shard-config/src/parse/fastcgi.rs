@@ -70,6 +70,16 @@ impl Default for FastcgiEff {
 }
 
 impl FastcgiEff {
+    /// `grpc_*`'s defaults: nginx's grpc module neither buffers the request body nor the
+    /// response (streams go both ways as they come).
+    pub(super) fn grpc() -> Self {
+        let mut e = FastcgiEff::for_wire(Wire::Grpc);
+        e.up.buffering = false;
+        e.up.request_buffering = false;
+        e.up.http_version_minor = 1;
+        e
+    }
+
     /// The defaults of `scgi_*` or `uwsgi_*`: FastCGI's, with their wire format.
     pub(super) fn for_wire(wire: Wire) -> Self {
         let mut e = FastcgiEff::default();
@@ -114,6 +124,7 @@ pub(super) fn location_fastcgi_pass(_: &Env, loc: &mut LocP, d: &Directive, file
         "scgi_pass" => Wire::Scgi,
         "uwsgi_pass" => Wire::Uwsgi,
         "memcached_pass" => Wire::Memcached,
+        "grpc_pass" => Wire::Grpc,
         _ => Wire::Fastcgi,
     };
     let mut a = a0(d);
@@ -121,6 +132,14 @@ pub(super) fn location_fastcgi_pass(_: &Env, loc: &mut LocP, d: &Directive, file
         return Err(dup(d, file));
     }
     let mut tls = false;
+    if wire == Wire::Grpc {
+        if a.len() >= 8 && a[..8].eq_ignore_ascii_case("grpcs://") {
+            a = &a[8..];
+            tls = true;
+        } else if a.len() >= 7 && a[..7].eq_ignore_ascii_case("grpc://") {
+            a = &a[7..];
+        }
+    }
     if wire == Wire::Uwsgi {
         if a.len() >= 9 && a[..9].eq_ignore_ascii_case("suwsgi://") {
             a = &a[9..];

@@ -238,6 +238,8 @@ pub(super) struct Settings {
     pub(super) scgi: FastcgiP,
     pub(super) uwsgi: FastcgiP,
     pub(super) memcached: FastcgiP,
+    /// `grpc_*`: the proxy's knobs under gRPC's names.
+    pub(super) grpc: FastcgiP,
     /// `resolver` (with `resolver_timeout` unset in the struct) and `resolver_timeout`.
     pub(super) resolver: Option<ResolverConf>,
     pub(super) resolver_timeout_ms: Option<u64>,
@@ -702,6 +704,7 @@ pub(super) struct Eff {
     pub(super) scgi: FastcgiEff,
     pub(super) uwsgi: FastcgiEff,
     pub(super) memcached: FastcgiEff,
+    pub(super) grpc: FastcgiEff,
     pub(super) resolver: Option<ResolverConf>,
     pub(super) resolver_timeout_ms: u64,
     pub(super) add_headers: Vec<AddHeader>,
@@ -821,6 +824,7 @@ impl Eff {
             scgi: FastcgiEff::for_wire(Wire::Scgi),
             uwsgi: FastcgiEff::for_wire(Wire::Uwsgi),
             memcached: FastcgiEff::for_wire(Wire::Memcached),
+            grpc: FastcgiEff::grpc(),
             resolver: None,
             resolver_timeout_ms: 30_000,
             add_headers: Vec::new(),
@@ -1000,6 +1004,7 @@ impl Eff {
             scgi: s.scgi.merge(&self.scgi),
             uwsgi: s.uwsgi.merge(&self.uwsgi),
             memcached: s.memcached.merge(&self.memcached),
+            grpc: s.grpc.merge(&self.grpc),
             resolver: s.resolver.clone().or_else(|| self.resolver.clone()),
             resolver_timeout_ms: s.resolver_timeout_ms.unwrap_or(self.resolver_timeout_ms),
             add_headers: s
@@ -1292,6 +1297,7 @@ impl Eff {
             proxy_pass: None,
             proxy: with_default_headers(self.proxy.clone()),
             fastcgi: None,
+            grpc: false,
             gateway: None,
             limit_except: None,
             satisfy_any: self.satisfy_any,
@@ -1664,10 +1670,16 @@ pub(super) fn flatten(
             Wire::Scgi => &eff.scgi,
             Wire::Uwsgi => &eff.uwsgi,
             Wire::Memcached => &eff.memcached,
+            Wire::Grpc => &eff.grpc,
         };
         conf.proxy = g.up.clone();
         let gw = Some(Arc::new(g.conf.clone()));
-        if *wire == Wire::Fastcgi {
+        if *wire == Wire::Grpc {
+            // gRPC is the proxy's request and response, over HTTP/2: `Host` becomes
+            // `:authority` (`$proxy_host` unless `grpc_set_header Host` says otherwise).
+            conf.proxy = with_default_headers(conf.proxy);
+            conf.grpc = true;
+        } else if *wire == Wire::Fastcgi {
             conf.fastcgi = gw;
         } else {
             conf.gateway = gw;
@@ -4029,6 +4041,8 @@ fn upstream_knobs<'s>(s: &'s mut Settings, name: &str) -> &'s mut ProxyP {
         &mut s.uwsgi.up
     } else if name.starts_with("memcached_") {
         &mut s.memcached.up
+    } else if name.starts_with("grpc_") {
+        &mut s.grpc.up
     } else {
         &mut s.proxy
     }
@@ -4490,6 +4504,28 @@ pub(super) fn set_uwsgi_ssl(env: &Env, s: &mut Settings, d: &Directive, file: &s
         variable(d, file, name)
     })
     .map_err(|mut e| {
+        e.message = e.message.replace(&twin.name, &d.name);
+        e
+    })
+}
+
+/// A `grpc_*` directive: its `proxy_*` twin's handler, run on the `grpc_*` settings
+/// (nginx's grpc module has the proxy's knobs under its own names); messages name the
+/// directive as written.
+pub(super) fn set_grpc(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let mut twin = d.clone();
+    twin.name = d.name.replacen("grpc_", "proxy_", 1);
+    let Some(Set::Settings(set)) = super::table::TABLE
+        .iter()
+        .find(|x| x.name == twin.name && x.ctx & table::HSL == table::HSL)
+        .map(|x| x.set)
+    else {
+        return Err(derr(d, file, format!("unknown directive \"{}\"", d.name)));
+    };
+    std::mem::swap(&mut s.proxy, &mut s.grpc.up);
+    let res = set(env, s, &twin, file);
+    std::mem::swap(&mut s.proxy, &mut s.grpc.up);
+    res.map_err(|mut e| {
         e.message = e.message.replace(&twin.name, &d.name);
         e
     })

@@ -158,6 +158,38 @@ const UWSGI_SSL_SUFFIXES: &[&str] = &[
     "conf_command",
 ];
 
+/// `grpc_*` besides `grpc_pass`, by the name after `grpc_` (nginx's list): each is its
+/// `proxy_*` namesake on the `grpc_*` settings.
+const GRPC_SUFFIXES: &[&str] = &[
+    "bind",
+    "socket_keepalive",
+    "connect_timeout",
+    "send_timeout",
+    "intercept_errors",
+    "buffer_size",
+    "read_timeout",
+    "next_upstream",
+    "next_upstream_tries",
+    "next_upstream_timeout",
+    "set_header",
+    "pass_header",
+    "hide_header",
+    "ignore_headers",
+    "ssl_session_reuse",
+    "ssl_protocols",
+    "ssl_ciphers",
+    "ssl_name",
+    "ssl_server_name",
+    "ssl_verify",
+    "ssl_verify_depth",
+    "ssl_trusted_certificate",
+    "ssl_crl",
+    "ssl_certificate",
+    "ssl_certificate_key",
+    "ssl_password_file",
+    "ssl_conf_command",
+];
+
 /// The `scgi_*` and `uwsgi_*` rows made from their `fastcgi_*` namesakes.
 fn gateway_rows() -> Vec<Spec> {
     let mut rows = Vec::new();
@@ -180,6 +212,25 @@ fn gateway_rows() -> Vec<Spec> {
         for s in BASE.iter().filter(|s| s.name == fcgi) {
             let name: &'static str = Box::leak(format!("memcached_{suffix}").into_boxed_str());
             rows.push(Spec { name, ..*s });
+        }
+    }
+    // `ngx_http_grpc_module`: `grpc_pass` as `fastcgi_pass` (its wire format), the rest
+    // the http proxy's namesakes (`set_grpc`).
+    for s in BASE.iter().filter(|s| s.name == "fastcgi_pass") {
+        rows.push(Spec {
+            name: "grpc_pass",
+            ..*s
+        });
+    }
+    for suffix in GRPC_SUFFIXES {
+        let twin = format!("proxy_{suffix}");
+        for s in BASE.iter().filter(|s| s.name == twin && s.ctx & HSL == HSL) {
+            let name: &'static str = Box::leak(format!("grpc_{suffix}").into_boxed_str());
+            let set = match s.set {
+                Set::Settings(_) => Set::Settings(set_grpc),
+                other => other,
+            };
+            rows.push(Spec { name, set, ..*s });
         }
     }
     // uwsgi over TLS (`suwsgi://`): `uwsgi_ssl_*` as the http proxy's `proxy_ssl_*`.
@@ -2627,29 +2678,6 @@ pub(super) static NGINX_ONLY: &[&str] = &[
     "geoip_org",
     "geoip_proxy",
     "geoip_proxy_recursive",
-    "grpc_bind",
-    "grpc_buffer_size",
-    "grpc_connect_timeout",
-    "grpc_hide_header",
-    "grpc_ignore_headers",
-    "grpc_intercept_errors",
-    "grpc_next_upstream",
-    "grpc_next_upstream_timeout",
-    "grpc_next_upstream_tries",
-    "grpc_pass",
-    "grpc_pass_header",
-    "grpc_read_timeout",
-    "grpc_send_timeout",
-    "grpc_set_header",
-    "grpc_socket_keepalive",
-    "grpc_ssl_certificate",
-    "grpc_ssl_certificate_key",
-    "grpc_ssl_ciphers",
-    "grpc_ssl_name",
-    "grpc_ssl_protocols",
-    "grpc_ssl_server_name",
-    "grpc_ssl_trusted_certificate",
-    "grpc_ssl_verify",
     "gunzip",
     "gunzip_buffers",
     "gzip",

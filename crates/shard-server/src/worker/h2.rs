@@ -324,7 +324,8 @@ pub(super) fn request_head(
     let mut cookies = 0;
     let mut bad = false;
     for &(n, v) in fields {
-        if n.first() == Some(&b':') || n == b"te" {
+        // `te: trailers` (the only TE HTTP/2 allows) stays: `grpc_pass` passes it on.
+        if n.first() == Some(&b':') {
             continue;
         }
         // nginx's `ngx_http_v2_validate_header`: a name with an uppercase letter, a control

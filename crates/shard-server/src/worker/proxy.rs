@@ -57,6 +57,8 @@ const FCGI_RECORD_BYTES: usize = 32 * 1024;
 const FCGI_TAIL_READS: usize = 4;
 /// FastCGI's `STDIN` record type.
 const STDIN_RECORD: u8 = 5;
+/// The most bytes of a gRPC response's trailers passed on (as HTTP/2 sends them).
+const GRPC_TRAILERS_MAX: usize = 16 * 1024;
 /// `sendfile` calls of a request body per turn of its connection.
 const SENDFILE_CHUNKS_MAX: usize = 16;
 
@@ -90,6 +92,8 @@ pub(super) struct UpConn {
     /// plain TCP): a pooled connection serves only passes with the same one, so a location
     /// that verifies never reuses a connection that was not verified.
     tls_config: usize,
+    /// `grpc_pass`: the connection speaks HTTP/2, its state kept while pooled.
+    grpc: Option<Box<shard_http::grpc::Conn>>,
 }
 
 impl UpConn {
@@ -173,6 +177,8 @@ impl UpConn {
 
 #[path = "cache.rs"]
 mod cache;
+#[path = "grpc.rs"]
+mod grpc;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {
@@ -314,6 +320,10 @@ pub(super) struct Proxy {
     /// One range of the body goes to the client: `[start, end)` of it, and how much of the
     /// body went by (`cache.rs`'s range on a live answer).
     window: Option<(u64, u64, u64)>,
+    /// `grpc_pass`: the request goes as an HTTP/2 stream (the connection's
+    /// `shard_http::grpc::Conn`), and whether this attempt's stream was begun.
+    grpc: bool,
+    grpc_begun: bool,
 }
 
 /// A FastCGI attempt's wire state: the records read and not yet decoded, the application's
@@ -430,6 +440,8 @@ impl Proxy {
             dav: false,
             background: false,
             window: None,
+            grpc: false,
+            grpc_begun: false,
         }
     }
 
@@ -996,6 +1008,7 @@ impl<'a> Worker<'a> {
         let mut p = Box::new(Proxy::new(server, location, req, head, keep_alive, n_peers));
         // The response buffers come from the worker's pool (given back by `give_proxy_bufs`).
         p.rbuf = self.take_buf(READ_MIN_BYTES);
+        p.grpc = loc.grpc;
         if loc.fastcgi.is_some() {
             p.fcgi = Some(Box::new(Fcgi {
                 raw: self.take_buf(READ_MIN_BYTES),
@@ -1383,7 +1396,10 @@ impl<'a> Worker<'a> {
                 };
                 let pooled = self.take_pooled(upstream, peer);
                 let pooled = match pooled {
-                    Some(u) if self.upconns[u].tls_config != want => {
+                    Some(u)
+                        if self.upconns[u].tls_config != want
+                            || self.upconns[u].grpc.is_some() != p.grpc =>
+                    {
                         self.close_upconn(u);
                         None
                     }
@@ -1397,6 +1413,7 @@ impl<'a> Worker<'a> {
                     p.up = Some(u);
                     p.reused = true;
                     p.upreq_pos = 0;
+                    p.grpc_begun = false;
                     p.file_pos = 0;
                     if let Some(f) = p.fcgi.as_mut() {
                         f.restart();
@@ -1410,6 +1427,7 @@ impl<'a> Worker<'a> {
         };
         p.reused = false;
         p.upreq_pos = 0;
+        p.grpc_begun = false;
         p.file_pos = 0;
         if let Some(f) = p.fcgi.as_mut() {
             f.restart();
@@ -1491,6 +1509,7 @@ impl<'a> Worker<'a> {
             tls: None,
             fin_pending: false,
             tls_config: 0,
+            grpc: p.grpc.then(|| Box::new(shard_http::grpc::Conn::new())),
         });
         let token = Token::Upstream {
             key: u,
@@ -1874,6 +1893,9 @@ impl<'a> Worker<'a> {
             p.state = State::Connect;
             return Flow::Next;
         };
+        if p.grpc {
+            return self.grpc_begin(p);
+        }
         let uc = &mut self.upconns[u];
         let before = p.upreq_pos;
         let written = uc.write_from(&p.upreq, &mut p.upreq_pos);
@@ -2059,6 +2081,9 @@ impl<'a> Worker<'a> {
     /// upstream does not take what waits, and nothing is written while the client sends
     /// nothing. An upstream that answers before the body is all sent is read at once.
     fn stream_body(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        if p.grpc {
+            return self.grpc_exchange(key, p);
+        }
         let loc = self.proxy_location(p);
         let bound = loc.body.buffer_size.max(1);
         let Some(u) = p.up else {
@@ -2254,6 +2279,10 @@ impl<'a> Worker<'a> {
     fn read_upstream(&mut self, p: &mut Proxy, room: usize) -> std::io::Result<Option<usize>> {
         if let Some(c) = p.cache.as_mut().filter(|c| c.serving) {
             return Self::cache_read(c, &mut p.rbuf, room);
+        }
+        if p.grpc {
+            let head_max = self.proxy_location(p).proxy.buffer_size;
+            return self.grpc_read(p, head_max);
         }
         let Some(mut f) = p.fcgi.take() else {
             let read = self.read_upstream_into(p.up, &mut p.rbuf, room);
@@ -2919,7 +2948,14 @@ impl<'a> Worker<'a> {
         p.upbody = match head.framing {
             Framing::None => UpBody::None,
             Framing::Length(n) => UpBody::Length(n),
-            Framing::Chunked => UpBody::Chunked(ChunkedDecoder::new()),
+            Framing::Chunked => {
+                let mut dec = ChunkedDecoder::new();
+                if p.grpc {
+                    // gRPC's status is in the trailers: they go on (nginx's `pass_trailers`).
+                    dec.keep_trailers(GRPC_TRAILERS_MAX);
+                }
+                UpBody::Chunked(dec)
+            }
             Framing::Close => UpBody::Close,
         };
         p.upstream_reusable = head.reusable;
@@ -3214,19 +3250,38 @@ impl<'a> Worker<'a> {
     /// The last chunk of a chunked response to the client, with `add_trailer`'s fields
     /// rendered now (`$upstream_response_length` and the clock at the end).
     fn proxy_last_chunk(&self, key: usize, p: &Proxy) -> Vec<u8> {
-        if !p.trailers {
+        let passed = match &p.upbody {
+            UpBody::Chunked(dec) if p.grpc => dec.trailers_kept(),
+            _ => &[],
+        };
+        if !p.trailers && passed.is_empty() {
             return shard_http::proxy::LAST_CHUNK.to_vec();
         }
         let loc = self.proxy_location(p);
-        self.last_chunk(
-            key,
-            &p.req,
-            &p.head,
-            loc,
-            p.status,
-            p.body_sent,
-            &p.attempts,
-        )
+        let mut out = if p.trailers {
+            self.last_chunk(
+                key,
+                &p.req,
+                &p.head,
+                loc,
+                p.status,
+                p.body_sent,
+                &p.attempts,
+            )
+        } else {
+            shard_http::proxy::LAST_CHUNK.to_vec()
+        };
+        // The upstream's trailers (`grpc_pass`) before the blank line that ends them all.
+        out.truncate(out.len() - 2);
+        for line in passed.split(|&b| b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if !line.is_empty() {
+                out.extend_from_slice(line);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+        out.extend_from_slice(b"\r\n");
+        out
     }
 
     /// [`Worker::pass_body`] without the last chunk.
@@ -3336,6 +3391,16 @@ impl<'a> Worker<'a> {
             p.upstream_reusable &= f.decoder.is_done() && f.raw.is_empty() && sink.is_empty();
             p.fcgi = Some(f);
             let _ = self.fcgi_stderr(key, &mut p, false);
+        }
+        if p.grpc {
+            // Kept only with the stream ended both ways and every answer (a SETTINGS ack
+            // read with the response) written.
+            let flushed = p.up.is_some_and(|u| matches!(self.grpc_flush(u), Ok(true)));
+            p.upstream_reusable = flushed
+                && p
+                    .up
+                    .and_then(|u| self.upconns[u].grpc.as_ref())
+                    .is_some_and(|g| g.reusable());
         }
         self.cache_commit(&mut p);
         if let Some(f) = p.store.take() {
