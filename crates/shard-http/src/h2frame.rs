@@ -148,7 +148,15 @@ impl Reader {
             (usize::from(input[0]) << 16) | (usize::from(input[1]) << 8) | usize::from(input[2]);
         let (ty, flags) = (input[3], input[4]);
         let stream = u32::from_be_bytes([input[5], input[6], input[7], input[8]]) & 0x7fff_ffff;
-        if len > self.max_frame {
+        // A header block frame may be as large as a header block may be (nginx announces
+        // 16 MiB frames and takes them; a peer that ignores our SETTINGS sends its head in
+        // one frame): bounded all the same, by `max_block`.
+        let limit = if ty == kind::HEADERS || ty == kind::CONTINUATION {
+            self.max_frame.max(self.max_block)
+        } else {
+            self.max_frame
+        };
+        if len > limit {
             return Err(ConnError(code::FRAME_SIZE_ERROR));
         }
         // A client may never push: refused on its header, before its payload (as nginx).
