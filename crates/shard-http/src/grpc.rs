@@ -24,7 +24,7 @@ const MAX_WINDOW: i64 = (1 << 31) - 1;
 /// What we received is given back once this much of our (largest) window is used.
 const WINDOW_REFILL: u64 = 1 << 30;
 /// The most bytes of one upstream header block (HEADERS and CONTINUATIONs, encoded).
-const BLOCK_MAX: usize = 64 * 1024;
+const BLOCK_MAX: usize = 256 * 1024;
 /// The highest stream id a connection uses before it is no longer kept.
 const STREAM_ID_MAX: u32 = (1 << 31) - 2;
 
@@ -457,7 +457,7 @@ impl Conn {
                         }
                         return;
                     }
-                    if n.first() == Some(&b':') {
+                    if !valid_field(n, v) {
                         bad = Some("upstream sent invalid header");
                         return;
                     }
@@ -466,10 +466,6 @@ impl Conn {
                         return;
                     }
                     if n == b"connection" || n == b"transfer-encoding" {
-                        return;
-                    }
-                    if v.iter().any(|&b| b == b'\r' || b == b'\n' || b == 0) {
-                        bad = Some("upstream sent invalid header");
                         return;
                     }
                     http.extend_from_slice(n);
@@ -529,9 +525,7 @@ impl Conn {
                 http.truncate(http.len() - 2);
                 let mut bad = false;
                 let res = self.decoder.decode(block, head_max, |n, v| {
-                    if n.first() == Some(&b':')
-                        || v.iter().any(|&b| b == b'\r' || b == b'\n' || b == 0)
-                    {
+                    if !valid_field(n, v) {
                         bad = true;
                         return;
                     }
@@ -592,6 +586,17 @@ impl Conn {
         self.s.phase = Phase::Done;
         Ok(())
     }
+}
+
+/// nginx's checks of an upstream's field (`ngx_http_grpc_validate_header_name` and
+/// `_value`): a name of lowercase characters without controls, spaces or colons, a value
+/// without NUL, CR or LF.
+fn valid_field(name: &[u8], value: &[u8]) -> bool {
+    !name.is_empty()
+        && name
+            .iter()
+            .all(|&b| b > 0x20 && b != 0x7f && b != b':' && !b.is_ascii_uppercase())
+        && !value.iter().any(|&b| b == b'\r' || b == b'\n' || b == 0)
 }
 
 fn push_u64(out: &mut Vec<u8>, n: u64) {

@@ -111,6 +111,10 @@ pub struct Reader {
     /// The most bytes of a header block (HEADERS and its CONTINUATIONs, encoded) before the
     /// connection is ended with ENHANCE_YOUR_CALM.
     pub max_block: usize,
+    /// The largest DATA frame taken: `max_frame` unless set (a peer may ignore our
+    /// SETTINGS_MAX_FRAME_SIZE, as nginx's tests do; a frame within the stream's window
+    /// costs no more than the window already allows).
+    pub max_data: usize,
     /// A header block still waiting for its END_HEADERS: its stream, END_STREAM, and the
     /// fragments so far.
     pending: Option<(u32, bool, Vec<u8>)>,
@@ -123,6 +127,7 @@ impl Reader {
         Reader {
             max_frame,
             max_block,
+            max_data: max_frame,
             pending: None,
             joined: Vec::new(),
         }
@@ -151,10 +156,10 @@ impl Reader {
         // A header block frame may be as large as a header block may be (nginx announces
         // 16 MiB frames and takes them; a peer that ignores our SETTINGS sends its head in
         // one frame): bounded all the same, by `max_block`.
-        let limit = if ty == kind::HEADERS || ty == kind::CONTINUATION {
-            self.max_frame.max(self.max_block)
-        } else {
-            self.max_frame
+        let limit = match ty {
+            kind::HEADERS | kind::CONTINUATION => self.max_frame.max(self.max_block),
+            kind::DATA => self.max_frame.max(self.max_data),
+            _ => self.max_frame,
         };
         if len > limit {
             return Err(ConnError(code::FRAME_SIZE_ERROR));

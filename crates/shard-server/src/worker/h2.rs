@@ -38,7 +38,7 @@ const SESSION_OUT_MAX: usize = 256 * 1024;
 /// given back (the client cannot send more meanwhile).
 const STREAM_INPUT_MAX: usize = 64 * 1024;
 /// A response head longer than this, from our own phases or an upstream, fails its stream.
-const RESPONSE_HEAD_MAX: usize = 64 * 1024;
+const RESPONSE_HEAD_MAX: usize = 256 * 1024;
 /// Streams the client resets within [`RESET_WINDOW_MS`] before the session is ended with
 /// `ENHANCE_YOUR_CALM` (rapid reset, CVE-2023-44487), as a multiple of
 /// `http2_max_concurrent_streams`.
@@ -690,7 +690,11 @@ impl Worker<'_> {
             key,
             input,
             preface_read: false,
-            reader: Reader::new(h2frame::DEFAULT_MAX_FRAME, max_list),
+            reader: {
+                let mut r = Reader::new(h2frame::DEFAULT_MAX_FRAME, max_list);
+                r.max_data = our_window as usize;
+                r
+            },
             decoder: {
                 let mut d = hpack::Decoder::new(4096);
                 d.set_max_field(limits.1);
