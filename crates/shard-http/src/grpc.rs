@@ -82,6 +82,9 @@ struct Stream {
     received: u64,
     /// DATA bytes received on the stream and not given back yet.
     unacked: u64,
+    /// A RST_STREAM NO_ERROR came after the whole response (the rest of the body is not
+    /// wanted); another is an error, as nginx ("frame for closed stream").
+    reset: bool,
 }
 
 /// One HTTP/2 connection to a gRPC upstream.
@@ -135,12 +138,14 @@ impl Conn {
 
     /// Starts a stream for the HTTP/1.1 request `head` (request line and header lines, as
     /// the proxy wrote them): `:method`, `:scheme` (`https` for `grpcs://`), `:path`,
-    /// `:authority` from `Host`, the other fields but the connection's own, and
-    /// `te: trailers` when the client asked for trailers. `end_stream`: the request has no
-    /// body. Fails on a head that is not a request.
+    /// `:authority` (`authority` unless the head has a `Host`, which then goes as a `host`
+    /// field, as nginx), the other fields but the connection's own, and `te: trailers` when
+    /// the client asked for trailers. `end_stream`: the request has no body. Fails on a
+    /// head that is not a request.
     pub fn begin(
         &mut self,
         head: &[u8],
+        authority: &[u8],
         https: bool,
         te_trailers: bool,
         end_stream: bool,
@@ -162,6 +167,7 @@ impl Conn {
         );
         e.field(b":path", path, &mut block);
         let mut rest = Vec::new();
+        let mut host = false;
         let mut name = Vec::new();
         for line in lines {
             if line.is_empty() {
@@ -174,11 +180,17 @@ impl Conn {
             name.extend(line[..colon].iter().map(u8::to_ascii_lowercase));
             let value = crate::proxy::trim_ows(&line[colon + 1..]);
             match &name[..] {
-                b"host" => e.field(b":authority", value, &mut block),
+                b"host" => {
+                    host = true;
+                    e.field(b"host", value, &mut rest);
+                }
                 b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding"
                 | b"upgrade" | b"te" | b"expect" => {}
                 _ => e.field(&name, value, &mut rest),
             }
+        }
+        if !host {
+            e.field(b":authority", authority, &mut block);
         }
         block.extend_from_slice(&rest);
         if te_trailers {
@@ -390,11 +402,14 @@ impl Conn {
                     }
                 }
                 Frame::RstStream { stream, code } if mine(stream) => {
-                    if self.s.phase == Phase::Done {
+                    if self.s.phase == Phase::Done && code == code::NO_ERROR && !self.s.reset {
                         // After a whole response: the rest of the body is not wanted.
+                        self.s.reset = true;
                         self.s.body.clear();
                         self.s.end_sent = true;
                         Ok(())
+                    } else if self.s.reset {
+                        Err(proto("upstream sent frame for closed stream"))
                     } else {
                         Err(Error::Reset(code))
                     }
@@ -673,13 +688,13 @@ mod tests {
         b
     }
 
-    const REQ: &[u8] = b"POST /SayHello HTTP/1.1\r\nHost: 127.0.0.1:8081\r\nConnection: close\r\n\
+    const REQ: &[u8] = b"POST /SayHello HTTP/1.1\r\nConnection: close\r\n\
 Content-Type: application/grpc\r\nTransfer-Encoding: chunked\r\n\r\n";
 
     #[test]
     fn a_request_is_the_preface_then_headers_then_data_as_the_window_allows() {
         let mut c = Conn::new();
-        c.begin(REQ, false, true, false).unwrap();
+        c.begin(REQ, b"127.0.0.1:8081", false, true, false).unwrap();
         assert!(c.out.starts_with(h2frame::PREFACE));
         let f = frames(&c.out);
         assert_eq!(f[0].0, h2frame::kind::SETTINGS);
@@ -730,7 +745,8 @@ Content-Type: application/grpc\r\nTransfer-Encoding: chunked\r\n\r\n";
     #[test]
     fn a_response_becomes_http11_chunks_with_trailers_and_the_connection_is_kept() {
         let mut c = Conn::new();
-        c.begin(REQ, false, false, false).unwrap();
+        c.begin(REQ, b"127.0.0.1:8081", false, false, false)
+            .unwrap();
         c.end_body();
         let f = frames(&c.out);
         assert_eq!(f.last().unwrap().1, h2frame::flag::END_STREAM);
@@ -749,7 +765,7 @@ Content-Type: application/grpc\r\nTransfer-Encoding: chunked\r\n\r\n";
         assert!(c.response_done() && c.reusable());
         // The next stream on the same connection: id 3, no preface.
         c.out.clear();
-        c.begin(REQ, false, false, true).unwrap();
+        c.begin(REQ, b"127.0.0.1:8081", false, false, true).unwrap();
         let f = frames(&c.out);
         assert_eq!((f[0].0, f[0].1, f[0].2), (h2frame::kind::HEADERS, 5, 3));
     }
@@ -757,7 +773,7 @@ Content-Type: application/grpc\r\nTransfer-Encoding: chunked\r\n\r\n";
     #[test]
     fn a_trailers_only_answer_has_no_body() {
         let mut c = Conn::new();
-        c.begin(REQ, false, false, true).unwrap();
+        c.begin(REQ, b"127.0.0.1:8081", false, false, true).unwrap();
         let mut up = Vec::new();
         let head = head_block(&[(":status", "200"), ("grpc-status", "12")]);
         h2frame::push_headers(&mut up, 1, &head, true, 16384);
@@ -772,7 +788,7 @@ Content-Type: application/grpc\r\nTransfer-Encoding: chunked\r\n\r\n";
     #[test]
     fn resets_goaways_and_wrong_lengths_fail_the_stream() {
         let mut c = Conn::new();
-        c.begin(REQ, false, false, true).unwrap();
+        c.begin(REQ, b"127.0.0.1:8081", false, false, true).unwrap();
         let mut up = Vec::new();
         h2frame::push_rst_stream(&mut up, 1, code::REFUSED_STREAM);
         assert_eq!(
@@ -782,14 +798,14 @@ Content-Type: application/grpc\r\nTransfer-Encoding: chunked\r\n\r\n";
         assert!(!c.reusable());
 
         let mut c = Conn::new();
-        c.begin(REQ, false, false, true).unwrap();
+        c.begin(REQ, b"127.0.0.1:8081", false, false, true).unwrap();
         let mut up = Vec::new();
         h2frame::push_goaway(&mut up, 0, 5);
         assert_eq!(response(&mut c, &up), Err(Error::GoAway(5)));
 
         // A GOAWAY that lets the stream finish: answered, not kept.
         let mut c = Conn::new();
-        c.begin(REQ, false, false, true).unwrap();
+        c.begin(REQ, b"127.0.0.1:8081", false, false, true).unwrap();
         let mut up = Vec::new();
         h2frame::push_goaway(&mut up, 1, 0);
         let head = head_block(&[(":status", "200")]);
@@ -799,7 +815,7 @@ Content-Type: application/grpc\r\nTransfer-Encoding: chunked\r\n\r\n";
 
         for cl in ["42", "8"] {
             let mut c = Conn::new();
-            c.begin(REQ, false, false, true).unwrap();
+            c.begin(REQ, b"127.0.0.1:8081", false, false, true).unwrap();
             let mut up = Vec::new();
             let head = head_block(&[(":status", "200"), ("content-length", cl)]);
             h2frame::push_headers(&mut up, 1, &head, false, 16384);
@@ -814,7 +830,7 @@ Content-Type: application/grpc\r\nTransfer-Encoding: chunked\r\n\r\n";
     #[test]
     fn pings_are_answered_and_interim_heads_skipped() {
         let mut c = Conn::new();
-        c.begin(REQ, false, false, true).unwrap();
+        c.begin(REQ, b"127.0.0.1:8081", false, false, true).unwrap();
         c.out.clear();
         let mut up = Vec::new();
         up.extend_from_slice(&[0, 0, 8, h2frame::kind::PING, 0, 0, 0, 0, 0]);

@@ -403,6 +403,7 @@ pub(crate) mod tests {
             proxy_pass: None,
             proxy: Default::default(),
             fastcgi: None,
+            grpc: false,
             gateway: None,
             resolver: None,
         }

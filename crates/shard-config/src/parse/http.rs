@@ -1675,9 +1675,9 @@ pub(super) fn flatten(
         conf.proxy = g.up.clone();
         let gw = Some(Arc::new(g.conf.clone()));
         if *wire == Wire::Grpc {
-            // gRPC is the proxy's request and response, over HTTP/2: `Host` becomes
-            // `:authority` (`$proxy_host` unless `grpc_set_header Host` says otherwise).
-            conf.proxy = with_default_headers(conf.proxy);
+            // gRPC is the proxy's request and response, over HTTP/2: without a
+            // `grpc_set_header Host`, `:authority` is the upstream's host (`$proxy_host`);
+            // with one, a `host` field instead (as nginx).
             conf.grpc = true;
         } else if *wire == Wire::Fastcgi {
             conf.fastcgi = gw;

@@ -42,15 +42,21 @@ impl Worker<'_> {
         };
         if !p.grpc_begun {
             p.grpc_begun = true;
-            let https = self.proxy_pass(p).is_some_and(|pass| pass.tls);
+            let Some(pass) = self.proxy_pass(p) else {
+                return Flow::Fail(500);
+            };
+            let (https, authority) = (pass.tls, pass.proxy_host.clone());
             let te = raw_header(&p.head, "te").is_some_and(shard_http::grpc::te_trailers);
-            let head_end = memchr::memmem::find(&p.upreq, b"\r\n\r\n").map_or(p.upreq.len(), |i| i + 4);
+            let head_end =
+                memchr::memmem::find(&p.upreq, b"\r\n\r\n").map_or(p.upreq.len(), |i| i + 4);
             let (head, body) = p.upreq.split_at(head_end);
             let no_body = !p.streaming && body.is_empty();
             let Some(g) = self.upconns[u].grpc.as_mut() else {
                 return Flow::Fail(500);
             };
-            if g.begin(head, https, te, no_body).is_err() {
+            if g.begin(head, authority.as_bytes(), https, te, no_body)
+                .is_err()
+            {
                 return Flow::Fail(500);
             }
             if !p.streaming && !no_body {

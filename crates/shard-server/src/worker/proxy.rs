@@ -3397,8 +3397,7 @@ impl<'a> Worker<'a> {
             // read with the response) written.
             let flushed = p.up.is_some_and(|u| matches!(self.grpc_flush(u), Ok(true)));
             p.upstream_reusable = flushed
-                && p
-                    .up
+                && p.up
                     .and_then(|u| self.upconns[u].grpc.as_ref())
                     .is_some_and(|g| g.reusable());
         }

@@ -80,6 +80,9 @@ impl Worker<'_> {
                 }
                 Instr::Set { name, value } if name == "args" => {
                     req.query = Some(self.render(key, req, head, loc, value));
+                    // As nginx's `$args` setter: the request line no longer says the URI,
+                    // so a `proxy_pass` without a URI sends the path and the new arguments.
+                    req.uri_changed = true;
                 }
                 Instr::Set { name, value } => {
                     let v = self.render(key, req, head, loc, value).into_bytes();
