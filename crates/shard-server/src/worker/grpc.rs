@@ -250,9 +250,7 @@ impl Worker<'_> {
         };
         self.upconns[u].grpc = Some(g);
         // Answers (acknowledgements, windows, body DATA the windows let go) leave now.
-        if let Err(e) = self.grpc_flush(u) {
-            return Err(e);
-        }
+        self.grpc_flush(u)?;
         res
     }
 }
