@@ -2320,6 +2320,8 @@ pub struct ProxySsl {
     pub password_file: Option<PathBuf>,
     /// `proxy_ssl_conf_command NAME VALUE`, in order (as `ssl_conf_command`).
     pub conf_commands: Vec<(String, String)>,
+    /// ALPN `h2` is offered (`grpc_pass grpcs://`, as nginx); not a directive.
+    pub alpn_h2: bool,
 }
 
 impl Default for ProxySsl {
@@ -2341,6 +2343,7 @@ impl Default for ProxySsl {
             certificate_vars: None,
             password_file: None,
             conf_commands: Vec::new(),
+            alpn_h2: false,
         }
     }
 }

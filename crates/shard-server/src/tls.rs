@@ -551,6 +551,9 @@ pub(crate) fn upstream_config(
         _ => builder.with_no_client_auth(),
     };
     config.enable_sni = ssl.server_name;
+    if ssl.alpn_h2 {
+        config.alpn_protocols = vec![b"h2".to_vec()];
+    }
     if !ssl.session_reuse {
         config.resumption = rustls::client::Resumption::disabled();
     }

@@ -481,6 +481,7 @@ impl ProxySslP {
                 .conf_commands
                 .clone()
                 .unwrap_or_else(|| p.conf_commands.clone()),
+            alpn_h2: p.alpn_h2,
         }
     }
 
@@ -1679,6 +1680,7 @@ pub(super) fn flatten(
             // `grpc_set_header Host`, `:authority` is the upstream's host (`$proxy_host`);
             // with one, a `host` field instead (as nginx).
             conf.grpc = true;
+            conf.proxy.ssl.alpn_h2 = true;
         } else if *wire == Wire::Fastcgi {
             conf.fastcgi = gw;
         } else {

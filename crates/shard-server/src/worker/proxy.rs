@@ -828,7 +828,7 @@ impl<'a> Worker<'a> {
             url.len() >= pre.len()
                 && url.as_bytes()[..pre.len()].eq_ignore_ascii_case(pre.as_bytes())
         };
-        let (tls, rest) = if starts("http://") {
+        let (mut tls, mut rest) = if starts("http://") {
             (false, &url[7..])
         } else if starts("https://") {
             (true, &url[8..])
@@ -836,6 +836,18 @@ impl<'a> Worker<'a> {
             self.log_proxy_error(key, p, &format!("invalid URL prefix in \"{url}\""), None);
             return Err(500);
         };
+        if p.grpc {
+            // `grpc_pass $var`: the value may name its scheme, as nginx's run-time parse.
+            let has = |pre: &str| {
+                rest.len() >= pre.len()
+                    && rest.as_bytes()[..pre.len()].eq_ignore_ascii_case(pre.as_bytes())
+            };
+            if has("grpcs://") {
+                (tls, rest) = (true, &rest[8..]);
+            } else if has("grpc://") {
+                rest = &rest[7..];
+            }
+        }
         if let Some(path) = rest.strip_prefix("unix:") {
             // `fastcgi_pass $socket` with `unix:/path`, or `proxy_pass http://$target` with
             // `unix:/path[:/uri]` (as nginx, the path ends at the first `:`).
@@ -3840,6 +3852,11 @@ impl<'a> Worker<'a> {
                 let s = if pass.tls { "s" } else { "" };
                 format!(", upstream: \"{s}{wire}://{a}{tail}\"")
             }
+            // nginx: `grpc://127.0.0.1:50051` (`grpcs://` over TLS), no URI.
+            (Some(a), Some(pass)) if p.grpc => {
+                let s = if pass.tls { "s" } else { "" };
+                format!(", upstream: \"grpc{s}://{a}\"")
+            }
             (Some(a), Some(pass)) => {
                 let uri = shard_http::proxy::upstream_uri(&p.req, self.proxy_location(p), &pass);
                 let scheme = if pass.tls { "https" } else { "http" };
@@ -4513,6 +4530,7 @@ mod tests {
                 tls: None,
                 fin_pending: false,
                 tls_config: 0,
+                grpc: None,
             };
             (uc, peer)
         }

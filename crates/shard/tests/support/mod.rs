@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod h2client;
 pub mod upstream;
 
 use std::io::{Read, Write};
