@@ -2420,7 +2420,7 @@ fn an_empty_index_name_is_refused_as_nginx_does() {
 #[test]
 fn every_error_in_one_run() {
     let e = parse_str(
-        "events {}\nhttp {\n lisen 80;\n server { listen 80; grpc_pass x; \
+        "events {}\nhttp {\n lisen 80;\n server { listen 80; xslt_stylesheet x; \
          keepalive_timeout x; }\n}\nworker_processes none;\n",
         "t.conf",
         Path::new("/nonexistent-conf"),
@@ -2433,7 +2433,7 @@ fn every_error_in_one_run() {
         all,
         [
             "unknown directive \"lisen\" in t.conf:3",
-            "\"grpc_pass\" is an nginx directive that shard does not support in t.conf:4",
+            "\"xslt_stylesheet\" is an nginx directive that shard does not support in t.conf:4",
             "invalid value \"x\" in \"keepalive_timeout\" directive in t.conf:4",
             "invalid value \"none\" in \"worker_processes\" directive in t.conf:6",
         ],
@@ -2461,9 +2461,9 @@ fn nginx_directives_shard_lacks_say_so() {
     assert!(parse::NGINX_ONLY_IS_SORTED());
     assert_eq!(
         error(&format!(
-            "{EV}http {{ server {{ location / {{ grpc_pass 127.0.0.1:9000; }} }} }}"
+            "{EV}http {{ server {{ location / {{ xslt_stylesheet a.xsl; }} }} }}"
         )),
-        "\"grpc_pass\" is an nginx directive that shard does not support in t.conf:2"
+        "\"xslt_stylesheet\" is an nginx directive that shard does not support in t.conf:2"
     );
     assert_eq!(
         error(&format!("{EV}http {{ sever {{ }} }}")),

@@ -244,7 +244,7 @@ fn quiet_test_prints_only_errors_and_capital_v_prints_build_information() {
 #[test]
 fn test_flag_lists_every_error_and_warns_about_tuning_directives() {
     let conf = "events {}\nhttp {\n    tcp_nopush on;\n    server {\n        lisen 80;\n        \
-                location / { grpc_pass 127.0.0.1:9000; }\n    }\n}\n";
+                location / { xslt_stylesheet a.xsl; }\n    }\n}\n";
     let (code, err) = with_conf("allerrs", conf, &["-t"]);
     assert_eq!(code, 1, "{err}");
     let emerg: Vec<&str> = err.lines().filter(|l| l.contains("[emerg]")).collect();
@@ -254,7 +254,8 @@ fn test_flag_lists_every_error_and_warns_about_tuning_directives() {
         "{err}"
     );
     assert!(
-        emerg[1].contains("\"grpc_pass\" is an nginx directive that shard does not support in /"),
+        emerg[1]
+            .contains("\"xslt_stylesheet\" is an nginx directive that shard does not support in /"),
         "{err}"
     );
     // Fixed, the configuration passes with one warning per tuning directive.

@@ -50,7 +50,10 @@ impl Worker<'_> {
             let head_end =
                 memchr::memmem::find(&p.upreq, b"\r\n\r\n").map_or(p.upreq.len(), |i| i + 4);
             let (head, body) = p.upreq.split_at(head_end);
-            let no_body = !p.streaming && body.is_empty();
+            // A body read before (an `error_page` to a `grpc_pass` location after the proxy
+            // read it) may be in a file: it goes from there as the windows open.
+            let in_file = p.body.file().map_or(0, |(_, len)| len);
+            let no_body = !p.streaming && body.is_empty() && in_file == 0;
             let Some(g) = self.upconns[u].grpc.as_mut() else {
                 return Flow::Fail(500);
             };
@@ -59,9 +62,10 @@ impl Worker<'_> {
             {
                 return Flow::Fail(500);
             }
-            if !p.streaming && !no_body {
+            if !p.streaming && !body.is_empty() {
                 g.push_body(body, true);
             }
+            p.file_pos = 0;
             // Sent, as far as a retry is concerned: the stream is the upstream's now.
             p.upreq_pos = p.upreq.len();
         }
@@ -128,6 +132,33 @@ impl Worker<'_> {
                 return self.await_response(key, p);
             }
             let waiting = g.body_waiting();
+            if flushed && waiting < bound && !p.streaming && !g.request_sent() {
+                if let Some((file, len)) = p.body.file() {
+                    // A body file: the next piece, read as the windows took the last.
+                    let want = (bound - waiting).min((len - p.file_pos) as usize);
+                    let mut piece = std::mem::take(&mut p.scratch);
+                    piece.resize(want, 0);
+                    let read = shard_event::sock::pread(file.as_raw_fd(), &mut piece, p.file_pos);
+                    match read {
+                        Ok(n) if n > 0 || want == 0 => {
+                            p.file_pos += n as u64;
+                            let last = p.file_pos >= len;
+                            if let Some(g) = self.upconns[u].grpc.as_mut() {
+                                g.push_body(&piece[..n], last);
+                            }
+                            piece.clear();
+                            p.scratch = piece;
+                            continue;
+                        }
+                        _ => {
+                            piece.clear();
+                            p.scratch = piece;
+                            let msg = "the request body file could not be read while sending request to upstream";
+                            return self.attempt_failed(key, p, Failure::Error, msg);
+                        }
+                    }
+                }
+            }
             if !flushed || waiting >= bound || !p.streaming || g.request_sent() {
                 // The socket or the upstream's windows hold the rest.
                 self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
