@@ -24,6 +24,9 @@ enum Answer {
     Unimplemented,
     /// RST_STREAM REFUSED_STREAM before any head.
     Reset,
+    /// A bidirectional stream: the head at once, each DATA echoed as it comes, the
+    /// trailers at END_STREAM.
+    Chat,
 }
 
 /// One call the fake upstream saw: its connection (counted from 1), stream id, request
@@ -129,6 +132,11 @@ fn serve(mut s: TcpStream, conn: usize, answer: Answer, window: u32, seen: &Mute
                             body: Vec::new(),
                         },
                     );
+                    if answer == Answer::Chat {
+                        let mut head = Vec::new();
+                        hpack::Encoder.status(200, &mut head);
+                        h2frame::push_headers(&mut out, stream, &head, false, 16_384);
+                    }
                     if end_stream {
                         ended.push(stream);
                     }
@@ -157,6 +165,9 @@ fn serve(mut s: TcpStream, conn: usize, answer: Answer, window: u32, seen: &Mute
                     *credit.entry(0).or_insert(0) += flow_len as i64;
                     if let Some(c) = calls.get_mut(&stream) {
                         c.body.extend_from_slice(data);
+                    }
+                    if answer == Answer::Chat && !data.is_empty() {
+                        h2frame::push_data(&mut out, stream, data, false);
                     }
                     if flow_len > 0 {
                         h2frame::push_window_update(&mut out, 0, flow_len as u32);
@@ -200,6 +211,11 @@ fn serve(mut s: TcpStream, conn: usize, answer: Answer, window: u32, seen: &Mute
                 }
                 Answer::Reset => {
                     h2frame::push_rst_stream(&mut out, stream, h2frame::code::REFUSED_STREAM);
+                }
+                Answer::Chat => {
+                    let mut tr = Vec::new();
+                    e.field(b"grpc-status", b"0", &mut tr);
+                    h2frame::push_headers(&mut out, stream, &tr, true, 16_384);
                 }
             }
             seen.lock().unwrap().push(call);
@@ -389,4 +405,74 @@ fn grpcs_negotiates_h2_with_alpn() {
         String::from_utf8_lossy(&r.body),
         format!("h2c HTTP/2.0 127.0.0.1:{}", s.ports[1])
     );
+}
+
+/// A bidirectional stream: the client sends a message, waits for its echo, then sends the
+/// next; each goes upstream while the response is already being read.
+#[test]
+fn a_bidirectional_stream_moves_both_ways_at_once() {
+    let up = Fake::start(Answer::Chat, 65_535);
+    let s = front(
+        "grpc-bidi",
+        up.addr,
+        &format!("location / {{ grpc_pass {}; }}", up.addr),
+    );
+    let mut c = TcpStream::connect(addr(&s)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = h2frame::PREFACE.to_vec();
+    h2frame::push_settings(&mut out, &[]);
+    h2frame::push_headers(&mut out, 1, &call_block("/chat.Chat/Talk"), false, 16_384);
+    h2frame::push_data(&mut out, 1, b"ping-1", false);
+    c.write_all(&out).unwrap();
+    let mut reader = Reader::new(16_384, 1 << 20);
+    let mut input = Vec::new();
+    // Reads frames until `want` DATA bytes came on stream 1, or trailers (true).
+    let mut wait_for = |c: &mut TcpStream, want: &[u8]| -> bool {
+        let mut got = Vec::new();
+        loop {
+            let mut used = 0;
+            let mut acks = Vec::new();
+            let mut ended = false;
+            while let Ok(Some((f, n))) = reader.next(&input[used..]) {
+                used += n;
+                match f {
+                    Frame::Settings { ack: false, .. } => h2frame::push_settings_ack(&mut acks),
+                    Frame::Data {
+                        stream: 1, data, ..
+                    } => got.extend_from_slice(data),
+                    Frame::Headers {
+                        stream: 1,
+                        end_stream: true,
+                        ..
+                    } => ended = true,
+                    Frame::RstStream { code, .. } => panic!("reset {code}"),
+                    _ => {}
+                }
+            }
+            input.drain(..used);
+            c.write_all(&acks).unwrap();
+            if ended {
+                return true;
+            }
+            if !want.is_empty() && got == want {
+                return false;
+            }
+            let mut b = [0u8; 16_384];
+            let n = c
+                .read(&mut b)
+                .expect("an answer before the client's next message");
+            assert!(n > 0, "closed");
+            input.extend_from_slice(&b[..n]);
+        }
+    };
+    assert!(!wait_for(&mut c, b"ping-1"));
+    let mut out = Vec::new();
+    h2frame::push_data(&mut out, 1, b"ping-2", false);
+    c.write_all(&out).unwrap();
+    assert!(!wait_for(&mut c, b"ping-2"));
+    let mut out = Vec::new();
+    h2frame::push_data(&mut out, 1, b"", true);
+    c.write_all(&out).unwrap();
+    assert!(wait_for(&mut c, b""), "trailers end the stream");
+    assert_eq!(up.calls()[0].body, b"ping-1ping-2");
 }

@@ -120,12 +120,14 @@ impl Worker<'_> {
                 return Flow::Fail(502);
             };
             let flushed = g.out.is_empty();
-            if g.response_done() || (g.request_sent() && flushed) {
-                if !g.request_sent() || self.conns[key].body_pending() {
-                    // Answered before the whole body: the rest is not sent, and the
-                    // connection is not kept.
-                    p.body_cut = true;
-                }
+            if g.response_done() && !g.request_sent() && !p.streaming {
+                // Answered before the whole body: the rest is not sent, and the
+                // connection is not kept.
+                p.body_cut = true;
+            }
+            // The response's head came (a stream that answers as it reads: the body goes
+            // on beside the response, `grpc_pump`), or the whole request went.
+            if g.head_read() || (g.request_sent() && flushed) {
                 if let Some(a) = p.attempts.last_mut() {
                     a.bytes_sent = p.upreq.len() as u64 + p.stream_pos as u64;
                 }
@@ -164,7 +166,7 @@ impl Worker<'_> {
                 self.set_proxy_deadline(key, loc.proxy.send_timeout_ms);
                 return Flow::Wait;
             }
-            match self.grpc_pull_body(key, p, bound - waiting) {
+            match self.grpc_pull_body(key, p, bound - waiting, true) {
                 Ok(true) => {}
                 Ok(false) => return Flow::Wait,
                 Err(flow) => return flow,
@@ -172,9 +174,41 @@ impl Worker<'_> {
         }
     }
 
+    /// While the response is read, what the client sends of its body still goes upstream
+    /// (bidirectional streams); nothing here waits. `Some`: the request must end so.
+    pub(super) fn grpc_pump(&mut self, key: usize, p: &mut Proxy) -> Option<Flow> {
+        let u = p.up?;
+        let bound = self.proxy_location(p).body.buffer_size.max(1);
+        for _ in 0..super::super::TURN_ROUNDS_MAX {
+            // A write that fails is seen by the next read, which ends the response.
+            let _ = self.grpc_flush(u);
+            let g = self.upconns.get(u)?.grpc.as_ref()?;
+            if g.request_sent() || !g.out.is_empty() || !p.streaming {
+                return None;
+            }
+            let waiting = g.body_waiting();
+            if waiting >= bound {
+                return None;
+            }
+            match self.grpc_pull_body(key, p, bound - waiting, false) {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(Flow::Fail(_)) if p.head_sent => return Some(Flow::Abort),
+                Err(flow) => return Some(flow),
+            }
+        }
+        None
+    }
+
     /// Moves what the client sent of its body (up to `room` bytes) into the stream, and its
-    /// end. `Ok(false)`: nothing now (the client's body timeout runs).
-    fn grpc_pull_body(&mut self, key: usize, p: &mut Proxy, room: usize) -> Result<bool, Flow> {
+    /// end. `Ok(false)`: nothing now (the client's body timeout runs when `timed`).
+    fn grpc_pull_body(
+        &mut self,
+        key: usize,
+        p: &mut Proxy,
+        room: usize,
+        timed: bool,
+    ) -> Result<bool, Flow> {
         let Some(u) = p.up else {
             return Err(Flow::Fail(502));
         };
@@ -207,8 +241,10 @@ impl Worker<'_> {
                     Io::Ready => {}
                     Io::Wait => {
                         p.scratch = piece;
-                        let t = self.cx.now_ms + self.conns[key].rq().body_timeout_ms;
-                        self.set_conn_deadline(key, t);
+                        if timed {
+                            let t = self.cx.now_ms + self.conns[key].rq().body_timeout_ms;
+                            self.set_conn_deadline(key, t);
+                        }
                         return Ok(false);
                     }
                     Io::Close => {

@@ -2360,6 +2360,9 @@ impl<'a> Worker<'a> {
     }
 
     fn read_response_head(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        if let Some(flow) = p.grpc.then(|| self.grpc_pump(key, p)).flatten() {
+            return flow;
+        }
         let loc = self.proxy_location(p);
         let max = loc.proxy.buffer_size;
         loop {
@@ -3132,6 +3135,9 @@ impl<'a> Worker<'a> {
     /// Moves response body bytes from `rbuf` to the client's output; reads more while the
     /// output holds less than the buffer bound.
     fn relay_response_body(&mut self, key: usize, p: &mut Proxy) -> Flow {
+        if let Some(flow) = p.grpc.then(|| self.grpc_pump(key, p)).flatten() {
+            return flow;
+        }
         // A cached entry whose body needs no filter goes out as a file body.
         if let Some(flow) = self.cache_send_file(key, p) {
             return flow;
