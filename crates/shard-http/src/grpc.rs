@@ -408,6 +408,9 @@ impl Conn {
                         self.s.body.clear();
                         self.s.end_sent = true;
                         Ok(())
+                    } else if self.s.reset && code == code::STREAM_CLOSED {
+                        // Our DATA that crossed the first reset, refused: expected.
+                        Ok(())
                     } else if self.s.reset {
                         Err(proto("upstream sent frame for closed stream"))
                     } else {

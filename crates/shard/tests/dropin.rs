@@ -1944,6 +1944,52 @@ fn proxy_intercept_errors_as_nginx() {
     );
 }
 
+/// The common fallback pair: `proxy_intercept_errors on; error_page 404 = @fallback;` (or a
+/// dead upstream's 502) with a proxied `@fallback`. As nginx, the request goes to the second
+/// upstream with its method and the body the first one read (in memory, or in its file),
+/// and the answer's status is the fallback's with `=`, the error's without.
+#[test]
+fn an_error_page_leads_to_another_upstream_with_the_body() {
+    let dead = support::upstream::refusing_port();
+    let conf = format!(
+        "worker_processes 1;\nevents {{}}\nhttp {{\n    access_log off;\n    \
+         client_body_buffer_size 1k;\n    server {{\n        listen 127.0.0.1:{{port}};\n        \
+         location = /status {{ shard_status; }}\n        \
+         location /nf/ {{ proxy_pass http://127.0.0.1:{{port1}}; proxy_intercept_errors on;\n            \
+         error_page 404 = @fallback; }}\n        \
+         location /down/ {{ proxy_pass http://127.0.0.1:{dead}; error_page 502 @fallback; }}\n        \
+         location @fallback {{ rewrite ^ /echo break; proxy_pass http://127.0.0.1:{{port1}}; }}\n    }}\n    \
+         server {{ listen 127.0.0.1:{{port1}};\n        location / {{ return 404 \"theirs\"; }}\n        \
+         location = /echo {{ proxy_pass http://127.0.0.1:{{port2}};\n            \
+         add_header X-Body $request_body; }} }}\n    \
+         server {{ listen 127.0.0.1:{{port2}};\n        \
+         location / {{ return 200 \"$request_method $content_length\"; }} }}\n}}\n"
+    );
+    let s = Server::start_ports("error-page-upstream", &conf, 1, 2);
+    let r = get(s.addr(), "/nf/x");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "GET "));
+    // A body in memory, then one in a file (over client_body_buffer_size).
+    for len in [5usize, 5000] {
+        let body = "b".repeat(len);
+        let req = format!(
+            "POST /nf/x HTTP/1.1\r\nHost: a\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{body}"
+        );
+        let r = raw(s.addr(), req.as_bytes());
+        assert_eq!(r.status, 200, "{len}: {}", r.body_str());
+        assert_eq!(r.body_str(), format!("POST {len}"));
+        if len < 1024 {
+            assert_eq!(r.header("x-body"), Some(body.as_str()));
+        }
+    }
+    // Without `=`: the fallback's page with the error's status.
+    let r = raw(
+        s.addr(),
+        b"POST /down/x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+    );
+    assert_eq!((r.status, r.body_str().as_str()), (502, "POST 3"));
+    assert_eq!(r.header("x-body"), Some("abc"));
+}
+
 /// `$upstream_http_NAME` (hidden headers too) and `$upstream_cookie_NAME`, in `add_header`
 /// and in the access log.
 #[test]

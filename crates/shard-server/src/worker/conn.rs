@@ -172,6 +172,9 @@ pub(super) struct Req {
     /// `$request_body` after a proxied request went on to an `error_page` or an
     /// `X-Accel-Redirect` (empty otherwise).
     pub(super) request_body: Vec<u8>,
+    /// The body a failed proxied request read, kept for the proxied location its
+    /// `error_page` leads to (nginx gives the next upstream the same body).
+    pub(super) kept_body: Option<Box<super::body::Spool>>,
     /// `$pipe`: the request was already in the input when the one before it ended.
     pub(super) pipelined: bool,
     /// The current request's client: the peer, or what `set_real_ip_from` lets a header say.
@@ -345,6 +348,7 @@ impl Req {
         self.conn_held.clear();
         self.in_error_page = false;
         self.status_override = None;
+        self.kept_body = None;
         self.linger = base.lingering;
         self.linger_until_ms = 0;
         self.send_timeout_ms = base.send_timeout_ms;
@@ -415,6 +419,7 @@ impl Req {
             conn_held: Vec::new(),
             in_error_page: false,
             status_override: None,
+            kept_body: None,
             linger,
             linger_until_ms: 0,
             send_timeout_ms: send,
@@ -3714,11 +3719,6 @@ impl<'a> Worker<'a> {
                         }
                     }
                 }
-                Action::Content if proxied && after_upstream => {
-                    // The error page of a failed upstream is not proxied again.
-                    let code = self.conns[key].rq().status_override.unwrap_or(502);
-                    super::respond::status(self, key, loc, &req, keep_alive, &head, code)
-                }
                 Action::Content
                     if proxied
                         && loc
@@ -3783,7 +3783,9 @@ impl<'a> Worker<'a> {
                 ErrorPageStatus::Code(code) => Some(code),
                 ErrorPageStatus::Target => None,
             };
-            if req.method != shard_http::request::Method::Head {
+            // A URI is requested with GET (HEAD stays HEAD); a named location keeps the
+            // method, as nginx's `ngx_http_send_error_page`.
+            if req.method != shard_http::request::Method::Head && !target.starts_with('@') {
                 req.method = shard_http::request::Method::Get;
             }
             hops += 1;
@@ -3795,9 +3797,13 @@ impl<'a> Worker<'a> {
                 rewritten = Some(r);
             }
             let next_proxied = next.proxy_pass.is_some() && next.ret.is_none();
-            if next_proxied && req.body != shard_http::request::Body::None {
+            if next_proxied
+                && req.body != shard_http::request::Body::None
+                && self.conns[key].rd().kept_body.is_none()
+            {
                 // Its body is being discarded: the upstream cannot be given a request whose
-                // body is gone, so the error is sent as it is.
+                // body is gone, so the error is sent as it is. (A body a failed upstream
+                // request read is kept and goes to the next upstream.)
                 break super::respond::status(
                     self,
                     key,

@@ -1021,6 +1021,10 @@ impl<'a> Worker<'a> {
         // The response buffers come from the worker's pool (given back by `give_proxy_bufs`).
         p.rbuf = self.take_buf(READ_MIN_BYTES);
         p.grpc = loc.grpc;
+        // An `error_page` after a failed upstream request: the body that one read.
+        if let Some(kept) = self.conns[key].rq().kept_body.take() {
+            p.body = *kept;
+        }
         if loc.fastcgi.is_some() {
             p.fcgi = Some(Box::new(Fcgi {
                 raw: self.take_buf(READ_MIN_BYTES),
@@ -2599,6 +2603,15 @@ impl<'a> Worker<'a> {
         head_len: usize,
     ) {
         let loc = self.proxy_location(p);
+        // An `error_page` without `=` that led here: a successful answer goes out with the
+        // error's status (`=CODE`: that one), as nginx's `err_status`.
+        if let Some(code) = self.conns[key]
+            .rd()
+            .status_override
+            .filter(|_| (200..300).contains(&head.status))
+        {
+            head.status = code;
+        }
         // `$upstream_http_*`, `$upstream_cookie_*`: every header line as received, hidden
         // ones (`X-Accel-*`) too.
         if loc.upstream_vars {
@@ -3626,6 +3639,21 @@ impl<'a> Worker<'a> {
         // and `$request_body` the body that went up.
         self.conns[key].rq().upstream_tries = p.attempts.clone();
         self.conns[key].rq().request_body = body_in_memory(&p).to_vec();
+        // The body as read, for a proxied location the `error_page` may lead to: in its
+        // file, or in memory (where the request went up whole). A streamed or FastCGI
+        // body cannot be sent again.
+        let c = &mut self.conns[key];
+        c.rq().kept_body = if p.streaming || p.fcgi.is_some() || c.body_pending() {
+            None
+        } else if p.body.file().is_some() {
+            Some(Box::new(std::mem::take(&mut p.body)))
+        } else if p.req.body == Body::None || !c.rd().request_body.is_empty() {
+            let mut kept = super::body::Spool::default();
+            kept.mem = c.rd().request_body.clone();
+            Some(Box::new(kept))
+        } else {
+            None
+        };
         if !self.conns[key].rq().in_error_page
             && loc.error_pages.iter().any(|e| e.codes.contains(&status))
         {
