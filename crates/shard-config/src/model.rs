@@ -800,6 +800,9 @@ pub struct LocationConf {
     /// `random_index on`: a URI ending in `/` is answered with a random file of the directory
     /// (names starting with `.` excepted). Default off.
     pub random_index: bool,
+    /// `slice SIZE` (`ngx_http_slice_filter_module`): a proxied answer is asked for in ranges
+    /// of this size, each its own request (and cache entry), and joined; 0 is off.
+    pub slice_size: u64,
     /// `max_ranges N`: a `Range` with more ranges is answered whole; 0 turns ranges off. Default
     /// unlimited.
     pub max_ranges: Option<u32>,
@@ -1826,6 +1829,9 @@ pub enum Var {
     /// `$upstream_cache_status`: `MISS`, `BYPASS`, `EXPIRED`, `STALE`, `UPDATING`,
     /// `REVALIDATED` or `HIT`; empty without a cache.
     UpstreamCacheStatus,
+    /// `$slice_range` (`ngx_http_slice_filter_module`): the range of the slice being asked
+    /// for, `bytes=START-END`; empty outside a location with `slice`.
+    SliceRange,
     /// `$NAME` set by `set` or defined by `map` (resolved by name when the request runs; the
     /// parse checked that something declares it).
     User(String),

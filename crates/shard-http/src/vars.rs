@@ -96,6 +96,8 @@ pub struct Conn<'a> {
     pub request_body_file: Option<&'a dyn BodyFile>,
     /// `$pipe`: the request was in the input behind the one before it.
     pub pipelined: bool,
+    /// `$slice_range`: the slice being asked for (empty without `slice`).
+    pub slice_range: &'a str,
 }
 
 /// Where `$connections_active`, `_reading`, `_writing` and `_waiting` come from (the
@@ -722,6 +724,7 @@ fn push_at(out: &mut Vec<u8>, var: &Var, c: &Ctx<'_>, depth: usize) {
                 }
             }
         }
+        Var::SliceRange => out.extend_from_slice(c.conn.slice_range.as_bytes()),
         Var::UpstreamCacheStatus => {
             if let Some(d) = c.done {
                 out.extend_from_slice(d.cache_status.as_bytes());

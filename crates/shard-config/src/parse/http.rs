@@ -261,6 +261,7 @@ pub(super) struct Settings {
     pub(super) log_not_found: Option<bool>,
     pub(super) recursive_error_pages: Option<bool>,
     pub(super) random_index: Option<bool>,
+    pub(super) slice: Option<u64>,
     pub(super) max_ranges: Option<u32>,
     pub(super) chunked_transfer_encoding: Option<bool>,
     pub(super) rewrite_log: Option<bool>,
@@ -720,6 +721,7 @@ pub(super) struct Eff {
     pub(super) log_not_found: bool,
     pub(super) recursive_error_pages: bool,
     pub(super) random_index: bool,
+    pub(super) slice: u64,
     pub(super) max_ranges: Option<u32>,
     pub(super) chunked_transfer_encoding: bool,
     pub(super) rewrite_log: bool,
@@ -840,6 +842,7 @@ impl Eff {
             log_not_found: true,
             recursive_error_pages: false,
             random_index: false,
+            slice: 0,
             max_ranges: None,
             chunked_transfer_encoding: true,
             rewrite_log: false,
@@ -1050,6 +1053,7 @@ impl Eff {
                 .recursive_error_pages
                 .unwrap_or(self.recursive_error_pages),
             random_index: s.random_index.unwrap_or(self.random_index),
+            slice: s.slice.unwrap_or(self.slice),
             max_ranges: s.max_ranges.or(self.max_ranges),
             chunked_transfer_encoding: s
                 .chunked_transfer_encoding
@@ -1253,6 +1257,7 @@ impl Eff {
             log_not_found: self.log_not_found,
             recursive_error_pages: self.recursive_error_pages,
             random_index: self.random_index,
+            slice_size: self.slice,
             max_ranges: self.max_ranges,
             chunked_transfer_encoding: self.chunked_transfer_encoding,
             rewrite_log: self.rewrite_log,
@@ -2860,6 +2865,8 @@ slot!(
 );
 
 slot!(set_random_index, random_index, flag);
+
+slot!(set_slice, slice, size);
 
 slot!(set_recursive_error_pages, recursive_error_pages, flag);
 
@@ -4790,6 +4797,7 @@ fn variable_with(name: &str, user: impl FnOnce(&str) -> Var) -> Var {
         "upstream_bytes_received" => Var::UpstreamBytesReceived,
         "upstream_bytes_sent" => Var::UpstreamBytesSent,
         "upstream_cache_status" => Var::UpstreamCacheStatus,
+        "slice_range" => Var::SliceRange,
         n if n.len() == 1 && n.as_bytes()[0].is_ascii_digit() => {
             Var::Capture(n.as_bytes()[0] - b'0')
         }

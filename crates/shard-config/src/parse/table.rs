@@ -1100,6 +1100,7 @@ static BASE: &[Spec] = &[
         Set::Settings(set_chunked_transfer_encoding),
     ),
     d("random_index", L, 1, 1, Set::Settings(set_random_index)),
+    d("slice", HSL, 1, 1, Set::Settings(set_slice)),
     d(
         "recursive_error_pages",
         HSL,
@@ -2932,7 +2933,6 @@ pub(super) static NGINX_ONLY: &[&str] = &[
     "session_log_zone",
     "set",
     "set_real_ip_from",
-    "slice",
     "smtp_auth",
     "smtp_capabilities",
     "smtp_client_buffer",

@@ -704,7 +704,9 @@ impl<'a> Worker<'a> {
         // A cached location's live answer, or any with `proxy_force_ranges on`; an entry
         // being served has its own ranges.
         let force = self.proxy_location(p).proxy.force_ranges;
-        let cached = p.cache.as_ref().is_some_and(|c| c.cacheable);
+        // A sliced answer is whole only here: its range is the client's (nginx's
+        // `allow_ranges`).
+        let cached = p.cache.as_ref().is_some_and(|c| c.cacheable) || p.slice.is_some();
         if p.cache.as_ref().is_some_and(|c| c.serving)
             || !(cached || force)
             || p.background

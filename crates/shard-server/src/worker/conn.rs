@@ -175,6 +175,8 @@ pub(super) struct Req {
     /// The body a failed proxied request read, kept for the proxied location its
     /// `error_page` leads to (nginx gives the next upstream the same body).
     pub(super) kept_body: Option<Box<super::body::Spool>>,
+    /// `$slice_range`: the slice the proxy asks for now (`slice`; empty otherwise).
+    pub(super) slice_range: String,
     /// `$pipe`: the request was already in the input when the one before it ended.
     pub(super) pipelined: bool,
     /// The current request's client: the peer, or what `set_real_ip_from` lets a header say.
@@ -349,6 +351,7 @@ impl Req {
         self.in_error_page = false;
         self.status_override = None;
         self.kept_body = None;
+        self.slice_range.clear();
         self.linger = base.lingering;
         self.linger_until_ms = 0;
         self.send_timeout_ms = base.send_timeout_ms;
@@ -420,6 +423,7 @@ impl Req {
             in_error_page: false,
             status_override: None,
             kept_body: None,
+            slice_range: String::new(),
             linger,
             linger_until_ms: 0,
             send_timeout_ms: send,
@@ -3382,6 +3386,7 @@ impl<'a> Worker<'a> {
                 .or(c.rd().rate_set)
                 .unwrap_or(0),
             pipelined: c.rd().pipelined,
+            slice_range: &c.rd().slice_range,
         }
     }
 

@@ -179,6 +179,8 @@ impl UpConn {
 mod cache;
 #[path = "grpc.rs"]
 mod grpc;
+#[path = "slice.rs"]
+mod slice;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {
@@ -324,6 +326,8 @@ pub(super) struct Proxy {
     /// `shard_http::grpc::Conn`), and whether this attempt's stream was begun.
     grpc: bool,
     grpc_begun: bool,
+    /// `slice`: the slices asked for so far (`slice.rs`).
+    slice: Option<Box<slice::Slice>>,
 }
 
 /// A FastCGI attempt's wire state: the records read and not yet decoded, the application's
@@ -442,6 +446,7 @@ impl Proxy {
             window: None,
             grpc: false,
             grpc_begun: false,
+            slice: None,
         }
     }
 
@@ -1025,6 +1030,9 @@ impl<'a> Worker<'a> {
         if let Some(kept) = self.conns[key].rq().kept_body.take() {
             p.body = *kept;
         }
+        if loc.slice_size > 0 {
+            self.slice_begin(key, &mut p, loc.slice_size);
+        }
         if loc.fastcgi.is_some() {
             p.fcgi = Some(Box::new(Fcgi {
                 raw: self.take_buf(READ_MIN_BYTES),
@@ -1096,6 +1104,10 @@ impl<'a> Worker<'a> {
             };
             // `proxy_cache_background_update`: the stale answer is complete; the update runs.
             if matches!(flow, Flow::Finished) && self.cache_background(key, &mut p) {
+                continue;
+            }
+            // `slice`: the next slice is asked for.
+            if matches!(flow, Flow::Finished) && self.slice_next(key, &mut p) {
                 continue;
             }
             // `proxy_cache_use_stale`: a failed upstream answered by the stale entry.
@@ -2435,7 +2447,7 @@ impl<'a> Worker<'a> {
                 ResponseParse::Invalid(why) => {
                     return self.attempt_failed(key, p, Failure::InvalidHeader, why);
                 }
-                ResponseParse::Complete { head, head_len } => {
+                ResponseParse::Complete { mut head, head_len } => {
                     // An `auth_request` subrequest wants the status alone.
                     if let Some(a) = p.auth.as_mut() {
                         p.status = head.status;
@@ -2522,6 +2534,23 @@ impl<'a> Worker<'a> {
                             }
                             p.accel = Some(Box::new(target));
                             return Flow::Redirect;
+                        }
+                    }
+                    match self.slice_head(p, &mut head) {
+                        slice::SliceHead::Respond => {}
+                        slice::SliceHead::Body => {
+                            // A following slice: its head is not the client's.
+                            p.rbuf.drain(..head_len);
+                            p.state = State::ReadingBody;
+                            return Flow::Next;
+                        }
+                        slice::SliceHead::Fail(msg) => {
+                            self.log_proxy_error_current(key, p, &msg);
+                            return if p.head_sent {
+                                Flow::Abort
+                            } else {
+                                Flow::Fail(500)
+                            };
                         }
                     }
                     self.start_response(key, p, head, head_len);
@@ -2987,6 +3016,7 @@ impl<'a> Worker<'a> {
             Framing::Close => UpBody::Close,
         };
         p.upstream_reusable = head.reusable;
+        self.slice_started(p);
         if p.fcgi.is_some() {
             // Decided at the end: `fastcgi_keep_conn on` and a clean `END_REQUEST`.
             p.upstream_reusable = loc.fastcgi.as_ref().is_some_and(|f| f.keep_conn);
