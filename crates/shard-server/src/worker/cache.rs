@@ -824,6 +824,9 @@ impl<'a> Worker<'a> {
     /// entry's, and a converted HEAD is a GET (nginx's `ngx_http_proxy_cache_headers`).
     pub(super) fn cache_request(&self, p: &mut Proxy, out: &mut Vec<u8>) {
         let revalidate = self.cache_conf(p).revalidate;
+        // nginx's cache defaults drop these; a `proxy_set_header` of one overrides that
+        // (`proxy_set_header Range $slice_range`).
+        let set = &self.proxy_location(p).proxy.set_headers;
         let Some(c) = p.cache.as_mut().filter(|c| c.cacheable) else {
             return;
         };
@@ -853,7 +856,10 @@ impl<'a> Worker<'a> {
                 b"if-range",
             ]
             .iter()
-            .any(|f| name.eq_ignore_ascii_case(f));
+            .any(|f| name.eq_ignore_ascii_case(f))
+                && !set
+                    .iter()
+                    .any(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name));
             if !dropped {
                 new.extend_from_slice(line);
             }

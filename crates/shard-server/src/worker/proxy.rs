@@ -2544,6 +2544,7 @@ impl<'a> Worker<'a> {
                             p.state = State::ReadingBody;
                             return Flow::Next;
                         }
+                        slice::SliceHead::Status(code) => return Flow::Fail(code),
                         slice::SliceHead::Fail(msg) => {
                             self.log_proxy_error_current(key, p, &msg);
                             return if p.head_sent {

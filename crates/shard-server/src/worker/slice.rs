@@ -40,6 +40,8 @@ pub(super) enum SliceHead {
     Body,
     /// The answer cannot be joined: nginx's log line.
     Fail(String),
+    /// The client's preconditions fail on the whole answer (412).
+    Status(u16),
 }
 
 /// nginx's `ngx_http_slice_get_start`: the start of the client's single `Range` (0 with
@@ -143,6 +145,8 @@ impl Worker<'_> {
         st.start = b;
         st.piece = b - a;
         if st.first_done {
+            p.upbody = UpBody::Length(b - a);
+            p.upstream_reusable = head.reusable;
             return SliceHead::Body;
         }
         // The first slice's head is the whole answer's.
@@ -154,6 +158,18 @@ impl Worker<'_> {
             !n.eq_ignore_ascii_case("content-range") && !n.eq_ignore_ascii_case("accept-ranges")
         });
         head.framing = Framing::Length(total);
+        // The whole answer's validators, judged as nginx's not-modified filter would.
+        let text = |name: &str| field(head, name).map(|v| String::from_utf8_lossy(v).into_owned());
+        let (lm, etag) = (text("last-modified"), text("etag"));
+        let mode = self.proxy_location(p).if_modified_since;
+        match crate::cache::conditional(&p.req, lm.as_deref(), etag.as_deref(), mode) {
+            Some(412) => return SliceHead::Status(412),
+            Some(_) => {
+                head.status = 304;
+                head.framing = Framing::None;
+            }
+            None => {}
+        }
         SliceHead::Respond
     }
 
@@ -175,8 +191,11 @@ impl Worker<'_> {
                 st.end = *b;
             }
             None if p.status == 200 => {}
-            // A 304 (or another answer with no body for the client): nothing follows.
-            None => st.end = 0,
+            // A 304: the slice is read (and stored), nothing of it sent, nothing follows.
+            None => {
+                st.end = 0;
+                p.window = Some((0, 0, 0));
+            }
         }
     }
 
