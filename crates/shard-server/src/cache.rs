@@ -677,7 +677,9 @@ pub fn validity(
             .map(|(_, v)| v.as_slice())
     }
     let field = |name: &'static str| field(headers, name);
-    if matches!(status, 100..=199 | 206) {
+    // A 206 reaches the cache only where the request's `Range` was set on purpose
+    // (`proxy_set_header Range $slice_range`): stored as `proxy_cache_valid` says, as nginx.
+    if matches!(status, 100..=199) {
         return Validity::No;
     }
     if ignore & ig::SET_COOKIE == 0 && field("set-cookie").next().is_some() {
@@ -1322,7 +1324,20 @@ mod tests {
             validity(200, &h(&[("Vary", "*")]), &valid, 0, now),
             Validity::No
         );
-        assert_eq!(validity(206, &[], &valid, 0, now), Validity::No);
+        let only_200 = [CacheValid {
+            codes: vec![200],
+            secs: 2,
+        }];
+        assert_eq!(validity(206, &[], &only_200, 0, now), Validity::No);
+        let with_206 = [CacheValid {
+            codes: vec![200, 206],
+            secs: 2,
+        }];
+        assert_eq!(
+            validity(206, &[], &with_206, 0, now),
+            Validity::Until(now + 2),
+            "a slice (proxy_cache_valid 200 206)"
+        );
     }
 
     #[test]

@@ -706,8 +706,9 @@ impl<'a> Worker<'a> {
         let force = self.proxy_location(p).proxy.force_ranges;
         // A sliced answer is whole only here: its range is the client's (nginx's
         // `allow_ranges`).
-        let cached = p.cache.as_ref().is_some_and(|c| c.cacheable) || p.slice.is_some();
-        if p.cache.as_ref().is_some_and(|c| c.serving)
+        let slice = p.slice.is_some();
+        let cached = p.cache.as_ref().is_some_and(|c| c.cacheable) || slice;
+        if (p.cache.as_ref().is_some_and(|c| c.serving) && !slice)
             || !(cached || force)
             || p.background
             || head.status != 200

@@ -3017,7 +3017,7 @@ impl<'a> Worker<'a> {
             Framing::Close => UpBody::Close,
         };
         p.upstream_reusable = head.reusable;
-        self.slice_started(p);
+        self.slice_started(p, head.status);
         if p.fcgi.is_some() {
             // Decided at the end: `fastcgi_keep_conn on` and a clean `END_REQUEST`.
             p.upstream_reusable = loc.fastcgi.as_ref().is_some_and(|f| f.keep_conn);

@@ -176,7 +176,7 @@ impl Worker<'_> {
     /// The first slice's response started (`start_response`): its body is the slice's own
     /// length, placed at its offset in what the client gets; a client range ends the slices
     /// at its end (and skips those before it, as nginx's header filter).
-    pub(super) fn slice_started(&mut self, p: &mut Proxy) {
+    pub(super) fn slice_started(&mut self, p: &mut Proxy, status: u16) {
         let Some(st) = p.slice.as_mut().filter(|st| !st.first_done) else {
             return;
         };
@@ -190,7 +190,7 @@ impl Worker<'_> {
                 }
                 st.end = *b;
             }
-            None if p.status == 200 => {}
+            None if status == 200 => {}
             // A 304: the slice is read (and stored), nothing of it sent, nothing follows.
             None => {
                 st.end = 0;
