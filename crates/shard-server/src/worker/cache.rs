@@ -677,6 +677,7 @@ impl<'a> Worker<'a> {
             || !p.rbuf.is_empty()
             || p.client_chunked
             || p.trailers
+            || p.window.is_some()
             || p.recode.is_some()
             || p.gunzip.is_some()
             || p.sub.is_some()
@@ -688,7 +689,8 @@ impl<'a> Worker<'a> {
         let size = e.header.body_start() + e.header.body_len;
         self.set_file_body(key, e.file, c.pos, left, sendfile, size, None);
         c.pos = c.end;
-        p.body_sent = left;
+        // (A slice's adds to the slices before it.)
+        p.body_sent += left;
         p.upbody = super::UpBody::Length(0);
         Some(Flow::Finished)
     }
