@@ -628,7 +628,13 @@ pub fn served_head(head: &[u8], body_len: u64) -> Vec<u8> {
 
 /// [`served_head`], appended to `out`.
 pub fn served_head_into(out: &mut Vec<u8>, head: &[u8], body_len: u64) {
-    let end = head.len().saturating_sub(2);
+    // The blank line that ends the head goes (`\r\n`, or a CGI head's bare `\n`: its last
+    // field keeps its own line end).
+    let end = if head.ends_with(b"\r\n") {
+        head.len() - 2
+    } else {
+        head.len().saturating_sub(1)
+    };
     out.extend_from_slice(&head[..end]);
     out.extend_from_slice(b"Content-Length: ");
     let mut digits = [0u8; 20];
@@ -1427,6 +1433,11 @@ mod tests {
         assert_eq!(
             served_head(&head, 5),
             b"HTTP/1.1 200 OK\r\nX-A: b\r\nAccept-Ranges: bytes\r\nContent-Length: 5\r\n\r\n"
+        );
+        // A FastCGI entry keeps its CGI head, lines ending in a bare `\n`.
+        assert_eq!(
+            served_head(b"Status: 206\nContent-Range: bytes 0-1/9\n\n", 2),
+            b"Status: 206\nContent-Range: bytes 0-1/9\nContent-Length: 2\r\n\r\n"
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
