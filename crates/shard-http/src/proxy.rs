@@ -1165,6 +1165,7 @@ mod tests {
         status: None,
         limit_rate: 0,
         pipelined: false,
+        slice_range: "",
     };
 
     fn req(raw: &str) -> (Request, Vec<u8>) {

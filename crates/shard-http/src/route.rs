@@ -374,6 +374,7 @@ pub(crate) mod tests {
             chunked_transfer_encoding: true,
             max_ranges: None,
             random_index: false,
+            slice_size: 0,
             recursive_error_pages: false,
             autoindex: Default::default(),
             if_modified_since: shard_config::IfModifiedSince::Exact,
