@@ -1063,3 +1063,83 @@ fn add_trailer_goes_as_a_last_headers_frame() {
     assert!(matches!(c.get("/ok"), client::Outcome::Answered(200, 3)));
     assert!(c.trailers.is_empty());
 }
+
+/// `http2_body_preread_size` below HTTP/2's default window, as nginx: a stream with a body
+/// sent before the client acknowledged our SETTINGS is refused (`REFUSED_STREAM`); after the
+/// acknowledgement, DATA past the 10-byte window resets the stream (`FLOW_CONTROL_ERROR`),
+/// and a body within it is answered.
+#[test]
+fn a_small_preread_window_is_announced_and_kept() {
+    use shard_http::h2frame::{self, code, Frame, Reader};
+    use std::io::{Read, Write};
+    let s = start("h2-preread", "http2", "http2_body_preread_size 10;");
+    let block = {
+        let e = shard_http::hpack::Encoder;
+        let mut b = Vec::new();
+        e.field(b":method", b"POST", &mut b);
+        e.field(b":scheme", b"http", &mut b);
+        e.field(b":path", b"/up/x", &mut b);
+        e.field(b":authority", b"localhost", &mut b);
+        b
+    };
+    // Reads frames until a RST_STREAM (its code) or stream 1's end (None).
+    let outcome = |c: &mut std::net::TcpStream| -> Option<u32> {
+        let mut reader = Reader::new(1 << 20, 1 << 20);
+        let mut input = Vec::new();
+        loop {
+            let mut used = 0;
+            while let Ok(Some((f, n))) = reader.next(&input[used..]) {
+                used += n;
+                match f {
+                    Frame::RstStream { stream: 1, code } => return Some(code),
+                    Frame::Data {
+                        stream: 1,
+                        end_stream: true,
+                        ..
+                    } => return None,
+                    _ => {}
+                }
+            }
+            input.drain(..used);
+            let mut b = [0u8; 16_384];
+            let n = c.read(&mut b).expect("an answer");
+            assert!(n > 0, "closed");
+            input.extend_from_slice(&b[..n]);
+        }
+    };
+    let open = |ack: bool| {
+        let mut c = std::net::TcpStream::connect(h2_addr(&s)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut out = h2frame::PREFACE.to_vec();
+        h2frame::push_settings(&mut out, &[]);
+        if ack {
+            h2frame::push_settings_ack(&mut out);
+        }
+        c.write_all(&out).unwrap();
+        c
+    };
+    let mut c = open(false);
+    let mut out = Vec::new();
+    h2frame::push_headers(&mut out, 1, &block, false, 16_384);
+    h2frame::push_data(&mut out, 1, b"TEST", true);
+    c.write_all(&out).unwrap();
+    assert_eq!(outcome(&mut c), Some(code::REFUSED_STREAM));
+
+    let mut c = open(true);
+    let mut out = Vec::new();
+    h2frame::push_headers(&mut out, 1, &block, false, 16_384);
+    h2frame::push_data(&mut out, 1, &[b'x'; 40], true);
+    c.write_all(&out).unwrap();
+    assert_eq!(outcome(&mut c), Some(code::FLOW_CONTROL_ERROR));
+
+    let mut c = open(true);
+    let mut out = Vec::new();
+    h2frame::push_headers(&mut out, 1, &block, false, 16_384);
+    h2frame::push_data(&mut out, 1, b"0123456789", true);
+    c.write_all(&out).unwrap();
+    assert_eq!(
+        outcome(&mut c),
+        None,
+        "a body within the window is answered"
+    );
+}

@@ -94,6 +94,9 @@ pub(super) struct Session {
     last_id: u32,
     /// What each of our streams' windows start at (SETTINGS_INITIAL_WINDOW_SIZE we sent).
     our_window: i64,
+    /// The client acknowledged our SETTINGS (until then a window below HTTP/2's default is
+    /// not known to it: a stream with a body is refused, as nginx).
+    settings_acked: bool,
     /// The client's SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_MAX_FRAME_SIZE.
     peer_window: i64,
     peer_max_frame: usize,
@@ -668,9 +671,9 @@ impl Worker<'_> {
         let limits = srv.large_client_header_buffers;
         // nginx's header limit: the buffers' whole size, names and values counted.
         let max_list = limits.0 * limits.1;
-        // 0 (nginx: open the window once the body is asked for) is one frame's worth: the
-        // window reopens as the stream's body is taken either way.
-        let our_window = conf.body_preread_size.max(16_384) as i64;
+        // As configured (0 too): a client may send that much before the stream is read; the
+        // window is given back, to at least one frame's worth, as the stream takes its body.
+        let our_window = conf.body_preread_size as i64;
         let mut out = Vec::with_capacity(64);
         h2frame::push_settings(
             &mut out,
@@ -709,6 +712,7 @@ impl Worker<'_> {
             max_streams: conf.max_concurrent_streams,
             last_id: 0,
             our_window,
+            settings_acked: false,
             peer_window: DEFAULT_WINDOW,
             peer_max_frame: h2frame::DEFAULT_MAX_FRAME,
             send_window: DEFAULT_WINDOW,
@@ -1075,7 +1079,8 @@ impl Worker<'_> {
     fn h2_frame(&mut self, key: usize, idx: usize, frame: Frame<'_>) -> Result<(), ConnError> {
         let s = &mut self.h2[idx];
         match frame {
-            Frame::Settings { ack: true, .. } | Frame::Priority { .. } | Frame::Unknown => {}
+            Frame::Settings { ack: true, .. } => s.settings_acked = true,
+            Frame::Priority { .. } | Frame::Unknown => {}
             Frame::Ping { ack: true, .. } => {}
             Frame::Ping { ack: false, data } => h2frame::push_ping_ack(&mut s.out, &data),
             Frame::Settings { ack: false, params } => {
@@ -1206,6 +1211,16 @@ impl Worker<'_> {
                     h2frame::push_rst_stream(&mut s.out, stream, code::REFUSED_STREAM);
                     return Ok(());
                 }
+                if !s.settings_acked && !end_stream && s.our_window < DEFAULT_WINDOW {
+                    // nginx: "client sent stream with data before settings were
+                    // acknowledged": its body could only break the smaller window.
+                    crate::log!(
+                        Info,
+                        "client sent stream with data before settings were acknowledged"
+                    );
+                    h2frame::push_rst_stream(&mut s.out, stream, code::REFUSED_STREAM);
+                    return Ok(());
+                }
                 let mut chunked = false;
                 let Some(head) = request_head(&fields, end_stream, &mut chunked) else {
                     h2frame::push_rst_stream(&mut s.out, stream, code::PROTOCOL_ERROR);
@@ -1305,14 +1320,17 @@ impl Worker<'_> {
             h2frame::push_window_update(&mut s.out, 0, s.recv_used as u32);
             s.recv_used = 0;
         }
+        // A small (or 0) `http2_body_preread_size` is the start only: a stream being read
+        // gets at least a frame's worth back.
+        let target = s.our_window.max(h2frame::DEFAULT_MAX_FRAME as i64);
         for (&sk, st) in s.streams.iter_mut() {
-            if st.recv_done || st.recv_window > s.our_window / 2 {
+            if st.recv_done || st.recv_window > target / 2 {
                 continue;
             }
             let waiting = self.conns.get(sk).map_or(0, |c| c.inbuf.len());
             if waiting < STREAM_INPUT_MAX {
-                let give = s.our_window - st.recv_window;
-                st.recv_window = s.our_window;
+                let give = target - st.recv_window;
+                st.recv_window = target;
                 h2frame::push_window_update(&mut s.out, st.id, give as u32);
             }
         }
