@@ -1143,3 +1143,58 @@ fn a_small_preread_window_is_announced_and_kept() {
         "a body within the window is answered"
     );
 }
+
+/// A body that breaks its `content-length` (shorter at END_STREAM, or longer) is a bad
+/// request, as nginx: 400, and the upstream is never asked.
+#[test]
+fn a_body_that_breaks_its_content_length_is_400() {
+    use shard_http::h2frame::{self, Frame, Reader};
+    use std::io::{Read, Write};
+    let s = start("h2-body-length", "http2", "");
+    for (declared, body) in [("5", &b"TEST"[..]), ("3", &b"TEST"[..])] {
+        let e = shard_http::hpack::Encoder;
+        let mut block = Vec::new();
+        e.field(b":method", b"POST", &mut block);
+        e.field(b":scheme", b"http", &mut block);
+        e.field(b":path", b"/up/x", &mut block);
+        e.field(b":authority", b"localhost", &mut block);
+        e.field(b"content-length", declared.as_bytes(), &mut block);
+        let mut c = std::net::TcpStream::connect(h2_addr(&s)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut out = h2frame::PREFACE.to_vec();
+        h2frame::push_settings(&mut out, &[]);
+        h2frame::push_settings_ack(&mut out);
+        h2frame::push_headers(&mut out, 1, &block, false, 16_384);
+        h2frame::push_data(&mut out, 1, body, true);
+        c.write_all(&out).unwrap();
+        let mut reader = Reader::new(1 << 20, 1 << 20);
+        let mut decoder = shard_http::hpack::Decoder::new(4096);
+        let mut input = Vec::new();
+        let status = 'read: loop {
+            let mut used = 0;
+            while let Ok(Some((f, n))) = reader.next(&input[used..]) {
+                used += n;
+                if let Frame::Headers {
+                    stream: 1, block, ..
+                } = f
+                {
+                    let mut st = String::new();
+                    decoder
+                        .decode(block, 1 << 20, |n, v| {
+                            if n == b":status" {
+                                st = String::from_utf8_lossy(v).into_owned();
+                            }
+                        })
+                        .unwrap();
+                    break 'read st;
+                }
+            }
+            input.drain(..used);
+            let mut b = [0u8; 16_384];
+            let n = c.read(&mut b).expect("an answer");
+            assert!(n > 0, "closed");
+            input.extend_from_slice(&b[..n]);
+        };
+        assert_eq!(status, "400", "content-length {declared}, 4 bytes sent");
+    }
+}

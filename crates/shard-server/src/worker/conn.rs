@@ -116,6 +116,9 @@ pub(super) struct Conn {
     pub(super) opened_ms: u64,
     pub(super) deadline_ms: u64,
     pub(super) close_after: bool,
+    /// An HTTP/2 stream's body broke its `content-length` (`h2.rs`): its request answers 400
+    /// where it has not answered yet. (A stream connection carries one request.)
+    pub(super) body_error: bool,
     /// Closing: the write side is shut and input is read and dropped until end of stream or
     /// the lingering deadline, so the peer sees our response and not a reset.
     pub(super) lingering: bool,
@@ -604,6 +607,7 @@ impl Conn {
             opened_ms: now_ms,
             deadline_ms: 0,
             close_after: false,
+            body_error: false,
             lingering: false,
             tls: None,
             plain_on_tls: false,

@@ -167,6 +167,9 @@ struct Stream {
     recv_window: i64,
     /// The request body is framed as chunks in the head given to the stream connection.
     chunked_in: bool,
+    /// What the request's `content-length` still expects of DATA (`None`: chunked, or no
+    /// body).
+    body_left: Option<u64>,
     /// A `HEAD` request: the response has no body whatever its head says.
     head_only: bool,
     /// The client's END_STREAM came.
@@ -1295,6 +1298,33 @@ impl Worker<'_> {
         let Some(c) = self.conns.get_mut(sk) else {
             return;
         };
+        // A body that breaks its `content-length` (more DATA, or END_STREAM before it all
+        // came) is a bad request, as nginx's `ngx_http_v2_process_request_body`: the request
+        // answers 400 if it has not answered yet, and takes no more of it.
+        let broken = match st.body_left.as_mut() {
+            Some(left) if data.len() as u64 > *left => {
+                Some("client intended to send body data larger than declared".to_string())
+            }
+            Some(left) if end && data.len() as u64 != *left => {
+                let n = *left - data.len() as u64;
+                Some(format!(
+                    "client prematurely closed stream: {n} bytes of request body were not received"
+                ))
+            }
+            Some(left) => {
+                *left -= data.len() as u64;
+                None
+            }
+            None => None,
+        };
+        if let Some(msg) = broken {
+            crate::log!(Info, "{msg}");
+            st.recv_done = true;
+            st.body_left = Some(0);
+            c.body_error = true;
+            s.ready.push(sk);
+            return;
+        }
         if st.chunked_in && !data.is_empty() {
             c.inbuf
                 .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
@@ -1411,6 +1441,13 @@ impl Worker<'_> {
             parent.opened_ms,
         );
         let proxy_protocol = parent.proxy_protocol.clone();
+        let body_left = (!chunked_in && !end_stream)
+            .then(|| {
+                shard_http::proxy::head_fields(&head)
+                    .find(|(n, _)| n.eq_ignore_ascii_case(b"content-length"))
+                    .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+            })
+            .flatten();
         let conn_id = self.next_conn_id;
         self.next_conn_id += 1;
         let mut c = Conn::new_stream(peer, listener, conn_id, number, self.cx.now_ms);
@@ -1433,6 +1470,7 @@ impl Worker<'_> {
                 send_window: s.peer_window,
                 recv_window: s.our_window,
                 chunked_in,
+                body_left,
                 head_only,
                 recv_done: end_stream,
                 out: Out::Head(Vec::new()),

@@ -1075,6 +1075,10 @@ impl<'a> Worker<'a> {
             if self.client_abandoned(key, &p) {
                 break Flow::Close;
             }
+            if !p.head_sent && self.conns[key].body_error {
+                // An HTTP/2 stream whose body broke its `content-length`.
+                break Flow::Fail(400);
+            }
             if p.dav && p.state == State::Connect {
                 // A WebDAV `PUT` with its body read: put in place, answered; no upstream.
                 let loc = self.proxy_location(&p);
