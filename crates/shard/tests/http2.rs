@@ -1198,3 +1198,23 @@ fn a_body_that_breaks_its_content_length_is_400() {
         assert_eq!(status, "400", "content-length {declared}, 4 bytes sent");
     }
 }
+
+/// `$request_length` of an HTTP/2 request counts its header block as sent (nginx: the
+/// HEADERS payload), not the HTTP/1.1 head shard hands the stream.
+#[test]
+fn request_length_is_the_header_blocks() {
+    let s = start(
+        "h2-request-length",
+        "http2",
+        "location = /rl { return 200 $request_length; }",
+    );
+    let e = shard_http::hpack::Encoder;
+    let mut block = Vec::new();
+    e.field(b":method", b"GET", &mut block);
+    e.field(b":scheme", b"http", &mut block);
+    e.field(b":authority", b"localhost", &mut block);
+    e.field(b":path", b"/rl", &mut block);
+    let mut c = client::Conn::open(h2_addr(&s)).unwrap();
+    assert!(matches!(c.send(&block), client::Outcome::Answered(200, _)));
+    assert_eq!(String::from_utf8_lossy(&c.body), block.len().to_string());
+}

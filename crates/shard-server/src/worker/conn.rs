@@ -116,9 +116,6 @@ pub(super) struct Conn {
     pub(super) opened_ms: u64,
     pub(super) deadline_ms: u64,
     pub(super) close_after: bool,
-    /// An HTTP/2 stream's body broke its `content-length` (`h2.rs`): its request answers 400
-    /// where it has not answered yet. (A stream connection carries one request.)
-    pub(super) body_error: bool,
     /// Closing: the write side is shut and input is read and dropped until end of stream or
     /// the lingering deadline, so the peer sees our response and not a reset.
     pub(super) lingering: bool,
@@ -607,7 +604,6 @@ impl Conn {
             opened_ms: now_ms,
             deadline_ms: 0,
             close_after: false,
-            body_error: false,
             lingering: false,
             tls: None,
             plain_on_tls: false,
@@ -2206,6 +2202,10 @@ impl<'a> Worker<'a> {
 
     /// Answers the request whose head is the first `head_len` bytes of the input buffer.
     fn handle(&mut self, key: usize, mut req: shard_http::request::Request, head_len: usize) {
+        // An HTTP/2 stream's head was its header block: `$request_length` counts that.
+        if let Some(n) = self.h2_stream_of(key).map(|st| st.head_len) {
+            req.head_len = n as usize;
+        }
         let cfg = self.cx.cfg;
         if self.conns[key].h2 != 0 {
             // A stream's request, given as HTTP/1.1: `$request` and `$server_protocol` say

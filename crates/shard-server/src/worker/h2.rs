@@ -160,7 +160,7 @@ pub(super) enum Out {
     Done,
 }
 
-struct Stream {
+pub(super) struct Stream {
     id: u32,
     /// Bytes we may still send on the stream, and bytes the client may still send.
     send_window: i64,
@@ -170,6 +170,12 @@ struct Stream {
     /// What the request's `content-length` still expects of DATA (`None`: chunked, or no
     /// body).
     body_left: Option<u64>,
+    /// The body broke its `content-length`: the request answers 400 where it has not
+    /// answered yet.
+    pub(super) body_error: bool,
+    /// The HEADERS (and CONTINUATION) payload's length: nginx's `$request_length` for the
+    /// head.
+    pub(super) head_len: u32,
     /// A `HEAD` request: the response has no body whatever its head says.
     head_only: bool,
     /// The client's END_STREAM came.
@@ -1230,7 +1236,12 @@ impl Worker<'_> {
                     return Ok(());
                 };
                 let head_only = fields.iter().any(|&(n, v)| n == b":method" && v == b"HEAD");
+                let block_len = block.len() as u32;
                 self.h2_stream(key, idx, stream, head, chunked, head_only, end_stream);
+                let s = &mut self.h2[idx];
+                if let Some(st) = s.ids.get(&stream).and_then(|sk| s.streams.get_mut(sk)) {
+                    st.head_len = block_len;
+                }
             }
             Frame::Data {
                 stream,
@@ -1321,7 +1332,7 @@ impl Worker<'_> {
             crate::log!(Info, "{msg}");
             st.recv_done = true;
             st.body_left = Some(0);
-            c.body_error = true;
+            st.body_error = true;
             s.ready.push(sk);
             return;
         }
@@ -1471,6 +1482,8 @@ impl Worker<'_> {
                 recv_window: s.our_window,
                 chunked_in,
                 body_left,
+                body_error: false,
+                head_len: 0,
                 head_only,
                 recv_done: end_stream,
                 out: Out::Head(Vec::new()),
@@ -1768,6 +1781,15 @@ impl Worker<'_> {
     }
 
     /// The TLS of the session a stream connection belongs to (for `$ssl_*`, `$https`).
+    /// The HTTP/2 stream the connection `key` carries, if it is one.
+    pub(super) fn h2_stream_of(&self, key: usize) -> Option<&Stream> {
+        let c = self.conns.get(key)?;
+        if c.h2 & H2_STREAM == 0 || c.h2 & super::h3::H3_STREAM != 0 {
+            return None;
+        }
+        self.h2.get(session_of(c.h2)?)?.streams.get(&key)
+    }
+
     pub(super) fn h2_parent(&self, key: usize) -> Option<usize> {
         let c = self.conns.get(key)?;
         if c.h2 & H2_STREAM == 0 || c.h2 & super::h3::H3_STREAM != 0 {

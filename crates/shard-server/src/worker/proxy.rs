@@ -1075,7 +1075,7 @@ impl<'a> Worker<'a> {
             if self.client_abandoned(key, &p) {
                 break Flow::Close;
             }
-            if !p.head_sent && self.conns[key].body_error {
+            if !p.head_sent && self.h2_stream_of(key).is_some_and(|st| st.body_error) {
                 // An HTTP/2 stream whose body broke its `content-length`.
                 break Flow::Fail(400);
             }
