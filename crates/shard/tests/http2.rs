@@ -1218,3 +1218,17 @@ fn request_length_is_the_header_blocks() {
     assert!(matches!(c.send(&block), client::Outcome::Answered(200, _)));
     assert_eq!(String::from_utf8_lossy(&c.body), block.len().to_string());
 }
+
+/// `keepalive_timeout 0` over HTTP/2, as nginx: the request is answered, then GOAWAY (the
+/// connection is not kept between requests).
+#[test]
+fn keepalive_timeout_0_answers_then_goes_away() {
+    let s = start("h2-keepalive-0", "http2", "keepalive_timeout 0;");
+    let mut c = client::Conn::open(h2_addr(&s)).unwrap();
+    assert!(matches!(c.get("/ok"), client::Outcome::Answered(200, 3)));
+    assert!(
+        c.wait_goaway(Duration::from_secs(5)),
+        "GOAWAY after the answer"
+    );
+    assert_eq!(c.goaway_code, Some(0));
+}

@@ -838,6 +838,12 @@ impl Worker<'_> {
                 self.drive(s);
             }
             self.h2_refill(idx);
+            let s = &mut self.h2[idx];
+            if s.streams.is_empty() && s.taken > 0 && s.keepalive_timeout_ms == 0 {
+                // `keepalive_timeout 0`: no connection is kept between requests, as nginx's
+                // (the streams taken were answered, then GOAWAY).
+                s.go_away(code::NO_ERROR);
+            }
             let before = self.h2[idx].out.len();
             match self.h2_write(key, idx) {
                 Io::Close => return Io::Close,
@@ -885,7 +891,11 @@ impl Worker<'_> {
         if done && c.out.is_empty() && s.out.is_empty() {
             return self.h2_shut(key, idx);
         }
-        c.deadline_ms = if idle {
+        c.deadline_ms = if idle && s.taken == 0 {
+            // Before its first stream (`keepalive_timeout 0` included), a connection waits
+            // for it at least `client_header_timeout`.
+            now + s.keepalive_timeout_ms.max(s.header_timeout_ms)
+        } else if idle {
             now + s.keepalive_timeout_ms
         } else {
             u64::MAX
