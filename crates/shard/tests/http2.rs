@@ -1232,3 +1232,96 @@ fn keepalive_timeout_0_answers_then_goes_away() {
     );
     assert_eq!(c.goaway_code, Some(0));
 }
+
+/// RFC 7540 priorities, as nginx orders its frames: two streams wait for the connection's
+/// window; once it opens, the heavier stream's DATA goes first, whichever asked first, and
+/// a stream that depends on another goes after it.
+#[test]
+fn streams_waiting_for_window_go_on_by_priority() {
+    use shard_http::h2frame::{self, Frame, Reader};
+    use std::io::{Read, Write};
+    let s = start("h2-priority", "http2", "");
+    let block = |path: &str| {
+        let e = shard_http::hpack::Encoder;
+        let mut b = Vec::new();
+        e.field(b":method", b"GET", &mut b);
+        e.field(b":scheme", b"http", &mut b);
+        e.field(b":path", path.as_bytes(), &mut b);
+        e.field(b":authority", b"localhost", &mut b);
+        b
+    };
+    let priority = |out: &mut Vec<u8>, stream: u32, dep: u32, weight: u8| {
+        h2frame::push_header(out, 5, h2frame::kind::PRIORITY, 0, stream);
+        out.extend_from_slice(&dep.to_be_bytes());
+        out.push(weight);
+    };
+    // (weights of streams 1 and 3, stream 1's dependency) -> the stream whose DATA comes first.
+    for (w1, w3, dep1, first) in [(0u8, 255u8, 0u32, 3u32), (255, 0, 0, 1), (16, 16, 3, 3)] {
+        let mut c = std::net::TcpStream::connect(h2_addr(&s)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut reader = Reader::new(1 << 20, 1 << 20);
+        let mut input = Vec::new();
+        // Reads until `until` says so of a frame (its stream, type, length).
+        let mut read_until =
+            |c: &mut std::net::TcpStream, until: &mut dyn FnMut(u32, u8, usize) -> bool| loop {
+                let mut used = 0;
+                let mut hit = false;
+                while let Ok(Some((f, n))) = reader.next(&input[used..]) {
+                    used += n;
+                    let (stream, ty, len) = match f {
+                        Frame::Data { stream, data, .. } => {
+                            (stream, h2frame::kind::DATA, data.len())
+                        }
+                        Frame::Headers { stream, .. } => (stream, h2frame::kind::HEADERS, 0),
+                        _ => (0, 0xff, 0),
+                    };
+                    if until(stream, ty, len) {
+                        hit = true;
+                        break;
+                    }
+                }
+                input.drain(..used);
+                if hit {
+                    return;
+                }
+                let mut b = [0u8; 65_536];
+                let n = c.read(&mut b).expect("frames");
+                assert!(n > 0, "closed");
+                input.extend_from_slice(&b[..n]);
+            };
+        let mut out = h2frame::PREFACE.to_vec();
+        h2frame::push_settings(&mut out, &[]);
+        h2frame::push_settings_ack(&mut out);
+        h2frame::push_headers(&mut out, 1, &block("/big.bin"), true, 16_384);
+        c.write_all(&out).unwrap();
+        // Stream 1 takes the whole connection window.
+        let mut got = 0;
+        read_until(&mut c, &mut |st, ty, len| {
+            if st == 1 && ty == h2frame::kind::DATA {
+                got += len;
+            }
+            got >= 65_535
+        });
+        let mut out = Vec::new();
+        h2frame::push_headers(&mut out, 3, &block("/a.txt"), true, 16_384);
+        c.write_all(&out).unwrap();
+        read_until(&mut c, &mut |st, ty, _| {
+            st == 3 && ty == h2frame::kind::HEADERS
+        });
+        let mut out = Vec::new();
+        priority(&mut out, 1, dep1, w1);
+        priority(&mut out, 3, 0, w3);
+        h2frame::push_window_update(&mut out, 1, 1 << 17);
+        h2frame::push_window_update(&mut out, 0, 1 << 17);
+        c.write_all(&out).unwrap();
+        let mut seen = 0;
+        read_until(&mut c, &mut |st, ty, _| {
+            if ty == h2frame::kind::DATA {
+                seen = st;
+                return true;
+            }
+            false
+        });
+        assert_eq!(seen, first, "weights {w1}/{w3}, stream 1 depends on {dep1}");
+    }
+}

@@ -1009,6 +1009,30 @@ impl Conn {
                 }
                 continue;
             }
+            // An HTTP/2 stream whose window took part of a file chunk: the rest joins the
+            // next chunk before it goes, so a frame is not cut where a read ended (nginx
+            // frames across its buffers).
+            if c.fd.is_none() && c.h2 != 0 && r.ssi.is_none() && r.rate.is_none() {
+                if let Some(f) = r.file.as_mut().filter(|f| !f.sendfile && f.remaining > 0) {
+                    let pending = c.out.len() - c.out_pos;
+                    if c.out_pos > 0 && pending > 0 && pending < FILE_CHUNK_BYTES {
+                        let want = (FILE_CHUNK_BYTES - pending).min(f.remaining as usize);
+                        if let Ok(n @ 1..) = shard_event::sock::pread_append(
+                            f.fd.as_raw_fd(),
+                            &mut c.out,
+                            want,
+                            f.offset,
+                        ) {
+                            if let Some(t) = f.recode.as_deref() {
+                                let at = c.out.len() - n;
+                                recode(&mut c.out[at..], t);
+                            }
+                            f.offset += n as u64;
+                            f.remaining -= n as u64;
+                        }
+                    }
+                }
+            }
             // A head followed by a small file sent with `sendfile`: one segment, not two.
             let more = r.file.as_ref().is_some_and(|f| {
                 f.sendfile && f.remaining > 0 && f.remaining <= CORK_FILE_MAX_BYTES

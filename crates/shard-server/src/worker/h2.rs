@@ -60,6 +60,34 @@ const MAX_WINDOW: i64 = (1 << 31) - 1;
 /// windows bound what a client may send. What it used is given back past this much.
 const CONN_WINDOW_REFILL: u64 = 1 << 20;
 
+/// Priority records a session keeps (streams opened or not), and the depth of the tree
+/// looked at.
+const PRIORITIES_MAX: usize = 1024;
+const PRIORITY_DEPTH_MAX: usize = 32;
+
+/// A HEADERS frame's priority fields, or a PRIORITY frame's, from the frame's bytes:
+/// `(stream, depends on, weight 1..=256, exclusive)`.
+fn frame_priority(raw: &[u8]) -> Option<(u32, u32, u16, bool)> {
+    let head = raw.get(..9)?;
+    let (ty, flags) = (head[3], head[4]);
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    let p = &raw[9..];
+    let p = match ty {
+        h2frame::kind::PRIORITY => p,
+        h2frame::kind::HEADERS if flags & h2frame::flag::PRIORITY != 0 => {
+            if flags & h2frame::flag::PADDED != 0 {
+                p.get(1..)?
+            } else {
+                p
+            }
+        }
+        _ => return None,
+    };
+    let d = u32::from_be_bytes(p.get(..4)?.try_into().ok()?);
+    let weight = u16::from(*p.get(4)?) + 1;
+    Some((stream, d & 0x7fff_ffff, weight, d & 0x8000_0000 != 0))
+}
+
 /// SETTINGS identifiers (RFC 9113, 6.5.2).
 mod setting {
     pub const ENABLE_PUSH: u16 = 2;
@@ -82,6 +110,10 @@ pub(super) struct Session {
     out: Vec<u8>,
     /// Stream connections by stream id, and the streams by their connections' keys.
     ids: HashMap<u32, usize, foldhash::fast::RandomState>,
+    /// RFC 7540's priorities, as nginx keeps them: each stream id's parent and weight
+    /// (from HEADERS and PRIORITY frames, also for streams not opened yet). Streams that
+    /// wait for window go on in this order ([`Session::priority_key`]).
+    prio: HashMap<u32, (u32, u16), foldhash::fast::RandomState>,
     streams: HashMap<usize, Stream, foldhash::fast::RandomState>,
     /// Stream connections to drive in this round.
     ready: Vec<usize>,
@@ -635,6 +667,62 @@ impl Session {
         st.out = Out::Done;
     }
 
+    /// Records a priority (RFC 7540, 5.3): `id` depends on `dep` with `weight` (1..=256);
+    /// `exclusive` makes it the only child of `dep`, its siblings its own children. A stream
+    /// made to depend on its own descendant first moves that descendant up, as the RFC asks.
+    fn prioritize(&mut self, id: u32, dep: u32, weight: u16, exclusive: bool) {
+        if self.prio.len() >= PRIORITIES_MAX && !self.prio.contains_key(&id) {
+            return;
+        }
+        if self.ancestors(dep).any(|a| a == id) {
+            let old = self.prio.get(&id).map_or(0, |r| r.0);
+            if let Some(r) = self.prio.get_mut(&dep) {
+                r.0 = old;
+            }
+        }
+        if exclusive {
+            for (k, r) in self.prio.iter_mut() {
+                if r.0 == dep && *k != id {
+                    r.0 = id;
+                }
+            }
+        }
+        self.prio.insert(id, (dep, weight));
+    }
+
+    /// The ids above `id` in the priority tree, nearest first (bounded: a tree is shallow).
+    fn ancestors(&self, id: u32) -> impl Iterator<Item = u32> + '_ {
+        let mut at = id;
+        std::iter::from_fn(move || {
+            let parent = self.prio.get(&at).map_or(0, |r| r.0);
+            (parent != 0).then(|| {
+                at = parent;
+                parent
+            })
+        })
+        .take(PRIORITY_DEPTH_MAX)
+    }
+
+    /// How stream `id` goes before others, as nginx orders its frames: nearer the root
+    /// first, then the larger share of its parent's (weight over 256, times the parent's).
+    fn priority_key(&self, id: u32) -> (usize, std::cmp::Reverse<u64>) {
+        let mut rank = 1;
+        let mut share = 1u64 << 32;
+        let mut at = id;
+        while let Some(&(parent, weight)) = self.prio.get(&at) {
+            share = share * u64::from(weight) / 256;
+            if parent == 0 || rank >= PRIORITY_DEPTH_MAX {
+                break;
+            }
+            rank += 1;
+            at = parent;
+        }
+        if !self.prio.contains_key(&id) {
+            share = share * 16 / 256;
+        }
+        (rank, std::cmp::Reverse(share))
+    }
+
     /// Sends `GOAWAY` with the last stream taken: no new streams; those taken finish.
     fn go_away(&mut self, code: u32) {
         if !self.going_away {
@@ -714,6 +802,7 @@ impl Worker<'_> {
             },
             out,
             ids: HashMap::default(),
+            prio: HashMap::default(),
             streams: HashMap::default(),
             ready: Vec::new(),
             in_drive: false,
@@ -1066,6 +1155,9 @@ impl Worker<'_> {
                 Ok(None) => break Ok(()),
                 Err(e) => break Err(e),
             };
+            if let Some((id, dep, weight, exclusive)) = frame_priority(&input[pos..pos + used]) {
+                self.h2[idx].prioritize(id, dep, weight, exclusive);
+            }
             pos += used;
             progress = true;
             if let Err(e) = self.h2_frame(key, idx, frame) {
@@ -1394,15 +1486,21 @@ impl Worker<'_> {
         if s.out.len() >= SESSION_OUT_MAX || s.send_window <= 0 {
             return false;
         }
-        let mut any = false;
+        // Those that waited go on in priority order (nginx's frame queue order).
+        let mut go: Vec<(usize, u32)> = Vec::new();
         for (&sk, st) in s.streams.iter_mut() {
             if st.blocked && st.send_window > 0 {
                 st.blocked = false;
-                s.ready.push(sk);
-                if let Some(c) = self.conns.get_mut(sk) {
-                    c.writable = true;
-                }
-                any = true;
+                go.push((sk, st.id));
+            }
+        }
+        let s = &self.h2[idx];
+        go.sort_by_key(|&(_, id)| (s.priority_key(id), id));
+        let any = !go.is_empty();
+        for (sk, _) in go {
+            self.h2[idx].ready.push(sk);
+            if let Some(c) = self.conns.get_mut(sk) {
+                c.writable = true;
             }
         }
         any
