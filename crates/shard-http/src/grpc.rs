@@ -270,6 +270,66 @@ impl Conn {
             && self.next_stream <= STREAM_ID_MAX
     }
 
+    /// A kept-alive connection with no stream read something: the upstream's control
+    /// frames (SETTINGS, its acknowledgement of ours, PING, WINDOW_UPDATE) are answered and
+    /// the connection stays; anything else (GOAWAY, a stream's frame, a broken frame) means
+    /// it is not kept (`false`). Answers wait in [`Conn::out`].
+    pub fn idle_feed(&mut self) -> bool {
+        if self.goaway || self.broken || self.s.phase != Phase::Done || !self.s.end_sent {
+            return false;
+        }
+        let raw = std::mem::take(&mut self.raw);
+        let mut reader = std::mem::replace(&mut self.reader, Reader::new(0, 0));
+        let mut pos = 0;
+        let mut keep = true;
+        while keep {
+            match reader.next(&raw[pos..]) {
+                Ok(Some((frame, used))) => {
+                    pos += used;
+                    match frame {
+                        Frame::Settings { ack: true, .. } => {}
+                        Frame::Settings { ack: false, params } => {
+                            for (id, v) in params {
+                                match id {
+                                    INITIAL_WINDOW_SIZE if i64::from(v) <= MAX_WINDOW => {
+                                        self.peer_window = i64::from(v);
+                                    }
+                                    MAX_FRAME_SIZE if (16_384..=16_777_215).contains(&v) => {
+                                        self.peer_max_frame = v as usize;
+                                    }
+                                    _ => {}
+                                }
+                            }
+                            h2frame::push_settings_ack(&mut self.out);
+                        }
+                        Frame::Ping { ack: false, data } => {
+                            h2frame::push_ping_ack(&mut self.out, &data)
+                        }
+                        Frame::Ping { ack: true, .. } => {}
+                        Frame::WindowUpdate {
+                            stream: 0,
+                            increment,
+                        } => {
+                            self.conn_window += i64::from(increment);
+                            keep = self.conn_window <= MAX_WINDOW;
+                        }
+                        Frame::WindowUpdate { .. } => {}
+                        _ => keep = false,
+                    }
+                }
+                Ok(None) => break,
+                Err(_) => keep = false,
+            }
+        }
+        self.raw = raw;
+        self.raw.drain(..pos.min(self.raw.len()));
+        self.reader = reader;
+        if !keep {
+            self.broken = true;
+        }
+        keep
+    }
+
     /// Frames what the windows let go of the queued body.
     fn pump(&mut self) {
         let s = &mut self.s;
@@ -847,6 +907,31 @@ Content-Type: application/grpc\r\nTransfer-Encoding: chunked\r\n\r\n";
             (f[0].0, f[0].1, &f[0].3[..]),
             (h2frame::kind::PING, 1, &b"12345678"[..])
         );
+    }
+
+    #[test]
+    fn an_idle_connection_answers_control_frames_and_stays() {
+        let mut c = Conn::new();
+        c.begin(REQ, b"a:1", false, false, true).unwrap();
+        let mut up = Vec::new();
+        h2frame::push_headers(&mut up, 1, &head_block(&[(":status", "200")]), true, 16384);
+        response(&mut c, &up).unwrap();
+        assert!(c.reusable());
+        c.out.clear();
+        // Pooled: the acknowledgement of our SETTINGS, a PING, a window.
+        h2frame::push_settings_ack(&mut c.raw);
+        c.raw
+            .extend_from_slice(&[0, 0, 8, h2frame::kind::PING, 0, 0, 0, 0, 0]);
+        c.raw.extend_from_slice(b"abcdefgh");
+        h2frame::push_window_update(&mut c.raw, 0, 100);
+        assert!(c.idle_feed());
+        assert!(c.reusable());
+        let f = frames(&c.out);
+        assert_eq!((f[0].0, f[0].1), (h2frame::kind::PING, 1));
+        // A GOAWAY: not kept.
+        h2frame::push_goaway(&mut c.raw, 1, 0);
+        assert!(!c.idle_feed());
+        assert!(!c.reusable());
     }
 
     #[test]

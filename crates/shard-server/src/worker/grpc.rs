@@ -277,6 +277,35 @@ impl Worker<'_> {
         Ok(true)
     }
 
+    /// A pooled gRPC connection became readable: its control frames (SETTINGS, their
+    /// acknowledgement, PING, WINDOW_UPDATE) are answered and it stays (`true`); anything
+    /// else, the end of the connection, or a connection that is not gRPC's: `false`, the
+    /// pool closes it. nginx's grpc module keeps its connections the same way.
+    pub(super) fn grpc_idle_read(&mut self, u: usize) -> bool {
+        let Some(uc) = self.upconns.get_mut(u) else {
+            return false;
+        };
+        let Some(mut g) = uc.grpc.take() else {
+            return false;
+        };
+        let keep = loop {
+            if uc.hup && !uc.readable {
+                break false;
+            }
+            match uc.read_into(&mut g.raw, GRPC_READ_BYTES) {
+                Ok(Some(0)) | Err(_) => break false,
+                Ok(Some(_)) => {
+                    if !g.idle_feed() {
+                        break false;
+                    }
+                }
+                Ok(None) => break !uc.hup,
+            }
+        };
+        uc.grpc = Some(g);
+        keep && matches!(self.grpc_flush(u), Ok(true))
+    }
+
     /// Reads the upstream's frames and turns them into response bytes at the end of
     /// `p.rbuf` (a head at most `head_max` long); what they ask of us is written on the
     /// way. As [`Worker::read_upstream`]: `Ok(None)` to wait, `Ok(Some(0))` the end (of the

@@ -3989,9 +3989,10 @@ impl<'a> Worker<'a> {
                 }
             }
             None => {
-                // Idle in the pool: the peer closed it, or sent something unasked.
-                if ev.readable() || ev.hup() {
-                    let upstream = uc.upstream;
+                // Idle in the pool: the peer closed it, or sent something unasked (a gRPC
+                // upstream's control frames are answered, and the connection stays).
+                if (ev.readable() || ev.hup()) && !self.grpc_idle_read(u) {
+                    let upstream = self.upconns[u].upstream;
                     self.pools[upstream].retain(|&k| k != u);
                     self.close_upconn(u);
                 }
