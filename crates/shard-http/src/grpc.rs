@@ -272,62 +272,17 @@ impl Conn {
 
     /// A kept-alive connection with no stream read something: the upstream's control
     /// frames (SETTINGS, its acknowledgement of ours, PING, WINDOW_UPDATE) are answered and
-    /// the connection stays; anything else (GOAWAY, a stream's frame, a broken frame) means
-    /// it is not kept (`false`). Answers wait in [`Conn::out`].
+    /// the connection stays, as while a stream is read ([`Conn::feed`]); a GOAWAY, a frame
+    /// for the stream that ended, or a broken frame means it is not kept (`false`).
+    /// Answers wait in [`Conn::out`].
     pub fn idle_feed(&mut self) -> bool {
         if self.goaway || self.broken || self.s.phase != Phase::Done || !self.s.end_sent {
             return false;
         }
-        let raw = std::mem::take(&mut self.raw);
-        let mut reader = std::mem::replace(&mut self.reader, Reader::new(0, 0));
-        let mut pos = 0;
-        let mut keep = true;
-        while keep {
-            match reader.next(&raw[pos..]) {
-                Ok(Some((frame, used))) => {
-                    pos += used;
-                    match frame {
-                        Frame::Settings { ack: true, .. } => {}
-                        Frame::Settings { ack: false, params } => {
-                            for (id, v) in params {
-                                match id {
-                                    INITIAL_WINDOW_SIZE if i64::from(v) <= MAX_WINDOW => {
-                                        self.peer_window = i64::from(v);
-                                    }
-                                    MAX_FRAME_SIZE if (16_384..=16_777_215).contains(&v) => {
-                                        self.peer_max_frame = v as usize;
-                                    }
-                                    _ => {}
-                                }
-                            }
-                            h2frame::push_settings_ack(&mut self.out);
-                        }
-                        Frame::Ping { ack: false, data } => {
-                            h2frame::push_ping_ack(&mut self.out, &data)
-                        }
-                        Frame::Ping { ack: true, .. } => {}
-                        Frame::WindowUpdate {
-                            stream: 0,
-                            increment,
-                        } => {
-                            self.conn_window += i64::from(increment);
-                            keep = self.conn_window <= MAX_WINDOW;
-                        }
-                        Frame::WindowUpdate { .. } => {}
-                        _ => keep = false,
-                    }
-                }
-                Ok(None) => break,
-                Err(_) => keep = false,
-            }
-        }
-        self.raw = raw;
-        self.raw.drain(..pos.min(self.raw.len()));
-        self.reader = reader;
-        if !keep {
-            self.broken = true;
-        }
-        keep
+        // The frames a stream reads, with the stream done: a stream's frame is an error
+        // there ("frame for closed stream"), and nothing may come out as a response.
+        let mut http = Vec::new();
+        self.feed(&mut http, 0).is_ok() && http.is_empty() && !self.goaway
     }
 
     /// Frames what the windows let go of the queued body.
