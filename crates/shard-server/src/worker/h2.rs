@@ -1338,12 +1338,10 @@ impl Worker<'_> {
                     return Ok(());
                 };
                 let head_only = fields.iter().any(|&(n, v)| n == b":method" && v == b"HEAD");
-                let block_len = block.len() as u32;
-                self.h2_stream(key, idx, stream, head, chunked, head_only, end_stream);
-                let s = &mut self.h2[idx];
-                if let Some(st) = s.ids.get(&stream).and_then(|sk| s.streams.get_mut(sk)) {
-                    st.head_len = block_len;
-                }
+                let head_len = block.len() as u32;
+                self.h2_stream(
+                    key, idx, stream, head, head_len, chunked, head_only, end_stream,
+                );
             }
             Frame::Data {
                 stream,
@@ -1540,7 +1538,8 @@ impl Worker<'_> {
         }
     }
 
-    /// A new stream: its connection, and the HTTP/1.1 head of its request as its input.
+    /// A new stream: its connection, and the HTTP/1.1 head of its request as its input
+    /// (`head_len`: its header block as sent, `$request_length`).
     #[allow(clippy::too_many_arguments)]
     fn h2_stream(
         &mut self,
@@ -1548,6 +1547,7 @@ impl Worker<'_> {
         idx: usize,
         id: u32,
         head: Vec<u8>,
+        head_len: u32,
         chunked_in: bool,
         head_only: bool,
         end_stream: bool,
@@ -1591,7 +1591,7 @@ impl Worker<'_> {
                 chunked_in,
                 body_left,
                 body_error: false,
-                head_len: 0,
+                head_len,
                 head_only,
                 recv_done: end_stream,
                 out: Out::Head(Vec::new()),
@@ -1891,19 +1891,20 @@ impl Worker<'_> {
     /// The TLS of the session a stream connection belongs to (for `$ssl_*`, `$https`).
     /// The HTTP/2 stream the connection `key` carries, if it is one.
     pub(super) fn h2_stream_of(&self, key: usize) -> Option<&Stream> {
-        let c = self.conns.get(key)?;
-        if c.h2 & H2_STREAM == 0 || c.h2 & super::h3::H3_STREAM != 0 {
-            return None;
-        }
-        self.h2.get(session_of(c.h2)?)?.streams.get(&key)
+        self.h2_session_of_stream(key)?.streams.get(&key)
     }
 
     pub(super) fn h2_parent(&self, key: usize) -> Option<usize> {
+        self.h2_session_of_stream(key).map(|s| s.key)
+    }
+
+    /// The session of the HTTP/2 stream connection `key` (none for HTTP/3's streams).
+    fn h2_session_of_stream(&self, key: usize) -> Option<&Session> {
         let c = self.conns.get(key)?;
         if c.h2 & H2_STREAM == 0 || c.h2 & super::h3::H3_STREAM != 0 {
             return None;
         }
-        session_of(c.h2).and_then(|i| self.h2.get(i)).map(|s| s.key)
+        self.h2.get(session_of(c.h2)?)
     }
 }
 
