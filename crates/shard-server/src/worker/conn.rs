@@ -73,6 +73,21 @@ struct FileBody {
     recode: Option<std::sync::Arc<[u8; 256]>>,
 }
 
+impl FileBody {
+    /// Appends up to `want` bytes from where the body is (recoded when it must be) to
+    /// `out`, and moves past them. `Ok(0)`: the file ended before the body did.
+    fn read_into(&mut self, out: &mut Vec<u8>, want: usize) -> std::io::Result<usize> {
+        let n = shard_event::sock::pread_append(self.fd.as_raw_fd(), out, want, self.offset)?;
+        if let Some(t) = self.recode.as_deref() {
+            let at = out.len() - n;
+            recode(&mut out[at..], t);
+        }
+        self.offset += n as u64;
+        self.remaining -= n as u64;
+        Ok(n)
+    }
+}
+
 /// Replaces each byte of `data` by its entry in `table` (`charset_map`).
 pub(super) fn recode(data: &mut [u8], table: &[u8; 256]) {
     for b in data {
@@ -1017,19 +1032,8 @@ impl Conn {
                     let pending = c.out.len() - c.out_pos;
                     if c.out_pos > 0 && pending > 0 && pending < FILE_CHUNK_BYTES {
                         let want = (FILE_CHUNK_BYTES - pending).min(f.remaining as usize);
-                        if let Ok(n @ 1..) = shard_event::sock::pread_append(
-                            f.fd.as_raw_fd(),
-                            &mut c.out,
-                            want,
-                            f.offset,
-                        ) {
-                            if let Some(t) = f.recode.as_deref() {
-                                let at = c.out.len() - n;
-                                recode(&mut c.out[at..], t);
-                            }
-                            f.offset += n as u64;
-                            f.remaining -= n as u64;
-                        }
+                        // (A failed read is met again, and answered, by the loop's own.)
+                        let _ = f.read_into(&mut c.out, want);
                     }
                 }
             }
@@ -1162,22 +1166,10 @@ impl Conn {
             }
             if !f.sendfile {
                 // Copy a chunk into the output buffer; the next pass writes it.
-                match shard_event::sock::pread_append(
-                    f.fd.as_raw_fd(),
-                    &mut c.out,
-                    want.min(FILE_CHUNK_BYTES),
-                    f.offset,
-                ) {
+                match f.read_into(&mut c.out, want.min(FILE_CHUNK_BYTES)) {
                     // The file shrank under us: the promised Content-Length cannot be met.
                     Ok(0) => return Flush::Failed,
-                    Ok(n) => {
-                        if let Some(t) = f.recode.as_deref() {
-                            let at = c.out.len() - n;
-                            recode(&mut c.out[at..], t);
-                        }
-                        f.offset += n as u64;
-                        f.remaining -= n as u64;
-                    }
+                    Ok(_) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(_) => return Flush::Failed,
                 }

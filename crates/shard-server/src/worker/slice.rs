@@ -216,8 +216,9 @@ impl Worker<'_> {
                 self.close_upconn(u);
             }
         }
+        // (`proxy_connect` sets what each attempt starts with: `upreq_pos`, `reused`,
+        // `grpc_begun`.)
         p.upreq.clear();
-        p.upreq_pos = 0;
         p.cache = None;
         p.cache_looked = false;
         p.tried.fill(false);
@@ -226,8 +227,6 @@ impl Worker<'_> {
         p.upbody = UpBody::None;
         p.last_failure = None;
         p.retry_peer = None;
-        p.reused = false;
-        p.grpc_begun = false;
         p.state = State::Connect;
         if let Some(w) = p.window.as_mut() {
             w.2 = start;
