@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use shard_http::h2frame::{self, Frame, Reader};
 use shard_http::hpack;
-use support::h2client::{Conn, Outcome};
+use support::h2client::{Conn, Outcome, Raw};
 use support::*;
 
 /// What the fake upstream does with a stream once its request ended.
@@ -417,62 +417,42 @@ fn a_bidirectional_stream_moves_both_ways_at_once() {
         up.addr,
         &format!("location / {{ grpc_pass {}; }}", up.addr),
     );
-    let mut c = TcpStream::connect(addr(&s)).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut out = h2frame::PREFACE.to_vec();
-    h2frame::push_settings(&mut out, &[]);
+    let mut c = Raw::open(addr(&s), false);
+    let mut out = Vec::new();
     h2frame::push_headers(&mut out, 1, &call_block("/chat.Chat/Talk"), false, 16_384);
     h2frame::push_data(&mut out, 1, b"ping-1", false);
-    c.write_all(&out).unwrap();
-    let mut reader = Reader::new(16_384, 1 << 20);
-    let mut input = Vec::new();
-    // Reads frames until `want` DATA bytes came on stream 1, or trailers (true).
-    let mut wait_for = |c: &mut TcpStream, want: &[u8]| -> bool {
+    c.write(&out);
+    // Reads frames until `want` DATA bytes came on stream 1 (false), or trailers (true).
+    let wait_for = |c: &mut Raw, want: &[u8]| -> bool {
         let mut got = Vec::new();
-        loop {
-            let mut used = 0;
-            let mut acks = Vec::new();
-            let mut ended = false;
-            while let Ok(Some((f, n))) = reader.next(&input[used..]) {
-                used += n;
-                match f {
-                    Frame::Settings { ack: false, .. } => h2frame::push_settings_ack(&mut acks),
-                    Frame::Data {
-                        stream: 1, data, ..
-                    } => got.extend_from_slice(data),
-                    Frame::Headers {
-                        stream: 1,
-                        end_stream: true,
-                        ..
-                    } => ended = true,
-                    Frame::RstStream { code, .. } => panic!("reset {code}"),
-                    _ => {}
-                }
+        c.read_until(|f, acks| match f {
+            Frame::Settings { ack: false, .. } => {
+                h2frame::push_settings_ack(acks);
+                None
             }
-            input.drain(..used);
-            c.write_all(&acks).unwrap();
-            if ended {
-                return true;
+            Frame::Data {
+                stream: 1, data, ..
+            } => {
+                got.extend_from_slice(data);
+                (!want.is_empty() && got == want).then_some(false)
             }
-            if !want.is_empty() && got == want {
-                return false;
-            }
-            let mut b = [0u8; 16_384];
-            let n = c
-                .read(&mut b)
-                .expect("an answer before the client's next message");
-            assert!(n > 0, "closed");
-            input.extend_from_slice(&b[..n]);
-        }
+            Frame::Headers {
+                stream: 1,
+                end_stream: true,
+                ..
+            } => Some(true),
+            Frame::RstStream { code, .. } => panic!("reset {code}"),
+            _ => None,
+        })
     };
     assert!(!wait_for(&mut c, b"ping-1"));
     let mut out = Vec::new();
     h2frame::push_data(&mut out, 1, b"ping-2", false);
-    c.write_all(&out).unwrap();
+    c.write(&out);
     assert!(!wait_for(&mut c, b"ping-2"));
     let mut out = Vec::new();
     h2frame::push_data(&mut out, 1, b"", true);
-    c.write_all(&out).unwrap();
+    c.write(&out);
     assert!(wait_for(&mut c, b""), "trailers end the stream");
     assert_eq!(up.calls()[0].body, b"ping-1ping-2");
 }

@@ -1070,8 +1070,8 @@ fn add_trailer_goes_as_a_last_headers_frame() {
 /// and a body within it is answered.
 #[test]
 fn a_small_preread_window_is_announced_and_kept() {
-    use shard_http::h2frame::{self, code, Frame, Reader};
-    use std::io::{Read, Write};
+    use client::Raw;
+    use shard_http::h2frame::{self, code, Frame};
     let s = start("h2-preread", "http2", "http2_body_preread_size 10;");
     let block = {
         let e = shard_http::hpack::Encoder;
@@ -1082,63 +1082,27 @@ fn a_small_preread_window_is_announced_and_kept() {
         e.field(b":authority", b"localhost", &mut b);
         b
     };
-    // Reads frames until a RST_STREAM (its code) or stream 1's end (None).
-    let outcome = |c: &mut std::net::TcpStream| -> Option<u32> {
-        let mut reader = Reader::new(1 << 20, 1 << 20);
-        let mut input = Vec::new();
-        loop {
-            let mut used = 0;
-            while let Ok(Some((f, n))) = reader.next(&input[used..]) {
-                used += n;
-                match f {
-                    Frame::RstStream { stream: 1, code } => return Some(code),
-                    Frame::Data {
-                        stream: 1,
-                        end_stream: true,
-                        ..
-                    } => return None,
-                    _ => {}
-                }
-            }
-            input.drain(..used);
-            let mut b = [0u8; 16_384];
-            let n = c.read(&mut b).expect("an answer");
-            assert!(n > 0, "closed");
-            input.extend_from_slice(&b[..n]);
-        }
+    // Sends the request with `body`; stream 1's RST_STREAM code, or None at its end.
+    let outcome = |ack: bool, body: &[u8]| -> Option<u32> {
+        let mut c = Raw::open(h2_addr(&s), ack);
+        let mut out = Vec::new();
+        h2frame::push_headers(&mut out, 1, &block, false, 16_384);
+        h2frame::push_data(&mut out, 1, body, true);
+        c.write(&out);
+        c.read_until(|f, _| match f {
+            Frame::RstStream { stream: 1, code } => Some(Some(code)),
+            Frame::Data {
+                stream: 1,
+                end_stream: true,
+                ..
+            } => Some(None),
+            _ => None,
+        })
     };
-    let open = |ack: bool| {
-        let mut c = std::net::TcpStream::connect(h2_addr(&s)).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut out = h2frame::PREFACE.to_vec();
-        h2frame::push_settings(&mut out, &[]);
-        if ack {
-            h2frame::push_settings_ack(&mut out);
-        }
-        c.write_all(&out).unwrap();
-        c
-    };
-    let mut c = open(false);
-    let mut out = Vec::new();
-    h2frame::push_headers(&mut out, 1, &block, false, 16_384);
-    h2frame::push_data(&mut out, 1, b"TEST", true);
-    c.write_all(&out).unwrap();
-    assert_eq!(outcome(&mut c), Some(code::REFUSED_STREAM));
-
-    let mut c = open(true);
-    let mut out = Vec::new();
-    h2frame::push_headers(&mut out, 1, &block, false, 16_384);
-    h2frame::push_data(&mut out, 1, &[b'x'; 40], true);
-    c.write_all(&out).unwrap();
-    assert_eq!(outcome(&mut c), Some(code::FLOW_CONTROL_ERROR));
-
-    let mut c = open(true);
-    let mut out = Vec::new();
-    h2frame::push_headers(&mut out, 1, &block, false, 16_384);
-    h2frame::push_data(&mut out, 1, b"0123456789", true);
-    c.write_all(&out).unwrap();
+    assert_eq!(outcome(false, b"TEST"), Some(code::REFUSED_STREAM));
+    assert_eq!(outcome(true, &[b'x'; 40]), Some(code::FLOW_CONTROL_ERROR));
     assert_eq!(
-        outcome(&mut c),
+        outcome(true, b"0123456789"),
         None,
         "a body within the window is answered"
     );
@@ -1148,8 +1112,8 @@ fn a_small_preread_window_is_announced_and_kept() {
 /// request, as nginx: 400, and the upstream is never asked.
 #[test]
 fn a_body_that_breaks_its_content_length_is_400() {
-    use shard_http::h2frame::{self, Frame, Reader};
-    use std::io::{Read, Write};
+    use client::Raw;
+    use shard_http::h2frame::{self, Frame};
     let s = start("h2-body-length", "http2", "");
     for (declared, body) in [("5", &b"TEST"[..]), ("3", &b"TEST"[..])] {
         let e = shard_http::hpack::Encoder;
@@ -1159,42 +1123,29 @@ fn a_body_that_breaks_its_content_length_is_400() {
         e.field(b":path", b"/up/x", &mut block);
         e.field(b":authority", b"localhost", &mut block);
         e.field(b"content-length", declared.as_bytes(), &mut block);
-        let mut c = std::net::TcpStream::connect(h2_addr(&s)).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut out = h2frame::PREFACE.to_vec();
-        h2frame::push_settings(&mut out, &[]);
-        h2frame::push_settings_ack(&mut out);
+        let mut c = Raw::open(h2_addr(&s), true);
+        let mut out = Vec::new();
         h2frame::push_headers(&mut out, 1, &block, false, 16_384);
         h2frame::push_data(&mut out, 1, body, true);
-        c.write_all(&out).unwrap();
-        let mut reader = Reader::new(1 << 20, 1 << 20);
+        c.write(&out);
         let mut decoder = shard_http::hpack::Decoder::new(4096);
-        let mut input = Vec::new();
-        let status = 'read: loop {
-            let mut used = 0;
-            while let Ok(Some((f, n))) = reader.next(&input[used..]) {
-                used += n;
-                if let Frame::Headers {
-                    stream: 1, block, ..
-                } = f
-                {
-                    let mut st = String::new();
-                    decoder
-                        .decode(block, 1 << 20, |n, v| {
-                            if n == b":status" {
-                                st = String::from_utf8_lossy(v).into_owned();
-                            }
-                        })
-                        .unwrap();
-                    break 'read st;
-                }
-            }
-            input.drain(..used);
-            let mut b = [0u8; 16_384];
-            let n = c.read(&mut b).expect("an answer");
-            assert!(n > 0, "closed");
-            input.extend_from_slice(&b[..n]);
-        };
+        let status = c.read_until(|f, _| {
+            let Frame::Headers {
+                stream: 1, block, ..
+            } = f
+            else {
+                return None;
+            };
+            let mut st = String::new();
+            decoder
+                .decode(block, 1 << 20, |n, v| {
+                    if n == b":status" {
+                        st = String::from_utf8_lossy(v).into_owned();
+                    }
+                })
+                .unwrap();
+            Some(st)
+        });
         assert_eq!(status, "400", "content-length {declared}, 4 bytes sent");
     }
 }
@@ -1238,8 +1189,7 @@ fn keepalive_timeout_0_answers_then_goes_away() {
 /// a stream that depends on another goes after it.
 #[test]
 fn streams_waiting_for_window_go_on_by_priority() {
-    use shard_http::h2frame::{self, Frame, Reader};
-    use std::io::{Read, Write};
+    use shard_http::h2frame::{self, Frame};
     let s = start("h2-priority", "http2", "");
     let block = |path: &str| {
         let e = shard_http::hpack::Encoder;
@@ -1257,70 +1207,34 @@ fn streams_waiting_for_window_go_on_by_priority() {
     };
     // (weights of streams 1 and 3, stream 1's dependency) -> the stream whose DATA comes first.
     for (w1, w3, dep1, first) in [(0u8, 255u8, 0u32, 3u32), (255, 0, 0, 1), (16, 16, 3, 3)] {
-        let mut c = std::net::TcpStream::connect(h2_addr(&s)).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut reader = Reader::new(1 << 20, 1 << 20);
-        let mut input = Vec::new();
-        // Reads until `until` says so of a frame (its stream, type, length).
-        let mut read_until =
-            |c: &mut std::net::TcpStream, until: &mut dyn FnMut(u32, u8, usize) -> bool| loop {
-                let mut used = 0;
-                let mut hit = false;
-                while let Ok(Some((f, n))) = reader.next(&input[used..]) {
-                    used += n;
-                    let (stream, ty, len) = match f {
-                        Frame::Data { stream, data, .. } => {
-                            (stream, h2frame::kind::DATA, data.len())
-                        }
-                        Frame::Headers { stream, .. } => (stream, h2frame::kind::HEADERS, 0),
-                        _ => (0, 0xff, 0),
-                    };
-                    if until(stream, ty, len) {
-                        hit = true;
-                        break;
-                    }
-                }
-                input.drain(..used);
-                if hit {
-                    return;
-                }
-                let mut b = [0u8; 65_536];
-                let n = c.read(&mut b).expect("frames");
-                assert!(n > 0, "closed");
-                input.extend_from_slice(&b[..n]);
-            };
-        let mut out = h2frame::PREFACE.to_vec();
-        h2frame::push_settings(&mut out, &[]);
-        h2frame::push_settings_ack(&mut out);
+        let mut c = client::Raw::open(h2_addr(&s), true);
+        let mut out = Vec::new();
         h2frame::push_headers(&mut out, 1, &block("/big.bin"), true, 16_384);
-        c.write_all(&out).unwrap();
+        c.write(&out);
         // Stream 1 takes the whole connection window.
         let mut got = 0;
-        read_until(&mut c, &mut |st, ty, len| {
-            if st == 1 && ty == h2frame::kind::DATA {
-                got += len;
+        c.read_until(|f, _| {
+            if let Frame::Data {
+                stream: 1, data, ..
+            } = f
+            {
+                got += data.len();
             }
-            got >= 65_535
+            (got >= 65_535).then_some(())
         });
         let mut out = Vec::new();
         h2frame::push_headers(&mut out, 3, &block("/a.txt"), true, 16_384);
-        c.write_all(&out).unwrap();
-        read_until(&mut c, &mut |st, ty, _| {
-            st == 3 && ty == h2frame::kind::HEADERS
-        });
+        c.write(&out);
+        c.read_until(|f, _| matches!(f, Frame::Headers { stream: 3, .. }).then_some(()));
         let mut out = Vec::new();
         priority(&mut out, 1, dep1, w1);
         priority(&mut out, 3, 0, w3);
         h2frame::push_window_update(&mut out, 1, 1 << 17);
         h2frame::push_window_update(&mut out, 0, 1 << 17);
-        c.write_all(&out).unwrap();
-        let mut seen = 0;
-        read_until(&mut c, &mut |st, ty, _| {
-            if ty == h2frame::kind::DATA {
-                seen = st;
-                return true;
-            }
-            false
+        c.write(&out);
+        let seen = c.read_until(|f, _| match f {
+            Frame::Data { stream, .. } => Some(stream),
+            _ => None,
         });
         assert_eq!(seen, first, "weights {w1}/{w3}, stream 1 depends on {dep1}");
     }

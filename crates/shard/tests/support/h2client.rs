@@ -246,3 +246,65 @@ impl Conn {
         }
     }
 }
+
+/// A connection driven frame by frame, for tests that misbehave on purpose or watch the
+/// order of frames: what is written is the test's own, and [`Raw::read_until`] hands each
+/// frame read to the test.
+pub struct Raw {
+    pub s: TcpStream,
+    reader: Reader,
+    input: Vec<u8>,
+}
+
+impl Raw {
+    /// Connects and sends the preface and an empty SETTINGS (and its acknowledgement of the
+    /// server's when `ack`: it takes the server's window as said at once).
+    pub fn open(addr: SocketAddr, ack: bool) -> Raw {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut out = h2frame::PREFACE.to_vec();
+        h2frame::push_settings(&mut out, &[]);
+        if ack {
+            h2frame::push_settings_ack(&mut out);
+        }
+        s.write_all(&out).unwrap();
+        Raw {
+            s,
+            reader: Reader::new(1 << 24, 1 << 20),
+            input: Vec::new(),
+        }
+    }
+
+    pub fn write(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).unwrap();
+    }
+
+    /// Reads frames, handing each to `f` (with a buffer for what to answer, written after
+    /// each batch), until `f` returns `Some`; frames after that one wait for the next call.
+    /// Panics when the connection closes or nothing comes for 10 s.
+    pub fn read_until<T>(&mut self, mut f: impl FnMut(Frame<'_>, &mut Vec<u8>) -> Option<T>) -> T {
+        loop {
+            let mut used = 0;
+            let mut replies = Vec::new();
+            let mut found = None;
+            while let Ok(Some((frame, n))) = self.reader.next(&self.input[used..]) {
+                used += n;
+                found = f(frame, &mut replies);
+                if found.is_some() {
+                    break;
+                }
+            }
+            self.input.drain(..used);
+            if !replies.is_empty() {
+                self.s.write_all(&replies).unwrap();
+            }
+            if let Some(t) = found {
+                return t;
+            }
+            let mut b = [0u8; 65_536];
+            let n = self.s.read(&mut b).expect("frames");
+            assert!(n > 0, "closed");
+            self.input.extend_from_slice(&b[..n]);
+        }
+    }
+}
