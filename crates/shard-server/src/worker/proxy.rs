@@ -829,13 +829,12 @@ impl<'a> Worker<'a> {
             let ctx = self.var_ctx(key, &p.req, hs, loc);
             shard_http::vars::render(parts, &ctx)
         };
-        let starts = |pre: &str| {
-            url.len() >= pre.len()
-                && url.as_bytes()[..pre.len()].eq_ignore_ascii_case(pre.as_bytes())
+        let starts = |s: &str, pre: &str| {
+            s.len() >= pre.len() && s.as_bytes()[..pre.len()].eq_ignore_ascii_case(pre.as_bytes())
         };
-        let (mut tls, mut rest) = if starts("http://") {
+        let (mut tls, mut rest) = if starts(&url, "http://") {
             (false, &url[7..])
-        } else if starts("https://") {
+        } else if starts(&url, "https://") {
             (true, &url[8..])
         } else {
             self.log_proxy_error(key, p, &format!("invalid URL prefix in \"{url}\""), None);
@@ -843,13 +842,9 @@ impl<'a> Worker<'a> {
         };
         if p.grpc {
             // `grpc_pass $var`: the value may name its scheme, as nginx's run-time parse.
-            let has = |pre: &str| {
-                rest.len() >= pre.len()
-                    && rest.as_bytes()[..pre.len()].eq_ignore_ascii_case(pre.as_bytes())
-            };
-            if has("grpcs://") {
+            if starts(rest, "grpcs://") {
                 (tls, rest) = (true, &rest[8..]);
-            } else if has("grpc://") {
+            } else if starts(rest, "grpc://") {
                 rest = &rest[7..];
             }
         }
