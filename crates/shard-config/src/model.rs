@@ -2330,6 +2330,36 @@ pub struct ProxySsl {
     pub alpn_h2: bool,
 }
 
+impl ProxySsl {
+    /// `proxy_ssl_conf_command Certificate FILE` and `PrivateKey FILE` (applied after the
+    /// other `proxy_ssl_*` directives, as OpenSSL applies them): the client certificate and
+    /// its key become these files.
+    pub fn with_certificate_commands(mut self) -> Self {
+        for (name, value) in &self.conf_commands {
+            let cert = name.eq_ignore_ascii_case("Certificate");
+            if !cert && !name.eq_ignore_ascii_case("PrivateKey") {
+                continue;
+            }
+            let lit = vec![Part::Lit(value.clone())];
+            if cert {
+                self.certificate = Some(PathBuf::from(value));
+            } else {
+                self.certificate_key = Some(PathBuf::from(value));
+            }
+            if let Some(v) = &mut self.certificate_vars {
+                if cert {
+                    v.raw.0 = value.clone();
+                    v.cert = lit;
+                } else {
+                    v.raw.1 = value.clone();
+                    v.key = lit;
+                }
+            }
+        }
+        self
+    }
+}
+
 impl Default for ProxySsl {
     fn default() -> Self {
         ProxySsl {

@@ -163,6 +163,13 @@ const NGINX_MODULES: &str = "--with-http_ssl_module --with-http_v2_module \
 --without-http_upstream_sticky --without-http_upstream_least_time_module \
 --without-stream_pass_module --without-stream_upstream_least_time_module";
 
+/// How `-V` names the TLS library, in the form nginx prints for a library that offers
+/// OpenSSL's interface under another name (BoringSSL: `OpenSSL 1.1.1 (compatible;
+/// BoringSSL)`): shard's `ssl_*` directives take OpenSSL 3.0's names, commands
+/// (`ssl_conf_command`), verification words and defaults, so scripts and test suites that
+/// gate a TLS feature on `built with OpenSSL X` find what shard implements.
+const OPENSSL_COMPAT: &str = "OpenSSL 3.0.0 (compatible; rustls 0.23, TLS 1.2 and 1.3)";
+
 fn run(cli: Cli) -> i32 {
     if cli.version || cli.version_full {
         eprintln!("shard version: shard/{}", env!("CARGO_PKG_VERSION"));
@@ -170,7 +177,7 @@ fn run(cli: Cli) -> i32 {
             eprintln!(
                 "built with Rust; accept strategies: reuseport, accept_mutex, EPOLLEXCLUSIVE"
             );
-            eprintln!("built with rustls (TLS 1.2 and 1.3)");
+            eprintln!("built with {OPENSSL_COMPAT}");
             eprintln!("TLS SNI support enabled");
             eprintln!("nginx-equivalent configure arguments: {NGINX_MODULES}");
             eprintln!("default configuration path: PREFIX/{DEFAULT_CONF_PATH} (else the embedded default)");

@@ -219,6 +219,12 @@ fn quiet_test_prints_only_errors_and_capital_v_prints_build_information() {
     assert_eq!(code, 0);
     assert!(err.contains("shard version: shard/"), "{err}");
     assert!(err.contains("default configuration path:"), "{err}");
+    // The TLS library line in the form scripts parse (certbot: ` with OpenSSL ([^ ]+) `,
+    // nginx's suite: `with openssl ([0-9.]+)`), naming the library it really is.
+    assert!(
+        err.contains("built with OpenSSL 3.0.0 (compatible; rustls"),
+        "{err}"
+    );
     // What nginx's test suite and scripts read from `nginx -V`: the modules shard has, the
     // default ones it lacks, and nothing it does not have (HTTP/3).
     for m in [

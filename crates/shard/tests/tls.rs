@@ -2776,21 +2776,54 @@ fn ssl_conf_command_shapes_the_handshake() {
         return;
     }
     let dir = temp_dir("tls-conf-command").keep();
-    let _p = pki(&dir, &["s.test"]);
-    let cert = format!(
-        "ssl_certificate {d}/conf/s.test.pem; ssl_certificate_key {d}/conf/s.test.key;",
-        d = dir.display()
-    );
+    let _p = pki(&dir, &["s.test", "o.test"]);
+    let d = dir.display();
+    let cert =
+        format!("ssl_certificate {d}/conf/s.test.pem; ssl_certificate_key {d}/conf/s.test.key;");
+    // Port 3: `Certificate` and `PrivateKey` replace the pair `ssl_certificate` named.
+    // Port 4: the default server's certificate has variables, and a server of the same
+    // address without one handshakes with it (nginx keeps the default's context).
     let conf = format!(
         "worker_processes 1;\nevents {{}}\nhttp {{ access_log off;\n \
+         geo $crt {{ default s.test; }}\n \
          server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }} }}\n \
          server {{ listen 127.0.0.1:{{port1}} ssl; {cert} \
          ssl_conf_command Ciphersuites TLS_CHACHA20_POLY1305_SHA256; return 200 chacha; }}\n \
          server {{ listen 127.0.0.1:{{port2}} ssl; {cert} \
          ssl_conf_command MaxProtocol TLSv1.2; ssl_conf_command Options -SessionTicket; \
-         return 200 twelve; }} }}\n"
+         return 200 twelve; }}\n \
+         server {{ listen 127.0.0.1:{{port3}} ssl; {cert} \
+         ssl_conf_command Certificate {d}/conf/o.test.pem; \
+         ssl_conf_command PrivateKey {d}/conf/o.test.key; return 200 other; }}\n \
+         server {{ listen 127.0.0.1:{{port4}} ssl; server_name default; \
+         ssl_certificate {d}/conf/$crt.pem; ssl_certificate_key {d}/conf/$crt.key; \
+         return 200 \"default $ssl_server_name\"; }}\n \
+         server {{ listen 127.0.0.1:{{port4}} ssl; server_name nocert; \
+         return 200 \"nocert $ssl_server_name\"; }} }}\n"
     );
-    let s = Server::start_ports("tls-conf-command-run", &conf, 1, 2);
+    let s = Server::start_ports("tls-conf-command-run", &conf, 1, 4);
+    // The certificate presented, as PEM, and the first of a file's.
+    let pem = |text: &str| {
+        let begin = text.find("-----BEGIN CERTIFICATE-----").unwrap_or(0);
+        let end = text[begin..]
+            .find("-----END CERTIFICATE-----")
+            .map_or(begin, |e| begin + e);
+        text[begin..end].replace(['\r', '\n'], "")
+    };
+    let file = |name: &str| pem(&std::fs::read_to_string(dir.join("conf").join(name)).unwrap());
+    let subject = |out: &str| {
+        let shown = pem(out);
+        ["o.test.pem", "s.test.pem"]
+            .into_iter()
+            .find(|f| file(f) == shown)
+            .map_or("none", |f| f.trim_end_matches(".pem"))
+    };
+    let (out, err) = s_client(s.ports[2], &["-ign_eof"], "s.test");
+    assert!(out.contains("other"), "{out}\n{err}");
+    assert!(subject(&out).contains("o.test"), "{out}\n{err}");
+    let (out, err) = s_client(s.ports[3], &["-ign_eof", "-servername", "nocert"], "nocert");
+    assert!(out.contains("nocert nocert"), "{out}\n{err}");
+    assert!(subject(&out).contains("s.test"), "{out}\n{err}");
     let (out, err) = s_client(s.ports[0], &["-tls1_3", "-ign_eof"], "s.test");
     assert!(out.contains("chacha"), "{out}\n{err}");
     assert!(out.contains("TLS_CHACHA20_POLY1305_SHA256"), "{out}\n{err}");

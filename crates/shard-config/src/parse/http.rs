@@ -168,7 +168,39 @@ impl SslEff {
                 place: place.clone(),
             });
         }
+        self.certificate_commands(&mut out);
         Ok(out)
+    }
+
+    /// `ssl_conf_command Certificate FILE` and `PrivateKey FILE` (OpenSSL's
+    /// `SSL_CTX_use_certificate_chain_file` and `SSL_CTX_use_PrivateKey_file`, applied after
+    /// the `ssl_*` directives): the file replaces the certificate, then the key, of the
+    /// server's last pair. OpenSSL replaces the pair of the
+    /// certificate's key type: with one pair (the common case) that is the same.
+    fn certificate_commands(&self, out: &mut [CertPair]) {
+        for (name, value) in &self.conf.conf_commands {
+            let cert = name.eq_ignore_ascii_case("Certificate");
+            if !cert && !name.eq_ignore_ascii_case("PrivateKey") {
+                continue;
+            }
+            let path = PathBuf::from(value);
+            // Without a pair the server still fails as nginx's (no `ssl_certificate`).
+            let Some(pair) = out.last_mut() else { continue };
+            let lit = vec![Part::Lit(path.display().to_string())];
+            if cert {
+                pair.certificate = path;
+                if let Some(v) = &mut pair.vars {
+                    v.raw.0 = pair.certificate.display().to_string();
+                    v.cert = lit;
+                }
+            } else {
+                pair.key = path;
+                if let Some(v) = &mut pair.vars {
+                    v.raw.1 = pair.key.display().to_string();
+                    v.key = lit;
+                }
+            }
+        }
     }
 }
 
@@ -484,6 +516,7 @@ impl ProxySslP {
                 .unwrap_or_else(|| p.conf_commands.clone()),
             alpn_h2: p.alpn_h2,
         }
+        .with_certificate_commands()
     }
 
     /// `proxy_ssl_certificate`/`_key` with variables at this level (the other of the pair, if
@@ -4610,11 +4643,8 @@ pub(super) fn apply_proxy_ssl(
         }
         "proxy_ssl_password_file" => once(&mut p.password_file, pem_path(env, d, file)?, d, file),
         "proxy_ssl_conf_command" => {
-            let (name, value) = (&d.args[0], &d.args[1]);
-            check_conf_command(name, value).map_err(|m| derr(d, file, m))?;
-            p.conf_commands
-                .get_or_insert_with(Vec::new)
-                .push((name.clone(), value.clone()));
+            let command = conf_command(env, d, file)?;
+            p.conf_commands.get_or_insert_with(Vec::new).push(command);
             Ok(())
         }
         _ => Err(derr(d, file, format!("unknown directive \"{}\"", d.name))),
@@ -5082,14 +5112,32 @@ pub(super) fn set_ssl_stapling(env: &Env, s: &mut Settings, d: &Directive, file:
 /// `ssl_conf_command NAME VALUE` (repeatable; a level with any replaces its parent's list):
 /// OpenSSL's configuration commands that have a meaning for rustls, checked here so that
 /// `-t` names the line; any other command is refused by name.
-pub(super) fn set_ssl_conf_command(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
-    let (name, value) = (&d.args[0], &d.args[1]);
-    check_conf_command(name, value).map_err(|m| derr(d, file, m))?;
+pub(super) fn set_ssl_conf_command(env: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
+    let command = conf_command(env, d, file)?;
     s.ssl
         .conf_commands
         .get_or_insert_with(Vec::new)
-        .push((name.clone(), value.clone()));
+        .push(command);
     Ok(())
+}
+
+/// A `*ssl_conf_command NAME VALUE`, checked; a file's value (`Certificate`, `PrivateKey`)
+/// made relative to the configuration's directory, as nginx does for OpenSSL's file
+/// commands.
+fn conf_command(env: &Env, d: &Directive, file: &str) -> Result<(String, String), ConfigError> {
+    let (name, value) = (&d.args[0], &d.args[1]);
+    check_conf_command(name, value).map_err(|m| derr(d, file, m))?;
+    let value = if is_file_command(name) {
+        env.resolve_conf(value).display().to_string()
+    } else {
+        value.clone()
+    };
+    Ok((name.clone(), value))
+}
+
+/// OpenSSL's configuration commands whose value is a file shard reads.
+pub(crate) fn is_file_command(name: &str) -> bool {
+    name.eq_ignore_ascii_case("Certificate") || name.eq_ignore_ascii_case("PrivateKey")
 }
 
 /// `ssl_ecdh_curve auto | GROUP[:GROUP...]`: the key exchange groups, as OpenSSL's group
@@ -5130,7 +5178,7 @@ pub fn check_conf_command(name: &str, value: &str) -> Result<(), String> {
                 Err(format!("{}: no TLS 1.3 suite shard has", failed()))
             }
         }
-        "cipherstring" => Ok(()),
+        "cipherstring" | "certificate" | "privatekey" => Ok(()),
         "minprotocol" | "maxprotocol" => match value {
             "None" | "TLSv1" | "TLSv1.1" | "TLSv1.2" | "TLSv1.3" | "SSLv3" => Ok(()),
             _ => Err(failed()),
@@ -5171,7 +5219,8 @@ pub fn check_conf_command(name: &str, value: &str) -> Result<(), String> {
         }
         _ => Err(format!(
             "\"ssl_conf_command {name}\" is not supported by shard (Ciphersuites, CipherString, \
-             MinProtocol, MaxProtocol, Protocol, Groups, Curves, Options are)"
+             MinProtocol, MaxProtocol, Protocol, Groups, Curves, Options, Certificate, \
+             PrivateKey are)"
         )),
     }
 }

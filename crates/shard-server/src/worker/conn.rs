@@ -1891,7 +1891,14 @@ impl<'a> Worker<'a> {
         let t = c.tls.as_mut()?;
         t.peeked(sni);
         let srv = http.servers.get(server)?;
-        if !srv.ssl.certificates.iter().any(|p| p.vars.is_some()) {
+        // A server with no certificate of its own handshakes with the default server's
+        // (nginx keeps the default's context), its variables read in the named server.
+        let owner = if srv.ssl.certificates.is_empty() && !srv.ssl.reject_handshake {
+            http.servers.get(listener.default_server)?
+        } else {
+            srv
+        };
+        if !owner.ssl.certificates.iter().any(|p| p.vars.is_some()) {
             return None;
         }
         // The variables read the connection's request slot: a bare one, as nginx's fake
@@ -1905,7 +1912,7 @@ impl<'a> Worker<'a> {
         }
         let req = shard_http::request::Request::unparsed(b"");
         let mut keys = Vec::new();
-        for pair in &srv.ssl.certificates {
+        for pair in &owner.ssl.certificates {
             let Some(v) = pair.vars.as_ref() else {
                 continue;
             };
