@@ -362,7 +362,11 @@ fn build_contexts(
     let mut upstream = std::collections::HashMap::new();
     for s in cfg.http.iter().flat_map(|h| &h.servers) {
         for loc in std::iter::once(&s.base).chain(&s.locations) {
-            if !loc.proxy_pass.as_ref().is_some_and(|p| p.tls)
+            // A pass with variables may render to `https://` (or `grpcs://`).
+            if !loc
+                .proxy_pass
+                .as_ref()
+                .is_some_and(|p| p.tls || p.dynamic.is_some())
                 || upstream.contains_key(&loc.proxy.ssl)
             {
                 continue;

@@ -386,7 +386,9 @@ fn grpcs_negotiates_h2_with_alpn() {
         "worker_processes 1;\nevents {{}}\nhttp {{\n \
          server {{ listen 127.0.0.1:{{port}}; location = /status {{ shard_status; }}\n  \
            location / {{ grpc_pass grpcs://127.0.0.1:{{port1}}; }}\n  \
-           location /plain {{ grpc_pass grpc://127.0.0.1:{{port2}}; }} }}\n \
+           location /plain {{ grpc_pass grpc://127.0.0.1:{{port2}}; }}\n  \
+           location /var {{ grpc_pass grpcs://$arg_h:{{port1}}; }}\n  \
+           location /named {{ grpc_pass $arg_u; }} }}\n \
          server {{ listen 127.0.0.1:{{port1}} ssl http2; listen 127.0.0.1:{{port2}} http2;\n  \
            ssl_certificate {}; ssl_certificate_key {};\n  \
            location / {{ return 200 \"$http2 $server_protocol $http_host\"; }} }}\n}}\n",
@@ -404,6 +406,22 @@ fn grpcs_negotiates_h2_with_alpn() {
     assert_eq!(
         String::from_utf8_lossy(&r.body),
         format!("h2c HTTP/2.0 127.0.0.1:{}", s.ports[1])
+    );
+    // With variables the same TLS: the scheme written before them, or in their value.
+    let r = get(addr(&s), "/var?h=127.0.0.1");
+    assert_eq!(r.status, 200, "{}", error_log(&s));
+    assert_eq!(
+        String::from_utf8_lossy(&r.body),
+        format!("h2 HTTP/2.0 127.0.0.1:{}", s.ports[0])
+    );
+    let r = get(
+        addr(&s),
+        &format!("/named?u=grpcs://127.0.0.1:{}", s.ports[0]),
+    );
+    assert_eq!(r.status, 200, "{}", error_log(&s));
+    assert_eq!(
+        String::from_utf8_lossy(&r.body),
+        format!("h2 HTTP/2.0 127.0.0.1:{}", s.ports[0])
     );
 }
 

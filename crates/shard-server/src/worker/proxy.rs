@@ -1570,7 +1570,8 @@ impl<'a> Worker<'a> {
         let Some(u) = p.up else {
             return Flow::Fail(502);
         };
-        if let Some(pass) = loc.proxy_pass.as_ref().filter(|pass| pass.tls) {
+        // The request's pass: with variables, the scheme is the rendered value's.
+        if let Some(pass) = self.proxy_pass(p).filter(|pass| pass.tls) {
             let config = match self.upstream_tls(key, p, loc) {
                 Ok(Some(c)) => c,
                 // Built by the master for every location that passes to https://.
