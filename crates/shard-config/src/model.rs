@@ -669,6 +669,9 @@ pub struct LocationConf {
     pub place: Place,
     pub ret: Option<Return>,
     pub handler: Option<StatusHandler>,
+    /// `flv`: a request with `start=N` (0 < N < size) gets the FLV header, then the file
+    /// from byte N (nginx's `ngx_http_flv_module`; ranges apply to that body).
+    pub flv: bool,
     /// Default `html` under the prefix. With variables (`root /srv/$host`), the part before the
     /// first variable (what a sandbox may open) and `doc_root_vars` holds the whole template.
     pub root: PathBuf,

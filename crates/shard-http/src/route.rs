@@ -291,6 +291,7 @@ pub(crate) mod tests {
         types.insert("html".to_string(), "text/html".to_string());
         types.insert("css".to_string(), "text/css".to_string());
         LocationConf {
+            flv: false,
             kind,
             path: path.to_string(),
             regex: None,

@@ -17,6 +17,34 @@ use shard_config::LocationConf;
 use crate::request::{Method, Request};
 use crate::response::{error_body, error_simple, Simple};
 
+/// What nginx's flv module sends before the file when a request starts it at `start=N`:
+/// an FLV header (audio and video) and an empty first tag size.
+pub const FLV_HEADER: &[u8; 13] = b"FLV\x01\x05\x00\x00\x00\x09\x00\x00\x00\x00";
+
+/// `flv`: where a request's `start=N` argument starts the file, as nginx's flv module reads
+/// it (digits only; 0, a bad number or one past the file's last byte: the whole file).
+pub fn flv_start(query: Option<&str>, size: u64) -> Option<u64> {
+    let v = crate::vars::arg(query?, "start")?;
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = v.parse().ok()?;
+    (n > 0 && n < size).then_some(n)
+}
+
+/// Bytes `pos..pos + out.len()` of a flv body started at `start` (the header, then the
+/// file from `start`) that come from the header: copied into `out`. Returns how many, and
+/// the file offset the rest begins at.
+pub fn flv_split(out: &mut [u8], pos: u64, start: u64) -> (usize, u64) {
+    let head = FLV_HEADER.len() as u64;
+    if pos >= head {
+        return (0, start + pos - head);
+    }
+    let n = ((head - pos) as usize).min(out.len());
+    out[..n].copy_from_slice(&FLV_HEADER[pos as usize..pos as usize + n]);
+    (n, start)
+}
+
 /// What `fstat` said about an opened path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileMeta {

@@ -2094,6 +2094,79 @@ fn etag_off_and_empty_gif_as_nginx() {
     assert_eq!(st, 405);
 }
 
+/// `flv`: `start=N` answers the FLV header and the file from byte N, and ranges apply to
+/// that body (its length, `Content-Range` and `ETag` are the body's), as nginx's module.
+#[test]
+fn flv_starts_a_file_after_its_header() {
+    let s = Server::start(
+        "flv",
+        "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+         root {dir}/html;\n  location = /status { shard_status; }\n  \
+         location /v/ { flv; }\n }\n}\n",
+        1,
+    );
+    let file: Vec<u8> = (0..100)
+        .flat_map(|i| format!("X{i:03}XXXXXX").into_bytes())
+        .collect();
+    write_file(&s.dir, "html/v/t.flv", &file);
+    let header = b"FLV\x01\x05\x00\x00\x00\x09\x00\x00\x00\x00";
+    // Without `start` (or with 0, a bad number, or one past the end): the file as it is.
+    for q in ["", "?start=0", "?start=1x", "?start=1000", "?a=1"] {
+        let r = get(s.addr(), &format!("/v/t.flv{q}"));
+        assert_eq!(r.status, 200, "{q}");
+        assert_eq!(r.body, file, "{q}");
+    }
+    let r = get(s.addr(), "/v/t.flv?start=100");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, [&header[..], &file[100..]].concat());
+    assert_eq!(r.header("content-length"), Some("913"));
+    let tag = r.header("etag").unwrap().to_string();
+    assert!(
+        tag.ends_with("-391\""),
+        "the body's length in the ETag: {tag}"
+    );
+    let range = |spec: &str| {
+        exchange(
+            s.addr(),
+            &format!("GET /v/t.flv?start=100 HTTP/1.1\r\nHost: x\r\nRange: bytes={spec}"),
+        )
+    };
+    let field = |hs: &[(String, String)], n: &str| {
+        hs.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(n))
+            .map(|(_, v)| v.clone())
+    };
+    let (st, hs, body) = range("0-9");
+    assert_eq!(st, 206);
+    assert_eq!(
+        field(&hs, "content-range").as_deref(),
+        Some("bytes 0-9/913")
+    );
+    assert_eq!(body, &header[..10]);
+    let (st, hs, body) = range("-10");
+    assert_eq!(
+        (st, field(&hs, "content-range").as_deref()),
+        (206, Some("bytes 903-912/913"))
+    );
+    assert_eq!(body, b"X099XXXXXX");
+    // Across the header and the file.
+    let (st, _, body) = range("0-99");
+    assert_eq!(st, 206);
+    assert_eq!(body, [&header[..], &file[100..187]].concat());
+    // Two ranges, one in each part: multipart, each part from its own place.
+    let (st, hs, body) = range("1-3,13-22");
+    assert_eq!(st, 206);
+    assert!(field(&hs, "content-type")
+        .unwrap()
+        .starts_with("multipart/byteranges"));
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("\r\n\r\nLV\x01\r\n"), "{text}");
+    assert!(text.contains("\r\n\r\nX010XXXXXX\r\n"), "{text}");
+    // Not in a location with `flv`: `start` means nothing.
+    write_file(&s.dir, "html/t.flv", &file);
+    assert_eq!(get(s.addr(), "/t.flv?start=100").body, file);
+}
+
 /// `proxy_next_upstream_timeout`: no second attempt once it has passed since the first began.
 #[test]
 fn proxy_next_upstream_timeout_bounds_the_retries() {

@@ -1245,6 +1245,7 @@ impl Eff {
             place,
             ret: None,
             handler: None,
+            flv: false,
             root: self.root.clone(),
             alias: None,
             alias_from: None,
@@ -1358,6 +1359,8 @@ pub(super) struct LocP {
     pub(super) regex: Option<crate::Regex>,
     pub(super) place: Place,
     pub(super) handler: Option<StatusHandler>,
+    /// `flv`: this location's files are served as nginx's flv module serves them.
+    pub(super) flv: bool,
     pub(super) alias: Option<PathBuf>,
     pub(super) alias_vars: Option<Vec<Part>>,
     /// The enclosing location's path, when `alias` is inherited from it.
@@ -1668,6 +1671,7 @@ pub(super) fn flatten(
         }));
     }
     conf.handler = l.handler;
+    conf.flv = l.flv;
     conf.alias = l.alias;
     conf.alias_from = l.alias_from;
     // What a nested location without `root` or `alias` inherits (not from a regex location,
@@ -2039,6 +2043,7 @@ pub(super) fn read_location(
         regex,
         place: place(d, file),
         handler: None,
+        flv: false,
         alias: None,
         alias_vars: None,
         alias_from: None,
@@ -2108,6 +2113,7 @@ pub(super) fn location_limit_except(env: &Env, loc: &mut LocP, d: &Directive, fi
         regex: None,
         place: place(d, file),
         handler: None,
+        flv: false,
         alias: None,
         alias_vars: None,
         alias_from: None,
@@ -3097,6 +3103,13 @@ fn auth_basic_users(realm: &str, f: &UserFile) -> Arc<AuthBasic> {
     })
 }
 
+/// `flv` (location): nginx's `ngx_http_flv_module`, a content handler of this location
+/// only (not inherited).
+pub(super) fn location_flv(_: &Env, loc: &mut LocP, _: &Directive, _: &str) -> R {
+    loc.flv = true;
+    Ok(())
+}
+
 /// `empty_gif` (location): nginx's 1x1 transparent GIF.
 pub(super) fn location_empty_gif(_: &Env, loc: &mut LocP, _: &Directive, _: &str) -> R {
     loc.handler = Some(StatusHandler::EmptyGif);
@@ -3455,6 +3468,7 @@ pub(super) fn server_try_files(env: &Env, cx: &mut ServerCx<'_>, d: &Directive, 
         regex: None,
         place: place(d, file),
         handler: None,
+        flv: false,
         alias: None,
         alias_vars: None,
         alias_from: None,

@@ -1890,6 +1890,7 @@ static BASE: &[Spec] = &[
     ),
     d("fastcgi_cache_path", H, 2, MANY, Set::Http(http_cache_path)),
     d("empty_gif", L, 0, 0, Set::Location(location_empty_gif)),
+    d("flv", L, 0, 0, Set::Location(location_flv)),
     // FastCGI: the proxy's machinery, a second wire format (`fastcgi.rs`).
     d(
         "fastcgi_ignore_headers",

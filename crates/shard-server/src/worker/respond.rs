@@ -1120,7 +1120,21 @@ fn send_file(
         _ => req,
     };
     let recoded = file_recode(loc, &content_type, encoded);
-    match shard_http::static_file::plan_full(req, &meta, loc.if_modified_since, loc.etag) {
+    // `flv` with `start=N`: the body is the FLV header and the file from N, and its length,
+    // ranges and `ETag` are that body's, as nginx's flv module answers.
+    let flv = if loc.flv && !encoded {
+        shard_http::static_file::flv_start(req.query.as_deref(), meta.size)
+    } else {
+        None
+    };
+    let body_meta = match flv {
+        Some(start) => FileMeta {
+            size: shard_http::static_file::FLV_HEADER.len() as u64 + meta.size - start,
+            ..meta
+        },
+        None => meta,
+    };
+    match shard_http::static_file::plan_full(req, &body_meta, loc.if_modified_since, loc.etag) {
         Plan::Send {
             mut status,
             offset,
@@ -1174,6 +1188,7 @@ fn send_file(
             }
             // `ssi`: the file read whole (no ranges) and processed as it is written.
             if !encoded
+                && flv.is_none()
                 && meta.size > 0
                 && super::ssi::may_filter(loc)
                 && w.filter_begin(key, req, head, loc, Some(&content_type), 200)
@@ -1182,7 +1197,11 @@ fn send_file(
             }
             // `sub_filter`: the file read and filtered in memory (whole: no ranges), as
             // `gunzip` does.
-            if !encoded && loc.sub_filter.applies_to(&content_type) && meta.size > 0 {
+            if !encoded
+                && flv.is_none()
+                && loc.sub_filter.applies_to(&content_type)
+                && meta.size > 0
+            {
                 return transformed_file(w, key, loc, req, keep_alive, head, &path, fd, meta);
             }
             // gzip sees the full file as a 200: a compressed answer ignores `Range`.
@@ -1192,7 +1211,7 @@ fn send_file(
                     vary: loc.gzip.vary,
                     compress: false,
                 }
-            } else if matches!(status, 200 | 206 | 416) {
+            } else if matches!(status, 200 | 206 | 416) && flv.is_none() {
                 gzip::decide(&loc.gzip, req, 200, Some(&content_type), meta.size)
             } else {
                 gzip::Decision::default()
@@ -1261,7 +1280,21 @@ fn send_file(
                     redirect: None,
                 };
             }
-            w.set_file_body(key, fd, offset, len, loc.sendfile, meta.size, recoded);
+            let (offset, file_len) = match flv {
+                Some(start) => {
+                    // The header's part of the range goes with the head.
+                    let mut pre = [0u8; 13];
+                    let room = (len as usize).min(pre.len());
+                    let (n, at) =
+                        shard_http::static_file::flv_split(&mut pre[..room], offset, start);
+                    w.out_buf(key).extend_from_slice(&pre[..n]);
+                    (at, len - n as u64)
+                }
+                None => (offset, len),
+            };
+            if file_len > 0 || flv.is_none() {
+                w.set_file_body(key, fd, offset, file_len, loc.sendfile, meta.size, recoded);
+            }
             Reply {
                 status,
                 body_bytes: len,
@@ -1275,7 +1308,7 @@ fn send_file(
             headers,
         } => {
             let g = gzip::decide(&loc.gzip, req, 200, Some(&content_type), meta.size);
-            if g.compress {
+            if g.compress && flv.is_none() {
                 return gzip_file(
                     w,
                     key,
@@ -1300,12 +1333,17 @@ fn send_file(
                 let want = (b - a + 1) as usize;
                 let start = body.len();
                 body.resize(start + want, 0);
-                let mut got = 0;
+                // `flv`: the header's bytes first, the file's from its offset.
+                let (mut got, file_at) = match flv {
+                    Some(s) => shard_http::static_file::flv_split(&mut body[start..], a, s),
+                    None => (0, a),
+                };
+                let file_from = got;
                 while got < want {
                     match shard_event::sock::pread(
                         fd.as_raw_fd(),
                         &mut body[start + got..],
-                        a + got as u64,
+                        file_at + (got - file_from) as u64,
                     ) {
                         Ok(0) => break,
                         Ok(n) => got += n,
