@@ -3543,6 +3543,27 @@ fn limit_rate_paces_the_response() {
         after >= Duration::from_millis(900) && after < Duration::from_millis(1900),
         "{after:?}"
     );
+    // A client that closes while its answer waits for the next share is let go at once
+    // (nginx's `ngx_http_test_reading`), not at the next share's failed write (2 s).
+    let mut c = std::net::TcpStream::connect(s.addr()).unwrap();
+    c.write_all(b"GET /slow/f HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut first = vec![0u8; 4096];
+    let n = c.read(&mut first).unwrap();
+    assert!(n > 0);
+    assert_eq!(
+        status_field(&s, "active"),
+        2,
+        "the paced answer and the status request"
+    );
+    let closed = std::time::Instant::now();
+    drop(c);
+    wait_for(
+        Duration::from_millis(800),
+        "the paced connection let go",
+        || (status_field(&s, "active") == 1).then_some(()),
+    );
+    assert!(closed.elapsed() < Duration::from_millis(800));
 }
 
 /// `limit_rate` and `limit_rate_after` with variables (rendered when the response starts; an

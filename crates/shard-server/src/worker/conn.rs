@@ -947,6 +947,16 @@ impl Conn {
                 || r.file.is_some()
                 || c.tls.as_ref().is_some_and(|t| t.has_output());
             if let Some(rate) = r.rate.as_mut() {
+                // A client that closed its side while its answer is held back is gone, as
+                // nginx's `ngx_http_test_reading` takes the end of its input: no more
+                // shares are waited for.
+                if c.hup && c.h2 == 0 && rate.allowance(now_ms) == 0 && pending {
+                    crate::log!(
+                        Info,
+                        "client prematurely closed connection while sending response to client"
+                    );
+                    return Flush::Failed;
+                }
                 if rate.allowance(now_ms) == 0 && pending {
                     rate.resume_ms = rate.next_share_ms(now_ms);
                     c.deadline_ms = rate.resume_ms;
