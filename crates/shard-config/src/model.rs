@@ -803,6 +803,9 @@ pub struct LocationConf {
     /// `random_index on`: a URI ending in `/` is answered with a random file of the directory
     /// (names starting with `.` excepted). Default off.
     pub random_index: bool,
+    /// `msie_refresh on`: shard's own 301 and 302 answers to MSIE (a `User-Agent` with
+    /// `MSIE `, not Opera) are a page that refreshes to the location, as nginx's.
+    pub msie_refresh: bool,
     /// `slice SIZE` (`ngx_http_slice_filter_module`): a proxied answer is asked for in ranges
     /// of this size, each its own request (and cache entry), and joined; 0 is off.
     pub slice_size: u64,

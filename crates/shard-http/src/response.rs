@@ -546,6 +546,39 @@ pub fn keep_alive(
         && !browser_refuses_keepalive(req, loc)
 }
 
+/// An MSIE agent as nginx's `ngx_http_process_user_agent` tells one: `MSIE ` with at least
+/// three more bytes after it, and no `Opera`.
+pub fn is_msie(req: &crate::request::Request) -> bool {
+    let Some(ua) = req.user_agent.as_deref() else {
+        return false;
+    };
+    let b = ua.as_bytes();
+    memchr::memmem::find(b, b"MSIE ").is_some_and(|i| i + 7 < b.len())
+        && memchr::memmem::find(b, b"Opera").is_none()
+}
+
+/// `msie_refresh`: the page nginx sends MSIE instead of a 301 or 302 to `location` (as
+/// written, not made absolute), escaped as its `NGX_ESCAPE_REFRESH`.
+pub fn msie_refresh_page(location: &str) -> Vec<u8> {
+    let mut out = b"<html><head><meta http-equiv=\"Refresh\" content=\"0; URL=".to_vec();
+    for &c in location.as_bytes() {
+        let escape = !(0x20..0x7f).contains(&c)
+            || matches!(
+                c,
+                b' ' | b'"' | b'\'' | b'<' | b'>' | b'\\' | b'^' | b'`' | b'{' | b'|' | b'~'
+            );
+        if escape {
+            out.push(b'%');
+            out.push(b"0123456789ABCDEF"[usize::from(c >> 4)]);
+            out.push(b"0123456789ABCDEF"[usize::from(c & 15)]);
+        } else {
+            out.push(c);
+        }
+    }
+    out.extend_from_slice(b"\"></head><body></body></html>\r\n");
+    out
+}
+
 /// `keepalive_disable`: nginx's reading of the `User-Agent` (`ngx_http_process_user_agent`):
 /// MSIE 4 to 6 (not 6 with `SV1`, not Opera) after a POST, and Safari on macOS.
 fn browser_refuses_keepalive(

@@ -292,6 +292,7 @@ pub(crate) mod tests {
         types.insert("css".to_string(), "text/css".to_string());
         LocationConf {
             flv: false,
+            msie_refresh: false,
             kind,
             path: path.to_string(),
             regex: None,

@@ -2167,6 +2167,63 @@ fn flv_starts_a_file_after_its_header() {
     assert_eq!(get(s.addr(), "/t.flv?start=100").body, file);
 }
 
+/// `msie_refresh on`: MSIE gets a 200 page that refreshes to the location as written
+/// (escaped as nginx's), for `return` and for an `error_page` redirect; others the 301.
+#[test]
+fn msie_refresh_answers_msie_with_a_page() {
+    let s = Server::start(
+        "msie-refresh",
+        "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+         msie_refresh on; gzip on; gzip_min_length 1; gzip_types *;\n  \
+         location = /status { shard_status; }\n  \
+         location / { return 301 \"te xt\"; }\n  \
+         location /ep { return 301; error_page 301 elsewhere; }\n  \
+         location /off { msie_refresh off; return 301 text; }\n }\n}\n",
+        1,
+    );
+    let ask = |path: &str, ua: &str| {
+        exchange(
+            s.addr(),
+            &format!("GET {path} HTTP/1.1\r\nHost: x\r\nUser-Agent: {ua}\r\nAccept-Encoding: gzip"),
+        )
+    };
+    let field = |hs: &[(String, String)], n: &str| {
+        hs.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(n))
+            .map(|(_, v)| v.clone())
+    };
+    let (st, hs, body) = ask("/", "Mozilla/4.0 (compatible; MSIE 6.0; Windows NT 5.1)");
+    assert_eq!(st, 200);
+    assert_eq!(field(&hs, "location"), None);
+    assert_eq!(field(&hs, "content-type").as_deref(), Some("text/html"));
+    assert_eq!(
+        field(&hs, "content-encoding").as_deref(),
+        Some("gzip"),
+        "the page is filtered"
+    );
+    let mut page = String::new();
+    flate2::read::GzDecoder::new(&body[..])
+        .read_to_string(&mut page)
+        .unwrap();
+    assert_eq!(
+        page,
+        "<html><head><meta http-equiv=\"Refresh\" content=\"0; URL=te%20xt\"></head>\
+         <body></body></html>\r\n"
+    );
+    let (st, _, _) = ask("/ep", "MSIE 7.0; x");
+    assert_eq!(st, 200);
+    // Not MSIE (Opera says MSIE too), or `msie_refresh off`: the redirect.
+    for (path, ua) in [
+        ("/", "Opera/9.80 (MSIE 6.0)"),
+        ("/", "curl/8"),
+        ("/off", "MSIE 6.0"),
+    ] {
+        let (st, hs, _) = ask(path, ua);
+        assert_eq!(st, 301, "{path} {ua}");
+        assert!(field(&hs, "location").is_some());
+    }
+}
+
 /// `proxy_next_upstream_timeout`: no second attempt once it has passed since the first began.
 #[test]
 fn proxy_next_upstream_timeout_bounds_the_retries() {

@@ -293,6 +293,7 @@ pub(super) struct Settings {
     pub(super) log_not_found: Option<bool>,
     pub(super) recursive_error_pages: Option<bool>,
     pub(super) random_index: Option<bool>,
+    pub(super) msie_refresh: Option<bool>,
     pub(super) slice: Option<u64>,
     pub(super) max_ranges: Option<u32>,
     pub(super) chunked_transfer_encoding: Option<bool>,
@@ -754,6 +755,7 @@ pub(super) struct Eff {
     pub(super) log_not_found: bool,
     pub(super) recursive_error_pages: bool,
     pub(super) random_index: bool,
+    pub(super) msie_refresh: bool,
     pub(super) slice: u64,
     pub(super) max_ranges: Option<u32>,
     pub(super) chunked_transfer_encoding: bool,
@@ -875,6 +877,7 @@ impl Eff {
             log_not_found: true,
             recursive_error_pages: false,
             random_index: false,
+            msie_refresh: false,
             slice: 0,
             max_ranges: None,
             chunked_transfer_encoding: true,
@@ -1086,6 +1089,7 @@ impl Eff {
                 .recursive_error_pages
                 .unwrap_or(self.recursive_error_pages),
             random_index: s.random_index.unwrap_or(self.random_index),
+            msie_refresh: s.msie_refresh.unwrap_or(self.msie_refresh),
             slice: s.slice.unwrap_or(self.slice),
             max_ranges: s.max_ranges.or(self.max_ranges),
             chunked_transfer_encoding: s
@@ -1291,6 +1295,7 @@ impl Eff {
             log_not_found: self.log_not_found,
             recursive_error_pages: self.recursive_error_pages,
             random_index: self.random_index,
+            msie_refresh: self.msie_refresh,
             slice_size: self.slice,
             max_ranges: self.max_ranges,
             chunked_transfer_encoding: self.chunked_transfer_encoding,
@@ -2904,6 +2909,7 @@ slot!(
 );
 
 slot!(set_random_index, random_index, flag);
+slot!(set_msie_refresh, msie_refresh, flag);
 
 slot!(set_slice, slice, size);
 

@@ -1120,7 +1120,7 @@ static BASE: &[Spec] = &[
     ),
     d("gzip_disable", HSL, 1, 64, Set::Settings(set_gzip_disable)),
     d("msie_padding", HSL, 1, 1, Set::NoEffect(check_flag)),
-    d("msie_refresh", HSL, 1, 1, Set::NoEffect(check_flag)),
+    d("msie_refresh", HSL, 1, 1, Set::Settings(set_msie_refresh)),
     d(
         "log_subrequest",
         HSL,

@@ -157,6 +157,18 @@ fn simple(
     if matches!(r.status, 495..=497) {
         r.status = 400;
     }
+    // `msie_refresh`: MSIE gets a page that refreshes to the location, as written (before
+    // the filters, as nginx sends it through them).
+    if loc.msie_refresh
+        && matches!(r.status, 301 | 302)
+        && r.location.is_some()
+        && shard_http::response::is_msie(req)
+    {
+        let to = r.location.take().unwrap_or_default();
+        r.status = 200;
+        r.content_type = Some("text/html".to_string());
+        r.body = shard_http::response::msie_refresh_page(&to);
+    }
     // After an `X-Accel-Redirect`, a successful answer keeps the upstream's type (nginx's
     // error pages set their own).
     if r.status < 300 && r.content_type.is_some() {
