@@ -378,7 +378,7 @@ fn uri_parts<'a>(req: &'a Request, location: &LocationConf, pass: &'a ProxyPass)
             query: None,
         };
     }
-    let Some(uri) = pass.uri.as_deref() else {
+    let Some(uri) = pass.uri.as_deref().filter(|_| !req.location_left) else {
         if req.uri_changed {
             // nginx: the full normalized URI of a changed request.
             return UriParts {

@@ -274,6 +274,11 @@ pub struct Request {
     /// `path` (and `query`) were changed by an internal redirect (`try_files`, `error_page`):
     /// a `proxy_pass` without a URI then sends them, not the target as received.
     pub uri_changed: bool,
+    /// nginx's `valid_location` cleared: a `break` (the directive or the `rewrite` flag)
+    /// kept a URI that a `rewrite` changed in the location, so a `proxy_pass` with a URI
+    /// sends the changed URI whole instead of replacing the location's part. Cleared when a
+    /// location is searched again.
+    pub location_left: bool,
     /// `try_files` found the file under a regex location's `alias`: the URI is appended to
     /// the alias rather than the alias being the file (nginx's `add_uri_to_alias`).
     pub add_uri_to_alias: bool,
@@ -349,6 +354,7 @@ impl Request {
             invalid_headers: 0,
             names: NamePolicy::default(),
             uri_changed: false,
+            location_left: false,
             add_uri_to_alias: false,
             via: false,
             authorization: false,
@@ -1111,6 +1117,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         invalid_headers,
         names: limits.names,
         uri_changed: false,
+        location_left: false,
         add_uri_to_alias: false,
         via,
         authorization,

@@ -2224,6 +2224,50 @@ fn msie_refresh_answers_msie_with_a_page() {
     }
 }
 
+/// nginx's script engine, where it escapes and unescapes: a capture in a `rewrite`'s new
+/// arguments is escaped again when the URI came escaped; a redirect's URL is unescaped up to
+/// its `?` (printable bytes only); `break` after a rewrite makes `proxy_pass` with a URI
+/// send the changed URI whole; an `error_page` after `return 302 URL` keeps the `Location`.
+#[test]
+fn rewrite_escapes_and_break_as_nginx() {
+    let s = Server::start(
+        "rewrite-escape",
+        "worker_processes 1;\nevents {}\nhttp {\n server {\n  listen 127.0.0.1:{port};\n  \
+         location = /status { shard_status; }\n  \
+         location /cap { rewrite ^(.*) $1?c=$1; return 200 \"uri:$uri args:$args\"; }\n  \
+         location /to { rewrite ^ $arg_r? redirect; }\n  \
+         location /break { rewrite ^ /echo; break; proxy_pass http://127.0.0.1:{port}/ignored; }\n  \
+         location /echo { return 200 \"uri:$uri\"; }\n  \
+         location /ignored { return 200 \"ignored\"; }\n  \
+         location /kept { error_page 302 /page; return 302 \"http://x.test/\"; }\n  \
+         location = /page { return 200 \"page\"; }\n }\n}\n",
+        1,
+    );
+    let r = get(s.addr(), "/cap/%25?a=b");
+    assert_eq!(r.body_str(), "uri:/cap/% args:c=/cap/%25&a=b");
+    let r = get(s.addr(), "/cap/x?a=b");
+    assert_eq!(
+        r.body_str(),
+        "uri:/cap/x args:c=/cap/x&a=b",
+        "not escaped: not quoted"
+    );
+    let r = get(s.addr(), "/to?r=http%3A%2F%2Fx.test%2Fa%20b%0D%0Asplit");
+    assert_eq!(r.status, 302);
+    assert_eq!(r.header("location"), Some("http://x.test/a%20b%0D%0Asplit"));
+    let r = get(s.addr(), "/to?r=http%3A%2F%2Fx.test%2F%3Fq%3D1");
+    assert_eq!(
+        r.header("location"),
+        Some("http://x.test/?q%3D1"),
+        "nothing after the ?"
+    );
+    let r = get(s.addr(), "/break");
+    assert_eq!(r.body_str(), "uri:/echo");
+    let r = get(s.addr(), "/kept");
+    assert_eq!(r.status, 302);
+    assert_eq!(r.header("location"), Some("http://x.test/"));
+    assert_eq!(r.body_str(), "page");
+}
+
 /// `proxy_next_upstream_timeout`: no second attempt once it has passed since the first began.
 #[test]
 fn proxy_next_upstream_timeout_bounds_the_retries() {

@@ -217,6 +217,10 @@ pub(super) struct Req {
     /// The status an `error_page` gives a successful answer (`error_page 404 /404.html` sends
     /// the page with 404).
     pub(super) status_override: Option<u16>,
+    /// The `Location` of an answer an `error_page` took (`return 302 URL` with `error_page
+    /// 302 /page`): nginx keeps the header across the internal redirect, so the page goes
+    /// out with it.
+    pub(super) kept_location: Option<Box<str>>,
     /// `lingering_close`, `lingering_time`, `lingering_timeout` of the request's location.
     pub(super) linger: shard_config::Lingering,
     /// When reading to discard (a body nobody needs, or input before a close) must end: the
@@ -365,6 +369,7 @@ impl Req {
         self.conn_held.clear();
         self.in_error_page = false;
         self.status_override = None;
+        self.kept_location = None;
         self.kept_body = None;
         self.slice_range.clear();
         self.linger = base.lingering;
@@ -437,6 +442,7 @@ impl Req {
             conn_held: Vec::new(),
             in_error_page: false,
             status_override: None,
+            kept_location: None,
             kept_body: None,
             slice_range: String::new(),
             linger,
@@ -2558,6 +2564,9 @@ impl<'a> Worker<'a> {
             match self.run_script(key, &server.script, req, head, &server.base) {
                 Outcome::Return { code, text } => return Rewritten::Return(code, text),
                 Outcome::Stay | Outcome::Relocate => {
+                    // The location is searched after the server's script whatever it
+                    // did (nginx's `valid_location = 1` there).
+                    req.location_left = false;
                     if req.path != before {
                         *loc = self.locate(key, server, &req.path.clone());
                     }
@@ -2798,6 +2807,8 @@ impl<'a> Worker<'a> {
         target: Redirect,
         req: &mut shard_http::request::Request,
     ) -> &'s LocationConf {
+        // A location is searched (or named) anew: nginx's `valid_location = 1`.
+        req.location_left = false;
         match target {
             Redirect::Named(name) => match shard_http::route::named_location(server, &name) {
                 Some(l) => {

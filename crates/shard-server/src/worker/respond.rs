@@ -137,6 +137,9 @@ fn simple(
             .iter()
             .position(|e| e.codes.contains(&r.status))
         {
+            if let Some(l) = r.location.take() {
+                w.conns[key].rq().kept_location = Some(l.into());
+            }
             return Reply {
                 status: r.status,
                 body_bytes: 0,
@@ -156,6 +159,9 @@ fn simple(
     // verify) and 496 (none sent) go out as 400 when no `error_page` took them.
     if matches!(r.status, 495..=497) {
         r.status = 400;
+    }
+    if r.location.is_none() {
+        r.location = w.conns[key].rq().kept_location.take().map(String::from);
     }
     // `msie_refresh`: MSIE gets a page that refreshes to the location, as written (before
     // the filters, as nginx sends it through them).

@@ -36,6 +36,11 @@ impl Worker<'_> {
     ) -> Outcome {
         let mut changed = false;
         match self.run_instrs(key, script, req, head, loc, &mut changed, 0) {
+            // `break` after the URI changed here: nginx's `valid_location = 0`.
+            Some(Outcome::Stay) if changed => {
+                req.location_left = true;
+                Outcome::Stay
+            }
             Some(o) => o,
             None if changed => Outcome::Relocate,
             None => Outcome::Stay,
@@ -135,18 +140,28 @@ impl Worker<'_> {
                     let c = &mut self.conns[key];
                     c.rq().capture_text = Some(req.path.clone());
                     shard_http::route::capture_names_into(&mut c.rq().capture_names, Some(regex));
-                    let new = self.render(key, req, head, loc, replacement);
-
                     let code = match flag {
                         RewriteFlag::Permanent => Some(301),
                         RewriteFlag::Redirect => Some(302),
                         _ if *redirect => Some(302),
                         _ => None,
                     };
+                    let new = if quoted_uri(req) && replacement.iter().any(is_capture) {
+                        self.render_escaping_captures(
+                            key,
+                            req,
+                            head,
+                            loc,
+                            replacement,
+                            code.is_some(),
+                        )
+                    } else {
+                        self.render(key, req, head, loc, replacement)
+                    };
                     if let Some(code) = code {
                         // As nginx: the request's arguments follow (after `&` when the
                         // replacement has its own), unless the replacement ends with `?`.
-                        let mut url = new;
+                        let mut url = unescape_redirect(&new);
                         let q = req.query.as_deref().filter(|q| !q.is_empty());
                         if url.ends_with('?') {
                             url.pop();
@@ -185,6 +200,41 @@ impl Worker<'_> {
             }
         }
         None
+    }
+
+    /// A `rewrite` replacement as nginx's script engine copies it for a request whose URI
+    /// was sent escaped (`%` or `+` in its path: nginx's `quoted_uri`, `plus_in_uri`): a
+    /// capture after the replacement's `?` (anywhere in a redirect's) is escaped again as
+    /// nginx's `NGX_ESCAPE_ARGS`, so `$1?c=$1` of `/a%25` gives `c=/a%25`.
+    fn render_escaping_captures(
+        &self,
+        key: usize,
+        req: &Request,
+        head: &[u8],
+        loc: &LocationConf,
+        replacement: &[shard_config::Part],
+        redirect: bool,
+    ) -> String {
+        let mut out = String::new();
+        let mut args = redirect;
+        for part in replacement {
+            let text = self.render(key, req, head, loc, std::slice::from_ref(part));
+            if args && is_capture(part) {
+                for &c in text.as_bytes() {
+                    if escape_args(c) {
+                        out.push('%');
+                        out.push(char::from(b"0123456789ABCDEF"[usize::from(c >> 4)]));
+                        out.push(char::from(b"0123456789ABCDEF"[usize::from(c & 15)]));
+                    } else {
+                        out.push(char::from(c));
+                    }
+                }
+            } else {
+                out.push_str(&text);
+            }
+            args |= matches!(part, shard_config::Part::Lit(l) if l.contains('?'));
+        }
+        out
     }
 
     /// [`Worker::render`], with a regular expression's groups as `$1`.. (a rewrite rule's
@@ -287,6 +337,92 @@ impl Worker<'_> {
             }
         }
     }
+}
+
+/// A redirect's URL as nginx's script engine leaves it (`NGX_UNESCAPE_REDIRECT`): up to
+/// its first `?` (written or escaped), `%XX` of a printable byte above `%` is decoded and
+/// any other stays escaped; a broken escape loses its `%` (and its digit), as nginx's.
+fn unescape_redirect(url: &str) -> String {
+    let b = url.as_bytes();
+    if !b.contains(&b'%') {
+        return url.to_string();
+    }
+    let hex = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        _ => match c | 0x20 {
+            c @ b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        },
+    };
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        i += 1;
+        if c == b'?' {
+            out.push(c);
+            break;
+        }
+        if c != b'%' {
+            out.push(c);
+            continue;
+        }
+        let Some(hi) = b.get(i).copied() else { break };
+        i += 1;
+        let Some(h) = hex(hi) else {
+            out.push(hi);
+            continue;
+        };
+        let Some(lo) = b.get(i).copied() else { break };
+        i += 1;
+        let Some(l) = hex(lo) else { continue };
+        let ch = (h << 4) + l;
+        if ch == b'?' {
+            out.push(ch);
+            break;
+        }
+        if ch > b'%' && ch < 0x7f {
+            out.push(ch);
+        } else {
+            out.extend_from_slice(&[b'%', hi, lo]);
+        }
+    }
+    out.extend_from_slice(&b[i..]);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// nginx's `quoted_uri` or `plus_in_uri`: the request's path as sent had `%` or `+`.
+fn quoted_uri(req: &Request) -> bool {
+    let path = req.target.split('?').next().unwrap_or("");
+    path.bytes().any(|b| b == b'%' || b == b'+')
+}
+
+fn is_capture(p: &shard_config::Part) -> bool {
+    matches!(p, shard_config::Part::Var(shard_config::Var::Capture(_)))
+}
+
+/// nginx's `NGX_ESCAPE_ARGS`: controls, space, `"#%&+;<>?\\^` and backquote, braces, `|`,
+/// DEL and every byte over 0x7f.
+fn escape_args(c: u8) -> bool {
+    !(0x20..0x7f).contains(&c)
+        || matches!(
+            c,
+            b' ' | b'"'
+                | b'#'
+                | b'%'
+                | b'&'
+                | b'+'
+                | b';'
+                | b'<'
+                | b'>'
+                | b'?'
+                | b'\\'
+                | b'^'
+                | b'`'
+                | b'{'
+                | b'|'
+                | b'}'
+        )
 }
 
 /// The URI a `rewrite` made: its `?` starts new arguments, to which the request's own are
