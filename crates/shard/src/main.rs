@@ -292,7 +292,10 @@ fn dump(src: &Source, cfg: &shard_config::Config) -> String {
         None => shard_config::DEFAULT_CONFIG.to_string(),
     };
     let mut files = vec![(src.name.clone(), main)];
-    for p in &cfg.included {
+    // A file included more than once is printed once, as nginx 1.13.8+ keeps one dump per
+    // file name.
+    let mut seen = std::collections::HashSet::new();
+    for p in cfg.included.iter().filter(|p| seen.insert(*p)) {
         files.push((
             p.display().to_string(),
             std::fs::read_to_string(p).unwrap_or_default(),

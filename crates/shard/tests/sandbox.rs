@@ -183,8 +183,9 @@ fn shard_dash_capital_t_prints_the_files_and_what_a_worker_may_open() {
     write_file(
         &dir,
         "conf/shard.conf",
-        b"worker_sandbox on;\nevents {}\nhttp { include extra.conf; }\n",
+        b"worker_sandbox on;\nevents {}\nhttp { include extra.conf;\n map $args $x { include m.conf; include m.conf; } }\n",
     );
+    write_file(&dir, "conf/m.conf", b"# nothing\n");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_shard"))
         .args(["-p", dir.to_str().unwrap(), "-T", "-c", "conf/shard.conf"])
         .output()
@@ -203,6 +204,8 @@ fn shard_dash_capital_t_prints_the_files_and_what_a_worker_may_open() {
         text.contains("extra.conf:\nserver { listen 127.0.0.1:1;"),
         "{text}"
     );
+    // A file included twice is printed once, as nginx's dump.
+    assert_eq!(text.matches("m.conf:\n").count(), 1, "{text}");
     assert!(
         text.contains("# worker_sandbox on: what a worker may open"),
         "{text}"
