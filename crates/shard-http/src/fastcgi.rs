@@ -533,6 +533,7 @@ pub(crate) fn parse_cgi_head(
             // The proxy reads the records' head itself (`X-Accel-Redirect` from PHP).
             accel_redirect: true,
             accel_limit_rate: true,
+            accel_charset: true,
         },
         head_len,
     }

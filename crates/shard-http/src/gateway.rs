@@ -139,6 +139,7 @@ pub fn parse_memcached(
             headers,
             accel_redirect: false,
             accel_limit_rate: false,
+            accel_charset: false,
         },
         head_len: end + 1,
     };

@@ -141,6 +141,8 @@ pub struct ResponseHead {
     pub accel_redirect: bool,
     /// The head has an `X-Accel-Limit-Rate`: the proxy reads it only then.
     pub accel_limit_rate: bool,
+    /// The head has an `X-Accel-Charset`: the proxy reads it only then.
+    pub accel_charset: bool,
 }
 
 #[derive(Debug)]
@@ -785,6 +787,7 @@ pub fn parse_response_passing(
                     .headers
                     .iter()
                     .any(|h| h.name.eq_ignore_ascii_case("x-accel-limit-rate")),
+                accel_charset: false,
             },
             head_len,
         };
@@ -801,6 +804,7 @@ pub fn parse_response_passing(
     let mut keep_alive = false;
     let mut accel_redirect = false;
     let mut accel_limit_rate = false;
+    let mut accel_charset = false;
     for h in hs {
         if h.name.eq_ignore_ascii_case("transfer-encoding") {
             te = true;
@@ -825,6 +829,8 @@ pub fn parse_response_passing(
             accel_redirect = true;
         } else if h.name.eq_ignore_ascii_case("x-accel-limit-rate") {
             accel_limit_rate = true;
+        } else if h.name.eq_ignore_ascii_case("x-accel-charset") {
+            accel_charset = true;
         }
     }
 
@@ -881,6 +887,7 @@ pub fn parse_response_passing(
             headers,
             accel_redirect,
             accel_limit_rate,
+            accel_charset,
         },
         head_len,
     }
@@ -2058,6 +2065,7 @@ mod tests {
             ],
             accel_redirect: false,
             accel_limit_rate: false,
+            accel_charset: false,
         };
         let mut out = b"[".to_vec();
         write_client_head(

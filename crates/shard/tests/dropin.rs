@@ -2268,6 +2268,33 @@ fn rewrite_escapes_and_break_as_nginx() {
     assert_eq!(r.body_str(), "page");
 }
 
+/// An upstream's `X-Accel-Charset`: the client gets that charset, the body recoded by a
+/// `charset_map` (nginx's `override_charset` header); the header is not passed on, and
+/// `proxy_ignore_headers X-Accel-Charset` leaves the answer as it came.
+#[test]
+fn x_accel_charset_recodes_a_proxied_answer() {
+    let s = Server::start(
+        "accel-charset",
+        "worker_processes 1;\nevents {}\nhttp {\n charset_map B A { 58 59; }\n \
+         server {\n  listen 127.0.0.1:{port};\n  root {dir}/html;\n  \
+         location = /status { shard_status; }\n  \
+         location /front/ { proxy_pass http://127.0.0.1:{port}/b/; }\n  \
+         location /plain/ { proxy_pass http://127.0.0.1:{port}/b/; \
+         proxy_ignore_headers X-Accel-Charset; }\n  \
+         location /b/ { charset B; add_header X-Accel-Charset A; }\n }\n}\n",
+        1,
+    );
+    write_file(&s.dir, "html/b/t.html", b"aXXb");
+    let r = get(s.addr(), "/front/t.html");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/html; charset=A"));
+    assert_eq!(r.body_str(), "aYYb");
+    assert_eq!(r.header("x-accel-charset"), None);
+    let r = get(s.addr(), "/plain/t.html");
+    assert_eq!(r.header("content-type"), Some("text/html; charset=B"));
+    assert_eq!(r.body_str(), "aXXb");
+}
+
 /// `proxy_next_upstream_timeout`: no second attempt once it has passed since the first began.
 #[test]
 fn proxy_next_upstream_timeout_bounds_the_retries() {

@@ -602,10 +602,35 @@ impl<'a> Worker<'a> {
                 if parts.iter().map(|(a, b)| b - a + 1).sum::<u64>()
                     <= shard_http::static_file::MULTIPART_MAX_BYTES =>
             {
-                let ct = shard_http::proxy::header_lines(&head)
-                    .into_iter()
-                    .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
-                    .map(|(_, v)| String::from_utf8_lossy(&v).into_owned());
+                let lines = shard_http::proxy::header_lines(&head);
+                let field = |name: &str| {
+                    lines
+                        .iter()
+                        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                        .map(|(_, v)| String::from_utf8_lossy(v).trim().to_string())
+                };
+                let mut ct = field("content-type");
+                // `X-Accel-Charset` applies to each part, before the ranges are cut (nginx's
+                // charset filter runs before its range filter), and not again to the whole.
+                let mut recode = None;
+                let loc = self.proxy_location(p);
+                if let (Some(dst), Some(t)) = (
+                    field("x-accel-charset")
+                        .filter(|d| !d.is_empty())
+                        .filter(|_| {
+                            loc.proxy.ignore_headers & shard_config::ignore::X_ACCEL_CHARSET == 0
+                        }),
+                    ct.clone(),
+                ) {
+                    let encoded = field("content-encoding").is_some();
+                    let maps = &self.http().charset_maps;
+                    let (new_ct, table, _) = super::charset_override(&t, &dst, maps, encoded);
+                    if let Some(v) = new_ct {
+                        ct = Some(v);
+                    }
+                    recode = table;
+                    remove_field(&mut head, "x-accel-charset");
+                }
                 let mut body = Vec::new();
                 for &(a, b) in &parts {
                     match ct.as_deref() {
@@ -626,6 +651,9 @@ impl<'a> Worker<'a> {
                     body.resize(at + (b - a + 1) as usize, 0);
                     if e.file.read_exact_at(&mut body[at..], start + a).is_err() {
                         body.truncate(at);
+                    }
+                    if let Some(t) = &recode {
+                        crate::worker::conn::recode(&mut body[at..], t);
                     }
                 }
                 shard_http::static_file::part_end(&mut body);

@@ -2625,6 +2625,57 @@ impl<'a> Worker<'a> {
     }
 
     /// The response head is accepted: write the client's head and start the body.
+    /// An upstream's `X-Accel-Charset: DST`, as nginx's charset filter takes an override:
+    /// a name no `charset_map` or `charset` knows is logged and changes nothing; a type
+    /// without a charset gets `; charset=DST`; one with another charset is recoded where a
+    /// `charset_map` joins them (not when encoded), else left as it is, logged.
+    fn accel_charset(
+        &mut self,
+        key: usize,
+        p: &mut Proxy,
+        loc: &LocationConf,
+        head: &mut shard_http::proxy::ResponseHead,
+        dst: &str,
+    ) {
+        let maps = &self.http().charset_maps;
+        let known = maps
+            .iter()
+            .any(|m| m.from.eq_ignore_ascii_case(dst) || m.to.eq_ignore_ascii_case(dst))
+            || loc
+                .charset
+                .as_deref()
+                .is_some_and(|c| c.eq_ignore_ascii_case(dst))
+            || ["utf-8", "koi8-r", "windows-1251", "iso-8859-1"]
+                .iter()
+                .any(|c| c.eq_ignore_ascii_case(dst));
+        if !known {
+            self.log_proxy_error_current(key, p, &format!("unknown charset \"{dst}\" to override"));
+            return;
+        }
+        let encoded = head
+            .headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("content-encoding"));
+        let Some((_, value)) = head
+            .headers
+            .iter_mut()
+            .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+        else {
+            return;
+        };
+        let ct = String::from_utf8_lossy(value).into_owned();
+        let (new_ct, table, err) = charset_override(&ct, dst, maps, encoded);
+        if let Some(v) = new_ct {
+            *value = v.into_bytes();
+        }
+        if let Some(t) = table {
+            p.recode = Some(std::sync::Arc::new(t));
+        }
+        if let Some(msg) = err {
+            self.log_proxy_error_current(key, p, &msg);
+        }
+    }
+
     fn start_response(
         &mut self,
         key: usize,
@@ -2742,7 +2793,18 @@ impl<'a> Worker<'a> {
         // the body recoded from `source_charset` (or, with `override_charset on`, from the
         // charset the upstream named) where a `charset_map` joins them, not when encoded.
         p.recode = None;
-        if let Some(dst) = loc.charset.as_deref() {
+        // `X-Accel-Charset` (unless ignored): the charset the client gets, over `charset`
+        // and whatever the types say, as nginx's `override_charset` header.
+        let accel_charset = head
+            .accel_charset
+            .then(|| raw_header(&p.rbuf[..head_len], "x-accel-charset"))
+            .flatten()
+            .filter(|_| loc.proxy.ignore_headers & shard_config::ignore::X_ACCEL_CHARSET == 0)
+            .map(|v| String::from_utf8_lossy(v).trim().to_string())
+            .filter(|v| !v.is_empty());
+        if let Some(dst) = accel_charset {
+            self.accel_charset(key, p, loc, &mut head, &dst);
+        } else if let Some(dst) = loc.charset.as_deref() {
             let encoded = head
                 .headers
                 .iter()
@@ -4248,6 +4310,37 @@ fn accel_redirect(head: &[u8]) -> Option<(String, Vec<u8>)> {
         }
     }
     Some((target, passed))
+}
+
+/// The `Content-Type` value (when it changes), the recoding table (when the body is
+/// recoded) and the error to log for an upstream's `X-Accel-Charset: DST` on a response of
+/// type `ct`, as nginx's charset filter takes an override (see `Worker::accel_charset`).
+pub(super) fn charset_override(
+    ct: &str,
+    dst: &str,
+    maps: &[shard_config::CharsetMap],
+    encoded: bool,
+) -> (Option<String>, Option<[u8; 256]>, Option<String>) {
+    match shard_http::response::named_charset(ct) {
+        None => {
+            let ty = ct.trim_end().trim_end_matches(';').trim_end();
+            (Some(format!("{ty}; charset={dst}")), None, None)
+        }
+        Some((ty, src)) if src.eq_ignore_ascii_case(dst) => {
+            (Some(format!("{ty}; charset={dst}")), None, None)
+        }
+        Some(_) if encoded => (None, None, None),
+        Some((ty, src)) => match shard_config::recode_table(maps, src, dst) {
+            Some(t) => (Some(format!("{ty}; charset={dst}")), Some(t), None),
+            None => (
+                None,
+                None,
+                Some(format!(
+                    "no \"charset_map\" between the charsets \"{src}\" and \"{dst}\""
+                )),
+            ),
+        },
+    }
 }
 
 /// The first `name:` line of a response head as received (hidden headers included).
