@@ -3311,6 +3311,7 @@ fn auth_request_as_nginx() {
         location = /args { auth_request /auth-up; auth_request_set $args \"set=1\"; \
         proxy_pass http://127.0.0.1:{port1}/echo-args; }\n  \
         location /twice/ { auth_request /auth-up; error_page 404 = /second; }\n  \
+        location /static/ { auth_request /auth-up; }\n  \
         location = /second { auth_request /auth-up; auth_request_set $u2 $upstream_http_x_user; \
         proxy_set_header X-User $u2; proxy_pass http://127.0.0.1:{port1}/echo/; }\n }\n \
         server {\n  listen 127.0.0.1:{port1};\n  \
@@ -3356,6 +3357,15 @@ fn auth_request_as_nginx() {
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     // `auth_request_set` took the upstream's X-User for the main request's header.
     assert!(text.ends_with("in POST /echo/x 5 alice"), "{text}");
+    // A main request that is not proxied still sends its headers with the proxied
+    // subrequest (the token decides: a good one reaches the missing file).
+    for (token, want) in [("good", 404), ("bad", 403)] {
+        let (status, _, _) = exchange(
+            s.addr(),
+            &format!("GET /static/f HTTP/1.1\r\nHost: x\r\nX-Token: {token}"),
+        );
+        assert_eq!(status, want, "{token}");
+    }
     // `auth_request_set $args`: the arguments of the request that goes on.
     let (status, _, body) = exchange(
         s.addr(),

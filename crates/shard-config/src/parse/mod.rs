@@ -712,10 +712,12 @@ impl Env {
                 }
                 let reads = |p: &[Part]| parts_read_headers(p, &h.maps);
                 // The userid module reads the `Cookie` header; WebDAV its `Destination`,
-                // `Depth`, `Overwrite` and `Date`; mirrors copy them all.
+                // `Depth`, `Overwrite` and `Date`; mirrors and `auth_request` subrequests
+                // copy them all (a proxied subrequest sends the main request's headers).
                 l.needs_head = l.userid.is_some()
                     || l.dav.methods != 0
                     || !l.mirrors.is_empty()
+                    || l.auth_request.is_some()
                     || l.ret.as_ref().is_some_and(|r| reads(&r.parts))
                     || l.add_headers.iter().any(|a| reads(&a.value))
                     || l.add_trailers.iter().any(|a| reads(&a.value))
