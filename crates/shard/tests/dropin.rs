@@ -2486,7 +2486,8 @@ fn add_trailer_as_nginx() {
         listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n }\n server {\n  \
         listen 127.0.0.1:{port1};\n  server_name localhost;\n  root {dir}/html;\n  \
         add_trailer X-Var $host;\n  add_trailer X-Always $host always;\n  \
-        add_trailer X-Empty '';\n  add_trailer X-Sent-Trailer $sent_trailer_x_var;\n  \
+        add_trailer X-Empty '';\n  add_trailer X-Sent-HTTP $sent_http_accept_ranges;\n  \
+        add_trailer X-Sent-Trailer $sent_trailer_x_var;\n  \
         add_trailer X-Complex $host:$host;\n  \
         location /t1 { }\n  location /nx { }\n  \
         location /empty { add_trailer X-Var $host; }\n  \
@@ -2515,7 +2516,7 @@ fn add_trailer_as_nginx() {
     assert_eq!(
         body,
         "8\r\nSEE-THIS\r\n0\r\nX-Var: localhost\r\nX-Always: localhost\r\n\
-         X-Sent-Trailer: localhost\r\nX-Complex: localhost:localhost\r\n\r\n"
+         X-Sent-HTTP: bytes\r\nX-Sent-Trailer: localhost\r\nX-Complex: localhost:localhost\r\n\r\n"
     );
     // An error page: only the `always` one.
     let (status, te, _, body) = get("/nx", "1.1");

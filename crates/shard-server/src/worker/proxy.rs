@@ -3391,6 +3391,7 @@ impl<'a> Worker<'a> {
                 p.status,
                 p.body_sent,
                 &p.attempts,
+                &[],
             )
         } else {
             shard_http::proxy::LAST_CHUNK.to_vec()

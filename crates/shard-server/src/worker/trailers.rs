@@ -29,7 +29,8 @@ pub(super) fn expected(loc: &LocationConf, req: &Request, status: u16) -> bool {
 impl Worker<'_> {
     /// The last chunk and the trailers of `loc` for a response of `status` with
     /// `body_bytes`: each value rendered in order (`$sent_trailer_NAME` sees those before
-    /// it); an empty value is not sent, as nginx.
+    /// it, `$sent_http_NAME` the response head `sent`, when given); an empty value is not
+    /// sent, as nginx.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn last_chunk(
         &self,
@@ -40,6 +41,7 @@ impl Worker<'_> {
         status: u16,
         body_bytes: u64,
         upstream: &[shard_http::vars::UpstreamTry],
+        sent: &[u8],
     ) -> Vec<u8> {
         let safe = shard_http::response::headers_apply(status);
         let mut made: Vec<(String, Vec<u8>)> = Vec::new();
@@ -52,6 +54,7 @@ impl Worker<'_> {
                 body_bytes,
                 upstream,
                 trailers: &made,
+                head: sent,
                 ..Default::default()
             });
             let mut v = Vec::new();
@@ -107,7 +110,8 @@ impl Worker<'_> {
         else {
             return;
         };
-        let last = self.last_chunk(key, req, head, loc, status, body_bytes, &[]);
+        let sent = c.out[out_start..end].to_vec();
+        let last = self.last_chunk(key, req, head, loc, status, body_bytes, &[], &sent);
         let c = &mut self.conns[key];
         let body = c.out.split_off(end);
         c.out.splice(
