@@ -380,6 +380,49 @@ pub struct EventsConf {
     /// shard's own: how long a worker's loop may not turn, with work waiting, before it is
     /// stalled. Default 20 ms.
     pub reuseport_stall_threshold_ms: u64,
+    /// `debug_connection`: clients whose connections log at the debug level to every
+    /// error log (nginx's `--with-debug` builds).
+    pub debug_connection: Vec<DebugConnection>,
+}
+
+/// One `debug_connection` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DebugConnection {
+    /// An address or a CIDR block (a name was resolved to its addresses at load).
+    Net(std::net::IpAddr, u8),
+    /// `unix:`: every connection to a UNIX-domain listener.
+    Unix,
+}
+
+impl DebugConnection {
+    /// Whether a client at `peer` (`None`: a UNIX-domain socket) is one of these.
+    pub fn matches(list: &[DebugConnection], peer: Option<std::net::IpAddr>) -> bool {
+        list.iter().any(|d| match (d, peer) {
+            (DebugConnection::Unix, None) => true,
+            (DebugConnection::Net(base, bits), Some(ip)) => in_block(ip, *base, *bits),
+            _ => false,
+        })
+    }
+}
+
+/// Whether `ip` is in the block `base/bits` (an IPv4-mapped IPv6 address counts as IPv4).
+fn in_block(ip: std::net::IpAddr, base: std::net::IpAddr, bits: u8) -> bool {
+    use std::net::IpAddr;
+    let ip = match ip {
+        IpAddr::V6(v) => v.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    match (ip, base) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => {
+            let m = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+            u32::from(a) & m == u32::from(b) & m
+        }
+        (IpAddr::V6(a), IpAddr::V6(b)) => {
+            let m = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+            u128::from(a) & m == u128::from(b) & m
+        }
+        _ => false,
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,7 +2,9 @@
 //!
 //! `2026/11/22 10:00:00 [notice] 1234#0: message`. The master opens the file and workers
 //! inherit the descriptor, so every process appends to the same file; one write per line keeps
-//! lines whole. Reopening (`SIGUSR1`) swaps the descriptor in place.
+//! lines whole. Reopening (`SIGUSR1`) swaps the descriptor in place. Debug lines (`debug!`)
+//! are formatted only where a log takes the debug level or the connection at work is a
+//! `debug_connection` client's (whose lines then go to every log of its level).
 
 use std::fs::OpenOptions;
 use std::io;
@@ -227,6 +229,47 @@ pub fn reopen() -> io::Result<()> {
     Ok(())
 }
 
+/// `debug_connection`: the numbers of this process's connections that log at the debug
+/// level to every error log, few at a time (a list: a check is a scan of a handful).
+static DEBUG_CONNS: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+/// `DEBUG_CONNS` is not empty: the common case checks this alone.
+static DEBUG_ANY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Connection `n` (a `debug_connection` client's) logs at the debug level everywhere while
+/// `on`; off when it closes.
+pub fn debug_connection(n: u64, on: bool) {
+    if !on && !DEBUG_ANY.load(Relaxed) {
+        return;
+    }
+    let mut list = DEBUG_CONNS.lock().unwrap_or_else(|e| e.into_inner());
+    if on {
+        list.push(n);
+    } else {
+        list.retain(|&x| x != n);
+    }
+    DEBUG_ANY.store(!list.is_empty(), Relaxed);
+}
+
+/// The connection whose work follows is a `debug_connection` client's.
+fn debug_conn() -> bool {
+    if !DEBUG_ANY.load(Relaxed) {
+        return false;
+    }
+    let n = CONNECTION.load(Relaxed);
+    n != 0
+        && DEBUG_CONNS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&n)
+}
+
+/// Whether a debug line would be written now (`debug!`): a debug level where the work is,
+/// or a `debug_connection` client's connection.
+#[inline]
+pub fn debug_on() -> bool {
+    enabled(LogLevel::Debug) || debug_conn()
+}
+
 pub fn enabled(level: LogLevel) -> bool {
     if CONTEXT.load(Relaxed) != 0 {
         return level as u8 >= CONTEXT_LEVEL.load(Relaxed);
@@ -312,7 +355,10 @@ pub fn restore_context(prev: (u64, u8)) {
 }
 
 pub fn write(level: LogLevel, msg: std::fmt::Arguments<'_>) {
-    if !enabled(level) {
+    // A `debug_connection` client's lines go to every destination whatever its level, as
+    // nginx's `ngx_log_error_core` does for such a connection.
+    let every = debug_conn();
+    if !every && !enabled(level) {
         return;
     }
     let conn = CONNECTION.load(Relaxed);
@@ -339,20 +385,20 @@ pub fn write(level: LogLevel, msg: std::fmt::Arguments<'_>) {
         let contexts = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(dests) = contexts.get(ctx as usize - 1) {
             for (fd, min, syslog) in dests {
-                if level >= *min {
+                if every || level >= *min {
                     write_to(*fd, syslog.as_deref(), level, &line);
                 }
             }
         }
         return;
     }
-    if level as u8 >= LEVEL.load(Relaxed) {
+    if every || level as u8 >= LEVEL.load(Relaxed) {
         let syslog = SYSLOG.lock().unwrap_or_else(|e| e.into_inner()).clone();
         write_to(FD.load(Relaxed), syslog.as_deref(), level, &line);
     }
-    if level as u8 >= EXTRA_LEVEL.load(Relaxed) {
+    if every || level as u8 >= EXTRA_LEVEL.load(Relaxed) {
         for (fd, min, t) in EXTRA.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            if level >= *min {
+            if every || level >= *min {
                 let syslog = match t {
                     LogTarget::Syslog(s) => Some(&**s),
                     _ => None,
@@ -385,6 +431,17 @@ fn write_to(fd: RawFd, syslog: Option<&shard_config::Syslog>, level: LogLevel, l
 macro_rules! log {
     ($level:ident, $($arg:tt)*) => {
         $crate::log::write(shard_config::LogLevel::$level, format_args!($($arg)*))
+    };
+}
+
+/// A debug line (nginx's `ngx_log_debug`): its arguments are formatted only when a debug
+/// level or a `debug_connection` client wants it.
+#[macro_export]
+macro_rules! debug {
+    ($($arg:tt)*) => {
+        if $crate::log::debug_on() {
+            $crate::log::write(shard_config::LogLevel::Debug, format_args!($($arg)*))
+        }
     };
 }
 

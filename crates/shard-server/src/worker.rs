@@ -1077,6 +1077,7 @@ impl<'a> Worker<'a> {
             r.log_ctx = ctx;
             crate::log::set_context(ctx.0, ctx.1);
         }
+        crate::debug!("using configuration \"{}\"", loc.path);
     }
 
     /// The error log context of a level's `error_log` list (`None`: the main context).

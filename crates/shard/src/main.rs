@@ -157,7 +157,7 @@ const NGINX_MODULES: &str = "--with-http_ssl_module --with-http_v2_module \
 --with-http_secure_link_module --with-http_stub_status_module --with-stream \
 --with-stream_ssl_module --with-stream_realip_module --with-stream_ssl_preread_module \
 --with-http_geoip_module --with-stream_geoip_module --with-http_dav_module \
---with-http_random_index_module --with-http_slice_module --with-http_flv_module \
+--with-http_random_index_module --with-http_slice_module --with-http_flv_module --with-debug \
 --without-http_browser_module \
 --without-http_tunnel_module \
 --without-http_upstream_sticky --without-http_upstream_least_time_module \

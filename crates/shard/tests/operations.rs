@@ -744,6 +744,66 @@ fn every_main_error_log_is_written_at_its_level() {
     assert_eq!(s.wait_exit(TIMEOUT), 0);
 }
 
+/// `debug_connection`: a listed client's connection writes debug lines to every error log
+/// whatever its level (two `alert` logs get the same lines), others none; a log at `debug`
+/// gets them for everyone; a stream session too.
+#[test]
+fn debug_connection_logs_one_client_at_the_debug_level() {
+    let conf = "worker_processes 1;\nevents { debug_connection 127.0.0.2; }\nhttp {\n \
+         error_log logs/d1.log alert;\n error_log logs/d2.log alert;\n \
+         server {\n  listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n  \
+         location /all/ { error_log logs/all.log debug; return 204; }\n  \
+         location / { return 200 \"ok\"; }\n }\n}\n\
+         stream {\n server { listen 127.0.0.1:{port1}; proxy_pass 127.0.0.1:{port}; \
+         error_log logs/s.log alert; }\n}\n";
+    let s = Server::start_ports("debug-connection", conf, 1, 1);
+    let logs = s.dir.join("logs");
+    let from = |ip: [u8; 4], port: u16, req: &[u8]| {
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.bind(&std::net::SocketAddr::from((ip, 0)).into())
+            .unwrap();
+        sock.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into())
+            .unwrap();
+        let mut c: std::net::TcpStream = sock.into();
+        c.set_read_timeout(Some(TIMEOUT)).unwrap();
+        c.write_all(req).unwrap();
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut c, &mut v);
+        String::from_utf8_lossy(&v).into_owned()
+    };
+    let req = b"GET /x HTTP/1.0\r\nHost: x\r\n\r\n";
+    assert!(from([127, 0, 0, 1], s.port, req).ends_with("ok"));
+    let all = wait_for(TIMEOUT, "a debug log's lines for anyone", || {
+        from(
+            [127, 0, 0, 1],
+            s.port,
+            b"GET /all/ HTTP/1.0\r\nHost: x\r\n\r\n",
+        );
+        let t = read(&logs.join("all.log"));
+        t.contains("[debug]").then_some(t)
+    });
+    assert!(all.contains("http finalize request: 204"), "{all}");
+    assert!(read(&logs.join("d1.log")).is_empty(), "not a listed client");
+    assert!(from([127, 0, 0, 2], s.port, req).ends_with("ok"));
+    let d1 = wait_for(TIMEOUT, "the listed client's debug lines", || {
+        let t = read(&logs.join("d1.log"));
+        t.contains("close http connection").then_some(t)
+    });
+    assert!(
+        d1.contains("[debug]") && d1.contains("http finalize request: 200, \"/x\""),
+        "{d1}"
+    );
+    assert_eq!(read(&logs.join("d2.log")), d1, "every log, the same lines");
+    // A stream session of the listed client.
+    assert!(from([127, 0, 0, 2], s.ports[0], req).ends_with("ok"));
+    wait_for(TIMEOUT, "the stream session's debug lines", || {
+        read(&logs.join("s.log"))
+            .contains("stream session: 127.0.0.2")
+            .then_some(())
+    });
+}
+
 /// `error_log` in http, server, location and a stream server, as nginx's: a request's (or
 /// session's) messages go to its level's logs only, each at its own level; the main log keeps
 /// the rest; `SIGUSR1` reopens them.

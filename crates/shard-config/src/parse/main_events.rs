@@ -206,6 +206,38 @@ pub(super) fn events_accept_mutex_delay(ev: &mut EventsP, d: &Directive, file: &
     once(&mut ev.accept_mutex_delay_ms, t, d, file)
 }
 
+/// `debug_connection ADDRESS | CIDR | NAME | unix:` (repeatable): a name is resolved now,
+/// each of its addresses a client of its own, as nginx's.
+pub(super) fn events_debug_connection(ev: &mut EventsP, d: &Directive, file: &str) -> R {
+    use crate::model::DebugConnection;
+    let v = a0(d);
+    if v == "unix:" {
+        ev.debug_connection.push(DebugConnection::Unix);
+        return Ok(());
+    }
+    if let Some((ip, bits, _)) = super::http::parse_cidr(v) {
+        ev.debug_connection.push(DebugConnection::Net(ip, bits));
+        return Ok(());
+    }
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<std::net::IpAddr> = match (v, 0u16).to_socket_addrs() {
+        Ok(a) => a.map(|a| a.ip()).collect(),
+        Err(_) => Vec::new(),
+    };
+    if addrs.is_empty() || v.contains('/') {
+        return Err(derr(
+            d,
+            file,
+            format!("host not found in \"{v}\" of the \"debug_connection\" directive"),
+        ));
+    }
+    for ip in addrs {
+        let bits = if ip.is_ipv4() { 32 } else { 128 };
+        ev.debug_connection.push(DebugConnection::Net(ip, bits));
+    }
+    Ok(())
+}
+
 pub(super) fn events_multi_accept(ev: &mut EventsP, d: &Directive, file: &str) -> R {
     let v = flag(d, file, a0(d))?;
     once(&mut ev.multi_accept, v, d, file)

@@ -331,6 +331,7 @@ struct EventsP {
     reuseport_steering: Option<bool>,
     reuseport_stall_threshold_ms: Option<u64>,
     use_: Option<String>,
+    debug_connection: Vec<crate::model::DebugConnection>,
 }
 
 #[derive(Default)]
@@ -608,6 +609,7 @@ impl Env {
             multi_accept: ev.multi_accept.unwrap_or(false),
             reuseport_steering: ev.reuseport_steering.unwrap_or(true),
             reuseport_stall_threshold_ms: ev.reuseport_stall_threshold_ms.unwrap_or(20),
+            debug_connection: ev.debug_connection.clone(),
         };
         let mut listeners = Vec::new();
         let http = match st.http {

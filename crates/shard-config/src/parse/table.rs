@@ -762,7 +762,13 @@ static BASE: &[Spec] = &[
     d("lock_file", M, 1, 1, Set::NoEffect(check_any)),
     d("debug_points", M, 1, 1, Set::NoEffect(check_debug_points)),
     d("worker_aio_requests", E, 1, 1, Set::NoEffect(check_number)),
-    d("debug_connection", E, 1, 1, Set::NoEffect(check_any)),
+    d(
+        "debug_connection",
+        E,
+        1,
+        1,
+        Set::Events(events_debug_connection),
+    ),
     d(
         "worker_shutdown_timeout",
         M,

@@ -327,6 +327,7 @@ impl Worker<'_> {
                 .insert(Conn::new(cfd, peer, conf_idx, id, number, self.cx.now_ms));
             self.conns[key].tls = tls;
             self.conns[key].pp_pending = conf_l.opts.proxy_protocol;
+            self.debug_accepted(number, peer, super::conn::fd_of(&self.conns[key].fd));
             self.start_reading(key, true);
             self.conns[key].await_first_byte(self.cx.slot);
             let deadline = self.conns[key].deadline_ms;
@@ -352,6 +353,28 @@ impl Worker<'_> {
             self.unregister_listener(li);
             self.poll_listener(li);
         }
+    }
+}
+
+impl Worker<'_> {
+    /// A connection just accepted: a `debug_connection` client's logs at the debug level
+    /// everywhere until it closes; the debug line of its accept.
+    pub(super) fn debug_accepted(
+        &mut self,
+        number: u64,
+        peer: Option<std::net::SocketAddr>,
+        fd: i32,
+    ) {
+        let list = &self.cx.cfg.events.debug_connection;
+        if !list.is_empty() && shard_config::DebugConnection::matches(list, peer.map(|p| p.ip())) {
+            crate::log::debug_connection(number, true);
+        }
+        let outer = crate::log::set_connection(number);
+        match peer {
+            Some(p) => crate::debug!("accept: {p} fd:{fd}"),
+            None => crate::debug!("accept: unix: fd:{fd}"),
+        }
+        crate::log::set_connection(outer);
     }
 }
 

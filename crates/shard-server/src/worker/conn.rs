@@ -1318,6 +1318,8 @@ impl<'a> Worker<'a> {
             self.h2_session_closed(h2);
         }
         let mut c = self.conns.remove(key);
+        crate::debug!("close http connection: {}", fd_of(&c.fd));
+        crate::log::debug_connection(c.number, false);
         // A subrequest ends with its parent, and its parent learns of its end.
         if let Some(w) = c
             .req
@@ -2929,6 +2931,12 @@ impl<'a> Worker<'a> {
         upstream: &[shard_http::vars::UpstreamTry],
         body: Option<&[u8]>,
     ) {
+        crate::debug!(
+            "http finalize request: {status}, \"{}{}{}\" sent:{bytes}",
+            req.path,
+            if req.query.is_some() { "?" } else { "" },
+            req.query.as_deref().unwrap_or("")
+        );
         // Subrequests are logged only with `log_subrequest on`.
         let sub = self.conns[key].sub != 0;
         if sub && !loc.log_subrequest {

@@ -439,9 +439,17 @@ impl<'a> Worker<'a> {
             .and_then(|s| s.upstreams.get(s.servers[server].upstream))
             .map_or(0, |u| u.peers.len());
         let raw = fd.as_raw_fd();
+        let list = &self.cx.cfg.events.debug_connection;
+        if !list.is_empty() && shard_config::DebugConnection::matches(list, peer.map(|p| p.ip())) {
+            crate::log::debug_connection(number, true);
+        }
         let outer = crate::log::set_connection(number);
         let log_ctx = self.log_ctx_of(self.stream_server(server).error_logs.as_ref());
         let outer_ctx = crate::log::set_context(log_ctx.0, log_ctx.1);
+        crate::debug!(
+            "stream session: {} fd:{raw}",
+            peer.map_or("unix:".to_string(), |p| p.to_string())
+        );
         let key = self.relays.insert(Relay {
             id,
             log_ctx,
@@ -1875,6 +1883,8 @@ impl<'a> Worker<'a> {
             return;
         }
         let server = self.relays[key].server;
+        crate::debug!("close stream connection: {}", self.relays[key].client.raw());
+        crate::log::debug_connection(self.relays[key].number, false);
         if crate::log::enabled(shard_config::LogLevel::Info) {
             // nginx's closing line: who ended it, and the bytes each way.
             let s = self.relay_session(key);
