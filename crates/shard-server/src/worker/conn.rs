@@ -2310,7 +2310,10 @@ impl<'a> Worker<'a> {
             || first.ssi.enabled
             || first.needs_head;
         let head = if keep_head {
-            self.conns[key].inbuf[..head_len].to_vec()
+            // A pooled buffer (given back with the request), not an allocation of its own.
+            let mut h = self.cx.take_buf(head_len);
+            h.extend_from_slice(&self.conns[key].inbuf[..head_len]);
+            h
         } else {
             Vec::new()
         };
