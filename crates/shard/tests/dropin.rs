@@ -3991,6 +3991,9 @@ fn small_http_switches_behave_as_nginx() {
     assert_eq!((r.status, r.body_str().as_str()), (206, "01"));
     let r = ranged("/one/f.txt", "bytes=0-1,4-5");
     assert_eq!((r.status, r.body_str().as_str()), (200, "0123456789"));
+    // A range past the end does not count against it, as nginx's parser counts.
+    let r = ranged("/one/f.txt", "bytes=0-1,100-");
+    assert_eq!((r.status, r.body_str().as_str()), (206, "01"));
     let r = ranged("/none/f.txt", "bytes=0-1");
     assert_eq!((r.status, r.header("accept-ranges")), (200, None));
     assert_eq!(

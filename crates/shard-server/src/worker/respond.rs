@@ -1127,8 +1127,13 @@ fn send_file(
     // nginx's range filter declines them.
     let ranges_off = loc.max_ranges == Some(0);
     let unranged;
+    // Only the ranges the file can satisfy count, as nginx's range parser counts them.
+    let satisfiable = |r: &str| match shard_http::static_file::ranges(r, meta.size) {
+        Some(Ok(parts)) => parts.len(),
+        _ => 0,
+    };
     let req = match (loc.max_ranges, req.range.as_deref()) {
-        (Some(max), Some(r)) if r.split(',').count() as u64 > u64::from(max) => {
+        (Some(max), Some(r)) if satisfiable(r) as u64 > u64::from(max) => {
             unranged = Request {
                 range: None,
                 ..req.clone()
