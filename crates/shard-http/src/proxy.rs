@@ -247,7 +247,13 @@ fn named_by_connection(name: &str, hs: &[httparse::Header<'_>]) -> bool {
 
 /// Appends `v` without CR, LF and NUL, so no value can split or end a head.
 fn push_clean(out: &mut Vec<u8>, v: &[u8]) {
-    if memchr::memchr3(b'\r', b'\n', 0, v).is_none() {
+    // Most values are short: a plain scan costs less than setting up `memchr3`.
+    let clean = if v.len() <= 32 {
+        !v.iter().any(|&b| matches!(b, b'\r' | b'\n' | 0))
+    } else {
+        memchr::memchr3(b'\r', b'\n', 0, v).is_none()
+    };
+    if clean {
         out.extend_from_slice(v);
     } else {
         out.extend(
@@ -500,6 +506,8 @@ pub fn write_request(out: &mut Vec<u8>, ctx: &RequestCtx<'_>) {
         }
     }
 
+    // Headers the client's `Connection` names are not passed (looked up only when it sent one).
+    let connection = hs.iter().any(|h| h.name.eq_ignore_ascii_case("connection"));
     // `proxy_pass_request_headers off`: only the headers `proxy_set_header` makes.
     for h in hs.iter().filter(|_| conf.pass_request_headers) {
         // An invalid name (`X_Forwarded_For` with underscores off) never reaches the upstream,
@@ -510,7 +518,7 @@ pub fn write_request(out: &mut Vec<u8>, ctx: &RequestCtx<'_>) {
                 .set_headers
                 .iter()
                 .any(|(n, _)| n.eq_ignore_ascii_case(h.name))
-            || named_by_connection(h.name, hs)
+            || (connection && named_by_connection(h.name, hs))
         {
             continue;
         }
@@ -805,6 +813,7 @@ pub fn parse_response_passing(
     let mut accel_redirect = false;
     let mut accel_limit_rate = false;
     let mut accel_charset = false;
+    let mut connection = false;
     for h in hs {
         if h.name.eq_ignore_ascii_case("transfer-encoding") {
             te = true;
@@ -821,6 +830,7 @@ pub fn parse_response_passing(
             }
             length = Some(n);
         } else if h.name.eq_ignore_ascii_case("connection") {
+            connection = true;
             for t in tokens(h.value) {
                 close |= t.eq_ignore_ascii_case(b"close");
                 keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
@@ -871,7 +881,8 @@ pub fn parse_response_passing(
     for h in hs {
         if pass_length && !length_passed && h.name.eq_ignore_ascii_case("content-length") {
             length_passed = true;
-        } else if (is_hidden(h.name) && !passable(h.name, pass)) || named_by_connection(h.name, hs)
+        } else if (is_hidden(h.name) && !passable(h.name, pass))
+            || (connection && named_by_connection(h.name, hs))
         {
             continue;
         }
