@@ -4090,7 +4090,10 @@ fn secure_link_checks_hashes_and_expiry() {
          return 200 \"ok $secure_link_expires\";\n  }\n  \
          location /p/ { secure_link_secret word; if ($secure_link = \"\") { return 403; } \
          rewrite ^ /files/$secure_link; }\n  \
-         location /files/ { internal; return 200 \"file $uri\"; }\n }\n}\n";
+         location /files/ { internal; return 200 \"file $uri\"; }\n  \
+         location /inh/ { secure_link_secret word;\n   \
+         location = /inh/t { secure_link $arg_h; secure_link_md5 \"$uri word\";\n    \
+         if ($secure_link = \"1\") { return 200 \"md5 form\"; } return 403; } }\n }\n}\n";
     let s = Server::start("secure-link", conf, 1);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -4127,6 +4130,25 @@ fn secure_link_checks_hashes_and_expiry() {
         )
         .status,
         403
+    );
+    // A nested location with the md5 form does not inherit its parent's secret (nginx's
+    // merge): the md5 form is what it checks.
+    let h = b64url(&Md5::digest(b"/inh/t word"));
+    let r = get(s.addr(), &format!("/inh/t?h={h}"));
+    assert_eq!((r.status, r.body_str().as_str()), (200, "md5 form"));
+    // Both forms in one level: nginx's error.
+    let bad = temp_dir("secure-link-mixed");
+    std::fs::write(
+        bad.join("conf/shard.conf"),
+        "events {}\nhttp { server { listen 127.0.0.1:1; location / {\n \
+         secure_link_secret s; secure_link $arg_a; } } }\n",
+    )
+    .unwrap();
+    let (code, out) = run_cli(&["-t", "-p", bad.to_str().unwrap(), "-c", "conf/shard.conf"]);
+    assert_ne!(code, 0);
+    assert!(
+        out.contains("\"secure_link_secret\" cannot be mixed with") && out.contains("shard.conf:3"),
+        "{out}"
     );
 }
 

@@ -1063,22 +1063,32 @@ impl Eff {
                 .clone()
                 .unwrap_or_else(|| self.access_rules.clone()),
             referers: s.referers.clone().or_else(|| self.referers.clone()),
-            secure_link: SecureLink {
-                expr: s
-                    .secure_link
-                    .expr
-                    .clone()
-                    .or_else(|| self.secure_link.expr.clone()),
-                md5: s
-                    .secure_link
-                    .md5
-                    .clone()
-                    .or_else(|| self.secure_link.md5.clone()),
-                secret: s
-                    .secure_link
-                    .secret
-                    .clone()
-                    .or_else(|| self.secure_link.secret.clone()),
+            // As nginx's merge: a level with `secure_link_secret` takes neither of the other
+            // two, and a level with `secure_link` or `secure_link_md5` no secret.
+            secure_link: match &s.secure_link.secret {
+                Some(secret) => SecureLink {
+                    expr: None,
+                    md5: None,
+                    secret: Some(secret.clone()),
+                },
+                None => {
+                    let expr = s
+                        .secure_link
+                        .expr
+                        .clone()
+                        .or_else(|| self.secure_link.expr.clone());
+                    let md5 = s
+                        .secure_link
+                        .md5
+                        .clone()
+                        .or_else(|| self.secure_link.md5.clone());
+                    let secret = if expr.is_none() && md5.is_none() {
+                        self.secure_link.secret.clone()
+                    } else {
+                        None
+                    };
+                    SecureLink { expr, md5, secret }
+                }
             },
             error_pages: s
                 .error_pages
@@ -3726,7 +3736,15 @@ pub(super) fn set_secure_link(_: &Env, s: &mut Settings, d: &Directive, file: &s
         "secure_link" => once(&mut sl.expr, parse_header_value(d, file, a0(d))?, d, file),
         "secure_link_md5" => once(&mut sl.md5, parse_header_value(d, file, a0(d))?, d, file),
         _ => once(&mut sl.secret, a0(d).to_string(), d, file),
+    }?;
+    if sl.secret.is_some() && (sl.expr.is_some() || sl.md5.is_some()) {
+        return Err(derr(
+            d,
+            file,
+            "\"secure_link_secret\" cannot be mixed with \"secure_link\" and \"secure_link_md5\"",
+        ));
     }
+    Ok(())
 }
 
 pub(super) fn set_valid_referers(_: &Env, s: &mut Settings, d: &Directive, file: &str) -> R {
