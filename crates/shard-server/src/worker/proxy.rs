@@ -232,6 +232,10 @@ pub(super) struct Proxy {
     /// A streamed body is re-chunked for the upstream.
     stream_chunked: bool,
     stream_pos: usize,
+    /// Streaming: the body bytes read before the head went out, copied after it into
+    /// `upreq` so that head and preread leave in one write (one TLS record), as nginx sends
+    /// its buffers; `stream_pos` passes them once the head is written.
+    folded_body: usize,
     /// FastCGI: a streamed body that was whole when the request was built went with the
     /// params, its end record too.
     stream_ended_in_head: bool,
@@ -399,6 +403,7 @@ impl Proxy {
             stream_ended_in_head: false,
             stream_chunked: false,
             stream_pos: 0,
+            folded_body: 0,
             stream_copy: None,
             up_rate: UpRate::default(),
             accel: None,
@@ -1924,12 +1929,21 @@ impl<'a> Worker<'a> {
         if p.grpc {
             return self.grpc_begin(p);
         }
+        if p.streaming
+            && p.upreq_pos == 0
+            && p.folded_body == 0
+            && p.stream_pos == 0
+            && !p.body.mem.is_empty()
+        {
+            p.upreq.extend_from_slice(&p.body.mem);
+            p.folded_body = p.body.mem.len();
+        }
         let uc = &mut self.upconns[u];
         let before = p.upreq_pos;
         let written = uc.write_from(&p.upreq, &mut p.upreq_pos);
         *progressed |= p.upreq_pos > before;
         match written {
-            Ok(true) => {}
+            Ok(true) => p.stream_pos = p.stream_pos.max(p.folded_body),
             Ok(false) => return Flow::Wait,
             Err(e) => {
                 let msg = format!(
