@@ -1862,6 +1862,39 @@ fn limit_dry_run_counts_without_refusing() {
     assert!(error_log(&s).contains("limiting requests, dry run, excess: 1.000 by zone \"one\""));
 }
 
+/// A request `limit_req` delays whose client goes away is let go at once (nginx's
+/// `ngx_http_test_reading`), not at the end of its delay (here a minute).
+#[test]
+fn a_delayed_request_whose_client_left_is_let_go() {
+    let conf = "worker_processes 1;\nerror_log logs/error.log info;\nevents {}\nhttp {\n \
+         limit_req_zone $binary_remote_addr zone=one:1m rate=1r/m;\n server {\n  \
+         listen 127.0.0.1:{port};\n  location = /status { shard_status; }\n  \
+         location /slow { root {dir}/html; limit_req zone=one burst=5; }\n }\n}\n";
+    let s = Server::start("delayed-gone", conf, 1);
+    write_file(&s.dir, "html/slow", b"s");
+    assert_eq!(get(s.addr(), "/slow").status, 200);
+    let mut c = connect(s.addr());
+    c.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    wait_for(Duration::from_secs(5), "the delay", || {
+        error_log(&s).contains("delaying request").then_some(())
+    });
+    assert_eq!(
+        status_field(&s, "active"),
+        2,
+        "the delayed request and the status one"
+    );
+    let left = std::time::Instant::now();
+    drop(c);
+    wait_for(
+        Duration::from_secs(2),
+        "the delayed connection let go",
+        || (status_field(&s, "active") == 1).then_some(()),
+    );
+    assert!(left.elapsed() < Duration::from_secs(2));
+    assert!(error_log(&s).contains("client prematurely closed connection while limiting requests"));
+}
+
 /// nginx writes each access-log line at once unless `buffer=` is given: the line is in the
 /// file as soon as the response is, and a buffered log keeps it until it flushes.
 #[test]

@@ -1621,7 +1621,16 @@ impl<'a> Worker<'a> {
             }
             let c = &self.conns[key];
             if c.req.as_ref().is_some_and(|r| r.delayed_until != 0) {
-                // `limit_req` holds the request back; its timer resumes it.
+                // `limit_req` holds the request back; its timer resumes it. A client that
+                // closed meanwhile is gone, as nginx's `ngx_http_test_reading` takes it (a
+                // graceful stop would otherwise wait out the delay).
+                if c.hup && c.h2 == 0 {
+                    crate::log!(
+                        Info,
+                        "client prematurely closed connection while limiting requests"
+                    );
+                    self.close(key);
+                }
                 return;
             }
             if !c.inbuf.is_empty() {
