@@ -2457,6 +2457,9 @@ impl<'a> Worker<'a> {
                     c.rq().delayed_until = self.cx.now_ms + ms.max(1);
                     let until = c.rq().delayed_until;
                     self.set_conn_deadline(key, until);
+                    // Registered now if the request came with the accept (no read waited
+                    // yet): the end of the client's input must be seen during the delay.
+                    self.ensure_registered(key);
                     return;
                 }
                 Limited::Refuse(status) => forced = Some(status),
