@@ -405,7 +405,8 @@ impl DebugConnection {
     }
 }
 
-/// Whether `ip` is in the block `base/bits` (an IPv4-mapped IPv6 address counts as IPv4).
+/// Whether `ip` is in the block `base/bits` (an IPv4-mapped IPv6 address counts as IPv4):
+/// `allow`/`deny` and `debug_connection` both ask it.
 fn in_block(ip: std::net::IpAddr, base: std::net::IpAddr, bits: u8) -> bool {
     use std::net::IpAddr;
     let ip = match ip {
@@ -1502,28 +1503,13 @@ pub struct AccessRule {
 impl AccessRule {
     /// Whether `ip` is in this rule's network (an IPv4-mapped IPv6 client counts as IPv4).
     pub fn matches(&self, ip: std::net::IpAddr) -> bool {
-        use std::net::IpAddr;
         if self.unix {
             return false;
         }
         let Some((net, bits)) = self.net else {
             return true;
         };
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-            v4 => v4,
-        };
-        match (net, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
-                u32::from(n) & mask == u32::from(a) & mask
-            }
-            (IpAddr::V6(n), IpAddr::V6(a)) => {
-                let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
-                u128::from(n) & mask == u128::from(a) & mask
-            }
-            _ => false,
-        }
+        in_block(ip, net, bits)
     }
 
     /// [`AccessRule::matches`] for a client that may have no inet address (`None`: it came
