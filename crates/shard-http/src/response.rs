@@ -560,23 +560,16 @@ pub fn is_msie(req: &crate::request::Request) -> bool {
 /// `msie_refresh`: the page nginx sends MSIE instead of a 301 or 302 to `location` (as
 /// written, not made absolute), escaped as its `NGX_ESCAPE_REFRESH`.
 pub fn msie_refresh_page(location: &str) -> Vec<u8> {
-    let mut out = b"<html><head><meta http-equiv=\"Refresh\" content=\"0; URL=".to_vec();
-    for &c in location.as_bytes() {
-        let escape = !(0x20..0x7f).contains(&c)
-            || matches!(
+    let mut out = String::from("<html><head><meta http-equiv=\"Refresh\" content=\"0; URL=");
+    crate::static_file::percent_escape(location.as_bytes(), &mut out, |c| {
+        (0x20..0x7f).contains(&c)
+            && !matches!(
                 c,
                 b' ' | b'"' | b'\'' | b'<' | b'>' | b'\\' | b'^' | b'`' | b'{' | b'|' | b'~'
-            );
-        if escape {
-            out.push(b'%');
-            out.push(b"0123456789ABCDEF"[usize::from(c >> 4)]);
-            out.push(b"0123456789ABCDEF"[usize::from(c & 15)]);
-        } else {
-            out.push(c);
-        }
-    }
-    out.extend_from_slice(b"\"></head><body></body></html>\r\n");
-    out
+            )
+    });
+    out.push_str("\"></head><body></body></html>\r\n");
+    out.into_bytes()
 }
 
 /// `keepalive_disable`: nginx's reading of the `User-Agent` (`ngx_http_process_user_agent`):

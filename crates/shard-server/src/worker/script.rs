@@ -220,15 +220,9 @@ impl Worker<'_> {
         for part in replacement {
             let text = self.render(key, req, head, loc, std::slice::from_ref(part));
             if args && is_capture(part) {
-                for &c in text.as_bytes() {
-                    if escape_args(c) {
-                        out.push('%');
-                        out.push(char::from(b"0123456789ABCDEF"[usize::from(c >> 4)]));
-                        out.push(char::from(b"0123456789ABCDEF"[usize::from(c & 15)]));
-                    } else {
-                        out.push(char::from(c));
-                    }
-                }
+                shard_http::static_file::percent_escape(text.as_bytes(), &mut out, |c| {
+                    !escape_args(c)
+                });
             } else {
                 out.push_str(&text);
             }
