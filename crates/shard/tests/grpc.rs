@@ -249,11 +249,7 @@ fn addr(s: &Server) -> SocketAddr {
 
 fn call_block(path: &str) -> Vec<u8> {
     let e = hpack::Encoder;
-    let mut block = Vec::new();
-    e.field(b":method", b"POST", &mut block);
-    e.field(b":scheme", b"http", &mut block);
-    e.field(b":path", path.as_bytes(), &mut block);
-    e.field(b":authority", b"localhost", &mut block);
+    let mut block = support::h2client::request_block("POST", path);
     e.field(b"content-type", b"application/grpc", &mut block);
     e.field(b"te", b"trailers", &mut block);
     block

@@ -947,12 +947,7 @@ fn a_header_block_left_open_ends_after_client_header_timeout() {
     assert!(matches!(c.get("/ok"), client::Outcome::Answered(200, 3)));
     // A stream that stays open (its answer trickles at 1 KB/s), then a header block that
     // never ends.
-    let e = shard_http::hpack::Encoder;
-    let mut block = Vec::new();
-    e.field(b":method", b"GET", &mut block);
-    e.field(b":scheme", b"http", &mut block);
-    e.field(b":path", b"/slow/big.bin", &mut block);
-    e.field(b":authority", b"localhost", &mut block);
+    let block = client::request_block("GET", "/slow/big.bin");
     let mut out = Vec::new();
     shard_http::h2frame::push_headers(&mut out, 3, &block, true, 16_384);
     // HEADERS, END_STREAM without END_HEADERS, on stream 5.
@@ -991,12 +986,7 @@ fn a_client_that_stops_reading_is_cut_off_after_send_timeout() {
     let mut out = shard_http::h2frame::PREFACE.to_vec();
     shard_http::h2frame::push_settings(&mut out, &[(0x4, 1 << 30)]);
     shard_http::h2frame::push_window_update(&mut out, 0, 1 << 30);
-    let e = shard_http::hpack::Encoder;
-    let mut block = Vec::new();
-    e.field(b":method", b"GET", &mut block);
-    e.field(b":scheme", b"http", &mut block);
-    e.field(b":path", b"/huge.bin", &mut block);
-    e.field(b":authority", b"localhost", &mut block);
+    let block = client::request_block("GET", "/huge.bin");
     shard_http::h2frame::push_headers(&mut out, 1, &block, true, 16_384);
     c.write_all(&out).unwrap();
     // The connection is counted while it is open; it goes once the timer ends it.
@@ -1073,15 +1063,7 @@ fn a_small_preread_window_is_announced_and_kept() {
     use client::Raw;
     use shard_http::h2frame::{self, code, Frame};
     let s = start("h2-preread", "http2", "http2_body_preread_size 10;");
-    let block = {
-        let e = shard_http::hpack::Encoder;
-        let mut b = Vec::new();
-        e.field(b":method", b"POST", &mut b);
-        e.field(b":scheme", b"http", &mut b);
-        e.field(b":path", b"/up/x", &mut b);
-        e.field(b":authority", b"localhost", &mut b);
-        b
-    };
+    let block = client::request_block("POST", "/up/x");
     // Sends the request with `body`; stream 1's RST_STREAM code, or None at its end.
     let outcome = |ack: bool, body: &[u8]| -> Option<u32> {
         let mut c = Raw::open(h2_addr(&s), ack);
@@ -1116,13 +1098,8 @@ fn a_body_that_breaks_its_content_length_is_400() {
     use shard_http::h2frame::{self, Frame};
     let s = start("h2-body-length", "http2", "");
     for (declared, body) in [("5", &b"TEST"[..]), ("3", &b"TEST"[..])] {
-        let e = shard_http::hpack::Encoder;
-        let mut block = Vec::new();
-        e.field(b":method", b"POST", &mut block);
-        e.field(b":scheme", b"http", &mut block);
-        e.field(b":path", b"/up/x", &mut block);
-        e.field(b":authority", b"localhost", &mut block);
-        e.field(b"content-length", declared.as_bytes(), &mut block);
+        let mut block = client::request_block("POST", "/up/x");
+        shard_http::hpack::Encoder.field(b"content-length", declared.as_bytes(), &mut block);
         let mut c = Raw::open(h2_addr(&s), true);
         let mut out = Vec::new();
         h2frame::push_headers(&mut out, 1, &block, false, 16_384);
@@ -1191,15 +1168,7 @@ fn keepalive_timeout_0_answers_then_goes_away() {
 fn streams_waiting_for_window_go_on_by_priority() {
     use shard_http::h2frame::{self, Frame};
     let s = start("h2-priority", "http2", "");
-    let block = |path: &str| {
-        let e = shard_http::hpack::Encoder;
-        let mut b = Vec::new();
-        e.field(b":method", b"GET", &mut b);
-        e.field(b":scheme", b"http", &mut b);
-        e.field(b":path", path.as_bytes(), &mut b);
-        e.field(b":authority", b"localhost", &mut b);
-        b
-    };
+    let block = |path: &str| client::request_block("GET", path);
     let priority = |out: &mut Vec<u8>, stream: u32, dep: u32, weight: u8| {
         h2frame::push_header(out, 5, h2frame::kind::PRIORITY, 0, stream);
         out.extend_from_slice(&dep.to_be_bytes());

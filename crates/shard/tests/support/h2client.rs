@@ -8,6 +8,18 @@ use std::time::Duration;
 use shard_http::h2frame::{self, Frame, Reader};
 use shard_http::hpack;
 
+/// The header block of a request: `:method`, `:scheme` `http`, `:path`, `:authority`
+/// `localhost` (more fields may be appended with `hpack::Encoder::field`).
+pub fn request_block(method: &str, path: &str) -> Vec<u8> {
+    let e = hpack::Encoder;
+    let mut block = Vec::new();
+    e.field(b":method", method.as_bytes(), &mut block);
+    e.field(b":scheme", b"http", &mut block);
+    e.field(b":path", path.as_bytes(), &mut block);
+    e.field(b":authority", b"localhost", &mut block);
+    block
+}
+
 pub enum Outcome {
     /// The status and the body's length.
     Answered(u16, usize),
@@ -60,13 +72,7 @@ impl Conn {
     }
 
     pub fn get(&mut self, path: &str) -> Outcome {
-        let e = hpack::Encoder;
-        let mut block = Vec::new();
-        e.field(b":method", b"GET", &mut block);
-        e.field(b":scheme", b"http", &mut block);
-        e.field(b":path", path.as_bytes(), &mut block);
-        e.field(b":authority", b"localhost", &mut block);
-        self.send(&block)
+        self.send(&request_block("GET", path))
     }
 
     /// Reads frames until a GOAWAY comes (true) or `timeout` passes (false).
