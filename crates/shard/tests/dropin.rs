@@ -1879,19 +1879,7 @@ fn a_delayed_request_whose_client_left_is_let_go() {
     wait_for(Duration::from_secs(5), "the delay", || {
         error_log(&s).contains("delaying request").then_some(())
     });
-    assert_eq!(
-        status_field(&s, "active"),
-        2,
-        "the delayed request and the status one"
-    );
-    let left = std::time::Instant::now();
-    drop(c);
-    wait_for(
-        Duration::from_secs(2),
-        "the delayed connection let go",
-        || (status_field(&s, "active") == 1).then_some(()),
-    );
-    assert!(left.elapsed() < Duration::from_secs(2));
+    let_go_when_it_closes(&s, c, Duration::from_secs(2), "the delayed request");
     assert!(error_log(&s).contains("client prematurely closed connection while limiting requests"));
 }
 
@@ -3723,19 +3711,23 @@ fn limit_rate_paces_the_response() {
     let mut first = vec![0u8; 4096];
     let n = c.read(&mut first).unwrap();
     assert!(n > 0);
+    let_go_when_it_closes(&s, c, Duration::from_millis(800), "the paced answer");
+}
+
+/// `c` is open beside the status request; closed, its connection must be gone within
+/// `bound` (the server noticed the end of its input rather than waiting on a timer).
+fn let_go_when_it_closes(s: &Server, c: std::net::TcpStream, bound: Duration, what: &str) {
     assert_eq!(
-        status_field(&s, "active"),
+        status_field(s, "active"),
         2,
-        "the paced answer and the status request"
+        "{what} and the status request"
     );
     let closed = std::time::Instant::now();
     drop(c);
-    wait_for(
-        Duration::from_millis(800),
-        "the paced connection let go",
-        || (status_field(&s, "active") == 1).then_some(()),
-    );
-    assert!(closed.elapsed() < Duration::from_millis(800));
+    wait_for(bound, &format!("{what} let go"), || {
+        (status_field(s, "active") == 1).then_some(())
+    });
+    assert!(closed.elapsed() < bound, "{what}");
 }
 
 /// `limit_rate` and `limit_rate_after` with variables (rendered when the response starts; an
