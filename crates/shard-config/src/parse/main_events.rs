@@ -219,12 +219,16 @@ pub(super) fn events_debug_connection(ev: &mut EventsP, d: &Directive, file: &st
         ev.debug_connection.push(DebugConnection::Net(ip, bits));
         return Ok(());
     }
+    // A block that did not parse is not a name: no lookup for it.
     use std::net::ToSocketAddrs;
-    let addrs: Vec<std::net::IpAddr> = match (v, 0u16).to_socket_addrs() {
-        Ok(a) => a.map(|a| a.ip()).collect(),
-        Err(_) => Vec::new(),
+    let addrs: Vec<std::net::IpAddr> = match v.contains('/') {
+        true => Vec::new(),
+        false => (v, 0u16)
+            .to_socket_addrs()
+            .map(|a| a.map(|a| a.ip()).collect())
+            .unwrap_or_default(),
     };
-    if addrs.is_empty() || v.contains('/') {
+    if addrs.is_empty() {
         return Err(derr(
             d,
             file,

@@ -357,6 +357,15 @@ impl Worker<'_> {
 }
 
 impl Worker<'_> {
+    /// Connection `number` (http or stream) of a `debug_connection` client logs at the debug
+    /// level everywhere until it closes.
+    pub(super) fn debug_client(&self, number: u64, peer: Option<std::net::SocketAddr>) {
+        let list = &self.cx.cfg.events.debug_connection;
+        if !list.is_empty() && shard_config::DebugConnection::matches(list, peer.map(|p| p.ip())) {
+            crate::log::debug_connection(number, true);
+        }
+    }
+
     /// A connection just accepted: a `debug_connection` client's logs at the debug level
     /// everywhere until it closes; the debug line of its accept.
     pub(super) fn debug_accepted(
@@ -365,10 +374,7 @@ impl Worker<'_> {
         peer: Option<std::net::SocketAddr>,
         fd: i32,
     ) {
-        let list = &self.cx.cfg.events.debug_connection;
-        if !list.is_empty() && shard_config::DebugConnection::matches(list, peer.map(|p| p.ip())) {
-            crate::log::debug_connection(number, true);
-        }
+        self.debug_client(number, peer);
         let outer = crate::log::set_connection(number);
         match peer {
             Some(p) => crate::debug!("accept: {p} fd:{fd}"),

@@ -439,10 +439,7 @@ impl<'a> Worker<'a> {
             .and_then(|s| s.upstreams.get(s.servers[server].upstream))
             .map_or(0, |u| u.peers.len());
         let raw = fd.as_raw_fd();
-        let list = &self.cx.cfg.events.debug_connection;
-        if !list.is_empty() && shard_config::DebugConnection::matches(list, peer.map(|p| p.ip())) {
-            crate::log::debug_connection(number, true);
-        }
+        self.debug_client(number, peer);
         let outer = crate::log::set_connection(number);
         let log_ctx = self.log_ctx_of(self.stream_server(server).error_logs.as_ref());
         let outer_ctx = crate::log::set_context(log_ctx.0, log_ctx.1);

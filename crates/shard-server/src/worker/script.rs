@@ -146,7 +146,7 @@ impl Worker<'_> {
                         _ if *redirect => Some(302),
                         _ => None,
                     };
-                    let new = if quoted_uri(req) && replacement.iter().any(is_capture) {
+                    let new = if replacement.iter().any(is_capture) && quoted_uri(req) {
                         self.render_escaping_captures(
                             key,
                             req,
