@@ -614,16 +614,17 @@ impl<'a> Worker<'a> {
                 // charset filter runs before its range filter), and not again to the whole.
                 let mut recode = None;
                 let loc = self.proxy_location(p);
+                let maps = &self.http().charset_maps;
                 if let (Some(dst), Some(t)) = (
                     field("x-accel-charset")
                         .filter(|d| !d.is_empty())
                         .filter(|_| {
                             loc.proxy.ignore_headers & shard_config::ignore::X_ACCEL_CHARSET == 0
-                        }),
+                        })
+                        .filter(|d| super::charset_known(d, maps, loc)),
                     ct.clone(),
                 ) {
                     let encoded = field("content-encoding").is_some();
-                    let maps = &self.http().charset_maps;
                     let (new_ct, table, _) = super::charset_override(&t, &dst, maps, encoded);
                     if let Some(v) = new_ct {
                         ct = Some(v);

@@ -2652,17 +2652,7 @@ impl<'a> Worker<'a> {
         dst: &str,
     ) {
         let maps = &self.http().charset_maps;
-        let known = maps
-            .iter()
-            .any(|m| m.from.eq_ignore_ascii_case(dst) || m.to.eq_ignore_ascii_case(dst))
-            || loc
-                .charset
-                .as_deref()
-                .is_some_and(|c| c.eq_ignore_ascii_case(dst))
-            || ["utf-8", "koi8-r", "windows-1251", "iso-8859-1"]
-                .iter()
-                .any(|c| c.eq_ignore_ascii_case(dst));
-        if !known {
+        if !charset_known(dst, maps, loc) {
             self.log_proxy_error_current(key, p, &format!("unknown charset \"{dst}\" to override"));
             return;
         }
@@ -4330,6 +4320,24 @@ fn accel_redirect(head: &[u8]) -> Option<(String, Vec<u8>)> {
 /// The `Content-Type` value (when it changes), the recoding table (when the body is
 /// recoded) and the error to log for an upstream's `X-Accel-Charset: DST` on a response of
 /// type `ct`, as nginx's charset filter takes an override (see `Worker::accel_charset`).
+/// Whether `name` is a charset the configuration knows for an override: one a
+/// `charset_map` or the location's `charset` names, or a common one.
+pub(super) fn charset_known(
+    name: &str,
+    maps: &[shard_config::CharsetMap],
+    loc: &LocationConf,
+) -> bool {
+    maps.iter()
+        .any(|m| m.from.eq_ignore_ascii_case(name) || m.to.eq_ignore_ascii_case(name))
+        || loc
+            .charset
+            .as_deref()
+            .is_some_and(|c| c.eq_ignore_ascii_case(name))
+        || ["utf-8", "koi8-r", "windows-1251", "iso-8859-1"]
+            .iter()
+            .any(|c| c.eq_ignore_ascii_case(name))
+}
+
 pub(super) fn charset_override(
     ct: &str,
     dst: &str,
